@@ -1,0 +1,11 @@
+#!/usr/bin/env python3
+"""Thin launcher: `python gpuq.py VERB ...` (status, submit, show, logs, cancel, ...)."""
+import os
+import sys
+
+if __name__ == "__main__":
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    from gpuq.cli import main
+
+    sys.exit(main(launcher_dir=here))

@@ -1,0 +1,63 @@
+"""`gpuq cancel`: from any host. A pending job is taken out of jobs/ by the same kind of
+atomic rename a worker claims with, so exactly one of them wins. A running job gets a
+request in state/control/<host>/ that its worker carries out (SIGTERM, grace, SIGKILL)."""
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import time
+
+from .layout import Layout
+from .spool import (Record, append_event, claims_of, pending_spec_path, read_record, write_json,
+                    write_record)
+from .intake import user_name
+from .spec import SpecError, parse_spec_text
+from .states import State, check_transition
+
+STARTING_WAIT_S = 5.0
+
+
+def cancel_one(layout: Layout, job_id: str, host: str) -> tuple[bool, str]:
+    """Returns (ok, message)."""
+    by = getpass.getuser()
+    spec_path = pending_spec_path(layout, job_id)
+    if spec_path is not None:
+        aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}"
+        try:
+            os.rename(spec_path, aside)
+        except FileNotFoundError:
+            pass  # a worker claimed it just now: cancel it as a running job below
+        else:
+            check_transition(State.PENDING, State.CANCELLED)
+            st = os.stat(aside)
+            raw = aside.read_bytes()
+            try:
+                spec = parse_spec_text(raw, f"jobs/{spec_path.name}").to_json()
+            except SpecError:
+                spec = {}
+            record = Record(id=job_id, state=State.CANCELLED, spec=spec,
+                            spec_text=raw.decode("utf-8", "replace"), user=user_name(st.st_uid),
+                            uid=st.st_uid, queued_at=st.st_mtime, ended_at=time.time(),
+                            reason=f"cancelled by {by} while pending")
+            write_record(layout, record)
+            append_event(layout, host, {"job": job_id, "from": "pending", "to": "cancelled",
+                                        "reason": record.reason})
+            aside.unlink()
+            return True, f"{job_id}: cancelled (was pending)"
+    deadline = time.monotonic() + STARTING_WAIT_S
+    while True:
+        finished = read_record(layout.record(layout.finished, job_id))
+        if finished is not None:
+            return False, f"{job_id}: already ended ({finished.state.value})"
+        running = read_record(layout.record(layout.running, job_id))
+        if running is not None:
+            control = layout.host_control(running.host or "")
+            control.mkdir(parents=True, exist_ok=True)
+            write_json(control / f"{job_id}.json", {"action": "cancel", "by": by, "t": time.time(),
+                                                    "attempt": running.attempt})
+            return True, f"{job_id}: cancelling (running on {running.host}); its worker stops it"
+        if not claims_of(layout, job_id) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # claimed a moment ago: its record is being written
+    return False, f"{job_id}: no such job"

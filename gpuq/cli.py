@@ -1,0 +1,209 @@
+"""`python gpuq.py VERB ...` / `gpuq VERB ...`: one thin handler per verb."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from .layout import Layout, RootError, resolve_root, this_host
+
+
+def _layout(args: argparse.Namespace) -> Layout:
+    layout = Layout(resolve_root(args.root, args.launcher_dir))
+    if not layout.jobs.is_dir():
+        raise RootError(f"{layout.root} is not a gpuq root (no jobs/ directory); pass --root or set GPUQ_ROOT")
+    layout.ensure()
+    return layout
+
+
+def _config(layout: Layout):  # noqa: ANN202 - keeps yaml/config imports off the hot path of --help
+    from .views import load_view_config
+
+    return load_view_config(layout)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .views import status
+
+    layout = _layout(args)
+    view = status(layout, _config(layout))
+    if args.json:
+        print(json.dumps(view, indent=1))
+    else:
+        from .render import status_text
+
+        print(status_text(view, show_all=args.all))
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    import os
+
+    from .spec import SpecError
+    from .submit import SubmitError, build_spec, exported_environment, readable_base, write_spec
+    from .supervise import poke
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- "
+              "python train.py", file=sys.stderr)
+        return 2
+    layout = _layout(args)
+    env = exported_environment()
+    for pair in args.env or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            print(f"gpuq submit: --env {pair!r}: write NAME=VALUE", file=sys.stderr)
+            return 2
+        env[key] = value
+    data = build_spec(command, args.gpus, args.gpu_mem, args.name, args.priority,
+                      args.hosts.split(",") if args.hosts else None, env,
+                      os.path.abspath(args.workdir or os.getcwd()))
+    try:
+        job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name))
+    except (SpecError, SubmitError) as e:
+        print(f"gpuq submit: {e}", file=sys.stderr)
+        return 2
+    config = _config(layout)
+    host = this_host()
+    poke(Path(config.local_dir or layout.default_local_dir(host)) / "wake")
+    print(job_id)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .views import find_job
+
+    layout = _layout(args)
+    job = find_job(layout, _config(layout), args.id)
+    if job is None:
+        print(f"gpuq show: no job {args.id!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(job, indent=1))
+    else:
+        from .render import show_text
+
+        print(show_text(job))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from .views import find_job
+
+    layout = _layout(args)
+    path = layout.job_log(args.id)
+    if find_job(layout, _config(layout), args.id) is None:
+        print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
+        return 1
+    offset = 0
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+            offset += len(chunk)
+        if not args.follow:
+            if offset == 0:
+                print(f"gpuq logs: {args.id} has no output yet ({path})", file=sys.stderr)
+            return 0
+        if layout.record(layout.finished, args.id).exists() and not chunk:
+            return 0
+        time.sleep(0.2)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from .cancel import cancel_one
+    from .supervise import poke
+
+    layout = _layout(args)
+    host = this_host()
+    failures = 0
+    for job_id in args.ids:
+        ok, message = cancel_one(layout, job_id, host)
+        print(message, file=sys.stdout if ok else sys.stderr)
+        failures += not ok
+    config = _config(layout)
+    poke(Path(config.local_dir or layout.default_local_dir(host)) / "wake")
+    return 1 if failures else 0
+
+
+def cmd_fake_use(args: argparse.Namespace) -> int:
+    import os
+
+    from .fake_nvml import NVMLError, use
+    from .units import parse_size_mib
+
+    mem = parse_size_mib(args.mem) if args.mem else int(os.environ.get("GPUQ_GPU_MEM_MIB", "0"))
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        return use(mem, args.util, args.seconds, command)
+    except NVMLError as e:
+        print(f"gpuq fake-use: {e}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuq", description="A GPU job queue in a shared directory.")
+    p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    def verb(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(handler=handler)
+        return sp
+
+    sp = verb("status", cmd_status, "hosts, GPUs, running, pending (with reasons), finished")
+    sp.add_argument("--json", action="store_true", help="the documented JSON document")
+    sp.add_argument("--all", action="store_true", help="list every pending job")
+    sp = verb("submit", cmd_submit, "write a spec into jobs/; prints the job id last")
+    sp.add_argument("--gpus", type=int, default=1, help="GPUs on one host (0: CPU only); default 1")
+    sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
+    sp.add_argument("--name", help="label, and the stem of the id")
+    sp.add_argument("--id", help="exact job id (default: <name>-<n>)")
+    sp.add_argument("--priority", help="high, normal, low, or an integer")
+    sp.add_argument("--hosts", help="comma-separated hosts it may run on")
+    sp.add_argument("--workdir", help="directory to run in (default: the current one)")
+    sp.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra variable (repeatable)")
+    sp.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    sp = verb("show", cmd_show, "everything known about one job")
+    sp.add_argument("id")
+    sp.add_argument("--json", action="store_true")
+    sp = verb("logs", cmd_logs, "print a job's log")
+    sp.add_argument("id")
+    sp.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    sp = verb("cancel", cmd_cancel, "cancel pending or running jobs, from any host")
+    sp.add_argument("ids", nargs="+", metavar="ID")
+    sp = verb("fake-use", cmd_fake_use, "inside a job on fake GPUs: use fake GPU memory and "
+                                        "utilization for this process's lifetime")
+    sp.add_argument("--mem", help="per GPU (default: $GPUQ_GPU_MEM_MIB, the job's declared memory)")
+    sp.add_argument("--util", type=int, default=50, help="utilization percent (default 50)")
+    sp.add_argument("--seconds", type=float, help="hold for this long (or run the command after --)")
+    sp.add_argument("command", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.launcher_dir = launcher_dir
+    from .config import ConfigError
+
+    try:
+        return args.handler(args)
+    except (RootError, ConfigError) as e:
+        print(f"gpuq: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def entry_point() -> int:
+    return main()

@@ -1,0 +1,128 @@
+"""The queue's config: defaults, loading from config.yaml, and `validate` with fixes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .units import SIZE_EXAMPLES, parse_size_mib
+
+
+class ConfigError(Exception):
+    """config.yaml cannot be used; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Config:
+    poll_interval: float = 1.0          # seconds between worker passes
+    gpu_mem_reserve_mib: int = 256      # per GPU, never handed to jobs
+    max_jobs_per_gpu: int = 4
+    gpus: dict[str, list[int]] = field(default_factory=dict)  # host -> offered indices
+    local_dir: str | None = None        # per-host local directory for locks
+    cpu_slots: int = 2                  # concurrent CPU-only (gpus: 0) jobs per host
+    spec_settle_s: float = 5.0          # an unparsable spec is retried until unchanged this long
+    grace_s: float = 10.0               # SIGTERM -> SIGKILL
+    queue_lock_timeout_s: float = 2.0
+    recent_finished: int = 10           # finished jobs shown by `gpuq status`
+
+    def offered_gpus(self, host: str) -> list[int] | None:
+        """Indices this host offers, or None for all of them."""
+        return self.gpus.get(host)
+
+
+# config.yaml key -> (Config attribute, parser). Sizes are written with units in the file.
+def _size(v: Any) -> int:
+    if not isinstance(v, str):
+        raise ValueError(f"write a size with a unit, like {SIZE_EXAMPLES}")
+    return parse_size_mib(v)
+
+
+def _positive(kind: type) -> Any:
+    def parse(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (kind is int and v != int(v)):
+            raise ValueError(f"must be a positive {'whole number' if kind is int else 'number'}")
+        return kind(v)
+    return parse
+
+
+def _non_negative_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError("must be a whole number >= 0")
+    return v
+
+
+def _gpu_map(v: Any) -> dict[str, list[int]]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not all(
+        isinstance(h, str) and isinstance(ix, list) and all(isinstance(i, int) and i >= 0 for i in ix)
+        for h, ix in v.items()
+    ):
+        raise ValueError("must map host names to lists of GPU indices, e.g. {box-a: [0, 1]}")
+    return {h: list(ix) for h, ix in v.items()}
+
+
+def _optional_path(v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v.startswith("/"):
+        raise ValueError("must be an absolute path on a local disk, e.g. /var/tmp/gpuq")
+    return v
+
+
+KEYS: dict[str, tuple[str, Any]] = {
+    "poll_interval": ("poll_interval", _positive(float)),
+    "gpu_mem_reserve": ("gpu_mem_reserve_mib", _size),
+    "max_jobs_per_gpu": ("max_jobs_per_gpu", _positive(int)),
+    "gpus": ("gpus", _gpu_map),
+    "local_dir": ("local_dir", _optional_path),
+    "cpu_slots": ("cpu_slots", _non_negative_int),
+    "spec_settle_s": ("spec_settle_s", _positive(float)),
+    "grace_s": ("grace_s", _positive(float)),
+    "queue_lock_timeout_s": ("queue_lock_timeout_s", _positive(float)),
+    "recent_finished": ("recent_finished", _non_negative_int),
+}
+
+
+def validate(data: Any, file: str) -> Config:
+    """Mapping from config.yaml -> Config; unknown keys and bad values name the fix."""
+    if data is None:
+        return Config()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: must be a mapping of keys; see the comments in the shipped config.yaml")
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        if key not in KEYS:
+            raise ConfigError(f"{file}: unknown key '{key}'. Fix: remove it or use one of: {', '.join(KEYS)}")
+        attr, parse = KEYS[key]
+        if raw is None and attr != "local_dir" and attr != "gpus":
+            continue  # an empty value means "the default"
+        try:
+            values[attr] = parse(raw)
+        except ValueError as e:
+            raise ConfigError(f"{file}: key '{key}': {raw!r} {e}") from None
+    return replace(Config(), **values)
+
+
+def load(path: Path) -> Config:
+    """Read config.yaml (absent = all defaults)."""
+    from .spec import SpecError, load_yaml
+
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return Config()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror}). Fix: make it readable by the worker") from None
+    try:
+        data = load_yaml(text, str(path))
+    except SpecError as e:
+        raise ConfigError(f"{path}: {e.problem}. Fix: {e.fix}") from None
+    return validate(data, str(path))
+
+
+def documented_keys() -> list[str]:
+    return list(KEYS)
+
+
+assert {a for a, _ in KEYS.values()} == {f.name for f in fields(Config)}

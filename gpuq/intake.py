@@ -1,0 +1,163 @@
+"""Reading jobs/: which pending specs exist, parsed once per version of each file.
+
+A spec still being written must not be rejected: a file that fails to parse is retried
+until it has been unchanged for `spec_settle_s`. Parsed specs are cached by (mtime, size,
+inode), and the cache is shared through state/workers/<host>.specs.json so `gpuq status`
+does not re-parse 10,000 files.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .layout import Layout
+from .plan import PendingJob
+from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text
+from .spool import scan_pending
+
+StatKey = tuple[int, int, int]  # mtime_ns, size, inode
+
+
+@dataclass
+class Entry:
+    key: StatKey
+    path: Path
+    job: PendingJob | None = None
+    error: SpecError | None = None
+    text: bytes = b""
+    unchanged_since: float = 0.0      # monotonic time the key was first seen
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def read_spec_file(path: Path, display: str) -> tuple[bytes, os.stat_result]:
+    """Open without following links or blocking (a FIFO must not hang the worker) and
+    check the open file itself: a regular file, one link, under the size cap."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SpecError(display, None, "is a symbolic link", "copy the spec into jobs/ as a plain file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(display, None, "is not a regular file", "put a plain YAML file in jobs/")
+        if st.st_nlink != 1:
+            raise SpecError(display, None, "has more than one hard link", "copy the spec instead of linking it")
+        if st.st_size > MAX_SPEC_BYTES:
+            raise SpecError(display, None, f"is {st.st_size} bytes, over the {MAX_SPEC_BYTES} cap",
+                            "a spec is a few lines; put data in files the command reads")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_SPEC_BYTES + 1), st
+    finally:
+        os.close(fd)
+
+
+def parse_entry(job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
+    spec = parse_spec_text(text, f"jobs/{path.name}")
+    return PendingJob(job_id, user_name(st.st_uid), spec, st.st_mtime)
+
+
+class Intake:
+    """The pending specs of one root, re-read only when a file changes."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.entries: dict[str, Entry] = {}
+        self.version = 0               # bumped whenever the set of parsed jobs changes
+
+    def scan(self, now_mono: float) -> None:
+        seen: set[str] = set()
+        changed = False
+        for job_id, dirent in scan_pending(self.layout):
+            if job_id in seen:  # train.yaml and train.yml: the second is a duplicate id
+                continue
+            seen.add(job_id)
+            try:
+                st = dirent.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            key = (st.st_mtime_ns, st.st_size, st.st_ino)
+            old = self.entries.get(job_id)
+            if old is not None and old.key == key:
+                continue
+            entry = Entry(key, Path(dirent.path), unchanged_since=now_mono)
+            try:
+                entry.text, fst = read_spec_file(entry.path, f"jobs/{dirent.name}")
+                entry.job = parse_entry(job_id, entry.path, fst, entry.text)
+            except SpecError as e:
+                entry.error = e
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                entry.error = SpecError(f"jobs/{dirent.name}", None, f"cannot be read ({e.strerror})",
+                                        "make it readable by the worker")
+            self.entries[job_id] = entry
+            changed = True
+        for gone in set(self.entries) - seen:
+            del self.entries[gone]
+            changed = True
+        if changed:
+            self.version += 1
+
+    def pending(self) -> list[PendingJob]:
+        return [e.job for e in self.entries.values() if e.job is not None]
+
+    def settled_errors(self, now_mono: float, settle_s: float) -> list[tuple[str, Entry]]:
+        """Invalid specs unchanged for `settle_s`: time to reject them."""
+        return [(i, e) for i, e in self.entries.items()
+                if e.error is not None and now_mono - e.unchanged_since >= settle_s]
+
+    def unsettled(self) -> dict[str, SpecError]:
+        return {i: e.error for i, e in self.entries.items() if e.error is not None}
+
+    # --- the shared cache ---------------------------------------------------------------
+
+    def cache_json(self) -> dict:
+        return {i: [list(e.key), e.job.user, e.job.spec.to_json(), e.job.queued_at]
+                for i, e in self.entries.items() if e.job is not None}
+
+
+def load_pending_for_view(layout: Layout, cache_files: list[Path]) -> tuple[list[PendingJob], dict[str, str]]:
+    """Pending jobs for `gpuq status`: from the workers' caches where the file is unchanged,
+    parsed here otherwise. Returns (jobs, problems: id -> message for unparsable specs)."""
+    cached: dict[str, list] = {}
+    for path in cache_files:
+        try:
+            cached.update(json.loads(path.read_bytes()))
+        except (OSError, ValueError):
+            continue
+    jobs: list[PendingJob] = []
+    problems: dict[str, str] = {}
+    seen: set[str] = set()
+    for job_id, dirent in scan_pending(layout):
+        if job_id in seen:
+            continue
+        seen.add(job_id)
+        try:
+            st = dirent.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        hit = cached.get(job_id)
+        if hit is not None and tuple(hit[0]) == (st.st_mtime_ns, st.st_size, st.st_ino):
+            jobs.append(PendingJob(job_id, hit[1], JobSpec.from_json(hit[2]), hit[3]))
+            continue
+        try:
+            text, fst = read_spec_file(Path(dirent.path), f"jobs/{dirent.name}")
+            jobs.append(parse_entry(job_id, Path(dirent.path), fst, text))
+        except SpecError as e:
+            problems[job_id] = str(e)
+        except OSError:
+            continue
+    return jobs, problems

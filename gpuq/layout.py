@@ -1,0 +1,142 @@
+"""Where everything lives under the queue's root (see DESIGN.md, "The spool is the state").
+
+Every path gpuq touches is computed here from the root; none is taken from a spec.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT_ENV = "GPUQ_ROOT"
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
+HOST_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
+class RootError(Exception):
+    """The queue's root cannot be found or is not a gpuq root."""
+
+
+def resolve_root(cli_root: str | None, launcher_dir: str | None) -> Path:
+    """--root DIR > $GPUQ_ROOT > the directory holding gpuq.py/worker.py (or, for the
+    installed entry points, the current directory when it looks like a root)."""
+    for candidate in (cli_root, os.environ.get(ROOT_ENV), launcher_dir):
+        if candidate:
+            return Path(candidate).resolve()
+    cwd = Path.cwd()
+    if (cwd / "jobs").is_dir() and (cwd / "config.yaml").exists():
+        return cwd
+    raise RootError(
+        "no queue root: pass --root DIR, set GPUQ_ROOT=DIR, or run from a directory "
+        "holding config.yaml and jobs/"
+    )
+
+
+def this_host() -> str:
+    """The host name gpuq uses: the short hostname (a worker may override it with --host)."""
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def job_id_for_spec_name(filename: str) -> str | None:
+    """`train-a.yaml` -> `train-a`; None for names that are not specs (dotfiles, *.tmp, *~, ...)."""
+    if filename.startswith("."):
+        return None
+    for suffix in SPEC_SUFFIXES:
+        if filename.endswith(suffix):
+            return filename[: -len(suffix)]
+    return None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The directory tree of one queue root."""
+
+    root: Path
+
+    @property
+    def config_file(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def claims(self) -> Path:
+        return self.state / "claims"
+
+    @property
+    def running(self) -> Path:
+        return self.state / "running"
+
+    @property
+    def finished(self) -> Path:
+        return self.state / "finished"
+
+    @property
+    def rejected(self) -> Path:
+        return self.state / "rejected"
+
+    @property
+    def held(self) -> Path:
+        return self.state / "held"
+
+    @property
+    def workers(self) -> Path:
+        return self.state / "workers"
+
+    @property
+    def control(self) -> Path:
+        return self.state / "control"
+
+    @property
+    def events(self) -> Path:
+        return self.state / "events"
+
+    @property
+    def queue_lock(self) -> Path:
+        return self.state / "queue.lock"
+
+    def ensure(self) -> None:
+        """Create the spool directories (idempotent; safe for concurrent callers)."""
+        for d in (self.jobs, self.logs, self.claims, self.running, self.finished,
+                  self.rejected, self.held, self.workers, self.control, self.events):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def job_log(self, job_id: str) -> Path:
+        return self.logs / f"{job_id}.log"
+
+    def worker_log(self, host: str) -> Path:
+        return self.logs / f"worker-{host}.log"
+
+    def record(self, directory: Path, job_id: str) -> Path:
+        return directory / f"{job_id}.json"
+
+    def heartbeat(self, host: str) -> Path:
+        return self.workers / f"{host}.json"
+
+    def spec_cache(self, host: str) -> Path:
+        return self.workers / f"{host}.specs.json"
+
+    def host_control(self, host: str) -> Path:
+        return self.control / host
+
+    def host_events(self, host: str) -> Path:
+        return self.events / f"{host}.jsonl"
+
+    def default_local_dir(self, host: str) -> Path:
+        """Per-host local directory for locks that must be local (never on NFS)."""
+        digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:10]
+        return Path("/tmp") / f"gpuq-{os.getuid()}" / f"{host}-{digest}"

@@ -1,0 +1,117 @@
+"""Text rendering of the read models in `views`: the status screen and `show`."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .units import format_duration, format_mib
+
+PENDING_SHOWN = 20
+
+
+def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+
+
+def _clock(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def status_text(view: dict[str, Any], show_all: bool = False) -> str:
+    out = [f"gpuq · {view['root']} · {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(view['now']))}", ""]
+    out.append("HOSTS" if view["hosts"] else "HOSTS: none — no worker has run yet (start: python worker.py)")
+    for h in view["hosts"]:
+        state = "up" if h["alive"] else "NOT RESPONDING"
+        extra = f"  {h['probe_error']}" if h.get("probe_error") else ""
+        out.append(f"  {h['host']}  {state} (seen {format_duration(h['last_seen_s'])} ago){extra}")
+        rows = [["GPU", "NAME", "MEM USED/TOTAL", "USABLE", "UTIL", "TEMP", "JOBS"]]
+        for g in h["gpus"]:
+            rows.append([str(g["index"]), g["name"],
+                         f"{format_mib(g['mem_used_mib'])}/{format_mib(g['mem_total_mib'])}",
+                         format_mib(g["usable_mib"]),
+                         "-" if g["util_pct"] is None else f"{g['util_pct']}%",
+                         "-" if g["temp_c"] is None else f"{g['temp_c']}C",
+                         " ".join(g["jobs"]) or "-"])
+        out += _table(rows, "    ") if h["gpus"] else ["    no GPUs"]
+    out += ["", f"RUNNING ({len(view['running'])})"]
+    rows = [["ID", "USER", "WHERE", "ELAPSED", "GPU MEM decl/obs", "COMMAND"]]
+    for r in view["running"]:
+        where = f"{r['host']}:{','.join(map(str, r['gpus']))}" if r["gpus"] else f"{r['host']}:cpu"
+        declared = format_mib(r["declared_gpu_mem_mib"]) if r["declared_gpu_mem_mib"] else \
+            ("whole" if r["gpus"] else "-")
+        rows.append([r["id"], r["user"], where, format_duration(r["elapsed_s"]),
+                     f"{declared}/{format_mib(r['observed_gpu_mem_mib'])}", _cut(r["command"], 40)])
+    out += _table(rows) if view["running"] else []
+    pending = view["pending"]
+    out += ["", f"PENDING ({len(pending)})"]
+    rows = [["#", "ID", "USER", "GPUS", "GPU MEM", "PRIO", "WAITING", "REASON"]]
+    for p in pending if show_all else pending[:PENDING_SHOWN]:
+        rows.append([str(p["position"]), p["id"], p["user"], str(p["gpus"]),
+                     format_mib(p["gpu_mem_mib"]) if p["gpu_mem_mib"] else ("whole" if p["gpus"] else "-"),
+                     str(p["priority"]), format_duration(p["waiting_s"]), p["reason"]])
+    out += _table(rows) if pending else []
+    if not show_all and len(pending) > PENDING_SHOWN:
+        out.append(f"  ... and {len(pending) - PENDING_SHOWN} more (gpuq status --all)")
+    for bad in view["invalid"]:
+        out.append(f"  not valid yet: {bad['error']}")
+    out += ["", "FINISHED (recent)"]
+    rows = [["ID", "STATE", "EXIT", "DURATION", "WHERE", "ENDED", "NOTE"]]
+    for f in view["finished"]:
+        exit_text = "-" if f.get("exit_code") is None else str(f["exit_code"])
+        if f.get("signal"):
+            exit_text = f"sig{f['signal']}"
+        gpus = f.get("gpus") or []
+        where = f"{f.get('host') or '-'}:{','.join(map(str, gpus))}" if gpus else (f.get("host") or "-")
+        rows.append([f["id"], f["state"], exit_text, format_duration(f.get("duration_s")), where,
+                     _clock(f.get("ended_at")), f.get("reason") or ""])
+    out += _table(rows) if view["finished"] else []
+    if view["rejected"]:
+        out += ["", "REJECTED (recent; the .error file beside each in state/rejected/ says why)"]
+        out += [f"  {r['id']}: {_cut(r['error'] or '', 150)}" for r in view["rejected"]]
+    return "\n".join(out)
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+SHOW_ORDER = ("id", "state", "user", "attempt", "host", "gpus", "gpu_uuids", "gpu_mem_mib",
+              "position", "reason", "error", "exit_code", "signal", "claimed_at", "started_at",
+              "ended_at", "peak_gpu_mem_mib", "log")
+
+
+def show_text(job: dict[str, Any]) -> str:
+    lines = []
+    for key in SHOW_ORDER:
+        value = job.get(key)
+        if value in (None, "", []):
+            continue
+        if key.endswith("_at") and isinstance(value, (int, float)):
+            value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+        elif key.endswith("_mib"):
+            value = format_mib(value)
+        elif isinstance(value, list):
+            value = ",".join(map(str, value))
+        lines.append(f"{key + ':':<18}{value}")
+    if job.get("started_at") and job.get("ended_at"):
+        lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
+    spec = job.get("spec")
+    if spec:
+        lines.append(f"{'command:':<18}{_command(spec.get('command'))}")
+        if spec.get("workdir"):
+            lines.append(f"{'workdir:':<18}{spec['workdir']}")
+        if spec.get("env"):
+            lines.append(f"{'env:':<18}{len(spec['env'])} variables (all of them: gpuq show --json)")
+    elif job.get("command"):
+        lines.append(f"{'command:':<18}{job['command']}")
+    return "\n".join(lines)
+
+
+def _command(cmd: Any) -> str:
+    import shlex
+
+    return cmd if isinstance(cmd, str) else shlex.join(cmd or [])

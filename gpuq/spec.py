@@ -1,0 +1,303 @@
+"""Job specs: the one schema, strict parsing and validation with errors that name the fix.
+
+A spec is YAML. `parse_spec_text` turns bytes into a validated `JobSpec` or raises `SpecError`
+(and nothing else) naming the file, the field and the fix.
+"""
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .units import SIZE_EXAMPLES, parse_size_mib
+
+MAX_SPEC_BYTES = 256 * 1024
+MAX_NESTING = 32
+PRIORITY_CLASSES = ("high", "normal", "low")
+CLASS_RANK = {"high": 0, "normal": 1, "low": 2}
+
+
+@dataclass(frozen=True)
+class Field:
+    type: str
+    default: str
+    doc: str
+    example: str
+
+
+# The schema, in one place. README's spec reference is checked against it by a test.
+FIELDS: dict[str, Field] = {
+    "command": Field("string or list of strings", "(required)",
+                     "A string runs under /bin/sh -c; a list is executed directly.",
+                     "python train.py --lr 3e-4"),
+    "name": Field("string", "the job id", "A label shown in status; free text.", "resnet baseline"),
+    "gpus": Field("integer >= 0", "1", "GPUs on one host; 0 is a CPU-only job.", "2"),
+    "gpu_mem": Field("size", "whole GPU", "GPU memory needed on each GPU. Absent: the whole GPU, "
+                     "exclusively.", "20GiB"),
+    "priority": Field("high|normal|low or integer", "normal",
+                      "Queue order: class first, then the integer (higher first), then age.", "high"),
+    "workdir": Field("absolute path", "the worker's root", "Directory the command runs in.",
+                     "/home/ana/proj"),
+    "env": Field("mapping of string to string", "{}", "Extra environment variables.",
+                 "{WANDB_MODE: offline}"),
+    "hosts": Field("list of host names", "any host", "Run only on these hosts.", "[box-a]"),
+}
+
+
+class SpecError(Exception):
+    """A spec that cannot run, with the file, the field and the fix."""
+
+    def __init__(self, file: str, field: str | None, problem: str, fix: str) -> None:
+        self.file, self.field, self.problem, self.fix = file, field, problem, fix
+        where = f"{file}: field '{field}'" if field else file
+        super().__init__(f"{where}: {problem}. Fix: {fix}")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    command: str | tuple[str, ...]
+    name: str | None = None
+    gpus: int = 1
+    gpu_mem_mib: int | None = None  # None: the whole GPU, exclusively
+    priority_class: str = "normal"
+    priority: int = 0
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    hosts: tuple[str, ...] = ()
+
+    @property
+    def exclusive(self) -> bool:
+        return self.gpus > 0 and self.gpu_mem_mib is None
+
+    def command_text(self) -> str:
+        return self.command if isinstance(self.command, str) else shlex.join(self.command)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"command": self.command if isinstance(self.command, str) else list(self.command),
+                "name": self.name, "gpus": self.gpus, "gpu_mem_mib": self.gpu_mem_mib,
+                "priority_class": self.priority_class, "priority": self.priority,
+                "workdir": self.workdir, "env": dict(self.env), "hosts": list(self.hosts)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
+        cmd = d["command"]
+        return cls(command=cmd if isinstance(cmd, str) else tuple(cmd), name=d.get("name"),
+                   gpus=d["gpus"], gpu_mem_mib=d.get("gpu_mem_mib"),
+                   priority_class=d.get("priority_class", "normal"), priority=d.get("priority", 0),
+                   workdir=d.get("workdir"), env=d.get("env") or {}, hosts=tuple(d.get("hosts") or ()))
+
+
+def _loader_class() -> type:
+    import yaml
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class StrictLoader(base):  # type: ignore[misc, valid-type]
+        """Safe loader that refuses duplicate keys (YAML would keep the last one silently)."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise _DuplicateKey(str(key))
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+_LOADER: type | None = None
+
+
+def _check_node_tree(root: Any, file: str) -> None:
+    """Refuse aliases (an alias bomb expands to gigabytes) and absurd nesting, before
+    constructing anything. Aliased nodes are the same object, so identity finds them."""
+    seen: set[int] = set()
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise SpecError(file, None, f"nesting deeper than {MAX_NESTING} levels",
+                            "a spec is a flat mapping; remove the nesting")
+        if id(node) in seen:
+            raise SpecError(file, None, "YAML anchors/aliases are not allowed",
+                            "write the value out instead of using &anchor/*alias")
+        seen.add(id(node))
+        if isinstance(node.value, list):
+            for item in node.value:
+                if isinstance(item, tuple):
+                    stack.extend((n, depth + 1) for n in item)
+                else:
+                    stack.append((item, depth + 1))
+
+
+def load_yaml(text: bytes, file: str) -> Any:
+    """YAML through a safe loader: no tags that build objects, no aliases, no duplicate keys."""
+    import yaml
+
+    global _LOADER
+    if _LOADER is None:
+        _LOADER = _loader_class()
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(file, None, f"file is {len(text)} bytes, over the {MAX_SPEC_BYTES} cap",
+                        "a spec is a few lines; put data in files the command reads")
+    try:
+        decoded = text.decode("utf-8-sig")  # a BOM is fine
+    except UnicodeDecodeError as e:
+        raise SpecError(file, None, f"not UTF-8 text ({e.reason} at byte {e.start})",
+                        "save the file as UTF-8") from None
+    if "\x00" in decoded:
+        raise SpecError(file, None, "contains a NUL byte", "save the file as plain UTF-8 text")
+    loader = _LOADER(decoded)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_node_tree(node, file)
+        return loader.construct_document(node)
+    except _DuplicateKey as e:
+        raise SpecError(file, str(e), "key appears twice", "keep one of the two lines") from None
+    except yaml.YAMLError as e:
+        first_line = str(e).strip().splitlines()
+        detail = " ".join(line.strip() for line in first_line[:3])
+        raise SpecError(file, None, f"not valid YAML ({detail})",
+                        "check indentation and quoting; `key: value` per line") from None
+    except RecursionError:
+        raise SpecError(file, None, "nesting too deep", "a spec is a flat mapping") from None
+    finally:
+        loader.dispose()
+
+
+def parse_spec_text(text: bytes, file: str) -> JobSpec:
+    """Bytes of a spec file -> JobSpec, or SpecError naming the file, field and fix."""
+    return validate_spec(load_yaml(text, file), file)
+
+
+def validate_spec(data: Any, file: str) -> JobSpec:
+    """A loaded YAML document -> JobSpec. Every message names the field and the fix."""
+    if not isinstance(data, dict):
+        raise SpecError(file, None, "a spec must be a mapping of fields",
+                        "write lines like `command: python train.py` and `gpus: 1`")
+    unknown = sorted(str(k) for k in data if k not in FIELDS)
+    if unknown:
+        raise SpecError(file, unknown[0], "unknown field",
+                        f"remove it or use one of: {', '.join(FIELDS)}")
+    priority_class, priority = _priority(data.get("priority", "normal"), file)
+    return JobSpec(
+        command=_command(data.get("command"), file),
+        name=_optional_str(data, "name", file),
+        gpus=_gpus(data.get("gpus", 1), file),
+        gpu_mem_mib=_gpu_mem(data.get("gpu_mem"), file),
+        priority_class=priority_class,
+        priority=priority,
+        workdir=_workdir(data.get("workdir"), file),
+        env=_env(data.get("env"), file),
+        hosts=_hosts(data.get("hosts"), file),
+    )
+
+
+def _command(value: Any, file: str) -> str | tuple[str, ...]:
+    if value is None:
+        raise SpecError(file, "command", "missing", "add `command: python train.py` (a string "
+                        "runs under /bin/sh -c; a list is executed directly)")
+    if isinstance(value, str):
+        if not value.strip():
+            raise SpecError(file, "command", "is empty", "write the command to run")
+        if "\x00" in value:
+            raise SpecError(file, "command", "contains a NUL byte", "remove it")
+        return value
+    if isinstance(value, list) and value and all(isinstance(a, str) for a in value):
+        if not value[0].strip():
+            raise SpecError(file, "command", "first element is empty", "name the program first")
+        if any("\x00" in a for a in value):
+            raise SpecError(file, "command", "contains a NUL byte", "remove it")
+        return tuple(value)
+    raise SpecError(file, "command", f"must be a string or a list of strings, not {_kind(value)}",
+                    "e.g. `command: python train.py` or `command: [python, train.py]`")
+
+
+def _gpus(value: Any, file: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(file, "gpus", f"must be a whole number, not {_kind(value)} {value!r}",
+                        "e.g. `gpus: 1` (0 for a CPU-only job)")
+    if value < 0 or value > 64:
+        raise SpecError(file, "gpus", f"{value} is out of range", "use 0 to 64 GPUs on one host")
+    return value
+
+
+def _gpu_mem(value: Any, file: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise SpecError(file, "gpu_mem", f"{value!r} has no unit", f"write it like {SIZE_EXAMPLES}")
+    try:
+        mib = parse_size_mib(value)
+    except ValueError as e:
+        raise SpecError(file, "gpu_mem", str(e).split(";")[0], f"write it like {SIZE_EXAMPLES}") from None
+    if mib <= 0 or mib > 64 * 1024 * 1024:
+        raise SpecError(file, "gpu_mem", f"{value} is out of range", "give the memory one GPU needs, e.g. 20GiB")
+    return mib
+
+
+def _priority(value: Any, file: str) -> tuple[str, int]:
+    if isinstance(value, str) and value in PRIORITY_CLASSES:
+        return value, 0
+    if isinstance(value, int) and not isinstance(value, bool) and -1000 <= value <= 1000:
+        return "normal", value
+    raise SpecError(file, "priority", f"{value!r} is not a priority",
+                    "use high, normal, low, or an integer from -1000 to 1000 (higher runs first)")
+
+
+def _optional_str(data: dict, key: str, file: str) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or "\n" in value or len(value) > 200:
+        raise SpecError(file, key, "must be one line of text (at most 200 characters)",
+                        f"e.g. `{key}: {FIELDS[key].example}`")
+    return value
+
+
+def _workdir(value: Any, file: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
+        raise SpecError(file, "workdir", f"{value!r} is not an absolute path",
+                        "give a full path like /home/ana/proj")
+    return value
+
+
+def _env(value: Any, file: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(file, "env", f"must be a mapping, not {_kind(value)}",
+                        "write `env: {NAME: value}`")
+    for k, v in value.items():
+        if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
+            raise SpecError(file, "env", f"{k!r} is not a variable name", "use names like WANDB_MODE")
+        if not isinstance(v, str) or "\x00" in v:
+            raise SpecError(file, "env", f"value of {k} is {_kind(v)}, not a string",
+                            f"quote it: `{k}: \"{v}\"`")
+    return dict(value)
+
+
+def _hosts(value: Any, file: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(h, str) and h for h in value):
+        raise SpecError(file, "hosts", "must be a list of host names", "e.g. `hosts: [box-a, box-b]`")
+    return tuple(value)
+
+
+def _kind(value: Any) -> str:
+    return {bool: "a boolean", int: "a number", float: "a number", str: "text", list: "a list",
+            dict: "a mapping", type(None): "empty"}.get(type(value), type(value).__name__)

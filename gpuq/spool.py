@@ -1,0 +1,233 @@
+"""The spool: records as files, atomic writes, claims by rename, transitions, events.
+
+Every write is temp file + fsync + rename, so a reader never sees half a file. A transition
+is enforced by `states.check_transition` and written by `transition` only.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from .layout import Layout, job_id_for_spec_name
+from .states import State, check_transition
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never a mix.
+    `durable=False` skips the fsync, for files rewritten every second (heartbeats)."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path: Path, obj: Any, durable: bool = True) -> None:
+    atomic_write(path, json.dumps(obj, separators=(",", ":"), sort_keys=True).encode(), durable=durable)
+
+
+def read_json(path: Path) -> Any | None:
+    """The parsed file, or None when it does not exist (a concurrent transition moved it)."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Record:
+    """A job as gpuq knows it: the spec plus what gpuq learned. Never holds runtime handles."""
+
+    id: str
+    state: State
+    spec: dict[str, Any]                 # JobSpec.to_json()
+    spec_text: str = ""                  # the file as the user wrote it
+    user: str = ""
+    uid: int = -1
+    attempt: int = 1
+    queued_at: float = 0.0               # the queue position (kept across requeues)
+    host: str | None = None
+    boot_id: str | None = None
+    gpus: list[int] = field(default_factory=list)
+    gpu_uuids: list[str] = field(default_factory=list)
+    gpu_mem_mib: int | None = None       # memory charged per GPU: declared, or the whole GPU
+    claim: str | None = None             # unique name of the claiming attempt
+    claimed_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    supervisor_pid: int | None = None
+    job_pid: int | None = None
+    peak_gpu_mem_mib: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["state"] = self.state.value
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Record":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known["state"] = State(d["state"])
+        return cls(**known)
+
+
+def state_dir(layout: Layout, state: State) -> Path:
+    if state is State.RUNNING:
+        return layout.running
+    if state is State.REJECTED:
+        return layout.rejected
+    if state is State.HELD:
+        return layout.held
+    if state.is_final:
+        return layout.finished
+    raise ValueError(f"{state.value} records live in jobs/ as specs")
+
+
+def write_record(layout: Layout, record: Record) -> Path:
+    path = layout.record(state_dir(layout, record.state), record.id)
+    write_json(path, record.to_json())
+    return path
+
+
+def read_record(path: Path) -> Record | None:
+    data = read_json(path)
+    return Record.from_json(data) if data is not None else None
+
+
+def transition(layout: Layout, record: Record, new: State, event_host: str, **changes: Any) -> Record:
+    """Move `record` to state `new` (checked against the table), write it, log the event.
+
+    The new file is written before the old one is removed, so a crash in between leaves a
+    duplicate that readers resolve in favour of the later state, never a lost job.
+    """
+    check_transition(record.state, new)
+    updated = replace(record, state=new, **changes)
+    write_record(layout, updated)
+    old_dir, new_dir = state_dir(layout, record.state), state_dir(layout, new)
+    if old_dir != new_dir:
+        try:
+            os.unlink(layout.record(old_dir, record.id))
+        except FileNotFoundError:
+            pass
+    append_event(layout, event_host, {"job": record.id, "from": record.state.value, "to": new.value,
+                                      "attempt": updated.attempt, "host": updated.host,
+                                      "gpus": updated.gpus, "gpu_mem_mib": updated.gpu_mem_mib,
+                                      "exit_code": updated.exit_code, "reason": updated.reason})
+    return updated
+
+
+def record_start(layout: Layout, record: Record, event_host: str) -> None:
+    """pending -> running: the claimed attempt's record, written before its job may start."""
+    check_transition(State.PENDING, State.RUNNING)
+    write_record(layout, record)
+    append_event(layout, event_host, {"job": record.id, "from": "pending", "to": "running",
+                                      "attempt": record.attempt, "host": record.host,
+                                      "gpus": record.gpus, "gpu_mem_mib": record.gpu_mem_mib})
+
+
+def record_requeue(layout: Layout, record: Record, event_host: str, reason: str) -> None:
+    """running -> pending, once the spec is back in jobs/: drop the attempt's record."""
+    check_transition(record.state, State.PENDING)
+    try:
+        os.unlink(layout.record(state_dir(layout, record.state), record.id))
+    except FileNotFoundError:
+        pass
+    append_event(layout, event_host, {"job": record.id, "from": record.state.value, "to": "pending",
+                                      "attempt": record.attempt, "host": record.host, "reason": reason})
+
+
+def append_event(layout: Layout, host: str, event: dict[str, Any]) -> None:
+    """One JSON line per transition in state/events/<host>.jsonl; only this host appends."""
+    line = json.dumps({"t": time.time(), "by": host, **event}, separators=(",", ":")) + "\n"
+    fd = os.open(layout.host_events(host), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+# --- claims ------------------------------------------------------------------------------
+
+def claim_name(job_id: str, host: str, boot_id: str, attempt: int) -> str:
+    """A name no other claim can have: job, host, boot, pid, nonce, attempt."""
+    return f"{job_id}@{host}@{boot_id[:8]}@{os.getpid()}@{secrets.token_hex(4)}@a{attempt}.yaml"
+
+
+def parse_claim_name(name: str) -> tuple[str, str] | None:
+    """claim file name -> (job id, host), or None if it is not a claim."""
+    parts = name.split("@")
+    return (parts[0], parts[1]) if len(parts) == 6 and name.endswith(".yaml") else None
+
+
+def claim(layout: Layout, spec_path: Path, name: str) -> Path | None:
+    """Take a pending spec by renaming it to a unique claim name. Exactly one claimer wins.
+
+    A missing source means someone else took or cancelled it. Any error from the rename
+    (over NFS a lost reply turns success into ENOENT) is settled by looking for our own
+    unique destination.
+    """
+    dest = layout.claims / name
+    try:
+        os.rename(spec_path, dest)
+        return dest
+    except OSError as e:
+        if dest.exists():
+            return dest
+        if e.errno in (errno.ENOENT, errno.ESTALE):
+            return None
+        raise
+
+
+def claims_of(layout: Layout, job_id: str) -> list[Path]:
+    return sorted(layout.claims.glob(f"{job_id}@*"))
+
+
+# --- pending specs -----------------------------------------------------------------------
+
+def pending_spec_path(layout: Layout, job_id: str) -> Path | None:
+    for suffix in (".yaml", ".yml"):
+        p = layout.jobs / f"{job_id}{suffix}"
+        if os.path.lexists(p):
+            return p
+    return None
+
+
+def scan_pending(layout: Layout) -> Iterator[tuple[str, os.DirEntry]]:
+    """(job id, dir entry) for every file in jobs/ that names a spec."""
+    with os.scandir(layout.jobs) as it:
+        for entry in it:
+            job_id = job_id_for_spec_name(entry.name)
+            if job_id is not None:
+                yield job_id, entry
+
+
+def existing_record(layout: Layout, job_id: str) -> tuple[State, Path] | None:
+    """Where a job id is already used, if anywhere but jobs/: finished beats running."""
+    for state, d in ((State.DONE, layout.finished), (State.RUNNING, layout.running),
+                     (State.HELD, layout.held)):
+        p = layout.record(d, job_id)
+        if p.exists():
+            return state, p
+    if claims_of(layout, job_id):
+        return State.RUNNING, claims_of(layout, job_id)[0]
+    return None

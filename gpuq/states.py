@@ -1,0 +1,44 @@
+"""The job states and the one table of allowed transitions (enforced in `check_transition`)."""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class State(str, Enum):
+    PENDING = "pending"
+    HELD = "held"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    REJECTED = "rejected"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATES
+
+
+FINAL_STATES = frozenset({State.DONE, State.FAILED, State.CANCELLED, State.LOST, State.REJECTED})
+
+ALLOWED: dict[State, frozenset[State]] = {
+    State.PENDING: frozenset({State.RUNNING, State.HELD, State.CANCELLED, State.REJECTED}),
+    State.HELD: frozenset({State.PENDING, State.CANCELLED}),
+    # running -> pending is a requeue (preempted, lost, or never started).
+    State.RUNNING: frozenset({State.DONE, State.FAILED, State.CANCELLED, State.LOST, State.PENDING}),
+    State.DONE: frozenset(),
+    State.FAILED: frozenset(),
+    State.CANCELLED: frozenset(),
+    # A lost job whose retries allow goes back to the queue (issue: crash recovery).
+    State.LOST: frozenset({State.PENDING}),
+    State.REJECTED: frozenset(),
+}
+
+
+class TransitionError(Exception):
+    """A state change that the table does not allow: a bug, never user input."""
+
+
+def check_transition(old: State, new: State) -> None:
+    if new not in ALLOWED[old]:
+        raise TransitionError(f"job cannot go from {old.value} to {new.value}")

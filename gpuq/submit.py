@@ -1,0 +1,98 @@
+"""`gpuq submit`: write a spec into jobs/ under a unique, readable id.
+
+Like sbatch's default (--export=ALL) the submitter's environment and working directory are
+recorded, so the job sees what the user saw. The user is the spec file's owner (the file
+system records it; a field could be forged).
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from .layout import JOB_ID_RE, Layout
+from .spec import JobSpec, parse_spec_text, validate_spec
+from .spool import claims_of, existing_record, pending_spec_path
+
+# Per-shell or per-session variables that would be wrong inside the job.
+NOT_EXPORTED = ("CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_")
+NOT_EXPORTED_PREFIXES = ("GPUQ_",)
+
+
+class SubmitError(Exception):
+    pass
+
+
+def exported_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if k not in NOT_EXPORTED and not k.startswith(NOT_EXPORTED_PREFIXES)}
+
+
+def build_spec(command: list[str], gpus: int, gpu_mem: str | None, name: str | None,
+               priority: str | None, hosts: list[str] | None, env: dict[str, str],
+               workdir: str) -> dict[str, Any]:
+    """The spec as a user would have written it. One argument is a shell command line."""
+    data: dict[str, Any] = {"command": command[0] if len(command) == 1 else command, "gpus": gpus}
+    if gpu_mem:
+        data["gpu_mem"] = gpu_mem
+    if name:
+        data["name"] = name
+    if priority is not None:
+        data["priority"] = int(priority) if re.fullmatch(r"-?\d+", priority) else priority
+    if hosts:
+        data["hosts"] = hosts
+    data["workdir"] = workdir
+    data["env"] = env
+    return data
+
+
+def readable_base(command: list[str], name: str | None) -> str:
+    """A short id stem from --name or the command: `python train.py` -> `train`."""
+    source = name or ""
+    if not source:
+        words = " ".join(command).split()
+        interpreters = {"python", "python3", "bash", "sh", "torchrun", "uv", "run", "-m", "-c"}
+        source = next((w for w in words if w not in interpreters and not w.startswith("-")), "job")
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(source).stem if "/" in source or "." in source
+                  else source).strip("-_")[:40]
+    return stem or "job"
+
+
+def _id_taken(layout: Layout, job_id: str) -> bool:
+    return (pending_spec_path(layout, job_id) is not None or existing_record(layout, job_id) is not None
+            or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*")))
+
+
+def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: str) -> tuple[str, JobSpec]:
+    """Validate, then create jobs/<id>.yaml without ever overwriting: the final name is
+    made with link(2), which fails if the name exists, so concurrent submits cannot collide."""
+    import yaml
+
+    validate_spec(data, "gpuq submit")  # refuse before writing anything
+    header = f"# submitted by gpuq submit at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+    text = (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode()
+    spec = parse_spec_text(text, "gpuq submit")  # what the worker will read back
+    if job_id is not None and not JOB_ID_RE.match(job_id):
+        raise SubmitError(f"--id {job_id!r}: ids are letters, digits, '_', '-' and '.', at most 64, "
+                          "not starting with '.'")
+    tmp = layout.jobs / f".submit-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    tmp.write_bytes(text)
+    try:
+        candidates = [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000))
+        for candidate in candidates:
+            if _id_taken(layout, candidate):
+                if job_id:
+                    raise SubmitError(f"job id {job_id!r} is already used; pick another --id")
+                continue
+            try:
+                os.link(tmp, layout.jobs / f"{candidate}.yaml")
+                return candidate, spec
+            except FileExistsError:
+                if job_id:
+                    raise SubmitError(f"job id {job_id!r} is already used; pick another --id") from None
+        raise SubmitError("no free job id")
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,347 @@
+"""Launching a job under its supervisor, and stopping it.
+
+The supervisor is forked from the worker (fast: no new interpreter), puts itself in its own
+session as a child subreaper (so grandchildren stay its own), holds the job's liveness lock
+(which the job inherits, so the kernel releases it only when both are gone), runs the job,
+waits, and writes the result. It outlives the worker; a restarted worker reattaches through
+the records and the locks.
+
+Handshake with the worker, so that no job runs without a record and no record claims a job
+that never started:  child locks -> "L" -> worker writes the running record -> "G" -> child
+writes the `started` marker -> job runs. If the worker dies before "G", the child exits
+without running anything and the claim is provably never started.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .hostinfo import process_start_ticks
+from .layout import Layout
+from .spec import JobSpec
+from .spool import Record, read_record, transition, write_json
+from .states import State
+from .units import format_duration
+
+PR_SET_CHILD_SUBREAPER = 36
+HANDSHAKE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a supervisor needs from its worker: all plain data."""
+    layout: Layout
+    host: str
+    boot_id: str
+    local_dir: Path
+    grace_s: float
+    extra_env: dict[str, str]          # e.g. GPUQ_FAKE_GPUS for fake GPUs
+
+    def lock_path(self, job_id: str) -> Path:
+        return self.local_dir / "jobs" / f"{job_id}.lock"
+
+    def started_path(self, job_id: str) -> Path:
+        return self.local_dir / "jobs" / f"{job_id}.started"
+
+    def stop_path(self, job_id: str) -> Path:
+        return self.local_dir / "jobs" / f"{job_id}.stop"
+
+    def peak_path(self, job_id: str) -> Path:
+        """Peak observed GPU memory, written by the worker, read at the end of the job."""
+        return self.local_dir / "jobs" / f"{job_id}.peak"
+
+    @property
+    def wake_fifo(self) -> Path:
+        return self.local_dir / "wake"
+
+
+def poke(fifo: Path) -> None:
+    """Wake the worker now (a job ended, a spec arrived). Best effort, never blocks."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return  # no worker listening: it will see the change on its next pass
+    try:
+        os.write(fd, b"x")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def job_lock_held(rt: Runtime, job_id: str) -> bool:
+    """Whether the job's supervisor or process is alive (the kernel drops the lock on death)."""
+    from filelock import lock_descriptor, unlock_descriptor
+
+    try:
+        fd = os.open(rt.lock_path(job_id), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        if lock_descriptor(fd, blocking=False):
+            unlock_descriptor(fd)
+            return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def launch(rt: Runtime, record: Record, write_running_record: Callable[[int], Record]) -> int | None:
+    """Fork the supervisor of `record`'s attempt. `write_running_record(pid)` is called once
+    the child holds the job lock; the job starts only after it returns. Returns the
+    supervisor pid, or None when the job lock was already held (a stale copy still runs)."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the supervisor
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            code = _supervisor_main(rt, record, ready_w, go_r)
+        except BaseException:  # never return into the worker's code in the child
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        ready, _, _ = select.select([ready_r], [], [], HANDSHAKE_TIMEOUT_S)
+        answer = os.read(ready_r, 1) if ready else b""
+        if answer != b"L":
+            return None
+        write_running_record(pid)
+        os.write(go_w, b"G")
+        return pid
+    finally:
+        os.close(ready_r)
+        os.close(go_w)
+
+
+def _close_inherited_fds(keep: set[int]) -> None:
+    # The worker's single-instance lock and any other descriptor must not live on in jobs.
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class _StopRequested(Exception):
+    pass
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _StopRequested()
+
+
+def _supervisor_main(rt: Runtime, record: Record, ready_w: int, go_r: int) -> int:
+    from filelock import lock_descriptor
+
+    os.setsid()
+    _close_inherited_fds({ready_w, go_r})
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):
+        os.dup2(devnull, std)
+    os.close(devnull)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: orphans go to init; the process group is still killed
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    lock_fd = os.open(rt.lock_path(record.id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    if not lock_descriptor(lock_fd, blocking=False):
+        os.write(ready_w, b"B")
+        return 0
+    try:
+        os.write(ready_w, b"L")
+        os.close(ready_w)
+        if os.read(go_r, 1) != b"G":
+            return 0  # the worker died before recording the attempt: run nothing
+    except _StopRequested:
+        return 0
+    os.close(go_r)
+    return _run_and_record(rt, record, lock_fd)
+
+
+def job_environment(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUQ_", "CUDA_VISIBLE"))}
+    env.update(spec.env)
+    env.update(rt.extra_env)
+    env.update({
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA numbers GPUs as NVML does
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, record.gpus)),
+        "GPUQ_JOB_ID": record.id,
+        "GPUQ_ATTEMPT": str(record.attempt),
+        "GPUQ_GPU_MEM_MIB": str(record.gpu_mem_mib or 0),
+        "GPUQ_PREEMPTIBLE": "0",
+        "GPUQ_HOST": rt.host,
+        "GPUQ_ROOT": str(rt.layout.root),
+    })
+    return env
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
+
+
+def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> int:
+    spec = JobSpec.from_json(record.spec)
+    started = time.time()
+    write_json(rt.started_path(record.id), {"supervisor_pid": os.getpid(), "boot_id": rt.boot_id,
+                                           "ticks": process_start_ticks(os.getpid()), "t": started})
+    log_fd = os.open(rt.layout.job_log(record.id),
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    gpus = ",".join(map(str, record.gpus)) or "none (CPU only)"
+    os.write(log_fd, (f"==> gpuq job {record.id} · attempt {record.attempt} · host {rt.host} · "
+                      f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n").encode())
+    argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
+    stop_reason: str | None = None
+    exit_code: int | None = None
+    sig: int | None = None
+    failure: str | None = None
+    try:
+        proc = subprocess.Popen(argv, cwd=spec.workdir or str(rt.layout.root),
+                                env=job_environment(rt, record, spec), stdin=subprocess.DEVNULL,
+                                stdout=log_fd, stderr=log_fd, pass_fds=(lock_fd,), process_group=0)
+    except OSError as e:
+        failure = f"cannot start: {e.strerror}: {e.filename or argv[0]}"
+        os.write(log_fd, f"==> gpuq: {failure}\n".encode())
+        proc = None
+    if proc is not None:
+        status, stop_reason = _wait(rt, record.id, proc.pid)
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+        else:
+            exit_code = os.WEXITSTATUS(status)
+        _kill_leftovers(proc.pid, rt.grace_s)
+    ended = time.time()
+    outcome = (f"exit {exit_code}" if exit_code is not None else
+               f"killed by signal {sig}" if sig is not None else failure or "not started")
+    if stop_reason:
+        outcome += f" ({stop_reason})"
+    os.write(log_fd, f"==> {outcome} · duration {format_duration(ended - started)} · "
+                     f"ended {_stamp(ended)}\n".encode())
+    os.close(log_fd)
+    final = State.CANCELLED if stop_reason else State.DONE if exit_code == 0 else State.FAILED
+    current = read_record(rt.layout.record(rt.layout.running, record.id)) or record
+    transition(rt.layout, current, final, rt.host, started_at=started, ended_at=ended,
+               exit_code=exit_code, signal=sig, reason=stop_reason or failure,
+               job_pid=proc.pid if proc else None, peak_gpu_mem_mib=_read_peak(rt, record.id))
+    finish_local(rt, record)
+    poke(rt.wake_fifo)
+    return 0
+
+
+def _read_peak(rt: Runtime, job_id: str) -> int | None:
+    try:
+        return int(rt.peak_path(job_id).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _wait(rt: Runtime, job_id: str, pid: int) -> tuple[int, str | None]:
+    """Wait for the job; a SIGTERM to the supervisor means stop it (TERM, grace, KILL)."""
+    stop_reason: str | None = None
+    deadline: float | None = None
+    while True:
+        try:
+            if deadline is None:
+                _, status = os.waitpid(pid, 0)
+                return status, stop_reason
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status, stop_reason
+            if time.monotonic() >= deadline:
+                _signal_group(pid, signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(0.02)
+        except _StopRequested:
+            if stop_reason is None:
+                try:
+                    stop_reason = rt.stop_path(job_id).read_text().strip() or "cancelled"
+                except OSError:
+                    stop_reason = "cancelled"
+                _signal_group(pid, signal.SIGTERM)
+                deadline = time.monotonic() + rt.grace_s
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_leftovers(pgid: int, grace_s: float) -> None:
+    """The job has ended: end what it left behind (its group, and orphans we adopted as
+    subreaper), as Slurm does at job end, then reap them."""
+    import psutil
+
+    _signal_group(pgid, signal.SIGTERM)
+    leftovers = psutil.Process().children(recursive=True)
+    for p in leftovers:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(leftovers, timeout=min(grace_s, 5.0)) if leftovers else ([], [])
+    _signal_group(pgid, signal.SIGKILL)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+
+
+def finish_local(rt: Runtime, record: Record) -> None:
+    """Remove the attempt's local files and its claim; the record now holds the spec."""
+    for path in (rt.started_path(record.id), rt.stop_path(record.id), rt.peak_path(record.id),
+                 rt.lock_path(record.id)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    if record.claim:
+        try:
+            os.unlink(rt.layout.claims / record.claim)
+        except FileNotFoundError:
+            pass
+
+
+def request_stop(rt: Runtime, record: Record, reason: str) -> bool:
+    """Ask the supervisor of a local running job to stop it (TERM, grace, KILL).
+    Returns False when no live supervisor of this attempt could be found."""
+    try:
+        marker = json.loads(rt.started_path(record.id).read_text())
+    except (OSError, ValueError):
+        return False
+    pid = marker.get("supervisor_pid")
+    if not pid or process_start_ticks(pid) != marker.get("ticks"):
+        return False  # the supervisor is gone (or its pid was reused)
+    rt.stop_path(record.id).write_text(reason)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True
+

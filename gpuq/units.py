@@ -1,0 +1,48 @@
+"""Human sizes and durations, parsed strictly and printed briefly."""
+from __future__ import annotations
+
+import re
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
+# Binary units (Slurm and nvidia-smi habits: "20G" means 20 GiB); decimal ones where written.
+_MIB_PER_UNIT = {
+    "m": 1.0, "mi": 1.0, "mib": 1.0,
+    "g": 1024.0, "gi": 1024.0, "gib": 1024.0,
+    "t": 1024.0 ** 2, "ti": 1024.0 ** 2, "tib": 1024.0 ** 2,
+    "mb": 1e6 / 2 ** 20, "gb": 1e9 / 2 ** 20, "tb": 1e12 / 2 ** 20,
+}
+SIZE_EXAMPLES = "20GiB, 20G, 20480MiB"
+
+
+def parse_size_mib(text: str) -> int:
+    """'20GiB' -> 20480. Raises ValueError with the accepted forms."""
+    match = _SIZE_RE.match(text) if isinstance(text, str) else None
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _MIB_PER_UNIT:
+        raise ValueError(f"{text!r} is not a size; write it like {SIZE_EXAMPLES}")
+    mib = float(match.group(1)) * _MIB_PER_UNIT[unit]
+    return int(mib + 0.999999)  # never round a declared need down
+
+
+def format_mib(mib: float | int | None) -> str:
+    """20480 -> '20GiB'; 1536 -> '1.5GiB'; 700 -> '700MiB'."""
+    if mib is None:
+        return "-"
+    if abs(mib) < 1024:
+        return f"{int(mib)}MiB"
+    gib = mib / 1024
+    return f"{gib:.0f}GiB" if abs(gib - round(gib)) < 0.05 else f"{gib:.1f}GiB"
+
+
+def format_duration(seconds: float | None) -> str:
+    """65 -> '1m05s'; 3700 -> '1h01m'; None -> '-'."""
+    if seconds is None:
+        return "-"
+    s = int(max(0.0, seconds))
+    if seconds < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"

@@ -1,0 +1,213 @@
+"""Read models for `gpuq status` and `gpuq show`: plain JSON-able dicts built from the spool,
+the workers' heartbeats and the same `plan` the workers run. Rendering lives in `render`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+from .intake import load_pending_for_view
+from .layout import Layout
+from .plan import HostView, PendingJob, RunningJob, plan, usable_mib
+from .probe import GpuSnapshot
+from .spool import Record, read_json, read_record
+from .states import FINAL_STATES
+
+STATUS_VERSION = 1
+EVENT_TAIL_BYTES = 256 * 1024
+
+
+def heartbeat_alive(hb: dict[str, Any], now: float) -> bool:
+    """For display only: a host seen within a few poll intervals. Taking over a dead host's
+    jobs never uses this (it compares two hosts' clocks); the workers judge that themselves."""
+    return now - hb.get("t", 0) <= max(10.0, 5 * hb.get("poll_interval", 1.0))
+
+
+def load_heartbeats(layout: Layout) -> list[dict[str, Any]]:
+    beats = []
+    for path in sorted(layout.workers.glob("*.json")):
+        if path.name.endswith(".specs.json"):
+            continue
+        hb = read_json(path)
+        if hb is not None:
+            beats.append(hb)
+    return beats
+
+
+def running_records(layout: Layout) -> list[Record]:
+    records = []
+    for path in sorted(layout.running.glob("*.json")):
+        record = read_record(path)
+        # A record also in finished/ is a transition caught halfway: finished wins.
+        if record is not None and not layout.record(layout.finished, record.id).exists():
+            records.append(record)
+    return records
+
+
+def _observed(beats: list[dict[str, Any]]) -> dict[str, dict[int, int]]:
+    out: dict[str, dict[int, int]] = {}
+    for hb in beats:
+        for job_id, per in hb.get("observed", {}).items():
+            out[job_id] = {int(i): m for i, m in per.items()}
+    return out
+
+
+def recent_events(layout: Layout, states: frozenset[str], limit: int) -> list[dict[str, Any]]:
+    """The latest events into `states`, newest first, from the tail of every host's log
+    (so status stays fast with 100,000 finished jobs)."""
+    found = []
+    for path in layout.events.glob("*.jsonl"):
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - EVENT_TAIL_BYTES))
+                lines = f.read().splitlines()[1 if size > EVENT_TAIL_BYTES else 0:]
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("to") in states:
+                found.append(ev)
+    found.sort(key=lambda e: e.get("t", 0), reverse=True)
+    seen, out = set(), []
+    for ev in found:
+        if ev["job"] not in seen:
+            seen.add(ev["job"])
+            out.append(ev)
+    return out[:limit]
+
+
+def status(layout: Layout, config: Config, now: float | None = None) -> dict[str, Any]:
+    """The whole team on one screen, as data. Documented in README ("status --json")."""
+    now = time.time() if now is None else now
+    beats = load_heartbeats(layout)
+    observed = _observed(beats)
+    running = running_records(layout)
+    live = [hb for hb in beats if heartbeat_alive(hb, now)]
+    running_jobs = [RunningJob(r.id, r.user, r.host or "", tuple(r.gpus), r.spec.get("gpu_mem_mib"),
+                               observed.get(r.id, {})) for r in running]
+    host_views = [HostView(hb["host"], tuple(GpuSnapshot.from_json(g) for g in hb.get("gpus", [])),
+                           hb.get("cpu_slots", config.cpu_slots)) for hb in live]
+    cache_files = [layout.spec_cache(hb["host"]) for hb in beats]
+    pending, problems = load_pending_for_view(layout, cache_files)
+    decided = plan(pending, host_views, running_jobs, config, now, explain=True)
+    starting = {s.job_id: s for s in decided.starts}
+    by_id = {j.id: j for j in pending}
+    final_names = frozenset(s.value for s in FINAL_STATES)
+    return {
+        "version": STATUS_VERSION,
+        "root": str(layout.root),
+        "now": now,
+        "hosts": [_host(hb, running_jobs, config, now, heartbeat_alive(hb, now)) for hb in beats],
+        "running": [_running(r, observed.get(r.id, {}), now) for r in running],
+        "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
+                    for pos, i in enumerate(decided.order, 1)],
+        "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
+        "finished": [_finished(layout, ev) for ev in
+                     recent_events(layout, final_names - {"rejected"}, config.recent_finished)],
+        "rejected": [_rejected(layout, ev) for ev in
+                     recent_events(layout, frozenset({"rejected"}), config.recent_finished)],
+    }
+
+
+def _starting(start: Any) -> str:
+    if start is None:
+        return "waiting"
+    where = f"{start.host}:{','.join(map(str, start.gpus))}" if start.gpus else start.host
+    return f"starting on {where} at the next worker pass"
+
+
+def _host(hb: dict[str, Any], running: list[RunningJob], config: Config, now: float,
+          alive: bool) -> dict[str, Any]:
+    gpus = []
+    for g in hb.get("gpus", []):
+        snap = GpuSnapshot.from_json(g)
+        on_gpu = [j for j in running if j.host == hb["host"] and snap.index in j.gpus]
+        gpus.append({"index": snap.index, "name": snap.name, "uuid": snap.uuid,
+                     "mem_total_mib": snap.mem_total_mib, "mem_used_mib": snap.mem_used_mib,
+                     "usable_mib": max(0, usable_mib(snap, on_gpu, config.gpu_mem_reserve_mib)),
+                     "util_pct": snap.util_pct, "temp_c": snap.temp_c,
+                     "jobs": [j.id for j in on_gpu]})
+    return {"host": hb["host"], "alive": alive, "last_seen_s": round(now - hb.get("t", 0), 1),
+            "pid": hb.get("pid"), "version": hb.get("version"), "probe_error": hb.get("probe_error"),
+            "cpu_slots": hb.get("cpu_slots"), "gpus": gpus}
+
+
+def _running(r: Record, observed: dict[int, int], now: float) -> dict[str, Any]:
+    return {"id": r.id, "user": r.user, "host": r.host, "gpus": r.gpus, "attempt": r.attempt,
+            "elapsed_s": round(now - (r.claimed_at or now), 1), "gpu_mem_mib": r.gpu_mem_mib,
+            "declared_gpu_mem_mib": r.spec.get("gpu_mem_mib"),
+            "observed_gpu_mem_mib": max(observed.values()) if observed else None,
+            "command": _command_text(r.spec)}
+
+
+def _pending(job: PendingJob, position: int, reason: str, now: float) -> dict[str, Any]:
+    s = job.spec
+    return {"id": job.id, "user": job.user, "position": position, "gpus": s.gpus,
+            "gpu_mem_mib": s.gpu_mem_mib, "priority": s.priority_class if not s.priority else s.priority,
+            "waiting_s": round(now - job.queued_at, 1), "reason": reason,
+            "command": s.command_text()}
+
+
+def _finished(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
+    record = read_record(layout.record(layout.finished, ev["job"]))
+    if record is None:
+        return {"id": ev["job"], "state": ev["to"], "exit_code": ev.get("exit_code"),
+                "ended_at": ev.get("t"), "duration_s": None, "host": ev.get("host"), "reason": ev.get("reason")}
+    duration = (record.ended_at - record.started_at) if record.ended_at and record.started_at else None
+    return {"id": record.id, "state": record.state.value, "exit_code": record.exit_code,
+            "signal": record.signal, "ended_at": record.ended_at,
+            "duration_s": round(duration, 2) if duration is not None else None,
+            "host": record.host, "gpus": record.gpus, "reason": record.reason}
+
+
+def _rejected(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
+    return {"id": ev["job"], "error": ev.get("reason"), "at": ev.get("t")}
+
+
+def _command_text(spec: dict[str, Any]) -> str:
+    import shlex
+
+    cmd = spec.get("command")
+    return cmd if isinstance(cmd, str) else shlex.join(cmd or [])
+
+
+def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | None:
+    """Everything known about one job, wherever it is."""
+    from .spool import claims_of, pending_spec_path
+
+    for d in (layout.finished, layout.running):
+        record = read_record(layout.record(d, job_id))
+        if record is not None:
+            out = record.to_json()
+            out["log"] = str(layout.job_log(job_id))
+            return out
+    if pending_spec_path(layout, job_id) is not None:
+        view = status(layout, config)
+        for p in view["pending"]:
+            if p["id"] == job_id:
+                return {"id": job_id, "state": "pending", **p}
+        for p in view["invalid"]:
+            if p["id"] == job_id:
+                return {"id": job_id, "state": "pending", "reason": "not valid yet: " + p["error"]}
+    if claims_of(layout, job_id):
+        return {"id": job_id, "state": "running", "reason": "being started"}
+    for err in sorted(layout.rejected.glob(f"{job_id}*.error")):
+        if err.name == f"{job_id}.error" or err.name.startswith(f"{job_id}."):
+            return {"id": job_id, "state": "rejected", "error": err.read_text().strip(),
+                    "spec_file": str(err.with_suffix(".yaml"))}
+    return None
+
+
+def load_view_config(layout: Layout) -> Config:
+    from . import config as config_mod
+
+    return config_mod.load(layout.config_file)

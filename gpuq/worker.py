@@ -1,0 +1,325 @@
+"""The worker loop of one host: observe, settle, obey controls, take in specs, plan and
+start, report; then sleep until the poll interval ends or a job's exit wakes it.
+
+Each pass is a short ordered list of named steps (see `STEPS`). Crash recovery beyond
+reattaching to running jobs, requeueing never-started claims and marking unknown exits
+lives with the reliability work; the seams are the steps below.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from . import __version__
+from .config import Config
+from .hostinfo import boot_id, ensure_private_dir
+from .intake import Intake, user_name
+from .layout import Layout
+from .plan import HostView, RunningJob, plan
+from .probe import GpuSnapshot, Probe
+from .spec import SpecError
+from .spool import (Record, append_event, atomic_write, claim, claim_name, parse_claim_name,
+                    read_json, read_record, record_requeue, record_start, transition, write_json)
+from .states import State
+from .supervise import Runtime, finish_local, job_lock_held, launch, request_stop
+
+log = logging.getLogger("gpuq.worker")
+SPEC_CACHE_EVERY_S = 5.0
+
+
+class Worker:
+    STEPS = ("observe", "settle_running", "obey_controls", "take_in_specs", "start_jobs", "report")
+
+    def __init__(self, layout: Layout, config: Config, host: str, fake_gpus: str | None) -> None:
+        self.layout, self.config, self.host = layout, config, host
+        self.boot_id = boot_id()
+        local_dir = ensure_private_dir(Path(config.local_dir or layout.default_local_dir(host)))
+        ensure_private_dir(local_dir / "jobs")
+        self.probe = Probe(fake_gpus, local_dir)
+        self.rt = Runtime(layout, host, self.boot_id, local_dir, config.grace_s, self.probe.job_env())
+        self.intake = Intake(layout)
+        self.seq = 0
+        self.gpus: list[GpuSnapshot] = []
+        self.running: list[Record] = []
+        self.observed: dict[str, dict[int, int]] = {}
+        self.peaks: dict[str, int] = {}
+        self.cache_written = (-1, 0.0)
+        self.wake_fd = self._open_wake_fifo()
+
+    def _open_wake_fifo(self) -> int:
+        try:
+            os.mkfifo(self.rt.wake_fifo, 0o600)
+        except FileExistsError:
+            pass
+        # O_RDWR keeps a writer open, so the FIFO never reads as EOF between pokes.
+        return os.open(self.rt.wake_fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self, once: bool = False, exit_when_idle: bool = False) -> None:
+        log.info("worker %s started (pid %d, gpuq %s, root %s)%s", self.host, os.getpid(),
+                 __version__, self.layout.root, f"; {self.probe.error}" if self.probe.error else "")
+        while True:
+            for step in self.STEPS:
+                try:
+                    getattr(self, step)()
+                except Exception:  # one bad step must not kill the worker; the next pass retries
+                    log.exception("step %s failed", step)
+            if once or (exit_when_idle and self.idle()):
+                return
+            self.sleep()
+
+    def idle(self) -> bool:
+        return not self.running and not self.intake.entries
+
+    def sleep(self) -> None:
+        ready, _, _ = select.select([self.wake_fd], [], [], self.config.poll_interval)
+        if ready:
+            try:
+                while os.read(self.wake_fd, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def observe(self) -> None:
+        """This host's GPUs and running jobs, and which job's processes use which memory."""
+        offered = self.config.offered_gpus(self.host)
+        self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
+        self.running = self._own_running()
+        self.observed = observe_job_memory(self.gpus, self.running)
+        for job_id, per_gpu in self.observed.items():
+            peak = max(per_gpu.values(), default=0)
+            if peak > self.peaks.get(job_id, 0):
+                self.peaks[job_id] = peak
+                self.rt.peak_path(job_id).write_text(str(peak))
+
+    def _own_running(self) -> list[Record]:
+        records = []
+        for path in self.layout.running.glob("*.json"):
+            record = read_record(path)
+            if record is not None and record.host == self.host:
+                records.append(record)
+        return records
+
+    def settle_running(self) -> None:
+        """Reattach to live jobs; settle the ones whose supervisor is gone."""
+        alive = []
+        for record in self.running:
+            if record.boot_id == self.boot_id and job_lock_held(self.rt, record.id):
+                alive.append(record)
+                continue
+            if self.layout.record(self.layout.finished, record.id).exists():
+                # The supervisor wrote the final record and died before removing this one.
+                os.unlink(self.layout.record(self.layout.running, record.id))
+            elif record.boot_id != self.boot_id:
+                transition(self.layout, record, State.LOST, self.host, reason="host rebooted")
+            elif not self.rt.started_path(record.id).exists():
+                self._requeue_never_started(record)
+            else:
+                transition(self.layout, record, State.LOST, self.host, ended_at=time.time(),
+                           reason="exit unknown: supervisor and job gone without a result")
+            finish_local(self.rt, record)
+            self.peaks.pop(record.id, None)
+        self.running = alive
+        self._requeue_orphan_claims()
+
+    def _requeue_never_started(self, record: Record) -> None:
+        """The attempt provably never started: put its spec back at its old place."""
+        dest = self.layout.jobs / f"{record.id}.yaml"
+        src = self.layout.claims / (record.claim or "")
+        if record.claim and src.exists():
+            os.rename(src, dest)
+        else:
+            atomic_write(dest, record.spec_text.encode())
+        os.utime(dest, (record.queued_at, record.queued_at))
+        record_requeue(self.layout, record, self.host, "never started; requeued")
+
+    def _requeue_orphan_claims(self) -> None:
+        """Claims of this host by an earlier worker that died before recording them."""
+        for path in self.layout.claims.iterdir():
+            parsed = parse_claim_name(path.name)
+            if parsed is None or parsed[1] != self.host or f"@{os.getpid()}@" in path.name:
+                continue
+            job_id = parsed[0]
+            if self.layout.record(self.layout.running, job_id).exists() or \
+               self.layout.record(self.layout.finished, job_id).exists():
+                continue
+            dest = self.layout.jobs / f"{job_id}.yaml"
+            if not dest.exists():
+                os.rename(path, dest)
+                append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "pending",
+                                                      "reason": "claim never recorded; requeued"})
+
+    def obey_controls(self) -> None:
+        """Cancel requests for jobs on this host (written by `gpuq cancel` on any host)."""
+        control_dir = self.layout.host_control(self.host)
+        if not control_dir.is_dir():
+            return
+        running = {r.id: r for r in self.running}
+        for path in control_dir.glob("*.json"):
+            request = read_json(path) or {}
+            job_id = path.stem
+            record = running.get(job_id)
+            if record is not None and record.attempt == request.get("attempt", record.attempt):
+                reason = f"cancelled by {request.get('by', 'unknown')}"
+                if request_stop(self.rt, record, reason):
+                    log.info("cancelling %s (%s)", job_id, reason)
+            path.unlink(missing_ok=True)
+
+    def take_in_specs(self) -> None:
+        """Read jobs/; reject specs that stayed invalid, and ids already used."""
+        now = time.monotonic()
+        self.intake.scan(now)
+        for job_id, entry in self.intake.settled_errors(now, self.config.spec_settle_s):
+            self._reject(job_id, entry.path, str(entry.error))
+        for job in self.intake.pending():
+            used = self.layout.record(self.layout.finished, job.id)
+            if used.exists() or self.layout.record(self.layout.running, job.id).exists():
+                entry = self.intake.entries[job.id]
+                self._reject(job.id, entry.path, str(SpecError(
+                    f"jobs/{entry.path.name}", None, f"job id '{job.id}' is already used by an earlier job",
+                    f"rename the file (e.g. {job.id}-2.yaml), or use `gpuq submit`, which picks a free id")))
+
+    def _reject(self, job_id: str, path: Path, message: str) -> None:
+        dest = self.layout.rejected / f"{job_id}{path.suffix}"
+        if dest.exists() or dest.is_symlink():
+            dest = self.layout.rejected / f"{job_id}.{int(time.time())}{path.suffix}"
+        try:
+            os.rename(path, dest)
+        except FileNotFoundError:
+            return  # taken or removed meanwhile
+        (dest.parent / f"{dest.stem}.error").write_text(message + "\n")
+        append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "rejected",
+                                              "reason": message})
+        self.intake.entries.pop(job_id, None)
+        log.warning("rejected %s", message)
+
+    def start_jobs(self) -> None:
+        pending = self.intake.pending()
+        if not pending:
+            return
+        from filelock import FileLock, Timeout
+
+        host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots)
+        lock = FileLock(str(self.layout.queue_lock), timeout=self.config.queue_lock_timeout_s)
+        try:
+            lock.acquire()
+        except Timeout:
+            lock = None  # planning order is a nicety; the claim rename keeps correctness
+        try:
+            decided = plan(pending, [host], self._running_jobs(), self.config, time.time(), explain=False)
+            for start in decided.starts:
+                self._start(start.job_id, start.gpus)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _running_jobs(self) -> list[RunningJob]:
+        return [RunningJob(r.id, r.user, r.host or self.host, tuple(r.gpus),
+                           r.spec.get("gpu_mem_mib"), self.observed.get(r.id, {}))
+                for r in self.running]
+
+    def _start(self, job_id: str, gpus: tuple[int, ...]) -> None:
+        entry = self.intake.entries.get(job_id)
+        if entry is None or entry.job is None:
+            return
+        attempt = 1
+        claimed = claim(self.layout, entry.path, claim_name(job_id, self.host, self.boot_id, attempt))
+        self.intake.entries.pop(job_id, None)
+        if claimed is None:
+            return  # another worker took it, or it was cancelled
+        if claimed.read_bytes() != entry.text:
+            os.rename(claimed, entry.path)  # edited since planned: plan it again next pass
+            return
+        job, st = entry.job, os.stat(claimed)
+        by_index = {g.index: g for g in self.gpus}
+        charged = job.spec.gpu_mem_mib if not job.spec.exclusive else \
+            by_index[gpus[0]].mem_total_mib - self.config.gpu_mem_reserve_mib
+        record = Record(
+            id=job_id, state=State.RUNNING, spec=job.spec.to_json(),
+            spec_text=entry.text.decode("utf-8-sig", "replace"), user=user_name(st.st_uid),
+            uid=st.st_uid, attempt=attempt, queued_at=job.queued_at, host=self.host,
+            boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
+            gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=time.time())
+
+        def write_running(pid: int) -> Record:
+            started = replace(record, supervisor_pid=pid)
+            record_start(self.layout, started, self.host)
+            return started
+
+        pid = launch(self.rt, record, write_running)
+        if pid is None:
+            log.error("%s: its job lock is held by a stale copy; leaving it pending", job_id)
+            os.rename(claimed, entry.path)
+            return
+        self.running.append(replace(record, supervisor_pid=pid))
+        log.info("started %s on %s GPUs %s (supervisor %d)", job_id, self.host, list(gpus), pid)
+        self._reap_children()
+
+    def _reap_children(self) -> None:
+        """Supervisors are our children until we exit; collect the ones that ended."""
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def report(self) -> None:
+        """Heartbeat (boot id + sequence number: observers judge liveness on their own clock)
+        with the GPU snapshot and per-job observed memory; and the shared spec cache."""
+        self._reap_children()
+        self.seq += 1
+        write_json(self.layout.heartbeat(self.host), {
+            "host": self.host, "boot_id": self.boot_id, "seq": self.seq, "pid": os.getpid(),
+            "version": __version__, "t": time.time(), "poll_interval": self.config.poll_interval,
+            "gpus": [g.to_json() for g in self.gpus], "cpu_slots": self.config.cpu_slots,
+            "observed": {j: {str(i): m for i, m in per.items()} for j, per in self.observed.items()},
+            "probe_error": self.probe.error,
+        }, durable=False)
+        version, written_at = self.cache_written
+        now = time.monotonic()
+        if version != self.intake.version and now - written_at >= SPEC_CACHE_EVERY_S:
+            write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
+            self.cache_written = (self.intake.version, now)
+
+
+def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record]) -> dict[str, dict[int, int]]:
+    """NVML's per-process memory, summed per job: a process belongs to the job whose
+    supervisor is among its ancestors (the supervisor is a subreaper, so orphans stay)."""
+    supervisors = {r.supervisor_pid: r.id for r in running if r.supervisor_pid}
+    if not supervisors or not any(g.processes for g in gpus):
+        return {}
+    import psutil
+
+    owner_of: dict[int, str | None] = {}
+
+    def owner(pid: int) -> str | None:
+        chain = []
+        while pid > 1 and pid not in owner_of and pid not in supervisors and len(chain) < 64:
+            chain.append(pid)
+            try:
+                pid = psutil.Process(pid).ppid()
+            except psutil.Error:
+                pid = 0
+        found = supervisors.get(pid) if pid in supervisors else owner_of.get(pid)
+        for p in chain:
+            owner_of[p] = found
+        return found
+
+    observed: dict[str, dict[int, int]] = {}
+    for gpu in gpus:
+        for proc in gpu.processes:
+            job_id = owner(proc.pid)
+            if job_id is not None and proc.used_mib:
+                per = observed.setdefault(job_id, {})
+                per[gpu.index] = per.get(gpu.index, 0) + proc.used_mib
+    return observed
+

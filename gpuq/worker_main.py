@@ -1,0 +1,94 @@
+"""`python worker.py` / `gpuq-worker`: one worker per host, started by cron every minute.
+
+A start while a worker already runs on this host exits at once, quietly, with status 0.
+The first start daemonizes (or stays in the foreground) and logs to logs/worker-<host>.log.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from . import config as config_mod
+from .hostinfo import ensure_private_dir
+from .layout import HOST_RE, Layout, RootError, resolve_root, this_host
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="worker.py", description="Run the gpuq worker of this host.")
+    p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
+    p.add_argument("--host", help="host name to act as (default: this machine's short name); "
+                                  "lets tests run several stand-in boxes on one machine")
+    p.add_argument("--fake-gpus", metavar="SPEC",
+                   help="use fake GPUs: COUNTxSIZE like 4x80GiB, or a JSON file (also $GPUQ_FAKE_GPUS)")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.add_argument("--exit-when-idle", action="store_true",
+                   help="exit once no job is pending or running here")
+    p.add_argument("--foreground", action="store_true", help="do not daemonize; log to stderr too")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every decision")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        layout = Layout(resolve_root(args.root, launcher_dir))
+        config = config_mod.load(layout.config_file)
+    except (RootError, config_mod.ConfigError) as e:
+        print(f"gpuq worker: {e}", file=sys.stderr)
+        return 2
+    host = args.host or this_host()
+    if not HOST_RE.match(host):
+        print(f"gpuq worker: --host {host!r} is not a valid host name (letters, digits, . _ -)",
+              file=sys.stderr)
+        return 2
+    layout.ensure()
+    local_dir = ensure_private_dir(Path(config.local_dir or layout.default_local_dir(host)))
+    daemon = not (args.foreground or args.once)
+    if daemon and _daemonize():
+        return 0  # the cron-started parent: the daemon carries on
+    from filelock import FileLock, Timeout
+
+    single = FileLock(str(local_dir / "worker.lock"), timeout=0)
+    try:
+        single.acquire()
+    except Timeout:
+        if args.verbose:
+            print(f"gpuq worker: a worker already runs for {host} on this root", file=sys.stderr)
+        return 0
+    _setup_logging(layout.worker_log(host), to_stderr=not daemon, verbose=args.verbose)
+    from .worker import Worker
+
+    try:
+        Worker(layout, config, host, args.fake_gpus).run(once=args.once,
+                                                          exit_when_idle=args.exit_when_idle)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        single.release()
+    return 0
+
+
+def _daemonize() -> bool:
+    """Double fork into a new session. Returns True in the original process."""
+    if os.fork() > 0:
+        return True
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    return False
+
+
+def _setup_logging(path: Path, to_stderr: bool, verbose: bool) -> None:
+    handlers: list[logging.Handler] = [logging.FileHandler(path)]
+    if to_stderr:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=handlers,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("filelock").setLevel(logging.WARNING)  # its per-acquire debug lines drown ours
