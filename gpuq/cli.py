@@ -69,7 +69,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     config = _config(layout)
     host = this_host()
-    poke(Path(config.local_dir or layout.default_local_dir(host)) / "wake")
+    poke(config.local_dir_for(layout, host) / "wake")
     print(job_id)
     return 0
 
@@ -132,7 +132,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(message, file=sys.stdout if ok else sys.stderr)
         failures += not ok
     config = _config(layout)
-    poke(Path(config.local_dir or layout.default_local_dir(host)) / "wake")
+    poke(config.local_dir_for(layout, host) / "wake")
     return 1 if failures else 0
 
 

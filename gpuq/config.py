@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .layout import Layout
 
 from .units import SIZE_EXAMPLES, parse_size_mib
 
@@ -24,6 +27,12 @@ class Config:
     grace_s: float = 10.0               # SIGTERM -> SIGKILL
     queue_lock_timeout_s: float = 2.0
     recent_finished: int = 10           # finished jobs shown by `gpuq status`
+
+    def local_dir_for(self, layout: "Layout", host: str) -> Path:
+        """The host's local lock directory; `{host}` in the setting is replaced."""
+        if self.local_dir:
+            return Path(self.local_dir.replace("{host}", host))
+        return layout.default_local_dir(host)
 
     def offered_gpus(self, host: str) -> list[int] | None:
         """Indices this host offers, or None for all of them."""
@@ -66,7 +75,7 @@ def _optional_path(v: Any) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str) or not v.startswith("/"):
-        raise ValueError("must be an absolute path on a local disk, e.g. /var/tmp/gpuq")
+        raise ValueError("must be an absolute path on a local disk, e.g. /var/tmp/gpuq-{host}")
     return v
 
 

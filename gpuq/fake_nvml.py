@@ -11,6 +11,7 @@ calling job for its lifetime (see `use`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -41,8 +42,8 @@ def materialize(spec: str, local_dir: Path) -> Path:
     path = local_dir / f"fake-gpus-{count}x{total}MiB.json"
     if not path.exists():
         local_dir.mkdir(parents=True, exist_ok=True)
-        host_tag = local_dir.name.split("-")[0]
-        gpus = [{"name": f"Fake GPU {match.group(2)}", "uuid": f"GPU-fake-{host_tag}-{i}",
+        tag = hashlib.sha1(str(local_dir).encode()).hexdigest()[:8]  # distinct per stand-in host
+        gpus = [{"name": f"Fake GPU {match.group(2)}", "uuid": f"GPU-fake-{tag}-{i}",
                  "memory_total_mib": total, "memory_used_mib": 0, "utilization": 0,
                  "temperature": 35} for i in range(count)]
         _write(path, {"gpus": gpus, "processes": []})

@@ -37,7 +37,7 @@ class Worker:
     def __init__(self, layout: Layout, config: Config, host: str, fake_gpus: str | None) -> None:
         self.layout, self.config, self.host = layout, config, host
         self.boot_id = boot_id()
-        local_dir = ensure_private_dir(Path(config.local_dir or layout.default_local_dir(host)))
+        local_dir = ensure_private_dir(config.local_dir_for(layout, host))
         ensure_private_dir(local_dir / "jobs")
         self.probe = Probe(fake_gpus, local_dir)
         self.rt = Runtime(layout, host, self.boot_id, local_dir, config.grace_s, self.probe.job_env())

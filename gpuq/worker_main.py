@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
               file=sys.stderr)
         return 2
     layout.ensure()
-    local_dir = ensure_private_dir(Path(config.local_dir or layout.default_local_dir(host)))
+    local_dir = ensure_private_dir(config.local_dir_for(layout, host))
     daemon = not (args.foreground or args.once)
     if daemon and _daemonize():
         return 0  # the cron-started parent: the daemon carries on

@@ -1,0 +1,135 @@
+"""Shared helpers: a fresh queue root per test, and the real gpuq.py / worker.py in
+subprocesses, several workers with different --host standing in for several boxes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05,
+               what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Queue:
+    """A queue root in a temp dir, driven only through gpuq.py and worker.py."""
+
+    def __init__(self, root: Path, local_base: Path) -> None:
+        self.root = root
+        self.workers: dict[str, subprocess.Popen] = {}
+        (root / "jobs").mkdir(parents=True)
+        self.local_base = local_base
+        self.write_config()
+
+    def write_config(self, **overrides: object) -> None:
+        cfg = {"poll_interval": 0.2, "spec_settle_s": 1, "grace_s": 2,
+               "local_dir": str(self.local_base / "{host}"), **overrides}
+        (self.root / "config.yaml").write_text(
+            "\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()) + "\n")
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("GPUQ_ROOT", None)
+        env.pop("GPUQ_FAKE_GPUS", None)
+        return env
+
+    def gpuq(self, *args: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+        kw.setdefault("env", self.env())
+        proc = subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(self.root), *args],
+                              capture_output=True, text=True, timeout=timeout, **kw)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"gpuq {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def status(self) -> dict:
+        return json.loads(self.gpuq("status", "--json").stdout)
+
+    def start_worker(self, host: str, fake: str = "4x80GiB", *extra: str) -> subprocess.Popen:
+        proc = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(self.root), "--host", host,
+                                 "--fake-gpus", fake, "--foreground", *extra],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self.env())
+        self.workers[host] = proc
+        wait_until(lambda: (self.root / "state" / "workers" / f"{host}.json").exists(),
+                   what=f"worker {host} heartbeat")
+        return proc
+
+    def stop_worker(self, host: str, sig: int = signal.SIGTERM) -> None:
+        proc = self.workers.pop(host)
+        proc.send_signal(sig)
+        proc.wait(timeout=20)
+
+    def drop(self, name: str, text: str) -> Path:
+        """Write a spec the way a user's editor would: temp file, then rename into jobs/."""
+        path = self.root / "jobs" / name
+        tmp = self.root / "jobs" / f".{name}.tmp"
+        tmp.write_text(text)
+        os.rename(tmp, path)
+        return path
+
+    def record(self, job_id: str) -> dict | None:
+        for d in ("finished", "running"):
+            p = self.root / "state" / d / f"{job_id}.json"
+            if p.exists():
+                return json.loads(p.read_text())
+        return None
+
+    def finished(self, job_id: str) -> dict | None:
+        p = self.root / "state" / "finished" / f"{job_id}.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def events(self) -> list[dict]:
+        out = []
+        for p in (self.root / "state" / "events").glob("*.jsonl"):
+            out += [json.loads(line) for line in p.read_text().splitlines()]
+        return sorted(out, key=lambda e: e["t"])
+
+    def log(self, job_id: str) -> str:
+        p = self.root / "logs" / f"{job_id}.log"
+        return p.read_text() if p.exists() else ""
+
+    def close(self) -> None:
+        for host in list(self.workers):
+            proc = self.workers.pop(host)
+            proc.kill()
+            proc.wait()
+        # End every supervisor and job this test left behind (they are in their own sessions).
+        import psutil
+
+        for p in psutil.process_iter(["cmdline", "environ"]):
+            try:
+                if (p.info["environ"] or {}).get("GPUQ_ROOT") == str(self.root) or \
+                        str(self.root) in (p.info["cmdline"] or []):
+                    p.kill()
+            except psutil.Error:
+                pass
+
+
+@pytest.fixture
+def queue(tmp_path: Path):
+    q = Queue(tmp_path / "root", tmp_path / "local")
+    yield q
+    q.close()
+
+
+def fake_job(seconds: float = 0.3, extra: str = "") -> str:
+    """A job command that prints its GPUs and holds its declared fake GPU memory."""
+    return (f"echo CVD=$CUDA_VISIBLE_DEVICES{extra}; "
+            f"exec {PY} {REPO / 'gpuq.py'} fake-use --seconds {seconds}")

@@ -1,0 +1,162 @@
+"""The spine's story, end to end through worker.py and gpuq.py: three stand-in boxes on one
+root with fake GPUs, 60 jobs of mixed shapes, each using its declared fake memory."""
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import time
+from collections import defaultdict
+
+from conftest import PY, REPO, fake_job, wait_until
+
+HOSTS = ("a", "b", "c")
+TOTAL_MIB = 80 * 1024
+RESERVE_MIB = 256
+
+
+def _mixed_specs(n: int, seed: int = 7) -> dict[str, tuple[int, str | None]]:
+    rng = random.Random(seed)
+    shapes = [(1, "10GiB"), (1, "20GiB"), (1, "40GiB"), (1, "70GiB"), (2, "30GiB"), (4, "20GiB"),
+              (1, None), (2, None), (0, None)]
+    return {f"job-{i:02d}": rng.choice(shapes) for i in range(n)}
+
+
+def _spec_text(gpus: int, mem: str | None, seconds: float) -> str:
+    lines = [f"command: {fake_job(seconds)!r}", f"gpus: {gpus}"]
+    if mem:
+        lines.append(f"gpu_mem: {mem}")
+    return "\n".join(lines) + "\n"
+
+
+def test_sixty_jobs_on_three_boxes_exactly_once_and_never_overcommitted(queue):
+    queue.write_config(recent_finished=100)
+    specs = _mixed_specs(60)
+    for host in HOSTS:
+        queue.start_worker(host)
+    mid_run_views = []
+    for job_id, (gpus, mem) in specs.items():
+        queue.drop(f"{job_id}.yaml", _spec_text(gpus, mem, 0.4))
+    deadline = time.monotonic() + 120
+    while len(list((queue.root / "state" / "finished").glob("*.json"))) < 60:
+        assert time.monotonic() < deadline, "not all jobs finished in time"
+        if len(mid_run_views) < 3:
+            mid_run_views.append(queue.status())
+        time.sleep(0.3)
+
+    events = queue.events()
+    # Exactly once: one start and one end per job, and one attempt header in its log.
+    starts = [e for e in events if e["to"] == "running"]
+    ends = [e for e in events if e["from"] == "running"]
+    assert sorted(e["job"] for e in starts) == sorted(specs)
+    assert sorted(e["job"] for e in ends) == sorted(specs)
+    for job_id, (gpus, mem) in specs.items():
+        record = queue.finished(job_id)
+        assert record["state"] == "done", (job_id, record)
+        assert record["exit_code"] == 0
+        assert len(record["gpus"]) == gpus
+        log = queue.log(job_id)
+        assert log.count("==> gpuq job") == 1
+        # The GPUs the job saw are the GPUs its record names.
+        seen = re.search(r"^CVD=(\S*)", log, re.M).group(1)
+        assert seen == ",".join(map(str, record["gpus"])), (job_id, seen, record["gpus"])
+        assert record["host"] in HOSTS
+
+    # At no instant did the memory charged to a GPU exceed its usable memory (from events:
+    # claim happens before the job starts and the end event after it ends, so the
+    # intervals cover the real ones).
+    active: dict[tuple[str, int], dict[str, int]] = defaultdict(dict)
+    peak_jobs_on_gpu = 0
+    for e in events:
+        if e["to"] == "running":
+            for g in e["gpus"]:
+                active[(e["host"], g)][e["job"]] = e["gpu_mem_mib"]
+                used = sum(active[(e["host"], g)].values())
+                assert used <= TOTAL_MIB - RESERVE_MIB, (e, active[(e["host"], g)])
+                peak_jobs_on_gpu = max(peak_jobs_on_gpu, len(active[(e["host"], g)]))
+        elif e["from"] == "running":
+            for g in e["gpus"]:
+                active[(e["host"], g)].pop(e["job"], None)
+    assert peak_jobs_on_gpu >= 2, "memory-fit packing never put two jobs on one GPU"
+    assert {e["host"] for e in starts} == set(HOSTS), "every box took work"
+
+    # status --json agrees with the records.
+    final = queue.status()
+    assert final["pending"] == [] and final["running"] == []
+    assert {f["id"]: (f["state"], f["exit_code"]) for f in final["finished"]} == \
+        {j: ("done", 0) for j in specs}
+    for view in mid_run_views:
+        for r in view["running"]:
+            assert queue.record(r["id"])["host"] == r["host"]
+        assert len(view["hosts"]) == 3 and all(len(h["gpus"]) == 4 for h in view["hosts"])
+
+
+def test_submit_show_logs_and_cancel_from_the_cli(queue, tmp_path):
+    queue.start_worker("a", "2x80GiB")
+    project = tmp_path / "project"
+    project.mkdir()
+    out = queue.gpuq("submit", "--gpus", "1", "--gpu-mem", "20GiB", "--",
+                     "sh", "-c", "echo hello from $GPUQ_JOB_ID in $(pwd) with $MY_SETTING",
+                     cwd=project, env={**queue.env(), "MY_SETTING": "exported"})
+    job_id = out.stdout.strip().splitlines()[-1]
+    assert job_id == "echo-1", out.stdout  # readable: the first word that is not sh/python/a flag
+    wait_until(lambda: queue.finished(job_id), what="submitted job to finish")
+    assert f"hello from {job_id} in {project} with exported" in queue.gpuq("logs", job_id).stdout
+    show = queue.gpuq("show", job_id, "--json").stdout
+    assert '"state": "done"' in show and '"exit_code": 0' in show
+    assert "state:" in queue.gpuq("show", job_id).stdout
+
+    # cancel a running job: SIGTERM reaches it, the record says cancelled.
+    queue.drop("long.yaml", "command: sleep 600\ngpus: 1\ngpu_mem: 10GiB\n")
+    wait_until(lambda: (queue.record("long") or {}).get("state") == "running", what="long to run")
+    # cancel a pending job: it never runs.
+    queue.drop("blocked.yaml", "command: echo should-not-run\ngpus: 2\n")
+    wait_until(lambda: any(p["id"] == "blocked" for p in queue.status()["pending"]), what="blocked pending")
+    result = queue.gpuq("cancel", "long", "blocked")
+    assert "cancelled (was pending)" in result.stdout and "cancelling" in result.stdout
+    wait_until(lambda: queue.finished("long"), what="long to be cancelled")
+    assert queue.finished("long")["state"] == "cancelled"
+    assert queue.finished("long")["signal"] == 15
+    assert queue.finished("blocked")["state"] == "cancelled"
+    time.sleep(0.5)
+    assert "should-not-run" not in queue.log("blocked")
+    assert queue.gpuq("cancel", "long", check=False).returncode == 1
+    assert queue.gpuq("show", "nope", check=False).returncode == 1
+
+
+def test_a_second_worker_start_exits_at_once_quietly(queue):
+    first = queue.start_worker("a", "1x10GiB")
+    started = time.monotonic()
+    second = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
+                             "--fake-gpus", "1x10GiB", "--foreground"],
+                            capture_output=True, text=True, timeout=10, env=queue.env())
+    assert second.returncode == 0 and second.stdout == "" and second.stderr == ""
+    assert time.monotonic() - started < 5
+    assert first.poll() is None
+
+
+def test_cron_start_daemonizes_and_logs_to_its_file(queue):
+    cron = subprocess.run([PY, "worker.py", "--root", str(queue.root), "--host", "z",
+                           "--fake-gpus", "1x10GiB"], cwd=REPO, capture_output=True, text=True,
+                          timeout=10, env=queue.env())
+    assert cron.returncode == 0 and cron.stdout == "" and cron.stderr == ""
+    hb = wait_until(lambda: queue.root.joinpath("state/workers/z.json").exists(), what="daemon heartbeat")
+    assert hb
+    import json
+
+    pid = json.loads(queue.root.joinpath("state/workers/z.json").read_text())["pid"]
+    try:
+        queue.drop("hello.yaml", "command: echo hi\ngpus: 0\n")
+        wait_until(lambda: queue.finished("hello"), what="daemon to run a job")
+        assert "worker z started" in (queue.root / "logs" / "worker-z.log").read_text()
+        again = subprocess.run([PY, "worker.py", "--root", str(queue.root), "--host", "z",
+                                "--fake-gpus", "1x10GiB"], cwd=REPO, capture_output=True,
+                               text=True, timeout=10, env=queue.env())
+        assert again.returncode == 0
+        time.sleep(0.5)
+        assert json.loads(queue.root.joinpath("state/workers/z.json").read_text())["pid"] == pid
+    finally:
+        import os
+        import signal
+
+        os.kill(pid, signal.SIGTERM)
