@@ -1,0 +1,134 @@
+"""The pure planner, fed plain data: memory accounting, best fit, order, reasons."""
+from __future__ import annotations
+
+from gpuq.config import Config
+from gpuq.plan import HostView, PendingJob, RunningJob, plan, usable_mib
+from gpuq.probe import GpuProcess, GpuSnapshot
+from gpuq.spec import JobSpec
+
+CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1)
+GIB = 1024
+
+
+def gpu(index: int, total_gib: int = 80, used_gib: float = 0, procs=()) -> GpuSnapshot:
+    return GpuSnapshot(index, f"GPU-{index}", "Test", total_gib * GIB, int(used_gib * GIB),
+                       processes=tuple(GpuProcess(p, int(m * GIB)) for p, m in procs))
+
+
+def host(name: str, *gpus: GpuSnapshot, cpu: int = 1) -> HostView:
+    return HostView(name, tuple(gpus), cpu)
+
+
+def job(job_id: str, gpus: int = 1, mem_gib: float | None = 10, priority: str | int = "normal",
+        age: float = 0.0, hosts: tuple[str, ...] = ()) -> PendingJob:
+    cls, prio = (priority, 0) if isinstance(priority, str) else ("normal", priority)
+    spec = JobSpec(command="x", gpus=gpus, gpu_mem_mib=None if mem_gib is None else int(mem_gib * GIB),
+                   priority_class=cls, priority=prio, hosts=hosts)
+    return PendingJob(job_id, "u", spec, age)
+
+
+def running(job_id: str, host_name: str, gpus: tuple[int, ...], mem_gib: float | None,
+            observed: dict[int, float] | None = None) -> RunningJob:
+    return RunningJob(job_id, "u", host_name, gpus, None if mem_gib is None else int(mem_gib * GIB),
+                      {i: int(m * GIB) for i, m in (observed or {}).items()})
+
+
+def starts(result) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {s.job_id: (s.host, s.gpus) for s in result.starts}
+
+
+def test_nvml_lag_counts_declared_memory_not_just_observed():
+    # A job started a second ago: NVML sees 1 GiB of its declared 30 GiB.
+    r = running("new", "a", (0,), 30, observed={0: 1})
+    assert usable_mib(gpu(0, 80, used_gib=1), [r], 0) == 50 * GIB
+
+
+def test_observed_above_declared_counts_observed():
+    r = running("greedy", "a", (0,), 10, observed={0: 25})
+    assert usable_mib(gpu(0, 80, used_gib=25), [r], 0) == 55 * GIB
+
+
+def test_non_gpuq_processes_and_reserve_reduce_usable_memory():
+    snap = gpu(0, 80, used_gib=30, procs=[(999, 30)])  # a person's notebook
+    assert usable_mib(snap, [], 1024) == 50 * GIB
+    assert usable_mib(gpu(0, 80, used_gib=0.5), [], 1024) == 79 * GIB  # driver share within reserve
+
+
+def test_two_jobs_in_one_pass_never_overcommit():
+    result = plan([job("a", mem_gib=50), job("b", mem_gib=50)], [host("h", gpu(0))], [], CFG, 0)
+    assert list(starts(result)) == ["a"]
+    assert "largest usable is 30GiB on h:0" in result.reasons["b"]
+
+
+def test_best_fit_prefers_the_tightest_gpu():
+    hosts = [host("h", gpu(0, 80), gpu(1, 24), gpu(2, 40))]
+    result = plan([job("small", mem_gib=20), job("big", mem_gib=70)], hosts, [], CFG, 0)
+    assert starts(result) == {"small": ("h", (1,)), "big": ("h", (0,))}
+
+
+def test_multi_gpu_jobs_take_gpus_on_one_host():
+    hosts = [host("a", gpu(0), gpu(1, used_gib=79, procs=[(5, 79)])), host("b", gpu(0), gpu(1))]
+    result = plan([job("pair", gpus=2, mem_gib=40)], hosts, [], CFG, 0)
+    assert starts(result) == {"pair": ("b", (0, 1))}
+    result = plan([job("wide", gpus=3, mem_gib=1)], hosts, [], CFG, 0)
+    assert result.reasons["wide"] == "needs 3 GPUs on one host; the most any host offers is 2"
+
+
+def test_whole_gpu_jobs_are_exclusive():
+    hosts = [host("h", gpu(0), gpu(1))]
+    result = plan([job("w0", mem_gib=None, age=0), job("w1", mem_gib=None, age=1),
+                   job("s", mem_gib=1, age=2)], hosts, [], CFG, 0)
+    assert set(starts(result)) == {"w0", "w1"}
+    assert "largest usable is 0MiB" in result.reasons["s"]
+    busy = [running("x", "h", (0,), 1)]
+    result = plan([job("w", mem_gib=None)], [host("h", gpu(0))], busy, CFG, 0)
+    assert result.starts == [] and "0 GPUs are wholly free" in result.reasons["w"]
+
+
+def test_a_leftover_process_keeps_the_gpu_occupied():
+    # The job ended, its process still holds 60 GiB: the GPU is not whole, and only 20 GiB fit.
+    hosts = [host("h", gpu(0, used_gib=60, procs=[(4242, 60)]))]
+    result = plan([job("w", mem_gib=None), job("s", mem_gib=30)], hosts, [], CFG, 0)
+    assert result.starts == []
+    assert "largest usable is 20GiB on h:0" in result.reasons["s"]
+
+
+def test_queue_order_class_then_priority_then_age():
+    jobs = [job("old-low", priority="low", age=1), job("new-high", priority="high", age=9),
+            job("normal-7", priority=7, age=5), job("normal-old", age=2), job("normal-new", age=3)]
+    result = plan(jobs, [], [], CFG, 0)
+    assert result.order == ["new-high", "normal-7", "normal-old", "normal-new", "old-low"]
+    assert all(r == "no worker is running" for r in result.reasons.values())
+
+
+def test_big_head_does_not_block_smaller_jobs_that_fit():
+    result = plan([job("huge", mem_gib=90, age=0), job("small", mem_gib=10, age=1)],
+                  [host("h", gpu(0))], [], CFG, 0)
+    assert list(starts(result)) == ["small"]
+    assert result.reasons["huge"] == "needs 90GiB on one GPU; the largest GPU holds 80GiB usable (h:0)"
+
+
+def test_max_jobs_per_gpu_and_cpu_slots():
+    cfg = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=2, cpu_slots=1)
+    result = plan([job(f"j{i}", mem_gib=1, age=i) for i in range(3)] +
+                  [job("c1", gpus=0, age=10), job("c2", gpus=0, age=11)],
+                  [host("h", gpu(0))], [], cfg, 0)
+    assert set(starts(result)) == {"j0", "j1", "c1"}
+    assert result.reasons["j2"] == "every GPU has max_jobs_per_gpu=2 jobs"
+    assert result.reasons["c2"] == "all CPU-only slots are busy"
+
+
+def test_hosts_restriction():
+    hosts = [host("a", gpu(0)), host("b", gpu(0))]
+    result = plan([job("only-b", hosts=("b",)), job("only-z", hosts=("z",))], hosts, [], CFG, 0)
+    assert starts(result) == {"only-b": ("b", (0,))}
+    assert result.reasons["only-z"] == "no live host among hosts z"
+
+
+def test_without_explain_the_worker_stops_early_but_starts_the_same_jobs():
+    pending = [job(f"j{i}", mem_gib=30, age=i) for i in range(1000)]
+    hosts = [host("h", gpu(0), gpu(1))]
+    quick = plan(pending, hosts, [], CFG, 0, explain=False)
+    full = plan(pending, hosts, [], CFG, 0, explain=True)
+    assert quick.starts == full.starts and len(full.starts) == 4
+    assert quick.reasons == {} and len(full.reasons) == 996

@@ -1,0 +1,121 @@
+"""Spec parsing and validation: every refusal names the file, the field and the fix."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gpuq.spec import FIELDS, JobSpec, SpecError, parse_spec_text, validate_spec
+from gpuq.units import format_mib, parse_size_mib
+
+
+def parse(text: str | bytes) -> JobSpec:
+    return parse_spec_text(text.encode() if isinstance(text, str) else text, "jobs/x.yaml")
+
+
+def test_the_readme_example():
+    spec = parse("command: python train.py --lr 3e-4\ngpus: 1\ngpu_mem: 20GiB\n")
+    assert spec.command == "python train.py --lr 3e-4"
+    assert (spec.gpus, spec.gpu_mem_mib, spec.exclusive) == (1, 20480, False)
+    assert (spec.priority_class, spec.priority) == ("normal", 0)
+
+
+def test_defaults_and_list_command():
+    spec = parse("command: [python, train.py]\n")
+    assert spec.command == ("python", "train.py")
+    assert spec.gpus == 1 and spec.gpu_mem_mib is None and spec.exclusive
+    assert spec.command_text() == "python train.py"
+
+
+@pytest.mark.parametrize("size,mib", [("20GiB", 20480), ("20G", 20480), ("20480MiB", 20480),
+                                      ("1.5GiB", 1536), ("1TiB", 1024 ** 2), ("20GB", 19074)])
+def test_sizes(size, mib):
+    assert parse_size_mib(size) == mib
+
+
+@pytest.mark.parametrize("size", ["20 gigs", "20", "GiB", "-1GiB", "", "20XB"])
+def test_bad_sizes(size):
+    with pytest.raises(ValueError):
+        parse_size_mib(size)
+
+
+def test_format_mib():
+    assert format_mib(20480) == "20GiB" and format_mib(1536) == "1.5GiB" and format_mib(700) == "700MiB"
+
+
+@pytest.mark.parametrize("text,field,fix", [
+    ("gpus: 1\n", "command", "command: python train.py"),
+    ("command: ''\n", "command", "write the command"),
+    ("command: 5\n", "command", "command: python train.py"),
+    ("command: x\ngpus: two\n", "gpus", "gpus: 1"),
+    ("command: x\ngpus: -1\n", "gpus", "0 to 64"),
+    ("command: x\ngpus: 1.5\n", "gpus", "gpus: 1"),
+    ("command: x\ngpus: true\n", "gpus", "gpus: 1"),
+    ("command: x\ngpu_mem: 20 gigs\n", "gpu_mem", "20GiB"),
+    ("command: x\ngpu_mem: 20\n", "gpu_mem", "20GiB"),
+    ("command: x\npriority: urgent\n", "priority", "high, normal, low"),
+    ("command: x\nworkdir: relative/dir\n", "workdir", "full path"),
+    ("command: x\nenv: {A: 1}\n", "env", "quote it"),
+    ("command: x\nenv: [A]\n", "env", "NAME: value"),
+    ("command: x\nhosts: 3\n", "hosts", "hosts: [box-a"),
+    ("command: x\ngpu_memory: 2GiB\n", "gpu_memory", "gpu_mem"),
+    ("command: x\ncommand: y\n", "command", "keep one"),
+])
+def test_invalid_fields_name_field_and_fix(text, field, fix):
+    with pytest.raises(SpecError) as err:
+        parse(text)
+    assert err.value.field == field
+    assert fix in str(err.value)
+    assert str(err.value).startswith("jobs/x.yaml")
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("command: [unclosed\n", "not valid YAML"),
+    ("a: &x [1, 2]\nb: *x\n", "aliases"),
+    ("command: !!python/object/apply:os.system [ls]\n", "not valid YAML"),
+    ("- just\n- a list\n", "mapping"),
+    ("", "mapping"),
+    (b"command: \xff\xfe\n", "UTF-8"),
+    ("command: x\x00\n", "NUL"),
+    ("x: " + "[" * 100 + "]" * 100 + "\n", "nesting"),
+])
+def test_whole_file_problems(text, problem):
+    with pytest.raises(SpecError) as err:
+        parse(text)
+    assert problem in str(err.value)
+
+
+def test_good_variants_crlf_bom_comments():
+    assert parse("\ufeff# a comment\r\ncommand: echo hi\r\ngpus: 0 # cpu\r\n").gpus == 0
+
+
+def test_schema_is_documented_in_readme():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for name in FIELDS:
+        assert f"`{name}`" in readme, f"README's spec reference lacks {name}"
+
+
+def test_round_trip_through_json():
+    spec = parse("command: [a, b]\ngpus: 2\ngpu_mem: 3GiB\npriority: 5\nenv: {A: b}\nhosts: [h]\n")
+    assert JobSpec.from_json(spec.to_json()) == spec
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+                    max_leaves=20))
+def test_fuzz_validate_raises_only_spec_error(data):
+    try:
+        validate_spec({"command": "x", **data} if isinstance(data, dict) else data, "f.yaml")
+    except SpecError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+def test_fuzz_parser_raises_only_spec_error(blob):
+    try:
+        parse(blob)
+    except SpecError:
+        pass

@@ -1,0 +1,90 @@
+"""The spool on tmp dirs: atomic writes, exactly-once claims, the transition table."""
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuq.layout import Layout, job_id_for_spec_name
+from gpuq.spool import (Record, atomic_write, claim, claim_name, parse_claim_name, read_record,
+                        transition, write_record)
+from gpuq.states import ALLOWED, State, TransitionError, check_transition
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    lay = Layout(tmp_path)
+    lay.ensure()
+    return lay
+
+
+def test_spec_names():
+    assert job_id_for_spec_name("train-a.yaml") == "train-a"
+    assert job_id_for_spec_name("train-a.yml") == "train-a"
+    for ignored in (".train.yaml", "train.yaml.tmp", "train.yaml~", ".train.yaml.swp", "README.md"):
+        assert job_id_for_spec_name(ignored) is None
+
+
+def test_atomic_write_leaves_no_temp_and_replaces(tmp_path):
+    target = tmp_path / "f.json"
+    atomic_write(target, b"one")
+    atomic_write(target, b"two")
+    assert target.read_bytes() == b"two"
+    assert os.listdir(tmp_path) == ["f.json"]
+
+
+def test_transition_table_is_enforced(layout):
+    record = Record(id="j", state=State.RUNNING, spec={"gpu_mem_mib": 1}, host="a")
+    write_record(layout, record)
+    done = transition(layout, record, State.DONE, "a", exit_code=0)
+    assert not (layout.running / "j.json").exists()
+    assert read_record(layout.finished / "j.json") == done
+    with pytest.raises(TransitionError):
+        transition(layout, done, State.RUNNING, "a")
+    for old, allowed in ALLOWED.items():
+        for new in State:
+            if new not in allowed:
+                with pytest.raises(TransitionError):
+                    check_transition(old, new)
+    events = (layout.events / "a.jsonl").read_text().splitlines()
+    assert len(events) == 1 and '"to":"done"' in events[0]
+
+
+def test_claim_names_are_unique_and_parse():
+    a, b = claim_name("job.x", "host-1", "bootid12345", 1), claim_name("job.x", "host-1", "bootid12345", 1)
+    assert a != b
+    assert parse_claim_name(a) == ("job.x", "host-1")
+
+
+def _race(args: tuple[str, str, int]) -> str | None:
+    root, job_id, n = args
+    lay = Layout(Path(root))
+    got = claim(lay, lay.jobs / f"{job_id}.yaml", claim_name(job_id, f"h{n}", "boot0000", 1))
+    return got.name if got else None
+
+
+def test_exactly_one_of_many_claimers_wins(layout):
+    for i in range(50):
+        (layout.jobs / f"j{i}.yaml").write_text("command: x\n")
+    with multiprocessing.get_context("fork").Pool(8) as pool:
+        for i in range(50):
+            winners = [w for w in pool.map(_race, [(str(layout.root), f"j{i}", n) for n in range(8)]) if w]
+            assert len(winners) == 1
+    assert len(os.listdir(layout.claims)) == 50 and not list(layout.jobs.glob("*.yaml"))
+
+
+def test_a_lost_reply_after_a_successful_rename_is_settled_by_the_destination(layout, monkeypatch):
+    (layout.jobs / "j.yaml").write_text("command: x\n")
+    real_rename = os.rename
+
+    def rename_then_lose_reply(src, dst):
+        real_rename(src, dst)
+        raise OSError(errno.ENOENT, "lost reply")
+
+    monkeypatch.setattr(os, "rename", rename_then_lose_reply)
+    got = claim(layout, layout.jobs / "j.yaml", claim_name("j", "a", "boot0000", 1))
+    assert got is not None and got.exists()
+    assert claim(layout, layout.jobs / "j.yaml", claim_name("j", "b", "boot0000", 1)) is None

@@ -1,0 +1,126 @@
+"""Worker behaviour through the real worker.py: reattaching, reacting to exits at once,
+memory held by others, and specs that are still being written or are wrong."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+from conftest import fake_job, wait_until
+
+
+def _state(queue, job_id):
+    return (queue.record(job_id) or {}).get("state")
+
+
+def test_jobs_outlive_the_worker_and_a_new_worker_reattaches(queue):
+    queue.write_config(poll_interval=0.2)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("long.yaml", "command: sleep 2; exit 3\ngpus: 1\n")
+    wait_until(lambda: _state(queue, "long") == "running", what="long to start")
+    queue.stop_worker("a", signal.SIGKILL)
+    # No worker: the job runs on, status still shows it.
+    assert [r["id"] for r in queue.status()["running"]] == ["long"]
+    queue.drop("next.yaml", "command: echo next\ngpus: 1\n")  # needs the whole GPU too
+    queue.start_worker("a", "1x80GiB")
+    time.sleep(0.8)
+    assert _state(queue, "next") is None, "the new worker must see the GPU as taken"
+    wait_until(lambda: queue.finished("long"), what="long to end")
+    assert queue.finished("long")["state"] == "failed" and queue.finished("long")["exit_code"] == 3
+    wait_until(lambda: (queue.finished("next") or {}).get("state") == "done", what="next to run")
+    assert "==> exit 3" in queue.log("long")
+
+
+def test_supervisor_death_means_exit_unknown_never_success(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("orphan.yaml", "command: sleep 1\ngpus: 1\n")
+    wait_until(lambda: _state(queue, "orphan") == "running", what="orphan to start")
+    os.kill(queue.record("orphan")["supervisor_pid"], signal.SIGKILL)
+    record = wait_until(lambda: queue.finished("orphan"), what="orphan to be settled")
+    assert record["state"] == "lost" and record["exit_code"] is None
+    assert "exit unknown" in record["reason"]
+
+
+def test_a_job_exit_wakes_the_worker_at_once(queue):
+    queue.write_config(poll_interval=30)  # a poll would take 30 s; the exit must not wait for it
+    queue.drop("first.yaml", "command: sleep 0.5\ngpus: 1\n")
+    queue.drop("second.yaml", "command: echo second\ngpus: 1\n")
+    os.utime(queue.root / "jobs" / "second.yaml", (time.time() + 1, time.time() + 1))  # queued later
+    queue.start_worker("a", "1x80GiB")
+    wait_until(lambda: queue.finished("first"), timeout=10, what="first to end")
+    wait_until(lambda: queue.finished("second"), timeout=10, what="second to start well before a poll")
+    assert queue.finished("second")["claimed_at"] >= queue.finished("first")["ended_at"]
+
+
+def test_memory_used_outside_gpuq_is_respected(queue, tmp_path):
+    fake = tmp_path / "gpus.json"
+    person = subprocess.Popen(["sleep", "600"])
+    try:
+        fake.write_text(json.dumps({
+            "gpus": [{"name": "Fake GPU", "uuid": "GPU-x", "memory_total_mib": 81920}],
+            "processes": [{"pid": person.pid, "gpu": 0, "used_mib": 70 * 1024, "util": 90}]}))
+        queue.start_worker("a", str(fake))
+        queue.drop("fits-later.yaml", "command: echo ran\ngpus: 1\ngpu_mem: 20GiB\n")
+        reason = wait_until(lambda: [p["reason"] for p in queue.status()["pending"]], what="reason")
+        assert reason == ["needs 20GiB on one GPU; largest usable is 10GiB on a:0"]
+        person.kill()
+        wait_until(lambda: queue.finished("fits-later"), what="job to run once the GPU is free")
+    finally:
+        person.kill()
+
+
+def test_job_memory_is_observed_through_its_process_tree(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("user.yaml", f"command: {fake_job(3)!r}\ngpus: 1\ngpu_mem: 12GiB\n")
+    view = wait_until(lambda: [r for r in queue.status()["running"] if r["observed_gpu_mem_mib"]],
+                      what="observed memory")
+    assert view[0]["observed_gpu_mem_mib"] == 12 * 1024
+    assert view[0]["declared_gpu_mem_mib"] == 12 * 1024
+    record = wait_until(lambda: queue.finished("user"), what="job end")
+    assert record["peak_gpu_mem_mib"] == 12 * 1024
+
+
+def test_a_spec_being_written_is_not_rejected(queue):
+    queue.start_worker("a", "1x80GiB")
+    path = queue.root / "jobs" / "slow.yaml"
+    for i in range(8):  # an editor saving a half-written file, every 0.3 s, for 2.4 s (> settle 1 s)
+        path.write_text("command: [echo, 'unfinished" + "x" * i)
+        time.sleep(0.3)
+        assert not list((queue.root / "state" / "rejected").iterdir())
+    status = queue.status()
+    assert status["invalid"] and "slow" == status["invalid"][0]["id"]
+    path.write_text("command: [echo, finished]\ngpus: 0\n")
+    wait_until(lambda: queue.finished("slow"), what="completed spec to run")
+
+
+def test_invalid_specs_are_rejected_with_file_field_fix_and_others_run(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("bad-mem.yaml", "command: x\ngpu_mem: 20 gigs\n")
+    queue.drop("typo.yaml", "comand: echo\n")
+    os.mkfifo(queue.root / "jobs" / "pipe.yaml")
+    os.symlink("/etc/passwd", queue.root / "jobs" / "link.yaml")
+    queue.drop("good.yml", "command: echo good\ngpus: 0\n")
+    rejected = queue.root / "state" / "rejected"
+    wait_until(lambda: len(list(rejected.glob("*.error"))) == 4, what="four rejections")
+    errors = {p.stem: p.read_text() for p in rejected.glob("*.error")}
+    assert "jobs/bad-mem.yaml: field 'gpu_mem'" in errors["bad-mem"] and "20GiB" in errors["bad-mem"]
+    assert "field 'comand': unknown field" in errors["typo"] and "command" in errors["typo"]
+    assert "not a regular file" in errors["pipe"]
+    assert "symbolic link" in errors["link"]
+    assert (rejected / "bad-mem.yaml").read_text() == "command: x\ngpu_mem: 20 gigs\n"  # nothing lost
+    wait_until(lambda: queue.finished("good"), what="the good job")
+    assert {r["id"] for r in queue.status()["rejected"]} == {"bad-mem", "typo", "pipe", "link"}
+    assert queue.workers["a"].poll() is None
+
+
+def test_a_reused_id_is_refused_not_overwritten(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("same.yaml", "command: echo one\ngpus: 0\n")
+    wait_until(lambda: queue.finished("same"), what="first run")
+    queue.drop("same.yaml", "command: echo two\ngpus: 0\n")
+    error = wait_until(lambda: (queue.root / "state/rejected/same.error").exists() and
+                       (queue.root / "state/rejected/same.error").read_text(), what="rejection")
+    assert "already used" in error and "same-2.yaml" in error
+    assert "one" in queue.log("same") and "two" not in queue.log("same")
