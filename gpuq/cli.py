@@ -151,6 +151,12 @@ def cmd_fake_use(args: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    return run(Path(args.dir) if args.dir else None, quick=args.quick)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuq", description="A GPU job queue in a shared directory.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
@@ -188,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--util", type=int, default=50, help="utilization percent (default 50)")
     sp.add_argument("--seconds", type=float, help="hold for this long (or run the command after --)")
     sp.add_argument("command", nargs=argparse.REMAINDER)
+    sp = verb("demo", cmd_demo, "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen")
+    sp.add_argument("--dir", help="queue root to create (default: a new temp dir)")
+    sp.add_argument("--quick", action="store_true", help="shorter jobs")
     return p
 
 

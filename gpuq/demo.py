@@ -1,0 +1,69 @@
+"""`gpuq demo`: the whole flow on fake GPUs, through the real worker.py and gpuq.py.
+
+Two stand-in boxes with 4 fake 24 GiB GPUs each; a dozen jobs of mixed sizes submitted the
+way a user would; the status screen while they are claimed, packed and run; a log; the end.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+JOBS = [  # (gpus, gpu_mem, seconds)
+    (1, "20GiB", 4), (1, "20GiB", 4), (1, "10GiB", 3), (1, "10GiB", 3), (1, "6GiB", 2),
+    (2, "16GiB", 5), (1, None, 3), (4, "8GiB", 3), (1, "12GiB", 2), (0, None, 2),
+    (1, "4GiB", 2), (1, "30GiB", 1),  # the last fits no GPU: status says why; the demo cancels it
+]
+
+
+def run(root: Path | None = None, quick: bool = False) -> int:
+    root = root or Path(tempfile.mkdtemp(prefix="gpuq-demo-"))
+    (root / "jobs").mkdir(parents=True, exist_ok=True)
+    (root / "config.yaml").write_text(f"poll_interval: 0.5\nlocal_dir: {root}/local-{{host}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    gpuq = [sys.executable, str(REPO / "gpuq.py"), "--root", str(root)]
+    print(f"# demo queue root: {root}\n# starting two workers: box-a and box-b, 4 fake 24GiB GPUs each")
+    workers = [subprocess.Popen([sys.executable, str(REPO / "worker.py"), "--root", str(root),
+                                 "--host", host, "--fake-gpus", "4x24GiB", "--foreground"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+               for host in ("box-a", "box-b")]
+    try:
+        ids = []
+        scale = 0.3 if quick else 1.0
+        for gpus, mem, seconds in JOBS:
+            work = (f'echo "training on GPUs [$CUDA_VISIBLE_DEVICES] with $GPUQ_GPU_MEM_MIB MiB each"; '
+                    f'exec {sys.executable} {REPO / "gpuq.py"} fake-use --seconds {seconds * scale}')
+            args = ["submit", "--gpus", str(gpus)] + (["--gpu-mem", mem] if mem else []) + \
+                   ["--name", f"train-{mem or 'whole' if gpus else 'cpu'}", "--", "sh", "-c", work]
+            out = subprocess.run(gpuq + args, capture_output=True, text=True, env=env, check=True)
+            ids.append(out.stdout.split()[-1])
+        print(f"# submitted {len(ids)} jobs: gpuq submit --gpus N --gpu-mem SIZE -- COMMAND\n")
+        deadline = time.monotonic() + 120
+        shown = 0
+        while time.monotonic() < deadline:
+            time.sleep(1.0 if shown else 1.5)
+            finished = len(list((root / "state" / "finished").glob("*.json")))
+            if shown < 2 or finished >= len(ids) - 1:
+                print(f"$ gpuq status   (look {shown + 1})")
+                print(subprocess.run(gpuq + ["status"], capture_output=True, text=True, env=env).stdout)
+                shown += 1
+            if finished >= len(ids) - 1:
+                break
+        print(f"$ gpuq cancel {ids[-1]}")
+        print(subprocess.run(gpuq + ["cancel", ids[-1]], capture_output=True, text=True, env=env).stdout)
+        print(f"$ gpuq logs {ids[0]}")
+        print(subprocess.run(gpuq + ["logs", ids[0]], capture_output=True, text=True, env=env).stdout)
+        print(f"$ gpuq show {ids[5]}")
+        print(subprocess.run(gpuq + ["show", ids[5]], capture_output=True, text=True, env=env).stdout)
+        done = len(list((root / "state" / "finished").glob("*.json")))
+        print(f"# {done}/{len(ids)} jobs finished. Try it yourself: python gpuq.py --root {root} status")
+        return 0 if done == len(ids) else 1
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.wait()
