@@ -44,7 +44,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     from .spec import SpecError
     from .submit import SubmitError, build_spec, exported_environment, readable_base, write_spec
-    from .supervise import poke
+    from .wake import poke
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -69,7 +69,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     config = _config(layout)
     host = this_host()
-    poke(config.local_dir_for(layout, host) / "wake")
+    poke(config.local_dir_for(layout, host))
     print(job_id)
     return 0
 
@@ -122,7 +122,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from .cancel import cancel_one
-    from .supervise import poke
+    from .wake import poke
 
     layout = _layout(args)
     host = this_host()
@@ -132,7 +132,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(message, file=sys.stdout if ok else sys.stderr)
         failures += not ok
     config = _config(layout)
-    poke(config.local_dir_for(layout, host) / "wake")
+    poke(config.local_dir_for(layout, host))
     return 1 if failures else 0
 
 

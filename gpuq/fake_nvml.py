@@ -78,10 +78,16 @@ class FakeNvml:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._cache: tuple[tuple[int, int, int], dict[str, Any]] | None = None
 
     def _load(self) -> dict[str, Any]:
+        """The file as it is now: re-checked on every call, re-parsed when it changed."""
         try:
-            return json.loads(self.path.read_bytes())
+            st = os.stat(self.path)
+            key = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if self._cache is None or self._cache[0] != key:
+                self._cache = (key, json.loads(self.path.read_bytes()))
+            return self._cache[1]
         except (OSError, ValueError) as e:
             raise NVMLError(f"fake GPU file {self.path}: {e}") from None
 

@@ -31,6 +31,7 @@ class Entry:
     error: SpecError | None = None
     text: bytes = b""
     unchanged_since: float = 0.0      # monotonic time the key was first seen
+    id_checked: bool = False          # the worker checked that the id is not used already
 
 
 def user_name(uid: int) -> str:

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 ROOT_ENV = "GPUQ_ROOT"
@@ -57,55 +58,55 @@ class Layout:
 
     root: Path
 
-    @property
+    @cached_property
     def config_file(self) -> Path:
         return self.root / "config.yaml"
 
-    @property
+    @cached_property
     def jobs(self) -> Path:
         return self.root / "jobs"
 
-    @property
+    @cached_property
     def logs(self) -> Path:
         return self.root / "logs"
 
-    @property
+    @cached_property
     def state(self) -> Path:
         return self.root / "state"
 
-    @property
+    @cached_property
     def claims(self) -> Path:
         return self.state / "claims"
 
-    @property
+    @cached_property
     def running(self) -> Path:
         return self.state / "running"
 
-    @property
+    @cached_property
     def finished(self) -> Path:
         return self.state / "finished"
 
-    @property
+    @cached_property
     def rejected(self) -> Path:
         return self.state / "rejected"
 
-    @property
+    @cached_property
     def held(self) -> Path:
         return self.state / "held"
 
-    @property
+    @cached_property
     def workers(self) -> Path:
         return self.state / "workers"
 
-    @property
+    @cached_property
     def control(self) -> Path:
         return self.state / "control"
 
-    @property
+    @cached_property
     def events(self) -> Path:
         return self.state / "events"
 
-    @property
+    @cached_property
     def queue_lock(self) -> Path:
         return self.state / "queue.lock"
 

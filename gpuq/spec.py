@@ -218,6 +218,10 @@ def _command(value: Any, file: str) -> str | tuple[str, ...]:
         if any("\x00" in a for a in value):
             raise SpecError(file, "command", "contains a NUL byte", "remove it")
         return tuple(value)
+    if isinstance(value, (bool, int, float)):  # `command: true` is YAML's boolean, not /bin/true
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        raise SpecError(file, "command", f"YAML read this as {_kind(value)}, not a command",
+                        f"quote it: `command: \"{text}\"`")
     raise SpecError(file, "command", f"must be a string or a list of strings, not {_kind(value)}",
                     "e.g. `command: python train.py` or `command: [python, train.py]`")
 

@@ -75,7 +75,6 @@ class Record:
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None
-    supervisor_pid: int | None = None
     job_pid: int | None = None
     peak_gpu_mem_mib: int | None = None
 

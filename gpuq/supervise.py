@@ -6,23 +6,29 @@ session as a child subreaper (so grandchildren stay its own), holds the job's li
 waits, and writes the result. It outlives the worker; a restarted worker reattaches through
 the records and the locks.
 
-Handshake with the worker, so that no job runs without a record and no record claims a job
-that never started:  child locks -> "L" -> worker writes the running record -> "G" -> child
-writes the `started` marker -> job runs. If the worker dies before "G", the child exits
-without running anything and the claim is provably never started.
+Order, so that no job runs without a record and no record claims a job that never started:
+the worker writes the running record, then forks. The supervisor takes the job lock, checks
+that the record is still its own, writes the `started` marker, then runs the job. Whoever
+settles a running record whose supervisor seems gone does so while holding the job lock
+(`settle_lock`), so a supervisor that was slow to start can never run a job that has just
+been requeued: it would fail to take the lock, or find the record gone.
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import os
-import select
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from contextlib import contextmanager
+from typing import Iterator
+
+import psutil  # imported here, in the worker, so forked supervisors need not load it
+
+from filelock import lock_descriptor, unlock_descriptor
 
 from .hostinfo import process_start_ticks
 from .layout import Layout
@@ -30,9 +36,9 @@ from .spec import JobSpec
 from .spool import Record, read_record, transition, write_json
 from .states import State
 from .units import format_duration
+from .wake import poke
 
 PR_SET_CHILD_SUBREAPER = 36
-HANDSHAKE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -58,74 +64,55 @@ class Runtime:
         """Peak observed GPU memory, written by the worker, read at the end of the job."""
         return self.local_dir / "jobs" / f"{job_id}.peak"
 
-    @property
-    def wake_fifo(self) -> Path:
-        return self.local_dir / "wake"
 
 
-def poke(fifo: Path) -> None:
-    """Wake the worker now (a job ended, a spec arrived). Best effort, never blocks."""
+@contextmanager
+def settle_lock(rt: Runtime, job_id: str) -> Iterator[bool]:
+    """Take the job's lock for as long as a dead attempt is being settled. Yields False when
+    the lock is held: the job's supervisor or process is alive (the kernel drops the lock
+    when both are gone, and a recycled pid cannot hold it)."""
     try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        fd = os.open(rt.lock_path(job_id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
-        return  # no worker listening: it will see the change on its next pass
+        yield True  # no lock directory: nothing could be holding it
+        return
     try:
-        os.write(fd, b"x")
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def job_lock_held(rt: Runtime, job_id: str) -> bool:
-    """Whether the job's supervisor or process is alive (the kernel drops the lock on death)."""
-    from filelock import lock_descriptor, unlock_descriptor
-
-    try:
-        fd = os.open(rt.lock_path(job_id), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        if lock_descriptor(fd, blocking=False):
+        if not lock_descriptor(fd, blocking=False):
+            yield False
+            return
+        try:
+            yield True
+        finally:
             unlock_descriptor(fd)
-            return False
-        return True
     finally:
         os.close(fd)
 
 
-def launch(rt: Runtime, record: Record, write_running_record: Callable[[int], Record]) -> int | None:
-    """Fork the supervisor of `record`'s attempt. `write_running_record(pid)` is called once
-    the child holds the job lock; the job starts only after it returns. Returns the
-    supervisor pid, or None when the job lock was already held (a stale copy still runs)."""
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
+def launch(rt: Runtime, record: Record) -> int:
+    """Fork the supervisor of `record`, whose running record is already written. Returns
+    its pid at once: the worker never waits for a job to start."""
     pid = os.fork()
     if pid == 0:  # the supervisor
         code = 1
         try:
-            os.close(ready_r)
-            os.close(go_w)
-            code = _supervisor_main(rt, record, ready_w, go_r)
+            code = _supervisor_main(rt, record)
         except BaseException:  # never return into the worker's code in the child
             import traceback
 
             traceback.print_exc()
         finally:
             os._exit(code)
-    os.close(ready_w)
-    os.close(go_r)
+    return pid
+
+
+def supervisor_pid(rt: Runtime, job_id: str) -> int | None:
+    """The live supervisor of a local job, from its `started` marker (None if it is gone)."""
     try:
-        ready, _, _ = select.select([ready_r], [], [], HANDSHAKE_TIMEOUT_S)
-        answer = os.read(ready_r, 1) if ready else b""
-        if answer != b"L":
-            return None
-        write_running_record(pid)
-        os.write(go_w, b"G")
-        return pid
-    finally:
-        os.close(ready_r)
-        os.close(go_w)
+        marker = json.loads(rt.started_path(job_id).read_text())
+    except (OSError, ValueError):
+        return None
+    pid = marker.get("supervisor_pid")
+    return pid if pid and process_start_ticks(pid) == marker.get("ticks") else None
 
 
 def _close_inherited_fds(keep: set[int]) -> None:
@@ -146,11 +133,9 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise _StopRequested()
 
 
-def _supervisor_main(rt: Runtime, record: Record, ready_w: int, go_r: int) -> int:
-    from filelock import lock_descriptor
-
+def _supervisor_main(rt: Runtime, record: Record) -> int:
     os.setsid()
-    _close_inherited_fds({ready_w, go_r})
+    _close_inherited_fds(set())
     devnull = os.open(os.devnull, os.O_RDWR)
     for std in (0, 1, 2):
         os.dup2(devnull, std)
@@ -162,18 +147,18 @@ def _supervisor_main(rt: Runtime, record: Record, ready_w: int, go_r: int) -> in
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    lock_fd = os.open(rt.lock_path(record.id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    if not lock_descriptor(lock_fd, blocking=False):
-        os.write(ready_w, b"B")
-        return 0
     try:
-        os.write(ready_w, b"L")
-        os.close(ready_w)
-        if os.read(go_r, 1) != b"G":
-            return 0  # the worker died before recording the attempt: run nothing
+        lock_fd = os.open(rt.lock_path(record.id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        if not lock_descriptor(lock_fd, blocking=False):
+            return 0  # being settled right now, or a stale copy of this id still runs
+        current = read_record(rt.layout.record(rt.layout.running, record.id))
+        if current is None or current.claim != record.claim:
+            return 0  # requeued or settled before we could start: run nothing
+        write_json(rt.started_path(record.id), {"supervisor_pid": os.getpid(), "boot_id": rt.boot_id,
+                                               "ticks": process_start_ticks(os.getpid()),
+                                               "t": time.time()})
     except _StopRequested:
         return 0
-    os.close(go_r)
     return _run_and_record(rt, record, lock_fd)
 
 
@@ -201,8 +186,6 @@ def _stamp(t: float) -> str:
 def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> int:
     spec = JobSpec.from_json(record.spec)
     started = time.time()
-    write_json(rt.started_path(record.id), {"supervisor_pid": os.getpid(), "boot_id": rt.boot_id,
-                                           "ticks": process_start_ticks(os.getpid()), "t": started})
     log_fd = os.open(rt.layout.job_log(record.id),
                      os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
     gpus = ",".join(map(str, record.gpus)) or "none (CPU only)"
@@ -242,7 +225,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> int:
                exit_code=exit_code, signal=sig, reason=stop_reason or failure,
                job_pid=proc.pid if proc else None, peak_gpu_mem_mib=_read_peak(rt, record.id))
     finish_local(rt, record)
-    poke(rt.wake_fifo)
+    poke(rt.local_dir)
     return 0
 
 
@@ -286,12 +269,26 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def _children() -> list[int]:
+    """Our direct children, from /proc (cheap: no scan of every process)."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return [p.pid for p in psutil.Process().children()]
+
+
 def _kill_leftovers(pgid: int, grace_s: float) -> None:
     """The job has ended: end what it left behind (its group, and orphans we adopted as
     subreaper), as Slurm does at job end, then reap them."""
-    import psutil
-
-    _signal_group(pgid, signal.SIGTERM)
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+        group_left = True
+    except (ProcessLookupError, PermissionError):
+        group_left = False
+    if not group_left and not _children():
+        return  # the usual case: nothing left behind
     leftovers = psutil.Process().children(recursive=True)
     for p in leftovers:
         try:
@@ -331,17 +328,12 @@ def finish_local(rt: Runtime, record: Record) -> None:
 def request_stop(rt: Runtime, record: Record, reason: str) -> bool:
     """Ask the supervisor of a local running job to stop it (TERM, grace, KILL).
     Returns False when no live supervisor of this attempt could be found."""
-    try:
-        marker = json.loads(rt.started_path(record.id).read_text())
-    except (OSError, ValueError):
+    pid = supervisor_pid(rt, record.id)
+    if pid is None:
         return False
-    pid = marker.get("supervisor_pid")
-    if not pid or process_start_ticks(pid) != marker.get("ticks"):
-        return False  # the supervisor is gone (or its pid was reused)
     rt.stop_path(record.id).write_text(reason)
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
     return True
-

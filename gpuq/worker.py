@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +24,8 @@ from .spec import SpecError
 from .spool import (Record, append_event, atomic_write, claim, claim_name, parse_claim_name,
                     read_json, read_record, record_requeue, record_start, transition, write_json)
 from .states import State
-from .supervise import Runtime, finish_local, job_lock_held, launch, request_stop
+from .supervise import Runtime, finish_local, launch, request_stop, settle_lock, supervisor_pid
+from .wake import WakeFifo
 
 log = logging.getLogger("gpuq.worker")
 SPEC_CACHE_EVERY_S = 5.0
@@ -47,16 +47,9 @@ class Worker:
         self.running: list[Record] = []
         self.observed: dict[str, dict[int, int]] = {}
         self.peaks: dict[str, int] = {}
+        self.children: dict[str, int] = {}   # job id -> supervisor pid forked by this worker
         self.cache_written = (-1, 0.0)
-        self.wake_fd = self._open_wake_fifo()
-
-    def _open_wake_fifo(self) -> int:
-        try:
-            os.mkfifo(self.rt.wake_fifo, 0o600)
-        except FileExistsError:
-            pass
-        # O_RDWR keeps a writer open, so the FIFO never reads as EOF between pokes.
-        return os.open(self.rt.wake_fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wake = WakeFifo(self.rt.local_dir)
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -71,19 +64,10 @@ class Worker:
                     log.exception("step %s failed", step)
             if once or (exit_when_idle and self.idle()):
                 return
-            self.sleep()
+            self.wake.sleep(self.config.poll_interval)
 
     def idle(self) -> bool:
         return not self.running and not self.intake.entries
-
-    def sleep(self) -> None:
-        ready, _, _ = select.select([self.wake_fd], [], [], self.config.poll_interval)
-        if ready:
-            try:
-                while os.read(self.wake_fd, 4096):
-                    pass
-            except BlockingIOError:
-                pass
 
     # --- steps ----------------------------------------------------------------------------
 
@@ -92,7 +76,8 @@ class Worker:
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
         self.running = self._own_running()
-        self.observed = observe_job_memory(self.gpus, self.running)
+        supervisors = {r.id: self.children.get(r.id) or supervisor_pid(self.rt, r.id) for r in self.running}
+        self.observed = observe_job_memory(self.gpus, supervisors)
         for job_id, per_gpu in self.observed.items():
             peak = max(per_gpu.values(), default=0)
             if peak > self.peaks.get(job_id, 0):
@@ -108,26 +93,52 @@ class Worker:
         return records
 
     def settle_running(self) -> None:
-        """Reattach to live jobs; settle the ones whose supervisor is gone."""
+        """Reattach to live jobs; settle the ones whose supervisor and job are gone."""
         alive = []
         for record in self.running:
-            if record.boot_id == self.boot_id and job_lock_held(self.rt, record.id):
+            if record.boot_id == self.boot_id and self._child_alive(record.id):
                 alive.append(record)
                 continue
-            if self.layout.record(self.layout.finished, record.id).exists():
-                # The supervisor wrote the final record and died before removing this one.
-                os.unlink(self.layout.record(self.layout.running, record.id))
-            elif record.boot_id != self.boot_id:
-                transition(self.layout, record, State.LOST, self.host, reason="host rebooted")
-            elif not self.rt.started_path(record.id).exists():
-                self._requeue_never_started(record)
-            else:
-                transition(self.layout, record, State.LOST, self.host, ended_at=time.time(),
-                           reason="exit unknown: supervisor and job gone without a result")
-            finish_local(self.rt, record)
+            with settle_lock(self.rt, record.id) as gone:
+                if record.boot_id == self.boot_id and not gone:
+                    alive.append(record)  # reattached: a supervisor from an earlier worker
+                    continue
+                self._settle_gone(record)
+                finish_local(self.rt, record)
             self.peaks.pop(record.id, None)
         self.running = alive
+        for job_id in set(self.children) - {r.id for r in alive}:
+            self._child_alive(job_id)  # reap supervisors that have finished
         self._requeue_orphan_claims()
+
+    def _child_alive(self, job_id: str) -> bool:
+        """A supervisor this worker forked counts as alive until it exits, even before it
+        has taken the job lock."""
+        pid = self.children.get(job_id)
+        if pid is None:
+            return False
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                return True
+        except ChildProcessError:
+            pass
+        del self.children[job_id]
+        return False
+
+    def _settle_gone(self, record: Record) -> None:
+        """Called holding the job lock: nothing of this attempt runs, so decide its fate."""
+        running_path = self.layout.record(self.layout.running, record.id)
+        if self.layout.record(self.layout.finished, record.id).exists():
+            running_path.unlink(missing_ok=True)  # the supervisor finished; a leftover copy
+        elif not running_path.exists():
+            pass  # settled meanwhile
+        elif record.boot_id != self.boot_id:
+            transition(self.layout, record, State.LOST, self.host, reason="host rebooted")
+        elif not self.rt.started_path(record.id).exists():
+            self._requeue_never_started(record)
+        else:
+            transition(self.layout, record, State.LOST, self.host, ended_at=time.time(),
+                       reason="exit unknown: supervisor and job gone without a result")
 
     def _requeue_never_started(self, record: Record) -> None:
         """The attempt provably never started: put its spec back at its old place."""
@@ -168,8 +179,9 @@ class Worker:
             record = running.get(job_id)
             if record is not None and record.attempt == request.get("attempt", record.attempt):
                 reason = f"cancelled by {request.get('by', 'unknown')}"
-                if request_stop(self.rt, record, reason):
-                    log.info("cancelling %s (%s)", job_id, reason)
+                if not request_stop(self.rt, record, reason):
+                    continue  # its supervisor is still starting: try again next pass
+                log.info("cancelling %s (%s)", job_id, reason)
             path.unlink(missing_ok=True)
 
     def take_in_specs(self) -> None:
@@ -178,13 +190,15 @@ class Worker:
         self.intake.scan(now)
         for job_id, entry in self.intake.settled_errors(now, self.config.spec_settle_s):
             self._reject(job_id, entry.path, str(entry.error))
-        for job in self.intake.pending():
-            used = self.layout.record(self.layout.finished, job.id)
-            if used.exists() or self.layout.record(self.layout.running, job.id).exists():
-                entry = self.intake.entries[job.id]
-                self._reject(job.id, entry.path, str(SpecError(
-                    f"jobs/{entry.path.name}", None, f"job id '{job.id}' is already used by an earlier job",
-                    f"rename the file (e.g. {job.id}-2.yaml), or use `gpuq submit`, which picks a free id")))
+        for job_id, entry in list(self.intake.entries.items()):
+            if entry.job is None or entry.id_checked:
+                continue
+            entry.id_checked = True  # once per version of the file, not every pass
+            if self.layout.record(self.layout.finished, job_id).exists() or \
+                    self.layout.record(self.layout.running, job_id).exists():
+                self._reject(job_id, entry.path, str(SpecError(
+                    f"jobs/{entry.path.name}", None, f"job id '{job_id}' is already used by an earlier job",
+                    f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
 
     def _reject(self, job_id: str, path: Path, message: str) -> None:
         dest = self.layout.rejected / f"{job_id}{path.suffix}"
@@ -248,34 +262,14 @@ class Worker:
             boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
             gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=time.time())
 
-        def write_running(pid: int) -> Record:
-            started = replace(record, supervisor_pid=pid)
-            record_start(self.layout, started, self.host)
-            return started
-
-        pid = launch(self.rt, record, write_running)
-        if pid is None:
-            log.error("%s: its job lock is held by a stale copy; leaving it pending", job_id)
-            os.rename(claimed, entry.path)
-            return
-        self.running.append(replace(record, supervisor_pid=pid))
-        log.info("started %s on %s GPUs %s (supervisor %d)", job_id, self.host, list(gpus), pid)
-        self._reap_children()
-
-    def _reap_children(self) -> None:
-        """Supervisors are our children until we exit; collect the ones that ended."""
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        record_start(self.layout, record, self.host)  # the record first: then the job may start
+        self.children[job_id] = launch(self.rt, record)
+        self.running.append(record)
+        log.info("started %s on %s GPUs %s", job_id, self.host, list(gpus))
 
     def report(self) -> None:
         """Heartbeat (boot id + sequence number: observers judge liveness on their own clock)
         with the GPU snapshot and per-job observed memory; and the shared spec cache."""
-        self._reap_children()
         self.seq += 1
         write_json(self.layout.heartbeat(self.host), {
             "host": self.host, "boot_id": self.boot_id, "seq": self.seq, "pid": os.getpid(),
@@ -291,10 +285,10 @@ class Worker:
             self.cache_written = (self.intake.version, now)
 
 
-def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record]) -> dict[str, dict[int, int]]:
+def observe_job_memory(gpus: list[GpuSnapshot], supervisor_of: dict[str, int | None]) -> dict[str, dict[int, int]]:
     """NVML's per-process memory, summed per job: a process belongs to the job whose
     supervisor is among its ancestors (the supervisor is a subreaper, so orphans stay)."""
-    supervisors = {r.supervisor_pid: r.id for r in running if r.supervisor_pid}
+    supervisors = {pid: job_id for job_id, pid in supervisor_of.items() if pid}
     if not supervisors or not any(g.processes for g in gpus):
         return {}
     import psutil

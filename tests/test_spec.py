@@ -45,7 +45,8 @@ def test_format_mib():
 @pytest.mark.parametrize("text,field,fix", [
     ("gpus: 1\n", "command", "command: python train.py"),
     ("command: ''\n", "command", "write the command"),
-    ("command: 5\n", "command", "command: python train.py"),
+    ("command: [5]\n", "command", "command: python train.py"),
+    ("command: true\n", "command", 'quote it: `command: "true"`'),
     ("command: x\ngpus: two\n", "gpus", "gpus: 1"),
     ("command: x\ngpus: -1\n", "gpus", "0 to 64"),
     ("command: x\ngpus: 1.5\n", "gpus", "gpus: 1"),

@@ -37,7 +37,9 @@ def test_supervisor_death_means_exit_unknown_never_success(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("orphan.yaml", "command: sleep 1\ngpus: 1\n")
     wait_until(lambda: _state(queue, "orphan") == "running", what="orphan to start")
-    os.kill(queue.record("orphan")["supervisor_pid"], signal.SIGKILL)
+    marker = queue.local_base / "a" / "jobs" / "orphan.started"
+    wait_until(marker.exists, what="the supervisor's started marker")
+    os.kill(json.loads(marker.read_text())["supervisor_pid"], signal.SIGKILL)
     record = wait_until(lambda: queue.finished("orphan"), what="orphan to be settled")
     assert record["state"] == "lost" and record["exit_code"] is None
     assert "exit unknown" in record["reason"]

@@ -1,0 +1,51 @@
+"""Helpers shared by the benchmarks: a fresh queue root and the real worker.py."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def make_root(prefix: str, **config: object) -> Path:
+    root = Path(tempfile.mkdtemp(prefix=f"gpuq-bench-{prefix}-"))
+    (root / "jobs").mkdir()
+    cfg = {"local_dir": str(root / "local-{host}"), **config}
+    (root / "config.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items()))
+    return root
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+
+
+def start_worker(root: Path, host: str, fake: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(root), "--host", host,
+                             "--fake-gpus", fake, "--foreground", *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+
+
+def wait_for(path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {path}")
+        time.sleep(0.02)
+
+
+def timed(cmd: list[str], repeat: int = 5) -> float:
+    """Median wall seconds of `cmd` over `repeat` runs."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                       env=clean_env())
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)

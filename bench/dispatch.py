@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Dispatch: N trivial jobs (`true`), two at a time (2 fake GPUs, one job per GPU), from specs
+already in jobs/ to all finished; side by side with task-spooler (`tsp -S 2`) on the same
+commands, queued up front the same way. Target: gpuq <= 3x tsp (stretch 2x).
+
+    python bench/dispatch.py [--jobs 1000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from _common import PY, REPO, clean_env, make_root
+
+
+def run_gpuq(n: int) -> float:
+    root = make_root("dispatch")  # default config: poll_interval 1.0
+    for i in range(n):
+        (root / "jobs" / f"t{i:04d}.yaml").write_text('command: "true"\ngpus: 1\n')  # whole GPU each
+    t = time.perf_counter()
+    subprocess.run([PY, str(REPO / "worker.py"), "--root", str(root), "--host", "bench",
+                    "--fake-gpus", "2x16GiB", "--foreground", "--exit-when-idle"],
+                   check=True, env=clean_env(), stderr=subprocess.DEVNULL)
+    elapsed = time.perf_counter() - t
+    done = len(list((root / "state" / "finished").glob("*.json")))
+    assert done == n, f"gpuq finished {done} of {n}"
+    shutil.rmtree(root, ignore_errors=True)
+    return elapsed
+
+
+def run_tsp(n: int) -> float | None:
+    tsp = shutil.which("tsp") or shutil.which("ts")
+    if tsp is None:
+        print("task-spooler not installed (Debian: apt-get install task-spooler); skipping it")
+        return None
+    work = Path(tempfile.mkdtemp(prefix="gpuq-bench-tsp-"))
+    env = {**clean_env(), "TS_SOCKET": str(work / "socket"), "TMPDIR": str(work),
+           "TS_MAXFINISHED": str(n + 10)}
+
+    def ts(*args: str) -> str:
+        return subprocess.run([tsp, *args], env=env, capture_output=True, text=True, check=True).stdout
+
+    ts("-S", "1")
+    go = work / "go"
+    ts("sh", "-c", f"while [ ! -e {go} ]; do sleep 0.005; done")  # holds the queue while we fill it
+    last = ""
+    for _ in range(n):
+        last = ts("true").strip()
+    ts("-S", "2")
+    t = time.perf_counter()
+    go.touch()
+    subprocess.run([tsp, "-w", last], env=env, check=False, capture_output=True)
+    while "running" in ts("-l") or "queued" in ts("-l"):  # -w returns when `last` ends; drain all
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - t
+    subprocess.run([tsp, "-K"], env=env, capture_output=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--jobs", type=int, default=1000)
+    n = p.parse_args().jobs
+    print(f"dispatch: {n} x `true`, 2 slots, {os.cpu_count()} CPUs")
+    g = run_gpuq(n)
+    print(f"  gpuq  {g:7.2f} s  ({g / n * 1000:.1f} ms/job)")
+    s = run_tsp(n)
+    if s is not None:
+        print(f"  tsp   {s:7.2f} s  ({s / n * 1000:.1f} ms/job)")
+        print(f"  ratio gpuq/tsp = {g / s:.2f}  (target <= 3, stretch <= 2)")
+
+
+if __name__ == "__main__":
+    main()
