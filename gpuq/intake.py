@@ -77,14 +77,22 @@ class Intake:
         self.layout = layout
         self.entries: dict[str, Entry] = {}
         self.version = 0               # bumped whenever the set of parsed jobs changes
+        self.full_scan_at = float("-inf")
 
-    def scan(self, now_mono: float) -> None:
+    def scan(self, now_mono: float, full: bool = True) -> None:
+        """Find new, changed and vanished specs. `full=False` trusts known names whose
+        inode is unchanged (readdir gives it for free) and stats only the rest."""
         seen: set[str] = set()
         changed = False
+        if full:
+            self.full_scan_at = now_mono
         for job_id, dirent in scan_pending(self.layout):
             if job_id in seen:  # train.yaml and train.yml: the second is a duplicate id
                 continue
             seen.add(job_id)
+            known = self.entries.get(job_id)
+            if not full and known is not None and known.error is None and known.key[2] == dirent.inode():
+                continue
             try:
                 st = dirent.stat(follow_symlinks=False)
             except FileNotFoundError:

@@ -10,7 +10,7 @@ import json
 import os
 import secrets
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -79,7 +79,7 @@ class Record:
     peak_gpu_mem_mib: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: JSON copies
         d["state"] = self.state.value
         return d
 

@@ -154,12 +154,13 @@ def _supervisor_main(rt: Runtime, record: Record) -> int:
         current = read_record(rt.layout.record(rt.layout.running, record.id))
         if current is None or current.claim != record.claim:
             return 0  # requeued or settled before we could start: run nothing
+        # Local and only meaningful for this boot, so no fsync.
         write_json(rt.started_path(record.id), {"supervisor_pid": os.getpid(), "boot_id": rt.boot_id,
                                                "ticks": process_start_ticks(os.getpid()),
-                                               "t": time.time()})
+                                               "t": time.time()}, durable=False)
     except _StopRequested:
         return 0
-    return _run_and_record(rt, record, lock_fd)
+    return _run_and_record(rt, current, lock_fd)
 
 
 def job_environment(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
@@ -220,8 +221,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> int:
                      f"ended {_stamp(ended)}\n".encode())
     os.close(log_fd)
     final = State.CANCELLED if stop_reason else State.DONE if exit_code == 0 else State.FAILED
-    current = read_record(rt.layout.record(rt.layout.running, record.id)) or record
-    transition(rt.layout, current, final, rt.host, started_at=started, ended_at=ended,
+    transition(rt.layout, record, final, rt.host, started_at=started, ended_at=ended,
                exit_code=exit_code, signal=sig, reason=stop_reason or failure,
                job_pid=proc.pid if proc else None, peak_gpu_mem_mib=_read_peak(rt, record.id))
     finish_local(rt, record)

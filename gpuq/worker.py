@@ -25,7 +25,7 @@ from .spool import (Record, append_event, atomic_write, claim, claim_name, parse
                     read_json, read_record, record_requeue, record_start, transition, write_json)
 from .states import State
 from .supervise import Runtime, finish_local, launch, request_stop, settle_lock, supervisor_pid
-from .wake import WakeFifo
+from .wake import QueueLock, WakeFifo
 
 log = logging.getLogger("gpuq.worker")
 SPEC_CACHE_EVERY_S = 5.0
@@ -50,6 +50,8 @@ class Worker:
         self.children: dict[str, int] = {}   # job id -> supervisor pid forked by this worker
         self.cache_written = (-1, 0.0)
         self.wake = WakeFifo(self.rt.local_dir)
+        self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
+        self.heartbeat_at = 0.0
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -187,7 +189,10 @@ class Worker:
     def take_in_specs(self) -> None:
         """Read jobs/; reject specs that stayed invalid, and ids already used."""
         now = time.monotonic()
-        self.intake.scan(now)
+        # Every file is re-examined once per poll interval; between polls (a job's exit woke
+        # us) only new and vanished names are, which is what a burst of short jobs needs.
+        full = now - self.intake.full_scan_at >= self.config.poll_interval * 0.9
+        self.intake.scan(now, full=full)
         for job_id, entry in self.intake.settled_errors(now, self.config.spec_settle_s):
             self._reject(job_id, entry.path, str(entry.error))
         for job_id, entry in list(self.intake.entries.items()):
@@ -218,21 +223,11 @@ class Worker:
         pending = self.intake.pending()
         if not pending:
             return
-        from filelock import FileLock, Timeout
-
         host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots)
-        lock = FileLock(str(self.layout.queue_lock), timeout=self.config.queue_lock_timeout_s)
-        try:
-            lock.acquire()
-        except Timeout:
-            lock = None  # planning order is a nicety; the claim rename keeps correctness
-        try:
+        with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
             decided = plan(pending, [host], self._running_jobs(), self.config, time.time(), explain=False)
             for start in decided.starts:
                 self._start(start.job_id, start.gpus)
-        finally:
-            if lock is not None:
-                lock.release()
 
     def _running_jobs(self) -> list[RunningJob]:
         return [RunningJob(r.id, r.user, r.host or self.host, tuple(r.gpus),
@@ -269,7 +264,12 @@ class Worker:
 
     def report(self) -> None:
         """Heartbeat (boot id + sequence number: observers judge liveness on their own clock)
-        with the GPU snapshot and per-job observed memory; and the shared spec cache."""
+        with the GPU snapshot and per-job observed memory; and the shared spec cache. At most
+        once per poll interval: a burst of short jobs wakes the worker far more often."""
+        now = time.monotonic()
+        if now - self.heartbeat_at < self.config.poll_interval * 0.9:
+            return
+        self.heartbeat_at = now
         self.seq += 1
         write_json(self.layout.heartbeat(self.host), {
             "host": self.host, "boot_id": self.boot_id, "seq": self.seq, "pid": os.getpid(),
@@ -279,7 +279,6 @@ class Worker:
             "probe_error": self.probe.error,
         }, durable=False)
         version, written_at = self.cache_written
-        now = time.monotonic()
         if version != self.intake.version and now - written_at >= SPEC_CACHE_EVERY_S:
             write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
             self.cache_written = (self.intake.version, now)
