@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text
 from .spool import scan_pending
 
 StatKey = tuple[int, int, int]  # mtime_ns, size, inode
+# A directory changed less than this long ago may change again within the same mtime tick.
+RACY_MTIME_S = 2.0
 
 
 @dataclass
@@ -78,14 +81,28 @@ class Intake:
         self.entries: dict[str, Entry] = {}
         self.version = 0               # bumped whenever the set of parsed jobs changes
         self.full_scan_at = float("-inf")
+        self.dir_key: tuple[int, int, int] | None = None
 
     def scan(self, now_mono: float, full: bool = True) -> None:
-        """Find new, changed and vanished specs. `full=False` trusts known names whose
-        inode is unchanged (readdir gives it for free) and stats only the rest."""
+        """Find new, changed and vanished specs. `full=False` skips the directory when its
+        mtime shows no change (and the change was not so recent that the clock tick could
+        hide another), and otherwise trusts known names whose inode is unchanged (readdir
+        gives it for free), statting only the rest. Specs that do not parse yet are
+        always re-examined."""
         seen: set[str] = set()
         changed = False
         if full:
             self.full_scan_at = now_mono
+        else:
+            try:
+                st = os.stat(self.layout.jobs)
+            except OSError:
+                return
+            dir_key = (st.st_mtime_ns, st.st_ino, st.st_size)
+            settled = time.time() - st.st_mtime > RACY_MTIME_S
+            if dir_key == self.dir_key and settled and not self.unsettled():
+                return
+            self.dir_key = dir_key if settled else None
         for job_id, dirent in scan_pending(self.layout):
             if job_id in seen:  # train.yaml and train.yml: the second is a duplicate id
                 continue
@@ -118,6 +135,11 @@ class Intake:
             del self.entries[gone]
             changed = True
         if changed:
+            self.version += 1
+
+    def forget(self, job_id: str) -> None:
+        """The worker claimed or rejected this spec: it is no longer pending."""
+        if self.entries.pop(job_id, None) is not None:
             self.version += 1
 
     def pending(self) -> list[PendingJob]:

@@ -44,11 +44,12 @@ def this_host() -> str:
 
 def job_id_for_spec_name(filename: str) -> str | None:
     """`train-a.yaml` -> `train-a`; None for names that are not specs (dotfiles, *.tmp, *~, ...)."""
-    if filename.startswith("."):
+    if filename[0] == ".":
         return None
-    for suffix in SPEC_SUFFIXES:
-        if filename.endswith(suffix):
-            return filename[: -len(suffix)]
+    if filename.endswith(".yaml"):
+        return filename[:-5]
+    if filename.endswith(".yml"):
+        return filename[:-4]
     return None
 
 

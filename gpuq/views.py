@@ -18,7 +18,8 @@ from .spool import Record, read_json, read_record
 from .states import FINAL_STATES
 
 STATUS_VERSION = 1
-EVENT_TAIL_BYTES = 256 * 1024
+EVENT_CHUNK_BYTES = 64 * 1024
+EVENT_TAIL_MAX_BYTES = 1024 * 1024
 
 
 def heartbeat_alive(hb: dict[str, Any], now: float) -> bool:
@@ -57,25 +58,12 @@ def _observed(beats: list[dict[str, Any]]) -> dict[str, dict[int, int]]:
 
 
 def recent_events(layout: Layout, states: frozenset[str], limit: int) -> list[dict[str, Any]]:
-    """The latest events into `states`, newest first, from the tail of every host's log
-    (so status stays fast with 100,000 finished jobs)."""
+    """The latest events into `states`, newest first, read backwards from the end of every
+    host's log until `limit` are found (so status stays fast with 100,000 finished jobs)."""
+    needles = tuple(f'"to":"{s}"'.encode() for s in states)
     found = []
     for path in layout.events.glob("*.jsonl"):
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - EVENT_TAIL_BYTES))
-                lines = f.read().splitlines()[1 if size > EVENT_TAIL_BYTES else 0:]
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("to") in states:
-                found.append(ev)
+        found += _tail_events(path, needles, limit)
     found.sort(key=lambda e: e.get("t", 0), reverse=True)
     seen, out = set(), []
     for ev in found:
@@ -83,6 +71,34 @@ def recent_events(layout: Layout, states: frozenset[str], limit: int) -> list[di
             seen.add(ev["job"])
             out.append(ev)
     return out[:limit]
+
+
+def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    jobs: set[str] = set()
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            carry = b""
+            floor = max(0, end - EVENT_TAIL_MAX_BYTES)  # older than that is not "recent"
+            while end > floor and len(jobs) < limit:
+                start = max(floor, end - EVENT_CHUNK_BYTES)
+                f.seek(start)
+                chunk = f.read(end - start) + carry
+                lines = chunk.split(b"\n")
+                carry = lines.pop(0) if start > 0 else b""  # a line cut by the chunk edge
+                for line in reversed(lines):
+                    if any(n in line for n in needles):
+                        try:
+                            ev = json.loads(line)
+                        except ValueError:
+                            continue
+                        found.append(ev)
+                        jobs.add(ev.get("job"))
+                end = start
+    except OSError:
+        pass
+    return found
 
 
 def status(layout: Layout, config: Config, now: float | None = None) -> dict[str, Any]:
@@ -96,7 +112,8 @@ def status(layout: Layout, config: Config, now: float | None = None) -> dict[str
                                observed.get(r.id, {})) for r in running]
     host_views = [HostView(hb["host"], tuple(GpuSnapshot.from_json(g) for g in hb.get("gpus", [])),
                            hb.get("cpu_slots", config.cpu_slots)) for hb in live]
-    cache_files = [layout.spec_cache(hb["host"]) for hb in beats]
+    # Every worker caches the same specs: the freshest cache is enough.
+    cache_files = [layout.spec_cache(hb["host"]) for hb in sorted(beats, key=lambda b: b.get("t", 0))[-1:]]
     pending, problems = load_pending_for_view(layout, cache_files)
     decided = plan(pending, host_views, running_jobs, config, now, explain=True)
     starting = {s.job_id: s for s in decided.starts}

@@ -29,6 +29,7 @@ from .wake import QueueLock, WakeFifo
 
 log = logging.getLogger("gpuq.worker")
 SPEC_CACHE_EVERY_S = 5.0
+FULL_SCAN_EVERY_S = 30.0
 
 
 class Worker:
@@ -52,6 +53,7 @@ class Worker:
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
         self.heartbeat_at = 0.0
+        self.unchanged_plan_inputs: tuple | None = None
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -189,9 +191,10 @@ class Worker:
     def take_in_specs(self) -> None:
         """Read jobs/; reject specs that stayed invalid, and ids already used."""
         now = time.monotonic()
-        # Every file is re-examined once per poll interval; between polls (a job's exit woke
-        # us) only new and vanished names are, which is what a burst of short jobs needs.
-        full = now - self.intake.full_scan_at >= self.config.poll_interval * 0.9
+        # Every file is re-examined now and then; in between only a changed directory is
+        # read again, and then only new and vanished names are examined (a spec edited in
+        # place is also caught when it is claimed: the claimed bytes must be the planned ones).
+        full = now - self.intake.full_scan_at >= FULL_SCAN_EVERY_S
         self.intake.scan(now, full=full)
         for job_id, entry in self.intake.settled_errors(now, self.config.spec_settle_s):
             self._reject(job_id, entry.path, str(entry.error))
@@ -216,18 +219,24 @@ class Worker:
         (dest.parent / f"{dest.stem}.error").write_text(message + "\n")
         append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "rejected",
                                               "reason": message})
-        self.intake.entries.pop(job_id, None)
+        self.intake.forget(job_id)
         log.warning("rejected %s", message)
 
     def start_jobs(self) -> None:
-        pending = self.intake.pending()
-        if not pending:
+        if not self.intake.entries:
+            return
+        # The plan only changes when its inputs do: skip it while nothing moved.
+        inputs = (self.intake.version, tuple((g.index, g.mem_used_mib, g.processes) for g in self.gpus),
+                  tuple(r.id for r in self.running))
+        if inputs == self.unchanged_plan_inputs:
             return
         host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots)
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
-            decided = plan(pending, [host], self._running_jobs(), self.config, time.time(), explain=False)
+            decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config,
+                           time.time(), explain=False)
             for start in decided.starts:
                 self._start(start.job_id, start.gpus)
+        self.unchanged_plan_inputs = None if decided.starts else inputs
 
     def _running_jobs(self) -> list[RunningJob]:
         return [RunningJob(r.id, r.user, r.host or self.host, tuple(r.gpus),
@@ -240,7 +249,7 @@ class Worker:
             return
         attempt = 1
         claimed = claim(self.layout, entry.path, claim_name(job_id, self.host, self.boot_id, attempt))
-        self.intake.entries.pop(job_id, None)
+        self.intake.forget(job_id)
         if claimed is None:
             return  # another worker took it, or it was cancelled
         if claimed.read_bytes() != entry.text:
