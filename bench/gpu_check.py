@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""GPU check, for a real NVIDIA box with PyTorch: a worker against the real NVML runs two
+PyTorch jobs that allocate known amounts, and this script checks that
+
+  1. the probe sees their memory (observed per job >= what each allocated),
+  2. the accounting holds (usable memory on their GPU <= total - reserve - declared sum,
+     and no GPU ever held more declared memory than it has),
+  3. each job's CUDA_VISIBLE_DEVICES is the GPU its record names: the UUID torch reports
+     inside the job equals NVML's UUID of the GPU in the record.
+
+    python bench/gpu_check.py            # exit 0 when every check passes
+    python bench/gpu_check.py --fake     # the same checks on fake GPUs, no torch (keeps it ready)
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import PY, REPO, clean_env, make_root
+
+JOB = r'''
+import os, time, torch
+mib = int(os.environ["ALLOC_MIB"])
+x = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda")
+x.fill_(1)
+torch.cuda.synchronize()
+print("UUID", str(torch.cuda.get_device_properties(0).uuid))
+print("CVD", os.environ["CUDA_VISIBLE_DEVICES"], "ORDER", os.environ["CUDA_DEVICE_ORDER"], flush=True)
+time.sleep(float(os.environ.get("HOLD_S", "12")))
+'''
+FAKE_JOB = r'''
+import json, os, sys
+sys.path.insert(0, os.environ["GPUQ_REPO"])
+from gpuq import fake_nvml
+gpus = json.load(open(os.environ["GPUQ_FAKE_GPUS"]))["gpus"]
+print("UUID", gpus[int(os.environ["CUDA_VISIBLE_DEVICES"])]["uuid"])
+print("CVD", os.environ["CUDA_VISIBLE_DEVICES"], "ORDER", os.environ["CUDA_DEVICE_ORDER"], flush=True)
+fake_nvml.use(int(os.environ["ALLOC_MIB"]) + 300, 50, float(os.environ["HOLD_S"]), [])  # + a CUDA context
+'''
+JOBS = {"torch-a": (2048, "4GiB"), "torch-b": (3072, "5GiB")}  # allocate MiB, declare
+
+
+def check(ok: bool, what: str, failures: list[str]) -> None:
+    print(("PASS " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def main() -> int:
+    fake = "--fake" in sys.argv[1:]
+    if not fake:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+        except Exception as e:  # noqa: BLE001 - any NVML failure means: not a GPU box
+            print(f"no NVIDIA GPU visible through NVML ({e}); run this on a GPU box (or --fake)")
+            return 2
+        print(f"NVML sees {count} GPU(s); driver {pynvml.nvmlSystemGetDriverVersion()}")
+    root = make_root("gpucheck", poll_interval=0.5)
+    script = root / "alloc.py"
+    script.write_text(FAKE_JOB if fake else JOB)
+    hold = "4" if fake else "12"
+    worker = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(root), "--host", "gpucheck",
+                               "--foreground"] + (["--fake-gpus", "2x80GiB"] if fake else []),
+                              env=clean_env(), stderr=subprocess.DEVNULL, text=True)
+    failures: list[str] = []
+    try:
+        for job_id, (alloc, declared) in JOBS.items():
+            (root / "jobs" / f"{job_id}.yaml").write_text(
+                f"command: [{PY!r}, {str(script)!r}]\ngpus: 1\ngpu_mem: {declared}\n"
+                f"env: {{ALLOC_MIB: '{alloc}', HOLD_S: '{hold}', GPUQ_REPO: {str(REPO)!r}}}\n")
+        observed: dict[str, int] = {}
+        deadline = time.monotonic() + 90
+        view: dict = {}
+        while time.monotonic() < deadline and len(observed) < len(JOBS):
+            time.sleep(1)
+            view = json.loads(subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(root), "status",
+                                              "--json"], capture_output=True, text=True, env=clean_env()).stdout)
+            for r in view["running"]:
+                if r["observed_gpu_mem_mib"]:
+                    observed[r["id"]] = r["observed_gpu_mem_mib"]
+        for job_id, (alloc, _) in JOBS.items():
+            check(observed.get(job_id, 0) >= alloc,
+                  f"probe sees {job_id}'s memory: observed {observed.get(job_id)} MiB >= allocated {alloc} MiB",
+                  failures)
+        for host in view.get("hosts", []):
+            for g in host["gpus"]:
+                declared = sum(r["gpu_mem_mib"] for r in view["running"] if g["index"] in r["gpus"])
+                check(g["usable_mib"] <= g["mem_total_mib"] - declared,
+                      f"GPU {g['index']}: usable {g['usable_mib']} MiB <= total {g['mem_total_mib']} - "
+                      f"declared {declared} MiB", failures)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+                (root / "state" / "finished" / f"{j}.json").exists() for j in JOBS):
+            time.sleep(1)
+        for job_id in JOBS:
+            record = json.loads((root / "state" / "finished" / f"{job_id}.json").read_text())
+            log = (root / "logs" / f"{job_id}.log").read_text()
+            print(f"--- {job_id}: {record['state']} exit {record['exit_code']} on GPUs {record['gpus']} "
+                  f"{record['gpu_uuids']}\n{log}")
+            torch_uuid = next((line.split()[1] for line in log.splitlines() if line.startswith("UUID ")), "")
+            nvml_uuid = record["gpu_uuids"][0] if record["gpu_uuids"] else ""
+            check(record["state"] == "done", f"{job_id} finished done", failures)
+            check(bool(torch_uuid) and nvml_uuid.removeprefix("GPU-") == torch_uuid.removeprefix("GPU-"),
+                  f"{job_id}: torch UUID {torch_uuid} == NVML UUID {nvml_uuid} of GPU {record['gpus']}",
+                  failures)
+            check(f"CVD {','.join(map(str, record['gpus']))} ORDER PCI_BUS_ID" in log,
+                  f"{job_id}: CUDA_VISIBLE_DEVICES is the record's GPUs, in PCI bus order", failures)
+        events = [json.loads(line) for p in (root / "state" / "events").glob("*.jsonl")
+                  for line in p.read_text().splitlines()]
+        check(sum(1 for e in events if e["to"] == "running") == len(JOBS), "each job started exactly once",
+              failures)
+    finally:
+        worker.terminate()
+        worker.wait()
+    print(f"{len(failures)} check(s) failed" if failures else "all checks passed")
+    shutil.rmtree(root, ignore_errors=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
