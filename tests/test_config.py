@@ -54,3 +54,14 @@ def test_worker_refuses_bad_config_clearly(tmp_path):
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert "max_jobs_per_gpu" in proc.stderr and "config.yaml" in proc.stderr
+
+
+def test_package_version_matches_setup_cfg():
+    import configparser
+
+    import gpuq
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    assert cfg["metadata"]["version"] == gpuq.__version__
+    assert cfg["metadata"]["name"] != "gpuq"  # taken on PyPI by an unrelated project
