@@ -125,9 +125,6 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
         if shape in failed_shapes:
             if explain:
                 reasons[job.id] = failed_shapes[shape]
-                continue
-            if not any(g.usable > 0 for g in gpus) and not any(v > 0 for v in cpu_free.values()):
-                break  # nothing can start any more this pass
             continue
         allowed = [h.name for h in hosts if not spec.hosts or h.name in spec.hosts]
         if spec.gpus == 0:

@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 from . import __version__
 from .config import Config
@@ -48,6 +49,7 @@ class Worker:
         self.running: list[Record] = []
         self.observed: dict[str, dict[int, int]] = {}
         self.peaks: dict[str, int] = {}
+        self.record_cache: dict[tuple[str, int], Record] = {}
         self.children: dict[str, int] = {}   # job id -> supervisor pid forked by this worker
         self.cache_written = (-1, 0.0)
         self.wake = WakeFifo(self.rt.local_dir)
@@ -80,20 +82,31 @@ class Worker:
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
         self.running = self._own_running()
-        supervisors = {r.id: self.children.get(r.id) or supervisor_pid(self.rt, r.id) for r in self.running}
-        self.observed = observe_job_memory(self.gpus, supervisors)
+        self.observed = observe_job_memory(self.gpus, self.running, self._supervisor_of)
         for job_id, per_gpu in self.observed.items():
             peak = max(per_gpu.values(), default=0)
             if peak > self.peaks.get(job_id, 0):
                 self.peaks[job_id] = peak
                 self.rt.peak_path(job_id).write_text(str(peak))
 
+    def _supervisor_of(self, job_id: str) -> int | None:
+        return self.children.get(job_id) or supervisor_pid(self.rt, job_id)
+
     def _own_running(self) -> list[Record]:
-        records = []
-        for path in self.layout.running.glob("*.json"):
-            record = read_record(path)
-            if record is not None and record.host == self.host:
-                records.append(record)
+        """This host's running records. A record is only ever replaced by rename, so a file
+        whose inode we have read before is not read again."""
+        records, cache = [], {}
+        with os.scandir(self.layout.running) as it:
+            for entry in it:
+                if not entry.name.endswith(".json"):
+                    continue
+                key = (entry.name, entry.inode())
+                record = self.record_cache.get(key) or read_record(Path(entry.path))
+                if record is not None:
+                    cache[key] = record
+                    if record.host == self.host:
+                        records.append(record)
+        self.record_cache = cache
         return records
 
     def settle_running(self) -> None:
@@ -293,12 +306,13 @@ class Worker:
             self.cache_written = (self.intake.version, now)
 
 
-def observe_job_memory(gpus: list[GpuSnapshot], supervisor_of: dict[str, int | None]) -> dict[str, dict[int, int]]:
+def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record],
+                       supervisor_of: Callable[[str], int | None]) -> dict[str, dict[int, int]]:
     """NVML's per-process memory, summed per job: a process belongs to the job whose
     supervisor is among its ancestors (the supervisor is a subreaper, so orphans stay)."""
-    supervisors = {pid: job_id for job_id, pid in supervisor_of.items() if pid}
-    if not supervisors or not any(g.processes for g in gpus):
+    if not running or not any(g.processes for g in gpus):
         return {}
+    supervisors = {pid: r.id for r in running if (pid := supervisor_of(r.id))}
     import psutil
 
     owner_of: dict[int, str | None] = {}
