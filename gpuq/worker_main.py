@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -61,12 +62,17 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     _setup_logging(layout.worker_log(host), to_stderr=not daemon, verbose=args.verbose)
     from .worker import Worker
 
+    # SIGTERM (shutdown, `kill`) ends the worker cleanly; running jobs live on under their
+    # supervisors and the next worker reattaches to them.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         Worker(layout, config, host, args.fake_gpus).run(once=args.once,
                                                           exit_when_idle=args.exit_when_idle)
     except KeyboardInterrupt:
         pass
     finally:
+        logging.getLogger("gpuq.worker").info("worker %s stopped; running jobs continue under their "
+                                              "supervisors", host)
         single.release()
     return 0
 

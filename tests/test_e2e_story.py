@@ -160,3 +160,32 @@ def test_cron_start_daemonizes_and_logs_to_its_file(queue):
         import signal
 
         os.kill(pid, signal.SIGTERM)
+
+
+def test_logs_follow_and_show_of_a_pending_job(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("talker.yaml", "command: for i in 1 2 3; do echo line $i; sleep 0.3; done\ngpus: 1\n")
+    queue.drop("waiter.yaml", "command: echo later\ngpus: 1\ngpu_mem: 90GiB\n")
+    wait_until(lambda: (queue.record("talker") or {}).get("state") == "running", what="talker to run")
+    follow = queue.gpuq("logs", "-f", "talker", timeout=30)  # returns once the job has ended
+    assert [l for l in follow.stdout.splitlines() if l.startswith("line")] == ["line 1", "line 2", "line 3"]
+    assert "==> exit 0" in follow.stdout
+    shown = queue.gpuq("show", "waiter").stdout
+    assert "state:            pending" in shown
+    assert "needs 90GiB on one GPU; the largest GPU holds 79.8GiB usable (a:0)" in shown
+    assert "command:          echo later" in shown
+
+
+def test_a_box_without_gpus_runs_cpu_jobs_and_says_why_gpu_jobs_wait(queue):
+    proc = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "nogpu",
+                             "--foreground"], stderr=subprocess.DEVNULL, env=queue.env())
+    queue.workers["nogpu"] = proc
+    queue.drop("cpu.yaml", "command: echo cpu-only CVD=[$CUDA_VISIBLE_DEVICES]\ngpus: 0\n")
+    queue.drop("gpu.yaml", "command: echo never\ngpus: 1\n")
+    wait_until(lambda: queue.finished("cpu"), what="the CPU job")
+    assert "cpu-only CVD=[]" in queue.log("cpu")
+    view = queue.status()
+    assert view["hosts"][0]["probe_error"].startswith("NVML not available")
+    assert [p["reason"] for p in view["pending"]] == ["no GPUs offered"]
+    queue.stop_worker("nogpu")
+    assert "worker nogpu stopped" in (queue.root / "logs" / "worker-nogpu.log").read_text()
