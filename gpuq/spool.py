@@ -197,6 +197,17 @@ def claim(layout: Layout, spec_path: Path, name: str) -> Path | None:
         raise
 
 
+def unclaim(claimed: Path, dest: Path) -> bool:
+    """Put a claimed spec back into jobs/ without ever overwriting a file that a user put
+    there meanwhile (link(2) fails if the name exists). False: the name was taken."""
+    try:
+        os.link(claimed, dest)
+    except FileExistsError:
+        return False
+    os.unlink(claimed)
+    return True
+
+
 def claims_of(layout: Layout, job_id: str) -> list[Path]:
     return sorted(layout.claims.glob(f"{job_id}@*"))
 

@@ -14,6 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
 from . import __version__
 from .config import Config
 from .hostinfo import boot_id, ensure_private_dir
@@ -23,7 +25,8 @@ from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
 from .spec import SpecError
 from .spool import (Record, append_event, atomic_write, claim, claim_name, parse_claim_name,
-                    read_json, read_record, record_requeue, record_start, transition, write_json)
+                    read_json, read_record, record_requeue, record_start, transition, unclaim,
+                    write_json)
 from .states import State
 from .supervise import Runtime, finish_local, launch, request_stop, settle_lock, supervisor_pid
 from .wake import QueueLock, WakeFifo
@@ -159,14 +162,26 @@ class Worker:
 
     def _requeue_never_started(self, record: Record) -> None:
         """The attempt provably never started: put its spec back at its old place."""
-        dest = self.layout.jobs / f"{record.id}.yaml"
         src = self.layout.claims / (record.claim or "")
-        if record.claim and src.exists():
-            os.rename(src, dest)
+        if not (record.claim and src.exists()):
+            src = self.layout.claims / f".{record.id}.requeue.{os.getpid()}.yaml"
+            atomic_write(src, record.spec_text.encode())
+        os.utime(src, (record.queued_at, record.queued_at))
+        if self._put_back(record.id, src):
+            record_requeue(self.layout, record, self.host, "never started; requeued")
         else:
-            atomic_write(dest, record.spec_text.encode())
-        os.utime(dest, (record.queued_at, record.queued_at))
-        record_requeue(self.layout, record, self.host, "never started; requeued")
+            transition(self.layout, record, State.LOST, self.host, reason="never started; a newer spec "
+                       "with this id was submitted meanwhile, so this one is kept in state/rejected/")
+
+    def _put_back(self, job_id: str, claimed: Path) -> bool:
+        """Return a claimed spec to jobs/. If a user has put a new spec there under the same
+        name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
+        if unclaim(claimed, self.layout.jobs / f"{job_id}.yaml"):
+            return True
+        self._reject(job_id, claimed, f"jobs/{job_id}.yaml: an earlier version of this spec was being "
+                     "started when a new file with the same name arrived; this earlier version is kept "
+                     "here. Fix: resubmit it under another name if you still want it to run")
+        return False
 
     def _requeue_orphan_claims(self) -> None:
         """Claims of this host by an earlier worker that died before recording them."""
@@ -178,11 +193,9 @@ class Worker:
             if self.layout.record(self.layout.running, job_id).exists() or \
                self.layout.record(self.layout.finished, job_id).exists():
                 continue
-            dest = self.layout.jobs / f"{job_id}.yaml"
-            if not dest.exists():
-                os.rename(path, dest)
+            if self._put_back(job_id, path):
                 append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "pending",
-                                                      "reason": "claim never recorded; requeued"})
+                                                      "reason": "claimed but never recorded; requeued"})
 
     def obey_controls(self) -> None:
         """Cancel requests for jobs on this host (written by `gpuq cancel` on any host)."""
@@ -222,14 +235,15 @@ class Worker:
                     f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
 
     def _reject(self, job_id: str, path: Path, message: str) -> None:
-        dest = self.layout.rejected / f"{job_id}{path.suffix}"
+        suffix = ".yml" if path.name.endswith(".yml") else ".yaml"
+        dest = self.layout.rejected / f"{job_id}{suffix}"
         if dest.exists() or dest.is_symlink():
-            dest = self.layout.rejected / f"{job_id}.{int(time.time())}{path.suffix}"
+            dest = self.layout.rejected / f"{job_id}.{int(time.time())}{suffix}"
         try:
             os.rename(path, dest)
         except FileNotFoundError:
             return  # taken or removed meanwhile
-        (dest.parent / f"{dest.stem}.error").write_text(message + "\n")
+        (dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error").write_text(message + "\n")
         append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "rejected",
                                               "reason": message})
         self.intake.forget(job_id)
@@ -266,7 +280,7 @@ class Worker:
         if claimed is None:
             return  # another worker took it, or it was cancelled
         if claimed.read_bytes() != entry.text:
-            os.rename(claimed, entry.path)  # edited since planned: plan it again next pass
+            self._put_back(job_id, claimed)  # edited since planned: plan it again next pass
             return
         job, st = entry.job, os.stat(claimed)
         by_index = {g.index: g for g in self.gpus}
@@ -313,8 +327,6 @@ def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record],
     if not running or not any(g.processes for g in gpus):
         return {}
     supervisors = {pid: r.id for r in running if (pid := supervisor_of(r.id))}
-    import psutil
-
     owner_of: dict[int, str | None] = {}
 
     def owner(pid: int) -> str | None:

@@ -126,3 +126,36 @@ def test_a_reused_id_is_refused_not_overwritten(queue):
                        (queue.root / "state/rejected/same.error").read_text(), what="rejection")
     assert "already used" in error and "same-2.yaml" in error
     assert "one" in queue.log("same") and "two" not in queue.log("same")
+
+
+def _boot_id() -> str:
+    from gpuq.hostinfo import boot_id
+
+    return boot_id()
+
+
+def test_a_claim_never_recorded_goes_back_to_the_queue_and_runs_once(queue):
+    (queue.root / "state" / "claims").mkdir(parents=True)
+    claim = queue.root / "state" / "claims" / f"orphan@a@{_boot_id()[:8]}@999999@abcd@a1.yaml"
+    claim.write_text("command: echo ran-once\ngpus: 0\n")
+    queue.start_worker("a", "1x80GiB")
+    wait_until(lambda: queue.finished("orphan"), what="the orphaned claim to run")
+    assert queue.log("orphan").splitlines().count("ran-once") == 1
+    assert not claim.exists()
+
+
+def test_a_recorded_attempt_that_never_started_is_requeued_at_its_old_place(queue):
+    state = queue.root / "state"
+    for d in ("claims", "running"):
+        (state / d).mkdir(parents=True)
+    name = f"early@a@{_boot_id()[:8]}@999999@abcd@a1.yaml"
+    (state / "claims" / name).write_text("command: echo started-now\ngpus: 0\n")
+    (state / "running" / "early.json").write_text(json.dumps({
+        "id": "early", "state": "running", "spec": {"command": "echo started-now", "gpus": 0},
+        "spec_text": "command: echo started-now\ngpus: 0\n", "host": "a", "boot_id": _boot_id(),
+        "claim": name, "queued_at": 1000.0, "attempt": 1}))
+    queue.start_worker("a", "1x80GiB")
+    record = wait_until(lambda: queue.finished("early"), what="the requeued attempt to run")
+    assert record["state"] == "done" and record["queued_at"] == 1000.0
+    assert queue.log("early").splitlines().count("started-now") == 1
+    assert any(e["to"] == "pending" and e["job"] == "early" for e in queue.events())
