@@ -65,7 +65,6 @@ class Runtime:
         return self.local_dir / "jobs" / f"{job_id}.peak"
 
 
-
 @contextmanager
 def settle_lock(rt: Runtime, job_id: str) -> Iterator[bool]:
     """Take the job's lock for as long as a dead attempt is being settled. Yields False when
@@ -129,8 +128,17 @@ class _StopRequested(Exception):
     pass
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise _StopRequested()
+class _StopSignal:
+    """SIGTERM to the supervisor means "stop the job". It is noted whenever it comes, and it
+    interrupts only the wait for the job (never a record being written)."""
+    requested = False
+    armed = False
+
+    @classmethod
+    def handler(cls, signum: int, frame: object) -> None:
+        cls.requested = True
+        if cls.armed:
+            raise _StopRequested()
 
 
 def _supervisor_main(rt: Runtime, record: Record) -> int:
@@ -144,22 +152,19 @@ def _supervisor_main(rt: Runtime, record: Record) -> int:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # not Linux: orphans go to init; the process group is still killed
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, _StopSignal.handler)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        lock_fd = os.open(rt.lock_path(record.id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        if not lock_descriptor(lock_fd, blocking=False):
-            return 0  # being settled right now, or a stale copy of this id still runs
-        current = read_record(rt.layout.record(rt.layout.running, record.id))
-        if current is None or current.claim != record.claim:
-            return 0  # requeued or settled before we could start: run nothing
-        # Local and only meaningful for this boot, so no fsync.
-        write_json(rt.started_path(record.id), {"supervisor_pid": os.getpid(), "boot_id": rt.boot_id,
-                                               "ticks": process_start_ticks(os.getpid()),
-                                               "t": time.time()}, durable=False)
-    except _StopRequested:
-        return 0
+    lock_fd = os.open(rt.lock_path(record.id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    if not lock_descriptor(lock_fd, blocking=False):
+        return 0  # being settled right now, or a stale copy of this id still runs
+    current = read_record(rt.layout.record(rt.layout.running, record.id))
+    if current is None or current.claim != record.claim:
+        return 0  # requeued or settled before we could start: run nothing
+    # Local and only meaningful for this boot, so no fsync.
+    write_json(rt.started_path(record.id), {"supervisor_pid": os.getpid(), "boot_id": rt.boot_id,
+                                           "ticks": process_start_ticks(os.getpid()),
+                                           "t": time.time()}, durable=False)
     return _run_and_record(rt, current, lock_fd)
 
 
@@ -197,14 +202,17 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> int:
     exit_code: int | None = None
     sig: int | None = None
     failure: str | None = None
-    try:
-        proc = subprocess.Popen(argv, cwd=spec.workdir or str(rt.layout.root),
-                                env=job_environment(rt, record, spec), stdin=subprocess.DEVNULL,
-                                stdout=log_fd, stderr=log_fd, pass_fds=(lock_fd,), process_group=0)
-    except OSError as e:
-        failure = f"cannot start: {e.strerror}: {e.filename or argv[0]}"
-        os.write(log_fd, f"==> gpuq: {failure}\n".encode())
-        proc = None
+    proc = None
+    if _StopSignal.requested:
+        stop_reason = _stop_reason(rt, record.id)  # stopped before it could start
+    else:
+        try:
+            proc = subprocess.Popen(argv, cwd=spec.workdir or str(rt.layout.root),
+                                    env=job_environment(rt, record, spec), stdin=subprocess.DEVNULL,
+                                    stdout=log_fd, stderr=log_fd, pass_fds=(lock_fd,), process_group=0)
+        except OSError as e:
+            failure = f"cannot start: {e.strerror}: {e.filename or argv[0]}"
+            os.write(log_fd, f"==> gpuq: {failure}\n".encode())
     if proc is not None:
         status, stop_reason = _wait(rt, record.id, proc.pid)
         if os.WIFSIGNALED(status):
@@ -236,30 +244,41 @@ def _read_peak(rt: Runtime, job_id: str) -> int | None:
         return None
 
 
+def _stop_reason(rt: Runtime, job_id: str) -> str:
+    try:
+        return rt.stop_path(job_id).read_text().strip() or "cancelled"
+    except OSError:
+        return "cancelled"
+
+
 def _wait(rt: Runtime, job_id: str, pid: int) -> tuple[int, str | None]:
     """Wait for the job; a SIGTERM to the supervisor means stop it (TERM, grace, KILL)."""
     stop_reason: str | None = None
     deadline: float | None = None
-    while True:
-        try:
-            if deadline is None:
-                _, status = os.waitpid(pid, 0)
-                return status, stop_reason
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return status, stop_reason
-            if time.monotonic() >= deadline:
-                _signal_group(pid, signal.SIGKILL)
-                deadline = float("inf")
-            time.sleep(0.02)
-        except _StopRequested:
-            if stop_reason is None:
-                try:
-                    stop_reason = rt.stop_path(job_id).read_text().strip() or "cancelled"
-                except OSError:
-                    stop_reason = "cancelled"
-                _signal_group(pid, signal.SIGTERM)
-                deadline = time.monotonic() + rt.grace_s
+    _StopSignal.armed = True
+    try:
+        while True:
+            try:
+                if _StopSignal.requested and stop_reason is None:
+                    raise _StopRequested()
+                if deadline is None:
+                    _, status = os.waitpid(pid, 0)
+                    return status, stop_reason
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    return status, stop_reason
+                if time.monotonic() >= deadline:
+                    _signal_group(pid, signal.SIGKILL)
+                    deadline = float("inf")
+                time.sleep(0.02)
+            except _StopRequested:
+                _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
+                if stop_reason is None:
+                    stop_reason = _stop_reason(rt, job_id)
+                    _signal_group(pid, signal.SIGTERM)
+                    deadline = time.monotonic() + rt.grace_s
+    finally:
+        _StopSignal.armed = False
 
 
 def _signal_group(pgid: int, sig: int) -> None:
