@@ -81,7 +81,7 @@ def _cut(text: str, width: int) -> str:
 
 SHOW_ORDER = ("id", "state", "user", "attempt", "host", "gpus", "gpu_uuids", "gpu_mem_mib",
               "position", "reason", "error", "exit_code", "signal", "claimed_at", "started_at",
-              "ended_at", "peak_gpu_mem_mib", "log")
+              "ended_at", "peak_gpu_mem_mib", "log", "spec_dir")
 
 
 def show_text(job: dict[str, Any]) -> str:

@@ -155,14 +155,23 @@ def record_requeue(layout: Layout, record: Record, event_host: str, reason: str)
                                       "attempt": record.attempt, "host": record.host, "reason": reason})
 
 
+_event_fds: dict[Path, int] = {}
+# A forked supervisor closes what it inherited; it must not write through stale numbers.
+os.register_at_fork(after_in_child=_event_fds.clear)
+
+
 def append_event(layout: Layout, host: str, event: dict[str, Any]) -> None:
-    """One JSON line per transition in state/events/<host>.jsonl; only this host appends."""
+    """One JSON line per transition in state/events/<host>.jsonl; only this host appends.
+    The file stays open in a long-lived process (the worker appends one line per job)."""
     line = json.dumps({"t": time.time(), "by": host, **event}, separators=(",", ":")) + "\n"
-    fd = os.open(layout.host_events(host), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
+    path = layout.host_events(host)
+    fd = _event_fds.get(path)
+    if fd is not None and os.fstat(fd).st_nlink == 0:  # the log was moved away: start a new one
         os.close(fd)
+        fd = None
+    if fd is None:
+        fd = _event_fds[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    os.write(fd, line.encode())
 
 
 # --- claims ------------------------------------------------------------------------------

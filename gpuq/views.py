@@ -217,10 +217,10 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
                 return {"id": job_id, "state": "pending", "reason": "not valid yet: " + p["error"]}
     if claims_of(layout, job_id):
         return {"id": job_id, "state": "running", "reason": "being started"}
-    for err in sorted(layout.rejected.glob(f"{job_id}*.error")):
-        if err.name == f"{job_id}.error" or err.name.startswith(f"{job_id}."):
-            return {"id": job_id, "state": "rejected", "error": err.read_text().strip(),
-                    "spec_file": str(err.with_suffix(".yaml"))}
+    err = layout.rejected / f"{job_id}.error"  # the first rejection under this id
+    if err.exists():
+        return {"id": job_id, "state": "rejected", "error": err.read_text().strip(),
+                "spec_dir": str(layout.rejected)}
     return None
 
 

@@ -159,3 +159,11 @@ def test_a_recorded_attempt_that_never_started_is_requeued_at_its_old_place(queu
     assert record["state"] == "done" and record["queued_at"] == 1000.0
     assert queue.log("early").splitlines().count("started-now") == 1
     assert any(e["to"] == "pending" and e["job"] == "early" for e in queue.events())
+
+
+def test_show_explains_a_rejected_spec(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("oops.yaml", "command: x\ngpus: lots\n")
+    wait_until(lambda: (queue.root / "state/rejected/oops.error").exists(), what="rejection")
+    shown = queue.gpuq("show", "oops").stdout
+    assert "state:            rejected" in shown and "field 'gpus'" in shown and "gpus: 1" in shown
