@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import Layout
+from .layout import JOB_ID_RE, Layout
 from .plan import PendingJob
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text
 from .spool import scan_pending
@@ -69,6 +69,10 @@ def read_spec_file(path: Path, display: str) -> tuple[bytes, os.stat_result]:
 
 
 def parse_entry(job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
+    if not JOB_ID_RE.match(job_id):
+        raise SpecError(f"jobs/{path.name!r}", None, "the file name is not a usable job id",
+                        "rename it to letters, digits, '_', '-' and '.' (at most 64, not starting "
+                        "with '.'), e.g. train-a.yaml")
     spec = parse_spec_text(text, f"jobs/{path.name}")
     return PendingJob(job_id, user_name(st.st_uid), spec, st.st_mtime)
 

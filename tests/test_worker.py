@@ -104,16 +104,18 @@ def test_invalid_specs_are_rejected_with_file_field_fix_and_others_run(queue):
     os.mkfifo(queue.root / "jobs" / "pipe.yaml")
     os.symlink("/etc/passwd", queue.root / "jobs" / "link.yaml")
     queue.drop("good.yml", "command: echo good\ngpus: 0\n")
+    queue.drop("two words.yaml", "command: echo spaced\ngpus: 0\n")
     rejected = queue.root / "state" / "rejected"
-    wait_until(lambda: len(list(rejected.glob("*.error"))) == 4, what="four rejections")
+    wait_until(lambda: len(list(rejected.glob("*.error"))) == 5, what="five rejections")
     errors = {p.stem: p.read_text() for p in rejected.glob("*.error")}
     assert "jobs/bad-mem.yaml: field 'gpu_mem'" in errors["bad-mem"] and "20GiB" in errors["bad-mem"]
     assert "field 'comand': unknown field" in errors["typo"] and "command" in errors["typo"]
     assert "not a regular file" in errors["pipe"]
     assert "symbolic link" in errors["link"]
+    assert "not a usable job id" in errors["two words"] and "train-a.yaml" in errors["two words"]
     assert (rejected / "bad-mem.yaml").read_text() == "command: x\ngpu_mem: 20 gigs\n"  # nothing lost
     wait_until(lambda: queue.finished("good"), what="the good job")
-    assert {r["id"] for r in queue.status()["rejected"]} == {"bad-mem", "typo", "pipe", "link"}
+    assert {r["id"] for r in queue.status()["rejected"]} == {"bad-mem", "typo", "pipe", "link", "two words"}
     assert queue.workers["a"].poll() is None
 
 
