@@ -11,7 +11,7 @@ import time
 from .layout import Layout
 from .spool import (Record, append_event, claims_of, pending_spec_path, read_record, write_json,
                     write_record)
-from .intake import user_name
+from .intake import read_spec_file, user_name
 from .spec import SpecError, parse_spec_text
 from .states import State, check_transition
 
@@ -22,6 +22,9 @@ def cancel_one(layout: Layout, job_id: str, host: str) -> tuple[bool, str]:
     """Returns (ok, message)."""
     by = getpass.getuser()
     spec_path = pending_spec_path(layout, job_id)
+    if spec_path is not None and layout.record(layout.finished, job_id).exists():
+        return False, (f"{job_id}: that id belongs to a job that already ended; the new file "
+                       f"jobs/{spec_path.name} reusing it will be rejected by the worker")
     if spec_path is not None:
         aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}"
         try:
@@ -30,12 +33,11 @@ def cancel_one(layout: Layout, job_id: str, host: str) -> tuple[bool, str]:
             pass  # a worker claimed it just now: cancel it as a running job below
         else:
             check_transition(State.PENDING, State.CANCELLED)
-            st = os.stat(aside)
-            raw = aside.read_bytes()
-            try:
+            try:  # opened as the worker would: no links followed, a FIFO never blocks
+                raw, st = read_spec_file(aside, f"jobs/{spec_path.name}")
                 spec = parse_spec_text(raw, f"jobs/{spec_path.name}").to_json()
             except SpecError:
-                spec = {}
+                raw, st, spec = b"", os.lstat(aside), {}
             record = Record(id=job_id, state=State.CANCELLED, spec=spec,
                             spec_text=raw.decode("utf-8", "replace"), user=user_name(st.st_uid),
                             uid=st.st_uid, queued_at=st.st_mtime, ended_at=time.time(),

@@ -15,7 +15,6 @@ from pathlib import Path
 ROOT_ENV = "GPUQ_ROOT"
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
-SPEC_SUFFIXES = (".yaml", ".yml")
 
 
 class RootError(Exception):

@@ -2,6 +2,7 @@
 root with fake GPUs, 60 jobs of mixed shapes, each using its declared fake memory."""
 from __future__ import annotations
 
+import os
 import random
 import re
 import subprocess
@@ -189,3 +190,10 @@ def test_a_box_without_gpus_runs_cpu_jobs_and_says_why_gpu_jobs_wait(queue):
     assert [p["reason"] for p in view["pending"]] == ["no GPUs offered"]
     queue.stop_worker("nogpu")
     assert "worker nogpu stopped" in (queue.root / "logs" / "worker-nogpu.log").read_text()
+
+
+def test_cancel_of_a_pending_fifo_does_not_hang(queue):
+    os.mkfifo(queue.root / "jobs" / "pipe.yaml")  # no worker: it stays pending
+    result = queue.gpuq("cancel", "pipe", timeout=20)
+    assert "cancelled (was pending)" in result.stdout
+    assert queue.finished("pipe")["state"] == "cancelled"
