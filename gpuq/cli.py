@@ -64,7 +64,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
                       os.path.abspath(args.workdir or os.getcwd()))
     try:
         job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name))
-    except (SpecError, SubmitError) as e:
+    except SpecError as e:
+        where = f"--{e.field.replace('_', '-')}" if e.field in SUBMIT_OPTIONS else (e.field or "spec")
+        print(f"gpuq submit: {where}: {e.problem}. Fix: {e.fix}. Nothing was written.", file=sys.stderr)
+        return 2
+    except SubmitError as e:
         print(f"gpuq submit: {e}", file=sys.stderr)
         return 2
     config = _config(layout)
@@ -72,6 +76,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     poke(config.local_dir_for(layout, host))
     print(job_id)
     return 0
+
+
+SUBMIT_OPTIONS = ("gpus", "gpu_mem", "name", "priority", "hosts", "workdir", "env")
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -197,3 +197,12 @@ def test_cancel_of_a_pending_fifo_does_not_hang(queue):
     result = queue.gpuq("cancel", "pipe", timeout=20)
     assert "cancelled (was pending)" in result.stdout
     assert queue.finished("pipe")["state"] == "cancelled"
+
+
+def test_submit_refuses_bad_options_before_writing_anything(queue):
+    bad = queue.gpuq("submit", "--gpu-mem", "20 gigs", "--", "python", "train.py", check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == ("gpuq submit: --gpu-mem: '20 gigs' is not a size. Fix: write it like "
+                                  "20GiB, 20G, 20480MiB. Nothing was written.")
+    assert queue.gpuq("submit", "--priority", "urgent", "--", "x", check=False).returncode == 2
+    assert list((queue.root / "jobs").iterdir()) == []
