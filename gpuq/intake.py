@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import JOB_ID_RE, Layout
+from .layout import JOB_ID_RE, Layout, job_id_for_spec_name
 from .plan import PendingJob
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text
 from .spool import scan_pending
@@ -86,15 +86,13 @@ class Intake:
         self.version = 0               # bumped whenever the set of parsed jobs changes
         self.full_scan_at = float("-inf")
         self.dir_key: tuple[int, int, int] | None = None
+        self.listing: dict[str, int] = {}   # jobs/ as last read: name -> inode
 
     def scan(self, now_mono: float, full: bool = True) -> None:
         """Find new, changed and vanished specs. `full=False` skips the directory when its
         mtime shows no change (and the change was not so recent that the clock tick could
-        hide another), and otherwise trusts known names whose inode is unchanged (readdir
-        gives it for free), statting only the rest. Specs that do not parse yet are
-        always re-examined."""
-        seen: set[str] = set()
-        changed = False
+        hide another), and otherwise examines only names that are new or whose inode changed
+        (readdir gives both for free). Specs that do not parse yet are always re-examined."""
         if full:
             self.full_scan_at = now_mono
         else:
@@ -107,43 +105,58 @@ class Intake:
             if dir_key == self.dir_key and settled and not self.unsettled():
                 return
             self.dir_key = dir_key if settled else None
-        for job_id, dirent in scan_pending(self.layout):
-            if job_id in seen:  # train.yaml and train.yml: the second is a duplicate id
+        with os.scandir(self.layout.jobs) as it:
+            listing = {entry.name: entry.inode() for entry in it}
+        if full:
+            candidates = set(listing)
+        else:  # set operations on dict views run in C: a burst of claims costs O(changes)
+            candidates = {name for name, _ in listing.items() - self.listing.items()}
+            candidates.update(e.path.name for e in self.entries.values() if e.error is not None)
+        self.listing = listing
+        changed = False
+        for job_id in [i for i, e in self.entries.items() if e.path.name not in listing]:
+            del self.entries[job_id]
+            changed = True
+        for name in candidates:
+            job_id = job_id_for_spec_name(name)
+            if job_id is None or name not in listing:
                 continue
-            seen.add(job_id)
             known = self.entries.get(job_id)
-            if not full and known is not None and known.error is None and known.key[2] == dirent.inode():
-                continue
-            try:
-                st = dirent.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            key = (st.st_mtime_ns, st.st_size, st.st_ino)
-            old = self.entries.get(job_id)
-            if old is not None and old.key == key:
-                continue
-            entry = Entry(key, Path(dirent.path), unchanged_since=now_mono)
-            try:
-                entry.text, fst = read_spec_file(entry.path, f"jobs/{dirent.name}")
-                entry.job = parse_entry(job_id, entry.path, fst, entry.text)
-            except SpecError as e:
-                entry.error = e
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                entry.error = SpecError(f"jobs/{dirent.name}", None, f"cannot be read ({e.strerror})",
-                                        "make it readable by the worker")
-            self.entries[job_id] = entry
-            changed = True
-        for gone in set(self.entries) - seen:
-            del self.entries[gone]
-            changed = True
+            if known is not None and known.path.name != name:
+                continue  # train.yaml and train.yml: one id, the first one found wins
+            changed |= self._examine(job_id, self.layout.jobs / name, known, now_mono)
         if changed:
             self.version += 1
 
+    def _examine(self, job_id: str, path: Path, known: Entry | None, now_mono: float) -> bool:
+        """(Re)read one spec file if it changed. Returns whether the entry changed."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if known is not None and known.key == key:
+            return False
+        entry = Entry(key, path, unchanged_since=now_mono)
+        try:
+            entry.text, fst = read_spec_file(path, f"jobs/{path.name}")
+            entry.job = parse_entry(job_id, path, fst, entry.text)
+        except SpecError as e:
+            entry.error = e
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            entry.error = SpecError(f"jobs/{path.name}", None, f"cannot be read ({e.strerror})",
+                                    "make it readable by the worker")
+        self.entries[job_id] = entry
+        return True
+
     def forget(self, job_id: str) -> None:
-        """The worker claimed or rejected this spec: it is no longer pending."""
-        if self.entries.pop(job_id, None) is not None:
+        """The worker claimed or rejected this spec: it is no longer pending. If a file by
+        that name comes back (a claim put back), the next scan must read it afresh."""
+        entry = self.entries.pop(job_id, None)
+        if entry is not None:
+            self.listing.pop(entry.path.name, None)
             self.version += 1
 
     def pending(self) -> list[PendingJob]:

@@ -296,7 +296,7 @@ class Worker:
         record_start(self.layout, record, self.host)  # the record first: then the job may start
         self.children[job_id] = launch(self.rt, record)
         self.running.append(record)
-        log.info("started %s on %s GPUs %s", job_id, self.host, list(gpus))
+        log.debug("started %s on %s GPUs %s", job_id, self.host, list(gpus))  # events record it too
 
     def report(self) -> None:
         """Heartbeat (boot id + sequence number: observers judge liveness on their own clock)

@@ -1,0 +1,58 @@
+"""Reading jobs/: new, replaced, vanished and half-written specs, with full and quick scans."""
+from __future__ import annotations
+
+import os
+
+from gpuq.intake import Intake
+from gpuq.layout import Layout
+
+
+def _write(layout: Layout, name: str, text: str) -> None:
+    tmp = layout.jobs / f".{name}.tmp"
+    tmp.write_text(text)
+    os.rename(tmp, layout.jobs / name)  # as an editor saves: a new inode under the old name
+
+
+def test_quick_scans_see_new_replaced_and_vanished_specs(tmp_path):
+    layout = Layout(tmp_path)
+    layout.ensure()
+    intake = Intake(layout)
+    _write(layout, "a.yaml", "command: x\ngpu_mem: 1GiB\n")
+    (layout.jobs / "notes.txt").write_text("ignored")
+    intake.scan(0.0, full=True)
+    assert [j.id for j in intake.pending()] == ["a"]
+    _write(layout, "b.yml", "command: y\n")
+    _write(layout, "a.yaml", "command: x\ngpu_mem: 2GiB\n")
+    intake.scan(1.0, full=False)
+    assert {j.id: j.spec.gpu_mem_mib for j in intake.pending()} == {"a": 2048, "b": None}
+    os.unlink(layout.jobs / "b.yml")
+    intake.scan(2.0, full=False)
+    assert [j.id for j in intake.pending()] == ["a"]
+
+
+def test_a_half_written_spec_is_re_read_until_it_parses(tmp_path):
+    layout = Layout(tmp_path)
+    layout.ensure()
+    intake = Intake(layout)
+    path = layout.jobs / "w.yaml"
+    path.write_text("command: [unfinished")
+    intake.scan(0.0, full=True)
+    assert "w" in intake.unsettled() and intake.settled_errors(0.5, 1.0) == []
+    assert [i for i, _ in intake.settled_errors(1.5, 1.0)] == ["w"]
+    with open(path, "a") as f:  # completed in place: same inode
+        f.write(", done]\n")
+    intake.scan(2.0, full=False)
+    assert [j.id for j in intake.pending()] == ["w"] and not intake.unsettled()
+
+
+def test_a_forgotten_spec_that_comes_back_is_read_again(tmp_path):
+    layout = Layout(tmp_path)
+    layout.ensure()
+    intake = Intake(layout)
+    _write(layout, "c.yaml", "command: x\n")
+    intake.scan(0.0, full=True)
+    version = intake.version
+    intake.forget("c")  # claimed, then put back under the same name and inode
+    assert intake.version > version and intake.pending() == []
+    intake.scan(1.0, full=False)
+    assert [j.id for j in intake.pending()] == ["c"]
