@@ -198,7 +198,7 @@ def load_pending_for_view(layout: Layout, cache_files: list[Path]) -> tuple[list
         except FileNotFoundError:
             continue
         hit = cached.get(job_id)
-        if hit is not None and tuple(hit[0]) == (st.st_mtime_ns, st.st_size, st.st_ino):
+        if hit is not None and hit[0] == [st.st_mtime_ns, st.st_size, st.st_ino]:
             jobs.append(PendingJob(job_id, hit[1], JobSpec.from_json(hit[2]), hit[3]))
             continue
         try:

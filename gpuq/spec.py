@@ -81,11 +81,10 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
+        # Called for every pending job by `gpuq status`: positional and without defaults lookups.
         cmd = d["command"]
-        return cls(command=cmd if isinstance(cmd, str) else tuple(cmd), name=d.get("name"),
-                   gpus=d["gpus"], gpu_mem_mib=d.get("gpu_mem_mib"),
-                   priority_class=d.get("priority_class", "normal"), priority=d.get("priority", 0),
-                   workdir=d.get("workdir"), env=d.get("env") or {}, hosts=tuple(d.get("hosts") or ()))
+        return cls(cmd if isinstance(cmd, str) else tuple(cmd), d["name"], d["gpus"], d["gpu_mem_mib"],
+                   d["priority_class"], d["priority"], d["workdir"], d["env"], tuple(d["hosts"]))
 
 
 def _loader_class() -> type:
