@@ -26,10 +26,12 @@ def _config(layout: Layout):  # noqa: ANN202 - keeps yaml/config imports off the
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from .render import PENDING_SHOWN
     from .views import status
 
     layout = _layout(args)
-    view = status(layout, _config(layout))
+    rows = None if args.json or args.all else PENDING_SHOWN
+    view = status(layout, _config(layout), pending_rows=rows)
     if args.json:
         print(json.dumps(view, separators=(",", ":")))  # 10,000 pending jobs: compact is twice as fast
     else:

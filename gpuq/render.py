@@ -46,15 +46,16 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
                      f"{declared}/{format_mib(r['observed_gpu_mem_mib'])}", _cut(r["command"], 40)])
     out += _table(rows) if view["running"] else []
     pending = view["pending"]
-    out += ["", f"PENDING ({len(pending)})"]
+    total = view["pending_total"]
+    out += ["", f"PENDING ({total})"]
     rows = [["#", "ID", "USER", "GPUS", "GPU MEM", "PRIO", "WAITING", "REASON"]]
     for p in pending if show_all else pending[:PENDING_SHOWN]:
         rows.append([str(p["position"]), p["id"], p["user"], str(p["gpus"]),
                      format_mib(p["gpu_mem_mib"]) if p["gpu_mem_mib"] else ("whole" if p["gpus"] else "-"),
                      str(p["priority"]), format_duration(p["waiting_s"]), p["reason"]])
     out += _table(rows) if pending else []
-    if not show_all and len(pending) > PENDING_SHOWN:
-        out.append(f"  ... and {len(pending) - PENDING_SHOWN} more (gpuq status --all)")
+    if not show_all and total > PENDING_SHOWN:
+        out.append(f"  ... and {total - PENDING_SHOWN} more (gpuq status --all)")
     for bad in view["invalid"]:
         out.append(f"  not valid yet: {bad['error']}")
     out += ["", "FINISHED (recent)"]

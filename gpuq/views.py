@@ -101,8 +101,11 @@ def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int) -> list[dic
     return found
 
 
-def status(layout: Layout, config: Config, now: float | None = None) -> dict[str, Any]:
-    """The whole team on one screen, as data. Documented in README ("status --json")."""
+def status(layout: Layout, config: Config, now: float | None = None,
+           pending_rows: int | None = None) -> dict[str, Any]:
+    """The whole team on one screen, as data. Documented in README ("status --json").
+    `pending_rows` limits the pending rows built (the screen shows a few of 10,000);
+    `pending_total` always counts them all."""
     now = time.time() if now is None else now
     beats = load_heartbeats(layout)
     observed = _observed(beats)
@@ -126,7 +129,8 @@ def status(layout: Layout, config: Config, now: float | None = None) -> dict[str
         "hosts": [_host(hb, running_jobs, config, now, heartbeat_alive(hb, now)) for hb in beats],
         "running": [_running(r, observed.get(r.id, {}), now) for r in running],
         "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
-                    for pos, i in enumerate(decided.order, 1)],
+                    for pos, i in enumerate(decided.order[:pending_rows], 1)],
+        "pending_total": len(decided.order),
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
         "finished": [_finished(layout, ev) for ev in
                      recent_events(layout, final_names - {"rejected"}, config.recent_finished)],
