@@ -6,9 +6,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .layout import Layout, RootError, resolve_root, this_host
+
+if TYPE_CHECKING:
+    from .config import Config
 
 
 def _layout(args: argparse.Namespace) -> Layout:
@@ -19,10 +22,10 @@ def _layout(args: argparse.Namespace) -> Layout:
     return layout
 
 
-def _config(layout: Layout):  # noqa: ANN202 - keeps yaml/config imports off the hot path of --help
-    from .views import load_view_config
+def _config(layout: Layout) -> "Config":
+    from .config import load  # imported here: `gpuq --help` needs no YAML
 
-    return load_view_config(layout)
+    return load(layout.config_file)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

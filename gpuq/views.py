@@ -227,8 +227,3 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
                 "spec_dir": str(layout.rejected)}
     return None
 
-
-def load_view_config(layout: Layout) -> Config:
-    from . import config as config_mod
-
-    return config_mod.load(layout.config_file)
