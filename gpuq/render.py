@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .spec import command_text
 from .units import format_duration, format_mib
 
 PENDING_SHOWN = 20
@@ -102,7 +103,7 @@ def show_text(job: dict[str, Any]) -> str:
         lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
     spec = job.get("spec")
     if spec:
-        lines.append(f"{'command:':<18}{_command(spec.get('command'))}")
+        lines.append(f"{'command:':<18}{command_text(spec.get('command'))}")
         if spec.get("workdir"):
             lines.append(f"{'workdir:':<18}{spec['workdir']}")
         if spec.get("env"):
@@ -110,9 +111,3 @@ def show_text(job: dict[str, Any]) -> str:
     elif job.get("command"):
         lines.append(f"{'command:':<18}{job['command']}")
     return "\n".join(lines)
-
-
-def _command(cmd: Any) -> str:
-    import shlex
-
-    return cmd if isinstance(cmd, str) else shlex.join(cmd or [])

@@ -45,6 +45,11 @@ FIELDS: dict[str, Field] = {
 }
 
 
+def command_text(command: str | list[str] | tuple[str, ...] | None) -> str:
+    """A command as a user would type it: a shell string as is, a list quoted for the shell."""
+    return command if isinstance(command, str) else shlex.join(command or [])
+
+
 class SpecError(Exception):
     """A spec that cannot run, with the file, the field and the fix."""
 
@@ -71,7 +76,7 @@ class JobSpec:
         return self.gpus > 0 and self.gpu_mem_mib is None
 
     def command_text(self) -> str:
-        return self.command if isinstance(self.command, str) else shlex.join(self.command)
+        return command_text(self.command)
 
     def to_json(self) -> dict[str, Any]:
         return {"command": self.command if isinstance(self.command, str) else list(self.command),

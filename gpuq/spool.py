@@ -128,20 +128,21 @@ def transition(layout: Layout, record: Record, new: State, event_host: str, **ch
             os.unlink(layout.record(old_dir, record.id))
         except FileNotFoundError:
             pass
-    append_event(layout, event_host, {"job": record.id, "from": record.state.value, "to": new.value,
-                                      "attempt": updated.attempt, "host": updated.host,
-                                      "gpus": updated.gpus, "gpu_mem_mib": updated.gpu_mem_mib,
-                                      "exit_code": updated.exit_code, "reason": updated.reason})
+    append_event(layout, event_host, _transition_event(updated, record.state, new))
     return updated
+
+
+def _transition_event(record: Record, old: State, new: State, reason: str | None = None) -> dict[str, Any]:
+    return {"job": record.id, "from": old.value, "to": new.value, "attempt": record.attempt,
+            "host": record.host, "gpus": record.gpus, "gpu_mem_mib": record.gpu_mem_mib,
+            "exit_code": record.exit_code, "reason": reason or record.reason}
 
 
 def record_start(layout: Layout, record: Record, event_host: str) -> None:
     """pending -> running: the claimed attempt's record, written before its job may start."""
     check_transition(State.PENDING, State.RUNNING)
     write_record(layout, record)
-    append_event(layout, event_host, {"job": record.id, "from": "pending", "to": "running",
-                                      "attempt": record.attempt, "host": record.host,
-                                      "gpus": record.gpus, "gpu_mem_mib": record.gpu_mem_mib})
+    append_event(layout, event_host, _transition_event(record, State.PENDING, State.RUNNING))
 
 
 def record_requeue(layout: Layout, record: Record, event_host: str, reason: str) -> None:
@@ -151,8 +152,7 @@ def record_requeue(layout: Layout, record: Record, event_host: str, reason: str)
         os.unlink(layout.record(state_dir(layout, record.state), record.id))
     except FileNotFoundError:
         pass
-    append_event(layout, event_host, {"job": record.id, "from": record.state.value, "to": "pending",
-                                      "attempt": record.attempt, "host": record.host, "reason": reason})
+    append_event(layout, event_host, _transition_event(record, record.state, State.PENDING, reason))
 
 
 _event_fds: dict[Path, int] = {}
@@ -240,13 +240,6 @@ def scan_pending(layout: Layout) -> Iterator[tuple[str, os.DirEntry]]:
                 yield job_id, entry
 
 
-def existing_record(layout: Layout, job_id: str) -> tuple[State, Path] | None:
-    """Where a job id is already used, if anywhere but jobs/: finished beats running."""
-    for state, d in ((State.DONE, layout.finished), (State.RUNNING, layout.running),
-                     (State.HELD, layout.held)):
-        p = layout.record(d, job_id)
-        if p.exists():
-            return state, p
-    if claims_of(layout, job_id):
-        return State.RUNNING, claims_of(layout, job_id)[0]
-    return None
+def has_record(layout: Layout, job_id: str) -> bool:
+    """Whether an earlier or current attempt of this id has a record (ids are never reused)."""
+    return any(layout.record(d, job_id).exists() for d in (layout.finished, layout.running, layout.held))

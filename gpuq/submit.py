@@ -15,7 +15,7 @@ from typing import Any
 
 from .layout import JOB_ID_RE, Layout
 from .spec import JobSpec, parse_spec_text, validate_spec
-from .spool import claims_of, existing_record, pending_spec_path
+from .spool import claims_of, has_record, pending_spec_path
 
 # Per-shell or per-session variables that would be wrong inside the job.
 NOT_EXPORTED = ("CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_")
@@ -62,7 +62,7 @@ def readable_base(command: list[str], name: str | None) -> str:
 
 
 def _id_taken(layout: Layout, job_id: str) -> bool:
-    return (pending_spec_path(layout, job_id) is not None or existing_record(layout, job_id) is not None
+    return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
             or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*")))
 
 

@@ -14,6 +14,7 @@ from .intake import load_pending_for_view
 from .layout import Layout
 from .plan import HostView, PendingJob, RunningJob, plan, usable_mib
 from .probe import GpuSnapshot
+from .spec import command_text
 from .spool import Record, read_json, read_record
 from .states import FINAL_STATES
 
@@ -167,7 +168,7 @@ def _running(r: Record, observed: dict[int, int], now: float) -> dict[str, Any]:
             "elapsed_s": round(now - (r.claimed_at or now), 1), "gpu_mem_mib": r.gpu_mem_mib,
             "declared_gpu_mem_mib": r.spec.get("gpu_mem_mib"),
             "observed_gpu_mem_mib": max(observed.values()) if observed else None,
-            "command": _command_text(r.spec)}
+            "command": command_text(r.spec.get("command"))}
 
 
 def _pending(job: PendingJob, position: int, reason: str, now: float) -> dict[str, Any]:
@@ -192,13 +193,6 @@ def _finished(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
 
 def _rejected(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
     return {"id": ev["job"], "error": ev.get("reason"), "at": ev.get("t")}
-
-
-def _command_text(spec: dict[str, Any]) -> str:
-    import shlex
-
-    cmd = spec.get("command")
-    return cmd if isinstance(cmd, str) else shlex.join(cmd or [])
 
 
 def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | None:

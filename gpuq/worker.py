@@ -24,7 +24,7 @@ from .layout import Layout
 from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
 from .spec import SpecError
-from .spool import (Record, append_event, atomic_write, claim, claim_name, parse_claim_name,
+from .spool import (Record, append_event, atomic_write, claim, claim_name, has_record, parse_claim_name,
                     read_json, read_record, record_requeue, record_start, transition, unclaim,
                     write_json)
 from .states import State
@@ -190,8 +190,7 @@ class Worker:
             if parsed is None or parsed[1] != self.host or f"@{os.getpid()}@" in path.name:
                 continue
             job_id = parsed[0]
-            if self.layout.record(self.layout.running, job_id).exists() or \
-               self.layout.record(self.layout.finished, job_id).exists():
+            if has_record(self.layout, job_id):
                 continue
             if self._put_back(job_id, path):
                 append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "pending",
@@ -228,8 +227,7 @@ class Worker:
             if entry.job is None or entry.id_checked:
                 continue
             entry.id_checked = True  # once per version of the file, not every pass
-            if self.layout.record(self.layout.finished, job_id).exists() or \
-                    self.layout.record(self.layout.running, job_id).exists():
+            if has_record(self.layout, job_id):
                 self._reject(job_id, entry.path, str(SpecError(
                     f"jobs/{entry.path.name}", None, f"job id '{job_id}' is already used by an earlier job",
                     f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
