@@ -19,7 +19,6 @@ from pathlib import Path
 from .layout import JOB_ID_RE, Layout, job_id_for_spec_name
 from .plan import PendingJob
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text
-from .spool import scan_pending
 
 StatKey = tuple[int, int, int]  # mtime_ns, size, inode
 # A directory changed less than this long ago may change again within the same mtime tick.
@@ -29,12 +28,17 @@ RACY_MTIME_S = 2.0
 @dataclass
 class Entry:
     key: StatKey
-    path: Path
+    jobs_dir: Path
+    name: str                         # the file name in jobs/ (a Path per entry costs 10,000 joins)
     job: PendingJob | None = None
     error: SpecError | None = None
     text: bytes = b""
     unchanged_since: float = 0.0      # monotonic time the key was first seen
     id_checked: bool = False          # the worker checked that the id is not used already
+
+    @property
+    def path(self) -> Path:
+        return self.jobs_dir / self.name
 
 
 def user_name(uid: int) -> str:
@@ -87,6 +91,7 @@ class Intake:
         self.full_scan_at = float("-inf")
         self.dir_key: tuple[int, int, int] | None = None
         self.listing: dict[str, int] = {}   # jobs/ as last read: name -> inode
+        self.jobs_dir_str = str(layout.jobs)
 
     def scan(self, now_mono: float, full: bool = True) -> None:
         """Find new, changed and vanished specs. `full=False` skips the directory when its
@@ -111,10 +116,10 @@ class Intake:
             candidates = set(listing)
         else:  # set operations on dict views run in C: a burst of claims costs O(changes)
             candidates = {name for name, _ in listing.items() - self.listing.items()}
-            candidates.update(e.path.name for e in self.entries.values() if e.error is not None)
+            candidates.update(e.name for e in self.entries.values() if e.error is not None)
         self.listing = listing
         changed = False
-        for job_id in [i for i, e in self.entries.items() if e.path.name not in listing]:
+        for job_id in [i for i, e in self.entries.items() if e.name not in listing]:
             del self.entries[job_id]
             changed = True
         for name in candidates:
@@ -122,31 +127,31 @@ class Intake:
             if job_id is None or name not in listing:
                 continue
             known = self.entries.get(job_id)
-            if known is not None and known.path.name != name:
+            if known is not None and known.name != name:
                 continue  # train.yaml and train.yml: one id, the first one found wins
-            changed |= self._examine(job_id, self.layout.jobs / name, known, now_mono)
+            changed |= self._examine(job_id, name, known, now_mono)
         if changed:
             self.version += 1
 
-    def _examine(self, job_id: str, path: Path, known: Entry | None, now_mono: float) -> bool:
+    def _examine(self, job_id: str, name: str, known: Entry | None, now_mono: float) -> bool:
         """(Re)read one spec file if it changed. Returns whether the entry changed."""
         try:
-            st = os.lstat(path)
+            st = os.lstat(f"{self.jobs_dir_str}/{name}")
         except FileNotFoundError:
             return False
         key = (st.st_mtime_ns, st.st_size, st.st_ino)
         if known is not None and known.key == key:
             return False
-        entry = Entry(key, path, unchanged_since=now_mono)
+        entry = Entry(key, self.layout.jobs, name, unchanged_since=now_mono)
         try:
-            entry.text, fst = read_spec_file(path, f"jobs/{path.name}")
-            entry.job = parse_entry(job_id, path, fst, entry.text)
+            entry.text, fst = read_spec_file(entry.path, f"jobs/{name}")
+            entry.job = parse_entry(job_id, entry.path, fst, entry.text)
         except SpecError as e:
             entry.error = e
         except FileNotFoundError:
             return False
         except OSError as e:
-            entry.error = SpecError(f"jobs/{path.name}", None, f"cannot be read ({e.strerror})",
+            entry.error = SpecError(f"jobs/{name}", None, f"cannot be read ({e.strerror})",
                                     "make it readable by the worker")
         self.entries[job_id] = entry
         return True
@@ -156,7 +161,7 @@ class Intake:
         that name comes back (a claim put back), the next scan must read it afresh."""
         entry = self.entries.pop(job_id, None)
         if entry is not None:
-            self.listing.pop(entry.path.name, None)
+            self.listing.pop(entry.name, None)
             self.version += 1
 
     def pending(self) -> list[PendingJob]:
@@ -173,39 +178,27 @@ class Intake:
     # --- the shared cache ---------------------------------------------------------------
 
     def cache_json(self) -> dict:
-        return {i: [list(e.key), e.job.user, e.job.spec.to_json(), e.job.queued_at]
+        return {i: [list(e.key), e.job.user, e.job.spec.to_json(), e.job.queued_at, e.name]
                 for i, e in self.entries.items() if e.job is not None}
+
+    def seed(self, cache: dict) -> None:
+        """Take parsed specs from another process's `cache_json`; a scan re-reads any file
+        whose (mtime, size, inode) no longer matches."""
+        jobs = self.layout.jobs
+        for job_id, (key, user, spec, queued_at, name) in cache.items():
+            self.entries[job_id] = Entry(tuple(key), jobs, name,
+                                         PendingJob(job_id, user, JobSpec.from_json(spec), queued_at))
 
 
 def load_pending_for_view(layout: Layout, cache_files: list[Path]) -> tuple[list[PendingJob], dict[str, str]]:
-    """Pending jobs for `gpuq status`: from the workers' caches where the file is unchanged,
-    parsed here otherwise. Returns (jobs, problems: id -> message for unparsable specs)."""
-    cached: dict[str, list] = {}
+    """Pending jobs for `gpuq status`: the same scan a worker does, seeded with the workers'
+    shared cache so that only files changed since are parsed here. Returns (jobs, problems:
+    id -> message for specs that do not parse yet)."""
+    intake = Intake(layout)
     for path in cache_files:
         try:
-            cached.update(json.loads(path.read_bytes()))
+            intake.seed(json.loads(path.read_bytes()))
         except (OSError, ValueError):
             continue
-    jobs: list[PendingJob] = []
-    problems: dict[str, str] = {}
-    seen: set[str] = set()
-    for job_id, dirent in scan_pending(layout):
-        if job_id in seen:
-            continue
-        seen.add(job_id)
-        try:
-            st = dirent.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        hit = cached.get(job_id)
-        if hit is not None and hit[0] == [st.st_mtime_ns, st.st_size, st.st_ino]:
-            jobs.append(PendingJob(job_id, hit[1], JobSpec.from_json(hit[2]), hit[3]))
-            continue
-        try:
-            text, fst = read_spec_file(Path(dirent.path), f"jobs/{dirent.name}")
-            jobs.append(parse_entry(job_id, Path(dirent.path), fst, text))
-        except SpecError as e:
-            problems[job_id] = str(e)
-        except OSError:
-            continue
-    return jobs, problems
+    intake.scan(time.monotonic(), full=True)
+    return intake.pending(), {i: str(e) for i, e in intake.unsettled().items()}

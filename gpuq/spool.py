@@ -12,9 +12,9 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from .layout import Layout, job_id_for_spec_name
+from .layout import Layout
 from .states import State, check_transition
 
 
@@ -229,15 +229,6 @@ def pending_spec_path(layout: Layout, job_id: str) -> Path | None:
         if os.path.lexists(p):
             return p
     return None
-
-
-def scan_pending(layout: Layout) -> Iterator[tuple[str, os.DirEntry]]:
-    """(job id, dir entry) for every file in jobs/ that names a spec."""
-    with os.scandir(layout.jobs) as it:
-        for entry in it:
-            job_id = job_id_for_spec_name(entry.name)
-            if job_id is not None:
-                yield job_id, entry
 
 
 def has_record(layout: Layout, job_id: str) -> bool:

@@ -229,7 +229,7 @@ class Worker:
             entry.id_checked = True  # once per version of the file, not every pass
             if has_record(self.layout, job_id):
                 self._reject(job_id, entry.path, str(SpecError(
-                    f"jobs/{entry.path.name}", None, f"job id '{job_id}' is already used by an earlier job",
+                    f"jobs/{entry.name}", None, f"job id '{job_id}' is already used by an earlier job",
                     f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
 
     def _reject(self, job_id: str, path: Path, message: str) -> None:
