@@ -108,7 +108,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     layout = _layout(args)
     path = layout.job_log(args.id)
-    if find_job(layout, _config(layout), args.id) is None:
+    if not path.exists() and find_job(layout, _config(layout), args.id) is None:
         print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
         return 1
     offset = 0

@@ -19,7 +19,7 @@ import psutil
 from . import __version__
 from .config import Config
 from .hostinfo import boot_id, ensure_private_dir
-from .intake import Intake, user_name
+from .intake import Intake
 from .layout import Layout
 from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
@@ -286,7 +286,7 @@ class Worker:
             by_index[gpus[0]].mem_total_mib - self.config.gpu_mem_reserve_mib
         record = Record(
             id=job_id, state=State.RUNNING, spec=job.spec.to_json(),
-            spec_text=entry.text.decode("utf-8-sig", "replace"), user=user_name(st.st_uid),
+            spec_text=entry.text.decode("utf-8-sig", "replace"), user=job.user,
             uid=st.st_uid, attempt=attempt, queued_at=job.queued_at, host=self.host,
             boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
             gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=time.time())

@@ -206,3 +206,22 @@ def test_submit_refuses_bad_options_before_writing_anything(queue):
                                   "20GiB, 20G, 20480MiB. Nothing was written.")
     assert queue.gpuq("submit", "--priority", "urgent", "--", "x", check=False).returncode == 2
     assert list((queue.root / "jobs").iterdir()) == []
+
+
+def test_submit_options_reach_the_job_and_status_all_lists_everything(queue):
+    for i in range(25):  # more than the screen shows; no worker, so all stay pending
+        queue.gpuq("submit", "--gpus", "0", "--", "true")
+    assert "... and 5 more (gpuq status --all)" in queue.gpuq("status").stdout
+    assert "PENDING (25)" in queue.gpuq("status", "--all").stdout
+    assert "more (gpuq status --all)" not in queue.gpuq("status", "--all").stdout
+    out = queue.gpuq("submit", "--id", "exact", "--gpus", "0", "--hosts", "a", "--priority", "high",
+                     "--env", "GREETING=hi there", "--", "sh", "-c", "echo $GREETING on $GPUQ_HOST")
+    assert out.stdout.strip().splitlines()[-1] == "exact"
+    assert queue.status()["pending"][0]["id"] == "exact"  # high priority goes first
+    queue.start_worker("b", "1x10GiB")
+    time.sleep(1)
+    assert queue.finished("exact") is None  # hosts: [a] keeps it off b
+    queue.start_worker("a", "1x10GiB")
+    wait_until(lambda: queue.finished("exact"), what="exact on a")
+    assert "hi there on a" in queue.log("exact")
+    assert queue.gpuq("submit", "--id", "exact", "--", "true", check=False).returncode == 2
