@@ -114,10 +114,10 @@ def supervisor_pid(rt: Runtime, job_id: str) -> int | None:
     return pid if pid and process_start_ticks(pid) == marker.get("ticks") else None
 
 
-def _close_inherited_fds(keep: set[int]) -> None:
+def _close_inherited_fds() -> None:
     # The worker's single-instance lock and any other descriptor must not live on in jobs.
     for fd in map(int, os.listdir("/proc/self/fd")):
-        if fd > 2 and fd not in keep:
+        if fd > 2:
             try:
                 os.close(fd)
             except OSError:
@@ -143,7 +143,7 @@ class _StopSignal:
 
 def _supervisor_main(rt: Runtime, record: Record) -> int:
     os.setsid()
-    _close_inherited_fds(set())
+    _close_inherited_fds()
     devnull = os.open(os.devnull, os.O_RDWR)
     for std in (0, 1, 2):
         os.dup2(devnull, std)
@@ -331,17 +331,12 @@ def _kill_leftovers(pgid: int, grace_s: float) -> None:
 
 def finish_local(rt: Runtime, record: Record) -> None:
     """Remove the attempt's local files and its claim; the record now holds the spec."""
-    for path in (rt.started_path(record.id), rt.stop_path(record.id), rt.peak_path(record.id),
-                 rt.lock_path(record.id)):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    paths = [rt.started_path(record.id), rt.stop_path(record.id), rt.peak_path(record.id),
+             rt.lock_path(record.id)]
     if record.claim:
-        try:
-            os.unlink(rt.layout.claims / record.claim)
-        except FileNotFoundError:
-            pass
+        paths.append(rt.layout.claims / record.claim)
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def request_stop(rt: Runtime, record: Record, reason: str) -> bool:
