@@ -135,7 +135,7 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
         "finished": [_finished(layout, ev) for ev in
                      recent_events(layout, final_names - {"rejected"}, config.recent_finished)],
-        "rejected": [_rejected(layout, ev) for ev in
+        "rejected": [_rejected(ev) for ev in
                      recent_events(layout, frozenset({"rejected"}), config.recent_finished)],
     }
 
@@ -191,7 +191,7 @@ def _finished(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
             "host": record.host, "gpus": record.gpus, "reason": record.reason}
 
 
-def _rejected(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
+def _rejected(ev: dict[str, Any]) -> dict[str, Any]:
     return {"id": ev["job"], "error": ev.get("reason"), "at": ev.get("t")}
 
 
