@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -15,11 +16,22 @@ PY = sys.executable
 
 
 def make_root(prefix: str, **config: object) -> Path:
+    """A fresh queue root with the default config, except `config`. Its local directories
+    are the default ones (see `remove_root`)."""
     root = Path(tempfile.mkdtemp(prefix=f"gpuq-bench-{prefix}-"))
     (root / "jobs").mkdir()
-    cfg = {"local_dir": str(root / "local-{host}"), **config}
-    (root / "config.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items()))
+    (root / "config.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in config.items()))
     return root
+
+
+def remove_root(root: Path, *hosts: str) -> None:
+    """Remove a root made by `make_root` and the default local directories of `hosts`."""
+    sys.path.insert(0, str(REPO))
+    from gpuq.layout import Layout
+
+    for host in hosts:
+        shutil.rmtree(Layout(root).default_local_dir(host), ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def clean_env() -> dict[str, str]:

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import PY, REPO, clean_env, make_root
+from _common import PY, REPO, clean_env, make_root, remove_root
 
 
 def run_gpuq(n: int) -> float:
@@ -29,7 +29,7 @@ def run_gpuq(n: int) -> float:
     elapsed = time.perf_counter() - t
     done = len(list((root / "state" / "finished").glob("*.json")))
     assert done == n, f"gpuq finished {done} of {n}"
-    shutil.rmtree(root, ignore_errors=True)
+    remove_root(root, "bench")
     return elapsed
 
 

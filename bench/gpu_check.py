@@ -14,13 +14,11 @@ PyTorch jobs that allocate known amounts, and this script checks that
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from _common import PY, REPO, clean_env, make_root
+from _common import PY, REPO, clean_env, make_root, remove_root
 
 JOB = r'''
 import os, time, torch
@@ -120,7 +118,7 @@ def main() -> int:
         worker.terminate()
         worker.wait()
     print(f"{len(failures)} check(s) failed" if failures else "all checks passed")
-    shutil.rmtree(root, ignore_errors=True)
+    remove_root(root, "gpucheck")
     return 1 if failures else 0
 
 

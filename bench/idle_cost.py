@@ -8,12 +8,11 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 
 import psutil
 
-from _common import make_root, start_worker, wait_for
+from _common import make_root, remove_root, start_worker, wait_for
 
 
 def measure(root, seconds: float) -> tuple[float, float]:
@@ -46,7 +45,7 @@ def main() -> None:
         (root / "jobs" / f"p{i:05d}.yaml").write_text(f"command: train --seed {i}\ngpus: 1\ngpu_mem: 100GiB\n")
     cpu, rss = measure(root, args.seconds)
     print(f"  {args.pending} unplaceable  CPU {cpu:5.2f}% of a core   RSS {rss:5.1f} MiB   (target <= 5%)")
-    shutil.rmtree(root, ignore_errors=True)
+    remove_root(root, "idle")
 
 
 if __name__ == "__main__":

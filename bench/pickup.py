@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import statistics
 import time
 
-from _common import make_root, start_worker, wait_for
+from _common import make_root, remove_root, start_worker, wait_for
 
 
 def main() -> None:
@@ -42,7 +41,7 @@ def main() -> None:
     print(f"pickup over {args.trials} drops, default config (poll_interval 1.0 s)")
     print(f"  median {statistics.median(delays) * 1000:6.0f} ms   p90 {delays[int(len(delays) * 0.9) - 1] * 1000:6.0f} ms"
           f"   max {delays[-1] * 1000:6.0f} ms   (target: median <= 1000 ms)")
-    shutil.rmtree(root, ignore_errors=True)
+    remove_root(root, "pick")
 
 
 if __name__ == "__main__":

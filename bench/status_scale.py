@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import time
 
-from _common import PY, REPO, clean_env, make_root, timed
+from _common import PY, REPO, clean_env, make_root, remove_root, timed
 
 
 def populate(root, pending: int, finished: int) -> None:
@@ -63,7 +61,7 @@ def main() -> None:
     print(f"  python3 -c pass      {baseline * 1000:7.1f} ms")
     print(f"  gpuq status          {status * 1000:7.1f} ms  ({status / baseline:.1f}x; targets <= 500 ms, <= 10x)")
     print(f"  gpuq status --json   {as_json * 1000:7.1f} ms  ({as_json / baseline:.1f}x)")
-    shutil.rmtree(root, ignore_errors=True)
+    remove_root(root, "a", "b")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ Every path gpuq touches is computed here from the root; none is taken from a spe
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import socket
@@ -138,6 +137,11 @@ class Layout:
         return self.events / f"{host}.jsonl"
 
     def default_local_dir(self, host: str) -> Path:
-        """Per-host local directory for locks that must be local (never on NFS)."""
+        """Per-host local directory for locks that must be local (never on NFS). In RAM
+        (/dev/shm) where there is one: its locks and markers mean nothing after a reboot,
+        and creating a file there costs microseconds where a disk may take a millisecond."""
+        import hashlib  # here: it loads OpenSSL, which would make every supervisor fork slower
+
         digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:10]
-        return Path("/tmp") / f"gpuq-{os.getuid()}" / f"{host}-{digest}"
+        base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path("/tmp")
+        return base / f"gpuq-{os.getuid()}" / f"{host}-{digest}"

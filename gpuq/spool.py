@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,7 +20,7 @@ from .states import State, check_transition
 def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Write `data` to `path` so that readers see the old file or the new one, never a mix.
     `durable=False` skips the fsync, for files rewritten every second (heartbeats)."""
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -178,7 +177,7 @@ def append_event(layout: Layout, host: str, event: dict[str, Any]) -> None:
 
 def claim_name(job_id: str, host: str, boot_id: str, attempt: int) -> str:
     """A name no other claim can have: job, host, boot, pid, nonce, attempt."""
-    return f"{job_id}@{host}@{boot_id[:8]}@{os.getpid()}@{secrets.token_hex(4)}@a{attempt}.yaml"
+    return f"{job_id}@{host}@{boot_id[:8]}@{os.getpid()}@{os.urandom(4).hex()}@a{attempt}.yaml"
 
 
 def parse_claim_name(name: str) -> tuple[str, str] | None:

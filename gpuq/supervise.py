@@ -1,21 +1,22 @@
-"""Launching a job under its supervisor, and stopping it.
+"""A job under its supervisor, and stopping it.
 
-The supervisor is forked from the worker (fast: no new interpreter), puts itself in its own
-session as a child subreaper (so grandchildren stay its own), holds the job's liveness lock
-(which the job inherits, so the kernel releases it only when both are gone), runs the job,
-waits, and writes the result. It outlives the worker; a restarted worker reattaches through
-the records and the locks.
+The supervisor is forked by the spawner (see spawner.py) already holding the job's liveness
+lock (which the job inherits, so the kernel releases it only when both are gone). It puts
+itself in its own session as a child subreaper (so grandchildren stay its own), runs the
+job, waits, and writes the result. It outlives the worker; a restarted worker reattaches
+through the records and the locks.
 
 Order, so that no job runs without a record and no record claims a job that never started:
-the worker writes the running record, then forks. The supervisor takes the job lock, checks
-that the record is still its own, writes the `started` marker, then runs the job. Whoever
-settles a running record whose supervisor seems gone does so while holding the job lock
-(`settle_lock`), so a supervisor that was slow to start can never run a job that has just
-been requeued: it would fail to take the lock, or find the record gone.
+the worker writes the running record, then asks the spawner. The supervisor, holding the
+lock, checks that the record is still its own, writes the `started` marker into the lock
+file, then runs the job. Whoever settles a running record whose supervisor seems gone does
+so while holding the job lock (`settle_lock`), so a launch that was slow to arrive can never
+run a job that has just been requeued: it would fail to take the lock, or find the record gone.
 """
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import signal
@@ -26,14 +27,10 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Iterator
 
-import psutil  # imported here, in the worker, so forked supervisors need not load it
-
-from filelock import lock_descriptor, unlock_descriptor
-
 from .hostinfo import process_start_ticks
 from .layout import Layout
 from .spec import JobSpec
-from .spool import Record, read_record, transition, write_json
+from .spool import Record, read_record, transition
 from .states import State
 from .units import format_duration
 from .wake import poke
@@ -54,15 +51,32 @@ class Runtime:
     def lock_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.lock"
 
-    def started_path(self, job_id: str) -> Path:
-        return self.local_dir / "jobs" / f"{job_id}.started"
-
     def stop_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.stop"
 
     def peak_path(self, job_id: str) -> Path:
         """Peak observed GPU memory, written by the worker, read at the end of the job."""
         return self.local_dir / "jobs" / f"{job_id}.peak"
+
+    def to_json(self) -> dict:
+        return {"root": str(self.layout.root), "host": self.host, "boot_id": self.boot_id,
+                "local_dir": str(self.local_dir), "grace_s": self.grace_s, "extra_env": self.extra_env}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Runtime":
+        return cls(Layout(Path(d["root"])), d["host"], d["boot_id"], Path(d["local_dir"]),
+                   d["grace_s"], d["extra_env"])
+
+
+def try_lock(fd: int) -> bool:
+    """Take the job lock on `fd` without waiting. The primitive filelock's `lock_descriptor`
+    uses on Unix (a whole-file flock), called directly: importing filelock 4 registers fork
+    hooks that double the cost of every fork, and the spawner forks once per job."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
 
 @contextmanager
@@ -76,48 +90,38 @@ def settle_lock(rt: Runtime, job_id: str) -> Iterator[bool]:
         yield True  # no lock directory: nothing could be holding it
         return
     try:
-        if not lock_descriptor(fd, blocking=False):
+        if not try_lock(fd):
             yield False
             return
         try:
             yield True
         finally:
-            unlock_descriptor(fd)
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 
 
-def launch(rt: Runtime, record: Record) -> int:
-    """Fork the supervisor of `record`, whose running record is already written. Returns
-    its pid at once: the worker never waits for a job to start."""
-    pid = os.fork()
-    if pid == 0:  # the supervisor
-        code = 1
-        try:
-            code = _supervisor_main(rt, record)
-        except BaseException:  # never return into the worker's code in the child
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    return pid
-
-
-def supervisor_pid(rt: Runtime, job_id: str) -> int | None:
-    """The live supervisor of a local job, from its `started` marker (None if it is gone)."""
+def read_started(rt: Runtime, record: Record) -> dict | None:
+    """The `started` marker of this attempt: written into the job's lock file by its
+    supervisor once it owns the attempt, just before the job runs (None: never started)."""
     try:
-        marker = json.loads(rt.started_path(job_id).read_text())
+        marker = json.loads(rt.lock_path(record.id).read_bytes())
     except (OSError, ValueError):
         return None
+    return marker if marker.get("claim") == record.claim else None
+
+
+def supervisor_pid(rt: Runtime, record: Record) -> int | None:
+    """The live supervisor of a local job, from its `started` marker (None if it is gone)."""
+    marker = read_started(rt, record) or {}
     pid = marker.get("supervisor_pid")
     return pid if pid and process_start_ticks(pid) == marker.get("ticks") else None
 
 
-def _close_inherited_fds() -> None:
-    # The worker's single-instance lock and any other descriptor must not live on in jobs.
+def _close_inherited_fds(keep: int) -> None:
+    # The spawner's pipes and any other descriptor must not live on in jobs.
     for fd in map(int, os.listdir("/proc/self/fd")):
-        if fd > 2:
+        if fd > 2 and fd != keep:
             try:
                 os.close(fd)
             except OSError:
@@ -141,9 +145,10 @@ class _StopSignal:
             raise _StopRequested()
 
 
-def _supervisor_main(rt: Runtime, record: Record) -> int:
+def supervisor_main(rt: Runtime, record: Record, lock_fd: int) -> int:
+    """Run in a process forked holding the job's lock on `lock_fd`."""
     os.setsid()
-    _close_inherited_fds()
+    _close_inherited_fds(keep=lock_fd)
     devnull = os.open(os.devnull, os.O_RDWR)
     for std in (0, 1, 2):
         os.dup2(devnull, std)
@@ -155,16 +160,14 @@ def _supervisor_main(rt: Runtime, record: Record) -> int:
     signal.signal(signal.SIGTERM, _StopSignal.handler)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    lock_fd = os.open(rt.lock_path(record.id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    if not lock_descriptor(lock_fd, blocking=False):
-        return 0  # being settled right now, or a stale copy of this id still runs
     current = read_record(rt.layout.record(rt.layout.running, record.id))
     if current is None or current.claim != record.claim:
-        return 0  # requeued or settled before we could start: run nothing
-    # Local and only meaningful for this boot, so no fsync.
-    write_json(rt.started_path(record.id), {"supervisor_pid": os.getpid(), "boot_id": rt.boot_id,
-                                           "ticks": process_start_ticks(os.getpid()),
-                                           "t": time.time()}, durable=False)
+        return 0  # requeued or settled before the launch arrived: run nothing
+    # One small write into the locked, empty file: readers see all of it or nothing. Local
+    # and only meaningful for this boot, so no fsync.
+    os.pwrite(lock_fd, json.dumps({"supervisor_pid": os.getpid(), "claim": record.claim,
+                                   "ticks": process_start_ticks(os.getpid()),
+                                   "t": time.time()}).encode(), 0)
     return _run_and_record(rt, current, lock_fd)
 
 
@@ -295,6 +298,8 @@ def _children() -> list[int]:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(c) for c in f.read().split()]
     except OSError:
+        import psutil
+
         return [p.pid for p in psutil.Process().children()]
 
 
@@ -308,6 +313,8 @@ def _kill_leftovers(pgid: int, grace_s: float) -> None:
         group_left = False
     if not group_left and not _children():
         return  # the usual case: nothing left behind
+    import psutil  # only here: the usual supervisor never needs it
+
     leftovers = psutil.Process().children(recursive=True)
     for p in leftovers:
         try:
@@ -331,8 +338,7 @@ def _kill_leftovers(pgid: int, grace_s: float) -> None:
 
 def finish_local(rt: Runtime, record: Record) -> None:
     """Remove the attempt's local files and its claim; the record now holds the spec."""
-    paths = [rt.started_path(record.id), rt.stop_path(record.id), rt.peak_path(record.id),
-             rt.lock_path(record.id)]
+    paths = [rt.stop_path(record.id), rt.peak_path(record.id), rt.lock_path(record.id)]
     if record.claim:
         paths.append(rt.layout.claims / record.claim)
     for path in paths:
@@ -342,7 +348,7 @@ def finish_local(rt: Runtime, record: Record) -> None:
 def request_stop(rt: Runtime, record: Record, reason: str) -> bool:
     """Ask the supervisor of a local running job to stop it (TERM, grace, KILL).
     Returns False when no live supervisor of this attempt could be found."""
-    pid = supervisor_pid(rt, record.id)
+    pid = supervisor_pid(rt, record)
     if pid is None:
         return False
     rt.stop_path(record.id).write_text(reason)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +27,8 @@ from .spool import (Record, append_event, atomic_write, claim, claim_name, has_r
                     read_json, read_record, record_requeue, record_start, transition, unclaim,
                     write_json)
 from .states import State
-from .supervise import Runtime, finish_local, launch, request_stop, settle_lock, supervisor_pid
+from .spawner import Spawner
+from .supervise import Runtime, finish_local, read_started, request_stop, settle_lock, supervisor_pid
 from .wake import QueueLock, WakeFifo
 
 log = logging.getLogger("gpuq.worker")
@@ -53,7 +53,7 @@ class Worker:
         self.observed: dict[str, dict[int, int]] = {}
         self.peaks: dict[str, int] = {}
         self.record_cache: dict[tuple[str, int], Record] = {}
-        self.children: dict[str, int] = {}   # job id -> supervisor pid forked by this worker
+        self.spawner = Spawner(self.rt, layout.worker_log(host))
         self.cache_written = (-1, 0.0)
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
@@ -65,15 +65,18 @@ class Worker:
     def run(self, once: bool = False, exit_when_idle: bool = False) -> None:
         log.info("worker %s started (pid %d, gpuq %s, root %s)%s", self.host, os.getpid(),
                  __version__, self.layout.root, f"; {self.probe.error}" if self.probe.error else "")
-        while True:
-            for step in self.STEPS:
-                try:
-                    getattr(self, step)()
-                except Exception:  # one bad step must not kill the worker; the next pass retries
-                    log.exception("step %s failed", step)
-            if once or (exit_when_idle and self.idle()):
-                return
-            self.wake.sleep(self.config.poll_interval)
+        try:
+            while True:
+                for step in self.STEPS:
+                    try:
+                        getattr(self, step)()
+                    except Exception:  # one bad step must not kill the worker; the next pass retries
+                        log.exception("step %s failed", step)
+                if once or (exit_when_idle and self.idle()):
+                    return
+                self.wake.sleep(self.config.poll_interval)
+        finally:
+            self.spawner.close()
 
     def idle(self) -> bool:
         return not self.running and not self.intake.entries
@@ -85,15 +88,12 @@ class Worker:
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
         self.running = self._own_running()
-        self.observed = observe_job_memory(self.gpus, self.running, self._supervisor_of)
+        self.observed = observe_job_memory(self.gpus, self.running, lambda r: supervisor_pid(self.rt, r))
         for job_id, per_gpu in self.observed.items():
             peak = max(per_gpu.values(), default=0)
             if peak > self.peaks.get(job_id, 0):
                 self.peaks[job_id] = peak
                 self.rt.peak_path(job_id).write_text(str(peak))
-
-    def _supervisor_of(self, job_id: str) -> int | None:
-        return self.children.get(job_id) or supervisor_pid(self.rt, job_id)
 
     def _own_running(self) -> list[Record]:
         """This host's running records. A record is only ever replaced by rename, so a file
@@ -115,35 +115,20 @@ class Worker:
     def settle_running(self) -> None:
         """Reattach to live jobs; settle the ones whose supervisor and job are gone."""
         alive = []
+        self.spawner.collect()
         for record in self.running:
-            if record.boot_id == self.boot_id and self._child_alive(record.id):
-                alive.append(record)
+            if record.boot_id == self.boot_id and record.id in self.spawner.starting:
+                alive.append(record)  # sent to the spawner, not answered yet
                 continue
             with settle_lock(self.rt, record.id) as gone:
                 if record.boot_id == self.boot_id and not gone:
-                    alive.append(record)  # reattached: a supervisor from an earlier worker
+                    alive.append(record)  # its supervisor (or the job) holds the lock
                     continue
                 self._settle_gone(record)
                 finish_local(self.rt, record)
             self.peaks.pop(record.id, None)
         self.running = alive
-        for job_id in set(self.children) - {r.id for r in alive}:
-            self._child_alive(job_id)  # reap supervisors that have finished
         self._requeue_orphan_claims()
-
-    def _child_alive(self, job_id: str) -> bool:
-        """A supervisor this worker forked counts as alive until it exits, even before it
-        has taken the job lock."""
-        pid = self.children.get(job_id)
-        if pid is None:
-            return False
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                return True
-        except ChildProcessError:
-            pass
-        del self.children[job_id]
-        return False
 
     def _settle_gone(self, record: Record) -> None:
         """Called holding the job lock: nothing of this attempt runs, so decide its fate."""
@@ -154,7 +139,7 @@ class Worker:
             pass  # settled meanwhile
         elif record.boot_id != self.boot_id:
             transition(self.layout, record, State.LOST, self.host, reason="host rebooted")
-        elif not self.rt.started_path(record.id).exists():
+        elif read_started(self.rt, record) is None:
             self._requeue_never_started(record)
         else:
             transition(self.layout, record, State.LOST, self.host, ended_at=time.time(),
@@ -292,7 +277,7 @@ class Worker:
             gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=time.time())
 
         record_start(self.layout, record, self.host)  # the record first: then the job may start
-        self.children[job_id] = launch(self.rt, record)
+        self.spawner.launch(record)
         self.running.append(record)
         log.debug("started %s on %s GPUs %s", job_id, self.host, list(gpus))  # events record it too
 
@@ -319,12 +304,12 @@ class Worker:
 
 
 def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record],
-                       supervisor_of: Callable[[str], int | None]) -> dict[str, dict[int, int]]:
+                       supervisor_of: Callable[[Record], int | None]) -> dict[str, dict[int, int]]:
     """NVML's per-process memory, summed per job: a process belongs to the job whose
     supervisor is among its ancestors (the supervisor is a subreaper, so orphans stay)."""
     if not running or not any(g.processes for g in gpus):
         return {}
-    supervisors = {pid: r.id for r in running if (pid := supervisor_of(r.id))}
+    supervisors = {pid: r.id for r in running if (pid := supervisor_of(r))}
     owner_of: dict[int, str | None] = {}
 
     def owner(pid: int) -> str | None:

@@ -76,6 +76,13 @@ class Queue:
         proc.send_signal(sig)
         proc.wait(timeout=20)
 
+    def spawner(self, host: str):
+        """The spawner of this root's worker `host` (a psutil.Process), once it has started."""
+        import psutil
+
+        worker = psutil.Process(self.workers[host].pid)
+        return wait_until(lambda: next(iter(worker.children()), None), what=f"worker {host}'s spawner")
+
     def drop(self, name: str, text: str) -> Path:
         """Write a spec the way a user's editor would: temp file, then rename into jobs/."""
         path = self.root / "jobs" / name
@@ -116,7 +123,7 @@ class Queue:
         for p in psutil.process_iter(["cmdline", "environ"]):
             try:
                 if (p.info["environ"] or {}).get("GPUQ_ROOT") == str(self.root) or \
-                        str(self.root) in (p.info["cmdline"] or []):
+                        any(str(self.root) in arg for arg in p.info["cmdline"] or []):
                     p.kill()
             except psutil.Error:
                 pass

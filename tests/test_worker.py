@@ -37,12 +37,36 @@ def test_supervisor_death_means_exit_unknown_never_success(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("orphan.yaml", "command: sleep 1\ngpus: 1\n")
     wait_until(lambda: _state(queue, "orphan") == "running", what="orphan to start")
-    marker = queue.local_base / "a" / "jobs" / "orphan.started"
-    wait_until(marker.exists, what="the supervisor's started marker")
-    os.kill(json.loads(marker.read_text())["supervisor_pid"], signal.SIGKILL)
+    lock = queue.local_base / "a" / "jobs" / "orphan.lock"  # holds the `started` marker
+    wait_until(lambda: lock.exists() and lock.read_text(), what="the supervisor's started marker")
+    os.kill(json.loads(lock.read_text())["supervisor_pid"], signal.SIGKILL)
     record = wait_until(lambda: queue.finished("orphan"), what="orphan to be settled")
     assert record["state"] == "lost" and record["exit_code"] is None
     assert "exit unknown" in record["reason"]
+
+
+def test_a_killed_spawner_is_replaced_and_loses_nothing(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("first.yaml", "command: echo first\ngpus: 1\n")
+    wait_until(lambda: queue.finished("first"), what="first to run")
+    spawner = queue.spawner("a")
+    spawner.kill()  # a zombie until the worker notices: only then is it reaped
+    queue.drop("second.yaml", "command: echo second\ngpus: 1\n")
+    record = wait_until(lambda: queue.finished("second"), what="second to run through a new spawner")
+    assert record["state"] == "done" and queue.log("second").splitlines().count("second") == 1
+    assert queue.spawner("a").pid != spawner.pid
+
+
+def test_the_spawner_ends_with_its_worker_and_jobs_live_on(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("long.yaml", "command: sleep 1.5\ngpus: 1\n")
+    wait_until(lambda: _state(queue, "long") == "running", what="long to start")
+    spawner = queue.spawner("a")
+    queue.stop_worker("a", signal.SIGKILL)
+    spawner.wait(5)  # it read EOF from the dead worker's pipe and left
+    queue.start_worker("a", "1x80GiB")  # reattaches; the supervisor records the exit
+    record = wait_until(lambda: queue.finished("long"), what="long to end")
+    assert record["state"] == "done" and record["attempt"] == 1
 
 
 def test_a_job_exit_wakes_the_worker_at_once(queue):
