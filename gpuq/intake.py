@@ -34,7 +34,6 @@ class Entry:
     error: SpecError | None = None
     text: bytes = b""
     unchanged_since: float = 0.0      # monotonic time the key was first seen
-    id_checked: bool = False          # the worker checked that the id is not used already
 
     @property
     def path(self) -> Path:
@@ -87,7 +86,11 @@ class Intake:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self.entries: dict[str, Entry] = {}
+        # Kept apart so that a pass costs O(changes), not O(pending):
+        self.failing: set[str] = set()     # ids whose file does not parse (yet)
+        self.unchecked: set[str] = set()   # ids parsed since the worker last checked them
         self.version = 0               # bumped whenever the set of parsed jobs changes
+        self.scanned_at = float("-inf")
         self.full_scan_at = float("-inf")
         self.dir_key: tuple[int, int, int] | None = None
         self.listing: dict[str, int] = {}   # jobs/ as last read: name -> inode
@@ -98,6 +101,7 @@ class Intake:
         mtime shows no change (and the change was not so recent that the clock tick could
         hide another), and otherwise examines only names that are new or whose inode changed
         (readdir gives both for free). Specs that do not parse yet are always re-examined."""
+        self.scanned_at = now_mono
         if full:
             self.full_scan_at = now_mono
         else:
@@ -107,7 +111,7 @@ class Intake:
                 return
             dir_key = (st.st_mtime_ns, st.st_ino, st.st_size)
             settled = time.time() - st.st_mtime > RACY_MTIME_S
-            if dir_key == self.dir_key and settled and not self.unsettled():
+            if dir_key == self.dir_key and settled and not self.failing:
                 return
             self.dir_key = dir_key if settled else None
         with os.scandir(self.layout.jobs) as it:
@@ -116,11 +120,11 @@ class Intake:
             candidates = set(listing)
         else:  # set operations on dict views run in C: a burst of claims costs O(changes)
             candidates = {name for name, _ in listing.items() - self.listing.items()}
-            candidates.update(e.name for e in self.entries.values() if e.error is not None)
+            candidates.update(self.entries[i].name for i in self.failing)
         self.listing = listing
         changed = False
         for job_id in [i for i, e in self.entries.items() if e.name not in listing]:
-            del self.entries[job_id]
+            self._drop(job_id)
             changed = True
         for name in candidates:
             job_id = job_id_for_spec_name(name)
@@ -153,13 +157,27 @@ class Intake:
         except OSError as e:
             entry.error = SpecError(f"jobs/{name}", None, f"cannot be read ({e.strerror})",
                                     "make it readable by the worker")
-        self.entries[job_id] = entry
+        self._put(job_id, entry)
         return True
+
+    def _put(self, job_id: str, entry: Entry) -> None:
+        self.entries[job_id] = entry
+        if entry.error is not None:
+            self.failing.add(job_id)
+            self.unchecked.discard(job_id)
+        else:
+            self.failing.discard(job_id)
+            self.unchecked.add(job_id)
+
+    def _drop(self, job_id: str) -> Entry | None:
+        self.failing.discard(job_id)
+        self.unchecked.discard(job_id)
+        return self.entries.pop(job_id, None)
 
     def forget(self, job_id: str) -> None:
         """The worker claimed or rejected this spec: it is no longer pending. If a file by
         that name comes back (a claim put back), the next scan must read it afresh."""
-        entry = self.entries.pop(job_id, None)
+        entry = self._drop(job_id)
         if entry is not None:
             self.listing.pop(entry.name, None)
             self.version += 1
@@ -169,11 +187,17 @@ class Intake:
 
     def settled_errors(self, now_mono: float, settle_s: float) -> list[tuple[str, Entry]]:
         """Invalid specs unchanged for `settle_s`: time to reject them."""
-        return [(i, e) for i, e in self.entries.items()
-                if e.error is not None and now_mono - e.unchanged_since >= settle_s]
+        return [(i, self.entries[i]) for i in self.failing
+                if now_mono - self.entries[i].unchanged_since >= settle_s]
 
     def unsettled(self) -> dict[str, SpecError]:
-        return {i: e.error for i, e in self.entries.items() if e.error is not None}
+        return {i: self.entries[i].error for i in self.failing}  # type: ignore[misc]
+
+    def take_unchecked(self) -> list[Entry]:
+        """Parsed specs the worker has not yet checked (once per version of each file)."""
+        taken = [self.entries[i] for i in self.unchecked]
+        self.unchecked.clear()
+        return taken
 
     # --- the shared cache ---------------------------------------------------------------
 
@@ -186,8 +210,8 @@ class Intake:
         whose (mtime, size, inode) no longer matches."""
         jobs = self.layout.jobs
         for job_id, (key, user, spec, queued_at, name) in cache.items():
-            self.entries[job_id] = Entry(tuple(key), jobs, name,
-                                         PendingJob(job_id, user, JobSpec.from_json(spec), queued_at))
+            self._put(job_id, Entry(tuple(key), jobs, name,
+                                    PendingJob(job_id, user, JobSpec.from_json(spec), queued_at)))
 
 
 def load_pending_for_view(layout: Layout, cache_files: list[Path]) -> tuple[list[PendingJob], dict[str, str]]:

@@ -21,6 +21,12 @@ class PendingJob:
     user: str
     spec: JobSpec
     queued_at: float
+    # Its place in the queue, computed once: every pass sorts thousands of pending jobs.
+    order: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order", (CLASS_RANK[self.spec.priority_class], -self.spec.priority,
+                                           self.queued_at, self.id))
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class Plan:
 
 def queue_key(job: PendingJob) -> tuple:
     """Priority class, then integer priority (higher first), then age, then id."""
-    return (CLASS_RANK[job.spec.priority_class], -job.spec.priority, job.queued_at, job.id)
+    return job.order
 
 
 @dataclass

@@ -13,14 +13,20 @@ def fifo_path(local_dir: Path) -> Path:
     return local_dir / "wake"
 
 
-def poke(local_dir: Path) -> None:
+# What a poke says: a job ended (GPUs freed), or something in the queue changed (a spec was
+# submitted, a cancel arrived). A pass woken only by job ends need not re-read jobs/.
+WAKE_JOB_ENDED = b"e"
+WAKE_QUEUE_CHANGED = b"q"
+
+
+def poke(local_dir: Path, reason: bytes = WAKE_QUEUE_CHANGED) -> None:
     """Best effort, never blocks: with no worker listening, its next pass sees the change."""
     try:
         fd = os.open(fifo_path(local_dir), os.O_WRONLY | os.O_NONBLOCK)
     except OSError:
         return
     try:
-        os.write(fd, b"x")
+        os.write(fd, reason)
     except OSError:
         pass
     finally:
@@ -39,14 +45,17 @@ class WakeFifo:
         # O_RDWR keeps a writer open, so the FIFO never reads as EOF between pokes.
         self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
 
-    def sleep(self, timeout: float) -> None:
+    def sleep(self, timeout: float) -> bytes:
+        """Returns the pokes' reasons, or b"" when the timeout passed without one."""
         ready, _, _ = select.select([self.fd], [], [], timeout)
+        reasons = b""
         if ready:
             try:
-                while os.read(self.fd, 4096):
-                    pass
+                while chunk := os.read(self.fd, 4096):
+                    reasons += chunk
             except BlockingIOError:
                 pass
+        return reasons
 
 
 class QueueLock:

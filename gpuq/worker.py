@@ -29,11 +29,14 @@ from .spool import (Record, append_event, atomic_write, claim, claim_name, has_r
 from .states import State
 from .spawner import Spawner
 from .supervise import Runtime, finish_local, read_started, request_stop, settle_lock, supervisor_pid
-from .wake import QueueLock, WakeFifo
+from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
 
 log = logging.getLogger("gpuq.worker")
 SPEC_CACHE_EVERY_S = 5.0
 FULL_SCAN_EVERY_S = 30.0
+# A burst of short jobs wakes the worker hundreds of times a second; between those wakes
+# jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
+EXIT_WAKE_SCAN_GAP_S = 0.2
 
 
 class Worker:
@@ -58,6 +61,7 @@ class Worker:
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
         self.heartbeat_at = 0.0
+        self.woken_by = b""                  # the reasons of the pokes that ended the last sleep
         self.unchanged_plan_inputs: tuple | None = None
 
     # --- the loop -------------------------------------------------------------------------
@@ -74,7 +78,7 @@ class Worker:
                         log.exception("step %s failed", step)
                 if once or (exit_when_idle and self.idle()):
                     return
-                self.wake.sleep(self.config.poll_interval)
+                self.woken_by = self.wake.sleep(self.config.poll_interval)
         finally:
             self.spawner.close()
 
@@ -201,6 +205,9 @@ class Worker:
     def take_in_specs(self) -> None:
         """Read jobs/; reject specs that stayed invalid, and ids already used."""
         now = time.monotonic()
+        if self.woken_by and not self.woken_by.strip(WAKE_JOB_ENDED) and \
+                now - self.intake.scanned_at < EXIT_WAKE_SCAN_GAP_S:
+            return  # only job ends woke us: they free GPUs, not specs, and jobs/ was just read
         # Every file is re-examined now and then; in between only a changed directory is
         # read again, and then only new and vanished names are examined (a spec edited in
         # place is also caught when it is claimed: the claimed bytes must be the planned ones).
@@ -208,10 +215,8 @@ class Worker:
         self.intake.scan(now, full=full)
         for job_id, entry in self.intake.settled_errors(now, self.config.spec_settle_s):
             self._reject(job_id, entry.path, str(entry.error))
-        for job_id, entry in list(self.intake.entries.items()):
-            if entry.job is None or entry.id_checked:
-                continue
-            entry.id_checked = True  # once per version of the file, not every pass
+        for entry in self.intake.take_unchecked():
+            job_id = entry.job.id  # type: ignore[union-attr]
             if has_record(self.layout, job_id):
                 self._reject(job_id, entry.path, str(SpecError(
                     f"jobs/{entry.name}", None, f"job id '{job_id}' is already used by an earlier job",
