@@ -3,14 +3,16 @@
 Forking the worker for every job costs it twice: its page tables are copied, and then every
 page it touches as it goes on is copied again (copy-on-write), after every fork. The spawner
 is a fresh interpreter that loads only what a supervisor needs; the worker sends it one line
-per job and never forks.
+per job and never forks. A supervisor that has recorded its job tells the spawner it is
+free, and the spawner hands it the next job instead of forking again (a fork and the pages
+it copies cost milliseconds per job): one job at a time per supervisor, always.
 
 Protocol: two pipes, one JSON line each way per launch. The worker writes the running record
-first, then sends it. The spawner takes the job's lock, forks the supervisor, which inherits
-the locked descriptor (so the lock is held from the supervisor's first instant), and answers
-{"id", "pid"} or {"id", "error"}. Until the answer comes, the worker counts the job as
-starting. The spawner exits when the worker's end of the pipe closes (the worker stopped or
-died); the supervisors it forked live on in their own sessions.
+first, then sends its id and claim. The spawner takes the job's lock and passes the locked
+descriptor to a free supervisor (or to a new one it forks), so the lock is held from then
+on, and answers {"id", "pid"} or {"id", "error"}. Until the answer comes, the worker counts
+the job as starting. The spawner exits when the worker's end of the pipe closes (the worker
+stopped or died); free supervisors then exit, busy ones finish their job first.
 """
 from __future__ import annotations
 
@@ -20,15 +22,24 @@ import logging
 import os
 import select
 import signal
-import subprocess
+import socket
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .spool import Record
-from .supervise import Runtime, supervisor_main, try_lock
+from .supervise import Runtime, become_supervisor, prepare, supervise, try_lock
+
+if TYPE_CHECKING:
+    import subprocess
 
 log = logging.getLogger("gpuq.worker")
 REAP_EVERY_S = 1.0
+FREE_FOR_AT_MOST_S = 60.0           # a supervisor free this long is told to exit
+JOBS_PER_SUPERVISOR = 100           # then it exits: bounds whatever a long life accumulates
+READY = b"r"                        # supervisor -> spawner: my job is recorded, I am free
 
 
 class Spawner:
@@ -37,12 +48,12 @@ class Spawner:
 
     def __init__(self, rt: Runtime, log_path: Path) -> None:
         self.rt, self.log_path = rt, log_path
-        self.proc: subprocess.Popen | None = None
+        self.proc: "subprocess.Popen | None" = None
         self.starting: set[str] = set()     # job ids sent, not yet answered
         self._partial = b""
 
     def launch(self, record: Record) -> None:
-        line = (json.dumps(record.to_json(), separators=(",", ":")) + "\n").encode()
+        line = (json.dumps({"id": record.id, "claim": record.claim}) + "\n").encode()
         for _ in range(2):  # a spawner that died since the last launch is started again once
             proc = self._ensure()
             try:
@@ -80,7 +91,9 @@ class Spawner:
             self.proc.wait()
             self.proc = None
 
-    def _ensure(self) -> subprocess.Popen:
+    def _ensure(self) -> "subprocess.Popen":
+        import subprocess  # here: the spawner itself never needs it, and forks faster without it
+
         if self.proc is None:
             package_parent = str(Path(__file__).resolve().parent.parent)
             boot = f"import sys; sys.path.insert(0, {package_parent!r}); from gpuq.spawner import serve; serve()"
@@ -103,34 +116,60 @@ class Spawner:
         self.proc, self.starting, self._partial = None, set(), b""
 
 
+@dataclass
+class _Supervisor:
+    pid: int
+    sock: socket.socket                 # the spawner's end of a SOCK_SEQPACKET pair
+    free_since: float | None = None     # None while it runs a job
+
+
 def serve() -> None:
-    """The spawner process: launch each record read from stdin, answer on stdout."""
+    """The spawner process: launch each job read from stdin, answer on stdout."""
     rt = Runtime.from_json(json.loads(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    prepare()
     # No collector passes here or in the supervisors: a pass touches every object, and each
     # page it touches is copied in whichever process touched it (copy-on-write after fork).
     gc.disable()
     gc.freeze()
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    supervisors: dict[int, _Supervisor] = {}   # by the spawner's socket descriptor
     partial = b""
     while True:
-        ready, _, _ = select.select([stdin], [], [], REAP_EVERY_S)
+        ready, _, _ = select.select([stdin, *supervisors], [], [], REAP_EVERY_S)
         _reap()
-        if not ready:
+        _note_free(supervisors, [fd for fd in ready if fd != stdin])
+        if stdin not in ready:
             continue
         chunk = os.read(stdin, 65536)
         if not chunk:
-            return  # the worker is gone
+            return  # the worker is gone; free supervisors see our sockets close and exit
         *lines, partial = (partial + chunk).split(b"\n")
         for line in lines:
-            record = Record.from_json(json.loads(line))
-            answer = _launch(rt, record)
-            os.write(stdout, (json.dumps({"id": record.id, **answer}) + "\n").encode())
+            job = json.loads(line)
+            answer = _launch(rt, job["id"], job["claim"], supervisors)
+            os.write(stdout, (json.dumps({"id": job["id"], **answer}) + "\n").encode())
 
 
-def _launch(rt: Runtime, record: Record) -> dict[str, object]:
+def _note_free(supervisors: dict[int, _Supervisor], readable: list[int]) -> None:
+    now = time.monotonic()
+    for fd in readable:
+        try:
+            message = supervisors[fd].sock.recv(16)
+        except OSError:
+            message = b""
+        if message == READY:
+            supervisors[fd].free_since = now
+        else:  # it exited (or broke the protocol): forget it
+            supervisors.pop(fd).sock.close()
+    for fd, sup in list(supervisors.items()):
+        if sup.free_since is not None and now - sup.free_since > FREE_FOR_AT_MOST_S:
+            supervisors.pop(fd).sock.close()  # it reads EOF and exits
+
+
+def _launch(rt: Runtime, job_id: str, claim: str, supervisors: dict[int, _Supervisor]) -> dict[str, object]:
     try:
-        lock_fd = os.open(rt.lock_path(record.id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        lock_fd = os.open(rt.lock_path(job_id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         return {"error": f"cannot open the job lock: {e}"}
     try:
@@ -139,20 +178,56 @@ def _launch(rt: Runtime, record: Record) -> dict[str, object]:
             # the worker settles the record through the lock.
             return {"error": "the job lock is held by another process"}
         os.ftruncate(lock_fd, 0)  # no `started` marker left from an earlier attempt
+        message = json.dumps({"id": job_id, "claim": claim}).encode()
+        for fd, sup in list(supervisors.items()):
+            if sup.free_since is None:
+                continue
+            try:
+                socket.send_fds(sup.sock, [message], [lock_fd])
+            except OSError:
+                supervisors.pop(fd).sock.close()  # exited meanwhile
+                continue
+            sup.free_since = None
+            return {"pid": sup.pid}
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
-        if pid == 0:  # the supervisor: never return into the spawner's loop
+        if pid == 0:  # the new supervisor: never return into the spawner's loop
             code = 1
             try:
-                code = supervisor_main(rt, record, lock_fd)
+                code = _supervisor_loop(rt, theirs, job_id, claim, lock_fd)
             except BaseException:
                 import traceback
 
                 traceback.print_exc()
             finally:
                 os._exit(code)
+        theirs.close()
+        supervisors[ours.fileno()] = _Supervisor(pid, ours)
         return {"pid": pid}
     finally:
-        os.close(lock_fd)  # the supervisor keeps its copy, and with it the lock
+        os.close(lock_fd)  # the supervisor has its own copy, and with it the lock
+
+
+def _supervisor_loop(rt: Runtime, sock: socket.socket, job_id: str, claim: str, lock_fd: int) -> int:
+    """A supervisor's life: the job it was forked for, then whatever the spawner hands it
+    while it is free, up to JOBS_PER_SUPERVISOR jobs."""
+    become_supervisor(keep_fds=(sock.fileno(), lock_fd))
+    for served in range(1, JOBS_PER_SUPERVISOR + 1):
+        supervise(rt, job_id, claim, lock_fd)
+        if served == JOBS_PER_SUPERVISOR:
+            break
+        try:
+            sock.send(READY)
+            message, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+        except OSError:
+            break  # the spawner is gone
+        if not message or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            break  # told to exit (EOF), or a message we cannot use
+        job = json.loads(message)
+        job_id, claim, lock_fd = job["id"], job["claim"], fds[0]
+    return 0
 
 
 def _reap() -> None:

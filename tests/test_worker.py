@@ -69,6 +69,55 @@ def test_the_spawner_ends_with_its_worker_and_jobs_live_on(queue):
     assert record["state"] == "done" and record["attempt"] == 1
 
 
+def test_a_job_that_cannot_start_fails_with_the_reason_in_its_log(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("noprog.yaml", "command: [no-such-program-gpuq]\ngpus: 0\n")
+    queue.drop("nodir.yaml", "command: 'true'\ngpus: 0\nworkdir: /no/such/dir\n")
+    for job_id, message in (("noprog", "cannot start: No such file or directory: no-such-program-gpuq"),
+                            ("nodir", "cannot start: No such file or directory (workdir): /no/such/dir")):
+        record = wait_until(lambda: queue.finished(job_id), what=f"{job_id} to be settled")
+        assert record["state"] == "failed" and record["reason"] == message
+        assert f"==> gpuq: {message}" in queue.log(job_id)
+
+
+def test_a_job_gets_a_clean_signal_state_and_its_workdir(queue, tmp_path):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("sigs.yaml", f"command: grep -E '^Sig(Ign|Blk)' /proc/self/status; pwd\ngpus: 0\n"
+                            f"workdir: {tmp_path}\n")
+    wait_until(lambda: queue.finished("sigs"), what="sigs to run")
+    log = queue.log("sigs")
+    masks = dict(line.split(":\t") for line in log.splitlines() if line.startswith("Sig"))
+    standard = (1 << 31) - 1  # signals 1-31; 32 and up are the C library's own
+    assert int(masks["SigIgn"], 16) & standard == 0 and int(masks["SigBlk"], 16) & standard == 0
+    assert f"\n{tmp_path}\n" in log
+
+
+def _supervisor_of(queue, job_id: str) -> int:
+    """The pid in the job's `started` marker (its lock file), once the job runs."""
+    lock = queue.local_base / "a" / "jobs" / f"{job_id}.lock"
+    wait_until(lambda: lock.exists() and lock.read_text(), what=f"{job_id}'s started marker")
+    return json.loads(lock.read_text())["supervisor_pid"]
+
+
+def test_a_free_supervisor_takes_the_next_job_and_obeys_only_its_own_stop(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("first.yaml", "command: echo $PPID\ngpus: 1\n")
+    wait_until(lambda: queue.finished("first"), what="first to run")
+    queue.drop("second.yaml", "command: sleep 1; echo $PPID\ngpus: 1\n")
+    supervisor = _supervisor_of(queue, "second")
+    # A stray SIGTERM (say, a cancel of the job it ran before, arriving late) stops nothing.
+    os.kill(supervisor, signal.SIGTERM)
+    record = wait_until(lambda: queue.finished("second"), what="second to run")
+    assert record["state"] == "done"
+    parent = lambda job_id: int(queue.log(job_id).splitlines()[2])  # noqa: E731
+    assert parent("first") == parent("second") == supervisor  # one supervisor, one job at a time
+    queue.drop("third.yaml", "command: sleep 30\ngpus: 1\n")
+    assert _supervisor_of(queue, "third") == supervisor
+    queue.gpuq("cancel", "third")
+    record = wait_until(lambda: queue.finished("third"), what="third to be cancelled")
+    assert record["state"] == "cancelled" and record["signal"] == signal.SIGTERM
+
+
 def test_a_job_exit_wakes_the_worker_at_once(queue):
     queue.write_config(poll_interval=30)  # a poll would take 30 s; the exit must not wait for it
     queue.drop("first.yaml", "command: sleep 0.5\ngpus: 1\n")
