@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .spool import Record
-from .supervise import Runtime, become_supervisor, prepare, supervise, try_lock
+from .joblocal import Runtime, try_lock
+from .supervise import become_supervisor, prepare, reap_children, supervise
 
 if TYPE_CHECKING:
     import subprocess
@@ -137,7 +138,7 @@ def serve() -> None:
     partial = b""
     while True:
         ready, _, _ = select.select([stdin, *supervisors], [], [], REAP_EVERY_S)
-        _reap()
+        reap_children()
         _note_free(supervisors, [fd for fd in ready if fd != stdin])
         if stdin not in ready:
             continue
@@ -228,12 +229,3 @@ def _supervisor_loop(rt: Runtime, sock: socket.socket, job_id: str, claim: str, 
         job = json.loads(message)
         job_id, claim, lock_fd = job["id"], job["claim"], fds[0]
     return 0
-
-
-def _reap() -> None:
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return

@@ -28,7 +28,7 @@ from .spool import (Record, append_event, atomic_write, claim, claim_name, has_r
                     write_json)
 from .states import State
 from .spawner import Spawner
-from .supervise import Runtime, finish_local, read_started, request_stop, settle_lock, supervisor_pid
+from .joblocal import Runtime, finish_local, read_started, request_stop, settle_lock, supervisor_pid
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
 
 log = logging.getLogger("gpuq.worker")

@@ -1,0 +1,124 @@
+"""A running job's local files and what others learn from them: where they live (Runtime),
+the job's liveness lock, the `started` marker kept in it, stop requests, and their cleanup.
+
+All of them live in the host's local directory (never on NFS, where flock does not exclude)
+and mean nothing after a reboot. The supervisor (supervise.py) writes them; the worker,
+`gpuq cancel` and the spawner read them.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .hostinfo import process_start_ticks
+from .layout import Layout
+from .spool import Record
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a supervisor needs from its worker: all plain data."""
+    layout: Layout
+    host: str
+    boot_id: str
+    local_dir: Path
+    grace_s: float
+    extra_env: dict[str, str]          # e.g. GPUQ_FAKE_GPUS for fake GPUs
+
+    def lock_path(self, job_id: str) -> Path:
+        return self.local_dir / "jobs" / f"{job_id}.lock"
+
+    def stop_path(self, job_id: str) -> Path:
+        return self.local_dir / "jobs" / f"{job_id}.stop"
+
+    def peak_path(self, job_id: str) -> Path:
+        """Peak observed GPU memory, written by the worker, read at the end of the job."""
+        return self.local_dir / "jobs" / f"{job_id}.peak"
+
+    def to_json(self) -> dict:
+        return {"root": str(self.layout.root), "host": self.host, "boot_id": self.boot_id,
+                "local_dir": str(self.local_dir), "grace_s": self.grace_s, "extra_env": self.extra_env}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Runtime":
+        return cls(Layout(Path(d["root"])), d["host"], d["boot_id"], Path(d["local_dir"]),
+                   d["grace_s"], d["extra_env"])
+
+
+def try_lock(fd: int) -> bool:
+    """Take the job lock on `fd` without waiting. The primitive filelock's `lock_descriptor`
+    uses on Unix (a whole-file flock), called directly: importing filelock 4 registers fork
+    hooks that double the cost of every fork, and the spawner forks once per job."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextmanager
+def settle_lock(rt: Runtime, job_id: str) -> Iterator[bool]:
+    """Take the job's lock for as long as a dead attempt is being settled. Yields False when
+    the lock is held: the job's supervisor or process is alive (the kernel drops the lock
+    when both are gone, and a recycled pid cannot hold it)."""
+    try:
+        fd = os.open(rt.lock_path(job_id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield True  # no lock directory: nothing could be holding it
+        return
+    try:
+        if not try_lock(fd):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def read_started(rt: Runtime, record: Record) -> dict | None:
+    """The `started` marker of this attempt: written into the job's lock file by its
+    supervisor once it owns the attempt, just before the job runs (None: never started)."""
+    try:
+        marker = json.loads(rt.lock_path(record.id).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return marker if marker.get("claim") == record.claim else None
+
+
+def supervisor_pid(rt: Runtime, record: Record) -> int | None:
+    """The live supervisor of a local job, from its `started` marker (None if it is gone)."""
+    marker = read_started(rt, record) or {}
+    pid = marker.get("supervisor_pid")
+    return pid if pid and process_start_ticks(pid) == marker.get("ticks") else None
+
+
+def finish_local(rt: Runtime, record: Record) -> None:
+    """Remove the attempt's local files and its claim; the record now holds the spec."""
+    paths = [rt.stop_path(record.id), rt.peak_path(record.id), rt.lock_path(record.id)]
+    if record.claim:
+        paths.append(rt.layout.claims / record.claim)
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def request_stop(rt: Runtime, record: Record, reason: str) -> bool:
+    """Ask the supervisor of a local running job to stop it (TERM, grace, KILL).
+    Returns False when no live supervisor of this attempt could be found."""
+    pid = supervisor_pid(rt, record)
+    if pid is None:
+        return False
+    rt.stop_path(record.id).write_text(reason)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True
