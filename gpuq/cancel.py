@@ -8,6 +8,7 @@ import os
 import secrets
 import time
 
+from .faults import wall_time
 from .layout import Layout
 from .spool import (Record, append_event, claims_of, pending_spec_path, read_record, write_json,
                     write_record)
@@ -40,7 +41,7 @@ def cancel_one(layout: Layout, job_id: str, host: str) -> tuple[bool, str]:
                 raw, st, spec = b"", os.lstat(aside), {}
             record = Record(id=job_id, state=State.CANCELLED, spec=spec,
                             spec_text=raw.decode("utf-8", "replace"), user=user_name(st.st_uid),
-                            uid=st.st_uid, queued_at=st.st_mtime, ended_at=time.time(),
+                            uid=st.st_uid, queued_at=st.st_mtime, ended_at=wall_time(),
                             reason=f"cancelled by {by} while pending")
             write_record(layout, record)
             append_event(layout, host, {"job": job_id, "from": "pending", "to": "cancelled",
@@ -56,7 +57,7 @@ def cancel_one(layout: Layout, job_id: str, host: str) -> tuple[bool, str]:
         if running is not None:
             control = layout.host_control(running.host or "")
             control.mkdir(parents=True, exist_ok=True)
-            write_json(control / f"{job_id}.json", {"action": "cancel", "by": by, "t": time.time(),
+            write_json(control / f"{job_id}.json", {"action": "cancel", "by": by, "t": wall_time(),
                                                     "attempt": running.attempt})
             return True, f"{job_id}: cancelling (running on {running.host}); its worker stops it"
         if not claims_of(layout, job_id) or time.monotonic() > deadline:

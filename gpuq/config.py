@@ -27,6 +27,8 @@ class Config:
     grace_s: float = 10.0               # SIGTERM -> SIGKILL
     queue_lock_timeout_s: float = 2.0
     recent_finished: int = 10           # finished jobs shown by `gpuq status`
+    lost_after_s: float = 180.0         # a host whose heartbeat stands still this long is dead
+    lost_retries: int = 2               # re-runs of a job lost with its host (spec: retries)
 
     def local_dir_for(self, layout: "Layout", host: str) -> Path:
         """The host's local lock directory; `{host}` in the setting is replaced."""
@@ -90,7 +92,12 @@ KEYS: dict[str, tuple[str, Any]] = {
     "grace_s": ("grace_s", _positive(float)),
     "queue_lock_timeout_s": ("queue_lock_timeout_s", _positive(float)),
     "recent_finished": ("recent_finished", _non_negative_int),
+    "lost_after_s": ("lost_after_s", _positive(float)),
+    "lost_retries": ("lost_retries", _non_negative_int),
 }
+# Supervisors stop their jobs once their host's heartbeat is FENCE_FRACTION of lost_after_s
+# old, and need grace_s more: that must end before other hosts may take the jobs over.
+FENCE_FRACTION = 0.6
 
 
 def validate(data: Any, file: str) -> Config:
@@ -110,7 +117,12 @@ def validate(data: Any, file: str) -> Config:
             values[attr] = parse(raw)
         except ValueError as e:
             raise ConfigError(f"{file}: key '{key}': {raw!r} {e}") from None
-    return replace(Config(), **values)
+    config = replace(Config(), **values)
+    if config.lost_after_s * (1 - FENCE_FRACTION) < 2 * config.grace_s:
+        raise ConfigError(f"{file}: key 'lost_after_s': {config.lost_after_s:g} is too short for grace_s "
+                          f"{config.grace_s:g}: a host's jobs must be stopped before others take them "
+                          f"over. Fix: set lost_after_s to at least {5 * config.grace_s:g}")
+    return config
 
 
 def load(path: Path) -> Config:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .faults import wall_time
 from .layout import JOB_ID_RE, Layout, job_id_for_spec_name
 from .plan import PendingJob
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text
@@ -110,7 +111,7 @@ class Intake:
             except OSError:
                 return
             dir_key = (st.st_mtime_ns, st.st_ino, st.st_size)
-            settled = time.time() - st.st_mtime > RACY_MTIME_S
+            settled = wall_time() - st.st_mtime > RACY_MTIME_S
             if dir_key == self.dir_key and settled and not self.failing:
                 return
             self.dir_key = dir_key if settled else None

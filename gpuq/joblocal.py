@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import signal
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ class Runtime:
     boot_id: str
     local_dir: Path
     grace_s: float
+    lost_after_s: float
     extra_env: dict[str, str]          # e.g. GPUQ_FAKE_GPUS for fake GPUs
 
     def lock_path(self, job_id: str) -> Path:
@@ -41,14 +43,35 @@ class Runtime:
         """Peak observed GPU memory, written by the worker, read at the end of the job."""
         return self.local_dir / "jobs" / f"{job_id}.peak"
 
+    @property
+    def lease_path(self) -> Path:
+        """When this host's heartbeat was last written, on the host's monotonic clock."""
+        return self.local_dir / "lease"
+
     def to_json(self) -> dict:
         return {"root": str(self.layout.root), "host": self.host, "boot_id": self.boot_id,
-                "local_dir": str(self.local_dir), "grace_s": self.grace_s, "extra_env": self.extra_env}
+                "local_dir": str(self.local_dir), "grace_s": self.grace_s,
+                "lost_after_s": self.lost_after_s, "extra_env": self.extra_env}
 
     @classmethod
     def from_json(cls, d: dict) -> "Runtime":
         return cls(Layout(Path(d["root"])), d["host"], d["boot_id"], Path(d["local_dir"]),
-                   d["grace_s"], d["extra_env"])
+                   d["grace_s"], d["lost_after_s"], d["extra_env"])
+
+
+def write_lease(rt: Runtime, now_mono: float) -> None:
+    tmp = rt.local_dir / f".lease.{os.getpid()}"
+    tmp.write_text(repr(now_mono))
+    os.rename(tmp, rt.lease_path)
+
+
+def lease_age(rt: Runtime) -> float | None:
+    """Seconds since this host's heartbeat was last written (None: no worker wrote one yet).
+    CLOCK_MONOTONIC is one clock for every process of the host, and never jumps."""
+    try:
+        return time.monotonic() - float(rt.lease_path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def try_lock(fd: int) -> bool:

@@ -94,6 +94,11 @@ class Layout:
         return self.state / "held"
 
     @cached_property
+    def requeued(self) -> Path:
+        """The last record of each job that went back to pending: its next attempt is +1."""
+        return self.state / "requeued"
+
+    @cached_property
     def workers(self) -> Path:
         return self.state / "workers"
 
@@ -112,7 +117,7 @@ class Layout:
     def ensure(self) -> None:
         """Create the spool directories (idempotent; safe for concurrent callers)."""
         for d in (self.jobs, self.logs, self.claims, self.running, self.finished,
-                  self.rejected, self.held, self.workers, self.control, self.events):
+                  self.rejected, self.held, self.requeued, self.workers, self.control, self.events):
             d.mkdir(parents=True, exist_ok=True)
 
     def job_log(self, job_id: str) -> Path:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .spool import Record
+from .faults import crash_point
 from .joblocal import Runtime, try_lock
 from .supervise import become_supervisor, prepare, reap_children, supervise
 
@@ -179,6 +180,7 @@ def _launch(rt: Runtime, job_id: str, claim: str, supervisors: dict[int, _Superv
             # the worker settles the record through the lock.
             return {"error": "the job lock is held by another process"}
         os.ftruncate(lock_fd, 0)  # no `started` marker left from an earlier attempt
+        crash_point("spawner:locked")
         message = json.dumps({"id": job_id, "claim": claim}).encode()
         for fd, sup in list(supervisors.items()):
             if sup.free_since is None:

@@ -42,6 +42,8 @@ FIELDS: dict[str, Field] = {
     "env": Field("mapping of string to string", "{}", "Extra environment variables.",
                  "{WANDB_MODE: offline}"),
     "hosts": Field("list of host names", "any host", "Run only on these hosts.", "[box-a]"),
+    "retries": Field("integer >= 0", "config lost_retries (2)", "Re-runs when the job is lost with "
+                     "its host (dead, rebooted, fenced); a failing job is never re-run.", "0"),
 }
 
 
@@ -70,6 +72,7 @@ class JobSpec:
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     hosts: tuple[str, ...] = ()
+    retries: int | None = None      # None: the config's lost_retries
 
     @property
     def exclusive(self) -> bool:
@@ -82,14 +85,16 @@ class JobSpec:
         return {"command": self.command if isinstance(self.command, str) else list(self.command),
                 "name": self.name, "gpus": self.gpus, "gpu_mem_mib": self.gpu_mem_mib,
                 "priority_class": self.priority_class, "priority": self.priority,
-                "workdir": self.workdir, "env": dict(self.env), "hosts": list(self.hosts)}
+                "workdir": self.workdir, "env": dict(self.env), "hosts": list(self.hosts),
+                "retries": self.retries}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
         # Called for every pending job by `gpuq status`: positional and without defaults lookups.
         cmd = d["command"]
         return cls(cmd if isinstance(cmd, str) else tuple(cmd), d["name"], d["gpus"], d["gpu_mem_mib"],
-                   d["priority_class"], d["priority"], d["workdir"], d["env"], tuple(d["hosts"]))
+                   d["priority_class"], d["priority"], d["workdir"], d["env"], tuple(d["hosts"]),
+                   d.get("retries"))
 
 
 def _loader_class() -> type:
@@ -203,6 +208,7 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         workdir=_workdir(data.get("workdir"), file),
         env=_env(data.get("env"), file),
         hosts=_hosts(data.get("hosts"), file),
+        retries=_retries(data.get("retries"), file),
     )
 
 
@@ -294,6 +300,15 @@ def _env(value: Any, file: str) -> dict[str, str]:
             raise SpecError(file, "env", f"value of {k} is {_kind(v)}, not a string",
                             f"quote it: `{k}: \"{v}\"`")
     return dict(value)
+
+
+def _retries(value: Any, file: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise SpecError(file, "retries", f"{value!r} is not a number of re-runs",
+                        "use a whole number from 0 to 100, e.g. `retries: 0` for a job that must never run twice")
+    return value
 
 
 def _hosts(value: Any, file: str) -> tuple[str, ...]:

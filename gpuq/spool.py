@@ -8,11 +8,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .faults import wall_time
 from .layout import Layout
 from .states import State, check_transition
 
@@ -145,13 +145,22 @@ def record_start(layout: Layout, record: Record, event_host: str) -> None:
 
 
 def record_requeue(layout: Layout, record: Record, event_host: str, reason: str) -> None:
-    """running -> pending, once the spec is back in jobs/: drop the attempt's record."""
+    """running -> pending, while the spec waits in claims/ under a claim of `event_host`
+    (which puts it back in jobs/ next, or, after a crash, as an orphan claim). The attempt's
+    record is kept in requeued/ first, so the next attempt is numbered +1; then the running
+    record goes, so the id is free again."""
     check_transition(record.state, State.PENDING)
+    write_json(layout.record(layout.requeued, record.id), replace(record, reason=reason).to_json())
     try:
         os.unlink(layout.record(state_dir(layout, record.state), record.id))
     except FileNotFoundError:
         pass
     append_event(layout, event_host, _transition_event(record, record.state, State.PENDING, reason))
+
+
+def next_attempt(layout: Layout, job_id: str) -> int:
+    previous = read_json(layout.record(layout.requeued, job_id))
+    return previous["attempt"] + 1 if previous else 1
 
 
 _event_fds: dict[Path, int] = {}
@@ -162,7 +171,7 @@ os.register_at_fork(after_in_child=_event_fds.clear)
 def append_event(layout: Layout, host: str, event: dict[str, Any]) -> None:
     """One JSON line per transition in state/events/<host>.jsonl; only this host appends.
     The file stays open in a long-lived process (the worker appends one line per job)."""
-    line = json.dumps({"t": time.time(), "by": host, **event}, separators=(",", ":")) + "\n"
+    line = json.dumps({"t": wall_time(), "by": host, **event}, separators=(",", ":")) + "\n"
     path = layout.host_events(host)
     fd = _event_fds.get(path)
     if fd is not None and os.fstat(fd).st_nlink == 0:  # the log was moved away: start a new one

@@ -21,12 +21,16 @@ import errno
 import functools
 import json
 import os
+import select
 import signal
 import time
 from pathlib import Path
 
+from .faults import wall_time
 from .hostinfo import process_start_ticks
-from .joblocal import Runtime, finish_local
+from .config import FENCE_FRACTION
+from .faults import crash_point
+from .joblocal import Runtime, finish_local, lease_age
 from .spec import JobSpec
 from .spool import Record, read_record, transition
 from .states import State
@@ -94,16 +98,35 @@ def supervise(rt: Runtime, job_id: str, claim: str, lock_fd: int) -> None:
         current = read_record(rt.layout.record(rt.layout.running, job_id))
         if current is None or current.claim != claim:
             return  # requeued or settled before the launch arrived: run nothing
-        # One small write into the locked, empty file: readers see all of it or nothing.
-        # Local and only meaningful for this boot, so no fsync.
-        os.pwrite(lock_fd, json.dumps({"supervisor_pid": os.getpid(), "claim": claim,
-                                       "ticks": process_start_ticks(os.getpid()),
-                                       "t": time.time()}).encode(), 0)
+        crash_point("supervisor:owned")
+        _mark(lock_fd, {"claim": claim})
+        crash_point("supervisor:marked")
         _run_and_record(rt, current, lock_fd)
     finally:
         _StopSignal.stop_path = None
         os.close(lock_fd)
         os.chdir("/")  # the job's workdir must not stay pinned by an idle supervisor
+
+
+def _mark(lock_fd: int, marker: dict) -> None:
+    """The `started` marker, in the locked file. One small write into an empty or same-sized
+    file: readers see all of it or nothing. Local and only meaningful for this boot: no fsync."""
+    data = json.dumps({"supervisor_pid": os.getpid(), "ticks": process_start_ticks(os.getpid()),
+                       "t": wall_time(), **marker}).encode()
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, data, 0)
+
+
+def fence_reason(rt: Runtime, record: Record) -> str | None:
+    """Why this host may no longer run or record `record`'s attempt, if it may not: its
+    heartbeat is too old (others will soon take its jobs over), or another host already did."""
+    age = lease_age(rt)
+    if age is not None and age > FENCE_FRACTION * rt.lost_after_s:
+        return f"fenced: this host's heartbeat is {age:.0f} s old, other hosts may take its jobs over"
+    current = read_record(rt.layout.record(rt.layout.running, record.id))
+    if current is None or current.claim != record.claim:
+        return "fenced: another host took this job over"
+    return None
 
 
 @functools.cache
@@ -150,7 +173,7 @@ def _stamp(t: float) -> str:
 
 def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     spec = JobSpec.from_json(record.spec)
-    started = time.time()
+    started = wall_time()
     log_fd = os.open(rt.layout.job_log(record.id),
                      os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
     gpus = ",".join(map(str, record.gpus)) or "none (CPU only)"
@@ -170,27 +193,48 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         except OSError as e:
             failure = f"cannot start: {e.strerror}: {e.filename}"
             os.write(log_fd, f"==> gpuq: {failure}\n".encode())
+    fenced: str | None = None
     if job_pid is not None:
-        status, stop_reason = _wait(rt, record.id, job_pid)
+        status, stop_reason, fenced = _wait(rt, record, job_pid)
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
         else:
             exit_code = os.WEXITSTATUS(status)
         _kill_leftovers(job_pid, rt.grace_s)
-    ended = time.time()
+        crash_point("supervisor:exited")
+    ended = wall_time()
+    fenced = fenced or fence_reason(rt, record)
     outcome = (f"exit {exit_code}" if exit_code is not None else
                f"killed by signal {sig}" if sig is not None else failure or "not started")
     if stop_reason:
         outcome += f" ({stop_reason})"
     os.write(log_fd, f"==> {outcome} · duration {format_duration(ended - started)} · "
                      f"ended {_stamp(ended)}\n".encode())
+    if fenced:
+        os.write(log_fd, f"==> gpuq: this attempt's result is not recorded ({fenced})\n".encode())
     os.close(log_fd)
+    if fenced:
+        _leave_fenced(rt, record, lock_fd, fenced)
+        return
     final = State.CANCELLED if stop_reason else State.DONE if exit_code == 0 else State.FAILED
     transition(rt.layout, record, final, rt.host, started_at=started, ended_at=ended,
                exit_code=exit_code, signal=sig, reason=stop_reason or failure,
                job_pid=job_pid, peak_gpu_mem_mib=_read_peak(rt, record.id))
+    crash_point("supervisor:recorded")
     finish_local(rt, record)
+    crash_point("supervisor:cleaned")
     poke(rt.local_dir, WAKE_JOB_ENDED)
+
+
+def _leave_fenced(rt: Runtime, record: Record, lock_fd: int, why: str) -> None:
+    """Write nothing shared. Taken over: only clean up here. Still ours, but this host was
+    cut off: say so in the marker, and this host's worker settles the attempt as lost (and
+    requeues it while retries last) once the lock is free."""
+    current = read_record(rt.layout.record(rt.layout.running, record.id))
+    if current is None or current.claim != record.claim:
+        finish_local(rt, record)  # our claim, renamed by the host that took over, is gone already
+    else:
+        _mark(lock_fd, {"claim": record.claim, "fenced": why})
 
 
 # Dispositions a job must not inherit from its supervisor (ignored signals survive exec).
@@ -239,34 +283,54 @@ def _stop_reason(rt: Runtime, job_id: str) -> str:
         return "cancelled"
 
 
-def _wait(rt: Runtime, job_id: str, pid: int) -> tuple[int, str | None]:
-    """Wait for the job; a SIGTERM to the supervisor means stop it (TERM, grace, KILL)."""
+def _wait(rt: Runtime, record: Record, pid: int) -> tuple[int, str | None, str | None]:
+    """Wait for the job. A stop request (SIGTERM with a stop file) stops it: TERM, grace,
+    KILL. So does fencing, checked every lost_after_s / 10. Returns (wait status, stop
+    reason, fence reason)."""
     stop_reason: str | None = None
-    deadline: float | None = None
+    fenced: str | None = None
+    deadline = float("inf")                 # when the stopped job gets SIGKILL
+    check_every = min(5.0, rt.lost_after_s / 10)
+    next_check = time.monotonic() + check_every
+    try:
+        pidfd: int | None = os.pidfd_open(pid)  # readable once the job has exited
+    except (AttributeError, OSError):
+        pidfd = None  # an old kernel: poll
     _StopSignal.armed = True
     try:
         while True:
             try:
                 if _StopSignal.requested and stop_reason is None:
                     raise _StopRequested()
-                if deadline is None:
-                    _, status = os.waitpid(pid, 0)
-                    return status, stop_reason
+                now = time.monotonic()
+                timeout = max(0.0, min(next_check, deadline) - now)
+                select.select([pidfd] if pidfd is not None else [], [], [],
+                              timeout if pidfd is not None else min(timeout, 0.05))
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
-                    return status, stop_reason
-                if time.monotonic() >= deadline:
+                    return status, stop_reason, fenced
+                now = time.monotonic()
+                if now >= deadline:
                     _signal_group(pid, signal.SIGKILL)
                     deadline = float("inf")
-                time.sleep(0.02)
+                if now >= next_check and stop_reason is None:
+                    next_check = now + check_every
+                    fenced = fence_reason(rt, record)
+                    if fenced:
+                        _StopSignal.armed = False
+                        stop_reason = fenced
+                        _signal_group(pid, signal.SIGTERM)
+                        deadline = now + rt.grace_s
             except _StopRequested:
                 _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
                 if stop_reason is None:
-                    stop_reason = _stop_reason(rt, job_id)
+                    stop_reason = _stop_reason(rt, record.id)
                     _signal_group(pid, signal.SIGTERM)
                     deadline = time.monotonic() + rt.grace_s
     finally:
         _StopSignal.armed = False
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
+from .faults import wall_time
 from .config import Config
 from .intake import load_pending_for_view
 from .layout import Layout
@@ -107,7 +107,7 @@ def status(layout: Layout, config: Config, now: float | None = None,
     """The whole team on one screen, as data. Documented in README ("status --json").
     `pending_rows` limits the pending rows built (the screen shows a few of 10,000);
     `pending_total` always counts them all."""
-    now = time.time() if now is None else now
+    now = wall_time() if now is None else now
     beats = load_heartbeats(layout)
     observed = _observed(beats)
     running = running_records(layout)

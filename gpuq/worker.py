@@ -15,6 +15,7 @@ from typing import Callable
 
 import psutil
 
+from .faults import wall_time
 from . import __version__
 from .config import Config
 from .hostinfo import boot_id, ensure_private_dir
@@ -23,12 +24,13 @@ from .layout import Layout
 from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
 from .spec import SpecError
-from .spool import (Record, append_event, atomic_write, claim, claim_name, has_record, parse_claim_name,
-                    read_json, read_record, record_requeue, record_start, transition, unclaim,
-                    write_json)
+from .spool import (Record, append_event, claim, claim_name, has_record, next_attempt, read_json,
+                    read_record, record_start, write_json)
 from .states import State
 from .spawner import Spawner
-from .joblocal import Runtime, finish_local, read_started, request_stop, settle_lock, supervisor_pid
+from .faults import crash_point
+from .joblocal import Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
+from .recovery import Recovery
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
 
 log = logging.getLogger("gpuq.worker")
@@ -40,7 +42,8 @@ EXIT_WAKE_SCAN_GAP_S = 0.2
 
 
 class Worker:
-    STEPS = ("observe", "settle_running", "obey_controls", "take_in_specs", "start_jobs", "report")
+    STEPS = ("observe", "settle_running", "take_over_dead_hosts", "obey_controls", "take_in_specs",
+             "start_jobs", "report")
 
     def __init__(self, layout: Layout, config: Config, host: str, fake_gpus: str | None) -> None:
         self.layout, self.config, self.host = layout, config, host
@@ -48,7 +51,8 @@ class Worker:
         local_dir = ensure_private_dir(config.local_dir_for(layout, host))
         ensure_private_dir(local_dir / "jobs")
         self.probe = Probe(fake_gpus, local_dir)
-        self.rt = Runtime(layout, host, self.boot_id, local_dir, config.grace_s, self.probe.job_env())
+        self.rt = Runtime(layout, host, self.boot_id, local_dir, config.grace_s, config.lost_after_s,
+                          self.probe.job_env())
         self.intake = Intake(layout)
         self.seq = 0
         self.gpus: list[GpuSnapshot] = []
@@ -57,6 +61,7 @@ class Worker:
         self.peaks: dict[str, int] = {}
         self.record_cache: dict[tuple[str, int], Record] = {}
         self.spawner = Spawner(self.rt, layout.worker_log(host))
+        self.recovery = Recovery(layout, config, self.rt, self._reject)
         self.cache_written = (-1, 0.0)
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
@@ -69,6 +74,7 @@ class Worker:
     def run(self, once: bool = False, exit_when_idle: bool = False) -> None:
         log.info("worker %s started (pid %d, gpuq %s, root %s)%s", self.host, os.getpid(),
                  __version__, self.layout.root, f"; {self.probe.error}" if self.probe.error else "")
+        write_lease(self.rt, time.monotonic())  # a restarted worker renews its supervisors' lease
         try:
             while True:
                 for step in self.STEPS:
@@ -128,62 +134,14 @@ class Worker:
                 if record.boot_id == self.boot_id and not gone:
                     alive.append(record)  # its supervisor (or the job) holds the lock
                     continue
-                self._settle_gone(record)
+                self.recovery.settle_gone(record)
                 finish_local(self.rt, record)
             self.peaks.pop(record.id, None)
         self.running = alive
-        self._requeue_orphan_claims()
+        self.recovery.requeue_orphan_claims()
 
-    def _settle_gone(self, record: Record) -> None:
-        """Called holding the job lock: nothing of this attempt runs, so decide its fate."""
-        running_path = self.layout.record(self.layout.running, record.id)
-        if self.layout.record(self.layout.finished, record.id).exists():
-            running_path.unlink(missing_ok=True)  # the supervisor finished; a leftover copy
-        elif not running_path.exists():
-            pass  # settled meanwhile
-        elif record.boot_id != self.boot_id:
-            transition(self.layout, record, State.LOST, self.host, reason="host rebooted")
-        elif read_started(self.rt, record) is None:
-            self._requeue_never_started(record)
-        else:
-            transition(self.layout, record, State.LOST, self.host, ended_at=time.time(),
-                       reason="exit unknown: supervisor and job gone without a result")
-
-    def _requeue_never_started(self, record: Record) -> None:
-        """The attempt provably never started: put its spec back at its old place."""
-        src = self.layout.claims / (record.claim or "")
-        if not (record.claim and src.exists()):
-            src = self.layout.claims / f".{record.id}.requeue.{os.getpid()}.yaml"
-            atomic_write(src, record.spec_text.encode())
-        os.utime(src, (record.queued_at, record.queued_at))
-        if self._put_back(record.id, src):
-            record_requeue(self.layout, record, self.host, "never started; requeued")
-        else:
-            transition(self.layout, record, State.LOST, self.host, reason="never started; a newer spec "
-                       "with this id was submitted meanwhile, so this one is kept in state/rejected/")
-
-    def _put_back(self, job_id: str, claimed: Path) -> bool:
-        """Return a claimed spec to jobs/. If a user has put a new spec there under the same
-        name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
-        if unclaim(claimed, self.layout.jobs / f"{job_id}.yaml"):
-            return True
-        self._reject(job_id, claimed, f"jobs/{job_id}.yaml: an earlier version of this spec was being "
-                     "started when a new file with the same name arrived; this earlier version is kept "
-                     "here. Fix: resubmit it under another name if you still want it to run")
-        return False
-
-    def _requeue_orphan_claims(self) -> None:
-        """Claims of this host by an earlier worker that died before recording them."""
-        for path in self.layout.claims.iterdir():
-            parsed = parse_claim_name(path.name)
-            if parsed is None or parsed[1] != self.host or f"@{os.getpid()}@" in path.name:
-                continue
-            job_id = parsed[0]
-            if has_record(self.layout, job_id):
-                continue
-            if self._put_back(job_id, path):
-                append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "pending",
-                                                      "reason": "claimed but never recorded; requeued"})
+    def take_over_dead_hosts(self) -> None:
+        self.recovery.take_over_dead_hosts()
 
     def obey_controls(self) -> None:
         """Cancel requests for jobs on this host (written by `gpuq cancel` on any host)."""
@@ -226,7 +184,7 @@ class Worker:
         suffix = ".yml" if path.name.endswith(".yml") else ".yaml"
         dest = self.layout.rejected / f"{job_id}{suffix}"
         if dest.exists() or dest.is_symlink():
-            dest = self.layout.rejected / f"{job_id}.{int(time.time())}{suffix}"
+            dest = self.layout.rejected / f"{job_id}.{int(wall_time())}{suffix}"
         try:
             os.rename(path, dest)
         except FileNotFoundError:
@@ -248,7 +206,7 @@ class Worker:
         host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots)
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
             decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config,
-                           time.time(), explain=False)
+                           wall_time(), explain=False)
             for start in decided.starts:
                 self._start(start.job_id, start.gpus)
         self.unchanged_plan_inputs = None if decided.starts else inputs
@@ -262,13 +220,15 @@ class Worker:
         entry = self.intake.entries.get(job_id)
         if entry is None or entry.job is None:
             return
-        attempt = 1
+        crash_point("worker:planned")
+        attempt = next_attempt(self.layout, job_id)
         claimed = claim(self.layout, entry.path, claim_name(job_id, self.host, self.boot_id, attempt))
         self.intake.forget(job_id)
         if claimed is None:
             return  # another worker took it, or it was cancelled
+        crash_point("worker:claimed")
         if claimed.read_bytes() != entry.text:
-            self._put_back(job_id, claimed)  # edited since planned: plan it again next pass
+            self.recovery.put_back(job_id, claimed)  # edited since planned: plan it again next pass
             return
         job, st = entry.job, os.stat(claimed)
         by_index = {g.index: g for g in self.gpus}
@@ -279,10 +239,13 @@ class Worker:
             spec_text=entry.text.decode("utf-8-sig", "replace"), user=job.user,
             uid=st.st_uid, attempt=attempt, queued_at=job.queued_at, host=self.host,
             boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
-            gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=time.time())
+            gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=wall_time())
 
         record_start(self.layout, record, self.host)  # the record first: then the job may start
+        self.layout.record(self.layout.requeued, job_id).unlink(missing_ok=True)  # numbered now
+        crash_point("worker:recorded")
         self.spawner.launch(record)
+        crash_point("worker:sent")
         self.running.append(record)
         log.debug("started %s on %s GPUs %s", job_id, self.host, list(gpus))  # events record it too
 
@@ -297,11 +260,14 @@ class Worker:
         self.seq += 1
         write_json(self.layout.heartbeat(self.host), {
             "host": self.host, "boot_id": self.boot_id, "seq": self.seq, "pid": os.getpid(),
-            "version": __version__, "t": time.time(), "poll_interval": self.config.poll_interval,
+            "version": __version__, "t": wall_time(), "poll_interval": self.config.poll_interval,
             "gpus": [g.to_json() for g in self.gpus], "cpu_slots": self.config.cpu_slots,
             "observed": {j: {str(i): m for i, m in per.items()} for j, per in self.observed.items()},
             "probe_error": self.probe.error,
         }, durable=False)
+        # Written only once the heartbeat is: the supervisors' proof that others still see
+        # this host alive (a stale lease makes them stop their jobs; see supervise.py).
+        write_lease(self.rt, now)
         version, written_at = self.cache_written
         if version != self.intake.version and now - written_at >= SPEC_CACHE_EVERY_S:
             write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)

@@ -62,10 +62,11 @@ class Queue:
     def status(self) -> dict:
         return json.loads(self.gpuq("status", "--json").stdout)
 
-    def start_worker(self, host: str, fake: str = "4x80GiB", *extra: str) -> subprocess.Popen:
+    def start_worker(self, host: str, fake: str = "4x80GiB", *extra: str,
+                     env: dict[str, str] | None = None) -> subprocess.Popen:
         proc = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(self.root), "--host", host,
                                  "--fake-gpus", fake, "--foreground", *extra],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self.env())
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**self.env(), **(env or {})})
         self.workers[host] = proc
         wait_until(lambda: (self.root / "state" / "workers" / f"{host}.json").exists(),
                    what=f"worker {host} heartbeat")
@@ -117,7 +118,11 @@ class Queue:
             proc = self.workers.pop(host)
             proc.kill()
             proc.wait()
-        # End every supervisor and job this test left behind (they are in their own sessions).
+        self.close_jobs()
+
+    def close_jobs(self) -> None:
+        """End every spawner, supervisor and job of this root, as a power cut would (they
+        are in their own sessions, so nothing else ends them)."""
         import psutil
 
         for p in psutil.process_iter(["cmdline", "environ"]):

@@ -1,0 +1,148 @@
+"""Deciding the fate of attempts nobody runs any more: settled on their own host under the
+job lock, or taken over from a host that is dead; requeued as attempt+1 when they provably
+never started or were lost with their host and have retries left.
+
+A requeue keeps the spec under a claim of the acting host all along: the attempt's record
+goes to requeued/ (so the next attempt is numbered +1), the running record goes (so the id
+is free again), then the spec returns to jobs/ at its old place in the queue. A crash in
+between leaves an orphan claim of this host, which the next pass puts back.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from .config import Config
+from .faults import wall_time
+from .joblocal import Runtime, read_started
+from .layout import Layout
+from .spool import (Record, append_event, atomic_write, claim_name, claims_of, has_record, parse_claim_name,
+                    read_json, read_record, record_requeue, transition, unclaim)
+from .states import State
+
+log = logging.getLogger("gpuq.worker")
+
+
+class Recovery:
+    def __init__(self, layout: Layout, config: Config, rt: Runtime,
+                 reject: Callable[[str, Path, str], None]) -> None:
+        self.layout, self.config, self.rt, self.reject = layout, config, rt, reject
+        self.host, self.boot_id = rt.host, rt.boot_id
+        self.heartbeats: dict[str, tuple[tuple, float]] = {}  # host -> ((boot, seq), first seen)
+        self.watched_at = float("-inf")
+
+    # --- this host's attempts --------------------------------------------------------------
+
+    def settle_gone(self, record: Record) -> None:
+        """Called holding the job lock: nothing of this attempt runs, so decide its fate."""
+        running_path = self.layout.record(self.layout.running, record.id)
+        if self.layout.record(self.layout.finished, record.id).exists():
+            running_path.unlink(missing_ok=True)  # the supervisor finished; a leftover copy
+        elif not running_path.exists():
+            pass  # settled meanwhile
+        elif record.boot_id != self.boot_id:
+            self.lose(record, "host rebooted")
+        elif (marker := read_started(self.rt, record)) is None:
+            self.requeue(record, "never started; requeued")
+        elif marker.get("fenced"):
+            self.lose(record, marker["fenced"])  # its supervisor stopped it and recorded nothing
+        else:
+            transition(self.layout, record, State.LOST, self.host, ended_at=wall_time(),
+                       reason="exit unknown: supervisor and job gone without a result")
+
+    def lose(self, record: Record, why: str) -> None:
+        """The attempt died with its host: run it again while its retries last."""
+        retries = record.spec.get("retries")
+        retries = self.config.lost_retries if retries is None else retries
+        if record.attempt <= retries:
+            self.requeue(record, f"{why}; requeued as attempt {record.attempt + 1}")
+            return
+        transition(self.layout, record, State.LOST, self.host, ended_at=wall_time(),
+                   reason=f"{why}; no retries left ({retries})")
+        if record.claim:
+            (self.layout.claims / record.claim).unlink(missing_ok=True)
+
+    def requeue(self, record: Record, reason: str) -> None:
+        held = self._hold_spec(record)
+        if held is None:
+            return  # another host is requeueing it, or it was settled meanwhile
+        os.utime(held, (record.queued_at, record.queued_at))
+        record_requeue(self.layout, record, self.host, reason)
+        self.put_back(record.id, held)
+
+    def _hold_spec(self, record: Record) -> Path | None:
+        """Move the attempt's claim to a claim of this host (exactly one host wins the rename);
+        recreate it from the record only when no claim of the job exists at all."""
+        held = self.layout.claims / claim_name(record.id, self.host, self.boot_id, record.attempt + 1)
+        if record.claim:
+            try:
+                os.rename(self.layout.claims / record.claim, held)
+                return held
+            except FileNotFoundError:
+                pass
+        current = read_record(self.layout.record(self.layout.running, record.id))
+        if current is None or current.claim != record.claim or claims_of(self.layout, record.id):
+            return None
+        atomic_write(held, record.spec_text.encode())
+        return held
+
+    def put_back(self, job_id: str, claimed: Path) -> bool:
+        """Return a claimed spec to jobs/. If a user has put a new spec there under the same
+        name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
+        if unclaim(claimed, self.layout.jobs / f"{job_id}.yaml"):
+            return True
+        self.reject(job_id, claimed, f"jobs/{job_id}.yaml: an earlier version of this spec was being "
+                    "started when a new file with the same name arrived; this earlier version is kept "
+                    "here. Fix: resubmit it under another name if you still want it to run")
+        return False
+
+    def requeue_orphan_claims(self) -> None:
+        """Claims of this host by an earlier worker that died before recording them (or in
+        the middle of a requeue)."""
+        for path in self.layout.claims.iterdir():
+            parsed = parse_claim_name(path.name)
+            if parsed is None or parsed[1] != self.host or f"@{os.getpid()}@" in path.name:
+                continue
+            job_id = parsed[0]
+            if has_record(self.layout, job_id):
+                finished = read_json(self.layout.record(self.layout.finished, job_id)) or {}
+                if finished.get("claim") == path.name:
+                    path.unlink(missing_ok=True)  # its supervisor recorded it, then died
+                continue
+            if self.put_back(job_id, path):
+                append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "pending",
+                                                      "reason": "claimed but never recorded; requeued"})
+
+    # --- other hosts ------------------------------------------------------------------------
+
+    def take_over_dead_hosts(self) -> None:
+        """A host whose heartbeat (boot id, sequence number) has not changed for lost_after_s,
+        on this host's own monotonic clock, is dead: its running jobs are lost. Its own
+        supervisors stopped them before (see supervise.py), and write nothing afterwards."""
+        now = time.monotonic()
+        if now - self.watched_at < self.config.poll_interval:
+            return
+        self.watched_at = now
+        dead = set()
+        for path in self.layout.workers.glob("*.json"):
+            host = path.name[: -len(".json")]
+            if host == self.host or host.endswith(".specs"):
+                continue
+            beat = read_json(path) or {}
+            key = (beat.get("boot_id"), beat.get("seq"))
+            seen = self.heartbeats.get(host)
+            if seen is None or seen[0] != key:
+                self.heartbeats[host] = (key, now)
+            elif now - seen[1] >= self.config.lost_after_s:
+                dead.add(host)
+        if not dead:
+            return
+        for entry in os.scandir(self.layout.running):
+            record = read_record(Path(entry.path)) if entry.name.endswith(".json") else None
+            if record is not None and record.host in dead:
+                log.warning("host %s is dead: taking over %s", record.host, record.id)
+                self.lose(record, f"host {record.host} stopped (heartbeat unchanged for "
+                                  f"{self.config.lost_after_s:g} s)")

@@ -1,0 +1,141 @@
+"""Faults injected into the real worker.py, spawner and supervisors: crashes at every named
+step, dead and frozen hosts (fencing), reboots, cron overlap."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from conftest import PY, REPO, wait_until
+from gpuq.faults import CRASH_ENV, CRASH_POINTS
+
+RUN_LINE = "ran-attempt-"
+JOB = f"command: echo {RUN_LINE}$GPUQ_ATTEMPT\ngpus: 1\n"
+
+# What a crash at each point leaves once a fresh worker has settled everything: the final
+# state, and how often the job ran. One point cannot do better than "lost": the supervisor
+# had marked the attempt as starting, so nobody can prove that it did not start.
+EXPECTED = {point: ("done", 1) for point in CRASH_POINTS}
+EXPECTED["supervisor:marked"] = ("lost", 0)
+EXPECTED["supervisor:exited"] = ("lost", 1)
+
+
+def _runs(queue, job_id: str) -> list[str]:
+    return [line for line in queue.log(job_id).splitlines() if line.startswith(RUN_LINE)]
+
+
+def _final(queue, job_id: str) -> dict | None:
+    record = queue.finished(job_id)
+    return record if record and not (queue.root / "state" / "running" / f"{job_id}.json").exists() else None
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, point):
+    worker = queue.start_worker("a", "1x80GiB", env={CRASH_ENV: point})
+    queue.drop("job.yaml", JOB)
+    if point.startswith("worker:"):
+        worker.wait(timeout=20)
+        assert worker.returncode == -signal.SIGKILL
+    else:  # the spawner or a supervisor died; the worker lives on: stop it as a crash would
+        time.sleep(2)
+        queue.stop_worker("a", signal.SIGKILL)
+    queue.start_worker("a", "1x80GiB")  # as cron would, without the fault
+    record = wait_until(lambda: _final(queue, "job"), what=f"job to be settled after a crash at {point}")
+    state, runs = EXPECTED[point]
+    assert record["state"] == state and len(_runs(queue, "job")) == runs, (record, queue.log("job"))
+    if runs:
+        assert _runs(queue, "job") == [f"{RUN_LINE}{record['attempt']}"]
+    if state == "lost":
+        assert "exit unknown" in record["reason"]
+    time.sleep(0.5)  # a last pass: nothing may be left behind
+    for d in ("jobs", "state/claims", "state/running", "state/requeued"):
+        assert list((queue.root / d).glob("job*")) == [], d
+
+
+def test_a_reboot_requeues_running_jobs_as_their_next_attempt(queue):
+    queue.drop("long.yaml", "command: echo attempt-$GPUQ_ATTEMPT; sleep 60\ngpus: 1\n")
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-one"})
+    wait_until(lambda: (queue.record("long") or {}).get("state") == "running", what="long to start")
+    queue.stop_worker("a", signal.SIGKILL)
+    queue.close_jobs()  # the machine went down with everything on it
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-two"})
+    wait_until(lambda: "attempt-2" in queue.log("long"), what="attempt 2 after the reboot")
+    events = [e for e in queue.events() if e["job"] == "long" and e["to"] == "pending"]
+    assert events and "host rebooted; requeued as attempt 2" in events[-1]["reason"]
+
+
+def test_a_reboot_with_no_retries_left_records_the_job_as_lost(queue):
+    queue.drop("once.yaml", "command: sleep 60\ngpus: 1\nretries: 0\n")
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-one"})
+    wait_until(lambda: (queue.record("once") or {}).get("state") == "running", what="once to start")
+    queue.stop_worker("a", signal.SIGKILL)
+    queue.close_jobs()
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-two"})
+    record = wait_until(lambda: queue.finished("once"), what="once to be settled")
+    assert record["state"] == "lost" and "no retries left" in record["reason"]
+
+
+def _host_processes(queue, host: str) -> list[psutil.Process]:
+    """Host `host`'s worker, spawner and supervisors (its jobs are left alone)."""
+    worker = psutil.Process(queue.workers[host].pid)
+    spawners = worker.children()
+    return [worker, *spawners, *(c for s in spawners for c in s.children())]
+
+
+FLAKY_FIRST = ("command: |\n  echo $$ > {pids}/pid-$GPUQ_ATTEMPT\n"
+               "  if [ $GPUQ_ATTEMPT = 1 ]; then trap 'date +%s.%N > {pids}/stopped-1; exit 143' TERM;"
+               " while true; do sleep 0.05; done; fi\n  date +%s.%N > {pids}/started-$GPUQ_ATTEMPT\n"
+               "gpus: 1\n")
+
+
+def test_a_frozen_host_is_taken_over_and_its_stale_copy_fenced(queue, tmp_path):
+    queue.write_config(lost_after_s=6, grace_s=1)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("job.yaml", FLAKY_FIRST.format(pids=tmp_path))
+    wait_until(lambda: (tmp_path / "pid-1").exists(), what="attempt 1 on a")
+    stale_job = int((tmp_path / "pid-1").read_text())
+    queue.start_worker("b", "1x80GiB")
+    frozen = _host_processes(queue, "a")
+    for p in frozen:
+        p.suspend()  # SIGSTOP: the box hangs; its job process keeps running
+    record = wait_until(lambda: queue.finished("job"), timeout=40, what="b to take over and run attempt 2")
+    assert record["state"] == "done" and record["host"] == "b" and record["attempt"] == 2
+    assert psutil.pid_exists(stale_job)
+    for p in frozen:
+        p.resume()
+    wait_until(lambda: not psutil.pid_exists(stale_job), timeout=10, what="a's stale copy to be killed")
+    time.sleep(1)
+    assert queue.finished("job") == record  # a wrote nothing
+    assert "result is not recorded (fenced: another host took this job over)" in queue.log("job")
+
+
+def test_a_host_that_cannot_renew_its_heartbeat_stops_its_jobs_before_takeover(queue, tmp_path):
+    queue.write_config(lost_after_s=6, grace_s=1)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("job.yaml", FLAKY_FIRST.format(pids=tmp_path))
+    wait_until(lambda: (tmp_path / "pid-1").exists(), what="attempt 1 on a")
+    queue.start_worker("b", "1x80GiB")
+    psutil.Process(queue.workers["a"].pid).suspend()  # only the worker: no more heartbeats
+    wait_until(lambda: (tmp_path / "started-2").exists(), timeout=40, what="attempt 2 elsewhere")
+    stopped = float((tmp_path / "stopped-1").read_text())
+    assert stopped < float((tmp_path / "started-2").read_text())  # never two copies at once
+    psutil.Process(queue.workers["a"].pid).resume()
+    record = wait_until(lambda: queue.finished("job"), what="attempt 2 to be recorded")
+    assert record["state"] == "done" and record["attempt"] == 2
+
+
+def test_cron_overlap_starts_exactly_one_worker_and_jobs_do_not_inherit_its_lock(queue):
+    starts = [subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
+                                "--fake-gpus", "1x80GiB", "--foreground"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=queue.env())
+              for _ in range(20)]
+    wait_until(lambda: sum(p.poll() is None for p in starts) == 1, timeout=30, what="all but one to exit")
+    assert all(p.returncode == 0 for p in starts if p.poll() is not None)
+    (survivor,) = [p for p in starts if p.poll() is None]
+    queue.workers["a"] = survivor
+    queue.drop("fds.yaml", "command: ls -l /proc/self/fd/\ngpus: 0\n")
+    wait_until(lambda: queue.finished("fds"), what="fds to run")
+    assert "worker.lock" not in queue.log("fds") and queue.finished("fds")["state"] == "done"
