@@ -24,6 +24,7 @@ from .spool import (Record, append_event, atomic_write, claim_name, claims_of, h
 from .states import State
 
 log = logging.getLogger("gpuq.worker")
+STALE_TEMP_S = 3600.0
 
 
 class Recovery:
@@ -115,6 +116,23 @@ class Recovery:
             if self.put_back(job_id, path):
                 append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "pending",
                                                       "reason": "claimed but never recorded; requeued"})
+
+    def sweep_temp_files(self) -> None:
+        """Temp files of writers killed mid-write (never visible as records; DESIGN lets a
+        worker delete only temp files). An hour old: their writer is long gone, on any host
+        and whatever its clock says."""
+        cutoff = wall_time() - STALE_TEMP_S
+        for directory, prefix in ((self.layout.claims, "."), (self.layout.running, "."),
+                                  (self.layout.finished, "."), (self.layout.requeued, "."),
+                                  (self.layout.workers, "."), (self.layout.jobs, ".submit-")):
+            with os.scandir(directory) as it:  # in jobs/, only `gpuq submit`'s: the rest is users'
+                for entry in it:
+                    if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+                        try:
+                            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                                os.unlink(entry.path)
+                        except FileNotFoundError:
+                            pass
 
     # --- other hosts ------------------------------------------------------------------------
 

@@ -171,6 +171,8 @@ class Worker:
         # place is also caught when it is claimed: the claimed bytes must be the planned ones).
         full = now - self.intake.full_scan_at >= FULL_SCAN_EVERY_S
         self.intake.scan(now, full=full)
+        if full:
+            self.recovery.sweep_temp_files()
         for job_id, entry in self.intake.settled_errors(now, self.config.spec_settle_s):
             self._reject(job_id, entry.path, str(entry.error))
         for entry in self.intake.take_unchecked():

@@ -2,6 +2,8 @@
 step, dead and frozen hosts (fencing), reboots, cron overlap."""
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import time
@@ -139,3 +141,69 @@ def test_cron_overlap_starts_exactly_one_worker_and_jobs_do_not_inherit_its_lock
     queue.drop("fds.yaml", "command: ls -l /proc/self/fd/\ngpus: 0\n")
     wait_until(lambda: queue.finished("fds"), what="fds to run")
     assert "worker.lock" not in queue.log("fds") and queue.finished("fds")["state"] == "done"
+
+
+def _drop_many(queue, n: int) -> list[str]:
+    jobs = queue.root / "jobs"
+    ids = [f"t{i:04d}" for i in range(n)]
+    for job_id in ids:  # written aside, then renamed in: a worker never sees half a file
+        (jobs / f".{job_id}.tmp").write_text("command: echo once\ngpus: 1\ngpu_mem: 1GiB\n")
+        os.rename(jobs / f".{job_id}.tmp", jobs / f"{job_id}.yaml")
+    return ids
+
+
+def _assert_each_ran_once(queue, ids: list[str]) -> None:
+    finished = queue.root / "state" / "finished"
+    wait_until(lambda: len(os.listdir(finished)) >= len(ids), timeout=300, interval=0.5,
+               what=f"{len(ids)} jobs to finish")
+    time.sleep(1)
+    states = {i: json.loads((finished / f"{i}.json").read_text())["state"] for i in ids}
+    assert set(states.values()) == {"done"}
+    runs = {i: queue.log(i).splitlines().count("once") for i in ids}
+    assert {i: n for i, n in runs.items() if n != 1} == {}
+    for d in ("jobs", "state/claims", "state/running"):  # a killed writer's temp files may stay
+        assert [n for n in os.listdir(queue.root / d) if not n.endswith(".tmp")] == [], d
+
+
+HOSTS = ("a", "b", "c", "d")
+
+
+def test_four_workers_run_each_of_2000_jobs_exactly_once(queue):
+    ids = _drop_many(queue, 2000)
+    for host in HOSTS:
+        queue.start_worker(host, "2x80GiB")
+    _assert_each_ran_once(queue, ids)
+
+
+def test_each_job_runs_exactly_once_while_workers_are_killed_and_restarted(queue):
+    import random
+
+    ids = _drop_many(queue, 2000)
+    for host in HOSTS:
+        queue.start_worker(host, "2x80GiB")
+    finished = queue.root / "state" / "finished"
+    rng = random.Random(7)
+    kills = 0
+    while len(os.listdir(finished)) < len(ids) and kills < 200:
+        time.sleep(0.5)
+        host = rng.choice(HOSTS)
+        queue.stop_worker(host, signal.SIGKILL)
+        queue.start_worker(host, "2x80GiB")  # cron, a moment later
+        kills += 1
+    assert kills > 5  # the faults really happened while jobs ran
+    _assert_each_ran_once(queue, ids)
+
+
+def test_temp_files_of_killed_writers_are_swept_after_an_hour_and_users_files_never(queue):
+    running, jobs = queue.root / "state" / "running", queue.root / "jobs"
+    running.mkdir(parents=True)
+    old, fresh = running / ".x.json.1.ab.tmp", running / ".y.json.1.ab.tmp"
+    mine, users = jobs / ".submit-1-ab.tmp", jobs / ".notes.tmp"
+    for path in (old, fresh, mine, users):
+        path.write_text("half")
+    hour_ago = time.time() - 3700
+    for path in (old, mine, users):
+        os.utime(path, (hour_ago, hour_ago))
+    queue.start_worker("a", "1x80GiB")
+    wait_until(lambda: not old.exists() and not mine.exists(), what="the sweep")
+    assert fresh.exists() and users.exists()
