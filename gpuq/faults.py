@@ -3,16 +3,22 @@
 `GPUQ_TEST_CRASH_AT=<point>` makes the process that reaches that point kill itself with
 SIGKILL there, as a power cut or the OOM killer would. Every step from seeing a spec to
 recording its exit has a point, named by the process that passes it. `GPUQ_TEST_CLOCK_SHIFT_S`
-moves this host's wall clock (`wall_time`) by that many seconds. Both are read once, at start.
+moves this host's wall clock (`wall_time`) by that many seconds. `GPUQ_TEST_IO_FAULT=site=ERRNO,...`
+makes every write at a site fail with that error, as a full or failing disk would: sites are
+`write:<dir>` for records and heartbeats (the directory written into: running, finished,
+workers, ...), `write:log` for job logs, and `rename:claim`, where the rename succeeds but
+reports ENOENT, as a lost NFS reply does. All are read once, at start.
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
 
 CRASH_ENV = "GPUQ_TEST_CRASH_AT"
 CLOCK_SHIFT_ENV = "GPUQ_TEST_CLOCK_SHIFT_S"
+IO_FAULT_ENV = "GPUQ_TEST_IO_FAULT"
 
 CRASH_POINTS = (
     "worker:planned",            # a spec is parsed and chosen to start; not yet claimed
@@ -29,6 +35,7 @@ CRASH_POINTS = (
 
 _crash_at = os.environ.get(CRASH_ENV)
 _clock_shift_s = float(os.environ.get(CLOCK_SHIFT_ENV) or 0.0)
+_io_faults = dict(item.split("=", 1) for item in (os.environ.get(IO_FAULT_ENV) or "").split(",") if item)
 
 
 def crash_point(name: str) -> None:
@@ -39,3 +46,11 @@ def crash_point(name: str) -> None:
 def wall_time() -> float:
     """time.time(), shifted in tests that give this host a wrong clock."""
     return time.time() + _clock_shift_s
+
+
+def io_fault(site: str) -> None:
+    """Raise the injected error for `site`, if there is one."""
+    name = _io_faults.get(site)
+    if name is not None:
+        code = getattr(errno, name)
+        raise OSError(code, os.strerror(code))

@@ -50,6 +50,9 @@ class Recovery:
             self.requeue(record, "never started; requeued")
         elif marker.get("fenced"):
             self.lose(record, marker["fenced"])  # its supervisor stopped it and recorded nothing
+        elif marker.get("result"):  # the supervisor could not write it (disk full or failing)
+            result = dict(marker["result"])
+            transition(self.layout, record, State(result.pop("state")), self.host, **result)
         else:
             transition(self.layout, record, State.LOST, self.host, ended_at=wall_time(),
                        reason="exit unknown: supervisor and job gone without a result")

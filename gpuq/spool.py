@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .faults import wall_time
+from .faults import io_fault, wall_time
 from .layout import Layout
 from .states import State, check_transition
 
@@ -24,6 +24,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = Tru
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "wb") as f:
+            io_fault(f"write:{path.parent.name}")
             f.write(data)
             f.flush()
             if durable:
@@ -205,6 +206,7 @@ def claim(layout: Layout, spec_path: Path, name: str) -> Path | None:
     dest = layout.claims / name
     try:
         os.rename(spec_path, dest)
+        io_fault("rename:claim")
         return dest
     except OSError as e:
         if dest.exists():

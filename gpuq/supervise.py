@@ -29,7 +29,7 @@ from pathlib import Path
 from .faults import wall_time
 from .hostinfo import process_start_ticks
 from .config import FENCE_FRACTION
-from .faults import crash_point
+from .faults import crash_point, io_fault
 from .joblocal import Runtime, finish_local, lease_age
 from .spec import JobSpec
 from .spool import Record, read_record, transition
@@ -174,11 +174,14 @@ def _stamp(t: float) -> str:
 def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     spec = JobSpec.from_json(record.spec)
     started = wall_time()
-    log_fd = os.open(rt.layout.job_log(record.id),
-                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    try:
+        log_fd = os.open(rt.layout.job_log(record.id),
+                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    except OSError:  # a full or failing disk: the job still runs, and its result is recorded
+        log_fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     gpus = ",".join(map(str, record.gpus)) or "none (CPU only)"
-    os.write(log_fd, (f"==> gpuq job {record.id} · attempt {record.attempt} · host {rt.host} · "
-                      f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n").encode())
+    _log(log_fd, f"==> gpuq job {record.id} · attempt {record.attempt} · host {rt.host} · "
+                 f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n")
     stop_reason: str | None = None
     exit_code: int | None = None
     sig: int | None = None
@@ -192,7 +195,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
                                  log_fd, lock_fd)
         except OSError as e:
             failure = f"cannot start: {e.strerror}: {e.filename}"
-            os.write(log_fd, f"==> gpuq: {failure}\n".encode())
+            _log(log_fd, f"==> gpuq: {failure}\n")
     fenced: str | None = None
     if job_pid is not None:
         status, stop_reason, fenced = _wait(rt, record, job_pid)
@@ -208,22 +211,37 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
                f"killed by signal {sig}" if sig is not None else failure or "not started")
     if stop_reason:
         outcome += f" ({stop_reason})"
-    os.write(log_fd, f"==> {outcome} · duration {format_duration(ended - started)} · "
-                     f"ended {_stamp(ended)}\n".encode())
+    _log(log_fd, f"==> {outcome} · duration {format_duration(ended - started)} · ended {_stamp(ended)}\n")
     if fenced:
-        os.write(log_fd, f"==> gpuq: this attempt's result is not recorded ({fenced})\n".encode())
+        _log(log_fd, f"==> gpuq: this attempt's result is not recorded ({fenced})\n")
     os.close(log_fd)
     if fenced:
         _leave_fenced(rt, record, lock_fd, fenced)
         return
     final = State.CANCELLED if stop_reason else State.DONE if exit_code == 0 else State.FAILED
-    transition(rt.layout, record, final, rt.host, started_at=started, ended_at=ended,
-               exit_code=exit_code, signal=sig, reason=stop_reason or failure,
-               job_pid=job_pid, peak_gpu_mem_mib=_read_peak(rt, record.id))
+    result = {"started_at": started, "ended_at": ended, "exit_code": exit_code, "signal": sig,
+              "reason": stop_reason or failure, "job_pid": job_pid, "peak_gpu_mem_mib": _read_peak(rt, record.id)}
+    try:
+        transition(rt.layout, record, final, rt.host, **result)
+    except OSError as e:
+        # The shared disk refused the record: keep the result in the local marker, where this
+        # host's worker finds it once the lock is free, and records it as soon as it can.
+        _mark(lock_fd, {"claim": record.claim, "result": {"state": final.value, **result},
+                        "unrecorded": str(e)})
+        return
     crash_point("supervisor:recorded")
     finish_local(rt, record)
     crash_point("supervisor:cleaned")
     poke(rt.local_dir, WAKE_JOB_ENDED)
+
+
+def _log(log_fd: int, text: str) -> None:
+    """gpuq's own lines in the job's log: best effort, a full disk must not lose the job."""
+    try:
+        io_fault("write:log")
+        os.write(log_fd, text.encode())
+    except OSError:
+        pass
 
 
 def _leave_fenced(rt: Runtime, record: Record, lock_fd: int, why: str) -> None:

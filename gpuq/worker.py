@@ -243,7 +243,12 @@ class Worker:
             boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
             gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=wall_time())
 
-        record_start(self.layout, record, self.host)  # the record first: then the job may start
+        try:
+            record_start(self.layout, record, self.host)  # the record first: then the job may start
+        except OSError:
+            if not self.layout.record(self.layout.running, job_id).exists():
+                self.recovery.put_back(job_id, claimed)  # no record: the spec waits in jobs/ again
+            raise  # (with a record, the next pass requeues the attempt: it never started)
         self.layout.record(self.layout.requeued, job_id).unlink(missing_ok=True)  # numbered now
         crash_point("worker:recorded")
         self.spawner.launch(record)

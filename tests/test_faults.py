@@ -207,3 +207,48 @@ def test_temp_files_of_killed_writers_are_swept_after_an_hour_and_users_files_ne
     queue.start_worker("a", "1x80GiB")
     wait_until(lambda: not old.exists() and not mine.exists(), what="the sweep")
     assert fresh.exists() and users.exists()
+
+
+def _alive(proc: subprocess.Popen) -> bool:
+    return proc.poll() is None
+
+
+def test_a_disk_that_refuses_running_records_loses_no_spec_and_no_worker(queue):
+    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:running=ENOSPC"})
+    queue.drop("job.yaml", JOB)
+    time.sleep(2)  # many passes, each failing to record the start
+    assert _alive(worker) and (queue.root / "jobs" / "job.yaml").exists()
+    assert [n for n in os.listdir(queue.root / "state" / "running") if not n.endswith(".tmp")] == []
+    queue.stop_worker("a")
+    queue.start_worker("a", "1x80GiB")  # space was freed
+    record = wait_until(lambda: _final(queue, "job"), what="job to run once the disk takes records")
+    assert record["state"] == "done" and len(_runs(queue, "job")) == 1
+
+
+def test_a_result_the_disk_refused_is_kept_and_recorded_once_it_can_be(queue):
+    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:finished=EIO"})
+    queue.drop("job.yaml", "command: echo once; exit 3\ngpus: 1\n")
+    wait_until(lambda: "==> exit 3" in queue.log("job"), what="the job to end")
+    time.sleep(1)
+    assert _alive(worker) and queue.finished("job") is None  # not recorded yet, nor lost
+    assert (queue.record("job") or {}).get("state") == "running"
+    queue.stop_worker("a")
+    queue.start_worker("a", "1x80GiB")
+    record = wait_until(lambda: _final(queue, "job"), what="the kept result to be recorded")
+    assert record["state"] == "failed" and record["exit_code"] == 3
+    assert queue.log("job").splitlines().count("once") == 1
+
+
+@pytest.mark.parametrize("fault", ["write:log=ENOSPC", "write:workers=EIO", "rename:claim=ENOENT"])
+def test_jobs_run_once_through_log_heartbeat_and_lost_reply_faults(queue, fault):
+    # (not start_worker: with heartbeats refused, there is no heartbeat to wait for)
+    worker = queue.workers["a"] = subprocess.Popen(
+        [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x80GiB",
+         "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**queue.env(), "GPUQ_TEST_IO_FAULT": fault})
+    queue.drop("job.yaml", "command: echo once\ngpus: 1\n")
+    record = wait_until(lambda: _final(queue, "job"), what=f"job to run despite {fault}")
+    assert record["state"] == "done" and _alive(worker)
+    if not fault.startswith("write:log"):
+        assert queue.log("job").splitlines().count("once") == 1
+    assert os.listdir(queue.root / "state" / "claims") == []
