@@ -38,3 +38,29 @@ def ensure_private_dir(path: Path) -> Path:
         raise PermissionError(f"{path} is not a directory owned by uid {os.getuid()}; "
                               f"remove it or set local_dir in config.yaml")
     return path
+
+
+# File systems where flock does not exclude across hosts, or is not local at all.
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "ceph", "glusterfs",
+                       "fuse.glusterfs", "lustre", "gpfs", "beegfs", "afs")
+MOUNTINFO_ENV = "GPUQ_TEST_MOUNTINFO"  # tests stand in a mount table
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the file system holding `path` (the longest mount point above it)."""
+    table = Path(os.environ.get(MOUNTINFO_ENV) or "/proc/self/mountinfo")
+    try:
+        lines = table.read_text().splitlines()
+    except OSError:
+        return None
+    target, best, kind = str(path.resolve()), "", None
+    for line in lines:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        fs_type = line.split(" - ", 1)[1].split()[0]
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, kind = mount_point, fs_type
+    return kind

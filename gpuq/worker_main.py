@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from . import config as config_mod
-from .hostinfo import ensure_private_dir
+from .hostinfo import NETWORK_FILESYSTEMS, ensure_private_dir, filesystem_type
 from .layout import HOST_RE, Layout, RootError, resolve_root, this_host
 
 
@@ -46,7 +46,14 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
               file=sys.stderr)
         return 2
     layout.ensure()
-    local_dir = ensure_private_dir(config.local_dir_for(layout, host))
+    local_dir = config.local_dir_for(layout, host)
+    local_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if (fs := filesystem_type(local_dir)) in NETWORK_FILESYSTEMS:
+        print(f"gpuq worker: local_dir {local_dir} is on {fs}, a network file system: the job locks "
+              f"kept there would not exclude across hosts. Fix: set local_dir in {layout.config_file} "
+              f"to a local disk, e.g. /var/tmp/gpuq-{{host}}", file=sys.stderr)
+        return 2
+    ensure_private_dir(local_dir)
     daemon = not (args.foreground or args.once)
     if daemon and _daemonize():
         return 0  # the cron-started parent: the daemon carries on

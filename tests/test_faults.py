@@ -252,3 +252,49 @@ def test_jobs_run_once_through_log_heartbeat_and_lost_reply_faults(queue, fault)
     if not fault.startswith("write:log"):
         assert queue.log("job").splitlines().count("once") == 1
     assert os.listdir(queue.root / "state" / "claims") == []
+
+
+def test_hosts_with_clocks_ten_minutes_apart_neither_take_over_nor_stall(queue):
+    queue.write_config(lost_after_s=6, grace_s=1)
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "-600"})
+    queue.start_worker("b", "1x80GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "600"})
+    for i in range(6):
+        queue.drop(f"j{i}.yaml", "command: sleep 3; echo once\ngpus: 1\n")
+    for i in range(6):
+        record = wait_until(lambda: _final(queue, f"j{i}"), timeout=60, what=f"j{i} to run")
+        assert record["state"] == "done" and record["attempt"] == 1
+        assert queue.log(f"j{i}").splitlines().count("once") == 1
+    assert not [e for e in queue.events() if e["to"] == "pending"]  # nothing was taken over
+    assert {queue.finished(f"j{i}")["host"] for i in range(6)} == {"a", "b"}
+
+
+def test_the_worker_refuses_a_local_dir_on_a_network_file_system(queue, tmp_path):
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"1 0 0:1 / / rw - ext4 /dev/vda rw\n"
+                         f"2 1 0:2 / {queue.local_base} rw - nfs4 server:/export rw\n")
+    result = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
+                             "--fake-gpus", "1x80GiB", "--once"], capture_output=True, text=True,
+                            timeout=30, env={**queue.env(), "GPUQ_TEST_MOUNTINFO": str(mountinfo)})
+    assert result.returncode == 2
+    assert "is on nfs4, a network file system" in result.stderr and "Fix: set local_dir" in result.stderr
+
+
+def test_two_hosts_through_two_mount_paths_of_one_directory(queue, tmp_path):
+    other = tmp_path / "other-mount"
+    other.mkdir()
+    if subprocess.run(["mount", "--bind", str(queue.root), str(other)], capture_output=True).returncode:
+        pytest.skip("this machine does not allow bind mounts (needs root and CAP_SYS_ADMIN)")
+    try:
+        queue.workers["b"] = subprocess.Popen(
+            [PY, str(REPO / "worker.py"), "--root", str(other), "--host", "b", "--fake-gpus", "2x80GiB",
+             "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=queue.env())
+        wait_until(lambda: (queue.root / "state" / "workers" / "b.json").exists(), what="b through the other path")
+        queue.start_worker("a", "2x80GiB")
+        ids = _drop_many(queue, 200)
+        _assert_each_ran_once(queue, ids)
+        hosts = {json.loads((queue.root / "state" / "finished" / f"{i}.json").read_text())["host"] for i in ids}
+        assert hosts == {"a", "b"}
+    finally:
+        queue.stop_worker("b", signal.SIGKILL)
+        queue.close_jobs()
+        subprocess.run(["umount", "-l", str(other)], check=False)
