@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -37,7 +36,7 @@ def resolve_root(cli_root: str | None, launcher_dir: str | None) -> Path:
 
 def this_host() -> str:
     """The host name gpuq uses: the short hostname (a worker may override it with --host)."""
-    return socket.gethostname().split(".")[0] or "localhost"
+    return os.uname().nodename.split(".")[0] or "localhost"  # gethostname(), without loading socket
 
 
 def job_id_for_spec_name(filename: str) -> str | None:

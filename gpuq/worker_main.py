@@ -6,7 +6,6 @@ The first start daemonizes (or stays in the foreground) and logs to logs/worker-
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -54,6 +53,10 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
               f"to a local disk, e.g. /var/tmp/gpuq-{{host}}", file=sys.stderr)
         return 2
     ensure_private_dir(local_dir)
+    if _another_worker_holds(local_dir / "worker.lock"):
+        if args.verbose:
+            print(f"gpuq worker: a worker already runs for {host} on this root", file=sys.stderr)
+        return 0  # the usual cron start: leave before loading anything more
     daemon = not (args.foreground or args.once)
     if daemon and _daemonize():
         return 0  # the cron-started parent: the daemon carries on
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
         if args.verbose:
             print(f"gpuq worker: a worker already runs for {host} on this root", file=sys.stderr)
         return 0
+    import logging  # here: a cron start that leaves at once never needs it
+
     _setup_logging(layout.worker_log(host), to_stderr=not daemon, verbose=args.verbose)
     from .worker import Worker
 
@@ -84,6 +89,25 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     return 0
 
 
+def _another_worker_holds(lock_path: Path) -> bool:
+    """A quick look at the single-instance lock with the primitive FileLock uses on Unix
+    (flock): a cron start that finds it held exits without importing filelock. Only a
+    hint: the FileLock taken afterwards decides."""
+    import fcntl
+
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def _daemonize() -> bool:
     """Double fork into a new session. Returns True in the original process."""
     if os.fork() > 0:
@@ -99,6 +123,8 @@ def _daemonize() -> bool:
 
 
 def _setup_logging(path: Path, to_stderr: bool, verbose: bool) -> None:
+    import logging
+
     handlers: list[logging.Handler] = [logging.FileHandler(path)]
     if to_stderr:
         handlers.append(logging.StreamHandler(sys.stderr))
