@@ -143,11 +143,11 @@ def test_cron_overlap_starts_exactly_one_worker_and_jobs_do_not_inherit_its_lock
     assert "worker.lock" not in queue.log("fds") and queue.finished("fds")["state"] == "done"
 
 
-def _drop_many(queue, n: int) -> list[str]:
+def _drop_many(queue, n: int, command: str = "echo once") -> list[str]:
     jobs = queue.root / "jobs"
     ids = [f"t{i:04d}" for i in range(n)]
     for job_id in ids:  # written aside, then renamed in: a worker never sees half a file
-        (jobs / f".{job_id}.tmp").write_text("command: echo once\ngpus: 1\ngpu_mem: 1GiB\n")
+        (jobs / f".{job_id}.tmp").write_text(f"command: {command}\ngpus: 1\ngpu_mem: 1GiB\n")
         os.rename(jobs / f".{job_id}.tmp", jobs / f"{job_id}.yaml")
     return ids
 
@@ -290,7 +290,7 @@ def test_two_hosts_through_two_mount_paths_of_one_directory(queue, tmp_path):
              "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=queue.env())
         wait_until(lambda: (queue.root / "state" / "workers" / "b.json").exists(), what="b through the other path")
         queue.start_worker("a", "2x80GiB")
-        ids = _drop_many(queue, 200)
+        ids = _drop_many(queue, 100, command="sleep 0.2; echo once")  # long enough for both
         _assert_each_ran_once(queue, ids)
         hosts = {json.loads((queue.root / "state" / "finished" / f"{i}.json").read_text())["host"] for i in ids}
         assert hosts == {"a", "b"}
