@@ -298,3 +298,42 @@ def test_two_hosts_through_two_mount_paths_of_one_directory(queue, tmp_path):
         queue.stop_worker("b", signal.SIGKILL)
         queue.close_jobs()
         subprocess.run(["umount", "-l", str(other)], check=False)
+
+
+def test_a_really_full_disk_loses_no_spec_and_no_worker(queue, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)],
+                      capture_output=True).returncode:
+        pytest.skip("this machine does not allow mounting a small tmpfs (the injected faults above still run)")
+    try:
+        root = small / "root"
+        (root / "jobs").mkdir(parents=True)
+        (root / "config.yaml").write_text((queue.root / "config.yaml").read_text())
+        queue.root = root
+        for i in range(3):
+            queue.drop(f"j{i}.yaml", "command: echo once\ngpus: 1\n")
+        filler = small / "filler"
+        with open(filler, "wb", buffering=0) as f:  # fill the disk to the last block
+            try:
+                while True:
+                    f.write(b"x" * 4096)
+                    f.flush()
+            except OSError:
+                pass
+        # (not start_worker: on a full disk there is no heartbeat to wait for)
+        worker = queue.workers["a"] = subprocess.Popen(
+            [PY, str(REPO / "worker.py"), "--root", str(root), "--host", "a", "--fake-gpus", "1x80GiB",
+             "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=queue.env())
+        time.sleep(3)
+        assert _alive(worker)
+        for i in range(3):  # nothing could be recorded: every spec is still pending, whole
+            assert (root / "jobs" / f"j{i}.yaml").read_text() == "command: echo once\ngpus: 1\n"
+        assert [n for n in os.listdir(root / "state" / "running") if not n.startswith(".")] == []
+        filler.unlink()  # space comes back
+        for i in range(3):
+            record = wait_until(lambda: _final(queue, f"j{i}"), what=f"j{i} once the disk has room")
+            assert record["state"] == "done" and queue.log(f"j{i}").splitlines().count("once") == 1
+    finally:
+        queue.close()
+        subprocess.run(["umount", "-l", str(small)], check=False)
