@@ -63,6 +63,14 @@ class Queue:
         while not self.settled(ids) and time.monotonic() < deadline:
             time.sleep(0.05)
 
+    def recover(self, host: str, ids: list[str], env: dict[str, str] | None = None) -> tuple:
+        """Start `host`'s worker again (as cron would): (lost, unknown, twice, seconds until
+        every job is settled)."""
+        t = time.monotonic()
+        self.start(host, env, wait=False)
+        self.wait_settled(ids)
+        return (*self.tally(ids), time.monotonic() - t)
+
     def tally(self, ids: list[str]) -> tuple[int, int, int]:
         """(lost: no final record; unknown: recorded as lost, exit unknown; twice: ran > once)."""
         lost = unknown = twice = 0
@@ -106,10 +114,7 @@ def crash_at(point: str) -> tuple[int, int, int, int, int, float]:
         else:
             time.sleep(2)
             q.kill("a")
-        t = time.monotonic()
-        q.start("a", wait=False)
-        q.wait_settled(ids)
-        return (1, 1, *q.tally(ids), time.monotonic() - t)
+        return (1, 1, *q.recover("a", ids))
     finally:
         q.close()
 
@@ -168,10 +173,7 @@ def reboot() -> tuple[int, int, int, int, int, float]:
             time.sleep(0.02)
         time.sleep(0.5)
         q.power_cut()
-        t = time.monotonic()
-        q.start("a", {"GPUQ_TEST_BOOT_ID": "two"}, wait=False)
-        q.wait_settled(ids)
-        return (1, 1, *q.tally(ids), time.monotonic() - t)
+        return (1, 1, *q.recover("a", ids, {"GPUQ_TEST_BOOT_ID": "two"}))
     finally:
         q.close()
 
@@ -202,10 +204,7 @@ def disk_full() -> tuple[int, int, int, int, int, float]:
         ids = q.drop(20)
         time.sleep(2)
         q.kill("a")
-        t = time.monotonic()
-        q.start("a", wait=False)
-        q.wait_settled(ids)
-        return (1, 20, *q.tally(ids), time.monotonic() - t)
+        return (1, 20, *q.recover("a", ids))
     finally:
         q.close()
 
