@@ -29,6 +29,9 @@ class Config:
     recent_finished: int = 10           # finished jobs shown by `gpuq status`
     lost_after_s: float = 180.0         # a host whose heartbeat stands still this long is dead
     lost_retries: int = 2               # re-runs of a job lost with its host (spec: retries)
+    run_for_users: tuple[str, ...] = () # a non-root worker also runs these users' specs
+    admins: tuple[str, ...] = ()        # may cancel anyone's job (root always may)
+    allow_root_jobs: bool = False       # run specs owned by root (containers, single-user boxes)
 
     def local_dir_for(self, layout: "Layout", host: str) -> Path:
         """The host's local lock directory; `{host}` in the setting is replaced."""
@@ -73,6 +76,20 @@ def _gpu_map(v: Any) -> dict[str, list[int]]:
     return {h: list(ix) for h, ix in v.items()}
 
 
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+    return v
+
+
+def _user_names(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(u, str) and u for u in v):
+        raise ValueError("must be a list of user names, e.g. [ana, bo]")
+    return tuple(v)
+
+
 def _optional_path(v: Any) -> str | None:
     if v is None:
         return None
@@ -94,6 +111,9 @@ KEYS: dict[str, tuple[str, Any]] = {
     "recent_finished": ("recent_finished", _non_negative_int),
     "lost_after_s": ("lost_after_s", _positive(float)),
     "lost_retries": ("lost_retries", _non_negative_int),
+    "run_for_users": ("run_for_users", _user_names),
+    "admins": ("admins", _user_names),
+    "allow_root_jobs": ("allow_root_jobs", _bool),
 }
 # Supervisors stop their jobs once their host's heartbeat is FENCE_FRACTION of lost_after_s
 # old, and need grace_s more: that must end before other hosts may take the jobs over.

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .faults import wall_time
 from .layout import JOB_ID_RE, Layout, job_id_for_spec_name
+from .owners import OwnerPolicy
 from .plan import PendingJob
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text
 
@@ -84,8 +85,9 @@ def parse_entry(job_id: str, path: Path, st: os.stat_result, text: bytes) -> Pen
 class Intake:
     """The pending specs of one root, re-read only when a file changes."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, policy: OwnerPolicy | None = None) -> None:
         self.layout = layout
+        self.policy = policy           # the worker's: whose specs it may run
         self.entries: dict[str, Entry] = {}
         # Kept apart so that a pass costs O(changes), not O(pending):
         self.failing: set[str] = set()     # ids whose file does not parse (yet)
@@ -150,6 +152,8 @@ class Intake:
         entry = Entry(key, self.layout.jobs, name, unchanged_since=now_mono)
         try:
             entry.text, fst = read_spec_file(entry.path, f"jobs/{name}")
+            if self.policy is not None:
+                self.policy.check(fst, f"jobs/{name}")
             entry.job = parse_entry(job_id, entry.path, fst, entry.text)
         except SpecError as e:
             entry.error = e

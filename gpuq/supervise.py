@@ -17,7 +17,6 @@ run a job that has just been requeued: it would fail to take the lock, or find t
 from __future__ import annotations
 
 import ctypes
-import errno
 import functools
 import json
 import os
@@ -31,6 +30,8 @@ from .hostinfo import process_start_ticks
 from .config import FENCE_FRACTION
 from .faults import crash_point, io_fault
 from .joblocal import Runtime, finish_local, lease_age
+from .launch import forget_spawned, inherited_environment, job_environment, open_log, spawn_job
+from .owners import Identity
 from .spec import JobSpec
 from .spool import Record, read_record, transition
 from .states import State
@@ -130,13 +131,6 @@ def fence_reason(rt: Runtime, record: Record) -> str | None:
 
 
 @functools.cache
-def inherited_environment() -> dict[str, str]:
-    """The worker's environment, less what gpuq sets per job. Computed once in the spawner
-    (see `prepare`), so that each supervisor inherits it instead of rebuilding it."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("GPUQ_", "CUDA_VISIBLE"))}
-
-
-@functools.cache
 def _libc() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(None, use_errno=True)
@@ -150,23 +144,6 @@ def prepare() -> None:
     _libc()
 
 
-def job_environment(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
-    env = dict(inherited_environment())
-    env.update(spec.env)
-    env.update(rt.extra_env)
-    env.update({
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA numbers GPUs as NVML does
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, record.gpus)),
-        "GPUQ_JOB_ID": record.id,
-        "GPUQ_ATTEMPT": str(record.attempt),
-        "GPUQ_GPU_MEM_MIB": str(record.gpu_mem_mib or 0),
-        "GPUQ_PREEMPTIBLE": "0",
-        "GPUQ_HOST": rt.host,
-        "GPUQ_ROOT": str(rt.layout.root),
-    })
-    return env
-
-
 def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
 
@@ -174,9 +151,17 @@ def _stamp(t: float) -> str:
 def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     spec = JobSpec.from_json(record.spec)
     started = wall_time()
+    failure: str | None = None
+    identity: Identity | None = None
+    if os.geteuid() == 0 and record.uid != 0:  # a root worker runs each job as its spec's owner
+        try:
+            identity = Identity.of(record.uid)
+        except KeyError:
+            failure = f"cannot start: uid {record.uid}, the spec's owner, has no account here"
     try:
-        log_fd = os.open(rt.layout.job_log(record.id),
-                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+        log_fd = open_log(rt.layout.job_log(record.id), identity)
+    except PermissionError as e:  # not the owner's plain file: planted, never written through
+        failure, log_fd = f"cannot start: {e.strerror}", os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     except OSError:  # a full or failing disk: the job still runs, and its result is recorded
         log_fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     gpus = ",".join(map(str, record.gpus)) or "none (CPU only)"
@@ -185,20 +170,23 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     stop_reason: str | None = None
     exit_code: int | None = None
     sig: int | None = None
-    failure: str | None = None
     job_pid = None
     if _StopSignal.requested:
         stop_reason = _stop_reason(rt, record.id)  # stopped before it could start
-    else:
+    elif failure is None:
+        env = job_environment(rt, record, spec)
+        if identity is not None:
+            env.update(identity.environment())
         try:
-            job_pid = _spawn_job(spec, job_environment(rt, record, spec), spec.workdir or str(rt.layout.root),
-                                 log_fd, lock_fd)
+            job_pid = spawn_job(spec, env, spec.workdir or str(rt.layout.root), log_fd, lock_fd, identity)
         except OSError as e:
             failure = f"cannot start: {e.strerror}: {e.filename}"
-            _log(log_fd, f"==> gpuq: {failure}\n")
+    if failure:
+        _log(log_fd, f"==> gpuq: {failure}\n")
     fenced: str | None = None
     if job_pid is not None:
         status, stop_reason, fenced = _wait(rt, record, job_pid)
+        forget_spawned(job_pid, status)
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
         else:
@@ -253,38 +241,6 @@ def _leave_fenced(rt: Runtime, record: Record, lock_fd: int, why: str) -> None:
         finish_local(rt, record)  # our claim, renamed by the host that took over, is gone already
     else:
         _mark(lock_fd, {"claim": record.claim, "fenced": why})
-
-
-# Dispositions a job must not inherit from its supervisor (ignored signals survive exec).
-_JOB_DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM)
-
-
-def _spawn_job(spec: JobSpec, env: dict[str, str], workdir: str, log_fd: int, lock_fd: int) -> int:
-    """Start the job in its own process group, output to its log, holding the job lock.
-    posix_spawn (vfork and exec in C) rather than subprocess: no Python runs in the child,
-    which saves a millisecond of copied pages per job. Raises OSError naming what failed."""
-    argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
-    try:
-        os.chdir(workdir)  # the supervisor's own cwd is never used again: all its paths are absolute
-    except OSError as e:
-        raise OSError(e.errno, f"{e.strerror} (workdir)", workdir) from None
-    os.set_inheritable(lock_fd, True)
-    candidates = [argv[0]] if "/" in argv[0] else \
-        [os.path.join(d, argv[0]) for d in os.get_exec_path(env)]  # PATH as the job will see it
-    error: OSError = FileNotFoundError(2, "No such file or directory", argv[0])
-    for path in candidates:
-        try:
-            return os.posix_spawn(path, argv, env, setpgroup=0, setsigmask=(),
-                                  setsigdef=_JOB_DEFAULT_SIGNALS,
-                                  file_actions=[(os.POSIX_SPAWN_DUP2, log_fd, 1),
-                                                (os.POSIX_SPAWN_DUP2, log_fd, 2)])
-        except (FileNotFoundError, NotADirectoryError) as e:
-            error = e  # try the next PATH entry, as exec*p does
-        except OSError as e:
-            error = e
-            if e.errno != errno.EACCES:
-                break
-    raise OSError(error.errno, error.strerror, argv[0])
 
 
 def _read_peak(rt: Runtime, job_id: str) -> int | None:

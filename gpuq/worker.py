@@ -30,6 +30,7 @@ from .states import State
 from .spawner import Spawner
 from .faults import crash_point
 from .joblocal import Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
+from .owners import OwnerPolicy
 from .recovery import Recovery
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
 
@@ -53,7 +54,8 @@ class Worker:
         self.probe = Probe(fake_gpus, local_dir)
         self.rt = Runtime(layout, host, self.boot_id, local_dir, config.grace_s, config.lost_after_s,
                           self.probe.job_env())
-        self.intake = Intake(layout)
+        self.intake = Intake(layout, OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, config.run_for_users,
+                                                           config.allow_root_jobs))
         self.seq = 0
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
@@ -66,7 +68,8 @@ class Worker:
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
         self.heartbeat_at = 0.0
-        self.woken_by = b""                  # the reasons of the pokes that ended the last sleep
+        self.woken_by = b""
+        self.unmovable: set[str] = set()     # refused specs this worker may not move                  # the reasons of the pokes that ended the last sleep
         self.unchanged_plan_inputs: tuple | None = None
 
     # --- the loop -------------------------------------------------------------------------
@@ -191,6 +194,11 @@ class Worker:
             os.rename(path, dest)
         except FileNotFoundError:
             return  # taken or removed meanwhile
+        except PermissionError:  # another user's file in a sticky jobs/: it stays, and status shows why
+            if path.name not in self.unmovable:
+                self.unmovable.add(path.name)
+                log.warning("cannot move %s to rejected/ (%s)", path.name, message)
+            return
         (dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error").write_text(message + "\n")
         append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "rejected",
                                               "reason": message})
