@@ -10,6 +10,7 @@ import time
 
 from .faults import wall_time
 from .layout import Layout
+from .owners import may_act_on, refusal
 from .spool import (Record, append_event, claims_of, pending_spec_path, read_record, write_json,
                     write_record)
 from .intake import read_spec_file, user_name
@@ -19,10 +20,19 @@ from .states import State, check_transition
 STARTING_WAIT_S = 5.0
 
 
-def cancel_one(layout: Layout, job_id: str, host: str) -> tuple[bool, str]:
-    """Returns (ok, message)."""
+def cancel_one(layout: Layout, job_id: str, host: str, admins: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """Returns (ok, message). Refused for another user's job unless the caller is root or an
+    admin (the worker checks again, from the owner of the request file)."""
     by = getpass.getuser()
+    me = os.geteuid()
     spec_path = pending_spec_path(layout, job_id)
+    if spec_path is not None:
+        try:
+            owner = os.lstat(spec_path).st_uid
+        except FileNotFoundError:
+            owner = me
+        if not may_act_on(me, owner, admins):
+            return False, refusal(job_id, owner)
     if spec_path is not None and layout.record(layout.finished, job_id).exists():
         return False, (f"{job_id}: that id belongs to a job that already ended; the new file "
                        f"jobs/{spec_path.name} reusing it will be rejected by the worker")
@@ -55,6 +65,8 @@ def cancel_one(layout: Layout, job_id: str, host: str) -> tuple[bool, str]:
             return False, f"{job_id}: already ended ({finished.state.value})"
         running = read_record(layout.record(layout.running, job_id))
         if running is not None:
+            if not may_act_on(me, running.uid, admins):
+                return False, refusal(job_id, running.uid)
             control = layout.host_control(running.host or "")
             control.mkdir(parents=True, exist_ok=True)
             write_json(control / f"{job_id}.json", {"action": "cancel", "by": by, "t": wall_time(),

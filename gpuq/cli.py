@@ -138,12 +138,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     layout = _layout(args)
     host = this_host()
+    config = _config(layout)
     failures = 0
     for job_id in args.ids:
-        ok, message = cancel_one(layout, job_id, host)
+        ok, message = cancel_one(layout, job_id, host, config.admins)
         print(message, file=sys.stdout if ok else sys.stderr)
         failures += not ok
-    config = _config(layout)
     poke(config.local_dir_for(layout, host))
     return 1 if failures else 0
 

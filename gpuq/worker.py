@@ -19,7 +19,7 @@ from .faults import wall_time
 from . import __version__
 from .config import Config
 from .hostinfo import boot_id, ensure_private_dir
-from .intake import Intake
+from .intake import Intake, user_name
 from .layout import Layout
 from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
@@ -30,7 +30,7 @@ from .states import State
 from .spawner import Spawner
 from .faults import crash_point
 from .joblocal import Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
-from .owners import OwnerPolicy
+from .owners import OwnerPolicy, may_act_on, refusal
 from .recovery import Recovery
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
 
@@ -156,8 +156,16 @@ class Worker:
             request = read_json(path) or {}
             job_id = path.stem
             record = running.get(job_id)
-            if record is not None and record.attempt == request.get("attempt", record.attempt):
-                reason = f"cancelled by {request.get('by', 'unknown')}"
+            try:  # who asks is whoever owns the request file, whatever it says inside
+                requester = os.lstat(path).st_uid
+            except FileNotFoundError:
+                continue
+            if record is not None and not may_act_on(requester, record.uid, self.config.admins):
+                log.warning("refused a cancel of %s by uid %d: %s", job_id, requester, refusal(job_id, record.uid))
+                append_event(self.layout, self.host, {"job": job_id, "from": "running", "to": "running",
+                                                      "reason": f"cancel by {user_name(requester)} refused"})
+            elif record is not None and record.attempt == request.get("attempt", record.attempt):
+                reason = f"cancelled by {user_name(requester)}"
                 if not request_stop(self.rt, record, reason):
                     continue  # its supervisor is still starting: try again next pass
                 log.info("cancelling %s (%s)", job_id, reason)
