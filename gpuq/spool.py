@@ -17,9 +17,11 @@ from .layout import Layout
 from .states import State, check_transition
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+def atomic_write(path: Path, data: bytes, mode: int = 0o640, durable: bool = True) -> None:
     """Write `data` to `path` so that readers see the old file or the new one, never a mix.
-    `durable=False` skips the fsync, for files rewritten every second (heartbeats)."""
+    `durable=False` skips the fsync, for files rewritten every second (heartbeats). Not
+    world-readable: records hold specs, and specs may hold secrets (the team reads them
+    through the root's group; README, Security model)."""
     tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
@@ -179,7 +181,7 @@ def append_event(layout: Layout, host: str, event: dict[str, Any]) -> None:
         os.close(fd)
         fd = None
     if fd is None:
-        fd = _event_fds[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _event_fds[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
     os.write(fd, line.encode())
 
 

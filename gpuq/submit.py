@@ -79,7 +79,9 @@ def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: s
         raise SubmitError(f"--id {job_id!r}: ids are letters, digits, '_', '-' and '.', at most 64, "
                           "not starting with '.'")
     tmp = layout.jobs / f".submit-{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    tmp.write_bytes(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)  # it may hold secrets
+    with os.fdopen(fd, "wb") as f:
+        f.write(text)
     try:
         candidates = [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000))
         for candidate in candidates:

@@ -4,6 +4,7 @@ the workers' heartbeats and the same `plan` the workers run. Rendering lives in 
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,7 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
     for d in (layout.finished, layout.running):
         record = read_record(layout.record(d, job_id))
         if record is not None:
-            out = record.to_json()
+            out = mask_secrets(record.to_json())
             out["log"] = str(layout.job_log(job_id))
             return out
     if pending_spec_path(layout, job_id) is not None:
@@ -221,3 +222,22 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
                 "spec_dir": str(layout.rejected)}
     return None
 
+
+SECRET_KEY_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+MASK = "****"
+
+
+def mask_secrets(job: dict[str, Any]) -> dict[str, Any]:
+    """The job as shown to anyone: env values whose keys look like secrets are masked, in the
+    parsed spec and in the spec's text."""
+    spec = job.get("spec") or {}
+    env = spec.get("env") or {}
+    secret = [k for k in env if SECRET_KEY_RE.search(k)]
+    if not secret:
+        return job
+    masked = {**job, "spec": {**spec, "env": {k: MASK if k in secret else v for k, v in env.items()}}}
+    text = job.get("spec_text") or ""
+    for key in secret:  # block (`KEY: value`) or flow (`{KEY: value, ...}`) style
+        text = re.sub(rf"({re.escape(key)}[\"']?\s*:\s*)[^,}}\n]+", rf"\g<1>{MASK}", text)
+    masked["spec_text"] = text
+    return masked

@@ -242,3 +242,20 @@ def test_show_explains_a_rejected_spec(queue):
     wait_until(lambda: (queue.root / "state/rejected/oops.error").exists(), what="rejection")
     shown = queue.gpuq("show", "oops").stdout
     assert "state:            rejected" in shown and "field 'gpus'" in shown and "gpus: 1" in shown
+
+
+def test_show_masks_secret_looking_env_values_and_records_are_not_world_readable(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("sec.yaml", "command: 'true'\ngpus: 0\nenv:\n  WANDB_API_KEY: abc123\n  HF_TOKEN: 'hf_x'\n"
+                           "  PLAIN: visible\nretries: 0\n")
+    queue.drop("flow.yaml", "command: 'true'\ngpus: 0\nenv: {DB_PASSWORD: hunter2, MODE: fast}\n")
+    for job_id in ("sec", "flow"):
+        wait_until(lambda: queue.finished(job_id), what=f"{job_id} to run")
+    for args in (("show", "sec"), ("show", "--json", "sec"), ("show", "--json", "flow")):
+        out = queue.gpuq(*args).stdout
+        assert "abc123" not in out and "hf_x" not in out and "hunter2" not in out, out
+    shown = json.loads(queue.gpuq("show", "--json", "sec").stdout)
+    assert shown["spec"]["env"] == {"WANDB_API_KEY": "****", "HF_TOKEN": "****", "PLAIN": "visible"}
+    assert json.loads(queue.gpuq("show", "--json", "flow").stdout)["spec"]["env"]["MODE"] == "fast"
+    for path in (queue.root / "state" / "finished" / "sec.json", queue.root / "logs" / "sec.log"):
+        assert path.stat().st_mode & 0o007 == 0, path
