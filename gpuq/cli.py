@@ -44,6 +44,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
+    """`gpuq submit --spec FILE`: the file as is, refused exactly as a worker would refuse it."""
+    from .intake import read_spec_file
+    from .spec import SpecError, parse_spec_text
+    from .submit import SubmitError, place_spec, readable_base
+
+    if command:
+        print("gpuq submit: give either --spec FILE or a command, not both", file=sys.stderr)
+        return 2
+    try:
+        raw, _ = read_spec_file(Path(args.spec), args.spec)
+        parse_spec_text(raw, args.spec)
+        job_id = place_spec(_layout(args), raw, args.id, readable_base([], Path(args.spec).stem))
+    except SpecError as e:
+        print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
+        return 2
+    except (SubmitError, OSError) as e:
+        print(f"gpuq submit: {args.spec}: {e}", file=sys.stderr)
+        return 2
+    print(job_id)
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     import os
 
@@ -52,6 +75,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from .wake import poke
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.spec:
+        return _submit_file(args, command)
     if not command:
         print("gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- "
               "python train.py", file=sys.stderr)
@@ -196,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--hosts", help="comma-separated hosts it may run on")
     sp.add_argument("--workdir", help="directory to run in (default: the current one)")
     sp.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra variable (repeatable)")
+    sp.add_argument("--spec", metavar="FILE", help="submit this spec file as it is (checked as a worker would)")
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     sp = verb("show", cmd_show, "everything known about one job")
     sp.add_argument("id")

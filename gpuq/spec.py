@@ -172,6 +172,10 @@ def load_yaml(text: bytes, file: str) -> Any:
         return loader.construct_document(node)
     except _DuplicateKey as e:
         raise SpecError(file, str(e), "key appears twice", "keep one of the two lines") from None
+    except yaml.constructor.ConstructorError as e:
+        tag = getattr(e, "problem", "") or ""
+        raise SpecError(file, None, f"uses a YAML tag gpuq never constructs ({tag.strip()})",
+                        "remove the `!!...` tag; a spec holds plain strings, numbers and lists") from None
     except yaml.YAMLError as e:
         first_line = str(e).strip().splitlines()
         detail = " ".join(line.strip() for line in first_line[:3])
@@ -198,6 +202,9 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         raise SpecError(file, unknown[0], "unknown field",
                         f"remove it or use one of: {', '.join(FIELDS)}")
     priority_class, priority = _priority(data.get("priority", "normal"), file)
+    if data.get("gpus") == 0 and data.get("gpu_mem") is not None:
+        raise SpecError(file, "gpu_mem", "is set for a CPU-only job (gpus: 0)",
+                        "remove gpu_mem, or ask for a GPU with `gpus: 1`")
     return JobSpec(
         command=_command(data.get("command"), file),
         name=_optional_str(data, "name", file),

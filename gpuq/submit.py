@@ -75,6 +75,11 @@ def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: s
     header = f"# submitted by gpuq submit at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
     text = (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode()
     spec = parse_spec_text(text, "gpuq submit")  # what the worker will read back
+    return place_spec(layout, text, job_id, base), spec
+
+
+def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str) -> str:
+    """Create jobs/<id>.yaml holding `text`, already checked as the worker would."""
     if job_id is not None and not JOB_ID_RE.match(job_id):
         raise SubmitError(f"--id {job_id!r}: ids are letters, digits, '_', '-' and '.', at most 64, "
                           "not starting with '.'")
@@ -91,7 +96,7 @@ def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: s
                 continue
             try:
                 os.link(tmp, layout.jobs / f"{candidate}.yaml")
-                return candidate, spec
+                return candidate
             except FileExistsError:
                 if job_id:
                     raise SubmitError(f"job id {job_id!r} is already used; pick another --id") from None

@@ -1,0 +1,87 @@
+"""The hostile-spec corpus (tests/corpus/): every bad spec is refused with its message, by the
+worker and by `gpuq submit --spec`, without disturbing anything else; the good variants run."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import psutil
+
+from conftest import wait_until
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+
+def expected() -> dict[str, str]:
+    rows = [line.split("\t") for line in (CORPUS / "expected.tsv").read_text().splitlines()
+            if line and not line.startswith("#")]
+    return {name: message for name, message in rows}
+
+
+def special_cases(jobs: Path, secret: Path) -> dict[str, str]:
+    """Bad specs a repository cannot hold: links, a FIFO, a directory, 100 MB, odd names."""
+    os.symlink(secret, jobs / "symlink-to-secret.yaml")
+    (jobs.parent / "outside.yaml").write_text("command: echo linked\n")
+    os.link(jobs.parent / "outside.yaml", jobs / "hardlink.yaml")
+    os.mkfifo(jobs / "fifo.yaml")
+    (jobs / "directory.yaml").mkdir()
+    with open(jobs / "huge.yaml", "wb") as f:
+        f.truncate(100 * 1024 * 1024)  # 100 MB (sparse: cheap to make, as big to read)
+    (jobs / "new\nline.yaml").write_text("command: echo x\n")
+    return {"symlink-to-secret.yaml": "is a symbolic link", "hardlink.yaml": "has more than one hard link",
+            "fifo.yaml": "is not a regular file", "directory.yaml": "is not a regular file",
+            "huge.yaml": "over the 262144 cap", "new\nline.yaml": "the file name is not a usable job id"}
+
+
+def test_corpus_is_large_and_every_file_has_its_message():
+    bad = sorted(p.name for p in (CORPUS / "bad").iterdir())
+    assert len(bad) + 6 >= 40 and sorted(expected()) == bad
+
+
+def test_the_worker_refuses_every_bad_spec_with_its_message_and_runs_the_rest(queue, tmp_path):
+    queue.write_config(spec_settle_s=0.5, recent_finished=100, allow_root_jobs=True)
+    jobs = queue.root / "jobs"
+    want = expected()
+    for name in want:
+        shutil.copy(CORPUS / "bad" / name, jobs / name)
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    os.chmod(secret, 0o600)
+    want.update(special_cases(jobs, secret))
+    for good in (CORPUS / "good").iterdir():
+        shutil.copy(good, jobs / good.name)
+    worker = queue.start_worker("a", "1x80GiB")
+    dropped = time.monotonic()
+    rejected = queue.root / "state" / "rejected"
+    for name, message in want.items():
+        stem = name.rsplit(".", 1)[0]
+        error = wait_until(lambda: (rejected / f"{stem}.error").exists() and (rejected / f"{stem}.error"),
+                           timeout=30, what=f"{name} to be refused")
+        text = error.read_text()
+        assert (f"jobs/{name}" in text or f"jobs/{name!r}" in text) and message in text and "Fix: " in text, (name, text)
+    refused_in = time.monotonic() - dropped
+    assert refused_in < 15  # (all of them, settle time included; bench-free sanity bound)
+    assert secret.read_text() == "root only\n"
+    assert psutil.Process(worker.pid).memory_info().rss < 200 * 2**20  # 100 MB never read
+    for good in ("crlf", "bom", "comments", "extension"):
+        record = wait_until(lambda: queue.finished(good), what=f"{good} to run")
+        assert record["state"] == "done"
+    listed = {r["id"] for r in queue.status()["rejected"]}
+    assert {n.rsplit(".", 1)[0] for n in want} <= listed
+    assert worker.poll() is None
+
+
+def test_submit_refuses_what_the_worker_refuses_before_writing_anything(queue):
+    for name, message in expected().items():
+        result = queue.gpuq("submit", "--spec", str(CORPUS / "bad" / name), check=False)
+        assert result.returncode == 2 and message in result.stderr and "Nothing was written" in result.stderr, \
+            (name, result.stderr)
+    assert os.listdir(queue.root / "jobs") == []
+    for good in (CORPUS / "good").iterdir():
+        assert queue.gpuq("submit", "--spec", str(good)).returncode == 0
+    assert len(os.listdir(queue.root / "jobs")) == 4
+    for bad_id in ("../escape", "a\nb", "x" * 4096):
+        result = queue.gpuq("submit", "--id", bad_id, "--", "true", check=False)
+        assert result.returncode == 2 and "ids are letters, digits" in result.stderr, result.stderr
