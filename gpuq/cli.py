@@ -44,19 +44,36 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _never_fits(layout, data: dict) -> str | None:
+    from .plan import PendingJob
+    from .spec import validate_spec
+    from .views import never_fits
+
+    spec = validate_spec(data, "gpuq submit")
+    return never_fits(layout, _config(layout), PendingJob("(this job)", "", spec, 0.0))
+
+
 def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
     """`gpuq submit --spec FILE`: the file as is, refused exactly as a worker would refuse it."""
     from .intake import read_spec_file
+    from .plan import PendingJob
     from .spec import SpecError, parse_spec_text
     from .submit import SubmitError, place_spec, readable_base
+    from .views import never_fits
 
     if command:
         print("gpuq submit: give either --spec FILE or a command, not both", file=sys.stderr)
         return 2
     try:
         raw, _ = read_spec_file(Path(args.spec), args.spec)
-        parse_spec_text(raw, args.spec)
-        job_id = place_spec(_layout(args), raw, args.id, readable_base([], Path(args.spec).stem))
+        spec = parse_spec_text(raw, args.spec)
+        layout = _layout(args)
+        refused = never_fits(layout, _config(layout), PendingJob("(this job)", "", spec, 0.0))
+        if refused:
+            print(f"gpuq submit: {args.spec}: no GPU in the team can ever hold this job: {refused}. "
+                  "Fix: ask for less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
+            return 2
+        job_id = place_spec(layout, raw, args.id, readable_base([], Path(args.spec).stem))
     except SpecError as e:
         print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
         return 2
@@ -93,6 +110,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
                       args.hosts.split(",") if args.hosts else None, env,
                       os.path.abspath(args.workdir or os.getcwd()))
     try:
+        refused = _never_fits(layout, data)
+        if refused:
+            print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Fix: ask for "
+                  "less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
+            return 2
         job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name))
     except SpecError as e:
         where = f"--{e.field.replace('_', '-')}" if e.field in SUBMIT_OPTIONS else (e.field or "spec")

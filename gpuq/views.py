@@ -4,6 +4,7 @@ the workers' heartbeats and the same `plan` the workers run. Rendering lives in 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import re
 import os
 from pathlib import Path
@@ -241,3 +242,16 @@ def mask_secrets(job: dict[str, Any]) -> dict[str, Any]:
         text = re.sub(rf"({re.escape(key)}[\"']?\s*:\s*)[^,}}\n]+", rf"\g<1>{MASK}", text)
     masked["spec_text"] = text
     return masked
+
+
+def never_fits(layout: Layout, config: Config, job: PendingJob) -> str | None:
+    """Why no host of the team could ever run `job`, even with every GPU empty (None when
+    one could, or when no worker has ever reported its GPUs: nothing to judge by)."""
+    beats = [hb for hb in load_heartbeats(layout) if hb.get("gpus") is not None]
+    if not beats or job.spec.gpus == 0:
+        return None
+    empty = [HostView(hb["host"], tuple(replace(GpuSnapshot.from_json(g), mem_used_mib=0, processes=())
+                                        for g in hb["gpus"]), hb.get("cpu_slots", config.cpu_slots))
+             for hb in beats]
+    decided = plan([job], empty, [], config, wall_time(), explain=True)
+    return None if decided.starts else decided.reasons.get(job.id)

@@ -225,3 +225,17 @@ def test_submit_options_reach_the_job_and_status_all_lists_everything(queue):
     wait_until(lambda: queue.finished("exact"), what="exact on a")
     assert "hi there on a" in queue.log("exact")
     assert queue.gpuq("submit", "--id", "exact", "--", "true", check=False).returncode == 2
+
+
+def test_a_job_no_gpu_can_ever_hold_is_refused_by_submit_and_explained_when_dropped(queue):
+    queue.start_worker("a", "2x16GiB")
+    too_big = queue.gpuq("submit", "--gpu-mem", "40GiB", "--", "true", check=False)
+    assert too_big.returncode == 2 and "no GPU in the team can ever hold this job" in too_big.stderr
+    assert "largest GPU holds" in too_big.stderr and "Nothing was written" in too_big.stderr
+    too_wide = queue.gpuq("submit", "--gpus", "4", "--", "true", check=False)
+    assert too_wide.returncode == 2 and "the most any host offers is 2" in too_wide.stderr
+    assert os.listdir(queue.root / "jobs") == []
+    queue.drop("huge.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 40GiB\n")
+    row = wait_until(lambda: next((p for p in queue.status()["pending"] if p["id"] == "huge"), None),
+                     what="huge in status")
+    assert "largest GPU holds" in row["reason"]
