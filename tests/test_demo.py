@@ -13,4 +13,5 @@ def test_demo_runs_the_whole_flow(tmp_path):
     out = proc.stdout
     assert "12/12 jobs finished" in out
     assert "needs 30GiB on one GPU" in out and "cancelled (was pending)" in out
+    assert "no GPU in the team can ever hold this job" in out  # submit refused it first
     assert re.search(r"training on GPUs \[\d\] with 20480 MiB each", out)
