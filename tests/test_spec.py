@@ -120,3 +120,20 @@ def test_fuzz_parser_raises_only_spec_error(blob):
         parse(blob)
     except SpecError:
         pass
+
+
+_ANY = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+                    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children,
+                                                                                       max_size=4),
+                    max_leaves=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(FIELDS)), _ANY, max_size=len(FIELDS)))
+def test_fuzz_known_fields_with_any_values_through_yaml(data):
+    import yaml
+
+    try:
+        parse(yaml.safe_dump(data).encode())
+    except SpecError:
+        pass
