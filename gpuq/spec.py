@@ -132,8 +132,7 @@ def _check_node_tree(root: Any, file: str) -> None:
     while stack:
         node, depth = stack.pop()
         if depth > MAX_NESTING:
-            raise SpecError(file, None, f"nesting deeper than {MAX_NESTING} levels",
-                            "a spec is a flat mapping; remove the nesting")
+            raise _too_deep(file)
         if id(node) in seen:
             raise SpecError(file, None, "YAML anchors/aliases are not allowed",
                             "write the value out instead of using &anchor/*alias")
@@ -177,6 +176,8 @@ def load_yaml(text: bytes, file: str) -> Any:
         raise SpecError(file, None, f"uses a YAML tag gpuq never constructs ({tag.strip()})",
                         "remove the `!!...` tag; a spec holds plain strings, numbers and lists") from None
     except yaml.YAMLError as e:
+        if "nesting depth" in str(e):  # PyYAML >= 6.0.4 stops deep nesting itself, before we do
+            raise _too_deep(file) from None
         first_line = str(e).strip().splitlines()
         detail = " ".join(line.strip() for line in first_line[:3])
         raise SpecError(file, None, f"not valid YAML ({detail})",
@@ -185,6 +186,10 @@ def load_yaml(text: bytes, file: str) -> Any:
         raise SpecError(file, None, "nesting too deep", "a spec is a flat mapping") from None
     finally:
         loader.dispose()
+
+
+def _too_deep(file: str) -> SpecError:
+    return SpecError(file, None, f"nesting deeper than {MAX_NESTING} levels", "a spec is a flat mapping; remove the nesting")
 
 
 def parse_spec_text(text: bytes, file: str) -> JobSpec:
