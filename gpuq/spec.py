@@ -183,7 +183,7 @@ def load_yaml(text: bytes, file: str) -> Any:
         raise SpecError(file, None, f"not valid YAML ({detail})",
                         "check indentation and quoting; `key: value` per line") from None
     except RecursionError:
-        raise SpecError(file, None, "nesting too deep", "a spec is a flat mapping") from None
+        raise _too_deep(file) from None
     finally:
         loader.dispose()
 
