@@ -36,6 +36,7 @@ class Entry:
     error: SpecError | None = None
     text: bytes = b""
     unchanged_since: float = 0.0      # monotonic time the key was first seen
+    final: bool = False               # the error is the file's own, not its content's
 
     @property
     def path(self) -> Path:
@@ -73,11 +74,14 @@ def read_spec_file(path: Path, display: str) -> tuple[bytes, os.stat_result]:
         os.close(fd)
 
 
-def parse_entry(job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
+def check_job_id(job_id: str, name: str) -> None:
     if not JOB_ID_RE.match(job_id):
-        raise SpecError(f"jobs/{path.name!r}", None, "the file name is not a usable job id",
+        raise SpecError(f"jobs/{name!r}", None, "the file name is not a usable job id",
                         "rename it to letters, digits, '_', '-' and '.' (at most 64, not starting "
                         "with '.'), e.g. train-a.yaml")
+
+
+def parse_entry(job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
     spec = parse_spec_text(text, f"jobs/{path.name}")
     return PendingJob(job_id, user_name(st.st_uid), spec, st.st_mtime)
 
@@ -151,9 +155,14 @@ class Intake:
             return False
         entry = Entry(key, self.layout.jobs, name, unchanged_since=now_mono)
         try:
+            # What is wrong with the file itself (a link, a FIFO, its owner, its name) does not
+            # mend as a writer finishes: refused at once. Its content waits to settle.
+            entry.final = True
             entry.text, fst = read_spec_file(entry.path, f"jobs/{name}")
             if self.policy is not None:
                 self.policy.check(fst, f"jobs/{name}")
+            check_job_id(job_id, name)
+            entry.final = False
             entry.job = parse_entry(job_id, entry.path, fst, entry.text)
         except SpecError as e:
             entry.error = e
@@ -193,7 +202,7 @@ class Intake:
     def settled_errors(self, now_mono: float, settle_s: float) -> list[tuple[str, Entry]]:
         """Invalid specs unchanged for `settle_s`: time to reject them."""
         return [(i, self.entries[i]) for i in self.failing
-                if now_mono - self.entries[i].unchanged_since >= settle_s]
+                if self.entries[i].final or now_mono - self.entries[i].unchanged_since >= settle_s]
 
     def unsettled(self) -> dict[str, SpecError]:
         return {i: self.entries[i].error for i in self.failing}  # type: ignore[misc]

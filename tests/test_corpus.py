@@ -85,3 +85,17 @@ def test_submit_refuses_what_the_worker_refuses_before_writing_anything(queue):
     for bad_id in ("../escape", "a\nb", "x" * 4096):
         result = queue.gpuq("submit", "--id", bad_id, "--", "true", check=False)
         assert result.returncode == 2 and "ids are letters, digits" in result.stderr, result.stderr
+
+
+def test_what_is_wrong_with_the_file_itself_is_refused_at_once_content_waits_to_settle(queue, tmp_path):
+    queue.write_config(spec_settle_s=30, allow_root_jobs=True)
+    jobs = queue.root / "jobs"
+    os.mkfifo(jobs / "pipe.yaml")
+    os.symlink(tmp_path / "nowhere", jobs / "link.yaml")
+    (jobs / "half.yaml").write_text("command: [unfinished\n")  # maybe still being written
+    queue.start_worker("a", "1x80GiB")
+    rejected = queue.root / "state" / "rejected"
+    for stem in ("pipe", "link"):
+        wait_until(lambda: (rejected / f"{stem}.error").exists(), timeout=5, what=f"{stem} refused at once")
+    assert not (rejected / "half.error").exists() and (jobs / "half.yaml").exists()
+    assert any(p["id"] == "half" for p in queue.status()["invalid"])  # shown, with its problem
