@@ -8,6 +8,7 @@ does not re-parse 10,000 files.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import pwd
@@ -43,6 +44,7 @@ class Entry:
         return self.jobs_dir / self.name
 
 
+@functools.lru_cache(maxsize=1024)  # one /etc/passwd read per user, not per spec
 def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
