@@ -225,9 +225,9 @@ class Intake:
         """Take parsed specs from another process's `cache_json`; a scan re-reads any file
         whose (mtime, size, inode) no longer matches."""
         jobs = self.layout.jobs
+        entries = self.entries  # (parsed specs only: nothing failing, and the worker's checks done)
         for job_id, (key, user, spec, queued_at, name) in cache.items():
-            self._put(job_id, Entry(tuple(key), jobs, name,
-                                    PendingJob(job_id, user, JobSpec.from_json(spec), queued_at)))
+            entries[job_id] = Entry(tuple(key), jobs, name, PendingJob(job_id, user, JobSpec.from_json(spec), queued_at))
 
 
 def load_pending_for_view(layout: Layout, cache_files: list[Path]) -> tuple[list[PendingJob], dict[str, str]]:
