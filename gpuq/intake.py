@@ -228,17 +228,20 @@ class Intake:
         entries = self.entries  # (parsed specs only: nothing failing, and the worker's checks done)
         for job_id, (key, user, spec, queued_at, name) in cache.items():
             entries[job_id] = Entry(tuple(key), jobs, name, PendingJob(job_id, user, JobSpec.from_json(spec), queued_at))
+            self.listing[name] = key[2]  # as if this process had listed it: only other names are examined
 
 
 def load_pending_for_view(layout: Layout, cache_files: list[Path]) -> tuple[list[PendingJob], dict[str, str]]:
-    """Pending jobs for `gpuq status`: the same scan a worker does, seeded with the workers'
-    shared cache so that only files changed since are parsed here. Returns (jobs, problems:
-    id -> message for specs that do not parse yet)."""
+    """Pending jobs for `gpuq status`: the same scan a worker does between its full scans,
+    seeded with a worker's shared cache, so that only files added, removed or replaced since
+    are read here (a file edited in place shows its new content once that worker's cache is
+    rewritten, within seconds). Returns (jobs, problems: id -> message for specs that do not
+    parse yet)."""
     intake = Intake(layout)
     for path in cache_files:
         try:
             intake.seed(json.loads(path.read_bytes()))
         except (OSError, ValueError):
             continue
-    intake.scan(time.monotonic(), full=True)
+    intake.scan(time.monotonic(), full=False)
     return intake.pending(), {i: str(e) for i, e in intake.unsettled().items()}
