@@ -43,7 +43,7 @@ def job_environment(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str
 
 
 # Dispositions a job must not inherit from its supervisor (ignored signals survive exec).
-_JOB_DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM)
+_JOB_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # the supervisor's other ignores are handlers
 
 
 def open_log(path: Path, owner: Identity | None) -> int:

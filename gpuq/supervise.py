@@ -74,6 +74,10 @@ class _StopSignal:
             raise _StopRequested()
 
 
+def _shrug(signum: int, frame: object) -> None:
+    pass
+
+
 def become_supervisor(keep_fds: tuple[int, ...]) -> None:
     """Once, in a process just forked by the spawner: its own session, no inherited
     descriptors but `keep_fds`, a child subreaper, and the stop signal."""
@@ -87,9 +91,17 @@ def become_supervisor(keep_fds: tuple[int, ...]) -> None:
         _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # type: ignore[union-attr]
     except AttributeError:
         pass  # not Linux: orphans go to init; the process group is still killed
+    # Whatever the worker was started with (cron, a shell's background job ignores SIGQUIT)
+    # must not reach jobs: every disposition back to its default, then ours. Handlers, not
+    # SIG_IGN, for the signals we shrug off: exec resets handlers, so jobs get the defaults.
+    for sig in signal.valid_signals():
+        if sig < signal.SIGRTMIN and sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, _StopSignal.handler)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, _shrug)
+    signal.signal(signal.SIGHUP, _shrug)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored, as Python has them; reset for the job at spawn
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def supervise(rt: Runtime, job_id: str, claim: str, lock_fd: int) -> None:

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from conftest import fake_job, wait_until
+from conftest import PY, REPO, fake_job, wait_until
 
 
 def _state(queue, job_id):
@@ -81,7 +81,11 @@ def test_a_job_that_cannot_start_fails_with_the_reason_in_its_log(queue):
 
 
 def test_a_job_gets_a_clean_signal_state_and_its_workdir(queue, tmp_path):
-    queue.start_worker("a", "1x80GiB")
+    # Started the way a shell starts a background job: SIGQUIT (and SIGINT) ignored.
+    queue.workers["a"] = subprocess.Popen(
+        [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x80GiB",
+         "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=queue.env(),
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGQUIT, signal.SIGINT)])
     queue.drop("sigs.yaml", f"command: grep -E '^Sig(Ign|Blk)' /proc/self/status; pwd\ngpus: 0\n"
                             f"workdir: {tmp_path}\n")
     wait_until(lambda: queue.finished("sigs"), what="sigs to run")
