@@ -25,10 +25,9 @@ import signal
 import time
 from pathlib import Path
 
-from .faults import wall_time
-from .hostinfo import process_start_ticks
 from .config import FENCE_FRACTION
-from .faults import crash_point, io_fault
+from .faults import crash_point, io_fault, wall_time
+from .hostinfo import process_start_ticks
 from .joblocal import Runtime, finish_local, lease_age
 from .launch import forget_spawned, inherited_environment, job_environment, open_log, spawn_job
 from .owners import Identity

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .faults import wall_time
 from .config import Config
+from .faults import wall_time
 from .intake import load_pending_for_view
 from .layout import Layout
 from .plan import HostView, PendingJob, RunningJob, plan, usable_mib

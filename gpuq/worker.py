@@ -15,23 +15,22 @@ from typing import Callable
 
 import psutil
 
-from .faults import wall_time
 from . import __version__
 from .config import Config
+from .faults import crash_point, wall_time
 from .hostinfo import boot_id, ensure_private_dir
 from .intake import Intake, user_name
+from .joblocal import Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
 from .layout import Layout
+from .owners import OwnerPolicy, may_act_on, refusal
 from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
+from .recovery import Recovery
+from .spawner import Spawner
 from .spec import SpecError
 from .spool import (Record, append_event, claim, claim_name, has_record, next_attempt, read_json,
                     read_record, record_start, write_json)
 from .states import State
-from .spawner import Spawner
-from .faults import crash_point
-from .joblocal import Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
-from .owners import OwnerPolicy, may_act_on, refusal
-from .recovery import Recovery
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
 
 log = logging.getLogger("gpuq.worker")
@@ -68,8 +67,8 @@ class Worker:
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
         self.heartbeat_at = 0.0
-        self.woken_by = b""
-        self.unmovable: set[str] = set()     # refused specs this worker may not move                  # the reasons of the pokes that ended the last sleep
+        self.woken_by = b""                  # the reasons of the pokes that ended the last sleep
+        self.unmovable: set[str] = set()     # refused specs this worker may not move
         self.unchanged_plan_inputs: tuple | None = None
 
     # --- the loop -------------------------------------------------------------------------
