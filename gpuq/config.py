@@ -118,6 +118,7 @@ KEYS: dict[str, tuple[str, Any]] = {
 # Supervisors stop their jobs once their host's heartbeat is FENCE_FRACTION of lost_after_s
 # old, and need grace_s more: that must end before other hosts may take the jobs over.
 FENCE_FRACTION = 0.6
+RECORD_FENCE_FRACTION = 0.9  # a finished job's result is still written up to this age
 
 
 def validate(data: Any, file: str) -> Config:

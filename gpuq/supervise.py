@@ -25,7 +25,7 @@ import signal
 import time
 from pathlib import Path
 
-from .config import FENCE_FRACTION
+from .config import FENCE_FRACTION, RECORD_FENCE_FRACTION
 from .faults import crash_point, io_fault, wall_time
 from .hostinfo import process_start_ticks
 from .joblocal import Runtime, finish_local, lease_age
@@ -129,11 +129,12 @@ def _mark(lock_fd: int, marker: dict) -> None:
     os.pwrite(lock_fd, data, 0)
 
 
-def fence_reason(rt: Runtime, record: Record) -> str | None:
+def fence_reason(rt: Runtime, record: Record, lease_fraction: float = FENCE_FRACTION) -> str | None:
     """Why this host may no longer run or record `record`'s attempt, if it may not: its
-    heartbeat is too old (others will soon take its jobs over), or another host already did."""
+    heartbeat is older than `lease_fraction` of lost_after_s (others will soon take its jobs
+    over), or another host already did."""
     age = lease_age(rt)
-    if age is not None and age > FENCE_FRACTION * rt.lost_after_s:
+    if age is not None and age > lease_fraction * rt.lost_after_s:
         return f"fenced: this host's heartbeat is {age:.0f} s old, other hosts may take its jobs over"
     current = read_record(rt.layout.record(rt.layout.running, record.id))
     if current is None or current.claim != record.claim:
@@ -205,7 +206,9 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         _kill_leftovers(job_pid, rt.grace_s)
         crash_point("supervisor:exited")
     ended = wall_time()
-    fenced = fenced or fence_reason(rt, record)
+    # A result still ours is written unless a takeover is close: writing takes milliseconds,
+    # while stopping a running job needs grace_s (hence the earlier limit in _wait).
+    fenced = fenced or fence_reason(rt, record, RECORD_FENCE_FRACTION)
     outcome = (f"exit {exit_code}" if exit_code is not None else
                f"killed by signal {sig}" if sig is not None else failure or "not started")
     if stop_reason:
