@@ -39,6 +39,17 @@ class Queue:
             time.sleep(0.02)
         return proc
 
+    def __enter__(self) -> "Queue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_running(self, job_id: str) -> None:
+        while not (self.root / "state" / "running" / f"{job_id}.json").exists():
+            time.sleep(0.02)
+        time.sleep(0.5)  # and its job started
+
     def kill(self, host: str) -> None:
         proc = self.workers.pop(host)
         proc.kill()
@@ -104,8 +115,7 @@ class Queue:
 
 
 def crash_at(point: str) -> tuple[int, int, int, int, int, float]:
-    q = Queue(point.replace(":", "-"))
-    try:
+    with Queue(point.replace(":", "-")) as q:
         q.start("a", {CRASH_ENV: point})
         ids = q.drop(1)
         if point.startswith("worker:"):
@@ -115,14 +125,11 @@ def crash_at(point: str) -> tuple[int, int, int, int, int, float]:
             time.sleep(2)
             q.kill("a")
         return (1, 1, *q.recover("a", ids))
-    finally:
-        q.close()
 
 
 def kill_storm(n: int) -> tuple[int, int, int, int, int, float]:
-    q = Queue("storm")
     hosts = ("a", "b", "c", "d")
-    try:
+    with Queue("storm") as q:
         for h in hosts:
             q.start(h)
         ids = q.drop(n)
@@ -134,18 +141,13 @@ def kill_storm(n: int) -> tuple[int, int, int, int, int, float]:
             q.start(h, wait=False)
             kills += 1
         return (kills, n, *q.tally(ids), time.monotonic() - t)
-    finally:
-        q.close()
 
 
 def frozen_host() -> tuple[int, int, int, int, int, float]:
-    q = Queue("frozen", lost_after_s=6)
-    try:
+    with Queue("frozen", lost_after_s=6) as q:
         q.start("a")
         ids = q.drop(1, command=f"echo {RUN}; [ $GPUQ_ATTEMPT = 1 ] && sleep 600; true")
-        while not (q.root / "state" / "running" / "j0000.json").exists():
-            time.sleep(0.02)
-        time.sleep(0.5)
+        q.wait_running("j0000")
         q.start("b")
         worker = psutil.Process(q.workers["a"].pid)
         frozen = [worker, *worker.children(recursive=True)]
@@ -160,27 +162,19 @@ def frozen_host() -> tuple[int, int, int, int, int, float]:
         lost, unknown, _ = q.tally(ids)
         # Two runs by design (at-least-once): the stale copy is fenced and records nothing.
         return (1, 1, lost, unknown, 0, took)
-    finally:
-        q.close()
 
 
 def reboot() -> tuple[int, int, int, int, int, float]:
-    q = Queue("reboot")
-    try:
+    with Queue("reboot") as q:
         q.start("a", {"GPUQ_TEST_BOOT_ID": "one"})
         ids = q.drop(1, command=f"[ $GPUQ_ATTEMPT = 1 ] && sleep 600; echo {RUN}")
-        while not (q.root / "state" / "running" / "j0000.json").exists():
-            time.sleep(0.02)
-        time.sleep(0.5)
+        q.wait_running("j0000")
         q.power_cut()
         return (1, 1, *q.recover("a", ids, {"GPUQ_TEST_BOOT_ID": "two"}))
-    finally:
-        q.close()
 
 
 def cron_overlap() -> tuple[int, int, int, int, int, float]:
-    q = Queue("cron")
-    try:
+    with Queue("cron") as q:
         t = time.monotonic()
         starts = [subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(q.root), "--host", "a",
                                     "--fake-gpus", "2x80GiB", "--foreground"], stdout=subprocess.DEVNULL,
@@ -193,20 +187,15 @@ def cron_overlap() -> tuple[int, int, int, int, int, float]:
         ids = q.drop(20)
         q.wait_settled(ids)
         return (20, 20, *q.tally(ids), took)
-    finally:
-        q.close()
 
 
 def disk_full() -> tuple[int, int, int, int, int, float]:
-    q = Queue("diskfull")
-    try:
+    with Queue("diskfull") as q:
         q.start("a", {"GPUQ_TEST_IO_FAULT": "write:running=ENOSPC"})
         ids = q.drop(20)
         time.sleep(2)
         q.kill("a")
         return (1, 20, *q.recover("a", ids))
-    finally:
-        q.close()
 
 
 def main() -> None:

@@ -54,9 +54,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
         return 2
     ensure_private_dir(local_dir)
     if _another_worker_holds(local_dir / "worker.lock"):
-        if args.verbose:
-            print(f"gpuq worker: a worker already runs for {host} on this root", file=sys.stderr)
-        return 0  # the usual cron start: leave before loading anything more
+        return _already_running(host, args.verbose)  # the usual cron start: leave before loading more
     daemon = not (args.foreground or args.once)
     if daemon and _daemonize():
         return 0  # the cron-started parent: the daemon carries on
@@ -66,9 +64,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     try:
         single.acquire()
     except Timeout:
-        if args.verbose:
-            print(f"gpuq worker: a worker already runs for {host} on this root", file=sys.stderr)
-        return 0
+        return _already_running(host, args.verbose)
     import logging  # here: a cron start that leaves at once never needs it
 
     _setup_logging(layout.worker_log(host), to_stderr=not daemon, verbose=args.verbose)
@@ -86,6 +82,12 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
         logging.getLogger("gpuq.worker").info("worker %s stopped; running jobs continue under their "
                                               "supervisors", host)
         single.release()
+    return 0
+
+
+def _already_running(host: str, verbose: bool) -> int:
+    if verbose:
+        print(f"gpuq worker: a worker already runs for {host} on this root", file=sys.stderr)
     return 0
 
 
