@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import psutil
@@ -53,7 +52,6 @@ def test_the_worker_refuses_every_bad_spec_with_its_message_and_runs_the_rest(qu
     for good in (CORPUS / "good").iterdir():
         shutil.copy(good, jobs / good.name)
     worker = queue.start_worker("a", "1x80GiB")
-    dropped = time.monotonic()
     rejected = queue.root / "state" / "rejected"
     for name, message in want.items():
         stem = name.rsplit(".", 1)[0]
@@ -61,8 +59,6 @@ def test_the_worker_refuses_every_bad_spec_with_its_message_and_runs_the_rest(qu
                            timeout=30, what=f"{name} to be refused")
         text = error.read_text()
         assert (f"jobs/{name}" in text or f"jobs/{name!r}" in text) and message in text and "Fix: " in text, (name, text)
-    refused_in = time.monotonic() - dropped
-    assert refused_in < 15  # (all of them, settle time included; bench-free sanity bound)
     assert secret.read_text() == "root only\n"
     assert psutil.Process(worker.pid).memory_info().rss < 200 * 2**20  # 100 MB never read
     for good in ("crlf", "bom", "comments", "extension"):

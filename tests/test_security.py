@@ -156,13 +156,11 @@ def test_only_the_owner_root_or_an_admin_may_cancel_and_the_request_file_decides
     forged = control / "long.json"
     forged.write_text(json.dumps({"action": "cancel", "by": "gpuq-ana", "attempt": 1}))
     os.chown(forged, bo.pw_uid, bo.pw_gid)
-    wait_until(lambda: not forged.exists() or any("refused" in (e.get("reason") or "") for e in shared.events()),
-               what="the forged request to be judged")
     wait_until(lambda: any(e.get("reason") == "cancel by gpuq-bo refused" for e in shared.events()),
                what="the refusal event")
     assert (shared.record("long") or {}).get("state") == "running"
     shared.write_config(allow_root_jobs=False, admins=["gpuq-bo"])  # bo becomes an admin
-    os.unlink(forged) if forged.exists() else None
+    forged.unlink(missing_ok=True)
     shared.stop_worker("a")
     shared.start_worker("a", "1x80GiB")
     as_admin = subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(shared.root), "cancel", "long"],
