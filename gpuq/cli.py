@@ -191,9 +191,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         try:
             ok, message = cancel_one(layout, job_id, host, config.admins)
         except PermissionError as e:
-            ok, message = False, (f"{job_id}: cannot write the cancel request ({e.strerror}: {e.filename}). "
-                                  "Fix: the team needs write access to the queue's state/control/ "
-                                  "(README, Security model)")
+            ok, message = False, (f"{job_id}: {e.strerror}: {e.filename}. Fix: the team needs read access "
+                                  "to the queue's state/ and write access to state/control/ (README, "
+                                  "Security model)")
         print(message, file=sys.stdout if ok else sys.stderr)
         failures += not ok
     poke(config.local_dir_for(layout, host))

@@ -140,13 +140,16 @@ def test_a_worker_not_run_as_root_runs_only_its_users_specs(shared, users):
 def test_only_the_owner_root_or_an_admin_may_cancel_and_the_request_file_decides(shared, users):
     ana, bo = users["gpuq-ana"], users["gpuq-bo"]
     _python_for(bo)
+    team = grp.getgrnam(TEAM).gr_gid
+    for d in (shared.root, shared.root / "jobs"):  # README's shared setup: the team's group, setgid
+        os.chown(d, 0, team)
+        os.chmod(d, 0o2775)
     shared.start_worker("a", "1x80GiB")
     drop_as(shared, ana, "long.yaml", "command: sleep 60\ngpus: 0\nworkdir: /\n")
     wait_until(lambda: (shared.record("long") or {}).get("state") == "running", what="long to start")
-    os.chmod(shared.root, 0o755)
     as_bo = subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(shared.root), "cancel", "long"],
                            capture_output=True, text=True, env={**shared.env(), "HOME": "/tmp"},
-                           user=bo.pw_uid, group=bo.pw_gid, extra_groups=[])
+                           user=bo.pw_uid, group=bo.pw_gid, extra_groups=[team])
     assert as_bo.returncode == 1 and "belongs to gpuq-ana; only its owner, root or an admin" in as_bo.stderr
     # A request file bo writes himself, claiming to be ana, is judged by its owner: bo.
     control = shared.root / "state" / "control" / "a"
@@ -165,7 +168,7 @@ def test_only_the_owner_root_or_an_admin_may_cancel_and_the_request_file_decides
     shared.start_worker("a", "1x80GiB")
     as_admin = subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(shared.root), "cancel", "long"],
                               capture_output=True, text=True, env={**shared.env(), "HOME": "/tmp"},
-                              user=bo.pw_uid, group=bo.pw_gid, extra_groups=[grp.getgrnam(TEAM).gr_gid])
+                              user=bo.pw_uid, group=bo.pw_gid, extra_groups=[team])
     assert as_admin.returncode == 0, as_admin.stderr
     record = wait_until(lambda: shared.finished("long"), what="long to be cancelled by the admin")
     assert record["state"] == "cancelled" and "cancelled by gpuq-bo" in record["reason"]
