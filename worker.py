@@ -7,6 +7,11 @@ import sys
 if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
+    from gpuq.single_instance import ANOTHER_WORKER_RUNS, lock_at_cron_start
+
+    lock_fd = lock_at_cron_start(sys.argv[1:], here)
+    if lock_fd == ANOTHER_WORKER_RUNS:
+        sys.exit(0)  # cron's every-minute start while the worker runs: leave before loading more
     from gpuq.worker_main import main
 
-    sys.exit(main(launcher_dir=here))
+    sys.exit(main(launcher_dir=here, lock_fd=lock_fd))

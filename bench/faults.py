@@ -173,20 +173,39 @@ def reboot() -> tuple[int, int, int, int, int, float]:
         return (1, 1, *q.recover("a", ids, {"GPUQ_TEST_BOOT_ID": "two"}))
 
 
+def _twenty_starts(q: Queue, stay: int) -> tuple[list[subprocess.Popen], float]:
+    """20 simultaneous cron starts of host a; returns them once all but `stay` have exited,
+    and the seconds that took."""
+    t = time.monotonic()
+    starts = [subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(q.root), "--host", "a",
+                                "--fake-gpus", "2x80GiB", "--foreground"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env=clean_env()) for _ in range(20)]
+    while sum(p.poll() is None for p in starts) > stay:
+        time.sleep(0.01)
+    return starts, time.monotonic() - t
+
+
 def cron_overlap() -> tuple[int, int, int, int, int, float]:
+    """No worker yet: the 20 starts race, and one of them boots while the others leave."""
     with Queue("cron") as q:
-        t = time.monotonic()
-        starts = [subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(q.root), "--host", "a",
-                                    "--fake-gpus", "2x80GiB", "--foreground"], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, env=clean_env()) for _ in range(20)]
-        while sum(p.poll() is None for p in starts) > 1:
-            time.sleep(0.01)
-        took = time.monotonic() - t
+        starts, took = _twenty_starts(q, stay=1)
         (survivor,) = [p for p in starts if p.poll() is None]
         q.workers["a"] = survivor
         ids = q.drop(20)
         q.wait_settled(ids)
         return (20, 20, *q.tally(ids), took)
+
+
+def cron_overlap_while_running() -> tuple[int, int, int, int, int, float]:
+    """The worker runs (cron's usual case): all 20 starts leave; jobs carry on."""
+    with Queue("cron-running") as q:
+        q.start("a")
+        ids = q.drop(4, command=f"sleep 3; echo {RUN}")
+        for job_id in ids:
+            q.wait_running(job_id)
+        _, took = _twenty_starts(q, stay=0)  # the worker was there first: all leave
+        q.wait_settled(ids)
+        return (20, 4, *q.tally(ids), took)
 
 
 def disk_full() -> tuple[int, int, int, int, int, float]:
@@ -214,6 +233,7 @@ def main() -> None:
     row("host frozen (SIGSTOP), lost_after_s 6", frozen_host())
     row("reboot (new boot id)", reboot())
     row("cron overlap: 20 starts (time: to 1 left)", cron_overlap())
+    row("cron: 20 starts, worker running (to 0)", cron_overlap_while_running())
     row("disk full writing running records", disk_full())
     print("lost: jobs without a final record. unknown: recorded as lost, exit unknown (see README,\n"
           "Guarantees). twice: ran more than once (the frozen host's stale copy is fenced: killed, its\n"

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .layout import Layout, RootError, resolve_root, this_host
+from .layout import Layout, RootError, resolve_root
+from .single_instance import this_host
 
 if TYPE_CHECKING:
     from .config import Config

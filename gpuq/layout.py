@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from .single_instance import default_local_dir
+
 ROOT_ENV = "GPUQ_ROOT"
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
@@ -32,11 +34,6 @@ def resolve_root(cli_root: str | None, launcher_dir: str | None) -> Path:
         "no queue root: pass --root DIR, set GPUQ_ROOT=DIR, or run from a directory "
         "holding config.yaml and jobs/"
     )
-
-
-def this_host() -> str:
-    """The host name gpuq uses: the short hostname (a worker may override it with --host)."""
-    return os.uname().nodename.split(".")[0] or "localhost"  # gethostname(), without loading socket
 
 
 def job_id_for_spec_name(filename: str) -> str | None:
@@ -141,11 +138,4 @@ class Layout:
         return self.events / f"{host}.jsonl"
 
     def default_local_dir(self, host: str) -> Path:
-        """Per-host local directory for locks that must be local (never on NFS). In RAM
-        (/dev/shm) where there is one: its locks and markers mean nothing after a reboot,
-        and creating a file there costs microseconds where a disk may take a millisecond."""
-        import hashlib  # here: it loads OpenSSL, which would make every supervisor fork slower
-
-        digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:10]
-        base = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path("/tmp")
-        return base / f"gpuq-{os.getuid()}" / f"{host}-{digest}"
+        return Path(default_local_dir(str(self.root), host))

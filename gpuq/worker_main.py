@@ -13,7 +13,8 @@ from pathlib import Path
 
 from . import config as config_mod
 from .hostinfo import NETWORK_FILESYSTEMS, ensure_private_dir, filesystem_type
-from .layout import HOST_RE, Layout, RootError, resolve_root, this_host
+from .layout import HOST_RE, Layout, RootError, resolve_root
+from .single_instance import WORKER_LOCK_NAME, take_worker_lock, this_host
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -31,7 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
+def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd: int | None = None) -> int:
+    """`lock_fd`: the worker lock, when worker.py could take it before loading gpuq."""
     args = parse_args(argv)
     try:
         layout = Layout(resolve_root(args.root, launcher_dir))
@@ -53,18 +55,11 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
               f"to a local disk, e.g. /var/tmp/gpuq-{{host}}", file=sys.stderr)
         return 2
     ensure_private_dir(local_dir)
-    if _another_worker_holds(local_dir / "worker.lock"):
-        return _already_running(host, args.verbose)  # the usual cron start: leave before loading more
+    if lock_fd is None and (lock_fd := take_worker_lock(str(local_dir / WORKER_LOCK_NAME))) is None:
+        return _already_running(host, args.verbose)
     daemon = not (args.foreground or args.once)
     if daemon and _daemonize():
-        return 0  # the cron-started parent: the daemon carries on
-    from filelock import FileLock, Timeout
-
-    single = FileLock(str(local_dir / "worker.lock"), timeout=0)
-    try:
-        single.acquire()
-    except Timeout:
-        return _already_running(host, args.verbose)
+        return 0  # the cron-started parent: the daemon carries on (flock follows the descriptor)
     import logging  # here: a cron start that leaves at once never needs it
 
     _setup_logging(layout.worker_log(host), to_stderr=not daemon, verbose=args.verbose)
@@ -81,7 +76,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     finally:
         logging.getLogger("gpuq.worker").info("worker %s stopped; running jobs continue under their "
                                               "supervisors", host)
-        single.release()
+        os.close(lock_fd)
     return 0
 
 
@@ -89,25 +84,6 @@ def _already_running(host: str, verbose: bool) -> int:
     if verbose:
         print(f"gpuq worker: a worker already runs for {host} on this root", file=sys.stderr)
     return 0
-
-
-def _another_worker_holds(lock_path: Path) -> bool:
-    """A quick look at the single-instance lock with the primitive FileLock uses on Unix
-    (flock): a cron start that finds it held exits without importing filelock. Only a
-    hint: the FileLock taken afterwards decides."""
-    import fcntl
-
-    try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def _daemonize() -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -13,6 +14,8 @@ import pytest
 
 from conftest import PY, REPO, wait_until
 from gpuq.faults import CRASH_ENV, CRASH_POINTS
+from gpuq.layout import Layout
+from gpuq.single_instance import _config_may_set_local_dir
 
 RUN_LINE = "ran-attempt-"
 JOB = f"command: echo {RUN_LINE}$GPUQ_ATTEMPT\ngpus: 1\n"
@@ -141,6 +144,38 @@ def test_cron_overlap_starts_exactly_one_worker_and_jobs_do_not_inherit_its_lock
     queue.drop("fds.yaml", "command: ls -l /proc/self/fd/\ngpus: 0\n")
     wait_until(lambda: queue.finished("fds"), what="fds to run")
     assert "worker.lock" not in queue.log("fds") and queue.finished("fds")["state"] == "done"
+
+
+def test_a_cron_start_that_finds_its_worker_leaves_before_loading_gpuq(queue):
+    """With local_dir at its default, the every-minute start answers from the lock alone:
+    no argparse, PyYAML or worker code is imported (what keeps 20 overlapping starts cheap)."""
+    config = queue.root / "config.yaml"
+    config.write_text(config.read_text().replace("local_dir:", "# local_dir was:") + "local_dir:  # default\n")
+    default_dir = Layout(queue.root.resolve()).default_local_dir("a")
+    try:
+        queue.start_worker("a", "1x80GiB")
+        assert (default_dir / "worker.lock").exists()
+        start = subprocess.run([PY, "-X", "importtime", str(REPO / "worker.py"), "--root", str(queue.root),
+                                "--host", "a", "--fake-gpus", "1x80GiB", "--foreground"],
+                               capture_output=True, text=True, env=queue.env(), timeout=30)
+        imported = {line.split("|")[-1].strip() for line in start.stderr.splitlines()}
+        assert start.returncode == 0 and "gpuq.single_instance" in imported
+        assert not imported & {"gpuq.worker_main", "yaml", "argparse", "filelock"}
+        queue.stop_worker("a")
+    finally:
+        shutil.rmtree(default_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("text, may_set", [
+    (None, False), ("", False), ("local_dir:\n", False), ("local_dir:   # the default\n", False),
+    ("# local_dir: /var/tmp/x\n", False), ("grace_s: 5\n", False),
+    ("local_dir: /var/tmp/gpuq-{host}\n", True), ("{local_dir: /x}\n", True), ("local_dir: null\n", True),
+])
+def test_the_cron_fast_path_trusts_only_a_config_that_surely_keeps_the_default_local_dir(tmp_path, text, may_set):
+    path = tmp_path / "config.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert _config_may_set_local_dir(str(path)) is may_set
 
 
 def _drop_many(queue, n: int, command: str = "echo once") -> list[str]:

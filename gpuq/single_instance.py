@@ -1,0 +1,99 @@
+"""One worker per host and root: the lock test a cron start makes before anything else.
+
+Cron starts `python worker.py` every minute on every box, and a start that finds its worker
+running must cost no more than the interpreter itself: this module imports nothing but os
+and fcntl, so `worker.py` can ask it before loading argparse, PyYAML or the rest of gpuq.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+
+WORKER_LOCK_NAME = "worker.lock"
+ANOTHER_WORKER_RUNS = -1
+
+
+def this_host() -> str:
+    """The host name gpuq uses: the short hostname (a worker may override it with --host)."""
+    return os.uname().nodename.split(".")[0] or "localhost"  # gethostname(), without loading socket
+
+
+def default_local_dir(root: str, host: str) -> str:
+    """Per-host local directory for locks that must be local (never on NFS). In RAM
+    (/dev/shm) where there is one: its locks and markers mean nothing after a reboot,
+    and creating a file there costs microseconds where a disk may take a millisecond."""
+    import hashlib  # here: it loads OpenSSL, which would make every supervisor fork slower
+
+    digest = hashlib.sha1(root.encode()).hexdigest()[:10]
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+    return f"{base}/gpuq-{os.getuid()}/{host}-{digest}"
+
+
+def take_worker_lock(lock_path: str) -> int | None:
+    """The worker's single-instance lock: an exclusive flock on a descriptor held for the
+    worker's life. Close-on-exec, so no job or helper inherits it; flock (not fcntl locks)
+    so it survives the daemonizing forks. None when another process holds it."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg[len(name) + 1:]
+    return None
+
+
+def lock_at_cron_start(argv: list[str], launcher_dir: str) -> int | None:
+    """Take the worker lock before loading anything else, where that is safe to do without
+    the full start's checks. Returns the held lock's descriptor, ANOTHER_WORKER_RUNS, or None
+    when this scan cannot tell (a config that moves local_dir, a directory that is not
+    ours, an option it does not know): then worker_main decides."""
+    known = ("--root", "--host", "--fake-gpus", "--foreground")  # --verbose wants the full start's word
+    if any(a.startswith("-") and a.split("=")[0] not in known for a in argv):
+        return None
+    root = os.path.realpath(_option(argv, "--root") or os.environ.get("GPUQ_ROOT") or launcher_dir)
+    host = _option(argv, "--host") or this_host()
+    if host.startswith(".") or not host.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        return None
+    if _config_may_set_local_dir(os.path.join(root, "config.yaml")):
+        return None
+    local_dir = default_local_dir(root, host)
+    try:
+        os.makedirs(local_dir, mode=0o700, exist_ok=True)
+        st = os.lstat(local_dir)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return None
+    try:
+        fd = take_worker_lock(os.path.join(local_dir, WORKER_LOCK_NAME))
+    except OSError:
+        return None
+    return ANOTHER_WORKER_RUNS if fd is None else fd
+
+
+def _config_may_set_local_dir(config_path: str) -> bool:
+    """False only when config.yaml surely leaves local_dir at its default: absent, commented
+    out, or `local_dir:` with nothing after it. YAML is not parsed here (too slow to import)."""
+    try:
+        with open(config_path, "rb") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    for line in text.splitlines():
+        if b"local_dir" in line:
+            content = line.split(b"#", 1)[0].strip()
+            if content and content != b"local_dir:":
+                return True
+    return False
