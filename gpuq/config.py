@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .layout import Layout
+    from .windows import Window
 
 from .units import SIZE_EXAMPLES, parse_size_mib
 
@@ -32,6 +33,16 @@ class Config:
     run_for_users: tuple[str, ...] = () # a non-root worker also runs these users' specs
     admins: tuple[str, ...] = ()        # may cancel anyone's job (root always may)
     allow_root_jobs: bool = False       # run specs owned by root (containers, single-user boxes)
+    # Scheduling (plan.py; README "Scheduling").
+    max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
+    fair_share: bool = True             # within a priority, users holding fewer GPUs go first
+    age_step_s: float = 3600.0          # each this long of waiting counts as one GPU less in use
+    reserve_after_s: float = 1800.0     # a job blocked this long gets GPUs held back for it
+    reservations: bool = True
+    preemption: bool = True             # opportunistic jobs yield to higher-priority work
+    idle_util_pct: int = 10             # a GPU is idle while non-gpuq processes use less than this
+    idle_after_s: float = 60.0          # ... for this long; only then may opportunistic jobs start
+    idle_windows: tuple["Window", ...] = ()  # when opportunistic jobs may run; empty: always
 
     def local_dir_for(self, layout: "Layout", host: str) -> Path:
         """The host's local lock directory; `{host}` in the setting is replaced."""
@@ -98,6 +109,28 @@ def _optional_path(v: Any) -> str | None:
     return v
 
 
+def _optional_positive_int(v: Any) -> int | None:
+    return None if v is None else _positive(int)(v)
+
+
+def _percent(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 100:
+        raise ValueError("must be a whole number from 0 to 100")
+    return v
+
+
+def _windows(v: Any) -> tuple:
+    from .windows import parse_window
+
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list):
+        raise ValueError("must be a list of windows, e.g. [\"22:00-08:00\", Sat-Sun]")
+    return tuple(parse_window(w) for w in v)
+
+
 KEYS: dict[str, tuple[str, Any]] = {
     "poll_interval": ("poll_interval", _positive(float)),
     "gpu_mem_reserve": ("gpu_mem_reserve_mib", _size),
@@ -114,6 +147,15 @@ KEYS: dict[str, tuple[str, Any]] = {
     "run_for_users": ("run_for_users", _user_names),
     "admins": ("admins", _user_names),
     "allow_root_jobs": ("allow_root_jobs", _bool),
+    "max_gpus_per_user": ("max_gpus_per_user", _optional_positive_int),
+    "fair_share": ("fair_share", _bool),
+    "age_step_s": ("age_step_s", _positive(float)),
+    "reserve_after_s": ("reserve_after_s", _positive(float)),
+    "reservations": ("reservations", _bool),
+    "preemption": ("preemption", _bool),
+    "idle_util_pct": ("idle_util_pct", _percent),
+    "idle_after_s": ("idle_after_s", _positive(float)),
+    "idle_windows": ("idle_windows", _windows),
 }
 # Supervisors stop their jobs once their host's heartbeat is FENCE_FRACTION of lost_after_s
 # old, and need grace_s more: that must end before other hosts may take the jobs over.

@@ -1,18 +1,22 @@
 """Scheduling as one pure function: (pending, hosts' GPU snapshots, running, config, now) ->
-which jobs start where, and a human reason for every job that waits.
+which jobs start where, which opportunistic jobs must yield, what is held for whom, and a
+human reason for every job that waits.
 
-The worker, `gpuq status` (reasons) and, later, the simulator all call `plan`. No files,
-no processes, no NVML, no clock here: everything arrives as data.
+The worker, `gpuq status` (reasons) and `gpuq simulate` all call `plan`. No files, no
+processes, no NVML, no clock here: everything arrives as data. README "Scheduling" says
+the rules in users' words; placement.py holds the per-GPU arithmetic.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Mapping, Sequence
 
+from . import placement, reasons
 from .config import Config
+from .placement import Slot
 from .probe import GpuSnapshot
 from .spec import CLASS_RANK, JobSpec
-from .units import format_mib
+from .windows import describe, window_open
 
 
 @dataclass(frozen=True)
@@ -21,12 +25,15 @@ class PendingJob:
     user: str
     spec: JobSpec
     queued_at: float
-    # Its place in the queue, computed once: every pass sorts thousands of pending jobs.
+    # The static part of its place in the queue, computed once: every pass sorts thousands.
     order: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "order", (CLASS_RANK[self.spec.priority_class], -self.spec.priority,
-                                           self.queued_at, self.id))
+        object.__setattr__(self, "order", (CLASS_RANK[self.spec.priority_class], -self.spec.priority))
+
+    @property
+    def opportunistic(self) -> bool:
+        return self.spec.preemptible
 
 
 @dataclass(frozen=True)
@@ -37,14 +44,24 @@ class RunningJob:
     gpus: tuple[int, ...]
     gpu_mem_mib: int | None            # declared per GPU; None = whole GPU, exclusively
     observed_mib: dict[int, int] = field(default_factory=dict)  # GPU index -> NVML-observed
+    preemptible: bool = False
+    priority_class: str = "normal"
+    started_at: float = 0.0
+    stopping: bool = False             # told to stop: its memory is on its way out
+
+    @property
+    def rank(self) -> int:
+        return CLASS_RANK[self.priority_class]
 
 
 @dataclass(frozen=True)
 class HostView:
-    """One live host as the planner sees it: the GPUs it offers and its CPU-only slots."""
+    """One live host as the planner sees it: the GPUs it offers, its CPU-only slots, and
+    since when each GPU has been free of non-gpuq use (None: in use now; absent: always)."""
     name: str
     gpus: tuple[GpuSnapshot, ...]
     cpu_slots: int
+    others_idle_since: Mapping[int, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -59,168 +76,178 @@ class Plan:
     starts: list[Start]
     reasons: dict[str, str]            # job id -> why it waits (only when explain=True)
     order: list[str]                   # pending job ids in queue order
+    preempts: dict[str, str] = field(default_factory=dict)   # running job id -> why it yields
+    held: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # job -> GPUs held
 
 
-def queue_key(job: PendingJob) -> tuple:
-    """Priority class, then integer priority (higher first), then age, then id."""
-    return job.order
-
-
-@dataclass
-class _Gpu:
-    host: str
-    index: int
-    total: int
-    usable: int
-    jobs: int
-    whole_free: bool    # no gpuq job and nothing else beyond the reserve: an exclusive job fits
-
-
-def usable_mib(gpu: GpuSnapshot, jobs_on_gpu: Iterable[RunningJob], reserve_mib: int) -> int:
-    """DESIGN.md memory accounting: NVML's used memory lags a job that started a second ago,
-    so every gpuq job counts as max(declared, observed); the rest of `used` belongs to others
-    (the reserve covers the driver's own share)."""
-    whole = gpu.mem_total_mib - reserve_mib
-    gpuq_observed = 0
-    gpuq_charged = 0
-    for job in jobs_on_gpu:
-        observed = job.observed_mib.get(gpu.index, 0)
-        declared = whole if job.gpu_mem_mib is None else job.gpu_mem_mib
-        gpuq_observed += observed
-        gpuq_charged += max(declared, observed)
-    others = max(0, gpu.mem_used_mib - gpuq_observed)
-    return gpu.mem_total_mib - max(reserve_mib, others) - gpuq_charged
-
-
-def _gpu_table(hosts: Sequence[HostView], running: Sequence[RunningJob], config: Config) -> list[_Gpu]:
-    by_gpu: dict[tuple[str, int], list[RunningJob]] = {}
+def gpu_use_by_user(running: Sequence[RunningJob], slots: Sequence[Slot]) -> dict[str, float]:
+    """GPUs each user holds now; a shared GPU counts as the share of its memory declared."""
+    whole = {(s.host, s.index): s.whole for s in slots}
+    use: dict[str, float] = {}
     for job in running:
         for index in job.gpus:
-            by_gpu.setdefault((job.host, index), []).append(job)
-    table = []
-    for host in hosts:
-        for gpu in host.gpus:
-            jobs = by_gpu.get((host.name, gpu.index), [])
-            usable = usable_mib(gpu, jobs, config.gpu_mem_reserve_mib)
-            whole = gpu.mem_total_mib - config.gpu_mem_reserve_mib
-            table.append(_Gpu(host.name, gpu.index, gpu.mem_total_mib, max(0, usable), len(jobs),
-                              whole_free=not jobs and usable >= whole))
-    return table
+            w = whole.get((job.host, index)) or 1
+            use[job.user] = use.get(job.user, 0.0) + (1.0 if job.gpu_mem_mib is None else min(1.0, job.gpu_mem_mib / w))
+    return use
+
+
+def queue_order(pending: Sequence[PendingJob], use: Mapping[str, float], config: Config,
+                now: float) -> list[PendingJob]:
+    """Priority class, integer priority (higher first), fair share (the user's GPUs in use,
+    less one per age_step_s waited, so nothing starves), then age."""
+    if not config.fair_share:
+        return sorted(pending, key=lambda j: (j.order, j.queued_at, j.id))
+    step = config.age_step_s
+    return sorted(pending, key=lambda j: (j.order, use.get(j.user, 0.0) - (now - j.queued_at) / step,
+                                          j.queued_at, j.id))
 
 
 def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequence[RunningJob],
          config: Config, now: float, explain: bool = True) -> Plan:
-    """Decide which pending jobs start on which GPUs, in queue order, best fit first.
-
-    Jobs placed earlier in the pass take their memory out of the table, so two jobs started
-    in one pass never overcommit a GPU. A job that cannot fit does not block smaller jobs
-    behind it (reservations for the head of the queue come with the scheduling issue).
-    """
-    del now  # ageing and time windows arrive with the scheduling issue; the seam is here
-    gpus = _gpu_table(hosts, running, config)
-    cpu_free = {h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus)
-                for h in hosts}
-    ordered = sorted(pending, key=queue_key)
-    starts: list[Start] = []
-    reasons: dict[str, str] = {}
-    # Jobs of the same shape fail for the same reason until something starts; cache it.
-    failed_shapes: dict[tuple, str] = {}
+    """Decide, in queue order, which pending jobs start on which GPUs (best fit), which GPUs
+    are held for jobs that cannot start yet, and which opportunistic jobs must yield."""
+    slots = placement.build_slots(hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s)
+    use = gpu_use_by_user(running, slots)
+    ordered = queue_order(pending, use, config, now)
+    in_window = window_open(config.idle_windows, now)
+    result = Plan([], {}, [j.id for j in ordered])
+    _yield_to_people_and_windows(running, slots, in_window, config, result)
+    cpu_free = {h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus) for h in hosts}
+    held_gpus = {u: 0 for u in use}
+    for job in running:
+        held_gpus[job.user] = held_gpus.get(job.user, 0) + len(job.gpus)
+    # Jobs of one shape fail for the same reason until something starts; remembered per pass.
+    failed: dict[tuple, str] = {}
+    reserved = False  # one reservation for an aged job per pass: the head's
     for job in ordered:
         spec = job.spec
-        shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts)
-        if shape in failed_shapes:
+        shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0])
+        cap = config.max_gpus_per_user
+        if cap is not None and spec.gpus and held_gpus.get(job.user, 0) + spec.gpus > cap:
             if explain:
-                reasons[job.id] = failed_shapes[shape]
+                result.reasons[job.id] = f"at user cap {held_gpus.get(job.user, 0)}/{cap} GPUs"
+            continue
+        if shape in failed:
+            if explain:
+                result.reasons[job.id] = failed[shape]
             continue
         allowed = [h.name for h in hosts if not spec.hosts or h.name in spec.hosts]
         if spec.gpus == 0:
             host = next((h for h in allowed if cpu_free[h] > 0), None)
             if host is not None:
                 cpu_free[host] -= 1
-                starts.append(Start(job.id, host, ()))
-                failed_shapes.clear()
+                result.starts.append(Start(job.id, host, ()))
+                failed.clear()
                 continue
-            failed_shapes[shape] = _why_cpu(spec, allowed, hosts)
+            failed[shape] = reasons.why_cpu(spec, allowed, hosts)
         else:
-            choice = _best_fit(spec, [g for g in gpus if g.host in allowed], config)
+            mine = [s for s in slots if s.host in allowed]
+            if job.opportunistic:
+                mine = [s for s in mine if s.idle]
+                if not in_window:
+                    failed[shape] = f"outside window {describe(config.idle_windows)}"
+                    mine = []
+            choice = placement.best_fit(spec, mine, config.max_jobs_per_gpu, job.opportunistic) if mine else None
             if choice is not None:
-                for g in choice:
-                    g.usable = 0 if spec.exclusive else g.usable - spec.gpu_mem_mib
-                    g.jobs += 1
-                    g.whole_free = False
-                starts.append(Start(job.id, choice[0].host, tuple(g.index for g in choice)))
-                failed_shapes.clear()
+                placement.take(spec, choice, job.id)
+                result.starts.append(Start(job.id, choice[0].host, tuple(s.index for s in choice)))
+                held_gpus[job.user] = held_gpus.get(job.user, 0) + spec.gpus
+                failed.clear()
                 continue
-            failed_shapes[shape] = _why_gpu(spec, allowed, gpus, hosts, config) if explain else ""
+            if not job.opportunistic:
+                if _preempt_for(job, mine, config, result):
+                    continue
+                if not reserved and config.reservations and now - job.queued_at >= config.reserve_after_s:
+                    reserved = _reserve_for(job, mine, result, explain)
+                    if reserved:
+                        continue
+            if shape not in failed:
+                failed[shape] = _why_waiting(job, allowed, mine, slots, hosts, config) if explain else ""
         if explain:
-            reasons[job.id] = failed_shapes[shape]
-    return Plan(starts, reasons, [j.id for j in ordered])
+            result.reasons[job.id] = failed[shape]
+    return result
 
 
-def _fits(spec: JobSpec, g: _Gpu, config: Config) -> bool:
-    if g.jobs >= config.max_jobs_per_gpu:
-        return False
-    if spec.exclusive:
-        return g.whole_free
-    return g.usable >= spec.gpu_mem_mib
-
-
-def _best_fit(spec: JobSpec, gpus: list[_Gpu], config: Config) -> list[_Gpu] | None:
-    """The host and GPUs that leave the least memory unused (keeps big holes for big jobs)."""
-    best: tuple[int, str, list[_Gpu]] | None = None
-    by_host: dict[str, list[_Gpu]] = {}
-    for g in gpus:
-        if _fits(spec, g, config):
-            by_host.setdefault(g.host, []).append(g)
-    for host, candidates in by_host.items():
-        if len(candidates) < spec.gpus:
+def _yield_to_people_and_windows(running: Sequence[RunningJob], slots: Sequence[Slot], in_window: bool,
+                                 config: Config, result: Plan) -> None:
+    """Opportunistic jobs leave a GPU a person (a non-gpuq process) has started to use, and
+    all GPUs when their idle window closes."""
+    busy = {(s.host, s.index): s for s in slots if s.busy_by_others}
+    for job in running:
+        if not job.preemptible or job.stopping:
             continue
-        chosen = sorted(candidates, key=lambda g: (g.usable, g.index))[: spec.gpus]
-        need = 0 if spec.exclusive else spec.gpu_mem_mib
-        leftover = sum(g.usable - need for g in chosen)
-        if best is None or (leftover, host) < (best[0], best[1]):
-            best = (leftover, host, chosen)
-    return best[2] if best else None
+        if not in_window:
+            result.preempts[job.id] = f"idle window {describe(config.idle_windows)} closed"
+            continue
+        taken = [busy[(job.host, i)] for i in job.gpus if (job.host, i) in busy]
+        if taken:
+            result.preempts[job.id] = f"a non-gpuq process uses GPU {taken[0].label}"
+    if result.preempts:  # their memory is on its way out: count it so, and never pick them twice
+        for s in slots:
+            leaving = [v for v in s.victims if v.id in result.preempts]
+            for v in leaving:
+                s.victims.remove(v)
+                s.draining += placement.charged_mib(v, s.index, s.whole)
+                s.draining_jobs += 1
 
 
-def _hosts_text(spec: JobSpec) -> str:
-    return f" among hosts {', '.join(spec.hosts)}" if spec.hosts else ""
+def _preempt_for(job: PendingJob, slots: list[Slot], config: Config, result: Plan) -> bool:
+    """Make room for an ordinary job by stopping opportunistic ones; the memory they free is
+    held for it (nothing else may slip in) until it starts in a later pass."""
+    if not config.preemption:
+        return False
+    got = placement.preemption_fit(job.spec, slots, job.order[0], config.max_jobs_per_gpu)
+    if got is None:
+        return False
+    chosen, victims = got
+    for victim in victims:
+        result.preempts[victim.id] = f"job {job.id} needs its GPU memory"
+        for s in chosen:
+            if victim in s.victims:
+                s.victims.remove(victim)
+                s.draining += placement.charged_mib(victim, s.index, s.whole)
+                s.draining_jobs += 1
+    placement.take(job.spec, chosen, job.id, hold="hard")
+    result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
+    result.reasons[job.id] = (f"GPU {', '.join(s.label for s in chosen)} held for it: "
+                              f"{'waiting for ' + ', '.join(sorted({v.id for v in victims})) + ' to yield' if victims else 'draining'}")
+    return True
 
 
-def _why_cpu(spec: JobSpec, allowed: list[str], hosts: Sequence[HostView]) -> str:
-    if not allowed:
-        return f"no live host{_hosts_text(spec) or ''}" + ("" if hosts else " (no worker is running)")
-    return f"all CPU-only slots are busy{_hosts_text(spec)}"
+def _reserve_for(job: PendingJob, slots: list[Slot], result: Plan, explain: bool) -> bool:
+    """The head of the queue has waited reserve_after_s: hold back the GPUs where it will
+    fit soonest, so smaller jobs cannot keep taking them (opportunistic work still may)."""
+    chosen = placement.reservation(job.spec, slots)
+    if chosen is None:
+        return False
+    placement.take(job.spec, chosen, job.id, hold="soft")
+    result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
+    if explain:
+        result.reasons[job.id] = (f"GPU {', '.join(s.label for s in chosen)} reserved for it; "
+                                  f"waiting for running jobs there to end")
+    return True
 
 
-def _why_gpu(spec: JobSpec, allowed: list[str], gpus: list[_Gpu], hosts: Sequence[HostView],
-             config: Config) -> str:
-    need = "a whole GPU" if spec.exclusive else f"{format_mib(spec.gpu_mem_mib)} on {'one GPU' if spec.gpus == 1 else 'each GPU'}"
-    count = "" if spec.gpus == 1 else f"{spec.gpus} GPUs on one host, "
-    if not allowed:
-        if not hosts:
-            return "no worker is running"
-        return f"no live host{_hosts_text(spec)}"
-    mine = [g for g in gpus if g.host in allowed]
-    if not mine:
-        return f"no GPUs offered{_hosts_text(spec)}"
-    per_host = {h: sum(1 for g in mine if g.host == h) for h in allowed}
-    widest = max(per_host.values())
-    if widest < spec.gpus:
-        return f"needs {spec.gpus} GPUs on one host; the most any host offers is {widest}"
-    biggest = max(mine, key=lambda g: (g.total, g.host, -g.index))
-    if not spec.exclusive and biggest.total - config.gpu_mem_reserve_mib < spec.gpu_mem_mib:
-        return (f"needs {need}; the largest GPU holds {format_mib(biggest.total - config.gpu_mem_reserve_mib)}"
-                f" usable ({biggest.host}:{biggest.index})")
-    roomy = [g for g in mine if g.jobs < config.max_jobs_per_gpu]
-    if not roomy:
-        return f"every GPU has max_jobs_per_gpu={config.max_jobs_per_gpu} jobs"
-    if spec.exclusive:
-        free = sum(1 for g in roomy if g.whole_free)
-        return f"needs {count}{need}; {free} GPU{'s are' if free != 1 else ' is'} wholly free"
-    largest = max(roomy, key=lambda g: (g.usable, g.host, -g.index))
-    fitting = {h: sum(1 for g in roomy if g.host == h and g.usable >= spec.gpu_mem_mib) for h in allowed}
-    if spec.gpus > 1 and largest.usable >= spec.gpu_mem_mib:
-        host, n = max(fitting.items(), key=lambda kv: (kv[1], kv[0]))
-        return f"needs {count}{need}; at most {n} such GPU{'s' if n != 1 else ''} on {host}"
-    return f"needs {count}{need}; largest usable is {format_mib(largest.usable)} on {largest.host}:{largest.index}"
+def _why_waiting(job: PendingJob, allowed: list[str], mine: list[Slot], slots: list[Slot],
+                 hosts: Sequence[HostView], config: Config) -> str:
+    spec = job.spec
+    if job.opportunistic and not any(s.idle for s in slots if s.host in allowed):
+        busy = [s.label for s in slots if s.host in allowed and s.busy_by_others]
+        return (f"opportunistic: waits for an idle GPU ({'in use by others: ' + ', '.join(busy) if busy else 'idle for under ' + format(config.idle_after_s, 'g') + 's'})")
+    held = reasons.why_held(spec, [s for s in mine if s.held_for], job.id)
+    if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu, job.opportunistic):
+        return held
+    return reasons.why_gpu(spec, allowed, mine or [s for s in slots if s.host in allowed], hosts, config,
+                           job.opportunistic)
+
+
+def _unheld(slot: Slot) -> Slot:
+    """The slot as it would be without holds (to tell "reserved" from "too small")."""
+    from dataclasses import replace
+
+    return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None)
+
+
+def queue_key(job: PendingJob) -> tuple:
+    """Static queue position (class, then integer priority, then age): `gpuq status` sorts by it."""
+    return (job.order, job.queued_at, job.id)

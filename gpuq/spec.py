@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .units import SIZE_EXAMPLES, parse_size_mib
+from .units import DURATION_EXAMPLES, SIZE_EXAMPLES, parse_duration_s, parse_size_mib
 
 MAX_SPEC_BYTES = 256 * 1024
 MAX_NESTING = 32
@@ -42,6 +42,12 @@ FIELDS: dict[str, Field] = {
     "env": Field("mapping of string to string", "{}", "Extra environment variables.",
                  "{WANDB_MODE: offline}"),
     "hosts": Field("list of host names", "any host", "Run only on these hosts.", "[box-a]"),
+    "preemptible": Field("true or false", "true for priority low", "Opportunistic: runs only on idle "
+                         "GPUs (and inside config idle_windows), and is stopped (SIGTERM, grace, SIGKILL) "
+                         "and requeued with GPUQ_PREEMPTED=1 when higher-priority work needs its memory, "
+                         "a non-gpuq process starts using its GPU, or its window closes.", "true"),
+    "grace": Field("duration", "config grace_s (10s)", "Time between SIGTERM and SIGKILL when the job "
+                   "is stopped (cancel, preemption): time to write a checkpoint.", "60s"),
     "retries": Field("integer >= 0", "config lost_retries (2)", "Re-runs when the job is lost with "
                      "its host (dead, rebooted, fenced); a failing job is never re-run.", "0"),
 }
@@ -73,6 +79,8 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     hosts: tuple[str, ...] = ()
     retries: int | None = None      # None: the config's lost_retries
+    preemptible: bool = False       # opportunistic (always true for priority low)
+    grace_s: float | None = None    # None: the config's grace_s
 
     @property
     def exclusive(self) -> bool:
@@ -86,7 +94,7 @@ class JobSpec:
                 "name": self.name, "gpus": self.gpus, "gpu_mem_mib": self.gpu_mem_mib,
                 "priority_class": self.priority_class, "priority": self.priority,
                 "workdir": self.workdir, "env": dict(self.env), "hosts": list(self.hosts),
-                "retries": self.retries}
+                "retries": self.retries, "preemptible": self.preemptible, "grace_s": self.grace_s}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
@@ -94,7 +102,7 @@ class JobSpec:
         cmd = d["command"]
         return cls(cmd if isinstance(cmd, str) else tuple(cmd), d["name"], d["gpus"], d["gpu_mem_mib"],
                    d["priority_class"], d["priority"], d["workdir"], d["env"], tuple(d["hosts"]),
-                   d.get("retries"))
+                   d.get("retries"), d.get("preemptible", False), d.get("grace_s"))
 
 
 def _loader_class() -> type:
@@ -221,6 +229,8 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         env=_env(data.get("env"), file),
         hosts=_hosts(data.get("hosts"), file),
         retries=_retries(data.get("retries"), file),
+        preemptible=_preemptible(data.get("preemptible"), priority_class, file),
+        grace_s=_grace(data.get("grace"), file),
     )
 
 
@@ -321,6 +331,29 @@ def _retries(value: Any, file: str) -> int | None:
         raise SpecError(file, "retries", f"{value!r} is not a number of re-runs",
                         "use a whole number from 0 to 100, e.g. `retries: 0` for a job that must never run twice")
     return value
+
+
+def _preemptible(value: Any, priority_class: str, file: str) -> bool:
+    if value is None:
+        return priority_class == "low"
+    if not isinstance(value, bool):
+        raise SpecError(file, "preemptible", f"{value!r} is not true or false", "write `preemptible: true`")
+    if not value and priority_class == "low":
+        raise SpecError(file, "preemptible", "is false for a priority low job, which is always opportunistic",
+                        "remove `preemptible: false`, or use priority normal (or an integer)")
+    return value
+
+
+def _grace(value: Any, file: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration_s(value)
+    except ValueError as e:
+        raise SpecError(file, "grace", str(e).split(";")[0], f"write it like {DURATION_EXAMPLES}") from None
+    if seconds > 86400:
+        raise SpecError(file, "grace", f"{value} is out of range", "give at most a day, e.g. `grace: 5m`")
+    return seconds
 
 
 def _hosts(value: Any, file: str) -> tuple[str, ...]:

@@ -24,6 +24,21 @@ def parse_size_mib(text: str) -> int:
     return int(mib + 0.999999)  # never round a declared need down
 
 
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+DURATION_EXAMPLES = "30s, 90m, 12h, 2d"
+
+
+def parse_duration_s(value: object) -> float:
+    """'90m' -> 5400.0; a bare number is seconds. Raises ValueError with the accepted forms."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    match = _DURATION_RE.match(value) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"{value!r} is not a duration; write it like {DURATION_EXAMPLES}")
+    return float(match.group(1)) * _SECONDS_PER_UNIT[match.group(2)]
+
+
 def format_mib(mib: float | int | None) -> str:
     """20480 -> '20GiB'; 1536 -> '1.5GiB'; 700 -> '700MiB'."""
     if mib is None:

@@ -14,7 +14,8 @@ from .config import Config
 from .faults import wall_time
 from .intake import load_pending_for_view
 from .layout import Layout
-from .plan import HostView, PendingJob, RunningJob, plan, usable_mib
+from .placement import usable_mib
+from .plan import HostView, PendingJob, RunningJob, plan
 from .probe import GpuSnapshot
 from .spec import command_text
 from .spool import Record, read_json, read_record

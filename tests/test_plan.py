@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from gpuq.config import Config
-from gpuq.plan import HostView, PendingJob, RunningJob, plan, usable_mib
+from gpuq.placement import usable_mib
+from gpuq.plan import HostView, PendingJob, RunningJob, plan
 from gpuq.probe import GpuProcess, GpuSnapshot
 from gpuq.spec import JobSpec
 
