@@ -222,6 +222,51 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run(Path(args.dir) if args.dir else None, quick=args.quick)
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .config import ConfigError, validate
+    from .simreport import POLICIES, SIM_CONFIG, figures, run_policy, table
+    from .trace import TraceError, load_trace, mark_low, parse_cluster
+
+    try:
+        cluster = parse_cluster(args.cluster)
+        jobs = load_trace(Path(args.trace), cluster, args.since, args.stretch)
+    except TraceError as e:
+        print(f"gpuq simulate: {e}", file=sys.stderr)
+        return 2
+    if args.mark_low:
+        jobs = mark_low(jobs, args.mark_low, drop=args.without_low)
+    settings: dict = {}
+    for item in args.set or []:
+        key, _, value = item.partition("=")
+        import yaml
+
+        settings[key] = yaml.safe_load(value)
+    try:
+        overrides = validate(settings, "--set") if settings else None
+    except ConfigError as e:
+        print(f"gpuq simulate: {e}", file=sys.stderr)
+        return 2
+    config = SIM_CONFIG if overrides is None else replace(
+        overrides, gpu_mem_reserve_mib=SIM_CONFIG.gpu_mem_reserve_mib,
+        max_jobs_per_gpu=overrides.max_jobs_per_gpu if "max_jobs_per_gpu" in settings else SIM_CONFIG.max_jobs_per_gpu)
+    results = {}
+    for name in args.policy or POLICIES:
+        started = time.perf_counter()
+        results[name] = figures(run_policy(name, jobs, cluster, config), jobs)
+        results[name]["replay_s"] = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({"trace": args.trace, "cluster": str(cluster), "jobs": len(jobs),
+                          "policies": results}, indent=1))
+    else:
+        print(f"{args.trace}: {len(jobs):,} jobs on {cluster} ({cluster.hosts * cluster.gpus_per_host} GPUs); "
+              f"times in seconds")
+        print(table(results))
+        print("replayed in " + ", ".join(f"{n} {r['replay_s']:.1f}s" for n, r in results.items()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuq", description="A GPU job queue in a shared directory.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
@@ -260,6 +305,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--util", type=int, default=50, help="utilization percent (default 50)")
     sp.add_argument("--seconds", type=float, help="hold for this long (or run the command after --)")
     sp.add_argument("command", nargs=argparse.REMAINDER)
+    sp = verb("simulate", cmd_simulate, "replay a job trace (CSV) on a virtual cluster through gpuq's "
+                                        "planner and the baselines; print waits, occupancy, ratios")
+    sp.add_argument("trace", help="CSV: job_id, submit_s, duration_s, gpus, gpu_mem_gib, gpu_util, user[, priority]")
+    sp.add_argument("--cluster", required=True, help="HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB")
+    sp.add_argument("--policy", action="append", metavar="NAME",
+                    help="gpuq, pack-bestfit or fifo-exclusive (repeatable; default: all three)")
+    sp.add_argument("--since", type=float, metavar="S", help="only jobs submitted at or after S seconds")
+    sp.add_argument("--stretch", type=float, default=1.0, metavar="K",
+                    help="multiply the gaps between submissions by K (size a big cluster's load to yours)")
+    sp.add_argument("--mark-low", type=float, metavar="FRACTION",
+                    help="mark about FRACTION of the jobs priority low (by a hash of job_id)")
+    sp.add_argument("--without-low", action="store_true", help="with --mark-low: leave those jobs out instead")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config.yaml key for gpuq's policy")
+    sp.add_argument("--json", action="store_true", help="the figures as JSON")
     sp = verb("demo", cmd_demo, "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen")
     sp.add_argument("--dir", help="queue root to create (default: a new temp dir)")
     sp.add_argument("--quick", action="store_true", help="shorter jobs")

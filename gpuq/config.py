@@ -37,8 +37,9 @@ class Config:
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
     fair_share: bool = True             # within a priority, users holding fewer GPUs go first
     age_step_s: float = 3600.0          # each this long of waiting counts as one GPU less in use
-    reserve_after_s: float = 1800.0     # a job blocked this long gets GPUs held back for it
+    reserve_after_s: float = 3600.0     # a job blocked this long gets GPUs held back for it
     reservations: bool = True
+    fragmentation_aware: bool = True    # among equally tight fits, keep emptier hosts whole
     preemption: bool = True             # opportunistic jobs yield to higher-priority work
     idle_util_pct: int = 10             # a GPU is idle while non-gpuq processes use less than this
     idle_after_s: float = 60.0          # ... for this long; only then may opportunistic jobs start
@@ -152,6 +153,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "age_step_s": ("age_step_s", _positive(float)),
     "reserve_after_s": ("reserve_after_s", _positive(float)),
     "reservations": ("reservations", _bool),
+    "fragmentation_aware": ("fragmentation_aware", _bool),
     "preemption": ("preemption", _bool),
     "idle_util_pct": ("idle_util_pct", _percent),
     "idle_after_s": ("idle_after_s", _positive(float)),

@@ -23,7 +23,7 @@ def charged_mib(job: "RunningJob", index: int, whole: int) -> int:
     """NVML's used memory lags a job that started a second ago: every gpuq job counts as
     max(declared, observed); a job without gpu_mem holds the whole GPU."""
     declared = whole if job.gpu_mem_mib is None else job.gpu_mem_mib
-    return max(declared, job.observed_mib.get(index, 0))
+    return max(declared, job.observed_mib.get(index, 0)) if job.observed_mib else declared
 
 
 def usable_mib(gpu: GpuSnapshot, jobs_on_gpu: Iterable["RunningJob"], reserve_mib: int) -> int:
@@ -54,6 +54,7 @@ class Slot:
     draining: int = 0            # memory of jobs told to stop, free once they exit
     draining_jobs: int = 0
     blockers: int = 0            # memory of running jobs that are not opportunistic
+    oldest_blocker: float = float("inf")  # when the longest-running of them started
     held_for: str | None = None
 
     @property
@@ -69,17 +70,20 @@ def build_slots(hosts: Sequence["HostView"], running: Sequence["RunningJob"], re
             by_gpu.setdefault((job.host, index), []).append(job)
     slots = []
     for host in hosts:
+        idle_map = host.others_idle_since
         for gpu in host.gpus:
-            jobs = by_gpu.get((host.name, gpu.index), [])
-            usable = usable_mib(gpu, jobs, reserve_mib)
+            index = gpu.index
             whole = gpu.mem_total_mib - reserve_mib
-            idle_since = host.others_idle_since.get(gpu.index, float("-inf"))
-            slot = Slot(host.name, gpu.index, gpu.mem_total_mib, whole, usable, usable, len(jobs),
-                        others_clear=usable + sum(charged_mib(j, gpu.index, whole) for j in jobs) >= whole,
+            idle_since = idle_map.get(index, float("-inf")) if idle_map else float("-inf")
+            slot = Slot(host.name, index, gpu.mem_total_mib, whole, 0, 0, 0, True,
                         idle=idle_since is not None and now - idle_since >= idle_after_s,
                         busy_by_others=idle_since is None)
-            for job in jobs:
-                mib = charged_mib(job, gpu.index, whole)
+            observed = charged = 0
+            for job in by_gpu.get((host.name, index), ()):
+                mib = charged_mib(job, index, whole)
+                observed += job.observed_mib.get(index, 0) if job.observed_mib else 0
+                charged += mib
+                slot.jobs += 1
                 if job.stopping:
                     slot.draining += mib
                     slot.draining_jobs += 1
@@ -87,6 +91,11 @@ def build_slots(hosts: Sequence["HostView"], running: Sequence["RunningJob"], re
                     slot.victims.append(job)
                 else:
                     slot.blockers += mib
+                    slot.oldest_blocker = min(slot.oldest_blocker, job.started_at)
+            # As usable_mib: beyond what gpuq's jobs are observed to use, `used` is others'.
+            others = max(0, gpu.mem_used_mib - observed)
+            slot.free = slot.free_opportunistic = gpu.mem_total_mib - max(reserve_mib, others) - charged
+            slot.others_clear = others <= reserve_mib
             slots.append(slot)
     return slots
 
@@ -104,7 +113,8 @@ def fits(spec: "JobSpec", slot: Slot, max_jobs: int, opportunistic: bool) -> boo
     return free >= spec.gpu_mem_mib  # type: ignore[operator]
 
 
-def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunistic: bool) -> list[Slot] | None:
+def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunistic: bool,
+             fragmentation_aware: bool = True) -> list[Slot] | None:
     """The GPUs that leave the least memory unused (big holes stay for big jobs); among
     equals, the host with the fewest wholly free GPUs, so whole hosts stay free for jobs that
     need one (fragmentation-aware)."""
@@ -122,7 +132,7 @@ def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunisti
         free = (lambda s: s.free_opportunistic) if opportunistic else (lambda s: s.free)
         chosen = sorted(candidates, key=lambda s: (free(s), s.index))[: spec.gpus]
         leftover = sum(free(s) - need_mib(spec, s) for s in chosen)
-        key = (leftover, empty_on.get(host, 0), host)
+        key = (leftover, empty_on.get(host, 0) if fragmentation_aware else 0, host)
         if best is None or key < best[0]:
             best = (key, chosen)
     return best[1] if best else None
@@ -189,9 +199,13 @@ def preemption_fit(spec: "JobSpec", slots: Sequence[Slot], rank: int,
     return [o[1] for o in best[1]], victims
 
 
-def reservation(spec: "JobSpec", slots: Sequence[Slot]) -> list[Slot] | None:
-    """Where the job will fit soonest, as far as anyone can tell without knowing how long
-    jobs run: the host whose GPUs have the least memory of ordinary jobs still to free."""
+def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Slot] | None:
+    """GPUs to hold back for a job that smaller ones keep overtaking: only GPUs whose jobs in
+    the way all started after `since` (they overtook it, and have not run long: job lengths
+    are heavy-tailed, so a job that has run long tends to run on, and holding GPUs behind it
+    would idle them for as long). Among those, where it will fit soonest as far as anyone can
+    tell without knowing how long jobs run: the newest longest-running job in the way, then
+    the least memory to free."""
     best: tuple | None = None
     by_host: dict[str, list[Slot]] = {}
     for s in slots:
@@ -208,8 +222,13 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot]) -> list[Slot] | None:
             soon = s.free + s.draining + sum(charged_mib(v, s.index, s.whole) for v in s.victims)
             return max(0, need_mib(spec, s) - soon)
 
-        chosen = sorted(candidates, key=lambda s: (to_free(s), s.index))[: spec.gpus]
-        key = (sum(to_free(s) for s in chosen), host)
+        def started(s: Slot) -> float:  # the newest wins; a slot with nothing to free, best
+            return s.oldest_blocker if to_free(s) else float("inf")
+
+        chosen = sorted(candidates, key=lambda s: (-started(s), to_free(s), s.index))[: spec.gpus]
+        if any(to_free(s) and s.oldest_blocker < since for s in chosen):
+            continue  # a job in the way was there before: it may run for weeks
+        key = (-min(started(s) for s in chosen), sum(to_free(s) for s in chosen), host)
         if best is None or key < best[0]:
             best = (key, chosen)
     return best[1] if best else None

@@ -119,7 +119,16 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
     # Jobs of one shape fail for the same reason until something starts; remembered per pass.
     failed: dict[tuple, str] = {}
     reserved = False  # one reservation for an aged job per pass: the head's
+    reclaimable = config.preemption and any(s.victims or s.draining for s in slots)
+
+    def no_room() -> bool:  # then nothing further can start or preempt: the rest only needs reasons
+        return not reclaimable and not any(n > 0 for n in cpu_free.values()) and not any(
+            s.free_opportunistic > 0 and s.jobs < config.max_jobs_per_gpu for s in slots)
+
+    full = no_room()
     for job in ordered:
+        if full and not explain:
+            break
         spec = job.spec
         shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0])
         cap = config.max_gpus_per_user
@@ -147,18 +156,20 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
                 if not in_window:
                     failed[shape] = f"outside window {describe(config.idle_windows)}"
                     mine = []
-            choice = placement.best_fit(spec, mine, config.max_jobs_per_gpu, job.opportunistic) if mine else None
+            choice = placement.best_fit(spec, mine, config.max_jobs_per_gpu, job.opportunistic,
+                                        config.fragmentation_aware) if mine else None
             if choice is not None:
                 placement.take(spec, choice, job.id)
                 result.starts.append(Start(job.id, choice[0].host, tuple(s.index for s in choice)))
                 held_gpus[job.user] = held_gpus.get(job.user, 0) + spec.gpus
                 failed.clear()
+                full = no_room()
                 continue
             if not job.opportunistic:
-                if _preempt_for(job, mine, config, result):
+                if reclaimable and _preempt_for(job, mine, config, result):
                     continue
                 if not reserved and config.reservations and now - job.queued_at >= config.reserve_after_s:
-                    reserved = _reserve_for(job, mine, result, explain)
+                    reserved = _reserve_for(job, mine, result, explain, now, config.reserve_after_s)
                     if reserved:
                         continue
             if shape not in failed:
@@ -214,10 +225,12 @@ def _preempt_for(job: PendingJob, slots: list[Slot], config: Config, result: Pla
     return True
 
 
-def _reserve_for(job: PendingJob, slots: list[Slot], result: Plan, explain: bool) -> bool:
-    """The head of the queue has waited reserve_after_s: hold back the GPUs where it will
-    fit soonest, so smaller jobs cannot keep taking them (opportunistic work still may)."""
-    chosen = placement.reservation(job.spec, slots)
+def _reserve_for(job: PendingJob, slots: list[Slot], result: Plan, explain: bool, now: float,
+                 reserve_after_s: float) -> bool:
+    """The head of the queue has waited reserve_after_s: hold back GPUs for it, so smaller
+    jobs cannot keep taking them (opportunistic work still may). Only GPUs whose jobs in the
+    way started after it and less than reserve_after_s ago (see placement.reservation)."""
+    chosen = placement.reservation(job.spec, slots, since=max(job.queued_at, now - reserve_after_s))
     if chosen is None:
         return False
     placement.take(job.spec, chosen, job.id, hold="soft")
