@@ -133,6 +133,9 @@ def finish_local(rt: Runtime, record: Record) -> None:
         path.unlink(missing_ok=True)
 
 
+PREEMPTED = "preempted"  # how a preemption's stop reason begins
+
+
 def request_stop(rt: Runtime, record: Record, reason: str) -> bool:
     """Ask the supervisor of a local running job to stop it (TERM, grace, KILL).
     Returns False when no live supervisor of this attempt could be found."""

@@ -35,7 +35,8 @@ def job_environment(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str
         "GPUQ_JOB_ID": record.id,
         "GPUQ_ATTEMPT": str(record.attempt),
         "GPUQ_GPU_MEM_MIB": str(record.gpu_mem_mib or 0),
-        "GPUQ_PREEMPTIBLE": "0",
+        "GPUQ_PREEMPTIBLE": "1" if spec.preemptible else "0",
+        "GPUQ_PREEMPTED": "1" if record.preempted else "0",  # resume from your checkpoint
         "GPUQ_HOST": rt.host,
         "GPUQ_ROOT": str(rt.layout.root),
     })

@@ -9,7 +9,7 @@ the rules in users' words; placement.py holds the per-GPU arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from . import placement, reasons
 from .config import Config
@@ -52,6 +52,15 @@ class RunningJob:
     @property
     def rank(self) -> int:
         return CLASS_RANK[self.priority_class]
+
+    @classmethod
+    def of(cls, record: Any, observed: dict[int, int], stopping: bool, host: str = "") -> "RunningJob":
+        """From a running Record (spool.py), as the worker and `gpuq status` both see it."""
+        spec = record.spec
+        return cls(record.id, record.user, record.host or host, tuple(record.gpus), spec.get("gpu_mem_mib"),
+                   observed, preemptible=bool(spec.get("preemptible")),
+                   priority_class=spec.get("priority_class", "normal"),
+                   started_at=record.claimed_at or 0.0, stopping=stopping)
 
 
 @dataclass(frozen=True)

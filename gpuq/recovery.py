@@ -48,6 +48,8 @@ class Recovery:
             self.lose(record, "host rebooted")
         elif (marker := read_started(self.rt, record)) is None:
             self.requeue(record, "never started; requeued")
+        elif marker.get("preempted"):  # it yielded its GPU: back to its old place, never lost
+            self.requeue(record, f"{marker['preempted']}; requeued as attempt {record.attempt + 1}")
         elif marker.get("fenced"):
             self.lose(record, marker["fenced"])  # its supervisor stopped it and recorded nothing
         elif marker.get("result"):  # the supervisor could not write it (disk full or failing)

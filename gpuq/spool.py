@@ -79,6 +79,7 @@ class Record:
     reason: str | None = None
     job_pid: int | None = None
     peak_gpu_mem_mib: int | None = None
+    preempted: bool = False              # the attempt before this one was preempted
 
     def to_json(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: JSON copies
@@ -161,8 +162,8 @@ def record_requeue(layout: Layout, record: Record, event_host: str, reason: str)
     append_event(layout, event_host, _transition_event(record, record.state, State.PENDING, reason))
 
 
-def next_attempt(layout: Layout, job_id: str) -> int:
-    previous = read_json(layout.record(layout.requeued, job_id))
+def next_attempt(previous: dict | None) -> int:
+    """The attempt after the one kept in requeued/ (`previous`, read by the caller), or 1."""
     return previous["attempt"] + 1 if previous else 1
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from .config import FENCE_FRACTION, RECORD_FENCE_FRACTION
 from .faults import crash_point, io_fault, wall_time
 from .hostinfo import process_start_ticks
-from .joblocal import Runtime, finish_local, lease_age
+from .joblocal import PREEMPTED, Runtime, finish_local, lease_age
 from .launch import forget_spawned, inherited_environment, job_environment, open_log, spawn_job
 from .owners import Identity
 from .spec import JobSpec
@@ -220,6 +220,14 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     if fenced:
         _leave_fenced(rt, record, lock_fd, fenced)
         return
+    if stop_reason and stop_reason.startswith(PREEMPTED):
+        stop_reason = _stop_reason(rt, record.id)  # a cancel during the grace outranks the preemption
+    if stop_reason and stop_reason.startswith(PREEMPTED):
+        # Not an end: this host's worker puts the spec back at its old place once the lock
+        # is free (recovery.settle_gone), and the next attempt runs with GPUQ_PREEMPTED=1.
+        _mark(lock_fd, {"claim": record.claim, "preempted": f"{stop_reason}; {outcome}"})
+        poke(rt.local_dir, WAKE_JOB_ENDED)
+        return
     final = State.CANCELLED if stop_reason else State.DONE if exit_code == 0 else State.FAILED
     result = {"started_at": started, "ended_at": ended, "exit_code": exit_code, "signal": sig,
               "reason": stop_reason or failure, "job_pid": job_pid, "peak_gpu_mem_mib": _read_peak(rt, record.id)}
@@ -308,13 +316,14 @@ def _wait(rt: Runtime, record: Record, pid: int) -> tuple[int, str | None, str |
                         _StopSignal.armed = False
                         stop_reason = fenced
                         _signal_group(pid, signal.SIGTERM)
-                        deadline = now + rt.grace_s
+                        deadline = now + rt.grace_s  # fencing: config grace (fits lost_after_s)
             except _StopRequested:
                 _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
                 if stop_reason is None:
                     stop_reason = _stop_reason(rt, record.id)
                     _signal_group(pid, signal.SIGTERM)
-                    deadline = time.monotonic() + rt.grace_s
+                    grace = record.spec.get("grace_s")
+                    deadline = time.monotonic() + (rt.grace_s if grace is None else grace)
     finally:
         _StopSignal.armed = False
         if pidfd is not None:

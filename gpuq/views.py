@@ -115,10 +115,11 @@ def status(layout: Layout, config: Config, now: float | None = None,
     observed = _observed(beats)
     running = running_records(layout)
     live = [hb for hb in beats if heartbeat_alive(hb, now)]
-    running_jobs = [RunningJob(r.id, r.user, r.host or "", tuple(r.gpus), r.spec.get("gpu_mem_mib"),
-                               observed.get(r.id, {})) for r in running]
+    stopping = {j for hb in beats for j in hb.get("stopping", ())}
+    running_jobs = [RunningJob.of(r, observed.get(r.id, {}), r.id in stopping) for r in running]
     host_views = [HostView(hb["host"], tuple(GpuSnapshot.from_json(g) for g in hb.get("gpus", [])),
-                           hb.get("cpu_slots", config.cpu_slots)) for hb in live]
+                           hb.get("cpu_slots", config.cpu_slots),
+                           {int(i): t for i, t in hb.get("others_idle_since", {}).items()}) for hb in live]
     # Every worker caches the same specs: the freshest cache is enough.
     cache_files = [layout.spec_cache(hb["host"]) for hb in sorted(beats, key=lambda b: b.get("t", 0))[-1:]]
     pending, problems = load_pending_for_view(layout, cache_files)

@@ -19,8 +19,9 @@ from . import __version__
 from .config import Config
 from .faults import crash_point, wall_time
 from .hostinfo import boot_id, ensure_private_dir
+from .idle import IdleTracker
 from .intake import Intake, user_name
-from .joblocal import Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
+from .joblocal import PREEMPTED, Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
 from .layout import Layout
 from .owners import OwnerPolicy, may_act_on, refusal
 from .plan import HostView, RunningJob, plan
@@ -32,6 +33,7 @@ from .spool import (Record, append_event, claim, claim_name, has_record, next_at
                     read_record, record_start, write_json)
 from .states import State
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
+from .windows import window_open
 
 log = logging.getLogger("gpuq.worker")
 SPEC_CACHE_EVERY_S = 5.0
@@ -70,6 +72,9 @@ class Worker:
         self.woken_by = b""                  # the reasons of the pokes that ended the last sleep
         self.unmovable: set[str] = set()     # refused specs this worker may not move
         self.unchanged_plan_inputs: tuple | None = None
+        self.idle = IdleTracker(config.idle_util_pct)
+        self.others_idle_since: dict[int, float | None] = {}
+        self.stopping: set[str] = set()      # running jobs told to yield (preempted)
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -100,7 +105,9 @@ class Worker:
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
         self.running = self._own_running()
-        self.observed = observe_job_memory(self.gpus, self.running, lambda r: supervisor_pid(self.rt, r))
+        self.observed, foreign = observe_job_memory(self.gpus, self.running, lambda r: supervisor_pid(self.rt, r))
+        self.others_idle_since = self.idle.update(self.gpus, foreign, {i for r in self.running for i in r.gpus},
+                                                  wall_time())
         for job_id, per_gpu in self.observed.items():
             peak = max(per_gpu.values(), default=0)
             if peak > self.peaks.get(job_id, 0):
@@ -140,6 +147,7 @@ class Worker:
                 finish_local(self.rt, record)
             self.peaks.pop(record.id, None)
         self.running = alive
+        self.stopping &= {r.id for r in alive}
         self.recovery.requeue_orphan_claims()
 
     def take_over_dead_hosts(self) -> None:
@@ -213,24 +221,42 @@ class Worker:
         log.warning("rejected %s", message)
 
     def start_jobs(self) -> None:
-        if not self.intake.entries:
+        if not self.intake.entries and not any(r.spec.get("preemptible") for r in self.running):
             return
-        # The plan only changes when its inputs do: skip it while nothing moved.
+        now = wall_time()
+        # The plan only changes when its inputs do: skip it while nothing moved. Time enters
+        # through idleness (a GPU idle long enough, or taken by a person) and idle windows.
+        idle_long = tuple((i, t is None, t is not None and now - t >= self.config.idle_after_s)
+                          for i, t in sorted(self.others_idle_since.items()))
         inputs = (self.intake.version, tuple((g.index, g.mem_used_mib, g.processes) for g in self.gpus),
-                  tuple(r.id for r in self.running))
+                  tuple(r.id for r in self.running), idle_long, window_open(self.config.idle_windows, now),
+                  frozenset(self.stopping))
         if inputs == self.unchanged_plan_inputs:
             return
-        host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots)
+        host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since)
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
-            decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config,
-                           wall_time(), explain=False)
+            decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config, now, explain=False)
+            self._preempt(decided.preempts)
             for start in decided.starts:
                 self._start(start.job_id, start.gpus)
-        self.unchanged_plan_inputs = None if decided.starts else inputs
+        self.unchanged_plan_inputs = None if decided.starts or decided.preempts else inputs
+
+    def _preempt(self, preempts: dict[str, str]) -> None:
+        """Tell opportunistic jobs to yield (TERM, their grace, KILL); their supervisors leave
+        the spec to be put back at its old place (recovery.settle_gone)."""
+        running = {r.id: r for r in self.running}
+        for job_id, why in preempts.items():
+            record = running.get(job_id)
+            if record is None or job_id in self.stopping:
+                continue
+            if request_stop(self.rt, record, f"{PREEMPTED}: {why}"):
+                self.stopping.add(job_id)
+                log.info("preempting %s: %s", job_id, why)
+                append_event(self.layout, self.host, {"job": job_id, "from": "running", "to": "running",
+                                                      "reason": f"preempting: {why}"})
 
     def _running_jobs(self) -> list[RunningJob]:
-        return [RunningJob(r.id, r.user, r.host or self.host, tuple(r.gpus),
-                           r.spec.get("gpu_mem_mib"), self.observed.get(r.id, {}))
+        return [RunningJob.of(r, self.observed.get(r.id, {}), r.id in self.stopping, self.host)
                 for r in self.running]
 
     def _start(self, job_id: str, gpus: tuple[int, ...]) -> None:
@@ -238,7 +264,8 @@ class Worker:
         if entry is None or entry.job is None:
             return
         crash_point("worker:planned")
-        attempt = next_attempt(self.layout, job_id)
+        previous = read_json(self.layout.record(self.layout.requeued, job_id))
+        attempt = next_attempt(previous)
         claimed = claim(self.layout, entry.path, claim_name(job_id, self.host, self.boot_id, attempt))
         self.intake.forget(job_id)
         if claimed is None:
@@ -256,7 +283,8 @@ class Worker:
             spec_text=entry.text.decode("utf-8-sig", "replace"), user=job.user,
             uid=st.st_uid, attempt=attempt, queued_at=job.queued_at, host=self.host,
             boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
-            gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=wall_time())
+            gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=wall_time(),
+            preempted=bool(previous and str(previous.get("reason", "")).startswith(PREEMPTED)))
 
         try:
             record_start(self.layout, record, self.host)  # the record first: then the job may start
@@ -285,6 +313,8 @@ class Worker:
             "version": __version__, "t": wall_time(), "poll_interval": self.config.poll_interval,
             "gpus": [g.to_json() for g in self.gpus], "cpu_slots": self.config.cpu_slots,
             "observed": {j: {str(i): m for i, m in per.items()} for j, per in self.observed.items()},
+            "others_idle_since": {str(i): t for i, t in self.others_idle_since.items()},
+            "stopping": sorted(self.stopping),
             "probe_error": self.probe.error,
         }, durable=False)
         # Written only once the heartbeat is: the supervisors' proof that others still see
@@ -296,12 +326,13 @@ class Worker:
             self.cache_written = (self.intake.version, now)
 
 
-def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record],
-                       supervisor_of: Callable[[Record], int | None]) -> dict[str, dict[int, int]]:
+def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record], supervisor_of: Callable[[Record], int | None]
+                       ) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
     """NVML's per-process memory, summed per job: a process belongs to the job whose
-    supervisor is among its ancestors (the supervisor is a subreaper, so orphans stay)."""
-    if not running or not any(g.processes for g in gpus):
-        return {}
+    supervisor is among its ancestors (the supervisor is a subreaper, so orphans stay).
+    Also the memory of processes that belong to no job, per GPU (someone else's use)."""
+    if not any(g.processes for g in gpus):
+        return {}, {}
     supervisors = {pid: r.id for r in running if (pid := supervisor_of(r))}
     owner_of: dict[int, str | None] = {}
 
@@ -319,11 +350,13 @@ def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record],
         return found
 
     observed: dict[str, dict[int, int]] = {}
+    foreign: dict[int, int] = {}
     for gpu in gpus:
         for proc in gpu.processes:
-            job_id = owner(proc.pid)
-            if job_id is not None and proc.used_mib:
+            job_id = owner(proc.pid) if supervisors else None
+            if job_id is None:
+                foreign[gpu.index] = foreign.get(gpu.index, 0) + (proc.used_mib or 1)
+            elif proc.used_mib:
                 per = observed.setdefault(job_id, {})
                 per[gpu.index] = per.get(gpu.index, 0) + proc.used_mib
-    return observed
-
+    return observed, foreign

@@ -1,0 +1,149 @@
+"""The planner's scheduling rules, fed plain data: fair share and ageing, the per-user cap,
+reservations, opportunistic jobs (idle GPUs, windows) and preemption."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from gpuq.config import Config
+from gpuq.plan import HostView, PendingJob, RunningJob, plan
+from gpuq.spec import JobSpec
+from gpuq.windows import parse_window
+from test_plan import GIB, gpu, host
+
+CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, idle_after_s=60)
+HOUR = 3600.0
+
+
+def job(job_id: str, user: str = "u", gpus: int = 1, mem_gib: float | None = 10, priority: str = "normal",
+        queued_at: float = 0.0, preemptible: bool | None = None) -> PendingJob:
+    spec = JobSpec(command="x", gpus=gpus, gpu_mem_mib=None if mem_gib is None else int(mem_gib * GIB),
+                   priority_class=priority,
+                   preemptible=priority == "low" if preemptible is None else preemptible)
+    return PendingJob(job_id, user, spec, queued_at)
+
+
+def run(job_id: str, host_name: str = "h", gpus: tuple[int, ...] = (0,), mem_gib: float | None = 10,
+        user: str = "u", low: bool = False, started_at: float = 0.0, stopping: bool = False) -> RunningJob:
+    return RunningJob(job_id, user, host_name, gpus, None if mem_gib is None else int(mem_gib * GIB),
+                      preemptible=low, priority_class="low" if low else "normal", started_at=started_at,
+                      stopping=stopping)
+
+
+def starts(result) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {s.job_id: (s.host, s.gpus) for s in result.starts}
+
+
+def test_fair_share_puts_the_user_holding_fewer_gpus_first():
+    busy = [run("ana-1", mem_gib=10, user="ana"), run("ana-2", mem_gib=10, user="ana")]
+    pending = [job("ana-3", user="ana", queued_at=0), job("bo-1", user="bo", queued_at=10)]
+    result = plan(pending, [host("h", gpu(0))], busy, CFG, now=20)
+    assert result.order == ["bo-1", "ana-3"]
+    assert plan(pending, [host("h", gpu(0))], busy, replace(CFG, fair_share=False), now=20).order == ["ana-3", "bo-1"]
+
+
+def test_waiting_ages_a_job_past_lighter_users_jobs_that_came_an_age_step_later():
+    busy = [run("ana-1", mem_gib=None, user="ana")]  # ana holds one whole GPU: one age step behind
+    pending = [job("ana-2", user="ana", queued_at=0), job("bo-1", user="bo", queued_at=0.5 * HOUR),
+               job("cy-1", user="cy", queued_at=1.5 * HOUR)]
+    assert plan(pending, [], busy, CFG, now=2 * HOUR).order == ["bo-1", "ana-2", "cy-1"]
+
+
+def test_priority_classes_come_before_fair_share():
+    busy = [run("ana-1", mem_gib=None, user="ana")]
+    pending = [job("bo-low", user="bo", priority="low"), job("ana-high", user="ana", priority="high")]
+    assert plan(pending, [], busy, CFG, now=0).order == ["ana-high", "bo-low"]
+
+
+def test_user_cap_holds_a_users_jobs_and_says_so():
+    cfg = replace(CFG, max_gpus_per_user=2)
+    busy = [run("ana-1", gpus=(0,), user="ana"), run("ana-2", gpus=(1,), user="ana")]
+    pending = [job("ana-3", user="ana"), job("bo-1", user="bo", queued_at=5)]
+    result = plan(pending, [host("h", gpu(0), gpu(1))], busy, cfg, now=10)
+    assert list(starts(result)) == ["bo-1"]
+    assert result.reasons["ana-3"] == "at user cap 2/2 GPUs"
+
+
+def test_the_aged_head_gets_gpus_reserved_and_smaller_jobs_may_not_take_them():
+    # Two GPUs, each half taken by small jobs that started after the pair job was queued.
+    busy = [run("s1", gpus=(0,), mem_gib=40, started_at=100), run("s2", gpus=(1,), mem_gib=40, started_at=100)]
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=0), job("small", mem_gib=10, queued_at=50)]
+    hosts = [host("h", gpu(0), gpu(1))]
+    young = plan(pending, hosts, busy, CFG, now=200)  # waited 200 s < reserve_after_s
+    assert list(starts(young)) == ["small"] and young.held == {}
+    aged = plan(pending, hosts, busy, CFG, now=CFG.reserve_after_s + 50)
+    assert aged.starts == [] and aged.held == {"pair": ("h", (0, 1))}
+    assert aged.reasons["small"] == "GPU reserved for job pair"
+    assert "reserved for it" in aged.reasons["pair"]
+
+
+def test_no_reservation_behind_a_job_that_was_running_before_the_head_came():
+    busy = [run("long", gpus=(0,), mem_gib=40, started_at=0), run("s2", gpus=(1,), mem_gib=40, started_at=100)]
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=10), job("small", mem_gib=10, queued_at=50)]
+    result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=CFG.reserve_after_s + 50)
+    assert result.held == {} and list(starts(result)) == ["small"]
+
+
+def test_a_reserved_gpu_still_takes_opportunistic_work():
+    busy = [run("s1", gpus=(0,), mem_gib=40, started_at=100), run("s2", gpus=(1,), mem_gib=40, started_at=100)]
+    pending = [job("pair", gpus=2, mem_gib=None), job("filler", mem_gib=10, priority="low", queued_at=5)]
+    result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=CFG.reserve_after_s + 50)
+    assert "pair" in result.held and list(starts(result)) == ["filler"]
+
+
+def test_opportunistic_jobs_start_only_on_gpus_idle_long_enough():
+    pending = [job("lo", priority="low")]
+    idle_since = {0: 1000.0, 1: None, 2: 1050.0}  # idle 100 s, in use by a person, idle 50 s
+    hosts = [HostView("h", (gpu(0), gpu(1), gpu(2)), 1, idle_since)]
+    assert starts(plan(pending, hosts, [], CFG, now=1100)) == {"lo": ("h", (0,))}
+    hosts = [HostView("h", (gpu(1), gpu(2)), 1, idle_since)]
+    result = plan(pending, hosts, [], CFG, now=1100)
+    assert result.starts == [] and "waits for an idle GPU (in use by others: h:1)" in result.reasons["lo"]
+    normal = plan([job("n")], hosts, [], CFG, now=1100)
+    assert list(starts(normal)) == ["n"]  # ordinary work does not wait for idleness
+
+
+def test_a_person_coming_back_preempts_opportunistic_jobs_on_that_gpu_only():
+    busy = [run("lo0", gpus=(0,), low=True), run("lo1", gpus=(1,), low=True), run("n1", gpus=(1,))]
+    hosts = [HostView("h", (gpu(0), gpu(1)), 1, {0: None, 1: 0.0})]
+    result = plan([], hosts, busy, CFG, now=1000)
+    assert result.preempts == {"lo0": "a non-gpuq process uses GPU h:0"}
+
+
+def test_windows_gate_opportunistic_starts_and_their_end_preempts():
+    now = time.mktime((2026, 11, 30, 12, 0, 0, 0, 0, -1))  # a Monday, noon, local time
+    cfg = replace(CFG, idle_windows=(parse_window("22:00-08:00"), parse_window("Sat-Sun")))
+    result = plan([job("lo", priority="low")], [host("h", gpu(0))], [run("old", low=True)], cfg, now)
+    assert result.starts == [] and result.reasons["lo"] == "outside window 22:00-08:00, Sat-Sun"
+    assert result.preempts == {"old": "idle window 22:00-08:00, Sat-Sun closed"}
+    night = time.mktime((2026, 11, 30, 23, 0, 0, 0, 0, -1))
+    assert list(starts(plan([job("lo", priority="low")], [host("h", gpu(0))], [], cfg, night))) == ["lo"]
+
+
+def test_ordinary_work_preempts_the_fewest_opportunistic_jobs_and_holds_their_memory():
+    busy = [run("lo-old", gpus=(0,), mem_gib=30, low=True, started_at=0),
+            run("lo-new", gpus=(0,), mem_gib=30, low=True, started_at=50),
+            run("lo-big", gpus=(1,), mem_gib=70, low=True, started_at=10)]
+    pending = [job("n", mem_gib=40, queued_at=60), job("later", mem_gib=5, queued_at=70),
+               job("lo-wait", mem_gib=15, priority="low", queued_at=1)]
+    hosts = [host("h", gpu(0), gpu(1))]
+    result = plan(pending, hosts, busy, CFG, now=100)
+    # GPU 0 frees 40 GiB by stopping one job (the youngest), GPU 1 would need lo-big stopped
+    # too: one victim either way, GPU 0 wastes less.
+    assert result.preempts == {"lo-new": "job n needs its GPU memory"}
+    assert result.held == {"n": ("h", (0,))} and starts(result) == {"later": ("h", (1,))}
+    # The next pass, while lo-new drains: still held, nothing preempted twice, nothing slips in.
+    draining = [replace(b, stopping=b.id == "lo-new") for b in busy]
+    again = plan(pending[::2], hosts, draining, CFG, now=101)
+    assert again.preempts == {} and again.held == {"n": ("h", (0,))} and again.starts == []
+    gone = [b for b in busy if b.id != "lo-new"]
+    assert starts(plan(pending, hosts, gone, CFG, now=110))["n"] == ("h", (0,))
+
+
+def test_opportunistic_jobs_never_preempt_each_other_and_preemption_can_be_off():
+    busy = [run("lo", gpus=(0,), mem_gib=70, low=True)]
+    pending = [job("lo2", mem_gib=40, priority="low"), job("n", mem_gib=40, queued_at=1)]
+    hosts = [host("h", gpu(0))]
+    assert plan(pending[:1], hosts, busy, CFG, now=100).preempts == {}
+    assert plan(pending[1:], hosts, busy, replace(CFG, preemption=False), now=100).preempts == {}
+    assert plan(pending[1:], hosts, busy, CFG, now=100).preempts == {"lo": "job n needs its GPU memory"}
