@@ -33,7 +33,7 @@ class _Run:
     remaining: float          # seconds of work left at rate 1
     rate: float = 1.0
     since: float = 0.0        # when `remaining` was last brought up to date
-    version: int = 0
+    version: int = 0          # unique per scheduled end: a superseded end is skipped
     stop_at: float | None = None  # preempted: exits then
 
 
@@ -43,7 +43,8 @@ class Outcome:
     waits: dict[str, float] = field(default_factory=dict)      # job id -> final start - submit
     ends: dict[str, float] = field(default_factory=dict)
     preemptions: int = 0
-    busy_gpu_s: float = 0.0          # GPU-seconds with at least one job on the GPU
+    busy_gpu_s: float = 0.0          # GPU-seconds with a job on the GPU, until the last arrival
+    last_submit: float = 0.0
     waiting_s: float = 0.0           # seconds with at least one job pending
     free_while_waiting_gpu_s: float = 0.0  # GPU-seconds wholly free while a job waited
     peak_queue: int = 0
@@ -85,7 +86,8 @@ def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: flo
                                      for i in range(cluster.gpus_per_host)), 0)
              for h in range(cluster.hosts)]
     by_id = {j.id: j for j in jobs}
-    out = Outcome(first_submit=jobs[0].submit_s, gpus=cluster.hosts * cluster.gpus_per_host)
+    out = Outcome(first_submit=jobs[0].submit_s, last_submit=jobs[-1].submit_s,
+                  gpus=cluster.hosts * cluster.gpus_per_host)
     pending: dict[str, PendingJob] = {}
     runs: dict[str, _Run] = {}
     views: dict[str, RunningJob] = {}
@@ -105,8 +107,8 @@ def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: flo
             rate = min(1.0, 100.0 / load) if load > 0 else 1.0
             if run.stop_at is None and rate != run.rate:
                 run.remaining -= (t - run.since) * run.rate
-                run.since, run.rate, run.version = t, rate, run.version + 1
                 seq += 1
+                run.since, run.rate, run.version = t, rate, seq
                 heapq.heappush(ends, (t + run.remaining / rate, seq, jid, run.version))
 
     while next_arrival < len(jobs) or runs:
@@ -146,25 +148,24 @@ def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: flo
         for victim in preempts:
             run = runs[victim]
             if run.stop_at is None:
-                run.stop_at = now + grace_s
-                run.version += 1
+                seq += 1
+                run.stop_at, run.version = now + grace_s, seq
                 views[victim] = replace(views[victim], stopping=True)
                 out.preemptions += 1
-                seq += 1
                 heapq.heappush(ends, (run.stop_at, seq, victim, run.version))
         for s in starts:
             job = by_id[s.job_id]
             del pending[s.job_id]
             out.waits[s.job_id] = now - job.submit_s
-            runs[s.job_id] = _Run(job, now, s.host, s.gpus, job.duration_s, since=now)
+            seq += 1
+            runs[s.job_id] = _Run(job, now, s.host, s.gpus, job.duration_s, since=now, version=seq)
             views[s.job_id] = RunningJob(s.job_id, job.user, s.host, s.gpus, job.spec.gpu_mem_mib,
                                          preemptible=job.spec.preemptible,
                                          priority_class=job.spec.priority_class, started_at=now)
             for i in s.gpus:
                 on_gpu[(s.host, i)].add(s.job_id)
                 changed.add((s.host, i))
-            seq += 1
-            heapq.heappush(ends, (now + job.duration_s, seq, s.job_id, 0))
+            heapq.heappush(ends, (now + job.duration_s, seq, s.job_id, seq))
         if changed:
             set_rates(changed, now)
     return out
@@ -175,7 +176,9 @@ def _integrate(out: Outcome, hosts: list[HostView], on_gpu: dict, pending: dict,
     if dt <= 0:
         return
     busy = sum(1 for jobs in on_gpu.values() if jobs)
-    out.busy_gpu_s += busy * dt
+    # Occupancy is measured while work arrives: the drain after the last arrival (a few long
+    # jobs alone) would make a policy that finishes more work look emptier.
+    out.busy_gpu_s += busy * max(0.0, min(t1, out.last_submit) - t0)
     if pending:
         out.waiting_s += dt
         out.free_while_waiting_gpu_s += (len(on_gpu) - busy) * dt

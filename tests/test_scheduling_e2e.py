@@ -1,0 +1,120 @@
+"""Scheduling through the real worker on fake GPUs: opportunistic jobs that yield to real
+work, to a person, and to the end of their window; and a big job that a stream of small
+ones cannot starve."""
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import PY, REPO, wait_until
+
+LOOP_IGNORING_TERM = ("echo attempt=$GPUQ_ATTEMPT preempted=$GPUQ_PREEMPTED; trap 'echo got TERM' TERM; "
+                      "if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi; echo finished")
+LOOP_YIELDING = ("echo attempt=$GPUQ_ATTEMPT preempted=$GPUQ_PREEMPTED; trap 'echo yielding; exit 0' TERM; "
+                 "if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi; echo finished")
+
+
+def _spec(command: str, mem: str, priority: str = "normal", extra: str = "") -> str:
+    return f"command: {command!r}\ngpus: 1\ngpu_mem: {mem}\npriority: {priority}\n{extra}"
+
+
+def _running(queue, job_id: str) -> bool:
+    return (queue.root / "state" / "running" / f"{job_id}.json").exists()
+
+
+def test_real_work_preempts_an_opportunistic_job_that_ignores_sigterm(queue):
+    queue.write_config(idle_after_s=0.5)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("soak.yaml", _spec(LOOP_IGNORING_TERM, "60GiB", "low", "grace: 1s\n"))
+    wait_until(lambda: "attempt=1" in queue.log("soak"), what="the opportunistic job to start")
+    queue.drop("real.yaml", _spec("echo real", "40GiB"))
+    queue.drop("sneak.yaml", _spec("echo sneak", "30GiB", "low"))  # must not take the freed memory first
+    real = wait_until(lambda: queue.finished("real"), timeout=30, what="the real job to run")
+    soak = wait_until(lambda: queue.finished("soak"), timeout=30, what="the preempted job to finish later")
+    sneak = wait_until(lambda: queue.finished("sneak"), timeout=30, what="the other low job")
+    log = queue.log("soak")
+    assert "got TERM" in log and "killed by signal 9 (preempted: job real needs its GPU memory)" in log
+    assert "attempt=2 preempted=1" in log and soak["state"] == "done" and soak["attempt"] == 2
+    assert real["state"] == "done" and real["started_at"] <= soak["started_at"]
+    assert real["started_at"] <= sneak["started_at"]
+    requeued = [e for e in queue.events() if e["job"] == "soak" and e["to"] == "pending"]
+    assert requeued and requeued[0]["reason"].startswith("preempted: job real needs its GPU memory")
+
+
+def test_a_person_using_the_gpu_preempts_opportunistic_work_until_they_leave(queue):
+    queue.write_config(idle_after_s=1)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("soak.yaml", _spec(LOOP_YIELDING, "10GiB", "low"))
+    wait_until(lambda: "attempt=1" in queue.log("soak"), what="the opportunistic job to start")
+    fake_gpus = next((queue.local_base / "a").glob("fake-gpus-*.json"))
+    person = subprocess.Popen([PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "2GiB", "--seconds", "4"],
+                              env={**queue.env(), "GPUQ_FAKE_GPUS": str(fake_gpus), "CUDA_VISIBLE_DEVICES": "0"})
+    wait_until(lambda: "yielding" in queue.log("soak"), what="the job to be told to yield")
+    wait_until(lambda: not _running(queue, "soak"), what="the job to go back to the queue")
+    pending = wait_until(lambda: [j for j in queue.status()["pending"] if j["id"] == "soak"],
+                         what="soak to show as pending")
+    assert "in use by others: a:0" in pending[0]["reason"]
+    assert person.poll() is None and not _running(queue, "soak")  # not restarted while they work
+    person.wait(timeout=30)
+    left_at = time.time()
+    soak = wait_until(lambda: queue.finished("soak"), timeout=30, what="the job to run again")
+    assert soak["attempt"] == 2 and "attempt=2 preempted=1" in queue.log("soak")
+    assert soak["started_at"] >= left_at
+    requeued = [e for e in queue.events() if e["job"] == "soak" and e["to"] == "pending"]
+    assert requeued[0]["reason"].startswith("preempted: a non-gpuq process uses GPU a:0")
+
+
+def test_the_end_of_the_idle_window_preempts_and_holds_opportunistic_work(queue):
+    now = time.localtime()
+    start, end = (now.tm_hour * 60 + now.tm_min - 30) % 1440, (now.tm_hour * 60 + now.tm_min + 30) % 1440
+    window = f"{start // 60:02d}:{start % 60:02d}-{end // 60:02d}:{end % 60:02d}"
+    queue.write_config(idle_after_s=0.5, idle_windows=[window])
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("night.yaml", _spec(LOOP_YIELDING, "10GiB", "low"))
+    wait_until(lambda: "attempt=1" in queue.log("night"), what="the job to start inside its window")
+    queue.stop_worker("a")  # the job runs on; the next worker lives two hours later
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "7200"})
+    wait_until(lambda: "yielding" in queue.log("night"), what="the window's end to preempt the job")
+    wait_until(lambda: not _running(queue, "night") and (queue.root / "jobs" / "night.yaml").exists(),
+               what="the job to go back to the queue")
+    time.sleep(1.5)  # several passes: it stays pending outside its window
+    assert not _running(queue, "night") and queue.finished("night") is None
+    requeued = [e for e in queue.events() if e["job"] == "night" and e["to"] == "pending"]
+    assert requeued[0]["reason"].startswith(f"preempted: idle window {window} closed")
+
+
+def _stream_of_small_jobs(queue, stop: threading.Event) -> None:
+    n = 0
+    while not stop.is_set():
+        queue.drop(f"small-{n:03d}.yaml", _spec("sleep 2", "50GiB"))
+        n += 1
+        stop.wait(0.7)
+
+
+@pytest.mark.parametrize("reservations", [True, False])
+def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(queue, reservations):
+    """Two GPUs; small jobs (one GPU each) keep arriving faster than they end; the big job
+    needs both GPUs. With reservations it starts while the stream goes on; without, it
+    starves (the control that shows this test can fail)."""
+    queue.write_config(reserve_after_s=4, reservations=reservations)
+    queue.start_worker("a", "2x80GiB")
+    stop = threading.Event()
+    stream = threading.Thread(target=_stream_of_small_jobs, args=(queue, stop), daemon=True)
+    stream.start()
+    try:
+        wait_until(lambda: queue.finished("small-001"), timeout=30, what="the stream to flow")
+        queue.drop("big.yaml", "command: echo big\ngpus: 2\n")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not queue.finished("big"):
+            time.sleep(0.2)
+        big_done_during_stream = queue.finished("big") is not None
+    finally:
+        stop.set()
+        stream.join()
+    assert big_done_during_stream is reservations
+    if reservations:
+        assert queue.finished("big")["state"] == "done"

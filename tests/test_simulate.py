@@ -1,0 +1,99 @@
+"""`gpuq simulate`: trace reading, the virtual clock, the policies, and the CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PY, REPO
+from gpuq.simreport import SIM_CONFIG, figures, run_policy
+from gpuq.trace import TraceError, is_marked_low, load_trace, mark_low, parse_cluster
+
+HEADER = "job_id,submit_s,duration_s,gpus,gpu_mem_gib,gpu_util,user,priority\n"
+
+
+def trace(tmp_path: Path, *rows: str, header: str = HEADER) -> Path:
+    path = tmp_path / "trace.csv"
+    path.write_text(header + "".join(r + "\n" for r in rows))
+    return path
+
+
+def replay(tmp_path: Path, cluster: str, policy: str, *rows: str) -> dict:
+    c = parse_cluster(cluster)
+    jobs = load_trace(trace(tmp_path, *rows), c)
+    out = run_policy(policy, jobs, c, SIM_CONFIG)
+    return {"waits": out.waits, "ends": out.ends, **figures(out, jobs)}
+
+
+def test_trace_rows_become_specs_as_documented(tmp_path):
+    jobs = load_trace(trace(tmp_path, "share,0,10,0.25,,,u1,", "whole,1,10,2,,,u1,",
+                            "mem,2,10,1,8,50,u2,low", "wide,3,10,16,,,u3,"), parse_cluster("2x8x32GiB"))
+    by_id = {j.id: j for j in jobs}
+    assert by_id["share"].spec.gpus == 1 and by_id["share"].spec.gpu_mem_mib == 8 * 1024
+    assert by_id["share"].util == 25.0
+    assert by_id["whole"].spec.exclusive and by_id["whole"].spec.gpus == 2
+    assert by_id["mem"].spec.gpu_mem_mib == 8 * 1024 and by_id["mem"].util == 50.0
+    assert by_id["mem"].spec.priority_class == "low" and by_id["mem"].spec.preemptible
+    assert by_id["wide"].capped and by_id["wide"].spec.gpus == 8
+
+
+def test_bad_traces_and_clusters_name_the_place_and_the_fix(tmp_path):
+    with pytest.raises(TraceError, match="column 'gpu_util' is missing. Fix: the header must name"):
+        load_trace(trace(tmp_path, "a,0,1,1,,u", header="job_id,submit_s,duration_s,gpus,gpu_mem_gib,user\n"),
+                   parse_cluster("1x1x1GiB"))
+    with pytest.raises(TraceError, match=r"trace.csv:3: column 'duration_s': 'ten' is not a number"):
+        load_trace(trace(tmp_path, "a,0,1,1,,,u,", "b,1,ten,1,,,u,"), parse_cluster("1x1x1GiB"))
+    with pytest.raises(TraceError, match="write HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB"):
+        parse_cluster("2x8")
+
+
+def test_fifo_exclusive_blocks_behind_its_head_and_gpuq_packs_around_it(tmp_path):
+    rows = ("long,0,100,1,,,u,", "pair,1,10,2,,,u,", "quarter,2,10,0.25,,,u,")
+    fifo = replay(tmp_path, "1x2x32GiB", "fifo-exclusive", *rows)
+    assert fifo["waits"] == {"long": 0, "pair": 99, "quarter": 108}  # behind pair, then a whole GPU
+    packed = replay(tmp_path, "1x2x32GiB", "pack-bestfit", *rows)
+    assert packed["waits"] == {"long": 0, "pair": 99, "quarter": 0}
+    gpuq = replay(tmp_path, "1x2x32GiB", "gpuq", *rows)
+    assert gpuq["waits"]["quarter"] == 0 and gpuq["jobs"] == 3
+
+
+def test_co_located_jobs_slow_each_other_by_their_utilization(tmp_path):
+    out = replay(tmp_path, "1x1x32GiB", "pack-bestfit", "a,0,100,1,10,100,u,", "b,0,100,1,10,100,u,")
+    assert out["ends"] == {"a": 200, "b": 200}  # each at 100 / (100 + 100)
+    out = replay(tmp_path, "1x1x32GiB", "pack-bestfit", "a,0,100,1,10,100,u,", "b,50,10,1,10,100,u,")
+    assert out["ends"]["b"] == 70 and out["ends"]["a"] == 110  # a ran 10 s at half speed
+
+
+def test_a_low_job_yields_after_the_grace_and_restarts_from_the_beginning(tmp_path):
+    out = replay(tmp_path, "1x1x32GiB", "gpuq", "lo,0,100,1,20,,u,low", "hi,10,5,1,20,,u,normal")
+    grace = SIM_CONFIG.grace_s
+    assert out["preemptions"] == 1
+    assert out["waits"]["hi"] == grace and out["ends"]["hi"] == 10 + grace + 5
+    assert out["ends"]["lo"] == 10 + grace + 5 + 100  # back in when hi ended, from scratch
+    assert out["wait_mean_by_priority"] == {"low": 10 + grace + 5, "normal": grace}
+
+
+def test_mark_low_is_a_stable_rule_and_without_low_drops_the_same_jobs(tmp_path):
+    rows = [f"j{i},{i},10,1,,,u," for i in range(300)]
+    jobs = load_trace(trace(tmp_path, *rows), parse_cluster("1x8x32GiB"))
+    marked = {j.id for j in mark_low(jobs, 0.33) if j.spec.priority_class == "low"}
+    assert marked == {j.id for j in jobs if is_marked_low(j.id, 0.33)} and 70 < len(marked) < 130
+    assert {j.id for j in mark_low(jobs, 0.33, drop=True)} == {j.id for j in jobs} - marked
+
+
+def test_the_cli_prints_the_table_and_the_documented_json(tmp_path):
+    path = trace(tmp_path, "a,0,100,1,,,u,", "b,1,10,0.5,,,u,", "c,2,10,8,,,u,")
+    cmd = [PY, str(REPO / "gpuq.py"), "simulate", str(path), "--cluster", "1x4x32GiB"]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "gpuq/fifo-exclusive" in text and "wait max, 4-GPU jobs" in text and "jobs capped to one host" in text
+    doc = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True, check=True).stdout)
+    keys = {"wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s", "wait_max_by_gpus",
+            "wait_mean_by_priority", "slowdown_mean", "makespan_s", "occupancy", "free_while_waiting",
+            "preemptions", "peak_queue", "jobs", "capped"}
+    assert set(doc["policies"]) == {"gpuq", "pack-bestfit", "fifo-exclusive"}
+    assert all(keys <= set(p) for p in doc["policies"].values())
+    assert doc["policies"]["gpuq"]["capped"] == 1 and doc["policies"]["gpuq"]["jobs"] == 3
+    bad = subprocess.run(cmd[:4] + ["--cluster", "lots"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--cluster 'lots': write HOSTSxGPUSxMEMORY" in bad.stderr
