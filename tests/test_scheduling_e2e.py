@@ -3,7 +3,6 @@ work, to a person, and to the end of their window; and a big job that a stream o
 ones cannot starve."""
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 import time
