@@ -127,6 +127,15 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
         held_gpus[job.user] = held_gpus.get(job.user, 0) + len(job.gpus)
     # Jobs of one shape fail for the same reason until something starts; remembered per pass.
     failed: dict[tuple, str] = {}
+    # Waiting jobs seen so far (the queue is in (class, priority) order): "behind N higher-priority jobs".
+    behind = {"order": (), "before": 0, "same": 0}
+
+    def waits(job: PendingJob, reason: str) -> None:
+        if job.order != behind["order"]:
+            behind.update(order=job.order, before=behind["before"] + behind["same"], same=0)
+        n = behind["before"]
+        result.reasons[job.id] = reason + (f"; behind {n} higher-priority job{'s' if n != 1 else ''}" if n else "")
+        behind["same"] += 1
     reserved = False  # one reservation for an aged job per pass: the head's
     reclaimable = config.preemption and any(s.victims or s.draining for s in slots)
 
@@ -143,11 +152,11 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
         cap = config.max_gpus_per_user
         if cap is not None and spec.gpus and held_gpus.get(job.user, 0) + spec.gpus > cap:
             if explain:
-                result.reasons[job.id] = f"at user cap {held_gpus.get(job.user, 0)}/{cap} GPUs"
+                waits(job, f"at user cap {held_gpus.get(job.user, 0)}/{cap} GPUs")
             continue
         if shape in failed:
             if explain:
-                result.reasons[job.id] = failed[shape]
+                waits(job, failed[shape])
             continue
         allowed = [h.name for h in hosts if not spec.hosts or h.name in spec.hosts]
         if spec.gpus == 0:
@@ -184,7 +193,7 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
             if shape not in failed:
                 failed[shape] = _why_waiting(job, allowed, mine, slots, hosts, config) if explain else ""
         if explain:
-            result.reasons[job.id] = failed[shape]
+            waits(job, failed[shape])
     return result
 
 

@@ -132,7 +132,7 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "root": str(layout.root),
         "now": now,
         "hosts": [_host(hb, running_jobs, config, now, heartbeat_alive(hb, now)) for hb in beats],
-        "running": [_running(r, observed.get(r.id, {}), now) for r in running],
+        "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping) for r in running],
         "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
                     for pos, i in enumerate(decided.order[:pending_rows], 1)],
         "pending_total": len(decided.order),
@@ -167,8 +167,9 @@ def _host(hb: dict[str, Any], running: list[RunningJob], config: Config, now: fl
             "cpu_slots": hb.get("cpu_slots"), "gpus": gpus}
 
 
-def _running(r: Record, observed: dict[int, int], now: float) -> dict[str, Any]:
+def _running(r: Record, observed: dict[int, int], now: float, yielding: bool) -> dict[str, Any]:
     return {"id": r.id, "user": r.user, "host": r.host, "gpus": r.gpus, "attempt": r.attempt,
+            "preemptible": bool(r.spec.get("preemptible")), "yielding": yielding,
             "elapsed_s": round(now - (r.claimed_at or now), 1), "gpu_mem_mib": r.gpu_mem_mib,
             "declared_gpu_mem_mib": r.spec.get("gpu_mem_mib"),
             "observed_gpu_mem_mib": max(observed.values()) if observed else None,

@@ -99,7 +99,9 @@ def test_queue_order_class_then_priority_then_age():
             job("normal-7", priority=7, age=5), job("normal-old", age=2), job("normal-new", age=3)]
     result = plan(jobs, [], [], CFG, 0)
     assert result.order == ["new-high", "normal-7", "normal-old", "normal-new", "old-low"]
-    assert all(r == "no worker is running" for r in result.reasons.values())
+    behind = {"new-high": "", "normal-7": "; behind 1 higher-priority job", "normal-old": "; behind 2 higher-priority jobs",
+              "normal-new": "; behind 2 higher-priority jobs", "old-low": "; behind 4 higher-priority jobs"}
+    assert result.reasons == {i: "no worker is running" + b for i, b in behind.items()}
 
 
 def test_big_head_does_not_block_smaller_jobs_that_fit():
