@@ -26,13 +26,13 @@ def _running(queue, job_id: str) -> bool:
 
 
 def test_real_work_preempts_an_opportunistic_job_that_ignores_sigterm(queue):
-    queue.write_config(idle_after_s=0.5)
+    queue.write_config(idle_after_s=0.5, grace_s=20, lost_after_s=120)  # the job's own grace is 1 s
     queue.start_worker("a", "1x80GiB")
     queue.drop("soak.yaml", _spec(LOOP_IGNORING_TERM, "60GiB", "low", "grace: 1s\n"))
     wait_until(lambda: "attempt=1" in queue.log("soak"), what="the opportunistic job to start")
     queue.drop("real.yaml", _spec("echo real", "40GiB"))
     queue.drop("sneak.yaml", _spec("echo sneak", "30GiB", "low"))  # must not take the freed memory first
-    real = wait_until(lambda: queue.finished("real"), timeout=30, what="the real job to run")
+    real = wait_until(lambda: queue.finished("real"), timeout=15, what="the real job to run (after 1 s, not 20)")
     soak = wait_until(lambda: queue.finished("soak"), timeout=30, what="the preempted job to finish later")
     sneak = wait_until(lambda: queue.finished("sneak"), timeout=30, what="the other low job")
     log = queue.log("soak")
