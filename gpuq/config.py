@@ -33,6 +33,13 @@ class Config:
     run_for_users: tuple[str, ...] = () # a non-root worker also runs these users' specs
     admins: tuple[str, ...] = ()        # may cancel anyone's job (root always may)
     allow_root_jobs: bool = False       # run specs owned by root (containers, single-user boxes)
+    # Limits (README "Limits"): defaults for specs that do not set them; None = none.
+    time_limit_s: float | None = None
+    cpus: int | None = None
+    mem_mib: int | None = None
+    gpu_mem_overuse: str = "warn"       # a job above its declared GPU memory: warn or kill
+    gpu_mem_tolerance_pct: int = 10     # ... by more than this ...
+    gpu_mem_overuse_after_s: float = 10.0  # ... for longer than this
     # Scheduling (plan.py; README "Scheduling").
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
     fair_share: bool = True             # within a priority, users holding fewer GPUs go first
@@ -120,6 +127,30 @@ def _percent(v: Any) -> int:
     return v
 
 
+def _optional_duration(v: Any) -> float | None:
+    from .units import DURATION_EXAMPLES, parse_duration_s
+
+    if v is None:
+        return None
+    try:
+        seconds = parse_duration_s(v)
+    except ValueError:
+        raise ValueError(f"is not a duration; write it like {DURATION_EXAMPLES}") from None
+    if seconds <= 0:
+        raise ValueError("must be longer than 0")
+    return seconds
+
+
+def _optional_size(v: Any) -> int | None:
+    return None if v is None else _size(v)
+
+
+def _overuse_action(v: Any) -> str:
+    if v not in ("warn", "kill"):
+        raise ValueError("must be warn or kill")
+    return v
+
+
 def _windows(v: Any) -> tuple:
     from .windows import parse_window
 
@@ -148,6 +179,12 @@ KEYS: dict[str, tuple[str, Any]] = {
     "run_for_users": ("run_for_users", _user_names),
     "admins": ("admins", _user_names),
     "allow_root_jobs": ("allow_root_jobs", _bool),
+    "time_limit": ("time_limit_s", _optional_duration),
+    "cpus": ("cpus", _optional_positive_int),
+    "mem": ("mem_mib", _optional_size),
+    "gpu_mem_overuse": ("gpu_mem_overuse", _overuse_action),
+    "gpu_mem_tolerance_pct": ("gpu_mem_tolerance_pct", _percent),
+    "gpu_mem_overuse_after_s": ("gpu_mem_overuse_after_s", _positive(float)),
     "max_gpus_per_user": ("max_gpus_per_user", _optional_positive_int),
     "fair_share": ("fair_share", _bool),
     "age_step_s": ("age_step_s", _positive(float)),

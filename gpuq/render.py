@@ -46,6 +46,7 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         rows.append([r["id"] + (" (yielding)" if r.get("yielding") else ""), r["user"], where, format_duration(r["elapsed_s"]),
                      f"{declared}/{format_mib(r['observed_gpu_mem_mib'])}", _cut(r["command"], 40)])
     out += _table(rows) if view["running"] else []
+    out += [f"  ! {r['id']} {r['warning']}" for r in view["running"] if r.get("warning")]
     pending = view["pending"]
     total = view["pending_total"]
     out += ["", f"PENDING ({total})"]

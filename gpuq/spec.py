@@ -48,6 +48,12 @@ FIELDS: dict[str, Field] = {
                          "a non-gpuq process starts using its GPU, or its window closes.", "true"),
     "grace": Field("duration", "config grace_s (10s)", "Time between SIGTERM and SIGKILL when the job "
                    "is stopped (cancel, preemption): time to write a checkpoint.", "60s"),
+    "time_limit": Field("duration", "config time_limit (none)", "Longest run: past it the job gets "
+                        "SIGTERM, its grace, then SIGKILL, and its record says timeout.", "12h"),
+    "cpus": Field("integer >= 1", "config cpus (no pinning)", "CPU cores for the job: its affinity is "
+                  "that many cores, kept apart from other jobs' cores where the host has room.", "8"),
+    "mem": Field("size", "config mem (no limit)", "Host RAM of the job's whole process tree; above "
+                 "it the job is stopped, and its record says why.", "64GiB"),
     "retries": Field("integer >= 0", "config lost_retries (2)", "Re-runs when the job is lost with "
                      "its host (dead, rebooted, fenced); a failing job is never re-run.", "0"),
 }
@@ -81,6 +87,9 @@ class JobSpec:
     retries: int | None = None      # None: the config's lost_retries
     preemptible: bool = False       # opportunistic (always true for priority low)
     grace_s: float | None = None    # None: the config's grace_s
+    time_limit_s: float | None = None  # None: the config's time_limit
+    cpus: int | None = None         # None: the config's cpus
+    mem_mib: int | None = None      # None: the config's mem
 
     @property
     def exclusive(self) -> bool:
@@ -94,7 +103,8 @@ class JobSpec:
                 "name": self.name, "gpus": self.gpus, "gpu_mem_mib": self.gpu_mem_mib,
                 "priority_class": self.priority_class, "priority": self.priority,
                 "workdir": self.workdir, "env": dict(self.env), "hosts": list(self.hosts),
-                "retries": self.retries, "preemptible": self.preemptible, "grace_s": self.grace_s}
+                "retries": self.retries, "preemptible": self.preemptible, "grace_s": self.grace_s,
+                "time_limit_s": self.time_limit_s, "cpus": self.cpus, "mem_mib": self.mem_mib}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
@@ -102,7 +112,8 @@ class JobSpec:
         cmd = d["command"]
         return cls(cmd if isinstance(cmd, str) else tuple(cmd), d["name"], d["gpus"], d["gpu_mem_mib"],
                    d["priority_class"], d["priority"], d["workdir"], d["env"], tuple(d["hosts"]),
-                   d.get("retries"), d.get("preemptible", False), d.get("grace_s"))
+                   d.get("retries"), d.get("preemptible", False), d.get("grace_s"), d.get("time_limit_s"),
+                   d.get("cpus"), d.get("mem_mib"))
 
 
 def _loader_class() -> type:
@@ -230,7 +241,10 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         hosts=_hosts(data.get("hosts"), file),
         retries=_retries(data.get("retries"), file),
         preemptible=_preemptible(data.get("preemptible"), priority_class, file),
-        grace_s=_grace(data.get("grace"), file),
+        grace_s=_duration(data.get("grace"), "grace", 86400, file),
+        time_limit_s=_duration(data.get("time_limit"), "time_limit", 365 * 86400, file),
+        cpus=_cpus(data.get("cpus"), file),
+        mem_mib=_mem(data.get("mem"), file),
     )
 
 
@@ -344,16 +358,37 @@ def _preemptible(value: Any, priority_class: str, file: str) -> bool:
     return value
 
 
-def _grace(value: Any, file: str) -> float | None:
+def _duration(value: Any, field: str, most_s: float, file: str) -> float | None:
     if value is None:
         return None
     try:
         seconds = parse_duration_s(value)
     except ValueError as e:
-        raise SpecError(file, "grace", str(e).split(";")[0], f"write it like {DURATION_EXAMPLES}") from None
-    if seconds > 86400:
-        raise SpecError(file, "grace", f"{value} is out of range", "give at most a day, e.g. `grace: 5m`")
+        raise SpecError(file, field, str(e).split(";")[0], f"write it like {DURATION_EXAMPLES}") from None
+    if seconds <= 0 or seconds > most_s:
+        raise SpecError(file, field, f"{value} is out of range", f"give more than 0 and at most "
+                        f"{most_s / 86400:g} day{'s' if most_s > 86400 else ''}, e.g. `{field}: {FIELDS[field].example}`")
     return seconds
+
+
+def _cpus(value: Any, file: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+        raise SpecError(file, "cpus", f"{value!r} is not a number of CPU cores", "use a whole number >= 1, e.g. `cpus: 8`")
+    return value
+
+
+def _mem(value: Any, file: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        mib = parse_size_mib(value) if isinstance(value, str) else None
+    except ValueError:
+        mib = None
+    if mib is None or mib <= 0:
+        raise SpecError(file, "mem", f"{value!r} is not a size", f"write the host RAM the job needs like {SIZE_EXAMPLES}")
+    return mib
 
 
 def _hosts(value: Any, file: str) -> tuple[str, ...]:

@@ -80,6 +80,9 @@ class Record:
     job_pid: int | None = None
     peak_gpu_mem_mib: int | None = None
     preempted: bool = False              # the attempt before this one was preempted
+    time_limit_s: float | None = None    # the limits that apply (spec, else config): limits.py
+    mem_limit_mib: int | None = None
+    cpu_cores: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: JSON copies

@@ -12,6 +12,7 @@ class State(str, Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     LOST = "lost"
+    TIMEOUT = "timeout"      # ran past its time_limit: stopped (TERM, grace, KILL)
     REJECTED = "rejected"
 
     @property
@@ -19,16 +20,17 @@ class State(str, Enum):
         return self in FINAL_STATES
 
 
-FINAL_STATES = frozenset({State.DONE, State.FAILED, State.CANCELLED, State.LOST, State.REJECTED})
+FINAL_STATES = frozenset({State.DONE, State.FAILED, State.CANCELLED, State.LOST, State.TIMEOUT, State.REJECTED})
 
 ALLOWED: dict[State, frozenset[State]] = {
     State.PENDING: frozenset({State.RUNNING, State.HELD, State.CANCELLED, State.REJECTED}),
     State.HELD: frozenset({State.PENDING, State.CANCELLED}),
     # running -> pending is a requeue (preempted, lost, or never started).
-    State.RUNNING: frozenset({State.DONE, State.FAILED, State.CANCELLED, State.LOST, State.PENDING}),
+    State.RUNNING: frozenset({State.DONE, State.FAILED, State.CANCELLED, State.LOST, State.TIMEOUT, State.PENDING}),
     State.DONE: frozenset(),
     State.FAILED: frozenset(),
     State.CANCELLED: frozenset(),
+    State.TIMEOUT: frozenset(),
     # A lost job whose retries allow goes back to the queue (issue: crash recovery).
     State.LOST: frozenset({State.PENDING}),
     State.REJECTED: frozenset(),

@@ -30,6 +30,7 @@ from .faults import crash_point, io_fault, wall_time
 from .hostinfo import process_start_ticks
 from .joblocal import PREEMPTED, Runtime, finish_local, lease_age
 from .launch import forget_spawned, inherited_environment, job_environment, open_log, spawn_job
+from .limits import LimitWatch, pinned, stop_state
 from .owners import Identity
 from .spec import JobSpec
 from .spool import Record, read_record, transition
@@ -190,14 +191,16 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         if identity is not None:
             env.update(identity.environment())
         try:
-            job_pid = spawn_job(spec, env, spec.workdir or str(rt.layout.root), log_fd, lock_fd, identity)
+            with pinned(record.cpu_cores):
+                job_pid = spawn_job(spec, env, spec.workdir or str(rt.layout.root), log_fd, lock_fd, identity)
         except OSError as e:
             failure = f"cannot start: {e.strerror}: {e.filename}"
     if failure:
         _log(log_fd, f"==> gpuq: {failure}\n")
     fenced: str | None = None
+    stopped_as: State | None = None
     if job_pid is not None:
-        status, stop_reason, fenced = _wait(rt, record, job_pid)
+        status, stop_reason, fenced, stopped_as = _wait(rt, record, job_pid)
         forget_spawned(job_pid, status)
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -228,7 +231,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         _mark(lock_fd, {"claim": record.claim, "preempted": f"{stop_reason}; {outcome}"})
         poke(rt.local_dir, WAKE_JOB_ENDED)
         return
-    final = State.CANCELLED if stop_reason else State.DONE if exit_code == 0 else State.FAILED
+    final = (stopped_as or stop_state(stop_reason)) if stop_reason else State.DONE if exit_code == 0 else State.FAILED
     result = {"started_at": started, "ended_at": ended, "exit_code": exit_code, "signal": sig,
               "reason": stop_reason or failure, "job_pid": job_pid, "peak_gpu_mem_mib": _read_peak(rt, record.id)}
     try:
@@ -279,15 +282,19 @@ def _stop_reason(rt: Runtime, job_id: str) -> str:
         return "cancelled"
 
 
-def _wait(rt: Runtime, record: Record, pid: int) -> tuple[int, str | None, str | None]:
+def _wait(rt: Runtime, record: Record, pid: int) -> tuple[int, str | None, str | None, State | None]:
     """Wait for the job. A stop request (SIGTERM with a stop file) stops it: TERM, grace,
-    KILL. So does fencing, checked every lost_after_s / 10. Returns (wait status, stop
-    reason, fence reason)."""
+    KILL. So does an overrun limit (limits.py), and fencing, checked every lost_after_s / 10.
+    Returns (wait status, stop reason, fence reason, the state a limit's stop records)."""
     stop_reason: str | None = None
+    stopped_as: State | None = None
     fenced: str | None = None
     deadline = float("inf")                 # when the stopped job gets SIGKILL
     check_every = min(5.0, rt.lost_after_s / 10)
     next_check = time.monotonic() + check_every
+    limits = LimitWatch(record, time.monotonic())
+    grace = record.spec.get("grace_s")
+    grace = rt.grace_s if grace is None else grace
     try:
         pidfd: int | None = os.pidfd_open(pid)  # readable once the job has exited
     except (AttributeError, OSError):
@@ -299,16 +306,21 @@ def _wait(rt: Runtime, record: Record, pid: int) -> tuple[int, str | None, str |
                 if _StopSignal.requested and stop_reason is None:
                     raise _StopRequested()
                 now = time.monotonic()
-                timeout = max(0.0, min(next_check, deadline) - now)
+                timeout = max(0.0, min(next_check, deadline, limits.next_at if stop_reason is None else deadline) - now)
                 select.select([pidfd] if pidfd is not None else [], [], [],
                               timeout if pidfd is not None else min(timeout, 0.05))
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
-                    return status, stop_reason, fenced
+                    return status, stop_reason, fenced, stopped_as
                 now = time.monotonic()
                 if now >= deadline:
                     _signal_group(pid, signal.SIGKILL)
                     deadline = float("inf")
+                if stop_reason is None and now >= limits.next_at and (breach := limits.breach(now)):
+                    _StopSignal.armed = False
+                    stop_reason, stopped_as = breach
+                    _signal_group(pid, signal.SIGTERM)
+                    deadline = now + grace
                 if now >= next_check and stop_reason is None:
                     next_check = now + check_every
                     fenced = fence_reason(rt, record)
@@ -322,8 +334,7 @@ def _wait(rt: Runtime, record: Record, pid: int) -> tuple[int, str | None, str |
                 if stop_reason is None:
                     stop_reason = _stop_reason(rt, record.id)
                     _signal_group(pid, signal.SIGTERM)
-                    grace = record.spec.get("grace_s")
-                    deadline = time.monotonic() + (rt.grace_s if grace is None else grace)
+                    deadline = time.monotonic() + grace
     finally:
         _StopSignal.armed = False
         if pidfd is not None:

@@ -116,6 +116,7 @@ def status(layout: Layout, config: Config, now: float | None = None,
     running = running_records(layout)
     live = [hb for hb in beats if heartbeat_alive(hb, now)]
     stopping = {j for hb in beats for j in hb.get("stopping", ())}
+    warnings = {j: why for hb in live for j, why in hb.get("warnings", {}).items()}
     running_jobs = [RunningJob.of(r, observed.get(r.id, {}), r.id in stopping) for r in running]
     host_views = [HostView(hb["host"], tuple(GpuSnapshot.from_json(g) for g in hb.get("gpus", [])),
                            hb.get("cpu_slots", config.cpu_slots),
@@ -132,7 +133,8 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "root": str(layout.root),
         "now": now,
         "hosts": [_host(hb, running_jobs, config, now, heartbeat_alive(hb, now)) for hb in beats],
-        "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping) for r in running],
+        "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id))
+                    for r in running],
         "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
                     for pos, i in enumerate(decided.order[:pending_rows], 1)],
         "pending_total": len(decided.order),
@@ -167,9 +169,11 @@ def _host(hb: dict[str, Any], running: list[RunningJob], config: Config, now: fl
             "cpu_slots": hb.get("cpu_slots"), "gpus": gpus}
 
 
-def _running(r: Record, observed: dict[int, int], now: float, yielding: bool) -> dict[str, Any]:
+def _running(r: Record, observed: dict[int, int], now: float, yielding: bool,
+             warning: str | None) -> dict[str, Any]:
     return {"id": r.id, "user": r.user, "host": r.host, "gpus": r.gpus, "attempt": r.attempt,
-            "preemptible": bool(r.spec.get("preemptible")), "yielding": yielding,
+            "preemptible": bool(r.spec.get("preemptible")), "yielding": yielding, "warning": warning,
+            "time_limit_s": r.time_limit_s, "mem_limit_mib": r.mem_limit_mib, "cpu_cores": r.cpu_cores,
             "elapsed_s": round(now - (r.claimed_at or now), 1), "gpu_mem_mib": r.gpu_mem_mib,
             "declared_gpu_mem_mib": r.spec.get("gpu_mem_mib"),
             "observed_gpu_mem_mib": max(observed.values()) if observed else None,

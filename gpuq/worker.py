@@ -23,12 +23,14 @@ from .idle import IdleTracker
 from .intake import Intake, user_name
 from .joblocal import PREEMPTED, Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
 from .layout import Layout
+from .limits import LIMIT, pick_cores
+from .overuse import GpuMemWatch, Overuse
 from .owners import OwnerPolicy, may_act_on, refusal
 from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
 from .recovery import Recovery
 from .spawner import Spawner
-from .spec import SpecError
+from .spec import JobSpec, SpecError
 from .spool import (Record, append_event, claim, claim_name, has_record, next_attempt, read_json,
                     read_record, record_start, write_json)
 from .states import State
@@ -75,6 +77,7 @@ class Worker:
         self.idle = IdleTracker(config.idle_util_pct)
         self.others_idle_since: dict[int, float | None] = {}
         self.stopping: set[str] = set()      # running jobs told to yield (preempted)
+        self.gpu_mem_watch = GpuMemWatch(config)
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -108,11 +111,24 @@ class Worker:
         self.observed, foreign = observe_job_memory(self.gpus, self.running, lambda r: supervisor_pid(self.rt, r))
         self.others_idle_since = self.idle.update(self.gpus, foreign, {i for r in self.running for i in r.gpus},
                                                   wall_time())
+        for overuse in self.gpu_mem_watch.update(self.running, self.observed, time.monotonic()):
+            self._act_on_overuse(overuse)
         for job_id, per_gpu in self.observed.items():
             peak = max(per_gpu.values(), default=0)
             if peak > self.peaks.get(job_id, 0):
                 self.peaks[job_id] = peak
                 self.rt.peak_path(job_id).write_text(str(peak))
+
+    def _act_on_overuse(self, overuse: Overuse) -> None:
+        record = next(r for r in self.running if r.id == overuse.job_id)
+        if overuse.kill and request_stop(self.rt, record, f"{LIMIT}: {overuse.why}"):
+            log.warning("stopping %s: %s", record.id, overuse.why)
+            append_event(self.layout, self.host, {"job": record.id, "from": "running", "to": "running",
+                                                  "reason": f"stopping: {overuse.why}"})
+        elif not overuse.kill:
+            log.warning("%s %s", record.id, overuse.why)
+            append_event(self.layout, self.host, {"job": record.id, "from": "running", "to": "running",
+                                                  "reason": f"warning: {overuse.why}"})
 
     def _own_running(self) -> list[Record]:
         """This host's running records. A record is only ever replaced by rename, so a file
@@ -284,7 +300,8 @@ class Worker:
             uid=st.st_uid, attempt=attempt, queued_at=job.queued_at, host=self.host,
             boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
             gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=wall_time(),
-            preempted=bool(previous and str(previous.get("reason", "")).startswith(PREEMPTED)))
+            preempted=bool(previous and str(previous.get("reason", "")).startswith(PREEMPTED)),
+            **self._limits(job.spec))
 
         try:
             record_start(self.layout, record, self.host)  # the record first: then the job may start
@@ -298,6 +315,14 @@ class Worker:
         crash_point("worker:sent")
         self.running.append(record)
         log.debug("started %s on %s GPUs %s", job_id, self.host, list(gpus))  # events record it too
+
+    def _limits(self, spec: JobSpec) -> dict:
+        """The limits that apply to a job starting now: its spec's, else config's; its cores."""
+        cpus = spec.cpus if spec.cpus is not None else self.config.cpus
+        cores = pick_cores(cpus, os.sched_getaffinity(0), [r.cpu_cores for r in self.running]) if cpus else []
+        return {"time_limit_s": spec.time_limit_s if spec.time_limit_s is not None else self.config.time_limit_s,
+                "mem_limit_mib": spec.mem_mib if spec.mem_mib is not None else self.config.mem_mib,
+                "cpu_cores": cores}
 
     def report(self) -> None:
         """Heartbeat (boot id + sequence number: observers judge liveness on their own clock)
@@ -315,6 +340,7 @@ class Worker:
             "observed": {j: {str(i): m for i, m in per.items()} for j, per in self.observed.items()},
             "others_idle_since": {str(i): t for i, t in self.others_idle_since.items()},
             "stopping": sorted(self.stopping),
+            "warnings": dict(self.gpu_mem_watch.current),
             "probe_error": self.probe.error,
         }, durable=False)
         # Written only once the heartbeat is: the supervisors' proof that others still see

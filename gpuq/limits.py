@@ -1,0 +1,90 @@
+"""A running job's limits, as its supervisor enforces them: time limit, host RAM of its
+process tree, CPU cores (affinity), and what a stop for each is recorded as.
+
+The worker resolves each limit (the spec's, else config's) into the running record when it
+starts the job, so the supervisor, `gpuq show` and the record agree on what applied.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+from .states import State
+from .units import format_duration, format_mib
+
+if TYPE_CHECKING:
+    from .spool import Record
+
+MEM_CHECK_EVERY_S = 1.0
+LIMIT = "limit"  # how the reason of a stop for an overrun limit begins (recorded as failed)
+
+
+def stop_state(reason: str) -> State:
+    """The record's state for a job stopped with `reason` (written by whoever asked)."""
+    return State.FAILED if reason.startswith(LIMIT) else State.CANCELLED
+
+
+class LimitWatch:
+    """Checked by the supervisor while the job runs; says when, and why, to stop it."""
+
+    def __init__(self, record: "Record", started_monotonic: float) -> None:
+        self.time_limit_s = record.time_limit_s
+        self.mem_limit_mib = record.mem_limit_mib
+        self.ends_at = started_monotonic + self.time_limit_s if self.time_limit_s else float("inf")
+        self.mem_at = started_monotonic + MEM_CHECK_EVERY_S if self.mem_limit_mib else float("inf")
+
+    @property
+    def next_at(self) -> float:
+        return min(self.ends_at, self.mem_at)
+
+    def breach(self, now: float) -> tuple[str, State] | None:
+        if now >= self.ends_at:
+            return f"time limit {format_duration(self.time_limit_s)} reached", State.TIMEOUT
+        if now >= self.mem_at:
+            self.mem_at = now + MEM_CHECK_EVERY_S
+            used = tree_rss_mib()
+            if used > self.mem_limit_mib:  # type: ignore[operator]
+                return (f"{LIMIT}: host memory {format_mib(used)} above its mem {format_mib(self.mem_limit_mib)}",
+                        State.FAILED)
+        return None
+
+
+def tree_rss_mib() -> int:
+    """Resident memory of everything under this supervisor: the job, its children, and the
+    orphans it adopted as subreaper."""
+    import psutil
+
+    total = 0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total // 2 ** 20
+
+
+@contextmanager
+def pinned(cores: list[int]) -> Iterator[None]:
+    """Spawn the job inside this: it inherits the supervisor's CPU affinity, which is then
+    restored (the supervisor serves the next job too)."""
+    if not cores:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def pick_cores(count: int, allowed: set[int], in_use: list[list[int]]) -> list[int]:
+    """`count` cores for a new job: the least used by other jobs (none, where the host has
+    room), lowest index first among equals."""
+    load = {c: 0 for c in allowed}
+    for cores in in_use:
+        for c in cores:
+            if c in load:
+                load[c] += 1
+    return sorted(sorted(load, key=lambda c: (load[c], c))[:count])

@@ -1,0 +1,84 @@
+"""Limits through the real worker on fake GPUs: time limit, host RAM, CPU cores, and GPU
+memory above the declaration (warn or kill)."""
+from __future__ import annotations
+
+import json
+import os
+
+from conftest import PY, REPO, wait_until
+
+FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
+
+
+def test_a_job_past_its_time_limit_is_stopped_after_its_grace_and_recorded_as_timeout(queue):
+    queue.start_worker("a", "1x80GiB")
+    # Ignores SIGTERM (and so does its sleep, which inherits that): only SIGKILL ends it.
+    queue.drop("slow.yaml", "command: trap '' TERM; echo started; sleep 60\ngpus: 0\ntime_limit: 1s\ngrace: 1s\n")
+    queue.drop("polite.yaml", "command: trap 'echo bye; exit 3' TERM; while true; do sleep 0.1; done\n"
+                              "gpus: 0\ntime_limit: 1s\n")
+    slow = wait_until(lambda: queue.finished("slow"), timeout=20, what="the time limit to end it")
+    assert slow["state"] == "timeout" and slow["signal"] == 9 and slow["time_limit_s"] == 1.0
+    assert slow["reason"] == "time limit 1.0s reached"
+    assert slow["ended_at"] - slow["started_at"] >= 2  # 1 s limit + 1 s grace
+    polite = wait_until(lambda: queue.finished("polite"), timeout=20, what="the polite job to end")
+    assert polite["state"] == "timeout" and polite["exit_code"] == 3 and "bye" in queue.log("polite")
+
+
+def test_config_gives_the_default_time_limit(queue):
+    queue.write_config(time_limit="1s")
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("long.yaml", "command: sleep 30\ngpus: 0\n")
+    record = wait_until(lambda: queue.finished("long"), timeout=20, what="the default limit")
+    assert record["state"] == "timeout" and record["time_limit_s"] == 1.0
+
+
+def test_a_job_over_its_host_memory_is_stopped_with_the_reason(queue):
+    queue.start_worker("a", "1x80GiB")
+    hog = f"{PY} -c \"import time; b = b'x' * (300 * 2**20); print('holding', flush=True); time.sleep(60)\""
+    queue.drop("hog.yaml", f"command: {json.dumps(hog)}\ngpus: 0\nmem: 100MiB\n")
+    queue.drop("lean.yaml", "command: echo fine\ngpus: 0\nmem: 100MiB\n")
+    record = wait_until(lambda: queue.finished("hog"), timeout=30, what="the memory limit to stop it")
+    assert record["state"] == "failed" and record["mem_limit_mib"] == 100
+    assert record["reason"].startswith("limit: host memory ") and "above its mem 100MiB" in record["reason"]
+    assert wait_until(lambda: queue.finished("lean"))["state"] == "done"
+
+
+def test_cpus_pins_each_job_to_its_own_cores_where_the_host_has_room(queue):
+    queue.start_worker("a", "2x80GiB")
+    show = f"{PY} -c \"import os, time; print('cores', sorted(os.sched_getaffinity(0)), flush=True); time.sleep(2)\""
+    for name in ("c1", "c2"):
+        queue.drop(f"{name}.yaml", f"command: {json.dumps(show)}\ngpus: 0\ncpus: 1\n")
+    records = [wait_until(lambda n=n: queue.finished(n), timeout=30, what=n) for n in ("c1", "c2")]
+    cores = [r["cpu_cores"] for r in records]
+    assert all(len(c) == 1 for c in cores)
+    for name, c in zip(("c1", "c2"), cores):
+        assert f"cores {c}" in queue.log(name)
+    overlapping = records[0]["started_at"] < records[1]["ended_at"] and records[1]["started_at"] < records[0]["ended_at"]
+    if overlapping and len(os.sched_getaffinity(0)) >= 2:
+        assert cores[0] != cores[1]
+
+
+def test_gpu_memory_above_the_declaration_is_killed_when_config_says_kill(queue):
+    queue.write_config(gpu_mem_overuse="kill", gpu_mem_overuse_after_s=1)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("greedy.yaml", f"command: {FAKE_USE} --mem 20GiB --seconds 60\ngpus: 1\ngpu_mem: 10GiB\n")
+    queue.drop("honest.yaml", f"command: {FAKE_USE} --mem 10GiB --seconds 3\ngpus: 1\ngpu_mem: 10GiB\n")
+    greedy = wait_until(lambda: queue.finished("greedy"), timeout=30, what="the overuse to be stopped")
+    assert greedy["state"] == "failed"
+    assert greedy["reason"] == "limit: uses 20GiB of GPU memory on GPU 0, declared 10GiB (+10% tolerated)"
+    assert wait_until(lambda: queue.finished("honest"), timeout=30)["state"] == "done"
+
+
+def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue):
+    queue.write_config(gpu_mem_overuse_after_s=1)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("greedy.yaml", f"command: {FAKE_USE} --mem 20GiB --seconds 4\ngpus: 1\ngpu_mem: 10GiB\n")
+    shown = wait_until(lambda: [r for r in queue.status()["running"] if r["id"] == "greedy" and r["warning"]],
+                       timeout=20, what="status to show the warning")
+    assert shown[0]["warning"].startswith("uses 20GiB of GPU memory on GPU 0, declared 10GiB")
+    assert "! greedy uses 20GiB" in queue.gpuq("status").stdout
+    record = wait_until(lambda: queue.finished("greedy"), timeout=20, what="the job to finish")
+    assert record["state"] == "done"
+    warnings = [e for e in queue.events() if e["job"] == "greedy" and e["reason"] and
+                e["reason"].startswith("warning: uses 20GiB")]
+    assert len(warnings) == 1
