@@ -39,9 +39,9 @@ class Runtime:
     def stop_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.stop"
 
-    def peak_path(self, job_id: str) -> Path:
-        """Peak observed GPU memory, written by the worker, read at the end of the job."""
-        return self.local_dir / "jobs" / f"{job_id}.peak"
+    def usage_path(self, job_id: str) -> Path:
+        """GPU usage sampled by the worker (usage.py), read by the supervisor at the end."""
+        return self.local_dir / "jobs" / f"{job_id}.usage"
 
     @property
     def lease_path(self) -> Path:
@@ -126,7 +126,7 @@ def supervisor_pid(rt: Runtime, record: Record) -> int | None:
 
 def finish_local(rt: Runtime, record: Record) -> None:
     """Remove the attempt's local files and its claim; the record now holds the spec."""
-    paths = [rt.stop_path(record.id), rt.peak_path(record.id), rt.lock_path(record.id)]
+    paths = [rt.stop_path(record.id), rt.usage_path(record.id), rt.lock_path(record.id)]
     if record.claim:
         paths.append(rt.layout.claims / record.claim)
     for path in paths:

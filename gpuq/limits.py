@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Iterator
 
 from .states import State
 from .units import format_duration, format_mib
+from .usage import TreeSampler
 
 if TYPE_CHECKING:
     from .spool import Record
 
-MEM_CHECK_EVERY_S = 1.0
+SAMPLE_EVERY_S = 1.0
 LIMIT = "limit"  # how the reason of a stop for an overrun limit begins (recorded as failed)
 
 
@@ -26,42 +27,30 @@ def stop_state(reason: str) -> State:
 
 
 class LimitWatch:
-    """Checked by the supervisor while the job runs; says when, and why, to stop it."""
+    """Checked by the supervisor while the job runs: samples the job's process tree every
+    second (usage.py) and says when, and why, to stop it."""
 
     def __init__(self, record: "Record", started_monotonic: float) -> None:
         self.time_limit_s = record.time_limit_s
         self.mem_limit_mib = record.mem_limit_mib
         self.ends_at = started_monotonic + self.time_limit_s if self.time_limit_s else float("inf")
-        self.mem_at = started_monotonic + MEM_CHECK_EVERY_S if self.mem_limit_mib else float("inf")
+        self.sample_at = started_monotonic + SAMPLE_EVERY_S
+        self.usage = TreeSampler()
 
     @property
     def next_at(self) -> float:
-        return min(self.ends_at, self.mem_at)
+        return min(self.ends_at, self.sample_at)
 
     def breach(self, now: float) -> tuple[str, State] | None:
         if now >= self.ends_at:
             return f"time limit {format_duration(self.time_limit_s)} reached", State.TIMEOUT
-        if now >= self.mem_at:
-            self.mem_at = now + MEM_CHECK_EVERY_S
-            used = tree_rss_mib()
-            if used > self.mem_limit_mib:  # type: ignore[operator]
+        if now >= self.sample_at:
+            self.sample_at = now + SAMPLE_EVERY_S
+            used = self.usage.sample(now)
+            if self.mem_limit_mib and used > self.mem_limit_mib:
                 return (f"{LIMIT}: host memory {format_mib(used)} above its mem {format_mib(self.mem_limit_mib)}",
                         State.FAILED)
         return None
-
-
-def tree_rss_mib() -> int:
-    """Resident memory of everything under this supervisor: the job, its children, and the
-    orphans it adopted as subreaper."""
-    import psutil
-
-    total = 0
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:
-            pass
-    return total // 2 ** 20
 
 
 @contextmanager

@@ -84,7 +84,8 @@ def _cut(text: str, width: int) -> str:
 
 SHOW_ORDER = ("id", "state", "user", "attempt", "host", "gpus", "gpu_uuids", "gpu_mem_mib",
               "position", "reason", "error", "exit_code", "signal", "claimed_at", "started_at",
-              "ended_at", "peak_gpu_mem_mib", "log", "spec_dir")
+              "ended_at", "time_limit_s", "mem_limit_mib", "cpu_cores", "peak_gpu_mem_mib", "mean_gpu_mem_mib",
+              "mean_gpu_util_pct", "peak_rss_mib", "peak_cpus", "cpu_s", "log", "spec_dir")
 
 
 def show_text(job: dict[str, Any]) -> str:
@@ -102,6 +103,9 @@ def show_text(job: dict[str, Any]) -> str:
         lines.append(f"{key + ':':<18}{value}")
     if job.get("started_at") and job.get("ended_at"):
         lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
+    if suggested := job.get("suggested_gpu_mem"):
+        lines.append(f"{'suggested gpu_mem:':<18}{format_mib(suggested['mib'])} (peak {format_mib(suggested['peak_mib'])} "
+                     f"over {suggested['runs']} finished run{'s' if suggested['runs'] != 1 else ''} of this name, +10%)")
     spec = job.get("spec")
     if spec:
         lines.append(f"{'command:':<18}{command_text(spec.get('command'))}")

@@ -78,7 +78,12 @@ class Record:
     signal: int | None = None
     reason: str | None = None
     job_pid: int | None = None
-    peak_gpu_mem_mib: int | None = None
+    peak_gpu_mem_mib: int | None = None  # usage.py: what the attempt used
+    mean_gpu_mem_mib: int | None = None
+    mean_gpu_util_pct: float | None = None
+    peak_rss_mib: int | None = None
+    peak_cpus: float | None = None
+    cpu_s: float | None = None
     preempted: bool = False              # the attempt before this one was preempted
     time_limit_s: float | None = None    # the limits that apply (spec, else config): limits.py
     mem_limit_mib: int | None = None

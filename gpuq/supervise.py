@@ -31,6 +31,7 @@ from .hostinfo import process_start_ticks
 from .joblocal import PREEMPTED, Runtime, finish_local, lease_age
 from .launch import forget_spawned, inherited_environment, job_environment, open_log, spawn_job
 from .limits import LimitWatch, pinned, stop_state
+from .usage import read_gpu_usage
 from .owners import Identity
 from .spec import JobSpec
 from .spool import Record, read_record, transition
@@ -190,6 +191,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         env = job_environment(rt, record, spec)
         if identity is not None:
             env.update(identity.environment())
+        limits = LimitWatch(record, time.monotonic())
         try:
             with pinned(record.cpu_cores):
                 job_pid = spawn_job(spec, env, spec.workdir or str(rt.layout.root), log_fd, lock_fd, identity)
@@ -200,7 +202,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     fenced: str | None = None
     stopped_as: State | None = None
     if job_pid is not None:
-        status, stop_reason, fenced, stopped_as = _wait(rt, record, job_pid)
+        status, stop_reason, fenced, stopped_as = _wait(rt, record, job_pid, limits)
         forget_spawned(job_pid, status)
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -233,7 +235,8 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         return
     final = (stopped_as or stop_state(stop_reason)) if stop_reason else State.DONE if exit_code == 0 else State.FAILED
     result = {"started_at": started, "ended_at": ended, "exit_code": exit_code, "signal": sig,
-              "reason": stop_reason or failure, "job_pid": job_pid, "peak_gpu_mem_mib": _read_peak(rt, record.id)}
+              "reason": stop_reason or failure, "job_pid": job_pid,
+              **read_gpu_usage(rt.usage_path(record.id)), **(limits.usage.result() if job_pid else {})}
     try:
         transition(rt.layout, record, final, rt.host, **result)
     except OSError as e:
@@ -268,13 +271,6 @@ def _leave_fenced(rt: Runtime, record: Record, lock_fd: int, why: str) -> None:
         _mark(lock_fd, {"claim": record.claim, "fenced": why})
 
 
-def _read_peak(rt: Runtime, job_id: str) -> int | None:
-    try:
-        return int(rt.peak_path(job_id).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _stop_reason(rt: Runtime, job_id: str) -> str:
     try:
         return rt.stop_path(job_id).read_text().strip() or "cancelled"
@@ -282,7 +278,8 @@ def _stop_reason(rt: Runtime, job_id: str) -> str:
         return "cancelled"
 
 
-def _wait(rt: Runtime, record: Record, pid: int) -> tuple[int, str | None, str | None, State | None]:
+def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch
+          ) -> tuple[int, str | None, str | None, State | None]:
     """Wait for the job. A stop request (SIGTERM with a stop file) stops it: TERM, grace,
     KILL. So does an overrun limit (limits.py), and fencing, checked every lost_after_s / 10.
     Returns (wait status, stop reason, fence reason, the state a limit's stop records)."""
@@ -292,7 +289,6 @@ def _wait(rt: Runtime, record: Record, pid: int) -> tuple[int, str | None, str |
     deadline = float("inf")                 # when the stopped job gets SIGKILL
     check_every = min(5.0, rt.lost_after_s / 10)
     next_check = time.monotonic() + check_every
-    limits = LimitWatch(record, time.monotonic())
     grace = record.spec.get("grace_s")
     grace = rt.grace_s if grace is None else grace
     try:

@@ -4,9 +4,9 @@ the workers' heartbeats and the same `plan` the workers run. Rendering lives in 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
-import re
 import os
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from .probe import GpuSnapshot
 from .spec import command_text
 from .spool import Record, read_json, read_record
 from .states import FINAL_STATES
+from .usage import suggest_gpu_mem
 
 STATUS_VERSION = 1
 EVENT_CHUNK_BYTES = 64 * 1024
@@ -213,6 +214,9 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         if record is not None:
             out = mask_secrets(record.to_json())
             out["log"] = str(layout.job_log(job_id))
+            peaks = _past_peaks(layout, record)
+            if (suggested := suggest_gpu_mem(peaks)) is not None:
+                out["suggested_gpu_mem"] = {"mib": suggested, "runs": len(peaks), "peak_mib": max(peaks)}
             return out
     if pending_spec_path(layout, job_id) is not None:
         view = status(layout, config)
@@ -229,6 +233,23 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         return {"id": job_id, "state": "rejected", "error": err.read_text().strip(),
                 "spec_dir": str(layout.rejected)}
     return None
+
+
+def _past_peaks(layout: Layout, record: Record) -> list[int]:
+    """Peak GPU memory of finished jobs of the same name (`--name train` makes train-1,
+    train-2, ...: their files share the stem, so only those are read)."""
+    name = record.spec.get("name")
+    stem = re.sub(r"-\d+$", "", record.id)
+    peaks = []
+    with os.scandir(layout.finished) as it:
+        for entry in it:
+            if not (entry.name.startswith(stem) and entry.name.endswith(".json")):
+                continue
+            past = read_record(Path(entry.path))
+            if past is not None and past.peak_gpu_mem_mib and past.spec.get("name") == name and \
+                    re.sub(r"-\d+$", "", past.id) == stem:
+                peaks.append(past.peak_gpu_mem_mib)
+    return peaks
 
 
 SECRET_KEY_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)

@@ -31,6 +31,7 @@ from .probe import GpuSnapshot, Probe
 from .recovery import Recovery
 from .spawner import Spawner
 from .spec import JobSpec, SpecError
+from .usage import GpuUsage
 from .spool import (Record, append_event, claim, claim_name, has_record, next_attempt, read_json,
                     read_record, record_start, write_json)
 from .states import State
@@ -63,7 +64,7 @@ class Worker:
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
         self.observed: dict[str, dict[int, int]] = {}
-        self.peaks: dict[str, int] = {}
+        self.gpu_usage = GpuUsage()
         self.record_cache: dict[tuple[str, int], Record] = {}
         self.spawner = Spawner(self.rt, layout.worker_log(host))
         self.recovery = Recovery(layout, config, self.rt, self._reject)
@@ -113,11 +114,13 @@ class Worker:
                                                   wall_time())
         for overuse in self.gpu_mem_watch.update(self.running, self.observed, time.monotonic()):
             self._act_on_overuse(overuse)
-        for job_id, per_gpu in self.observed.items():
-            peak = max(per_gpu.values(), default=0)
-            if peak > self.peaks.get(job_id, 0):
-                self.peaks[job_id] = peak
-                self.rt.peak_path(job_id).write_text(str(peak))
+        now = time.monotonic()
+        util = {g.index: g.util_pct for g in self.gpus}
+        for r in self.running:
+            if r.gpus:
+                self.gpu_usage.sample(r.id, self.observed.get(r.id, {}),
+                                      [u for i in r.gpus if (u := util.get(i)) is not None], now,
+                                      self.rt.usage_path(r.id))
 
     def _act_on_overuse(self, overuse: Overuse) -> None:
         record = next(r for r in self.running if r.id == overuse.job_id)
@@ -161,7 +164,7 @@ class Worker:
                     continue
                 self.recovery.settle_gone(record)
                 finish_local(self.rt, record)
-            self.peaks.pop(record.id, None)
+            self.gpu_usage.forget(record.id)
         self.running = alive
         self.stopping &= {r.id for r in alive}
         self.recovery.requeue_orphan_claims()

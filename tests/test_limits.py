@@ -82,3 +82,20 @@ def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue)
     warnings = [e for e in queue.events() if e["job"] == "greedy" and e["reason"] and
                 e["reason"].startswith("warning: uses 20GiB")]
     assert len(warnings) == 1
+
+
+def test_usage_is_sampled_into_the_record_and_show_suggests_a_right_sized_gpu_mem(queue):
+    queue.start_worker("a", "1x80GiB")
+    work = (f"{FAKE_USE} --mem 6GiB --util 40 --seconds 3 && "
+            f"{PY} -c \"b = b'x' * (150 * 2**20); import time; t = time.time()\n"
+            f"while time.time() - t < 2.5: pass\"")
+    for n in (1, 2):
+        queue.gpuq("submit", "--name", "train", "--gpu-mem", "10GiB", "--", "sh", "-c", work)
+        record = wait_until(lambda n=n: queue.finished(f"train-{n}"), timeout=30, what=f"train-{n}")
+        assert record["state"] == "done"
+    assert record["peak_gpu_mem_mib"] == 6144 and 0 < record["mean_gpu_mem_mib"] <= 6144
+    assert 0 < record["mean_gpu_util_pct"] <= 40
+    assert record["peak_rss_mib"] >= 150 and record["cpu_s"] >= 1.5 and record["peak_cpus"] >= 0.5
+    shown = queue.gpuq("show", "train-2").stdout
+    assert "suggested gpu_mem:7GiB (peak 6GiB over 2 finished runs of this name, +10%)" in shown
+    assert "peak_rss_mib:" in shown and "mean_gpu_util_pct:" in shown
