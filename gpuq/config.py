@@ -40,6 +40,7 @@ class Config:
     gpu_mem_overuse: str = "warn"       # a job above its declared GPU memory: warn or kill
     gpu_mem_tolerance_pct: int = 10     # ... by more than this ...
     gpu_mem_overuse_after_s: float = 10.0  # ... for longer than this
+    metrics_dir: str | None = None      # Prometheus textfile directory; None: <root>/state/metrics
     # Scheduling (plan.py; README "Scheduling").
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
     fair_share: bool = True             # within a priority, users holding fewer GPUs go first
@@ -113,7 +114,7 @@ def _optional_path(v: Any) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str) or not v.startswith("/"):
-        raise ValueError("must be an absolute path on a local disk, e.g. /var/tmp/gpuq-{host}")
+        raise ValueError("must be an absolute path, e.g. /var/tmp/gpuq-{host}")
     return v
 
 
@@ -185,6 +186,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "gpu_mem_overuse": ("gpu_mem_overuse", _overuse_action),
     "gpu_mem_tolerance_pct": ("gpu_mem_tolerance_pct", _percent),
     "gpu_mem_overuse_after_s": ("gpu_mem_overuse_after_s", _positive(float)),
+    "metrics_dir": ("metrics_dir", _optional_path),
     "max_gpus_per_user": ("max_gpus_per_user", _optional_positive_int),
     "fair_share": ("fair_share", _bool),
     "age_step_s": ("age_step_s", _positive(float)),
@@ -213,7 +215,7 @@ def validate(data: Any, file: str) -> Config:
         if key not in KEYS:
             raise ConfigError(f"{file}: unknown key '{key}'. Fix: remove it or use one of: {', '.join(KEYS)}")
         attr, parse = KEYS[key]
-        if raw is None and attr != "local_dir" and attr != "gpus":
+        if raw is None and attr not in ("local_dir", "gpus", "metrics_dir"):
             continue  # an empty value means "the default"
         try:
             values[attr] = parse(raw)

@@ -11,9 +11,6 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
-
-import psutil
 
 from . import __version__
 from .config import Config
@@ -22,8 +19,11 @@ from .hostinfo import boot_id, ensure_private_dir
 from .idle import IdleTracker
 from .intake import Intake, user_name
 from .joblocal import PREEMPTED, Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
+from .jobmemory import observe_job_memory
 from .layout import Layout
 from .limits import LIMIT, pick_cores
+from .metrics import FinishedCounter, HostFigures
+from .metrics import render as render_metrics
 from .overuse import GpuMemWatch, Overuse
 from .owners import OwnerPolicy, may_act_on, refusal
 from .plan import HostView, RunningJob, plan
@@ -32,7 +32,7 @@ from .recovery import Recovery
 from .spawner import Spawner
 from .spec import JobSpec, SpecError
 from .usage import GpuUsage
-from .spool import (Record, append_event, claim, claim_name, has_record, next_attempt, read_json,
+from .spool import (Record, append_event, atomic_write, claim, claim_name, has_record, next_attempt, read_json,
                     read_record, record_start, write_json)
 from .states import State
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
@@ -40,6 +40,8 @@ from .windows import window_open
 
 log = logging.getLogger("gpuq.worker")
 SPEC_CACHE_EVERY_S = 5.0
+METRICS_EVERY_S = 10.0   # and when the running jobs change, at most every METRICS_MIN_GAP_S
+METRICS_MIN_GAP_S = 1.0
 FULL_SCAN_EVERY_S = 30.0
 # A burst of short jobs wakes the worker hundreds of times a second; between those wakes
 # jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
@@ -79,6 +81,11 @@ class Worker:
         self.others_idle_since: dict[int, float | None] = {}
         self.stopping: set[str] = set()      # running jobs told to yield (preempted)
         self.gpu_mem_watch = GpuMemWatch(config)
+        self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (metrics)
+        self.metrics_file = Path(config.metrics_dir.replace("{host}", host)) / f"gpuq-{host}.prom" \
+            if config.metrics_dir else layout.state / "metrics" / f"gpuq-{host}.prom"
+        self.metrics_at = 0.0
+        self.metrics_running: tuple[str, ...] = ()
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -319,6 +326,14 @@ class Worker:
         self.running.append(record)
         log.debug("started %s on %s GPUs %s", job_id, self.host, list(gpus))  # events record it too
 
+    def _write_metrics(self) -> None:
+        self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+        figures = HostFigures(self.host, wall_time(), self.gpus, self.running, self.observed,
+                              [e.job.user for e in self.intake.entries.values() if e.job is not None],
+                              set(self.stopping), {i for i, t in self.others_idle_since.items() if t is None},
+                              self.finished.counts())
+        atomic_write(self.metrics_file, render_metrics(figures).encode(), mode=0o644, durable=False)
+
     def _limits(self, spec: JobSpec) -> dict:
         """The limits that apply to a job starting now: its spec's, else config's; its cores."""
         cpus = spec.cpus if spec.cpus is not None else self.config.cpus
@@ -353,39 +368,8 @@ class Worker:
         if version != self.intake.version and now - written_at >= SPEC_CACHE_EVERY_S:
             write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
             self.cache_written = (self.intake.version, now)
-
-
-def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record], supervisor_of: Callable[[Record], int | None]
-                       ) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
-    """NVML's per-process memory, summed per job: a process belongs to the job whose
-    supervisor is among its ancestors (the supervisor is a subreaper, so orphans stay).
-    Also the memory of processes that belong to no job, per GPU (someone else's use)."""
-    if not any(g.processes for g in gpus):
-        return {}, {}
-    supervisors = {pid: r.id for r in running if (pid := supervisor_of(r))}
-    owner_of: dict[int, str | None] = {}
-
-    def owner(pid: int) -> str | None:
-        chain = []
-        while pid > 1 and pid not in owner_of and pid not in supervisors and len(chain) < 64:
-            chain.append(pid)
-            try:
-                pid = psutil.Process(pid).ppid()
-            except psutil.Error:
-                pid = 0
-        found = supervisors.get(pid) if pid in supervisors else owner_of.get(pid)
-        for p in chain:
-            owner_of[p] = found
-        return found
-
-    observed: dict[str, dict[int, int]] = {}
-    foreign: dict[int, int] = {}
-    for gpu in gpus:
-        for proc in gpu.processes:
-            job_id = owner(proc.pid) if supervisors else None
-            if job_id is None:
-                foreign[gpu.index] = foreign.get(gpu.index, 0) + (proc.used_mib or 1)
-            elif proc.used_mib:
-                per = observed.setdefault(job_id, {})
-                per[gpu.index] = per.get(gpu.index, 0) + proc.used_mib
-    return observed, foreign
+        running_ids = tuple(r.id for r in self.running)
+        if now - self.metrics_at >= METRICS_EVERY_S or (
+                running_ids != self.metrics_running and now - self.metrics_at >= METRICS_MIN_GAP_S):
+            self.metrics_at, self.metrics_running = now, running_ids
+            self._write_metrics()
