@@ -222,6 +222,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run(Path(args.dir) if args.dir else None, quick=args.quick)
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    """`gpuq top`: the status screen, redrawn every --interval seconds until Ctrl-C."""
+    from .render import status_text
+    from .views import status
+
+    layout = _layout(args)
+    config = _config(layout)
+    shown = 0
+    try:
+        while args.iterations is None or shown < args.iterations:
+            text = status_text(status(layout, config), show_all=False)
+            clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+            print(f"{clear}gpuq top · {time.strftime('%H:%M:%S')} · every {args.interval:g}s · Ctrl-C quits\n{text}",
+                  flush=True)
+            shown += 1
+            if args.iterations is None or shown < args.iterations:
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -305,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--util", type=int, default=50, help="utilization percent (default 50)")
     sp.add_argument("--seconds", type=float, help="hold for this long (or run the command after --)")
     sp.add_argument("command", nargs=argparse.REMAINDER)
+    sp = verb("top", cmd_top, "the status screen, refreshed live")
+    sp.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    sp.add_argument("--iterations", type=int, help="stop after this many screens")
     sp = verb("simulate", cmd_simulate, "replay a job trace (CSV) on a virtual cluster through gpuq's "
                                         "planner and the baselines; print waits, occupancy, ratios")
     sp.add_argument("trace", help="CSV: job_id, submit_s, duration_s, gpus, gpu_mem_gib, gpu_util, user[, priority]")

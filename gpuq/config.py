@@ -41,6 +41,13 @@ class Config:
     gpu_mem_tolerance_pct: int = 10     # ... by more than this ...
     gpu_mem_overuse_after_s: float = 10.0  # ... for longer than this
     metrics_dir: str | None = None      # Prometheus textfile directory; None: <root>/state/metrics
+    alert_command: str | None = None    # gets each new alert as JSON on stdin (alerts.py)
+    alert_wait_s: float = 86400.0       # a job pending longer than this
+    alert_idle_holder_s: float = 1800.0  # a job holding GPU memory at under alert_idle_util_pct
+    alert_idle_util_pct: int = 5
+    alert_gpu_temp_c: int = 85
+    alert_gpu_power_w: float | None = None
+    alert_worker_silent_s: float = 300.0  # a host whose heartbeat has not changed for this long
     # Scheduling (plan.py; README "Scheduling").
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
     fair_share: bool = True             # within a priority, users holding fewer GPUs go first
@@ -146,6 +153,18 @@ def _optional_size(v: Any) -> int | None:
     return None if v is None else _size(v)
 
 
+def _optional_command(v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("must be a shell command, e.g. '/usr/local/bin/notify-team'")
+    return v
+
+
+def _optional_positive_float(v: Any) -> float | None:
+    return None if v is None else _positive(float)(v)
+
+
 def _overuse_action(v: Any) -> str:
     if v not in ("warn", "kill"):
         raise ValueError("must be warn or kill")
@@ -187,6 +206,13 @@ KEYS: dict[str, tuple[str, Any]] = {
     "gpu_mem_tolerance_pct": ("gpu_mem_tolerance_pct", _percent),
     "gpu_mem_overuse_after_s": ("gpu_mem_overuse_after_s", _positive(float)),
     "metrics_dir": ("metrics_dir", _optional_path),
+    "alert_command": ("alert_command", _optional_command),
+    "alert_wait_s": ("alert_wait_s", _positive(float)),
+    "alert_idle_holder_s": ("alert_idle_holder_s", _positive(float)),
+    "alert_idle_util_pct": ("alert_idle_util_pct", _percent),
+    "alert_gpu_temp_c": ("alert_gpu_temp_c", _positive(int)),
+    "alert_gpu_power_w": ("alert_gpu_power_w", _optional_positive_float),
+    "alert_worker_silent_s": ("alert_worker_silent_s", _positive(float)),
     "max_gpus_per_user": ("max_gpus_per_user", _optional_positive_int),
     "fair_share": ("fair_share", _bool),
     "age_step_s": ("age_step_s", _positive(float)),
@@ -215,7 +241,7 @@ def validate(data: Any, file: str) -> Config:
         if key not in KEYS:
             raise ConfigError(f"{file}: unknown key '{key}'. Fix: remove it or use one of: {', '.join(KEYS)}")
         attr, parse = KEYS[key]
-        if raw is None and attr not in ("local_dir", "gpus", "metrics_dir"):
+        if raw is None and attr not in ("local_dir", "gpus", "metrics_dir", "alert_command", "alert_gpu_power_w"):
             continue  # an empty value means "the default"
         try:
             values[attr] = parse(raw)

@@ -37,6 +37,10 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
                          "-" if g["temp_c"] is None else f"{g['temp_c']}C",
                          " ".join(g["jobs"]) or "-"])
         out += _table(rows, "    ") if h["gpus"] else ["    no GPUs"]
+    if view.get("alerts"):
+        out += ["", f"ALERTS ({len(view['alerts'])})"]
+        out += [f"  {a['kind']:<16} {a['message']}  (since {time.strftime('%H:%M', time.localtime(a['since']))}, "
+                f"seen by {a['host']})" for a in view["alerts"]]
     out += ["", f"RUNNING ({len(view['running'])})"]
     rows = [["ID", "USER", "WHERE", "ELAPSED", "GPU MEM decl/obs", "COMMAND"]]
     for r in view["running"]:

@@ -140,6 +140,8 @@ def status(layout: Layout, config: Config, now: float | None = None,
                     for pos, i in enumerate(decided.order[:pending_rows], 1)],
         "pending_total": len(decided.order),
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
+        "alerts": sorted({f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
+                         key=lambda a: a["since"]),
         "finished": [_finished(layout, ev) for ev in
                      recent_events(layout, final_names - {"rejected"}, config.recent_finished)],
         "rejected": [_rejected(ev) for ev in

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from . import __version__
+from .alerts import AlertWatch
 from .config import Config
 from .faults import crash_point, wall_time
 from .hostinfo import boot_id, ensure_private_dir
@@ -50,7 +51,7 @@ EXIT_WAKE_SCAN_GAP_S = 0.2
 
 class Worker:
     STEPS = ("observe", "settle_running", "take_over_dead_hosts", "obey_controls", "take_in_specs",
-             "start_jobs", "report")
+             "start_jobs", "raise_alerts", "report")
 
     def __init__(self, layout: Layout, config: Config, host: str, fake_gpus: str | None) -> None:
         self.layout, self.config, self.host = layout, config, host
@@ -81,6 +82,7 @@ class Worker:
         self.others_idle_since: dict[int, float | None] = {}
         self.stopping: set[str] = set()      # running jobs told to yield (preempted)
         self.gpu_mem_watch = GpuMemWatch(config)
+        self.alerts = AlertWatch(config, host)
         self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (metrics)
         self.metrics_file = Path(config.metrics_dir.replace("{host}", host)) / f"gpuq-{host}.prom" \
             if config.metrics_dir else layout.state / "metrics" / f"gpuq-{host}.prom"
@@ -267,6 +269,15 @@ class Worker:
                 self._start(start.job_id, start.gpus)
         self.unchanged_plan_inputs = None if decided.starts or decided.preempts else inputs
 
+    def raise_alerts(self) -> None:
+        now = time.monotonic()
+        silent = {h: now - since for h, (_, since) in self.recovery.heartbeats.items() if h != self.host}
+        live = {h for h, s in silent.items() if s < self.config.alert_worker_silent_s} | {self.host}
+        alerts = self.alerts.evaluate(wall_time(), self.gpus, self.running, self.observed,
+                                      self.gpu_mem_watch.current, self.intake.pending(), silent,
+                                      speaks_for_queue=self.host == min(live))
+        self.alerts.update(alerts)
+
     def _preempt(self, preempts: dict[str, str]) -> None:
         """Tell opportunistic jobs to yield (TERM, their grace, KILL); their supervisors leave
         the spec to be put back at its old place (recovery.settle_gone)."""
@@ -359,6 +370,7 @@ class Worker:
             "others_idle_since": {str(i): t for i, t in self.others_idle_since.items()},
             "stopping": sorted(self.stopping),
             "warnings": dict(self.gpu_mem_watch.current),
+            "alerts": self.alerts.as_json(),
             "probe_error": self.probe.error,
         }, durable=False)
         # Written only once the heartbeat is: the supervisors' proof that others still see
