@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from .metrics import SHORT_JOB_S
 from .units import format_duration, format_mib
 
 if TYPE_CHECKING:
@@ -19,11 +20,12 @@ if TYPE_CHECKING:
     from .spool import Record
 
 log = logging.getLogger("gpuq.alerts")
+SHORT_JOBS_WINDOW_S = 600.0
 
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str       # long_wait, idle_holder, gpu_mem_overuse, gpu_hot, worker_silent
+    kind: str       # long_wait, idle_holder, gpu_mem_overuse, gpu_hot, worker_silent, short_job_flood
     subject: str    # the job, GPU or host it is about
     host: str       # the host that raised it
     message: str
@@ -43,7 +45,7 @@ class AlertWatch:
 
     def evaluate(self, now: float, gpus: list["GpuSnapshot"], running: list["Record"],
                  observed: dict[str, dict[int, int]], overuse: dict[str, str], pending: list["PendingJob"],
-                 silent_hosts: dict[str, float], speaks_for_queue: bool) -> list[Alert]:
+                 silent_hosts: dict[str, float], speaks_for_queue: bool, short_jobs: int = 0) -> list[Alert]:
         """This pass's alerts (pure but for the idle-holder clock it keeps)."""
         c = self.config
         found: list[tuple[str, str, str]] = []
@@ -65,6 +67,11 @@ class AlertWatch:
                                                     f"{format_duration(now - since)}"))
             if r.id in overuse:
                 found.append(("gpu_mem_overuse", r.id, f"job {r.id} ({r.user}) {overuse[r.id]}"))
+        if short_jobs >= c.alert_short_jobs:
+            found.append(("short_job_flood", self.host,
+                          f"{short_jobs} jobs ran under {SHORT_JOB_S:g} s each on {self.host} in the last "
+                          f"{format_duration(SHORT_JOBS_WINDOW_S)}: gpuq's cost per job (spool files, a process) "
+                          f"outweighs such work; batch it into fewer, longer jobs"))
         for job_id in set(self.low_util_since) - {r.id for r in running}:
             del self.low_util_since[job_id]
         if speaks_for_queue:

@@ -48,6 +48,7 @@ class Config:
     alert_gpu_temp_c: int = 85
     alert_gpu_power_w: float | None = None
     alert_worker_silent_s: float = 300.0  # a host whose heartbeat has not changed for this long
+    alert_short_jobs: int = 200         # jobs under 10 s ended on one host within 10 minutes
     # Scheduling (plan.py; README "Scheduling").
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
     fair_share: bool = True             # within a priority, users holding fewer GPUs go first
@@ -213,6 +214,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "alert_gpu_temp_c": ("alert_gpu_temp_c", _positive(int)),
     "alert_gpu_power_w": ("alert_gpu_power_w", _optional_positive_float),
     "alert_worker_silent_s": ("alert_worker_silent_s", _positive(float)),
+    "alert_short_jobs": ("alert_short_jobs", _positive(int)),
     "max_gpus_per_user": ("max_gpus_per_user", _optional_positive_int),
     "fair_share": ("fair_share", _bool),
     "age_step_s": ("age_step_s", _positive(float)),

@@ -5,6 +5,7 @@ dashboard for them. Rendering is pure; the worker only writes the file."""
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from .spool import Record
 
 MIB = 2 ** 20
+SHORT_JOB_S = 10.0
 FINAL = frozenset(s.value for s in FINAL_STATES) - {"rejected"}
 
 HELP = {
@@ -61,6 +63,7 @@ class FinishedCounter:
         except OSError:
             self.offset = 0
         self.by_state: dict[str, int] = {}
+        self.short_ends: deque[float] = deque()  # end times of jobs that ran under SHORT_JOB_S
 
     def counts(self) -> dict[str, int]:
         try:
@@ -78,7 +81,16 @@ class FinishedCounter:
                 continue
             if event.get("to") in FINAL:
                 self.by_state[event["to"]] = self.by_state.get(event["to"], 0) + 1
+                started, ended = event.get("started_at"), event.get("ended_at")
+                if started and ended and ended - started < SHORT_JOB_S:
+                    self.short_ends.append(ended)
         return dict(self.by_state)
+
+    def short_jobs_since(self, t: float) -> int:
+        """Jobs that ran under SHORT_JOB_S and ended after `t` (call after `counts`)."""
+        while self.short_ends and self.short_ends[0] < t:
+            self.short_ends.popleft()
+        return len(self.short_ends)
 
 
 def _labels(**labels: object) -> str:

@@ -146,7 +146,8 @@ def transition(layout: Layout, record: Record, new: State, event_host: str, **ch
 def _transition_event(record: Record, old: State, new: State, reason: str | None = None) -> dict[str, Any]:
     return {"job": record.id, "from": old.value, "to": new.value, "attempt": record.attempt,
             "host": record.host, "gpus": record.gpus, "gpu_mem_mib": record.gpu_mem_mib,
-            "exit_code": record.exit_code, "reason": reason or record.reason}
+            "exit_code": record.exit_code, "reason": reason or record.reason,
+            "started_at": record.started_at, "ended_at": record.ended_at}
 
 
 def record_start(layout: Layout, record: Record, event_host: str) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .alerts import AlertWatch
+from .alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from .config import Config
 from .faults import crash_point, wall_time
 from .hostinfo import boot_id, ensure_private_dir
@@ -275,8 +275,13 @@ class Worker:
         live = {h for h, s in silent.items() if s < self.config.alert_worker_silent_s} | {self.host}
         alerts = self.alerts.evaluate(wall_time(), self.gpus, self.running, self.observed,
                                       self.gpu_mem_watch.current, self.intake.pending(), silent,
-                                      speaks_for_queue=self.host == min(live))
+                                      speaks_for_queue=self.host == min(live),
+                                      short_jobs=self._short_jobs())
         self.alerts.update(alerts)
+
+    def _short_jobs(self) -> int:
+        self.finished.counts()  # reads this host's new events
+        return self.finished.short_jobs_since(wall_time() - SHORT_JOBS_WINDOW_S)
 
     def _preempt(self, preempts: dict[str, str]) -> None:
         """Tell opportunistic jobs to yield (TERM, their grace, KILL); their supervisors leave

@@ -63,3 +63,12 @@ def test_top_redraws_the_status_screen(queue):
     queue.start_worker("a", "1x80GiB")
     out = queue.gpuq("top", "--interval", "0.2", "--iterations", "2").stdout
     assert out.count("gpuq top · ") == 2 and out.count("HOSTS") == 2
+
+
+def test_a_flood_of_very_short_jobs_is_an_alert(queue):
+    queue.write_config(alert_short_jobs=20)
+    queue.start_worker("a", "2x80GiB")
+    for i in range(25):
+        queue.drop(f"tiny-{i:02d}.yaml", "command: 'true'\ngpus: 0\n")
+    alert = wait_until(lambda: _alerts(queue).get("short_job_flood:a"), timeout=30, what="the flood alert")
+    assert alert["message"].startswith("2") and "jobs ran under 10 s each on a in the last 10m00s" in alert["message"]
