@@ -78,7 +78,7 @@ class Worker:
         self.woken_by = b""                  # the reasons of the pokes that ended the last sleep
         self.unmovable: set[str] = set()     # refused specs this worker may not move
         self.unchanged_plan_inputs: tuple | None = None
-        self.idle = IdleTracker(config.idle_util_pct)
+        self.idle_tracker = IdleTracker(config.idle_util_pct)
         self.others_idle_since: dict[int, float | None] = {}
         self.stopping: set[str] = set()      # running jobs told to yield (preempted)
         self.gpu_mem_watch = GpuMemWatch(config)
@@ -119,8 +119,8 @@ class Worker:
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
         self.running = self._own_running()
         self.observed, foreign = observe_job_memory(self.gpus, self.running, lambda r: supervisor_pid(self.rt, r))
-        self.others_idle_since = self.idle.update(self.gpus, foreign, {i for r in self.running for i in r.gpus},
-                                                  wall_time())
+        self.others_idle_since = self.idle_tracker.update(
+            self.gpus, foreign, {i for r in self.running for i in r.gpus}, wall_time())
         for overuse in self.gpu_mem_watch.update(self.running, self.observed, time.monotonic()):
             self._act_on_overuse(overuse)
         now = time.monotonic()

@@ -263,3 +263,13 @@ def test_show_masks_secret_looking_env_values_and_records_are_not_world_readable
     assert json.loads(queue.gpuq("show", "--json", "flow").stdout)["spec"]["env"]["MODE"] == "fast"
     for path in (queue.root / "state" / "finished" / "sec.json", queue.root / "logs" / "sec.log"):
         assert path.stat().st_mode & 0o007 == 0, path
+
+
+def test_exit_when_idle_runs_the_queue_dry_and_exits_0(queue):
+    for i in range(3):
+        queue.drop(f"j{i}.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 1GiB\n")
+    done = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
+                           "--fake-gpus", "1x80GiB", "--foreground", "--exit-when-idle"],
+                          capture_output=True, text=True, env=queue.env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert all(queue.finished(f"j{i}")["state"] == "done" for i in range(3))
