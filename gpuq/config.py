@@ -243,7 +243,7 @@ def validate(data: Any, file: str) -> Config:
         if key not in KEYS:
             raise ConfigError(f"{file}: unknown key '{key}'. Fix: remove it or use one of: {', '.join(KEYS)}")
         attr, parse = KEYS[key]
-        if raw is None and attr not in ("local_dir", "gpus", "metrics_dir", "alert_command", "alert_gpu_power_w"):
+        if raw is None:
             continue  # an empty value means "the default"
         try:
             values[attr] = parse(raw)
