@@ -259,7 +259,8 @@ def validate(data: Any, file: str) -> Config:
 
 def load(path: Path) -> Config:
     """Read config.yaml (absent = all defaults)."""
-    from .spec import SpecError, load_yaml
+    from .spec import SpecError
+    from .strict_yaml import load_yaml
 
     try:
         text = path.read_bytes()

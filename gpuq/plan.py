@@ -263,8 +263,7 @@ def _why_waiting(job: PendingJob, allowed: list[str], mine: list[Slot], slots: l
                  hosts: Sequence[HostView], config: Config) -> str:
     spec = job.spec
     if job.opportunistic and not any(s.idle for s in slots if s.host in allowed):
-        busy = [s.label for s in slots if s.host in allowed and s.busy_by_others]
-        return (f"opportunistic: waits for an idle GPU ({'in use by others: ' + ', '.join(busy) if busy else 'idle for under ' + format(config.idle_after_s, 'g') + 's'})")
+        return reasons.why_not_idle([s for s in slots if s.host in allowed], config.idle_after_s)
     held = reasons.why_held(spec, [s for s in mine if s.held_for], job.id)
     if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu, job.opportunistic):
         return held
@@ -278,7 +277,3 @@ def _unheld(slot: Slot) -> Slot:
 
     return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None)
 
-
-def queue_key(job: PendingJob) -> tuple:
-    """Static queue position (class, then integer priority, then age): `gpuq status` sorts by it."""
-    return (job.order, job.queued_at, job.id)

@@ -61,3 +61,11 @@ def why_held(spec: "JobSpec", slots: list["Slot"], job_id: str) -> str | None:
     if not holders:
         return None
     return f"GPU reserved for job {holders[0]}" + (f" (and {len(holders) - 1} more)" if len(holders) > 1 else "")
+
+
+def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:
+    """An opportunistic job that finds no idle GPU: whom the GPUs are busy with."""
+    busy = [s.label for s in slots if s.busy_by_others]
+    if busy:
+        return f"opportunistic: waits for an idle GPU (in use by others: {', '.join(busy)})"
+    return f"opportunistic: waits for an idle GPU (idle for under {idle_after_s:g}s)"
