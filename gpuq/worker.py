@@ -83,6 +83,7 @@ class Worker:
         self.stopping: set[str] = set()      # running jobs told to yield (preempted)
         self.gpu_mem_watch = GpuMemWatch(config)
         self.alerts = AlertWatch(config, host)
+        self.alerts_at = 0.0
         self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (metrics)
         self.metrics_file = Path(config.metrics_dir.replace("{host}", host)) / f"gpuq-{host}.prom" \
             if config.metrics_dir else layout.state / "metrics" / f"gpuq-{host}.prom"
@@ -270,7 +271,11 @@ class Worker:
         self.unchanged_plan_inputs = None if decided.starts or decided.preempts else inputs
 
     def raise_alerts(self) -> None:
+        """At most once per poll interval: a burst of short jobs wakes the worker far more often."""
         now = time.monotonic()
+        if now - self.alerts_at < self.config.poll_interval * 0.9:
+            return
+        self.alerts_at = now
         silent = {h: now - since for h, (_, since) in self.recovery.heartbeats.items() if h != self.host}
         live = {h for h, s in silent.items() if s < self.config.alert_worker_silent_s} | {self.host}
         alerts = self.alerts.evaluate(wall_time(), self.gpus, self.running, self.observed,
