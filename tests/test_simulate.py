@@ -97,3 +97,15 @@ def test_the_cli_prints_the_table_and_the_documented_json(tmp_path):
     assert doc["policies"]["gpuq"]["capped"] == 1 and doc["policies"]["gpuq"]["jobs"] == 3
     bad = subprocess.run(cmd[:4] + ["--cluster", "lots"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--cluster 'lots': write HOSTSxGPUSxMEMORY" in bad.stderr
+
+
+def test_the_cli_options_since_stretch_and_set_reach_the_replay(tmp_path):
+    path = trace(tmp_path, "old,0,10,1,,,u,", "a,100,50,1,,,u,", "b,101,50,1,,,u,")
+    base = [PY, str(REPO / "gpuq.py"), "simulate", str(path), "--cluster", "1x1x32GiB", "--policy", "gpuq", "--json"]
+    run = lambda *extra: json.loads(subprocess.run(base + list(extra), capture_output=True, text=True,  # noqa: E731
+                                                   check=True).stdout)
+    assert run("--since", "100")["jobs"] == 2
+    assert run("--since", "100", "--stretch", "100")["policies"]["gpuq"]["wait_max_s"] == 0  # b now comes at 200
+    assert run("--since", "100")["policies"]["gpuq"]["wait_max_s"] == 49
+    bad = subprocess.run(base + ["--set", "reserve_after_s=-1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "key 'reserve_after_s'" in bad.stderr
