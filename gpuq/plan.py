@@ -8,7 +8,7 @@ the rules in users' words; placement.py holds the per-GPU arithmetic.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from . import placement, reasons
@@ -273,7 +273,5 @@ def _why_waiting(job: PendingJob, allowed: list[str], mine: list[Slot], slots: l
 
 def _unheld(slot: Slot) -> Slot:
     """The slot as it would be without holds (to tell "reserved" from "too small")."""
-    from dataclasses import replace
-
     return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None)
 
