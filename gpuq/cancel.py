@@ -12,7 +12,7 @@ from .faults import wall_time
 from .layout import Layout
 from .owners import may_act_on, refusal
 from .spool import (Record, append_event, claims_of, pending_spec_path, read_record, write_json,
-                    write_record)
+                    write_record, transition_event)
 from .intake import read_spec_file, user_name
 from .spec import SpecError, parse_spec_text
 from .states import State, check_transition
@@ -54,8 +54,7 @@ def cancel_one(layout: Layout, job_id: str, host: str, admins: tuple[str, ...] =
                             uid=st.st_uid, queued_at=st.st_mtime, ended_at=wall_time(),
                             reason=f"cancelled by {by} while pending")
             write_record(layout, record)
-            append_event(layout, host, {"job": job_id, "from": "pending", "to": "cancelled",
-                                        "reason": record.reason})
+            append_event(layout, host, transition_event(record, State.PENDING, State.CANCELLED))
             aside.unlink()
             return True, f"{job_id}: cancelled (was pending)"
     deadline = time.monotonic() + STARTING_WAIT_S

@@ -289,6 +289,33 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from .reportview import gather, parse_since, report_text
+
+    layout = _layout(args)
+    now = time.time()
+    try:
+        since = parse_since(args.since, now)
+    except ValueError as e:
+        print(f"gpuq report: {e}", file=sys.stderr)
+        return 2
+    report = gather(layout, since, now, args.by)
+    if args.html:
+        from .reporthtml import ReportHtmlError, write_html
+
+        try:
+            write_html(report, Path(args.html))
+        except (ReportHtmlError, OSError) as e:
+            print(f"gpuq report: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.html}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    elif not args.html:
+        print(report_text(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuq", description="A GPU job queue in a shared directory.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
@@ -344,6 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--without-low", action="store_true", help="with --mark-low: leave those jobs out instead")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config.yaml key for gpuq's policy")
     sp.add_argument("--json", action="store_true", help="the figures as JSON")
+    sp = verb("report", cmd_report, "GPU-hours used and held idle, waits, utilization and queue length "
+                                    "over time, failures and preemptions, over a window")
+    sp.add_argument("--since", default="7d", help="a duration back from now (7d, 12h, 90m) or a local date "
+                                                  "(2026-11-01, '2026-11-01 14:00'); default 7d")
+    sp.add_argument("--by", choices=("user", "host", "gpu"), help="one row per user, host or GPU")
+    sp.add_argument("--json", action="store_true", help="the report as JSON (README \"Reports\")")
+    sp.add_argument("--html", metavar="FILE", help="write a self-contained page with charts (needs the "
+                                                   "[report] extra: matplotlib)")
     sp = verb("demo", cmd_demo, "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen")
     sp.add_argument("--dir", help="queue root to create (default: a new temp dir)")
     sp.add_argument("--quick", action="store_true", help="shorter jobs")

@@ -41,6 +41,7 @@ class Config:
     gpu_mem_tolerance_pct: int = 10     # ... by more than this ...
     gpu_mem_overuse_after_s: float = 10.0  # ... for longer than this
     metrics_dir: str | None = None      # Prometheus textfile directory; None: <root>/state/metrics
+    sample_every_s: float = 60.0        # a line in state/samples/ (utilization for `gpuq report`)
     alert_command: str | None = None    # gets each new alert as JSON on stdin (alerts.py)
     alert_wait_s: float = 86400.0       # a job pending longer than this
     alert_idle_holder_s: float = 1800.0  # a job holding GPU memory at under alert_idle_util_pct
@@ -207,6 +208,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "gpu_mem_tolerance_pct": ("gpu_mem_tolerance_pct", _percent),
     "gpu_mem_overuse_after_s": ("gpu_mem_overuse_after_s", _positive(float)),
     "metrics_dir": ("metrics_dir", _optional_path),
+    "sample_every_s": ("sample_every_s", _positive(float)),
     "alert_command": ("alert_command", _optional_command),
     "alert_wait_s": ("alert_wait_s", _positive(float)),
     "alert_idle_holder_s": ("alert_idle_holder_s", _positive(float)),

@@ -107,13 +107,18 @@ class Layout:
         return self.state / "events"
 
     @cached_property
+    def samples(self) -> Path:
+        return self.state / "samples"
+
+    @cached_property
     def queue_lock(self) -> Path:
         return self.state / "queue.lock"
 
     def ensure(self) -> None:
         """Create the spool directories (idempotent; safe for concurrent callers)."""
         for d in (self.jobs, self.logs, self.claims, self.running, self.finished,
-                  self.rejected, self.held, self.requeued, self.workers, self.control, self.events):
+                  self.rejected, self.held, self.requeued, self.workers, self.control, self.events,
+                  self.samples):
             d.mkdir(parents=True, exist_ok=True)
 
     def job_log(self, job_id: str) -> Path:

@@ -139,13 +139,15 @@ def transition(layout: Layout, record: Record, new: State, event_host: str, **ch
             os.unlink(layout.record(old_dir, record.id))
         except FileNotFoundError:
             pass
-    append_event(layout, event_host, _transition_event(updated, record.state, new))
+    append_event(layout, event_host, transition_event(updated, record.state, new))
     return updated
 
 
-def _transition_event(record: Record, old: State, new: State, reason: str | None = None) -> dict[str, Any]:
+def transition_event(record: Record, old: State, new: State, reason: str | None = None) -> dict[str, Any]:
+    """What `gpuq report` and `status` read back: the job, its owner and queue time, and
+    the attempt's placement, times and result."""
     return {"job": record.id, "from": old.value, "to": new.value, "attempt": record.attempt,
-            "host": record.host, "gpus": record.gpus, "gpu_mem_mib": record.gpu_mem_mib,
+            "user": record.user, "queued_at": record.queued_at, "host": record.host, "gpus": record.gpus, "gpu_mem_mib": record.gpu_mem_mib,
             "exit_code": record.exit_code, "reason": reason or record.reason,
             "started_at": record.started_at, "ended_at": record.ended_at}
 
@@ -154,7 +156,7 @@ def record_start(layout: Layout, record: Record, event_host: str) -> None:
     """pending -> running: the claimed attempt's record, written before its job may start."""
     check_transition(State.PENDING, State.RUNNING)
     write_record(layout, record)
-    append_event(layout, event_host, _transition_event(record, State.PENDING, State.RUNNING))
+    append_event(layout, event_host, transition_event(record, State.PENDING, State.RUNNING))
 
 
 def record_requeue(layout: Layout, record: Record, event_host: str, reason: str) -> None:
@@ -168,7 +170,7 @@ def record_requeue(layout: Layout, record: Record, event_host: str, reason: str)
         os.unlink(layout.record(state_dir(layout, record.state), record.id))
     except FileNotFoundError:
         pass
-    append_event(layout, event_host, _transition_event(record, record.state, State.PENDING, reason))
+    append_event(layout, event_host, transition_event(record, record.state, State.PENDING, reason))
 
 
 def next_attempt(previous: dict | None) -> int:

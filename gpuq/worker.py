@@ -30,6 +30,7 @@ from .owners import OwnerPolicy, may_act_on, refusal
 from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
 from .recovery import Recovery
+from .samples import SampleLog
 from .spawner import Spawner
 from .spec import JobSpec, SpecError
 from .usage import GpuUsage
@@ -89,6 +90,8 @@ class Worker:
             if config.metrics_dir else layout.state / "metrics" / f"gpuq-{host}.prom"
         self.metrics_at = 0.0
         self.metrics_running: tuple[str, ...] = ()
+        self.samples = SampleLog(layout, host, config.sample_every_s, config.alert_idle_util_pct,
+                                 max_gap_s=2 * config.poll_interval + 1)
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -108,6 +111,7 @@ class Worker:
                 self.woken_by = self.wake.sleep(self.config.poll_interval)
         finally:
             self.spawner.close()
+            self.samples.flush(wall_time())
 
     def idle(self) -> bool:
         return not self.running and not self.intake.entries
@@ -124,6 +128,7 @@ class Worker:
             self.gpus, foreign, {i for r in self.running for i in r.gpus}, wall_time())
         for overuse in self.gpu_mem_watch.update(self.running, self.observed, time.monotonic()):
             self._act_on_overuse(overuse)
+        self.samples.observe(self.gpus, self.running, wall_time())
         now = time.monotonic()
         util = {g.index: g.util_pct for g in self.gpus}
         for r in self.running:

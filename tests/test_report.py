@@ -1,0 +1,169 @@
+"""`gpuq report`: the figures against a hand computation on a small event and samples log,
+then through the real worker and CLI (JSON, text, --by, --html, and the error without
+matplotlib)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import PY, REPO, wait_until
+from gpuq.report import Pending, build, percentile
+
+FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
+
+
+def ev(t, job, frm, to, **kw) -> dict:
+    return {"t": t, "by": kw.pop("by", "h1"), "job": job, "from": frm, "to": to, **kw}
+
+
+# The window is [0, 600): 60 slices of 10 s. Times are seconds.
+EVENTS = [
+    # a (alice): queued 105, recorded running at 110, ran 112..410 on h1 GPUs 0,1, done.
+    ev(110, "a", "pending", "running", user="alice", queued_at=105, host="h1", gpus=[0, 1], started_at=None),
+    ev(410, "a", "running", "done", user="alice", queued_at=105, host="h1", gpus=[0, 1],
+       started_at=112, ended_at=410),
+    # b (bob): queued 100, ran 205..300 on h1:2, preempted, back in the queue until 350,
+    # ran 352..499, failed.
+    ev(200, "b", "pending", "running", user="bob", queued_at=100, host="h1", gpus=[2]),
+    ev(300, "b", "running", "pending", user="bob", queued_at=100, host="h1", gpus=[2], started_at=205,
+       reason="preempted: for job x"),
+    ev(350, "b", "pending", "running", user="bob", queued_at=100, host="h1", gpus=[2], attempt=2),
+    ev(500, "b", "running", "failed", user="bob", queued_at=100, host="h1", gpus=[2], started_at=352,
+       ended_at=499),
+    # c (alice): queued 50, cancelled while pending at 150.
+    ev(150, "c", "pending", "cancelled", user="alice", queued_at=50, by="h2"),
+    # e (bob): started before the window on h2:3 and still running.
+    ev(-50, "e", "pending", "running", user="bob", queued_at=-100, host="h2", gpus=[3], by="h2"),
+    ev(-40, "e", "running", "running", reason="warning: over its gpu_mem", by="h2"),
+    # f (alice): queued 400, ran 421..590 on h2:0, past its time limit.
+    ev(420, "f", "pending", "running", user="alice", queued_at=400, host="h2", gpus=[0], by="h2"),
+    ev(590, "f", "running", "timeout", user="alice", queued_at=400, host="h2", gpus=[0], started_at=421,
+       ended_at=590, by="h2"),
+]
+SAMPLES = [
+    {"t": -10, "s": 60, "host": "h1", "gpus": [{"i": 0, "util": 99, "held_s": 60, "idle_held_s": 60,
+                                                "jobs": ["x"]}]},  # before the window
+    {"t": 60, "s": 60, "host": "h1", "gpus": [{"i": 0, "util": 50, "held_s": 0, "idle_held_s": 0, "jobs": []}]},
+    {"t": 180, "s": 60, "host": "h1", "gpus": [
+        {"i": 0, "util": 0, "held_s": 60, "idle_held_s": 60, "jobs": ["a"]},
+        {"i": 2, "util": 2, "held_s": 60, "idle_held_s": 60, "jobs": ["a", "b"]}]},
+]
+PENDING = [Pending("d", "carol", 550)]
+
+
+def test_figures_match_a_hand_computation():
+    r = build(EVENTS, SAMPLES, PENDING, since=0, until=600).to_json()
+    total = r["total"]
+    # GPU-seconds: a 2×298 + b 95 + 147 + e 600 (the window) + f 169 = 1607
+    assert total["gpu_hours"] == round(1607 / 3600, 4)
+    # held idle: 60 s on h1:0 + 60 s on h1:2; the sample before the window does not count
+    assert total["idle_held_gpu_hours"] == round(120 / 3600, 4)
+    # waits (first start − queued): a 5, b 100, f 20; nearest rank over [5, 20, 100]
+    assert total["jobs_started"] == 3
+    assert total["wait_s"] == {"p50": 20, "p90": 100, "p99": 100, "max": 100}
+    assert total["ended"] == {"done": 1, "failed": 1, "timeout": 1, "lost": 0, "cancelled": 1, "rejected": 0}
+    assert total["preemptions"] == 1
+    assert r["bucket_s"] == 10 and len(r["queue_length"]["max"]) == 60
+    q_mean, q_max = r["queue_length"]["mean"], r["queue_length"]["max"]
+    # [100, 110): c and b all along, a from 105 -> mean 2.5, max 3
+    assert (q_mean[10], q_max[10]) == (2.5, 3)
+    assert (q_mean[5], q_max[5], q_mean[11], q_mean[15], q_mean[30], q_mean[40], q_mean[55]) == (1, 1, 2, 1, 1, 1, 1)
+    assert (q_mean[0], q_max[0], q_mean[35], q_max[45]) == (0, 0, 0, 0)
+    assert r["gpus"]["h1:0"] == {"held_hours": round(60 / 3600, 4), "idle_held_hours": round(60 / 3600, 4),
+                                 "mean_util_pct": 25.0,
+                                 "util_pct": [None] * 3 + [50.0] + [None] * 11 + [0.0] + [None] * 44}
+    assert r["gpus"]["h1:2"]["mean_util_pct"] == 2.0
+    assert r["pending_now"] == 1 and r["longest_pending_s"] == 50
+
+
+def test_by_user_host_and_gpu_split_the_same_total():
+    by_user = build(EVENTS, SAMPLES, PENDING, 0, 600, by="user").to_json()["groups"]
+    assert set(by_user) == {"alice", "bob"}
+    assert by_user["alice"]["gpu_hours"] == round((596 + 169) / 3600, 4)
+    assert by_user["bob"]["gpu_hours"] == round((95 + 147 + 600) / 3600, 4)
+    # h1:2's idle minute was shared by a and b: half each; h1:0's was a's alone
+    assert by_user["alice"]["idle_held_gpu_hours"] == round(90 / 3600, 4)
+    assert by_user["bob"]["idle_held_gpu_hours"] == round(30 / 3600, 4)
+    assert by_user["alice"]["wait_s"]["max"] == 20 and by_user["bob"]["wait_s"]["p50"] == 100
+    assert by_user["alice"]["ended"]["cancelled"] == 1 and by_user["bob"]["preemptions"] == 1
+    by_gpu = build(EVENTS, SAMPLES, PENDING, 0, 600, by="gpu").to_json()["groups"]
+    assert {k: round(v["gpu_hours"] * 3600) for k, v in by_gpu.items() if v["gpu_hours"]} == \
+        {"h1:0": 298, "h1:1": 298, "h1:2": 242, "h2:0": 169, "h2:3": 600}
+    by_host = build(EVENTS, SAMPLES, PENDING, 0, 600, by="host").to_json()["groups"]
+    assert by_host["h1"]["ended"]["failed"] == 1 and by_host["h2"]["ended"]["timeout"] == 1
+
+
+def test_a_narrower_window_cuts_runs_at_its_edges():
+    r = build(EVENTS, SAMPLES, PENDING, since=300, until=400).to_json()["total"]
+    # a 2×100; b's first run ends at the edge (0), its second 352..499 counts 352..400 = 48;
+    # e, still running, 100; f 0 (started at 421)
+    assert round(r["gpu_hours"] * 3600) == 200 + 48 + 100
+    assert r["jobs_started"] == 0 and r["preemptions"] == 1  # the preemption at 300 is inside
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 51) == 3
+    assert percentile([7], 99) == 7 and percentile([], 50) is None
+
+
+# --- through the real worker and CLI ------------------------------------------------------
+
+def test_report_through_the_worker(queue, tmp_path):
+    queue.write_config(sample_every_s=1)
+    queue.start_worker("a", "2x80GiB")
+    # 50GiB each: one per GPU (utilization is a GPU's, so a holder sharing a busy GPU is not idle)
+    queue.drop("busy.yaml", f"command: {FAKE_USE} --mem 4GiB --util 80 --seconds 2\ngpus: 1\ngpu_mem: 50GiB\n")
+    queue.drop("holder.yaml", f"command: {FAKE_USE} --mem 4GiB --util 0 --seconds 3\ngpus: 1\ngpu_mem: 50GiB\n")
+    queue.drop("broken.yaml", "command: exit 3\ngpus: 0\n")
+    for job in ("busy", "holder", "broken"):
+        wait_until(lambda: queue.finished(job), timeout=30, what=job)
+    # a sample line covering the holder's last seconds is written within sample_every_s
+    wait_until(lambda: json.loads(queue.gpuq("report", "--since", "1h", "--json").stdout)["total"]
+               ["idle_held_gpu_hours"] * 3600 >= 2, timeout=10, what="the holder's idle time in the samples")
+    r = json.loads(queue.gpuq("report", "--since", "1h", "--json", "--by", "user").stdout)
+    used_s = sum(queue.finished(j)["ended_at"] - queue.finished(j)["started_at"] for j in ("busy", "holder"))
+    assert abs(r["total"]["gpu_hours"] * 3600 - used_s) <= 0.18  # rounded to 1e-4 h
+    assert r["total"]["ended"]["done"] == 2 and r["total"]["ended"]["failed"] == 1
+    assert r["total"]["jobs_started"] == 3 and r["total"]["wait_s"]["max"] is not None
+    assert set(r["groups"]) == {queue.finished("busy")["user"]}
+    # only the holder sat idle on its GPU: about its 3 s, not the busy job's 2 s as well
+    assert 2 <= r["total"]["idle_held_gpu_hours"] * 3600 <= 4.5
+    util = {k: g["mean_util_pct"] for k, g in r["gpus"].items()}
+    assert set(util) == {"a:0", "a:1"} and max(util.values()) > 0
+    text = queue.gpuq("report", "--since", "1h").stdout
+    assert "GPU utilization over time" in text and "a:0" in text and "queue length" in text
+
+
+def test_report_rejects_a_bad_since(queue):
+    out = queue.gpuq("report", "--since", "last tuesday", check=False)
+    assert out.returncode == 2
+    assert "--since 'last tuesday'" in out.stderr and "7d" in out.stderr
+
+
+def test_html_report_is_one_self_contained_page(queue, tmp_path):
+    pytest.importorskip("matplotlib", reason="the [report] extra; the test extra installs it")
+    queue.write_config(sample_every_s=1)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("j.yaml", f"command: {FAKE_USE} --mem 1GiB --util 60 --seconds 1\ngpus: 1\ngpu_mem: 2GiB\n")
+    wait_until(lambda: queue.finished("j"), timeout=30)
+    page = tmp_path / "report.html"
+    out = queue.gpuq("report", "--since", "10m", "--html", str(page))
+    assert out.stdout == "" and "wrote" in out.stderr
+    html = page.read_text()
+    assert html.count('src="data:image/png;base64,') == 3  # utilization, queue length, waits
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    assert "a:0" in html
+
+
+def test_html_without_matplotlib_names_the_extra(queue, tmp_path):
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "matplotlib.py").write_text("raise ImportError('not installed')\n")
+    env = {**queue.env(), "PYTHONPATH": f"{blocker}"}
+    out = subprocess.run([PY, str(REPO / "gpuq.py"), "report", "--html", str(tmp_path / "r.html")],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2
+    assert "matplotlib" in out.stderr and "gpuq-spool[report]" in out.stderr
+    assert not (tmp_path / "r.html").exists()
