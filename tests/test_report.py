@@ -108,6 +108,28 @@ def test_percentile_is_nearest_rank():
     assert percentile([7], 99) == 7 and percentile([], 50) is None
 
 
+def test_sample_log_weights_each_reading_by_its_time_and_caps_gaps(tmp_path):
+    from gpuq.layout import Layout
+    from gpuq.probe import GpuSnapshot
+    from gpuq.samples import SampleLog, read_samples
+    from gpuq.spool import Record
+    from gpuq.states import State
+
+    layout = Layout(tmp_path)
+    log = SampleLog(layout, "h", every_s=6, idle_util_pct=5, max_gap_s=3)
+    job = Record(id="j", state=State.RUNNING, spec={}, gpus=[0])
+    gpu = lambda util, used: [GpuSnapshot(0, "GPU-0", "fake", 1000, used, util)]  # noqa: E731
+    log.observe(gpu(90, 100), [], now=1000)     # the first reading covers nothing
+    log.observe(gpu(90, 100), [], now=1002)     # 2 s at 90%, no job
+    log.observe(gpu(0, 500), [job], now=1003)   # 1 s held at 0%: held idle
+    log.observe(gpu(60, 500), [job], now=1013)  # a 10 s gap counts as 3 s (max_gap_s), at 60%
+    [line] = list(read_samples(layout, since=0))
+    assert (line["t"], line["s"], line["host"]) == (1013, 6, "h")
+    assert line["gpus"] == [{"i": 0, "util": round((90 * 2 + 0 * 1 + 60 * 3) / 6, 2), "mem": round((100 * 2 + 500 * 4) / 6),
+                             "total": 1000, "held_s": 4, "idle_held_s": 1, "jobs": ["j"]}]
+    assert list(read_samples(layout, since=1013)) == []
+
+
 # --- through the real worker and CLI ------------------------------------------------------
 
 def test_report_through_the_worker(queue, tmp_path):
