@@ -7,6 +7,7 @@ import getpass
 import os
 import secrets
 import time
+from pathlib import Path
 
 from .faults import wall_time
 from .layout import Layout
@@ -20,12 +21,38 @@ from .states import State, check_transition
 STARTING_WAIT_S = 5.0
 
 
+def cancel_pending(layout: Layout, spec_path: Path, job_id: str, host: str, reason: str) -> bool:
+    """Take a pending spec out of jobs/ (the same atomic rename a claim is) and record it
+    cancelled with `reason`. False: a worker claimed it first (it is running now)."""
+    aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}"
+    try:
+        os.rename(spec_path, aside)
+    except FileNotFoundError:
+        return False
+    check_transition(State.PENDING, State.CANCELLED)
+    try:  # opened as the worker would: no links followed, a FIFO never blocks
+        raw, st = read_spec_file(aside, f"jobs/{spec_path.name}")
+        spec = parse_spec_text(raw, f"jobs/{spec_path.name}").to_json()
+    except SpecError:
+        raw, st, spec = b"", os.lstat(aside), {}
+    record = Record(id=job_id, state=State.CANCELLED, spec=spec, spec_text=raw.decode("utf-8", "replace"),
+                    user=user_name(st.st_uid), uid=st.st_uid, queued_at=st.st_mtime, ended_at=wall_time(),
+                    reason=reason)
+    write_record(layout, record)
+    append_event(layout, host, transition_event(record, State.PENDING, State.CANCELLED))
+    aside.unlink()
+    return True
+
+
 def cancel_one(layout: Layout, job_id: str, host: str, admins: tuple[str, ...] = ()) -> tuple[bool, str]:
     """Returns (ok, message). Refused for another user's job unless the caller is root or an
     admin (the worker checks again, from the owner of the request file)."""
     by = getpass.getuser()
     me = os.geteuid()
     spec_path = pending_spec_path(layout, job_id)
+    held = layout.held / f"{job_id}.yaml"
+    if spec_path is None and held.exists():
+        spec_path = held
     if spec_path is not None:
         try:
             owner = os.lstat(spec_path).st_uid
@@ -36,27 +63,10 @@ def cancel_one(layout: Layout, job_id: str, host: str, admins: tuple[str, ...] =
     if spec_path is not None and layout.record(layout.finished, job_id).exists():
         return False, (f"{job_id}: that id belongs to a job that already ended; the new file "
                        f"jobs/{spec_path.name} reusing it will be rejected by the worker")
-    if spec_path is not None:
-        aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}"
-        try:
-            os.rename(spec_path, aside)
-        except FileNotFoundError:
-            pass  # a worker claimed it just now: cancel it as a running job below
-        else:
-            check_transition(State.PENDING, State.CANCELLED)
-            try:  # opened as the worker would: no links followed, a FIFO never blocks
-                raw, st = read_spec_file(aside, f"jobs/{spec_path.name}")
-                spec = parse_spec_text(raw, f"jobs/{spec_path.name}").to_json()
-            except SpecError:
-                raw, st, spec = b"", os.lstat(aside), {}
-            record = Record(id=job_id, state=State.CANCELLED, spec=spec,
-                            spec_text=raw.decode("utf-8", "replace"), user=user_name(st.st_uid),
-                            uid=st.st_uid, queued_at=st.st_mtime, ended_at=wall_time(),
-                            reason=f"cancelled by {by} while pending")
-            write_record(layout, record)
-            append_event(layout, host, transition_event(record, State.PENDING, State.CANCELLED))
-            aside.unlink()
-            return True, f"{job_id}: cancelled (was pending)"
+    was = "held" if spec_path == held else "pending"
+    if spec_path is not None and cancel_pending(layout, spec_path, job_id, host, f"cancelled by {by} while {was}"):
+        layout.record(layout.held, job_id).unlink(missing_ok=True)
+        return True, f"{job_id}: cancelled (was {was})"
     deadline = time.monotonic() + STARTING_WAIT_S
     while True:
         finished = read_record(layout.record(layout.finished, job_id))

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .config import Config
 
 
-def _layout(args: argparse.Namespace) -> Layout:
+def open_layout(args: argparse.Namespace) -> Layout:
     layout = Layout(resolve_root(args.root, args.launcher_dir))
     if not layout.jobs.is_dir():
         raise RootError(f"{layout.root} is not a gpuq root (no jobs/ directory); pass --root or set GPUQ_ROOT")
@@ -23,7 +23,7 @@ def _layout(args: argparse.Namespace) -> Layout:
     return layout
 
 
-def _config(layout: Layout) -> "Config":
+def read_config(layout: Layout) -> "Config":
     from .config import load  # imported here: `gpuq --help` needs no YAML
 
     return load(layout.config_file)
@@ -33,9 +33,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .render import PENDING_SHOWN
     from .views import status
 
-    layout = _layout(args)
+    layout = open_layout(args)
     rows = None if args.json or args.all else PENDING_SHOWN
-    view = status(layout, _config(layout), pending_rows=rows)
+    view = status(layout, read_config(layout), pending_rows=rows)
     if args.json:
         print(json.dumps(view, separators=(",", ":")))  # 10,000 pending jobs: compact is twice as fast
     else:
@@ -51,7 +51,7 @@ def _never_fits(layout, data: dict) -> str | None:
     from .views import never_fits
 
     spec = validate_spec(data, "gpuq submit")
-    return never_fits(layout, _config(layout), PendingJob("(this job)", "", spec, 0.0))
+    return never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
 
 
 def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
@@ -59,7 +59,7 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
     from .intake import read_spec_file
     from .plan import PendingJob
     from .spec import SpecError, parse_spec_text
-    from .submit import SubmitError, place_spec, readable_base
+    from .submit import SubmitError, check_dependencies, place_spec, readable_base
     from .views import never_fits
 
     if command:
@@ -68,12 +68,13 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
     try:
         raw, _ = read_spec_file(Path(args.spec), args.spec)
         spec = parse_spec_text(raw, args.spec)
-        layout = _layout(args)
-        refused = never_fits(layout, _config(layout), PendingJob("(this job)", "", spec, 0.0))
+        layout = open_layout(args)
+        refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
         if refused:
             print(f"gpuq submit: {args.spec}: no GPU in the team can ever hold this job: {refused}. "
                   "Fix: ask for less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
             return 2
+        check_dependencies(layout, spec)
         job_id = place_spec(layout, raw, args.id, readable_base([], Path(args.spec).stem))
     except SpecError as e:
         print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
@@ -99,7 +100,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print("gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- "
               "python train.py", file=sys.stderr)
         return 2
-    layout = _layout(args)
+    layout = open_layout(args)
     env = exported_environment()
     for pair in args.env or []:
         key, sep, value = pair.partition("=")
@@ -109,14 +110,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
         env[key] = value
     data = build_spec(command, args.gpus, args.gpu_mem, args.name, args.priority,
                       args.hosts.split(",") if args.hosts else None, env,
-                      os.path.abspath(args.workdir or os.getcwd()))
+                      os.path.abspath(args.workdir or os.getcwd()),
+                      _ids(args.after), _ids(args.after_any))
     try:
         refused = _never_fits(layout, data)
         if refused:
             print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Fix: ask for "
                   "less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
             return 2
-        job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name))
+        if args.array:
+            from .cli_workflow import submit_array
+
+            job_id = submit_array(layout, data, args)
+            if job_id is None:
+                return 2
+        else:
+            job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name))
     except SpecError as e:
         where = f"--{e.field.replace('_', '-')}" if e.field in SUBMIT_OPTIONS else (e.field or "spec")
         print(f"gpuq submit: {where}: {e.problem}. Fix: {e.fix}. Nothing was written.", file=sys.stderr)
@@ -124,24 +133,30 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except SubmitError as e:
         print(f"gpuq submit: {e}", file=sys.stderr)
         return 2
-    config = _config(layout)
+    config = read_config(layout)
     host = this_host()
     poke(config.local_dir_for(layout, host))
     print(job_id)
     return 0
 
 
-SUBMIT_OPTIONS = ("gpus", "gpu_mem", "name", "priority", "hosts", "workdir", "env")
+SUBMIT_OPTIONS = ("gpus", "gpu_mem", "name", "priority", "hosts", "workdir", "env", "after", "after_any")
+
+
+def _ids(values: list[str] | None) -> list[str]:
+    """Repeated or comma-separated ids: --after a --after b,c -> [a, b, c]."""
+    return [i for v in values or [] for i in v.split(",") if i]
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     from .views import find_job
 
-    layout = _layout(args)
-    job = find_job(layout, _config(layout), args.id)
+    layout = open_layout(args)
+    job = find_job(layout, read_config(layout), args.id)
     if job is None:
-        print(f"gpuq show: no job {args.id!r}", file=sys.stderr)
-        return 1
+        from .cli_workflow import show_group
+
+        return show_group(layout, args)
     if args.json:
         print(json.dumps(job, indent=1))
     else:
@@ -154,9 +169,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from .views import find_job
 
-    layout = _layout(args)
+    layout = open_layout(args)
     path = layout.job_log(args.id)
-    if not path.exists() and find_job(layout, _config(layout), args.id) is None:
+    if not path.exists() and find_job(layout, read_config(layout), args.id) is None:
         print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
         return 1
     offset = 0
@@ -182,13 +197,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from .cancel import cancel_one
+    from .cli_workflow import with_group_members
     from .wake import poke
 
-    layout = _layout(args)
+    layout = open_layout(args)
     host = this_host()
-    config = _config(layout)
+    config = read_config(layout)
     failures = 0
-    for job_id in args.ids:
+    for job_id in with_group_members(layout, args.ids):
         try:
             ok, message = cancel_one(layout, job_id, host, config.admins)
         except PermissionError as e:
@@ -227,8 +243,8 @@ def cmd_top(args: argparse.Namespace) -> int:
     from .render import status_text
     from .views import status
 
-    layout = _layout(args)
-    config = _config(layout)
+    layout = open_layout(args)
+    config = read_config(layout)
     shown = 0
     try:
         while args.iterations is None or shown < args.iterations:
@@ -244,76 +260,13 @@ def cmd_top(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A handler imported only when its verb runs: `gpuq status` loads none of the others."""
+    def handler(args: argparse.Namespace) -> int:
+        from importlib import import_module
 
-    from .config import ConfigError, validate
-    from .simreport import POLICIES, SIM_CONFIG, figures, run_policy, table
-    from .trace import TraceError, load_trace, mark_low, parse_cluster
-
-    try:
-        cluster = parse_cluster(args.cluster)
-        jobs = load_trace(Path(args.trace), cluster, args.since, args.stretch)
-    except TraceError as e:
-        print(f"gpuq simulate: {e}", file=sys.stderr)
-        return 2
-    if args.mark_low:
-        jobs = mark_low(jobs, args.mark_low, drop=args.without_low)
-    settings: dict = {}
-    for item in args.set or []:
-        key, _, value = item.partition("=")
-        import yaml
-
-        settings[key] = yaml.safe_load(value)
-    try:
-        overrides = validate(settings, "--set") if settings else None
-    except ConfigError as e:
-        print(f"gpuq simulate: {e}", file=sys.stderr)
-        return 2
-    config = SIM_CONFIG if overrides is None else replace(
-        overrides, gpu_mem_reserve_mib=SIM_CONFIG.gpu_mem_reserve_mib,
-        max_jobs_per_gpu=overrides.max_jobs_per_gpu if "max_jobs_per_gpu" in settings else SIM_CONFIG.max_jobs_per_gpu)
-    results = {}
-    for name in args.policy or POLICIES:
-        started = time.perf_counter()
-        results[name] = figures(run_policy(name, jobs, cluster, config), jobs)
-        results[name]["replay_s"] = time.perf_counter() - started
-    if args.json:
-        print(json.dumps({"trace": args.trace, "cluster": str(cluster), "jobs": len(jobs),
-                          "policies": results}, indent=1))
-    else:
-        print(f"{args.trace}: {len(jobs):,} jobs on {cluster} ({cluster.hosts * cluster.gpus_per_host} GPUs); "
-              f"times in seconds")
-        print(table(results))
-        print("replayed in " + ", ".join(f"{n} {r['replay_s']:.1f}s" for n, r in results.items()))
-    return 0
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    from .reportview import gather, parse_since, report_text
-
-    layout = _layout(args)
-    now = time.time()
-    try:
-        since = parse_since(args.since, now)
-    except ValueError as e:
-        print(f"gpuq report: {e}", file=sys.stderr)
-        return 2
-    report = gather(layout, since, now, args.by)
-    if args.html:
-        from .reporthtml import ReportHtmlError, write_html
-
-        try:
-            write_html(report, Path(args.html))
-        except (ReportHtmlError, OSError) as e:
-            print(f"gpuq report: {e}", file=sys.stderr)
-            return 2
-        print(f"wrote {args.html}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=1))
-    elif not args.html:
-        print(report_text(report))
-    return 0
+        return getattr(import_module(f"gpuq.{module}"), name)(args)
+    return handler
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -338,6 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--hosts", help="comma-separated hosts it may run on")
     sp.add_argument("--workdir", help="directory to run in (default: the current one)")
     sp.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra variable (repeatable)")
+    sp.add_argument("--array", metavar="INDICES", help="one job per index (0-9, 1-9:2, 1,4,7), each with "
+                                                        "GPUQ_ARRAY_INDEX; ids <id>_<index>")
+    sp.add_argument("--after", action="append", metavar="ID[,ID]", help="start after these jobs succeeded")
+    sp.add_argument("--after-any", action="append", metavar="ID[,ID]",
+                    help="start after these jobs ended, whatever the result")
     sp.add_argument("--spec", metavar="FILE", help="submit this spec file as it is (checked as a worker would)")
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     sp = verb("show", cmd_show, "everything known about one job")
@@ -357,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("top", cmd_top, "the status screen, refreshed live")
     sp.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     sp.add_argument("--iterations", type=int, help="stop after this many screens")
-    sp = verb("simulate", cmd_simulate, "replay a job trace (CSV) on a virtual cluster through gpuq's "
+    sp = verb("simulate", _lazy("cli_reports", "cmd_simulate"), "replay a job trace (CSV) on a virtual cluster through gpuq's "
                                         "planner and the baselines; print waits, occupancy, ratios")
     sp.add_argument("trace", help="CSV: job_id, submit_s, duration_s, gpus, gpu_mem_gib, gpu_util, user[, priority]")
     sp.add_argument("--cluster", required=True, help="HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB")
@@ -371,7 +329,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--without-low", action="store_true", help="with --mark-low: leave those jobs out instead")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config.yaml key for gpuq's policy")
     sp.add_argument("--json", action="store_true", help="the figures as JSON")
-    sp = verb("report", cmd_report, "GPU-hours used and held idle, waits, utilization and queue length "
+    for name, what in (("hold", "keep pending jobs from starting (they keep their place)"),
+                       ("release", "put held jobs back at their place in the queue"),
+                       ("retry", "put ended jobs back in the queue as their next attempt"),
+                       ("edit", "open a pending job's spec in $EDITOR; it waits out of the queue meanwhile")):
+        sp = verb(name, _lazy("cli_workflow", "cmd_move"), what)
+        sp.add_argument("ids", nargs=1 if name == "edit" else "+", metavar="ID")
+    sp = verb("drain", _lazy("cli_workflow", "cmd_drain"), "let a host's running jobs finish and start nothing new there")
+    sp.add_argument("host")
+    sp.add_argument("--reason", help="shown in status, e.g. 'driver update at 18:00'")
+    sp = verb("resume", _lazy("cli_workflow", "cmd_drain"), "let a drained host take jobs again")
+    sp.add_argument("host")
+    sp = verb("report", _lazy("cli_reports", "cmd_report"), "GPU-hours used and held idle, waits, utilization and queue length "
                                     "over time, failures and preemptions, over a window")
     sp.add_argument("--since", default="7d", help="a duration back from now (7d, 12h, 90m) or a local date "
                                                   "(2026-11-01, '2026-11-01 14:00'); default 7d")

@@ -112,9 +112,11 @@ def queue_order(pending: Sequence[PendingJob], use: Mapping[str, float], config:
 
 
 def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequence[RunningJob],
-         config: Config, now: float, explain: bool = True) -> Plan:
+         config: Config, now: float, explain: bool = True, blocked: Mapping[str, str] | None = None) -> Plan:
     """Decide, in queue order, which pending jobs start on which GPUs (best fit), which GPUs
-    are held for jobs that cannot start yet, and which opportunistic jobs must yield."""
+    are held for jobs that cannot start yet, and which opportunistic jobs must yield.
+    `blocked`: jobs that may not start whatever the GPUs (dependencies), with the reason."""
+    blocked = blocked or {}
     slots = placement.build_slots(hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s)
     use = gpu_use_by_user(running, slots)
     ordered = queue_order(pending, use, config, now)
@@ -147,6 +149,10 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
     for job in ordered:
         if full and not explain:
             break
+        if job.id in blocked:
+            if explain:
+                waits(job, blocked[job.id])
+            continue
         spec = job.spec
         shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0])
         cap = config.max_gpus_per_user

@@ -26,6 +26,10 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     out.append("HOSTS" if view["hosts"] else "HOSTS: none — no worker has run yet (start: python worker.py)")
     for h in view["hosts"]:
         state = "up" if h["alive"] else "NOT RESPONDING"
+        if h.get("drain"):
+            busy = sum(1 for r in view["running"] if r["host"] == h["host"])
+            state += (f", DRAINING ({busy} running)" if busy else ", DRAINED") + \
+                f" by {h['drain']['by']}" + (f": {h['drain']['reason']}" if h["drain"].get("reason") else "")
         extra = f"  {h['probe_error']}" if h.get("probe_error") else ""
         out.append(f"  {h['host']}  {state} (seen {format_duration(h['last_seen_s'])} ago){extra}")
         rows = [["GPU", "NAME", "MEM USED/TOTAL", "USABLE", "UTIL", "TEMP", "JOBS"]]
@@ -64,6 +68,10 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         out.append(f"  ... and {total - PENDING_SHOWN} more (gpuq status --all)")
     for bad in view["invalid"]:
         out.append(f"  not valid yet: {bad['error']}")
+    if view.get("held"):
+        out += ["", f"HELD ({len(view['held'])}; gpuq release ID puts one back at its place)"]
+        out += _table([["ID", "USER", "SINCE", "NOTE"]] + [[h["id"], h["user"], _clock(h["since"]), h["reason"]]
+                                                          for h in view["held"]])
     out += ["", "FINISHED (recent)"]
     rows = [["ID", "STATE", "EXIT", "DURATION", "WHERE", "ENDED", "NOTE"]]
     for f in view["finished"]:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .layout import JOB_ID_RE
 from .units import DURATION_EXAMPLES, SIZE_EXAMPLES, parse_duration_s, parse_size_mib
 
 MAX_SPEC_BYTES = 256 * 1024
@@ -53,6 +54,12 @@ FIELDS: dict[str, Field] = {
                   "that many cores, kept apart from other jobs' cores where the host has room.", "8"),
     "mem": Field("size", "config mem (no limit)", "Host RAM of the job's whole process tree; above "
                  "it the job is stopped, and its record says why.", "64GiB"),
+    "after": Field("list of job ids", "none", "Start only after each of these jobs succeeded; if one "
+                   "fails or is cancelled, this job is cancelled too, with that reason.", "[prep-1]"),
+    "after_any": Field("list of job ids", "none", "Start only after each of these jobs ended, "
+                       "whatever the result.", "[train-3]"),
+    "sweep": Field("mapping of name to list of values", "none", "One job per combination of the values; "
+                   "`{name}` in command is replaced by each value. Member ids: <id>_<name><value>-...", "{lr: [1e-3, 3e-4], seed: [1, 2]}"),
     "retries": Field("integer >= 0", "config lost_retries (2)", "Re-runs when the job is lost with "
                      "its host (dead, rebooted, fenced); a failing job is never re-run.", "0"),
 }
@@ -89,6 +96,9 @@ class JobSpec:
     time_limit_s: float | None = None  # None: the config's time_limit
     cpus: int | None = None         # None: the config's cpus
     mem_mib: int | None = None      # None: the config's mem
+    after: tuple[str, ...] = ()     # deps.py: start after these succeeded ...
+    after_any: tuple[str, ...] = () # ... or after these ended, whatever the result
+    sweep: tuple[tuple[str, tuple], ...] = ()  # sweeps.py: expanded into member jobs, never run itself
 
     @property
     def exclusive(self) -> bool:
@@ -103,7 +113,9 @@ class JobSpec:
                 "priority_class": self.priority_class, "priority": self.priority,
                 "workdir": self.workdir, "env": dict(self.env), "hosts": list(self.hosts),
                 "retries": self.retries, "preemptible": self.preemptible, "grace_s": self.grace_s,
-                "time_limit_s": self.time_limit_s, "cpus": self.cpus, "mem_mib": self.mem_mib}
+                "time_limit_s": self.time_limit_s, "cpus": self.cpus, "mem_mib": self.mem_mib,
+                "after": list(self.after), "after_any": list(self.after_any),
+                "sweep": {k: list(v) for k, v in self.sweep}}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
@@ -112,7 +124,8 @@ class JobSpec:
         return cls(cmd if isinstance(cmd, str) else tuple(cmd), d["name"], d["gpus"], d["gpu_mem_mib"],
                    d["priority_class"], d["priority"], d["workdir"], d["env"], tuple(d["hosts"]),
                    d.get("retries"), d.get("preemptible", False), d.get("grace_s"), d.get("time_limit_s"),
-                   d.get("cpus"), d.get("mem_mib"))
+                   d.get("cpus"), d.get("mem_mib"), tuple(d.get("after", ())), tuple(d.get("after_any", ())),
+                   tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()))
 
 
 def parse_spec_text(text: bytes, file: str) -> JobSpec:
@@ -135,8 +148,9 @@ def validate_spec(data: Any, file: str) -> JobSpec:
     if data.get("gpus") == 0 and data.get("gpu_mem") is not None:
         raise SpecError(file, "gpu_mem", "is set for a CPU-only job (gpus: 0)",
                         "remove gpu_mem, or ask for a GPU with `gpus: 1`")
+    command = _command(data.get("command"), file)
     return JobSpec(
-        command=_command(data.get("command"), file),
+        command=command,
         name=_optional_str(data, "name", file),
         gpus=_gpus(data.get("gpus", 1), file),
         gpu_mem_mib=_gpu_mem(data.get("gpu_mem"), file),
@@ -151,6 +165,9 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         time_limit_s=_duration(data.get("time_limit"), "time_limit", 365 * 86400, file),
         cpus=_cpus(data.get("cpus"), file),
         mem_mib=_mem(data.get("mem"), file),
+        after=_job_ids(data.get("after"), "after", file),
+        after_any=_job_ids(data.get("after_any"), "after_any", file),
+        sweep=_sweep(data.get("sweep"), command, file),
     )
 
 
@@ -305,6 +322,46 @@ def _hosts(value: Any, file: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(h, str) and h for h in value):
         raise SpecError(file, "hosts", "must be a list of host names", "e.g. `hosts: [box-a, box-b]`")
     return tuple(value)
+
+
+def _job_ids(value: Any, field: str, file: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(i, str) for i in value):
+        raise SpecError(file, field, "must be a list of job ids", f"e.g. `{field}: {FIELDS[field].example}`")
+    for job_id in value:
+        if not JOB_ID_RE.match(job_id):
+            raise SpecError(file, field, f"{job_id!r} is not a job id",
+                            "give the ids `gpuq submit` printed (letters, digits, _ . -)")
+    return tuple(dict.fromkeys(value))
+
+
+MAX_SWEEP_JOBS = 1000
+
+
+def _sweep(value: Any, command: str | tuple[str, ...], file: str) -> tuple[tuple[str, tuple], ...]:
+    if value is None:
+        return ()
+    example = f"e.g. `sweep: {FIELDS['sweep'].example}` and `{{lr}}` in command"
+    if not isinstance(value, dict) or not value:
+        raise SpecError(file, "sweep", "must be a mapping of names to lists of values", example)
+    text = command_text(command)
+    total = 1
+    for key, values in value.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise SpecError(file, "sweep", f"{key!r} is not a name", "use names like lr or seed")
+        if not isinstance(values, list) or not values or not all(
+                isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in values):
+            raise SpecError(file, "sweep", f"{key}: must be a list of numbers or strings", example)
+        if f"{{{key}}}" not in text:
+            raise SpecError(file, "sweep", f"{key} is not used in command",
+                            f"write {{{key}}} in command where its value goes")
+        total *= len(values)
+    if total > MAX_SWEEP_JOBS:
+        raise SpecError(file, "sweep", f"makes {total} jobs", f"keep it to at most {MAX_SWEEP_JOBS} combinations")
+    return tuple((k, tuple(v)) for k, v in value.items())
 
 
 def _kind(value: Any) -> str:

@@ -88,6 +88,7 @@ class Record:
     time_limit_s: float | None = None    # the limits that apply (spec, else config): limits.py
     mem_limit_mib: int | None = None
     cpu_cores: list[int] = field(default_factory=list)
+    held_at: float | None = None         # holds.py: when `gpuq hold` took it out of the queue
 
     def to_json(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: JSON copies

@@ -27,10 +27,11 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.HELD: frozenset({State.PENDING, State.CANCELLED}),
     # running -> pending is a requeue (preempted, lost, or never started).
     State.RUNNING: frozenset({State.DONE, State.FAILED, State.CANCELLED, State.LOST, State.TIMEOUT, State.PENDING}),
-    State.DONE: frozenset(),
-    State.FAILED: frozenset(),
-    State.CANCELLED: frozenset(),
-    State.TIMEOUT: frozenset(),
+    # An ended job goes back to the queue only by `gpuq retry` (holds.py).
+    State.DONE: frozenset({State.PENDING}),
+    State.FAILED: frozenset({State.PENDING}),
+    State.CANCELLED: frozenset({State.PENDING}),
+    State.TIMEOUT: frozenset({State.PENDING}),
     # A lost job whose retries allow goes back to the queue (issue: crash recovery).
     State.LOST: frozenset({State.PENDING}),
     State.REJECTED: frozenset(),

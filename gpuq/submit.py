@@ -16,6 +16,7 @@ from typing import Any
 from .layout import JOB_ID_RE, Layout
 from .spec import JobSpec, parse_spec_text, validate_spec
 from .spool import claims_of, has_record, pending_spec_path
+from .sweeps import group_file
 
 # Per-shell or per-session variables that would be wrong inside the job.
 NOT_EXPORTED = ("CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_")
@@ -33,9 +34,13 @@ def exported_environment() -> dict[str, str]:
 
 def build_spec(command: list[str], gpus: int, gpu_mem: str | None, name: str | None,
                priority: str | None, hosts: list[str] | None, env: dict[str, str],
-               workdir: str) -> dict[str, Any]:
+               workdir: str, after: list[str] | None = None, after_any: list[str] | None = None) -> dict[str, Any]:
     """The spec as a user would have written it. One argument is a shell command line."""
     data: dict[str, Any] = {"command": command[0] if len(command) == 1 else command, "gpus": gpus}
+    if after:
+        data["after"] = after
+    if after_any:
+        data["after_any"] = after_any
     if gpu_mem:
         data["gpu_mem"] = gpu_mem
     if name:
@@ -63,7 +68,34 @@ def readable_base(command: list[str], name: str | None) -> str:
 
 def _id_taken(layout: Layout, job_id: str) -> bool:
     return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
-            or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*")))
+            or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*"))
+            or group_file(layout, job_id).exists() or (layout.held / f"{job_id}.yaml").exists())
+
+
+def reserve_group_id(layout: Layout, job_id: str | None, base: str) -> str:
+    """A free id for a group (`--array`), taken by creating its group record exclusively."""
+    directory = group_file(layout, "x").parent
+    directory.mkdir(parents=True, exist_ok=True)
+    for candidate in [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000)):
+        if not JOB_ID_RE.match(candidate) or _id_taken(layout, candidate):
+            if job_id:
+                raise SubmitError(f"--id {job_id!r} is not a free job id; pick another")
+            continue
+        try:
+            os.close(os.open(group_file(layout, candidate), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return candidate
+        except FileExistsError:
+            continue
+    raise SubmitError("no free job id")
+
+
+def check_dependencies(layout: Layout, spec: JobSpec) -> None:
+    """Refuse ids no job has (a typo would leave the job waiting for ever)."""
+    for option, ids in (("--after", spec.after), ("--after-any", spec.after_any)):
+        unknown = [d for d in ids if not _id_taken(layout, d)]
+        if unknown:
+            raise SubmitError(f"{option} {', '.join(unknown)}: no such job. Fix: give ids that "
+                              "`gpuq status` or `gpuq submit` showed. Nothing was written.")
 
 
 def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: str) -> tuple[str, JobSpec]:
@@ -71,7 +103,7 @@ def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: s
     made with link(2), which fails if the name exists, so concurrent submits cannot collide."""
     import yaml
 
-    validate_spec(data, "gpuq submit")  # refuse before writing anything
+    check_dependencies(layout, validate_spec(data, "gpuq submit"))  # refuse before writing anything
     header = f"# submitted by gpuq submit at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
     text = (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode()
     spec = parse_spec_text(text, "gpuq submit")  # what the worker will read back

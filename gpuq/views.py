@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config
+from .deps import DependencyStates, gates
+from .drain import drained
 from .faults import wall_time
+from .holds import held_jobs
 from .intake import load_pending_for_view
 from .layout import Layout
 from .placement import usable_mib
@@ -119,13 +122,17 @@ def status(layout: Layout, config: Config, now: float | None = None,
     stopping = {j for hb in beats for j in hb.get("stopping", ())}
     warnings = {j: why for hb in live for j, why in hb.get("warnings", {}).items()}
     running_jobs = [RunningJob.of(r, observed.get(r.id, {}), r.id in stopping) for r in running]
+    drains = {hb["host"]: d for hb in beats if (d := drained(layout, hb["host"]))}
     host_views = [HostView(hb["host"], tuple(GpuSnapshot.from_json(g) for g in hb.get("gpus", [])),
                            hb.get("cpu_slots", config.cpu_slots),
-                           {int(i): t for i, t in hb.get("others_idle_since", {}).items()}) for hb in live]
+                           {int(i): t for i, t in hb.get("others_idle_since", {}).items()})
+                  for hb in live if hb["host"] not in drains]  # a drained host takes nothing new
     # Every worker caches the same specs: the freshest cache is enough.
     cache_files = [layout.spec_cache(hb["host"]) for hb in sorted(beats, key=lambda b: b.get("t", 0))[-1:]]
     pending, problems = load_pending_for_view(layout, cache_files)
-    decided = plan(pending, host_views, running_jobs, config, now, explain=True)
+    waiting, doomed = gates(pending, DependencyStates(layout))
+    blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
+    decided = plan(pending, host_views, running_jobs, config, now, explain=True, blocked=blocked)
     starting = {s.job_id: s for s in decided.starts}
     by_id = {j.id: j for j in pending}
     final_names = frozenset(s.value for s in FINAL_STATES)
@@ -133,13 +140,15 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "version": STATUS_VERSION,
         "root": str(layout.root),
         "now": now,
-        "hosts": [_host(hb, running_jobs, config, now, heartbeat_alive(hb, now)) for hb in beats],
+        "hosts": [{**_host(hb, running_jobs, config, now, heartbeat_alive(hb, now)), "drain": drains.get(hb["host"])}
+                  for hb in beats],
         "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id))
                     for r in running],
         "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
                     for pos, i in enumerate(decided.order[:pending_rows], 1)],
         "pending_total": len(decided.order),
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
+        "held": held_jobs(layout),
         "alerts": sorted({f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
                          key=lambda a: a["since"]),
         "finished": [_finished(layout, ev) for ev in

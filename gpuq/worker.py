@@ -13,8 +13,12 @@ import time
 from pathlib import Path
 
 from . import __version__
+from .arrivals import Arrivals
 from .alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from .config import Config
+from .cancel import cancel_pending
+from .deps import DependencyStates, gates
+from .drain import drain_file
 from .faults import crash_point, wall_time
 from .hostinfo import boot_id, ensure_private_dir
 from .idle import IdleTracker
@@ -32,9 +36,11 @@ from .probe import GpuSnapshot, Probe
 from .recovery import Recovery
 from .samples import SampleLog
 from .spawner import Spawner
-from .spec import JobSpec, SpecError
+from .strict_yaml import load_yaml
+from .sweeps import finish_interrupted
+from .spec import JobSpec
 from .usage import GpuUsage
-from .spool import (Record, append_event, atomic_write, claim, claim_name, has_record, next_attempt, read_json,
+from .spool import (Record, append_event, atomic_write, claim, claim_name, next_attempt, read_json,
                     read_record, record_start, write_json)
 from .states import State
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
@@ -71,13 +77,13 @@ class Worker:
         self.gpu_usage = GpuUsage()
         self.record_cache: dict[tuple[str, int], Record] = {}
         self.spawner = Spawner(self.rt, layout.worker_log(host))
-        self.recovery = Recovery(layout, config, self.rt, self._reject)
+        self.arrivals = Arrivals(layout, host, self.intake)
+        self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject)
         self.cache_written = (-1, 0.0)
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
         self.heartbeat_at = 0.0
         self.woken_by = b""                  # the reasons of the pokes that ended the last sleep
-        self.unmovable: set[str] = set()     # refused specs this worker may not move
         self.unchanged_plan_inputs: tuple | None = None
         self.idle_tracker = IdleTracker(config.idle_util_pct)
         self.others_idle_since: dict[int, float | None] = {}
@@ -90,6 +96,7 @@ class Worker:
             if config.metrics_dir else layout.state / "metrics" / f"gpuq-{host}.prom"
         self.metrics_at = 0.0
         self.metrics_running: tuple[str, ...] = ()
+        self.dep_states = DependencyStates(layout)
         self.samples = SampleLog(layout, host, config.sample_every_s, config.alert_idle_util_pct,
                                  max_gap_s=2 * config.poll_interval + 1)
 
@@ -99,6 +106,7 @@ class Worker:
         log.info("worker %s started (pid %d, gpuq %s, root %s)%s", self.host, os.getpid(),
                  __version__, self.layout.root, f"; {self.probe.error}" if self.probe.error else "")
         write_lease(self.rt, time.monotonic())  # a restarted worker renews its supervisors' lease
+        finish_interrupted(self.layout, load_yaml)
         try:
             while True:
                 for step in self.STEPS:
@@ -213,7 +221,7 @@ class Worker:
             path.unlink(missing_ok=True)
 
     def take_in_specs(self) -> None:
-        """Read jobs/; reject specs that stayed invalid, and ids already used."""
+        """Read jobs/; reject specs that stayed invalid and ids already used; expand sweeps."""
         now = time.monotonic()
         if self.woken_by and not self.woken_by.strip(WAKE_JOB_ENDED) and \
                 now - self.intake.scanned_at < EXIT_WAKE_SCAN_GAP_S:
@@ -225,38 +233,13 @@ class Worker:
         self.intake.scan(now, full=full)
         if full:
             self.recovery.sweep_temp_files()
-        for job_id, entry in self.intake.settled_errors(now, self.config.spec_settle_s):
-            self._reject(job_id, entry.path, str(entry.error))
-        for entry in self.intake.take_unchecked():
-            job_id = entry.job.id  # type: ignore[union-attr]
-            if has_record(self.layout, job_id):
-                self._reject(job_id, entry.path, str(SpecError(
-                    f"jobs/{entry.name}", None, f"job id '{job_id}' is already used by an earlier job",
-                    f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
-
-    def _reject(self, job_id: str, path: Path, message: str) -> None:
-        suffix = ".yml" if path.name.endswith(".yml") else ".yaml"
-        dest = self.layout.rejected / f"{job_id}{suffix}"
-        if dest.exists() or dest.is_symlink():
-            dest = self.layout.rejected / f"{job_id}.{int(wall_time())}{suffix}"
-        try:
-            os.rename(path, dest)
-        except FileNotFoundError:
-            return  # taken or removed meanwhile
-        except PermissionError:  # another user's file in a sticky jobs/: it stays, and status shows why
-            if path.name not in self.unmovable:
-                self.unmovable.add(path.name)
-                log.warning("cannot move %s to rejected/ (%s)", path.name, message)
-            return
-        (dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error").write_text(message + "\n")
-        append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "rejected",
-                                              "reason": message})
-        self.intake.forget(job_id)
-        log.warning("rejected %s", message)
+        self.arrivals.take_in(now, self.config.spec_settle_s)
 
     def start_jobs(self) -> None:
         if not self.intake.entries and not any(r.spec.get("preemptible") for r in self.running):
             return
+        if drain_file(self.layout, self.host).exists():
+            return  # `gpuq drain`: running jobs finish, nothing new starts here
         now = wall_time()
         # The plan only changes when its inputs do: skip it while nothing moved. Time enters
         # through idleness (a GPU idle long enough, or taken by a person) and idle windows.
@@ -265,11 +248,16 @@ class Worker:
         inputs = (self.intake.version, tuple((g.index, g.mem_used_mib, g.processes) for g in self.gpus),
                   tuple(r.id for r in self.running), idle_long, window_open(self.config.idle_windows, now),
                   frozenset(self.stopping))
+        waiting, doomed = gates(self.intake.pending(), self.dep_states)
+        for job_id, why in doomed.items():
+            self._cancel_doomed(job_id, why)
+        inputs += (frozenset(waiting), frozenset(doomed))
         if inputs == self.unchanged_plan_inputs:
             return
         host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since)
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
-            decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config, now, explain=False)
+            decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config, now, explain=False,
+                           blocked={**waiting, **doomed})
             self._preempt(decided.preempts)
             for start in decided.starts:
                 self._start(start.job_id, start.gpus)
@@ -292,6 +280,12 @@ class Worker:
     def _short_jobs(self) -> int:
         self.finished.counts()  # reads this host's new events
         return self.finished.short_jobs_since(wall_time() - SHORT_JOBS_WINDOW_S)
+
+    def _cancel_doomed(self, job_id: str, why: str) -> None:
+        entry = self.intake.entries.get(job_id)
+        if entry is not None and cancel_pending(self.layout, entry.path, job_id, self.host, why):
+            log.info("cancelled %s: %s", job_id, why)
+        self.intake.forget(job_id)
 
     def _preempt(self, preempts: dict[str, str]) -> None:
         """Tell opportunistic jobs to yield (TERM, their grace, KILL); their supervisors leave

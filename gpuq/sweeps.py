@@ -1,0 +1,147 @@
+"""Sweeps and arrays: one submission, many jobs, handled as a group.
+
+- A spec with `sweep: {lr: [1e-3, 3e-4], seed: [1, 2, 3]}` becomes one job per combination,
+  `{lr}` and `{seed}` in its command replaced by the values, with readable ids
+  `<id>_lr1e-3-seed1` (or `<id>_<n>` where that would not be a valid id).
+- `gpuq submit --array 0-9` makes `<id>_0` ... `<id>_9`, each with `GPUQ_ARRAY_INDEX`.
+Every member gets `GPUQ_GROUP` (the group's id). The members are written into jobs/ with the
+group's owner and its file's mtime (its place in the queue); state/groups/<id>.json lists
+them, so `gpuq show ID` and `gpuq cancel ID` act on the whole group.
+
+A sweep spec dropped into jobs/ is expanded by the worker that reads it: it takes the file by
+rename into state/groups/ (one worker wins), writes the members (never over an existing
+file), then the group record. A crash in between is finished at the worker's next start.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from .layout import JOB_ID_RE, Layout
+from .spool import read_json, unclaim, write_json
+
+ARRAY_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+MAX_ARRAY = 1000
+
+
+class GroupError(Exception):
+    pass
+
+
+def _slug(value: object) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "", str(value))
+
+
+def _substitute(command: str | list[str], values: dict[str, object]) -> str | list[str]:
+    def one(text: str) -> str:
+        for key, value in values.items():
+            text = text.replace(f"{{{key}}}", str(value))
+        return text
+    return one(command) if isinstance(command, str) else [one(a) for a in command]
+
+
+def sweep_members(data: dict[str, Any], group: str) -> list[tuple[str, dict[str, Any]]]:
+    """(member id, member spec data) for every combination of a validated sweep spec."""
+    keys = list(data["sweep"])
+    combos = list(itertools.product(*(data["sweep"][k] for k in keys)))
+    base = {k: v for k, v in data.items() if k != "sweep"}
+    readable = [f"{group}_" + "-".join(f"{k}{_slug(v)}" for k, v in zip(keys, combo)) for combo in combos]
+    if len(set(readable)) != len(readable) or not all(JOB_ID_RE.match(i) for i in readable):
+        readable = [f"{group}_{n}" for n in range(len(combos))]
+    members = []
+    for member_id, combo in zip(readable, combos):
+        values = dict(zip(keys, combo))
+        env = {**(base.get("env") or {}), "GPUQ_GROUP": group,
+               **{f"GPUQ_SWEEP_{k.upper()}": str(v) for k, v in values.items()}}
+        members.append((member_id, {**base, "command": _substitute(base["command"], values), "env": env}))
+    return _checked(members, group)
+
+
+def parse_array(text: str) -> list[int]:
+    """'0-9', '1-9:2', '1,4,7', '0-3,10' -> the indices (Slurm's --array syntax, without %)."""
+    out: list[int] = []
+    for part in text.split(","):
+        m = ARRAY_RE.match(part.strip())
+        if not m:
+            raise GroupError(f"--array {text!r}: write indices like 0-9, 1-9:2 or 1,4,7")
+        start, end, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        if end < start or step < 1:
+            raise GroupError(f"--array {text!r}: {part} is empty; write the lower index first")
+        out += range(start, end + 1, step)
+    if len(out) > MAX_ARRAY:
+        raise GroupError(f"--array {text!r} makes {len(out)} jobs; at most {MAX_ARRAY}")
+    return sorted(dict.fromkeys(out))
+
+
+def array_members(data: dict[str, Any], group: str, indices: list[int]) -> list[tuple[str, dict[str, Any]]]:
+    members = [(f"{group}_{i}", {**data, "env": {**(data.get("env") or {}), "GPUQ_GROUP": group,
+                                                   "GPUQ_ARRAY_INDEX": str(i)}}) for i in indices]
+    return _checked(members, group)
+
+
+def _checked(members: list[tuple[str, dict]], group: str) -> list[tuple[str, dict]]:
+    if not all(JOB_ID_RE.match(i) for i, _ in members):
+        raise GroupError(f"{group}: too long for its members' ids (<id>_<n>, at most 64 characters); "
+                         "use a shorter name")
+    return members
+
+
+def group_file(layout: Layout, group: str) -> Path:
+    return layout.state / "groups" / f"{group}.json"
+
+
+def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int,
+                  mtime: float) -> list[str]:
+    """Write each member into jobs/ (owned by `uid`, with `mtime`: the group's queue place),
+    skipping ids taken meanwhile, then the group record. Returns the member ids."""
+    import yaml
+
+    directory = group_file(layout, group).parent
+    directory.mkdir(parents=True, exist_ok=True)
+    for member_id, data in members:
+        tmp = layout.jobs / f".{member_id}.group.tmp"
+        tmp.write_text(f"# member of {kind} {group}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        if os.geteuid() == 0 and uid >= 0:
+            os.chown(tmp, uid, -1)
+        os.utime(tmp, (mtime, mtime))
+        if not unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
+            tmp.unlink()  # already there (a crash, then this again)
+    write_json(group_file(layout, group), {"id": group, "kind": kind, "members": [i for i, _ in members],
+                                           "uid": uid, "queued_at": mtime})
+    return [i for i, _ in members]
+
+
+def read_group(layout: Layout, group: str) -> dict[str, Any] | None:
+    return read_json(group_file(layout, group))
+
+
+def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict[str, Any]) -> list[str] | None:
+    """The worker's part: take the sweep spec out of jobs/ and put its members in.
+    None: another worker took it first."""
+    st = os.lstat(spec_path)
+    kept = group_file(layout, group).with_suffix(".yaml")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(spec_path, kept)
+    except FileNotFoundError:
+        return None
+    return place_members(layout, group, "sweep", sweep_members(data, group), st.st_uid, st.st_mtime)
+
+
+def finish_interrupted(layout: Layout, load_yaml) -> list[str]:
+    """Sweeps taken out of jobs/ whose group record was never written: write their members
+    again (those already there are kept). Run at worker start."""
+    done = []
+    directory = group_file(layout, "x").parent
+    for kept in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
+        group = kept.stem
+        if group_file(layout, group).exists():
+            continue
+        st = os.lstat(kept)
+        place_members(layout, group, "sweep", sweep_members(load_yaml(kept.read_bytes(), str(kept)), group),
+                      st.st_uid, st.st_mtime)
+        done.append(group)
+    return done

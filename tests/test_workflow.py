@@ -1,0 +1,208 @@
+"""The everyday workflow through the real worker and CLI: dependencies (`after`: after success,
+cancelled down the chain when one fails; `after_any`: after the end, whatever it was),
+hold / release / retry / edit."""
+from __future__ import annotations
+
+import getpass
+import json
+
+from conftest import wait_until
+from gpuq.deps import gate
+from gpuq.spec import validate_spec
+
+
+def spec(**kw):
+    return validate_spec({"command": "true", **kw}, "t.yaml")
+
+
+def test_gate_waits_dooms_and_lets_go():
+    s = spec(after=["a", "b"], after_any=["c"])
+    assert gate(s, {"a": "done", "b": "running", "c": "failed"}) == ("waiting for b", None)
+    assert gate(s, {"a": "done", "b": "done", "c": "pending"}) == ("waiting for c", None)
+    assert gate(s, {"a": "done", "b": "done", "c": "failed"}) == (None, None)
+    assert gate(s, {"a": "cancelled", "b": "running"}) == (None, "dependency a ended cancelled")
+    assert gate(spec(after=["x"]), {}) == ("waiting for x (x: no such job yet)", None)
+    assert gate(spec(after_any=["c"]), {"c": "timeout"}) == (None, None)
+
+
+def submit(queue, *args: str) -> str:
+    return queue.gpuq("submit", "--gpus", "0", *args).stdout.strip().splitlines()[-1]
+
+
+def test_a_chain_runs_in_order(queue):
+    queue.write_config()
+    first = submit(queue, "--name", "prep", "--", "sleep 1")
+    second = submit(queue, "--name", "train", "--after", first, "--", "true")
+    third = submit(queue, "--name", "eval", "--after", second, "--", "true")
+    reasons = {p["id"]: p["reason"] for p in queue.status()["pending"]}
+    assert reasons[second] == f"waiting for {first}" and reasons[third] == f"waiting for {second}"
+    queue.start_worker("a", "1x80GiB")
+    done = [wait_until(lambda j=j: queue.finished(j), timeout=30) for j in (first, second, third)]
+    assert [r["state"] for r in done] == ["done"] * 3
+    assert done[0]["ended_at"] <= done[1]["started_at"] and done[1]["ended_at"] <= done[2]["started_at"]
+
+
+def test_a_failed_dependency_cancels_the_chain_and_after_any_still_runs(queue):
+    queue.write_config()
+    queue.start_worker("a", "1x80GiB")
+    broken = submit(queue, "--name", "broken", "--", "sleep 0.5; exit 3")
+    dependent = submit(queue, "--name", "dependent", "--after", broken, "--", "true")
+    grandchild = submit(queue, "--name", "grandchild", "--after", dependent, "--", "true")
+    cleanup = submit(queue, "--name", "cleanup", "--after-any", broken, "--", "true")
+    assert wait_until(lambda: queue.finished(broken), timeout=30)["state"] == "failed"
+    dep = wait_until(lambda: queue.finished(dependent), timeout=30)
+    assert (dep["state"], dep["reason"]) == ("cancelled", f"dependency {broken} ended failed")
+    grand = wait_until(lambda: queue.finished(grandchild), timeout=30)
+    assert (grand["state"], grand["reason"]) == ("cancelled", f"dependency {dependent} ended cancelled")
+    assert wait_until(lambda: queue.finished(cleanup), timeout=30)["state"] == "done"
+
+
+def test_a_spec_file_may_name_dependencies_and_submit_refuses_unknown_ids(queue):
+    queue.write_config()
+    out = queue.gpuq("submit", "--after", "nosuchjob", "--", "true", check=False)
+    assert out.returncode == 2 and "--after nosuchjob: no such job" in out.stderr
+    assert not list(queue.root.glob("jobs/*.yaml"))
+    queue.drop("later.yaml", "command: 'true'\ngpus: 0\nafter: [early]\n")
+    assert queue.status()["pending"][0]["reason"] == "waiting for early (early: no such job yet)"
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("early.yaml", "command: 'true'\ngpus: 0\n")
+    assert wait_until(lambda: queue.finished("later"), timeout=30)["state"] == "done"
+
+
+# --- hold / release / retry / edit ---------------------------------------------------------
+
+def test_hold_keeps_a_job_back_and_release_restores_its_place(queue):
+    queue.write_config()
+    first = submit(queue, "--name", "one", "--", "true")
+    second = submit(queue, "--name", "two", "--", "true")
+    assert queue.gpuq("hold", first).stdout.startswith(f"{first}: held")
+    view = queue.status()
+    assert [p["id"] for p in view["pending"]] == [second]
+    assert [(h["id"], h["reason"]) for h in view["held"]] == [(first, f"held by {getpass.getuser()}")]
+    assert "HELD (1" in queue.gpuq("status").stdout
+    again = queue.gpuq("hold", first, check=False)
+    assert again.returncode == 1 and "already held" in again.stderr
+    queue.gpuq("release", first)
+    assert [p["id"] for p in queue.status()["pending"]] == [first, second]  # its old place
+    queue.gpuq("hold", second)
+    queue.start_worker("a", "1x80GiB")
+    assert wait_until(lambda: queue.finished(first), timeout=30)["state"] == "done"
+    assert queue.finished(second) is None and queue.status()["held"][0]["id"] == second
+    queue.gpuq("cancel", second)
+    assert queue.finished(second)["reason"].endswith("while held") and queue.status()["held"] == []
+
+
+def test_retry_runs_an_ended_job_again_as_its_next_attempt(queue):
+    queue.write_config()
+    queue.start_worker("a", "1x80GiB")
+    flaky = submit(queue, "--name", "flaky", "--", "exit $((GPUQ_ATTEMPT == 1))")  # fails only the first time
+    assert wait_until(lambda: queue.finished(flaky), timeout=30)["state"] == "failed"
+    refused = queue.gpuq("hold", flaky, check=False)
+    assert refused.returncode == 1 and "not pending" in refused.stderr
+    assert queue.gpuq("retry", flaky).stdout.strip() == f"{flaky}: back in the queue as attempt 2"
+    again = wait_until(lambda: (r := queue.finished(flaky)) and r["attempt"] == 2 and r, timeout=30)
+    assert again["state"] == "done"
+    assert "attempt 2" in queue.log(flaky)
+
+
+def test_edit_changes_a_pending_spec_in_place_and_refuses_an_invalid_one(queue, tmp_path):
+    queue.write_config()
+    first = submit(queue, "--name", "one", "--", "true")
+    second = submit(queue, "--name", "two", "--", "true")
+    sed = tmp_path / "editor.sh"
+    sed.write_text("#!/bin/sh\nsed -i 's/^name: one$/name: renamed/' \"$1\"\n")
+    sed.chmod(0o755)
+    out = queue.gpuq("edit", first, env={**queue.env(), "EDITOR": str(sed)})
+    assert "edited, back at its place" in out.stdout
+    view = queue.status()
+    assert [p["id"] for p in view["pending"]] == [first, second] and view["held"] == []
+    assert "name: renamed" in (queue.root / "jobs" / f"{first}.yaml").read_text()
+    breaker = tmp_path / "breaker.sh"
+    breaker.write_text("#!/bin/sh\necho 'gpus: many' >> \"$1\"\n")
+    breaker.chmod(0o755)
+    bad = queue.gpuq("edit", first, check=False, env={**queue.env(), "EDITOR": str(breaker)})
+    assert bad.returncode == 1 and "field 'gpus'" in bad.stderr and "unchanged" in bad.stderr
+    assert "gpus: many" not in (queue.root / "jobs" / f"{first}.yaml").read_text()
+    assert [p["id"] for p in queue.status()["pending"]] == [first, second]
+
+
+# --- drain / resume ---------------------------------------------------------------------------
+
+def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(queue):
+    queue.write_config()
+    queue.start_worker("a", "1x80GiB")
+    long = submit(queue, "--name", "long", "--", "sleep 2")
+    wait_until(lambda: queue.record(long) and queue.record(long)["state"] == "running", timeout=30)
+    out = queue.gpuq("drain", "a", "--reason", "driver update")
+    assert out.stdout.startswith("a: draining")
+    later = submit(queue, "--name", "later", "--", "true")
+    assert "DRAINING (1 running) by" in queue.gpuq("status").stdout
+    assert wait_until(lambda: queue.finished(long), timeout=30)["state"] == "done"
+    host = wait_until(lambda: queue.status()["hosts"][0], timeout=5)
+    assert host["drain"]["reason"] == "driver update" and "DRAINED by" in queue.gpuq("status").stdout
+    assert queue.finished(later) is None and queue.status()["pending"][0]["id"] == later
+    refused = queue.gpuq("drain", "nosuchhost", check=False)
+    assert refused.returncode == 2 and "hosts: a" in refused.stderr
+    assert queue.gpuq("resume", "a").stdout.startswith("a: resumed")
+    assert wait_until(lambda: queue.finished(later), timeout=30)["state"] == "done"
+    assert queue.gpuq("resume", "a", check=False).returncode == 1
+
+
+# --- sweeps and arrays ------------------------------------------------------------------------
+
+def test_sweep_members_have_readable_ids_and_their_values():
+    from gpuq.sweeps import parse_array, sweep_members
+
+    data = {"command": "python train.py --lr {lr} --seed {seed}", "gpus": 0,
+            "sweep": {"lr": ["1e-3", 0.0003], "seed": [1, 2]}}
+    members = dict(sweep_members(data, "hp"))
+    assert list(members) == ["hp_lr1e-3-seed1", "hp_lr1e-3-seed2", "hp_lr0.0003-seed1", "hp_lr0.0003-seed2"]
+    m = members["hp_lr0.0003-seed2"]
+    assert m["command"] == "python train.py --lr 0.0003 --seed 2" and "sweep" not in m
+    assert m["env"] == {"GPUQ_GROUP": "hp", "GPUQ_SWEEP_LR": "0.0003", "GPUQ_SWEEP_SEED": "2"}
+    odd = dict(sweep_members({"command": "x {a}", "sweep": {"a": ["x y", "x/y"]}}, "g"))
+    assert list(odd) == ["g_0", "g_1"]  # "axy" twice: not distinct, so numbered
+    assert parse_array("0-9:3,20") == [0, 3, 6, 9, 20] and parse_array("5") == [5]
+
+
+def test_a_dropped_sweep_becomes_its_jobs_and_one_id_shows_and_cancels_them(queue):
+    queue.write_config()
+    queue.drop("hp.yaml", "command: echo lr={lr} seed={seed} $GPUQ_SWEEP_LR\ngpus: 0\n"
+                          "sweep: {lr: [1e-3, 3e-4], seed: [1, 2, 3]}\n")
+    assert queue.status()["pending"][0]["reason"] == "a sweep: the next worker pass turns it into its jobs"
+    queue.start_worker("a", "1x80GiB")
+    ids = [f"hp_lr{lr}-seed{s}" for lr in ("1e-3", "3e-4") for s in (1, 2, 3)]
+    for job_id in ids:
+        assert wait_until(lambda j=job_id: queue.finished(j), timeout=30)["state"] == "done"
+    assert "lr=3e-4 seed=2 3e-4" in queue.log("hp_lr3e-4-seed2")
+    shown = queue.gpuq("show", "hp").stdout
+    assert shown.startswith("sweep hp: 6 jobs (6 done)") and "hp_lr1e-3-seed3" in shown
+    assert not (queue.root / "jobs" / "hp.yaml").exists()
+    # a bad sweep is rejected with the field and the fix
+    queue.drop("bad.yaml", "command: echo {lr}\ngpus: 0\nsweep: {seed: [1]}\n")
+    err = wait_until(lambda: next(queue.root.glob("state/rejected/bad.error"), None), timeout=30).read_text()
+    assert "field 'sweep': seed is not used in command. Fix: write {seed} in command" in err
+
+
+def test_an_array_sets_its_index_and_cancels_as_one(queue):
+    queue.write_config()
+    out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-3", "--", "echo index=$GPUQ_ARRAY_INDEX")
+    group = out.stdout.strip().splitlines()[-1]
+    assert group == "arr-1" and "4 jobs, arr-1_0 ... arr-1_3" in out.stdout
+    queue.start_worker("a", "1x80GiB")
+    for i in range(4):
+        wait_until(lambda i=i: queue.finished(f"arr-1_{i}"), timeout=30)
+        assert f"index={i}" in queue.log(f"arr-1_{i}")
+    held = queue.gpuq("submit", "--gpus", "0", "--name", "wait", "--array", "1-3", "--after", "nosuch", "--",
+                      "true", check=False)
+    assert held.returncode == 2 and "no such job" in held.stderr
+    second = queue.gpuq("submit", "--gpus", "0", "--name", "slow", "--array", "0-2", "--", "sleep 30")
+    group = second.stdout.strip().splitlines()[-1]
+    wait_until(lambda: queue.record(f"{group}_0"), timeout=30)
+    cancelled = queue.gpuq("cancel", group)
+    assert cancelled.stdout.count("cancel") == 3
+    for i in range(3):
+        assert wait_until(lambda i=i: queue.finished(f"{group}_{i}"), timeout=30)["state"] == "cancelled"
+    assert json.loads(queue.gpuq("show", group, "--json").stdout)["members"][0]["state"] == "cancelled"
+    bad = queue.gpuq("submit", "--array", "9-1", "--", "true", check=False)
+    assert bad.returncode == 2 and "write the lower index first" in bad.stderr
