@@ -340,6 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reason", help="shown in status, e.g. 'driver update at 18:00'")
     sp = verb("resume", _lazy("cli_workflow", "cmd_drain"), "let a drained host take jobs again")
     sp.add_argument("host")
+    sp = verb("init", _lazy("cli_workflow", "cmd_init"), "make a new queue root and print the cron line")
+    sp.add_argument("dir")
+    sp.add_argument("--group", help="the team's group: the root is made theirs (setgid, sticky jobs/)")
+    sp = verb("doctor", _lazy("cli_workflow", "cmd_doctor"), "check NVML, hosts, permissions, file systems, "
+                                                             "clocks, cron and versions; each finding with its fix")
+    sp.add_argument("--json", action="store_true")
     sp = verb("report", _lazy("cli_reports", "cmd_report"), "GPU-hours used and held idle, waits, utilization and queue length "
                                     "over time, failures and preemptions, over a window")
     sp.add_argument("--since", default="7d", help="a duration back from now (7d, 12h, 90m) or a local date "

@@ -118,3 +118,37 @@ def cmd_drain(args: argparse.Namespace) -> int:
     drain(layout, args.host, args.reason)
     print(f"{args.host}: draining; running jobs finish, nothing new starts there (gpuq resume {args.host})")
     return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .initroot import InitError, cron_line, init_root
+
+    try:
+        done = init_root(Path(args.dir), args.group)
+    except (InitError, OSError) as e:
+        print(f"gpuq init: {e}", file=sys.stderr)
+        return 2
+    root = Path(args.dir).resolve()
+    print("\n".join(done))
+    print(f"\nOn each box, `crontab -e` and add:\n  {cron_line(root)}\n"
+          f"Then: GPUQ_ROOT={root} gpuq submit --gpus 1 --gpu-mem 8GiB -- python train.py; gpuq status; "
+          "gpuq doctor")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import as_json, diagnose
+
+    layout = open_layout(args)
+    findings = diagnose(layout, read_config(layout), time.time())
+    if args.json:
+        print(json.dumps({"findings": as_json(findings)}, indent=1))
+    else:
+        marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+        for f in findings:
+            print(f"{marks[f.level]} {f.check:<12} {f.message}")
+            if f.fix and f.level != "ok":
+                print(f"     {'':<12} fix: {f.fix}")
+    return 1 if any(f.level == "fail" for f in findings) else 0

@@ -46,21 +46,29 @@ NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs
 MOUNTINFO_ENV = "GPUQ_TEST_MOUNTINFO"  # tests stand in a mount table
 
 
-def filesystem_type(path: Path) -> str | None:
-    """The type of the file system holding `path` (the longest mount point above it)."""
+def mount_of(path: Path) -> tuple[str, str, str] | None:
+    """(mount point, file system type, mount options) of the file system holding `path`:
+    the longest mount point above it in the mount table."""
     table = Path(os.environ.get(MOUNTINFO_ENV) or "/proc/self/mountinfo")
     try:
         lines = table.read_text().splitlines()
     except OSError:
         return None
-    target, best, kind = str(path.resolve()), "", None
+    target, found = str(path.resolve()), None
     for line in lines:
         fields = line.split()
-        if " - " not in line or len(fields) < 5:
+        if " - " not in line or len(fields) < 6:
             continue
         mount_point = fields[4].replace("\\040", " ")
-        fs_type = line.split(" - ", 1)[1].split()[0]
+        after = line.split(" - ", 1)[1].split()
+        options = ",".join(filter(None, (fields[5], after[2] if len(after) > 2 else "")))
         inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-        if inside and len(mount_point) >= len(best):
-            best, kind = mount_point, fs_type
-    return kind
+        if inside and (found is None or len(mount_point) >= len(found[0])):
+            found = (mount_point, after[0], options)
+    return found
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the file system holding `path`."""
+    found = mount_of(path)
+    return found[1] if found else None

@@ -1,0 +1,72 @@
+"""`gpuq init DIR [--group TEAM]`: a new queue root — config.yaml (the commented one that ships
+with gpuq), jobs/, logs/, state/ — set up for a team when a group is named (group-owned,
+setgid directories, sticky jobs/ and state/control/: README "Security model"), and the cron
+line that starts a worker on each box."""
+from __future__ import annotations
+
+import grp
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .layout import Layout
+
+SHIPPED_CONFIG = Path(__file__).resolve().parent.parent / "config.yaml"
+MINIMAL_CONFIG = "# gpuq config: every key and its default are in README \"Config reference\".\n" \
+                 "poll_interval: 1\n"
+
+
+class InitError(Exception):
+    pass
+
+
+def worker_command(root: Path) -> str:
+    """How cron should start a worker for `root`: the checkout's worker.py, else the
+    installed gpuq-worker."""
+    launcher = SHIPPED_CONFIG.parent / "worker.py"
+    if launcher.exists():
+        return f"{sys.executable} {launcher} --root {root}"
+    return f"{shutil.which('gpuq-worker') or 'gpuq-worker'} --root {root}"
+
+
+def cron_line(root: Path) -> str:
+    return f"* * * * * {worker_command(root)}"
+
+
+def init_root(directory: Path, group: str | None) -> list[str]:
+    """Make the root; returns what was done, one line each."""
+    root = directory.resolve()
+    layout = Layout(root)
+    if layout.jobs.is_dir() and layout.config_file.exists():
+        raise InitError(f"{root} is already a gpuq root (it has jobs/ and config.yaml); "
+                        f"start workers with: {cron_line(root)}")
+    gid = None
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise InitError(f"--group {group}: no such group. Fix: `groupadd {group}` and add the team "
+                            f"to it (`usermod -aG {group} NAME`), or leave --group out for one user") from None
+    done = []
+    root.mkdir(parents=True, exist_ok=True)
+    for d in (layout.jobs, layout.logs):
+        d.mkdir(exist_ok=True)
+    layout.ensure()
+    if not layout.config_file.exists():
+        text = SHIPPED_CONFIG.read_text() if SHIPPED_CONFIG.exists() else MINIMAL_CONFIG
+        layout.config_file.write_text(text)
+        done.append(f"wrote {layout.config_file} (every key commented; defaults suit most teams)")
+    done.append(f"made {layout.jobs}/, {layout.logs}/ and {layout.state}/")
+    if gid is not None:
+        for path in [root, *root.rglob("*")]:
+            os.chown(path, -1, gid)
+            if path.is_dir():
+                os.chmod(path, 0o2770)  # group rwx + setgid: new files stay the team's
+            else:
+                os.chmod(path, 0o660)
+        for d in (layout.jobs, layout.control):
+            os.chmod(d, 0o3770)  # + sticky: nobody renames or deletes another user's file
+        done.append(f"made it group {group}'s: setgid directories, sticky jobs/ and state/control/, "
+                    "nothing for others")
+    return done

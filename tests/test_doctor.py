@@ -1,0 +1,93 @@
+"""`gpuq init` and `gpuq doctor`, through the CLI: a root made ready for a team, and each
+finding with the command that fixes it (NFS options, permissions, clocks, versions, cron)
+from a stand-in mount table and hand-made heartbeats."""
+from __future__ import annotations
+
+import grp
+import json
+import os
+import stat
+import subprocess
+import time
+
+from conftest import PY, REPO
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    return subprocess.run([PY, str(REPO / "gpuq.py"), *args], capture_output=True, text=True, timeout=60,
+                          env={**clean, **(env or {})})
+
+
+def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path):
+    group = grp.getgrgid(os.getgid()).gr_name
+    root = tmp_path / "queue"
+    out = run("init", str(root), "--group", group)
+    assert out.returncode == 0, out.stderr
+    assert f"* * * * * {PY} {REPO / 'worker.py'} --root {root}" in out.stdout
+    assert (root / "config.yaml").read_text() == (REPO / "config.yaml").read_text()
+    jobs = os.stat(root / "jobs").st_mode
+    assert jobs & stat.S_ISVTX and jobs & stat.S_ISGID and jobs & stat.S_IWGRP and not jobs & stat.S_IRWXO
+    assert os.stat(root / "state" / "control").st_mode & stat.S_ISVTX
+    again = run("init", str(root))
+    assert again.returncode == 2 and "already a gpuq root" in again.stderr
+    bad = run("init", str(tmp_path / "other"), "--group", "no-such-group-xyz")
+    assert bad.returncode == 2 and "groupadd no-such-group-xyz" in bad.stderr
+    assert not (tmp_path / "other").exists()
+
+
+def _root(tmp_path):
+    root = tmp_path / "root"
+    assert run("init", str(root)).returncode == 0
+    return root
+
+
+def _beat(root, host: str, t: float, mtime: float, version: str = "0.1.0") -> None:
+    path = root / "state" / "workers" / f"{host}.json"
+    path.write_text(json.dumps({"host": host, "t": t, "seq": 1, "version": version, "gpus": [],
+                                "poll_interval": 1.0}))
+    os.utime(path, (mtime, mtime))
+
+
+def _findings(root, env=None) -> tuple[int, dict[str, list[dict]]]:
+    out = run("--root", str(root), "doctor", "--json", env=env)
+    by_check: dict[str, list[dict]] = {}
+    for f in json.loads(out.stdout)["findings"]:
+        by_check.setdefault(f["check"], []).append(f)
+    return out.returncode, by_check
+
+
+def test_doctor_names_each_problem_with_its_fix(tmp_path):
+    root = _root(tmp_path)
+    now = time.time()
+    _beat(root, "box-a", now, now)
+    _beat(root, "box-b", now + 7, now, version="0.0.9")  # its clock is 7 s ahead; an old gpuq
+    os.chmod(root / "jobs", 0o777)  # shared, not sticky
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("1 0 0:1 / / rw - ext4 /dev/vda rw\n"
+                         f"2 1 0:2 / {root} rw,relatime - nfs4 server:/export rw,vers=4.2,actimeo=30\n")
+    code, found = _findings(root, {"GPUQ_TEST_MOUNTINFO": str(mountinfo)})
+    assert code == 1
+    perm = found["permissions"][0]
+    assert perm["level"] == "fail" and perm["fix"] == f"chmod +t {root / 'jobs'}"
+    nfs = {f["fix"] for f in found["nfs"]}
+    assert nfs == {f"mount {root} with -o lookupcache=positive (or none)", f"mount {root} with -o acdirmax=1 (or actimeo=1)"}
+    clocks = found["clocks"][0]
+    assert clocks["level"] == "warn" and "differ by 7.0 s" in clocks["message"] and "chrony" in clocks["fix"]
+    version = found["version"][0]
+    assert version["level"] == "fail" and "box-b runs gpuq 0.0.9" in version["message"]
+    assert found["nvml"][0]["level"] in ("ok", "warn") and found["cron"][0]["check"] == "cron"
+    text = run("--root", str(root), "doctor", env={"GPUQ_TEST_MOUNTINFO": str(mountinfo)}).stdout
+    assert "FAIL permissions" in text and "fix: chmod +t" in text
+
+
+def test_doctor_refuses_a_local_dir_on_nfs_and_is_quiet_on_a_sound_root(tmp_path):
+    root = _root(tmp_path)
+    now = time.time()
+    _beat(root, "box-a", now, now)
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"1 0 0:1 / / rw - nfs4 server:/export rw,lookupcache=positive,actimeo=1\n")
+    code, found = _findings(root, {"GPUQ_TEST_MOUNTINFO": str(mountinfo)})
+    assert found["local_dir"][0]["level"] == "fail" and "local_dir: /var/tmp/gpuq-{host}" in found["local_dir"][0]["fix"]
+    assert "nfs" not in found  # lookupcache=positive and actimeo=1: nothing to say
+    assert found["permissions"][0]["level"] == "ok" and found["clocks"][0]["level"] == "ok"
