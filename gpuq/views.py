@@ -239,6 +239,9 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
                 return {"id": job_id, "state": "pending", "reason": "not valid yet: " + p["error"]}
     if claims_of(layout, job_id):
         return {"id": job_id, "state": "running", "reason": "being started"}
+    for held in held_jobs(layout):
+        if held["id"] == job_id:
+            return {**held, "state": "held"}
     err = layout.rejected / f"{job_id}.error"  # the first rejection under this id
     if err.exists():
         return {"id": job_id, "state": "rejected", "error": err.read_text().strip(),

@@ -91,3 +91,52 @@ def test_doctor_refuses_a_local_dir_on_nfs_and_is_quiet_on_a_sound_root(tmp_path
     assert found["local_dir"][0]["level"] == "fail" and "local_dir: /var/tmp/gpuq-{host}" in found["local_dir"][0]["fix"]
     assert "nfs" not in found  # lookupcache=positive and actimeo=1: nothing to say
     assert found["permissions"][0]["level"] == "ok" and found["clocks"][0]["level"] == "ok"
+
+
+def _complete(tmp_path, root, words: list[str]) -> list[str]:
+    """Run the generated bash completion for `words` (the last one being completed)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "gpuq").write_text(f"#!/bin/sh\nexec {PY} {REPO / 'gpuq.py'} \"$@\"\n")
+    (bin_dir / "gpuq").chmod(0o755)
+    script = run("completion", "bash").stdout
+    quoted = " ".join(f"'{w}'" for w in ["gpuq", "--root", str(root), *words])
+    probe = f'{script}\nCOMP_WORDS=({quoted}); COMP_CWORD={len(words) + 2}; _gpuq; printf "%s\\n" "${{COMPREPLY[@]}}"'
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")},
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+    return [w for w in out.stdout.splitlines() if w]
+
+
+def test_bash_completion_offers_verbs_options_ids_and_hosts(tmp_path):
+    root = _root(tmp_path)
+    for name in ("train-1", "train-2", "eval-1"):
+        (root / "jobs" / f"{name}.yaml").write_text("command: 'true'\n")
+    (root / "state" / "finished" / "train-0.json").write_text("{}")
+    _beat(root, "box-a", time.time(), time.time())
+    assert _complete(tmp_path, root, ["dr"]) == ["drain"]
+    assert "--after-any" in _complete(tmp_path, root, ["submit", "--af"])
+    assert _complete(tmp_path, root, ["cancel", "tr"]) == ["train-0", "train-1", "train-2"]
+    assert _complete(tmp_path, root, ["drain", ""]) == ["box-a"]
+    assert "bashcompinit" in run("completion", "zsh").stdout
+
+
+def test_zsh_completion_through_bashcompinit(tmp_path):
+    import shutil
+
+    import pytest
+
+    if shutil.which("zsh") is None:
+        pytest.skip("zsh is not installed here (the bash test covers the shared function)")
+    root = _root(tmp_path)
+    (root / "jobs" / "train-1.yaml").write_text("command: 'true'\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gpuq").write_text(f"#!/bin/sh\nexec {PY} {REPO / 'gpuq.py'} \"$@\"\n")
+    (bin_dir / "gpuq").chmod(0o755)
+    # bashcompinit calls the function under `emulate -L sh` (0-based arrays), as here
+    probe = (f'eval "$(gpuq completion zsh)"; t() {{ emulate -L sh; local -a COMP_WORDS; '
+             f'COMP_WORDS=(gpuq --root {root} cancel tr); COMP_CWORD=4; _gpuq; print -l -- "${{COMPREPLY[@]}}"; }}; t')
+    out = subprocess.run(["zsh", "-c", probe], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)})
+    assert out.stdout.split() == ["train-1"], out.stderr
