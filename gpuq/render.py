@@ -51,7 +51,9 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         where = f"{r['host']}:{','.join(map(str, r['gpus']))}" if r["gpus"] else f"{r['host']}:cpu"
         declared = format_mib(r["declared_gpu_mem_mib"]) if r["declared_gpu_mem_mib"] else \
             ("whole" if r["gpus"] else "-")
-        rows.append([r["id"] + (" (yielding)" if r.get("yielding") else ""), r["user"], where, format_duration(r["elapsed_s"]),
+        label = r["id"] + (" (yielding)" if r.get("yielding") else "") + \
+            (f" (restarts {r['restarts']})" if r.get("restarts") else "")
+        rows.append([label, r["user"], where, format_duration(r["elapsed_s"]),
                      f"{declared}/{format_mib(r['observed_gpu_mem_mib'])}", _cut(r["command"], 40)])
     out += _table(rows) if view["running"] else []
     out += [f"  ! {r['id']} {r['warning']}" for r in view["running"] if r.get("warning")]

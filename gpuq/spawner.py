@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 from .spool import Record
 from .faults import crash_point
 from .joblocal import Runtime, try_lock
-from .supervise import become_supervisor, prepare, reap_children, supervise
+from .proctree import reap_children
+from .supervise import become_supervisor, prepare, supervise
 
 if TYPE_CHECKING:
     import subprocess

@@ -60,6 +60,10 @@ FIELDS: dict[str, Field] = {
                        "whatever the result.", "[train-3]"),
     "sweep": Field("mapping of name to list of values", "none", "One job per combination of the values; "
                    "`{name}` in command is replaced by each value. Member ids: <id>_<name><value>-...", "{lr: [1e-3, 3e-4], seed: [1, 2]}"),
+    "restart": Field("never, on-failure or always", "never", "A service: when its command ends (always) or "
+                     "fails (on-failure), it is started again on the same GPUs after a backoff (1 s, doubling to "
+                     "5 min; back to 1 s after 10 min up), keeping its GPU memory meanwhile. Cancel, time limit "
+                     "and preemption still end it.", "on-failure"),
     "retries": Field("integer >= 0", "config lost_retries (2)", "Re-runs when the job is lost with "
                      "its host (dead, rebooted, fenced); a failing job is never re-run.", "0"),
 }
@@ -99,6 +103,7 @@ class JobSpec:
     after: tuple[str, ...] = ()     # deps.py: start after these succeeded ...
     after_any: tuple[str, ...] = () # ... or after these ended, whatever the result
     sweep: tuple[tuple[str, tuple], ...] = ()  # sweeps.py: expanded into member jobs, never run itself
+    restart: str = "never"          # restarts.py: a service restarted in place after it ends
 
     @property
     def exclusive(self) -> bool:
@@ -115,7 +120,7 @@ class JobSpec:
                 "retries": self.retries, "preemptible": self.preemptible, "grace_s": self.grace_s,
                 "time_limit_s": self.time_limit_s, "cpus": self.cpus, "mem_mib": self.mem_mib,
                 "after": list(self.after), "after_any": list(self.after_any),
-                "sweep": {k: list(v) for k, v in self.sweep}}
+                "sweep": {k: list(v) for k, v in self.sweep}, "restart": self.restart}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
@@ -125,7 +130,7 @@ class JobSpec:
                    d["priority_class"], d["priority"], d["workdir"], d["env"], tuple(d["hosts"]),
                    d.get("retries"), d.get("preemptible", False), d.get("grace_s"), d.get("time_limit_s"),
                    d.get("cpus"), d.get("mem_mib"), tuple(d.get("after", ())), tuple(d.get("after_any", ())),
-                   tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()))
+                   tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()), d.get("restart", "never"))
 
 
 def parse_spec_text(text: bytes, file: str) -> JobSpec:
@@ -168,6 +173,7 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         after=_job_ids(data.get("after"), "after", file),
         after_any=_job_ids(data.get("after_any"), "after_any", file),
         sweep=_sweep(data.get("sweep"), command, file),
+        restart=_restart(data.get("restart"), file),
     )
 
 
@@ -336,6 +342,18 @@ def _job_ids(value: Any, field: str, file: str) -> tuple[str, ...]:
             raise SpecError(file, field, f"{job_id!r} is not a job id",
                             "give the ids `gpuq submit` printed (letters, digits, _ . -)")
     return tuple(dict.fromkeys(value))
+
+
+RESTART_POLICIES = ("never", "on-failure", "always")
+
+
+def _restart(value: Any, file: str) -> str:
+    if value is None:
+        return "never"
+    if value not in RESTART_POLICIES:
+        raise SpecError(file, "restart", f"{value!r} is not a restart policy",
+                        "write `restart: on-failure` (restart when it fails) or `restart: always`")
+    return value
 
 
 MAX_SWEEP_JOBS = 1000

@@ -89,6 +89,7 @@ class Record:
     mem_limit_mib: int | None = None
     cpu_cores: list[int] = field(default_factory=list)
     held_at: float | None = None         # holds.py: when `gpuq hold` took it out of the queue
+    restarts: int = 0                    # restarts.py: a service's restarts in this attempt
 
     def to_json(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: JSON copies

@@ -23,6 +23,7 @@ import os
 import select
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from .config import FENCE_FRACTION, RECORD_FENCE_FRACTION
@@ -33,8 +34,10 @@ from .launch import forget_spawned, inherited_environment, job_environment, open
 from .limits import LimitWatch, pinned, stop_state
 from .usage import read_gpu_usage
 from .owners import Identity
+from .proctree import kill_leftovers, signal_group
+from .restarts import HEALTHY_S, restart_delay
 from .spec import JobSpec
-from .spool import Record, read_record, transition
+from .spool import Record, read_record, transition, write_record
 from .states import State
 from .units import format_duration
 from .wake import WAKE_JOB_ENDED, poke
@@ -201,15 +204,35 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         _log(log_fd, f"==> gpuq: {failure}\n")
     fenced: str | None = None
     stopped_as: State | None = None
-    if job_pid is not None:
+    spawned = job_pid
+    quick_failures = 0
+    while job_pid is not None:
+        run_started = time.monotonic()
         status, stop_reason, fenced, stopped_as = _wait(rt, record, job_pid, limits)
         forget_spawned(job_pid, status)
-        if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-        else:
-            exit_code = os.WEXITSTATUS(status)
-        _kill_leftovers(job_pid, rt.grace_s)
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        exit_code = None if sig is not None else os.WEXITSTATUS(status)
+        kill_leftovers(job_pid, rt.grace_s)
         crash_point("supervisor:exited")
+        if time.monotonic() - run_started >= HEALTHY_S:
+            quick_failures = 0
+        delay = restart_delay(spec.restart, exit_code, sig, bool(stop_reason or fenced), quick_failures)
+        if delay is None:
+            break
+        quick_failures += 1
+        ended_as = f"exit {exit_code}" if sig is None else f"killed by signal {sig}"
+        _log(log_fd, f"==> {ended_as} · restart {record.restarts + 1} in {delay:g}s (restart: {spec.restart})\n")
+        stop_reason, fenced = _backoff(rt, record, delay)
+        if stop_reason or fenced:
+            break  # stopped while waiting: the last run's result stands
+        record = _restarted(rt, record)
+        env["GPUQ_RESTARTS"] = str(record.restarts)
+        _log(log_fd, f"==> restart {record.restarts} · started {_stamp(wall_time())}\n")
+        try:
+            with pinned(record.cpu_cores):
+                job_pid = spawn_job(spec, env, spec.workdir or str(rt.layout.root), log_fd, lock_fd, identity)
+        except OSError as e:
+            failure, job_pid = f"cannot restart: {e.strerror}: {e.filename}", None
     ended = wall_time()
     # A result still ours is written unless a takeover is close: writing takes milliseconds,
     # while stopping a running job needs grace_s (hence the earlier limit in _wait).
@@ -236,7 +259,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     final = (stopped_as or stop_state(stop_reason)) if stop_reason else State.DONE if exit_code == 0 else State.FAILED
     result = {"started_at": started, "ended_at": ended, "exit_code": exit_code, "signal": sig,
               "reason": stop_reason or failure, "job_pid": job_pid,
-              **read_gpu_usage(rt.usage_path(record.id)), **(limits.usage.result() if job_pid else {})}
+              **read_gpu_usage(rt.usage_path(record.id)), **(limits.usage.result() if spawned else {})}
     try:
         transition(rt.layout, record, final, rt.host, **result)
     except OSError as e:
@@ -249,6 +272,37 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     finish_local(rt, record)
     crash_point("supervisor:cleaned")
     poke(rt.local_dir, WAKE_JOB_ENDED)
+
+
+def _backoff(rt: Runtime, record: Record, delay: float) -> tuple[str | None, str | None]:
+    """Wait before a service's restart; a stop request or fencing ends the wait.
+    Returns (stop reason, fence reason)."""
+    end = time.monotonic() + delay
+    _StopSignal.armed = True
+    try:
+        while (left := end - time.monotonic()) > 0:
+            if _StopSignal.requested:
+                return _stop_reason(rt, record.id), None
+            time.sleep(min(left, 1.0))
+            fenced = fence_reason(rt, record)
+            if fenced:
+                return None, fenced
+    except _StopRequested:
+        return _stop_reason(rt, record.id), None
+    finally:
+        _StopSignal.armed = False
+    return None, None
+
+
+def _restarted(rt: Runtime, record: Record) -> Record:
+    """The running record with one restart more, for `gpuq status` (best effort: a full disk
+    must not stop the service)."""
+    updated = replace(record, restarts=record.restarts + 1)
+    try:
+        write_record(rt.layout, updated)
+    except OSError:
+        pass
+    return updated
 
 
 def _log(log_fd: int, text: str) -> None:
@@ -310,12 +364,12 @@ def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch
                     return status, stop_reason, fenced, stopped_as
                 now = time.monotonic()
                 if now >= deadline:
-                    _signal_group(pid, signal.SIGKILL)
+                    signal_group(pid, signal.SIGKILL)
                     deadline = float("inf")
                 if stop_reason is None and now >= limits.next_at and (breach := limits.breach(now)):
                     _StopSignal.armed = False
                     stop_reason, stopped_as = breach
-                    _signal_group(pid, signal.SIGTERM)
+                    signal_group(pid, signal.SIGTERM)
                     deadline = now + grace
                 if now >= next_check and stop_reason is None:
                     next_check = now + check_every
@@ -323,72 +377,15 @@ def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch
                     if fenced:
                         _StopSignal.armed = False
                         stop_reason = fenced
-                        _signal_group(pid, signal.SIGTERM)
+                        signal_group(pid, signal.SIGTERM)
                         deadline = now + rt.grace_s  # fencing: config grace (fits lost_after_s)
             except _StopRequested:
                 _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
                 if stop_reason is None:
                     stop_reason = _stop_reason(rt, record.id)
-                    _signal_group(pid, signal.SIGTERM)
+                    signal_group(pid, signal.SIGTERM)
                     deadline = time.monotonic() + grace
     finally:
         _StopSignal.armed = False
         if pidfd is not None:
             os.close(pidfd)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _children() -> list[int]:
-    """Our direct children, from /proc (cheap: no scan of every process)."""
-    pid = os.getpid()
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        import psutil
-
-        return [p.pid for p in psutil.Process().children()]
-
-
-def _kill_leftovers(pgid: int, grace_s: float) -> None:
-    """The job has ended: end what it left behind (its group, and orphans we adopted as
-    subreaper), as Slurm does at job end, then reap them."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-        group_left = True
-    except (ProcessLookupError, PermissionError):
-        group_left = False
-    if not group_left and not _children():
-        return  # the usual case: nothing left behind
-    import psutil  # only here: the usual supervisor never needs it
-
-    leftovers = psutil.Process().children(recursive=True)
-    for p in leftovers:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(leftovers, timeout=min(grace_s, 5.0)) if leftovers else ([], [])
-    _signal_group(pgid, signal.SIGKILL)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    reap_children()
-
-
-def reap_children() -> None:
-    """Collect every child that has exited, without waiting for the others."""
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return

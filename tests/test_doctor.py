@@ -86,7 +86,7 @@ def test_doctor_refuses_a_local_dir_on_nfs_and_is_quiet_on_a_sound_root(tmp_path
     now = time.time()
     _beat(root, "box-a", now, now)
     mountinfo = tmp_path / "mountinfo"
-    mountinfo.write_text(f"1 0 0:1 / / rw - nfs4 server:/export rw,lookupcache=positive,actimeo=1\n")
+    mountinfo.write_text("1 0 0:1 / / rw - nfs4 server:/export rw,lookupcache=positive,actimeo=1\n")
     code, found = _findings(root, {"GPUQ_TEST_MOUNTINFO": str(mountinfo)})
     assert found["local_dir"][0]["level"] == "fail" and "local_dir: /var/tmp/gpuq-{host}" in found["local_dir"][0]["fix"]
     assert "nfs" not in found  # lookupcache=positive and actimeo=1: nothing to say

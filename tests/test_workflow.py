@@ -206,3 +206,46 @@ def test_an_array_sets_its_index_and_cancels_as_one(queue):
     assert json.loads(queue.gpuq("show", group, "--json").stdout)["members"][0]["state"] == "cancelled"
     bad = queue.gpuq("submit", "--array", "9-1", "--", "true", check=False)
     assert bad.returncode == 2 and "write the lower index first" in bad.stderr
+
+
+# --- services -----------------------------------------------------------------------------------
+
+def test_restart_policy_and_backoff():
+    from gpuq.restarts import restart_delay
+
+    assert restart_delay("never", 1, None, False, 0) is None
+    assert restart_delay("on-failure", 0, None, False, 0) is None
+    assert restart_delay("on-failure", 1, None, False, 0) == 1
+    assert restart_delay("on-failure", None, 9, False, 3) == 8
+    assert restart_delay("always", 0, None, False, 20) == 300
+    assert restart_delay("always", 1, None, True, 0) is None  # cancelled, timed out, preempted
+
+
+def test_a_service_is_restarted_in_place_until_cancelled(queue):
+    queue.write_config()
+    queue.start_worker("a", "1x80GiB")
+    # fails twice (restarts after 1 s, then 2 s), then stays up
+    queue.drop("server.yaml", "command: 'echo start ${GPUQ_RESTARTS:-0}; test ${GPUQ_RESTARTS:-0} -ge 2 && "
+                              "exec sleep 60; exit 1'\ngpus: 1\ngpu_mem: 10GiB\npriority: high\nrestart: on-failure\n")
+    row = wait_until(lambda: next((r for r in queue.status()["running"] if r.get("restarts") == 2), None),
+                     timeout=30, what="the second restart")
+    assert row["id"] == "server" and row["attempt"] == 1
+    assert "server (restarts 2)" in queue.gpuq("status").stdout
+    log = queue.log("server")
+    assert "start 0" in log and "exit 1 · restart 1 in 1s" in log and "exit 1 · restart 2 in 2s" in log
+    assert queue.status()["hosts"][0]["gpus"][0]["usable_mib"] < 80 * 1024 - 10 * 1024 + 1  # still charged
+    queue.gpuq("cancel", "server")
+    final = wait_until(lambda: queue.finished("server"), timeout=30)
+    assert final["state"] == "cancelled" and final["restarts"] == 2
+
+
+def test_always_restarts_after_success_and_on_failure_does_not(queue):
+    queue.write_config()
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("once.yaml", "command: 'true'\ngpus: 0\nrestart: on-failure\n")
+    queue.drop("loop.yaml", "command: 'echo tick'\ngpus: 0\nrestart: always\n")
+    assert wait_until(lambda: queue.finished("once"), timeout=30)["state"] == "done"
+    wait_until(lambda: queue.log("loop").count("tick") >= 3, timeout=30, what="three runs of loop")
+    assert queue.finished("loop") is None
+    queue.gpuq("cancel", "loop")
+    assert wait_until(lambda: queue.finished("loop"), timeout=30)["state"] == "cancelled"
