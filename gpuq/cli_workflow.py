@@ -152,3 +152,38 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             if f.fix and f.level != "ok":
                 print(f"     {'':<12} fix: {f.fix}")
     return 1 if any(f.level == "fail" for f in findings) else 0
+
+
+def cmd_book(args: argparse.Namespace) -> int:
+    """`gpuq book HOST:GPUS --from --to [--for] [--note]` and `gpuq unbook ID`."""
+    import getpass
+    import os
+
+    from . import bookings
+    from .views import load_heartbeats
+
+    layout = open_layout(args)
+    now = time.time()
+    try:
+        if args.verb == "unbook":
+            admins = read_config(layout).admins
+            me = getpass.getuser()
+            b = bookings.unbook(layout, args.id, lambda b: os.geteuid() == 0 or me in (b.owner, b.by, *admins))
+            print(f"{b.id}: removed ({b.describe()})")
+            return 0
+        host, gpus = bookings.parse_target(args.target)
+        offered = {hb["host"]: sorted(g["index"] for g in hb.get("gpus", [])) for hb in load_heartbeats(layout)}
+        if host not in offered:
+            raise bookings.BookingError(f"no host named {host!r} has run a worker here "
+                                        f"(hosts: {', '.join(sorted(offered)) or 'none'})")
+        missing = sorted(set(gpus or ()) - set(offered[host]))
+        if missing:
+            raise bookings.BookingError(f"{host} has no GPU {missing[0]} (it offers {offered[host]})")
+        start = bookings.parse_when(args.start, now)
+        end = bookings.parse_when(args.end, now, after=start)
+        b = bookings.book(layout, host, tuple(gpus or offered[host]), start, end, args.owner, args.note or "", now)
+    except bookings.BookingError as e:
+        print(f"gpuq {args.verb}: {e}", file=sys.stderr)
+        return 2
+    print(f"{b.id}: {b.describe()}" + (f" · {b.note}" if b.note else ""))
+    return 0

@@ -56,6 +56,8 @@ class Slot:
     blockers: int = 0            # memory of running jobs that are not opportunistic
     oldest_blocker: float = float("inf")  # when the longest-running of them started
     held_for: str | None = None
+    booked_for: str | None = None  # a booking on now (bookings.py): only its owner's jobs, and opportunistic ones
+    booked_until: float = 0.0
 
     @property
     def label(self) -> str:

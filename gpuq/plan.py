@@ -9,7 +9,7 @@ the rules in users' words; placement.py holds the per-GPU arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from . import placement, reasons
 from .config import Config
@@ -17,6 +17,9 @@ from .placement import Slot
 from .probe import GpuSnapshot
 from .spec import CLASS_RANK, JobSpec
 from .windows import describe, window_open
+
+if TYPE_CHECKING:
+    from .bookings import Booking
 
 
 @dataclass(frozen=True)
@@ -112,17 +115,20 @@ def queue_order(pending: Sequence[PendingJob], use: Mapping[str, float], config:
 
 
 def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequence[RunningJob],
-         config: Config, now: float, explain: bool = True, blocked: Mapping[str, str] | None = None) -> Plan:
+         config: Config, now: float, explain: bool = True, blocked: Mapping[str, str] | None = None,
+         bookings: Sequence["Booking"] = ()) -> Plan:
     """Decide, in queue order, which pending jobs start on which GPUs (best fit), which GPUs
     are held for jobs that cannot start yet, and which opportunistic jobs must yield.
-    `blocked`: jobs that may not start whatever the GPUs (dependencies), with the reason."""
+    `blocked`: jobs that may not start whatever the GPUs (dependencies), with the reason.
+    `bookings`: GPUs set aside for a person while they are on (bookings.py)."""
     blocked = blocked or {}
     slots = placement.build_slots(hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s)
+    booked = _apply_bookings(slots, bookings, now)
     use = gpu_use_by_user(running, slots)
     ordered = queue_order(pending, use, config, now)
     in_window = window_open(config.idle_windows, now)
     result = Plan([], {}, [j.id for j in ordered])
-    _yield_to_people_and_windows(running, slots, in_window, config, result)
+    _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
     cpu_free = {h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus) for h in hosts}
     held_gpus = {u: 0 for u in use}
     for job in running:
@@ -154,7 +160,8 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
                 waits(job, blocked[job.id])
             continue
         spec = job.spec
-        shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0])
+        shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0],
+                 job.user if booked else None)
         cap = config.max_gpus_per_user
         if cap is not None and spec.gpus and held_gpus.get(job.user, 0) + spec.gpus > cap:
             if explain:
@@ -175,6 +182,8 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
             failed[shape] = reasons.why_cpu(spec, allowed, hosts)
         else:
             mine = [s for s in slots if s.host in allowed]
+            if booked and not job.opportunistic:
+                mine = [s for s in mine if s.booked_for in (None, job.user)]
             if job.opportunistic:
                 mine = [s for s in mine if s.idle]
                 if not in_window:
@@ -203,10 +212,20 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
     return result
 
 
+def _apply_bookings(slots: Sequence[Slot], bookings: Sequence["Booking"], now: float) -> dict:
+    """Mark the GPUs of the bookings on now; {(host, index): booking}."""
+    booked = {(b.host, i): b for b in bookings if b.active(now) for i in b.gpus}
+    for s in slots:
+        if (b := booked.get((s.host, s.index))) is not None:
+            s.booked_for, s.booked_until = b.owner, b.end
+    return booked
+
+
 def _yield_to_people_and_windows(running: Sequence[RunningJob], slots: Sequence[Slot], in_window: bool,
-                                 config: Config, result: Plan) -> None:
-    """Opportunistic jobs leave a GPU a person (a non-gpuq process) has started to use, and
-    all GPUs when their idle window closes."""
+                                 config: Config, result: Plan, booked: Mapping) -> None:
+    """Opportunistic jobs leave a GPU a person (a non-gpuq process) has started to use, all
+    GPUs when their idle window closes, and a GPU whose booking began after they started
+    (unless the booking is their owner's)."""
     busy = {(s.host, s.index): s for s in slots if s.busy_by_others}
     for job in running:
         if not job.preemptible or job.stopping:
@@ -217,6 +236,12 @@ def _yield_to_people_and_windows(running: Sequence[RunningJob], slots: Sequence[
         taken = [busy[(job.host, i)] for i in job.gpus if (job.host, i) in busy]
         if taken:
             result.preempts[job.id] = f"a non-gpuq process uses GPU {taken[0].label}"
+            continue
+        slot_taken = [b for i in job.gpus if (b := booked.get((job.host, i))) is not None
+                      and b.owner != job.user and job.started_at < b.start]
+        if slot_taken:
+            b = slot_taken[0]
+            result.preempts[job.id] = f"GPU {b.host}:{','.join(map(str, b.gpus))} booked for {b.owner} from {_hhmm(b.start)}"
     if result.preempts:  # their memory is on its way out: count it so, and never pick them twice
         for s in slots:
             leaving = [v for v in s.victims if v.id in result.preempts]
@@ -265,9 +290,19 @@ def _reserve_for(job: PendingJob, slots: list[Slot], result: Plan, explain: bool
     return True
 
 
+def _hhmm(t: float) -> str:
+    import time  # the clock's format only: plan reads no clock
+
+    return time.strftime("%H:%M", time.localtime(t))
+
+
 def _why_waiting(job: PendingJob, allowed: list[str], mine: list[Slot], slots: list[Slot],
                  hosts: Sequence[HostView], config: Config) -> str:
     spec = job.spec
+    others_booked = [s for s in slots if s.host in allowed and s.booked_for not in (None, job.user)]
+    if others_booked and placement.best_fit(spec, mine + others_booked, config.max_jobs_per_gpu, False):
+        s = others_booked[0]
+        return f"GPU {s.label} booked for {s.booked_for} until {_hhmm(s.booked_until)}"
     if job.opportunistic and not any(s.idle for s in slots if s.host in allowed):
         return reasons.why_not_idle([s for s in slots if s.host in allowed], config.idle_after_s)
     held = reasons.why_held(spec, [s for s in mine if s.held_for], job.id)

@@ -70,6 +70,13 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         out.append(f"  ... and {total - PENDING_SHOWN} more (gpuq status --all)")
     for bad in view["invalid"]:
         out.append(f"  not valid yet: {bad['error']}")
+    if view.get("bookings"):
+        out += ["", "BOOKINGS (gpuq unbook ID removes one)"]
+        out += _table([["ID", "FOR", "GPUS", "WHEN", "NOTE"]] + [
+            [b["id"], b["owner"], f"{b['host']}:{','.join(map(str, b['gpus']))}",
+             ("NOW, until " if b["active"] else time.strftime("%a %H:%M", time.localtime(b["start"])) + "–")
+             + time.strftime("%a %H:%M" if not b["active"] else "%H:%M", time.localtime(b["end"])), b["note"] or ""]
+            for b in view["bookings"]])
     if view.get("held"):
         out += ["", f"HELD ({len(view['held'])}; gpuq release ID puts one back at its place)"]
         out += _table([["ID", "USER", "SINCE", "NOTE"]] + [[h["id"], h["user"], _clock(h["since"]), h["reason"]]

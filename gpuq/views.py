@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .bookings import load as load_bookings
 from .config import Config
 from .deps import DependencyStates, gates
 from .drain import drained
@@ -132,7 +133,8 @@ def status(layout: Layout, config: Config, now: float | None = None,
     pending, problems = load_pending_for_view(layout, cache_files)
     waiting, doomed = gates(pending, DependencyStates(layout))
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
-    decided = plan(pending, host_views, running_jobs, config, now, explain=True, blocked=blocked)
+    booked = load_bookings(layout, now)
+    decided = plan(pending, host_views, running_jobs, config, now, explain=True, blocked=blocked, bookings=booked)
     starting = {s.job_id: s for s in decided.starts}
     by_id = {j.id: j for j in pending}
     final_names = frozenset(s.value for s in FINAL_STATES)
@@ -149,6 +151,7 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "pending_total": len(decided.order),
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
         "held": held_jobs(layout),
+        "bookings": [{**b.to_json(), "active": b.active(now)} for b in booked],
         "alerts": sorted({f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
                          key=lambda a: a["since"]),
         "finished": [_finished(layout, ev) for ev in

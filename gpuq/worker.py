@@ -16,6 +16,7 @@ from . import __version__
 from .arrivals import Arrivals
 from .alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from .config import Config
+from .bookings import load as load_bookings
 from .cancel import cancel_pending
 from .deps import DependencyStates, gates
 from .drain import drain_file
@@ -248,16 +249,17 @@ class Worker:
         inputs = (self.intake.version, tuple((g.index, g.mem_used_mib, g.processes) for g in self.gpus),
                   tuple(r.id for r in self.running), idle_long, window_open(self.config.idle_windows, now),
                   frozenset(self.stopping))
+        booked = load_bookings(self.layout, now)
         waiting, doomed = gates(self.intake.pending(), self.dep_states)
         for job_id, why in doomed.items():
             self._cancel_doomed(job_id, why)
-        inputs += (frozenset(waiting), frozenset(doomed))
+        inputs += (frozenset(waiting), frozenset(doomed), frozenset(b.id for b in booked if b.active(now)))
         if inputs == self.unchanged_plan_inputs:
             return
         host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since)
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
             decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config, now, explain=False,
-                           blocked={**waiting, **doomed})
+                           blocked={**waiting, **doomed}, bookings=booked)
             self._preempt(decided.preempts)
             for start in decided.starts:
                 self._start(start.job_id, start.gpus)

@@ -147,3 +147,31 @@ def test_opportunistic_jobs_never_preempt_each_other_and_preemption_can_be_off()
     assert plan(pending[:1], hosts, busy, CFG, now=100).preempts == {}
     assert plan(pending[1:], hosts, busy, replace(CFG, preemption=False), now=100).preempts == {}
     assert plan(pending[1:], hosts, busy, CFG, now=100).preempts == {"lo": "job n needs its GPU memory"}
+
+
+# --- bookings ----------------------------------------------------------------------------------
+
+def test_a_booked_gpu_takes_only_its_owners_jobs_and_opportunistic_ones():
+    from gpuq.bookings import Booking
+
+    b = Booking("bk-1", "h", (0,), start=100, end=200, owner="ana")
+    hosts = [host("h", gpu(0))]
+    result = plan([job("bo-1", user="bo")], hosts, [], CFG, now=150, bookings=[b])
+    assert starts(result) == {}
+    assert result.reasons["bo-1"].startswith("GPU h:0 booked for ana until ")
+    assert starts(plan([job("ana-1", user="ana")], hosts, [], CFG, now=150, bookings=[b])) == {"ana-1": ("h", (0,))}
+    assert starts(plan([job("bo-1", user="bo")], hosts, [], CFG, now=250, bookings=[b])) == {"bo-1": ("h", (0,))}
+    idle = [HostView("h", (gpu(0),), 1, {0: 0.0})]  # idle long enough for opportunistic work
+    assert starts(plan([job("bo-low", user="bo", priority="low")], idle, [], CFG, now=150, bookings=[b])) == \
+        {"bo-low": ("h", (0,))}
+
+
+def test_opportunistic_jobs_there_before_a_booking_yield_when_it_begins():
+    from gpuq.bookings import Booking
+
+    b = Booking("bk-1", "h", (0,), start=100, end=200, owner="ana")
+    running = [run("early", user="bo", low=True, started_at=50), run("late", user="bo", low=True, started_at=120),
+               run("anas", user="ana", low=True, started_at=50)]
+    result = plan([], [host("h", gpu(0))], running, CFG, now=150, bookings=[b])
+    assert set(result.preempts) == {"early"} and result.preempts["early"].startswith("GPU h:0 booked for ana from ")
+    assert plan([], [host("h", gpu(0))], running, CFG, now=90, bookings=[b]).preempts == {}

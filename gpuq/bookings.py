@@ -1,0 +1,162 @@
+"""Bookings: "who has the GPUs this afternoon". `gpuq book box-a:0,1 --from 14:00 --to 18:00
+--for ana` sets GPUs aside for a person or an event. While a booking is on, plan places
+nothing there but the owner's jobs and opportunistic work, and opportunistic jobs that were
+already there when it began yield. Overlapping bookings are refused, naming the conflict.
+
+One file per booking in state/bookings/<id>.json, created exclusively; a booking that lost
+a race to an overlapping one (both checked before either was written) is removed again."""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from .layout import Layout
+from .spool import read_json
+
+
+@dataclass(frozen=True)
+class Booking:
+    id: str
+    host: str
+    gpus: tuple[int, ...]
+    start: float
+    end: float
+    owner: str
+    note: str = ""
+    by: str = ""
+
+    def active(self, now: float) -> bool:
+        return self.start <= now < self.end
+
+    def overlaps(self, other: "Booking") -> bool:
+        return (self.host == other.host and bool(set(self.gpus) & set(other.gpus))
+                and self.start < other.end and other.start < self.end)
+
+    def describe(self) -> str:
+        return (f"{self.id} ({self.owner}, {self.host}:{','.join(map(str, self.gpus))}, "
+                f"{_clock(self.start)}–{_clock(self.end)})")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "gpus": list(self.gpus)}
+
+
+class BookingError(Exception):
+    pass
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%a %H:%M", time.localtime(t))
+
+
+def parse_when(text: str, now: float, after: float | None = None) -> float:
+    """'14:00' (today; with `after`, the first such time after it), 'now',
+    '2026-12-01 14:00', or for --to a duration ('4h') counted from `after`."""
+    text = text.strip()
+    if text == "now":
+        return now
+    if after is not None and re.fullmatch(r"\d+(\.\d+)?[smhd]", text):
+        from .units import parse_duration_s
+
+        return after + parse_duration_s(text)
+    for fmt in ("%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M"):
+        try:
+            return time.mktime(time.strptime(text, fmt))
+        except ValueError:
+            pass
+    m = re.fullmatch(r"(\d{1,2}):(\d{2})", text)
+    if not m or int(m.group(1)) > 23 or int(m.group(2)) > 59:
+        raise BookingError(f"{text!r}: write a time like 14:00, 'now', '2026-12-01 14:00'"
+                           + (", or a length like 4h" if after is not None else ""))
+    day = time.localtime(after if after is not None else now)
+    t = time.mktime((day.tm_year, day.tm_mon, day.tm_mday, int(m.group(1)), int(m.group(2)), 0, 0, 0, -1))
+    if after is not None and t <= after:
+        t += 86400  # --from 22:00 --to 02:00: the next morning
+    return t
+
+
+def parse_target(text: str) -> tuple[str, tuple[int, ...] | None]:
+    """'box-a:0,1' / 'box-a:0-3' -> (host, GPUs); 'box-a' or 'box-a:all' -> (host, None: all)."""
+    host, _, gpus = text.partition(":")
+    if not host:
+        raise BookingError(f"{text!r}: write HOST:GPUS, like box-a:0,1 or box-a:all")
+    if gpus in ("", "all"):
+        return host, None
+    out: list[int] = []
+    for part in gpus.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise BookingError(f"{text!r}: GPUs are indices like 0,1 or 0-3")
+        out += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
+    return host, tuple(sorted(set(out)))
+
+
+def directory(layout: Layout) -> Path:
+    return layout.state / "bookings"
+
+
+def load(layout: Layout, now: float | None = None) -> list[Booking]:
+    """Bookings not yet over (all of them with now=None), soonest first."""
+    found = []
+    d = directory(layout)
+    for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            data = read_json(path)
+        except ValueError:
+            continue
+        if data:
+            b = Booking(**{**data, "gpus": tuple(data["gpus"])})
+            if now is None or b.end > now:
+                found.append(b)
+    return sorted(found, key=lambda b: (b.start, b.id))
+
+
+def book(layout: Layout, host: str, gpus: tuple[int, ...], start: float, end: float, owner: str | None,
+         note: str, now: float) -> Booking:
+    if end <= start:
+        raise BookingError("--to must come after --from")
+    if end <= now:
+        raise BookingError("that slot is already over")
+    d = directory(layout)
+    d.mkdir(parents=True, exist_ok=True)
+    me = getpass.getuser()
+    for n in range(1, 100000):
+        candidate = Booking(f"bk-{n}", host, gpus, start, end, owner or me, note, me)
+        _refuse_overlap(candidate, load(layout, now))
+        try:
+            fd = os.open(d / f"{candidate.id}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(candidate.to_json(), f)
+        earlier = [b for b in load(layout, now) if b.id != candidate.id and b.overlaps(candidate)
+                   and int(b.id[3:]) < n]
+        if earlier:  # written at the same moment as an overlapping one: the first stays
+            (d / f"{candidate.id}.json").unlink()
+            _refuse_overlap(candidate, earlier)
+        return candidate
+    raise BookingError("no free booking id")
+
+
+def _refuse_overlap(candidate: Booking, existing: Sequence[Booking]) -> None:
+    clash = next((b for b in existing if b.overlaps(candidate)), None)
+    if clash:
+        raise BookingError(f"overlaps booking {clash.describe()}; pick other GPUs or another time, "
+                           f"or `gpuq unbook {clash.id}`")
+
+
+def unbook(layout: Layout, booking_id: str, may_remove) -> Booking:
+    path = directory(layout) / f"{booking_id}.json"
+    data = read_json(path) if re.fullmatch(r"bk-\d+", booking_id) else None
+    if not data:
+        raise BookingError(f"no booking {booking_id!r} (gpuq status lists them)")
+    b = Booking(**{**data, "gpus": tuple(data["gpus"])})
+    if not may_remove(b):
+        raise BookingError(f"{booking_id} is {b.owner}'s, booked by {b.by}; only they, root or an admin may remove it")
+    path.unlink(missing_ok=True)
+    return b
