@@ -13,7 +13,6 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Sequence
 
 from .layout import Layout
@@ -96,14 +95,10 @@ def parse_target(text: str) -> tuple[str, tuple[int, ...] | None]:
     return host, tuple(sorted(set(out)))
 
 
-def directory(layout: Layout) -> Path:
-    return layout.state / "bookings"
-
-
 def load(layout: Layout, now: float | None = None) -> list[Booking]:
     """Bookings not yet over (all of them with now=None), soonest first."""
     found = []
-    d = directory(layout)
+    d = layout.bookings
     for path in sorted(d.glob("*.json")) if d.is_dir() else []:
         try:
             data = read_json(path)
@@ -122,7 +117,7 @@ def book(layout: Layout, host: str, gpus: tuple[int, ...], start: float, end: fl
         raise BookingError("--to must come after --from")
     if end <= now:
         raise BookingError("that slot is already over")
-    d = directory(layout)
+    d = layout.bookings
     d.mkdir(parents=True, exist_ok=True)
     me = getpass.getuser()
     for n in range(1, 100000):
@@ -151,7 +146,7 @@ def _refuse_overlap(candidate: Booking, existing: Sequence[Booking]) -> None:
 
 
 def unbook(layout: Layout, booking_id: str, may_remove) -> Booking:
-    path = directory(layout) / f"{booking_id}.json"
+    path = layout.bookings / f"{booking_id}.json"
     data = read_json(path) if re.fullmatch(r"bk-\d+", booking_id) else None
     if not data:
         raise BookingError(f"no booking {booking_id!r} (gpuq status lists them)")

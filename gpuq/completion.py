@@ -18,7 +18,7 @@ def job_ids(layout: Layout, prefix: str) -> list[str]:
     MAX_IDS; a queue with 100,000 finished jobs completes as fast as an empty one)."""
     found: list[str] = []
     for directory, suffixes in ((layout.jobs, (".yaml", ".yml")), (layout.held, (".yaml",)),
-                                (layout.running, (".json",)), (layout.state / "groups", (".json",)),
+                                (layout.running, (".json",)), (layout.groups, (".json",)),
                                 (layout.finished, (".json",))):
         try:
             with os.scandir(directory) as it:

@@ -4,6 +4,7 @@ still running) or drained. `gpuq resume HOST` removes the file."""
 from __future__ import annotations
 
 import getpass
+from pathlib import Path
 from typing import Any
 
 from .faults import wall_time
@@ -11,8 +12,8 @@ from .layout import Layout
 from .spool import read_json, write_json
 
 
-def drain_file(layout: Layout, host: str):
-    return layout.state / "drain" / f"{host}.json"
+def drain_file(layout: Layout, host: str) -> Path:
+    return layout.drains / f"{host}.json"
 
 
 def drain(layout: Layout, host: str, reason: str | None) -> None:

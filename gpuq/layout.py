@@ -111,6 +111,20 @@ class Layout:
         return self.state / "samples"
 
     @cached_property
+    def groups(self) -> Path:
+        """Sweeps and arrays (sweeps.py)."""
+        return self.state / "groups"
+
+    @cached_property
+    def bookings(self) -> Path:
+        return self.state / "bookings"
+
+    @cached_property
+    def drains(self) -> Path:
+        """One file per drained host (drain.py)."""
+        return self.state / "drain"
+
+    @cached_property
     def queue_lock(self) -> Path:
         return self.state / "queue.lock"
 
@@ -118,7 +132,7 @@ class Layout:
         """Create the spool directories (idempotent; safe for concurrent callers)."""
         for d in (self.jobs, self.logs, self.claims, self.running, self.finished,
                   self.rejected, self.held, self.requeued, self.workers, self.control, self.events,
-                  self.samples):
+                  self.samples, self.groups, self.bookings, self.drains):
             d.mkdir(parents=True, exist_ok=True)
 
     def job_log(self, job_id: str) -> Path:

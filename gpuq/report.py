@@ -164,8 +164,10 @@ def build(events: Iterable[dict], samples: Iterable[dict], pending: list[Pending
                         for row in rows:
                             row.preemptions += 1
             elif frm == "pending" and to != "pending" and waiting_from is not None:
-                queue_intervals.append((waiting_from, t))  # cancelled or rejected while waiting
+                queue_intervals.append((waiting_from, t))  # held, cancelled or rejected while waiting
                 waiting_from = None
+            elif to == "pending" and frm != "pending":
+                waiting_from = t  # released from hold, or put back by `gpuq retry`
             if to in FINAL and since <= t < until:
                 for row in rows:
                     row.ended[to] += 1

@@ -74,8 +74,7 @@ def _id_taken(layout: Layout, job_id: str) -> bool:
 
 def reserve_group_id(layout: Layout, job_id: str | None, base: str) -> str:
     """A free id for a group (`--array`), taken by creating its group record exclusively."""
-    directory = group_file(layout, "x").parent
-    directory.mkdir(parents=True, exist_ok=True)
+    layout.groups.mkdir(parents=True, exist_ok=True)
     for candidate in [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000)):
         if not JOB_ID_RE.match(candidate) or _id_taken(layout, candidate):
             if job_id:

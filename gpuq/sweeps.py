@@ -90,7 +90,7 @@ def _checked(members: list[tuple[str, dict]], group: str) -> list[tuple[str, dic
 
 
 def group_file(layout: Layout, group: str) -> Path:
-    return layout.state / "groups" / f"{group}.json"
+    return layout.groups / f"{group}.json"
 
 
 def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int,
@@ -99,8 +99,7 @@ def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str
     skipping ids taken meanwhile, then the group record. Returns the member ids."""
     import yaml
 
-    directory = group_file(layout, group).parent
-    directory.mkdir(parents=True, exist_ok=True)
+    layout.groups.mkdir(parents=True, exist_ok=True)
     for member_id, data in members:
         tmp = layout.jobs / f".{member_id}.group.tmp"
         tmp.write_text(f"# member of {kind} {group}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
@@ -123,7 +122,7 @@ def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict
     None: another worker took it first."""
     st = os.lstat(spec_path)
     kept = group_file(layout, group).with_suffix(".yaml")
-    kept.parent.mkdir(parents=True, exist_ok=True)
+    layout.groups.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(spec_path, kept)
     except FileNotFoundError:
@@ -135,8 +134,7 @@ def finish_interrupted(layout: Layout, load_yaml) -> list[str]:
     """Sweeps taken out of jobs/ whose group record was never written: write their members
     again (those already there are kept). Run at worker start."""
     done = []
-    directory = group_file(layout, "x").parent
-    for kept in sorted(directory.glob("*.yaml")) if directory.is_dir() else []:
+    for kept in sorted(layout.groups.glob("*.yaml")) if layout.groups.is_dir() else []:
         group = kept.stem
         if group_file(layout, group).exists():
             continue

@@ -34,6 +34,9 @@ EVENTS = [
        ended_at=499),
     # c (alice): queued 50, cancelled while pending at 150.
     ev(150, "c", "pending", "cancelled", user="alice", queued_at=50, by="h2"),
+    # g (bob): queued 500, held 510..530, still waiting at the end.
+    ev(510, "g", "pending", "held", user="bob", queued_at=500, by="h2"),
+    ev(530, "g", "held", "pending", user="bob", queued_at=500, by="h2"),
     # e (bob): started before the window on h2:3 and still running.
     ev(-50, "e", "pending", "running", user="bob", queued_at=-100, host="h2", gpus=[3], by="h2"),
     ev(-40, "e", "running", "running", reason="warning: over its gpu_mem", by="h2"),
@@ -50,7 +53,7 @@ SAMPLES = [
         {"i": 0, "util": 0, "held_s": 60, "idle_held_s": 60, "jobs": ["a"]},
         {"i": 2, "util": 2, "held_s": 60, "idle_held_s": 60, "jobs": ["a", "b"]}]},
 ]
-PENDING = [Pending("d", "carol", 550)]
+PENDING = [Pending("d", "carol", 550), Pending("g", "bob", 500)]
 
 
 def test_figures_match_a_hand_computation():
@@ -69,13 +72,15 @@ def test_figures_match_a_hand_computation():
     q_mean, q_max = r["queue_length"]["mean"], r["queue_length"]["max"]
     # [100, 110): c and b all along, a from 105 -> mean 2.5, max 3
     assert (q_mean[10], q_max[10]) == (2.5, 3)
-    assert (q_mean[5], q_max[5], q_mean[11], q_mean[15], q_mean[30], q_mean[40], q_mean[55]) == (1, 1, 2, 1, 1, 1, 1)
+    assert (q_mean[5], q_max[5], q_mean[11], q_mean[15], q_mean[30], q_mean[40]) == (1, 1, 2, 1, 1, 1)
     assert (q_mean[0], q_max[0], q_mean[35], q_max[45]) == (0, 0, 0, 0)
+    # g waits 500..510, is held until 530, then waits again; d joins at 550
+    assert (q_mean[50], q_mean[51], q_mean[52], q_mean[53], q_mean[55]) == (1, 0, 0, 1, 2)
     assert r["gpus"]["h1:0"] == {"held_hours": round(60 / 3600, 4), "idle_held_hours": round(60 / 3600, 4),
                                  "mean_util_pct": 25.0,
                                  "util_pct": [None] * 3 + [50.0] + [None] * 11 + [0.0] + [None] * 44}
     assert r["gpus"]["h1:2"]["mean_util_pct"] == 2.0
-    assert r["pending_now"] == 1 and r["longest_pending_s"] == 50
+    assert r["pending_now"] == 2 and r["longest_pending_s"] == 100
 
 
 def test_by_user_host_and_gpu_split_the_same_total():
