@@ -61,6 +61,12 @@ class Config:
     idle_util_pct: int = 10             # a GPU is idle while non-gpuq processes use less than this
     idle_after_s: float = 60.0          # ... for this long; only then may opportunistic jobs start
     idle_windows: tuple["Window", ...] = ()  # when opportunistic jobs may run; empty: always
+    # Slurm (slurm_export.py; README "Moving to Slurm").
+    slurm_partitions: dict[str, str] = field(default_factory=dict)  # priority class -> partition
+    slurm_qos: dict[str, str] = field(default_factory=dict)         # priority class -> QOS
+    slurm_gpu_mem: str = "comment"      # how gpu_mem is expressed: comment, constraint or shards
+    slurm_gpu_types: dict[str, int] = field(default_factory=dict)   # constraint: feature -> GPU memory
+    slurm_shard_mib: int | None = None  # shards: the GPU memory one shard stands for
 
     def local_dir_for(self, layout: "Layout", host: str) -> Path:
         """The host's local lock directory; `{host}` in the setting is replaced."""
@@ -173,6 +179,29 @@ def _overuse_action(v: Any) -> str:
     return v
 
 
+def _class_map(v: Any) -> dict[str, str]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not all(k in ("high", "normal", "low") and isinstance(x, str) and x
+                                          for k, x in v.items()):
+        raise ValueError("must map priority classes to names, e.g. {high: gpu-high, normal: gpu, low: scavenger}")
+    return dict(v)
+
+
+def _slurm_gpu_mem(v: Any) -> str:
+    if v not in ("comment", "constraint", "shards"):
+        raise ValueError("must be comment, constraint (with slurm_gpu_types) or shards (with slurm_shard_mib)")
+    return v
+
+
+def _gpu_types(v: Any) -> dict[str, int]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+        raise ValueError("must map Slurm node features to GPU memory, e.g. {a10: 24GiB, a100: 80GiB}")
+    return {k: parse_size_mib(x) for k, x in v.items()}
+
+
 def _windows(v: Any) -> tuple:
     from .windows import parse_window
 
@@ -227,6 +256,11 @@ KEYS: dict[str, tuple[str, Any]] = {
     "idle_util_pct": ("idle_util_pct", _percent),
     "idle_after_s": ("idle_after_s", _positive(float)),
     "idle_windows": ("idle_windows", _windows),
+    "slurm_partitions": ("slurm_partitions", _class_map),
+    "slurm_qos": ("slurm_qos", _class_map),
+    "slurm_gpu_mem": ("slurm_gpu_mem", _slurm_gpu_mem),
+    "slurm_gpu_types": ("slurm_gpu_types", _gpu_types),
+    "slurm_shard_mib": ("slurm_shard_mib", _optional_size),
 }
 # Supervisors stop their jobs once their host's heartbeat is FENCE_FRACTION of lost_after_s
 # old, and need grace_s more: that must end before other hosts may take the jobs over.

@@ -1,0 +1,127 @@
+"""`gpuq export slurm`: the mapping of each field (pure), then the scripts against a real
+one-node Slurm (tests/slurm_cluster.py): each passes `sbatch --test-only`, a job's exit code
+and log come back, a sweep runs as an array, a dependency holds its dependent."""
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from conftest import PY, REPO, wait_until
+from gpuq.config import Config
+from gpuq.slurm_export import ExportError, sbatch_script, slurm_time
+from gpuq.spec import validate_spec
+from slurm_cluster import SlurmCluster, SlurmUnavailable
+
+
+def script(data: dict, config: Config = Config(), ids: dict | None = None, job_id: str = "j-1") -> str:
+    return sbatch_script(job_id, validate_spec(data, "t.yaml"), config, f"/q/logs/{job_id}.log", "/q", ids or {})
+
+
+def sbatch_lines(text: str) -> list[str]:
+    return [line[len("#SBATCH "):] for line in text.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_each_field_maps_to_its_sbatch_option():
+    text = script({"command": "python train.py", "name": "resnet", "gpus": 2, "gpu_mem": "20GiB",
+                   "time_limit": "90m", "cpus": 8, "mem": "64GiB", "workdir": "/home/ana/p",
+                   "env": {"WANDB_MODE": "offline", "NOTE": "a b,c"}, "priority": "high",
+                   "after": ["prep-1"], "after_any": ["old-2"]},
+                  replace(Config(), slurm_partitions={"high": "gpu-high"}, slurm_qos={"high": "urgent"}),
+                  ids={"prep-1": "41", "old-2": "40"})
+    assert sbatch_lines(text) == [
+        "--job-name=resnet", "--nodes=1", "--gres=gpu:2", "--time=0-01:30:00", "--cpus-per-task=8",
+        "--mem=65536M", "--chdir=/home/ana/p", "--output=/q/logs/j-1.log", "--open-mode=append",
+        "--partition=gpu-high", "--qos=urgent", "--dependency=afterok:41,afterany:40",
+        "--export=ALL,WANDB_MODE=offline"]
+    assert "export NOTE='a b,c'" in text and text.rstrip().endswith("python train.py")
+    assert "# gpu_mem 20480 MiB per GPU: Slurm cannot reserve part of a GPU's memory" in text
+    missing = script({"command": "x", "after": ["prep-9"]})
+    assert "--dependency" not in missing and "# afterok prep-9: not handed to Slurm (yet)" in missing
+    assert slurm_time(1.5) == "0-00:00:02" and slurm_time(2 * 86400 + 61) == "2-00:01:01"
+
+
+def test_gpu_mem_becomes_a_constraint_or_shards_as_config_says():
+    types = replace(Config(), slurm_gpu_mem="constraint", slurm_gpu_types={"a10": 24576, "a100": 81920, "t4": 16384})
+    assert "--constraint=a10|a100" in sbatch_lines(script({"command": "x", "gpu_mem": "20GiB"}, types))
+    with pytest.raises(ExportError, match="no GPU type"):
+        script({"command": "x", "gpu_mem": "100GiB"}, types)
+    shards = replace(Config(), slurm_gpu_mem="shards", slurm_shard_mib=4096)
+    assert "--gres=shard:5" in sbatch_lines(script({"command": "x", "gpu_mem": "20GiB"}, shards))
+
+
+def test_a_sweep_is_one_array_script():
+    text = script({"command": "python hp.py --lr {lr} --seed {seed}", "sweep": {"lr": ["1e-3", "3e-4"], "seed": [1, 2]}},
+                  job_id="hp")
+    assert "--array=0-3" in sbatch_lines(text) and "--output=/q/logs/hp-%a.log" in sbatch_lines(text)
+    assert "  3) export GPUQ_SWEEP_LR=3e-4 GPUQ_SWEEP_SEED=2; python hp.py --lr 3e-4 --seed 2 ;;" in text
+
+
+def test_the_cli_exports_files_and_pending_ids_and_names_what_it_cannot(queue, tmp_path):
+    queue.write_config(slurm_partitions={"low": "scavenger"})
+    queue.drop("train-1.yaml", "command: python train.py\ngpus: 1\npriority: low\n")
+    spec = tmp_path / "eval.yaml"
+    spec.write_text("command: python eval.py\ngpus: 0\n")
+    out = queue.gpuq("export", "slurm", "train-1", str(spec))
+    assert out.stdout.count("#!/bin/bash") == 2 and "#SBATCH --partition=scavenger" in out.stdout
+    assert "#SBATCH --requeue" in out.stdout  # priority low is preemptible
+    bad = queue.gpuq("export", "slurm", "nosuch", check=False)
+    assert bad.returncode == 2 and "nosuch: neither a spec file nor a pending job" in bad.stderr
+
+
+# --- against a real slurmctld and slurmd ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except SlurmUnavailable as e:
+        pytest.skip(f"no Slurm here: {e}")
+    yield cluster
+    cluster.stop()
+
+
+def export(root, *items: str) -> str:
+    return subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(root), "export", "slurm", *items],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_exported_scripts_run_on_slurm(slurm, tmp_path):
+    root = tmp_path / "q"
+    (root / "jobs").mkdir(parents=True)
+    (root / "logs").mkdir()
+    (root / "jobs" / "fails.yaml").write_text("command: echo gpus=$CUDA_VISIBLE_DEVICES job=$GPUQ_JOB_ID; exit 3\n"
+                                              "gpus: 1\ntime_limit: 5m\ncpus: 1\nmem: 200MiB\n")
+    (root / "jobs" / "hp.yaml").write_text("command: echo lr={lr}\ngpus: 0\nsweep: {lr: [1, 2, 3]}\n")
+    for name in ("fails", "hp"):
+        checked = slurm.sbatch(export(root, name), "--test-only")
+        assert checked.returncode == 0 and "to start at" in checked.stderr, checked.stderr
+    job = slurm.sbatch(export(root, "fails"), "--parsable").stdout.strip()
+    assert slurm.wait_done(job) == ("FAILED", "3:0")
+    log = wait_until(lambda: (root / "logs" / "fails.log").exists() and (root / "logs" / "fails.log").read_text())
+    assert "gpus=0 job=fails" in log  # Slurm set CUDA_VISIBLE_DEVICES from the gres
+    array = slurm.sbatch(export(root, "hp"), "--parsable").stdout.strip()
+    for i in range(3):
+        wait_until(lambda i=i: (p := root / "logs" / f"hp-{i}.log").exists() and f"lr={i + 1}" in p.read_text(),
+                   timeout=60, what=f"array task {i}")
+
+
+def test_a_dependency_on_a_handed_over_job_waits_for_it(slurm, tmp_path):
+    root = tmp_path / "q"
+    (root / "jobs").mkdir(parents=True)
+    (root / "logs").mkdir()
+    (root / "jobs" / "prep.yaml").write_text("command: sleep 2; date +%s.%N > prep.done\ngpus: 0\n"
+                                             f"workdir: {tmp_path}\n")
+    (root / "jobs" / "train.yaml").write_text(f"command: test -e prep.done && echo after\ngpus: 0\nworkdir: {tmp_path}\n"
+                                              "after: [prep]\n")
+    prep = slurm.sbatch(export(root, "prep"), "--parsable").stdout.strip()
+    (root / "state" / "slurm").mkdir(parents=True)
+    (root / "state" / "slurm" / "prep.json").write_text(json.dumps({"slurm_id": prep}))
+    text = export(root, "train")
+    assert f"#SBATCH --dependency=afterok:{prep}" in text
+    train = slurm.sbatch(text, "--parsable").stdout.strip()
+    assert slurm.wait_done(train, timeout=90) == ("COMPLETED", "0:0")
+    assert "after" in (root / "logs" / "train.log").read_text()
