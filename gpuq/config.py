@@ -61,7 +61,8 @@ class Config:
     idle_util_pct: int = 10             # a GPU is idle while non-gpuq processes use less than this
     idle_after_s: float = 60.0          # ... for this long; only then may opportunistic jobs start
     idle_windows: tuple["Window", ...] = ()  # when opportunistic jobs may run; empty: always
-    # Slurm (slurm_export.py; README "Moving to Slurm").
+    # Slurm (slurm_export.py, bridge.py; README "Moving to Slurm").
+    backend: str = "local"              # slurm: workers hand jobs to Slurm instead of running them
     slurm_partitions: dict[str, str] = field(default_factory=dict)  # priority class -> partition
     slurm_qos: dict[str, str] = field(default_factory=dict)         # priority class -> QOS
     slurm_gpu_mem: str = "comment"      # how gpu_mem is expressed: comment, constraint or shards
@@ -188,6 +189,12 @@ def _class_map(v: Any) -> dict[str, str]:
     return dict(v)
 
 
+def _backend(v: Any) -> str:
+    if v not in ("local", "slurm"):
+        raise ValueError("must be local (workers run jobs) or slurm (workers hand them to Slurm's sbatch)")
+    return v
+
+
 def _slurm_gpu_mem(v: Any) -> str:
     if v not in ("comment", "constraint", "shards"):
         raise ValueError("must be comment, constraint (with slurm_gpu_types) or shards (with slurm_shard_mib)")
@@ -256,6 +263,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "idle_util_pct": ("idle_util_pct", _percent),
     "idle_after_s": ("idle_after_s", _positive(float)),
     "idle_windows": ("idle_windows", _windows),
+    "backend": ("backend", _backend),
     "slurm_partitions": ("slurm_partitions", _class_map),
     "slurm_qos": ("slurm_qos", _class_map),
     "slurm_gpu_mem": ("slurm_gpu_mem", _slurm_gpu_mem),

@@ -49,6 +49,8 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     rows = [["ID", "USER", "WHERE", "ELAPSED", "GPU MEM decl/obs", "COMMAND"]]
     for r in view["running"]:
         where = f"{r['host']}:{','.join(map(str, r['gpus']))}" if r["gpus"] else f"{r['host']}:cpu"
+        if r.get("slurm_id"):
+            where = f"slurm job {r['slurm_id']}"
         declared = format_mib(r["declared_gpu_mem_mib"]) if r["declared_gpu_mem_mib"] else \
             ("whole" if r["gpus"] else "-")
         label = r["id"] + (" (yielding)" if r.get("yielding") else "") + \

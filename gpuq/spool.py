@@ -90,6 +90,7 @@ class Record:
     cpu_cores: list[int] = field(default_factory=list)
     held_at: float | None = None         # holds.py: when `gpuq hold` took it out of the queue
     restarts: int = 0                    # restarts.py: a service's restarts in this attempt
+    slurm_id: str | None = None          # bridge.py: the Slurm job this attempt was handed to
 
     def to_json(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: JSON copies

@@ -188,7 +188,7 @@ def _running(r: Record, observed: dict[int, int], now: float, yielding: bool,
              warning: str | None) -> dict[str, Any]:
     return {"id": r.id, "user": r.user, "host": r.host, "gpus": r.gpus, "attempt": r.attempt,
             "preemptible": bool(r.spec.get("preemptible")), "yielding": yielding, "warning": warning,
-            "restarts": r.restarts,
+            "restarts": r.restarts, "slurm_id": r.slurm_id,
             "time_limit_s": r.time_limit_s, "mem_limit_mib": r.mem_limit_mib, "cpu_cores": r.cpu_cores,
             "elapsed_s": round(now - (r.claimed_at or now), 1), "gpu_mem_mib": r.gpu_mem_mib,
             "declared_gpu_mem_mib": r.spec.get("gpu_mem_mib"),

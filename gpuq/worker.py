@@ -216,10 +216,14 @@ class Worker:
                                                       "reason": f"cancel by {user_name(requester)} refused"})
             elif record is not None and record.attempt == request.get("attempt", record.attempt):
                 reason = f"cancelled by {user_name(requester)}"
-                if not request_stop(self.rt, record, reason):
+                if not self._stop(record, reason):
                     continue  # its supervisor is still starting: try again next pass
                 log.info("cancelling %s (%s)", job_id, reason)
             path.unlink(missing_ok=True)
+
+    def _stop(self, record: Record, reason: str) -> bool:
+        """TERM, grace, KILL through its supervisor (bridge.py: scancel). False: not yet."""
+        return request_stop(self.rt, record, reason)
 
     def take_in_specs(self) -> None:
         """Read jobs/; reject specs that stayed invalid and ids already used; expand sweeps."""

@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
     import logging  # here: a cron start that leaves at once never needs it
 
     _setup_logging(layout.worker_log(host), to_stderr=not daemon, verbose=args.verbose)
-    from .worker import Worker
+    if config.backend == "slurm":
+        from .bridge import BridgeWorker as Worker
+    else:
+        from .worker import Worker
 
     # SIGTERM (shutdown, `kill`) ends the worker cleanly; running jobs live on under their
     # supervisors and the next worker reattaches to them.

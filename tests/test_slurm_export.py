@@ -125,3 +125,26 @@ def test_a_dependency_on_a_handed_over_job_waits_for_it(slurm, tmp_path):
     train = slurm.sbatch(text, "--parsable").stdout.strip()
     assert slurm.wait_done(train, timeout=90) == ("COMPLETED", "0:0")
     assert "after" in (root / "logs" / "train.log").read_text()
+
+
+# --- bridge mode: config backend: slurm ---------------------------------------------------------
+
+def test_the_bridge_hands_jobs_to_slurm_and_keeps_gpuqs_records_true(slurm, queue):
+    queue.write_config(backend="slurm")
+    queue.start_worker("bridge", "1x80GiB", env=slurm.env)
+    queue.drop("fails.yaml", "command: echo in slurm $SLURM_JOB_ID; exit 3\ngpus: 1\n")
+    queue.drop("prep.yaml", "command: sleep 1; echo prepared\ngpus: 0\n")
+    queue.drop("train.yaml", "command: echo trained\ngpus: 0\nafter: [prep]\n")
+    failed = wait_until(lambda: queue.finished("fails"), timeout=60, what="fails to end in Slurm")
+    assert (failed["state"], failed["exit_code"]) == ("failed", 3) and failed["slurm_id"]
+    assert f"in slurm {failed['slurm_id']}" in queue.log("fails")
+    prep = wait_until(lambda: queue.finished("prep"), timeout=60)
+    train = wait_until(lambda: queue.finished("train"), timeout=60)
+    assert prep["state"] == train["state"] == "done" and train["started_at"] >= prep["ended_at"]
+    queue.drop("long.yaml", "command: sleep 120\ngpus: 0\n")
+    row = wait_until(lambda: next((r for r in queue.status()["running"] if r["id"] == "long" and r["slurm_id"]), None),
+                     timeout=60, what="long to be handed over")
+    assert f"slurm job {row['slurm_id']}" in queue.gpuq("status").stdout
+    queue.gpuq("cancel", "long")
+    assert wait_until(lambda: queue.finished("long"), timeout=60)["state"] == "cancelled"
+    assert slurm.job_state(row["slurm_id"])[0] == "CANCELLED"

@@ -1,0 +1,184 @@
+"""Bridge mode (config `backend: slurm`): the worker hands pending specs to Slurm instead of
+running them, and keeps gpuq's records, logs, `status`, `show` and `cancel` true, so a team
+sees one queue while Slurm does the placing.
+
+Hand-over, per pending job in queue order: claim the spec (the usual rename), write the running
+record (no Slurm id yet), `sbatch --parsable` the exported script (slurm_export.py) with
+`--comment=gpuq:<claim>`, then record the Slurm id (in the record and in
+state/slurm/<id>.json, which later exports' --dependency read). Dependencies go to Slurm as
+afterok/afterany once their jobs are handed over; one that failed in gpuq cancels its
+dependents as usual. Following: squeue for the jobs still queued or running, then `scontrol
+show job` for the end state and exit code (Slurm keeps ended jobs MinJobAge seconds,
+default 300); COMPLETED -> done, FAILED -> failed, CANCELLED -> cancelled, TIMEOUT -> timeout,
+NODE_FAIL and a job Slurm no longer knows -> lost. `gpuq cancel` -> scancel.
+"""
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from dataclasses import replace
+
+from .deps import FINAL, gates, referenced
+from .faults import wall_time
+from .plan import queue_order
+from .slurm_export import ExportError, sbatch_script
+from .spool import (Record, claim, claim_name, next_attempt, read_json, record_start, transition,
+                    write_json, write_record)
+from .states import State
+from .worker import Worker
+
+log = logging.getLogger("gpuq.worker")
+SLURM_STATES = {"COMPLETED": State.DONE, "FAILED": State.FAILED, "CANCELLED": State.CANCELLED,
+                "TIMEOUT": State.TIMEOUT, "NODE_FAIL": State.LOST, "OUT_OF_MEMORY": State.FAILED,
+                "PREEMPTED": State.LOST, "BOOT_FAIL": State.LOST, "DEADLINE": State.TIMEOUT}
+FOLLOW_EVERY_S = 2.0
+
+
+def _slurm(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+
+
+def _slurm_time(text: str | None) -> float | None:
+    try:
+        return time.mktime(time.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def scontrol_job(slurm_id: str) -> dict[str, str] | None:
+    out = _slurm("scontrol", "show", "job", slurm_id)
+    if out.returncode != 0:
+        return None
+    return dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+
+
+class BridgeWorker(Worker):
+    STEPS = ("observe", "follow", "obey_controls", "take_in_specs", "hand_over", "report")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.followed_at = 0.0
+
+    def observe(self) -> None:
+        """No GPUs here: Slurm's nodes have them. Only the records this bridge follows."""
+        self.gpus, self.observed = [], {}
+        self.running = self._own_running()
+
+    def follow(self) -> None:
+        now = time.monotonic()
+        if now - self.followed_at < FOLLOW_EVERY_S and not self.woken_by:
+            return
+        self.followed_at = now
+        handed = [r for r in self.running if r.slurm_id]
+        if not handed:
+            return
+        out = _slurm("squeue", "-h", "-o", "%i %T", "-j", ",".join(r.slurm_id for r in handed))
+        active = {line.split()[0]: line.split()[1] for line in out.stdout.splitlines() if line.strip()} \
+            if out.returncode == 0 else {}
+        for record in handed:
+            if active.get(record.slurm_id) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
+                if active[record.slurm_id] == "RUNNING" and record.started_at is None:
+                    self._note_start(record)
+                continue
+            self._settle(record)
+
+    def _note_start(self, record: Record) -> None:
+        info = scontrol_job(record.slurm_id or "") or {}
+        updated = replace(record, started_at=_slurm_time(info.get("StartTime")) or wall_time(),
+                          reason=f"running in Slurm on {info.get('NodeList', '?')}")
+        write_record(self.layout, updated)
+
+    def _settle(self, record: Record) -> None:
+        info = scontrol_job(record.slurm_id or "")
+        state_name = (info or {}).get("JobState", "")
+        if info is not None and state_name not in SLURM_STATES:
+            return  # an ending state (COMPLETING...) scontrol shows before squeue: next pass
+        final = SLURM_STATES.get(state_name, State.LOST)
+        code, _, sig = (info or {}).get("ExitCode", ":").partition(":")
+        reason = None if final is State.DONE else (
+            f"Slurm job {record.slurm_id}: {state_name}" if info else
+            f"Slurm job {record.slurm_id} is no longer known to Slurm (exit unknown)")
+        transition(self.layout, record, final, self.host,
+                   started_at=_slurm_time((info or {}).get("StartTime")) or record.started_at,
+                   ended_at=_slurm_time((info or {}).get("EndTime")) or wall_time(),
+                   exit_code=int(code) if code.isdigit() and info else None,
+                   signal=int(sig) if sig.isdigit() and int(sig) else None, reason=reason)
+        claimed = self.layout.claims / (record.claim or "")
+        claimed.unlink(missing_ok=True)
+        log.info("%s (Slurm %s) ended: %s", record.id, record.slurm_id, final.value)
+
+    def _stop(self, record: Record, reason: str) -> bool:
+        if not record.slurm_id:
+            return False  # being handed over: the next pass
+        out = _slurm("scancel", record.slurm_id)
+        if out.returncode != 0:
+            log.warning("scancel %s: %s", record.slurm_id, out.stderr.strip())
+        return True
+
+    def start_jobs(self) -> None:
+        """Bridge mode starts nothing here (the base class's step is not in STEPS)."""
+
+    def hand_over(self) -> None:
+        pending = self.intake.pending()
+        if not pending:
+            return
+        handed = self._handed_over()
+        _, doomed = gates(pending, self.dep_states)
+        for job_id, why in doomed.items():
+            self._cancel_doomed(job_id, why)
+        states = self.dep_states.lookup(referenced(j.spec for j in pending))
+        for job in queue_order([j for j in pending if j.id not in doomed], {}, self.config, wall_time()):
+            deps = {d: "done" for d in job.spec.after} | {d: "any" for d in job.spec.after_any}
+            if job.spec.sweep or any(d not in handed and (states.get(d) != "done" if want == "done" else
+                                                          states.get(d) not in FINAL)
+                                     for d, want in deps.items()):
+                continue  # a sweep is expanded first; a job waits in gpuq until its dependencies are Slurm's
+            # Slurm waits for the dependencies still open; ended ones need no --dependency
+            self._hand(job, {d: handed[d] for d in deps if d in handed and states.get(d) not in FINAL})
+
+    def _handed_over(self) -> dict[str, str]:
+        out = {}
+        for path in (self.layout.state / "slurm").glob("*.json"):
+            data = read_json(path) or {}
+            if data.get("slurm_id"):
+                out[path.stem] = str(data["slurm_id"])
+        return out
+
+    def _hand(self, job, dependency_ids: dict[str, str]) -> None:
+        entry = self.intake.entries.get(job.id)
+        if entry is None:
+            return
+        attempt = next_attempt(read_json(self.layout.record(self.layout.requeued, job.id)))
+        name = claim_name(job.id, self.host, self.boot_id, attempt)
+        claimed = claim(self.layout, entry.path, name)
+        self.intake.forget(job.id)
+        if claimed is None:
+            return
+        st = claimed.stat()
+        record = Record(id=job.id, state=State.RUNNING, spec=job.spec.to_json(),
+                        spec_text=entry.text.decode("utf-8-sig", "replace"), user=job.user, uid=st.st_uid,
+                        attempt=attempt, queued_at=job.queued_at, host=self.host, boot_id=self.boot_id,
+                        claim=name, claimed_at=wall_time(), reason="handed to Slurm",
+                        time_limit_s=job.spec.time_limit_s or self.config.time_limit_s)
+        record_start(self.layout, record, self.host)
+        try:
+            script = sbatch_script(job.id, job.spec, self.config, str(self.layout.job_log(job.id)),
+                                   str(self.layout.root), dependency_ids)
+        except ExportError as e:
+            transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
+                       reason=f"cannot hand to Slurm: {e}")
+            return
+        out = subprocess.run(["sbatch", "--parsable", f"--comment=gpuq:{name}"], input=script,
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
+                       reason=f"sbatch refused it: {out.stderr.strip()[-300:]}")
+            return
+        slurm_id = out.stdout.strip().split(";")[0]
+        write_record(self.layout, replace(record, slurm_id=slurm_id, reason=f"Slurm job {slurm_id}"))
+        directory = self.layout.state / "slurm"
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / f"{job.id}.json", {"slurm_id": slurm_id, "claim": name})
+        log.info("handed %s to Slurm as job %s", job.id, slurm_id)
+
