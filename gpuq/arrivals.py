@@ -22,6 +22,7 @@ class Arrivals:
     def __init__(self, layout: Layout, host: str, intake: Intake) -> None:
         self.layout, self.host, self.intake = layout, host, intake
         self.unmovable: set[str] = set()  # refused specs this worker may not move
+        self.expand_sweeps = True         # a Slurm bridge hands a sweep over whole, as an array
 
     def take_in(self, now: float, settle_s: float) -> None:
         """After a scan: reject what stayed invalid and reused ids; expand sweeps."""
@@ -33,7 +34,7 @@ class Arrivals:
                 self.reject(job_id, entry.path, str(SpecError(
                     f"jobs/{entry.name}", None, f"job id '{job_id}' is already used by an earlier job",
                     f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
-            elif entry.job.spec.sweep:  # type: ignore[union-attr]
+            elif entry.job.spec.sweep and self.expand_sweeps:  # type: ignore[union-attr]
                 self.expand_sweep(job_id, entry)
 
     def expand_sweep(self, job_id: str, entry: Entry) -> None:

@@ -47,10 +47,18 @@ def _slurm_time(text: str | None) -> float | None:
 
 
 def scontrol_job(slurm_id: str) -> dict[str, str] | None:
+    """`scontrol show job`'s fields; for an array, its tasks summed up: the first task that
+    did not complete speaks for it (its state and exit code), times span all tasks."""
     out = _slurm("scontrol", "show", "job", slurm_id)
     if out.returncode != 0:
         return None
-    return dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+    tasks = [dict(f.split("=", 1) for f in block.split() if "=" in f)
+             for block in out.stdout.split("\n\n") if "JobState=" in block]
+    if not tasks:
+        return None
+    worst = next((t for t in tasks if t.get("JobState") != "COMPLETED"), tasks[0])
+    return {**worst, "StartTime": min(t.get("StartTime", "") for t in tasks),
+            "EndTime": max(t.get("EndTime", "") for t in tasks), "Tasks": str(len(tasks))}
 
 
 class BridgeWorker(Worker):
@@ -59,6 +67,7 @@ class BridgeWorker(Worker):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.followed_at = 0.0
+        self.arrivals.expand_sweeps = False  # a sweep goes to Slurm whole, as one array job
 
     def observe(self) -> None:
         """No GPUs here: Slurm's nodes have them. Only the records this bridge follows."""
@@ -73,9 +82,12 @@ class BridgeWorker(Worker):
         handed = [r for r in self.running if r.slurm_id]
         if not handed:
             return
-        out = _slurm("squeue", "-h", "-o", "%i %T", "-j", ",".join(r.slurm_id for r in handed))
-        active = {line.split()[0]: line.split()[1] for line in out.stdout.splitlines() if line.strip()} \
-            if out.returncode == 0 else {}
+        out = _slurm("squeue", "-h", "-o", "%F %T", "-j", ",".join(r.slurm_id for r in handed))
+        active: dict[str, str] = {}  # an array is active while any of its tasks is
+        for line in out.stdout.splitlines() if out.returncode == 0 else []:
+            job, _, state = line.partition(" ")
+            if active.get(job) != "RUNNING":
+                active[job] = state.strip()
         for record in handed:
             if active.get(record.slurm_id) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
                 if active[record.slurm_id] == "RUNNING" and record.started_at is None:
@@ -130,10 +142,10 @@ class BridgeWorker(Worker):
         states = self.dep_states.lookup(referenced(j.spec for j in pending))
         for job in queue_order([j for j in pending if j.id not in doomed], {}, self.config, wall_time()):
             deps = {d: "done" for d in job.spec.after} | {d: "any" for d in job.spec.after_any}
-            if job.spec.sweep or any(d not in handed and (states.get(d) != "done" if want == "done" else
+            if any(d not in handed and (states.get(d) != "done" if want == "done" else
                                                           states.get(d) not in FINAL)
                                      for d, want in deps.items()):
-                continue  # a sweep is expanded first; a job waits in gpuq until its dependencies are Slurm's
+                continue  # it waits in gpuq until its dependencies are Slurm's
             # Slurm waits for the dependencies still open; ended ones need no --dependency
             self._hand(job, {d: handed[d] for d in deps if d in handed and states.get(d) not in FINAL})
 

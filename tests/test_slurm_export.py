@@ -132,6 +132,9 @@ def test_a_dependency_on_a_handed_over_job_waits_for_it(slurm, tmp_path):
 def test_the_bridge_hands_jobs_to_slurm_and_keeps_gpuqs_records_true(slurm, queue):
     queue.write_config(backend="slurm")
     queue.start_worker("bridge", "1x80GiB", env=slurm.env)
+    # Slurm's smallest time limit is a minute, checked every 30 s: this one runs alongside the rest
+    queue.drop("slow.yaml", "command: sleep 600\ngpus: 0\ntime_limit: 1m\n")
+    queue.drop("hp.yaml", "command: echo lr={lr} task $SLURM_ARRAY_TASK_ID\ngpus: 0\nsweep: {lr: [1, 2, 3]}\n")
     queue.drop("fails.yaml", "command: echo in slurm $SLURM_JOB_ID; exit 3\ngpus: 1\n")
     queue.drop("prep.yaml", "command: sleep 1; echo prepared\ngpus: 0\n")
     queue.drop("train.yaml", "command: echo trained\ngpus: 0\nafter: [prep]\n")
@@ -148,3 +151,9 @@ def test_the_bridge_hands_jobs_to_slurm_and_keeps_gpuqs_records_true(slurm, queu
     queue.gpuq("cancel", "long")
     assert wait_until(lambda: queue.finished("long"), timeout=60)["state"] == "cancelled"
     assert slurm.job_state(row["slurm_id"])[0] == "CANCELLED"
+    sweep = wait_until(lambda: queue.finished("hp"), timeout=60, what="the sweep's array to end")
+    assert sweep["state"] == "done" and sweep["slurm_id"]
+    assert [f"lr={i + 1} task {i}" in (queue.root / "logs" / f"hp-{i}.log").read_text() for i in range(3)] == [True] * 3
+    assert queue.finished("hp_lr1") is None  # one array in Slurm, not three gpuq jobs
+    slow = wait_until(lambda: queue.finished("slow"), timeout=180, what="Slurm to end slow at its time limit")
+    assert slow["state"] == "timeout" and slow["reason"] == f"Slurm job {slow['slurm_id']}: TIMEOUT"
