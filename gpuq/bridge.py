@@ -20,11 +20,11 @@ import time
 from dataclasses import replace
 
 from .deps import FINAL, gates, referenced
-from .faults import wall_time
+from .faults import crash_point, wall_time
 from .plan import queue_order
 from .slurm_export import ExportError, sbatch_script
-from .spool import (Record, claim, claim_name, next_attempt, read_json, record_start, transition,
-                    write_json, write_record)
+from .spool import (Record, claim, claim_name, next_attempt, read_json, record_requeue, record_start,
+                    transition, write_json, write_record)
 from .states import State
 from .worker import Worker
 
@@ -68,6 +68,39 @@ class BridgeWorker(Worker):
         super().__init__(*args, **kwargs)
         self.followed_at = 0.0
         self.arrivals.expand_sweeps = False  # a sweep goes to Slurm whole, as one array job
+
+    def run(self, once: bool = False, exit_when_idle: bool = False) -> None:
+        self.find_lost_hand_overs()
+        super().run(once, exit_when_idle)
+
+    def find_lost_hand_overs(self) -> None:
+        """Records an earlier bridge wrote but died before noting their Slurm id: find the job
+        by the comment sbatch was given (`gpuq:<claim>`) among every job Slurm knows; one
+        Slurm never got goes back to the queue at its old place."""
+        orphans = [r for r in self._own_running() if not r.slurm_id]
+        if not orphans:
+            return
+        out = _slurm("scontrol", "show", "job")
+        known = {}
+        for block in out.stdout.split("\n\n") if out.returncode == 0 else []:
+            fields = dict(f.split("=", 1) for f in block.split() if "=" in f)
+            if fields.get("Comment", "").startswith("gpuq:"):
+                known.setdefault(fields["Comment"][5:], fields.get("ArrayJobId") or fields.get("JobId"))
+        for record in orphans:
+            slurm_id = known.get(record.claim or "")
+            if slurm_id:
+                self._note_slurm_id(record, slurm_id)
+                log.info("found %s in Slurm as job %s", record.id, slurm_id)
+            elif out.returncode == 0:
+                record_requeue(self.layout, record, self.host, "never reached Slurm; requeued")
+                self.recovery.put_back(record.id, self.layout.claims / (record.claim or ""))
+                log.info("requeued %s: it never reached Slurm", record.id)
+
+    def _note_slurm_id(self, record: Record, slurm_id: str) -> None:
+        write_record(self.layout, replace(record, slurm_id=slurm_id, reason=f"Slurm job {slurm_id}"))
+        directory = self.layout.state / "slurm"
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / f"{record.id}.json", {"slurm_id": slurm_id, "claim": record.claim})
 
     def observe(self) -> None:
         """No GPUs here: Slurm's nodes have them. Only the records this bridge follows."""
@@ -187,10 +220,8 @@ class BridgeWorker(Worker):
             transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
                        reason=f"sbatch refused it: {out.stderr.strip()[-300:]}")
             return
+        crash_point("bridge:submitted")
         slurm_id = out.stdout.strip().split(";")[0]
-        write_record(self.layout, replace(record, slurm_id=slurm_id, reason=f"Slurm job {slurm_id}"))
-        directory = self.layout.state / "slurm"
-        directory.mkdir(parents=True, exist_ok=True)
-        write_json(directory / f"{job.id}.json", {"slurm_id": slurm_id, "claim": name})
+        self._note_slurm_id(record, slurm_id)
         log.info("handed %s to Slurm as job %s", job.id, slurm_id)
 

@@ -32,6 +32,8 @@ CRASH_POINTS = (
     "supervisor:recorded",       # the finished record is written; the running one not removed
     "supervisor:cleaned",        # records done, local files removed; the worker not yet poked
 )
+# Slurm bridge mode (bridge.py; tests/test_slurm_export.py)
+BRIDGE_CRASH_POINTS = ("bridge:submitted",)  # sbatch took the job; its Slurm id is not recorded yet
 
 _crash_at = os.environ.get(CRASH_ENV)
 _clock_shift_s = float(os.environ.get(CLOCK_SHIFT_ENV) or 0.0)

@@ -157,3 +157,19 @@ def test_the_bridge_hands_jobs_to_slurm_and_keeps_gpuqs_records_true(slurm, queu
     assert queue.finished("hp_lr1") is None  # one array in Slurm, not three gpuq jobs
     slow = wait_until(lambda: queue.finished("slow"), timeout=180, what="Slurm to end slow at its time limit")
     assert slow["state"] == "timeout" and slow["reason"] == f"Slurm job {slow['slurm_id']}: TIMEOUT"
+
+
+def test_a_bridge_killed_after_sbatch_finds_its_job_in_slurm_and_runs_it_once(slurm, queue):
+    import signal as sig
+
+    queue.write_config(backend="slurm")
+    queue.start_worker("bridge", "1x80GiB", env={**slurm.env, "GPUQ_TEST_CRASH_AT": "bridge:submitted"})
+    queue.drop("once.yaml", "command: echo ran >> once.out\ngpus: 0\n"
+                            f"workdir: {queue.root}\n")
+    assert queue.workers["bridge"].wait(timeout=60) == -sig.SIGKILL  # killed right after sbatch
+    orphan = queue.record("once")
+    assert orphan["state"] == "running" and orphan["slurm_id"] is None
+    queue.start_worker("bridge", "1x80GiB", env=slurm.env)
+    done = wait_until(lambda: queue.finished("once"), timeout=60, what="the restarted bridge to follow it")
+    assert done["state"] == "done" and done["slurm_id"]
+    assert (queue.root / "once.out").read_text() == "ran\n"  # handed to Slurm once, run once
