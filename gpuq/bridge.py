@@ -46,11 +46,24 @@ def _slurm_time(text: str | None) -> float | None:
         return None
 
 
+class SlurmUnreachable(Exception):
+    """The controller did not answer: try again later, never conclude anything from it."""
+
+
+def _unknown_job(out: subprocess.CompletedProcess) -> bool:
+    """A failed squeue/scontrol: because Slurm no longer knows the job (False: it did not
+    answer at all, and SlurmUnreachable is raised)."""
+    if "Invalid job id" in out.stderr:
+        return True
+    raise SlurmUnreachable(out.stderr.strip()[-200:] or f"exit {out.returncode}")
+
+
 def scontrol_job(slurm_id: str) -> dict[str, str] | None:
-    """`scontrol show job`'s fields; for an array, its tasks summed up: the first task that
-    did not complete speaks for it (its state and exit code), times span all tasks."""
+    """`scontrol show job`'s fields (None: Slurm no longer knows the job); for an array, its
+    tasks summed up: the first task that did not complete speaks for it (its state and exit
+    code), times span all tasks."""
     out = _slurm("scontrol", "show", "job", slurm_id)
-    if out.returncode != 0:
+    if out.returncode != 0 and _unknown_job(out):
         return None
     tasks = [dict(f.split("=", 1) for f in block.split() if "=" in f)
              for block in out.stdout.split("\n\n") if "JobState=" in block]
@@ -115,18 +128,23 @@ class BridgeWorker(Worker):
         handed = [r for r in self.running if r.slurm_id]
         if not handed:
             return
-        out = _slurm("squeue", "-h", "-o", "%F %T", "-j", ",".join(r.slurm_id for r in handed))
-        active: dict[str, str] = {}  # an array is active while any of its tasks is
-        for line in out.stdout.splitlines() if out.returncode == 0 else []:
-            job, _, state = line.partition(" ")
-            if active.get(job) != "RUNNING":
-                active[job] = state.strip()
-        for record in handed:
-            if active.get(record.slurm_id) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
-                if active[record.slurm_id] == "RUNNING" and record.started_at is None:
-                    self._note_start(record)
-                continue
-            self._settle(record)
+        try:
+            out = _slurm("squeue", "-h", "-o", "%F %T", "-j", ",".join(r.slurm_id for r in handed))
+            if out.returncode != 0:
+                _unknown_job(out)
+            active: dict[str, str] = {}  # an array is active while any of its tasks is
+            for line in out.stdout.splitlines():
+                job, _, state = line.partition(" ")
+                if active.get(job) != "RUNNING":
+                    active[job] = state.strip()
+            for record in handed:
+                if active.get(record.slurm_id) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
+                    if active[record.slurm_id] == "RUNNING" and record.started_at is None:
+                        self._note_start(record)
+                    continue
+                self._settle(record)
+        except (SlurmUnreachable, subprocess.TimeoutExpired) as e:
+            log.warning("Slurm did not answer (%s); its jobs are followed again next pass", e)
 
     def _note_start(self, record: Record) -> None:
         info = scontrol_job(record.slurm_id or "") or {}
@@ -216,6 +234,11 @@ class BridgeWorker(Worker):
             return
         out = subprocess.run(["sbatch", "--parsable", f"--comment=gpuq:{name}"], input=script,
                              capture_output=True, text=True, timeout=60)
+        if out.returncode != 0 and any(m in out.stderr for m in ("Unable to contact", "timed out", "Zero Bytes")):
+            record_requeue(self.layout, record, self.host, "Slurm did not answer; requeued")
+            self.recovery.put_back(job.id, claimed)  # the controller was away: try again later
+            log.warning("sbatch of %s: Slurm did not answer (%s)", job.id, out.stderr.strip()[-200:])
+            return
         if out.returncode != 0:
             transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
                        reason=f"sbatch refused it: {out.stderr.strip()[-300:]}")

@@ -173,3 +173,35 @@ def test_a_bridge_killed_after_sbatch_finds_its_job_in_slurm_and_runs_it_once(sl
     done = wait_until(lambda: queue.finished("once"), timeout=60, what="the restarted bridge to follow it")
     assert done["state"] == "done" and done["slurm_id"]
     assert (queue.root / "once.out").read_text() == "ran\n"  # handed to Slurm once, run once
+
+
+def test_an_unreachable_controller_concludes_nothing(monkeypatch):
+    import gpuq.bridge as bridge
+
+    def answer(stderr: str):
+        return lambda *cmd: subprocess.CompletedProcess(cmd, 1, "", stderr)
+    monkeypatch.setattr(bridge, "_slurm", answer("slurm_load_jobs error: Unable to contact slurm controller"))
+    with pytest.raises(bridge.SlurmUnreachable):  # never "lost" because the controller was down
+        bridge.scontrol_job("5")
+    monkeypatch.setattr(bridge, "_slurm", answer("slurm_load_jobs error: Invalid job id specified"))
+    assert bridge.scontrol_job("5") is None  # Slurm answered: it no longer knows the job
+
+
+def test_a_job_waits_in_gpuq_while_sbatch_cannot_reach_the_controller(slurm, queue, tmp_path):
+    import os
+    import time
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: "
+                                 "Unable to contact slurm controller (connect failure)' >&2\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    queue.write_config(backend="slurm")
+    queue.start_worker("bridge", "1x80GiB", env={**slurm.env, "PATH": f"{fake}:{os.environ['PATH']}"})
+    queue.drop("patient.yaml", "command: echo made it\ngpus: 0\n")
+    time.sleep(3)  # several passes, each refused by the fake sbatch
+    requeued = [e for e in queue.events() if e["job"] == "patient" and e["reason"] == "Slurm did not answer; requeued"]
+    assert queue.finished("patient") is None and len(requeued) >= 2  # never failed for it
+    (fake / "sbatch").unlink()  # the controller is back: the real sbatch answers
+    done = wait_until(lambda: queue.finished("patient"), timeout=60, what="patient to run once Slurm answers")
+    assert done["state"] == "done" and done["attempt"] > 1 and "made it" in queue.log("patient")
