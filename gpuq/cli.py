@@ -269,17 +269,6 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
-def cmd_completion(args: argparse.Namespace) -> int:
-    from .completion import host_names, job_ids, script
-
-    if args.verb == "completion":
-        print(script(args.shell, build_parser()), end="")
-        return 0
-    layout = open_layout(args)
-    print("\n".join(job_ids(layout, args.prefix) if args.verb == "_ids" else host_names(layout)))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuq", description="A GPU job queue in a shared directory.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
@@ -369,11 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("doctor", _lazy("cli_workflow", "cmd_doctor"), "check NVML, hosts, permissions, file systems, "
                                                              "clocks, cron and versions; each finding with its fix")
     sp.add_argument("--json", action="store_true")
-    sp = verb("completion", cmd_completion, "print the shell completion script: eval \"$(gpuq completion bash)\"")
+    sp = verb("completion", _lazy("completion", "cmd_completion"), "print the shell completion script: eval \"$(gpuq completion bash)\"")
     sp.add_argument("shell", choices=("bash", "zsh"))
     for hidden in ("_ids", "_hosts"):  # for the completion script; not listed in --help
         sp = sub.add_parser(hidden)
-        sp.set_defaults(handler=cmd_completion)
+        sp.set_defaults(handler=_lazy("completion", "cmd_completion"))
         if hidden == "_ids":
             sp.add_argument("prefix", nargs="?", default="")
     sp = verb("report", _lazy("cli_reports", "cmd_report"), "GPU-hours used and held idle, waits, utilization and queue length "

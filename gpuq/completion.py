@@ -85,3 +85,15 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
 def script(shell: str, parser: argparse.ArgumentParser) -> str:
     return bash_script(parser) if shell == "bash" else zsh_script(parser)
 
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """`gpuq completion bash|zsh`, and the hidden `gpuq _ids PREFIX` / `gpuq _hosts` it calls."""
+    from .cli import build_parser, open_layout
+
+    if args.verb == "completion":
+        print(script(args.shell, build_parser()), end="")
+        return 0
+    layout = open_layout(args)
+    print("\n".join(job_ids(layout, args.prefix) if args.verb == "_ids" else host_names(layout)))
+    return 0
