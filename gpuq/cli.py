@@ -45,109 +45,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _never_fits(layout, data: dict) -> str | None:
-    from .plan import PendingJob
-    from .spec import validate_spec
-    from .views import never_fits
-
-    spec = validate_spec(data, "gpuq submit")
-    return never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
-
-
-def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
-    """`gpuq submit --spec FILE`: the file as is, refused exactly as a worker would refuse it."""
-    from .intake import read_spec_file
-    from .plan import PendingJob
-    from .spec import SpecError, parse_spec_text
-    from .submit import SubmitError, check_dependencies, place_spec, readable_base
-    from .views import never_fits
-
-    if command:
-        print("gpuq submit: give either --spec FILE or a command, not both", file=sys.stderr)
-        return 2
-    try:
-        raw, _ = read_spec_file(Path(args.spec), args.spec)
-        spec = parse_spec_text(raw, args.spec)
-        layout = open_layout(args)
-        refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
-        if refused:
-            print(f"gpuq submit: {args.spec}: no GPU in the team can ever hold this job: {refused}. "
-                  "Fix: ask for less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
-            return 2
-        check_dependencies(layout, spec)
-        job_id = place_spec(layout, raw, args.id, readable_base([], Path(args.spec).stem))
-    except SpecError as e:
-        print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
-        return 2
-    except (SubmitError, OSError) as e:
-        print(f"gpuq submit: {args.spec}: {e}", file=sys.stderr)
-        return 2
-    print(job_id)
-    return 0
-
-
-def cmd_submit(args: argparse.Namespace) -> int:
-    import os
-
-    from .spec import SpecError
-    from .submit import SubmitError, build_spec, exported_environment, readable_base, write_spec
-    from .wake import poke
-
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.spec:
-        return _submit_file(args, command)
-    if not command:
-        print("gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- "
-              "python train.py", file=sys.stderr)
-        return 2
-    layout = open_layout(args)
-    env = exported_environment()
-    for pair in args.env or []:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            print(f"gpuq submit: --env {pair!r}: write NAME=VALUE", file=sys.stderr)
-            return 2
-        env[key] = value
-    data = build_spec(command, args.gpus, args.gpu_mem, args.name, args.priority,
-                      args.hosts.split(",") if args.hosts else None, env,
-                      os.path.abspath(args.workdir or os.getcwd()),
-                      _ids(args.after), _ids(args.after_any))
-    try:
-        refused = _never_fits(layout, data)
-        if refused:
-            print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Fix: ask for "
-                  "less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
-            return 2
-        if args.array:
-            from .cli_workflow import submit_array
-
-            job_id = submit_array(layout, data, args)
-            if job_id is None:
-                return 2
-        else:
-            job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name))
-    except SpecError as e:
-        where = f"--{e.field.replace('_', '-')}" if e.field in SUBMIT_OPTIONS else (e.field or "spec")
-        print(f"gpuq submit: {where}: {e.problem}. Fix: {e.fix}. Nothing was written.", file=sys.stderr)
-        return 2
-    except SubmitError as e:
-        print(f"gpuq submit: {e}", file=sys.stderr)
-        return 2
-    config = read_config(layout)
-    host = this_host()
-    poke(config.local_dir_for(layout, host))
-    print(job_id)
-    return 0
-
-
-SUBMIT_OPTIONS = ("gpus", "gpu_mem", "name", "priority", "hosts", "workdir", "env", "after", "after_any")
-
-
-def _ids(values: list[str] | None) -> list[str]:
-    """Repeated or comma-separated ids: --after a --after b,c -> [a, b, c]."""
-    return [i for v in values or [] for i in v.split(",") if i]
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     from .views import find_job
 
@@ -282,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("status", cmd_status, "hosts, GPUs, running, pending (with reasons), finished")
     sp.add_argument("--json", action="store_true", help="the documented JSON document")
     sp.add_argument("--all", action="store_true", help="list every pending job")
-    sp = verb("submit", cmd_submit, "write a spec into jobs/; prints the job id last")
+    sp = verb("submit", _lazy("cli_submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
     sp.add_argument("--gpus", type=int, default=1, help="GPUs on one host (0: CPU only); default 1")
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
     sp.add_argument("--name", help="label, and the stem of the id")
@@ -297,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--after-any", action="append", metavar="ID[,ID]",
                     help="start after these jobs ended, whatever the result")
     sp.add_argument("--spec", metavar="FILE", help="submit this spec file as it is (checked as a worker would)")
+    from .cli_submit import add_environment_options
+
+    add_environment_options(sp)
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     sp = verb("show", cmd_show, "everything known about one job")
     sp.add_argument("id")

@@ -63,6 +63,7 @@ class Config:
     idle_windows: tuple["Window", ...] = ()  # when opportunistic jobs may run; empty: always
     # Slurm (slurm_export.py, bridge.py; README "Moving to Slurm").
     backend: str = "local"              # slurm: workers hand jobs to Slurm instead of running them
+    container_runtime: str = "docker"   # a spec's container without a runtime runs with this one
     slurm_partitions: dict[str, str] = field(default_factory=dict)  # priority class -> partition
     slurm_qos: dict[str, str] = field(default_factory=dict)         # priority class -> QOS
     slurm_gpu_mem: str = "comment"      # how gpu_mem is expressed: comment, constraint or shards
@@ -195,6 +196,14 @@ def _backend(v: Any) -> str:
     return v
 
 
+def _container_runtime(v: Any) -> str:
+    from .environments import RUNTIMES
+
+    if v not in RUNTIMES:
+        raise ValueError(f"must be one of {', '.join(RUNTIMES)}")
+    return v
+
+
 def _slurm_gpu_mem(v: Any) -> str:
     if v not in ("comment", "constraint", "shards"):
         raise ValueError("must be comment, constraint (with slurm_gpu_types) or shards (with slurm_shard_mib)")
@@ -264,6 +273,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "idle_after_s": ("idle_after_s", _positive(float)),
     "idle_windows": ("idle_windows", _windows),
     "backend": ("backend", _backend),
+    "container_runtime": ("container_runtime", _container_runtime),
     "slurm_partitions": ("slurm_partitions", _class_map),
     "slurm_qos": ("slurm_qos", _class_map),
     "slurm_gpu_mem": ("slurm_gpu_mem", _slurm_gpu_mem),

@@ -162,6 +162,11 @@ def use(mem_mib: int, util: int, seconds: float | None, command: list[str]) -> i
                         "on a worker started with --fake-gpus")
     path = Path(spec)
     visible = [int(i) for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
+    # Inside a docker/podman container the job's GPUs are numbered from 0, and the NVIDIA
+    # container runtime names the host's in NVIDIA_VISIBLE_DEVICES: fake memory goes there.
+    host_gpus = os.environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",")
+    if all(g.strip().isdigit() for g in host_gpus) and all(i < len(host_gpus) for i in visible):
+        visible = [int(host_gpus[i]) for i in visible]
     pid = os.getpid()
     _update_processes(path, lambda procs: procs + [
         {"pid": pid, "gpu": gpu, "used_mib": mem_mib, "util": util} for gpu in visible])

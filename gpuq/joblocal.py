@@ -32,12 +32,18 @@ class Runtime:
     grace_s: float
     lost_after_s: float
     extra_env: dict[str, str]          # e.g. GPUQ_FAKE_GPUS for fake GPUs
+    container_runtime: str = "docker"  # config container_runtime: for containers that name none
 
     def lock_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.lock"
 
     def stop_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.stop"
+
+    def container_path(self, job_id: str) -> Path:
+        """The main process of the job's docker/podman container (not in the job's process
+        tree: the runtime's daemon started it), so that its GPU memory counts as the job's."""
+        return self.local_dir / "jobs" / f"{job_id}.container"
 
     def usage_path(self, job_id: str) -> Path:
         """GPU usage sampled by the worker (usage.py), read by the supervisor at the end."""
@@ -51,12 +57,13 @@ class Runtime:
     def to_json(self) -> dict:
         return {"root": str(self.layout.root), "host": self.host, "boot_id": self.boot_id,
                 "local_dir": str(self.local_dir), "grace_s": self.grace_s,
-                "lost_after_s": self.lost_after_s, "extra_env": self.extra_env}
+                "lost_after_s": self.lost_after_s, "extra_env": self.extra_env,
+                "container_runtime": self.container_runtime}
 
     @classmethod
     def from_json(cls, d: dict) -> "Runtime":
         return cls(Layout(Path(d["root"])), d["host"], d["boot_id"], Path(d["local_dir"]),
-                   d["grace_s"], d["lost_after_s"], d["extra_env"])
+                   d["grace_s"], d["lost_after_s"], d["extra_env"], d.get("container_runtime", "docker"))
 
 
 def write_lease(rt: Runtime, now_mono: float) -> None:
@@ -124,9 +131,33 @@ def supervisor_pid(rt: Runtime, record: Record) -> int | None:
     return pid if pid and process_start_ticks(pid) == marker.get("ticks") else None
 
 
+def write_container_pid(rt: Runtime, record: Record, pid: int) -> None:
+    data = {"claim": record.claim, "pid": pid, "ticks": process_start_ticks(pid)}
+    try:
+        rt.container_path(record.id).write_text(json.dumps(data))
+    except OSError:
+        pass  # its GPU memory counts as someone else's meanwhile: stricter, never overcommitted
+
+
+def job_roots(rt: Runtime, record: Record) -> list[int]:
+    """The processes whose descendants are the job: its live supervisor, and the main process
+    of its container when a runtime's daemon started that (containers.py)."""
+    pid = supervisor_pid(rt, record)
+    if pid is None:
+        return []
+    try:
+        container = json.loads(rt.container_path(record.id).read_bytes())
+    except (OSError, ValueError):
+        return [pid]
+    cpid = container.get("pid")
+    alive = container.get("claim") == record.claim and cpid and process_start_ticks(cpid) == container.get("ticks")
+    return [pid, cpid] if alive else [pid]
+
+
 def finish_local(rt: Runtime, record: Record) -> None:
     """Remove the attempt's local files and its claim; the record now holds the spec."""
-    paths = [rt.stop_path(record.id), rt.usage_path(record.id), rt.lock_path(record.id)]
+    paths = [rt.stop_path(record.id), rt.usage_path(record.id), rt.container_path(record.id),
+             rt.lock_path(record.id)]
     if record.claim:
         paths.append(rt.layout.claims / record.claim)
     for path in paths:

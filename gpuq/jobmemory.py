@@ -1,6 +1,8 @@
 """Which job's processes use which GPU memory: NVML lists processes per GPU; a process
 belongs to the job whose supervisor is among its ancestors (the supervisor is a subreaper,
-so a job's orphans stay under it). What belongs to no job is someone else's use."""
+so a job's orphans stay under it), or its docker/podman container's main process (started
+by the runtime's daemon, outside the supervisor's tree). What belongs to no job is someone
+else's use."""
 from __future__ import annotations
 
 from typing import Callable
@@ -11,14 +13,14 @@ from .probe import GpuSnapshot
 from .spool import Record
 
 
-def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record], supervisor_of: Callable[[Record], int | None]
+def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record], roots_of: Callable[[Record], list[int]]
                        ) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
     """NVML's per-process memory, summed per job: a process belongs to the job whose
     supervisor is among its ancestors (the supervisor is a subreaper, so orphans stay).
     Also the memory of processes that belong to no job, per GPU (someone else's use)."""
     if not any(g.processes for g in gpus):
         return {}, {}
-    supervisors = {pid: r.id for r in running if (pid := supervisor_of(r))}
+    supervisors = {pid: r.id for r in running for pid in roots_of(r)}
     owner_of: dict[int, str | None] = {}
 
     def owner(pid: int) -> str | None:

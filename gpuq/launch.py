@@ -8,11 +8,17 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import shlex
 import signal
 import stat
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from .containers import ContainerControl, ContainerRun, Owner, container_name, container_run
+from .environments import command_argv, prelude_lines
 from .joblocal import Runtime
+from .limits import pinned
 from .owners import Identity
 from .spec import JobSpec
 from .spool import Record
@@ -25,9 +31,10 @@ def inherited_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("GPUQ_", "CUDA_VISIBLE"))}
 
 
-def job_environment(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
-    env = dict(inherited_environment())
-    env.update(spec.env)
+def job_variables(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
+    """What gpuq gives the job, on the host or inside a container: the spec's env, then
+    gpuq's own variables (README "The job's environment")."""
+    env = dict(spec.env)
     env.update(rt.extra_env)
     env.update({
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA numbers GPUs as NVML does
@@ -40,7 +47,58 @@ def job_environment(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str
         "GPUQ_HOST": rt.host,
         "GPUQ_ROOT": str(rt.layout.root),
     })
+    if record.restarts:
+        env["GPUQ_RESTARTS"] = str(record.restarts)
     return env
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One start of a job's command: what is spawned, where, as whom."""
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    identity: Identity | None          # the spawned process's user (None: the supervisor's)
+    container: ContainerRun | None = None
+
+
+def build_launch(rt: Runtime, record: Record, spec: JobSpec, identity: Identity | None) -> Launch:
+    """The job's command (after its venv/conda/setup prelude), on the host with the worker's
+    environment plus the job's variables, or through its container's runtime, whose
+    container sees only the job's variables (the host's PATH would hide the image's)."""
+    workdir = spec.workdir or str(rt.layout.root)
+    inner = command_argv(spec.command, prelude_lines(spec.venv, spec.conda, spec.setup))
+    variables = job_variables(rt, record, spec)
+    if spec.container is None:
+        env = {**inherited_environment(), **variables, **(identity.environment() if identity else {})}
+        return Launch(inner, env, workdir, identity)
+    if identity is not None:  # the image decides HOME; the owner's name is still theirs
+        variables.update(USER=identity.name, LOGNAME=identity.name)
+    owner = Owner(identity.uid, identity.gid, tuple(identity.groups)) if identity else \
+        Owner(os.getuid(), os.getgid(), tuple(os.getgroups()))
+    run = container_run(spec.container, spec.container.runtime or rt.container_runtime, inner, variables, workdir,
+                        record.gpus, owner, os.geteuid() == 0,
+                        container_name(record.id, record.attempt, record.restarts),
+                        record.cpu_cores, record.mem_limit_mib)
+    client = identity if run.client_as_owner else None
+    env = {**inherited_environment(), **run.env, **(client.environment() if client else {})}
+    return Launch(run.argv, env, workdir, client, run)
+
+
+def start_run(rt: Runtime, record: Record, spec: JobSpec, identity: Identity | None, lock_fd: int,
+              log_fd: int, log: Callable[[int, str], None]) -> tuple[int, ContainerControl | None]:
+    """Spawn one run of the job (its first, or a service's restart), pinned to its cores;
+    for a docker/podman container, also the control that stops and removes it with the job.
+    Raises OSError naming what failed."""
+    launch = build_launch(rt, record, spec, identity)
+    control = None
+    if launch.container is not None:
+        log(log_fd, f"==> container: {shlex.join(launch.argv)}\n")
+        if launch.container.name is not None:  # docker/podman: the container outlives its client
+            control = ContainerControl(launch.container, launch.env, lambda text: log(log_fd, f"==> gpuq: {text}\n"))
+            control.remove()  # a leftover of this very name (a crashed supervisor's) would refuse the run
+    with pinned(record.cpu_cores):
+        return spawn_job(launch, log_fd, lock_fd), control
 
 
 # Dispositions a job must not inherit from its supervisor (ignored signals survive exec).
@@ -73,13 +131,12 @@ def open_log(path: Path, owner: Identity | None) -> int:
     return fd
 
 
-def spawn_job(spec: JobSpec, env: dict[str, str], workdir: str, log_fd: int, lock_fd: int,
-               identity: Identity | None) -> int:
+def spawn_job(launch: Launch, log_fd: int, lock_fd: int) -> int:
     """Start the job in its own process group, output to its log, holding the job lock.
     posix_spawn (vfork and exec in C) rather than subprocess: no Python runs in the child,
     which saves a millisecond of copied pages per job. Raises OSError naming what failed.
     A job that must change identity starts through subprocess (posix_spawn cannot)."""
-    argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
+    argv, env, workdir, identity = launch.argv, launch.env, launch.cwd, launch.identity
     if identity is not None:
         return _spawn_as(identity, argv, env, workdir, log_fd, lock_fd)
     try:

@@ -74,6 +74,7 @@ class HostView:
     gpus: tuple[GpuSnapshot, ...]
     cpu_slots: int
     others_idle_since: Mapping[int, float | None] = field(default_factory=dict)
+    runtimes: frozenset[str] | None = None  # container runtimes it has (None: not probed, any)
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,9 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
                 waits(job, blocked[job.id])
             continue
         spec = job.spec
+        runtime = (spec.container.runtime or config.container_runtime) if spec.container else None
         shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0],
-                 job.user if booked else None)
+                 job.user if booked else None, runtime)
         cap = config.max_gpus_per_user
         if cap is not None and spec.gpus and held_gpus.get(job.user, 0) + spec.gpus > cap:
             if explain:
@@ -171,8 +173,11 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
             if explain:
                 waits(job, failed[shape])
             continue
-        allowed = [h.name for h in hosts if not spec.hosts or h.name in spec.hosts]
-        if spec.gpus == 0:
+        allowed = [h.name for h in hosts if (not spec.hosts or h.name in spec.hosts)
+                   and (runtime is None or h.runtimes is None or runtime in h.runtimes)]
+        if runtime is not None and not allowed and (lacking := [h for h in hosts if not spec.hosts or h.name in spec.hosts]):
+            failed[shape] = reasons.why_runtime(runtime, lacking)
+        elif spec.gpus == 0:
             host = next((h for h in allowed if cpu_free[h] > 0), None)
             if host is not None:
                 cpu_free[host] -= 1

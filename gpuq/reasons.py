@@ -16,6 +16,12 @@ def hosts_text(spec: "JobSpec") -> str:
     return f" among hosts {', '.join(spec.hosts)}" if spec.hosts else ""
 
 
+def why_runtime(runtime: str, hosts: Sequence["HostView"]) -> str:
+    """No allowed host has the container runtime the job needs."""
+    have = "; ".join(f"{h.name}: {', '.join(sorted(h.runtimes or ())) or 'none'}" for h in hosts[:4])
+    return f"needs container runtime {runtime}, which no live host has ({have}{'; ...' if len(hosts) > 4 else ''})"
+
+
 def why_cpu(spec: "JobSpec", allowed: list[str], hosts: Sequence["HostView"]) -> str:
     if not allowed:
         return f"no live host{hosts_text(spec)}" + ("" if hosts else " (no worker is running)")

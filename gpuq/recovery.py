@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config import Config
+from .containers import remove_leftover
 from .faults import wall_time
 from .joblocal import Runtime, read_started
 from .layout import Layout
@@ -42,9 +43,13 @@ class Recovery:
         running_path = self.layout.record(self.layout.running, record.id)
         if self.layout.record(self.layout.finished, record.id).exists():
             running_path.unlink(missing_ok=True)  # the supervisor finished; a leftover copy
-        elif not running_path.exists():
-            pass  # settled meanwhile
-        elif record.boot_id != self.boot_id:
+            return
+        if not running_path.exists():
+            return  # settled meanwhile
+        if record.spec.get("container") and (name := remove_leftover(
+                record.spec, record.id, record.attempt, record.restarts, self.rt.container_runtime)):
+            log.warning("removed container %s of %s, left running by its dead supervisor", name, record.id)
+        if record.boot_id != self.boot_id:
             self.lose(record, "host rebooted")
         elif (marker := read_started(self.rt, record)) is None:
             self.requeue(record, "never started; requeued")

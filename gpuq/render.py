@@ -31,6 +31,9 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
             state += (f", DRAINING ({busy} running)" if busy else ", DRAINED") + \
                 f" by {h['drain']['by']}" + (f": {h['drain']['reason']}" if h["drain"].get("reason") else "")
         extra = f"  {h['probe_error']}" if h.get("probe_error") else ""
+        runtimes = [f"{n} {v}" for n, v in sorted(h.get("runtimes", {}).items())] + \
+            [f"{n} unusable: {why}" for n, why in sorted(h.get("runtime_problems", {}).items())]
+        extra += f"  containers: {', '.join(runtimes)}" if runtimes else ""
         out.append(f"  {h['host']}  {state} (seen {format_duration(h['last_seen_s'])} ago){extra}")
         rows = [["GPU", "NAME", "MEM USED/TOTAL", "USABLE", "UTIL", "TEMP", "JOBS"]]
         for g in h["gpus"]:
@@ -138,4 +141,8 @@ def show_text(job: dict[str, Any]) -> str:
             lines.append(f"{'env:':<18}{len(spec['env'])} variables (all of them: gpuq show --json)")
     elif job.get("command"):
         lines.append(f"{'command:':<18}{job['command']}")
+    if job.get("sees"):
+        from .preview import preview_lines
+
+        lines += preview_lines(job["sees"])
     return "\n".join(lines)

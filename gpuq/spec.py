@@ -11,62 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .layout import JOB_ID_RE
+from .environments import Container, parse_conda, parse_container, parse_setup, parse_venv
+from .fields import FIELDS
 from .units import DURATION_EXAMPLES, SIZE_EXAMPLES, parse_duration_s, parse_size_mib
 
 MAX_SPEC_BYTES = 256 * 1024
 PRIORITY_CLASSES = ("high", "normal", "low")
 CLASS_RANK = {"high": 0, "normal": 1, "low": 2}
-
-
-@dataclass(frozen=True)
-class Field:
-    type: str
-    default: str
-    doc: str
-    example: str
-
-
-# The schema, in one place. README's spec reference is checked against it by a test.
-FIELDS: dict[str, Field] = {
-    "command": Field("string or list of strings", "(required)",
-                     "A string runs under /bin/sh -c; a list is executed directly.",
-                     "python train.py --lr 3e-4"),
-    "name": Field("string", "the job id", "A label shown in status; free text.", "resnet baseline"),
-    "gpus": Field("integer >= 0", "1", "GPUs on one host; 0 is a CPU-only job.", "2"),
-    "gpu_mem": Field("size", "whole GPU", "GPU memory needed on each GPU. Absent: the whole GPU, "
-                     "exclusively.", "20GiB"),
-    "priority": Field("high|normal|low or integer", "normal",
-                      "Queue order: class first, then the integer (higher first), then age.", "high"),
-    "workdir": Field("absolute path", "the worker's root", "Directory the command runs in.",
-                     "/home/ana/proj"),
-    "env": Field("mapping of string to string", "{}", "Extra environment variables.",
-                 "{WANDB_MODE: offline}"),
-    "hosts": Field("list of host names", "any host", "Run only on these hosts.", "[box-a]"),
-    "preemptible": Field("true or false", "true for priority low", "Opportunistic: runs only on idle "
-                         "GPUs (and inside config idle_windows), and is stopped (SIGTERM, grace, SIGKILL) "
-                         "and requeued with GPUQ_PREEMPTED=1 when higher-priority work needs its memory, "
-                         "a non-gpuq process starts using its GPU, or its window closes.", "true"),
-    "grace": Field("duration", "config grace_s (10s)", "Time between SIGTERM and SIGKILL when the job "
-                   "is stopped (cancel, preemption): time to write a checkpoint.", "60s"),
-    "time_limit": Field("duration", "config time_limit (none)", "Longest run: past it the job gets "
-                        "SIGTERM, its grace, then SIGKILL, and its record says timeout.", "12h"),
-    "cpus": Field("integer >= 1", "config cpus (no pinning)", "CPU cores for the job: its affinity is "
-                  "that many cores, kept apart from other jobs' cores where the host has room.", "8"),
-    "mem": Field("size", "config mem (no limit)", "Host RAM of the job's whole process tree; above "
-                 "it the job is stopped, and its record says why.", "64GiB"),
-    "after": Field("list of job ids", "none", "Start only after each of these jobs succeeded; if one "
-                   "fails or is cancelled, this job is cancelled too, with that reason.", "[prep-1]"),
-    "after_any": Field("list of job ids", "none", "Start only after each of these jobs ended, "
-                       "whatever the result.", "[train-3]"),
-    "sweep": Field("mapping of name to list of values", "none", "One job per combination of the values; "
-                   "`{name}` in command is replaced by each value. Member ids: <id>_<name><value>-...", "{lr: [1e-3, 3e-4], seed: [1, 2]}"),
-    "restart": Field("never, on-failure or always", "never", "A service: when its command ends (always) or "
-                     "fails (on-failure), it is started again on the same GPUs after a backoff (1 s, doubling to "
-                     "5 min; back to 1 s after 10 min up), keeping its GPU memory meanwhile. Cancel, time limit "
-                     "and preemption still end it.", "on-failure"),
-    "retries": Field("integer >= 0", "config lost_retries (2)", "Re-runs when the job is lost with "
-                     "its host (dead, rebooted, fenced); a failing job is never re-run.", "0"),
-}
 
 
 def command_text(command: str | list[str] | tuple[str, ...] | None) -> str:
@@ -104,6 +55,10 @@ class JobSpec:
     after_any: tuple[str, ...] = () # ... or after these ended, whatever the result
     sweep: tuple[tuple[str, tuple], ...] = ()  # sweeps.py: expanded into member jobs, never run itself
     restart: str = "never"          # restarts.py: a service restarted in place after it ends
+    container: Container | None = None  # environments.py / containers.py: run inside this image
+    venv: str | None = None         # activated before the command ...
+    conda: str | None = None        # ... and this conda environment ...
+    setup: tuple[str, ...] = ()     # ... then these shell lines
 
     @property
     def exclusive(self) -> bool:
@@ -120,7 +75,9 @@ class JobSpec:
                 "retries": self.retries, "preemptible": self.preemptible, "grace_s": self.grace_s,
                 "time_limit_s": self.time_limit_s, "cpus": self.cpus, "mem_mib": self.mem_mib,
                 "after": list(self.after), "after_any": list(self.after_any),
-                "sweep": {k: list(v) for k, v in self.sweep}, "restart": self.restart}
+                "sweep": {k: list(v) for k, v in self.sweep}, "restart": self.restart,
+                "container": self.container.to_json() if self.container else None, "venv": self.venv,
+                "conda": self.conda, "setup": list(self.setup)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
@@ -136,7 +93,9 @@ class JobSpec:
             preemptible=d.get("preemptible", False), grace_s=d.get("grace_s"), time_limit_s=d.get("time_limit_s"),
             cpus=d.get("cpus"), mem_mib=d.get("mem_mib"), after=tuple(d.get("after", ())),
             after_any=tuple(d.get("after_any", ())),
-            sweep=tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()), restart=d.get("restart", "never"))
+            sweep=tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()), restart=d.get("restart", "never"),
+            container=Container.from_json(d.get("container")), venv=d.get("venv"), conda=d.get("conda"),
+            setup=tuple(d.get("setup") or ()))
         return spec
 
     def to_cache(self) -> dict[str, Any]:
@@ -173,6 +132,10 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         raise SpecError(file, "gpu_mem", "is set for a CPU-only job (gpus: 0)",
                         "remove gpu_mem, or ask for a GPU with `gpus: 1`")
     command = _command(data.get("command"), file)
+
+    def fail(field: str, problem: str, fix: str) -> SpecError:
+        return SpecError(file, field, problem, fix)
+
     return JobSpec(
         command=command,
         name=_optional_str(data, "name", file),
@@ -193,6 +156,10 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         after_any=_job_ids(data.get("after_any"), "after_any", file),
         sweep=_sweep(data.get("sweep"), command, file),
         restart=_restart(data.get("restart"), file),
+        container=parse_container(data.get("container"), fail),
+        venv=parse_venv(data.get("venv"), fail),
+        conda=parse_conda(data.get("conda"), fail),
+        setup=parse_setup(data.get("setup"), fail),
     )
 
 

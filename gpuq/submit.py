@@ -27,9 +27,25 @@ class SubmitError(Exception):
     pass
 
 
-def exported_environment() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if k not in NOT_EXPORTED and not k.startswith(NOT_EXPORTED_PREFIXES)}
+def exported_environment(export: str | None = None, container: bool = False) -> dict[str, str]:
+    """The submitter's variables a job records, as sbatch's --export: `ALL` (the default on
+    the host), `NONE` (the default in a container, whose image's PATH and libraries the host's
+    would hide), or `NAME,...` (only those), each followed by any `NAME=VALUE` to set."""
+    items = [i for i in (export or ("NONE" if container else "ALL")).split(",") if i]
+    if not items:
+        raise SubmitError("--export: give ALL, NONE, or variable names, e.g. --export PATH,WANDB_API_KEY,SEED=3")
+    mode = items[0] if items[0] in ("ALL", "NONE") else "NAMES"
+    env = {k: v for k, v in os.environ.items()
+           if k not in NOT_EXPORTED and not k.startswith(NOT_EXPORTED_PREFIXES)} if mode == "ALL" else {}
+    for item in items[1:] if mode != "NAMES" else items:
+        name, sep, value = item.partition("=")
+        if not name or not (name[0].isalpha() or name[0] == "_") or not name.replace("_", "a").isalnum():
+            raise SubmitError(f"--export: {item!r} is not a variable name or NAME=VALUE")
+        if sep:
+            env[name] = value
+        elif name in os.environ:
+            env[name] = os.environ[name]
+    return env
 
 
 def build_spec(command: list[str], gpus: int, gpu_mem: str | None, name: str | None,

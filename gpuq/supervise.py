@@ -29,9 +29,10 @@ from pathlib import Path
 from .config import FENCE_FRACTION, RECORD_FENCE_FRACTION
 from .faults import crash_point, io_fault, wall_time
 from .hostinfo import process_start_ticks
-from .joblocal import PREEMPTED, Runtime, finish_local, lease_age
-from .launch import forget_spawned, inherited_environment, job_environment, open_log, spawn_job
-from .limits import LimitWatch, pinned, stop_state
+from .joblocal import PREEMPTED, Runtime, finish_local, lease_age, write_container_pid
+from .containers import ContainerControl
+from .launch import forget_spawned, inherited_environment, open_log, start_run
+from .limits import LimitWatch, stop_state
 from .usage import read_gpu_usage
 from .owners import Identity
 from .proctree import kill_leftovers, signal_group
@@ -188,16 +189,13 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     exit_code: int | None = None
     sig: int | None = None
     job_pid = None
+    container: ContainerControl | None = None
     if _StopSignal.requested:
         stop_reason = _stop_reason(rt, record.id)  # stopped before it could start
     elif failure is None:
-        env = job_environment(rt, record, spec)
-        if identity is not None:
-            env.update(identity.environment())
         limits = LimitWatch(record, time.monotonic())
         try:
-            with pinned(record.cpu_cores):
-                job_pid = spawn_job(spec, env, spec.workdir or str(rt.layout.root), log_fd, lock_fd, identity)
+            job_pid, container = start_run(rt, record, spec, identity, lock_fd, log_fd, _log)
         except OSError as e:
             failure = f"cannot start: {e.strerror}: {e.filename}"
     if failure:
@@ -208,11 +206,13 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     quick_failures = 0
     while job_pid is not None:
         run_started = time.monotonic()
-        status, stop_reason, fenced, stopped_as = _wait(rt, record, job_pid, limits)
+        status, stop_reason, fenced, stopped_as = _wait(rt, record, job_pid, limits, container)
         forget_spawned(job_pid, status)
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         exit_code = None if sig is not None else os.WEXITSTATUS(status)
         kill_leftovers(job_pid, rt.grace_s)
+        if container is not None:
+            container.remove()
         crash_point("supervisor:exited")
         if time.monotonic() - run_started >= HEALTHY_S:
             quick_failures = 0
@@ -226,11 +226,9 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         if stop_reason or fenced:
             break  # stopped while waiting: the last run's result stands
         record = _restarted(rt, record)
-        env["GPUQ_RESTARTS"] = str(record.restarts)
         _log(log_fd, f"==> restart {record.restarts} · started {_stamp(wall_time())}\n")
         try:
-            with pinned(record.cpu_cores):
-                job_pid = spawn_job(spec, env, spec.workdir or str(rt.layout.root), log_fd, lock_fd, identity)
+            job_pid, container = start_run(rt, record, spec, identity, lock_fd, log_fd, _log)
         except OSError as e:
             failure, job_pid = f"cannot restart: {e.strerror}: {e.filename}", None
     ended = wall_time()
@@ -332,11 +330,19 @@ def _stop_reason(rt: Runtime, job_id: str) -> str:
         return "cancelled"
 
 
-def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch
+def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: ContainerControl | None
           ) -> tuple[int, str | None, str | None, State | None]:
     """Wait for the job. A stop request (SIGTERM with a stop file) stops it: TERM, grace,
     KILL. So does an overrun limit (limits.py), and fencing, checked every lost_after_s / 10.
+    A container is stopped and killed with its client (its runtime's daemon holds it).
     Returns (wait status, stop reason, fence reason, the state a limit's stop records)."""
+
+    def terminate(grace_s: float) -> float:
+        signal_group(pid, signal.SIGTERM)
+        if container is not None:
+            container.stop(grace_s)
+        return time.monotonic() + grace_s
+
     stop_reason: str | None = None
     stopped_as: State | None = None
     fenced: str | None = None
@@ -356,7 +362,9 @@ def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch
                 if _StopSignal.requested and stop_reason is None:
                     raise _StopRequested()
                 now = time.monotonic()
-                timeout = max(0.0, min(next_check, deadline, limits.next_at if stop_reason is None else deadline) - now)
+                lookup_at = container.lookup_at if container is not None else deadline
+                timeout = max(0.0, min(next_check, deadline, lookup_at,
+                                       limits.next_at if stop_reason is None else deadline) - now)
                 select.select([pidfd] if pidfd is not None else [], [], [],
                               timeout if pidfd is not None else min(timeout, 0.05))
                 done, status = os.waitpid(pid, os.WNOHANG)
@@ -365,26 +373,28 @@ def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch
                 now = time.monotonic()
                 if now >= deadline:
                     signal_group(pid, signal.SIGKILL)
+                    if container is not None:
+                        container.kill()
                     deadline = float("inf")
+                if container is not None and now >= container.lookup_at:
+                    if (cpid := container.try_lookup(now)) is not None:
+                        write_container_pid(rt, record, cpid)
                 if stop_reason is None and now >= limits.next_at and (breach := limits.breach(now)):
                     _StopSignal.armed = False
                     stop_reason, stopped_as = breach
-                    signal_group(pid, signal.SIGTERM)
-                    deadline = now + grace
+                    deadline = terminate(grace)
                 if now >= next_check and stop_reason is None:
                     next_check = now + check_every
                     fenced = fence_reason(rt, record)
                     if fenced:
                         _StopSignal.armed = False
                         stop_reason = fenced
-                        signal_group(pid, signal.SIGTERM)
-                        deadline = now + rt.grace_s  # fencing: config grace (fits lost_after_s)
+                        deadline = terminate(rt.grace_s)  # fencing: config grace (fits lost_after_s)
             except _StopRequested:
                 _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
                 if stop_reason is None:
                     stop_reason = _stop_reason(rt, record.id)
-                    signal_group(pid, signal.SIGTERM)
-                    deadline = time.monotonic() + grace
+                    deadline = terminate(grace)
     finally:
         _StopSignal.armed = False
         if pidfd is not None:

@@ -21,7 +21,7 @@ from .layout import Layout
 from .placement import usable_mib
 from .plan import HostView, PendingJob, RunningJob, plan
 from .probe import GpuSnapshot
-from .spec import command_text
+from .spec import JobSpec, SpecError, command_text, parse_spec_text
 from .spool import Record, read_json, read_record
 from .states import FINAL_STATES
 from .usage import suggest_gpu_mem
@@ -126,7 +126,8 @@ def status(layout: Layout, config: Config, now: float | None = None,
     drains = {hb["host"]: d for hb in beats if (d := drained(layout, hb["host"]))}
     host_views = [HostView(hb["host"], tuple(GpuSnapshot.from_json(g) for g in hb.get("gpus", [])),
                            hb.get("cpu_slots", config.cpu_slots),
-                           {int(i): t for i, t in hb.get("others_idle_since", {}).items()})
+                           {int(i): t for i, t in hb.get("others_idle_since", {}).items()},
+                           frozenset(hb["runtimes"]) if "runtimes" in hb else None)
                   for hb in live if hb["host"] not in drains]  # a drained host takes nothing new
     # Every worker caches the same specs: the freshest cache is enough.
     cache_files = [layout.spec_cache(hb["host"]) for hb in sorted(beats, key=lambda b: b.get("t", 0))[-1:]]
@@ -181,7 +182,8 @@ def _host(hb: dict[str, Any], running: list[RunningJob], config: Config, now: fl
                      "jobs": [j.id for j in on_gpu]})
     return {"host": hb["host"], "alive": alive, "last_seen_s": round(now - hb.get("t", 0), 1),
             "pid": hb.get("pid"), "version": hb.get("version"), "probe_error": hb.get("probe_error"),
-            "cpu_slots": hb.get("cpu_slots"), "gpus": gpus}
+            "cpu_slots": hb.get("cpu_slots"), "gpus": gpus, "runtimes": hb.get("runtimes", {}),
+            "runtime_problems": hb.get("runtime_problems", {})}
 
 
 def _running(r: Record, observed: dict[int, int], now: float, yielding: bool,
@@ -232,12 +234,13 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
             peaks = _past_peaks(layout, record)
             if (suggested := suggest_gpu_mem(peaks)) is not None:
                 out["suggested_gpu_mem"] = {"mib": suggested, "runs": len(peaks), "peak_mib": max(peaks)}
+            out["sees"] = _sees(layout, config, job_id, JobSpec.from_json(record.spec), record, record.uid)
             return out
-    if pending_spec_path(layout, job_id) is not None:
+    if (path := pending_spec_path(layout, job_id)) is not None:
         view = status(layout, config)
         for p in view["pending"]:
             if p["id"] == job_id:
-                return {"id": job_id, "state": "pending", **p}
+                return {"id": job_id, "state": "pending", **p, **_pending_sees(layout, config, job_id, path)}
         for p in view["invalid"]:
             if p["id"] == job_id:
                 return {"id": job_id, "state": "pending", "reason": "not valid yet: " + p["error"]}
@@ -251,6 +254,22 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         return {"id": job_id, "state": "rejected", "error": err.read_text().strip(),
                 "spec_dir": str(layout.rejected)}
     return None
+
+
+def _sees(layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None,
+          uid: int | None) -> dict[str, Any]:
+    from .preview import what_the_job_sees
+
+    return what_the_job_sees(layout, config, job_id, spec, record, uid)
+
+
+def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> dict[str, Any]:
+    """What a pending job will see; nothing when its file cannot be read or parsed now."""
+    try:
+        spec = parse_spec_text(path.read_bytes(), path.name)
+        return {"sees": _sees(layout, config, job_id, spec, None, path.stat().st_uid)}
+    except (OSError, SpecError):
+        return {}
 
 
 def _past_peaks(layout: Layout, record: Record) -> list[int]:

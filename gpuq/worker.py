@@ -24,7 +24,8 @@ from .faults import crash_point, wall_time
 from .hostinfo import boot_id, ensure_private_dir
 from .idle import IdleTracker
 from .intake import Intake, user_name
-from .joblocal import PREEMPTED, Runtime, finish_local, request_stop, settle_lock, supervisor_pid, write_lease
+from .joblocal import PREEMPTED, Runtime, finish_local, job_roots, request_stop, settle_lock, write_lease
+from .containers import probe_runtimes
 from .jobmemory import observe_job_memory
 from .layout import Layout
 from .limits import LIMIT, pick_cores
@@ -52,6 +53,7 @@ SPEC_CACHE_EVERY_S = 5.0
 METRICS_EVERY_S = 10.0   # and when the running jobs change, at most every METRICS_MIN_GAP_S
 METRICS_MIN_GAP_S = 1.0
 FULL_SCAN_EVERY_S = 30.0
+RUNTIME_PROBE_EVERY_S = 300.0  # which container runtimes this host has
 # A burst of short jobs wakes the worker hundreds of times a second; between those wakes
 # jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
 EXIT_WAKE_SCAN_GAP_S = 0.2
@@ -68,7 +70,7 @@ class Worker:
         ensure_private_dir(local_dir / "jobs")
         self.probe = Probe(fake_gpus, local_dir)
         self.rt = Runtime(layout, host, self.boot_id, local_dir, config.grace_s, config.lost_after_s,
-                          self.probe.job_env())
+                          self.probe.job_env(), config.container_runtime)
         self.intake = Intake(layout, OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, config.run_for_users,
                                                            config.allow_root_jobs))
         self.seq = 0
@@ -100,6 +102,9 @@ class Worker:
         self.dep_states = DependencyStates(layout)
         self.samples = SampleLog(layout, host, config.sample_every_s, config.alert_idle_util_pct,
                                  max_gap_s=2 * config.poll_interval + 1)
+        self.runtimes: dict[str, str] = {}            # container runtimes here: name -> version
+        self.runtime_problems: dict[str, str] = {}    # installed but not usable: name -> why
+        self.runtimes_at = -RUNTIME_PROBE_EVERY_S
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -129,10 +134,13 @@ class Worker:
 
     def observe(self) -> None:
         """This host's GPUs and running jobs, and which job's processes use which memory."""
+        if time.monotonic() - self.runtimes_at >= RUNTIME_PROBE_EVERY_S:  # a daemon may come or go
+            self.runtimes, self.runtime_problems = probe_runtimes()
+            self.runtimes_at = time.monotonic()
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
         self.running = self._own_running()
-        self.observed, foreign = observe_job_memory(self.gpus, self.running, lambda r: supervisor_pid(self.rt, r))
+        self.observed, foreign = observe_job_memory(self.gpus, self.running, lambda r: job_roots(self.rt, r))
         self.others_idle_since = self.idle_tracker.update(
             self.gpus, foreign, {i for r in self.running for i in r.gpus}, wall_time())
         for overuse in self.gpu_mem_watch.update(self.running, self.observed, time.monotonic()):
@@ -260,7 +268,8 @@ class Worker:
         inputs += (frozenset(waiting), frozenset(doomed), frozenset(b.id for b in booked if b.active(now)))
         if inputs == self.unchanged_plan_inputs:
             return
-        host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since)
+        host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since,
+                        frozenset(self.runtimes))
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
             decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config, now, explain=False,
                            blocked={**waiting, **doomed}, bookings=booked)
@@ -387,6 +396,7 @@ class Worker:
             "warnings": dict(self.gpu_mem_watch.current),
             "alerts": self.alerts.as_json(),
             "probe_error": self.probe.error,
+            "runtimes": self.runtimes, "runtime_problems": self.runtime_problems,
         }, durable=False)
         # Written only once the heartbeat is: the supervisors' proof that others still see
         # this host alive (a stale lease makes them stop their jobs; see supervise.py).

@@ -1,0 +1,146 @@
+"""`gpuq submit`: options -> a spec in jobs/, checked exactly as a worker would check it."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cli import open_layout, read_config
+from .single_instance import this_host
+
+
+def _never_fits(layout, data: dict) -> str | None:
+    from .plan import PendingJob
+    from .spec import validate_spec
+    from .views import never_fits
+
+    spec = validate_spec(data, "gpuq submit")
+    return never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
+
+
+def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
+    """`gpuq submit --spec FILE`: the file as is, refused exactly as a worker would refuse it."""
+    from .intake import read_spec_file
+    from .plan import PendingJob
+    from .spec import SpecError, parse_spec_text
+    from .submit import SubmitError, check_dependencies, place_spec, readable_base
+    from .views import never_fits
+
+    if command:
+        print("gpuq submit: give either --spec FILE or a command, not both", file=sys.stderr)
+        return 2
+    try:
+        raw, _ = read_spec_file(Path(args.spec), args.spec)
+        spec = parse_spec_text(raw, args.spec)
+        layout = open_layout(args)
+        refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
+        if refused:
+            print(f"gpuq submit: {args.spec}: no GPU in the team can ever hold this job: {refused}. "
+                  "Fix: ask for less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
+            return 2
+        check_dependencies(layout, spec)
+        job_id = place_spec(layout, raw, args.id, readable_base([], Path(args.spec).stem))
+    except SpecError as e:
+        print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
+        return 2
+    except (SubmitError, OSError) as e:
+        print(f"gpuq submit: {args.spec}: {e}", file=sys.stderr)
+        return 2
+    print(job_id)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    import os
+
+    from .spec import SpecError
+    from .submit import SubmitError, build_spec, exported_environment, readable_base, write_spec
+    from .wake import poke
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.spec:
+        return _submit_file(args, command)
+    if not command:
+        print("gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- "
+              "python train.py", file=sys.stderr)
+        return 2
+    layout = open_layout(args)
+    try:
+        env = exported_environment(args.export, container=bool(args.container))
+    except SubmitError as e:
+        print(f"gpuq submit: {e}. Nothing was written.", file=sys.stderr)
+        return 2
+    for pair in args.env or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            print(f"gpuq submit: --env {pair!r}: write NAME=VALUE", file=sys.stderr)
+            return 2
+        env[key] = value
+    data = build_spec(command, args.gpus, args.gpu_mem, args.name, args.priority,
+                      args.hosts.split(",") if args.hosts else None, env,
+                      os.path.abspath(args.workdir or os.getcwd()),
+                      _ids(args.after), _ids(args.after_any))
+    data.update(environment_fields(args))
+    try:
+        refused = _never_fits(layout, data)
+        if refused:
+            print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Fix: ask for "
+                  "less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
+            return 2
+        if args.array:
+            from .cli_workflow import submit_array
+
+            job_id = submit_array(layout, data, args)
+            if job_id is None:
+                return 2
+        else:
+            job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name))
+    except SpecError as e:
+        where = f"--{e.field.replace('_', '-')}" if e.field in SUBMIT_OPTIONS else (e.field or "spec")
+        print(f"gpuq submit: {where}: {e.problem}. Fix: {e.fix}. Nothing was written.", file=sys.stderr)
+        return 2
+    except SubmitError as e:
+        print(f"gpuq submit: {e}", file=sys.stderr)
+        return 2
+    config = read_config(layout)
+    host = this_host()
+    poke(config.local_dir_for(layout, host))
+    print(job_id)
+    return 0
+
+
+SUBMIT_OPTIONS = ("gpus", "gpu_mem", "name", "priority", "hosts", "workdir", "env", "after", "after_any",
+                  "container", "venv", "conda", "setup")
+
+
+def environment_fields(args: argparse.Namespace) -> dict:
+    """--container/--runtime/--mount, --venv, --conda, --setup -> the spec's fields."""
+    data: dict = {}
+    if args.container:
+        container: dict = {"image": args.container}
+        if args.runtime:
+            container["runtime"] = args.runtime
+        if args.mount:
+            container["mounts"] = args.mount
+        data["container"] = container
+    for key in ("venv", "conda", "setup"):
+        if getattr(args, key):
+            data[key] = getattr(args, key)
+    return data
+
+
+def add_environment_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--container", metavar="IMAGE", help="run inside this image (README: Containers)")
+    sp.add_argument("--runtime", choices=("docker", "podman", "apptainer"),
+                    help="the container's runtime (default: config container_runtime)")
+    sp.add_argument("--mount", action="append", metavar="SRC:DST[:ro]", help="also mount this into the container")
+    sp.add_argument("--venv", metavar="DIR", help="activate this virtualenv first")
+    sp.add_argument("--conda", metavar="ENV", help="activate this conda environment first")
+    sp.add_argument("--setup", action="append", metavar="LINE", help="shell line run before the command (repeatable)")
+    sp.add_argument("--export", metavar="ALL|NONE|NAME,..[,NAME=VALUE]",
+                    help="your variables the job records, as sbatch's --export (default: ALL; NONE with --container)")
+
+
+def _ids(values: list[str] | None) -> list[str]:
+    """Repeated or comma-separated ids: --after a --after b,c -> [a, b, c]."""
+    return [i for v in values or [] for i in v.split(",") if i]

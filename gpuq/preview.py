@@ -1,0 +1,67 @@
+"""What a job will see, for `gpuq show`: the command line its supervisor starts (through its
+container's runtime, after its venv/conda/setup prelude), as whom, where, and its
+environment. Built by the very function the supervisor uses (launch.build_launch), so the
+preview cannot drift from what runs."""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+from .joblocal import Runtime
+from .launch import build_launch, job_variables
+from .layout import Layout
+from .owners import Identity
+from .spec import JobSpec
+from .spool import Record
+from .states import State
+from .views import MASK, SECRET_KEY_RE
+
+
+def what_the_job_sees(layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None,
+                      owner_uid: int | None) -> dict[str, Any]:
+    """For a started job, its record's GPUs, host and attempt; for a pending one, GPUs 0..n-1
+    stand for the GPUs it will be granted. Secret-looking values are masked."""
+    pending = record is None
+    if record is None:
+        record = Record(id=job_id, state=State.RUNNING, spec=spec.to_json(), gpus=list(range(spec.gpus)),
+                        gpu_mem_mib=spec.gpu_mem_mib)
+    rt = Runtime(layout, record.host or "<host>", "", Path("/"), config.grace_s, config.lost_after_s, {},
+                 config.container_runtime)
+    try:
+        identity = Identity.of(owner_uid) if owner_uid is not None and owner_uid >= 0 else None
+    except KeyError:
+        identity = None
+    launch = build_launch(rt, record, spec, identity)
+    if launch.container is not None:
+        seen = {k: v for k, v in launch.container.env.items()}
+        if launch.container.runtime == "apptainer":
+            seen = {k.removeprefix("APPTAINERENV_"): v for k, v in seen.items()}
+        base = f"the image's environment, then these ({launch.container.runtime})"
+    else:
+        seen = {**job_variables(rt, record, spec), **(identity.environment() if identity else {})}
+        base = ("the worker's environment (a spec written by `gpuq submit` carries the submitter's "
+                "exported variables in env), then these")
+    return {"argv": launch.argv, "command_line": shlex.join(launch.argv), "workdir": launch.cwd,
+            "as_user": identity.name if identity else None, "runtime": launch.container.runtime if launch.container else None,
+            "env": {k: MASK if SECRET_KEY_RE.search(k) else v for k, v in sorted(seen.items())},
+            "env_base": base, "gpus_shown": "placeholders 0..n-1 for the GPUs it will be granted" if pending else "granted"}
+
+
+def preview_lines(sees: dict[str, Any]) -> list[str]:
+    lines = [f"{'will run:' if sees['gpus_shown'] != 'granted' else 'runs:':<18}{sees['command_line']}",
+             f"{'in:':<18}{sees['workdir']}" + (f" as {sees['as_user']}" if sees["as_user"] else "")]
+    if sees["gpus_shown"] != "granted":
+        lines.append(f"{'':<18}(GPU numbers are {sees['gpus_shown']})")
+    lines.append(f"{'environment:':<18}{sees['env_base']}:")
+    lines += [f"{'':<18}{k}={v}" for k, v in sees["env"].items()]
+    return lines
+
+
+def owner_uid_of(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None

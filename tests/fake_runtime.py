@@ -1,0 +1,334 @@
+"""A stand-in for docker, podman and apptainer, for tests on machines without them.
+
+Each call is recorded (runtime, arguments, caller's uid) in $FAKE_RUNTIME_DIR/calls.jsonl.
+docker and podman behave like the real ones where gpuq depends on it: `run` hands the
+command to a daemon (started by the test, outside the job's process tree), so killing the
+client leaves the "container" running until `stop`, `kill` or `rm --force` reach it; the
+client relays SIGTERM/SIGINT (docker's sig-proxy) and exits with the container's status.
+The container gets only the variables named by --env, NVIDIA_VISIBLE_DEVICES for the GPUs
+given (--gpus '"device=1,2"' or CDI --device nvidia.com/gpu=N), runs in --workdir, which must
+be a mounted --volume, and as --user when the daemon is root. The image is not used: the
+command runs on the host's file system. apptainer runs the command itself (as the real one
+does, in the caller's process tree), with --cleanenv and APPTAINERENV_* honoured.
+
+Usage: install(bin_dir, state_dir) writes the three executables; start_daemon(state_dir)
+starts the daemon (stop it with .terminate()).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VALUE_FLAGS = {"--name", "--label", "--gpus", "--device", "--user", "-u", "--group-add", "--volume", "-v",
+               "--workdir", "-w", "--cpuset-cpus", "--memory", "--env", "-e", "--shm-size", "--time", "-t",
+               "--format", "--bind", "--pwd"}
+BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/"}
+
+
+def install(bin_dir: Path, state_dir: Path) -> None:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("docker", "podman", "apptainer"):
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\nFAKE_RUNTIME_DIR={state_dir} exec {sys.executable} {Path(__file__).resolve()} "
+                        f"{name} \"$@\"\n")
+        path.chmod(0o755)
+
+
+def start_daemon(state_dir: Path) -> subprocess.Popen:
+    sock = state_dir / "daemon.sock"
+    sock.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--daemon", str(state_dir)],
+                            start_new_session=True)
+    for _ in range(100):
+        if sock.exists():
+            return proc
+        time.sleep(0.05)
+    raise RuntimeError("fake runtime daemon did not start")
+
+
+def calls(state_dir: Path) -> list[dict]:
+    path = state_dir / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# --- the client -------------------------------------------------------------------------------
+
+def _request(state_dir: Path, message: dict, fds: list[int] = ()) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(state_dir / "daemon.sock"))
+    socket.send_fds(conn, [(json.dumps(message) + "\n").encode()], list(fds))
+    return conn
+
+
+def _answer(conn: socket.socket) -> dict:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("daemon closed the connection")
+        data += chunk
+    return json.loads(data.splitlines()[-1])
+
+
+def _parse(args: list[str]) -> tuple[dict[str, list[str]], list[str], list[str]]:
+    """Options (name -> values, in order), flags, and the rest (image and command)."""
+    options: dict[str, list[str]] = {}
+    flags: list[str] = []
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        arg = args[i]
+        if "=" in arg and arg.startswith("--"):
+            name, value = arg.split("=", 1)
+            options.setdefault(name, []).append(value)
+        elif arg in VALUE_FLAGS:
+            options.setdefault(arg, []).append(args[i + 1])
+            i += 1
+        else:
+            flags.append(arg)
+        i += 1
+    return options, flags, args[i:]
+
+
+def _gpu_devices(options: dict[str, list[str]]) -> str | None:
+    gpus = options.get("--gpus")
+    if gpus:
+        value = gpus[-1].strip('"')
+        return value.split("=", 1)[1] if value.startswith("device=") else value
+    cdi = [d.split("=", 1)[1] for d in options.get("--device", []) if d.startswith("nvidia.com/gpu=")]
+    return ",".join(cdi) if cdi else None
+
+
+def client(runtime: str, args: list[str]) -> int:
+    state_dir = Path(os.environ["FAKE_RUNTIME_DIR"])
+    with open(state_dir / "calls.jsonl", "a") as f:
+        f.write(json.dumps({"runtime": runtime, "args": args, "uid": os.getuid(), "t": time.time()}) + "\n")
+    if runtime == "apptainer":
+        return _apptainer(args)
+    verb, rest = (args[0], args[1:]) if args else ("", [])
+    if verb == "version":
+        if runtime == "podman":
+            print("4.9.0-fake")
+            return 0
+        try:
+            print(_answer(_request(state_dir, {"op": "ping"}))["version"])
+            return 0
+        except OSError:
+            print(f"Cannot connect to the Docker daemon at unix://{state_dir}/daemon.sock. "
+                  "Is the docker daemon running?", file=sys.stderr)
+            return 1
+    options, flags, positional = _parse(rest)
+    if verb == "run":
+        return _run(state_dir, options, flags, positional)
+    if verb in ("stop", "kill", "rm", "inspect"):
+        answer = _answer(_request(state_dir, {"op": verb, "name": positional[0], "options": options,
+                                              "flags": flags}))
+        if "error" in answer:
+            print(f"Error: {answer['error']}", file=sys.stderr)
+            return 1
+        print(answer.get("out", positional[0]))
+        return 0
+    print(f"fake {runtime}: unknown command {verb!r}", file=sys.stderr)
+    return 125
+
+
+def _run(state_dir: Path, options: dict[str, list[str]], flags: list[str], positional: list[str]) -> int:
+    image, argv = positional[0], positional[1:]
+    env = dict(BASE_ENV)
+    for item in options.get("--env", []) + options.get("-e", []):
+        key, sep, value = item.partition("=")
+        if sep:
+            env[key] = value
+        elif key in os.environ:
+            env[key] = os.environ[key]
+    if (devices := _gpu_devices(options)) is not None:
+        env["NVIDIA_VISIBLE_DEVICES"] = devices
+    mounts = [v.split(":")[1] if ":" in v else v for v in options.get("--volume", []) + options.get("-v", [])]
+    workdir = (options.get("--workdir") or options.get("-w") or ["/"])[-1]
+    if workdir != "/" and not any(workdir == m or workdir.startswith(m.rstrip("/") + "/") for m in mounts):
+        print(f"fake runtime: workdir {workdir} is not inside a mounted volume {mounts}", file=sys.stderr)
+        return 125
+    request = {"op": "run", "name": (options.get("--name") or [f"anon-{os.getpid()}"])[-1], "argv": argv,
+               "env": env, "cwd": workdir, "user": (options.get("--user") or [None])[-1], "image": image,
+               "rm": "--rm" in flags}
+    conn = _request(state_dir, request, [1, 2])
+    answer = _answer(conn)
+    if "error" in answer:
+        print(f"docker: Error response from daemon: {answer['error']}", file=sys.stderr)
+        return 125
+
+    def relay(signum: int, frame: object) -> None:  # docker's --sig-proxy
+        try:
+            _answer(_request(state_dir, {"op": "kill", "name": request["name"], "options": {"--signal": [str(signum)]}}))
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGTERM, relay)
+    signal.signal(signal.SIGINT, relay)
+    while True:
+        try:
+            return _answer(conn)["exit"]
+        except InterruptedError:
+            continue
+
+
+def _apptainer(args: list[str]) -> int:
+    if args[:1] == ["--version"]:
+        print("apptainer version 1.3.0-fake")
+        return 0
+    if args[:1] != ["exec"]:
+        print(f"fake apptainer: unknown command {args[:1]}", file=sys.stderr)
+        return 255
+    options, flags, positional = _parse(args[1:])
+    env = dict(BASE_ENV) if "--cleanenv" in flags else dict(os.environ)
+    for key, value in os.environ.items():
+        if key.startswith("APPTAINERENV_"):
+            env[key[len("APPTAINERENV_"):]] = value
+    binds = [b.split(":")[1] if ":" in b else b for b in options.get("--bind", [])]
+    pwd = (options.get("--pwd") or [os.getcwd()])[-1]
+    if not any(pwd == b or pwd.startswith(b.rstrip("/") + "/") for b in binds):
+        print(f"fake apptainer: --pwd {pwd} is not bound", file=sys.stderr)
+        return 255
+    os.chdir(pwd)
+    os.execvpe(positional[1], positional[1:], env)
+
+
+# --- the daemon -------------------------------------------------------------------------------
+
+class Daemon:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.containers: dict[str, dict] = {}      # name -> {pid, exit, rm, waiters}
+        self.kill_at: dict[str, float] = {}        # name -> when `stop` sends SIGKILL
+        self.stop_waiters: dict[str, list[socket.socket]] = {}
+
+    def serve(self) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path = self.state_dir / "daemon.sock"
+        listener.bind(str(path) + ".tmp")
+        os.rename(str(path) + ".tmp", path)
+        listener.listen(64)
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+        while True:
+            ready, _, _ = select.select([listener], [], [], 0.05)
+            if ready:
+                conn, _ = listener.accept()
+                message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+                try:
+                    self.handle(conn, json.loads(message), fds)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+            self.reap()
+
+    def handle(self, conn: socket.socket, m: dict, fds: list[int]) -> None:
+        op, name = m["op"], m.get("name")
+        box = self.containers.get(name) if name else None
+        if op == "ping":
+            return self.reply(conn, {"version": "24.0.7-fake"})
+        if op == "run":
+            if box is not None:
+                return self.reply(conn, {"error": f'Conflict. The container name "/{name}" is already in use'})
+            pid = os.fork()
+            if pid == 0:
+                self._child(m, fds)
+            self.containers[name] = {"pid": pid, "exit": None, "rm": m["rm"], "waiters": [conn]}
+            return self.reply(conn, {"ok": True, "pid": pid}, close=False)
+        if box is None:
+            return self.reply(conn, {"error": f"No such container: {name}"})
+        running = box["exit"] is None
+        if op == "inspect":
+            return self.reply(conn, {"out": str(box["pid"] if running else 0)})
+        if op == "kill":
+            sig = int((m.get("options", {}).get("--signal") or ["9"])[-1])
+            if running:
+                os.killpg(box["pid"], sig)
+            return self.reply(conn, {})
+        if op == "stop":
+            if not running:
+                return self.reply(conn, {})
+            os.killpg(box["pid"], signal.SIGTERM)
+            self.kill_at[name] = time.monotonic() + float((m["options"].get("--time") or ["10"])[-1])
+            self.stop_waiters.setdefault(name, []).append(conn)
+            return None
+        if op == "rm":
+            if running:
+                if "--force" not in m.get("flags", []) and "-f" not in m.get("flags", []):
+                    return self.reply(conn, {"error": "cannot remove a running container"})
+                os.killpg(box["pid"], signal.SIGKILL)
+                os.waitpid(box["pid"], 0)
+            del self.containers[name]
+            return self.reply(conn, {})
+        self.reply(conn, {"error": f"unknown op {op}"})
+
+    @staticmethod
+    def _child(m: dict, fds: list[int]) -> None:
+        try:
+            os.setsid()
+            os.dup2(fds[0], 1)
+            os.dup2(fds[1], 2)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.chdir(m["cwd"])
+            if m["user"] and os.getuid() == 0:
+                uid, _, gid = m["user"].partition(":")
+                os.setgroups([])
+                os.setgid(int(gid or uid))
+                os.setuid(int(uid))
+            os.execvpe(m["argv"][0], m["argv"], m["env"])
+        except BaseException as e:
+            os.write(2, f"fake runtime: cannot run {m['argv']}: {e}\n".encode())
+        os._exit(127)
+
+    def reap(self) -> None:
+        now = time.monotonic()
+        for name, at in list(self.kill_at.items()):
+            box = self.containers.get(name)
+            if box is None or box["exit"] is not None:
+                del self.kill_at[name]
+            elif now >= at:
+                os.killpg(box["pid"], signal.SIGKILL)
+                del self.kill_at[name]
+        for name, box in list(self.containers.items()):
+            if box["exit"] is not None:
+                continue
+            done, status = os.waitpid(box["pid"], os.WNOHANG)
+            if not done:
+                continue
+            box["exit"] = os.waitstatus_to_exitcode(status)
+            code = box["exit"] if box["exit"] >= 0 else 128 - box["exit"]
+            for conn in box.pop("waiters"):
+                self.reply(conn, {"exit": code})
+            for conn in self.stop_waiters.pop(name, []):
+                self.reply(conn, {})
+            if box["rm"]:
+                del self.containers[name]
+        current = {n: {"pid": b["pid"], "exit": b["exit"]} for n, b in self.containers.items()}
+        if current != getattr(self, "written", None):  # what tests read: the containers that exist
+            with open(self.state_dir / "containers.json.tmp", "w") as f:
+                json.dump(current, f)
+            os.replace(self.state_dir / "containers.json.tmp", self.state_dir / "containers.json")
+            self.written = current
+
+    @staticmethod
+    def reply(conn: socket.socket, answer: dict, close: bool = True) -> None:
+        try:
+            conn.sendall((json.dumps(answer) + "\n").encode())
+        except OSError:
+            pass
+        if close:
+            conn.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--daemon":
+        Daemon(Path(sys.argv[2])).serve()
+    else:
+        sys.exit(client(sys.argv[1], sys.argv[2:]))

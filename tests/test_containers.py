@@ -1,0 +1,374 @@
+"""Containers, venv/conda activation and setup lines: the exact command lines per runtime
+(golden files), and real runs through worker.py with stand-in runtimes (tests/fake_runtime.py)
+that behave like docker's daemon: a killed client leaves its container running."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+import fake_runtime
+from conftest import PY, REPO, wait_until
+from gpuq import launch as launch_module
+from gpuq.config import Config
+from gpuq.containers import probe_runtimes
+from gpuq.joblocal import Runtime
+from gpuq.layout import Layout
+from gpuq.owners import Identity
+from gpuq.plan import HostView, PendingJob, plan
+from gpuq.probe import GpuSnapshot
+from gpuq.spec import parse_spec_text
+from gpuq.spool import Record
+from gpuq.states import State
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+ANA = Identity(1001, 1001, (1001, 2000), "ana", "/home/ana")
+
+SPECS = {
+    "docker": "container: {image: 'nvcr.io/nvidia/pytorch:24.05-py3', runtime: docker, "
+              "mounts: ['/data:/data:ro', /scratch], options: [--shm-size=8g]}\n",
+    "podman": "container: {image: 'docker.io/pytorch/pytorch:2.3.0', runtime: podman, mounts: ['/data:/data:ro']}\n",
+    "podman-rootless": "container: {image: 'docker.io/pytorch/pytorch:2.3.0', runtime: podman}\n",
+    "apptainer": "container: {image: /shared/images/torch.sif, runtime: apptainer, mounts: ['/data:/data:ro']}\n",
+    "host-venv-conda-setup": "venv: /shared/envs/proj\nconda: torch-2.3\nsetup: ['export HF_HOME=/scratch/hf', "
+                             "'./fetch_data.sh --quiet']\n",
+    "docker-venv": "container: 'pytorch/pytorch:2.3.0'\nvenv: /shared/envs/proj\n",
+}
+
+
+def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The command line and environment gpuq builds for job train-7, attempt 2, on GPUs 1 and 3
+    of box-a, cores 4-5, 8 GiB of RAM, owned by ana (uid 1001), by a root worker."""
+    spec = parse_spec_text(("command: [python, train.py, --lr, '3e-4']\ngpus: 2\ngpu_mem: 20GiB\n"
+                            "workdir: /home/ana/proj\nenv: {WANDB_MODE: offline}\n" + SPECS[name]).encode(), "t.yaml")
+    record = Record(id="train-7", state=State.RUNNING, spec=spec.to_json(), attempt=2, gpus=[1, 3],
+                    gpu_mem_mib=20480, cpu_cores=[4, 5], mem_limit_mib=8192, host="box-a")
+    rt = Runtime(Layout(Path("/shared/gpuq")), "box-a", "boot", Path("/dev/shm/gpuq"), 10, 180, {}, "docker")
+    monkeypatch.setattr(launch_module.os, "geteuid", lambda: 1001 if name == "podman-rootless" else 0)
+    monkeypatch.setattr(launch_module, "inherited_environment", lambda: {"PATH": "/usr/bin:/bin"})
+    launch = launch_module.build_launch(rt, record, spec, None if name == "podman-rootless" else ANA)
+    lines = [f"# {name}: argv, one argument per line (shell-quoted)"] + [shlex.quote(a) for a in launch.argv]
+    lines += [f"# cwd {launch.cwd}; client runs as {launch.identity.name if launch.identity else 'the worker'}",
+              "# client environment"] + [f"{k}={v}" for k, v in sorted(launch.env.items())]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_command_lines_match_the_golden_files(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPUQ_UPDATE_GOLDEN=1 rewrites them; review the diff before committing it."""
+    text = _golden_text(name, monkeypatch)
+    path = GOLDEN / f"command-{name}.txt"
+    if os.environ.get("GPUQ_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} differs: GPUQ_UPDATE_GOLDEN=1 shows the new text in git diff"
+
+
+def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The promises behind the golden files, checked by name so a regenerated file cannot
+    quietly drop one."""
+    docker = _golden_text("docker", monkeypatch)
+    assert "--gpus\n'\"device=1,3\"'\n" in docker and "--user\n1001:1001\n--group-add\n2000\n" in docker
+    assert "--volume\n/home/ana/proj:/home/ana/proj\n--workdir\n/home/ana/proj\n" in docker
+    assert "--cpuset-cpus\n4,5\n--memory\n8192m\n" in docker and "--name\ngpuq-train-7-2\n" in docker
+    assert "CUDA_VISIBLE_DEVICES=0,1\n" in docker  # renumbered inside: only the two GPUs exist there
+    assert "\n--env\nWANDB_MODE\n" in docker and "offline" not in docker.split("# client environment")[0]
+    podman = _golden_text("podman", monkeypatch)
+    assert "--device\nnvidia.com/gpu=1\n--device\nnvidia.com/gpu=3\n" in podman and "--gpus" not in podman
+    rootless = _golden_text("podman-rootless", monkeypatch)
+    assert "--userns=keep-id\n" in rootless and "--user\n" not in rootless
+    apptainer = _golden_text("apptainer", monkeypatch)
+    assert "exec\n--cleanenv\n--nv\n--bind\n/home/ana/proj\n--pwd\n/home/ana/proj\n" in apptainer
+    assert "APPTAINERENV_CUDA_VISIBLE_DEVICES=1,3\n" in apptainer and "client runs as ana" in apptainer
+    host = _golden_text("host-venv-conda-setup", monkeypatch)
+    assert host.splitlines()[1] == "/bin/sh" and "shell.posix activate torch-2.3" in host
+
+
+# --- real runs through worker.py ----------------------------------------------------------------
+
+class Runtimes:
+    def __init__(self, base: Path) -> None:
+        self.bin, self.state = base / "bin", base / "state"
+        fake_runtime.install(self.bin, self.state)
+        self.daemon = fake_runtime.start_daemon(self.state)
+
+    def worker_env(self) -> dict[str, str]:
+        return {"PATH": f"{self.bin}:{os.environ['PATH']}"}
+
+    def calls(self, verb: str | None = None) -> list[dict]:
+        return [c for c in fake_runtime.calls(self.state) if verb is None or c["args"][:1] == [verb]]
+
+    def containers(self) -> dict:
+        path = self.state / "containers.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def close(self) -> None:
+        for box in self.containers().values():
+            try:
+                os.killpg(box["pid"], 9)
+            except OSError:
+                pass
+        self.daemon.terminate()
+        self.daemon.wait()
+
+
+@pytest.fixture
+def runtimes(tmp_path: Path):
+    r = Runtimes(tmp_path / "runtimes")
+    yield r
+    r.close()
+
+
+def _workdir(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return work
+
+
+def test_a_docker_job_runs_inside_with_exactly_its_gpus(queue, runtimes, tmp_path: Path) -> None:
+    work = _workdir(tmp_path)
+    queue.start_worker("box-a", "4x24GiB", env=runtimes.worker_env())
+    queue.gpuq("submit", "--id", "blocker", "--gpus", "1", "--gpu-mem", "20GiB", "--", "sleep 30")
+    wait_until(lambda: queue.record("blocker"), what="blocker running")
+    inside = ("echo CVD=$CUDA_VISIBLE_DEVICES NVD=$NVIDIA_VISIBLE_DEVICES PWD=$(pwd) JOB=$GPUQ_JOB_ID "
+              "MODE=$WANDB_MODE HOSTPATH=${VIRTUAL_ENV:-none}; exit 3")
+    queue.gpuq("submit", "--id", "boxed", "--gpus", "2", "--gpu-mem", "10GiB", "--container", "pytorch:2",
+               "--workdir", str(work), "--env", "WANDB_MODE=offline", "--", inside)
+    final = wait_until(lambda: queue.finished("boxed"), what="boxed finished")
+    gpus = ",".join(map(str, final["gpus"]))
+    assert final["state"] == "failed" and final["exit_code"] == 3
+    assert f"CVD=0,1 NVD={gpus} PWD={work} JOB=boxed MODE=offline HOSTPATH=none" in queue.log("boxed")
+    run = runtimes.calls("run")[-1]
+    assert run["runtime"] == "docker" and run["args"][run["args"].index("--gpus") + 1] == f'"device={gpus}"'
+    assert run["args"][run["args"].index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
+    assert "==> container: docker run --rm --init --name gpuq-boxed-1" in queue.log("boxed")
+    assert runtimes.containers() == {}  # removed with the job
+    queue.gpuq("cancel", "blocker")
+
+
+def test_a_containers_gpu_memory_is_the_jobs_own(queue, runtimes, tmp_path: Path) -> None:
+    """Its processes are the runtime daemon's children, not the supervisor's: gpuq still counts
+    their memory as the job's, not as a person's use of the GPU (which would charge it twice)."""
+    queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
+    queue.gpuq("submit", "--id", "holder", "--gpus", "1", "--gpu-mem", "10GiB", "--container", "pytorch:2",
+               "--workdir", str(_workdir(tmp_path)), "--", f"{PY} {REPO / 'gpuq.py'} fake-use --seconds 60")
+
+    def observed() -> tuple | None:
+        view = queue.status()
+        rows = [r for r in view["running"] if r["id"] == "holder" and r.get("observed_gpu_mem_mib")]
+        gpu = view["hosts"][0]["gpus"][0] if view["hosts"] else None
+        return (rows[0], gpu) if rows and gpu and gpu["mem_used_mib"] >= 10240 else None
+
+    row, gpu = wait_until(observed, timeout=30, what="the container's memory observed as the job's")
+    assert row["observed_gpu_mem_mib"] == 10240
+    assert gpu["usable_mib"] == 24 * 1024 - 256 - 10240  # charged once: the job's, not a stranger's
+    queue.gpuq("cancel", "holder")
+    wait_until(lambda: queue.finished("holder"), what="holder cancelled")
+
+
+@pytest.mark.parametrize("runtime", ["docker", "podman"])
+def test_cancel_stops_the_container_not_just_its_client(queue, runtimes, tmp_path: Path, runtime: str) -> None:
+    """The container ignores SIGTERM (as a python PID 1 would): gpuq's stop must reach it
+    through the runtime, or it would outlive its killed client."""
+    queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
+    queue.gpuq("submit", "--id", "stubborn", "--container", "img", "--runtime", runtime, "--workdir",
+               str(_workdir(tmp_path)), "--", "trap '' TERM; echo up; while true; do sleep 0.2; done")
+    wait_until(lambda: "up" in queue.log("stubborn"), what="container up")
+    pid = wait_until(lambda: next(iter(runtimes.containers().values()), {}).get("pid"), what="container pid")
+    queue.gpuq("cancel", "stubborn")
+    final = wait_until(lambda: queue.finished("stubborn"), timeout=30, what="stubborn cancelled")
+    assert final["state"] == "cancelled"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert runtimes.containers() == {}
+    stop = runtimes.calls("stop")
+    assert stop and stop[-1]["runtime"] == runtime and stop[-1]["args"] == ["stop", "--time", "2", "gpuq-stubborn-1"]
+    assert f"stopping container gpuq-stubborn-1 ({runtime} stop --time 2)" in queue.log("stubborn")
+
+
+def test_a_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp_path: Path) -> None:
+    """Supervisor and client die at once (SIGKILL): the worker that settles the attempt
+    removes the container, which would otherwise hold its GPU for nobody."""
+    queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
+    queue.gpuq("submit", "--id", "orphan", "--container", "img", "--workdir", str(_workdir(tmp_path)), "--",
+               "echo up; sleep 300")
+    wait_until(lambda: "\nup" in queue.log("orphan"), what="container up")
+    pid = runtimes.containers()["gpuq-orphan-1"]["pid"]
+    client = next(p for p in psutil.process_iter(["cmdline"])
+                  if "run" in (p.info["cmdline"] or []) and "gpuq-orphan-1" in (p.info["cmdline"] or []))
+    supervisor = client.parent()
+    supervisor.kill()
+    client.kill()
+    final = wait_until(lambda: queue.finished("orphan"), timeout=30, what="orphan settled")
+    assert final["state"] == "lost" and "exit unknown" in final["reason"]
+    wait_until(lambda: runtimes.containers() == {}, what="container removed")
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert runtimes.calls("rm")[-1]["args"] == ["rm", "--force", "gpuq-orphan-1"]
+
+
+def test_a_time_limit_reaches_the_container(queue, runtimes, tmp_path: Path) -> None:
+    queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
+    queue.drop("slow.yaml", f"command: \"trap '' TERM; while true; do sleep 0.2; done\"\ntime_limit: 2s\n"
+               f"grace: 1s\nworkdir: {_workdir(tmp_path)}\ncontainer: {{image: img, runtime: podman}}\n")
+    final = wait_until(lambda: queue.finished("slow"), timeout=40, what="slow timed out")
+    assert final["state"] == "timeout"
+    assert runtimes.containers() == {}
+    assert runtimes.calls("stop")[-1]["args"] == ["stop", "--time", "1", "gpuq-slow-1"]
+    run = runtimes.calls("run")[-1]["args"]
+    assert run[run.index("--device") + 1] == f"nvidia.com/gpu={final['gpus'][0]}"
+
+
+def test_apptainer_runs_in_the_jobs_tree_with_host_gpu_numbers(queue, runtimes, tmp_path: Path) -> None:
+    queue.start_worker("box-a", "4x24GiB", env={**runtimes.worker_env(), "WORKER_ONLY": "1"})
+    queue.gpuq("submit", "--id", "blocker", "--gpus", "1", "--gpu-mem", "20GiB", "--", "sleep 60")
+    assert wait_until(lambda: queue.record("blocker"), what="blocker running")["gpus"] == [0]
+    queue.gpuq("submit", "--id", "sif", "--gpus", "1", "--gpu-mem", "4GiB", "--container", "/images/t.sif",
+               "--runtime", "apptainer", "--workdir", str(_workdir(tmp_path)), "--",
+               "echo CVD=$CUDA_VISIBLE_DEVICES WORKER_ONLY=${WORKER_ONLY:-unset}; sleep 60")
+    wait_until(lambda: "\nCVD=" in queue.log("sif"), what="sif started")
+    record = queue.record("sif")
+    assert record["gpus"] != [0] and f"\nCVD={record['gpus'][0]} WORKER_ONLY=unset" in queue.log("sif")  # --cleanenv
+    assert runtimes.calls("exec")[-1]["args"][:4] == ["exec", "--cleanenv", "--nv", "--bind"]
+    queue.gpuq("cancel", "sif")
+    assert wait_until(lambda: queue.finished("sif"), what="sif cancelled")["state"] == "cancelled"
+    assert not runtimes.calls("stop")  # its processes were the job's own: the process group stop was enough
+    queue.gpuq("cancel", "blocker")
+
+
+def test_a_job_is_placed_only_where_its_runtime_is(queue, runtimes, tmp_path: Path) -> None:
+    empty = tmp_path / "no-runtimes"
+    empty.mkdir()
+    queue.start_worker("box-a", "2x24GiB", env=runtimes.worker_env())
+    queue.start_worker("box-b", "2x24GiB", env={"PATH": str(empty)})
+    work = str(_workdir(tmp_path))
+    queue.gpuq("submit", "--id", "anywhere", "--container", "img", "--workdir", work, "--", "sleep 30")
+    queue.gpuq("submit", "--id", "on-b", "--hosts", "box-b", "--container", "img", "--workdir", work, "--", "true")
+    assert wait_until(lambda: queue.record("anywhere"), what="anywhere started")["host"] == "box-a"
+
+    def reason() -> str | None:
+        rows = [p for p in queue.status()["pending"] if p["id"] == "on-b"]
+        return rows[0]["reason"] if rows and "runtime" in rows[0]["reason"] else None
+
+    assert wait_until(reason, what="on-b's reason") == "needs container runtime docker, which no live host has (box-b: none)"
+    text = queue.gpuq("status").stdout
+    assert "containers: apptainer 1.3.0-fake, docker 24.0.7-fake, podman 4.9.0-fake" in text
+    queue.gpuq("cancel", "anywhere", "on-b")
+
+
+def test_probe_names_a_runtime_that_is_installed_but_unusable(runtimes, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", runtimes.worker_env()["PATH"])
+    monkeypatch.setenv("FAKE_RUNTIME_DIR", str(runtimes.state))
+    found, problems = probe_runtimes()
+    assert found == {"docker": "24.0.7-fake", "podman": "4.9.0-fake", "apptainer": "1.3.0-fake"} and not problems
+    runtimes.daemon.terminate()
+    runtimes.daemon.wait()
+    found, problems = probe_runtimes()
+    assert "docker" not in found and "Cannot connect to the Docker daemon" in problems["docker"]
+
+
+def test_plan_keeps_container_jobs_off_hosts_without_their_runtime() -> None:
+    gpus = (GpuSnapshot(0, "GPU-0", "g", 24576, 0),)
+    spec = parse_spec_text(b"command: x\ncontainer: {image: i, runtime: apptainer}\n", "t")
+    job = PendingJob("j", "ana", spec, 0.0)
+    hosts = [HostView("a", gpus, 2, runtimes=frozenset({"docker"})), HostView("b", gpus, 2, runtimes=frozenset())]
+    decided = plan([job], hosts, [], Config(), 10.0)
+    assert decided.starts == [] and decided.reasons["j"] == \
+        "needs container runtime apptainer, which no live host has (a: docker; b: none)"
+    hosts.append(HostView("c", gpus, 2, runtimes=frozenset({"apptainer"})))
+    assert [s.host for s in plan([job], hosts, [], Config(), 10.0).starts] == ["c"]
+    plain = PendingJob("p", "ana", parse_spec_text(b"command: x\n", "t"), 0.0)
+    assert plan([plain], hosts[1:2], [], Config(), 10.0).starts[0].host == "b"  # no container: any host
+
+
+# --- venv, conda, setup ---------------------------------------------------------------------------
+
+def test_venv_conda_and_setup_run_before_the_command(queue, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    conda = tmp_path / "conda"  # a stand-in conda: prints what `conda shell.posix activate` would
+    conda.write_text("#!/bin/sh\n[ \"$1 $2\" = 'shell.posix activate' ] || exit 2\n"
+                     "echo \"export CONDA_DEFAULT_ENV='$3'; export CONDA_PREFIX='/opt/conda/envs/$3'\"\n")
+    conda.chmod(0o755)
+    queue.start_worker("box-a", "1x24GiB")
+    queue.drop("envs.yaml", f"command: [python, -c, 'import os, sys; print(sys.prefix, os.environ[\"CONDA_DEFAULT_ENV\"], "
+               f"os.environ[\"SEED\"])']\ngpus: 0\nvenv: {venv}\nconda: torch-2.3\nenv: {{CONDA_EXE: {conda}}}\n"
+               f"setup: ['SEED=$((40 + 2)); export SEED', 'test -d {venv}']\n")
+    final = wait_until(lambda: queue.finished("envs"), what="envs finished")
+    assert final["state"] == "done", queue.log("envs")
+    assert f"{venv} torch-2.3 42" in queue.log("envs")
+
+    queue.drop("badsetup.yaml", "command: echo never\ngpus: 0\nsetup: ['true', 'sh -c \"exit 7\"', 'echo no']\n")
+    final = wait_until(lambda: queue.finished("badsetup"), what="badsetup finished")
+    assert final["state"] == "failed" and final["exit_code"] == 7
+    assert '==> gpuq: setup line 2 failed: sh -c "exit 7"' in queue.log("badsetup")
+    assert "\nnever" not in queue.log("badsetup") and "\nno" not in queue.log("badsetup")
+
+    queue.drop("novenv.yaml", f"command: echo never\ngpus: 0\nvenv: {tmp_path / 'missing'}\n")
+    final = wait_until(lambda: queue.finished("novenv"), what="novenv finished")
+    assert final["state"] == "failed" and "no bin/activate (make it with: python -m venv" in queue.log("novenv")
+
+
+def test_a_venv_is_activated_inside_the_container(queue, runtimes, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
+    queue.gpuq("submit", "--id", "both", "--gpus", "0", "--container", "img", "--venv", str(venv),
+               "--mount", f"{venv}:{venv}:ro", "--workdir", str(_workdir(tmp_path)), "--",
+               "python", "-c", "import sys; print('prefix', sys.prefix)")
+    final = wait_until(lambda: queue.finished("both"), what="both finished")
+    assert final["state"] == "done" and f"prefix {venv}" in queue.log("both")
+    run = runtimes.calls("run")[-1]["args"]
+    assert f"{venv}:{venv}:ro" in run
+
+
+# --- submit --export, show ------------------------------------------------------------------------
+
+def test_submit_records_the_environment_as_sbatch_export_does(queue, tmp_path: Path) -> None:
+    env = {**queue.env(), "FOO": "1", "BAR": "2"}
+    spec = lambda job_id: (queue.root / "jobs" / f"{job_id}.yaml").read_text()  # noqa: E731
+    queue.gpuq("submit", "--id", "all", "--", "true", env=env)
+    assert "FOO: '1'" in spec("all") and "BAR: '2'" in spec("all")
+    queue.gpuq("submit", "--id", "some", "--export", "FOO,SEED=3", "--", "true", env=env)
+    assert "FOO: '1'" in spec("some") and "SEED: '3'" in spec("some") and "BAR" not in spec("some")
+    queue.gpuq("submit", "--id", "none", "--export", "NONE", "--", "true", env=env)
+    assert "FOO" not in spec("none") and "PATH" not in spec("none")
+    queue.gpuq("submit", "--id", "boxed", "--container", "img", "--", "true", env=env)
+    assert "FOO" not in spec("boxed") and "PATH" not in spec("boxed")  # the image's PATH, not the host's
+    bad = queue.gpuq("submit", "--export", "1BAD", "--", "true", check=False)
+    assert bad.returncode == 2 and "--export: '1BAD' is not a variable name" in bad.stderr
+    shown = queue.gpuq("show", "some").stdout
+    assert "will run:" in shown and "FOO=1" in shown and "SEED=3" in shown and "GPUQ_JOB_ID=some" in shown
+    boxed = json.loads(queue.gpuq("show", "boxed", "--json").stdout)
+    assert boxed["sees"]["argv"][:3] == ["docker", "run", "--rm"] and boxed["sees"]["runtime"] == "docker"
+
+
+def test_bad_environment_fields_are_rejected_with_the_fix(queue) -> None:
+    queue.start_worker("box-a", "1x24GiB")
+    queue.drop("gpus-opt.yaml", "command: x\ncontainer: {image: i, options: ['--gpus=all']}\n")
+    error = wait_until(lambda: (queue.root / "state" / "rejected" / "gpus-opt.error").exists()
+                       and (queue.root / "state" / "rejected" / "gpus-opt.error").read_text(), what="rejection")
+    assert "field 'container': option --gpus=all is not allowed" in error and "Fix:" in error
+    refused = queue.gpuq("submit", "--container", "img", "--runtime", "docker", "--mount", "data:/d", "--", "true",
+                         check=False)
+    assert refused.returncode == 2 and "mount 'data:/d' is not host:container[:ro]" in refused.stderr
+    assert not list((queue.root / "jobs").glob("*.yaml"))
+
+
+def test_fake_use_inside_a_container_uses_the_host_gpus_it_was_given(tmp_path: Path) -> None:
+    from gpuq.fake_nvml import materialize
+
+    fake = materialize("4x24GiB", tmp_path)
+    proc = subprocess.Popen([PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "1GiB", "--seconds", "30"],
+                            env={**os.environ, "GPUQ_FAKE_GPUS": str(fake), "CUDA_VISIBLE_DEVICES": "0,1",
+                                 "NVIDIA_VISIBLE_DEVICES": "2,3"})
+    try:
+        used = wait_until(lambda: json.loads(fake.read_text()).get("processes"), what="fake use registered")
+        assert sorted(p["gpu"] for p in used) == [2, 3]
+    finally:
+        proc.kill()
+        proc.wait()
