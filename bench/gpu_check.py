@@ -10,6 +10,11 @@ PyTorch jobs that allocate known amounts, and this script checks that
 
     python bench/gpu_check.py            # exit 0 when every check passes
     python bench/gpu_check.py --fake     # the same checks on fake GPUs, no torch (keeps it ready)
+    python bench/gpu_check.py --container pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime [--runtime podman]
+
+With --container the jobs run inside that image (it must have python and torch; docker needs
+the NVIDIA Container Toolkit, podman a CDI spec from `nvidia-ctk cdi generate`), and the checks
+add: torch inside sees exactly one GPU, and the container's memory counts as its job's.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ x.fill_(1)
 torch.cuda.synchronize()
 print("UUID", str(torch.cuda.get_device_properties(0).uuid))
 print("CVD", os.environ["CUDA_VISIBLE_DEVICES"], "ORDER", os.environ["CUDA_DEVICE_ORDER"], flush=True)
+print("COUNT", torch.cuda.device_count(), flush=True)
 time.sleep(float(os.environ.get("HOLD_S", "12")))
 '''
 FAKE_JOB = r'''
@@ -50,6 +56,11 @@ def check(ok: bool, what: str, failures: list[str]) -> None:
 
 def main() -> int:
     fake = "--fake" in sys.argv[1:]
+    image = sys.argv[sys.argv.index("--container") + 1] if "--container" in sys.argv else None
+    runtime = sys.argv[sys.argv.index("--runtime") + 1] if "--runtime" in sys.argv else "docker"
+    if image and fake:
+        print("--container needs a GPU box (tests/test_containers.py covers containers on fake GPUs)")
+        return 2
     if not fake:
         try:
             import pynvml
@@ -70,9 +81,10 @@ def main() -> int:
     failures: list[str] = []
     try:
         for job_id, (alloc, declared) in JOBS.items():
+            boxed = f"container: {{image: {image!r}, runtime: {runtime}}}\n" if image else ""
             (root / "jobs" / f"{job_id}.yaml").write_text(
-                f"command: [{PY!r}, {str(script)!r}]\ngpus: 1\ngpu_mem: {declared}\n"
-                f"env: {{ALLOC_MIB: '{alloc}', HOLD_S: '{hold}', GPUQ_REPO: {str(REPO)!r}}}\n")
+                f"command: [{'python' if image else PY!r}, {str(script)!r}]\ngpus: 1\ngpu_mem: {declared}\n"
+                f"env: {{ALLOC_MIB: '{alloc}', HOLD_S: '{hold}', GPUQ_REPO: {str(REPO)!r}}}\n{boxed}")
         observed: dict[str, int] = {}
         deadline = time.monotonic() + 90
         view: dict = {}
@@ -108,8 +120,12 @@ def main() -> int:
             check(bool(torch_uuid) and nvml_uuid.removeprefix("GPU-") == torch_uuid.removeprefix("GPU-"),
                   f"{job_id}: torch UUID {torch_uuid} == NVML UUID {nvml_uuid} of GPU {record['gpus']}",
                   failures)
-            check(f"CVD {','.join(map(str, record['gpus']))} ORDER PCI_BUS_ID" in log,
-                  f"{job_id}: CUDA_VISIBLE_DEVICES is the record's GPUs, in PCI bus order", failures)
+            inside = "0" if image and runtime != "apptainer" else ",".join(map(str, record["gpus"]))
+            check(f"CVD {inside} ORDER PCI_BUS_ID" in log,
+                  f"{job_id}: CUDA_VISIBLE_DEVICES is {inside} (the record's GPUs, as numbered where the job runs)",
+                  failures)
+            if image:
+                check("COUNT 1" in log, f"{job_id}: torch in the container sees exactly one GPU", failures)
         events = [json.loads(line) for p in (root / "state" / "events").glob("*.jsonl")
                   for line in p.read_text().splitlines()]
         check(sum(1 for e in events if e["to"] == "running") == len(JOBS), "each job started exactly once",

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 import fake_runtime
+import real_podman
 from conftest import PY, REPO, wait_until
 from gpuq import launch as launch_module
 from gpuq.config import Config
@@ -372,3 +373,38 @@ def test_fake_use_inside_a_container_uses_the_host_gpus_it_was_given(tmp_path: P
     finally:
         proc.kill()
         proc.wait()
+
+
+# --- a real runtime: podman (installed with apt-get where missing, as CI runs as root) ----------
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory):
+    try:
+        return real_podman.ready(tmp_path_factory.mktemp("podman"))
+    except real_podman.PodmanUnavailable as e:
+        pytest.skip(f"no container runtime can run here: {e}")
+
+
+def test_a_real_podman_container_runs_the_job_and_is_stopped_on_cancel(queue, podman, tmp_path: Path) -> None:
+    work = _workdir(tmp_path)
+    queue.start_worker("box-a", "1x24GiB", env=podman)
+    status_line = wait_until(lambda: "containers: " in (t := queue.gpuq("status").stdout) and t, what="runtimes probed")
+    assert "podman " in status_line
+    queue.gpuq("submit", "--id", "real", "--gpus", "0", "--container", real_podman.IMAGE, "--runtime", "podman",
+               "--workdir", str(work), "--env", "GREETING=hello", "--",
+               "echo $GREETING from $(cat /etc/hostname 2>/dev/null || echo a container) as $(id -u); "
+               "echo written > out.txt; pwd; exit 4")
+    final = wait_until(lambda: queue.finished("real"), timeout=60, what="the podman job")
+    assert final["state"] == "failed" and final["exit_code"] == 4, queue.log("real")
+    assert "hello from" in queue.log("real") and f"\n{work}\n" in queue.log("real")
+    assert (work / "out.txt").read_text() == "written\n"  # the workdir was mounted, at its own path
+    assert real_podman.containers_named("gpuq-real-", podman) == []
+
+    queue.gpuq("submit", "--id", "real-stubborn", "--gpus", "0", "--container", real_podman.IMAGE, "--runtime",
+               "podman", "--workdir", str(work), "--", "trap '' TERM; echo up; while :; do sleep 1; done")
+    wait_until(lambda: "\nup" in queue.log("real-stubborn"), timeout=60, what="the stubborn container up")
+    assert real_podman.containers_named("gpuq-real-stubborn-1", podman) == ["gpuq-real-stubborn-1"]
+    queue.gpuq("cancel", "real-stubborn")
+    final = wait_until(lambda: queue.finished("real-stubborn"), timeout=60, what="the stubborn container stopped")
+    assert final["state"] == "cancelled"
+    assert real_podman.containers_named("gpuq-real-stubborn-", podman) == []
