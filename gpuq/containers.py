@@ -190,6 +190,22 @@ def remove_leftover(spec_json: dict, job_id: str, attempt: int, restarts: int, d
     return name if done.returncode == 0 else None
 
 
+class RuntimeProbe:
+    """A worker's view of its host's runtimes, probed again every PROBE_EVERY_S: a daemon may
+    be started or stopped while the worker runs."""
+    PROBE_EVERY_S = 300.0
+
+    def __init__(self) -> None:
+        self.found: dict[str, str] = {}
+        self.problems: dict[str, str] = {}
+        self.at = -math.inf
+
+    def refresh(self, now: float) -> None:
+        if now - self.at >= self.PROBE_EVERY_S:
+            self.found, self.problems = probe_runtimes()
+            self.at = now
+
+
 def probe_runtimes() -> tuple[dict[str, str], dict[str, str]]:
     """The container runtimes this host can use now, name -> version, and those installed
     but not usable, name -> why (a docker client whose daemon does not answer)."""

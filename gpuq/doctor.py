@@ -66,6 +66,13 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
             out.append(Finding("warn", "hosts", f"{host}: {hb['probe_error']}", f"on {host}: run `nvidia-smi`"))
         else:
             out.append(Finding("ok", "hosts", f"{host}: up, offers {what}"))
+        for runtime, why in sorted(hb.get("runtime_problems", {}).items()):
+            out.append(Finding("warn", "containers", f"{host}: {runtime} is installed but unusable: {why}",
+                               f"on {host}: start its daemon (`systemctl start {runtime}`) or check `{runtime} "
+                               "version`; jobs needing it are not placed there meanwhile"))
+        if hb.get("runtimes"):
+            found = ", ".join(f"{n} {v}" for n, v in sorted(hb["runtimes"].items()))
+            out.append(Finding("ok", "containers", f"{host}: {found}"))
         if hb.get("version") != __version__:
             out.append(Finding("fail", "version", f"{host} runs gpuq {hb.get('version')}, this is {__version__}",
                                f"on {host}: update its checkout (git pull; pip install -e .) so every box runs "

@@ -15,6 +15,8 @@ from .units import format_duration, format_mib
 from .usage import TreeSampler
 
 if TYPE_CHECKING:
+    from .config import Config
+    from .spec import JobSpec
     from .spool import Record
 
 SAMPLE_EVERY_S = 1.0
@@ -66,6 +68,15 @@ def pinned(cores: list[int]) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+def limits_for(spec: "JobSpec", config: "Config", cores_in_use: list[list[int]]) -> dict:
+    """The limits that apply to a job starting now: its spec's, else config's; its cores."""
+    cpus = spec.cpus if spec.cpus is not None else config.cpus
+    cores = pick_cores(cpus, os.sched_getaffinity(0), cores_in_use) if cpus else []
+    return {"time_limit_s": spec.time_limit_s if spec.time_limit_s is not None else config.time_limit_s,
+            "mem_limit_mib": spec.mem_mib if spec.mem_mib is not None else config.mem_mib,
+            "cpu_cores": cores}
 
 
 def pick_cores(count: int, allowed: set[int], in_use: list[list[int]]) -> list[int]:

@@ -7,7 +7,10 @@ in a comment in the script, never silently dropped:
   env -> --export=ALL,NAME=value (values Slurm's list cannot carry: `export` lines);
   the log -> --output (appended); after/after_any -> --dependency=afterok:/afterany: with the
   Slurm ids of jobs already handed over; a sweep -> --array, each index running its command;
-  priority class -> the partition and QOS named in config; gpu_mem -> config slurm_gpu_mem.
+  priority class -> the partition and QOS named in config; gpu_mem -> config slurm_gpu_mem;
+  venv/conda/setup -> the same activation lines gpuq runs; container -> the command run through
+  its runtime with the GPUs Slurm granted (apptainer in the job's own process tree; docker and
+  podman with a trap that stops the container when Slurm signals the script).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from itertools import product
 from typing import Mapping
 
 from .config import Config
+from .environments import prelude_lines
 from .spec import JobSpec
 
 SIMPLE_VALUE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:@+-")
@@ -90,6 +94,39 @@ def _body(spec: JobSpec) -> list[str]:
     return lines
 
 
+def _in_container(spec: JobSpec, config: Config, job_id: str, inner: list[str]) -> tuple[list[str], list[str]]:
+    """`inner` (shell lines) run inside the spec's container: (script lines, comments)."""
+    c = spec.container
+    assert c is not None
+    runtime = c.runtime or config.container_runtime
+    script = shlex.quote("\n".join(inner))
+    if runtime == "apptainer":  # Slurm's environment (CUDA_VISIBLE_DEVICES too) passes through
+        binds = "".join(f" --bind {shlex.quote(m)}" for m in c.mounts)
+        options = "".join(f" {shlex.quote(o)}" for o in c.options)
+        nv = " --nv" if spec.gpus else ""
+        return [f'apptainer exec{nv} --bind "$PWD" --pwd "$PWD"{binds}{options} {shlex.quote(c.image)} '
+                f"/bin/sh -c {script}"], []
+    names = sorted({*spec.env, "GPUQ_JOB_ID", "SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID"})
+    gpus = ' --gpus "\\"device=${SLURM_JOB_GPUS:-$CUDA_VISIBLE_DEVICES}\\""' if spec.gpus and runtime == "docker" else ""
+    if spec.gpus and runtime == "podman":
+        gpus = ' $(for g in $(echo "${SLURM_JOB_GPUS:-$CUDA_VISIBLE_DEVICES}" | tr , " "); do printf -- "--device nvidia.com/gpu=%s " "$g"; done)'
+    volumes = "".join(f" --volume {shlex.quote(m if ':' in m else f'{m}:{m}')}" for m in c.mounts)
+    options = "".join(f" {shlex.quote(o)}" for o in c.options)
+    envs = "".join(f" --env {n}" for n in names)
+    lines = [f'_gpuq_container="gpuq-{job_id}-slurm-$SLURM_JOB_ID${{SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}}"',
+             f"trap '{runtime} stop --time {math.ceil(spec.grace_s or config.grace_s)} \"$_gpuq_container\" "
+             ">/dev/null 2>&1' TERM INT",
+             f'{runtime} run --rm --init --name "$_gpuq_container"{gpus} --user "$(id -u):$(id -g)" '
+             f'--volume "$PWD:$PWD" --workdir "$PWD"{volumes}{envs}{options} {shlex.quote(c.image)} '
+             f"/bin/sh -c {script} &",
+             '_gpuq_pid=$!; wait "$_gpuq_pid"; _gpuq_status=$?',
+             'while kill -0 "$_gpuq_pid" 2>/dev/null; do wait "$_gpuq_pid"; _gpuq_status=$?; done',
+             'exit "$_gpuq_status"']
+    comments = [f"container {c.image} ({runtime}): its daemon, not Slurm, holds the container, so the trap "
+                f"stops it when Slurm signals this script; the GPUs are the job's (SLURM_JOB_GPUS)"]
+    return lines, comments
+
+
 def sbatch_script(job_id: str, spec: JobSpec, config: Config, log_path: str, default_workdir: str,
                   slurm_ids: Mapping[str, str] = {}) -> str:
     """The sbatch script for one spec (a sweep: one script with --array)."""
@@ -142,5 +179,8 @@ def sbatch_script(job_id: str, spec: JobSpec, config: Config, log_path: str, def
     lines = ["#!/bin/bash", f"# gpuq job {job_id}, exported by `gpuq export slurm`"]
     lines += [f"#SBATCH {o}" for o in options]
     lines += [f"# {c}" for c in comments]
-    lines += exports + [f"export GPUQ_JOB_ID={job_id}"] + _body(spec)
+    inner = prelude_lines(spec.venv, spec.conda, spec.setup) + _body(spec)
+    body, container_comments = _in_container(spec, config, job_id, inner) if spec.container else (inner, [])
+    lines += [f"# {c}" for c in container_comments]
+    lines += exports + [f"export GPUQ_JOB_ID={job_id}"] + body
     return "\n".join(lines) + "\n"

@@ -25,10 +25,10 @@ from .hostinfo import boot_id, ensure_private_dir
 from .idle import IdleTracker
 from .intake import Intake, user_name
 from .joblocal import PREEMPTED, Runtime, finish_local, job_roots, request_stop, settle_lock, write_lease
-from .containers import probe_runtimes
+from .containers import RuntimeProbe
 from .jobmemory import observe_job_memory
 from .layout import Layout
-from .limits import LIMIT, pick_cores
+from .limits import LIMIT, limits_for
 from .metrics import FinishedCounter, HostFigures
 from .metrics import render as render_metrics
 from .overuse import GpuMemWatch, Overuse
@@ -40,7 +40,6 @@ from .samples import SampleLog
 from .spawner import Spawner
 from .strict_yaml import load_yaml
 from .sweeps import finish_interrupted
-from .spec import JobSpec
 from .usage import GpuUsage
 from .spool import (Record, append_event, atomic_write, claim, claim_name, next_attempt, read_json,
                     read_record, record_start, write_json)
@@ -53,7 +52,6 @@ SPEC_CACHE_EVERY_S = 5.0
 METRICS_EVERY_S = 10.0   # and when the running jobs change, at most every METRICS_MIN_GAP_S
 METRICS_MIN_GAP_S = 1.0
 FULL_SCAN_EVERY_S = 30.0
-RUNTIME_PROBE_EVERY_S = 300.0  # which container runtimes this host has
 # A burst of short jobs wakes the worker hundreds of times a second; between those wakes
 # jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
 EXIT_WAKE_SCAN_GAP_S = 0.2
@@ -102,9 +100,7 @@ class Worker:
         self.dep_states = DependencyStates(layout)
         self.samples = SampleLog(layout, host, config.sample_every_s, config.alert_idle_util_pct,
                                  max_gap_s=2 * config.poll_interval + 1)
-        self.runtimes: dict[str, str] = {}            # container runtimes here: name -> version
-        self.runtime_problems: dict[str, str] = {}    # installed but not usable: name -> why
-        self.runtimes_at = -RUNTIME_PROBE_EVERY_S
+        self.runtimes = RuntimeProbe()
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -134,9 +130,7 @@ class Worker:
 
     def observe(self) -> None:
         """This host's GPUs and running jobs, and which job's processes use which memory."""
-        if time.monotonic() - self.runtimes_at >= RUNTIME_PROBE_EVERY_S:  # a daemon may come or go
-            self.runtimes, self.runtime_problems = probe_runtimes()
-            self.runtimes_at = time.monotonic()
+        self.runtimes.refresh(time.monotonic())
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
         self.running = self._own_running()
@@ -269,7 +263,7 @@ class Worker:
         if inputs == self.unchanged_plan_inputs:
             return
         host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since,
-                        frozenset(self.runtimes))
+                        frozenset(self.runtimes.found))
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
             decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config, now, explain=False,
                            blocked={**waiting, **doomed}, bookings=booked)
@@ -346,7 +340,7 @@ class Worker:
             boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
             gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=wall_time(),
             preempted=bool(previous and str(previous.get("reason", "")).startswith(PREEMPTED)),
-            **self._limits(job.spec))
+            **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]))
 
         try:
             record_start(self.layout, record, self.host)  # the record first: then the job may start
@@ -369,14 +363,6 @@ class Worker:
                               self.finished.counts())
         atomic_write(self.metrics_file, render_metrics(figures).encode(), mode=0o644, durable=False)
 
-    def _limits(self, spec: JobSpec) -> dict:
-        """The limits that apply to a job starting now: its spec's, else config's; its cores."""
-        cpus = spec.cpus if spec.cpus is not None else self.config.cpus
-        cores = pick_cores(cpus, os.sched_getaffinity(0), [r.cpu_cores for r in self.running]) if cpus else []
-        return {"time_limit_s": spec.time_limit_s if spec.time_limit_s is not None else self.config.time_limit_s,
-                "mem_limit_mib": spec.mem_mib if spec.mem_mib is not None else self.config.mem_mib,
-                "cpu_cores": cores}
-
     def report(self) -> None:
         """Heartbeat (boot id + sequence number: observers judge liveness on their own clock)
         with the GPU snapshot and per-job observed memory; and the shared spec cache. At most
@@ -396,7 +382,7 @@ class Worker:
             "warnings": dict(self.gpu_mem_watch.current),
             "alerts": self.alerts.as_json(),
             "probe_error": self.probe.error,
-            "runtimes": self.runtimes, "runtime_problems": self.runtime_problems,
+            "runtimes": self.runtimes.found, "runtime_problems": self.runtimes.problems,
         }, durable=False)
         # Written only once the heartbeat is: the supervisors' proof that others still see
         # this host alive (a stale lease makes them stop their jobs; see supervise.py).

@@ -11,8 +11,8 @@ be a mounted --volume, and as --user when the daemon is root. The image is not u
 command runs on the host's file system. apptainer runs the command itself (as the real one
 does, in the caller's process tree), with --cleanenv and APPTAINERENV_* honoured.
 
-Usage: install(bin_dir, state_dir) writes the three executables; start_daemon(state_dir)
-starts the daemon (stop it with .terminate()).
+Usage: StandIns(dir) installs the three executables in dir/bin and starts the daemon;
+.worker_env() is the PATH that finds them; .close() ends the daemon and its containers.
 """
 from __future__ import annotations
 
@@ -57,6 +57,34 @@ def start_daemon(state_dir: Path) -> subprocess.Popen:
 def calls(state_dir: Path) -> list[dict]:
     path = state_dir / "calls.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+class StandIns:
+    """The three stand-ins on a PATH of their own, and their daemon (a test fixture's)."""
+
+    def __init__(self, base: Path) -> None:
+        self.bin, self.state = base / "bin", base / "state"
+        install(self.bin, self.state)
+        self.daemon = start_daemon(self.state)
+
+    def worker_env(self) -> dict[str, str]:
+        return {"PATH": f"{self.bin}:{os.environ['PATH']}"}
+
+    def calls(self, verb: str | None = None) -> list[dict]:
+        return [c for c in calls(self.state) if verb is None or c["args"][:1] == [verb]]
+
+    def containers(self) -> dict:
+        path = self.state / "containers.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def close(self) -> None:
+        for box in self.containers().values():
+            try:
+                os.killpg(box["pid"], 9)
+            except OSError:
+                pass
+        self.daemon.terminate()
+        self.daemon.wait()
 
 
 # --- the client -------------------------------------------------------------------------------

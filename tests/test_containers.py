@@ -93,35 +93,9 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- real runs through worker.py ----------------------------------------------------------------
 
-class Runtimes:
-    def __init__(self, base: Path) -> None:
-        self.bin, self.state = base / "bin", base / "state"
-        fake_runtime.install(self.bin, self.state)
-        self.daemon = fake_runtime.start_daemon(self.state)
-
-    def worker_env(self) -> dict[str, str]:
-        return {"PATH": f"{self.bin}:{os.environ['PATH']}"}
-
-    def calls(self, verb: str | None = None) -> list[dict]:
-        return [c for c in fake_runtime.calls(self.state) if verb is None or c["args"][:1] == [verb]]
-
-    def containers(self) -> dict:
-        path = self.state / "containers.json"
-        return json.loads(path.read_text()) if path.exists() else {}
-
-    def close(self) -> None:
-        for box in self.containers().values():
-            try:
-                os.killpg(box["pid"], 9)
-            except OSError:
-                pass
-        self.daemon.terminate()
-        self.daemon.wait()
-
-
 @pytest.fixture
 def runtimes(tmp_path: Path):
-    r = Runtimes(tmp_path / "runtimes")
+    r = fake_runtime.StandIns(tmp_path / "runtimes")
     yield r
     r.close()
 

@@ -42,10 +42,10 @@ def _root(tmp_path):
     return root
 
 
-def _beat(root, host: str, t: float, mtime: float, version: str = "0.1.0") -> None:
+def _beat(root, host: str, t: float, mtime: float, version: str = "0.1.0", **extra) -> None:
     path = root / "state" / "workers" / f"{host}.json"
     path.write_text(json.dumps({"host": host, "t": t, "seq": 1, "version": version, "gpus": [],
-                                "poll_interval": 1.0}))
+                                "poll_interval": 1.0, **extra}))
     os.utime(path, (mtime, mtime))
 
 
@@ -60,7 +60,8 @@ def _findings(root, env=None) -> tuple[int, dict[str, list[dict]]]:
 def test_doctor_names_each_problem_with_its_fix(tmp_path):
     root = _root(tmp_path)
     now = time.time()
-    _beat(root, "box-a", now, now)
+    _beat(root, "box-a", now, now, runtimes={"podman": "4.3.1"},
+          runtime_problems={"docker": "Cannot connect to the Docker daemon at unix:///var/run/docker.sock"})
     _beat(root, "box-b", now + 7, now, version="0.0.9")  # its clock is 7 s ahead; an old gpuq
     os.chmod(root / "jobs", 0o777)  # shared, not sticky
     mountinfo = tmp_path / "mountinfo"
@@ -77,6 +78,10 @@ def test_doctor_names_each_problem_with_its_fix(tmp_path):
     version = found["version"][0]
     assert version["level"] == "fail" and "box-b runs gpuq 0.0.9" in version["message"]
     assert found["nvml"][0]["level"] in ("ok", "warn") and found["cron"][0]["check"] == "cron"
+    docker, podman = found["containers"]
+    assert docker["level"] == "warn" and "box-a: docker is installed but unusable: Cannot connect" in docker["message"]
+    assert "systemctl start docker" in docker["fix"] and podman == {"level": "ok", "check": "containers",
+                                                                     "message": "box-a: podman 4.3.1", "fix": ""}
     text = run("--root", str(root), "doctor", env={"GPUQ_TEST_MOUNTINFO": str(mountinfo)}).stdout
     assert "FAIL permissions" in text and "fix: chmod +t" in text
 

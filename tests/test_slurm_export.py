@@ -127,6 +127,41 @@ def test_a_dependency_on_a_handed_over_job_waits_for_it(slurm, tmp_path):
     assert "after" in (root / "logs" / "train.log").read_text()
 
 
+def test_exported_container_jobs_run_on_slurm_and_scancel_stops_the_container(slurm, tmp_path):
+    """Stand-in runtimes (tests/fake_runtime.py): the docker container belongs to a daemon
+    outside Slurm's job, so only the script's trap can stop it when Slurm cancels the job."""
+    import fake_runtime
+
+    runtimes = fake_runtime.StandIns(tmp_path / "runtimes")
+    env = {**slurm.env, **runtimes.worker_env()}
+    try:
+        root = tmp_path / "q"
+        (root / "jobs").mkdir(parents=True)
+        (root / "logs").mkdir()
+        (root / "jobs" / "sif.yaml").write_text(
+            "command: echo CVD=$CUDA_VISIBLE_DEVICES X=$X\ngpus: 1\nsetup: export X=7\n"
+            "container: {image: /images/t.sif, runtime: apptainer}\n")
+        (root / "jobs" / "boxed.yaml").write_text(
+            "command: \"trap '' TERM; echo up; while true; do sleep 0.2; done\"\ngpus: 1\ngrace: 2s\n"
+            "container: {image: pytorch:2, runtime: docker}\n")
+        sif = subprocess.run(["sbatch", "--parsable"], input=export(root, "sif"), capture_output=True, text=True,
+                             env=env, timeout=60).stdout.strip()
+        assert slurm.wait_done(sif) == ("COMPLETED", "0:0")
+        assert "CVD=0 X=7" in (root / "logs" / "sif.log").read_text()
+        boxed = subprocess.run(["sbatch", "--parsable"], input=export(root, "boxed"), capture_output=True,
+                               text=True, env=env, timeout=60).stdout.strip()
+        name = f"gpuq-boxed-slurm-{boxed}"
+        wait_until(lambda: name in runtimes.containers(), timeout=60, what="the container running under Slurm")
+        run = runtimes.calls("run")[-1]["args"]
+        assert run[run.index("--gpus") + 1] == '"device=0"'  # the GPU Slurm granted
+        subprocess.run(["scancel", boxed], env=env, check=True, timeout=30)
+        assert slurm.wait_done(boxed, timeout=60)[0] == "CANCELLED"
+        wait_until(lambda: name not in runtimes.containers(), timeout=30, what="the container stopped")
+        assert runtimes.calls("stop")[-1]["args"] == ["stop", "--time", "2", name]
+    finally:
+        runtimes.close()
+
+
 # --- bridge mode: config backend: slurm ---------------------------------------------------------
 
 def test_the_bridge_hands_jobs_to_slurm_and_keeps_gpuqs_records_true(slurm, queue):
