@@ -15,12 +15,15 @@ NODE_FAIL and a job Slurm no longer knows -> lost. `gpuq cancel` -> scancel.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import time
 from dataclasses import replace
 
 from .deps import FINAL, gates, referenced
 from .faults import crash_point, wall_time
+from .launch import open_log
+from .owners import Identity
 from .plan import queue_order
 from .slurm_export import ExportError, sbatch_script
 from .spool import (Record, claim, claim_name, next_attempt, read_json, record_requeue, record_start,
@@ -200,6 +203,18 @@ class BridgeWorker(Worker):
             # Slurm waits for the dependencies still open; ended ones need no --dependency
             self._hand(job, {d: handed[d] for d in deps if d in handed and states.get(d) not in FINAL})
 
+    def _as_owner(self, record: Record) -> tuple[list[str], dict[str, str]]:
+        """A bridge running as root submits each job as its spec's owner (sbatch --uid/--gid,
+        root's privilege), as a local root worker runs it: Slurm then runs it as them, with
+        their HOME, USER and LOGNAME (sbatch's --export=ALL takes sbatch's environment). Its
+        log is created first, the owner's (0640), so Slurm appends to their file, never
+        through a planted link. Raises KeyError for an owner with no account here."""
+        if os.geteuid() != 0 or record.uid <= 0:
+            return [], {}
+        owner = Identity.of(record.uid)
+        os.close(open_log(self.layout.job_log(record.id), owner))
+        return [f"--uid={owner.uid}", f"--gid={owner.gid}"], owner.environment()
+
     def _handed_over(self) -> dict[str, str]:
         out = {}
         for path in (self.layout.state / "slurm").glob("*.json"):
@@ -232,8 +247,14 @@ class BridgeWorker(Worker):
             transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
                        reason=f"cannot hand to Slurm: {e}")
             return
-        out = subprocess.run(["sbatch", "--parsable", f"--comment=gpuq:{name}"], input=script,
-                             capture_output=True, text=True, timeout=60)
+        try:
+            as_owner, owner_env = self._as_owner(record)
+        except (KeyError, OSError) as e:
+            transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
+                       reason=f"cannot hand to Slurm as uid {record.uid}, the spec's owner: {e}")
+            return
+        out = subprocess.run(["sbatch", "--parsable", f"--comment=gpuq:{name}", *as_owner], input=script,
+                             capture_output=True, text=True, timeout=60, env={**os.environ, **owner_env})
         if out.returncode != 0 and any(m in out.stderr for m in ("Unable to contact", "timed out", "Zero Bytes")):
             record_requeue(self.layout, record, self.host, "Slurm did not answer; requeued")
             self.recovery.put_back(job.id, claimed)  # the controller was away: try again later

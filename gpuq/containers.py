@@ -4,7 +4,8 @@ with the job, its processes (whose GPU memory is the job's), and which runtimes 
 `container_run` is pure: the same inputs give the same command line (tests keep them as
 golden files). What each runtime gets:
 - docker: `run --rm --init --name gpuq-<id>-<attempt>`, `--gpus '"device=0,2"'`, `--user
-  uid:gid` (+ `--group-add`), the workdir mounted at the same path and used as the working
+  uid:gid` (+ `--group-add`), no new privileges and (for a job not root's) no capabilities,
+  the workdir mounted at the same path and used as the working
   directory, the job's cores (`--cpuset-cpus`) and RAM limit (`--memory`), and each job
   variable as `-e NAME`, its value taken from the client's environment (values never appear
   on a command line, where `ps` would show them). The client runs as the worker's user.
@@ -93,6 +94,9 @@ def container_run(container: Container, runtime: str, inner: list[str], job_vars
         for group in owner.groups:
             if group != owner.gid:
                 argv += ["--group-add", str(group)]
+    # No setuid binary of the image may make the job root inside (where the mounts are the
+    # host's files), and a job not root's keeps no capability: docker's privileges are root's.
+    argv += ["--security-opt", "no-new-privileges"] + (["--cap-drop", "ALL"] if owner.uid != 0 else [])
     argv += ["--volume", f"{workdir}:{workdir}", "--workdir", workdir]
     for mount in container.mounts:
         argv += ["--volume", mount if ":" in mount else f"{mount}:{mount}"]

@@ -16,10 +16,12 @@ RUNTIMES = ("docker", "podman", "apptainer")
 CONTAINER_KEYS = ("image", "runtime", "mounts", "options")
 
 # Runtime options that would undo what gpuq promises about a container: exactly the job's
-# GPUs, as the job's owner, stopped and removed with the job. gpuq sets these itself.
-FORBIDDEN_OPTIONS = ("--gpus", "--device", "--privileged", "--user", "-u", "--userns", "--name",
-                     "--detach", "-d", "--rm", "--cidfile", "--nv", "--nvccli", "--rocm",
-                     "--group-add", "--cleanenv")
+# GPUs, as the job's owner and with no more privilege than the owner has (a root worker runs
+# docker on the owner's behalf: docker's privileges are root's), stopped and removed with the
+# job. gpuq sets these itself.
+FORBIDDEN_OPTIONS = ("--gpus", "--device", "--device-cgroup-rule", "--privileged", "--cap-add",
+                     "--security-opt", "--runtime", "--user", "-u", "--userns", "--group-add", "--name",
+                     "--detach", "-d", "--rm", "--cidfile", "--nv", "--nvccli", "--rocm", "--cleanenv")
 _CONDA_NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,100}$")
 
 
@@ -93,8 +95,8 @@ def _options(value: Any, fail: ErrorFactory) -> tuple[str, ...]:
     for option in value:
         if _forbidden(option):
             raise fail("container", f"option {option} is not allowed",
-                       "remove it: gpuq itself gives the container exactly the job's GPUs (--privileged or "
-                       "--device would give others), runs it as the job's owner, and names, stops and removes it")
+                       "remove it: gpuq itself gives the container exactly the job's GPUs, runs it as the job's "
+                       "owner with no added privileges, and names, stops and removes it")
     return tuple(value)
 
 

@@ -7,7 +7,7 @@ client leaves the "container" running until `stop`, `kill` or `rm --force` reach
 client relays SIGTERM/SIGINT (docker's sig-proxy) and exits with the container's status.
 The container gets only the variables named by --env, NVIDIA_VISIBLE_DEVICES for the GPUs
 given (--gpus '"device=1,2"' or CDI --device nvidia.com/gpu=N), runs in --workdir, which must
-be a mounted --volume, and as --user when the daemon is root. The image is not used: the
+be a mounted --volume, and as --user (with each --group-add) when the daemon is root. The image is not used: the
 command runs on the host's file system. apptainer runs the command itself (as the real one
 does, in the caller's process tree), with --cleanenv and APPTAINERENV_* honoured.
 
@@ -28,7 +28,8 @@ from pathlib import Path
 
 VALUE_FLAGS = {"--name", "--label", "--gpus", "--device", "--user", "-u", "--group-add", "--volume", "-v",
                "--workdir", "-w", "--cpuset-cpus", "--memory", "--env", "-e", "--shm-size", "--time", "-t",
-               "--format", "--bind", "--pwd"}
+               "--format", "--bind", "--pwd", "--security-opt", "--cap-drop", "--cap-add", "--ulimit", "--network",
+               "--entrypoint", "--ipc", "--pid"}
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/"}
 
 
@@ -185,6 +186,7 @@ def _run(state_dir: Path, options: dict[str, list[str]], flags: list[str], posit
         return 125
     request = {"op": "run", "name": (options.get("--name") or [f"anon-{os.getpid()}"])[-1], "argv": argv,
                "env": env, "cwd": workdir, "user": (options.get("--user") or [None])[-1], "image": image,
+               "groups": [int(g) for g in options.get("--group-add", []) if g.isdigit()],
                "rm": "--rm" in flags}
     conn = _request(state_dir, request, [1, 2])
     answer = _answer(conn)
@@ -307,7 +309,7 @@ class Daemon:
             os.chdir(m["cwd"])
             if m["user"] and os.getuid() == 0:
                 uid, _, gid = m["user"].partition(":")
-                os.setgroups([])
+                os.setgroups(m["groups"])
                 os.setgid(int(gid or uid))
                 os.setuid(int(uid))
             os.execvpe(m["argv"][0], m["argv"], m["env"])

@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,7 +53,11 @@ class SlurmCluster:
         if os.geteuid() != 0:
             raise SlurmUnavailable("slurmd runs jobs as their users: the Slurm tests need root")
         b = self.base
-        for d in ("munge", "state", "spool", "log", "dev"):
+        # Job scripts are run from the spool as their users: it must be reachable by them
+        # (pytest's own temp dir is root's, 0700).
+        self.spool = Path(tempfile.mkdtemp(prefix="gpuq-slurmd-"))
+        os.chmod(self.spool, 0o755)
+        for d in ("munge", "state", "log", "dev"):
             (b / d).mkdir(parents=True, exist_ok=True)
         os.chmod(b / "munge", 0o755)  # munged refuses a socket directory others could write
         (b / "munge" / "munge.key").write_bytes(os.urandom(1024))
@@ -72,7 +77,7 @@ SlurmdUser=root
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 StateSaveLocation={b}/state
-SlurmdSpoolDir={b}/spool
+SlurmdSpoolDir={self.spool}
 SlurmctldPidFile={b}/slurmctld.pid
 SlurmdPidFile={b}/slurmd.pid
 SlurmctldLogFile={b}/log/slurmctld.log
@@ -128,6 +133,7 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                 os.kill(int((self.base / pid_file).read_text()), signal.SIGKILL)
             except (OSError, ValueError):
                 pass
+        shutil.rmtree(self.spool, ignore_errors=True)
 
     def sbatch(self, script: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(["sbatch", *extra], input=script, capture_output=True, text=True, env=self.env,

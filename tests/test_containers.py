@@ -52,6 +52,9 @@ def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
                     gpu_mem_mib=20480, cpu_cores=[4, 5], mem_limit_mib=8192, host="box-a")
     rt = Runtime(Layout(Path("/shared/gpuq")), "box-a", "boot", Path("/dev/shm/gpuq"), 10, 180, {}, "docker")
     monkeypatch.setattr(launch_module.os, "geteuid", lambda: 1001 if name == "podman-rootless" else 0)
+    monkeypatch.setattr(launch_module.os, "getuid", lambda: 1001)  # a worker not root runs jobs as itself
+    monkeypatch.setattr(launch_module.os, "getgid", lambda: 1001)
+    monkeypatch.setattr(launch_module.os, "getgroups", lambda: [1001])
     monkeypatch.setattr(launch_module, "inherited_environment", lambda: {"PATH": "/usr/bin:/bin"})
     launch = launch_module.build_launch(rt, record, spec, None if name == "podman-rootless" else ANA)
     lines = [f"# {name}: argv, one argument per line (shell-quoted)"] + [shlex.quote(a) for a in launch.argv]
@@ -78,6 +81,7 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "--gpus\n'\"device=1,3\"'\n" in docker and "--user\n1001:1001\n--group-add\n2000\n" in docker
     assert "--volume\n/home/ana/proj:/home/ana/proj\n--workdir\n/home/ana/proj\n" in docker
     assert "--cpuset-cpus\n4,5\n--memory\n8192m\n" in docker and "--name\ngpuq-train-7-2\n" in docker
+    assert "--security-opt\nno-new-privileges\n--cap-drop\nALL\n" in docker  # docker's privileges are root's
     assert "CUDA_VISIBLE_DEVICES=0,1\n" in docker  # renumbered inside: only the two GPUs exist there
     assert "\n--env\nWANDB_MODE\n" in docker and "offline" not in docker.split("# client environment")[0]
     podman = _golden_text("podman", monkeypatch)
@@ -184,6 +188,34 @@ def test_a_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp
     wait_until(lambda: runtimes.containers() == {}, what="container removed")
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert runtimes.calls("rm")[-1]["args"] == ["rm", "--force", "gpuq-orphan-1"]
+
+
+def test_preemption_stops_the_container_and_the_next_attempt_gets_its_own(queue, runtimes, tmp_path: Path) -> None:
+    queue.write_config(idle_after_s=0.5, grace_s=20, lost_after_s=120)  # the job's own grace is 1 s
+    queue.start_worker("box-a", "1x80GiB", env=runtimes.worker_env())
+    work = _workdir(tmp_path)
+    queue.drop("soak.yaml", "command: \"trap '' TERM; echo attempt=$GPUQ_ATTEMPT; while true; do sleep 0.2; done\"\n"
+               f"gpus: 1\ngpu_mem: 60GiB\npriority: low\ngrace: 1s\nworkdir: {work}\ncontainer: img\n")
+    wait_until(lambda: "gpuq-soak-1" in runtimes.containers(), what="the opportunistic container")
+    queue.drop("real.yaml", f"command: echo real\ngpus: 1\ngpu_mem: 40GiB\nworkdir: {work}\n")
+    assert wait_until(lambda: queue.finished("real"), timeout=20, what="the real job")["state"] == "done"
+    assert ["stop", "--time", "1", "gpuq-soak-1"] in [c["args"] for c in runtimes.calls("stop")]
+    wait_until(lambda: "gpuq-soak-2" in runtimes.containers(), timeout=20, what="attempt 2 in its own container")
+    assert "gpuq-soak-1" not in runtimes.containers() and "attempt=2" in queue.log("soak")
+    queue.gpuq("cancel", "soak")
+    wait_until(lambda: runtimes.containers() == {}, timeout=20, what="attempt 2 stopped")
+
+
+def test_a_service_restarts_in_a_fresh_container(queue, runtimes, tmp_path: Path) -> None:
+    queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
+    queue.drop("svc.yaml", "command: \"echo start $GPUQ_RESTARTS; test -e ran || { touch ran; exit 1; }; sleep 60\"\n"
+               f"gpus: 0\nrestart: on-failure\nworkdir: {_workdir(tmp_path)}\ncontainer: img\n")
+    wait_until(lambda: "gpuq-svc-1-r1" in runtimes.containers(), timeout=20, what="the restarted container")
+    assert [c["args"][c["args"].index("--name") + 1] for c in runtimes.calls("run")] == ["gpuq-svc-1", "gpuq-svc-1-r1"]
+    assert "start 1" in queue.log("svc")  # GPUQ_RESTARTS reaches the container
+    queue.gpuq("cancel", "svc")
+    assert wait_until(lambda: queue.finished("svc"), what="svc cancelled")["state"] == "cancelled"
+    assert runtimes.containers() == {}
 
 
 def test_a_time_limit_reaches_the_container(queue, runtimes, tmp_path: Path) -> None:

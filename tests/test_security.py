@@ -172,3 +172,50 @@ def test_only_the_owner_root_or_an_admin_may_cancel_and_the_request_file_decides
     assert as_admin.returncode == 0, as_admin.stderr
     record = wait_until(lambda: shared.finished("long"), what="long to be cancelled by the admin")
     assert record["state"] == "cancelled" and "cancelled by gpuq-bo" in record["reason"]
+
+
+def test_a_root_worker_runs_a_container_as_its_owner(shared, users):
+    """docker runs as root on the owner's behalf (tests/fake_runtime.py stands in, its daemon
+    root): inside, the job is its owner, with its groups, and no more."""
+    import fake_runtime
+
+    runtimes = fake_runtime.StandIns(shared.root.parent / "runtimes")
+    try:
+        work = shared.root.parent / "work"
+        work.mkdir()
+        os.chmod(work, 0o777)
+        ana = users["gpuq-ana"]
+        shared.start_worker("a", "1x80GiB", env=runtimes.worker_env())
+        drop_as(shared, ana, "boxed.yaml", f"command: id -u; id -G; touch made-here\ngpus: 0\nworkdir: {work}\n"
+                                           "container: {image: pytorch:2, runtime: docker}\n")
+        record = wait_until(lambda: shared.finished("boxed"), what="boxed to run")
+        assert record["state"] == "done", shared.log("boxed")
+        team = grp.getgrnam(TEAM).gr_gid
+        lines = shared.log("boxed").splitlines()
+        assert str(ana.pw_uid) in lines and any(set(line.split()) == {str(ana.pw_gid), str(team)} for line in lines)
+        assert os.stat(work / "made-here").st_uid == ana.pw_uid  # its files are the owner's
+        run = runtimes.calls("run")[-1]
+        assert run["uid"] == 0 and run["args"][run["args"].index("--user") + 1] == f"{ana.pw_uid}:{ana.pw_gid}"
+        assert "no-new-privileges" in run["args"] and "ALL" in run["args"]
+    finally:
+        runtimes.close()
+
+
+def test_a_real_podman_container_runs_as_its_owner(shared, users, tmp_path_factory):
+    import real_podman
+
+    try:
+        podman = real_podman.ready(tmp_path_factory.mktemp("podman"))
+    except real_podman.PodmanUnavailable as e:
+        pytest.skip(f"no container runtime can run here: {e}")
+    work = shared.root.parent / "work"
+    work.mkdir()
+    os.chmod(work, 0o777)
+    ana = users["gpuq-ana"]
+    shared.start_worker("a", "1x80GiB", env=podman)
+    drop_as(shared, ana, "real.yaml", f"command: id -u; touch made-here\ngpus: 0\nworkdir: {work}\n"
+                                      f"container: {{image: '{real_podman.IMAGE}', runtime: podman}}\n")
+    record = wait_until(lambda: shared.finished("real"), timeout=60, what="the podman job")
+    assert record["state"] == "done", shared.log("real")
+    assert str(ana.pw_uid) in shared.log("real").splitlines()
+    assert os.stat(work / "made-here").st_uid == ana.pw_uid

@@ -240,3 +240,41 @@ def test_a_job_waits_in_gpuq_while_sbatch_cannot_reach_the_controller(slurm, que
     (fake / "sbatch").unlink()  # the controller is back: the real sbatch answers
     done = wait_until(lambda: queue.finished("patient"), timeout=60, what="patient to run once Slurm answers")
     assert done["state"] == "done" and done["attempt"] > 1 and "made it" in queue.log("patient")
+
+
+def test_a_root_bridge_submits_each_job_as_its_spec_owner(slurm, tmp_path_factory):
+    """sbatch --uid/--gid: Slurm runs the job as the user who wrote the spec, and its log is
+    theirs (created by the bridge before Slurm appends to it)."""
+    import os
+    import pwd
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from conftest import Queue
+
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("creating a user needs root and useradd (CI runs as root)")
+    name = "gpuq-slurm-ana"
+    if subprocess.run(["id", name], capture_output=True).returncode:
+        subprocess.run(["useradd", "-M", "-d", f"/nonexistent/{name}", "-s", "/bin/sh", name], check=True)
+    base = Path(tempfile.mkdtemp(prefix="gpuq-bridge-"))
+    os.chmod(base, 0o755)
+    queue = Queue(base / "root", base / "local")
+    try:
+        ana = pwd.getpwnam(name)
+        queue.write_config(backend="slurm", allow_root_jobs=False)
+        queue.start_worker("bridge", "1x80GiB", env=slurm.env)
+        tmp = queue.root / "jobs" / ".who.yaml.tmp"
+        tmp.write_text("command: id -u; echo USER=$USER HOME=$HOME\ngpus: 0\n")
+        os.chown(tmp, ana.pw_uid, ana.pw_gid)
+        os.rename(tmp, queue.root / "jobs" / "who.yaml")
+        final = wait_until(lambda: queue.finished("who"), timeout=90, what="who, run by Slurm")
+        log = queue.root / "logs" / "who.log"
+        assert final["state"] == "done", log.read_text()
+        assert str(ana.pw_uid) in log.read_text().splitlines() and f"USER={name} HOME=/nonexistent/{name}" in log.read_text()
+        assert (os.stat(log).st_uid, os.stat(log).st_mode & 0o777) == (ana.pw_uid, 0o640)
+    finally:
+        queue.close()
+        shutil.rmtree(base, ignore_errors=True)
+        subprocess.run(["userdel", name], capture_output=True)
