@@ -9,7 +9,7 @@ state/slurm/<id>.json, which later exports' --dependency read). Dependencies go 
 afterok/afterany once their jobs are handed over; one that failed in gpuq cancels its
 dependents as usual. Following: squeue for the jobs still queued or running, then `scontrol
 show job` for the end state and exit code (Slurm keeps ended jobs MinJobAge seconds,
-default 300); COMPLETED -> done, FAILED -> failed, CANCELLED -> cancelled, TIMEOUT -> timeout,
+default 300), else `sacct` (where slurmdbd keeps accounting); COMPLETED -> done, FAILED -> failed, CANCELLED -> cancelled, TIMEOUT -> timeout,
 NODE_FAIL and a job Slurm no longer knows -> lost. `gpuq cancel` -> scancel.
 """
 from __future__ import annotations
@@ -75,6 +75,27 @@ def scontrol_job(slurm_id: str) -> dict[str, str] | None:
     worst = next((t for t in tasks if t.get("JobState") != "COMPLETED"), tasks[0])
     return {**worst, "StartTime": min(t.get("StartTime", "") for t in tasks),
             "EndTime": max(t.get("EndTime", "") for t in tasks), "Tasks": str(len(tasks))}
+
+
+def sacct_job(slurm_id: str) -> dict[str, str] | None:
+    """Slurm's accounting of a job the controller has forgotten (ended more than MinJobAge
+    ago: a bridge that was down meanwhile), in scontrol's field names; None where there is no
+    accounting (no slurmdbd) or it has no such job. A slurmdbd that does not answer raises
+    SlurmUnreachable: it may know, later."""
+    try:
+        out = _slurm("sacct", "-j", slurm_id, "-X", "-n", "-P", "--format=State,ExitCode,Start,End")
+    except FileNotFoundError:
+        return None
+    if out.returncode != 0:
+        if "disabled" in out.stderr or "not configured" in out.stderr:
+            return None
+        raise SlurmUnreachable(out.stderr.strip()[-200:] or f"sacct exit {out.returncode}")
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 3]
+    if not rows:
+        return None
+    worst = next((r for r in rows if r[0].split()[0] != "COMPLETED"), rows[0])  # as scontrol_job
+    return {"JobState": worst[0].split()[0], "ExitCode": worst[1], "StartTime": min(r[2] for r in rows),
+            "EndTime": max(r[3] for r in rows), "Source": "sacct"}
 
 
 class BridgeWorker(Worker):
@@ -156,7 +177,7 @@ class BridgeWorker(Worker):
         write_record(self.layout, updated)
 
     def _settle(self, record: Record) -> None:
-        info = scontrol_job(record.slurm_id or "")
+        info = scontrol_job(record.slurm_id or "") or sacct_job(record.slurm_id or "")
         state_name = (info or {}).get("JobState", "")
         if info is not None and state_name not in SLURM_STATES:
             return  # an ending state (COMPLETING...) scontrol shows before squeue: next pass
@@ -164,7 +185,7 @@ class BridgeWorker(Worker):
         code, _, sig = (info or {}).get("ExitCode", ":").partition(":")
         reason = None if final is State.DONE else (
             f"Slurm job {record.slurm_id}: {state_name}" if info else
-            f"Slurm job {record.slurm_id} is no longer known to Slurm (exit unknown)")
+            f"Slurm job {record.slurm_id} is no longer known to Slurm, nor to its accounting (exit unknown)")
         transition(self.layout, record, final, self.host,
                    started_at=_slurm_time((info or {}).get("StartTime")) or record.started_at,
                    ended_at=_slurm_time((info or {}).get("EndTime")) or wall_time(),

@@ -278,3 +278,28 @@ def test_a_root_bridge_submits_each_job_as_its_spec_owner(slurm, tmp_path_factor
         queue.close()
         shutil.rmtree(base, ignore_errors=True)
         subprocess.run(["userdel", name], capture_output=True)
+
+
+def test_a_job_slurm_has_forgotten_is_settled_from_its_accounting(slurm, queue, tmp_path):
+    """A bridge away longer than MinJobAge: scontrol no longer knows the job (a stand-in
+    says so here); sacct, where slurmdbd keeps accounting, still does (a stand-in answers as
+    it would); without accounting (this cluster's real sacct) the job is lost, exit unknown."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    (fake / "sacct").write_text("#!/bin/sh\n[ -e \"$0.off\" ] && exec /usr/bin/sacct \"$@\"\n"
+                                "echo 'FAILED|3:0|2026-11-30T10:00:00|2026-11-30T10:00:02'\n")
+    for tool in ("scontrol", "sacct"):
+        (fake / tool).chmod(0o755)
+    queue.write_config(backend="slurm")
+    queue.start_worker("bridge", "1x80GiB", env={**slurm.env, "PATH": f"{fake}:{os.environ['PATH']}"})
+    queue.drop("old.yaml", "command: exit 3\ngpus: 0\n")
+    old = wait_until(lambda: queue.finished("old"), timeout=60, what="old settled from sacct")
+    assert (old["state"], old["exit_code"]) == ("failed", 3) and "FAILED" in old["reason"]
+    assert old["ended_at"] - old["started_at"] == 2  # Slurm's own times, from its accounting
+    (fake / "sacct.off").touch()  # now the real sacct: this cluster keeps no accounting
+    queue.drop("older.yaml", "command: exit 0\ngpus: 0\n")
+    older = wait_until(lambda: queue.finished("older"), timeout=60, what="older settled")
+    assert older["state"] == "lost" and "nor to its accounting (exit unknown)" in older["reason"]
