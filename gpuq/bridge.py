@@ -10,7 +10,8 @@ afterok/afterany once their jobs are handed over; one that failed in gpuq cancel
 dependents as usual. Following: squeue for the jobs still queued or running, then `scontrol
 show job` for the end state and exit code (Slurm keeps ended jobs MinJobAge seconds,
 default 300), else `sacct` (where slurmdbd keeps accounting); COMPLETED -> done, FAILED -> failed, CANCELLED -> cancelled, TIMEOUT -> timeout,
-NODE_FAIL and a job Slurm no longer knows -> lost. `gpuq cancel` -> scancel.
+NODE_FAIL and a job Slurm no longer knows -> lost. `gpuq cancel` -> scancel. Several bridges
+may serve one root; a dead one's jobs are adopted by another (adopt_from_dead_bridges).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from .launch import open_log
 from .owners import Identity
 from .plan import queue_order
 from .slurm_export import ExportError, sbatch_script
-from .spool import (Record, claim, claim_name, next_attempt, read_json, record_requeue, record_start,
-                    transition, write_json, write_record)
+from .spool import (Record, append_event, claim, claim_name, next_attempt, read_json, record_requeue,
+                    record_start, running_records, transition, write_json, write_record)
 from .states import State
 from .worker import Worker
 
@@ -98,8 +99,23 @@ def sacct_job(slurm_id: str) -> dict[str, str] | None:
             "EndTime": max(r[3] for r in rows), "Source": "sacct"}
 
 
+def _handed_over_by_comment() -> dict[str, str] | None:
+    """Every job Slurm knows that a bridge handed over: claim -> Slurm id, from the comment
+    sbatch was given (`gpuq:<claim>`). None when scontrol did not answer."""
+    out = _slurm("scontrol", "show", "job")
+    if out.returncode != 0:
+        return None
+    known: dict[str, str] = {}
+    for block in out.stdout.split("\n\n"):
+        fields = dict(f.split("=", 1) for f in block.split() if "=" in f)
+        if fields.get("Comment", "").startswith("gpuq:"):
+            known.setdefault(fields["Comment"][5:], fields.get("ArrayJobId") or fields.get("JobId") or "")
+    return known
+
+
 class BridgeWorker(Worker):
-    STEPS = ("observe", "follow", "obey_controls", "take_in_specs", "hand_over", "report")
+    STEPS = ("observe", "adopt_from_dead_bridges", "follow", "obey_controls", "take_in_specs", "hand_over",
+             "report")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -117,21 +133,40 @@ class BridgeWorker(Worker):
         orphans = [r for r in self._own_running() if not r.slurm_id]
         if not orphans:
             return
-        out = _slurm("scontrol", "show", "job")
-        known = {}
-        for block in out.stdout.split("\n\n") if out.returncode == 0 else []:
-            fields = dict(f.split("=", 1) for f in block.split() if "=" in f)
-            if fields.get("Comment", "").startswith("gpuq:"):
-                known.setdefault(fields["Comment"][5:], fields.get("ArrayJobId") or fields.get("JobId"))
+        known = _handed_over_by_comment()
         for record in orphans:
-            slurm_id = known.get(record.claim or "")
+            slurm_id = (known or {}).get(record.claim or "")
             if slurm_id:
                 self._note_slurm_id(record, slurm_id)
                 log.info("found %s in Slurm as job %s", record.id, slurm_id)
-            elif out.returncode == 0:
+            elif known is not None:
                 record_requeue(self.layout, record, self.host, "never reached Slurm; requeued")
                 self.recovery.put_back(record.id, self.layout.claims / (record.claim or ""))
                 log.info("requeued %s: it never reached Slurm", record.id)
+
+    def adopt_from_dead_bridges(self) -> None:
+        """Another bridge whose heartbeat stood still lost_after_s is dead, but its jobs still
+        run in Slurm: they are adopted, never run again. The adopter renames the attempt's
+        claim to its own (exactly one adopter wins) and the record names it from then on; a job
+        the dead bridge had not noted the Slurm id of is found by its sbatch comment, or, if
+        Slurm never got it, goes back to the queue."""
+        dead = self.recovery.dead_hosts()
+        orphans = [r for r in running_records(self.layout) if r.host in dead] if dead else []
+        known = _handed_over_by_comment() if any(not r.slurm_id for r in orphans) else {}
+        for record in orphans:
+            slurm_id = record.slurm_id or (known or {}).get(record.claim or "")
+            if slurm_id is None:
+                if known is not None:  # Slurm answered: it never got this one
+                    self.recovery.requeue(record, f"bridge {record.host} died before handing it to Slurm; requeued")
+                continue
+            new_claim = claim_name(record.id, self.host, self.boot_id, record.attempt)
+            if claim(self.layout, self.layout.claims / (record.claim or ""), new_claim) is None:
+                continue  # another bridge adopted it first
+            adopted = replace(record, host=self.host, boot_id=self.boot_id, claim=new_claim)
+            self._note_slurm_id(adopted, slurm_id)
+            append_event(self.layout, self.host, {"job": record.id, "from": "running", "to": "running",
+                                                  "reason": f"adopted from bridge {record.host} (dead)"})
+            log.warning("bridge %s is dead: following %s (Slurm job %s) from here", record.host, record.id, slurm_id)
 
     def _note_slurm_id(self, record: Record, slurm_id: str) -> None:
         write_record(self.layout, replace(record, slurm_id=slurm_id, reason=f"Slurm job {slurm_id}"))

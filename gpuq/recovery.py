@@ -147,12 +147,24 @@ class Recovery:
     # --- other hosts ------------------------------------------------------------------------
 
     def take_over_dead_hosts(self) -> None:
-        """A host whose heartbeat (boot id, sequence number) has not changed for lost_after_s,
-        on this host's own monotonic clock, is dead: its running jobs are lost. Its own
-        supervisors stopped them before (see supervise.py), and write nothing afterwards."""
+        """A dead host's running jobs are lost. Its own supervisors stopped them before (see
+        supervise.py), and write nothing afterwards."""
+        dead = self.dead_hosts()
+        if not dead:
+            return
+        for entry in os.scandir(self.layout.running):
+            record = read_record(Path(entry.path)) if entry.name.endswith(".json") else None
+            if record is not None and record.host in dead:
+                log.warning("host %s is dead: taking over %s", record.host, record.id)
+                self.lose(record, f"host {record.host} stopped (heartbeat unchanged for "
+                                  f"{self.config.lost_after_s:g} s)")
+
+    def dead_hosts(self) -> set[str]:
+        """Hosts whose heartbeat (boot id, sequence number) has not changed for lost_after_s,
+        on this host's own monotonic clock (checked at most once per poll interval)."""
         now = time.monotonic()
         if now - self.watched_at < self.config.poll_interval:
-            return
+            return set()
         self.watched_at = now
         dead = set()
         for path in self.layout.workers.glob("*.json"):
@@ -166,11 +178,4 @@ class Recovery:
                 self.heartbeats[host] = (key, now)
             elif now - seen[1] >= self.config.lost_after_s:
                 dead.add(host)
-        if not dead:
-            return
-        for entry in os.scandir(self.layout.running):
-            record = read_record(Path(entry.path)) if entry.name.endswith(".json") else None
-            if record is not None and record.host in dead:
-                log.warning("host %s is dead: taking over %s", record.host, record.id)
-                self.lose(record, f"host {record.host} stopped (heartbeat unchanged for "
-                                  f"{self.config.lost_after_s:g} s)")
+        return dead

@@ -127,6 +127,17 @@ def read_record(path: Path) -> Record | None:
     return Record.from_json(data) if data is not None else None
 
 
+def running_records(layout: Layout) -> list[Record]:
+    """Every running record of the root, whichever host runs it."""
+    records = []
+    for path in sorted(layout.running.glob("*.json")):
+        record = read_record(path)
+        # A record also in finished/ is a transition caught halfway: finished wins.
+        if record is not None and not layout.record(layout.finished, record.id).exists():
+            records.append(record)
+    return records
+
+
 def transition(layout: Layout, record: Record, new: State, event_host: str, **changes: Any) -> Record:
     """Move `record` to state `new` (checked against the table), write it, log the event.
 

@@ -22,7 +22,7 @@ from .placement import usable_mib
 from .plan import HostView, PendingJob, RunningJob, plan
 from .probe import GpuSnapshot
 from .spec import JobSpec, SpecError, command_text, parse_spec_text
-from .spool import Record, read_json, read_record
+from .spool import Record, read_json, read_record, running_records
 from .states import FINAL_STATES
 from .usage import suggest_gpu_mem
 
@@ -46,16 +46,6 @@ def load_heartbeats(layout: Layout) -> list[dict[str, Any]]:
         if hb is not None:
             beats.append(hb)
     return beats
-
-
-def running_records(layout: Layout) -> list[Record]:
-    records = []
-    for path in sorted(layout.running.glob("*.json")):
-        record = read_record(path)
-        # A record also in finished/ is a transition caught halfway: finished wins.
-        if record is not None and not layout.record(layout.finished, record.id).exists():
-            records.append(record)
-    return records
 
 
 def _observed(beats: list[dict[str, Any]]) -> dict[str, dict[int, int]]:

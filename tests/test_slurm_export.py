@@ -303,3 +303,27 @@ def test_a_job_slurm_has_forgotten_is_settled_from_its_accounting(slurm, queue, 
     queue.drop("older.yaml", "command: exit 0\ngpus: 0\n")
     older = wait_until(lambda: queue.finished("older"), timeout=60, what="older settled")
     assert older["state"] == "lost" and "nor to its accounting (exit unknown)" in older["reason"]
+
+
+def test_a_second_bridge_adopts_a_dead_bridges_jobs_and_runs_none_twice(slurm, queue):
+    """bridge-a dies twice over: once right after an sbatch (no Slurm id noted), and with a
+    job it had noted. bridge-b adopts both once a-'s heartbeat has stood still lost_after_s:
+    each runs in Slurm exactly once and its record ends with b."""
+    import signal as sig
+
+    queue.write_config(backend="slurm", lost_after_s=10)
+    queue.start_worker("bridge-a", "1x80GiB", env=slurm.env)
+    queue.drop("noted.yaml", f"command: sleep 12; echo ran >> noted.out\ngpus: 0\nworkdir: {queue.root}\n")
+    wait_until(lambda: (queue.record("noted") or {}).get("slurm_id"), timeout=60, what="noted handed over")
+    queue.stop_worker("bridge-a", sig.SIGKILL)
+    queue.start_worker("bridge-a", "1x80GiB", env={**slurm.env, "GPUQ_TEST_CRASH_AT": "bridge:submitted"})
+    queue.drop("unnoted.yaml", f"command: echo ran >> unnoted.out\ngpus: 0\nworkdir: {queue.root}\n")
+    assert queue.workers.pop("bridge-a").wait(timeout=60) == -sig.SIGKILL  # killed right after sbatch
+    assert queue.record("unnoted")["slurm_id"] is None
+    queue.start_worker("bridge-b", "1x80GiB", env=slurm.env)
+    for job_id in ("noted", "unnoted"):
+        done = wait_until(lambda: queue.finished(job_id), timeout=90, what=f"{job_id} followed by bridge-b")
+        assert (done["state"], done["host"], done["attempt"]) == ("done", "bridge-b", 1)
+        assert (queue.root / f"{job_id}.out").read_text() == "ran\n"  # handed to Slurm once, run once
+    adopted = [e for e in queue.events() if e.get("reason") == "adopted from bridge bridge-a (dead)"]
+    assert sorted(e["job"] for e in adopted) == ["noted", "unnoted"]
