@@ -22,7 +22,9 @@ import time
 from dataclasses import replace
 
 from .deps import FINAL, gates, referenced
+from .config import FENCE_FRACTION
 from .faults import crash_point, wall_time
+from .joblocal import lease_age
 from .launch import open_log
 from .owners import Identity
 from .plan import queue_order
@@ -296,6 +298,12 @@ class BridgeWorker(Worker):
                         claim=name, claimed_at=wall_time(), reason="handed to Slurm",
                         time_limit_s=job.spec.time_limit_s or self.config.time_limit_s)
         record_start(self.layout, record, self.host)
+        crash_point("bridge:recorded")
+        if (age := lease_age(self.rt)) is not None and age > FENCE_FRACTION * self.config.lost_after_s:
+            # Paused past its lease (a stopped VM): another bridge may have requeued this very
+            # record meanwhile and handed the job over itself. Submitting now could run it twice.
+            self.recovery.requeue(record, f"bridge {self.host} was paused {age:.0f} s before sbatch; requeued")
+            return
         try:
             script = sbatch_script(job.id, job.spec, self.config, str(self.layout.job_log(job.id)),
                                    str(self.layout.root), dependency_ids)

@@ -3,7 +3,8 @@
 `GPUQ_TEST_CRASH_AT=<point>` makes the process that reaches that point kill itself with
 SIGKILL there, as a power cut or the OOM killer would. Every step from seeing a spec to
 recording its exit has a point, named by the process that passes it. `GPUQ_TEST_CLOCK_SHIFT_S`
-moves this host's wall clock (`wall_time`) by that many seconds. `GPUQ_TEST_IO_FAULT=site=ERRNO,...`
+moves this host's wall clock (`wall_time`) by that many seconds. `GPUQ_TEST_PAUSE_AT=<point>`
+makes it stop itself (SIGSTOP) there instead, as a paused VM would, until a SIGCONT. `GPUQ_TEST_IO_FAULT=site=ERRNO,...`
 makes every write at a site fail with that error, as a full or failing disk would: sites are
 `write:<dir>` for records and heartbeats (the directory written into: running, finished,
 workers, ...), `write:log` for job logs, and `rename:claim`, where the rename succeeds but
@@ -19,6 +20,7 @@ import time
 CRASH_ENV = "GPUQ_TEST_CRASH_AT"
 CLOCK_SHIFT_ENV = "GPUQ_TEST_CLOCK_SHIFT_S"
 IO_FAULT_ENV = "GPUQ_TEST_IO_FAULT"
+PAUSE_ENV = "GPUQ_TEST_PAUSE_AT"
 
 CRASH_POINTS = (
     "worker:planned",            # a spec is parsed and chosen to start; not yet claimed
@@ -33,9 +35,11 @@ CRASH_POINTS = (
     "supervisor:cleaned",        # records done, local files removed; the worker not yet poked
 )
 # Slurm bridge mode (bridge.py; tests/test_slurm_export.py)
-BRIDGE_CRASH_POINTS = ("bridge:submitted",)  # sbatch took the job; its Slurm id is not recorded yet
+BRIDGE_CRASH_POINTS = ("bridge:recorded",   # running record written; sbatch not run yet
+                       "bridge:submitted")  # sbatch took the job; its Slurm id is not recorded yet
 
 _crash_at = os.environ.get(CRASH_ENV)
+_pause_at = os.environ.get(PAUSE_ENV)
 _clock_shift_s = float(os.environ.get(CLOCK_SHIFT_ENV) or 0.0)
 _io_faults = dict(item.split("=", 1) for item in (os.environ.get(IO_FAULT_ENV) or "").split(",") if item)
 
@@ -43,6 +47,8 @@ _io_faults = dict(item.split("=", 1) for item in (os.environ.get(IO_FAULT_ENV) o
 def crash_point(name: str) -> None:
     if _crash_at == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if _pause_at == name:
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def wall_time() -> float:

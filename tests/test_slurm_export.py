@@ -327,3 +327,28 @@ def test_a_second_bridge_adopts_a_dead_bridges_jobs_and_runs_none_twice(slurm, q
         assert (queue.root / f"{job_id}.out").read_text() == "ran\n"  # handed to Slurm once, run once
     adopted = [e for e in queue.events() if e.get("reason") == "adopted from bridge bridge-a (dead)"]
     assert sorted(e["job"] for e in adopted) == ["noted", "unnoted"]
+
+
+def test_a_bridge_paused_before_its_sbatch_submits_nothing_once_its_job_was_requeued(slurm, queue):
+    """bridge-a stops (SIGSTOP, as a paused VM) between writing a record and its sbatch;
+    bridge-b finds that Slurm never got the job, requeues and hands it over itself. When a
+    resumes, its lease is stale: it submits nothing, so the job runs once."""
+    import signal as sig
+    import time
+
+    import psutil
+
+    queue.write_config(backend="slurm", lost_after_s=10)
+    queue.start_worker("bridge-a", "1x80GiB", env={**slurm.env, "GPUQ_TEST_PAUSE_AT": "bridge:recorded"})
+    queue.drop("once.yaml", f"command: echo ran >> once.out\ngpus: 0\nworkdir: {queue.root}\n")
+    paused = psutil.Process(queue.workers["bridge-a"].pid)
+    wait_until(lambda: paused.status() == psutil.STATUS_STOPPED, timeout=30, what="bridge-a paused")
+    queue.start_worker("bridge-b", "1x80GiB", env=slurm.env)
+    done = wait_until(lambda: queue.finished("once"), timeout=90, what="once, handed over by bridge-b")
+    assert (done["state"], done["host"], done["attempt"]) == ("done", "bridge-b", 2)
+    paused.send_signal(sig.SIGCONT)
+    time.sleep(5)  # a's pass goes on: it must not sbatch its stale attempt
+    assert (queue.root / "once.out").read_text() == "ran\n"
+    assert queue.finished("once")["attempt"] == 2 and queue.record("once")["state"] == "done"
+    requeued = [e["reason"] for e in queue.events() if e["job"] == "once" and e["to"] == "pending"]
+    assert requeued == ["bridge bridge-a died before handing it to Slurm; requeued"]
