@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import fake_runtime
-import real_podman
+import real_runtimes
 from conftest import PY, REPO, wait_until
 from gpuq import launch as launch_module
 from gpuq.config import Config
@@ -381,36 +381,42 @@ def test_fake_use_inside_a_container_uses_the_host_gpus_it_was_given(tmp_path: P
         proc.wait()
 
 
-# --- a real runtime: podman (installed with apt-get where missing, as CI runs as root) ----------
+# --- real runtimes: podman and docker (installed with apt-get where missing; CI runs as root) ------
 
-@pytest.fixture(scope="module")
-def podman(tmp_path_factory):
+@pytest.fixture(scope="module", params=["podman", "docker"])
+def real(request, tmp_path_factory):
+    """(runtime, the environment a worker needs to use it)."""
     try:
-        return real_podman.ready(tmp_path_factory.mktemp("podman"))
-    except real_podman.PodmanUnavailable as e:
-        pytest.skip(f"no container runtime can run here: {e}")
+        if request.param == "podman":
+            yield "podman", real_runtimes.podman_ready(tmp_path_factory.mktemp("podman"))
+            return
+        dockerd = real_runtimes.Dockerd()
+    except real_runtimes.RuntimeUnavailable as e:
+        pytest.skip(f"{request.param} cannot run containers here: {e}")
+    yield "docker", dockerd.env
+    dockerd.stop()
 
 
-def test_a_real_podman_container_runs_the_job_and_is_stopped_on_cancel(queue, podman, tmp_path: Path) -> None:
+def test_a_real_container_runs_the_job_and_is_stopped_on_cancel(queue, real, tmp_path: Path) -> None:
+    runtime, env = real
     work = _workdir(tmp_path)
-    queue.start_worker("box-a", "1x24GiB", env=podman)
+    queue.start_worker("box-a", "1x24GiB", env=env)
     status_line = wait_until(lambda: "containers: " in (t := queue.gpuq("status").stdout) and t, what="runtimes probed")
-    assert "podman " in status_line
-    queue.gpuq("submit", "--id", "real", "--gpus", "0", "--container", real_podman.IMAGE, "--runtime", "podman",
+    assert f"{runtime} " in status_line.split("containers: ")[1].splitlines()[0]
+    queue.gpuq("submit", "--id", "real", "--gpus", "0", "--container", real_runtimes.IMAGE, "--runtime", runtime,
                "--workdir", str(work), "--env", "GREETING=hello", "--",
-               "echo $GREETING from $(cat /etc/hostname 2>/dev/null || echo a container) as $(id -u); "
-               "echo written > out.txt; pwd; exit 4")
-    final = wait_until(lambda: queue.finished("real"), timeout=60, what="the podman job")
+               "echo $GREETING from a container as $(id -u); echo written > out.txt; pwd; exit 4")
+    final = wait_until(lambda: queue.finished("real"), timeout=60, what=f"the {runtime} job")
     assert final["state"] == "failed" and final["exit_code"] == 4, queue.log("real")
-    assert "hello from" in queue.log("real") and f"\n{work}\n" in queue.log("real")
+    assert f"hello from a container as {os.getuid()}" in queue.log("real") and f"\n{work}\n" in queue.log("real")
     assert (work / "out.txt").read_text() == "written\n"  # the workdir was mounted, at its own path
-    assert real_podman.containers_named("gpuq-real-", podman) == []
+    assert real_runtimes.containers_named(runtime, "gpuq-real-", env) == []
 
-    queue.gpuq("submit", "--id", "real-stubborn", "--gpus", "0", "--container", real_podman.IMAGE, "--runtime",
-               "podman", "--workdir", str(work), "--", "trap '' TERM; echo up; while :; do sleep 1; done")
+    queue.gpuq("submit", "--id", "real-stubborn", "--gpus", "0", "--container", real_runtimes.IMAGE, "--runtime",
+               runtime, "--workdir", str(work), "--", "trap '' TERM; echo up; while :; do sleep 1; done")
     wait_until(lambda: "\nup" in queue.log("real-stubborn"), timeout=60, what="the stubborn container up")
-    assert real_podman.containers_named("gpuq-real-stubborn-1", podman) == ["gpuq-real-stubborn-1"]
+    assert real_runtimes.containers_named(runtime, "gpuq-real-stubborn-1", env) == ["gpuq-real-stubborn-1"]
     queue.gpuq("cancel", "real-stubborn")
     final = wait_until(lambda: queue.finished("real-stubborn"), timeout=60, what="the stubborn container stopped")
     assert final["state"] == "cancelled"
-    assert real_podman.containers_named("gpuq-real-stubborn-", podman) == []
+    assert real_runtimes.containers_named(runtime, "gpuq-real-stubborn-", env) == []

@@ -201,21 +201,31 @@ def test_a_root_worker_runs_a_container_as_its_owner(shared, users):
         runtimes.close()
 
 
-def test_a_real_podman_container_runs_as_its_owner(shared, users, tmp_path_factory):
-    import real_podman
+@pytest.mark.parametrize("runtime", ["podman", "docker"])
+def test_a_real_container_runs_as_its_owner(shared, users, tmp_path_factory, runtime):
+    import real_runtimes
 
+    dockerd = None
     try:
-        podman = real_podman.ready(tmp_path_factory.mktemp("podman"))
-    except real_podman.PodmanUnavailable as e:
-        pytest.skip(f"no container runtime can run here: {e}")
-    work = shared.root.parent / "work"
-    work.mkdir()
-    os.chmod(work, 0o777)
-    ana = users["gpuq-ana"]
-    shared.start_worker("a", "1x80GiB", env=podman)
-    drop_as(shared, ana, "real.yaml", f"command: id -u; touch made-here\ngpus: 0\nworkdir: {work}\n"
-                                      f"container: {{image: '{real_podman.IMAGE}', runtime: podman}}\n")
-    record = wait_until(lambda: shared.finished("real"), timeout=60, what="the podman job")
-    assert record["state"] == "done", shared.log("real")
-    assert str(ana.pw_uid) in shared.log("real").splitlines()
-    assert os.stat(work / "made-here").st_uid == ana.pw_uid
+        if runtime == "podman":
+            env = real_runtimes.podman_ready(tmp_path_factory.mktemp("podman"))
+        else:
+            dockerd = real_runtimes.Dockerd()
+            env = dockerd.env
+    except real_runtimes.RuntimeUnavailable as e:
+        pytest.skip(f"{runtime} cannot run containers here: {e}")
+    try:
+        work = shared.root.parent / "work"
+        work.mkdir()
+        os.chmod(work, 0o777)
+        ana = users["gpuq-ana"]
+        shared.start_worker("a", "1x80GiB", env=env)
+        drop_as(shared, ana, "real.yaml", f"command: id -u; touch made-here\ngpus: 0\nworkdir: {work}\n"
+                                          f"container: {{image: '{real_runtimes.IMAGE}', runtime: {runtime}}}\n")
+        record = wait_until(lambda: shared.finished("real"), timeout=60, what=f"the {runtime} job")
+        assert record["state"] == "done", shared.log("real")
+        assert str(ana.pw_uid) in shared.log("real").splitlines()
+        assert os.stat(work / "made-here").st_uid == ana.pw_uid
+    finally:
+        if dockerd is not None:
+            dockerd.stop()

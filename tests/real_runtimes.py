@@ -1,0 +1,131 @@
+"""Real container runtimes for the tests: podman, and docker (a private dockerd), each with an
+image made here from a static busybox (no registry is reached). Debian's podman, runc,
+docker.io and busybox-static are installed with apt-get when missing and the tests run as root
+(as CI does). `podman_ready` / `docker_ready` raise RuntimeUnavailable saying exactly what
+refused.
+
+The containers.conf written for podman suits small VMs: runc rather than crun (crun refuses
+hosts with hybrid cgroups), and explicit ulimits (podman's default raises RLIMIT_NOFILE/NPROC,
+which an unprivileged VM's container refuses). The dockerd runs without iptables or a bridge
+(containers get no network), its state in a temporary directory."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+IMAGE = "localhost/gpuq-test:busybox"
+PACKAGES = {"podman": ("podman", "runc", "conmon", "busybox-static", "catatonit"),
+            "docker": ("docker.io", "busybox-static")}
+CONF = """[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
+init_path = "/usr/bin/catatonit"
+
+[engine]
+runtime = "runc"
+"""
+
+
+class RuntimeUnavailable(Exception):
+    pass
+
+
+def _install(runtime: str, binaries: tuple[str, ...]) -> None:
+    if all(shutil.which(b) or Path(f"/usr/sbin/{b}").exists() for b in binaries):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise RuntimeUnavailable(f"{runtime} is not installed, and installing it needs root and apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES[runtime]]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    if out.returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, env=env, timeout=900)
+        out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+        if out.returncode != 0:
+            raise RuntimeUnavailable(f"apt-get install {' '.join(PACKAGES[runtime])} failed: {out.stderr[-400:]}")
+
+
+def _rootfs(base: Path) -> Path:
+    rootfs = base / "rootfs.tar"
+    with tarfile.open(rootfs, "w") as tar:
+        busybox = shutil.which("busybox") or "/bin/busybox"
+        tar.add(busybox, "bin/busybox")
+        for applet in ("sh", "echo", "sleep", "id", "pwd", "cat", "true", "false", "env", "ls", "touch"):
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
+        for d in ("tmp", "proc", "sys", "dev", "etc"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755
+            tar.addfile(info)
+    return rootfs
+
+
+def _prove(runtime: str, env: dict[str, str], rootfs: Path) -> None:
+    for step in ([runtime, "import", str(rootfs), IMAGE], [runtime, "run", "--rm", IMAGE, "/bin/sh", "-c", "echo ok"]):
+        out = subprocess.run(step, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeUnavailable(f"`{' '.join(step)}` failed: {(out.stderr or out.stdout).strip()[-400:]}")
+
+
+def podman_ready(base: Path) -> dict[str, str]:
+    """Install podman if needed, import the test image, check that a container runs; return
+    the environment a worker needs to use it."""
+    _install("podman", ("podman", "runc", "busybox"))
+    (base / "containers.conf").write_text(CONF)
+    env = {"CONTAINERS_CONF": str(base / "containers.conf")}
+    _prove("podman", env, _rootfs(base))
+    return env
+
+
+class Dockerd:
+    """A private dockerd: started here, stopped by stop()."""
+
+    def __init__(self) -> None:
+        _install("docker", ("dockerd", "docker", "busybox"))
+        # Short paths: containerd's sockets live under exec-root (a socket path has 108 bytes).
+        self.base = Path(tempfile.mkdtemp(prefix="gpuq-dockerd-"))
+        self.env = {"DOCKER_HOST": f"unix://{self.base}/docker.sock"}
+        self.proc = subprocess.Popen(
+            [shutil.which("dockerd") or "/usr/sbin/dockerd", "--data-root", str(self.base / "data"),
+             "--exec-root", str(self.base / "x"), "--pidfile", str(self.base / "pid"), "-H", self.env["DOCKER_HOST"],
+             "--iptables=false", "--bridge=none"],
+            stdout=subprocess.DEVNULL, stderr=open(self.base / "log", "wb"), start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            probe = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                                   text=True, env={**os.environ, **self.env}, timeout=30)
+            if probe.returncode == 0:
+                break
+            if self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeUnavailable(f"dockerd exited: {(self.base / 'log').read_text()[-400:]}")
+            time.sleep(0.3)
+        else:
+            self.stop()
+            raise RuntimeUnavailable(f"dockerd did not answer in 60 s: {(self.base / 'log').read_text()[-400:]}")
+        try:
+            _prove("docker", self.env, _rootfs(self.base))
+        except RuntimeUnavailable:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # dockerd stops its containers
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def containers_named(runtime: str, prefix: str, env: dict[str, str]) -> list[str]:
+    out = subprocess.run([runtime, "ps", "--all", "--format", "{{.Names}}"], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=60)
+    return [n for n in out.stdout.split() if n.startswith(prefix)]
