@@ -9,7 +9,8 @@ state/slurm/<id>.json, which later exports' --dependency read). Dependencies go 
 afterok/afterany once their jobs are handed over; one that failed in gpuq cancels its
 dependents as usual. Following: squeue for the jobs still queued or running, then `scontrol
 show job` for the end state and exit code (Slurm keeps ended jobs MinJobAge seconds,
-default 300), else `sacct` (where slurmdbd keeps accounting); COMPLETED -> done, FAILED -> failed, CANCELLED -> cancelled, TIMEOUT -> timeout,
+default 300), else `sacct` (where slurmdbd keeps accounting), else the jobcomp/filetxt log
+(config slurm_jobcomp_file); COMPLETED -> done, FAILED -> failed, CANCELLED -> cancelled, TIMEOUT -> timeout,
 NODE_FAIL and a job Slurm no longer knows -> lost. `gpuq cancel` -> scancel. Several bridges
 may serve one root; a dead one's jobs are adopted by another (adopt_from_dead_bridges).
 """
@@ -39,6 +40,7 @@ SLURM_STATES = {"COMPLETED": State.DONE, "FAILED": State.FAILED, "CANCELLED": St
                 "TIMEOUT": State.TIMEOUT, "NODE_FAIL": State.LOST, "OUT_OF_MEMORY": State.FAILED,
                 "PREEMPTED": State.LOST, "BOOT_FAIL": State.LOST, "DEADLINE": State.TIMEOUT}
 FOLLOW_EVERY_S = 2.0
+UNKNOWN_FOR_S = 10.0  # a job no source of Slurm's knows is lost only after this long
 
 
 def _slurm(*cmd: str) -> subprocess.CompletedProcess:
@@ -71,13 +73,36 @@ def scontrol_job(slurm_id: str) -> dict[str, str] | None:
     out = _slurm("scontrol", "show", "job", slurm_id)
     if out.returncode != 0 and _unknown_job(out):
         return None
-    tasks = [dict(f.split("=", 1) for f in block.split() if "=" in f)
-             for block in out.stdout.split("\n\n") if "JobState=" in block]
+    return _summed([_fields(block) for block in out.stdout.split("\n\n") if "JobState=" in block])
+
+
+def _fields(text: str) -> dict[str, str]:
+    return dict(f.split("=", 1) for f in text.split() if "=" in f)
+
+
+def _summed(tasks: list[dict[str, str]]) -> dict[str, str] | None:
+    """A job's tasks as one: the first that did not complete speaks for it (its state and
+    exit code); times span them all."""
     if not tasks:
         return None
     worst = next((t for t in tasks if t.get("JobState") != "COMPLETED"), tasks[0])
     return {**worst, "StartTime": min(t.get("StartTime", "") for t in tasks),
             "EndTime": max(t.get("EndTime", "") for t in tasks), "Tasks": str(len(tasks))}
+
+
+def jobcomp_job(path: str | None, slurm_id: str) -> dict[str, str] | None:
+    """A job's lines in Slurm's jobcomp/filetxt log (config slurm_jobcomp_file): where there
+    is no slurmdbd, the record of jobs the controller has forgotten. None: not there (yet)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    mine = [fields for line in lines if f"={slurm_id} " in line
+            and slurm_id in ((fields := _fields(line)).get("JobId"), fields.get("ArrayJobId"))]
+    return _summed(mine)
 
 
 def sacct_job(slurm_id: str) -> dict[str, str] | None:
@@ -109,7 +134,7 @@ def _handed_over_by_comment() -> dict[str, str] | None:
         return None
     known: dict[str, str] = {}
     for block in out.stdout.split("\n\n"):
-        fields = dict(f.split("=", 1) for f in block.split() if "=" in f)
+        fields = _fields(block)
         if fields.get("Comment", "").startswith("gpuq:"):
             known.setdefault(fields["Comment"][5:], fields.get("ArrayJobId") or fields.get("JobId") or "")
     return known
@@ -122,6 +147,7 @@ class BridgeWorker(Worker):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.followed_at = 0.0
+        self.unknown_since: dict[str, float] = {}  # Slurm id -> when no source knew it first
         self.arrivals.expand_sweeps = False  # a sweep goes to Slurm whole, as one array job
 
     def run(self, once: bool = False, exit_when_idle: bool = False) -> None:
@@ -214,15 +240,20 @@ class BridgeWorker(Worker):
         write_record(self.layout, updated)
 
     def _settle(self, record: Record) -> None:
-        info = scontrol_job(record.slurm_id or "") or sacct_job(record.slurm_id or "")
+        slurm_id = record.slurm_id or ""
+        info = scontrol_job(slurm_id) or sacct_job(slurm_id) or jobcomp_job(self.config.slurm_jobcomp_file, slurm_id)
         state_name = (info or {}).get("JobState", "")
         if info is not None and state_name not in SLURM_STATES:
             return  # an ending state (COMPLETING...) scontrol shows before squeue: next pass
+        if info is None and time.monotonic() - self.unknown_since.setdefault(slurm_id, time.monotonic()) < UNKNOWN_FOR_S:
+            return  # not written anywhere yet (a jobcomp log on NFS, slurmdbd catching up): ask again
+        self.unknown_since.pop(slurm_id, None)
         final = SLURM_STATES.get(state_name, State.LOST)
         code, _, sig = (info or {}).get("ExitCode", ":").partition(":")
         reason = None if final is State.DONE else (
             f"Slurm job {record.slurm_id}: {state_name}" if info else
-            f"Slurm job {record.slurm_id} is no longer known to Slurm, nor to its accounting (exit unknown)")
+            f"Slurm job {record.slurm_id} is no longer known to Slurm, nor to its accounting or jobcomp log "
+            "(exit unknown)")
         transition(self.layout, record, final, self.host,
                    started_at=_slurm_time((info or {}).get("StartTime")) or record.started_at,
                    ended_at=_slurm_time((info or {}).get("EndTime")) or wall_time(),

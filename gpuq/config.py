@@ -69,6 +69,7 @@ class Config:
     slurm_gpu_mem: str = "comment"      # how gpu_mem is expressed: comment, constraint or shards
     slurm_gpu_types: dict[str, int] = field(default_factory=dict)   # constraint: feature -> GPU memory
     slurm_shard_mib: int | None = None  # shards: the GPU memory one shard stands for
+    slurm_jobcomp_file: str | None = None  # Slurm's JobCompLoc (jobcomp/filetxt), read by bridges
 
     def local_dir_for(self, layout: "Layout", host: str) -> Path:
         """The host's local lock directory; `{host}` in the setting is replaced."""
@@ -279,6 +280,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "slurm_gpu_mem": ("slurm_gpu_mem", _slurm_gpu_mem),
     "slurm_gpu_types": ("slurm_gpu_types", _gpu_types),
     "slurm_shard_mib": ("slurm_shard_mib", _optional_size),
+    "slurm_jobcomp_file": ("slurm_jobcomp_file", _optional_path),
 }
 # Supervisors stop their jobs once their host's heartbeat is FENCE_FRACTION of lost_after_s
 # old, and need grace_s more: that must end before other hosts may take the jobs over.

@@ -32,7 +32,8 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
                 f" by {h['drain']['by']}" + (f": {h['drain']['reason']}" if h["drain"].get("reason") else "")
         extra = f"  {h['probe_error']}" if h.get("probe_error") else ""
         runtimes = [f"{n} {v}" for n, v in sorted(h.get("runtimes", {}).items())] + \
-            [f"{n} unusable: {why}" for n, why in sorted(h.get("runtime_problems", {}).items())]
+            [f"{n} unusable ({why[:50]}{'…' if len(why) > 50 else ''}; see gpuq doctor)"
+             for n, why in sorted(h.get("runtime_problems", {}).items())]
         extra += f"  containers: {', '.join(runtimes)}" if runtimes else ""
         out.append(f"  {h['host']}  {state} (seen {format_duration(h['last_seen_s'])} ago){extra}")
         rows = [["GPU", "NAME", "MEM USED/TOTAL", "USABLE", "UTIL", "TEMP", "JOBS"]]

@@ -302,7 +302,7 @@ def test_a_job_slurm_has_forgotten_is_settled_from_its_accounting(slurm, queue, 
     (fake / "sacct.off").touch()  # now the real sacct: this cluster keeps no accounting
     queue.drop("older.yaml", "command: exit 0\ngpus: 0\n")
     older = wait_until(lambda: queue.finished("older"), timeout=60, what="older settled")
-    assert older["state"] == "lost" and "nor to its accounting (exit unknown)" in older["reason"]
+    assert older["state"] == "lost" and "nor to its accounting or jobcomp log (exit unknown)" in older["reason"]
 
 
 def test_a_second_bridge_adopts_a_dead_bridges_jobs_and_runs_none_twice(slurm, queue):
@@ -352,3 +352,22 @@ def test_a_bridge_paused_before_its_sbatch_submits_nothing_once_its_job_was_requ
     assert queue.finished("once")["attempt"] == 2 and queue.record("once")["state"] == "done"
     requeued = [e["reason"] for e in queue.events() if e["job"] == "once" and e["to"] == "pending"]
     assert requeued == ["bridge bridge-a died before handing it to Slurm; requeued"]
+
+
+def test_without_accounting_a_forgotten_job_is_settled_from_the_jobcomp_log(slurm, queue, tmp_path):
+    """No slurmdbd (this cluster's real sacct says so), the controller has forgotten the job
+    (a stand-in scontrol), but Slurm's jobcomp/filetxt log (config slurm_jobcomp_file) has it."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    (fake / "scontrol").chmod(0o755)
+    queue.write_config(backend="slurm", slurm_jobcomp_file=str(slurm.base / "log" / "jobcomp.txt"))
+    queue.start_worker("bridge", "1x80GiB", env={**slurm.env, "PATH": f"{fake}:{os.environ['PATH']}"})
+    queue.drop("late.yaml", "command: sleep 1; exit 5\ngpus: 0\n")
+    queue.drop("hp.yaml", "command: exit {code}\ngpus: 0\nsweep: {code: [0, 6, 0]}\n")
+    late = wait_until(lambda: queue.finished("late"), timeout=60, what="late settled from the jobcomp log")
+    assert (late["state"], late["exit_code"]) == ("failed", 5) and late["reason"].endswith("FAILED")
+    hp = wait_until(lambda: queue.finished("hp"), timeout=60, what="the array settled from the jobcomp log")
+    assert (hp["state"], hp["exit_code"]) == ("failed", 6)  # the task that did not complete speaks
