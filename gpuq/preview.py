@@ -36,9 +36,7 @@ def what_the_job_sees(layout: Layout, config: Config, job_id: str, spec: JobSpec
         identity = None
     launch = build_launch(rt, record, spec, identity)
     if launch.container is not None:
-        seen = {k: v for k, v in launch.container.env.items()}
-        if launch.container.runtime == "apptainer":
-            seen = {k.removeprefix("APPTAINERENV_"): v for k, v in seen.items()}
+        seen = {k.removeprefix("APPTAINERENV_"): v for k, v in launch.container.env.items()}
         base = f"the image's environment, then these ({launch.container.runtime})"
     else:
         seen = {**job_variables(rt, record, spec), **(identity.environment() if identity else {})}
