@@ -80,8 +80,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                       args.hosts.split(",") if args.hosts else None, env,
                       os.path.abspath(args.workdir or os.getcwd()),
                       _ids(args.after), _ids(args.after_any))
-    data.update(environment_fields(args))
     try:
+        data.update(environment_fields(args))
         refused = _never_fits(layout, data)
         if refused:
             print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Fix: ask for "
@@ -115,6 +115,10 @@ SUBMIT_OPTIONS = ("gpus", "gpu_mem", "name", "priority", "hosts", "workdir", "en
 
 def environment_fields(args: argparse.Namespace) -> dict:
     """--container/--runtime/--mount, --venv, --conda, --setup -> the spec's fields."""
+    from .submit import SubmitError
+
+    if (args.runtime or args.mount) and not args.container:
+        raise SubmitError("--runtime and --mount are for a container: add --container IMAGE")
     data: dict = {}
     if args.container:
         container: dict = {"image": args.container}

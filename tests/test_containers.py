@@ -363,6 +363,8 @@ def test_bad_environment_fields_are_rejected_with_the_fix(queue) -> None:
     refused = queue.gpuq("submit", "--container", "img", "--runtime", "docker", "--mount", "data:/d", "--", "true",
                          check=False)
     assert refused.returncode == 2 and "mount 'data:/d' is not host:container[:ro]" in refused.stderr
+    alone = queue.gpuq("submit", "--runtime", "podman", "--", "true", check=False)
+    assert alone.returncode == 2 and "--runtime and --mount are for a container: add --container IMAGE" in alone.stderr
     assert not list((queue.root / "jobs").glob("*.yaml"))
 
 
