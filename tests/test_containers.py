@@ -346,6 +346,9 @@ def test_submit_records_the_environment_as_sbatch_export_does(queue, tmp_path: P
     assert "FOO" not in spec("none") and "PATH" not in spec("none")
     queue.gpuq("submit", "--id", "boxed", "--container", "img", "--", "true", env=env)
     assert "FOO" not in spec("boxed") and "PATH" not in spec("boxed")  # the image's PATH, not the host's
+    queue.gpuq("submit", "--id", "envs", "--conda", "torch-2.3", "--setup", "export A=1", "--setup", "./fetch.sh",
+               "--", "true", env=env)
+    assert "conda: torch-2.3\nsetup:\n- export A=1\n- ./fetch.sh\n" in spec("envs")
     bad = queue.gpuq("submit", "--export", "1BAD", "--", "true", check=False)
     assert bad.returncode == 2 and "--export: '1BAD' is not a variable name" in bad.stderr
     shown = queue.gpuq("show", "some").stdout
