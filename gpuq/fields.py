@@ -64,7 +64,7 @@ FIELDS: dict[str, Field] = {
                    "command (with the conda found as $CONDA_EXE, else on PATH).", "torch-2.3"),
     "setup": Field("shell line or list of shell lines", "none", "Run first, in the same shell as the command "
                    "(after venv/conda); the first that fails ends the job as failed.",
-                   "[module load cuda/12.4, export HF_HOME=/scratch/hf]"),
+                   "[export HF_HOME=/scratch/hf, ./fetch_data.sh]"),
     "retries": Field("integer >= 0", "config lost_retries (2)", "Re-runs when the job is lost with "
                      "its host (dead, rebooted, fenced); a failing job is never re-run.", "0"),
 }
