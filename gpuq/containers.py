@@ -115,8 +115,9 @@ class ContainerControl:
     the end of the grace, remove what is left, and find its main process (whose descendants'
     GPU memory is the job's). Every call is bounded; none raises."""
 
-    def __init__(self, run: ContainerRun, env: Mapping[str, str], note: Callable[[str], None]) -> None:
-        self.run, self.env, self.note = run, dict(env), note
+    def __init__(self, run: ContainerRun, env: Mapping[str, str], note: Callable[[str], None],
+                 found: Callable[[int], None]) -> None:
+        self.run, self.env, self.note, self.found = run, dict(env), note, found
         self.stopper: subprocess.Popen | None = None
         self.pid: int | None = None
         self.lookups = 0
@@ -168,13 +169,14 @@ class ContainerControl:
         """When to look for the container's main process next (inf: found, or given up)."""
         return self.next_lookup if self.pid is None and self.lookups < MAX_LOOKUPS else math.inf
 
-    def try_lookup(self, now: float) -> int | None:
-        """The container's main process once it runs; tried at growing intervals meanwhile
-        (an image being pulled), about two minutes in all."""
+    def try_lookup(self, now: float) -> None:
+        """Look for the container's main process, and report it to `found` once it runs;
+        tried at growing intervals meanwhile (an image being pulled), about two minutes in all."""
         self.lookups += 1
         self.pid = self.lookup_pid()
         self.next_lookup = now + min(5.0, 0.3 * 2 ** self.lookups)
-        return self.pid
+        if self.pid is not None:
+            self.found(self.pid)
 
 
 def remove_leftover(spec_json: dict, job_id: str, attempt: int, restarts: int, default_runtime: str) -> str | None:

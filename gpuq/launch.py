@@ -17,7 +17,7 @@ from typing import Callable
 
 from .containers import ContainerControl, ContainerRun, Owner, container_name, container_run
 from .environments import command_argv, prelude_lines
-from .joblocal import Runtime
+from .joblocal import Runtime, write_container_pid
 from .limits import pinned
 from .owners import Identity
 from .spec import JobSpec
@@ -95,8 +95,8 @@ def start_run(rt: Runtime, record: Record, spec: JobSpec, identity: Identity | N
     if launch.container is not None:
         log(log_fd, f"==> container: {shlex.join(launch.argv)}\n")
         if launch.container.name is not None:  # docker/podman: the container outlives its client
-            control = ContainerControl(launch.container, launch.env, lambda text: log(log_fd, f"==> gpuq: {text}\n"))
-            control.remove()  # a leftover of this very name (a crashed supervisor's) would refuse the run
+            control = ContainerControl(launch.container, launch.env, lambda text: log(log_fd, f"==> gpuq: {text}\n"),
+                                       lambda pid: write_container_pid(rt, record, pid))
     with pinned(record.cpu_cores):
         return spawn_job(launch, log_fd, lock_fd), control
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from .config import FENCE_FRACTION, RECORD_FENCE_FRACTION
 from .faults import crash_point, io_fault, wall_time
 from .hostinfo import process_start_ticks
-from .joblocal import PREEMPTED, Runtime, finish_local, lease_age, write_container_pid
+from .joblocal import PREEMPTED, Runtime, finish_local, lease_age
 from .containers import ContainerControl
 from .launch import forget_spawned, inherited_environment, open_log, start_run
 from .limits import LimitWatch, stop_state
@@ -377,8 +377,7 @@ def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: 
                         container.kill()
                     deadline = float("inf")
                 if container is not None and now >= container.lookup_at:
-                    if (cpid := container.try_lookup(now)) is not None:
-                        write_container_pid(rt, record, cpid)
+                    container.try_lookup(now)
                 if stop_reason is None and now >= limits.next_at and (breach := limits.breach(now)):
                     _StopSignal.armed = False
                     stop_reason, stopped_as = breach
