@@ -62,7 +62,10 @@ def parse_when(text: str, now: float, after: float | None = None) -> float:
     if after is not None and re.fullmatch(r"\d+(\.\d+)?[smhd]", text):
         from .units import parse_duration_s
 
-        return after + parse_duration_s(text)
+        try:  # 99999999999999999999d: refused here, not as an OverflowError in every later status
+            return after + parse_duration_s(text)
+        except ValueError as e:
+            raise BookingError(f"--to {e}") from None
     for fmt in ("%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M"):
         try:
             return time.mktime(time.strptime(text, fmt))
@@ -79,6 +82,9 @@ def parse_when(text: str, now: float, after: float | None = None) -> float:
     return t
 
 
+MAX_GPU_INDEX = 1024  # more GPUs than any one box has; bounds what a GPU list may name
+
+
 def parse_target(text: str) -> tuple[str, tuple[int, ...] | None]:
     """'box-a:0,1' / 'box-a:0-3' -> (host, GPUs); 'box-a' or 'box-a:all' -> (host, None: all)."""
     host, _, gpus = text.partition(":")
@@ -86,13 +92,21 @@ def parse_target(text: str) -> tuple[str, tuple[int, ...] | None]:
         raise BookingError(f"{text!r}: write HOST:GPUS, like box-a:0,1 or box-a:all")
     if gpus in ("", "all"):
         return host, None
-    out: list[int] = []
+    out: set[int] = set()
     for part in gpus.split(","):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not m:
             raise BookingError(f"{text!r}: GPUs are indices like 0,1 or 0-3")
-        out += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
-    return host, tuple(sorted(set(out)))
+        # Bounded before the range is built (0-999999999 filled memory) and before int() (which
+        # refuses thousands of digits with its own error).
+        first, last = (int(d) if len(d) < 5 else MAX_GPU_INDEX for d in (m.group(1), m.group(2) or m.group(1)))
+        if last >= MAX_GPU_INDEX:
+            raise BookingError(f"{part[:20]!r}: no box has that many GPUs (indices are below {MAX_GPU_INDEX}); "
+                               "write the box's GPUs, like box-a:0-7, or box-a for all of them")
+        if first > last:
+            raise BookingError(f"{text!r}: the range {part} runs backwards; write it low-high, like 0-3")
+        out.update(range(first, last + 1))
+    return host, tuple(sorted(out))
 
 
 def load(layout: Layout, now: float | None = None) -> list[Booking]:
