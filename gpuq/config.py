@@ -1,6 +1,7 @@
 """The queue's config: defaults, loading from config.yaml, and `validate` with fixes."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -9,7 +10,7 @@ if TYPE_CHECKING:
     from .layout import Layout
     from .windows import Window
 
-from .units import SIZE_EXAMPLES, parse_size_mib
+from .units import MAX_DURATION_S, SIZE_EXAMPLES, parse_size_mib
 
 
 class ConfigError(Exception):
@@ -90,11 +91,26 @@ def _size(v: Any) -> int:
 
 
 def _positive(kind: type) -> Any:
+    """A positive number; NaN and infinity are refused (YAML's .nan passes `v <= 0`, and a
+    worker given one sleeps forever, never fences, or never sends SIGKILL)."""
+    what = f"a positive {'whole number' if kind is int else 'number'}"
+
     def parse(v: Any) -> Any:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (kind is int and v != int(v)):
-            raise ValueError(f"must be a positive {'whole number' if kind is int else 'number'}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"must be {what}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"must be {what}; .nan and .inf are not. Fix: write a finite number")
+        if v <= 0 or (kind is int and v != int(v)):
+            raise ValueError(f"must be {what}")
         return kind(v)
     return parse
+
+
+def _seconds(v: Any) -> float:
+    seconds = _positive(float)(v)
+    if seconds > MAX_DURATION_S:  # time.sleep() and the clocks overflow long before that matters
+        raise ValueError("is more than 100 years. Fix: write a number of seconds, e.g. 60")
+    return seconds
 
 
 def _non_negative_int(v: Any) -> int:
@@ -232,17 +248,17 @@ def _windows(v: Any) -> tuple:
 
 
 KEYS: dict[str, tuple[str, Any]] = {
-    "poll_interval": ("poll_interval", _positive(float)),
+    "poll_interval": ("poll_interval", _seconds),
     "gpu_mem_reserve": ("gpu_mem_reserve_mib", _size),
     "max_jobs_per_gpu": ("max_jobs_per_gpu", _positive(int)),
     "gpus": ("gpus", _gpu_map),
     "local_dir": ("local_dir", _optional_path),
     "cpu_slots": ("cpu_slots", _non_negative_int),
-    "spec_settle_s": ("spec_settle_s", _positive(float)),
-    "grace_s": ("grace_s", _positive(float)),
-    "queue_lock_timeout_s": ("queue_lock_timeout_s", _positive(float)),
+    "spec_settle_s": ("spec_settle_s", _seconds),
+    "grace_s": ("grace_s", _seconds),
+    "queue_lock_timeout_s": ("queue_lock_timeout_s", _seconds),
     "recent_finished": ("recent_finished", _non_negative_int),
-    "lost_after_s": ("lost_after_s", _positive(float)),
+    "lost_after_s": ("lost_after_s", _seconds),
     "lost_retries": ("lost_retries", _non_negative_int),
     "run_for_users": ("run_for_users", _user_names),
     "admins": ("admins", _user_names),
@@ -252,26 +268,26 @@ KEYS: dict[str, tuple[str, Any]] = {
     "mem": ("mem_mib", _optional_size),
     "gpu_mem_overuse": ("gpu_mem_overuse", _overuse_action),
     "gpu_mem_tolerance_pct": ("gpu_mem_tolerance_pct", _percent),
-    "gpu_mem_overuse_after_s": ("gpu_mem_overuse_after_s", _positive(float)),
+    "gpu_mem_overuse_after_s": ("gpu_mem_overuse_after_s", _seconds),
     "metrics_dir": ("metrics_dir", _optional_path),
-    "sample_every_s": ("sample_every_s", _positive(float)),
+    "sample_every_s": ("sample_every_s", _seconds),
     "alert_command": ("alert_command", _optional_command),
-    "alert_wait_s": ("alert_wait_s", _positive(float)),
-    "alert_idle_holder_s": ("alert_idle_holder_s", _positive(float)),
+    "alert_wait_s": ("alert_wait_s", _seconds),
+    "alert_idle_holder_s": ("alert_idle_holder_s", _seconds),
     "alert_idle_util_pct": ("alert_idle_util_pct", _percent),
     "alert_gpu_temp_c": ("alert_gpu_temp_c", _positive(int)),
     "alert_gpu_power_w": ("alert_gpu_power_w", _optional_positive_float),
-    "alert_worker_silent_s": ("alert_worker_silent_s", _positive(float)),
+    "alert_worker_silent_s": ("alert_worker_silent_s", _seconds),
     "alert_short_jobs": ("alert_short_jobs", _positive(int)),
     "max_gpus_per_user": ("max_gpus_per_user", _optional_positive_int),
     "fair_share": ("fair_share", _bool),
-    "age_step_s": ("age_step_s", _positive(float)),
-    "reserve_after_s": ("reserve_after_s", _positive(float)),
+    "age_step_s": ("age_step_s", _seconds),
+    "reserve_after_s": ("reserve_after_s", _seconds),
     "reservations": ("reservations", _bool),
     "fragmentation_aware": ("fragmentation_aware", _bool),
     "preemption": ("preemption", _bool),
     "idle_util_pct": ("idle_util_pct", _percent),
-    "idle_after_s": ("idle_after_s", _positive(float)),
+    "idle_after_s": ("idle_after_s", _seconds),
     "idle_windows": ("idle_windows", _windows),
     "backend": ("backend", _backend),
     "container_runtime": ("container_runtime", _container_runtime),

@@ -1,6 +1,7 @@
 """Human sizes and durations, parsed strictly and printed briefly."""
 from __future__ import annotations
 
+import math
 import re
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
@@ -12,6 +13,10 @@ _MIB_PER_UNIT = {
     "mb": 1e6 / 2 ** 20, "gb": 1e9 / 2 ** 20, "tb": 1e12 / 2 ** 20,
 }
 SIZE_EXAMPLES = "20GiB, 20G, 20480MiB"
+# Bounds that no real size or duration comes near: past them a number is a typo or an attack,
+# and would overflow int(), time.localtime() or time.sleep() somewhere downstream.
+MAX_SIZE_MIB = 2 ** 30                 # 1 PiB
+MAX_DURATION_S = 100 * 365.25 * 86400  # 100 years
 
 
 def parse_size_mib(text: str) -> int:
@@ -21,6 +26,9 @@ def parse_size_mib(text: str) -> int:
     if not match or unit not in _MIB_PER_UNIT:
         raise ValueError(f"{text!r} is not a size; write it like {SIZE_EXAMPLES}")
     mib = float(match.group(1)) * _MIB_PER_UNIT[unit]
+    if not mib <= MAX_SIZE_MIB:  # also false for inf (a number of 400 digits)
+        raise ValueError(f"{text!r} is larger than any machine (at most 1 PiB); "
+                         f"write it like {SIZE_EXAMPLES}")
     return int(mib + 0.999999)  # never round a declared need down
 
 
@@ -30,19 +38,26 @@ DURATION_EXAMPLES = "30s, 90m, 12h, 2d"
 
 
 def parse_duration_s(value: object) -> float:
-    """'90m' -> 5400.0; a bare number is seconds. Raises ValueError with the accepted forms."""
+    """'90m' -> 5400.0; a bare number is seconds. Raises ValueError with the accepted forms;
+    NaN, infinity and anything over MAX_DURATION_S are refused."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    match = _DURATION_RE.match(value) if isinstance(value, str) else None
-    if not match:
-        raise ValueError(f"{value!r} is not a duration; write it like {DURATION_EXAMPLES}")
-    return float(match.group(1)) * _SECONDS_PER_UNIT[match.group(2)]
+        seconds = float(value)
+    else:
+        match = _DURATION_RE.match(value) if isinstance(value, str) else None
+        if not match:
+            raise ValueError(f"{value!r} is not a duration; write it like {DURATION_EXAMPLES}")
+        seconds = float(match.group(1)) * _SECONDS_PER_UNIT[match.group(2)]
+    if not seconds <= MAX_DURATION_S:  # also false for NaN and inf
+        raise ValueError(f"{value!r} is longer than 100 years; write a duration like {DURATION_EXAMPLES}")
+    return seconds
 
 
 def format_mib(mib: float | int | None) -> str:
     """20480 -> '20GiB'; 1536 -> '1.5GiB'; 700 -> '700MiB'."""
     if mib is None:
         return "-"
+    if not _finite(mib):  # a damaged record must not stop `status`
+        return "?"
     if abs(mib) < 1024:
         return f"{int(mib)}MiB"
     gib = mib / 1024
@@ -53,6 +68,8 @@ def format_duration(seconds: float | None) -> str:
     """65 -> '1m05s'; 3700 -> '1h01m'; None -> '-'."""
     if seconds is None:
         return "-"
+    if not _finite(seconds):
+        return "?"
     s = int(max(0.0, seconds))
     if seconds < 60:
         return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
@@ -61,3 +78,7 @@ def format_duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{(s % 3600) // 60:02d}m"
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
