@@ -33,6 +33,7 @@ class Runtime:
     lost_after_s: float
     extra_env: dict[str, str]          # e.g. GPUQ_FAKE_GPUS for fake GPUs
     container_runtime: str = "docker"  # config container_runtime: for containers that name none
+    allow_root_jobs: bool = False      # config allow_root_jobs: whether a root worker runs uid 0's jobs
 
     def lock_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.lock"
@@ -58,12 +59,13 @@ class Runtime:
         return {"root": str(self.layout.root), "host": self.host, "boot_id": self.boot_id,
                 "local_dir": str(self.local_dir), "grace_s": self.grace_s,
                 "lost_after_s": self.lost_after_s, "extra_env": self.extra_env,
-                "container_runtime": self.container_runtime}
+                "container_runtime": self.container_runtime, "allow_root_jobs": self.allow_root_jobs}
 
     @classmethod
     def from_json(cls, d: dict) -> "Runtime":
         return cls(Layout(Path(d["root"])), d["host"], d["boot_id"], Path(d["local_dir"]),
-                   d["grace_s"], d["lost_after_s"], d["extra_env"], d.get("container_runtime", "docker"))
+                   d["grace_s"], d["lost_after_s"], d["extra_env"], d.get("container_runtime", "docker"),
+                   d.get("allow_root_jobs", False))
 
 
 def write_lease(rt: Runtime, now_mono: float) -> None:

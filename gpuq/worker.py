@@ -68,7 +68,7 @@ class Worker:
         ensure_private_dir(local_dir / "jobs")
         self.probe = Probe(fake_gpus, local_dir)
         self.rt = Runtime(layout, host, self.boot_id, local_dir, config.grace_s, config.lost_after_s,
-                          self.probe.job_env(), config.container_runtime)
+                          self.probe.job_env(), config.container_runtime, config.allow_root_jobs)
         self.intake = Intake(layout, OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, config.run_for_users,
                                                            config.allow_root_jobs))
         self.seq = 0
