@@ -1,6 +1,15 @@
-"""Text rendering of the read models in `views`: the status screen and `show`."""
+"""Text rendering of the read models in `views`: the status screen and `show`.
+
+Everything a spec, a record or a heartbeat says is text someone else wrote, and it reaches the
+terminal of whoever looks (root included). So each renderer first passes its whole view
+through `safe_tree`: a job name or command with ESC, a newline or a bidi override is shown as
+`\\x1b`, `\\n`, `\\u202e` instead of being acted on. Times come from files too, and a damaged
+one prints "?" instead of stopping the screen.
+"""
 from __future__ import annotations
 
+import math
+import re
 import time
 from typing import Any
 
@@ -8,6 +17,53 @@ from .spec import command_text
 from .units import format_duration, format_mib
 
 PENDING_SHOWN = 20
+
+# What a terminal acts on instead of showing: C0 controls (ESC starts every escape sequence;
+# newline and CR fake extra lines), DEL, C1 controls (0x9b is CSI, 0x9d OSC on 8-bit
+# terminals), the bidi marks, embeddings, overrides and isolates that reorder what is shown
+# (U+202E makes "cod.exe" read "exe.doc"), the Unicode line and paragraph separators, and lone
+# surrogates (undecodable file names; printing one raises UnicodeEncodeError).
+_UNSAFE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                        "\u2066-\u2069\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    c = match.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def safe_text(text: object, keep: str = "") -> str:
+    """`text` as it may be printed to a terminal: every character a terminal would act on
+    (see _UNSAFE_RE) written as its escape, except those in `keep` (e.g. "\\n" for text
+    that is meant to span lines). Printable text, including non-ASCII, is left alone."""
+    text = text if isinstance(text, str) else str(text)
+    if _UNSAFE_RE.search(text) is None:
+        return text
+    return _UNSAFE_RE.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
+
+
+def safe_tree(value: Any) -> Any:
+    """A read model (dicts, lists, strings, numbers) with every string, keys included, passed
+    through safe_text: the renderers below print only what this returns."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {safe_tree(k): safe_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [safe_tree(v) for v in value]
+    return value
+
+
+def stamp(t: Any, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """A time from a file, formatted; "?" for what is not a usable time (NaN, 1e300, text),
+    which time.localtime would raise on."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return "?"
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
@@ -18,11 +74,12 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
 
 
 def _clock(t: float | None) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "-"
+    return stamp(t, "%H:%M:%S") if t else "-"
 
 
 def status_text(view: dict[str, Any], show_all: bool = False) -> str:
-    out = [f"gpuq · {view['root']} · {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(view['now']))}", ""]
+    view = safe_tree(view)
+    out = [f"gpuq · {view['root']} · {stamp(view['now'])}", ""]
     out.append("HOSTS" if view["hosts"] else "HOSTS: none — no worker has run yet (start: python worker.py)")
     for h in view["hosts"]:
         state = "up" if h["alive"] else "NOT RESPONDING"
@@ -47,7 +104,7 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         out += _table(rows, "    ") if h["gpus"] else ["    no GPUs"]
     if view.get("alerts"):
         out += ["", f"ALERTS ({len(view['alerts'])})"]
-        out += [f"  {a['kind']:<16} {a['message']}  (since {time.strftime('%H:%M', time.localtime(a['since']))}, "
+        out += [f"  {a['kind']:<16} {a['message']}  (since {stamp(a['since'], '%H:%M')}, "
                 f"seen by {a['host']})" for a in view["alerts"]]
     out += ["", f"RUNNING ({len(view['running'])})"]
     rows = [["ID", "USER", "WHERE", "ELAPSED", "GPU MEM decl/obs", "COMMAND"]]
@@ -80,8 +137,8 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         out += ["", "BOOKINGS (gpuq unbook ID removes one)"]
         out += _table([["ID", "FOR", "GPUS", "WHEN", "NOTE"]] + [
             [b["id"], b["owner"], f"{b['host']}:{','.join(map(str, b['gpus']))}",
-             ("NOW, until " if b["active"] else time.strftime("%a %H:%M", time.localtime(b["start"])) + "–")
-             + time.strftime("%a %H:%M" if not b["active"] else "%H:%M", time.localtime(b["end"])), b["note"] or ""]
+             ("NOW, until " if b["active"] else stamp(b["start"], "%a %H:%M") + "–")
+             + stamp(b["end"], "%a %H:%M" if not b["active"] else "%H:%M"), b["note"] or ""]
             for b in view["bookings"]])
     if view.get("held"):
         out += ["", f"HELD ({len(view['held'])}; gpuq release ID puts one back at its place)"]
@@ -116,19 +173,20 @@ SHOW_ORDER = ("id", "state", "user", "attempt", "host", "gpus", "gpu_uuids", "gp
 
 
 def show_text(job: dict[str, Any]) -> str:
+    job = safe_tree(job)
     lines = []
     for key in SHOW_ORDER:
         value = job.get(key)
         if value in (None, "", []):
             continue
         if key.endswith("_at") and isinstance(value, (int, float)):
-            value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+            value = stamp(value)
         elif key.endswith("_mib"):
             value = format_mib(value)
         elif isinstance(value, list):
             value = ",".join(map(str, value))
         lines.append(f"{key + ':':<18}{value}")
-    if job.get("started_at") and job.get("ended_at"):
+    if isinstance(job.get("started_at"), (int, float)) and isinstance(job.get("ended_at"), (int, float)):
         lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
     if suggested := job.get("suggested_gpu_mem"):
         lines.append(f"{'suggested gpu_mem:':<18}{format_mib(suggested['mib'])} (peak {format_mib(suggested['peak_mib'])} "

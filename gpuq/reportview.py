@@ -11,22 +11,32 @@ from .intake import user_name
 from .layout import Layout
 from .report import FINAL, Pending, Report, build, wait_summary
 from .samples import read_samples
-from .units import format_duration, parse_duration_s
+from .render import safe_text
+from .units import DURATION_RE, MAX_DURATION_S, format_duration, parse_duration_s
 
 SPARKS = " ▁▂▃▄▅▆▇█"
 SINCE_EXAMPLES = "7d, 12h, 90m, 2026-11-01 or '2026-11-01 14:00'"
 
 
 def parse_since(text: str, now: float) -> float:
-    """'7d' -> now − 7 days; '2026-11-01' or '2026-11-01 14:00' (local time) -> that instant."""
+    """'7d' -> now − 7 days; '2026-11-01' or '2026-11-01 14:00' (local time) -> that instant.
+    At most 100 years back: a window of centuries is a typo, cut into thousands of slices."""
     try:
-        return now - parse_duration_s(text)
-    except ValueError:
-        pass
+        since = now - parse_duration_s(text)
+    except ValueError as e:
+        if DURATION_RE.match(text):  # a duration, but too long: say that, not "write a duration"
+            raise ValueError(f"--since {e}") from None
+        since = _local_date(text)
+    if since < now - MAX_DURATION_S:
+        raise ValueError(f"--since {text!r} is more than 100 years back; write it like {SINCE_EXAMPLES}")
+    return since
+
+
+def _local_date(text: str) -> float:
     for fmt in ("%Y-%m-%d", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M"):
         try:
             return time.mktime(time.strptime(text, fmt))
-        except ValueError:
+        except (ValueError, OverflowError):
             continue
     raise ValueError(f"--since {text!r}: write a duration back from now or a local date, like {SINCE_EXAMPLES}")
 
@@ -85,7 +95,7 @@ def summary_table(r: Report) -> tuple[list[str], list[list[str]]]:
     rows = []
     for name, row in sorted(r.groups.items()) + [("total", r.total)]:
         waits = wait_summary(row.waits)
-        rows.append([name, hours(row.gpu_s / 3600), hours(row.idle_held_s / 3600), str(len(row.waits)),
+        rows.append([safe_text(name), hours(row.gpu_s / 3600), hours(row.idle_held_s / 3600), str(len(row.waits)),
                      *[format_duration(waits[k]) for k in ("p50", "p90", "p99", "max")],
                      *[str(row.ended[state]) for state in FINAL], str(row.preemptions)])
     return head, rows
@@ -103,10 +113,11 @@ def report_text(r: Report) -> str:
     lines.append("")
     if r.gpus:
         lines.append(f"GPU utilization over time (one mark = {step}, from {_when(r.since)}; blank: no samples)")
-        width = max(len(k) for k in r.gpus)
+        keys = {key: safe_text(key) for key in r.gpus}  # host names come from the event logs
+        width = max(len(k) for k in keys.values())
         for key, g in r.gpus.items():
             mean = "-" if g["mean_util_pct"] is None else f"{g['mean_util_pct']:.0f}%"
-            lines.append(f"  {key.ljust(width)}  mean {mean:>4}  held {hours(g['held_hours']):>6}h"
+            lines.append(f"  {keys[key].ljust(width)}  mean {mean:>4}  held {hours(g['held_hours']):>6}h"
                          f"  idle-held {hours(g['idle_held_hours']):>5}h  |{spark(g['util_pct'], 100)}|")
     else:
         lines.append("GPU utilization over time: no samples in this window (workers write them "

@@ -32,7 +32,7 @@ def parse_size_mib(text: str) -> int:
     return int(mib + 0.999999)  # never round a declared need down
 
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 DURATION_EXAMPLES = "30s, 90m, 12h, 2d"
 
@@ -43,7 +43,7 @@ def parse_duration_s(value: object) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         seconds = float(value)
     else:
-        match = _DURATION_RE.match(value) if isinstance(value, str) else None
+        match = DURATION_RE.match(value) if isinstance(value, str) else None
         if not match:
             raise ValueError(f"{value!r} is not a duration; write it like {DURATION_EXAMPLES}")
         seconds = float(match.group(1)) * _SECONDS_PER_UNIT[match.group(2)]
