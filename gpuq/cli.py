@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import errno
 import json
+import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -45,9 +49,26 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_bad_id(verb: str, job_id: str) -> bool:
+    """True, after one line on stderr, when `job_id` breaks the one id rule: ids become file
+    names, so `../x`, `*` or 5,000 characters must not reach a path."""
+    from .layout import JOB_ID_RE
+
+    if JOB_ID_RE.fullmatch(job_id):  # fullmatch: the rule's `$` would let a trailing newline by
+        return False
+    from .render import safe_text
+
+    shown = safe_text(job_id if len(job_id) <= 40 else f"{job_id[:40]}… ({len(job_id)} characters)")
+    print(f"gpuq {verb}: '{shown}' is not a job id (ids are at most 64 letters, digits, '_', '-' and '.', "
+          "not starting with '.'); gpuq status lists the jobs", file=sys.stderr)
+    return True
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from .views import find_job
 
+    if refuse_bad_id("show", args.id):
+        return 1
     layout = open_layout(args)
     job = find_job(layout, read_config(layout), args.id)
     if job is None:
@@ -64,32 +85,91 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """`gpuq logs ID [-f]`. The log is the job's own output: its owner gets it as it is, like
+    `cat` or `tail -f` (colours and progress bars work). Anyone else (a teammate, an admin,
+    root) gets another user's bytes, so those are printed with terminal controls escaped
+    (render.safe_text): a job cannot clear the screen or retitle the window of who reads its
+    log, nor can a log file planted under someone's job id."""
     from .views import find_job
 
+    if refuse_bad_id("logs", args.id):
+        return 1
     layout = open_layout(args)
     path = layout.job_log(args.id)
-    if not path.exists() and find_job(layout, read_config(layout), args.id) is None:
+    if not os.path.lexists(path) and find_job(layout, read_config(layout), args.id) is None:
         print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
         return 1
-    offset = 0
+    reader = LogReader(path)
     while True:
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            chunk = b""
+            chunk = reader.read()
+        except OSError as e:
+            print(f"gpuq logs: {_unreadable(args.id, path, e)}", file=sys.stderr)
+            return 1
+        done = not args.follow or (not chunk and layout.record(layout.finished, args.id).exists())
+        if done:
+            chunk += reader.rest()
         if chunk:
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
-            offset += len(chunk)
-        if not args.follow:
-            if offset == 0:
+        if done:
+            if reader.offset == 0:
                 print(f"gpuq logs: {args.id} has no output yet ({path})", file=sys.stderr)
             return 0
-        if layout.record(layout.finished, args.id).exists() and not chunk:
-            return 0
         time.sleep(0.2)
+
+
+class LogReader:
+    """A log read from where the last read stopped: opened anew each time (it may not exist
+    yet), without following a link or blocking on a FIFO; another user's bytes escaped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+        self.decoder: codecs.IncrementalDecoder | None = None  # set once the log is another user's
+
+    def read(self) -> bytes:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return b""
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            f.seek(self.offset)
+            raw = f.read()
+        self.offset += len(raw)
+        if st.st_uid == os.geteuid():
+            return raw
+        from .render import safe_text
+
+        if self.decoder is None:  # a character cut by a read's end waits here for the next
+            self.decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+        return safe_text(self.decoder.decode(raw), keep="\n\t").encode()
+
+    def rest(self) -> bytes:
+        """What the escaping decoder still holds at the end (a cut character), escaped."""
+        if self.decoder is None:
+            return b""
+        from .render import safe_text
+
+        return safe_text(self.decoder.decode(b"", final=True)).encode()
+
+
+def _unreadable(job_id: str, path: Path, e: OSError) -> str:
+    """One line for a log that cannot be read: whose it is when it is someone else's."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return f"cannot read {path} ({e.strerror})"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        from .intake import user_name
+
+        return (f"{job_id}'s log is {user_name(st.st_uid)}'s (mode {stat.S_IMODE(st.st_mode):04o}); "
+                "ask them or an admin")
+    if e.errno == errno.ELOOP or stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link, not a log gpuq wrote; ask an admin"
+    return f"cannot read {path} ({e.strerror}); ask an admin"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
