@@ -11,7 +11,8 @@ from .faults import wall_time
 from .intake import Entry, Intake
 from .layout import Layout
 from .spec import SpecError
-from .spool import append_event, has_record
+from .render import safe_text
+from .spool import append_event, atomic_write, has_record
 from .strict_yaml import load_yaml
 from .sweeps import GroupError, expand_dropped_sweep
 
@@ -34,7 +35,7 @@ class Arrivals:
                 self.reject(job_id, entry.path, str(SpecError(
                     f"jobs/{entry.name}", None, f"job id '{job_id}' is already used by an earlier job",
                     f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
-            elif entry.job.spec.sweep and self.expand_sweeps:  # type: ignore[union-attr]
+            elif entry.job.spec.array or (entry.job.spec.sweep and self.expand_sweeps):  # type: ignore[union-attr]
                 self.expand_sweep(job_id, entry)
 
     def expand_sweep(self, job_id: str, entry: Entry) -> None:
@@ -62,7 +63,8 @@ class Arrivals:
                 self.unmovable.add(path.name)
                 log.warning("cannot move %s to rejected/ (%s)", path.name, message)
             return
-        (dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error").write_text(message + "\n")
+        message = safe_text(message)  # a field name may hold a newline: one line, never more
+        atomic_write(dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error", (message + "\n").encode(), mode=0o644)
         append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "rejected",
                                               "reason": message})
         self.intake.forget(job_id)

@@ -7,15 +7,17 @@ One file per booking in state/bookings/<id>.json, created exclusively; a booking
 a race to an overlapping one (both checked before either was written) is removed again."""
 from __future__ import annotations
 
-import getpass
 import json
+import math
 import os
+import pwd
 import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from .layout import Layout
+from .layout import HOST_RE, Layout
+from .owners import Actor
 from .spool import read_json
 
 
@@ -44,9 +46,37 @@ class Booking:
     def to_json(self) -> dict:
         return {**asdict(self), "gpus": list(self.gpus)}
 
+    @classmethod
+    def from_json(cls, data: object) -> "Booking | None":
+        """None for a missing file; ValueError for one that is not a booking."""
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise ValueError("not a booking")
+        b = cls(**{**data, "gpus": tuple(data["gpus"])})
+        b.check()
+        return b
 
-class BookingError(Exception):
+    def check(self) -> None:
+        """Every field is what gpuq writes: names, bounded indices, finite times."""
+        if not (isinstance(self.id, str) and BOOKING_ID_RE.match(self.id) and isinstance(self.host, str)
+                and HOST_RE.match(self.host)):
+            raise BookingError("a booking names a host like box-a")
+        if not self.gpus or not all(type(g) is int and 0 <= g < MAX_GPU_INDEX for g in self.gpus):
+            raise BookingError(f"GPUs are indices below {MAX_GPU_INDEX}")
+        if not all(isinstance(t, (int, float)) and math.isfinite(t) and 0 <= t < MAX_TIME
+                   for t in (self.start, self.end)):
+            raise BookingError("--from and --to must be real times (before the year 3000)")
+        if not all(isinstance(s, str) and len(s) <= 200 for s in (self.owner, self.note, self.by)):
+            raise BookingError("--note is at most 200 characters")
+
+
+class BookingError(ValueError):
     pass
+
+
+BOOKING_ID_RE = re.compile(r"^bk-\d{1,9}$")
+MAX_TIME = 32503680000.0  # 3000-01-01: later than any booking, and what time.localtime can show
 
 
 def _clock(t: float) -> str:
@@ -110,35 +140,42 @@ def parse_target(text: str) -> tuple[str, tuple[int, ...] | None]:
 
 
 def load(layout: Layout, now: float | None = None) -> list[Booking]:
-    """Bookings not yet over (all of them with now=None), soonest first."""
+    """Bookings not yet over (all of them with now=None), soonest first. A file that is not
+    a booking gpuq wrote is skipped, so one bad file never stops planning or status."""
     found = []
     d = layout.bookings
     for path in sorted(d.glob("*.json")) if d.is_dir() else []:
         try:
-            data = read_json(path)
-        except ValueError:
+            b = Booking.from_json(read_json(path))
+        except (ValueError, TypeError, KeyError, OSError):
             continue
-        if data:
-            b = Booking(**{**data, "gpus": tuple(data["gpus"])})
-            if now is None or b.end > now:
-                found.append(b)
+        if b is not None and (now is None or b.end > now):
+            found.append(b)
     return sorted(found, key=lambda b: (b.start, b.id))
 
 
 def book(layout: Layout, host: str, gpus: tuple[int, ...], start: float, end: float, owner: str | None,
-         note: str, now: float) -> Booking:
+         note: str, now: float, actor: Actor) -> Booking:
+    """Applied by a worker for `actor`: a booking for someone else is an admin's."""
+    owner = owner or actor.name
+    if owner != actor.name and not actor.admin:
+        raise BookingError(f"only root or an admin (config `admins`) may book GPUs for someone else "
+                           f"(--for {owner}); leave out --for to book for yourself")
+    try:
+        pwd.getpwnam(owner)
+    except KeyError:
+        raise BookingError(f"--for {owner!r}: no such user here") from None
+    Booking("bk-0", host, gpus, start, end, owner, note, actor.name).check()
     if end <= start:
         raise BookingError("--to must come after --from")
     if end <= now:
         raise BookingError("that slot is already over")
     d = layout.bookings
-    d.mkdir(parents=True, exist_ok=True)
-    me = getpass.getuser()
     for n in range(1, 100000):
-        candidate = Booking(f"bk-{n}", host, gpus, start, end, owner or me, note, me)
+        candidate = Booking(f"bk-{n}", host, gpus, start, end, owner, note, actor.name)
         _refuse_overlap(candidate, load(layout, now))
         try:
-            fd = os.open(d / f"{candidate.id}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(d / f"{candidate.id}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except FileExistsError:
             continue
         with os.fdopen(fd, "w") as f:
@@ -159,13 +196,16 @@ def _refuse_overlap(candidate: Booking, existing: Sequence[Booking]) -> None:
                            f"or `gpuq unbook {clash.id}`")
 
 
-def unbook(layout: Layout, booking_id: str, may_remove) -> Booking:
+def unbook(layout: Layout, booking_id: str, actor: Actor) -> Booking:
     path = layout.bookings / f"{booking_id}.json"
-    data = read_json(path) if re.fullmatch(r"bk-\d+", booking_id) else None
-    if not data:
-        raise BookingError(f"no booking {booking_id!r} (gpuq status lists them)")
-    b = Booking(**{**data, "gpus": tuple(data["gpus"])})
-    if not may_remove(b):
+    try:
+        b = Booking.from_json(read_json(path)) if isinstance(booking_id, str) and BOOKING_ID_RE.match(booking_id) \
+            else None
+    except (ValueError, TypeError, KeyError):
+        b = None
+    if b is None:
+        raise BookingError(f"no booking {str(booking_id)[:80]!r} (gpuq status lists them)")
+    if not (actor.admin or actor.name in (b.owner, b.by)):
         raise BookingError(f"{booking_id} is {b.owner}'s, booked by {b.by}; only they, root or an admin may remove it")
     path.unlink(missing_ok=True)
     return b

@@ -1,87 +1,99 @@
-"""`gpuq cancel`: from any host. A pending job is taken out of jobs/ by the same kind of
-atomic rename a worker claims with, so exactly one of them wins. A running job gets a
-request in state/control/<host>/ that its worker carries out (SIGTERM, grace, SIGKILL)."""
+"""Cancelling a job, as a worker applies a `gpuq cancel` request (inbox.py). A pending or
+held job is taken out of the queue by the same kind of atomic rename a worker claims with,
+so exactly one of them wins. A running job gets a stop order in state/control/<host>/ that
+its own host's worker carries out (SIGTERM, grace, SIGKILL)."""
 from __future__ import annotations
 
-import getpass
 import os
 import secrets
 import time
 from pathlib import Path
 
 from .faults import wall_time
-from .layout import Layout
-from .owners import may_act_on, refusal
-from .spool import (Record, append_event, claims_of, pending_spec_path, read_record, write_json,
-                    write_record, transition_event)
 from .intake import read_spec_file, user_name
+from .layout import Layout
+from .owners import Actor, refusal
 from .spec import SpecError, parse_spec_text
+from .spool import (Record, RecordError, append_event, claims_of, pending_spec_path, read_record, unclaim,
+                    write_json, write_record, transition_event)
 from .states import State, check_transition
 
-STARTING_WAIT_S = 5.0
+STARTING_WAIT_S = 2.0
 
 
-def cancel_pending(layout: Layout, spec_path: Path, job_id: str, host: str, reason: str) -> bool:
-    """Take a pending spec out of jobs/ (the same atomic rename a claim is) and record it
-    cancelled with `reason`. False: a worker claimed it first (it is running now)."""
-    aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}"
+def cancel_pending(layout: Layout, spec_path: Path, job_id: str, host: str, reason: str,
+                   actor: Actor | None = None) -> tuple[bool, str]:
+    """Take a pending (or held) spec out of the queue and record it cancelled with `reason`.
+    The spec is moved aside first (one winner against a claim), checked on the moved file,
+    and put back if the actor may not cancel it or the record cannot be written: nothing
+    half done. (False, why) when it was not cancelled."""
+    aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}.tmp"
     try:
         os.rename(spec_path, aside)
     except FileNotFoundError:
-        return False
+        return False, f"{job_id}: a worker started it a moment ago"
     check_transition(State.PENDING, State.CANCELLED)
+    display = f"jobs/{spec_path.name}"
     try:  # opened as the worker would: no links followed, a FIFO never blocks
-        raw, st = read_spec_file(aside, f"jobs/{spec_path.name}")
-        spec = parse_spec_text(raw, f"jobs/{spec_path.name}").to_json()
-    except SpecError:
+        raw, st = read_spec_file(aside, display)
+        spec = parse_spec_text(raw, display).to_json()
+    except (SpecError, OSError):
         raw, st, spec = b"", os.lstat(aside), {}
+    if actor is not None and not actor.may_act_on(st.st_uid):
+        _put_back(aside, spec_path)
+        return False, refusal(job_id, st.st_uid)
     record = Record(id=job_id, state=State.CANCELLED, spec=spec, spec_text=raw.decode("utf-8", "replace"),
                     user=user_name(st.st_uid), uid=st.st_uid, queued_at=st.st_mtime, ended_at=wall_time(),
                     reason=reason)
-    write_record(layout, record)
+    try:
+        write_record(layout, record)
+    except OSError:
+        _put_back(aside, spec_path)
+        raise
+    os.unlink(aside)
     append_event(layout, host, transition_event(record, State.PENDING, State.CANCELLED))
-    aside.unlink()
-    return True
+    return True, ""
 
 
-def cancel_one(layout: Layout, job_id: str, host: str, admins: tuple[str, ...] = ()) -> tuple[bool, str]:
-    """Returns (ok, message). Refused for another user's job unless the caller is root or an
-    admin (the worker checks again, from the owner of the request file)."""
-    by = getpass.getuser()
-    me = os.geteuid()
-    spec_path = pending_spec_path(layout, job_id)
+def _put_back(aside: Path, spec_path: Path) -> None:
+    if not unclaim(aside, spec_path):  # a new file took its name meanwhile: keep both
+        os.rename(aside, spec_path.with_name(f"{spec_path.stem}.{secrets.token_hex(4)}{spec_path.suffix}"))
+
+
+def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bool, str]:
+    """Apply one id of a cancel request from `actor`. Returns (ok, message)."""
     held = layout.held / f"{job_id}.yaml"
+    spec_path = pending_spec_path(layout, job_id)
+    was = "pending"
     if spec_path is None and held.exists():
-        spec_path = held
-    if spec_path is not None:
-        try:
-            owner = os.lstat(spec_path).st_uid
-        except FileNotFoundError:
-            owner = me
-        if not may_act_on(me, owner, admins):
-            return False, refusal(job_id, owner)
+        spec_path, was = held, "held"
     if spec_path is not None and layout.record(layout.finished, job_id).exists():
         return False, (f"{job_id}: that id belongs to a job that already ended; the new file "
                        f"jobs/{spec_path.name} reusing it will be rejected by the worker")
-    was = "held" if spec_path == held else "pending"
-    if spec_path is not None and cancel_pending(layout, spec_path, job_id, host, f"cancelled by {by} while {was}"):
-        layout.record(layout.held, job_id).unlink(missing_ok=True)
-        return True, f"{job_id}: cancelled (was {was})"
+    if spec_path is not None:
+        done, why = cancel_pending(layout, spec_path, job_id, host, f"cancelled by {actor.name} while {was}", actor)
+        if done:
+            layout.record(layout.held, job_id).unlink(missing_ok=True)
+            return True, f"{job_id}: cancelled (was {was})"
+        if why.startswith(f"{job_id}: belongs"):
+            return False, why
     deadline = time.monotonic() + STARTING_WAIT_S
     while True:
-        finished = read_record(layout.record(layout.finished, job_id))
+        try:
+            finished = read_record(layout.record(layout.finished, job_id))
+            running = read_record(layout.record(layout.running, job_id))
+        except (RecordError, ValueError):
+            return False, f"{job_id}: its record is damaged; an admin should look at state/"
         if finished is not None:
             return False, f"{job_id}: already ended ({finished.state.value})"
-        running = read_record(layout.record(layout.running, job_id))
-        if running is not None:
-            if not may_act_on(me, running.uid, admins):
+        if running is not None and running.host:
+            if not actor.may_act_on(running.uid):
                 return False, refusal(job_id, running.uid)
-            control = layout.host_control(running.host or "")
-            control.mkdir(parents=True, exist_ok=True)
-            write_json(control / f"{job_id}.json", {"action": "cancel", "by": by, "t": wall_time(),
+            control = layout.host_control(running.host)
+            control.mkdir(exist_ok=True)
+            write_json(control / f"{job_id}.json", {"action": "cancel", "by": actor.name, "t": wall_time(),
                                                     "attempt": running.attempt})
             return True, f"{job_id}: cancelling (running on {running.host}); its worker stops it"
         if not claims_of(layout, job_id) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)  # claimed a moment ago: its record is being written
-    return False, f"{job_id}: no such job"
+            return False, f"{job_id}: no such job"
+        time.sleep(0.05)  # another host claimed it a moment ago: its record is being written

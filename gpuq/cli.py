@@ -23,7 +23,10 @@ def open_layout(args: argparse.Namespace) -> Layout:
     layout = Layout(resolve_root(args.root, args.launcher_dir))
     if not layout.jobs.is_dir():
         raise RootError(f"{layout.root} is not a gpuq root (no jobs/ directory); pass --root or set GPUQ_ROOT")
-    layout.ensure()
+    try:
+        layout.ensure()
+    except PermissionError:
+        pass  # a team member's CLI: the worker's account made the spool (README, Security model)
     return layout
 
 
@@ -173,25 +176,14 @@ def _unreadable(job_id: str, path: Path, e: OSError) -> str:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from .cancel import cancel_one
-    from .cli_workflow import with_group_members
-    from .wake import poke
+    from .cli_requests import run_request
+    from .cli_workflow import checked_ids, with_group_members
 
     layout = open_layout(args)
-    host = this_host()
-    config = read_config(layout)
-    failures = 0
-    for job_id in with_group_members(layout, args.ids):
-        try:
-            ok, message = cancel_one(layout, job_id, host, config.admins)
-        except PermissionError as e:
-            ok, message = False, (f"{job_id}: {e.strerror}: {e.filename}. Fix: the team needs read access "
-                                  "to the queue's state/ and write access to state/control/ (README, "
-                                  "Security model)")
-        print(message, file=sys.stdout if ok else sys.stderr)
-        failures += not ok
-    poke(config.local_dir_for(layout, host))
-    return 1 if failures else 0
+    ids = checked_ids("cancel", args.ids)
+    if ids is None:
+        return 1
+    return run_request(args, "cancel", tuple(with_group_members(layout, ids)))
 
 
 def cmd_fake_use(args: argparse.Namespace) -> int:

@@ -8,16 +8,13 @@ import sys
 import time
 
 from .cli import open_layout, read_config
-from .single_instance import this_host
 
 
 def submit_array(layout, data: dict, args: argparse.Namespace) -> str | None:
-    """`gpuq submit --array 0-9`: one job per index, <id>_<index>, each with GPUQ_ARRAY_INDEX."""
-    import os
-
-    from .spec import validate_spec
-    from .submit import check_dependencies, readable_base, reserve_group_id
-    from .sweeps import GroupError, array_members, parse_array, place_members
+    """`gpuq submit --array 0-9`: one spec with `array: 0-9` in jobs/; the worker that reads
+    it writes one job per index, <id>_<index>, each with GPUQ_ARRAY_INDEX (sweeps.py)."""
+    from .submit import readable_base, write_spec
+    from .sweeps import GroupError, array_members, parse_array
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
@@ -25,9 +22,8 @@ def submit_array(layout, data: dict, args: argparse.Namespace) -> str | None:
     except GroupError as e:
         print(f"gpuq submit: {e}", file=sys.stderr)
         return None
-    check_dependencies(layout, validate_spec(data, "gpuq submit"))
-    group = reserve_group_id(layout, args.id, readable_base(command, args.name))
-    members = place_members(layout, group, "array", array_members(data, group, indices), os.geteuid(), time.time())
+    group, _ = write_spec(layout, {**data, "array": args.array}, args.id, readable_base(command, args.name))
+    members = [member for member, _ in array_members(data, group, indices)]
     print(f"{group}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {group}; gpuq cancel {group})")
     return group
 
@@ -35,6 +31,7 @@ def submit_array(layout, data: dict, args: argparse.Namespace) -> str | None:
 def show_group(layout, args: argparse.Namespace) -> int:
     """`gpuq show GROUP`: a sweep's or array's members and where each stands."""
     from .deps import DependencyStates
+    from .render import safe_text
     from .sweeps import read_group
 
     group = read_group(layout, args.id)
@@ -49,10 +46,10 @@ def show_group(layout, args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for state in states.values():
         counts[state] = counts.get(state, 0) + 1
-    print(f"{group['kind']} {group['id']}: {len(states)} jobs ("
+    print(f"{safe_text(group['kind'])} {safe_text(group['id'])}: {len(states)} jobs ("
           + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")")
     for member in group["members"]:
-        print(f"  {member:<40} {states[member]}")
+        print(f"  {safe_text(member):<40} {states[member]}")
     return 0
 
 
@@ -68,56 +65,92 @@ def with_group_members(layout, ids: list[str]) -> list[str]:
     return out
 
 
+def checked_ids(verb: str, ids: list[str]) -> list[str] | None:
+    """The ids as given, or None after saying which one is not a job id."""
+    from .cli import refuse_bad_id
+
+    return None if any(refuse_bad_id(verb, i) for i in ids) else ids
+
+
 def cmd_move(args: argparse.Namespace) -> int:
-    """hold / release / retry / edit: one message per id; exit 1 if any was refused."""
-    from . import holds
+    """hold / release / retry / edit: one request; one message per id; exit 1 if any was refused."""
+    from .cli_requests import run_request
+
+    ids = checked_ids(args.verb, args.ids)
+    if ids is None:
+        return 1
+    if args.verb == "edit":
+        return edit(args, ids[0])
+    layout = open_layout(args)
+    return run_request(args, args.verb, tuple(with_group_members(layout, ids)))
+
+
+def edit(args: argparse.Namespace, job_id: str) -> int:
+    """$EDITOR (else $VISUAL, else vi) on a pending job's spec, held meanwhile; the worker
+    then puts the new text in place (checked again) and releases the job at its old place."""
+    import os
+    import shlex
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from .cli_requests import run_request
+    from .holds import held_spec
+    from .intake import read_spec_file
+    from .spec import SpecError, parse_spec_text
 
     layout = open_layout(args)
-    admins, host = read_config(layout).admins, this_host()
-    failed = False
-    for job_id in args.ids:
-        try:
-            if args.verb == "hold":
-                holds.hold(layout, job_id, host, admins)
-                message = f"{job_id}: held (gpuq release {job_id} puts it back at its place)"
-            elif args.verb == "release":
-                holds.release(layout, job_id, host, admins)
-                message = f"{job_id}: released, back at its place in the queue"
-            elif args.verb == "retry":
-                message = holds.retry(layout, job_id, host, admins)
-            else:
-                message = holds.edit(layout, job_id, host, admins)
-        except (holds.HoldError, OSError) as e:
-            print(f"gpuq {args.verb}: {e}", file=sys.stderr)
-            failed = True
-            continue
-        print(message)
-    if not failed and args.verb != "hold":
-        from .wake import poke
-
-        poke(read_config(layout).local_dir_for(layout, host))
-    return 1 if failed else 0
+    was_held = held_spec(layout, job_id).exists()
+    if not was_held and (rc := run_request(args, "hold", (job_id,), why="being edited")) != 0:
+        return rc
+    try:
+        original, _ = read_spec_file(held_spec(layout, job_id), f"jobs/{job_id}.yaml")
+    except (OSError, SpecError) as e:
+        print(f"gpuq edit: cannot read {job_id}'s spec: {e}", file=sys.stderr)
+        if not was_held:
+            run_request(args, "release", (job_id,))
+        return 1
+    editor = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
+    with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
+        copy = Path(tmp) / f"{job_id}.yaml"
+        copy.write_bytes(original)
+        while True:
+            subprocess.run([*shlex.split(editor), str(copy)], check=False)
+            text = copy.read_bytes()
+            try:
+                parse_spec_text(text, f"jobs/{job_id}.yaml")
+                break
+            except SpecError as e:
+                print(f"gpuq edit: {e}", file=sys.stderr)
+                if not (sys.stdin.isatty() and input("edit again? [Y/n] ").strip().lower() in ("", "y", "yes")):
+                    if not was_held:
+                        run_request(args, "release", (job_id,))
+                    print(f"gpuq edit: {job_id}: the edit was not valid; the spec is unchanged", file=sys.stderr)
+                    return 1
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError:
+        decoded = None
+    if decoded is None:
+        if not was_held:
+            run_request(args, "release", (job_id,))
+        print(f"gpuq edit: {job_id}: the spec must be UTF-8 text; it is unchanged", file=sys.stderr)
+        return 1
+    return run_request(args, "edit", (job_id,), text=decoded, release=not was_held)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    from .drain import drain, resume
+    from .cli_requests import run_request
     from .views import load_heartbeats
 
-    layout = open_layout(args)
-    hosts = sorted(hb["host"] for hb in load_heartbeats(layout))
     if args.verb == "resume":
-        if not resume(layout, args.host):
-            print(f"gpuq resume: {args.host} is not drained", file=sys.stderr)
-            return 1
-        print(f"{args.host}: resumed; its worker claims jobs again")
-        return 0
+        return run_request(args, "resume", host=args.host)
+    hosts = sorted(str(hb.get("host")) for hb in load_heartbeats(open_layout(args)))
     if args.host not in hosts:
         print(f"gpuq drain: no host named {args.host!r} has run a worker here (hosts: {', '.join(hosts) or 'none'})",
               file=sys.stderr)
         return 2
-    drain(layout, args.host, args.reason)
-    print(f"{args.host}: draining; running jobs finish, nothing new starts there (gpuq resume {args.host})")
-    return 0
+    return run_request(args, "drain", host=args.host, reason=args.reason)
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -155,22 +188,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_book(args: argparse.Namespace) -> int:
-    """`gpuq book HOST:GPUS --from --to [--for] [--note]` and `gpuq unbook ID`."""
-    import getpass
-    import os
-
+    """`gpuq book HOST:GPUS --from --to [--for] [--note]` and `gpuq unbook ID`: checked here
+    for a quick answer, then sent as a request (the worker checks again and decides)."""
     from . import bookings
+    from .cli_requests import run_request
     from .views import load_heartbeats
 
+    if args.verb == "unbook":
+        return run_request(args, "unbook", id=args.id)
     layout = open_layout(args)
     now = time.time()
     try:
-        if args.verb == "unbook":
-            admins = read_config(layout).admins
-            me = getpass.getuser()
-            b = bookings.unbook(layout, args.id, lambda b: os.geteuid() == 0 or me in (b.owner, b.by, *admins))
-            print(f"{b.id}: removed ({b.describe()})")
-            return 0
         host, gpus = bookings.parse_target(args.target)
         offered = {hb["host"]: sorted(g["index"] for g in hb.get("gpus", [])) for hb in load_heartbeats(layout)}
         if host not in offered:
@@ -181,9 +209,8 @@ def cmd_book(args: argparse.Namespace) -> int:
             raise bookings.BookingError(f"{host} has no GPU {missing[0]} (it offers {offered[host]})")
         start = bookings.parse_when(args.start, now)
         end = bookings.parse_when(args.end, now, after=start)
-        b = bookings.book(layout, host, tuple(gpus or offered[host]), start, end, args.owner, args.note or "", now)
     except bookings.BookingError as e:
         print(f"gpuq {args.verb}: {e}", file=sys.stderr)
         return 2
-    print(f"{b.id}: {b.describe()}" + (f" · {b.note}" if b.note else ""))
-    return 0
+    return run_request(args, "book", host=host, gpus=list(gpus or offered[host]), start=start, end=end,
+                       owner=args.owner, note=args.note or "")

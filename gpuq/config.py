@@ -28,6 +28,7 @@ class Config:
     spec_settle_s: float = 5.0          # an unparsable spec is retried until unchanged this long
     grace_s: float = 10.0               # SIGTERM -> SIGKILL
     queue_lock_timeout_s: float = 2.0
+    request_timeout_s: float = 30.0     # how long the CLI waits for a worker to apply a request
     recent_finished: int = 10           # finished jobs shown by `gpuq status`
     lost_after_s: float = 180.0         # a host whose heartbeat stands still this long is dead
     lost_retries: int = 2               # re-runs of a job lost with its host (spec: retries)
@@ -257,6 +258,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "spec_settle_s": ("spec_settle_s", _seconds),
     "grace_s": ("grace_s", _seconds),
     "queue_lock_timeout_s": ("queue_lock_timeout_s", _seconds),
+    "request_timeout_s": ("request_timeout_s", _seconds),
     "recent_finished": ("recent_finished", _non_negative_int),
     "lost_after_s": ("lost_after_s", _seconds),
     "lost_retries": ("lost_retries", _non_negative_int),

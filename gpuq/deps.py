@@ -72,13 +72,13 @@ class DependencyStates:
 def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], dict[str, str]]:
     """For PendingJobs: ({id: why it waits}, {id: why it can never start}). A sweep spec
     waits too: it is never run itself (sweeps.py)."""
-    with_deps = [j for j in pending if j.spec.after or j.spec.after_any or j.spec.sweep]
+    with_deps = [j for j in pending if j.spec.after or j.spec.after_any or j.spec.sweep or j.spec.array]
     if not with_deps:
         return {}, {}
     known = states.lookup(referenced(j.spec for j in with_deps))
     waiting, doomed = {}, {}
     for job in with_deps:
-        if job.spec.sweep:  # never run itself: a worker turns it into its member jobs
+        if job.spec.sweep or job.spec.array:  # never run itself: a worker turns it into its member jobs
             waiting[job.id] = "a sweep: the next worker pass turns it into its jobs"
             continue
         wait, doom = gate(job.spec, known)

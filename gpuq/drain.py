@@ -1,14 +1,15 @@
 """Draining a box: `gpuq drain HOST` leaves state/drain/<host>.json; that host's worker then
 claims nothing new while its running jobs finish, and `gpuq status` shows it draining (jobs
-still running) or drained. `gpuq resume HOST` removes the file."""
+still running) or drained. `gpuq resume HOST` removes the file. Both are admins' (as in Slurm):
+a worker applies them from a request whose owner is root, the worker's account or in `admins`."""
 from __future__ import annotations
 
-import getpass
 from pathlib import Path
 from typing import Any
 
 from .faults import wall_time
-from .layout import Layout
+from .layout import HOST_RE, Layout
+from .owners import Actor
 from .spool import read_json, write_json
 
 
@@ -16,24 +17,40 @@ def drain_file(layout: Layout, host: str) -> Path:
     return layout.drains / f"{host}.json"
 
 
-def drain(layout: Layout, host: str, reason: str | None) -> None:
-    path = drain_file(layout, host)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"host": host, "by": getpass.getuser(), "at": wall_time(), "reason": reason})
+def drain(layout: Layout, host: str, reason: str | None, actor: Actor) -> str:
+    _check(host, actor, "drain")
+    if not layout.heartbeat(host).exists():
+        raise DrainError(f"no host named {host!r} has run a worker here")
+    write_json(drain_file(layout, host), {"host": host, "by": actor.name, "at": wall_time(),
+                                          "reason": reason if isinstance(reason, str) else None})
+    return f"{host}: draining; running jobs finish, nothing new starts there (gpuq resume {host})"
 
 
-def resume(layout: Layout, host: str) -> bool:
-    """False: it was not drained."""
+def resume(layout: Layout, host: str, actor: Actor) -> str:
+    _check(host, actor, "resume")
     try:
         drain_file(layout, host).unlink()
     except FileNotFoundError:
-        return False
-    return True
+        raise DrainError(f"{host} is not drained") from None
+    return f"{host}: resumed; its worker claims jobs again"
+
+
+class DrainError(Exception):
+    pass
+
+
+def _check(host: str, actor: Actor, verb: str) -> None:
+    if not isinstance(host, str) or not HOST_RE.match(host):
+        raise DrainError(f"{str(host)[:80]!r} is not a host name")
+    if not actor.admin:
+        raise DrainError(f"only root or an admin (config `admins`) may {verb} a host; {actor.name} is not one")
 
 
 def drained(layout: Layout, host: str) -> dict[str, Any] | None:
     """{host, by, at, reason} while the host is drained, else None."""
     try:
-        return read_json(drain_file(layout, host))
+        data = read_json(drain_file(layout, host))
+        return data if data is None or isinstance(data, dict) else {"host": host, "by": None, "at": None,
+                                                                     "reason": None}
     except ValueError:  # a torn file from an older writer: still drained
         return {"host": host, "by": None, "at": None, "reason": None}

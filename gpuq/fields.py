@@ -48,6 +48,8 @@ FIELDS: dict[str, Field] = {
                        "whatever the result.", "[train-3]"),
     "sweep": Field("mapping of name to list of values", "none", "One job per combination of the values; "
                    "`{name}` in command is replaced by each value. Member ids: <id>_<name><value>-...", "{lr: [1e-3, 3e-4], seed: [1, 2]}"),
+    "array": Field("indices: 0-9, 1-9:2 or 1,4,7", "none", "One job per index, each with GPUQ_ARRAY_INDEX "
+                   "(Slurm's --array); member ids <id>_<index>. `gpuq submit --array` writes it.", "\"0-9\""),
     "restart": Field("never, on-failure or always", "never", "A service: when its command ends (always) or "
                      "fails (on-failure), it is started again on the same GPUs after a backoff (1 s, doubling to "
                      "5 min; back to 1 s after 10 min up), keeping its GPU memory meanwhile. Cancel, time limit "

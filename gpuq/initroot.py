@@ -1,7 +1,7 @@
 """`gpuq init DIR [--group TEAM]`: a new queue root — config.yaml (the commented one that ships
 with gpuq), jobs/, logs/, state/ — set up for a team when a group is named (group-owned,
-setgid directories, sticky jobs/ and state/control/: README "Security model"), and the cron
-line that starts a worker on each box."""
+setgid directories; members write only in the sticky jobs/ and requests/: README "Security
+model"), and the cron line that starts a worker on each box."""
 from __future__ import annotations
 
 import grp
@@ -50,23 +50,37 @@ def init_root(directory: Path, group: str | None) -> list[str]:
                             f"to it (`usermod -aG {group} NAME`), or leave --group out for one user") from None
     done = []
     root.mkdir(parents=True, exist_ok=True)
-    for d in (layout.jobs, layout.logs):
-        d.mkdir(exist_ok=True)
     layout.ensure()
     if not layout.config_file.exists():
         text = SHIPPED_CONFIG.read_text() if SHIPPED_CONFIG.exists() else MINIMAL_CONFIG
         layout.config_file.write_text(text)
         done.append(f"wrote {layout.config_file} (every key commented; defaults suit most teams)")
-    done.append(f"made {layout.jobs}/, {layout.logs}/ and {layout.state}/")
+    done.append(f"made {layout.jobs}/, {layout.requests}/, {layout.logs}/ and {layout.state}/")
     if gid is not None:
-        for path in [root, *root.rglob("*")]:
-            os.chown(path, -1, gid)
-            if path.is_dir():
-                os.chmod(path, 0o2770)  # group rwx + setgid: new files stay the team's
-            else:
-                os.chmod(path, 0o660)
-        for d in (layout.jobs, layout.control):
-            os.chmod(d, 0o3770)  # + sticky: nobody renames or deletes another user's file
-        done.append(f"made it group {group}'s: setgid directories, sticky jobs/ and state/control/, "
+        share_with_team(layout, gid)
+        done.append(f"shared it with group {group}: members create files only in the sticky jobs/ and "
+                    f"requests/; config.yaml, logs/ and state/ are {_me()}'s, which the team reads; "
                     "nothing for others")
     return done
+
+
+def share_with_team(layout: Layout, gid: int) -> None:
+    """The trust boundary on disk (README, Security model): the worker's account owns
+    everything; the team reads all of it (setgid directories keep new files the team's) and
+    creates files only in the two sticky inboxes, where nobody can rename or remove another
+    member's file. config.yaml is 0644: the worker refuses one that others can write."""
+    inboxes = set(layout.member_writable())
+    for path in (layout.root, *layout.directories()):
+        os.chown(path, -1, gid)
+        os.chmod(path, 0o3770 if path in inboxes else 0o2750)
+    os.chown(layout.config_file, -1, gid)
+    os.chmod(layout.config_file, 0o644)
+
+
+def _me() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"

@@ -13,8 +13,8 @@ from pathlib import Path
 from .single_instance import default_local_dir
 
 ROOT_ENV = "GPUQ_ROOT"
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
-HOST_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}\Z")
+HOST_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}\Z")
 
 
 class RootError(Exception):
@@ -68,6 +68,22 @@ class Layout:
     @cached_property
     def state(self) -> Path:
         return self.root / "state"
+
+    @cached_property
+    def requests(self) -> Path:
+        """The sticky inbox: the one place besides jobs/ where team members create files
+        (requests.py). Everything else under the root is the worker's account's."""
+        return self.root / "requests"
+
+    @cached_property
+    def taken_requests(self) -> Path:
+        """Requests a worker has taken out of the inbox (by rename: exactly one applies each)."""
+        return self.state / "requests"
+
+    @cached_property
+    def replies(self) -> Path:
+        """One reply per applied request, read by the CLI that sent it."""
+        return self.state / "replies"
 
     @cached_property
     def claims(self) -> Path:
@@ -130,10 +146,19 @@ class Layout:
 
     def ensure(self) -> None:
         """Create the spool directories (idempotent; safe for concurrent callers)."""
-        for d in (self.jobs, self.logs, self.claims, self.running, self.finished,
-                  self.rejected, self.held, self.requeued, self.workers, self.control, self.events,
-                  self.samples, self.groups, self.bookings, self.drains):
+        for d in self.directories():
             d.mkdir(parents=True, exist_ok=True)
+
+    def directories(self) -> tuple[Path, ...]:
+        """Every directory of the spool, parents first."""
+        return (self.jobs, self.requests, self.logs, self.state, self.claims, self.running, self.finished,
+                self.rejected, self.held, self.requeued, self.workers, self.control, self.events,
+                self.samples, self.groups, self.bookings, self.drains, self.taken_requests, self.replies,
+                self.state / "metrics")
+
+    def member_writable(self) -> tuple[Path, ...]:
+        """The two sticky inboxes team members create files in (README, Security model)."""
+        return (self.jobs, self.requests)
 
     def job_log(self, job_id: str) -> Path:
         return self.logs / f"{job_id}.log"

@@ -86,11 +86,28 @@ def _name(uid: int) -> str:
 
 
 def may_act_on(actor_uid: int, owner_uid: int, admins: tuple[str, ...]) -> bool:
-    """Whether `actor_uid` may cancel (or, later, hold or edit) a job owned by `owner_uid`:
-    its owner, root, or an admin named in config."""
+    """Whether `actor_uid` may cancel, hold, release, edit or retry a job owned by
+    `owner_uid`: its owner, root, or an admin named in config."""
     return actor_uid in (owner_uid, 0) or _name(actor_uid) in admins
 
 
-def refusal(job_id: str, owner_uid: int) -> str:
+def refusal(job_id: str, owner_uid: int, verb: str = "cancel") -> str:
     return (f"{job_id}: belongs to {_name(owner_uid)}; only its owner, root or an admin (config "
-            "`admins`) may cancel it")
+            f"`admins`) may {verb} it")
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who asks for a change: the owner of the request file (never a name written in it).
+    Admins are root, the account the worker runs as (it owns the spool), and config `admins`."""
+    uid: int
+    name: str
+    admin: bool
+
+    @classmethod
+    def of(cls, uid: int, admins: tuple[str, ...]) -> "Actor":
+        name = _name(uid)
+        return cls(uid, name, uid in (0, os.geteuid()) or name in admins)
+
+    def may_act_on(self, owner_uid: int) -> bool:
+        return self.admin or self.uid == owner_uid

@@ -20,7 +20,7 @@ from .containers import remove_leftover
 from .faults import wall_time
 from .joblocal import Runtime, read_started
 from .layout import Layout
-from .spool import (Record, append_event, atomic_write, claim_name, claims_of, has_record, parse_claim_name,
+from .spool import (Record, append_event, claim_name, create_owned, claims_of, has_record, parse_claim_name,
                     read_json, read_record, record_requeue, transition, unclaim)
 from .states import State
 
@@ -94,10 +94,14 @@ class Recovery:
                 return held
             except FileNotFoundError:
                 pass
-        current = read_record(self.layout.record(self.layout.running, record.id))
+        try:
+            current = read_record(self.layout.record(self.layout.running, record.id))
+        except ValueError:
+            return None
         if current is None or current.claim != record.claim or claims_of(self.layout, record.id):
             return None
-        atomic_write(held, record.spec_text.encode())
+        # The owner's spec again (never the worker's: intake would refuse a root-owned one).
+        os.rename(create_owned(self.layout.claims, record.id, record.spec_text.encode(), record.uid), held)
         return held
 
     def put_back(self, job_id: str, claimed: Path) -> bool:
@@ -153,7 +157,10 @@ class Recovery:
         if not dead:
             return
         for entry in os.scandir(self.layout.running):
-            record = read_record(Path(entry.path)) if entry.name.endswith(".json") else None
+            try:
+                record = read_record(Path(entry.path)) if entry.name.endswith(".json") else None
+            except ValueError:
+                continue  # not a record: the worker that reads running/ reports it
             if record is not None and record.host in dead:
                 log.warning("host %s is dead: taking over %s", record.host, record.id)
                 self.lose(record, f"host {record.host} stopped (heartbeat unchanged for "
@@ -171,7 +178,12 @@ class Recovery:
             host = path.name[: -len(".json")]
             if host == self.host or host.endswith(".specs"):
                 continue
-            beat = read_json(path) or {}
+            try:
+                beat = read_json(path) or {}
+            except (OSError, ValueError):
+                beat = {}
+            if not isinstance(beat, dict):
+                beat = {}
             key = (beat.get("boot_id"), beat.get("seq"))
             seen = self.heartbeats.get(host)
             if seen is None or seen[0] != key:

@@ -54,6 +54,7 @@ class JobSpec:
     after: tuple[str, ...] = ()     # deps.py: start after these succeeded ...
     after_any: tuple[str, ...] = () # ... or after these ended, whatever the result
     sweep: tuple[tuple[str, tuple], ...] = ()  # sweeps.py: expanded into member jobs, never run itself
+    array: str | None = None        # sweeps.py: `0-9` -> member jobs <id>_<index>, never run itself
     restart: str = "never"          # restarts.py: a service restarted in place after it ends
     container: Container | None = None  # environments.py / containers.py: run inside this image
     venv: str | None = None         # activated before the command ...
@@ -75,7 +76,7 @@ class JobSpec:
                 "retries": self.retries, "preemptible": self.preemptible, "grace_s": self.grace_s,
                 "time_limit_s": self.time_limit_s, "cpus": self.cpus, "mem_mib": self.mem_mib,
                 "after": list(self.after), "after_any": list(self.after_any),
-                "sweep": {k: list(v) for k, v in self.sweep}, "restart": self.restart,
+                "sweep": {k: list(v) for k, v in self.sweep}, "array": self.array, "restart": self.restart,
                 "container": self.container.to_json() if self.container else None, "venv": self.venv,
                 "conda": self.conda, "setup": list(self.setup)}
 
@@ -93,7 +94,8 @@ class JobSpec:
             preemptible=d.get("preemptible", False), grace_s=d.get("grace_s"), time_limit_s=d.get("time_limit_s"),
             cpus=d.get("cpus"), mem_mib=d.get("mem_mib"), after=tuple(d.get("after", ())),
             after_any=tuple(d.get("after_any", ())),
-            sweep=tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()), restart=d.get("restart", "never"),
+            sweep=tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()), array=d.get("array"),
+            restart=d.get("restart", "never"),
             container=Container.from_json(d.get("container")), venv=d.get("venv"), conda=d.get("conda"),
             setup=tuple(d.get("setup") or ()))
         return spec
@@ -155,6 +157,7 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         after=_job_ids(data.get("after"), "after", file),
         after_any=_job_ids(data.get("after_any"), "after_any", file),
         sweep=_sweep(data.get("sweep"), command, file),
+        array=_array(data.get("array"), data.get("sweep"), file),
         restart=_restart(data.get("restart"), file),
         container=parse_container(data.get("container"), fail),
         venv=parse_venv(data.get("venv"), fail),
@@ -366,6 +369,22 @@ def _sweep(value: Any, command: str | tuple[str, ...], file: str) -> tuple[tuple
     if total > MAX_SWEEP_JOBS:
         raise SpecError(file, "sweep", f"makes {total} jobs", f"keep it to at most {MAX_SWEEP_JOBS} combinations")
     return tuple((k, tuple(v)) for k, v in value.items())
+
+
+def _array(value: Any, sweep: Any, file: str) -> str | None:
+    if value is None:
+        return None
+    from .sweeps import GroupError, parse_array
+
+    if sweep is not None:
+        raise SpecError(file, "array", "cannot be combined with sweep", "use one of them")
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise SpecError(file, "array", f"must be indices like \"0-9\", not {_kind(value)}", "write `array: \"0-9\"`")
+    try:
+        parse_array(str(value))
+    except GroupError as e:
+        raise SpecError(file, "array", str(e).replace("--array ", ""), "write indices like 0-9, 1-9:2 or 1,4,7") from None
+    return str(value)
 
 
 def _kind(value: Any) -> str:

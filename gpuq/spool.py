@@ -13,31 +13,71 @@ from pathlib import Path
 from typing import Any
 
 from .faults import io_fault, wall_time
-from .layout import Layout
+from .layout import HOST_RE, JOB_ID_RE, Layout
 from .states import State, check_transition
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o640, durable: bool = True) -> None:
     """Write `data` to `path` so that readers see the old file or the new one, never a mix.
     `durable=False` skips the fsync, for files rewritten every second (heartbeats). Not
-    world-readable: records hold specs, and specs may hold secrets (the team reads them
-    through the root's group; README, Security model)."""
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    world-readable: records hold specs (the team reads them through the root's group;
+    README, Security model). The temp file is created exclusively, never through a link,
+    relative to the directory's descriptor."""
+    tmp_name = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    dir_fd = open_dir(path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            io_fault(f"write:{path.parent.name}")
-            f.write(data)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except BaseException:
+        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                     dir_fd=dir_fd)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "wb") as f:
+                io_fault(f"write:{path.parent.name}")
+                f.write(data)
+                f.flush()
+                if durable:
+                    os.fsync(f.fileno())
+            os.rename(tmp_name, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp_name, dir_fd=dir_fd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dir_fd)
+
+
+def open_dir(path: Path) -> int:
+    """A descriptor of directory `path` itself, never of what a link there points to."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def create_owned(directory: Path, stem: str, data: bytes, uid: int, gid: int = -1, mode: int = 0o644,
+                 mtime: float | None = None) -> Path:
+    """A new file in `directory` (one only the worker's account writes) holding `data`,
+    owned by `uid` — a spec the worker writes on a user's behalf (retry, edit, sweep members,
+    a recreated claim). Created exclusively and never through a link; owner, mode and times
+    are set on the descriptor. The caller renames or links it into place."""
+    dir_fd = open_dir(directory)
+    try:
+        name = f".{stem}.{os.urandom(6).hex()}.tmp"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+                if os.geteuid() == 0 and uid >= 0:
+                    os.fchown(f.fileno(), uid, gid)
+                os.fchmod(f.fileno(), mode & 0o755)  # never group- or world-writable: intake refuses those
+                if mtime is not None:
+                    os.utime(f.fileno(), (mtime, mtime))
+        except BaseException:
+            os.unlink(name, dir_fd=dir_fd)
+            raise
+        return directory / name
+    finally:
+        os.close(dir_fd)
 
 
 def write_json(path: Path, obj: Any, durable: bool = True) -> None:
@@ -99,9 +139,36 @@ class Record:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Record":
+        """Raises RecordError for anything but a record gpuq wrote: ids, hosts and claims are
+        names that paths are made of, so they are checked wherever a record is read."""
+        if not isinstance(d, dict):
+            raise RecordError("not a JSON object")
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        known["state"] = State(d["state"])
-        return cls(**known)
+        try:
+            known["state"] = State(d["state"])
+            record = cls(**known)
+        except (KeyError, ValueError, TypeError) as e:
+            raise RecordError(f"not a record ({e})") from None
+        record.check()
+        return record
+
+    def check(self) -> None:
+        if not isinstance(self.id, str) or not JOB_ID_RE.match(self.id):
+            raise RecordError(f"id {self.id!r} is not a job id")
+        if self.host is not None and (not isinstance(self.host, str) or not HOST_RE.match(self.host)):
+            raise RecordError(f"host {self.host!r} is not a host name")
+        if self.claim is not None and (not isinstance(self.claim, str) or parse_claim_name(self.claim) is None
+                                       or parse_claim_name(self.claim)[0] != self.id):
+            raise RecordError(f"claim {self.claim!r} is not a claim of {self.id}")
+        if type(self.uid) is not int or type(self.attempt) is not int or self.attempt < 1:
+            raise RecordError("uid and attempt must be integers")
+        if not isinstance(self.spec, dict) or not isinstance(self.gpus, list) or \
+                not all(type(g) is int and g >= 0 for g in self.gpus):
+            raise RecordError("spec must be an object and gpus a list of indices")
+
+
+class RecordError(ValueError):
+    """A file in a record directory that is not a record gpuq wrote."""
 
 
 def state_dir(layout: Layout, state: State) -> Path:
@@ -123,15 +190,20 @@ def write_record(layout: Layout, record: Record) -> Path:
 
 
 def read_record(path: Path) -> Record | None:
+    """The record at `path`, None when it does not exist; RecordError when it is not one."""
     data = read_json(path)
     return Record.from_json(data) if data is not None else None
 
 
 def running_records(layout: Layout) -> list[Record]:
-    """Every running record of the root, whichever host runs it."""
+    """Every running record of the root, whichever host runs it (a file that is not a
+    record is skipped: one bad file must not hide the others)."""
     records = []
     for path in sorted(layout.running.glob("*.json")):
-        record = read_record(path)
+        try:
+            record = read_record(path)
+        except (RecordError, ValueError, OSError):
+            continue
         # A record also in finished/ is a transition caught halfway: finished wins.
         if record is not None and not layout.record(layout.finished, record.id).exists():
             records.append(record)
@@ -221,7 +293,9 @@ def claim_name(job_id: str, host: str, boot_id: str, attempt: int) -> str:
 def parse_claim_name(name: str) -> tuple[str, str] | None:
     """claim file name -> (job id, host), or None if it is not a claim."""
     parts = name.split("@")
-    return (parts[0], parts[1]) if len(parts) == 6 and name.endswith(".yaml") else None
+    if len(parts) != 6 or not name.endswith(".yaml") or "/" in name or "\0" in name:
+        return None
+    return (parts[0], parts[1]) if JOB_ID_RE.match(parts[0]) and HOST_RE.match(parts[1]) else None
 
 
 def claim(layout: Layout, spec_path: Path, name: str) -> Path | None:

@@ -3,12 +3,13 @@
 - A spec with `sweep: {lr: [1e-3, 3e-4], seed: [1, 2, 3]}` becomes one job per combination,
   `{lr}` and `{seed}` in its command replaced by the values, with readable ids
   `<id>_lr1e-3-seed1` (or `<id>_<n>` where that would not be a valid id).
-- `gpuq submit --array 0-9` makes `<id>_0` ... `<id>_9`, each with `GPUQ_ARRAY_INDEX`.
+- `array: 0-9` (what `gpuq submit --array 0-9` writes) makes `<id>_0` ... `<id>_9`, each with
+  `GPUQ_ARRAY_INDEX`.
 Every member gets `GPUQ_GROUP` (the group's id). The members are written into jobs/ with the
 group's owner and its file's mtime (its place in the queue); state/groups/<id>.json lists
 them, so `gpuq show ID` and `gpuq cancel ID` act on the whole group.
 
-A sweep spec dropped into jobs/ is expanded by the worker that reads it: it takes the file by
+A sweep or array spec dropped into jobs/ is expanded by the worker that reads it: it takes the file by
 rename into state/groups/ (one worker wins), writes the members (never over an existing
 file), then the group record. A crash in between is finished at the worker's next start.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .layout import JOB_ID_RE, Layout
-from .spool import read_json, unclaim, write_json
+from .spool import create_owned, read_json, unclaim, write_json
 
 ARRAY_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 MAX_ARRAY = 1000
@@ -95,17 +96,15 @@ def group_file(layout: Layout, group: str) -> Path:
 
 def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int,
                   mtime: float) -> list[str]:
-    """Write each member into jobs/ (owned by `uid`, with `mtime`: the group's queue place),
-    skipping ids taken meanwhile, then the group record. Returns the member ids."""
+    """The worker's part: write each member into jobs/ (owned by `uid`, with `mtime`: the
+    group's queue place), skipping ids taken meanwhile, then the group record. Each member
+    is made in state/groups/, where only the worker's account writes, and linked into jobs/:
+    nothing a member planted in jobs/ is ever written through. Returns the member ids."""
     import yaml
 
-    layout.groups.mkdir(parents=True, exist_ok=True)
     for member_id, data in members:
-        tmp = layout.jobs / f".{member_id}.group.tmp"
-        tmp.write_text(f"# member of {kind} {group}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-        if os.geteuid() == 0 and uid >= 0:
-            os.chown(tmp, uid, -1)
-        os.utime(tmp, (mtime, mtime))
+        text = f"# member of {kind} {group}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+        tmp = create_owned(layout.groups, member_id, text.encode(), uid, mtime=mtime)
         if not unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
             tmp.unlink()  # already there (a crash, then this again)
     write_json(group_file(layout, group), {"id": group, "kind": kind, "members": [i for i, _ in members],
@@ -114,32 +113,59 @@ def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str
 
 
 def read_group(layout: Layout, group: str) -> dict[str, Any] | None:
-    return read_json(group_file(layout, group))
+    """The group record, None when there is none (or the id is not one, or the file is not
+    a group record gpuq wrote)."""
+    if not JOB_ID_RE.match(group):
+        return None
+    try:
+        data = read_json(group_file(layout, group))
+    except (ValueError, OSError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("members"), list) or \
+            not all(isinstance(m, str) and JOB_ID_RE.match(m) for m in data["members"]):
+        return None
+    return data
+
+
+def group_members(data: dict[str, Any], group: str) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """(kind, members) of a validated sweep or array spec's data."""
+    if data.get("array") is not None:
+        base = {k: v for k, v in data.items() if k != "array"}
+        return "array", array_members(base, group, parse_array(str(data["array"])))
+    return "sweep", sweep_members(data, group)
 
 
 def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict[str, Any]) -> list[str] | None:
-    """The worker's part: take the sweep spec out of jobs/ and put its members in.
+    """The worker's part: take the sweep (or array) spec out of jobs/ and put its members in.
     None: another worker took it first."""
-    st = os.lstat(spec_path)
     kept = group_file(layout, group).with_suffix(".yaml")
-    layout.groups.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(spec_path, kept)
     except FileNotFoundError:
         return None
-    return place_members(layout, group, "sweep", sweep_members(data, group), st.st_uid, st.st_mtime)
+    st = os.lstat(kept)  # the moved file: its owner is whom the members run as
+    kind, members = group_members(data, group)
+    return place_members(layout, group, kind, members, st.st_uid, st.st_mtime)
 
 
-def finish_interrupted(layout: Layout, load_yaml) -> list[str]:
+def finish_interrupted(layout: Layout, load_yaml, on_error=None) -> list[str]:
     """Sweeps taken out of jobs/ whose group record was never written: write their members
-    again (those already there are kept). Run at worker start."""
+    again (those already there are kept). Run at worker start. One that cannot be read is
+    reported through `on_error(group, why)` and left alone: it never stops the worker."""
+    from .intake import read_spec_file
+
     done = []
     for kept in sorted(layout.groups.glob("*.yaml")) if layout.groups.is_dir() else []:
         group = kept.stem
-        if group_file(layout, group).exists():
+        if not JOB_ID_RE.match(group) or group_file(layout, group).exists():
             continue
-        st = os.lstat(kept)
-        place_members(layout, group, "sweep", sweep_members(load_yaml(kept.read_bytes(), str(kept)), group),
-                      st.st_uid, st.st_mtime)
+        try:
+            raw, st = read_spec_file(kept, f"state/groups/{kept.name}")
+            kind, members = group_members(load_yaml(raw, f"state/groups/{kept.name}"), group)
+            place_members(layout, group, kind, members, st.st_uid, st.st_mtime)
+        except Exception as e:  # noqa: BLE001 - any bad file is reported, never fatal
+            if on_error is not None:
+                on_error(group, str(e))
+            continue
         done.append(group)
     return done

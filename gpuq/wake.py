@@ -45,17 +45,41 @@ class WakeFifo:
         # O_RDWR keeps a writer open, so the FIFO never reads as EOF between pokes.
         self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
 
-    def sleep(self, timeout: float) -> bytes:
-        """Returns the pokes' reasons, or b"" when the timeout passed without one."""
-        ready, _, _ = select.select([self.fd], [], [], timeout)
+    def sleep(self, timeout: float, watch: Path | None = None) -> bytes:
+        """Returns the pokes' reasons, or b"" when the timeout passed without one. With
+        `watch` (the requests inbox), a change of that directory ends the sleep too: team
+        members cannot reach this FIFO (it lives in the worker's private directory), so
+        their requests are noticed by the directory's mtime, looked at every WATCH_EVERY_S."""
+        deadline = time.monotonic() + timeout
+        seen = _mtime(watch) if watch is not None else None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b""
+            ready, _, _ = select.select([self.fd], [], [], left if watch is None else min(left, WATCH_EVERY_S))
+            if ready:
+                return self._drain()
+            if watch is not None and _mtime(watch) != seen:
+                return WAKE_QUEUE_CHANGED
+
+    def _drain(self) -> bytes:
         reasons = b""
-        if ready:
-            try:
-                while chunk := os.read(self.fd, 4096):
-                    reasons += chunk
-            except BlockingIOError:
-                pass
+        try:
+            while chunk := os.read(self.fd, 4096):
+                reasons += chunk
+        except BlockingIOError:
+            pass
         return reasons
+
+
+WATCH_EVERY_S = 0.05
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 class QueueLock:

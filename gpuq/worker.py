@@ -23,7 +23,7 @@ from .drain import drain_file
 from .faults import crash_point, wall_time
 from .hostinfo import boot_id, ensure_private_dir
 from .idle import IdleTracker
-from .intake import Intake, user_name
+from .intake import Intake, read_spec_file
 from .joblocal import PREEMPTED, Runtime, finish_local, job_roots, request_stop, settle_lock, write_lease
 from .containers import RuntimeProbe
 from .jobmemory import observe_job_memory
@@ -32,9 +32,13 @@ from .limits import LIMIT, limits_for
 from .metrics import FinishedCounter, HostFigures
 from .metrics import render as render_metrics
 from .overuse import GpuMemWatch, Overuse
-from .owners import OwnerPolicy, may_act_on, refusal
+from .owners import OwnerPolicy
 from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
+from .applying import apply_one
+from .inbox import leftovers, sweep_replies, waiting
+from .render import safe_text
+from .spec import SpecError
 from .recovery import Recovery
 from .samples import SampleLog
 from .spawner import Spawner
@@ -58,8 +62,8 @@ EXIT_WAKE_SCAN_GAP_S = 0.2
 
 
 class Worker:
-    STEPS = ("observe", "settle_running", "take_over_dead_hosts", "obey_controls", "take_in_specs",
-             "start_jobs", "raise_alerts", "report")
+    STEPS = ("observe", "settle_running", "take_over_dead_hosts", "obey_controls", "apply_requests",
+             "take_in_specs", "start_jobs", "raise_alerts", "report")
 
     def __init__(self, layout: Layout, config: Config, host: str, fake_gpus: str | None) -> None:
         self.layout, self.config, self.host = layout, config, host
@@ -76,7 +80,9 @@ class Worker:
         self.running: list[Record] = []
         self.observed: dict[str, dict[int, int]] = {}
         self.gpu_usage = GpuUsage()
-        self.record_cache: dict[tuple[str, int], Record] = {}
+        self.record_cache: dict[tuple[str, int, int, int], Record] = {}
+        self.reported: set[str] = set()      # bad files already logged once (never each pass)
+        self.replies_swept_at = 0.0
         self.spawner = Spawner(self.rt, layout.worker_log(host))
         self.arrivals = Arrivals(layout, host, self.intake)
         self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject)
@@ -108,7 +114,8 @@ class Worker:
         log.info("worker %s started (pid %d, gpuq %s, root %s)%s", self.host, os.getpid(),
                  __version__, self.layout.root, f"; {self.probe.error}" if self.probe.error else "")
         write_lease(self.rt, time.monotonic())  # a restarted worker renews its supervisors' lease
-        finish_interrupted(self.layout, load_yaml)
+        finish_interrupted(self.layout, load_yaml,
+                           lambda group, why: self._report_once(f"groups/{group}", f"sweep {group} left as it is: {why}"))
         try:
             while True:
                 for step in self.STEPS:
@@ -118,7 +125,7 @@ class Worker:
                         log.exception("step %s failed", step)
                 if once or (exit_when_idle and self.idle()):
                     return
-                self.woken_by = self.wake.sleep(self.config.poll_interval)
+                self.woken_by = self.wake.sleep(self.config.poll_interval, watch=self.layout.requests)
         finally:
             self.spawner.close()
             self.samples.flush(wall_time())
@@ -161,20 +168,31 @@ class Worker:
 
     def _own_running(self) -> list[Record]:
         """This host's running records. A record is only ever replaced by rename, so a file
-        whose inode we have read before is not read again."""
+        read before (same name, inode, mtime and size: a freed inode is reused at once) is
+        not read again. A file that is not a record is reported once and skipped."""
         records, cache = [], {}
         with os.scandir(self.layout.running) as it:
             for entry in it:
                 if not entry.name.endswith(".json"):
                     continue
-                key = (entry.name, entry.inode())
-                record = self.record_cache.get(key) or read_record(Path(entry.path))
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    key = (entry.name, st.st_ino, st.st_mtime_ns, st.st_size)
+                    record = self.record_cache.get(key) or read_record(Path(entry.path))
+                except (OSError, ValueError) as e:
+                    self._report_once(f"running/{entry.name}", f"state/running/{entry.name} skipped: {e}")
+                    continue
                 if record is not None:
                     cache[key] = record
                     if record.host == self.host:
                         records.append(record)
         self.record_cache = cache
         return records
+
+    def _report_once(self, key: str, message: str) -> None:
+        if key not in self.reported:
+            self.reported.add(key)
+            log.warning("%s", safe_text(message))
 
     def settle_running(self) -> None:
         """Reattach to live jobs; settle the ones whose supervisor and job are gone."""
@@ -199,29 +217,45 @@ class Worker:
         self.recovery.take_over_dead_hosts()
 
     def obey_controls(self) -> None:
-        """Cancel requests for jobs on this host (written by `gpuq cancel` on any host)."""
+        """Stop orders for jobs on this host, written by the worker that applied a cancel
+        request (applying.py judged who asked). Only the worker's account writes state/, so
+        an order in a file anyone else owns is ignored."""
         control_dir = self.layout.host_control(self.host)
         if not control_dir.is_dir():
             return
         running = {r.id: r for r in self.running}
+        me = os.geteuid()
         for path in control_dir.glob("*.json"):
-            request = read_json(path) or {}
             job_id = path.stem
-            record = running.get(job_id)
-            try:  # who asks is whoever owns the request file, whatever it says inside
-                requester = os.lstat(path).st_uid
-            except FileNotFoundError:
+            try:
+                if os.lstat(path).st_uid not in (0, me):
+                    self._report_once(f"control/{path.name}", f"ignored {path}: not written by a worker")
+                    continue
+                order = read_json(path)
+            except (OSError, ValueError):
+                order = None
+            if not isinstance(order, dict):
+                path.unlink(missing_ok=True)
                 continue
-            if record is not None and not may_act_on(requester, record.uid, self.config.admins):
-                log.warning("refused a cancel of %s by uid %d: %s", job_id, requester, refusal(job_id, record.uid))
-                append_event(self.layout, self.host, {"job": job_id, "from": "running", "to": "running",
-                                                      "reason": f"cancel by {user_name(requester)} refused"})
-            elif record is not None and record.attempt == request.get("attempt", record.attempt):
-                reason = f"cancelled by {user_name(requester)}"
+            record = running.get(job_id)
+            if record is not None and record.attempt == order.get("attempt", record.attempt):
+                reason = f"cancelled by {safe_text(str(order.get('by', '?')))[:64]}"
                 if not self._stop(record, reason):
                     continue  # its supervisor is still starting: try again next pass
                 log.info("cancelling %s (%s)", job_id, reason)
             path.unlink(missing_ok=True)
+
+    def apply_requests(self) -> None:
+        """Requests from the inbox (inbox.py): cancel, hold, release, edit, retry, book,
+        unbook, drain, resume. Requests this host took before a crash come first."""
+        for name in leftovers(self.layout, self.host):
+            apply_one(self.layout, self.config, self.host, name, taken=True)
+        for name in waiting(self.layout):
+            apply_one(self.layout, self.config, self.host, name)
+        now = wall_time()
+        if now - self.replies_swept_at > 60:
+            self.replies_swept_at = now
+            sweep_replies(self.layout, now)
 
     def _stop(self, record: Record, reason: str) -> bool:
         """TERM, grace, KILL through its supervisor (bridge.py: scancel). False: not yet."""
@@ -326,10 +360,17 @@ class Worker:
         if claimed is None:
             return  # another worker took it, or it was cancelled
         crash_point("worker:claimed")
-        if claimed.read_bytes() != entry.text:
+        try:  # what was claimed, checked on the open file: no link, one link, the planned bytes
+            text, st = read_spec_file(claimed, f"jobs/{entry.name}")
+            if self.intake.policy is not None:
+                self.intake.policy.check(st, f"jobs/{entry.name}")
+        except SpecError as e:
+            self.arrivals.reject(job_id, claimed, str(e))
+            return
+        if text != entry.text:
             self.recovery.put_back(job_id, claimed)  # edited since planned: plan it again next pass
             return
-        job, st = entry.job, os.stat(claimed)
+        job = entry.job
         by_index = {g.index: g for g in self.gpus}
         charged = job.spec.gpu_mem_mib if not job.spec.exclusive else \
             by_index[gpus[0]].mem_total_mib - self.config.gpu_mem_reserve_mib

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from . import config as config_mod
-from .hostinfo import NETWORK_FILESYSTEMS, ensure_private_dir, filesystem_type
+from . import strictmodes
+from .hostinfo import NETWORK_FILESYSTEMS, ensure_private_dir, filesystem_type, open_to_append
 from .layout import HOST_RE, Layout, RootError, resolve_root
 from .single_instance import WORKER_LOCK_NAME, take_worker_lock, this_host
 
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
         print(f"gpuq worker: --host {host!r} is not a valid host name (letters, digits, . _ -)",
               file=sys.stderr)
         return 2
+    if os.geteuid() == 0 and (unsafe := strictmodes.problems(
+            layout, os.geteuid(), launcher_dir and os.path.join(launcher_dir, "worker.py"))):
+        print("gpuq worker: refusing to run as root:\n  " + "\n  ".join(unsafe), file=sys.stderr)
+        return 2
     layout.ensure()
     local_dir = config.local_dir_for(layout, host)
     local_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -58,11 +63,14 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
     if lock_fd is None and (lock_fd := take_worker_lock(str(local_dir / WORKER_LOCK_NAME))) is None:
         return _already_running(host, args.verbose)
     daemon = not (args.foreground or args.once)
+    log_fd, log_problem = _open_worker_log(layout.worker_log(host))  # before: cron mails a problem
     if daemon and _daemonize():
         return 0  # the cron-started parent: the daemon carries on (flock follows the descriptor)
     import logging  # here: a cron start that leaves at once never needs it
 
-    _setup_logging(layout.worker_log(host), to_stderr=not daemon, verbose=args.verbose)
+    _setup_logging(log_fd, to_stderr=not daemon or log_fd is None, verbose=args.verbose)
+    if log_problem:
+        logging.getLogger("gpuq.worker").warning("%s", log_problem)
     if config.backend == "slurm":
         from .bridge import BridgeWorker as Worker
     else:
@@ -103,10 +111,26 @@ def _daemonize() -> bool:
     return False
 
 
-def _setup_logging(path: Path, to_stderr: bool, verbose: bool) -> None:
+def _open_worker_log(path: Path) -> tuple[int | None, str | None]:
+    """The worker's log, opened to append, never through a link, a FIFO or a file that is not
+    the worker's user's: (descriptor, None), or (None, why) after saying so on stderr (logs/
+    may have been writable by others, and a root worker must not append where they point)."""
+    try:
+        return open_to_append(path, 0o644, os.geteuid(), f"worker log {path}", "this worker's user")[0], None
+    except OSError as e:
+        problem = (f"cannot write the worker log: {e.strerror or e}; logging to stderr only. "
+                   f"Fix: remove {path} (the worker creates it)")
+        print(f"gpuq worker: {problem}", file=sys.stderr)
+        return None, problem
+
+
+def _setup_logging(log_fd: int | None, to_stderr: bool, verbose: bool) -> None:
     import logging
 
-    handlers: list[logging.Handler] = [logging.FileHandler(path)]
+    handlers: list[logging.Handler] = []
+    if log_fd is not None:
+        handlers.append(logging.StreamHandler(open(log_fd, "a", buffering=1, encoding="utf-8",
+                                                   errors="backslashreplace")))
     if to_stderr:
         handlers.append(logging.StreamHandler(sys.stderr))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=handlers,

@@ -24,8 +24,11 @@ import pytest
 
 from conftest import PY, REPO, Queue
 
-TEAM = "gqt-team"
-ALICE, BOB, EVE = "gqt-alice", "gqt-bob", "gqt-eve"
+# Names of this test process's own: two copies of the suite may run side by side, and one
+# must not delete the users the other is using.
+_TAG = str(os.getpid() % 100000)
+TEAM = f"gqt-team-{_TAG}"
+ALICE, BOB, EVE = f"gqt-alice-{_TAG}", f"gqt-bob-{_TAG}", f"gqt-eve-{_TAG}"
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
                                 reason="creating users needs root and useradd (CI runs as root)")
 

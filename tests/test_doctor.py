@@ -28,7 +28,11 @@ def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path):
     assert (root / "config.yaml").read_text() == (REPO / "config.yaml").read_text()
     jobs = os.stat(root / "jobs").st_mode
     assert jobs & stat.S_ISVTX and jobs & stat.S_ISGID and jobs & stat.S_IWGRP and not jobs & stat.S_IRWXO
-    assert os.stat(root / "state" / "control").st_mode & stat.S_ISVTX
+    for inbox in ("jobs", "requests"):  # the only places members create files (README, Security model)
+        assert stat.S_IMODE(os.stat(root / inbox).st_mode) == 0o3770
+    for mine in ("", "state", "state/control", "state/running", "logs"):  # the worker's; the team reads
+        assert stat.S_IMODE(os.stat(root / mine).st_mode) == 0o2750
+    assert stat.S_IMODE(os.stat(root / "config.yaml").st_mode) == 0o644
     again = run("init", str(root))
     assert again.returncode == 2 and "already a gpuq root" in again.stderr
     bad = run("init", str(tmp_path / "other"), "--group", "no-such-group-xyz")

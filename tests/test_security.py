@@ -3,7 +3,6 @@ logs are theirs and never written through a planted link, who may run and cancel
 from __future__ import annotations
 
 import grp
-import json
 import os
 import pwd
 import shutil
@@ -14,25 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PY, REPO, Queue, wait_until
+from conftest import Queue, wait_until
+from team import ALICE, BOB, TEAM, shared_code, users  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
                                 reason="creating users needs root and useradd (CI runs as root)")
-USERS = ("gpuq-ana", "gpuq-bo")
-TEAM = "gpuq-team"
-
-
-@pytest.fixture(scope="module")
-def users():
-    subprocess.run(["groupadd", "-f", TEAM], check=True)
-    for name in USERS:
-        if subprocess.run(["id", name], capture_output=True).returncode:
-            subprocess.run(["useradd", "-M", "-d", f"/nonexistent/{name}", "-G", TEAM, "-s", "/bin/sh", name],
-                           check=True)
-    yield {name: pwd.getpwnam(name) for name in USERS}
-    for name in USERS:
-        subprocess.run(["userdel", name], capture_output=True)
-    subprocess.run(["groupdel", TEAM], capture_output=True)
+ANA, BO = ALICE, BOB  # tests/team.py makes them (names of this test process's own)
 
 
 @pytest.fixture
@@ -57,16 +43,16 @@ def drop_as(queue: Queue, user: pwd.struct_passwd, name: str, text: str, mode: i
 
 
 def test_a_root_worker_runs_each_job_as_its_owner_with_a_log_of_theirs(shared, users):
-    ana = users["gpuq-ana"]
+    ana = users[ANA]
     shared.start_worker("a", "1x80GiB")
     drop_as(shared, ana, "who.yaml", "command: id; echo HOME=$HOME USER=$USER LOGNAME=$LOGNAME\n"
                                      "gpus: 0\nworkdir: /\n")
     record = wait_until(lambda: shared.finished("who"), what="who to run")
     assert record["state"] == "done", shared.log("who")
-    expected_id = subprocess.run(["id", "gpuq-ana"], capture_output=True, text=True).stdout.strip()
+    expected_id = subprocess.run(["id", ANA], capture_output=True, text=True).stdout.strip()
     lines = shared.log("who").splitlines()
     assert expected_id in lines and f"gid={ana.pw_gid}" in expected_id and TEAM in expected_id
-    assert f"HOME={ana.pw_dir} USER=gpuq-ana LOGNAME=gpuq-ana" in lines
+    assert f"HOME={ana.pw_dir} USER={ANA} LOGNAME={ANA}" in lines
     st = os.stat(shared.root / "logs" / "who.log")
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (ana.pw_uid, ana.pw_gid, 0o640)
 
@@ -77,7 +63,7 @@ def test_a_planted_log_link_is_never_written_through(shared, users):
     (shared.root / "logs").mkdir(parents=True, exist_ok=True)
     os.symlink(target, shared.root / "logs" / "evil.log")
     shared.start_worker("a", "1x80GiB")
-    drop_as(shared, users["gpuq-ana"], "evil.yaml", "command: echo pwned\ngpus: 0\nworkdir: /\n")
+    drop_as(shared, users[ANA], "evil.yaml", "command: echo pwned\ngpus: 0\nworkdir: /\n")
     record = wait_until(lambda: shared.finished("evil"), what="evil to be settled")
     assert record["state"] == "failed" and "link or a FIFO, not written through" in record["reason"]
     assert target.read_text() == "root's file\n"
@@ -87,7 +73,7 @@ def test_root_owned_and_writable_specs_are_refused_with_the_reason(shared, users
     os.chmod(shared.root / "jobs", 0o1777)  # a shared jobs/: anyone may drop, sticky
     shared.start_worker("a", "1x80GiB")
     (shared.root / "jobs" / "rooty.yaml").write_text("command: id\ngpus: 0\n")
-    drop_as(shared, users["gpuq-ana"], "open.yaml", "command: id\ngpus: 0\n", mode=0o666)
+    drop_as(shared, users[ANA], "open.yaml", "command: id\ngpus: 0\n", mode=0o666)
     for job_id, reason in (("rooty", "is owned by root, and gpuq does not run jobs as root"),
                            ("open", "can be changed by other users (mode 0666)")):
         wait_until(lambda: (shared.root / "state" / "rejected" / f"{job_id}.error").exists(),
@@ -96,16 +82,9 @@ def test_root_owned_and_writable_specs_are_refused_with_the_reason(shared, users
     assert shared.finished("rooty") is None and shared.finished("open") is None
 
 
-def _python_for(user: pwd.struct_passwd) -> None:
-    try:
-        subprocess.run([PY, "-c", "pass"], user=user.pw_uid, group=user.pw_gid, extra_groups=[], check=True,
-                       cwd="/", capture_output=True)
-    except (PermissionError, subprocess.CalledProcessError):
-        pytest.skip(f"this Python ({PY}) cannot be run by other users (it lives in a private home)")
-
-
-def _worker_as(queue: Queue, user: pwd.struct_passwd) -> subprocess.Popen:
-    proc = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
+def _worker_as(queue: Queue, user: pwd.struct_passwd, shared_code) -> subprocess.Popen:
+    python, code = shared_code  # an interpreter and code the user can run (tests/team.py)
+    proc = subprocess.Popen([python, str(code / "worker.py"), "--root", str(queue.root), "--host", "a",
                              "--fake-gpus", "1x80GiB", "--foreground"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**queue.env(), "HOME": "/tmp"},
                             user=user.pw_uid, group=user.pw_gid, extra_groups=[])
@@ -113,65 +92,27 @@ def _worker_as(queue: Queue, user: pwd.struct_passwd) -> subprocess.Popen:
     return proc
 
 
-def test_a_worker_not_run_as_root_runs_only_its_users_specs(shared, users):
-    ana, bo = users["gpuq-ana"], users["gpuq-bo"]
-    _python_for(ana)
+def test_a_worker_not_run_as_root_runs_only_its_users_specs(shared, users, shared_code):
+    ana, bo = users[ANA], users[BO]
     for d in ("jobs", "state", "logs"):
         (shared.root / d).mkdir(parents=True, exist_ok=True)
     subprocess.run(["chown", "-R", f"{ana.pw_uid}:{ana.pw_gid}", str(shared.root), str(shared.local_base.parent)],
                    check=True)
     shared.local_base.mkdir(exist_ok=True)
     os.chown(shared.local_base, ana.pw_uid, ana.pw_gid)
-    _worker_as(shared, ana)
+    _worker_as(shared, ana, shared_code)
     drop_as(shared, ana, "mine.yaml", "command: id -un\ngpus: 0\nworkdir: /\n")
     drop_as(shared, bo, "theirs.yaml", "command: id -un\ngpus: 0\nworkdir: /\n")
     assert wait_until(lambda: shared.finished("mine"), what="ana's own job")["state"] == "done"
     wait_until(lambda: (shared.root / "state" / "rejected" / "theirs.error").exists(), what="bo's refusal")
-    assert "runs as gpuq-ana, which runs only its own specs" in \
+    assert f"runs as {ANA}, which runs only its own specs" in \
         (shared.root / "state" / "rejected" / "theirs.error").read_text()
     shared.stop_worker("a")
-    shared.write_config(allow_root_jobs=False, run_for_users=["gpuq-bo"])
-    _worker_as(shared, ana)
+    shared.write_config(allow_root_jobs=False, run_for_users=[BO])
+    _worker_as(shared, ana, shared_code)
     drop_as(shared, bo, "for-bo.yaml", "command: id -un\ngpus: 0\nworkdir: /\n")
     record = wait_until(lambda: shared.finished("for-bo"), what="bo's job, run by ana's worker")
-    assert record["state"] == "done" and "gpuq-ana" in shared.log("for-bo").splitlines()
-
-
-def test_only_the_owner_root_or_an_admin_may_cancel_and_the_request_file_decides(shared, users):
-    ana, bo = users["gpuq-ana"], users["gpuq-bo"]
-    _python_for(bo)
-    team = grp.getgrnam(TEAM).gr_gid
-    for d in (shared.root, shared.root / "jobs"):  # README's shared setup: the team's group, setgid
-        os.chown(d, 0, team)
-        os.chmod(d, 0o2775)
-    shared.start_worker("a", "1x80GiB")
-    drop_as(shared, ana, "long.yaml", "command: sleep 60\ngpus: 0\nworkdir: /\n")
-    wait_until(lambda: (shared.record("long") or {}).get("state") == "running", what="long to start")
-    as_bo = subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(shared.root), "cancel", "long"],
-                           capture_output=True, text=True, env={**shared.env(), "HOME": "/tmp"},
-                           user=bo.pw_uid, group=bo.pw_gid, extra_groups=[team])
-    assert as_bo.returncode == 1 and "belongs to gpuq-ana; only its owner, root or an admin" in as_bo.stderr
-    # A request file bo writes himself, claiming to be ana, is judged by its owner: bo.
-    control = shared.root / "state" / "control" / "a"
-    control.mkdir(parents=True, exist_ok=True)
-    for d in (control.parent, control):  # as README's shared setup has it: the team may write requests
-        os.chmod(d, 0o1777)
-    forged = control / "long.json"
-    forged.write_text(json.dumps({"action": "cancel", "by": "gpuq-ana", "attempt": 1}))
-    os.chown(forged, bo.pw_uid, bo.pw_gid)
-    wait_until(lambda: any(e.get("reason") == "cancel by gpuq-bo refused" for e in shared.events()),
-               what="the refusal event")
-    assert (shared.record("long") or {}).get("state") == "running"
-    shared.write_config(allow_root_jobs=False, admins=["gpuq-bo"])  # bo becomes an admin
-    forged.unlink(missing_ok=True)
-    shared.stop_worker("a")
-    shared.start_worker("a", "1x80GiB")
-    as_admin = subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(shared.root), "cancel", "long"],
-                              capture_output=True, text=True, env={**shared.env(), "HOME": "/tmp"},
-                              user=bo.pw_uid, group=bo.pw_gid, extra_groups=[team])
-    assert as_admin.returncode == 0, as_admin.stderr
-    record = wait_until(lambda: shared.finished("long"), what="long to be cancelled by the admin")
-    assert record["state"] == "cancelled" and "cancelled by gpuq-bo" in record["reason"]
+    assert record["state"] == "done" and ANA in shared.log("for-bo").splitlines()
 
 
 def test_a_root_worker_runs_a_container_as_its_owner(shared, users):
@@ -184,7 +125,7 @@ def test_a_root_worker_runs_a_container_as_its_owner(shared, users):
         work = shared.root.parent / "work"
         work.mkdir()
         os.chmod(work, 0o777)
-        ana = users["gpuq-ana"]
+        ana = users[ANA]
         shared.start_worker("a", "1x80GiB", env=runtimes.worker_env())
         drop_as(shared, ana, "boxed.yaml", f"command: id -u; id -G; touch made-here\ngpus: 0\nworkdir: {work}\n"
                                            "container: {image: pytorch:2, runtime: docker}\n")
@@ -218,7 +159,7 @@ def test_a_real_container_runs_as_its_owner(shared, users, tmp_path_factory, run
         work = shared.root.parent / "work"
         work.mkdir()
         os.chmod(work, 0o777)
-        ana = users["gpuq-ana"]
+        ana = users[ANA]
         shared.start_worker("a", "1x80GiB", env=env)
         drop_as(shared, ana, "real.yaml", f"command: id -u; touch made-here\ngpus: 0\nworkdir: {work}\n"
                                           f"container: {{image: '{real_runtimes.IMAGE}', runtime: {runtime}}}\n")

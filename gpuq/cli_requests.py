@@ -1,0 +1,72 @@
+"""The CLI's half of a request (inbox.py): send it, then wait for the reply and print it.
+
+Run by the spool's own account (root, or the one user of a private queue) the CLI applies
+its request itself, through the same code a worker uses; anyone else's request waits for a
+worker, which every box runs, and the CLI says so when none is live. Exit status: 0 done,
+1 refused or failed, 3 still waiting for a worker (README, Security model)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .cli import open_layout, read_config
+from .single_instance import this_host
+
+WAITING = 3
+
+
+def run_request(args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), **request_args: object) -> int:
+    from .applying import apply_one
+    from .inbox import RequestError, read_reply, send
+    from .wake import poke
+
+    layout = open_layout(args)
+    config = read_config(layout)
+    host = this_host()
+    try:
+        name = send(layout, verb, ids, sent_from=host, **request_args)
+    except RequestError as e:
+        print(f"gpuq {verb}: {e}", file=sys.stderr)
+        return 1
+    except PermissionError:
+        print(f"gpuq {verb}: cannot write {layout.requests}/. Fix: team members need to be in the "
+              "queue's group (README, Security model: `gpuq init DIR --group TEAM`)", file=sys.stderr)
+        return 1
+    reply = None
+    if _owns_spool(layout):
+        reply = apply_one(layout, config, host, name)  # None: a worker took it first
+    else:
+        poke(config.local_dir_for(layout, host))
+    if reply is None:
+        if not _live_workers(layout):
+            print(f"gpuq {verb}: no worker is running on any host; request {name} waits in requests/ and "
+                  "is applied when one starts (cron starts one each minute; `gpuq doctor`)", file=sys.stderr)
+            return WAITING
+        deadline = time.monotonic() + config.request_timeout_s
+        while (reply := read_reply(layout, name)) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    if reply is None:
+        print(f"gpuq {verb}: no worker answered within {config.request_timeout_s:g}s (config "
+              f"request_timeout_s); request {name} waits and is applied at a worker's next pass "
+              f"(live: {', '.join(_live_workers(layout))})", file=sys.stderr)
+        return WAITING
+    for done, message in reply.outcomes:
+        print(message, file=sys.stdout if done else sys.stderr)
+    return 0 if reply.ok else 1
+
+
+def _owns_spool(layout) -> bool:
+    """Whether this process may write the spool itself: root, or the account that owns state/."""
+    try:
+        return os.geteuid() in (0, os.stat(layout.state).st_uid)
+    except OSError:
+        return False
+
+
+def _live_workers(layout) -> list[str]:
+    from .views import heartbeat_alive, load_heartbeats
+
+    now = time.time()
+    return sorted(str(hb.get("host")) for hb in load_heartbeats(layout) if heartbeat_alive(hb, now))

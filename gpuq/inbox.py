@@ -1,0 +1,196 @@
+"""Requests: how a team member asks for a change (README, Security model).
+
+Members create files only in jobs/ and in the sticky inbox requests/. Every verb that
+changes something (cancel, hold, release, edit, retry, book, unbook, drain, resume) writes
+one request file there; a worker applies it and writes a reply the CLI waits for.
+
+- send (CLI): `requests/r-<ns>-<nonce>.json`, created exclusively, then renamed into place.
+- take (worker): rename into state/requests/<host>@<name> — exactly one applier wins — then
+  open the taken file without following links and check it there: a regular file with one
+  link, under the size cap. Who asks is that file's owner; nothing written inside says so.
+  Once taken, the file is in a directory only the worker's account writes: nobody can swap it.
+- reply (worker): state/replies/<name>, then the taken file goes. A worker that dies between
+  the two finds its taken requests at its next pass and applies them again (every verb is
+  idempotent: a second cancel says the job already ended).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .faults import wall_time
+from .layout import HOST_RE, JOB_ID_RE, Layout
+from .spool import atomic_write, read_json
+
+REQUEST_RE = re.compile(r"^r-\d{1,20}-[0-9a-f]{16}\.json$")
+VERBS = ("cancel", "hold", "release", "edit", "retry", "book", "unbook", "drain", "resume")
+MAX_REQUEST_BYTES = 512 * 1024   # an edit carries a whole spec (at most 256 KiB)
+MAX_IDS = 10000
+REPLY_KEEP_S = 3600.0
+
+
+class RequestError(Exception):
+    """A request file that cannot be applied; the message says why (it is the reply)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str
+    verb: str
+    uid: int                          # the request file's owner: who asks
+    ids: tuple[str, ...] = ()
+    args: dict[str, Any] = field(default_factory=dict)
+    sent_from: str = ""               # the host the CLI ran on (for messages only)
+
+
+@dataclass(frozen=True)
+class Reply:
+    outcomes: tuple[tuple[bool, str], ...]   # (done, message) per id, or one for the request
+    by: str = ""                             # the host whose worker applied it
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.outcomes) and all(done for done, _ in self.outcomes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "outcomes": [{"ok": done, "message": m} for done, m in self.outcomes],
+                "by": self.by, "t": wall_time()}
+
+
+# --- the CLI's side ----------------------------------------------------------------------
+
+def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = "", **args: Any) -> str:
+    """Write one request into the inbox; returns its name (the reply's name too)."""
+    name = f"r-{time.time_ns()}-{secrets.token_hex(8)}.json"
+    data = json.dumps({"verb": verb, "ids": list(ids), "args": args, "from": sent_from}).encode()
+    if len(data) > MAX_REQUEST_BYTES:
+        raise RequestError(f"the request is {len(data)} bytes, over the {MAX_REQUEST_BYTES} cap")
+    atomic_write(layout.requests / name, data, mode=0o640)
+    return name
+
+
+def read_reply(layout: Layout, name: str) -> Reply | None:
+    try:
+        data = read_json(layout.replies / name)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("outcomes"), list):
+        return None
+    return Reply(tuple((bool(o.get("ok")), str(o.get("message", ""))) for o in data["outcomes"]
+                       if isinstance(o, dict)), str(data.get("by", "")))
+
+
+def withdraw(layout: Layout, name: str) -> bool:
+    """Take back a request no worker has taken yet (its sender owns it). False: taken."""
+    try:
+        os.unlink(layout.requests / name)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+# --- the worker's side -------------------------------------------------------------------
+
+def waiting(layout: Layout) -> list[str]:
+    """Names of the requests in the inbox, oldest first (other names are not requests)."""
+    try:
+        with os.scandir(layout.requests) as it:
+            return sorted(e.name for e in it if REQUEST_RE.match(e.name))
+    except FileNotFoundError:
+        return []
+
+
+def leftovers(layout: Layout, host: str) -> list[str]:
+    """Requests this host took and never replied to (its worker died in between)."""
+    prefix = f"{host}@"
+    try:
+        with os.scandir(layout.taken_requests) as it:
+            return sorted(e.name[len(prefix):] for e in it
+                          if e.name.startswith(prefix) and REQUEST_RE.match(e.name[len(prefix):]))
+    except FileNotFoundError:
+        return []
+
+
+def take(layout: Layout, host: str, name: str) -> Path | None:
+    """Move a request out of the inbox; None: another worker (or its sender) was first."""
+    taken = taken_path(layout, host, name)
+    try:
+        os.rename(layout.requests / name, taken)
+    except FileNotFoundError:
+        return None
+    return taken
+
+
+def taken_path(layout: Layout, host: str, name: str) -> Path:
+    assert HOST_RE.match(host) and REQUEST_RE.match(name)
+    return layout.taken_requests / f"{host}@{name}"
+
+
+def read_taken(path: Path, name: str) -> Request:
+    """The request in a taken file, checked on the open file. RequestError: not one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise RequestError(f"request {name}: cannot be opened ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise RequestError(f"request {name}: not a plain file with one link; gpuq's CLI writes requests")
+        if st.st_size > MAX_REQUEST_BYTES:
+            raise RequestError(f"request {name}: {st.st_size} bytes, over the {MAX_REQUEST_BYTES} cap")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(MAX_REQUEST_BYTES + 1)
+    finally:
+        os.close(fd)
+    return parse_request(raw, name, st.st_uid)
+
+
+def parse_request(raw: bytes, name: str, uid: int) -> Request:
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError(f"request {name}: not JSON; gpuq's CLI writes requests") from None
+    if not isinstance(data, dict) or data.get("verb") not in VERBS:
+        raise RequestError(f"request {name}: no known verb (one of {', '.join(VERBS)})")
+    ids, args = data.get("ids", []), data.get("args", {})
+    if not isinstance(ids, list) or len(ids) > MAX_IDS or not isinstance(args, dict):
+        raise RequestError(f"request {name}: ids must be a list of at most {MAX_IDS}, args an object")
+    bad = next((i for i in ids if not isinstance(i, str) or not JOB_ID_RE.match(i)), None)
+    if bad is not None:
+        raise RequestError(f"request {name}: {str(bad)[:80]!r} is not a job id")
+    sent_from = data.get("from", "")
+    return Request(name, data["verb"], uid, tuple(ids), args,
+                   sent_from if isinstance(sent_from, str) and HOST_RE.match(sent_from) else "")
+
+
+def finish(layout: Layout, host: str, name: str, reply: Reply) -> None:
+    """Write the reply (readable by the team: it says what was done), then drop the request."""
+    atomic_write(layout.replies / name, json.dumps(reply.to_json()).encode(), mode=0o644)
+    taken = taken_path(layout, host, name)
+    try:
+        os.unlink(taken)
+    except IsADirectoryError:  # a directory posing as a request: set aside, never read again
+        os.rename(taken, taken.with_name(f".{taken.name}.not-a-request"))
+    except FileNotFoundError:
+        pass
+
+
+def sweep_replies(layout: Layout, now: float) -> None:
+    """Replies an hour old: their CLI stopped waiting long ago."""
+    try:
+        with os.scandir(layout.replies) as it:
+            for e in it:
+                try:
+                    if e.stat(follow_symlinks=False).st_mtime < now - REPLY_KEEP_S:
+                        os.unlink(e.path)
+                except FileNotFoundError:
+                    pass
+    except FileNotFoundError:
+        pass
