@@ -1,7 +1,10 @@
-"""Facts about this host that are side effects to read: boot id, process start times."""
+"""Facts about this host that are side effects to read (boot id, process start times, mounts),
+and this host's own files opened safely (a private directory, a log to append to)."""
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
@@ -32,12 +35,35 @@ def ensure_private_dir(path: Path) -> Path:
     """Create a 0700 directory we own; refuse one that is a link or someone else's."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = os.lstat(path)
-    import stat as st_mod
-
-    if not st_mod.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise PermissionError(f"{path} is not a directory owned by uid {os.getuid()}; "
                               f"remove it or set local_dir in config.yaml")
     return path
+
+
+def open_to_append(path: Path, mode: int, owner_uid: int, what: str, whose: str) -> tuple[int, bool]:
+    """Open `path` for appending, never through a link: created with `mode` (O_EXCL), or,
+    when it exists, only a plain file with one link that `owner_uid` owns. Returns
+    (descriptor, created). A name planted in a directory others can write (a symlink, a FIFO,
+    a hard link, someone else's file) must not make this process write into another file:
+    it raises PermissionError naming `what` ("log x.log") and `whose` ("the job's owner")."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode), True
+    except FileExistsError:
+        try:
+            fd, created = os.open(path, flags), False
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENXIO):  # a symlink, or a FIFO nobody reads
+                raise PermissionError(e.errno, f"{what} is a link or a FIFO, not written through") from None
+            raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or (not created and st.st_uid != owner_uid):
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"{what} exists and is not a plain file of {whose}")
+    if created:
+        os.fchmod(fd, mode)  # whatever the umask
+    return fd, created
 
 
 # File systems where flock does not exclude across hosts, or is not local at all.

@@ -1,27 +1,41 @@
 """Starting a job's process: its environment, its identity, its log, and the spawn itself.
 
 Run in the supervisor. A job starts in its own process group with default signal
-dispositions, stdout and stderr in its log, and the job lock's descriptor inherited.
+dispositions, stdout and stderr in its log, and the job lock's descriptor inherited. A root
+worker's supervisor touches a user's paths only as that user: it enters the workdir with the
+owner's credentials (subprocess would chdir while still root, before switching identity),
+and everything else (venv, conda, setup) is reached by the job's own shell.
 """
 from __future__ import annotations
 
 import errno
 import functools
 import os
+import pwd
 import shlex
 import signal
-import stat
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .containers import ContainerControl, ContainerRun, Owner, container_name, container_run
 from .environments import command_argv, prelude_lines
+from .hostinfo import open_to_append
 from .joblocal import Runtime, write_container_pid
 from .limits import pinned
 from .owners import Identity
 from .spec import JobSpec
 from .spool import Record
+
+# A job that a root worker runs as its owner starts from this PATH, as a login shell would
+# (README "The job's environment"); a venv, conda or the spec's env adds to it.
+JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+_KEPT_FROM_THE_WORKER = ("LANG", "LANGUAGE", "TZ")  # and LC_*: how to print, not secrets
+
+
+class CannotStart(Exception):
+    """Why the attempt cannot start: its log and record say "cannot start: " and this."""
 
 
 @functools.cache
@@ -29,6 +43,48 @@ def inherited_environment() -> dict[str, str]:
     """The worker's environment, less what gpuq sets per job. Computed once in the spawner
     (see supervise.prepare), so that each supervisor inherits it instead of rebuilding it."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("GPUQ_", "CUDA_VISIBLE"))}
+
+
+def base_environment(identity: Identity | None) -> dict[str, str]:
+    """What a process started for a job begins with, before the spec's env and gpuq's
+    variables. Run as the worker's own account (a user's worker, or root's own job), it
+    inherits the worker's environment, as a command started from the worker's shell would.
+    Run by a root worker as the job's owner, it starts clean, as a login does: the owner's
+    HOME, USER, LOGNAME and SHELL, JOB_PATH, and the worker's locale and TZ; root's other
+    variables (a vault token, root's PATH) are never the owner's to see."""
+    inherited = inherited_environment()
+    if identity is None:
+        return dict(inherited)
+    env = {k: v for k, v in inherited.items() if k in _KEPT_FROM_THE_WORKER or k.startswith("LC_")}
+    env.update(PATH=JOB_PATH, SHELL=_login_shell(identity), **identity.environment())
+    return env
+
+
+def _login_shell(identity: Identity) -> str:
+    try:
+        pw = pwd.getpwnam(identity.name)
+    except KeyError:
+        return "/bin/sh"
+    return pw.pw_shell if pw.pw_uid == identity.uid and pw.pw_shell else "/bin/sh"
+
+
+def job_identity(rt: Runtime, record: Record, worker_euid: int) -> Identity | None:
+    """Whom the job runs as: its record's owner (the uid the worker took from the spec
+    file and handed over with the record), or None for the worker's own account. A root
+    worker runs a job as root only when the record says uid 0 and allow_root_jobs is on:
+    uid 0 is never "as myself" by default. Raises CannotStart."""
+    if worker_euid != 0:
+        return None  # a user's worker runs its jobs as itself (run_for_users: on their behalf)
+    if record.uid == 0:
+        if rt.allow_root_jobs:
+            return None
+        raise CannotStart("the job's owner is root, and allow_root_jobs is off")
+    if record.uid < 0:
+        raise CannotStart(f"the record names no owner (uid {record.uid})")
+    try:
+        return Identity.of(record.uid)
+    except KeyError:
+        raise CannotStart(f"uid {record.uid}, the spec's owner, has no account here") from None
 
 
 def job_variables(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
@@ -70,7 +126,7 @@ def build_launch(rt: Runtime, record: Record, spec: JobSpec, identity: Identity 
     inner = command_argv(spec.command, prelude_lines(spec.venv, spec.conda, spec.setup))
     variables = job_variables(rt, record, spec)
     if spec.container is None:
-        env = {**inherited_environment(), **variables, **(identity.environment() if identity else {})}
+        env = {**base_environment(identity), **variables, **(identity.environment() if identity else {})}
         return Launch(inner, env, workdir, identity)
     if identity is not None:  # the image decides HOME; the owner's name is still theirs
         variables.update(USER=identity.name, LOGNAME=identity.name)
@@ -81,7 +137,7 @@ def build_launch(rt: Runtime, record: Record, spec: JobSpec, identity: Identity 
                         container_name(record.id, record.attempt, record.restarts),
                         record.cpu_cores, record.mem_limit_mib)
     client = identity if run.client_as_owner else None
-    env = {**inherited_environment(), **run.env, **(client.environment() if client else {})}
+    env = {**base_environment(client), **run.env, **(client.environment() if client else {})}
     return Launch(run.argv, env, workdir, client, run)
 
 
@@ -89,8 +145,9 @@ def start_run(rt: Runtime, record: Record, spec: JobSpec, identity: Identity | N
               log_fd: int, log: Callable[[int, str], None]) -> tuple[int, ContainerControl | None]:
     """Spawn one run of the job (its first, or a service's restart), pinned to its cores;
     for a docker/podman container, also the control that stops and removes it with the job.
-    Raises OSError naming what failed."""
+    Raises CannotStart for a workdir the owner cannot enter, OSError naming what else failed."""
     launch = build_launch(rt, record, spec, identity)
+    enter_workdir(launch.cwd, identity)  # the job's owner, even where a container's client is root
     control = None
     if launch.container is not None:
         log(log_fd, f"==> container: {shlex.join(launch.argv)}\n")
@@ -109,40 +166,66 @@ def open_log(path: Path, owner: Identity | None) -> int:
     """The job's log for appending: created 0640 (and, for a root worker, given to the job's
     owner), never through a link, and only a plain file of the owner's when it exists: a name
     planted in logs/ must not make root write into someone else's file."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o640), True
-    except FileExistsError:
-        try:
-            fd, created = os.open(path, flags), False
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENXIO):  # a symlink, or a FIFO nobody reads
-                raise PermissionError(e.errno, f"log {path.name} is a link or a FIFO, not written through") from None
-            raise
-    st = os.fstat(fd)
-    owner_uid = owner.uid if owner else os.geteuid()
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or (not created and st.st_uid != owner_uid):
-        os.close(fd)
-        raise PermissionError(errno.EPERM, f"log {path.name} exists and is not a plain file of the job's owner")
-    if created:
-        os.fchmod(fd, 0o640)  # whatever the umask
-        if owner is not None:
-            os.fchown(fd, owner.uid, owner.gid)
+    fd, created = open_to_append(path, 0o640, owner.uid if owner else os.geteuid(), f"log {path.name}",
+                                 "the job's owner")
+    if created and owner is not None:
+        os.fchown(fd, owner.uid, owner.gid)
     return fd
+
+
+def enter_workdir(workdir: str, identity: Identity | None) -> None:
+    """Make `workdir` this process's working directory, which the job inherits, entering it
+    with the credentials of the job's owner: a directory they could not reach (under a 0700
+    /root, or a teammate's 0750 home) stays unreachable through a root worker.
+    Raises CannotStart naming the directory and the user."""
+    try:
+        with _as_user(identity):
+            os.chdir(workdir)  # the supervisor's own paths are all absolute: its cwd is the job's
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM):
+            raise CannotStart(f"{e.strerror} (workdir): {workdir}") from None
+        user = identity.name if identity else _user_name(os.geteuid())
+        raise CannotStart(f"workdir {workdir} is not accessible to {user} ({e.strerror})") from None
+
+
+@contextmanager
+def _as_user(identity: Identity | None) -> Iterator[None]:
+    """Act with `identity`'s effective ids and groups (a root supervisor only), then root's
+    again. Signals wait meanwhile: no handler runs as the owner. The real and saved uid stay
+    root's, so the owner can neither signal nor trace this process meanwhile."""
+    if identity is None:
+        yield
+        return
+    groups, egid = os.getgroups(), os.getegid()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        os.setgroups(list(identity.groups))
+        os.setegid(identity.gid)
+        os.seteuid(identity.uid)
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(egid)
+        os.setgroups(groups)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def spawn_job(launch: Launch, log_fd: int, lock_fd: int) -> int:
     """Start the job in its own process group, output to its log, holding the job lock.
     posix_spawn (vfork and exec in C) rather than subprocess: no Python runs in the child,
     which saves a millisecond of copied pages per job. Raises OSError naming what failed.
-    A job that must change identity starts through subprocess (posix_spawn cannot)."""
-    argv, env, workdir, identity = launch.argv, launch.env, launch.cwd, launch.identity
+    A job that must change identity starts through subprocess (posix_spawn cannot). Either
+    way it starts in this process's working directory (enter_workdir)."""
+    argv, env, identity = launch.argv, launch.env, launch.identity
     if identity is not None:
-        return _spawn_as(identity, argv, env, workdir, log_fd, lock_fd)
-    try:
-        os.chdir(workdir)  # the supervisor's own cwd is never used again: all its paths are absolute
-    except OSError as e:
-        raise OSError(e.errno, f"{e.strerror} (workdir)", workdir) from None
+        return _spawn_as(identity, argv, env, log_fd, lock_fd)
     os.set_inheritable(lock_fd, True)
     candidates = [argv[0]] if "/" in argv[0] else \
         [os.path.join(d, argv[0]) for d in os.get_exec_path(env)]  # PATH as the job will see it
@@ -162,12 +245,11 @@ def spawn_job(launch: Launch, log_fd: int, lock_fd: int) -> int:
     raise OSError(error.errno, error.strerror, argv[0])
 
 
-def _spawn_as(identity: Identity, argv: list[str], env: dict[str, str], workdir: str, log_fd: int,
-              lock_fd: int) -> int:
+def _spawn_as(identity: Identity, argv: list[str], env: dict[str, str], log_fd: int, lock_fd: int) -> int:
     import subprocess
 
-    try:
-        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
+    try:  # no cwd=: subprocess's child would chdir as root, before it switches identity
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
                                 stderr=log_fd, pass_fds=(lock_fd,), process_group=0, user=identity.uid,
                                 group=identity.gid, extra_groups=list(identity.groups))
     except OSError as e:

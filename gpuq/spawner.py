@@ -8,11 +8,13 @@ free, and the spawner hands it the next job instead of forking again (a fork and
 it copies cost milliseconds per job): one job at a time per supervisor, always.
 
 Protocol: two pipes, one JSON line each way per launch. The worker writes the running record
-first, then sends its id and claim. The spawner takes the job's lock and passes the locked
-descriptor to a free supervisor (or to a new one it forks), so the lock is held from then
-on, and answers {"id", "pid"} or {"id", "error"}. Until the answer comes, the worker counts
-the job as starting. The spawner exits when the worker's end of the pipe closes (the worker
-stopped or died); free supervisors then exit, busy ones finish their job first.
+first, then sends the whole record: what to run and as whom travel only this way, from the
+worker, never through a file others might swap (supervise.py). The spawner takes the job's
+lock and passes the locked descriptor and the record to a free supervisor (or to a new one
+it forks), so the lock is held from then on, and answers {"id", "pid"} or {"id", "error"}.
+Until the answer comes, the worker counts the job as starting. The spawner exits when the
+worker's end of the pipe closes (the worker stopped or died); free supervisors then exit,
+busy ones finish their job first.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from .spool import Record
 from .faults import crash_point
+from .hostinfo import open_to_append
 from .joblocal import Runtime, try_lock
 from .proctree import reap_children
 from .supervise import become_supervisor, prepare, supervise
@@ -43,6 +46,7 @@ REAP_EVERY_S = 1.0
 FREE_FOR_AT_MOST_S = 60.0           # a supervisor free this long is told to exit
 JOBS_PER_SUPERVISOR = 100           # then it exits: bounds whatever a long life accumulates
 READY = b"r"                        # supervisor -> spawner: my job is recorded, I am free
+CHUNK = 32768                       # a record travels to a supervisor in messages this big
 
 
 class Spawner:
@@ -56,7 +60,7 @@ class Spawner:
         self._partial = b""
 
     def launch(self, record: Record) -> None:
-        line = (json.dumps({"id": record.id, "claim": record.claim}) + "\n").encode()
+        line = (json.dumps({"record": record.to_json()}) + "\n").encode()
         for _ in range(2):  # a spawner that died since the last launch is started again once
             proc = self._ensure()
             try:
@@ -100,13 +104,27 @@ class Spawner:
         if self.proc is None:
             package_parent = str(Path(__file__).resolve().parent.parent)
             boot = f"import sys; sys.path.insert(0, {package_parent!r}); from gpuq.spawner import serve; serve()"
-            with open(self.log_path, "ab") as stderr:
+            stderr = self._open_log()
+            try:
                 # Its own session: a Ctrl-C meant for a foreground worker must not reach it.
                 self.proc = subprocess.Popen([sys.executable, "-c", boot, json.dumps(self.rt.to_json())],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              stderr=stderr, start_new_session=True)
+            finally:
+                if stderr is not None:
+                    os.close(stderr)
             os.set_blocking(self.proc.stdout.fileno(), False)  # type: ignore[union-attr]
         return self.proc
+
+    def _open_log(self) -> int | None:
+        """The spawner's stderr: the worker's own log, never through a link or into a file not
+        the worker's (None: the worker's stderr, with a warning)."""
+        try:
+            return open_to_append(self.log_path, 0o644, os.geteuid(), f"worker log {self.log_path}",
+                                  "this worker's user")[0]
+        except OSError as e:
+            log.warning("the spawner writes to the worker's stderr: %s", e.strerror or e)
+            return None
 
     def _lost(self) -> None:
         """The spawner is gone. Launches it never answered are settled through the job lock:
@@ -149,9 +167,9 @@ def serve() -> None:
             return  # the worker is gone; free supervisors see our sockets close and exit
         *lines, partial = (partial + chunk).split(b"\n")
         for line in lines:
-            job = json.loads(line)
-            answer = _launch(rt, job["id"], job["claim"], supervisors)
-            os.write(stdout, (json.dumps({"id": job["id"], **answer}) + "\n").encode())
+            record = Record.from_json(json.loads(line)["record"])
+            answer = _launch(rt, record, supervisors)
+            os.write(stdout, (json.dumps({"id": record.id, **answer}) + "\n").encode())
 
 
 def _note_free(supervisors: dict[int, _Supervisor], readable: list[int]) -> None:
@@ -170,9 +188,9 @@ def _note_free(supervisors: dict[int, _Supervisor], readable: list[int]) -> None
             supervisors.pop(fd).sock.close()  # it reads EOF and exits
 
 
-def _launch(rt: Runtime, job_id: str, claim: str, supervisors: dict[int, _Supervisor]) -> dict[str, object]:
+def _launch(rt: Runtime, record: Record, supervisors: dict[int, _Supervisor]) -> dict[str, object]:
     try:
-        lock_fd = os.open(rt.lock_path(job_id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        lock_fd = os.open(rt.lock_path(record.id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         return {"error": f"cannot open the job lock: {e}"}
     try:
@@ -182,12 +200,12 @@ def _launch(rt: Runtime, job_id: str, claim: str, supervisors: dict[int, _Superv
             return {"error": "the job lock is held by another process"}
         os.ftruncate(lock_fd, 0)  # no `started` marker left from an earlier attempt
         crash_point("spawner:locked")
-        message = json.dumps({"id": job_id, "claim": claim}).encode()
+        message = json.dumps(record.to_json()).encode()
         for fd, sup in list(supervisors.items()):
             if sup.free_since is None:
                 continue
             try:
-                socket.send_fds(sup.sock, [message], [lock_fd])
+                _send_job(sup.sock, message, lock_fd)
             except OSError:
                 supervisors.pop(fd).sock.close()  # exited meanwhile
                 continue
@@ -198,7 +216,7 @@ def _launch(rt: Runtime, job_id: str, claim: str, supervisors: dict[int, _Superv
         if pid == 0:  # the new supervisor: never return into the spawner's loop
             code = 1
             try:
-                code = _supervisor_loop(rt, theirs, job_id, claim, lock_fd)
+                code = _supervisor_loop(rt, theirs, record, lock_fd)
             except BaseException:
                 import traceback
 
@@ -212,23 +230,46 @@ def _launch(rt: Runtime, job_id: str, claim: str, supervisors: dict[int, _Superv
         os.close(lock_fd)  # the supervisor has its own copy, and with it the lock
 
 
-def _supervisor_loop(rt: Runtime, sock: socket.socket, job_id: str, claim: str, lock_fd: int) -> int:
+def _send_job(sock: socket.socket, message: bytes, lock_fd: int) -> None:
+    """A job for a free supervisor: its size with the lock's descriptor, then the record in
+    CHUNK-sized messages (a record with a large spec is bigger than one datagram may be)."""
+    socket.send_fds(sock, [str(len(message)).encode()], [lock_fd])
+    for start in range(0, len(message), CHUNK):
+        sock.send(message[start:start + CHUNK])
+
+
+def _receive_job(sock: socket.socket) -> tuple[Record, int] | None:
+    """The next job from the spawner: (record, lock descriptor), or None when told to exit
+    (EOF) or sent something this protocol does not have."""
+    header, fds, _, _ = socket.recv_fds(sock, 64, 1)
+    if not header or len(fds) != 1 or not header.isdigit():
+        for fd in fds:
+            os.close(fd)
+        return None
+    size, message = int(header), bytearray()
+    while len(message) < size:
+        part = sock.recv(CHUNK)
+        if not part:
+            os.close(fds[0])
+            return None
+        message += part
+    return Record.from_json(json.loads(message)), fds[0]
+
+
+def _supervisor_loop(rt: Runtime, sock: socket.socket, record: Record, lock_fd: int) -> int:
     """A supervisor's life: the job it was forked for, then whatever the spawner hands it
     while it is free, up to JOBS_PER_SUPERVISOR jobs."""
     become_supervisor(keep_fds=(sock.fileno(), lock_fd))
     for served in range(1, JOBS_PER_SUPERVISOR + 1):
-        supervise(rt, job_id, claim, lock_fd)
+        supervise(rt, record, lock_fd)
         if served == JOBS_PER_SUPERVISOR:
             break
         try:
             sock.send(READY)
-            message, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+            job = _receive_job(sock)
         except OSError:
             break  # the spawner is gone
-        if not message or len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            break  # told to exit (EOF), or a message we cannot use
-        job = json.loads(message)
-        job_id, claim, lock_fd = job["id"], job["claim"], fds[0]
+        if job is None:
+            break
+        record, lock_fd = job
     return 0

@@ -7,12 +7,18 @@ runs the job, waits, and writes the result. It runs one job at a time, and may b
 another once it has recorded the last. It outlives the worker; a restarted worker
 reattaches through the records and the locks.
 
+What to run, and as whom, comes only from the worker: it hands the whole record (spec, uid,
+claim, attempt) over the spawner's pipe. The running record on disk is read back only to
+learn whether this attempt is still the recorded one (its claim, unique per attempt):
+a file that changed can stop the job, never change its command, its owner or a path.
+
 Order, so that no job runs without a record and no record claims a job that never started:
 the worker writes the running record, then asks the spawner. The supervisor, holding the
-lock, checks that the record is still its own, writes the `started` marker into the lock
-file, then runs the job. Whoever settles a running record whose supervisor seems gone does
-so while holding the job lock (`settle_lock`), so a launch that was slow to arrive can never
-run a job that has just been requeued: it would fail to take the lock, or find the record gone.
+lock, checks that the record on disk is still its attempt's, writes the `started` marker
+into the lock file, then runs the job. Whoever settles a running record whose supervisor
+seems gone does so while holding the job lock (`settle_lock`), so a launch that was slow to
+arrive can never run a job that has just been requeued: it would fail to take the lock, or
+find the record gone.
 """
 from __future__ import annotations
 
@@ -31,10 +37,9 @@ from .faults import crash_point, io_fault, wall_time
 from .hostinfo import process_start_ticks
 from .joblocal import PREEMPTED, Runtime, finish_local, lease_age
 from .containers import ContainerControl
-from .launch import forget_spawned, inherited_environment, open_log, start_run
+from .launch import CannotStart, forget_spawned, inherited_environment, job_identity, open_log, start_run
 from .limits import LimitWatch, stop_state
 from .usage import read_gpu_usage
-from .owners import Identity
 from .proctree import kill_leftovers, signal_group
 from .restarts import HEALTHY_S, restart_delay
 from .spec import JobSpec
@@ -109,17 +114,17 @@ def become_supervisor(keep_fds: tuple[int, ...]) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def supervise(rt: Runtime, job_id: str, claim: str, lock_fd: int) -> None:
-    """Run one attempt, holding its lock on `lock_fd` (closed on return), and record it."""
-    _StopSignal.requested, _StopSignal.stop_path = False, rt.stop_path(job_id)
+def supervise(rt: Runtime, record: Record, lock_fd: int) -> None:
+    """Run the attempt `record` (as the worker handed it), holding its lock on `lock_fd`
+    (closed on return), and record it."""
+    _StopSignal.requested, _StopSignal.stop_path = False, rt.stop_path(record.id)
     try:
-        current = read_record(rt.layout.record(rt.layout.running, job_id))
-        if current is None or current.claim != claim:
+        if not _still_recorded(rt, record):
             return  # requeued or settled before the launch arrived: run nothing
         crash_point("supervisor:owned")
-        _mark(lock_fd, {"claim": claim})
+        _mark(lock_fd, {"claim": record.claim})
         crash_point("supervisor:marked")
-        _run_and_record(rt, current, lock_fd)
+        _run_and_record(rt, record, lock_fd)
     finally:
         _StopSignal.stop_path = None
         os.close(lock_fd)
@@ -142,10 +147,17 @@ def fence_reason(rt: Runtime, record: Record, lease_fraction: float = FENCE_FRAC
     age = lease_age(rt)
     if age is not None and age > lease_fraction * rt.lost_after_s:
         return f"fenced: this host's heartbeat is {age:.0f} s old, other hosts may take its jobs over"
-    current = read_record(rt.layout.record(rt.layout.running, record.id))
-    if current is None or current.claim != record.claim:
+    if not _still_recorded(rt, record):
         return "fenced: another host took this job over"
     return None
+
+
+def _still_recorded(rt: Runtime, record: Record) -> bool:
+    """Whether the running record on disk is still this attempt's (same claim). Only this
+    yes or no is taken from the file: what runs, as whom, and which paths are cleaned up
+    always come from `record`, which the worker handed over."""
+    current = read_record(rt.layout.record(rt.layout.running, record.id))
+    return current is not None and current.claim == record.claim
 
 
 @functools.cache
@@ -170,12 +182,10 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     spec = JobSpec.from_json(record.spec)
     started = wall_time()
     failure: str | None = None
-    identity: Identity | None = None
-    if os.geteuid() == 0 and record.uid != 0:  # a root worker runs each job as its spec's owner
-        try:
-            identity = Identity.of(record.uid)
-        except KeyError:
-            failure = f"cannot start: uid {record.uid}, the spec's owner, has no account here"
+    try:
+        identity = job_identity(rt, record, os.geteuid())
+    except CannotStart as e:
+        failure, identity = f"cannot start: {e}", None
     try:
         log_fd = open_log(rt.layout.job_log(record.id), identity)
     except PermissionError as e:  # not the owner's plain file: planted, never written through
@@ -196,6 +206,8 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         limits = LimitWatch(record, time.monotonic())
         try:
             job_pid, container = start_run(rt, record, spec, identity, lock_fd, log_fd, _log)
+        except CannotStart as e:
+            failure = f"cannot start: {e}"
         except OSError as e:
             failure = f"cannot start: {e.strerror}: {e.filename}"
     if failure:
@@ -229,6 +241,8 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         _log(log_fd, f"==> restart {record.restarts} · started {_stamp(wall_time())}\n")
         try:
             job_pid, container = start_run(rt, record, spec, identity, lock_fd, log_fd, _log)
+        except CannotStart as e:
+            failure, job_pid = f"cannot restart: {e}", None
         except OSError as e:
             failure, job_pid = f"cannot restart: {e.strerror}: {e.filename}", None
     ended = wall_time()
@@ -315,9 +329,9 @@ def _log(log_fd: int, text: str) -> None:
 def _leave_fenced(rt: Runtime, record: Record, lock_fd: int, why: str) -> None:
     """Write nothing shared. Taken over: only clean up here. Still ours, but this host was
     cut off: say so in the marker, and this host's worker settles the attempt as lost (and
-    requeues it while retries last) once the lock is free."""
-    current = read_record(rt.layout.record(rt.layout.running, record.id))
-    if current is None or current.claim != record.claim:
+    requeues it while retries last) once the lock is free. The files cleaned up are named
+    by the handed record, never by the one on disk."""
+    if not _still_recorded(rt, record):
         finish_local(rt, record)  # our claim, renamed by the host that took over, is gone already
     else:
         _mark(lock_fd, {"claim": record.claim, "fenced": why})
