@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import config as config_mod
+from . import strictmodes
 from .hostinfo import NETWORK_FILESYSTEMS, ensure_private_dir, filesystem_type, open_to_append
 from .layout import HOST_RE, Layout, RootError, resolve_root
 from .single_instance import WORKER_LOCK_NAME, take_worker_lock, this_host
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
     if not HOST_RE.match(host):
         print(f"gpuq worker: --host {host!r} is not a valid host name (letters, digits, . _ -)",
               file=sys.stderr)
+        return 2
+    if os.geteuid() == 0 and (unsafe := strictmodes.problems(
+            layout, os.geteuid(), launcher_dir and os.path.join(launcher_dir, "worker.py"))):
+        print("gpuq worker: refusing to run as root:\n  " + "\n  ".join(unsafe), file=sys.stderr)
         return 2
     layout.ensure()
     local_dir = config.local_dir_for(layout, host)
