@@ -119,8 +119,8 @@ def supervise(rt: Runtime, record: Record, lock_fd: int) -> None:
     (closed on return), and record it."""
     _StopSignal.requested, _StopSignal.stop_path = False, rt.stop_path(record.id)
     try:
-        if not _still_recorded(rt, record):
-            return  # requeued or settled before the launch arrived: run nothing
+        if not _still_recorded(rt, record, if_unreadable=False):
+            return  # requeued or settled before the launch arrived (or unknowable): run nothing
         crash_point("supervisor:owned")
         _mark(lock_fd, {"claim": record.claim})
         crash_point("supervisor:marked")
@@ -147,16 +147,22 @@ def fence_reason(rt: Runtime, record: Record, lease_fraction: float = FENCE_FRAC
     age = lease_age(rt)
     if age is not None and age > lease_fraction * rt.lost_after_s:
         return f"fenced: this host's heartbeat is {age:.0f} s old, other hosts may take its jobs over"
-    if not _still_recorded(rt, record):
+    if not _still_recorded(rt, record):  # unreadable: no conclusion; the lease above still fences
         return "fenced: another host took this job over"
     return None
 
 
-def _still_recorded(rt: Runtime, record: Record) -> bool:
+def _still_recorded(rt: Runtime, record: Record, if_unreadable: bool = True) -> bool:
     """Whether the running record on disk is still this attempt's (same claim). Only this
     yes or no is taken from the file: what runs, as whom, and which paths are cleaned up
-    always come from `record`, which the worker handed over."""
-    current = read_record(rt.layout.record(rt.layout.running, record.id))
+    always come from `record`, which the worker handed over. A file that is not a record is
+    not this attempt's; one that cannot be read (a disk error) gives `if_unreadable`."""
+    try:
+        current = read_record(rt.layout.record(rt.layout.running, record.id))
+    except ValueError:  # RecordError, or not JSON: not a record of this attempt
+        return False
+    except OSError:
+        return if_unreadable
     return current is not None and current.claim == record.claim
 
 
