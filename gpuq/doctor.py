@@ -1,18 +1,21 @@
 """`gpuq doctor`: what stands between this queue and a working team, each finding with the
 command that fixes it. Checks NVML and the driver here, the GPUs each host offers, the
 root's permissions, that the local lock directory is local, the root's file system and NFS
-mount options, clock offsets between hosts (from their heartbeats), that cron starts a
-worker, and that every host runs this gpuq version."""
+mount options and whether the export squashes root, that config, code and state are safe from
+the team and the interpreter reachable by it, clock offsets between hosts (from their
+heartbeats), that cron starts a worker for this root (for a member: that workers are up), and
+that every host runs this gpuq version."""
 from __future__ import annotations
 
 import os
 import shutil
 import stat
 import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import __version__
+from . import __version__, strictmodes
 from .config import Config
 from .hostinfo import NETWORK_FILESYSTEMS, mount_of
 from .initroot import cron_line
@@ -81,20 +84,86 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
 
 
 def check_permissions(layout: Layout) -> list[Finding]:
+    """The trust boundary (README, Security model): members create files only in jobs/ and
+    requests/ (sticky where shared); everything else is the spool owner's and nobody else can
+    write it; a root worker refuses to start otherwise (strictmodes.py)."""
     out = []
-    for d in (layout.jobs, layout.control):
-        mode = os.stat(d).st_mode
-        shared = mode & (stat.S_IWGRP | stat.S_IWOTH)
-        if shared and not mode & stat.S_ISVTX:
+    for d in layout.member_writable():
+        try:
+            mode = os.stat(d).st_mode
+        except FileNotFoundError:
+            out.append(Finding("fail", "permissions", f"{d} is missing (a root made by an older gpuq)",
+                               f"as the root's owner: mkdir {d}; chmod --reference={layout.jobs} {d}"))
+            continue
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
             out.append(Finding("fail", "permissions", f"{d} is writable by others but not sticky: anyone "
                                "could rename or delete another user's file", f"chmod +t {d}"))
         elif not os.access(d, os.W_OK):
-            out.append(Finding("fail", "permissions", f"{d} is not writable by you", f"ask the root's owner: "
-                               f"chmod g+w {d} (and put you in its group)"))
-    if os.stat(layout.root).st_mode & stat.S_IWOTH:
-        out.append(Finding("warn", "permissions", f"{layout.root} is world-writable",
-                           f"chmod o-w {layout.root} (README: Setting up a shared root)"))
-    return out or [Finding("ok", "permissions", "jobs/ and state/control/ are yours to write, and sticky where shared")]
+            out.append(Finding("fail", "permissions", f"{d} is not writable by you", "ask the root's owner to "
+                               "put you in the queue's group (README, Setting up a shared root)"))
+    owner = _owner(layout.state)
+    for problem in strictmodes.problems(layout, owner if owner is not None else os.geteuid()):
+        out.append(Finding("fail", "permissions", problem.split("; ")[0] + "; a root worker refuses to start",
+                           problem.rsplit("Fix: ", 1)[-1]))
+    return out or [Finding("ok", "permissions", "members write only jobs/ and requests/ (sticky); config, "
+                           "code, logs/ and state/ are the worker's account's")]
+
+
+def check_reachable(layout: Layout) -> list[Finding]:
+    """Members run the same gpuq: the interpreter and the code must be reachable by them (a
+    venv under an admin's 0700 home is not; newcomer review M10)."""
+    team_gid = os.stat(layout.root).st_gid
+    out = []
+    for what, path in (("the Python gpuq runs on", Path(sys.executable)), ("gpuq's code", Path(__file__))):
+        blocked = _blocked_for_team(path.resolve(), team_gid)
+        if blocked is not None:
+            out.append(Finding("warn", "reachable", f"{what} ({path}) is not reachable by the team: {blocked} "
+                               "lets only its owner in", "make a venv everyone can run, e.g. "
+                               "`/usr/bin/python3 -m venv /opt/gpuq-venv && /opt/gpuq-venv/bin/pip install "
+                               "/path/to/gpuq` (README, Setting up a shared root)"))
+    return out or [Finding("ok", "reachable", f"the team can run this gpuq ({sys.executable})")]
+
+
+def _blocked_for_team(path: Path, team_gid: int) -> Path | None:
+    for d in reversed(path.parents):
+        try:
+            st = os.stat(d)
+        except OSError:
+            return d
+        if not (st.st_mode & stat.S_IXOTH or (st.st_mode & stat.S_IXGRP and st.st_gid == team_gid)):
+            return d
+    return None
+
+
+def check_squashing(layout: Layout) -> list[Finding]:
+    """NFS exports squash root by default: a root worker then writes the share as nobody, or
+    not at all. Only the spool's owner can tell, by creating a file and looking at its owner."""
+    if os.geteuid() != 0:
+        return []
+    probe = layout.state / f".doctor-{os.getpid()}.tmp"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except PermissionError:
+        return [Finding("fail", "squash", f"root cannot create files in {layout.state}: the export squashes root",
+                        "run the workers' spool I/O as a service account that owns state/ (README, Shared disks)")]
+    except OSError:
+        return []
+    try:
+        owner = os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    if owner != 0:
+        return [Finding("fail", "squash", f"a file root creates in {layout.state} is owned by uid {owner}: the export "
+                        "squashes root", "use a service account that owns state/ (README, Shared disks)")]
+    return [Finding("ok", "squash", "root writes the spool as root (no root squashing)")]
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None
 
 
 def check_filesystems(layout: Layout, config: Config) -> list[Finding]:
@@ -147,7 +216,16 @@ def check_clocks(layout: Layout) -> list[Finding]:
     return [Finding("ok", "clocks", f"host clocks agree within {spread:.2f} s ({text})")]
 
 
-def check_cron(layout: Layout) -> Finding:
+def check_cron(layout: Layout, config: Config, now: float) -> Finding:
+    """The spool's owner (root, or the one user of a private queue) checks the crontabs that
+    start a worker for this root; anyone else checks the workers by their heartbeats and is
+    never told to start a worker of their own (newcomer review M9)."""
+    if os.geteuid() not in (0, _owner(layout.state)):
+        live = sorted(str(hb.get("host")) for hb in load_heartbeats(layout) if heartbeat_alive(hb, now))
+        if live:
+            return Finding("ok", "workers", f"workers are up (by their heartbeats): {', '.join(live)}")
+        return Finding("fail", "workers", "no worker has renewed its heartbeat lately",
+                       "ask the root's owner to check cron on the GPU boxes (gpuq doctor, run as them)")
     sources = []
     if shutil.which("crontab"):
         sources.append(subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout)
@@ -157,14 +235,27 @@ def check_cron(layout: Layout) -> Finding:
         except OSError:
             continue
     lines = [line for text in sources for line in text.splitlines()
-             if not line.lstrip().startswith("#") and ("worker.py" in line or "gpuq-worker" in line)]
+             if not line.lstrip().startswith("#") and ("worker.py" in line or "gpuq-worker" in line)
+             and _for_root(line, layout.root)]
     if not lines:
-        return Finding("fail", "cron", f"no crontab on {this_host()} starts a gpuq worker",
+        return Finding("fail", "cron", f"no crontab on {this_host()} starts a gpuq worker for {layout.root}",
                        f"crontab -e, and add: {cron_line(layout.root)}")
     if not _running("cron") and not _running("crond"):
         return Finding("warn", "cron", f"a crontab starts the worker, but no cron daemon runs on {this_host()}",
                        "start it: systemctl enable --now cron (Debian/Ubuntu; crond on Red Hat)")
     return Finding("ok", "cron", f"cron starts the worker: {lines[0].strip()}")
+
+
+def _for_root(line: str, root: Path) -> bool:
+    """Whether a crontab line starts a worker for `root`: its --root, else its checkout."""
+    words = line.split()
+    if "--root" in words[:-1]:
+        return Path(words[words.index("--root") + 1]).resolve() == root
+    given = next((w.split("=", 1)[1] for w in words if w.startswith("--root=")), None)
+    if given is not None:
+        return Path(given).resolve() == root
+    launcher = next((w for w in words if w.endswith("worker.py")), None)
+    return launcher is not None and Path(launcher).resolve().parent == root
 
 
 def _running(name: str) -> bool:
@@ -178,8 +269,9 @@ def _running(name: str) -> bool:
 
 
 def diagnose(layout: Layout, config: Config, now: float) -> list[Finding]:
-    return [check_nvml(), *check_hosts(layout, config, now), *check_permissions(layout),
-            *check_filesystems(layout, config), *check_clocks(layout), check_cron(layout)]
+    return [check_nvml(), *check_hosts(layout, config, now), *check_permissions(layout), *check_reachable(layout),
+            *check_squashing(layout), *check_filesystems(layout, config), *check_clocks(layout),
+            check_cron(layout, config, now)]
 
 
 def as_json(findings: list[Finding]) -> list[dict]:

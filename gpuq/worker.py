@@ -62,7 +62,7 @@ EXIT_WAKE_SCAN_GAP_S = 0.2
 
 
 class Worker:
-    STEPS = ("observe", "settle_running", "take_over_dead_hosts", "obey_controls", "apply_requests",
+    STEPS = ("observe", "settle_running", "take_over_dead_hosts", "apply_requests", "obey_controls",
              "take_in_specs", "start_jobs", "raise_alerts", "report")
 
     def __init__(self, layout: Layout, config: Config, host: str, fake_gpus: str | None) -> None:

@@ -345,3 +345,21 @@ def test_a_cancel_on_a_failing_disk_loses_nothing(team, monkeypatch):
     assert done.returncode == 1 and "No space left on device" in done.stderr and "nothing was changed" in done.stderr
     assert _state(team, "cfail") == "pending"
     assert not [p for p in (team.root / "state" / "finished").iterdir()]
+
+
+def test_doctor_for_a_member_judges_workers_by_heartbeat_and_flags_what_others_can_write(team):
+    """Newcomer M9: doctor told every member to install a worker crontab of their own; B2 and
+    M10: it flagged neither a group-writable config nor an interpreter the team cannot run."""
+    from team import _reachable_by_others
+
+    team.start_worker("a", "1x80GiB")
+    member = team.as_user(BOB, "doctor")
+    assert "workers are up (by their heartbeats): a" in member.stdout, member.stdout
+    assert "crontab" not in member.stdout and "FAIL permissions" not in member.stdout
+    admin = team.gpuq("doctor", check=False).stdout
+    reachable = "ok   reachable" if _reachable_by_others(PY) else "WARN reachable"
+    assert reachable in admin, admin
+    os.chmod(team.root / "config.yaml", 0o664)
+    member = team.as_user(BOB, "doctor")
+    assert member.returncode == 1 and "FAIL permissions" in member.stdout and "config.yaml" in member.stdout
+    assert "chmod go-w" in member.stdout
