@@ -167,8 +167,9 @@ class Recovery:
                                   f"{self.config.lost_after_s:g} s)")
 
     def dead_hosts(self) -> set[str]:
-        """Hosts whose heartbeat (boot id, sequence number) has not changed for lost_after_s,
-        on this host's own monotonic clock (checked at most once per poll interval)."""
+        """Hosts whose heartbeat (boot id, sequence number, the file's mtime) has not changed
+        for lost_after_s, on this host's own monotonic clock (checked at most once per poll
+        interval). Only a change is looked at, never the time itself: clocks may differ."""
         now = time.monotonic()
         if now - self.watched_at < self.config.poll_interval:
             return set()
@@ -180,11 +181,12 @@ class Recovery:
                 continue
             try:
                 beat = read_json(path) or {}
+                touched = os.stat(path).st_mtime_ns  # renewed alone when the disk is full
             except (OSError, ValueError):
-                beat = {}
+                beat, touched = {}, None
             if not isinstance(beat, dict):
                 beat = {}
-            key = (beat.get("boot_id"), beat.get("seq"))
+            key = (beat.get("boot_id"), beat.get("seq"), touched)
             seen = self.heartbeats.get(host)
             if seen is None or seen[0] != key:
                 self.heartbeats[host] = (key, now)

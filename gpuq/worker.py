@@ -413,18 +413,18 @@ class Worker:
             return
         self.heartbeat_at = now
         self.seq += 1
-        write_json(self.layout.heartbeat(self.host), {
-            "host": self.host, "boot_id": self.boot_id, "seq": self.seq, "pid": os.getpid(),
-            "version": __version__, "t": wall_time(), "poll_interval": self.config.poll_interval,
-            "gpus": [g.to_json() for g in self.gpus], "cpu_slots": self.config.cpu_slots,
-            "observed": {j: {str(i): m for i, m in per.items()} for j, per in self.observed.items()},
-            "others_idle_since": {str(i): t for i, t in self.others_idle_since.items()},
-            "stopping": sorted(self.stopping),
-            "warnings": dict(self.gpu_mem_watch.current),
-            "alerts": self.alerts.as_json(),
-            "probe_error": self.probe.error,
-            "runtimes": self.runtimes.found, "runtime_problems": self.runtimes.problems,
-        }, durable=False)
+        try:
+            self._write_heartbeat()
+        except OSError as e:
+            # A full or failing disk refuses the new file; the old one's mtime can still be
+            # renewed (no block is needed), and observers count a change of it as a beat. So
+            # the lease stays fresh and healthy jobs run on; only when even that fails (the
+            # disk is gone) does the lease age and the supervisors fence their jobs.
+            os.utime(self.layout.heartbeat(self.host))
+            self._report_once("heartbeat-write", f"cannot write this host's heartbeat ({e.strerror or e}); "
+                              "renewing it by its mtime until the disk takes writes again")
+        else:
+            self.reported.discard("heartbeat-write")
         # Written only once the heartbeat is: the supervisors' proof that others still see
         # this host alive (a stale lease makes them stop their jobs; see supervise.py).
         write_lease(self.rt, now)
@@ -437,3 +437,17 @@ class Worker:
                 running_ids != self.metrics_running and now - self.metrics_at >= METRICS_MIN_GAP_S):
             self.metrics_at, self.metrics_running = now, running_ids
             self._write_metrics()
+
+    def _write_heartbeat(self) -> None:
+        write_json(self.layout.heartbeat(self.host), {
+            "host": self.host, "boot_id": self.boot_id, "seq": self.seq, "pid": os.getpid(),
+            "version": __version__, "t": wall_time(), "poll_interval": self.config.poll_interval,
+            "gpus": [g.to_json() for g in self.gpus], "cpu_slots": self.config.cpu_slots,
+            "observed": {j: {str(i): m for i, m in per.items()} for j, per in self.observed.items()},
+            "others_idle_since": {str(i): t for i, t in self.others_idle_since.items()},
+            "stopping": sorted(self.stopping),
+            "warnings": dict(self.gpu_mem_watch.current),
+            "alerts": self.alerts.as_json(),
+            "probe_error": self.probe.error,
+            "runtimes": self.runtimes.found, "runtime_problems": self.runtimes.problems,
+        }, durable=False)

@@ -1,0 +1,84 @@
+"""Findings of the 2026-11-30 security review that are about robustness, not a member's attack:
+a full disk must not fence healthy jobs (H7), a freed inode reused at once must not make the
+worker act on a stale record (H2), and a requeue that recreates a lost claim gives it back to
+its owner (M6)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import PY, REPO, wait_until
+
+
+def test_a_full_disk_does_not_fence_healthy_jobs_nor_let_another_host_take_them(queue):
+    """H7: with heartbeat writes failing, every job was killed after 0.6 x lost_after_s, against
+    README "Guarantees" (running jobs keep running when the shared disk is full)."""
+    queue.write_config(lost_after_s=5, grace_s=1)
+    queue.start_worker("b", "1x80GiB")  # watches a's heartbeat
+    queue.start_worker("a", "1x80GiB")  # a's heartbeat is on disk; then the disk fills up
+    queue.stop_worker("a")
+    worker = queue.workers["a"] = subprocess.Popen(
+        [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x80GiB",
+         "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**queue.env(), "GPUQ_TEST_IO_FAULT": "write:workers=ENOSPC"})
+    queue.drop("long.yaml", "command: sleep 8; echo once\ngpus: 1\nhosts: [a]\n")
+    record = wait_until(lambda: queue.finished("long"), timeout=60, what="long to end")
+    assert record["state"] == "done" and record["attempt"] == 1, record
+    assert queue.log("long").splitlines().count("once") == 1
+    assert worker.poll() is None
+    assert not [e for e in queue.events() if e.get("to") == "pending"]  # b took nothing over
+    log = (queue.root / "logs" / "worker-a.log").read_text()
+    assert "cannot write this host's heartbeat (No space left on device)" in log
+
+
+def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
+    """H2: records were cached by (name, inode); ext4 reuses a freed inode at once, so a
+    requeued job's next attempt kept attempt N's record, and its cancels were dropped."""
+    from gpuq.layout import Layout
+    from gpuq.worker import Worker
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    worker = Worker.__new__(Worker)  # only what _own_running needs: no NVML, no processes
+    worker.layout, worker.host, worker.record_cache, worker.reported = layout, "a", {}, set()
+    path = layout.running / "j.json"
+    record = {"id": "j", "state": "running", "spec": {}, "host": "a", "attempt": 1, "uid": 0}
+    path.write_text(json.dumps(record))
+    inode = os.stat(path).st_ino
+    assert [r.attempt for r in worker._own_running()] == [1]
+    with open(path, "w") as f:  # the same inode, as a delete-then-create on ext4 gives
+        f.write(json.dumps({**record, "attempt": 12}))
+    os.utime(path, ns=(time.time_ns() + 10**9,) * 2)
+    assert os.stat(path).st_ino == inode
+    assert [r.attempt for r in worker._own_running()] == [12]
+
+
+def test_a_recreated_claim_is_its_owners_spec(tmp_path):
+    """M6: a requeue that found its claim gone recreated it as root, and intake then
+    rejected the job ("owned by root") instead of running it again."""
+    from gpuq.config import Config
+    from gpuq.joblocal import Runtime
+    from gpuq.layout import Layout
+    from gpuq.recovery import Recovery
+    from gpuq.spool import Record, write_record
+    from gpuq.states import State
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    owner = 4242  # a uid without an account is fine for a file
+    claim = "j@a@bootboot@1@abcd@a1.yaml"
+    record = Record(id="j", state=State.RUNNING, spec={}, spec_text="command: echo hi\n", user="x", uid=owner,
+                    host="a", boot_id="bootboot", claim=claim, queued_at=1000.0)
+    write_record(layout, record)
+    rt = Runtime(layout, "a", "bootboot", tmp_path / "local", 1.0, 10.0, {}, "docker")
+    recovery = Recovery(layout, Config(), rt, lambda *a: None)
+    recovery.requeue(record, "lost; requeued")
+    spec = layout.jobs / "j.yaml"
+    assert spec.read_text() == "command: echo hi\n"
+    st = os.stat(spec)
+    assert st.st_uid == (owner if os.geteuid() == 0 else os.geteuid()) and not st.st_mode & 0o022
+    assert st.st_mtime == 1000.0  # its old place in the queue
+    assert not list(Path(layout.claims).iterdir())
