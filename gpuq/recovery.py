@@ -119,7 +119,8 @@ class Recovery:
         the middle of a requeue)."""
         for path in self.layout.claims.iterdir():
             parsed = parse_claim_name(path.name)
-            if parsed is None or parsed[1] != self.host or f"@{os.getpid()}@" in path.name:
+            if parsed is None or parsed[1] != self.host or \
+                    f"@{self.boot_id[:8]}@{os.getpid()}@" in path.name:  # this very worker's (a pid is reused after a reboot)
                 continue
             job_id = parsed[0]
             if has_record(self.layout, job_id):

@@ -82,3 +82,20 @@ def test_a_recreated_claim_is_its_owners_spec(tmp_path):
     assert st.st_uid == (owner if os.geteuid() == 0 else os.geteuid()) and not st.st_mode & 0o022
     assert st.st_mtime == 1000.0  # its old place in the queue
     assert not list(Path(layout.claims).iterdir())
+
+
+def test_an_orphan_claim_of_an_earlier_boot_is_put_back_even_with_this_pid(tmp_path):
+    """A claim left by a worker before a reboot was skipped when the new worker happened to
+    get the same pid: the job stayed "being started" for good."""
+    from gpuq.config import Config
+    from gpuq.joblocal import Runtime
+    from gpuq.layout import Layout
+    from gpuq.recovery import Recovery
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    orphan = layout.claims / f"j@a@oldboot0@{os.getpid()}@abcd@a1.yaml"
+    orphan.write_text("command: echo hi\n")
+    rt = Runtime(layout, "a", "newboot0-after-the-reboot", tmp_path / "local", 1.0, 10.0, {}, "docker")
+    Recovery(layout, Config(), rt, lambda *a: None).requeue_orphan_claims()
+    assert (layout.jobs / "j.yaml").read_text() == "command: echo hi\n" and not orphan.exists()
