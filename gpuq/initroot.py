@@ -7,6 +7,7 @@ from __future__ import annotations
 import grp
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -70,11 +71,12 @@ def share_with_team(layout: Layout, gid: int) -> None:
     creates files only in the two sticky inboxes, where nobody can rename or remove another
     member's file. config.yaml is 0644: the worker refuses one that others can write."""
     inboxes = set(layout.member_writable())
-    for path in (layout.root, *layout.directories()):
-        os.chown(path, -1, gid)
-        os.chmod(path, 0o3770 if path in inboxes else 0o2750)
-    os.chown(layout.config_file, -1, gid)
-    os.chmod(layout.config_file, 0o644)
+    for path in (layout.root, *layout.directories(), layout.config_file):
+        if os.lstat(path).st_uid != os.geteuid() or stat.S_ISLNK(os.lstat(path).st_mode):
+            raise InitError(f"{path} is not a file or directory of yours (a link, or someone else's): "
+                            "make the root in a new directory")
+        os.chown(path, -1, gid, follow_symlinks=False)
+        os.chmod(path, 0o644 if path == layout.config_file else 0o3770 if path in inboxes else 0o2750)
 
 
 def _me() -> str:
