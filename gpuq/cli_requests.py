@@ -52,8 +52,10 @@ def run_request(args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), 
               f"request_timeout_s); request {name} waits and is applied at a worker's next pass "
               f"(live: {', '.join(_live_workers(layout))})", file=sys.stderr)
         return WAITING
-    for done, message in reply.outcomes:
-        print(message, file=sys.stdout if done else sys.stderr)
+    from .render import safe_text
+
+    for done, message in reply.outcomes:  # a note or a spec's text may carry a member's escapes
+        print(safe_text(message), file=sys.stdout if done else sys.stderr)
     return 0 if reply.ok else 1
 
 
