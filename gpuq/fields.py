@@ -57,7 +57,9 @@ FIELDS: dict[str, Field] = {
     "container": Field("image, or mapping: image, runtime, mounts, options", "none (runs on the host)",
                        "Run the command inside this container image with exactly the job's GPUs, the "
                        "workdir mounted, as the job's owner; runtime docker, podman or apptainer (default: "
-                       "config container_runtime); mounts like /data:/data:ro; options passed to the runtime. "
+                       "config container_runtime); mounts like /data:/data:ro, each readable by the job's owner; "
+                       "options from an allow-list (--shm-size, --ulimit, --tmpfs, --read-only, ...: README, "
+                       "Containers and environments). "
                        "Placed only on hosts that have the runtime.",
                        "{image: nvcr.io/nvidia/pytorch:24.05-py3, mounts: [/data:/data:ro]}"),
     "venv": Field("absolute path", "none", "A Python virtualenv activated before the command (inside the "

@@ -8,6 +8,7 @@ and everything else (venv, conda, setup) is reached by the job's own shell.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import os
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .containers import ContainerControl, ContainerRun, Owner, container_name, container_run
+from .containers import ContainerControl, ContainerRun, Owner, container_name, container_run, stage_mounts
 from .environments import command_argv, prelude_lines
 from .hostinfo import open_to_append
 from .joblocal import Runtime, write_container_pid
@@ -150,12 +151,23 @@ def start_run(rt: Runtime, record: Record, spec: JobSpec, identity: Identity | N
     enter_workdir(launch.cwd, identity)  # the job's owner, even where a container's client is root
     control = None
     if launch.container is not None:
+        if identity is not None:  # a root client mounts, on the owner's behalf, only what the owner can read
+            try:
+                run = stage_mounts(launch.container, identity, rt.local_dir, record.id)
+            except OSError as e:
+                raise CannotStart(e.strerror) from None
+            launch = dataclasses.replace(launch, argv=run.argv, container=run)
         log(log_fd, f"==> container: {shlex.join(launch.argv)}\n")
         if launch.container.name is not None:  # docker/podman: the container outlives its client
             control = ContainerControl(launch.container, launch.env, lambda text: log(log_fd, f"==> gpuq: {text}\n"),
                                        lambda pid: write_container_pid(rt, record, pid))
     with pinned(record.cpu_cores):
-        return spawn_job(launch, log_fd, lock_fd), control
+        try:
+            return spawn_job(launch, log_fd, lock_fd), control
+        except OSError:
+            if launch.container is not None and launch.container.staged is not None:
+                launch.container.staged.release()
+            raise
 
 
 # Dispositions a job must not inherit from its supervisor (ignored signals survive exec).

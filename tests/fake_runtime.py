@@ -7,7 +7,11 @@ client leaves the "container" running until `stop`, `kill` or `rm --force` reach
 client relays SIGTERM/SIGINT (docker's sig-proxy) and exits with the container's status.
 The container gets only the variables named by --env, NVIDIA_VISIBLE_DEVICES for the GPUs
 given (--gpus '"device=1,2"' or CDI --device nvidia.com/gpu=N), runs in --workdir, which must
-be a mounted --volume, and as --user (with each --group-add) when the daemon is root. The image is not used: the
+be a mounted --volume, and as --user (with each --group-add) when the daemon is root. Options are read as
+pflag reads them (docker's and podman's parser): `--name=value` or `--name value`, short
+flags combined (`-iu0` is `-i -u 0`), and for a flag given twice the last one wins; the
+client itself reads `--env-file` and writes `--pidfile`, `--conmon-pidfile` and `--cidfile`,
+with the client's privileges, as the real ones do. The image is not used: the
 command runs on the host's file system. apptainer runs the command itself (as the real one
 does, in the caller's process tree), with --cleanenv and APPTAINERENV_* honoured.
 
@@ -29,7 +33,13 @@ from pathlib import Path
 VALUE_FLAGS = {"--name", "--label", "--gpus", "--device", "--user", "-u", "--group-add", "--volume", "-v",
                "--workdir", "-w", "--cpuset-cpus", "--memory", "--env", "-e", "--shm-size", "--time", "-t",
                "--format", "--bind", "--pwd", "--security-opt", "--cap-drop", "--cap-add", "--ulimit", "--network",
-               "--entrypoint", "--ipc", "--pid"}
+               "--entrypoint", "--ipc", "--pid", "--env-file", "--pidfile", "--conmon-pidfile", "--cidfile",
+               "--label-file", "--authfile", "--volumes-from", "--tmpfs", "--hostname", "--pull", "--oom-score-adj",
+               "--mount", "--userns"}
+# `run`'s shorthands, as docker defines them: switches, and those that take a value.
+RUN_SWITCHES = {"i": "--interactive", "t": "--tty", "d": "--detach", "P": "--publish-all", "q": "--quiet"}
+RUN_SHORT_VALUES = {"u": "--user", "e": "--env", "v": "--volume", "w": "--workdir", "m": "--memory",
+                    "c": "--cpu-shares", "h": "--hostname", "l": "--label", "p": "--publish"}
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/"}
 
 
@@ -107,13 +117,17 @@ def _answer(conn: socket.socket) -> dict:
     return json.loads(data.splitlines()[-1])
 
 
-def _parse(args: list[str]) -> tuple[dict[str, list[str]], list[str], list[str]]:
-    """Options (name -> values, in order), flags, and the rest (image and command)."""
+def _parse(args: list[str], verb: str = "") -> tuple[dict[str, list[str]], list[str], list[str]]:
+    """Options (name -> values, in order), flags, and the rest (image and command). For `run`,
+    short flags are read as pflag reads them: combined (`-iu0`), each under its long name."""
     options: dict[str, list[str]] = {}
     flags: list[str] = []
     i = 0
     while i < len(args) and args[i].startswith("-"):
         arg = args[i]
+        if verb == "run" and not arg.startswith("--") and len(arg) > 1:
+            i = _short(args, i, options, flags)
+            continue
         if "=" in arg and arg.startswith("--"):
             name, value = arg.split("=", 1)
             options.setdefault(name, []).append(value)
@@ -124,6 +138,23 @@ def _parse(args: list[str]) -> tuple[dict[str, list[str]], list[str], list[str]]
             flags.append(arg)
         i += 1
     return options, flags, args[i:]
+
+
+def _short(args: list[str], i: int, options: dict[str, list[str]], flags: list[str]) -> int:
+    """pflag's shorthands: `-it`, `-iu0`, `-u 0`, `-u=0`. Returns the index after them."""
+    letters = args[i][1:]
+    while letters:
+        letter, letters = letters[0], letters[1:]
+        if letter in RUN_SHORT_VALUES:
+            if letters:
+                value = letters[1:] if letters.startswith("=") else letters
+            else:
+                i += 1
+                value = args[i]
+            options.setdefault(RUN_SHORT_VALUES[letter], []).append(value)
+            return i + 1
+        flags.append(RUN_SWITCHES.get(letter, f"-{letter}"))
+    return i + 1
 
 
 def _gpu_devices(options: dict[str, list[str]]) -> str | None:
@@ -153,7 +184,7 @@ def client(runtime: str, args: list[str]) -> int:
             print(f"Cannot connect to the Docker daemon at unix://{state_dir}/daemon.sock. "
                   "Is the docker daemon running?", file=sys.stderr)
             return 1
-    options, flags, positional = _parse(rest)
+    options, flags, positional = _parse(rest, verb)
     if verb == "run":
         return _run(state_dir, options, flags, positional)
     if verb in ("stop", "kill", "rm", "inspect"):
@@ -171,6 +202,12 @@ def client(runtime: str, args: list[str]) -> int:
 def _run(state_dir: Path, options: dict[str, list[str]], flags: list[str], positional: list[str]) -> int:
     image, argv = positional[0], positional[1:]
     env = dict(BASE_ENV)
+    for path in options.get("--env-file", []):  # read by the client, with its privileges
+        with open(path) as f:
+            for line in f.read().splitlines():
+                key, sep, value = line.partition("=")
+                if sep and not key.startswith("#"):
+                    env[key.strip()] = value
     for item in options.get("--env", []) + options.get("-e", []):
         key, sep, value = item.partition("=")
         if sep:
@@ -193,6 +230,10 @@ def _run(state_dir: Path, options: dict[str, list[str]], flags: list[str], posit
     if "error" in answer:
         print(f"docker: Error response from daemon: {answer['error']}", file=sys.stderr)
         return 125
+    for key in ("--pidfile", "--conmon-pidfile", "--cidfile"):  # written by the client, with its privileges
+        for path in options.get(key, []):
+            with open(path, "w") as f:
+                f.write(f"{answer['pid']}\n")
 
     def relay(signum: int, frame: object) -> None:  # docker's --sig-proxy
         try:

@@ -18,13 +18,14 @@ import real_runtimes
 from conftest import PY, REPO, wait_until
 from gpuq import launch as launch_module
 from gpuq.config import Config
-from gpuq.containers import probe_runtimes
+from gpuq.containers import Owner, container_run, probe_runtimes
+from gpuq.environments import ALLOWED_OPTIONS, Container
 from gpuq.joblocal import Runtime
 from gpuq.layout import Layout
 from gpuq.owners import Identity
 from gpuq.plan import HostView, PendingJob, plan
 from gpuq.probe import GpuSnapshot
-from gpuq.spec import parse_spec_text
+from gpuq.spec import SpecError, parse_spec_text
 from gpuq.spool import Record
 from gpuq.states import State
 
@@ -33,7 +34,7 @@ ANA = Identity(1001, 1001, (1001, 2000), "ana", "/home/ana")
 
 SPECS = {
     "docker": "container: {image: 'nvcr.io/nvidia/pytorch:24.05-py3', runtime: docker, "
-              "mounts: ['/data:/data:ro', /scratch], options: [--shm-size=8g]}\n",
+              "mounts: ['/data:/data:ro', /scratch], options: [--shm-size=8g, --ulimit, memlock=-1]}\n",
     "podman": "container: {image: 'docker.io/pytorch/pytorch:2.3.0', runtime: podman, mounts: ['/data:/data:ro']}\n",
     "podman-rootless": "container: {image: 'docker.io/pytorch/pytorch:2.3.0', runtime: podman}\n",
     "apptainer": "container: {image: /shared/images/torch.sif, runtime: apptainer, mounts: ['/data:/data:ro']}\n",
@@ -84,6 +85,8 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "--security-opt\nno-new-privileges\n--cap-drop\nALL\n" in docker  # docker's privileges are root's
     assert "CUDA_VISIBLE_DEVICES=0,1\n" in docker  # renumbered inside: only the two GPUs exist there
     assert "\n--env\nWANDB_MODE\n" in docker and "offline" not in docker.split("# client environment")[0]
+    # The spec's options, one argument each as checked, come first: gpuq's own flags win a repeat.
+    assert "\nrun\n--shm-size=8g\n--ulimit=memlock=-1\n--rm\n" in docker
     podman = _golden_text("podman", monkeypatch)
     assert "--device\nnvidia.com/gpu=1\n--device\nnvidia.com/gpu=3\n" in podman and "--gpus" not in podman
     rootless = _golden_text("podman-rootless", monkeypatch)
@@ -93,6 +96,67 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "APPTAINERENV_CUDA_VISIBLE_DEVICES=1,3\n" in apptainer and "client runs as ana" in apptainer
     host = _golden_text("host-venv-conda-setup", monkeypatch)
     assert host.splitlines()[1] == "/bin/sh" and "shell.posix activate torch-2.3" in host
+
+
+# --- options: an allow-list, read as the runtime reads them ---------------------------------------
+
+def _container(text: str):
+    return parse_spec_text(f"command: x\ncontainer: {text}\n".encode(), "t.yaml").container
+
+
+def test_allowed_options_are_kept_one_argument_each_as_the_runtime_will_read_them() -> None:
+    c = _container("{image: i, options: [--shm-size, 8g, --ulimit=memlock=-1, --read-only, --network, host]}")
+    assert c.options == ("--shm-size=8g", "--ulimit=memlock=-1", "--read-only", "--network=host")
+    assert _container("{image: i, options: '--shm-size 8g --label a=b'}").options == ("--shm-size=8g", "--label=a=b")
+    assert _container("{image: i, runtime: apptainer, options: [--writable-tmpfs, --contain]}").options == \
+        ("--writable-tmpfs", "--contain")
+
+
+@pytest.mark.parametrize("options, said", [
+    ("[-iu0]", "option '-iu0' is a short flag"),
+    ("[--hostname, x, y]", "option 'y' is not an option"),
+    ("['--', img]", "option '--' is not an option"),
+    ("[--shm-size=lots]", "option --shm-size value 'lots' is not SIZE"),
+    ("[--ulimit=nproc=-1]", "option --ulimit value 'nproc=-1' is not memlock|stack|nofile|core=SOFT[:HARD]"),
+    ("[--tmpfs=/t:suid]", "option --tmpfs value '/t:suid' is not PATH"),
+    ("[--label=gpuq=2]", "option --label value 'gpuq=2' is not KEY=VALUE"),
+    ("[--read-only=false]", "option '--read-only=false' takes no value"),
+    ("[--shm-size]", "option '--shm-size' needs a value"),
+    ("[--env=A=1]", "option '--env=A=1' is not allowed"),
+    ("'--shm-size \"8g'", "options '--shm-size \"8g' cannot be split into words"),
+])
+def test_refused_options_name_the_option_and_the_fix(options: str, said: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        _container(f"{{image: i, runtime: docker, options: {options}}}")
+    assert str(refused.value).startswith(f"t.yaml: field 'container': {said}") and "Fix: " in str(refused.value)
+
+
+def test_an_option_is_checked_again_for_the_runtime_the_host_uses() -> None:
+    """A spec without a runtime may carry any runtime's options (config decides at the host);
+    so may a record written before the allow-list: the command line is never built with one
+    the host's runtime is not allowed."""
+    c = _container("{image: i, options: [--writable-tmpfs]}")
+    assert c.options == ("--writable-tmpfs",)
+    with pytest.raises(PermissionError) as refused:
+        container_run(c, "docker", ["true"], {}, "/w", [], Owner(1001, 1001), True, "gpuq-j-1")
+    assert refused.value.strerror == "container option not allowed for docker"
+    assert "option '--writable-tmpfs' is for apptainer, not docker" in refused.value.filename
+    old = Container.from_json({"image": "i", "options": ["--gpus", "all", "-iu0"]})
+    with pytest.raises(PermissionError):
+        container_run(old, "podman", ["true"], {}, "/w", [], Owner(1001, 1001), True, "gpuq-j-1")
+
+
+def test_mount_paths_are_written_in_their_plain_form() -> None:
+    for mount in ("/data/../etc:/d", "/data/:/d", "//data:/d", "/data:/d/./x"):
+        with pytest.raises(SpecError, match="not in its plain form"):
+            _container(f"{{image: i, mounts: ['{mount}']}}")
+
+
+def test_readme_documents_every_allowed_option() -> None:
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("**Options.**"):text.index("**Mounts.**")]
+    for name in ALLOWED_OPTIONS:
+        assert f"`{name}" in section, f"README's Options paragraph does not mention {name}"
 
 
 # --- real runs through worker.py ----------------------------------------------------------------
@@ -362,7 +426,7 @@ def test_bad_environment_fields_are_rejected_with_the_fix(queue) -> None:
     queue.drop("gpus-opt.yaml", "command: x\ncontainer: {image: i, options: ['--gpus=all']}\n")
     error = wait_until(lambda: (queue.root / "state" / "rejected" / "gpus-opt.error").exists()
                        and (queue.root / "state" / "rejected" / "gpus-opt.error").read_text(), what="rejection")
-    assert "field 'container': option --gpus=all is not allowed" in error and "Fix:" in error
+    assert "field 'container': option '--gpus=all' is not allowed" in error and "Fix: gpuq gives the container exactly" in error
     refused = queue.gpuq("submit", "--container", "img", "--runtime", "docker", "--mount", "data:/d", "--", "true",
                          check=False)
     assert refused.returncode == 2 and "mount 'data:/d' is not host:container[:ro]" in refused.stderr

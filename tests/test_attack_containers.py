@@ -1,0 +1,268 @@
+"""Attacks through a container's runtime options and mounts (security review C6, C6b, C6c and
+its [S] list), as created users (tests/team.py) against a root worker that runs docker on
+their behalf, with the stand-in runtimes (tests/fake_runtime.py: options read as docker's
+pflag reads them, `--env-file` read and pid files written by the client, as root).
+
+Options are an allow-list: every attack below is refused, naming the file, the field, the
+option and the fix, by `gpuq submit` and by the worker's intake. A mount source is opened
+as the job's owner, and the runtime is handed a private bind of what was opened.
+
+Each test here was seen failing on the code before these defences."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import fake_runtime
+from conftest import wait_until
+from team import BOB, needs_root, team, users, shared_code  # noqa: F401 (fixtures)
+
+pytestmark = needs_root
+
+# name -> (options as a spec gives them, what the refusal must say). SECRET, CLOBBER1/2 are
+# root-only files (see _root_only); gpuq-victim-1 stands for another member's container.
+ATTACKS: dict[str, tuple[object, str]] = {
+    "c6-combined-short-flags": (["-iu0"], "option '-iu0' is a short flag"),
+    "c6-short-flags-as-a-string": ("-i -u 0", "option '-i' is a short flag"),
+    "c6b-env-file": (["--env-file=SECRET"], "option '--env-file=SECRET' is not allowed"),
+    "c6c-pidfile": (["--pidfile=CLOBBER1"], "option '--pidfile=CLOBBER1' is not allowed"),
+    "c6c-conmon-pidfile": (["--conmon-pidfile", "CLOBBER2"], "option '--conmon-pidfile' is not allowed"),
+    "cidfile": (["--cidfile=CLOBBER1"], "option '--cidfile=CLOBBER1' is not allowed"),
+    "volumes-from": (["--volumes-from", "gpuq-victim-1"], "option '--volumes-from' is not allowed"),
+    "pid-container": (["--pid=container:gpuq-victim-1"], "option '--pid=container:gpuq-victim-1' is not allowed"),
+    "network-container": (["--network", "container:gpuq-victim-1"],
+                          "option --network value 'container:gpuq-victim-1' is not none|bridge|host"),
+    "oom-score-adj": (["--oom-score-adj=-1000"], "option '--oom-score-adj=-1000' is not allowed"),
+    "label-file": (["--label-file=SECRET"], "option '--label-file=SECRET' is not allowed"),
+    "authfile": (["--authfile", "SECRET"], "option '--authfile' is not allowed"),
+    "privileged": (["--privileged"], "option '--privileged' is not allowed"),
+    "user": (["--user=0:0"], "option '--user=0:0' is not allowed"),
+    "userns": (["--userns=host"], "option '--userns=host' is not allowed"),
+    "cap-add": (["--cap-add=ALL"], "option '--cap-add=ALL' is not allowed"),
+    "security-opt": (["--security-opt", "seccomp=unconfined"], "option '--security-opt' is not allowed"),
+    "device": (["--device=/dev/mem"], "option '--device=/dev/mem' is not allowed"),
+    "group-add": (["--group-add=0"], "option '--group-add=0' is not allowed"),
+    "volume": (["--volume=/:/host"], "option '--volume=/:/host' is not allowed"),
+    "ipc-host": (["--ipc=host"], "option '--ipc=host' is not allowed"),
+    "gpus": (["--gpus=all"], "option '--gpus=all' is not allowed"),
+}
+
+
+@pytest.fixture
+def runtimes(team):
+    r = fake_runtime.StandIns(team.base / "runtimes")
+    yield r
+    r.close()
+
+
+def _root_only(team) -> dict[str, Path]:
+    """Root's files, in a 0700 directory of root's: what the attacks aim at."""
+    d = team.base / "rootonly"
+    d.mkdir(mode=0o700)
+    files = {"SECRET": ("ROOT_ONLY_SECRET=hunter2\n", 0o600), "CLOBBER1": ("precious 1\n", 0o600),
+             "CLOBBER2": ("precious 2\n", 0o600), "TARGET": ("root-owned line\n", 0o644)}
+    paths = {}
+    for name, (text, mode) in files.items():
+        paths[name] = d / name.lower()
+        paths[name].write_text(text)
+        os.chmod(paths[name], mode)
+    return {"DIR": d, **paths}
+
+
+def _with_paths(options: object, files: dict[str, Path]) -> object:
+    def put(text: str) -> str:
+        for name in ("SECRET", "CLOBBER1", "CLOBBER2"):
+            text = text.replace(name, str(files[name]))
+        return text
+    return put(options) if isinstance(options, str) else [put(o) for o in options]  # type: ignore[union-attr]
+
+
+def _workdir(team, owner) -> Path:
+    work = team.base / "work"
+    work.mkdir(exist_ok=True)
+    os.chown(work, owner.pw_uid, owner.pw_gid)
+    return work
+
+
+def _spec(options: object, command: str, work: Path, mounts: list[str] = ()) -> str:
+    container = {"image": "img", "runtime": "docker", "options": options}
+    if mounts:
+        container["mounts"] = list(mounts)
+    return f"command: {json.dumps(command)}\ngpus: 0\nworkdir: {work}\ncontainer: {json.dumps(container)}\n"
+
+
+def _rejection(team, job_id: str) -> str | None:
+    """The .error of a rejected spec, or "ran: ..." once the job has ended instead."""
+    error = team.root / "state" / "rejected" / f"{job_id}.error"
+    if error.exists():
+        return error.read_text()
+    done = team.finished(job_id)
+    return f"ran: {done['state']}: {team.log(job_id)}" if done else None
+
+
+# --- refused by `gpuq submit`, run by the attacker ----------------------------------------------
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_gpuq_submit_refuses_the_option_naming_it_and_the_fix(team, users, attack: str) -> None:
+    bob = users[BOB]
+    files = _root_only(team)
+    options, said = ATTACKS[attack]
+    mine = team.base / "bob-specs"
+    mine.mkdir()
+    os.chown(mine, bob.pw_uid, bob.pw_gid)
+    spec = mine / f"{attack}.yaml"
+    text = _spec(_with_paths(options, files), "id -u", _workdir(team, bob))
+    done = team.run_as(BOB, ["/bin/sh", "-c", f"cat > {spec}"], input=text)
+    assert done.returncode == 0, done.stderr
+    refused = team.as_user(BOB, "submit", "--spec", str(spec))
+    said = said.replace("SECRET", str(files["SECRET"])).replace("CLOBBER1", str(files["CLOBBER1"]))
+    assert refused.returncode == 2, refused.stdout
+    assert f"{spec}: field 'container': {said}" in refused.stderr
+    assert "Fix: " in refused.stderr and "Nothing was written" in refused.stderr
+    if "short flag" in said:
+        assert "long form, as one argument (--name=value)" in refused.stderr
+    assert not list((team.root / "jobs").glob("*.yaml"))
+
+
+# --- refused by a root worker's intake: nothing reaches the runtime -----------------------------
+
+def test_a_root_worker_refuses_every_attack_and_the_runtime_never_runs(team, users, runtimes) -> None:
+    """C6: -iu0 made docker run bob's command as uid 0, writing into a root file; C6b: the
+    client (root) read a root-only env file for the job; C6c: the client wrote pids into
+    root-only files; [S]: other containers, root's credentials, the OOM killer's choice."""
+    bob = users[BOB]
+    files = _root_only(team)
+    work = _workdir(team, bob)
+    team.start_worker("a", "1x80GiB", env=runtimes.worker_env())
+    commands = {"c6-combined-short-flags": f"id -u; echo BOB-WAS-HERE >> {files['TARGET']}",
+                "c6b-env-file": 'echo "leaked=$ROOT_ONLY_SECRET"'}
+    for attack, (options, _) in ATTACKS.items():
+        team.drop_as(BOB, f"{attack}.yaml", _spec(_with_paths(options, files), commands.get(attack, "true"), work))
+    for attack, (_, said) in ATTACKS.items():
+        said = said.replace("SECRET", str(files["SECRET"])).replace("CLOBBER1", str(files["CLOBBER1"]))
+        outcome = wait_until(lambda: _rejection(team, attack), timeout=60, what=f"{attack} settled")
+        assert f"jobs/{attack}.yaml: field 'container': {said}" in outcome, outcome
+    assert runtimes.calls("run") == []
+    assert files["TARGET"].read_text() == "root-owned line\n"
+    assert files["CLOBBER1"].read_text() == "precious 1\n" and files["CLOBBER2"].read_text() == "precious 2\n"
+    assert not any("hunter2" in p.read_text() for p in (team.root / "logs").glob("*.log"))
+
+
+# --- mounts: the owner's reach, pinned ----------------------------------------------------------
+
+def test_a_mount_source_the_owner_cannot_read_fails_the_job_before_the_runtime_runs(team, users, runtimes) -> None:
+    """Mounting a directory bob cannot reach (or a link of his to it) would show him files
+    whose own mode lets anyone read them (a 0644 file under a 0700 directory). One that does
+    not exist is refused too: root's runtime would create it."""
+    bob = users[BOB]
+    files = _root_only(team)
+    os.chmod(files["TARGET"], 0o644)
+    work = _workdir(team, bob)
+    link = work / "innocent"
+    os.symlink(files["DIR"], link)
+    os.lchown(link, bob.pw_uid, bob.pw_gid)
+    team.start_worker("a", "1x80GiB", env=runtimes.worker_env())
+    cases = {"direct": (files["DIR"], "is not readable by"), "link": (link, "is not readable by"),
+             "missing": (team.base / "nothing-here", "does not exist")}
+    for job_id, (source, _) in cases.items():
+        submitted = team.as_user(BOB, "submit", "--id", job_id, "--gpus", "0", "--container", "img", "--runtime",
+                                 "docker", "--mount", f"{source}:/h", "--workdir", str(work), "--",
+                                 "cat /h/target")
+        assert submitted.returncode == 0, submitted.stderr
+    for job_id, (source, said) in cases.items():
+        final = wait_until(lambda: team.finished(job_id), timeout=30, what=f"{job_id} settled")
+        expected = f"cannot start: mount source {source} {said}" + (f" {BOB}" if "readable" in said else "")
+        assert final["state"] == "failed" and expected in team.log(job_id), team.log(job_id)
+    assert runtimes.calls("run") == []
+
+
+def test_the_runtime_mounts_what_the_owner_opened_whatever_the_path_becomes(team, users, runtimes) -> None:
+    """The runtime (root) resolves a path it is given; bob controls the directories of his
+    own paths, so a path checked as readable could be swapped for a link to root's files
+    before the runtime mounts it. It is given instead a private bind of what bob opened."""
+    bob = users[BOB]
+    files = _root_only(team)
+    work = _workdir(team, bob)
+    data = work / "data"
+    team.run_as(BOB, ["/bin/sh", "-c", f"mkdir {data} && echo bob > {data}/marker"])
+    team.start_worker("a", "1x80GiB", env=runtimes.worker_env())
+    go = work / "go"
+    team.drop_as(BOB, "pinned.yaml", _spec([], f"while [ ! -e {go} ]; do sleep 0.1; done", work, [f"{data}:/data:ro"]))
+    run = wait_until(lambda: runtimes.calls("run"), timeout=30, what="the container started")[-1]["args"]
+    sources = {v.split(":")[1]: v.split(":")[0] for v in (run[i + 1] for i, a in enumerate(run) if a == "--volume")}
+    staged = Path(sources["/data"])
+    local = Path(os.path.realpath(team.local_base / "a"))
+    assert staged.parent.parent == local / "mounts" and staged.parent.name == "pinned", sources
+    assert Path(sources[str(work)]).parent == staged.parent  # the workdir too
+    swapped = team.run_as(BOB, ["/bin/sh", "-c", f"mv {data} {work}/data.old && ln -s {files['DIR']} {data}"])
+    assert swapped.returncode == 0, swapped.stderr
+    assert os.listdir(staged) == ["marker"]  # still bob's directory, not root's
+    go.write_text("")
+    assert wait_until(lambda: team.finished("pinned"), timeout=30, what="pinned ended")["state"] == "done"
+    wait_until(lambda: not staged.parent.exists(), what="the private binds undone")
+    assert (work / "data.old" / "marker").read_text() == "bob\n"  # the owner's files untouched
+
+
+# --- what is allowed still works ----------------------------------------------------------------
+
+def test_allowed_options_reach_the_runtime_as_checked_before_gpuqs_own(team, users, runtimes) -> None:
+    bob = users[BOB]
+    work = _workdir(team, bob)
+    team.start_worker("a", "1x80GiB", env=runtimes.worker_env())
+    options = ["--shm-size", "1g", "--ulimit=memlock=-1", "--hostname=trainer", "--read-only", "--network=none",
+               "--label", "project=x", "--tmpfs=/scratch:size=1g,noexec", "--entrypoint=", "--pull=never"]
+    spec = work / "ok.yaml"
+    team.run_as(BOB, ["/bin/sh", "-c", f"cat > {spec}"], input=_spec(options, "id -u", work))
+    submitted = team.as_user(BOB, "submit", "--spec", str(spec), "--id", "ok")
+    assert submitted.returncode == 0, submitted.stderr
+    final = wait_until(lambda: team.finished("ok"), timeout=30, what="ok finished")
+    assert final["state"] == "done", team.log("ok")
+    assert f"\n{bob.pw_uid}\n" in team.log("ok")  # as bob: gpuq's --user is the one used
+    run = runtimes.calls("run")[-1]["args"]
+    given = ["--shm-size=1g", "--ulimit=memlock=-1", "--hostname=trainer", "--read-only", "--network=none",
+             "--label=project=x", "--tmpfs=/scratch:size=1g,noexec", "--entrypoint=", "--pull=never"]
+    assert run[1:1 + len(given)] == given and run[1 + len(given)] == "--rm"
+    assert run[run.index("--user") + 1] == f"{bob.pw_uid}:{bob.pw_gid}"
+
+
+@pytest.mark.parametrize("runtime", ["podman", "docker"])
+def test_a_real_runtime_mounts_the_pinned_source_and_takes_the_allowed_options(team, users, runtime: str) -> None:
+    """The same, with a real podman and a real docker (installed by the test where missing):
+    the private binds are what the container sees, and the options as gpuq writes them
+    (one argument each, before gpuq's own) are ones the runtime accepts."""
+    import real_runtimes
+
+    dockerd = None
+    try:
+        if runtime == "podman":
+            (team.base / "podman").mkdir()
+            env = real_runtimes.podman_ready(team.base / "podman")
+        else:
+            dockerd = real_runtimes.Dockerd()
+            env = dockerd.env
+    except real_runtimes.RuntimeUnavailable as e:
+        pytest.skip(f"{runtime} cannot run containers here: {e}")
+    try:
+        bob = users[BOB]
+        work = _workdir(team, bob)
+        data = work / "data"
+        team.run_as(BOB, ["/bin/sh", "-c", f"mkdir {data} && echo bob-data > {data}/marker"])
+        team.start_worker("a", "1x80GiB", env=env)
+        options = ["--read-only", "--network=none", "--hostname=trainer", "--shm-size=64m", "--tmpfs=/scratch",
+                   "--pull=never"]
+        command = "cat /data/marker; id -u; echo $(cat /etc/hostname); touch /not-here 2>/dev/null || echo read-only"
+        team.drop_as(BOB, "real.yaml", _spec(options, command, work, [f"{data}:/data:ro"]).replace(
+            "\"image\": \"img\", \"runtime\": \"docker\"", f"\"image\": \"{real_runtimes.IMAGE}\", \"runtime\": \"{runtime}\""))
+        final = wait_until(lambda: team.finished("real"), timeout=120, what=f"the {runtime} job")
+        log = team.log("real")
+        assert final["state"] == "done", log
+        assert f"\nbob-data\n{bob.pw_uid}\ntrainer\nread-only\n" in log
+        local = os.path.realpath(team.local_base / "a")
+        assert f"--volume {local}/mounts/real/1:/data:ro" in log and f"{runtime} run --read-only" in log
+        assert not (Path(local) / "mounts" / "real").exists()  # undone with the container
+    finally:
+        if dockerd is not None:
+            dockerd.stop()
