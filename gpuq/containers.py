@@ -337,6 +337,11 @@ def stage_mounts(run: ContainerRun, owner: Identity, local_dir: Path, job_id: st
     return dataclasses.replace(run, argv=argv, staged=StagedMounts(base))
 
 
+def release_leftover_mounts(local_dir: Path, job_id: str) -> None:
+    """The private binds of an attempt whose supervisor was killed before it undid them."""
+    StagedMounts(Path(os.path.realpath(local_dir)) / MOUNTS_DIR / job_id).release()
+
+
 def _open_as(owner: Identity, paths: list[str]) -> list[int]:
     """Each path opened (O_PATH) by a child that has become `owner` (groups, gid, uid), and
     checked readable by it; the descriptors come back over a socket. The kernel decides, with

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config import Config
-from .containers import remove_leftover
+from .containers import release_leftover_mounts, remove_leftover
 from .faults import wall_time
 from .joblocal import Runtime, read_started
 from .layout import Layout
@@ -46,9 +46,11 @@ class Recovery:
             return
         if not running_path.exists():
             return  # settled meanwhile
-        if record.spec.get("container") and (name := remove_leftover(
-                record.spec, record.id, record.attempt, record.restarts, self.rt.container_runtime)):
-            log.warning("removed container %s of %s, left running by its dead supervisor", name, record.id)
+        if record.spec.get("container"):
+            if name := remove_leftover(record.spec, record.id, record.attempt, record.restarts,
+                                       self.rt.container_runtime):
+                log.warning("removed container %s of %s, left running by its dead supervisor", name, record.id)
+            release_leftover_mounts(self.rt.local_dir, record.id)
         if record.boot_id != self.boot_id:
             self.lose(record, "host rebooted")
         elif (marker := read_started(self.rt, record)) is None:
