@@ -54,7 +54,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     import os
 
     from .spec import SpecError
-    from .submit import SubmitError, build_spec, exported_environment, readable_base, write_spec
+    from .submit import (SubmitError, build_spec, check_size, exported_environment, readable_base,
+                         spec_bytes, withheld_note, write_spec)
     from .wake import poke
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -66,7 +67,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     layout = open_layout(args)
     try:
-        env = exported_environment(args.export, container=bool(args.container))
+        env, withheld = exported_environment(args.export, container=bool(args.container))
     except SubmitError as e:
         print(f"gpuq submit: {e}. Nothing was written.", file=sys.stderr)
         return 2
@@ -90,6 +91,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if args.array:
             from .cli_workflow import submit_array
 
+            check_size(spec_bytes(data), env)  # each member is this spec and two variables
             job_id = submit_array(layout, data, args)
             if job_id is None:
                 return 2
@@ -102,6 +104,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except SubmitError as e:
         print(f"gpuq submit: {e}", file=sys.stderr)
         return 2
+    if withheld := [name for name in withheld if name not in env]:  # (--env may set one)
+        print(withheld_note(withheld), file=sys.stderr)
     config = read_config(layout)
     host = this_host()
     poke(config.local_dir_for(layout, host))
@@ -142,7 +146,8 @@ def add_environment_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--conda", metavar="ENV", help="activate this conda environment first")
     sp.add_argument("--setup", action="append", metavar="LINE", help="shell line run before the command (repeatable)")
     sp.add_argument("--export", metavar="ALL|NONE|NAME,..[,NAME=VALUE]",
-                    help="your variables the job records, as sbatch's --export (default: ALL; NONE with --container)")
+                    help="your variables the job records, as sbatch's --export (default: ALL but what looks "
+                         "like a secret, which is stored only when named: ALL,HF_TOKEN; NONE with --container)")
 
 
 def _ids(values: list[str] | None) -> list[str]:

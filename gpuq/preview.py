@@ -17,7 +17,8 @@ from .owners import Identity
 from .spec import JobSpec
 from .spool import Record
 from .states import State
-from .views import MASK, SECRET_KEY_RE
+from .submit import looks_secret
+from .views import MASK
 
 
 def what_the_job_sees(layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None,
@@ -44,7 +45,7 @@ def what_the_job_sees(layout: Layout, config: Config, job_id: str, spec: JobSpec
                 "exported variables in env), then these")
     return {"argv": launch.argv, "command_line": shlex.join(launch.argv), "workdir": launch.cwd,
             "as_user": identity.name if identity else None, "runtime": launch.container.runtime if launch.container else None,
-            "env": {k: MASK if SECRET_KEY_RE.search(k) else v for k, v in sorted(seen.items())},
+            "env": {k: MASK if looks_secret(k, v) else v for k, v in sorted(seen.items())},
             "env_base": base, "gpus_shown": "placeholders 0..n-1 for the GPUs it will be granted" if pending else "granted"}
 
 

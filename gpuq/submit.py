@@ -1,8 +1,10 @@
 """`gpuq submit`: write a spec into jobs/ under a unique, readable id.
 
 Like sbatch's default (--export=ALL) the submitter's environment and working directory are
-recorded, so the job sees what the user saw. The user is the spec file's owner (the file
-system records it; a field could be forged).
+recorded, so the job sees what the user saw, except for variables that look like secrets:
+a spec and its record are readable by the whole team, so a secret is stored only when the
+submitter names it (`--export ALL,HF_TOKEN`), and submit says which ones it left out. The user
+is the spec file's owner (the file system records it; a field could be forged).
 """
 from __future__ import annotations
 
@@ -14,29 +16,61 @@ from pathlib import Path
 from typing import Any
 
 from .layout import JOB_ID_RE, Layout
-from .spec import JobSpec, parse_spec_text, validate_spec
+from .spec import MAX_SPEC_BYTES, JobSpec, parse_spec_text, validate_spec
 from .spool import claims_of, has_record, pending_spec_path
 from .sweeps import group_file
 
-# Per-shell or per-session variables that would be wrong inside the job.
-NOT_EXPORTED = ("CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_")
-NOT_EXPORTED_PREFIXES = ("GPUQ_",)
+# Per-shell or per-session variables that would be wrong inside the job (the agent socket and
+# the desktop session end with the login; a job outlives it).
+NOT_EXPORTED = ("CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_", "SSH_AUTH_SOCK", "SSH_AGENT_PID",
+                "DBUS_SESSION_BUS_ADDRESS", "DESKTOP_SESSION", "SESSION_MANAGER")
+NOT_EXPORTED_PREFIXES = ("GPUQ_", "XDG_SESSION_")
+
+# What makes a variable look like a secret. Its name, split into words at anything but letters
+# and digits: a word ending in one of SECRET_ENDINGS (API_KEY, APIKEY, HF_TOKEN, hfToken,
+# DB_PASSWORD, CLIENT_SECRET), or one of SECRET_WORDS (MYSQL_PWD, DB_PASS, GITHUB_PAT, SENTRY_DSN).
+# Words, not substrings: TOKENIZERS_PARALLELISM and PATH are not secrets. PWD alone is the
+# working directory. Its value: credentials in a URL (postgres://user:password@host, a proxy's
+# user:password@), a connection string's Password=, or a well-known token format.
+SECRET_ENDINGS = ("TOKEN", "TOKENS", "KEY", "KEYS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD",
+                  "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "COOKIE", "COOKIES")
+SECRET_WORDS = frozenset({"PASS", "PWD", "PAT", "AUTH", "AUTHORIZATION", "CREDS", "DSN", "SESSION", "SESSIONID"})
+NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
+SECRET_VALUE_RE = re.compile(
+    r"\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^/\s:@]*:[^/\s@]+@"         # scheme://user:password@
+    r"|(?i:\b(?:password|passwd|pwd|accountkey|sharedaccesskey|secret)=)"  # Server=..;Password=..
+    r"|\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|\bgithub_pat_\w{20,}|\bglpat-[\w-]{20,}"
+    r"|\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_-]{20,}|\bxox[abposr]-[\w-]{10,}|\bAKIA[0-9A-Z]{16}\b")
 
 
 class SubmitError(Exception):
     pass
 
 
-def exported_environment(export: str | None = None, container: bool = False) -> dict[str, str]:
+def looks_secret(name: str, value: str = "") -> bool:
+    """Whether a variable looks like a secret, by its name or its value (see SECRET_ENDINGS).
+    The one rule for what submit leaves out and what `gpuq show` masks."""
+    if name.upper() in NOT_SECRET_NAMES:
+        return bool(SECRET_VALUE_RE.search(value))
+    words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
+    return any(w.endswith(SECRET_ENDINGS) or w in SECRET_WORDS for w in words) or \
+        bool(SECRET_VALUE_RE.search(value))
+
+
+def exported_environment(export: str | None = None,
+                         container: bool = False) -> tuple[dict[str, str], list[str]]:
     """The submitter's variables a job records, as sbatch's --export: `ALL` (the default on
     the host), `NONE` (the default in a container, whose image's PATH and libraries the host's
-    would hide), or `NAME,...` (only those), each followed by any `NAME=VALUE` to set."""
+    would hide), or `NAME,...` (only those), each followed by any `NAME=VALUE` to set.
+    `ALL` leaves out what looks like a secret (looks_secret) unless it is named too
+    (`ALL,HF_TOKEN`). Returns (the variables, the names left out as secrets)."""
     items = [i for i in (export or ("NONE" if container else "ALL")).split(",") if i]
     if not items:
-        raise SubmitError("--export: give ALL, NONE, or variable names, e.g. --export PATH,WANDB_API_KEY,SEED=3")
+        raise SubmitError("--export: give ALL, NONE, or variable names, e.g. --export ALL,WANDB_API_KEY,SEED=3")
     mode = items[0] if items[0] in ("ALL", "NONE") else "NAMES"
-    env = {k: v for k, v in os.environ.items()
-           if k not in NOT_EXPORTED and not k.startswith(NOT_EXPORTED_PREFIXES)} if mode == "ALL" else {}
+    everything = {k: v for k, v in os.environ.items()
+                  if k not in NOT_EXPORTED and not k.startswith(NOT_EXPORTED_PREFIXES)} if mode == "ALL" else {}
+    env = {k: v for k, v in everything.items() if not looks_secret(k, v)}
     for item in items[1:] if mode != "NAMES" else items:
         name, sep, value = item.partition("=")
         if not name or not (name[0].isalpha() or name[0] == "_") or not name.replace("_", "a").isalnum():
@@ -45,7 +79,31 @@ def exported_environment(export: str | None = None, container: bool = False) -> 
             env[name] = value
         elif name in os.environ:
             env[name] = os.environ[name]
-    return env
+    return env, sorted(k for k in everything if k not in env)
+
+
+def withheld_note(names: list[str]) -> str:
+    """What submit says on stderr about the secrets it did not store."""
+    listed = ",".join(names)
+    return (f"gpuq submit: left out {', '.join(names)}: {'it looks' if len(names) == 1 else 'they look'} "
+            "like secrets, and a spec and its record are readable by your team. The job runs as you: "
+            "keep secrets in a file only you can read and load it with --setup '. ~/.secrets.env', "
+            f"or store them in the spec anyway (readable by the team; `gpuq show` masks them) with "
+            f"--export ALL,{listed}")
+
+
+def check_size(text: bytes, env: dict[str, str]) -> None:
+    """A spec over the cap is almost always a huge exported environment: say so, and how to
+    record less (the parser's own message would only say that a spec is a few lines)."""
+    if len(text) <= MAX_SPEC_BYTES:
+        return
+    biggest = sorted(env, key=lambda k: len(env[k]), reverse=True)[:3]
+    raise SubmitError(
+        f"the spec would be {len(text)} bytes, over the {MAX_SPEC_BYTES} cap; its env (your exported "
+        f"variables) holds {sum(len(k) + len(v) for k, v in env.items())} bytes"
+        + (f", the largest {', '.join(biggest)}" if biggest else "")
+        + ". Fix: record only what the job needs, e.g. --export NONE or --export PATH,HOME,NAME... "
+        "Nothing was written.")
 
 
 def build_spec(command: list[str], gpus: int, gpu_mem: str | None, name: str | None,
@@ -113,14 +171,20 @@ def check_dependencies(layout: Layout, spec: JobSpec) -> None:
                               "`gpuq status` or `gpuq submit` showed. Nothing was written.")
 
 
+def spec_bytes(data: dict[str, Any]) -> bytes:
+    """The spec file submit writes for `data`."""
+    import yaml
+
+    header = f"# submitted by gpuq submit at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+    return (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode()
+
+
 def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: str) -> tuple[str, JobSpec]:
     """Validate, then create jobs/<id>.yaml without ever overwriting: the final name is
     made with link(2), which fails if the name exists, so concurrent submits cannot collide."""
-    import yaml
-
     check_dependencies(layout, validate_spec(data, "gpuq submit"))  # refuse before writing anything
-    header = f"# submitted by gpuq submit at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-    text = (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode()
+    text = spec_bytes(data)
+    check_size(text, data.get("env") or {})
     spec = parse_spec_text(text, "gpuq submit")  # what the worker will read back
     return place_spec(layout, text, job_id, base), spec
 

@@ -279,24 +279,50 @@ def _past_peaks(layout: Layout, record: Record) -> list[int]:
     return peaks
 
 
-SECRET_KEY_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 MASK = "****"
 
 
 def mask_secrets(job: dict[str, Any]) -> dict[str, Any]:
-    """The job as shown to anyone: env values whose keys look like secrets are masked, in the
-    parsed spec and in the spec's text."""
+    """The job as shown to anyone: env values that look like secrets (submit.looks_secret, the
+    same rule that decides what `gpuq submit` leaves out) are masked whole, in the parsed spec
+    and wherever the spec's text holds them."""
+    from .submit import looks_secret
+
     spec = job.get("spec") or {}
     env = spec.get("env") or {}
-    secret = [k for k in env if SECRET_KEY_RE.search(k)]
+    secret = {k: str(v) for k, v in env.items() if looks_secret(k, str(v))}
     if not secret:
         return job
     masked = {**job, "spec": {**spec, "env": {k: MASK if k in secret else v for k, v in env.items()}}}
-    text = job.get("spec_text") or ""
-    for key in secret:  # block (`KEY: value`) or flow (`{KEY: value, ...}`) style
-        text = re.sub(rf"({re.escape(key)}[\"']?\s*:\s*)[^,}}\n]+", rf"\g<1>{MASK}", text)
-    masked["spec_text"] = text
+    masked["spec_text"] = _masked_text(job.get("spec_text") or "", secret)
     return masked
+
+
+def _masked_text(text: str, secret: dict[str, str]) -> str:
+    """`text` with each secret value masked whole: every way YAML may have written it (plain,
+    quoted, escaped, one line of a block scalar); in flow style (`{NAME: value, ...}`) the
+    value after `NAME:`, quoted or up to the next `,` or `}`; in block style all of a `NAME:`
+    line after the colon and the more indented lines that continue it (a folded or block value)."""
+    for value in secret.values():
+        forms = {value, value.replace("'", "''"), json.dumps(value)[1:-1], *value.splitlines()}
+        for form in sorted((f for f in forms if len(f.strip()) >= 4), key=len, reverse=True):
+            text = text.replace(form, MASK)  # shorter ones would mask unrelated text: the rules below
+    names = "|".join(map(re.escape, secret))
+    text = re.sub(r"""([{,]\s*["']?(?:%s)["']?\s*:\s*)("(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^,}\n]*)""" % names,
+                  rf"\g<1>{MASK}", text)
+    key_line = re.compile(r"(\s*(?:-\s+)?[\"']?(?:%s)[\"']?\s*:)(?:[ \t]|$)" % names)
+    lines, inside = [], None  # inside: the indent of the secret's key line while its value goes on
+    for line in text.split("\n"):
+        indent = len(line) - len(line.lstrip())
+        if inside is not None and (not line.strip() or indent > inside):
+            lines.append(line[:indent] + MASK if line.strip() else line)
+            continue
+        inside = None
+        if (m := key_line.match(line)) is not None:
+            inside = indent
+            line = f"{m.group(1)} {MASK}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def never_fits(layout: Layout, config: Config, job: PendingJob) -> str | None:
