@@ -2,8 +2,9 @@
 running them, and keeps gpuq's records, logs, `status`, `show` and `cancel` true, so a team
 sees one queue while Slurm does the placing.
 
-Hand-over, per pending job in queue order: claim the spec (the usual rename), write the running
-record (no Slurm id yet), `sbatch --parsable` the exported script (slurm_export.py) with
+Hand-over, per pending job in queue order: claim the spec (the usual rename), check the claimed
+file itself (no link, one link, the bytes read, an owner this worker may submit for: its
+owner from fstat, never from a path), write the running record (no Slurm id yet), `sbatch --parsable` the exported script (slurm_export.py) with
 `--comment=gpuq:<claim>`, then record the Slurm id (in the record and in
 state/slurm/<id>.json, which later exports' --dependency read). Dependencies go to Slurm as
 afterok/afterany once their jobs are handed over; one that failed in gpuq cancels its
@@ -18,18 +19,23 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 import subprocess
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from .deps import FINAL, gates, referenced
 from .config import FENCE_FRACTION
 from .faults import crash_point, wall_time
+from .intake import Entry, read_spec_file, user_name
 from .joblocal import lease_age
-from .launch import open_log
+from .launch import base_environment, open_log
 from .owners import Identity
 from .plan import queue_order
-from .slurm_export import ExportError, sbatch_script
+from .slurm_export import ExportError, handed_over, sbatch_script, slurm_logs
+from .spec import JobSpec, SpecError
 from .spool import (Record, append_event, claim, claim_name, next_attempt, read_json, record_requeue,
                     record_start, running_records, transition, write_json, write_record)
 from .states import State
@@ -126,18 +132,31 @@ def sacct_job(slurm_id: str) -> dict[str, str] | None:
             "EndTime": max(r[3] for r in rows), "Source": "sacct"}
 
 
-def _handed_over_by_comment() -> dict[str, str] | None:
-    """Every job Slurm knows that a bridge handed over: claim -> Slurm id, from the comment
-    sbatch was given (`gpuq:<claim>`). None when scontrol did not answer."""
+def _handed_over_by_comment() -> dict[str, list[tuple[str, int | None]]] | None:
+    """Every job Slurm knows that says a bridge handed it over: claim -> [(Slurm id, the uid
+    it runs as)], from the comment sbatch was given (`gpuq:<claim>`). None when scontrol did
+    not answer."""
     out = _slurm("scontrol", "show", "job")
     if out.returncode != 0:
         return None
-    known: dict[str, str] = {}
+    known: dict[str, list[tuple[str, int | None]]] = {}
     for block in out.stdout.split("\n\n"):
         fields = _fields(block)
         if fields.get("Comment", "").startswith("gpuq:"):
-            known.setdefault(fields["Comment"][5:], fields.get("ArrayJobId") or fields.get("JobId") or "")
+            uid = re.search(r"\((\d+)\)$", fields.get("UserId", ""))  # UserId=ana(1004)
+            job = (fields.get("ArrayJobId") or fields.get("JobId") or "", int(uid.group(1)) if uid else None)
+            if job not in known.setdefault(fields["Comment"][5:], []):
+                known[fields["Comment"][5:]].append(job)
     return known
+
+
+def _submitted_for(known: dict[str, list[tuple[str, int | None]]] | None, record: Record) -> str | None:
+    """The Slurm id of the job a bridge submitted for `record`: its comment names the
+    record's claim and it runs as the record's owner (or as this bridge's own user, as a
+    user's bridge submits). Anyone may give a Slurm job of theirs any comment, and claims are
+    in the records the team reads: another user's job is never taken for the record's."""
+    owners = {record.uid, os.geteuid()}
+    return next((sid for sid, uid in (known or {}).get(record.claim or "", []) if sid and uid in owners), None)
 
 
 class BridgeWorker(Worker):
@@ -163,7 +182,7 @@ class BridgeWorker(Worker):
             return
         known = _handed_over_by_comment()
         for record in orphans:
-            slurm_id = (known or {}).get(record.claim or "")
+            slurm_id = _submitted_for(known, record)
             if slurm_id:
                 self._note_slurm_id(record, slurm_id)
                 log.info("found %s in Slurm as job %s", record.id, slurm_id)
@@ -182,7 +201,7 @@ class BridgeWorker(Worker):
         orphans = [r for r in running_records(self.layout) if r.host in dead] if dead else []
         known = _handed_over_by_comment() if any(not r.slurm_id for r in orphans) else {}
         for record in orphans:
-            slurm_id = record.slurm_id or (known or {}).get(record.claim or "")
+            slurm_id = record.slurm_id or _submitted_for(known, record)
             if slurm_id is None:
                 if known is not None:  # Slurm answered: it never got this one
                     self.recovery.requeue(record, f"bridge {record.host} died before handing it to Slurm; requeued")
@@ -278,7 +297,7 @@ class BridgeWorker(Worker):
         pending = self.intake.pending()
         if not pending:
             return
-        handed = self._handed_over()
+        handed = handed_over(self.layout.state / "slurm")
         _, doomed = gates(pending, self.dep_states)
         for job_id, why in doomed.items():
             self._cancel_doomed(job_id, why)
@@ -292,25 +311,54 @@ class BridgeWorker(Worker):
             # Slurm waits for the dependencies still open; ended ones need no --dependency
             self._hand(job, {d: handed[d] for d in deps if d in handed and states.get(d) not in FINAL})
 
-    def _as_owner(self, record: Record) -> tuple[list[str], dict[str, str]]:
-        """A bridge running as root submits each job as its spec's owner (sbatch --uid/--gid,
-        root's privilege), as a local root worker runs it: Slurm then runs it as them, with
-        their HOME, USER and LOGNAME (sbatch's --export=ALL takes sbatch's environment). Its
-        log is created first, the owner's (0640), so Slurm appends to their file, never
-        through a planted link. Raises KeyError for an owner with no account here."""
-        if os.geteuid() != 0 or record.uid <= 0:
-            return [], {}
-        owner = Identity.of(record.uid)
-        os.close(open_log(self.layout.job_log(record.id), owner))
-        return [f"--uid={owner.uid}", f"--gid={owner.gid}"], owner.environment()
+    def _as_owner(self, record: Record, spec: JobSpec) -> tuple[list[str], dict[str, str]]:
+        """sbatch's identity options and environment. A bridge running as root submits each
+        job as its spec's owner, always naming them (sbatch --uid/--gid, root's privilege:
+        without them the job would run as root), as a local root worker runs it; uid 0 only
+        where config allow_root_jobs says so. sbatch's --export=ALL hands sbatch's environment
+        to the job, so for a root bridge it is the clean one a root worker gives a job (the
+        owner's HOME, USER, LOGNAME, SHELL, a plain PATH: none of root's variables), plus what
+        tells sbatch which cluster to use. The logs Slurm will append to (one per array task)
+        are created first, the owner's (0640), so that Slurm writes to their files, never
+        through a link planted in logs/. Raises KeyError for an owner with no account here,
+        and PermissionError for a job that must not be submitted."""
+        owner = None  # a user's bridge: Slurm runs the job as this bridge's user
+        if os.geteuid() == 0:
+            if record.uid < 0 or (record.uid == 0 and not self.config.allow_root_jobs):
+                raise PermissionError(f"uid {record.uid}: a root bridge does not submit jobs as root "
+                                      "(config allow_root_jobs)")
+            owner = Identity.of(record.uid)
+        log_path = str(self.layout.job_log(record.id))  # gpuq's own, and Slurm's --output(s)
+        for path in dict.fromkeys([log_path, *slurm_logs(log_path, spec)]):
+            os.close(open_log(Path(path), owner))
+        if owner is None:
+            return [], dict(os.environ)
+        slurm = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or k.startswith("SBATCH_")}
+        return [f"--uid={owner.uid}", f"--gid={owner.gid}"], {**slurm, **base_environment(owner)}
 
-    def _handed_over(self) -> dict[str, str]:
-        out = {}
-        for path in (self.layout.state / "slurm").glob("*.json"):
-            data = read_json(path) or {}
-            if data.get("slurm_id"):
-                out[path.stem] = str(data["slurm_id"])
-        return out
+    def _claimed_owner(self, job_id: str, entry: Entry, claimed: Path) -> int | None:
+        """The owner of the spec just claimed, from fstat of the claimed file itself (opened
+        without following a link): a plain file with one link, the very bytes read at intake,
+        and an owner this worker may submit for. Between the scan and the rename, its owner
+        could have replaced jobs/<id>.yaml by a link to anyone's file (the rename takes the
+        link) or edited it. None: the claim was put back (edited: read again next pass) or
+        rejected (the file itself is wrong: that does not mend)."""
+        display = f"jobs/{entry.name}"
+        try:
+            raw, st = read_spec_file(claimed, display)
+            if self.intake.policy is not None:
+                self.intake.policy.check(st, display)
+        except SpecError as e:
+            self.arrivals.reject(job_id, claimed, str(e))
+            return None
+        except OSError as e:
+            self.arrivals.reject(job_id, claimed, f"{display}: cannot be read ({e.strerror}). Fix: make it a "
+                                 "plain file readable by the worker")
+            return None
+        if raw != entry.text:
+            self.recovery.put_back(job_id, claimed)
+            return None
+        return st.st_uid
 
     def _hand(self, job, dependency_ids: dict[str, str]) -> None:
         entry = self.intake.entries.get(job.id)
@@ -318,13 +366,16 @@ class BridgeWorker(Worker):
             return
         attempt = next_attempt(read_json(self.layout.record(self.layout.requeued, job.id)))
         name = claim_name(job.id, self.host, self.boot_id, attempt)
+        crash_point("bridge:planned")
         claimed = claim(self.layout, entry.path, name)
         self.intake.forget(job.id)
         if claimed is None:
             return
-        st = claimed.stat()
+        uid = self._claimed_owner(job.id, entry, claimed)
+        if uid is None:
+            return
         record = Record(id=job.id, state=State.RUNNING, spec=job.spec.to_json(),
-                        spec_text=entry.text.decode("utf-8-sig", "replace"), user=job.user, uid=st.st_uid,
+                        spec_text=entry.text.decode("utf-8-sig", "replace"), user=user_name(uid), uid=uid,
                         attempt=attempt, queued_at=job.queued_at, host=self.host, boot_id=self.boot_id,
                         claim=name, claimed_at=wall_time(), reason="handed to Slurm",
                         time_limit_s=job.spec.time_limit_s or self.config.time_limit_s)
@@ -343,13 +394,14 @@ class BridgeWorker(Worker):
                        reason=f"cannot hand to Slurm: {e}")
             return
         try:
-            as_owner, owner_env = self._as_owner(record)
+            as_owner, sbatch_env = self._as_owner(record, job.spec)
         except (KeyError, OSError) as e:
             transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
                        reason=f"cannot hand to Slurm as uid {record.uid}, the spec's owner: {e}")
             return
-        out = subprocess.run(["sbatch", "--parsable", f"--comment=gpuq:{name}", *as_owner], input=script,
-                             capture_output=True, text=True, timeout=60, env={**os.environ, **owner_env})
+        sbatch = shutil.which("sbatch") or "sbatch"  # found on the bridge's PATH, not the job's
+        out = subprocess.run([sbatch, "--parsable", f"--comment=gpuq:{name}", *as_owner], input=script,
+                             capture_output=True, text=True, timeout=60, env=sbatch_env)
         if out.returncode != 0 and any(m in out.stderr for m in ("Unable to contact", "timed out", "Zero Bytes")):
             record_requeue(self.layout, record, self.host, "Slurm did not answer; requeued")
             self.recovery.put_back(job.id, claimed)  # the controller was away: try again later

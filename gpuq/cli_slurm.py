@@ -3,33 +3,21 @@ script on stdout, separated by a blank line (slurm_export.py)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from .cli import open_layout, read_config
 
 
-def handed_over(layout) -> dict[str, str]:
-    """gpuq id -> Slurm job id of the jobs already handed to Slurm (state/slurm/<id>.json)."""
-    out = {}
-    for path in (layout.state / "slurm").glob("*.json"):
-        try:
-            out[path.stem] = str(json.loads(path.read_text())["slurm_id"])
-        except (OSError, ValueError, KeyError):
-            continue
-    return out
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     from .intake import read_spec_file
-    from .slurm_export import ExportError, sbatch_script
+    from .slurm_export import ExportError, handed_over, sbatch_script
     from .spec import SpecError, parse_spec_text
     from .spool import pending_spec_path
 
     layout = open_layout(args)
     config = read_config(layout)
-    ids = handed_over(layout)
+    ids = handed_over(layout.state / "slurm")
     scripts, failed = [], False
     for item in args.specs:
         path = Path(item) if Path(item).is_file() else pending_spec_path(layout, item)

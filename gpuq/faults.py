@@ -35,7 +35,8 @@ CRASH_POINTS = (
     "supervisor:cleaned",        # records done, local files removed; the worker not yet poked
 )
 # Slurm bridge mode (bridge.py; tests/test_slurm_export.py)
-BRIDGE_CRASH_POINTS = ("bridge:recorded",   # running record written; sbatch not run yet
+BRIDGE_CRASH_POINTS = ("bridge:planned",    # a spec is chosen to hand over; not yet claimed
+                       "bridge:recorded",   # running record written; sbatch not run yet
                        "bridge:submitted")  # sbatch took the job; its Slurm id is not recorded yet
 
 _crash_at = os.environ.get(CRASH_ENV)

@@ -14,16 +14,24 @@ in a comment in the script, never silently dropped:
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 import shlex
+import stat
 from itertools import product
+from pathlib import Path
 from typing import Mapping
 
 from .config import Config
 from .environments import prelude_lines
+from .layout import JOB_ID_RE
 from .spec import JobSpec
 
 SIMPLE_VALUE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:@+-")
+SLURM_ID_RE = re.compile(r"[0-9]{1,18}")
+HANDED_OVER_MAX_BYTES = 4096  # {"claim": ..., "slurm_id": ...}
 
 
 class ExportError(Exception):
@@ -34,6 +42,59 @@ def slurm_time(seconds: float) -> str:
     """12h -> '0-12:00:00'; Slurm's limit is whole seconds, rounded up."""
     s = math.ceil(seconds)
     return f"{s // 86400}-{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def handed_over(directory: Path) -> dict[str, str]:
+    """gpuq id -> Slurm job id of the jobs a bridge has handed to Slurm (state/slurm/<id>.json),
+    which later scripts name in --dependency. Only what the worker's account wrote counts (the
+    owner of state/, this process's own user, or root): a file anyone else planted would decide
+    when another user's job runs (afterok on a job of theirs). A file that is not one plain,
+    small file, or whose ids are not ids (a Slurm job id is digits), is skipped."""
+    try:
+        trusted = {0, os.geteuid(), os.stat(directory.parent).st_uid}
+        names = os.listdir(directory)
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        job_id = name[:-len(".json")]
+        if not name.endswith(".json") or not JOB_ID_RE.match(job_id):
+            continue
+        data = _read_small_json(directory / name, trusted)
+        slurm_id = str(data.get("slurm_id", "")) if isinstance(data, dict) else ""
+        if SLURM_ID_RE.fullmatch(slurm_id):
+            out[job_id] = slurm_id
+    return out
+
+
+def _read_small_json(path: Path, owners: set[int]) -> object:
+    """The JSON of one plain file owned by one of `owners`, read without following a link or
+    blocking on a FIFO; None for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in owners \
+                or st.st_size > HANDED_OVER_MAX_BYTES:
+            return None
+        return json.loads(os.read(fd, HANDED_OVER_MAX_BYTES + 1))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def array_tasks(spec: JobSpec) -> int:
+    """How many tasks a sweep's array has (0: not a sweep)."""
+    return math.prod(len(v) for _, v in spec.sweep) if spec.sweep else 0
+
+
+def slurm_logs(log_path: str, spec: JobSpec) -> list[str]:
+    """The logs Slurm appends a job's output to (its --output): one per task of a sweep."""
+    stem = log_path[:-4] if log_path.endswith(".log") else log_path
+    return [f"{stem}-{i}.log" for i in range(array_tasks(spec))] if spec.sweep else [f"{stem}.log"]
 
 
 def _gpu_mem_lines(spec: JobSpec, config: Config) -> tuple[list[str], list[str]]:
@@ -149,7 +210,7 @@ def sbatch_script(job_id: str, spec: JobSpec, config: Config, log_path: str, def
     options += [f"--output={log_path[:-4] if log_path.endswith('.log') else log_path}{suffix}.log",
                 "--open-mode=append"]
     if spec.sweep:
-        options.append(f"--array=0-{math.prod(len(v) for _, v in spec.sweep) - 1}")
+        options.append(f"--array=0-{array_tasks(spec) - 1}")
     for table, flag in ((config.slurm_partitions, "--partition"), (config.slurm_qos, "--qos")):
         if spec.priority_class in table:
             options.append(f"{flag}={table[spec.priority_class]}")
