@@ -29,13 +29,13 @@ from pathlib import Path
 from .deps import FINAL, gates, referenced
 from .config import FENCE_FRACTION
 from .faults import crash_point, wall_time
-from .intake import Entry, read_spec_file, user_name
+from .intake import user_name
 from .joblocal import lease_age
 from .launch import base_environment, open_log
 from .owners import Identity
 from .plan import queue_order
 from .slurm_export import ExportError, handed_over, sbatch_script, slurm_logs
-from .spec import JobSpec, SpecError
+from .spec import JobSpec
 from .spool import (Record, append_event, claim, claim_name, next_attempt, read_json, record_requeue,
                     record_start, running_records, transition, write_json, write_record)
 from .states import State
@@ -335,30 +335,6 @@ class BridgeWorker(Worker):
             return [], dict(os.environ)
         slurm = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or k.startswith("SBATCH_")}
         return [f"--uid={owner.uid}", f"--gid={owner.gid}"], {**slurm, **base_environment(owner)}
-
-    def _claimed_owner(self, job_id: str, entry: Entry, claimed: Path) -> int | None:
-        """The owner of the spec just claimed, from fstat of the claimed file itself (opened
-        without following a link): a plain file with one link, the very bytes read at intake,
-        and an owner this worker may submit for. Between the scan and the rename, its owner
-        could have replaced jobs/<id>.yaml by a link to anyone's file (the rename takes the
-        link) or edited it. None: the claim was put back (edited: read again next pass) or
-        rejected (the file itself is wrong: that does not mend)."""
-        display = f"jobs/{entry.name}"
-        try:
-            raw, st = read_spec_file(claimed, display)
-            if self.intake.policy is not None:
-                self.intake.policy.check(st, display)
-        except SpecError as e:
-            self.arrivals.reject(job_id, claimed, str(e))
-            return None
-        except OSError as e:
-            self.arrivals.reject(job_id, claimed, f"{display}: cannot be read ({e.strerror}). Fix: make it a "
-                                 "plain file readable by the worker")
-            return None
-        if raw != entry.text:
-            self.recovery.put_back(job_id, claimed)
-            return None
-        return st.st_uid
 
     def _hand(self, job, dependency_ids: dict[str, str]) -> None:
         entry = self.intake.entries.get(job.id)

@@ -104,7 +104,7 @@ def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str
 
     for member_id, data in members:
         text = f"# member of {kind} {group}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-        tmp = create_owned(layout.groups, member_id, text.encode(), uid, mtime=mtime)
+        tmp = create_owned(layout.groups, member_id, text.encode(), uid, mode=0o640, mtime=mtime)  # as submit writes it
         if not unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
             tmp.unlink()  # already there (a crash, then this again)
     write_json(group_file(layout, group), {"id": group, "kind": kind, "members": [i for i, _ in members],

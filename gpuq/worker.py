@@ -23,7 +23,7 @@ from .drain import drain_file
 from .faults import crash_point, wall_time
 from .hostinfo import boot_id, ensure_private_dir
 from .idle import IdleTracker
-from .intake import Intake, read_spec_file
+from .intake import Entry, Intake, read_spec_file
 from .joblocal import PREEMPTED, Runtime, finish_local, job_roots, request_stop, settle_lock, write_lease
 from .containers import RuntimeProbe
 from .jobmemory import observe_job_memory
@@ -360,15 +360,8 @@ class Worker:
         if claimed is None:
             return  # another worker took it, or it was cancelled
         crash_point("worker:claimed")
-        try:  # what was claimed, checked on the open file: no link, one link, the planned bytes
-            text, st = read_spec_file(claimed, f"jobs/{entry.name}")
-            if self.intake.policy is not None:
-                self.intake.policy.check(st, f"jobs/{entry.name}")
-        except SpecError as e:
-            self.arrivals.reject(job_id, claimed, str(e))
-            return
-        if text != entry.text:
-            self.recovery.put_back(job_id, claimed)  # edited since planned: plan it again next pass
+        uid = self._claimed_owner(job_id, entry, claimed)
+        if uid is None:
             return
         job = entry.job
         by_index = {g.index: g for g in self.gpus}
@@ -377,7 +370,7 @@ class Worker:
         record = Record(
             id=job_id, state=State.RUNNING, spec=job.spec.to_json(),
             spec_text=entry.text.decode("utf-8-sig", "replace"), user=job.user,
-            uid=st.st_uid, attempt=attempt, queued_at=job.queued_at, host=self.host,
+            uid=uid, attempt=attempt, queued_at=job.queued_at, host=self.host,
             boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
             gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=wall_time(),
             preempted=bool(previous and str(previous.get("reason", "")).startswith(PREEMPTED)),
@@ -395,6 +388,30 @@ class Worker:
         crash_point("worker:sent")
         self.running.append(record)
         log.debug("started %s on %s GPUs %s", job_id, self.host, list(gpus))  # events record it too
+
+    def _claimed_owner(self, job_id: str, entry: Entry, claimed: Path) -> int | None:
+        """The owner of the spec just claimed, from fstat of the claimed file itself (opened
+        without following a link): a plain file with one link, the very bytes read at intake,
+        and an owner this worker may submit for. Between the scan and the rename, its owner
+        could have replaced jobs/<id>.yaml by a link to anyone's file (the rename takes the
+        link) or edited it. None: the claim was put back (edited: read again next pass) or
+        rejected (the file itself is wrong: that does not mend)."""
+        display = f"jobs/{entry.name}"
+        try:
+            raw, st = read_spec_file(claimed, display)
+            if self.intake.policy is not None:
+                self.intake.policy.check(st, display)
+        except SpecError as e:
+            self.arrivals.reject(job_id, claimed, str(e))
+            return None
+        except OSError as e:
+            self.arrivals.reject(job_id, claimed, f"{display}: cannot be read ({e.strerror}). Fix: make it a "
+                                 "plain file readable by the worker")
+            return None
+        if raw != entry.text:
+            self.recovery.put_back(job_id, claimed)
+            return None
+        return st.st_uid
 
     def _write_metrics(self) -> None:
         self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
