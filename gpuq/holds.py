@@ -45,6 +45,18 @@ def _check_owner(job_id: str, owner: int, actor: Actor, verb: str) -> None:
         raise HoldError(refusal(job_id, owner, verb))
 
 
+def _held(layout: Layout, job_id: str, actor: Actor, verb: str, missing: str) -> tuple[Path, os.stat_result]:
+    """The held spec and its stat, once `actor` may `verb` it (state/held/ is the worker's:
+    its files are what the worker moved there)."""
+    src = held_spec(layout, job_id)
+    try:
+        st = os.lstat(src)
+    except FileNotFoundError:
+        raise HoldError(missing) from None
+    _check_owner(job_id, st.st_uid, actor, verb)
+    return src, st
+
+
 def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") -> str:
     spec_path = pending_spec_path(layout, job_id)
     if spec_path is None:
@@ -74,12 +86,7 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
 
 def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     """Back into the queue at its old place."""
-    src = held_spec(layout, job_id)
-    try:
-        st = os.lstat(src)
-    except FileNotFoundError:
-        raise HoldError(f"{job_id}: not held") from None
-    _check_owner(job_id, st.st_uid, actor, "release")
+    src, st = _held(layout, job_id, actor, "release", f"{job_id}: not held")
     try:
         record = read_record(layout.record(layout.held, job_id))
     except ValueError:
@@ -98,12 +105,8 @@ def edit(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes, rele
     """Replace a held spec's text with `text` (validated here again: the request is the
     sender's bytes), keeping its owner, mode and queue place; then release it unless it
     was held before the edit began."""
-    src = held_spec(layout, job_id)
-    try:
-        st = os.lstat(src)
-    except FileNotFoundError:
-        raise HoldError(f"{job_id}: not held any more (released or cancelled meanwhile); nothing changed") from None
-    _check_owner(job_id, st.st_uid, actor, "edit")
+    src, st = _held(layout, job_id, actor, "edit",
+                    f"{job_id}: not held any more (released or cancelled meanwhile); nothing changed")
     try:
         parse_spec_text(text, f"jobs/{job_id}.yaml")
     except SpecError as e:
