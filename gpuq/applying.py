@@ -4,6 +4,7 @@ of the reply, and the reply is ok when every id's was."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable
 
 from . import bookings, cancel, drain, holds
@@ -19,16 +20,27 @@ Outcome = tuple[bool, str]
 
 def apply_one(layout: Layout, config: Config, host: str, name: str, taken: bool = False) -> Reply | None:
     """Take request `name` from the inbox (unless this host took it already), apply it and
-    write the reply. None: someone else took it first."""
+    write the reply. None: someone else took it first. Whatever goes wrong with one request
+    is its reply: it never stops the requests behind it."""
     if not taken and take(layout, host, name) is None:
         return None
     try:
         request = read_taken(taken_path(layout, host, name), name)
+        reply = apply_request(layout, config, host, request)
     except RequestError as e:
         reply = Reply(((False, str(e)),), host)
-    else:
-        reply = apply_request(layout, config, host, request)
-    finish(layout, host, name, reply)
+    except Exception as e:  # noqa: BLE001 - a bug or a case not foreseen: answered, logged, never stuck
+        log.exception("request %s failed", name)
+        reply = Reply(((False, f"request {name}: gpuq could not apply it ({type(e).__name__}); "
+                                "an admin can read why in the worker's log"),), host)
+    try:
+        finish(layout, host, name, reply)
+    except OSError:
+        log.exception("could not reply to request %s", name)
+        try:
+            os.unlink(taken_path(layout, host, name))
+        except OSError:
+            pass
     return reply
 
 
@@ -42,8 +54,9 @@ def apply_request(layout: Layout, config: Config, host: str, request: Request) -
     except OSError as e:  # the spool could not be written: say so, nothing is half done
         outcomes = [(False, f"gpuq {request.verb}: {e.strerror or e} ({e.filename or 'state/'}); "
                             "nothing was changed; try again")]
-    for ok, line in outcomes:
-        log.info("%s by %s: %s%s", request.verb, actor.name, line, "" if ok else " (refused)")
+    done = sum(ok for ok, _ in outcomes)
+    log.info("%s by %s: %d done, %d refused%s", request.verb, actor.name, done, len(outcomes) - done,
+             "".join(f"; {line}" for _, line in outcomes[:3]) + (" ..." if len(outcomes) > 3 else ""))
     return Reply(tuple(outcomes), host)
 
 

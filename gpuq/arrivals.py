@@ -3,18 +3,19 @@ an id an earlier job had, goes to state/rejected/ with an .error file beside it 
 file, the field and the fix; a sweep is expanded into its member jobs (sweeps.py)."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
 
 from .faults import wall_time
 from .intake import Entry, Intake
-from .layout import Layout
+from .layout import JOB_ID_RE, Layout
 from .spec import SpecError
 from .render import safe_text
-from .spool import append_event, atomic_write, has_record
+from .spool import append_event, atomic_write, has_record, read_json
 from .strict_yaml import load_yaml
-from .sweeps import GroupError, expand_dropped_sweep
+from .sweeps import GroupError, expand_dropped_sweep, group_file
 
 log = logging.getLogger("gpuq.worker")
 
@@ -29,14 +30,35 @@ class Arrivals:
         """After a scan: reject what stayed invalid and reused ids; expand sweeps."""
         for job_id, entry in self.intake.settled_errors(now, settle_s):
             self.reject(job_id, entry.path, str(entry.error))
+        for name, job_id in self.intake.take_duplicates():
+            other = self.intake.entries[job_id].name
+            self.reject(job_id, self.layout.jobs / name, str(SpecError(
+                f"jobs/{name}", None, f"jobs/{other} already has the id '{job_id}'",
+                f"rename the file (e.g. {job_id}-2.yaml)")), forget=False)
         for entry in self.intake.take_unchecked():
             job_id = entry.job.id  # type: ignore[union-attr]
-            if has_record(self.layout, job_id):
+            taken = self._id_taken(job_id, entry.job.user)  # type: ignore[union-attr]
+            if taken:
                 self.reject(job_id, entry.path, str(SpecError(
-                    f"jobs/{entry.name}", None, f"job id '{job_id}' is already used by an earlier job",
+                    f"jobs/{entry.name}", None, f"job id '{job_id}' {taken}",
                     f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
             elif entry.job.spec.array or (entry.job.spec.sweep and self.expand_sweeps):  # type: ignore[union-attr]
                 self.expand_sweep(job_id, entry)
+
+    def _id_taken(self, job_id: str, user: str) -> str | None:
+        """Why a new spec may not have this id: an earlier job's, a group's, or another user's
+        job that waits to run again (its last record is kept in requeued/ meanwhile)."""
+        if has_record(self.layout, job_id):
+            return "is already used by an earlier job"
+        if group_file(self.layout, job_id).exists():
+            return "is the id of a sweep or array"
+        try:
+            previous = read_json(self.layout.record(self.layout.requeued, job_id))
+        except ValueError:
+            previous = None
+        if isinstance(previous, dict) and previous.get("user") not in (None, user):
+            return f"belongs to {previous.get('user')}'s job, which waits to run again"
+        return None
 
     def expand_sweep(self, job_id: str, entry: Entry) -> None:
         try:
@@ -49,23 +71,26 @@ class Arrivals:
         if members:
             log.info("sweep %s: %d jobs", job_id, len(members))
 
-    def reject(self, job_id: str, path: Path, message: str) -> None:
+    def reject(self, job_id: str, path: Path, message: str, forget: bool = True) -> None:
         suffix = ".yml" if path.name.endswith(".yml") else ".yaml"
-        dest = self.layout.rejected / f"{job_id}{suffix}"
-        if dest.exists() or dest.is_symlink():
-            dest = self.layout.rejected / f"{job_id}.{int(wall_time())}{suffix}"
+        # A name that is not a job id (250 characters, say) is kept under a short one of gpuq's.
+        stem = job_id if JOB_ID_RE.match(job_id) else f"bad-name-{hashlib.sha1(job_id.encode()).hexdigest()[:12]}"
+        dest = self.layout.rejected / f"{stem}{suffix}"
+        if os.path.lexists(dest):
+            dest = self.layout.rejected / f"{stem}.{int(wall_time())}.{os.urandom(3).hex()}{suffix}"
         try:
             os.rename(path, dest)
         except FileNotFoundError:
             return  # taken or removed meanwhile
-        except PermissionError:  # another user's file in a sticky jobs/: it stays, and status shows why
+        except OSError:  # another user's file in a sticky jobs/ (or a name it cannot take): it stays
             if path.name not in self.unmovable:
                 self.unmovable.add(path.name)
-                log.warning("cannot move %s to rejected/ (%s)", path.name, message)
+                log.warning("cannot move %s to rejected/ (%s)", safe_text(path.name), safe_text(message))
             return
         message = safe_text(message)  # a field name may hold a newline: one line, never more
         atomic_write(dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error", (message + "\n").encode(), mode=0o644)
-        append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "rejected",
+        append_event(self.layout, self.host, {"job": stem, "from": "pending", "to": "rejected",
                                               "reason": message})
-        self.intake.forget(job_id)
+        if forget:
+            self.intake.forget(job_id)
         log.warning("rejected %s", message)

@@ -75,7 +75,9 @@ class BookingError(ValueError):
     pass
 
 
-BOOKING_ID_RE = re.compile(r"^bk-\d{1,9}$")
+BOOKING_ID_RE = re.compile(r"^bk-\d{1,9}\Z")
+MEMBER_MAX_S = 31 * 86400    # longer bookings, or ones further ahead, are for admins
+MEMBER_AHEAD_S = 365 * 86400
 MAX_TIME = 32503680000.0  # 3000-01-01: later than any booking, and what time.localtime can show
 
 
@@ -170,14 +172,20 @@ def book(layout: Layout, host: str, gpus: tuple[int, ...], start: float, end: fl
         raise BookingError("--to must come after --from")
     if end <= now:
         raise BookingError("that slot is already over")
+    if not actor.admin and (end - start > MEMBER_MAX_S or start - now > MEMBER_AHEAD_S):
+        raise BookingError(f"a member books at most {MEMBER_MAX_S // 86400:.0f} days, starting within "
+                           f"{MEMBER_AHEAD_S // 86400:.0f} days; longer or later slots are an admin's")
     d = layout.bookings
-    for n in range(1, 100000):
+    existing = load(layout, now)  # read once: a booking costs O(bookings), not O(bookings²)
+    _refuse_overlap(Booking("bk-0", host, gpus, start, end, owner, note, actor.name), existing)
+    n = max((int(b.id[3:]) for b in load(layout)), default=0)
+    while True:
+        n += 1
         candidate = Booking(f"bk-{n}", host, gpus, start, end, owner, note, actor.name)
-        _refuse_overlap(candidate, load(layout, now))
         try:
             fd = os.open(d / f"{candidate.id}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         except FileExistsError:
-            continue
+            continue  # another worker's booking took the id a moment ago
         with os.fdopen(fd, "w") as f:
             json.dump(candidate.to_json(), f)
         earlier = [b for b in load(layout, now) if b.id != candidate.id and b.overlaps(candidate)
@@ -186,7 +194,13 @@ def book(layout: Layout, host: str, gpus: tuple[int, ...], start: float, end: fl
             (d / f"{candidate.id}.json").unlink()
             _refuse_overlap(candidate, earlier)
         return candidate
-    raise BookingError("no free booking id")
+
+
+def prune(layout: Layout, now: float, keep_s: float = 7 * 86400) -> None:
+    """The worker's: bookings over for a week go (status shows only current ones)."""
+    for b in load(layout):
+        if b.end < now - keep_s:
+            (layout.bookings / f"{b.id}.json").unlink(missing_ok=True)
 
 
 def _refuse_overlap(candidate: Booking, existing: Sequence[Booking]) -> None:

@@ -54,13 +54,13 @@ def show_group(layout, args: argparse.Namespace) -> int:
 
 
 def with_group_members(layout, ids: list[str]) -> list[str]:
-    """A sweep's or array's id stands for its members."""
-    from .spool import has_record, pending_spec_path
+    """A sweep's or array's id stands for its members (a group's id is never a job's: a spec
+    dropped under it is rejected)."""
     from .sweeps import read_group
 
     out = []
     for job_id in ids:
-        group = None if pending_spec_path(layout, job_id) or has_record(layout, job_id) else read_group(layout, job_id)
+        group = read_group(layout, job_id)
         out += group["members"] if group else [job_id]
     return out
 

@@ -169,7 +169,7 @@ def _owner(path: Path) -> int | None:
 def check_filesystems(layout: Layout, config: Config) -> list[Finding]:
     out = []
     local = config.local_dir_for(layout, this_host())
-    found = mount_of(local if local.exists() else local.parent)
+    found = mount_of(local if os.path.exists(local) else local.parent)  # a member may not see into it
     if found and found[1] in NETWORK_FILESYSTEMS:
         out.append(Finding("fail", "local_dir", f"local_dir {local} is on {found[1]}: locks there do not work",
                            "set `local_dir: /var/tmp/gpuq-{host}` in config.yaml"))

@@ -27,7 +27,8 @@ from .intake import read_spec_file, user_name
 from .layout import Layout
 from .owners import Actor, refusal
 from .spec import SpecError, parse_spec_text
-from .spool import (Record, append_event, create_owned, pending_spec_path, read_json, read_record, transition_event,
+from .spool import (Record, append_event, create_owned, has_record, pending_spec_path, pending_specs, read_json,
+                    read_record, transition_event,
                     unclaim, write_json, write_record)
 from .states import State, check_transition
 
@@ -58,19 +59,28 @@ def _held(layout: Layout, job_id: str, actor: Actor, verb: str, missing: str) ->
 
 
 def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") -> str:
-    spec_path = pending_spec_path(layout, job_id)
-    if spec_path is None:
-        if held_spec(layout, job_id).exists():
-            raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
+    if os.path.lexists(held_spec(layout, job_id)):
+        raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
+    if has_record(layout, job_id):  # a file in jobs/ under a running or ended job's id is not that job
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")
-    dest = held_spec(layout, job_id)
+    mine = [p for p in pending_specs(layout, job_id) if actor.may_act_on(os.lstat(p).st_uid)]
+    if not mine:
+        others = pending_specs(layout, job_id)
+        if others:
+            raise HoldError(refusal(job_id, os.lstat(others[0]).st_uid, "hold"))
+        raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")
+    spec_path, dest = mine[0], held_spec(layout, job_id)
+    if not stat.S_ISREG(os.lstat(spec_path).st_mode):
+        raise HoldError(f"{job_id}: jobs/{spec_path.name} is not a plain file, so not a job")
+    # link, then unlink: never over a held spec that is there already
     try:
-        os.rename(spec_path, dest)
+        if not unclaim(spec_path, dest):
+            raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
     except FileNotFoundError:
         raise HoldError(f"{job_id}: a worker started it a moment ago; it is running") from None
     st = os.lstat(dest)  # the moved file, in a directory only the worker's account writes
-    if not actor.may_act_on(st.st_uid):
-        unclaim(dest, spec_path)
+    if not actor.may_act_on(st.st_uid):  # its owner replaced it between the look and the move
+        _put_back(layout, dest, spec_path, job_id)
         raise HoldError(refusal(job_id, st.st_uid, "hold"))
     check_transition(State.PENDING, State.HELD)
     record = Record(id=job_id, state=State.HELD, spec={}, user=user_name(st.st_uid), uid=st.st_uid,
@@ -78,10 +88,17 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     try:
         write_record(layout, record)
     except OSError:
-        unclaim(dest, spec_path)
+        _put_back(layout, dest, spec_path, job_id)
         raise
     append_event(layout, host, transition_event(record, State.PENDING, State.HELD))
     return f"{job_id}: held (gpuq release {job_id} puts it back at its place)"
+
+
+def _put_back(layout: Layout, moved: Path, spec_path: Path, job_id: str) -> None:
+    """Back into jobs/; if a new file took its name meanwhile, to rejected/ (never lost, never
+    under another id)."""
+    if not unclaim(moved, spec_path):
+        os.rename(moved, layout.rejected / f"{job_id}.{os.urandom(4).hex()}{spec_path.suffix}")
 
 
 def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
@@ -154,13 +171,19 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
         raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")
     _check_owner(job_id, record.uid, actor, "retry")
     check_transition(record.state, State.PENDING)
-    write_json(kept, record.to_json())
-    finished.unlink(missing_ok=True)
+    if pending_specs(layout, job_id):
+        raise HoldError(f"{job_id}: jobs/ holds a file with this id already (not this job: it would be "
+                        "rejected); nothing was changed")
     # Made in a directory only the worker's account writes, owned by the job's owner, then
     # linked into jobs/: nothing a member planted in jobs/ is ever written through.
     tmp = create_owned(layout.held, job_id, record.spec_text.encode(), record.uid)
-    if not unclaim(tmp, layout.jobs / f"{job_id}.yaml"):
+    write_json(kept, record.to_json())
+    if finished.exists():
+        finished.unlink()
+    if not unclaim(tmp, layout.jobs / f"{job_id}.yaml"):  # a file appeared in jobs/ meanwhile: undo
         tmp.unlink()
-        raise HoldError(f"{job_id}: jobs/{job_id}.yaml exists already")
+        write_json(finished, record.to_json())
+        kept.unlink(missing_ok=True)
+        raise HoldError(f"{job_id}: jobs/{job_id}.yaml appeared meanwhile (not this job); nothing was changed")
     append_event(layout, host, transition_event(record, record.state, State.PENDING, f"retry by {actor.name}"))
     return f"{job_id}: back in the queue as attempt {record.attempt + 1}"

@@ -27,12 +27,12 @@ from typing import Any
 
 from .faults import wall_time
 from .layout import HOST_RE, JOB_ID_RE, Layout
-from .spool import atomic_write, read_json
+from .spool import atomic_write, open_dir, read_json
 
 REQUEST_RE = re.compile(r"^r-\d{1,20}-[0-9a-f]{16}\.json$")
 VERBS = ("cancel", "hold", "release", "edit", "retry", "book", "unbook", "drain", "resume")
 MAX_REQUEST_BYTES = 512 * 1024   # an edit carries a whole spec (at most 256 KiB)
-MAX_IDS = 10000
+MAX_IDS = 1000                   # as many as an array has at most
 REPLY_KEEP_S = 3600.0
 
 
@@ -67,13 +67,35 @@ class Reply:
 # --- the CLI's side ----------------------------------------------------------------------
 
 def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = "", **args: Any) -> str:
-    """Write one request into the inbox; returns its name (the reply's name too)."""
-    name = f"r-{time.time_ns()}-{secrets.token_hex(8)}.json"
+    """Write one request into the inbox; returns its name (the reply's name too). The file is
+    written under a hidden name unrelated to the final one, then linked into place: another
+    member who sees the temp file cannot guess the final name and take it first (in a sticky
+    directory a rename onto their file would fail), and link(2) never replaces a file."""
     data = json.dumps({"verb": verb, "ids": list(ids), "args": args, "from": sent_from}).encode()
     if len(data) > MAX_REQUEST_BYTES:
         raise RequestError(f"the request is {len(data)} bytes, over the {MAX_REQUEST_BYTES} cap")
-    atomic_write(layout.requests / name, data, mode=0o640)
-    return name
+    dir_fd = open_dir(layout.requests)
+    tmp = f".tmp-{secrets.token_hex(8)}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=dir_fd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        for _ in range(10):
+            name = f"r-{time.time_ns()}-{secrets.token_hex(8)}.json"
+            try:
+                os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                return name
+            except FileExistsError:
+                continue
+        raise RequestError("could not name the request (every name taken); try again")
+    finally:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        os.close(dir_fd)
 
 
 def read_reply(layout: Layout, name: str) -> Reply | None:
@@ -176,21 +198,39 @@ def finish(layout: Layout, host: str, name: str, reply: Reply) -> None:
     taken = taken_path(layout, host, name)
     try:
         os.unlink(taken)
-    except IsADirectoryError:  # a directory posing as a request: set aside, never read again
-        os.rename(taken, taken.with_name(f".{taken.name}.not-a-request"))
+    except IsADirectoryError:  # a directory posing as a request: set aside under a name of its own
+        os.rename(taken, taken.with_name(f".{secrets.token_hex(8)}.not-a-request"))
     except FileNotFoundError:
         pass
+
+
+def fair_order(layout: Layout, names: list[str]) -> list[str]:
+    """The waiting requests taken in turn by sender (oldest first within each): a member who
+    sends a thousand requests delays each other member's by one of theirs, not by all."""
+    by_sender: dict[int, list[str]] = {}
+    for name in names:
+        try:
+            uid = os.lstat(layout.requests / name).st_uid
+        except FileNotFoundError:
+            continue
+        by_sender.setdefault(uid, []).append(name)
+    queues = list(by_sender.values())
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 def sweep_replies(layout: Layout, now: float) -> None:
-    """Replies an hour old: their CLI stopped waiting long ago."""
-    try:
-        with os.scandir(layout.replies) as it:
-            for e in it:
-                try:
-                    if e.stat(follow_symlinks=False).st_mtime < now - REPLY_KEEP_S:
-                        os.unlink(e.path)
-                except FileNotFoundError:
-                    pass
-    except FileNotFoundError:
-        pass
+    """Replies an hour old (their CLI stopped waiting long ago), and temp files of senders
+    killed mid-write."""
+    for directory, pattern in ((layout.replies, None), (layout.requests, ".tmp-")):
+        try:
+            with os.scandir(directory) as it:
+                for e in it:
+                    if pattern is not None and not e.name.startswith(pattern):
+                        continue
+                    try:
+                        if e.stat(follow_symlinks=False).st_mtime < now - REPLY_KEEP_S:
+                            os.unlink(e.path)
+                    except OSError:
+                        pass
+        except FileNotFoundError:
+            pass

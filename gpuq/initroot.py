@@ -76,7 +76,8 @@ def share_with_team(layout: Layout, gid: int) -> None:
             raise InitError(f"{path} is not a file or directory of yours (a link, or someone else's): "
                             "make the root in a new directory")
         os.chown(path, -1, gid, follow_symlinks=False)
-        os.chmod(path, 0o644 if path == layout.config_file else 0o3770 if path in inboxes else 0o2750)
+        os.chmod(path, 0o644 if path == layout.config_file else 0o3770 if path in inboxes
+                 else 0o2700 if path == layout.taken_requests else 0o2750)  # taken requests: the worker's alone
 
 
 def _me() -> str:

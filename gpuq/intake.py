@@ -95,6 +95,7 @@ class Intake:
         self.layout = layout
         self.policy = policy           # the worker's: whose specs it may run
         self.entries: dict[str, Entry] = {}
+        self.duplicates: dict[str, str] = {}  # a second file of a known id (x.yml beside x.yaml): refused
         # Kept apart so that a pass costs O(changes), not O(pending):
         self.failing: set[str] = set()     # ids whose file does not parse (yet)
         self.unchecked: set[str] = set()   # ids parsed since the worker last checked them
@@ -141,7 +142,8 @@ class Intake:
                 continue
             known = self.entries.get(job_id)
             if known is not None and known.name != name:
-                continue  # train.yaml and train.yml: one id, the first one found wins
+                self.duplicates[name] = job_id  # train.yaml and train.yml: the first one found wins
+                continue
             changed |= self._examine(job_id, name, known, now_mono)
         if changed:
             self.version += 1
@@ -189,6 +191,13 @@ class Intake:
         self.failing.discard(job_id)
         self.unchecked.discard(job_id)
         return self.entries.pop(job_id, None)
+
+    def take_duplicates(self) -> list[tuple[str, str]]:
+        """(file name, job id) of second files for ids another file already has."""
+        found = [(name, job_id) for name, job_id in self.duplicates.items()
+                 if name in self.listing and job_id in self.entries]
+        self.duplicates.clear()
+        return found
 
     def forget(self, job_id: str) -> None:
         """The worker claimed or rejected this spec: it is no longer pending. If a file by

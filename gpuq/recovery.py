@@ -148,8 +148,8 @@ class Recovery:
                         try:
                             if entry.stat(follow_symlinks=False).st_mtime < cutoff:
                                 os.unlink(entry.path)
-                        except FileNotFoundError:
-                            pass
+                        except OSError:
+                            pass  # gone, or a directory posing as a temp file: left alone
 
     # --- other hosts ------------------------------------------------------------------------
 

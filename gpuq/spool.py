@@ -23,7 +23,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o640, durable: bool = Tru
     world-readable: records hold specs (the team reads them through the root's group;
     README, Security model). The temp file is created exclusively, never through a link,
     relative to the directory's descriptor."""
-    tmp_name = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    tmp_name = f".{path.name[:100]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"  # within NAME_MAX
     dir_fd = open_dir(path.parent)
     try:
         fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
@@ -334,6 +334,11 @@ def claims_of(layout: Layout, job_id: str) -> list[Path]:
 
 
 # --- pending specs -----------------------------------------------------------------------
+
+def pending_specs(layout: Layout, job_id: str) -> list[Path]:
+    """Every file in jobs/ for this id (x.yaml and x.yml may both be there for a moment)."""
+    return [p for p in (layout.jobs / f"{job_id}.yaml", layout.jobs / f"{job_id}.yml") if os.path.lexists(p)]
+
 
 def pending_spec_path(layout: Layout, job_id: str) -> Path | None:
     for suffix in (".yaml", ".yml"):

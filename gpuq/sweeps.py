@@ -97,19 +97,30 @@ def group_file(layout: Layout, group: str) -> Path:
 def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int,
                   mtime: float) -> list[str]:
     """The worker's part: write each member into jobs/ (owned by `uid`, with `mtime`: the
-    group's queue place), skipping ids taken meanwhile, then the group record. Each member
+    group's queue place), then the group record. A member id another user's file has taken
+    is left out (listed as skipped): the group never stands for someone else's job. Each member
     is made in state/groups/, where only the worker's account writes, and linked into jobs/:
     nothing a member planted in jobs/ is ever written through. Returns the member ids."""
     import yaml
 
+    placed = []
     for member_id, data in members:
         text = f"# member of {kind} {group}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
         tmp = create_owned(layout.groups, member_id, text.encode(), uid, mode=0o640, mtime=mtime)  # as submit writes it
-        if not unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
-            tmp.unlink()  # already there (a crash, then this again)
-    write_json(group_file(layout, group), {"id": group, "kind": kind, "members": [i for i, _ in members],
-                                           "uid": uid, "queued_at": mtime})
-    return [i for i, _ in members]
+        if unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
+            placed.append(member_id)
+            continue
+        tmp.unlink()  # already there: ours after a crash and this again, or someone else's file
+        try:
+            theirs = os.lstat(layout.jobs / f"{member_id}.yaml").st_uid != uid
+        except FileNotFoundError:
+            theirs = True
+        if not theirs:
+            placed.append(member_id)
+    write_json(group_file(layout, group), {"id": group, "kind": kind, "members": placed, "uid": uid,
+                                           "queued_at": mtime,
+                                           "skipped": [i for i, _ in members if i not in placed]})
+    return placed
 
 
 def read_group(layout: Layout, group: str) -> dict[str, Any] | None:

@@ -97,7 +97,10 @@ class QueueLock:
 
         try:
             if self.fd is None:
-                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+                # The worker's account's alone: a member who could open it could flock it and
+                # slow every pass (the lock is waited for queue_lock_timeout_s).
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                os.fchmod(self.fd, 0o600)
             deadline = time.monotonic() + self.timeout_s
             while not (held := lock_descriptor(self.fd, blocking=False)) and time.monotonic() < deadline:
                 time.sleep(0.01)

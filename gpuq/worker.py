@@ -16,7 +16,7 @@ from . import __version__
 from .arrivals import Arrivals
 from .alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from .config import Config
-from .bookings import load as load_bookings
+from .bookings import load as load_bookings, prune as prune_bookings
 from .cancel import cancel_pending
 from .deps import DependencyStates, gates
 from .drain import drain_file
@@ -36,7 +36,7 @@ from .owners import OwnerPolicy
 from .plan import HostView, RunningJob, plan
 from .probe import GpuSnapshot, Probe
 from .applying import apply_one
-from .inbox import leftovers, sweep_replies, waiting
+from .inbox import fair_order, leftovers, sweep_replies, waiting
 from .render import safe_text
 from .spec import SpecError
 from .recovery import Recovery
@@ -59,6 +59,7 @@ FULL_SCAN_EVERY_S = 30.0
 # A burst of short jobs wakes the worker hundreds of times a second; between those wakes
 # jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
 EXIT_WAKE_SCAN_GAP_S = 0.2
+REQUESTS_PER_PASS_S = 0.5
 
 
 class Worker:
@@ -248,14 +249,18 @@ class Worker:
     def apply_requests(self) -> None:
         """Requests from the inbox (inbox.py): cancel, hold, release, edit, retry, book,
         unbook, drain, resume. Requests this host took before a crash come first."""
+        deadline = time.monotonic() + REQUESTS_PER_PASS_S  # a flood must not stall heartbeats
         for name in leftovers(self.layout, self.host):
             apply_one(self.layout, self.config, self.host, name, taken=True)
-        for name in waiting(self.layout):
+        for name in fair_order(self.layout, waiting(self.layout)):
+            if time.monotonic() > deadline:
+                break  # the rest at the next pass
             apply_one(self.layout, self.config, self.host, name)
         now = wall_time()
         if now - self.replies_swept_at > 60:
             self.replies_swept_at = now
             sweep_replies(self.layout, now)
+            prune_bookings(self.layout, now)
 
     def _stop(self, record: Record, reason: str) -> bool:
         """TERM, grace, KILL through its supervisor (bridge.py: scancel). False: not yet."""

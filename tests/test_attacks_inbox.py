@@ -1,0 +1,205 @@
+"""A second round of attacks by a member (bob) on the request inbox and the queue of a root
+worker, found by a review of the new trust boundary: one request must never stop the others,
+a file bob drops under alice's job id is never her job, a put-back never loses or re-labels a
+spec, and floods never stall the worker's heartbeat."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from conftest import wait_until
+from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401 - fixtures
+
+pytestmark = needs_root
+SLEEPER = "command: sleep 60\ngpus: 0\nworkdir: /\n"
+
+
+def _put_request(team, user: str, name: str, data: bytes | None, directory: bool = False) -> None:
+    """A file (or a directory) in the inbox, made by `user` as an attacker would."""
+    path = team.root / "requests" / name
+    if directory:
+        code = f"import os; os.mkdir({str(path)!r}, 0o777)"
+    else:  # the bytes come through a file: they may be too long for a command line
+        payload = team.base / f"payload-{name}"
+        payload.write_bytes(data or b"")
+        os.chmod(payload, 0o644)
+        code = (f"import os\nt = {str(path.parent / ('.x-' + name))!r}\n"
+                f"open(t, 'wb').write(open({str(payload)!r}, 'rb').read())\nos.rename(t, {str(path)!r})\n")
+    done = team.py_as(user, code)
+    assert done.returncode == 0, done.stderr
+
+
+def _reply(team, name: str) -> dict:
+    path = team.root / "state" / "replies" / name
+    wait_until(path.exists, what=f"the reply to {name}")
+    return json.loads(path.read_text())
+
+
+def _state(team, job_id: str) -> str | None:
+    for d in ("running", "finished"):
+        p = team.root / "state" / d / f"{job_id}.json"
+        if p.exists():
+            return json.loads(p.read_text())["state"]
+    if (team.root / "state" / "held" / f"{job_id}.yaml").exists():
+        return "held"
+    return "pending" if (team.root / "jobs" / f"{job_id}.yaml").exists() else None
+
+
+def test_no_request_can_stop_the_requests_behind_it(team):
+    """H1: a request the worker could not apply (a lone surrogate in an edit's text, JSON nested
+    200,000 deep, a directory whose set-aside name bob had made his) stayed taken, was retried
+    first at every pass, and every later request waited for ever."""
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "al.yaml", SLEEPER)
+    wait_until(lambda: _state(team, "al") == "running", what="al to run")
+    bad = {"r-1-00000000000000a1.json": b'{"verb": "edit", "ids": ["nothing"], "args": {"text": "\\ud800"}}',
+           "r-1-00000000000000a2.json": b'{"verb": "cancel", "ids": [], "args": ' + b"[" * 200000}
+    for name, data in bad.items():
+        _put_request(team, BOB, name, data)
+    for _ in range(2):  # a directory, then the same name again, while bob fills the first
+        _put_request(team, BOB, "r-1-00000000000000a3.json", None, directory=True)
+        wait_until(lambda: not (team.root / "requests" / "r-1-00000000000000a3.json").exists(), what="taken")
+    for name in bad:
+        assert not _reply(team, name)["ok"]
+    cancel = team.as_user(ALICE, "cancel", "al")
+    assert cancel.returncode == 0, cancel.stderr
+    assert wait_until(lambda: team.finished("al"), what="al cancelled")["state"] == "cancelled"
+    assert team.workers["a"].poll() is None
+    assert not [p for p in (team.root / "state" / "requests").iterdir() if not p.name.startswith(".")]
+
+
+def test_a_file_under_another_members_job_id_is_never_that_job(team):
+    """H2: cancel and hold looked at jobs/<id>.yaml first, so bob's file under alice's id (kept
+    there by rewriting it unparsable) let him cancel her running job, replace her held spec,
+    and half-apply her retry; a second file (x.yaml beside her x.yml) and a spec under her
+    sweep's id stood in for her jobs."""
+    team.write_config(spec_settle_s=60)  # bob's unparsable files wait that long before rejection
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "al-r2.yaml", SLEEPER)
+    team.drop_as(ALICE, "al-done.yaml", "command: echo one\ngpus: 0\nworkdir: /\n")
+    wait_until(lambda: _state(team, "al-r2") == "running" and team.finished("al-done"), what="alice's jobs")
+    team.drop_as(BOB, "al-r2.yaml", "command: [unterminated\n")  # pending, unparsable: kept a while
+    cancel = team.as_user(BOB, "cancel", "al-r2")
+    assert cancel.returncode == 1 and f"belongs to {ALICE}" in cancel.stderr, cancel.stdout
+    assert _state(team, "al-r2") == "running"
+    team.drop_as(BOB, "al-done.yaml", "command: [unterminated\n")
+    retry = team.as_user(ALICE, "retry", "al-done")
+    assert retry.returncode == 1 and "nothing was changed" in retry.stderr, retry.stderr
+    assert team.finished("al-done")["state"] == "done"  # not half done: still her finished record
+    assert not (team.root / "state" / "requeued" / "al-done.json").exists()
+    never = "command: sleep 60\ngpus: 1\ngpu_mem: 90GiB\nworkdir: /\n"  # pending: fits no GPU here
+    team.drop_as(ALICE, "al-h1.yaml", never)
+    wait_until(lambda: team.status()["pending"], what="al-h1 pending")
+    assert team.gpuq("hold", "al-h1").returncode == 0
+    team.drop_as(BOB, "al-h1.yaml", "command: [unterminated\n")
+    hold = team.as_user(BOB, "hold", "al-h1")
+    assert hold.returncode == 1 and "already held" in hold.stderr, hold.stderr
+    assert os.stat(team.root / "state" / "held" / "al-h1.yaml").st_uid == team.users[ALICE].pw_uid
+    team.drop_as(ALICE, "ay.yml", never)
+    wait_until(lambda: any(j["id"] == "ay" for j in team.status()["pending"]), what="ay pending")
+    team.drop_as(BOB, "ay.yaml", never)  # a second file for her id: refused, never her job
+    wait_until(lambda: (team.root / "state" / "rejected" / "ay.error").exists(), what="bob's duplicate refused")
+    assert "already has the id 'ay'" in (team.root / "state" / "rejected" / "ay.error").read_text()
+    held = team.as_user(ALICE, "hold", "ay")
+    assert held.returncode == 0, held.stderr
+    assert os.stat(team.root / "state" / "held" / "ay.yaml").st_uid == team.users[ALICE].pw_uid
+
+
+def test_a_group_id_and_a_members_id_cannot_be_squatted(team):
+    """H2(e), M2: bob's spec under alice's sweep id stood for her group in cancel and show;
+    bob's file made in advance under a member's id was listed as her member."""
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(BOB, "asw_x1.yaml", "command: sleep 60\ngpus: 0\nworkdir: /\nhosts: [nowhere]\n")
+    team.drop_as(ALICE, "asw.yaml", "command: echo {x}\ngpus: 0\nworkdir: /\nsweep: {x: [1, 2]}\n")
+    group = team.root / "state" / "groups" / "asw.json"
+    wait_until(group.exists, what="the sweep expanded")
+    data = json.loads(group.read_text())
+    assert data["members"] == ["asw_x2"] and data["skipped"] == ["asw_x1"]
+    team.drop_as(BOB, "asw.yaml", SLEEPER)
+    wait_until(lambda: (team.root / "state" / "rejected" / "asw.error").exists(), what="bob's spec refused")
+    assert "is the id of a sweep or array" in (team.root / "state" / "rejected" / "asw.error").read_text()
+
+
+def test_a_flood_of_requests_never_stalls_the_heartbeat_and_others_go_first(team):
+    """H4: 300 requests of 10,000 ids each, applied in one step, stalled the heartbeat 108 s
+    and the supervisors fenced alice's job. Now a request holds at most 1,000 ids, a pass
+    applies requests for at most half a second, and senders take turns."""
+    team.write_config(lost_after_s=20, grace_s=2)
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "al-long.yaml", SLEEPER)
+    wait_until(lambda: _state(team, "al-long") == "running", what="al-long")
+    big = json.dumps({"verb": "cancel", "ids": [f"nope-{i}" for i in range(1001)]}).encode()
+    _put_request(team, BOB, "r-1-0000000000000b00.json", big)
+    assert "at most 1000" in _reply(team, "r-1-0000000000000b00.json")["outcomes"][0]["message"]
+    many = json.dumps({"verb": "cancel", "ids": [f"nope-{i}" for i in range(1000)]}).encode()
+    (team.base / "many").write_bytes(many)
+    os.chmod(team.base / "many", 0o644)
+    script = (f"import os\nd = {str(team.root / 'requests')!r}\nmany = open({str(team.base / 'many')!r}, 'rb').read()\n"
+              f"for i in range(150):\n"
+              f"    t = os.path.join(d, '.x%d' % i); open(t, 'wb').write(many)\n"
+              f"    os.rename(t, os.path.join(d, 'r-2-%016x.json' % i))\n")
+    assert team.py_as(BOB, script).returncode == 0
+    beat = team.root / "state" / "workers" / "a.json"
+    seq = json.loads(beat.read_text())["seq"]
+    cancel = team.as_user(ALICE, "cancel", "al-long")  # her turn comes before bob's 150
+    assert cancel.returncode == 0, cancel.stderr
+    wait_until(lambda: json.loads(beat.read_text())["seq"] >= seq + 3, what="heartbeats during the flood")
+    record = wait_until(lambda: team.finished("al-long"), what="al-long cancelled")
+    assert record["state"] == "cancelled" and f"cancelled by {ALICE}" in record["reason"]
+
+
+def test_a_request_name_cannot_be_taken_first_and_the_queue_lock_is_the_workers(team):
+    """M3: the request's temp name gave its final name away, bob created it first, and
+    alice's command failed with a false message. L1: any member could flock state/queue.lock
+    and slow every pass by 2 s."""
+    team.start_worker("a", "1x80GiB")
+    script = f"""
+import os, time
+d = {str(team.root / 'requests')!r}
+seen, end = set(), time.time() + 8
+while time.time() < end:
+    for n in os.listdir(d):
+        if n.startswith('.') and 'r-' in n and n not in seen:
+            seen.add(n)
+            final = n[1:].split('.json')[0] + '.json'
+            try: os.close(os.open(os.path.join(d, final), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except OSError: pass
+print(len(seen))
+"""
+    import subprocess
+
+    squatter = subprocess.Popen([team.python, "-c", script], stdout=subprocess.PIPE, text=True, cwd="/",
+                                user=team.users[BOB].pw_uid, group=team.users[BOB].pw_gid,
+                                extra_groups=os.getgrouplist(BOB, team.users[BOB].pw_gid))
+    for i in range(3):
+        team.drop_as(ALICE, f"sq{i}.yaml", SLEEPER.replace("gpus: 0", "gpus: 1\ngpu_mem: 90GiB"))
+    for i in range(3):
+        done = team.as_user(ALICE, "cancel", f"sq{i}")
+        assert done.returncode == 0, done.stderr
+    squatter.wait(timeout=30)
+    lock = team.root / "state" / "queue.lock"
+    assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+    assert team.py_as(BOB, f"open({str(lock)!r})").returncode != 0
+
+
+def test_a_long_name_or_a_directory_posing_as_a_spec_never_jams_intake_or_lies(team):
+    """M1: a 250-character spec name made every intake pass fail (ENAMETOOLONG) and lost its
+    .error; M5: `gpuq cancel` of a directory posing as a spec said "nothing was changed" but
+    wrote a record and left bob's 0777 directory in state/finished/."""
+    assert team.py_as(BOB, f"import os; os.mkdir({str(team.root / 'jobs' / 'bdir.yaml')!r}, 0o777)").returncode == 0
+    cancel = team.gpuq("cancel", "bdir", check=False)  # root's own cancel: applied at once, no worker
+    assert cancel.returncode == 1 and "not a plain file" in cancel.stderr, cancel.stderr
+    assert team.finished("bdir") is None and not [p for p in (team.root / "state" / "finished").iterdir()
+                                                 if p.is_dir()]
+    team.start_worker("a", "1x80GiB")
+    long = "x" * 249
+    for name in (f"{long}.yaml", f"{long}2.yaml"):  # 254 and 255 bytes: names the kernel allows
+        made = team.py_as(BOB, f"open({str(team.root / 'jobs' / name)!r}, 'w').write({SLEEPER!r})")
+        assert made.returncode == 0, made.stderr
+    team.drop_as(ALICE, "after.yaml", "command: echo ok\ngpus: 0\nworkdir: /\n")
+    assert wait_until(lambda: team.finished("after"), timeout=30, what="a job past the junk")["state"] == "done"
+    errors = list((team.root / "state" / "rejected").glob("bad-name-*.error"))
+    wait_until(lambda: len(list((team.root / "state" / "rejected").glob("bad-name-*.error"))) == 2,
+               what="both long names refused, each with its .error")
+    assert team.workers["a"].poll() is None and errors is not None
