@@ -361,8 +361,26 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     except (RootError, ConfigError) as e:
         print(f"gpuq: {e}", file=sys.stderr)
         return 2
+    except PermissionError as e:  # the spool's modes said no: a person's mistake, not gpuq's
+        print(f"gpuq: {_permission_denied(e)}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         return 0
+
+
+def _permission_denied(e: PermissionError) -> str:
+    """One line for a path the spool's modes keep from this user: someone outside the root's
+    group cannot read it at all (nor anything under it); a member may read but not write it."""
+    if e.filename is None:  # raised by gpuq itself, in its own words
+        return e.strerror or str(e)
+    from .render import safe_text  # a file's name in jobs/ is a member's choice
+
+    path = os.fsdecode(e.filename)
+    there = path if os.path.lexists(path) else os.path.dirname(path)  # a file it meant to create
+    if os.access(there, os.R_OK | (os.X_OK if os.path.isdir(there) else 0)):
+        return f"cannot write {safe_text(path)}: permission denied (README, Security model: who may write what)"
+    return (f"cannot read {safe_text(path)}: permission denied. Fix: ask the root's owner to add you to its group "
+            "(README, Security model)")
 
 
 def entry_point() -> int:

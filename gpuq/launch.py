@@ -15,6 +15,7 @@ import os
 import pwd
 import shlex
 import signal
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,11 +178,14 @@ _JOB_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # the supervisor's othe
 def open_log(path: Path, owner: Identity | None) -> int:
     """The job's log for appending: created 0640 (and, for a root worker, given to the job's
     owner), never through a link, and only a plain file of the owner's when it exists: a name
-    planted in logs/ must not make root write into someone else's file."""
+    planted in logs/ must not make root write into someone else's file. In a team root
+    (logs/ setgid to the team's group) the log keeps that group, so the team reads it (README);
+    elsewhere its group is the owner's own."""
     fd, created = open_to_append(path, 0o640, owner.uid if owner else os.geteuid(), f"log {path.name}",
                                  "the job's owner")
     if created and owner is not None:
-        os.fchown(fd, owner.uid, owner.gid)
+        team_dir = os.stat(path.parent).st_mode & stat.S_ISGID  # the file was created with its group
+        os.fchown(fd, owner.uid, -1 if team_dir else owner.gid)
     return fd
 
 

@@ -200,6 +200,8 @@ def show_text(job: dict[str, Any]) -> str:
             lines.append(f"{'env:':<18}{len(spec['env'])} variables (all of them: gpuq show --json)")
     elif job.get("command"):
         lines.append(f"{'command:':<18}{job['command']}")
+    elif job.get("spec_note"):
+        lines.append(f"{'spec:':<18}{job['spec_note']}")
     if job.get("sees"):
         from .preview import preview_lines
 

@@ -224,7 +224,10 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
             peaks = _past_peaks(layout, record)
             if (suggested := suggest_gpu_mem(peaks)) is not None:
                 out["suggested_gpu_mem"] = {"mib": suggested, "runs": len(peaks), "peak_mib": max(peaks)}
-            out["sees"] = _sees(layout, config, job_id, JobSpec.from_json(record.spec), record, record.uid)
+            if record.spec:  # empty when the spec never parsed (cancelled while pending): nothing to preview
+                out["sees"] = _sees(layout, config, job_id, JobSpec.from_json(record.spec), record, record.uid)
+            else:
+                out["spec_note"] = "not known: its spec did not parse (nothing to run, nothing kept)"
             return out
     if (path := pending_spec_path(layout, job_id)) is not None:
         view = status(layout, config)
