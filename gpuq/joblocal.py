@@ -4,6 +4,11 @@ the job's liveness lock, the `started` marker kept in it, stop requests, and the
 All of them live in the host's local directory (never on NFS, where flock does not exclude)
 and mean nothing after a reboot. The supervisor (supervise.py) writes them; the worker,
 `gpuq cancel` and the spawner read them.
+
+A root worker signals the pid a lock file names and records the result it holds, so the
+directory is private to the worker's account (hostinfo.ensure_private_dir) and, in depth,
+what is read back counts only as a plain file of that account (fstat of an O_NOFOLLOW open),
+and what is written goes through a fresh temp file renamed into place, never through a link.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -68,18 +74,55 @@ class Runtime:
                    d.get("allow_root_jobs", False))
 
 
+MAX_LOCAL_FILE = 1 << 20  # a marker, a lease or a stop reason is a few hundred bytes
+
+
+def read_own(path: Path) -> bytes | None:
+    """The bytes of `path` when it is a plain file (one link) of this process's account, as
+    the worker and its supervisors write them; None otherwise (missing, a link, a FIFO, a
+    device, someone else's): never trusted to name a pid to signal or a result to record."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            return None
+        return os.pread(fd, MAX_LOCAL_FILE, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def replace_own(path: Path, data: bytes) -> None:
+    """Write `path` whole: a fresh temp file beside it (O_CREAT|O_EXCL|O_NOFOLLOW, 0600),
+    renamed over it, so a link or someone else's file found there is replaced, never written
+    through."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # left by a killed writer that had our pid (never followed)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    except OSError:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+
+
 def write_lease(rt: Runtime, now_mono: float) -> None:
-    tmp = rt.local_dir / f".lease.{os.getpid()}"
-    tmp.write_text(repr(now_mono))
-    os.rename(tmp, rt.lease_path)
+    replace_own(rt.lease_path, repr(now_mono).encode())
 
 
 def lease_age(rt: Runtime) -> float | None:
     """Seconds since this host's heartbeat was last written (None: no worker wrote one yet).
     CLOCK_MONOTONIC is one clock for every process of the host, and never jumps."""
     try:
-        return time.monotonic() - float(rt.lease_path.read_text())
-    except (OSError, ValueError):
+        return time.monotonic() - float(read_own(rt.lease_path) or b"")
+    except ValueError:
         return None
 
 
@@ -118,25 +161,32 @@ def settle_lock(rt: Runtime, job_id: str) -> Iterator[bool]:
 
 def read_started(rt: Runtime, record: Record) -> dict | None:
     """The `started` marker of this attempt: written into the job's lock file by its
-    supervisor once it owns the attempt, just before the job runs (None: never started)."""
+    supervisor once it owns the attempt, just before the job runs (None: never started, or
+    a lock file the worker's account did not write)."""
     try:
-        marker = json.loads(rt.lock_path(record.id).read_bytes())
-    except (OSError, ValueError):
+        marker = json.loads(read_own(rt.lock_path(record.id)) or b"")
+    except ValueError:
         return None
-    return marker if marker.get("claim") == record.claim else None
+    return marker if isinstance(marker, dict) and marker.get("claim") == record.claim else None
+
+
+def _live(pid: object, ticks: object) -> bool:
+    """Whether `pid` is a process (never 0 or -1, which signal a group or every process)
+    that started at `ticks`: with them it names one process for the life of the boot."""
+    return type(pid) is int and pid > 1 and type(ticks) is int and process_start_ticks(pid) == ticks
 
 
 def supervisor_pid(rt: Runtime, record: Record) -> int | None:
     """The live supervisor of a local job, from its `started` marker (None if it is gone)."""
     marker = read_started(rt, record) or {}
     pid = marker.get("supervisor_pid")
-    return pid if pid and process_start_ticks(pid) == marker.get("ticks") else None
+    return pid if _live(pid, marker.get("ticks")) else None
 
 
 def write_container_pid(rt: Runtime, record: Record, pid: int) -> None:
     data = {"claim": record.claim, "pid": pid, "ticks": process_start_ticks(pid)}
     try:
-        rt.container_path(record.id).write_text(json.dumps(data))
+        replace_own(rt.container_path(record.id), json.dumps(data).encode())
     except OSError:
         pass  # its GPU memory counts as someone else's meanwhile: stricter, never overcommitted
 
@@ -148,12 +198,13 @@ def job_roots(rt: Runtime, record: Record) -> list[int]:
     if pid is None:
         return []
     try:
-        container = json.loads(rt.container_path(record.id).read_bytes())
-    except (OSError, ValueError):
+        container = json.loads(read_own(rt.container_path(record.id)) or b"")
+    except ValueError:
+        return [pid]
+    if not isinstance(container, dict) or container.get("claim") != record.claim:
         return [pid]
     cpid = container.get("pid")
-    alive = container.get("claim") == record.claim and cpid and process_start_ticks(cpid) == container.get("ticks")
-    return [pid, cpid] if alive else [pid]
+    return [pid, cpid] if _live(cpid, container.get("ticks")) else [pid]
 
 
 def finish_local(rt: Runtime, record: Record) -> None:
@@ -175,7 +226,7 @@ def request_stop(rt: Runtime, record: Record, reason: str) -> bool:
     pid = supervisor_pid(rt, record)
     if pid is None:
         return False
-    rt.stop_path(record.id).write_text(reason)
+    replace_own(rt.stop_path(record.id), reason.encode())
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

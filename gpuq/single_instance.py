@@ -1,14 +1,17 @@
 """One worker per host and root: the lock test a cron start makes before anything else.
 
 Cron starts `python worker.py` every minute on every box, and a start that finds its worker
-running must cost no more than the interpreter itself: this module imports nothing but os
-and fcntl, so `worker.py` can ask it before loading argparse, PyYAML or the rest of gpuq.
+running must cost no more than the interpreter itself: this module imports nothing but os,
+fcntl and hostinfo (itself os alone), so `worker.py` can ask it before loading argparse,
+PyYAML or the rest of gpuq.
 """
 from __future__ import annotations
 
 import fcntl
 import os
 import stat
+
+from .hostinfo import ensure_private_dir
 
 WORKER_LOCK_NAME = "worker.lock"
 ANOTHER_WORKER_RUNS = -1
@@ -20,14 +23,33 @@ def this_host() -> str:
 
 
 def default_local_dir(root: str, host: str) -> str:
-    """Per-host local directory for locks that must be local (never on NFS). In RAM
-    (/dev/shm) where there is one: its locks and markers mean nothing after a reboot,
-    and creating a file there costs microseconds where a disk may take a millisecond."""
+    """Per-host local directory for locks that must be local (never on NFS). In RAM where
+    there is one: its locks and markers mean nothing after a reboot, and creating a file
+    there costs microseconds where a disk may take a millisecond.
+
+    A root worker's is in /run, root's own tmpfs where nobody else can create anything: in
+    a world-writable /dev/shm, a member who made /dev/shm/gpuq-0 before the worker's first
+    start would own the parent of its directory, and could swap it for one of his own (then
+    root writes through his links, signals his pids, records his results). Without a /run
+    only root can change, /var/tmp/gpuq-0 (its parents are checked, as always). A worker
+    run by a user for themselves keeps /dev/shm/gpuq-<uid>."""
     import hashlib  # here: it loads OpenSSL, which would make every supervisor fork slower
 
     digest = hashlib.sha1(root.encode()).hexdigest()[:10]
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-    return f"{base}/gpuq-{os.getuid()}/{host}-{digest}"
+    euid = os.geteuid()
+    if euid == 0:
+        base = "/run/gpuq" if _only_root_can_change("/run") else "/var/tmp/gpuq-0"
+    else:
+        base = f"{'/dev/shm' if os.path.isdir('/dev/shm') else '/tmp'}/gpuq-{euid}"
+    return f"{base}/{host}-{digest}"
+
+
+def _only_root_can_change(directory: str) -> bool:
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
 
 
 def take_worker_lock(lock_path: str) -> int | None:
@@ -68,11 +90,8 @@ def lock_at_cron_start(argv: list[str], launcher_dir: str) -> int | None:
         return None
     local_dir = default_local_dir(root, host)
     try:
-        os.makedirs(local_dir, mode=0o700, exist_ok=True)
-        st = os.lstat(local_dir)
+        ensure_private_dir(local_dir)  # a directory others could swap: the full start says so
     except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         return None
     try:
         fd = take_worker_lock(os.path.join(local_dir, WORKER_LOCK_NAME))

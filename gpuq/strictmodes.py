@@ -9,11 +9,10 @@ sticky directory above (like /tmp) is fine: nobody can rename what its owner put
 """
 from __future__ import annotations
 
-import os
-import stat
 import sys
 from pathlib import Path
 
+from .hostinfo import chain_problems
 from .layout import Layout
 
 
@@ -26,7 +25,7 @@ def problems(layout: Layout, worker_uid: int, launcher: str | None = None) -> li
     code = Path(__file__).resolve().parent
     _check_chain(code, "gpuq's code", worker_uid, found)
     for module in sorted(code.glob("*.py")):
-        _check_one(module, "gpuq's code", worker_uid, found)
+        _check_chain(module, "gpuq's code", worker_uid, found)  # a module that is a link: where it leads too
     for extra in (launcher, sys.executable):
         if extra:
             _check_chain(Path(extra), "the worker's launcher" if extra == launcher else "the Python it runs on",
@@ -35,26 +34,11 @@ def problems(layout: Layout, worker_uid: int, launcher: str | None = None) -> li
 
 
 def _check_chain(path: Path, what: str, worker_uid: int, found: list[str]) -> None:
-    try:
-        resolved = path.resolve(strict=True)
-    except OSError:
-        return  # missing: whoever needs it says so
-    for p in (resolved, *resolved.parents):
-        _check_one(p, what, worker_uid, found)
+    """`path`, every directory above it as written, and where it really leads (hostinfo)."""
+    if path.exists():  # missing: whoever needs it says so
+        found += [_message(problem, what) for problem in chain_problems(path, worker_uid)]
 
 
-def _check_one(path: Path, what: str, worker_uid: int, found: list[str]) -> None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    owners = {0, worker_uid}
-    if st.st_uid not in owners:
-        found.append(f"{path} ({what}) is owned by uid {st.st_uid}, not by root or this worker's account; "
-                     f"anyone who owns it can change what the worker runs. Fix: chown root {path}")
-        return
-    sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
-    others_write = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0)
-    if others_write and not sticky_dir:
-        found.append(f"{path} ({what}) can be written by others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                     f"anyone who can change it can change what the worker runs. Fix: chmod go-w {path}")
+def _message(problem: tuple[str, str, str], what: str) -> str:
+    entry, why, fix = problem
+    return f"{entry} ({what}) {why}; whoever can change it can change what the worker runs. Fix: {fix}"

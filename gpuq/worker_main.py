@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import config as config_mod
 from . import strictmodes
-from .hostinfo import NETWORK_FILESYSTEMS, ensure_private_dir, filesystem_type, open_to_append
+from .hostinfo import NETWORK_FILESYSTEMS, UnsafePath, ensure_private_dir, filesystem_type, open_to_append
 from .layout import HOST_RE, Layout, RootError, resolve_root
 from .single_instance import WORKER_LOCK_NAME, take_worker_lock, this_host
 
@@ -53,13 +53,14 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
         return 2
     layout.ensure()
     local_dir = config.local_dir_for(layout, host)
-    local_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if (fs := filesystem_type(local_dir)) in NETWORK_FILESYSTEMS:
         print(f"gpuq worker: local_dir {local_dir} is on {fs}, a network file system: the job locks "
               f"kept there would not exclude across hosts. Fix: set local_dir in {layout.config_file} "
               f"to a local disk, e.g. /var/tmp/gpuq-{{host}}", file=sys.stderr)
         return 2
-    ensure_private_dir(local_dir)
+    if (problem := _local_dir_problem(local_dir, layout)) is not None:
+        print(f"gpuq worker: {problem}", file=sys.stderr)
+        return 2
     if lock_fd is None and (lock_fd := take_worker_lock(str(local_dir / WORKER_LOCK_NAME))) is None:
         return _already_running(host, args.verbose)
     daemon = not (args.foreground or args.once)
@@ -89,6 +90,20 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
                                               "supervisors", host)
         os.close(lock_fd)
     return 0
+
+
+def _local_dir_problem(local_dir: Path, layout: Layout) -> str | None:
+    """Why local_dir cannot be the worker's private directory (created here when missing),
+    if it cannot: the worker keeps its locks, lease, stop requests and job lock files there,
+    and trusts them, so nobody else may be able to swap any part of its path."""
+    try:
+        ensure_private_dir(local_dir)
+    except UnsafePath as e:
+        return str(e)
+    except OSError as e:
+        return (f"cannot create local_dir {local_dir}: {e.strerror or e}. Fix: set local_dir in "
+                f"{layout.config_file} to a local directory this worker's account may create")
+    return None
 
 
 def _already_running(host: str, verbose: bool) -> int:
