@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .faults import wall_time
 from .intake import Entry, Intake
-from .layout import JOB_ID_RE, Layout
+from .layout import Layout
 from .spec import SpecError
 from .render import safe_text
 from .spool import append_event, atomic_write, has_record, read_json
@@ -56,7 +56,7 @@ class Arrivals:
             previous = read_json(self.layout.record(self.layout.requeued, job_id))
         except ValueError:
             previous = None
-        if isinstance(previous, dict) and previous.get("user") not in (None, user):
+        if isinstance(previous, dict) and previous.get("user") and previous.get("user") != user:
             return f"belongs to {previous.get('user')}'s job, which waits to run again"
         return None
 
@@ -73,8 +73,10 @@ class Arrivals:
 
     def reject(self, job_id: str, path: Path, message: str, forget: bool = True) -> None:
         suffix = ".yml" if path.name.endswith(".yml") else ".yaml"
-        # A name that is not a job id (250 characters, say) is kept under a short one of gpuq's.
-        stem = job_id if JOB_ID_RE.match(job_id) else f"bad-name-{hashlib.sha1(job_id.encode()).hexdigest()[:12]}"
+        # A name too long to take a suffix (250 characters, say), or one a terminal would act
+        # on, is kept under a short one of gpuq's.
+        fits = len(job_id.encode()) <= 100 and safe_text(job_id) == job_id and "/" not in job_id
+        stem = job_id if fits else f"bad-name-{hashlib.sha1(job_id.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
         dest = self.layout.rejected / f"{stem}{suffix}"
         if os.path.lexists(dest):
             dest = self.layout.rejected / f"{stem}.{int(wall_time())}.{os.urandom(3).hex()}{suffix}"
