@@ -13,7 +13,7 @@ from .intake import Entry, Intake
 from .layout import Layout
 from .spec import SpecError
 from .render import safe_text
-from .spool import append_event, atomic_write, has_record, read_json
+from .spool import append_event, atomic_write, close_moved_directory, has_record, read_json
 from .strict_yaml import load_yaml
 from .sweeps import GroupError, expand_dropped_sweep, group_file
 
@@ -73,9 +73,8 @@ class Arrivals:
 
     def reject(self, job_id: str, path: Path, message: str, forget: bool = True) -> None:
         suffix = ".yml" if path.name.endswith(".yml") else ".yaml"
-        # A name too long to take a suffix (250 characters, say), or one a terminal would act
-        # on, is kept under a short one of gpuq's.
-        fits = len(job_id.encode()) <= 100 and safe_text(job_id) == job_id and "/" not in job_id
+        # A name too long to take a suffix (250 characters, say) is kept under a short one of gpuq's.
+        fits = len(job_id.encode("utf-8", "surrogateescape")) <= 100 and "/" not in job_id
         stem = job_id if fits else f"bad-name-{hashlib.sha1(job_id.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
         dest = self.layout.rejected / f"{stem}{suffix}"
         if os.path.lexists(dest):
@@ -89,6 +88,7 @@ class Arrivals:
                 self.unmovable.add(path.name)
                 log.warning("cannot move %s to rejected/ (%s)", safe_text(path.name), safe_text(message))
             return
+        close_moved_directory(dest)
         message = safe_text(message)  # a field name may hold a newline: one line, never more
         atomic_write(dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error", (message + "\n").encode(), mode=0o644)
         append_event(self.layout, self.host, {"job": stem, "from": "pending", "to": "rejected",

@@ -15,7 +15,7 @@ from .intake import read_spec_file, user_name
 from .layout import Layout
 from .owners import Actor, refusal
 from .spec import SpecError, parse_spec_text
-from .spool import (Record, RecordError, append_event, claims_of, pending_specs, read_record, unclaim,
+from .spool import (Record, RecordError, append_event, claims_of, close_moved_directory, pending_specs, read_record, unclaim,
                     write_json, write_record, transition_event)
 from .states import State, check_transition
 
@@ -29,9 +29,9 @@ def cancel_pending(layout: Layout, spec_path: Path, job_id: str, host: str, reas
     it is put back if it is not a plain file the actor may cancel, or the record cannot be
     written: nothing half done. (False, why) when it was not cancelled."""
     display = f"jobs/{spec_path.name}"
-    not_a_job = f"{job_id}: {display} is not a plain file, so not a job; nothing was changed"
-    try:
-        if not stat.S_ISREG(os.lstat(spec_path).st_mode):
+    not_a_job = f"{job_id}: {display} is a directory, not a job; nothing was changed"
+    try:  # a FIFO or a link is taken out (and recorded cancelled); a directory is nobody's job
+        if stat.S_ISDIR(os.lstat(spec_path).st_mode):
             return False, not_a_job
     except FileNotFoundError:
         return False, f"{job_id}: a worker started it a moment ago"
@@ -42,8 +42,10 @@ def cancel_pending(layout: Layout, spec_path: Path, job_id: str, host: str, reas
         return False, f"{job_id}: a worker started it a moment ago"
     check_transition(State.PENDING, State.CANCELLED)
     st = os.lstat(aside)
-    if not stat.S_ISREG(st.st_mode):  # swapped by its owner since the look: not a job, not put back
-        os.rename(aside, layout.rejected / f"{job_id}.{secrets.token_hex(4)}.not-a-spec")
+    if stat.S_ISDIR(st.st_mode):  # swapped by its owner since the look: not a job, not put back
+        moved = layout.rejected / f"{job_id}.{secrets.token_hex(4)}.not-a-spec"
+        os.rename(aside, moved)
+        close_moved_directory(moved)
         return False, not_a_job
     if actor is not None and not actor.may_act_on(st.st_uid):
         _put_back(layout, aside, spec_path, job_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,16 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o640, durable: bool = Tru
 def open_dir(path: Path) -> int:
     """A descriptor of directory `path` itself, never of what a link there points to."""
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def close_moved_directory(path: Path) -> None:
+    """A member's directory that posed as a spec and was moved into the worker's tree: made
+    the worker's and closed (0700), so that nobody can add files inside the spool through it."""
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        if os.geteuid() == 0:
+            os.lchown(path, 0, -1)
+        os.chmod(path, 0o700)
 
 
 def create_owned(directory: Path, stem: str, data: bytes, uid: int, gid: int = -1, mode: int = 0o644,

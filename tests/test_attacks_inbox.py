@@ -189,7 +189,7 @@ def test_a_long_name_or_a_directory_posing_as_a_spec_never_jams_intake_or_lies(t
     wrote a record and left bob's 0777 directory in state/finished/."""
     assert team.py_as(BOB, f"import os; os.mkdir({str(team.root / 'jobs' / 'bdir.yaml')!r}, 0o777)").returncode == 0
     cancel = team.gpuq("cancel", "bdir", check=False)  # root's own cancel: applied at once, no worker
-    assert cancel.returncode == 1 and "not a plain file" in cancel.stderr, cancel.stderr
+    assert cancel.returncode == 1 and "is a directory, not a job" in cancel.stderr, cancel.stderr
     assert team.finished("bdir") is None and not [p for p in (team.root / "state" / "finished").iterdir()
                                                  if p.is_dir()]
     team.start_worker("a", "1x80GiB")
@@ -203,3 +203,6 @@ def test_a_long_name_or_a_directory_posing_as_a_spec_never_jams_intake_or_lies(t
     wait_until(lambda: len(list((team.root / "state" / "rejected").glob("bad-name-*.error"))) == 2,
                what="both long names refused, each with its .error")
     assert team.workers["a"].poll() is None and errors is not None
+    wait_until(lambda: (team.root / "state" / "rejected" / "bdir.yaml").exists(), what="the directory refused")
+    st = os.stat(team.root / "state" / "rejected" / "bdir.yaml")  # moved there, and closed to bob
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700)
