@@ -45,13 +45,16 @@ class WakeFifo:
         # O_RDWR keeps a writer open, so the FIFO never reads as EOF between pokes.
         self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
 
-    def sleep(self, timeout: float, watch: Path | None = None) -> bytes:
+    def sleep(self, timeout: float, watch: Path | None = None, seen: int | None = None) -> bytes:
         """Returns the pokes' reasons, or b"" when the timeout passed without one. With
         `watch` (the requests inbox), a change of that directory ends the sleep too: team
         members cannot reach this FIFO (it lives in the worker's private directory), so
-        their requests are noticed by the directory's mtime, looked at every WATCH_EVERY_S."""
+        their requests are noticed by the directory's mtime, looked at every WATCH_EVERY_S.
+        `seen` is its mtime when the pass last read it: a request that came during the pass
+        ends the sleep at once."""
         deadline = time.monotonic() + timeout
-        seen = _mtime(watch) if watch is not None else None
+        if watch is not None and seen is None:
+            seen = mtime_ns(watch)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -59,7 +62,7 @@ class WakeFifo:
             ready, _, _ = select.select([self.fd], [], [], left if watch is None else min(left, WATCH_EVERY_S))
             if ready:
                 return self._drain()
-            if watch is not None and _mtime(watch) != seen:
+            if watch is not None and mtime_ns(watch) != seen:
                 return WAKE_QUEUE_CHANGED
 
     def _drain(self) -> bytes:
@@ -75,7 +78,7 @@ class WakeFifo:
 WATCH_EVERY_S = 0.05
 
 
-def _mtime(path: Path) -> int | None:
+def mtime_ns(path: Path) -> int | None:
     try:
         return os.stat(path).st_mtime_ns
     except OSError:

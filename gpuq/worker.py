@@ -48,7 +48,7 @@ from .usage import GpuUsage
 from .spool import (Record, append_event, atomic_write, claim, claim_name, next_attempt, read_json,
                     read_record, record_start, write_json)
 from .states import State
-from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo
+from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
 from .windows import window_open
 
 log = logging.getLogger("gpuq.worker")
@@ -84,6 +84,7 @@ class Worker:
         self.record_cache: dict[tuple[str, int, int, int], Record] = {}
         self.reported: set[str] = set()      # bad files already logged once (never each pass)
         self.replies_swept_at = 0.0
+        self.inbox_seen: int | None = None
         self.spawner = Spawner(self.rt, layout.worker_log(host))
         self.arrivals = Arrivals(layout, host, self.intake)
         self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject)
@@ -126,7 +127,8 @@ class Worker:
                         log.exception("step %s failed", step)
                 if once or (exit_when_idle and self.idle()):
                     return
-                self.woken_by = self.wake.sleep(self.config.poll_interval, watch=self.layout.requests)
+                self.woken_by = self.wake.sleep(self.config.poll_interval, watch=self.layout.requests,
+                                                seen=self.inbox_seen)
         finally:
             self.spawner.close()
             self.samples.flush(wall_time())
@@ -250,6 +252,7 @@ class Worker:
         """Requests from the inbox (inbox.py): cancel, hold, release, edit, retry, book,
         unbook, drain, resume. Requests this host took before a crash come first."""
         deadline = time.monotonic() + REQUESTS_PER_PASS_S  # a flood must not stall heartbeats
+        self.inbox_seen = mtime_ns(self.layout.requests)  # before reading it: a later one wakes the sleep
         for name in leftovers(self.layout, self.host):
             apply_one(self.layout, self.config, self.host, name, taken=True)
         for name in fair_order(self.layout, waiting(self.layout)):
