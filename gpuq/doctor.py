@@ -101,8 +101,11 @@ def check_permissions(layout: Layout) -> list[Finding]:
         elif not os.access(d, os.W_OK):
             out.append(Finding("fail", "permissions", f"{d} is not writable by you", "ask the root's owner to "
                                "put you in the queue's group (README, Setting up a shared root)"))
+    # Root checks for a root worker (which must own the spool); anyone else for the account
+    # that owns state/ (a user's own queue, or the root worker's as a member sees it).
     owner = _owner(layout.state)
-    for problem in strictmodes.problems(layout, owner if owner is not None else os.geteuid()):
+    worker_uid = os.geteuid() if os.geteuid() == 0 or owner is None else owner
+    for problem in strictmodes.problems(layout, worker_uid):
         out.append(Finding("fail", "permissions", problem.split("; ")[0] + "; a root worker refuses to start",
                            problem.rsplit("Fix: ", 1)[-1]))
     return out or [Finding("ok", "permissions", "members write only jobs/ and requests/ (sticky); config, "

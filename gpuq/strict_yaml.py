@@ -2,6 +2,7 @@
 aliases, no tags, bounded nesting. Errors are SpecErrors naming the file and the fix."""
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from .spec import MAX_SPEC_BYTES, SpecError
@@ -21,6 +22,8 @@ def _loader_class() -> type:
             seen: set[Any] = set()
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, Hashable):  # `{{}}: 1`, `[a]: 1`: YAML allows it, a spec never
+                    raise _UnhashableKey(type(key).__name__)
                 if key in seen:
                     raise _DuplicateKey(str(key))
                 seen.add(key)
@@ -30,6 +33,10 @@ def _loader_class() -> type:
 
 
 class _DuplicateKey(Exception):
+    pass
+
+
+class _UnhashableKey(Exception):
     pass
 
 
@@ -83,6 +90,9 @@ def load_yaml(text: bytes, file: str) -> Any:
         return loader.construct_document(node)
     except _DuplicateKey as e:
         raise SpecError(file, str(e), "key appears twice", "keep one of the two lines") from None
+    except _UnhashableKey as e:
+        raise SpecError(file, None, f"a key is a {e} (a mapping or a list), not a name",
+                        "write keys as plain names, like `command:`") from None
     except yaml.constructor.ConstructorError as e:
         tag = getattr(e, "problem", "") or ""
         raise SpecError(file, None, f"uses a YAML tag gpuq never constructs ({tag.strip()})",

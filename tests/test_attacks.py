@@ -363,3 +363,16 @@ def test_doctor_for_a_member_judges_workers_by_heartbeat_and_flags_what_others_c
     member = team.as_user(BOB, "doctor")
     assert member.returncode == 1 and "FAIL permissions" in member.stdout and "config.yaml" in member.stdout
     assert "chmod go-w" in member.stdout
+
+
+def test_a_state_tree_owned_by_another_account_is_refused_and_doctor_says_so(team):
+    """Shared disks: a root worker must own the spool it writes (an NFS export that squashes
+    root leaves it owned by another account). No NFS here: a state/ owned by another account
+    stands in for it; the worker refuses to start, and doctor names the path and the fix."""
+    os.chown(team.root / "state", team.users[EVE].pw_uid, -1)
+    proc = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(team.root), "--host", "a",
+                           "--fake-gpus", "1x80GiB", "--once"], capture_output=True, text=True, env=team.env())
+    assert proc.returncode == 2 and "state" in proc.stderr and f"uid {team.users[EVE].pw_uid}" in proc.stderr
+    assert not (team.root / "state" / "workers" / "a.json").exists()
+    doctor = team.gpuq("doctor", check=False)
+    assert doctor.returncode == 1 and "FAIL permissions" in doctor.stdout and "state" in doctor.stdout

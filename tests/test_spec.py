@@ -137,3 +137,10 @@ def test_fuzz_known_fields_with_any_values_through_yaml(data):
         parse(yaml.safe_dump(data).encode())
     except SpecError:
         pass
+
+
+def test_a_key_that_is_a_mapping_or_a_list_is_a_spec_error():
+    """Found by the fuzz test below (hypothesis): `{{}}` made the loader raise TypeError."""
+    for blob in (b"{{}}", b"[a]: 1\n", b"{? [1, 2] : x}"):
+        with pytest.raises(SpecError, match="not a name"):
+            parse_spec_text(blob, "jobs/x.yaml")
