@@ -61,7 +61,8 @@ def paused(team, host: str) -> psutil.Process:
 
 
 def rejected(team, job_id: str) -> bool:
-    return any((team.root / "state" / "rejected").glob(f"{job_id}.*"))
+    """Refused, with its reason written (the spec is moved first, its .error a moment later)."""
+    return any((team.root / "state" / "rejected").glob(f"{job_id}*.error"))
 
 
 def flip_to_link(team, job_id: str, target: Path) -> None:
