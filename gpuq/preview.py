@@ -41,8 +41,9 @@ def what_the_job_sees(layout: Layout, config: Config, job_id: str, spec: JobSpec
         base = f"the image's environment, then these ({launch.container.runtime})"
     else:
         seen = {**job_variables(rt, record, spec), **(identity.environment() if identity else {})}
-        base = ("the worker's environment (a spec written by `gpuq submit` carries the submitter's "
-                "exported variables in env), then these")
+        base = ("under a root worker, a clean login environment (the owner's HOME, USER, LOGNAME, SHELL, "
+                "PATH=/usr/local/bin:/usr/bin:/bin, the locale); under a user's own worker, that worker's "
+                "environment; then these (a spec written by `gpuq submit` carries the exported variables in env)")
     return {"argv": launch.argv, "command_line": shlex.join(launch.argv), "workdir": launch.cwd,
             "as_user": identity.name if identity else None, "runtime": launch.container.runtime if launch.container else None,
             "env": {k: MASK if looks_secret(k, v) else v for k, v in sorted(seen.items())},
