@@ -16,14 +16,13 @@ import fcntl
 import json
 import os
 import signal
-import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .hostinfo import process_start_ticks
+from .hostinfo import process_start_ticks, read_owned
 from .layout import Layout
 from .spool import Record
 
@@ -81,19 +80,7 @@ def read_own(path: Path) -> bytes | None:
     """The bytes of `path` when it is a plain file (one link) of this process's account, as
     the worker and its supervisors write them; None otherwise (missing, a link, a FIFO, a
     device, someone else's): never trusted to name a pid to signal or a result to record."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
-            return None
-        return os.pread(fd, MAX_LOCAL_FILE, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return read_owned(path, {os.geteuid()}, MAX_LOCAL_FILE)
 
 
 def replace_own(path: Path, data: bytes) -> None:

@@ -19,13 +19,13 @@ import math
 import os
 import re
 import shlex
-import stat
 from itertools import product
 from pathlib import Path
 from typing import Mapping
 
 from .config import Config
 from .environments import prelude_lines
+from .hostinfo import read_owned
 from .layout import JOB_ID_RE
 from .spec import JobSpec
 
@@ -70,20 +70,11 @@ def handed_over(directory: Path) -> dict[str, str]:
 def _read_small_json(path: Path, owners: set[int]) -> object:
     """The JSON of one plain file owned by one of `owners`, read without following a link or
     blocking on a FIFO; None for anything else."""
+    raw = read_owned(path, owners, HANDED_OVER_MAX_BYTES)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        return json.loads(raw) if raw is not None else None
+    except ValueError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in owners \
-                or st.st_size > HANDED_OVER_MAX_BYTES:
-            return None
-        return json.loads(os.read(fd, HANDED_OVER_MAX_BYTES + 1))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
 
 
 def array_tasks(spec: JobSpec) -> int:
