@@ -109,15 +109,6 @@ def read_reply(layout: Layout, name: str) -> Reply | None:
                        if isinstance(o, dict)), str(data.get("by", "")))
 
 
-def withdraw(layout: Layout, name: str) -> bool:
-    """Take back a request no worker has taken yet (its sender owns it). False: taken."""
-    try:
-        os.unlink(layout.requests / name)
-        return True
-    except FileNotFoundError:
-        return False
-
-
 # --- the worker's side -------------------------------------------------------------------
 
 def waiting(layout: Layout) -> list[str]:

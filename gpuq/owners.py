@@ -85,12 +85,6 @@ def _name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def may_act_on(actor_uid: int, owner_uid: int, admins: tuple[str, ...]) -> bool:
-    """Whether `actor_uid` may cancel, hold, release, edit or retry a job owned by
-    `owner_uid`: its owner, root, or an admin named in config."""
-    return actor_uid in (owner_uid, 0) or _name(actor_uid) in admins
-
-
 def refusal(job_id: str, owner_uid: int, verb: str = "cancel") -> str:
     return (f"{job_id}: belongs to {_name(owner_uid)}; only its owner, root or an admin (config "
             f"`admins`) may {verb} it")

@@ -146,22 +146,6 @@ def _id_taken(layout: Layout, job_id: str) -> bool:
             or group_file(layout, job_id).exists() or (layout.held / f"{job_id}.yaml").exists())
 
 
-def reserve_group_id(layout: Layout, job_id: str | None, base: str) -> str:
-    """A free id for a group (`--array`), taken by creating its group record exclusively."""
-    layout.groups.mkdir(parents=True, exist_ok=True)
-    for candidate in [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000)):
-        if not JOB_ID_RE.match(candidate) or _id_taken(layout, candidate):
-            if job_id:
-                raise SubmitError(f"--id {job_id!r} is not a free job id; pick another")
-            continue
-        try:
-            os.close(os.open(group_file(layout, candidate), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            return candidate
-        except FileExistsError:
-            continue
-    raise SubmitError("no free job id")
-
-
 def check_dependencies(layout: Layout, spec: JobSpec) -> None:
     """Refuse ids no job has (a typo would leave the job waiting for ever)."""
     for option, ids in (("--after", spec.after), ("--after-any", spec.after_any)):
