@@ -85,7 +85,9 @@ def check_job_id(job_id: str, name: str) -> None:
 
 def parse_entry(job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
     spec = parse_spec_text(text, f"jobs/{path.name}")
-    return PendingJob(job_id, user_name(st.st_uid), spec, st.st_mtime)
+    # A job's place in the queue is when its file landed in jobs/: the change time, which the
+    # kernel sets on every write, link and rename. Its mtime a member can set to any past day.
+    return PendingJob(job_id, user_name(st.st_uid), spec, st.st_ctime)
 
 
 class Intake:

@@ -82,7 +82,6 @@ class Recovery:
         held = self._hold_spec(record)
         if held is None:
             return  # another host is requeueing it, or it was settled meanwhile
-        os.utime(held, (record.queued_at, record.queued_at))
         record_requeue(self.layout, record, self.host, reason)
         self.put_back(record.id, held)
 

@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,21 @@ def test_members_change_only_their_own_jobs_and_admins_any(team):
     record = wait_until(lambda: team.finished("al-run"), what="al-run cancelled by the admin")
     assert record["state"] == "cancelled" and f"cancelled by {BOB}" in record["reason"]
     assert team.finished("al-pend")["state"] == "cancelled"
+
+
+def test_a_backdated_spec_does_not_jump_the_queue(team):
+    """Found in the second attack round: the queue place came from the spec's mtime, which
+    bob can set to any past day (`touch -d`). The file's change time he cannot set."""
+    one_gpu = SLEEPER.replace("sleep 60", "sleep 1").replace("gpus: 0", "gpus: 1")
+    team.drop_as(ALICE, "al-first.yaml", one_gpu)
+    team.drop_as(BOB, "bob-later.yaml", one_gpu)
+    backdated = team.run_as(BOB, ["touch", "-d", "2001-01-01", str(team.root / "jobs" / "bob-later.yaml")])
+    assert backdated.returncode == 0, backdated.stderr
+    team.start_worker("a", "1x80GiB")
+    first = wait_until(lambda: team.finished("al-first"), what="alice's job")
+    second = wait_until(lambda: team.finished("bob-later"), what="bob's job")
+    assert first["claimed_at"] < second["claimed_at"]
+    assert second["queued_at"] > time.time() - 3600  # not 2001: the place is when the file landed
 
 
 def test_unbook_and_drain_judge_the_file_owner_not_the_environment(team):

@@ -42,6 +42,7 @@ def test_real_work_preempts_an_opportunistic_job_that_ignores_sigterm(queue):
     assert real["started_at"] <= sneak["started_at"]
     requeued = [e for e in queue.events() if e["job"] == "soak" and e["to"] == "pending"]
     assert requeued and requeued[0]["reason"].startswith("preempted: job real needs its GPU memory")
+    assert soak["queued_at"] == requeued[0]["queued_at"]  # a preempted job keeps its place
 
 
 def test_a_person_using_the_gpu_preempts_opportunistic_work_until_they_leave(queue):

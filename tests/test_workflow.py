@@ -96,12 +96,13 @@ def test_retry_runs_an_ended_job_again_as_its_next_attempt(queue):
     queue.write_config()
     queue.start_worker("a", "1x80GiB")
     flaky = submit(queue, "--name", "flaky", "--", "exit $((GPUQ_ATTEMPT == 1))")  # fails only the first time
-    assert wait_until(lambda: queue.finished(flaky), timeout=30)["state"] == "failed"
+    first = wait_until(lambda: queue.finished(flaky), timeout=30)
+    assert first["state"] == "failed"
     refused = queue.gpuq("hold", flaky, check=False)
     assert refused.returncode == 1 and "not pending" in refused.stderr
     assert queue.gpuq("retry", flaky).stdout.strip() == f"{flaky}: back in the queue as attempt 2"
     again = wait_until(lambda: (r := queue.finished(flaky)) and r["attempt"] == 2 and r, timeout=30)
-    assert again["state"] == "done"
+    assert again["state"] == "done" and again["queued_at"] > first["ended_at"]  # a retry queues anew
     assert "attempt 2" in queue.log(flaky)
 
 
