@@ -1,11 +1,11 @@
 """The planner's picture of every GPU during one pass, and where a job fits in it.
 
-A `Slot` is one GPU: how much memory ordinary work may still take (`free`), how much
-opportunistic work may take (`free_opportunistic`: a reservation for an aged job holds a GPU
-back from ordinary work only), which running opportunistic jobs could yield it (`victims`),
-and how much memory is already on its way out (`draining`: jobs told to stop).
-Jobs placed, held or preempted during the pass update the slots, so one pass never
-overcommits a GPU and never preempts the same job twice.
+A `Slot` is one GPU. Ordinary work sees it as if no opportunistic job ran (`free`, `jobs`);
+opportunistic work takes only what ordinary work leaves, on idle GPUs without ordinary
+jobs (`opportunistic_room`). An ordinary job placed on a GPU with opportunistic jobs makes
+exactly those yield (`victims`) and holds the GPU until they have. Jobs placed, held or
+preempted during the pass update the slots, so one pass never overcommits a GPU and never
+preempts the same job twice.
 """
 from __future__ import annotations
 
@@ -40,22 +40,26 @@ def usable_mib(gpu: GpuSnapshot, jobs_on_gpu: Iterable["RunningJob"], reserve_mi
 
 @dataclass
 class Slot:
+    """One GPU as ordinary work sees it: opportunistic jobs are invisible to it (their memory
+    counts as free), and kept apart in `opp_*` for the opportunistic phase and for the
+    yields an ordinary placement implies."""
     host: str
     index: int
     total: int
     whole: int                   # total less the reserve: what an exclusive job gets
     free: int                    # for ordinary work, after this pass's starts and holds
-    free_opportunistic: int      # for opportunistic work (aged-job reservations not counted)
-    jobs: int
+    free_opportunistic: int      # the same, less only hard holds (a reservation lets opportunistic work in)
+    jobs: int                    # ordinary jobs on it (started this pass included)
     others_clear: bool           # nothing but gpuq jobs beyond the reserve: exclusive may fit
     idle: bool                   # non-gpuq use below the threshold for idle_after_s
     busy_by_others: bool         # a non-gpuq process uses it now
-    victims: list["RunningJob"] = field(default_factory=list)  # opportunistic, not yet stopping
-    draining: int = 0            # memory of jobs told to stop, free once they exit
-    draining_jobs: int = 0
-    blockers: int = 0            # memory of running jobs that are not opportunistic
+    victims: list["RunningJob"] = field(default_factory=list)  # opportunistic, not yet told to yield
+    opp_mib: int = 0             # memory of every opportunistic job on it, yielding ones included
+    opp_jobs: int = 0
+    blockers: int = 0            # memory of running ordinary jobs
     oldest_blocker: float = float("inf")  # when the longest-running of them started
     held_for: str | None = None
+    hard_held: bool = False      # held for a job whose opportunistic jobs are yielding: nothing else may use it
     booked_for: str | None = None  # a booking on now (bookings.py): only its owner's jobs, and opportunistic ones
     booked_until: float = 0.0
 
@@ -63,9 +67,20 @@ class Slot:
     def label(self) -> str:
         return f"{self.host}:{self.index}"
 
+    @property
+    def ordinary_empty(self) -> bool:
+        """No ordinary job on it and nothing held: whole, as far as ordinary work can tell."""
+        return self.jobs == 0 and self.held_for is None
+
+    @property
+    def opportunistic_room(self) -> int:
+        return self.free_opportunistic - self.opp_mib
+
 
 def build_slots(hosts: Sequence["HostView"], running: Sequence["RunningJob"], reserve_mib: int,
-                now: float, idle_after_s: float) -> list[Slot]:
+                now: float, idle_after_s: float, invisible: bool = True) -> list[Slot]:
+    """`invisible`: opportunistic jobs can be made to yield (preemption on), so ordinary work
+    plans as if they did not run; otherwise they count like any other job."""
     by_gpu: dict[tuple[str, int], list["RunningJob"]] = {}
     for job in running:
         for index in job.gpus:
@@ -84,16 +99,16 @@ def build_slots(hosts: Sequence["HostView"], running: Sequence["RunningJob"], re
             for job in by_gpu.get((host.name, index), ()):
                 mib = charged_mib(job, index, whole)
                 observed += job.observed_mib.get(index, 0) if job.observed_mib else 0
+                if job.preemptible and invisible:
+                    slot.opp_mib += mib
+                    slot.opp_jobs += 1
+                    if not job.stopping:
+                        slot.victims.append(job)
+                    continue
                 charged += mib
                 slot.jobs += 1
-                if job.stopping:
-                    slot.draining += mib
-                    slot.draining_jobs += 1
-                elif job.preemptible:
-                    slot.victims.append(job)
-                else:
-                    slot.blockers += mib
-                    slot.oldest_blocker = min(slot.oldest_blocker, job.started_at)
+                slot.blockers += mib
+                slot.oldest_blocker = min(slot.oldest_blocker, job.started_at)
             # As usable_mib: beyond what gpuq's jobs are observed to use, `used` is others'.
             others = max(0, gpu.mem_used_mib - observed)
             slot.free = slot.free_opportunistic = gpu.mem_total_mib - max(reserve_mib, others) - charged
@@ -106,43 +121,61 @@ def need_mib(spec: "JobSpec", slot: Slot) -> int:
     return slot.whole if spec.exclusive else spec.gpu_mem_mib  # type: ignore[return-value]
 
 
-def fits(spec: "JobSpec", slot: Slot, max_jobs: int, opportunistic: bool) -> bool:
+def fits(spec: "JobSpec", slot: Slot, max_jobs: int) -> bool:
+    """Room for an ordinary job, opportunistic jobs not counted."""
     if slot.jobs >= max_jobs:
         return False
-    free = slot.free_opportunistic if opportunistic else slot.free
     if spec.exclusive:
-        return slot.jobs == 0 and slot.others_clear and free >= slot.whole
-    return free >= spec.gpu_mem_mib  # type: ignore[operator]
+        return slot.jobs == 0 and slot.others_clear and slot.free >= slot.whole
+    return slot.free >= spec.gpu_mem_mib  # type: ignore[operator]
 
 
-def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunistic: bool,
-             fragmentation_aware: bool = True) -> list[Slot] | None:
-    """The GPUs that leave the least memory unused (big holes stay for big jobs); among
-    equals, the host with the fewest wholly free GPUs, so whole hosts stay free for jobs that
-    need one (fragmentation-aware)."""
+def fits_opportunistic(spec: "JobSpec", slot: Slot, max_jobs: int) -> bool:
+    """Room for an opportunistic job: an idle GPU no ordinary job uses or is held for."""
+    if not slot.idle or slot.jobs or slot.hard_held or slot.opp_jobs >= max_jobs:
+        return False
+    if spec.exclusive:
+        return slot.opp_jobs == 0 and slot.others_clear and slot.opportunistic_room >= slot.whole
+    return slot.opportunistic_room >= spec.gpu_mem_mib  # type: ignore[operator]
+
+
+def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunistic: bool = False,
+             fragmentation_aware: bool = True, spread: bool = False) -> list[Slot] | None:
+    """Packing: the GPUs that leave the least memory unused (big holes stay for big jobs);
+    among equals, those where the fewest opportunistic jobs must yield, then the host with
+    the fewest wholly free GPUs, so whole hosts stay free for jobs that need one.
+    `spread`: only GPUs without ordinary work, those without opportunistic work first."""
     by_host: dict[str, list[Slot]] = {}
     empty_on: dict[str, int] = {}
+    fit = fits_opportunistic if opportunistic else fits
     for s in slots:
-        if s.jobs == 0 and s.held_for is None:
+        if s.ordinary_empty:
             empty_on[s.host] = empty_on.get(s.host, 0) + 1
-        if fits(spec, s, max_jobs, opportunistic):
+        if fit(spec, s, max_jobs) and (not spread or s.ordinary_empty):
             by_host.setdefault(s.host, []).append(s)
+    room = (lambda s: s.opportunistic_room) if opportunistic else (lambda s: s.free)
+    yields = (lambda s: 0) if opportunistic else (lambda s: s.opp_jobs)
     best: tuple | None = None
     for host, candidates in by_host.items():
         if len(candidates) < spec.gpus:
             continue
-        free = (lambda s: s.free_opportunistic) if opportunistic else (lambda s: s.free)
-        chosen = sorted(candidates, key=lambda s: (free(s), s.index))[: spec.gpus]
-        leftover = sum(free(s) - need_mib(spec, s) for s in chosen)
-        key = (leftover, empty_on.get(host, 0) if fragmentation_aware else 0, host)
+        if spread:
+            chosen = sorted(candidates, key=lambda s: (yields(s), room(s), s.index))[: spec.gpus]
+        else:
+            chosen = sorted(candidates, key=lambda s: (room(s), yields(s), s.index))[: spec.gpus]
+        leftover = sum(room(s) - need_mib(spec, s) for s in chosen)
+        crowding = empty_on.get(host, 0) if fragmentation_aware else 0
+        yielding = sum(yields(s) for s in chosen)
+        key = (yielding, leftover, crowding, host) if spread else (leftover, yielding, crowding, host)
         if best is None or key < best[0]:
             best = (key, chosen)
     return best[1] if best else None
 
 
 def take(spec: "JobSpec", chosen: Iterable[Slot], job_id: str, hold: str | None = None) -> None:
-    """Charge a started (hold None), held ("hard": nothing else may use the memory) or
-    reserved ("soft": opportunistic work still may) job's memory on its slots."""
+    """Charge a started (hold None), held ("hard": its opportunistic jobs are yielding and
+    nothing else may use the GPU) or reserved ("soft": opportunistic work still may) ordinary
+    job's memory on its slots."""
     for s in chosen:
         need = need_mib(spec, s)
         s.free -= need
@@ -152,53 +185,13 @@ def take(spec: "JobSpec", chosen: Iterable[Slot], job_id: str, hold: str | None 
             s.jobs += 1
         else:
             s.held_for = s.held_for or job_id
+            s.hard_held = s.hard_held or hold == "hard"
 
 
-def _reclaim(spec: "JobSpec", slot: Slot, rank: int, max_jobs: int) -> tuple[int, int, list] | None:
-    """What `slot` needs to yield for the job: (new victims, their MiB, the victims), or None.
-    Victims are opportunistic jobs of the same or a lower class, youngest first (least work
-    lost); memory already draining counts as free."""
-    if slot.held_for is not None or slot.busy_by_others:
-        return None
-    need = need_mib(spec, slot)
-    eligible = sorted((v for v in slot.victims if v.rank >= rank), key=lambda v: -v.started_at)
-    if spec.exclusive:
-        if not slot.others_clear or len(eligible) != len(slot.victims) or slot.blockers:
-            return None
-        return len(eligible), sum(charged_mib(v, slot.index, slot.whole) for v in eligible), eligible
-    have = slot.free + slot.draining
-    chosen: list = []
-    for victim in eligible:
-        if have >= need:
-            break
-        have += charged_mib(victim, slot.index, slot.whole)
-        chosen.append(victim)
-    if have < need or slot.jobs - slot.draining_jobs - len(chosen) >= max_jobs:
-        return None
-    return len(chosen), have - slot.free - slot.draining, chosen
-
-
-def preemption_fit(spec: "JobSpec", slots: Sequence[Slot], rank: int,
-                   max_jobs: int) -> tuple[list[Slot], list] | None:
-    """The GPUs a job can have by preempting the fewest opportunistic jobs (then the least
-    memory): the slots and the victims. Only tried once a plain fit failed."""
-    by_host: dict[str, list[tuple[tuple[int, int], Slot, list]]] = {}
-    for s in slots:
-        got = _reclaim(spec, s, rank, max_jobs)
-        if got is not None:
-            by_host.setdefault(s.host, []).append(((got[0], got[1]), s, got[2]))
-    best: tuple | None = None
-    for host, options in by_host.items():
-        if len(options) < spec.gpus:
-            continue
-        chosen = sorted(options, key=lambda o: (o[0], o[1].index))[: spec.gpus]
-        cost = (sum(o[0][0] for o in chosen), sum(o[0][1] for o in chosen), host)
-        if best is None or cost < best[0]:
-            best = (cost, chosen)
-    if best is None:
-        return None
-    victims = [v for o in best[1] for v in o[2]]
-    return [o[1] for o in best[1]], victims
+def take_opportunistic(spec: "JobSpec", chosen: Iterable[Slot]) -> None:
+    for s in chosen:
+        s.opp_mib += need_mib(spec, s)
+        s.opp_jobs += 1
 
 
 def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Slot] | None:
@@ -207,7 +200,7 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
     are heavy-tailed, so a job that has run long tends to run on, and holding GPUs behind it
     would idle them for as long). Among those, where it will fit soonest as far as anyone can
     tell without knowing how long jobs run: the newest longest-running job in the way, then
-    the least memory to free."""
+    the least memory to free. Opportunistic jobs are never in the way."""
     best: tuple | None = None
     by_host: dict[str, list[Slot]] = {}
     for s in slots:
@@ -219,10 +212,7 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
             continue
 
         def to_free(s: Slot) -> int:
-            if spec.exclusive:
-                return s.blockers
-            soon = s.free + s.draining + sum(charged_mib(v, s.index, s.whole) for v in s.victims)
-            return max(0, need_mib(spec, s) - soon)
+            return s.blockers if spec.exclusive else max(0, need_mib(spec, s) - s.free)
 
         def started(s: Slot) -> float:  # the newest wins; a slot with nothing to free, best
             return s.oldest_blocker if to_free(s) else float("inf")

@@ -118,103 +118,226 @@ def queue_order(pending: Sequence[PendingJob], use: Mapping[str, float], config:
 def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequence[RunningJob],
          config: Config, now: float, explain: bool = True, blocked: Mapping[str, str] | None = None,
          bookings: Sequence["Booking"] = ()) -> Plan:
-    """Decide, in queue order, which pending jobs start on which GPUs (best fit), which GPUs
-    are held for jobs that cannot start yet, and which opportunistic jobs must yield.
+    """Decide, in queue order, which pending jobs start on which GPUs, which GPUs are held
+    for jobs that cannot start yet, and which opportunistic jobs must yield. Ordinary jobs
+    first, as if no opportunistic job ran: where one lands on a GPU with opportunistic jobs,
+    exactly those yield and the GPU is held for it. Then opportunistic jobs, in what is left.
     `blocked`: jobs that may not start whatever the GPUs (dependencies), with the reason.
     `bookings`: GPUs set aside for a person while they are on (bookings.py)."""
     blocked = blocked or {}
-    slots = placement.build_slots(hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s)
+    slots = placement.build_slots(hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s,
+                                  invisible=config.preemption)
     booked = _apply_bookings(slots, bookings, now)
     use = gpu_use_by_user(running, slots)
     ordered = queue_order(pending, use, config, now)
     in_window = window_open(config.idle_windows, now)
     result = Plan([], {}, [j.id for j in ordered])
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
-    cpu_free = {h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus) for h in hosts}
-    held_gpus = {u: 0 for u in use}
-    for job in running:
-        held_gpus[job.user] = held_gpus.get(job.user, 0) + len(job.gpus)
-    # Jobs of one shape fail for the same reason until something starts; remembered per pass.
-    failed: dict[tuple, str] = {}
-    # Waiting jobs seen so far (the queue is in (class, priority) order): "behind N higher-priority jobs".
-    behind = {"order": (), "before": 0, "same": 0}
+    pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked)
+    pass_.whole_demand = sum(j.spec.gpus for j in ordered if not j.opportunistic and j.id not in blocked
+                             and _needs_whole(j.spec, slots))
+    for job in ordered:
+        if not job.opportunistic:
+            pass_.ordinary(job)
+    for job in ordered:
+        if job.opportunistic:
+            pass_.opportunistic(job, in_window)
+    return result
 
-    def waits(job: PendingJob, reason: str) -> None:
+
+def _needs_whole(spec: JobSpec, slots: Sequence[Slot]) -> bool:
+    """A job that only an empty GPU can take: exclusive, or over half the largest GPU."""
+    if spec.gpus == 0:
+        return False
+    return spec.exclusive or 2 * spec.gpu_mem_mib > max((s.whole for s in slots), default=0)  # type: ignore[operator]
+
+
+class _Pass:
+    """One planning pass's running tallies: what each user holds, which CPU slots are free,
+    which job shapes already failed (they fail the same way until something starts)."""
+
+    def __init__(self, slots: list[Slot], hosts: Sequence[HostView], running: Sequence[RunningJob],
+                 config: Config, now: float, explain: bool, result: Plan, booked: Mapping,
+                 use: Mapping[str, float], blocked: Mapping[str, str]) -> None:
+        self.slots, self.hosts, self.config, self.now = slots, hosts, config, now
+        self.explain, self.result, self.booked, self.blocked = explain, result, booked, blocked
+        self.cpu_free = {h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus)
+                         for h in hosts}
+        self.held_gpus = {u: 0 for u in use}
+        for job in running:
+            self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + len(job.gpus)
+        self.failed: dict[tuple, str] = {}
+        self.behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
+        self.reserved = False   # one reservation for an aged job per pass: the head's
+        self.whole_demand = 0   # GPUs that waiting jobs need empty (spread only beyond them)
+        self.full = self._no_room()
+
+    def _no_room(self) -> bool:
+        """Nothing further can start, hold or reserve: the rest only needs reasons."""
+        return not any(n > 0 for n in self.cpu_free.values()) and not any(
+            s.free > 0 and s.jobs < self.config.max_jobs_per_gpu for s in self.slots) and not (
+            self.config.reservations and not self.reserved)
+
+    def waits(self, job: PendingJob, reason: str) -> None:
+        if not self.explain:
+            return
+        behind = self.behind
         if job.order != behind["order"]:
             behind.update(order=job.order, before=behind["before"] + behind["same"], same=0)
         n = behind["before"]
-        result.reasons[job.id] = reason + (f"; behind {n} higher-priority job{'s' if n != 1 else ''}" if n else "")
+        self.result.reasons[job.id] = reason + (f"; behind {n} higher-priority job{'s' if n != 1 else ''}" if n else "")
         behind["same"] += 1
-    reserved = False  # one reservation for an aged job per pass: the head's
-    reclaimable = config.preemption and any(s.victims or s.draining for s in slots)
 
-    def no_room() -> bool:  # then nothing further can start or preempt: the rest only needs reasons
-        return not reclaimable and not any(n > 0 for n in cpu_free.values()) and not any(
-            s.free_opportunistic > 0 and s.jobs < config.max_jobs_per_gpu for s in slots)
-
-    full = no_room()
-    for job in ordered:
-        if full and not explain:
-            break
-        if job.id in blocked:
-            if explain:
-                waits(job, blocked[job.id])
-            continue
+    def _allowed(self, job: PendingJob) -> tuple[list[str], str | None, tuple]:
         spec = job.spec
-        runtime = (spec.container.runtime or config.container_runtime) if spec.container else None
+        runtime = (spec.container.runtime or self.config.container_runtime) if spec.container else None
         shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0],
-                 job.user if booked else None, runtime)
-        cap = config.max_gpus_per_user
-        if cap is not None and spec.gpus and held_gpus.get(job.user, 0) + spec.gpus > cap:
-            if explain:
-                waits(job, f"at user cap {held_gpus.get(job.user, 0)}/{cap} GPUs")
-            continue
-        if shape in failed:
-            if explain:
-                waits(job, failed[shape])
-            continue
-        allowed = [h.name for h in hosts if (not spec.hosts or h.name in spec.hosts)
+                 job.user if self.booked else None, runtime)
+        allowed = [h.name for h in self.hosts if (not spec.hosts or h.name in spec.hosts)
                    and (runtime is None or h.runtimes is None or runtime in h.runtimes)]
-        if runtime is not None and not allowed and (lacking := [h for h in hosts if not spec.hosts or h.name in spec.hosts]):
-            failed[shape] = reasons.why_runtime(runtime, lacking)
-        elif spec.gpus == 0:
-            host = next((h for h in allowed if cpu_free[h] > 0), None)
+        if runtime is not None and not allowed and (lacking := [h for h in self.hosts
+                                                                if not spec.hosts or h.name in spec.hosts]):
+            self.failed.setdefault(shape, reasons.why_runtime(runtime, lacking))
+        return allowed, runtime, shape
+
+    def _may_place(self, job: PendingJob) -> bool:
+        """Whether the job may be placed at all: not blocked, not over its user's cap (else
+        its reason is given)."""
+        if job.id in self.blocked:
+            self.waits(job, self.blocked[job.id])
+            return False
+        cap = self.config.max_gpus_per_user
+        if cap is not None and job.spec.gpus and self.held_gpus.get(job.user, 0) + job.spec.gpus > cap:
+            self.waits(job, f"at user cap {self.held_gpus.get(job.user, 0)}/{cap} GPUs")
+            return False
+        return True
+
+    def _started(self, job: PendingJob, host: str, gpus: tuple[int, ...]) -> None:
+        self.result.starts.append(Start(job.id, host, gpus))
+        self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
+        self.failed.clear()
+
+    def ordinary(self, job: PendingJob) -> None:
+        if self.full and not self.explain:
+            return
+        if not self._may_place(job):
+            return
+        spec = job.spec
+        allowed, runtime, shape = self._allowed(job)
+        if shape in self.failed:
+            self.waits(job, self.failed[shape])
+            return
+        if spec.gpus == 0:
+            host = next((h for h in allowed if self.cpu_free[h] > 0), None)
             if host is not None:
-                cpu_free[host] -= 1
-                result.starts.append(Start(job.id, host, ()))
-                failed.clear()
-                continue
-            failed[shape] = reasons.why_cpu(spec, allowed, hosts)
-        else:
-            mine = [s for s in slots if s.host in allowed]
-            if booked and not job.opportunistic:
-                mine = [s for s in mine if s.booked_for in (None, job.user)]
-            if job.opportunistic:
-                mine = [s for s in mine if s.idle]
-                if not in_window:
-                    failed[shape] = f"outside window {describe(config.idle_windows)}"
-                    mine = []
-            choice = placement.best_fit(spec, mine, config.max_jobs_per_gpu, job.opportunistic,
-                                        config.fragmentation_aware) if mine else None
-            if choice is not None:
-                placement.take(spec, choice, job.id)
-                result.starts.append(Start(job.id, choice[0].host, tuple(s.index for s in choice)))
-                held_gpus[job.user] = held_gpus.get(job.user, 0) + spec.gpus
-                failed.clear()
-                full = no_room()
-                continue
-            if not job.opportunistic:
-                if reclaimable and _preempt_for(job, mine, config, result):
-                    continue
-                if not reserved and config.reservations and now - job.queued_at >= config.reserve_after_s:
-                    reserved = _reserve_for(job, mine, result, explain, now, config.reserve_after_s)
-                    if reserved:
-                        continue
-            if shape not in failed:
-                failed[shape] = _why_waiting(job, allowed, mine, slots, hosts, config) if explain else ""
-        if explain:
-            waits(job, failed[shape])
-    return result
+                self.cpu_free[host] -= 1
+                self._started(job, host, ())
+                return
+            self.failed[shape] = reasons.why_cpu(spec, allowed, self.hosts)
+            self.waits(job, self.failed[shape])
+            return
+        mine = [s for s in self.slots if s.host in allowed]
+        if self.booked:
+            mine = [s for s in mine if s.booked_for in (None, job.user)]
+        needs_whole = _needs_whole(spec, self.slots)
+        if needs_whole:
+            self.whole_demand -= spec.gpus
+        choice = None
+        empty = sum(1 for s in mine if s.ordinary_empty and not s.busy_by_others)
+        if empty - self.whole_demand >= spec.gpus:  # GPUs to spare: spread, never join a busy one
+            choice = placement.best_fit(spec, mine, self.config.max_jobs_per_gpu, spread=True,
+                                        fragmentation_aware=self.config.fragmentation_aware)
+        choice = choice or placement.best_fit(spec, mine, self.config.max_jobs_per_gpu,
+                                              fragmentation_aware=self.config.fragmentation_aware)
+        if choice is not None:
+            self._place(job, choice)
+            self.full = self._no_room()
+            return
+        if not self.reserved and self.config.reservations and self.now - job.queued_at >= self.config.reserve_after_s:
+            self.reserved = self._reserve(job, mine)
+            if self.reserved:
+                return
+        if shape not in self.failed:
+            self.failed[shape] = self._why_waiting(job, allowed, mine) if self.explain else ""
+        self.waits(job, self.failed[shape])
+
+    def _place(self, job: PendingJob, chosen: list[Slot]) -> None:
+        """Start it, or, where opportunistic jobs are on its GPUs, make exactly those yield and
+        hold the GPUs for it (nothing else may slip in) until it starts in a later pass."""
+        yielding = [s for s in chosen if s.opp_jobs]
+        if not yielding:
+            placement.take(job.spec, chosen, job.id)
+            self._started(job, chosen[0].host, tuple(s.index for s in chosen))
+            return
+        victims = []
+        for s in yielding:
+            for victim in s.victims:
+                if victim.id not in self.result.preempts:
+                    self.result.preempts[victim.id] = f"job {job.id} needs its GPU memory"
+                    victims.append(victim.id)
+        for s in self.slots:  # a victim on several GPUs yields them all: never picked twice
+            s.victims = [v for v in s.victims if v.id not in self.result.preempts]
+        placement.take(job.spec, chosen, job.id, hold="hard")
+        self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
+        self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
+        if self.explain:
+            waiting_for = sorted({v.id for s in yielding for v in s.victims} | set(victims))
+            self.result.reasons[job.id] = (
+                f"GPU {', '.join(s.label for s in chosen)} held for it: "
+                + (f"waiting for {', '.join(waiting_for)} to yield" if waiting_for else "draining"))
+
+    def _reserve(self, job: PendingJob, slots: list[Slot]) -> bool:
+        """The head of the queue has waited reserve_after_s: hold back GPUs for it, so smaller
+        jobs cannot keep taking them (opportunistic work still may). Only GPUs whose jobs in the
+        way started after it and less than reserve_after_s ago (see placement.reservation)."""
+        reserve_after_s = self.config.reserve_after_s
+        chosen = placement.reservation(job.spec, slots, since=max(job.queued_at, self.now - reserve_after_s))
+        if chosen is None:
+            return False
+        placement.take(job.spec, chosen, job.id, hold="soft")
+        self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
+        if self.explain:
+            self.result.reasons[job.id] = (f"GPU {', '.join(s.label for s in chosen)} reserved for it; "
+                                           f"waiting for running jobs there to end")
+        return True
+
+    def opportunistic(self, job: PendingJob, in_window: bool) -> None:
+        if not self._may_place(job):
+            return
+        spec = job.spec
+        allowed, runtime, shape = self._allowed(job)
+        if shape not in self.failed:
+            if spec.gpus == 0:
+                host = next((h for h in allowed if self.cpu_free[h] > 0), None)
+                if host is not None:
+                    self.cpu_free[host] -= 1
+                    self._started(job, host, ())
+                    return
+                self.failed[shape] = reasons.why_cpu(spec, allowed, self.hosts)
+            elif not in_window:
+                self.failed[shape] = f"outside window {describe(self.config.idle_windows)}"
+            else:
+                mine = [s for s in self.slots if s.host in allowed]
+                choice = placement.best_fit(spec, mine, self.config.max_jobs_per_gpu, opportunistic=True,
+                                            fragmentation_aware=self.config.fragmentation_aware)
+                if choice is not None:
+                    placement.take_opportunistic(spec, choice)
+                    self._started(job, choice[0].host, tuple(s.index for s in choice))
+                    return
+                self.failed[shape] = reasons.why_opportunistic(spec, allowed, mine, self.hosts, self.config) \
+                    if self.explain else ""
+        self.waits(job, self.failed[shape])
+
+    def _why_waiting(self, job: PendingJob, allowed: list[str], mine: list[Slot]) -> str:
+        spec, config, slots = job.spec, self.config, self.slots
+        others_booked = [s for s in slots if s.host in allowed and s.booked_for not in (None, job.user)]
+        if others_booked and placement.best_fit(spec, mine + others_booked, config.max_jobs_per_gpu):
+            s = others_booked[0]
+            return f"GPU {s.label} booked for {s.booked_for} until {_hhmm(s.booked_until)}"
+        held = reasons.why_held(spec, [s for s in mine if s.held_for], job.id)
+        if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu):
+            return held
+        return reasons.why_gpu(spec, allowed, mine or [s for s in slots if s.host in allowed], self.hosts, config)
 
 
 def _apply_bookings(slots: Sequence[Slot], bookings: Sequence["Booking"], now: float) -> dict:
@@ -247,52 +370,9 @@ def _yield_to_people_and_windows(running: Sequence[RunningJob], slots: Sequence[
         if slot_taken:
             b = slot_taken[0]
             result.preempts[job.id] = f"GPU {b.host}:{','.join(map(str, b.gpus))} booked for {b.owner} from {_hhmm(b.start)}"
-    if result.preempts:  # their memory is on its way out: count it so, and never pick them twice
+    if result.preempts:  # their memory stays counted until they exit; never picked twice
         for s in slots:
-            leaving = [v for v in s.victims if v.id in result.preempts]
-            for v in leaving:
-                s.victims.remove(v)
-                s.draining += placement.charged_mib(v, s.index, s.whole)
-                s.draining_jobs += 1
-
-
-def _preempt_for(job: PendingJob, slots: list[Slot], config: Config, result: Plan) -> bool:
-    """Make room for an ordinary job by stopping opportunistic ones; the memory they free is
-    held for it (nothing else may slip in) until it starts in a later pass."""
-    if not config.preemption:
-        return False
-    got = placement.preemption_fit(job.spec, slots, job.order[0], config.max_jobs_per_gpu)
-    if got is None:
-        return False
-    chosen, victims = got
-    for victim in victims:
-        result.preempts[victim.id] = f"job {job.id} needs its GPU memory"
-        for s in chosen:
-            if victim in s.victims:
-                s.victims.remove(victim)
-                s.draining += placement.charged_mib(victim, s.index, s.whole)
-                s.draining_jobs += 1
-    placement.take(job.spec, chosen, job.id, hold="hard")
-    result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
-    result.reasons[job.id] = (f"GPU {', '.join(s.label for s in chosen)} held for it: "
-                              f"{'waiting for ' + ', '.join(sorted({v.id for v in victims})) + ' to yield' if victims else 'draining'}")
-    return True
-
-
-def _reserve_for(job: PendingJob, slots: list[Slot], result: Plan, explain: bool, now: float,
-                 reserve_after_s: float) -> bool:
-    """The head of the queue has waited reserve_after_s: hold back GPUs for it, so smaller
-    jobs cannot keep taking them (opportunistic work still may). Only GPUs whose jobs in the
-    way started after it and less than reserve_after_s ago (see placement.reservation)."""
-    chosen = placement.reservation(job.spec, slots, since=max(job.queued_at, now - reserve_after_s))
-    if chosen is None:
-        return False
-    placement.take(job.spec, chosen, job.id, hold="soft")
-    result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
-    if explain:
-        result.reasons[job.id] = (f"GPU {', '.join(s.label for s in chosen)} reserved for it; "
-                                  f"waiting for running jobs there to end")
-    return True
+            s.victims = [v for v in s.victims if v.id not in result.preempts]
 
 
 def _hhmm(t: float) -> str:
@@ -301,23 +381,7 @@ def _hhmm(t: float) -> str:
     return time.strftime("%H:%M", time.localtime(t))
 
 
-def _why_waiting(job: PendingJob, allowed: list[str], mine: list[Slot], slots: list[Slot],
-                 hosts: Sequence[HostView], config: Config) -> str:
-    spec = job.spec
-    others_booked = [s for s in slots if s.host in allowed and s.booked_for not in (None, job.user)]
-    if others_booked and placement.best_fit(spec, mine + others_booked, config.max_jobs_per_gpu, False):
-        s = others_booked[0]
-        return f"GPU {s.label} booked for {s.booked_for} until {_hhmm(s.booked_until)}"
-    if job.opportunistic and not any(s.idle for s in slots if s.host in allowed):
-        return reasons.why_not_idle([s for s in slots if s.host in allowed], config.idle_after_s)
-    held = reasons.why_held(spec, [s for s in mine if s.held_for], job.id)
-    if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu, job.opportunistic):
-        return held
-    return reasons.why_gpu(spec, allowed, mine or [s for s in slots if s.host in allowed], hosts, config,
-                           job.opportunistic)
-
-
 def _unheld(slot: Slot) -> Slot:
     """The slot as it would be without holds (to tell "reserved" from "too small")."""
-    return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None)
+    return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None, hard_held=False)
 

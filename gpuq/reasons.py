@@ -29,8 +29,8 @@ def why_cpu(spec: "JobSpec", allowed: list[str], hosts: Sequence["HostView"]) ->
 
 
 def why_gpu(spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Sequence["HostView"],
-            config: "Config", opportunistic: bool = False) -> str:
-    """The first thing, from the most fundamental, that keeps `spec` off every GPU."""
+            config: "Config") -> str:
+    """The first thing, from the most fundamental, that keeps an ordinary job off every GPU."""
     need = "a whole GPU" if spec.exclusive else \
         f"{format_mib(spec.gpu_mem_mib)} on {'one GPU' if spec.gpus == 1 else 'each GPU'}"
     count = "" if spec.gpus == 1 else f"{spec.gpus} GPUs on one host, "
@@ -49,7 +49,7 @@ def why_gpu(spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Seq
     roomy = [g for g in mine if g.jobs < config.max_jobs_per_gpu]
     if not roomy:
         return f"every GPU has max_jobs_per_gpu={config.max_jobs_per_gpu} jobs"
-    free = (lambda g: g.free_opportunistic) if opportunistic else (lambda g: g.free)
+    free = (lambda g: g.free)
     if spec.exclusive:
         n = sum(1 for g in roomy if g.jobs == 0 and g.others_clear and free(g) >= g.whole)
         return f"needs {count}{need}; {n} GPU{'s are' if n != 1 else ' is'} wholly free"
@@ -75,3 +75,20 @@ def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:
     if busy:
         return f"opportunistic: waits for an idle GPU (in use by others: {', '.join(busy)})"
     return f"opportunistic: waits for an idle GPU (idle for under {idle_after_s:g}s)"
+
+
+def why_opportunistic(spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Sequence["HostView"],
+                      config: "Config") -> str:
+    """An opportunistic job takes only idle GPUs that no ordinary job uses or waits for."""
+    if not allowed or not slots:
+        return why_gpu(spec, allowed, slots, hosts, config)
+    idle = [s for s in slots if s.idle]
+    if not idle:
+        return why_not_idle(slots, config.idle_after_s)
+    left = [s for s in idle if not s.jobs and not s.hard_held]
+    if not left:
+        return "opportunistic: every idle GPU has ordinary work on it or held for it"
+    need = "a whole GPU" if spec.exclusive else f"{format_mib(spec.gpu_mem_mib)}"
+    largest = max(left, key=lambda g: (g.opportunistic_room, g.host, -g.index))
+    return (f"opportunistic: needs {need}{'' if spec.gpus == 1 else f' on {spec.gpus} GPUs of one host'}; "
+            f"the most left by other work is {format_mib(max(0, largest.opportunistic_room))} on {largest.label}")

@@ -135,3 +135,26 @@ def test_without_explain_the_worker_stops_early_but_starts_the_same_jobs():
     full = plan(pending, hosts, [], CFG, 0, explain=True)
     assert quick.starts == full.starts and len(full.starts) == 4
     assert quick.reasons == {} and len(full.reasons) == 996
+
+
+def test_spread_then_pack_small_jobs_take_idle_gpus_before_sharing_one():
+    hosts = [host("a", *(gpu(i) for i in range(4))), host("b", *(gpu(i) for i in range(4)))]
+    small = [job(f"s{i}", mem_gib=4, age=i) for i in range(10)]
+    placed = list(starts(plan(small[:4], hosts, [], CFG, 0)).values())
+    assert len(set(placed)) == 4 and {h for h, _ in placed} == {"a"}  # four GPUs, one host kept whole
+    placed = list(starts(plan(small, hosts, [], CFG, 0)).values())
+    assert len(set(placed)) == 8 and len(placed) == 10  # only once every GPU has one do they pack
+
+
+def test_a_waiting_job_that_needs_whole_gpus_keeps_them_empty_while_small_ones_pack():
+    hosts = [host("a", gpu(0), gpu(1))]
+    busy = [running("r", "a", (0,), 10)]
+    pending = [job("whole", mem_gib=None, age=0), job("small", mem_gib=4, age=1)]
+    busy_whole = busy + [running("w", "a", (1,), None)]  # the whole job cannot start: GPU 1 is taken
+    result = plan(pending, hosts, busy_whole, CFG, 0)
+    assert starts(result) == {"small": ("a", (0,))}
+    # With GPU 1 free the whole job takes it, and the small one joins GPU 0 rather than wait.
+    assert starts(plan(pending, hosts, busy, CFG, 0)) == {"whole": ("a", (1,)), "small": ("a", (0,))}
+    # One empty GPU, and a whole job behind the small one that needs it: the small one packs.
+    late_whole = [job("small", mem_gib=4, age=0), job("whole", mem_gib=None, age=1)]
+    assert starts(plan(late_whole, hosts, busy, CFG, 0)) == {"small": ("a", (0,)), "whole": ("a", (1,))}

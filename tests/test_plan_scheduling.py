@@ -84,11 +84,14 @@ def test_no_reservation_behind_a_job_that_was_running_before_the_head_came():
     assert result.held == {} and list(starts(result)) == ["small"]
 
 
-def test_a_reserved_gpu_still_takes_opportunistic_work():
-    busy = [run("s1", gpus=(0,), mem_gib=40, started_at=100), run("s2", gpus=(1,), mem_gib=40, started_at=100)]
-    pending = [job("pair", gpus=2, mem_gib=None), job("filler", mem_gib=10, priority="low", queued_at=5)]
+def test_a_reserved_gpu_still_takes_opportunistic_work_but_never_beside_ordinary_work():
+    busy = [run("s1", gpus=(0,), mem_gib=40, started_at=100)]
+    pending = [job("pair", gpus=2, mem_gib=None), job("filler", mem_gib=10, priority="low", queued_at=5),
+               job("small", mem_gib=10, queued_at=6)]
     result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=CFG.reserve_after_s + 50)
-    assert "pair" in result.held and list(starts(result)) == ["filler"]
+    assert {j: (h, sorted(g)) for j, (h, g) in result.held.items()} == {"pair": ("h", [0, 1])}
+    assert starts(result) == {"filler": ("h", (1,))}  # the empty reserved GPU, not beside s1
+    assert result.reasons["small"] == "GPU reserved for job pair"
 
 
 def test_opportunistic_jobs_start_only_on_gpus_idle_long_enough():
@@ -120,7 +123,7 @@ def test_windows_gate_opportunistic_starts_and_their_end_preempts():
     assert list(starts(plan([job("lo", priority="low")], [host("h", gpu(0))], [], cfg, night))) == ["lo"]
 
 
-def test_ordinary_work_preempts_the_fewest_opportunistic_jobs_and_holds_their_memory():
+def test_ordinary_work_lands_as_if_no_opportunistic_job_ran_and_exactly_those_there_yield():
     busy = [run("lo-old", gpus=(0,), mem_gib=30, low=True, started_at=0),
             run("lo-new", gpus=(0,), mem_gib=30, low=True, started_at=50),
             run("lo-big", gpus=(1,), mem_gib=70, low=True, started_at=10)]
@@ -128,16 +131,26 @@ def test_ordinary_work_preempts_the_fewest_opportunistic_jobs_and_holds_their_me
                job("lo-wait", mem_gib=15, priority="low", queued_at=1)]
     hosts = [host("h", gpu(0), gpu(1))]
     result = plan(pending, hosts, busy, CFG, now=100)
-    # GPU 0 frees 40 GiB by stopping one job (the youngest), GPU 1 would need lo-big stopped
-    # too: one victim either way, GPU 0 wastes less.
-    assert result.preempts == {"lo-new": "job n needs its GPU memory"}
-    assert result.held == {"n": ("h", (0,))} and starts(result) == {"later": ("h", (1,))}
-    # The next pass, while lo-new drains: still held, nothing preempted twice, nothing slips in.
-    draining = [replace(b, stopping=b.id == "lo-new") for b in busy]
-    again = plan(pending[::2], hosts, draining, CFG, now=101)
-    assert again.preempts == {} and again.held == {"n": ("h", (0,))} and again.starts == []
-    gone = [b for b in busy if b.id != "lo-new"]
-    assert starts(plan(pending, hosts, gone, CFG, now=110))["n"] == ("h", (0,))
+    # Without the low jobs both GPUs are empty: n and later each get one (spread), and the low
+    # jobs on them yield; their GPUs are held so that nothing slips in meanwhile.
+    assert result.preempts == {"lo-big": "job n needs its GPU memory", "lo-old": "job later needs its GPU memory",
+                               "lo-new": "job later needs its GPU memory"}
+    assert result.held == {"n": ("h", (1,)), "later": ("h", (0,))} and result.starts == []
+    assert result.reasons["lo-wait"] == "opportunistic: every idle GPU has ordinary work on it or held for it"
+    # The next pass, while they drain: still held, nothing preempted twice, nothing slips in.
+    draining = [replace(b, stopping=True) for b in busy]
+    again = plan(pending, hosts, draining, CFG, now=101)
+    assert again.preempts == {} and again.held == result.held and again.starts == []
+    gone = starts(plan(pending, hosts, [], CFG, now=110))
+    assert set(gone) == {"n", "later"} and gone["n"] != gone["later"]  # lo-wait: never beside them
+
+
+def test_when_the_cluster_is_full_ordinary_work_packs_and_the_fewest_opportunistic_jobs_yield():
+    busy = [run("a", gpus=(0,), mem_gib=20), run("b", gpus=(1,), mem_gib=20),
+            run("lo-a", gpus=(0,), mem_gib=50, low=True), run("lo-b1", gpus=(1,), mem_gib=30, low=True),
+            run("lo-b2", gpus=(1,), mem_gib=20, low=True)]
+    result = plan([job("n", mem_gib=40)], [host("h", gpu(0), gpu(1))], busy, CFG, now=100)
+    assert result.preempts == {"lo-a": "job n needs its GPU memory"} and result.held == {"n": ("h", (0,))}
 
 
 def test_opportunistic_jobs_never_preempt_each_other_and_preemption_can_be_off():
