@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from dataclasses import replace
 from pathlib import Path
 
 from .faults import wall_time
@@ -38,10 +37,7 @@ class Arrivals:
                 f"rename the file (e.g. {job_id}-2.yaml)")), forget=False)
         for entry in self.intake.take_unchecked():
             job_id = entry.job.id  # type: ignore[union-attr]
-            previous = self._requeued(job_id)
-            taken = self._id_taken(job_id, entry.job.user, previous)  # type: ignore[union-attr]
-            if not taken and previous and previous.get("state") == "running":
-                self._keep_place(entry, previous)
+            taken = self._id_taken(job_id, entry.job.user)  # type: ignore[union-attr]
             if taken:
                 self.reject(job_id, entry.path, str(SpecError(
                     f"jobs/{entry.name}", None, f"job id '{job_id}' {taken}",
@@ -49,32 +45,20 @@ class Arrivals:
             elif entry.job.spec.array or (entry.job.spec.sweep and self.expand_sweeps):  # type: ignore[union-attr]
                 self.expand_sweep(job_id, entry)
 
-    def _requeued(self, job_id: str) -> dict | None:
-        """The last record of a job that waits to run again, kept in requeued/ meanwhile."""
-        try:
-            previous = read_json(self.layout.record(self.layout.requeued, job_id))
-        except ValueError:
-            return None
-        return previous if isinstance(previous, dict) else None
-
-    def _id_taken(self, job_id: str, user: str, previous: dict | None) -> str | None:
+    def _id_taken(self, job_id: str, user: str) -> str | None:
         """Why a new spec may not have this id: an earlier job's, a group's, or another user's
-        job that waits to run again."""
+        job that waits to run again (its last record is kept in requeued/ meanwhile)."""
         if has_record(self.layout, job_id):
             return "is already used by an earlier job"
         if group_file(self.layout, job_id).exists():
             return "is the id of a sweep or array"
-        if previous and previous.get("user") and previous.get("user") != user:
+        try:
+            previous = read_json(self.layout.record(self.layout.requeued, job_id))
+        except ValueError:
+            previous = None
+        if isinstance(previous, dict) and previous.get("user") and previous.get("user") != user:
             return f"belongs to {previous.get('user')}'s job, which waits to run again"
         return None
-
-    @staticmethod
-    def _keep_place(entry: Entry, previous: dict) -> None:
-        """An attempt the worker put back (its host died, it was preempted) keeps the place it
-        had; a retried job, whose kept record is an ended one, queues anew."""
-        queued_at = previous.get("queued_at")
-        if isinstance(queued_at, (int, float)) and 0 < queued_at < entry.job.queued_at:  # type: ignore[union-attr]
-            entry.job = replace(entry.job, queued_at=float(queued_at))  # type: ignore[arg-type]
 
     def expand_sweep(self, job_id: str, entry: Entry) -> None:
         try:

@@ -299,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--mark-low", type=float, metavar="FRACTION",
                     help="mark about FRACTION of the jobs priority low (by a hash of job_id)")
     sp.add_argument("--without-low", action="store_true", help="with --mark-low: leave those jobs out instead")
+    sp.add_argument("--mark-rule", choices=("sha1", "md5", "small"), default="sha1",
+                    help="with --mark-low: sha1 of the job id (default), md5 of it, or sha1 among jobs of one GPU or less")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config.yaml key for gpuq's policy")
     sp.add_argument("--json", action="store_true", help="the figures as JSON")
     for name, what in (("hold", "keep pending jobs from starting (they keep their place)"),

@@ -52,7 +52,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"gpuq simulate: {e}", file=sys.stderr)
         return 2
     if args.mark_low:
-        jobs = mark_low(jobs, args.mark_low, drop=args.without_low)
+        jobs = mark_low(jobs, args.mark_low, drop=args.without_low, rule=args.mark_rule)
     settings: dict = {}
     for item in args.set or []:
         key, _, value = item.partition("=")

@@ -68,7 +68,7 @@ def _owns_spool(layout) -> bool:
 
 
 def _live_workers(layout) -> list[str]:
-    from .views import heartbeat_alive, load_heartbeats
+    from .teamstate import heartbeat_alive, load_heartbeats
 
     now = time.time()
     return sorted(str(hb.get("host")) for hb in load_heartbeats(layout) if heartbeat_alive(hb, now))

@@ -141,7 +141,7 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     from .cli_requests import run_request
-    from .views import load_heartbeats
+    from .teamstate import load_heartbeats
 
     if args.verb == "resume":
         return run_request(args, "resume", host=args.host)
@@ -192,7 +192,7 @@ def cmd_book(args: argparse.Namespace) -> int:
     for a quick answer, then sent as a request (the worker checks again and decides)."""
     from . import bookings
     from .cli_requests import run_request
-    from .views import load_heartbeats
+    from .teamstate import load_heartbeats
 
     if args.verb == "unbook":
         return run_request(args, "unbook", id=args.id)

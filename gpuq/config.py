@@ -57,7 +57,8 @@ class Config:
     fair_share: bool = True             # within a priority, users holding fewer GPUs go first
     age_step_s: float = 3600.0          # each this long of waiting counts as one GPU less in use
     reserve_after_s: float = 3600.0     # a job blocked this long gets GPUs held back for it
-    reservations: bool = True
+    reservations: bool = False           # measured to cost more than they pay (bench/simulate_traces.py)
+    spread: bool = True                 # while GPUs sit idle, a job takes an empty one (plan.py)
     fragmentation_aware: bool = True    # among equally tight fits, keep emptier hosts whole
     preemption: bool = True             # opportunistic jobs yield to higher-priority work
     idle_util_pct: int = 10             # a GPU is idle while non-gpuq processes use less than this
@@ -286,6 +287,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "age_step_s": ("age_step_s", _seconds),
     "reserve_after_s": ("reserve_after_s", _seconds),
     "reservations": ("reservations", _bool),
+    "spread": ("spread", _bool),
     "fragmentation_aware": ("fragmentation_aware", _bool),
     "preemption": ("preemption", _bool),
     "idle_util_pct": ("idle_util_pct", _percent),

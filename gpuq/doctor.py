@@ -21,7 +21,7 @@ from .hostinfo import NETWORK_FILESYSTEMS, mount_of
 from .initroot import cron_line
 from .layout import Layout
 from .single_instance import this_host
-from .views import heartbeat_alive, load_heartbeats
+from .teamstate import heartbeat_alive, load_heartbeats
 
 CLOCK_WARN_S = 1.0   # heartbeat time vs the file's mtime, across hosts
 

@@ -27,7 +27,8 @@ from .intake import read_spec_file, user_name
 from .layout import Layout
 from .owners import Actor, refusal
 from .spec import SpecError, parse_spec_text
-from .spool import (Record, append_event, create_owned, has_record, pending_spec_path, pending_specs, read_json,
+from .spool import (Record, append_event, create_owned, has_record, keep_place, kept_place, pending_spec_path,
+                    pending_specs, read_json,
                     read_record, transition_event,
                     unclaim, write_json, write_record)
 from .states import State, check_transition
@@ -70,8 +71,10 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
             raise HoldError(refusal(job_id, os.lstat(others[0]).st_uid, "hold"))
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")
     spec_path, dest = mine[0], held_spec(layout, job_id)
-    if not stat.S_ISREG(os.lstat(spec_path).st_mode):
+    before = os.lstat(spec_path)
+    if not stat.S_ISREG(before.st_mode):
         raise HoldError(f"{job_id}: jobs/{spec_path.name} is not a plain file, so not a job")
+    place = kept_place(layout, job_id, user_name(before.st_uid)) or before.st_ctime  # as intake reads it
     # link, then unlink: never over a held spec that is there already
     try:
         if not unclaim(spec_path, dest):
@@ -84,7 +87,7 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
         raise HoldError(refusal(job_id, st.st_uid, "hold"))
     check_transition(State.PENDING, State.HELD)
     record = Record(id=job_id, state=State.HELD, spec={}, user=user_name(st.st_uid), uid=st.st_uid,
-                    queued_at=st.st_mtime, reason=why or f"held by {actor.name}", held_at=wall_time())
+                    queued_at=place, reason=why or f"held by {actor.name}", held_at=wall_time())
     try:
         write_record(layout, record)
     except OSError:
@@ -109,6 +112,7 @@ def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     except ValueError:
         record = None
     record = record or Record(id=job_id, state=State.HELD, spec={})
+    keep_place(layout, job_id, user_name(st.st_uid), record.queued_at)
     layout.record(layout.held, job_id).unlink(missing_ok=True)
     if not unclaim(src, layout.jobs / f"{job_id}.yaml"):
         raise HoldError(f"{job_id}: jobs/{job_id}.yaml exists (a new file?); the held spec stays held. "

@@ -22,6 +22,7 @@ from .layout import JOB_ID_RE, Layout, job_id_for_spec_name
 from .owners import OwnerPolicy
 from .plan import PendingJob
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text
+from .spool import kept_place
 
 StatKey = tuple[int, int, int]  # mtime_ns, size, inode
 # A directory changed less than this long ago may change again within the same mtime tick.
@@ -83,11 +84,14 @@ def check_job_id(job_id: str, name: str) -> None:
                         "with '.'), e.g. train-a.yaml")
 
 
-def parse_entry(job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
+def parse_entry(layout: Layout, job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
     spec = parse_spec_text(text, f"jobs/{path.name}")
+    user = user_name(st.st_uid)
     # A job's place in the queue is when its file landed in jobs/: the change time, which the
-    # kernel sets on every write, link and rename. Its mtime a member can set to any past day.
-    return PendingJob(job_id, user_name(st.st_uid), spec, st.st_ctime)
+    # kernel sets on every write, link and rename (its mtime a member can set to any past
+    # day); or, for a job a worker put back (released, requeued), the place it kept.
+    kept = kept_place(layout, job_id, user)
+    return PendingJob(job_id, user, spec, st.st_ctime if kept is None else min(kept, st.st_ctime))
 
 
 class Intake:
@@ -169,7 +173,7 @@ class Intake:
                 self.policy.check(fst, f"jobs/{name}")
             check_job_id(job_id, name)
             entry.final = False
-            entry.job = parse_entry(job_id, entry.path, fst, entry.text)
+            entry.job = parse_entry(self.layout, job_id, entry.path, fst, entry.text)
         except SpecError as e:
             entry.error = e
         except FileNotFoundError:

@@ -111,6 +111,11 @@ class Layout:
         return self.state / "requeued"
 
     @cached_property
+    def places(self) -> Path:
+        """The queue place a worker kept for a job it put back (released, requeued)."""
+        return self.state / "places"
+
+    @cached_property
     def workers(self) -> Path:
         return self.state / "workers"
 
@@ -152,7 +157,7 @@ class Layout:
     def directories(self) -> tuple[Path, ...]:
         """Every directory of the spool, parents first."""
         return (self.jobs, self.requests, self.logs, self.state, self.claims, self.running, self.finished,
-                self.rejected, self.held, self.requeued, self.workers, self.control, self.events,
+                self.rejected, self.held, self.requeued, self.places, self.workers, self.control, self.events,
                 self.samples, self.groups, self.bookings, self.drains, self.taken_requests, self.replies,
                 self.state / "metrics")
 

@@ -239,18 +239,19 @@ class _Pass:
         mine = [s for s in self.slots if s.host in allowed]
         if self.booked:
             mine = [s for s in mine if s.booked_for in (None, job.user)]
-        needs_whole = _needs_whole(spec, self.slots)
-        if needs_whole:
-            self.whole_demand -= spec.gpus
+        own = spec.gpus if _needs_whole(spec, self.slots) else 0  # its own demand, if placed now
         choice = None
-        empty = sum(1 for s in mine if s.ordinary_empty and not s.busy_by_others)
-        if empty - self.whole_demand >= spec.gpus:  # GPUs to spare: spread, never join a busy one
-            choice = placement.best_fit(spec, mine, self.config.max_jobs_per_gpu, spread=True,
-                                        fragmentation_aware=self.config.fragmentation_aware)
+        if self.config.spread:
+            spare = self._spare_for_spreading(mine)
+            # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
+            if len(spare) - (self.whole_demand - own) >= spec.gpus:
+                choice = placement.best_fit(spec, spare, self.config.max_jobs_per_gpu, spread=True,
+                                            fragmentation_aware=self.config.fragmentation_aware)
         choice = choice or placement.best_fit(spec, mine, self.config.max_jobs_per_gpu,
                                               fragmentation_aware=self.config.fragmentation_aware)
         if choice is not None:
             self._place(job, choice)
+            self.whole_demand -= own
             self.full = self._no_room()
             return
         if not self.reserved and self.config.reservations and self.now - job.queued_at >= self.config.reserve_after_s:
@@ -260,6 +261,16 @@ class _Pass:
         if shape not in self.failed:
             self.failed[shape] = self._why_waiting(job, allowed, mine) if self.explain else ""
         self.waits(job, self.failed[shape])
+
+    def _spare_for_spreading(self, slots: list[Slot]) -> list[Slot]:
+        """Empty GPUs a job may spread onto: any, while at least half the team's GPUs have no
+        ordinary work; none beyond that. Spreading on a busier cluster uses up the empty GPUs
+        that whole-GPU and wide jobs need, and a few small jobs that run for weeks, one on each
+        box, keep every box from being whole again (measured: bench/simulate_traces.py)."""
+        empty = [s for s in slots if s.ordinary_empty and not s.busy_by_others]
+        if 2 * sum(1 for s in self.slots if s.ordinary_empty) < len(self.slots):
+            return []  # over half the GPUs in use: pack
+        return empty
 
     def _place(self, job: PendingJob, chosen: list[Slot]) -> None:
         """Start it, or, where opportunistic jobs are on its GPUs, make exactly those yield and

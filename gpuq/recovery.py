@@ -20,7 +20,7 @@ from .containers import release_leftover_mounts, remove_leftover
 from .faults import wall_time
 from .joblocal import Runtime, read_started
 from .layout import Layout
-from .spool import (Record, append_event, claim_name, create_owned, claims_of, has_record, parse_claim_name,
+from .spool import (Record, append_event, claim_name, create_owned, claims_of, has_record, keep_place, parse_claim_name,
                     read_json, read_record, record_requeue, transition, unclaim)
 from .states import State
 
@@ -82,6 +82,7 @@ class Recovery:
         held = self._hold_spec(record)
         if held is None:
             return  # another host is requeueing it, or it was settled meanwhile
+        keep_place(self.layout, record.id, record.user, record.queued_at)
         record_requeue(self.layout, record, self.host, reason)
         self.put_back(record.id, held)
 

@@ -15,7 +15,7 @@ SIM_CONFIG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=64)
 POLICIES = ("gpuq", "pack-bestfit", "fifo-exclusive")
 POLICY_HELP = {
     "gpuq": "gpuq's plan as configured: priorities, fair share, reservations, preemption",
-    "pack-bestfit": "packing by memory on the best-fitting GPU; no reservations, no priorities, no preemption",
+    "pack-bestfit": "packing by memory on the best-fitting GPU; no reservations, no priorities, no preemption, no spreading",
     "fifo-exclusive": "one job per whole GPU, strict FIFO (task-spooler, simple_gpu_scheduler)",
 }
 
@@ -25,7 +25,7 @@ def run_policy(name: str, jobs: list[TraceJob], cluster: Cluster, config: Config
         return replay(jobs, cluster, plan_policy(config), config.grace_s)
     if name == "pack-bestfit":
         baseline = replace(config, fair_share=False, reservations=False, preemption=False,
-                           fragmentation_aware=False)
+                           fragmentation_aware=False, spread=False)
         flat = [replace(j, spec=replace(j.spec, priority_class="normal", priority=0, preemptible=False))
                 for j in jobs]
         return replay(flat, cluster, plan_policy(baseline), config.grace_s)
@@ -45,6 +45,8 @@ def figures(out: Outcome, jobs: list[TraceJob]) -> dict[str, Any]:
     """The --json schema for one policy (README "Simulating a trace")."""
     waits = [out.waits[j.id] for j in jobs if j.id in out.ends]
     by_gpus: dict[str, float] = {}
+    all_by_gpus: dict[str, list[float]] = {}
+    by_priority_gpus: dict[str, dict[str, float]] = {}
     by_priority: dict[str, list[float]] = {}
     slowdowns = []
     for j in jobs:
@@ -53,6 +55,9 @@ def figures(out: Outcome, jobs: list[TraceJob]) -> dict[str, Any]:
         wait = out.waits[j.id]
         key = str(j.spec.gpus)
         by_gpus[key] = max(by_gpus.get(key, 0.0), wait)
+        all_by_gpus.setdefault(key, []).append(wait)
+        per_class = by_priority_gpus.setdefault(j.spec.priority_class, {})
+        per_class[key] = max(per_class.get(key, 0.0), wait)
         by_priority.setdefault(j.spec.priority_class, []).append(wait)
         slowdowns.append((out.ends[j.id] - j.submit_s) / max(j.duration_s, 1.0))
     makespan = max(out.ends.values(), default=out.first_submit) - out.first_submit
@@ -62,7 +67,11 @@ def figures(out: Outcome, jobs: list[TraceJob]) -> dict[str, Any]:
         "wait_p50_s": _pct(waits, 50), "wait_p95_s": _pct(waits, 95), "wait_p99_s": _pct(waits, 99),
         "wait_max_s": max(waits, default=0.0),
         "wait_max_by_gpus": dict(sorted(by_gpus.items(), key=lambda kv: int(kv[0]))),
+        "wait_mean_by_gpus": {k: statistics.fmean(v) for k, v in sorted(all_by_gpus.items(), key=lambda kv: int(kv[0]))},
         "wait_mean_by_priority": {k: statistics.fmean(v) for k, v in sorted(by_priority.items())},
+        "wait_max_by_priority_gpus": {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
+                                      for k, v in sorted(by_priority_gpus.items())},
+        "low_jobs_unfinished": sum(1 for j in jobs if j.spec.preemptible and j.id not in out.ends),
         "slowdown_mean": statistics.fmean(slowdowns) if slowdowns else 0.0,
         "makespan_s": makespan,
         "occupancy": out.busy_gpu_s / (out.gpus * span) if span else 0.0,

@@ -1,7 +1,9 @@
 """`gpuq simulate`: replay a job trace on a virtual clock through the real `plan`.
 
 At every arrival and every end (the moments a worker's pass wakes up for), the pending and
-running jobs and the simulated GPUs go to `plan` exactly as a worker would pass them; its
+running jobs and the simulated GPUs go to `plan` exactly as a worker would pass them, box by
+box: each box acts on its own part of the team's plan (the box an end woke first; a box with
+starts for another pokes it, and that one plans again after the first one's starts). Its
 starts start, its preemptions stop jobs (each runs on for its grace, then frees its memory
 and goes back to the queue at its old place, to restart from the beginning). No decision
 uses a job's true duration: only the clock moves by it.
@@ -143,31 +145,45 @@ def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: flo
             set_rates(freed, now)
         if not pending and not freed:
             continue
-        starts, preempts = decide(list(pending.values()), hosts, list(views.values()), now)
-        changed: set[tuple[str, int]] = set()
-        for victim in preempts:
-            run = runs[victim]
-            if run.stop_at is None:
+        # Each box's worker plans over the whole team and acts on its own part (worker.py);
+        # the box an end woke goes first, and a box that finds starts for others pokes them,
+        # and they plan again after its starts.
+        woken = sorted({h for h, _ in freed})
+        order = woken + [h.name for h in hosts if h.name not in woken]
+        for _ in range(2 * len(hosts)):
+            starts, preempts = decide(list(pending.values()), hosts, list(views.values()), now)
+            boxes = {s.host for s in starts} | {runs[v].host for v in preempts}
+            if not boxes:
+                break
+            box = next(h for h in order if h in boxes)
+            changed: set[tuple[str, int]] = set()
+            for victim in preempts:
+                run = runs[victim]
+                if run.host == box and run.stop_at is None:
+                    seq += 1
+                    run.stop_at, run.version = now + grace_s, seq
+                    views[victim] = replace(views[victim], stopping=True)
+                    out.preemptions += 1
+                    heapq.heappush(ends, (run.stop_at, seq, victim, run.version))
+            for s in starts:
+                if s.host != box:
+                    continue
+                job = by_id[s.job_id]
+                del pending[s.job_id]
+                out.waits[s.job_id] = now - job.submit_s
                 seq += 1
-                run.stop_at, run.version = now + grace_s, seq
-                views[victim] = replace(views[victim], stopping=True)
-                out.preemptions += 1
-                heapq.heappush(ends, (run.stop_at, seq, victim, run.version))
-        for s in starts:
-            job = by_id[s.job_id]
-            del pending[s.job_id]
-            out.waits[s.job_id] = now - job.submit_s
-            seq += 1
-            runs[s.job_id] = _Run(job, now, s.host, s.gpus, job.duration_s, since=now, version=seq)
-            views[s.job_id] = RunningJob(s.job_id, job.user, s.host, s.gpus, job.spec.gpu_mem_mib,
-                                         preemptible=job.spec.preemptible,
-                                         priority_class=job.spec.priority_class, started_at=now)
-            for i in s.gpus:
-                on_gpu[(s.host, i)].add(s.job_id)
-                changed.add((s.host, i))
-            heapq.heappush(ends, (now + job.duration_s, seq, s.job_id, seq))
-        if changed:
-            set_rates(changed, now)
+                runs[s.job_id] = _Run(job, now, s.host, s.gpus, job.duration_s, since=now, version=seq)
+                views[s.job_id] = RunningJob(s.job_id, job.user, s.host, s.gpus, job.spec.gpu_mem_mib,
+                                             preemptible=job.spec.preemptible,
+                                             priority_class=job.spec.priority_class, started_at=now)
+                for i in s.gpus:
+                    on_gpu[(s.host, i)].add(s.job_id)
+                    changed.add((s.host, i))
+                heapq.heappush(ends, (now + job.duration_s, seq, s.job_id, seq))
+            if changed:
+                set_rates(changed, now)
+            if boxes == {box}:
+                break  # nothing for the other boxes: planning again would find them nothing
     return out
 
 

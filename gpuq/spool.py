@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 from dataclasses import dataclass, field, replace
@@ -268,6 +269,30 @@ def record_requeue(layout: Layout, record: Record, event_host: str, reason: str)
     except FileNotFoundError:
         pass
     append_event(layout, event_host, transition_event(record, record.state, State.PENDING, reason))
+
+
+def keep_place(layout: Layout, job_id: str, user: str, queued_at: float) -> None:
+    """Before a worker puts a job's spec back into jobs/ (released, requeued): the place it
+    had. A spec's own place is when its file landed, which a put-back file would lose."""
+    if math.isfinite(queued_at) and queued_at > 0:
+        layout.places.mkdir(exist_ok=True)
+        write_json(layout.record(layout.places, job_id), {"user": user, "queued_at": queued_at})
+
+
+def kept_place(layout: Layout, job_id: str, user: str) -> float | None:
+    """The place kept for this user's job, if any (read only from the worker's state/)."""
+    try:
+        kept = read_json(layout.record(layout.places, job_id))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("user") != user:
+        return None
+    t = kept.get("queued_at")
+    return float(t) if isinstance(t, (int, float)) and math.isfinite(t) and t > 0 else None
+
+
+def forget_place(layout: Layout, job_id: str) -> None:
+    layout.record(layout.places, job_id).unlink(missing_ok=True)
 
 
 def next_attempt(previous: dict | None) -> int:

@@ -60,10 +60,23 @@ class TraceJob:
     capped: bool          # asked for more GPUs than a host has
 
 
-def is_marked_low(job_id: str, fraction: float) -> bool:
-    """The documented deterministic rule for `--mark-low`: the first 8 hex digits of the
-    SHA-1 of the job id, as a fraction of 2**32, below `fraction`."""
-    return int(hashlib.sha1(job_id.encode()).hexdigest()[:8], 16) / 2 ** 32 < fraction
+def _hash_fraction(job_id: str, algorithm: str) -> float:
+    """The first 8 hex digits of the job id's digest, as a fraction of 2**32."""
+    return int(hashlib.new(algorithm, job_id.encode()).hexdigest()[:8], 16) / 2 ** 32
+
+
+# Deterministic rules for `--mark-low`: which jobs of a trace are opportunistic (low).
+MARK_RULES = {
+    "sha1": "SHA-1 of the job id below FRACTION (the documented default)",
+    "md5": "MD5 of the job id below FRACTION (another hash: another third of the jobs)",
+    "small": "jobs of one GPU or less only, by SHA-1 of the job id below FRACTION",
+}
+
+
+def is_marked_low(job_id: str, fraction: float, rule: str = "sha1", gpus: float = 1.0) -> bool:
+    if rule == "small" and gpus > 1:
+        return False
+    return _hash_fraction(job_id, "md5" if rule == "md5" else "sha1") < fraction
 
 
 def load_trace(path: Path, cluster: Cluster, since_s: float | None = None, stretch: float = 1.0) -> list[TraceJob]:
@@ -134,12 +147,13 @@ def _job(row: dict, cluster: Cluster) -> TraceJob:
                     (row.get("user") or "").strip(), capped)
 
 
-def mark_low(jobs: list[TraceJob], fraction: float, drop: bool = False) -> list[TraceJob]:
-    """Mark about `fraction` of the jobs low (opportunistic) by `is_marked_low`; with `drop`,
-    leave them out instead (the same jobs), to measure what they cost the others."""
+def mark_low(jobs: list[TraceJob], fraction: float, drop: bool = False, rule: str = "sha1") -> list[TraceJob]:
+    """Mark about `fraction` of the jobs low (opportunistic) by `is_marked_low` under `rule`
+    (MARK_RULES); with `drop`, leave them out instead (the same jobs), to measure what they
+    cost the others."""
     out = []
     for job in jobs:
-        if not is_marked_low(job.id, fraction):
+        if not is_marked_low(job.id, fraction, rule, job.spec.gpus if job.spec.gpus > 1 else 1.0):
             out.append(job)
         elif not drop:
             out.append(replace(job, spec=replace(job.spec, priority_class="low", preemptible=True)))

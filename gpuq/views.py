@@ -13,7 +13,6 @@ from typing import Any
 from .bookings import load as load_bookings
 from .config import Config
 from .deps import DependencyStates, gates
-from .drain import drained
 from .faults import wall_time
 from .holds import held_jobs
 from .intake import load_pending_for_view
@@ -22,38 +21,14 @@ from .placement import usable_mib
 from .plan import HostView, PendingJob, RunningJob, plan
 from .probe import GpuSnapshot
 from .spec import JobSpec, SpecError, command_text, parse_spec_text
-from .spool import Record, read_json, read_record, running_records
+from .spool import Record, read_record, running_records
 from .states import FINAL_STATES
+from .teamstate import heartbeat_alive, load_heartbeats, observed_memory, picture, yielding
 from .usage import suggest_gpu_mem
 
 STATUS_VERSION = 1
 EVENT_CHUNK_BYTES = 64 * 1024
 EVENT_TAIL_MAX_BYTES = 1024 * 1024
-
-
-def heartbeat_alive(hb: dict[str, Any], now: float) -> bool:
-    """For display only: a host seen within a few poll intervals. Taking over a dead host's
-    jobs never uses this (it compares two hosts' clocks); the workers judge that themselves."""
-    return now - hb.get("t", 0) <= max(10.0, 5 * hb.get("poll_interval", 1.0))
-
-
-def load_heartbeats(layout: Layout) -> list[dict[str, Any]]:
-    beats = []
-    for path in sorted(layout.workers.glob("*.json")):
-        if path.name.endswith(".specs.json"):
-            continue
-        hb = read_json(path)
-        if hb is not None:
-            beats.append(hb)
-    return beats
-
-
-def _observed(beats: list[dict[str, Any]]) -> dict[str, dict[int, int]]:
-    out: dict[str, dict[int, int]] = {}
-    for hb in beats:
-        for job_id, per in hb.get("observed", {}).items():
-            out[job_id] = {int(i): m for i, m in per.items()}
-    return out
 
 
 def recent_events(layout: Layout, states: frozenset[str], limit: int) -> list[dict[str, Any]]:
@@ -107,25 +82,20 @@ def status(layout: Layout, config: Config, now: float | None = None,
     `pending_total` always counts them all."""
     now = wall_time() if now is None else now
     beats = load_heartbeats(layout)
-    observed = _observed(beats)
+    observed = observed_memory(beats)
     running = running_records(layout)
     live = [hb for hb in beats if heartbeat_alive(hb, now)]
-    stopping = {j for hb in beats for j in hb.get("stopping", ())}
+    stopping = yielding(beats)
     warnings = {j: why for hb in live for j, why in hb.get("warnings", {}).items()}
-    running_jobs = [RunningJob.of(r, observed.get(r.id, {}), r.id in stopping) for r in running]
-    drains = {hb["host"]: d for hb in beats if (d := drained(layout, hb["host"]))}
-    host_views = [HostView(hb["host"], tuple(GpuSnapshot.from_json(g) for g in hb.get("gpus", [])),
-                           hb.get("cpu_slots", config.cpu_slots),
-                           {int(i): t for i, t in hb.get("others_idle_since", {}).items()},
-                           frozenset(hb["runtimes"]) if "runtimes" in hb else None)
-                  for hb in live if hb["host"] not in drains]  # a drained host takes nothing new
+    team = picture(layout, config, beats, running, now)  # what every worker plans over
+    running_jobs, drains = team.running, team.drains
     # Every worker caches the same specs: the freshest cache is enough.
     cache_files = [layout.spec_cache(hb["host"]) for hb in sorted(beats, key=lambda b: b.get("t", 0))[-1:]]
     pending, problems = load_pending_for_view(layout, cache_files)
     waiting, doomed = gates(pending, DependencyStates(layout))
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
     booked = load_bookings(layout, now)
-    decided = plan(pending, host_views, running_jobs, config, now, explain=True, blocked=blocked, bookings=booked)
+    decided = plan(pending, team.hosts, running_jobs, config, now, explain=True, blocked=blocked, bookings=booked)
     starting = {s.job_id: s for s in decided.starts}
     by_id = {j.id: j for j in pending}
     final_names = frozenset(s.value for s in FINAL_STATES)

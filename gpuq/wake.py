@@ -7,6 +7,7 @@ import os
 import select
 import time
 from pathlib import Path
+from typing import Sequence
 
 
 def fifo_path(local_dir: Path) -> Path:
@@ -45,24 +46,23 @@ class WakeFifo:
         # O_RDWR keeps a writer open, so the FIFO never reads as EOF between pokes.
         self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
 
-    def sleep(self, timeout: float, watch: Path | None = None, seen: int | None = None) -> bytes:
-        """Returns the pokes' reasons, or b"" when the timeout passed without one. With
-        `watch` (the requests inbox), a change of that directory ends the sleep too: team
-        members cannot reach this FIFO (it lives in the worker's private directory), so
-        their requests are noticed by the directory's mtime, looked at every WATCH_EVERY_S.
-        `seen` is its mtime when the pass last read it: a request that came during the pass
-        ends the sleep at once."""
+    def sleep(self, timeout: float, watch: Sequence[Path] = (), seen: Sequence[int | None] = ()) -> bytes:
+        """Returns the pokes' reasons, or b"" when the timeout passed without one. A change of
+        the mtime of a path in `watch` (the requests inbox, this box's poke file) ends the
+        sleep too: team members and other boxes cannot reach this FIFO (it lives in the
+        worker's private directory), so their news is noticed by mtime, looked at every
+        WATCH_EVERY_S. `seen` holds each path's mtime when the pass last read it: news that
+        came during the pass ends the sleep at once."""
         deadline = time.monotonic() + timeout
-        if watch is not None and seen is None:
-            seen = mtime_ns(watch)
+        seen = [mtime_ns(p) if i >= len(seen) or seen[i] is None else seen[i] for i, p in enumerate(watch)]
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return b""
-            ready, _, _ = select.select([self.fd], [], [], left if watch is None else min(left, WATCH_EVERY_S))
+            ready, _, _ = select.select([self.fd], [], [], min(left, WATCH_EVERY_S) if watch else left)
             if ready:
                 return self._drain()
-            if watch is not None and mtime_ns(watch) != seen:
+            if any(mtime_ns(p) != m for p, m in zip(watch, seen)):
                 return WAKE_QUEUE_CHANGED
 
     def _drain(self) -> bytes:

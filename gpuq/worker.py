@@ -45,7 +45,8 @@ from .spawner import Spawner
 from .strict_yaml import load_yaml
 from .sweeps import finish_interrupted
 from .usage import GpuUsage
-from .spool import (Record, append_event, atomic_write, claim, claim_name, next_attempt, read_json,
+from .teamstate import load_heartbeats, picture, poke_box, poke_path
+from .spool import (Record, append_event, atomic_write, claim, claim_name, forget_place, next_attempt, read_json,
                     read_record, record_start, write_json)
 from .states import State
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
@@ -79,12 +80,16 @@ class Worker:
         self.seq = 0
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
+        self.others_running: list[Record] = []   # the rest of the team's, for the one plan
+        self.started_last_pass = 0
+        self.version_at_last_pass = -1
         self.observed: dict[str, dict[int, int]] = {}
         self.gpu_usage = GpuUsage()
         self.record_cache: dict[tuple[str, int, int, int], Record] = {}
         self.reported: set[str] = set()      # bad files already logged once (never each pass)
         self.replies_swept_at = 0.0
         self.inbox_seen: int | None = None
+        self.poke_seen: int | None = None
         self.spawner = Spawner(self.rt, layout.worker_log(host))
         self.arrivals = Arrivals(layout, host, self.intake)
         self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject)
@@ -116,6 +121,11 @@ class Worker:
         log.info("worker %s started (pid %d, gpuq %s, root %s)%s", self.host, os.getpid(),
                  __version__, self.layout.root, f"; {self.probe.error}" if self.probe.error else "")
         write_lease(self.rt, time.monotonic())  # a restarted worker renews its supervisors' lease
+        try:  # other boxes touch it to wake this one; without it they wait for its poll
+            atomic_write(poke_path(self.layout, self.host), b"", mode=0o644, durable=False)
+        except OSError as e:
+            self._report_once("poke-file", f"cannot make this box's poke file ({e.strerror or e}): "
+                              "other boxes' starts here wait for its poll")
         finish_interrupted(self.layout, load_yaml,
                            lambda group, why: self._report_once(f"groups/{group}", f"sweep {group} left as it is: {why}"))
         try:
@@ -127,14 +137,20 @@ class Worker:
                         log.exception("step %s failed", step)
                 if once or (exit_when_idle and self.idle()):
                     return
-                self.woken_by = self.wake.sleep(self.config.poll_interval, watch=self.layout.requests,
-                                                seen=self.inbox_seen)
+                self.woken_by = self.wake.sleep(self.config.poll_interval,
+                                                watch=(self.layout.requests, poke_path(self.layout, self.host)),
+                                                seen=(self.inbox_seen, self.poke_seen))
         finally:
             self.spawner.close()
             self.samples.flush(wall_time())
 
     def idle(self) -> bool:
-        return not self.running and not self.intake.entries
+        """Nothing runs here and nothing this box could start remains: the last pass started
+        nothing and found jobs/ as the pass before it (a sweep's members, a requeued spec or a
+        released dependency show as a change, and get their pass)."""
+        settled = self.intake.version == self.version_at_last_pass and not self.started_last_pass
+        self.version_at_last_pass = self.intake.version
+        return not self.running and not self.spawner.starting and settled
 
     # --- steps ----------------------------------------------------------------------------
 
@@ -170,10 +186,10 @@ class Worker:
                                                   "reason": f"warning: {overuse.why}"})
 
     def _own_running(self) -> list[Record]:
-        """This host's running records. A record is only ever replaced by rename, so a file
+        """This host's running records (and, in `others_running`, every other box's). A record is only ever replaced by rename, so a file
         read before (same name, inode, mtime and size: a freed inode is reused at once) is
         not read again. A file that is not a record is reported once and skipped."""
-        records, cache = [], {}
+        records, others, cache = [], [], {}
         with os.scandir(self.layout.running) as it:
             for entry in it:
                 if not entry.name.endswith(".json"):
@@ -187,9 +203,9 @@ class Worker:
                     continue
                 if record is not None:
                     cache[key] = record
-                    if record.host == self.host:
-                        records.append(record)
+                    (records if record.host == self.host else others).append(record)
         self.record_cache = cache
+        self.others_running = others
         return records
 
     def _report_once(self, key: str, message: str) -> None:
@@ -253,6 +269,7 @@ class Worker:
         unbook, drain, resume. Requests this host took before a crash come first."""
         deadline = time.monotonic() + REQUESTS_PER_PASS_S  # a flood must not stall heartbeats
         self.inbox_seen = mtime_ns(self.layout.requests)  # before reading it: a later one wakes the sleep
+        self.poke_seen = mtime_ns(poke_path(self.layout, self.host))  # likewise another box's poke
         for name in leftovers(self.layout, self.host):
             apply_one(self.layout, self.config, self.host, name, taken=True)
         for name in fair_order(self.layout, waiting(self.layout)):
@@ -285,18 +302,29 @@ class Worker:
         self.arrivals.take_in(now, self.config.spec_settle_s)
 
     def start_jobs(self) -> None:
+        """One plan for the whole team (teamstate.py): this box starts only the starts placed
+        on it and stops only its own jobs that must yield; starts placed on another box are
+        that box's (it is poked)."""
+        self.started_last_pass = 0
         if not self.intake.entries and not any(r.spec.get("preemptible") for r in self.running):
             return
         if drain_file(self.layout, self.host).exists():
             return  # `gpuq drain`: running jobs finish, nothing new starts here
         now = wall_time()
+        beats = load_heartbeats(self.layout)
+        own = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since,
+                       frozenset(self.runtimes.found))
+        team = picture(self.layout, self.config, beats, self.others_running, now, own, self._running_jobs())
+        for host in team.skipped:
+            self._report_once(f"heartbeat/{host}", f"heartbeat of {host} does not read as one: left out of the plan")
         # The plan only changes when its inputs do: skip it while nothing moved. Time enters
         # through idleness (a GPU idle long enough, or taken by a person) and idle windows.
-        idle_long = tuple((i, t is None, t is not None and now - t >= self.config.idle_after_s)
-                          for i, t in sorted(self.others_idle_since.items()))
-        inputs = (self.intake.version, tuple((g.index, g.mem_used_mib, g.processes) for g in self.gpus),
-                  tuple(r.id for r in self.running), idle_long, window_open(self.config.idle_windows, now),
-                  frozenset(self.stopping))
+        idle_long = tuple((h.name, i, t is None, t is not None and now - t >= self.config.idle_after_s)
+                          for h in team.hosts for i, t in sorted(h.others_idle_since.items()))
+        inputs = (self.intake.version, tuple((h.name, h.cpu_slots, h.runtimes, tuple(
+                      (g.index, g.mem_used_mib, g.mem_total_mib, g.processes) for g in h.gpus)) for h in team.hosts),
+                  tuple(sorted((j.id, j.stopping, tuple(sorted(j.observed_mib.items()))) for j in team.running)),
+                  idle_long, window_open(self.config.idle_windows, now))
         booked = load_bookings(self.layout, now)
         waiting, doomed = gates(self.intake.pending(), self.dep_states)
         for job_id, why in doomed.items():
@@ -304,15 +332,19 @@ class Worker:
         inputs += (frozenset(waiting), frozenset(doomed), frozenset(b.id for b in booked if b.active(now)))
         if inputs == self.unchanged_plan_inputs:
             return
-        host = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since,
-                        frozenset(self.runtimes.found))
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
-            decided = plan(self.intake.pending(), [host], self._running_jobs(), self.config, now, explain=False,
+            decided = plan(self.intake.pending(), team.hosts, team.running, self.config, now, explain=False,
                            blocked={**waiting, **doomed}, bookings=booked)
             self._preempt(decided.preempts)
             for start in decided.starts:
-                self._start(start.job_id, start.gpus)
-        self.unchanged_plan_inputs = None if decided.starts or decided.preempts else inputs
+                if start.host == self.host:
+                    self._start(start.job_id, start.gpus)
+                    self.started_last_pass += 1
+        for host in {s.host for s in decided.starts} - {self.host}:
+            poke_box(self.layout, host)
+        mine = any(s.host == self.host for s in decided.starts) or any(
+            j in decided.preempts for j in (r.id for r in self.running))
+        self.unchanged_plan_inputs = None if mine else inputs
 
     def raise_alerts(self) -> None:
         """At most once per poll interval: a burst of short jobs wakes the worker far more often."""
@@ -391,6 +423,7 @@ class Worker:
                 self.recovery.put_back(job_id, claimed)  # no record: the spec waits in jobs/ again
             raise  # (with a record, the next pass requeues the attempt: it never started)
         self.layout.record(self.layout.requeued, job_id).unlink(missing_ok=True)  # numbered now
+        forget_place(self.layout, job_id)
         crash_point("worker:recorded")
         self.spawner.launch(record)
         crash_point("worker:sent")

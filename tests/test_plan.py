@@ -1,6 +1,8 @@
 """The pure planner, fed plain data: memory accounting, best fit, order, reasons."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpuq.config import Config
 from gpuq.placement import usable_mib
 from gpuq.plan import HostView, PendingJob, RunningJob, plan
@@ -143,7 +145,13 @@ def test_spread_then_pack_small_jobs_take_idle_gpus_before_sharing_one():
     placed = list(starts(plan(small[:4], hosts, [], CFG, 0)).values())
     assert len(set(placed)) == 4 and {h for h, _ in placed} == {"a"}  # four GPUs, one host kept whole
     placed = list(starts(plan(small, hosts, [], CFG, 0)).values())
-    assert len(set(placed)) == 8 and len(placed) == 10  # only once every GPU has one do they pack
+    # While at least half the GPUs are empty each job takes one (5 of 8); then they pack.
+    assert len(placed) == 10 and len(set(placed)) == 5
+    one_box = [host("a", *(gpu(i) for i in range(4)))]
+    placed = list(starts(plan(small[:4], one_box, [], CFG, 0)).values())
+    assert len(set(placed)) == 3  # the fourth finds one GPU of four empty: under half, it packs
+    no_spread = replace(CFG, spread=False)
+    assert len(set(starts(plan(small[:4], hosts, [], no_spread, 0)).values())) == 1  # the control
 
 
 def test_a_waiting_job_that_needs_whole_gpus_keeps_them_empty_while_small_ones_pack():

@@ -11,7 +11,7 @@ from gpuq.spec import JobSpec
 from gpuq.windows import parse_window
 from test_plan import GIB, gpu, host
 
-CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, idle_after_s=60)
+CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, idle_after_s=60, reservations=True)
 HOUR = 3600.0
 
 

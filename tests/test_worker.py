@@ -273,3 +273,19 @@ def test_exit_when_idle_runs_the_queue_dry_and_exits_0(queue):
                           capture_output=True, text=True, env=queue.env(), timeout=60)
     assert done.returncode == 0, done.stderr
     assert all(queue.finished(f"j{i}")["state"] == "done" for i in range(3))
+
+
+def test_exit_when_idle_leaves_only_when_nothing_it_could_start_remains(queue):
+    """A dropped sweep is expanded in one pass and its members read in the next; a job whose
+    dependency ends is released; a job no box here could run does not keep it waiting."""
+    queue.drop("sw.yaml", "command: 'echo {x}'\ngpus: 1\ngpu_mem: 1GiB\nsweep: {x: [1, 2, 3, 4, 5, 6]}\n")
+    queue.drop("first.yaml", "command: 'true'\ngpus: 0\n")
+    queue.drop("then.yaml", "command: 'true'\ngpus: 0\nafter: [first]\n")
+    queue.drop("huge.yaml", "command: 'true'\ngpus: 8\n")
+    done = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
+                           "--fake-gpus", "1x80GiB", "--foreground", "--exit-when-idle"],
+                          capture_output=True, text=True, env=queue.env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    ran = sorted(p.stem for p in (queue.root / "state" / "finished").glob("*.json"))
+    assert ran == sorted([f"sw_x{i}" for i in range(1, 7)] + ["first", "then"]), ran
+    assert (queue.root / "jobs" / "huge.yaml").exists()

@@ -1,0 +1,71 @@
+"""One plan for the team, through real workers on two stand-in boxes: every box plans over
+every live box and acts on its own part, so caps, fair share and preemption hold team-wide,
+and small jobs spread over idle GPUs before they share one."""
+from __future__ import annotations
+
+from conftest import wait_until
+from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401 - fixtures
+
+# Takes its whole grace to go: long enough for every box to see the job it yields for.
+SLOW_TO_YIELD = ("trap '' TERM; if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi")
+
+
+def _overlap(records: list[dict]) -> int:
+    """The most of these jobs that ran at once, from their records."""
+    edges = sorted([(r["claimed_at"], 1) for r in records] + [(r["ended_at"], -1) for r in records])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_a_user_cap_holds_across_boxes(queue):
+    queue.write_config(max_gpus_per_user=2)
+    queue.start_worker("a", "2x16GiB")
+    queue.start_worker("b", "2x16GiB")
+    for i in range(6):
+        queue.drop(f"cap{i}.yaml", "command: sleep 1\ngpus: 1\n")
+    records = [wait_until(lambda i=i: queue.finished(f"cap{i}"), timeout=60, what=f"cap{i}") for i in range(6)]
+    assert all(r["state"] == "done" for r in records)
+    assert _overlap(records) == 2  # not four: two per box was what each box alone allowed
+
+
+def test_small_jobs_on_an_idle_cluster_land_on_as_many_gpus(queue):
+    queue.start_worker("a", "4x16GiB")
+    queue.start_worker("b", "4x16GiB")
+    for i in range(4):
+        queue.drop(f"small{i}.yaml", "command: sleep 1\ngpus: 1\ngpu_mem: 4GiB\n")
+    records = [wait_until(lambda i=i: queue.finished(f"small{i}"), timeout=60, what=f"small{i}") for i in range(4)]
+    assert len({(r["host"], r["gpus"][0]) for r in records}) == 4
+
+
+def test_one_pending_job_preempts_one_opportunistic_job_team_wide(queue):
+    queue.write_config(idle_after_s=0.2)
+    queue.start_worker("a", "1x80GiB")
+    queue.start_worker("b", "1x80GiB")
+    for name in ("lo-1", "lo-2"):
+        queue.drop(f"{name}.yaml", f"command: {SLOW_TO_YIELD!r}\ngpus: 1\ngpu_mem: 50GiB\npriority: low\ngrace: 2s\n")
+    wait_until(lambda: {r["host"] for r in queue.status()["running"]} == {"a", "b"}, timeout=30,
+               what="a low job on each box")
+    queue.drop("real.yaml", "command: echo real\ngpus: 1\n")
+    assert wait_until(lambda: queue.finished("real"), timeout=30, what="the real job")["state"] == "done"
+    again = wait_until(lambda: [r for n in ("lo-1", "lo-2") if (r := queue.finished(n))], timeout=30,
+                       what="the preempted low job to run again and finish")
+    assert [r["attempt"] for r in again] == [2]
+    preempting = [e for e in queue.events() if (e.get("reason") or "").startswith("preempting: job real")]
+    assert len(preempting) == 1, preempting  # each box used to preempt its own for the same job
+
+
+@needs_root
+def test_fair_share_between_two_users_holds_across_boxes(team):
+    team.write_config(poll_interval=0.2)
+    spec = "command: sleep 2\ngpus: 1\nworkdir: /\n"
+    for i in range(3):
+        team.drop_as(ALICE, f"al{i}.yaml", spec)
+    team.drop_as(BOB, "bo0.yaml", spec)
+    team.start_worker("a", "1x16GiB")
+    team.start_worker("b", "1x16GiB")
+    first = wait_until(lambda: [r for r in team.status()["running"]], timeout=30, what="a first job")
+    both = wait_until(lambda: len(rs := team.status()["running"]) == 2 and rs, timeout=30, what="both boxes busy")
+    assert {r["user"] for r in both} == {ALICE, BOB}, (first, both)  # not alice's two oldest
