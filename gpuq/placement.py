@@ -142,9 +142,9 @@ def fits_opportunistic(spec: "JobSpec", slot: Slot, max_jobs: int) -> bool:
 def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunistic: bool = False,
              fragmentation_aware: bool = True, spread: bool = False) -> list[Slot] | None:
     """Packing: the GPUs that leave the least memory unused (big holes stay for big jobs);
-    among equals, those where the fewest opportunistic jobs must yield, then the host with
-    the fewest wholly free GPUs, so whole hosts stay free for jobs that need one.
-    `spread`: only GPUs without ordinary work, those without opportunistic work first."""
+    among equals, the host with the fewest wholly free GPUs, so whole hosts stay free for jobs
+    that need one; then where the fewest opportunistic jobs must yield.
+    `spread`: only GPUs without ordinary work."""
     by_host: dict[str, list[Slot]] = {}
     empty_on: dict[str, int] = {}
     fit = fits_opportunistic if opportunistic else fits
@@ -159,14 +159,12 @@ def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunisti
     for host, candidates in by_host.items():
         if len(candidates) < spec.gpus:
             continue
-        if spread:
-            chosen = sorted(candidates, key=lambda s: (yields(s), room(s), s.index))[: spec.gpus]
-        else:
-            chosen = sorted(candidates, key=lambda s: (room(s), yields(s), s.index))[: spec.gpus]
+        chosen = sorted(candidates, key=lambda s: (room(s), yields(s), s.index))[: spec.gpus]
         leftover = sum(room(s) - need_mib(spec, s) for s in chosen)
         crowding = empty_on.get(host, 0) if fragmentation_aware else 0
-        yielding = sum(yields(s) for s in chosen)
-        key = (yielding, leftover, crowding, host) if spread else (leftover, yielding, crowding, host)
+        # Opportunistic jobs that would yield only break ties: ordinary work is placed as if
+        # they were not there (or a wide job's whole box would be broken to spare one of them).
+        key = (leftover, crowding, sum(yields(s) for s in chosen), host)
         if best is None or key < best[0]:
             best = (key, chosen)
     return best[1] if best else None

@@ -135,7 +135,7 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
     pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked)
     pass_.whole_demand = sum(j.spec.gpus for j in ordered if not j.opportunistic and j.id not in blocked
-                             and _needs_whole(j.spec, slots))
+                             and _needs_whole(j.spec, pass_.largest))
     for job in ordered:
         if not job.opportunistic:
             pass_.ordinary(job)
@@ -145,11 +145,11 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
     return result
 
 
-def _needs_whole(spec: JobSpec, slots: Sequence[Slot]) -> bool:
+def _needs_whole(spec: JobSpec, largest_mib: int) -> bool:
     """A job that only an empty GPU can take: exclusive, or over half the largest GPU."""
     if spec.gpus == 0:
         return False
-    return spec.exclusive or 2 * spec.gpu_mem_mib > max((s.whole for s in slots), default=0)  # type: ignore[operator]
+    return spec.exclusive or 2 * spec.gpu_mem_mib > largest_mib  # type: ignore[operator]
 
 
 class _Pass:
@@ -167,6 +167,8 @@ class _Pass:
         for job in running:
             self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + len(job.gpus)
         self.failed: dict[tuple, str] = {}
+        self.allowed_for: dict[tuple, list[str]] = {}
+        self.largest = max((s.whole for s in slots), default=0)
         self.behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
         self.reserved = False   # one reservation for an aged job per pass: the head's
         self.whole_demand = 0   # GPUs that waiting jobs need empty (spread only beyond them)
@@ -189,12 +191,17 @@ class _Pass:
         behind["same"] += 1
 
     def _allowed(self, job: PendingJob) -> tuple[list[str], str | None, tuple]:
+        """The hosts the job may run on, its container runtime, and its shape (jobs of one
+        shape fit or fail alike). Computed once per (hosts, runtime): 10,000 jobs share few."""
         spec = job.spec
         runtime = (spec.container.runtime or self.config.container_runtime) if spec.container else None
         shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0],
                  job.user if self.booked else None, runtime)
-        allowed = [h.name for h in self.hosts if (not spec.hosts or h.name in spec.hosts)
-                   and (runtime is None or h.runtimes is None or runtime in h.runtimes)]
+        allowed = self.allowed_for.get((spec.hosts, runtime))
+        if allowed is None:
+            allowed = self.allowed_for[(spec.hosts, runtime)] = [
+                h.name for h in self.hosts if (not spec.hosts or h.name in spec.hosts)
+                and (runtime is None or h.runtimes is None or runtime in h.runtimes)]
         if runtime is not None and not allowed and (lacking := [h for h in self.hosts
                                                                 if not spec.hosts or h.name in spec.hosts]):
             self.failed.setdefault(shape, reasons.why_runtime(runtime, lacking))
@@ -239,7 +246,7 @@ class _Pass:
         mine = [s for s in self.slots if s.host in allowed]
         if self.booked:
             mine = [s for s in mine if s.booked_for in (None, job.user)]
-        own = spec.gpus if _needs_whole(spec, self.slots) else 0  # its own demand, if placed now
+        own = spec.gpus if _needs_whole(spec, self.largest) else 0  # its own demand, if placed now
         choice = None
         if self.config.spread:
             spare = self._spare_for_spreading(mine)

@@ -169,6 +169,12 @@ class Recovery:
                 self.lose(record, f"host {record.host} stopped (heartbeat unchanged for "
                                   f"{self.config.lost_after_s:g} s)")
 
+    def silent_s(self, host: str, now: float | None = None) -> float:
+        """How long, on this host's monotonic clock, `host`'s heartbeat has not changed (as
+        last looked at; 0 for a host not yet seen)."""
+        seen = self.heartbeats.get(host)
+        return 0.0 if seen is None else (time.monotonic() if now is None else now) - seen[1]
+
     def dead_hosts(self) -> set[str]:
         """Hosts whose heartbeat (boot id, sequence number, the file's mtime) has not changed
         for lost_after_s, on this host's own monotonic clock (checked at most once per poll

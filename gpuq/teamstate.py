@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .config import Config
 from .drain import drained
@@ -80,11 +80,25 @@ class TeamPicture:
     drains: dict[str, Any] = field(default_factory=dict)   # box -> its drain order
     skipped: list[str] = field(default_factory=list)       # boxes whose heartbeat did not read
 
+    def fingerprint(self, now: float, idle_after_s: float) -> tuple:
+        """What the plan reads of the team, as a value that changes when any of it does (a
+        GPU that became idle long enough included)."""
+        return (tuple((h.name, h.cpu_slots, h.runtimes,
+                       tuple((g.index, g.mem_used_mib, g.mem_total_mib, g.processes) for g in h.gpus),
+                       tuple((i, t is None, t is not None and now - t >= idle_after_s)
+                             for i, t in sorted(h.others_idle_since.items())))
+                      for h in self.hosts),
+                tuple(sorted((j.id, j.stopping, tuple(sorted(j.observed_mib.items()))) for j in self.running)))
+
 
 def picture(layout: Layout, config: Config, beats: Sequence[dict[str, Any]], records: Sequence[Record],
-            now: float, own: HostView | None = None, own_running: Sequence[RunningJob] = ()) -> TeamPicture:
+            now: float, own: HostView | None = None, own_running: Sequence[RunningJob] = (),
+            alive: Callable[[dict[str, Any]], bool] | None = None) -> TeamPicture:
     """The team from published heartbeats and running records. A worker passes its own box
-    (`own`, `own_running`) measured this instant, which replace what it last published."""
+    (`own`, `own_running`) measured this instant, which replace what it last published, and
+    `alive`: its own judgement of another box's heartbeat (by when it last changed on this
+    box's clock, as clocks may differ); without it, the heartbeat's wall-clock stamp."""
+    alive = alive or (lambda hb: heartbeat_alive(hb, now))
     mine = own.name if own is not None else None
     others = [hb for hb in beats if hb["host"] != mine]
     observed, stopping = observed_memory(others), yielding(others)
@@ -97,7 +111,7 @@ def picture(layout: Layout, config: Config, beats: Sequence[dict[str, Any]], rec
     if own is not None and own.name not in drains:
         hosts.append(own)
     for hb in others:
-        if hb["host"] in drains or not heartbeat_alive(hb, now):
+        if hb["host"] in drains or not alive(hb):
             continue
         try:
             hosts.append(host_view(hb, config))

@@ -90,7 +90,7 @@ def status(layout: Layout, config: Config, now: float | None = None,
     team = picture(layout, config, beats, running, now)  # what every worker plans over
     running_jobs, drains = team.running, team.drains
     # Every worker caches the same specs: the freshest cache is enough.
-    cache_files = [layout.spec_cache(hb["host"]) for hb in sorted(beats, key=lambda b: b.get("t", 0))[-1:]]
+    cache_files = _freshest_spec_cache(layout, [hb["host"] for hb in beats])
     pending, problems = load_pending_for_view(layout, cache_files)
     waiting, doomed = gates(pending, DependencyStates(layout))
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
@@ -120,6 +120,18 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "rejected": [_rejected(ev) for ev in
                      recent_events(layout, frozenset({"rejected"}), config.recent_finished)],
     }
+
+
+def _freshest_spec_cache(layout: Layout, hosts: list[str]) -> list[Path]:
+    """Every worker caches the same specs: the most recently written cache is enough (a box
+    without a worker of its own, a Slurm bridge's, say, may have none)."""
+    found = []
+    for host in hosts:
+        try:
+            found.append((os.stat(layout.spec_cache(host)).st_mtime_ns, layout.spec_cache(host)))
+        except OSError:
+            continue
+    return [max(found)[1]] if found else []
 
 
 def _starting(start: Any) -> str:

@@ -314,17 +314,14 @@ class Worker:
         beats = load_heartbeats(self.layout)
         own = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since,
                        frozenset(self.runtimes.found))
-        team = picture(self.layout, self.config, beats, self.others_running, now, own, self._running_jobs())
+        team = picture(self.layout, self.config, beats, self.others_running, now, own, self._running_jobs(),
+                       alive=lambda hb: self.recovery.silent_s(hb["host"]) <= max(10.0, 5 * self.config.poll_interval))
         for host in team.skipped:
             self._report_once(f"heartbeat/{host}", f"heartbeat of {host} does not read as one: left out of the plan")
         # The plan only changes when its inputs do: skip it while nothing moved. Time enters
         # through idleness (a GPU idle long enough, or taken by a person) and idle windows.
-        idle_long = tuple((h.name, i, t is None, t is not None and now - t >= self.config.idle_after_s)
-                          for h in team.hosts for i, t in sorted(h.others_idle_since.items()))
-        inputs = (self.intake.version, tuple((h.name, h.cpu_slots, h.runtimes, tuple(
-                      (g.index, g.mem_used_mib, g.mem_total_mib, g.processes) for g in h.gpus)) for h in team.hosts),
-                  tuple(sorted((j.id, j.stopping, tuple(sorted(j.observed_mib.items()))) for j in team.running)),
-                  idle_long, window_open(self.config.idle_windows, now))
+        inputs = (self.intake.version, team.fingerprint(now, self.config.idle_after_s),
+                  window_open(self.config.idle_windows, now))
         booked = load_bookings(self.layout, now)
         waiting, doomed = gates(self.intake.pending(), self.dep_states)
         for job_id, why in doomed.items():
@@ -352,7 +349,7 @@ class Worker:
         if now - self.alerts_at < self.config.poll_interval * 0.9:
             return
         self.alerts_at = now
-        silent = {h: now - since for h, (_, since) in self.recovery.heartbeats.items() if h != self.host}
+        silent = {h: self.recovery.silent_s(h, now) for h in self.recovery.heartbeats if h != self.host}
         live = {h for h, s in silent.items() if s < self.config.alert_worker_silent_s} | {self.host}
         alerts = self.alerts.evaluate(wall_time(), self.gpus, self.running, self.observed,
                                       self.gpu_mem_watch.current, self.intake.pending(), silent,

@@ -3,6 +3,8 @@ every live box and acts on its own part, so caps, fair share and preemption hold
 and small jobs spread over idle GPUs before they share one."""
 from __future__ import annotations
 
+import signal
+
 from conftest import wait_until
 from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401 - fixtures
 
@@ -69,3 +71,17 @@ def test_fair_share_between_two_users_holds_across_boxes(team):
     first = wait_until(lambda: [r for r in team.status()["running"]], timeout=30, what="a first job")
     both = wait_until(lambda: len(rs := team.status()["running"]) == 2 and rs, timeout=30, what="both boxes busy")
     assert {r["user"] for r in both} == {ALICE, BOB}, (first, both)  # not alice's two oldest
+
+
+def test_a_dead_box_whose_clock_runs_ahead_is_left_out_of_the_plan(queue):
+    """Liveness is judged by when a heartbeat last changed, on the planner's own clock: a
+    dead box stamping its beats ten minutes ahead must not keep work placed on it."""
+    queue.write_config(lost_after_s=300)
+    queue.start_worker("a", "2x80GiB")
+    queue.start_worker("b", "1x24GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "600"})  # the tighter fit: preferred
+    queue.stop_worker("b", signal.SIGKILL)
+    for i in range(3):
+        queue.drop(f"after{i}.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 20GiB\n")
+    for i in range(3):
+        record = wait_until(lambda i=i: queue.finished(f"after{i}"), timeout=60, what=f"after{i} to run on a")
+        assert record["host"] == "a"

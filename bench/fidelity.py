@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Does `gpuq simulate` predict the real thing? A scaled cut of a real trace runs through
+real workers on three stand-in boxes with fake GPUs, and through the simulator; the waits
+and the GPU sharing are printed side by side.
+
+    python bench/fidelity.py [--traces DIR] [--jobs 150] [--load 0.9]
+
+The cut: the first JOBS jobs of the Alibaba dense window, durations scaled by one factor and
+clamped to 2-30 s, arrivals by the factor that gives the cluster (3 boxes x 2 GPUs x 32 GiB)
+the offered load LOAD. Each job is `sleep <duration>` with the trace's GPUs and memory share.
+Target: the mean wait within 10% + 1 s of the simulator's; the same number of jobs that
+shared a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from _common import PY, REPO, clean_env, make_root, remove_root
+
+sys.path.insert(0, str(REPO))
+
+from gpuq.config import load as load_config  # noqa: E402
+from gpuq.simulate import plan_policy, replay  # noqa: E402
+from gpuq.trace import TraceJob, load_trace, parse_cluster  # noqa: E402
+
+CLUSTER = "3x2x32GiB"
+BOXES = ("box0", "box1", "box2")
+
+
+def scaled_cut(trace: Path, jobs: int, load: float) -> list[TraceJob]:
+    cluster = parse_cluster(CLUSTER)
+    cut = load_trace(trace, cluster, since_s=9655000)[:jobs]
+    median = statistics.median(j.duration_s for j in cut)
+    k = 8.0 / median  # the median job runs 8 s
+    durations = [min(30.0, max(2.0, j.duration_s * k)) for j in cut]
+    work = sum(d * j.spec.gpus * (1.0 if j.spec.gpu_mem_mib is None else min(1.0, j.spec.gpu_mem_mib / cluster.mem_mib))
+               for j, d in zip(cut, durations))
+    span = work / (load * cluster.hosts * cluster.gpus_per_host)
+    first, last = cut[0].submit_s, cut[-1].submit_s
+    stretch = span / max(1.0, last - first)
+    return [replace(j, submit_s=round((j.submit_s - first) * stretch, 2), duration_s=round(d, 2), util=0.0)
+            for j, d in zip(cut, durations)]
+
+
+def shared_jobs(placed: list[tuple[str, str, tuple[int, ...], float, float]]) -> int:
+    """How many jobs ran beside another job on one of their GPUs at some moment."""
+    shared = set()
+    for a in placed:
+        for b in placed:
+            if a[0] < b[0] and a[1] == b[1] and set(a[2]) & set(b[2]) and a[3] < b[4] and b[3] < a[4]:
+                shared.update((a[0], b[0]))
+    return len(shared)
+
+
+def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], int]:
+    """The simulator with the very config the real workers read."""
+    decide = plan_policy(config)
+    starts: dict[str, tuple[str, tuple[int, ...], float]] = {}
+
+    def recording(pending, hosts, running, now):
+        got, preempts = decide(pending, hosts, running, now)
+        for s in got:
+            starts.setdefault(s.job_id, (s.host, s.gpus, now))
+        return got, preempts
+    out = replay(cut, parse_cluster(CLUSTER), recording, config.grace_s)
+    placed = [(j, h, g, t, out.ends[j]) for j, (h, g, t) in starts.items()]
+    return dict(out.waits), shared_jobs(placed)
+
+
+def spec_text(job: TraceJob) -> str:
+    mem = f"gpu_mem: {job.spec.gpu_mem_mib}MiB\n" if job.spec.gpu_mem_mib is not None else ""
+    return f"command: sleep {job.duration_s}\ngpus: {job.spec.gpus}\n{mem}"
+
+
+def real(root: Path, cut: list[TraceJob]) -> tuple[dict[str, float], int]:
+    workers = [subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(root), "--host", box,
+                                 "--fake-gpus", "2x32GiB", "--foreground"], env=clean_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for box in BOXES]
+    while not all((root / "state" / "workers" / f"{b}.json").exists() for b in BOXES):
+        time.sleep(0.1)
+    dropped: dict[str, float] = {}
+    ids = {j.id: f"j{n:03d}" for n, j in enumerate(cut)}
+    start = time.time()
+
+    def feed() -> None:
+        for job in cut:
+            time.sleep(max(0.0, start + job.submit_s - time.time()))
+            tmp = root / "jobs" / f".{ids[job.id]}.tmp"
+            tmp.write_text(spec_text(job))
+            dropped[job.id] = time.time()
+            tmp.rename(root / "jobs" / f"{ids[job.id]}.yaml")
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    feeder.join()
+    finished = root / "state" / "finished"
+    deadline = time.time() + 600
+    while len(list(finished.glob("*.json"))) < len(cut) and time.time() < deadline:
+        time.sleep(0.5)
+    for w in workers:
+        w.terminate()
+        w.wait(timeout=30)
+    waits, placed = {}, []
+    for job in cut:
+        path = finished / f"{ids[job.id]}.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        waits[job.id] = r["claimed_at"] - dropped[job.id]
+        placed.append((job.id, r["host"], tuple(r["gpus"]), r["claimed_at"], r["ended_at"]))
+    return waits, shared_jobs(placed)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--traces", type=Path, default=REPO.parent / "shared" / "traces")
+    p.add_argument("--jobs", type=int, default=150)
+    p.add_argument("--load", type=float, default=0.9)
+    args = p.parse_args()
+    cut = scaled_cut(args.traces / "alibaba_openb2023.csv", args.jobs, args.load)
+    root = make_root("fidelity")
+    config = load_config(root / "config.yaml")  # what the workers read: the defaults
+    print(f"fidelity: {len(cut)} Alibaba jobs, durations 2-30 s, arriving over {cut[-1].submit_s:.0f} s, "
+          f"on {CLUSTER} (3 real workers, fake GPUs)")
+    sim_waits, sim_shared = simulated(cut, config)
+    real_waits, real_shared = real(root, cut)
+    both = [j.id for j in cut if j.id in real_waits and j.id in sim_waits]
+    sim_mean = statistics.fmean(sim_waits[j] for j in both)
+    real_mean = statistics.fmean(real_waits[j] for j in both)
+    print(f"  {'':24s} {'real workers':>14s} {'gpuq simulate':>14s}")
+    print(f"  {'jobs finished':24s} {len(real_waits):14d} {len(sim_waits):14d}")
+    print(f"  {'mean wait':24s} {real_mean:13.1f}s {sim_mean:13.1f}s")
+    for q in (50, 90):
+        rq = statistics.quantiles([real_waits[j] for j in both], n=100)[q - 1]
+        sq = statistics.quantiles([sim_waits[j] for j in both], n=100)[q - 1]
+        print(f"  {f'wait p{q}':24s} {rq:13.1f}s {sq:13.1f}s")
+    print(f"  {'jobs that shared a GPU':24s} {real_shared:14d} {sim_shared:14d}")
+    ok = abs(real_mean - sim_mean) <= 0.1 * sim_mean + 1.0 and len(real_waits) == len(cut)
+    print(f"  [{'met' if ok else 'MISSED'}] mean wait within 10% + 1 s of the simulator's "
+          f"(difference {real_mean - sim_mean:+.1f} s)")
+    print(f"  [{'met' if real_shared == sim_shared else 'MISSED'}] the same GPU sharing "
+          f"({real_shared} against {sim_shared} jobs)")
+    remove_root(root, *BOXES)
+
+
+if __name__ == "__main__":
+    main()
