@@ -4,6 +4,7 @@ still running) or drained. `gpuq resume HOST` removes the file. Both are admins'
 a worker applies them from a request whose owner is root, the worker's account or in `admins`."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,20 @@ def _check(host: str, actor: Actor, verb: str) -> None:
         raise DrainError(f"{str(host)[:80]!r} is not a host name")
     if not actor.admin:
         raise DrainError(f"only root or an admin (config `admins`) may {verb} a host; {actor.name} is not one")
+
+
+def drained_hosts(layout: Layout) -> dict[str, dict[str, Any]]:
+    """Every drained host's order: one listing of a small directory, not a look per host."""
+    try:
+        names = os.listdir(layout.drains)
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        host = name[: -len(".json")] if name.endswith(".json") else None
+        if host and HOST_RE.match(host) and (order := drained(layout, host)) is not None:
+            out[host] = order
+    return out
 
 
 def drained(layout: Layout, host: str) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import Config
-from .drain import drained
+from .drain import drained_hosts
 from .layout import HOST_RE, Layout
 from .plan import HostView, RunningJob
 from .probe import GpuSnapshot
@@ -104,9 +104,7 @@ def picture(layout: Layout, config: Config, beats: Sequence[dict[str, Any]], rec
     observed, stopping = observed_memory(others), yielding(others)
     running = list(own_running) + [RunningJob.of(r, observed.get(r.id, {}), r.id in stopping)
                                    for r in records if r.host != mine]
-    drains = {hb["host"]: d for hb in beats if (d := drained(layout, hb["host"]))}
-    if own is not None and (d := drained(layout, own.name)):
-        drains[own.name] = d
+    drains = drained_hosts(layout)
     hosts, skipped = [], []
     if own is not None and own.name not in drains:
         hosts.append(own)
