@@ -85,3 +85,17 @@ def test_a_dead_box_whose_clock_runs_ahead_is_left_out_of_the_plan(queue):
     for i in range(3):
         record = wait_until(lambda i=i: queue.finished(f"after{i}"), timeout=60, what=f"after{i} to run on a")
         assert record["host"] == "a"
+
+
+def test_a_box_that_places_work_on_another_wakes_it(queue):
+    """b sleeps for its 60 s poll; a's pass, woken by its own job's end, places the new job
+    on b (the tighter fit) and pokes it: b starts it at once, not at its next poll."""
+    queue.write_config(poll_interval=60)
+    queue.drop("first.yaml", "command: sleep 3\ngpus: 1\ngpu_mem: 50GiB\n")  # fits a only
+    queue.start_worker("a", "1x80GiB")
+    queue.start_worker("b", "1x24GiB")
+    wait_until(lambda: (queue.root / "state" / "running" / "first.json").exists(), what="first to run on a")
+    queue.drop("second.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 20GiB\n")  # fits b best
+    first = wait_until(lambda: queue.finished("first"), timeout=30, what="first to end")
+    second = wait_until(lambda: queue.finished("second"), timeout=50, what="second, started by b")
+    assert second["host"] == "b" and second["claimed_at"] - first["ended_at"] < 30
