@@ -74,7 +74,7 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     before = os.lstat(spec_path)
     if not stat.S_ISREG(before.st_mode):
         raise HoldError(f"{job_id}: jobs/{spec_path.name} is not a plain file, so not a job")
-    place = kept_place(layout, job_id, user_name(before.st_uid)) or before.st_ctime  # as intake reads it
+    place = kept_place(layout, job_id, before.st_uid) or before.st_ctime  # as intake reads it
     # link, then unlink: never over a held spec that is there already
     try:
         if not unclaim(spec_path, dest):
@@ -112,7 +112,7 @@ def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     except ValueError:
         record = None
     record = record or Record(id=job_id, state=State.HELD, spec={})
-    keep_place(layout, job_id, user_name(st.st_uid), record.queued_at)
+    keep_place(layout, job_id, st.st_uid, record.queued_at)
     layout.record(layout.held, job_id).unlink(missing_ok=True)
     if not unclaim(src, layout.jobs / f"{job_id}.yaml"):
         raise HoldError(f"{job_id}: jobs/{job_id}.yaml exists (a new file?); the held spec stays held. "

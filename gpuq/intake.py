@@ -90,7 +90,7 @@ def parse_entry(layout: Layout, job_id: str, path: Path, st: os.stat_result, tex
     # A job's place in the queue is when its file landed in jobs/: the change time, which the
     # kernel sets on every write, link and rename (its mtime a member can set to any past
     # day); or, for a job a worker put back (released, requeued), the place it kept.
-    kept = kept_place(layout, job_id, user)
+    kept = kept_place(layout, job_id, st.st_uid)
     return PendingJob(job_id, user, spec, st.st_ctime if kept is None else min(kept, st.st_ctime))
 
 

@@ -82,7 +82,7 @@ class Recovery:
         held = self._hold_spec(record)
         if held is None:
             return  # another host is requeueing it, or it was settled meanwhile
-        keep_place(self.layout, record.id, record.user, record.queued_at)
+        keep_place(self.layout, record.id, os.lstat(held).st_uid, record.queued_at)
         record_requeue(self.layout, record, self.host, reason)
         self.put_back(record.id, held)
 

@@ -107,10 +107,23 @@ class JobSpec:
 
     @classmethod
     def from_cache(cls, d: Mapping[str, Any]) -> "JobSpec":
-        return cls.from_json({**_DEFAULTS_JSON, **d})
+        """The inverse of to_cache. Only the fields a spec sets are converted (a few of 25):
+        `gpuq status` builds 10,000 of these."""
+        spec = object.__new__(cls)
+        fields = dict(_DEFAULT_FIELDS)
+        for key, value in d.items():
+            convert = _FROM_CACHE.get(key)
+            fields[key] = convert(value) if convert else value
+        spec.__dict__.update(fields)
+        return spec
 
 
 _DEFAULTS_JSON = JobSpec(command="").to_json()
+_DEFAULT_FIELDS = dict(JobSpec(command="").__dict__)
+_FROM_CACHE: dict[str, Any] = {
+    "command": lambda v: v if isinstance(v, str) else tuple(v), "env": dict, "hosts": tuple, "after": tuple,
+    "after_any": tuple, "setup": tuple, "sweep": lambda v: tuple((k, tuple(x)) for k, x in (v or {}).items()),
+    "container": lambda v: Container.from_json(v)}
 
 
 def parse_spec_text(text: bytes, file: str) -> JobSpec:

@@ -271,21 +271,22 @@ def record_requeue(layout: Layout, record: Record, event_host: str, reason: str)
     append_event(layout, event_host, transition_event(record, record.state, State.PENDING, reason))
 
 
-def keep_place(layout: Layout, job_id: str, user: str, queued_at: float) -> None:
+def keep_place(layout: Layout, job_id: str, uid: int, queued_at: float) -> None:
     """Before a worker puts a job's spec back into jobs/ (released, requeued): the place it
-    had. A spec's own place is when its file landed, which a put-back file would lose."""
+    had, for the spec's owner `uid`. A spec's own place is when its file landed, which a
+    put-back file would lose."""
     if math.isfinite(queued_at) and queued_at > 0:
         layout.places.mkdir(exist_ok=True)
-        write_json(layout.record(layout.places, job_id), {"user": user, "queued_at": queued_at})
+        write_json(layout.record(layout.places, job_id), {"uid": uid, "queued_at": queued_at})
 
 
-def kept_place(layout: Layout, job_id: str, user: str) -> float | None:
-    """The place kept for this user's job, if any (read only from the worker's state/)."""
+def kept_place(layout: Layout, job_id: str, uid: int) -> float | None:
+    """The place kept for this owner's job, if any (read only from the worker's state/)."""
     try:
         kept = read_json(layout.record(layout.places, job_id))
     except (OSError, ValueError):
         return None
-    if not isinstance(kept, dict) or kept.get("user") != user:
+    if not isinstance(kept, dict) or kept.get("uid") != uid:
         return None
     t = kept.get("queued_at")
     return float(t) if isinstance(t, (int, float)) and math.isfinite(t) and t > 0 else None

@@ -82,7 +82,7 @@ def test_a_recreated_claim_is_its_owners_spec(tmp_path):
     assert st.st_uid == (owner if os.geteuid() == 0 else os.geteuid()) and not st.st_mode & 0o022
     from gpuq.spool import kept_place
 
-    assert kept_place(layout, "j", "x") == 1000.0  # its old place in the queue
+    assert kept_place(layout, "j", st.st_uid) == 1000.0  # its old place in the queue
     assert not list(Path(layout.claims).iterdir())
 
 

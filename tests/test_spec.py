@@ -144,3 +144,13 @@ def test_a_key_that_is_a_mapping_or_a_list_is_a_spec_error():
     for blob in (b"{{}}", b"[a]: 1\n", b"{? [1, 2] : x}"):
         with pytest.raises(SpecError, match="not a name"):
             parse_spec_text(blob, "jobs/x.yaml")
+
+
+def test_the_shared_cache_form_gives_back_the_same_spec():
+    from gpuq.spec import JobSpec, parse_spec_text
+
+    for text in (b"command: python train.py\ngpus: 1\ngpu_mem: 70GiB\n",
+                 b"command: [a, '{lr}']\ngpus: 2\nenv: {A: b}\nhosts: [x]\nafter: [q]\nsweep: {lr: [1, 2]}\n",
+                 b"command: x\ncontainer: {image: 'ubuntu:22.04'}\nsetup: ['a']\npriority: low\n"):
+        spec = parse_spec_text(text, "f")
+        assert JobSpec.from_cache(spec.to_cache()) == spec == JobSpec.from_json(spec.to_json())
