@@ -224,6 +224,16 @@ class _Pass:
         self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
         self.failed.clear()
 
+    def _cpu_only(self, job: PendingJob, allowed: list[str], shape: tuple) -> bool:
+        """Start a CPU-only job on the first allowed host with a free CPU slot, or say why not."""
+        host = next((h for h in allowed if self.cpu_free[h] > 0), None)
+        if host is None:
+            self.failed[shape] = reasons.why_cpu(job.spec, allowed, self.hosts)
+            return False
+        self.cpu_free[host] -= 1
+        self._started(job, host, ())
+        return True
+
     def ordinary(self, job: PendingJob) -> None:
         if self.full and not self.explain:
             return
@@ -235,13 +245,8 @@ class _Pass:
             self.waits(job, self.failed[shape])
             return
         if spec.gpus == 0:
-            host = next((h for h in allowed if self.cpu_free[h] > 0), None)
-            if host is not None:
-                self.cpu_free[host] -= 1
-                self._started(job, host, ())
-                return
-            self.failed[shape] = reasons.why_cpu(spec, allowed, self.hosts)
-            self.waits(job, self.failed[shape])
+            if not self._cpu_only(job, allowed, shape):
+                self.waits(job, self.failed[shape])
             return
         mine = [s for s in self.slots if s.host in allowed]
         if self.booked:
@@ -326,12 +331,8 @@ class _Pass:
         allowed, runtime, shape = self._allowed(job)
         if shape not in self.failed:
             if spec.gpus == 0:
-                host = next((h for h in allowed if self.cpu_free[h] > 0), None)
-                if host is not None:
-                    self.cpu_free[host] -= 1
-                    self._started(job, host, ())
+                if self._cpu_only(job, allowed, shape):
                     return
-                self.failed[shape] = reasons.why_cpu(spec, allowed, self.hosts)
             elif not in_window:
                 self.failed[shape] = f"outside window {describe(self.config.idle_windows)}"
             else:
