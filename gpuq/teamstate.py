@@ -73,6 +73,15 @@ def host_view(hb: dict[str, Any], config: Config) -> HostView:
                     frozenset(runtimes) if isinstance(runtimes, (dict, list)) else None)
 
 
+def running_elsewhere(beats: Sequence[dict[str, Any]], records: Sequence[Record],
+                      mine: str | None) -> list[RunningJob]:
+    """The running jobs of every box but `mine`, with the memory and yielding their boxes
+    last published."""
+    others = [hb for hb in beats if hb["host"] != mine]
+    observed, stopping = observed_memory(others), yielding(others)
+    return [RunningJob.of(r, observed.get(r.id, {}), r.id in stopping) for r in records if r.host != mine]
+
+
 @dataclass
 class TeamPicture:
     hosts: list[HostView]                       # live boxes that take new work
@@ -101,9 +110,7 @@ def picture(layout: Layout, config: Config, beats: Sequence[dict[str, Any]], rec
     alive = alive or (lambda hb: heartbeat_alive(hb, now))
     mine = own.name if own is not None else None
     others = [hb for hb in beats if hb["host"] != mine]
-    observed, stopping = observed_memory(others), yielding(others)
-    running = list(own_running) + [RunningJob.of(r, observed.get(r.id, {}), r.id in stopping)
-                                   for r in records if r.host != mine]
+    running = list(own_running) + running_elsewhere(beats, records, mine)
     drains = drained_hosts(layout)
     hosts, skipped = [], []
     if own is not None and own.name not in drains:

@@ -45,7 +45,7 @@ from .spawner import Spawner
 from .strict_yaml import load_yaml
 from .sweeps import finish_interrupted
 from .usage import GpuUsage
-from .teamstate import load_heartbeats, picture, poke_box, poke_path
+from .teamstate import load_heartbeats, picture, poke_box, poke_path, running_elsewhere
 from .spool import (Record, append_event, atomic_write, claim, claim_name, forget_place, next_attempt, read_json,
                     read_record, record_start, write_json)
 from .states import State
@@ -314,7 +314,8 @@ class Worker:
         beats = load_heartbeats(self.layout)
         own = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since,
                        frozenset(self.runtimes.found))
-        team = picture(self.layout, self.config, beats, self.others_running, now, own, self._running_jobs(),
+        own_jobs = self._running_jobs()
+        team = picture(self.layout, self.config, beats, self.others_running, now, own, own_jobs,
                        alive=lambda hb: self.recovery.silent_s(hb["host"]) <= max(10.0, 5 * self.config.poll_interval))
         for host in team.skipped:
             self._report_once(f"heartbeat/{host}", f"heartbeat of {host} does not read as one: left out of the plan")
@@ -330,6 +331,10 @@ class Worker:
         if inputs == self.unchanged_plan_inputs:
             return
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
+            # Another box may have claimed jobs since this pass looked: with their records read
+            # again under the lock, caps and GPUs are counted with them.
+            self._own_running()
+            team.running = own_jobs + running_elsewhere(beats, self.others_running, self.host)
             decided = plan(self.intake.pending(), team.hosts, team.running, self.config, now, explain=False,
                            blocked={**waiting, **doomed}, bookings=booked)
             self._preempt(decided.preempts)
