@@ -15,7 +15,8 @@ from .intake import read_spec_file, user_name
 from .layout import Layout
 from .owners import Actor, refusal
 from .spec import SpecError, parse_spec_text
-from .spool import (Record, RecordError, append_event, claims_of, close_moved_directory, pending_specs, read_record, unclaim,
+from .spool import (Record, RecordError, append_event, claims_of, close_moved_directory, forget_place, pending_specs,
+                    read_record, unclaim,
                     write_json, write_record, transition_event)
 from .states import State, check_transition
 
@@ -64,6 +65,7 @@ def cancel_pending(layout: Layout, spec_path: Path, job_id: str, host: str, reas
         _put_back(layout, aside, spec_path, job_id)
         raise
     os.unlink(aside)
+    forget_place(layout, job_id)  # a retry queues anew
     append_event(layout, host, transition_event(record, State.PENDING, State.CANCELLED))
     return True, ""
 

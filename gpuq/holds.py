@@ -27,7 +27,8 @@ from .intake import read_spec_file, user_name
 from .layout import Layout
 from .owners import Actor, refusal
 from .spec import SpecError, parse_spec_text
-from .spool import (Record, append_event, create_owned, has_record, keep_place, kept_place, pending_spec_path,
+from .spool import (Record, append_event, create_owned, forget_place, has_record, keep_place, kept_place,
+                    pending_spec_path,
                     pending_specs, read_json,
                     read_record, transition_event,
                     unclaim, write_json, write_record)
@@ -181,6 +182,7 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     # Made in a directory only the worker's account writes, owned by the job's owner, then
     # linked into jobs/: nothing a member planted in jobs/ is ever written through.
     tmp = create_owned(layout.held, job_id, record.spec_text.encode(), record.uid)
+    forget_place(layout, job_id)  # a retried job queues anew
     write_json(kept, record.to_json())
     if finished.exists():
         finished.unlink()

@@ -154,7 +154,9 @@ def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunisti
         if fit(spec, s, max_jobs) and (not spread or s.ordinary_empty):
             by_host.setdefault(s.host, []).append(s)
     room = (lambda s: s.opportunistic_room) if opportunistic else (lambda s: s.free)
-    yields = (lambda s: 0) if opportunistic else (lambda s: s.opp_jobs)
+    # Opportunistic jobs that must yet be told to go, then all of them there: the second makes
+    # a job keep, pass after pass, the GPU whose jobs already yield for it.
+    yields = (lambda s: (0, 0)) if opportunistic else (lambda s: (len(s.victims), s.opp_jobs))
     best: tuple | None = None
     for host, candidates in by_host.items():
         if len(candidates) < spec.gpus:
@@ -164,7 +166,7 @@ def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunisti
         crowding = empty_on.get(host, 0) if fragmentation_aware else 0
         # Opportunistic jobs that would yield only break ties: ordinary work is placed as if
         # they were not there (or a wide job's whole box would be broken to spare one of them).
-        key = (leftover, crowding, sum(yields(s) for s in chosen), host)
+        key = (leftover, crowding, tuple(map(sum, zip(*(yields(s) for s in chosen)))), host)
         if best is None or key < best[0]:
             best = (key, chosen)
     return best[1] if best else None

@@ -134,8 +134,10 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
     result = Plan([], {}, [j.id for j in ordered])
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
     pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked)
+    widest = max((len(h.gpus) for h in hosts), default=0)
     pass_.whole_demand = sum(j.spec.gpus for j in ordered if not j.opportunistic and j.id not in blocked
-                             and _needs_whole(j.spec, pass_.largest))
+                             and _needs_whole(j.spec, pass_.largest) and j.spec.gpus <= widest
+                             and (not j.spec.hosts or any(h.name in j.spec.hosts for h in hosts)))
     for job in ordered:
         if not job.opportunistic:
             pass_.ordinary(job)

@@ -33,7 +33,8 @@ class Recovery:
                  reject: Callable[[str, Path, str], None]) -> None:
         self.layout, self.config, self.rt, self.reject = layout, config, rt, reject
         self.host, self.boot_id = rt.host, rt.boot_id
-        self.heartbeats: dict[str, tuple[tuple, float]] = {}  # host -> ((boot, seq), first seen)
+        # host -> ((boot, seq, mtime), when that was first seen, whether it was seen to change)
+        self.heartbeats: dict[str, tuple[tuple, float, bool]] = {}
         self.watched_at = float("-inf")
 
     # --- this host's attempts --------------------------------------------------------------
@@ -169,11 +170,14 @@ class Recovery:
                 self.lose(record, f"host {record.host} stopped (heartbeat unchanged for "
                                   f"{self.config.lost_after_s:g} s)")
 
-    def silent_s(self, host: str, now: float | None = None) -> float:
+    def silent_s(self, host: str, now: float | None = None) -> float | None:
         """How long, on this host's monotonic clock, `host`'s heartbeat has not changed (as
-        last looked at; 0 for a host not yet seen)."""
+        last looked at); None until it has been seen to change once (a file left by a box
+        long gone must not count as a live box's)."""
         seen = self.heartbeats.get(host)
-        return 0.0 if seen is None else (time.monotonic() if now is None else now) - seen[1]
+        if seen is None or not seen[2]:
+            return None
+        return (time.monotonic() if now is None else now) - seen[1]
 
     def dead_hosts(self) -> set[str]:
         """Hosts whose heartbeat (boot id, sequence number, the file's mtime) has not changed
@@ -198,7 +202,7 @@ class Recovery:
             key = (beat.get("boot_id"), beat.get("seq"), touched)
             seen = self.heartbeats.get(host)
             if seen is None or seen[0] != key:
-                self.heartbeats[host] = (key, now)
+                self.heartbeats[host] = (key, now, seen is not None)
             elif now - seen[1] >= self.config.lost_after_s:
                 dead.add(host)
         return dead

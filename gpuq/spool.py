@@ -275,9 +275,13 @@ def keep_place(layout: Layout, job_id: str, uid: int, queued_at: float) -> None:
     """Before a worker puts a job's spec back into jobs/ (released, requeued): the place it
     had, for the spec's owner `uid`. A spec's own place is when its file landed, which a
     put-back file would lose."""
-    if math.isfinite(queued_at) and queued_at > 0:
+    if not (math.isfinite(queued_at) and queued_at > 0):
+        return
+    try:  # best effort: on a full disk the job goes back all the same, at the end of the queue
         layout.places.mkdir(exist_ok=True)
         write_json(layout.record(layout.places, job_id), {"uid": uid, "queued_at": queued_at})
+    except OSError:
+        pass
 
 
 def kept_place(layout: Layout, job_id: str, uid: int) -> float | None:

@@ -45,8 +45,9 @@ from .spawner import Spawner
 from .strict_yaml import load_yaml
 from .sweeps import finish_interrupted
 from .usage import GpuUsage
-from .teamstate import load_heartbeats, picture, poke_box, poke_path, running_elsewhere
-from .spool import (Record, append_event, atomic_write, claim, claim_name, forget_place, next_attempt, read_json,
+from .teamstate import heartbeat_alive, live_window_s, load_heartbeats, picture, poke_box, poke_path, running_elsewhere
+from .spool import (Record, append_event, atomic_write, claim, claim_name, forget_place, keep_place, next_attempt,
+                    read_json,
                     read_record, record_start, write_json)
 from .states import State
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
@@ -143,6 +144,10 @@ class Worker:
         finally:
             self.spawner.close()
             self.samples.flush(wall_time())
+            try:  # other boxes stop placing work here at once, not when the beat goes stale
+                self._write_heartbeat(stopped=True)
+            except OSError:
+                pass
 
     def idle(self) -> bool:
         """Nothing runs here and nothing this box could start remains: the last pass started
@@ -311,14 +316,14 @@ class Worker:
         if drain_file(self.layout, self.host).exists():
             return  # `gpuq drain`: running jobs finish, nothing new starts here
         now = wall_time()
-        beats = load_heartbeats(self.layout)
+        problems: dict[str, str] = {}
+        beats = load_heartbeats(self.layout, problems)
+        for host, why in problems.items():
+            self._report_once(f"heartbeat/{host}", f"state/workers/{host}.json left out of the plan: {why}")
         own = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since,
                        frozenset(self.runtimes.found))
         own_jobs = self._running_jobs()
-        team = picture(self.layout, self.config, beats, self.others_running, now, own, own_jobs,
-                       alive=lambda hb: self.recovery.silent_s(hb["host"]) <= max(10.0, 5 * self.config.poll_interval))
-        for host in team.skipped:
-            self._report_once(f"heartbeat/{host}", f"heartbeat of {host} does not read as one: left out of the plan")
+        team = picture(self.layout, self.config, beats, self.others_running, now, own, own_jobs, alive=self._alive)
         # The plan only changes when its inputs do: skip it while nothing moved. Time enters
         # through idleness (a GPU idle long enough, or taken by a person) and idle windows.
         inputs = (self.intake.version, team.fingerprint(now, self.config.idle_after_s),
@@ -342,11 +347,22 @@ class Worker:
                 if start.host == self.host:
                     self._start(start.job_id, start.gpus)
                     self.started_last_pass += 1
-        for host in {s.host for s in decided.starts} - {self.host}:
+        # Other boxes with a part in this plan (starts, holds, jobs to stop) hear of it now.
+        elsewhere = {s.host for s in decided.starts} | {h for h, _ in decided.held.values()} | {
+            j.host for j in team.running if j.id in decided.preempts}
+        for host in elsewhere - {self.host}:
             poke_box(self.layout, host)
         mine = any(s.host == self.host for s in decided.starts) or any(
             j in decided.preempts for j in (r.id for r in self.running))
         self.unchanged_plan_inputs = None if mine else inputs
+
+    def _alive(self, hb: dict) -> bool:
+        """Another box is live while its heartbeat keeps changing, on this box's own clock
+        (clocks may differ); one not watched long enough yet is judged by its file's mtime."""
+        silent = self.recovery.silent_s(hb["host"])
+        if hb.get("stopped") or silent is None:
+            return heartbeat_alive(hb, wall_time())
+        return silent <= live_window_s(hb)
 
     def raise_alerts(self) -> None:
         """At most once per poll interval: a burst of short jobs wakes the worker far more often."""
@@ -354,7 +370,7 @@ class Worker:
         if now - self.alerts_at < self.config.poll_interval * 0.9:
             return
         self.alerts_at = now
-        silent = {h: self.recovery.silent_s(h, now) for h in self.recovery.heartbeats if h != self.host}
+        silent = {h: now - since for h, (_, since, _) in self.recovery.heartbeats.items() if h != self.host}
         live = {h for h, s in silent.items() if s < self.config.alert_worker_silent_s} | {self.host}
         alerts = self.alerts.evaluate(wall_time(), self.gpus, self.running, self.observed,
                                       self.gpu_mem_watch.current, self.intake.pending(), silent,
@@ -422,6 +438,7 @@ class Worker:
             record_start(self.layout, record, self.host)  # the record first: then the job may start
         except OSError:
             if not self.layout.record(self.layout.running, job_id).exists():
+                keep_place(self.layout, job_id, uid, job.queued_at)
                 self.recovery.put_back(job_id, claimed)  # no record: the spec waits in jobs/ again
             raise  # (with a record, the next pass requeues the attempt: it never started)
         self.layout.record(self.layout.requeued, job_id).unlink(missing_ok=True)  # numbered now
@@ -451,7 +468,8 @@ class Worker:
             self.arrivals.reject(job_id, claimed, f"{display}: cannot be read ({e.strerror}). Fix: make it a "
                                  "plain file readable by the worker")
             return None
-        if raw != entry.text:
+        if raw != entry.text:  # edited in place since the scan: read again, at its place
+            keep_place(self.layout, job_id, st.st_uid, entry.job.queued_at)  # type: ignore[union-attr]
             self.recovery.put_back(job_id, claimed)
             return None
         return st.st_uid
@@ -498,8 +516,8 @@ class Worker:
             self.metrics_at, self.metrics_running = now, running_ids
             self._write_metrics()
 
-    def _write_heartbeat(self) -> None:
-        write_json(self.layout.heartbeat(self.host), {
+    def _write_heartbeat(self, stopped: bool = False) -> None:
+        write_json(self.layout.heartbeat(self.host), {"stopped": stopped,
             "host": self.host, "boot_id": self.boot_id, "seq": self.seq, "pid": os.getpid(),
             "version": __version__, "t": wall_time(), "poll_interval": self.config.poll_interval,
             "gpus": [g.to_json() for g in self.gpus], "cpu_slots": self.config.cpu_slots,

@@ -3,7 +3,9 @@ every live box and acts on its own part, so caps, fair share and preemption hold
 and small jobs spread over idle GPUs before they share one."""
 from __future__ import annotations
 
+import json
 import signal
+import time
 
 from conftest import wait_until
 from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401 - fixtures
@@ -99,3 +101,30 @@ def test_a_box_that_places_work_on_another_wakes_it(queue):
     first = wait_until(lambda: queue.finished("first"), timeout=30, what="first to end")
     second = wait_until(lambda: queue.finished("second"), timeout=50, what="second, started by b")
     assert second["host"] == "b" and second["claimed_at"] - first["ended_at"] < 30
+
+
+def test_a_garbage_heartbeat_is_skipped_by_every_worker_and_by_status(queue):
+    workers = queue.root / "state" / "workers"
+    workers.mkdir(parents=True)
+    (workers / "ghost.json").write_text('{"host": "ghost", "observed": [1]}')
+    (workers / "ghost2.json").write_text(json.dumps({
+        "host": "ghost2", "t": time.time() + 3600, "stopping": 5,
+        "gpus": [{"index": 0, "uuid": "u", "name": "n", "mem_total_mib": "16384", "mem_used_mib": 0}]}))
+    queue.start_worker("a", "1x16GiB")
+    queue.drop("g1.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 2GiB\n")
+    assert wait_until(lambda: queue.finished("g1"), timeout=30, what="g1 despite the garbage")["state"] == "done"
+    assert [h["host"] for h in queue.status()["hosts"]] == ["a"]
+    log = (queue.root / "logs" / "worker-a.log").read_text()
+    assert "state/workers/ghost2.json left out of the plan: 'gpus' is not a list of GPU snapshots" in log
+
+
+def test_a_box_whose_worker_stopped_takes_no_new_work_at_once(queue):
+    queue.start_worker("a", "1x24GiB")   # the tighter fit for the job below
+    queue.start_worker("b", "1x80GiB")
+    queue.stop_worker("a")  # a clean stop says so in its heartbeat
+    assert [h["alive"] for h in queue.status()["hosts"] if h["host"] == "a"] == [False]
+    dropped = time.time()
+    queue.drop("next.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 20GiB\n")
+    record = wait_until(lambda: queue.finished("next"), timeout=30, what="next to run on b")
+    # A stopped box that still looked live would hold the job for its 10 s live window.
+    assert record["host"] == "b" and record["claimed_at"] - dropped < 9

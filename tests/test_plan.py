@@ -166,3 +166,10 @@ def test_a_waiting_job_that_needs_whole_gpus_keeps_them_empty_while_small_ones_p
     # One empty GPU, and a whole job behind the small one that needs it: the small one packs.
     late_whole = [job("small", mem_gib=4, age=0), job("whole", mem_gib=None, age=1)]
     assert starts(plan(late_whole, hosts, busy, CFG, 0)) == {"small": ("a", (0,)), "whole": ("a", (1,))}
+
+
+def test_a_whole_gpu_job_no_box_can_ever_take_does_not_stop_spreading():
+    hosts = [host("a", gpu(0, 16), gpu(1, 16)), host("b", gpu(0, 16), gpu(1, 16))]
+    small = [job(f"s{i}", mem_gib=2, age=i + 1) for i in range(3)]
+    placed = starts(plan([job("huge", gpus=8, mem_gib=None, age=0)] + small, hosts, [], CFG, 0))
+    assert len(set(placed.values())) == 3

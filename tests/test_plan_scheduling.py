@@ -188,3 +188,16 @@ def test_opportunistic_jobs_there_before_a_booking_yield_when_it_begins():
     result = plan([], [host("h", gpu(0))], running, CFG, now=150, bookings=[b])
     assert set(result.preempts) == {"early"} and result.preempts["early"].startswith("GPU h:0 booked for ana from ")
     assert plan([], [host("h", gpu(0))], running, CFG, now=90, bookings=[b]).preempts == {}
+
+
+def test_a_job_whose_victim_is_yielding_keeps_that_hold_and_preempts_no_second_one():
+    hosts = [host("a", gpu(0, 16), gpu(1, 16)), host("b", gpu(0, 16))]
+    lows = [run("o", "a", (0,), mem_gib=8, low=True), run("o2", "b", (0,), mem_gib=8, low=True)]
+    first = plan([job("j", mem_gib=8)], hosts, lows, CFG, now=100)
+    assert len(first.preempts) == 1
+    victim = next(iter(first.preempts))
+    # Next pass: the victim yields, and meanwhile an ordinary job took a:1.
+    now_running = [replace(r, stopping=r.id == victim) for r in lows] + [run("m", "a", (1,), mem_gib=8)]
+    again = plan([job("j", mem_gib=8)], hosts, now_running, CFG, now=101)
+    assert again.preempts == {} and again.starts == []
+    assert again.held["j"] == first.held["j"]

@@ -273,3 +273,16 @@ def test_a_booking_keeps_others_jobs_off_its_gpus_until_it_is_removed(queue):
     assert wait_until(lambda: queue.finished(job), timeout=30)["state"] == "done"
     bad = queue.gpuq("book", "a:7", "--from", "now", "--to", "1h", check=False)
     assert bad.returncode == 2 and "a has no GPU 7" in bad.stderr
+
+
+def test_a_job_cancelled_after_a_release_queues_anew_when_retried(queue):
+    queue.write_config()
+    first = submit(queue, "--name", "one", "--", "true")
+    queue.gpuq("hold", first)
+    queue.gpuq("release", first)  # it keeps its place while pending
+    queue.gpuq("cancel", first)
+    cancelled_at = queue.finished(first)["ended_at"]
+    queue.gpuq("retry", first)
+    queue.start_worker("a", "1x80GiB")
+    again = wait_until(lambda: (r := queue.finished(first)) and r["attempt"] == 2 and r, timeout=30)
+    assert again["queued_at"] >= cancelled_at  # not the place it had before it was cancelled
