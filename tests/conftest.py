@@ -69,9 +69,15 @@ class Queue:
                                  "--fake-gpus", fake, "--foreground", *extra],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**self.env(), **(env or {})})
         self.workers[host] = proc
-        wait_until(lambda: (self.root / "state" / "workers" / f"{host}.json").exists(),
-                   what=f"worker {host} heartbeat")
+        wait_until(lambda: self._beat_of(host, proc.pid), what=f"worker {host} heartbeat")
         return proc
+
+    def _beat_of(self, host: str, pid: int) -> bool:
+        """This worker's own heartbeat (one a stopped worker of the host left is not it)."""
+        try:
+            return json.loads((self.root / "state" / "workers" / f"{host}.json").read_text()).get("pid") == pid
+        except (OSError, ValueError):
+            return False
 
     def stop_worker(self, host: str, sig: int = signal.SIGTERM) -> None:
         proc = self.workers.pop(host)
