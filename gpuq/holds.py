@@ -28,8 +28,7 @@ from .layout import Layout
 from .owners import Actor, refusal
 from .spec import SpecError, parse_spec_text
 from .spool import (Record, append_event, create_owned, forget_place, has_record, keep_place, kept_place,
-                    pending_spec_path,
-                    pending_specs, read_json,
+                    pending_spec_path, pending_specs, read_json,
                     read_record, transition_event,
                     unclaim, write_json, write_record)
 from .states import State, check_transition

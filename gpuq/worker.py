@@ -47,8 +47,7 @@ from .sweeps import finish_interrupted
 from .usage import GpuUsage
 from .teamstate import heartbeat_alive, live_window_s, load_heartbeats, picture, poke_box, poke_path, running_elsewhere
 from .spool import (Record, append_event, atomic_write, claim, claim_name, forget_place, keep_place, next_attempt,
-                    read_json,
-                    read_record, record_start, write_json)
+                    read_json, read_record, record_start, write_json)
 from .states import State
 from .wake import WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
 from .windows import window_open
@@ -191,9 +190,10 @@ class Worker:
                                                   "reason": f"warning: {overuse.why}"})
 
     def _own_running(self) -> list[Record]:
-        """This host's running records (and, in `others_running`, every other box's). A record is only ever replaced by rename, so a file
-        read before (same name, inode, mtime and size: a freed inode is reused at once) is
-        not read again. A file that is not a record is reported once and skipped."""
+        """This host's running records (and, in `others_running`, every other box's). A record
+        is only ever replaced by rename, so a file read before (same name, inode, mtime and
+        size: a freed inode is reused at once) is not read again. A file that is not a record
+        is reported once and skipped."""
         records, others, cache = [], [], {}
         with os.scandir(self.layout.running) as it:
             for entry in it:

@@ -155,8 +155,10 @@ def test_report_through_the_worker(queue, tmp_path):
     assert r["total"]["ended"]["done"] == 2 and r["total"]["ended"]["failed"] == 1
     assert r["total"]["jobs_started"] == 3 and r["total"]["wait_s"]["max"] is not None
     assert set(r["groups"]) == {queue.finished("busy")["user"]}
-    # only the holder sat idle on its GPU: about its 3 s, not the busy job's 2 s as well
-    assert 2 <= r["total"]["idle_held_gpu_hours"] * 3600 <= 4.5
+    # only the holder sat idle on its GPU: about its own run time (3 s, more on a loaded
+    # machine), not the busy job's 2 s as well
+    holder_s = queue.finished("holder")["ended_at"] - queue.finished("holder")["started_at"]
+    assert 2 <= r["total"]["idle_held_gpu_hours"] * 3600 <= holder_s + 1.5
     util = {k: g["mean_util_pct"] for k, g in r["gpus"].items()}
     assert set(util) == {"a:0", "a:1"} and max(util.values()) > 0
     text = queue.gpuq("report", "--since", "1h").stdout
