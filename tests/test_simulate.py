@@ -109,3 +109,20 @@ def test_the_cli_options_since_stretch_and_set_reach_the_replay(tmp_path):
     assert run("--since", "100")["policies"]["gpuq"]["wait_max_s"] == 49
     bad = subprocess.run(base + ["--set", "reserve_after_s=-1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "key 'reserve_after_s'" in bad.stderr
+
+
+def test_the_mark_rules_mark_by_another_hash_or_only_small_jobs(tmp_path):
+    rows = [f"j{i},{i},10,{1 if i % 2 else 4},,,u," for i in range(200)]
+    path = trace(tmp_path, *rows)
+    base = [PY, str(REPO / "gpuq.py"), "simulate", str(path), "--cluster", "2x8x32GiB", "--policy", "gpuq", "--json"]
+    low = {}
+    for rule in ("sha1", "md5", "small"):
+        doc = json.loads(subprocess.run(base + ["--mark-low", "0.5", "--mark-rule", rule, "--without-low"],
+                                        capture_output=True, text=True, check=True).stdout)
+        low[rule] = 200 - doc["jobs"]
+    jobs = load_trace(path, parse_cluster("2x8x32GiB"))
+    assert low["small"] == sum(1 for j in jobs if j.spec.gpus == 1 and is_marked_low(j.id, 0.5))
+    assert low["md5"] == sum(1 for j in jobs if is_marked_low(j.id, 0.5, "md5")) != low["sha1"]
+    with_low = json.loads(subprocess.run(base + ["--mark-low", "0.5", "--mark-rule", "small"], capture_output=True,
+                                         text=True, check=True).stdout)["policies"]["gpuq"]
+    assert with_low["low_jobs_unfinished"] == 0 and set(with_low["wait_max_by_priority_gpus"]["low"]) == {"1"}
