@@ -23,7 +23,7 @@ from .drain import drain_file
 from .faults import crash_point, wall_time
 from .hostinfo import boot_id, ensure_private_dir
 from .idle import IdleTracker
-from .intake import Entry, Intake, read_spec_file
+from .intake import RACY_MTIME_S, Entry, Intake, read_spec_file
 from .joblocal import PREEMPTED, Runtime, finish_local, job_roots, request_stop, settle_lock, write_lease
 from .containers import RuntimeProbe
 from .jobmemory import observe_job_memory
@@ -81,6 +81,8 @@ class Worker:
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
         self.others_running: list[Record] = []   # the rest of the team's, for the one plan
+        self.running_listed: int | None = None   # running/'s mtime when it was last listed
+        self.own_listed: list[Record] = []       # this box's records in that listing
         self.started_last_pass = 0
         self.version_at_last_pass = -1
         self.observed: dict[str, dict[int, int]] = {}
@@ -193,8 +195,14 @@ class Worker:
         """This host's running records (and, in `others_running`, every other box's). A record
         is only ever replaced by rename, so a file read before (same name, inode, mtime and
         size: a freed inode is reused at once) is not read again. A file that is not a record
-        is reported once and skipped."""
+        is reported once and skipped. Every change to running/ is a rename or an unlink, so
+        while the directory's mtime stays (and is not so recent that one clock tick could hide
+        a second change) the last listing stands: one stat, not one per record (NFS pays each)."""
+        listed = mtime_ns(self.layout.running)  # before the listing: a later record changes it
+        if listed is not None and listed == self.running_listed and time.time() - listed / 1e9 > RACY_MTIME_S:
+            return list(self.own_listed)
         records, others, cache = [], [], {}
+        self.running_listed = listed
         with os.scandir(self.layout.running) as it:
             for entry in it:
                 if not entry.name.endswith(".json"):
@@ -210,8 +218,8 @@ class Worker:
                     cache[key] = record
                     (records if record.host == self.host else others).append(record)
         self.record_cache = cache
-        self.others_running = others
-        return records
+        self.others_running, self.own_listed = others, records
+        return list(records)
 
     def _report_once(self, key: str, message: str) -> None:
         if key not in self.reported:
@@ -337,9 +345,10 @@ class Worker:
             return
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
             # Another box may have claimed jobs since this pass looked: with their records read
-            # again under the lock, caps and GPUs are counted with them.
-            self._own_running()
-            team.running = own_jobs + running_elsewhere(beats, self.others_running, self.host)
+            # again under the lock, caps and GPUs are counted with them. (One stat tells.)
+            if mtime_ns(self.layout.running) != self.running_listed:
+                self._own_running()
+                team.running = own_jobs + running_elsewhere(beats, self.others_running, self.host)
             decided = plan(self.intake.pending(), team.hosts, team.running, self.config, now, explain=False,
                            blocked={**waiting, **doomed}, bookings=booked)
             self._preempt(decided.preempts)
