@@ -44,6 +44,7 @@ def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
     layout.ensure()
     worker = Worker.__new__(Worker)  # only what _own_running needs: no NVML, no processes
     worker.layout, worker.host, worker.record_cache, worker.reported = layout, "a", {}, set()
+    worker.running_listed = None
     path = layout.running / "j.json"
     record = {"id": "j", "state": "running", "spec": {}, "host": "a", "attempt": 1, "uid": 0}
     path.write_text(json.dumps(record))
