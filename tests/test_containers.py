@@ -280,7 +280,8 @@ def test_a_service_restarts_in_a_fresh_container(queue, runtimes, tmp_path: Path
     assert "start 1" in queue.log("svc")  # GPUQ_RESTARTS reaches the container
     queue.gpuq("cancel", "svc")
     assert wait_until(lambda: queue.finished("svc"), what="svc cancelled")["state"] == "cancelled"
-    assert runtimes.containers() == {}
+    # the record is written, then the container removed: on a busy machine, wait for it
+    wait_until(lambda: runtimes.containers() == {}, what="the cancelled service's container to go")
 
 
 def test_a_time_limit_reaches_the_container(queue, runtimes, tmp_path: Path) -> None:
