@@ -8,8 +8,9 @@ the rules in users' words; placement.py holds the per-GPU arithmetic.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from . import placement, reasons
 from .config import Config
@@ -88,7 +89,7 @@ class Start:
 class Plan:
     starts: list[Start]
     reasons: dict[str, str]            # job id -> why it waits (only when explain=True)
-    order: list[str]                   # pending job ids in queue order
+    order: list[str]                   # pending job ids in queue order (only when explain=True)
     preempts: dict[str, str] = field(default_factory=dict)   # running job id -> why it yields
     held: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # job -> GPUs held
 
@@ -108,11 +109,28 @@ def queue_order(pending: Sequence[PendingJob], use: Mapping[str, float], config:
                 now: float) -> list[PendingJob]:
     """Priority class, integer priority (higher first), fair share (the user's GPUs in use,
     less one per age_step_s waited, so nothing starves), then age."""
+    return [key[-1] for key in sorted(_queue_keys(pending, use, config, now))]
+
+
+def _queue_keys(pending: Sequence[PendingJob], use: Mapping[str, float], config: Config,
+                now: float) -> list[tuple]:
+    """Each job's place in the queue as a tuple that sorts, the job last (ids are unique, so
+    two jobs are never compared). Built in one comprehension: a pass sorts thousands."""
     if not config.fair_share:
-        return sorted(pending, key=lambda j: (j.order, j.queued_at, j.id))
-    step = config.age_step_s
-    return sorted(pending, key=lambda j: (j.order, use.get(j.user, 0.0) - (now - j.queued_at) / step,
-                                          j.queued_at, j.id))
+        return [(j.order, j.queued_at, j.id, j) for j in pending]
+    step, share = config.age_step_s, use.get
+    return [(j.order, share(j.user, 0.0) - (now - j.queued_at) / step, j.queued_at, j.id, j) for j in pending]
+
+
+def _in_order(keys: list[tuple], presorted: bool) -> Iterator[PendingJob]:
+    """The jobs of `keys` in queue order. A worker's pass usually starts one or two jobs and
+    then stops walking: a heap orders only as many as it takes, where a sort orders all."""
+    if presorted:
+        yield from (key[-1] for key in keys)
+        return
+    heapq.heapify(keys)
+    while keys:
+        yield heapq.heappop(keys)[-1]
 
 
 def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequence[RunningJob],
@@ -129,21 +147,33 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
                                   invisible=config.preemption)
     booked = _apply_bookings(slots, bookings, now)
     use = gpu_use_by_user(running, slots)
-    ordered = queue_order(pending, use, config, now)
+    keys = _queue_keys(pending, use, config, now)
+    if explain:
+        keys.sort()
     in_window = window_open(config.idle_windows, now)
-    result = Plan([], {}, [j.id for j in ordered])
+    result = Plan([], {}, [key[-1].id for key in keys] if explain else [])
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
     pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked)
-    widest = max((len(h.gpus) for h in hosts), default=0)
-    pass_.whole_demand = sum(j.spec.gpus for j in ordered if not j.opportunistic and j.id not in blocked
-                             and _needs_whole(j.spec, pass_.largest) and j.spec.gpus <= widest
-                             and (not j.spec.hosts or any(h.name in j.spec.hosts for h in hosts)))
-    for job in ordered:
-        if not job.opportunistic:
+    pass_.queue = pending
+    ordinary_keys, opportunistic_keys = [], []
+    for key in keys:
+        (opportunistic_keys if key[-1].opportunistic else ordinary_keys).append(key)
+    ordinary = _in_order(ordinary_keys, presorted=explain)
+    for job in ordinary:
+        pass_.ordinary(job)
+        if pass_.gpu_full and not explain:
+            break
+    # A worker's pass, once no GPU job can start: only CPU-only jobs may, and the heap holds
+    # exactly the jobs not yet walked.
+    cpu_only_left = 0 if explain or pass_.cpu_full else sum(1 for key in ordinary_keys if not key[-1].spec.gpus)
+    for job in ordinary:
+        if pass_.cpu_full or not cpu_only_left:
+            break
+        if not job.spec.gpus:
+            cpu_only_left -= 1
             pass_.ordinary(job)
-    for job in ordered:
-        if job.opportunistic:
-            pass_.opportunistic(job, in_window)
+    for job in _in_order(opportunistic_keys, presorted=explain):
+        pass_.opportunistic(job, in_window)
     return result
 
 
@@ -173,14 +203,37 @@ class _Pass:
         self.largest = max((s.whole for s in slots), default=0)
         self.behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
         self.reserved = False   # one reservation for an aged job per pass: the head's
-        self.whole_demand = 0   # GPUs that waiting jobs need empty (spread only beyond them)
-        self.full = self._no_room()
+        self.queue: Sequence[PendingJob] = ()
+        self.demand_walked = self.demand_seen = 0  # demand_over's walk: jobs, and GPUs they need
+        self.placed_whole = 0   # GPUs that ordinary jobs placed so far needed empty
+        self._update_room()
 
-    def _no_room(self) -> bool:
-        """Nothing further can start, hold or reserve: the rest only needs reasons."""
-        return not any(n > 0 for n in self.cpu_free.values()) and not any(
-            s.free > 0 and s.jobs < self.config.max_jobs_per_gpu for s in self.slots) and not (
-            self.config.reservations and not self.reserved)
+    def demand_over(self, limit: int) -> bool:
+        """Whether waiting ordinary jobs need more than `limit` GPUs empty (counting only jobs
+        some box could take): spreading uses only GPUs beyond them. The queue is walked once a
+        pass at most, and only as far as the answer needs (usually a few jobs). Jobs placed
+        this pass are taken off; one placed but not walked yet only makes the walk go on."""
+        widest = max((len(h.gpus) for h in self.hosts), default=0)
+        queue, hosts = self.queue, self.hosts
+        while self.demand_seen - self.placed_whole <= limit and self.demand_walked < len(queue):
+            j = queue[self.demand_walked]
+            self.demand_walked += 1
+            if not j.opportunistic and j.id not in self.blocked and _needs_whole(j.spec, self.largest) \
+                    and j.spec.gpus <= widest and (not j.spec.hosts or any(h.name in j.spec.hosts for h in hosts)):
+                self.demand_seen += j.spec.gpus
+        return self.demand_seen - self.placed_whole > limit
+
+    def _update_room(self) -> None:
+        """Whether a GPU job, and a CPU-only job, could still start, hold or reserve anything.
+        Once neither can, the rest of the queue only needs reasons: a worker (which needs no
+        reasons) then stops walking it, so a pass with thousands waiting costs little."""
+        self.gpu_full = not any(s.free > 0 and s.jobs < self.config.max_jobs_per_gpu for s in self.slots) \
+            and not (self.config.reservations and not self.reserved)
+        self.cpu_full = not any(n > 0 for n in self.cpu_free.values())
+
+    @property
+    def full(self) -> bool:
+        return self.gpu_full and self.cpu_full
 
     def waits(self, job: PendingJob, reason: str) -> None:
         if not self.explain:
@@ -234,10 +287,11 @@ class _Pass:
             return False
         self.cpu_free[host] -= 1
         self._started(job, host, ())
+        self._update_room()
         return True
 
     def ordinary(self, job: PendingJob) -> None:
-        if self.full and not self.explain:
+        if not self.explain and (self.gpu_full if job.spec.gpus else self.cpu_full):
             return
         if not self._may_place(job):
             return
@@ -258,19 +312,20 @@ class _Pass:
         if self.config.spread:
             spare = self._spare_for_spreading(mine)
             # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
-            if len(spare) - (self.whole_demand - own) >= spec.gpus:
+            if spare and not self.demand_over(len(spare) - spec.gpus + own):
                 choice = placement.best_fit(spec, spare, self.config.max_jobs_per_gpu, spread=True,
                                             fragmentation_aware=self.config.fragmentation_aware)
         choice = choice or placement.best_fit(spec, mine, self.config.max_jobs_per_gpu,
                                               fragmentation_aware=self.config.fragmentation_aware)
         if choice is not None:
             self._place(job, choice)
-            self.whole_demand -= own
-            self.full = self._no_room()
+            self.placed_whole += own
+            self._update_room()
             return
         if not self.reserved and self.config.reservations and self.now - job.queued_at >= self.config.reserve_after_s:
             self.reserved = self._reserve(job, mine)
             if self.reserved:
+                self._update_room()
                 return
         if shape not in self.failed:
             self.failed[shape] = self._why_waiting(job, allowed, mine) if self.explain else ""
