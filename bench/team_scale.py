@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import PY, REPO, make_root, remove_root, timed
+from _common import PY, REPO, compile_code, make_root, remove_root, timed
 
 sys.path.insert(0, str(REPO))
 
@@ -182,6 +182,7 @@ def main() -> None:
     print(f"  file operations under the root in one pass, {args.boxes} boxes: {dict(sorted(counts.items()))}; "
           f"5 boxes: {dict(sorted(small_counts.items()))}")
     refresh_heartbeats(root)
+    compile_code()
     status = timed([PY, str(REPO / "gpuq.py"), "--root", str(root), "status"], repeat=5)
     print(f"  gpuq status: {status * 1000:.0f} ms")
     print(f"  [{'met' if big <= 0.2 else 'MISSED'}] pass <= 200 ms; [{'met' if big <= 2 * small else 'MISSED'}] "
