@@ -9,6 +9,10 @@ makes every write at a site fail with that error, as a full or failing disk woul
 `write:<dir>` for records and heartbeats (the directory written into: running, finished,
 workers, ...), `write:log` for job logs, and `rename:claim`, where the rename succeeds but
 reports ENOENT, as a lost NFS reply does. All are read once, at start.
+
+`GPUQ_TEST_FAULT_LOG=<file>` makes every fault that fires append one line to that file first,
+"crash <point> <pid>", "pause <point> <pid>" or "io <site> <ERRNO> <pid>": a test proves its
+fault happened, where the outcome alone could also be what a run without the fault gives.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ CRASH_ENV = "GPUQ_TEST_CRASH_AT"
 CLOCK_SHIFT_ENV = "GPUQ_TEST_CLOCK_SHIFT_S"
 IO_FAULT_ENV = "GPUQ_TEST_IO_FAULT"
 PAUSE_ENV = "GPUQ_TEST_PAUSE_AT"
+FAULT_LOG_ENV = "GPUQ_TEST_FAULT_LOG"
 
 CRASH_POINTS = (
     "worker:planned",            # a spec is parsed and chosen to start; not yet claimed
@@ -43,12 +48,26 @@ _crash_at = os.environ.get(CRASH_ENV)
 _pause_at = os.environ.get(PAUSE_ENV)
 _clock_shift_s = float(os.environ.get(CLOCK_SHIFT_ENV) or 0.0)
 _io_faults = dict(item.split("=", 1) for item in (os.environ.get(IO_FAULT_ENV) or "").split(",") if item)
+_fault_log = os.environ.get(FAULT_LOG_ENV)
+
+
+def _fired(what: str) -> None:
+    """One line in the test's fault log, written before the fault acts (O_APPEND: whole lines
+    from every process)."""
+    if _fault_log:
+        fd = os.open(_fault_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, f"{what} {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
 
 
 def crash_point(name: str) -> None:
     if _crash_at == name:
+        _fired(f"crash {name}")
         os.kill(os.getpid(), signal.SIGKILL)
     if _pause_at == name:
+        _fired(f"pause {name}")
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -62,4 +81,5 @@ def io_fault(site: str) -> None:
     name = _io_faults.get(site)
     if name is not None:
         code = getattr(errno, name)
+        _fired(f"io {site} {name}")
         raise OSError(code, os.strerror(code))

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from conftest import PY, REPO, wait_until
-from gpuq.faults import CRASH_ENV, CRASH_POINTS
+from gpuq.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV
 from gpuq.layout import Layout
 from gpuq.single_instance import _config_may_set_local_dir
 
@@ -38,15 +38,36 @@ def _final(queue, job_id: str) -> dict | None:
     return record if record and not (queue.root / "state" / "running" / f"{job_id}.json").exists() else None
 
 
+def fired(fault_log, kind: str, name: str) -> list[int]:
+    """Pids of the processes whose fault `kind name` fired (gpuq.faults writes the line)."""
+    try:
+        lines = fault_log.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [int(line.rsplit(" ", 1)[1]) for line in lines if line.rsplit(" ", 1)[0].startswith(f"{kind} {name}")]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 @pytest.mark.parametrize("point", CRASH_POINTS)
-def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, point):
-    worker = queue.start_worker("a", "1x80GiB", env={CRASH_ENV: point})
+def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, point, tmp_path):
+    fault_log = tmp_path / "faults"
+    worker = queue.start_worker("a", "1x80GiB", env={CRASH_ENV: point, FAULT_LOG_ENV: str(fault_log)})
     queue.drop("job.yaml", JOB)
+    # The crash happened, at that point, and killed the process that reached it: without this,
+    # a point that never fires would pass (its outcome is what a run without a crash gives).
+    pids = wait_until(lambda: fired(fault_log, "crash", point), what=f"the crash at {point}")
+    wait_until(lambda: gone(pids[0]), what=f"the process that reached {point} to die")
     if point.startswith("worker:"):
         worker.wait(timeout=20)
-        assert worker.returncode == -signal.SIGKILL
+        assert worker.returncode == -signal.SIGKILL and pids == [worker.pid]
     else:  # the spawner or a supervisor died; the worker lives on: stop it as a crash would
-        time.sleep(2)
+        assert pids[0] != worker.pid
         queue.stop_worker("a", signal.SIGKILL)
     queue.start_worker("a", "1x80GiB")  # as cron would, without the fault
     record = wait_until(lambda: _final(queue, "job"), what=f"job to be settled after a crash at {point}")
@@ -283,17 +304,22 @@ def test_a_result_the_disk_refused_is_kept_and_recorded_once_it_can_be(queue):
 
 
 @pytest.mark.parametrize("fault", ["write:log=ENOSPC", "write:workers=EIO", "rename:claim=ENOENT"])
-def test_jobs_run_once_through_log_heartbeat_and_lost_reply_faults(queue, fault):
+def test_jobs_run_once_through_log_heartbeat_and_lost_reply_faults(queue, fault, tmp_path):
+    fault_log, runs = tmp_path / "faults", tmp_path / "runs"
     # (not start_worker: with heartbeats refused, there is no heartbeat to wait for)
     worker = queue.workers["a"] = subprocess.Popen(
         [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x80GiB",
          "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**queue.env(), "GPUQ_TEST_IO_FAULT": fault})
-    queue.drop("job.yaml", "command: echo once\ngpus: 1\n")
+        env={**queue.env(), "GPUQ_TEST_IO_FAULT": fault, FAULT_LOG_ENV: str(fault_log)})
+    # Runs are counted outside the log, which the write:log fault keeps from being written.
+    queue.drop("job.yaml", f"command: echo once; echo once >> {runs}\ngpus: 1\n")
     record = wait_until(lambda: _final(queue, "job"), what=f"job to run despite {fault}")
+    site, errno_name = fault.split("=")
+    assert fired(fault_log, "io", f"{site} {errno_name}"), f"{fault} never fired"
     assert record["state"] == "done" and _alive(worker)
-    if not fault.startswith("write:log"):
-        assert queue.log("job").splitlines().count("once") == 1
+    assert runs.read_text() == "once\n"
+    if site == "write:workers":
+        assert not (queue.root / "state" / "workers" / "a.json").exists()  # no heartbeat was written
     # The supervisor removes the claim just after writing the record (a crash in between
     # leaves it to recovery): it goes, but not necessarily before we look.
     wait_until(lambda: os.listdir(queue.root / "state" / "claims") == [], timeout=10, what="the claim to go")
@@ -305,6 +331,8 @@ def test_hosts_with_clocks_ten_minutes_apart_neither_take_over_nor_stall(queue):
     queue.start_worker("b", "1x80GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "600"})
     for i in range(6):
         queue.drop(f"j{i}.yaml", "command: sleep 3; echo once\ngpus: 1\n")
+    beats = {h: json.loads((queue.root / "state" / "workers" / f"{h}.json").read_text())["t"] for h in "ab"}
+    assert 1100 < beats["b"] - beats["a"] < 1300, beats  # the clocks really are 20 minutes apart
     for i in range(6):
         record = wait_until(lambda: _final(queue, f"j{i}"), timeout=60, what=f"j{i} to run")
         assert record["state"] == "done" and record["attempt"] == 1
