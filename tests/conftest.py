@@ -72,6 +72,18 @@ class Queue:
         wait_until(lambda: self._beat_of(host, proc.pid), what=f"worker {host} heartbeat")
         return proc
 
+    def wait_passes(self, host: str, passes: int = 2, timeout: float = 60) -> None:
+        """Until `host`'s worker has written `passes` more heartbeats (one a pass, at most one a
+        poll interval): whatever it was going to do about what a test set up, it has done. A
+        negative check ("nothing ran") waits for this instead of sleeping a fixed time."""
+        def seq() -> int:
+            try:
+                return json.loads((self.root / "state" / "workers" / f"{host}.json").read_text())["seq"]
+            except (OSError, ValueError, KeyError):
+                return -1
+        start = seq()
+        wait_until(lambda: seq() >= start + passes, timeout=timeout, what=f"{passes} passes of worker {host}")
+
     def _beat_of(self, host: str, pid: int) -> bool:
         """This worker's own heartbeat (one a stopped worker of the host left is not it)."""
         try:
