@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -155,6 +156,28 @@ def _short(args: list[str], i: int, options: dict[str, list[str]], flags: list[s
             return i + 1
         flags.append(RUN_SWITCHES.get(letter, f"-{letter}"))
     return i + 1
+
+
+def _inspect(info: dict, template: str | None) -> dict:
+    """What `docker inspect [--format T]` prints: the whole object as JSON, or the template
+    with each {{.A.B}} replaced by that field (Go's form for booleans), or docker's error for
+    a field the object does not have. Only what gpuq may ask is answered as docker would."""
+    if template is None:
+        return {"out": json.dumps([info])}
+
+    def field(match: re.Match) -> str:
+        value: object = info
+        for part in match.group(1).split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise KeyError(part)
+            value = value[part]
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    try:
+        return {"out": re.sub(r"\{\{\s*\.([A-Za-z.]+)\s*\}\}", field, template)}
+    except KeyError as e:
+        return {"error": f"template parsing error: template: :1: executing \"\" at <.{e.args[0]}>: "
+                         f"can't evaluate field {e.args[0]}"}
 
 
 def _gpu_devices(options: dict[str, list[str]]) -> str | None:
@@ -316,7 +339,10 @@ class Daemon:
             return self.reply(conn, {"error": f"No such container: {name}"})
         running = box["exit"] is None
         if op == "inspect":
-            return self.reply(conn, {"out": str(box["pid"] if running else 0)})
+            info = {"Name": f"/{name}", "State": {"Pid": box["pid"] if running else 0, "Running": running,
+                                                  "Status": "running" if running else "exited",
+                                                  "ExitCode": box["exit"] or 0}}
+            return self.reply(conn, _inspect(info, (m["options"].get("--format") or [None])[-1]))
         if op == "kill":
             sig = int((m.get("options", {}).get("--signal") or ["9"])[-1])
             if running:

@@ -195,6 +195,28 @@ def test_a_docker_job_runs_inside_with_exactly_its_gpus(queue, runtimes, tmp_pat
     queue.gpuq("cancel", "blocker")
 
 
+def test_the_stand_in_inspect_answers_only_what_docker_answers(runtimes, tmp_path: Path) -> None:
+    """gpuq finds a container's main process with `inspect --format {{.State.Pid}}`: the stand-in
+    must answer the format asked, so a wrong one fails here as it would with docker."""
+    env = {**os.environ, **runtimes.worker_env(), "FAKE_RUNTIME_DIR": str(runtimes.state)}
+    docker = lambda *a: subprocess.run(["docker", *a], env=env, capture_output=True, text=True,  # noqa: E731
+                                       timeout=30)
+    run = subprocess.Popen(["docker", "run", "--rm", "--name", "probe", "img", "sleep", "30"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid = wait_until(lambda: (out := docker("inspect", "--format", "{{.State.Pid}}", "probe")).returncode == 0
+                         and out.stdout.strip(), what="the container to run")
+        assert psutil.Process(int(pid)).is_running()
+        assert docker("inspect", "--format", "{{.State.Status}}", "probe").stdout.strip() == "running"
+        assert docker("inspect", "--format", "{{.State.Running}}", "probe").stdout.strip() == "true"
+        wrong = docker("inspect", "--format", "{{.State.Pidd}}", "probe")
+        assert wrong.returncode == 1 and "can't evaluate field Pidd" in wrong.stderr
+        assert json.loads(docker("inspect", "probe").stdout)[0]["State"]["Pid"] == int(pid)
+    finally:
+        docker("rm", "--force", "probe")
+        run.wait(timeout=30)
+
+
 def test_a_containers_gpu_memory_is_the_jobs_own(queue, runtimes, tmp_path: Path) -> None:
     """Its processes are the runtime daemon's children, not the supervisor's: gpuq still counts
     their memory as the job's, not as a person's use of the GPU (which would charge it twice)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -280,6 +281,39 @@ def test_a_root_bridge_submits_each_job_as_its_spec_owner(slurm, tmp_path_factor
         subprocess.run(["userdel", name], capture_output=True)
 
 
+# sacct as slurmdbd would answer for one finished job: only the fields asked, in the order
+# asked, '|'-separated with -P, no header with -n; an unknown field is sacct's error.
+SACCT_STAND_IN = """#!{python}
+import os, sys
+if os.path.exists(sys.argv[0] + ".off"):
+    os.execv("/usr/bin/sacct", ["sacct", *sys.argv[1:]])
+job = {{"State": "FAILED", "ExitCode": "3:0", "Start": "2026-11-30T10:00:00", "End": "2026-11-30T10:00:02"}}
+args = sys.argv[1:]
+fields = next((a.split("=", 1)[1] for a in args if a.startswith("--format=")), "JobID,JobName,State").split(",")
+unknown = [f for f in fields if f not in job]
+if unknown:
+    sys.exit(f"sacct: error: Invalid field requested: \\"{{unknown[0]}}\\"")
+if "-j" not in args:
+    sys.exit("sacct: this stand-in answers only for one job (-j)")
+sep = "|" if "-P" in args else " "
+if "-n" not in args:
+    print(sep.join(fields))
+print(sep.join(job[f] for f in fields))
+"""
+
+
+def test_the_sacct_stand_in_answers_only_the_fields_asked(tmp_path):
+    stand_in = tmp_path / "sacct"
+    stand_in.write_text(SACCT_STAND_IN.format(python=sys.executable))
+    stand_in.chmod(0o755)
+    ask = lambda fmt: subprocess.run([str(stand_in), "-j", "7", "-X", "-n", "-P", f"--format={fmt}"],  # noqa: E731
+                                     capture_output=True, text=True)
+    assert ask("State,ExitCode,Start,End").stdout == "FAILED|3:0|2026-11-30T10:00:00|2026-11-30T10:00:02\n"
+    assert ask("ExitCode,State").stdout == "3:0|FAILED\n"  # a reordered format is answered as asked
+    wrong = ask("State,Exitcode")
+    assert wrong.returncode == 1 and "Invalid field requested" in wrong.stderr
+
+
 def test_a_job_slurm_has_forgotten_is_settled_from_its_accounting(slurm, queue, tmp_path):
     """A bridge away longer than MinJobAge: scontrol no longer knows the job (a stand-in
     says so here); sacct, where slurmdbd keeps accounting, still does (a stand-in answers as
@@ -289,8 +323,7 @@ def test_a_job_slurm_has_forgotten_is_settled_from_its_accounting(slurm, queue, 
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "scontrol").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
-    (fake / "sacct").write_text("#!/bin/sh\n[ -e \"$0.off\" ] && exec /usr/bin/sacct \"$@\"\n"
-                                "echo 'FAILED|3:0|2026-11-30T10:00:00|2026-11-30T10:00:02'\n")
+    (fake / "sacct").write_text(SACCT_STAND_IN.format(python=sys.executable))
     for tool in ("scontrol", "sacct"):
         (fake / tool).chmod(0o755)
     queue.write_config(backend="slurm")
