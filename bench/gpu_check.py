@@ -25,6 +25,9 @@ import time
 
 from _common import PY, REPO, clean_env, make_root, remove_root
 
+sys.path.insert(0, str(REPO))
+from gpuq.config import Config  # noqa: E402
+
 JOB = r'''
 import os, time, torch
 mib = int(os.environ["ALLOC_MIB"])
@@ -52,6 +55,31 @@ def check(ok: bool, what: str, failures: list[str]) -> None:
     print(("PASS " if ok else "FAIL ") + what)
     if not ok:
         failures.append(what)
+
+
+def check_accounting(views: list[dict], reserve_mib: int, failures: list[str]) -> None:
+    """In every snapshot, on every GPU: the declared memory of the jobs on it fits the GPU, and
+    the usable memory status offers is at most total - reserve - declared. Vacuous unless some
+    snapshot had a job with declared memory on a GPU, so that is checked too."""
+    worst: dict[tuple, tuple[int, int, int, int]] = {}  # (host, GPU) -> (excess, usable, total, declared)
+    with_jobs = 0
+    for view in views:
+        for host in view.get("hosts", []):
+            for g in host["gpus"]:
+                mine = [r for r in view["running"] if r["host"] == host["host"] and g["index"] in r["gpus"]]
+                declared = sum(r["gpu_mem_mib"] or g["mem_total_mib"] for r in mine)
+                with_jobs += bool(mine)
+                excess = max(g["usable_mib"] - max(0, g["mem_total_mib"] - reserve_mib - declared),
+                             declared - g["mem_total_mib"])
+                key = (host["host"], g["index"])
+                if key not in worst or excess > worst[key][0]:
+                    worst[key] = (excess, g["usable_mib"], g["mem_total_mib"], declared)
+    check(with_jobs > 0, f"the accounting was seen with jobs running ({with_jobs} GPU snapshots of "
+                         f"{len(views)} status views)", failures)
+    for (host, index), (excess, usable, total, declared) in sorted(worst.items()):
+        check(excess <= 0, f"GPU {host}:{index}, in each of {len(views)} snapshots: declared <= total and "
+                           f"usable <= max(0, total - reserve {reserve_mib} - declared) (worst: usable {usable}, total "
+                           f"{total}, declared {declared} MiB)", failures)
 
 
 def main() -> int:
@@ -86,12 +114,14 @@ def main() -> int:
                 f"command: [{'python' if image else PY!r}, {str(script)!r}]\ngpus: 1\ngpu_mem: {declared}\n"
                 f"env: {{ALLOC_MIB: '{alloc}', HOLD_S: '{hold}', GPUQ_REPO: {str(REPO)!r}}}\n{boxed}")
         observed: dict[str, int] = {}
-        deadline = time.monotonic() + 90
-        view: dict = {}
-        while time.monotonic() < deadline and len(observed) < len(JOBS):
+        views: list[dict] = []  # every status snapshot while the jobs run: "ever" is checked on all
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all((root / "state" / "finished" / f"{j}.json").exists()
+                                                      for j in JOBS):
             time.sleep(1)
             view = json.loads(subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(root), "status",
                                               "--json"], capture_output=True, text=True, env=clean_env()).stdout)
+            views.append(view)
             for r in view["running"]:
                 if r["observed_gpu_mem_mib"]:
                     observed[r["id"]] = r["observed_gpu_mem_mib"]
@@ -99,16 +129,7 @@ def main() -> int:
             check(observed.get(job_id, 0) >= alloc,
                   f"probe sees {job_id}'s memory: observed {observed.get(job_id)} MiB >= allocated {alloc} MiB",
                   failures)
-        for host in view.get("hosts", []):
-            for g in host["gpus"]:
-                declared = sum(r["gpu_mem_mib"] for r in view["running"] if g["index"] in r["gpus"])
-                check(g["usable_mib"] <= g["mem_total_mib"] - declared,
-                      f"GPU {g['index']}: usable {g['usable_mib']} MiB <= total {g['mem_total_mib']} - "
-                      f"declared {declared} MiB", failures)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(
-                (root / "state" / "finished" / f"{j}.json").exists() for j in JOBS):
-            time.sleep(1)
+        check_accounting(views, Config().gpu_mem_reserve_mib, failures)
         for job_id in JOBS:
             record = json.loads((root / "state" / "finished" / f"{job_id}.json").read_text())
             log = (root / "logs" / f"{job_id}.log").read_text()
