@@ -139,11 +139,11 @@ def test_a_frozen_host_is_taken_over_and_its_stale_copy_fenced(queue, tmp_path):
     for p in frozen:
         p.resume()
     wait_until(lambda: not psutil.pid_exists(stale_job), timeout=10, what="a's stale copy to be killed")
-    time.sleep(1)
+    # Whichever a's supervisor sees first on waking: its own stale lease, or the takeover. It says
+    # so once it has settled the stale copy; then a has written nothing.
+    fenced = r"result is not recorded \(fenced: (another host took this job over|this host's heartbeat is \d+ s old)"
+    wait_until(lambda: re.search(fenced, queue.log("job")), what="a's supervisor to fence its copy")
     assert queue.finished("job") == record  # a wrote nothing
-    # Whichever a's supervisor sees first on waking: its own stale lease, or the takeover.
-    assert re.search(r"result is not recorded \(fenced: (another host took this job over|this host's heartbeat "
-                     r"is \d+ s old)", queue.log("job"))
 
 
 def test_a_host_that_cannot_renew_its_heartbeat_stops_its_jobs_before_takeover(queue, tmp_path):
@@ -218,9 +218,8 @@ def _drop_many(queue, n: int, command: str = "echo once") -> list[str]:
 
 def _assert_each_ran_once(queue, ids: list[str]) -> None:
     finished = queue.root / "state" / "finished"
-    wait_until(lambda: len(os.listdir(finished)) >= len(ids), timeout=300, interval=0.5,
+    wait_until(lambda: all((finished / f"{i}.json").exists() for i in ids), timeout=300, interval=0.5,
                what=f"{len(ids)} jobs to finish")
-    time.sleep(1)
     states = {i: json.loads((finished / f"{i}.json").read_text())["state"] for i in ids}
     assert set(states.values()) == {"done"}
     runs = {i: queue.log(i).splitlines().count("once") for i in ids}
@@ -277,10 +276,13 @@ def _alive(proc: subprocess.Popen) -> bool:
     return proc.poll() is None
 
 
-def test_a_disk_that_refuses_running_records_loses_no_spec_and_no_worker(queue):
-    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:running=ENOSPC"})
+def test_a_disk_that_refuses_running_records_loses_no_spec_and_no_worker(queue, tmp_path):
+    fault_log = tmp_path / "faults"
+    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:running=ENOSPC",
+                                                      FAULT_LOG_ENV: str(fault_log)})
     queue.drop("job.yaml", JOB)
-    time.sleep(2)  # many passes, each failing to record the start
+    wait_until(lambda: len(fired(fault_log, "io", "write:running ENOSPC")) >= 3,
+               what="several passes, each refused the running record")
     assert _alive(worker) and (queue.root / "jobs" / "job.yaml").exists()
     assert [n for n in os.listdir(queue.root / "state" / "running") if not n.endswith(".tmp")] == []
     queue.stop_worker("a")
@@ -289,11 +291,14 @@ def test_a_disk_that_refuses_running_records_loses_no_spec_and_no_worker(queue):
     assert record["state"] == "done" and len(_runs(queue, "job")) == 1
 
 
-def test_a_result_the_disk_refused_is_kept_and_recorded_once_it_can_be(queue):
-    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:finished=EIO"})
+def test_a_result_the_disk_refused_is_kept_and_recorded_once_it_can_be(queue, tmp_path):
+    fault_log = tmp_path / "faults"
+    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:finished=EIO",
+                                                      FAULT_LOG_ENV: str(fault_log)})
     queue.drop("job.yaml", "command: echo once; exit 3\ngpus: 1\n")
     wait_until(lambda: "==> exit 3" in queue.log("job"), what="the job to end")
-    time.sleep(1)
+    wait_until(lambda: fired(fault_log, "io", "write:finished EIO"), what="the result refused by the disk")
+    queue.wait_passes("a")
     assert _alive(worker) and queue.finished("job") is None  # not recorded yet, nor lost
     assert (queue.record("job") or {}).get("state") == "running"
     queue.stop_worker("a")
@@ -395,10 +400,13 @@ def test_a_really_full_disk_loses_no_spec_and_no_worker(queue, tmp_path):
             except OSError:
                 pass
         # (not start_worker: on a full disk there is no heartbeat to wait for)
-        worker = queue.workers["a"] = subprocess.Popen(
-            [PY, str(REPO / "worker.py"), "--root", str(root), "--host", "a", "--fake-gpus", "1x80GiB",
-             "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=queue.env())
-        time.sleep(3)
+        err = tmp_path / "worker.err"  # on the test's own disk, not the full one
+        with open(err, "wb") as err_file:
+            worker = queue.workers["a"] = subprocess.Popen(
+                [PY, str(REPO / "worker.py"), "--root", str(root), "--host", "a", "--fake-gpus", "1x80GiB",
+                 "--foreground"], stdout=subprocess.DEVNULL, stderr=err_file, env=queue.env())
+        # The worker has met the full disk in its passes (it says so once) and goes on.
+        wait_until(lambda: "No space left on device" in err.read_text(), what="the worker to meet the full disk")
         assert _alive(worker)
         for i in range(3):  # nothing could be recorded: every spec is still pending, whole
             assert (root / "jobs" / f"j{i}.yaml").read_text() == "command: echo once\ngpus: 1\n"
