@@ -64,7 +64,7 @@ def test_one_pending_job_preempts_one_opportunistic_job_team_wide(queue):
 @needs_root
 def test_fair_share_between_two_users_holds_across_boxes(team):
     team.write_config(poll_interval=0.2)
-    spec = "command: sleep 2\ngpus: 1\nworkdir: /\n"
+    spec = "command: sleep 120\ngpus: 1\nworkdir: /\n"  # they run on while the test looks (a loaded machine is slow)
     for i in range(3):
         team.drop_as(ALICE, f"al{i}.yaml", spec)
     team.drop_as(BOB, "bo0.yaml", spec)

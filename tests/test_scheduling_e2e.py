@@ -51,14 +51,16 @@ def test_a_person_using_the_gpu_preempts_opportunistic_work_until_they_leave(que
     queue.drop("soak.yaml", _spec(LOOP_YIELDING, "10GiB", "low"))
     wait_until(lambda: "attempt=1" in queue.log("soak"), what="the opportunistic job to start")
     fake_gpus = next((queue.local_base / "a").glob("fake-gpus-*.json"))
-    person = subprocess.Popen([PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "2GiB", "--seconds", "4"],
+    person = subprocess.Popen([PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "2GiB", "--seconds", "120"],
                               env={**queue.env(), "GPUQ_FAKE_GPUS": str(fake_gpus), "CUDA_VISIBLE_DEVICES": "0"})
     wait_until(lambda: "yielding" in queue.log("soak"), what="the job to be told to yield")
     wait_until(lambda: not _running(queue, "soak"), what="the job to go back to the queue")
     pending = wait_until(lambda: [j for j in queue.status()["pending"] if j["id"] == "soak"],
                          what="soak to show as pending")
     assert "in use by others: a:0" in pending[0]["reason"]
+    queue.wait_passes("a")
     assert person.poll() is None and not _running(queue, "soak")  # not restarted while they work
+    person.terminate()  # the person leaves
     person.wait(timeout=30)
     left_at = time.time()
     soak = wait_until(lambda: queue.finished("soak"), timeout=30, what="the job to run again")
@@ -81,7 +83,7 @@ def test_the_end_of_the_idle_window_preempts_and_holds_opportunistic_work(queue)
     wait_until(lambda: "yielding" in queue.log("night"), what="the window's end to preempt the job")
     wait_until(lambda: not _running(queue, "night") and (queue.root / "jobs" / "night.yaml").exists(),
                what="the job to go back to the queue")
-    time.sleep(1.5)  # several passes: it stays pending outside its window
+    queue.wait_passes("a", 3)  # several passes: it stays pending outside its window
     assert not _running(queue, "night") and queue.finished("night") is None
     requeued = [e for e in queue.events() if e["job"] == "night" and e["to"] == "pending"]
     assert requeued[0]["reason"].startswith(f"preempted: idle window {window} closed")

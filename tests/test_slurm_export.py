@@ -225,7 +225,6 @@ def test_an_unreachable_controller_concludes_nothing(monkeypatch):
 
 def test_a_job_waits_in_gpuq_while_sbatch_cannot_reach_the_controller(slurm, queue, tmp_path):
     import os
-    import time
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -235,9 +234,10 @@ def test_a_job_waits_in_gpuq_while_sbatch_cannot_reach_the_controller(slurm, que
     queue.write_config(backend="slurm")
     queue.start_worker("bridge", "1x80GiB", env={**slurm.env, "PATH": f"{fake}:{os.environ['PATH']}"})
     queue.drop("patient.yaml", "command: echo made it\ngpus: 0\n")
-    time.sleep(3)  # several passes, each refused by the fake sbatch
-    requeued = [e for e in queue.events() if e["job"] == "patient" and e["reason"] == "Slurm did not answer; requeued"]
-    assert queue.finished("patient") is None and len(requeued) >= 2  # never failed for it
+    requeued = lambda: [e for e in queue.events()  # noqa: E731
+                        if e["job"] == "patient" and e["reason"] == "Slurm did not answer; requeued"]
+    wait_until(lambda: len(requeued()) >= 2, timeout=60, what="several passes, each refused by the fake sbatch")
+    assert queue.finished("patient") is None  # never failed for it
     (fake / "sbatch").unlink()  # the controller is back: the real sbatch answers
     done = wait_until(lambda: queue.finished("patient"), timeout=60, what="patient to run once Slurm answers")
     assert done["state"] == "done" and done["attempt"] > 1 and "made it" in queue.log("patient")
@@ -367,7 +367,6 @@ def test_a_bridge_paused_before_its_sbatch_submits_nothing_once_its_job_was_requ
     bridge-b finds that Slurm never got the job, requeues and hands it over itself. When a
     resumes, its lease is stale: it submits nothing, so the job runs once."""
     import signal as sig
-    import time
 
     import psutil
 
@@ -380,7 +379,9 @@ def test_a_bridge_paused_before_its_sbatch_submits_nothing_once_its_job_was_requ
     done = wait_until(lambda: queue.finished("once"), timeout=90, what="once, handed over by bridge-b")
     assert (done["state"], done["host"], done["attempt"]) == ("done", "bridge-b", 2)
     paused.send_signal(sig.SIGCONT)
-    time.sleep(5)  # a's pass goes on: it must not sbatch its stale attempt
+    queue.wait_passes("bridge-a")  # a's pass went on (any sbatch of it is synchronous) and another one after
+    queue_left = subprocess.run(["squeue", "-h", "-o", "%i %k"], capture_output=True, text=True, env=slurm.env)
+    assert queue_left.returncode == 0 and queue_left.stdout.strip() == ""  # no stale attempt waiting in Slurm
     assert (queue.root / "once.out").read_text() == "ran\n"
     assert queue.finished("once")["attempt"] == 2 and queue.record("once")["state"] == "done"
     requeued = [e["reason"] for e in queue.events() if e["job"] == "once" and e["to"] == "pending"]

@@ -162,12 +162,18 @@ def test_job_memory_is_observed_through_its_process_tree(queue):
 
 
 def test_a_spec_being_written_is_not_rejected(queue):
+    queue.write_config(spec_settle_s=3)
     queue.start_worker("a", "1x80GiB")
     path = queue.root / "jobs" / "slow.yaml"
-    for i in range(8):  # an editor saving a half-written file, every 0.3 s, for 2.4 s (> settle 1 s)
+    started = time.monotonic()
+    # An editor saving a half-written file after every pass of the worker (a pass is well under
+    # the 3 s settle time), for longer than the settle time: the worker sees each version.
+    i = 0
+    while time.monotonic() - started < 6:
         path.write_text("command: [echo, 'unfinished" + "x" * i)
-        time.sleep(0.3)
+        queue.wait_passes("a", 1)
         assert not list((queue.root / "state" / "rejected").iterdir())
+        i += 1
     status = queue.status()
     assert status["invalid"] and "slow" == status["invalid"][0]["id"]
     path.write_text("command: [echo, finished]\ngpus: 0\n")
