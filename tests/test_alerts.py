@@ -20,11 +20,11 @@ def test_an_idle_holder_raises_its_alert_once_and_it_clears(queue, tmp_path):
     sink = tmp_path / "alerts.jsonl"
     queue.write_config(alert_idle_holder_s=1, alert_command=f"cat >> {sink}")
     queue.start_worker("a", "1x80GiB")
-    queue.drop("holder.yaml", f"command: {FAKE_USE} --mem 5GiB --util 0 --seconds 5\ngpus: 1\ngpu_mem: 8GiB\n")
+    queue.drop("holder.yaml", f"command: {FAKE_USE} --mem 5GiB --util 0 --seconds 15\ngpus: 1\ngpu_mem: 8GiB\n")
     shown = wait_until(lambda: _alerts(queue).get("idle_holder:holder"), timeout=20, what="the idle-holder alert")
     assert shown["message"].startswith("job holder (root) holds 5GiB of GPU memory at under 5% utilization")
     assert "idle_holder" in queue.gpuq("status").stdout
-    wait_until(lambda: queue.finished("holder"), timeout=20)
+    wait_until(lambda: queue.finished("holder"), timeout=60)
     wait_until(lambda: "idle_holder:holder" not in _alerts(queue), what="the alert to clear")
     sent = [json.loads(line) for line in sink.read_text().splitlines()]
     assert [a["kind"] for a in sent if a["subject"] == "holder"] == ["idle_holder"]  # once

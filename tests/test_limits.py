@@ -78,12 +78,12 @@ def test_gpu_memory_above_the_declaration_is_killed_when_config_says_kill(queue)
 def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue):
     queue.write_config(gpu_mem_overuse_after_s=1)
     queue.start_worker("a", "1x80GiB")
-    queue.drop("greedy.yaml", f"command: {FAKE_USE} --mem 20GiB --seconds 4\ngpus: 1\ngpu_mem: 10GiB\n")
+    queue.drop("greedy.yaml", f"command: {FAKE_USE} --mem 20GiB --seconds 15\ngpus: 1\ngpu_mem: 10GiB\n")
     shown = wait_until(lambda: [r for r in queue.status()["running"] if r["id"] == "greedy" and r["warning"]],
                        timeout=20, what="status to show the warning")
     assert shown[0]["warning"].startswith("uses 20GiB of GPU memory on GPU 0, declared 10GiB")
     assert "! greedy uses 20GiB" in queue.gpuq("status").stdout
-    record = wait_until(lambda: queue.finished("greedy"), timeout=20, what="the job to finish")
+    record = wait_until(lambda: queue.finished("greedy"), timeout=60, what="the job to finish")
     assert record["state"] == "done"
     warnings = [e for e in queue.events() if e["job"] == "greedy" and e["reason"] and
                 e["reason"].startswith("warning: uses 20GiB")]
