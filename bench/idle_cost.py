@@ -32,6 +32,10 @@ def measure(root, seconds: float) -> tuple[float, float]:
         proc.wait()
 
 
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "NOT MET"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=60)
@@ -40,11 +44,13 @@ def main() -> None:
     print(f"idle cost over {args.seconds:.0f} s, default config")
     root = make_root("idle")
     cpu, rss = measure(root, args.seconds)
-    print(f"  empty queue           CPU {cpu:5.2f}% of a core   RSS {rss:5.1f} MiB   (targets <= 1%, <= 60 MiB)")
+    print(f"  empty queue           CPU {cpu:5.2f}% of a core   RSS {rss:5.1f} MiB   (targets <= 1%: "
+          f"{_verdict(cpu <= 1)}, <= 60 MiB: {_verdict(rss <= 60)})")
     for i in range(args.pending):
         (root / "jobs" / f"p{i:05d}.yaml").write_text(f"command: train --seed {i}\ngpus: 1\ngpu_mem: 100GiB\n")
     cpu, rss = measure(root, args.seconds)
-    print(f"  {args.pending} unplaceable  CPU {cpu:5.2f}% of a core   RSS {rss:5.1f} MiB   (target <= 5%)")
+    print(f"  {args.pending} unplaceable  CPU {cpu:5.2f}% of a core   RSS {rss:5.1f} MiB   (target <= 5%: "
+          f"{_verdict(cpu <= 5)})")
     remove_root(root, "idle")
 
 

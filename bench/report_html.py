@@ -132,6 +132,7 @@ def main() -> None:
           f"in {shot_s:.1f} s; pixels {counts}")
     for name, ok in checks.items():
         print(f"  {'ok ' if ok else 'BAD'} {name}")
+    print(f"target (the charts render): {'met' if all(checks.values()) else 'NOT MET'}")
     remove_root(root, *HOSTS)
     if not all(checks.values()):
         raise SystemExit(1)
