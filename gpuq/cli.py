@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import difflib
 import errno
 import json
 import os
+import re
 import stat
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from .layout import Layout, RootError, resolve_root
 from .single_instance import this_host
@@ -238,8 +240,28 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
+HIDDEN_VERBS = ("_ids", "_hosts")  # for the completion script; never listed nor suggested
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that a mistyped verb gets one line with the nearest verbs, not a list
+    of every choice (internal ones included)."""
+
+    def error(self, message: str) -> NoReturn:
+        bad = re.match(r"argument VERB: invalid choice: '(.*?)'", message)
+        if bad is None:
+            super().error(message)
+        verbs = [v for action in self._actions if isinstance(action, argparse._SubParsersAction)
+                 for v in action.choices if v not in HIDDEN_VERBS]
+        near = difflib.get_close_matches(bad.group(1), verbs, n=3, cutoff=0.6)
+        print(f"gpuq: unknown verb {bad.group(1)!r}"
+              + (f"; did you mean {' or '.join(near)}?" if near else "")
+              + " (`gpuq --help` lists the verbs)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuq", description="A GPU job queue in a shared directory.")
+    p = _Parser(prog="gpuq", description="A GPU job queue in a shared directory.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
@@ -278,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     sp = verb("cancel", cmd_cancel, "cancel pending or running jobs, from any host")
     sp.add_argument("ids", nargs="+", metavar="ID")
+    sp = verb("wait", _lazy("waiting", "cmd_wait"), "wait until jobs have ended; exit 0 when all are done, "
+                                                    "1 when one is not, 3 on --timeout")
+    sp.add_argument("ids", nargs="+", metavar="ID", help="job ids (a sweep's or array's id: its members)")
+    sp.add_argument("--timeout", help="give up after this long (90s, 10m, 2h); default: wait as long as it takes")
     sp = verb("fake-use", cmd_fake_use, "inside a job on fake GPUs: use fake GPU memory and "
                                         "utilization for this process's lifetime")
     sp.add_argument("--mem", help="per GPU (default: $GPUQ_GPU_MEM_MIB, the job's declared memory)")
@@ -334,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp = verb("completion", _lazy("completion", "cmd_completion"), "print the shell completion script: eval \"$(gpuq completion bash)\"")
     sp.add_argument("shell", choices=("bash", "zsh"))
-    for hidden in ("_ids", "_hosts"):  # for the completion script; not listed in --help
+    for hidden in HIDDEN_VERBS:
         sp = sub.add_parser(hidden)
         sp.set_defaults(handler=_lazy("completion", "cmd_completion"))
         if hidden == "_ids":

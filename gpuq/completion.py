@@ -8,7 +8,7 @@ import os
 
 from .layout import Layout
 
-ID_VERBS = ("show", "logs", "cancel", "hold", "release", "retry", "edit")
+ID_VERBS = ("show", "logs", "cancel", "wait", "hold", "release", "retry", "edit")
 HOST_VERBS = ("drain", "resume")
 MAX_IDS = 200
 

@@ -1,0 +1,66 @@
+"""Verbs people reach for, through the real CLI and worker: `gpuq wait` (exit status by how
+the jobs ended, as `pueue wait` and `sbatch --wait`), and a mistyped verb."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+from conftest import PY, REPO, wait_until
+
+
+def _wait_cmd(queue, *args: str) -> list[str]:
+    return [PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "wait", *args]
+
+
+def test_wait_returns_when_the_jobs_end_and_exits_by_how_they_ended(queue):
+    queue.gpuq("submit", "--gpus", "0", "--id", "slow", "--", "sleep 3; echo slow done")
+    queue.gpuq("submit", "--gpus", "0", "--id", "broken", "--", "exit 3")
+    waiting = subprocess.Popen(_wait_cmd(queue, "slow"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=queue.env())
+    queue.start_worker("a", "1x80GiB")
+    out, err = waiting.communicate(timeout=120)
+    returned_at = time.time()
+    slow = queue.finished("slow")
+    assert waiting.returncode == 0 and out == "slow: done (exit 0)\n", (out, err)
+    assert slow is not None and slow["ended_at"] <= returned_at  # it returned after the job ended
+    both = queue.gpuq("wait", "slow", "broken", check=False, timeout=120)
+    assert both.returncode == 1  # one of them did not succeed
+    assert both.stdout.splitlines() == ["slow: done (exit 0)", "broken: failed (exit 3)"]
+
+
+def test_wait_for_a_cancelled_job_a_group_and_no_such_job(queue):
+    queue.start_worker("a", "1x80GiB")
+    out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-2", "--", "echo index=$GPUQ_ARRAY_INDEX")
+    group = out.stdout.strip().splitlines()[-1]
+    members = queue.gpuq("wait", group, timeout=120)
+    assert sorted(members.stdout.splitlines()) == [f"{group}_{i}: done (exit 0)" for i in range(3)]
+    queue.gpuq("submit", "--gpus", "0", "--id", "doomed", "--", "sleep 60")
+    wait_until(lambda: queue.record("doomed"), what="doomed to start")
+    waiting = subprocess.Popen(_wait_cmd(queue, "doomed"), stdout=subprocess.PIPE, text=True, env=queue.env())
+    queue.gpuq("cancel", "doomed")
+    out, _ = waiting.communicate(timeout=120)
+    assert waiting.returncode == 1 and out.startswith("doomed: cancelled")
+    nope = queue.gpuq("wait", "nope", check=False)
+    assert nope.returncode == 1 and nope.stdout == "nope: no such job\n"
+    bad = queue.gpuq("wait", "../etc", check=False)
+    assert bad.returncode == 1 and "not a job id" in bad.stderr
+
+
+def test_wait_gives_up_after_its_timeout_and_says_where_the_job_is(queue):
+    queue.gpuq("submit", "--gpus", "0", "--id", "patient", "--", "true")  # no worker: it stays pending
+    started = time.monotonic()
+    out = queue.gpuq("wait", "--timeout", "1s", "patient", check=False)
+    assert out.returncode == 3 and out.stdout == "patient: still pending after 1 s\n"
+    assert time.monotonic() - started >= 1
+    bad = queue.gpuq("wait", "--timeout", "soon", "patient", check=False)
+    assert bad.returncode == 2 and "--timeout" in bad.stderr and "not a duration" in bad.stderr
+
+
+def test_a_mistyped_verb_gets_the_nearest_ones_and_no_internal_verb(queue):
+    out = queue.gpuq("stauts", check=False)
+    assert out.returncode == 2
+    assert out.stderr == "gpuq: unknown verb 'stauts'; did you mean status? (`gpuq --help` lists the verbs)\n"
+    far = queue.gpuq("frobnicate", check=False)
+    assert far.returncode == 2 and "did you mean" not in far.stderr and "_ids" not in far.stderr
+    helped = queue.gpuq("--help")
+    assert "wait" in helped.stdout and "_ids" not in helped.stdout and "_hosts" not in helped.stdout
