@@ -7,6 +7,7 @@ import difflib
 import errno
 import json
 import os
+import pwd
 import re
 import stat
 import sys
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 
 from .layout import Layout, RootError, resolve_root
 from .single_instance import this_host
+from .states import FINAL_STATES, State
 
 if TYPE_CHECKING:
     from .config import Config
@@ -43,8 +45,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .views import status
 
     layout = open_layout(args)
-    rows = None if args.json or args.all else PENDING_SHOWN
+    user = pwd.getpwuid(os.getuid()).pw_name if args.me else args.user
+    narrow = user is not None or args.state is not None
+    rows = None if args.json or args.all or narrow else PENDING_SHOWN
     view = status(layout, read_config(layout), pending_rows=rows)
+    if narrow:
+        from .views import narrowed
+
+        view = narrowed(view, user, args.state)
     if args.json:
         print(json.dumps(view, separators=(",", ":")))  # 10,000 pending jobs: compact is twice as fast
     else:
@@ -273,6 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("status", cmd_status, "hosts, GPUs, running, pending (with reasons), finished")
     sp.add_argument("--json", action="store_true", help="the documented JSON document")
     sp.add_argument("--all", action="store_true", help="list every pending job")
+    who = sp.add_mutually_exclusive_group()
+    who.add_argument("--me", action="store_true", help="only my jobs")
+    who.add_argument("--user", help="only this user's jobs")
+    sp.add_argument("--state", choices=["running", "pending", "held", "finished", "rejected",
+                                        *sorted(s.value for s in FINAL_STATES - {State.REJECTED})],
+                    help="only running, pending, held, finished or rejected jobs, or finished ones in one state")
     sp = verb("submit", _lazy("cli_submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
     sp.add_argument("--gpus", type=int, default=1, help="GPUs on one host (0: CPU only); default 1")
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")

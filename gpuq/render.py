@@ -17,6 +17,7 @@ from .spec import command_text
 from .units import format_duration, format_mib
 
 PENDING_SHOWN = 20
+REASONS_SHOWN = 6      # below the pending rows: how many wait for each reason, the commonest
 
 # What a terminal acts on instead of showing: C0 controls (ESC starts every escape sequence;
 # newline and CR fake extra lines), DEL, C1 controls (0x9b is CSI, 0x9d OSC on 8-bit
@@ -130,7 +131,12 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
                      str(p["priority"]), format_duration(p["waiting_s"]), p["reason"]])
     out += _table(rows) if pending else []
     if not show_all and total > PENDING_SHOWN:
-        out.append(f"  ... and {total - PENDING_SHOWN} more (gpuq status --all)")
+        out.append(f"  ... and {total - PENDING_SHOWN} more (gpuq status --all). All {total} wait for:")
+        by_reason = list(view.get("pending_by_reason", {}).items())
+        out += [f"    {n:6d}  {reason}" for reason, n in by_reason[:REASONS_SHOWN]]
+        if len(by_reason) > REASONS_SHOWN:
+            out.append(f"    {sum(n for _, n in by_reason[REASONS_SHOWN:]):6d}  "
+                       f"{len(by_reason) - REASONS_SHOWN} other reasons")
     for bad in view["invalid"]:
         out.append(f"  not valid yet: {bad['error']}")
     if view.get("bookings"):

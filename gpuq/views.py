@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from .bookings import load as load_bookings
 from .config import Config
@@ -110,6 +111,7 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
                     for pos, i in enumerate(decided.order[:pending_rows], 1)],
         "pending_total": len(decided.order),
+        "pending_by_reason": _by_reason(decided.reasons.get(i) or _starting(starting.get(i)) for i in decided.order),
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
         "held": held_jobs(layout),
         "bookings": [{**b.to_json(), "active": b.active(now)} for b in booked],
@@ -117,7 +119,7 @@ def status(layout: Layout, config: Config, now: float | None = None,
                          key=lambda a: a["since"]),
         "finished": [_finished(layout, ev) for ev in
                      recent_events(layout, final_names - {"rejected"}, config.recent_finished)],
-        "rejected": [_rejected(ev) for ev in
+        "rejected": [_rejected(layout, ev) for ev in
                      recent_events(layout, frozenset({"rejected"}), config.recent_finished)],
     }
 
@@ -170,6 +172,37 @@ def _running(r: Record, observed: dict[int, int], now: float, yielding: bool,
             "command": command_text(r.spec.get("command"))}
 
 
+def _by_reason(reasons: Iterable[str]) -> dict[str, int]:
+    """How many pending jobs wait for each reason (without their "behind N" part), most first."""
+    counts = Counter(reason.split("; behind ")[0] for reason in reasons)
+    return dict(counts.most_common())
+
+
+SECTIONS = ("running", "pending", "held", "finished", "rejected")
+
+
+def narrowed(view: dict[str, Any], user: str | None = None, state: str | None = None) -> dict[str, Any]:
+    """The status view with only `user`'s jobs and, with `state`, only that section (a final
+    state such as `failed` narrows the finished ones to it). Built from a view with every
+    pending row, so that the pending count and reasons are the narrowed ones."""
+    out = dict(view)
+    keep = lambda rows: [r for r in rows if user is None or r.get("user") == user]  # noqa: E731
+    for section in ("running", "pending", "held", "finished"):
+        out[section] = keep(view[section])
+    if user is not None:
+        out["rejected"] = [r for r in view["rejected"] if r.get("user") == user]
+    if state is not None:
+        final = state not in SECTIONS
+        for section in SECTIONS:
+            if section != ("finished" if final else state):
+                out[section] = []
+        if final:
+            out["finished"] = [r for r in out["finished"] if r["state"] == state]
+    out["pending_total"] = len(out["pending"])
+    out["pending_by_reason"] = _by_reason(r["reason"] for r in out["pending"])
+    return out
+
+
 def _pending(job: PendingJob, position: int, reason: str, now: float) -> dict[str, Any]:
     s = job.spec
     return {"id": job.id, "user": job.user, "position": position, "gpus": s.gpus,
@@ -181,17 +214,26 @@ def _pending(job: PendingJob, position: int, reason: str, now: float) -> dict[st
 def _finished(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
     record = read_record(layout.record(layout.finished, ev["job"]))
     if record is None:
-        return {"id": ev["job"], "state": ev["to"], "exit_code": ev.get("exit_code"),
+        return {"id": ev["job"], "state": ev["to"], "exit_code": ev.get("exit_code"), "user": None,
                 "ended_at": ev.get("t"), "duration_s": None, "host": ev.get("host"), "reason": ev.get("reason")}
     duration = (record.ended_at - record.started_at) if record.ended_at and record.started_at else None
-    return {"id": record.id, "state": record.state.value, "exit_code": record.exit_code,
+    return {"id": record.id, "state": record.state.value, "exit_code": record.exit_code, "user": record.user,
             "signal": record.signal, "ended_at": record.ended_at,
             "duration_s": round(duration, 2) if duration is not None else None,
             "host": record.host, "gpus": record.gpus, "reason": record.reason}
 
 
-def _rejected(ev: dict[str, Any]) -> dict[str, Any]:
-    return {"id": ev["job"], "error": ev.get("reason"), "at": ev.get("t")}
+def _rejected(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
+    from .intake import user_name
+
+    owner = None  # a refused spec is moved to rejected/ as it was: its owner is the file's
+    for suffix in (".yaml", ".yml"):
+        try:
+            owner = user_name(os.lstat(layout.rejected / f"{ev['job']}{suffix}").st_uid)
+            break
+        except (OSError, ValueError):
+            continue
+    return {"id": ev["job"], "user": owner, "error": ev.get("reason"), "at": ev.get("t")}
 
 
 def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | None:

@@ -35,7 +35,7 @@ def where(layout: Layout, job_id: str) -> Seen:
         return Seen(State.PENDING.value)
     if claims_of(layout, job_id):
         return Seen(State.RUNNING.value)
-    for directory in (layout.running, layout.finished, layout.rejected):
+    for directory in (layout.running, layout.finished):
         try:
             record = read_record(layout.record(directory, job_id))
         except (OSError, RecordError, ValueError):
@@ -44,7 +44,11 @@ def where(layout: Layout, job_id: str) -> Seen:
             return Seen(record.state.value, _ended(record) if record.state.is_final else "")
     if os.path.lexists(layout.held / f"{job_id}.yaml"):
         return Seen(State.HELD.value)
-    return Seen("gone")
+    try:  # refused: its spec moved to rejected/, with an .error beside it saying why
+        why = (layout.rejected / f"{job_id}.error").read_text(errors="replace").strip()
+        return Seen(State.REJECTED.value, f"{job_id}: rejected ({safe_text(why)})")
+    except OSError:
+        return Seen("gone")
 
 
 def _ended(record) -> str:

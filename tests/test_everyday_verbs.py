@@ -2,10 +2,12 @@
 the jobs ended, as `pueue wait` and `sbatch --wait`), and a mistyped verb."""
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
 from conftest import PY, REPO, wait_until
+from team import ALICE, BOB, shared_code, team, users  # noqa: F401 - fixtures
 
 
 def _wait_cmd(queue, *args: str) -> list[str]:
@@ -64,3 +66,41 @@ def test_a_mistyped_verb_gets_the_nearest_ones_and_no_internal_verb(queue):
     assert far.returncode == 2 and "did you mean" not in far.stderr and "_ids" not in far.stderr
     helped = queue.gpuq("--help")
     assert "wait" in helped.stdout and "_ids" not in helped.stdout and "_hosts" not in helped.stdout
+
+
+def test_status_narrows_to_me_a_user_and_a_state(team):
+    team.write_config(poll_interval=0.2)
+    big = "command: 'true'\ngpus: 1\ngpu_mem: 100GiB\nworkdir: /\n"  # fits no GPU here: stays pending
+    team.drop_as(ALICE, "al-big.yaml", big)
+    team.drop_as(BOB, "bo-big.yaml", big)
+    team.drop_as(ALICE, "al-ok.yaml", "command: 'true'\ngpus: 0\nworkdir: /\n")
+    team.drop_as(BOB, "bo-bad.yaml", "command: exit 3\ngpus: 0\nworkdir: /\n")
+    team.start_worker("a", "1x80GiB")
+    wait_until(lambda: team.finished("al-ok") and team.finished("bo-bad"), what="the small jobs to end")
+    view = lambda *args: json.loads(team.as_user(ALICE, "status", "--json", *args).stdout)  # noqa: E731
+    mine = view("--me")
+    assert [p["id"] for p in mine["pending"]] == ["al-big"] and mine["pending_total"] == 1
+    assert [f["id"] for f in mine["finished"]] == ["al-ok"]
+    bobs = view("--user", BOB)
+    assert [p["id"] for p in bobs["pending"]] == ["bo-big"] and [f["id"] for f in bobs["finished"]] == ["bo-bad"]
+    failed = view("--state", "failed")
+    assert [f["id"] for f in failed["finished"]] == ["bo-bad"] and failed["pending"] == failed["running"] == []
+    pending = view("--state", "pending")
+    assert sorted(p["id"] for p in pending["pending"]) == ["al-big", "bo-big"] and pending["finished"] == []
+    text = team.as_user(BOB, "status", "--me").stdout
+    assert "bo-big" in text and "al-big" not in text and "al-ok" not in text
+
+
+def test_a_long_queue_shows_its_head_and_how_many_wait_for_each_reason(queue):
+    queue.start_worker("a", "1x80GiB")
+    for i in range(25):
+        queue.drop(f"big{i:02d}.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 100GiB\n")
+    queue.drop("elsewhere.yaml", "command: 'true'\ngpus: 1\nhosts: [b]\n")
+    view = wait_until(lambda: (v := queue.status())["pending_total"] == 26 and v, what="26 pending")
+    assert sum(view["pending_by_reason"].values()) == 26 and len(view["pending_by_reason"]) == 2
+    (common, n), (rare, one) = view["pending_by_reason"].items()
+    assert n == 25 and one == 1 and "behind" not in common
+    text = queue.gpuq("status").stdout
+    assert "... and 6 more (gpuq status --all). All 26 wait for:" in text
+    assert f"{25:6d}  {common}" in text and f"{1:6d}  {rare}" in text
+    assert queue.gpuq("status", "--all").stdout.count("big") >= 25
