@@ -302,8 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--after-any", action="append", metavar="ID[,ID]",
                     help="start after these jobs ended, whatever the result")
     sp.add_argument("--spec", metavar="FILE", help="submit this spec file as it is (checked as a worker would)")
-    from .cli_submit import add_environment_options
+    from .cli_submit import add_environment_options, add_limit_options
 
+    add_limit_options(sp)
     add_environment_options(sp)
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     sp = verb("show", cmd_show, "everything known about one job")

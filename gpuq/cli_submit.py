@@ -83,6 +83,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                       _ids(args.after), _ids(args.after_any))
     try:
         data.update(environment_fields(args))
+        data.update(limit_fields(args))
         refused = _never_fits(layout, data)
         if refused:
             print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Fix: ask for "
@@ -113,8 +114,42 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+LIMIT_OPTIONS = ("time_limit", "cpus", "mem", "grace", "retries", "restart")
 SUBMIT_OPTIONS = ("gpus", "gpu_mem", "name", "priority", "hosts", "workdir", "env", "after", "after_any",
-                  "container", "venv", "conda", "setup")
+                  "container", "venv", "conda", "setup", "preemptible", *LIMIT_OPTIONS)
+
+
+def limit_fields(args: argparse.Namespace) -> dict:
+    """--time-limit, --cpus, --mem, --grace, --retries, --restart and --preemptible -> the
+    spec's fields. Each value is read as the same field in a spec file is (a YAML scalar: `4`
+    a number, `2h` a duration, `8GiB` a size), so that one check judges both."""
+    import yaml
+
+    data: dict = {}
+    for field in LIMIT_OPTIONS:
+        value = getattr(args, field)
+        if value is not None:
+            try:
+                data[field] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                data[field] = value  # the spec's check names the option and the fix
+    if args.preemptible:
+        data["preemptible"] = True
+    return data
+
+
+def add_limit_options(sp: argparse.ArgumentParser) -> None:
+    """Slurm's spellings where it has them (sbatch --time, --cpus-per-task, --mem)."""
+    sp.add_argument("--time-limit", "--time", dest="time_limit", metavar="DURATION",
+                    help="stop it after this long (90m, 2h, 1d; Slurm's --time) and record it as timeout")
+    sp.add_argument("--cpus", "--cpus-per-task", dest="cpus", metavar="N", help="CPU cores it is pinned to")
+    sp.add_argument("--mem", metavar="SIZE", help="host memory it may use (8GiB); stopped above it")
+    sp.add_argument("--grace", metavar="DURATION", help="time between SIGTERM and SIGKILL when it is stopped")
+    sp.add_argument("--retries", metavar="N", help="re-runs after its box is lost (0: never run it twice)")
+    sp.add_argument("--restart", metavar="POLICY", help="never (default), on-failure or always: a service "
+                                                        "restarted in place")
+    sp.add_argument("--preemptible", action="store_true", help="opportunistic: runs on idle GPUs and yields "
+                                                               "to ordinary jobs and to people")
 
 
 def environment_fields(args: argparse.Namespace) -> dict:

@@ -104,3 +104,23 @@ def test_a_long_queue_shows_its_head_and_how_many_wait_for_each_reason(queue):
     assert "... and 6 more (gpuq status --all). All 26 wait for:" in text
     assert f"{25:6d}  {common}" in text and f"{1:6d}  {rare}" in text
     assert queue.gpuq("status", "--all").stdout.count("big") >= 25
+
+
+def test_submit_takes_slurms_spellings_for_limits_and_checks_them_as_a_spec_would(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.gpuq("submit", "--gpus", "0", "--id", "capped", "--time", "2s", "--grace", "1s", "--cpus", "1",
+               "--mem", "1GiB", "--retries", "0", "--", "sleep 60")
+    record = wait_until(lambda: queue.finished("capped"), timeout=60, what="the time limit to stop it")
+    assert record["state"] == "timeout" and record["time_limit_s"] == 2
+    assert len(record["cpu_cores"]) == 1 and record["mem_limit_mib"] == 1024
+    assert record["spec"]["retries"] == 0 and record["spec"]["grace_s"] == 1
+    queue.gpuq("submit", "--gpus", "0", "--id", "service", "--restart", "on-failure", "--preemptible",
+               "--time-limit", "90m", "--", "true")
+    service = wait_until(lambda: queue.finished("service"), timeout=60, what="service to end")
+    assert service["state"] == "done" and service["time_limit_s"] == 5400
+    assert service["spec"]["restart"] == "on-failure" and service["spec"]["preemptible"] is True
+    for option, value, says in (("--time", "soon", "--time-limit: 'soon' is not a duration"),
+                                ("--cpus", "two", "--cpus: 'two' is not a number of CPU cores"),
+                                ("--restart", "sometimes", "--restart: 'sometimes' is not a restart policy")):
+        bad = queue.gpuq("submit", "--gpus", "0", option, value, "--", "true", check=False)
+        assert bad.returncode == 2 and says in bad.stderr and "Nothing was written" in bad.stderr
