@@ -62,6 +62,21 @@ def base_environment(identity: Identity | None) -> dict[str, str]:
     return env
 
 
+def shell_exit_note(exit_code: int | None, spec: JobSpec, identity: Identity | None) -> str | None:
+    """Why a job's shell gave up on its command (exit 127: not found; 126: not executable),
+    with the PATH and directory it had: a spec that works in a terminal often fails under
+    cron's or a root worker's plainer PATH."""
+    if exit_code not in (126, 127):
+        return None
+    path = spec.env.get("PATH") or base_environment(identity).get("PATH", "")
+    where = f"the job's PATH was {path} and it ran in {spec.workdir or 'the queue root'}"
+    if exit_code == 127:
+        return (f"exit 127: the shell found no such command; {where}. Fix: give the command's full path, "
+                "or set PATH in the spec's env (README: The job's environment)")
+    return (f"exit 126: the command was found but cannot be run (not executable, or a directory); {where}. "
+            "Fix: chmod +x it, or run it through its interpreter (python script.py)")
+
+
 def _login_shell(identity: Identity) -> str:
     try:
         pw = pwd.getpwnam(identity.name)

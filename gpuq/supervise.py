@@ -37,7 +37,8 @@ from .faults import crash_point, io_fault, wall_time
 from .hostinfo import process_start_ticks
 from .joblocal import PREEMPTED, Runtime, finish_local, lease_age
 from .containers import ContainerControl
-from .launch import CannotStart, forget_spawned, inherited_environment, job_identity, open_log, start_run
+from .launch import (CannotStart, forget_spawned, inherited_environment, job_identity, open_log, shell_exit_note,
+                     start_run)
 from .limits import LimitWatch, stop_state
 from .usage import read_gpu_usage
 from .proctree import kill_leftovers, signal_group
@@ -260,6 +261,9 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     if stop_reason:
         outcome += f" ({stop_reason})"
     _log(log_fd, f"==> {outcome} · duration {format_duration(ended - started)} · ended {_stamp(ended)}\n")
+    if not stop_reason and (note := shell_exit_note(exit_code, spec, identity)):
+        _log(log_fd, f"==> gpuq: {note}\n")
+        failure = failure or note  # the record's reason: status and show say it too
     if fenced:
         _log(log_fd, f"==> gpuq: this attempt's result is not recorded ({fenced})\n")
     os.close(log_fd)

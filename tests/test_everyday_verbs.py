@@ -124,3 +124,16 @@ def test_submit_takes_slurms_spellings_for_limits_and_checks_them_as_a_spec_woul
                                 ("--restart", "sometimes", "--restart: 'sometimes' is not a restart policy")):
         bad = queue.gpuq("submit", "--gpus", "0", option, value, "--", "true", check=False)
         assert bad.returncode == 2 and says in bad.stderr and "Nothing was written" in bad.stderr
+
+
+def test_a_command_the_shell_cannot_find_says_why_with_its_path(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("typo.yaml", "command: no-such-command-gpuq --flag\ngpus: 0\nenv: {PATH: /usr/bin:/bin}\n")
+    record = wait_until(lambda: queue.finished("typo"), timeout=60, what="typo to end")
+    assert record["state"] == "failed" and record["exit_code"] == 127
+    assert record["reason"].startswith("exit 127: the shell found no such command; the job's PATH was "
+                                       "/usr/bin:/bin and it ran in ")
+    assert "==> gpuq: exit 127: the shell found no such command" in queue.log("typo")
+    assert "no such command" in queue.gpuq("show", "typo").stdout
+    queue.drop("fine.yaml", "command: exit 3\ngpus: 0\n")
+    assert wait_until(lambda: queue.finished("fine"), timeout=60)["reason"] is None  # other exits: no note
