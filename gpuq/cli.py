@@ -102,32 +102,52 @@ def cmd_logs(args: argparse.Namespace) -> int:
     `cat` or `tail -f` (colours and progress bars work). Anyone else (a teammate, an admin,
     root) gets another user's bytes, so those are printed with terminal controls escaped
     (render.safe_text): a job cannot clear the screen or retitle the window of who reads its
-    log, nor can a log file planted under someone's job id."""
+    log, nor can a log file planted under someone's job id. A sweep's or array's id shows
+    its members' logs, each under a `==> ID <==` line as `tail` heads several files."""
+    from .cli_workflow import with_group_members
     from .views import find_job
 
     if refuse_bad_id("logs", args.id):
         return 1
     layout = open_layout(args)
-    path = layout.job_log(args.id)
-    if not os.path.lexists(path) and find_job(layout, read_config(layout), args.id) is None:
-        print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
-        return 1
-    reader = LogReader(path)
-    while True:
-        try:
-            chunk = reader.read()
-        except OSError as e:
-            print(f"gpuq logs: {_unreadable(args.id, path, e)}", file=sys.stderr)
+    ids = with_group_members(layout, [args.id])
+    group = ids != [args.id]
+    if not group:
+        job = None if os.path.lexists(layout.job_log(args.id)) else find_job(layout, read_config(layout), args.id)
+        if job is None and not os.path.lexists(layout.job_log(args.id)):
+            print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
             return 1
-        done = not args.follow or (not chunk and layout.record(layout.finished, args.id).exists())
-        if done:
-            chunk += reader.rest()
-        if chunk:
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
-        if done:
-            if reader.offset == 0:
-                print(f"gpuq logs: {args.id} has no output yet ({path})", file=sys.stderr)
+        if args.follow and job is not None and job.get("state") in ("pending", "held"):
+            from .render import safe_text
+
+            print(f"gpuq logs: {args.id} is {job['state']}: {safe_text(job.get('reason') or 'waiting')}; "
+                  "following its log from when it starts (Ctrl-C stops)", file=sys.stderr)
+    readers = {job_id: LogReader(layout.job_log(job_id)) for job_id in ids}
+    ended: set[str] = set()
+    shown = None  # whose output was printed last (a group's heads each change of job)
+    while True:
+        for job_id, reader in readers.items():
+            if job_id in ended:
+                continue
+            try:
+                chunk = reader.read()
+            except OSError as e:
+                print(f"gpuq logs: {_unreadable(job_id, layout.job_log(job_id), e)}", file=sys.stderr)
+                return 1
+            if not args.follow or (not chunk and layout.record(layout.finished, job_id).exists()):
+                chunk += reader.rest()
+                ended.add(job_id)
+            if chunk:
+                if group and shown != job_id:
+                    sys.stdout.write(f"{chr(10) if shown else ''}==> {job_id} <==\n")
+                    shown = job_id
+                sys.stdout.flush()
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+        if len(ended) == len(readers):
+            silent = [i for i, r in readers.items() if r.offset == 0]
+            if silent and not group:
+                print(f"gpuq logs: {args.id} has no output yet ({layout.job_log(args.id)})", file=sys.stderr)
             return 0
         time.sleep(0.2)
 

@@ -137,3 +137,22 @@ def test_a_command_the_shell_cannot_find_says_why_with_its_path(queue):
     assert "no such command" in queue.gpuq("show", "typo").stdout
     queue.drop("fine.yaml", "command: exit 3\ngpus: 0\n")
     assert wait_until(lambda: queue.finished("fine"), timeout=60)["reason"] is None  # other exits: no note
+
+
+def test_logs_of_a_group_and_following_a_job_that_has_not_started(queue):
+    out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-2", "--", "echo index=$GPUQ_ARRAY_INDEX")
+    group = out.stdout.strip().splitlines()[-1]
+    queue.gpuq("submit", "--gpus", "0", "--id", "later", "--", "echo later ran")
+    follow = subprocess.Popen([PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "logs", "-f", "later"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=queue.env())
+    first = follow.stderr.readline()  # said at once, before any worker runs it
+    assert first.startswith("gpuq logs: later is pending: ") and "following its log" in first
+    queue.start_worker("a", "1x80GiB")
+    out, _ = follow.communicate(timeout=120)
+    assert follow.returncode == 0 and "later ran" in out
+    queue.gpuq("wait", group, timeout=120)
+    logs = queue.gpuq("logs", group).stdout
+    heads = [line for line in logs.splitlines() if line.startswith("==> ") and line.endswith(" <==")]
+    assert heads == [f"==> {group}_{i} <==" for i in range(3)]
+    for i in range(3):
+        assert f"index={i}" in logs.split(f"==> {group}_{i} <==")[1]
