@@ -14,7 +14,8 @@ owner) against the job's owner on the file the worker moved or on the worker's o
 - retry: a finished job's record is kept in requeued/ (so the next attempt is numbered +1),
   the finished record goes, and its spec text goes back into jobs/ as a new submission,
   owned by the job's owner. A crash after the record went and before the spec was placed
-  is finished by running retry again.
+  is finished by running retry again. A rejected spec (moved to rejected/ as it was) is
+  moved back into jobs/, to be checked again.
 """
 from __future__ import annotations
 
@@ -168,6 +169,8 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     kept = layout.record(layout.requeued, job_id)
     if record is None:
         earlier = read_json(kept)
+        if earlier is None and (refused := _rejected_spec(layout, job_id)) is not None:
+            return _retry_rejected(layout, refused, job_id, host, actor)
         if earlier is None or pending_spec_path(layout, job_id) or layout.record(layout.running, job_id).exists():
             raise HoldError(f"{job_id}: no finished job by that id (retry puts an ended job back)")
         record = Record.from_json(earlier)  # an interrupted retry: finish it
@@ -192,3 +195,29 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
         raise HoldError(f"{job_id}: jobs/{job_id}.yaml appeared meanwhile (not this job); nothing was changed")
     append_event(layout, host, transition_event(record, record.state, State.PENDING, f"retry by {actor.name}"))
     return f"{job_id}: back in the queue as attempt {record.attempt + 1}"
+
+
+def _rejected_spec(layout: Layout, job_id: str) -> Path | None:
+    """The refused spec in rejected/ under this id (moved there as it was), if any."""
+    return next((p for p in (layout.rejected / f"{job_id}.yaml", layout.rejected / f"{job_id}.yml")
+                 if os.path.lexists(p)), None)
+
+
+def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Actor) -> str:
+    """A refused spec goes back into jobs/ as it is, to be checked again: for a refusal that
+    the config, a host or a user account has since mended (a spec whose text was wrong is
+    simply refused again; a fixed one is dropped anew). Only a plain file is moved back, and
+    only for its owner (or root, or an admin)."""
+    st = os.lstat(src)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        raise HoldError(f"{job_id}: the refused file is not a plain spec file (it was refused for that); "
+                        "submit a new spec")
+    _check_owner(job_id, st.st_uid, actor, "retry")
+    if pending_specs(layout, job_id):
+        raise HoldError(f"{job_id}: jobs/ holds a file with this id already; nothing was changed")
+    if not unclaim(src, layout.jobs / src.name):
+        raise HoldError(f"{job_id}: jobs/{src.name} appeared meanwhile; nothing was changed")
+    (layout.rejected / f"{job_id}.error").unlink(missing_ok=True)
+    append_event(layout, host, {"job": job_id, "from": "rejected", "to": "pending",
+                                "reason": f"retry by {actor.name}"})
+    return f"{job_id}: its refused spec is back in the queue, to be checked again"

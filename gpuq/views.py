@@ -120,7 +120,8 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "finished": [_finished(layout, ev) for ev in
                      recent_events(layout, final_names - {"rejected"}, config.recent_finished)],
         "rejected": [_rejected(layout, ev) for ev in
-                     recent_events(layout, frozenset({"rejected"}), config.recent_finished)],
+                     recent_events(layout, frozenset({"rejected"}), config.recent_finished)
+                     if not _lived_on(layout, ev)],
     }
 
 
@@ -221,6 +222,20 @@ def _finished(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
             "signal": record.signal, "ended_at": record.ended_at,
             "duration_s": round(duration, 2) if duration is not None else None,
             "host": record.host, "gpus": record.gpus, "reason": record.reason}
+
+
+def _lived_on(layout: Layout, ev: dict[str, Any]) -> bool:
+    """Whether the id of a rejection has been queued again since (its spec retried, or a fixed
+    one dropped under the same name): then its REJECTED line has served its purpose."""
+    from .spool import claims_of, pending_spec_path
+
+    job_id = ev["job"]
+    if not any(os.path.lexists(layout.rejected / f"{job_id}{s}") for s in (".yaml", ".yml")):
+        return True  # retried: moved back out of rejected/
+    if pending_spec_path(layout, job_id) or claims_of(layout, job_id) or layout.record(layout.running, job_id).exists():
+        return True
+    record = read_record(layout.record(layout.finished, job_id))
+    return record is not None and (record.claimed_at or record.ended_at or 0) > (ev.get("t") or 0)
 
 
 def _rejected(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:

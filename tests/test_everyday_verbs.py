@@ -156,3 +156,25 @@ def test_logs_of_a_group_and_following_a_job_that_has_not_started(queue):
     assert heads == [f"==> {group}_{i} <==" for i in range(3)]
     for i in range(3):
         assert f"index={i}" in logs.split(f"==> {group}_{i} <==")[1]
+
+
+def test_a_rejected_spec_is_retried_after_its_fix_and_leaves_the_rejected_list(queue):
+    queue.write_config(allow_root_jobs=False)  # root's specs are refused (the tests run as root)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("mine.yaml", "command: echo mine ran\ngpus: 0\n")
+    queue.drop("typo.yaml", "command: echo typo ran\ngpus: two\n")
+    wait_until(lambda: {r["id"] for r in queue.status()["rejected"]} == {"mine", "typo"}, what="both refused")
+    early = queue.gpuq("retry", "typo", check=False)  # its text is wrong: refused again
+    assert early.returncode == 0 and "back in the queue, to be checked again" in early.stdout
+    wait_until(lambda: (queue.root / "state" / "rejected" / "typo.error").exists(), what="typo refused again")
+    queue.write_config(allow_root_jobs=True)  # the admin's fix, read by the worker at its start
+    queue.stop_worker("a")
+    queue.start_worker("a", "1x80GiB")
+    done = queue.gpuq("retry", "mine")
+    assert "mine: its refused spec is back in the queue" in done.stdout
+    assert wait_until(lambda: queue.finished("mine"), timeout=60)["state"] == "done"
+    assert "mine ran" in queue.log("mine")
+    queue.drop("typo.yaml", "command: echo typo ran\ngpus: 0\n")  # the user's fix: dropped anew
+    assert wait_until(lambda: queue.finished("typo"), timeout=60)["state"] == "done"
+    assert queue.status()["rejected"] == []  # both lived on: their REJECTED lines are gone
+    assert "REJECTED" not in queue.gpuq("status").stdout
