@@ -121,6 +121,12 @@ def _resume(layout: Layout, config: Config, host: str, actor: Actor, r: Request)
     return [(True, drain.resume(layout, r.args.get("host"), actor))]
 
 
+def _forget(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    from .decommission import forget
+
+    return [(True, forget(layout, r.args.get("host"), actor))]
+
+
 def _text(value: Any, limit: int) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
@@ -133,5 +139,5 @@ def _number(value: Any) -> float:
 
 VERBS: dict[str, Callable[[Layout, Config, str, Actor, Request], list[Outcome]]] = {
     "cancel": _cancel, "hold": _hold, "release": _release, "retry": _retry, "edit": _edit,
-    "book": _book, "unbook": _unbook, "drain": _drain, "resume": _resume,
+    "book": _book, "unbook": _unbook, "drain": _drain, "resume": _resume, "forget": _forget,
 }

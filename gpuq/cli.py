@@ -375,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--reason", help="shown in status, e.g. 'driver update at 18:00'")
     sp = verb("resume", _lazy("cli_workflow", "cmd_drain"), "let a drained host take jobs again")
     sp.add_argument("host")
+    sp = verb("forget", _lazy("cli_workflow", "cmd_drain"), "stop listing a host taken out of the team "
+                                                            "(admins; its worker stopped, no job left there)")
+    sp.add_argument("host")
     sp = verb("book", _lazy("cli_workflow", "cmd_book"), "set GPUs aside for a person or an event: "
                                                          "only their jobs (and opportunistic ones) run there then")
     sp.add_argument("target", metavar="HOST:GPUS", help="box-a:0,1, box-a:0-3 or box-a (all its GPUs)")

@@ -143,8 +143,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
     from .cli_requests import run_request
     from .teamstate import load_heartbeats
 
-    if args.verb == "resume":
-        return run_request(args, "resume", host=args.host)
+    if args.verb in ("resume", "forget"):
+        return run_request(args, args.verb, host=args.host)
     hosts = sorted(str(hb.get("host")) for hb in load_heartbeats(open_layout(args)))
     if args.host not in hosts:
         print(f"gpuq drain: no host named {args.host!r} has run a worker here (hosts: {', '.join(hosts) or 'none'})",

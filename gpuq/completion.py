@@ -9,7 +9,7 @@ import os
 from .layout import Layout
 
 ID_VERBS = ("show", "logs", "cancel", "wait", "hold", "release", "retry", "edit")
-HOST_VERBS = ("drain", "resume")
+HOST_VERBS = ("drain", "resume", "forget")
 MAX_IDS = 200
 
 

@@ -19,7 +19,7 @@ def drain_file(layout: Layout, host: str) -> Path:
 
 
 def drain(layout: Layout, host: str, reason: str | None, actor: Actor) -> str:
-    _check(host, actor, "drain")
+    check_admin(host, actor, "drain")
     if not layout.heartbeat(host).exists():
         raise DrainError(f"no host named {host!r} has run a worker here")
     write_json(drain_file(layout, host), {"host": host, "by": actor.name, "at": wall_time(),
@@ -28,7 +28,7 @@ def drain(layout: Layout, host: str, reason: str | None, actor: Actor) -> str:
 
 
 def resume(layout: Layout, host: str, actor: Actor) -> str:
-    _check(host, actor, "resume")
+    check_admin(host, actor, "resume")
     try:
         drain_file(layout, host).unlink()
     except FileNotFoundError:
@@ -40,7 +40,7 @@ class DrainError(Exception):
     pass
 
 
-def _check(host: str, actor: Actor, verb: str) -> None:
+def check_admin(host: str, actor: Actor, verb: str) -> None:
     if not isinstance(host, str) or not HOST_RE.match(host):
         raise DrainError(f"{str(host)[:80]!r} is not a host name")
     if not actor.admin:

@@ -178,3 +178,27 @@ def test_a_rejected_spec_is_retried_after_its_fix_and_leaves_the_rejected_list(q
     assert wait_until(lambda: queue.finished("typo"), timeout=60)["state"] == "done"
     assert queue.status()["rejected"] == []  # both lived on: their REJECTED lines are gone
     assert "REJECTED" not in queue.gpuq("status").stdout
+
+
+def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_one_with_jobs(queue):
+    import signal
+
+    queue.write_config(lost_after_s=300)  # nothing is taken over during the test
+    queue.start_worker("a", "1x80GiB")
+    queue.start_worker("b", "1x80GiB")
+    queue.drop("there.yaml", "command: sleep 60\ngpus: 1\nhosts: [b]\n")
+    wait_until(lambda: (queue.record("there") or {}).get("state") == "running", what="a job on b")
+    alive = queue.gpuq("forget", "a", check=False)
+    assert alive.returncode == 1 and "a's worker is alive" in alive.stdout + alive.stderr
+    queue.stop_worker("b", signal.SIGKILL)  # b dies with a job recorded running there
+    wait_until(lambda: not any(h["alive"] for h in queue.status()["hosts"] if h["host"] == "b"),
+               timeout=60, what="b to be seen dead")
+    busy = queue.gpuq("forget", "b", check=False)
+    assert busy.returncode == 1 and "still has 1 job(s) recorded running (there)" in busy.stdout + busy.stderr
+    queue.gpuq("cancel", "there")  # settled by hand: now nothing keeps b
+    wait_until(lambda: queue.finished("there"), timeout=60, what="there to be settled")
+    done = queue.gpuq("forget", "b")
+    assert "b: forgotten" in done.stdout
+    assert [h["host"] for h in queue.status()["hosts"]] == ["a"]
+    again = queue.gpuq("forget", "b", check=False)
+    assert again.returncode == 1 and "no host named 'b'" in again.stdout + again.stderr
