@@ -356,7 +356,9 @@ def test_a_result_the_disk_refused_is_kept_and_recorded_once_it_can_be(queue, tm
     wait_until(lambda: "==> exit 3" in queue.log("job"), what="the job to end")
     wait_until(lambda: fired(fault_log, "io", "write:finished EIO"), what="the result refused by the disk")
     queue.wait_passes("a")
-    assert _alive(worker) and queue.finished("job") is None  # not recorded yet, nor lost
+    # Not recorded yet, nor lost (the worker's own writes to finished/ meet the same EIO: what
+    # proves the result was kept is the record after the restart below, with the job's exit 3).
+    assert _alive(worker) and queue.finished("job") is None
     assert (queue.record("job") or {}).get("state") == "running"
     queue.stop_worker("a")
     queue.start_worker("a", "1x80GiB")
