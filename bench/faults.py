@@ -51,9 +51,12 @@ class Queue:
         self.close()
 
     def wait_running(self, job_id: str) -> None:
-        while not (self.root / "state" / "running" / f"{job_id}.json").exists():
+        """Until the job's record says running and its supervisor has started it (the log's
+        header is written just before the job is)."""
+        log = self.root / "logs" / f"{job_id}.log"
+        while not (self.root / "state" / "running" / f"{job_id}.json").exists() or \
+                not (log.exists() and "==> command:" in log.read_text()):
             time.sleep(0.02)
-        time.sleep(0.5)  # and its job started
 
     def fired(self) -> int:
         """How many faults have fired so far (crash points and I/O faults)."""
@@ -166,8 +169,11 @@ def frozen_host() -> tuple[int, int, int, int, int, int, float]:
         q.wait_running("j0000")
         q.start("b")
         worker = psutil.Process(q.workers["a"].pid)
+        deadline = time.monotonic() + 30  # the job's first copy: its shell has started its sleep
+        while not any("sleep" in p.name() for p in worker.children(recursive=True)) and time.monotonic() < deadline:
+            time.sleep(0.02)
         everything = [worker, *worker.children(recursive=True)]
-        stale = [p for p in everything if "sleep" in p.name()]  # the job's first copy
+        stale = [p for p in everything if "sleep" in p.name()]
         frozen = [p for p in everything if p not in stale]
         t = time.monotonic()
         for p in frozen:
@@ -180,9 +186,13 @@ def frozen_host() -> tuple[int, int, int, int, int, int, float]:
         while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in stale) \
                 and time.monotonic() < deadline:
             time.sleep(0.05)
-        fenced = sum(1 for p in stale if not p.is_running() or p.status() == psutil.STATUS_ZOMBIE)
+        dead = all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in stale)
+        record = json.loads((q.root / "state" / "finished" / "j0000.json").read_text())
+        # Fenced: the stale copy was found, was killed, and its result is not the one recorded
+        # (the record is b's second attempt). No stale copy found means nothing was tested.
+        fenced = int(bool(stale) and dead and record["host"] == "b" and record["attempt"] == 2)
         lost, unknown, twice = q.tally(ids)
-        return (1, 1, lost, unknown, twice, fenced, took)
+        return (1 if stale else 0, 1, lost, unknown, twice, fenced, took)
 
 
 def reboot() -> tuple[int, int, int, int, int, int, float]:

@@ -73,9 +73,11 @@ class Queue:
         return proc
 
     def wait_passes(self, host: str, passes: int = 2, timeout: float = 60) -> None:
-        """Until `host`'s worker has written `passes` more heartbeats (one a pass, at most one a
-        poll interval): whatever it was going to do about what a test set up, it has done. A
+        """Until `host`'s worker has written `passes` more heartbeats. A heartbeat is the last
+        step of a pass, at most one a pass: with passes >= 2, a whole pass began after this
+        call, so whatever the worker was going to do about what a test set up, it has done. A
         negative check ("nothing ran") waits for this instead of sleeping a fixed time."""
+        assert passes >= 2, "one more heartbeat may end a pass that began before the call"
         def seq() -> int:
             try:
                 return json.loads((self.root / "state" / "workers" / f"{host}.json").read_text())["seq"]

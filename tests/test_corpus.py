@@ -67,6 +67,9 @@ def test_the_worker_refuses_every_bad_spec_with_its_message_and_runs_the_rest(qu
     # 100 MB never read: the worker's peak resident memory (VmHWM), not today's, stays under it.
     peak_kib = int(re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{worker.pid}/status").read_text()).group(1))
     assert peak_kib < 100 * 1024, f"the worker's peak memory is {peak_kib} KiB"
+    # ... nor streamed through a small buffer: all the worker has read, every file together.
+    read = int(re.search(r"rchar: (\d+)", Path(f"/proc/{worker.pid}/io").read_text()).group(1))
+    assert read < 50 * 2**20, f"the worker has read {read} bytes"
     for good in ("crlf", "bom", "comments", "extension"):
         record = wait_until(lambda: queue.finished(good), what=f"{good} to run")
         assert record["state"] == "done"

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 
 from conftest import PY, REPO
@@ -167,3 +168,24 @@ def test_zsh_completion_through_bashcompinit(tmp_path):
     out = subprocess.run(["zsh", "-c", probe], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)})
     assert out.stdout.split() == ["train-1"], out.stderr
+
+
+def test_the_nvml_check_says_ok_with_the_driver_and_warns_with_the_error(monkeypatch):
+    """Both findings, whatever this machine has: a stand-in pynvml that works, and one that fails."""
+    import types
+
+    from gpuq import doctor
+
+    works = types.SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+                                  nvmlSystemGetDriverVersion=lambda: b"550.54.15", nvmlDeviceGetCount=lambda: 8)
+    monkeypatch.setitem(sys.modules, "pynvml", works)
+    ok = doctor.check_nvml()
+    assert (ok.level, ok.check) == ("ok", "nvml") and ok.message.endswith(": driver 550.54.15, 8 GPU(s)")
+
+    def no_driver() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
+    warn = doctor.check_nvml()
+    assert warn.level == "warn" and warn.message.endswith(": NVML Shared Library Not Found")
+    assert "--fake-gpus" in warn.fix and "nvidia-smi" in warn.fix

@@ -121,6 +121,10 @@ def test_submit_show_logs_and_cancel_from_the_cli(queue, tmp_path):
     assert queue.finished("long")["signal"] == 15
     assert queue.finished("blocked")["state"] == "cancelled"
     queue.wait_passes("a")
+    # Whatever a pass does is recorded within it (a start's running record and event come
+    # before its job runs): nothing of the cancelled job ever started.
+    assert queue.record("blocked")["state"] == "cancelled" and not [
+        e for e in queue.events() if e["job"] == "blocked" and e["to"] == "running"]
     assert "should-not-run" not in queue.log("blocked")
     assert queue.gpuq("cancel", "long", check=False).returncode == 1
     assert queue.gpuq("show", "nope", check=False).returncode == 1

@@ -29,6 +29,17 @@ EXPECTED["supervisor:marked"] = ("lost", 0)
 EXPECTED["supervisor:exited"] = ("lost", 1)
 
 
+# The job's events once a crash at each point is settled: which recovery ran, and nothing else.
+_RAN = [("pending", "running", None), ("running", "done", None)]
+_RAN_AGAIN = [("pending", "running", None), ("running", "pending", "never started; requeued"), *_RAN]
+_LOST = [("pending", "running", None), ("running", "lost", "exit unknown: supervisor and job gone without a result")]
+EVENTS_AFTER = {
+    "worker:planned": _RAN, "worker:claimed": [("pending", "pending", "claimed but never recorded; requeued"), *_RAN],
+    "worker:recorded": _RAN_AGAIN, "worker:sent": _RAN, "spawner:locked": _RAN_AGAIN, "supervisor:owned": _RAN_AGAIN,
+    "supervisor:marked": _LOST, "supervisor:exited": _LOST, "supervisor:recorded": _RAN, "supervisor:cleaned": _RAN,
+}
+
+
 def _runs(queue, job_id: str) -> list[str]:
     return [line for line in queue.log(job_id).splitlines() if line.startswith(RUN_LINE)]
 
@@ -80,11 +91,57 @@ def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, p
     # Nothing may be left behind once the worker has settled it (a pass or two after the record):
     # waited for, not slept on, so that a loaded machine's slow pass is not a failure.
     left = lambda: {d: list((queue.root / d).glob("job*"))  # noqa: E731
-                    for d in ("jobs", "state/claims", "state/running", "state/requeued")}
+                    for d in ("jobs", "state/claims", "state/running", "state/requeued", "state/rejected")}
+    events = [(e["from"], e["to"], e.get("reason")) for e in queue.events() if e["job"] == "job"]
+    assert events == EVENTS_AFTER[point], events  # the recovery took the path its point calls for
     try:
         wait_until(lambda: not any(left().values()), timeout=20, what="nothing left behind")
     except AssertionError:
         assert not any(left().values()), left()
+
+
+# What the spool shows while the process that reached each point is paused there (SIGSTOP):
+# the point is where its name says, not merely somewhere a crash happens to end the same way.
+# (spec in jobs/, a claim, running record, finished record, `started` marker, the job ran)
+AT_POINT = {
+    "worker:planned": (True, False, False, False, False, False),
+    "worker:claimed": (False, True, False, False, False, False),
+    "worker:recorded": (False, True, True, False, False, False),
+    "spawner:locked": (False, True, True, False, False, False),
+    "supervisor:owned": (False, True, True, False, False, False),
+    "supervisor:marked": (False, True, True, False, True, False),
+    "supervisor:exited": (False, True, True, False, True, True),
+    "supervisor:recorded": (False, True, False, True, True, True),
+    "supervisor:cleaned": (False, False, False, True, False, True),
+}
+WHO = {"worker": "the worker", "spawner": "the spawner (the worker's child)",
+       "supervisor": "a supervisor (the spawner's child)"}
+
+
+def _spool_now(queue) -> tuple[bool, ...]:
+    lock = queue.local_base / "a" / "jobs" / "job.lock"
+    marker = lock.exists() and lock.stat().st_size > 0
+    return ((queue.root / "jobs" / "job.yaml").exists(), bool(list((queue.root / "state" / "claims").glob("job@*"))),
+            (queue.root / "state" / "running" / "job.json").exists(),
+            (queue.root / "state" / "finished" / "job.json").exists(), marker, bool(_runs(queue, "job")))
+
+
+@pytest.mark.parametrize("point", [*AT_POINT, "worker:sent"])
+def test_each_crash_point_is_where_its_name_says(queue, point, tmp_path):
+    fault_log = tmp_path / "faults"
+    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_PAUSE_AT": point, FAULT_LOG_ENV: str(fault_log)})
+    queue.drop("job.yaml", JOB)
+    (pid,) = wait_until(lambda: fired(fault_log, "pause", point), what=f"the pause at {point}")
+    paused = psutil.Process(pid)
+    wait_until(lambda: paused.status() == psutil.STATUS_STOPPED, what=f"{point}'s process to stop")
+    parent = paused.ppid()
+    role = "worker" if pid == worker.pid else "spawner" if parent == worker.pid else "supervisor"
+    assert role == point.split(":")[0], f"{point} was reached by {WHO[role]}"
+    if point == "worker:sent":  # sent: the spawner and a supervisor run the job while the worker waits
+        wait_until(lambda: _spool_now(queue)[3], what="the job, sent before the pause, to be recorded")
+        assert _runs(queue, "job") and not (queue.root / "jobs" / "job.yaml").exists()
+        return
+    assert _spool_now(queue) == AT_POINT[point], (point, _spool_now(queue))
 
 
 def test_a_reboot_requeues_running_jobs_as_their_next_attempt(queue):
@@ -299,7 +356,9 @@ def test_a_result_the_disk_refused_is_kept_and_recorded_once_it_can_be(queue, tm
     wait_until(lambda: "==> exit 3" in queue.log("job"), what="the job to end")
     wait_until(lambda: fired(fault_log, "io", "write:finished EIO"), what="the result refused by the disk")
     queue.wait_passes("a")
-    assert _alive(worker) and queue.finished("job") is None  # not recorded yet, nor lost
+    # Not recorded yet, nor lost (the worker's own writes to finished/ meet the same EIO: what
+    # proves the result was kept is the record after the restart below, with the job's exit 3).
+    assert _alive(worker) and queue.finished("job") is None
     assert (queue.record("job") or {}).get("state") == "running"
     queue.stop_worker("a")
     queue.start_worker("a", "1x80GiB")
@@ -325,6 +384,8 @@ def test_jobs_run_once_through_log_heartbeat_and_lost_reply_faults(queue, fault,
     assert runs.read_text() == "once\n"
     if site == "write:workers":
         assert not (queue.root / "state" / "workers" / "a.json").exists()  # no heartbeat was written
+    if site == "write:log":
+        assert "==> gpuq job" not in queue.log("job")  # gpuq's own lines were refused (the job's output is its own)
     # The supervisor removes the claim just after writing the record (a crash in between
     # leaves it to recovery): it goes, but not necessarily before we look.
     wait_until(lambda: os.listdir(queue.root / "state" / "claims") == [], timeout=10, what="the claim to go")

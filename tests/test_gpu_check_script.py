@@ -33,3 +33,6 @@ def test_the_accounting_check_fails_where_the_accounting_is_wrong():
     assert failures([_view(0, None)]) == []                           # a whole-GPU job leaves nothing usable
     assert failures([_view(1, None)])
     assert failures([_view(81920 - 256, 0, running=False)])           # no job seen: vacuous, so a failure
+    exact: list[str] = []
+    check_accounting([_view(81920 - 256 - 2 * 4096, 4096)], 256, exact, exact=True)
+    assert exact  # charged twice: within the bound, but not what fake GPUs must show

@@ -49,17 +49,20 @@ def test_cpus_pins_each_job_to_its_own_cores_where_the_host_has_room(queue, tmp_
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two jobs on distinct cores need a machine with two cores")
     queue.start_worker("a", "2x80GiB")
+    barrier = tmp_path / "barrier"  # a directory of its own: only the two jobs write here
+    barrier.mkdir()
     # Each job says it started and waits (bounded) for the other: they surely run together.
     show = (f"{PY} -c \"import os, pathlib, sys, time; print('cores', sorted(os.sched_getaffinity(0)), flush=True); "
-            f"d = pathlib.Path('{tmp_path}'); (d / sys.argv[1]).touch(); end = time.time() + 60\n"
-            f"while len(list(d.iterdir())) < 2 and time.time() < end: time.sleep(0.05)\"")
+            f"d = pathlib.Path('{barrier}'); (d / sys.argv[1]).touch(); end = time.time() + 60\n"
+            f"while len(list(d.iterdir())) < 2 and time.time() < end: time.sleep(0.05)\n"
+            f"print('met', len(list(d.iterdir())), flush=True)\"")
     for name in ("c1", "c2"):
         queue.drop(f"{name}.yaml", f"command: {json.dumps(show + ' ' + name)}\ngpus: 0\ncpus: 1\n")
     records = [wait_until(lambda n=n: queue.finished(n), timeout=90, what=n) for n in ("c1", "c2")]
     cores = [r["cpu_cores"] for r in records]
     assert all(len(c) == 1 for c in cores)
     for name, c in zip(("c1", "c2"), cores):
-        assert f"cores {c}" in queue.log(name)
+        assert f"cores {c}" in queue.log(name) and "met 2" in queue.log(name)  # the barrier held
     assert records[0]["started_at"] < records[1]["ended_at"] and records[1]["started_at"] < records[0]["ended_at"]
     assert cores[0] != cores[1]
 

@@ -287,7 +287,10 @@ SACCT_STAND_IN = """#!{python}
 import os, sys
 if os.path.exists(sys.argv[0] + ".off"):
     os.execv("/usr/bin/sacct", ["sacct", *sys.argv[1:]])
-job = {{"State": "FAILED", "ExitCode": "3:0", "Start": "2026-11-30T10:00:00", "End": "2026-11-30T10:00:02"}}
+import json
+rows = json.loads(os.environ.get("SACCT_ROWS") or "null") or [
+    {{"State": "FAILED", "ExitCode": "3:0", "Start": "2026-11-30T10:00:00", "End": "2026-11-30T10:00:02"}}]
+job = rows[0]
 args = sys.argv[1:]
 fields = next((a.split("=", 1)[1] for a in args if a.startswith("--format=")), "JobID,JobName,State").split(",")
 unknown = [f for f in fields if f not in job]
@@ -298,7 +301,8 @@ if "-j" not in args:
 sep = "|" if "-P" in args else " "
 if "-n" not in args:
     print(sep.join(fields))
-print(sep.join(job[f] for f in fields))
+for row in rows:  # an array job: one row per task (-X: no job steps)
+    print(sep.join(row[f] for f in fields))
 """
 
 
@@ -312,6 +316,22 @@ def test_the_sacct_stand_in_answers_only_the_fields_asked(tmp_path):
     assert ask("ExitCode,State").stdout == "3:0|FAILED\n"  # a reordered format is answered as asked
     wrong = ask("State,Exitcode")
     assert wrong.returncode == 1 and "Invalid field requested" in wrong.stderr
+
+
+def test_an_array_jobs_accounting_is_its_worst_task_over_its_whole_span(tmp_path, monkeypatch):
+    import os
+
+    from gpuq.bridge import sacct_job
+
+    (tmp_path / "sacct").write_text(SACCT_STAND_IN.format(python=sys.executable))
+    (tmp_path / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("SACCT_ROWS", json.dumps([
+        {"State": "COMPLETED", "ExitCode": "0:0", "Start": "2026-11-30T10:00:05", "End": "2026-11-30T10:00:09"},
+        {"State": "FAILED", "ExitCode": "3:0", "Start": "2026-11-30T10:00:01", "End": "2026-11-30T10:00:04"},
+        {"State": "COMPLETED", "ExitCode": "0:0", "Start": "2026-11-30T10:00:02", "End": "2026-11-30T10:00:03"}]))
+    assert sacct_job("7") == {"JobState": "FAILED", "ExitCode": "3:0", "StartTime": "2026-11-30T10:00:01",
+                              "EndTime": "2026-11-30T10:00:09", "Source": "sacct"}
 
 
 def test_a_job_slurm_has_forgotten_is_settled_from_its_accounting(slurm, queue, tmp_path):

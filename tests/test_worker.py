@@ -15,16 +15,21 @@ def _state(queue, job_id):
     return (queue.record(job_id) or {}).get("state")
 
 
-def test_jobs_outlive_the_worker_and_a_new_worker_reattaches(queue):
+def test_jobs_outlive_the_worker_and_a_new_worker_reattaches(queue, tmp_path):
     queue.write_config(poll_interval=0.2)
     queue.start_worker("a", "1x80GiB")
-    queue.drop("long.yaml", "command: sleep 2; exit 3\ngpus: 1\n")
+    go = tmp_path / "go"  # long runs until the test says so: the new worker surely sees it running
+    queue.drop("long.yaml", f"command: while [ ! -e {go} ]; do sleep 0.1; done; exit 3\ngpus: 1\n")
     wait_until(lambda: _state(queue, "long") == "running", what="long to start")
     queue.stop_worker("a", signal.SIGKILL)
     # No worker: the job runs on, status still shows it.
     assert [r["id"] for r in queue.status()["running"]] == ["long"]
     queue.drop("next.yaml", "command: echo next\ngpus: 1\n")  # needs the whole GPU too
     queue.start_worker("a", "1x80GiB")
+    queue.wait_passes("a")  # whole passes of the new worker, with long running
+    assert _state(queue, "long") == "running" and _state(queue, "next") is None, \
+        "the new worker must see the GPU as taken"
+    go.touch()
     wait_until(lambda: queue.finished("long"), what="long to end")
     assert queue.finished("long")["state"] == "failed" and queue.finished("long")["exit_code"] == 3
     wait_until(lambda: (queue.finished("next") or {}).get("state") == "done", what="next to run")
@@ -171,7 +176,7 @@ def test_a_spec_being_written_is_not_rejected(queue):
     i = 0
     while time.monotonic() - started < 6:
         path.write_text("command: [echo, 'unfinished" + "x" * i)
-        queue.wait_passes("a", 1)
+        queue.wait_passes("a")
         assert not list((queue.root / "state" / "rejected").iterdir())
         i += 1
     status = queue.status()
