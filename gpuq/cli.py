@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import codecs
 import difflib
-import errno
 import json
 import os
 import pwd
 import re
-import stat
 import sys
 import time
 from pathlib import Path
@@ -95,114 +92,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
         print(show_text(job))
     return 0
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    """`gpuq logs ID [-f]`. The log is the job's own output: its owner gets it as it is, like
-    `cat` or `tail -f` (colours and progress bars work). Anyone else (a teammate, an admin,
-    root) gets another user's bytes, so those are printed with terminal controls escaped
-    (render.safe_text): a job cannot clear the screen or retitle the window of who reads its
-    log, nor can a log file planted under someone's job id. A sweep's or array's id shows
-    its members' logs, each under a `==> ID <==` line as `tail` heads several files."""
-    from .cli_workflow import with_group_members
-    from .views import find_job
-
-    if refuse_bad_id("logs", args.id):
-        return 1
-    layout = open_layout(args)
-    ids = with_group_members(layout, [args.id])
-    group = ids != [args.id]
-    if not group:
-        job = None if os.path.lexists(layout.job_log(args.id)) else find_job(layout, read_config(layout), args.id)
-        if job is None and not os.path.lexists(layout.job_log(args.id)):
-            print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
-            return 1
-        if args.follow and job is not None and job.get("state") in ("pending", "held"):
-            from .render import safe_text
-
-            print(f"gpuq logs: {args.id} is {job['state']}: {safe_text(job.get('reason') or 'waiting')}; "
-                  "following its log from when it starts (Ctrl-C stops)", file=sys.stderr)
-    readers = {job_id: LogReader(layout.job_log(job_id)) for job_id in ids}
-    ended: set[str] = set()
-    shown = None  # whose output was printed last (a group's heads each change of job)
-    while True:
-        for job_id, reader in readers.items():
-            if job_id in ended:
-                continue
-            try:
-                chunk = reader.read()
-            except OSError as e:
-                print(f"gpuq logs: {_unreadable(job_id, layout.job_log(job_id), e)}", file=sys.stderr)
-                return 1
-            if not args.follow or (not chunk and layout.record(layout.finished, job_id).exists()):
-                chunk += reader.rest()
-                ended.add(job_id)
-            if chunk:
-                if group and shown != job_id:
-                    sys.stdout.write(f"{chr(10) if shown else ''}==> {job_id} <==\n")
-                    shown = job_id
-                sys.stdout.flush()
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-        if len(ended) == len(readers):
-            silent = [i for i, r in readers.items() if r.offset == 0]
-            if silent and not group:
-                print(f"gpuq logs: {args.id} has no output yet ({layout.job_log(args.id)})", file=sys.stderr)
-            return 0
-        time.sleep(0.2)
-
-
-class LogReader:
-    """A log read from where the last read stopped: opened anew each time (it may not exist
-    yet), without following a link or blocking on a FIFO; another user's bytes escaped."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
-        self.decoder: codecs.IncrementalDecoder | None = None  # set once the log is another user's
-
-    def read(self) -> bytes:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return b""
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
-            f.seek(self.offset)
-            raw = f.read()
-        self.offset += len(raw)
-        if st.st_uid == os.geteuid():
-            return raw
-        from .render import safe_text
-
-        if self.decoder is None:  # a character cut by a read's end waits here for the next
-            self.decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
-        return safe_text(self.decoder.decode(raw), keep="\n\t").encode()
-
-    def rest(self) -> bytes:
-        """What the escaping decoder still holds at the end (a cut character), escaped."""
-        if self.decoder is None:
-            return b""
-        from .render import safe_text
-
-        return safe_text(self.decoder.decode(b"", final=True)).encode()
-
-
-def _unreadable(job_id: str, path: Path, e: OSError) -> str:
-    """One line for a log that cannot be read: whose it is when it is someone else's."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return f"cannot read {path} ({e.strerror})"
-    if e.errno in (errno.EACCES, errno.EPERM):
-        from .intake import user_name
-
-        return (f"{job_id}'s log is {user_name(st.st_uid)}'s (mode {stat.S_IMODE(st.st_mode):04o}); "
-                "ask them or an admin")
-    if e.errno == errno.ELOOP or stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symbolic link, not a log gpuq wrote; ask an admin"
-    return f"cannot read {path} ({e.strerror}); ask an admin"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -330,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("show", cmd_show, "everything known about one job")
     sp.add_argument("id")
     sp.add_argument("--json", action="store_true")
-    sp = verb("logs", cmd_logs, "print a job's log")
+    sp = verb("logs", _lazy("cli_logs", "cmd_logs"), "print a job's log")
     sp.add_argument("id")
     sp.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     sp = verb("cancel", cmd_cancel, "cancel pending or running jobs, from any host")
