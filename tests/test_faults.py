@@ -33,10 +33,13 @@ EXPECTED["supervisor:exited"] = ("lost", 1)
 _RAN = [("pending", "running", None), ("running", "done", None)]
 _RAN_AGAIN = [("pending", "running", None), ("running", "pending", "never started; requeued"), *_RAN]
 _LOST = [("pending", "running", None), ("running", "lost", "exit unknown: supervisor and job gone without a result")]
+# (A launch sent just before the worker died runs, unless its spawner saw the worker gone
+# first and exited without starting it: then the attempt provably never started.)
 EVENTS_AFTER = {
-    "worker:planned": _RAN, "worker:claimed": [("pending", "pending", "claimed but never recorded; requeued"), *_RAN],
-    "worker:recorded": _RAN_AGAIN, "worker:sent": _RAN, "spawner:locked": _RAN_AGAIN, "supervisor:owned": _RAN_AGAIN,
-    "supervisor:marked": _LOST, "supervisor:exited": _LOST, "supervisor:recorded": _RAN, "supervisor:cleaned": _RAN,
+    "worker:planned": [_RAN], "worker:claimed": [[("pending", "pending", "claimed but never recorded; requeued"), *_RAN]],
+    "worker:recorded": [_RAN_AGAIN], "worker:sent": [_RAN, _RAN_AGAIN], "spawner:locked": [_RAN_AGAIN],
+    "supervisor:owned": [_RAN_AGAIN], "supervisor:marked": [_LOST], "supervisor:exited": [_LOST],
+    "supervisor:recorded": [_RAN], "supervisor:cleaned": [_RAN],
 }
 
 
@@ -93,7 +96,7 @@ def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, p
     left = lambda: {d: list((queue.root / d).glob("job*"))  # noqa: E731
                     for d in ("jobs", "state/claims", "state/running", "state/requeued", "state/rejected")}
     events = [(e["from"], e["to"], e.get("reason")) for e in queue.events() if e["job"] == "job"]
-    assert events == EVENTS_AFTER[point], events  # the recovery took the path its point calls for
+    assert events in EVENTS_AFTER[point], events  # the recovery took a path its point calls for
     try:
         wait_until(lambda: not any(left().values()), timeout=20, what="nothing left behind")
     except AssertionError:
