@@ -64,12 +64,13 @@ class Queue:
         return json.loads(self.gpuq("status", "--json").stdout)
 
     def start_worker(self, host: str, fake: str = "4x80GiB", *extra: str,
-                     env: dict[str, str] | None = None) -> subprocess.Popen:
+                     env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen:
         proc = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(self.root), "--host", host,
                                  "--fake-gpus", fake, "--foreground", *extra],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**self.env(), **(env or {})})
         self.workers[host] = proc
-        wait_until(lambda: self._beat_of(host, proc.pid), what=f"worker {host} heartbeat")
+        if wait:  # (cron does not wait: a kill storm restarts as cron would)
+            wait_until(lambda: self._beat_of(host, proc.pid), what=f"worker {host} heartbeat")
         return proc
 
     def wait_passes(self, host: str, passes: int = 2, timeout: float = 60) -> None:
