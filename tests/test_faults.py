@@ -96,7 +96,7 @@ def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, p
         assert pids[0] != worker.pid
         queue.stop_worker("a", signal.SIGKILL)
     queue.start_worker("a", "1x80GiB")  # as cron would, without the fault
-    record = wait_until(lambda: _final(queue, "job"), what=f"job to be settled after a crash at {point}")
+    record = wait_until(lambda: _final(queue, "job"), timeout=120, what=f"job to be settled after a crash at {point}")
     state, runs = EXPECTED[point]
     assert record["state"] == state and len(_runs(queue, "job")) == runs, (record, queue.log("job"))
     if runs:

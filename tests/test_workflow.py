@@ -129,16 +129,19 @@ def test_edit_changes_a_pending_spec_in_place_and_refuses_an_invalid_one(queue, 
 
 # --- drain / resume ---------------------------------------------------------------------------
 
-def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(queue):
+def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(queue, tmp_path):
     queue.write_config()
     queue.start_worker("a", "1x80GiB")
-    long = submit(queue, "--name", "long", "--", "sleep 2")
+    go = tmp_path / "go"  # long runs until the test has seen the host draining with it
+    long = submit(queue, "--name", "long", "--", f"while [ ! -e {go} ]; do sleep 0.1; done")
     wait_until(lambda: queue.record(long) and queue.record(long)["state"] == "running", timeout=30)
     out = queue.gpuq("drain", "a", "--reason", "driver update")
     assert out.stdout.startswith("a: draining")
     later = submit(queue, "--name", "later", "--", "true")
     assert "DRAINING (1 running) by" in queue.gpuq("status").stdout
+    go.touch()
     assert wait_until(lambda: queue.finished(long), timeout=30)["state"] == "done"
+    queue.wait_passes("a")  # drained: whole passes go by and later stays pending
     host = wait_until(lambda: queue.status()["hosts"][0], timeout=5)
     assert host["drain"]["reason"] == "driver update" and "DRAINED by" in queue.gpuq("status").stdout
     assert queue.finished(later) is None and queue.status()["pending"][0]["id"] == later
