@@ -61,13 +61,19 @@ def _ended(record) -> str:
 
 def wait(layout: Layout, ids: list[str], timeout_s: float | None, out=sys.stdout) -> int:
     """Print one line per job as it ends; the exit status as the module says."""
+    from .sweeps import read_group
+
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     waiting = dict.fromkeys(ids, 0)  # id -> consecutive polls it was found nowhere
     ok = True
     while waiting:
         for job_id in list(waiting):
             seen = where(layout, job_id)
-            if seen.line:
+            if seen.state == "gone" and (group := read_group(layout, job_id)) is not None:
+                # A sweep or array dropped as one spec, expanded by a worker since: its members.
+                del waiting[job_id]
+                waiting.update(dict.fromkeys((m for m in group["members"] if m not in waiting), 0))
+            elif seen.line:
                 print(seen.line, file=out, flush=True)
                 ok &= seen.state == State.DONE.value
                 del waiting[job_id]

@@ -28,7 +28,9 @@ class StandInSlurm:
         self.bin.mkdir()
         self.calls = base / "sbatch-calls.log"
         scripts = {
-            "sbatch": f'#!/bin/sh\necho "uid=$(id -u) args: $*" >> {self.calls}\nenv > {self.calls}.env\n'
+            # (its environment is whole before its call is logged: a test waits for the call)
+            "sbatch": f'#!/bin/sh\nenv > {self.calls}.env.tmp && mv {self.calls}.env.tmp {self.calls}.env\n'
+                      f'echo "uid=$(id -u) args: $*" >> {self.calls}\n'
                       f'cat > /dev/null\necho {SLURM_ID}\n',
             "squeue": f"#!/bin/sh\necho '{SLURM_ID} PENDING'\n",
             "scontrol": "#!/bin/sh\nexit 0\n",

@@ -31,11 +31,13 @@ def test_wait_returns_when_the_jobs_end_and_exits_by_how_they_ended(queue):
 
 
 def test_wait_for_a_cancelled_job_a_group_and_no_such_job(queue):
-    queue.start_worker("a", "1x80GiB")
     out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-2", "--", "echo index=$GPUQ_ARRAY_INDEX")
     group = out.stdout.strip().splitlines()[-1]
-    members = queue.gpuq("wait", group, timeout=120)
-    assert sorted(members.stdout.splitlines()) == [f"{group}_{i}: done (exit 0)" for i in range(3)]
+    # Waited for before any worker has expanded the array's one spec into its members:
+    members = subprocess.Popen(_wait_cmd(queue, group), stdout=subprocess.PIPE, text=True, env=queue.env())
+    queue.start_worker("a", "1x80GiB")
+    out, _ = members.communicate(timeout=120)
+    assert members.returncode == 0 and sorted(out.splitlines()) == [f"{group}_{i}: done (exit 0)" for i in range(3)]
     queue.gpuq("submit", "--gpus", "0", "--id", "doomed", "--", "sleep 60")
     wait_until(lambda: queue.record("doomed"), what="doomed to start")
     waiting = subprocess.Popen(_wait_cmd(queue, "doomed"), stdout=subprocess.PIPE, text=True, env=queue.env())
