@@ -231,10 +231,6 @@ class _Pass:
             and not (self.config.reservations and not self.reserved)
         self.cpu_full = not any(n > 0 for n in self.cpu_free.values())
 
-    @property
-    def full(self) -> bool:
-        return self.gpu_full and self.cpu_full
-
     def waits(self, job: PendingJob, reason: str) -> None:
         if not self.explain:
             return
