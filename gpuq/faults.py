@@ -1,8 +1,9 @@
 """Test-only fault injection: crash points, and a shifted wall clock.
 
-`GPUQ_TEST_CRASH_AT=<point>` makes the process that reaches that point kill itself with
-SIGKILL there, as a power cut or the OOM killer would. Every step from seeing a spec to
-recording its exit has a point, named by the process that passes it. `GPUQ_TEST_CLOCK_SHIFT_S`
+`GPUQ_TEST_CRASH_AT=<point>[,<point>...]` makes the process that reaches one of those points
+kill itself with SIGKILL there, as a power cut or the OOM killer would. Every step from seeing
+a spec to recording its exit has a point, named by the process that passes it, and so has each
+step of a requeue (reached only after another crash: hence the list). `GPUQ_TEST_CLOCK_SHIFT_S`
 moves this host's wall clock (`wall_time`) by that many seconds. `GPUQ_TEST_PAUSE_AT=<point>`
 makes it stop itself (SIGSTOP) there instead, as a paused VM would, until a SIGCONT. `GPUQ_TEST_IO_FAULT=site=ERRNO,...`
 makes every write at a site fail with that error, as a full or failing disk would: sites are
@@ -39,12 +40,15 @@ CRASH_POINTS = (
     "supervisor:recorded",       # the finished record is written; the running one not removed
     "supervisor:cleaned",        # records done, local files removed; the worker not yet poked
 )
+# A requeue of an attempt that never started (recovery.py), after a first crash left one
+RECOVERY_CRASH_POINTS = ("recovery:held",      # the claim is taken over for the next attempt; the record still says running
+                         "recovery:recorded")  # the attempt is in requeued/, the running record gone; the spec not back yet
 # Slurm bridge mode (bridge.py; tests/test_slurm_export.py)
 BRIDGE_CRASH_POINTS = ("bridge:planned",    # a spec is chosen to hand over; not yet claimed
                        "bridge:recorded",   # running record written; sbatch not run yet
                        "bridge:submitted")  # sbatch took the job; its Slurm id is not recorded yet
 
-_crash_at = os.environ.get(CRASH_ENV)
+_crash_at = set((os.environ.get(CRASH_ENV) or "").split(",")) - {""}
 _pause_at = os.environ.get(PAUSE_ENV)
 _clock_shift_s = float(os.environ.get(CLOCK_SHIFT_ENV) or 0.0)
 _io_faults = dict(item.split("=", 1) for item in (os.environ.get(IO_FAULT_ENV) or "").split(",") if item)
@@ -63,7 +67,7 @@ def _fired(what: str) -> None:
 
 
 def crash_point(name: str) -> None:
-    if _crash_at == name:
+    if name in _crash_at:
         _fired(f"crash {name}")
         os.kill(os.getpid(), signal.SIGKILL)
     if _pause_at == name:

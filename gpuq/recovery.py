@@ -4,8 +4,10 @@ never started or were lost with their host and have retries left.
 
 A requeue keeps the spec under a claim of the acting host all along: the attempt's record
 goes to requeued/ (so the next attempt is numbered +1), the running record goes (so the id
-is free again), then the spec returns to jobs/ at its old place in the queue. A crash in
-between leaves an orphan claim of this host, which the next pass puts back.
+is free again), then the spec returns to jobs/ at its old place in the queue. A crash before
+the running record goes leaves this host's claim for the next attempt beside that record: the
+next requeue of the attempt takes it over. A crash after leaves an orphan claim of this host,
+which the next pass puts back.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Callable
 
 from .config import Config
 from .containers import release_leftover_mounts, remove_leftover
-from .faults import wall_time
+from .faults import crash_point, wall_time
 from .joblocal import Runtime, read_started
 from .layout import Layout
 from .spool import (Record, append_event, claim_name, create_owned, claims_of, has_record, keep_place, parse_claim_name,
@@ -83,13 +85,17 @@ class Recovery:
         held = self._hold_spec(record)
         if held is None:
             return  # another host is requeueing it, or it was settled meanwhile
+        crash_point("recovery:held")
         keep_place(self.layout, record.id, os.lstat(held).st_uid, record.queued_at)
         record_requeue(self.layout, record, self.host, reason)
+        crash_point("recovery:recorded")
         self.put_back(record.id, held)
 
     def _hold_spec(self, record: Record) -> Path | None:
         """Move the attempt's claim to a claim of this host (exactly one host wins the rename);
-        recreate it from the record only when no claim of the job exists at all."""
+        take over this host's claim for the next attempt where an earlier requeue of this
+        attempt died after taking the claim; recreate the claim from the record only when no
+        claim of the job exists at all."""
         held = self.layout.claims / claim_name(record.id, self.host, self.boot_id, record.attempt + 1)
         if record.claim:
             try:
@@ -101,7 +107,17 @@ class Recovery:
             current = read_record(self.layout.record(self.layout.running, record.id))
         except ValueError:
             return None
-        if current is None or current.claim != record.claim or claims_of(self.layout, record.id):
+        if current is None or current.claim != record.claim:
+            return None
+        claims = claims_of(self.layout, record.id)
+        # This host's claim for the next attempt while the record still says this attempt runs:
+        # only a requeue of this attempt on this host makes one, and only one worker of a host
+        # runs at a time, so its requeuer is dead (a claim of another host may still be live).
+        for path in claims:
+            if parse_claim_name(path.name) == (record.id, self.host) and path.name.endswith(f"@a{record.attempt + 1}.yaml"):
+                os.rename(path, held)
+                return held
+        if claims:
             return None
         # The owner's spec again (never the worker's: intake would refuse a root-owned one).
         os.rename(create_owned(self.layout.claims, record.id, record.spec_text.encode(), record.uid), held)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from conftest import PY, REPO, wait_until
-from gpuq.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV
+from gpuq.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS
 from gpuq.layout import Layout
 from gpuq.single_instance import _config_may_set_local_dir
 
@@ -103,18 +103,43 @@ def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, p
         assert _runs(queue, "job") == [f"{RUN_LINE}{record['attempt']}"]
     if state == "lost":
         assert "exit unknown" in record["reason"]
-    # Nothing may be left behind once the worker has settled it (a pass or two after the record):
-    # waited for, not slept on, so that a loaded machine's slow pass is not a failure.
-    left = lambda: {d: list((queue.root / d).glob("job*"))  # noqa: E731
-                    for d in ("jobs", "state/claims", "state/running", "state/requeued", "state/rejected")}
     events = [(e["from"], e["to"], e.get("reason")) for e in queue.events() if e["job"] == "job"]
     allowed, last = HOPS_AFTER[point]  # the recovery took only paths its point calls for
     assert events[-1] == last and set(events[:-1]) <= allowed and events.count(last) == 1, events
     assert point not in MUST_REQUEUE or MUST_REQUEUE[point] in events, events
+    assert_nothing_left(queue)
+
+
+def assert_nothing_left(queue) -> None:
+    """Nothing of the job left behind once the worker has settled it (a pass or two after the
+    record): waited for, not slept on, so that a loaded machine's slow pass is not a failure."""
+    left = lambda: {d: list((queue.root / d).glob("job*"))  # noqa: E731
+                    for d in ("jobs", "state/claims", "state/running", "state/requeued", "state/rejected")}
     try:
         wait_until(lambda: not any(left().values()), timeout=20, what="nothing left behind")
     except AssertionError:
         assert not any(left().values()), left()
+
+
+@pytest.mark.parametrize("point", RECOVERY_CRASH_POINTS)
+def test_a_crash_in_the_middle_of_a_requeue_is_finished_by_the_next_worker(queue, point, tmp_path):
+    """The supervisor dies before it marks the attempt as starting (so it provably never
+    started); the worker, requeueing it, dies at `point`; the next worker must finish the
+    requeue and run the job once (a crash at recovery:held once left it stuck for good)."""
+    fault_log = tmp_path / "faults"
+    worker = queue.start_worker("a", "1x80GiB", env={CRASH_ENV: f"supervisor:owned,{point}",
+                                                     FAULT_LOG_ENV: str(fault_log)})
+    queue.drop("job.yaml", JOB)
+    assert wait_until(lambda: fired(fault_log, "crash", point), what=f"the crash at {point}") == [worker.pid]
+    worker.wait(timeout=20)
+    assert worker.returncode == -signal.SIGKILL and len(fired(fault_log, "crash", "supervisor:owned")) == 1
+    queue.start_worker("a", "1x80GiB")  # as cron would, without the fault
+    record = wait_until(lambda: _final(queue, "job"), timeout=120, what=f"job to be settled after a crash at {point}")
+    assert record["state"] == "done" and record["attempt"] == 2, record
+    assert _runs(queue, "job") == [f"{RUN_LINE}2"], queue.log("job")
+    events = [(e["from"], e["to"], e.get("reason")) for e in queue.events() if e["job"] == "job"]
+    assert set(events[:-1]) <= {_START, _NEVER_STARTED, _UNRECORDED_CLAIM} and events[-1] == _DONE, events
+    assert_nothing_left(queue)
 
 
 # What the spool shows while the process that reached each point is paused there (SIGSTOP):
