@@ -258,13 +258,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=2000, help="jobs in the kill storm")
     n = p.parse_args().jobs
-    print(f"{'fault':42s} {'faults':>6s} {'jobs':>5s} {'lost':>5s} {'unknown':>8s} {'twice':>6s} "
+    print(f"{'fault':44s} {'faults':>6s} {'jobs':>5s} {'lost':>5s} {'unknown':>8s} {'twice':>6s} "
           f"{'fenced':>7s} {'recovery':>9s}")
     missed: list[str] = []
 
     def row(name: str, result: tuple, faults_needed: int = 1) -> None:
         fired, jobs, lost, unknown, twice, fenced, took = result
-        print(f"{name:42s} {fired:6d} {jobs:5d} {lost:5d} {unknown:8d} {twice:6d} {fenced:7d} {took:8.2f}s", flush=True)
+        print(f"{name:44s} {fired:6d} {jobs:5d} {lost:5d} {unknown:8d} {twice:6d} {fenced:7d} {took:8.2f}s", flush=True)
         if fired < faults_needed:
             missed.append(f"{name}: the fault never happened")
         if lost or twice > fenced:
@@ -273,7 +273,7 @@ def main() -> None:
     for point in CRASH_POINTS:
         row(f"crash at {point}", crash_at(point))
     for point in RECOVERY_CRASH_POINTS:
-        row(f"crash at supervisor:owned, then {point}", crash_at("supervisor:owned", point), 2)
+        row(f"crash at supervisor:owned+{point}", crash_at("supervisor:owned", point), 2)
     row("worker SIGKILL every 0.5 s, 4 hosts", kill_storm(n))
     row("host frozen (SIGSTOP), lost_after_s 6", frozen_host())
     row("reboot (new boot id)", reboot())

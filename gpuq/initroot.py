@@ -23,12 +23,14 @@ class InitError(Exception):
 
 
 def worker_command(root: Path) -> str:
-    """How cron should start a worker for `root`: the checkout's worker.py, else the
-    installed gpuq-worker."""
+    """How cron should start a worker for `root`, by absolute paths (cron's PATH is
+    /usr/bin:/bin): the checkout's worker.py with this interpreter, else the gpuq-worker
+    installed beside this interpreter (a venv's bin/, run without activating it)."""
     launcher = SHIPPED_CONFIG.parent / "worker.py"
     if launcher.exists():
         return f"{sys.executable} {launcher} --root {root}"
-    return f"{shutil.which('gpuq-worker') or 'gpuq-worker'} --root {root}"
+    beside = Path(sys.executable).parent / "gpuq-worker"
+    return f"{beside if beside.exists() else shutil.which('gpuq-worker') or 'gpuq-worker'} --root {root}"
 
 
 def cron_line(root: Path) -> str:

@@ -1,0 +1,146 @@
+"""README's setup section run as written, against a real cron daemon (Debian's cron, installed
+with apt-get where missing, as the Slurm tests install Slurm): a venv, `pip install`, `gpuq
+init --group`, the crontab line init printed; then README's first example spec, dropped into
+jobs/ by a member of the team, runs under the cron-started root worker and succeeds.
+
+Needs root (cron runs system crontabs as their users; the job runs as the member) and pip's
+package index (as tests/test_onboarding.py does). About a minute: cron starts the worker at the
+next whole minute.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import REPO, wait_until
+from team import ALICE, TEAM, needs_root, users  # noqa: F401 (a fixture)
+
+CRON_FILE = Path("/etc/cron.d") / f"gpuq-test-{os.getpid()}"
+FAKE_GPUS = "1x24GiB"  # README: on a box without GPUs, GPUQ_FAKE_GPUS on the line above
+
+
+def readme_block(heading: str, language: str) -> list[str]:
+    """The lines of the first ```language block after `heading` in README.md."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index(f"\n{heading}\n"):]
+    match = re.search(rf"```{language}\n(.*?)```", section, re.S)
+    assert match, f"README: no {language} block after {heading!r}"
+    return match.group(1).splitlines()
+
+
+def cron_binary() -> str:
+    """Debian's cron daemon, installed where missing."""
+    found = shutil.which("cron") or ("/usr/sbin/cron" if Path("/usr/sbin/cron").exists() else None)
+    if found:
+        return found
+    if not shutil.which("apt-get"):
+        pytest.skip("no cron daemon here, and no apt-get to install Debian's")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "cron"]
+    if subprocess.run(install, capture_output=True, env=env, timeout=600).returncode:
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, timeout=600)
+        out = subprocess.run(install, capture_output=True, text=True, env=env, timeout=600)
+        assert out.returncode == 0, f"apt-get install cron failed: {out.stderr[-400:]}"
+    return "/usr/sbin/cron"
+
+
+def running_cron() -> psutil.Process | None:
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in ("cron", "crond"):
+            return p
+    return None
+
+
+@pytest.fixture
+def cron():
+    """A cron daemon: the one running, else one started here (stopped at the end)."""
+    binary = cron_binary()
+    started = None
+    if running_cron() is None:
+        started = subprocess.Popen([binary, "-f"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: running_cron() is not None, what="cron to start")
+    yield
+    CRON_FILE.unlink(missing_ok=True)
+    if started is not None:
+        started.terminate()
+        started.wait(timeout=20)
+
+
+@needs_root
+def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # noqa: F811
+    base = Path(tempfile.mkdtemp(prefix="gpuq-cron-"))
+    os.chmod(base, 0o755)  # the team must reach the root (pytest's own tmp dir is root's, 0700)
+    code, venv, root, proj = base / "gpuq", base / "venv", base / "q", base / "proj"
+    worker_pid = None
+    try:
+        shutil.copytree(REPO, code, ignore=shutil.ignore_patterns(
+            ".git", "__pycache__", "*.egg-info", "build", "logs", "state", ".venv*"))
+        setup = readme_block("## On a GPU box", "sh")
+        paths = {"/shared/gpuq": str(code), "/opt/gpuq-venv": str(venv), "/shared/q": str(root),
+                 "--group team": f"--group {TEAM}"}
+
+        def as_here(line: str) -> str:
+            for placeholder, real in paths.items():
+                line = line.replace(placeholder, real)
+            return line
+
+        commands = [as_here(line) for line in setup if not line.startswith(("* ", "crontab "))]
+        (cron_line,) = [as_here(line) for line in setup if line.startswith("* * * * * ")]
+        printed = ""
+        for command in commands:  # as root at a shell, one line at a time
+            done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+            printed += done.stdout
+        assert cron_line in printed.splitlines() or f"  {cron_line}" in printed.splitlines(), \
+            f"README's cron line is not the one `gpuq init` printed:\n{cron_line}\n{printed}"
+
+        # A system crontab (its own file, so no one's crontab is touched): README's line, as root.
+        CRON_FILE.write_text(f"GPUQ_FAKE_GPUS={FAKE_GPUS}\n{cron_line[:10]}root {cron_line[10:]}\n")
+        os.chmod(CRON_FILE, 0o644)
+        beat = wait_until(lambda: next((p for p in (root / "state" / "workers").glob("*.json")
+                                        if not p.name.endswith(".specs.json")), None),
+                          timeout=150, what="cron to start the worker (at the next whole minute)")
+        worker_pid = json.loads(beat.read_text())["pid"]
+
+        # The member's project, and README's first example spec with its paths.
+        member = users[ALICE]
+        proj.mkdir()
+        (proj / "train.py").write_text("import os, sys\nprint('trained', sys.argv[1:], os.getcwd(), sys.prefix)\n")
+        shutil.chown(proj, member.pw_uid, member.pw_gid)
+        shutil.chown(proj / "train.py", member.pw_uid, member.pw_gid)
+        python3 = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+        as_member = {"user": member.pw_uid, "group": member.pw_gid,
+                     "extra_groups": os.getgrouplist(member.pw_name, member.pw_gid)}
+        made = subprocess.run([python3, "-m", "venv", "--without-pip", str(proj / ".venv")],
+                              capture_output=True, text=True, cwd="/", **as_member)
+        assert made.returncode == 0, made.stderr
+        spec = "\n".join(readme_block("## Submitting a job", "yaml")).replace("/home/ana/proj", str(proj)) + "\n"
+        drop = subprocess.run(["sh", "-c", f"cat > {root}/jobs/.train-a.tmp && mv {root}/jobs/.train-a.tmp "
+                               f"{root}/jobs/train-a.yaml"], input=spec, capture_output=True, text=True,
+                              cwd="/", **as_member)
+        assert drop.returncode == 0, drop.stderr
+
+        record_path = root / "state" / "finished" / "train-a.json"
+        record = json.loads(wait_until(lambda: record_path.exists() and record_path.read_text(), timeout=120,
+                                       what="README's example to finish"))
+        log = (root / "logs" / "train-a.log").read_text()
+        assert record["state"] == "done" and record["user"] == ALICE, (record, log)
+        assert f"trained ['--lr', '3e-4'] {proj} {proj / '.venv'}" in log, log
+    finally:
+        CRON_FILE.unlink(missing_ok=True)
+        if worker_pid is not None:
+            try:
+                os.kill(worker_pid, signal.SIGTERM)
+                psutil.Process(worker_pid).wait(timeout=30)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass
+        shutil.rmtree(base, ignore_errors=True)
