@@ -90,7 +90,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         from .render import show_text
 
-        print(show_text(job))
+        print(show_text(job, whole_env=args.env))
     return 0
 
 
@@ -123,7 +123,7 @@ def cmd_fake_use(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run
 
-    return run(Path(args.dir) if args.dir else None, quick=args.quick)
+    return run(Path(args.dir) if args.dir else None, quick=args.quick, keep=args.keep)
 
 
 def cmd_top(args: argparse.Namespace) -> int:
@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("show", cmd_show, "everything known about one job")
     sp.add_argument("id")
     sp.add_argument("--json", action="store_true")
+    sp.add_argument("--env", action="store_true", help="list the whole environment (folded when long)")
     sp = verb("logs", _lazy("cli_logs", "cmd_logs"), "print a job's log")
     sp.add_argument("id")
     sp.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
@@ -303,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("demo", cmd_demo, "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen")
     sp.add_argument("--dir", help="queue root to create (default: a new temp dir)")
     sp.add_argument("--quick", action="store_true", help="shorter jobs")
+    sp.add_argument("--keep", action="store_true", help="keep the temp queue root to look around (--dir is always kept)")
     return p
 
 

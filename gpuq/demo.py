@@ -5,7 +5,9 @@ way a user would; the status screen while they are claimed, packed and run; a lo
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,8 +25,21 @@ JOBS = [  # (gpus, gpu_mem, seconds)
 TOO_BIG = "train-30GiB-1"
 
 
-def run(root: Path | None = None, quick: bool = False) -> int:
+def run(root: Path | None = None, quick: bool = False, keep: bool = False) -> int:
+    """The demo in `root` (default: a temp dir, removed at the end unless `keep`)."""
+    made = root is None
     root = root or Path(tempfile.mkdtemp(prefix="gpuq-demo-"))
+    try:
+        return _run(root, quick)
+    finally:
+        if made and not keep:
+            shutil.rmtree(root, ignore_errors=True)
+            print(f"# removed the demo's queue root {root} (gpuq demo --keep keeps it to look around)")
+        else:
+            print(f"# the queue root stays: python gpuq.py --root {root} status; rm -rf {root} removes it")
+
+
+def _run(root: Path, quick: bool) -> int:
     (root / "jobs").mkdir(parents=True, exist_ok=True)
     # Run as root (a container, CI), the demo's own specs are root's: let them run.
     allow_root = "allow_root_jobs: true\n" if os.geteuid() == 0 else ""
@@ -74,9 +89,11 @@ def run(root: Path | None = None, quick: bool = False) -> int:
         print(subprocess.run(gpuq + ["logs", ids[0]], capture_output=True, text=True, env=env).stdout)
         print(f"$ gpuq show {ids[5]}")
         print(subprocess.run(gpuq + ["show", ids[5]], capture_output=True, text=True, env=env).stdout)
-        done = len(list((root / "state" / "finished").glob("*.json")))
-        print(f"# {done}/{len(ids)} jobs finished. Try it yourself: python gpuq.py --root {root} status")
-        return 0 if done == len(ids) else 1
+        states = [json.loads(p.read_text())["state"] for p in (root / "state" / "finished").glob("*.json")]
+        print(f"# {len(states)}/{len(ids)} jobs finished: {states.count('done')} done, "
+              f"{states.count('cancelled')} cancelled (as asked), {len(states) - states.count('done') - states.count('cancelled')} "
+              "failed or lost")
+        return 0 if states.count("done") == len(ids) - 1 and states.count("cancelled") == 1 else 1
     finally:
         for w in workers:
             w.terminate()

@@ -50,13 +50,24 @@ def what_the_job_sees(layout: Layout, config: Config, job_id: str, spec: JobSpec
             "env_base": base, "gpus_shown": "placeholders 0..n-1 for the GPUs it will be granted" if pending else "granted"}
 
 
-def preview_lines(sees: dict[str, Any]) -> list[str]:
+# `gpuq show` lists a long environment folded: what gpuq sets and what decides which programs
+# and GPUs the job finds; the rest (a submit's exported shell, often 50+ lines) with --env.
+FOLD_ABOVE = 12
+ALWAYS_SHOWN = ("PATH", "HOME", "USER", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "LD_LIBRARY_PATH")
+
+
+def preview_lines(sees: dict[str, Any], job_id: str, whole_env: bool = False) -> list[str]:
     lines = [f"{'will run:' if sees['gpus_shown'] != 'granted' else 'runs:':<18}{sees['command_line']}",
              f"{'in:':<18}{sees['workdir']}" + (f" as {sees['as_user']}" if sees["as_user"] else "")]
     if sees["gpus_shown"] != "granted":
         lines.append(f"{'':<18}(GPU numbers are {sees['gpus_shown']})")
     lines.append(f"{'environment:':<18}{sees['env_base']}:")
-    lines += [f"{'':<18}{k}={v}" for k, v in sees["env"].items()]
+    env = sees["env"]
+    shown = env if whole_env or len(env) <= FOLD_ABOVE else \
+        {k: v for k, v in env.items() if k in ALWAYS_SHOWN or k.startswith(("GPUQ_", "CUDA_", "NVIDIA_"))}
+    lines += [f"{'':<18}{k}={v}" for k, v in shown.items()]
+    if len(shown) < len(env):
+        lines.append(f"{'':<18}... and {len(env) - len(shown)} more (all of them: gpuq show {job_id} --env)")
     return lines
 
 

@@ -178,7 +178,7 @@ SHOW_ORDER = ("id", "state", "user", "attempt", "host", "gpus", "gpu_uuids", "gp
               "mean_gpu_util_pct", "peak_rss_mib", "peak_cpus", "cpu_s", "log", "spec_dir")
 
 
-def show_text(job: dict[str, Any]) -> str:
+def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
     job = safe_tree(job)
     lines = []
     for key in SHOW_ORDER:
@@ -211,5 +211,5 @@ def show_text(job: dict[str, Any]) -> str:
     if job.get("sees"):
         from .preview import preview_lines
 
-        lines += preview_lines(job["sees"])
+        lines += preview_lines(job["sees"], job["id"], whole_env)
     return "\n".join(lines)

@@ -1,5 +1,7 @@
-"""Verbs people reach for, through the real CLI and worker: `gpuq wait` (exit status by how
-the jobs ended, as `pueue wait` and `sbatch --wait`), and a mistyped verb."""
+"""Verbs people reach for and screens that fit, through the real CLI and worker: `gpuq wait`
+(exit status by how the jobs ended, as `pueue wait` and `sbatch --wait`), a mistyped verb,
+status narrowed and summed up, submit's limits, logs of groups, retry of a rejected spec,
+forget, and `show` folding a long environment."""
 from __future__ import annotations
 
 import json
@@ -204,3 +206,20 @@ def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_o
     assert [h["host"] for h in queue.status()["hosts"]] == ["a"]
     again = queue.gpuq("forget", "b", check=False)
     assert again.returncode == 1 and "no host named 'b'" in again.stdout + again.stderr
+
+
+def test_show_folds_a_long_environment_and_lists_it_whole_with_env(queue):
+    # A submit exports the submitter's shell: here 30 variables of their own besides the rest.
+    shell = {**queue.env(), **{f"MY_SETTING_{i}": f"value-{i}" for i in range(30)}, "PATH": "/opt/tools/bin:/usr/bin:/bin"}
+    queue.gpuq("submit", "--gpus", "1", "--id", "wide-env", "--", "python train.py", env=shell)
+    folded = queue.gpuq("show", "wide-env").stdout
+    env_lines = [line.strip() for line in folded.splitlines() if "=" in line and line.startswith(" ")]
+    assert "PATH=/opt/tools/bin:/usr/bin:/bin" in env_lines and "CUDA_VISIBLE_DEVICES=0" in env_lines, folded
+    assert not any(line.startswith("MY_SETTING_") for line in env_lines), folded
+    more = [line for line in folded.splitlines() if "more (all of them: gpuq show wide-env --env)" in line]
+    assert len(more) == 1 and int(more[0].split("and ")[1].split()[0]) >= 30, more  # folded into one line
+    whole = queue.gpuq("show", "wide-env", "--env").stdout
+    assert all(f"MY_SETTING_{i}=value-{i}" in whole for i in range(30)) and "more (all of them" not in whole
+    short = queue.gpuq("submit", "--gpus", "1", "--id", "short-env", "--export", "NONE", "--", "true")
+    assert short.returncode == 0
+    assert "more (all of them" not in queue.gpuq("show", "short-env").stdout  # a short one is shown whole
