@@ -128,7 +128,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_top(args: argparse.Namespace) -> int:
     """`gpuq top`: the status screen, redrawn every --interval seconds until Ctrl-C."""
-    from .render import status_text
+    import os
+
+    from .render import status_text, top_screen
     from .views import status
 
     layout = open_layout(args)
@@ -137,9 +139,13 @@ def cmd_top(args: argparse.Namespace) -> int:
     try:
         while args.iterations is None or shown < args.iterations:
             text = status_text(status(layout, config), show_all=False)
-            clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
-            print(f"{clear}gpuq top · {time.strftime('%H:%M:%S')} · every {args.interval:g}s · Ctrl-C quits\n{text}",
-                  flush=True)
+            title = f"gpuq top · {time.strftime('%H:%M:%S')} · every {args.interval:g}s · Ctrl-C quits"
+            if sys.stdout.isatty():  # fitted to the terminal, as it is now (it may have been resized;
+                size = os.get_terminal_size(sys.stdout.fileno())  # an exported COLUMNS would not say)
+                sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(top_screen(title, text, size.columns, size.lines)))
+                sys.stdout.flush()
+            else:  # into a pipe or a file: all of it
+                print(f"{title}\n{text}", flush=True)
             shown += 1
             if args.iterations is None or shown < args.iterations:
                 time.sleep(args.interval)

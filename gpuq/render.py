@@ -92,7 +92,7 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         runtimes = [f"{n} {v}" for n, v in sorted(h.get("runtimes", {}).items())] + \
             [f"{n} unusable ({why[:50]}{'…' if len(why) > 50 else ''}; see gpuq doctor)"
              for n, why in sorted(h.get("runtime_problems", {}).items())]
-        extra += f"  containers: {', '.join(runtimes)}" if runtimes else ""
+        extra += f"  containers: {', '.join(runtimes)}" if runtimes and view.get("containers_asked") else ""
         out.append(f"  {h['host']}  {state} (seen {format_duration(h['last_seen_s'])} ago){extra}")
         rows = [["GPU", "NAME", "MEM USED/TOTAL", "USABLE", "UTIL", "TEMP", "JOBS"]]
         for g in h["gpus"]:
@@ -165,6 +165,28 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         out += ["", "REJECTED (recent; the .error file beside each in state/rejected/ says why)"]
         out += [f"  {r['id']}: {_cut(r['error'] or '', 150)}" for r in view["rejected"]]
     return "\n".join(out)
+
+
+# `gpuq top` on a terminal: what a person watches first comes first.
+TOP_ORDER = ("RUNNING", "PENDING", "ALERTS", "HOSTS", "HELD", "BOOKINGS", "REJECTED", "FINISHED")
+
+
+def top_screen(title: str, status: str, columns: int, rows: int) -> list[str]:
+    """The status screen fitted to a terminal of `columns` x `rows`: its sections reordered
+    (running and pending first), each line clipped, never wrapped (a job stays on one line),
+    and cut after the rows there are, the last one saying how much is left out."""
+    blocks = [block.splitlines() for block in status.split("\n\n")]
+    head, sections = blocks[0], blocks[1:]
+    sections.sort(key=lambda lines: next((i for i, name in enumerate(TOP_ORDER) if lines[0].startswith(name)),
+                                         len(TOP_ORDER)))
+    lines = [title, *head]
+    for section in sections:
+        lines += ["", *section]
+    clip = (lambda line: line if len(line) <= columns else line[: max(columns - 1, 0)] + "…")
+    if len(lines) > rows:
+        left = len(lines) - (rows - 1)
+        lines = lines[: rows - 1] + [f"... {left} more lines (gpuq status --all shows everything)"]
+    return [clip(line) for line in lines]
 
 
 def _cut(text: str, width: int) -> str:

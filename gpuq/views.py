@@ -111,6 +111,8 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
                     for pos, i in enumerate(decided.order[:pending_rows], 1)],
         "pending_total": len(decided.order),
+        # Container readiness matters to a host line only while some job asks for a container.
+        "containers_asked": any(j.spec.container for j in pending) or any(r.spec.get("container") for r in running),
         "pending_by_reason": _by_reason(decided.reasons.get(i) or _starting(starting.get(i)) for i in decided.order),
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
         "held": held_jobs(layout),

@@ -350,9 +350,11 @@ def test_a_job_is_placed_only_where_its_runtime_is(queue, runtimes, tmp_path: Pa
         return rows[0]["reason"] if rows and "runtime" in rows[0]["reason"] else None
 
     assert wait_until(reason, what="on-b's reason") == "needs container runtime docker, which no live host has (box-b: none)"
-    text = queue.gpuq("status").stdout
+    text = queue.gpuq("status").stdout  # jobs ask for containers: the host lines say what each box has
     assert "containers: apptainer 1.3.0-fake, docker 24.0.7-fake, podman 4.9.0-fake" in text
     queue.gpuq("cancel", "anywhere", "on-b")
+    wait_until(lambda: not queue.status()["containers_asked"], what="no job to ask for a container")
+    assert "containers:" not in queue.gpuq("status").stdout  # and once none does, they say nothing of it
 
 
 def test_probe_names_a_runtime_that_is_installed_but_unusable(runtimes, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -494,8 +496,7 @@ def test_a_real_container_runs_the_job_and_is_stopped_on_cancel(queue, real, tmp
     runtime, env = real
     work = _workdir(tmp_path)
     queue.start_worker("box-a", "1x24GiB", env=env)
-    status_line = wait_until(lambda: "containers: " in (t := queue.gpuq("status").stdout) and t, what="runtimes probed")
-    assert f"{runtime} " in status_line.split("containers: ")[1].splitlines()[0]
+    wait_until(lambda: any(runtime in h["runtimes"] for h in queue.status()["hosts"]), what=f"{runtime} probed")
     queue.gpuq("submit", "--id", "real", "--gpus", "0", "--container", real_runtimes.IMAGE, "--runtime", runtime,
                "--workdir", str(work), "--env", "GREETING=hello", "--",
                "echo $GREETING from a container as $(id -u); echo written > out.txt; pwd; exit 4")

@@ -57,7 +57,7 @@ def test_status_show_top_and_logs_show_a_members_control_characters_escaped(team
     assert "sleep 30 # \\x1b[2J\\x1b]0;OWNED\\x07" in status.stdout  # the command is there, escaped
     assert "demo \\x1b]0;BOOKED\\x07\\u202e" in status.stdout
 
-    show = team.as_user(ALICE, "show", "evil")
+    show = team.as_user(ALICE, "show", "evil", "--env")  # every variable, LOOK among them
     assert show.returncode == 0, show.stderr
     _clean(show.stdout, "show")
     assert "sleep 30 # \\x1b[2J\\x1b]0;OWNED\\x07" in show.stdout

@@ -1,0 +1,59 @@
+"""`gpuq top` in a real terminal (tmux, 80x24 and 200x50): running and pending first, one line
+per job, never wrapped, cut to the rows there are."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import PY, REPO, wait_until
+
+LONG = "python train.py " + " ".join(f"--option-{i}=value-{i}" for i in range(20))
+
+
+@pytest.fixture
+def tmux(tmp_path):
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed here")
+    socket = str(tmp_path / "tmux.sock")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-S", socket, *args], capture_output=True, text=True, timeout=30)
+    yield run
+    run("kill-server")
+
+
+def _screen(tmux, joined: bool = False) -> list[str]:
+    out = tmux("capture-pane", "-p", *(["-J"] if joined else []), "-t", "top").stdout
+    return out.rstrip("\n").split("\n")
+
+
+@pytest.mark.parametrize("columns,rows", [(80, 24), (200, 50)])
+def test_top_fits_the_terminal_running_and_pending_first(queue, tmux, columns, rows):
+    queue.start_worker("a", "2x80GiB")
+    for i in range(2):
+        queue.gpuq("submit", "--gpus", "1", "--id", f"run-{i}", "--", f"sleep 600; {LONG}")
+    for i in range(30):
+        queue.gpuq("submit", "--gpus", "2", "--id", f"wait-{i:02d}", "--", LONG)
+    wait_until(lambda: all((queue.record(f"run-{i}") or {}).get("state") == "running" for i in range(2)),
+               what="two jobs to run")
+    command = f"{PY} {REPO / 'gpuq.py'} --root {queue.root} top --interval 0.5"
+    done = tmux("new-session", "-d", "-s", "top", "-x", str(columns), "-y", str(rows), command)
+    assert done.returncode == 0, done.stderr
+    screen = wait_until(lambda: (s := _screen(tmux)) and any(line.startswith("PENDING") for line in s) and s,
+                        what="top's screen")
+    assert len(screen) <= rows and all(len(line) <= columns for line in screen), screen
+    assert len(_screen(tmux, joined=True)) == len(screen), "a line wrapped"
+    headers = [line.split(" ")[0] for line in screen if line[:1].isupper()]
+    assert headers.index("RUNNING") < headers.index("PENDING"), screen
+    assert "HOSTS" not in headers or headers.index("PENDING") < headers.index("HOSTS"), screen
+    for job in ("run-0", "run-1"):  # each job on one line of RUNNING, its long command clipped
+        (line,) = [line for line in screen if f" {job} " in f" {line} " and "sleep 600" in line]
+        assert line.endswith("…"), line
+    (line,) = [line for line in screen if " wait-00 " in line]
+    assert "needs 2 GPUs" in line, line
+    if rows == 24:  # 30 pending and two hosts' tables do not fit: cut, and said so
+        assert screen[-1].startswith("... ") and "more lines" in screen[-1], screen
+    else:
+        assert "HOSTS" in headers and "FINISHED" in headers, "\n".join(screen)
