@@ -34,7 +34,17 @@ class Finding:
     fix: str = ""
 
 
-def check_nvml() -> Finding:
+def runs_the_workers(layout: Layout) -> bool:
+    """Whether whoever runs doctor is the account that runs this root's workers (root, or
+    the one user of a private queue): only they are told to start or fix a worker; a member
+    is told whom to ask (newcomer review M9: a member who followed the advice made a phantom host)."""
+    return os.geteuid() in (0, _owner(layout.state))
+
+
+ASK_THE_OWNER = "ask the root's owner to check cron and logs/worker-HOST.log on the GPU boxes (gpuq doctor, run as them)"
+
+
+def check_nvml(layout: Layout) -> Finding:
     try:
         import pynvml
 
@@ -45,6 +55,9 @@ def check_nvml() -> Finding:
         finally:
             pynvml.nvmlShutdown()
     except Exception as e:  # NVMLError, ImportError, a missing libnvidia-ml.so: all the same here
+        if not runs_the_workers(layout):  # a member's laptop or login box needs no GPU to use the queue
+            return Finding("ok", "nvml", f"NVML is not usable on {this_host()} ({e}); the workers' boxes "
+                           "report their own GPUs (hosts)")
         return Finding("warn", "nvml", f"NVML is not usable on {this_host()}: {e}",
                        "on a GPU box: install the NVIDIA driver until `nvidia-smi` works; without "
                        "GPUs, run workers with --fake-gpus 4x24GiB")
@@ -54,9 +67,10 @@ def check_nvml() -> Finding:
 
 def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
     beats = load_heartbeats(layout)
+    owner = runs_the_workers(layout)
     if not beats:
         return [Finding("fail", "hosts", "no worker has ever run for this root",
-                        f"add to each box's crontab: {cron_line(layout.root)}")]
+                        f"add to each box's crontab: {cron_line(layout.root)}" if owner else ASK_THE_OWNER)]
     out = []
     for hb in beats:
         host, gpus = hb["host"], hb.get("gpus", [])
@@ -64,7 +78,8 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
         what = f"{len(gpus)} GPU(s)" + (f" (config gpus: {offered})" if offered is not None else "")
         if not heartbeat_alive(hb, now):
             out.append(Finding("warn", "hosts", f"{host}: worker silent for {now - hb.get('t', 0):.0f} s ({what})",
-                               f"on {host}: check its crontab and logs/worker-{host}.log"))
+                               f"on {host}: check its crontab and logs/worker-{host}.log" if owner else
+                               ASK_THE_OWNER.replace("HOST", host)))
         elif hb.get("probe_error"):
             out.append(Finding("warn", "hosts", f"{host}: {hb['probe_error']}", f"on {host}: run `nvidia-smi`"))
         else:
@@ -223,12 +238,11 @@ def check_cron(layout: Layout, config: Config, now: float) -> Finding:
     """The spool's owner (root, or the one user of a private queue) checks the crontabs that
     start a worker for this root; anyone else checks the workers by their heartbeats and is
     never told to start a worker of their own (newcomer review M9)."""
-    if os.geteuid() not in (0, _owner(layout.state)):
+    if not runs_the_workers(layout):
         live = sorted(str(hb.get("host")) for hb in load_heartbeats(layout) if heartbeat_alive(hb, now))
         if live:
             return Finding("ok", "workers", f"workers are up (by their heartbeats): {', '.join(live)}")
-        return Finding("fail", "workers", "no worker has renewed its heartbeat lately",
-                       "ask the root's owner to check cron on the GPU boxes (gpuq doctor, run as them)")
+        return Finding("fail", "workers", "no worker has renewed its heartbeat lately", ASK_THE_OWNER)
     sources = []
     if shutil.which("crontab"):
         sources.append(subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout)
@@ -272,7 +286,7 @@ def _running(name: str) -> bool:
 
 
 def diagnose(layout: Layout, config: Config, now: float) -> list[Finding]:
-    return [check_nvml(), *check_hosts(layout, config, now), *check_permissions(layout), *check_reachable(layout),
+    return [check_nvml(layout), *check_hosts(layout, config, now), *check_permissions(layout), *check_reachable(layout),
             *check_squashing(layout), *check_filesystems(layout, config), *check_clocks(layout),
             check_cron(layout, config, now)]
 

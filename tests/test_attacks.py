@@ -381,6 +381,28 @@ def test_doctor_for_a_member_judges_workers_by_heartbeat_and_flags_what_others_c
     assert "chmod go-w" in member.stdout
 
 
+def test_doctor_never_tells_a_member_to_start_or_fix_a_worker(team):
+    """Newcomer M9: a member who followed doctor's advice ran a worker of their own and made a
+    phantom host. With no worker yet, and then with a silent one, a member is told whom to ask;
+    the workers' owner is told what to run."""
+    def advice(out: str) -> str:
+        return "\n".join(line for line in out.splitlines() if not line.startswith("ok "))
+
+    for stage in ("no worker yet", "a silent worker"):
+        member = team.as_user(BOB, "doctor")
+        said = advice(member.stdout)
+        assert member.returncode == 1 and "ask the root's owner" in said, (stage, member.stdout)
+        for start_one in ("crontab -e", "worker.py", "gpuq-worker", "--fake-gpus", "add to each box"):
+            assert start_one not in said, (stage, start_one, member.stdout)
+        admin = team.gpuq("doctor", check=False).stdout
+        assert ("add to each box's crontab" if stage == "no worker yet" else "check its crontab") in admin, admin
+        if stage == "no worker yet":
+            team.start_worker("a", "1x80GiB")
+            team.stop_worker("a")  # stops cleanly: its heartbeat stays, and goes stale
+            wait_until(lambda: "worker silent" in team.as_user(BOB, "doctor").stdout, timeout=60,
+                       what="a's heartbeat to go stale")
+
+
 def test_a_state_tree_owned_by_another_account_is_refused_and_doctor_says_so(team):
     """Shared disks: a root worker must own the spool it writes (an NFS export that squashes
     root leaves it owned by another account). No NFS here: a state/ owned by another account

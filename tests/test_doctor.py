@@ -170,22 +170,52 @@ def test_zsh_completion_through_bashcompinit(tmp_path):
     assert out.stdout.split() == ["train-1"], out.stderr
 
 
-def test_the_nvml_check_says_ok_with_the_driver_and_warns_with_the_error(monkeypatch):
+def test_the_nvml_check_says_ok_with_the_driver_and_warns_with_the_error(monkeypatch, tmp_path):
     """Both findings, whatever this machine has: a stand-in pynvml that works, and one that fails."""
     import types
 
     from gpuq import doctor
+    from gpuq.layout import Layout
+
+    layout = Layout(_root(tmp_path))  # this process's own: it runs the workers
 
     works = types.SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None,
                                   nvmlSystemGetDriverVersion=lambda: b"550.54.15", nvmlDeviceGetCount=lambda: 8)
     monkeypatch.setitem(sys.modules, "pynvml", works)
-    ok = doctor.check_nvml()
+    ok = doctor.check_nvml(layout)
     assert (ok.level, ok.check) == ("ok", "nvml") and ok.message.endswith(": driver 550.54.15, 8 GPU(s)")
 
     def no_driver() -> None:
         raise RuntimeError("NVML Shared Library Not Found")
 
     monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_driver))
-    warn = doctor.check_nvml()
+    warn = doctor.check_nvml(layout)
     assert warn.level == "warn" and warn.message.endswith(": NVML Shared Library Not Found")
     assert "--fake-gpus" in warn.fix and "nvidia-smi" in warn.fix
+
+
+def test_doctor_finds_only_a_cron_line_for_this_root(tmp_path):
+    """Newcomer M9: doctor said `ok cron` for a root whose only crontab line was another
+    root's. A system crontab (its own file; the commands do not exist, so a cron daemon that
+    reads it meanwhile runs nothing) with another root's line, then with this root's."""
+    import pytest
+
+    if os.geteuid() != 0 or not os.path.isdir("/etc/cron.d"):
+        pytest.skip("writes a system crontab: needs root and /etc/cron.d (CI runs as root)")
+    root = _root(tmp_path)
+    cron_file = f"/etc/cron.d/gpuq-test-doctor-{os.getpid()}"
+
+    def cron_finding(line: str) -> dict:
+        with open(cron_file, "w") as f:
+            f.write(f"{line}\n")
+        return _findings(root)[1]["cron"][0]
+
+    try:
+        other = cron_finding(f"* * * * * root /nonexistent/bin/gpuq-worker --root {tmp_path / 'other-root'}")
+        assert other["level"] == "fail" and f"starts a gpuq worker for {root}" in other["message"], other
+        checkout = cron_finding(f"* * * * * root cd {tmp_path / 'elsewhere'} && /nonexistent/python worker.py")
+        assert checkout["level"] == "fail", checkout  # a checkout's worker.py serves its own root only
+        this = cron_finding(f"* * * * * root /nonexistent/bin/gpuq-worker --root {root}")
+        assert this["level"] in ("ok", "warn") and "starts the worker" in this["message"], this
+    finally:
+        os.unlink(cron_file)
