@@ -55,6 +55,8 @@ def run_request(args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), 
     from .render import safe_text
 
     for done, message in reply.outcomes:  # a note or a spec's text may carry a member's escapes
+        if not done and not message.startswith("gpuq "):  # every error names its verb
+            message = f"gpuq {verb}: {message}"
         print(safe_text(message), file=sys.stdout if done else sys.stderr)
     return 0 if reply.ok else 1
 

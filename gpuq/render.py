@@ -207,13 +207,18 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
         value = job.get(key)
         if value in (None, "", []):
             continue
+        label = key  # the unit goes into the value, so the label says what it is
         if key.endswith("_at") and isinstance(value, (int, float)):
             value = stamp(value)
         elif key.endswith("_mib"):
-            value = format_mib(value)
+            label, value = key.removesuffix("_mib"), format_mib(value)
+        elif key.endswith("_pct"):
+            label, value = key.removesuffix("_pct"), f"{value}%"
+        elif key.endswith("_s") and isinstance(value, (int, float)):
+            label, value = "cpu_time" if key == "cpu_s" else key.removesuffix("_s"), format_duration(value)
         elif isinstance(value, list):
             value = ",".join(map(str, value))
-        lines.append(f"{key + ':':<18}{value}")
+        lines.append(f"{label + ':':<18}{value}")
     if isinstance(job.get("started_at"), (int, float)) and isinstance(job.get("ended_at"), (int, float)):
         lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
     if suggested := job.get("suggested_gpu_mem"):

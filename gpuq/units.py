@@ -5,12 +5,12 @@ import math
 import re
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
-# Binary units (Slurm and nvidia-smi habits: "20G" means 20 GiB); decimal ones where written.
+# One rule, in any case: every size is binary, as Slurm reads "20G" and as a GPU's "80GB" is
+# meant: 20g = 20G = 20GB = 20GiB = 20480 MiB. (Decimal GB would make "8GB" 7.5 GiB.)
 _MIB_PER_UNIT = {
-    "m": 1.0, "mi": 1.0, "mib": 1.0,
-    "g": 1024.0, "gi": 1024.0, "gib": 1024.0,
-    "t": 1024.0 ** 2, "ti": 1024.0 ** 2, "tib": 1024.0 ** 2,
-    "mb": 1e6 / 2 ** 20, "gb": 1e9 / 2 ** 20, "tb": 1e12 / 2 ** 20,
+    "m": 1.0, "mi": 1.0, "mib": 1.0, "mb": 1.0,
+    "g": 1024.0, "gi": 1024.0, "gib": 1024.0, "gb": 1024.0,
+    "t": 1024.0 ** 2, "ti": 1024.0 ** 2, "tib": 1024.0 ** 2, "tb": 1024.0 ** 2,
 }
 SIZE_EXAMPLES = "20GiB, 20G, 20480MiB"
 # Bounds that no real size or duration comes near: past them a number is a typo or an attack,

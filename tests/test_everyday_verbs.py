@@ -223,3 +223,25 @@ def test_show_folds_a_long_environment_and_lists_it_whole_with_env(queue):
     short = queue.gpuq("submit", "--gpus", "1", "--id", "short-env", "--export", "NONE", "--", "true")
     assert short.returncode == 0
     assert "more (all of them" not in queue.gpuq("show", "short-env").stdout  # a short one is shown whole
+
+
+def test_one_size_rule_and_show_prints_what_was_asked(queue):
+    """Newcomer review: `8gb` and `8GB` gave 7.5 GiB while `8g` gave 8 GiB, and show printed
+    7.5GiB. Every spelling of 8 gigabytes is 8 GiB, in submit and in a dropped spec."""
+    for i, size in enumerate(("8g", "8G", "8GB", "8gb", "8GiB", "8192MiB", "8192mb")):
+        queue.gpuq("submit", "--gpus", "1", "--gpu-mem", size, "--id", f"size-{i}", "--", "true")
+        shown = queue.gpuq("show", f"size-{i}").stdout
+        assert "gpu_mem:          8GiB" in shown, (size, shown)
+    queue.drop("dropped.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 8GB\nmem: 2gb\n")
+    queue.start_worker("a", "1x80GiB")
+    record = wait_until(lambda: queue.finished("dropped"), what="the dropped spec to run")
+    assert record["spec"]["gpu_mem_mib"] == 8192 and record["spec"]["mem_mib"] == 2048, record["spec"]
+    bad = queue.gpuq("submit", "--gpus", "1", "--gpu-mem", "8 bananas", "--", "true", check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("gpuq submit: --gpu-mem:") and "20GiB" in bad.stderr
+
+
+def test_every_refusal_names_its_verb_and_exits_1(queue):
+    queue.start_worker("a", "1x80GiB")
+    for verb in ("cancel", "hold", "release", "retry", "unbook"):
+        done = queue.gpuq(verb, "no-such-job", check=False)
+        assert done.returncode == 1 and done.stderr.startswith(f"gpuq {verb}: "), (verb, done.stderr)

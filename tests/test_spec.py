@@ -27,7 +27,8 @@ def test_defaults_and_list_command():
 
 
 @pytest.mark.parametrize("size,mib", [("20GiB", 20480), ("20G", 20480), ("20480MiB", 20480),
-                                      ("1.5GiB", 1536), ("1TiB", 1024 ** 2), ("20GB", 19074)])
+                                      ("1.5GiB", 1536), ("1TiB", 1024 ** 2), ("20GB", 20480),
+                                      ("20gb", 20480), ("20g", 20480), ("1tb", 1024 ** 2)])
 def test_sizes(size, mib):
     assert parse_size_mib(size) == mib
 
