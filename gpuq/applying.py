@@ -78,8 +78,8 @@ def _cancel(layout: Layout, config: Config, host: str, actor: Actor, r: Request)
 
 
 def _hold(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    why = _text(r.args.get("why"), 200)
-    return _per_id(r, lambda i: _held_or_refused(lambda: holds.hold(layout, i, host, actor, why)))
+    why, arriving = _text(r.args.get("why"), 200), r.args.get("arriving") is True
+    return _per_id(r, lambda i: _held_or_refused(lambda: holds.hold(layout, i, host, actor, why, arriving)))
 
 
 def _release(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:

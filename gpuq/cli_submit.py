@@ -39,15 +39,26 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
                   "Fix: ask for less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
             return 2
         check_dependencies(layout, spec)
-        job_id = place_spec(layout, raw, args.id, readable_base([], Path(args.spec).stem))
+        job_id = place_spec(layout, raw, args.id, readable_base([], Path(args.spec).stem), held=args.hold)
     except SpecError as e:
         print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
         return 2
     except (SubmitError, OSError) as e:
         print(f"gpuq submit: {args.spec}: {e}", file=sys.stderr)
         return 2
+    return _submitted(args, job_id)
+
+
+def _submitted(args: argparse.Namespace, job_id: str) -> int:
+    """The id, last; with --hold, after the hold it asked for (a worker moves the spec into
+    held/; with none live the request waits, and so does the spec: never started meanwhile)."""
+    rc = 0
+    if args.hold:
+        from .cli_requests import run_request
+
+        rc = run_request(args, "hold", (job_id,), why="held at submission", arriving=True)
     print(job_id)
-    return 0
+    return rc
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -89,6 +100,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Fix: ask for "
                   "less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
             return 2
+        if args.array and args.hold:
+            raise SubmitError("--hold does not take --array yet: submit the array, then `gpuq hold ID` "
+                              "its members. Nothing was written.")
         if args.array:
             from .cli_workflow import submit_array
 
@@ -97,7 +111,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             if job_id is None:
                 return 2
         else:
-            job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name))
+            job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name), held=args.hold)
     except SpecError as e:
         where = f"--{e.field.replace('_', '-')}" if e.field in SUBMIT_OPTIONS else (e.field or "spec")
         print(f"gpuq submit: {where}: {e.problem}. Fix: {e.fix}. Nothing was written.", file=sys.stderr)
@@ -110,8 +124,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     config = read_config(layout)
     host = this_host()
     poke(config.local_dir_for(layout, host))
-    print(job_id)
-    return 0
+    return _submitted(args, job_id)
 
 
 LIMIT_OPTIONS = ("time_limit", "cpus", "mem", "grace", "retries", "restart")
@@ -150,6 +163,8 @@ def add_limit_options(sp: argparse.ArgumentParser) -> None:
                                                         "restarted in place")
     sp.add_argument("--preemptible", action="store_true", help="opportunistic: runs on idle GPUs and yields "
                                                                "to ordinary jobs and to people")
+    sp.add_argument("--hold", action="store_true", help="submit it held (sbatch --hold): it waits, keeping its "
+                                                        "place, until `gpuq release ID`")
 
 
 def environment_fields(args: argparse.Namespace) -> dict:

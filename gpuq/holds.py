@@ -60,14 +60,17 @@ def _held(layout: Layout, job_id: str, actor: Actor, verb: str, missing: str) ->
     return src, st
 
 
-def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") -> str:
+def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "", arriving: bool = False) -> str:
+    """Hold the pending spec of `job_id`; with `arriving`, the one `submit --hold` wrote."""
     if os.path.lexists(held_spec(layout, job_id)):
         raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
     if has_record(layout, job_id):  # a file in jobs/ under a running or ended job's id is not that job
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")
-    mine = [p for p in pending_specs(layout, job_id) if actor.may_act_on(os.lstat(p).st_uid)]
+    candidates = [p for p in [layout.arriving_held(job_id)] if os.path.lexists(p)] if arriving else \
+        pending_specs(layout, job_id)
+    mine = [p for p in candidates if actor.may_act_on(os.lstat(p).st_uid)]
     if not mine:
-        others = pending_specs(layout, job_id)
+        others = candidates
         if others:
             raise HoldError(refusal(job_id, os.lstat(others[0]).st_uid, "hold"))
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")

@@ -142,6 +142,7 @@ def readable_base(command: list[str], name: str | None) -> str:
 
 def _id_taken(layout: Layout, job_id: str) -> bool:
     return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
+            or os.path.lexists(layout.arriving_held(job_id))
             or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*"))
             or group_file(layout, job_id).exists() or (layout.held / f"{job_id}.yaml").exists())
 
@@ -163,18 +164,20 @@ def spec_bytes(data: dict[str, Any]) -> bytes:
     return (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode()
 
 
-def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: str) -> tuple[str, JobSpec]:
+def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: str,
+               held: bool = False) -> tuple[str, JobSpec]:
     """Validate, then create jobs/<id>.yaml without ever overwriting: the final name is
     made with link(2), which fails if the name exists, so concurrent submits cannot collide."""
     check_dependencies(layout, validate_spec(data, "gpuq submit"))  # refuse before writing anything
     text = spec_bytes(data)
     check_size(text, data.get("env") or {})
     spec = parse_spec_text(text, "gpuq submit")  # what the worker will read back
-    return place_spec(layout, text, job_id, base), spec
+    return place_spec(layout, text, job_id, base, held), spec
 
 
-def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str) -> str:
-    """Create jobs/<id>.yaml holding `text`, already checked as the worker would."""
+def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str, held: bool = False) -> str:
+    """Create jobs/<id>.yaml holding `text`, already checked as the worker would; with
+    `held`, the dot file that `submit --hold`'s request then moves into state/held/."""
     if job_id is not None and not JOB_ID_RE.match(job_id):
         raise SubmitError(f"--id {job_id!r}: ids are letters, digits, '_', '-' and '.', at most 64, "
                           "not starting with '.'")
@@ -189,12 +192,19 @@ def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str) -> st
                 if job_id:
                     raise SubmitError(f"job id {job_id!r} is already used; pick another --id")
                 continue
+            names = (layout.jobs / f"{candidate}.yaml", layout.arriving_held(candidate))
+            mine, other = names[::-1] if held else names
             try:
-                os.link(tmp, layout.jobs / f"{candidate}.yaml")
-                return candidate
+                os.link(tmp, mine)
             except FileExistsError:
                 if job_id:
                     raise SubmitError(f"job id {job_id!r} is already used; pick another --id") from None
+                continue
+            if not os.path.lexists(other):  # a held and a plain submit of one id at once: each
+                return candidate               # links its own name, then sees the other's, and retreats
+            mine.unlink()
+            if job_id:
+                raise SubmitError(f"job id {job_id!r} is already used; pick another --id")
         raise SubmitError("no free job id")
     finally:
         tmp.unlink(missing_ok=True)

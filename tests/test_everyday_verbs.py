@@ -245,3 +245,34 @@ def test_every_refusal_names_its_verb_and_exits_1(queue):
     for verb in ("cancel", "hold", "release", "retry", "unbook"):
         done = queue.gpuq(verb, "no-such-job", check=False)
         assert done.returncode == 1 and done.stderr.startswith(f"gpuq {verb}: "), (verb, done.stderr)
+
+
+def test_submit_hold_keeps_the_job_from_starting_until_released(queue):
+    queue.start_worker("a", "1x80GiB")
+    held = queue.gpuq("submit", "--hold", "--gpus", "1", "--id", "h1", "--", "echo ran-h1")
+    assert held.stdout.splitlines() == ["h1: held (gpuq release h1 puts it back at its place)", "h1"], held.stdout
+    assert [h["id"] for h in queue.status()["held"]] == ["h1"] and "HELD (1" in queue.gpuq("status").stdout
+    queue.wait_passes("a", 2)  # whole passes with a free GPU: it never started
+    assert queue.record("h1") is None and "ran-h1" not in queue.log("h1")
+    queue.gpuq("release", "h1")
+    assert wait_until(lambda: queue.finished("h1"), what="h1 after its release")["state"] == "done"
+    assert "ran-h1" in queue.log("h1")
+
+
+def test_submit_hold_with_no_worker_waits_and_never_starts_the_job(team):
+    """A member's hold request waits for a worker (root's own CLI would apply it itself)."""
+    team.start_worker("a", "1x80GiB")
+    team.stop_worker("a")  # a box the queue knows, with its worker down
+    waiting = team.as_user(ALICE, "submit", "--hold", "--gpus", "1", "--id", "h2", "--", "echo ran-h2")
+    assert waiting.returncode == 3 and waiting.stdout.splitlines()[-1] == "h2", (waiting.stdout, waiting.stderr)
+    assert "request" in waiting.stderr and "waits" in waiting.stderr
+    assert not (team.root / "jobs" / "h2.yaml").exists()  # nothing a worker could start
+    team.start_worker("a", "1x80GiB")
+    wait_until(lambda: [(h["id"], h["user"]) for h in team.status()["held"]] == [("h2", ALICE)],
+               what="h2 held by the worker, as alice's")
+    team.wait_passes("a", 2)
+    assert team.record("h2") is None and "ran-h2" not in team.log("h2")
+    again = team.as_user(ALICE, "submit", "--hold", "--gpus", "1", "--id", "h2", "--", "true")
+    assert again.returncode == 2 and "already used" in again.stderr
+    array = team.as_user(ALICE, "submit", "--hold", "--array", "0-2", "--", "true")
+    assert array.returncode == 2 and "--hold does not take --array" in array.stderr
