@@ -315,7 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the verb's own usage, not the list of verbs (`submit --gpu-memory 8G`)
+        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        verbs.choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.launcher_dir = launcher_dir
     from .config import ConfigError
 

@@ -15,7 +15,18 @@ def _never_fits(layout, data: dict) -> str | None:
     from .views import never_fits
 
     spec = validate_spec(data, "gpuq submit")
-    return never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
+    refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
+    return refused and f"{refused}. Fix: {_fit_fix(layout, spec)}"
+
+
+def _fit_fix(layout, spec) -> str:
+    """What would let a job that no GPU can hold fit: another host list, or a smaller ask."""
+    from .teamstate import load_heartbeats
+
+    known = sorted(str(hb.get("host")) for hb in load_heartbeats(layout))
+    if spec.hosts and not set(spec.hosts) & set(known):
+        return f"--hosts names boxes gpuq knows: {', '.join(known) or 'none has run a worker yet'}"
+    return "ask for less memory or fewer GPUs"
 
 
 def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
@@ -36,7 +47,7 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
         refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
         if refused:
             print(f"gpuq submit: {args.spec}: no GPU in the team can ever hold this job: {refused}. "
-                  "Fix: ask for less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
+                  f"Fix: {_fit_fix(layout, spec)}. Nothing was written.", file=sys.stderr)
             return 2
         check_dependencies(layout, spec)
         job_id = place_spec(layout, raw, args.id, readable_base([], Path(args.spec).stem), held=args.hold)
@@ -97,8 +108,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         data.update(limit_fields(args))
         refused = _never_fits(layout, data)
         if refused:
-            print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Fix: ask for "
-                  "less memory or fewer GPUs. Nothing was written.", file=sys.stderr)
+            print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Nothing was written.",
+                  file=sys.stderr)
             return 2
         if args.array and args.hold:
             raise SubmitError("--hold does not take --array yet: submit the array, then `gpuq hold ID` "

@@ -166,8 +166,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     root = Path(args.dir).resolve()
     print("\n".join(done))
     print(f"\nOn each box, `crontab -e` and add:\n  {cron_line(root)}\n"
-          f"Then: GPUQ_ROOT={root} gpuq submit --gpus 1 --gpu-mem 8GiB -- python train.py; gpuq status; "
-          "gpuq doctor")
+          f"Then every member: export GPUQ_ROOT={root} (in ~/.profile, so that every gpuq command finds it);\n"
+          "  gpuq submit --gpus 1 --gpu-mem 8GiB -- python train.py; gpuq status; gpuq doctor")
     return 0
 
 

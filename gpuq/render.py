@@ -81,7 +81,8 @@ def _clock(t: float | None) -> str:
 def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     view = safe_tree(view)
     out = [f"gpuq · {view['root']} · {stamp(view['now'])}", ""]
-    out.append("HOSTS" if view["hosts"] else "HOSTS: none — no worker has run yet (start: python worker.py)")
+    out.append("HOSTS" if view["hosts"] else "HOSTS: none — no worker has run yet (each box's crontab starts one: "
+                                        "gpuq doctor, run by the root's owner, prints the line)")
     for h in view["hosts"]:
         state = "up" if h["alive"] else "NOT RESPONDING"
         if h.get("drain"):

@@ -31,7 +31,7 @@ class SpecError(Exception):
     def __init__(self, file: str, field: str | None, problem: str, fix: str) -> None:
         self.file, self.field, self.problem, self.fix = file, field, problem, fix
         where = f"{file}: field '{field}'" if field else file
-        super().__init__(f"{where}: {problem}. Fix: {fix}")
+        super().__init__(f"{where}: {problem}. Fix: {fix}" + ("" if fix.endswith((".", ")")) else "."))
 
 
 @dataclass(frozen=True)

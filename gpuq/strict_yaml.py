@@ -102,8 +102,9 @@ def load_yaml(text: bytes, file: str) -> Any:
             raise _too_deep(file) from None
         first_line = str(e).strip().splitlines()
         detail = " ".join(line.strip() for line in first_line[:3])
-        raise SpecError(file, None, f"not valid YAML ({detail})",
-                        "check indentation and quoting; `key: value` per line") from None
+        fix = "indent with spaces: YAML does not allow tabs" if "tab character" in detail else \
+            "check indentation and quoting; `key: value` per line"
+        raise SpecError(file, None, f"not valid YAML ({detail})", fix) from None
     except RecursionError:
         raise _too_deep(file) from None
     finally:

@@ -276,3 +276,22 @@ def test_submit_hold_with_no_worker_waits_and_never_starts_the_job(team):
     assert again.returncode == 2 and "already used" in again.stderr
     array = team.as_user(ALICE, "submit", "--hold", "--array", "0-2", "--", "true")
     assert array.returncode == 2 and "--hold does not take --array" in array.stderr
+
+
+def test_messages_point_at_the_fix(queue, tmp_path):
+    """The newcomer review's CLI errors: each names the verb and the fix that applies."""
+    none_yet = queue.gpuq("status").stdout
+    assert "no worker has run yet" in none_yet and "python worker.py" not in none_yet
+    unknown = queue.gpuq("submit", "--gpu-memory", "8G", "--", "true", check=False)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("usage: gpuq submit"), unknown.stderr
+    assert "gpuq submit: error: unrecognized arguments: --gpu-memory" in unknown.stderr
+    queue.start_worker("box-a", "1x80GiB")
+    nowhere = queue.gpuq("submit", "--hosts", "box-z", "--", "true", check=False)
+    assert nowhere.returncode == 2 and "Fix: --hosts names boxes gpuq knows: box-a." in nowhere.stderr
+    assert "less memory" not in nowhere.stderr
+    tabbed = tmp_path / "tabbed.yaml"
+    tabbed.write_text("command: echo\n\tgpus: 1\n")
+    tab = queue.gpuq("submit", "--spec", str(tabbed), check=False)
+    assert tab.returncode == 2 and "Fix: indent with spaces: YAML does not allow tabs. Nothing was written." in tab.stderr
+    init = queue.gpuq("init", str(tmp_path / "new-root"))
+    assert f"export GPUQ_ROOT={tmp_path / 'new-root'}" in init.stdout  # for every command after it
