@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 from .layout import Layout, RootError, resolve_root
-from .single_instance import this_host
 from .states import FINAL_STATES, State
 
 if TYPE_CHECKING:

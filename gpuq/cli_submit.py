@@ -34,7 +34,7 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
     from .intake import read_spec_file
     from .plan import PendingJob
     from .spec import SpecError, parse_spec_text
-    from .submit import SubmitError, check_dependencies, place_spec, readable_base
+    from .submit import SubmitError, check_dependencies, check_runnable_by_workers, place_spec, readable_base
     from .views import never_fits
 
     if command:
@@ -49,6 +49,8 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
             print(f"gpuq submit: {args.spec}: no GPU in the team can ever hold this job: {refused}. "
                   f"Fix: {_fit_fix(layout, spec)}. Nothing was written.", file=sys.stderr)
             return 2
+        config = read_config(layout)
+        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
         check_dependencies(layout, spec)
         job_id = place_spec(layout, raw, args.id, readable_base([], Path(args.spec).stem), held=args.hold)
     except SpecError as e:
@@ -76,8 +78,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     import os
 
     from .spec import SpecError
-    from .submit import (SubmitError, build_spec, check_size, exported_environment, readable_base,
-                         spec_bytes, withheld_note, write_spec)
+    from .submit import (SubmitError, build_spec, check_runnable_by_workers, check_size, exported_environment,
+                         readable_base, spec_bytes, withheld_note, write_spec)
     from .wake import poke
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -104,6 +106,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                       os.path.abspath(args.workdir or os.getcwd()),
                       _ids(args.after), _ids(args.after_any))
     try:
+        config = read_config(layout)
+        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
         data.update(environment_fields(args))
         data.update(limit_fields(args))
         refused = _never_fits(layout, data)
@@ -132,9 +136,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     if withheld := [name for name in withheld if name not in env]:  # (--env may set one)
         print(withheld_note(withheld), file=sys.stderr)
-    config = read_config(layout)
-    host = this_host()
-    poke(config.local_dir_for(layout, host))
+    poke(config.local_dir_for(layout, this_host()))
     return _submitted(args, job_id)
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 from .layout import JOB_ID_RE, Layout
-from .spec import MAX_SPEC_BYTES, JobSpec, parse_spec_text, validate_spec
+from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text, validate_spec
 from .spool import claims_of, has_record, pending_spec_path
 from .sweeps import group_file
 
@@ -145,6 +146,24 @@ def _id_taken(layout: Layout, job_id: str) -> bool:
             or os.path.lexists(layout.arriving_held(job_id))
             or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*"))
             or group_file(layout, job_id).exists() or (layout.held / f"{job_id}.yaml").exists())
+
+
+def check_runnable_by_workers(layout: Layout, run_for_users: tuple[str, ...], allow_root: bool) -> None:
+    """Refuse, before writing, a spec the workers would refuse for its owner (this user): root
+    without allow_root_jobs, or a user a non-root worker does not run for. The workers' account
+    is the owner of state/, as the workers require."""
+    import dataclasses
+    import types
+
+    from .owners import OwnerPolicy
+
+    policy = OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, run_for_users, allow_root)
+    policy = dataclasses.replace(policy, worker_uid=os.stat(layout.state).st_uid, shared_root=False)
+    try:  # the file submit writes: this user's, 0640
+        policy.check(types.SimpleNamespace(st_uid=os.geteuid(), st_mode=stat.S_IFREG | 0o640), "gpuq submit")
+    except SpecError as e:
+        raise SubmitError(f"this job would be refused by the workers: {e.problem.replace('is owned', 'would be owned')}. "
+                          f"Fix: {e.fix}. Nothing was written.") from None
 
 
 def check_dependencies(layout: Layout, spec: JobSpec) -> None:

@@ -82,6 +82,18 @@ def test_root_owned_and_writable_specs_are_refused_with_the_reason(shared, users
     assert shared.finished("rooty") is None and shared.finished("open") is None
 
 
+def test_submit_refuses_what_the_workers_would_refuse_for_its_owner(shared):
+    """Newcomer review: `gpuq submit` as root printed an id and exited 0, then the worker
+    rejected the spec ("owned by root"). Submit checks the owner as the workers will."""
+    shared.write_config(allow_root_jobs=False)
+    refused = shared.gpuq("submit", "--gpus", "0", "--id", "as-root", "--", "id", check=False)
+    assert refused.returncode == 2 and "would be owned by root" in refused.stderr, refused.stderr
+    assert "allow_root_jobs" in refused.stderr and "Nothing was written" in refused.stderr
+    assert not list((shared.root / "jobs").glob("as-root*"))
+    shared.write_config(allow_root_jobs=True)  # where everything runs as root (a container)
+    assert shared.gpuq("submit", "--gpus", "0", "--id", "as-root", "--", "id").stdout.split()[-1] == "as-root"
+
+
 def _worker_as(queue: Queue, user: pwd.struct_passwd, shared_code) -> subprocess.Popen:
     python, code = shared_code  # an interpreter and code the user can run (tests/team.py)
     proc = subprocess.Popen([python, str(code / "worker.py"), "--root", str(queue.root), "--host", "a",
