@@ -441,7 +441,7 @@ def test_submit_records_the_environment_as_sbatch_export_does(queue, tmp_path: P
     assert "conda: torch-2.3\nsetup:\n- export A=1\n- ./fetch.sh\n" in spec("envs")
     bad = queue.gpuq("submit", "--export", "1BAD", "--", "true", check=False)
     assert bad.returncode == 2 and "--export: '1BAD' is not a variable name" in bad.stderr
-    shown = queue.gpuq("show", "some").stdout
+    shown = queue.gpuq("show", "some", "--env").stdout
     assert "will run:" in shown and "FOO=1" in shown and "SEED=3" in shown and "GPUQ_JOB_ID=some" in shown
     boxed = json.loads(queue.gpuq("show", "boxed", "--json").stdout)
     assert boxed["sees"]["argv"][:3] == ["docker", "run", "--rm"] and boxed["sees"]["runtime"] == "docker"

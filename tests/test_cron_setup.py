@@ -96,8 +96,11 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
         commands = [as_here(line) for line in setup if not line.startswith(("* ", "crontab "))]
         (cron_line,) = [as_here(line) for line in setup if line.startswith("* * * * * ")]
         printed = ""
-        for command in commands:  # as root at a shell, one line at a time
-            done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=600)
+        # As root at a login shell: nothing of this test's Python (a PYTHONPATH would make the
+        # venv's gpuq import another copy, and init print that copy's worker.py).
+        shell_env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "GPUQ_"))}
+        for command in commands:  # one line at a time
+            done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=600, env=shell_env)
             assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
             printed += done.stdout
         assert cron_line in printed.splitlines() or f"  {cron_line}" in printed.splitlines(), \
