@@ -9,33 +9,29 @@ from .cli import open_layout, read_config
 from .single_instance import this_host
 
 
-def _never_fits(layout, data: dict) -> str | None:
+def _never_fits(layout, spec) -> str | None:
+    """Why no GPU of the team can ever hold `spec`, and the fix: another host list where it
+    names no known box, else a smaller ask; None when it fits somewhere."""
     from .plan import PendingJob
-    from .spec import validate_spec
+    from .teamstate import load_heartbeats
     from .views import never_fits
 
-    spec = validate_spec(data, "gpuq submit")
     refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
-    return refused and f"{refused}. Fix: {_fit_fix(layout, spec)}"
-
-
-def _fit_fix(layout, spec) -> str:
-    """What would let a job that no GPU can hold fit: another host list, or a smaller ask."""
-    from .teamstate import load_heartbeats
-
+    if refused is None:
+        return None
     known = sorted(str(hb.get("host")) for hb in load_heartbeats(layout))
     if spec.hosts and not set(spec.hosts) & set(known):
-        return f"--hosts names boxes gpuq knows: {', '.join(known) or 'none has run a worker yet'}"
-    return "ask for less memory or fewer GPUs"
+        fix = f"--hosts names boxes gpuq knows: {', '.join(known) or 'none has run a worker yet'}"
+    else:
+        fix = "ask for less memory or fewer GPUs"
+    return f"no GPU in the team can ever hold this job: {refused}. Fix: {fix}. Nothing was written."
 
 
 def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
     """`gpuq submit --spec FILE`: the file as is, refused exactly as a worker would refuse it."""
     from .intake import read_spec_file
-    from .plan import PendingJob
     from .spec import SpecError, parse_spec_text
     from .submit import SubmitError, check_dependencies, check_runnable_by_workers, place_spec, readable_base
-    from .views import never_fits
 
     if command:
         print("gpuq submit: give either --spec FILE or a command, not both", file=sys.stderr)
@@ -44,10 +40,8 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
         raw, _ = read_spec_file(Path(args.spec), args.spec)
         spec = parse_spec_text(raw, args.spec)
         layout = open_layout(args)
-        refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
-        if refused:
-            print(f"gpuq submit: {args.spec}: no GPU in the team can ever hold this job: {refused}. "
-                  f"Fix: {_fit_fix(layout, spec)}. Nothing was written.", file=sys.stderr)
+        if refused := _never_fits(layout, spec):
+            print(f"gpuq submit: {args.spec}: {refused}", file=sys.stderr)
             return 2
         config = read_config(layout)
         check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
@@ -77,7 +71,7 @@ def _submitted(args: argparse.Namespace, job_id: str) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     import os
 
-    from .spec import SpecError
+    from .spec import SpecError, validate_spec
     from .submit import (SubmitError, build_spec, check_runnable_by_workers, check_size, exported_environment,
                          readable_base, spec_bytes, withheld_note, write_spec)
     from .wake import poke
@@ -110,10 +104,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
         data.update(environment_fields(args))
         data.update(limit_fields(args))
-        refused = _never_fits(layout, data)
-        if refused:
-            print(f"gpuq submit: no GPU in the team can ever hold this job: {refused}. Nothing was written.",
-                  file=sys.stderr)
+        if refused := _never_fits(layout, validate_spec(data, "gpuq submit")):
+            print(f"gpuq submit: {refused}", file=sys.stderr)
             return 2
         if args.array and args.hold:
             raise SubmitError("--hold does not take --array yet: submit the array, then `gpuq hold ID` "
