@@ -89,7 +89,10 @@ class Arrivals:
                 log.warning("cannot move %s to rejected/ (%s)", safe_text(path.name), safe_text(message))
             return
         close_moved_directory(dest)
-        message = safe_text(message)  # a field name may hold a newline: one line, never more
+        # The fix a message names is for the file as it was in jobs/: say where it is now.
+        kept = f" The spec is kept as state/rejected/{dest.name}"
+        message = safe_text(message + (f"{kept}: fix it there (or drop a fixed one), then `gpuq retry {stem}`."
+                                       if dest.name == f"{stem}{suffix}" else f"{kept}."))  # one line, never more
         atomic_write(dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error", (message + "\n").encode(), mode=0o644)
         append_event(self.layout, self.host, {"job": stem, "from": "pending", "to": "rejected",
                                               "reason": message})

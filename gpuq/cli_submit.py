@@ -128,6 +128,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     if withheld := [name for name in withheld if name not in env]:  # (--env may set one)
         print(withheld_note(withheld), file=sys.stderr)
+    if args.workdir and not os.path.isdir(data["workdir"]):  # a box's local disk may have it: a warning
+        print(f"gpuq submit: warning: --workdir {data['workdir']} is not a directory here; the job fails to "
+              "start unless it is one on the box that runs it", file=sys.stderr)
     poke(config.local_dir_for(layout, this_host()))
     return _submitted(args, job_id)
 

@@ -168,6 +168,9 @@ def test_a_rejected_spec_is_retried_after_its_fix_and_leaves_the_rejected_list(q
     queue.drop("mine.yaml", "command: echo mine ran\ngpus: 0\n")
     queue.drop("typo.yaml", "command: echo typo ran\ngpus: two\n")
     wait_until(lambda: {r["id"] for r in queue.status()["rejected"]} == {"mine", "typo"}, what="both refused")
+    said = (queue.root / "state" / "rejected" / "typo.error").read_text()  # where the spec is now, and how back
+    assert said.rstrip().endswith("The spec is kept as state/rejected/typo.yaml: fix it there (or drop a fixed "
+                                  "one), then `gpuq retry typo`."), said
     early = queue.gpuq("retry", "typo", check=False)  # its text is wrong: refused again
     assert early.returncode == 0 and "back in the queue, to be checked again" in early.stdout
     wait_until(lambda: (queue.root / "state" / "rejected" / "typo.error").exists(), what="typo refused again")
@@ -293,5 +296,7 @@ def test_messages_point_at_the_fix(queue, tmp_path):
     tabbed.write_text("command: echo\n\tgpus: 1\n")
     tab = queue.gpuq("submit", "--spec", str(tabbed), check=False)
     assert tab.returncode == 2 and "Fix: indent with spaces: YAML does not allow tabs. Nothing was written." in tab.stderr
+    nowhere_dir = queue.gpuq("submit", "--workdir", str(tmp_path / "no-such-dir"), "--gpus", "0", "--", "true")
+    assert "warning: --workdir" in nowhere_dir.stderr and "is not a directory here" in nowhere_dir.stderr
     init = queue.gpuq("init", str(tmp_path / "new-root"))
     assert f"export GPUQ_ROOT={tmp_path / 'new-root'}" in init.stdout  # for every command after it
