@@ -74,6 +74,8 @@ def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:
     busy = [s.label for s in slots if s.busy_by_others]
     if busy:
         return f"opportunistic: waits for an idle GPU (in use by others: {', '.join(busy)})"
+    if all(s.jobs for s in slots):  # not "idle for under 60s": the GPUs are simply full of jobs
+        return "opportunistic: waits for an idle GPU (every GPU runs ordinary jobs)"
     return f"opportunistic: waits for an idle GPU (idle for under {idle_after_s:g}s)"
 
 

@@ -104,6 +104,13 @@ def test_opportunistic_jobs_start_only_on_gpus_idle_long_enough():
     assert result.starts == [] and "waits for an idle GPU (in use by others: h:1)" in result.reasons["lo"]
     normal = plan([job("n")], hosts, [], CFG, now=1100)
     assert list(starts(normal)) == ["n"]  # ordinary work does not wait for idleness
+    # Just after a worker started (idle for 10 s) with every GPU full of ordinary jobs: that is
+    # the reason, not "idle for under 60s" (newcomer review).
+    full = [run("n0", gpus=(0,), mem_gib=10), run("n2", gpus=(2,), mem_gib=10)]
+    result = plan(pending, [HostView("h", (gpu(0), gpu(2)), 1, {0: 1090.0, 2: 1090.0})], full, CFG, now=1100)
+    assert result.reasons["lo"] == "opportunistic: waits for an idle GPU (every GPU runs ordinary jobs)"
+    result = plan(pending, [HostView("h", (gpu(0), gpu(2)), 1, {0: 1090.0, 2: 1090.0})], full[:1], CFG, now=1100)
+    assert result.reasons["lo"] == f"opportunistic: waits for an idle GPU (idle for under {CFG.idle_after_s:g}s)"
 
 
 def test_a_person_coming_back_preempts_opportunistic_jobs_on_that_gpu_only():
