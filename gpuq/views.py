@@ -120,7 +120,8 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "alerts": sorted({f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
                          key=lambda a: a["since"]),
         "finished": [_finished(layout, ev) for ev in
-                     recent_events(layout, final_names - {"rejected"}, config.recent_finished)],
+                     recent_events(layout, final_names - {"rejected"}, config.recent_finished)
+                     if not _retried(layout, ev["job"])],
         "rejected": [_rejected(layout, ev) for ev in
                      recent_events(layout, frozenset({"rejected"}), config.recent_finished)
                      if not _lived_on(layout, ev)],
@@ -224,6 +225,17 @@ def _finished(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
             "signal": record.signal, "ended_at": record.ended_at,
             "duration_s": round(duration, 2) if duration is not None else None,
             "host": record.host, "gpus": record.gpus, "reason": record.reason}
+
+
+def _retried(layout: Layout, job_id: str) -> bool:
+    """Whether an ended job is back in the queue (`gpuq retry` took its finished record away):
+    its old ending is no longer news, and it shows where it is now."""
+    from .spool import claims_of, pending_spec_path
+
+    if layout.record(layout.finished, job_id).exists():
+        return False
+    return bool(pending_spec_path(layout, job_id) or claims_of(layout, job_id)
+                or layout.record(layout.running, job_id).exists() or layout.record(layout.held, job_id).exists())
 
 
 def _lived_on(layout: Layout, ev: dict[str, Any]) -> bool:

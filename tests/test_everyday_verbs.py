@@ -300,3 +300,15 @@ def test_messages_point_at_the_fix(queue, tmp_path):
     assert "warning: --workdir" in nowhere_dir.stderr and "is not a directory here" in nowhere_dir.stderr
     init = queue.gpuq("init", str(tmp_path / "new-root"))
     assert f"export GPUQ_ROOT={tmp_path / 'new-root'}" in init.stdout  # for every command after it
+
+
+def test_a_retried_job_shows_where_it_is_now_not_also_as_finished(queue):
+    """Newcomer review: a retried job appeared both in PENDING and in FINISHED."""
+    queue.start_worker("a", "1x80GiB")
+    queue.gpuq("submit", "--gpus", "0", "--id", "flaky", "--", "exit 1")
+    assert wait_until(lambda: queue.finished("flaky"), what="flaky to fail")["state"] == "failed"
+    queue.stop_worker("a")  # so that it waits in the queue while we look
+    queue.gpuq("retry", "flaky")
+    view = queue.status()
+    assert [p["id"] for p in view["pending"]] == ["flaky"], view["pending"]
+    assert "flaky" not in [f["id"] for f in view["finished"]], view["finished"]
