@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .faults import wall_time
 from .intake import read_spec_file, user_name
-from .layout import Layout
+from .layout import JOB_ID_RE, Layout
 from .owners import Actor, refusal
 from .spec import SpecError, parse_spec_text
 from .spool import (Record, append_event, create_owned, forget_place, has_record, keep_place, kept_place,
@@ -33,6 +33,7 @@ from .spool import (Record, append_event, create_owned, forget_place, has_record
                     read_record, transition_event,
                     unclaim, write_json, write_record)
 from .states import State, check_transition
+from .submit import id_taken
 
 
 class HoldError(Exception):
@@ -66,6 +67,9 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "", ar
         raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
     if has_record(layout, job_id):  # a file in jobs/ under a running or ended job's id is not that job
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")
+    if arriving and id_taken(layout, job_id, but_arriving_held=True):  # a member may name any id here
+        raise HoldError(f"{job_id}: the id is used by another job, so jobs/.{job_id}.yaml.hold was not held. "
+                        f"Fix: remove that file (it is yours) and submit again under another id")
     candidates = [p for p in [layout.arriving_held(job_id)] if os.path.lexists(p)] if arriving else \
         pending_specs(layout, job_id)
     mine = [p for p in candidates if actor.may_act_on(os.lstat(p).st_uid)]
@@ -109,7 +113,16 @@ def _put_back(layout: Layout, moved: Path, spec_path: Path, job_id: str) -> None
 
 
 def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
-    """Back into the queue at its old place."""
+    """Back into the queue at its old place; a `submit --hold` spec whose hold no worker has
+    applied yet, into the queue as a new submission."""
+    arriving = layout.arriving_held(job_id)
+    if not os.path.lexists(held_spec(layout, job_id)) and os.path.lexists(arriving):
+        st = os.lstat(arriving)
+        _check_owner(job_id, st.st_uid, actor, "release")
+        if id_taken(layout, job_id, but_arriving_held=True) or not unclaim(arriving, layout.jobs / f"{job_id}.yaml"):
+            raise HoldError(f"{job_id}: the id is used by another job; jobs/.{job_id}.yaml.hold stays. "
+                            "Fix: remove that file (it is yours) and submit again under another id")
+        return f"{job_id}: released (it had not been held yet), in the queue"
     src, st = _held(layout, job_id, actor, "release", f"{job_id}: not held")
     try:
         record = read_record(layout.record(layout.held, job_id))
@@ -163,6 +176,16 @@ def held_jobs(layout: Layout) -> list[dict]:
             record = {}
         out.append({"id": job_id, "user": user_name(st.st_uid), "since": record.get("held_at"),
                     "reason": record.get("reason") or "held"})
+    for path in sorted(layout.jobs.glob(".*.yaml.hold")):  # submitted held; no worker has held them yet
+        job_id = path.name[1:-len(".yaml.hold")]
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        # (one planted under another job's id is not a job: its hold is refused, and it is not shown)
+        if stat.S_ISREG(st.st_mode) and JOB_ID_RE.match(job_id) and not id_taken(layout, job_id, but_arriving_held=True):
+            out.append({"id": job_id, "user": user_name(st.st_uid), "since": st.st_mtime,
+                        "reason": "submitted held; its hold waits for a worker"})
     return out
 
 

@@ -141,9 +141,11 @@ def readable_base(command: list[str], name: str | None) -> str:
     return stem or "job"
 
 
-def _id_taken(layout: Layout, job_id: str) -> bool:
+def id_taken(layout: Layout, job_id: str, but_arriving_held: bool = False) -> bool:
+    """Whether any job, group, claim, rejected or held spec has `job_id` (a `submit --hold`
+    spec still waiting for its hold too, unless `but_arriving_held`: the hold asks about itself)."""
     return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
-            or os.path.lexists(layout.arriving_held(job_id))
+            or (not but_arriving_held and os.path.lexists(layout.arriving_held(job_id)))
             or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*"))
             or group_file(layout, job_id).exists() or (layout.held / f"{job_id}.yaml").exists())
 
@@ -169,7 +171,7 @@ def check_runnable_by_workers(layout: Layout, run_for_users: tuple[str, ...], al
 def check_dependencies(layout: Layout, spec: JobSpec) -> None:
     """Refuse ids no job has (a typo would leave the job waiting for ever)."""
     for option, ids in (("--after", spec.after), ("--after-any", spec.after_any)):
-        unknown = [d for d in ids if not _id_taken(layout, d)]
+        unknown = [d for d in ids if not id_taken(layout, d)]
         if unknown:
             raise SubmitError(f"{option} {', '.join(unknown)}: no such job. Fix: give ids that "
                               "`gpuq status` or `gpuq submit` showed. Nothing was written.")
@@ -207,7 +209,7 @@ def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str, held:
     try:
         candidates = [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000))
         for candidate in candidates:
-            if _id_taken(layout, candidate):
+            if id_taken(layout, candidate):
                 if job_id:
                     raise SubmitError(f"job id {job_id!r} is already used; pick another --id")
                 continue

@@ -312,3 +312,46 @@ def test_a_retried_job_shows_where_it_is_now_not_also_as_finished(queue):
     view = queue.status()
     assert [p["id"] for p in view["pending"]] == ["flaky"], view["pending"]
     assert "flaky" not in [f["id"] for f in view["finished"]], view["finished"]
+
+
+def test_a_held_submission_cannot_take_another_members_id(team):
+    """Attack on `submit --hold`: alice plants jobs/.bobjob.yaml.hold and sends the hold request
+    by hand for bob's pending job's id. It must be refused: bob's job stays bob's."""
+    team.start_worker("a", "1x80GiB")
+    assert team.as_user(BOB, "submit", "--gpus", "0", "--id", "first", "--", "sleep 30").returncode == 0
+    bobs = team.as_user(BOB, "submit", "--gpus", "0", "--id", "bobjob", "--after", "first", "--", "echo bob-ran")
+    assert bobs.returncode == 0, bobs.stderr
+    script = (f"import json, os, sys, time; sys.path.insert(0, {str(team.code)!r})\n"
+              "from gpuq.inbox import read_reply, send\nfrom gpuq.layout import Layout\n"
+              f"layout = Layout(__import__('pathlib').Path({str(team.root)!r}))\n"
+              "open(layout.jobs / '.bobjob.yaml.hold', 'w').write('command: echo alice-ran\\n')\n"
+              "name = send(layout, 'hold', ('bobjob',), sent_from='x', why='mine now', arriving=True)\n"
+              "for _ in range(600):\n    reply = read_reply(layout, name)\n    if reply: break\n    time.sleep(0.1)\n"
+              "print(json.dumps(reply.outcomes))\n")
+    attack = team.py_as(ALICE, script, timeout=120)
+    assert attack.returncode == 0, attack.stderr
+    ((ok, message),) = json.loads(attack.stdout)
+    assert not ok and "the id is used by another job" in message, message
+    assert "bobjob" not in [h["id"] for h in team.status()["held"] if h["user"] == ALICE]
+    assert [(p["id"], p["user"]) for p in team.status()["pending"]] == [("bobjob", BOB)]
+    stolen = team.as_user(ALICE, "cancel", "bobjob")
+    assert stolen.returncode == 1 and "belongs to" in stolen.stderr
+    own = team.as_user(BOB, "cancel", "bobjob", "first")
+    assert own.returncode == 0, own.stderr
+
+
+def test_a_held_submission_before_any_worker_is_listed_and_can_be_cancelled_or_released(team):
+    team.start_worker("a", "1x80GiB")
+    team.stop_worker("a")
+    for job_id in ("h3", "h4"):
+        assert team.as_user(ALICE, "submit", "--hold", "--gpus", "0", "--id", job_id, "--", f"echo ran-{job_id}").returncode == 3
+    held = {h["id"]: h for h in team.status()["held"]}
+    assert held["h3"]["user"] == ALICE and "its hold waits for a worker" in held["h3"]["reason"]
+    assert "state:            held" in team.as_user(ALICE, "show", "h3").stdout
+    cancelled = team.gpuq("cancel", "h3")  # root, with no worker live, applies it itself
+    assert "nothing was recorded" in cancelled.stdout and team.record("h3") is None
+    released = team.gpuq("release", "h4")
+    assert "released (it had not been held yet)" in released.stdout
+    team.start_worker("a", "1x80GiB")  # alice's two hold requests are refused now: nothing to hold
+    assert wait_until(lambda: team.finished("h4"), what="h4 to run")["state"] == "done"
+    assert "ran-h4" in team.log("h4") and team.finished("h3") is None and not team.status()["held"]
