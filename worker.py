@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Thin launcher: `python worker.py [--foreground] ...` runs this host's gpuq worker.
-Cron line: * * * * * cd /shared/gpuq && python worker.py"""
+Cron starts it every minute: `gpuq init` prints the line (README, "On a GPU box")."""
 import os
 import sys
 

@@ -17,21 +17,23 @@ from .single_instance import this_host
 WAITING = 3
 
 
-def run_request(args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), **request_args: object) -> int:
+def run_request(args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), shown_as: str | None = None,
+                **request_args: object) -> int:
     from .applying import apply_one
     from .inbox import RequestError, read_reply, send
     from .wake import poke
 
+    said = shown_as or verb  # the verb the person typed (edit sends a hold first)
     layout = open_layout(args)
     config = read_config(layout)
     host = this_host()
     try:
         name = send(layout, verb, ids, sent_from=host, **request_args)
     except RequestError as e:
-        print(f"gpuq {verb}: {e}", file=sys.stderr)
+        print(f"gpuq {said}: {e}", file=sys.stderr)
         return 1
     except PermissionError:
-        print(f"gpuq {verb}: cannot write {layout.requests}/. Fix: team members need to be in the "
+        print(f"gpuq {said}: cannot write {layout.requests}/. Fix: team members need to be in the "
               "queue's group (README, Security model: `gpuq init DIR --group TEAM`)", file=sys.stderr)
         return 1
     reply = None
@@ -41,22 +43,22 @@ def run_request(args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), 
         poke(config.local_dir_for(layout, host))
     if reply is None:
         if not _live_workers(layout):
-            print(f"gpuq {verb}: no worker is running on any host; request {name} waits in requests/ and "
+            print(f"gpuq {said}: no worker is running on any host; request {name} waits in requests/ and "
                   "is applied when one starts (cron starts one each minute; `gpuq doctor`)", file=sys.stderr)
             return WAITING
         deadline = time.monotonic() + config.request_timeout_s
         while (reply := read_reply(layout, name)) is None and time.monotonic() < deadline:
             time.sleep(0.02)
     if reply is None:
-        print(f"gpuq {verb}: no worker answered within {config.request_timeout_s:g}s (config "
+        print(f"gpuq {said}: no worker answered within {config.request_timeout_s:g}s (config "
               f"request_timeout_s); request {name} waits and is applied at a worker's next pass "
               f"(live: {', '.join(_live_workers(layout))})", file=sys.stderr)
         return WAITING
     from .render import safe_text
 
     for done, message in reply.outcomes:  # a note or a spec's text may carry a member's escapes
-        if not done and not message.startswith("gpuq "):  # every error names its verb
-            message = f"gpuq {verb}: {message}"
+        if not done and not message.startswith("gpuq "):  # every error names the verb the person typed
+            message = f"gpuq {said}: {message}"
         print(safe_text(message), file=sys.stdout if done else sys.stderr)
     return 0 if reply.ok else 1
 

@@ -101,7 +101,7 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
 
     layout = open_layout(args)
     was_held = held_spec(layout, job_id).exists()
-    if not was_held and (rc := run_request(args, "hold", (job_id,), why="being edited")) != 0:
+    if not was_held and (rc := run_request(args, "hold", (job_id,), shown_as="edit", why="being edited")) != 0:
         return rc
     try:
         original, _ = read_spec_file(held_spec(layout, job_id), f"jobs/{job_id}.yaml")
@@ -149,7 +149,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if args.host not in hosts:
         print(f"gpuq drain: no host named {args.host!r} has run a worker here (hosts: {', '.join(hosts) or 'none'})",
               file=sys.stderr)
-        return 2
+        return 1  # not found (README: exit codes)
     return run_request(args, "drain", host=args.host, reason=args.reason)
 
 
@@ -166,9 +166,27 @@ def cmd_init(args: argparse.Namespace) -> int:
     root = Path(args.dir).resolve()
     print("\n".join(done))
     print(f"\nOn each box, `crontab -e` and add:\n  {cron_line(root)}\n"
-          f"Then every member: export GPUQ_ROOT={root} (in ~/.profile, so that every gpuq command finds it);\n"
+          f"Then every member: export GPUQ_ROOT={root} (in ~/.profile, so that every gpuq command finds it),\n"
+          f"and run gpuq as {member_command(args.launcher_dir)} (or put it on PATH):\n"
           "  gpuq submit --gpus 1 --gpu-mem 8GiB -- python train.py; gpuq status; gpuq doctor")
+    from .doctor import check_reachable
+    from .layout import Layout
+
+    for finding in check_reachable(Layout(root)):  # members run this very interpreter and code
+        if finding.level != "ok":
+            print(f"\nWARNING: {finding.message}.\n  Fix: {finding.fix}")
     return 0
+
+
+def member_command(launcher_dir: str | None) -> str:
+    """The gpuq command members run, by its full path: this checkout's gpuq.py with this
+    interpreter, else the gpuq installed beside this interpreter."""
+    from pathlib import Path
+
+    if launcher_dir:
+        return f"{sys.executable} {Path(launcher_dir) / 'gpuq.py'}"
+    beside = Path(sys.executable).parent / "gpuq"
+    return str(beside) if beside.exists() else "gpuq"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _launchers() -> tuple[list[str], list[str]]:
+    """How to run a worker and the CLI: a checkout's worker.py and gpuq.py, else (a venv with
+    gpuq installed) the installed package itself."""
+    if (REPO / "worker.py").exists() and (REPO / "gpuq.py").exists():
+        return [sys.executable, str(REPO / "worker.py")], [sys.executable, str(REPO / "gpuq.py")]
+    run = "import sys; from gpuq.{} import main; sys.exit(main())"
+    return [sys.executable, "-c", run.format("worker_main")], [sys.executable, "-c", run.format("cli")]
 JOBS = [  # (gpus, gpu_mem, seconds)
     (1, "20GiB", 4), (1, "20GiB", 4), (1, "10GiB", 3), (1, "10GiB", 3), (1, "6GiB", 2),
     (2, "16GiB", 5), (1, None, 3), (4, "8GiB", 3), (1, "12GiB", 2), (0, None, 2),
@@ -45,21 +55,29 @@ def _run(root: Path, quick: bool) -> int:
     allow_root = "allow_root_jobs: true\n" if os.geteuid() == 0 else ""
     (root / "config.yaml").write_text(f"poll_interval: 0.5\nlocal_dir: {root}/local-{{host}}\n{allow_root}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-    gpuq = [sys.executable, str(REPO / "gpuq.py"), "--root", str(root)]
+    worker, cli = _launchers()
+    gpuq = [*cli, "--root", str(root)]
     print(f"# demo queue root: {root}\n# starting two workers: box-a and box-b, 4 fake 24GiB GPUs each")
-    workers = [subprocess.Popen([sys.executable, str(REPO / "worker.py"), "--root", str(root),
-                                 "--host", host, "--fake-gpus", "4x24GiB", "--foreground"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-               for host in ("box-a", "box-b")]
+    stderr = {host: root / f"worker-{host}.stderr" for host in ("box-a", "box-b")}
+    workers = []
+    for host, path in stderr.items():
+        with open(path, "wb") as err:
+            workers.append(subprocess.Popen([*worker, "--root", str(root), "--host", host, "--fake-gpus", "4x24GiB",
+                                             "--foreground"], stdout=subprocess.DEVNULL, stderr=err, env=env))
     try:
-        for host in ("box-a", "box-b"):  # submit judges sizes by the GPUs workers report
+        for (host, path), proc in zip(stderr.items(), workers):  # submit judges sizes by the GPUs workers report
+            deadline = time.monotonic() + 120
             while not (root / "state" / "workers" / f"{host}.json").exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    print(f"# the worker of {host} did not start:\n{path.read_text(errors='replace')[-2000:]}",
+                          file=sys.stderr)
+                    return 1
                 time.sleep(0.1)
         ids = []
         scale = 0.3 if quick else 1.0
         for gpus, mem, seconds in JOBS:
             work = (f'echo "training on GPUs [$CUDA_VISIBLE_DEVICES] with $GPUQ_GPU_MEM_MIB MiB each"; '
-                    f'exec {sys.executable} {REPO / "gpuq.py"} fake-use --seconds {seconds * scale}')
+                    f'exec {shlex.join(cli)} fake-use --seconds {seconds * scale}')
             args = ["submit", "--gpus", str(gpus)] + (["--gpu-mem", mem] if mem else []) + \
                    ["--name", f"train-{mem or 'whole' if gpus else 'cpu'}", "--", "sh", "-c", work]
             out = subprocess.run(gpuq + args, capture_output=True, text=True, env=env, check=True)

@@ -76,7 +76,11 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
         host, gpus = hb["host"], hb.get("gpus", [])
         offered = config.offered_gpus(host)
         what = f"{len(gpus)} GPU(s)" + (f" (config gpus: {offered})" if offered is not None else "")
-        if not heartbeat_alive(hb, now):
+        if hb.get("stopped"):  # it said so as it stopped: not silent, and not a fault by itself
+            out.append(Finding("warn", "hosts", f"{host}: its worker stopped cleanly ({what}); cron starts it "
+                               "again within a minute if its crontab line is there",
+                               f"on {host}: check its crontab" if owner else ASK_THE_OWNER.replace("HOST", host)))
+        elif not heartbeat_alive(hb, now):
             out.append(Finding("warn", "hosts", f"{host}: worker silent for {now - hb.get('t', 0):.0f} s ({what})",
                                f"on {host}: check its crontab and logs/worker-{host}.log" if owner else
                                ASK_THE_OWNER.replace("HOST", host)))
@@ -85,9 +89,10 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
         else:
             out.append(Finding("ok", "hosts", f"{host}: up, offers {what}"))
         for runtime, why in sorted(hb.get("runtime_problems", {}).items()):
-            out.append(Finding("warn", "containers", f"{host}: {runtime} is installed but unusable: {why}",
+            out.append(Finding("warn", "containers", f"{host}: {runtime} is installed but unusable: {why}; "
+                               "jobs needing it are not placed there meanwhile",
                                f"on {host}: start its daemon (`systemctl start {runtime}`) or check `{runtime} "
-                               "version`; jobs needing it are not placed there meanwhile"))
+                               "version`" if owner else f"if your jobs need {runtime}, ask the root's owner"))
         if hb.get("runtimes"):
             found = ", ".join(f"{n} {v}" for n, v in sorted(hb["runtimes"].items()))
             out.append(Finding("ok", "containers", f"{host}: {found}"))

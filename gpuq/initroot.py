@@ -55,9 +55,10 @@ def init_root(directory: Path, group: str | None) -> list[str]:
     root.mkdir(parents=True, exist_ok=True)
     layout.ensure()
     if not layout.config_file.exists():
-        text = SHIPPED_CONFIG.read_text() if SHIPPED_CONFIG.exists() else MINIMAL_CONFIG
-        layout.config_file.write_text(text)
-        done.append(f"wrote {layout.config_file} (every key commented; defaults suit most teams)")
+        shipped = SHIPPED_CONFIG.exists()  # beside a checkout; an installed package has only the minimal one
+        layout.config_file.write_text(SHIPPED_CONFIG.read_text() if shipped else MINIMAL_CONFIG)
+        done.append(f"wrote {layout.config_file} " + ("(every key commented; defaults suit most teams)" if shipped
+                    else "(minimal; every key and its default are in README \"Config reference\")"))
     done.append(f"made {layout.jobs}/, {layout.requests}/, {layout.logs}/ and {layout.state}/")
     if gid is not None:
         share_with_team(layout, gid)

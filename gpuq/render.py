@@ -217,6 +217,8 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
             label, value = key.removesuffix("_pct"), f"{value}%"
         elif key.endswith("_s") and isinstance(value, (int, float)):
             label, value = "cpu_time" if key == "cpu_s" else key.removesuffix("_s"), format_duration(value)
+        elif key == "gpus" and isinstance(value, list):  # a started job's: which ones, not how many
+            value = f"{len(value)} (index {','.join(map(str, value))})"
         elif isinstance(value, list):
             value = ",".join(map(str, value))
         lines.append(f"{label + ':':<18}{value}")
@@ -231,7 +233,8 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
         if spec.get("workdir"):
             lines.append(f"{'workdir:':<18}{spec['workdir']}")
         if spec.get("env"):
-            lines.append(f"{'env:':<18}{len(spec['env'])} variables (all of them: gpuq show --json)")
+            lines.append(f"{'env:':<18}{len(spec['env'])} variables from the spec" +
+                         ("" if whole_env else f" (gpuq show {job.get('id')} --env lists the whole environment)"))
     elif job.get("command"):
         lines.append(f"{'command:':<18}{job['command']}")
     elif job.get("spec_note"):

@@ -383,12 +383,12 @@ def test_doctor_for_a_member_judges_workers_by_heartbeat_and_flags_what_others_c
 
 def test_doctor_never_tells_a_member_to_start_or_fix_a_worker(team):
     """Newcomer M9: a member who followed doctor's advice ran a worker of their own and made a
-    phantom host. With no worker yet, and then with a silent one, a member is told whom to ask;
+    phantom host. With no worker yet, and then with a stopped one, a member is told whom to ask;
     the workers' owner is told what to run."""
     def advice(out: str) -> str:
         return "\n".join(line for line in out.splitlines() if not line.startswith("ok "))
 
-    for stage in ("no worker yet", "a silent worker"):
+    for stage in ("no worker yet", "a stopped worker"):
         member = team.as_user(BOB, "doctor")
         said = advice(member.stdout)
         assert member.returncode == 1 and "ask the root's owner" in said, (stage, member.stdout)
@@ -398,9 +398,9 @@ def test_doctor_never_tells_a_member_to_start_or_fix_a_worker(team):
         assert ("add to each box's crontab" if stage == "no worker yet" else "check its crontab") in admin, admin
         if stage == "no worker yet":
             team.start_worker("a", "1x80GiB")
-            team.stop_worker("a")  # stops cleanly: its heartbeat stays, and goes stale
-            wait_until(lambda: "worker silent" in team.as_user(BOB, "doctor").stdout, timeout=60,
-                       what="a's heartbeat to go stale")
+            team.stop_worker("a")  # stops cleanly: its last heartbeat says so
+            wait_until(lambda: "its worker stopped cleanly" in team.as_user(BOB, "doctor").stdout, timeout=60,
+                       what="a's last heartbeat")
 
 
 def test_a_state_tree_owned_by_another_account_is_refused_and_doctor_says_so(team):

@@ -85,8 +85,9 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
         shutil.copytree(REPO, code, ignore=shutil.ignore_patterns(
             ".git", "__pycache__", "*.egg-info", "build", "logs", "state", ".venv*"))
         setup = readme_block("## On a GPU box", "sh")
+        system_python = shutil.which("python3", path="/usr/bin:/usr/local/bin:/bin")  # where this box has it
         paths = {"/shared/gpuq": str(code), "/opt/gpuq-venv": str(venv), "/shared/q": str(root),
-                 "--group team": f"--group {TEAM}"}
+                 "--group team": f"--group {TEAM}", "/usr/bin/python3": str(system_python)}
 
         def as_here(line: str) -> str:
             for placeholder, real in paths.items():
@@ -105,6 +106,13 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
             printed += done.stdout
         assert cron_line in printed.splitlines() or f"  {cron_line}" in printed.splitlines(), \
             f"README's cron line is not the one `gpuq init` printed:\n{cron_line}\n{printed}"
+        assert "WARNING" not in printed, printed  # the venv is one every member can run
+        member_gpuq = [line for line in printed.splitlines() if line.startswith("and run gpuq as ")]
+        assert member_gpuq == [f"and run gpuq as {venv / 'bin' / 'gpuq'} (or put it on PATH):"], printed
+        # The installed package (no checkout beside it) runs the whole demo too.
+        demo = subprocess.run([str(venv / "bin" / "gpuq"), "demo", "--quick"], capture_output=True, text=True,
+                              timeout=300, env={**shell_env, "TMPDIR": str(base)})
+        assert demo.returncode == 0 and "12/12 jobs finished" in demo.stdout, demo.stdout[-2000:] + demo.stderr[-2000:]
 
         # A system crontab (its own file, so no one's crontab is touched): README's line, as root.
         CRON_FILE.write_text(f"GPUQ_FAKE_GPUS={FAKE_GPUS}\n{cron_line[:10]}root {cron_line[10:]}\n")
@@ -138,6 +146,10 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
         log = (root / "logs" / "train-a.log").read_text()
         assert record["state"] == "done" and record["user"] == ALICE, (record, log)
         assert f"trained ['--lr', '3e-4'] {proj} {proj / '.venv'}" in log, log
+        # ... and the member runs the venv's gpuq, as README and init say.
+        seen = subprocess.run([str(venv / "bin" / "gpuq"), "--root", str(root), "status"], capture_output=True,
+                              text=True, cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, **as_member)
+        assert seen.returncode == 0 and "train-a" in seen.stdout, seen.stdout + seen.stderr
     finally:
         CRON_FILE.unlink(missing_ok=True)
         if worker_pid is not None:

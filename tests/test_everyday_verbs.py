@@ -235,17 +235,20 @@ def test_one_size_rule_and_show_prints_what_was_asked(queue):
         queue.gpuq("submit", "--gpus", "1", "--gpu-mem", size, "--id", f"size-{i}", "--", "true")
         shown = queue.gpuq("show", f"size-{i}").stdout
         assert "gpu_mem:          8GiB" in shown, (size, shown)
-    queue.drop("dropped.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 8GB\nmem: 2gb\n")
+    queue.drop("dropped.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 8GB\nmem: 2gb\nenv: {A: '1'}\n")
     queue.start_worker("a", "1x80GiB")
     record = wait_until(lambda: queue.finished("dropped"), what="the dropped spec to run")
     assert record["spec"]["gpu_mem_mib"] == 8192 and record["spec"]["mem_mib"] == 2048, record["spec"]
+    shown = queue.gpuq("show", "dropped").stdout
+    assert "gpus:             1 (index 0)" in shown  # how many, and which
+    assert "env:              1 variables from the spec (gpuq show dropped --env lists the whole environment)" in shown
     bad = queue.gpuq("submit", "--gpus", "1", "--gpu-mem", "8 bananas", "--", "true", check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("gpuq submit: --gpu-mem:") and "20GiB" in bad.stderr
 
 
 def test_every_refusal_names_its_verb_and_exits_1(queue):
     queue.start_worker("a", "1x80GiB")
-    for verb in ("cancel", "hold", "release", "retry", "unbook"):
+    for verb in ("cancel", "hold", "release", "retry", "unbook", "edit"):  # (edit holds first: still "edit")
         done = queue.gpuq(verb, "no-such-job", check=False)
         assert done.returncode == 1 and done.stderr.startswith(f"gpuq {verb}: "), (verb, done.stderr)
 
