@@ -153,7 +153,7 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
                                                           for h in view["held"]])
     out += ["", "FINISHED (recent)"]
     rows = [["ID", "STATE", "EXIT", "DURATION", "WHERE", "ENDED", "NOTE"]]
-    for f in view["finished"]:
+    for f in _fold_groups(view["finished"]):
         exit_text = "-" if f.get("exit_code") is None else str(f["exit_code"])
         if f.get("signal"):
             exit_text = f"sig{f['signal']}"
@@ -188,6 +188,38 @@ def top_screen(title: str, status: str, columns: int, rows: int) -> list[str]:
         left = len(lines) - (rows - 1)
         lines = lines[: rows - 1] + [f"... {left} more lines (gpuq status --all shows everything)"]
     return [clip(line) for line in lines]
+
+
+FOLD_AT_LEAST = 3
+
+
+def _fold_groups(finished: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows in a row that are members of one array or sweep (`<group>_<member>`) and ended the
+    same way without running, one line: a cancelled array of 100 is not 100 lines."""
+    out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+
+    def key(f: dict[str, Any]) -> tuple | None:
+        group = f["id"].rpartition("_")[0]
+        return (group, f["state"], f.get("reason")) if group and not f.get("duration_s") else None
+
+    def flush() -> None:
+        if len(run) >= FOLD_AT_LEAST:
+            group = run[0]["id"].rpartition("_")[0]
+            out.append({**run[0], "id": f"{group}_* ({len(run)} of {group})"})
+        else:
+            out.extend(run)
+        run.clear()
+
+    for f in finished:
+        if run and key(f) != key(run[0]):
+            flush()
+        if key(f) is None:
+            out.append(f)
+        else:
+            run.append(f)
+    flush()
+    return out
 
 
 def _cut(text: str, width: int) -> str:

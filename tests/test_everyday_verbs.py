@@ -358,3 +358,19 @@ def test_a_held_submission_before_any_worker_is_listed_and_can_be_cancelled_or_r
     team.start_worker("a", "1x80GiB")  # alice's two hold requests are refused now: nothing to hold
     assert wait_until(lambda: team.finished("h4"), what="h4 to run")["state"] == "done"
     assert "ran-h4" in team.log("h4") and team.finished("h3") is None and not team.status()["held"]
+
+
+def test_a_cancelled_array_is_one_line_of_finished(queue):
+    """Newcomer review: one array cancel filled FINISHED with a line per member."""
+    queue.start_worker("a", "1x80GiB")
+    queue.gpuq("submit", "--gpus", "0", "--id", "first", "--", "sleep 60")
+    group = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-5", "--after", "first",
+                       "--", "true").stdout.split()[-1]
+    wait_until(lambda: len([p for p in queue.status()["pending"] if p["id"].startswith(f"{group}_")]) == 6,
+               what="the array's members")
+    queue.gpuq("cancel", group)
+    wait_until(lambda: len([f for f in queue.status()["finished"] if f["state"] == "cancelled"]) == 6,
+               what="six cancelled members")
+    lines = [line for line in queue.gpuq("status").stdout.splitlines() if f"{group}_" in line]
+    assert len(lines) == 1 and f"{group}_* (6 of {group})" in lines[0] and "cancelled" in lines[0], lines
+    queue.gpuq("cancel", "first")
