@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from .faults import wall_time
-from .intake import Entry, Intake
+from .intake import Entry, Intake, user_name
 from .layout import Layout
 from .spec import SpecError
 from .render import safe_text
@@ -94,8 +94,12 @@ class Arrivals:
         message = safe_text(message + (f"{kept}: fix it there (or drop a fixed one), then `gpuq retry {stem}`."
                                        if dest.name == f"{stem}{suffix}" else f"{kept}."))  # one line, never more
         atomic_write(dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error", (message + "\n").encode(), mode=0o644)
+        try:  # whose spec it was: the moved file's owner (reports count it for them, not "?")
+            owner = user_name(os.lstat(dest).st_uid)
+        except OSError:
+            owner = None
         append_event(self.layout, self.host, {"job": stem, "from": "pending", "to": "rejected",
-                                              "reason": message})
+                                              "reason": message, "user": owner})
         if forget:
             self.intake.forget(job_id)
         log.warning("rejected %s", message)

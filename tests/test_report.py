@@ -144,8 +144,10 @@ def test_report_through_the_worker(queue, tmp_path):
     queue.drop("busy.yaml", f"command: {FAKE_USE} --mem 4GiB --util 80 --seconds 2\ngpus: 1\ngpu_mem: 50GiB\n")
     queue.drop("holder.yaml", f"command: {FAKE_USE} --mem 4GiB --util 0 --seconds 3\ngpus: 1\ngpu_mem: 50GiB\n")
     queue.drop("broken.yaml", "command: exit 3\ngpus: 0\n")
+    queue.drop("typo.yaml", "command: 'true'\ngpus: two\n")  # rejected: still its owner's, not "?"
     for job in ("busy", "holder", "broken"):
         wait_until(lambda: queue.finished(job), timeout=30, what=job)
+    wait_until(lambda: (queue.root / "state" / "rejected" / "typo.error").exists(), what="typo to be rejected")
     # a sample line covering the holder's last seconds is written within sample_every_s
     wait_until(lambda: json.loads(queue.gpuq("report", "--since", "1h", "--json").stdout)["total"]
                ["idle_held_gpu_hours"] * 3600 >= 2, timeout=10, what="the holder's idle time in the samples")
@@ -154,7 +156,7 @@ def test_report_through_the_worker(queue, tmp_path):
     assert abs(r["total"]["gpu_hours"] * 3600 - used_s) <= 0.18  # rounded to 1e-4 h
     assert r["total"]["ended"]["done"] == 2 and r["total"]["ended"]["failed"] == 1
     assert r["total"]["jobs_started"] == 3 and r["total"]["wait_s"]["max"] is not None
-    assert set(r["groups"]) == {queue.finished("busy")["user"]}
+    assert set(r["groups"]) == {queue.finished("busy")["user"]} and r["total"]["ended"]["rejected"] == 1
     # only the holder sat idle on its GPU: about its own run time (3 s, more on a loaded
     # machine), not the busy job's 2 s as well
     holder_s = queue.finished("holder")["ended_at"] - queue.finished("holder")["started_at"]
