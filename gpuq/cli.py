@@ -184,7 +184,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gpuq", description="A GPU job queue in a shared directory.")
-    p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
+    p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout of `python gpuq.py`)")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def verb(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
