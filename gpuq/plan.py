@@ -305,7 +305,11 @@ class _Pass:
             mine = [s for s in mine if s.booked_for in (None, job.user)]
         own = spec.gpus if _needs_whole(spec, self.largest) else 0  # its own demand, if placed now
         choice = None
-        if self.config.spread:
+        if self.booked:  # the GPUs its owner booked first: on others, it would take what others wait for
+            booked = [s for s in mine if s.booked_for == job.user]
+            choice = booked and placement.best_fit(spec, booked, self.config.max_jobs_per_gpu,
+                                                   fragmentation_aware=self.config.fragmentation_aware)
+        if self.config.spread and not choice:
             spare = self._spare_for_spreading(mine)
             # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
             if spare and not self.demand_over(len(spare) - spec.gpus + own):

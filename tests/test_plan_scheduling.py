@@ -186,6 +186,22 @@ def test_a_booked_gpu_takes_only_its_owners_jobs_and_opportunistic_ones():
         {"bo-low": ("h", (0,))}
 
 
+def test_a_booking_owners_jobs_go_to_the_gpus_they_booked_first():
+    """Newcomer review: ben's jobs went onto the one unbooked GPU while his booked ones sat
+    empty, so ana's jobs waited."""
+    from gpuq.bookings import Booking
+
+    b = Booking("bk-1", "h", (0, 1), start=100, end=200, owner="ben")
+    hosts = [host("h", gpu(0), gpu(1), gpu(2), gpu(3))]
+    pending = [job(f"ben-{i}", user="ben", queued_at=i) for i in range(3)] + [job("ana-1", user="ana", queued_at=9)]
+    placed = starts(plan(pending, hosts, [], CFG, now=150, bookings=[b]))
+    assert all(placed[f"ben-{i}"][1] in ((0,), (1,)) for i in range(3)), placed  # his booked GPUs first
+    assert placed["ana-1"][1] in ((2,), (3,)), placed  # the unbooked ones stay for the others
+    whole = [job(f"ben-w{i}", user="ben", mem_gib=None, queued_at=i) for i in range(3)]  # a GPU each
+    placed = starts(plan(whole, hosts, [], CFG, now=150, bookings=[b]))
+    assert sorted(placed[f"ben-w{i}"][1] for i in range(2)) == [(0,), (1,)] and placed["ben-w2"][1] in ((2,), (3,))
+
+
 def test_opportunistic_jobs_there_before_a_booking_yield_when_it_begins():
     from gpuq.bookings import Booking
 
