@@ -325,10 +325,10 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     try:
         return args.handler(args)
     except (RootError, ConfigError) as e:
-        print(f"gpuq: {e}", file=sys.stderr)
+        print(f"gpuq {args.verb}: {e}", file=sys.stderr)
         return 2
     except PermissionError as e:  # the spool's modes said no: a person's mistake, not gpuq's
-        print(f"gpuq: {_permission_denied(e)}", file=sys.stderr)
+        print(f"gpuq {args.verb}: {_permission_denied(e)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -80,7 +80,7 @@ def wait(layout: Layout, ids: list[str], timeout_s: float | None, out=sys.stdout
             elif seen.state == "gone":
                 waiting[job_id] += 1
                 if waiting[job_id] >= GONE_AFTER_POLLS:
-                    print(f"{job_id}: no such job", file=out, flush=True)
+                    print(f"gpuq wait: {job_id}: no such job", file=sys.stderr, flush=True)
                     ok = False
                     del waiting[job_id]
             else:

@@ -47,7 +47,7 @@ def test_wait_for_a_cancelled_job_a_group_and_no_such_job(queue):
     out, _ = waiting.communicate(timeout=120)
     assert waiting.returncode == 1 and out.startswith("doomed: cancelled")
     nope = queue.gpuq("wait", "nope", check=False)
-    assert nope.returncode == 1 and nope.stdout == "nope: no such job\n"
+    assert nope.returncode == 1 and nope.stdout == "" and nope.stderr == "gpuq wait: nope: no such job\n"
     bad = queue.gpuq("wait", "../etc", check=False)
     assert bad.returncode == 1 and "not a job id" in bad.stderr
 

@@ -49,7 +49,7 @@ def test_a_user_outside_the_group_gets_one_line_from_every_verb(team):
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and "Traceback" not in done.stderr, (args, done.stderr)
         assert len(lines) == 1, (args, done.stderr)
-        assert lines[0].startswith(f"gpuq: cannot read {team.root}") and lines[0].endswith(fix), (args, lines[0])
+        assert lines[0].startswith(f"gpuq {args[0]}: cannot read {team.root}") and lines[0].endswith(fix), (args, lines[0])
     assert not list((team.root / "jobs").iterdir())  # and nothing was submitted
 
 
