@@ -78,8 +78,15 @@ def _cancel(layout: Layout, config: Config, host: str, actor: Actor, r: Request)
 
 
 def _hold(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    why, arriving = _text(r.args.get("why"), 200), r.args.get("arriving") is True
-    return _per_id(r, lambda i: _held_or_refused(lambda: holds.hold(layout, i, host, actor, why, arriving)))
+    why = _text(r.args.get("why"), 200)
+    return _per_id(r, lambda i: _held_or_refused(lambda: holds.hold(layout, i, host, actor, why)))
+
+
+def _submit_held(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    text = r.args.get("text")
+    if len(r.ids) != 1 or not isinstance(text, str):
+        raise RequestError("gpuq submit --hold: one job id and the spec's text")
+    return [_held_or_refused(lambda: holds.submit_held(layout, r.ids[0], host, actor, text.encode()))]
 
 
 def _release(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
@@ -138,6 +145,6 @@ def _number(value: Any) -> float:
 
 
 VERBS: dict[str, Callable[[Layout, Config, str, Actor, Request], list[Outcome]]] = {
-    "cancel": _cancel, "hold": _hold, "release": _release, "retry": _retry, "edit": _edit,
+    "cancel": _cancel, "hold": _hold, "submit-held": _submit_held, "release": _release, "retry": _retry, "edit": _edit,
     "book": _book, "unbook": _unbook, "drain": _drain, "resume": _resume, "forget": _forget,
 }

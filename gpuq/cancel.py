@@ -101,8 +101,6 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
         held = layout.held / f"{job_id}.yaml"
         candidates = [(held, "held")] if os.path.lexists(held) else \
             [(p, "pending") for p in pending_specs(layout, job_id)]
-        if not candidates and not claims_of(layout, job_id) and os.path.lexists(layout.arriving_held(job_id)):
-            return _cancel_arriving_held(layout, job_id, actor)
         refused = None
         for spec_path, was in candidates:  # x.yaml and x.yml: the one the actor may cancel
             try:
@@ -123,16 +121,3 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
             return False, refused or f"{job_id}: no such job"
         time.sleep(0.05)  # claimed a moment ago (here or on another host): its record is being written
 
-
-def _cancel_arriving_held(layout: Layout, job_id: str, actor: Actor) -> tuple[bool, str]:
-    """A `submit --hold` spec whose hold no worker has applied: never a job, so it is removed
-    and nothing is recorded (a record would take the id, which another job may own)."""
-    path = layout.arriving_held(job_id)
-    try:
-        owner = os.lstat(path).st_uid
-        if not actor.may_act_on(owner):
-            return False, refusal(job_id, owner)
-        os.unlink(path)  # a name in jobs/: a link put there is removed itself, never its target
-    except FileNotFoundError:
-        return False, f"{job_id}: no such job"
-    return True, f"{job_id}: cancelled (submitted held, before any worker held it; nothing was recorded)"

@@ -31,7 +31,8 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
     """`gpuq submit --spec FILE`: the file as is, refused exactly as a worker would refuse it."""
     from .intake import read_spec_file
     from .spec import SpecError, parse_spec_text
-    from .submit import SubmitError, check_dependencies, check_runnable_by_workers, place_spec, readable_base
+    from .submit import (SubmitError, check_dependencies, check_runnable_by_workers, free_id, place_spec,
+                         readable_base)
 
     if command:
         print("gpuq submit: give either --spec FILE or a command, not both", file=sys.stderr)
@@ -46,24 +47,29 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
         config = read_config(layout)
         check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
         check_dependencies(layout, spec)
-        job_id = place_spec(layout, raw, args.id, readable_base([], Path(args.spec).stem), held=args.hold)
+        base = readable_base([], Path(args.spec).stem)
+        job_id = free_id(layout, args.id, base) if args.hold else place_spec(layout, raw, args.id, base)
     except SpecError as e:
         print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
         return 2
     except (SubmitError, OSError) as e:
         print(f"gpuq submit: {args.spec}: {e}", file=sys.stderr)
         return 2
-    return _submitted(args, job_id)
+    return _submitted(args, job_id, raw if args.hold else None)
 
 
-def _submitted(args: argparse.Namespace, job_id: str) -> int:
-    """The id, last; with --hold, after the hold it asked for (a worker moves the spec into
-    held/; with none live the request waits, and so does the spec: never started meanwhile)."""
+def _submitted(args: argparse.Namespace, job_id: str, held_text: bytes | None = None) -> int:
+    """The id, last. With --hold, the spec goes in a request that a worker applies by creating
+    it held (never through jobs/, where another member could take its id before the hold);
+    with no live worker the request waits (exit 3), and when it is refused nothing was
+    submitted: no id is printed."""
     rc = 0
-    if args.hold:
+    if held_text is not None:
         from .cli_requests import run_request
 
-        rc = run_request(args, "hold", (job_id,), why="held at submission", arriving=True)
+        rc = run_request(args, "submit-held", (job_id,), shown_as="submit", text=held_text.decode("utf-8"))
+        if rc == 1:
+            return rc
     print(job_id)
     return rc
 
@@ -72,8 +78,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     import os
 
     from .spec import SpecError, validate_spec
-    from .submit import (SubmitError, build_spec, check_runnable_by_workers, check_size, exported_environment,
-                         readable_base, spec_bytes, withheld_note, write_spec)
+    from .submit import (SubmitError, build_spec, check_runnable_by_workers, check_size, checked_spec_text,
+                         exported_environment, free_id, readable_base, spec_bytes, withheld_note, write_spec)
     from .wake import poke
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -118,7 +124,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             if job_id is None:
                 return 2
         else:
-            job_id, _ = write_spec(layout, data, args.id, readable_base(command, args.name), held=args.hold)
+            base = readable_base(command, args.name)
+            if args.hold:
+                held_text = checked_spec_text(layout, data)
+                job_id = free_id(layout, args.id, base)
+            else:
+                job_id = write_spec(layout, data, args.id, base)
     except SpecError as e:
         where = f"--{e.field.replace('_', '-')}" if e.field in SUBMIT_OPTIONS else (e.field or "spec")
         print(f"gpuq submit: {where}: {e.problem}. Fix: {e.fix}. Nothing was written.", file=sys.stderr)
@@ -132,7 +143,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"gpuq submit: warning: --workdir {data['workdir']} is not a directory here; the job fails to "
               "start unless it is one on the box that runs it", file=sys.stderr)
     poke(config.local_dir_for(layout, this_host()))
-    return _submitted(args, job_id)
+    return _submitted(args, job_id, held_text if args.hold else None)
 
 
 LIMIT_OPTIONS = ("time_limit", "cpus", "mem", "grace", "retries", "restart")

@@ -22,7 +22,7 @@ def submit_array(layout, data: dict, args: argparse.Namespace) -> str | None:
     except GroupError as e:
         print(f"gpuq submit: {e}", file=sys.stderr)
         return None
-    group, _ = write_spec(layout, {**data, "array": args.array}, args.id, readable_base(command, args.name))
+    group = write_spec(layout, {**data, "array": args.array}, args.id, readable_base(command, args.name))
     members = [member for member, _ in array_members(data, group, indices)]
     print(f"{group}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {group}; gpuq cancel {group})")
     return group

@@ -61,20 +61,14 @@ def _held(layout: Layout, job_id: str, actor: Actor, verb: str, missing: str) ->
     return src, st
 
 
-def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "", arriving: bool = False) -> str:
-    """Hold the pending spec of `job_id`; with `arriving`, the one `submit --hold` wrote."""
+def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") -> str:
     if os.path.lexists(held_spec(layout, job_id)):
         raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
     if has_record(layout, job_id):  # a file in jobs/ under a running or ended job's id is not that job
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")
-    if arriving and id_taken(layout, job_id, but_arriving_held=True):  # a member may name any id here
-        raise HoldError(f"{job_id}: the id is used by another job, so jobs/.{job_id}.yaml.hold was not held. "
-                        f"Fix: remove that file (it is yours) and submit again under another id")
-    candidates = [p for p in [layout.arriving_held(job_id)] if os.path.lexists(p)] if arriving else \
-        pending_specs(layout, job_id)
-    mine = [p for p in candidates if actor.may_act_on(os.lstat(p).st_uid)]
+    mine = [p for p in pending_specs(layout, job_id) if actor.may_act_on(os.lstat(p).st_uid)]
     if not mine:
-        others = candidates
+        others = pending_specs(layout, job_id)
         if others:
             raise HoldError(refusal(job_id, os.lstat(others[0]).st_uid, "hold"))
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")
@@ -112,17 +106,38 @@ def _put_back(layout: Layout, moved: Path, spec_path: Path, job_id: str) -> None
         os.rename(moved, layout.rejected / f"{job_id}.{os.urandom(4).hex()}{spec_path.suffix}")
 
 
+def submit_held(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes) -> str:
+    """`gpuq submit --hold`: a new spec, held from the start, owned by the request's sender.
+    Its text comes in the request, never through jobs/: there, another member could take its
+    id between the file's arrival and the hold. Checked as a worker checks a spec."""
+    if not JOB_ID_RE.match(job_id):
+        raise HoldError(f"{job_id!r}: not a job id; nothing was submitted")
+    try:
+        parse_spec_text(text, f"jobs/{job_id}.yaml")
+    except SpecError as e:
+        raise HoldError(f"{e}; nothing was submitted") from None
+    if id_taken(layout, job_id):
+        raise HoldError(f"{job_id}: the id is used by another job; nothing was submitted. "
+                        "Fix: submit it again (gpuq submit picks a free id)")
+    now = wall_time()
+    tmp = create_owned(layout.held, job_id, text, actor.uid, mode=0o640)  # it may hold secrets
+    if not unclaim(tmp, held_spec(layout, job_id)):
+        os.unlink(tmp)
+        raise HoldError(f"{job_id}: the id is used by another job; nothing was submitted")
+    check_transition(State.PENDING, State.HELD)
+    record = Record(id=job_id, state=State.HELD, spec={}, user=actor.name, uid=actor.uid, queued_at=now,
+                    reason="held at submission", held_at=now)
+    try:
+        write_record(layout, record)
+    except OSError:
+        held_spec(layout, job_id).unlink(missing_ok=True)
+        raise
+    append_event(layout, host, transition_event(record, State.PENDING, State.HELD, "submitted held"))
+    return f"{job_id}: submitted, held (gpuq release {job_id} puts it in the queue)"
+
+
 def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
-    """Back into the queue at its old place; a `submit --hold` spec whose hold no worker has
-    applied yet, into the queue as a new submission."""
-    arriving = layout.arriving_held(job_id)
-    if not os.path.lexists(held_spec(layout, job_id)) and os.path.lexists(arriving):
-        st = os.lstat(arriving)
-        _check_owner(job_id, st.st_uid, actor, "release")
-        if id_taken(layout, job_id, but_arriving_held=True) or not unclaim(arriving, layout.jobs / f"{job_id}.yaml"):
-            raise HoldError(f"{job_id}: the id is used by another job; jobs/.{job_id}.yaml.hold stays. "
-                            "Fix: remove that file (it is yours) and submit again under another id")
-        return f"{job_id}: released (it had not been held yet), in the queue"
+    """Back into the queue at its old place."""
     src, st = _held(layout, job_id, actor, "release", f"{job_id}: not held")
     try:
         record = read_record(layout.record(layout.held, job_id))
@@ -176,16 +191,6 @@ def held_jobs(layout: Layout) -> list[dict]:
             record = {}
         out.append({"id": job_id, "user": user_name(st.st_uid), "since": record.get("held_at"),
                     "reason": record.get("reason") or "held"})
-    for path in sorted(layout.jobs.glob(".*.yaml.hold")):  # submitted held; no worker has held them yet
-        job_id = path.name[1:-len(".yaml.hold")]
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue
-        # (one planted under another job's id is not a job: its hold is refused, and it is not shown)
-        if stat.S_ISREG(st.st_mode) and JOB_ID_RE.match(job_id) and not id_taken(layout, job_id, but_arriving_held=True):
-            out.append({"id": job_id, "user": user_name(st.st_uid), "since": st.st_mtime,
-                        "reason": "submitted held; its hold waits for a worker"})
     return out
 
 

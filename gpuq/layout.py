@@ -105,11 +105,6 @@ class Layout:
     def held(self) -> Path:
         return self.state / "held"
 
-    def arriving_held(self, job_id: str) -> Path:
-        """Where `gpuq submit --hold` writes a spec: a dot file in jobs/, which workers never
-        claim, until the submit's hold request moves it into held/."""
-        return self.jobs / f".{job_id}.yaml.hold"
-
     @cached_property
     def requeued(self) -> Path:
         """The last record of each job that went back to pending: its next attempt is +1."""

@@ -14,7 +14,7 @@ import secrets
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .layout import JOB_ID_RE, Layout
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text, validate_spec
@@ -141,11 +141,9 @@ def readable_base(command: list[str], name: str | None) -> str:
     return stem or "job"
 
 
-def id_taken(layout: Layout, job_id: str, but_arriving_held: bool = False) -> bool:
-    """Whether any job, group, claim, rejected or held spec has `job_id` (a `submit --hold`
-    spec still waiting for its hold too, unless `but_arriving_held`: the hold asks about itself)."""
+def id_taken(layout: Layout, job_id: str) -> bool:
+    """Whether any job, group, claim, rejected or held spec has `job_id`."""
     return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
-            or (not but_arriving_held and os.path.lexists(layout.arriving_held(job_id)))
             or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*"))
             or group_file(layout, job_id).exists() or (layout.held / f"{job_id}.yaml").exists())
 
@@ -185,47 +183,58 @@ def spec_bytes(data: dict[str, Any]) -> bytes:
     return (header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode()
 
 
-def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: str,
-               held: bool = False) -> tuple[str, JobSpec]:
-    """Validate, then create jobs/<id>.yaml without ever overwriting: the final name is
-    made with link(2), which fails if the name exists, so concurrent submits cannot collide."""
-    check_dependencies(layout, validate_spec(data, "gpuq submit"))  # refuse before writing anything
+def checked_spec_text(layout: Layout, data: dict[str, Any]) -> bytes:
+    """The spec file for `data`, refused before anything is written as a worker would refuse it."""
+    check_dependencies(layout, validate_spec(data, "gpuq submit"))
     text = spec_bytes(data)
     check_size(text, data.get("env") or {})
-    spec = parse_spec_text(text, "gpuq submit")  # what the worker will read back
-    return place_spec(layout, text, job_id, base, held), spec
+    parse_spec_text(text, "gpuq submit")  # what the worker will read back
+    return text
 
 
-def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str, held: bool = False) -> str:
-    """Create jobs/<id>.yaml holding `text`, already checked as the worker would; with
-    `held`, the dot file that `submit --hold`'s request then moves into state/held/."""
+def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: str) -> str:
+    """Validate, then create jobs/<id>.yaml without ever overwriting: the final name is
+    made with link(2), which fails if the name exists, so concurrent submits cannot collide."""
+    return place_spec(layout, checked_spec_text(layout, data), job_id, base)
+
+
+def _candidate_ids(job_id: str | None, base: str) -> Iterator[str]:
     if job_id is not None and not JOB_ID_RE.match(job_id):
         raise SubmitError(f"--id {job_id!r}: ids are letters, digits, '_', '-' and '.', at most 64, "
                           "not starting with '.'")
+    yield from [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000))
+
+
+def free_id(layout: Layout, job_id: str | None, base: str) -> str:
+    """An id no job has now, for `submit --hold` (whose request creates the spec: the worker
+    checks again then, and refuses it if another job took the id meanwhile)."""
+    for candidate in _candidate_ids(job_id, base):
+        if not id_taken(layout, candidate):
+            return candidate
+        if job_id:
+            raise SubmitError(f"job id {job_id!r} is already used; pick another --id")
+    raise SubmitError("no free job id")
+
+
+def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str) -> str:
+    """Create jobs/<id>.yaml holding `text`, already checked as the worker would."""
+    candidates = _candidate_ids(job_id, base)
     tmp = layout.jobs / f".submit-{os.getpid()}-{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)  # it may hold secrets
     with os.fdopen(fd, "wb") as f:
         f.write(text)
     try:
-        candidates = [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000))
         for candidate in candidates:
             if id_taken(layout, candidate):
                 if job_id:
                     raise SubmitError(f"job id {job_id!r} is already used; pick another --id")
                 continue
-            names = (layout.jobs / f"{candidate}.yaml", layout.arriving_held(candidate))
-            mine, other = names[::-1] if held else names
             try:
-                os.link(tmp, mine)
+                os.link(tmp, layout.jobs / f"{candidate}.yaml")
+                return candidate
             except FileExistsError:
                 if job_id:
                     raise SubmitError(f"job id {job_id!r} is already used; pick another --id") from None
-                continue
-            if not os.path.lexists(other):  # a held and a plain submit of one id at once: each
-                return candidate               # links its own name, then sees the other's, and retreats
-            mine.unlink()
-            if job_id:
-                raise SubmitError(f"job id {job_id!r} is already used; pick another --id")
         raise SubmitError("no free job id")
     finally:
         tmp.unlink(missing_ok=True)

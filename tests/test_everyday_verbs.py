@@ -256,13 +256,18 @@ def test_every_refusal_names_its_verb_and_exits_1(queue):
 def test_submit_hold_keeps_the_job_from_starting_until_released(queue):
     queue.start_worker("a", "1x80GiB")
     held = queue.gpuq("submit", "--hold", "--gpus", "1", "--id", "h1", "--", "echo ran-h1")
-    assert held.stdout.splitlines() == ["h1: held (gpuq release h1 puts it back at its place)", "h1"], held.stdout
+    assert held.stdout.splitlines() == ["h1: submitted, held (gpuq release h1 puts it in the queue)", "h1"], held.stdout
+    assert not list((queue.root / "jobs").iterdir())  # never through jobs/: nothing another member could take
     assert [h["id"] for h in queue.status()["held"]] == ["h1"] and "HELD (1" in queue.gpuq("status").stdout
     queue.wait_passes("a", 2)  # whole passes with a free GPU: it never started
     assert queue.record("h1") is None and "ran-h1" not in queue.log("h1")
     queue.gpuq("release", "h1")
     assert wait_until(lambda: queue.finished("h1"), what="h1 after its release")["state"] == "done"
     assert "ran-h1" in queue.log("h1")
+    spec = queue.root.parent / "from-file.yaml"
+    spec.write_text("command: echo ran-h5\ngpus: 0\n")
+    assert queue.gpuq("submit", "--hold", "--spec", str(spec)).stdout.splitlines()[-1] == "from-file-1"
+    assert [h["id"] for h in queue.status()["held"]] == ["from-file-1"]
 
 
 def test_submit_hold_with_no_worker_waits_and_never_starts_the_job(team):
@@ -317,47 +322,37 @@ def test_a_retried_job_shows_where_it_is_now_not_also_as_finished(queue):
     assert "flaky" not in [f["id"] for f in view["finished"]], view["finished"]
 
 
-def test_a_held_submission_cannot_take_another_members_id(team):
-    """Attack on `submit --hold`: alice plants jobs/.bobjob.yaml.hold and sends the hold request
-    by hand for bob's pending job's id. It must be refused: bob's job stays bob's."""
+def test_a_held_submission_cannot_take_another_members_id_nor_lose_its_own(team):
+    """Attacks on `submit --hold` (a helper's, as team members): alice sends the request by
+    hand for bob's pending job's id; bob drops a spec under the id of alice's held submission
+    while it waits for a worker. Neither job runs as the other, and nothing is taken over."""
     team.start_worker("a", "1x80GiB")
     assert team.as_user(BOB, "submit", "--gpus", "0", "--id", "first", "--", "sleep 30").returncode == 0
     bobs = team.as_user(BOB, "submit", "--gpus", "0", "--id", "bobjob", "--after", "first", "--", "echo bob-ran")
     assert bobs.returncode == 0, bobs.stderr
-    script = (f"import json, os, sys, time; sys.path.insert(0, {str(team.code)!r})\n"
+    script = (f"import json, sys, time; sys.path.insert(0, {str(team.code)!r})\n"
               "from gpuq.inbox import read_reply, send\nfrom gpuq.layout import Layout\n"
               f"layout = Layout(__import__('pathlib').Path({str(team.root)!r}))\n"
-              "open(layout.jobs / '.bobjob.yaml.hold', 'w').write('command: echo alice-ran\\n')\n"
-              "name = send(layout, 'hold', ('bobjob',), sent_from='x', why='mine now', arriving=True)\n"
+              "name = send(layout, 'submit-held', ('bobjob',), sent_from='x', text='command: echo alice-ran\\n')\n"
               "for _ in range(600):\n    reply = read_reply(layout, name)\n    if reply: break\n    time.sleep(0.1)\n"
               "print(json.dumps(reply.outcomes))\n")
     attack = team.py_as(ALICE, script, timeout=120)
     assert attack.returncode == 0, attack.stderr
     ((ok, message),) = json.loads(attack.stdout)
     assert not ok and "the id is used by another job" in message, message
-    assert "bobjob" not in [h["id"] for h in team.status()["held"] if h["user"] == ALICE]
-    assert [(p["id"], p["user"]) for p in team.status()["pending"]] == [("bobjob", BOB)]
-    stolen = team.as_user(ALICE, "cancel", "bobjob")
-    assert stolen.returncode == 1 and "belongs to" in stolen.stderr
-    own = team.as_user(BOB, "cancel", "bobjob", "first")
-    assert own.returncode == 0, own.stderr
-
-
-def test_a_held_submission_before_any_worker_is_listed_and_can_be_cancelled_or_released(team):
-    team.start_worker("a", "1x80GiB")
+    assert [(p["id"], p["user"]) for p in team.status()["pending"]] == [("bobjob", BOB)] and not team.status()["held"]
+    assert team.as_user(ALICE, "cancel", "bobjob").returncode == 1
+    assert team.as_user(BOB, "cancel", "bobjob", "first").returncode == 0
     team.stop_worker("a")
-    for job_id in ("h3", "h4"):
-        assert team.as_user(ALICE, "submit", "--hold", "--gpus", "0", "--id", job_id, "--", f"echo ran-{job_id}").returncode == 3
-    held = {h["id"]: h for h in team.status()["held"]}
-    assert held["h3"]["user"] == ALICE and "its hold waits for a worker" in held["h3"]["reason"]
-    assert "state:            held" in team.as_user(ALICE, "show", "h3").stdout
-    cancelled = team.gpuq("cancel", "h3")  # root, with no worker live, applies it itself
-    assert "nothing was recorded" in cancelled.stdout and team.record("h3") is None
-    released = team.gpuq("release", "h4")
-    assert "released (it had not been held yet)" in released.stdout
-    team.start_worker("a", "1x80GiB")  # alice's two hold requests are refused now: nothing to hold
-    assert wait_until(lambda: team.finished("h4"), what="h4 to run")["state"] == "done"
-    assert "ran-h4" in team.log("h4") and team.finished("h3") is None and not team.status()["held"]
+    waiting = team.as_user(ALICE, "submit", "--hold", "--gpus", "0", "--id", "xjob", "--", "echo alice-ran")
+    assert waiting.returncode == 3, waiting.stderr  # waits for a worker; nothing is in jobs/ meanwhile
+    assert not list((team.root / "jobs").glob("*xjob*"))
+    team.drop_as(BOB, "xjob.yaml", "command: echo bob-took-it\ngpus: 0\n")  # bob takes the id first
+    team.start_worker("a", "1x80GiB")
+    record = wait_until(lambda: team.finished("xjob"), what="bob's xjob")
+    assert record["user"] == BOB and "alice-ran" not in team.log("xjob")
+    team.wait_passes("a", 2)  # alice's request was applied (refused): no held job of hers under that id
+    assert not team.status()["held"] and not (team.root / "state" / "held" / "xjob.yaml").exists()
 
 
 def test_a_cancelled_array_is_one_line_of_finished(queue):
