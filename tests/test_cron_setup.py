@@ -9,6 +9,7 @@ next whole minute.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -60,19 +61,36 @@ def running_cron() -> psutil.Process | None:
     return None
 
 
+# Two copies of the suite may run side by side and share the one cron daemon: each holds a
+# shared lock while it uses it; a daemon a test started is stopped by the last one to finish.
+USERS_LOCK = Path(tempfile.gettempdir()) / "gpuq-test-cron.lock"
+STARTED_BY_A_TEST = Path(tempfile.gettempdir()) / "gpuq-test-cron.pid"
+
+
 @pytest.fixture
 def cron():
     """A cron daemon: the one running, else one started here (stopped at the end)."""
     binary = cron_binary()
-    started = None
-    if running_cron() is None:
-        started = subprocess.Popen([binary, "-f"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: running_cron() is not None, what="cron to start")
-    yield
-    CRON_FILE.unlink(missing_ok=True)
-    if started is not None:
-        started.terminate()
-        started.wait(timeout=20)
+    lock = os.open(USERS_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    try:
+        if running_cron() is None:
+            started = subprocess.Popen([binary, "-f"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       start_new_session=True)
+            STARTED_BY_A_TEST.write_text(str(started.pid))
+            wait_until(lambda: running_cron() is not None, what="cron to start")
+        yield
+    finally:
+        CRON_FILE.unlink(missing_ok=True)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no other copy is using it
+            pid = int(STARTED_BY_A_TEST.read_text())
+            if psutil.Process(pid).name() in ("cron", "crond"):
+                psutil.Process(pid).terminate()
+            STARTED_BY_A_TEST.unlink()
+        except (BlockingIOError, FileNotFoundError, ValueError, psutil.NoSuchProcess):
+            pass  # another copy still uses it, or no test started it
+        os.close(lock)
 
 
 @needs_root
