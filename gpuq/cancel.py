@@ -120,4 +120,3 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
         if not claims_of(layout, job_id) and not candidates or time.monotonic() > deadline:
             return False, refused or f"{job_id}: no such job"
         time.sleep(0.05)  # claimed a moment ago (here or on another host): its record is being written
-
