@@ -50,7 +50,8 @@ def cron_binary() -> str:
     if subprocess.run(install, capture_output=True, env=env, timeout=600).returncode:
         subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, timeout=600)
         out = subprocess.run(install, capture_output=True, text=True, env=env, timeout=600)
-        assert out.returncode == 0, f"apt-get install cron failed: {out.stderr[-400:]}"
+        if out.returncode != 0:  # no package index reachable: as the Slurm tests do, say so and skip
+            pytest.skip(f"no cron daemon here, and apt-get install cron failed: {out.stderr[-400:]}")
     return "/usr/sbin/cron"
 
 
