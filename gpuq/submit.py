@@ -8,15 +8,18 @@ is the spec file's owner (the file system records it; a field could be forged).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets
 import stat
 import time
+import types
 from pathlib import Path
 from typing import Any, Iterator
 
 from .layout import JOB_ID_RE, Layout
+from .owners import OwnerPolicy
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text, validate_spec
 from .spool import claims_of, has_record, pending_spec_path
 from .sweeps import group_file
@@ -152,11 +155,6 @@ def check_runnable_by_workers(layout: Layout, run_for_users: tuple[str, ...], al
     """Refuse, before writing, a spec the workers would refuse for its owner (this user): root
     without allow_root_jobs, or a user a non-root worker does not run for. The workers' account
     is the owner of state/, as the workers require."""
-    import dataclasses
-    import types
-
-    from .owners import OwnerPolicy
-
     policy = OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, run_for_users, allow_root)
     policy = dataclasses.replace(policy, worker_uid=os.stat(layout.state).st_uid, shared_root=False)
     try:  # the file submit writes: this user's, 0640
