@@ -84,6 +84,7 @@ class Worker:
         self.running_listed: int | None = None   # running/'s mtime when it was last listed
         self.own_listed: list[Record] = []       # this box's records in that listing
         self.started_last_pass = 0
+        self.read_jobs_last_pass = False
         self.version_at_last_pass = -1
         self.observed: dict[str, dict[int, int]] = {}
         self.gpu_usage = GpuUsage()
@@ -154,7 +155,10 @@ class Worker:
         """Nothing runs here and nothing this box could start remains: the last pass started
         nothing and found jobs/ as the pass before it (a sweep's members, a requeued spec or a
         released dependency show as a change, and get their pass)."""
-        settled = self.intake.version == self.version_at_last_pass and not self.started_last_pass
+        # A pass that skipped reading jobs/ has not seen what the pass before it wrote there
+        # (a sweep's members): it cannot tell that nothing is left.
+        settled = self.intake.version == self.version_at_last_pass and not self.started_last_pass \
+            and self.read_jobs_last_pass
         self.version_at_last_pass = self.intake.version
         return not self.running and not self.spawner.starting and settled
 
@@ -302,9 +306,11 @@ class Worker:
     def take_in_specs(self) -> None:
         """Read jobs/; reject specs that stayed invalid and ids already used; expand sweeps."""
         now = time.monotonic()
+        self.read_jobs_last_pass = False
         if self.woken_by and not self.woken_by.strip(WAKE_JOB_ENDED) and \
                 now - self.intake.scanned_at < EXIT_WAKE_SCAN_GAP_S:
             return  # only job ends woke us: they free GPUs, not specs, and jobs/ was just read
+        self.read_jobs_last_pass = True
         # Every file is re-examined now and then; in between only a changed directory is
         # read again, and then only new and vanished names are examined (a spec edited in
         # place is also caught when it is claimed: the claimed bytes must be the planned ones).
