@@ -3,7 +3,7 @@ with the job, its processes (whose GPU memory is the job's), and which runtimes 
 
 `container_run` is pure: the same inputs give the same command line (tests keep them as
 golden files). What each runtime gets:
-- docker: `run --rm --init --name gpuq-<id>-<attempt>`, `--gpus '"device=0,2"'`, `--user
+- docker: `run --rm --init --name gpuq-<id>-<attempt>-<tag>`, `--gpus '"device=0,2"'`, `--user
   uid:gid` (+ `--group-add`), no new privileges and (for a job not root's) no capabilities,
   the workdir mounted at the same path and used as the working
   directory, the job's cores (`--cpuset-cpus`) and RAM limit (`--memory`), and each job
@@ -39,6 +39,7 @@ import ctypes
 import dataclasses
 import errno
 import functools
+import hashlib
 import json
 import math
 import os
@@ -80,8 +81,12 @@ class ContainerRun:
     staged: "StagedMounts | None" = None     # see stage_mounts
 
 
-def container_name(job_id: str, attempt: int, restarts: int = 0) -> str:
-    return f"gpuq-{job_id}-{attempt}" + (f"-r{restarts}" if restarts else "")
+def container_name(job_id: str, attempt: int, restarts: int = 0, claim: str | None = None) -> str:
+    """`gpuq-<id>-<attempt>[-r<restarts>]-<tag>`: the tag, from the attempt's claim (which
+    names its root's host, boot, worker and a nonce), keeps two queue roots on one box, or
+    one job id reused, from taking (or removing) each other's container."""
+    tag = f"-{hashlib.sha256(claim.encode()).hexdigest()[:8]}" if claim else ""
+    return f"gpuq-{job_id}-{attempt}" + (f"-r{restarts}" if restarts else "") + tag
 
 
 def inside_visible_devices(runtime: str, gpus: Sequence[int]) -> str:
@@ -212,21 +217,20 @@ class ContainerControl:
             self.found(self.pid)
 
 
-def remove_leftover(spec_json: dict, job_id: str, attempt: int, restarts: int, default_runtime: str) -> str | None:
+def remove_leftover(spec_json: dict, name: str, default_runtime: str) -> bool:
     """The docker/podman container of an attempt whose supervisor died without removing it
     (killed, or its host's power cut): remove it, so that it holds no GPU for nobody.
-    Returns its name when a container was removed."""
+    Returns whether one was removed."""
     container = Container.from_json(spec_json.get("container"))
     runtime = (container.runtime or default_runtime) if container else None
     if runtime not in DAEMON_RUNTIMES:
-        return None
-    name = container_name(job_id, attempt, restarts)
+        return False
     try:
         done = subprocess.run([runtime, "rm", "--force", name], stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=CONTROL_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return name if done.returncode == 0 else None
+        return False
+    return done.returncode == 0
 
 
 class RuntimeProbe:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config import Config
-from .containers import release_leftover_mounts, remove_leftover
+from .containers import container_name, release_leftover_mounts, remove_leftover
 from .faults import crash_point, wall_time
 from .joblocal import Runtime, read_started
 from .layout import Layout
@@ -50,8 +50,8 @@ class Recovery:
         if not running_path.exists():
             return  # settled meanwhile
         if record.spec.get("container"):
-            if name := remove_leftover(record.spec, record.id, record.attempt, record.restarts,
-                                       self.rt.container_runtime):
+            name = container_name(record.id, record.attempt, record.restarts, record.claim)
+            if remove_leftover(record.spec, name, self.rt.container_runtime):
                 log.warning("removed container %s of %s, left running by its dead supervisor", name, record.id)
             release_leftover_mounts(self.rt.local_dir, record.id)
         if record.boot_id != self.boot_id:

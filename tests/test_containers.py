@@ -15,10 +15,10 @@ import pytest
 
 import fake_runtime
 import real_runtimes
-from conftest import PY, REPO, wait_until
+from conftest import PY, REPO, Queue, wait_until
 from gpuq import launch as launch_module
 from gpuq.config import Config
-from gpuq.containers import Owner, container_run, probe_runtimes
+from gpuq.containers import Owner, container_name, container_run, probe_runtimes
 from gpuq.environments import ALLOWED_OPTIONS, Container
 from gpuq.joblocal import Runtime
 from gpuq.layout import Layout
@@ -31,6 +31,7 @@ from gpuq.states import State
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ANA = Identity(1001, 1001, (1001, 2000), "ana", "/home/ana")
+GOLDEN_CLAIM = "train-7@box-a@b00tb00t@4242@0a1b2c3d@a2.yaml"
 
 SPECS = {
     "docker": "container: {image: 'nvcr.io/nvidia/pytorch:24.05-py3', runtime: docker, "
@@ -50,7 +51,7 @@ def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
     spec = parse_spec_text(("command: [python, train.py, --lr, '3e-4']\ngpus: 2\ngpu_mem: 20GiB\n"
                             "workdir: /home/ana/proj\nenv: {WANDB_MODE: offline}\n" + SPECS[name]).encode(), "t.yaml")
     record = Record(id="train-7", state=State.RUNNING, spec=spec.to_json(), attempt=2, gpus=[1, 3],
-                    gpu_mem_mib=20480, cpu_cores=[4, 5], mem_limit_mib=8192, host="box-a")
+                    gpu_mem_mib=20480, cpu_cores=[4, 5], mem_limit_mib=8192, host="box-a", claim=GOLDEN_CLAIM)
     rt = Runtime(Layout(Path("/shared/gpuq")), "box-a", "boot", Path("/dev/shm/gpuq"), 10, 180, {}, "docker")
     monkeypatch.setattr(launch_module.os, "geteuid", lambda: 1001 if name == "podman-rootless" else 0)
     monkeypatch.setattr(launch_module.os, "getuid", lambda: 1001)  # a worker not root runs jobs as itself
@@ -81,7 +82,7 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     docker = _golden_text("docker", monkeypatch)
     assert "--gpus\n'\"device=1,3\"'\n" in docker and "--user\n1001:1001\n--group-add\n2000\n" in docker
     assert "--volume\n/home/ana/proj:/home/ana/proj\n--workdir\n/home/ana/proj\n" in docker
-    assert "--cpuset-cpus\n4,5\n--memory\n8192m\n" in docker and "--name\ngpuq-train-7-2\n" in docker
+    assert "--cpuset-cpus\n4,5\n--memory\n8192m\n" in docker and f"--name\n{container_name('train-7', 2, 0, GOLDEN_CLAIM)}\n" in docker
     assert "--security-opt\nno-new-privileges\n--cap-drop\nALL\n" in docker  # docker's privileges are root's
     assert "CUDA_VISIBLE_DEVICES=0,1\n" in docker  # renumbered inside: only the two GPUs exist there
     assert "\n--env\nWANDB_MODE\n" in docker and "offline" not in docker.split("# client environment")[0]
@@ -168,6 +169,24 @@ def runtimes(tmp_path: Path):
     r.close()
 
 
+def _name(record: dict | None) -> str | None:
+    """The container name of the attempt (and restart) a record describes."""
+    if record is None:
+        return None
+    return container_name(record["id"], record["attempt"], record.get("restarts", 0), record["claim"])
+
+
+def _container_up(queue, runtimes, job_id: str, attempt: int = 1, restarts: int = 0) -> str:
+    """Waits for that attempt's container to run; returns its name."""
+    def up() -> str | None:
+        record = queue.record(job_id)
+        if record and (record["attempt"], record.get("restarts", 0)) == (attempt, restarts) \
+                and _name(record) in runtimes.containers():
+            return _name(record)
+        return None
+    return wait_until(up, timeout=20, what=f"{job_id} attempt {attempt} (restart {restarts}) in its container")
+
+
 def _workdir(tmp_path: Path) -> Path:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
@@ -190,7 +209,7 @@ def test_a_docker_job_runs_inside_with_exactly_its_gpus(queue, runtimes, tmp_pat
     run = runtimes.calls("run")[-1]
     assert run["runtime"] == "docker" and run["args"][run["args"].index("--gpus") + 1] == f'"device={gpus}"'
     assert run["args"][run["args"].index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
-    assert "==> container: docker run --rm --init --name gpuq-boxed-1" in queue.log("boxed")
+    assert f"==> container: docker run --rm --init --name {_name(final)}" in queue.log("boxed")
     assert runtimes.containers() == {}  # removed with the job
     queue.gpuq("cancel", "blocker")
 
@@ -245,15 +264,16 @@ def test_cancel_stops_the_container_not_just_its_client(queue, runtimes, tmp_pat
     queue.gpuq("submit", "--id", "stubborn", "--container", "img", "--runtime", runtime, "--workdir",
                str(_workdir(tmp_path)), "--", "trap '' TERM; echo up; while true; do sleep 0.2; done")
     wait_until(lambda: "up" in queue.log("stubborn"), what="container up")
-    pid = wait_until(lambda: next(iter(runtimes.containers().values()), {}).get("pid"), what="container pid")
+    name = _container_up(queue, runtimes, "stubborn")
+    pid = runtimes.containers()[name]["pid"]
     queue.gpuq("cancel", "stubborn")
     final = wait_until(lambda: queue.finished("stubborn"), timeout=30, what="stubborn cancelled")
     assert final["state"] == "cancelled"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert runtimes.containers() == {}
     stop = runtimes.calls("stop")
-    assert stop and stop[-1]["runtime"] == runtime and stop[-1]["args"] == ["stop", "--time", "2", "gpuq-stubborn-1"]
-    assert f"stopping container gpuq-stubborn-1 ({runtime} stop --time 2)" in queue.log("stubborn")
+    assert stop and stop[-1]["runtime"] == runtime and stop[-1]["args"] == ["stop", "--time", "2", name]
+    assert f"stopping container {name} ({runtime} stop --time 2)" in queue.log("stubborn")
 
 
 def test_a_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp_path: Path) -> None:
@@ -263,9 +283,10 @@ def test_a_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp
     queue.gpuq("submit", "--id", "orphan", "--container", "img", "--workdir", str(_workdir(tmp_path)), "--",
                "echo up; sleep 300")
     wait_until(lambda: "\nup" in queue.log("orphan"), what="container up")
-    pid = runtimes.containers()["gpuq-orphan-1"]["pid"]
+    name = _container_up(queue, runtimes, "orphan")
+    pid = runtimes.containers()[name]["pid"]
     client = next(p for p in psutil.process_iter(["cmdline"])
-                  if "run" in (p.info["cmdline"] or []) and "gpuq-orphan-1" in (p.info["cmdline"] or []))
+                  if "run" in (p.info["cmdline"] or []) and name in (p.info["cmdline"] or []))
     supervisor = client.parent()
     supervisor.kill()
     client.kill()
@@ -273,7 +294,33 @@ def test_a_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp
     assert final["state"] == "lost" and "exit unknown" in final["reason"]
     wait_until(lambda: runtimes.containers() == {}, what="container removed")
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert runtimes.calls("rm")[-1]["args"] == ["rm", "--force", "gpuq-orphan-1"]
+    assert runtimes.calls("rm")[-1]["args"] == ["rm", "--force", name]
+
+
+def test_two_roots_on_one_box_run_the_same_job_id_in_containers_of_their_own(queue, runtimes, tmp_path: Path) -> None:
+    """Two queues on one box (two teams, or a test copy beside a real one) both run job
+    `twin`: neither's container name is taken by the other, and a worker removing the
+    container its killed supervisor left removes its own, not the other root's."""
+    other = Queue(tmp_path / "root2", tmp_path / "local2")
+    try:
+        for q in (queue, other):
+            q.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
+            q.gpuq("submit", "--id", "twin", "--gpus", "0", "--container", "img", "--workdir",
+                   str(_workdir(tmp_path)), "--", "echo up; sleep 300")
+        mine, theirs = (_container_up(q, runtimes, "twin") for q in (queue, other))
+        assert mine != theirs
+        client = next(p for p in psutil.process_iter(["cmdline"])
+                      if "run" in (p.info["cmdline"] or []) and mine in (p.info["cmdline"] or []))
+        supervisor = client.parent()
+        supervisor.kill()
+        client.kill()
+        assert wait_until(lambda: queue.finished("twin"), timeout=30, what="mine settled")["state"] == "lost"
+        wait_until(lambda: mine not in runtimes.containers(), what="my leftover container removed")
+        assert theirs in runtimes.containers() and other.record("twin")["state"] == "running"
+        assert mine in [c["args"][-1] for c in runtimes.calls("rm")]
+        assert theirs not in [c["args"][-1] for c in runtimes.calls("rm")]
+    finally:
+        other.close()
 
 
 def test_preemption_stops_the_container_and_the_next_attempt_gets_its_own(queue, runtimes, tmp_path: Path) -> None:
@@ -282,12 +329,12 @@ def test_preemption_stops_the_container_and_the_next_attempt_gets_its_own(queue,
     work = _workdir(tmp_path)
     queue.drop("soak.yaml", "command: \"trap '' TERM; echo attempt=$GPUQ_ATTEMPT; while true; do sleep 0.2; done\"\n"
                f"gpus: 1\ngpu_mem: 60GiB\npriority: low\ngrace: 1s\nworkdir: {work}\ncontainer: img\n")
-    wait_until(lambda: "gpuq-soak-1" in runtimes.containers(), what="the opportunistic container")
+    first = _container_up(queue, runtimes, "soak")
     queue.drop("real.yaml", f"command: echo real\ngpus: 1\ngpu_mem: 40GiB\nworkdir: {work}\n")
     assert wait_until(lambda: queue.finished("real"), timeout=20, what="the real job")["state"] == "done"
-    assert ["stop", "--time", "1", "gpuq-soak-1"] in [c["args"] for c in runtimes.calls("stop")]
-    wait_until(lambda: "gpuq-soak-2" in runtimes.containers(), timeout=20, what="attempt 2 in its own container")
-    assert "gpuq-soak-1" not in runtimes.containers()
+    assert ["stop", "--time", "1", first] in [c["args"] for c in runtimes.calls("stop")]
+    second = _container_up(queue, runtimes, "soak", attempt=2)
+    assert second != first and first not in runtimes.containers()
     wait_until(lambda: "attempt=2" in queue.log("soak"), what="attempt 2's output")  # it starts a moment later
     queue.gpuq("cancel", "soak")
     wait_until(lambda: runtimes.containers() == {}, timeout=20, what="attempt 2 stopped")
@@ -297,8 +344,10 @@ def test_a_service_restarts_in_a_fresh_container(queue, runtimes, tmp_path: Path
     queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
     queue.drop("svc.yaml", "command: \"echo start $GPUQ_RESTARTS; test -e ran || { touch ran; exit 1; }; sleep 60\"\n"
                f"gpus: 0\nrestart: on-failure\nworkdir: {_workdir(tmp_path)}\ncontainer: img\n")
-    wait_until(lambda: "gpuq-svc-1-r1" in runtimes.containers(), timeout=20, what="the restarted container")
-    assert [c["args"][c["args"].index("--name") + 1] for c in runtimes.calls("run")] == ["gpuq-svc-1", "gpuq-svc-1-r1"]
+    restarted = _container_up(queue, runtimes, "svc", restarts=1)
+    first = _name({**queue.record("svc"), "restarts": 0})
+    assert restarted.startswith("gpuq-svc-1-r1-") and first.startswith("gpuq-svc-1-")
+    assert [c["args"][c["args"].index("--name") + 1] for c in runtimes.calls("run")] == [first, restarted]
     assert "start 1" in queue.log("svc")  # GPUQ_RESTARTS reaches the container
     queue.gpuq("cancel", "svc")
     assert wait_until(lambda: queue.finished("svc"), what="svc cancelled")["state"] == "cancelled"
@@ -313,7 +362,7 @@ def test_a_time_limit_reaches_the_container(queue, runtimes, tmp_path: Path) -> 
     final = wait_until(lambda: queue.finished("slow"), timeout=40, what="slow timed out")
     assert final["state"] == "timeout"
     assert runtimes.containers() == {}
-    assert runtimes.calls("stop")[-1]["args"] == ["stop", "--time", "1", "gpuq-slow-1"]
+    assert runtimes.calls("stop")[-1]["args"] == ["stop", "--time", "1", _name(final)]
     run = runtimes.calls("run")[-1]["args"]
     assert run[run.index("--device") + 1] == f"nvidia.com/gpu={final['gpus'][0]}"
 
@@ -509,7 +558,8 @@ def test_a_real_container_runs_the_job_and_is_stopped_on_cancel(queue, real, tmp
     queue.gpuq("submit", "--id", "real-stubborn", "--gpus", "0", "--container", real_runtimes.IMAGE, "--runtime",
                runtime, "--workdir", str(work), "--", "trap '' TERM; echo up; while :; do sleep 1; done")
     wait_until(lambda: "\nup" in queue.log("real-stubborn"), timeout=60, what="the stubborn container up")
-    assert real_runtimes.containers_named(runtime, "gpuq-real-stubborn-1", env) == ["gpuq-real-stubborn-1"]
+    name = _name(queue.record("real-stubborn"))
+    assert real_runtimes.containers_named(runtime, name, env) == [name]
     queue.gpuq("cancel", "real-stubborn")
     final = wait_until(lambda: queue.finished("real-stubborn"), timeout=60, what="the stubborn container stopped")
     assert final["state"] == "cancelled"
