@@ -15,6 +15,7 @@ from gpuq.config import Config
 from gpuq.slurm_export import ExportError, sbatch_script, slurm_time
 from gpuq.spec import validate_spec
 from slurm_cluster import SlurmCluster, SlurmUnavailable
+from team import ALICE, needs_root, users  # noqa: F401 (a fixture)
 
 
 def script(data: dict, config: Config = Config(), ids: dict | None = None, job_id: str = "j-1") -> str:
@@ -243,27 +244,23 @@ def test_a_job_waits_in_gpuq_while_sbatch_cannot_reach_the_controller(slurm, que
     assert done["state"] == "done" and done["attempt"] > 1 and "made it" in queue.log("patient")
 
 
-def test_a_root_bridge_submits_each_job_as_its_spec_owner(slurm, tmp_path_factory):
+@needs_root
+def test_a_root_bridge_submits_each_job_as_its_spec_owner(slurm, users):  # noqa: F811
     """sbatch --uid/--gid: Slurm runs the job as the user who wrote the spec, and its log is
-    theirs (created by the bridge before Slurm appends to it)."""
+    theirs (created by the bridge before Slurm appends to it). The user is the session's own
+    (a name of this run's: a fixed one was deleted under a copy of the suite running beside)."""
     import os
-    import pwd
     import shutil
     import tempfile
     from pathlib import Path
 
     from conftest import Queue
 
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        pytest.skip("creating a user needs root and useradd (CI runs as root)")
-    name = "gpuq-slurm-ana"
-    if subprocess.run(["id", name], capture_output=True).returncode:
-        subprocess.run(["useradd", "-M", "-d", f"/nonexistent/{name}", "-s", "/bin/sh", name], check=True)
+    ana = users[ALICE]
     base = Path(tempfile.mkdtemp(prefix="gpuq-bridge-"))
     os.chmod(base, 0o755)
     queue = Queue(base / "root", base / "local")
     try:
-        ana = pwd.getpwnam(name)
         queue.write_config(backend="slurm", allow_root_jobs=False)
         queue.start_worker("bridge", "1x80GiB", env=slurm.env)
         tmp = queue.root / "jobs" / ".who.yaml.tmp"
@@ -273,12 +270,11 @@ def test_a_root_bridge_submits_each_job_as_its_spec_owner(slurm, tmp_path_factor
         final = wait_until(lambda: queue.finished("who"), timeout=90, what="who, run by Slurm")
         log = queue.root / "logs" / "who.log"
         assert final["state"] == "done", log.read_text()
-        assert str(ana.pw_uid) in log.read_text().splitlines() and f"USER={name} HOME=/nonexistent/{name}" in log.read_text()
+        assert str(ana.pw_uid) in log.read_text().splitlines() and f"USER={ALICE} HOME={ana.pw_dir}" in log.read_text()
         assert (os.stat(log).st_uid, os.stat(log).st_mode & 0o777) == (ana.pw_uid, 0o640)
     finally:
         queue.close()
         shutil.rmtree(base, ignore_errors=True)
-        subprocess.run(["userdel", name], capture_output=True)
 
 
 # sacct as slurmdbd would answer for one finished job: only the fields asked, in the order
