@@ -6,7 +6,7 @@ Definitions (README "Reports"):
 - GPU-hours used: per attempt, its GPUs × the part of its run inside the window (a running
   one counts up to now). Two jobs sharing a GPU each count it.
 - GPU-hours held but idle: from the samples, time a GPU had gpuq jobs on it at under
-  `alert_idle_util_pct` utilization; split evenly among the jobs on it for --by user.
+  `alert_idle_util_pct` utilization; for --by user each job's own part of it (samples.py).
 - Waits: each job whose first start lies in the window, first start − queued time;
   percentiles by nearest rank.
 - Ended: jobs that reached a final state in the window, by state; preemptions: requeues
@@ -218,15 +218,24 @@ def _gpu_series(samples: Iterable[dict], since: float, until: float, bucket_s: i
                 acc["b_util"][b] += g["util"] * s
                 acc["b_seen"][b] += s
             tally.total.idle_held_s += idle
-            jobs = g.get("jobs") or []
-            for job in jobs:  # each job on the GPU carries an equal part of its idle time
+            for job, share in _idle_shares(g, idle).items():
                 for key in tally.keys(users.get(job, "?"), host, [g.get("i")]):
-                    tally.groups[key].idle_held_s += idle / len(jobs)
+                    tally.groups[key].idle_held_s += share
     return {key: {"held_hours": round(a["held_s"] / 3600, 4),
                   "idle_held_hours": round(a["idle_held_s"] / 3600, 4),
                   "mean_util_pct": round(a["util_s"] / a["seen_s"], 1) if a["seen_s"] else None,
                   "util_pct": [round(u / n, 1) if n else None for u, n in zip(a["b_util"], a["b_seen"])]}
             for key, a in sorted(sums.items())}
+
+
+def _idle_shares(gpu_line: dict, idle: float) -> dict[str, float]:
+    """Each job's part of a GPU line's idle time: its own (`idle_by_job`), or, in a line
+    written before workers kept it, an equal part for every job seen on the GPU."""
+    by_job = gpu_line.get("idle_by_job")
+    if isinstance(by_job, dict):
+        return {str(j): float(v) for j, v in by_job.items() if isinstance(v, (int, float))}
+    jobs = gpu_line.get("jobs") or []
+    return {str(j): idle / len(jobs) for j in jobs}
 
 
 def _queue_series(intervals: list[tuple[float, float]], since: float, bucket_s: int, n_buckets: int,

@@ -8,8 +8,12 @@ per file), one file per month so a report over a week reads a month or two, not 
 A line:
   {"t": END, "s": SECONDS COVERED, "host": H,
    "gpus": [{"i": 0, "util": 37.5, "mem": 12000, "total": 81920, "held_s": 60.0,
-             "idle_held_s": 12.0, "jobs": ["a", "b"]}, ...]}
-"util" is missing for a GPU whose utilization NVML does not report."""
+             "idle_held_s": 12.0, "jobs": ["a", "b"], "idle_by_job": {"a": 10.0, "b": 2.0}}, ...]}
+"util" is missing for a GPU whose utilization NVML does not report. A job's time on a GPU
+starts at its claim, not at the pass before it (a job claimed just before a pass held the GPU
+for that moment, not for the whole gap), and a GPU's idle time goes to the jobs that were on
+it then, split evenly among those there at once: `idle_by_job` (a line without it is older,
+and a report splits its idle time evenly among its `jobs`)."""
 from __future__ import annotations
 
 import json
@@ -34,6 +38,20 @@ class _GpuSums:
     held_s: float = 0.0
     idle_held_s: float = 0.0
     jobs: set[str] = field(default_factory=set)
+    idle_by_job: dict[str, float] = field(default_factory=dict)
+
+
+def shares_since(starts: dict[str, float], now: float) -> dict[str, float]:
+    """Each job's share of the time up to `now`, for jobs on one GPU from their own start:
+    every moment is split evenly among the jobs there then. The shares sum to the time
+    since the earliest start."""
+    shares = dict.fromkeys(starts, 0.0)
+    order = sorted(starts.items(), key=lambda kv: kv[1])
+    for n, (_, begin) in enumerate(order):
+        end = order[n + 1][1] if n + 1 < len(order) else now
+        for job_id, _ in order[: n + 1]:  # the jobs already there share this stretch
+            shares[job_id] += (end - begin) / (n + 1)
+    return shares
 
 
 def month_file(layout: "Layout", host: str, t: float) -> Path:
@@ -64,12 +82,16 @@ class SampleLog:
             if g.util_pct is not None:
                 s.util_s += g.util_pct * dt
                 s.util_seen_s += dt
-            on_gpu = [r.id for r in running if g.index in r.gpus]
-            if on_gpu:
-                s.jobs.update(on_gpu)
-                s.held_s += dt
+            # each job from the start of this reading or its claim, whichever is later
+            starts = {r.id: max(now - dt, min(r.claimed_at or 0.0, now)) for r in running if g.index in r.gpus}
+            if starts:
+                s.jobs.update(starts)
+                held = now - min(starts.values())
+                s.held_s += held
                 if g.util_pct is not None and g.util_pct < self.idle_util_pct:
-                    s.idle_held_s += dt
+                    s.idle_held_s += held
+                    for job_id, share in shares_since(starts, now).items():
+                        s.idle_by_job[job_id] = s.idle_by_job.get(job_id, 0.0) + share
         if self.covered_s >= self.every_s:
             self.flush(now)
 
@@ -95,7 +117,8 @@ def _gpu_line(index: int, s: _GpuSums, covered_s: float) -> dict:
     if s.util_seen_s > 0:
         line["util"] = round(s.util_s / s.util_seen_s, 2)
     line.update(mem=round(s.mem_s / covered_s), total=s.total_mib, held_s=round(s.held_s, 3),
-                idle_held_s=round(s.idle_held_s, 3), jobs=sorted(s.jobs))
+                idle_held_s=round(s.idle_held_s, 3), jobs=sorted(s.jobs),
+                idle_by_job={j: round(v, 3) for j, v in sorted(s.idle_by_job.items())})
     return line
 
 

@@ -131,8 +131,47 @@ def test_sample_log_weights_each_reading_by_its_time_and_caps_gaps(tmp_path):
     [line] = list(read_samples(layout, since=0))
     assert (line["t"], line["s"], line["host"]) == (1013, 6, "h")
     assert line["gpus"] == [{"i": 0, "util": round((90 * 2 + 0 * 1 + 60 * 3) / 6, 2), "mem": round((100 * 2 + 500 * 4) / 6),
-                             "total": 1000, "held_s": 4, "idle_held_s": 1, "jobs": ["j"]}]
+                             "total": 1000, "held_s": 4, "idle_held_s": 1, "jobs": ["j"], "idle_by_job": {"j": 1}}]
     assert list(read_samples(layout, since=1013)) == []
+
+
+def test_a_job_is_charged_from_its_claim_and_only_its_own_idle_time(tmp_path):
+    """A job claimed just before a reading held its GPU for that moment, not for the whole
+    gap since the reading before; jobs on a GPU at once split its idle time; a short job
+    beside a long idle one is charged its own seconds, not half of the line's."""
+    from gpuq.layout import Layout
+    from gpuq.probe import GpuSnapshot
+    from gpuq.samples import SampleLog, read_samples
+    from gpuq.spool import Record
+    from gpuq.states import State
+
+    layout = Layout(tmp_path)
+    log = SampleLog(layout, "h", every_s=100, idle_util_pct=5, max_gap_s=10)
+    idle = [GpuSnapshot(0, "GPU-0", "fake", 1000, 500, 0)]
+    long = Record(id="long", state=State.RUNNING, spec={}, gpus=[0], claimed_at=990.0)
+    short = Record(id="short", state=State.RUNNING, spec={}, gpus=[0], claimed_at=1009.0)
+    log.observe(idle, [], now=1000)
+    log.observe(idle, [long], now=1008)            # long: 8 s alone
+    log.observe(idle, [long, short], now=1010)     # 1 s long alone, 1 s shared: short 0.5 s
+    log.observe(idle, [long], now=1018)            # short is gone: long 8 s alone
+    log.flush(1018)
+    [line] = list(read_samples(layout, since=0))
+    [gpu] = line["gpus"]
+    assert (gpu["held_s"], gpu["idle_held_s"]) == (18, 18)
+    assert gpu["idle_by_job"] == {"long": 17.5, "short": 0.5}
+    late = Record(id="late", state=State.RUNNING, spec={}, gpus=[0], claimed_at=1019.5)
+    log.observe(idle, [late], now=1020)            # claimed 0.5 s before the reading: 0.5 s, not 2
+    log.flush(1020)
+    assert list(read_samples(layout, since=1018))[0]["gpus"][0]["idle_by_job"] == {"late": 0.5}
+    # --by user takes each job's own part; a line without it (older workers) splits evenly
+    events = [ev(1000, job, "pending", "running", user=user, queued_at=999, host="h", gpus=[0], by="h")
+              for job, user in (("long", "ana"), ("short", "ben"))]
+    by_user = build(events, [line], [], 1000, 1100, by="user").to_json()["groups"]
+    assert by_user["ben"]["idle_held_gpu_hours"] == round(0.5 / 3600, 4)
+    assert by_user["ana"]["idle_held_gpu_hours"] == round(17.5 / 3600, 4)
+    old = {**line, "gpus": [{k: v for k, v in gpu.items() if k != "idle_by_job"}]}
+    assert build(events, [old], [], 1000, 1100, by="user").to_json()["groups"]["ben"]["idle_held_gpu_hours"] \
+        == round(9 / 3600, 4)
 
 
 # --- through the real worker and CLI ------------------------------------------------------
@@ -161,6 +200,16 @@ def test_report_through_the_worker(queue, tmp_path):
     # machine), not the busy job's 2 s as well
     holder_s = queue.finished("holder")["ended_at"] - queue.finished("holder")["started_at"]
     assert 2 <= r["total"]["idle_held_gpu_hours"] * 3600 <= holder_s + 1.5
+    charged: dict[str, float] = {}
+    for path in (queue.root / "state" / "samples").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            for g in json.loads(line)["gpus"]:
+                for job, share in g.get("idle_by_job", {}).items():
+                    charged[job] = charged.get(job, 0.0) + share
+    # each job is charged at most its own run (the busy one only while it started, at 0%)
+    assert set(charged) <= {"busy", "holder"} and charged["holder"] >= 2, charged
+    for job, seconds in charged.items():
+        assert seconds <= queue.finished(job)["ended_at"] - queue.finished(job)["claimed_at"] + 0.5, charged
     util = {k: g["mean_util_pct"] for k, g in r["gpus"].items()}
     assert set(util) == {"a:0", "a:1"} and max(util.values()) > 0
     text = queue.gpuq("report", "--since", "1h").stdout
