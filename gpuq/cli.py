@@ -300,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("prefix", nargs="?", default="")
     sp = verb("report", _lazy("cli_reports", "cmd_report"), "GPU-hours used and held idle, waits, utilization and queue length "
                                     "over time, failures and preemptions, over a window")
-    sp.add_argument("--since", default="7d", help="a duration back from now (7d, 12h, 90m) or a local date "
-                                                  "(2026-11-01, '2026-11-01 14:00'); default 7d")
+    sp.add_argument("--since", help="a duration back from now (7d, 12h, 90m) or a local date (2026-11-01, "
+                                    "'2026-11-01 14:00'); default 7d, or from the queue's first job when that is later")
     sp.add_argument("--by", choices=("user", "host", "gpu"), help="one row per user, host or GPU")
     sp.add_argument("--json", action="store_true", help="the report as JSON (README \"Reports\")")
     sp.add_argument("--html", metavar="FILE", help="write a self-contained page with charts (needs the "

@@ -12,16 +12,17 @@ from .cli import open_layout
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .reportview import gather, parse_since, report_text
+    from .reportview import DEFAULT_SINCE, gather, parse_since, report_text
 
     layout = open_layout(args)
     now = time.time()
     try:
-        since = parse_since(args.since, now)
+        since = parse_since(args.since or DEFAULT_SINCE, now)
     except ValueError as e:
         print(f"gpuq report: {e}", file=sys.stderr)
         return 2
-    report = gather(layout, since, now, args.by)
+    # Asked for nothing, a young queue's report covers its life, not a week of empty slices.
+    report = gather(layout, since, now, args.by, from_first_event=args.since is None)
     if args.html:
         from .reporthtml import ReportHtmlError, write_html
 

@@ -3,6 +3,7 @@ them to report.build, and print the result as text (the HTML page is reporthtml.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Iterator
@@ -16,6 +17,7 @@ from .units import DURATION_RE, MAX_DURATION_S, format_duration, parse_duration_
 
 SPARKS = " ▁▂▃▄▅▆▇█"
 SINCE_EXAMPLES = "7d, 12h, 90m, 2026-11-01 or '2026-11-01 14:00'"
+DEFAULT_SINCE = "7d"
 
 
 def parse_since(text: str, now: float) -> float:
@@ -69,8 +71,21 @@ def pending_now(layout: Layout) -> list[Pending]:
     return found
 
 
-def gather(layout: Layout, since: float, until: float, by: str | None) -> Report:
-    return build(read_events(layout), read_samples(layout, since), pending_now(layout), since, until, by)
+def gather(layout: Layout, since: float, until: float, by: str | None, from_first_event: bool = False) -> Report:
+    """The report over [since, until); with `from_first_event`, from the queue's first
+    event instead where that is later."""
+    events = list(read_events(layout))
+    if from_first_event:
+        since = history_start(events, since, until)
+    return build(events, read_samples(layout, since), pending_now(layout), since, until, by)
+
+
+def history_start(events: list[dict], since: float, until: float) -> float:
+    """`since`, or the whole second before the first event when that is later (and before
+    `until`): the window then starts with the queue's history."""
+    times = [t for e in events if isinstance(t := e.get("t"), (int, float)) and math.isfinite(t)]
+    first = math.floor(min(times)) if times else None
+    return first if first is not None and since < first < until else since
 
 
 def _when(t: float) -> str:

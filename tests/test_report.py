@@ -214,6 +214,13 @@ def test_report_through_the_worker(queue, tmp_path):
     assert set(util) == {"a:0", "a:1"} and max(util.values()) > 0
     text = queue.gpuq("report", "--since", "1h").stdout
     assert "GPU utilization over time" in text and "a:0" in text and "queue length" in text
+    # Asked for no window, this young queue's report starts at its first event: its slices
+    # are seconds, not the 7 days' 6 hours (one bar).
+    first = min(e["t"] for e in queue.events())
+    default = json.loads(queue.gpuq("report", "--json").stdout)
+    assert default["since"] == int(first) and default["bucket_s"] <= 5, (default["since"], first, default["bucket_s"])
+    assert default["total"]["ended"] == r["total"]["ended"]
+    assert json.loads(queue.gpuq("report", "--json", "--since", "7d").stdout)["bucket_s"] == 6 * 3600
 
 
 def test_report_rejects_a_bad_since(queue):
