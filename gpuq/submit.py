@@ -203,6 +203,11 @@ def _candidate_ids(job_id: str | None, base: str) -> Iterator[str]:
     yield from [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000))
 
 
+def _id_used(job_id: str) -> SubmitError:
+    return SubmitError(f"job id {job_id!r} is already used (a job's record and log keep its id). Fix: pick "
+                       f"another --id, or run that job again with `gpuq retry {job_id}` once it has ended")
+
+
 def free_id(layout: Layout, job_id: str | None, base: str) -> str:
     """An id no job has now, for `submit --hold` (whose request creates the spec: the worker
     checks again then, and refuses it if another job took the id meanwhile)."""
@@ -210,7 +215,7 @@ def free_id(layout: Layout, job_id: str | None, base: str) -> str:
         if not id_taken(layout, candidate):
             return candidate
         if job_id:
-            raise SubmitError(f"job id {job_id!r} is already used; pick another --id")
+            raise _id_used(job_id)
     raise SubmitError("no free job id")
 
 
@@ -225,14 +230,14 @@ def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str) -> st
         for candidate in candidates:
             if id_taken(layout, candidate):
                 if job_id:
-                    raise SubmitError(f"job id {job_id!r} is already used; pick another --id")
+                    raise _id_used(job_id)
                 continue
             try:
                 os.link(tmp, layout.jobs / f"{candidate}.yaml")
                 return candidate
             except FileExistsError:
                 if job_id:
-                    raise SubmitError(f"job id {job_id!r} is already used; pick another --id") from None
+                    raise _id_used(job_id) from None
         raise SubmitError("no free job id")
     finally:
         tmp.unlink(missing_ok=True)

@@ -553,7 +553,8 @@ def test_a_real_container_runs_the_job_and_is_stopped_on_cancel(queue, real, tmp
     assert final["state"] == "failed" and final["exit_code"] == 4, queue.log("real")
     assert f"hello from a container as {os.getuid()}" in queue.log("real") and f"\n{work}\n" in queue.log("real")
     assert (work / "out.txt").read_text() == "written\n"  # the workdir was mounted, at its own path
-    assert real_runtimes.containers_named(runtime, "gpuq-real-", env) == []
+    # this job's own container (podman's store is the machine's: another copy's may be there)
+    assert real_runtimes.containers_named(runtime, _name(final), env) == []
 
     queue.gpuq("submit", "--id", "real-stubborn", "--gpus", "0", "--container", real_runtimes.IMAGE, "--runtime",
                runtime, "--workdir", str(work), "--", "trap '' TERM; echo up; while :; do sleep 1; done")
@@ -563,4 +564,4 @@ def test_a_real_container_runs_the_job_and_is_stopped_on_cancel(queue, real, tmp
     queue.gpuq("cancel", "real-stubborn")
     final = wait_until(lambda: queue.finished("real-stubborn"), timeout=60, what="the stubborn container stopped")
     assert final["state"] == "cancelled"
-    assert real_runtimes.containers_named(runtime, "gpuq-real-stubborn-", env) == []
+    assert real_runtimes.containers_named(runtime, name, env) == []

@@ -322,6 +322,22 @@ def test_a_retried_job_shows_where_it_is_now_not_also_as_finished(queue):
     assert "flaky" not in [f["id"] for f in view["finished"]], view["finished"]
 
 
+def test_an_ended_jobs_id_is_kept_and_the_refusal_says_how_to_run_it_again(queue):
+    """Newcomer review: a cancelled --id "can never be reused". Its record and log keep the
+    id (a second job of that id would overwrite them), so submit refuses it and names the
+    way to run it again, which works."""
+    queue.start_worker("a", "1x80GiB")
+    queue.gpuq("submit", "--gpus", "0", "--id", "sz-test", "--", "sleep 30")
+    wait_until(lambda: queue.record("sz-test"), what="sz-test to start")
+    queue.gpuq("cancel", "sz-test")
+    assert wait_until(lambda: queue.finished("sz-test"), what="sz-test cancelled")["state"] == "cancelled"
+    again = queue.gpuq("submit", "--gpus", "0", "--id", "sz-test", "--", "true", check=False)
+    assert again.returncode == 2 and "already used" in again.stderr and "gpuq retry sz-test" in again.stderr
+    assert again.stderr.startswith("gpuq submit:"), again.stderr
+    queue.gpuq("retry", "sz-test")
+    wait_until(lambda: (queue.record("sz-test") or {}).get("attempt") == 2, what="sz-test's second attempt")
+
+
 def test_a_held_submission_cannot_take_another_members_id_nor_lose_its_own(team):
     """Attacks on `submit --hold` (a helper's, as team members): alice sends the request by
     hand for bob's pending job's id; bob drops a spec under the id of alice's held submission
