@@ -99,13 +99,16 @@ def status(layout: Layout, config: Config, now: float | None = None,
     decided = plan(pending, team.hosts, running_jobs, config, now, explain=True, blocked=blocked, bookings=booked)
     starting = {s.job_id: s for s in decided.starts}
     by_id = {j.id: j for j in pending}
+    jobs_by_host: dict[str, list[RunningJob]] = {}  # per host: 50 boxes x 400 jobs is no scan per GPU
+    for j in running_jobs:
+        jobs_by_host.setdefault(j.host, []).append(j)
     final_names = frozenset(s.value for s in FINAL_STATES)
     return {
         "version": STATUS_VERSION,
         "root": str(layout.root),
         "now": now,
-        "hosts": [{**_host(hb, running_jobs, config, now, heartbeat_alive(hb, now)), "drain": drains.get(hb["host"])}
-                  for hb in beats],
+        "hosts": [{**_host(hb, jobs_by_host.get(hb["host"], []), config, now, heartbeat_alive(hb, now)),
+                   "drain": drains.get(hb["host"])} for hb in beats],
         "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id))
                     for r in running],
         "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
@@ -147,12 +150,12 @@ def _starting(start: Any) -> str:
     return f"starting on {where} at the next worker pass"
 
 
-def _host(hb: dict[str, Any], running: list[RunningJob], config: Config, now: float,
+def _host(hb: dict[str, Any], running_here: list[RunningJob], config: Config, now: float,
           alive: bool) -> dict[str, Any]:
     gpus = []
     for g in hb.get("gpus", []):
         snap = GpuSnapshot.from_json(g)
-        on_gpu = [j for j in running if j.host == hb["host"] and snap.index in j.gpus]
+        on_gpu = [j for j in running_here if snap.index in j.gpus]
         gpus.append({"index": snap.index, "name": snap.name, "uuid": snap.uuid,
                      "mem_total_mib": snap.mem_total_mib, "mem_used_mib": snap.mem_used_mib,
                      "usable_mib": max(0, usable_mib(snap, on_gpu, config.gpu_mem_reserve_mib)),

@@ -228,9 +228,13 @@ def _host_processes(queue, host: str) -> list[psutil.Process]:
     return [worker, *spawners, *(c for s in spawners for c in s.children())]
 
 
-FLAKY_FIRST = ("command: |\n  echo $$ > {pids}/pid-$GPUQ_ATTEMPT\n"
-               "  if [ $GPUQ_ATTEMPT = 1 ]; then trap 'date +%s.%N > {pids}/stopped-1; exit 143' TERM;"
-               " while true; do sleep 0.05; done; fi\n  date +%s.%N > {pids}/started-$GPUQ_ATTEMPT\n"
+# Each marker is written beside its name and renamed in: a test that sees the name reads the
+# whole value (`date > f` creates f empty first, and a loaded machine's test read it so).
+FLAKY_FIRST = ("command: |\n  echo $$ > {pids}/.pid && mv {pids}/.pid {pids}/pid-$GPUQ_ATTEMPT\n"
+               "  if [ $GPUQ_ATTEMPT = 1 ]; then trap 'date +%s.%N > {pids}/.stopped && "
+               "mv {pids}/.stopped {pids}/stopped-1; exit 143' TERM;"
+               " while true; do sleep 0.05; done; fi\n"
+               "  date +%s.%N > {pids}/.started && mv {pids}/.started {pids}/started-$GPUQ_ATTEMPT\n"
                "gpus: 1\n")
 
 
