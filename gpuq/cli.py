@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import gc
 import json
 import os
 import pwd
@@ -313,7 +314,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# A command reads thousands of records and specs and creates no reference cycles worth
+# chasing meanwhile: the collector's default (a pass every 700 new objects) cost `status`
+# of 10,000 pending jobs a tenth of its time. Longer-lived verbs (top, wait, logs -f) still
+# collect, only less often.
+GC_FIRST_GENERATION_THRESHOLD = 100_000
+
+
 def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
+    gc.set_threshold(GC_FIRST_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the verb's own usage, not the list of verbs (`submit --gpu-memory 8G`)

@@ -389,6 +389,13 @@ def pending_spec_path(layout: Layout, job_id: str) -> Path | None:
     return None
 
 
+def id_taken(layout: Layout, job_id: str) -> bool:
+    """Whether any job, group (groups/<id>.json), claim, rejected or held spec has `job_id`."""
+    return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
+            or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*"))
+            or layout.record(layout.groups, job_id).exists() or (layout.held / f"{job_id}.yaml").exists())
+
+
 def has_record(layout: Layout, job_id: str) -> bool:
     """Whether an earlier or current attempt of this id has a record (ids are never reused)."""
     return any(layout.record(d, job_id).exists() for d in (layout.finished, layout.running, layout.held))

@@ -21,8 +21,7 @@ from typing import Any, Iterator
 from .layout import JOB_ID_RE, Layout
 from .owners import OwnerPolicy
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text, validate_spec
-from .spool import claims_of, has_record, pending_spec_path
-from .sweeps import group_file
+from .spool import id_taken
 
 # Per-shell or per-session variables that would be wrong inside the job (the agent socket and
 # the desktop session end with the login; a job outlives it).
@@ -142,13 +141,6 @@ def readable_base(command: list[str], name: str | None) -> str:
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(source).stem if "/" in source or "." in source
                   else source).strip("-_")[:40]
     return stem or "job"
-
-
-def id_taken(layout: Layout, job_id: str) -> bool:
-    """Whether any job, group, claim, rejected or held spec has `job_id`."""
-    return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
-            or bool(claims_of(layout, job_id)) or any(layout.rejected.glob(f"{job_id}.*"))
-            or group_file(layout, job_id).exists() or (layout.held / f"{job_id}.yaml").exists())
 
 
 def check_runnable_by_workers(layout: Layout, run_for_users: tuple[str, ...], allow_root: bool) -> None:
