@@ -81,12 +81,16 @@ class ContainerRun:
     staged: "StagedMounts | None" = None     # see stage_mounts
 
 
-def container_name(job_id: str, attempt: int, restarts: int = 0, claim: str | None = None) -> str:
-    """`gpuq-<id>-<attempt>[-r<restarts>]-<tag>`: the tag, from the attempt's claim (which
-    names its root's host, boot, worker and a nonce), keeps two queue roots on one box, or
-    one job id reused, from taking (or removing) each other's container."""
+def container_name(job_id: str, attempt: int, claim: str | None = None) -> str:
+    """`gpuq-<id>-<attempt>-<tag>`: the tag, from the attempt's claim (which names its root's
+    host, boot, worker and a nonce), keeps two queue roots on one box, or one job id reused,
+    from taking (or removing) each other's container. A service's restarts use the same
+    name: the supervisor removes each run's container before the next (a container it could
+    not remove still holds the GPU, and the next run's name clash says so), and a worker
+    cleaning up after a dead supervisor needs no restart count, which a full disk can keep
+    from reaching the record."""
     tag = f"-{hashlib.sha256(claim.encode()).hexdigest()[:8]}" if claim else ""
-    return f"gpuq-{job_id}-{attempt}" + (f"-r{restarts}" if restarts else "") + tag
+    return f"gpuq-{job_id}-{attempt}{tag}"
 
 
 def inside_visible_devices(runtime: str, gpus: Sequence[int]) -> str:

@@ -151,7 +151,7 @@ def build_launch(rt: Runtime, record: Record, spec: JobSpec, identity: Identity 
         Owner(os.getuid(), os.getgid(), tuple(os.getgroups()))
     run = container_run(spec.container, spec.container.runtime or rt.container_runtime, inner, variables, workdir,
                         record.gpus, owner, os.geteuid() == 0,
-                        container_name(record.id, record.attempt, record.restarts, record.claim),
+                        container_name(record.id, record.attempt, record.claim),
                         record.cpu_cores, record.mem_limit_mib)
     client = identity if run.client_as_owner else None
     env = {**base_environment(client), **run.env, **(client.environment() if client else {})}

@@ -50,7 +50,7 @@ class Recovery:
         if not running_path.exists():
             return  # settled meanwhile
         if record.spec.get("container"):
-            name = container_name(record.id, record.attempt, record.restarts, record.claim)
+            name = container_name(record.id, record.attempt, record.claim)
             if remove_leftover(record.spec, name, self.rt.container_runtime):
                 log.warning("removed container %s of %s, left running by its dead supervisor", name, record.id)
             release_leftover_mounts(self.rt.local_dir, record.id)

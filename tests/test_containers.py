@@ -82,7 +82,7 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     docker = _golden_text("docker", monkeypatch)
     assert "--gpus\n'\"device=1,3\"'\n" in docker and "--user\n1001:1001\n--group-add\n2000\n" in docker
     assert "--volume\n/home/ana/proj:/home/ana/proj\n--workdir\n/home/ana/proj\n" in docker
-    assert "--cpuset-cpus\n4,5\n--memory\n8192m\n" in docker and f"--name\n{container_name('train-7', 2, 0, GOLDEN_CLAIM)}\n" in docker
+    assert "--cpuset-cpus\n4,5\n--memory\n8192m\n" in docker and f"--name\n{container_name('train-7', 2, GOLDEN_CLAIM)}\n" in docker
     assert "--security-opt\nno-new-privileges\n--cap-drop\nALL\n" in docker  # docker's privileges are root's
     assert "CUDA_VISIBLE_DEVICES=0,1\n" in docker  # renumbered inside: only the two GPUs exist there
     assert "\n--env\nWANDB_MODE\n" in docker and "offline" not in docker.split("# client environment")[0]
@@ -173,7 +173,7 @@ def _name(record: dict | None) -> str | None:
     """The container name of the attempt (and restart) a record describes."""
     if record is None:
         return None
-    return container_name(record["id"], record["attempt"], record.get("restarts", 0), record["claim"])
+    return container_name(record["id"], record["attempt"], record["claim"])
 
 
 def _container_up(queue, runtimes, job_id: str, attempt: int = 1, restarts: int = 0) -> str:
@@ -344,15 +344,38 @@ def test_a_service_restarts_in_a_fresh_container(queue, runtimes, tmp_path: Path
     queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
     queue.drop("svc.yaml", "command: \"echo start $GPUQ_RESTARTS; test -e ran || { touch ran; exit 1; }; sleep 60\"\n"
                f"gpus: 0\nrestart: on-failure\nworkdir: {_workdir(tmp_path)}\ncontainer: img\n")
-    restarted = _container_up(queue, runtimes, "svc", restarts=1)
-    first = _name({**queue.record("svc"), "restarts": 0})
-    assert restarted.startswith("gpuq-svc-1-r1-") and first.startswith("gpuq-svc-1-")
-    assert [c["args"][c["args"].index("--name") + 1] for c in runtimes.calls("run")] == [first, restarted]
+    name = _container_up(queue, runtimes, "svc", restarts=1)
+    # one name per attempt: the first run's container was removed before the restart's ran
+    calls = [c["args"] for c in runtimes.calls() if c["args"][:1] in (["run"], ["rm"])]
+    runs = [i for i, c in enumerate(calls) if c[0] == "run"]
+    assert [calls[i][calls[i].index("--name") + 1] for i in runs] == [name, name]
+    assert ["rm", "--force", name] in calls[runs[0]:runs[1]], calls
     assert "start 1" in queue.log("svc")  # GPUQ_RESTARTS reaches the container
     queue.gpuq("cancel", "svc")
     assert wait_until(lambda: queue.finished("svc"), what="svc cancelled")["state"] == "cancelled"
     # the record is written, then the container removed: on a busy machine, wait for it
     wait_until(lambda: runtimes.containers() == {}, what="the cancelled service's container to go")
+
+
+def test_a_restarted_services_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp_path: Path) -> None:
+    """A service's restart count reaches its record only where the disk has room (best
+    effort): the container a dead supervisor leaves is found without it."""
+    queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
+    queue.drop("svc.yaml", "command: \"test -e ran || { touch ran; exit 1; }; echo up; sleep 300\"\n"
+               f"gpus: 0\nrestart: on-failure\nworkdir: {_workdir(tmp_path)}\ncontainer: img\n")
+    name = _container_up(queue, runtimes, "svc", restarts=1)
+    wait_until(lambda: "\nup" in queue.log("svc"), what="the restart up")
+    # as if the restart's record write had met a full disk: the record still says 0 restarts
+    path = queue.root / "state" / "running" / "svc.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "restarts": 0}))
+    client = next(p for p in psutil.process_iter(["cmdline"])
+                  if "run" in (p.info["cmdline"] or []) and name in (p.info["cmdline"] or []))
+    supervisor = client.parent()
+    supervisor.kill()
+    client.kill()
+    assert wait_until(lambda: queue.finished("svc"), timeout=30, what="svc settled")["state"] == "lost"
+    wait_until(lambda: runtimes.containers() == {}, what="the restart's container removed")
+    assert runtimes.calls("rm")[-1]["args"] == ["rm", "--force", name]
 
 
 def test_a_time_limit_reaches_the_container(queue, runtimes, tmp_path: Path) -> None:
