@@ -160,7 +160,16 @@ class Worker:
         settled = self.intake.version == self.version_at_last_pass and not self.started_last_pass \
             and self.read_jobs_last_pass
         self.version_at_last_pass = self.intake.version
-        return not self.running and not self.spawner.starting and settled
+        return not self.running and not self.spawner.starting and settled and not self._becoming_idle()
+
+    def _becoming_idle(self) -> bool:
+        """An opportunistic job waits and one of this box's GPUs is free of other use but not
+        yet for `idle_after_s`: it may start once that time has passed (a GPU a person
+        uses may stay taken for ever, and does not keep the worker)."""
+        now = wall_time()
+        return any(since is not None and now - since < self.config.idle_after_s
+                   for since in self.others_idle_since.values()) and \
+            any(job.opportunistic for job in self.intake.pending())
 
     # --- steps ----------------------------------------------------------------------------
 

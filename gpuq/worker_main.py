@@ -27,7 +27,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="use fake GPUs: COUNTxSIZE like 4x80GiB, or a JSON file (also $GPUQ_FAKE_GPUS)")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
     p.add_argument("--exit-when-idle", action="store_true",
-                   help="exit once no job is pending or running here")
+                   help="exit once nothing runs here and nothing this box could start is left (a sweep's "
+                        "members, released dependencies, an opportunistic job waiting out idle_after_s)")
     p.add_argument("--foreground", action="store_true", help="do not daemonize; log to stderr too")
     p.add_argument("-v", "--verbose", action="store_true", help="log every decision")
     return p.parse_args(argv)

@@ -300,3 +300,15 @@ def test_exit_when_idle_leaves_only_when_nothing_it_could_start_remains(queue):
     ran = sorted(p.stem for p in (queue.root / "state" / "finished").glob("*.json"))
     assert ran == sorted([f"sw_x{i}" for i in range(1, 7)] + ["first", "then"]), ran
     assert (queue.root / "jobs" / "huge.yaml").exists()
+
+
+def test_exit_when_idle_waits_for_an_opportunistic_job_whose_gpu_is_becoming_idle(queue):
+    """A low-priority job starts once a GPU has been idle for idle_after_s: the worker stays
+    for it, and leaves when it has run."""
+    queue.write_config(idle_after_s=1.5)
+    queue.drop("lo.yaml", "command: 'true'\ngpus: 1\npriority: low\n")
+    done = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
+                           "--fake-gpus", "1x80GiB", "--foreground", "--exit-when-idle"],
+                          capture_output=True, text=True, env=queue.env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (queue.finished("lo") or {}).get("state") == "done", sorted(p.name for p in queue.root.rglob("*"))
