@@ -197,7 +197,8 @@ def _candidate_ids(job_id: str | None, base: str) -> Iterator[str]:
 
 def _id_used(job_id: str) -> SubmitError:
     return SubmitError(f"job id {job_id!r} is already used (a job's record and log keep its id). Fix: pick "
-                       f"another --id, or run that job again with `gpuq retry {job_id}` once it has ended")
+                       f"another --id, or run that job again with `gpuq retry {job_id}` once it has ended "
+                       f"(`gpuq release {job_id}` if it is held)")
 
 
 def free_id(layout: Layout, job_id: str | None, base: str) -> str:

@@ -336,6 +336,12 @@ def test_an_ended_jobs_id_is_kept_and_the_refusal_says_how_to_run_it_again(queue
     assert again.stderr.startswith("gpuq submit:"), again.stderr
     queue.gpuq("retry", "sz-test")
     wait_until(lambda: (queue.record("sz-test") or {}).get("attempt") == 2, what="sz-test's second attempt")
+    # a rejected spec keeps its own id, not every id it starts with (ids hold dots)
+    queue.drop("data.v2.yaml", "command: 'true'\ngpus: two\n")
+    wait_until(lambda: (queue.root / "state" / "rejected" / "data.v2.error").exists(), what="data.v2 rejected")
+    assert queue.gpuq("submit", "--gpus", "0", "--id", "data", "--", "true").stdout.split() == ["data"]
+    taken = queue.gpuq("submit", "--gpus", "0", "--id", "data.v2", "--", "true", check=False)
+    assert taken.returncode == 2 and "already used" in taken.stderr
 
 
 def test_a_held_submission_cannot_take_another_members_id_nor_lose_its_own(team):
