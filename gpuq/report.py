@@ -205,14 +205,16 @@ def _gpu_series(samples: Iterable[dict], since: float, until: float, bucket_s: i
         if not since <= mid < until:
             continue
         b = min(n_buckets - 1, int((mid - since) // bucket_s))
-        for g in line.get("gpus") or []:
+        for g in line.get("gpus") if isinstance(line.get("gpus"), list) else []:
+            if not isinstance(g, dict):
+                continue  # a torn or foreign line: its figures are not counted
             acc = sums.setdefault(f"{host}:{g.get('i')}", {
                 "held_s": 0.0, "idle_held_s": 0.0, "util_s": 0.0, "seen_s": 0.0,
                 "b_util": [0.0] * n_buckets, "b_seen": [0.0] * n_buckets})
-            idle = g.get("idle_held_s", 0.0)
-            acc["held_s"] += g.get("held_s", 0.0)
+            idle = g["idle_held_s"] if _seconds(g.get("idle_held_s")) else 0.0
+            acc["held_s"] += g["held_s"] if _seconds(g.get("held_s")) else 0.0
             acc["idle_held_s"] += idle
-            if "util" in g:
+            if _seconds(g.get("util")):
                 acc["util_s"] += g["util"] * s
                 acc["seen_s"] += s
                 acc["b_util"][b] += g["util"] * s
@@ -230,12 +232,19 @@ def _gpu_series(samples: Iterable[dict], since: float, until: float, bucket_s: i
 
 def _idle_shares(gpu_line: dict, idle: float) -> dict[str, float]:
     """Each job's part of a GPU line's idle time: its own (`idle_by_job`), or, in a line
-    written before workers kept it, an equal part for every job seen on the GPU."""
+    written before workers kept it (or one whose parts are not finite, non-negative numbers
+    that add up to at most its idle time), an equal part for every job seen on the GPU. The
+    parts then always sum to the line's idle time or less: the users add up to the total."""
     by_job = gpu_line.get("idle_by_job")
-    if isinstance(by_job, dict):
-        return {str(j): float(v) for j, v in by_job.items() if isinstance(v, (int, float))}
-    jobs = gpu_line.get("jobs") or []
+    if isinstance(by_job, dict) and all(_seconds(v) for v in by_job.values()) \
+            and sum(by_job.values()) <= idle + 0.01:
+        return {str(j): float(v) for j, v in by_job.items()}
+    jobs = gpu_line.get("jobs") if isinstance(gpu_line.get("jobs"), list) else []
     return {str(j): idle / len(jobs) for j in jobs}
+
+
+def _seconds(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value >= 0
 
 
 def _queue_series(intervals: list[tuple[float, float]], since: float, bucket_s: int, n_buckets: int,

@@ -81,9 +81,11 @@ def gather(layout: Layout, since: float, until: float, by: str | None, from_firs
 
 
 def history_start(events: list[dict], since: float, until: float) -> float:
-    """`since`, or the whole second before the first event when that is later (and before
-    `until`): the window then starts with the queue's history."""
-    times = [t for e in events if isinstance(t := e.get("t"), (int, float)) and math.isfinite(t)]
+    """`since`, or the whole second before the queue's first moment (its first event, or the
+    first job's queue time, which is earlier) when that is later (and before `until`): the
+    window then starts with the queue's history, its first wait included."""
+    times = [t for e in events for key in ("t", "queued_at")
+             if type(t := e.get(key)) in (int, float) and math.isfinite(t)]
     first = math.floor(min(times)) if times else None
     return first if first is not None and since < first < until else since
 

@@ -174,6 +174,26 @@ def test_a_job_is_charged_from_its_claim_and_only_its_own_idle_time(tmp_path):
         == round(9 / 3600, 4)
 
 
+def test_sample_lines_with_garbage_figures_are_not_counted_and_never_crash_the_report():
+    """Samples are the workers' own, but a torn or foreign line must not crash a report,
+    reach --json as NaN, or make the users add up to more than the total."""
+    events = [ev(10, job, "pending", "running", user=user, queued_at=5, host="h", gpus=[0], by="h")
+              for job, user in (("a", "ana"), ("b", "ben"))]
+    line = lambda gpu: {"t": 60, "s": 60, "host": "h", "gpus": [gpu]}  # noqa: E731
+    garbage = [line({"i": 0, "held_s": 60, "idle_held_s": 60, "jobs": ["a", "b"], "idle_by_job": {"a": bad, "b": 1}})
+               for bad in (float("nan"), float("inf"), -1e6, 1e300, "lots", [1])]
+    garbage += [line({"i": 0, "held_s": "x", "idle_held_s": "60", "util": "hot", "jobs": "a"}),
+                {"t": 60, "s": 60, "host": "h", "gpus": ["not a gpu", None]}, {"t": 60, "s": 60, "gpus": 7}]
+    for bad in garbage:
+        r = build(events, [bad], [], 0, 120, by="user").to_json()
+        json.dumps(r, allow_nan=False)  # raises on NaN or infinity
+        users = sum(g["idle_held_gpu_hours"] for g in r["groups"].values())
+        assert users <= r["total"]["idle_held_gpu_hours"] + 1e-4, (bad, r["groups"])
+    # a line whose own parts are garbage is split evenly, as a line from before they were kept
+    split = build(events, [garbage[0]], [], 0, 120, by="user").to_json()["groups"]
+    assert split["ana"]["idle_held_gpu_hours"] == split["ben"]["idle_held_gpu_hours"] == round(30 / 3600, 4)
+
+
 # --- through the real worker and CLI ------------------------------------------------------
 
 def test_report_through_the_worker(queue, tmp_path):
@@ -216,7 +236,7 @@ def test_report_through_the_worker(queue, tmp_path):
     assert "GPU utilization over time" in text and "a:0" in text and "queue length" in text
     # Asked for no window, this young queue's report starts at its first event: its slices
     # are seconds, not the 7 days' 6 hours (one bar).
-    first = min(e["t"] for e in queue.events())
+    first = min(min(e["t"], e.get("queued_at") or e["t"]) for e in queue.events())
     default = json.loads(queue.gpuq("report", "--json").stdout)
     assert default["since"] == int(first) and default["bucket_s"] <= 5, (default["since"], first, default["bucket_s"])
     assert default["total"]["ended"] == r["total"]["ended"]
