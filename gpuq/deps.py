@@ -1,7 +1,8 @@
 """Dependencies between jobs. `after: [a, b]` starts a job once each of a and b has
 succeeded; if one ends any other way (failed, cancelled, timeout, lost, rejected) the job
 is cancelled with that reason, and so on down a chain (Slurm's afterok with
-kill_invalid_depend). `after_any: [c]` starts it once c has ended, whatever the result.
+kill_invalid_depend). `after_any: [c]` starts it once c has ended, whatever the result. A sweep's or an array's
+id stands for all its members.
 
 `gate` is pure; `DependencyStates` reads the states from the spool at the edge."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Iterable, Mapping
 from .layout import Layout
 from .spec import JobSpec
 from .spool import claims_of, pending_spec_path, read_json
+from .sweeps import read_group
 
 FINAL = frozenset({"done", "failed", "cancelled", "timeout", "lost", "rejected"})
 UNKNOWN = "unknown"
@@ -30,6 +32,14 @@ def gate(spec: JobSpec, states: Mapping[str, str]) -> tuple[str | None, str | No
     unknown = [d for d in waiting if states.get(d, UNKNOWN) == UNKNOWN]
     return ("waiting for " + ", ".join(waiting)
             + (f" ({', '.join(unknown)}: no such job yet)" if unknown else "")), None
+
+
+def group_state(member_states: list[str]) -> str:
+    """A sweep or array as a dependency (Slurm's afterok on an array job): done once every
+    member is; ended as its first member that ended otherwise, once all have ended."""
+    if any(s not in FINAL for s in member_states):
+        return "running"
+    return next((s for s in member_states if s != "done"), "done")
 
 
 def referenced(specs: Iterable[JobSpec]) -> set[str]:
@@ -66,7 +76,10 @@ class DependencyStates:
             return "running"
         if pending_spec_path(self.layout, job_id) is not None or (self.layout.held / f"{job_id}.yaml").exists():
             return "pending"
-        return UNKNOWN
+        group = read_group(self.layout, job_id)
+        if group is not None:
+            return group_state([self._state(m) for m in group["members"]])
+        return "pending" if (self.layout.groups / f"{job_id}.yaml").exists() else UNKNOWN  # being expanded
 
 
 def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], dict[str, str]]:

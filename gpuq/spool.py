@@ -405,10 +405,13 @@ def _names(directory: Path) -> list[str]:
 
 
 def id_taken(layout: Layout, job_id: str) -> bool:
-    """Whether any job, group (groups/<id>.json), claim, rejected or held spec has `job_id`."""
+    """Whether any job, group, claim, rejected or held spec has `job_id`. A group is its
+    record (groups/<id>.json) or, while a worker expands it, its spec kept as groups/<id>.yaml
+    (moved out of jobs/ before the record is written)."""
     return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
             or bool(claims_of(layout, job_id)) or any(map(_rejected_name(job_id).fullmatch, _names(layout.rejected)))
-            or layout.record(layout.groups, job_id).exists() or (layout.held / f"{job_id}.yaml").exists())
+            or layout.record(layout.groups, job_id).exists() or (layout.groups / f"{job_id}.yaml").exists()
+            or (layout.held / f"{job_id}.yaml").exists())
 
 
 def has_record(layout: Layout, job_id: str) -> bool:

@@ -57,6 +57,24 @@ def test_a_failed_dependency_cancels_the_chain_and_after_any_still_runs(queue):
     assert wait_until(lambda: queue.finished(cleanup), timeout=30)["state"] == "done"
 
 
+def test_after_an_array_waits_for_all_its_members_and_fails_with_one(queue):
+    """An array's id as a dependency stands for its members (Slurm's afterok on an array
+    job): it used to wait for ever, "no such job yet", once the array was expanded."""
+    queue.start_worker("a", "1x80GiB")
+    ok = submit(queue, "--id", "ok", "--array", "0-2", "--gpus", "0", "--", "sleep 0.3")
+    after_ok = submit(queue, "--id", "after-ok", "--after", ok, "--gpus", "0", "--", "true")
+    bad = submit(queue, "--id", "bad", "--array", "0-1", "--gpus", "0", "--", "exit $GPUQ_ARRAY_INDEX")
+    after_bad = submit(queue, "--id", "after-bad", "--after", bad, "--gpus", "0", "--", "true")
+    any_bad = submit(queue, "--id", "any-bad", "--after-any", bad, "--gpus", "0", "--", "true")
+    done = wait_until(lambda: queue.finished(after_ok), timeout=60, what="after-ok")
+    assert done["state"] == "done"
+    members_ended = max(queue.finished(f"ok_{i}")["ended_at"] for i in range(3))
+    assert done["started_at"] >= members_ended
+    cancelled = wait_until(lambda: queue.finished(after_bad), timeout=60, what="after-bad")
+    assert (cancelled["state"], cancelled["reason"]) == ("cancelled", "dependency bad ended failed")
+    assert wait_until(lambda: queue.finished(any_bad), timeout=60, what="any-bad")["state"] == "done"
+
+
 def test_a_spec_file_may_name_dependencies_and_submit_refuses_unknown_ids(queue):
     queue.write_config()
     out = queue.gpuq("submit", "--after", "nosuchjob", "--", "true", check=False)
