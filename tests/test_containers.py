@@ -187,6 +187,16 @@ def _container_up(queue, runtimes, job_id: str, attempt: int = 1, restarts: int 
     return wait_until(up, timeout=20, what=f"{job_id} attempt {attempt} (restart {restarts}) in its container")
 
 
+def _kill_supervisor_and_client(name: str) -> None:
+    """SIGKILL the container's client and its supervisor at once, as a power cut would:
+    the container (the stand-in daemon's) is left running."""
+    client = next(p for p in psutil.process_iter(["cmdline"])
+                  if "run" in (p.info["cmdline"] or []) and name in (p.info["cmdline"] or []))
+    supervisor = client.parent()
+    supervisor.kill()
+    client.kill()
+
+
 def _workdir(tmp_path: Path) -> Path:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
@@ -285,11 +295,7 @@ def test_a_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp
     wait_until(lambda: "\nup" in queue.log("orphan"), what="container up")
     name = _container_up(queue, runtimes, "orphan")
     pid = runtimes.containers()[name]["pid"]
-    client = next(p for p in psutil.process_iter(["cmdline"])
-                  if "run" in (p.info["cmdline"] or []) and name in (p.info["cmdline"] or []))
-    supervisor = client.parent()
-    supervisor.kill()
-    client.kill()
+    _kill_supervisor_and_client(name)
     final = wait_until(lambda: queue.finished("orphan"), timeout=30, what="orphan settled")
     assert final["state"] == "lost" and "exit unknown" in final["reason"]
     wait_until(lambda: runtimes.containers() == {}, what="container removed")
@@ -309,11 +315,7 @@ def test_two_roots_on_one_box_run_the_same_job_id_in_containers_of_their_own(que
                    str(_workdir(tmp_path)), "--", "echo up; sleep 300")
         mine, theirs = (_container_up(q, runtimes, "twin") for q in (queue, other))
         assert mine != theirs
-        client = next(p for p in psutil.process_iter(["cmdline"])
-                      if "run" in (p.info["cmdline"] or []) and mine in (p.info["cmdline"] or []))
-        supervisor = client.parent()
-        supervisor.kill()
-        client.kill()
+        _kill_supervisor_and_client(mine)
         assert wait_until(lambda: queue.finished("twin"), timeout=30, what="mine settled")["state"] == "lost"
         wait_until(lambda: mine not in runtimes.containers(), what="my leftover container removed")
         assert theirs in runtimes.containers() and other.record("twin")["state"] == "running"
@@ -368,11 +370,7 @@ def test_a_restarted_services_container_left_by_a_killed_supervisor_is_removed(q
     # as if the restart's record write had met a full disk: the record still says 0 restarts
     path = queue.root / "state" / "running" / "svc.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "restarts": 0}))
-    client = next(p for p in psutil.process_iter(["cmdline"])
-                  if "run" in (p.info["cmdline"] or []) and name in (p.info["cmdline"] or []))
-    supervisor = client.parent()
-    supervisor.kill()
-    client.kill()
+    _kill_supervisor_and_client(name)
     assert wait_until(lambda: queue.finished("svc"), timeout=30, what="svc settled")["state"] == "lost"
     wait_until(lambda: runtimes.containers() == {}, what="the restart's container removed")
     assert runtimes.calls("rm")[-1]["args"] == ["rm", "--force", name]
