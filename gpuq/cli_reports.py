@@ -22,7 +22,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"gpuq report: {e}", file=sys.stderr)
         return 2
     # Asked for nothing, a young queue's report covers its life, not a week of empty slices.
-    report = gather(layout, since, now, args.by, from_first_event=args.since is None)
+    report = gather(layout, since, now, args.by, from_history_start=args.since is None)
     if args.html:
         from .reporthtml import ReportHtmlError, write_html
 

@@ -1,8 +1,8 @@
 """Dependencies between jobs. `after: [a, b]` starts a job once each of a and b has
 succeeded; if one ends any other way (failed, cancelled, timeout, lost, rejected) the job
 is cancelled with that reason, and so on down a chain (Slurm's afterok with
-kill_invalid_depend). `after_any: [c]` starts it once c has ended, whatever the result. A sweep's or an array's
-id stands for all its members.
+kill_invalid_depend). `after_any: [c]` starts it once c has ended, whatever the result.
+A sweep's or an array's id stands for all its members.
 
 `gate` is pure; `DependencyStates` reads the states from the spool at the edge."""
 from __future__ import annotations

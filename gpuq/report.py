@@ -211,10 +211,10 @@ def _gpu_series(samples: Iterable[dict], since: float, until: float, bucket_s: i
             acc = sums.setdefault(f"{host}:{g.get('i')}", {
                 "held_s": 0.0, "idle_held_s": 0.0, "util_s": 0.0, "seen_s": 0.0,
                 "b_util": [0.0] * n_buckets, "b_seen": [0.0] * n_buckets})
-            idle = g["idle_held_s"] if _seconds(g.get("idle_held_s")) else 0.0
-            acc["held_s"] += g["held_s"] if _seconds(g.get("held_s")) else 0.0
+            idle = g["idle_held_s"] if _finite_nonnegative(g.get("idle_held_s")) else 0.0
+            acc["held_s"] += g["held_s"] if _finite_nonnegative(g.get("held_s")) else 0.0
             acc["idle_held_s"] += idle
-            if _seconds(g.get("util")):
+            if _finite_nonnegative(g.get("util")):
                 acc["util_s"] += g["util"] * s
                 acc["seen_s"] += s
                 acc["b_util"][b] += g["util"] * s
@@ -236,14 +236,14 @@ def _idle_shares(gpu_line: dict, idle: float) -> dict[str, float]:
     that add up to at most its idle time), an equal part for every job seen on the GPU. The
     parts then always sum to the line's idle time or less: the users add up to the total."""
     by_job = gpu_line.get("idle_by_job")
-    if isinstance(by_job, dict) and all(_seconds(v) for v in by_job.values()) \
+    if isinstance(by_job, dict) and all(_finite_nonnegative(v) for v in by_job.values()) \
             and sum(by_job.values()) <= idle + 0.01:
         return {str(j): float(v) for j, v in by_job.items()}
     jobs = gpu_line.get("jobs") if isinstance(gpu_line.get("jobs"), list) else []
     return {str(j): idle / len(jobs) for j in jobs}
 
 
-def _seconds(value: object) -> bool:
+def _finite_nonnegative(value: object) -> bool:
     return type(value) in (int, float) and math.isfinite(value) and value >= 0
 
 

@@ -71,11 +71,11 @@ def pending_now(layout: Layout) -> list[Pending]:
     return found
 
 
-def gather(layout: Layout, since: float, until: float, by: str | None, from_first_event: bool = False) -> Report:
-    """The report over [since, until); with `from_first_event`, from the queue's first
-    event instead where that is later."""
+def gather(layout: Layout, since: float, until: float, by: str | None, from_history_start: bool = False) -> Report:
+    """The report over [since, until); with `from_history_start`, from the queue's first
+    moment instead where that is later."""
     events = list(read_events(layout))
-    if from_first_event:
+    if from_history_start:
         since = history_start(events, since, until)
     return build(events, read_samples(layout, since), pending_now(layout), since, until, by)
 
