@@ -13,7 +13,7 @@ from typing import Iterable, Mapping
 from .layout import Layout
 from .spec import JobSpec
 from .spool import claims_of, pending_spec_path, read_json
-from .sweeps import read_group
+from .sweeps import kept_spec, read_group
 
 FINAL = frozenset({"done", "failed", "cancelled", "timeout", "lost", "rejected"})
 UNKNOWN = "unknown"
@@ -79,7 +79,7 @@ class DependencyStates:
         group = read_group(self.layout, job_id)
         if group is not None:
             return group_state([self._state(m) for m in group["members"]])
-        return "pending" if (self.layout.groups / f"{job_id}.yaml").exists() else UNKNOWN  # being expanded
+        return "pending" if kept_spec(self.layout, job_id).exists() else UNKNOWN  # being expanded
 
 
 def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], dict[str, str]]:

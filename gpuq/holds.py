@@ -24,11 +24,12 @@ import stat
 from pathlib import Path
 
 from .faults import wall_time
+from .ids import id_taken
 from .intake import read_spec_file, user_name
 from .layout import JOB_ID_RE, Layout
 from .owners import Actor, refusal
 from .spec import SpecError, parse_spec_text
-from .spool import (Record, append_event, create_owned, forget_place, has_record, id_taken, keep_place, kept_place,
+from .spool import (Record, append_event, create_owned, forget_place, has_record, keep_place, kept_place,
                     pending_spec_path, pending_specs, read_json,
                     read_record, transition_event,
                     unclaim, write_json, write_record)

@@ -9,7 +9,6 @@ import errno
 import json
 import math
 import os
-import re
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -388,30 +387,6 @@ def pending_spec_path(layout: Layout, job_id: str) -> Path | None:
         if os.path.lexists(p):
             return p
     return None
-
-
-def _rejected_name(job_id: str) -> re.Pattern[str]:
-    """The names a job's rejected files have in state/rejected/: <id>.yaml|.yml|.error, a
-    later rejection's <id>.<time>.<6 hex><suffix>, a set-aside <id>.<8 hex><suffix> or
-    .not-a-spec. Ids hold dots, so a glob `data.*` would also take the rejected `data.v2.yaml`."""
-    return re.compile(re.escape(job_id) + r"(\.\d+\.[0-9a-f]{6}|\.[0-9a-f]{8})?\.(yaml|yml|error|not-a-spec)")
-
-
-def _names(directory: Path) -> list[str]:
-    try:
-        return os.listdir(directory)
-    except FileNotFoundError:
-        return []
-
-
-def id_taken(layout: Layout, job_id: str) -> bool:
-    """Whether any job, group, claim, rejected or held spec has `job_id`. A group is its
-    record (groups/<id>.json) or, while a worker expands it, its spec kept as groups/<id>.yaml
-    (moved out of jobs/ before the record is written)."""
-    return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
-            or bool(claims_of(layout, job_id)) or any(map(_rejected_name(job_id).fullmatch, _names(layout.rejected)))
-            or layout.record(layout.groups, job_id).exists() or (layout.groups / f"{job_id}.yaml").exists()
-            or (layout.held / f"{job_id}.yaml").exists())
 
 
 def has_record(layout: Layout, job_id: str) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 from .layout import JOB_ID_RE, Layout
 from .owners import OwnerPolicy
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text, validate_spec
-from .spool import id_taken
+from .ids import id_taken
 
 # Per-shell or per-session variables that would be wrong inside the job (the agent socket and
 # the desktop session end with the login; a job outlives it).

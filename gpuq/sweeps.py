@@ -94,6 +94,12 @@ def group_file(layout: Layout, group: str) -> Path:
     return layout.groups / f"{group}.json"
 
 
+def kept_spec(layout: Layout, group: str) -> Path:
+    """Where a sweep's spec is kept once a worker took it out of jobs/: there before the
+    group record is written, so it marks a group being expanded."""
+    return layout.groups / f"{group}.yaml"
+
+
 def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int,
                   mtime: float) -> list[str]:
     """The worker's part: write each member into jobs/ (owned by `uid`, with `mtime`: the
@@ -149,7 +155,7 @@ def group_members(data: dict[str, Any], group: str) -> tuple[str, list[tuple[str
 def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict[str, Any]) -> list[str] | None:
     """The worker's part: take the sweep (or array) spec out of jobs/ and put its members in.
     None: another worker took it first."""
-    kept = group_file(layout, group).with_suffix(".yaml")
+    kept = kept_spec(layout, group)
     try:
         os.rename(spec_path, kept)
     except FileNotFoundError:
