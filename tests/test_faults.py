@@ -398,7 +398,10 @@ def test_a_disk_that_refuses_running_records_loses_no_spec_and_no_worker(queue, 
     queue.drop("job.yaml", JOB)
     wait_until(lambda: len(fired(fault_log, "io", "write:running ENOSPC")) >= 3,
                what="several passes, each refused the running record")
-    assert _alive(worker) and (queue.root / "jobs" / "job.yaml").exists()
+    # Each pass claims the spec (it leaves jobs/ for claims/) and puts it back when the record
+    # is refused: the assertion waits for it to be back, not for a moment between passes.
+    wait_until(lambda: (queue.root / "jobs" / "job.yaml").exists(), what="the spec back in jobs/")
+    assert _alive(worker)
     assert [n for n in os.listdir(queue.root / "state" / "running") if not n.endswith(".tmp")] == []
     queue.stop_worker("a")
     queue.start_worker("a", "1x80GiB")  # space was freed
