@@ -351,6 +351,9 @@ def _permission_denied(e: PermissionError) -> str:
     from .render import safe_text  # a file's name in jobs/ is a member's choice
 
     path = os.fsdecode(e.filename)
+    if os.geteuid() == 0:  # only a file system can refuse root: an NFS export squashing it
+        return (f"root may not use {safe_text(path)}: its file system squashes root (an NFS export without "
+                "no_root_squash). Fix: export the spool to the GPU boxes with no_root_squash (README, Shared disks)")
     there = path if os.path.lexists(path) else os.path.dirname(path)  # a file it meant to create
     if os.access(there, os.R_OK | (os.X_OK if os.path.isdir(there) else 0)):
         return f"cannot write {safe_text(path)}: permission denied (README, Security model: who may write what)"

@@ -168,7 +168,7 @@ def check_squashing(layout: Layout) -> list[Finding]:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except PermissionError:
         return [Finding("fail", "squash", f"root cannot create files in {layout.state}: the export squashes root",
-                        "run the workers' spool I/O as a service account that owns state/ (README, Shared disks)")]
+                        "export the spool to the GPU boxes with no_root_squash (README, Shared disks)")]
     except OSError:
         return []
     try:
@@ -178,7 +178,7 @@ def check_squashing(layout: Layout) -> list[Finding]:
         probe.unlink(missing_ok=True)
     if owner != 0:
         return [Finding("fail", "squash", f"a file root creates in {layout.state} is owned by uid {owner}: the export "
-                        "squashes root", "use a service account that owns state/ (README, Shared disks)")]
+                        "squashes root", "export the spool to the GPU boxes with no_root_squash (README, Shared disks)")]
     return [Finding("ok", "squash", "root writes the spool as root (no root squashing)")]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -414,3 +415,27 @@ def test_a_state_tree_owned_by_another_account_is_refused_and_doctor_says_so(tea
     assert not (team.root / "state" / "workers" / "a.json").exists()
     doctor = team.gpuq("doctor", check=False)
     assert doctor.returncode == 1 and "FAIL permissions" in doctor.stdout and "state" in doctor.stdout
+
+
+def test_doctor_says_when_the_export_squashes_root(team):
+    """An NFS export that squashes root refuses root's creates in the root-owned state/. No
+    NFS here: a user namespace maps a member to root, and that 'root' meets exactly what a
+    squashed one meets (euid 0 inside, EACCES from the real owner's directory); doctor must
+    name the export and its fix."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    probe = team.run_as(ALICE, ["unshare", "--user", "--map-root-user", "id", "-u"])
+    if probe.returncode != 0:
+        pytest.skip(f"user namespaces are not allowed here: {probe.stderr.strip()}")
+    assert probe.stdout.strip() == "0"
+    as_squashed_root = ["unshare", "--user", "--map-root-user", team.python, str(team.code / "gpuq.py"),
+                        "--root", str(team.root)]
+    doctor = team.run_as(ALICE, [*as_squashed_root, "doctor"])
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    squash = [line for line in doctor.stdout.splitlines() if "squash" in line]
+    assert any("FAIL" in line and "the export squashes root" in line for line in squash), doctor.stdout
+    assert "no_root_squash" in doctor.stdout, doctor.stdout
+    assert not list((team.root / "state").glob(".doctor-*")), "the probe must not be left behind"
+    # Outside the team's group, a squashed root cannot even read jobs/: it is told why.
+    denied = team.run_as(EVE, [*as_squashed_root, "status"])
+    assert denied.returncode == 2 and "squashes root" in denied.stderr and "no_root_squash" in denied.stderr, denied
