@@ -336,9 +336,9 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     except (RootError, ConfigError) as e:
         print(f"gpuq {args.verb}: {e}", file=sys.stderr)
         return 2
-    except PermissionError as e:  # the spool's modes said no: a person's mistake, not gpuq's
+    except PermissionError as e:  # the spool's modes said no: a refusal (README: exit 1), not bad input
         print(f"gpuq {args.verb}: {_permission_denied(e)}", file=sys.stderr)
-        return 2
+        return 1
     except BrokenPipeError:
         return 0
 

@@ -18,12 +18,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     layout = open_layout(args)
     config = read_config(layout)
     ids = handed_over(layout.state / "slurm")
-    scripts, failed = [], False
+    scripts, bad, missing = [], False, False
     for item in args.specs:
         path = Path(item) if Path(item).is_file() else pending_spec_path(layout, item)
         if path is None:
             print(f"gpuq export: {item}: neither a spec file nor a pending job", file=sys.stderr)
-            failed = True
+            missing = True
             continue
         job_id = path.name.rsplit(".", 1)[0]
         try:
@@ -32,6 +32,6 @@ def cmd_export(args: argparse.Namespace) -> int:
             scripts.append(sbatch_script(job_id, spec, config, str(layout.job_log(job_id)), str(layout.root), ids))
         except (SpecError, ExportError, OSError) as e:
             print(f"gpuq export: {item}: {e}", file=sys.stderr)
-            failed = True
+            bad = True
     print("\n".join(scripts), end="")
-    return 2 if failed else 0
+    return 2 if bad else 1 if missing else 0  # README: 2 bad input, 1 not found

@@ -16,14 +16,16 @@ def _never_fits(layout, spec) -> str | None:
     from .teamstate import load_heartbeats
     from .views import never_fits
 
+    known = sorted(str(hb.get("host")) for hb in load_heartbeats(layout))
+    names_no_box = bool(spec.hosts and not set(spec.hosts) & set(known))
+    hosts_fix = f"--hosts names boxes gpuq knows: {', '.join(known) or 'none has run a worker yet'}"
     refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
     if refused is None:
+        if names_no_box and known:  # a CPU-only job fits any box, but only among those named
+            return (f"no box gpuq knows is named by hosts: {', '.join(spec.hosts)}. Fix: {hosts_fix}. "
+                    "Nothing was written.")
         return None
-    known = sorted(str(hb.get("host")) for hb in load_heartbeats(layout))
-    if spec.hosts and not set(spec.hosts) & set(known):
-        fix = f"--hosts names boxes gpuq knows: {', '.join(known) or 'none has run a worker yet'}"
-    else:
-        fix = "ask for less memory or fewer GPUs"
+    fix = hosts_fix if names_no_box else "ask for less memory or fewer GPUs"
     return f"no GPU in the team can ever hold this job: {refused}. Fix: {fix}. Nothing was written."
 
 

@@ -65,13 +65,13 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     if os.path.lexists(held_spec(layout, job_id)):
         raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
     if has_record(layout, job_id):  # a file in jobs/ under a running or ended job's id is not that job
-        raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")
+        raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held or edited)")
     mine = [p for p in pending_specs(layout, job_id) if actor.may_act_on(os.lstat(p).st_uid)]
     if not mine:
         others = pending_specs(layout, job_id)
         if others:
             raise HoldError(refusal(job_id, os.lstat(others[0]).st_uid, "hold"))
-        raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held)")
+        raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held or edited)")
     spec_path, dest = mine[0], held_spec(layout, job_id)
     before = os.lstat(spec_path)
     if not stat.S_ISREG(before.st_mode):

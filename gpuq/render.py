@@ -89,7 +89,7 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     out.append("HOSTS" if view["hosts"] else "HOSTS: none — no worker has run yet (each box's crontab starts one: "
                                         "gpuq doctor, run by the root's owner, prints the line)")
     for h in view["hosts"]:
-        state = "up" if h["alive"] else "NOT RESPONDING"
+        state = "up" if h["alive"] else "stopped (its worker exited cleanly)" if h.get("stopped") else "NOT RESPONDING"
         if h.get("drain"):
             busy = sum(1 for r in view["running"] if r["host"] == h["host"])
             state += (f", DRAINING ({busy} running)" if busy else ", DRAINED") + \

@@ -161,7 +161,8 @@ def _host(hb: dict[str, Any], running_here: list[RunningJob], config: Config, no
                      "usable_mib": max(0, usable_mib(snap, on_gpu, config.gpu_mem_reserve_mib)),
                      "util_pct": snap.util_pct, "temp_c": snap.temp_c,
                      "jobs": [j.id for j in on_gpu]})
-    return {"host": hb["host"], "alive": alive, "last_seen_s": round(now - hb["_mtime"], 1),
+    return {"host": hb["host"], "alive": alive, "stopped": bool(hb.get("stopped")) and not alive,
+            "last_seen_s": round(now - hb["_mtime"], 1),
             "pid": hb.get("pid"), "version": hb.get("version"), "probe_error": hb.get("probe_error"),
             "cpu_slots": hb.get("cpu_slots"), "gpus": gpus, "runtimes": hb.get("runtimes", {}),
             "runtime_problems": hb.get("runtime_problems", {})}

@@ -251,6 +251,10 @@ def test_every_refusal_names_its_verb_and_exits_1(queue):
     for verb in ("cancel", "hold", "release", "retry", "unbook", "edit"):  # (edit holds first: still "edit")
         done = queue.gpuq(verb, "no-such-job", check=False)
         assert done.returncode == 1 and done.stderr.startswith(f"gpuq {verb}: "), (verb, done.stderr)
+        if verb == "edit":  # its refusal speaks of editing, not only of holding
+            assert "can be held or edited" in done.stderr, done.stderr
+    missing = queue.gpuq("export", "slurm", "no-such-job", check=False)  # not found: 1, as README says
+    assert missing.returncode == 1 and missing.stderr.startswith("gpuq export: "), missing.stderr
 
 
 def test_submit_hold_keeps_the_job_from_starting_until_released(queue):
@@ -300,6 +304,9 @@ def test_messages_point_at_the_fix(queue, tmp_path):
     nowhere = queue.gpuq("submit", "--hosts", "box-z", "--", "true", check=False)
     assert nowhere.returncode == 2 and "Fix: --hosts names boxes gpuq knows: box-a." in nowhere.stderr
     assert "less memory" not in nowhere.stderr
+    cpu_nowhere = queue.gpuq("submit", "--gpus", "0", "--hosts", "box-z", "--", "true", check=False)
+    assert cpu_nowhere.returncode == 2 and "Fix: --hosts names boxes gpuq knows: box-a." in cpu_nowhere.stderr
+    assert not list((queue.root / "jobs").glob("*.yaml"))  # neither was written
     tabbed = tmp_path / "tabbed.yaml"
     tabbed.write_text("command: echo\n\tgpus: 1\n")
     tab = queue.gpuq("submit", "--spec", str(tabbed), check=False)
@@ -391,3 +398,22 @@ def test_a_cancelled_array_is_one_line_of_finished(queue):
     lines = [line for line in queue.gpuq("status").stdout.splitlines() if f"{group}_" in line]
     assert len(lines) == 1 and f"{group}_* (6 of {group})" in lines[0] and "cancelled" in lines[0], lines
     queue.gpuq("cancel", "first")
+
+
+def test_status_says_a_cleanly_stopped_worker_stopped_and_a_killed_one_is_not_responding(queue):
+    """Newcomer review: status called a worker that exited cleanly NOT RESPONDING, while doctor
+    knew it had stopped (its last heartbeat says so)."""
+    import signal
+
+    queue.write_config(lost_after_s=300)  # nothing is taken over during the test
+    queue.start_worker("a", "1x80GiB")
+    queue.start_worker("b", "1x80GiB")
+    wait_until(lambda: {h["host"] for h in queue.status()["hosts"]} == {"a", "b"}, what="both boxes seen")
+    queue.stop_worker("a")  # SIGTERM: a clean exit
+    queue.stop_worker("b", signal.SIGKILL)
+    hosts = wait_until(lambda: (hs := {h["host"]: h for h in queue.status()["hosts"]})
+                       and not hs["a"]["alive"] and not hs["b"]["alive"] and hs, timeout=60,
+                       what="both seen gone")
+    assert hosts["a"]["stopped"] and not hosts["b"]["stopped"]
+    text = queue.gpuq("status").stdout
+    assert "  a  stopped (its worker exited cleanly)" in text and "  b  NOT RESPONDING" in text, text

@@ -80,6 +80,9 @@ def test_root_owned_and_writable_specs_are_refused_with_the_reason(shared, users
                    what=f"{job_id} to be refused")
         assert reason in (shared.root / "state" / "rejected" / f"{job_id}.error").read_text()
     assert shared.finished("rooty") is None and shared.finished("open") is None
+    # The fix names the file where it is now (newcomer review: it named jobs/open.yaml, gone).
+    said = (shared.root / "state" / "rejected" / "open.error").read_text()
+    assert "Fix: chmod go-w state/rejected/open.yaml" in said and "jobs/open.yaml:" in said, said
 
 
 def test_submit_refuses_what_the_workers_would_refuse_for_its_owner(shared):

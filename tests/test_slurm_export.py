@@ -70,7 +70,7 @@ def test_the_cli_exports_files_and_pending_ids_and_names_what_it_cannot(queue, t
     assert out.stdout.count("#!/bin/bash") == 2 and "#SBATCH --partition=scavenger" in out.stdout
     assert "#SBATCH --requeue" in out.stdout  # priority low is preemptible
     bad = queue.gpuq("export", "slurm", "nosuch", check=False)
-    assert bad.returncode == 2 and "nosuch: neither a spec file nor a pending job" in bad.stderr
+    assert bad.returncode == 1 and "nosuch: neither a spec file nor a pending job" in bad.stderr
 
 
 # --- against a real slurmctld and slurmd ---------------------------------------------------------

@@ -47,7 +47,7 @@ def test_a_user_outside_the_group_gets_one_line_from_every_verb(team):
                  ("cancel", "x")):
         done = team.as_user(EVE, *args)
         lines = done.stderr.strip().splitlines()
-        assert done.returncode == 2 and "Traceback" not in done.stderr, (args, done.stderr)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, (args, done.stderr)  # refused
         assert len(lines) == 1, (args, done.stderr)
         assert lines[0].startswith(f"gpuq {args[0]}: cannot read {team.root}") and lines[0].endswith(fix), (args, lines[0])
     assert not list((team.root / "jobs").iterdir())  # and nothing was submitted
@@ -63,7 +63,7 @@ def test_a_teammates_log_is_the_teams_to_read(team):
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (team.users[ALICE].pw_uid, team_gid(), 0o640)
     read = team.as_user(BOB, "logs", "al")
     assert read.returncode == 0 and "hello-from-alice" in read.stdout, read.stderr
-    assert team.as_user(EVE, "logs", "al").returncode == 2  # outside the group: still not hers to read
+    assert team.as_user(EVE, "logs", "al").returncode == 1  # outside the group: refused, not hers to read
 
 
 def _open_log_in(logs: Path, uid: int) -> os.stat_result:
