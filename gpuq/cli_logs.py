@@ -34,11 +34,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if job is None:
             print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
             return 1
-        if args.follow and job.get("state") in ("pending", "held"):
-            from .render import safe_text
-
-            print(f"gpuq logs: {args.id} is {job['state']}: {safe_text(job.get('reason') or 'waiting')}; "
-                  "following its log from when it starts (Ctrl-C stops)", file=sys.stderr)
+    if args.follow:
+        _say_what_waits(layout, ids)
     readers = {job_id: LogReader(layout.job_log(job_id)) for job_id in ids}
     ended: set[str] = set()
     shown = None  # whose output was printed last (a group's heads each change of job)
@@ -65,8 +62,36 @@ def cmd_logs(args: argparse.Namespace) -> int:
             silent = [i for i, r in readers.items() if r.offset == 0]
             if silent and not group:
                 print(f"gpuq logs: {args.id} has no output yet ({layout.job_log(args.id)})", file=sys.stderr)
+            elif silent:
+                print(f"gpuq logs: {len(silent)} of {args.id}'s {len(ids)} members have no output yet: "
+                      f"{_first(silent)}", file=sys.stderr)
             return 0
         time.sleep(0.2)
+
+
+SHOWN_WAITING = 5  # a group's waiting members named before "and N more"
+
+
+def _first(ids: list[str]) -> str:
+    return ", ".join(ids[:SHOWN_WAITING]) + (f" and {len(ids) - SHOWN_WAITING} more" if len(ids) > SHOWN_WAITING else "")
+
+
+def _say_what_waits(layout, ids: list[str]) -> None:
+    """Before following: which of the jobs have not started, and what each waits for (a
+    pending job's log does not exist yet; silence would look like a hang)."""
+    from .render import safe_text
+    from .views import find_job
+
+    if all(os.path.lexists(layout.job_log(job_id)) for job_id in ids):
+        return
+    config = read_config(layout)
+    waiting = [(job_id, job) for job_id in ids if not os.path.lexists(layout.job_log(job_id))
+               and (job := find_job(layout, config, job_id)) is not None and job.get("state") in ("pending", "held")]
+    for job_id, job in waiting[:SHOWN_WAITING]:
+        print(f"gpuq logs: {job_id} is {job['state']}: {safe_text(job.get('reason') or 'waiting')}; "
+              "following its log from when it starts (Ctrl-C stops)", file=sys.stderr)
+    if len(waiting) > SHOWN_WAITING:
+        print(f"gpuq logs: and {len(waiting) - SHOWN_WAITING} more members waiting", file=sys.stderr)
 
 
 class LogReader:

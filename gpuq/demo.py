@@ -46,7 +46,10 @@ def run(root: Path | None = None, quick: bool = False, keep: bool = False) -> in
             shutil.rmtree(root, ignore_errors=True)
             print(f"# removed the demo's queue root {root} (gpuq demo --keep keeps it to look around)")
         else:
-            print(f"# the queue root stays: python gpuq.py --root {root} status; rm -rf {root} removes it")
+            worker, cli = _launchers()
+            print(f"# the queue root stays: {shlex.join([*cli, '--root', str(root), 'status'])} shows it;\n"
+                  f"# its boxes' workers have stopped: {shlex.join([*worker, '--root', str(root), '--host', 'box-a'])} "
+                  f"--fake-gpus 4x24GiB starts box-a again, to try more submits; rm -rf {root} removes it")
 
 
 def _run(root: Path, quick: bool) -> int:

@@ -211,7 +211,8 @@ def _fold_groups(finished: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def flush() -> None:
         if len(run) >= FOLD_AT_LEAST:
             group = run[0]["id"].rpartition("_")[0]
-            out.append({**run[0], "id": f"{group}_* ({len(run)} of {group})"})
+            # FINISHED lists only the latest (recent_finished): say "recent", never "N of" the group
+            out.append({**run[0], "id": f"{group}_* ({len(run)} recent members)"})
         else:
             out.extend(run)
         run.clear()

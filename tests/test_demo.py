@@ -29,3 +29,4 @@ def test_the_demo_removes_the_temp_root_it_made_unless_kept(tmp_path):
     assert kept.returncode == 0, kept.stdout + kept.stderr
     (root,) = tmp_path.glob("gpuq-demo-*")
     assert f"rm -rf {root} removes it" in kept.stdout and (root / "state" / "finished").is_dir()
+    assert f"--root {root} --host box-a --fake-gpus 4x24GiB starts box-a again" in kept.stdout, kept.stdout
