@@ -164,15 +164,22 @@ def test_logs_of_a_group_and_following_a_job_that_has_not_started(queue):
         assert f"index={i}" in logs.split(f"==> {group}_{i} <==")[1]
 
 
+def _array_behind_a_sleeper(queue, size: int) -> str:
+    """A worker, a job `first` that sleeps, and an array of `size` waiting for it: its id, once
+    the worker has expanded it into pending members."""
+    queue.start_worker("a", "1x80GiB")
+    queue.gpuq("submit", "--gpus", "0", "--id", "first", "--", "sleep 600")
+    group = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", f"0-{size - 1}", "--after", "first",
+                       "--", "echo member ran").stdout.split()[-1]
+    wait_until(lambda: len([p for p in queue.status()["pending"] if p["id"].startswith(f"{group}_")]) == size,
+               what="the array's members")
+    return group
+
+
 def test_logs_of_a_group_that_has_not_started_says_what_its_members_wait_for(queue):
     """An audit as a newcomer: `logs GROUP` printed nothing and `logs -f GROUP` was silent
     while the members waited (only a single job said what it waited for)."""
-    queue.start_worker("a", "1x80GiB")
-    queue.gpuq("submit", "--gpus", "0", "--id", "first", "--", "sleep 600")
-    group = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-1", "--after", "first",
-                       "--", "echo member ran").stdout.split()[-1]
-    wait_until(lambda: len([p for p in queue.status()["pending"] if p["id"].startswith(f"{group}_")]) == 2,
-               what="the array's members")
+    group = _array_behind_a_sleeper(queue, 2)
     quiet = queue.gpuq("logs", group)
     assert quiet.stdout == "" and f"2 of {group}'s 2 members have no output yet: {group}_0, {group}_1" in quiet.stderr
     follow = subprocess.Popen([PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "logs", "-f", group],
@@ -409,12 +416,7 @@ def test_a_held_submission_cannot_take_another_members_id_nor_lose_its_own(team)
 
 def test_a_cancelled_array_is_one_line_of_finished(queue):
     """Newcomer review: one array cancel filled FINISHED with a line per member."""
-    queue.start_worker("a", "1x80GiB")
-    queue.gpuq("submit", "--gpus", "0", "--id", "first", "--", "sleep 60")
-    group = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-5", "--after", "first",
-                       "--", "true").stdout.split()[-1]
-    wait_until(lambda: len([p for p in queue.status()["pending"] if p["id"].startswith(f"{group}_")]) == 6,
-               what="the array's members")
+    group = _array_behind_a_sleeper(queue, 6)
     queue.gpuq("cancel", group)
     wait_until(lambda: len([f for f in queue.status()["finished"] if f["state"] == "cancelled"]) == 6,
                what="six cancelled members")
