@@ -90,9 +90,9 @@ class Arrivals:
             return
         close_moved_directory(dest)
         # The fix a message names is for the file as it was in jobs/: say where it is now, and
-        # name that path in the fix itself (a `chmod go-w jobs/x.yaml` would miss the file).
+        # name that path, whole, in the fix itself (a `chmod go-w jobs/x.yaml` would miss it).
         what, fix_word, fix = message.partition("Fix: ")
-        message = what + fix_word + fix.replace(f"jobs/{path.name}", f"state/rejected/{dest.name}")
+        message = what + fix_word + fix.replace(f"jobs/{path.name}", str(dest))
         kept = f" The spec is kept as state/rejected/{dest.name}"
         message = safe_text(message + (f"{kept}: fix it there (or drop a fixed one), then `gpuq retry {stem}`."
                                        if dest.name == f"{stem}{suffix}" else f"{kept}."))  # one line, never more

@@ -39,13 +39,15 @@ def read_config(layout: Layout) -> "Config":
 
 def cmd_status(args: argparse.Namespace) -> int:
     from .render import PENDING_SHOWN
-    from .views import status
+    from .views import SECTIONS, status
 
     layout = open_layout(args)
     user = pwd.getpwuid(os.getuid()).pw_name if args.me else args.user
     narrow = user is not None or args.state is not None
     rows = None if args.json or args.all or narrow else PENDING_SHOWN
-    view = status(layout, read_config(layout), pending_rows=rows)
+    final = args.state is not None and args.state not in SECTIONS  # a final state: failed, done, ...
+    view = status(layout, read_config(layout), pending_rows=rows,
+                  ended=frozenset({args.state}) if final else None, ended_user=user)
     if narrow:
         from .views import narrowed
 

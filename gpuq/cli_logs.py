@@ -40,6 +40,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
     ended: set[str] = set()
     shown = None  # whose output was printed last (a group's heads each change of job)
     while True:
+        if args.follow and not group and not os.path.lexists(layout.job_log(args.id)):
+            members = with_group_members(layout, [args.id])  # a sweep or array a worker expanded meanwhile
+            if members != [args.id]:
+                ids, group = members, True
+                readers = {job_id: LogReader(layout.job_log(job_id)) for job_id in ids}
+                _say_what_waits(layout, ids)
         for job_id, reader in readers.items():
             if job_id in ended:
                 continue

@@ -92,7 +92,8 @@ def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], 
     waiting, doomed = {}, {}
     for job in with_deps:
         if job.spec.sweep or job.spec.array:  # never run itself: a worker turns it into its member jobs
-            waiting[job.id] = "a sweep: the next worker pass turns it into its jobs"
+            kind = "an array" if job.spec.array else "a sweep"
+            waiting[job.id] = f"{kind}: the next worker pass turns it into its jobs"
             continue
         wait, doom = gate(job.spec, known)
         if doom:

@@ -158,7 +158,7 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
                                                           for h in view["held"]])
     out += ["", "FINISHED (recent)"]
     rows = [["ID", "STATE", "EXIT", "DURATION", "WHERE", "ENDED", "NOTE"]]
-    for f in _fold_groups(view["finished"]):
+    for f in _fold_groups(view["finished"], view.get("group_sizes", {})):
         exit_text = "-" if f.get("exit_code") is None else str(f["exit_code"])
         if f.get("signal"):
             exit_text = f"sig{f['signal']}"
@@ -169,7 +169,9 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     out += _table(rows) if view["finished"] else []
     if view["rejected"]:
         out += ["", "REJECTED (recent; the .error file beside each in state/rejected/ says why)"]
-        out += [f"  {r['id']}: {_cut(r['error'] or '', 150)}" for r in view["rejected"]]
+        for r in view["rejected"]:  # what is wrong, then its fix on a line of its own: a cut never hides it
+            what, has_fix, fix = (r["error"] or "").partition(" Fix: ")
+            out += [f"  {r['id']}: {_cut(what, 150)}"] + ([f"    Fix: {_cut(fix, 150)}"] if has_fix else [])
     return "\n".join(out)
 
 
@@ -198,9 +200,10 @@ def top_screen(title: str, status: str, columns: int, rows: int) -> list[str]:
 FOLD_AT_LEAST = 3
 
 
-def _fold_groups(finished: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _fold_groups(finished: list[dict[str, Any]], sizes: dict[str, int]) -> list[dict[str, Any]]:
     """Rows in a row that are members of one array or sweep (`<group>_<member>`) and ended the
-    same way without running, one line: a cancelled array of 100 is not 100 lines."""
+    same way without running, one line: a cancelled array of 100 is not 100 lines. FINISHED
+    lists only the latest `recent_finished` jobs, so the line says how many of how many."""
     out: list[dict[str, Any]] = []
     run: list[dict[str, Any]] = []
 
@@ -211,8 +214,10 @@ def _fold_groups(finished: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def flush() -> None:
         if len(run) >= FOLD_AT_LEAST:
             group = run[0]["id"].rpartition("_")[0]
-            # FINISHED lists only the latest (recent_finished): say "recent", never "N of" the group
-            out.append({**run[0], "id": f"{group}_* ({len(run)} recent members)"})
+            size = sizes.get(group)
+            shown = f"all {size} members" if size == len(run) else \
+                f"the latest {len(run)} of its {size} members" if size else f"its latest {len(run)} members"
+            out.append({**run[0], "id": f"{group}_* ({shown})"})
         else:
             out.extend(run)
         run.clear()

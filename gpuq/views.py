@@ -24,6 +24,7 @@ from .probe import GpuSnapshot
 from .spec import JobSpec, SpecError, command_text, parse_spec_text
 from .spool import Record, read_record, running_records
 from .states import FINAL_STATES
+from .sweeps import read_group
 from .teamstate import heartbeat_alive, load_heartbeats, observed_memory, picture, yielding
 from .usage import suggest_gpu_mem
 
@@ -32,13 +33,14 @@ EVENT_CHUNK_BYTES = 64 * 1024
 EVENT_TAIL_MAX_BYTES = 1024 * 1024
 
 
-def recent_events(layout: Layout, states: frozenset[str], limit: int) -> list[dict[str, Any]]:
-    """The latest events into `states`, newest first, read backwards from the end of every
-    host's log until `limit` are found (so status stays fast with 100,000 finished jobs)."""
+def recent_events(layout: Layout, states: frozenset[str], limit: int, user: str | None = None) -> list[dict[str, Any]]:
+    """The latest events into `states` (of `user`'s jobs, if given), newest first, read
+    backwards from the end of every host's log until `limit` are found (so status stays fast
+    with 100,000 finished jobs)."""
     needles = tuple(f'"to":"{s}"'.encode() for s in states)
     found = []
     for path in layout.events.glob("*.jsonl"):
-        found += _tail_events(path, needles, limit)
+        found += _tail_events(path, needles, limit, user)
     found.sort(key=lambda e: e.get("t", 0), reverse=True)
     seen, out = set(), []
     for ev in found:
@@ -48,7 +50,7 @@ def recent_events(layout: Layout, states: frozenset[str], limit: int) -> list[di
     return out[:limit]
 
 
-def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int) -> list[dict[str, Any]]:
+def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int, user: str | None) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     jobs: set[str] = set()
     try:
@@ -68,6 +70,8 @@ def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int) -> list[dic
                             ev = json.loads(line)
                         except ValueError:
                             continue
+                        if user is not None and ev.get("user") != user:
+                            continue
                         found.append(ev)
                         jobs.add(ev.get("job"))
                 end = start
@@ -77,10 +81,13 @@ def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int) -> list[dic
 
 
 def status(layout: Layout, config: Config, now: float | None = None,
-           pending_rows: int | None = None) -> dict[str, Any]:
+           pending_rows: int | None = None, ended: frozenset[str] | None = None,
+           ended_user: str | None = None) -> dict[str, Any]:
     """The whole team on one screen, as data. Documented in README ("status --json").
     `pending_rows` limits the pending rows built (the screen shows a few of 10,000);
-    `pending_total` always counts them all."""
+    `pending_total` always counts them all. The latest `recent_finished` ended jobs are those
+    in `ended` (default: every final state) of `ended_user` (default: anyone's): a narrowed
+    screen (`--state failed`, `--me`) shows the latest of those, not those of the latest."""
     now = wall_time() if now is None else now
     beats = load_heartbeats(layout)
     observed = observed_memory(beats)
@@ -122,13 +129,24 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "bookings": [{**b.to_json(), "active": b.active(now)} for b in booked],
         "alerts": sorted({f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
                          key=lambda a: a["since"]),
-        "finished": [_finished(layout, ev) for ev in
-                     recent_events(layout, final_names - {"rejected"}, config.recent_finished)
-                     if not _retried(layout, ev["job"])],
+        "finished": (finished := [_finished(layout, ev) for ev in
+                     recent_events(layout, (ended or final_names) - {"rejected"}, config.recent_finished, ended_user)
+                     if not _retried(layout, ev["job"])]),
+        "group_sizes": _group_sizes(layout, finished),
         "rejected": [_rejected(layout, ev) for ev in
-                     recent_events(layout, frozenset({"rejected"}), config.recent_finished)
+                     recent_events(layout, frozenset({"rejected"}), config.recent_finished, ended_user)
                      if not _lived_on(layout, ev)],
     }
+
+
+def _group_sizes(layout: Layout, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many members each sweep or array among `rows` has (`<group>_<member>` ids): a
+    screen that folds the group's latest rows says of how many."""
+    sizes = {}
+    for group in {r["id"].rpartition("_")[0] for r in rows} - {""}:
+        if (data := read_group(layout, group)) is not None:
+            sizes[group] = len(data["members"])
+    return sizes
 
 
 def _freshest_spec_cache(layout: Layout, hosts: list[str]) -> list[Path]:

@@ -82,7 +82,10 @@ def test_root_owned_and_writable_specs_are_refused_with_the_reason(shared, users
     assert shared.finished("rooty") is None and shared.finished("open") is None
     # The fix names the file where it is now (newcomer review: it named jobs/open.yaml, gone).
     said = (shared.root / "state" / "rejected" / "open.error").read_text()
-    assert "Fix: chmod go-w state/rejected/open.yaml" in said and "jobs/open.yaml:" in said, said
+    kept = shared.root / "state" / "rejected" / "open.yaml"
+    assert f"Fix: chmod go-w {kept}" in said and "jobs/open.yaml:" in said, said
+    shown = shared.gpuq("status").stdout  # the fix on a line of its own, whole
+    assert f"    Fix: chmod go-w {kept}" in shown, shown
 
 
 def test_submit_refuses_what_the_workers_would_refuse_for_its_owner(shared):
