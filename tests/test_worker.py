@@ -64,14 +64,18 @@ def test_a_killed_spawner_is_replaced_and_loses_nothing(queue):
 
 def test_the_spawner_ends_with_its_worker_and_jobs_live_on(queue):
     queue.start_worker("a", "1x80GiB")
-    queue.drop("long.yaml", "command: sleep 1.5\ngpus: 1\n")
-    wait_until(lambda: _state(queue, "long") == "running", what="long to start")
+    queue.drop("long.yaml", "command: echo long-started; sleep 1.5\ngpus: 1\n")
+    # The job itself has started (its own line is in its log), not only its record: a worker
+    # killed between writing the record and its launch leaves an attempt that never started,
+    # requeued as attempt 2 (a loaded run killed it in that window).
+    wait_until(lambda: "long-started" in queue.log("long").splitlines(), what="long to start")
     spawner = queue.spawner("a")
     queue.stop_worker("a", signal.SIGKILL)
-    spawner.wait(5)  # it read EOF from the dead worker's pipe and left
+    spawner.wait(60)  # it read EOF from the dead worker's pipe and left
     queue.start_worker("a", "1x80GiB")  # reattaches; the supervisor records the exit
     record = wait_until(lambda: queue.finished("long"), what="long to end")
     assert record["state"] == "done" and record["attempt"] == 1
+    assert queue.log("long").splitlines().count("long-started") == 1
 
 
 def test_a_job_that_cannot_start_fails_with_the_reason_in_its_log(queue):
