@@ -68,9 +68,11 @@ class Reply:
 
 def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = "", **args: Any) -> str:
     """Write one request into the inbox; returns its name (the reply's name too). The file is
-    written under a hidden name unrelated to the final one, then linked into place: another
-    member who sees the temp file cannot guess the final name and take it first (in a sticky
-    directory a rename onto their file would fail), and link(2) never replaces a file."""
+    written under a hidden name unrelated to the final one, then renamed into place: another
+    member who sees the temp file cannot guess the final name (64 random bits) and take it
+    first. A rename, not a link then an unlink: a worker refuses a request file with two
+    links (a member's hard link to someone else's file), and a loaded machine let a worker
+    take a linked request before its sender had unlinked the temp name."""
     data = json.dumps({"verb": verb, "ids": list(ids), "args": args, "from": sent_from}).encode()
     if len(data) > MAX_REQUEST_BYTES:
         raise RequestError(f"the request is {len(data)} bytes, over the {MAX_REQUEST_BYTES} cap")
@@ -82,20 +84,27 @@ def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = 
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        for _ in range(10):
-            name = f"r-{time.time_ns()}-{secrets.token_hex(8)}.json"
-            try:
-                os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                return name
-            except FileExistsError:
-                continue
-        raise RequestError("could not name the request (every name taken); try again")
+        name = f"r-{time.time_ns()}-{secrets.token_hex(8)}.json"
+        try:
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except FileNotFoundError:  # over NFS a lost reply turns a done rename into ENOENT
+            if _exists(tmp, dir_fd):
+                raise
+        return name
     finally:
         try:
             os.unlink(tmp, dir_fd=dir_fd)
         except OSError:
             pass
         os.close(dir_fd)
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def read_reply(layout: Layout, name: str) -> Reply | None:

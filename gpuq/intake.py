@@ -24,7 +24,7 @@ from .plan import PendingJob
 from .spec import MAX_SPEC_BYTES, JobSpec, SpecError, parse_spec_text
 from .spool import kept_place
 
-StatKey = tuple[int, int, int]  # mtime_ns, size, inode
+StatKey = tuple[int, int, int, int]  # mtime_ns, size, inode, links
 # A directory changed less than this long ago may change again within the same mtime tick.
 RACY_MTIME_S = 2.0
 
@@ -160,15 +160,18 @@ class Intake:
             st = os.lstat(f"{self.jobs_dir_str}/{name}")
         except FileNotFoundError:
             return False
-        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        key = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_nlink)
         if known is not None and known.key == key:
             return False
         entry = Entry(key, self.layout.jobs, name, unchanged_since=now_mono)
         try:
             # What is wrong with the file itself (a link, a FIFO, its owner, its name) does not
-            # mend as a writer finishes: refused at once. Its content waits to settle.
-            entry.final = True
+            # mend as a writer finishes: refused at once. Its content waits to settle, and so
+            # does a second hard link: `gpuq submit` and a worker putting a spec back link the
+            # name into jobs/ and then unlink their own (a loaded box reads in between).
+            entry.final = st.st_nlink == 1
             entry.text, fst = read_spec_file(entry.path, f"jobs/{name}")
+            entry.final = True
             if self.policy is not None:
                 self.policy.check(fst, f"jobs/{name}")
             check_job_id(job_id, name)
@@ -238,7 +241,7 @@ class Intake:
 
     def seed(self, cache: dict) -> None:
         """Take parsed specs from another process's `cache_json`; a scan re-reads any file
-        whose (mtime, size, inode) no longer matches."""
+        whose (mtime, size, inode, links) no longer matches."""
         jobs = self.layout.jobs
         entries = self.entries  # (parsed specs only: nothing failing, and the worker's checks done)
         for job_id, (key, user, spec, queued_at, name) in cache.items():

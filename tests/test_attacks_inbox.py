@@ -206,3 +206,64 @@ def test_a_long_name_or_a_directory_posing_as_a_spec_never_jams_intake_or_lies(t
     wait_until(lambda: (team.root / "state" / "rejected" / "bdir.yaml").exists(), what="the directory refused")
     st = os.stat(team.root / "state" / "rejected" / "bdir.yaml")  # moved there, and closed to bob
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700)
+
+
+def test_a_request_being_sent_never_has_two_links(tmp_path, monkeypatch):
+    """A worker refuses a request file with two links (below). The CLI linked its temp file
+    into place and then unlinked the temp name: a loaded run's worker took a request in
+    between and refused the member's own release. Sent with the temp name's removal slowed,
+    a watcher must never see a request with two links."""
+    import threading
+    import time
+
+    from gpuq.inbox import send
+    from gpuq.layout import Layout
+
+    layout = Layout(tmp_path)
+    layout.requests.mkdir(parents=True)
+    real_unlink = os.unlink
+
+    def slow_unlink(path, *args, **kwargs):
+        if str(path).startswith(".tmp-"):
+            time.sleep(0.3)  # the sender descheduled right there
+        return real_unlink(path, *args, **kwargs)
+
+    links, done = [], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for entry in os.scandir(layout.requests):
+                if entry.name.startswith("r-"):
+                    try:
+                        links.append(entry.stat(follow_symlinks=False).st_nlink)
+                    except FileNotFoundError:
+                        pass
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    monkeypatch.setattr(os, "unlink", slow_unlink)
+    try:
+        name = send(layout, "cancel", ("x",))
+        time.sleep(0.05)  # the watcher sees the sent request too
+    finally:
+        monkeypatch.setattr(os, "unlink", real_unlink)
+        done.set()
+        watcher.join()
+    assert links and set(links) == {1}, links
+    assert [p.name for p in layout.requests.iterdir()] == [name]  # no temp file left
+
+
+def test_a_request_with_two_links_is_refused(team):
+    """Identity is the request file's owner: a hard link to someone else's file would borrow
+    theirs, so a request with more than one link is refused (bob links his own here)."""
+    team.start_worker("a", "1x80GiB")
+    path, spare = team.root / "requests" / "r-1-00000000deadbeef.json", team.base / "bob-spare"
+    os.chmod(team.base, 0o777)  # somewhere bob may keep the second link
+    code = (f"import os\nt = {str(path.parent / '.x-linked')!r}\n"
+            f"open(t, 'w').write('{{\"verb\": \"cancel\", \"ids\": [\"nosuch\"], \"args\": {{}}, \"from\": \"\"}}')\n"
+            f"os.link(t, {str(spare)!r}); os.rename(t, {str(path)!r})\n")
+    done = team.py_as(BOB, code)
+    assert done.returncode == 0, done.stderr
+    reply = _reply(team, path.name)
+    assert not reply["ok"] and "not a plain file with one link" in reply["outcomes"][0]["message"], reply

@@ -56,3 +56,26 @@ def test_a_forgotten_spec_that_comes_back_is_read_again(tmp_path):
     assert intake.version > version and intake.pending() == []
     intake.scan(1.0, full=False)
     assert [j.id for j in intake.pending()] == ["c"]
+
+
+def test_a_spec_with_a_second_link_waits_to_settle_before_it_is_refused(tmp_path):
+    """`gpuq submit` (and a worker putting a spec back) link the final name into jobs/ and then
+    unlink their own: a loaded box's intake read the spec in between, with two links, and
+    refused a member's good submission at once. A second link now waits as a half-written
+    spec does; one that stays is refused once settled."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    intake = Intake(layout)
+    sender = tmp_path / ".submit-tmp"
+    sender.write_text("command: x\n")
+    os.link(sender, layout.jobs / "two.yaml")
+    stays = tmp_path / "kept-link"
+    stays.write_text("command: y\n")
+    os.link(stays, layout.jobs / "linked.yaml")
+    intake.scan(0.0, full=True)
+    assert set(intake.unsettled()) == {"two", "linked"} and intake.settled_errors(0.5, 1.0) == []
+    sender.unlink()  # the sender's own name goes: one link, in jobs/
+    intake.scan(0.6, full=False)
+    assert [j.id for j in intake.pending()] == ["two"]
+    assert [(i, "has more than one hard link" in str(e.error)) for i, e in intake.settled_errors(1.5, 1.0)] == \
+        [("linked", True)]
