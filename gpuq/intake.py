@@ -147,12 +147,27 @@ class Intake:
             if job_id is None or name not in listing:
                 continue
             known = self.entries.get(job_id)
-            if known is not None and known.name != name:
-                self.duplicates[name] = job_id  # train.yaml and train.yml: the first one found wins
-                continue
+            if known is not None and known.name != name:  # train.yaml and train.yml: one id, two files
+                if not self._landed_first(name, known.name):
+                    self.duplicates[name] = job_id
+                    continue
+                # The file that landed first keeps the id, whichever one a scan met first (a
+                # scan that finds both new meets them in no order: a member's later file under
+                # another's id took it from her when the worker fell behind).
+                self.duplicates[known.name] = job_id
+                self._drop(job_id)
+                known, changed = None, True
             changed |= self._examine(job_id, name, known, now_mono)
         if changed:
             self.version += 1
+
+    def _landed_first(self, name: str, other: str) -> bool:
+        """Whether jobs/`name` landed before jobs/`other` (by change time, as a job's place in
+        the queue is read); False when either cannot be looked at."""
+        try:
+            return os.lstat(f"{self.jobs_dir_str}/{name}").st_ctime_ns < os.lstat(f"{self.jobs_dir_str}/{other}").st_ctime_ns
+        except OSError:
+            return False
 
     def _examine(self, job_id: str, name: str, known: Entry | None, now_mono: float) -> bool:
         """(Re)read one spec file if it changed. Returns whether the entry changed."""

@@ -79,3 +79,23 @@ def test_a_spec_with_a_second_link_waits_to_settle_before_it_is_refused(tmp_path
     assert [j.id for j in intake.pending()] == ["two"]
     assert [(i, "has more than one hard link" in str(e.error)) for i, e in intake.settled_errors(1.5, 1.0)] == \
         [("linked", True)]
+
+
+def test_of_two_files_for_one_id_the_one_that_landed_first_keeps_it(tmp_path):
+    """x.yml and x.yaml are one id: the second file is refused. A scan that finds both new
+    met them in set order, so a member's later file under another's id could take it (a
+    loaded run: alice's ay.yml refused for bob's ay.yaml). The earlier file now keeps it."""
+    import time
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    ids = [f"id{i}" for i in range(20)]
+    for i in ids:
+        _write(layout, f"{i}.yml", "command: first\n")
+    time.sleep(0.05)  # a later clock tick for the second files' change times
+    for i in ids:
+        _write(layout, f"{i}.yaml", "command: second\n")
+    intake = Intake(layout)
+    intake.scan(0.0, full=True)
+    assert {e.name for e in intake.entries.values()} == {f"{i}.yml" for i in ids}
+    assert sorted(intake.take_duplicates()) == sorted((f"{i}.yaml", i) for i in ids)
