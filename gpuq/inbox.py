@@ -77,7 +77,7 @@ def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = 
     if len(data) > MAX_REQUEST_BYTES:
         raise RequestError(f"the request is {len(data)} bytes, over the {MAX_REQUEST_BYTES} cap")
     dir_fd = open_dir(layout.requests)
-    tmp = f".tmp-{secrets.token_hex(8)}"
+    tmp: str | None = f".tmp-{secrets.token_hex(8)}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=dir_fd)
         with os.fdopen(fd, "wb") as f:
@@ -90,12 +90,14 @@ def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = 
         except FileNotFoundError:  # over NFS a lost reply turns a done rename into ENOENT
             if _exists(tmp, dir_fd):
                 raise
+        tmp = None  # renamed: the name is free, and may be someone else's file by now
         return name
     finally:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
         os.close(dir_fd)
 
 

@@ -245,7 +245,7 @@ def test_a_request_being_sent_never_has_two_links(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "unlink", slow_unlink)
     try:
         name = send(layout, "cancel", ("x",))
-        time.sleep(0.05)  # the watcher sees the sent request too
+        wait_until(lambda: links, what="the watcher to see the sent request")
     finally:
         monkeypatch.setattr(os, "unlink", real_unlink)
         done.set()
