@@ -8,8 +8,11 @@ with its server or worker already up.
     python bench/dispatch.py [--jobs 1000] [--rounds 3] [--dir DIR]
 
 Both tools keep their state under DIR (default: the system's temporary directory), so both
-pay the same file system. A small shared VM is noisy: each round runs gpuq and then tsp, and
-the median of the rounds' ratios is the figure.
+pay the same file system. A small shared VM is noisy: each round runs both tools (which one
+goes first alternates, so neither always follows the other's clean-up), the median of the
+rounds' ratios is the figure, and each round first times 200 file creates there: gpuq
+creates three files per job (its record, its log, its result) where tsp creates one, so a
+disk whose creates are slow (cold metadata on a shared VM) weighs on gpuq's figure most.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def run_gpuq(n: int) -> float:
     for i in range(n):
         (staging / f"t{i:04d}.yaml").write_text('command: "true"\ngpus: 1\n')  # whole GPU each
         os.rename(staging / f"t{i:04d}.yaml", jobs / f"t{i:04d}.yaml")
-    while (done := sum(1 for _ in os.scandir(finished))) < n:
+    while (done := sum(1 for e in os.scandir(finished) if e.name.endswith(".json"))) < n:  # not temp files
         if worker.poll() is not None:
             raise SystemExit(f"the worker exited ({worker.returncode}) with {done} of {n} finished")
         time.sleep(0.01)
@@ -79,10 +82,22 @@ def run_tsp(n: int) -> float | None:
     return elapsed
 
 
+def file_create_us(count: int = 200) -> float:
+    """Median microseconds to create (and close) one empty file where both tools keep state."""
+    work = Path(tempfile.mkdtemp(prefix="gpuq-bench-create-"))
+    times = []
+    for i in range(count):
+        t = time.perf_counter()
+        os.close(os.open(work / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        times.append(time.perf_counter() - t)
+    shutil.rmtree(work, ignore_errors=True)
+    return statistics.median(times) * 1e6
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=1000)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--dir", help="where both tools keep their state (default: system temp dir)")
     args = p.parse_args()
     n = args.jobs
@@ -91,9 +106,12 @@ def main() -> None:
     print(f"dispatch: {n} x `true`, 2 slots, {os.cpu_count()} CPUs, state under {tempfile.gettempdir()}")
     ratios = []
     for r in range(1, args.rounds + 1):
-        g = run_gpuq(n)
-        s = run_tsp(n)
-        line = f"  round {r}: gpuq {g:6.2f} s ({g / n * 1000:4.1f} ms/job)"
+        create_us = file_create_us()
+        if r % 2:
+            g, s = run_gpuq(n), run_tsp(n)
+        else:
+            s, g = run_tsp(n), run_gpuq(n)
+        line = f"  round {r}: create {create_us:5.0f} us   gpuq {g:6.2f} s ({g / n * 1000:4.1f} ms/job)"
         if s is not None:
             ratios.append(g / s)
             line += f"   tsp {s:6.2f} s ({s / n * 1000:4.1f} ms/job)   ratio {g / s:.2f}"

@@ -96,11 +96,16 @@ def write_json(path: Path, obj: Any, durable: bool = True) -> None:
     atomic_write(path, json.dumps(obj, separators=(",", ":"), sort_keys=True).encode(), durable=durable)
 
 
-def read_json(path: Path) -> Any | None:
-    """The parsed file, or None when it does not exist (a concurrent transition moved it)."""
+def read_json(path: Path, durable: bool = False) -> Any | None:
+    """The parsed file, or None when it does not exist (a concurrent transition moved it).
+    `durable`: also on disk once this returns (for a file written with durable=False)."""
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            data = f.read()
+            if durable:
+                io_fault(f"fsync:{path.parent.name}")
+                os.fsync(f.fileno())
+            return json.loads(data)
     except FileNotFoundError:
         return None
 
@@ -201,9 +206,9 @@ def write_record(layout: Layout, record: Record) -> Path:
     return path
 
 
-def read_record(path: Path) -> Record | None:
+def read_record(path: Path, durable: bool = False) -> Record | None:
     """The record at `path`, None when it does not exist; RecordError when it is not one."""
-    data = read_json(path)
+    data = read_json(path, durable)
     return Record.from_json(data) if data is not None else None
 
 
@@ -250,10 +255,12 @@ def transition_event(record: Record, old: State, new: State, reason: str | None 
             "started_at": record.started_at, "ended_at": record.ended_at}
 
 
-def record_start(layout: Layout, record: Record, event_host: str) -> None:
-    """pending -> running: the claimed attempt's record, written before its job may start."""
+def record_start(layout: Layout, record: Record, event_host: str, durable: bool = True) -> None:
+    """pending -> running: the claimed attempt's record, written before its job may start.
+    `durable=False` leaves the fsync to whoever starts the job (it must come before the start)."""
     check_transition(State.PENDING, State.RUNNING)
-    write_record(layout, record)
+    path = layout.record(state_dir(layout, State.RUNNING), record.id)
+    write_json(path, record.to_json(), durable)
     append_event(layout, event_host, transition_event(record, State.PENDING, State.RUNNING))
 
 

@@ -93,6 +93,7 @@ class Worker:
         self.replies_swept_at = 0.0
         self.inbox_seen: int | None = None
         self.poke_seen: int | None = None
+        self.jobs_seen: int | None = None
         self.spawner = Spawner(self.rt, layout.worker_log(host))
         self.arrivals = Arrivals(layout, host, self.intake)
         self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject)
@@ -141,8 +142,9 @@ class Worker:
                 if once or (exit_when_idle and self.idle()):
                     return
                 self.woken_by = self.wake.sleep(self.config.poll_interval,
-                                                watch=(self.layout.requests, poke_path(self.layout, self.host)),
-                                                seen=(self.inbox_seen, self.poke_seen))
+                                                watch=(self.layout.requests, poke_path(self.layout, self.host),
+                                                       self.layout.jobs),
+                                                seen=(self.inbox_seen, self.poke_seen, self.jobs_seen))
         finally:
             self.spawner.close()
             self.samples.flush(wall_time())
@@ -320,6 +322,9 @@ class Worker:
                 now - self.intake.scanned_at < EXIT_WAKE_SCAN_GAP_S:
             return  # only job ends woke us: they free GPUs, not specs, and jobs/ was just read
         self.read_jobs_last_pass = True
+        # Before reading it: a spec dropped into jobs/ later (by hand or a script, which poke
+        # nobody) ends the sleep within WATCH_EVERY_S instead of waiting for the poll.
+        self.jobs_seen = mtime_ns(self.layout.jobs)
         # Every file is re-examined now and then; in between only a changed directory is
         # read again, and then only new and vanished names are examined (a spec edited in
         # place is also caught when it is claimed: the claimed bytes must be the planned ones).
@@ -371,6 +376,8 @@ class Worker:
                 if start.host == self.host:
                     self._start(start.job_id, start.gpus)
                     self.started_last_pass += 1
+        if self.started_last_pass:  # our own claims changed jobs/: they are no news to wake for
+            self.jobs_seen = mtime_ns(self.layout.jobs)
         # Other boxes with a part in this plan (starts, holds, jobs to stop) hear of it now.
         elsewhere = {s.host for s in decided.starts} | {h for h, _ in decided.held.values()} | {
             j.host for j in team.running if j.id in decided.preempts}
@@ -459,7 +466,10 @@ class Worker:
             **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]))
 
         try:
-            record_start(self.layout, record, self.host)  # the record first: then the job may start
+            # The record first: then the job may start. Its supervisor makes it durable before
+            # the start (supervise.py): the fsync waits there, per slot, not in this one loop
+            # that serves every slot (a crash before it loses a record of a job never started).
+            record_start(self.layout, record, self.host, durable=False)
         except OSError:
             if not self.layout.record(self.layout.running, job_id).exists():
                 keep_place(self.layout, job_id, uid, job.queued_at)

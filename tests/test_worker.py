@@ -142,6 +142,19 @@ def test_a_job_exit_wakes_the_worker_at_once(queue):
     assert queue.finished("second")["claimed_at"] >= queue.finished("first")["ended_at"]
 
 
+def test_a_spec_dropped_into_jobs_by_hand_wakes_a_sleeping_worker(queue):
+    """A script or an editor that writes into jobs/ pokes nobody: the sleeping worker notices
+    the directory change, not its next poll."""
+    queue.write_config(poll_interval=60)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("first.yaml", "command: echo first\ngpus: 1\n")  # the start's pass may take this one in
+    wait_until(lambda: queue.finished("first"), timeout=90, what="first to end")
+    time.sleep(1)  # the pass its end woke is over: the worker sleeps for its 60 s poll
+    dropped = time.time()
+    queue.drop("second.yaml", "command: echo second\ngpus: 1\n")
+    second = wait_until(lambda: queue.finished("second"), timeout=30, what="second to start well before a poll")
+    assert second["claimed_at"] - dropped < 30
+
 def test_memory_used_outside_gpuq_is_respected(queue, tmp_path):
     fake = tmp_path / "gpus.json"
     person = subprocess.Popen(["sleep", "600"])
