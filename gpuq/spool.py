@@ -200,9 +200,9 @@ def state_dir(layout: Layout, state: State) -> Path:
     raise ValueError(f"{state.value} records live in jobs/ as specs")
 
 
-def write_record(layout: Layout, record: Record) -> Path:
+def write_record(layout: Layout, record: Record, durable: bool = True) -> Path:
     path = layout.record(state_dir(layout, record.state), record.id)
-    write_json(path, record.to_json())
+    write_json(path, record.to_json(), durable)
     return path
 
 
@@ -259,8 +259,7 @@ def record_start(layout: Layout, record: Record, event_host: str, durable: bool 
     """pending -> running: the claimed attempt's record, written before its job may start.
     `durable=False` leaves the fsync to whoever starts the job (it must come before the start)."""
     check_transition(State.PENDING, State.RUNNING)
-    path = layout.record(state_dir(layout, State.RUNNING), record.id)
-    write_json(path, record.to_json(), durable)
+    write_record(layout, record, durable)
     append_event(layout, event_host, transition_event(record, State.PENDING, State.RUNNING))
 
 
