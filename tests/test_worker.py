@@ -142,18 +142,35 @@ def test_a_job_exit_wakes_the_worker_at_once(queue):
     assert queue.finished("second")["claimed_at"] >= queue.finished("first")["ended_at"]
 
 
+def _asleep(pid: int, samples: int = 10) -> bool:
+    """The worker waits in its sleep's select (not in a pass) at each of `samples` looks
+    20 ms apart: a pass a poke started would show in between."""
+    for _ in range(samples):
+        with open(f"/proc/{pid}/wchan") as f:
+            waits_in = f.read()
+        if "poll" not in waits_in and "select" not in waits_in:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_a_spec_dropped_into_jobs_by_hand_wakes_a_sleeping_worker(queue):
     """A script or an editor that writes into jobs/ pokes nobody: the sleeping worker notices
     the directory change, not its next poll."""
     queue.write_config(poll_interval=60)
-    queue.start_worker("a", "1x80GiB")
+    worker = queue.start_worker("a", "1x80GiB")
     queue.drop("first.yaml", "command: echo first\ngpus: 1\n")  # the start's pass may take this one in
-    wait_until(lambda: queue.finished("first"), timeout=90, what="first to end")
-    time.sleep(1)  # the pass its end woke is over: the worker sleeps for its 60 s poll
+    wait_until(lambda: queue.finished("first") and not os.listdir(queue.root / "state" / "claims"),
+               timeout=90, what="first to end")
+    # The pass its end woke is over, so the worker sleeps for its 60 s poll. (Should a look
+    # miss a pass, the drop below is met by that pass: the test could pass on a worker that
+    # ignores jobs/, never fail on one that watches it.)
+    wait_until(lambda: _asleep(worker.pid), what="the worker asleep")
     dropped = time.time()
     queue.drop("second.yaml", "command: echo second\ngpus: 1\n")
     second = wait_until(lambda: queue.finished("second"), timeout=30, what="second to start well before a poll")
     assert second["claimed_at"] - dropped < 30
+
 
 def test_memory_used_outside_gpuq_is_respected(queue, tmp_path):
     fake = tmp_path / "gpus.json"
