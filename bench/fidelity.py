@@ -138,8 +138,8 @@ def main() -> None:
     print(f"  {'jobs finished':24s} {len(real_waits):14d} {len(sim_waits):14d}")
     print(f"  {'mean wait':24s} {real_mean:13.1f}s {sim_mean:13.1f}s")
     for q in (50, 90):
-        rq = statistics.quantiles([real_waits[j] for j in both], n=100)[q - 1]
-        sq = statistics.quantiles([sim_waits[j] for j in both], n=100)[q - 1]
+        rq = statistics.quantiles([real_waits[j] for j in both], n=100, method="inclusive")[q - 1]
+        sq = statistics.quantiles([sim_waits[j] for j in both], n=100, method="inclusive")[q - 1]
         print(f"  {f'wait p{q}':24s} {rq:13.1f}s {sq:13.1f}s")
     print(f"  {'jobs that shared a GPU':24s} {real_shared:14d} {sim_shared:14d}")
     ok = abs(real_mean - sim_mean) <= 0.1 * sim_mean + 1.0 and len(real_waits) == len(cut)
