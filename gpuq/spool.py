@@ -96,16 +96,11 @@ def write_json(path: Path, obj: Any, durable: bool = True) -> None:
     atomic_write(path, json.dumps(obj, separators=(",", ":"), sort_keys=True).encode(), durable=durable)
 
 
-def read_json(path: Path, durable: bool = False) -> Any | None:
-    """The parsed file, or None when it does not exist (a concurrent transition moved it).
-    `durable`: also on disk once this returns (for a file written with durable=False)."""
+def read_json(path: Path) -> Any | None:
+    """The parsed file, or None when it does not exist (a concurrent transition moved it)."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
-            if durable:
-                io_fault(f"fsync:{path.parent.name}")
-                os.fsync(f.fileno())
-            return json.loads(data)
+            return json.loads(f.read())
     except FileNotFoundError:
         return None
 
@@ -200,15 +195,15 @@ def state_dir(layout: Layout, state: State) -> Path:
     raise ValueError(f"{state.value} records live in jobs/ as specs")
 
 
-def write_record(layout: Layout, record: Record, durable: bool = True) -> Path:
+def write_record(layout: Layout, record: Record) -> Path:
     path = layout.record(state_dir(layout, record.state), record.id)
-    write_json(path, record.to_json(), durable)
+    write_json(path, record.to_json())
     return path
 
 
-def read_record(path: Path, durable: bool = False) -> Record | None:
+def read_record(path: Path) -> Record | None:
     """The record at `path`, None when it does not exist; RecordError when it is not one."""
-    data = read_json(path, durable)
+    data = read_json(path)
     return Record.from_json(data) if data is not None else None
 
 
@@ -255,11 +250,10 @@ def transition_event(record: Record, old: State, new: State, reason: str | None 
             "started_at": record.started_at, "ended_at": record.ended_at}
 
 
-def record_start(layout: Layout, record: Record, event_host: str, durable: bool = True) -> None:
-    """pending -> running: the claimed attempt's record, written before its job may start.
-    `durable=False` leaves the fsync to whoever starts the job (it must come before the start)."""
+def record_start(layout: Layout, record: Record, event_host: str) -> None:
+    """pending -> running: the claimed attempt's record, written before its job may start."""
     check_transition(State.PENDING, State.RUNNING)
-    write_record(layout, record, durable)
+    write_record(layout, record)
     append_event(layout, event_host, transition_event(record, State.PENDING, State.RUNNING))
 
 

@@ -120,8 +120,7 @@ def supervise(rt: Runtime, record: Record, lock_fd: int) -> None:
     (closed on return), and record it."""
     _StopSignal.requested, _StopSignal.stop_path = False, rt.stop_path(record.id)
     try:
-        # The worker leaves the record's fsync to us: on disk before the job may start.
-        if not _still_recorded(rt, record, if_unreadable=False, durable=True):
+        if not _still_recorded(rt, record, if_unreadable=False):
             return  # requeued or settled before the launch arrived (or unknowable): run nothing
         crash_point("supervisor:owned")
         _mark(lock_fd, {"claim": record.claim})
@@ -154,15 +153,13 @@ def fence_reason(rt: Runtime, record: Record, lease_fraction: float = FENCE_FRAC
     return None
 
 
-def _still_recorded(rt: Runtime, record: Record, if_unreadable: bool = True, durable: bool = False) -> bool:
+def _still_recorded(rt: Runtime, record: Record, if_unreadable: bool = True) -> bool:
     """Whether the running record on disk is still this attempt's (same claim). Only this
     yes or no is taken from the file: what runs, as whom, and which paths are cleaned up
     always come from `record`, which the worker handed over. A file that is not a record is
-    not this attempt's; one that cannot be read (a disk error) gives `if_unreadable`.
-    `durable`: also make the record durable (the worker writes it without an fsync), and
-    count a failing fsync as unreadable."""
+    not this attempt's; one that cannot be read (a disk error) gives `if_unreadable`."""
     try:
-        current = read_record(rt.layout.record(rt.layout.running, record.id), durable)
+        current = read_record(rt.layout.record(rt.layout.running, record.id))
     except ValueError:  # RecordError, or not JSON: not a record of this attempt
         return False
     except OSError:

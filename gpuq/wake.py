@@ -46,23 +46,28 @@ class WakeFifo:
         # O_RDWR keeps a writer open, so the FIFO never reads as EOF between pokes.
         self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
 
-    def sleep(self, timeout: float, watch: Sequence[Path] = (), seen: Sequence[int | None] = ()) -> bytes:
+    def sleep(self, timeout: float, watch: Sequence[Path] = (), seen: Sequence[int | None] = (),
+              not_before: Sequence[float] = ()) -> bytes:
         """Returns the pokes' reasons, or b"" when the timeout passed without one. A change of
-        the mtime of a path in `watch` (the requests inbox, this box's poke file) ends the
-        sleep too: team members and other boxes cannot reach this FIFO (it lives in the
+        the mtime of a path in `watch` (the requests inbox, this box's poke file, jobs/) ends
+        the sleep too: team members and other boxes cannot reach this FIFO (it lives in the
         worker's private directory), so their news is noticed by mtime, looked at every
         WATCH_EVERY_S. `seen` holds each path's mtime when the pass last read it: news that
-        came during the pass ends the sleep at once."""
+        came during the pass ends the sleep at once. `not_before` holds, per path, the
+        monotonic time before which its change waits (it ends the sleep then)."""
         deadline = time.monotonic() + timeout
         seen = [mtime_ns(p) if i >= len(seen) or seen[i] is None else seen[i] for i, p in enumerate(watch)]
+        after = [not_before[i] if i < len(not_before) else 0.0 for i in range(len(watch))]
         while True:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 return b""
             ready, _, _ = select.select([self.fd], [], [], min(left, WATCH_EVERY_S) if watch else left)
             if ready:
                 return self._drain()
-            if any(mtime_ns(p) != m for p, m in zip(watch, seen)):
+            now = time.monotonic()
+            if any(now >= a and mtime_ns(p) != m for p, m, a in zip(watch, seen, after)):
                 return WAKE_QUEUE_CHANGED
 
     def _drain(self) -> bytes:

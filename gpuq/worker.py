@@ -60,6 +60,9 @@ FULL_SCAN_EVERY_S = 30.0
 # A burst of short jobs wakes the worker hundreds of times a second; between those wakes
 # jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
 EXIT_WAKE_SCAN_GAP_S = 0.2
+# A change of jobs/ wakes a sleeping worker no sooner than this after its last pass began:
+# other boxes' claims change jobs/ too, and must not make every box plan at the watch's pace.
+JOBS_WATCH_GAP_S = 0.5
 REQUESTS_PER_PASS_S = 0.5
 
 
@@ -134,6 +137,7 @@ class Worker:
                            lambda group, why: self._report_once(f"groups/{group}", f"sweep {group} left as it is: {why}"))
         try:
             while True:
+                pass_started = time.monotonic()
                 for step in self.STEPS:
                     try:
                         getattr(self, step)()
@@ -144,7 +148,8 @@ class Worker:
                 self.woken_by = self.wake.sleep(self.config.poll_interval,
                                                 watch=(self.layout.requests, poke_path(self.layout, self.host),
                                                        self.layout.jobs),
-                                                seen=(self.inbox_seen, self.poke_seen, self.jobs_seen))
+                                                seen=(self.inbox_seen, self.poke_seen, self.jobs_seen),
+                                                not_before=(0.0, 0.0, pass_started + JOBS_WATCH_GAP_S))
         finally:
             self.spawner.close()
             self.samples.flush(wall_time())
@@ -372,12 +377,14 @@ class Worker:
             decided = plan(self.intake.pending(), team.hosts, team.running, self.config, now, explain=False,
                            blocked={**waiting, **doomed}, bookings=booked)
             self._preempt(decided.preempts)
-            for start in decided.starts:
-                if start.host == self.host:
-                    self._start(start.job_id, start.gpus)
-                    self.started_last_pass += 1
-        if self.started_last_pass:  # our own claims changed jobs/: they are no news to wake for
-            self.jobs_seen = mtime_ns(self.layout.jobs)
+            try:
+                for start in decided.starts:
+                    if start.host == self.host:
+                        self._start(start.job_id, start.gpus)
+                        self.started_last_pass += 1
+            finally:  # our own claims (and put-backs of starts that failed) are no news to wake for
+                if any(s.host == self.host for s in decided.starts):
+                    self.jobs_seen = mtime_ns(self.layout.jobs)
         # Other boxes with a part in this plan (starts, holds, jobs to stop) hear of it now.
         elsewhere = {s.host for s in decided.starts} | {h for h, _ in decided.held.values()} | {
             j.host for j in team.running if j.id in decided.preempts}
@@ -466,10 +473,7 @@ class Worker:
             **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]))
 
         try:
-            # The record first: then the job may start. Its supervisor makes it durable before
-            # the start (supervise.py): the fsync waits there, per slot, not in this one loop
-            # that serves every slot (a crash before it loses a record of a job never started).
-            record_start(self.layout, record, self.host, durable=False)
+            record_start(self.layout, record, self.host)  # the record first: then the job may start
         except OSError:
             if not self.layout.record(self.layout.running, job_id).exists():
                 keep_place(self.layout, job_id, uid, job.queued_at)

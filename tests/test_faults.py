@@ -542,20 +542,20 @@ def test_a_really_full_disk_loses_no_spec_and_no_worker(queue, tmp_path):
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
-def test_no_job_starts_before_its_record_is_on_disk(queue, tmp_path):
-    """The worker writes the running record without an fsync and its supervisor makes it
-    durable before the start: where that fsync fails, the job never starts (and its attempt
-    goes back to the queue, never started, each time)."""
+def test_a_start_the_disk_refuses_is_retried_at_the_poll_not_in_a_loop(queue, tmp_path):
+    """The refused start puts its spec back into jobs/: the worker's own change there must not
+    wake it again at once (a disk that refuses records would keep it busy)."""
+    queue.write_config(poll_interval=2)
     fault_log = tmp_path / "faults"
-    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "fsync:running=EIO",
-                                                      FAULT_LOG_ENV: str(fault_log)})
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:running=ENOSPC",
+                                             FAULT_LOG_ENV: str(fault_log)})
     queue.drop("job.yaml", JOB)
-    wait_until(lambda: len(fired(fault_log, "io", "fsync:running EIO")) >= 3,
-               what="several attempts, each refused by the record's fsync")
-    assert _alive(worker) and _runs(queue, "job") == []
-    events = [json.loads(line) for line in (queue.root / "state" / "events" / "a.jsonl").read_text().splitlines()]
-    assert any((e.get("from"), e.get("to"), e.get("reason")) == _NEVER_STARTED for e in events)
-    queue.stop_worker("a")
-    queue.start_worker("a", "1x80GiB")  # the disk mended
-    record = wait_until(lambda: _final(queue, "job"), what="job to run once its record can be made durable")
-    assert record["state"] == "done" and len(_runs(queue, "job")) == 1
+
+    def refusals() -> int:
+        return len(fired(fault_log, "io", "write:running ENOSPC"))
+
+    seen = wait_until(refusals, what="a first refused start")
+    since = time.monotonic()
+    wait_until(lambda: refusals() >= seen + 2, timeout=60, what="two more refused starts")
+    # Two more refusals take two polls of 2 s (a slow machine only spaces them further).
+    assert time.monotonic() - since >= 1.5

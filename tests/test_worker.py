@@ -346,3 +346,25 @@ def test_exit_when_idle_waits_for_an_opportunistic_job_whose_gpu_is_becoming_idl
                           capture_output=True, text=True, env=queue.env(), timeout=120)
     assert done.returncode == 0, done.stderr
     assert (queue.finished("lo") or {}).get("state") == "done", sorted(p.name for p in queue.root.rglob("*"))
+
+
+def test_a_watched_change_ends_the_sleep_no_sooner_than_its_path_allows(tmp_path):
+    """Other boxes' claims change jobs/ as a dropped spec does: such a change ends a worker's
+    sleep only once `not_before` has come (the worker passes its last pass + JOBS_WATCH_GAP_S),
+    and a change of another watched path at once."""
+    from gpuq.wake import WAKE_QUEUE_CHANGED, WakeFifo, mtime_ns
+
+    jobs, inbox = tmp_path / "jobs", tmp_path / "requests"
+    jobs.mkdir(), inbox.mkdir()
+    fifo = WakeFifo(tmp_path)
+    seen = [mtime_ns(inbox), mtime_ns(jobs)]
+    os.utime(jobs, ns=(seen[1] + 10**9, seen[1] + 10**9))  # jobs/ changed since it was read
+    start = time.monotonic()
+    assert fifo.sleep(30, watch=(inbox, jobs), seen=seen, not_before=(0.0, start + 1.0)) == WAKE_QUEUE_CHANGED
+    waited = time.monotonic() - start
+    assert 1.0 <= waited < 30
+    seen[1] = mtime_ns(jobs)
+    os.utime(inbox, ns=(seen[0] + 10**9, seen[0] + 10**9))
+    start = time.monotonic()
+    assert fifo.sleep(30, watch=(inbox, jobs), seen=seen, not_before=(0.0, start + 20.0)) == WAKE_QUEUE_CHANGED
+    assert time.monotonic() - start < 20
