@@ -29,6 +29,19 @@ def _screen(tmux, joined: bool = False) -> list[str]:
     return out.rstrip("\n").split("\n")
 
 
+def _frame(tmux) -> tuple[list[str], list[str]] | None:
+    """One whole frame of top, captured plain and with wrapped lines joined; None while it is
+    not to be had. top clears the screen and draws it again every 0.5 s, and a capture taken
+    while it draws holds part of a frame: the plain captures before and after the joined one
+    must agree (but for the clock in the title), and the joined one must end as they do."""
+    before = _screen(tmux)
+    joined = _screen(tmux, joined=True)
+    after = _screen(tmux)
+    if before[1:] != after[1:] or joined[-1] != before[-1] or not any(line.startswith("PENDING") for line in before):
+        return None
+    return before, joined
+
+
 @pytest.mark.parametrize("columns,rows", [(80, 24), (200, 50)])
 def test_top_fits_the_terminal_running_and_pending_first(queue, tmux, columns, rows):
     queue.start_worker("a", "2x80GiB")
@@ -41,10 +54,9 @@ def test_top_fits_the_terminal_running_and_pending_first(queue, tmux, columns, r
     command = f"{PY} {REPO / 'gpuq.py'} --root {queue.root} top --interval 0.5"
     done = tmux("new-session", "-d", "-s", "top", "-x", str(columns), "-y", str(rows), command)
     assert done.returncode == 0, done.stderr
-    screen = wait_until(lambda: (s := _screen(tmux)) and any(line.startswith("PENDING") for line in s) and s,
-                        what="top's screen")
+    screen, joined = wait_until(lambda: _frame(tmux), what="a whole frame of top's screen")
     assert len(screen) <= rows and all(len(line) <= columns for line in screen), screen
-    assert len(_screen(tmux, joined=True)) == len(screen), "a line wrapped"
+    assert len(joined) == len(screen), "a line wrapped"
     headers = [line.split(" ")[0] for line in screen if line[:1].isupper()]
     assert headers.index("RUNNING") < headers.index("PENDING"), screen
     assert "HOSTS" not in headers or headers.index("PENDING") < headers.index("HOSTS"), screen
