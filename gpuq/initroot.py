@@ -54,9 +54,12 @@ def init_root(directory: Path, group: str | None) -> list[str]:
     done = []
     root.mkdir(parents=True, exist_ok=True)
     layout.ensure()
-    if not layout.config_file.exists():
+    if not os.path.lexists(layout.config_file):
         shipped = SHIPPED_CONFIG.exists()  # beside a checkout; an installed package has only the minimal one
-        layout.config_file.write_text(SHIPPED_CONFIG.read_text() if shipped else MINIMAL_CONFIG)
+        # Created, never written through a name planted in a directory someone else could write.
+        fd = os.open(layout.config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(SHIPPED_CONFIG.read_text() if shipped else MINIMAL_CONFIG)
         done.append(f"wrote {layout.config_file} " + ("(every key commented; defaults suit most teams)" if shipped
                     else "(minimal; every key and its default are in README \"Config reference\")"))
     done.append(f"made {layout.jobs}/, {layout.requests}/, {layout.logs}/ and {layout.state}/")

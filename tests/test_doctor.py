@@ -219,3 +219,16 @@ def test_doctor_finds_only_a_cron_line_for_this_root(tmp_path):
         assert this["level"] in ("ok", "warn") and "starts the worker" in this["message"], this
     finally:
         os.unlink(cron_file)
+
+
+def test_init_never_writes_through_a_config_link_planted_in_its_directory(tmp_path):
+    """`gpuq init DIR` on a directory that already exists: a config.yaml someone planted there
+    as a dangling link must not make init (run as root, say) create the file it points to."""
+    root = tmp_path / "queue"
+    root.mkdir()
+    target = tmp_path / "elsewhere" / "created-through-the-link"
+    target.parent.mkdir()
+    os.symlink(target, root / "config.yaml")
+    out = run("init", str(root), "--group", grp.getgrgid(os.getgid()).gr_name)
+    assert not target.exists()
+    assert out.returncode != 0 and "config.yaml" in out.stderr, out.stderr
