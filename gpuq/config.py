@@ -55,7 +55,7 @@ class Config:
     # Scheduling (plan.py; README "Scheduling").
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
     fair_share: bool = True             # within a priority, users holding fewer GPUs go first
-    age_step_s: float = 3600.0          # each this long of waiting counts as one GPU less in use
+    age_step_s: float = 1800.0          # each this long of waiting counts as one GPU less in use
     reserve_after_s: float = 3600.0     # a job blocked this long gets GPUs held back for it
     reservations: bool = False           # measured to cost more than they pay (bench/simulate_traces.py)
     spread: bool = True                 # while GPUs sit idle, a job takes an empty one (plan.py)

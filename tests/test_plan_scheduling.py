@@ -12,7 +12,6 @@ from gpuq.windows import parse_window
 from test_plan import GIB, gpu, host
 
 CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, idle_after_s=60, reservations=True)
-HOUR = 3600.0
 
 
 def job(job_id: str, user: str = "u", gpus: int = 1, mem_gib: float | None = 10, priority: str = "normal",
@@ -44,9 +43,10 @@ def test_fair_share_puts_the_user_holding_fewer_gpus_first():
 
 def test_waiting_ages_a_job_past_lighter_users_jobs_that_came_an_age_step_later():
     busy = [run("ana-1", mem_gib=None, user="ana")]  # ana holds one whole GPU: one age step behind
-    pending = [job("ana-2", user="ana", queued_at=0), job("bo-1", user="bo", queued_at=0.5 * HOUR),
-               job("cy-1", user="cy", queued_at=1.5 * HOUR)]
-    assert plan(pending, [], busy, CFG, now=2 * HOUR).order == ["bo-1", "ana-2", "cy-1"]
+    step = CFG.age_step_s
+    pending = [job("ana-2", user="ana", queued_at=0), job("bo-1", user="bo", queued_at=0.5 * step),
+               job("cy-1", user="cy", queued_at=1.5 * step)]
+    assert plan(pending, [], busy, CFG, now=2 * step).order == ["bo-1", "ana-2", "cy-1"]
 
 
 def test_priority_classes_come_before_fair_share():
