@@ -199,8 +199,13 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
     the way all started after `since` (they overtook it, and have not run long: job lengths
     are heavy-tailed, so a job that has run long tends to run on, and holding GPUs behind it
     would idle them for as long). Among those, where it will fit soonest as far as anyone can
-    tell without knowing how long jobs run: the newest longest-running job in the way, then
-    the least memory to free. Opportunistic jobs are never in the way."""
+    tell without knowing how long jobs run: the fewest GPUs still to free, then the host whose
+    jobs in the way started earliest, then the least memory to free. Both keep a reservation
+    where it is, pass after pass: a GPU it holds that comes free stays free, and every job
+    started elsewhere since it was made is younger than the jobs it waits for. (Preferring the
+    newest, as this did, moved it to whichever box a stream of small jobs had just started on,
+    each move handing the GPUs it held to the stream: a wide job starved across two boxes.)
+    Opportunistic jobs are never in the way."""
     best: tuple | None = None
     by_host: dict[str, list[Slot]] = {}
     for s in slots:
@@ -214,13 +219,14 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
         def to_free(s: Slot) -> int:
             return s.blockers if spec.exclusive else max(0, need_mib(spec, s) - s.free)
 
-        def started(s: Slot) -> float:  # the newest wins; a slot with nothing to free, best
+        def started(s: Slot) -> float:  # a slot with nothing to free first, then the newest
             return s.oldest_blocker if to_free(s) else float("inf")
 
         chosen = sorted(candidates, key=lambda s: (-started(s), to_free(s), s.index))[: spec.gpus]
         if any(to_free(s) and s.oldest_blocker < since for s in chosen):
             continue  # a job in the way was there before: it may run for weeks
-        key = (-min(started(s) for s in chosen), sum(to_free(s) for s in chosen), host)
+        in_way = [s.oldest_blocker for s in chosen if to_free(s)]
+        key = (len(in_way), min(in_way, default=0.0), sum(to_free(s) for s in chosen), host)
         if best is None or key < best[0]:
             best = (key, chosen)
     return best[1] if best else None

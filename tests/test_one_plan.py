@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
+
+import pytest
 
 from conftest import wait_until
 from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401 - fixtures
 
 # Takes its whole grace to go: long enough for every box to see the job it yields for.
 SLOW_TO_YIELD = ("trap '' TERM; if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi")
+# Runs until told to yield the first time; once run again, ends at once.
+YIELDING = "trap 'exit 0' TERM; if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi"
 
 
 def _overlap(records: list[dict]) -> int:
@@ -128,3 +133,46 @@ def test_a_box_whose_worker_stopped_takes_no_new_work_at_once(queue):
     record = wait_until(lambda: queue.finished("next"), timeout=30, what="next to run on b")
     # A stopped box that still looked live would hold the job for its 10 s live window.
     assert record["host"] == "b" and record["claimed_at"] - dropped < 9
+
+
+def _stream(queue, stop: threading.Event) -> None:
+    """Small one-GPU jobs, faster than four GPUs can run them (3 s each, one every 0.5 s)."""
+    n = 0
+    while not stop.is_set():
+        queue.drop(f"small-{n:03d}.yaml", "command: sleep 3\ngpus: 1\ngpu_mem: 50GiB\n")
+        n += 1
+        stop.wait(0.5)
+
+
+@pytest.mark.parametrize("reservations", [True, False])
+def test_a_wide_job_is_not_starved_across_boxes_by_small_jobs_and_low_ones(queue, reservations):
+    """Two boxes of two GPUs; low jobs soak up idle GPUs, small jobs keep arriving faster
+    than four GPUs end them, and a job wants a whole box. With reservations (held on one box,
+    team-wide) it runs while the stream goes on, the low jobs in its way yield, and each low
+    job finishes once the stream stops; without, it starves (the control that shows the
+    test can fail)."""
+    queue.write_config(reserve_after_s=4, reservations=reservations, idle_after_s=0.2)
+    queue.start_worker("a", "2x80GiB")
+    queue.start_worker("b", "2x80GiB")
+    for name in ("lo-1", "lo-2"):
+        queue.drop(f"{name}.yaml", f"command: {YIELDING!r}\ngpus: 1\ngpu_mem: 20GiB\npriority: low\ngrace: 2s\n")
+    wait_until(lambda: len(queue.status()["running"]) == 2, timeout=30, what="the low jobs to run")
+    stop = threading.Event()
+    stream = threading.Thread(target=_stream, args=(queue, stop), daemon=True)
+    stream.start()
+    try:
+        wait_until(lambda: queue.finished("small-001"), timeout=30, what="the stream to flow")
+        queue.drop("wide.yaml", "command: echo wide\ngpus: 2\n")
+        deadline = time.monotonic() + 25
+        while time.monotonic() < deadline and not queue.finished("wide"):
+            time.sleep(0.2)
+        wide_done_during_stream = queue.finished("wide") is not None
+    finally:
+        stop.set()
+        stream.join()
+    assert wide_done_during_stream is reservations
+    if reservations:
+        assert queue.finished("wide")["state"] == "done"
+    for name in ("lo-1", "lo-2"):  # the stream has stopped: the low jobs run again and end
+        record = wait_until(lambda name=name: queue.finished(name), timeout=120, what=f"{name} to finish")
+        assert record["state"] == "done"

@@ -77,6 +77,30 @@ def test_the_aged_head_gets_gpus_reserved_and_smaller_jobs_may_not_take_them():
     assert "reserved for it" in aged.reasons["pair"]
 
 
+def test_a_reservation_stays_on_its_box_while_young_jobs_start_on_the_other():
+    """Box b holds a GPU free for the pair job and waits for one older job; on box a one GPU
+    just came free and a job younger than b's started on the other. Moving the reservation to
+    a would hand b's free GPU to the next small job, and the next move would do it again:
+    with a stream of small jobs the pair job never starts."""
+    t = CFG.reserve_after_s
+    busy = [run("older", "b", gpus=(0,), mem_gib=40, started_at=t + 10),
+            run("younger", "a", gpus=(1,), mem_gib=40, started_at=t + 40)]
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=0), job("small", mem_gib=10, queued_at=t)]
+    hosts = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1))]
+    result = plan(pending, hosts, busy, CFG, now=t + 50)
+    assert result.held == {"pair": ("b", (1, 0))}
+    assert starts(result)["small"][0] == "a"  # not on b:1, held for the pair
+
+
+def test_a_reservation_goes_where_fewer_gpus_are_still_to_free():
+    t = CFG.reserve_after_s
+    busy = [run("a0", "a", gpus=(0,), mem_gib=40, started_at=t + 40), run("a1", "a", gpus=(1,), mem_gib=40, started_at=t + 40),
+            run("b0", "b", gpus=(0,), mem_gib=40, started_at=t + 10)]  # a's are younger: two to free still
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=0)]
+    result = plan(pending, [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1))], busy, CFG, now=t + 50)
+    assert result.held == {"pair": ("b", (1, 0))}
+
+
 def test_no_reservation_behind_a_job_that_was_running_before_the_head_came():
     busy = [run("long", gpus=(0,), mem_gib=40, started_at=0), run("s2", gpus=(1,), mem_gib=40, started_at=100)]
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=10), job("small", mem_gib=10, queued_at=50)]
