@@ -200,12 +200,16 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
     are heavy-tailed, so a job that has run long tends to run on, and holding GPUs behind it
     would idle them for as long). Among those, where it will fit soonest as far as anyone can
     tell without knowing how long jobs run: the fewest GPUs still to free, then the host whose
-    jobs in the way started earliest, then the least memory to free. Both keep a reservation
-    where it is, pass after pass: a GPU it holds that comes free stays free, and every job
-    started elsewhere since it was made is younger than the jobs it waits for. (Preferring the
-    newest, as this did, moved it to whichever box a stream of small jobs had just started on,
-    each move handing the GPUs it held to the stream: a wide job starved across two boxes.)
-    Opportunistic jobs are never in the way."""
+    jobs in the way started earliest, then the least memory to free. The plan keeps no memory
+    of the last pass's reservation, so these are what keep it on its box: a GPU it holds that
+    comes free stays free (that box stays ahead on the count), and a job started elsewhere
+    after it was made is younger than the jobs it waits for. It still moves to a box whose
+    jobs in the way are older (each such move is to an older job, so the moves end), and off
+    a box once a job there has run reserve_after_s. (Preferring the newest, as this did, moved
+    it to whichever box a stream of small jobs had just started on, each move handing the
+    GPUs it held to the stream: a wide job starved across two boxes.) Within a host the GPUs
+    are still taken newest job first: a job narrower than its host can see its held GPUs
+    change as jobs start there. Opportunistic jobs are never in the way."""
     best: tuple | None = None
     by_host: dict[str, list[Slot]] = {}
     for s in slots:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import pytest
+
 from gpuq.config import Config
 from gpuq.plan import HostView, PendingJob, RunningJob, plan
 from gpuq.spec import JobSpec
@@ -92,10 +94,14 @@ def test_a_reservation_stays_on_its_box_while_young_jobs_start_on_the_other():
     assert starts(result)["small"][0] == "a"  # not on b:1, held for the pair
 
 
-def test_a_reservation_goes_where_fewer_gpus_are_still_to_free():
+@pytest.mark.parametrize("a_started, b_started", [(40, 10), (10, 20)])
+def test_a_reservation_goes_where_fewer_gpus_are_still_to_free(a_started, b_started):
+    """b has one GPU to free, a two, whichever box's jobs are older (the newest wins on the
+    first row, the oldest on the second: the count decides both)."""
     t = CFG.reserve_after_s
-    busy = [run("a0", "a", gpus=(0,), mem_gib=40, started_at=t + 40), run("a1", "a", gpus=(1,), mem_gib=40, started_at=t + 40),
-            run("b0", "b", gpus=(0,), mem_gib=40, started_at=t + 10)]  # a's are younger: two to free still
+    busy = [run("a0", "a", gpus=(0,), mem_gib=40, started_at=t + a_started),
+            run("a1", "a", gpus=(1,), mem_gib=40, started_at=t + 40),
+            run("b0", "b", gpus=(0,), mem_gib=40, started_at=t + b_started)]
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=0)]
     result = plan(pending, [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1))], busy, CFG, now=t + 50)
     assert result.held == {"pair": ("b", (1, 0))}
