@@ -136,10 +136,12 @@ def test_a_box_whose_worker_stopped_takes_no_new_work_at_once(queue):
 
 
 def _stream(queue, stop: threading.Event) -> None:
-    """Small one-GPU jobs, faster than four GPUs can run them (3 s each, one every 0.5 s)."""
+    """Small one-GPU jobs, faster than four GPUs can run them (3-3.8 s each, one every 0.5 s).
+    Their lengths differ so that two started together seldom end together: a box wholly free
+    at one pass would let the wide job in without any reservation."""
     n = 0
     while not stop.is_set():
-        queue.drop(f"small-{n:03d}.yaml", "command: sleep 3\ngpus: 1\ngpu_mem: 50GiB\n")
+        queue.drop(f"small-{n:03d}.yaml", f"command: sleep {3 + (n % 3) * 0.4:.1f}\ngpus: 1\ngpu_mem: 50GiB\n")
         n += 1
         stop.wait(0.5)
 
