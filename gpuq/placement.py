@@ -122,8 +122,9 @@ def need_mib(spec: "JobSpec", slot: Slot) -> int:
 
 
 def fits(spec: "JobSpec", slot: Slot, max_jobs: int) -> bool:
-    """Room for an ordinary job, opportunistic jobs not counted."""
-    if slot.jobs >= max_jobs:
+    """Room for an ordinary job, opportunistic jobs not counted. A job the GPU is held for
+    has its place among max_jobs too (else small jobs fill every place while it waits)."""
+    if slot.jobs + (slot.held_for is not None) >= max_jobs:
         return False
     if spec.exclusive:
         return slot.jobs == 0 and slot.others_clear and slot.free >= slot.whole
@@ -213,7 +214,9 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
     best: tuple | None = None
     by_host: dict[str, list[Slot]] = {}
     for s in slots:
-        could_ever = spec.exclusive or spec.gpu_mem_mib <= s.whole  # type: ignore[operator]
+        # An exclusive job fits only where nothing but gpuq's jobs holds memory: waiting for
+        # them to end never clears other memory (as with busy_by_others).
+        could_ever = s.others_clear if spec.exclusive else spec.gpu_mem_mib <= s.whole  # type: ignore[operator]
         if s.held_for is None and not s.busy_by_others and could_ever:
             by_host.setdefault(s.host, []).append(s)
     for host, candidates in by_host.items():

@@ -107,6 +107,26 @@ def test_a_reservation_goes_where_fewer_gpus_are_still_to_free(a_started, b_star
     assert result.held == {"pair": ("b", (1, 0))}
 
 
+def test_a_reserved_gpu_keeps_a_place_among_max_jobs_per_gpu_for_its_job():
+    """h:1 has no place left (4 jobs, the most); h:0 has one. Given to a small job, h:0 would
+    be full by the time h:1 has a place again, pass after pass."""
+    t = CFG.reserve_after_s
+    busy = [run(f"x{g}{k}", gpus=(g,), mem_gib=10, started_at=t + 10) for g, n in ((0, 3), (1, 4)) for k in range(n)]
+    pending = [job("wide", gpus=2, mem_gib=40, queued_at=0), job("small", mem_gib=10, queued_at=t)]
+    result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=t + 50)
+    assert result.held == {"wide": ("h", (0, 1))}
+    assert starts(result) == {} and result.reasons["small"] == "GPU reserved for job wide"
+
+
+def test_no_reservation_for_a_whole_gpu_job_where_other_memory_stays():
+    """a:0 holds memory no gpuq job accounts for: waiting for jobs never frees it."""
+    t = CFG.reserve_after_s
+    busy = [run("b0", "b", gpus=(0,), mem_gib=40, started_at=t + 10)]
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=0)]
+    hosts = [host("a", gpu(0, used_gib=5), gpu(1)), host("b", gpu(0), gpu(1))]
+    assert plan(pending, hosts, busy, CFG, now=t + 50).held == {"pair": ("b", (1, 0))}
+
+
 def test_no_reservation_behind_a_job_that_was_running_before_the_head_came():
     busy = [run("long", gpus=(0,), mem_gib=40, started_at=0), run("s2", gpus=(1,), mem_gib=40, started_at=100)]
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=10), job("small", mem_gib=10, queued_at=50)]
