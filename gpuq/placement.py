@@ -200,17 +200,17 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
     the way all started after `since` (they overtook it, and have not run long: job lengths
     are heavy-tailed, so a job that has run long tends to run on, and holding GPUs behind it
     would idle them for as long). Among those, where it will fit soonest as far as anyone can
-    tell without knowing how long jobs run: the fewest GPUs still to free, then the host whose
-    jobs in the way started earliest, then the least memory to free. The plan keeps no memory
-    of the last pass's reservation, so these are what keep it on its box: a GPU it holds that
-    comes free stays free (that box stays ahead on the count), and a job started elsewhere
-    after it was made is younger than the jobs it waits for. It still moves to a box whose
-    jobs in the way are older (each such move is to an older job, so the moves end), and off
-    a box once a job there has run reserve_after_s. (Preferring the newest, as this did, moved
-    it to whichever box a stream of small jobs had just started on, each move handing the
-    GPUs it held to the stream: a wide job starved across two boxes.) Within a host the GPUs
-    are still taken newest job first: a job narrower than its host can see its held GPUs
-    change as jobs start there. Opportunistic jobs are never in the way."""
+    tell without knowing how long jobs run: on each host, GPUs already free first, then those
+    whose jobs in the way started first; among hosts, the fewest GPUs still to free, then the
+    earliest such job, then the least memory to free. The plan keeps no memory of the last
+    pass's reservation, so these are what keep it where it is: a GPU it holds that comes free
+    stays free (and first), no job joins a GPU it holds, and a job that starts anywhere after
+    it was made is younger than the jobs it waits for. It still moves to GPUs whose jobs in
+    the way are older (each such move is to an older job, so the moves end), and off a GPU
+    once its job has run reserve_after_s. (Preferring the newest, as this did, moved it to
+    whichever GPUs a stream of small jobs had just started on, each move handing the GPUs it
+    held to the stream: a wide job starved, across two boxes or on one box wider than it.)
+    Opportunistic jobs are never in the way."""
     best: tuple | None = None
     by_host: dict[str, list[Slot]] = {}
     for s in slots:
@@ -226,12 +226,11 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
         def to_free(s: Slot) -> int:
             return s.blockers if spec.exclusive else max(0, need_mib(spec, s) - s.free)
 
-        def started(s: Slot) -> float:  # a slot with nothing to free first, then the newest
-            return s.oldest_blocker if to_free(s) else float("inf")
-
-        chosen = sorted(candidates, key=lambda s: (-started(s), to_free(s), s.index))[: spec.gpus]
-        if any(to_free(s) and s.oldest_blocker < since for s in chosen):
-            continue  # a job in the way was there before: it may run for weeks
+        # A GPU whose job in the way was there before `since` may stay taken for weeks.
+        eligible = [s for s in candidates if not to_free(s) or s.oldest_blocker >= since]
+        if len(eligible) < spec.gpus:
+            continue
+        chosen = sorted(eligible, key=lambda s: (to_free(s) > 0, s.oldest_blocker, to_free(s), s.index))[: spec.gpus]
         in_way = [s.oldest_blocker for s in chosen if to_free(s)]
         key = (len(in_way), min(in_way, default=0.0), sum(to_free(s) for s in chosen), host)
         if best is None or key < best[0]:

@@ -94,6 +94,18 @@ def test_a_reservation_stays_on_its_box_while_young_jobs_start_on_the_other():
     assert starts(result)["small"][0] == "a"  # not on b:1, held for the pair
 
 
+def test_a_reservation_on_a_box_wider_than_its_job_keeps_its_gpus_as_jobs_start_beside_them():
+    """h:0 and h:1 were held when h:2 and h:3 took new jobs; then h:0's job ends. Moving to the
+    newest jobs' GPUs, as the rule used to, hands the held ones to the next small jobs."""
+    t = CFG.reserve_after_s
+    busy = [run(f"j{g}", gpus=(g,), mem_gib=40, started_at=t + start) for g, start in enumerate((10, 12, 40, 45))]
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=0), job("small", mem_gib=40, queued_at=t)]
+    hosts = [host("h", gpu(0), gpu(1), gpu(2), gpu(3))]
+    assert plan(pending, hosts, busy, CFG, now=t + 50).held == {"pair": ("h", (0, 1))}
+    later = plan(pending, hosts, busy[1:], CFG, now=t + 51)  # j0 ended: h:0 is free
+    assert later.held == {"pair": ("h", (0, 1))} and starts(later)["small"] in (("h", (2,)), ("h", (3,)))
+
+
 @pytest.mark.parametrize("a_started, b_started", [(40, 10), (10, 20)])
 def test_a_reservation_goes_where_fewer_gpus_are_still_to_free(a_started, b_started):
     """b has one GPU to free, a two, whichever box's jobs are older (the newest wins on the
