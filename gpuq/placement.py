@@ -211,6 +211,9 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
     whichever GPUs a stream of small jobs had just started on, each move handing the GPUs it
     held to the stream: a wide job starved, across two boxes or on one box wider than it.)
     Opportunistic jobs are never in the way."""
+    def to_free(s: Slot) -> int:
+        return s.blockers if spec.exclusive else max(0, need_mib(spec, s) - s.free)
+
     best: tuple | None = None
     by_host: dict[str, list[Slot]] = {}
     for s in slots:
@@ -220,12 +223,6 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
         if s.held_for is None and not s.busy_by_others and could_ever:
             by_host.setdefault(s.host, []).append(s)
     for host, candidates in by_host.items():
-        if len(candidates) < spec.gpus:
-            continue
-
-        def to_free(s: Slot) -> int:
-            return s.blockers if spec.exclusive else max(0, need_mib(spec, s) - s.free)
-
         # A GPU whose job in the way was there before `since` may stay taken for weeks.
         eligible = [s for s in candidates if not to_free(s) or s.oldest_blocker >= since]
         if len(eligible) < spec.gpus:

@@ -59,8 +59,7 @@ class WakeFifo:
         seen = [mtime_ns(p) if i >= len(seen) or seen[i] is None else seen[i] for i, p in enumerate(watch)]
         after = [not_before[i] if i < len(not_before) else 0.0 for i in range(len(watch))]
         while True:
-            now = time.monotonic()
-            left = deadline - now
+            left = deadline - time.monotonic()
             if left <= 0:
                 return b""
             ready, _, _ = select.select([self.fd], [], [], min(left, WATCH_EVERY_S) if watch else left)
