@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 
 import pytest
 
-from conftest import wait_until
+from conftest import ends_during_stream, wait_until
 from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401 - fixtures
 
 # Takes its whole grace to go: long enough for every box to see the job it yields for.
@@ -135,15 +134,11 @@ def test_a_box_whose_worker_stopped_takes_no_new_work_at_once(queue):
     assert record["host"] == "b" and record["claimed_at"] - dropped < 9
 
 
-def _stream(queue, stop: threading.Event) -> None:
-    """Small one-GPU jobs, faster than four GPUs can run them (3-3.8 s each, one every 0.5 s).
+def _small(n: int) -> str:
+    """Small one-GPU jobs, one every 0.5 s, faster than four GPUs run them (3-3.8 s each).
     Their lengths differ so that two started together seldom end together: a box wholly free
     at one pass would let the wide job in without any reservation."""
-    n = 0
-    while not stop.is_set():
-        queue.drop(f"small-{n:03d}.yaml", f"command: sleep {3 + (n % 3) * 0.4:.1f}\ngpus: 1\ngpu_mem: 50GiB\n")
-        n += 1
-        stop.wait(0.5)
+    return f"command: sleep {3 + (n % 3) * 0.4:.1f}\ngpus: 1\ngpu_mem: 50GiB\n"
 
 
 @pytest.mark.parametrize("reservations", [True, False])
@@ -159,19 +154,8 @@ def test_a_wide_job_is_not_starved_across_boxes_by_small_jobs_and_low_ones(queue
     for name in ("lo-1", "lo-2"):
         queue.drop(f"{name}.yaml", f"command: {YIELDING!r}\ngpus: 1\ngpu_mem: 20GiB\npriority: low\ngrace: 2s\n")
     wait_until(lambda: len(queue.status()["running"]) == 2, timeout=30, what="the low jobs to run")
-    stop = threading.Event()
-    stream = threading.Thread(target=_stream, args=(queue, stop), daemon=True)
-    stream.start()
-    try:
-        wait_until(lambda: queue.finished("small-001"), timeout=30, what="the stream to flow")
-        queue.drop("wide.yaml", "command: echo wide\ngpus: 2\n")
-        deadline = time.monotonic() + 25
-        while time.monotonic() < deadline and not queue.finished("wide"):
-            time.sleep(0.2)
-        wide_done_during_stream = queue.finished("wide") is not None
-    finally:
-        stop.set()
-        stream.join()
+    wide_done_during_stream = ends_during_stream(queue, _small, 0.5, "wide", "command: echo wide\ngpus: 2\n",
+                                                 within_s=25)
     assert wide_done_during_stream is reservations
     if reservations:
         assert queue.finished("wide")["state"] == "done"

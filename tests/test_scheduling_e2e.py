@@ -4,12 +4,11 @@ ones cannot starve."""
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 
 import pytest
 
-from conftest import PY, REPO, wait_until
+from conftest import PY, REPO, ends_during_stream, wait_until
 
 LOOP_IGNORING_TERM = ("echo attempt=$GPUQ_ATTEMPT preempted=$GPUQ_PREEMPTED; trap 'echo got TERM' TERM; "
                       "if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi; echo finished")
@@ -89,14 +88,6 @@ def test_the_end_of_the_idle_window_preempts_and_holds_opportunistic_work(queue)
     assert requeued[0]["reason"].startswith(f"preempted: idle window {window} closed")
 
 
-def _stream_of_small_jobs(queue, stop: threading.Event) -> None:
-    n = 0
-    while not stop.is_set():
-        queue.drop(f"small-{n:03d}.yaml", _spec("sleep 2", "50GiB"))
-        n += 1
-        stop.wait(0.7)
-
-
 @pytest.mark.parametrize("reservations", [True, False])
 def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(queue, reservations):
     """Two GPUs; small jobs (one GPU each) keep arriving faster than they end; the big job
@@ -104,19 +95,8 @@ def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(queue, reservations)
     starves (the control that shows this test can fail)."""
     queue.write_config(reserve_after_s=4, reservations=reservations)
     queue.start_worker("a", "2x80GiB")
-    stop = threading.Event()
-    stream = threading.Thread(target=_stream_of_small_jobs, args=(queue, stop), daemon=True)
-    stream.start()
-    try:
-        wait_until(lambda: queue.finished("small-001"), timeout=30, what="the stream to flow")
-        queue.drop("big.yaml", "command: echo big\ngpus: 2\n")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not queue.finished("big"):
-            time.sleep(0.2)
-        big_done_during_stream = queue.finished("big") is not None
-    finally:
-        stop.set()
-        stream.join()
+    big_done_during_stream = ends_during_stream(queue, lambda n: _spec("sleep 2", "50GiB"), 0.7,
+                                                "big", "command: echo big\ngpus: 2\n", within_s=20)
     assert big_done_during_stream is reservations
     if reservations:
         assert queue.finished("big")["state"] == "done"
