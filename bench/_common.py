@@ -29,7 +29,7 @@ def make_root(prefix: str, **config: object) -> Path:
 def remove_root(root: Path, *hosts: str) -> None:
     """Remove a root made by `make_root` and the default local directories of `hosts`."""
     sys.path.insert(0, str(REPO))
-    from gpuq.layout import Layout
+    from gpuq.spool.layout import Layout
 
     for host in hosts:
         shutil.rmtree(Layout(root).default_local_dir(host), ignore_errors=True)

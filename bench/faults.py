@@ -19,11 +19,10 @@ import sys
 import time
 
 import psutil
-
 from _common import PY, REPO, clean_env, make_root, remove_root
 
 sys.path.insert(0, str(REPO))
-from gpuq.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS  # noqa: E402
+from gpuq.host.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS  # noqa: E402
 
 RUN = "ran-once"
 

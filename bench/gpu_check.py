@@ -26,7 +26,7 @@ import time
 from _common import PY, REPO, clean_env, make_root, remove_root
 
 sys.path.insert(0, str(REPO))
-from gpuq.config import Config  # noqa: E402
+from gpuq.model.config import Config  # noqa: E402
 
 JOB = r'''
 import os, time, torch

@@ -11,7 +11,6 @@ import argparse
 import time
 
 import psutil
-
 from _common import make_root, remove_root, start_worker, wait_for
 
 

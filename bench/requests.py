@@ -26,8 +26,8 @@ from pathlib import Path
 from _common import REPO, make_root, remove_root, start_worker, wait_for
 
 sys.path.insert(0, str(REPO))
-from gpuq.inbox import read_reply, send  # noqa: E402
-from gpuq.layout import Layout  # noqa: E402
+from gpuq.spool.inbox import read_reply, send  # noqa: E402
+from gpuq.spool.layout import Layout  # noqa: E402
 
 
 def _record(root: Path, job_id: str) -> dict | None:

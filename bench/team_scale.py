@@ -27,9 +27,9 @@ from _common import PY, REPO, compile_code, make_root, remove_root, timed
 
 sys.path.insert(0, str(REPO))
 
-from gpuq import config as config_mod  # noqa: E402
-from gpuq.layout import Layout  # noqa: E402
-from gpuq.worker import Worker  # noqa: E402
+from gpuq.model import config as config_mod  # noqa: E402
+from gpuq.spool.layout import Layout  # noqa: E402
+from gpuq.worker.loop import Worker  # noqa: E402
 
 GIB = 1024
 

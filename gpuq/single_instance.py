@@ -11,7 +11,7 @@ import fcntl
 import os
 import stat
 
-from .hostinfo import ensure_private_dir
+from gpuq.host.hostinfo import ensure_private_dir
 
 WORKER_LOCK_NAME = "worker.lock"
 ANOTHER_WORKER_RUNS = -1

@@ -6,16 +6,26 @@ The first start daemonizes (or stays in the foreground) and logs to logs/worker-
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
 from pathlib import Path
 
-from . import config as config_mod
-from . import strictmodes
-from .hostinfo import NETWORK_FILESYSTEMS, UnsafePath, ensure_private_dir, filesystem_type, open_to_append
-from .layout import HOST_RE, Layout, RootError, resolve_root
-from .single_instance import WORKER_LOCK_NAME, take_worker_lock, this_host
+from gpuq.host.hostinfo import (
+    NETWORK_FILESYSTEMS,
+    UnsafePath,
+    ensure_private_dir,
+    filesystem_type,
+    open_to_append,
+)
+from gpuq.model import config as config_mod
+from gpuq.model.names import HOST_RE
+from gpuq.single_instance import WORKER_LOCK_NAME, take_worker_lock, this_host
+from gpuq.slurm.bridge import BridgeWorker
+from gpuq.spool import strictmodes
+from gpuq.spool.layout import Layout, RootError, resolve_root
+from gpuq.worker.loop import Worker
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -53,7 +63,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
         print("gpuq worker: refusing to run as root:\n  " + "\n  ".join(unsafe), file=sys.stderr)
         return 2
     layout.ensure()
-    local_dir = config.local_dir_for(layout, host)
+    local_dir = layout.local_dir(host, config.local_dir)
     if (fs := filesystem_type(local_dir)) in NETWORK_FILESYSTEMS:
         print(f"gpuq worker: local_dir {local_dir} is on {fs}, a network file system: the job locks "
               f"kept there would not exclude across hosts. Fix: set local_dir in {layout.config_file} "
@@ -68,21 +78,16 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
     log_fd, log_problem = _open_worker_log(layout.worker_log(host))  # before: cron mails a problem
     if daemon and _daemonize():
         return 0  # the cron-started parent: the daemon carries on (flock follows the descriptor)
-    import logging  # here: a cron start that leaves at once never needs it
 
     _setup_logging(log_fd, to_stderr=not daemon or log_fd is None, verbose=args.verbose)
     if log_problem:
         logging.getLogger("gpuq.worker").warning("%s", log_problem)
-    if config.backend == "slurm":
-        from .bridge import BridgeWorker as Worker
-    else:
-        from .worker import Worker
-
+    worker_class = BridgeWorker if config.backend == "slurm" else Worker
     # SIGTERM (shutdown, `kill`) ends the worker cleanly; running jobs live on under their
     # supervisors and the next worker reattaches to them.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
-        Worker(layout, config, host, args.fake_gpus).run(once=args.once,
+        worker_class(layout, config, host, args.fake_gpus).run(once=args.once,
                                                           exit_when_idle=args.exit_when_idle)
     except KeyboardInterrupt:
         pass
@@ -141,8 +146,6 @@ def _open_worker_log(path: Path) -> tuple[int | None, str | None]:
 
 
 def _setup_logging(log_fd: int | None, to_stderr: bool, verbose: bool) -> None:
-    import logging
-
     handlers: list[logging.Handler] = []
     if log_fd is not None:
         handlers.append(logging.StreamHandler(open(log_fd, "a", buffering=1, encoding="utf-8",

@@ -14,6 +14,9 @@ from typing import Callable
 
 import pytest
 
+# team.py's fixtures (users, shared_code, team): tests that act as created users ask for them by name.
+pytest_plugins = ["team"]
+
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 

@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, REPO, Queue
 
 # Names of this test process's own: two copies of the suite may run side by side, and one

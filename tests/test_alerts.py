@@ -6,7 +6,6 @@ import json
 import signal
 
 import psutil
-
 from conftest import PY, REPO, wait_until
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import wait_until
-from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401  (fixtures)
+from team import ALICE, BOB, needs_root
 
 pytestmark = needs_root
 SLURM_ID = "4242"
@@ -114,12 +113,12 @@ def test_a_root_bridge_never_takes_uid_0_or_none_for_submit_as_myself(team):
     job as root. Now a root bridge always names the owner, and uid 0 only with allow_root_jobs."""
     from types import SimpleNamespace
 
-    from gpuq.bridge import BridgeWorker
-    from gpuq.config import Config
-    from gpuq.layout import Layout
-    from gpuq.spec import validate_spec
-    from gpuq.spool import Record
-    from gpuq.states import State
+    from gpuq.model.config import Config
+    from gpuq.model.record import Record
+    from gpuq.model.spec import validate_spec
+    from gpuq.model.states import State
+    from gpuq.slurm.bridge import BridgeWorker
+    from gpuq.spool.layout import Layout
 
     fake_self = SimpleNamespace(layout=Layout(team.root), config=Config(allow_root_jobs=False))
     plain = validate_spec({"command": "true", "gpus": 0}, "t.yaml")
@@ -196,9 +195,9 @@ def test_a_slurm_job_someone_else_commented_with_a_claim_is_never_taken_for_it(m
     comment a job of theirs so: only a job running as the record's owner is taken for it."""
     import subprocess
 
-    import gpuq.bridge as bridge
-    from gpuq.spool import Record
-    from gpuq.states import State
+    import gpuq.slurm.bridge as bridge
+    from gpuq.model.record import Record
+    from gpuq.model.states import State
 
     alice, bob = users[ALICE], users[BOB]
     claim = "train@bridge@b00t@77@c1a1m@a1.yaml"

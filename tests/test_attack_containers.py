@@ -14,11 +14,10 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 import fake_runtime
+import pytest
 from conftest import wait_until
-from team import BOB, needs_root, team, users, shared_code  # noqa: F401 (fixtures)
+from team import BOB, needs_root
 
 pytestmark = needs_root
 

@@ -18,9 +18,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, REPO, wait_until
-from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401 - fixtures
+from team import ALICE, BOB, needs_root
 
 pytestmark = needs_root
 PRECIOUS = "precious root data\n"
@@ -84,12 +83,12 @@ def test_a_local_dir_that_is_a_link_is_refused_even_when_roots(team):
 
 
 def test_a_root_workers_default_local_dir_is_in_run_and_only_root_can_change_any_part_of_it(team):
-    from gpuq.layout import Layout
+    from gpuq.spool.layout import Layout
 
     team.write_config(local_dir=None)
     local = Layout(team.root.resolve()).default_local_dir("a")
     assert str(local).startswith("/run/gpuq/"), local  # never the world-writable /dev/shm
-    from gpuq.hostinfo import chain_problems
+    from gpuq.host.hostinfo import chain_problems
     try:
         team.start_worker("a", "1x80GiB")
         assert (local / "worker.lock").exists() and (local / "jobs").is_dir()
@@ -136,11 +135,12 @@ def test_a_users_own_worker_refuses_a_default_parent_another_member_made_first(t
 def local(tmp_path, users):
     """A Runtime over a fresh root, the record of a running attempt, a live stand-in for its
     supervisor, and a file an attack would overwrite."""
-    from gpuq.hostinfo import ensure_private_dir
-    from gpuq.joblocal import Runtime
-    from gpuq.layout import Layout
-    from gpuq.spool import Record, write_record
-    from gpuq.states import State
+    from gpuq.host.hostinfo import ensure_private_dir
+    from gpuq.model.record import Record
+    from gpuq.model.states import State
+    from gpuq.run.joblocal import Runtime
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.store import write_record
 
     layout = Layout(tmp_path / "root")
     layout.ensure()
@@ -169,8 +169,8 @@ def _forge_lock(rt, record, owner_uid: int, **marker) -> Path:
 
 
 def test_a_lock_file_the_worker_did_not_write_names_no_pid_to_signal(local, users):
-    from gpuq.hostinfo import process_start_ticks
-    from gpuq.joblocal import job_roots, request_stop, supervisor_pid
+    from gpuq.host.hostinfo import process_start_ticks
+    from gpuq.run.joblocal import job_roots, request_stop, supervisor_pid
 
     rt, record, sleeper, _ = local
     _forge_lock(rt, record, users[BOB].pw_uid, supervisor_pid=sleeper.pid, ticks=process_start_ticks(sleeper.pid))
@@ -181,7 +181,7 @@ def test_a_lock_file_the_worker_did_not_write_names_no_pid_to_signal(local, user
 
 def test_a_marker_naming_every_process_or_a_group_is_never_a_supervisor(local):
     """kill(-1) from root signals every process; kill(0) the worker's own group."""
-    from gpuq.joblocal import supervisor_pid
+    from gpuq.run.joblocal import supervisor_pid
 
     rt, record, _, _ = local
     for pid, ticks in ((-1, None), (0, None), (1, None), (True, None), ("123", None)):
@@ -190,8 +190,8 @@ def test_a_marker_naming_every_process_or_a_group_is_never_a_supervisor(local):
 
 
 def test_a_result_in_a_lock_file_the_worker_did_not_write_is_never_recorded(local, users):
-    from gpuq.config import Config
-    from gpuq.recovery import Recovery
+    from gpuq.model.config import Config
+    from gpuq.worker.recovery import Recovery
 
     rt, record, _, _ = local
     _forge_lock(rt, record, users[BOB].pw_uid,
@@ -203,7 +203,7 @@ def test_a_result_in_a_lock_file_the_worker_did_not_write_is_never_recorded(loca
 
 
 def test_a_lease_of_someone_else_is_no_heartbeat(local, users):
-    from gpuq.joblocal import lease_age, write_lease
+    from gpuq.run.joblocal import lease_age, write_lease
 
     rt, _, _, _ = local
     write_lease(rt, 0.0)
@@ -213,8 +213,8 @@ def test_a_lease_of_someone_else_is_no_heartbeat(local, users):
 
 
 def test_the_lease_stop_and_container_files_are_never_written_through_a_link(local):
-    from gpuq.hostinfo import process_start_ticks
-    from gpuq.joblocal import request_stop, write_container_pid, write_lease
+    from gpuq.host.hostinfo import process_start_ticks
+    from gpuq.run.joblocal import request_stop, write_container_pid, write_lease
 
     rt, record, sleeper, victim = local
     planted = [rt.local_dir / f".lease.{os.getpid()}", rt.local_dir / f".lease.{os.getpid()}.tmp", rt.lease_path,

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import wait_until
-from team import ALICE, BOB, needs_root, team, team_gid, users, shared_code  # noqa: F401 (fixtures)
+from team import ALICE, BOB, needs_root, team_gid
 
 pytestmark = needs_root
 PAUSE = {"GPUQ_TEST_PAUSE_AT": "spawner:locked"}  # the spawner stops with the job lock taken
@@ -30,7 +29,7 @@ def _paused_spawner(team, host: str) -> psutil.Process:
     def stopped() -> psutil.Process | None:
         for child in worker.children():
             try:
-                if "gpuq.spawner" in " ".join(child.cmdline()) and child.status() == psutil.STATUS_STOPPED:
+                if "gpuq.run.spawner" in " ".join(child.cmdline()) and child.status() == psutil.STATUS_STOPPED:
                     return child
             except psutil.Error:
                 pass
@@ -115,11 +114,11 @@ except OSError as e:
 def test_whom_a_root_worker_runs_a_record_as(users):
     """uid 0 is never "as myself" unless allow_root_jobs; a record naming no owner, or an
     owner with no account here, cannot start; a user's worker runs everything as itself."""
-    from gpuq.joblocal import Runtime
-    from gpuq.launch import CannotStart, job_identity
-    from gpuq.layout import Layout
-    from gpuq.spool import Record
-    from gpuq.states import State
+    from gpuq.model.record import Record
+    from gpuq.model.states import State
+    from gpuq.run.joblocal import Runtime
+    from gpuq.run.launch import CannotStart, job_identity
+    from gpuq.spool.layout import Layout
 
     def rt(allow_root: bool) -> Runtime:
         return Runtime(Layout(Path("/q")), "a", "boot", Path("/l"), 10, 180, {}, "docker", allow_root)
@@ -203,8 +202,8 @@ def test_a_root_worker_gives_a_job_its_owners_clean_environment(team, users):
 def test_the_base_environment_is_inherited_only_by_the_workers_own_jobs(monkeypatch):
     """A user's worker (or root's own job) passes its environment on; a job run as its
     owner by a root worker gets none of it but the locale and TZ."""
-    from gpuq import launch
-    from gpuq.owners import Identity
+    from gpuq.host.owners import Identity
+    from gpuq.run import launch
 
     worker_env = {"PATH": "/opt/worker/bin:/usr/bin", "SECRET_TOKEN": "x", "LANG": "C.UTF-8", "LC_ALL": "C",
                   "TZ": "UTC", "HOME": "/root"}

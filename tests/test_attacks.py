@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, REPO, wait_until
-from team import ALICE, BOB, EVE, needs_root, shared_code, team, users  # noqa: F401 - fixtures
+from team import ALICE, BOB, EVE, needs_root
 
 pytestmark = needs_root
 SLEEPER = "command: sleep 60\ngpus: 0\nworkdir: /\n"

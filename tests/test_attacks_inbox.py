@@ -9,7 +9,7 @@ import os
 import stat
 
 from conftest import wait_until
-from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401 - fixtures
+from team import ALICE, BOB, needs_root
 
 pytestmark = needs_root
 SLEEPER = "command: sleep 60\ngpus: 0\nworkdir: /\n"
@@ -216,8 +216,8 @@ def test_a_request_being_sent_never_has_two_links(tmp_path, monkeypatch):
     import threading
     import time
 
-    from gpuq.inbox import send
-    from gpuq.layout import Layout
+    from gpuq.spool.inbox import send
+    from gpuq.spool.layout import Layout
 
     layout = Layout(tmp_path)
     layout.requests.mkdir(parents=True)

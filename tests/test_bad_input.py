@@ -11,9 +11,8 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import PY, REPO, wait_until
-from team import ALICE, BOB, needs_root, team, users, shared_code  # noqa: F401 (fixtures)
+from team import ALICE, BOB, needs_root
 
 
 def _one_clear_line(proc, *needles: str) -> str:

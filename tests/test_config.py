@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuq import config as config_mod
-from gpuq.config import Config, ConfigError, validate
+from gpuq.model import config as config_mod
+from gpuq.model.config import Config, ConfigError, validate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,9 +25,9 @@ def test_values_and_placeholders(tmp_path):
                     "local_dir": "/var/tmp/gpuq-{host}"}, "c.yaml")
     assert cfg.gpu_mem_reserve_mib == 1024 and cfg.offered_gpus("a") == [0, 1]
     assert cfg.offered_gpus("b") is None
-    from gpuq.layout import Layout
+    from gpuq.spool.layout import Layout
 
-    assert str(cfg.local_dir_for(Layout(tmp_path), "box")) == "/var/tmp/gpuq-box"
+    assert str(Layout(tmp_path).local_dir("box", cfg.local_dir)) == "/var/tmp/gpuq-box"
 
 
 @pytest.mark.parametrize("data,needle", [

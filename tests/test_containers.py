@@ -10,24 +10,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fake_runtime
 import psutil
 import pytest
-
-import fake_runtime
 import real_runtimes
 from conftest import PY, REPO, Queue, wait_until
-from gpuq import launch as launch_module
-from gpuq.config import Config
-from gpuq.containers import Owner, container_name, container_run, probe_runtimes
-from gpuq.environments import ALLOWED_OPTIONS, Container
-from gpuq.joblocal import Runtime
-from gpuq.layout import Layout
-from gpuq.owners import Identity
-from gpuq.plan import HostView, PendingJob, plan
-from gpuq.probe import GpuSnapshot
-from gpuq.spec import SpecError, parse_spec_text
-from gpuq.spool import Record
-from gpuq.states import State
+
+from gpuq.host.owners import Identity
+from gpuq.model.config import Config
+from gpuq.model.environments import ALLOWED_OPTIONS, Container
+from gpuq.model.errors import SpecError
+from gpuq.model.gpu import GpuSnapshot
+from gpuq.model.jobs import HostView, PendingJob
+from gpuq.model.record import Record
+from gpuq.model.spec import parse_spec_text
+from gpuq.model.states import State
+from gpuq.run import launch as launch_module
+from gpuq.run.containers import Owner, container_name, container_run, probe_runtimes
+from gpuq.run.joblocal import Runtime
+from gpuq.sched.plan import plan
+from gpuq.spool.layout import Layout
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ANA = Identity(1001, 1001, (1001, 2000), "ana", "/home/ana")
@@ -532,7 +534,7 @@ def test_bad_environment_fields_are_rejected_with_the_fix(queue) -> None:
 
 
 def test_fake_use_inside_a_container_uses_the_host_gpus_it_was_given(tmp_path: Path) -> None:
-    from gpuq.fake_nvml import materialize
+    from gpuq.host.fake_nvml import materialize
 
     fake = materialize("4x24GiB", tmp_path)
     proc = subprocess.Popen([PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "1GiB", "--seconds", "30"],

@@ -7,7 +7,6 @@ import re
 import shutil
 from pathlib import Path
 
-
 from conftest import wait_until
 
 CORPUS = Path(__file__).resolve().parent / "corpus"

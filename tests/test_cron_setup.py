@@ -21,9 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import REPO, wait_until
-from team import ALICE, TEAM, needs_root, users  # noqa: F401 (a fixture)
+from team import ALICE, TEAM, needs_root
 
 CRON_FILE = Path("/etc/cron.d") / f"gpuq-test-{os.getpid()}"
 FAKE_GPUS = "1x24GiB"  # README: on a box without GPUs, GPUQ_FAKE_GPUS on the line above

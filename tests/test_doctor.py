@@ -174,8 +174,8 @@ def test_the_nvml_check_says_ok_with_the_driver_and_warns_with_the_error(monkeyp
     """Both findings, whatever this machine has: a stand-in pynvml that works, and one that fails."""
     import types
 
-    from gpuq import doctor
-    from gpuq.layout import Layout
+    from gpuq.cli import doctor
+    from gpuq.spool.layout import Layout
 
     layout = Layout(_root(tmp_path))  # this process's own: it runs the workers
 

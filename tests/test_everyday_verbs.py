@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from conftest import PY, REPO, wait_until
-from team import ALICE, BOB, shared_code, team, users  # noqa: F401 - fixtures
+from team import ALICE, BOB
 
 
 def _wait_cmd(queue, *args: str) -> list[str]:

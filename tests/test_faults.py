@@ -12,11 +12,11 @@ import time
 
 import psutil
 import pytest
-
 from conftest import PY, REPO, wait_until
-from gpuq.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS
-from gpuq.layout import Layout
+
+from gpuq.host.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS
 from gpuq.single_instance import _config_may_set_local_dir
+from gpuq.spool.layout import Layout
 
 RUN_LINE = "ran-attempt-"
 JOB = f"command: echo {RUN_LINE}$GPUQ_ATTEMPT\ngpus: 1\n"

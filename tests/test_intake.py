@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from gpuq.intake import Intake
-from gpuq.layout import Layout
+from gpuq.spool.intake import Intake
+from gpuq.spool.layout import Layout
 
 
 def _write(layout: Layout, name: str, text: str) -> None:

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import json
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import PY, REPO, wait_until
+from prometheus_client.parser import text_string_to_metric_families
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 
@@ -60,7 +59,7 @@ def test_the_worker_writes_parseable_metrics_per_gpu_state_and_user(queue):
 def test_the_grafana_dashboard_uses_only_metrics_the_worker_writes():
     import re
 
-    from gpuq.metrics import HELP
+    from gpuq.worker.metrics import HELP
 
     dashboard = json.loads((REPO / "contrib" / "grafana-gpuq.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]

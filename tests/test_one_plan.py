@@ -8,9 +8,8 @@ import signal
 import time
 
 import pytest
-
 from conftest import ends_during_stream, wait_until
-from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401 - fixtures
+from team import ALICE, BOB, needs_root
 
 # Takes its whole grace to go: long enough for every box to see the job it yields for.
 SLOW_TO_YIELD = ("trap '' TERM; if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi")

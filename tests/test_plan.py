@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpuq.config import Config
-from gpuq.placement import usable_mib
-from gpuq.plan import HostView, PendingJob, RunningJob, plan
-from gpuq.probe import GpuProcess, GpuSnapshot
-from gpuq.spec import JobSpec
+from gpuq.model.config import Config
+from gpuq.model.gpu import GpuProcess, GpuSnapshot
+from gpuq.model.jobs import HostView, PendingJob, RunningJob
+from gpuq.model.spec import JobSpec
+from gpuq.sched.placement import usable_mib
+from gpuq.sched.plan import plan
 
 CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1)
 GIB = 1024

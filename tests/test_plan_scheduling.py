@@ -6,12 +6,13 @@ import time
 from dataclasses import replace
 
 import pytest
-
-from gpuq.config import Config
-from gpuq.plan import HostView, PendingJob, RunningJob, plan
-from gpuq.spec import JobSpec
-from gpuq.windows import parse_window
 from test_plan import GIB, gpu, host
+
+from gpuq.model.config import Config
+from gpuq.model.jobs import HostView, PendingJob, RunningJob
+from gpuq.model.spec import JobSpec
+from gpuq.model.windows import parse_window
+from gpuq.sched.plan import plan
 
 CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, idle_after_s=60, reservations=True)
 
@@ -234,7 +235,7 @@ def test_opportunistic_jobs_never_preempt_each_other_and_preemption_can_be_off()
 # --- bookings ----------------------------------------------------------------------------------
 
 def test_a_booked_gpu_takes_only_its_owners_jobs_and_opportunistic_ones():
-    from gpuq.bookings import Booking
+    from gpuq.model.booking import Booking
 
     b = Booking("bk-1", "h", (0,), start=100, end=200, owner="ana")
     hosts = [host("h", gpu(0))]
@@ -251,7 +252,7 @@ def test_a_booked_gpu_takes_only_its_owners_jobs_and_opportunistic_ones():
 def test_a_booking_owners_jobs_go_to_the_gpus_they_booked_first():
     """Newcomer review: ben's jobs went onto the one unbooked GPU while his booked ones sat
     empty, so ana's jobs waited."""
-    from gpuq.bookings import Booking
+    from gpuq.model.booking import Booking
 
     b = Booking("bk-1", "h", (0, 1), start=100, end=200, owner="ben")
     hosts = [host("h", gpu(0), gpu(1), gpu(2), gpu(3))]
@@ -265,7 +266,7 @@ def test_a_booking_owners_jobs_go_to_the_gpus_they_booked_first():
 
 
 def test_opportunistic_jobs_there_before_a_booking_yield_when_it_begins():
-    from gpuq.bookings import Booking
+    from gpuq.model.booking import Booking
 
     b = Booking("bk-1", "h", (0,), start=100, end=200, owner="ana")
     running = [run("early", user="bo", low=True, started_at=50), run("late", user="bo", low=True, started_at=120),

@@ -7,9 +7,9 @@ import json
 import subprocess
 
 import pytest
-
 from conftest import PY, REPO, wait_until
-from gpuq.report import Pending, build, percentile
+
+from gpuq.views.report import Pending, build, percentile
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 
@@ -114,11 +114,11 @@ def test_percentile_is_nearest_rank():
 
 
 def test_sample_log_weights_each_reading_by_its_time_and_caps_gaps(tmp_path):
-    from gpuq.layout import Layout
-    from gpuq.probe import GpuSnapshot
-    from gpuq.samples import SampleLog, read_samples
-    from gpuq.spool import Record
-    from gpuq.states import State
+    from gpuq.model.gpu import GpuSnapshot
+    from gpuq.model.record import Record
+    from gpuq.model.states import State
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.samples import SampleLog, read_samples
 
     layout = Layout(tmp_path)
     log = SampleLog(layout, "h", every_s=6, idle_util_pct=5, max_gap_s=3)
@@ -139,11 +139,11 @@ def test_a_job_is_charged_from_its_claim_and_only_its_own_idle_time(tmp_path):
     """A job claimed just before a reading held its GPU for that moment, not for the whole
     gap since the reading before; jobs on a GPU at once split its idle time; a short job
     beside a long idle one is charged its own seconds, not half of the line's."""
-    from gpuq.layout import Layout
-    from gpuq.probe import GpuSnapshot
-    from gpuq.samples import SampleLog, read_samples
-    from gpuq.spool import Record
-    from gpuq.states import State
+    from gpuq.model.gpu import GpuSnapshot
+    from gpuq.model.record import Record
+    from gpuq.model.states import State
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.samples import SampleLog, read_samples
 
     layout = Layout(tmp_path)
     log = SampleLog(layout, "h", every_s=100, idle_util_pct=5, max_gap_s=10)

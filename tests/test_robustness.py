@@ -37,8 +37,8 @@ def test_a_full_disk_does_not_fence_healthy_jobs_nor_let_another_host_take_them(
 def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
     """H2: records were cached by (name, inode); ext4 reuses a freed inode at once, so a
     requeued job's next attempt kept attempt N's record, and its cancels were dropped."""
-    from gpuq.layout import Layout
-    from gpuq.worker import Worker
+    from gpuq.spool.layout import Layout
+    from gpuq.worker.loop import Worker
 
     layout = Layout(tmp_path)
     layout.ensure()
@@ -60,12 +60,13 @@ def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
 def test_a_recreated_claim_is_its_owners_spec(tmp_path):
     """M6: a requeue that found its claim gone recreated it as root, and intake then
     rejected the job ("owned by root") instead of running it again."""
-    from gpuq.config import Config
-    from gpuq.joblocal import Runtime
-    from gpuq.layout import Layout
-    from gpuq.recovery import Recovery
-    from gpuq.spool import Record, write_record
-    from gpuq.states import State
+    from gpuq.model.config import Config
+    from gpuq.model.record import Record
+    from gpuq.model.states import State
+    from gpuq.run.joblocal import Runtime
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.store import write_record
+    from gpuq.worker.recovery import Recovery
 
     layout = Layout(tmp_path)
     layout.ensure()
@@ -81,7 +82,7 @@ def test_a_recreated_claim_is_its_owners_spec(tmp_path):
     assert spec.read_text() == "command: echo hi\n"
     st = os.stat(spec)
     assert st.st_uid == (owner if os.geteuid() == 0 else os.geteuid()) and not st.st_mode & 0o022
-    from gpuq.spool import kept_place
+    from gpuq.spool.store import kept_place
 
     assert kept_place(layout, "j", st.st_uid) == 1000.0  # its old place in the queue
     assert not list(Path(layout.claims).iterdir())
@@ -90,10 +91,10 @@ def test_a_recreated_claim_is_its_owners_spec(tmp_path):
 def test_an_orphan_claim_of_an_earlier_boot_is_put_back_even_with_this_pid(tmp_path):
     """A claim left by a worker before a reboot was skipped when the new worker happened to
     get the same pid: the job stayed "being started" for good."""
-    from gpuq.config import Config
-    from gpuq.joblocal import Runtime
-    from gpuq.layout import Layout
-    from gpuq.recovery import Recovery
+    from gpuq.model.config import Config
+    from gpuq.run.joblocal import Runtime
+    from gpuq.spool.layout import Layout
+    from gpuq.worker.recovery import Recovery
 
     layout = Layout(tmp_path)
     layout.ensure()
@@ -107,13 +108,14 @@ def test_an_orphan_claim_of_an_earlier_boot_is_put_back_even_with_this_pid(tmp_p
 def test_a_dead_supervisors_private_mount_points_are_removed_when_its_attempt_is_settled(tmp_path):
     """What a container's supervisor killed by SIGKILL left in local_dir/mounts/<id>/ (its
     binds of the owner's paths) goes when the worker settles the attempt, not at its next start."""
-    from gpuq.config import Config
-    from gpuq.containers import MOUNTS_DIR
-    from gpuq.joblocal import Runtime
-    from gpuq.layout import Layout
-    from gpuq.recovery import Recovery
-    from gpuq.spool import Record, write_record
-    from gpuq.states import State
+    from gpuq.model.config import Config
+    from gpuq.model.record import Record
+    from gpuq.model.states import State
+    from gpuq.run.containers import MOUNTS_DIR
+    from gpuq.run.joblocal import Runtime
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.store import write_record
+    from gpuq.worker.recovery import Recovery
 
     layout = Layout(tmp_path / "root")
     layout.ensure()

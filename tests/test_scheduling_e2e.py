@@ -7,7 +7,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import PY, REPO, ends_during_stream, wait_until
 
 LOOP_IGNORING_TERM = ("echo attempt=$GPUQ_ATTEMPT preempted=$GPUQ_PREEMPTED; trap 'echo got TERM' TERM; "

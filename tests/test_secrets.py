@@ -7,11 +7,9 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 import yaml
-
 from conftest import wait_until
-from team import ALICE, BOB, needs_root, shared_code, team, users  # noqa: F401  (fixtures)
+from team import ALICE, BOB, needs_root
 
 # What alice has in her shell: none of these values may reach a file the team can read.
 SECRETS = {
@@ -39,7 +37,7 @@ def files_holding(root: Path, value: str) -> list[str]:
 
 
 def test_names_and_values_that_look_like_secrets():
-    from gpuq.submit import looks_secret
+    from gpuq.model.secrets import looks_secret
 
     for name in ("WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MYSQL_PWD", "GITHUB_PAT", "PGPASSWORD",
                  "DB_PASS", "SENTRY_DSN", "AWS_SESSION_TOKEN", "apiKey", "hfToken", "GOOGLE_APPLICATION_CREDENTIALS",
@@ -55,7 +53,7 @@ def test_names_and_values_that_look_like_secrets():
 
 
 def test_submit_leaves_secrets_out_unless_named(monkeypatch):
-    from gpuq.submit import exported_environment
+    from gpuq.spool.submit import exported_environment
 
     monkeypatch.setattr(os, "environ", {"PATH": "/usr/bin", "HF_HOME": "/scratch/hf", "PWD": "/x", **SECRETS})
     env, left_out = exported_environment(None)
@@ -67,7 +65,7 @@ def test_submit_leaves_secrets_out_unless_named(monkeypatch):
 
 
 def test_show_masks_whole_values_in_the_spec_and_its_text():
-    from gpuq.views import MASK, mask_secrets
+    from gpuq.model.secrets import MASK, mask_secrets
 
     env = {"DB_PASSWORD": "p,w0rd}x", **SECRETS, "NOTE": "a, b", "PATH": "/usr/bin"}
     block = yaml.safe_dump({"command": "python train.py", "env": env}, sort_keys=False)

@@ -12,9 +12,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import Queue, wait_until
-from team import ALICE, BOB, TEAM, shared_code, users  # noqa: F401 - fixtures
+from team import ALICE, BOB, TEAM
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
                                 reason="creating users needs root and useradd (CI runs as root)")

@@ -6,10 +6,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, REPO
-from gpuq.simreport import SIM_CONFIG, figures, run_policy
-from gpuq.trace import TraceError, is_marked_low, load_trace, mark_low, parse_cluster
+
+from gpuq.sim.simreport import SIM_CONFIG, figures, run_policy
+from gpuq.sim.trace import TraceError, is_marked_low, load_trace, mark_low, parse_cluster
 
 HEADER = "job_id,submit_s,duration_s,gpus,gpu_mem_gib,gpu_util,user,priority\n"
 

@@ -9,13 +9,13 @@ import sys
 from dataclasses import replace
 
 import pytest
-
 from conftest import PY, REPO, wait_until
-from gpuq.config import Config
-from gpuq.slurm_export import ExportError, sbatch_script, slurm_time
-from gpuq.spec import validate_spec
 from slurm_cluster import SlurmCluster, SlurmUnavailable
-from team import ALICE, needs_root, users  # noqa: F401 (a fixture)
+from team import ALICE, needs_root
+
+from gpuq.model.config import Config
+from gpuq.model.spec import validate_spec
+from gpuq.slurm.export import ExportError, sbatch_script, slurm_time
 
 
 def script(data: dict, config: Config = Config(), ids: dict | None = None, job_id: str = "j-1") -> str:
@@ -213,7 +213,7 @@ def test_a_bridge_killed_after_sbatch_finds_its_job_in_slurm_and_runs_it_once(sl
 
 
 def test_an_unreachable_controller_concludes_nothing(monkeypatch):
-    import gpuq.bridge as bridge
+    import gpuq.slurm.bridge as bridge
 
     def answer(stderr: str):
         return lambda *cmd: subprocess.CompletedProcess(cmd, 1, "", stderr)
@@ -317,7 +317,7 @@ def test_the_sacct_stand_in_answers_only_the_fields_asked(tmp_path):
 def test_an_array_jobs_accounting_is_its_worst_task_over_its_whole_span(tmp_path, monkeypatch):
     import os
 
-    from gpuq.bridge import sacct_job
+    from gpuq.slurm.bridge import sacct_job
 
     (tmp_path / "sacct").write_text(SACCT_STAND_IN.format(python=sys.executable))
     (tmp_path / "sacct").chmod(0o755)

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gpuq.spec import FIELDS, JobSpec, SpecError, parse_spec_text, validate_spec
-from gpuq.units import format_mib, parse_size_mib
+from gpuq.model.errors import SpecError
+from gpuq.model.spec import FIELDS, JobSpec, parse_spec_text, validate_spec
+from gpuq.model.units import format_mib, parse_size_mib
 
 
 def parse(text: str | bytes) -> JobSpec:
@@ -148,7 +150,7 @@ def test_a_key_that_is_a_mapping_or_a_list_is_a_spec_error():
 
 
 def test_the_shared_cache_form_gives_back_the_same_spec():
-    from gpuq.spec import JobSpec, parse_spec_text
+    from gpuq.model.spec import JobSpec, parse_spec_text
 
     for text in (b"command: python train.py\ngpus: 1\ngpu_mem: 70GiB\n",
                  b"command: [a, '{lr}']\ngpus: 2\nenv: {A: b}\nhosts: [x]\nafter: [q]\nsweep: {lr: [1, 2]}\n",

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.layout import Layout, job_id_for_spec_name
-from gpuq.spool import (Record, atomic_write, claim, claim_name, parse_claim_name, read_record,
-                        transition, write_record)
-from gpuq.states import ALLOWED, State, TransitionError, check_transition
+from gpuq.host.files import atomic_write
+from gpuq.model.record import Record, claim_name, parse_claim_name
+from gpuq.model.states import ALLOWED, State, TransitionError, check_transition
+from gpuq.spool.layout import Layout, job_id_for_spec_name
+from gpuq.spool.store import claim, read_record, transition, write_record
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from conftest import PY, REPO, wait_until
-from team import ALICE, BOB, EVE, needs_root, shared_code, team, team_gid, users  # noqa: F401 - fixtures
+from team import ALICE, BOB, EVE, needs_root, team_gid
 
 pytestmark = needs_root
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
 from conftest import wait_until
-from team import ALICE, BOB, needs_root, team, users, shared_code  # noqa: F401 (fixtures)
+from team import ALICE, BOB, needs_root
 
 # What a terminal acts on: C0 but the newline that ends each line of output, DEL, C1, bidi
 # controls, line and paragraph separators.
@@ -25,7 +23,7 @@ env: {LOOK: "v\e]0;TITLE\a\u202Efdp.exe\nFAKE=1"}
 
 
 def test_safe_text_escapes_what_a_terminal_acts_on_and_keeps_printable_text():
-    from gpuq.render import safe_text
+    from gpuq.model.text import safe_text
 
     assert safe_text("a\x1b[2J\x1b]0;T\x07b") == "a\\x1b[2J\\x1b]0;T\\x07b"
     assert safe_text("one\ntwo\rthree\tfour") == "one\\ntwo\\rthree\\tfour"

@@ -6,7 +6,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import PY, REPO, wait_until
 
 LONG = "python train.py " + " ".join(f"--option-{i}=value-{i}" for i in range(20))

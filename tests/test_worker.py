@@ -253,7 +253,7 @@ def test_a_reused_id_is_refused_not_overwritten(queue):
 
 
 def _boot_id() -> str:
-    from gpuq.hostinfo import boot_id
+    from gpuq.host.hostinfo import boot_id
 
     return boot_id()
 
@@ -352,7 +352,7 @@ def test_a_watched_change_ends_the_sleep_no_sooner_than_its_path_allows(tmp_path
     """Other boxes' claims change jobs/ as a dropped spec does: such a change ends a worker's
     sleep only once `not_before` has come (the worker passes its last pass + JOBS_WATCH_GAP_S),
     and a change of another watched path at once."""
-    from gpuq.wake import WAKE_QUEUE_CHANGED, WakeFifo, mtime_ns
+    from gpuq.host.wake import WAKE_QUEUE_CHANGED, WakeFifo, mtime_ns
 
     jobs, inbox = tmp_path / "jobs", tmp_path / "requests"
     jobs.mkdir(), inbox.mkdir()

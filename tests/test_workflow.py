@@ -7,8 +7,9 @@ import getpass
 import json
 
 from conftest import wait_until
-from gpuq.deps import gate
-from gpuq.spec import validate_spec
+
+from gpuq.model.spec import validate_spec
+from gpuq.spool.deps import gate
 
 
 def spec(**kw):
@@ -173,7 +174,8 @@ def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(queue, tmp_path)
 # --- sweeps and arrays ------------------------------------------------------------------------
 
 def test_sweep_members_have_readable_ids_and_their_values():
-    from gpuq.sweeps import parse_array, sweep_members
+    from gpuq.model.groups import parse_array
+    from gpuq.spool.sweeps import sweep_members
 
     data = {"command": "python train.py --lr {lr} --seed {seed}", "gpus": 0,
             "sweep": {"lr": ["1e-3", 0.0003], "seed": [1, 2]}}
@@ -233,7 +235,7 @@ def test_an_array_sets_its_index_and_cancels_as_one(queue):
 # --- services -----------------------------------------------------------------------------------
 
 def test_restart_policy_and_backoff():
-    from gpuq.restarts import restart_delay
+    from gpuq.sched.restarts import restart_delay
 
     assert restart_delay("never", 1, None, False, 0) is None
     assert restart_delay("on-failure", 0, None, False, 0) is None

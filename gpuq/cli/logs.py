@@ -1,0 +1,147 @@
+"""`gpuq logs ID [-f]`: a job's log (or a group's members' logs), as it is for its owner and
+escaped for everyone else, followed until the job ends."""
+from __future__ import annotations
+
+import argparse
+import codecs
+import errno
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+from gpuq.cli.common import open_layout, read_config, refuse_bad_id
+from gpuq.cli.workflow import with_group_members
+from gpuq.model.text import safe_text
+from gpuq.spool.intake import user_name
+from gpuq.views.show import find_job
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """`gpuq logs ID [-f]`. The log is the job's own output: its owner gets it as it is, like
+    `cat` or `tail -f` (colours and progress bars work). Anyone else (a teammate, an admin,
+    root) gets another user's bytes, so those are printed with terminal controls escaped
+    (render.safe_text): a job cannot clear the screen or retitle the window of who reads its
+    log, nor can a log file planted under someone's job id. A sweep's or array's id shows
+    its members' logs, each under a `==> ID <==` line as `tail` heads several files."""
+    if refuse_bad_id("logs", args.id):
+        return 1
+    layout = open_layout(args)
+    ids = with_group_members(layout, [args.id])
+    group = ids != [args.id]
+    if not group and not os.path.lexists(layout.job_log(args.id)):  # no output yet, or no such job
+        job = find_job(layout, read_config(layout), args.id)
+        if job is None:
+            print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
+            return 1
+    if args.follow:
+        _say_what_waits(layout, ids)
+    readers = {job_id: LogReader(layout.job_log(job_id)) for job_id in ids}
+    ended: set[str] = set()
+    shown = None  # whose output was printed last (a group's heads each change of job)
+    while True:
+        if args.follow and not group and not os.path.lexists(layout.job_log(args.id)):
+            members = with_group_members(layout, [args.id])  # a sweep or array a worker expanded meanwhile
+            if members != [args.id]:
+                ids, group = members, True
+                readers = {job_id: LogReader(layout.job_log(job_id)) for job_id in ids}
+                _say_what_waits(layout, ids)
+        for job_id, reader in readers.items():
+            if job_id in ended:
+                continue
+            try:
+                chunk = reader.read()
+            except OSError as e:
+                print(f"gpuq logs: {_unreadable(job_id, layout.job_log(job_id), e)}", file=sys.stderr)
+                return 1
+            if not args.follow or (not chunk and layout.record(layout.finished, job_id).exists()):
+                chunk += reader.rest()
+                ended.add(job_id)
+            if chunk:
+                if group and shown != job_id:
+                    sys.stdout.write(f"{chr(10) if shown else ''}==> {job_id} <==\n")
+                    shown = job_id
+                sys.stdout.flush()
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+        if len(ended) == len(readers):
+            silent = [i for i, r in readers.items() if r.offset == 0]
+            if silent and not group:
+                print(f"gpuq logs: {args.id} has no output yet ({layout.job_log(args.id)})", file=sys.stderr)
+            elif silent:
+                print(f"gpuq logs: {len(silent)} of {args.id}'s {len(ids)} members have no output yet: "
+                      f"{_first(silent)}", file=sys.stderr)
+            return 0
+        time.sleep(0.2)
+
+
+SHOWN_WAITING = 5  # a group's waiting members named before "and N more"
+
+
+def _first(ids: list[str]) -> str:
+    return ", ".join(ids[:SHOWN_WAITING]) + (f" and {len(ids) - SHOWN_WAITING} more" if len(ids) > SHOWN_WAITING else "")
+
+
+def _say_what_waits(layout, ids: list[str]) -> None:
+    """Before following: which of the jobs have not started, and what each waits for (a
+    pending job's log does not exist yet; silence would look like a hang)."""
+    if all(os.path.lexists(layout.job_log(job_id)) for job_id in ids):
+        return
+    config = read_config(layout)
+    waiting = [(job_id, job) for job_id in ids if not os.path.lexists(layout.job_log(job_id))
+               and (job := find_job(layout, config, job_id)) is not None and job.get("state") in ("pending", "held")]
+    for job_id, job in waiting[:SHOWN_WAITING]:
+        print(f"gpuq logs: {job_id} is {job['state']}: {safe_text(job.get('reason') or 'waiting')}; "
+              "following its log from when it starts (Ctrl-C stops)", file=sys.stderr)
+    if len(waiting) > SHOWN_WAITING:
+        print(f"gpuq logs: and {len(waiting) - SHOWN_WAITING} more members waiting", file=sys.stderr)
+
+
+class LogReader:
+    """A log read from where the last read stopped: opened anew each time (it may not exist
+    yet), without following a link or blocking on a FIFO; another user's bytes escaped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+        self.decoder: codecs.IncrementalDecoder | None = None  # set once the log is another user's
+
+    def read(self) -> bytes:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return b""
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
+            f.seek(self.offset)
+            raw = f.read()
+        self.offset += len(raw)
+        if st.st_uid == os.geteuid():
+            return raw
+
+        if self.decoder is None:  # a character cut by a read's end waits here for the next
+            self.decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+        return safe_text(self.decoder.decode(raw), keep="\n\t").encode()
+
+    def rest(self) -> bytes:
+        """What the escaping decoder still holds at the end (a cut character), escaped."""
+        if self.decoder is None:
+            return b""
+
+        return safe_text(self.decoder.decode(b"", final=True)).encode()
+
+
+def _unreadable(job_id: str, path: Path, e: OSError) -> str:
+    """One line for a log that cannot be read: whose it is when it is someone else's."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return f"cannot read {path} ({e.strerror})"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return (f"{job_id}'s log is {user_name(st.st_uid)}'s (mode {stat.S_IMODE(st.st_mode):04o}); "
+                "ask them or an admin")
+    if e.errno == errno.ELOOP or stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link, not a log gpuq wrote; ask an admin"
+    return f"cannot read {path} ({e.strerror}); ask an admin"

@@ -1,0 +1,82 @@
+"""The verbs that look back and ahead: `gpuq report` (what happened) and `gpuq simulate`
+(what a trace would do under gpuq's planner)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from gpuq.cli.common import open_layout
+from gpuq.model.config import ConfigError, validate
+from gpuq.sim.simreport import POLICIES, SIM_CONFIG, figures, run_policy, table
+from gpuq.sim.trace import TraceError, load_trace, mark_low, parse_cluster
+from gpuq.views.reporthtml import ReportHtmlError, write_html
+from gpuq.views.reportview import DEFAULT_SINCE, gather, parse_since, report_text
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    layout = open_layout(args)
+    now = time.time()
+    try:
+        since = parse_since(args.since or DEFAULT_SINCE, now)
+    except ValueError as e:
+        print(f"gpuq report: {e}", file=sys.stderr)
+        return 2
+    # Asked for nothing, a young queue's report covers its life, not a week of empty slices.
+    report = gather(layout, since, now, args.by, from_history_start=args.since is None)
+    if args.html:
+        try:
+            write_html(report, Path(args.html))
+        except (ReportHtmlError, OSError) as e:
+            print(f"gpuq report: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.html}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    elif not args.html:
+        print(report_text(report))
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+
+    try:
+        cluster = parse_cluster(args.cluster)
+        jobs = load_trace(Path(args.trace), cluster, args.since, args.stretch)
+    except TraceError as e:
+        print(f"gpuq simulate: {e}", file=sys.stderr)
+        return 2
+    if args.mark_low:
+        jobs = mark_low(jobs, args.mark_low, drop=args.without_low, rule=args.mark_rule)
+    settings: dict = {}
+    for item in args.set or []:
+        key, _, value = item.partition("=")
+
+        settings[key] = yaml.safe_load(value)
+    try:
+        overrides = validate(settings, "--set") if settings else None
+    except ConfigError as e:
+        print(f"gpuq simulate: {e}", file=sys.stderr)
+        return 2
+    config = SIM_CONFIG if overrides is None else replace(
+        overrides, gpu_mem_reserve_mib=SIM_CONFIG.gpu_mem_reserve_mib,
+        max_jobs_per_gpu=overrides.max_jobs_per_gpu if "max_jobs_per_gpu" in settings else SIM_CONFIG.max_jobs_per_gpu)
+    results = {}
+    for name in args.policy or POLICIES:
+        started = time.perf_counter()
+        results[name] = figures(run_policy(name, jobs, cluster, config), jobs)
+        results[name]["replay_s"] = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({"trace": args.trace, "cluster": str(cluster), "jobs": len(jobs),
+                          "policies": results}, indent=1))
+    else:
+        print(f"{args.trace}: {len(jobs):,} jobs on {cluster} ({cluster.hosts * cluster.gpus_per_host} GPUs); "
+              f"times in seconds")
+        print(table(results))
+        print("replayed in " + ", ".join(f"{n} {r['replay_s']:.1f}s" for n, r in results.items()))
+    return 0

@@ -1,0 +1,54 @@
+"""`gpuq status` and `gpuq top`: where the team stands, from the spool as it is."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import sys
+import time
+
+from gpuq.cli.common import open_layout, read_config
+from gpuq.views.render import PENDING_SHOWN, status_text, top_screen
+from gpuq.views.status import SECTIONS, narrowed, status
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    layout = open_layout(args)
+    user = pwd.getpwuid(os.getuid()).pw_name if args.me else args.user
+    narrow = user is not None or args.state is not None
+    rows = None if args.json or args.all or narrow else PENDING_SHOWN
+    final = args.state is not None and args.state not in SECTIONS  # a final state: failed, done, ...
+    view = status(layout, read_config(layout), pending_rows=rows,
+                  ended=frozenset({args.state}) if final else None, ended_user=user)
+    if narrow:
+        view = narrowed(view, user, args.state)
+    if args.json:
+        print(json.dumps(view, separators=(",", ":")))  # 10,000 pending jobs: compact is twice as fast
+    else:
+        print(status_text(view, show_all=args.all))
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """`gpuq top`: the status screen, redrawn every --interval seconds until Ctrl-C."""
+
+    layout = open_layout(args)
+    config = read_config(layout)
+    shown = 0
+    try:
+        while args.iterations is None or shown < args.iterations:
+            text = status_text(status(layout, config), show_all=False)
+            title = f"gpuq top · {time.strftime('%H:%M:%S')} · every {args.interval:g}s · Ctrl-C quits"
+            if sys.stdout.isatty():  # fitted to the terminal, as it is now (it may have been resized;
+                size = os.get_terminal_size(sys.stdout.fileno())  # an exported COLUMNS would not say)
+                sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(top_screen(title, text, size.columns, size.lines)))
+                sys.stdout.flush()
+            else:  # into a pipe or a file: all of it
+                print(f"{title}\n{text}", flush=True)
+            shown += 1
+            if args.iterations is None or shown < args.iterations:
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,235 @@
+"""`gpuq submit`: options -> a spec in jobs/, checked exactly as a worker would check it."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from gpuq.cli.common import open_layout, read_config
+from gpuq.cli.requests import run_request
+from gpuq.host.faults import wall_time
+from gpuq.host.wake import poke
+from gpuq.model.config import Config
+from gpuq.model.errors import SpecError
+from gpuq.model.gpu import GpuSnapshot
+from gpuq.model.groups import GroupError, parse_array
+from gpuq.model.jobs import HostView, PendingJob
+from gpuq.model.spec import parse_spec_text, validate_spec
+from gpuq.sched.plan import plan
+from gpuq.single_instance import this_host
+from gpuq.spool.intake import read_spec_file
+from gpuq.spool.layout import Layout
+from gpuq.spool.submit import (
+    SubmitError,
+    build_spec,
+    check_dependencies,
+    check_runnable_by_workers,
+    check_size,
+    checked_spec_text,
+    exported_environment,
+    free_id,
+    place_spec,
+    readable_base,
+    spec_bytes,
+    withheld_note,
+    write_spec,
+)
+from gpuq.spool.sweeps import array_members
+from gpuq.spool.teamstate import load_heartbeats
+
+
+def _never_fits(layout, spec) -> str | None:
+    """Why no GPU of the team can ever hold `spec`, and the fix: another host list where it
+    names no known box, else a smaller ask; None when it fits somewhere."""
+    known = sorted(str(hb.get("host")) for hb in load_heartbeats(layout))
+    names_no_box = bool(spec.hosts and not set(spec.hosts) & set(known))
+    hosts_fix = f"--hosts names boxes gpuq knows: {', '.join(known) or 'none has run a worker yet'}"
+    refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
+    if refused is None:
+        if names_no_box and known:  # a CPU-only job fits any box, but only among those named
+            return (f"no box gpuq knows is named by hosts: {', '.join(spec.hosts)}. Fix: {hosts_fix}. "
+                    "Nothing was written.")
+        return None
+    fix = hosts_fix if names_no_box else "ask for less memory or fewer GPUs"
+    return f"no GPU in the team can ever hold this job: {refused}. Fix: {fix}. Nothing was written."
+
+
+def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
+    """`gpuq submit --spec FILE`: the file as is, refused exactly as a worker would refuse it."""
+    if command:
+        print("gpuq submit: give either --spec FILE or a command, not both", file=sys.stderr)
+        return 2
+    try:
+        raw, _ = read_spec_file(Path(args.spec), args.spec)
+        spec = parse_spec_text(raw, args.spec)
+        layout = open_layout(args)
+        if refused := _never_fits(layout, spec):
+            print(f"gpuq submit: {args.spec}: {refused}", file=sys.stderr)
+            return 2
+        config = read_config(layout)
+        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
+        check_dependencies(layout, spec)
+        base = readable_base([], Path(args.spec).stem)
+        job_id = free_id(layout, args.id, base) if args.hold else place_spec(layout, raw, args.id, base)
+    except SpecError as e:
+        print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
+        return 2
+    except (SubmitError, OSError) as e:
+        print(f"gpuq submit: {args.spec}: {e}", file=sys.stderr)
+        return 2
+    return _submitted(args, job_id, raw if args.hold else None)
+
+
+def _submitted(args: argparse.Namespace, job_id: str, held_text: bytes | None = None) -> int:
+    """The id, last. With --hold, the spec goes in a request that a worker applies by creating
+    it held (never through jobs/, where another member could take its id before the hold);
+    with no live worker the request waits (exit 3), and when it is refused nothing was
+    submitted: no id is printed."""
+    rc = 0
+    if held_text is not None:
+        rc = run_request(args, "submit-held", (job_id,), shown_as="submit", text=held_text.decode("utf-8"))
+        if rc == 1:
+            return rc
+    print(job_id)
+    return rc
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.spec:
+        return _submit_file(args, command)
+    if not command:
+        print("gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- "
+              "python train.py", file=sys.stderr)
+        return 2
+    layout = open_layout(args)
+    try:
+        env, withheld = exported_environment(args.export, container=bool(args.container))
+    except SubmitError as e:
+        print(f"gpuq submit: {e}. Nothing was written.", file=sys.stderr)
+        return 2
+    for pair in args.env or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            print(f"gpuq submit: --env {pair!r}: write NAME=VALUE", file=sys.stderr)
+            return 2
+        env[key] = value
+    data = build_spec(command, args.gpus, args.gpu_mem, args.name, args.priority,
+                      args.hosts.split(",") if args.hosts else None, env,
+                      os.path.abspath(args.workdir or os.getcwd()),
+                      _ids(args.after), _ids(args.after_any))
+    try:
+        config = read_config(layout)
+        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
+        data.update(environment_fields(args))
+        data.update(limit_fields(args))
+        if refused := _never_fits(layout, validate_spec(data, "gpuq submit")):
+            print(f"gpuq submit: {refused}", file=sys.stderr)
+            return 2
+        if args.array and args.hold:
+            raise SubmitError("--hold does not take --array yet: submit the array, then `gpuq hold ID` "
+                              "its members. Nothing was written.")
+        if args.array:
+            check_size(spec_bytes(data), env)  # each member is this spec and two variables
+            job_id = submit_array(layout, data, args)
+            if job_id is None:
+                return 2
+        else:
+            base = readable_base(command, args.name)
+            if args.hold:
+                held_text = checked_spec_text(layout, data)
+                job_id = free_id(layout, args.id, base)
+            else:
+                job_id = write_spec(layout, data, args.id, base)
+    except SpecError as e:
+        where = f"--{e.field.replace('_', '-')}" if e.field in SUBMIT_OPTIONS else (e.field or "spec")
+        print(f"gpuq submit: {where}: {e.problem}. Fix: {e.fix}. Nothing was written.", file=sys.stderr)
+        return 2
+    except SubmitError as e:
+        print(f"gpuq submit: {e}", file=sys.stderr)
+        return 2
+    if withheld := [name for name in withheld if name not in env]:  # (--env may set one)
+        print(withheld_note(withheld), file=sys.stderr)
+    if args.workdir and not os.path.isdir(data["workdir"]):  # a box's local disk may have it: a warning
+        print(f"gpuq submit: warning: --workdir {data['workdir']} is not a directory here; the job fails to "
+              "start unless it is one on the box that runs it", file=sys.stderr)
+    poke(layout.local_dir(this_host(), config.local_dir))
+    return _submitted(args, job_id, held_text if args.hold else None)
+
+
+LIMIT_OPTIONS = ("time_limit", "cpus", "mem", "grace", "retries", "restart")
+SUBMIT_OPTIONS = ("gpus", "gpu_mem", "name", "priority", "hosts", "workdir", "env", "after", "after_any",
+                  "container", "venv", "conda", "setup", "preemptible", *LIMIT_OPTIONS)
+
+
+def limit_fields(args: argparse.Namespace) -> dict:
+    """--time-limit, --cpus, --mem, --grace, --retries, --restart and --preemptible -> the
+    spec's fields. Each value is read as the same field in a spec file is (a YAML scalar: `4`
+    a number, `2h` a duration, `8GiB` a size), so that one check judges both."""
+    data: dict = {}
+    for field in LIMIT_OPTIONS:
+        value = getattr(args, field)
+        if value is not None:
+            try:
+                data[field] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                data[field] = value  # the spec's check names the option and the fix
+    if args.preemptible:
+        data["preemptible"] = True
+    return data
+
+
+def environment_fields(args: argparse.Namespace) -> dict:
+    """--container/--runtime/--mount, --venv, --conda, --setup -> the spec's fields."""
+    if (args.runtime or args.mount) and not args.container:
+        raise SubmitError("--runtime and --mount are for a container: add --container IMAGE")
+    data: dict = {}
+    if args.container:
+        container: dict = {"image": args.container}
+        if args.runtime:
+            container["runtime"] = args.runtime
+        if args.mount:
+            container["mounts"] = args.mount
+        data["container"] = container
+    for key in ("venv", "conda", "setup"):
+        if getattr(args, key):
+            data[key] = getattr(args, key)
+    return data
+
+
+def _ids(values: list[str] | None) -> list[str]:
+    """Repeated or comma-separated ids: --after a --after b,c -> [a, b, c]."""
+    return [i for v in values or [] for i in v.split(",") if i]
+
+
+def never_fits(layout: Layout, config: Config, job: PendingJob) -> str | None:
+    """Why no host of the team could ever run `job`, even with every GPU empty (None when
+    one could, or when no worker has ever reported its GPUs: nothing to judge by)."""
+    beats = [hb for hb in load_heartbeats(layout) if hb.get("gpus") is not None]
+    if not beats or job.spec.gpus == 0:
+        return None
+    empty = [HostView(hb["host"], tuple(replace(GpuSnapshot.from_json(g), mem_used_mib=0, processes=())
+                                        for g in hb["gpus"]), hb.get("cpu_slots", config.cpu_slots))
+             for hb in beats]
+    decided = plan([job], empty, [], config, wall_time(), explain=True)
+    return None if decided.starts else decided.reasons.get(job.id)
+
+
+def submit_array(layout, data: dict, args: argparse.Namespace) -> str | None:
+    """`gpuq submit --array 0-9`: one spec with `array: 0-9` in jobs/; the worker that reads
+    it writes one job per index, <id>_<index>, each with GPUQ_ARRAY_INDEX (sweeps.py)."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        indices = parse_array(args.array)
+    except GroupError as e:
+        print(f"gpuq submit: {e}", file=sys.stderr)
+        return None
+    group = write_spec(layout, {**data, "array": args.array}, args.id, readable_base(command, args.name))
+    members = [member for member, _ in array_members(data, group, indices)]
+    print(f"{group}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {group}; gpuq cancel {group})")
+    return group

@@ -1,0 +1,206 @@
+"""The workflow verbs: hold / release / retry / edit, drain / resume, and sweeps and arrays
+handled as one group (submit --array, show GROUP, cancel GROUP)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gpuq.cli.common import open_layout, read_config, refuse_bad_id
+from gpuq.cli.doctor import as_json, check_reachable, diagnose
+from gpuq.cli.initroot import InitError, cron_line, init_root
+from gpuq.cli.requests import run_request
+from gpuq.model.errors import SpecError
+from gpuq.model.spec import parse_spec_text
+from gpuq.model.text import safe_text
+from gpuq.spool import bookings
+from gpuq.spool.deps import DependencyStates
+from gpuq.spool.holds import held_spec
+from gpuq.spool.intake import read_spec_file
+from gpuq.spool.layout import Layout
+from gpuq.spool.sweeps import read_group
+from gpuq.spool.teamstate import load_heartbeats
+
+
+def show_group(layout, args: argparse.Namespace) -> int:
+    """`gpuq show GROUP`: a sweep's or array's members and where each stands."""
+    group = read_group(layout, args.id)
+    if group is None:
+        print(f"gpuq show: no job or group {args.id!r}", file=sys.stderr)
+        return 1
+    states = DependencyStates(layout).lookup(group["members"])
+    if args.json:
+        print(json.dumps({"group": group["id"], "kind": group["kind"],
+                          "members": [{"id": m, "state": states[m]} for m in group["members"]]}, indent=1))
+        return 0
+    counts: dict[str, int] = {}
+    for state in states.values():
+        counts[state] = counts.get(state, 0) + 1
+    print(f"{safe_text(group['kind'])} {safe_text(group['id'])}: {len(states)} jobs ("
+          + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")")
+    for member in group["members"]:
+        print(f"  {safe_text(member):<40} {states[member]}")
+    return 0
+
+
+def with_group_members(layout, ids: list[str]) -> list[str]:
+    """A sweep's or array's id stands for its members (a group's id is never a job's: a spec
+    dropped under it is rejected)."""
+    out = []
+    for job_id in ids:
+        group = read_group(layout, job_id)
+        out += group["members"] if group else [job_id]
+    return out
+
+
+def checked_ids(verb: str, ids: list[str]) -> list[str] | None:
+    """The ids as given, or None after saying which one is not a job id."""
+    return None if any(refuse_bad_id(verb, i) for i in ids) else ids
+
+
+def cmd_move(args: argparse.Namespace) -> int:
+    """hold / release / retry / edit: one request; one message per id; exit 1 if any was refused."""
+    ids = checked_ids(args.verb, args.ids)
+    if ids is None:
+        return 1
+    if args.verb == "edit":
+        return edit(args, ids[0])
+    layout = open_layout(args)
+    return run_request(args, args.verb, tuple(with_group_members(layout, ids)))
+
+
+def edit(args: argparse.Namespace, job_id: str) -> int:
+    """$EDITOR (else $VISUAL, else vi) on a pending job's spec, held meanwhile; the worker
+    then puts the new text in place (checked again) and releases the job at its old place."""
+
+    layout = open_layout(args)
+    was_held = held_spec(layout, job_id).exists()
+    if not was_held and (rc := run_request(args, "hold", (job_id,), shown_as="edit", why="being edited")) != 0:
+        return rc
+    try:
+        original, _ = read_spec_file(held_spec(layout, job_id), f"jobs/{job_id}.yaml")
+    except (OSError, SpecError) as e:
+        print(f"gpuq edit: cannot read {job_id}'s spec: {e}", file=sys.stderr)
+        if not was_held:
+            run_request(args, "release", (job_id,))
+        return 1
+    editor = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
+    with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
+        copy = Path(tmp) / f"{job_id}.yaml"
+        copy.write_bytes(original)
+        while True:
+            subprocess.run([*shlex.split(editor), str(copy)], check=False)
+            text = copy.read_bytes()
+            try:
+                parse_spec_text(text, f"jobs/{job_id}.yaml")
+                break
+            except SpecError as e:
+                print(f"gpuq edit: {e}", file=sys.stderr)
+                if not (sys.stdin.isatty() and input("edit again? [Y/n] ").strip().lower() in ("", "y", "yes")):
+                    if not was_held:
+                        run_request(args, "release", (job_id,))
+                    print(f"gpuq edit: {job_id}: the edit was not valid; the spec is unchanged", file=sys.stderr)
+                    return 1
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError:
+        decoded = None
+    if decoded is None:
+        if not was_held:
+            run_request(args, "release", (job_id,))
+        print(f"gpuq edit: {job_id}: the spec must be UTF-8 text; it is unchanged", file=sys.stderr)
+        return 1
+    return run_request(args, "edit", (job_id,), text=decoded, release=not was_held)
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    if args.verb in ("resume", "forget"):
+        return run_request(args, args.verb, host=args.host)
+    hosts = sorted(str(hb.get("host")) for hb in load_heartbeats(open_layout(args)))
+    if args.host not in hosts:
+        print(f"gpuq drain: no host named {args.host!r} has run a worker here (hosts: {', '.join(hosts) or 'none'})",
+              file=sys.stderr)
+        return 1  # not found (README: exit codes)
+    return run_request(args, "drain", host=args.host, reason=args.reason)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+
+    try:
+        done = init_root(Path(args.dir), args.group)
+    except (InitError, OSError) as e:
+        print(f"gpuq init: {e}", file=sys.stderr)
+        return 2
+    root = Path(args.dir).resolve()
+    print("\n".join(done))
+    print(f"\nOn each box, `crontab -e` and add:\n  {cron_line(root)}\n"
+          f"Then every member: export GPUQ_ROOT={root} (in ~/.profile, so that every gpuq command finds it),\n"
+          f"and run gpuq as {member_command(args.launcher_dir)} (or put it on PATH):\n"
+          "  gpuq submit --gpus 1 --gpu-mem 8GiB -- python train.py; gpuq status; gpuq doctor")
+
+    for finding in check_reachable(Layout(root)):  # members run this very interpreter and code
+        if finding.level != "ok":
+            print(f"\nWARNING: {finding.message}.\n  Fix: {finding.fix}")
+    return 0
+
+
+def member_command(launcher_dir: str | None) -> str:
+    """The gpuq command members run, by its full path: this checkout's gpuq.py with this
+    interpreter, else the gpuq installed beside this interpreter."""
+    if launcher_dir:
+        return f"{sys.executable} {Path(launcher_dir) / 'gpuq.py'}"
+    beside = Path(sys.executable).parent / "gpuq"
+    return str(beside) if beside.exists() else "gpuq"
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    layout = open_layout(args)
+    findings = diagnose(layout, read_config(layout), time.time())
+    if args.json:
+        print(json.dumps({"findings": as_json(findings)}, indent=1))
+    else:
+        marks = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+        for f in findings:
+            print(f"{marks[f.level]} {f.check:<12} {f.message}")
+            if f.fix and f.level != "ok":
+                print(f"     {'':<12} fix: {f.fix}")
+    return 1 if any(f.level == "fail" for f in findings) else 0
+
+
+def cmd_book(args: argparse.Namespace) -> int:
+    """`gpuq book HOST:GPUS --from --to [--for] [--note]` and `gpuq unbook ID`: checked here
+    for a quick answer, then sent as a request (the worker checks again and decides)."""
+    if args.verb == "unbook":
+        return run_request(args, "unbook", id=args.id)
+    layout = open_layout(args)
+    now = time.time()
+    try:
+        host, gpus = bookings.parse_target(args.target)
+        offered = {hb["host"]: sorted(g["index"] for g in hb.get("gpus", [])) for hb in load_heartbeats(layout)}
+        if host not in offered:
+            raise bookings.BookingError(f"no host named {host!r} has run a worker here "
+                                        f"(hosts: {', '.join(sorted(offered)) or 'none'})")
+        missing = sorted(set(gpus or ()) - set(offered[host]))
+        if missing:
+            raise bookings.BookingError(f"{host} has no GPU {missing[0]} (it offers {offered[host]})")
+        start = bookings.parse_when(args.start, now)
+        end = bookings.parse_when(args.end, now, after=start)
+    except bookings.BookingError as e:
+        print(f"gpuq {args.verb}: {e}", file=sys.stderr)
+        return 2
+    return run_request(args, "book", host=host, gpus=list(gpus or offered[host]), start=start, end=end,
+                       owner=args.owner, note=args.note or "")
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    layout = open_layout(args)
+    ids = checked_ids("cancel", args.ids)
+    if ids is None:
+        return 1
+    return run_request(args, "cancel", tuple(with_group_members(layout, ids)))

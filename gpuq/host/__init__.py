@@ -1,0 +1,1 @@
+"""This machine: NVML, /proc, process trees, users and groups, file writes, fault hooks."""

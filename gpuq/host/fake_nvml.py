@@ -1,0 +1,178 @@
+"""A fake NVML backed by a JSON file that is re-read on every call, so tests, demos and
+benchmarks run the real probe code with no GPU. Selected by `--fake-gpus SPEC` or
+GPUQ_FAKE_GPUS=SPEC, where SPEC is `4x80GiB` or a path to such a JSON file:
+
+    {"gpus": [{"name": "...", "uuid": "...", "memory_total_mib": 81920,
+               "memory_used_mib": 0, "utilization": 0, "temperature": 35}],
+     "processes": [{"pid": 123, "gpu": 0, "used_mib": 20480, "util": 60}]}
+
+Processes count as memory users while their pid is alive. `gpuq fake-use` registers the
+calling job for its lifetime (see `use`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from gpuq.host.files import atomic_write
+from gpuq.model.units import parse_size_mib
+
+_SHAPE_RE = re.compile(r"^(\d+)x(\S+)$")
+
+
+class NVMLError(Exception):
+    pass
+
+
+def materialize(spec: str, local_dir: Path) -> Path:
+    """`4x80GiB` -> a JSON file in the host's local dir (kept if it has that shape);
+    a path -> that path."""
+    match = _SHAPE_RE.match(spec)
+    if not match:
+        path = Path(spec)
+        if not path.is_file():
+            raise NVMLError(f"--fake-gpus {spec!r}: neither COUNTxSIZE (like 4x80GiB) nor a JSON file")
+        return path.resolve()
+    count, total = int(match.group(1)), parse_size_mib(match.group(2))
+    path = local_dir / f"fake-gpus-{count}x{total}MiB.json"
+    if not path.exists():
+        local_dir.mkdir(parents=True, exist_ok=True)
+        tag = hashlib.sha1(str(local_dir).encode()).hexdigest()[:8]  # distinct per stand-in host
+        gpus = [{"name": f"Fake GPU {match.group(2)}", "uuid": f"GPU-fake-{tag}-{i}",
+                 "memory_total_mib": total, "memory_used_mib": 0, "utilization": 0,
+                 "temperature": 35} for i in range(count)]
+        _write(path, {"gpus": gpus, "processes": []})
+    return path
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    atomic_write(path, json.dumps(data, indent=1).encode())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited; it holds no GPU memory.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+class FakeNvml:
+    """The pynvml functions gpuq calls, answering from the JSON file."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._cache: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+
+    def _load(self) -> dict[str, Any]:
+        """The file as it is now: re-checked on every call, re-parsed when it changed."""
+        try:
+            st = os.stat(self.path)
+            key = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if self._cache is None or self._cache[0] != key:
+                self._cache = (key, json.loads(self.path.read_bytes()))
+            return self._cache[1]
+        except (OSError, ValueError) as e:
+            raise NVMLError(f"fake GPU file {self.path}: {e}") from None
+
+    def nvmlInit(self) -> None:
+        self._load()
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._load()["gpus"])
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if not 0 <= index < self.nvmlDeviceGetCount():
+            raise NVMLError("invalid argument")
+        return index
+
+    def _gpu(self, handle: int) -> dict[str, Any]:
+        return self._load()["gpus"][handle]
+
+    def _procs(self, handle: int) -> list[dict[str, Any]]:
+        return [p for p in self._load().get("processes", [])
+                if p.get("gpu") == handle and _alive(int(p["pid"]))]
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return self._gpu(handle)["name"]
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self._gpu(handle)["uuid"]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        gpu = self._gpu(handle)
+        used = gpu.get("memory_used_mib", 0) + sum(p.get("used_mib", 0) for p in self._procs(handle))
+        total = gpu["memory_total_mib"]
+        return SimpleNamespace(total=total * 2 ** 20, used=min(used, total) * 2 ** 20,
+                               free=max(0, total - used) * 2 ** 20)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
+        util = self._gpu(handle).get("utilization", 0) + sum(p.get("util", 0) for p in self._procs(handle))
+        return SimpleNamespace(gpu=min(100, util), memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        return self._gpu(handle).get("temperature", 35)
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        return int(self._gpu(handle).get("power_w", 60) * 1000)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        return [SimpleNamespace(pid=int(p["pid"]), usedGpuMemory=p.get("used_mib", 0) * 2 ** 20)
+                for p in self._procs(handle)]
+
+
+def _update_processes(path: Path, change: Any) -> None:
+    """Read-modify-write the process list under a lock; dead pids are dropped."""
+    from filelock import FileLock
+
+    with FileLock(str(path) + ".lock"):
+        data = json.loads(path.read_bytes())
+        procs = [p for p in data.get("processes", []) if _alive(int(p["pid"]))]
+        data["processes"] = change(procs)
+        _write(path, data)
+
+
+def use(mem_mib: int, util: int, seconds: float | None, command: list[str]) -> int:
+    """Make this process (and so its job) use fake memory on its CUDA_VISIBLE_DEVICES for
+    its lifetime: sleep `seconds`, or run `command` and return its exit code."""
+    import subprocess
+
+    spec = os.environ.get("GPUQ_FAKE_GPUS")
+    if not spec or not Path(spec).is_file():
+        raise NVMLError("GPUQ_FAKE_GPUS does not name a fake GPU file; run this inside a gpuq job "
+                        "on a worker started with --fake-gpus")
+    path = Path(spec)
+    visible = [int(i) for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
+    # Inside a docker/podman container the job's GPUs are numbered from 0, and the NVIDIA
+    # container runtime names the host's in NVIDIA_VISIBLE_DEVICES: fake memory goes there.
+    host_gpus = os.environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",")
+    if all(g.strip().isdigit() for g in host_gpus) and all(i < len(host_gpus) for i in visible):
+        visible = [int(host_gpus[i]) for i in visible]
+    pid = os.getpid()
+    _update_processes(path, lambda procs: procs + [
+        {"pid": pid, "gpu": gpu, "used_mib": mem_mib, "util": util} for gpu in visible])
+    try:
+        if command:
+            return subprocess.call(command)
+        time.sleep(seconds or 0)
+        return 0
+    finally:
+        _update_processes(path, lambda procs: [p for p in procs if p["pid"] != pid])

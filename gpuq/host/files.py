@@ -1,0 +1,97 @@
+"""Writing files so that a reader never sees half of one: temp file + fsync + rename; files
+created owned by a given user; JSON in and out."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from gpuq.host.faults import io_fault
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o640, durable: bool = True) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one, never a mix.
+    `durable=False` skips the fsync, for files rewritten every second (heartbeats). Not
+    world-readable: records hold specs (the team reads them through the root's group;
+    README, Security model). The temp file is created exclusively, never through a link,
+    relative to the directory's descriptor."""
+    tmp_name = f".{path.name[:100]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"  # within NAME_MAX
+    dir_fd = open_dir(path.parent)
+    try:
+        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                     dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                io_fault(f"write:{path.parent.name}")
+                f.write(data)
+                f.flush()
+                if durable:
+                    os.fsync(f.fileno())
+            os.rename(tmp_name, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp_name, dir_fd=dir_fd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dir_fd)
+
+
+def open_dir(path: Path) -> int:
+    """A descriptor of directory `path` itself, never of what a link there points to."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def close_moved_directory(path: Path) -> None:
+    """A member's directory that posed as a spec and was moved into the worker's tree: made
+    the worker's and closed (0700), so that nobody can add files inside the spool through it."""
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        if os.geteuid() == 0:
+            os.lchown(path, 0, -1)
+        os.chmod(path, 0o700)
+
+
+def create_owned(directory: Path, stem: str, data: bytes, uid: int, gid: int = -1, mode: int = 0o644,
+                 mtime: float | None = None) -> Path:
+    """A new file in `directory` (one only the worker's account writes) holding `data`,
+    owned by `uid` — a spec the worker writes on a user's behalf (retry, edit, sweep members,
+    a recreated claim). Created exclusively and never through a link; owner, mode and times
+    are set on the descriptor. The caller renames or links it into place."""
+    dir_fd = open_dir(directory)
+    try:
+        name = f".{stem}.{os.urandom(6).hex()}.tmp"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+                if os.geteuid() == 0 and uid >= 0:
+                    os.fchown(f.fileno(), uid, gid)
+                os.fchmod(f.fileno(), mode & 0o755)  # never group- or world-writable: intake refuses those
+                if mtime is not None:
+                    os.utime(f.fileno(), (mtime, mtime))
+        except BaseException:
+            os.unlink(name, dir_fd=dir_fd)
+            raise
+        return directory / name
+    finally:
+        os.close(dir_fd)
+
+
+def write_json(path: Path, obj: Any, durable: bool = True) -> None:
+    atomic_write(path, json.dumps(obj, separators=(",", ":"), sort_keys=True).encode(), durable=durable)
+
+
+def read_json(path: Path) -> Any | None:
+    """The parsed file, or None when it does not exist (a concurrent transition moved it)."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,107 @@
+"""Who may have what run, and as whom (README, "Security model").
+
+A spec's owner is the owner of its file, checked on the open file: nothing written inside a
+spec says who it is. A worker running as root runs each job as its spec's owner; a worker
+running as a plain user runs only that user's specs, and those of the users config lists in
+`run_for_users` (as itself, on their behalf). Specs owned by root are refused, so that a
+root worker never runs anything as root; so are specs others could have edited.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+
+from gpuq.model.errors import SpecError
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Whom a job runs as."""
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    name: str
+    home: str
+
+    @classmethod
+    def of(cls, uid: int) -> "Identity":
+        pw = pwd.getpwuid(uid)  # KeyError: no such user
+        return cls(uid, pw.pw_gid, tuple(os.getgrouplist(pw.pw_name, pw.pw_gid)), pw.pw_name, pw.pw_dir)
+
+    def environment(self) -> dict[str, str]:
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+
+@dataclass(frozen=True)
+class OwnerPolicy:
+    worker_uid: int
+    run_for_uids: frozenset[int]      # besides the worker's own user (a non-root worker)
+    shared_root: bool                 # jobs/ is writable by others than its owner
+    allow_root: bool = False          # config allow_root_jobs
+
+    @classmethod
+    def for_worker(cls, jobs_dir_mode: int, run_for_users: tuple[str, ...],
+                   allow_root: bool = False) -> "OwnerPolicy":
+        uids = set()
+        for name in run_for_users:
+            try:
+                uids.add(pwd.getpwnam(name).pw_uid)
+            except KeyError:
+                pass  # config names a user this box does not have: nobody to run for
+        return cls(os.geteuid(), frozenset(uids), bool(jobs_dir_mode & (stat.S_IWGRP | stat.S_IWOTH)),
+                   allow_root)
+
+    def check(self, st: os.stat_result, display: str) -> None:
+        """Raise SpecError when this worker must not run a spec whose file is `st`."""
+        if st.st_uid == 0 and not self.allow_root:
+            raise SpecError(display, None, "is owned by root, and gpuq does not run jobs as root",
+                            "submit it as the user the job should run as (or set allow_root_jobs: "
+                            "true in config.yaml where everything runs as root, e.g. a container)")
+        if st.st_uid == self.worker_uid:
+            pass
+        elif self.worker_uid == 0:
+            try:
+                Identity.of(st.st_uid)
+            except KeyError:
+                raise SpecError(display, None, f"is owned by uid {st.st_uid}, which has no account on "
+                                "this host", "submit it as a user that exists on every GPU box") from None
+        elif st.st_uid != self.worker_uid and st.st_uid not in self.run_for_uids:
+            raise SpecError(display, None, f"is owned by {_name(st.st_uid)}, and this worker runs as "
+                            f"{_name(self.worker_uid)}, which runs only its own specs",
+                            f"add {_name(st.st_uid)} to run_for_users in config.yaml, or run the "
+                            "worker as root so that each job runs as its owner")
+        if self.shared_root and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise SpecError(display, None, f"can be changed by other users (mode {stat.S_IMODE(st.st_mode):04o}) "
+                            "in a shared jobs/, and its command would run as you",
+                            f"chmod go-w {display}")
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def refusal(job_id: str, owner_uid: int, verb: str = "cancel") -> str:
+    return (f"{job_id}: belongs to {_name(owner_uid)}; only its owner, root or an admin (config "
+            f"`admins`) may {verb} it")
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who asks for a change: the owner of the request file (never a name written in it).
+    Admins are root, the account the worker runs as (it owns the spool), and config `admins`."""
+    uid: int
+    name: str
+    admin: bool
+
+    @classmethod
+    def of(cls, uid: int, admins: tuple[str, ...]) -> "Actor":
+        name = _name(uid)
+        return cls(uid, name, uid in (0, os.geteuid()) or name in admins)
+
+    def may_act_on(self, owner_uid: int) -> bool:
+        return self.admin or self.uid == owner_uid

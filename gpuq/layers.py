@@ -1,0 +1,227 @@
+"""gpuq's packages and the one direction their imports may go, checked from the source.
+
+`python -m gpuq.layers` prints the package graph (and `--modules` every module's imports);
+tests/test_layers.py fails on an import against the direction, a cycle of any kind, or an
+import of a gpuq module inside a function. The graph is read from the source (ast), so this
+module imports nothing of gpuq and a broken module cannot hide an edge.
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+# Each package and the packages it may import, lowest layer first (docs/design.md, "Layers").
+# sched and host are side by side above model; spool and sim above them; then run; then the
+# three integrators; cli on top. slurm's bridge is a worker, so slurm may import worker.
+ALLOWED: dict[str, frozenset[str]] = {
+    "model": frozenset(),
+    "sched": frozenset({"model"}),
+    "host": frozenset({"model"}),
+    "spool": frozenset({"model", "host"}),
+    "sim": frozenset({"model", "sched"}),
+    "run": frozenset({"model", "sched", "host", "spool"}),
+    "worker": frozenset({"model", "sched", "host", "spool", "run"}),
+    "slurm": frozenset({"model", "sched", "host", "spool", "run", "worker"}),
+    "views": frozenset({"model", "sched", "host", "spool", "run"}),
+    "cli": frozenset({"model", "sched", "host", "spool", "sim", "run", "worker", "slurm", "views"}),
+}
+# Modules at the top of the package, named by worker.py and setup.cfg, and the layer each
+# belongs to: single_instance is imported by worker.py before anything else (os and fcntl only).
+TOP_MODULES = {"gpuq": "model", "gpuq.single_instance": "host", "gpuq.worker_main": "cli", "gpuq.layers": "model"}
+
+# The only imports allowed inside a function: a module outside gpuq that only some paths need,
+# and whose cost at import time the others would pay. Each with why (importer, module).
+_FORK = "supervisors are forked by the thousand, and a fork costs more with it loaded"
+LAZY_IMPORTS: dict[tuple[str, str], str] = {
+    ("gpuq.model.strict_yaml", "yaml"): "`gpuq --help` and a cron start that finds its worker running load no YAML",
+    ("gpuq.host.probe", "pynvml"): "only a box with real GPUs loads NVML (fake GPUs, status, the simulator do not)",
+    ("gpuq.cli.doctor", "pynvml"): "only a box with real GPUs loads NVML",
+    ("gpuq.views.reporthtml", "matplotlib"): "the optional [report] extra",
+    ("gpuq.views.reporthtml", "numpy"): "the optional [report] extra (matplotlib's)",
+    ("gpuq.host.wake", "filelock"): "importing filelock 4 registers fork hooks that double the cost of every fork",
+    ("gpuq.host.fake_nvml", "filelock"): "importing filelock 4 registers fork hooks that double the cost of every fork",
+    ("gpuq.host.fake_nvml", "subprocess"): _FORK,
+    ("gpuq.run.spawner", "subprocess"): _FORK,
+    ("gpuq.run.launch", "subprocess"): _FORK,
+    ("gpuq.single_instance", "hashlib"): "it loads OpenSSL: " + _FORK,
+    ("gpuq.host.proctree", "psutil"): "a fallback for kernels without /proc/PID/task/PID/children: " + _FORK,
+    ("gpuq.host.usage", "psutil"): "only the sampling supervisor needs it: " + _FORK,
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    importer: str      # dotted module names
+    imported: str
+    kind: str          # "module" (at import time), "function" (inside a def) or "type" (TYPE_CHECKING)
+    line: int
+
+
+def modules(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
+    found = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = path.relative_to(package_dir.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def package_of(module: str) -> str:
+    """The layer a module belongs to: its subpackage, or the one TOP_MODULES gives it."""
+    if module in TOP_MODULES:
+        return TOP_MODULES[module]
+    return module.split(".")[1]
+
+
+def edges(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
+    known = modules(package_dir)
+    out = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node, kind in _imports(tree):
+            for target in _targets(name, path, node, known):
+                if target != name:
+                    out.append(Edge(name, target, kind, node.lineno))
+    return out
+
+
+def lazy_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
+    """Every import inside a function, of anything (the imported name is its top-level module)."""
+    out = []
+    for name, path in modules(package_dir).items():
+        for node, kind in _imports(ast.parse(path.read_text(), str(path))):
+            if kind == "function":
+                if isinstance(node, ast.ImportFrom):
+                    source = "gpuq" if node.level else (node.module or "")
+                else:
+                    source = node.names[0].name
+                out.append(Edge(name, source.split(".")[0], kind, node.lineno))
+    return out
+
+
+def _imports(tree: ast.Module):
+    """Every import statement with where it sits: at module level, under TYPE_CHECKING, or in a def."""
+    def walk(body, kind):
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                yield node, kind
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield from walk(node.body, "function")
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from walk(node.body, "type")
+                yield from walk(node.orelse, kind)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    yield from walk(getattr(node, field, []) or [], kind)
+    yield from walk(tree.body, "module")
+
+
+def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: dict[str, Path]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in known]
+    if node.level:
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        base = package.split(".")[:len(package.split(".")) - node.level + 1]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module or ""
+    found = [source] if source in known else []
+    found += [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in known]
+    return found
+
+
+def problems(package_dir: Path = PACKAGE_DIR) -> list[str]:
+    """Imports against ALLOWED, imports of gpuq inside functions, and cycles; empty when clean."""
+    found = []
+    all_edges = edges(package_dir)
+    for e in all_edges:
+        a, b = package_of(e.importer), package_of(e.imported)
+        if a != b and b not in ALLOWED[a]:
+            found.append(f"{e.importer} (line {e.line}) imports {e.imported}: {a} may not import {b}")
+    for e in lazy_imports(package_dir):
+        if (e.importer, e.imported) not in LAZY_IMPORTS:
+            found.append(f"{e.importer} (line {e.line}) imports {e.imported} inside a function: import it at "
+                         "the top (a cycle it avoided is a type in the wrong module), or add it to LAZY_IMPORTS "
+                         "with the cost that only some paths should pay")
+    for cycle in cycles(all_edges):
+        found.append("import cycle: " + " -> ".join(cycle + [cycle[0]]))
+    return found
+
+
+def cycles(all_edges: list[Edge]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), over every kind of edge."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for e in all_edges:
+        graph[e.importer].add(e.imported)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(list(graph)):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_graph(all_edges: list[Edge]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for e in all_edges:
+        a, b = package_of(e.importer), package_of(e.imported)
+        if a != b:
+            graph[a].add(b)
+    return graph
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    all_edges = edges()
+    if "--modules" in argv:
+        by_module: dict[str, set[str]] = defaultdict(set)
+        for e in all_edges:
+            by_module[e.importer].add(e.imported + ("" if e.kind == "module" else f" ({e.kind})"))
+        for name in modules():
+            print(f"{name} -> {', '.join(sorted(by_module[name])) or '(nothing of gpuq)'}")
+        return 0
+    sizes: dict[str, int] = defaultdict(int)
+    for name in modules():
+        sizes[package_of(name)] += 1
+    graph = package_graph(all_edges)
+    for package in ALLOWED:
+        print(f"{package:<7} ({sizes[package]:>2} modules) -> {', '.join(sorted(graph[package])) or '(nothing of gpuq)'}")
+    found = problems()
+    for line in found:
+        print("problem:", line)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""A running job's local files and what others learn from them: where they live (Runtime),
+the job's liveness lock, the `started` marker kept in it, stop requests, and their cleanup.
+
+All of them live in the host's local directory (never on NFS, where flock does not exclude)
+and mean nothing after a reboot. The supervisor (supervise.py) writes them; the worker,
+`gpuq cancel` and the spawner read them.
+
+A root worker signals the pid a lock file names and records the result it holds, so the
+directory is private to the worker's account (hostinfo.ensure_private_dir) and, in depth,
+what is read back counts only as a plain file of that account (fstat of an O_NOFOLLOW open),
+and what is written goes through a fresh temp file renamed into place, never through a link.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from gpuq.host.hostinfo import process_start_ticks, read_owned
+from gpuq.model.record import Record
+from gpuq.spool.layout import Layout
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a supervisor needs from its worker: all plain data."""
+    layout: Layout
+    host: str
+    boot_id: str
+    local_dir: Path
+    grace_s: float
+    lost_after_s: float
+    extra_env: dict[str, str]          # e.g. GPUQ_FAKE_GPUS for fake GPUs
+    container_runtime: str = "docker"  # config container_runtime: for containers that name none
+    allow_root_jobs: bool = False      # config allow_root_jobs: whether a root worker runs uid 0's jobs
+
+    def lock_path(self, job_id: str) -> Path:
+        return self.local_dir / "jobs" / f"{job_id}.lock"
+
+    def stop_path(self, job_id: str) -> Path:
+        return self.local_dir / "jobs" / f"{job_id}.stop"
+
+    def container_path(self, job_id: str) -> Path:
+        """The main process of the job's docker/podman container (not in the job's process
+        tree: the runtime's daemon started it), so that its GPU memory counts as the job's."""
+        return self.local_dir / "jobs" / f"{job_id}.container"
+
+    def usage_path(self, job_id: str) -> Path:
+        """GPU usage sampled by the worker (usage.py), read by the supervisor at the end."""
+        return self.local_dir / "jobs" / f"{job_id}.usage"
+
+    @property
+    def lease_path(self) -> Path:
+        """When this host's heartbeat was last written, on the host's monotonic clock."""
+        return self.local_dir / "lease"
+
+    def to_json(self) -> dict:
+        return {"root": str(self.layout.root), "host": self.host, "boot_id": self.boot_id,
+                "local_dir": str(self.local_dir), "grace_s": self.grace_s,
+                "lost_after_s": self.lost_after_s, "extra_env": self.extra_env,
+                "container_runtime": self.container_runtime, "allow_root_jobs": self.allow_root_jobs}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Runtime":
+        return cls(Layout(Path(d["root"])), d["host"], d["boot_id"], Path(d["local_dir"]),
+                   d["grace_s"], d["lost_after_s"], d["extra_env"], d.get("container_runtime", "docker"),
+                   d.get("allow_root_jobs", False))
+
+
+MAX_LOCAL_FILE = 1 << 20  # a marker, a lease or a stop reason is a few hundred bytes
+
+
+def read_own(path: Path) -> bytes | None:
+    """The bytes of `path` when it is a plain file (one link) of this process's account, as
+    the worker and its supervisors write them; None otherwise (missing, a link, a FIFO, a
+    device, someone else's): never trusted to name a pid to signal or a result to record."""
+    return read_owned(path, {os.geteuid()}, MAX_LOCAL_FILE)
+
+
+def replace_own(path: Path, data: bytes) -> None:
+    """Write `path` whole: a fresh temp file beside it (O_CREAT|O_EXCL|O_NOFOLLOW, 0600),
+    renamed over it, so a link or someone else's file found there is replaced, never written
+    through."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # left by a killed writer that had our pid (never followed)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    except OSError:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+
+
+def write_lease(rt: Runtime, now_mono: float) -> None:
+    replace_own(rt.lease_path, repr(now_mono).encode())
+
+
+def lease_age(rt: Runtime) -> float | None:
+    """Seconds since this host's heartbeat was last written (None: no worker wrote one yet).
+    CLOCK_MONOTONIC is one clock for every process of the host, and never jumps."""
+    try:
+        return time.monotonic() - float(read_own(rt.lease_path) or b"")
+    except ValueError:
+        return None
+
+
+def try_lock(fd: int) -> bool:
+    """Take the job lock on `fd` without waiting. The primitive filelock's `lock_descriptor`
+    uses on Unix (a whole-file flock), called directly: importing filelock 4 registers fork
+    hooks that double the cost of every fork, and the spawner forks once per job."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextmanager
+def settle_lock(rt: Runtime, job_id: str) -> Iterator[bool]:
+    """Take the job's lock for as long as a dead attempt is being settled. Yields False when
+    the lock is held: the job's supervisor or process is alive (the kernel drops the lock
+    when both are gone, and a recycled pid cannot hold it)."""
+    try:
+        fd = os.open(rt.lock_path(job_id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield True  # no lock directory: nothing could be holding it
+        return
+    try:
+        if not try_lock(fd):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def read_started(rt: Runtime, record: Record) -> dict | None:
+    """The `started` marker of this attempt: written into the job's lock file by its
+    supervisor once it owns the attempt, just before the job runs (None: never started, or
+    a lock file the worker's account did not write)."""
+    try:
+        marker = json.loads(read_own(rt.lock_path(record.id)) or b"")
+    except ValueError:
+        return None
+    return marker if isinstance(marker, dict) and marker.get("claim") == record.claim else None
+
+
+def _live(pid: object, ticks: object) -> bool:
+    """Whether `pid` is a process (never 0 or -1, which signal a group or every process)
+    that started at `ticks`: with them it names one process for the life of the boot."""
+    return type(pid) is int and pid > 1 and type(ticks) is int and process_start_ticks(pid) == ticks
+
+
+def supervisor_pid(rt: Runtime, record: Record) -> int | None:
+    """The live supervisor of a local job, from its `started` marker (None if it is gone)."""
+    marker = read_started(rt, record) or {}
+    pid = marker.get("supervisor_pid")
+    return pid if _live(pid, marker.get("ticks")) else None
+
+
+def write_container_pid(rt: Runtime, record: Record, pid: int) -> None:
+    data = {"claim": record.claim, "pid": pid, "ticks": process_start_ticks(pid)}
+    try:
+        replace_own(rt.container_path(record.id), json.dumps(data).encode())
+    except OSError:
+        pass  # its GPU memory counts as someone else's meanwhile: stricter, never overcommitted
+
+
+def job_roots(rt: Runtime, record: Record) -> list[int]:
+    """The processes whose descendants are the job: its live supervisor, and the main process
+    of its container when a runtime's daemon started that (containers.py)."""
+    pid = supervisor_pid(rt, record)
+    if pid is None:
+        return []
+    try:
+        container = json.loads(read_own(rt.container_path(record.id)) or b"")
+    except ValueError:
+        return [pid]
+    if not isinstance(container, dict) or container.get("claim") != record.claim:
+        return [pid]
+    cpid = container.get("pid")
+    return [pid, cpid] if _live(cpid, container.get("ticks")) else [pid]
+
+
+def finish_local(rt: Runtime, record: Record) -> None:
+    """Remove the attempt's local files and its claim; the record now holds the spec."""
+    paths = [rt.stop_path(record.id), rt.usage_path(record.id), rt.container_path(record.id),
+             rt.lock_path(record.id)]
+    if record.claim:
+        paths.append(rt.layout.claims / record.claim)
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+PREEMPTED = "preempted"  # how a preemption's stop reason begins
+
+
+def request_stop(rt: Runtime, record: Record, reason: str) -> bool:
+    """Ask the supervisor of a local running job to stop it (TERM, grace, KILL).
+    Returns False when no live supervisor of this attempt could be found."""
+    pid = supervisor_pid(rt, record)
+    if pid is None:
+        return False
+    replace_own(rt.stop_path(record.id), reason.encode())
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,88 @@
+"""A running job's limits, as its supervisor enforces them: time limit, host RAM of its
+process tree, CPU cores (affinity), and what a stop for each is recorded as.
+
+The worker resolves each limit (the spec's, else config's) into the running record when it
+starts the job, so the supervisor, `gpuq show` and the record agree on what applied.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+from gpuq.host.usage import TreeSampler
+from gpuq.model.config import Config
+from gpuq.model.record import Record
+from gpuq.model.spec import JobSpec
+from gpuq.model.states import State
+from gpuq.model.units import format_duration, format_mib
+
+SAMPLE_EVERY_S = 1.0
+LIMIT = "limit"  # how the reason of a stop for an overrun limit begins (recorded as failed)
+
+
+def stop_state(reason: str) -> State:
+    """The record's state for a job stopped with `reason` (written by whoever asked)."""
+    return State.FAILED if reason.startswith(LIMIT) else State.CANCELLED
+
+
+class LimitWatch:
+    """Checked by the supervisor while the job runs: samples the job's process tree every
+    second (usage.py) and says when, and why, to stop it."""
+
+    def __init__(self, record: "Record", started_monotonic: float) -> None:
+        self.time_limit_s = record.time_limit_s
+        self.mem_limit_mib = record.mem_limit_mib
+        self.ends_at = started_monotonic + self.time_limit_s if self.time_limit_s else float("inf")
+        self.sample_at = started_monotonic + SAMPLE_EVERY_S
+        self.usage = TreeSampler()
+
+    @property
+    def next_at(self) -> float:
+        return min(self.ends_at, self.sample_at)
+
+    def breach(self, now: float) -> tuple[str, State] | None:
+        if now >= self.ends_at:
+            return f"time limit {format_duration(self.time_limit_s)} reached", State.TIMEOUT
+        if now >= self.sample_at:
+            self.sample_at = now + SAMPLE_EVERY_S
+            used = self.usage.sample(now)
+            if self.mem_limit_mib and used > self.mem_limit_mib:
+                return (f"{LIMIT}: host memory {format_mib(used)} above its mem {format_mib(self.mem_limit_mib)}",
+                        State.FAILED)
+        return None
+
+
+@contextmanager
+def pinned(cores: list[int]) -> Iterator[None]:
+    """Spawn the job inside this: it inherits the supervisor's CPU affinity, which is then
+    restored (the supervisor serves the next job too)."""
+    if not cores:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def limits_for(spec: "JobSpec", config: "Config", cores_in_use: list[list[int]]) -> dict:
+    """The limits that apply to a job starting now: its spec's, else config's; its cores."""
+    cpus = spec.cpus if spec.cpus is not None else config.cpus
+    cores = pick_cores(cpus, os.sched_getaffinity(0), cores_in_use) if cpus else []
+    return {"time_limit_s": spec.time_limit_s if spec.time_limit_s is not None else config.time_limit_s,
+            "mem_limit_mib": spec.mem_mib if spec.mem_mib is not None else config.mem_mib,
+            "cpu_cores": cores}
+
+
+def pick_cores(count: int, allowed: set[int], in_use: list[list[int]]) -> list[int]:
+    """`count` cores for a new job: the least used by other jobs (none, where the host has
+    room), lowest index first among equals."""
+    load = {c: 0 for c in allowed}
+    for cores in in_use:
+        for c in cores:
+            if c in load:
+                load[c] += 1
+    return sorted(sorted(load, key=lambda c: (load[c], c))[:count])

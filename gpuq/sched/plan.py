@@ -1,0 +1,386 @@
+"""Scheduling as one pure function: (pending, hosts' GPU snapshots, running, config, now) ->
+which jobs start where, which opportunistic jobs must yield, what is held for whom, and a
+human reason for every job that waits.
+
+The worker, `gpuq status` (reasons) and `gpuq simulate` all call `plan`. No files, no
+processes, no NVML, no clock here: everything arrives as data. README "Scheduling" says
+the rules in users' words; placement.py holds the per-GPU arithmetic.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import replace
+from typing import Iterator, Mapping, Sequence
+
+from gpuq.model.booking import Booking
+from gpuq.model.config import Config
+from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, Start
+from gpuq.model.spec import JobSpec
+from gpuq.model.windows import describe, hhmm, window_open
+from gpuq.sched import placement, reasons
+from gpuq.sched.placement import Slot
+
+
+def gpu_use_by_user(running: Sequence[RunningJob], slots: Sequence[Slot]) -> dict[str, float]:
+    """GPUs each user holds now; a shared GPU counts as the share of its memory declared."""
+    whole = {(s.host, s.index): s.whole for s in slots}
+    use: dict[str, float] = {}
+    for job in running:
+        for index in job.gpus:
+            w = whole.get((job.host, index)) or 1
+            use[job.user] = use.get(job.user, 0.0) + (1.0 if job.gpu_mem_mib is None else min(1.0, job.gpu_mem_mib / w))
+    return use
+
+
+def queue_order(pending: Sequence[PendingJob], use: Mapping[str, float], config: Config,
+                now: float) -> list[PendingJob]:
+    """Priority class, integer priority (higher first), fair share (the user's GPUs in use,
+    less one per age_step_s waited, so nothing starves), then age."""
+    return [key[-1] for key in sorted(_queue_keys(pending, use, config, now))]
+
+
+def _queue_keys(pending: Sequence[PendingJob], use: Mapping[str, float], config: Config,
+                now: float) -> list[tuple]:
+    """Each job's place in the queue as a tuple that sorts, the job last (ids are unique, so
+    two jobs are never compared). Built in one comprehension: a pass sorts thousands."""
+    if not config.fair_share:
+        return [(j.order, j.queued_at, j.id, j) for j in pending]
+    step, share = config.age_step_s, use.get
+    return [(j.order, share(j.user, 0.0) - (now - j.queued_at) / step, j.queued_at, j.id, j) for j in pending]
+
+
+def _in_order(keys: list[tuple], presorted: bool) -> Iterator[PendingJob]:
+    """The jobs of `keys` in queue order. A worker's pass usually starts one or two jobs and
+    then stops walking: a heap orders only as many as it takes, where a sort orders all."""
+    if presorted:
+        yield from (key[-1] for key in keys)
+        return
+    heapq.heapify(keys)
+    while keys:
+        yield heapq.heappop(keys)[-1]
+
+
+def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequence[RunningJob],
+         config: Config, now: float, explain: bool = True, blocked: Mapping[str, str] | None = None,
+         bookings: Sequence["Booking"] = ()) -> Plan:
+    """Decide, in queue order, which pending jobs start on which GPUs, which GPUs are held
+    for jobs that cannot start yet, and which opportunistic jobs must yield. Ordinary jobs
+    first, as if no opportunistic job ran: where one lands on a GPU with opportunistic jobs,
+    exactly those yield and the GPU is held for it. Then opportunistic jobs, in what is left.
+    `blocked`: jobs that may not start whatever the GPUs (dependencies), with the reason.
+    `bookings`: GPUs set aside for a person while they are on (bookings.py)."""
+    blocked = blocked or {}
+    slots = placement.build_slots(hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s,
+                                  invisible=config.preemption)
+    booked = _apply_bookings(slots, bookings, now)
+    use = gpu_use_by_user(running, slots)
+    keys = _queue_keys(pending, use, config, now)
+    if explain:
+        keys.sort()
+    in_window = window_open(config.idle_windows, now)
+    result = Plan([], {}, [key[-1].id for key in keys] if explain else [])
+    _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
+    pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked)
+    pass_.queue = pending
+    ordinary_keys, opportunistic_keys = [], []
+    for key in keys:
+        (opportunistic_keys if key[-1].opportunistic else ordinary_keys).append(key)
+    ordinary = _in_order(ordinary_keys, presorted=explain)
+    for job in ordinary:
+        pass_.ordinary(job)
+        if pass_.gpu_full and not explain:
+            break
+    # A worker's pass, once no GPU job can start: only CPU-only jobs may, and the heap holds
+    # exactly the jobs not yet walked.
+    cpu_only_left = 0 if explain or pass_.cpu_full else sum(1 for key in ordinary_keys if not key[-1].spec.gpus)
+    for job in ordinary:
+        if pass_.cpu_full or not cpu_only_left:
+            break
+        if not job.spec.gpus:
+            cpu_only_left -= 1
+            pass_.ordinary(job)
+    for job in _in_order(opportunistic_keys, presorted=explain):
+        pass_.opportunistic(job, in_window)
+    return result
+
+
+def _needs_whole(spec: JobSpec, largest_mib: int) -> bool:
+    """A job that only an empty GPU can take: exclusive, or over half the largest GPU."""
+    if spec.gpus == 0:
+        return False
+    return spec.exclusive or 2 * spec.gpu_mem_mib > largest_mib  # type: ignore[operator]
+
+
+class _Pass:
+    """One planning pass's running tallies: what each user holds, which CPU slots are free,
+    which job shapes already failed (they fail the same way until something starts)."""
+
+    def __init__(self, slots: list[Slot], hosts: Sequence[HostView], running: Sequence[RunningJob],
+                 config: Config, now: float, explain: bool, result: Plan, booked: Mapping,
+                 use: Mapping[str, float], blocked: Mapping[str, str]) -> None:
+        self.slots, self.hosts, self.config, self.now = slots, hosts, config, now
+        self.explain, self.result, self.booked, self.blocked = explain, result, booked, blocked
+        self.cpu_free = {h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus)
+                         for h in hosts}
+        self.held_gpus = {u: 0 for u in use}
+        for job in running:
+            self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + len(job.gpus)
+        self.failed: dict[tuple, str] = {}
+        self.allowed_for: dict[tuple, list[str]] = {}
+        self.largest = max((s.whole for s in slots), default=0)
+        self.behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
+        self.reserved = False   # one reservation for an aged job per pass: the head's
+        self.queue: Sequence[PendingJob] = ()
+        self.demand_walked = self.demand_seen = 0  # demand_over's walk: jobs, and GPUs they need
+        self.placed_whole = 0   # GPUs that ordinary jobs placed so far needed empty
+        self._update_room()
+
+    def demand_over(self, limit: int) -> bool:
+        """Whether waiting ordinary jobs need more than `limit` GPUs empty (counting only jobs
+        some box could take): spreading uses only GPUs beyond them. The queue is walked once a
+        pass at most, and only as far as the answer needs (usually a few jobs). Jobs placed
+        this pass are taken off; one placed but not walked yet only makes the walk go on."""
+        widest = max((len(h.gpus) for h in self.hosts), default=0)
+        queue, hosts = self.queue, self.hosts
+        while self.demand_seen - self.placed_whole <= limit and self.demand_walked < len(queue):
+            j = queue[self.demand_walked]
+            self.demand_walked += 1
+            if not j.opportunistic and j.id not in self.blocked and _needs_whole(j.spec, self.largest) \
+                    and j.spec.gpus <= widest and (not j.spec.hosts or any(h.name in j.spec.hosts for h in hosts)):
+                self.demand_seen += j.spec.gpus
+        return self.demand_seen - self.placed_whole > limit
+
+    def _update_room(self) -> None:
+        """Whether a GPU job, and a CPU-only job, could still start, hold or reserve anything.
+        Once neither can, the rest of the queue only needs reasons: a worker (which needs no
+        reasons) then stops walking it, so a pass with thousands waiting costs little."""
+        self.gpu_full = not any(s.free > 0 and s.jobs < self.config.max_jobs_per_gpu for s in self.slots) \
+            and not (self.config.reservations and not self.reserved)
+        self.cpu_full = not any(n > 0 for n in self.cpu_free.values())
+
+    def waits(self, job: PendingJob, reason: str) -> None:
+        if not self.explain:
+            return
+        behind = self.behind
+        if job.order != behind["order"]:
+            behind.update(order=job.order, before=behind["before"] + behind["same"], same=0)
+        n = behind["before"]
+        self.result.reasons[job.id] = reason + (f"; behind {n} higher-priority job{'s' if n != 1 else ''}" if n else "")
+        behind["same"] += 1
+
+    def _allowed(self, job: PendingJob) -> tuple[list[str], str | None, tuple]:
+        """The hosts the job may run on, its container runtime, and its shape (jobs of one
+        shape fit or fail alike). Computed once per (hosts, runtime): 10,000 jobs share few."""
+        spec = job.spec
+        runtime = (spec.container.runtime or self.config.container_runtime) if spec.container else None
+        shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0],
+                 job.user if self.booked else None, runtime)
+        allowed = self.allowed_for.get((spec.hosts, runtime))
+        if allowed is None:
+            allowed = self.allowed_for[(spec.hosts, runtime)] = [
+                h.name for h in self.hosts if (not spec.hosts or h.name in spec.hosts)
+                and (runtime is None or h.runtimes is None or runtime in h.runtimes)]
+        if runtime is not None and not allowed and (lacking := [h for h in self.hosts
+                                                                if not spec.hosts or h.name in spec.hosts]):
+            self.failed.setdefault(shape, reasons.why_runtime(runtime, lacking))
+        return allowed, runtime, shape
+
+    def _may_place(self, job: PendingJob) -> bool:
+        """Whether the job may be placed at all: not blocked, not over its user's cap (else
+        its reason is given)."""
+        if job.id in self.blocked:
+            self.waits(job, self.blocked[job.id])
+            return False
+        cap = self.config.max_gpus_per_user
+        if cap is not None and job.spec.gpus and self.held_gpus.get(job.user, 0) + job.spec.gpus > cap:
+            self.waits(job, f"at user cap {self.held_gpus.get(job.user, 0)}/{cap} GPUs")
+            return False
+        return True
+
+    def _started(self, job: PendingJob, host: str, gpus: tuple[int, ...]) -> None:
+        self.result.starts.append(Start(job.id, host, gpus))
+        self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
+        self.failed.clear()
+
+    def _cpu_only(self, job: PendingJob, allowed: list[str], shape: tuple) -> bool:
+        """Start a CPU-only job on the first allowed host with a free CPU slot, or say why not."""
+        host = next((h for h in allowed if self.cpu_free[h] > 0), None)
+        if host is None:
+            self.failed[shape] = reasons.why_cpu(job.spec, allowed, self.hosts)
+            return False
+        self.cpu_free[host] -= 1
+        self._started(job, host, ())
+        self._update_room()
+        return True
+
+    def ordinary(self, job: PendingJob) -> None:
+        if not self.explain and (self.gpu_full if job.spec.gpus else self.cpu_full):
+            return
+        if not self._may_place(job):
+            return
+        spec = job.spec
+        allowed, runtime, shape = self._allowed(job)
+        if shape in self.failed:
+            self.waits(job, self.failed[shape])
+            return
+        if spec.gpus == 0:
+            if not self._cpu_only(job, allowed, shape):
+                self.waits(job, self.failed[shape])
+            return
+        mine = [s for s in self.slots if s.host in allowed]
+        if self.booked:
+            mine = [s for s in mine if s.booked_for in (None, job.user)]
+        own = spec.gpus if _needs_whole(spec, self.largest) else 0  # its own demand, if placed now
+        choice = None
+        if self.booked:  # the GPUs its owner booked first: on others, it would take what others wait for
+            booked = [s for s in mine if s.booked_for == job.user]
+            choice = booked and placement.best_fit(spec, booked, self.config.max_jobs_per_gpu,
+                                                   fragmentation_aware=self.config.fragmentation_aware)
+        if self.config.spread and not choice:
+            spare = self._spare_for_spreading(mine)
+            # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
+            if spare and not self.demand_over(len(spare) - spec.gpus + own):
+                choice = placement.best_fit(spec, spare, self.config.max_jobs_per_gpu, spread=True,
+                                            fragmentation_aware=self.config.fragmentation_aware)
+        choice = choice or placement.best_fit(spec, mine, self.config.max_jobs_per_gpu,
+                                              fragmentation_aware=self.config.fragmentation_aware)
+        if choice is not None:
+            self._place(job, choice)
+            self.placed_whole += own
+            self._update_room()
+            return
+        if not self.reserved and self.config.reservations and self.now - job.queued_at >= self.config.reserve_after_s:
+            self.reserved = self._reserve(job, mine)
+            if self.reserved:
+                self._update_room()
+                return
+        if shape not in self.failed:
+            self.failed[shape] = self._why_waiting(job, allowed, mine) if self.explain else ""
+        self.waits(job, self.failed[shape])
+
+    def _spare_for_spreading(self, slots: list[Slot]) -> list[Slot]:
+        """Empty GPUs a job may spread onto: any, while at least half the team's GPUs have no
+        ordinary work; none beyond that. Spreading on a busier cluster uses up the empty GPUs
+        that whole-GPU and wide jobs need, and a few small jobs that run for weeks, one on each
+        box, keep every box from being whole again (measured: bench/simulate_traces.py)."""
+        empty = [s for s in slots if s.ordinary_empty and not s.busy_by_others]
+        if 2 * sum(1 for s in self.slots if s.ordinary_empty) < len(self.slots):
+            return []  # over half the GPUs in use: pack
+        return empty
+
+    def _place(self, job: PendingJob, chosen: list[Slot]) -> None:
+        """Start it, or, where opportunistic jobs are on its GPUs, make exactly those yield and
+        hold the GPUs for it (nothing else may slip in) until it starts in a later pass."""
+        yielding = [s for s in chosen if s.opp_jobs]
+        if not yielding:
+            placement.take(job.spec, chosen, job.id)
+            self._started(job, chosen[0].host, tuple(s.index for s in chosen))
+            return
+        victims = []
+        for s in yielding:
+            for victim in s.victims:
+                if victim.id not in self.result.preempts:
+                    self.result.preempts[victim.id] = f"job {job.id} needs its GPU memory"
+                    victims.append(victim.id)
+        for s in self.slots:  # a victim on several GPUs yields them all: never picked twice
+            s.victims = [v for v in s.victims if v.id not in self.result.preempts]
+        placement.take(job.spec, chosen, job.id, hold="hard")
+        self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
+        self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
+        if self.explain:
+            waiting_for = sorted({v.id for s in yielding for v in s.victims} | set(victims))
+            self.result.reasons[job.id] = (
+                f"GPU {', '.join(s.label for s in chosen)} held for it: "
+                + (f"waiting for {', '.join(waiting_for)} to yield" if waiting_for else "draining"))
+
+    def _reserve(self, job: PendingJob, slots: list[Slot]) -> bool:
+        """The head of the queue has waited reserve_after_s: hold back GPUs for it, so smaller
+        jobs cannot keep taking them (opportunistic work still may). Only GPUs whose jobs in the
+        way started after it and less than reserve_after_s ago (see placement.reservation)."""
+        reserve_after_s = self.config.reserve_after_s
+        chosen = placement.reservation(job.spec, slots, since=max(job.queued_at, self.now - reserve_after_s))
+        if chosen is None:
+            return False
+        placement.take(job.spec, chosen, job.id, hold="soft")
+        self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
+        if self.explain:
+            self.result.reasons[job.id] = (f"GPU {', '.join(s.label for s in chosen)} reserved for it; "
+                                           f"waiting for running jobs there to end")
+        return True
+
+    def opportunistic(self, job: PendingJob, in_window: bool) -> None:
+        if not self._may_place(job):
+            return
+        spec = job.spec
+        allowed, runtime, shape = self._allowed(job)
+        if shape not in self.failed:
+            if spec.gpus == 0:
+                if self._cpu_only(job, allowed, shape):
+                    return
+            elif not in_window:
+                self.failed[shape] = f"outside window {describe(self.config.idle_windows)}"
+            else:
+                mine = [s for s in self.slots if s.host in allowed]
+                choice = placement.best_fit(spec, mine, self.config.max_jobs_per_gpu, opportunistic=True,
+                                            fragmentation_aware=self.config.fragmentation_aware)
+                if choice is not None:
+                    placement.take_opportunistic(spec, choice)
+                    self._started(job, choice[0].host, tuple(s.index for s in choice))
+                    return
+                self.failed[shape] = reasons.why_opportunistic(spec, allowed, mine, self.hosts, self.config) \
+                    if self.explain else ""
+        self.waits(job, self.failed[shape])
+
+    def _why_waiting(self, job: PendingJob, allowed: list[str], mine: list[Slot]) -> str:
+        spec, config, slots = job.spec, self.config, self.slots
+        others_booked = [s for s in slots if s.host in allowed and s.booked_for not in (None, job.user)]
+        if others_booked and placement.best_fit(spec, mine + others_booked, config.max_jobs_per_gpu):
+            s = others_booked[0]
+            return f"GPU {s.label} booked for {s.booked_for} until {hhmm(s.booked_until)}"
+        held = reasons.why_held(spec, [s for s in mine if s.held_for], job.id)
+        if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu):
+            return held
+        return reasons.why_gpu(spec, allowed, mine or [s for s in slots if s.host in allowed], self.hosts, config)
+
+
+def _apply_bookings(slots: Sequence[Slot], bookings: Sequence["Booking"], now: float) -> dict:
+    """Mark the GPUs of the bookings on now; {(host, index): booking}."""
+    booked = {(b.host, i): b for b in bookings if b.active(now) for i in b.gpus}
+    for s in slots:
+        if (b := booked.get((s.host, s.index))) is not None:
+            s.booked_for, s.booked_until = b.owner, b.end
+    return booked
+
+
+def _yield_to_people_and_windows(running: Sequence[RunningJob], slots: Sequence[Slot], in_window: bool,
+                                 config: Config, result: Plan, booked: Mapping) -> None:
+    """Opportunistic jobs leave a GPU a person (a non-gpuq process) has started to use, all
+    GPUs when their idle window closes, and a GPU whose booking began after they started
+    (unless the booking is their owner's)."""
+    busy = {(s.host, s.index): s for s in slots if s.busy_by_others}
+    for job in running:
+        if not job.preemptible or job.stopping:
+            continue
+        if not in_window:
+            result.preempts[job.id] = f"idle window {describe(config.idle_windows)} closed"
+            continue
+        taken = [busy[(job.host, i)] for i in job.gpus if (job.host, i) in busy]
+        if taken:
+            result.preempts[job.id] = f"a non-gpuq process uses GPU {taken[0].label}"
+            continue
+        slot_taken = [b for i in job.gpus if (b := booked.get((job.host, i))) is not None
+                      and b.owner != job.user and job.started_at < b.start]
+        if slot_taken:
+            b = slot_taken[0]
+            result.preempts[job.id] = f"GPU {b.host}:{','.join(map(str, b.gpus))} booked for {b.owner} from {hhmm(b.start)}"
+    if result.preempts:  # their memory stays counted until they exit; never picked twice
+        for s in slots:
+            s.victims = [v for v in s.victims if v.id not in result.preempts]
+
+
+
+
+def _unheld(slot: Slot) -> Slot:
+    """The slot as it would be without holds (to tell "reserved" from "too small")."""
+    return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None, hard_held=False)
+

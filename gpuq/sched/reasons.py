@@ -1,0 +1,94 @@
+"""Why a pending job waits, in words a user can act on (shown by `gpuq status`)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from gpuq.model.config import Config
+from gpuq.model.jobs import HostView
+from gpuq.model.spec import JobSpec
+from gpuq.model.units import format_mib
+from gpuq.sched.placement import Slot
+
+
+def hosts_text(spec: "JobSpec") -> str:
+    return f" among hosts {', '.join(spec.hosts)}" if spec.hosts else ""
+
+
+def why_runtime(runtime: str, hosts: Sequence["HostView"]) -> str:
+    """No allowed host has the container runtime the job needs."""
+    have = "; ".join(f"{h.name}: {', '.join(sorted(h.runtimes or ())) or 'none'}" for h in hosts[:4])
+    return f"needs container runtime {runtime}, which no live host has ({have}{'; ...' if len(hosts) > 4 else ''})"
+
+
+def why_cpu(spec: "JobSpec", allowed: list[str], hosts: Sequence["HostView"]) -> str:
+    if not allowed:
+        return f"no live host{hosts_text(spec)}" + ("" if hosts else " (no worker is running)")
+    return f"all CPU-only slots are busy{hosts_text(spec)}"
+
+
+def why_gpu(spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Sequence["HostView"],
+            config: "Config") -> str:
+    """The first thing, from the most fundamental, that keeps an ordinary job off every GPU."""
+    need = "a whole GPU" if spec.exclusive else \
+        f"{format_mib(spec.gpu_mem_mib)} on {'one GPU' if spec.gpus == 1 else 'each GPU'}"
+    count = "" if spec.gpus == 1 else f"{spec.gpus} GPUs on one host, "
+    if not allowed:
+        return "no worker is running" if not hosts else f"no live host{hosts_text(spec)}"
+    mine = [g for g in slots if g.host in allowed]
+    if not mine:
+        return f"no GPUs offered{hosts_text(spec)}"
+    per_host = {h: sum(1 for g in mine if g.host == h) for h in allowed}
+    widest = max(per_host.values())
+    if widest < spec.gpus:
+        return f"needs {spec.gpus} GPUs on one host; the most any host offers is {widest}"
+    biggest = max(mine, key=lambda g: (g.total, g.host, -g.index))
+    if not spec.exclusive and biggest.whole < spec.gpu_mem_mib:  # type: ignore[operator]
+        return f"needs {need}; the largest GPU holds {format_mib(biggest.whole)} usable ({biggest.label})"
+    roomy = [g for g in mine if g.jobs < config.max_jobs_per_gpu]
+    if not roomy:
+        return f"every GPU has max_jobs_per_gpu={config.max_jobs_per_gpu} jobs"
+    free = (lambda g: g.free)
+    if spec.exclusive:
+        n = sum(1 for g in roomy if g.jobs == 0 and g.others_clear and free(g) >= g.whole)
+        return f"needs {count}{need}; {n} GPU{'s are' if n != 1 else ' is'} wholly free"
+    largest = max(roomy, key=lambda g: (free(g), g.host, -g.index))
+    fitting = {h: sum(1 for g in roomy if g.host == h and free(g) >= spec.gpu_mem_mib) for h in allowed}
+    if spec.gpus > 1 and free(largest) >= spec.gpu_mem_mib:  # type: ignore[operator]
+        host, n = max(fitting.items(), key=lambda kv: (kv[1], kv[0]))
+        return f"needs {count}{need}; at most {n} such GPU{'s' if n != 1 else ''} on {host}"
+    return f"needs {count}{need}; largest usable is {format_mib(max(0, free(largest)))} on {largest.label}"
+
+
+def why_held(spec: "JobSpec", slots: list["Slot"], job_id: str) -> str | None:
+    """When the job would fit but for GPUs held for another job: that job's name."""
+    holders = sorted({s.held_for for s in slots if s.held_for and s.held_for != job_id})
+    if not holders:
+        return None
+    return f"GPU reserved for job {holders[0]}" + (f" (and {len(holders) - 1} more)" if len(holders) > 1 else "")
+
+
+def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:
+    """An opportunistic job that finds no idle GPU: whom the GPUs are busy with."""
+    busy = [s.label for s in slots if s.busy_by_others]
+    if busy:
+        return f"opportunistic: waits for an idle GPU (in use by others: {', '.join(busy)})"
+    if all(s.jobs for s in slots):  # not "idle for under 60s": the GPUs are simply full of jobs
+        return "opportunistic: waits for an idle GPU (every GPU runs ordinary jobs)"
+    return f"opportunistic: waits for an idle GPU (idle for under {idle_after_s:g}s)"
+
+
+def why_opportunistic(spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Sequence["HostView"],
+                      config: "Config") -> str:
+    """An opportunistic job takes only idle GPUs that no ordinary job uses or waits for."""
+    if not allowed or not slots:
+        return why_gpu(spec, allowed, slots, hosts, config)
+    idle = [s for s in slots if s.idle]
+    if not idle:
+        return why_not_idle(slots, config.idle_after_s)
+    left = [s for s in idle if not s.jobs and not s.hard_held]
+    if not left:
+        return "opportunistic: every idle GPU has ordinary work on it or held for it"
+    need = "a whole GPU" if spec.exclusive else f"{format_mib(spec.gpu_mem_mib)}"
+    largest = max(left, key=lambda g: (g.opportunistic_room, g.host, -g.index))
+    return (f"opportunistic: needs {need}{'' if spec.gpus == 1 else f' on {spec.gpus} GPUs of one host'}; "
+            f"the most left by other work is {format_mib(max(0, largest.opportunistic_room))} on {largest.label}")

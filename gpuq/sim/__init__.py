@@ -1,0 +1,1 @@
+"""The simulator: traces replayed through the same plan the workers carry out."""

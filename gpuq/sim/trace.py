@@ -1,0 +1,160 @@
+"""Job traces for `gpuq simulate`: reading the CSV, and the cluster to replay it on.
+
+Columns (the schema of the real traces under shared/traces): `job_id, submit_s, duration_s,
+gpus, gpu_mem_gib, gpu_util, user`, and optionally `priority`. A fractional `gpus` is a share
+of one GPU (its memory share when `gpu_mem_gib` is empty); an integer `gpus` with empty
+`gpu_mem_gib` takes whole GPUs; jobs wider than a host are capped to one host and counted.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gpuq.model.spec import CLASS_RANK, JobSpec
+from gpuq.model.units import parse_size_mib
+
+REQUIRED = ("job_id", "submit_s", "duration_s", "gpus", "gpu_mem_gib", "gpu_util", "user")
+_CLUSTER_RE = re.compile(r"^(\d+)x(\d+)x(.+)$")
+
+
+class TraceError(Exception):
+    """A trace or cluster that cannot be replayed; the message names the place and the fix."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hosts: int
+    gpus_per_host: int
+    mem_mib: int
+
+    def __str__(self) -> str:
+        return f"{self.hosts}x{self.gpus_per_host}x{self.mem_mib // 1024}GiB"
+
+
+def parse_cluster(text: str) -> Cluster:
+    """'2x8x32GiB' -> 2 hosts of 8 GPUs of 32 GiB."""
+    match = _CLUSTER_RE.match(text.strip())
+    try:
+        if not match:
+            raise ValueError
+        cluster = Cluster(int(match.group(1)), int(match.group(2)), parse_size_mib(match.group(3)))
+    except ValueError:
+        raise TraceError(f"--cluster {text!r}: write HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB") from None
+    if not (1 <= cluster.hosts <= 1000 and 1 <= cluster.gpus_per_host <= 64):
+        raise TraceError(f"--cluster {text!r}: use 1-1000 hosts of 1-64 GPUs")
+    return cluster
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    id: str
+    submit_s: float
+    duration_s: float
+    spec: JobSpec
+    util: float           # its GPU utilization, % (the slowdown model's input)
+    user: str
+    capped: bool          # asked for more GPUs than a host has
+
+
+def _hash_fraction(job_id: str, algorithm: str) -> float:
+    """The first 8 hex digits of the job id's digest, as a fraction of 2**32."""
+    return int(hashlib.new(algorithm, job_id.encode()).hexdigest()[:8], 16) / 2 ** 32
+
+
+# Deterministic rules for `--mark-low`: which jobs of a trace are opportunistic (low).
+MARK_RULES = {
+    "sha1": "SHA-1 of the job id below FRACTION (the documented default)",
+    "md5": "MD5 of the job id below FRACTION (another hash: another third of the jobs)",
+    "small": "jobs of one GPU or less only, by SHA-1 of the job id below FRACTION",
+}
+
+
+def is_marked_low(job_id: str, fraction: float, rule: str = "sha1", gpus: float = 1.0) -> bool:
+    if rule == "small" and gpus > 1:
+        return False
+    return _hash_fraction(job_id, "md5" if rule == "md5" else "sha1") < fraction
+
+
+def load_trace(path: Path, cluster: Cluster, since_s: float | None = None, stretch: float = 1.0) -> list[TraceJob]:
+    """The trace's jobs from `since_s` on, in submit order; `stretch` multiplies the gaps
+    between submissions (the traces README's way to size a big cluster's load to a small one)."""
+    try:
+        handle = open(path, newline="")
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+    with handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(f"{path}: column '{missing[0]}' is missing. Fix: the header must name "
+                             f"{', '.join(REQUIRED)} (and optionally priority)")
+        jobs = []
+        for line, row in enumerate(reader, 2):
+            try:
+                job = _job(row, cluster)
+            except (ValueError, KeyError) as e:
+                raise TraceError(f"{path}:{line}: {e}") from None
+            if since_s is None or job.submit_s >= since_s:
+                jobs.append(job)
+    jobs.sort(key=lambda j: j.submit_s)
+    if stretch != 1.0 and jobs:
+        first = jobs[0].submit_s
+        jobs = [replace(j, submit_s=first + (j.submit_s - first) * stretch) for j in jobs]
+    if not jobs:
+        raise TraceError(f"{path}: no jobs" + (f" at or after --since {since_s:g}" if since_s else ""))
+    return jobs
+
+
+def _number(row: dict, column: str) -> float:
+    text = (row.get(column) or "").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"column '{column}': {text!r} is not a number. Fix: write a number "
+                         f"(seconds, GPUs)") from None
+    if value < 0 or math.isnan(value):
+        raise ValueError(f"column '{column}': {text!r} is negative. Fix: write a value >= 0")
+    return value
+
+
+def _job(row: dict, cluster: Cluster) -> TraceJob:
+    gpus = _number(row, "gpus")
+    if gpus <= 0:
+        raise ValueError("column 'gpus': 0 GPUs. Fix: drop CPU-only jobs from the trace")
+    mem_text = (row.get("gpu_mem_gib") or "").strip()
+    util_text = (row.get("gpu_util") or "").strip()
+    priority = (row.get("priority") or "normal").strip() or "normal"
+    if priority not in CLASS_RANK:
+        raise ValueError(f"column 'priority': {priority!r}. Fix: use high, normal or low")
+    share = gpus if gpus < 1 else 1.0
+    whole_gpus = 1 if gpus < 1 else math.ceil(gpus)
+    capped = whole_gpus > cluster.gpus_per_host
+    whole_gpus = min(whole_gpus, cluster.gpus_per_host)
+    if mem_text:
+        mem_mib: int | None = min(cluster.mem_mib, max(1, int(_number(row, "gpu_mem_gib") * 1024)))
+    elif gpus < 1:
+        mem_mib = max(1, int(share * cluster.mem_mib))
+    else:
+        mem_mib = None  # whole GPUs, exclusively
+    spec = JobSpec(command="(trace)", gpus=whole_gpus, gpu_mem_mib=mem_mib, priority_class=priority,
+                   preemptible=priority == "low")
+    util = float(util_text) if util_text else 100.0 * share
+    return TraceJob(row["job_id"], _number(row, "submit_s"), _number(row, "duration_s"), spec, util,
+                    (row.get("user") or "").strip(), capped)
+
+
+def mark_low(jobs: list[TraceJob], fraction: float, drop: bool = False, rule: str = "sha1") -> list[TraceJob]:
+    """Mark about `fraction` of the jobs low (opportunistic) by `is_marked_low` under `rule`
+    (MARK_RULES); with `drop`, leave them out instead (the same jobs), to measure what they
+    cost the others."""
+    out = []
+    for job in jobs:
+        if not is_marked_low(job.id, fraction, rule, job.spec.gpus if job.spec.gpus > 1 else 1.0):
+            out.append(job)
+        elif not drop:
+            out.append(replace(job, spec=replace(job.spec, priority_class="low", preemptible=True)))
+    return out

@@ -1,0 +1,404 @@
+"""Bridge mode (config `backend: slurm`): the worker hands pending specs to Slurm instead of
+running them, and keeps gpuq's records, logs, `status`, `show` and `cancel` true, so a team
+sees one queue while Slurm does the placing.
+
+Hand-over, per pending job in queue order: claim the spec (the usual rename), check the claimed
+file itself (no link, one link, the bytes read, an owner this worker may submit for: its
+owner from fstat, never from a path), write the running record (no Slurm id yet), `sbatch --parsable` the exported script (slurm_export.py) with
+`--comment=gpuq:<claim>`, then record the Slurm id (in the record and in
+state/slurm/<id>.json, which later exports' --dependency read). Dependencies go to Slurm as
+afterok/afterany once their jobs are handed over; one that failed in gpuq cancels its
+dependents as usual. Following: squeue for the jobs still queued or running, then `scontrol
+show job` for the end state and exit code (Slurm keeps ended jobs MinJobAge seconds,
+default 300), else `sacct` (where slurmdbd keeps accounting), else the jobcomp/filetxt log
+(config slurm_jobcomp_file); COMPLETED -> done, FAILED -> failed, CANCELLED -> cancelled, TIMEOUT -> timeout,
+NODE_FAIL and a job Slurm no longer knows -> lost. `gpuq cancel` -> scancel. Several bridges
+may serve one root; a dead one's jobs are adopted by another (adopt_from_dead_bridges).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from gpuq.host.faults import crash_point, wall_time
+from gpuq.host.files import read_json, write_json
+from gpuq.host.owners import Identity
+from gpuq.model.config import FENCE_FRACTION
+from gpuq.model.record import Record, claim_name
+from gpuq.model.spec import JobSpec
+from gpuq.model.states import State
+from gpuq.run.joblocal import lease_age
+from gpuq.run.launch import base_environment, open_log
+from gpuq.sched.plan import queue_order
+from gpuq.slurm.export import ExportError, handed_over, sbatch_script, slurm_logs
+from gpuq.spool.deps import FINAL, gates, referenced
+from gpuq.spool.intake import user_name
+from gpuq.spool.store import (
+    append_event,
+    claim,
+    next_attempt,
+    record_requeue,
+    record_start,
+    running_records,
+    transition,
+    write_record,
+)
+from gpuq.worker.loop import Worker
+
+log = logging.getLogger("gpuq.worker")
+SLURM_STATES = {"COMPLETED": State.DONE, "FAILED": State.FAILED, "CANCELLED": State.CANCELLED,
+                "TIMEOUT": State.TIMEOUT, "NODE_FAIL": State.LOST, "OUT_OF_MEMORY": State.FAILED,
+                "PREEMPTED": State.LOST, "BOOT_FAIL": State.LOST, "DEADLINE": State.TIMEOUT}
+FOLLOW_EVERY_S = 2.0
+UNKNOWN_FOR_S = 10.0  # a job no source of Slurm's knows is lost only after this long
+
+
+def _slurm(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+
+
+def _slurm_time(text: str | None) -> float | None:
+    try:
+        return time.mktime(time.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+class SlurmUnreachable(Exception):
+    """The controller did not answer: try again later, never conclude anything from it."""
+
+
+def _unknown_job(out: subprocess.CompletedProcess) -> bool:
+    """A failed squeue/scontrol: because Slurm no longer knows the job (False: it did not
+    answer at all, and SlurmUnreachable is raised)."""
+    if "Invalid job id" in out.stderr:
+        return True
+    raise SlurmUnreachable(out.stderr.strip()[-200:] or f"exit {out.returncode}")
+
+
+def scontrol_job(slurm_id: str) -> dict[str, str] | None:
+    """`scontrol show job`'s fields (None: Slurm no longer knows the job); for an array, its
+    tasks summed up: the first task that did not complete speaks for it (its state and exit
+    code), times span all tasks."""
+    out = _slurm("scontrol", "show", "job", slurm_id)
+    if out.returncode != 0 and _unknown_job(out):
+        return None
+    return _summed([_fields(block) for block in out.stdout.split("\n\n") if "JobState=" in block])
+
+
+def _fields(text: str) -> dict[str, str]:
+    return dict(f.split("=", 1) for f in text.split() if "=" in f)
+
+
+def _summed(tasks: list[dict[str, str]]) -> dict[str, str] | None:
+    """A job's tasks as one: the first that did not complete speaks for it (its state and
+    exit code); times span them all."""
+    if not tasks:
+        return None
+    worst = next((t for t in tasks if t.get("JobState") != "COMPLETED"), tasks[0])
+    return {**worst, "StartTime": min(t.get("StartTime", "") for t in tasks),
+            "EndTime": max(t.get("EndTime", "") for t in tasks), "Tasks": str(len(tasks))}
+
+
+def jobcomp_job(path: str | None, slurm_id: str) -> dict[str, str] | None:
+    """A job's lines in Slurm's jobcomp/filetxt log (config slurm_jobcomp_file): where there
+    is no slurmdbd, the record of jobs the controller has forgotten. None: not there (yet)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    mine = [fields for line in lines if f"={slurm_id} " in line
+            and slurm_id in ((fields := _fields(line)).get("JobId"), fields.get("ArrayJobId"))]
+    return _summed(mine)
+
+
+def sacct_job(slurm_id: str) -> dict[str, str] | None:
+    """Slurm's accounting of a job the controller has forgotten (ended more than MinJobAge
+    ago: a bridge that was down meanwhile), in scontrol's field names; None where there is no
+    accounting (no slurmdbd) or it has no such job. A slurmdbd that does not answer raises
+    SlurmUnreachable: it may know, later."""
+    try:
+        out = _slurm("sacct", "-j", slurm_id, "-X", "-n", "-P", "--format=State,ExitCode,Start,End")
+    except FileNotFoundError:
+        return None
+    if out.returncode != 0:
+        if "disabled" in out.stderr or "not configured" in out.stderr:
+            return None
+        raise SlurmUnreachable(out.stderr.strip()[-200:] or f"sacct exit {out.returncode}")
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 3]
+    if not rows:
+        return None
+    worst = next((r for r in rows if r[0].split()[0] != "COMPLETED"), rows[0])  # as scontrol_job
+    return {"JobState": worst[0].split()[0], "ExitCode": worst[1], "StartTime": min(r[2] for r in rows),
+            "EndTime": max(r[3] for r in rows), "Source": "sacct"}
+
+
+def _handed_over_by_comment() -> dict[str, list[tuple[str, int | None]]] | None:
+    """Every job Slurm knows that says a bridge handed it over: claim -> [(Slurm id, the uid
+    it runs as)], from the comment sbatch was given (`gpuq:<claim>`). None when scontrol did
+    not answer."""
+    out = _slurm("scontrol", "show", "job")
+    if out.returncode != 0:
+        return None
+    known: dict[str, list[tuple[str, int | None]]] = {}
+    for block in out.stdout.split("\n\n"):
+        fields = _fields(block)
+        if fields.get("Comment", "").startswith("gpuq:"):
+            uid = re.search(r"\((\d+)\)$", fields.get("UserId", ""))  # UserId=ana(1004)
+            job = (fields.get("ArrayJobId") or fields.get("JobId") or "", int(uid.group(1)) if uid else None)
+            if job not in known.setdefault(fields["Comment"][5:], []):
+                known[fields["Comment"][5:]].append(job)
+    return known
+
+
+def _submitted_for(known: dict[str, list[tuple[str, int | None]]] | None, record: Record) -> str | None:
+    """The Slurm id of the job a bridge submitted for `record`: its comment names the
+    record's claim and it runs as the record's owner (or as this bridge's own user, as a
+    user's bridge submits). Anyone may give a Slurm job of theirs any comment, and claims are
+    in the records the team reads: another user's job is never taken for the record's."""
+    owners = {record.uid, os.geteuid()}
+    return next((sid for sid, uid in (known or {}).get(record.claim or "", []) if sid and uid in owners), None)
+
+
+class BridgeWorker(Worker):
+    STEPS = ("observe", "adopt_from_dead_bridges", "follow", "obey_controls", "take_in_specs", "hand_over",
+             "report")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.followed_at = 0.0
+        self.unknown_since: dict[str, float] = {}  # Slurm id -> when no source knew it first
+        self.arrivals.expand_sweeps = False  # a sweep goes to Slurm whole, as one array job
+
+    def run(self, once: bool = False, exit_when_idle: bool = False) -> None:
+        self.find_lost_hand_overs()
+        super().run(once, exit_when_idle)
+
+    def find_lost_hand_overs(self) -> None:
+        """Records an earlier bridge wrote but died before noting their Slurm id: find the job
+        by the comment sbatch was given (`gpuq:<claim>`) among every job Slurm knows; one
+        Slurm never got goes back to the queue at its old place."""
+        orphans = [r for r in self._own_running() if not r.slurm_id]
+        if not orphans:
+            return
+        known = _handed_over_by_comment()
+        for record in orphans:
+            slurm_id = _submitted_for(known, record)
+            if slurm_id:
+                self._note_slurm_id(record, slurm_id)
+                log.info("found %s in Slurm as job %s", record.id, slurm_id)
+            elif known is not None:
+                record_requeue(self.layout, record, self.host, "never reached Slurm; requeued")
+                self.recovery.put_back(record.id, self.layout.claims / (record.claim or ""))
+                log.info("requeued %s: it never reached Slurm", record.id)
+
+    def adopt_from_dead_bridges(self) -> None:
+        """Another bridge whose heartbeat stood still lost_after_s is dead, but its jobs still
+        run in Slurm: they are adopted, never run again. The adopter renames the attempt's
+        claim to its own (exactly one adopter wins) and the record names it from then on; a job
+        the dead bridge had not noted the Slurm id of is found by its sbatch comment, or, if
+        Slurm never got it, goes back to the queue."""
+        dead = self.recovery.dead_hosts()
+        orphans = [r for r in running_records(self.layout) if r.host in dead] if dead else []
+        known = _handed_over_by_comment() if any(not r.slurm_id for r in orphans) else {}
+        for record in orphans:
+            slurm_id = record.slurm_id or _submitted_for(known, record)
+            if slurm_id is None:
+                if known is not None:  # Slurm answered: it never got this one
+                    self.recovery.requeue(record, f"bridge {record.host} died before handing it to Slurm; requeued")
+                continue
+            new_claim = claim_name(record.id, self.host, self.boot_id, record.attempt)
+            if claim(self.layout, self.layout.claims / (record.claim or ""), new_claim) is None:
+                continue  # another bridge adopted it first
+            adopted = replace(record, host=self.host, boot_id=self.boot_id, claim=new_claim)
+            self._note_slurm_id(adopted, slurm_id)
+            append_event(self.layout, self.host, {"job": record.id, "from": "running", "to": "running",
+                                                  "reason": f"adopted from bridge {record.host} (dead)"})
+            log.warning("bridge %s is dead: following %s (Slurm job %s) from here", record.host, record.id, slurm_id)
+
+    def _note_slurm_id(self, record: Record, slurm_id: str) -> None:
+        write_record(self.layout, replace(record, slurm_id=slurm_id, reason=f"Slurm job {slurm_id}"))
+        directory = self.layout.state / "slurm"
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / f"{record.id}.json", {"slurm_id": slurm_id, "claim": record.claim})
+
+    def observe(self) -> None:
+        """No GPUs here: Slurm's nodes have them. Only the records this bridge follows."""
+        self.gpus, self.observed = [], {}
+        self.running = self._own_running()
+
+    def follow(self) -> None:
+        now = time.monotonic()
+        if now - self.followed_at < FOLLOW_EVERY_S and not self.woken_by:
+            return
+        self.followed_at = now
+        handed = [r for r in self.running if r.slurm_id]
+        if not handed:
+            return
+        try:
+            out = _slurm("squeue", "-h", "-o", "%F %T", "-j", ",".join(r.slurm_id for r in handed))
+            if out.returncode != 0:
+                _unknown_job(out)
+            active: dict[str, str] = {}  # an array is active while any of its tasks is
+            for line in out.stdout.splitlines():
+                job, _, state = line.partition(" ")
+                if active.get(job) != "RUNNING":
+                    active[job] = state.strip()
+            for record in handed:
+                if active.get(record.slurm_id) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
+                    if active[record.slurm_id] == "RUNNING" and record.started_at is None:
+                        self._note_start(record)
+                    continue
+                self._settle(record)
+        except (SlurmUnreachable, subprocess.TimeoutExpired) as e:
+            log.warning("Slurm did not answer (%s); its jobs are followed again next pass", e)
+
+    def _note_start(self, record: Record) -> None:
+        info = scontrol_job(record.slurm_id or "") or {}
+        updated = replace(record, started_at=_slurm_time(info.get("StartTime")) or wall_time(),
+                          reason=f"running in Slurm on {info.get('NodeList', '?')}")
+        write_record(self.layout, updated)
+
+    def _settle(self, record: Record) -> None:
+        slurm_id = record.slurm_id or ""
+        info = scontrol_job(slurm_id) or sacct_job(slurm_id) or jobcomp_job(self.config.slurm_jobcomp_file, slurm_id)
+        state_name = (info or {}).get("JobState", "")
+        if info is not None and state_name not in SLURM_STATES:
+            return  # an ending state (COMPLETING...) scontrol shows before squeue: next pass
+        if info is None and time.monotonic() - self.unknown_since.setdefault(slurm_id, time.monotonic()) < UNKNOWN_FOR_S:
+            return  # not written anywhere yet (a jobcomp log on NFS, slurmdbd catching up): ask again
+        self.unknown_since.pop(slurm_id, None)
+        final = SLURM_STATES.get(state_name, State.LOST)
+        code, _, sig = (info or {}).get("ExitCode", ":").partition(":")
+        reason = None if final is State.DONE else (
+            f"Slurm job {record.slurm_id}: {state_name}" if info else
+            f"Slurm job {record.slurm_id} is no longer known to Slurm, nor to its accounting or jobcomp log "
+            "(exit unknown)")
+        transition(self.layout, record, final, self.host,
+                   started_at=_slurm_time((info or {}).get("StartTime")) or record.started_at,
+                   ended_at=_slurm_time((info or {}).get("EndTime")) or wall_time(),
+                   exit_code=int(code) if code.isdigit() and info else None,
+                   signal=int(sig) if sig.isdigit() and int(sig) else None, reason=reason)
+        claimed = self.layout.claims / (record.claim or "")
+        claimed.unlink(missing_ok=True)
+        log.info("%s (Slurm %s) ended: %s", record.id, record.slurm_id, final.value)
+
+    def _stop(self, record: Record, reason: str) -> bool:
+        if not record.slurm_id:
+            return False  # being handed over: the next pass
+        out = _slurm("scancel", record.slurm_id)
+        if out.returncode != 0:
+            log.warning("scancel %s: %s", record.slurm_id, out.stderr.strip())
+        return True
+
+    def start_jobs(self) -> None:
+        """Bridge mode starts nothing here (the base class's step is not in STEPS)."""
+
+    def hand_over(self) -> None:
+        pending = self.intake.pending()
+        if not pending:
+            return
+        handed = handed_over(self.layout.state / "slurm")
+        _, doomed = gates(pending, self.dep_states)
+        for job_id, why in doomed.items():
+            self._cancel_doomed(job_id, why)
+        states = self.dep_states.lookup(referenced(j.spec for j in pending))
+        for job in queue_order([j for j in pending if j.id not in doomed], {}, self.config, wall_time()):
+            deps = {d: "done" for d in job.spec.after} | {d: "any" for d in job.spec.after_any}
+            if any(d not in handed and (states.get(d) != "done" if want == "done" else
+                                                          states.get(d) not in FINAL)
+                                     for d, want in deps.items()):
+                continue  # it waits in gpuq until its dependencies are Slurm's
+            # Slurm waits for the dependencies still open; ended ones need no --dependency
+            self._hand(job, {d: handed[d] for d in deps if d in handed and states.get(d) not in FINAL})
+
+    def _as_owner(self, record: Record, spec: JobSpec) -> tuple[list[str], dict[str, str]]:
+        """sbatch's identity options and environment. A bridge running as root submits each
+        job as its spec's owner, always naming them (sbatch --uid/--gid, root's privilege:
+        without them the job would run as root), as a local root worker runs it; uid 0 only
+        where config allow_root_jobs says so. sbatch's --export=ALL hands sbatch's environment
+        to the job, so for a root bridge it is the clean one a root worker gives a job (the
+        owner's HOME, USER, LOGNAME, SHELL, a plain PATH: none of root's variables), plus what
+        tells sbatch which cluster to use. The logs Slurm will append to (one per array task)
+        are created first, the owner's (0640), so that Slurm writes to their files, never
+        through a link planted in logs/. Raises KeyError for an owner with no account here,
+        and PermissionError for a job that must not be submitted."""
+        owner = None  # a user's bridge: Slurm runs the job as this bridge's user
+        if os.geteuid() == 0:
+            if record.uid < 0 or (record.uid == 0 and not self.config.allow_root_jobs):
+                raise PermissionError(f"uid {record.uid}: a root bridge does not submit jobs as root "
+                                      "(config allow_root_jobs)")
+            owner = Identity.of(record.uid)
+        log_path = str(self.layout.job_log(record.id))  # gpuq's own, and Slurm's --output(s)
+        for path in dict.fromkeys([log_path, *slurm_logs(log_path, spec)]):
+            os.close(open_log(Path(path), owner))
+        if owner is None:
+            return [], dict(os.environ)
+        slurm = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or k.startswith("SBATCH_")}
+        return [f"--uid={owner.uid}", f"--gid={owner.gid}"], {**slurm, **base_environment(owner)}
+
+    def _hand(self, job, dependency_ids: dict[str, str]) -> None:
+        entry = self.intake.entries.get(job.id)
+        if entry is None:
+            return
+        attempt = next_attempt(read_json(self.layout.record(self.layout.requeued, job.id)))
+        name = claim_name(job.id, self.host, self.boot_id, attempt)
+        crash_point("bridge:planned")
+        claimed = claim(self.layout, entry.path, name)
+        self.intake.forget(job.id)
+        if claimed is None:
+            return
+        uid = self._claimed_owner(job.id, entry, claimed)
+        if uid is None:
+            return
+        record = Record(id=job.id, state=State.RUNNING, spec=job.spec.to_json(),
+                        spec_text=entry.text.decode("utf-8-sig", "replace"), user=user_name(uid), uid=uid,
+                        attempt=attempt, queued_at=job.queued_at, host=self.host, boot_id=self.boot_id,
+                        claim=name, claimed_at=wall_time(), reason="handed to Slurm",
+                        time_limit_s=job.spec.time_limit_s or self.config.time_limit_s)
+        record_start(self.layout, record, self.host)
+        crash_point("bridge:recorded")
+        if (age := lease_age(self.rt)) is not None and age > FENCE_FRACTION * self.config.lost_after_s:
+            # Paused past its lease (a stopped VM): another bridge may have requeued this very
+            # record meanwhile and handed the job over itself. Submitting now could run it twice.
+            self.recovery.requeue(record, f"bridge {self.host} was paused {age:.0f} s before sbatch; requeued")
+            return
+        try:
+            script = sbatch_script(job.id, job.spec, self.config, str(self.layout.job_log(job.id)),
+                                   str(self.layout.root), dependency_ids)
+        except ExportError as e:
+            transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
+                       reason=f"cannot hand to Slurm: {e}")
+            return
+        try:
+            as_owner, sbatch_env = self._as_owner(record, job.spec)
+        except (KeyError, OSError) as e:
+            transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
+                       reason=f"cannot hand to Slurm as uid {record.uid}, the spec's owner: {e}")
+            return
+        sbatch = shutil.which("sbatch") or "sbatch"  # found on the bridge's PATH, not the job's
+        out = subprocess.run([sbatch, "--parsable", f"--comment=gpuq:{name}", *as_owner], input=script,
+                             capture_output=True, text=True, timeout=60, env=sbatch_env)
+        if out.returncode != 0 and any(m in out.stderr for m in ("Unable to contact", "timed out", "Zero Bytes")):
+            record_requeue(self.layout, record, self.host, "Slurm did not answer; requeued")
+            self.recovery.put_back(job.id, claimed)  # the controller was away: try again later
+            log.warning("sbatch of %s: Slurm did not answer (%s)", job.id, out.stderr.strip()[-200:])
+            return
+        if out.returncode != 0:
+            transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
+                       reason=f"sbatch refused it: {out.stderr.strip()[-300:]}")
+            return
+        crash_point("bridge:submitted")
+        slurm_id = out.stdout.strip().split(";")[0]
+        self._note_slurm_id(record, slurm_id)
+        log.info("handed %s to Slurm as job %s", job.id, slurm_id)
+

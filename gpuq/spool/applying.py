@@ -1,0 +1,149 @@
+"""A worker applies the requests in the inbox (inbox.py), judging each by who sent it: the
+request file's owner (owners.Actor). One function per verb; each id's outcome is one line
+of the reply, and the reply is ok when every id's was."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+from gpuq.host.faults import wall_time
+from gpuq.host.owners import Actor
+from gpuq.model.config import Config
+from gpuq.spool import bookings, cancel, drain, holds
+from gpuq.spool.decommission import forget
+from gpuq.spool.inbox import Reply, Request, RequestError, finish, read_taken, take, taken_path
+from gpuq.spool.layout import Layout
+
+log = logging.getLogger("gpuq.worker")
+Outcome = tuple[bool, str]
+
+
+def apply_one(layout: Layout, config: Config, host: str, name: str, taken: bool = False) -> Reply | None:
+    """Take request `name` from the inbox (unless this host took it already), apply it and
+    write the reply. None: someone else took it first. Whatever goes wrong with one request
+    is its reply: it never stops the requests behind it."""
+    if not taken and take(layout, host, name) is None:
+        return None
+    try:
+        request = read_taken(taken_path(layout, host, name), name)
+        reply = apply_request(layout, config, host, request)
+    except RequestError as e:
+        reply = Reply(((False, str(e)),), host)
+    except Exception as e:  # noqa: BLE001 - a bug or a case not foreseen: answered, logged, never stuck
+        log.exception("request %s failed", name)
+        reply = Reply(((False, f"request {name}: gpuq could not apply it ({type(e).__name__}); "
+                                "an admin can read why in the worker's log"),), host)
+    try:
+        finish(layout, host, name, reply)
+    except OSError:
+        log.exception("could not reply to request %s", name)
+        try:
+            os.unlink(taken_path(layout, host, name))
+        except OSError:
+            pass
+    return reply
+
+
+def apply_request(layout: Layout, config: Config, host: str, request: Request) -> Reply:
+    actor = Actor.of(request.uid, config.admins)
+    handler = VERBS[request.verb]
+    try:
+        outcomes = handler(layout, config, host, actor, request)
+    except (RequestError, holds.HoldError, bookings.BookingError, drain.DrainError) as e:
+        outcomes = [(False, str(e))]
+    except OSError as e:  # the spool could not be written: say so, nothing is half done
+        outcomes = [(False, f"gpuq {request.verb}: {e.strerror or e} ({e.filename or 'state/'}); "
+                            "nothing was changed; try again")]
+    done = sum(ok for ok, _ in outcomes)
+    log.info("%s by %s: %d done, %d refused%s", request.verb, actor.name, done, len(outcomes) - done,
+             "".join(f"; {line}" for _, line in outcomes[:3]) + (" ..." if len(outcomes) > 3 else ""))
+    return Reply(tuple(outcomes), host)
+
+
+def _per_id(request: Request, one: Callable[[str], Outcome]) -> list[Outcome]:
+    if not request.ids:
+        raise RequestError(f"gpuq {request.verb}: no job ids given")
+    return [one(job_id) for job_id in request.ids]
+
+
+def _held_or_refused(call: Callable[[], str]) -> Outcome:
+    try:
+        return True, call()
+    except holds.HoldError as e:
+        return False, str(e)
+
+
+def _cancel(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    return _per_id(r, lambda i: cancel.cancel_one(layout, i, host, actor))
+
+
+def _hold(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    why = _text(r.args.get("why"), 200)
+    return _per_id(r, lambda i: _held_or_refused(lambda: holds.hold(layout, i, host, actor, why)))
+
+
+def _submit_held(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    text = r.args.get("text")
+    if len(r.ids) != 1 or not isinstance(text, str):
+        raise RequestError("gpuq submit --hold: one job id and the spec's text")
+    return [_held_or_refused(lambda: holds.submit_held(layout, r.ids[0], host, actor, text.encode()))]
+
+
+def _release(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    return _per_id(r, lambda i: _held_or_refused(lambda: holds.release(layout, i, host, actor)))
+
+
+def _retry(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    return _per_id(r, lambda i: _held_or_refused(lambda: holds.retry(layout, i, host, actor)))
+
+
+def _edit(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    text = r.args.get("text")
+    if len(r.ids) != 1 or not isinstance(text, str):
+        raise RequestError("gpuq edit: one job id and the new text")
+    release_after = r.args.get("release") is True
+    return [_held_or_refused(lambda: holds.edit(layout, r.ids[0], host, actor, text.encode(), release_after))]
+
+
+def _book(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    a = r.args
+    gpus = a.get("gpus")
+    if not isinstance(gpus, list) or not isinstance(a.get("host"), str):
+        raise RequestError("gpuq book: HOST:GPUS, --from and --to")
+    b = bookings.book(layout, a["host"], tuple(gpus), _number(a.get("start")), _number(a.get("end")),
+                      _text(a.get("owner"), 64) or None, _text(a.get("note"), 200), wall_time(), actor)
+    return [(True, f"{b.id}: {b.describe()}" + (f" · {b.note}" if b.note else ""))]
+
+
+def _unbook(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    b = bookings.unbook(layout, r.args.get("id"), actor)
+    return [(True, f"{b.id}: removed ({b.describe()})")]
+
+
+def _drain(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    return [(True, drain.drain(layout, r.args.get("host"), _text(r.args.get("reason"), 200) or None, actor))]
+
+
+def _resume(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    return [(True, drain.resume(layout, r.args.get("host"), actor))]
+
+
+def _forget(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    return [(True, forget(layout, r.args.get("host"), actor))]
+
+
+def _text(value: Any, limit: int) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError("a time must be a number")
+    return float(value)
+
+
+VERBS: dict[str, Callable[[Layout, Config, str, Actor, Request], list[Outcome]]] = {
+    "cancel": _cancel, "hold": _hold, "submit-held": _submit_held, "release": _release, "retry": _retry, "edit": _edit,
+    "book": _book, "unbook": _unbook, "drain": _drain, "resume": _resume, "forget": _forget,
+}

@@ -1,0 +1,132 @@
+"""Cancelling a job, as a worker applies a `gpuq cancel` request (inbox.py). A pending or
+held job is taken out of the queue by the same kind of atomic rename a worker claims with,
+so exactly one of them wins. A running job gets a stop order in state/control/<host>/ that
+its own host's worker carries out (SIGTERM, grace, SIGKILL)."""
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import time
+from pathlib import Path
+
+from gpuq.host.faults import wall_time
+from gpuq.host.files import close_moved_directory, write_json
+from gpuq.host.owners import Actor, refusal
+from gpuq.model.errors import SpecError
+from gpuq.model.record import Record, RecordError
+from gpuq.model.spec import parse_spec_text
+from gpuq.model.states import State, check_transition
+from gpuq.spool.intake import read_spec_file, user_name
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import (
+    append_event,
+    claims_of,
+    forget_place,
+    pending_specs,
+    read_record,
+    transition_event,
+    unclaim,
+    write_record,
+)
+
+STARTING_WAIT_S = 2.0
+
+
+def cancel_pending(layout: Layout, spec_path: Path, job_id: str, host: str, reason: str,
+                   actor: Actor | None = None) -> tuple[bool, str]:
+    """Take a pending (or held) spec out of the queue and record it cancelled with `reason`.
+    The spec is moved aside first (one winner against a claim) and checked on the moved file;
+    it is put back if it is not a plain file the actor may cancel, or the record cannot be
+    written: nothing half done. (False, why) when it was not cancelled."""
+    display = f"jobs/{spec_path.name}"
+    not_a_job = f"{job_id}: {display} is a directory, not a job; nothing was changed"
+    try:  # a FIFO or a link is taken out (and recorded cancelled); a directory is nobody's job
+        if stat.S_ISDIR(os.lstat(spec_path).st_mode):
+            return False, not_a_job
+    except FileNotFoundError:
+        return False, f"{job_id}: a worker started it a moment ago"
+    aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}.tmp"
+    try:
+        os.rename(spec_path, aside)
+    except FileNotFoundError:
+        return False, f"{job_id}: a worker started it a moment ago"
+    check_transition(State.PENDING, State.CANCELLED)
+    st = os.lstat(aside)
+    if stat.S_ISDIR(st.st_mode):  # swapped by its owner since the look: not a job, not put back
+        moved = layout.rejected / f"{job_id}.{secrets.token_hex(4)}.not-a-spec"
+        os.rename(aside, moved)
+        close_moved_directory(moved)
+        return False, not_a_job
+    if actor is not None and not actor.may_act_on(st.st_uid):
+        _put_back(layout, aside, spec_path, job_id)
+        return False, refusal(job_id, st.st_uid)
+    try:  # opened as the worker would: no links followed, a FIFO never blocks
+        raw, st = read_spec_file(aside, display)
+        spec = parse_spec_text(raw, display).to_json()
+    except (SpecError, OSError):
+        raw, spec = b"", {}
+    record = Record(id=job_id, state=State.CANCELLED, spec=spec, spec_text=raw.decode("utf-8", "replace"),
+                    user=user_name(st.st_uid), uid=st.st_uid, queued_at=st.st_mtime, ended_at=wall_time(),
+                    reason=reason)
+    try:
+        write_record(layout, record)
+    except OSError:
+        _put_back(layout, aside, spec_path, job_id)
+        raise
+    os.unlink(aside)
+    forget_place(layout, job_id)  # a retry queues anew
+    append_event(layout, host, transition_event(record, State.PENDING, State.CANCELLED))
+    return True, ""
+
+
+def _put_back(layout: Layout, aside: Path, spec_path: Path, job_id: str) -> None:
+    """Back where it was; if a new file took its name meanwhile, to rejected/ with the reason
+    (never under another id, where someone else's job could take its place)."""
+    if not unclaim(aside, spec_path):
+        os.rename(aside, layout.rejected / f"{job_id}.{secrets.token_hex(4)}{spec_path.suffix}")
+
+
+def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bool, str]:
+    """Apply one id of a cancel request from `actor`. Returns (ok, message). What the spool
+    records about the id (ended, running, held) comes first: a file someone drops into jobs/
+    under that id is not that job."""
+    deadline = time.monotonic() + STARTING_WAIT_S
+    while True:
+        try:
+            finished = read_record(layout.record(layout.finished, job_id))
+            running = read_record(layout.record(layout.running, job_id))
+        except (RecordError, ValueError):
+            return False, f"{job_id}: its record is damaged; an admin should look at state/"
+        if finished is not None:
+            return False, f"{job_id}: already ended ({finished.state.value})"
+        if running is not None and running.host:
+            if not actor.may_act_on(running.uid):
+                return False, refusal(job_id, running.uid)
+            control = layout.host_control(running.host)
+            control.mkdir(exist_ok=True)
+            write_json(control / f"{job_id}.json", {"action": "cancel", "by": actor.name, "t": wall_time(),
+                                                    "attempt": running.attempt})
+            return True, f"{job_id}: cancelling (running on {running.host}); its worker stops it"
+        held = layout.held / f"{job_id}.yaml"
+        candidates = [(held, "held")] if os.path.lexists(held) else \
+            [(p, "pending") for p in pending_specs(layout, job_id)]
+        refused = None
+        for spec_path, was in candidates:  # x.yaml and x.yml: the one the actor may cancel
+            try:
+                if not actor.may_act_on(os.lstat(spec_path).st_uid):
+                    refused = refused or refusal(job_id, os.lstat(spec_path).st_uid)
+                    continue
+            except FileNotFoundError:
+                continue
+            done, why = cancel_pending(layout, spec_path, job_id, host, f"cancelled by {actor.name} while {was}", actor)
+            if done:
+                layout.record(layout.held, job_id).unlink(missing_ok=True)
+                return True, f"{job_id}: cancelled (was {was})"
+            if not why.endswith("a moment ago"):
+                return False, why
+        if refused and not claims_of(layout, job_id):
+            return False, refused
+        if not claims_of(layout, job_id) and not candidates or time.monotonic() > deadline:
+            return False, refused or f"{job_id}: no such job"
+        time.sleep(0.05)  # claimed a moment ago (here or on another host): its record is being written

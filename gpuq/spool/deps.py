@@ -1,0 +1,104 @@
+"""Dependencies between jobs. `after: [a, b]` starts a job once each of a and b has
+succeeded; if one ends any other way (failed, cancelled, timeout, lost, rejected) the job
+is cancelled with that reason, and so on down a chain (Slurm's afterok with
+kill_invalid_depend). `after_any: [c]` starts it once c has ended, whatever the result.
+A sweep's or an array's id stands for all its members.
+
+`gate` is pure; `DependencyStates` reads the states from the spool at the edge."""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Mapping
+
+from gpuq.host.files import read_json
+from gpuq.model.spec import JobSpec
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import claims_of, pending_spec_path
+from gpuq.spool.sweeps import kept_spec, read_group
+
+FINAL = frozenset({"done", "failed", "cancelled", "timeout", "lost", "rejected"})
+UNKNOWN = "unknown"
+
+
+def gate(spec: JobSpec, states: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(why it must wait, why it can never start), either or both None."""
+    for dep in spec.after:
+        state = states.get(dep, UNKNOWN)
+        if state in FINAL and state != "done":
+            return None, f"dependency {dep} ended {state}"
+    waiting = [d for d in spec.after if states.get(d, UNKNOWN) != "done"]
+    waiting += [d for d in spec.after_any if states.get(d, UNKNOWN) not in FINAL and d not in waiting]
+    if not waiting:
+        return None, None
+    unknown = [d for d in waiting if states.get(d, UNKNOWN) == UNKNOWN]
+    return ("waiting for " + ", ".join(waiting)
+            + (f" ({', '.join(unknown)}: no such job yet)" if unknown else "")), None
+
+
+def group_state(member_states: list[str]) -> str:
+    """A sweep or array as a dependency (Slurm's afterok on an array job): done once every
+    member is; ended as its first member that ended otherwise, once all have ended."""
+    if any(s not in FINAL for s in member_states):
+        return "running"
+    return next((s for s in member_states if s != "done"), "done")
+
+
+def referenced(specs: Iterable[JobSpec]) -> set[str]:
+    return {d for spec in specs for d in (*spec.after, *spec.after_any)}
+
+
+class DependencyStates:
+    """The state of each job some pending job depends on: finished (the record's state,
+    re-read only when its file changes), running, pending or held, or unknown."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self._finished: dict[str, tuple[tuple[int, int], str]] = {}
+
+    def lookup(self, ids: Iterable[str]) -> dict[str, str]:
+        return {job_id: self._state(job_id) for job_id in ids}
+
+    def _state(self, job_id: str) -> str:
+        path = self.layout.record(self.layout.finished, job_id)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self._finished.pop(job_id, None)
+        else:
+            key = (st.st_ino, st.st_mtime_ns)
+            cached = self._finished.get(job_id)
+            if cached and cached[0] == key:
+                return cached[1]
+            record = read_json(path)
+            if record is not None:
+                self._finished[job_id] = (key, record["state"])
+                return record["state"]
+        if self.layout.record(self.layout.running, job_id).exists() or claims_of(self.layout, job_id):
+            return "running"
+        if pending_spec_path(self.layout, job_id) is not None or (self.layout.held / f"{job_id}.yaml").exists():
+            return "pending"
+        group = read_group(self.layout, job_id)
+        if group is not None:
+            return group_state([self._state(m) for m in group["members"]])
+        return "pending" if kept_spec(self.layout, job_id).exists() else UNKNOWN  # being expanded
+
+
+def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], dict[str, str]]:
+    """For PendingJobs: ({id: why it waits}, {id: why it can never start}). A sweep spec
+    waits too: it is never run itself (sweeps.py)."""
+    with_deps = [j for j in pending if j.spec.after or j.spec.after_any or j.spec.sweep or j.spec.array]
+    if not with_deps:
+        return {}, {}
+    known = states.lookup(referenced(j.spec for j in with_deps))
+    waiting, doomed = {}, {}
+    for job in with_deps:
+        if job.spec.sweep or job.spec.array:  # never run itself: a worker turns it into its member jobs
+            kind = "an array" if job.spec.array else "a sweep"
+            waiting[job.id] = f"{kind}: the next worker pass turns it into its jobs"
+            continue
+        wait, doom = gate(job.spec, known)
+        if doom:
+            doomed[job.id] = doom
+        elif wait:
+            waiting[job.id] = wait
+    return waiting, doomed

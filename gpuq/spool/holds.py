@@ -1,0 +1,267 @@
+"""hold / release / edit / retry, as a worker applies them (requests from inbox.py): moving a
+job between the queue and the places beside it. Each checks the actor (the request file's
+owner) against the job's owner on the file the worker moved or on the worker's own record.
+
+- hold: the pending spec is renamed from jobs/ into state/held/ (the same atomic rename a
+  claim is: if a worker claimed it first, the hold is refused — it is running). A record
+  beside it says who held it and when.
+- release: the record goes first, then the spec is linked back into jobs/ (never over a
+  file a user put there meanwhile). A rename keeps the file's mtime: its old place in the
+  queue. A crash in between leaves the spec in held/, still held, and release works again.
+- edit: the CLI holds the job, runs $EDITOR on a copy and validates it; the request carries
+  the new text, which replaces the held spec (the owner's, with its old mtime) and, unless
+  the job was held before, releases it.
+- retry: a finished job's record is kept in requeued/ (so the next attempt is numbered +1),
+  the finished record goes, and its spec text goes back into jobs/ as a new submission,
+  owned by the job's owner. A crash after the record went and before the spec was placed
+  is finished by running retry again. A rejected spec (moved to rejected/ as it was) is
+  moved back into jobs/, to be checked again.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from gpuq.host.faults import wall_time
+from gpuq.host.files import create_owned, read_json, write_json
+from gpuq.host.owners import Actor, refusal
+from gpuq.model.errors import SpecError
+from gpuq.model.names import JOB_ID_RE
+from gpuq.model.record import Record
+from gpuq.model.spec import parse_spec_text
+from gpuq.model.states import State, check_transition
+from gpuq.spool.ids import id_taken
+from gpuq.spool.intake import read_spec_file, user_name
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import (
+    append_event,
+    forget_place,
+    has_record,
+    keep_place,
+    kept_place,
+    pending_spec_path,
+    pending_specs,
+    read_record,
+    transition_event,
+    unclaim,
+    write_record,
+)
+
+
+class HoldError(Exception):
+    pass
+
+
+def held_spec(layout: Layout, job_id: str) -> Path:
+    return layout.held / f"{job_id}.yaml"
+
+
+def _check_owner(job_id: str, owner: int, actor: Actor, verb: str) -> None:
+    if not actor.may_act_on(owner):
+        raise HoldError(refusal(job_id, owner, verb))
+
+
+def _held(layout: Layout, job_id: str, actor: Actor, verb: str, missing: str) -> tuple[Path, os.stat_result]:
+    """The held spec and its stat, once `actor` may `verb` it (state/held/ is the worker's:
+    its files are what the worker moved there)."""
+    src = held_spec(layout, job_id)
+    try:
+        st = os.lstat(src)
+    except FileNotFoundError:
+        raise HoldError(missing) from None
+    _check_owner(job_id, st.st_uid, actor, verb)
+    return src, st
+
+
+def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") -> str:
+    if os.path.lexists(held_spec(layout, job_id)):
+        raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
+    if has_record(layout, job_id):  # a file in jobs/ under a running or ended job's id is not that job
+        raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held or edited)")
+    mine = [p for p in pending_specs(layout, job_id) if actor.may_act_on(os.lstat(p).st_uid)]
+    if not mine:
+        others = pending_specs(layout, job_id)
+        if others:
+            raise HoldError(refusal(job_id, os.lstat(others[0]).st_uid, "hold"))
+        raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held or edited)")
+    spec_path, dest = mine[0], held_spec(layout, job_id)
+    before = os.lstat(spec_path)
+    if not stat.S_ISREG(before.st_mode):
+        raise HoldError(f"{job_id}: jobs/{spec_path.name} is not a plain file, so not a job")
+    place = kept_place(layout, job_id, before.st_uid) or before.st_ctime  # as intake reads it
+    # link, then unlink: never over a held spec that is there already
+    try:
+        if not unclaim(spec_path, dest):
+            raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
+    except FileNotFoundError:
+        raise HoldError(f"{job_id}: a worker started it a moment ago; it is running") from None
+    st = os.lstat(dest)  # the moved file, in a directory only the worker's account writes
+    if not actor.may_act_on(st.st_uid):  # its owner replaced it between the look and the move
+        _put_back(layout, dest, spec_path, job_id)
+        raise HoldError(refusal(job_id, st.st_uid, "hold"))
+    check_transition(State.PENDING, State.HELD)
+    record = Record(id=job_id, state=State.HELD, spec={}, user=user_name(st.st_uid), uid=st.st_uid,
+                    queued_at=place, reason=why or f"held by {actor.name}", held_at=wall_time())
+    try:
+        write_record(layout, record)
+    except OSError:
+        _put_back(layout, dest, spec_path, job_id)
+        raise
+    append_event(layout, host, transition_event(record, State.PENDING, State.HELD))
+    return f"{job_id}: held (gpuq release {job_id} puts it back at its place)"
+
+
+def _put_back(layout: Layout, moved: Path, spec_path: Path, job_id: str) -> None:
+    """Back into jobs/; if a new file took its name meanwhile, to rejected/ (never lost, never
+    under another id)."""
+    if not unclaim(moved, spec_path):
+        os.rename(moved, layout.rejected / f"{job_id}.{os.urandom(4).hex()}{spec_path.suffix}")
+
+
+def submit_held(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes) -> str:
+    """`gpuq submit --hold`: a new spec, held from the start, owned by the request's sender.
+    Its text comes in the request, never through jobs/: there, another member could take its
+    id between the file's arrival and the hold. Checked as a worker checks a spec."""
+    if not JOB_ID_RE.match(job_id):
+        raise HoldError(f"{job_id!r}: not a job id; nothing was submitted")
+    try:
+        parse_spec_text(text, f"jobs/{job_id}.yaml")
+    except SpecError as e:
+        raise HoldError(f"{e}; nothing was submitted") from None
+    if id_taken(layout, job_id):
+        raise HoldError(f"{job_id}: the id is used by another job; nothing was submitted. "
+                        "Fix: submit it again (gpuq submit picks a free id)")
+    now = wall_time()
+    tmp = create_owned(layout.held, job_id, text, actor.uid, mode=0o640)  # it may hold secrets
+    if not unclaim(tmp, held_spec(layout, job_id)):
+        os.unlink(tmp)
+        raise HoldError(f"{job_id}: the id is used by another job; nothing was submitted")
+    check_transition(State.PENDING, State.HELD)
+    record = Record(id=job_id, state=State.HELD, spec={}, user=actor.name, uid=actor.uid, queued_at=now,
+                    reason="held at submission", held_at=now)
+    try:
+        write_record(layout, record)
+    except OSError:
+        held_spec(layout, job_id).unlink(missing_ok=True)
+        raise
+    append_event(layout, host, transition_event(record, State.PENDING, State.HELD, "submitted held"))
+    return f"{job_id}: submitted, held (gpuq release {job_id} puts it in the queue)"
+
+
+def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
+    """Back into the queue at its old place."""
+    src, st = _held(layout, job_id, actor, "release", f"{job_id}: not held")
+    try:
+        record = read_record(layout.record(layout.held, job_id))
+    except ValueError:
+        record = None
+    record = record or Record(id=job_id, state=State.HELD, spec={})
+    keep_place(layout, job_id, st.st_uid, record.queued_at)
+    layout.record(layout.held, job_id).unlink(missing_ok=True)
+    if not unclaim(src, layout.jobs / f"{job_id}.yaml"):
+        raise HoldError(f"{job_id}: jobs/{job_id}.yaml exists (a new file?); the held spec stays held. "
+                        f"Fix: move that file away and run `gpuq release {job_id}` again")
+    check_transition(State.HELD, State.PENDING)
+    append_event(layout, host, transition_event(record, State.HELD, State.PENDING, "released"))
+    return f"{job_id}: released, back at its place in the queue"
+
+
+def edit(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes, release_after: bool) -> str:
+    """Replace a held spec's text with `text` (validated here again: the request is the
+    sender's bytes), keeping its owner, mode and queue place; then release it unless it
+    was held before the edit began."""
+    src, st = _held(layout, job_id, actor, "edit",
+                    f"{job_id}: not held any more (released or cancelled meanwhile); nothing changed")
+    try:
+        parse_spec_text(text, f"jobs/{job_id}.yaml")
+    except SpecError as e:
+        raise HoldError(f"{e}; the spec is unchanged") from None
+    original, _ = read_spec_file(src, f"jobs/{job_id}.yaml")
+    if text != original:
+        tmp = create_owned(layout.held, job_id, text, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode),
+                           mtime=st.st_mtime)
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.rename(tmp, src)
+    changed = "edited" if text != original else "unchanged"
+    if not release_after:
+        return f"{job_id}: {changed} (still held)"
+    release(layout, job_id, host, actor)
+    return f"{job_id}: {changed}, back at its place in the queue"
+
+
+def held_jobs(layout: Layout) -> list[dict]:
+    """For `gpuq status`: each held spec, with who held it and since when."""
+    out = []
+    for path in sorted(layout.held.glob("*.yaml")):
+        job_id = path.stem
+        try:
+            record = read_json(layout.record(layout.held, job_id)) or {}
+            st = os.lstat(path)
+        except (FileNotFoundError, ValueError):
+            continue
+        if not isinstance(record, dict):
+            record = {}
+        out.append({"id": job_id, "user": user_name(st.st_uid), "since": record.get("held_at"),
+                    "reason": record.get("reason") or "held"})
+    return out
+
+
+def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
+    finished = layout.record(layout.finished, job_id)
+    record = read_record(finished)
+    kept = layout.record(layout.requeued, job_id)
+    if record is None:
+        earlier = read_json(kept)
+        if earlier is None and (refused := _rejected_spec(layout, job_id)) is not None:
+            return _retry_rejected(layout, refused, job_id, host, actor)
+        if earlier is None or pending_spec_path(layout, job_id) or layout.record(layout.running, job_id).exists():
+            raise HoldError(f"{job_id}: no finished job by that id (retry puts an ended job back)")
+        record = Record.from_json(earlier)  # an interrupted retry: finish it
+    elif record.state is State.REJECTED or not record.spec_text:
+        raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")
+    _check_owner(job_id, record.uid, actor, "retry")
+    check_transition(record.state, State.PENDING)
+    if pending_specs(layout, job_id):
+        raise HoldError(f"{job_id}: jobs/ holds a file with this id already (not this job: it would be "
+                        "rejected); nothing was changed")
+    # Made in a directory only the worker's account writes, owned by the job's owner, then
+    # linked into jobs/: nothing a member planted in jobs/ is ever written through.
+    tmp = create_owned(layout.held, job_id, record.spec_text.encode(), record.uid)
+    forget_place(layout, job_id)  # a retried job queues anew
+    write_json(kept, record.to_json())
+    if finished.exists():
+        finished.unlink()
+    if not unclaim(tmp, layout.jobs / f"{job_id}.yaml"):  # a file appeared in jobs/ meanwhile: undo
+        tmp.unlink()
+        write_json(finished, record.to_json())
+        kept.unlink(missing_ok=True)
+        raise HoldError(f"{job_id}: jobs/{job_id}.yaml appeared meanwhile (not this job); nothing was changed")
+    append_event(layout, host, transition_event(record, record.state, State.PENDING, f"retry by {actor.name}"))
+    return f"{job_id}: back in the queue as attempt {record.attempt + 1}"
+
+
+def _rejected_spec(layout: Layout, job_id: str) -> Path | None:
+    """The refused spec in rejected/ under this id (moved there as it was), if any."""
+    return next((p for p in (layout.rejected / f"{job_id}.yaml", layout.rejected / f"{job_id}.yml")
+                 if os.path.lexists(p)), None)
+
+
+def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Actor) -> str:
+    """A refused spec goes back into jobs/ as it is, to be checked again: for a refusal that
+    the config, a host or a user account has since mended (a spec whose text was wrong is
+    simply refused again; a fixed one is dropped anew). Only a plain file is moved back, and
+    only for its owner (or root, or an admin)."""
+    st = os.lstat(src)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        raise HoldError(f"{job_id}: the refused file is not a plain spec file (it was refused for that); "
+                        "submit a new spec")
+    _check_owner(job_id, st.st_uid, actor, "retry")
+    if pending_specs(layout, job_id):
+        raise HoldError(f"{job_id}: jobs/ holds a file with this id already; nothing was changed")
+    if not unclaim(src, layout.jobs / src.name):
+        raise HoldError(f"{job_id}: jobs/{src.name} appeared meanwhile; nothing was changed")
+    (layout.rejected / f"{job_id}.error").unlink(missing_ok=True)
+    append_event(layout, host, {"job": job_id, "from": "rejected", "to": "pending",
+                                "reason": f"retry by {actor.name}"})
+    return f"{job_id}: its refused spec is back in the queue, to be checked again"

@@ -1,0 +1,282 @@
+"""Reading jobs/: which pending specs exist, parsed once per version of each file.
+
+A spec still being written must not be rejected: a file that fails to parse is retried
+until it has been unchanged for `spec_settle_s`. Parsed specs are cached by (mtime, size,
+inode), and the cache is shared through state/workers/<host>.specs.json so `gpuq status`
+does not re-parse 10,000 files.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import pwd
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuq.host.faults import wall_time
+from gpuq.host.owners import OwnerPolicy
+from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
+from gpuq.model.jobs import PendingJob
+from gpuq.model.names import JOB_ID_RE
+from gpuq.model.spec import JobSpec, parse_spec_text
+from gpuq.spool.layout import Layout, job_id_for_spec_name
+from gpuq.spool.store import kept_place
+
+StatKey = tuple[int, int, int, int]  # mtime_ns, size, inode, links
+# A directory changed less than this long ago may change again within the same mtime tick.
+RACY_MTIME_S = 2.0
+
+
+@dataclass
+class Entry:
+    key: StatKey
+    jobs_dir: Path
+    name: str                         # the file name in jobs/ (a Path per entry costs 10,000 joins)
+    job: PendingJob | None = None
+    error: SpecError | None = None
+    text: bytes = b""
+    unchanged_since: float = 0.0      # monotonic time the key was first seen
+    final: bool = False               # the error is the file's own, not its content's
+
+    @property
+    def path(self) -> Path:
+        return self.jobs_dir / self.name
+
+
+@functools.lru_cache(maxsize=1024)  # one /etc/passwd read per user, not per spec
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def read_spec_file(path: Path, display: str) -> tuple[bytes, os.stat_result]:
+    """Open without following links or blocking (a FIFO must not hang the worker) and
+    check the open file itself: a regular file, one link, under the size cap."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SpecError(display, None, "is a symbolic link", "copy the spec into jobs/ as a plain file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(display, None, "is not a regular file", "put a plain YAML file in jobs/")
+        if st.st_nlink != 1:
+            raise SpecError(display, None, "has more than one hard link", "copy the spec instead of linking it")
+        if st.st_size > MAX_SPEC_BYTES:
+            raise SpecError(display, None, f"is {st.st_size} bytes, over the {MAX_SPEC_BYTES} cap",
+                            "a spec is a few lines; put data in files the command reads")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_SPEC_BYTES + 1), st
+    finally:
+        os.close(fd)
+
+
+def check_job_id(job_id: str, name: str) -> None:
+    if not JOB_ID_RE.match(job_id):
+        raise SpecError(f"jobs/{name!r}", None, "the file name is not a usable job id",
+                        "rename it to letters, digits, '_', '-' and '.' (at most 64, not starting "
+                        "with '.'), e.g. train-a.yaml")
+
+
+def parse_entry(layout: Layout, job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
+    spec = parse_spec_text(text, f"jobs/{path.name}")
+    user = user_name(st.st_uid)
+    # A job's place in the queue is when its file landed in jobs/: the change time, which the
+    # kernel sets on every write, link and rename (its mtime a member can set to any past
+    # day); or, for a job a worker put back (released, requeued), the place it kept.
+    kept = kept_place(layout, job_id, st.st_uid)
+    return PendingJob(job_id, user, spec, st.st_ctime if kept is None else min(kept, st.st_ctime))
+
+
+class Intake:
+    """The pending specs of one root, re-read only when a file changes."""
+
+    def __init__(self, layout: Layout, policy: OwnerPolicy | None = None) -> None:
+        self.layout = layout
+        self.policy = policy           # the worker's: whose specs it may run
+        self.entries: dict[str, Entry] = {}
+        self.duplicates: dict[str, str] = {}  # a second file of a known id (x.yml beside x.yaml): refused
+        # Kept apart so that a pass costs O(changes), not O(pending):
+        self.failing: set[str] = set()     # ids whose file does not parse (yet)
+        self.unchecked: set[str] = set()   # ids parsed since the worker last checked them
+        self.version = 0               # bumped whenever the set of parsed jobs changes
+        self.scanned_at = float("-inf")
+        self.full_scan_at = float("-inf")
+        self.dir_key: tuple[int, int, int] | None = None
+        self.listing: dict[str, int] = {}   # jobs/ as last read: name -> inode
+        self.jobs_dir_str = str(layout.jobs)
+
+    def scan(self, now_mono: float, full: bool = True) -> None:
+        """Find new, changed and vanished specs. `full=False` skips the directory when its
+        mtime shows no change (and the change was not so recent that the clock tick could
+        hide another), and otherwise examines only names that are new or whose inode changed
+        (readdir gives both for free). Specs that do not parse yet are always re-examined."""
+        self.scanned_at = now_mono
+        if full:
+            self.full_scan_at = now_mono
+        else:
+            try:
+                st = os.stat(self.layout.jobs)
+            except OSError:
+                return
+            dir_key = (st.st_mtime_ns, st.st_ino, st.st_size)
+            settled = wall_time() - st.st_mtime > RACY_MTIME_S
+            if dir_key == self.dir_key and settled and not self.failing:
+                return
+            self.dir_key = dir_key if settled else None
+        with os.scandir(self.layout.jobs) as it:
+            listing = {entry.name: entry.inode() for entry in it}
+        if full:
+            candidates = set(listing)
+        else:  # set operations on dict views run in C: a burst of claims costs O(changes)
+            candidates = {name for name, _ in listing.items() - self.listing.items()}
+            candidates.update(self.entries[i].name for i in self.failing)
+        self.listing = listing
+        changed = False
+        for job_id in [i for i, e in self.entries.items() if e.name not in listing]:
+            self._drop(job_id)
+            changed = True
+        for name in candidates:
+            job_id = job_id_for_spec_name(name)
+            if job_id is None or name not in listing:
+                continue
+            known = self.entries.get(job_id)
+            if known is not None and known.name != name:  # train.yaml and train.yml: one id, two files
+                if not self._landed_first(name, known.name):
+                    self.duplicates[name] = job_id
+                    continue
+                # The file that landed first keeps the id, whichever one a scan met first (a
+                # scan that finds both new meets them in no order: a member's later file under
+                # another's id took it from her when the worker fell behind).
+                self.duplicates[known.name] = job_id
+                self._drop(job_id)
+                known, changed = None, True
+            changed |= self._examine(job_id, name, known, now_mono)
+        if changed:
+            self.version += 1
+
+    def _landed_first(self, name: str, other: str) -> bool:
+        """Whether jobs/`name` landed before jobs/`other` (by change time, as a job's place in
+        the queue is read); False when either cannot be looked at."""
+        try:
+            return os.lstat(f"{self.jobs_dir_str}/{name}").st_ctime_ns < os.lstat(f"{self.jobs_dir_str}/{other}").st_ctime_ns
+        except OSError:
+            return False
+
+    def _examine(self, job_id: str, name: str, known: Entry | None, now_mono: float) -> bool:
+        """(Re)read one spec file if it changed. Returns whether the entry changed."""
+        try:
+            st = os.lstat(f"{self.jobs_dir_str}/{name}")
+        except FileNotFoundError:
+            return False
+        key = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_nlink)
+        if known is not None and known.key == key:
+            return False
+        entry = Entry(key, self.layout.jobs, name, unchanged_since=now_mono)
+        try:
+            # What is wrong with the file itself (a link, a FIFO, its owner, its name) does not
+            # mend as a writer finishes: refused at once. Its content waits to settle, and so
+            # does a second hard link: `gpuq submit` and a worker putting a spec back link the
+            # name into jobs/ and then unlink their own (a loaded box reads in between).
+            entry.final = st.st_nlink == 1
+            entry.text, fst = read_spec_file(entry.path, f"jobs/{name}")
+            entry.final = True
+            if self.policy is not None:
+                self.policy.check(fst, f"jobs/{name}")
+            check_job_id(job_id, name)
+            entry.final = False
+            entry.job = parse_entry(self.layout, job_id, entry.path, fst, entry.text)
+        except SpecError as e:
+            entry.error = e
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            entry.error = SpecError(f"jobs/{name}", None, f"cannot be read ({e.strerror})",
+                                    "make it readable by the worker")
+        self._put(job_id, entry)
+        return True
+
+    def _put(self, job_id: str, entry: Entry) -> None:
+        self.entries[job_id] = entry
+        if entry.error is not None:
+            self.failing.add(job_id)
+            self.unchecked.discard(job_id)
+        else:
+            self.failing.discard(job_id)
+            self.unchecked.add(job_id)
+
+    def _drop(self, job_id: str) -> Entry | None:
+        self.failing.discard(job_id)
+        self.unchecked.discard(job_id)
+        return self.entries.pop(job_id, None)
+
+    def take_duplicates(self) -> list[tuple[str, str]]:
+        """(file name, job id) of second files for ids another file already has."""
+        found = [(name, job_id) for name, job_id in self.duplicates.items()
+                 if name in self.listing and job_id in self.entries]
+        self.duplicates.clear()
+        return found
+
+    def forget(self, job_id: str) -> None:
+        """The worker claimed or rejected this spec: it is no longer pending. If a file by
+        that name comes back (a claim put back), the next scan must read it afresh."""
+        entry = self._drop(job_id)
+        if entry is not None:
+            self.listing.pop(entry.name, None)
+            self.version += 1
+
+    def pending(self) -> list[PendingJob]:
+        return [e.job for e in self.entries.values() if e.job is not None]
+
+    def settled_errors(self, now_mono: float, settle_s: float) -> list[tuple[str, Entry]]:
+        """Invalid specs unchanged for `settle_s`: time to reject them."""
+        return [(i, self.entries[i]) for i in self.failing
+                if self.entries[i].final or now_mono - self.entries[i].unchanged_since >= settle_s]
+
+    def unsettled(self) -> dict[str, SpecError]:
+        return {i: self.entries[i].error for i in self.failing}  # type: ignore[misc]
+
+    def take_unchecked(self) -> list[Entry]:
+        """Parsed specs the worker has not yet checked (once per version of each file)."""
+        taken = [self.entries[i] for i in self.unchecked]
+        self.unchecked.clear()
+        return taken
+
+    # --- the shared cache ---------------------------------------------------------------
+
+    def cache_json(self) -> dict:
+        return {i: [list(e.key), e.job.user, e.job.spec.to_cache(), e.job.queued_at, e.name]
+                for i, e in self.entries.items() if e.job is not None}
+
+    def seed(self, cache: dict) -> None:
+        """Take parsed specs from another process's `cache_json`; a scan re-reads any file
+        whose (mtime, size, inode, links) no longer matches."""
+        jobs = self.layout.jobs
+        entries = self.entries  # (parsed specs only: nothing failing, and the worker's checks done)
+        for job_id, (key, user, spec, queued_at, name) in cache.items():
+            entries[job_id] = Entry(tuple(key), jobs, name, PendingJob(job_id, user, JobSpec.from_cache(spec), queued_at))
+            self.listing[name] = key[2]  # as if this process had listed it: only other names are examined
+
+
+def load_pending_for_view(layout: Layout, cache_files: list[Path]) -> tuple[list[PendingJob], dict[str, str]]:
+    """Pending jobs for `gpuq status`: the same scan a worker does between its full scans,
+    seeded with a worker's shared cache, so that only files added, removed or replaced since
+    are read here (a file edited in place shows its new content once that worker's cache is
+    rewritten, within seconds). Returns (jobs, problems: id -> message for specs that do not
+    parse yet)."""
+    intake = Intake(layout)
+    for path in cache_files:
+        try:
+            intake.seed(json.loads(path.read_bytes()))
+        except (OSError, ValueError, KeyError, TypeError):  # unreadable, or another version's: scan instead
+            continue
+    intake.scan(time.monotonic(), full=False)
+    return intake.pending(), {i: str(e) for i, e in intake.unsettled().items()}

@@ -1,0 +1,167 @@
+"""Sweeps and arrays: one submission, many jobs, handled as a group.
+
+- A spec with `sweep: {lr: [1e-3, 3e-4], seed: [1, 2, 3]}` becomes one job per combination,
+  `{lr}` and `{seed}` in its command replaced by the values, with readable ids
+  `<id>_lr1e-3-seed1` (or `<id>_<n>` where that would not be a valid id).
+- `array: 0-9` (what `gpuq submit --array 0-9` writes) makes `<id>_0` ... `<id>_9`, each with
+  `GPUQ_ARRAY_INDEX`.
+Every member gets `GPUQ_GROUP` (the group's id). The members are written into jobs/ with the
+group's owner and its file's mtime (its place in the queue); state/groups/<id>.json lists
+them, so `gpuq show ID` and `gpuq cancel ID` act on the whole group.
+
+A sweep or array spec dropped into jobs/ is expanded by the worker that reads it: it takes the file by
+rename into state/groups/ (one worker wins), writes the members (never over an existing
+file), then the group record. A crash in between is finished at the worker's next start.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuq.host.files import create_owned, read_json, write_json
+from gpuq.model.groups import GroupError, parse_array
+from gpuq.model.names import JOB_ID_RE
+from gpuq.spool.intake import read_spec_file
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import unclaim
+
+
+def _slug(value: object) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "", str(value))
+
+
+def _substitute(command: str | list[str], values: dict[str, object]) -> str | list[str]:
+    def one(text: str) -> str:
+        for key, value in values.items():
+            text = text.replace(f"{{{key}}}", str(value))
+        return text
+    return one(command) if isinstance(command, str) else [one(a) for a in command]
+
+
+def sweep_members(data: dict[str, Any], group: str) -> list[tuple[str, dict[str, Any]]]:
+    """(member id, member spec data) for every combination of a validated sweep spec."""
+    keys = list(data["sweep"])
+    combos = list(itertools.product(*(data["sweep"][k] for k in keys)))
+    base = {k: v for k, v in data.items() if k != "sweep"}
+    readable = [f"{group}_" + "-".join(f"{k}{_slug(v)}" for k, v in zip(keys, combo)) for combo in combos]
+    if len(set(readable)) != len(readable) or not all(JOB_ID_RE.match(i) for i in readable):
+        readable = [f"{group}_{n}" for n in range(len(combos))]
+    members = []
+    for member_id, combo in zip(readable, combos):
+        values = dict(zip(keys, combo))
+        env = {**(base.get("env") or {}), "GPUQ_GROUP": group,
+               **{f"GPUQ_SWEEP_{k.upper()}": str(v) for k, v in values.items()}}
+        members.append((member_id, {**base, "command": _substitute(base["command"], values), "env": env}))
+    return _checked(members, group)
+
+
+def array_members(data: dict[str, Any], group: str, indices: list[int]) -> list[tuple[str, dict[str, Any]]]:
+    members = [(f"{group}_{i}", {**data, "env": {**(data.get("env") or {}), "GPUQ_GROUP": group,
+                                                   "GPUQ_ARRAY_INDEX": str(i)}}) for i in indices]
+    return _checked(members, group)
+
+
+def _checked(members: list[tuple[str, dict]], group: str) -> list[tuple[str, dict]]:
+    if not all(JOB_ID_RE.match(i) for i, _ in members):
+        raise GroupError(f"{group}: too long for its members' ids (<id>_<n>, at most 64 characters); "
+                         "use a shorter name")
+    return members
+
+
+def group_file(layout: Layout, group: str) -> Path:
+    return layout.groups / f"{group}.json"
+
+
+def kept_spec(layout: Layout, group: str) -> Path:
+    """Where a sweep's spec is kept once a worker took it out of jobs/: there before the
+    group record is written, so it marks a group being expanded."""
+    return layout.groups / f"{group}.yaml"
+
+
+def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int,
+                  mtime: float) -> list[str]:
+    """The worker's part: write each member into jobs/ (owned by `uid`, with `mtime`: the
+    group's queue place), then the group record. A member id another user's file has taken
+    is left out (listed as skipped): the group never stands for someone else's job. Each member
+    is made in state/groups/, where only the worker's account writes, and linked into jobs/:
+    nothing a member planted in jobs/ is ever written through. Returns the member ids."""
+    placed = []
+    for member_id, data in members:
+        text = f"# member of {kind} {group}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+        tmp = create_owned(layout.groups, member_id, text.encode(), uid, mode=0o640, mtime=mtime)  # as submit writes it
+        if unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
+            placed.append(member_id)
+            continue
+        tmp.unlink()  # already there: ours after a crash and this again, or someone else's file
+        try:
+            theirs = os.lstat(layout.jobs / f"{member_id}.yaml").st_uid != uid
+        except FileNotFoundError:
+            theirs = True
+        if not theirs:
+            placed.append(member_id)
+    write_json(group_file(layout, group), {"id": group, "kind": kind, "members": placed, "uid": uid,
+                                           "queued_at": mtime,
+                                           "skipped": [i for i, _ in members if i not in placed]})
+    return placed
+
+
+def read_group(layout: Layout, group: str) -> dict[str, Any] | None:
+    """The group record, None when there is none (or the id is not one, or the file is not
+    a group record gpuq wrote)."""
+    if not JOB_ID_RE.match(group):
+        return None
+    try:
+        data = read_json(group_file(layout, group))
+    except (ValueError, OSError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("members"), list) or \
+            not all(isinstance(m, str) and JOB_ID_RE.match(m) for m in data["members"]):
+        return None
+    return data
+
+
+def group_members(data: dict[str, Any], group: str) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """(kind, members) of a validated sweep or array spec's data."""
+    if data.get("array") is not None:
+        base = {k: v for k, v in data.items() if k != "array"}
+        return "array", array_members(base, group, parse_array(str(data["array"])))
+    return "sweep", sweep_members(data, group)
+
+
+def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict[str, Any]) -> list[str] | None:
+    """The worker's part: take the sweep (or array) spec out of jobs/ and put its members in.
+    None: another worker took it first."""
+    kept = kept_spec(layout, group)
+    try:
+        os.rename(spec_path, kept)
+    except FileNotFoundError:
+        return None
+    st = os.lstat(kept)  # the moved file: its owner is whom the members run as
+    kind, members = group_members(data, group)
+    return place_members(layout, group, kind, members, st.st_uid, st.st_mtime)
+
+
+def finish_interrupted(layout: Layout, load_yaml, on_error=None) -> list[str]:
+    """Sweeps taken out of jobs/ whose group record was never written: write their members
+    again (those already there are kept). Run at worker start. One that cannot be read is
+    reported through `on_error(group, why)` and left alone: it never stops the worker."""
+    done = []
+    for kept in sorted(layout.groups.glob("*.yaml")) if layout.groups.is_dir() else []:
+        group = kept.stem
+        if not JOB_ID_RE.match(group) or group_file(layout, group).exists():
+            continue
+        try:
+            raw, st = read_spec_file(kept, f"state/groups/{kept.name}")
+            kind, members = group_members(load_yaml(raw, f"state/groups/{kept.name}"), group)
+            place_members(layout, group, kind, members, st.st_uid, st.st_mtime)
+        except Exception as e:  # noqa: BLE001 - any bad file is reported, never fatal
+            if on_error is not None:
+                on_error(group, str(e))
+            continue
+        done.append(group)
+    return done

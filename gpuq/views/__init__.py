@@ -1,0 +1,1 @@
+"""Read models and text: status, show, previews, reports."""

@@ -1,0 +1,77 @@
+"""What a job will see, for `gpuq show`: the command line its supervisor starts (through its
+container's runtime, after its venv/conda/setup prelude), as whom, where, and its
+environment. Built by the very function the supervisor uses (launch.build_launch), so the
+preview cannot drift from what runs."""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from gpuq.host.owners import Identity
+from gpuq.model.config import Config
+from gpuq.model.record import Record
+from gpuq.model.secrets import MASK, looks_secret
+from gpuq.model.spec import JobSpec
+from gpuq.model.states import State
+from gpuq.run.joblocal import Runtime
+from gpuq.run.launch import build_launch, job_variables
+from gpuq.spool.layout import Layout
+
+
+def what_the_job_sees(layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None,
+                      owner_uid: int | None) -> dict[str, Any]:
+    """For a started job, its record's GPUs, host and attempt; for a pending one, GPUs 0..n-1
+    stand for the GPUs it will be granted. Secret-looking values are masked."""
+    pending = record is None
+    if record is None:
+        record = Record(id=job_id, state=State.RUNNING, spec=spec.to_json(), gpus=list(range(spec.gpus)),
+                        gpu_mem_mib=spec.gpu_mem_mib)
+    rt = Runtime(layout, record.host or "<host>", "", Path("/"), config.grace_s, config.lost_after_s, {},
+                 config.container_runtime)
+    try:
+        identity = Identity.of(owner_uid) if owner_uid is not None and owner_uid >= 0 else None
+    except KeyError:
+        identity = None
+    launch = build_launch(rt, record, spec, identity)
+    if launch.container is not None:
+        seen = {k.removeprefix("APPTAINERENV_"): v for k, v in launch.container.env.items()}
+        base = f"the image's environment, then these ({launch.container.runtime})"
+    else:
+        seen = {**job_variables(rt, record, spec), **(identity.environment() if identity else {})}
+        base = ("under a root worker, a clean login environment (the owner's HOME, USER, LOGNAME, SHELL, "
+                "PATH=/usr/local/bin:/usr/bin:/bin, the locale); under a user's own worker, that worker's "
+                "environment; then these (a spec written by `gpuq submit` carries the exported variables in env)")
+    return {"argv": launch.argv, "command_line": shlex.join(launch.argv), "workdir": launch.cwd,
+            "as_user": identity.name if identity else None, "runtime": launch.container.runtime if launch.container else None,
+            "env": {k: MASK if looks_secret(k, v) else v for k, v in sorted(seen.items())},
+            "env_base": base, "gpus_shown": "placeholders 0..n-1 for the GPUs it will be granted" if pending else "granted"}
+
+
+# `gpuq show` lists a long environment folded: what gpuq sets and what decides which programs
+# and GPUs the job finds; the rest (a submit's exported shell, often 50+ lines) with --env.
+FOLD_ABOVE = 12
+ALWAYS_SHOWN = ("PATH", "HOME", "USER", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "LD_LIBRARY_PATH")
+
+
+def preview_lines(sees: dict[str, Any], job_id: str, whole_env: bool = False) -> list[str]:
+    lines = [f"{'will run:' if sees['gpus_shown'] != 'granted' else 'runs:':<18}{sees['command_line']}",
+             f"{'in:':<18}{sees['workdir']}" + (f" as {sees['as_user']}" if sees["as_user"] else "")]
+    if sees["gpus_shown"] != "granted":
+        lines.append(f"{'':<18}(GPU numbers are {sees['gpus_shown']})")
+    lines.append(f"{'environment:':<18}{sees['env_base']}:")
+    env = sees["env"]
+    shown = env if whole_env or len(env) <= FOLD_ABOVE else \
+        {k: v for k, v in env.items() if k in ALWAYS_SHOWN or k.startswith(("GPUQ_", "CUDA_", "NVIDIA_"))}
+    lines += [f"{'':<18}{k}={v}" for k, v in shown.items()]
+    if len(shown) < len(env):
+        lines.append(f"{'':<18}... and {len(env) - len(shown)} more (all of them: gpuq show {job_id} --env)")
+    return lines
+
+
+def owner_uid_of(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_uid
+    except OSError:
+        return None

@@ -1,0 +1,86 @@
+"""`gpuq show ID`'s read model: everything known about one job, wherever it is, with what it
+sees when it runs (preview.py) and the memory its past runs peaked at."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from gpuq.host.usage import suggest_gpu_mem
+from gpuq.model.config import Config
+from gpuq.model.errors import SpecError
+from gpuq.model.record import Record
+from gpuq.model.secrets import mask_secrets
+from gpuq.model.spec import JobSpec, parse_spec_text
+from gpuq.spool.holds import held_jobs
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import claims_of, pending_spec_path, read_record
+from gpuq.views.preview import what_the_job_sees
+from gpuq.views.status import status
+
+
+def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | None:
+    """Everything known about one job, wherever it is."""
+    for d in (layout.finished, layout.running):
+        record = read_record(layout.record(d, job_id))
+        if record is not None:
+            out = mask_secrets(record.to_json())
+            out["log"] = str(layout.job_log(job_id))
+            peaks = _past_peaks(layout, record)
+            if (suggested := suggest_gpu_mem(peaks)) is not None:
+                out["suggested_gpu_mem"] = {"mib": suggested, "runs": len(peaks), "peak_mib": max(peaks)}
+            if record.spec:  # empty when the spec never parsed (cancelled while pending): nothing to preview
+                out["sees"] = _sees(layout, config, job_id, JobSpec.from_json(record.spec), record, record.uid)
+            else:
+                out["spec_note"] = "not known: its spec did not parse (nothing to run, nothing kept)"
+            return out
+    if (path := pending_spec_path(layout, job_id)) is not None:
+        view = status(layout, config)
+        for p in view["pending"]:
+            if p["id"] == job_id:
+                return {"id": job_id, "state": "pending", **p, **_pending_sees(layout, config, job_id, path)}
+        for p in view["invalid"]:
+            if p["id"] == job_id:
+                return {"id": job_id, "state": "pending", "reason": "not valid yet: " + p["error"]}
+    if claims_of(layout, job_id):
+        return {"id": job_id, "state": "running", "reason": "being started"}
+    for held in held_jobs(layout):
+        if held["id"] == job_id:
+            return {**held, "state": "held"}
+    err = layout.rejected / f"{job_id}.error"  # the first rejection under this id
+    if err.exists():
+        return {"id": job_id, "state": "rejected", "error": err.read_text().strip(),
+                "spec_dir": str(layout.rejected)}
+    return None
+
+
+def _sees(layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None,
+          uid: int | None) -> dict[str, Any]:
+    return what_the_job_sees(layout, config, job_id, spec, record, uid)
+
+
+def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> dict[str, Any]:
+    """What a pending job will see; nothing when its file cannot be read or parsed now."""
+    try:
+        spec = parse_spec_text(path.read_bytes(), path.name)
+        return {"sees": _sees(layout, config, job_id, spec, None, path.stat().st_uid)}
+    except (OSError, SpecError):
+        return {}
+
+
+def _past_peaks(layout: Layout, record: Record) -> list[int]:
+    """Peak GPU memory of finished jobs of the same name (`--name train` makes train-1,
+    train-2, ...: their files share the stem, so only those are read)."""
+    name = record.spec.get("name")
+    stem = re.sub(r"-\d+$", "", record.id)
+    peaks = []
+    with os.scandir(layout.finished) as it:
+        for entry in it:
+            if not (entry.name.startswith(stem) and entry.name.endswith(".json")):
+                continue
+            past = read_record(Path(entry.path))
+            if past is not None and past.peak_gpu_mem_mib and past.spec.get("name") == name and \
+                    re.sub(r"-\d+$", "", past.id) == stem:
+                peaks.append(past.peak_gpu_mem_mib)
+    return peaks

@@ -1,0 +1,282 @@
+"""Read models for `gpuq status` and `gpuq show`: plain JSON-able dicts built from the spool,
+the workers' heartbeats and the same `plan` the workers run. Rendering lives in `render`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+from gpuq.host.faults import wall_time
+from gpuq.model.config import Config
+from gpuq.model.gpu import GpuSnapshot
+from gpuq.model.jobs import PendingJob, RunningJob
+from gpuq.model.record import Record
+from gpuq.model.spec import command_text
+from gpuq.model.states import FINAL_STATES
+from gpuq.sched.placement import usable_mib
+from gpuq.sched.plan import plan
+from gpuq.spool.bookings import load as load_bookings
+from gpuq.spool.deps import DependencyStates, gates
+from gpuq.spool.holds import held_jobs
+from gpuq.spool.intake import load_pending_for_view, user_name
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import claims_of, pending_spec_path, read_record, running_records
+from gpuq.spool.sweeps import read_group
+from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats, observed_memory, picture, yielding
+
+STATUS_VERSION = 1
+EVENT_CHUNK_BYTES = 64 * 1024
+EVENT_TAIL_MAX_BYTES = 1024 * 1024
+
+
+def recent_events(layout: Layout, states: frozenset[str], limit: int, user: str | None = None) -> list[dict[str, Any]]:
+    """The latest events into `states` (of `user`'s jobs, if given), newest first, read
+    backwards from the end of every host's log until `limit` are found (so status stays fast
+    with 100,000 finished jobs)."""
+    needles = tuple(f'"to":"{s}"'.encode() for s in states)
+    found = []
+    for path in layout.events.glob("*.jsonl"):
+        found += _tail_events(path, needles, limit, user)
+    found.sort(key=lambda e: e.get("t", 0), reverse=True)
+    seen, out = set(), []
+    for ev in found:
+        if ev["job"] not in seen:
+            seen.add(ev["job"])
+            out.append(ev)
+    return out[:limit]
+
+
+def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int, user: str | None) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    jobs: set[str] = set()
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            carry = b""
+            floor = max(0, end - EVENT_TAIL_MAX_BYTES)  # older than that is not "recent"
+            while end > floor and len(jobs) < limit:
+                start = max(floor, end - EVENT_CHUNK_BYTES)
+                f.seek(start)
+                chunk = f.read(end - start) + carry
+                lines = chunk.split(b"\n")
+                carry = lines.pop(0) if start > 0 else b""  # a line cut by the chunk edge
+                for line in reversed(lines):
+                    if any(n in line for n in needles):
+                        try:
+                            ev = json.loads(line)
+                        except ValueError:
+                            continue
+                        if user is not None and ev.get("user") != user:
+                            continue
+                        found.append(ev)
+                        jobs.add(ev.get("job"))
+                end = start
+    except OSError:
+        pass
+    return found
+
+
+def status(layout: Layout, config: Config, now: float | None = None,
+           pending_rows: int | None = None, ended: frozenset[str] | None = None,
+           ended_user: str | None = None) -> dict[str, Any]:
+    """The whole team on one screen, as data. Documented in README ("status --json").
+    `pending_rows` limits the pending rows built (the screen shows a few of 10,000);
+    `pending_total` always counts them all. The latest `recent_finished` ended jobs are those
+    in `ended` (default: every final state) of `ended_user` (default: anyone's): a narrowed
+    screen (`--state failed`, `--me`) shows the latest of those, not those of the latest."""
+    now = wall_time() if now is None else now
+    beats = load_heartbeats(layout)
+    observed = observed_memory(beats)
+    running = running_records(layout)
+    live = [hb for hb in beats if heartbeat_alive(hb, now)]
+    stopping = yielding(beats)
+    warnings = {j: why for hb in live for j, why in hb.get("warnings", {}).items()}
+    team = picture(layout, config, beats, running, now)  # what every worker plans over
+    running_jobs, drains = team.running, team.drains
+    # Every worker caches the same specs: the freshest cache is enough.
+    cache_files = _freshest_spec_cache(layout, [hb["host"] for hb in beats])
+    pending, problems = load_pending_for_view(layout, cache_files)
+    waiting, doomed = gates(pending, DependencyStates(layout))
+    blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
+    booked = load_bookings(layout, now)
+    decided = plan(pending, team.hosts, running_jobs, config, now, explain=True, blocked=blocked, bookings=booked)
+    starting = {s.job_id: s for s in decided.starts}
+    by_id = {j.id: j for j in pending}
+    jobs_by_host: dict[str, list[RunningJob]] = {}  # per host: 50 boxes x 400 jobs is no scan per GPU
+    for j in running_jobs:
+        jobs_by_host.setdefault(j.host, []).append(j)
+    final_names = frozenset(s.value for s in FINAL_STATES)
+    return {
+        "version": STATUS_VERSION,
+        "root": str(layout.root),
+        "now": now,
+        "hosts": [{**_host(hb, jobs_by_host.get(hb["host"], []), config, now, heartbeat_alive(hb, now)),
+                   "drain": drains.get(hb["host"])} for hb in beats],
+        "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id))
+                    for r in running],
+        "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
+                    for pos, i in enumerate(decided.order[:pending_rows], 1)],
+        "pending_total": len(decided.order),
+        # Container readiness matters to a host line only while some job asks for a container.
+        "containers_asked": any(j.spec.container for j in pending) or any(r.spec.get("container") for r in running),
+        "pending_by_reason": _by_reason(decided.reasons.get(i) or _starting(starting.get(i)) for i in decided.order),
+        "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
+        "held": held_jobs(layout),
+        "bookings": [{**b.to_json(), "active": b.active(now)} for b in booked],
+        "alerts": sorted({f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
+                         key=lambda a: a["since"]),
+        "finished": (finished := [_finished(layout, ev) for ev in
+                     recent_events(layout, (ended or final_names) - {"rejected"}, config.recent_finished, ended_user)
+                     if not _retried(layout, ev["job"])]),
+        "group_sizes": _group_sizes(layout, finished),
+        "rejected": [_rejected(layout, ev) for ev in
+                     recent_events(layout, frozenset({"rejected"}), config.recent_finished, ended_user)
+                     if not _lived_on(layout, ev)],
+    }
+
+
+def _group_sizes(layout: Layout, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many members each sweep or array among `rows` has (`<group>_<member>` ids): a
+    screen that folds the group's latest rows says of how many."""
+    sizes = {}
+    for group in {r["id"].rpartition("_")[0] for r in rows} - {""}:
+        if (data := read_group(layout, group)) is not None:
+            sizes[group] = len(data["members"])
+    return sizes
+
+
+def _freshest_spec_cache(layout: Layout, hosts: list[str]) -> list[Path]:
+    """Every worker caches the same specs: the most recently written cache is enough (a box
+    without a worker of its own, a Slurm bridge's, say, may have none)."""
+    found = []
+    for host in hosts:
+        try:
+            found.append((os.stat(layout.spec_cache(host)).st_mtime_ns, layout.spec_cache(host)))
+        except OSError:
+            continue
+    return [max(found)[1]] if found else []
+
+
+def _starting(start: Any) -> str:
+    if start is None:
+        return "waiting"
+    where = f"{start.host}:{','.join(map(str, start.gpus))}" if start.gpus else start.host
+    return f"starting on {where} at the next worker pass"
+
+
+def _host(hb: dict[str, Any], running_here: list[RunningJob], config: Config, now: float,
+          alive: bool) -> dict[str, Any]:
+    gpus = []
+    for g in hb.get("gpus", []):
+        snap = GpuSnapshot.from_json(g)
+        on_gpu = [j for j in running_here if snap.index in j.gpus]
+        gpus.append({"index": snap.index, "name": snap.name, "uuid": snap.uuid,
+                     "mem_total_mib": snap.mem_total_mib, "mem_used_mib": snap.mem_used_mib,
+                     "usable_mib": max(0, usable_mib(snap, on_gpu, config.gpu_mem_reserve_mib)),
+                     "util_pct": snap.util_pct, "temp_c": snap.temp_c,
+                     "jobs": [j.id for j in on_gpu]})
+    return {"host": hb["host"], "alive": alive, "stopped": bool(hb.get("stopped")) and not alive,
+            "last_seen_s": round(now - hb["_mtime"], 1),
+            "pid": hb.get("pid"), "version": hb.get("version"), "probe_error": hb.get("probe_error"),
+            "cpu_slots": hb.get("cpu_slots"), "gpus": gpus, "runtimes": hb.get("runtimes", {}),
+            "runtime_problems": hb.get("runtime_problems", {})}
+
+
+def _running(r: Record, observed: dict[int, int], now: float, yielding: bool,
+             warning: str | None) -> dict[str, Any]:
+    return {"id": r.id, "user": r.user, "host": r.host, "gpus": r.gpus, "attempt": r.attempt,
+            "preemptible": bool(r.spec.get("preemptible")), "yielding": yielding, "warning": warning,
+            "restarts": r.restarts, "slurm_id": r.slurm_id,
+            "time_limit_s": r.time_limit_s, "mem_limit_mib": r.mem_limit_mib, "cpu_cores": r.cpu_cores,
+            "elapsed_s": round(now - (r.claimed_at or now), 1), "gpu_mem_mib": r.gpu_mem_mib,
+            "declared_gpu_mem_mib": r.spec.get("gpu_mem_mib"),
+            "observed_gpu_mem_mib": max(observed.values()) if observed else None,
+            "command": command_text(r.spec.get("command"))}
+
+
+def _by_reason(reasons: Iterable[str]) -> dict[str, int]:
+    """How many pending jobs wait for each reason (without their "behind N" part), most first."""
+    counts = Counter(reason.split("; behind ")[0] for reason in reasons)
+    return dict(counts.most_common())
+
+
+SECTIONS = ("running", "pending", "held", "finished", "rejected")
+
+
+def narrowed(view: dict[str, Any], user: str | None = None, state: str | None = None) -> dict[str, Any]:
+    """The status view with only `user`'s jobs and, with `state`, only that section (a final
+    state such as `failed` narrows the finished ones to it). Built from a view with every
+    pending row, so that the pending count and reasons are the narrowed ones."""
+    out = dict(view)
+    keep = lambda rows: [r for r in rows if user is None or r.get("user") == user]  # noqa: E731
+    for section in ("running", "pending", "held", "finished"):
+        out[section] = keep(view[section])
+    if user is not None:
+        out["rejected"] = [r for r in view["rejected"] if r.get("user") == user]
+    if state is not None:
+        final = state not in SECTIONS
+        for section in SECTIONS:
+            if section != ("finished" if final else state):
+                out[section] = []
+        if final:
+            out["finished"] = [r for r in out["finished"] if r["state"] == state]
+    out["pending_total"] = len(out["pending"])
+    out["pending_by_reason"] = _by_reason(r["reason"] for r in out["pending"])
+    return out
+
+
+def _pending(job: PendingJob, position: int, reason: str, now: float) -> dict[str, Any]:
+    s = job.spec
+    return {"id": job.id, "user": job.user, "position": position, "gpus": s.gpus,
+            "gpu_mem_mib": s.gpu_mem_mib, "priority": s.priority_class if not s.priority else s.priority,
+            "waiting_s": round(now - job.queued_at, 1), "reason": reason,
+            "command": s.command_text()}
+
+
+def _finished(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
+    record = read_record(layout.record(layout.finished, ev["job"]))
+    if record is None:
+        return {"id": ev["job"], "state": ev["to"], "exit_code": ev.get("exit_code"), "user": None,
+                "ended_at": ev.get("t"), "duration_s": None, "host": ev.get("host"), "reason": ev.get("reason")}
+    duration = (record.ended_at - record.started_at) if record.ended_at and record.started_at else None
+    return {"id": record.id, "state": record.state.value, "exit_code": record.exit_code, "user": record.user,
+            "signal": record.signal, "ended_at": record.ended_at,
+            "duration_s": round(duration, 2) if duration is not None else None,
+            "host": record.host, "gpus": record.gpus, "reason": record.reason}
+
+
+def _retried(layout: Layout, job_id: str) -> bool:
+    """Whether an ended job is back in the queue (`gpuq retry` took its finished record away):
+    its old ending is no longer news, and it shows where it is now."""
+    if layout.record(layout.finished, job_id).exists():
+        return False
+    return bool(pending_spec_path(layout, job_id) or claims_of(layout, job_id)
+                or layout.record(layout.running, job_id).exists() or layout.record(layout.held, job_id).exists())
+
+
+def _lived_on(layout: Layout, ev: dict[str, Any]) -> bool:
+    """Whether the id of a rejection has been queued again since (its spec retried, or a fixed
+    one dropped under the same name): then its REJECTED line has served its purpose."""
+    job_id = ev["job"]
+    if not any(os.path.lexists(layout.rejected / f"{job_id}{s}") for s in (".yaml", ".yml")):
+        return True  # retried: moved back out of rejected/
+    if pending_spec_path(layout, job_id) or claims_of(layout, job_id) or layout.record(layout.running, job_id).exists():
+        return True
+    record = read_record(layout.record(layout.finished, job_id))
+    return record is not None and (record.claimed_at or record.ended_at or 0) > (ev.get("t") or 0)
+
+
+def _rejected(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
+    owner = None  # a refused spec is moved to rejected/ as it was: its owner is the file's
+    for suffix in (".yaml", ".yml"):
+        try:
+            owner = user_name(os.lstat(layout.rejected / f"{ev['job']}{suffix}").st_uid)
+            break
+        except (OSError, ValueError):
+            continue
+    return {"id": ev["job"], "user": owner, "error": ev.get("reason"), "at": ev.get("t")}
+
+

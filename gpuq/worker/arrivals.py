@@ -1,0 +1,110 @@
+"""What a worker does with specs as they arrive in jobs/: one that stayed invalid, or reuses
+an id an earlier job had, goes to state/rejected/ with an .error file beside it that names the
+file, the field and the fix; a sweep is expanded into its member jobs (sweeps.py)."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+from gpuq.host.faults import wall_time
+from gpuq.host.files import atomic_write, close_moved_directory, read_json
+from gpuq.model.errors import SpecError
+from gpuq.model.groups import GroupError
+from gpuq.model.strict_yaml import load_yaml
+from gpuq.model.text import safe_text
+from gpuq.spool.intake import Entry, Intake, user_name
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import append_event, has_record
+from gpuq.spool.sweeps import expand_dropped_sweep, group_file
+
+log = logging.getLogger("gpuq.worker")
+
+
+class Arrivals:
+    def __init__(self, layout: Layout, host: str, intake: Intake) -> None:
+        self.layout, self.host, self.intake = layout, host, intake
+        self.unmovable: set[str] = set()  # refused specs this worker may not move
+        self.expand_sweeps = True         # a Slurm bridge hands a sweep over whole, as an array
+
+    def take_in(self, now: float, settle_s: float) -> None:
+        """After a scan: reject what stayed invalid and reused ids; expand sweeps."""
+        for job_id, entry in self.intake.settled_errors(now, settle_s):
+            self.reject(job_id, entry.path, str(entry.error))
+        for name, job_id in self.intake.take_duplicates():
+            other = self.intake.entries[job_id].name
+            self.reject(job_id, self.layout.jobs / name, str(SpecError(
+                f"jobs/{name}", None, f"jobs/{other} already has the id '{job_id}'",
+                f"rename the file (e.g. {job_id}-2.yaml)")), forget=False)
+        for entry in self.intake.take_unchecked():
+            job_id = entry.job.id  # type: ignore[union-attr]
+            taken = self._id_taken(job_id, entry.job.user)  # type: ignore[union-attr]
+            if taken:
+                self.reject(job_id, entry.path, str(SpecError(
+                    f"jobs/{entry.name}", None, f"job id '{job_id}' {taken}",
+                    f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
+            elif entry.job.spec.array or (entry.job.spec.sweep and self.expand_sweeps):  # type: ignore[union-attr]
+                self.expand_sweep(job_id, entry)
+
+    def _id_taken(self, job_id: str, user: str) -> str | None:
+        """Why a new spec may not have this id: an earlier job's, a group's, or another user's
+        job that waits to run again (its last record is kept in requeued/ meanwhile)."""
+        if has_record(self.layout, job_id):
+            return "is already used by an earlier job"
+        if group_file(self.layout, job_id).exists():
+            return "is the id of a sweep or array"
+        try:
+            previous = read_json(self.layout.record(self.layout.requeued, job_id))
+        except ValueError:
+            previous = None
+        if isinstance(previous, dict) and previous.get("user") and previous.get("user") != user:
+            return f"belongs to {previous.get('user')}'s job, which waits to run again"
+        return None
+
+    def expand_sweep(self, job_id: str, entry: Entry) -> None:
+        try:
+            members = expand_dropped_sweep(self.layout, entry.path, job_id,
+                                           load_yaml(entry.text, f"jobs/{entry.name}"))
+        except (GroupError, SpecError) as e:
+            self.reject(job_id, entry.path, f"jobs/{entry.name}: {e}")
+            return
+        self.intake.forget(job_id)
+        if members:
+            log.info("sweep %s: %d jobs", job_id, len(members))
+
+    def reject(self, job_id: str, path: Path, message: str, forget: bool = True) -> None:
+        suffix = ".yml" if path.name.endswith(".yml") else ".yaml"
+        # A name too long to take a suffix (250 characters, say) is kept under a short one of gpuq's.
+        fits = len(job_id.encode("utf-8", "surrogateescape")) <= 100 and "/" not in job_id
+        stem = job_id if fits else f"bad-name-{hashlib.sha1(job_id.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
+        dest = self.layout.rejected / f"{stem}{suffix}"
+        if os.path.lexists(dest):
+            dest = self.layout.rejected / f"{stem}.{int(wall_time())}.{os.urandom(3).hex()}{suffix}"
+        try:
+            os.rename(path, dest)
+        except FileNotFoundError:
+            return  # taken or removed meanwhile
+        except OSError:  # another user's file in a sticky jobs/ (or a name it cannot take): it stays
+            if path.name not in self.unmovable:
+                self.unmovable.add(path.name)
+                log.warning("cannot move %s to rejected/ (%s)", safe_text(path.name), safe_text(message))
+            return
+        close_moved_directory(dest)
+        # The fix a message names is for the file as it was in jobs/: say where it is now, and
+        # name that path, whole, in the fix itself (a `chmod go-w jobs/x.yaml` would miss it).
+        what, fix_word, fix = message.partition("Fix: ")
+        message = what + fix_word + fix.replace(f"jobs/{path.name}", str(dest))
+        kept = f" The spec is kept as state/rejected/{dest.name}"
+        message = safe_text(message + (f"{kept}: fix it there (or drop a fixed one), then `gpuq retry {stem}`."
+                                       if dest.name == f"{stem}{suffix}" else f"{kept}."))  # one line, never more
+        atomic_write(dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error", (message + "\n").encode(), mode=0o644)
+        try:  # whose spec it was: the moved file's owner (reports count it for them, not "?")
+            owner = user_name(os.lstat(dest).st_uid)
+        except OSError:
+            owner = None
+        append_event(self.layout, self.host, {"job": stem, "from": "pending", "to": "rejected",
+                                              "reason": message, "user": owner})
+        if forget:
+            self.intake.forget(job_id)
+        log.warning("rejected %s", message)

@@ -1,0 +1,140 @@
+"""Prometheus metrics: each worker writes its host's figures in the text exposition format,
+atomically, as node_exporter's textfile collector expects (`<dir>/gpuq-<host>.prom`; point
+`--collector.textfile.directory` at config `metrics_dir`). contrib/grafana-gpuq.json is a
+dashboard for them. Rendering is pure; the worker only writes the file."""
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from gpuq.model.gpu import GpuSnapshot
+from gpuq.model.record import Record
+from gpuq.model.states import FINAL_STATES
+
+MIB = 2 ** 20
+SHORT_JOB_S = 10.0
+FINAL = frozenset(s.value for s in FINAL_STATES) - {"rejected"}
+
+HELP = {
+    "gpuq_up": ("gauge", "1 while this host's worker runs"),
+    "gpuq_heartbeat_timestamp_seconds": ("gauge", "when the worker last wrote its heartbeat"),
+    "gpuq_gpu_memory_total_bytes": ("gauge", "GPU memory, total"),
+    "gpuq_gpu_memory_used_bytes": ("gauge", "GPU memory in use (NVML), by anyone"),
+    "gpuq_gpu_memory_declared_bytes": ("gauge", "GPU memory charged to gpuq jobs: declared, or observed when above"),
+    "gpuq_gpu_utilization_ratio": ("gauge", "GPU utilization, 0 to 1"),
+    "gpuq_gpu_temperature_celsius": ("gauge", "GPU temperature"),
+    "gpuq_gpu_power_watts": ("gauge", "GPU power draw"),
+    "gpuq_gpu_jobs": ("gauge", "gpuq jobs running on the GPU"),
+    "gpuq_gpu_in_use_by_others": ("gauge", "1 while a non-gpuq process uses the GPU"),
+    "gpuq_jobs": ("gauge", "jobs by state: running and yielding on this host; pending as this worker sees the queue"),
+    "gpuq_jobs_finished_total": ("counter", "jobs this host's worker saw end, by final state, since it started"),
+    "gpuq_user_gpus": ("gauge", "GPUs held by the user's running jobs on this host"),
+    "gpuq_user_jobs": ("gauge", "the user's jobs by state (running on this host; pending in the queue)"),
+    "gpuq_job_gpu_memory_bytes": ("gauge", "GPU memory a running job uses (NVML, its process tree), summed over its GPUs"),
+}
+
+
+@dataclass
+class HostFigures:
+    host: str
+    heartbeat_t: float
+    gpus: list["GpuSnapshot"]
+    running: list["Record"]
+    observed: dict[str, dict[int, int]]
+    pending_users: list[str]
+    yielding: set[str] = field(default_factory=set)
+    busy_by_others: set[int] = field(default_factory=set)
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+class FinishedCounter:
+    """Jobs that ended on this host since the worker started, by final state: read from the
+    host's event log (its supervisors append every end there), only the part not read yet."""
+
+    def __init__(self, events_file: Path) -> None:
+        self.path = events_file
+        try:
+            self.offset = events_file.stat().st_size
+        except OSError:
+            self.offset = 0
+        self.by_state: dict[str, int] = {}
+        self.short_ends: deque[float] = deque()  # end times of jobs that ran under SHORT_JOB_S
+
+    def counts(self) -> dict[str, int]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return dict(self.by_state)
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being appended waits
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("to") in FINAL:
+                self.by_state[event["to"]] = self.by_state.get(event["to"], 0) + 1
+                started, ended = event.get("started_at"), event.get("ended_at")
+                if started and ended and ended - started < SHORT_JOB_S:
+                    self.short_ends.append(ended)
+        return dict(self.by_state)
+
+    def short_jobs_since(self, t: float) -> int:
+        """Jobs that ran under SHORT_JOB_S and ended after `t` (call after `counts`)."""
+        while self.short_ends and self.short_ends[0] < t:
+            self.short_ends.popleft()
+        return len(self.short_ends)
+
+
+def _labels(**labels: object) -> str:
+    def esc(v: object) -> str:
+        return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in labels.items()) + "}"
+
+
+def render(f: HostFigures) -> str:
+    samples: dict[str, list[tuple[str, float]]] = {name: [] for name in HELP}
+
+    def add(metric: str, value: float | None, **labels: object) -> None:
+        if value is not None:
+            samples[metric].append((_labels(host=f.host, **labels), value))
+
+    add("gpuq_up", 1)
+    add("gpuq_heartbeat_timestamp_seconds", round(f.heartbeat_t, 3))
+    for g in f.gpus:
+        on_gpu = [r for r in f.running if g.index in r.gpus]
+        declared = sum(max(r.gpu_mem_mib or 0, f.observed.get(r.id, {}).get(g.index, 0)) for r in on_gpu)
+        add("gpuq_gpu_memory_total_bytes", g.mem_total_mib * MIB, gpu=g.index, uuid=g.uuid, name=g.name)
+        add("gpuq_gpu_memory_used_bytes", g.mem_used_mib * MIB, gpu=g.index)
+        add("gpuq_gpu_memory_declared_bytes", declared * MIB, gpu=g.index)
+        add("gpuq_gpu_utilization_ratio", None if g.util_pct is None else g.util_pct / 100, gpu=g.index)
+        add("gpuq_gpu_temperature_celsius", g.temp_c, gpu=g.index)
+        add("gpuq_gpu_power_watts", g.power_w, gpu=g.index)
+        add("gpuq_gpu_jobs", len(on_gpu), gpu=g.index)
+        add("gpuq_gpu_in_use_by_others", 1 if g.index in f.busy_by_others else 0, gpu=g.index)
+    add("gpuq_jobs", len([r for r in f.running if r.id not in f.yielding]), state="running")
+    add("gpuq_jobs", len(f.yielding), state="yielding")
+    add("gpuq_jobs", len(f.pending_users), state="pending")
+    for state, count in sorted(f.finished.items()):
+        add("gpuq_jobs_finished_total", count, state=state)
+    users = sorted({r.user for r in f.running} | set(f.pending_users))
+    for user in users:
+        mine = [r for r in f.running if r.user == user]
+        add("gpuq_user_gpus", sum(len(r.gpus) for r in mine), user=user)
+        add("gpuq_user_jobs", len(mine), user=user, state="running")
+        add("gpuq_user_jobs", f.pending_users.count(user), user=user, state="pending")
+    for r in f.running:
+        add("gpuq_job_gpu_memory_bytes", sum(f.observed.get(r.id, {}).values()) * MIB, job=r.id, user=r.user)
+    return "".join(_family(name, values) for name, values in samples.items() if values)
+
+
+def _family(name: str, values: Iterable[tuple[str, float]]) -> str:
+    kind, text = HELP[name]
+    lines = [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+    lines += [f"{name}{labels} {value!r}" for labels, value in values]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,234 @@
+"""Deciding the fate of attempts nobody runs any more: settled on their own host under the
+job lock, or taken over from a host that is dead; requeued as attempt+1 when they provably
+never started or were lost with their host and have retries left.
+
+A requeue keeps the spec under a claim of the acting host all along: the attempt's record
+goes to requeued/ (so the next attempt is numbered +1), the running record goes (so the id
+is free again), then the spec returns to jobs/ at its old place in the queue. A crash before
+the running record goes leaves this host's claim for the next attempt beside that record: the
+next requeue of the attempt takes it over. A crash after leaves an orphan claim of this host,
+which the next pass puts back.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+from gpuq.host.faults import crash_point, wall_time
+from gpuq.host.files import create_owned, read_json
+from gpuq.model.config import Config
+from gpuq.model.record import Record, claim_name, parse_claim_name
+from gpuq.model.states import State
+from gpuq.run.containers import container_name, release_leftover_mounts, remove_leftover
+from gpuq.run.joblocal import Runtime, read_started
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import (
+    append_event,
+    claims_of,
+    has_record,
+    keep_place,
+    read_record,
+    record_requeue,
+    transition,
+    unclaim,
+)
+
+log = logging.getLogger("gpuq.worker")
+STALE_TEMP_S = 3600.0
+
+
+class Recovery:
+    def __init__(self, layout: Layout, config: Config, rt: Runtime,
+                 reject: Callable[[str, Path, str], None]) -> None:
+        self.layout, self.config, self.rt, self.reject = layout, config, rt, reject
+        self.host, self.boot_id = rt.host, rt.boot_id
+        # host -> ((boot, seq, mtime), when that was first seen, whether it was seen to change)
+        self.heartbeats: dict[str, tuple[tuple, float, bool]] = {}
+        self.watched_at = float("-inf")
+
+    # --- this host's attempts --------------------------------------------------------------
+
+    def settle_gone(self, record: Record) -> None:
+        """Called holding the job lock: nothing of this attempt runs, so decide its fate."""
+        running_path = self.layout.record(self.layout.running, record.id)
+        if self.layout.record(self.layout.finished, record.id).exists():
+            running_path.unlink(missing_ok=True)  # the supervisor finished; a leftover copy
+            return
+        if not running_path.exists():
+            return  # settled meanwhile
+        if record.spec.get("container"):
+            name = container_name(record.id, record.attempt, record.claim)
+            if remove_leftover(record.spec, name, self.rt.container_runtime):
+                log.warning("removed container %s of %s, left running by its dead supervisor", name, record.id)
+            release_leftover_mounts(self.rt.local_dir, record.id)
+        if record.boot_id != self.boot_id:
+            self.lose(record, "host rebooted")
+        elif (marker := read_started(self.rt, record)) is None:
+            self.requeue(record, "never started; requeued")
+        elif marker.get("preempted"):  # it yielded its GPU: back to its old place, never lost
+            self.requeue(record, f"{marker['preempted']}; requeued as attempt {record.attempt + 1}")
+        elif marker.get("fenced"):
+            self.lose(record, marker["fenced"])  # its supervisor stopped it and recorded nothing
+        elif marker.get("result"):  # the supervisor could not write it (disk full or failing)
+            result = dict(marker["result"])
+            transition(self.layout, record, State(result.pop("state")), self.host, **result)
+        else:
+            transition(self.layout, record, State.LOST, self.host, ended_at=wall_time(),
+                       reason="exit unknown: supervisor and job gone without a result")
+
+    def lose(self, record: Record, why: str) -> None:
+        """The attempt died with its host: run it again while its retries last."""
+        retries = record.spec.get("retries")
+        retries = self.config.lost_retries if retries is None else retries
+        if record.attempt <= retries:
+            self.requeue(record, f"{why}; requeued as attempt {record.attempt + 1}")
+            return
+        transition(self.layout, record, State.LOST, self.host, ended_at=wall_time(),
+                   reason=f"{why}; no retries left ({retries})")
+        if record.claim:
+            (self.layout.claims / record.claim).unlink(missing_ok=True)
+
+    def requeue(self, record: Record, reason: str) -> None:
+        held = self._hold_spec(record)
+        if held is None:
+            return  # another host is requeueing it, or it was settled meanwhile
+        crash_point("recovery:held")
+        keep_place(self.layout, record.id, os.lstat(held).st_uid, record.queued_at)
+        record_requeue(self.layout, record, self.host, reason)
+        crash_point("recovery:recorded")
+        self.put_back(record.id, held)
+
+    def _hold_spec(self, record: Record) -> Path | None:
+        """Move the attempt's claim to a claim of this host (exactly one host wins the rename);
+        take over this host's claim for the next attempt where an earlier requeue of this
+        attempt died after taking the claim; recreate the claim from the record only when no
+        claim of the job exists at all."""
+        held = self.layout.claims / claim_name(record.id, self.host, self.boot_id, record.attempt + 1)
+        if record.claim:
+            try:
+                os.rename(self.layout.claims / record.claim, held)
+                return held
+            except FileNotFoundError:
+                pass
+        try:
+            current = read_record(self.layout.record(self.layout.running, record.id))
+        except ValueError:
+            return None
+        if current is None or current.claim != record.claim:
+            return None
+        claims = claims_of(self.layout, record.id)
+        # This host's claim for the next attempt while the record still says this attempt runs:
+        # only a requeue of this attempt on this host makes one, and only one worker of a host
+        # runs at a time, so its requeuer is dead (a claim of another host may still be live).
+        for path in claims:
+            if parse_claim_name(path.name) == (record.id, self.host) and path.name.endswith(f"@a{record.attempt + 1}.yaml"):
+                os.rename(path, held)
+                return held
+        if claims:
+            return None
+        # The owner's spec again (never the worker's: intake would refuse a root-owned one).
+        os.rename(create_owned(self.layout.claims, record.id, record.spec_text.encode(), record.uid), held)
+        return held
+
+    def put_back(self, job_id: str, claimed: Path) -> bool:
+        """Return a claimed spec to jobs/. If a user has put a new spec there under the same
+        name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
+        if unclaim(claimed, self.layout.jobs / f"{job_id}.yaml"):
+            return True
+        self.reject(job_id, claimed, f"jobs/{job_id}.yaml: an earlier version of this spec was being "
+                    "started when a new file with the same name arrived; this earlier version is kept "
+                    "here. Fix: resubmit it under another name if you still want it to run")
+        return False
+
+    def requeue_orphan_claims(self) -> None:
+        """Claims of this host by an earlier worker that died before recording them (or in
+        the middle of a requeue)."""
+        for path in self.layout.claims.iterdir():
+            parsed = parse_claim_name(path.name)
+            if parsed is None or parsed[1] != self.host or \
+                    f"@{self.boot_id[:8]}@{os.getpid()}@" in path.name:  # this very worker's (a pid is reused after a reboot)
+                continue
+            job_id = parsed[0]
+            if has_record(self.layout, job_id):
+                finished = read_json(self.layout.record(self.layout.finished, job_id)) or {}
+                if finished.get("claim") == path.name:
+                    path.unlink(missing_ok=True)  # its supervisor recorded it, then died
+                continue
+            if self.put_back(job_id, path):
+                append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "pending",
+                                                      "reason": "claimed but never recorded; requeued"})
+
+    def sweep_temp_files(self) -> None:
+        """Temp files of writers killed mid-write (never visible as records; DESIGN lets a
+        worker delete only temp files). An hour old: their writer is long gone, on any host
+        and whatever its clock says."""
+        cutoff = wall_time() - STALE_TEMP_S
+        for directory, prefix in ((self.layout.claims, "."), (self.layout.running, "."),
+                                  (self.layout.finished, "."), (self.layout.requeued, "."),
+                                  (self.layout.workers, "."), (self.layout.jobs, ".submit-")):
+            with os.scandir(directory) as it:  # in jobs/, only `gpuq submit`'s: the rest is users'
+                for entry in it:
+                    if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+                        try:
+                            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                                os.unlink(entry.path)
+                        except OSError:
+                            pass  # gone, or a directory posing as a temp file: left alone
+
+    # --- other hosts ------------------------------------------------------------------------
+
+    def take_over_dead_hosts(self) -> None:
+        """A dead host's running jobs are lost. Its own supervisors stopped them before (see
+        supervise.py), and write nothing afterwards."""
+        dead = self.dead_hosts()
+        if not dead:
+            return
+        for entry in os.scandir(self.layout.running):
+            try:
+                record = read_record(Path(entry.path)) if entry.name.endswith(".json") else None
+            except ValueError:
+                continue  # not a record: the worker that reads running/ reports it
+            if record is not None and record.host in dead:
+                log.warning("host %s is dead: taking over %s", record.host, record.id)
+                self.lose(record, f"host {record.host} stopped (heartbeat unchanged for "
+                                  f"{self.config.lost_after_s:g} s)")
+
+    def silent_s(self, host: str, now: float | None = None) -> float | None:
+        """How long, on this host's monotonic clock, `host`'s heartbeat has not changed (as
+        last looked at); None until it has been seen to change once (a file left by a box
+        long gone must not count as a live box's)."""
+        seen = self.heartbeats.get(host)
+        if seen is None or not seen[2]:
+            return None
+        return (time.monotonic() if now is None else now) - seen[1]
+
+    def dead_hosts(self) -> set[str]:
+        """Hosts whose heartbeat (boot id, sequence number, the file's mtime) has not changed
+        for lost_after_s, on this host's own monotonic clock (checked at most once per poll
+        interval). Only a change is looked at, never the time itself: clocks may differ."""
+        now = time.monotonic()
+        if now - self.watched_at < self.config.poll_interval:
+            return set()
+        self.watched_at = now
+        dead = set()
+        for path in self.layout.workers.glob("*.json"):
+            host = path.name[: -len(".json")]
+            if host == self.host or host.endswith(".specs"):
+                continue
+            try:
+                beat = read_json(path) or {}
+                touched = os.stat(path).st_mtime_ns  # renewed alone when the disk is full
+            except (OSError, ValueError):
+                beat, touched = {}, None
+            if not isinstance(beat, dict):
+                beat = {}
+            key = (beat.get("boot_id"), beat.get("seq"), touched)
+            seen = self.heartbeats.get(host)
+            if seen is None or seen[0] != key:
+                self.heartbeats[host] = (key, now, seen is not None)
+            elif now - seen[1] >= self.config.lost_after_s:
+                dead.add(host)
+        return dead
