@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Thin launcher: `python gpuq.py VERB ...` (status, submit, show, logs, cancel, ...)."""
+
 import os
 import sys
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Thin launcher: `python worker.py [--foreground] ...` runs this host's gpuq worker.
 Cron starts it every minute: `gpuq init` prints the line (README, "On a GPU box")."""
+
 import os
 import sys
 

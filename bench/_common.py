@@ -1,4 +1,5 @@
 """Helpers shared by the benchmarks: a fresh queue root and the real worker.py."""
+
 from __future__ import annotations
 
 import json
@@ -52,9 +53,12 @@ def clean_env() -> dict[str, str]:
 
 
 def start_worker(root: Path, host: str, fake: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(root), "--host", host,
-                             "--fake-gpus", fake, "--foreground", *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+    return subprocess.Popen(
+        [PY, str(REPO / "worker.py"), "--root", str(root), "--host", host, "--fake-gpus", fake, "--foreground", *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=clean_env(),
+    )
 
 
 def wait_for(path: Path, timeout: float = 30) -> None:
@@ -70,7 +74,6 @@ def timed(cmd: list[str], repeat: int = 5) -> float:
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
-                       env=clean_env())
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=clean_env())
         times.append(time.perf_counter() - t)
     return statistics.median(times)

@@ -14,6 +14,7 @@ rounds' ratios is the figure, and each round first times 200 file creates there:
 creates three files per job (its record, its log, its result) where tsp creates one, so a
 disk whose creates are slow (cold metadata on a shared VM) weighs on gpuq's figure most.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,7 @@ def run_tsp(n: int) -> float | None:
         print("task-spooler not installed (Debian: apt-get install task-spooler); skipping it")
         return None
     work = Path(tempfile.mkdtemp(prefix="gpuq-bench-tsp-"))  # its socket and output files
-    env = {**clean_env(), "TS_SOCKET": str(work / "socket"), "TMPDIR": str(work),
-           "TS_MAXFINISHED": str(n + 10)}
+    env = {**clean_env(), "TS_SOCKET": str(work / "socket"), "TMPDIR": str(work), "TS_MAXFINISHED": str(n + 10)}
 
     def ts(*args: str) -> str:
         return subprocess.run([tsp, *args], env=env, capture_output=True, text=True, check=True).stdout

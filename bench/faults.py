@@ -8,6 +8,7 @@ twice fenced (its result never recorded).
 
     python bench/faults.py [--jobs 2000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,13 +32,25 @@ class Queue:
     def __init__(self, name: str, **config: object) -> None:
         self.root = make_root(f"faults-{name}", poll_interval=0.2, grace_s=1, **config)
         self.workers: dict[str, subprocess.Popen] = {}
-        self.fault_log = self.root / "faults.log"  # gpuq.faults: one line per fault that fired
+        self.fault_log = self.root / "faults.log"  # gpuq.host.faults: one line per fault that fired
 
     def start(self, host: str, env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen:
-        proc = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(self.root), "--host", host,
-                                 "--fake-gpus", "2x80GiB", "--foreground"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL,
-                                env={**clean_env(), FAULT_LOG_ENV: str(self.fault_log), **(env or {})})
+        proc = subprocess.Popen(
+            [
+                PY,
+                str(REPO / "worker.py"),
+                "--root",
+                str(self.root),
+                "--host",
+                host,
+                "--fake-gpus",
+                "2x80GiB",
+                "--foreground",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**clean_env(), FAULT_LOG_ENV: str(self.fault_log), **(env or {})},
+        )
         self.workers[host] = proc
         while wait and not (self.root / "state" / "workers" / f"{host}.json").exists():
             time.sleep(0.02)
@@ -53,8 +66,9 @@ class Queue:
         """Until the job's record says running and its supervisor has started it (the log's
         header is written just before the job is)."""
         log = self.root / "logs" / f"{job_id}.log"
-        while not (self.root / "state" / "running" / f"{job_id}.json").exists() or \
-                not (log.exists() and "==> command:" in log.read_text()):
+        while not (self.root / "state" / "running" / f"{job_id}.json").exists() or not (
+            log.exists() and "==> command:" in log.read_text()
+        ):
             time.sleep(0.02)
 
     def fired(self) -> int:
@@ -79,8 +93,10 @@ class Queue:
 
     def settled(self, ids: list[str]) -> bool:
         running = self.root / "state" / "running"
-        return all((self.root / "state" / "finished" / f"{i}.json").exists() and
-                   not (running / f"{i}.json").exists() for i in ids)
+        return all(
+            (self.root / "state" / "finished" / f"{i}.json").exists() and not (running / f"{i}.json").exists()
+            for i in ids
+        )
 
     def wait_settled(self, ids: list[str], timeout: float = 300) -> None:
         """Until every job has its final record (or the timeout: `tally` counts the rest lost)."""
@@ -105,8 +121,11 @@ class Queue:
             except FileNotFoundError:
                 lost += 1
                 continue
-            runs = (self.root / "logs" / f"{i}.log").read_text().splitlines().count(RUN) \
-                if (self.root / "logs" / f"{i}.log").exists() else 0
+            runs = (
+                (self.root / "logs" / f"{i}.log").read_text().splitlines().count(RUN)
+                if (self.root / "logs" / f"{i}.log").exists()
+                else 0
+            )
             unknown += state == "lost"
             twice += runs > 1
         return lost, unknown, twice
@@ -121,8 +140,9 @@ class Queue:
             self.kill(host)
         for p in psutil.process_iter(["cmdline", "environ"]):
             try:
-                if any(str(self.root) in a for a in p.info["cmdline"] or []) or \
-                        (p.info["environ"] or {}).get("GPUQ_ROOT") == str(self.root):
+                if any(str(self.root) in a for a in p.info["cmdline"] or []) or (p.info["environ"] or {}).get(
+                    "GPUQ_ROOT"
+                ) == str(self.root):
                     p.kill()
             except psutil.Error:
                 pass
@@ -182,9 +202,8 @@ def frozen_host() -> tuple[int, int, int, int, int, int, float]:
         took = time.monotonic() - t
         for p in frozen:
             p.resume()
-        deadline = time.monotonic() + 30  # README: killed within min(5 s, lost_after_s / 10)
-        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in stale) \
-                and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30  # docs/reliability.md: killed within min(5 s, lost_after_s / 10)
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in stale) and time.monotonic() < deadline:
             time.sleep(0.05)
         dead = all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in stale)
         record = json.loads((q.root / "state" / "finished" / "j0000.json").read_text())
@@ -209,9 +228,25 @@ def _twenty_starts(q: Queue, stay: int) -> tuple[list[subprocess.Popen], float]:
     """20 simultaneous cron starts of host a; returns them once all but `stay` have exited,
     and the seconds that took."""
     t = time.monotonic()
-    starts = [subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(q.root), "--host", "a",
-                                "--fake-gpus", "2x80GiB", "--foreground"], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env=clean_env()) for _ in range(20)]
+    starts = [
+        subprocess.Popen(
+            [
+                PY,
+                str(REPO / "worker.py"),
+                "--root",
+                str(q.root),
+                "--host",
+                "a",
+                "--fake-gpus",
+                "2x80GiB",
+                "--foreground",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=clean_env(),
+        )
+        for _ in range(20)
+    ]
     while sum(p.poll() is None for p in starts) > stay:
         time.sleep(0.01)
     return starts, time.monotonic() - t
@@ -257,8 +292,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=2000, help="jobs in the kill storm")
     n = p.parse_args().jobs
-    print(f"{'fault':44s} {'faults':>6s} {'jobs':>5s} {'lost':>5s} {'unknown':>8s} {'twice':>6s} "
-          f"{'fenced':>7s} {'recovery':>9s}")
+    print(
+        f"{'fault':44s} {'faults':>6s} {'jobs':>5s} {'lost':>5s} {'unknown':>8s} {'twice':>6s} "
+        f"{'fenced':>7s} {'recovery':>9s}"
+    )
     missed: list[str] = []
 
     def row(name: str, result: tuple, faults_needed: int = 1) -> None:
@@ -279,14 +316,18 @@ def main() -> None:
     row("cron overlap: 20 starts (time: to 1 left)", cron_overlap())
     row("cron: 20 starts, worker running (to 0)", cron_overlap_while_running())
     row("disk full writing running records", disk_full())
-    print("faults: how often it happened (crash and disk rows: as the fault log recorded them firing;\n"
-          "storm: kills; frozen, reboot: done once; cron: starts). lost: jobs without a final record.\n"
-          "unknown: recorded as lost, exit unknown (see README, Guarantees). twice: ran more than once.\n"
-          "fenced: copies that ran but were killed and never recorded (the frozen host's stale copy,\n"
-          "killed after it resumed). recovery: from the restart after the fault (crashes, reboot, disk\n"
-          "full), from the first kill (storm), from the freeze (frozen host), from the 20 starts (cron).")
-    print("target (no job lost; every second run fenced; every fault happened): "
-          + ("met" if not missed else "NOT MET: " + "; ".join(missed)))
+    print(
+        "faults: how often it happened (crash and disk rows: as the fault log recorded them firing;\n"
+        "storm: kills; frozen, reboot: done once; cron: starts). lost: jobs without a final record.\n"
+        "unknown: recorded as lost, exit unknown (see docs/reliability.md). twice: ran more than once.\n"
+        "fenced: copies that ran but were killed and never recorded (the frozen host's stale copy,\n"
+        "killed after it resumed). recovery: from the restart after the fault (crashes, reboot, disk\n"
+        "full), from the first kill (storm), from the freeze (frozen host), from the 20 starts (cron)."
+    )
+    print(
+        "target (no job lost; every second run fenced; every fault happened): "
+        + ("met" if not missed else "NOT MET: " + "; ".join(missed))
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the offered load LOAD. Each job is `sleep <duration>` with the trace's GPUs and 
 Target: the mean wait within 10% + 1 s of the simulator's; the same number of jobs that
 shared a GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,13 +42,17 @@ def scaled_cut(trace: Path, jobs: int, load: float) -> list[TraceJob]:
     median = statistics.median(j.duration_s for j in cut)
     k = 8.0 / median  # the median job runs 8 s
     durations = [min(30.0, max(2.0, j.duration_s * k)) for j in cut]
-    work = sum(d * j.spec.gpus * (1.0 if j.spec.gpu_mem_mib is None else min(1.0, j.spec.gpu_mem_mib / cluster.mem_mib))
-               for j, d in zip(cut, durations))
+    work = sum(
+        d * j.spec.gpus * (1.0 if j.spec.gpu_mem_mib is None else min(1.0, j.spec.gpu_mem_mib / cluster.mem_mib))
+        for j, d in zip(cut, durations)
+    )
     span = work / (load * cluster.hosts * cluster.gpus_per_host)
     first, last = cut[0].submit_s, cut[-1].submit_s
     stretch = span / max(1.0, last - first)
-    return [replace(j, submit_s=round((j.submit_s - first) * stretch, 2), duration_s=round(d, 2), util=0.0)
-            for j, d in zip(cut, durations)]
+    return [
+        replace(j, submit_s=round((j.submit_s - first) * stretch, 2), duration_s=round(d, 2), util=0.0)
+        for j, d in zip(cut, durations)
+    ]
 
 
 def shared_jobs(placed: list[tuple[str, str, tuple[int, ...], float, float]]) -> int:
@@ -70,6 +75,7 @@ def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], int]:
         for s in got:
             starts.setdefault(s.job_id, (s.host, s.gpus, now))
         return got, preempts
+
     out = replay(cut, parse_cluster(CLUSTER), recording, config.grace_s)
     placed = [(j, h, g, t, out.ends[j]) for j, (h, g, t) in starts.items()]
     return dict(out.waits), shared_jobs(placed)
@@ -81,9 +87,15 @@ def spec_text(job: TraceJob) -> str:
 
 
 def real(root: Path, cut: list[TraceJob]) -> tuple[dict[str, float], int]:
-    workers = [subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(root), "--host", box,
-                                 "--fake-gpus", "2x32GiB", "--foreground"], env=clean_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for box in BOXES]
+    workers = [
+        subprocess.Popen(
+            [PY, str(REPO / "worker.py"), "--root", str(root), "--host", box, "--fake-gpus", "2x32GiB", "--foreground"],
+            env=clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for box in BOXES
+    ]
     while not all((root / "state" / "workers" / f"{b}.json").exists() for b in BOXES):
         time.sleep(0.1)
     dropped: dict[str, float] = {}
@@ -97,6 +109,7 @@ def real(root: Path, cut: list[TraceJob]) -> tuple[dict[str, float], int]:
             tmp.write_text(spec_text(job))
             dropped[job.id] = time.time()
             tmp.rename(root / "jobs" / f"{ids[job.id]}.yaml")
+
     feeder = threading.Thread(target=feed)
     feeder.start()
     feeder.join()
@@ -127,8 +140,10 @@ def main() -> None:
     cut = scaled_cut(args.traces / "alibaba_openb2023.csv", args.jobs, args.load)
     root = make_root("fidelity")
     config = load_config(root / "config.yaml")  # what the workers read: the defaults
-    print(f"fidelity: {len(cut)} Alibaba jobs, durations 2-30 s, arriving over {cut[-1].submit_s:.0f} s, "
-          f"on {CLUSTER} (3 real workers, fake GPUs)")
+    print(
+        f"fidelity: {len(cut)} Alibaba jobs, durations 2-30 s, arriving over {cut[-1].submit_s:.0f} s, "
+        f"on {CLUSTER} (3 real workers, fake GPUs)"
+    )
     sim_waits, sim_shared = simulated(cut, config)
     real_waits, real_shared = real(root, cut)
     both = [j.id for j in cut if j.id in real_waits and j.id in sim_waits]
@@ -143,10 +158,14 @@ def main() -> None:
         print(f"  {f'wait p{q}':24s} {rq:13.1f}s {sq:13.1f}s")
     print(f"  {'jobs that shared a GPU':24s} {real_shared:14d} {sim_shared:14d}")
     ok = abs(real_mean - sim_mean) <= 0.1 * sim_mean + 1.0 and len(real_waits) == len(cut)
-    print(f"  [{'met' if ok else 'MISSED'}] mean wait within 10% + 1 s of the simulator's "
-          f"(difference {real_mean - sim_mean:+.1f} s)")
-    print(f"  [{'met' if real_shared == sim_shared else 'MISSED'}] the same GPU sharing "
-          f"({real_shared} against {sim_shared} jobs)")
+    print(
+        f"  [{'met' if ok else 'MISSED'}] mean wait within 10% + 1 s of the simulator's "
+        f"(difference {real_mean - sim_mean:+.1f} s)"
+    )
+    print(
+        f"  [{'met' if real_shared == sim_shared else 'MISSED'}] the same GPU sharing "
+        f"({real_shared} against {sim_shared} jobs)"
+    )
     remove_root(root, *BOXES)
 
 

@@ -16,6 +16,7 @@ With --container the jobs run inside that image (it must have python and torch; 
 the NVIDIA Container Toolkit, podman a CDI spec from `nvidia-ctk cdi generate`), and the checks
 add: torch inside sees exactly one GPU, and the container's memory counts as its job's.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ from _common import PY, REPO, clean_env, make_root, remove_root
 sys.path.insert(0, str(REPO))
 from gpuq.model.config import Config  # noqa: E402
 
-JOB = r'''
+JOB = r"""
 import os, time, torch
 mib = int(os.environ["ALLOC_MIB"])
 x = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda")
@@ -38,16 +39,16 @@ print("UUID", str(torch.cuda.get_device_properties(0).uuid))
 print("CVD", os.environ["CUDA_VISIBLE_DEVICES"], "ORDER", os.environ["CUDA_DEVICE_ORDER"], flush=True)
 print("COUNT", torch.cuda.device_count(), flush=True)
 time.sleep(float(os.environ.get("HOLD_S", "12")))
-'''
-FAKE_JOB = r'''
+"""
+FAKE_JOB = r"""
 import json, os, sys
 sys.path.insert(0, os.environ["GPUQ_REPO"])
-from gpuq import fake_nvml
+from gpuq.host import fake_nvml
 gpus = json.load(open(os.environ["GPUQ_FAKE_GPUS"]))["gpus"]
 print("UUID", gpus[int(os.environ["CUDA_VISIBLE_DEVICES"])]["uuid"])
 print("CVD", os.environ["CUDA_VISIBLE_DEVICES"], "ORDER", os.environ["CUDA_DEVICE_ORDER"], flush=True)
 fake_nvml.use(int(os.environ["ALLOC_MIB"]) + 300, 50, float(os.environ["HOLD_S"]), [])  # + a CUDA context
-'''
+"""
 JOBS = {"torch-a": (2048, "4GiB"), "torch-b": (3072, "5GiB")}  # allocate MiB, declare
 
 
@@ -74,17 +75,27 @@ def check_accounting(views: list[dict], reserve_mib: int, failures: list[str], e
                 bound = max(0, g["mem_total_mib"] - reserve_mib - declared)
                 # (exact only where a job is recorded: a job's memory is freed a moment after its
                 # record goes, which leaves less usable for that moment, as it should)
-                excess = max(g["usable_mib"] - bound, declared - g["mem_total_mib"],
-                             bound - g["usable_mib"] if exact and mine else 0)
+                excess = max(
+                    g["usable_mib"] - bound,
+                    declared - g["mem_total_mib"],
+                    bound - g["usable_mib"] if exact and mine else 0,
+                )
                 key = (host["host"], g["index"])
                 if key not in worst or excess > worst[key][0]:
                     worst[key] = (excess, g["usable_mib"], g["mem_total_mib"], declared)
-    check(with_jobs > 0, f"the accounting was seen with jobs running ({with_jobs} GPU snapshots of "
-                         f"{len(views)} status views)", failures)
+    check(
+        with_jobs > 0,
+        f"the accounting was seen with jobs running ({with_jobs} GPU snapshots of {len(views)} status views)",
+        failures,
+    )
     for (host, index), (excess, usable, total, declared) in sorted(worst.items()):
-        check(excess <= 0, f"GPU {host}:{index}, in each of {len(views)} snapshots: declared <= total and "
-                           f"usable {'==' if exact else '<='} max(0, total - reserve {reserve_mib} - declared) "
-                           f"(worst: usable {usable}, total {total}, declared {declared} MiB)", failures)
+        check(
+            excess <= 0,
+            f"GPU {host}:{index}, in each of {len(views)} snapshots: declared <= total and "
+            f"usable {'==' if exact else '<='} max(0, total - reserve {reserve_mib} - declared) "
+            f"(worst: usable {usable}, total {total}, declared {declared} MiB)",
+            failures,
+        )
 
 
 def main() -> int:
@@ -108,54 +119,74 @@ def main() -> int:
     script = root / "alloc.py"
     script.write_text(FAKE_JOB if fake else JOB)
     hold = "4" if fake else "12"
-    worker = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(root), "--host", "gpucheck",
-                               "--foreground"] + (["--fake-gpus", "2x80GiB"] if fake else []),
-                              env=clean_env(), stderr=subprocess.DEVNULL, text=True)
+    worker = subprocess.Popen(
+        [PY, str(REPO / "worker.py"), "--root", str(root), "--host", "gpucheck", "--foreground"]
+        + (["--fake-gpus", "2x80GiB"] if fake else []),
+        env=clean_env(),
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     failures: list[str] = []
     try:
         for job_id, (alloc, declared) in JOBS.items():
             boxed = f"container: {{image: {image!r}, runtime: {runtime}}}\n" if image else ""
             (root / "jobs" / f"{job_id}.yaml").write_text(
                 f"command: [{'python' if image else PY!r}, {str(script)!r}]\ngpus: 1\ngpu_mem: {declared}\n"
-                f"env: {{ALLOC_MIB: '{alloc}', HOLD_S: '{hold}', GPUQ_REPO: {str(REPO)!r}}}\n{boxed}")
+                f"env: {{ALLOC_MIB: '{alloc}', HOLD_S: '{hold}', GPUQ_REPO: {str(REPO)!r}}}\n{boxed}"
+            )
         observed: dict[str, int] = {}
         views: list[dict] = []  # every status snapshot while the jobs run: "ever" is checked on all
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all((root / "state" / "finished" / f"{j}.json").exists()
-                                                      for j in JOBS):
+        while time.monotonic() < deadline and not all(
+            (root / "state" / "finished" / f"{j}.json").exists() for j in JOBS
+        ):
             time.sleep(1)
-            view = json.loads(subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(root), "status",
-                                              "--json"], capture_output=True, text=True, env=clean_env()).stdout)
+            view = json.loads(
+                subprocess.run(
+                    [PY, str(REPO / "gpuq.py"), "--root", str(root), "status", "--json"],
+                    capture_output=True,
+                    text=True,
+                    env=clean_env(),
+                ).stdout
+            )
             views.append(view)
             for r in view["running"]:
                 if r["observed_gpu_mem_mib"]:
                     observed[r["id"]] = r["observed_gpu_mem_mib"]
         for job_id, (alloc, _) in JOBS.items():
-            check(observed.get(job_id, 0) >= alloc,
-                  f"probe sees {job_id}'s memory: observed {observed.get(job_id)} MiB >= allocated {alloc} MiB",
-                  failures)
+            check(
+                observed.get(job_id, 0) >= alloc,
+                f"probe sees {job_id}'s memory: observed {observed.get(job_id)} MiB >= allocated {alloc} MiB",
+                failures,
+            )
         check_accounting(views, Config().gpu_mem_reserve_mib, failures, exact=fake)
         for job_id in JOBS:
             record = json.loads((root / "state" / "finished" / f"{job_id}.json").read_text())
             log = (root / "logs" / f"{job_id}.log").read_text()
-            print(f"--- {job_id}: {record['state']} exit {record['exit_code']} on GPUs {record['gpus']} "
-                  f"{record['gpu_uuids']}\n{log}")
+            print(
+                f"--- {job_id}: {record['state']} exit {record['exit_code']} on GPUs {record['gpus']} "
+                f"{record['gpu_uuids']}\n{log}"
+            )
             torch_uuid = next((line.split()[1] for line in log.splitlines() if line.startswith("UUID ")), "")
             nvml_uuid = record["gpu_uuids"][0] if record["gpu_uuids"] else ""
             check(record["state"] == "done", f"{job_id} finished done", failures)
-            check(bool(torch_uuid) and nvml_uuid.removeprefix("GPU-") == torch_uuid.removeprefix("GPU-"),
-                  f"{job_id}: torch UUID {torch_uuid} == NVML UUID {nvml_uuid} of GPU {record['gpus']}",
-                  failures)
+            check(
+                bool(torch_uuid) and nvml_uuid.removeprefix("GPU-") == torch_uuid.removeprefix("GPU-"),
+                f"{job_id}: torch UUID {torch_uuid} == NVML UUID {nvml_uuid} of GPU {record['gpus']}",
+                failures,
+            )
             inside = "0" if image and runtime != "apptainer" else ",".join(map(str, record["gpus"]))
-            check(f"CVD {inside} ORDER PCI_BUS_ID" in log,
-                  f"{job_id}: CUDA_VISIBLE_DEVICES is {inside} (the record's GPUs, as numbered where the job runs)",
-                  failures)
+            check(
+                f"CVD {inside} ORDER PCI_BUS_ID" in log,
+                f"{job_id}: CUDA_VISIBLE_DEVICES is {inside} (the record's GPUs, as numbered where the job runs)",
+                failures,
+            )
             if image:
                 check("COUNT 1" in log, f"{job_id}: torch in the container sees exactly one GPU", failures)
-        events = [json.loads(line) for p in (root / "state" / "events").glob("*.jsonl")
-                  for line in p.read_text().splitlines()]
-        check(sum(1 for e in events if e["to"] == "running") == len(JOBS), "each job started exactly once",
-              failures)
+        events = [
+            json.loads(line) for p in (root / "state" / "events").glob("*.jsonl") for line in p.read_text().splitlines()
+        ]
+        check(sum(1 for e in events if e["to"] == "running") == len(JOBS), "each job started exactly once", failures)
     finally:
         worker.terminate()
         worker.wait()

@@ -5,6 +5,7 @@
 
     python bench/idle_cost.py [--seconds 60] [--pending 10000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ def measure(root, seconds: float) -> tuple[float, float]:
         time.sleep(seconds)
         after = p.cpu_times()
         cpu = (after.user + after.system - before.user - before.system) / (time.monotonic() - t)
-        return cpu * 100, p.memory_info().rss / 2 ** 20
+        return cpu * 100, p.memory_info().rss / 2**20
     finally:
         proc.terminate()
         proc.wait()
@@ -43,13 +44,17 @@ def main() -> None:
     print(f"idle cost over {args.seconds:.0f} s, default config")
     root = make_root("idle")
     cpu, rss = measure(root, args.seconds)
-    print(f"  empty queue           CPU {cpu:5.2f}% of a core   RSS {rss:5.1f} MiB   (targets <= 1%: "
-          f"{_verdict(cpu <= 1)}, <= 60 MiB: {_verdict(rss <= 60)})")
+    print(
+        f"  empty queue           CPU {cpu:5.2f}% of a core   RSS {rss:5.1f} MiB   (targets <= 1%: "
+        f"{_verdict(cpu <= 1)}, <= 60 MiB: {_verdict(rss <= 60)})"
+    )
     for i in range(args.pending):
         (root / "jobs" / f"p{i:05d}.yaml").write_text(f"command: train --seed {i}\ngpus: 1\ngpu_mem: 100GiB\n")
     cpu, rss = measure(root, args.seconds)
-    print(f"  {args.pending} unplaceable  CPU {cpu:5.2f}% of a core   RSS {rss:5.1f} MiB   (target <= 5%: "
-          f"{_verdict(cpu <= 5)})")
+    print(
+        f"  {args.pending} unplaceable  CPU {cpu:5.2f}% of a core   RSS {rss:5.1f} MiB   (target <= 5%: "
+        f"{_verdict(cpu <= 5)})"
+    )
     remove_root(root, "idle")
 
 

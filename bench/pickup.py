@@ -4,6 +4,7 @@ starting (the job prints its own start time), with the default config. Target: m
 
     python bench/pickup.py [--trials 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,11 @@ def main() -> None:
         worker.wait()
     delays.sort()
     print(f"pickup over {args.trials} drops, default config (poll_interval 1.0 s)")
-    print(f"  median {statistics.median(delays) * 1000:6.0f} ms   p90 {delays[int(len(delays) * 0.9) - 1] * 1000:6.0f} ms"
-          f"   max {delays[-1] * 1000:6.0f} ms   (target: median <= 1000 ms: "
-          f"{'met' if statistics.median(delays) <= 1 else 'NOT MET'})")
+    print(
+        f"  median {statistics.median(delays) * 1000:6.0f} ms   p90 {delays[int(len(delays) * 0.9) - 1] * 1000:6.0f} ms"
+        f"   max {delays[-1] * 1000:6.0f} ms   (target: median <= 1000 ms: "
+        f"{'met' if statistics.median(delays) <= 1 else 'NOT MET'})"
+    )
     remove_root(root, "pick")
 
 

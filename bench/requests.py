@@ -2,17 +2,18 @@
 """Requests: how long a cancel takes from the request to its outcome (target: median <= 1 s).
 
 A member's `gpuq cancel` writes a request into requests/ and waits for the worker's reply
-(README, Security model). This measures, with one worker on fake GPUs:
+(docs/security.md). This measures, with one worker on fake GPUs:
 - pending: a pending job's cancel, request written -> reply read (the job recorded cancelled);
 - running: a running job's cancel, request written -> the job's record says cancelled (the
   worker applied the request, its job got SIGTERM and ended, the supervisor recorded it);
 A member's whole `gpuq cancel` adds the start of an interpreter (about what `python3 -c pass`
 takes; see bench/status_scale.py).
-Requests are written with the same function the CLI uses (gpuq.inbox.send), so the worker
+Requests are written with the same function the CLI uses (gpuq.spool.inbox.send), so the worker
 path is measured even when this runs as the spool's owner (whose CLI applies its own).
 
     python bench/requests.py [--jobs 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,19 +67,19 @@ def main() -> None:
         for i in range(args.jobs):
             t = time.perf_counter()
             name = send(layout, "cancel", (f"p{i}",))
-            reply = _wait(lambda: read_reply(layout, name))
+            reply = _wait(lambda name=name: read_reply(layout, name))
             pending.append(time.perf_counter() - t)
             assert reply.ok, reply
             time.sleep(0.3)
         for i in range(min(args.jobs, 8)):  # running: one per fake GPU
             _drop(root, f"r{i}", 1)
         for i in range(min(args.jobs, 8)):
-            _wait(lambda: (root / "state" / "running" / f"r{i}.json").exists())
+            _wait(lambda i=i: (root / "state" / "running" / f"r{i}.json").exists())
         time.sleep(1.5)
         for i in range(min(args.jobs, 8)):
             t = time.perf_counter()
             send(layout, "cancel", (f"r{i}",))
-            record = _wait(lambda: _record(root, f"r{i}"))
+            record = _wait(lambda i=i: _record(root, f"r{i}"))
             running.append(time.perf_counter() - t)
             assert record["state"] == "cancelled", record
             time.sleep(0.3)
@@ -90,8 +91,10 @@ def main() -> None:
         if len(times) > 1:
             q = statistics.quantiles(times, n=10, method="inclusive")  # never beyond the data
             median = statistics.median(times)
-            print(f"  {what:<36} median {median * 1000:7.1f} ms   p90 {q[-1] * 1000:7.1f} ms   "
-                  f"max {max(times) * 1000:7.1f} ms   ({'met' if median <= 1 else 'NOT MET'})")
+            print(
+                f"  {what:<36} median {median * 1000:7.1f} ms   p90 {q[-1] * 1000:7.1f} ms   "
+                f"max {max(times) * 1000:7.1f} ms   ({'met' if median <= 1 else 'NOT MET'})"
+            )
     remove_root(root, "a")
 
 

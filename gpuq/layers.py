@@ -5,6 +5,7 @@ tests/test_layers.py fails on an import against the direction, a cycle of any ki
 import of a gpuq module inside a function. The graph is read from the source (ast), so this
 module imports nothing of gpuq and a broken module cannot hide an edge.
 """
+
 from __future__ import annotations
 
 import ast
@@ -56,9 +57,9 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
 
 @dataclass(frozen=True)
 class Edge:
-    importer: str      # dotted module names
+    importer: str  # dotted module names
     imported: str
-    kind: str          # "module" (at import time), "function" (inside a def) or "type" (TYPE_CHECKING)
+    kind: str  # "module" (at import time), "function" (inside a def) or "type" (TYPE_CHECKING)
     line: int
 
 
@@ -106,6 +107,7 @@ def lazy_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
 
 def _imports(tree: ast.Module):
     """Every import statement with where it sits: at module level, under TYPE_CHECKING, or in a def."""
+
     def walk(body, kind):
         for node in body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -118,6 +120,7 @@ def _imports(tree: ast.Module):
             else:
                 for field in ("body", "orelse", "finalbody", "handlers"):
                     yield from walk(getattr(node, field, []) or [], kind)
+
     yield from walk(tree.body, "module")
 
 
@@ -126,7 +129,7 @@ def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: di
         return [a.name for a in node.names if a.name in known]
     if node.level:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        base = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
         source = ".".join(base + ([node.module] if node.module else []))
     else:
         source = node.module or ""
@@ -145,9 +148,11 @@ def problems(package_dir: Path = PACKAGE_DIR) -> list[str]:
             found.append(f"{e.importer} (line {e.line}) imports {e.imported}: {a} may not import {b}")
     for e in lazy_imports(package_dir):
         if (e.importer, e.imported) not in LAZY_IMPORTS:
-            found.append(f"{e.importer} (line {e.line}) imports {e.imported} inside a function: import it at "
-                         "the top (a cycle it avoided is a type in the wrong module), or add it to LAZY_IMPORTS "
-                         "with the cost that only some paths should pay")
+            found.append(
+                f"{e.importer} (line {e.line}) imports {e.imported} inside a function: import it at "
+                "the top (a cycle it avoided is a type in the wrong module), or add it to LAZY_IMPORTS "
+                "with the cost that only some paths should pay"
+            )
     for cycle in cycles(all_edges):
         found.append("import cycle: " + " -> ".join(cycle + [cycle[0]]))
     return found
@@ -216,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes[package_of(name)] += 1
     graph = package_graph(all_edges)
     for package in ALLOWED:
-        print(f"{package:<7} ({sizes[package]:>2} modules) -> {', '.join(sorted(graph[package])) or '(nothing of gpuq)'}")
+        print(
+            f"{package:<7} ({sizes[package]:>2} modules) -> {', '.join(sorted(graph[package])) or '(nothing of gpuq)'}"
+        )
     found = problems()
     for line in found:
         print("problem:", line)

@@ -5,6 +5,7 @@ running must cost no more than the interpreter itself: this module imports nothi
 fcntl and hostinfo (itself os alone), so `worker.py` can ask it before loading argparse,
 PyYAML or the rest of gpuq.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -70,7 +71,7 @@ def _option(argv: list[str], name: str) -> str | None:
         if arg == name and i + 1 < len(argv):
             return argv[i + 1]
         if arg.startswith(name + "="):
-            return arg[len(name) + 1:]
+            return arg[len(name) + 1 :]
     return None
 
 

@@ -3,6 +3,7 @@
 A start while a worker already runs on this host exits at once, quietly, with status 0.
 The first start daemonizes (or stays in the foreground) and logs to logs/worker-<host>.log.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,23 @@ from gpuq.worker.loop import Worker
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="worker.py", description="Run the gpuq worker of this host.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
-    p.add_argument("--host", help="host name to act as (default: this machine's short name); "
-                                  "lets tests run several stand-in boxes on one machine")
-    p.add_argument("--fake-gpus", metavar="SPEC",
-                   help="use fake GPUs: COUNTxSIZE like 4x80GiB, or a JSON file (also $GPUQ_FAKE_GPUS)")
+    p.add_argument(
+        "--host",
+        help="host name to act as (default: this machine's short name); "
+        "lets tests run several stand-in boxes on one machine",
+    )
+    p.add_argument(
+        "--fake-gpus",
+        metavar="SPEC",
+        help="use fake GPUs: COUNTxSIZE like 4x80GiB, or a JSON file (also $GPUQ_FAKE_GPUS)",
+    )
     p.add_argument("--once", action="store_true", help="one pass, then exit")
-    p.add_argument("--exit-when-idle", action="store_true",
-                   help="exit once nothing runs here and nothing this box could start is left (a sweep's "
-                        "members, released dependencies, an opportunistic job waiting out idle_after_s)")
+    p.add_argument(
+        "--exit-when-idle",
+        action="store_true",
+        help="exit once nothing runs here and nothing this box could start is left (a sweep's "
+        "members, released dependencies, an opportunistic job waiting out idle_after_s)",
+    )
     p.add_argument("--foreground", action="store_true", help="do not daemonize; log to stderr too")
     p.add_argument("-v", "--verbose", action="store_true", help="log every decision")
     return p.parse_args(argv)
@@ -55,19 +65,22 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
         return 2
     host = args.host or this_host()
     if not HOST_RE.match(host):
-        print(f"gpuq worker: --host {host!r} is not a valid host name (letters, digits, . _ -)",
-              file=sys.stderr)
+        print(f"gpuq worker: --host {host!r} is not a valid host name (letters, digits, . _ -)", file=sys.stderr)
         return 2
-    if os.geteuid() == 0 and (unsafe := strictmodes.problems(
-            layout, os.geteuid(), launcher_dir and os.path.join(launcher_dir, "worker.py"))):
+    if os.geteuid() == 0 and (
+        unsafe := strictmodes.problems(layout, os.geteuid(), launcher_dir and os.path.join(launcher_dir, "worker.py"))
+    ):
         print("gpuq worker: refusing to run as root:\n  " + "\n  ".join(unsafe), file=sys.stderr)
         return 2
     layout.ensure()
     local_dir = layout.local_dir(host, config.local_dir)
     if (fs := filesystem_type(local_dir)) in NETWORK_FILESYSTEMS:
-        print(f"gpuq worker: local_dir {local_dir} is on {fs}, a network file system: the job locks "
-              f"kept there would not exclude across hosts. Fix: set local_dir in {layout.config_file} "
-              f"to a local disk, e.g. /var/tmp/gpuq-{{host}}", file=sys.stderr)
+        print(
+            f"gpuq worker: local_dir {local_dir} is on {fs}, a network file system: the job locks "
+            f"kept there would not exclude across hosts. Fix: set local_dir in {layout.config_file} "
+            f"to a local disk, e.g. /var/tmp/gpuq-{{host}}",
+            file=sys.stderr,
+        )
         return 2
     if (problem := _local_dir_problem(local_dir, layout)) is not None:
         print(f"gpuq worker: {problem}", file=sys.stderr)
@@ -87,13 +100,11 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
     # supervisors and the next worker reattaches to them.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
-        worker_class(layout, config, host, args.fake_gpus).run(once=args.once,
-                                                          exit_when_idle=args.exit_when_idle)
+        worker_class(layout, config, host, args.fake_gpus).run(once=args.once, exit_when_idle=args.exit_when_idle)
     except KeyboardInterrupt:
         pass
     finally:
-        logging.getLogger("gpuq.worker").info("worker %s stopped; running jobs continue under their "
-                                              "supervisors", host)
+        logging.getLogger("gpuq.worker").info("worker %s stopped; running jobs continue under their supervisors", host)
         os.close(lock_fd)
     return 0
 
@@ -107,8 +118,10 @@ def _local_dir_problem(local_dir: Path, layout: Layout) -> str | None:
     except UnsafePath as e:
         return str(e)
     except OSError as e:
-        return (f"cannot create local_dir {local_dir}: {e.strerror or e}. Fix: set local_dir in "
-                f"{layout.config_file} to a local directory this worker's account may create")
+        return (
+            f"cannot create local_dir {local_dir}: {e.strerror or e}. Fix: set local_dir in "
+            f"{layout.config_file} to a local directory this worker's account may create"
+        )
     return None
 
 
@@ -139,8 +152,10 @@ def _open_worker_log(path: Path) -> tuple[int | None, str | None]:
     try:
         return open_to_append(path, 0o644, os.geteuid(), f"worker log {path}", "this worker's user")[0], None
     except OSError as e:
-        problem = (f"cannot write the worker log: {e.strerror or e}; logging to stderr only. "
-                   f"Fix: remove {path} (the worker creates it)")
+        problem = (
+            f"cannot write the worker log: {e.strerror or e}; logging to stderr only. "
+            f"Fix: remove {path} (the worker creates it)"
+        )
         print(f"gpuq worker: {problem}", file=sys.stderr)
         return None, problem
 
@@ -148,10 +163,14 @@ def _open_worker_log(path: Path) -> tuple[int | None, str | None]:
 def _setup_logging(log_fd: int | None, to_stderr: bool, verbose: bool) -> None:
     handlers: list[logging.Handler] = []
     if log_fd is not None:
-        handlers.append(logging.StreamHandler(open(log_fd, "a", buffering=1, encoding="utf-8",
-                                                   errors="backslashreplace")))
+        handlers.append(
+            logging.StreamHandler(open(log_fd, "a", buffering=1, encoding="utf-8", errors="backslashreplace"))
+        )
     if to_stderr:
         handlers.append(logging.StreamHandler(sys.stderr))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=handlers,
-                        format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        handlers=handlers,
+        format="%(asctime)s %(levelname)s %(message)s",
+    )
     logging.getLogger("filelock").setLevel(logging.WARNING)  # its per-acquire debug lines drown ours

@@ -1,5 +1,6 @@
 """Shared helpers: a fresh queue root per test, and the real gpuq.py / worker.py in
 subprocesses, several workers with different --host standing in for several boxes."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05,
-               what: str = "condition") -> object:
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05, what: str = "condition"
+) -> object:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -45,10 +47,15 @@ class Queue:
 
     def write_config(self, **overrides: object) -> None:
         # The suite runs as root in CI: its specs are root's (tests about users make their own).
-        cfg = {"poll_interval": 0.2, "spec_settle_s": 1, "grace_s": 2, "allow_root_jobs": os.geteuid() == 0,
-               "local_dir": str(self.local_base / "{host}"), **overrides}
-        (self.root / "config.yaml").write_text(
-            "\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()) + "\n")
+        cfg = {
+            "poll_interval": 0.2,
+            "spec_settle_s": 1,
+            "grace_s": 2,
+            "allow_root_jobs": os.geteuid() == 0,
+            "local_dir": str(self.local_base / "{host}"),
+            **overrides,
+        }
+        (self.root / "config.yaml").write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()) + "\n")
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -58,8 +65,13 @@ class Queue:
 
     def gpuq(self, *args: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
         kw.setdefault("env", self.env())
-        proc = subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(self.root), *args],
-                              capture_output=True, text=True, timeout=timeout, **kw)
+        proc = subprocess.run(
+            [PY, str(REPO / "gpuq.py"), "--root", str(self.root), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kw,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"gpuq {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc
@@ -67,11 +79,26 @@ class Queue:
     def status(self) -> dict:
         return json.loads(self.gpuq("status", "--json").stdout)
 
-    def start_worker(self, host: str, fake: str = "4x80GiB", *extra: str,
-                     env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen:
-        proc = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(self.root), "--host", host,
-                                 "--fake-gpus", fake, "--foreground", *extra],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**self.env(), **(env or {})})
+    def start_worker(
+        self, host: str, fake: str = "4x80GiB", *extra: str, env: dict[str, str] | None = None, wait: bool = True
+    ) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [
+                PY,
+                str(REPO / "worker.py"),
+                "--root",
+                str(self.root),
+                "--host",
+                host,
+                "--fake-gpus",
+                fake,
+                "--foreground",
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**self.env(), **(env or {})},
+        )
         self.workers[host] = proc
         if wait:  # (cron does not wait: a kill storm restarts as cron would)
             wait_until(lambda: self._beat_of(host, proc.pid), what=f"worker {host} heartbeat")
@@ -83,11 +110,13 @@ class Queue:
         call, so whatever the worker was going to do about what a test set up, it has done. A
         negative check ("nothing ran") waits for this instead of sleeping a fixed time."""
         assert passes >= 2, "one more heartbeat may end a pass that began before the call"
+
         def seq() -> int:
             try:
                 return json.loads((self.root / "state" / "workers" / f"{host}.json").read_text())["seq"]
             except (OSError, ValueError, KeyError):
                 return -1
+
         start = seq()
         wait_until(lambda: seq() >= start + passes, timeout=timeout, what=f"{passes} passes of worker {host}")
 
@@ -153,8 +182,9 @@ class Queue:
 
         for p in psutil.process_iter(["cmdline", "environ"]):
             try:
-                if (p.info["environ"] or {}).get("GPUQ_ROOT") == str(self.root) or \
-                        any(str(self.root) in arg for arg in p.info["cmdline"] or []):
+                if (p.info["environ"] or {}).get("GPUQ_ROOT") == str(self.root) or any(
+                    str(self.root) in arg for arg in p.info["cmdline"] or []
+                ):
                     p.kill()
             except psutil.Error:
                 pass
@@ -167,8 +197,9 @@ def queue(tmp_path: Path):
     q.close()
 
 
-def ends_during_stream(queue: Queue, small_spec: Callable[[int], str], every_s: float, name: str, spec: str,
-                       within_s: float) -> bool:
+def ends_during_stream(
+    queue: Queue, small_spec: Callable[[int], str], every_s: float, name: str, spec: str, within_s: float
+) -> bool:
     """Whether job `name`, dropped once a stream of small jobs flows (small-000, small-001, ...:
     `small_spec(n)` is the n-th one's spec, one every `every_s`), finishes within `within_s`
     while the stream goes on. The stream has stopped when this returns."""
@@ -197,5 +228,36 @@ def ends_during_stream(queue: Queue, small_spec: Callable[[int], str], every_s: 
 
 def fake_job(seconds: float = 0.3, extra: str = "") -> str:
     """A job command that prints its GPUs and holds its declared fake GPU memory."""
-    return (f"echo CVD=$CUDA_VISIBLE_DEVICES{extra}; "
-            f"exec {PY} {REPO / 'gpuq.py'} fake-use --seconds {seconds}")
+    return f"echo CVD=$CUDA_VISIBLE_DEVICES{extra}; exec {PY} {REPO / 'gpuq.py'} fake-use --seconds {seconds}"
+
+
+# --- tiers: `python -m pytest -m "not slow"` is the fast set (docs/design.md, Testing) -------
+# slow: the test starts a process (a worker, the CLI, a supervisor, useradd...). A test not
+# marked slow that starts one fails (the guard below), so the fast set stays in-process.
+# root: it creates users (needs root; CI runs as root). installs: it may apt-get install Slurm,
+# docker or podman where they are missing.
+_ROOT_FIXTURES = frozenset({"users", "team", "shared_code"})
+_INSTALL_FIXTURES = frozenset({"slurm", "real"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _ROOT_FIXTURES:
+            item.add_marker(pytest.mark.root)
+            item.add_marker(pytest.mark.slow)
+        if names & _INSTALL_FIXTURES:
+            item.add_marker(pytest.mark.installs)
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("slow") is not None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(os, "fork", refuse)

@@ -18,6 +18,7 @@ does, in the caller's process tree), with --cleanenv and APPTAINERENV_* honoured
 Usage: StandIns(dir) installs the three executables in dir/bin and starts the daemon;
 .worker_env() is the PATH that finds them; .close() ends the daemon and its containers.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,16 +32,63 @@ import sys
 import time
 from pathlib import Path
 
-VALUE_FLAGS = {"--name", "--label", "--gpus", "--device", "--user", "-u", "--group-add", "--volume", "-v",
-               "--workdir", "-w", "--cpuset-cpus", "--memory", "--env", "-e", "--shm-size", "--time", "-t",
-               "--format", "--bind", "--pwd", "--security-opt", "--cap-drop", "--cap-add", "--ulimit", "--network",
-               "--entrypoint", "--ipc", "--pid", "--env-file", "--pidfile", "--conmon-pidfile", "--cidfile",
-               "--label-file", "--authfile", "--volumes-from", "--tmpfs", "--hostname", "--pull", "--oom-score-adj",
-               "--mount", "--userns"}
+VALUE_FLAGS = {
+    "--name",
+    "--label",
+    "--gpus",
+    "--device",
+    "--user",
+    "-u",
+    "--group-add",
+    "--volume",
+    "-v",
+    "--workdir",
+    "-w",
+    "--cpuset-cpus",
+    "--memory",
+    "--env",
+    "-e",
+    "--shm-size",
+    "--time",
+    "-t",
+    "--format",
+    "--bind",
+    "--pwd",
+    "--security-opt",
+    "--cap-drop",
+    "--cap-add",
+    "--ulimit",
+    "--network",
+    "--entrypoint",
+    "--ipc",
+    "--pid",
+    "--env-file",
+    "--pidfile",
+    "--conmon-pidfile",
+    "--cidfile",
+    "--label-file",
+    "--authfile",
+    "--volumes-from",
+    "--tmpfs",
+    "--hostname",
+    "--pull",
+    "--oom-score-adj",
+    "--mount",
+    "--userns",
+}
 # `run`'s shorthands, as docker defines them: switches, and those that take a value.
 RUN_SWITCHES = {"i": "--interactive", "t": "--tty", "d": "--detach", "P": "--publish-all", "q": "--quiet"}
-RUN_SHORT_VALUES = {"u": "--user", "e": "--env", "v": "--volume", "w": "--workdir", "m": "--memory",
-                    "c": "--cpu-shares", "h": "--hostname", "l": "--label", "p": "--publish"}
+RUN_SHORT_VALUES = {
+    "u": "--user",
+    "e": "--env",
+    "v": "--volume",
+    "w": "--workdir",
+    "m": "--memory",
+    "c": "--cpu-shares",
+    "h": "--hostname",
+    "l": "--label",
+    "p": "--publish",
+}
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/"}
 
 
@@ -49,16 +97,18 @@ def install(bin_dir: Path, state_dir: Path) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     for name in ("docker", "podman", "apptainer"):
         path = bin_dir / name
-        path.write_text(f"#!/bin/sh\nFAKE_RUNTIME_DIR={state_dir} exec {sys.executable} {Path(__file__).resolve()} "
-                        f"{name} \"$@\"\n")
+        path.write_text(
+            f'#!/bin/sh\nFAKE_RUNTIME_DIR={state_dir} exec {sys.executable} {Path(__file__).resolve()} {name} "$@"\n'
+        )
         path.chmod(0o755)
 
 
 def start_daemon(state_dir: Path) -> subprocess.Popen:
     sock = state_dir / "daemon.sock"
     sock.unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--daemon", str(state_dir)],
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--daemon", str(state_dir)], start_new_session=True
+    )
     for _ in range(100):
         if sock.exists():
             return proc
@@ -100,6 +150,7 @@ class StandIns:
 
 
 # --- the client -------------------------------------------------------------------------------
+
 
 def _request(state_dir: Path, message: dict, fds: list[int] = ()) -> socket.socket:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -176,8 +227,10 @@ def _inspect(info: dict, template: str | None) -> dict:
     try:
         return {"out": re.sub(r"\{\{\s*\.([A-Za-z.]+)\s*\}\}", field, template)}
     except KeyError as e:
-        return {"error": f"template parsing error: template: :1: executing \"\" at <.{e.args[0]}>: "
-                         f"can't evaluate field {e.args[0]}"}
+        return {
+            "error": f'template parsing error: template: :1: executing "" at <.{e.args[0]}>: '
+            f"can't evaluate field {e.args[0]}"
+        }
 
 
 def _gpu_devices(options: dict[str, list[str]]) -> str | None:
@@ -204,15 +257,16 @@ def client(runtime: str, args: list[str]) -> int:
             print(_answer(_request(state_dir, {"op": "ping"}))["version"])
             return 0
         except OSError:
-            print(f"Cannot connect to the Docker daemon at unix://{state_dir}/daemon.sock. "
-                  "Is the docker daemon running?", file=sys.stderr)
+            print(
+                f"Cannot connect to the Docker daemon at unix://{state_dir}/daemon.sock. Is the docker daemon running?",
+                file=sys.stderr,
+            )
             return 1
     options, flags, positional = _parse(rest, verb)
     if verb == "run":
         return _run(state_dir, options, flags, positional)
     if verb in ("stop", "kill", "rm", "inspect"):
-        answer = _answer(_request(state_dir, {"op": verb, "name": positional[0], "options": options,
-                                              "flags": flags}))
+        answer = _answer(_request(state_dir, {"op": verb, "name": positional[0], "options": options, "flags": flags}))
         if "error" in answer:
             print(f"Error: {answer['error']}", file=sys.stderr)
             return 1
@@ -244,10 +298,17 @@ def _run(state_dir: Path, options: dict[str, list[str]], flags: list[str], posit
     if workdir != "/" and not any(workdir == m or workdir.startswith(m.rstrip("/") + "/") for m in mounts):
         print(f"fake runtime: workdir {workdir} is not inside a mounted volume {mounts}", file=sys.stderr)
         return 125
-    request = {"op": "run", "name": (options.get("--name") or [f"anon-{os.getpid()}"])[-1], "argv": argv,
-               "env": env, "cwd": workdir, "user": (options.get("--user") or [None])[-1], "image": image,
-               "groups": [int(g) for g in options.get("--group-add", []) if g.isdigit()],
-               "rm": "--rm" in flags}
+    request = {
+        "op": "run",
+        "name": (options.get("--name") or [f"anon-{os.getpid()}"])[-1],
+        "argv": argv,
+        "env": env,
+        "cwd": workdir,
+        "user": (options.get("--user") or [None])[-1],
+        "image": image,
+        "groups": [int(g) for g in options.get("--group-add", []) if g.isdigit()],
+        "rm": "--rm" in flags,
+    }
     conn = _request(state_dir, request, [1, 2])
     answer = _answer(conn)
     if "error" in answer:
@@ -260,7 +321,9 @@ def _run(state_dir: Path, options: dict[str, list[str]], flags: list[str], posit
 
     def relay(signum: int, frame: object) -> None:  # docker's --sig-proxy
         try:
-            _answer(_request(state_dir, {"op": "kill", "name": request["name"], "options": {"--signal": [str(signum)]}}))
+            _answer(
+                _request(state_dir, {"op": "kill", "name": request["name"], "options": {"--signal": [str(signum)]}})
+            )
         except OSError:
             pass
 
@@ -284,7 +347,7 @@ def _apptainer(args: list[str]) -> int:
     env = dict(BASE_ENV) if "--cleanenv" in flags else dict(os.environ)
     for key, value in os.environ.items():
         if key.startswith("APPTAINERENV_"):
-            env[key[len("APPTAINERENV_"):]] = value
+            env[key[len("APPTAINERENV_") :]] = value
     binds = [b.split(":")[1] if ":" in b else b for b in options.get("--bind", [])]
     pwd = (options.get("--pwd") or [os.getcwd()])[-1]
     if not any(pwd == b or pwd.startswith(b.rstrip("/") + "/") for b in binds):
@@ -296,11 +359,12 @@ def _apptainer(args: list[str]) -> int:
 
 # --- the daemon -------------------------------------------------------------------------------
 
+
 class Daemon:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
-        self.containers: dict[str, dict] = {}      # name -> {pid, exit, rm, waiters}
-        self.kill_at: dict[str, float] = {}        # name -> when `stop` sends SIGKILL
+        self.containers: dict[str, dict] = {}  # name -> {pid, exit, rm, waiters}
+        self.kill_at: dict[str, float] = {}  # name -> when `stop` sends SIGKILL
         self.stop_waiters: dict[str, list[socket.socket]] = {}
 
     def serve(self) -> None:
@@ -339,9 +403,15 @@ class Daemon:
             return self.reply(conn, {"error": f"No such container: {name}"})
         running = box["exit"] is None
         if op == "inspect":
-            info = {"Name": f"/{name}", "State": {"Pid": box["pid"] if running else 0, "Running": running,
-                                                  "Status": "running" if running else "exited",
-                                                  "ExitCode": box["exit"] or 0}}
+            info = {
+                "Name": f"/{name}",
+                "State": {
+                    "Pid": box["pid"] if running else 0,
+                    "Running": running,
+                    "Status": "running" if running else "exited",
+                    "ExitCode": box["exit"] or 0,
+                },
+            }
             return self.reply(conn, _inspect(info, (m["options"].get("--format") or [None])[-1]))
         if op == "kill":
             sig = int((m.get("options", {}).get("--signal") or ["9"])[-1])

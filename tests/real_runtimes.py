@@ -8,6 +8,7 @@ The containers.conf written for podman suits small VMs: runc rather than crun (c
 hosts with hybrid cgroups), and explicit ulimits (podman's default raises RLIMIT_NOFILE/NPROC,
 which an unprivileged VM's container refuses). The dockerd runs without iptables or a bridge
 (containers get no network), its state in a temporary directory."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,10 @@ import time
 from pathlib import Path
 
 IMAGE = "localhost/gpuq-test:busybox"
-PACKAGES = {"podman": ("podman", "runc", "conmon", "busybox-static", "catatonit"),
-            "docker": ("docker.io", "busybox-static")}
+PACKAGES = {
+    "podman": ("podman", "runc", "conmon", "busybox-static", "catatonit"),
+    "docker": ("docker.io", "busybox-static"),
+}
 CONF = """[containers]
 default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
 init_path = "/usr/bin/catatonit"
@@ -91,14 +94,32 @@ class Dockerd:
         self.base = Path(tempfile.mkdtemp(prefix="gpuq-dockerd-"))
         self.env = {"DOCKER_HOST": f"unix://{self.base}/docker.sock"}
         self.proc = subprocess.Popen(
-            [shutil.which("dockerd") or "/usr/sbin/dockerd", "--data-root", str(self.base / "data"),
-             "--exec-root", str(self.base / "x"), "--pidfile", str(self.base / "pid"), "-H", self.env["DOCKER_HOST"],
-             "--iptables=false", "--bridge=none"],
-            stdout=subprocess.DEVNULL, stderr=open(self.base / "log", "wb"), start_new_session=True)
+            [
+                shutil.which("dockerd") or "/usr/sbin/dockerd",
+                "--data-root",
+                str(self.base / "data"),
+                "--exec-root",
+                str(self.base / "x"),
+                "--pidfile",
+                str(self.base / "pid"),
+                "-H",
+                self.env["DOCKER_HOST"],
+                "--iptables=false",
+                "--bridge=none",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.base / "log", "wb"),
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            probe = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                                   text=True, env={**os.environ, **self.env}, timeout=30)
+            probe = subprocess.run(
+                ["docker", "version", "--format", "{{.Server.Version}}"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, **self.env},
+                timeout=30,
+            )
             if probe.returncode == 0:
                 break
             if self.proc.poll() is not None:
@@ -126,6 +147,11 @@ class Dockerd:
 
 
 def containers_named(runtime: str, prefix: str, env: dict[str, str]) -> list[str]:
-    out = subprocess.run([runtime, "ps", "--all", "--format", "{{.Names}}"], capture_output=True, text=True,
-                         env={**os.environ, **env}, timeout=60)
+    out = subprocess.run(
+        [runtime, "ps", "--all", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+    )
     return [n for n in out.stdout.split() if n.startswith(prefix)]

@@ -3,6 +3,7 @@ private directory, with two generic GPUs (character devices made like /dev/null:
 needs files). Debian's slurm-wlm and munge are installed with apt-get when missing and the
 tests run as root (as CI does). `SlurmCluster.start` raises SlurmUnavailable saying exactly
 what refused."""
+
 from __future__ import annotations
 
 import os
@@ -33,12 +34,22 @@ def ensure_installed() -> None:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         raise SlurmUnavailable("slurm-wlm/munge are not installed, and installing needs root and apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    out = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"],
-                         capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if out.returncode != 0:
         update = subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, env=env, timeout=600)
-        out = subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"],
-                             capture_output=True, text=True, env=env, timeout=600)
+        out = subprocess.run(
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
         if out.returncode != 0:
             raise SlurmUnavailable(f"apt-get install slurm-wlm munge failed: {(update.stderr + out.stderr)[-400:]}")
 
@@ -99,9 +110,18 @@ NodeName=localhost CPUs={os.cpu_count() or 2} RealMemory=1000 Gres=gpu:2 State=U
 PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """)
         (b / "gres.conf").write_text(f"NodeName=localhost Name=gpu File={b}/dev/gpu[0-1]\n")
-        self._run(["munged", f"--key-file={b}/munge/munge.key", f"--socket={socket_path}",
-                   f"--pid-file={b}/munge/munged.pid", f"--log-file={b}/log/munged.log",
-                   f"--seed-file={b}/munge/seed", "--force"], "munged")
+        self._run(
+            [
+                "munged",
+                f"--key-file={b}/munge/munge.key",
+                f"--socket={socket_path}",
+                f"--pid-file={b}/munge/munged.pid",
+                f"--log-file={b}/log/munged.log",
+                f"--seed-file={b}/munge/seed",
+                "--force",
+            ],
+            "munged",
+        )
         self._run(["slurmctld", "-i"], "slurmctld")
         self._run(["slurmd"], "slurmd")
         deadline = time.monotonic() + 30
@@ -117,8 +137,10 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         out = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=60)
         if out.returncode != 0:
             self.stop()
-            raise SlurmUnavailable(f"{name} refused to start (exit {out.returncode}): "
-                                   f"{(out.stderr or out.stdout).strip()[-300:]} {self._tail(name + '.log')}")
+            raise SlurmUnavailable(
+                f"{name} refused to start (exit {out.returncode}): "
+                f"{(out.stderr or out.stdout).strip()[-300:]} {self._tail(name + '.log')}"
+            )
 
     def _tail(self, log: str) -> str:
         try:
@@ -136,13 +158,13 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         shutil.rmtree(self.spool, ignore_errors=True)
 
     def sbatch(self, script: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["sbatch", *extra], input=script, capture_output=True, text=True, env=self.env,
-                              timeout=60)
+        return subprocess.run(
+            ["sbatch", *extra], input=script, capture_output=True, text=True, env=self.env, timeout=60
+        )
 
     def job_state(self, slurm_id: str) -> tuple[str, str]:
         """(JobState, ExitCode) from scontrol while Slurm remembers the job."""
-        out = subprocess.run(["scontrol", "show", "job", slurm_id], capture_output=True, text=True,
-                             env=self.env).stdout
+        out = subprocess.run(["scontrol", "show", "job", slurm_id], capture_output=True, text=True, env=self.env).stdout
         fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
         return fields.get("JobState", ""), fields.get("ExitCode", "")
 

@@ -4,10 +4,11 @@ a root worker, and created users (CI runs as root) who run gpuq as themselves.
 - `alice` is the victim, `bob` the attacker; both are in the team group. `eve` is not.
 - Users run the CLI with an interpreter they can reach (a venv made from the system Python,
   in a shared place, never one under root's 0700 home) and a root-owned copy of the code
-  (as README's recipe has it: code and config are root's, the spool is the team's).
+  (as docs/security.md's recipe has it: code and config are root's, the spool is the team's).
 
 Import the fixtures into a test module: `from team import team, users, as_user, ...`.
 """
+
 from __future__ import annotations
 
 import grp
@@ -28,8 +29,9 @@ from conftest import PY, REPO, Queue
 _TAG = str(os.getpid() % 100000)
 TEAM = f"gqt-team-{_TAG}"
 ALICE, BOB, EVE = f"gqt-alice-{_TAG}", f"gqt-bob-{_TAG}", f"gqt-eve-{_TAG}"
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
-                                reason="creating users needs root and useradd (CI runs as root)")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("useradd"), reason="creating users needs root and useradd (CI runs as root)"
+)
 
 
 def _reachable_by_others(path: str) -> bool:
@@ -84,8 +86,7 @@ def users() -> dict[str, pwd.struct_passwd]:
     for name in (ALICE, BOB, EVE):
         if subprocess.run(["id", name], capture_output=True).returncode:
             extra = ["-G", TEAM] if name != EVE else []
-            subprocess.run(["useradd", "-M", "-d", f"/nonexistent/{name}", *extra, "-s", "/bin/sh", name],
-                           check=True)
+            subprocess.run(["useradd", "-M", "-d", f"/nonexistent/{name}", *extra, "-s", "/bin/sh", name], check=True)
     yield {name: pwd.getpwnam(name) for name in (ALICE, BOB, EVE)}
     for name in (ALICE, BOB, EVE):
         subprocess.run(["userdel", name], capture_output=True)
@@ -101,8 +102,12 @@ class TeamQueue(Queue):
         self.root = base / "root"
         self.local_base = base / "local"
         self.workers: dict[str, subprocess.Popen] = {}
-        done = subprocess.run([PY, str(REPO / "gpuq.py"), "init", str(self.root), "--group", TEAM],
-                              capture_output=True, text=True, env=self.env())
+        done = subprocess.run(
+            [PY, str(REPO / "gpuq.py"), "init", str(self.root), "--group", TEAM],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+        )
         assert done.returncode == 0, done.stderr
         self.write_config()
 
@@ -113,22 +118,48 @@ class TeamQueue(Queue):
         super().write_config(**overrides)
         os.chmod(self.root / "config.yaml", mode)
 
-    def as_user(self, name: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60,
-                input: str | None = None) -> subprocess.CompletedProcess:
+    def as_user(
+        self, name: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60, input: str | None = None
+    ) -> subprocess.CompletedProcess:
         """`gpuq --root ROOT ARGS` run by user `name` with the team's interpreter."""
-        return self.run_as(name, [self.python, str(self.code / "gpuq.py"), "--root", str(self.root), *args],
-                           env=env, timeout=timeout, input=input)
+        return self.run_as(
+            name,
+            [self.python, str(self.code / "gpuq.py"), "--root", str(self.root), *args],
+            env=env,
+            timeout=timeout,
+            input=input,
+        )
 
-    def run_as(self, name: str, argv: list[str], env: dict[str, str] | None = None, timeout: float = 60,
-               input: str | None = None) -> subprocess.CompletedProcess:
+    def run_as(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        timeout: float = 60,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess:
         """Any command, as user `name` with their groups (the team's for alice and bob)."""
         pw = self.users[name]
         groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
-        base_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "USER": name, "LOGNAME": name,
-                    "LANG": "C.UTF-8"}
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input, cwd="/",
-                              env={**base_env, **(env or {})}, user=pw.pw_uid, group=pw.pw_gid,
-                              extra_groups=groups)
+        base_env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "USER": name,
+            "LOGNAME": name,
+            "LANG": "C.UTF-8",
+        }
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            cwd="/",
+            env={**base_env, **(env or {})},
+            user=pw.pw_uid,
+            group=pw.pw_gid,
+            extra_groups=groups,
+        )
 
     def py_as(self, name: str, code: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Python code run by user `name` (an attacker's script)."""
@@ -136,9 +167,11 @@ class TeamQueue(Queue):
 
     def drop_as(self, name: str, file_name: str, text: str, mode: int = 0o644) -> Path:
         """A spec written into jobs/ by user `name`, as their editor would (temp, then rename)."""
-        code = (f"import os; p = {str(self.root / 'jobs')!r}; tmp = os.path.join(p, '.' + {file_name!r} + '.tmp')\n"
-                f"with open(tmp, 'w') as f: f.write({text!r})\n"
-                f"os.chmod(tmp, {mode}); os.rename(tmp, os.path.join(p, {file_name!r}))\n")
+        code = (
+            f"import os; p = {str(self.root / 'jobs')!r}; tmp = os.path.join(p, '.' + {file_name!r} + '.tmp')\n"
+            f"with open(tmp, 'w') as f: f.write({text!r})\n"
+            f"os.chmod(tmp, {mode}); os.rename(tmp, os.path.join(p, {file_name!r}))\n"
+        )
         done = self.py_as(name, code)
         assert done.returncode == 0, done.stderr
         return self.root / "jobs" / file_name

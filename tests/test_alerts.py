@@ -1,12 +1,16 @@
 """Alerts through the real worker on fake GPUs: each raised once, shown in status until it
 clears, and handed to the alert command as JSON."""
+
 from __future__ import annotations
 
 import json
 import signal
 
 import psutil
+import pytest
 from conftest import PY, REPO, wait_until
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 
@@ -32,14 +36,29 @@ def test_an_idle_holder_raises_its_alert_once_and_it_clears(queue, tmp_path):
 
 def test_long_waits_and_hot_gpus_are_alerts(queue, tmp_path):
     gpus = tmp_path / "gpus.json"
-    gpus.write_text(json.dumps({"gpus": [{"name": "Hot", "uuid": "GPU-hot-0", "memory_total_mib": 81920,
-                                          "memory_used_mib": 0, "utilization": 0, "temperature": 95}],
-                                "processes": []}))
+    gpus.write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {
+                        "name": "Hot",
+                        "uuid": "GPU-hot-0",
+                        "memory_total_mib": 81920,
+                        "memory_used_mib": 0,
+                        "utilization": 0,
+                        "temperature": 95,
+                    }
+                ],
+                "processes": [],
+            }
+        )
+    )
     queue.write_config(alert_wait_s=1)
     queue.start_worker("a", str(gpus))
     queue.drop("huge.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 100GiB\n")
-    alerts = wait_until(lambda: (a := _alerts(queue)) and "long_wait:huge" in a and a, timeout=20,
-                        what="the long-wait alert")
+    alerts = wait_until(
+        lambda: (a := _alerts(queue)) and "long_wait:huge" in a and a, timeout=20, what="the long-wait alert"
+    )
     assert alerts["gpu_hot:a:0"]["message"] == "GPU a:0 at 95°C (alert_gpu_temp_c 85)"
     assert alerts["long_wait:huge"]["message"].startswith("job huge (root) has waited")
 

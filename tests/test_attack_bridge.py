@@ -2,6 +2,7 @@
 against the recommended setup. Slurm is stood in for by scripts on the bridge's PATH:
 `sbatch` logs the uid it runs as and its arguments, and answers with a job id; `squeue` says
 every job is still pending, so the bridge keeps following it and ends nothing."""
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ class StandInSlurm:
         self.calls = base / "sbatch-calls.log"
         scripts = {
             # (its environment is whole before its call is logged: a test waits for the call)
-            "sbatch": f'#!/bin/sh\nenv > {self.calls}.env.tmp && mv {self.calls}.env.tmp {self.calls}.env\n'
-                      f'echo "uid=$(id -u) args: $*" >> {self.calls}\n'
-                      f'cat > /dev/null\necho {SLURM_ID}\n',
+            "sbatch": f"#!/bin/sh\nenv > {self.calls}.env.tmp && mv {self.calls}.env.tmp {self.calls}.env\n"
+            f'echo "uid=$(id -u) args: $*" >> {self.calls}\n'
+            f"cat > /dev/null\necho {SLURM_ID}\n",
             "squeue": f"#!/bin/sh\necho '{SLURM_ID} PENDING'\n",
             "scontrol": "#!/bin/sh\nexit 0\n",
             "scancel": "#!/bin/sh\nexit 0\n",
@@ -70,14 +71,16 @@ def flip_to_link(team, job_id: str, target: Path) -> None:
     """bob replaces his pending jobs/<id>.yaml by a symlink to `target` (his own file: the
     sticky jobs/ lets him)."""
     jobs = team.root / "jobs"
-    done = team.py_as(BOB, f"import os; os.symlink({str(target)!r}, {str(jobs / ('.' + job_id + '.lnk'))!r}); "
-                           f"os.rename({str(jobs / ('.' + job_id + '.lnk'))!r}, {str(jobs / (job_id + '.yaml'))!r})")
+    done = team.py_as(
+        BOB,
+        f"import os; os.symlink({str(target)!r}, {str(jobs / ('.' + job_id + '.lnk'))!r}); "
+        f"os.rename({str(jobs / ('.' + job_id + '.lnk'))!r}, {str(jobs / (job_id + '.yaml'))!r})",
+    )
     assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("whose", ["alice's", "root's"])
-def test_a_spec_flipped_to_a_link_between_intake_and_claim_is_never_submitted_as_its_target(team, bridge, users,
-                                                                                             whose):
+def test_a_spec_flipped_to_a_link_between_intake_and_claim_is_never_submitted_as_its_target(team, bridge, users, whose):
     """C7: the bridge has read bob's spec and is about to claim it (paused there); bob swaps
     the file for a symlink to alice's file, or to a root-owned one. The claim takes the link.
     Before the fix, sbatch ran with --uid=alice, or without --uid at all (as root) for the
@@ -126,8 +129,10 @@ def test_a_root_bridge_never_takes_uid_0_or_none_for_submit_as_myself(team):
         with pytest.raises(PermissionError):
             BridgeWorker._as_owner(fake_self, Record(id=f"r{uid + 1}", state=State.RUNNING, spec={}, uid=uid), plain)
     fake_self.config = Config(allow_root_jobs=True)
-    assert BridgeWorker._as_owner(fake_self, Record(id="r2", state=State.RUNNING, spec={}, uid=0), plain)[0] == \
-        ["--uid=0", "--gid=0"]
+    assert BridgeWorker._as_owner(fake_self, Record(id="r2", state=State.RUNNING, spec={}, uid=0), plain)[0] == [
+        "--uid=0",
+        "--gid=0",
+    ]
 
 
 def test_a_root_bridge_precreates_every_array_log_as_the_owner(team, bridge, users):
@@ -201,8 +206,10 @@ def test_a_slurm_job_someone_else_commented_with_a_claim_is_never_taken_for_it(m
 
     alice, bob = users[ALICE], users[BOB]
     claim = "train@bridge@b00t@77@c1a1m@a1.yaml"
-    jobs = {"bob": f"JobId=7 UserId={BOB}({bob.pw_uid}) Comment=gpuq:{claim} JobState=RUNNING",
-            "alice": f"JobId=8 UserId={ALICE}({alice.pw_uid}) Comment=gpuq:{claim} JobState=RUNNING"}
+    jobs = {
+        "bob": f"JobId=7 UserId={BOB}({bob.pw_uid}) Comment=gpuq:{claim} JobState=RUNNING",
+        "alice": f"JobId=8 UserId={ALICE}({alice.pw_uid}) Comment=gpuq:{claim} JobState=RUNNING",
+    }
     record = Record(id="train", state=State.RUNNING, spec={}, uid=alice.pw_uid, claim=claim)
     for shown, expected in ((["bob", "alice"], "8"), (["bob"], None)):
         text = "\n\n".join(jobs[k] for k in shown)

@@ -8,6 +8,7 @@ option and the fix, by `gpuq submit` and by the worker's intake. A mount source 
 as the job's owner, and the runtime is handed a private bind of what was opened.
 
 Each test here was seen failing on the code before these defences."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,10 @@ ATTACKS: dict[str, tuple[object, str]] = {
     "cidfile": (["--cidfile=CLOBBER1"], "option '--cidfile=CLOBBER1' is not allowed"),
     "volumes-from": (["--volumes-from", "gpuq-victim-1"], "option '--volumes-from' is not allowed"),
     "pid-container": (["--pid=container:gpuq-victim-1"], "option '--pid=container:gpuq-victim-1' is not allowed"),
-    "network-container": (["--network", "container:gpuq-victim-1"],
-                          "option --network value 'container:gpuq-victim-1' is not none|bridge|host"),
+    "network-container": (
+        ["--network", "container:gpuq-victim-1"],
+        "option --network value 'container:gpuq-victim-1' is not none|bridge|host",
+    ),
     "oom-score-adj": (["--oom-score-adj=-1000"], "option '--oom-score-adj=-1000' is not allowed"),
     "label-file": (["--label-file=SECRET"], "option '--label-file=SECRET' is not allowed"),
     "authfile": (["--authfile", "SECRET"], "option '--authfile' is not allowed"),
@@ -61,8 +64,12 @@ def _root_only(team) -> dict[str, Path]:
     """Root's files, in a 0700 directory of root's: what the attacks aim at."""
     d = team.base / "rootonly"
     d.mkdir(mode=0o700)
-    files = {"SECRET": ("ROOT_ONLY_SECRET=hunter2\n", 0o600), "CLOBBER1": ("precious 1\n", 0o600),
-             "CLOBBER2": ("precious 2\n", 0o600), "TARGET": ("root-owned line\n", 0o644)}
+    files = {
+        "SECRET": ("ROOT_ONLY_SECRET=hunter2\n", 0o600),
+        "CLOBBER1": ("precious 1\n", 0o600),
+        "CLOBBER2": ("precious 2\n", 0o600),
+        "TARGET": ("root-owned line\n", 0o644),
+    }
     paths = {}
     for name, (text, mode) in files.items():
         paths[name] = d / name.lower()
@@ -76,6 +83,7 @@ def _with_paths(options: object, files: dict[str, Path]) -> object:
         for name in ("SECRET", "CLOBBER1", "CLOBBER2"):
             text = text.replace(name, str(files[name]))
         return text
+
     return put(options) if isinstance(options, str) else [put(o) for o in options]  # type: ignore[union-attr]
 
 
@@ -104,6 +112,7 @@ def _rejection(team, job_id: str) -> str | None:
 
 # --- refused by `gpuq submit`, run by the attacker ----------------------------------------------
 
+
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_gpuq_submit_refuses_the_option_naming_it_and_the_fix(team, users, attack: str) -> None:
     bob = users[BOB]
@@ -128,6 +137,7 @@ def test_gpuq_submit_refuses_the_option_naming_it_and_the_fix(team, users, attac
 
 # --- refused by a root worker's intake: nothing reaches the runtime -----------------------------
 
+
 def test_a_root_worker_refuses_every_attack_and_the_runtime_never_runs(team, users, runtimes) -> None:
     """C6: -iu0 made docker run bob's command as uid 0, writing into a root file; C6b: the
     client (root) read a root-only env file for the job; C6c: the client wrote pids into
@@ -136,13 +146,15 @@ def test_a_root_worker_refuses_every_attack_and_the_runtime_never_runs(team, use
     files = _root_only(team)
     work = _workdir(team, bob)
     team.start_worker("a", "1x80GiB", env=runtimes.worker_env())
-    commands = {"c6-combined-short-flags": f"id -u; echo BOB-WAS-HERE >> {files['TARGET']}",
-                "c6b-env-file": 'echo "leaked=$ROOT_ONLY_SECRET"'}
+    commands = {
+        "c6-combined-short-flags": f"id -u; echo BOB-WAS-HERE >> {files['TARGET']}",
+        "c6b-env-file": 'echo "leaked=$ROOT_ONLY_SECRET"',
+    }
     for attack, (options, _) in ATTACKS.items():
         team.drop_as(BOB, f"{attack}.yaml", _spec(_with_paths(options, files), commands.get(attack, "true"), work))
     for attack, (_, said) in ATTACKS.items():
         said = said.replace("SECRET", str(files["SECRET"])).replace("CLOBBER1", str(files["CLOBBER1"]))
-        outcome = wait_until(lambda: _rejection(team, attack), timeout=60, what=f"{attack} settled")
+        outcome = wait_until(lambda attack=attack: _rejection(team, attack), timeout=60, what=f"{attack} settled")
         assert f"jobs/{attack}.yaml: field 'container': {said}" in outcome, outcome
     assert runtimes.calls("run") == []
     assert files["TARGET"].read_text() == "root-owned line\n"
@@ -151,6 +163,7 @@ def test_a_root_worker_refuses_every_attack_and_the_runtime_never_runs(team, use
 
 
 # --- mounts: the owner's reach, pinned ----------------------------------------------------------
+
 
 def test_a_mount_source_the_owner_cannot_read_fails_the_job_before_the_runtime_runs(team, users, runtimes) -> None:
     """Mounting a directory bob cannot reach (or a link of his to it) would show him files
@@ -164,15 +177,33 @@ def test_a_mount_source_the_owner_cannot_read_fails_the_job_before_the_runtime_r
     os.symlink(files["DIR"], link)
     os.lchown(link, bob.pw_uid, bob.pw_gid)
     team.start_worker("a", "1x80GiB", env=runtimes.worker_env())
-    cases = {"direct": (files["DIR"], "is not readable by"), "link": (link, "is not readable by"),
-             "missing": (team.base / "nothing-here", "does not exist")}
+    cases = {
+        "direct": (files["DIR"], "is not readable by"),
+        "link": (link, "is not readable by"),
+        "missing": (team.base / "nothing-here", "does not exist"),
+    }
     for job_id, (source, _) in cases.items():
-        submitted = team.as_user(BOB, "submit", "--id", job_id, "--gpus", "0", "--container", "img", "--runtime",
-                                 "docker", "--mount", f"{source}:/h", "--workdir", str(work), "--",
-                                 "cat /h/target")
+        submitted = team.as_user(
+            BOB,
+            "submit",
+            "--id",
+            job_id,
+            "--gpus",
+            "0",
+            "--container",
+            "img",
+            "--runtime",
+            "docker",
+            "--mount",
+            f"{source}:/h",
+            "--workdir",
+            str(work),
+            "--",
+            "cat /h/target",
+        )
         assert submitted.returncode == 0, submitted.stderr
     for job_id, (source, said) in cases.items():
-        final = wait_until(lambda: team.finished(job_id), timeout=30, what=f"{job_id} settled")
+        final = wait_until(lambda job_id=job_id: team.finished(job_id), timeout=30, what=f"{job_id} settled")
         expected = f"cannot start: mount source {source} {said}" + (f" {BOB}" if "readable" in said else "")
         assert final["state"] == "failed" and expected in team.log(job_id), team.log(job_id)
     assert runtimes.calls("run") == []
@@ -207,12 +238,24 @@ def test_the_runtime_mounts_what_the_owner_opened_whatever_the_path_becomes(team
 
 # --- what is allowed still works ----------------------------------------------------------------
 
+
 def test_allowed_options_reach_the_runtime_as_checked_before_gpuqs_own(team, users, runtimes) -> None:
     bob = users[BOB]
     work = _workdir(team, bob)
     team.start_worker("a", "1x80GiB", env=runtimes.worker_env())
-    options = ["--shm-size", "1g", "--ulimit=memlock=-1", "--hostname=trainer", "--read-only", "--network=none",
-               "--label", "project=x", "--tmpfs=/scratch:size=1g,noexec", "--entrypoint=", "--pull=never"]
+    options = [
+        "--shm-size",
+        "1g",
+        "--ulimit=memlock=-1",
+        "--hostname=trainer",
+        "--read-only",
+        "--network=none",
+        "--label",
+        "project=x",
+        "--tmpfs=/scratch:size=1g,noexec",
+        "--entrypoint=",
+        "--pull=never",
+    ]
     spec = work / "ok.yaml"
     team.run_as(BOB, ["/bin/sh", "-c", f"cat > {spec}"], input=_spec(options, "id -u", work))
     submitted = team.as_user(BOB, "submit", "--spec", str(spec), "--id", "ok")
@@ -221,9 +264,18 @@ def test_allowed_options_reach_the_runtime_as_checked_before_gpuqs_own(team, use
     assert final["state"] == "done", team.log("ok")
     assert f"\n{bob.pw_uid}\n" in team.log("ok")  # as bob: gpuq's --user is the one used
     run = runtimes.calls("run")[-1]["args"]
-    given = ["--shm-size=1g", "--ulimit=memlock=-1", "--hostname=trainer", "--read-only", "--network=none",
-             "--label=project=x", "--tmpfs=/scratch:size=1g,noexec", "--entrypoint=", "--pull=never"]
-    assert run[1:1 + len(given)] == given and run[1 + len(given)] == "--rm"
+    given = [
+        "--shm-size=1g",
+        "--ulimit=memlock=-1",
+        "--hostname=trainer",
+        "--read-only",
+        "--network=none",
+        "--label=project=x",
+        "--tmpfs=/scratch:size=1g,noexec",
+        "--entrypoint=",
+        "--pull=never",
+    ]
+    assert run[1 : 1 + len(given)] == given and run[1 + len(given)] == "--rm"
     assert run[run.index("--user") + 1] == f"{bob.pw_uid}:{bob.pw_gid}"
 
 
@@ -250,11 +302,22 @@ def test_a_real_runtime_mounts_the_pinned_source_and_takes_the_allowed_options(t
         data = work / "data"
         team.run_as(BOB, ["/bin/sh", "-c", f"mkdir {data} && echo bob-data > {data}/marker"])
         team.start_worker("a", "1x80GiB", env=env)
-        options = ["--read-only", "--network=none", "--hostname=trainer", "--shm-size=64m", "--tmpfs=/scratch",
-                   "--pull=never"]
+        options = [
+            "--read-only",
+            "--network=none",
+            "--hostname=trainer",
+            "--shm-size=64m",
+            "--tmpfs=/scratch",
+            "--pull=never",
+        ]
         command = "cat /data/marker; id -u; echo $(cat /etc/hostname); touch /not-here 2>/dev/null || echo read-only"
-        team.drop_as(BOB, "real.yaml", _spec(options, command, work, [f"{data}:/data:ro"]).replace(
-            "\"image\": \"img\", \"runtime\": \"docker\"", f"\"image\": \"{real_runtimes.IMAGE}\", \"runtime\": \"{runtime}\""))
+        team.drop_as(
+            BOB,
+            "real.yaml",
+            _spec(options, command, work, [f"{data}:/data:ro"]).replace(
+                '"image": "img", "runtime": "docker"', f'"image": "{real_runtimes.IMAGE}", "runtime": "{runtime}"'
+            ),
+        )
         final = wait_until(lambda: team.finished("real"), timeout=120, what=f"the {runtime} job")
         log = team.log("real")
         assert final["state"] == "done", log

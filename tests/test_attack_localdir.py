@@ -8,6 +8,7 @@ worker's first start, own the parent, and later swap the worker's directory for 
 Root then wrote through his links, signalled the pid his forged lock file named, and
 recorded the result it held. Now a root worker's default is in /run, every part of the path
 is checked, and what is read back from it counts only as a plain file of the worker's."""
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,13 @@ PRECIOUS = "precious root data\n"
 
 def _start_once(team) -> subprocess.CompletedProcess:
     """One pass of a root worker for host `a`, as cron would start it."""
-    return subprocess.run([PY, str(REPO / "worker.py"), "--root", str(team.root), "--host", "a",
-                           "--fake-gpus", "1x80GiB", "--once"], capture_output=True, text=True, timeout=60,
-                          env=team.env())
+    return subprocess.run(
+        [PY, str(REPO / "worker.py"), "--root", str(team.root), "--host", "a", "--fake-gpus", "1x80GiB", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=team.env(),
+    )
 
 
 def _bobs_dir(team, name: str, mode: int) -> Path:
@@ -42,6 +47,7 @@ def _bobs_dir(team, name: str, mode: int) -> Path:
 
 
 # --- the boundary: where local_dir is, and every part of its path ------------------------------
+
 
 def test_a_root_worker_refuses_a_local_dir_under_a_members_directory_and_writes_nothing_there(team):
     bobs = _bobs_dir(team, "bobs", 0o755)
@@ -89,6 +95,7 @@ def test_a_root_workers_default_local_dir_is_in_run_and_only_root_can_change_any
     local = Layout(team.root.resolve()).default_local_dir("a")
     assert str(local).startswith("/run/gpuq/"), local  # never the world-writable /dev/shm
     from gpuq.host.hostinfo import chain_problems
+
     try:
         team.start_worker("a", "1x80GiB")
         assert (local / "worker.lock").exists() and (local / "jobs").is_dir()
@@ -109,11 +116,13 @@ def test_a_users_own_worker_refuses_a_default_parent_another_member_made_first(t
     uid> (open to her, so that she would use it) before her worker's first start."""
     python, code = team.python, team.code
     alice = team.users[ALICE]
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path\n"
-              "from gpuq.single_instance import default_local_dir\n"
-              "from gpuq.hostinfo import ensure_private_dir\n"
-              "d = default_local_dir(sys.argv[2], 'a'); print(d)\n"
-              "try:\n    ensure_private_dir(Path(d))\nexcept PermissionError as e:\n    print('REFUSED', e)\n")
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path\n"
+        "from gpuq.single_instance import default_local_dir\n"
+        "from gpuq.host.hostinfo import ensure_private_dir\n"
+        "d = default_local_dir(sys.argv[2], 'a'); print(d)\n"
+        "try:\n    ensure_private_dir(Path(d))\nexcept PermissionError as e:\n    print('REFUSED', e)\n"
+    )
     shm = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path("/tmp")
     parent = shm / f"gpuq-{alice.pw_uid}"
     shutil.rmtree(parent, ignore_errors=True)  # a leftover of an earlier run's user with this uid
@@ -130,6 +139,7 @@ def test_a_users_own_worker_refuses_a_default_parent_another_member_made_first(t
 
 
 # --- in depth: what the worker reads back from local_dir, and how it writes there --------------
+
 
 @pytest.fixture
 def local(tmp_path, users):
@@ -148,8 +158,18 @@ def local(tmp_path, users):
     ensure_private_dir(local_dir / "jobs")
     claim = "j@a@boot@1@abcd@a1.yaml"
     (layout.claims / claim).write_text("command: echo hi\n")
-    record = Record(id="j", state=State.RUNNING, spec={}, spec_text="command: echo hi\n", user="x", uid=4242,
-                    host="a", boot_id="boot", claim=claim, queued_at=1000.0)
+    record = Record(
+        id="j",
+        state=State.RUNNING,
+        spec={},
+        spec_text="command: echo hi\n",
+        user="x",
+        uid=4242,
+        host="a",
+        boot_id="boot",
+        claim=claim,
+        queued_at=1000.0,
+    )
     write_record(layout, record)
     victim = tmp_path / "victim"
     victim.write_text(PRECIOUS)
@@ -194,8 +214,9 @@ def test_a_result_in_a_lock_file_the_worker_did_not_write_is_never_recorded(loca
     from gpuq.worker.recovery import Recovery
 
     rt, record, _, _ = local
-    _forge_lock(rt, record, users[BOB].pw_uid,
-                result={"state": "done", "exit_code": 0, "reason": "forged by bob", "uid": 0})
+    _forge_lock(
+        rt, record, users[BOB].pw_uid, result={"state": "done", "exit_code": 0, "reason": "forged by bob", "uid": 0}
+    )
     Recovery(rt.layout, Config(), rt, lambda *a: None).settle_gone(record)
     finished = rt.layout.record(rt.layout.finished, record.id)
     assert not finished.exists()  # never started, as far as the worker knows: requeued
@@ -217,9 +238,14 @@ def test_the_lease_stop_and_container_files_are_never_written_through_a_link(loc
     from gpuq.run.joblocal import request_stop, write_container_pid, write_lease
 
     rt, record, sleeper, victim = local
-    planted = [rt.local_dir / f".lease.{os.getpid()}", rt.local_dir / f".lease.{os.getpid()}.tmp", rt.lease_path,
-               rt.stop_path(record.id), rt.container_path(record.id),
-               rt.local_dir / "jobs" / f".{record.id}.stop.{os.getpid()}.tmp"]
+    planted = [
+        rt.local_dir / f".lease.{os.getpid()}",
+        rt.local_dir / f".lease.{os.getpid()}.tmp",
+        rt.lease_path,
+        rt.stop_path(record.id),
+        rt.container_path(record.id),
+        rt.local_dir / "jobs" / f".{record.id}.stop.{os.getpid()}.tmp",
+    ]
     for link in planted:
         link.symlink_to(victim)
     write_lease(rt, 12.5)

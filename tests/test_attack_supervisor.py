@@ -4,6 +4,7 @@ log is never written through a planted name (H3); a job gets a clean environment
 root's (M5); and its workdir is entered as its owner (newcomer M5).
 
 Each end-to-end test here was seen failing on the code before these defences."""
+
 from __future__ import annotations
 
 import json
@@ -49,6 +50,7 @@ def _forged(record: dict, command: str) -> dict:
 
 # --- C2: hand, don't re-read --------------------------------------------------------------
 
+
 def test_the_supervisor_runs_the_handed_record_even_when_the_file_on_disk_says_otherwise(team, users):
     """Whoever could replace state/running/<id>.json between the worker's write and the
     supervisor's start (root here: the team can no longer write state/), the job runs as
@@ -86,7 +88,7 @@ def test_an_attacker_who_swaps_the_running_record_gets_only_his_own_job_run_as_h
     running = team.root / "state" / "running"
     attack = f"""
 import json, os
-p = {str(running / 'race3.json')!r}
+p = {str(running / "race3.json")!r}
 try:
     rec = json.load(open(p))
 except OSError:  # records not readable: what bob knows of his own job is enough
@@ -131,15 +133,18 @@ def test_whom_a_root_worker_runs_a_record_as(users):
     assert job_identity(rt(True), record(0), 0) is None  # root's own job, allowed by config
     assert job_identity(rt(False), record(alice.pw_uid), alice.pw_uid) is None  # a user's worker
     unused = max(p.pw_uid for p in pwd.getpwall()) + 1000
-    for allow, uid, reason in ((False, 0, "the job's owner is root, and allow_root_jobs is off"),
-                               (True, -1, "the record names no owner (uid -1)"),
-                               (True, unused, f"uid {unused}, the spec's owner, has no account here")):
+    for allow, uid, reason in (
+        (False, 0, "the job's owner is root, and allow_root_jobs is off"),
+        (True, -1, "the record names no owner (uid -1)"),
+        (True, unused, f"uid {unused}, the spec's owner, has no account here"),
+    ):
         with pytest.raises(CannotStart) as refused:
             job_identity(rt(allow), record(uid), 0)
         assert str(refused.value) == reason
 
 
 # --- H3: the worker's own log ------------------------------------------------------------
+
 
 def _plant(kind: str, log: Path, target: Path, bob: pwd.struct_passwd) -> None:
     if kind == "symlink":
@@ -182,20 +187,36 @@ def test_a_planted_worker_log_is_never_written_through(team, users, kind):
 
 # --- M5: the job's environment, and its workdir ------------------------------------------
 
+
 def test_a_root_worker_gives_a_job_its_owners_clean_environment(team, users):
     """Not the root worker's own variables (a vault token, root's PATH): the owner's HOME,
     USER, LOGNAME, SHELL, a plain PATH, the locale and TZ, the spec's env, gpuq's variables."""
     alice = users[ALICE]
-    team.start_worker("a", "1x80GiB", env={"ROOT_VAULT_TOKEN": "root-only-vault-token", "TZ": "UTC",
-                                           "LC_TIME": "C", "PATH": "/root/secret-bin:" + os.environ["PATH"]})
+    team.start_worker(
+        "a",
+        "1x80GiB",
+        env={
+            "ROOT_VAULT_TOKEN": "root-only-vault-token",
+            "TZ": "UTC",
+            "LC_TIME": "C",
+            "PATH": "/root/secret-bin:" + os.environ["PATH"],
+        },
+    )
     team.drop_as(ALICE, "env.yaml", "command: env\ngpus: 0\nworkdir: /\nenv: {SEED: '3'}\n")
     assert _finished(team, "env")["state"] == "done", team.log("env")
     text = team.log("env")
     seen = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("==>"))
     assert "root-only-vault-token" not in text and "ROOT_VAULT_TOKEN" not in seen
     assert {k: seen.get(k) for k in ("HOME", "USER", "LOGNAME", "SHELL", "PATH", "TZ", "LC_TIME", "SEED")} == {
-        "HOME": alice.pw_dir, "USER": ALICE, "LOGNAME": ALICE, "SHELL": alice.pw_shell,
-        "PATH": "/usr/local/bin:/usr/bin:/bin", "TZ": "UTC", "LC_TIME": "C", "SEED": "3"}
+        "HOME": alice.pw_dir,
+        "USER": ALICE,
+        "LOGNAME": ALICE,
+        "SHELL": alice.pw_shell,
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "TZ": "UTC",
+        "LC_TIME": "C",
+        "SEED": "3",
+    }
     assert seen["GPUQ_JOB_ID"] == "env" and seen["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
@@ -205,14 +226,27 @@ def test_the_base_environment_is_inherited_only_by_the_workers_own_jobs(monkeypa
     from gpuq.host.owners import Identity
     from gpuq.run import launch
 
-    worker_env = {"PATH": "/opt/worker/bin:/usr/bin", "SECRET_TOKEN": "x", "LANG": "C.UTF-8", "LC_ALL": "C",
-                  "TZ": "UTC", "HOME": "/root"}
+    worker_env = {
+        "PATH": "/opt/worker/bin:/usr/bin",
+        "SECRET_TOKEN": "x",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "TZ": "UTC",
+        "HOME": "/root",
+    }
     monkeypatch.setattr(launch, "inherited_environment", lambda: worker_env)
     assert launch.base_environment(None) == worker_env
     ana = Identity(54321, 54321, (54321,), "gpuq-nobody-here", "/home/ana")
     assert launch.base_environment(ana) == {
-        "PATH": launch.JOB_PATH, "SHELL": "/bin/sh", "HOME": "/home/ana", "USER": "gpuq-nobody-here",
-        "LOGNAME": "gpuq-nobody-here", "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC"}
+        "PATH": launch.JOB_PATH,
+        "SHELL": "/bin/sh",
+        "HOME": "/home/ana",
+        "USER": "gpuq-nobody-here",
+        "LOGNAME": "gpuq-nobody-here",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "TZ": "UTC",
+    }
 
 
 def test_a_workdir_is_entered_as_its_owner(team, users):

@@ -7,6 +7,7 @@ Findings kept elsewhere: containers (C6) in test_attack_containers.py, the super
 M5) in test_attack_supervisor.py, the Slurm bridge (C7) in test_attack_bridge.py, secrets
 (M4) in test_secrets.py, terminals and bad input (M8, M9, LOW) in test_terminal_safety.py
 and test_bad_input.py."""
+
 from __future__ import annotations
 
 import json
@@ -49,6 +50,7 @@ def _state(team, job_id: str) -> str | None:
 
 
 # --- the boundary itself -------------------------------------------------------------------
+
 
 def test_a_member_can_create_or_replace_files_only_in_jobs_and_the_inbox(team):
     """The structural check: everything under the root but jobs/ and requests/ is the
@@ -95,14 +97,22 @@ print("\\n".join(made))
 def test_a_root_worker_refuses_a_config_or_root_others_can_write(team):
     """C3 / B2: whoever can write config.yaml sets alert_command, which the worker runs."""
     os.chmod(team.root / "config.yaml", 0o664)
-    proc = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(team.root), "--host", "a",
-                           "--fake-gpus", "1x80GiB", "--once"], capture_output=True, text=True, env=team.env())
+    proc = subprocess.run(
+        [PY, str(REPO / "worker.py"), "--root", str(team.root), "--host", "a", "--fake-gpus", "1x80GiB", "--once"],
+        capture_output=True,
+        text=True,
+        env=team.env(),
+    )
     assert proc.returncode == 2 and "config.yaml" in proc.stderr and "chmod go-w" in proc.stderr
     assert not (team.root / "state" / "workers" / "a.json").exists()
     os.chmod(team.root / "config.yaml", 0o644)
     os.chmod(team.root, 0o2770)  # a group-writable root: bob could swap state/ or config.yaml
-    proc = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(team.root), "--host", "a",
-                           "--fake-gpus", "1x80GiB", "--once"], capture_output=True, text=True, env=team.env())
+    proc = subprocess.run(
+        [PY, str(REPO / "worker.py"), "--root", str(team.root), "--host", "a", "--fake-gpus", "1x80GiB", "--once"],
+        capture_output=True,
+        text=True,
+        env=team.env(),
+    )
     assert proc.returncode == 2 and "the queue root" in proc.stderr
     edit = team.run_as(BOB, ["/bin/sh", "-c", f"echo 'alert_command: id' >> {team.root / 'config.yaml'}"])
     assert edit.returncode != 0  # init made it root's 0644
@@ -110,13 +120,23 @@ def test_a_root_worker_refuses_a_config_or_root_others_can_write(team):
 
 # --- forged state (C1, C5, H4, H5, H6): the team cannot write it; garbage never spreads ---------
 
+
 def test_forged_records_are_refused_and_never_used_as_paths(team):
     """C1: a record naming an absolute claim, or an id with ../, made root delete any file.
     bob can no longer write state/running/; and a record that is not gpuq's (put there by
     anyone who can) is skipped and reported, never acted on."""
     target = _root_only_target(team)
-    forged = {"id": "evil", "state": "running", "spec": {}, "host": "a", "boot_id": "not-this-boot",
-              "attempt": 99, "claim": str(target), "uid": team.users[BOB].pw_uid, "user": BOB}
+    forged = {
+        "id": "evil",
+        "state": "running",
+        "spec": {},
+        "host": "a",
+        "boot_id": "not-this-boot",
+        "attempt": 99,
+        "claim": str(target),
+        "uid": team.users[BOB].pw_uid,
+        "user": BOB,
+    }
     as_bob = team.py_as(BOB, f"open({str(team.root / 'state' / 'running' / 'evil.json')!r}, 'w')")
     assert as_bob.returncode != 0 and "Permission denied" in as_bob.stderr
     (team.root / "state" / "running" / "evil.json").write_text(json.dumps(forged))
@@ -153,8 +173,9 @@ def test_garbage_bookings_and_groups_never_stop_a_worker_or_status(team):
     """H5, H6: one malformed booking stopped every start and crashed status; one bad file
     in state/groups/ crashed every worker start (a cron restart loop)."""
     (team.root / "state" / "bookings" / "bk-999.json").write_text('{"id": "bk-999", "hello": 1}')
-    (team.root / "state" / "bookings" / "bk-998.json").write_text('{"id": "bk-998", "host": "a", "gpus": [0], '
-                                                                   '"start": 0, "end": 1e300, "owner": "x"}')
+    (team.root / "state" / "bookings" / "bk-998.json").write_text(
+        '{"id": "bk-998", "host": "a", "gpus": [0], "start": 0, "end": 1e300, "owner": "x"}'
+    )
     (team.root / "state" / "groups" / "leak.yaml").write_text("a: [unclosed\n")
     team.start_worker("a", "1x80GiB")
     team.drop_as(ALICE, "ok.yaml", "command: echo ok\ngpus: 1\ngpu_mem: 1GiB\nworkdir: /\n")
@@ -167,6 +188,7 @@ def test_garbage_bookings_and_groups_never_stop_a_worker_or_status(team):
 
 # --- writes through links a member planted in jobs/ (C4, H1) -------------------------------
 
+
 def test_a_sweep_never_writes_through_a_planted_link(team):
     """C4: the worker wrote each member to jobs/.<member>.group.tmp through bob's link, then
     chowned the target to him."""
@@ -176,7 +198,7 @@ def test_a_sweep_never_writes_through_a_planted_link(team):
     assert planted.returncode == 0, planted.stderr
     team.drop_as(BOB, "hq.yaml", "command: echo {x}\ngpus: 0\nworkdir: /\nsweep: {x: [1, 2]}\n")
     for member in ("hq_x1", "hq_x2"):
-        record = wait_until(lambda: team.finished(member), what=f"sweep member {member}")
+        record = wait_until(lambda member=member: team.finished(member), what=f"sweep member {member}")
         assert record["state"] == "done" and record["uid"] == team.users[BOB].pw_uid
     assert _intact(target)
 
@@ -203,6 +225,7 @@ def test_retry_and_edit_by_root_never_write_through_a_planted_link(team):
 
 
 # --- who may do what: the request file's owner decides (M2, M3, M4, H4, B1) ------------------
+
 
 def test_members_change_only_their_own_jobs_and_admins_any(team):
     """H4: bob could kill, cancel, release or wipe alice's jobs by writing state/; the
@@ -283,7 +306,7 @@ os.mkfifo(os.path.join(inbox, "r-1-00000000000000dd.json"))
     assert team.py_as(BOB, script).returncode == 0
     replies = team.root / "state" / "replies"
     for name in ("aa", "bb", "cc", "dd"):
-        wait_until(lambda: (replies / f"r-1-00000000000000{name}.json").exists(), what=f"reply {name}")
+        wait_until(lambda name=name: (replies / f"r-1-00000000000000{name}.json").exists(), what=f"reply {name}")
     reply = lambda n: json.loads((replies / f"r-1-00000000000000{n}.json").read_text())  # noqa: E731
     assert not reply("aa")["ok"] and f"belongs to {ALICE}" in reply("aa")["outcomes"][0]["message"]
     assert "not JSON" in reply("bb")["outcomes"][0]["message"]
@@ -295,6 +318,7 @@ os.mkfifo(os.path.join(inbox, "r-1-00000000000000dd.json"))
 
 # --- a team's everyday use (B1, M1, M2) ----------------------------------------------------
 
+
 def test_two_members_each_manage_their_own_jobs_on_two_boxes(team):
     """B1 / M1 / M2: only the first member per host could cancel, hold, release, retry or
     edit (per-host files created lazily with private modes), and verbs failed half done."""
@@ -303,18 +327,26 @@ def test_two_members_each_manage_their_own_jobs_on_two_boxes(team):
     for user in (ALICE, BOB):
         short = {ALICE: "al", BOB: "bo"}[user]
         for box in ("a", "b"):  # one running job per member per box
-            team.drop_as(user, f"{short}-run-{box}.yaml", f"command: sleep 60\ngpus: 1\ngpu_mem: 1GiB\n"
-                                                          f"hosts: [{box}]\nworkdir: /\n")
+            team.drop_as(
+                user,
+                f"{short}-run-{box}.yaml",
+                f"command: sleep 60\ngpus: 1\ngpu_mem: 1GiB\nhosts: [{box}]\nworkdir: /\n",
+            )
         team.drop_as(user, f"{short}-done.yaml", "command: 'false'\ngpus: 0\nworkdir: /\n")
     for user in (ALICE, BOB):
         short = {ALICE: "al", BOB: "bo"}[user]
         for box in ("a", "b"):
-            wait_until(lambda: _state(team, f"{short}-run-{box}") == "running", what=f"{short} on {box}")
-        wait_until(lambda: team.finished(f"{short}-done"), what=f"{short}-done")
+            wait_until(
+                lambda box=box, short=short: _state(team, f"{short}-run-{box}") == "running", what=f"{short} on {box}"
+            )
+        wait_until(lambda short=short: team.finished(f"{short}-done"), what=f"{short}-done")
     for user in (ALICE, BOB):  # pending jobs: they wait behind the running ones (one GPU per box)
         short = {ALICE: "al", BOB: "bo"}[user]
-        team.drop_as(user, f"{short}-wait.yaml", "command: echo hi\ngpus: 1\ngpu_mem: 1GiB\nworkdir: /\n"
-                                                 "hosts: [a]\nafter_any: [" + f"{short}-run-a]\n")
+        team.drop_as(
+            user,
+            f"{short}-wait.yaml",
+            "command: echo hi\ngpus: 1\ngpu_mem: 1GiB\nworkdir: /\nhosts: [a]\nafter_any: [" + f"{short}-run-a]\n",
+        )
     for user in (ALICE, BOB):
         short = {ALICE: "al", BOB: "bo"}[user]
         assert _state(team, f"{short}-wait") == "pending"
@@ -332,9 +364,11 @@ def test_two_members_each_manage_their_own_jobs_on_two_boxes(team):
     for user in (ALICE, BOB):
         short = {ALICE: "al", BOB: "bo"}[user]
         for box in ("a", "b"):
-            record = wait_until(lambda: team.finished(f"{short}-run-{box}"), what=f"{short} on {box} cancelled")
+            record = wait_until(
+                lambda box=box, short=short: team.finished(f"{short}-run-{box}"), what=f"{short} on {box} cancelled"
+            )
             assert record["state"] == "cancelled" and f"cancelled by {user}" in record["reason"]
-        record = wait_until(lambda: team.finished(f"{short}-wait"), what=f"{short}-wait ran")
+        record = wait_until(lambda short=short: team.finished(f"{short}-wait"), what=f"{short}-wait ran")
         assert record["state"] == "done" and "hello" in team.log(f"{short}-wait")
     events = team.events()
     for user in (ALICE, BOB):
@@ -385,6 +419,7 @@ def test_doctor_never_tells_a_member_to_start_or_fix_a_worker(team):
     """Newcomer M9: a member who followed doctor's advice ran a worker of their own and made a
     phantom host. With no worker yet, and then with a stopped one, a member is told whom to ask;
     the workers' owner is told what to run."""
+
     def advice(out: str) -> str:
         return "\n".join(line for line in out.splitlines() if not line.startswith("ok "))
 
@@ -399,8 +434,11 @@ def test_doctor_never_tells_a_member_to_start_or_fix_a_worker(team):
         if stage == "no worker yet":
             team.start_worker("a", "1x80GiB")
             team.stop_worker("a")  # stops cleanly: its last heartbeat says so
-            wait_until(lambda: "its worker stopped cleanly" in team.as_user(BOB, "doctor").stdout, timeout=60,
-                       what="a's last heartbeat")
+            wait_until(
+                lambda: "its worker stopped cleanly" in team.as_user(BOB, "doctor").stdout,
+                timeout=60,
+                what="a's last heartbeat",
+            )
 
 
 def test_a_state_tree_owned_by_another_account_is_refused_and_doctor_says_so(team):
@@ -408,8 +446,12 @@ def test_a_state_tree_owned_by_another_account_is_refused_and_doctor_says_so(tea
     root leaves it owned by another account). No NFS here: a state/ owned by another account
     stands in for it; the worker refuses to start, and doctor names the path and the fix."""
     os.chown(team.root / "state", team.users[EVE].pw_uid, -1)
-    proc = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(team.root), "--host", "a",
-                           "--fake-gpus", "1x80GiB", "--once"], capture_output=True, text=True, env=team.env())
+    proc = subprocess.run(
+        [PY, str(REPO / "worker.py"), "--root", str(team.root), "--host", "a", "--fake-gpus", "1x80GiB", "--once"],
+        capture_output=True,
+        text=True,
+        env=team.env(),
+    )
     assert proc.returncode == 2 and "state" in proc.stderr and f"uid {team.users[EVE].pw_uid}" in proc.stderr
     assert not (team.root / "state" / "workers" / "a.json").exists()
     doctor = team.gpuq("doctor", check=False)
@@ -427,8 +469,15 @@ def test_doctor_says_when_the_export_squashes_root(team):
     if probe.returncode != 0:
         pytest.skip(f"user namespaces are not allowed here: {probe.stderr.strip()}")
     assert probe.stdout.strip() == "0"
-    as_squashed_root = ["unshare", "--user", "--map-root-user", team.python, str(team.code / "gpuq.py"),
-                        "--root", str(team.root)]
+    as_squashed_root = [
+        "unshare",
+        "--user",
+        "--map-root-user",
+        team.python,
+        str(team.code / "gpuq.py"),
+        "--root",
+        str(team.root),
+    ]
     doctor = team.run_as(ALICE, [*as_squashed_root, "doctor"])
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     squash = [line for line in doctor.stdout.splitlines() if "squash" in line]

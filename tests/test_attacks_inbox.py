@@ -2,6 +2,7 @@
 worker, found by a review of the new trust boundary: one request must never stop the others,
 a file bob drops under alice's job id is never her job, a put-back never loses or re-labels a
 spec, and floods never stall the worker's heartbeat."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,10 @@ def _put_request(team, user: str, name: str, data: bytes | None, directory: bool
         payload = team.base / f"payload-{name}"
         payload.write_bytes(data or b"")
         os.chmod(payload, 0o644)
-        code = (f"import os\nt = {str(path.parent / ('.x-' + name))!r}\n"
-                f"open(t, 'wb').write(open({str(payload)!r}, 'rb').read())\nos.rename(t, {str(path)!r})\n")
+        code = (
+            f"import os\nt = {str(path.parent / ('.x-' + name))!r}\n"
+            f"open(t, 'wb').write(open({str(payload)!r}, 'rb').read())\nos.rename(t, {str(path)!r})\n"
+        )
     done = team.py_as(user, code)
     assert done.returncode == 0, done.stderr
 
@@ -53,8 +56,10 @@ def test_no_request_can_stop_the_requests_behind_it(team):
     team.start_worker("a", "1x80GiB")
     team.drop_as(ALICE, "al.yaml", SLEEPER)
     wait_until(lambda: _state(team, "al") == "running", what="al to run")
-    bad = {"r-1-00000000000000a1.json": b'{"verb": "edit", "ids": ["nothing"], "args": {"text": "\\ud800"}}',
-           "r-1-00000000000000a2.json": b'{"verb": "cancel", "ids": [], "args": ' + b"[" * 200000}
+    bad = {
+        "r-1-00000000000000a1.json": b'{"verb": "edit", "ids": ["nothing"], "args": {"text": "\\ud800"}}',
+        "r-1-00000000000000a2.json": b'{"verb": "cancel", "ids": [], "args": ' + b"[" * 200000,
+    }
     for name, data in bad.items():
         _put_request(team, BOB, name, data)
     for _ in range(2):  # a directory, then the same name again, while bob fills the first
@@ -135,10 +140,12 @@ def test_a_flood_of_requests_never_stalls_the_heartbeat_and_others_go_first(team
     many = json.dumps({"verb": "cancel", "ids": [f"nope-{i}" for i in range(1000)]}).encode()
     (team.base / "many").write_bytes(many)
     os.chmod(team.base / "many", 0o644)
-    script = (f"import os\nd = {str(team.root / 'requests')!r}\nmany = open({str(team.base / 'many')!r}, 'rb').read()\n"
-              f"for i in range(150):\n"
-              f"    t = os.path.join(d, '.x%d' % i); open(t, 'wb').write(many)\n"
-              f"    os.rename(t, os.path.join(d, 'r-2-%016x.json' % i))\n")
+    script = (
+        f"import os\nd = {str(team.root / 'requests')!r}\nmany = open({str(team.base / 'many')!r}, 'rb').read()\n"
+        f"for i in range(150):\n"
+        f"    t = os.path.join(d, '.x%d' % i); open(t, 'wb').write(many)\n"
+        f"    os.rename(t, os.path.join(d, 'r-2-%016x.json' % i))\n"
+    )
     assert team.py_as(BOB, script).returncode == 0
     beat = team.root / "state" / "workers" / "a.json"
     seq = json.loads(beat.read_text())["seq"]
@@ -156,7 +163,7 @@ def test_a_request_name_cannot_be_taken_first_and_the_queue_lock_is_the_workers(
     team.start_worker("a", "1x80GiB")
     script = f"""
 import os, time
-d = {str(team.root / 'requests')!r}
+d = {str(team.root / "requests")!r}
 seen, end = set(), time.time() + 8
 while time.time() < end:
     for n in os.listdir(d):
@@ -169,9 +176,15 @@ print(len(seen))
 """
     import subprocess
 
-    squatter = subprocess.Popen([team.python, "-c", script], stdout=subprocess.PIPE, text=True, cwd="/",
-                                user=team.users[BOB].pw_uid, group=team.users[BOB].pw_gid,
-                                extra_groups=os.getgrouplist(BOB, team.users[BOB].pw_gid))
+    squatter = subprocess.Popen(
+        [team.python, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        user=team.users[BOB].pw_uid,
+        group=team.users[BOB].pw_gid,
+        extra_groups=os.getgrouplist(BOB, team.users[BOB].pw_gid),
+    )
     for i in range(3):
         team.drop_as(ALICE, f"sq{i}.yaml", SLEEPER.replace("gpus: 0", "gpus: 1\ngpu_mem: 90GiB"))
     for i in range(3):
@@ -190,8 +203,7 @@ def test_a_long_name_or_a_directory_posing_as_a_spec_never_jams_intake_or_lies(t
     assert team.py_as(BOB, f"import os; os.mkdir({str(team.root / 'jobs' / 'bdir.yaml')!r}, 0o777)").returncode == 0
     cancel = team.gpuq("cancel", "bdir", check=False)  # root's own cancel: applied at once, no worker
     assert cancel.returncode == 1 and "is a directory, not a job" in cancel.stderr, cancel.stderr
-    assert team.finished("bdir") is None and not [p for p in (team.root / "state" / "finished").iterdir()
-                                                 if p.is_dir()]
+    assert team.finished("bdir") is None and not [p for p in (team.root / "state" / "finished").iterdir() if p.is_dir()]
     team.start_worker("a", "1x80GiB")
     long = "x" * 249
     for name in (f"{long}.yaml", f"{long}2.yaml"):  # 254 and 255 bytes: names the kernel allows
@@ -200,8 +212,10 @@ def test_a_long_name_or_a_directory_posing_as_a_spec_never_jams_intake_or_lies(t
     team.drop_as(ALICE, "after.yaml", "command: echo ok\ngpus: 0\nworkdir: /\n")
     assert wait_until(lambda: team.finished("after"), timeout=30, what="a job past the junk")["state"] == "done"
     errors = list((team.root / "state" / "rejected").glob("bad-name-*.error"))
-    wait_until(lambda: len(list((team.root / "state" / "rejected").glob("bad-name-*.error"))) == 2,
-               what="both long names refused, each with its .error")
+    wait_until(
+        lambda: len(list((team.root / "state" / "rejected").glob("bad-name-*.error"))) == 2,
+        what="both long names refused, each with its .error",
+    )
     assert team.workers["a"].poll() is None and errors is not None
     wait_until(lambda: (team.root / "state" / "rejected" / "bdir.yaml").exists(), what="the directory refused")
     st = os.stat(team.root / "state" / "rejected" / "bdir.yaml")  # moved there, and closed to bob
@@ -260,9 +274,11 @@ def test_a_request_with_two_links_is_refused(team):
     team.start_worker("a", "1x80GiB")
     path, spare = team.root / "requests" / "r-1-00000000deadbeef.json", team.base / "bob-spare"
     os.chmod(team.base, 0o777)  # somewhere bob may keep the second link
-    code = (f"import os\nt = {str(path.parent / '.x-linked')!r}\n"
-            f"open(t, 'w').write('{{\"verb\": \"cancel\", \"ids\": [\"nosuch\"], \"args\": {{}}, \"from\": \"\"}}')\n"
-            f"os.link(t, {str(spare)!r}); os.rename(t, {str(path)!r})\n")
+    code = (
+        f"import os\nt = {str(path.parent / '.x-linked')!r}\n"
+        f'open(t, \'w\').write(\'{{"verb": "cancel", "ids": ["nosuch"], "args": {{}}, "from": ""}}\')\n'
+        f"os.link(t, {str(spare)!r}); os.rename(t, {str(path)!r})\n"
+    )
     done = team.py_as(BOB, code)
     assert done.returncode == 0, done.stderr
     reply = _reply(team, path.name)

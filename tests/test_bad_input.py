@@ -2,6 +2,7 @@
 M8 and its LOW list; newcomer review M3): NaN and infinity in config.yaml, a GPU range of a
 billion, a booking a trillion years long, a damaged booking file, ids that are not ids, and
 another user's log."""
+
 from __future__ import annotations
 
 import json
@@ -14,6 +15,8 @@ import pytest
 from conftest import PY, REPO, wait_until
 from team import ALICE, BOB, needs_root
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def _one_clear_line(proc, *needles: str) -> str:
     assert proc.returncode not in (0, None), proc.stdout
@@ -25,22 +28,38 @@ def _one_clear_line(proc, *needles: str) -> str:
 
 # --- config -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("key, value", [("poll_interval", ".nan"), ("poll_interval", ".inf"),
-                                        ("lost_after_s", ".nan"), ("grace_s", ".nan"),
-                                        ("spec_settle_s", ".nan"), ("max_jobs_per_gpu", ".nan"),
-                                        ("alert_gpu_power_w", ".inf"), ("time_limit", ".inf")])
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("poll_interval", ".nan"),
+        ("poll_interval", ".inf"),
+        ("lost_after_s", ".nan"),
+        ("grace_s", ".nan"),
+        ("spec_settle_s", ".nan"),
+        ("max_jobs_per_gpu", ".nan"),
+        ("alert_gpu_power_w", ".inf"),
+        ("time_limit", ".inf"),
+    ],
+)
 def test_the_worker_refuses_nan_and_infinity_naming_the_key(queue, key, value):
     # Written as YAML itself (.nan), not through json.dumps (which writes NaN, a string to YAML).
     (queue.root / "config.yaml").write_text(
-        f"local_dir: {json.dumps(str(queue.local_base / '{host}'))}\n{key}: {value}\n")
-    done = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "box",
-                           "--fake-gpus", "1x80GiB", "--once"], capture_output=True, text=True, timeout=120,
-                          env=queue.env())
+        f"local_dir: {json.dumps(str(queue.local_base / '{host}'))}\n{key}: {value}\n"
+    )
+    done = subprocess.run(
+        [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "box", "--fake-gpus", "1x80GiB", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=queue.env(),
+    )
     err = _one_clear_line(done, "config.yaml", f"'{key}'")
     assert done.returncode == 2 and ("Fix:" in err or "write it like" in err), err
 
 
 # --- bookings -----------------------------------------------------------------------------------
+
 
 def _bookings(queue) -> list[str]:
     d = queue.root / "state" / "bookings"
@@ -56,8 +75,9 @@ def _two_gib_of_memory() -> None:
 
 def test_a_billion_gpu_range_is_refused_before_it_is_built(queue):
     queue.start_worker("box", "2x80GiB")
-    done = queue.gpuq("book", "box:0-999999999", "--from", "now", "--to", "1h", check=False,
-                      preexec_fn=_two_gib_of_memory)
+    done = queue.gpuq(
+        "book", "box:0-999999999", "--from", "now", "--to", "1h", check=False, preexec_fn=_two_gib_of_memory
+    )
     _one_clear_line(done, "no box has that many GPUs")
     backwards = queue.gpuq("book", "box:1-0", "--from", "now", "--to", "1h", check=False)
     _one_clear_line(backwards, "backwards")  # not: every GPU of the box, as an empty list meant
@@ -72,13 +92,13 @@ def test_a_booking_longer_than_a_century_is_refused_and_nothing_is_written(queue
     assert queue.gpuq("status").returncode == 0
 
 
-@pytest.mark.parametrize("start, end", [("NOW-10", 1e300), (1e300, 1e301), ("NOW-10", "Infinity"),
-                                        ("NaN", "NOW+3600")])
+@pytest.mark.parametrize("start, end", [("NOW-10", 1e300), (1e300, 1e301), ("NOW-10", "Infinity"), ("NaN", "NOW+3600")])
 def test_a_damaged_booking_file_does_not_stop_status(queue, start, end):
     now = time.time()
     times = [now - 10 if t == "NOW-10" else now + 3600 if t == "NOW+3600" else t for t in (start, end)]
-    text = json.dumps({"id": "bk-9", "host": "box", "gpus": [0], "start": 0, "end": 0, "owner": "ana",
-                       "note": "", "by": "ana"})
+    text = json.dumps(
+        {"id": "bk-9", "host": "box", "gpus": [0], "start": 0, "end": 0, "owner": "ana", "note": "", "by": "ana"}
+    )
     text = text.replace('"start": 0', f'"start": {times[0]}').replace('"end": 0', f'"end": {times[1]}')
     d = queue.root / "state" / "bookings"
     d.mkdir(parents=True, exist_ok=True)
@@ -97,8 +117,12 @@ def test_report_refuses_a_window_of_centuries(queue):
 
 # --- ids ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("job_id", ["x" * 5000, "../x", "*", "../../etc/passwd", ".hidden", "ok\n", "a/b"],
-                         ids=["5000-chars", "dotdot", "star", "passwd", "dotfile", "newline", "slash"])
+
+@pytest.mark.parametrize(
+    "job_id",
+    ["x" * 5000, "../x", "*", "../../etc/passwd", ".hidden", "ok\n", "a/b"],
+    ids=["5000-chars", "dotdot", "star", "passwd", "dotfile", "newline", "slash"],
+)
 @pytest.mark.parametrize("verb", [["show"], ["show", "--json"], ["logs"], ["logs", "-f"]], ids=" ".join)
 def test_show_and_logs_say_what_is_not_a_job_id(queue, job_id, verb):
     done = queue.gpuq(verb[0], job_id, *verb[1:], check=False, timeout=30)
@@ -107,6 +131,7 @@ def test_show_and_logs_say_what_is_not_a_job_id(queue, job_id, verb):
 
 
 # --- another user's log -------------------------------------------------------------------------
+
 
 @needs_root
 def test_logs_of_another_users_job_says_whose_it_is(team):

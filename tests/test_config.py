@@ -15,14 +15,16 @@ def test_shipped_config_is_the_defaults_and_documents_every_key():
     assert config_mod.load(REPO / "config.yaml") == Config()
     for key in config_mod.documented_keys():
         assert f"\n{key}:" in text, f"config.yaml does not document {key}"
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "reference.md").read_text()
     for key in config_mod.documented_keys():
-        assert f"`{key}`" in readme, f"README's config reference lacks {key}"
+        assert f"`{key}`" in readme, f"docs/reference.md's config reference lacks {key}"
 
 
 def test_values_and_placeholders(tmp_path):
-    cfg = validate({"poll_interval": 0.5, "gpu_mem_reserve": "1GiB", "gpus": {"a": [0, 1]},
-                    "local_dir": "/var/tmp/gpuq-{host}"}, "c.yaml")
+    cfg = validate(
+        {"poll_interval": 0.5, "gpu_mem_reserve": "1GiB", "gpus": {"a": [0, 1]}, "local_dir": "/var/tmp/gpuq-{host}"},
+        "c.yaml",
+    )
     assert cfg.gpu_mem_reserve_mib == 1024 and cfg.offered_gpus("a") == [0, 1]
     assert cfg.offered_gpus("b") is None
     from gpuq.spool.layout import Layout
@@ -30,28 +32,36 @@ def test_values_and_placeholders(tmp_path):
     assert str(Layout(tmp_path).local_dir("box", cfg.local_dir)) == "/var/tmp/gpuq-box"
 
 
-@pytest.mark.parametrize("data,needle", [
-    ({"poll_intervall": 1}, "unknown key 'poll_intervall'"),
-    ({"poll_interval": -1}, "positive"),
-    ({"gpu_mem_reserve": 256}, "unit"),
-    ({"gpus": {"a": "all"}}, "lists of GPU indices"),
-    ({"local_dir": "relative"}, "absolute path"),
-    ([1, 2], "mapping"),
-])
+@pytest.mark.parametrize(
+    "data,needle",
+    [
+        ({"poll_intervall": 1}, "unknown key 'poll_intervall'"),
+        ({"poll_interval": -1}, "positive"),
+        ({"gpu_mem_reserve": 256}, "unit"),
+        ({"gpus": {"a": "all"}}, "lists of GPU indices"),
+        ({"local_dir": "relative"}, "absolute path"),
+        ([1, 2], "mapping"),
+    ],
+)
 def test_bad_config_names_key_and_fix(data, needle):
     with pytest.raises(ConfigError) as err:
         validate(data, "config.yaml")
     assert needle in str(err.value) and "config.yaml" in str(err.value)
 
 
+@pytest.mark.slow
 def test_worker_refuses_bad_config_clearly(tmp_path):
     import subprocess
     import sys
 
     (tmp_path / "jobs").mkdir()
     (tmp_path / "config.yaml").write_text("max_jobs_per_gpu: lots\n")
-    proc = subprocess.run([sys.executable, str(REPO / "worker.py"), "--root", str(tmp_path), "--once"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "worker.py"), "--root", str(tmp_path), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2
     assert "max_jobs_per_gpu" in proc.stderr and "config.yaml" in proc.stderr
 

@@ -1,6 +1,7 @@
 """Containers, venv/conda activation and setup lines: the exact command lines per runtime
 (golden files), and real runs through worker.py with stand-in runtimes (tests/fake_runtime.py)
 that behave like docker's daemon: a killed client leaves its container running."""
+
 from __future__ import annotations
 
 import json
@@ -37,12 +38,12 @@ GOLDEN_CLAIM = "train-7@box-a@b00tb00t@4242@0a1b2c3d@a2.yaml"
 
 SPECS = {
     "docker": "container: {image: 'nvcr.io/nvidia/pytorch:24.05-py3', runtime: docker, "
-              "mounts: ['/data:/data:ro', /scratch], options: [--shm-size=8g, --ulimit, memlock=-1]}\n",
+    "mounts: ['/data:/data:ro', /scratch], options: [--shm-size=8g, --ulimit, memlock=-1]}\n",
     "podman": "container: {image: 'docker.io/pytorch/pytorch:2.3.0', runtime: podman, mounts: ['/data:/data:ro']}\n",
     "podman-rootless": "container: {image: 'docker.io/pytorch/pytorch:2.3.0', runtime: podman}\n",
     "apptainer": "container: {image: /shared/images/torch.sif, runtime: apptainer, mounts: ['/data:/data:ro']}\n",
     "host-venv-conda-setup": "venv: /shared/envs/proj\nconda: torch-2.3\nsetup: ['export HF_HOME=/scratch/hf', "
-                             "'./fetch_data.sh --quiet']\n",
+    "'./fetch_data.sh --quiet']\n",
     "docker-venv": "container: 'pytorch/pytorch:2.3.0'\nvenv: /shared/envs/proj\n",
 }
 
@@ -50,10 +51,25 @@ SPECS = {
 def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The command line and environment gpuq builds for job train-7, attempt 2, on GPUs 1 and 3
     of box-a, cores 4-5, 8 GiB of RAM, owned by ana (uid 1001), by a root worker."""
-    spec = parse_spec_text(("command: [python, train.py, --lr, '3e-4']\ngpus: 2\ngpu_mem: 20GiB\n"
-                            "workdir: /home/ana/proj\nenv: {WANDB_MODE: offline}\n" + SPECS[name]).encode(), "t.yaml")
-    record = Record(id="train-7", state=State.RUNNING, spec=spec.to_json(), attempt=2, gpus=[1, 3],
-                    gpu_mem_mib=20480, cpu_cores=[4, 5], mem_limit_mib=8192, host="box-a", claim=GOLDEN_CLAIM)
+    spec = parse_spec_text(
+        (
+            "command: [python, train.py, --lr, '3e-4']\ngpus: 2\ngpu_mem: 20GiB\n"
+            "workdir: /home/ana/proj\nenv: {WANDB_MODE: offline}\n" + SPECS[name]
+        ).encode(),
+        "t.yaml",
+    )
+    record = Record(
+        id="train-7",
+        state=State.RUNNING,
+        spec=spec.to_json(),
+        attempt=2,
+        gpus=[1, 3],
+        gpu_mem_mib=20480,
+        cpu_cores=[4, 5],
+        mem_limit_mib=8192,
+        host="box-a",
+        claim=GOLDEN_CLAIM,
+    )
     rt = Runtime(Layout(Path("/shared/gpuq")), "box-a", "boot", Path("/dev/shm/gpuq"), 10, 180, {}, "docker")
     monkeypatch.setattr(launch_module.os, "geteuid", lambda: 1001 if name == "podman-rootless" else 0)
     monkeypatch.setattr(launch_module.os, "getuid", lambda: 1001)  # a worker not root runs jobs as itself
@@ -62,8 +78,10 @@ def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setattr(launch_module, "inherited_environment", lambda: {"PATH": "/usr/bin:/bin"})
     launch = launch_module.build_launch(rt, record, spec, None if name == "podman-rootless" else ANA)
     lines = [f"# {name}: argv, one argument per line (shell-quoted)"] + [shlex.quote(a) for a in launch.argv]
-    lines += [f"# cwd {launch.cwd}; client runs as {launch.identity.name if launch.identity else 'the worker'}",
-              "# client environment"] + [f"{k}={v}" for k, v in sorted(launch.env.items())]
+    lines += [
+        f"# cwd {launch.cwd}; client runs as {launch.identity.name if launch.identity else 'the worker'}",
+        "# client environment",
+    ] + [f"{k}={v}" for k, v in sorted(launch.env.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -84,7 +102,10 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     docker = _golden_text("docker", monkeypatch)
     assert "--gpus\n'\"device=1,3\"'\n" in docker and "--user\n1001:1001\n--group-add\n2000\n" in docker
     assert "--volume\n/home/ana/proj:/home/ana/proj\n--workdir\n/home/ana/proj\n" in docker
-    assert "--cpuset-cpus\n4,5\n--memory\n8192m\n" in docker and f"--name\n{container_name('train-7', 2, GOLDEN_CLAIM)}\n" in docker
+    assert (
+        "--cpuset-cpus\n4,5\n--memory\n8192m\n" in docker
+        and f"--name\n{container_name('train-7', 2, GOLDEN_CLAIM)}\n" in docker
+    )
     assert "--security-opt\nno-new-privileges\n--cap-drop\nALL\n" in docker  # docker's privileges are root's
     assert "CUDA_VISIBLE_DEVICES=0,1\n" in docker  # renumbered inside: only the two GPUs exist there
     assert "\n--env\nWANDB_MODE\n" in docker and "offline" not in docker.split("# client environment")[0]
@@ -103,6 +124,7 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- options: an allow-list, read as the runtime reads them ---------------------------------------
 
+
 def _container(text: str):
     return parse_spec_text(f"command: x\ncontainer: {text}\n".encode(), "t.yaml").container
 
@@ -111,23 +133,28 @@ def test_allowed_options_are_kept_one_argument_each_as_the_runtime_will_read_the
     c = _container("{image: i, options: [--shm-size, 8g, --ulimit=memlock=-1, --read-only, --network, host]}")
     assert c.options == ("--shm-size=8g", "--ulimit=memlock=-1", "--read-only", "--network=host")
     assert _container("{image: i, options: '--shm-size 8g --label a=b'}").options == ("--shm-size=8g", "--label=a=b")
-    assert _container("{image: i, runtime: apptainer, options: [--writable-tmpfs, --contain]}").options == \
-        ("--writable-tmpfs", "--contain")
+    assert _container("{image: i, runtime: apptainer, options: [--writable-tmpfs, --contain]}").options == (
+        "--writable-tmpfs",
+        "--contain",
+    )
 
 
-@pytest.mark.parametrize("options, said", [
-    ("[-iu0]", "option '-iu0' is a short flag"),
-    ("[--hostname, x, y]", "option 'y' is not an option"),
-    ("['--', img]", "option '--' is not an option"),
-    ("[--shm-size=lots]", "option --shm-size value 'lots' is not SIZE"),
-    ("[--ulimit=nproc=-1]", "option --ulimit value 'nproc=-1' is not memlock|stack|nofile|core=SOFT[:HARD]"),
-    ("[--tmpfs=/t:suid]", "option --tmpfs value '/t:suid' is not PATH"),
-    ("[--label=gpuq=2]", "option --label value 'gpuq=2' is not KEY=VALUE"),
-    ("[--read-only=false]", "option '--read-only=false' takes no value"),
-    ("[--shm-size]", "option '--shm-size' needs a value"),
-    ("[--env=A=1]", "option '--env=A=1' is not allowed"),
-    ("'--shm-size \"8g'", "options '--shm-size \"8g' cannot be split into words"),
-])
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        ("[-iu0]", "option '-iu0' is a short flag"),
+        ("[--hostname, x, y]", "option 'y' is not an option"),
+        ("['--', img]", "option '--' is not an option"),
+        ("[--shm-size=lots]", "option --shm-size value 'lots' is not SIZE"),
+        ("[--ulimit=nproc=-1]", "option --ulimit value 'nproc=-1' is not memlock|stack|nofile|core=SOFT[:HARD]"),
+        ("[--tmpfs=/t:suid]", "option --tmpfs value '/t:suid' is not PATH"),
+        ("[--label=gpuq=2]", "option --label value 'gpuq=2' is not KEY=VALUE"),
+        ("[--read-only=false]", "option '--read-only=false' takes no value"),
+        ("[--shm-size]", "option '--shm-size' needs a value"),
+        ("[--env=A=1]", "option '--env=A=1' is not allowed"),
+        ("'--shm-size \"8g'", "options '--shm-size \"8g' cannot be split into words"),
+    ],
+)
 def test_refused_options_name_the_option_and_the_fix(options: str, said: str) -> None:
     with pytest.raises(SpecError) as refused:
         _container(f"{{image: i, runtime: docker, options: {options}}}")
@@ -156,13 +183,14 @@ def test_mount_paths_are_written_in_their_plain_form() -> None:
 
 
 def test_readme_documents_every_allowed_option() -> None:
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("**Options.**"):text.index("**Mounts.**")]
+    text = (REPO / "docs" / "containers.md").read_text()
+    section = text[text.index("**Options.**") : text.index("**Mounts.**")]
     for name in ALLOWED_OPTIONS:
-        assert f"`{name}" in section, f"README's Options paragraph does not mention {name}"
+        assert f"`{name}" in section, f"docs/containers.md's Options paragraph does not mention {name}"
 
 
 # --- real runs through worker.py ----------------------------------------------------------------
+
 
 @pytest.fixture
 def runtimes(tmp_path: Path):
@@ -180,20 +208,28 @@ def _name(record: dict | None) -> str | None:
 
 def _container_up(queue, runtimes, job_id: str, attempt: int = 1, restarts: int = 0) -> str:
     """Waits for that attempt's container to run; returns its name."""
+
     def up() -> str | None:
         record = queue.record(job_id)
-        if record and (record["attempt"], record.get("restarts", 0)) == (attempt, restarts) \
-                and _name(record) in runtimes.containers():
+        if (
+            record
+            and (record["attempt"], record.get("restarts", 0)) == (attempt, restarts)
+            and _name(record) in runtimes.containers()
+        ):
             return _name(record)
         return None
+
     return wait_until(up, timeout=20, what=f"{job_id} attempt {attempt} (restart {restarts}) in its container")
 
 
 def _kill_supervisor_and_client(name: str) -> None:
     """SIGKILL the container's client and its supervisor at once, as a power cut would:
     the container (the stand-in daemon's) is left running."""
-    client = next(p for p in psutil.process_iter(["cmdline"])
-                  if "run" in (p.info["cmdline"] or []) and name in (p.info["cmdline"] or []))
+    client = next(
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "run" in (p.info["cmdline"] or []) and name in (p.info["cmdline"] or [])
+    )
     supervisor = client.parent()
     supervisor.kill()
     client.kill()
@@ -205,15 +241,33 @@ def _workdir(tmp_path: Path) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_a_docker_job_runs_inside_with_exactly_its_gpus(queue, runtimes, tmp_path: Path) -> None:
     work = _workdir(tmp_path)
     queue.start_worker("box-a", "4x24GiB", env=runtimes.worker_env())
     queue.gpuq("submit", "--id", "blocker", "--gpus", "1", "--gpu-mem", "20GiB", "--", "sleep 30")
     wait_until(lambda: queue.record("blocker"), what="blocker running")
-    inside = ("echo CVD=$CUDA_VISIBLE_DEVICES NVD=$NVIDIA_VISIBLE_DEVICES PWD=$(pwd) JOB=$GPUQ_JOB_ID "
-              "MODE=$WANDB_MODE HOSTPATH=${VIRTUAL_ENV:-none}; exit 3")
-    queue.gpuq("submit", "--id", "boxed", "--gpus", "2", "--gpu-mem", "10GiB", "--container", "pytorch:2",
-               "--workdir", str(work), "--env", "WANDB_MODE=offline", "--", inside)
+    inside = (
+        "echo CVD=$CUDA_VISIBLE_DEVICES NVD=$NVIDIA_VISIBLE_DEVICES PWD=$(pwd) JOB=$GPUQ_JOB_ID "
+        "MODE=$WANDB_MODE HOSTPATH=${VIRTUAL_ENV:-none}; exit 3"
+    )
+    queue.gpuq(
+        "submit",
+        "--id",
+        "boxed",
+        "--gpus",
+        "2",
+        "--gpu-mem",
+        "10GiB",
+        "--container",
+        "pytorch:2",
+        "--workdir",
+        str(work),
+        "--env",
+        "WANDB_MODE=offline",
+        "--",
+        inside,
+    )
     final = wait_until(lambda: queue.finished("boxed"), what="boxed finished")
     gpus = ",".join(map(str, final["gpus"]))
     assert final["state"] == "failed" and final["exit_code"] == 3
@@ -226,17 +280,31 @@ def test_a_docker_job_runs_inside_with_exactly_its_gpus(queue, runtimes, tmp_pat
     queue.gpuq("cancel", "blocker")
 
 
+@pytest.mark.slow
 def test_the_stand_in_inspect_answers_only_what_docker_answers(runtimes, tmp_path: Path) -> None:
     """gpuq finds a container's main process with `inspect --format {{.State.Pid}}`: the stand-in
     must answer the format asked, so a wrong one fails here as it would with docker."""
     env = {**os.environ, **runtimes.worker_env(), "FAKE_RUNTIME_DIR": str(runtimes.state)}
-    docker = lambda *a: subprocess.run(["docker", *a], env=env, capture_output=True, text=True,  # noqa: E731
-                                       timeout=30)
-    run = subprocess.Popen(["docker", "run", "--rm", "--name", "probe", "img", "sleep", "30"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    docker = lambda *a: subprocess.run(
+        ["docker", *a],
+        env=env,
+        capture_output=True,
+        text=True,  # noqa: E731
+        timeout=30,
+    )
+    run = subprocess.Popen(
+        ["docker", "run", "--rm", "--name", "probe", "img", "sleep", "30"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        pid = wait_until(lambda: (out := docker("inspect", "--format", "{{.State.Pid}}", "probe")).returncode == 0
-                         and out.stdout.strip(), what="the container to run")
+        pid = wait_until(
+            lambda: (
+                (out := docker("inspect", "--format", "{{.State.Pid}}", "probe")).returncode == 0 and out.stdout.strip()
+            ),
+            what="the container to run",
+        )
         assert psutil.Process(int(pid)).is_running()
         assert docker("inspect", "--format", "{{.State.Status}}", "probe").stdout.strip() == "running"
         assert docker("inspect", "--format", "{{.State.Running}}", "probe").stdout.strip() == "true"
@@ -248,12 +316,26 @@ def test_the_stand_in_inspect_answers_only_what_docker_answers(runtimes, tmp_pat
         run.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_containers_gpu_memory_is_the_jobs_own(queue, runtimes, tmp_path: Path) -> None:
     """Its processes are the runtime daemon's children, not the supervisor's: gpuq still counts
     their memory as the job's, not as a person's use of the GPU (which would charge it twice)."""
     queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
-    queue.gpuq("submit", "--id", "holder", "--gpus", "1", "--gpu-mem", "10GiB", "--container", "pytorch:2",
-               "--workdir", str(_workdir(tmp_path)), "--", f"{PY} {REPO / 'gpuq.py'} fake-use --seconds 60")
+    queue.gpuq(
+        "submit",
+        "--id",
+        "holder",
+        "--gpus",
+        "1",
+        "--gpu-mem",
+        "10GiB",
+        "--container",
+        "pytorch:2",
+        "--workdir",
+        str(_workdir(tmp_path)),
+        "--",
+        f"{PY} {REPO / 'gpuq.py'} fake-use --seconds 60",
+    )
 
     def observed() -> tuple | None:
         view = queue.status()
@@ -268,13 +350,25 @@ def test_a_containers_gpu_memory_is_the_jobs_own(queue, runtimes, tmp_path: Path
     wait_until(lambda: queue.finished("holder"), what="holder cancelled")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["docker", "podman"])
 def test_cancel_stops_the_container_not_just_its_client(queue, runtimes, tmp_path: Path, runtime: str) -> None:
     """The container ignores SIGTERM (as a python PID 1 would): gpuq's stop must reach it
     through the runtime, or it would outlive its killed client."""
     queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
-    queue.gpuq("submit", "--id", "stubborn", "--container", "img", "--runtime", runtime, "--workdir",
-               str(_workdir(tmp_path)), "--", "trap '' TERM; echo up; while true; do sleep 0.2; done")
+    queue.gpuq(
+        "submit",
+        "--id",
+        "stubborn",
+        "--container",
+        "img",
+        "--runtime",
+        runtime,
+        "--workdir",
+        str(_workdir(tmp_path)),
+        "--",
+        "trap '' TERM; echo up; while true; do sleep 0.2; done",
+    )
     wait_until(lambda: "up" in queue.log("stubborn"), what="container up")
     name = _container_up(queue, runtimes, "stubborn")
     pid = runtimes.containers()[name]["pid"]
@@ -288,12 +382,22 @@ def test_cancel_stops_the_container_not_just_its_client(queue, runtimes, tmp_pat
     assert f"stopping container {name} ({runtime} stop --time 2)" in queue.log("stubborn")
 
 
+@pytest.mark.slow
 def test_a_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp_path: Path) -> None:
     """Supervisor and client die at once (SIGKILL): the worker that settles the attempt
     removes the container, which would otherwise hold its GPU for nobody."""
     queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
-    queue.gpuq("submit", "--id", "orphan", "--container", "img", "--workdir", str(_workdir(tmp_path)), "--",
-               "echo up; sleep 300")
+    queue.gpuq(
+        "submit",
+        "--id",
+        "orphan",
+        "--container",
+        "img",
+        "--workdir",
+        str(_workdir(tmp_path)),
+        "--",
+        "echo up; sleep 300",
+    )
     wait_until(lambda: "\nup" in queue.log("orphan"), what="container up")
     name = _container_up(queue, runtimes, "orphan")
     pid = runtimes.containers()[name]["pid"]
@@ -305,6 +409,7 @@ def test_a_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp
     assert runtimes.calls("rm")[-1]["args"] == ["rm", "--force", name]
 
 
+@pytest.mark.slow
 def test_two_roots_on_one_box_run_the_same_job_id_in_containers_of_their_own(queue, runtimes, tmp_path: Path) -> None:
     """Two queues on one box (two teams, or a test copy beside a real one) both run job
     `twin`: neither's container name is taken by the other, and a worker removing the
@@ -313,8 +418,19 @@ def test_two_roots_on_one_box_run_the_same_job_id_in_containers_of_their_own(que
     try:
         for q in (queue, other):
             q.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
-            q.gpuq("submit", "--id", "twin", "--gpus", "0", "--container", "img", "--workdir",
-                   str(_workdir(tmp_path)), "--", "echo up; sleep 300")
+            q.gpuq(
+                "submit",
+                "--id",
+                "twin",
+                "--gpus",
+                "0",
+                "--container",
+                "img",
+                "--workdir",
+                str(_workdir(tmp_path)),
+                "--",
+                "echo up; sleep 300",
+            )
         mine, theirs = (_container_up(q, runtimes, "twin") for q in (queue, other))
         assert mine != theirs
         _kill_supervisor_and_client(mine)
@@ -327,12 +443,16 @@ def test_two_roots_on_one_box_run_the_same_job_id_in_containers_of_their_own(que
         other.close()
 
 
+@pytest.mark.slow
 def test_preemption_stops_the_container_and_the_next_attempt_gets_its_own(queue, runtimes, tmp_path: Path) -> None:
     queue.write_config(idle_after_s=0.5, grace_s=20, lost_after_s=120)  # the job's own grace is 1 s
     queue.start_worker("box-a", "1x80GiB", env=runtimes.worker_env())
     work = _workdir(tmp_path)
-    queue.drop("soak.yaml", "command: \"trap '' TERM; echo attempt=$GPUQ_ATTEMPT; while true; do sleep 0.2; done\"\n"
-               f"gpus: 1\ngpu_mem: 60GiB\npriority: low\ngrace: 1s\nworkdir: {work}\ncontainer: img\n")
+    queue.drop(
+        "soak.yaml",
+        "command: \"trap '' TERM; echo attempt=$GPUQ_ATTEMPT; while true; do sleep 0.2; done\"\n"
+        f"gpus: 1\ngpu_mem: 60GiB\npriority: low\ngrace: 1s\nworkdir: {work}\ncontainer: img\n",
+    )
     first = _container_up(queue, runtimes, "soak")
     queue.drop("real.yaml", f"command: echo real\ngpus: 1\ngpu_mem: 40GiB\nworkdir: {work}\n")
     assert wait_until(lambda: queue.finished("real"), timeout=20, what="the real job")["state"] == "done"
@@ -344,16 +464,20 @@ def test_preemption_stops_the_container_and_the_next_attempt_gets_its_own(queue,
     wait_until(lambda: runtimes.containers() == {}, timeout=20, what="attempt 2 stopped")
 
 
+@pytest.mark.slow
 def test_a_service_restarts_in_a_fresh_container(queue, runtimes, tmp_path: Path) -> None:
     queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
-    queue.drop("svc.yaml", "command: \"echo start $GPUQ_RESTARTS; test -e ran || { touch ran; exit 1; }; sleep 60\"\n"
-               f"gpus: 0\nrestart: on-failure\nworkdir: {_workdir(tmp_path)}\ncontainer: img\n")
+    queue.drop(
+        "svc.yaml",
+        'command: "echo start $GPUQ_RESTARTS; test -e ran || { touch ran; exit 1; }; sleep 60"\n'
+        f"gpus: 0\nrestart: on-failure\nworkdir: {_workdir(tmp_path)}\ncontainer: img\n",
+    )
     name = _container_up(queue, runtimes, "svc", restarts=1)
     # one name per attempt: the first run's container was removed before the restart's ran
     calls = [c["args"] for c in runtimes.calls() if c["args"][:1] in (["run"], ["rm"])]
     runs = [i for i, c in enumerate(calls) if c[0] == "run"]
     assert [calls[i][calls[i].index("--name") + 1] for i in runs] == [name, name]
-    assert ["rm", "--force", name] in calls[runs[0]:runs[1]], calls
+    assert ["rm", "--force", name] in calls[runs[0] : runs[1]], calls
     assert "start 1" in queue.log("svc")  # GPUQ_RESTARTS reaches the container
     queue.gpuq("cancel", "svc")
     assert wait_until(lambda: queue.finished("svc"), what="svc cancelled")["state"] == "cancelled"
@@ -361,12 +485,16 @@ def test_a_service_restarts_in_a_fresh_container(queue, runtimes, tmp_path: Path
     wait_until(lambda: runtimes.containers() == {}, what="the cancelled service's container to go")
 
 
+@pytest.mark.slow
 def test_a_restarted_services_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp_path: Path) -> None:
     """A service's restart count reaches its record only where the disk has room (best
     effort): the container a dead supervisor leaves is found without it."""
     queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
-    queue.drop("svc.yaml", "command: \"test -e ran || { touch ran; exit 1; }; echo up; sleep 300\"\n"
-               f"gpus: 0\nrestart: on-failure\nworkdir: {_workdir(tmp_path)}\ncontainer: img\n")
+    queue.drop(
+        "svc.yaml",
+        'command: "test -e ran || { touch ran; exit 1; }; echo up; sleep 300"\n'
+        f"gpus: 0\nrestart: on-failure\nworkdir: {_workdir(tmp_path)}\ncontainer: img\n",
+    )
     name = _container_up(queue, runtimes, "svc", restarts=1)
     wait_until(lambda: "\nup" in queue.log("svc"), what="the restart up")
     # as if the restart's record write had met a full disk: the record still says 0 restarts
@@ -378,10 +506,14 @@ def test_a_restarted_services_container_left_by_a_killed_supervisor_is_removed(q
     assert runtimes.calls("rm")[-1]["args"] == ["rm", "--force", name]
 
 
+@pytest.mark.slow
 def test_a_time_limit_reaches_the_container(queue, runtimes, tmp_path: Path) -> None:
     queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
-    queue.drop("slow.yaml", f"command: \"trap '' TERM; while true; do sleep 0.2; done\"\ntime_limit: 2s\n"
-               f"grace: 1s\nworkdir: {_workdir(tmp_path)}\ncontainer: {{image: img, runtime: podman}}\n")
+    queue.drop(
+        "slow.yaml",
+        f"command: \"trap '' TERM; while true; do sleep 0.2; done\"\ntime_limit: 2s\n"
+        f"grace: 1s\nworkdir: {_workdir(tmp_path)}\ncontainer: {{image: img, runtime: podman}}\n",
+    )
     final = wait_until(lambda: queue.finished("slow"), timeout=40, what="slow timed out")
     assert final["state"] == "timeout"
     assert runtimes.containers() == {}
@@ -390,13 +522,28 @@ def test_a_time_limit_reaches_the_container(queue, runtimes, tmp_path: Path) -> 
     assert run[run.index("--device") + 1] == f"nvidia.com/gpu={final['gpus'][0]}"
 
 
+@pytest.mark.slow
 def test_apptainer_runs_in_the_jobs_tree_with_host_gpu_numbers(queue, runtimes, tmp_path: Path) -> None:
     queue.start_worker("box-a", "4x24GiB", env={**runtimes.worker_env(), "WORKER_ONLY": "1"})
     queue.gpuq("submit", "--id", "blocker", "--gpus", "1", "--gpu-mem", "20GiB", "--", "sleep 60")
     assert wait_until(lambda: queue.record("blocker"), what="blocker running")["gpus"] == [0]
-    queue.gpuq("submit", "--id", "sif", "--gpus", "1", "--gpu-mem", "4GiB", "--container", "/images/t.sif",
-               "--runtime", "apptainer", "--workdir", str(_workdir(tmp_path)), "--",
-               "echo CVD=$CUDA_VISIBLE_DEVICES WORKER_ONLY=${WORKER_ONLY:-unset}; sleep 60")
+    queue.gpuq(
+        "submit",
+        "--id",
+        "sif",
+        "--gpus",
+        "1",
+        "--gpu-mem",
+        "4GiB",
+        "--container",
+        "/images/t.sif",
+        "--runtime",
+        "apptainer",
+        "--workdir",
+        str(_workdir(tmp_path)),
+        "--",
+        "echo CVD=$CUDA_VISIBLE_DEVICES WORKER_ONLY=${WORKER_ONLY:-unset}; sleep 60",
+    )
     wait_until(lambda: "\nCVD=" in queue.log("sif"), what="sif started")
     record = queue.record("sif")
     assert record["gpus"] != [0] and f"\nCVD={record['gpus'][0]} WORKER_ONLY=unset" in queue.log("sif")  # --cleanenv
@@ -407,6 +554,7 @@ def test_apptainer_runs_in_the_jobs_tree_with_host_gpu_numbers(queue, runtimes, 
     queue.gpuq("cancel", "blocker")
 
 
+@pytest.mark.slow
 def test_a_job_is_placed_only_where_its_runtime_is(queue, runtimes, tmp_path: Path) -> None:
     empty = tmp_path / "no-runtimes"
     empty.mkdir()
@@ -421,7 +569,10 @@ def test_a_job_is_placed_only_where_its_runtime_is(queue, runtimes, tmp_path: Pa
         rows = [p for p in queue.status()["pending"] if p["id"] == "on-b"]
         return rows[0]["reason"] if rows and "runtime" in rows[0]["reason"] else None
 
-    assert wait_until(reason, what="on-b's reason") == "needs container runtime docker, which no live host has (box-b: none)"
+    assert (
+        wait_until(reason, what="on-b's reason")
+        == "needs container runtime docker, which no live host has (box-b: none)"
+    )
     text = queue.gpuq("status").stdout  # jobs ask for containers: the host lines say what each box has
     assert "containers: apptainer 1.3.0-fake, docker 24.0.7-fake, podman 4.9.0-fake" in text
     queue.gpuq("cancel", "anywhere", "on-b")
@@ -429,6 +580,7 @@ def test_a_job_is_placed_only_where_its_runtime_is(queue, runtimes, tmp_path: Pa
     assert "containers:" not in queue.gpuq("status").stdout  # and once none does, they say nothing of it
 
 
+@pytest.mark.slow
 def test_probe_names_a_runtime_that_is_installed_but_unusable(runtimes, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", runtimes.worker_env()["PATH"])
     monkeypatch.setenv("FAKE_RUNTIME_DIR", str(runtimes.state))
@@ -446,8 +598,10 @@ def test_plan_keeps_container_jobs_off_hosts_without_their_runtime() -> None:
     job = PendingJob("j", "ana", spec, 0.0)
     hosts = [HostView("a", gpus, 2, runtimes=frozenset({"docker"})), HostView("b", gpus, 2, runtimes=frozenset())]
     decided = plan([job], hosts, [], Config(), 10.0)
-    assert decided.starts == [] and decided.reasons["j"] == \
-        "needs container runtime apptainer, which no live host has (a: docker; b: none)"
+    assert (
+        decided.starts == []
+        and decided.reasons["j"] == "needs container runtime apptainer, which no live host has (a: docker; b: none)"
+    )
     hosts.append(HostView("c", gpus, 2, runtimes=frozenset({"apptainer"})))
     assert [s.host for s in plan([job], hosts, [], Config(), 10.0).starts] == ["c"]
     plain = PendingJob("p", "ana", parse_spec_text(b"command: x\n", "t"), 0.0)
@@ -456,17 +610,24 @@ def test_plan_keeps_container_jobs_off_hosts_without_their_runtime() -> None:
 
 # --- venv, conda, setup ---------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_venv_conda_and_setup_run_before_the_command(queue, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     conda = tmp_path / "conda"  # a stand-in conda: prints what `conda shell.posix activate` would
-    conda.write_text("#!/bin/sh\n[ \"$1 $2\" = 'shell.posix activate' ] || exit 2\n"
-                     "echo \"export CONDA_DEFAULT_ENV='$3'; export CONDA_PREFIX='/opt/conda/envs/$3'\"\n")
+    conda.write_text(
+        "#!/bin/sh\n[ \"$1 $2\" = 'shell.posix activate' ] || exit 2\n"
+        "echo \"export CONDA_DEFAULT_ENV='$3'; export CONDA_PREFIX='/opt/conda/envs/$3'\"\n"
+    )
     conda.chmod(0o755)
     queue.start_worker("box-a", "1x24GiB")
-    queue.drop("envs.yaml", f"command: [python, -c, 'import os, sys; print(sys.prefix, os.environ[\"CONDA_DEFAULT_ENV\"], "
-               f"os.environ[\"SEED\"])']\ngpus: 0\nvenv: {venv}\nconda: torch-2.3\nenv: {{CONDA_EXE: {conda}}}\n"
-               f"setup: ['SEED=$((40 + 2)); export SEED', 'test -d {venv}']\n")
+    queue.drop(
+        "envs.yaml",
+        f'command: [python, -c, \'import os, sys; print(sys.prefix, os.environ["CONDA_DEFAULT_ENV"], '
+        f'os.environ["SEED"])\']\ngpus: 0\nvenv: {venv}\nconda: torch-2.3\nenv: {{CONDA_EXE: {conda}}}\n'
+        f"setup: ['SEED=$((40 + 2)); export SEED', 'test -d {venv}']\n",
+    )
     final = wait_until(lambda: queue.finished("envs"), what="envs finished")
     assert final["state"] == "done", queue.log("envs")
     assert f"{venv} torch-2.3 42" in queue.log("envs")
@@ -482,13 +643,30 @@ def test_venv_conda_and_setup_run_before_the_command(queue, tmp_path: Path) -> N
     assert final["state"] == "failed" and "no bin/activate (make it with: python -m venv" in queue.log("novenv")
 
 
+@pytest.mark.slow
 def test_a_venv_is_activated_inside_the_container(queue, runtimes, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     queue.start_worker("box-a", "1x24GiB", env=runtimes.worker_env())
-    queue.gpuq("submit", "--id", "both", "--gpus", "0", "--container", "img", "--venv", str(venv),
-               "--mount", f"{venv}:{venv}:ro", "--workdir", str(_workdir(tmp_path)), "--",
-               "python", "-c", "import sys; print('prefix', sys.prefix)")
+    queue.gpuq(
+        "submit",
+        "--id",
+        "both",
+        "--gpus",
+        "0",
+        "--container",
+        "img",
+        "--venv",
+        str(venv),
+        "--mount",
+        f"{venv}:{venv}:ro",
+        "--workdir",
+        str(_workdir(tmp_path)),
+        "--",
+        "python",
+        "-c",
+        "import sys; print('prefix', sys.prefix)",
+    )
     final = wait_until(lambda: queue.finished("both"), what="both finished")
     assert final["state"] == "done" and f"prefix {venv}" in queue.log("both")
     run = runtimes.calls("run")[-1]["args"]
@@ -497,6 +675,8 @@ def test_a_venv_is_activated_inside_the_container(queue, runtimes, tmp_path: Pat
 
 # --- submit --export, show ------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_submit_records_the_environment_as_sbatch_export_does(queue, tmp_path: Path) -> None:
     env = {**queue.env(), "FOO": "1", "BAR": "2"}
     spec = lambda job_id: (queue.root / "jobs" / f"{job_id}.yaml").read_text()  # noqa: E731
@@ -508,8 +688,20 @@ def test_submit_records_the_environment_as_sbatch_export_does(queue, tmp_path: P
     assert "FOO" not in spec("none") and "PATH" not in spec("none")
     queue.gpuq("submit", "--id", "boxed", "--container", "img", "--", "true", env=env)
     assert "FOO" not in spec("boxed") and "PATH" not in spec("boxed")  # the image's PATH, not the host's
-    queue.gpuq("submit", "--id", "envs", "--conda", "torch-2.3", "--setup", "export A=1", "--setup", "./fetch.sh",
-               "--", "true", env=env)
+    queue.gpuq(
+        "submit",
+        "--id",
+        "envs",
+        "--conda",
+        "torch-2.3",
+        "--setup",
+        "export A=1",
+        "--setup",
+        "./fetch.sh",
+        "--",
+        "true",
+        env=env,
+    )
     assert "conda: torch-2.3\nsetup:\n- export A=1\n- ./fetch.sh\n" in spec("envs")
     bad = queue.gpuq("submit", "--export", "1BAD", "--", "true", check=False)
     assert bad.returncode == 2 and "--export: '1BAD' is not a variable name" in bad.stderr
@@ -519,27 +711,39 @@ def test_submit_records_the_environment_as_sbatch_export_does(queue, tmp_path: P
     assert boxed["sees"]["argv"][:3] == ["docker", "run", "--rm"] and boxed["sees"]["runtime"] == "docker"
 
 
+@pytest.mark.slow
 def test_bad_environment_fields_are_rejected_with_the_fix(queue) -> None:
     queue.start_worker("box-a", "1x24GiB")
     queue.drop("gpus-opt.yaml", "command: x\ncontainer: {image: i, options: ['--gpus=all']}\n")
-    error = wait_until(lambda: (queue.root / "state" / "rejected" / "gpus-opt.error").exists()
-                       and (queue.root / "state" / "rejected" / "gpus-opt.error").read_text(), what="rejection")
-    assert "field 'container': option '--gpus=all' is not allowed" in error and "Fix: gpuq gives the container exactly" in error
-    refused = queue.gpuq("submit", "--container", "img", "--runtime", "docker", "--mount", "data:/d", "--", "true",
-                         check=False)
+    error = wait_until(
+        lambda: (
+            (queue.root / "state" / "rejected" / "gpus-opt.error").exists()
+            and (queue.root / "state" / "rejected" / "gpus-opt.error").read_text()
+        ),
+        what="rejection",
+    )
+    assert (
+        "field 'container': option '--gpus=all' is not allowed" in error
+        and "Fix: gpuq gives the container exactly" in error
+    )
+    refused = queue.gpuq(
+        "submit", "--container", "img", "--runtime", "docker", "--mount", "data:/d", "--", "true", check=False
+    )
     assert refused.returncode == 2 and "mount 'data:/d' is not host:container[:ro]" in refused.stderr
     alone = queue.gpuq("submit", "--runtime", "podman", "--", "true", check=False)
     assert alone.returncode == 2 and "--runtime and --mount are for a container: add --container IMAGE" in alone.stderr
     assert not list((queue.root / "jobs").glob("*.yaml"))
 
 
+@pytest.mark.slow
 def test_fake_use_inside_a_container_uses_the_host_gpus_it_was_given(tmp_path: Path) -> None:
     from gpuq.host.fake_nvml import materialize
 
     fake = materialize("4x24GiB", tmp_path)
-    proc = subprocess.Popen([PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "1GiB", "--seconds", "30"],
-                            env={**os.environ, "GPUQ_FAKE_GPUS": str(fake), "CUDA_VISIBLE_DEVICES": "0,1",
-                                 "NVIDIA_VISIBLE_DEVICES": "2,3"})
+    proc = subprocess.Popen(
+        [PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "1GiB", "--seconds", "30"],
+        env={**os.environ, "GPUQ_FAKE_GPUS": str(fake), "CUDA_VISIBLE_DEVICES": "0,1", "NVIDIA_VISIBLE_DEVICES": "2,3"},
+    )
     try:
         used = wait_until(lambda: json.loads(fake.read_text()).get("processes"), what="fake use registered")
         assert sorted(p["gpu"] for p in used) == [2, 3]
@@ -549,6 +753,7 @@ def test_fake_use_inside_a_container_uses_the_host_gpus_it_was_given(tmp_path: P
 
 
 # --- real runtimes: podman and docker (installed with apt-get where missing; CI runs as root) ------
+
 
 @pytest.fixture(scope="module", params=["podman", "docker"])
 def real(request, tmp_path_factory):
@@ -569,9 +774,23 @@ def test_a_real_container_runs_the_job_and_is_stopped_on_cancel(queue, real, tmp
     work = _workdir(tmp_path)
     queue.start_worker("box-a", "1x24GiB", env=env)
     wait_until(lambda: any(runtime in h["runtimes"] for h in queue.status()["hosts"]), what=f"{runtime} probed")
-    queue.gpuq("submit", "--id", "real", "--gpus", "0", "--container", real_runtimes.IMAGE, "--runtime", runtime,
-               "--workdir", str(work), "--env", "GREETING=hello", "--",
-               "echo $GREETING from a container as $(id -u); echo written > out.txt; pwd; exit 4")
+    queue.gpuq(
+        "submit",
+        "--id",
+        "real",
+        "--gpus",
+        "0",
+        "--container",
+        real_runtimes.IMAGE,
+        "--runtime",
+        runtime,
+        "--workdir",
+        str(work),
+        "--env",
+        "GREETING=hello",
+        "--",
+        "echo $GREETING from a container as $(id -u); echo written > out.txt; pwd; exit 4",
+    )
     final = wait_until(lambda: queue.finished("real"), timeout=60, what=f"the {runtime} job")
     assert final["state"] == "failed" and final["exit_code"] == 4, queue.log("real")
     assert f"hello from a container as {os.getuid()}" in queue.log("real") and f"\n{work}\n" in queue.log("real")
@@ -579,8 +798,21 @@ def test_a_real_container_runs_the_job_and_is_stopped_on_cancel(queue, real, tmp
     # this job's own container (podman's store is the machine's: another copy's may be there)
     assert real_runtimes.containers_named(runtime, _name(final), env) == []
 
-    queue.gpuq("submit", "--id", "real-stubborn", "--gpus", "0", "--container", real_runtimes.IMAGE, "--runtime",
-               runtime, "--workdir", str(work), "--", "trap '' TERM; echo up; while :; do sleep 1; done")
+    queue.gpuq(
+        "submit",
+        "--id",
+        "real-stubborn",
+        "--gpus",
+        "0",
+        "--container",
+        real_runtimes.IMAGE,
+        "--runtime",
+        runtime,
+        "--workdir",
+        str(work),
+        "--",
+        "trap '' TERM; echo up; while :; do sleep 1; done",
+    )
     wait_until(lambda: "\nup" in queue.log("real-stubborn"), timeout=60, what="the stubborn container up")
     name = _name(queue.record("real-stubborn"))
     assert real_runtimes.containers_named(runtime, name, env) == [name]

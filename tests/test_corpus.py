@@ -1,5 +1,6 @@
 """The hostile-spec corpus (tests/corpus/): every bad spec is refused with its message, by the
 worker and by `gpuq submit --spec`, without disturbing anything else; the good variants run."""
+
 from __future__ import annotations
 
 import os
@@ -7,14 +8,18 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import wait_until
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
 
 def expected() -> dict[str, str]:
-    rows = [line.split("\t") for line in (CORPUS / "expected.tsv").read_text().splitlines()
-            if line and not line.startswith("#")]
+    rows = [
+        line.split("\t")
+        for line in (CORPUS / "expected.tsv").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     return {name: message for name, message in rows}
 
 
@@ -28,9 +33,14 @@ def special_cases(jobs: Path, secret: Path) -> dict[str, str]:
     with open(jobs / "huge.yaml", "wb") as f:
         f.truncate(100 * 1024 * 1024)  # 100 MB (sparse: cheap to make, as big to read)
     (jobs / "new\nline.yaml").write_text("command: echo x\n")
-    return {"symlink-to-secret.yaml": "is a symbolic link", "hardlink.yaml": "has more than one hard link",
-            "fifo.yaml": "is not a regular file", "directory.yaml": "is not a regular file",
-            "huge.yaml": "over the 262144 cap", "new\nline.yaml": "the file name is not a usable job id"}
+    return {
+        "symlink-to-secret.yaml": "is a symbolic link",
+        "hardlink.yaml": "has more than one hard link",
+        "fifo.yaml": "is not a regular file",
+        "directory.yaml": "is not a regular file",
+        "huge.yaml": "over the 262144 cap",
+        "new\nline.yaml": "the file name is not a usable job id",
+    }
 
 
 def test_corpus_is_large_and_every_file_has_its_message():
@@ -38,6 +48,7 @@ def test_corpus_is_large_and_every_file_has_its_message():
     assert len(bad) + 6 >= 40 and sorted(expected()) == bad
 
 
+@pytest.mark.slow
 def test_the_worker_refuses_every_bad_spec_with_its_message_and_runs_the_rest(queue, tmp_path):
     queue.write_config(spec_settle_s=0.5, recent_finished=100, allow_root_jobs=True)
     jobs = queue.root / "jobs"
@@ -54,14 +65,24 @@ def test_the_worker_refuses_every_bad_spec_with_its_message_and_runs_the_rest(qu
     rejected = queue.root / "state" / "rejected"
     for name, message in want.items():
         stem = name.rsplit(".", 1)[0]
-        error = wait_until(lambda: (rejected / f"{stem}.error").exists() and (rejected / f"{stem}.error"),
-                           timeout=30, what=f"{name} to be refused")
+        error = wait_until(
+            lambda stem=stem: (rejected / f"{stem}.error").exists() and (rejected / f"{stem}.error"),
+            timeout=30,
+            what=f"{name} to be refused",
+        )
         text = error.read_text()
-        assert (f"jobs/{name}" in text or f"jobs/{name!r}" in text) and message in text and "Fix: " in text, (name, text)
+        assert (f"jobs/{name}" in text or f"jobs/{name!r}" in text) and message in text and "Fix: " in text, (
+            name,
+            text,
+        )
     # The link's target was never read into anything the team can see (the refused link itself
     # is moved to rejected/ as it is: a link, not a copy):
-    leaked = [p for d in ("state", "logs") for p in (queue.root / d).rglob("*")
-              if p.is_file() and not p.is_symlink() and b"root only" in p.read_bytes()]
+    leaked = [
+        p
+        for d in ("state", "logs")
+        for p in (queue.root / d).rglob("*")
+        if p.is_file() and not p.is_symlink() and b"root only" in p.read_bytes()
+    ]
     assert leaked == []
     # 100 MB never read: the worker's peak resident memory (VmHWM), not today's, stays under it.
     peak_kib = int(re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{worker.pid}/status").read_text()).group(1))
@@ -70,18 +91,21 @@ def test_the_worker_refuses_every_bad_spec_with_its_message_and_runs_the_rest(qu
     read = int(re.search(r"rchar: (\d+)", Path(f"/proc/{worker.pid}/io").read_text()).group(1))
     assert read < 50 * 2**20, f"the worker has read {read} bytes"
     for good in ("crlf", "bom", "comments", "extension"):
-        record = wait_until(lambda: queue.finished(good), what=f"{good} to run")
+        record = wait_until(lambda good=good: queue.finished(good), what=f"{good} to run")
         assert record["state"] == "done"
     listed = {r["id"] for r in queue.status()["rejected"]}
     assert {n.rsplit(".", 1)[0] for n in want} <= listed
     assert worker.poll() is None
 
 
+@pytest.mark.slow
 def test_submit_refuses_what_the_worker_refuses_before_writing_anything(queue):
     for name, message in expected().items():
         result = queue.gpuq("submit", "--spec", str(CORPUS / "bad" / name), check=False)
-        assert result.returncode == 2 and message in result.stderr and "Nothing was written" in result.stderr, \
-            (name, result.stderr)
+        assert result.returncode == 2 and message in result.stderr and "Nothing was written" in result.stderr, (
+            name,
+            result.stderr,
+        )
     assert os.listdir(queue.root / "jobs") == []
     for good in (CORPUS / "good").iterdir():
         assert queue.gpuq("submit", "--spec", str(good)).returncode == 0
@@ -91,6 +115,7 @@ def test_submit_refuses_what_the_worker_refuses_before_writing_anything(queue):
         assert result.returncode == 2 and "ids are letters, digits" in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_what_is_wrong_with_the_file_itself_is_refused_at_once_content_waits_to_settle(queue, tmp_path):
     queue.write_config(spec_settle_s=30, allow_root_jobs=True)
     jobs = queue.root / "jobs"
@@ -100,6 +125,6 @@ def test_what_is_wrong_with_the_file_itself_is_refused_at_once_content_waits_to_
     queue.start_worker("a", "1x80GiB")
     rejected = queue.root / "state" / "rejected"
     for stem in ("pipe", "link"):
-        wait_until(lambda: (rejected / f"{stem}.error").exists(), timeout=5, what=f"{stem} refused at once")
+        wait_until(lambda stem=stem: (rejected / f"{stem}.error").exists(), timeout=5, what=f"{stem} refused at once")
     assert not (rejected / "half.error").exists() and (jobs / "half.yaml").exists()
     assert any(p["id"] == "half" for p in queue.status()["invalid"])  # shown, with its problem

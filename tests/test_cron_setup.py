@@ -7,6 +7,7 @@ Needs root (cron runs system crontabs as their users; the job runs as the member
 package index (as tests/test_onboarding.py does). About a minute: cron starts the worker at the
 next whole minute.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -31,7 +32,7 @@ FAKE_GPUS = "1x24GiB"  # README: on a box without GPUs, GPUQ_FAKE_GPUS on the li
 def readme_block(heading: str, language: str) -> list[str]:
     """The lines of the first ```language block after `heading` in README.md."""
     text = (REPO / "README.md").read_text()
-    section = text[text.index(f"\n{heading}\n"):]
+    section = text[text.index(f"\n{heading}\n") :]
     match = re.search(rf"```{language}\n(.*?)```", section, re.S)
     assert match, f"README: no {language} block after {heading!r}"
     return match.group(1).splitlines()
@@ -75,8 +76,9 @@ def cron():
     fcntl.flock(lock, fcntl.LOCK_SH)
     try:
         if running_cron() is None:
-            started = subprocess.Popen([binary, "-f"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                       start_new_session=True)
+            started = subprocess.Popen(
+                [binary, "-f"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
             STARTED_BY_A_TEST.write_text(str(started.pid))
             wait_until(lambda: running_cron() is not None, what="cron to start")
         yield
@@ -100,12 +102,20 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
     code, venv, root, proj = base / "gpuq", base / "venv", base / "q", base / "proj"
     worker_pid = None
     try:
-        shutil.copytree(REPO, code, ignore=shutil.ignore_patterns(
-            ".git", "__pycache__", "*.egg-info", "build", "logs", "state", ".venv*"))
+        shutil.copytree(
+            REPO,
+            code,
+            ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "logs", "state", ".venv*"),
+        )
         setup = readme_block("## On a GPU box", "sh")
         system_python = shutil.which("python3", path="/usr/bin:/usr/local/bin:/bin")  # where this box has it
-        paths = {"/shared/gpuq": str(code), "/opt/gpuq-venv": str(venv), "/shared/q": str(root),
-                 "--group team": f"--group {TEAM}", "/usr/bin/python3": str(system_python)}
+        paths = {
+            "/shared/gpuq": str(code),
+            "/opt/gpuq-venv": str(venv),
+            "/shared/q": str(root),
+            "--group team": f"--group {TEAM}",
+            "/usr/bin/python3": str(system_python),
+        }
 
         def as_here(line: str) -> str:
             for placeholder, real in paths.items():
@@ -122,22 +132,32 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
             done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=600, env=shell_env)
             assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
             printed += done.stdout
-        assert cron_line in printed.splitlines() or f"  {cron_line}" in printed.splitlines(), \
+        assert cron_line in printed.splitlines() or f"  {cron_line}" in printed.splitlines(), (
             f"README's cron line is not the one `gpuq init` printed:\n{cron_line}\n{printed}"
+        )
         assert "WARNING" not in printed, printed  # the venv is one every member can run
         member_gpuq = [line for line in printed.splitlines() if line.startswith("and run gpuq as ")]
         assert member_gpuq == [f"and run gpuq as {venv / 'bin' / 'gpuq'} (or put it on PATH):"], printed
         # The installed package (no checkout beside it) runs the whole demo too.
-        demo = subprocess.run([str(venv / "bin" / "gpuq"), "demo", "--quick"], capture_output=True, text=True,
-                              timeout=300, env={**shell_env, "TMPDIR": str(base)})
+        demo = subprocess.run(
+            [str(venv / "bin" / "gpuq"), "demo", "--quick"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**shell_env, "TMPDIR": str(base)},
+        )
         assert demo.returncode == 0 and "12/12 jobs finished" in demo.stdout, demo.stdout[-2000:] + demo.stderr[-2000:]
 
         # A system crontab (its own file, so no one's crontab is touched): README's line, as root.
         CRON_FILE.write_text(f"GPUQ_FAKE_GPUS={FAKE_GPUS}\n{cron_line[:10]}root {cron_line[10:]}\n")
         os.chmod(CRON_FILE, 0o644)
-        beat = wait_until(lambda: next((p for p in (root / "state" / "workers").glob("*.json")
-                                        if not p.name.endswith(".specs.json")), None),
-                          timeout=150, what="cron to start the worker (at the next whole minute)")
+        beat = wait_until(
+            lambda: next(
+                (p for p in (root / "state" / "workers").glob("*.json") if not p.name.endswith(".specs.json")), None
+            ),
+            timeout=150,
+            what="cron to start the worker (at the next whole minute)",
+        )
         worker_pid = json.loads(beat.read_text())["pid"]
 
         # The member's project, and README's first example spec with its paths.
@@ -147,26 +167,48 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
         shutil.chown(proj, member.pw_uid, member.pw_gid)
         shutil.chown(proj / "train.py", member.pw_uid, member.pw_gid)
         python3 = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
-        as_member = {"user": member.pw_uid, "group": member.pw_gid,
-                     "extra_groups": os.getgrouplist(member.pw_name, member.pw_gid)}
-        made = subprocess.run([python3, "-m", "venv", "--without-pip", str(proj / ".venv")],
-                              capture_output=True, text=True, cwd="/", **as_member)
+        as_member = {
+            "user": member.pw_uid,
+            "group": member.pw_gid,
+            "extra_groups": os.getgrouplist(member.pw_name, member.pw_gid),
+        }
+        made = subprocess.run(
+            [python3, "-m", "venv", "--without-pip", str(proj / ".venv")],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            **as_member,
+        )
         assert made.returncode == 0, made.stderr
         spec = "\n".join(readme_block("## Submitting a job", "yaml")).replace("/home/ana/proj", str(proj)) + "\n"
-        drop = subprocess.run(["sh", "-c", f"cat > {root}/jobs/.train-a.tmp && mv {root}/jobs/.train-a.tmp "
-                               f"{root}/jobs/train-a.yaml"], input=spec, capture_output=True, text=True,
-                              cwd="/", **as_member)
+        drop = subprocess.run(
+            ["sh", "-c", f"cat > {root}/jobs/.train-a.tmp && mv {root}/jobs/.train-a.tmp {root}/jobs/train-a.yaml"],
+            input=spec,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            **as_member,
+        )
         assert drop.returncode == 0, drop.stderr
 
         record_path = root / "state" / "finished" / "train-a.json"
-        record = json.loads(wait_until(lambda: record_path.exists() and record_path.read_text(), timeout=120,
-                                       what="README's example to finish"))
+        record = json.loads(
+            wait_until(
+                lambda: record_path.exists() and record_path.read_text(), timeout=120, what="README's example to finish"
+            )
+        )
         log = (root / "logs" / "train-a.log").read_text()
         assert record["state"] == "done" and record["user"] == ALICE, (record, log)
         assert f"trained ['--lr', '3e-4'] {proj} {proj / '.venv'}" in log, log
         # ... and the member runs the venv's gpuq, as README and init say.
-        seen = subprocess.run([str(venv / "bin" / "gpuq"), "--root", str(root), "status"], capture_output=True,
-                              text=True, cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, **as_member)
+        seen = subprocess.run(
+            [str(venv / "bin" / "gpuq"), "--root", str(root), "status"],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+            **as_member,
+        )
         assert seen.returncode == 0 and "train-a" in seen.stdout, seen.stdout + seen.stderr
     finally:
         CRON_FILE.unlink(missing_ok=True)

@@ -1,14 +1,22 @@
 """README's first command must stay true: the demo runs the whole flow on fake GPUs."""
+
 import re
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def test_demo_runs_the_whole_flow(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "gpuq.py"), "demo", "--quick", "--dir", str(tmp_path / "d")],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "gpuq.py"), "demo", "--quick", "--dir", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "12/12 jobs finished: 11 done, 1 cancelled (as asked), 0 failed or lost" in out
@@ -20,12 +28,18 @@ def test_demo_runs_the_whole_flow(tmp_path):
 
 def test_the_demo_removes_the_temp_root_it_made_unless_kept(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "HOME": str(tmp_path)}
-    proc = subprocess.run([sys.executable, str(REPO / "gpuq.py"), "demo", "--quick"], capture_output=True,
-                          text=True, timeout=180, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "gpuq.py"), "demo", "--quick"], capture_output=True, text=True, timeout=180, env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "removed the demo's queue root" in proc.stdout and not list(tmp_path.glob("gpuq-demo-*"))
-    kept = subprocess.run([sys.executable, str(REPO / "gpuq.py"), "demo", "--quick", "--keep"], capture_output=True,
-                          text=True, timeout=180, env=env)
+    kept = subprocess.run(
+        [sys.executable, str(REPO / "gpuq.py"), "demo", "--quick", "--keep"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert kept.returncode == 0, kept.stdout + kept.stderr
     (root,) = tmp_path.glob("gpuq-demo-*")
     assert f"rm -rf {root} removes it" in kept.stdout and (root / "state" / "finished").is_dir()

@@ -1,6 +1,7 @@
 """`gpuq init` and `gpuq doctor`, through the CLI: a root made ready for a team, and each
 finding with the command that fixes it (NFS options, permissions, clocks, versions, cron)
 from a stand-in mount table and hand-made heartbeats."""
+
 from __future__ import annotations
 
 import grp
@@ -11,15 +12,18 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import PY, REPO
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-    return subprocess.run([PY, str(REPO / "gpuq.py"), *args], capture_output=True, text=True, timeout=60,
-                          env={**clean, **(env or {})})
+    return subprocess.run(
+        [PY, str(REPO / "gpuq.py"), *args], capture_output=True, text=True, timeout=60, env={**clean, **(env or {})}
+    )
 
 
+@pytest.mark.slow
 def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path):
     group = grp.getgrgid(os.getgid()).gr_name
     root = tmp_path / "queue"
@@ -29,7 +33,7 @@ def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path):
     assert (root / "config.yaml").read_text() == (REPO / "config.yaml").read_text()
     jobs = os.stat(root / "jobs").st_mode
     assert jobs & stat.S_ISVTX and jobs & stat.S_ISGID and jobs & stat.S_IWGRP and not jobs & stat.S_IRWXO
-    for inbox in ("jobs", "requests"):  # the only places members create files (README, Security model)
+    for inbox in ("jobs", "requests"):  # the only places members create files (docs/security.md)
         assert stat.S_IMODE(os.stat(root / inbox).st_mode) == 0o3770
     for mine in ("", "state", "state/control", "state/running", "logs"):  # the worker's; the team reads
         assert stat.S_IMODE(os.stat(root / mine).st_mode) == 0o2750
@@ -49,8 +53,9 @@ def _root(tmp_path):
 
 def _beat(root, host: str, t: float, mtime: float, version: str = "0.1.0", **extra) -> None:
     path = root / "state" / "workers" / f"{host}.json"
-    path.write_text(json.dumps({"host": host, "t": t, "seq": 1, "version": version, "gpus": [],
-                                "poll_interval": 1.0, **extra}))
+    path.write_text(
+        json.dumps({"host": host, "t": t, "seq": 1, "version": version, "gpus": [], "poll_interval": 1.0, **extra})
+    )
     os.utime(path, (mtime, mtime))
 
 
@@ -73,22 +78,34 @@ def _nvml_works() -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_doctor_names_each_problem_with_its_fix(tmp_path):
     root = _root(tmp_path)
     now = time.time()
-    _beat(root, "box-a", now, now, runtimes={"podman": "4.3.1"},
-          runtime_problems={"docker": "Cannot connect to the Docker daemon at unix:///var/run/docker.sock"})
+    _beat(
+        root,
+        "box-a",
+        now,
+        now,
+        runtimes={"podman": "4.3.1"},
+        runtime_problems={"docker": "Cannot connect to the Docker daemon at unix:///var/run/docker.sock"},
+    )
     _beat(root, "box-b", now + 7, now, version="0.0.9")  # its clock is 7 s ahead; an old gpuq
     os.chmod(root / "jobs", 0o777)  # shared, not sticky
     mountinfo = tmp_path / "mountinfo"
-    mountinfo.write_text("1 0 0:1 / / rw - ext4 /dev/vda rw\n"
-                         f"2 1 0:2 / {root} rw,relatime - nfs4 server:/export rw,vers=4.2,actimeo=30\n")
+    mountinfo.write_text(
+        "1 0 0:1 / / rw - ext4 /dev/vda rw\n"
+        f"2 1 0:2 / {root} rw,relatime - nfs4 server:/export rw,vers=4.2,actimeo=30\n"
+    )
     code, found = _findings(root, {"GPUQ_TEST_MOUNTINFO": str(mountinfo)})
     assert code == 1
     perm = found["permissions"][0]
     assert perm["level"] == "fail" and perm["fix"] == f"chmod +t {root / 'jobs'}"
     nfs = {f["fix"] for f in found["nfs"]}
-    assert nfs == {f"mount {root} with -o lookupcache=positive (or none)", f"mount {root} with -o acdirmax=1 (or actimeo=1)"}
+    assert nfs == {
+        f"mount {root} with -o lookupcache=positive (or none)",
+        f"mount {root} with -o acdirmax=1 (or actimeo=1)",
+    }
     clocks = found["clocks"][0]
     assert clocks["level"] == "warn" and "differ by 7.0 s" in clocks["message"] and "chrony" in clocks["fix"]
     version = found["version"][0]
@@ -99,16 +116,24 @@ def test_doctor_names_each_problem_with_its_fix(tmp_path):
     else:
         assert nvml["level"] == "warn" and "NVML is not usable" in nvml["message"] and "--fake-gpus" in nvml["fix"]
     cron = found["cron"][0]  # nothing here starts a worker for this new root
-    assert cron["level"] == "fail" and f"starts a gpuq worker for {root}" in cron["message"] \
+    assert (
+        cron["level"] == "fail"
+        and f"starts a gpuq worker for {root}" in cron["message"]
         and cron["fix"].endswith(f"worker.py --root {root}")
+    )
     docker, podman = found["containers"]
     assert docker["level"] == "warn" and "box-a: docker is installed but unusable: Cannot connect" in docker["message"]
-    assert "systemctl start docker" in docker["fix"] and podman == {"level": "ok", "check": "containers",
-                                                                     "message": "box-a: podman 4.3.1", "fix": ""}
+    assert "systemctl start docker" in docker["fix"] and podman == {
+        "level": "ok",
+        "check": "containers",
+        "message": "box-a: podman 4.3.1",
+        "fix": "",
+    }
     text = run("--root", str(root), "doctor", env={"GPUQ_TEST_MOUNTINFO": str(mountinfo)}).stdout
     assert "FAIL permissions" in text and "fix: chmod +t" in text
 
 
+@pytest.mark.slow
 def test_doctor_refuses_a_local_dir_on_nfs_and_is_quiet_on_a_sound_root(tmp_path):
     root = _root(tmp_path)
     now = time.time()
@@ -116,7 +141,9 @@ def test_doctor_refuses_a_local_dir_on_nfs_and_is_quiet_on_a_sound_root(tmp_path
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text("1 0 0:1 / / rw - nfs4 server:/export rw,lookupcache=positive,actimeo=1\n")
     code, found = _findings(root, {"GPUQ_TEST_MOUNTINFO": str(mountinfo)})
-    assert found["local_dir"][0]["level"] == "fail" and "local_dir: /var/tmp/gpuq-{host}" in found["local_dir"][0]["fix"]
+    assert (
+        found["local_dir"][0]["level"] == "fail" and "local_dir: /var/tmp/gpuq-{host}" in found["local_dir"][0]["fix"]
+    )
     assert "nfs" not in found  # lookupcache=positive and actimeo=1: nothing to say
     assert found["permissions"][0]["level"] == "ok" and found["clocks"][0]["level"] == "ok"
 
@@ -125,17 +152,20 @@ def _complete(tmp_path, root, words: list[str]) -> list[str]:
     """Run the generated bash completion for `words` (the last one being completed)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "gpuq").write_text(f"#!/bin/sh\nexec {PY} {REPO / 'gpuq.py'} \"$@\"\n")
+    (bin_dir / "gpuq").write_text(f'#!/bin/sh\nexec {PY} {REPO / "gpuq.py"} "$@"\n')
     (bin_dir / "gpuq").chmod(0o755)
     script = run("completion", "bash").stdout
     quoted = " ".join(f"'{w}'" for w in ["gpuq", "--root", str(root), *words])
     probe = f'{script}\nCOMP_WORDS=({quoted}); COMP_CWORD={len(words) + 2}; _gpuq; printf "%s\\n" "${{COMPREPLY[@]}}"'
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")},
-           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")},
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    }
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     return [w for w in out.stdout.splitlines() if w]
 
 
+@pytest.mark.slow
 def test_bash_completion_offers_verbs_options_ids_and_hosts(tmp_path):
     root = _root(tmp_path)
     for name in ("train-1", "train-2", "eval-1"):
@@ -160,16 +190,24 @@ def test_zsh_completion_through_bashcompinit(tmp_path):
     (root / "jobs" / "train-1.yaml").write_text("command: 'true'\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "gpuq").write_text(f"#!/bin/sh\nexec {PY} {REPO / 'gpuq.py'} \"$@\"\n")
+    (bin_dir / "gpuq").write_text(f'#!/bin/sh\nexec {PY} {REPO / "gpuq.py"} "$@"\n')
     (bin_dir / "gpuq").chmod(0o755)
     # bashcompinit calls the function under `emulate -L sh` (0-based arrays), as here
-    probe = (f'eval "$(gpuq completion zsh)"; t() {{ emulate -L sh; local -a COMP_WORDS; '
-             f'COMP_WORDS=(gpuq --root {root} cancel tr); COMP_CWORD=4; _gpuq; print -l -- "${{COMPREPLY[@]}}"; }}; t')
-    out = subprocess.run(["zsh", "-c", probe], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)})
+    probe = (
+        f'eval "$(gpuq completion zsh)"; t() {{ emulate -L sh; local -a COMP_WORDS; '
+        f'COMP_WORDS=(gpuq --root {root} cancel tr); COMP_CWORD=4; _gpuq; print -l -- "${{COMPREPLY[@]}}"; }}; t'
+    )
+    out = subprocess.run(
+        ["zsh", "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path)},
+    )
     assert out.stdout.split() == ["train-1"], out.stderr
 
 
+@pytest.mark.slow
 def test_the_nvml_check_says_ok_with_the_driver_and_warns_with_the_error(monkeypatch, tmp_path):
     """Both findings, whatever this machine has: a stand-in pynvml that works, and one that fails."""
     import types
@@ -179,8 +217,12 @@ def test_the_nvml_check_says_ok_with_the_driver_and_warns_with_the_error(monkeyp
 
     layout = Layout(_root(tmp_path))  # this process's own: it runs the workers
 
-    works = types.SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None,
-                                  nvmlSystemGetDriverVersion=lambda: b"550.54.15", nvmlDeviceGetCount=lambda: 8)
+    works = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: b"550.54.15",
+        nvmlDeviceGetCount=lambda: 8,
+    )
     monkeypatch.setitem(sys.modules, "pynvml", works)
     ok = doctor.check_nvml(layout)
     assert (ok.level, ok.check) == ("ok", "nvml") and ok.message.endswith(": driver 550.54.15, 8 GPU(s)")
@@ -194,6 +236,7 @@ def test_the_nvml_check_says_ok_with_the_driver_and_warns_with_the_error(monkeyp
     assert "--fake-gpus" in warn.fix and "nvidia-smi" in warn.fix
 
 
+@pytest.mark.slow
 def test_doctor_finds_only_a_cron_line_for_this_root(tmp_path):
     """Newcomer M9: doctor said `ok cron` for a root whose only crontab line was another
     root's. A system crontab (its own file; the commands do not exist, so a cron daemon that
@@ -221,6 +264,7 @@ def test_doctor_finds_only_a_cron_line_for_this_root(tmp_path):
         os.unlink(cron_file)
 
 
+@pytest.mark.slow
 def test_init_never_writes_through_a_config_link_planted_in_its_directory(tmp_path):
     """`gpuq init DIR` on a directory that already exists: a config.yaml someone planted there
     as a dangling link must not make init (run as root, say) create the file it points to."""

@@ -1,5 +1,6 @@
 """The spine's story, end to end through worker.py and gpuq.py: three stand-in boxes on one
 root with fake GPUs, 60 jobs of mixed shapes, each using its declared fake memory."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,10 @@ import subprocess
 import time
 from collections import defaultdict
 
+import pytest
 from conftest import PY, REPO, fake_job, wait_until
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 HOSTS = ("a", "b", "c")
 TOTAL_MIB = 80 * 1024
@@ -18,8 +22,17 @@ RESERVE_MIB = 256
 
 def _mixed_specs(n: int, seed: int = 7) -> dict[str, tuple[int, str | None]]:
     rng = random.Random(seed)
-    shapes = [(1, "10GiB"), (1, "20GiB"), (1, "40GiB"), (1, "70GiB"), (2, "30GiB"), (4, "20GiB"),
-              (1, None), (2, None), (0, None)]
+    shapes = [
+        (1, "10GiB"),
+        (1, "20GiB"),
+        (1, "40GiB"),
+        (1, "70GiB"),
+        (2, "30GiB"),
+        (4, "20GiB"),
+        (1, None),
+        (2, None),
+        (0, None),
+    ]
     return {f"job-{i:02d}": rng.choice(shapes) for i in range(n)}
 
 
@@ -51,7 +64,7 @@ def test_sixty_jobs_on_three_boxes_exactly_once_and_never_overcommitted(queue):
     ends = [e for e in events if e["from"] == "running"]
     assert sorted(e["job"] for e in starts) == sorted(specs)
     assert sorted(e["job"] for e in ends) == sorted(specs)
-    for job_id, (gpus, mem) in specs.items():
+    for job_id, (gpus, _mem) in specs.items():
         record = queue.finished(job_id)
         assert record["state"] == "done", (job_id, record)
         assert record["exit_code"] == 0
@@ -84,8 +97,7 @@ def test_sixty_jobs_on_three_boxes_exactly_once_and_never_overcommitted(queue):
     # status --json agrees with the records.
     final = queue.status()
     assert final["pending"] == [] and final["running"] == []
-    assert {f["id"]: (f["state"], f["exit_code"]) for f in final["finished"]} == \
-        {j: ("done", 0) for j in specs}
+    assert {f["id"]: (f["state"], f["exit_code"]) for f in final["finished"]} == {j: ("done", 0) for j in specs}
     assert sum(1 for v in mid_run_views if v["running"]) >= 1, "status never saw a job running"
     for view in mid_run_views:
         for r in view["running"]:
@@ -97,9 +109,19 @@ def test_submit_show_logs_and_cancel_from_the_cli(queue, tmp_path):
     queue.start_worker("a", "2x80GiB")
     project = tmp_path / "project"
     project.mkdir()
-    out = queue.gpuq("submit", "--gpus", "1", "--gpu-mem", "20GiB", "--",
-                     "sh", "-c", "echo hello from $GPUQ_JOB_ID in $(pwd) with $MY_SETTING",
-                     cwd=project, env={**queue.env(), "MY_SETTING": "exported"})
+    out = queue.gpuq(
+        "submit",
+        "--gpus",
+        "1",
+        "--gpu-mem",
+        "20GiB",
+        "--",
+        "sh",
+        "-c",
+        "echo hello from $GPUQ_JOB_ID in $(pwd) with $MY_SETTING",
+        cwd=project,
+        env={**queue.env(), "MY_SETTING": "exported"},
+    )
     job_id = out.stdout.strip().splitlines()[-1]
     assert job_id == "echo-1", out.stdout  # readable: the first word that is not sh/python/a flag
     wait_until(lambda: queue.finished(job_id), what="submitted job to finish")
@@ -124,7 +146,8 @@ def test_submit_show_logs_and_cancel_from_the_cli(queue, tmp_path):
     # Whatever a pass does is recorded within it (a start's running record and event come
     # before its job runs): nothing of the cancelled job ever started.
     assert queue.record("blocked")["state"] == "cancelled" and not [
-        e for e in queue.events() if e["job"] == "blocked" and e["to"] == "running"]
+        e for e in queue.events() if e["job"] == "blocked" and e["to"] == "running"
+    ]
     assert "should-not-run" not in queue.log("blocked")
     assert queue.gpuq("cancel", "long", check=False).returncode == 1
     assert queue.gpuq("show", "nope", check=False).returncode == 1
@@ -134,17 +157,36 @@ def test_a_second_worker_start_exits_at_once_quietly(queue):
     first = queue.start_worker("a", "1x10GiB")
     # "At once": it does not wait for the first worker's lock (the first never lets go, so a
     # start that waited would run into this timeout), and says nothing.
-    second = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
-                             "--fake-gpus", "1x10GiB", "--foreground"],
-                            capture_output=True, text=True, timeout=60, env=queue.env())
+    second = subprocess.run(
+        [
+            PY,
+            str(REPO / "worker.py"),
+            "--root",
+            str(queue.root),
+            "--host",
+            "a",
+            "--fake-gpus",
+            "1x10GiB",
+            "--foreground",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=queue.env(),
+    )
     assert second.returncode == 0 and second.stdout == "" and second.stderr == ""
     assert first.poll() is None
 
 
 def test_cron_start_daemonizes_and_logs_to_its_file(queue):
-    cron = subprocess.run([PY, "worker.py", "--root", str(queue.root), "--host", "z",
-                           "--fake-gpus", "1x10GiB"], cwd=REPO, capture_output=True, text=True,
-                          timeout=10, env=queue.env())
+    cron = subprocess.run(
+        [PY, "worker.py", "--root", str(queue.root), "--host", "z", "--fake-gpus", "1x10GiB"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env=queue.env(),
+    )
     assert cron.returncode == 0 and cron.stdout == "" and cron.stderr == ""
     hb = wait_until(lambda: queue.root.joinpath("state/workers/z.json").exists(), what="daemon heartbeat")
     assert hb
@@ -155,9 +197,14 @@ def test_cron_start_daemonizes_and_logs_to_its_file(queue):
         queue.drop("hello.yaml", "command: echo hi\ngpus: 0\n")
         wait_until(lambda: queue.finished("hello"), what="daemon to run a job")
         assert "worker z started" in (queue.root / "logs" / "worker-z.log").read_text()
-        again = subprocess.run([PY, "worker.py", "--root", str(queue.root), "--host", "z",
-                                "--fake-gpus", "1x10GiB"], cwd=REPO, capture_output=True,
-                               text=True, timeout=10, env=queue.env())
+        again = subprocess.run(
+            [PY, "worker.py", "--root", str(queue.root), "--host", "z", "--fake-gpus", "1x10GiB"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env=queue.env(),
+        )
         assert again.returncode == 0
         queue.wait_passes("z")  # heartbeats go on: if the second start had taken over, its pid
         assert json.loads(queue.root.joinpath("state/workers/z.json").read_text())["pid"] == pid
@@ -174,7 +221,7 @@ def test_logs_follow_and_show_of_a_pending_job(queue):
     queue.drop("waiter.yaml", "command: echo later\ngpus: 1\ngpu_mem: 90GiB\n")
     wait_until(lambda: (queue.record("talker") or {}).get("state") == "running", what="talker to run")
     follow = queue.gpuq("logs", "-f", "talker", timeout=30)  # returns once the job has ended
-    assert [l for l in follow.stdout.splitlines() if l.startswith("line")] == ["line 1", "line 2", "line 3"]
+    assert [line for line in follow.stdout.splitlines() if line.startswith("line")] == ["line 1", "line 2", "line 3"]
     assert "==> exit 0" in follow.stdout
     shown = queue.gpuq("show", "waiter").stdout
     assert "state:            pending" in shown
@@ -183,8 +230,11 @@ def test_logs_follow_and_show_of_a_pending_job(queue):
 
 
 def test_a_box_without_gpus_runs_cpu_jobs_and_says_why_gpu_jobs_wait(queue):
-    proc = subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "nogpu",
-                             "--foreground"], stderr=subprocess.DEVNULL, env=queue.env())
+    proc = subprocess.Popen(
+        [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "nogpu", "--foreground"],
+        stderr=subprocess.DEVNULL,
+        env=queue.env(),
+    )
     queue.workers["nogpu"] = proc
     queue.drop("cpu.yaml", "command: echo cpu-only CVD=[$CUDA_VISIBLE_DEVICES]\ngpus: 0\n")
     queue.drop("gpu.yaml", "command: echo never\ngpus: 1\n")
@@ -207,20 +257,36 @@ def test_cancel_of_a_pending_fifo_does_not_hang(queue):
 def test_submit_refuses_bad_options_before_writing_anything(queue):
     bad = queue.gpuq("submit", "--gpu-mem", "20 gigs", "--", "python", "train.py", check=False)
     assert bad.returncode == 2
-    assert bad.stderr.strip() == ("gpuq submit: --gpu-mem: '20 gigs' is not a size. Fix: write it like "
-                                  "20GiB, 20G, 20480MiB. Nothing was written.")
+    assert bad.stderr.strip() == (
+        "gpuq submit: --gpu-mem: '20 gigs' is not a size. Fix: write it like 20GiB, 20G, 20480MiB. Nothing was written."
+    )
     assert queue.gpuq("submit", "--priority", "urgent", "--", "x", check=False).returncode == 2
     assert list((queue.root / "jobs").iterdir()) == []
 
 
 def test_submit_options_reach_the_job_and_status_all_lists_everything(queue):
-    for i in range(25):  # more than the screen shows; no worker, so all stay pending
+    for _ in range(25):  # more than the screen shows; no worker, so all stay pending
         queue.gpuq("submit", "--gpus", "0", "--", "true")
     assert "... and 5 more (gpuq status --all)" in queue.gpuq("status").stdout
     assert "PENDING (25)" in queue.gpuq("status", "--all").stdout
     assert "more (gpuq status --all)" not in queue.gpuq("status", "--all").stdout
-    out = queue.gpuq("submit", "--id", "exact", "--gpus", "0", "--hosts", "a", "--priority", "high",
-                     "--env", "GREETING=hi there", "--", "sh", "-c", "echo $GREETING on $GPUQ_HOST")
+    out = queue.gpuq(
+        "submit",
+        "--id",
+        "exact",
+        "--gpus",
+        "0",
+        "--hosts",
+        "a",
+        "--priority",
+        "high",
+        "--env",
+        "GREETING=hi there",
+        "--",
+        "sh",
+        "-c",
+        "echo $GREETING on $GPUQ_HOST",
+    )
     assert out.stdout.strip().splitlines()[-1] == "exact"
     assert queue.status()["pending"][0]["id"] == "exact"  # high priority goes first
     queue.start_worker("b", "1x10GiB")
@@ -241,6 +307,7 @@ def test_a_job_no_gpu_can_ever_hold_is_refused_by_submit_and_explained_when_drop
     assert too_wide.returncode == 2 and "the most any host offers is 2" in too_wide.stderr
     assert os.listdir(queue.root / "jobs") == []
     queue.drop("huge.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 40GiB\n")
-    row = wait_until(lambda: next((p for p in queue.status()["pending"] if p["id"] == "huge"), None),
-                     what="huge in status")
+    row = wait_until(
+        lambda: next((p for p in queue.status()["pending"] if p["id"] == "huge"), None), what="huge in status"
+    )
     assert "largest GPU holds" in row["reason"]

@@ -2,14 +2,18 @@
 (exit status by how the jobs ended, as `pueue wait` and `sbatch --wait`), a mistyped verb,
 status narrowed and summed up, submit's limits, logs of groups, retry of a rejected spec,
 forget, and `show` folding a long environment."""
+
 from __future__ import annotations
 
 import json
 import subprocess
 import time
 
+import pytest
 from conftest import PY, REPO, wait_until
 from team import ALICE, BOB
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def _wait_cmd(queue, *args: str) -> list[str]:
@@ -19,8 +23,9 @@ def _wait_cmd(queue, *args: str) -> list[str]:
 def test_wait_returns_when_the_jobs_end_and_exits_by_how_they_ended(queue):
     queue.gpuq("submit", "--gpus", "0", "--id", "slow", "--", "sleep 3; echo slow done")
     queue.gpuq("submit", "--gpus", "0", "--id", "broken", "--", "exit 3")
-    waiting = subprocess.Popen(_wait_cmd(queue, "slow"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=queue.env())
+    waiting = subprocess.Popen(
+        _wait_cmd(queue, "slow"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=queue.env()
+    )
     queue.start_worker("a", "1x80GiB")
     out, err = waiting.communicate(timeout=120)
     returned_at = time.time()
@@ -117,21 +122,54 @@ def test_a_long_queue_shows_its_head_and_how_many_wait_for_each_reason(queue):
 
 def test_submit_takes_slurms_spellings_for_limits_and_checks_them_as_a_spec_would(queue):
     queue.start_worker("a", "1x80GiB")
-    queue.gpuq("submit", "--gpus", "0", "--id", "capped", "--time", "2s", "--grace", "1s", "--cpus", "1",
-               "--mem", "1GiB", "--retries", "0", "--", "sleep 60")
+    queue.gpuq(
+        "submit",
+        "--gpus",
+        "0",
+        "--id",
+        "capped",
+        "--time",
+        "2s",
+        "--grace",
+        "1s",
+        "--cpus",
+        "1",
+        "--mem",
+        "1GiB",
+        "--retries",
+        "0",
+        "--",
+        "sleep 60",
+    )
     record = wait_until(lambda: queue.finished("capped"), timeout=60, what="the time limit to stop it")
     assert record["state"] == "timeout" and record["time_limit_s"] == 2
     assert len(record["cpu_cores"]) == 1 and record["mem_limit_mib"] == 1024
     assert record["spec"]["retries"] == 0 and record["spec"]["grace_s"] == 1
-    queue.gpuq("submit", "--gpus", "0", "--id", "service", "--restart", "on-failure", "--preemptible",
-               "--time-limit", "90m", "--cpus-per-task", "1", "--", "true")
+    queue.gpuq(
+        "submit",
+        "--gpus",
+        "0",
+        "--id",
+        "service",
+        "--restart",
+        "on-failure",
+        "--preemptible",
+        "--time-limit",
+        "90m",
+        "--cpus-per-task",
+        "1",
+        "--",
+        "true",
+    )
     service = wait_until(lambda: queue.finished("service"), timeout=60, what="service to end")
     assert service["state"] == "done" and service["time_limit_s"] == 5400
     assert service["spec"]["restart"] == "on-failure" and service["spec"]["preemptible"] is True
     assert service["spec"]["cpus"] == 1  # sbatch's --cpus-per-task
-    for option, value, says in (("--time", "soon", "--time-limit: 'soon' is not a duration"),
-                                ("--cpus", "two", "--cpus: 'two' is not a number of CPU cores"),
-                                ("--restart", "sometimes", "--restart: 'sometimes' is not a restart policy")):
+    for option, value, says in (
+        ("--time", "soon", "--time-limit: 'soon' is not a duration"),
+        ("--cpus", "two", "--cpus: 'two' is not a number of CPU cores"),
+        ("--restart", "sometimes", "--restart: 'sometimes' is not a restart policy"),
+    ):
         bad = queue.gpuq("submit", "--gpus", "0", option, value, "--", "true", check=False)
         assert bad.returncode == 2 and says in bad.stderr and "Nothing was written" in bad.stderr
 
@@ -141,8 +179,9 @@ def test_a_command_the_shell_cannot_find_says_why_with_its_path(queue):
     queue.drop("typo.yaml", "command: no-such-command-gpuq --flag\ngpus: 0\nenv: {PATH: /usr/bin:/bin}\n")
     record = wait_until(lambda: queue.finished("typo"), timeout=60, what="typo to end")
     assert record["state"] == "failed" and record["exit_code"] == 127
-    assert record["reason"].startswith("exit 127: the shell found no such command; the job's PATH was "
-                                       "/usr/bin:/bin and it ran in ")
+    assert record["reason"].startswith(
+        "exit 127: the shell found no such command; the job's PATH was /usr/bin:/bin and it ran in "
+    )
     assert "==> gpuq: exit 127: the shell found no such command" in queue.log("typo")
     assert "no such command" in queue.gpuq("show", "typo").stdout
     queue.drop("fine.yaml", "command: exit 3\ngpus: 0\n")
@@ -153,14 +192,24 @@ def test_logs_of_a_group_and_following_a_job_that_has_not_started(queue):
     out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-2", "--", "echo index=$GPUQ_ARRAY_INDEX")
     group = out.stdout.strip().splitlines()[-1]
     queue.gpuq("submit", "--gpus", "0", "--id", "later", "--", "echo later ran")
-    follow = subprocess.Popen([PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "logs", "-f", "later"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=queue.env())
+    follow = subprocess.Popen(
+        [PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "logs", "-f", "later"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=queue.env(),
+    )
     first = follow.stderr.readline()  # said at once, before any worker runs it
     assert first.startswith("gpuq logs: later is pending: ") and "following its log" in first
     # The array is one spec until a worker expands it: following it then follows its members
     # (it followed a log under the array's own id, which never comes, and hung).
-    members = subprocess.Popen([PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "logs", "-f", group],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=queue.env())
+    members = subprocess.Popen(
+        [PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "logs", "-f", group],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=queue.env(),
+    )
     assert "is pending: an array: the next worker pass turns it into its jobs" in members.stderr.readline()
     queue.start_worker("a", "1x80GiB")
     out, _ = follow.communicate(timeout=120)
@@ -180,10 +229,23 @@ def _array_behind_a_sleeper(queue, size: int) -> str:
     the worker has expanded it into pending members."""
     queue.start_worker("a", "1x80GiB")
     queue.gpuq("submit", "--gpus", "0", "--id", "first", "--", "sleep 600")
-    group = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", f"0-{size - 1}", "--after", "first",
-                       "--", "echo member ran").stdout.split()[-1]
-    wait_until(lambda: len([p for p in queue.status()["pending"] if p["id"].startswith(f"{group}_")]) == size,
-               what="the array's members")
+    group = queue.gpuq(
+        "submit",
+        "--gpus",
+        "0",
+        "--name",
+        "arr",
+        "--array",
+        f"0-{size - 1}",
+        "--after",
+        "first",
+        "--",
+        "echo member ran",
+    ).stdout.split()[-1]
+    wait_until(
+        lambda: len([p for p in queue.status()["pending"] if p["id"].startswith(f"{group}_")]) == size,
+        what="the array's members",
+    )
     return group
 
 
@@ -193,8 +255,13 @@ def test_logs_of_a_group_that_has_not_started_says_what_its_members_wait_for(que
     group = _array_behind_a_sleeper(queue, 2)
     quiet = queue.gpuq("logs", group)
     assert quiet.stdout == "" and f"2 of {group}'s 2 members have no output yet: {group}_0, {group}_1" in quiet.stderr
-    follow = subprocess.Popen([PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "logs", "-f", group],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=queue.env())
+    follow = subprocess.Popen(
+        [PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "logs", "-f", group],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=queue.env(),
+    )
     said = [follow.stderr.readline() for _ in range(2)]
     for i, line in enumerate(said):
         assert line.startswith(f"gpuq logs: {group}_{i} is pending: ") and "first" in line, said
@@ -210,8 +277,9 @@ def test_a_rejected_spec_is_retried_after_its_fix_and_leaves_the_rejected_list(q
     queue.drop("typo.yaml", "command: echo typo ran\ngpus: two\n")
     wait_until(lambda: {r["id"] for r in queue.status()["rejected"]} == {"mine", "typo"}, what="both refused")
     said = (queue.root / "state" / "rejected" / "typo.error").read_text()  # where the spec is now, and how back
-    assert said.rstrip().endswith("The spec is kept as state/rejected/typo.yaml: fix it there (or drop a fixed "
-                                  "one), then `gpuq retry typo`."), said
+    assert said.rstrip().endswith(
+        "The spec is kept as state/rejected/typo.yaml: fix it there (or drop a fixed one), then `gpuq retry typo`."
+    ), said
     early = queue.gpuq("retry", "typo", check=False)  # its text is wrong: refused again
     assert early.returncode == 0 and "back in the queue, to be checked again" in early.stdout
     wait_until(lambda: (queue.root / "state" / "rejected" / "typo.error").exists(), what="typo refused again")
@@ -239,8 +307,11 @@ def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_o
     alive = queue.gpuq("forget", "a", check=False)
     assert alive.returncode == 1 and "a's worker is alive" in alive.stdout + alive.stderr
     queue.stop_worker("b", signal.SIGKILL)  # b dies with a job recorded running there
-    wait_until(lambda: not any(h["alive"] for h in queue.status()["hosts"] if h["host"] == "b"),
-               timeout=60, what="b to be seen dead")
+    wait_until(
+        lambda: not any(h["alive"] for h in queue.status()["hosts"] if h["host"] == "b"),
+        timeout=60,
+        what="b to be seen dead",
+    )
     busy = queue.gpuq("forget", "b", check=False)
     assert busy.returncode == 1 and "still has 1 job(s) recorded running (there)" in busy.stdout + busy.stderr
     queue.gpuq("cancel", "there")  # settled by hand: now nothing keeps b
@@ -254,7 +325,11 @@ def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_o
 
 def test_show_folds_a_long_environment_and_lists_it_whole_with_env(queue):
     # A submit exports the submitter's shell: here 30 variables of their own besides the rest.
-    shell = {**queue.env(), **{f"MY_SETTING_{i}": f"value-{i}" for i in range(30)}, "PATH": "/opt/tools/bin:/usr/bin:/bin"}
+    shell = {
+        **queue.env(),
+        **{f"MY_SETTING_{i}": f"value-{i}" for i in range(30)},
+        "PATH": "/opt/tools/bin:/usr/bin:/bin",
+    }
     queue.gpuq("submit", "--gpus", "1", "--id", "wide-env", "--", "python train.py", env=shell)
     folded = queue.gpuq("show", "wide-env").stdout
     env_lines = [line.strip() for line in folded.splitlines() if "=" in line and line.startswith(" ")]
@@ -294,7 +369,7 @@ def test_every_refusal_names_its_verb_and_exits_1(queue):
         assert done.returncode == 1 and done.stderr.startswith(f"gpuq {verb}: "), (verb, done.stderr)
         if verb == "edit":  # its refusal speaks of editing, not only of holding
             assert "can be held or edited" in done.stderr, done.stderr
-    missing = queue.gpuq("export", "slurm", "no-such-job", check=False)  # not found: 1, as README says
+    missing = queue.gpuq("export", "slurm", "no-such-job", check=False)  # not found: 1, as docs/reference.md says
     assert missing.returncode == 1 and missing.stderr.startswith("gpuq export: "), missing.stderr
 
 
@@ -324,8 +399,10 @@ def test_submit_hold_with_no_worker_waits_and_never_starts_the_job(team):
     assert "request" in waiting.stderr and "waits" in waiting.stderr
     assert not (team.root / "jobs" / "h2.yaml").exists()  # nothing a worker could start
     team.start_worker("a", "1x80GiB")
-    wait_until(lambda: [(h["id"], h["user"]) for h in team.status()["held"]] == [("h2", ALICE)],
-               what="h2 held by the worker, as alice's")
+    wait_until(
+        lambda: [(h["id"], h["user"]) for h in team.status()["held"]] == [("h2", ALICE)],
+        what="h2 held by the worker, as alice's",
+    )
     team.wait_passes("a", 2)
     assert team.record("h2") is None and "ran-h2" not in team.log("h2")
     again = team.as_user(ALICE, "submit", "--hold", "--gpus", "1", "--id", "h2", "--", "true")
@@ -351,7 +428,9 @@ def test_messages_point_at_the_fix(queue, tmp_path):
     tabbed = tmp_path / "tabbed.yaml"
     tabbed.write_text("command: echo\n\tgpus: 1\n")
     tab = queue.gpuq("submit", "--spec", str(tabbed), check=False)
-    assert tab.returncode == 2 and "Fix: indent with spaces: YAML does not allow tabs. Nothing was written." in tab.stderr
+    assert (
+        tab.returncode == 2 and "Fix: indent with spaces: YAML does not allow tabs. Nothing was written." in tab.stderr
+    )
     nowhere_dir = queue.gpuq("submit", "--workdir", str(tmp_path / "no-such-dir"), "--gpus", "0", "--", "true")
     assert "warning: --workdir" in nowhere_dir.stderr and "is not a directory here" in nowhere_dir.stderr
     init = queue.gpuq("init", str(tmp_path / "new-root"))
@@ -400,12 +479,14 @@ def test_a_held_submission_cannot_take_another_members_id_nor_lose_its_own(team)
     assert team.as_user(BOB, "submit", "--gpus", "0", "--id", "first", "--", "sleep 30").returncode == 0
     bobs = team.as_user(BOB, "submit", "--gpus", "0", "--id", "bobjob", "--after", "first", "--", "echo bob-ran")
     assert bobs.returncode == 0, bobs.stderr
-    script = (f"import json, sys, time; sys.path.insert(0, {str(team.code)!r})\n"
-              "from gpuq.inbox import read_reply, send\nfrom gpuq.layout import Layout\n"
-              f"layout = Layout(__import__('pathlib').Path({str(team.root)!r}))\n"
-              "name = send(layout, 'submit-held', ('bobjob',), sent_from='x', text='command: echo alice-ran\\n')\n"
-              "for _ in range(600):\n    reply = read_reply(layout, name)\n    if reply: break\n    time.sleep(0.1)\n"
-              "print(json.dumps(reply.outcomes))\n")
+    script = (
+        f"import json, sys, time; sys.path.insert(0, {str(team.code)!r})\n"
+        "from gpuq.spool.inbox import read_reply, send\nfrom gpuq.spool.layout import Layout\n"
+        f"layout = Layout(__import__('pathlib').Path({str(team.root)!r}))\n"
+        "name = send(layout, 'submit-held', ('bobjob',), sent_from='x', text='command: echo alice-ran\\n')\n"
+        "for _ in range(600):\n    reply = read_reply(layout, name)\n    if reply: break\n    time.sleep(0.1)\n"
+        "print(json.dumps(reply.outcomes))\n"
+    )
     attack = team.py_as(ALICE, script, timeout=120)
     assert attack.returncode == 0, attack.stderr
     ((ok, message),) = json.loads(attack.stdout)
@@ -429,8 +510,10 @@ def test_a_cancelled_array_is_one_line_of_finished(queue):
     """Newcomer review: one array cancel filled FINISHED with a line per member."""
     group = _array_behind_a_sleeper(queue, 6)
     queue.gpuq("cancel", group)
-    wait_until(lambda: len([f for f in queue.status()["finished"] if f["state"] == "cancelled"]) == 6,
-               what="six cancelled members")
+    wait_until(
+        lambda: len([f for f in queue.status()["finished"] if f["state"] == "cancelled"]) == 6,
+        what="six cancelled members",
+    )
     lines = [line for line in queue.gpuq("status").stdout.splitlines() if f"{group}_" in line]
     assert len(lines) == 1 and f"{group}_* (all 6 members)" in lines[0] and "cancelled" in lines[0], lines
     queue.write_config(recent_finished=4)  # FINISHED lists fewer than the array has: it says so
@@ -450,9 +533,16 @@ def test_status_says_a_cleanly_stopped_worker_stopped_and_a_killed_one_is_not_re
     wait_until(lambda: {h["host"] for h in queue.status()["hosts"]} == {"a", "b"}, what="both boxes seen")
     queue.stop_worker("a")  # SIGTERM: a clean exit
     queue.stop_worker("b", signal.SIGKILL)
-    hosts = wait_until(lambda: (hs := {h["host"]: h for h in queue.status()["hosts"]})
-                       and not hs["a"]["alive"] and not hs["b"]["alive"] and hs, timeout=60,
-                       what="both seen gone")
+    hosts = wait_until(
+        lambda: (
+            (hs := {h["host"]: h for h in queue.status()["hosts"]})
+            and not hs["a"]["alive"]
+            and not hs["b"]["alive"]
+            and hs
+        ),
+        timeout=60,
+        what="both seen gone",
+    )
     assert hosts["a"]["stopped"] and not hosts["b"]["stopped"]
     text = queue.gpuq("status").stdout
     assert "  a  stopped (its worker exited cleanly)" in text and "  b  NOT RESPONDING" in text, text

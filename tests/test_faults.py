@@ -1,5 +1,6 @@
 """Faults injected into the real worker.py, spawner and supervisors: crashes at every named
 step, dead and frozen hosts (fencing), reboots, cron overlap."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,12 @@ HOPS_AFTER = {  # point -> (the hops allowed before the last event, the last eve
     "supervisor:cleaned": ({_START}, _DONE),
 }
 # Where the crash left the attempt provably unstarted, at least one requeue must show.
-MUST_REQUEUE = {"worker:claimed": _UNRECORDED_CLAIM, "worker:recorded": _NEVER_STARTED,
-                "spawner:locked": _NEVER_STARTED, "supervisor:owned": _NEVER_STARTED}
+MUST_REQUEUE = {
+    "worker:claimed": _UNRECORDED_CLAIM,
+    "worker:recorded": _NEVER_STARTED,
+    "spawner:locked": _NEVER_STARTED,
+    "supervisor:owned": _NEVER_STARTED,
+}
 
 
 def _runs(queue, job_id: str) -> list[str]:
@@ -65,7 +70,7 @@ def _final(queue, job_id: str) -> dict | None:
 
 
 def fired(fault_log, kind: str, name: str) -> list[int]:
-    """Pids of the processes whose fault `kind name` fired (gpuq.faults writes the line)."""
+    """Pids of the processes whose fault `kind name` fired (gpuq.host.faults writes the line)."""
     try:
         lines = fault_log.read_text().splitlines()
     except FileNotFoundError:
@@ -80,6 +85,7 @@ def gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, point, tmp_path):
     fault_log = tmp_path / "faults"
@@ -113,11 +119,14 @@ def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, p
 def settled_events(queue) -> list[tuple]:
     """The job's events, once its final one is there: the supervisor appends it after the
     finished record (a loaded run read the log in between and missed it)."""
+
     def events() -> list[tuple]:
         return [(e["from"], e["to"], e.get("reason")) for e in queue.events() if e["job"] == "job"]
+
     try:
-        return wait_until(lambda: (ev := events()) and ev[-1][1] in ("done", "lost") and ev, timeout=20,
-                          what="the job's final event")
+        return wait_until(
+            lambda: (ev := events()) and ev[-1][1] in ("done", "lost") and ev, timeout=20, what="the job's final event"
+        )
     except AssertionError:
         return events()  # the assertions after show what is there
 
@@ -125,22 +134,26 @@ def settled_events(queue) -> list[tuple]:
 def assert_nothing_left(queue) -> None:
     """Nothing of the job left behind once the worker has settled it (a pass or two after the
     record): waited for, not slept on, so that a loaded machine's slow pass is not a failure."""
-    left = lambda: {d: list((queue.root / d).glob("job*"))  # noqa: E731
-                    for d in ("jobs", "state/claims", "state/running", "state/requeued", "state/rejected")}
+    left = lambda: {
+        d: list((queue.root / d).glob("job*"))  # noqa: E731
+        for d in ("jobs", "state/claims", "state/running", "state/requeued", "state/rejected")
+    }
     try:
         wait_until(lambda: not any(left().values()), timeout=20, what="nothing left behind")
     except AssertionError:
         assert not any(left().values()), left()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", RECOVERY_CRASH_POINTS)
 def test_a_crash_in_the_middle_of_a_requeue_is_finished_by_the_next_worker(queue, point, tmp_path):
     """The supervisor dies before it marks the attempt as starting (so it provably never
     started); the worker, requeueing it, dies at `point`; the next worker must finish the
     requeue and run the job once (a crash at recovery:held once left it stuck for good)."""
     fault_log = tmp_path / "faults"
-    worker = queue.start_worker("a", "1x80GiB", env={CRASH_ENV: f"supervisor:owned,{point}",
-                                                     FAULT_LOG_ENV: str(fault_log)})
+    worker = queue.start_worker(
+        "a", "1x80GiB", env={CRASH_ENV: f"supervisor:owned,{point}", FAULT_LOG_ENV: str(fault_log)}
+    )
     queue.drop("job.yaml", JOB)
     assert wait_until(lambda: fired(fault_log, "crash", point), what=f"the crash at {point}") == [worker.pid]
     worker.wait(timeout=20)
@@ -168,18 +181,27 @@ AT_POINT = {
     "supervisor:recorded": (False, True, False, True, True, True),
     "supervisor:cleaned": (False, False, False, True, False, True),
 }
-WHO = {"worker": "the worker", "spawner": "the spawner (the worker's child)",
-       "supervisor": "a supervisor (the spawner's child)"}
+WHO = {
+    "worker": "the worker",
+    "spawner": "the spawner (the worker's child)",
+    "supervisor": "a supervisor (the spawner's child)",
+}
 
 
 def _spool_now(queue) -> tuple[bool, ...]:
     lock = queue.local_base / "a" / "jobs" / "job.lock"
     marker = lock.exists() and lock.stat().st_size > 0
-    return ((queue.root / "jobs" / "job.yaml").exists(), bool(list((queue.root / "state" / "claims").glob("job@*"))),
-            (queue.root / "state" / "running" / "job.json").exists(),
-            (queue.root / "state" / "finished" / "job.json").exists(), marker, bool(_runs(queue, "job")))
+    return (
+        (queue.root / "jobs" / "job.yaml").exists(),
+        bool(list((queue.root / "state" / "claims").glob("job@*"))),
+        (queue.root / "state" / "running" / "job.json").exists(),
+        (queue.root / "state" / "finished" / "job.json").exists(),
+        marker,
+        bool(_runs(queue, "job")),
+    )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", [*AT_POINT, "worker:sent"])
 def test_each_crash_point_is_where_its_name_says(queue, point, tmp_path):
     fault_log = tmp_path / "faults"
@@ -198,6 +220,7 @@ def test_each_crash_point_is_where_its_name_says(queue, point, tmp_path):
     assert _spool_now(queue) == AT_POINT[point], (point, _spool_now(queue))
 
 
+@pytest.mark.slow
 def test_a_reboot_requeues_running_jobs_as_their_next_attempt(queue):
     queue.drop("long.yaml", "command: echo attempt-$GPUQ_ATTEMPT; sleep 60\ngpus: 1\n")
     queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-one"})
@@ -210,6 +233,7 @@ def test_a_reboot_requeues_running_jobs_as_their_next_attempt(queue):
     assert events and "host rebooted; requeued as attempt 2" in events[-1]["reason"]
 
 
+@pytest.mark.slow
 def test_a_reboot_with_no_retries_left_records_the_job_as_lost(queue):
     queue.drop("once.yaml", "command: sleep 60\ngpus: 1\nretries: 0\n")
     queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-one"})
@@ -230,14 +254,17 @@ def _host_processes(queue, host: str) -> list[psutil.Process]:
 
 # Each marker is written beside its name and renamed in: a test that sees the name reads the
 # whole value (`date > f` creates f empty first, and a loaded machine's test read it so).
-FLAKY_FIRST = ("command: |\n  echo $$ > {pids}/.pid && mv {pids}/.pid {pids}/pid-$GPUQ_ATTEMPT\n"
-               "  if [ $GPUQ_ATTEMPT = 1 ]; then trap 'date +%s.%N > {pids}/.stopped && "
-               "mv {pids}/.stopped {pids}/stopped-1; exit 143' TERM;"
-               " while true; do sleep 0.05; done; fi\n"
-               "  date +%s.%N > {pids}/.started && mv {pids}/.started {pids}/started-$GPUQ_ATTEMPT\n"
-               "gpus: 1\n")
+FLAKY_FIRST = (
+    "command: |\n  echo $$ > {pids}/.pid && mv {pids}/.pid {pids}/pid-$GPUQ_ATTEMPT\n"
+    "  if [ $GPUQ_ATTEMPT = 1 ]; then trap 'date +%s.%N > {pids}/.stopped && "
+    "mv {pids}/.stopped {pids}/stopped-1; exit 143' TERM;"
+    " while true; do sleep 0.05; done; fi\n"
+    "  date +%s.%N > {pids}/.started && mv {pids}/.started {pids}/started-$GPUQ_ATTEMPT\n"
+    "gpus: 1\n"
+)
 
 
+@pytest.mark.slow
 def test_a_frozen_host_is_taken_over_and_its_stale_copy_fenced(queue, tmp_path):
     queue.write_config(lost_after_s=6, grace_s=1)
     queue.start_worker("a", "1x80GiB")
@@ -261,6 +288,7 @@ def test_a_frozen_host_is_taken_over_and_its_stale_copy_fenced(queue, tmp_path):
     assert queue.finished("job") == record  # a wrote nothing
 
 
+@pytest.mark.slow
 def test_a_host_that_cannot_renew_its_heartbeat_stops_its_jobs_before_takeover(queue, tmp_path):
     queue.write_config(lost_after_s=10, grace_s=1)  # margins that a loaded machine keeps
     queue.start_worker("a", "1x80GiB")
@@ -276,11 +304,27 @@ def test_a_host_that_cannot_renew_its_heartbeat_stops_its_jobs_before_takeover(q
     assert record["state"] == "done" and record["attempt"] == 2
 
 
+@pytest.mark.slow
 def test_cron_overlap_starts_exactly_one_worker_and_jobs_do_not_inherit_its_lock(queue):
-    starts = [subprocess.Popen([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
-                                "--fake-gpus", "1x80GiB", "--foreground"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=queue.env())
-              for _ in range(20)]
+    starts = [
+        subprocess.Popen(
+            [
+                PY,
+                str(REPO / "worker.py"),
+                "--root",
+                str(queue.root),
+                "--host",
+                "a",
+                "--fake-gpus",
+                "1x80GiB",
+                "--foreground",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=queue.env(),
+        )
+        for _ in range(20)
+    ]
     wait_until(lambda: sum(p.poll() is None for p in starts) == 1, timeout=30, what="all but one to exit")
     assert all(p.returncode == 0 for p in starts if p.poll() is not None)
     (survivor,) = [p for p in starts if p.poll() is None]
@@ -290,6 +334,7 @@ def test_cron_overlap_starts_exactly_one_worker_and_jobs_do_not_inherit_its_lock
     assert "worker.lock" not in queue.log("fds") and queue.finished("fds")["state"] == "done"
 
 
+@pytest.mark.slow
 def test_a_cron_start_that_finds_its_worker_leaves_before_loading_gpuq(queue):
     """With local_dir at its default, the every-minute start answers from the lock alone:
     no argparse, PyYAML or worker code is imported (what keeps 20 overlapping starts cheap)."""
@@ -299,9 +344,25 @@ def test_a_cron_start_that_finds_its_worker_leaves_before_loading_gpuq(queue):
     try:
         queue.start_worker("a", "1x80GiB")
         assert (default_dir / "worker.lock").exists()
-        start = subprocess.run([PY, "-X", "importtime", str(REPO / "worker.py"), "--root", str(queue.root),
-                                "--host", "a", "--fake-gpus", "1x80GiB", "--foreground"],
-                               capture_output=True, text=True, env=queue.env(), timeout=30)
+        start = subprocess.run(
+            [
+                PY,
+                "-X",
+                "importtime",
+                str(REPO / "worker.py"),
+                "--root",
+                str(queue.root),
+                "--host",
+                "a",
+                "--fake-gpus",
+                "1x80GiB",
+                "--foreground",
+            ],
+            capture_output=True,
+            text=True,
+            env=queue.env(),
+            timeout=30,
+        )
         imported = {line.split("|")[-1].strip() for line in start.stderr.splitlines()}
         assert start.returncode == 0 and "gpuq.single_instance" in imported
         assert not imported & {"gpuq.worker_main", "yaml", "argparse", "filelock"}
@@ -310,11 +371,20 @@ def test_a_cron_start_that_finds_its_worker_leaves_before_loading_gpuq(queue):
         shutil.rmtree(default_dir, ignore_errors=True)
 
 
-@pytest.mark.parametrize("text, may_set", [
-    (None, False), ("", False), ("local_dir:\n", False), ("local_dir:   # the default\n", False),
-    ("# local_dir: /var/tmp/x\n", False), ("grace_s: 5\n", False),
-    ("local_dir: /var/tmp/gpuq-{host}\n", True), ("{local_dir: /x}\n", True), ("local_dir: null\n", True),
-])
+@pytest.mark.parametrize(
+    "text, may_set",
+    [
+        (None, False),
+        ("", False),
+        ("local_dir:\n", False),
+        ("local_dir:   # the default\n", False),
+        ("# local_dir: /var/tmp/x\n", False),
+        ("grace_s: 5\n", False),
+        ("local_dir: /var/tmp/gpuq-{host}\n", True),
+        ("{local_dir: /x}\n", True),
+        ("local_dir: null\n", True),
+    ],
+)
 def test_the_cron_fast_path_trusts_only_a_config_that_surely_keeps_the_default_local_dir(tmp_path, text, may_set):
     path = tmp_path / "config.yaml"
     if text is not None:
@@ -333,8 +403,12 @@ def _drop_many(queue, n: int, command: str = "echo once") -> list[str]:
 
 def _assert_each_ran_once(queue, ids: list[str]) -> None:
     finished = queue.root / "state" / "finished"
-    wait_until(lambda: all((finished / f"{i}.json").exists() for i in ids), timeout=300, interval=0.5,
-               what=f"{len(ids)} jobs to finish")
+    wait_until(
+        lambda: all((finished / f"{i}.json").exists() for i in ids),
+        timeout=300,
+        interval=0.5,
+        what=f"{len(ids)} jobs to finish",
+    )
     states = {i: json.loads((finished / f"{i}.json").read_text())["state"] for i in ids}
     assert set(states.values()) == {"done"}
     runs = {i: queue.log(i).splitlines().count("once") for i in ids}
@@ -346,6 +420,7 @@ def _assert_each_ran_once(queue, ids: list[str]) -> None:
 HOSTS = ("a", "b", "c", "d")
 
 
+@pytest.mark.slow
 def test_four_workers_run_each_of_2000_jobs_exactly_once(queue):
     ids = _drop_many(queue, 2000)
     for host in HOSTS:
@@ -353,6 +428,7 @@ def test_four_workers_run_each_of_2000_jobs_exactly_once(queue):
     _assert_each_ran_once(queue, ids)
 
 
+@pytest.mark.slow
 def test_each_job_runs_exactly_once_while_workers_are_killed_and_restarted(queue):
     import random
 
@@ -372,6 +448,7 @@ def test_each_job_runs_exactly_once_while_workers_are_killed_and_restarted(queue
     _assert_each_ran_once(queue, ids)
 
 
+@pytest.mark.slow
 def test_temp_files_of_killed_writers_are_swept_after_an_hour_and_users_files_never(queue):
     running, jobs = queue.root / "state" / "running", queue.root / "jobs"
     running.mkdir(parents=True)
@@ -391,13 +468,17 @@ def _alive(proc: subprocess.Popen) -> bool:
     return proc.poll() is None
 
 
+@pytest.mark.slow
 def test_a_disk_that_refuses_running_records_loses_no_spec_and_no_worker(queue, tmp_path):
     fault_log = tmp_path / "faults"
-    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:running=ENOSPC",
-                                                      FAULT_LOG_ENV: str(fault_log)})
+    worker = queue.start_worker(
+        "a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:running=ENOSPC", FAULT_LOG_ENV: str(fault_log)}
+    )
     queue.drop("job.yaml", JOB)
-    wait_until(lambda: len(fired(fault_log, "io", "write:running ENOSPC")) >= 3,
-               what="several passes, each refused the running record")
+    wait_until(
+        lambda: len(fired(fault_log, "io", "write:running ENOSPC")) >= 3,
+        what="several passes, each refused the running record",
+    )
     # Each pass claims the spec (it leaves jobs/ for claims/) and puts it back when the record
     # is refused: the assertion waits for it to be back, not for a moment between passes.
     wait_until(lambda: (queue.root / "jobs" / "job.yaml").exists(), what="the spec back in jobs/")
@@ -409,10 +490,12 @@ def test_a_disk_that_refuses_running_records_loses_no_spec_and_no_worker(queue, 
     assert record["state"] == "done" and len(_runs(queue, "job")) == 1
 
 
+@pytest.mark.slow
 def test_a_result_the_disk_refused_is_kept_and_recorded_once_it_can_be(queue, tmp_path):
     fault_log = tmp_path / "faults"
-    worker = queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:finished=EIO",
-                                                      FAULT_LOG_ENV: str(fault_log)})
+    worker = queue.start_worker(
+        "a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:finished=EIO", FAULT_LOG_ENV: str(fault_log)}
+    )
     queue.drop("job.yaml", "command: echo once; exit 3\ngpus: 1\n")
     wait_until(lambda: "==> exit 3" in queue.log("job"), what="the job to end")
     wait_until(lambda: fired(fault_log, "io", "write:finished EIO"), what="the result refused by the disk")
@@ -428,14 +511,27 @@ def test_a_result_the_disk_refused_is_kept_and_recorded_once_it_can_be(queue, tm
     assert queue.log("job").splitlines().count("once") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["write:log=ENOSPC", "write:workers=EIO", "rename:claim=ENOENT"])
 def test_jobs_run_once_through_log_heartbeat_and_lost_reply_faults(queue, fault, tmp_path):
     fault_log, runs = tmp_path / "faults", tmp_path / "runs"
     # (not start_worker: with heartbeats refused, there is no heartbeat to wait for)
     worker = queue.workers["a"] = subprocess.Popen(
-        [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x80GiB",
-         "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**queue.env(), "GPUQ_TEST_IO_FAULT": fault, FAULT_LOG_ENV: str(fault_log)})
+        [
+            PY,
+            str(REPO / "worker.py"),
+            "--root",
+            str(queue.root),
+            "--host",
+            "a",
+            "--fake-gpus",
+            "1x80GiB",
+            "--foreground",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**queue.env(), "GPUQ_TEST_IO_FAULT": fault, FAULT_LOG_ENV: str(fault_log)},
+    )
     # Runs are counted outside the log, which the write:log fault keeps from being written.
     queue.drop("job.yaml", f"command: echo once; echo once >> {runs}\ngpus: 1\n")
     record = wait_until(lambda: _final(queue, "job"), what=f"job to run despite {fault}")
@@ -452,6 +548,7 @@ def test_jobs_run_once_through_log_heartbeat_and_lost_reply_faults(queue, fault,
     wait_until(lambda: os.listdir(queue.root / "state" / "claims") == [], timeout=10, what="the claim to go")
 
 
+@pytest.mark.slow
 def test_hosts_with_clocks_ten_minutes_apart_neither_take_over_nor_stall(queue):
     queue.write_config(lost_after_s=6, grace_s=1)
     queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "-600"})
@@ -461,24 +558,31 @@ def test_hosts_with_clocks_ten_minutes_apart_neither_take_over_nor_stall(queue):
     beats = {h: json.loads((queue.root / "state" / "workers" / f"{h}.json").read_text())["t"] for h in "ab"}
     assert 1100 < beats["b"] - beats["a"] < 1300, beats  # the clocks really are 20 minutes apart
     for i in range(6):
-        record = wait_until(lambda: _final(queue, f"j{i}"), timeout=60, what=f"j{i} to run")
+        record = wait_until(lambda i=i: _final(queue, f"j{i}"), timeout=60, what=f"j{i} to run")
         assert record["state"] == "done" and record["attempt"] == 1
         assert queue.log(f"j{i}").splitlines().count("once") == 1
     assert not [e for e in queue.events() if e["to"] == "pending"]  # nothing was taken over
     assert {queue.finished(f"j{i}")["host"] for i in range(6)} == {"a", "b"}
 
 
+@pytest.mark.slow
 def test_the_worker_refuses_a_local_dir_on_a_network_file_system(queue, tmp_path):
     mountinfo = tmp_path / "mountinfo"
-    mountinfo.write_text(f"1 0 0:1 / / rw - ext4 /dev/vda rw\n"
-                         f"2 1 0:2 / {queue.local_base} rw - nfs4 server:/export rw\n")
-    result = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
-                             "--fake-gpus", "1x80GiB", "--once"], capture_output=True, text=True,
-                            timeout=30, env={**queue.env(), "GPUQ_TEST_MOUNTINFO": str(mountinfo)})
+    mountinfo.write_text(
+        f"1 0 0:1 / / rw - ext4 /dev/vda rw\n2 1 0:2 / {queue.local_base} rw - nfs4 server:/export rw\n"
+    )
+    result = subprocess.run(
+        [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x80GiB", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**queue.env(), "GPUQ_TEST_MOUNTINFO": str(mountinfo)},
+    )
     assert result.returncode == 2
     assert "is on nfs4, a network file system" in result.stderr and "Fix: set local_dir" in result.stderr
 
 
+@pytest.mark.slow
 def test_two_hosts_through_two_mount_paths_of_one_directory(queue, tmp_path):
     other = tmp_path / "other-mount"
     other.mkdir()
@@ -486,8 +590,21 @@ def test_two_hosts_through_two_mount_paths_of_one_directory(queue, tmp_path):
         pytest.skip("this machine does not allow bind mounts (needs root and CAP_SYS_ADMIN)")
     try:
         queue.workers["b"] = subprocess.Popen(
-            [PY, str(REPO / "worker.py"), "--root", str(other), "--host", "b", "--fake-gpus", "2x80GiB",
-             "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=queue.env())
+            [
+                PY,
+                str(REPO / "worker.py"),
+                "--root",
+                str(other),
+                "--host",
+                "b",
+                "--fake-gpus",
+                "2x80GiB",
+                "--foreground",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=queue.env(),
+        )
         wait_until(lambda: (queue.root / "state" / "workers" / "b.json").exists(), what="b through the other path")
         queue.start_worker("a", "2x80GiB")
         ids = _drop_many(queue, 100, command="sleep 0.2; echo once")  # long enough for both
@@ -500,11 +617,11 @@ def test_two_hosts_through_two_mount_paths_of_one_directory(queue, tmp_path):
         subprocess.run(["umount", "-l", str(other)], check=False)
 
 
+@pytest.mark.slow
 def test_a_really_full_disk_loses_no_spec_and_no_worker(queue, tmp_path):
     small = tmp_path / "small"
     small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)],
-                      capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], capture_output=True).returncode:
         pytest.skip("this machine does not allow mounting a small tmpfs (the injected faults above still run)")
     try:
         root = small / "root"
@@ -525,8 +642,21 @@ def test_a_really_full_disk_loses_no_spec_and_no_worker(queue, tmp_path):
         err = tmp_path / "worker.err"  # on the test's own disk, not the full one
         with open(err, "wb") as err_file:
             worker = queue.workers["a"] = subprocess.Popen(
-                [PY, str(REPO / "worker.py"), "--root", str(root), "--host", "a", "--fake-gpus", "1x80GiB",
-                 "--foreground"], stdout=subprocess.DEVNULL, stderr=err_file, env=queue.env())
+                [
+                    PY,
+                    str(REPO / "worker.py"),
+                    "--root",
+                    str(root),
+                    "--host",
+                    "a",
+                    "--fake-gpus",
+                    "1x80GiB",
+                    "--foreground",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=err_file,
+                env=queue.env(),
+            )
         # The worker has met the full disk in its passes (it says so once) and goes on.
         wait_until(lambda: "No space left on device" in err.read_text(), what="the worker to meet the full disk")
         assert _alive(worker)
@@ -535,20 +665,22 @@ def test_a_really_full_disk_loses_no_spec_and_no_worker(queue, tmp_path):
         assert [n for n in os.listdir(root / "state" / "running") if not n.startswith(".")] == []
         filler.unlink()  # space comes back
         for i in range(3):
-            record = wait_until(lambda: _final(queue, f"j{i}"), what=f"j{i} once the disk has room")
+            record = wait_until(lambda i=i: _final(queue, f"j{i}"), what=f"j{i} once the disk has room")
             assert record["state"] == "done" and queue.log(f"j{i}").splitlines().count("once") == 1
     finally:
         queue.close()
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
+@pytest.mark.slow
 def test_a_start_the_disk_refuses_is_retried_at_the_poll_not_in_a_loop(queue, tmp_path):
     """The refused start puts its spec back into jobs/: the worker's own change there must not
     wake it again at once (a disk that refuses records would keep it busy)."""
     queue.write_config(poll_interval=2)
     fault_log = tmp_path / "faults"
-    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:running=ENOSPC",
-                                             FAULT_LOG_ENV: str(fault_log)})
+    queue.start_worker(
+        "a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "write:running=ENOSPC", FAULT_LOG_ENV: str(fault_log)}
+    )
     queue.drop("job.yaml", JOB)
 
     def refusals() -> int:

@@ -1,4 +1,5 @@
 """Reading jobs/: new, replaced, vanished and half-written specs, with full and quick scans."""
+
 from __future__ import annotations
 
 import os
@@ -77,8 +78,9 @@ def test_a_spec_with_a_second_link_waits_to_settle_before_it_is_refused(tmp_path
     sender.unlink()  # the sender's own name goes: one link, in jobs/
     intake.scan(0.6, full=False)
     assert [j.id for j in intake.pending()] == ["two"]
-    assert [(i, "has more than one hard link" in str(e.error)) for i, e in intake.settled_errors(1.5, 1.0)] == \
-        [("linked", True)]
+    assert [(i, "has more than one hard link" in str(e.error)) for i, e in intake.settled_errors(1.5, 1.0)] == [
+        ("linked", True)
+    ]
 
 
 def test_of_two_files_for_one_id_the_one_that_landed_first_keeps_it(tmp_path):

@@ -1,5 +1,6 @@
 """The package's layers hold (gpuq/layers.py): imports go one way, no cycles, no import inside a
 function but the listed ones; and `pip install .` (not only -e) installs every subpackage."""
+
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ def test_the_package_has_no_upward_import_no_cycle_and_no_unlisted_lazy_import()
     assert layers.problems() == []
 
 
+@pytest.mark.slow
 def test_the_command_prints_every_package_and_what_it_imports() -> None:
     out = subprocess.run([sys.executable, "-m", "gpuq.layers"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -42,8 +44,10 @@ def test_each_kind_of_break_is_found(tmp_path: Path) -> None:
     function and an unlisted lazy import each make a problem naming the module."""
     copy = _copy_of_package(tmp_path)
     _append(copy / "model" / "units.py", "\nfrom gpuq.spool.layout import Layout\n")
-    _append(copy / "sched" / "placement.py",
-            "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpuq.sched.plan import plan\n")
+    _append(
+        copy / "sched" / "placement.py",
+        "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpuq.sched.plan import plan\n",
+    )
     _append(copy / "host" / "wake.py", "\ndef later():\n    from gpuq.host import probe\n    return probe\n")
     _append(copy / "views" / "render.py", "\ndef later():\n    import json\n    return json\n")
     found = "\n".join(layers.problems(copy))
@@ -59,21 +63,42 @@ def test_pip_install_not_editable_installs_every_subpackage(tmp_path: Path) -> N
     entry points run from anywhere."""
     target = tmp_path / "site"
     build = tmp_path / "src"
-    shutil.copytree(REPO, build, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build",
-                                                                "logs", "jobs", "state"))
-    out = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-                          str(build)], capture_output=True, text=True)
+    shutil.copytree(
+        REPO,
+        build,
+        ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "logs", "jobs", "state"),
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(build)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     installed = {p.relative_to(target).as_posix() for p in (target / "gpuq").rglob("*.py")}
     source = {p.relative_to(REPO).as_posix() for p in layers.PACKAGE_DIR.rglob("*.py")}
     assert installed == source
     env = {**os.environ, "PYTHONPATH": str(target)}
     for command in (["gpuq", "--help"], ["gpuq-worker", "--help"]):
-        run = subprocess.run([sys.executable, str(target / "bin" / command[0]), *command[1:]], cwd=tmp_path,
-                             env=env, capture_output=True, text=True)
+        run = subprocess.run(
+            [sys.executable, str(target / "bin" / command[0]), *command[1:]],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert run.returncode == 0 and "usage:" in run.stdout, run.stdout + run.stderr
-    imported = subprocess.run([sys.executable, "-c", "import pkgutil, importlib, gpuq\n"
-                               "for m in pkgutil.walk_packages(gpuq.__path__, 'gpuq.'): importlib.import_module(m.name)\n"
-                               "print(gpuq.__file__)"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import pkgutil, importlib, gpuq\n"
+            "for m in pkgutil.walk_packages(gpuq.__path__, 'gpuq.'): importlib.import_module(m.name)\n"
+            "print(gpuq.__file__)",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.strip().startswith(str(target))

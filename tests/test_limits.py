@@ -1,5 +1,6 @@
 """Limits through the real worker on fake GPUs: time limit, host RAM, CPU cores, and GPU
 memory above the declaration (warn or kill)."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,8 @@ import os
 import pytest
 from conftest import PY, REPO, wait_until
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 
 
@@ -15,8 +18,10 @@ def test_a_job_past_its_time_limit_is_stopped_after_its_grace_and_recorded_as_ti
     queue.start_worker("a", "1x80GiB")
     # Ignores SIGTERM (and so does its sleep, which inherits that): only SIGKILL ends it.
     queue.drop("slow.yaml", "command: trap '' TERM; echo started; sleep 60\ngpus: 0\ntime_limit: 1s\ngrace: 1s\n")
-    queue.drop("polite.yaml", "command: trap 'echo bye; exit 3' TERM; while true; do sleep 0.1; done\n"
-                              "gpus: 0\ntime_limit: 1s\n")
+    queue.drop(
+        "polite.yaml",
+        "command: trap 'echo bye; exit 3' TERM; while true; do sleep 0.1; done\ngpus: 0\ntime_limit: 1s\n",
+    )
     slow = wait_until(lambda: queue.finished("slow"), timeout=20, what="the time limit to end it")
     assert slow["state"] == "timeout" and slow["signal"] == 9 and slow["time_limit_s"] == 1.0
     assert slow["reason"] == "time limit 1.0s reached"
@@ -51,10 +56,12 @@ def test_cpus_pins_each_job_to_its_own_cores_where_the_host_has_room(queue, tmp_
     barrier = tmp_path / "barrier"  # a directory of its own: only the two jobs write here
     barrier.mkdir()
     # Each job says it started and waits (bounded) for the other: they surely run together.
-    show = (f"{PY} -c \"import os, pathlib, sys, time; print('cores', sorted(os.sched_getaffinity(0)), flush=True); "
-            f"d = pathlib.Path('{barrier}'); (d / sys.argv[1]).touch(); end = time.time() + 60\n"
-            f"while len(list(d.iterdir())) < 2 and time.time() < end: time.sleep(0.05)\n"
-            f"print('met', len(list(d.iterdir())), flush=True)\"")
+    show = (
+        f"{PY} -c \"import os, pathlib, sys, time; print('cores', sorted(os.sched_getaffinity(0)), flush=True); "
+        f"d = pathlib.Path('{barrier}'); (d / sys.argv[1]).touch(); end = time.time() + 60\n"
+        f"while len(list(d.iterdir())) < 2 and time.time() < end: time.sleep(0.05)\n"
+        f"print('met', len(list(d.iterdir())), flush=True)\""
+    )
     for name in ("c1", "c2"):
         queue.drop(f"{name}.yaml", f"command: {json.dumps(show + ' ' + name)}\ngpus: 0\ncpus: 1\n")
     records = [wait_until(lambda n=n: queue.finished(n), timeout=90, what=n) for n in ("c1", "c2")]
@@ -81,22 +88,30 @@ def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue)
     queue.write_config(gpu_mem_overuse_after_s=1)
     queue.start_worker("a", "1x80GiB")
     queue.drop("greedy.yaml", f"command: {FAKE_USE} --mem 20GiB --seconds 15\ngpus: 1\ngpu_mem: 10GiB\n")
-    shown = wait_until(lambda: [r for r in queue.status()["running"] if r["id"] == "greedy" and r["warning"]],
-                       timeout=20, what="status to show the warning")
+    shown = wait_until(
+        lambda: [r for r in queue.status()["running"] if r["id"] == "greedy" and r["warning"]],
+        timeout=20,
+        what="status to show the warning",
+    )
     assert shown[0]["warning"].startswith("uses 20GiB of GPU memory on GPU 0, declared 10GiB")
     assert "! greedy uses 20GiB" in queue.gpuq("status").stdout
     record = wait_until(lambda: queue.finished("greedy"), timeout=60, what="the job to finish")
     assert record["state"] == "done"
-    warnings = [e for e in queue.events() if e["job"] == "greedy" and e["reason"] and
-                e["reason"].startswith("warning: uses 20GiB")]
+    warnings = [
+        e
+        for e in queue.events()
+        if e["job"] == "greedy" and e["reason"] and e["reason"].startswith("warning: uses 20GiB")
+    ]
     assert len(warnings) == 1
 
 
 def test_usage_is_sampled_into_the_record_and_show_suggests_a_right_sized_gpu_mem(queue):
     queue.start_worker("a", "1x80GiB")
-    work = (f"{FAKE_USE} --mem 6GiB --util 40 --seconds 3 && "
-            f"{PY} -c \"b = b'x' * (150 * 2**20); import time; t = time.time()\n"
-            f"while time.time() - t < 2.5: pass\"")
+    work = (
+        f"{FAKE_USE} --mem 6GiB --util 40 --seconds 3 && "
+        f"{PY} -c \"b = b'x' * (150 * 2**20); import time; t = time.time()\n"
+        f'while time.time() - t < 2.5: pass"'
+    )
     for n in (1, 2):
         queue.gpuq("submit", "--name", "train", "--gpu-mem", "10GiB", "--", "sh", "-c", work)
         record = wait_until(lambda n=n: queue.finished(f"train-{n}"), timeout=30, what=f"train-{n}")

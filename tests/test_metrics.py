@@ -1,8 +1,10 @@
 """Prometheus metrics written by the real worker, parsed with prometheus_client's parser."""
+
 from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import PY, REPO, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,6 +19,7 @@ def samples(text: str) -> dict[tuple, float]:
     return out
 
 
+@pytest.mark.slow
 def test_the_worker_writes_parseable_metrics_per_gpu_state_and_user(queue):
     queue.start_worker("a", "2x80GiB")
     queue.drop("busy.yaml", f"command: {FAKE_USE} --mem 5GiB --util 30 --seconds 30\ngpus: 1\ngpu_mem: 8GiB\n")
@@ -29,16 +32,28 @@ def test_the_worker_writes_parseable_metrics_per_gpu_state_and_user(queue):
         if not path.exists():
             return None
         s = samples(path.read_text())
-        ready = s.get(("gpuq_job_gpu_memory_bytes", (("host", "a"), ("job", "busy"), ("user", "root")))) \
-            and s.get(("gpuq_jobs_finished_total", (("host", "a"), ("state", "done"))))
+        ready = s.get(("gpuq_job_gpu_memory_bytes", (("host", "a"), ("job", "busy"), ("user", "root")))) and s.get(
+            ("gpuq_jobs_finished_total", (("host", "a"), ("state", "done")))
+        )
         return s if ready else None
 
     s = wait_until(current, timeout=30, what="metrics with the running job's memory")
     gpu0 = (("gpu", "0"), ("host", "a"))
     assert s[("gpuq_up", (("host", "a"),))] == 1
-    assert s[("gpuq_gpu_memory_total_bytes", (("gpu", "0"), ("host", "a"), ("name", "Fake GPU 80GiB"),
-                                               ("uuid", json.loads((queue.root / "state/workers/a.json").read_text())
-                                                ["gpus"][0]["uuid"])))] == 80 * 2**30
+    assert (
+        s[
+            (
+                "gpuq_gpu_memory_total_bytes",
+                (
+                    ("gpu", "0"),
+                    ("host", "a"),
+                    ("name", "Fake GPU 80GiB"),
+                    ("uuid", json.loads((queue.root / "state/workers/a.json").read_text())["gpus"][0]["uuid"]),
+                ),
+            )
+        ]
+        == 80 * 2**30
+    )
     busy_gpu = [k for k, v in s.items() if k[0] == "gpuq_gpu_jobs" and v == 1]
     assert len(busy_gpu) == 1
     index = dict(busy_gpu[0][1])["gpu"]

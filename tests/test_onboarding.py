@@ -2,6 +2,7 @@
 virtualenv, a fresh copy of the project, then the command as README writes it — and check
 that the demonstration shows its jobs finishing. Also a script: `python
 tests/test_onboarding.py` prints how long each step took."""
+
 from __future__ import annotations
 
 import os
@@ -12,6 +13,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,8 +33,11 @@ def readme_commands() -> list[str]:
 def fresh_copy(dest: Path) -> Path:
     """The project as a newcomer has it after cloning: the working tree, without what an
     install or a run here left behind."""
-    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", ".venv*",
-                                                              ".pytest_cache", "build", "dist"))
+    shutil.copytree(
+        REPO,
+        dest,
+        ignore=shutil.ignore_patterns(".git", "*.egg-info", "__pycache__", ".venv*", ".pytest_cache", "build", "dist"),
+    )
     return dest
 
 
@@ -46,8 +54,9 @@ def run_first_command(workdir: Path) -> tuple[subprocess.CompletedProcess, dict[
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     env["VIRTUAL_ENV"] = str(venv)
     t = time.monotonic()
-    result = subprocess.run(["bash", "-c", readme_commands()[0]], cwd=project, env=env, capture_output=True,
-                            text=True, timeout=900)
+    result = subprocess.run(
+        ["bash", "-c", readme_commands()[0]], cwd=project, env=env, capture_output=True, text=True, timeout=900
+    )
     timings["first command"] = time.monotonic() - t
     return result, timings
 
@@ -68,6 +77,9 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="gpuq-onboarding-") as tmp:
         outcome, took = run_first_command(Path(tmp))
         check(outcome)
-        print(f"README's first command, `{readme_commands()[0]}`, in a fresh virtualenv: "
-              + ", ".join(f"{k} {v:.1f}s" for k, v in took.items()) + f"; total {sum(took.values()):.1f}s")
+        print(
+            f"README's first command, `{readme_commands()[0]}`, in a fresh virtualenv: "
+            + ", ".join(f"{k} {v:.1f}s" for k, v in took.items())
+            + f"; total {sum(took.values()):.1f}s"
+        )
         print(outcome.stdout.strip().splitlines()[-1])

@@ -1,6 +1,7 @@
 """One plan for the team, through real workers on two stand-in boxes: every box plans over
 every live box and acts on its own part, so caps, fair share and preemption hold team-wide,
 and small jobs spread over idle GPUs before they share one."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,10 @@ import pytest
 from conftest import ends_during_stream, wait_until
 from team import ALICE, BOB, needs_root
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 # Takes its whole grace to go: long enough for every box to see the job it yields for.
-SLOW_TO_YIELD = ("trap '' TERM; if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi")
+SLOW_TO_YIELD = "trap '' TERM; if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi"
 # Runs until told to yield the first time; once run again, ends at once.
 YIELDING = "trap 'exit 0' TERM; if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi"
 
@@ -53,12 +56,16 @@ def test_one_pending_job_preempts_one_opportunistic_job_team_wide(queue):
     queue.start_worker("b", "1x80GiB")
     for name in ("lo-1", "lo-2"):
         queue.drop(f"{name}.yaml", f"command: {SLOW_TO_YIELD!r}\ngpus: 1\ngpu_mem: 50GiB\npriority: low\ngrace: 2s\n")
-    wait_until(lambda: {r["host"] for r in queue.status()["running"]} == {"a", "b"}, timeout=30,
-               what="a low job on each box")
+    wait_until(
+        lambda: {r["host"] for r in queue.status()["running"]} == {"a", "b"}, timeout=30, what="a low job on each box"
+    )
     queue.drop("real.yaml", "command: echo real\ngpus: 1\n")
     assert wait_until(lambda: queue.finished("real"), timeout=30, what="the real job")["state"] == "done"
-    again = wait_until(lambda: [r for n in ("lo-1", "lo-2") if (r := queue.finished(n))], timeout=30,
-                       what="the preempted low job to run again and finish")
+    again = wait_until(
+        lambda: [r for n in ("lo-1", "lo-2") if (r := queue.finished(n))],
+        timeout=30,
+        what="the preempted low job to run again and finish",
+    )
     assert [r["attempt"] for r in again] == [2]
     preempting = [e for e in queue.events() if (e.get("reason") or "").startswith("preempting: job real")]
     assert len(preempting) == 1, preempting  # each box used to preempt its own for the same job
@@ -110,9 +117,16 @@ def test_a_garbage_heartbeat_is_skipped_by_every_worker_and_by_status(queue):
     workers = queue.root / "state" / "workers"
     workers.mkdir(parents=True)
     (workers / "ghost.json").write_text('{"host": "ghost", "observed": [1]}')
-    (workers / "ghost2.json").write_text(json.dumps({
-        "host": "ghost2", "t": time.time() + 3600, "stopping": 5,
-        "gpus": [{"index": 0, "uuid": "u", "name": "n", "mem_total_mib": "16384", "mem_used_mib": 0}]}))
+    (workers / "ghost2.json").write_text(
+        json.dumps(
+            {
+                "host": "ghost2",
+                "t": time.time() + 3600,
+                "stopping": 5,
+                "gpus": [{"index": 0, "uuid": "u", "name": "n", "mem_total_mib": "16384", "mem_used_mib": 0}],
+            }
+        )
+    )
     queue.start_worker("a", "1x16GiB")
     queue.drop("g1.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 2GiB\n")
     assert wait_until(lambda: queue.finished("g1"), timeout=30, what="g1 despite the garbage")["state"] == "done"
@@ -122,7 +136,7 @@ def test_a_garbage_heartbeat_is_skipped_by_every_worker_and_by_status(queue):
 
 
 def test_a_box_whose_worker_stopped_takes_no_new_work_at_once(queue):
-    queue.start_worker("a", "1x24GiB")   # the tighter fit for the job below
+    queue.start_worker("a", "1x24GiB")  # the tighter fit for the job below
     queue.start_worker("b", "1x80GiB")
     queue.stop_worker("a")  # a clean stop says so in its heartbeat
     assert [h["alive"] for h in queue.status()["hosts"] if h["host"] == "a"] == [False]
@@ -153,8 +167,9 @@ def test_a_wide_job_is_not_starved_across_boxes_by_small_jobs_and_low_ones(queue
     for name in ("lo-1", "lo-2"):
         queue.drop(f"{name}.yaml", f"command: {YIELDING!r}\ngpus: 1\ngpu_mem: 20GiB\npriority: low\ngrace: 2s\n")
     wait_until(lambda: len(queue.status()["running"]) == 2, timeout=30, what="the low jobs to run")
-    wide_done_during_stream = ends_during_stream(queue, _small, 0.5, "wide", "command: echo wide\ngpus: 2\n",
-                                                 within_s=25)
+    wide_done_during_stream = ends_during_stream(
+        queue, _small, 0.5, "wide", "command: echo wide\ngpus: 2\n", within_s=25
+    )
     assert wide_done_during_stream is reservations
     if reservations:
         assert queue.finished("wide")["state"] == "done"

@@ -1,4 +1,5 @@
 """The pure planner, fed plain data: memory accounting, best fit, order, reasons."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,26 +16,51 @@ GIB = 1024
 
 
 def gpu(index: int, total_gib: int = 80, used_gib: float = 0, procs=()) -> GpuSnapshot:
-    return GpuSnapshot(index, f"GPU-{index}", "Test", total_gib * GIB, int(used_gib * GIB),
-                       processes=tuple(GpuProcess(p, int(m * GIB)) for p, m in procs))
+    return GpuSnapshot(
+        index,
+        f"GPU-{index}",
+        "Test",
+        total_gib * GIB,
+        int(used_gib * GIB),
+        processes=tuple(GpuProcess(p, int(m * GIB)) for p, m in procs),
+    )
 
 
 def host(name: str, *gpus: GpuSnapshot, cpu: int = 1) -> HostView:
     return HostView(name, tuple(gpus), cpu)
 
 
-def job(job_id: str, gpus: int = 1, mem_gib: float | None = 10, priority: str | int = "normal",
-        age: float = 0.0, hosts: tuple[str, ...] = ()) -> PendingJob:
+def job(
+    job_id: str,
+    gpus: int = 1,
+    mem_gib: float | None = 10,
+    priority: str | int = "normal",
+    age: float = 0.0,
+    hosts: tuple[str, ...] = (),
+) -> PendingJob:
     cls, prio = (priority, 0) if isinstance(priority, str) else ("normal", priority)
-    spec = JobSpec(command="x", gpus=gpus, gpu_mem_mib=None if mem_gib is None else int(mem_gib * GIB),
-                   priority_class=cls, priority=prio, hosts=hosts)
+    spec = JobSpec(
+        command="x",
+        gpus=gpus,
+        gpu_mem_mib=None if mem_gib is None else int(mem_gib * GIB),
+        priority_class=cls,
+        priority=prio,
+        hosts=hosts,
+    )
     return PendingJob(job_id, "u", spec, age)
 
 
-def running(job_id: str, host_name: str, gpus: tuple[int, ...], mem_gib: float | None,
-            observed: dict[int, float] | None = None) -> RunningJob:
-    return RunningJob(job_id, "u", host_name, gpus, None if mem_gib is None else int(mem_gib * GIB),
-                      {i: int(m * GIB) for i, m in (observed or {}).items()})
+def running(
+    job_id: str, host_name: str, gpus: tuple[int, ...], mem_gib: float | None, observed: dict[int, float] | None = None
+) -> RunningJob:
+    return RunningJob(
+        job_id,
+        "u",
+        host_name,
+        gpus,
+        None if mem_gib is None else int(mem_gib * GIB),
+        {i: int(m * GIB) for i, m in (observed or {}).items()},
+    )
 
 
 def starts(result) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -80,8 +106,9 @@ def test_multi_gpu_jobs_take_gpus_on_one_host():
 
 def test_whole_gpu_jobs_are_exclusive():
     hosts = [host("h", gpu(0), gpu(1))]
-    result = plan([job("w0", mem_gib=None, age=0), job("w1", mem_gib=None, age=1),
-                   job("s", mem_gib=1, age=2)], hosts, [], CFG, 0)
+    result = plan(
+        [job("w0", mem_gib=None, age=0), job("w1", mem_gib=None, age=1), job("s", mem_gib=1, age=2)], hosts, [], CFG, 0
+    )
     assert set(starts(result)) == {"w0", "w1"}
     assert "largest usable is 0MiB" in result.reasons["s"]
     busy = [running("x", "h", (0,), 1)]
@@ -98,27 +125,40 @@ def test_a_leftover_process_keeps_the_gpu_occupied():
 
 
 def test_queue_order_class_then_priority_then_age():
-    jobs = [job("old-low", priority="low", age=1), job("new-high", priority="high", age=9),
-            job("normal-7", priority=7, age=5), job("normal-old", age=2), job("normal-new", age=3)]
+    jobs = [
+        job("old-low", priority="low", age=1),
+        job("new-high", priority="high", age=9),
+        job("normal-7", priority=7, age=5),
+        job("normal-old", age=2),
+        job("normal-new", age=3),
+    ]
     result = plan(jobs, [], [], CFG, 0)
     assert result.order == ["new-high", "normal-7", "normal-old", "normal-new", "old-low"]
-    behind = {"new-high": "", "normal-7": "; behind 1 higher-priority job", "normal-old": "; behind 2 higher-priority jobs",
-              "normal-new": "; behind 2 higher-priority jobs", "old-low": "; behind 4 higher-priority jobs"}
+    behind = {
+        "new-high": "",
+        "normal-7": "; behind 1 higher-priority job",
+        "normal-old": "; behind 2 higher-priority jobs",
+        "normal-new": "; behind 2 higher-priority jobs",
+        "old-low": "; behind 4 higher-priority jobs",
+    }
     assert result.reasons == {i: "no worker is running" + b for i, b in behind.items()}
 
 
 def test_big_head_does_not_block_smaller_jobs_that_fit():
-    result = plan([job("huge", mem_gib=90, age=0), job("small", mem_gib=10, age=1)],
-                  [host("h", gpu(0))], [], CFG, 0)
+    result = plan([job("huge", mem_gib=90, age=0), job("small", mem_gib=10, age=1)], [host("h", gpu(0))], [], CFG, 0)
     assert list(starts(result)) == ["small"]
     assert result.reasons["huge"] == "needs 90GiB on one GPU; the largest GPU holds 80GiB usable (h:0)"
 
 
 def test_max_jobs_per_gpu_and_cpu_slots():
     cfg = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=2, cpu_slots=1)
-    result = plan([job(f"j{i}", mem_gib=1, age=i) for i in range(3)] +
-                  [job("c1", gpus=0, age=10), job("c2", gpus=0, age=11)],
-                  [host("h", gpu(0))], [], cfg, 0)
+    result = plan(
+        [job(f"j{i}", mem_gib=1, age=i) for i in range(3)] + [job("c1", gpus=0, age=10), job("c2", gpus=0, age=11)],
+        [host("h", gpu(0))],
+        [],
+        cfg,
+        0,
+    )
     assert set(starts(result)) == {"j0", "j1", "c1"}
     assert result.reasons["j2"] == "every GPU has max_jobs_per_gpu=2 jobs"
     assert result.reasons["c2"] == "all CPU-only slots are busy"

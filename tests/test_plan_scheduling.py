@@ -1,5 +1,6 @@
 """The planner's scheduling rules, fed plain data: fair share and ageing, the per-user cap,
 reservations, opportunistic jobs (idle GPUs, windows) and preemption."""
+
 from __future__ import annotations
 
 import time
@@ -17,19 +18,46 @@ from gpuq.sched.plan import plan
 CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, idle_after_s=60, reservations=True)
 
 
-def job(job_id: str, user: str = "u", gpus: int = 1, mem_gib: float | None = 10, priority: str = "normal",
-        queued_at: float = 0.0, preemptible: bool | None = None) -> PendingJob:
-    spec = JobSpec(command="x", gpus=gpus, gpu_mem_mib=None if mem_gib is None else int(mem_gib * GIB),
-                   priority_class=priority,
-                   preemptible=priority == "low" if preemptible is None else preemptible)
+def job(
+    job_id: str,
+    user: str = "u",
+    gpus: int = 1,
+    mem_gib: float | None = 10,
+    priority: str = "normal",
+    queued_at: float = 0.0,
+    preemptible: bool | None = None,
+) -> PendingJob:
+    spec = JobSpec(
+        command="x",
+        gpus=gpus,
+        gpu_mem_mib=None if mem_gib is None else int(mem_gib * GIB),
+        priority_class=priority,
+        preemptible=priority == "low" if preemptible is None else preemptible,
+    )
     return PendingJob(job_id, user, spec, queued_at)
 
 
-def run(job_id: str, host_name: str = "h", gpus: tuple[int, ...] = (0,), mem_gib: float | None = 10,
-        user: str = "u", low: bool = False, started_at: float = 0.0, stopping: bool = False) -> RunningJob:
-    return RunningJob(job_id, user, host_name, gpus, None if mem_gib is None else int(mem_gib * GIB),
-                      preemptible=low, priority_class="low" if low else "normal", started_at=started_at,
-                      stopping=stopping)
+def run(
+    job_id: str,
+    host_name: str = "h",
+    gpus: tuple[int, ...] = (0,),
+    mem_gib: float | None = 10,
+    user: str = "u",
+    low: bool = False,
+    started_at: float = 0.0,
+    stopping: bool = False,
+) -> RunningJob:
+    return RunningJob(
+        job_id,
+        user,
+        host_name,
+        gpus,
+        None if mem_gib is None else int(mem_gib * GIB),
+        preemptible=low,
+        priority_class="low" if low else "normal",
+        started_at=started_at,
+        stopping=stopping,
+    )
 
 
 def starts(result) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -47,8 +75,11 @@ def test_fair_share_puts_the_user_holding_fewer_gpus_first():
 def test_waiting_ages_a_job_past_lighter_users_jobs_that_came_an_age_step_later():
     busy = [run("ana-1", mem_gib=None, user="ana")]  # ana holds one whole GPU: one age step behind
     step = CFG.age_step_s
-    pending = [job("ana-2", user="ana", queued_at=0), job("bo-1", user="bo", queued_at=0.5 * step),
-               job("cy-1", user="cy", queued_at=1.5 * step)]
+    pending = [
+        job("ana-2", user="ana", queued_at=0),
+        job("bo-1", user="bo", queued_at=0.5 * step),
+        job("cy-1", user="cy", queued_at=1.5 * step),
+    ]
     assert plan(pending, [], busy, CFG, now=2 * step).order == ["bo-1", "ana-2", "cy-1"]
 
 
@@ -86,8 +117,10 @@ def test_a_reservation_stays_on_its_box_while_young_jobs_start_on_the_other():
     a would hand b's free GPU to the next small job, and the next move would do it again:
     with a stream of small jobs the pair job never starts."""
     t = CFG.reserve_after_s
-    busy = [run("older", "b", gpus=(0,), mem_gib=40, started_at=t + 10),
-            run("younger", "a", gpus=(1,), mem_gib=40, started_at=t + 40)]
+    busy = [
+        run("older", "b", gpus=(0,), mem_gib=40, started_at=t + 10),
+        run("younger", "a", gpus=(1,), mem_gib=40, started_at=t + 40),
+    ]
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=0), job("small", mem_gib=10, queued_at=t)]
     hosts = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1))]
     result = plan(pending, hosts, busy, CFG, now=t + 50)
@@ -112,9 +145,11 @@ def test_a_reservation_goes_where_fewer_gpus_are_still_to_free(a_started, b_star
     """b has one GPU to free, a two, whichever box's jobs are older (the newest wins on the
     first row, the oldest on the second: the count decides both)."""
     t = CFG.reserve_after_s
-    busy = [run("a0", "a", gpus=(0,), mem_gib=40, started_at=t + a_started),
-            run("a1", "a", gpus=(1,), mem_gib=40, started_at=t + 40),
-            run("b0", "b", gpus=(0,), mem_gib=40, started_at=t + b_started)]
+    busy = [
+        run("a0", "a", gpus=(0,), mem_gib=40, started_at=t + a_started),
+        run("a1", "a", gpus=(1,), mem_gib=40, started_at=t + 40),
+        run("b0", "b", gpus=(0,), mem_gib=40, started_at=t + b_started),
+    ]
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=0)]
     result = plan(pending, [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1))], busy, CFG, now=t + 50)
     assert result.held == {"pair": ("b", (1, 0))}
@@ -149,8 +184,11 @@ def test_no_reservation_behind_a_job_that_was_running_before_the_head_came():
 
 def test_a_reserved_gpu_still_takes_opportunistic_work_but_never_beside_ordinary_work():
     busy = [run("s1", gpus=(0,), mem_gib=40, started_at=100)]
-    pending = [job("pair", gpus=2, mem_gib=None), job("filler", mem_gib=10, priority="low", queued_at=5),
-               job("small", mem_gib=10, queued_at=6)]
+    pending = [
+        job("pair", gpus=2, mem_gib=None),
+        job("filler", mem_gib=10, priority="low", queued_at=5),
+        job("small", mem_gib=10, queued_at=6),
+    ]
     result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=CFG.reserve_after_s + 50)
     assert {j: (h, sorted(g)) for j, (h, g) in result.held.items()} == {"pair": ("h", [0, 1])}
     assert starts(result) == {"filler": ("h", (1,))}  # the empty reserved GPU, not beside s1
@@ -194,17 +232,25 @@ def test_windows_gate_opportunistic_starts_and_their_end_preempts():
 
 
 def test_ordinary_work_lands_as_if_no_opportunistic_job_ran_and_exactly_those_there_yield():
-    busy = [run("lo-old", gpus=(0,), mem_gib=30, low=True, started_at=0),
-            run("lo-new", gpus=(0,), mem_gib=30, low=True, started_at=50),
-            run("lo-big", gpus=(1,), mem_gib=70, low=True, started_at=10)]
-    pending = [job("n", mem_gib=40, queued_at=60), job("later", mem_gib=5, queued_at=70),
-               job("lo-wait", mem_gib=15, priority="low", queued_at=1)]
+    busy = [
+        run("lo-old", gpus=(0,), mem_gib=30, low=True, started_at=0),
+        run("lo-new", gpus=(0,), mem_gib=30, low=True, started_at=50),
+        run("lo-big", gpus=(1,), mem_gib=70, low=True, started_at=10),
+    ]
+    pending = [
+        job("n", mem_gib=40, queued_at=60),
+        job("later", mem_gib=5, queued_at=70),
+        job("lo-wait", mem_gib=15, priority="low", queued_at=1),
+    ]
     hosts = [host("h", gpu(0), gpu(1))]
     result = plan(pending, hosts, busy, CFG, now=100)
     # Without the low jobs both GPUs are empty: n and later each get one (spread), and the low
     # jobs on them yield; their GPUs are held so that nothing slips in meanwhile.
-    assert result.preempts == {"lo-big": "job n needs its GPU memory", "lo-old": "job later needs its GPU memory",
-                               "lo-new": "job later needs its GPU memory"}
+    assert result.preempts == {
+        "lo-big": "job n needs its GPU memory",
+        "lo-old": "job later needs its GPU memory",
+        "lo-new": "job later needs its GPU memory",
+    }
     assert result.held == {"n": ("h", (1,)), "later": ("h", (0,))} and result.starts == []
     assert result.reasons["lo-wait"] == "opportunistic: every idle GPU has ordinary work on it or held for it"
     # The next pass, while they drain: still held, nothing preempted twice, nothing slips in.
@@ -216,9 +262,13 @@ def test_ordinary_work_lands_as_if_no_opportunistic_job_ran_and_exactly_those_th
 
 
 def test_when_the_cluster_is_full_ordinary_work_packs_and_the_fewest_opportunistic_jobs_yield():
-    busy = [run("a", gpus=(0,), mem_gib=20), run("b", gpus=(1,), mem_gib=20),
-            run("lo-a", gpus=(0,), mem_gib=50, low=True), run("lo-b1", gpus=(1,), mem_gib=30, low=True),
-            run("lo-b2", gpus=(1,), mem_gib=20, low=True)]
+    busy = [
+        run("a", gpus=(0,), mem_gib=20),
+        run("b", gpus=(1,), mem_gib=20),
+        run("lo-a", gpus=(0,), mem_gib=50, low=True),
+        run("lo-b1", gpus=(1,), mem_gib=30, low=True),
+        run("lo-b2", gpus=(1,), mem_gib=20, low=True),
+    ]
     result = plan([job("n", mem_gib=40)], [host("h", gpu(0), gpu(1))], busy, CFG, now=100)
     assert result.preempts == {"lo-a": "job n needs its GPU memory"} and result.held == {"n": ("h", (0,))}
 
@@ -234,6 +284,7 @@ def test_opportunistic_jobs_never_preempt_each_other_and_preemption_can_be_off()
 
 # --- bookings ----------------------------------------------------------------------------------
 
+
 def test_a_booked_gpu_takes_only_its_owners_jobs_and_opportunistic_ones():
     from gpuq.model.booking import Booking
 
@@ -245,8 +296,9 @@ def test_a_booked_gpu_takes_only_its_owners_jobs_and_opportunistic_ones():
     assert starts(plan([job("ana-1", user="ana")], hosts, [], CFG, now=150, bookings=[b])) == {"ana-1": ("h", (0,))}
     assert starts(plan([job("bo-1", user="bo")], hosts, [], CFG, now=250, bookings=[b])) == {"bo-1": ("h", (0,))}
     idle = [HostView("h", (gpu(0),), 1, {0: 0.0})]  # idle long enough for opportunistic work
-    assert starts(plan([job("bo-low", user="bo", priority="low")], idle, [], CFG, now=150, bookings=[b])) == \
-        {"bo-low": ("h", (0,))}
+    assert starts(plan([job("bo-low", user="bo", priority="low")], idle, [], CFG, now=150, bookings=[b])) == {
+        "bo-low": ("h", (0,))
+    }
 
 
 def test_a_booking_owners_jobs_go_to_the_gpus_they_booked_first():
@@ -269,8 +321,11 @@ def test_opportunistic_jobs_there_before_a_booking_yield_when_it_begins():
     from gpuq.model.booking import Booking
 
     b = Booking("bk-1", "h", (0,), start=100, end=200, owner="ana")
-    running = [run("early", user="bo", low=True, started_at=50), run("late", user="bo", low=True, started_at=120),
-               run("anas", user="ana", low=True, started_at=50)]
+    running = [
+        run("early", user="bo", low=True, started_at=50),
+        run("late", user="bo", low=True, started_at=120),
+        run("anas", user="ana", low=True, started_at=50),
+    ]
     result = plan([], [host("h", gpu(0))], running, CFG, now=150, bookings=[b])
     assert set(result.preempts) == {"early"} and result.preempts["early"].startswith("GPU h:0 booked for ana from ")
     assert plan([], [host("h", gpu(0))], running, CFG, now=90, bookings=[b]).preempts == {}

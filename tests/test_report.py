@@ -1,6 +1,7 @@
 """`gpuq report`: the figures against a hand computation on a small event and samples log,
 then through the real worker and CLI (JSON, text, --by, --html, and the error without
 matplotlib)."""
+
 from __future__ import annotations
 
 import json
@@ -22,16 +23,24 @@ def ev(t, job, frm, to, **kw) -> dict:
 EVENTS = [
     # a (alice): queued 105, recorded running at 110, ran 112..410 on h1 GPUs 0,1, done.
     ev(110, "a", "pending", "running", user="alice", queued_at=105, host="h1", gpus=[0, 1], started_at=None),
-    ev(410, "a", "running", "done", user="alice", queued_at=105, host="h1", gpus=[0, 1],
-       started_at=112, ended_at=410),
+    ev(410, "a", "running", "done", user="alice", queued_at=105, host="h1", gpus=[0, 1], started_at=112, ended_at=410),
     # b (bob): queued 100, ran 205..300 on h1:2, preempted, back in the queue until 350,
     # ran 352..499, failed.
     ev(200, "b", "pending", "running", user="bob", queued_at=100, host="h1", gpus=[2]),
-    ev(300, "b", "running", "pending", user="bob", queued_at=100, host="h1", gpus=[2], started_at=205,
-       reason="preempted: for job x"),
+    ev(
+        300,
+        "b",
+        "running",
+        "pending",
+        user="bob",
+        queued_at=100,
+        host="h1",
+        gpus=[2],
+        started_at=205,
+        reason="preempted: for job x",
+    ),
     ev(350, "b", "pending", "running", user="bob", queued_at=100, host="h1", gpus=[2], attempt=2),
-    ev(500, "b", "running", "failed", user="bob", queued_at=100, host="h1", gpus=[2], started_at=352,
-       ended_at=499),
+    ev(500, "b", "running", "failed", user="bob", queued_at=100, host="h1", gpus=[2], started_at=352, ended_at=499),
     # c (alice): queued 50, cancelled while pending at 150.
     ev(150, "c", "pending", "cancelled", user="alice", queued_at=50, by="h2"),
     # g (bob): queued 500, held 510..530, still waiting at the end.
@@ -42,16 +51,37 @@ EVENTS = [
     ev(-40, "e", "running", "running", reason="warning: over its gpu_mem", by="h2"),
     # f (alice): queued 400, ran 421..590 on h2:0, past its time limit.
     ev(420, "f", "pending", "running", user="alice", queued_at=400, host="h2", gpus=[0], by="h2"),
-    ev(590, "f", "running", "timeout", user="alice", queued_at=400, host="h2", gpus=[0], started_at=421,
-       ended_at=590, by="h2"),
+    ev(
+        590,
+        "f",
+        "running",
+        "timeout",
+        user="alice",
+        queued_at=400,
+        host="h2",
+        gpus=[0],
+        started_at=421,
+        ended_at=590,
+        by="h2",
+    ),
 ]
 SAMPLES = [
-    {"t": -10, "s": 60, "host": "h1", "gpus": [{"i": 0, "util": 99, "held_s": 60, "idle_held_s": 60,
-                                                "jobs": ["x"]}]},  # before the window
+    {
+        "t": -10,
+        "s": 60,
+        "host": "h1",
+        "gpus": [{"i": 0, "util": 99, "held_s": 60, "idle_held_s": 60, "jobs": ["x"]}],
+    },  # before the window
     {"t": 60, "s": 60, "host": "h1", "gpus": [{"i": 0, "util": 50, "held_s": 0, "idle_held_s": 0, "jobs": []}]},
-    {"t": 180, "s": 60, "host": "h1", "gpus": [
-        {"i": 0, "util": 0, "held_s": 60, "idle_held_s": 60, "jobs": ["a"]},
-        {"i": 2, "util": 2, "held_s": 60, "idle_held_s": 60, "jobs": ["a", "b"]}]},
+    {
+        "t": 180,
+        "s": 60,
+        "host": "h1",
+        "gpus": [
+            {"i": 0, "util": 0, "held_s": 60, "idle_held_s": 60, "jobs": ["a"]},
+            {"i": 2, "util": 2, "held_s": 60, "idle_held_s": 60, "jobs": ["a", "b"]},
+        ],
+    },
 ]
 PENDING = [Pending("d", "carol", 550), Pending("g", "bob", 500)]
 
@@ -76,9 +106,12 @@ def test_figures_match_a_hand_computation():
     assert (q_mean[0], q_max[0], q_mean[35], q_max[45]) == (0, 0, 0, 0)
     # g waits 500..510, is held until 530, then waits again; d joins at 550
     assert (q_mean[50], q_mean[51], q_mean[52], q_mean[53], q_mean[55]) == (1, 0, 0, 1, 2)
-    assert r["gpus"]["h1:0"] == {"held_hours": round(60 / 3600, 4), "idle_held_hours": round(60 / 3600, 4),
-                                 "mean_util_pct": 25.0,
-                                 "util_pct": [None] * 3 + [50.0] + [None] * 11 + [0.0] + [None] * 44}
+    assert r["gpus"]["h1:0"] == {
+        "held_hours": round(60 / 3600, 4),
+        "idle_held_hours": round(60 / 3600, 4),
+        "mean_util_pct": 25.0,
+        "util_pct": [None] * 3 + [50.0] + [None] * 11 + [0.0] + [None] * 44,
+    }
     assert r["gpus"]["h1:2"]["mean_util_pct"] == 2.0
     assert r["pending_now"] == 2 and r["longest_pending_s"] == 100
 
@@ -94,8 +127,13 @@ def test_by_user_host_and_gpu_split_the_same_total():
     assert by_user["alice"]["wait_s"]["max"] == 20 and by_user["bob"]["wait_s"]["p50"] == 100
     assert by_user["alice"]["ended"]["cancelled"] == 1 and by_user["bob"]["preemptions"] == 1
     by_gpu = build(EVENTS, SAMPLES, PENDING, 0, 600, by="gpu").to_json()["groups"]
-    assert {k: round(v["gpu_hours"] * 3600) for k, v in by_gpu.items() if v["gpu_hours"]} == \
-        {"h1:0": 298, "h1:1": 298, "h1:2": 242, "h2:0": 169, "h2:3": 600}
+    assert {k: round(v["gpu_hours"] * 3600) for k, v in by_gpu.items() if v["gpu_hours"]} == {
+        "h1:0": 298,
+        "h1:1": 298,
+        "h1:2": 242,
+        "h2:0": 169,
+        "h2:3": 600,
+    }
     by_host = build(EVENTS, SAMPLES, PENDING, 0, 600, by="host").to_json()["groups"]
     assert by_host["h1"]["ended"]["failed"] == 1 and by_host["h2"]["ended"]["timeout"] == 1
 
@@ -124,14 +162,24 @@ def test_sample_log_weights_each_reading_by_its_time_and_caps_gaps(tmp_path):
     log = SampleLog(layout, "h", every_s=6, idle_util_pct=5, max_gap_s=3)
     job = Record(id="j", state=State.RUNNING, spec={}, gpus=[0])
     gpu = lambda util, used: [GpuSnapshot(0, "GPU-0", "fake", 1000, used, util)]  # noqa: E731
-    log.observe(gpu(90, 100), [], now=1000)     # the first reading covers nothing
-    log.observe(gpu(90, 100), [], now=1002)     # 2 s at 90%, no job
-    log.observe(gpu(0, 500), [job], now=1003)   # 1 s held at 0%: held idle
+    log.observe(gpu(90, 100), [], now=1000)  # the first reading covers nothing
+    log.observe(gpu(90, 100), [], now=1002)  # 2 s at 90%, no job
+    log.observe(gpu(0, 500), [job], now=1003)  # 1 s held at 0%: held idle
     log.observe(gpu(60, 500), [job], now=1013)  # a 10 s gap counts as 3 s (max_gap_s), at 60%
     [line] = list(read_samples(layout, since=0))
     assert (line["t"], line["s"], line["host"]) == (1013, 6, "h")
-    assert line["gpus"] == [{"i": 0, "util": round((90 * 2 + 0 * 1 + 60 * 3) / 6, 2), "mem": round((100 * 2 + 500 * 4) / 6),
-                             "total": 1000, "held_s": 4, "idle_held_s": 1, "jobs": ["j"], "idle_by_job": {"j": 1}}]
+    assert line["gpus"] == [
+        {
+            "i": 0,
+            "util": round((90 * 2 + 0 * 1 + 60 * 3) / 6, 2),
+            "mem": round((100 * 2 + 500 * 4) / 6),
+            "total": 1000,
+            "held_s": 4,
+            "idle_held_s": 1,
+            "jobs": ["j"],
+            "idle_by_job": {"j": 1},
+        }
+    ]
     assert list(read_samples(layout, since=1013)) == []
 
 
@@ -151,39 +199,49 @@ def test_a_job_is_charged_from_its_claim_and_only_its_own_idle_time(tmp_path):
     long = Record(id="long", state=State.RUNNING, spec={}, gpus=[0], claimed_at=990.0)
     short = Record(id="short", state=State.RUNNING, spec={}, gpus=[0], claimed_at=1009.0)
     log.observe(idle, [], now=1000)
-    log.observe(idle, [long], now=1008)            # long: 8 s alone
-    log.observe(idle, [long, short], now=1010)     # 1 s long alone, 1 s shared: short 0.5 s
-    log.observe(idle, [long], now=1018)            # short is gone: long 8 s alone
+    log.observe(idle, [long], now=1008)  # long: 8 s alone
+    log.observe(idle, [long, short], now=1010)  # 1 s long alone, 1 s shared: short 0.5 s
+    log.observe(idle, [long], now=1018)  # short is gone: long 8 s alone
     log.flush(1018)
     [line] = list(read_samples(layout, since=0))
     [gpu] = line["gpus"]
     assert (gpu["held_s"], gpu["idle_held_s"]) == (18, 18)
     assert gpu["idle_by_job"] == {"long": 17.5, "short": 0.5}
     late = Record(id="late", state=State.RUNNING, spec={}, gpus=[0], claimed_at=1019.5)
-    log.observe(idle, [late], now=1020)            # claimed 0.5 s before the reading: 0.5 s, not 2
+    log.observe(idle, [late], now=1020)  # claimed 0.5 s before the reading: 0.5 s, not 2
     log.flush(1020)
     assert list(read_samples(layout, since=1018))[0]["gpus"][0]["idle_by_job"] == {"late": 0.5}
     # --by user takes each job's own part; a line without it (older workers) splits evenly
-    events = [ev(1000, job, "pending", "running", user=user, queued_at=999, host="h", gpus=[0], by="h")
-              for job, user in (("long", "ana"), ("short", "ben"))]
+    events = [
+        ev(1000, job, "pending", "running", user=user, queued_at=999, host="h", gpus=[0], by="h")
+        for job, user in (("long", "ana"), ("short", "ben"))
+    ]
     by_user = build(events, [line], [], 1000, 1100, by="user").to_json()["groups"]
     assert by_user["ben"]["idle_held_gpu_hours"] == round(0.5 / 3600, 4)
     assert by_user["ana"]["idle_held_gpu_hours"] == round(17.5 / 3600, 4)
     old = {**line, "gpus": [{k: v for k, v in gpu.items() if k != "idle_by_job"}]}
-    assert build(events, [old], [], 1000, 1100, by="user").to_json()["groups"]["ben"]["idle_held_gpu_hours"] \
-        == round(9 / 3600, 4)
+    assert build(events, [old], [], 1000, 1100, by="user").to_json()["groups"]["ben"]["idle_held_gpu_hours"] == round(
+        9 / 3600, 4
+    )
 
 
 def test_sample_lines_with_garbage_figures_are_not_counted_and_never_crash_the_report():
     """Samples are the workers' own, but a torn or foreign line must not crash a report,
     reach --json as NaN, or make the users add up to more than the total."""
-    events = [ev(10, job, "pending", "running", user=user, queued_at=5, host="h", gpus=[0], by="h")
-              for job, user in (("a", "ana"), ("b", "ben"))]
+    events = [
+        ev(10, job, "pending", "running", user=user, queued_at=5, host="h", gpus=[0], by="h")
+        for job, user in (("a", "ana"), ("b", "ben"))
+    ]
     line = lambda gpu: {"t": 60, "s": 60, "host": "h", "gpus": [gpu]}  # noqa: E731
-    garbage = [line({"i": 0, "held_s": 60, "idle_held_s": 60, "jobs": ["a", "b"], "idle_by_job": {"a": bad, "b": 1}})
-               for bad in (float("nan"), float("inf"), -1e6, 1e300, "lots", [1])]
-    garbage += [line({"i": 0, "held_s": "x", "idle_held_s": "60", "util": "hot", "jobs": "a"}),
-                {"t": 60, "s": 60, "host": "h", "gpus": ["not a gpu", None]}, {"t": 60, "s": 60, "gpus": 7}]
+    garbage = [
+        line({"i": 0, "held_s": 60, "idle_held_s": 60, "jobs": ["a", "b"], "idle_by_job": {"a": bad, "b": 1}})
+        for bad in (float("nan"), float("inf"), -1e6, 1e300, "lots", [1])
+    ]
+    garbage += [
+        line({"i": 0, "held_s": "x", "idle_held_s": "60", "util": "hot", "jobs": "a"}),
+        {"t": 60, "s": 60, "host": "h", "gpus": ["not a gpu", None]},
+        {"t": 60, "s": 60, "gpus": 7},
+    ]
     for bad in garbage:
         r = build(events, [bad], [], 0, 120, by="user").to_json()
         json.dumps(r, allow_nan=False)  # raises on NaN or infinity
@@ -196,6 +254,8 @@ def test_sample_lines_with_garbage_figures_are_not_counted_and_never_crash_the_r
 
 # --- through the real worker and CLI ------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_report_through_the_worker(queue, tmp_path):
     queue.write_config(sample_every_s=1)
     queue.start_worker("a", "2x80GiB")
@@ -205,11 +265,17 @@ def test_report_through_the_worker(queue, tmp_path):
     queue.drop("broken.yaml", "command: exit 3\ngpus: 0\n")
     queue.drop("typo.yaml", "command: 'true'\ngpus: two\n")  # rejected: still its owner's, not "?"
     for job in ("busy", "holder", "broken"):
-        wait_until(lambda: queue.finished(job), timeout=30, what=job)
+        wait_until(lambda job=job: queue.finished(job), timeout=30, what=job)
     wait_until(lambda: (queue.root / "state" / "rejected" / "typo.error").exists(), what="typo to be rejected")
     # a sample line covering the holder's last seconds is written within sample_every_s
-    wait_until(lambda: json.loads(queue.gpuq("report", "--since", "1h", "--json").stdout)["total"]
-               ["idle_held_gpu_hours"] * 3600 >= 2, timeout=10, what="the holder's idle time in the samples")
+    wait_until(
+        lambda: (
+            json.loads(queue.gpuq("report", "--since", "1h", "--json").stdout)["total"]["idle_held_gpu_hours"] * 3600
+            >= 2
+        ),
+        timeout=10,
+        what="the holder's idle time in the samples",
+    )
     r = json.loads(queue.gpuq("report", "--since", "1h", "--json", "--by", "user").stdout)
     used_s = sum(queue.finished(j)["ended_at"] - queue.finished(j)["started_at"] for j in ("busy", "holder"))
     assert abs(r["total"]["gpu_hours"] * 3600 - used_s) <= 0.18  # rounded to 1e-4 h
@@ -243,12 +309,14 @@ def test_report_through_the_worker(queue, tmp_path):
     assert json.loads(queue.gpuq("report", "--json", "--since", "7d").stdout)["bucket_s"] == 6 * 3600
 
 
+@pytest.mark.slow
 def test_report_rejects_a_bad_since(queue):
     out = queue.gpuq("report", "--since", "last tuesday", check=False)
     assert out.returncode == 2
     assert "--since 'last tuesday'" in out.stderr and "7d" in out.stderr
 
 
+@pytest.mark.slow
 def test_html_report_is_one_self_contained_page(queue, tmp_path):
     pytest.importorskip("matplotlib", reason="the [report] extra; the test extra installs it")
     queue.write_config(sample_every_s=1)
@@ -264,13 +332,19 @@ def test_html_report_is_one_self_contained_page(queue, tmp_path):
     assert "a:0" in html
 
 
+@pytest.mark.slow
 def test_html_without_matplotlib_names_the_extra(queue, tmp_path):
     blocker = tmp_path / "block"
     blocker.mkdir()
     (blocker / "matplotlib.py").write_text("raise ImportError('not installed')\n")
     env = {**queue.env(), "PYTHONPATH": f"{blocker}"}
-    out = subprocess.run([PY, str(REPO / "gpuq.py"), "report", "--html", str(tmp_path / "r.html")],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [PY, str(REPO / "gpuq.py"), "report", "--html", str(tmp_path / "r.html")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "matplotlib" in out.stderr and "gpuq-spool[report]" in out.stderr
     assert not (tmp_path / "r.html").exists()

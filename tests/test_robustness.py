@@ -2,6 +2,7 @@
 a full disk must not fence healthy jobs (H7), a freed inode reused at once must not make the
 worker act on a stale record (H2), and a requeue that recreates a lost claim gives it back to
 its owner (M6)."""
+
 from __future__ import annotations
 
 import json
@@ -10,20 +11,34 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import PY, REPO, wait_until
 
 
+@pytest.mark.slow
 def test_a_full_disk_does_not_fence_healthy_jobs_nor_let_another_host_take_them(queue):
     """H7: with heartbeat writes failing, every job was killed after 0.6 x lost_after_s, against
-    README "Guarantees" (running jobs keep running when the shared disk is full)."""
+    docs/reliability.md (running jobs keep running when the shared disk is full)."""
     queue.write_config(lost_after_s=5, grace_s=1)
     queue.start_worker("b", "1x80GiB")  # watches a's heartbeat
     queue.start_worker("a", "1x80GiB")  # a's heartbeat is on disk; then the disk fills up
     queue.stop_worker("a")
     worker = queue.workers["a"] = subprocess.Popen(
-        [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x80GiB",
-         "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**queue.env(), "GPUQ_TEST_IO_FAULT": "write:workers=ENOSPC"})
+        [
+            PY,
+            str(REPO / "worker.py"),
+            "--root",
+            str(queue.root),
+            "--host",
+            "a",
+            "--fake-gpus",
+            "1x80GiB",
+            "--foreground",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**queue.env(), "GPUQ_TEST_IO_FAULT": "write:workers=ENOSPC"},
+    )
     queue.drop("long.yaml", "command: sleep 8; echo once\ngpus: 1\nhosts: [a]\n")
     record = wait_until(lambda: queue.finished("long"), timeout=60, what="long to end")
     assert record["state"] == "done" and record["attempt"] == 1, record
@@ -72,8 +87,18 @@ def test_a_recreated_claim_is_its_owners_spec(tmp_path):
     layout.ensure()
     owner = 4242  # a uid without an account is fine for a file
     claim = "j@a@bootboot@1@abcd@a1.yaml"
-    record = Record(id="j", state=State.RUNNING, spec={}, spec_text="command: echo hi\n", user="x", uid=owner,
-                    host="a", boot_id="bootboot", claim=claim, queued_at=1000.0)
+    record = Record(
+        id="j",
+        state=State.RUNNING,
+        spec={},
+        spec_text="command: echo hi\n",
+        user="x",
+        uid=owner,
+        host="a",
+        boot_id="bootboot",
+        claim=claim,
+        queued_at=1000.0,
+    )
     write_record(layout, record)
     rt = Runtime(layout, "a", "bootboot", tmp_path / "local", 1.0, 10.0, {}, "docker")
     recovery = Recovery(layout, Config(), rt, lambda *a: None)
@@ -122,8 +147,16 @@ def test_a_dead_supervisors_private_mount_points_are_removed_when_its_attempt_is
     local = tmp_path / "local"
     left = local / MOUNTS_DIR / "j" / "0"
     left.mkdir(parents=True)
-    record = Record(id="j", state=State.RUNNING, spec={"container": {"image": "busybox", "runtime": "apptainer"}},
-                    spec_text="command: echo hi\n", host="a", boot_id="other-boot", claim=None, uid=0)
+    record = Record(
+        id="j",
+        state=State.RUNNING,
+        spec={"container": {"image": "busybox", "runtime": "apptainer"}},
+        spec_text="command: echo hi\n",
+        host="a",
+        boot_id="other-boot",
+        claim=None,
+        uid=0,
+    )
     write_record(layout, record)
     rt = Runtime(layout, "a", "this-boot", local, 1.0, 10.0, {}, "docker")
     Recovery(layout, Config(), rt, lambda *a: None).settle_gone(record)

@@ -1,6 +1,7 @@
 """Scheduling through the real worker on fake GPUs: opportunistic jobs that yield to real
 work, to a person, and to the end of their window; and a big job that a stream of small
 ones cannot starve."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,10 +10,16 @@ import time
 import pytest
 from conftest import PY, REPO, ends_during_stream, wait_until
 
-LOOP_IGNORING_TERM = ("echo attempt=$GPUQ_ATTEMPT preempted=$GPUQ_PREEMPTED; trap 'echo got TERM' TERM; "
-                      "if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi; echo finished")
-LOOP_YIELDING = ("echo attempt=$GPUQ_ATTEMPT preempted=$GPUQ_PREEMPTED; trap 'echo yielding; exit 0' TERM; "
-                 "if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi; echo finished")
+pytestmark = pytest.mark.slow  # every test here starts processes
+
+LOOP_IGNORING_TERM = (
+    "echo attempt=$GPUQ_ATTEMPT preempted=$GPUQ_PREEMPTED; trap 'echo got TERM' TERM; "
+    "if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi; echo finished"
+)
+LOOP_YIELDING = (
+    "echo attempt=$GPUQ_ATTEMPT preempted=$GPUQ_PREEMPTED; trap 'echo yielding; exit 0' TERM; "
+    "if [ $GPUQ_ATTEMPT = 1 ]; then while true; do sleep 0.1; done; fi; echo finished"
+)
 
 
 def _spec(command: str, mem: str, priority: str = "normal", extra: str = "") -> str:
@@ -49,12 +56,15 @@ def test_a_person_using_the_gpu_preempts_opportunistic_work_until_they_leave(que
     queue.drop("soak.yaml", _spec(LOOP_YIELDING, "10GiB", "low"))
     wait_until(lambda: "attempt=1" in queue.log("soak"), what="the opportunistic job to start")
     fake_gpus = next((queue.local_base / "a").glob("fake-gpus-*.json"))
-    person = subprocess.Popen([PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "2GiB", "--seconds", "120"],
-                              env={**queue.env(), "GPUQ_FAKE_GPUS": str(fake_gpus), "CUDA_VISIBLE_DEVICES": "0"})
+    person = subprocess.Popen(
+        [PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "2GiB", "--seconds", "120"],
+        env={**queue.env(), "GPUQ_FAKE_GPUS": str(fake_gpus), "CUDA_VISIBLE_DEVICES": "0"},
+    )
     wait_until(lambda: "yielding" in queue.log("soak"), what="the job to be told to yield")
     wait_until(lambda: not _running(queue, "soak"), what="the job to go back to the queue")
-    pending = wait_until(lambda: [j for j in queue.status()["pending"] if j["id"] == "soak"],
-                         what="soak to show as pending")
+    pending = wait_until(
+        lambda: [j for j in queue.status()["pending"] if j["id"] == "soak"], what="soak to show as pending"
+    )
     assert "in use by others: a:0" in pending[0]["reason"]
     queue.wait_passes("a")
     assert person.poll() is None and not _running(queue, "soak")  # not restarted while they work
@@ -79,8 +89,10 @@ def test_the_end_of_the_idle_window_preempts_and_holds_opportunistic_work(queue)
     queue.stop_worker("a")  # the job runs on; the next worker lives two hours later
     queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "7200"})
     wait_until(lambda: "yielding" in queue.log("night"), what="the window's end to preempt the job")
-    wait_until(lambda: not _running(queue, "night") and (queue.root / "jobs" / "night.yaml").exists(),
-               what="the job to go back to the queue")
+    wait_until(
+        lambda: not _running(queue, "night") and (queue.root / "jobs" / "night.yaml").exists(),
+        what="the job to go back to the queue",
+    )
     queue.wait_passes("a", 3)  # several passes: it stays pending outside its window
     assert not _running(queue, "night") and queue.finished("night") is None
     requeued = [e for e in queue.events() if e["job"] == "night" and e["to"] == "pending"]
@@ -94,8 +106,9 @@ def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(queue, reservations)
     starves (the control that shows this test can fail)."""
     queue.write_config(reserve_after_s=4, reservations=reservations)
     queue.start_worker("a", "2x80GiB")
-    big_done_during_stream = ends_during_stream(queue, lambda n: _spec("sleep 2", "50GiB"), 0.7,
-                                                "big", "command: echo big\ngpus: 2\n", within_s=20)
+    big_done_during_stream = ends_during_stream(
+        queue, lambda n: _spec("sleep 2", "50GiB"), 0.7, "big", "command: echo big\ngpus: 2\n", within_s=20
+    )
     assert big_done_during_stream is reservations
     if reservations:
         assert queue.finished("big")["state"] == "done"

@@ -1,12 +1,14 @@
 """Secrets in a submitter's environment (security review M5, newcomer review M4): `gpuq submit`
 stores what a job needs and leaves out what looks like a secret unless it is named with
 `--export`; `gpuq show` masks the same set, whole values included."""
+
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import wait_until
 from team import ALICE, BOB, needs_root
@@ -39,13 +41,46 @@ def files_holding(root: Path, value: str) -> list[str]:
 def test_names_and_values_that_look_like_secrets():
     from gpuq.model.secrets import looks_secret
 
-    for name in ("WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "MYSQL_PWD", "GITHUB_PAT", "PGPASSWORD",
-                 "DB_PASS", "SENTRY_DSN", "AWS_SESSION_TOKEN", "apiKey", "hfToken", "GOOGLE_APPLICATION_CREDENTIALS",
-                 "OPENAI_API_KEY", "BASIC_AUTH", "SESSION_COOKIE"):
+    for name in (
+        "WANDB_API_KEY",
+        "HF_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "MYSQL_PWD",
+        "GITHUB_PAT",
+        "PGPASSWORD",
+        "DB_PASS",
+        "SENTRY_DSN",
+        "AWS_SESSION_TOKEN",
+        "apiKey",
+        "hfToken",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "OPENAI_API_KEY",
+        "BASIC_AUTH",
+        "SESSION_COOKIE",
+    ):
         assert looks_secret(name, "x"), name
-    for name in ("PATH", "PWD", "OLDPWD", "HOME", "TOKENIZERS_PARALLELISM", "HF_HOME", "VIRTUAL_ENV", "CONDA_PREFIX",
-                 "PYTHONPATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "TZ", "CUDA_HOME", "NCCL_DEBUG",
-                 "OMP_NUM_THREADS", "MKL_NUM_THREADS", "XAUTHORITY", "PATHEXT", "KEYBOARD"):
+    for name in (
+        "PATH",
+        "PWD",
+        "OLDPWD",
+        "HOME",
+        "TOKENIZERS_PARALLELISM",
+        "HF_HOME",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "PYTHONPATH",
+        "LD_LIBRARY_PATH",
+        "LANG",
+        "LC_ALL",
+        "TZ",
+        "CUDA_HOME",
+        "NCCL_DEBUG",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "XAUTHORITY",
+        "PATHEXT",
+        "KEYBOARD",
+    ):
         assert not looks_secret(name, "/usr/bin"), name
     assert looks_secret("DATABASE_URL", "postgres://u:pw@h/db") and looks_secret("https_proxy", "http://a:b@proxy:3128")
     assert looks_secret("CONN", "Server=db;Database=x;Password=hunter2")
@@ -69,7 +104,10 @@ def test_show_masks_whole_values_in_the_spec_and_its_text():
 
     env = {"DB_PASSWORD": "p,w0rd}x", **SECRETS, "NOTE": "a, b", "PATH": "/usr/bin"}
     block = yaml.safe_dump({"command": "python train.py", "env": env}, sort_keys=False)
-    flow = "command: python train.py\nenv: {DB_PASSWORD: \"p,w0rd}x\", GITHUB_PAT: 'github-pat-5ecret-0006', NOTE: 'a, b'}\n"
+    flow = (
+        "command: python train.py\n"
+        "env: {DB_PASSWORD: \"p,w0rd}x\", GITHUB_PAT: 'github-pat-5ecret-0006', NOTE: 'a, b'}\n"
+    )
     multi = "command: x\nenv:\n  HF_TOKEN: |\n    hf-t0ken-5ecret\n    second line\n  PATH: /usr/bin\n"
     for text in (block, flow, multi):
         shown = mask_secrets({"spec": {"env": env}, "spec_text": text})
@@ -80,6 +118,7 @@ def test_show_masks_whole_values_in_the_spec_and_its_text():
     assert "NOTE: a, b" in mask_secrets({"spec": {"env": env}, "spec_text": block})["spec_text"]
 
 
+@pytest.mark.slow
 def test_a_spec_over_the_cap_because_of_the_environment_points_at_export(queue):
     huge = {**queue.env(), **{f"BIG_LIST_{i}": "x" * 100_000 for i in range(3)}}  # (each under Linux's 128 KiB)
     out = queue.gpuq("submit", "--gpus", "0", "--", "true", env=huge, check=False)
@@ -95,11 +134,12 @@ def test_secrets_in_a_submitters_environment_never_reach_the_teams_files(team):
     team.start_worker("box", "1x80GiB")
     plain = team.as_user(ALICE, "submit", "--gpus", "0", "--id", "plain", "--", "env", env=SECRETS)
     assert plain.returncode == 0, plain.stderr
-    named = team.as_user(ALICE, "submit", "--gpus", "0", "--id", "named", "--export", "ALL,HF_TOKEN", "--",
-                         "env", env=SECRETS)
+    named = team.as_user(
+        ALICE, "submit", "--gpus", "0", "--id", "named", "--export", "ALL,HF_TOKEN", "--", "env", env=SECRETS
+    )
     assert named.returncode == 0, named.stderr
     for job_id in ("plain", "named"):
-        done = wait_until(lambda: team.finished(job_id), timeout=60, what=f"{job_id} to run")
+        done = wait_until(lambda job_id=job_id: team.finished(job_id), timeout=60, what=f"{job_id} to run")
         assert done["state"] == "done", team.log(job_id)
     assert "USER=" in team.log("plain")  # the job did print its environment
     assert f"HF_TOKEN={SECRETS['HF_TOKEN']}" in team.log("named")  # named: the job sees it

@@ -1,5 +1,6 @@
 """Shared use with real users (created here; CI runs as root): jobs run as their spec's owner,
 logs are theirs and never written through a planted link, who may run and cancel what."""
+
 from __future__ import annotations
 
 import grp
@@ -15,8 +16,13 @@ import pytest
 from conftest import Queue, wait_until
 from team import ALICE, BOB, TEAM
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
-                                reason="creating users needs root and useradd (CI runs as root)")
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not shutil.which("useradd"),
+        reason="creating users needs root and useradd (CI runs as root)",
+    ),
+    pytest.mark.slow,
+]
 ANA, BO = ALICE, BOB  # tests/team.py makes them (names of this test process's own)
 
 
@@ -44,8 +50,7 @@ def drop_as(queue: Queue, user: pwd.struct_passwd, name: str, text: str, mode: i
 def test_a_root_worker_runs_each_job_as_its_owner_with_a_log_of_theirs(shared, users):
     ana = users[ANA]
     shared.start_worker("a", "1x80GiB")
-    drop_as(shared, ana, "who.yaml", "command: id; echo HOME=$HOME USER=$USER LOGNAME=$LOGNAME\n"
-                                     "gpus: 0\nworkdir: /\n")
+    drop_as(shared, ana, "who.yaml", "command: id; echo HOME=$HOME USER=$USER LOGNAME=$LOGNAME\ngpus: 0\nworkdir: /\n")
     record = wait_until(lambda: shared.finished("who"), what="who to run")
     assert record["state"] == "done", shared.log("who")
     expected_id = subprocess.run(["id", ANA], capture_output=True, text=True).stdout.strip()
@@ -73,10 +78,14 @@ def test_root_owned_and_writable_specs_are_refused_with_the_reason(shared, users
     shared.start_worker("a", "1x80GiB")
     (shared.root / "jobs" / "rooty.yaml").write_text("command: id\ngpus: 0\n")
     drop_as(shared, users[ANA], "open.yaml", "command: id\ngpus: 0\n", mode=0o666)
-    for job_id, reason in (("rooty", "is owned by root, and gpuq does not run jobs as root"),
-                           ("open", "can be changed by other users (mode 0666)")):
-        wait_until(lambda: (shared.root / "state" / "rejected" / f"{job_id}.error").exists(),
-                   what=f"{job_id} to be refused")
+    for job_id, reason in (
+        ("rooty", "is owned by root, and gpuq does not run jobs as root"),
+        ("open", "can be changed by other users (mode 0666)"),
+    ):
+        wait_until(
+            lambda job_id=job_id: (shared.root / "state" / "rejected" / f"{job_id}.error").exists(),
+            what=f"{job_id} to be refused",
+        )
         assert reason in (shared.root / "state" / "rejected" / f"{job_id}.error").read_text()
     assert shared.finished("rooty") is None and shared.finished("open") is None
     # The fix names the file where it is now (newcomer review: it named jobs/open.yaml, gone).
@@ -101,10 +110,25 @@ def test_submit_refuses_what_the_workers_would_refuse_for_its_owner(shared):
 
 def _worker_as(queue: Queue, user: pwd.struct_passwd, shared_code) -> subprocess.Popen:
     python, code = shared_code  # an interpreter and code the user can run (tests/team.py)
-    proc = subprocess.Popen([python, str(code / "worker.py"), "--root", str(queue.root), "--host", "a",
-                             "--fake-gpus", "1x80GiB", "--foreground"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**queue.env(), "HOME": "/tmp"},
-                            user=user.pw_uid, group=user.pw_gid, extra_groups=[])
+    proc = subprocess.Popen(
+        [
+            python,
+            str(code / "worker.py"),
+            "--root",
+            str(queue.root),
+            "--host",
+            "a",
+            "--fake-gpus",
+            "1x80GiB",
+            "--foreground",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**queue.env(), "HOME": "/tmp"},
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+    )
     queue.workers["a"] = proc
     return proc
 
@@ -113,8 +137,9 @@ def test_a_worker_not_run_as_root_runs_only_its_users_specs(shared, users, share
     ana, bo = users[ANA], users[BO]
     for d in ("jobs", "state", "logs"):
         (shared.root / d).mkdir(parents=True, exist_ok=True)
-    subprocess.run(["chown", "-R", f"{ana.pw_uid}:{ana.pw_gid}", str(shared.root), str(shared.local_base.parent)],
-                   check=True)
+    subprocess.run(
+        ["chown", "-R", f"{ana.pw_uid}:{ana.pw_gid}", str(shared.root), str(shared.local_base.parent)], check=True
+    )
     shared.local_base.mkdir(exist_ok=True)
     os.chown(shared.local_base, ana.pw_uid, ana.pw_gid)
     _worker_as(shared, ana, shared_code)
@@ -122,8 +147,10 @@ def test_a_worker_not_run_as_root_runs_only_its_users_specs(shared, users, share
     drop_as(shared, bo, "theirs.yaml", "command: id -un\ngpus: 0\nworkdir: /\n")
     assert wait_until(lambda: shared.finished("mine"), what="ana's own job")["state"] == "done"
     wait_until(lambda: (shared.root / "state" / "rejected" / "theirs.error").exists(), what="bo's refusal")
-    assert f"runs as {ANA}, which runs only its own specs" in \
-        (shared.root / "state" / "rejected" / "theirs.error").read_text()
+    assert (
+        f"runs as {ANA}, which runs only its own specs"
+        in (shared.root / "state" / "rejected" / "theirs.error").read_text()
+    )
     shared.stop_worker("a")
     shared.write_config(allow_root_jobs=False, run_for_users=[BO])
     _worker_as(shared, ana, shared_code)
@@ -144,8 +171,13 @@ def test_a_root_worker_runs_a_container_as_its_owner(shared, users):
         os.chmod(work, 0o777)
         ana = users[ANA]
         shared.start_worker("a", "1x80GiB", env=runtimes.worker_env())
-        drop_as(shared, ana, "boxed.yaml", f"command: id -u; id -G; touch made-here\ngpus: 0\nworkdir: {work}\n"
-                                           "container: {image: pytorch:2, runtime: docker}\n")
+        drop_as(
+            shared,
+            ana,
+            "boxed.yaml",
+            f"command: id -u; id -G; touch made-here\ngpus: 0\nworkdir: {work}\n"
+            "container: {image: pytorch:2, runtime: docker}\n",
+        )
         record = wait_until(lambda: shared.finished("boxed"), what="boxed to run")
         assert record["state"] == "done", shared.log("boxed")
         team = grp.getgrnam(TEAM).gr_gid
@@ -178,8 +210,13 @@ def test_a_real_container_runs_as_its_owner(shared, users, tmp_path_factory, run
         os.chmod(work, 0o777)
         ana = users[ANA]
         shared.start_worker("a", "1x80GiB", env=env)
-        drop_as(shared, ana, "real.yaml", f"command: id -u; touch made-here\ngpus: 0\nworkdir: {work}\n"
-                                          f"container: {{image: '{real_runtimes.IMAGE}', runtime: {runtime}}}\n")
+        drop_as(
+            shared,
+            ana,
+            "real.yaml",
+            f"command: id -u; touch made-here\ngpus: 0\nworkdir: {work}\n"
+            f"container: {{image: '{real_runtimes.IMAGE}', runtime: {runtime}}}\n",
+        )
         record = wait_until(lambda: shared.finished("real"), timeout=60, what=f"the {runtime} job")
         assert record["state"] == "done", shared.log("real")
         assert str(ana.pw_uid) in shared.log("real").splitlines()

@@ -1,4 +1,5 @@
 """`gpuq simulate`: trace reading, the virtual clock, the policies, and the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,10 @@ def replay(tmp_path: Path, cluster: str, policy: str, *rows: str) -> dict:
 
 
 def test_trace_rows_become_specs_as_documented(tmp_path):
-    jobs = load_trace(trace(tmp_path, "share,0,10,0.25,,,u1,", "whole,1,10,2,,,u1,",
-                            "mem,2,10,1,8,50,u2,low", "wide,3,10,16,,,u3,"), parse_cluster("2x8x32GiB"))
+    jobs = load_trace(
+        trace(tmp_path, "share,0,10,0.25,,,u1,", "whole,1,10,2,,,u1,", "mem,2,10,1,8,50,u2,low", "wide,3,10,16,,,u3,"),
+        parse_cluster("2x8x32GiB"),
+    )
     by_id = {j.id: j for j in jobs}
     assert by_id["share"].spec.gpus == 1 and by_id["share"].spec.gpu_mem_mib == 8 * 1024
     assert by_id["share"].util == 25.0
@@ -41,8 +44,10 @@ def test_trace_rows_become_specs_as_documented(tmp_path):
 
 def test_bad_traces_and_clusters_name_the_place_and_the_fix(tmp_path):
     with pytest.raises(TraceError, match="column 'gpu_util' is missing. Fix: the header must name"):
-        load_trace(trace(tmp_path, "a,0,1,1,,u", header="job_id,submit_s,duration_s,gpus,gpu_mem_gib,user\n"),
-                   parse_cluster("1x1x1GiB"))
+        load_trace(
+            trace(tmp_path, "a,0,1,1,,u", header="job_id,submit_s,duration_s,gpus,gpu_mem_gib,user\n"),
+            parse_cluster("1x1x1GiB"),
+        )
     with pytest.raises(TraceError, match=r"trace.csv:3: column 'duration_s': 'ten' is not a number"):
         load_trace(trace(tmp_path, "a,0,1,1,,,u,", "b,1,ten,1,,,u,"), parse_cluster("1x1x1GiB"))
     with pytest.raises(TraceError, match="write HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB"):
@@ -83,15 +88,30 @@ def test_mark_low_is_a_stable_rule_and_without_low_drops_the_same_jobs(tmp_path)
     assert {j.id for j in mark_low(jobs, 0.33, drop=True)} == {j.id for j in jobs} - marked
 
 
+@pytest.mark.slow
 def test_the_cli_prints_the_table_and_the_documented_json(tmp_path):
     path = trace(tmp_path, "a,0,100,1,,,u,", "b,1,10,0.5,,,u,", "c,2,10,8,,,u,")
     cmd = [PY, str(REPO / "gpuq.py"), "simulate", str(path), "--cluster", "1x4x32GiB"]
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "gpuq/fifo-exclusive" in text and "wait max, 4-GPU jobs" in text and "jobs capped to one host" in text
     doc = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True, check=True).stdout)
-    keys = {"wait_mean_s", "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s", "wait_max_by_gpus",
-            "wait_mean_by_priority", "slowdown_mean", "makespan_s", "occupancy", "free_while_waiting",
-            "preemptions", "peak_queue", "jobs", "capped"}
+    keys = {
+        "wait_mean_s",
+        "wait_p50_s",
+        "wait_p95_s",
+        "wait_p99_s",
+        "wait_max_s",
+        "wait_max_by_gpus",
+        "wait_mean_by_priority",
+        "slowdown_mean",
+        "makespan_s",
+        "occupancy",
+        "free_while_waiting",
+        "preemptions",
+        "peak_queue",
+        "jobs",
+        "capped",
+    }
     assert set(doc["policies"]) == {"gpuq", "pack-bestfit", "fifo-exclusive"}
     assert all(keys <= set(p) for p in doc["policies"].values())
     assert doc["policies"]["gpuq"]["capped"] == 1 and doc["policies"]["gpuq"]["jobs"] == 3
@@ -99,11 +119,18 @@ def test_the_cli_prints_the_table_and_the_documented_json(tmp_path):
     assert bad.returncode == 2 and "--cluster 'lots': write HOSTSxGPUSxMEMORY" in bad.stderr
 
 
+@pytest.mark.slow
 def test_the_cli_options_since_stretch_and_set_reach_the_replay(tmp_path):
     path = trace(tmp_path, "old,0,10,1,,,u,", "a,100,50,1,,,u,", "b,101,50,1,,,u,")
     base = [PY, str(REPO / "gpuq.py"), "simulate", str(path), "--cluster", "1x1x32GiB", "--policy", "gpuq", "--json"]
-    run = lambda *extra: json.loads(subprocess.run(base + list(extra), capture_output=True, text=True,  # noqa: E731
-                                                   check=True).stdout)
+    run = lambda *extra: json.loads(
+        subprocess.run(
+            base + list(extra),
+            capture_output=True,
+            text=True,  # noqa: E731
+            check=True,
+        ).stdout
+    )
     assert run("--since", "100")["jobs"] == 2
     assert run("--since", "100", "--stretch", "100")["policies"]["gpuq"]["wait_max_s"] == 0  # b now comes at 200
     assert run("--since", "100")["policies"]["gpuq"]["wait_max_s"] == 49
@@ -111,18 +138,28 @@ def test_the_cli_options_since_stretch_and_set_reach_the_replay(tmp_path):
     assert bad.returncode == 2 and "key 'reserve_after_s'" in bad.stderr
 
 
+@pytest.mark.slow
 def test_the_mark_rules_mark_by_another_hash_or_only_small_jobs(tmp_path):
     rows = [f"j{i},{i},10,{1 if i % 2 else 4},,,u," for i in range(200)]
     path = trace(tmp_path, *rows)
     base = [PY, str(REPO / "gpuq.py"), "simulate", str(path), "--cluster", "2x8x32GiB", "--policy", "gpuq", "--json"]
     low = {}
     for rule in ("sha1", "md5", "small"):
-        doc = json.loads(subprocess.run(base + ["--mark-low", "0.5", "--mark-rule", rule, "--without-low"],
-                                        capture_output=True, text=True, check=True).stdout)
+        doc = json.loads(
+            subprocess.run(
+                base + ["--mark-low", "0.5", "--mark-rule", rule, "--without-low"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
         low[rule] = 200 - doc["jobs"]
     jobs = load_trace(path, parse_cluster("2x8x32GiB"))
     assert low["small"] == sum(1 for j in jobs if j.spec.gpus == 1 and is_marked_low(j.id, 0.5))
     assert low["md5"] == sum(1 for j in jobs if is_marked_low(j.id, 0.5, "md5")) != low["sha1"]
-    with_low = json.loads(subprocess.run(base + ["--mark-low", "0.5", "--mark-rule", "small"], capture_output=True,
-                                         text=True, check=True).stdout)["policies"]["gpuq"]
+    with_low = json.loads(
+        subprocess.run(
+            base + ["--mark-low", "0.5", "--mark-rule", "small"], capture_output=True, text=True, check=True
+        ).stdout
+    )["policies"]["gpuq"]
     assert with_low["low_jobs_unfinished"] == 0 and set(with_low["wait_max_by_priority_gpus"]["low"]) == {"1"}

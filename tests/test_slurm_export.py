@@ -1,6 +1,7 @@
 """`gpuq export slurm`: the mapping of each field (pure), then the scripts against a real
 one-node Slurm (tests/slurm_cluster.py): each passes `sbatch --test-only`, a job's exit code
 and log come back, a sweep runs as an array, a dependency holds its dependent."""
+
 from __future__ import annotations
 
 import json
@@ -17,27 +18,51 @@ from gpuq.model.config import Config
 from gpuq.model.spec import validate_spec
 from gpuq.slurm.export import ExportError, sbatch_script, slurm_time
 
+DEFAULT_CONFIG = Config()
 
-def script(data: dict, config: Config = Config(), ids: dict | None = None, job_id: str = "j-1") -> str:
+
+def script(data: dict, config: Config = DEFAULT_CONFIG, ids: dict | None = None, job_id: str = "j-1") -> str:
     return sbatch_script(job_id, validate_spec(data, "t.yaml"), config, f"/q/logs/{job_id}.log", "/q", ids or {})
 
 
 def sbatch_lines(text: str) -> list[str]:
-    return [line[len("#SBATCH "):] for line in text.splitlines() if line.startswith("#SBATCH ")]
+    return [line[len("#SBATCH ") :] for line in text.splitlines() if line.startswith("#SBATCH ")]
 
 
 def test_each_field_maps_to_its_sbatch_option():
-    text = script({"command": "python train.py", "name": "resnet", "gpus": 2, "gpu_mem": "20GiB",
-                   "time_limit": "90m", "cpus": 8, "mem": "64GiB", "workdir": "/home/ana/p",
-                   "env": {"WANDB_MODE": "offline", "NOTE": "a b,c"}, "priority": "high",
-                   "after": ["prep-1"], "after_any": ["old-2"]},
-                  replace(Config(), slurm_partitions={"high": "gpu-high"}, slurm_qos={"high": "urgent"}),
-                  ids={"prep-1": "41", "old-2": "40"})
+    text = script(
+        {
+            "command": "python train.py",
+            "name": "resnet",
+            "gpus": 2,
+            "gpu_mem": "20GiB",
+            "time_limit": "90m",
+            "cpus": 8,
+            "mem": "64GiB",
+            "workdir": "/home/ana/p",
+            "env": {"WANDB_MODE": "offline", "NOTE": "a b,c"},
+            "priority": "high",
+            "after": ["prep-1"],
+            "after_any": ["old-2"],
+        },
+        replace(Config(), slurm_partitions={"high": "gpu-high"}, slurm_qos={"high": "urgent"}),
+        ids={"prep-1": "41", "old-2": "40"},
+    )
     assert sbatch_lines(text) == [
-        "--job-name=resnet", "--nodes=1", "--gres=gpu:2", "--time=0-01:30:00", "--cpus-per-task=8",
-        "--mem=65536M", "--chdir=/home/ana/p", "--output=/q/logs/j-1.log", "--open-mode=append",
-        "--partition=gpu-high", "--qos=urgent", "--dependency=afterok:41,afterany:40",
-        "--export=ALL,WANDB_MODE=offline"]
+        "--job-name=resnet",
+        "--nodes=1",
+        "--gres=gpu:2",
+        "--time=0-01:30:00",
+        "--cpus-per-task=8",
+        "--mem=65536M",
+        "--chdir=/home/ana/p",
+        "--output=/q/logs/j-1.log",
+        "--open-mode=append",
+        "--partition=gpu-high",
+        "--qos=urgent",
+        "--dependency=afterok:41,afterany:40",
+        "--export=ALL,WANDB_MODE=offline",
+    ]
     assert "export NOTE='a b,c'" in text and text.rstrip().endswith("python train.py")
     assert "# gpu_mem 20480 MiB per GPU: Slurm cannot reserve part of a GPU's memory" in text
     missing = script({"command": "x", "after": ["prep-9"]})
@@ -55,12 +80,15 @@ def test_gpu_mem_becomes_a_constraint_or_shards_as_config_says():
 
 
 def test_a_sweep_is_one_array_script():
-    text = script({"command": "python hp.py --lr {lr} --seed {seed}", "sweep": {"lr": ["1e-3", "3e-4"], "seed": [1, 2]}},
-                  job_id="hp")
+    text = script(
+        {"command": "python hp.py --lr {lr} --seed {seed}", "sweep": {"lr": ["1e-3", "3e-4"], "seed": [1, 2]}},
+        job_id="hp",
+    )
     assert "--array=0-3" in sbatch_lines(text) and "--output=/q/logs/hp-%a.log" in sbatch_lines(text)
     assert "  3) export GPUQ_SWEEP_LR=3e-4 GPUQ_SWEEP_SEED=2; python hp.py --lr 3e-4 --seed 2 ;;" in text
 
 
+@pytest.mark.slow
 def test_the_cli_exports_files_and_pending_ids_and_names_what_it_cannot(queue, tmp_path):
     queue.write_config(slurm_partitions={"low": "scavenger"})
     queue.drop("train-1.yaml", "command: python train.py\ngpus: 1\npriority: low\n")
@@ -75,6 +103,7 @@ def test_the_cli_exports_files_and_pending_ids_and_names_what_it_cannot(queue, t
 
 # --- against a real slurmctld and slurmd ---------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
@@ -87,16 +116,22 @@ def slurm(tmp_path_factory):
 
 
 def export(root, *items: str) -> str:
-    return subprocess.run([PY, str(REPO / "gpuq.py"), "--root", str(root), "export", "slurm", *items],
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        [PY, str(REPO / "gpuq.py"), "--root", str(root), "export", "slurm", *items],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def test_exported_scripts_run_on_slurm(slurm, tmp_path):
     root = tmp_path / "q"
     (root / "jobs").mkdir(parents=True)
     (root / "logs").mkdir()
-    (root / "jobs" / "fails.yaml").write_text("command: echo gpus=$CUDA_VISIBLE_DEVICES job=$GPUQ_JOB_ID; exit 3\n"
-                                              "gpus: 1\ntime_limit: 5m\ncpus: 1\nmem: 200MiB\n")
+    (root / "jobs" / "fails.yaml").write_text(
+        "command: echo gpus=$CUDA_VISIBLE_DEVICES job=$GPUQ_JOB_ID; exit 3\n"
+        "gpus: 1\ntime_limit: 5m\ncpus: 1\nmem: 200MiB\n"
+    )
     (root / "jobs" / "hp.yaml").write_text("command: echo lr={lr}\ngpus: 0\nsweep: {lr: [1, 2, 3]}\n")
     for name in ("fails", "hp"):
         checked = slurm.sbatch(export(root, name), "--test-only")
@@ -107,18 +142,23 @@ def test_exported_scripts_run_on_slurm(slurm, tmp_path):
     assert "gpus=0 job=fails" in log  # Slurm set CUDA_VISIBLE_DEVICES from the gres
     assert slurm.sbatch(export(root, "hp"), "--parsable").returncode == 0
     for i in range(3):
-        wait_until(lambda i=i: (p := root / "logs" / f"hp-{i}.log").exists() and f"lr={i + 1}" in p.read_text(),
-                   timeout=60, what=f"array task {i}")
+        wait_until(
+            lambda i=i: (p := root / "logs" / f"hp-{i}.log").exists() and f"lr={i + 1}" in p.read_text(),
+            timeout=60,
+            what=f"array task {i}",
+        )
 
 
 def test_a_dependency_on_a_handed_over_job_waits_for_it(slurm, tmp_path):
     root = tmp_path / "q"
     (root / "jobs").mkdir(parents=True)
     (root / "logs").mkdir()
-    (root / "jobs" / "prep.yaml").write_text("command: sleep 2; date +%s.%N > prep.done\ngpus: 0\n"
-                                             f"workdir: {tmp_path}\n")
-    (root / "jobs" / "train.yaml").write_text(f"command: test -e prep.done && echo after\ngpus: 0\nworkdir: {tmp_path}\n"
-                                              "after: [prep]\n")
+    (root / "jobs" / "prep.yaml").write_text(
+        f"command: sleep 2; date +%s.%N > prep.done\ngpus: 0\nworkdir: {tmp_path}\n"
+    )
+    (root / "jobs" / "train.yaml").write_text(
+        f"command: test -e prep.done && echo after\ngpus: 0\nworkdir: {tmp_path}\nafter: [prep]\n"
+    )
     prep = slurm.sbatch(export(root, "prep"), "--parsable").stdout.strip()
     (root / "state" / "slurm").mkdir(parents=True)
     (root / "state" / "slurm" / "prep.json").write_text(json.dumps({"slurm_id": prep}))
@@ -142,16 +182,20 @@ def test_exported_container_jobs_run_on_slurm_and_scancel_stops_the_container(sl
         (root / "logs").mkdir()
         (root / "jobs" / "sif.yaml").write_text(
             "command: echo CVD=$CUDA_VISIBLE_DEVICES X=$X\ngpus: 1\nsetup: export X=7\n"
-            "container: {image: /images/t.sif, runtime: apptainer}\n")
+            "container: {image: /images/t.sif, runtime: apptainer}\n"
+        )
         (root / "jobs" / "boxed.yaml").write_text(
             "command: \"trap '' TERM; echo up; while true; do sleep 0.2; done\"\ngpus: 1\ngrace: 2s\n"
-            "container: {image: pytorch:2, runtime: docker}\n")
-        sif = subprocess.run(["sbatch", "--parsable"], input=export(root, "sif"), capture_output=True, text=True,
-                             env=env, timeout=60).stdout.strip()
+            "container: {image: pytorch:2, runtime: docker}\n"
+        )
+        sif = subprocess.run(
+            ["sbatch", "--parsable"], input=export(root, "sif"), capture_output=True, text=True, env=env, timeout=60
+        ).stdout.strip()
         assert slurm.wait_done(sif) == ("COMPLETED", "0:0")
         assert "CVD=0 X=7" in (root / "logs" / "sif.log").read_text()
-        boxed = subprocess.run(["sbatch", "--parsable"], input=export(root, "boxed"), capture_output=True,
-                               text=True, env=env, timeout=60).stdout.strip()
+        boxed = subprocess.run(
+            ["sbatch", "--parsable"], input=export(root, "boxed"), capture_output=True, text=True, env=env, timeout=60
+        ).stdout.strip()
         name = f"gpuq-boxed-slurm-{boxed}"
         wait_until(lambda: name in runtimes.containers(), timeout=60, what="the container running under Slurm")
         run = runtimes.calls("run")[-1]["args"]
@@ -165,6 +209,7 @@ def test_exported_container_jobs_run_on_slurm_and_scancel_stops_the_container(sl
 
 
 # --- bridge mode: config backend: slurm ---------------------------------------------------------
+
 
 def test_the_bridge_hands_jobs_to_slurm_and_keeps_gpuqs_records_true(slurm, queue):
     queue.write_config(backend="slurm")
@@ -182,8 +227,11 @@ def test_the_bridge_hands_jobs_to_slurm_and_keeps_gpuqs_records_true(slurm, queu
     train = wait_until(lambda: queue.finished("train"), timeout=60)
     assert prep["state"] == train["state"] == "done" and train["started_at"] >= prep["ended_at"]
     queue.drop("long.yaml", "command: sleep 120\ngpus: 0\n")
-    row = wait_until(lambda: next((r for r in queue.status()["running"] if r["id"] == "long" and r["slurm_id"]), None),
-                     timeout=60, what="long to be handed over")
+    row = wait_until(
+        lambda: next((r for r in queue.status()["running"] if r["id"] == "long" and r["slurm_id"]), None),
+        timeout=60,
+        what="long to be handed over",
+    )
     assert f"slurm job {row['slurm_id']}" in queue.gpuq("status").stdout
     queue.gpuq("cancel", "long")
     assert wait_until(lambda: queue.finished("long"), timeout=60)["state"] == "cancelled"
@@ -201,8 +249,7 @@ def test_a_bridge_killed_after_sbatch_finds_its_job_in_slurm_and_runs_it_once(sl
 
     queue.write_config(backend="slurm")
     queue.start_worker("bridge", "1x80GiB", env={**slurm.env, "GPUQ_TEST_CRASH_AT": "bridge:submitted"})
-    queue.drop("once.yaml", "command: echo ran >> once.out\ngpus: 0\n"
-                            f"workdir: {queue.root}\n")
+    queue.drop("once.yaml", f"command: echo ran >> once.out\ngpus: 0\nworkdir: {queue.root}\n")
     assert queue.workers["bridge"].wait(timeout=60) == -sig.SIGKILL  # killed right after sbatch
     orphan = queue.record("once")
     assert orphan["state"] == "running" and orphan["slurm_id"] is None
@@ -217,6 +264,7 @@ def test_an_unreachable_controller_concludes_nothing(monkeypatch):
 
     def answer(stderr: str):
         return lambda *cmd: subprocess.CompletedProcess(cmd, 1, "", stderr)
+
     monkeypatch.setattr(bridge, "_slurm", answer("slurm_load_jobs error: Unable to contact slurm controller"))
     with pytest.raises(bridge.SlurmUnreachable):  # never "lost" because the controller was down
         bridge.scontrol_job("5")
@@ -229,14 +277,19 @@ def test_a_job_waits_in_gpuq_while_sbatch_cannot_reach_the_controller(slurm, que
 
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: "
-                                 "Unable to contact slurm controller (connect failure)' >&2\nexit 1\n")
+    (fake / "sbatch").write_text(
+        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: "
+        "Unable to contact slurm controller (connect failure)' >&2\nexit 1\n"
+    )
     (fake / "sbatch").chmod(0o755)
     queue.write_config(backend="slurm")
     queue.start_worker("bridge", "1x80GiB", env={**slurm.env, "PATH": f"{fake}:{os.environ['PATH']}"})
     queue.drop("patient.yaml", "command: echo made it\ngpus: 0\n")
-    requeued = lambda: [e for e in queue.events()  # noqa: E731
-                        if e["job"] == "patient" and e["reason"] == "Slurm did not answer; requeued"]
+    requeued = lambda: [
+        e
+        for e in queue.events()  # noqa: E731
+        if e["job"] == "patient" and e["reason"] == "Slurm did not answer; requeued"
+    ]
     wait_until(lambda: len(requeued()) >= 2, timeout=60, what="several passes, each refused by the fake sbatch")
     assert queue.finished("patient") is None  # never failed for it
     (fake / "sbatch").unlink()  # the controller is back: the real sbatch answers
@@ -302,18 +355,23 @@ for row in rows:  # an array job: one row per task (-X: no job steps)
 """
 
 
+@pytest.mark.slow
 def test_the_sacct_stand_in_answers_only_the_fields_asked(tmp_path):
     stand_in = tmp_path / "sacct"
     stand_in.write_text(SACCT_STAND_IN.format(python=sys.executable))
     stand_in.chmod(0o755)
-    ask = lambda fmt: subprocess.run([str(stand_in), "-j", "7", "-X", "-n", "-P", f"--format={fmt}"],  # noqa: E731
-                                     capture_output=True, text=True)
+    ask = lambda fmt: subprocess.run(
+        [str(stand_in), "-j", "7", "-X", "-n", "-P", f"--format={fmt}"],  # noqa: E731
+        capture_output=True,
+        text=True,
+    )
     assert ask("State,ExitCode,Start,End").stdout == "FAILED|3:0|2026-11-30T10:00:00|2026-11-30T10:00:02\n"
     assert ask("ExitCode,State").stdout == "3:0|FAILED\n"  # a reordered format is answered as asked
     wrong = ask("State,Exitcode")
     assert wrong.returncode == 1 and "Invalid field requested" in wrong.stderr
 
 
+@pytest.mark.slow
 def test_an_array_jobs_accounting_is_its_worst_task_over_its_whole_span(tmp_path, monkeypatch):
     import os
 
@@ -322,12 +380,23 @@ def test_an_array_jobs_accounting_is_its_worst_task_over_its_whole_span(tmp_path
     (tmp_path / "sacct").write_text(SACCT_STAND_IN.format(python=sys.executable))
     (tmp_path / "sacct").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setenv("SACCT_ROWS", json.dumps([
-        {"State": "COMPLETED", "ExitCode": "0:0", "Start": "2026-11-30T10:00:05", "End": "2026-11-30T10:00:09"},
-        {"State": "FAILED", "ExitCode": "3:0", "Start": "2026-11-30T10:00:01", "End": "2026-11-30T10:00:04"},
-        {"State": "COMPLETED", "ExitCode": "0:0", "Start": "2026-11-30T10:00:02", "End": "2026-11-30T10:00:03"}]))
-    assert sacct_job("7") == {"JobState": "FAILED", "ExitCode": "3:0", "StartTime": "2026-11-30T10:00:01",
-                              "EndTime": "2026-11-30T10:00:09", "Source": "sacct"}
+    monkeypatch.setenv(
+        "SACCT_ROWS",
+        json.dumps(
+            [
+                {"State": "COMPLETED", "ExitCode": "0:0", "Start": "2026-11-30T10:00:05", "End": "2026-11-30T10:00:09"},
+                {"State": "FAILED", "ExitCode": "3:0", "Start": "2026-11-30T10:00:01", "End": "2026-11-30T10:00:04"},
+                {"State": "COMPLETED", "ExitCode": "0:0", "Start": "2026-11-30T10:00:02", "End": "2026-11-30T10:00:03"},
+            ]
+        ),
+    )
+    assert sacct_job("7") == {
+        "JobState": "FAILED",
+        "ExitCode": "3:0",
+        "StartTime": "2026-11-30T10:00:01",
+        "EndTime": "2026-11-30T10:00:09",
+        "Source": "sacct",
+    }
 
 
 def test_a_job_slurm_has_forgotten_is_settled_from_its_accounting(slurm, queue, tmp_path):
@@ -371,7 +440,9 @@ def test_a_second_bridge_adopts_a_dead_bridges_jobs_and_runs_none_twice(slurm, q
     assert queue.record("unnoted")["slurm_id"] is None
     queue.start_worker("bridge-b", "1x80GiB", env=slurm.env)
     for job_id in ("noted", "unnoted"):
-        done = wait_until(lambda: queue.finished(job_id), timeout=90, what=f"{job_id} followed by bridge-b")
+        done = wait_until(
+            lambda job_id=job_id: queue.finished(job_id), timeout=90, what=f"{job_id} followed by bridge-b"
+        )
         assert (done["state"], done["host"], done["attempt"]) == ("done", "bridge-b", 1)
         assert (queue.root / f"{job_id}.out").read_text() == "ran\n"  # handed to Slurm once, run once
     adopted = [e for e in queue.events() if e.get("reason") == "adopted from bridge bridge-a (dead)"]

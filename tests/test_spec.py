@@ -1,4 +1,5 @@
 """Spec parsing and validation: every refusal names the file, the field and the fix."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,9 +29,20 @@ def test_defaults_and_list_command():
     assert spec.command_text() == "python train.py"
 
 
-@pytest.mark.parametrize("size,mib", [("20GiB", 20480), ("20G", 20480), ("20480MiB", 20480),
-                                      ("1.5GiB", 1536), ("1TiB", 1024 ** 2), ("20GB", 20480),
-                                      ("20gb", 20480), ("20g", 20480), ("1tb", 1024 ** 2)])
+@pytest.mark.parametrize(
+    "size,mib",
+    [
+        ("20GiB", 20480),
+        ("20G", 20480),
+        ("20480MiB", 20480),
+        ("1.5GiB", 1536),
+        ("1TiB", 1024**2),
+        ("20GB", 20480),
+        ("20gb", 20480),
+        ("20g", 20480),
+        ("1tb", 1024**2),
+    ],
+)
 def test_sizes(size, mib):
     assert parse_size_mib(size) == mib
 
@@ -45,25 +57,28 @@ def test_format_mib():
     assert format_mib(20480) == "20GiB" and format_mib(1536) == "1.5GiB" and format_mib(700) == "700MiB"
 
 
-@pytest.mark.parametrize("text,field,fix", [
-    ("gpus: 1\n", "command", "command: python train.py"),
-    ("command: ''\n", "command", "write the command"),
-    ("command: [5]\n", "command", "command: python train.py"),
-    ("command: true\n", "command", 'quote it: `command: "true"`'),
-    ("command: x\ngpus: two\n", "gpus", "gpus: 1"),
-    ("command: x\ngpus: -1\n", "gpus", "0 to 64"),
-    ("command: x\ngpus: 1.5\n", "gpus", "gpus: 1"),
-    ("command: x\ngpus: true\n", "gpus", "gpus: 1"),
-    ("command: x\ngpu_mem: 20 gigs\n", "gpu_mem", "20GiB"),
-    ("command: x\ngpu_mem: 20\n", "gpu_mem", "20GiB"),
-    ("command: x\npriority: urgent\n", "priority", "high, normal, low"),
-    ("command: x\nworkdir: relative/dir\n", "workdir", "full path"),
-    ("command: x\nenv: {A: 1}\n", "env", "quote it"),
-    ("command: x\nenv: [A]\n", "env", "NAME: value"),
-    ("command: x\nhosts: 3\n", "hosts", "hosts: [box-a"),
-    ("command: x\ngpu_memory: 2GiB\n", "gpu_memory", "gpu_mem"),
-    ("command: x\ncommand: y\n", "command", "keep one"),
-])
+@pytest.mark.parametrize(
+    "text,field,fix",
+    [
+        ("gpus: 1\n", "command", "command: python train.py"),
+        ("command: ''\n", "command", "write the command"),
+        ("command: [5]\n", "command", "command: python train.py"),
+        ("command: true\n", "command", 'quote it: `command: "true"`'),
+        ("command: x\ngpus: two\n", "gpus", "gpus: 1"),
+        ("command: x\ngpus: -1\n", "gpus", "0 to 64"),
+        ("command: x\ngpus: 1.5\n", "gpus", "gpus: 1"),
+        ("command: x\ngpus: true\n", "gpus", "gpus: 1"),
+        ("command: x\ngpu_mem: 20 gigs\n", "gpu_mem", "20GiB"),
+        ("command: x\ngpu_mem: 20\n", "gpu_mem", "20GiB"),
+        ("command: x\npriority: urgent\n", "priority", "high, normal, low"),
+        ("command: x\nworkdir: relative/dir\n", "workdir", "full path"),
+        ("command: x\nenv: {A: 1}\n", "env", "quote it"),
+        ("command: x\nenv: [A]\n", "env", "NAME: value"),
+        ("command: x\nhosts: 3\n", "hosts", "hosts: [box-a"),
+        ("command: x\ngpu_memory: 2GiB\n", "gpu_memory", "gpu_mem"),
+        ("command: x\ncommand: y\n", "command", "keep one"),
+    ],
+)
 def test_invalid_fields_name_field_and_fix(text, field, fix):
     with pytest.raises(SpecError) as err:
         parse(text)
@@ -72,16 +87,19 @@ def test_invalid_fields_name_field_and_fix(text, field, fix):
     assert str(err.value).startswith("jobs/x.yaml")
 
 
-@pytest.mark.parametrize("text,problem", [
-    ("command: [unclosed\n", "not valid YAML"),
-    ("a: &x [1, 2]\nb: *x\n", "aliases"),
-    ("command: !!python/object/apply:os.system [ls]\n", "uses a YAML tag gpuq never constructs"),
-    ("- just\n- a list\n", "mapping"),
-    ("", "mapping"),
-    (b"command: \xff\xfe\n", "UTF-8"),
-    ("command: x\x00\n", "NUL"),
-    ("x: " + "[" * 100 + "]" * 100 + "\n", "nesting"),
-])
+@pytest.mark.parametrize(
+    "text,problem",
+    [
+        ("command: [unclosed\n", "not valid YAML"),
+        ("a: &x [1, 2]\nb: *x\n", "aliases"),
+        ("command: !!python/object/apply:os.system [ls]\n", "uses a YAML tag gpuq never constructs"),
+        ("- just\n- a list\n", "mapping"),
+        ("", "mapping"),
+        (b"command: \xff\xfe\n", "UTF-8"),
+        ("command: x\x00\n", "NUL"),
+        ("x: " + "[" * 100 + "]" * 100 + "\n", "nesting"),
+    ],
+)
 def test_whole_file_problems(text, problem):
     with pytest.raises(SpecError) as err:
         parse(text)
@@ -95,9 +113,9 @@ def test_good_variants_crlf_bom_comments():
 def test_schema_is_documented_in_readme():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
     for name in FIELDS:
-        assert f"`{name}`" in readme, f"README's spec reference lacks {name}"
+        assert f"`{name}`" in readme, f"docs/reference.md's spec reference lacks {name}"
 
 
 def test_round_trip_through_json():
@@ -106,9 +124,13 @@ def test_round_trip_through_json():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-                    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
-                    max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+        lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+        max_leaves=20,
+    )
+)
 def test_fuzz_validate_raises_only_spec_error(data):
     try:
         validate_spec({"command": "x", **data} if isinstance(data, dict) else data, "f.yaml")
@@ -125,10 +147,11 @@ def test_fuzz_parser_raises_only_spec_error(blob):
         pass
 
 
-_ANY = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
-                    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children,
-                                                                                       max_size=4),
-                    max_leaves=10)
+_ANY = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=10,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -152,8 +175,10 @@ def test_a_key_that_is_a_mapping_or_a_list_is_a_spec_error():
 def test_the_shared_cache_form_gives_back_the_same_spec():
     from gpuq.model.spec import JobSpec, parse_spec_text
 
-    for text in (b"command: python train.py\ngpus: 1\ngpu_mem: 70GiB\n",
-                 b"command: [a, '{lr}']\ngpus: 2\nenv: {A: b}\nhosts: [x]\nafter: [q]\nsweep: {lr: [1, 2]}\n",
-                 b"command: x\ncontainer: {image: 'ubuntu:22.04'}\nsetup: ['a']\npriority: low\n"):
+    for text in (
+        b"command: python train.py\ngpus: 1\ngpu_mem: 70GiB\n",
+        b"command: [a, '{lr}']\ngpus: 2\nenv: {A: b}\nhosts: [x]\nafter: [q]\nsweep: {lr: [1, 2]}\n",
+        b"command: x\ncontainer: {image: 'ubuntu:22.04'}\nsetup: ['a']\npriority: low\n",
+    ):
         spec = parse_spec_text(text, "f")
         assert JobSpec.from_cache(spec.to_cache()) == spec == JobSpec.from_json(spec.to_json())

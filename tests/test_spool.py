@@ -1,4 +1,5 @@
 """The spool on tmp dirs: atomic writes, exactly-once claims, the transition table."""
+
 from __future__ import annotations
 
 import errno
@@ -67,6 +68,7 @@ def _race(args: tuple[str, str, int]) -> str | None:
     return got.name if got else None
 
 
+@pytest.mark.slow
 def test_exactly_one_of_many_claimers_wins(layout):
     for i in range(50):
         (layout.jobs / f"j{i}.yaml").write_text("command: x\n")

@@ -2,6 +2,7 @@
 the 2026-11-30 reviews found it broken: `gpuq show` of a job whose spec never parsed (security
 L2), a user outside the team group (L4), and teammates reading each other's logs (L5,
 newcomer M3)."""
+
 from __future__ import annotations
 
 import json
@@ -19,6 +20,7 @@ pytestmark = needs_root
 
 # --- L2: show works for any record ------------------------------------------------------------
 
+
 def test_show_of_a_job_cancelled_while_its_spec_did_not_parse(team):
     """A pending spec that does not parse, cancelled by root: its record has an empty spec;
     show (text and --json) says what is known instead of a KeyError."""
@@ -31,8 +33,11 @@ def test_show_of_a_job_cancelled_while_its_spec_did_not_parse(team):
         assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
         assert "cancelled" in shown.stdout and "broken" in shown.stdout
         assert "did not parse" in shown.stdout, shown.stdout
-        as_json = team.gpuq("show", "broken", "--json", check=False) if who is None else \
-            team.as_user(who, "show", "broken", "--json")
+        as_json = (
+            team.gpuq("show", "broken", "--json", check=False)
+            if who is None
+            else team.as_user(who, "show", "broken", "--json")
+        )
         assert as_json.returncode == 0, as_json.stderr
         job = json.loads(as_json.stdout)
         assert (job["id"], job["state"], job["user"]) == ("broken", "cancelled", ALICE)
@@ -41,19 +46,23 @@ def test_show_of_a_job_cancelled_while_its_spec_did_not_parse(team):
 
 # --- L4: someone outside the team group -------------------------------------------------------
 
+
 def test_a_user_outside_the_group_gets_one_line_from_every_verb(team):
-    fix = ": permission denied. Fix: ask the root's owner to add you to its group (README, Security model)"
-    for args in (("status",), ("show", "x"), ("logs", "x"), ("submit", "--gpus", "0", "--", "true"),
-                 ("cancel", "x")):
+    fix = ": permission denied. Fix: ask the root's owner to add you to its group (docs/security.md)"
+    for args in (("status",), ("show", "x"), ("logs", "x"), ("submit", "--gpus", "0", "--", "true"), ("cancel", "x")):
         done = team.as_user(EVE, *args)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1 and "Traceback" not in done.stderr, (args, done.stderr)  # refused
         assert len(lines) == 1, (args, done.stderr)
-        assert lines[0].startswith(f"gpuq {args[0]}: cannot read {team.root}") and lines[0].endswith(fix), (args, lines[0])
+        assert lines[0].startswith(f"gpuq {args[0]}: cannot read {team.root}") and lines[0].endswith(fix), (
+            args,
+            lines[0],
+        )
     assert not list((team.root / "jobs").iterdir())  # and nothing was submitted
 
 
 # --- L5: the team reads its logs --------------------------------------------------------------
+
 
 def test_a_teammates_log_is_the_teams_to_read(team):
     team.start_worker("a", "1x80GiB")
@@ -68,8 +77,11 @@ def test_a_teammates_log_is_the_teams_to_read(team):
 
 def _open_log_in(logs: Path, uid: int) -> os.stat_result:
     """What a root worker's supervisor (and a root Slurm bridge) does for a job of `uid`."""
-    code = (f"import os; from pathlib import Path; from gpuq.launch import open_log; from gpuq.owners import Identity\n"
-            f"fd = open_log(Path({str(logs / 'j.log')!r}), Identity.of({uid})); os.close(fd)\n")
+    code = (
+        "import os; from pathlib import Path\n"
+        "from gpuq.run.launch import open_log; from gpuq.host.owners import Identity\n"
+        f"fd = open_log(Path({str(logs / 'j.log')!r}), Identity.of({uid})); os.close(fd)\n"
+    )
     done = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return os.stat(logs / "j.log")

@@ -2,6 +2,7 @@
 name, env values, a booking's note) reaches the terminals of everyone who runs `gpuq status`,
 `show`, `top` or `logs`, root included. It must arrive as visible escapes (`\\x1b`), never as
 the control characters themselves, which would clear the screen or retitle the window."""
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,11 @@ from team import ALICE, BOB, needs_root
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 # YAML double quotes turn \e, \a and \u202E into the characters themselves.
-EVIL_SPEC = r'''command: "sleep 30 # \e[2J\e]0;OWNED\a"
+EVIL_SPEC = r"""command: "sleep 30 # \e[2J\e]0;OWNED\a"
 name: "n\e[31mx\u202Eexe"
 gpus: 0
 env: {LOOK: "v\e]0;TITLE\a\u202Efdp.exe\nFAKE=1"}
-'''
+"""
 
 
 def test_safe_text_escapes_what_a_terminal_acts_on_and_keeps_printable_text():
@@ -28,7 +29,9 @@ def test_safe_text_escapes_what_a_terminal_acts_on_and_keeps_printable_text():
     assert safe_text("a\x1b[2J\x1b]0;T\x07b") == "a\\x1b[2J\\x1b]0;T\\x07b"
     assert safe_text("one\ntwo\rthree\tfour") == "one\\ntwo\\rthree\\tfour"
     assert safe_text("\x7f\x9b\x85") == "\\x7f\\x9b\\x85"  # DEL, 8-bit CSI, NEL
-    assert safe_text("cod\u202eexe.doc \u2066x\u2069 \u200f \u2028") == "cod\\u202eexe.doc \\u2066x\\u2069 \\u200f \\u2028"
+    assert (
+        safe_text("cod\u202eexe.doc \u2066x\u2069 \u200f \u2028") == "cod\\u202eexe.doc \\u2066x\\u2069 \\u200f \\u2028"
+    )
     assert safe_text("bad name \udcff") == "bad name \\udcff"  # a lone surrogate cannot even be printed
     assert safe_text("héllo 日本 – ok \\x1b") == "héllo 日本 – ok \\x1b"
     assert safe_text("a\nb\x1b", keep="\n") == "a\nb\\x1b"
@@ -44,8 +47,7 @@ def _clean(text: str, what: str) -> str:
 def test_status_show_top_and_logs_show_a_members_control_characters_escaped(team):
     team.start_worker("box", "1x80GiB")
     team.drop_as(BOB, "evil.yaml", EVIL_SPEC)
-    wait_until(lambda: any(r["id"] == "evil" for r in team.status()["running"]), timeout=60,
-               what="bob's job running")
+    wait_until(lambda: any(r["id"] == "evil" for r in team.status()["running"]), timeout=60, what="bob's job running")
     booked = team.as_user(BOB, "book", "box:0", "--from", "now", "--to", "1h", "--note", "demo \x1b]0;BOOKED\x07\u202e")
     assert booked.returncode == 0, booked.stderr
 

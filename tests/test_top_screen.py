@@ -1,5 +1,6 @@
 """`gpuq top` in a real terminal (tmux, 80x24 and 200x50): running and pending first, one line
 per job, never wrapped, cut to the rows there are."""
+
 from __future__ import annotations
 
 import shutil
@@ -7,6 +8,8 @@ import subprocess
 
 import pytest
 from conftest import PY, REPO, wait_until
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 LONG = "python train.py " + " ".join(f"--option-{i}=value-{i}" for i in range(20))
 
@@ -19,6 +22,7 @@ def tmux(tmp_path):
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["tmux", "-S", socket, *args], capture_output=True, text=True, timeout=30)
+
     yield run
     run("kill-server")
 
@@ -48,8 +52,10 @@ def test_top_fits_the_terminal_running_and_pending_first(queue, tmux, columns, r
         queue.gpuq("submit", "--gpus", "1", "--id", f"run-{i}", "--", f"sleep 600; {LONG}")
     for i in range(30):
         queue.gpuq("submit", "--gpus", "2", "--id", f"wait-{i:02d}", "--", LONG)
-    wait_until(lambda: all((queue.record(f"run-{i}") or {}).get("state") == "running" for i in range(2)),
-               what="two jobs to run")
+    wait_until(
+        lambda: all((queue.record(f"run-{i}") or {}).get("state") == "running" for i in range(2)),
+        what="two jobs to run",
+    )
     command = f"{PY} {REPO / 'gpuq.py'} --root {queue.root} top --interval 0.5"
     done = tmux("new-session", "-d", "-s", "top", "-x", str(columns), "-y", str(rows), command)
     assert done.returncode == 0, done.stderr

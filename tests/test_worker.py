@@ -1,5 +1,6 @@
 """Worker behaviour through the real worker.py: reattaching, reacting to exits at once,
 memory held by others, and specs that are still being written or are wrong."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 from conftest import PY, REPO, fake_job, wait_until
 
 
@@ -15,6 +17,7 @@ def _state(queue, job_id):
     return (queue.record(job_id) or {}).get("state")
 
 
+@pytest.mark.slow
 def test_jobs_outlive_the_worker_and_a_new_worker_reattaches(queue, tmp_path):
     queue.write_config(poll_interval=0.2)
     queue.start_worker("a", "1x80GiB")
@@ -27,8 +30,9 @@ def test_jobs_outlive_the_worker_and_a_new_worker_reattaches(queue, tmp_path):
     queue.drop("next.yaml", "command: echo next\ngpus: 1\n")  # needs the whole GPU too
     queue.start_worker("a", "1x80GiB")
     queue.wait_passes("a")  # whole passes of the new worker, with long running
-    assert _state(queue, "long") == "running" and _state(queue, "next") is None, \
+    assert _state(queue, "long") == "running" and _state(queue, "next") is None, (
         "the new worker must see the GPU as taken"
+    )
     go.touch()
     wait_until(lambda: queue.finished("long"), what="long to end")
     assert queue.finished("long")["state"] == "failed" and queue.finished("long")["exit_code"] == 3
@@ -38,6 +42,7 @@ def test_jobs_outlive_the_worker_and_a_new_worker_reattaches(queue, tmp_path):
     assert "==> exit 3" in queue.log("long")
 
 
+@pytest.mark.slow
 def test_supervisor_death_means_exit_unknown_never_success(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("orphan.yaml", "command: sleep 1\ngpus: 1\n")
@@ -50,6 +55,7 @@ def test_supervisor_death_means_exit_unknown_never_success(queue):
     assert "exit unknown" in record["reason"]
 
 
+@pytest.mark.slow
 def test_a_killed_spawner_is_replaced_and_loses_nothing(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("first.yaml", "command: echo first\ngpus: 1\n")
@@ -62,6 +68,7 @@ def test_a_killed_spawner_is_replaced_and_loses_nothing(queue):
     assert queue.spawner("a").pid != spawner.pid
 
 
+@pytest.mark.slow
 def test_the_spawner_ends_with_its_worker_and_jobs_live_on(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("long.yaml", "command: echo long-started; sleep 1.5\ngpus: 1\n")
@@ -78,25 +85,41 @@ def test_the_spawner_ends_with_its_worker_and_jobs_live_on(queue):
     assert queue.log("long").splitlines().count("long-started") == 1
 
 
+@pytest.mark.slow
 def test_a_job_that_cannot_start_fails_with_the_reason_in_its_log(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("noprog.yaml", "command: [no-such-program-gpuq]\ngpus: 0\n")
     queue.drop("nodir.yaml", "command: 'true'\ngpus: 0\nworkdir: /no/such/dir\n")
-    for job_id, message in (("noprog", "cannot start: No such file or directory: no-such-program-gpuq"),
-                            ("nodir", "cannot start: No such file or directory (workdir): /no/such/dir")):
-        record = wait_until(lambda: queue.finished(job_id), what=f"{job_id} to be settled")
+    for job_id, message in (
+        ("noprog", "cannot start: No such file or directory: no-such-program-gpuq"),
+        ("nodir", "cannot start: No such file or directory (workdir): /no/such/dir"),
+    ):
+        record = wait_until(lambda job_id=job_id: queue.finished(job_id), what=f"{job_id} to be settled")
         assert record["state"] == "failed" and record["reason"] == message
         assert f"==> gpuq: {message}" in queue.log(job_id)
 
 
+@pytest.mark.slow
 def test_a_job_gets_a_clean_signal_state_and_its_workdir(queue, tmp_path):
     # Started the way a shell starts a background job: SIGQUIT (and SIGINT) ignored.
     queue.workers["a"] = subprocess.Popen(
-        [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x80GiB",
-         "--foreground"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=queue.env(),
-        preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGQUIT, signal.SIGINT)])
-    queue.drop("sigs.yaml", f"command: grep -E '^Sig(Ign|Blk)' /proc/self/status; pwd\ngpus: 0\n"
-                            f"workdir: {tmp_path}\n")
+        [
+            PY,
+            str(REPO / "worker.py"),
+            "--root",
+            str(queue.root),
+            "--host",
+            "a",
+            "--fake-gpus",
+            "1x80GiB",
+            "--foreground",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=queue.env(),
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGQUIT, signal.SIGINT)],
+    )
+    queue.drop("sigs.yaml", f"command: grep -E '^Sig(Ign|Blk)' /proc/self/status; pwd\ngpus: 0\nworkdir: {tmp_path}\n")
     wait_until(lambda: queue.finished("sigs"), what="sigs to run")
     log = queue.log("sigs")
     masks = dict(line.split(":\t") for line in log.splitlines() if line.startswith("Sig"))
@@ -112,6 +135,7 @@ def _supervisor_of(queue, job_id: str) -> int:
     return json.loads(lock.read_text())["supervisor_pid"]
 
 
+@pytest.mark.slow
 def test_a_free_supervisor_takes_the_next_job_and_obeys_only_its_own_stop(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("first.yaml", "command: echo $PPID\ngpus: 1\n")
@@ -131,6 +155,7 @@ def test_a_free_supervisor_takes_the_next_job_and_obeys_only_its_own_stop(queue)
     assert record["state"] == "cancelled" and record["signal"] == signal.SIGTERM
 
 
+@pytest.mark.slow
 def test_a_job_exit_wakes_the_worker_at_once(queue):
     queue.write_config(poll_interval=30)  # a poll would take 30 s; the exit must not wait for it
     queue.drop("first.yaml", "command: sleep 0.5\ngpus: 1\n")
@@ -154,14 +179,18 @@ def _asleep(pid: int, samples: int = 10) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_a_spec_dropped_into_jobs_by_hand_wakes_a_sleeping_worker(queue):
     """A script or an editor that writes into jobs/ pokes nobody: the sleeping worker notices
     the directory change, not its next poll."""
     queue.write_config(poll_interval=60)
     worker = queue.start_worker("a", "1x80GiB")
     queue.drop("first.yaml", "command: echo first\ngpus: 1\n")  # the start's pass may take this one in
-    wait_until(lambda: queue.finished("first") and not os.listdir(queue.root / "state" / "claims"),
-               timeout=90, what="first to end")
+    wait_until(
+        lambda: queue.finished("first") and not os.listdir(queue.root / "state" / "claims"),
+        timeout=90,
+        what="first to end",
+    )
     # The pass its end woke is over, so the worker sleeps for its 60 s poll. (Should a look
     # miss a pass, the drop below is met by that pass: the test could pass on a worker that
     # ignores jobs/, never fail on one that watches it.)
@@ -172,13 +201,19 @@ def test_a_spec_dropped_into_jobs_by_hand_wakes_a_sleeping_worker(queue):
     assert second["claimed_at"] - dropped < 30
 
 
+@pytest.mark.slow
 def test_memory_used_outside_gpuq_is_respected(queue, tmp_path):
     fake = tmp_path / "gpus.json"
     person = subprocess.Popen(["sleep", "600"])
     try:
-        fake.write_text(json.dumps({
-            "gpus": [{"name": "Fake GPU", "uuid": "GPU-x", "memory_total_mib": 81920}],
-            "processes": [{"pid": person.pid, "gpu": 0, "used_mib": 70 * 1024, "util": 90}]}))
+        fake.write_text(
+            json.dumps(
+                {
+                    "gpus": [{"name": "Fake GPU", "uuid": "GPU-x", "memory_total_mib": 81920}],
+                    "processes": [{"pid": person.pid, "gpu": 0, "used_mib": 70 * 1024, "util": 90}],
+                }
+            )
+        )
         queue.start_worker("a", str(fake))
         queue.drop("fits-later.yaml", "command: echo ran\ngpus: 1\ngpu_mem: 20GiB\n")
         reason = wait_until(lambda: [p["reason"] for p in queue.status()["pending"]], what="reason")
@@ -189,65 +224,32 @@ def test_memory_used_outside_gpuq_is_respected(queue, tmp_path):
         person.kill()
 
 
+@pytest.mark.slow
 def test_job_memory_is_observed_through_its_process_tree(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("user.yaml", f"command: {fake_job(3)!r}\ngpus: 1\ngpu_mem: 12GiB\n")
-    view = wait_until(lambda: [r for r in queue.status()["running"] if r["observed_gpu_mem_mib"]],
-                      what="observed memory")
+    view = wait_until(
+        lambda: [r for r in queue.status()["running"] if r["observed_gpu_mem_mib"]], what="observed memory"
+    )
     assert view[0]["observed_gpu_mem_mib"] == 12 * 1024
     assert view[0]["declared_gpu_mem_mib"] == 12 * 1024
     record = wait_until(lambda: queue.finished("user"), what="job end")
     assert record["peak_gpu_mem_mib"] == 12 * 1024
 
 
-def test_a_spec_being_written_is_not_rejected(queue):
-    queue.write_config(spec_settle_s=3)
-    queue.start_worker("a", "1x80GiB")
-    path = queue.root / "jobs" / "slow.yaml"
-    started = time.monotonic()
-    # An editor saving a half-written file after every pass of the worker (a pass is well under
-    # the 3 s settle time), for longer than the settle time: the worker sees each version.
-    i = 0
-    while time.monotonic() - started < 6:
-        path.write_text("command: [echo, 'unfinished" + "x" * i)
-        queue.wait_passes("a")
-        assert not list((queue.root / "state" / "rejected").iterdir())
-        i += 1
-    status = queue.status()
-    assert status["invalid"] and "slow" == status["invalid"][0]["id"]
-    path.write_text("command: [echo, finished]\ngpus: 0\n")
-    wait_until(lambda: queue.finished("slow"), what="completed spec to run")
-
-
-def test_invalid_specs_are_rejected_with_file_field_fix_and_others_run(queue):
-    queue.start_worker("a", "1x80GiB")
-    queue.drop("bad-mem.yaml", "command: x\ngpu_mem: 20 gigs\n")
-    queue.drop("typo.yaml", "comand: echo\n")
-    os.mkfifo(queue.root / "jobs" / "pipe.yaml")
-    os.symlink("/etc/passwd", queue.root / "jobs" / "link.yaml")
-    queue.drop("good.yml", "command: echo good\ngpus: 0\n")
-    queue.drop("two words.yaml", "command: echo spaced\ngpus: 0\n")
-    rejected = queue.root / "state" / "rejected"
-    wait_until(lambda: len(list(rejected.glob("*.error"))) == 5, what="five rejections")
-    errors = {p.stem: p.read_text() for p in rejected.glob("*.error")}
-    assert "jobs/bad-mem.yaml: field 'gpu_mem'" in errors["bad-mem"] and "20GiB" in errors["bad-mem"]
-    assert "field 'comand': unknown field" in errors["typo"] and "command" in errors["typo"]
-    assert "not a regular file" in errors["pipe"]
-    assert "symbolic link" in errors["link"]
-    assert "not a usable job id" in errors["two words"] and "train-a.yaml" in errors["two words"]
-    assert (rejected / "bad-mem.yaml").read_text() == "command: x\ngpu_mem: 20 gigs\n"  # nothing lost
-    wait_until(lambda: queue.finished("good"), what="the good job")
-    assert {r["id"] for r in queue.status()["rejected"]} == {"bad-mem", "typo", "pipe", "link", "two words"}
-    assert queue.workers["a"].poll() is None
-
-
+@pytest.mark.slow
 def test_a_reused_id_is_refused_not_overwritten(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("same.yaml", "command: echo one\ngpus: 0\n")
     wait_until(lambda: queue.finished("same"), what="first run")
     queue.drop("same.yaml", "command: echo two\ngpus: 0\n")
-    error = wait_until(lambda: (queue.root / "state/rejected/same.error").exists() and
-                       (queue.root / "state/rejected/same.error").read_text(), what="rejection")
+    error = wait_until(
+        lambda: (
+            (queue.root / "state/rejected/same.error").exists()
+            and (queue.root / "state/rejected/same.error").read_text()
+        ),
+        what="rejection",
+    )
     assert "already used" in error and "same-2.yaml" in error
     assert "one" in queue.log("same") and "two" not in queue.log("same")
 
@@ -258,6 +260,7 @@ def _boot_id() -> str:
     return boot_id()
 
 
+@pytest.mark.slow
 def test_a_claim_never_recorded_goes_back_to_the_queue_and_runs_once(queue):
     (queue.root / "state" / "claims").mkdir(parents=True)
     claim = queue.root / "state" / "claims" / f"orphan@a@{_boot_id()[:8]}@999999@abcd@a1.yaml"
@@ -268,16 +271,28 @@ def test_a_claim_never_recorded_goes_back_to_the_queue_and_runs_once(queue):
     assert not claim.exists()
 
 
+@pytest.mark.slow
 def test_a_recorded_attempt_that_never_started_is_requeued_at_its_old_place(queue):
     state = queue.root / "state"
     for d in ("claims", "running"):
         (state / d).mkdir(parents=True)
     name = f"early@a@{_boot_id()[:8]}@999999@abcd@a1.yaml"
     (state / "claims" / name).write_text("command: echo started-now\ngpus: 0\n")
-    (state / "running" / "early.json").write_text(json.dumps({
-        "id": "early", "state": "running", "spec": {"command": "echo started-now", "gpus": 0},
-        "spec_text": "command: echo started-now\ngpus: 0\n", "host": "a", "boot_id": _boot_id(),
-        "claim": name, "queued_at": 1000.0, "attempt": 1}))
+    (state / "running" / "early.json").write_text(
+        json.dumps(
+            {
+                "id": "early",
+                "state": "running",
+                "spec": {"command": "echo started-now", "gpus": 0},
+                "spec_text": "command: echo started-now\ngpus: 0\n",
+                "host": "a",
+                "boot_id": _boot_id(),
+                "claim": name,
+                "queued_at": 1000.0,
+                "attempt": 1,
+            }
+        )
+    )
     queue.start_worker("a", "1x80GiB")
     record = wait_until(lambda: queue.finished("early"), what="the requeued attempt to run")
     assert record["state"] == "done" and record["queued_at"] == 1000.0
@@ -285,6 +300,7 @@ def test_a_recorded_attempt_that_never_started_is_requeued_at_its_old_place(queu
     assert any(e["to"] == "pending" and e["job"] == "early" for e in queue.events())
 
 
+@pytest.mark.slow
 def test_show_explains_a_rejected_spec(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("oops.yaml", "command: x\ngpus: lots\n")
@@ -293,13 +309,16 @@ def test_show_explains_a_rejected_spec(queue):
     assert "state:            rejected" in shown and "field 'gpus'" in shown and "gpus: 1" in shown
 
 
+@pytest.mark.slow
 def test_show_masks_secret_looking_env_values_and_records_are_not_world_readable(queue):
     queue.start_worker("a", "1x80GiB")
-    queue.drop("sec.yaml", "command: 'true'\ngpus: 0\nenv:\n  WANDB_API_KEY: abc123\n  HF_TOKEN: 'hf_x'\n"
-                           "  PLAIN: visible\nretries: 0\n")
+    queue.drop(
+        "sec.yaml",
+        "command: 'true'\ngpus: 0\nenv:\n  WANDB_API_KEY: abc123\n  HF_TOKEN: 'hf_x'\n  PLAIN: visible\nretries: 0\n",
+    )
     queue.drop("flow.yaml", "command: 'true'\ngpus: 0\nenv: {DB_PASSWORD: hunter2, MODE: fast}\n")
     for job_id in ("sec", "flow"):
-        wait_until(lambda: queue.finished(job_id), what=f"{job_id} to run")
+        wait_until(lambda job_id=job_id: queue.finished(job_id), what=f"{job_id} to run")
     for args in (("show", "sec"), ("show", "--json", "sec"), ("show", "--json", "flow")):
         out = queue.gpuq(*args).stdout
         assert "abc123" not in out and "hf_x" not in out and "hunter2" not in out, out
@@ -310,16 +329,33 @@ def test_show_masks_secret_looking_env_values_and_records_are_not_world_readable
         assert path.stat().st_mode & 0o007 == 0, path
 
 
+@pytest.mark.slow
 def test_exit_when_idle_runs_the_queue_dry_and_exits_0(queue):
     for i in range(3):
         queue.drop(f"j{i}.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 1GiB\n")
-    done = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
-                           "--fake-gpus", "1x80GiB", "--foreground", "--exit-when-idle"],
-                          capture_output=True, text=True, env=queue.env(), timeout=60)
+    done = subprocess.run(
+        [
+            PY,
+            str(REPO / "worker.py"),
+            "--root",
+            str(queue.root),
+            "--host",
+            "a",
+            "--fake-gpus",
+            "1x80GiB",
+            "--foreground",
+            "--exit-when-idle",
+        ],
+        capture_output=True,
+        text=True,
+        env=queue.env(),
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert all(queue.finished(f"j{i}")["state"] == "done" for i in range(3))
 
 
+@pytest.mark.slow
 def test_exit_when_idle_leaves_only_when_nothing_it_could_start_remains(queue):
     """A dropped sweep is expanded in one pass and its members read in the next; a job whose
     dependency ends is released; a job no box here could run does not keep it waiting."""
@@ -327,23 +363,54 @@ def test_exit_when_idle_leaves_only_when_nothing_it_could_start_remains(queue):
     queue.drop("first.yaml", "command: 'true'\ngpus: 0\n")
     queue.drop("then.yaml", "command: 'true'\ngpus: 0\nafter: [first]\n")
     queue.drop("huge.yaml", "command: 'true'\ngpus: 8\n")
-    done = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
-                           "--fake-gpus", "1x80GiB", "--foreground", "--exit-when-idle"],
-                          capture_output=True, text=True, env=queue.env(), timeout=120)
+    done = subprocess.run(
+        [
+            PY,
+            str(REPO / "worker.py"),
+            "--root",
+            str(queue.root),
+            "--host",
+            "a",
+            "--fake-gpus",
+            "1x80GiB",
+            "--foreground",
+            "--exit-when-idle",
+        ],
+        capture_output=True,
+        text=True,
+        env=queue.env(),
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     ran = sorted(p.stem for p in (queue.root / "state" / "finished").glob("*.json"))
     assert ran == sorted([f"sw_x{i}" for i in range(1, 7)] + ["first", "then"]), ran
     assert (queue.root / "jobs" / "huge.yaml").exists()
 
 
+@pytest.mark.slow
 def test_exit_when_idle_waits_for_an_opportunistic_job_whose_gpu_is_becoming_idle(queue):
     """A low-priority job starts once a GPU has been idle for idle_after_s: the worker stays
     for it, and leaves when it has run."""
     queue.write_config(idle_after_s=1.5)
     queue.drop("lo.yaml", "command: 'true'\ngpus: 1\npriority: low\n")
-    done = subprocess.run([PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a",
-                           "--fake-gpus", "1x80GiB", "--foreground", "--exit-when-idle"],
-                          capture_output=True, text=True, env=queue.env(), timeout=120)
+    done = subprocess.run(
+        [
+            PY,
+            str(REPO / "worker.py"),
+            "--root",
+            str(queue.root),
+            "--host",
+            "a",
+            "--fake-gpus",
+            "1x80GiB",
+            "--foreground",
+            "--exit-when-idle",
+        ],
+        capture_output=True,
+        text=True,
+        env=queue.env(),
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert (queue.finished("lo") or {}).get("state") == "done", sorted(p.name for p in queue.root.rglob("*"))
 

@@ -1,11 +1,13 @@
 """The everyday workflow through the real worker and CLI: dependencies (`after`: after success,
 cancelled down the chain when one fails; `after_any`: after the end, whatever it was),
 hold / release / retry / edit."""
+
 from __future__ import annotations
 
 import getpass
 import json
 
+import pytest
 from conftest import wait_until
 
 from gpuq.model.spec import validate_spec
@@ -30,6 +32,7 @@ def submit(queue, *args: str) -> str:
     return queue.gpuq("submit", "--gpus", "0", *args).stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_a_chain_runs_in_order(queue):
     queue.write_config()
     first = submit(queue, "--name", "prep", "--", "sleep 1")
@@ -43,6 +46,7 @@ def test_a_chain_runs_in_order(queue):
     assert done[0]["ended_at"] <= done[1]["started_at"] and done[1]["ended_at"] <= done[2]["started_at"]
 
 
+@pytest.mark.slow
 def test_a_failed_dependency_cancels_the_chain_and_after_any_still_runs(queue):
     queue.write_config()
     queue.start_worker("a", "1x80GiB")
@@ -58,6 +62,7 @@ def test_a_failed_dependency_cancels_the_chain_and_after_any_still_runs(queue):
     assert wait_until(lambda: queue.finished(cleanup), timeout=30)["state"] == "done"
 
 
+@pytest.mark.slow
 def test_after_an_array_waits_for_all_its_members_and_fails_with_one(queue):
     """An array's id as a dependency stands for its members (Slurm's afterok on an array
     job): it used to wait for ever, "no such job yet", once the array was expanded."""
@@ -76,6 +81,7 @@ def test_after_an_array_waits_for_all_its_members_and_fails_with_one(queue):
     assert wait_until(lambda: queue.finished(any_bad), timeout=60, what="any-bad")["state"] == "done"
 
 
+@pytest.mark.slow
 def test_a_spec_file_may_name_dependencies_and_submit_refuses_unknown_ids(queue):
     queue.write_config()
     out = queue.gpuq("submit", "--after", "nosuchjob", "--", "true", check=False)
@@ -90,6 +96,8 @@ def test_a_spec_file_may_name_dependencies_and_submit_refuses_unknown_ids(queue)
 
 # --- hold / release / retry / edit ---------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_hold_keeps_a_job_back_and_release_restores_its_place(queue):
     queue.write_config()
     first = submit(queue, "--name", "one", "--", "true")
@@ -111,6 +119,7 @@ def test_hold_keeps_a_job_back_and_release_restores_its_place(queue):
     assert queue.finished(second)["reason"].endswith("while held") and queue.status()["held"] == []
 
 
+@pytest.mark.slow
 def test_retry_runs_an_ended_job_again_as_its_next_attempt(queue):
     queue.write_config()
     queue.start_worker("a", "1x80GiB")
@@ -125,6 +134,7 @@ def test_retry_runs_an_ended_job_again_as_its_next_attempt(queue):
     assert "attempt 2" in queue.log(flaky)
 
 
+@pytest.mark.slow
 def test_edit_changes_a_pending_spec_in_place_and_refuses_an_invalid_one(queue, tmp_path):
     queue.write_config()
     first = submit(queue, "--name", "one", "--", "true")
@@ -148,6 +158,8 @@ def test_edit_changes_a_pending_spec_in_place_and_refuses_an_invalid_one(queue, 
 
 # --- drain / resume ---------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(queue, tmp_path):
     queue.write_config()
     queue.start_worker("a", "1x80GiB")
@@ -173,12 +185,16 @@ def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(queue, tmp_path)
 
 # --- sweeps and arrays ------------------------------------------------------------------------
 
+
 def test_sweep_members_have_readable_ids_and_their_values():
     from gpuq.model.groups import parse_array
     from gpuq.spool.sweeps import sweep_members
 
-    data = {"command": "python train.py --lr {lr} --seed {seed}", "gpus": 0,
-            "sweep": {"lr": ["1e-3", 0.0003], "seed": [1, 2]}}
+    data = {
+        "command": "python train.py --lr {lr} --seed {seed}",
+        "gpus": 0,
+        "sweep": {"lr": ["1e-3", 0.0003], "seed": [1, 2]},
+    }
     members = dict(sweep_members(data, "hp"))
     assert list(members) == ["hp_lr1e-3-seed1", "hp_lr1e-3-seed2", "hp_lr0.0003-seed1", "hp_lr0.0003-seed2"]
     m = members["hp_lr0.0003-seed2"]
@@ -189,10 +205,13 @@ def test_sweep_members_have_readable_ids_and_their_values():
     assert parse_array("0-9:3,20") == [0, 3, 6, 9, 20] and parse_array("5") == [5]
 
 
+@pytest.mark.slow
 def test_a_dropped_sweep_becomes_its_jobs_and_one_id_shows_and_cancels_them(queue):
     queue.write_config()
-    queue.drop("hp.yaml", "command: echo lr={lr} seed={seed} $GPUQ_SWEEP_LR\ngpus: 0\n"
-                          "sweep: {lr: [1e-3, 3e-4], seed: [1, 2, 3]}\n")
+    queue.drop(
+        "hp.yaml",
+        "command: echo lr={lr} seed={seed} $GPUQ_SWEEP_LR\ngpus: 0\nsweep: {lr: [1e-3, 3e-4], seed: [1, 2, 3]}\n",
+    )
     assert queue.status()["pending"][0]["reason"] == "a sweep: the next worker pass turns it into its jobs"
     queue.start_worker("a", "1x80GiB")
     ids = [f"hp_lr{lr}-seed{s}" for lr in ("1e-3", "3e-4") for s in (1, 2, 3)]
@@ -208,6 +227,7 @@ def test_a_dropped_sweep_becomes_its_jobs_and_one_id_shows_and_cancels_them(queu
     assert "field 'sweep': seed is not used in command. Fix: write {seed} in command" in err
 
 
+@pytest.mark.slow
 def test_an_array_sets_its_index_and_cancels_as_one(queue):
     queue.write_config()
     out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-3", "--", "echo index=$GPUQ_ARRAY_INDEX")
@@ -217,8 +237,9 @@ def test_an_array_sets_its_index_and_cancels_as_one(queue):
     for i in range(4):
         wait_until(lambda i=i: queue.finished(f"arr-1_{i}"), timeout=30)
         assert f"index={i}" in queue.log(f"arr-1_{i}")
-    held = queue.gpuq("submit", "--gpus", "0", "--name", "wait", "--array", "1-3", "--after", "nosuch", "--",
-                      "true", check=False)
+    held = queue.gpuq(
+        "submit", "--gpus", "0", "--name", "wait", "--array", "1-3", "--after", "nosuch", "--", "true", check=False
+    )
     assert held.returncode == 2 and "no such job" in held.stderr
     second = queue.gpuq("submit", "--gpus", "0", "--name", "slow", "--array", "0-2", "--", "sleep 30")
     group = second.stdout.strip().splitlines()[-1]
@@ -234,6 +255,7 @@ def test_an_array_sets_its_index_and_cancels_as_one(queue):
 
 # --- services -----------------------------------------------------------------------------------
 
+
 def test_restart_policy_and_backoff():
     from gpuq.sched.restarts import restart_delay
 
@@ -245,14 +267,21 @@ def test_restart_policy_and_backoff():
     assert restart_delay("always", 1, None, True, 0) is None  # cancelled, timed out, preempted
 
 
+@pytest.mark.slow
 def test_a_service_is_restarted_in_place_until_cancelled(queue):
     queue.write_config()
     queue.start_worker("a", "1x80GiB")
     # fails twice (restarts after 1 s, then 2 s), then stays up
-    queue.drop("server.yaml", "command: 'echo start ${GPUQ_RESTARTS:-0}; test ${GPUQ_RESTARTS:-0} -ge 2 && "
-                              "exec sleep 60; exit 1'\ngpus: 1\ngpu_mem: 10GiB\npriority: high\nrestart: on-failure\n")
-    row = wait_until(lambda: next((r for r in queue.status()["running"] if r.get("restarts") == 2), None),
-                     timeout=30, what="the second restart")
+    queue.drop(
+        "server.yaml",
+        "command: 'echo start ${GPUQ_RESTARTS:-0}; test ${GPUQ_RESTARTS:-0} -ge 2 && "
+        "exec sleep 60; exit 1'\ngpus: 1\ngpu_mem: 10GiB\npriority: high\nrestart: on-failure\n",
+    )
+    row = wait_until(
+        lambda: next((r for r in queue.status()["running"] if r.get("restarts") == 2), None),
+        timeout=30,
+        what="the second restart",
+    )
     assert row["id"] == "server" and row["attempt"] == 1
     assert "server (restarts 2)" in queue.gpuq("status").stdout
     log = queue.log("server")
@@ -263,6 +292,7 @@ def test_a_service_is_restarted_in_place_until_cancelled(queue):
     assert final["state"] == "cancelled" and final["restarts"] == 2
 
 
+@pytest.mark.slow
 def test_always_restarts_after_success_and_on_failure_does_not(queue):
     queue.write_config()
     queue.start_worker("a", "1x80GiB")
@@ -277,13 +307,19 @@ def test_always_restarts_after_success_and_on_failure_does_not(queue):
 
 # --- bookings ---------------------------------------------------------------------------------
 
+
+@pytest.mark.slow
 def test_a_booking_keeps_others_jobs_off_its_gpus_until_it_is_removed(queue):
     queue.write_config()
     queue.start_worker("a", "2x80GiB")
     booked = queue.gpuq("book", "a:0,1", "--from", "now", "--to", "1h", "--for", "nobody", "--note", "board demo")
     assert booked.stdout.startswith("bk-1: bk-1 (nobody, a:0,1, ") and "board demo" in booked.stdout
     clash = queue.gpuq("book", "a:1", "--from", "now", "--to", "30m", check=False)
-    assert clash.returncode == 1 and "overlaps booking bk-1 (nobody, a:0,1," in clash.stderr and "gpuq unbook bk-1" in clash.stderr
+    assert (
+        clash.returncode == 1
+        and "overlaps booking bk-1 (nobody, a:0,1," in clash.stderr
+        and "gpuq unbook bk-1" in clash.stderr
+    )
     later = queue.gpuq("book", "a:1", "--from", "2099-01-01 10:00", "--to", "2h", "--for", "daemon")
     assert later.stdout.startswith("bk-2: bk-2 (daemon, a:1, ")  # a later slot on the same GPU is fine
     job = submit(queue, "--gpus", "1", "--gpu-mem", "10GiB", "--name", "mine", "--", "true")
@@ -298,6 +334,7 @@ def test_a_booking_keeps_others_jobs_off_its_gpus_until_it_is_removed(queue):
     assert bad.returncode == 2 and "a has no GPU 7" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_job_cancelled_after_a_release_queues_anew_when_retried(queue):
     queue.write_config()
     first = submit(queue, "--name", "one", "--", "true")

@@ -1,4 +1,5 @@
 """`python gpuq.py VERB ...` / `gpuq VERB ...`: one thin handler per verb."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,10 @@ from gpuq.spool.layout import RootError
 
 def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     """A handler imported only when its verb runs: `gpuq status` loads none of the others."""
+
     def handler(args: argparse.Namespace) -> int:
         return getattr(import_module(f"gpuq.{module}"), name)(args)
+
     return handler
 
 
@@ -35,12 +38,20 @@ class _Parser(argparse.ArgumentParser):
         bad = re.match(r"argument VERB: invalid choice: '(.*?)'", message)
         if bad is None:
             super().error(message)
-        verbs = [v for action in self._actions if isinstance(action, argparse._SubParsersAction)
-                 for v in action.choices if v not in HIDDEN_VERBS]
+        verbs = [
+            v
+            for action in self._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for v in action.choices
+            if v not in HIDDEN_VERBS
+        ]
         near = difflib.get_close_matches(bad.group(1), verbs, n=3, cutoff=0.6)
-        print(f"gpuq: unknown verb {bad.group(1)!r}"
-              + (f"; did you mean {' or '.join(near)}?" if near else "")
-              + " (`gpuq --help` lists the verbs)", file=sys.stderr)
+        print(
+            f"gpuq: unknown verb {bad.group(1)!r}"
+            + (f"; did you mean {' or '.join(near)}?" if near else "")
+            + " (`gpuq --help` lists the verbs)",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 
@@ -60,9 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     who = sp.add_mutually_exclusive_group()
     who.add_argument("--me", action="store_true", help="only my jobs")
     who.add_argument("--user", help="only this user's jobs")
-    sp.add_argument("--state", choices=["running", "pending", "held", "finished", "rejected",
-                                        *sorted(s.value for s in FINAL_STATES - {State.REJECTED})],
-                    help="only running, pending, held, finished or rejected jobs, or finished ones in one state")
+    sp.add_argument(
+        "--state",
+        choices=[
+            "running",
+            "pending",
+            "held",
+            "finished",
+            "rejected",
+            *sorted(s.value for s in FINAL_STATES - {State.REJECTED}),
+        ],
+        help="only running, pending, held, finished or rejected jobs, or finished ones in one state",
+    )
     sp = verb("submit", _lazy("cli.submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
     sp.add_argument("--gpus", type=int, default=1, help="GPUs on one host (0: CPU only); default 1")
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
@@ -72,11 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--hosts", help="comma-separated hosts it may run on")
     sp.add_argument("--workdir", help="directory to run in (default: the current one)")
     sp.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra variable (repeatable)")
-    sp.add_argument("--array", metavar="INDICES", help="one job per index (0-9, 1-9:2, 1,4,7), each with "
-                                                        "GPUQ_ARRAY_INDEX; ids <id>_<index>")
+    sp.add_argument(
+        "--array",
+        metavar="INDICES",
+        help="one job per index (0-9, 1-9:2, 1,4,7), each with GPUQ_ARRAY_INDEX; ids <id>_<index>",
+    )
     sp.add_argument("--after", action="append", metavar="ID[,ID]", help="start after these jobs succeeded")
-    sp.add_argument("--after-any", action="append", metavar="ID[,ID]",
-                    help="start after these jobs ended, whatever the result")
+    sp.add_argument(
+        "--after-any", action="append", metavar="ID[,ID]", help="start after these jobs ended, whatever the result"
+    )
     sp.add_argument("--spec", metavar="FILE", help="submit this spec file as it is (checked as a worker would)")
 
     add_limit_options(sp)
@@ -91,12 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     sp = verb("cancel", _lazy("cli.workflow", "cmd_cancel"), "cancel pending or running jobs, from any host")
     sp.add_argument("ids", nargs="+", metavar="ID")
-    sp = verb("wait", _lazy("cli.waiting", "cmd_wait"), "wait until jobs have ended; exit 0 when all are done, "
-                                                    "1 when one is not, 3 on --timeout")
+    sp = verb(
+        "wait",
+        _lazy("cli.waiting", "cmd_wait"),
+        "wait until jobs have ended; exit 0 when all are done, 1 when one is not, 3 on --timeout",
+    )
     sp.add_argument("ids", nargs="+", metavar="ID", help="job ids (a sweep's or array's id: its members)")
     sp.add_argument("--timeout", help="give up after this long (90s, 10m, 2h); default: wait as long as it takes")
-    sp = verb("fake-use", _lazy("cli.demo", "cmd_fake_use"), "inside a job on fake GPUs: use fake GPU memory and "
-                                        "utilization for this process's lifetime")
+    sp = verb(
+        "fake-use",
+        _lazy("cli.demo", "cmd_fake_use"),
+        "inside a job on fake GPUs: use fake GPU memory and utilization for this process's lifetime",
+    )
     sp.add_argument("--mem", help="per GPU (default: $GPUQ_GPU_MEM_MIB, the job's declared memory)")
     sp.add_argument("--util", type=int, default=50, help="utilization percent (default 50)")
     sp.add_argument("--seconds", type=float, help="hold for this long (or run the command after --)")
@@ -104,38 +134,69 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("top", _lazy("cli.status", "cmd_top"), "the status screen, refreshed live")
     sp.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     sp.add_argument("--iterations", type=int, help="stop after this many screens")
-    sp = verb("simulate", _lazy("cli.reports", "cmd_simulate"), "replay a job trace (CSV) on a virtual cluster through gpuq's "
-                                        "planner and the baselines; print waits, occupancy, ratios")
+    sp = verb(
+        "simulate",
+        _lazy("cli.reports", "cmd_simulate"),
+        "replay a job trace (CSV) on a virtual cluster through gpuq's "
+        "planner and the baselines; print waits, occupancy, ratios",
+    )
     sp.add_argument("trace", help="CSV: job_id, submit_s, duration_s, gpus, gpu_mem_gib, gpu_util, user[, priority]")
     sp.add_argument("--cluster", required=True, help="HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB")
-    sp.add_argument("--policy", action="append", metavar="NAME",
-                    help="gpuq, pack-bestfit or fifo-exclusive (repeatable; default: all three)")
+    sp.add_argument(
+        "--policy",
+        action="append",
+        metavar="NAME",
+        help="gpuq, pack-bestfit or fifo-exclusive (repeatable; default: all three)",
+    )
     sp.add_argument("--since", type=float, metavar="S", help="only jobs submitted at or after S seconds")
-    sp.add_argument("--stretch", type=float, default=1.0, metavar="K",
-                    help="multiply the gaps between submissions by K (size a big cluster's load to yours)")
-    sp.add_argument("--mark-low", type=float, metavar="FRACTION",
-                    help="mark about FRACTION of the jobs priority low (by a hash of job_id)")
+    sp.add_argument(
+        "--stretch",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="multiply the gaps between submissions by K (size a big cluster's load to yours)",
+    )
+    sp.add_argument(
+        "--mark-low",
+        type=float,
+        metavar="FRACTION",
+        help="mark about FRACTION of the jobs priority low (by a hash of job_id)",
+    )
     sp.add_argument("--without-low", action="store_true", help="with --mark-low: leave those jobs out instead")
-    sp.add_argument("--mark-rule", choices=("sha1", "md5", "small"), default="sha1",
-                    help="with --mark-low: sha1 of the job id (default), md5 of it, or sha1 among jobs of one GPU or less")
+    sp.add_argument(
+        "--mark-rule",
+        choices=("sha1", "md5", "small"),
+        default="sha1",
+        help="with --mark-low: sha1 of the job id (default), md5 of it, or sha1 among jobs of one GPU or less",
+    )
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config.yaml key for gpuq's policy")
     sp.add_argument("--json", action="store_true", help="the figures as JSON")
-    for name, what in (("hold", "keep pending jobs from starting (they keep their place)"),
-                       ("release", "put held jobs back at their place in the queue"),
-                       ("retry", "put ended jobs back in the queue as their next attempt"),
-                       ("edit", "open a pending job's spec in $EDITOR; it waits out of the queue meanwhile")):
+    for name, what in (
+        ("hold", "keep pending jobs from starting (they keep their place)"),
+        ("release", "put held jobs back at their place in the queue"),
+        ("retry", "put ended jobs back in the queue as their next attempt"),
+        ("edit", "open a pending job's spec in $EDITOR; it waits out of the queue meanwhile"),
+    ):
         sp = verb(name, _lazy("cli.workflow", "cmd_move"), what)
         sp.add_argument("ids", nargs=1 if name == "edit" else "+", metavar="ID")
-    sp = verb("drain", _lazy("cli.workflow", "cmd_drain"), "let a host's running jobs finish and start nothing new there")
+    sp = verb(
+        "drain", _lazy("cli.workflow", "cmd_drain"), "let a host's running jobs finish and start nothing new there"
+    )
     sp.add_argument("host")
     sp.add_argument("--reason", help="shown in status, e.g. 'driver update at 18:00'")
     sp = verb("resume", _lazy("cli.workflow", "cmd_drain"), "let a drained host take jobs again")
     sp.add_argument("host")
-    sp = verb("forget", _lazy("cli.workflow", "cmd_drain"), "stop listing a host taken out of the team "
-                                                            "(admins; its worker stopped, no job left there)")
+    sp = verb(
+        "forget",
+        _lazy("cli.workflow", "cmd_drain"),
+        "stop listing a host taken out of the team (admins; its worker stopped, no job left there)",
+    )
     sp.add_argument("host")
-    sp = verb("book", _lazy("cli.workflow", "cmd_book"), "set GPUs aside for a person or an event: "
-                                                         "only their jobs (and opportunistic ones) run there then")
+    sp = verb(
+        "book",
+        _lazy("cli.workflow", "cmd_book"),
+        "set GPUs aside for a person or an event: only their jobs (and opportunistic ones) run there then",
+    )
     sp.add_argument("target", metavar="HOST:GPUS", help="box-a:0,1, box-a:0-3 or box-a (all its GPUs)")
     sp.add_argument("--from", dest="start", required=True, help="14:00, now, or '2026-12-01 14:00'")
     sp.add_argument("--to", dest="end", required=True, help="18:00, '2026-12-01 18:00', or a length: 4h")
@@ -149,28 +210,47 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("init", _lazy("cli.workflow", "cmd_init"), "make a new queue root and print the cron line")
     sp.add_argument("dir")
     sp.add_argument("--group", help="the team's group: the root is made theirs (setgid, sticky jobs/)")
-    sp = verb("doctor", _lazy("cli.workflow", "cmd_doctor"), "check NVML, hosts, permissions, file systems, "
-                                                             "clocks, cron and versions; each finding with its fix")
+    sp = verb(
+        "doctor",
+        _lazy("cli.workflow", "cmd_doctor"),
+        "check NVML, hosts, permissions, file systems, clocks, cron and versions; each finding with its fix",
+    )
     sp.add_argument("--json", action="store_true")
-    sp = verb("completion", _lazy("cli.completion", "cmd_completion"), "print the shell completion script: eval \"$(gpuq completion bash)\"")
+    sp = verb(
+        "completion",
+        _lazy("cli.completion", "cmd_completion"),
+        'print the shell completion script: eval "$(gpuq completion bash)"',
+    )
     sp.add_argument("shell", choices=("bash", "zsh"))
     for hidden in HIDDEN_VERBS:
         sp = sub.add_parser(hidden)
         sp.set_defaults(handler=_lazy("cli.completion", "cmd_completion"))
         if hidden == "_ids":
             sp.add_argument("prefix", nargs="?", default="")
-    sp = verb("report", _lazy("cli.reports", "cmd_report"), "GPU-hours used and held idle, waits, utilization and queue length "
-                                    "over time, failures and preemptions, over a window")
-    sp.add_argument("--since", help="a duration back from now (7d, 12h, 90m) or a local date (2026-11-01, "
-                                    "'2026-11-01 14:00'); default 7d, or from the queue's first job when that is later")
+    sp = verb(
+        "report",
+        _lazy("cli.reports", "cmd_report"),
+        "GPU-hours used and held idle, waits, utilization and queue length "
+        "over time, failures and preemptions, over a window",
+    )
+    sp.add_argument(
+        "--since",
+        help="a duration back from now (7d, 12h, 90m) or a local date (2026-11-01, "
+        "'2026-11-01 14:00'); default 7d, or from the queue's first job when that is later",
+    )
     sp.add_argument("--by", choices=("user", "host", "gpu"), help="one row per user, host or GPU")
-    sp.add_argument("--json", action="store_true", help="the report as JSON (README \"Reports\")")
-    sp.add_argument("--html", metavar="FILE", help="write a self-contained page with charts (needs the "
-                                                   "[report] extra: matplotlib)")
-    sp = verb("demo", _lazy("cli.demo", "cmd_demo"), "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen")
+    sp.add_argument("--json", action="store_true", help="the report as JSON (docs/reports.md)")
+    sp.add_argument(
+        "--html", metavar="FILE", help="write a self-contained page with charts (needs the [report] extra: matplotlib)"
+    )
+    sp = verb(
+        "demo", _lazy("cli.demo", "cmd_demo"), "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen"
+    )
     sp.add_argument("--dir", help="queue root to create (default: a new temp dir)")
     sp.add_argument("--quick", action="store_true", help="shorter jobs")
-    sp.add_argument("--keep", action="store_true", help="keep the temp queue root to look around (--dir is always kept)")
+    sp.add_argument(
+        "--keep", action="store_true", help="keep the temp queue root to look around (--dir is always kept)"
+    )
     return p
 
 
@@ -195,7 +275,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     except (RootError, ConfigError) as e:
         print(f"gpuq {args.verb}: {e}", file=sys.stderr)
         return 2
-    except PermissionError as e:  # the spool's modes said no: a refusal (README: exit 1), not bad input
+    except PermissionError as e:  # the spool's modes said no: a refusal (docs/reference.md: exit 1), not bad input
         print(f"gpuq {args.verb}: {_permission_denied(e)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
@@ -210,13 +290,18 @@ def _permission_denied(e: PermissionError) -> str:
 
     path = os.fsdecode(e.filename)
     if os.geteuid() == 0:  # only a file system can refuse root: an NFS export squashing it
-        return (f"root may not use {safe_text(path)}: its file system squashes root (an NFS export without "
-                "no_root_squash). Fix: export the spool to the GPU boxes with no_root_squash (README, Shared disks)")
+        return (
+            f"root may not use {safe_text(path)}: its file system squashes root (an NFS export without "
+            "no_root_squash). Fix: export the spool to the GPU boxes with no_root_squash "
+            "(docs/security.md, Shared disks)"
+        )
     there = path if os.path.lexists(path) else os.path.dirname(path)  # a file it meant to create
     if os.access(there, os.R_OK | (os.X_OK if os.path.isdir(there) else 0)):
-        return f"cannot write {safe_text(path)}: permission denied (README, Security model: who may write what)"
-    return (f"cannot read {safe_text(path)}: permission denied. Fix: ask the root's owner to add you to its group "
-            "(README, Security model)")
+        return f"cannot write {safe_text(path)}: permission denied (docs/security.md: who may write what)"
+    return (
+        f"cannot read {safe_text(path)}: permission denied. Fix: ask the root's owner to add you to its group "
+        "(docs/security.md)"
+    )
 
 
 def entry_point() -> int:

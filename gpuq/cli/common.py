@@ -1,5 +1,6 @@
 """What every verb's handler needs: the queue root it works on, its config, the one job id rule
 for ids typed on the command line, and the command after `--`."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ def open_layout(args: argparse.Namespace) -> Layout:
     try:
         layout.ensure()
     except PermissionError:
-        pass  # a team member's CLI: the worker's account made the spool (README, Security model)
+        pass  # a team member's CLI: the worker's account made the spool (docs/security.md)
     return layout
 
 
@@ -33,8 +34,11 @@ def refuse_bad_id(verb: str, job_id: str) -> bool:
         return False
 
     shown = safe_text(job_id if len(job_id) <= 40 else f"{job_id[:40]}… ({len(job_id)} characters)")
-    print(f"gpuq {verb}: '{shown}' is not a job id (ids are at most 64 letters, digits, '_', '-' and '.', "
-          "not starting with '.'); gpuq status lists the jobs", file=sys.stderr)
+    print(
+        f"gpuq {verb}: '{shown}' is not a job id (ids are at most 64 letters, digits, '_', '-' and '.', "
+        "not starting with '.'); gpuq status lists the jobs",
+        file=sys.stderr,
+    )
     return True
 
 

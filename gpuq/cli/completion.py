@@ -1,6 +1,7 @@
 """Shell completion: `gpuq completion bash|zsh` prints a script made from the argument parser
 itself (so it never drifts from the verbs and options); job ids come from `gpuq _ids PREFIX`,
 which lists names in the spool without parsing anything; hosts from `gpuq _hosts`."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,13 @@ def job_ids(layout: Layout, prefix: str) -> list[str]:
     """Ids starting with `prefix`: pending, held, running, groups, then finished (at most
     MAX_IDS; a queue with 100,000 finished jobs completes as fast as an empty one)."""
     found: list[str] = []
-    for directory, suffixes in ((layout.jobs, (".yaml", ".yml")), (layout.held, (".yaml",)),
-                                (layout.running, (".json",)), (layout.groups, (".json",)),
-                                (layout.finished, (".json",))):
+    for directory, suffixes in (
+        (layout.jobs, (".yaml", ".yml")),
+        (layout.held, (".yaml",)),
+        (layout.running, (".json",)),
+        (layout.groups, (".json",)),
+        (layout.finished, (".json",)),
+    ):
         try:
             with os.scandir(directory) as it:
                 for entry in it:
@@ -41,13 +46,16 @@ def host_names(layout: Layout) -> list[str]:
 
 def _verbs(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {name: sorted(o for a in sp._actions for o in a.option_strings)
-            for name, sp in sub.choices.items() if not name.startswith("_")}
+    return {
+        name: sorted(o for a in sp._actions for o in a.option_strings)
+        for name, sp in sub.choices.items()
+        if not name.startswith("_")
+    }
 
 
 def bash_script(parser: argparse.ArgumentParser) -> str:
     verbs = _verbs(parser)
-    cases = "\n".join(f"            {name}) opts=\"{' '.join(opts)}\" ;;" for name, opts in verbs.items())
+    cases = "\n".join(f'            {name}) opts="{" ".join(opts)}" ;;' for name, opts in verbs.items())
     return f"""# gpuq completion for bash: eval "$(gpuq completion bash)" (e.g. in ~/.bashrc)
 _gpuq() {{
     local cur="${{COMP_WORDS[COMP_CWORD]}}" verb="" root=() i w
@@ -58,7 +66,7 @@ _gpuq() {{
         verb="$w"; break
     done
     if [[ -z "$verb" ]]; then
-        COMPREPLY=($(compgen -W "{' '.join(verbs)} --root --help" -- "$cur")); return
+        COMPREPLY=($(compgen -W "{" ".join(verbs)} --root --help" -- "$cur")); return
     fi
     if [[ "$cur" == -* ]]; then
         local opts=""
@@ -68,8 +76,8 @@ _gpuq() {{
         COMPREPLY=($(compgen -W "$opts" -- "$cur")); return
     fi
     case "$verb" in
-        {'|'.join(ID_VERBS)}) COMPREPLY=($(gpuq "${{root[@]}}" _ids "$cur" 2>/dev/null)) ;;
-        {'|'.join(HOST_VERBS)}) COMPREPLY=($(compgen -W "$(gpuq "${{root[@]}}" _hosts 2>/dev/null)" -- "$cur")) ;;
+        {"|".join(ID_VERBS)}) COMPREPLY=($(gpuq "${{root[@]}}" _ids "$cur" 2>/dev/null)) ;;
+        {"|".join(HOST_VERBS)}) COMPREPLY=($(compgen -W "$(gpuq "${{root[@]}}" _hosts 2>/dev/null)" -- "$cur")) ;;
         completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")) ;;
         *) COMPREPLY=($(compgen -f -- "$cur")) ;;
     esac
@@ -79,14 +87,15 @@ complete -F _gpuq gpuq
 
 
 def zsh_script(parser: argparse.ArgumentParser) -> str:
-    return ("# gpuq completion for zsh: eval \"$(gpuq completion zsh)\" (e.g. in ~/.zshrc)\n"
-            "autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n"
-            + bash_script(parser).split("\n", 1)[1])
+    return (
+        '# gpuq completion for zsh: eval "$(gpuq completion zsh)" (e.g. in ~/.zshrc)\n'
+        "autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n"
+        + bash_script(parser).split("\n", 1)[1]
+    )
 
 
 def script(shell: str, parser: argparse.ArgumentParser) -> str:
     return bash_script(parser) if shell == "bash" else zsh_script(parser)
-
 
 
 def cmd_completion(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 Two stand-in boxes with 4 fake 24 GiB GPUs each; a dozen jobs of mixed sizes submitted the
 way a user would; the status screen while they are claimed, packed and run; a log; the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,19 @@ def _launchers() -> tuple[list[str], list[str]]:
         return [sys.executable, str(REPO / "worker.py")], [sys.executable, str(REPO / "gpuq.py")]
     run = "import sys; from gpuq.{} import main; sys.exit(main())"
     return [sys.executable, "-c", run.format("worker_main")], [sys.executable, "-c", run.format("cli")]
+
+
 JOBS = [  # (gpus, gpu_mem, seconds)
-    (1, "20GiB", 4), (1, "20GiB", 4), (1, "10GiB", 3), (1, "10GiB", 3), (1, "6GiB", 2),
-    (2, "16GiB", 5), (1, None, 3), (4, "8GiB", 3), (1, "12GiB", 2), (0, None, 2),
+    (1, "20GiB", 4),
+    (1, "20GiB", 4),
+    (1, "10GiB", 3),
+    (1, "10GiB", 3),
+    (1, "6GiB", 2),
+    (2, "16GiB", 5),
+    (1, None, 3),
+    (4, "8GiB", 3),
+    (1, "12GiB", 2),
+    (0, None, 2),
     (1, "4GiB", 2),
 ]
 # Fits no GPU of the demo's boxes: `gpuq submit` refuses it; written by hand into jobs/, it
@@ -51,9 +62,11 @@ def run(root: Path | None = None, quick: bool = False, keep: bool = False) -> in
             print(f"# removed the demo's queue root {root} (gpuq demo --keep keeps it to look around)")
         else:
             worker, cli = _launchers()
-            print(f"# the queue root stays: {shlex.join([*cli, '--root', str(root), 'status'])} shows it;\n"
-                  f"# its boxes' workers have stopped: {shlex.join([*worker, '--root', str(root), '--host', 'box-a'])} "
-                  f"--fake-gpus 4x24GiB starts box-a again, to try more submits; rm -rf {root} removes it")
+            print(
+                f"# the queue root stays: {shlex.join([*cli, '--root', str(root), 'status'])} shows it;\n"
+                f"# its boxes' workers have stopped: {shlex.join([*worker, '--root', str(root), '--host', 'box-a'])} "
+                f"--fake-gpus 4x24GiB starts box-a again, to try more submits; rm -rf {root} removes it"
+            )
 
 
 def _run(root: Path, quick: bool) -> int:
@@ -69,30 +82,49 @@ def _run(root: Path, quick: bool) -> int:
     workers = []
     for host, path in stderr.items():
         with open(path, "wb") as err:
-            workers.append(subprocess.Popen([*worker, "--root", str(root), "--host", host, "--fake-gpus", "4x24GiB",
-                                             "--foreground"], stdout=subprocess.DEVNULL, stderr=err, env=env))
+            workers.append(
+                subprocess.Popen(
+                    [*worker, "--root", str(root), "--host", host, "--fake-gpus", "4x24GiB", "--foreground"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    env=env,
+                )
+            )
     try:
         for (host, path), proc in zip(stderr.items(), workers):  # submit judges sizes by the GPUs workers report
             deadline = time.monotonic() + 120
             while not (root / "state" / "workers" / f"{host}.json").exists():
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    print(f"# the worker of {host} did not start:\n{path.read_text(errors='replace')[-2000:]}",
-                          file=sys.stderr)
+                    print(
+                        f"# the worker of {host} did not start:\n{path.read_text(errors='replace')[-2000:]}",
+                        file=sys.stderr,
+                    )
                     return 1
                 time.sleep(0.1)
         ids = []
         scale = 0.3 if quick else 1.0
         for gpus, mem, seconds in JOBS:
-            work = (f'echo "training on GPUs [$CUDA_VISIBLE_DEVICES] with $GPUQ_GPU_MEM_MIB MiB each"; '
-                    f'exec {shlex.join(cli)} fake-use --seconds {seconds * scale}')
-            args = ["submit", "--gpus", str(gpus)] + (["--gpu-mem", mem] if mem else []) + \
-                   ["--name", f"train-{mem or 'whole' if gpus else 'cpu'}", "--", "sh", "-c", work]
+            work = (
+                f'echo "training on GPUs [$CUDA_VISIBLE_DEVICES] with $GPUQ_GPU_MEM_MIB MiB each"; '
+                f"exec {shlex.join(cli)} fake-use --seconds {seconds * scale}"
+            )
+            args = (
+                ["submit", "--gpus", str(gpus)]
+                + (["--gpu-mem", mem] if mem else [])
+                + ["--name", f"train-{mem or 'whole' if gpus else 'cpu'}", "--", "sh", "-c", work]
+            )
             out = subprocess.run(gpuq + args, capture_output=True, text=True, env=env, check=True)
             ids.append(out.stdout.split()[-1])
         print(f"# submitted {len(ids)} jobs: gpuq submit --gpus N --gpu-mem SIZE -- COMMAND\n")
         print("$ gpuq submit --gpu-mem 30GiB -- python train.py")
-        print(subprocess.run(gpuq + ["submit", "--gpu-mem", "30GiB", "--", "python", "train.py"],
-                             capture_output=True, text=True, env=env).stderr)
+        print(
+            subprocess.run(
+                gpuq + ["submit", "--gpu-mem", "30GiB", "--", "python", "train.py"],
+                capture_output=True,
+                text=True,
+                env=env,
+            ).stderr
+        )
         print(f"# the same job written by hand as jobs/{TOO_BIG}.yaml waits; status says why\n")
         (root / "jobs" / f".{TOO_BIG}.tmp").write_text("command: python train.py\ngpus: 1\ngpu_mem: 30GiB\n")
         os.rename(root / "jobs" / f".{TOO_BIG}.tmp", root / "jobs" / f"{TOO_BIG}.yaml")
@@ -115,9 +147,11 @@ def _run(root: Path, quick: bool) -> int:
         print(f"$ gpuq show {ids[5]}")
         print(subprocess.run(gpuq + ["show", ids[5]], capture_output=True, text=True, env=env).stdout)
         states = [json.loads(p.read_text())["state"] for p in (root / "state" / "finished").glob("*.json")]
-        print(f"# {len(states)}/{len(ids)} jobs finished: {states.count('done')} done, "
-              f"{states.count('cancelled')} cancelled (as asked), {len(states) - states.count('done') - states.count('cancelled')} "
-              "failed or lost")
+        print(
+            f"# {len(states)}/{len(ids)} jobs finished: {states.count('done')} done, "
+            f"{states.count('cancelled')} cancelled (as asked), "
+            f"{len(states) - states.count('done') - states.count('cancelled')} failed or lost"
+        )
         return 0 if states.count("done") == len(ids) - 1 and states.count("cancelled") == 1 else 1
     finally:
         for w in workers:
@@ -138,6 +172,5 @@ def cmd_fake_use(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-
 
     return run(Path(args.dir) if args.dir else None, quick=args.quick, keep=args.keep)

@@ -5,6 +5,7 @@ mount options and whether the export squashes root, that config, code and state 
 the team and the interpreter reachable by it, clock offsets between hosts (from their
 heartbeats), that cron starts a worker for this root (for a member: that workers are up), and
 that every host runs this gpuq version."""
+
 from __future__ import annotations
 
 import os
@@ -24,12 +25,12 @@ from gpuq.spool import strictmodes
 from gpuq.spool.layout import Layout
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
 
-CLOCK_WARN_S = 1.0   # heartbeat time vs the file's mtime, across hosts
+CLOCK_WARN_S = 1.0  # heartbeat time vs the file's mtime, across hosts
 
 
 @dataclass
 class Finding:
-    level: str        # ok, warn, fail
+    level: str  # ok, warn, fail
     check: str
     message: str
     fix: str = ""
@@ -42,7 +43,9 @@ def runs_the_workers(layout: Layout) -> bool:
     return os.geteuid() in (0, _owner(layout.state))
 
 
-ASK_THE_OWNER = "ask the root's owner to check cron and logs/worker-HOST.log on the GPU boxes (gpuq doctor, run as them)"
+ASK_THE_OWNER = (
+    "ask the root's owner to check cron and logs/worker-HOST.log on the GPU boxes (gpuq doctor, run as them)"
+)
 
 
 def check_nvml(layout: Layout) -> Finding:
@@ -57,11 +60,18 @@ def check_nvml(layout: Layout) -> Finding:
             pynvml.nvmlShutdown()
     except Exception as e:  # NVMLError, ImportError, a missing libnvidia-ml.so: all the same here
         if not runs_the_workers(layout):  # a member's laptop or login box needs no GPU to use the queue
-            return Finding("ok", "nvml", f"NVML is not usable on {this_host()} ({e}); the workers' boxes "
-                           "report their own GPUs (hosts)")
-        return Finding("warn", "nvml", f"NVML is not usable on {this_host()}: {e}",
-                       "on a GPU box: install the NVIDIA driver until `nvidia-smi` works; without "
-                       "GPUs, run workers with --fake-gpus 4x24GiB")
+            return Finding(
+                "ok",
+                "nvml",
+                f"NVML is not usable on {this_host()} ({e}); the workers' boxes report their own GPUs (hosts)",
+            )
+        return Finding(
+            "warn",
+            "nvml",
+            f"NVML is not usable on {this_host()}: {e}",
+            "on a GPU box: install the NVIDIA driver until `nvidia-smi` works; without "
+            "GPUs, run workers with --fake-gpus 4x24GiB",
+        )
     driver = driver.decode() if isinstance(driver, bytes) else driver
     return Finding("ok", "nvml", f"NVML works on {this_host()}: driver {driver}, {count} GPU(s)")
 
@@ -70,67 +80,128 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
     beats = load_heartbeats(layout)
     owner = runs_the_workers(layout)
     if not beats:
-        return [Finding("fail", "hosts", "no worker has ever run for this root",
-                        f"add to each box's crontab: {cron_line(layout.root)}" if owner else ASK_THE_OWNER)]
+        return [
+            Finding(
+                "fail",
+                "hosts",
+                "no worker has ever run for this root",
+                f"add to each box's crontab: {cron_line(layout.root)}" if owner else ASK_THE_OWNER,
+            )
+        ]
     out = []
     for hb in beats:
         host, gpus = hb["host"], hb.get("gpus", [])
         offered = config.offered_gpus(host)
         what = f"{len(gpus)} GPU(s)" + (f" (config gpus: {offered})" if offered is not None else "")
         if hb.get("stopped"):  # it said so as it stopped: not silent, and not a fault by itself
-            out.append(Finding("warn", "hosts", f"{host}: its worker stopped cleanly ({what}); cron starts it "
-                               "again within a minute if its crontab line is there",
-                               f"on {host}: check its crontab" if owner else ASK_THE_OWNER.replace("HOST", host)))
+            out.append(
+                Finding(
+                    "warn",
+                    "hosts",
+                    f"{host}: its worker stopped cleanly ({what}); cron starts it "
+                    "again within a minute if its crontab line is there",
+                    f"on {host}: check its crontab" if owner else ASK_THE_OWNER.replace("HOST", host),
+                )
+            )
         elif not heartbeat_alive(hb, now):
-            out.append(Finding("warn", "hosts", f"{host}: worker silent for {now - hb.get('t', 0):.0f} s ({what})",
-                               f"on {host}: check its crontab and logs/worker-{host}.log" if owner else
-                               ASK_THE_OWNER.replace("HOST", host)))
+            out.append(
+                Finding(
+                    "warn",
+                    "hosts",
+                    f"{host}: worker silent for {now - hb.get('t', 0):.0f} s ({what})",
+                    f"on {host}: check its crontab and logs/worker-{host}.log"
+                    if owner
+                    else ASK_THE_OWNER.replace("HOST", host),
+                )
+            )
         elif hb.get("probe_error"):
             out.append(Finding("warn", "hosts", f"{host}: {hb['probe_error']}", f"on {host}: run `nvidia-smi`"))
         else:
             out.append(Finding("ok", "hosts", f"{host}: up, offers {what}"))
         for runtime, why in sorted(hb.get("runtime_problems", {}).items()):
-            out.append(Finding("warn", "containers", f"{host}: {runtime} is installed but unusable: {why}; "
-                               "jobs needing it are not placed there meanwhile",
-                               f"on {host}: start its daemon (`systemctl start {runtime}`) or check `{runtime} "
-                               "version`" if owner else f"if your jobs need {runtime}, ask the root's owner"))
+            out.append(
+                Finding(
+                    "warn",
+                    "containers",
+                    f"{host}: {runtime} is installed but unusable: {why}; "
+                    "jobs needing it are not placed there meanwhile",
+                    f"on {host}: start its daemon (`systemctl start {runtime}`) or check `{runtime} version`"
+                    if owner
+                    else f"if your jobs need {runtime}, ask the root's owner",
+                )
+            )
         if hb.get("runtimes"):
             found = ", ".join(f"{n} {v}" for n, v in sorted(hb["runtimes"].items()))
             out.append(Finding("ok", "containers", f"{host}: {found}"))
         if hb.get("version") != __version__:
-            out.append(Finding("fail", "version", f"{host} runs gpuq {hb.get('version')}, this is {__version__}",
-                               f"on {host}: update its checkout (git pull; pip install -e .) so every box runs "
-                               "one version"))
+            out.append(
+                Finding(
+                    "fail",
+                    "version",
+                    f"{host} runs gpuq {hb.get('version')}, this is {__version__}",
+                    f"on {host}: update its checkout (git pull; pip install -e .) so every box runs one version",
+                )
+            )
     return out
 
 
 def check_permissions(layout: Layout) -> list[Finding]:
-    """The trust boundary (README, Security model): members create files only in jobs/ and
+    """The trust boundary (docs/security.md): members create files only in jobs/ and
     requests/ (sticky where shared); everything else is the spool owner's and nobody else can
-    write it; a root worker refuses to start otherwise (strictmodes.py)."""
+    write it; a root worker refuses to start otherwise (spool/strictmodes.py)."""
     out = []
     for d in layout.member_writable():
         try:
             mode = os.stat(d).st_mode
         except FileNotFoundError:
-            out.append(Finding("fail", "permissions", f"{d} is missing (a root made by an older gpuq)",
-                               f"as the root's owner: mkdir {d}; chmod --reference={layout.jobs} {d}"))
+            out.append(
+                Finding(
+                    "fail",
+                    "permissions",
+                    f"{d} is missing (a root made by an older gpuq)",
+                    f"as the root's owner: mkdir {d}; chmod --reference={layout.jobs} {d}",
+                )
+            )
             continue
         if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
-            out.append(Finding("fail", "permissions", f"{d} is writable by others but not sticky: anyone "
-                               "could rename or delete another user's file", f"chmod +t {d}"))
+            out.append(
+                Finding(
+                    "fail",
+                    "permissions",
+                    f"{d} is writable by others but not sticky: anyone could rename or delete another user's file",
+                    f"chmod +t {d}",
+                )
+            )
         elif not os.access(d, os.W_OK):
-            out.append(Finding("fail", "permissions", f"{d} is not writable by you", "ask the root's owner to "
-                               "put you in the queue's group (README, Setting up a shared root)"))
+            out.append(
+                Finding(
+                    "fail",
+                    "permissions",
+                    f"{d} is not writable by you",
+                    "ask the root's owner to put you in the queue's group (docs/security.md, Setting up a shared root)",
+                )
+            )
     # Root checks for a root worker (which must own the spool); anyone else for the account
     # that owns state/ (a user's own queue, or the root worker's as a member sees it).
     owner = _owner(layout.state)
     worker_uid = os.geteuid() if os.geteuid() == 0 or owner is None else owner
     for problem in strictmodes.problems(layout, worker_uid):
-        out.append(Finding("fail", "permissions", problem.split("; ")[0] + "; a root worker refuses to start",
-                           problem.rsplit("Fix: ", 1)[-1]))
-    return out or [Finding("ok", "permissions", "members write only jobs/ and requests/ (sticky); config, "
-                           "code, logs/ and state/ are the worker's account's")]
+        out.append(
+            Finding(
+                "fail",
+                "permissions",
+                problem.split("; ")[0] + "; a root worker refuses to start",
+                problem.rsplit("Fix: ", 1)[-1],
+            )
+        )
+    return out or [
+        Finding(
+            "ok",
+            "permissions",
+            "members write only jobs/ and requests/ (sticky); config, "
+            "code, logs/ and state/ are the worker's account's",
+        )
+    ]
 
 
 def check_reachable(layout: Layout) -> list[Finding]:
@@ -141,10 +212,16 @@ def check_reachable(layout: Layout) -> list[Finding]:
     for what, path in (("the Python gpuq runs on", Path(sys.executable)), ("gpuq's code", Path(__file__))):
         blocked = _blocked_for_team(path.resolve(), team_gid)
         if blocked is not None:
-            out.append(Finding("warn", "reachable", f"{what} ({path}) is not reachable by the team: {blocked} "
-                               "lets only its owner in", "make a venv everyone can run, e.g. "
-                               "`/usr/bin/python3 -m venv /opt/gpuq-venv && /opt/gpuq-venv/bin/pip install "
-                               "/path/to/gpuq` (README, Setting up a shared root)"))
+            out.append(
+                Finding(
+                    "warn",
+                    "reachable",
+                    f"{what} ({path}) is not reachable by the team: {blocked} lets only its owner in",
+                    "make a venv everyone can run, e.g. "
+                    "`/usr/bin/python3 -m venv /opt/gpuq-venv && /opt/gpuq-venv/bin/pip install "
+                    "/path/to/gpuq` (docs/security.md, Setting up a shared root)",
+                )
+            )
     return out or [Finding("ok", "reachable", f"the team can run this gpuq ({sys.executable})")]
 
 
@@ -168,8 +245,14 @@ def check_squashing(layout: Layout) -> list[Finding]:
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except PermissionError:
-        return [Finding("fail", "squash", f"root cannot create files in {layout.state}: the export squashes root",
-                        "export the spool to the GPU boxes with no_root_squash (README, Shared disks)")]
+        return [
+            Finding(
+                "fail",
+                "squash",
+                f"root cannot create files in {layout.state}: the export squashes root",
+                "export the spool to the GPU boxes with no_root_squash (docs/security.md, Shared disks)",
+            )
+        ]
     except OSError:
         return []
     try:
@@ -178,8 +261,14 @@ def check_squashing(layout: Layout) -> list[Finding]:
         os.close(fd)
         probe.unlink(missing_ok=True)
     if owner != 0:
-        return [Finding("fail", "squash", f"a file root creates in {layout.state} is owned by uid {owner}: the export "
-                        "squashes root", "export the spool to the GPU boxes with no_root_squash (README, Shared disks)")]
+        return [
+            Finding(
+                "fail",
+                "squash",
+                f"a file root creates in {layout.state} is owned by uid {owner}: the export squashes root",
+                "export the spool to the GPU boxes with no_root_squash (docs/security.md, Shared disks)",
+            )
+        ]
     return [Finding("ok", "squash", "root writes the spool as root (no root squashing)")]
 
 
@@ -195,11 +284,20 @@ def check_filesystems(layout: Layout, config: Config) -> list[Finding]:
     local = layout.local_dir(this_host(), config.local_dir)
     found = mount_of(local if os.path.exists(local) else local.parent)  # a member may not see into it
     if found and found[1] in NETWORK_FILESYSTEMS:
-        out.append(Finding("fail", "local_dir", f"local_dir {local} is on {found[1]}: locks there do not work",
-                           "set `local_dir: /var/tmp/gpuq-{host}` in config.yaml"))
+        out.append(
+            Finding(
+                "fail",
+                "local_dir",
+                f"local_dir {local} is on {found[1]}: locks there do not work",
+                "set `local_dir: /var/tmp/gpuq-{host}` in config.yaml",
+            )
+        )
     else:
-        out.append(Finding("ok", "local_dir", f"local_dir {local} is on a local file system "
-                           f"({found[1] if found else 'unknown'})"))
+        out.append(
+            Finding(
+                "ok", "local_dir", f"local_dir {local} is on a local file system ({found[1] if found else 'unknown'})"
+            )
+        )
     found = mount_of(layout.root)
     if found is None:
         return out
@@ -207,13 +305,25 @@ def check_filesystems(layout: Layout, config: Config) -> list[Finding]:
     if kind.startswith("nfs"):
         opts = dict(o.partition("=")[::2] for o in options.split(","))
         if opts.get("lookupcache", "all") == "all":
-            out.append(Finding("warn", "nfs", f"{point} ({kind}) caches lookups: a spec renamed on another "
-                               "box can stay invisible for up to acdirmax seconds",
-                               f"mount {point} with -o lookupcache=positive (or none)"))
+            out.append(
+                Finding(
+                    "warn",
+                    "nfs",
+                    f"{point} ({kind}) caches lookups: a spec renamed on another "
+                    "box can stay invisible for up to acdirmax seconds",
+                    f"mount {point} with -o lookupcache=positive (or none)",
+                )
+            )
         if "noac" not in opts and float(opts.get("acdirmax", opts.get("actimeo", 60))) > 5:
-            out.append(Finding("warn", "nfs", f"{point}: directory attributes cached for up to "
-                               f"{opts.get('acdirmax', opts.get('actimeo', 60))} s: new specs may wait that long",
-                               f"mount {point} with -o acdirmax=1 (or actimeo=1)"))
+            out.append(
+                Finding(
+                    "warn",
+                    "nfs",
+                    f"{point}: directory attributes cached for up to "
+                    f"{opts.get('acdirmax', opts.get('actimeo', 60))} s: new specs may wait that long",
+                    f"mount {point} with -o acdirmax=1 (or actimeo=1)",
+                )
+            )
         out.append(Finding("ok", "filesystem", f"root on {kind} at {point}"))
     else:
         out.append(Finding("ok", "filesystem", f"root on {kind} at {point} (one box, or a local test)"))
@@ -234,9 +344,15 @@ def check_clocks(layout: Layout) -> list[Finding]:
     spread = max(offsets.values()) - min(offsets.values())
     text = ", ".join(f"{h} {o:+.2f}s" for h, o in sorted(offsets.items()))
     if spread > CLOCK_WARN_S:
-        return [Finding("warn", "clocks", f"host clocks differ by {spread:.1f} s ({text}); gpuq's safety does "
-                        "not depend on them, but times in status and reports do",
-                        "install and enable chrony (or systemd-timesyncd) on every box")]
+        return [
+            Finding(
+                "warn",
+                "clocks",
+                f"host clocks differ by {spread:.1f} s ({text}); gpuq's safety does "
+                "not depend on them, but times in status and reports do",
+                "install and enable chrony (or systemd-timesyncd) on every box",
+            )
+        ]
     return [Finding("ok", "clocks", f"host clocks agree within {spread:.2f} s ({text})")]
 
 
@@ -257,15 +373,28 @@ def check_cron(layout: Layout, config: Config, now: float) -> Finding:
             sources.append(path.read_text())
         except OSError:
             continue
-    lines = [line for text in sources for line in text.splitlines()
-             if not line.lstrip().startswith("#") and ("worker.py" in line or "gpuq-worker" in line)
-             and _for_root(line, layout.root)]
+    lines = [
+        line
+        for text in sources
+        for line in text.splitlines()
+        if not line.lstrip().startswith("#")
+        and ("worker.py" in line or "gpuq-worker" in line)
+        and _for_root(line, layout.root)
+    ]
     if not lines:
-        return Finding("fail", "cron", f"no crontab on {this_host()} starts a gpuq worker for {layout.root}",
-                       f"crontab -e, and add: {cron_line(layout.root)}")
+        return Finding(
+            "fail",
+            "cron",
+            f"no crontab on {this_host()} starts a gpuq worker for {layout.root}",
+            f"crontab -e, and add: {cron_line(layout.root)}",
+        )
     if not _running("cron") and not _running("crond"):
-        return Finding("warn", "cron", f"a crontab starts the worker, but no cron daemon runs on {this_host()}",
-                       "start it: systemctl enable --now cron (Debian/Ubuntu; crond on Red Hat)")
+        return Finding(
+            "warn",
+            "cron",
+            f"a crontab starts the worker, but no cron daemon runs on {this_host()}",
+            "start it: systemctl enable --now cron (Debian/Ubuntu; crond on Red Hat)",
+        )
     return Finding("ok", "cron", f"cron starts the worker: {lines[0].strip()}")
 
 
@@ -292,9 +421,16 @@ def _running(name: str) -> bool:
 
 
 def diagnose(layout: Layout, config: Config, now: float) -> list[Finding]:
-    return [check_nvml(layout), *check_hosts(layout, config, now), *check_permissions(layout), *check_reachable(layout),
-            *check_squashing(layout), *check_filesystems(layout, config), *check_clocks(layout),
-            check_cron(layout, config, now)]
+    return [
+        check_nvml(layout),
+        *check_hosts(layout, config, now),
+        *check_permissions(layout),
+        *check_reachable(layout),
+        *check_squashing(layout),
+        *check_filesystems(layout, config),
+        *check_clocks(layout),
+        check_cron(layout, config, now),
+    ]
 
 
 def as_json(findings: list[Finding]) -> list[dict]:

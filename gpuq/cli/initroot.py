@@ -1,7 +1,8 @@
 """`gpuq init DIR [--group TEAM]`: a new queue root — config.yaml (the commented one that ships
 with gpuq), jobs/, logs/, state/ — set up for a team when a group is named (group-owned,
-setgid directories; members write only in the sticky jobs/ and requests/: README "Security
-model"), and the cron line that starts a worker on each box."""
+setgid directories; members write only in the sticky jobs/ and requests/: docs/security.md,
+"Who writes what"), and the cron line that starts a worker on each box."""
+
 from __future__ import annotations
 
 import grp
@@ -15,8 +16,9 @@ from pathlib import Path
 from gpuq.spool.layout import Layout
 
 SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config.yaml"
-MINIMAL_CONFIG = "# gpuq config: every key and its default are in README \"Config reference\".\n" \
-                 "poll_interval: 1\n"
+MINIMAL_CONFIG = (
+    '# gpuq config: every key and its default are in docs/reference.md, "Config reference".\npoll_interval: 1\n'
+)
 
 
 class InitError(Exception):
@@ -43,15 +45,18 @@ def init_root(directory: Path, group: str | None) -> list[str]:
     root = directory.resolve()
     layout = Layout(root)
     if layout.jobs.is_dir() and layout.config_file.exists():
-        raise InitError(f"{root} is already a gpuq root (it has jobs/ and config.yaml); "
-                        f"start workers with: {cron_line(root)}")
+        raise InitError(
+            f"{root} is already a gpuq root (it has jobs/ and config.yaml); start workers with: {cron_line(root)}"
+        )
     gid = None
     if group is not None:
         try:
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
-            raise InitError(f"--group {group}: no such group. Fix: `groupadd {group}` and add the team "
-                            f"to it (`usermod -aG {group} NAME`), or leave --group out for one user") from None
+            raise InitError(
+                f"--group {group}: no such group. Fix: `groupadd {group}` and add the team "
+                f"to it (`usermod -aG {group} NAME`), or leave --group out for one user"
+            ) from None
     done = []
     root.mkdir(parents=True, exist_ok=True)
     layout.ensure()
@@ -61,30 +66,48 @@ def init_root(directory: Path, group: str | None) -> list[str]:
         fd = os.open(layout.config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         with os.fdopen(fd, "w") as f:
             f.write(SHIPPED_CONFIG.read_text() if shipped else MINIMAL_CONFIG)
-        done.append(f"wrote {layout.config_file} " + ("(every key commented; defaults suit most teams)" if shipped
-                    else "(minimal; every key and its default are in README \"Config reference\")"))
+        done.append(
+            f"wrote {layout.config_file} "
+            + (
+                "(every key commented; defaults suit most teams)"
+                if shipped
+                else '(minimal; every key and its default are in docs/reference.md, "Config reference")'
+            )
+        )
     done.append(f"made {layout.jobs}/, {layout.requests}/, {layout.logs}/ and {layout.state}/")
     if gid is not None:
         share_with_team(layout, gid)
-        done.append(f"shared it with group {group}: members create files only in the sticky jobs/ and "
-                    f"requests/; config.yaml, logs/ and state/ are {_me()}'s, which the team reads; "
-                    "nothing for others")
+        done.append(
+            f"shared it with group {group}: members create files only in the sticky jobs/ and "
+            f"requests/; config.yaml, logs/ and state/ are {_me()}'s, which the team reads; "
+            "nothing for others"
+        )
     return done
 
 
 def share_with_team(layout: Layout, gid: int) -> None:
-    """The trust boundary on disk (README, Security model): the worker's account owns
+    """The trust boundary on disk (docs/security.md): the worker's account owns
     everything; the team reads all of it (setgid directories keep new files the team's) and
     creates files only in the two sticky inboxes, where nobody can rename or remove another
     member's file. config.yaml is 0644: the worker refuses one that others can write."""
     inboxes = set(layout.member_writable())
     for path in (layout.root, *layout.directories(), layout.config_file):
         if os.lstat(path).st_uid != os.geteuid() or stat.S_ISLNK(os.lstat(path).st_mode):
-            raise InitError(f"{path} is not a file or directory of yours (a link, or someone else's): "
-                            "make the root in a new directory")
+            raise InitError(
+                f"{path} is not a file or directory of yours (a link, or someone else's): "
+                "make the root in a new directory"
+            )
         os.chown(path, -1, gid, follow_symlinks=False)
-        os.chmod(path, 0o644 if path == layout.config_file else 0o3770 if path in inboxes
-                 else 0o2700 if path == layout.taken_requests else 0o2750)  # taken requests: the worker's alone
+        os.chmod(
+            path,
+            0o644
+            if path == layout.config_file
+            else 0o3770
+            if path in inboxes
+            else 0o2700
+            if path == layout.taken_requests
+            else 0o2750,
+        )  # taken requests: the worker's alone
 
 
 def _me() -> str:

@@ -1,5 +1,6 @@
 """`gpuq logs ID [-f]`: a job's log (or a group's members' logs), as it is for its owner and
 escaped for everyone else, followed until the job ends."""
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
             if silent and not group:
                 print(f"gpuq logs: {args.id} has no output yet ({layout.job_log(args.id)})", file=sys.stderr)
             elif silent:
-                print(f"gpuq logs: {len(silent)} of {args.id}'s {len(ids)} members have no output yet: "
-                      f"{_first(silent)}", file=sys.stderr)
+                print(
+                    f"gpuq logs: {len(silent)} of {args.id}'s {len(ids)} members have no output yet: {_first(silent)}",
+                    file=sys.stderr,
+                )
             return 0
         time.sleep(0.2)
 
@@ -80,7 +83,9 @@ SHOWN_WAITING = 5  # a group's waiting members named before "and N more"
 
 
 def _first(ids: list[str]) -> str:
-    return ", ".join(ids[:SHOWN_WAITING]) + (f" and {len(ids) - SHOWN_WAITING} more" if len(ids) > SHOWN_WAITING else "")
+    return ", ".join(ids[:SHOWN_WAITING]) + (
+        f" and {len(ids) - SHOWN_WAITING} more" if len(ids) > SHOWN_WAITING else ""
+    )
 
 
 def _say_what_waits(layout, ids: list[str]) -> None:
@@ -89,11 +94,19 @@ def _say_what_waits(layout, ids: list[str]) -> None:
     if all(os.path.lexists(layout.job_log(job_id)) for job_id in ids):
         return
     config = read_config(layout)
-    waiting = [(job_id, job) for job_id in ids if not os.path.lexists(layout.job_log(job_id))
-               and (job := find_job(layout, config, job_id)) is not None and job.get("state") in ("pending", "held")]
+    waiting = [
+        (job_id, job)
+        for job_id in ids
+        if not os.path.lexists(layout.job_log(job_id))
+        and (job := find_job(layout, config, job_id)) is not None
+        and job.get("state") in ("pending", "held")
+    ]
     for job_id, job in waiting[:SHOWN_WAITING]:
-        print(f"gpuq logs: {job_id} is {job['state']}: {safe_text(job.get('reason') or 'waiting')}; "
-              "following its log from when it starts (Ctrl-C stops)", file=sys.stderr)
+        print(
+            f"gpuq logs: {job_id} is {job['state']}: {safe_text(job.get('reason') or 'waiting')}; "
+            "following its log from when it starts (Ctrl-C stops)",
+            file=sys.stderr,
+        )
     if len(waiting) > SHOWN_WAITING:
         print(f"gpuq logs: and {len(waiting) - SHOWN_WAITING} more members waiting", file=sys.stderr)
 
@@ -140,8 +153,7 @@ def _unreadable(job_id: str, path: Path, e: OSError) -> str:
     except OSError:
         return f"cannot read {path} ({e.strerror})"
     if e.errno in (errno.EACCES, errno.EPERM):
-        return (f"{job_id}'s log is {user_name(st.st_uid)}'s (mode {stat.S_IMODE(st.st_mode):04o}); "
-                "ask them or an admin")
+        return f"{job_id}'s log is {user_name(st.st_uid)}'s (mode {stat.S_IMODE(st.st_mode):04o}); ask them or an admin"
     if e.errno == errno.ELOOP or stat.S_ISLNK(st.st_mode):
         return f"{path} is a symbolic link, not a log gpuq wrote; ask an admin"
     return f"cannot read {path} ({e.strerror}); ask an admin"

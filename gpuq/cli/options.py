@@ -1,5 +1,6 @@
 """Options that more than one verb declares (submit, and the spec a held job is edited into):
 argparse declarations only, so that building the parser loads no verb's code."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,28 +8,46 @@ import argparse
 
 def add_limit_options(sp: argparse.ArgumentParser) -> None:
     """Slurm's spellings where it has them (sbatch --time, --cpus-per-task, --mem)."""
-    sp.add_argument("--time-limit", "--time", dest="time_limit", metavar="DURATION",
-                    help="stop it after this long (90m, 2h, 1d; Slurm's --time) and record it as timeout")
+    sp.add_argument(
+        "--time-limit",
+        "--time",
+        dest="time_limit",
+        metavar="DURATION",
+        help="stop it after this long (90m, 2h, 1d; Slurm's --time) and record it as timeout",
+    )
     sp.add_argument("--cpus", "--cpus-per-task", dest="cpus", metavar="N", help="CPU cores it is pinned to")
     sp.add_argument("--mem", metavar="SIZE", help="host memory it may use (8GiB); stopped above it")
     sp.add_argument("--grace", metavar="DURATION", help="time between SIGTERM and SIGKILL when it is stopped")
     sp.add_argument("--retries", metavar="N", help="re-runs after its box is lost (0: never run it twice)")
-    sp.add_argument("--restart", metavar="POLICY", help="never (default), on-failure or always: a service "
-                                                        "restarted in place")
-    sp.add_argument("--preemptible", action="store_true", help="opportunistic: runs on idle GPUs and yields "
-                                                               "to ordinary jobs and to people")
-    sp.add_argument("--hold", action="store_true", help="submit it held (sbatch --hold): it waits, keeping its "
-                                                        "place, until `gpuq release ID`")
+    sp.add_argument(
+        "--restart", metavar="POLICY", help="never (default), on-failure or always: a service restarted in place"
+    )
+    sp.add_argument(
+        "--preemptible",
+        action="store_true",
+        help="opportunistic: runs on idle GPUs and yields to ordinary jobs and to people",
+    )
+    sp.add_argument(
+        "--hold",
+        action="store_true",
+        help="submit it held (sbatch --hold): it waits, keeping its place, until `gpuq release ID`",
+    )
 
 
 def add_environment_options(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--container", metavar="IMAGE", help="run inside this image (README: Containers)")
-    sp.add_argument("--runtime", choices=("docker", "podman", "apptainer"),
-                    help="the container's runtime (default: config container_runtime)")
+    sp.add_argument("--container", metavar="IMAGE", help="run inside this image (docs/containers.md)")
+    sp.add_argument(
+        "--runtime",
+        choices=("docker", "podman", "apptainer"),
+        help="the container's runtime (default: config container_runtime)",
+    )
     sp.add_argument("--mount", action="append", metavar="SRC:DST[:ro]", help="also mount this into the container")
     sp.add_argument("--venv", metavar="DIR", help="activate this virtualenv first")
     sp.add_argument("--conda", metavar="ENV", help="activate this conda environment first")
     sp.add_argument("--setup", action="append", metavar="LINE", help="shell line run before the command (repeatable)")
-    sp.add_argument("--export", metavar="ALL|NONE|NAME,..[,NAME=VALUE]",
-                    help="your variables the job records, as sbatch's --export (default: ALL but what looks "
-                         "like a secret, which is stored only when named: ALL,HF_TOKEN; NONE with --container)")
+    sp.add_argument(
+        "--export",
+        metavar="ALL|NONE|NAME,..[,NAME=VALUE]",
+        help="your variables the job records, as sbatch's --export (default: ALL but what looks "
+        "like a secret, which is stored only when named: ALL,HF_TOKEN; NONE with --container)",
+    )

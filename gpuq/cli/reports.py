@@ -1,5 +1,6 @@
 """The verbs that look back and ahead: `gpuq report` (what happened) and `gpuq simulate`
 (what a trace would do under gpuq's planner)."""
+
 from __future__ import annotations
 
 import argparse
@@ -63,20 +64,31 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"gpuq simulate: {e}", file=sys.stderr)
         return 2
-    config = SIM_CONFIG if overrides is None else replace(
-        overrides, gpu_mem_reserve_mib=SIM_CONFIG.gpu_mem_reserve_mib,
-        max_jobs_per_gpu=overrides.max_jobs_per_gpu if "max_jobs_per_gpu" in settings else SIM_CONFIG.max_jobs_per_gpu)
+    config = (
+        SIM_CONFIG
+        if overrides is None
+        else replace(
+            overrides,
+            gpu_mem_reserve_mib=SIM_CONFIG.gpu_mem_reserve_mib,
+            max_jobs_per_gpu=overrides.max_jobs_per_gpu
+            if "max_jobs_per_gpu" in settings
+            else SIM_CONFIG.max_jobs_per_gpu,
+        )
+    )
     results = {}
     for name in args.policy or POLICIES:
         started = time.perf_counter()
         results[name] = figures(run_policy(name, jobs, cluster, config), jobs)
         results[name]["replay_s"] = time.perf_counter() - started
     if args.json:
-        print(json.dumps({"trace": args.trace, "cluster": str(cluster), "jobs": len(jobs),
-                          "policies": results}, indent=1))
+        print(
+            json.dumps({"trace": args.trace, "cluster": str(cluster), "jobs": len(jobs), "policies": results}, indent=1)
+        )
     else:
-        print(f"{args.trace}: {len(jobs):,} jobs on {cluster} ({cluster.hosts * cluster.gpus_per_host} GPUs); "
-              f"times in seconds")
+        print(
+            f"{args.trace}: {len(jobs):,} jobs on {cluster} ({cluster.hosts * cluster.gpus_per_host} GPUs); "
+            f"times in seconds"
+        )
         print(table(results))
         print("replayed in " + ", ".join(f"{n} {r['replay_s']:.1f}s" for n, r in results.items()))
     return 0

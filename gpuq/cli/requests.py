@@ -1,9 +1,10 @@
-"""The CLI's half of a request (inbox.py): send it, then wait for the reply and print it.
+"""The CLI's half of a request (spool/inbox.py): send it, then wait for the reply and print it.
 
 Run by the spool's own account (root, or the one user of a private queue) the CLI applies
 its request itself, through the same code a worker uses; anyone else's request waits for a
 worker, which every box runs, and the CLI says so when none is live. Exit status: 0 done,
-1 refused or failed, 3 still waiting for a worker (README, Security model)."""
+1 refused or failed, 3 still waiting for a worker (docs/security.md)."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,9 @@ from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
 WAITING = 3
 
 
-def run_request(args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), shown_as: str | None = None,
-                **request_args: object) -> int:
+def run_request(
+    args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), shown_as: str | None = None, **request_args: object
+) -> int:
     said = shown_as or verb  # the verb the person typed (edit sends a hold first)
     layout = open_layout(args)
     config = read_config(layout)
@@ -34,8 +36,11 @@ def run_request(args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), 
         print(f"gpuq {said}: {e}", file=sys.stderr)
         return 1
     except PermissionError:
-        print(f"gpuq {said}: cannot write {layout.requests}/. Fix: team members need to be in the "
-              "queue's group (README, Security model: `gpuq init DIR --group TEAM`)", file=sys.stderr)
+        print(
+            f"gpuq {said}: cannot write {layout.requests}/. Fix: team members need to be in the "
+            "queue's group (docs/security.md: `gpuq init DIR --group TEAM`)",
+            file=sys.stderr,
+        )
         return 1
     reply = None
     if _owns_spool(layout):
@@ -44,16 +49,22 @@ def run_request(args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), 
         poke(layout.local_dir(host, config.local_dir))
     if reply is None:
         if not _live_workers(layout):
-            print(f"gpuq {said}: no worker is running on any host; request {name} waits in requests/ and "
-                  "is applied when one starts (cron starts one each minute; `gpuq doctor`)", file=sys.stderr)
+            print(
+                f"gpuq {said}: no worker is running on any host; request {name} waits in requests/ and "
+                "is applied when one starts (cron starts one each minute; `gpuq doctor`)",
+                file=sys.stderr,
+            )
             return WAITING
         deadline = time.monotonic() + config.request_timeout_s
         while (reply := read_reply(layout, name)) is None and time.monotonic() < deadline:
             time.sleep(0.02)
     if reply is None:
-        print(f"gpuq {said}: no worker answered within {config.request_timeout_s:g}s (config "
-              f"request_timeout_s); request {name} waits and is applied at a worker's next pass "
-              f"(live: {', '.join(_live_workers(layout))})", file=sys.stderr)
+        print(
+            f"gpuq {said}: no worker answered within {config.request_timeout_s:g}s (config "
+            f"request_timeout_s); request {name} waits and is applied at a worker's next pass "
+            f"(live: {', '.join(_live_workers(layout))})",
+            file=sys.stderr,
+        )
         return WAITING
 
     for done, message in reply.outcomes:  # a note or a spec's text may carry a member's escapes

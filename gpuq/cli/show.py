@@ -1,4 +1,5 @@
 """`gpuq show ID`: everything known about one job, or a group's members."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """`gpuq export slurm SPEC...`: each spec (a file, or the id of a pending job) as an sbatch
-script on stdout, separated by a blank line (slurm_export.py)."""
+script on stdout, separated by a blank line (slurm/export.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,4 +35,4 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(f"gpuq export: {item}: {e}", file=sys.stderr)
             bad = True
     print("\n".join(scripts), end="")
-    return 2 if bad else 1 if missing else 0  # README: 2 bad input, 1 not found
+    return 2 if bad else 1 if missing else 0  # docs/reference.md: 2 bad input, 1 not found

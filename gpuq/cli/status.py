@@ -1,4 +1,5 @@
 """`gpuq status` and `gpuq top`: where the team stands, from the spool as it is."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     narrow = user is not None or args.state is not None
     rows = None if args.json or args.all or narrow else PENDING_SHOWN
     final = args.state is not None and args.state not in SECTIONS  # a final state: failed, done, ...
-    view = status(layout, read_config(layout), pending_rows=rows,
-                  ended=frozenset({args.state}) if final else None, ended_user=user)
+    view = status(
+        layout,
+        read_config(layout),
+        pending_rows=rows,
+        ended=frozenset({args.state}) if final else None,
+        ended_user=user,
+    )
     if narrow:
         view = narrowed(view, user, args.state)
     if args.json:

@@ -1,4 +1,5 @@
 """`gpuq submit`: options -> a spec in jobs/, checked exactly as a worker would check it."""
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,9 @@ def _never_fits(layout, spec) -> str | None:
     refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
     if refused is None:
         if names_no_box and known:  # a CPU-only job fits any box, but only among those named
-            return (f"no box gpuq knows is named by hosts: {', '.join(spec.hosts)}. Fix: {hosts_fix}. "
-                    "Nothing was written.")
+            return (
+                f"no box gpuq knows is named by hosts: {', '.join(spec.hosts)}. Fix: {hosts_fix}. Nothing was written."
+            )
         return None
     fix = hosts_fix if names_no_box else "ask for less memory or fewer GPUs"
     return f"no GPU in the team can ever hold this job: {refused}. Fix: {fix}. Nothing was written."
@@ -104,8 +106,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.spec:
         return _submit_file(args, command)
     if not command:
-        print("gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- "
-              "python train.py", file=sys.stderr)
+        print(
+            "gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- python train.py",
+            file=sys.stderr,
+        )
         return 2
     layout = open_layout(args)
     try:
@@ -119,10 +123,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"gpuq submit: --env {pair!r}: write NAME=VALUE", file=sys.stderr)
             return 2
         env[key] = value
-    data = build_spec(command, args.gpus, args.gpu_mem, args.name, args.priority,
-                      args.hosts.split(",") if args.hosts else None, env,
-                      os.path.abspath(args.workdir or os.getcwd()),
-                      _ids(args.after), _ids(args.after_any))
+    data = build_spec(
+        command,
+        args.gpus,
+        args.gpu_mem,
+        args.name,
+        args.priority,
+        args.hosts.split(",") if args.hosts else None,
+        env,
+        os.path.abspath(args.workdir or os.getcwd()),
+        _ids(args.after),
+        _ids(args.after_any),
+    )
     try:
         config = read_config(layout)
         check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
@@ -132,8 +144,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"gpuq submit: {refused}", file=sys.stderr)
             return 2
         if args.array and args.hold:
-            raise SubmitError("--hold does not take --array yet: submit the array, then `gpuq hold ID` "
-                              "its members. Nothing was written.")
+            raise SubmitError(
+                "--hold does not take --array yet: submit the array, then `gpuq hold ID` "
+                "its members. Nothing was written."
+            )
         if args.array:
             check_size(spec_bytes(data), env)  # each member is this spec and two variables
             job_id = submit_array(layout, data, args)
@@ -156,15 +170,33 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if withheld := [name for name in withheld if name not in env]:  # (--env may set one)
         print(withheld_note(withheld), file=sys.stderr)
     if args.workdir and not os.path.isdir(data["workdir"]):  # a box's local disk may have it: a warning
-        print(f"gpuq submit: warning: --workdir {data['workdir']} is not a directory here; the job fails to "
-              "start unless it is one on the box that runs it", file=sys.stderr)
+        print(
+            f"gpuq submit: warning: --workdir {data['workdir']} is not a directory here; the job fails to "
+            "start unless it is one on the box that runs it",
+            file=sys.stderr,
+        )
     poke(layout.local_dir(this_host(), config.local_dir))
     return _submitted(args, job_id, held_text if args.hold else None)
 
 
 LIMIT_OPTIONS = ("time_limit", "cpus", "mem", "grace", "retries", "restart")
-SUBMIT_OPTIONS = ("gpus", "gpu_mem", "name", "priority", "hosts", "workdir", "env", "after", "after_any",
-                  "container", "venv", "conda", "setup", "preemptible", *LIMIT_OPTIONS)
+SUBMIT_OPTIONS = (
+    "gpus",
+    "gpu_mem",
+    "name",
+    "priority",
+    "hosts",
+    "workdir",
+    "env",
+    "after",
+    "after_any",
+    "container",
+    "venv",
+    "conda",
+    "setup",
+    "preemptible",
+    *LIMIT_OPTIONS,
+)
 
 
 def limit_fields(args: argparse.Namespace) -> dict:
@@ -213,16 +245,21 @@ def never_fits(layout: Layout, config: Config, job: PendingJob) -> str | None:
     beats = [hb for hb in load_heartbeats(layout) if hb.get("gpus") is not None]
     if not beats or job.spec.gpus == 0:
         return None
-    empty = [HostView(hb["host"], tuple(replace(GpuSnapshot.from_json(g), mem_used_mib=0, processes=())
-                                        for g in hb["gpus"]), hb.get("cpu_slots", config.cpu_slots))
-             for hb in beats]
+    empty = [
+        HostView(
+            hb["host"],
+            tuple(replace(GpuSnapshot.from_json(g), mem_used_mib=0, processes=()) for g in hb["gpus"]),
+            hb.get("cpu_slots", config.cpu_slots),
+        )
+        for hb in beats
+    ]
     decided = plan([job], empty, [], config, wall_time(), explain=True)
     return None if decided.starts else decided.reasons.get(job.id)
 
 
 def submit_array(layout, data: dict, args: argparse.Namespace) -> str | None:
     """`gpuq submit --array 0-9`: one spec with `array: 0-9` in jobs/; the worker that reads
-    it writes one job per index, <id>_<index>, each with GPUQ_ARRAY_INDEX (sweeps.py)."""
+    it writes one job per index, <id>_<index>, each with GPUQ_ARRAY_INDEX (spool/sweeps.py)."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         indices = parse_array(args.array)

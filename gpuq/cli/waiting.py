@@ -6,6 +6,7 @@ Where a job is, is read from the spool the way a job moves through it (jobs/, cl
 running/, finished/), in that order: a job that moves on while we look is found further
 along, never missed. A retried job is pending again before its old record is looked at.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,8 @@ GONE_AFTER_POLLS = 3  # found nowhere this many times in a row (held, edited, re
 
 @dataclass(frozen=True)
 class Seen:
-    state: str                      # a State's value, or "gone"
-    line: str = ""                  # for a final state: what to print
+    state: str  # a State's value, or "gone"
+    line: str = ""  # for a final state: what to print
 
 
 def where(layout: Layout, job_id: str) -> Seen:

@@ -1,5 +1,6 @@
 """The workflow verbs: hold / release / retry / edit, drain / resume, and sweeps and arrays
 handled as one group (submit --array, show GROUP, cancel GROUP)."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,14 +37,25 @@ def show_group(layout, args: argparse.Namespace) -> int:
         return 1
     states = DependencyStates(layout).lookup(group["members"])
     if args.json:
-        print(json.dumps({"group": group["id"], "kind": group["kind"],
-                          "members": [{"id": m, "state": states[m]} for m in group["members"]]}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "group": group["id"],
+                    "kind": group["kind"],
+                    "members": [{"id": m, "state": states[m]} for m in group["members"]],
+                },
+                indent=1,
+            )
+        )
         return 0
     counts: dict[str, int] = {}
     for state in states.values():
         counts[state] = counts.get(state, 0) + 1
-    print(f"{safe_text(group['kind'])} {safe_text(group['id'])}: {len(states)} jobs ("
-          + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")")
+    print(
+        f"{safe_text(group['kind'])} {safe_text(group['id'])}: {len(states)} jobs ("
+        + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        + ")"
+    )
     for member in group["members"]:
         print(f"  {safe_text(member):<40} {states[member]}")
     return 0
@@ -52,7 +64,7 @@ def show_group(layout, args: argparse.Namespace) -> int:
 def with_group_members(layout, ids: list[str]) -> list[str]:
     """A sweep's or array's id stands for its members (a group's id is never a job's: a spec
     dropped under it is rejected)."""
-    out = []
+    out: list[str] = []
     for job_id in ids:
         group = read_group(layout, job_id)
         out += group["members"] if group else [job_id]
@@ -124,9 +136,11 @@ def cmd_drain(args: argparse.Namespace) -> int:
         return run_request(args, args.verb, host=args.host)
     hosts = sorted(str(hb.get("host")) for hb in load_heartbeats(open_layout(args)))
     if args.host not in hosts:
-        print(f"gpuq drain: no host named {args.host!r} has run a worker here (hosts: {', '.join(hosts) or 'none'})",
-              file=sys.stderr)
-        return 1  # not found (README: exit codes)
+        print(
+            f"gpuq drain: no host named {args.host!r} has run a worker here (hosts: {', '.join(hosts) or 'none'})",
+            file=sys.stderr,
+        )
+        return 1  # not found (docs/reference.md: exit codes)
     return run_request(args, "drain", host=args.host, reason=args.reason)
 
 
@@ -139,10 +153,12 @@ def cmd_init(args: argparse.Namespace) -> int:
         return 2
     root = Path(args.dir).resolve()
     print("\n".join(done))
-    print(f"\nOn each box, `crontab -e` and add:\n  {cron_line(root)}\n"
-          f"Then every member: export GPUQ_ROOT={root} (in ~/.profile, so that every gpuq command finds it),\n"
-          f"and run gpuq as {member_command(args.launcher_dir)} (or put it on PATH):\n"
-          "  gpuq submit --gpus 1 --gpu-mem 8GiB -- python train.py; gpuq status; gpuq doctor")
+    print(
+        f"\nOn each box, `crontab -e` and add:\n  {cron_line(root)}\n"
+        f"Then every member: export GPUQ_ROOT={root} (in ~/.profile, so that every gpuq command finds it),\n"
+        f"and run gpuq as {member_command(args.launcher_dir)} (or put it on PATH):\n"
+        "  gpuq submit --gpus 1 --gpu-mem 8GiB -- python train.py; gpuq status; gpuq doctor"
+    )
 
     for finding in check_reachable(Layout(root)):  # members run this very interpreter and code
         if finding.level != "ok":
@@ -184,8 +200,9 @@ def cmd_book(args: argparse.Namespace) -> int:
         host, gpus = bookings.parse_target(args.target)
         offered = {hb["host"]: sorted(g["index"] for g in hb.get("gpus", [])) for hb in load_heartbeats(layout)}
         if host not in offered:
-            raise bookings.BookingError(f"no host named {host!r} has run a worker here "
-                                        f"(hosts: {', '.join(sorted(offered)) or 'none'})")
+            raise bookings.BookingError(
+                f"no host named {host!r} has run a worker here (hosts: {', '.join(sorted(offered)) or 'none'})"
+            )
         missing = sorted(set(gpus or ()) - set(offered[host]))
         if missing:
             raise bookings.BookingError(f"{host} has no GPU {missing[0]} (it offers {offered[host]})")
@@ -194,8 +211,16 @@ def cmd_book(args: argparse.Namespace) -> int:
     except bookings.BookingError as e:
         print(f"gpuq {args.verb}: {e}", file=sys.stderr)
         return 2
-    return run_request(args, "book", host=host, gpus=list(gpus or offered[host]), start=start, end=end,
-                       owner=args.owner, note=args.note or "")
+    return run_request(
+        args,
+        "book",
+        host=host,
+        gpus=list(gpus or offered[host]),
+        start=start,
+        end=end,
+        owner=args.owner,
+        note=args.note or "",
+    )
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ GPUQ_FAKE_GPUS=SPEC, where SPEC is `4x80GiB` or a path to such a JSON file:
 Processes count as memory users while their pid is alive. `gpuq fake-use` registers the
 calling job for its lifetime (see `use`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,9 +45,17 @@ def materialize(spec: str, local_dir: Path) -> Path:
     if not path.exists():
         local_dir.mkdir(parents=True, exist_ok=True)
         tag = hashlib.sha1(str(local_dir).encode()).hexdigest()[:8]  # distinct per stand-in host
-        gpus = [{"name": f"Fake GPU {match.group(2)}", "uuid": f"GPU-fake-{tag}-{i}",
-                 "memory_total_mib": total, "memory_used_mib": 0, "utilization": 0,
-                 "temperature": 35} for i in range(count)]
+        gpus = [
+            {
+                "name": f"Fake GPU {match.group(2)}",
+                "uuid": f"GPU-fake-{tag}-{i}",
+                "memory_total_mib": total,
+                "memory_used_mib": 0,
+                "utilization": 0,
+                "temperature": 35,
+            }
+            for i in range(count)
+        ]
         _write(path, {"gpus": gpus, "processes": []})
     return path
 
@@ -108,8 +117,7 @@ class FakeNvml:
         return self._load()["gpus"][handle]
 
     def _procs(self, handle: int) -> list[dict[str, Any]]:
-        return [p for p in self._load().get("processes", [])
-                if p.get("gpu") == handle and _alive(int(p["pid"]))]
+        return [p for p in self._load().get("processes", []) if p.get("gpu") == handle and _alive(int(p["pid"]))]
 
     def nvmlDeviceGetName(self, handle: int) -> str:
         return self._gpu(handle)["name"]
@@ -121,8 +129,7 @@ class FakeNvml:
         gpu = self._gpu(handle)
         used = gpu.get("memory_used_mib", 0) + sum(p.get("used_mib", 0) for p in self._procs(handle))
         total = gpu["memory_total_mib"]
-        return SimpleNamespace(total=total * 2 ** 20, used=min(used, total) * 2 ** 20,
-                               free=max(0, total - used) * 2 ** 20)
+        return SimpleNamespace(total=total * 2**20, used=min(used, total) * 2**20, free=max(0, total - used) * 2**20)
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
         util = self._gpu(handle).get("utilization", 0) + sum(p.get("util", 0) for p in self._procs(handle))
@@ -135,8 +142,9 @@ class FakeNvml:
         return int(self._gpu(handle).get("power_w", 60) * 1000)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        return [SimpleNamespace(pid=int(p["pid"]), usedGpuMemory=p.get("used_mib", 0) * 2 ** 20)
-                for p in self._procs(handle)]
+        return [
+            SimpleNamespace(pid=int(p["pid"]), usedGpuMemory=p.get("used_mib", 0) * 2**20) for p in self._procs(handle)
+        ]
 
 
 def _update_processes(path: Path, change: Any) -> None:
@@ -157,8 +165,10 @@ def use(mem_mib: int, util: int, seconds: float | None, command: list[str]) -> i
 
     spec = os.environ.get("GPUQ_FAKE_GPUS")
     if not spec or not Path(spec).is_file():
-        raise NVMLError("GPUQ_FAKE_GPUS does not name a fake GPU file; run this inside a gpuq job "
-                        "on a worker started with --fake-gpus")
+        raise NVMLError(
+            "GPUQ_FAKE_GPUS does not name a fake GPU file; run this inside a gpuq job "
+            "on a worker started with --fake-gpus"
+        )
     path = Path(spec)
     visible = [int(i) for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
     # Inside a docker/podman container the job's GPUs are numbered from 0, and the NVIDIA
@@ -167,8 +177,9 @@ def use(mem_mib: int, util: int, seconds: float | None, command: list[str]) -> i
     if all(g.strip().isdigit() for g in host_gpus) and all(i < len(host_gpus) for i in visible):
         visible = [int(host_gpus[i]) for i in visible]
     pid = os.getpid()
-    _update_processes(path, lambda procs: procs + [
-        {"pid": pid, "gpu": gpu, "used_mib": mem_mib, "util": util} for gpu in visible])
+    _update_processes(
+        path, lambda procs: procs + [{"pid": pid, "gpu": gpu, "used_mib": mem_mib, "util": util} for gpu in visible]
+    )
     try:
         if command:
             return subprocess.call(command)

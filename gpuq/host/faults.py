@@ -15,6 +15,7 @@ reports ENOENT, as a lost NFS reply does. All are read once, at start.
 "crash <point> <pid>", "pause <point> <pid>" or "io <site> <ERRNO> <pid>": a test proves its
 fault happened, where the outcome alone could also be what a run without the fault gives.
 """
+
 from __future__ import annotations
 
 import errno
@@ -29,24 +30,28 @@ PAUSE_ENV = "GPUQ_TEST_PAUSE_AT"
 FAULT_LOG_ENV = "GPUQ_TEST_FAULT_LOG"
 
 CRASH_POINTS = (
-    "worker:planned",            # a spec is parsed and chosen to start; not yet claimed
-    "worker:claimed",            # renamed into claims/; no record yet
-    "worker:recorded",           # running record written; not yet sent to the spawner
-    "worker:sent",               # sent to the spawner; no answer read yet
-    "spawner:locked",            # the job lock is taken; no supervisor forked yet
-    "supervisor:owned",          # the supervisor holds the lock and its record; no marker yet
-    "supervisor:marked",         # `started` marker written; the job is not spawned yet
-    "supervisor:exited",         # the job has exited; its result is not written yet
-    "supervisor:recorded",       # the finished record is written; the running one not removed
-    "supervisor:cleaned",        # records done, local files removed; the worker not yet poked
+    "worker:planned",  # a spec is parsed and chosen to start; not yet claimed
+    "worker:claimed",  # renamed into claims/; no record yet
+    "worker:recorded",  # running record written; not yet sent to the spawner
+    "worker:sent",  # sent to the spawner; no answer read yet
+    "spawner:locked",  # the job lock is taken; no supervisor forked yet
+    "supervisor:owned",  # the supervisor holds the lock and its record; no marker yet
+    "supervisor:marked",  # `started` marker written; the job is not spawned yet
+    "supervisor:exited",  # the job has exited; its result is not written yet
+    "supervisor:recorded",  # the finished record is written; the running one not removed
+    "supervisor:cleaned",  # records done, local files removed; the worker not yet poked
 )
-# A requeue of an attempt that never started (recovery.py), after a first crash left one
-RECOVERY_CRASH_POINTS = ("recovery:held",      # the claim is taken over for the next attempt; the record still says running
-                         "recovery:recorded")  # the attempt is in requeued/, the running record gone; the spec not back yet
-# Slurm bridge mode (bridge.py; tests/test_slurm_export.py)
-BRIDGE_CRASH_POINTS = ("bridge:planned",    # a spec is chosen to hand over; not yet claimed
-                       "bridge:recorded",   # running record written; sbatch not run yet
-                       "bridge:submitted")  # sbatch took the job; its Slurm id is not recorded yet
+# A requeue of an attempt that never started (worker/recovery.py), after a first crash left one
+RECOVERY_CRASH_POINTS = (
+    "recovery:held",  # the claim is taken over for the next attempt; the record still says running
+    "recovery:recorded",
+)  # the attempt is in requeued/, the running record gone; the spec not back yet
+# Slurm bridge mode (slurm/bridge.py; tests/test_slurm_export.py)
+BRIDGE_CRASH_POINTS = (
+    "bridge:planned",  # a spec is chosen to hand over; not yet claimed
+    "bridge:recorded",  # running record written; sbatch not run yet
+    "bridge:submitted",
+)  # sbatch took the job; its Slurm id is not recorded yet
 
 _crash_at = set((os.environ.get(CRASH_ENV) or "").split(",")) - {""}
 _pause_at = os.environ.get(PAUSE_ENV)

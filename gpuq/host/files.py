@@ -1,5 +1,6 @@
 """Writing files so that a reader never sees half of one: temp file + fsync + rename; files
 created owned by a given user; JSON in and out."""
+
 from __future__ import annotations
 
 import json
@@ -15,13 +16,12 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o640, durable: bool = Tru
     """Write `data` to `path` so that readers see the old file or the new one, never a mix.
     `durable=False` skips the fsync, for files rewritten every second (heartbeats). Not
     world-readable: records hold specs (the team reads them through the root's group;
-    README, Security model). The temp file is created exclusively, never through a link,
+    docs/security.md). The temp file is created exclusively, never through a link,
     relative to the directory's descriptor."""
     tmp_name = f".{path.name[:100]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"  # within NAME_MAX
     dir_fd = open_dir(path.parent)
     try:
-        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                     dir_fd=dir_fd)
+        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "wb") as f:
                 io_fault(f"write:{path.parent.name}")
@@ -55,8 +55,9 @@ def close_moved_directory(path: Path) -> None:
         os.chmod(path, 0o700)
 
 
-def create_owned(directory: Path, stem: str, data: bytes, uid: int, gid: int = -1, mode: int = 0o644,
-                 mtime: float | None = None) -> Path:
+def create_owned(
+    directory: Path, stem: str, data: bytes, uid: int, gid: int = -1, mode: int = 0o644, mtime: float | None = None
+) -> Path:
     """A new file in `directory` (one only the worker's account writes) holding `data`,
     owned by `uid` — a spec the worker writes on a user's behalf (retry, edit, sweep members,
     a recreated claim). Created exclusively and never through a link; owner, mode and times
@@ -64,8 +65,7 @@ def create_owned(directory: Path, stem: str, data: bytes, uid: int, gid: int = -
     dir_fd = open_dir(directory)
     try:
         name = f".{stem}.{os.urandom(6).hex()}.tmp"
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=dir_fd)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

@@ -5,6 +5,7 @@ anyone else could swap a path's parts).
 It imports nothing but os, errno and stat (pathlib alone costs a cron start 15 ms): the
 cron start's lock test (single_instance.py) checks its local directory with it.
 """
+
 from __future__ import annotations
 
 import errno
@@ -15,6 +16,9 @@ import stat
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import TypeVar
+
+    PathT = TypeVar("PathT", str, Path)  # a name given as a str (single_instance) comes back a str
 
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
@@ -80,8 +84,11 @@ def entry_problem(path: str, st: os.stat_result, trusted_uid: int) -> tuple[str,
     """(path, why, fix) when someone other than root and `trusted_uid` could change the entry
     `path` whose lstat is `st`; None when nobody else can."""
     if st.st_uid not in (0, trusted_uid):
-        return path, f"is owned by uid {st.st_uid}{_name(st.st_uid)}, not by root or this worker's account", \
-            f"chown root {path}"
+        return (
+            path,
+            f"is owned by uid {st.st_uid}{_name(st.st_uid)}, not by root or this worker's account",
+            f"chown root {path}",
+        )
     if stat.S_ISLNK(st.st_mode):
         return None  # only its owner can change a link; where it leads is judged on its own
     sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
@@ -99,7 +106,7 @@ def _name(uid: int) -> str:
         return ""
 
 
-def ensure_private_dir(path: Path, what: str = "local_dir") -> Path:
+def ensure_private_dir(path: PathT, what: str = "local_dir") -> PathT:
     """`path` as a directory private to this process's account, created (with what is missing
     above it, each 0700) only where nobody else can swap any part of it: every existing entry
     from / down is root's or ours and not writable by others unless sticky (chain_problems),
@@ -122,23 +129,35 @@ def ensure_private_dir(path: Path, what: str = "local_dir") -> Path:
     st = os.lstat(literal)
     if stat.S_ISDIR(st.st_mode) and st.st_uid == euid and not st.st_mode & 0o077:
         return path
-    kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else \
-        "not a directory"
-    fix = f"chmod 700 {literal}" if stat.S_ISDIR(st.st_mode) and st.st_uid == euid else \
-        f"remove {literal} (the worker creates it)"
-    raise UnsafePath(f"{what} {literal} is {kind} owned by uid {st.st_uid}{_name(st.st_uid)} with mode "
-                     f"{stat.S_IMODE(st.st_mode):04o}, not a directory private to this worker (uid {euid}, "
-                     f"mode 0700). Fix: {fix}, or set local_dir in config.yaml")
+    kind = (
+        "a symbolic link"
+        if stat.S_ISLNK(st.st_mode)
+        else "a directory"
+        if stat.S_ISDIR(st.st_mode)
+        else "not a directory"
+    )
+    fix = (
+        f"chmod 700 {literal}"
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == euid
+        else f"remove {literal} (the worker creates it)"
+    )
+    raise UnsafePath(
+        f"{what} {literal} is {kind} owned by uid {st.st_uid}{_name(st.st_uid)} with mode "
+        f"{stat.S_IMODE(st.st_mode):04o}, not a directory private to this worker (uid {euid}, "
+        f"mode 0700). Fix: {fix}, or set local_dir in config.yaml"
+    )
 
 
 def _refuse_unsafe_chain(literal: str, euid: int, what: str) -> None:
     problems = chain_problems(literal, euid)
     if problems:
         entry, why, fix = problems[0]  # the topmost: the others may go with it
-        raise UnsafePath(f"{what} {literal} is not safe: {entry} {why}, so others could swap the worker's "
-                         f"lock files and markers for their own. Fix: remove {entry} (the worker creates what "
-                         f"is missing, private to it) or {fix}, or set local_dir in config.yaml to a directory "
-                         f"only root and uid {euid} can change")
+        raise UnsafePath(
+            f"{what} {literal} is not safe: {entry} {why}, so others could swap the worker's "
+            f"lock files and markers for their own. Fix: remove {entry} (the worker creates what "
+            f"is missing, private to it) or {fix}, or set local_dir in config.yaml to a directory "
+            f"only root and uid {euid} can change"
+        )
 
 
 def open_to_append(path: Path, mode: int, owner_uid: int, what: str, whose: str) -> tuple[int, bool]:
@@ -167,8 +186,22 @@ def open_to_append(path: Path, mode: int, owner_uid: int, what: str, whose: str)
 
 
 # File systems where flock does not exclude across hosts, or is not local at all.
-NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "ceph", "glusterfs",
-                       "fuse.glusterfs", "lustre", "gpfs", "beegfs", "afs")
+NETWORK_FILESYSTEMS = (
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "9p",
+    "fuse.sshfs",
+    "ceph",
+    "glusterfs",
+    "fuse.glusterfs",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "afs",
+)
 MOUNTINFO_ENV = "GPUQ_TEST_MOUNTINFO"  # tests stand in a mount table
 
 
@@ -217,4 +250,3 @@ def read_owned(path: "os.PathLike[str] | str", owners: "set[int] | frozenset[int
         return None
     finally:
         os.close(fd)
-

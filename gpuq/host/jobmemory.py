@@ -3,6 +3,7 @@ belongs to the job whose supervisor is among its ancestors (the supervisor is a 
 so a job's orphans stay under it), or its docker/podman container's main process (started
 by the runtime's daemon, outside the supervisor's tree). What belongs to no job is someone
 else's use."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -13,8 +14,9 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
 
 
-def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record], roots_of: Callable[[Record], list[int]]
-                       ) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
+def observe_job_memory(
+    gpus: list[GpuSnapshot], running: list[Record], roots_of: Callable[[Record], list[int]]
+) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
     """NVML's per-process memory, summed per job: a process belongs to the job whose
     supervisor is among its ancestors (the supervisor is a subreaper, so orphans stay).
     Also the memory of processes that belong to no job, per GPU (someone else's use)."""
@@ -24,7 +26,7 @@ def observe_job_memory(gpus: list[GpuSnapshot], running: list[Record], roots_of:
     owner_of: dict[int, str | None] = {}
 
     def owner(pid: int) -> str | None:
-        chain = []
+        chain: list[int] = []
         while pid > 1 and pid not in owner_of and pid not in supervisors and len(chain) < 64:
             chain.append(pid)
             try:

@@ -1,4 +1,4 @@
-"""Who may have what run, and as whom (README, "Security model").
+"""Who may have what run, and as whom (docs/security.md, "As whom a job runs").
 
 A spec's owner is the owner of its file, checked on the open file: nothing written inside a
 spec says who it is. A worker running as root runs each job as its spec's owner; a worker
@@ -6,12 +6,14 @@ running as a plain user runs only that user's specs, and those of the users conf
 `run_for_users` (as itself, on their behalf). Specs owned by root are refused, so that a
 root worker never runs anything as root; so are specs others could have edited.
 """
+
 from __future__ import annotations
 
 import os
 import pwd
 import stat
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpuq.model.errors import SpecError
 
@@ -19,6 +21,7 @@ from gpuq.model.errors import SpecError
 @dataclass(frozen=True)
 class Identity:
     """Whom a job runs as."""
+
     uid: int
     gid: int
     groups: tuple[int, ...]
@@ -34,48 +37,72 @@ class Identity:
         return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
 
 
+class FileOwnership(Protocol):
+    """What OwnerPolicy.check reads of a file's stat: an os.stat_result, or a stand-in."""
+
+    @property
+    def st_uid(self) -> int: ...
+
+    @property
+    def st_mode(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class OwnerPolicy:
     worker_uid: int
-    run_for_uids: frozenset[int]      # besides the worker's own user (a non-root worker)
-    shared_root: bool                 # jobs/ is writable by others than its owner
-    allow_root: bool = False          # config allow_root_jobs
+    run_for_uids: frozenset[int]  # besides the worker's own user (a non-root worker)
+    shared_root: bool  # jobs/ is writable by others than its owner
+    allow_root: bool = False  # config allow_root_jobs
 
     @classmethod
-    def for_worker(cls, jobs_dir_mode: int, run_for_users: tuple[str, ...],
-                   allow_root: bool = False) -> "OwnerPolicy":
+    def for_worker(cls, jobs_dir_mode: int, run_for_users: tuple[str, ...], allow_root: bool = False) -> "OwnerPolicy":
         uids = set()
         for name in run_for_users:
             try:
                 uids.add(pwd.getpwnam(name).pw_uid)
             except KeyError:
                 pass  # config names a user this box does not have: nobody to run for
-        return cls(os.geteuid(), frozenset(uids), bool(jobs_dir_mode & (stat.S_IWGRP | stat.S_IWOTH)),
-                   allow_root)
+        return cls(os.geteuid(), frozenset(uids), bool(jobs_dir_mode & (stat.S_IWGRP | stat.S_IWOTH)), allow_root)
 
-    def check(self, st: os.stat_result, display: str) -> None:
+    def check(self, st: FileOwnership, display: str) -> None:
         """Raise SpecError when this worker must not run a spec whose file is `st`."""
         if st.st_uid == 0 and not self.allow_root:
-            raise SpecError(display, None, "is owned by root, and gpuq does not run jobs as root",
-                            "submit it as the user the job should run as (or set allow_root_jobs: "
-                            "true in config.yaml where everything runs as root, e.g. a container)")
+            raise SpecError(
+                display,
+                None,
+                "is owned by root, and gpuq does not run jobs as root",
+                "submit it as the user the job should run as (or set allow_root_jobs: "
+                "true in config.yaml where everything runs as root, e.g. a container)",
+            )
         if st.st_uid == self.worker_uid:
             pass
         elif self.worker_uid == 0:
             try:
                 Identity.of(st.st_uid)
             except KeyError:
-                raise SpecError(display, None, f"is owned by uid {st.st_uid}, which has no account on "
-                                "this host", "submit it as a user that exists on every GPU box") from None
+                raise SpecError(
+                    display,
+                    None,
+                    f"is owned by uid {st.st_uid}, which has no account on this host",
+                    "submit it as a user that exists on every GPU box",
+                ) from None
         elif st.st_uid != self.worker_uid and st.st_uid not in self.run_for_uids:
-            raise SpecError(display, None, f"is owned by {_name(st.st_uid)}, and this worker runs as "
-                            f"{_name(self.worker_uid)}, which runs only its own specs",
-                            f"add {_name(st.st_uid)} to run_for_users in config.yaml, or run the "
-                            "worker as root so that each job runs as its owner")
+            raise SpecError(
+                display,
+                None,
+                f"is owned by {_name(st.st_uid)}, and this worker runs as "
+                f"{_name(self.worker_uid)}, which runs only its own specs",
+                f"add {_name(st.st_uid)} to run_for_users in config.yaml, or run the "
+                "worker as root so that each job runs as its owner",
+            )
         if self.shared_root and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise SpecError(display, None, f"can be changed by other users (mode {stat.S_IMODE(st.st_mode):04o}) "
-                            "in a shared jobs/, and its command would run as you",
-                            f"chmod go-w {display}")
+            raise SpecError(
+                display,
+                None,
+                f"can be changed by other users (mode {stat.S_IMODE(st.st_mode):04o}) "
+                "in a shared jobs/, and its command would run as you",
+                f"chmod go-w {display}",
+            )
 
 
 def _name(uid: int) -> str:
@@ -86,14 +113,14 @@ def _name(uid: int) -> str:
 
 
 def refusal(job_id: str, owner_uid: int, verb: str = "cancel") -> str:
-    return (f"{job_id}: belongs to {_name(owner_uid)}; only its owner, root or an admin (config "
-            f"`admins`) may {verb} it")
+    return f"{job_id}: belongs to {_name(owner_uid)}; only its owner, root or an admin (config `admins`) may {verb} it"
 
 
 @dataclass(frozen=True)
 class Actor:
     """Who asks for a change: the owner of the request file (never a name written in it).
     Admins are root, the account the worker runs as (it owns the spool), and config `admins`."""
+
     uid: int
     name: str
     admin: bool

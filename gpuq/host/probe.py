@@ -3,6 +3,7 @@
 Every NVML call goes through `_call`, which turns "not supported / not available" into the
 `NA` sentinel instead of an exception, so one odd GPU or driver never breaks a worker pass.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ FAKE_ENV = "GPUQ_FAKE_GPUS"
 
 
 class Probe:
-    """Snapshots of this host's GPUs through real NVML or the fake (DESIGN.md, testing)."""
+    """Snapshots of this host's GPUs through real NVML or the fake (docs/design.md, "Testing")."""
 
     def __init__(self, fake_spec: str | None, local_dir: Path) -> None:
         self.error: str | None = None
@@ -62,19 +63,21 @@ class Probe:
             temp = self._call(nvml.nvmlDeviceGetTemperature, handle, 0)  # NVML_TEMPERATURE_GPU
             power = self._call(nvml.nvmlDeviceGetPowerUsage, handle)
             procs = self._call(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []
-            gpus.append(GpuSnapshot(
-                index=index,
-                uuid=_text(self._call(nvml.nvmlDeviceGetUUID, handle)) or f"GPU-{index}",
-                name=_text(self._call(nvml.nvmlDeviceGetName, handle)) or "GPU",
-                mem_total_mib=mem.total // 2 ** 20,
-                mem_used_mib=mem.used // 2 ** 20,
-                util_pct=util.gpu if util is not NA else NA,
-                temp_c=temp,
-                power_w=power / 1000 if power is not NA else NA,
-                processes=tuple(
-                    GpuProcess(p.pid, p.usedGpuMemory // 2 ** 20 if p.usedGpuMemory else None)
-                    for p in procs),
-            ))
+            gpus.append(
+                GpuSnapshot(
+                    index=index,
+                    uuid=_text(self._call(nvml.nvmlDeviceGetUUID, handle)) or f"GPU-{index}",
+                    name=_text(self._call(nvml.nvmlDeviceGetName, handle)) or "GPU",
+                    mem_total_mib=mem.total // 2**20,
+                    mem_used_mib=mem.used // 2**20,
+                    util_pct=util.gpu if util is not NA else NA,
+                    temp_c=temp,
+                    power_w=power / 1000 if power is not NA else NA,
+                    processes=tuple(
+                        GpuProcess(p.pid, p.usedGpuMemory // 2**20 if p.usedGpuMemory else None) for p in procs
+                    ),
+                )
+            )
         return gpus
 
     def job_env(self) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """The job's process tree, from its supervisor: signalling its group, and ending what it
 left behind (its group and the orphans the supervisor adopted as child subreaper)."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """What a job used, sampled while it runs and kept in its record: GPU memory (peak, mean)
 and GPU utilization (mean) from the worker's NVML samples; host RAM (peak) and CPU (peak
 cores, total seconds) from its supervisor's samples of the job's process tree."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,7 @@ class GpuUsage:
         self.stats: dict[str, dict] = {}
         self.written_at: dict[str, float] = {}
 
-    def sample(self, job_id: str, mem_by_gpu: dict[int, int], util_pcts: list[int], now: float,
-               path: Path) -> None:
+    def sample(self, job_id: str, mem_by_gpu: dict[int, int], util_pcts: list[int], now: float, path: Path) -> None:
         s = self.stats.setdefault(job_id, {"peak_gpu_mem_mib": 0, "mem_sum": 0, "util_sum": 0, "samples": 0})
         mem = max(mem_by_gpu.values(), default=0)
         rose = mem > s["peak_gpu_mem_mib"]
@@ -43,9 +43,11 @@ def read_gpu_usage(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     n = s.get("samples") or 0
-    return {"peak_gpu_mem_mib": s.get("peak_gpu_mem_mib") or None,
-            "mean_gpu_mem_mib": round(s["mem_sum"] / n) if n else None,
-            "mean_gpu_util_pct": round(s["util_sum"] / n, 1) if n else None}
+    return {
+        "peak_gpu_mem_mib": s.get("peak_gpu_mem_mib") or None,
+        "mean_gpu_mem_mib": round(s["mem_sum"] / n) if n else None,
+        "mean_gpu_util_pct": round(s["util_sum"] / n, 1) if n else None,
+    }
 
 
 class TreeSampler:
@@ -73,14 +75,17 @@ class TreeSampler:
         if self._last is not None and now > self._last[0]:
             self.peak_cpus = max(self.peak_cpus, max(0.0, cpu - self._last[1]) / (now - self._last[0]))
         self._last = (now, cpu)
-        mib = int(rss // 2 ** 20)
+        mib = int(rss // 2**20)
         self.peak_rss_mib = max(self.peak_rss_mib, mib)
         return mib
 
     def result(self) -> dict:
         """After the job and its leftovers were reaped: their CPU time comes from rusage."""
-        return {"peak_rss_mib": self.peak_rss_mib or None, "peak_cpus": round(self.peak_cpus, 2) or None,
-                "cpu_s": round(_children_cpu_s() - self._rusage_before, 2)}
+        return {
+            "peak_rss_mib": self.peak_rss_mib or None,
+            "peak_cpus": round(self.peak_cpus, 2) or None,
+            "cpu_s": round(_children_cpu_s() - self._rusage_before, 2),
+        }
 
 
 def _children_cpu_s() -> float:
@@ -93,4 +98,3 @@ def suggest_gpu_mem(peaks: list[int]) -> int | None:
     if not peaks or not max(peaks):
         return None
     return -(-int(max(peaks) * 1.1) // 1024) * 1024
-

@@ -1,6 +1,7 @@
 """Waking a host's worker at once (a job ended, a spec was submitted, a cancel arrived)
 through a FIFO in its local directory, instead of waiting for the next poll; and the
 queue-wide planning lock that orders the workers' passes."""
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,13 @@ class WakeFifo:
         # O_RDWR keeps a writer open, so the FIFO never reads as EOF between pokes.
         self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
 
-    def sleep(self, timeout: float, watch: Sequence[Path] = (), seen: Sequence[int | None] = (),
-              not_before: Sequence[float] = ()) -> bytes:
+    def sleep(
+        self,
+        timeout: float,
+        watch: Sequence[Path] = (),
+        seen: Sequence[int | None] = (),
+        not_before: Sequence[float] = (),
+    ) -> bytes:
         """Returns the pokes' reasons, or b"" when the timeout passed without one. A change of
         the mtime of a path in `watch` (the requests inbox, this box's poke file, jobs/) ends
         the sleep too: team members and other boxes cannot reach this FIFO (it lives in the

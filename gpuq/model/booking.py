@@ -1,5 +1,6 @@
 """A booking: GPUs set aside for a person or an event over a time span (spool/bookings.py keeps
 them; plan honours them)."""
+
 from __future__ import annotations
 
 import math
@@ -25,12 +26,18 @@ class Booking:
         return self.start <= now < self.end
 
     def overlaps(self, other: "Booking") -> bool:
-        return (self.host == other.host and bool(set(self.gpus) & set(other.gpus))
-                and self.start < other.end and other.start < self.end)
+        return (
+            self.host == other.host
+            and bool(set(self.gpus) & set(other.gpus))
+            and self.start < other.end
+            and other.start < self.end
+        )
 
     def describe(self) -> str:
-        return (f"{self.id} ({self.owner}, {self.host}:{','.join(map(str, self.gpus))}, "
-                f"{_clock(self.start)}–{_clock(self.end)})")
+        return (
+            f"{self.id} ({self.owner}, {self.host}:{','.join(map(str, self.gpus))}, "
+            f"{_clock(self.start)}–{_clock(self.end)})"
+        )
 
     def to_json(self) -> dict:
         return {**asdict(self), "gpus": list(self.gpus)}
@@ -48,13 +55,18 @@ class Booking:
 
     def check(self) -> None:
         """Every field is what gpuq writes: names, bounded indices, finite times."""
-        if not (isinstance(self.id, str) and BOOKING_ID_RE.match(self.id) and isinstance(self.host, str)
-                and HOST_RE.match(self.host)):
+        if not (
+            isinstance(self.id, str)
+            and BOOKING_ID_RE.match(self.id)
+            and isinstance(self.host, str)
+            and HOST_RE.match(self.host)
+        ):
             raise BookingError("a booking names a host like box-a")
         if not self.gpus or not all(type(g) is int and 0 <= g < MAX_GPU_INDEX for g in self.gpus):
             raise BookingError(f"GPUs are indices below {MAX_GPU_INDEX}")
-        if not all(isinstance(t, (int, float)) and math.isfinite(t) and 0 <= t < MAX_TIME
-                   for t in (self.start, self.end)):
+        if not all(
+            isinstance(t, (int, float)) and math.isfinite(t) and 0 <= t < MAX_TIME for t in (self.start, self.end)
+        ):
             raise BookingError("--from and --to must be real times (before the year 3000)")
         if not all(isinstance(s, str) and len(s) <= 200 for s in (self.owner, self.note, self.by)):
             raise BookingError("--note is at most 200 characters")

@@ -1,4 +1,5 @@
 """The queue's config: defaults, loading from config.yaml, and `validate` with fixes."""
+
 from __future__ import annotations
 
 import math
@@ -19,58 +20,58 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Config:
-    poll_interval: float = 1.0          # seconds between worker passes
-    gpu_mem_reserve_mib: int = 256      # per GPU, never handed to jobs
+    poll_interval: float = 1.0  # seconds between worker passes
+    gpu_mem_reserve_mib: int = 256  # per GPU, never handed to jobs
     max_jobs_per_gpu: int = 4
     gpus: dict[str, list[int]] = field(default_factory=dict)  # host -> offered indices
-    local_dir: str | None = None        # per-host local directory for locks
-    cpu_slots: int = 2                  # concurrent CPU-only (gpus: 0) jobs per host
-    spec_settle_s: float = 5.0          # an unparsable spec is retried until unchanged this long
-    grace_s: float = 10.0               # SIGTERM -> SIGKILL
+    local_dir: str | None = None  # per-host local directory for locks
+    cpu_slots: int = 2  # concurrent CPU-only (gpus: 0) jobs per host
+    spec_settle_s: float = 5.0  # an unparsable spec is retried until unchanged this long
+    grace_s: float = 10.0  # SIGTERM -> SIGKILL
     queue_lock_timeout_s: float = 2.0
-    request_timeout_s: float = 30.0     # how long the CLI waits for a worker to apply a request
-    recent_finished: int = 10           # finished jobs shown by `gpuq status`
-    lost_after_s: float = 180.0         # a host whose heartbeat stands still this long is dead
-    lost_retries: int = 2               # re-runs of a job lost with its host (spec: retries)
-    run_for_users: tuple[str, ...] = () # a non-root worker also runs these users' specs
-    admins: tuple[str, ...] = ()        # may cancel anyone's job (root always may)
-    allow_root_jobs: bool = False       # run specs owned by root (containers, single-user boxes)
-    # Limits (README "Limits"): defaults for specs that do not set them; None = none.
+    request_timeout_s: float = 30.0  # how long the CLI waits for a worker to apply a request
+    recent_finished: int = 10  # finished jobs shown by `gpuq status`
+    lost_after_s: float = 180.0  # a host whose heartbeat stands still this long is dead
+    lost_retries: int = 2  # re-runs of a job lost with its host (spec: retries)
+    run_for_users: tuple[str, ...] = ()  # a non-root worker also runs these users' specs
+    admins: tuple[str, ...] = ()  # may cancel anyone's job (root always may)
+    allow_root_jobs: bool = False  # run specs owned by root (containers, single-user boxes)
+    # Limits (docs/reference.md, "Limits"): defaults for specs that do not set them; None = none.
     time_limit_s: float | None = None
     cpus: int | None = None
     mem_mib: int | None = None
-    gpu_mem_overuse: str = "warn"       # a job above its declared GPU memory: warn or kill
-    gpu_mem_tolerance_pct: int = 10     # ... by more than this ...
+    gpu_mem_overuse: str = "warn"  # a job above its declared GPU memory: warn or kill
+    gpu_mem_tolerance_pct: int = 10  # ... by more than this ...
     gpu_mem_overuse_after_s: float = 10.0  # ... for longer than this
-    metrics_dir: str | None = None      # Prometheus textfile directory; None: <root>/state/metrics
-    sample_every_s: float = 60.0        # a line in state/samples/ (utilization for `gpuq report`)
-    alert_command: str | None = None    # gets each new alert as JSON on stdin (alerts.py)
-    alert_wait_s: float = 86400.0       # a job pending longer than this
+    metrics_dir: str | None = None  # Prometheus textfile directory; None: <root>/state/metrics
+    sample_every_s: float = 60.0  # a line in state/samples/ (utilization for `gpuq report`)
+    alert_command: str | None = None  # gets each new alert as JSON on stdin (worker/alerts.py)
+    alert_wait_s: float = 86400.0  # a job pending longer than this
     alert_idle_holder_s: float = 1800.0  # a job holding GPU memory at under alert_idle_util_pct
     alert_idle_util_pct: int = 5
     alert_gpu_temp_c: int = 85
     alert_gpu_power_w: float | None = None
     alert_worker_silent_s: float = 300.0  # a host whose heartbeat has not changed for this long
-    alert_short_jobs: int = 200         # jobs under 10 s ended on one host within 10 minutes
-    # Scheduling (plan.py; README "Scheduling").
+    alert_short_jobs: int = 200  # jobs under 10 s ended on one host within 10 minutes
+    # Scheduling (sched/plan.py; docs/scheduling.md).
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
-    fair_share: bool = True             # within a priority, users holding fewer GPUs go first
-    age_step_s: float = 1800.0          # each this long of waiting counts as one GPU less in use
-    reserve_after_s: float = 3600.0     # a job blocked this long gets GPUs held back for it
-    reservations: bool = False           # measured to cost more than they pay (bench/simulate_traces.py)
-    spread: bool = True                 # while GPUs sit idle, a job takes an empty one (plan.py)
-    fragmentation_aware: bool = True    # among equally tight fits, keep emptier hosts whole
-    preemption: bool = True             # opportunistic jobs yield to higher-priority work
-    idle_util_pct: int = 10             # a GPU is idle while non-gpuq processes use less than this
-    idle_after_s: float = 60.0          # ... for this long; only then may opportunistic jobs start
+    fair_share: bool = True  # within a priority, users holding fewer GPUs go first
+    age_step_s: float = 1800.0  # each this long of waiting counts as one GPU less in use
+    reserve_after_s: float = 3600.0  # a job blocked this long gets GPUs held back for it
+    reservations: bool = False  # measured to cost more than they pay (bench/simulate_traces.py)
+    spread: bool = True  # while GPUs sit idle, a job takes an empty one (sched/plan.py)
+    fragmentation_aware: bool = True  # among equally tight fits, keep emptier hosts whole
+    preemption: bool = True  # opportunistic jobs yield to higher-priority work
+    idle_util_pct: int = 10  # a GPU is idle while non-gpuq processes use less than this
+    idle_after_s: float = 60.0  # ... for this long; only then may opportunistic jobs start
     idle_windows: tuple["Window", ...] = ()  # when opportunistic jobs may run; empty: always
-    # Slurm (slurm_export.py, bridge.py; README "Moving to Slurm").
-    backend: str = "local"              # slurm: workers hand jobs to Slurm instead of running them
-    container_runtime: str = "docker"   # a spec's container without a runtime runs with this one
+    # Slurm (slurm/export.py, slurm/bridge.py; docs/slurm.md).
+    backend: str = "local"  # slurm: workers hand jobs to Slurm instead of running them
+    container_runtime: str = "docker"  # a spec's container without a runtime runs with this one
     slurm_partitions: dict[str, str] = field(default_factory=dict)  # priority class -> partition
-    slurm_qos: dict[str, str] = field(default_factory=dict)         # priority class -> QOS
-    slurm_gpu_mem: str = "comment"      # how gpu_mem is expressed: comment, constraint or shards
-    slurm_gpu_types: dict[str, int] = field(default_factory=dict)   # constraint: feature -> GPU memory
+    slurm_qos: dict[str, str] = field(default_factory=dict)  # priority class -> QOS
+    slurm_gpu_mem: str = "comment"  # how gpu_mem is expressed: comment, constraint or shards
+    slurm_gpu_types: dict[str, int] = field(default_factory=dict)  # constraint: feature -> GPU memory
     slurm_shard_mib: int | None = None  # shards: the GPU memory one shard stands for
     slurm_jobcomp_file: str | None = None  # Slurm's JobCompLoc (jobcomp/filetxt), read by bridges
 
@@ -99,6 +100,7 @@ def _positive(kind: type) -> Any:
         if v <= 0 or (kind is int and v != int(v)):
             raise ValueError(f"must be {what}")
         return kind(v)
+
     return parse
 
 
@@ -195,8 +197,9 @@ def _overuse_action(v: Any) -> str:
 def _class_map(v: Any) -> dict[str, str]:
     if v is None:
         return {}
-    if not isinstance(v, dict) or not all(k in ("high", "normal", "low") and isinstance(x, str) and x
-                                          for k, x in v.items()):
+    if not isinstance(v, dict) or not all(
+        k in ("high", "normal", "low") and isinstance(x, str) and x for k, x in v.items()
+    ):
         raise ValueError("must map priority classes to names, e.g. {high: gpu-high, normal: gpu, low: scavenger}")
     return dict(v)
 
@@ -233,7 +236,7 @@ def _windows(v: Any) -> tuple:
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list):
-        raise ValueError("must be a list of windows, e.g. [\"22:00-08:00\", Sat-Sun]")
+        raise ValueError('must be a list of windows, e.g. ["22:00-08:00", Sat-Sun]')
     return tuple(parse_window(w) for w in v)
 
 
@@ -315,9 +318,11 @@ def validate(data: Any, file: str) -> Config:
             raise ConfigError(f"{file}: key '{key}': {raw!r} {e}") from None
     config = replace(Config(), **values)
     if config.lost_after_s * (1 - FENCE_FRACTION) < 2 * config.grace_s:
-        raise ConfigError(f"{file}: key 'lost_after_s': {config.lost_after_s:g} is too short for grace_s "
-                          f"{config.grace_s:g}: a host's jobs must be stopped before others take them "
-                          f"over. Fix: set lost_after_s to at least {5 * config.grace_s:g}")
+        raise ConfigError(
+            f"{file}: key 'lost_after_s': {config.lost_after_s:g} is too short for grace_s "
+            f"{config.grace_s:g}: a host's jobs must be stopped before others take them "
+            f"over. Fix: set lost_after_s to at least {5 * config.grace_s:g}"
+        )
     return config
 
 

@@ -1,5 +1,6 @@
 """The error a spec that cannot run raises, and the size past which a spec is not read: shared by
 spec parsing and the strict YAML loader beneath it."""
+
 from __future__ import annotations
 
 MAX_SPEC_BYTES = 256 * 1024

@@ -1,5 +1,6 @@
 """Job groups as written: the `array:` syntax (Slurm's --array, without %) and the error a bad
 group raises."""
+
 from __future__ import annotations
 
 import re

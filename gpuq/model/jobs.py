@@ -1,6 +1,7 @@
 """What plan is fed and what it decides: pending and running jobs, the boxes as it sees them, and
 the starts, preemptions and holds it returns. The worker, `gpuq status` and the simulator build
 these from their own sources."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,12 +34,12 @@ class RunningJob:
     user: str
     host: str
     gpus: tuple[int, ...]
-    gpu_mem_mib: int | None            # declared per GPU; None = whole GPU, exclusively
+    gpu_mem_mib: int | None  # declared per GPU; None = whole GPU, exclusively
     observed_mib: dict[int, int] = field(default_factory=dict)  # GPU index -> NVML-observed
     preemptible: bool = False
     priority_class: str = "normal"
     started_at: float = 0.0
-    stopping: bool = False             # told to stop: its memory is on its way out
+    stopping: bool = False  # told to stop: its memory is on its way out
 
     @property
     def rank(self) -> int:
@@ -46,18 +47,27 @@ class RunningJob:
 
     @classmethod
     def of(cls, record: Any, observed: dict[int, int], stopping: bool, host: str = "") -> "RunningJob":
-        """From a running Record (spool.py), as the worker and `gpuq status` both see it."""
+        """From a running Record (spool/store.py), as the worker and `gpuq status` both see it."""
         spec = record.spec
-        return cls(record.id, record.user, record.host or host, tuple(record.gpus), spec.get("gpu_mem_mib"),
-                   observed, preemptible=bool(spec.get("preemptible")),
-                   priority_class=spec.get("priority_class", "normal"),
-                   started_at=record.claimed_at or 0.0, stopping=stopping)
+        return cls(
+            record.id,
+            record.user,
+            record.host or host,
+            tuple(record.gpus),
+            spec.get("gpu_mem_mib"),
+            observed,
+            preemptible=bool(spec.get("preemptible")),
+            priority_class=spec.get("priority_class", "normal"),
+            started_at=record.claimed_at or 0.0,
+            stopping=stopping,
+        )
 
 
 @dataclass(frozen=True)
 class HostView:
     """One live host as the planner sees it: the GPUs it offers, its CPU-only slots, and
     since when each GPU has been free of non-gpuq use (None: in use now; absent: always)."""
+
     name: str
     gpus: tuple[GpuSnapshot, ...]
     cpu_slots: int
@@ -75,7 +85,7 @@ class Start:
 @dataclass
 class Plan:
     starts: list[Start]
-    reasons: dict[str, str]            # job id -> why it waits (only when explain=True)
-    order: list[str]                   # pending job ids in queue order (only when explain=True)
-    preempts: dict[str, str] = field(default_factory=dict)   # running job id -> why it yields
+    reasons: dict[str, str]  # job id -> why it waits (only when explain=True)
+    order: list[str]  # pending job ids in queue order (only when explain=True)
+    preempts: dict[str, str] = field(default_factory=dict)  # running job id -> why it yields
     held: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # job -> GPUs held

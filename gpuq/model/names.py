@@ -1,5 +1,6 @@
 """What a job id and a host name may be: both become file names in every part of the spool, so
 both are checked wherever one is read."""
+
 from __future__ import annotations
 
 import re

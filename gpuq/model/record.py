@@ -1,4 +1,5 @@
 """A job as gpuq knows it (a record file's contents), and the unique name of a claiming attempt."""
+
 from __future__ import annotations
 
 import os
@@ -15,18 +16,18 @@ class Record:
 
     id: str
     state: State
-    spec: dict[str, Any]                 # JobSpec.to_json()
-    spec_text: str = ""                  # the file as the user wrote it
+    spec: dict[str, Any]  # JobSpec.to_json()
+    spec_text: str = ""  # the file as the user wrote it
     user: str = ""
     uid: int = -1
     attempt: int = 1
-    queued_at: float = 0.0               # the queue position (kept across requeues)
+    queued_at: float = 0.0  # the queue position (kept across requeues)
     host: str | None = None
     boot_id: str | None = None
     gpus: list[int] = field(default_factory=list)
     gpu_uuids: list[str] = field(default_factory=list)
-    gpu_mem_mib: int | None = None       # memory charged per GPU: declared, or the whole GPU
-    claim: str | None = None             # unique name of the claiming attempt
+    gpu_mem_mib: int | None = None  # memory charged per GPU: declared, or the whole GPU
+    claim: str | None = None  # unique name of the claiming attempt
     claimed_at: float | None = None
     started_at: float | None = None
     ended_at: float | None = None
@@ -34,19 +35,19 @@ class Record:
     signal: int | None = None
     reason: str | None = None
     job_pid: int | None = None
-    peak_gpu_mem_mib: int | None = None  # usage.py: what the attempt used
+    peak_gpu_mem_mib: int | None = None  # host/usage.py: what the attempt used
     mean_gpu_mem_mib: int | None = None
     mean_gpu_util_pct: float | None = None
     peak_rss_mib: int | None = None
     peak_cpus: float | None = None
     cpu_s: float | None = None
-    preempted: bool = False              # the attempt before this one was preempted
-    time_limit_s: float | None = None    # the limits that apply (spec, else config): limits.py
+    preempted: bool = False  # the attempt before this one was preempted
+    time_limit_s: float | None = None  # the limits that apply (spec, else config): run/limits.py
     mem_limit_mib: int | None = None
     cpu_cores: list[int] = field(default_factory=list)
-    held_at: float | None = None         # holds.py: when `gpuq hold` took it out of the queue
-    restarts: int = 0                    # restarts.py: a service's restarts in this attempt
-    slurm_id: str | None = None          # bridge.py: the Slurm job this attempt was handed to
+    held_at: float | None = None  # spool/holds.py: when `gpuq hold` took it out of the queue
+    restarts: int = 0  # sched/restarts.py: a service's restarts in this attempt
+    slurm_id: str | None = None  # slurm/bridge.py: the Slurm job this attempt was handed to
 
     def to_json(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: JSON copies
@@ -73,13 +74,17 @@ class Record:
             raise RecordError(f"id {self.id!r} is not a job id")
         if self.host is not None and (not isinstance(self.host, str) or not HOST_RE.match(self.host)):
             raise RecordError(f"host {self.host!r} is not a host name")
-        if self.claim is not None and (not isinstance(self.claim, str) or parse_claim_name(self.claim) is None
-                                       or parse_claim_name(self.claim)[0] != self.id):
+        if self.claim is not None and (
+            not isinstance(self.claim, str) or (parsed := parse_claim_name(self.claim)) is None or parsed[0] != self.id
+        ):
             raise RecordError(f"claim {self.claim!r} is not a claim of {self.id}")
         if type(self.uid) is not int or type(self.attempt) is not int or self.attempt < 1:
             raise RecordError("uid and attempt must be integers")
-        if not isinstance(self.spec, dict) or not isinstance(self.gpus, list) or \
-                not all(type(g) is int and g >= 0 for g in self.gpus):
+        if (
+            not isinstance(self.spec, dict)
+            or not isinstance(self.gpus, list)
+            or not all(type(g) is int and g >= 0 for g in self.gpus)
+        ):
             raise RecordError("spec must be an object and gpus a list of indices")
 
 

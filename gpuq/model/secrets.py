@@ -1,5 +1,6 @@
 """Which environment variables look like secrets: the one rule for what `gpuq submit` leaves out
 and what `gpuq show` masks."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,22 @@ from typing import Any
 # Words, not substrings: TOKENIZERS_PARALLELISM and PATH are not secrets. PWD alone is the
 # working directory. Its value: credentials in a URL (postgres://user:password@host, a proxy's
 # user:password@), a connection string's Password=, or a well-known token format.
-SECRET_ENDINGS = ("TOKEN", "TOKENS", "KEY", "KEYS", "SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD",
-                  "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "COOKIE", "COOKIES")
+SECRET_ENDINGS = (
+    "TOKEN",
+    "TOKENS",
+    "KEY",
+    "KEYS",
+    "SECRET",
+    "SECRETS",
+    "PASSWORD",
+    "PASSWORDS",
+    "PASSWD",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "COOKIE",
+    "COOKIES",
+)
 
 
 SECRET_WORDS = frozenset({"PASS", "PWD", "PAT", "AUTH", "AUTHORIZATION", "CREDS", "DSN", "SESSION", "SESSIONID"})
@@ -23,10 +38,11 @@ NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
 
 
 SECRET_VALUE_RE = re.compile(
-    r"\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^/\s:@]*:[^/\s@]+@"         # scheme://user:password@
+    r"\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^/\s:@]*:[^/\s@]+@"  # scheme://user:password@
     r"|(?i:\b(?:password|passwd|pwd|accountkey|sharedaccesskey|secret)=)"  # Server=..;Password=..
     r"|\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|\bgithub_pat_\w{20,}|\bglpat-[\w-]{20,}"
-    r"|\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_-]{20,}|\bxox[abposr]-[\w-]{10,}|\bAKIA[0-9A-Z]{16}\b")
+    r"|\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_-]{20,}|\bxox[abposr]-[\w-]{10,}|\bAKIA[0-9A-Z]{16}\b"
+)
 
 
 def looks_secret(name: str, value: str = "") -> bool:
@@ -35,8 +51,7 @@ def looks_secret(name: str, value: str = "") -> bool:
     if name.upper() in NOT_SECRET_NAMES:
         return bool(SECRET_VALUE_RE.search(value))
     words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
-    return any(w.endswith(SECRET_ENDINGS) or w in SECRET_WORDS for w in words) or \
-        bool(SECRET_VALUE_RE.search(value))
+    return any(w.endswith(SECRET_ENDINGS) or w in SECRET_WORDS for w in words) or bool(SECRET_VALUE_RE.search(value))
 
 
 MASK = "****"
@@ -66,8 +81,11 @@ def _masked_text(text: str, secret: dict[str, str]) -> str:
         for form in sorted((f for f in forms if len(f.strip()) >= 4), key=len, reverse=True):
             text = text.replace(form, MASK)  # shorter ones would mask unrelated text: the rules below
     names = "|".join(map(re.escape, secret))
-    text = re.sub(r"""([{,]\s*["']?(?:%s)["']?\s*:\s*)("(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^,}\n]*)""" % names,
-                  rf"\g<1>{MASK}", text)
+    text = re.sub(
+        r"""([{,]\s*["']?(?:%s)["']?\s*:\s*)("(?:[^"\\]|\\.)*"|'(?:[^']|'')*'|[^,}\n]*)""" % names,
+        rf"\g<1>{MASK}",
+        text,
+    )
     key_line = re.compile(r"(\s*(?:-\s+)?[\"']?(?:%s)[\"']?\s*:)(?:[ \t]|$)" % names)
     lines, inside = [], None  # inside: the indent of the secret's key line while its value goes on
     for line in text.split("\n"):

@@ -3,6 +3,7 @@
 A spec is YAML. `parse_spec_text` turns bytes into a validated `JobSpec` or raises `SpecError`
 (and nothing else) naming the file, the field and the fix.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -38,21 +39,21 @@ class JobSpec:
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     hosts: tuple[str, ...] = ()
-    retries: int | None = None      # None: the config's lost_retries
-    preemptible: bool = False       # opportunistic (always true for priority low)
-    grace_s: float | None = None    # None: the config's grace_s
+    retries: int | None = None  # None: the config's lost_retries
+    preemptible: bool = False  # opportunistic (always true for priority low)
+    grace_s: float | None = None  # None: the config's grace_s
     time_limit_s: float | None = None  # None: the config's time_limit
-    cpus: int | None = None         # None: the config's cpus
-    mem_mib: int | None = None      # None: the config's mem
-    after: tuple[str, ...] = ()     # deps.py: start after these succeeded ...
-    after_any: tuple[str, ...] = () # ... or after these ended, whatever the result
-    sweep: tuple[tuple[str, tuple], ...] = ()  # sweeps.py: expanded into member jobs, never run itself
-    array: str | None = None        # sweeps.py: `0-9` -> member jobs <id>_<index>, never run itself
-    restart: str = "never"          # restarts.py: a service restarted in place after it ends
-    container: Container | None = None  # environments.py / containers.py: run inside this image
-    venv: str | None = None         # activated before the command ...
-    conda: str | None = None        # ... and this conda environment ...
-    setup: tuple[str, ...] = ()     # ... then these shell lines
+    cpus: int | None = None  # None: the config's cpus
+    mem_mib: int | None = None  # None: the config's mem
+    after: tuple[str, ...] = ()  # spool/deps.py: start after these succeeded ...
+    after_any: tuple[str, ...] = ()  # ... or after these ended, whatever the result
+    sweep: tuple[tuple[str, tuple], ...] = ()  # spool/sweeps.py: expanded into member jobs, never run itself
+    array: str | None = None  # spool/sweeps.py: `0-9` -> member jobs <id>_<index>, never run itself
+    restart: str = "never"  # sched/restarts.py: a service restarted in place after it ends
+    container: Container | None = None  # model/environments.py / run/containers.py: run inside this image
+    venv: str | None = None  # activated before the command ...
+    conda: str | None = None  # ... and this conda environment ...
+    setup: tuple[str, ...] = ()  # ... then these shell lines
 
     @property
     def exclusive(self) -> bool:
@@ -62,16 +63,32 @@ class JobSpec:
         return command_text(self.command)
 
     def to_json(self) -> dict[str, Any]:
-        return {"command": self.command if isinstance(self.command, str) else list(self.command),
-                "name": self.name, "gpus": self.gpus, "gpu_mem_mib": self.gpu_mem_mib,
-                "priority_class": self.priority_class, "priority": self.priority,
-                "workdir": self.workdir, "env": dict(self.env), "hosts": list(self.hosts),
-                "retries": self.retries, "preemptible": self.preemptible, "grace_s": self.grace_s,
-                "time_limit_s": self.time_limit_s, "cpus": self.cpus, "mem_mib": self.mem_mib,
-                "after": list(self.after), "after_any": list(self.after_any),
-                "sweep": {k: list(v) for k, v in self.sweep}, "array": self.array, "restart": self.restart,
-                "container": self.container.to_json() if self.container else None, "venv": self.venv,
-                "conda": self.conda, "setup": list(self.setup)}
+        return {
+            "command": self.command if isinstance(self.command, str) else list(self.command),
+            "name": self.name,
+            "gpus": self.gpus,
+            "gpu_mem_mib": self.gpu_mem_mib,
+            "priority_class": self.priority_class,
+            "priority": self.priority,
+            "workdir": self.workdir,
+            "env": dict(self.env),
+            "hosts": list(self.hosts),
+            "retries": self.retries,
+            "preemptible": self.preemptible,
+            "grace_s": self.grace_s,
+            "time_limit_s": self.time_limit_s,
+            "cpus": self.cpus,
+            "mem_mib": self.mem_mib,
+            "after": list(self.after),
+            "after_any": list(self.after_any),
+            "sweep": {k: list(v) for k, v in self.sweep},
+            "array": self.array,
+            "restart": self.restart,
+            "container": self.container.to_json() if self.container else None,
+            "venv": self.venv,
+            "conda": self.conda,
+            "setup": list(self.setup),
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "JobSpec":
@@ -81,16 +98,31 @@ class JobSpec:
         cmd = d["command"]
         spec = object.__new__(cls)
         spec.__dict__.update(
-            command=cmd if isinstance(cmd, str) else tuple(cmd), name=d["name"], gpus=d["gpus"],
-            gpu_mem_mib=d["gpu_mem_mib"], priority_class=d["priority_class"], priority=d["priority"],
-            workdir=d["workdir"], env=dict(d["env"]), hosts=tuple(d["hosts"]), retries=d.get("retries"),
-            preemptible=d.get("preemptible", False), grace_s=d.get("grace_s"), time_limit_s=d.get("time_limit_s"),
-            cpus=d.get("cpus"), mem_mib=d.get("mem_mib"), after=tuple(d.get("after", ())),
+            command=cmd if isinstance(cmd, str) else tuple(cmd),
+            name=d["name"],
+            gpus=d["gpus"],
+            gpu_mem_mib=d["gpu_mem_mib"],
+            priority_class=d["priority_class"],
+            priority=d["priority"],
+            workdir=d["workdir"],
+            env=dict(d["env"]),
+            hosts=tuple(d["hosts"]),
+            retries=d.get("retries"),
+            preemptible=d.get("preemptible", False),
+            grace_s=d.get("grace_s"),
+            time_limit_s=d.get("time_limit_s"),
+            cpus=d.get("cpus"),
+            mem_mib=d.get("mem_mib"),
+            after=tuple(d.get("after", ())),
             after_any=tuple(d.get("after_any", ())),
-            sweep=tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()), array=d.get("array"),
+            sweep=tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()),
+            array=d.get("array"),
             restart=d.get("restart", "never"),
-            container=Container.from_json(d.get("container")), venv=d.get("venv"), conda=d.get("conda"),
-            setup=tuple(d.get("setup") or ()))
+            container=Container.from_json(d.get("container")),
+            venv=d.get("venv"),
+            conda=d.get("conda"),
+            setup=tuple(d.get("setup") or ()),
+        )
         return spec
 
     def to_cache(self) -> dict[str, Any]:
@@ -114,9 +146,15 @@ class JobSpec:
 _DEFAULTS_JSON = JobSpec(command="").to_json()
 _DEFAULT_FIELDS = dict(JobSpec(command="").__dict__)
 _FROM_CACHE: dict[str, Any] = {
-    "command": lambda v: v if isinstance(v, str) else tuple(v), "env": dict, "hosts": tuple, "after": tuple,
-    "after_any": tuple, "setup": tuple, "sweep": lambda v: tuple((k, tuple(x)) for k, x in (v or {}).items()),
-    "container": lambda v: Container.from_json(v)}
+    "command": lambda v: v if isinstance(v, str) else tuple(v),
+    "env": dict,
+    "hosts": tuple,
+    "after": tuple,
+    "after_any": tuple,
+    "setup": tuple,
+    "sweep": lambda v: tuple((k, tuple(x)) for k, x in (v or {}).items()),
+    "container": lambda v: Container.from_json(v),
+}
 
 
 def parse_spec_text(text: bytes, file: str) -> JobSpec:
@@ -127,16 +165,20 @@ def parse_spec_text(text: bytes, file: str) -> JobSpec:
 def validate_spec(data: Any, file: str) -> JobSpec:
     """A loaded YAML document -> JobSpec. Every message names the field and the fix."""
     if not isinstance(data, dict):
-        raise SpecError(file, None, "a spec must be a mapping of fields",
-                        "write lines like `command: python train.py` and `gpus: 1`")
+        raise SpecError(
+            file,
+            None,
+            "a spec must be a mapping of fields",
+            "write lines like `command: python train.py` and `gpus: 1`",
+        )
     unknown = sorted(str(k) for k in data if k not in FIELDS)
     if unknown:
-        raise SpecError(file, unknown[0], "unknown field",
-                        f"remove it or use one of: {', '.join(FIELDS)}")
+        raise SpecError(file, unknown[0], "unknown field", f"remove it or use one of: {', '.join(FIELDS)}")
     priority_class, priority = _priority(data.get("priority", "normal"), file)
     if data.get("gpus") == 0 and data.get("gpu_mem") is not None:
-        raise SpecError(file, "gpu_mem", "is set for a CPU-only job (gpus: 0)",
-                        "remove gpu_mem, or ask for a GPU with `gpus: 1`")
+        raise SpecError(
+            file, "gpu_mem", "is set for a CPU-only job (gpus: 0)", "remove gpu_mem, or ask for a GPU with `gpus: 1`"
+        )
     command = _command(data.get("command"), file)
 
     def fail(field: str, problem: str, fix: str) -> SpecError:
@@ -172,8 +214,12 @@ def validate_spec(data: Any, file: str) -> JobSpec:
 
 def _command(value: Any, file: str) -> str | tuple[str, ...]:
     if value is None:
-        raise SpecError(file, "command", "missing", "add `command: python train.py` (a string "
-                        "runs under /bin/sh -c; a list is executed directly)")
+        raise SpecError(
+            file,
+            "command",
+            "missing",
+            "add `command: python train.py` (a string runs under /bin/sh -c; a list is executed directly)",
+        )
     if isinstance(value, str):
         if not value.strip():
             raise SpecError(file, "command", "is empty", "write the command to run")
@@ -188,16 +234,25 @@ def _command(value: Any, file: str) -> str | tuple[str, ...]:
         return tuple(value)
     if isinstance(value, (bool, int, float)):  # `command: true` is YAML's boolean, not /bin/true
         text = str(value).lower() if isinstance(value, bool) else str(value)
-        raise SpecError(file, "command", f"YAML read this as {_kind(value)}, not a command",
-                        f"quote it: `command: \"{text}\"`")
-    raise SpecError(file, "command", f"must be a string or a list of strings, not {_kind(value)}",
-                    "e.g. `command: python train.py` or `command: [python, train.py]`")
+        raise SpecError(
+            file, "command", f"YAML read this as {_kind(value)}, not a command", f'quote it: `command: "{text}"`'
+        )
+    raise SpecError(
+        file,
+        "command",
+        f"must be a string or a list of strings, not {_kind(value)}",
+        "e.g. `command: python train.py` or `command: [python, train.py]`",
+    )
 
 
 def _gpus(value: Any, file: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(file, "gpus", f"must be a whole number, not {_kind(value)} {value!r}",
-                        "e.g. `gpus: 1` (0 for a CPU-only job)")
+        raise SpecError(
+            file,
+            "gpus",
+            f"must be a whole number, not {_kind(value)} {value!r}",
+            "e.g. `gpus: 1` (0 for a CPU-only job)",
+        )
     if value < 0 or value > 64:
         raise SpecError(file, "gpus", f"{value} is out of range", "use 0 to 64 GPUs on one host")
     return value
@@ -222,8 +277,12 @@ def _priority(value: Any, file: str) -> tuple[str, int]:
         return value, 0
     if isinstance(value, int) and not isinstance(value, bool) and -1000 <= value <= 1000:
         return "normal", value
-    raise SpecError(file, "priority", f"{value!r} is not a priority",
-                    "use high, normal, low, or an integer from -1000 to 1000 (higher runs first)")
+    raise SpecError(
+        file,
+        "priority",
+        f"{value!r} is not a priority",
+        "use high, normal, low, or an integer from -1000 to 1000 (higher runs first)",
+    )
 
 
 def _optional_str(data: dict, key: str, file: str) -> str | None:
@@ -231,8 +290,9 @@ def _optional_str(data: dict, key: str, file: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or "\n" in value or len(value) > 200:
-        raise SpecError(file, key, "must be one line of text (at most 200 characters)",
-                        f"e.g. `{key}: {FIELDS[key].example}`")
+        raise SpecError(
+            file, key, "must be one line of text (at most 200 characters)", f"e.g. `{key}: {FIELDS[key].example}`"
+        )
     return value
 
 
@@ -240,8 +300,7 @@ def _workdir(value: Any, file: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
-        raise SpecError(file, "workdir", f"{value!r} is not an absolute path",
-                        "give a full path like /home/ana/proj")
+        raise SpecError(file, "workdir", f"{value!r} is not an absolute path", "give a full path like /home/ana/proj")
     return value
 
 
@@ -249,14 +308,12 @@ def _env(value: Any, file: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise SpecError(file, "env", f"must be a mapping, not {_kind(value)}",
-                        "write `env: {NAME: value}`")
+        raise SpecError(file, "env", f"must be a mapping, not {_kind(value)}", "write `env: {NAME: value}`")
     for k, v in value.items():
         if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
             raise SpecError(file, "env", f"{k!r} is not a variable name", "use names like WANDB_MODE")
         if not isinstance(v, str) or "\x00" in v:
-            raise SpecError(file, "env", f"value of {k} is {_kind(v)}, not a string",
-                            f"quote it: `{k}: \"{v}\"`")
+            raise SpecError(file, "env", f"value of {k} is {_kind(v)}, not a string", f'quote it: `{k}: "{v}"`')
     return dict(value)
 
 
@@ -264,8 +321,12 @@ def _retries(value: Any, file: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
-        raise SpecError(file, "retries", f"{value!r} is not a number of re-runs",
-                        "use a whole number from 0 to 100, e.g. `retries: 0` for a job that must never run twice")
+        raise SpecError(
+            file,
+            "retries",
+            f"{value!r} is not a number of re-runs",
+            "use a whole number from 0 to 100, e.g. `retries: 0` for a job that must never run twice",
+        )
     return value
 
 
@@ -275,8 +336,12 @@ def _preemptible(value: Any, priority_class: str, file: str) -> bool:
     if not isinstance(value, bool):
         raise SpecError(file, "preemptible", f"{value!r} is not true or false", "write `preemptible: true`")
     if not value and priority_class == "low":
-        raise SpecError(file, "preemptible", "is false for a priority low job, which is always opportunistic",
-                        "remove `preemptible: false`, or use priority normal (or an integer)")
+        raise SpecError(
+            file,
+            "preemptible",
+            "is false for a priority low job, which is always opportunistic",
+            "remove `preemptible: false`, or use priority normal (or an integer)",
+        )
     return value
 
 
@@ -288,8 +353,13 @@ def _duration(value: Any, field: str, most_s: float, file: str) -> float | None:
     except ValueError as e:
         raise SpecError(file, field, str(e).split(";")[0], f"write it like {DURATION_EXAMPLES}") from None
     if seconds <= 0 or seconds > most_s:
-        raise SpecError(file, field, f"{value} is out of range", f"give more than 0 and at most "
-                        f"{most_s / 86400:g} day{'s' if most_s > 86400 else ''}, e.g. `{field}: {FIELDS[field].example}`")
+        raise SpecError(
+            file,
+            field,
+            f"{value} is out of range",
+            f"give more than 0 and at most "
+            f"{most_s / 86400:g} day{'s' if most_s > 86400 else ''}, e.g. `{field}: {FIELDS[field].example}`",
+        )
     return seconds
 
 
@@ -297,7 +367,9 @@ def _cpus(value: Any, file: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
-        raise SpecError(file, "cpus", f"{value!r} is not a number of CPU cores", "use a whole number >= 1, e.g. `cpus: 8`")
+        raise SpecError(
+            file, "cpus", f"{value!r} is not a number of CPU cores", "use a whole number >= 1, e.g. `cpus: 8`"
+        )
     return value
 
 
@@ -309,7 +381,9 @@ def _mem(value: Any, file: str) -> int | None:
     except ValueError:
         mib = None
     if mib is None or mib <= 0:
-        raise SpecError(file, "mem", f"{value!r} is not a size", f"write the host RAM the job needs like {SIZE_EXAMPLES}")
+        raise SpecError(
+            file, "mem", f"{value!r} is not a size", f"write the host RAM the job needs like {SIZE_EXAMPLES}"
+        )
     return mib
 
 
@@ -332,8 +406,12 @@ def _job_ids(value: Any, field: str, file: str) -> tuple[str, ...]:
         raise SpecError(file, field, "must be a list of job ids", f"e.g. `{field}: {FIELDS[field].example}`")
     for job_id in value:
         if not JOB_ID_RE.match(job_id):
-            raise SpecError(file, field, f"{job_id!r} is not a job id",
-                            "give the ids `gpuq submit` printed (letters, digits, _ . -)")
+            raise SpecError(
+                file,
+                field,
+                f"{job_id!r} is not a job id",
+                "give the ids `gpuq submit` printed (letters, digits, _ . -)",
+            )
     return tuple(dict.fromkeys(value))
 
 
@@ -344,8 +422,12 @@ def _restart(value: Any, file: str) -> str:
     if value is None:
         return "never"
     if value not in RESTART_POLICIES:
-        raise SpecError(file, "restart", f"{value!r} is not a restart policy",
-                        "write `restart: on-failure` (restart when it fails) or `restart: always`")
+        raise SpecError(
+            file,
+            "restart",
+            f"{value!r} is not a restart policy",
+            "write `restart: on-failure` (restart when it fails) or `restart: always`",
+        )
     return value
 
 
@@ -363,12 +445,16 @@ def _sweep(value: Any, command: str | tuple[str, ...], file: str) -> tuple[tuple
     for key, values in value.items():
         if not isinstance(key, str) or not key.isidentifier():
             raise SpecError(file, "sweep", f"{key!r} is not a name", "use names like lr or seed")
-        if not isinstance(values, list) or not values or not all(
-                isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in values):
+        if (
+            not isinstance(values, list)
+            or not values
+            or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in values)
+        ):
             raise SpecError(file, "sweep", f"{key}: must be a list of numbers or strings", example)
         if f"{{{key}}}" not in text:
-            raise SpecError(file, "sweep", f"{key} is not used in command",
-                            f"write {{{key}}} in command where its value goes")
+            raise SpecError(
+                file, "sweep", f"{key} is not used in command", f"write {{{key}}} in command where its value goes"
+            )
         total *= len(values)
     if total > MAX_SWEEP_JOBS:
         raise SpecError(file, "sweep", f"makes {total} jobs", f"keep it to at most {MAX_SWEEP_JOBS} combinations")
@@ -382,14 +468,23 @@ def _array(value: Any, sweep: Any, file: str) -> str | None:
     if sweep is not None:
         raise SpecError(file, "array", "cannot be combined with sweep", "use one of them")
     if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise SpecError(file, "array", f"must be indices like \"0-9\", not {_kind(value)}", "write `array: \"0-9\"`")
+        raise SpecError(file, "array", f'must be indices like "0-9", not {_kind(value)}', 'write `array: "0-9"`')
     try:
         parse_array(str(value))
     except GroupError as e:
-        raise SpecError(file, "array", str(e).replace("--array ", ""), "write indices like 0-9, 1-9:2 or 1,4,7") from None
+        raise SpecError(
+            file, "array", str(e).replace("--array ", ""), "write indices like 0-9, 1-9:2 or 1,4,7"
+        ) from None
     return str(value)
 
 
 def _kind(value: Any) -> str:
-    return {bool: "a boolean", int: "a number", float: "a number", str: "text", list: "a list",
-            dict: "a mapping", type(None): "empty"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "text",
+        list: "a list",
+        dict: "a mapping",
+        type(None): "empty",
+    }.get(type(value), type(value).__name__)

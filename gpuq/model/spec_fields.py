@@ -1,6 +1,7 @@
 """The spec's fields as users read about them: type, default, meaning, example. The one
-schema table: spec.py validates exactly these keys, and a test checks README's spec
-reference against it."""
+schema table: model/spec.py validates exactly these keys, and docs/reference.md's spec
+table is rendered from it (reference.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,61 +15,128 @@ class Field:
     example: str
 
 
-# The schema, in one place. README's spec reference is checked against it by a test.
+# The schema, in one place. docs/reference.md's spec table is rendered from it (reference.py).
 FIELDS: dict[str, Field] = {
-    "command": Field("string or list of strings", "(required)",
-                     "A string runs under /bin/sh -c; a list is executed directly.",
-                     "python train.py --lr 3e-4"),
+    "command": Field(
+        "string or list of strings",
+        "(required)",
+        "A string runs under /bin/sh -c; a list is executed directly.",
+        "python train.py --lr 3e-4",
+    ),
     "name": Field("string", "the job id", "A label shown in status; free text.", "resnet baseline"),
     "gpus": Field("integer >= 0", "1", "GPUs on one host; 0 is a CPU-only job.", "2"),
-    "gpu_mem": Field("size", "whole GPU", "GPU memory needed on each GPU. Absent: the whole GPU, "
-                     "exclusively.", "20GiB"),
-    "priority": Field("high|normal|low or integer", "normal",
-                      "Queue order: class first, then the integer (higher first), then age.", "high"),
-    "workdir": Field("absolute path", "the worker's root", "Directory the command runs in.",
-                     "/home/ana/proj"),
-    "env": Field("mapping of string to string", "{}", "Extra environment variables.",
-                 "{WANDB_MODE: offline}"),
+    "gpu_mem": Field(
+        "size", "whole GPU", "GPU memory needed on each GPU. Absent: the whole GPU, exclusively.", "20GiB"
+    ),
+    "priority": Field(
+        "high|normal|low or integer",
+        "normal",
+        "Queue order: class first, then the integer (higher first), then age.",
+        "high",
+    ),
+    "workdir": Field("absolute path", "the worker's root", "Directory the command runs in.", "/home/ana/proj"),
+    "env": Field("mapping of string to string", "{}", "Extra environment variables.", "{WANDB_MODE: offline}"),
     "hosts": Field("list of host names", "any host", "Run only on these hosts.", "[box-a]"),
-    "preemptible": Field("true or false", "true for priority low", "Opportunistic: runs only on idle "
-                         "GPUs (and inside config idle_windows), and is stopped (SIGTERM, grace, SIGKILL) "
-                         "and requeued with GPUQ_PREEMPTED=1 when higher-priority work needs its memory, "
-                         "a non-gpuq process starts using its GPU, or its window closes.", "true"),
-    "grace": Field("duration", "config grace_s (10s)", "Time between SIGTERM and SIGKILL when the job "
-                   "is stopped (cancel, preemption): time to write a checkpoint.", "60s"),
-    "time_limit": Field("duration", "config time_limit (none)", "Longest run: past it the job gets "
-                        "SIGTERM, its grace, then SIGKILL, and its record says timeout.", "12h"),
-    "cpus": Field("integer >= 1", "config cpus (no pinning)", "CPU cores for the job: its affinity is "
-                  "that many cores, kept apart from other jobs' cores where the host has room.", "8"),
-    "mem": Field("size", "config mem (no limit)", "Host RAM of the job's whole process tree; above "
-                 "it the job is stopped, and its record says why.", "64GiB"),
-    "after": Field("list of job ids", "none", "Start only after each of these jobs succeeded; if one "
-                   "fails or is cancelled, this job is cancelled too, with that reason.", "[prep-1]"),
-    "after_any": Field("list of job ids", "none", "Start only after each of these jobs ended, "
-                       "whatever the result.", "[train-3]"),
-    "sweep": Field("mapping of name to list of values", "none", "One job per combination of the values; "
-                   "`{name}` in command is replaced by each value. Member ids: <id>_<name><value>-...", "{lr: [1e-3, 3e-4], seed: [1, 2]}"),
-    "array": Field("indices: 0-9, 1-9:2 or 1,4,7", "none", "One job per index, each with GPUQ_ARRAY_INDEX "
-                   "(Slurm's --array); member ids <id>_<index>. `gpuq submit --array` writes it.", "\"0-9\""),
-    "restart": Field("never, on-failure or always", "never", "A service: when its command ends (always) or "
-                     "fails (on-failure), it is started again on the same GPUs after a backoff (1 s, doubling to "
-                     "5 min; back to 1 s after 10 min up), keeping its GPU memory meanwhile. Cancel, time limit "
-                     "and preemption still end it.", "on-failure"),
-    "container": Field("image, or mapping: image, runtime, mounts, options", "none (runs on the host)",
-                       "Run the command inside this container image with exactly the job's GPUs, the "
-                       "workdir mounted, as the job's owner; runtime docker, podman or apptainer (default: "
-                       "config container_runtime); mounts like /data:/data:ro, each readable by the job's owner; "
-                       "options from an allow-list (--shm-size, --ulimit, --tmpfs, --read-only, ...: README, "
-                       "Containers and environments). "
-                       "Placed only on hosts that have the runtime.",
-                       "{image: nvcr.io/nvidia/pytorch:24.05-py3, mounts: [/data:/data:ro]}"),
-    "venv": Field("absolute path", "none", "A Python virtualenv activated before the command (inside the "
-                  "container, if any).", "/shared/envs/proj"),
-    "conda": Field("environment name or absolute path", "none", "A conda environment activated before the "
-                   "command (with the conda found as $CONDA_EXE, else on PATH).", "torch-2.3"),
-    "setup": Field("shell line or list of shell lines", "none", "Run first, in the same shell as the command "
-                   "(after venv/conda); the first that fails ends the job as failed.",
-                   "[export HF_HOME=/scratch/hf, ./fetch_data.sh]"),
-    "retries": Field("integer >= 0", "config lost_retries (2)", "Re-runs when the job is lost with "
-                     "its host (dead, rebooted, fenced); a failing job is never re-run.", "0"),
+    "preemptible": Field(
+        "true or false",
+        "true for priority low",
+        "Opportunistic: runs only on idle "
+        "GPUs (and inside config idle_windows), and is stopped (SIGTERM, grace, SIGKILL) "
+        "and requeued with GPUQ_PREEMPTED=1 when higher-priority work needs its memory, "
+        "a non-gpuq process starts using its GPU, or its window closes.",
+        "true",
+    ),
+    "grace": Field(
+        "duration",
+        "config grace_s (10s)",
+        "Time between SIGTERM and SIGKILL when the job is stopped (cancel, preemption): time to write a checkpoint.",
+        "60s",
+    ),
+    "time_limit": Field(
+        "duration",
+        "config time_limit (none)",
+        "Longest run: past it the job gets SIGTERM, its grace, then SIGKILL, and its record says timeout.",
+        "12h",
+    ),
+    "cpus": Field(
+        "integer >= 1",
+        "config cpus (no pinning)",
+        "CPU cores for the job: its affinity is "
+        "that many cores, kept apart from other jobs' cores where the host has room.",
+        "8",
+    ),
+    "mem": Field(
+        "size",
+        "config mem (no limit)",
+        "Host RAM of the job's whole process tree; above it the job is stopped, and its record says why.",
+        "64GiB",
+    ),
+    "after": Field(
+        "list of job ids",
+        "none",
+        "Start only after each of these jobs succeeded; if one "
+        "fails or is cancelled, this job is cancelled too, with that reason.",
+        "[prep-1]",
+    ),
+    "after_any": Field(
+        "list of job ids", "none", "Start only after each of these jobs ended, whatever the result.", "[train-3]"
+    ),
+    "sweep": Field(
+        "mapping of name to list of values",
+        "none",
+        "One job per combination of the values; "
+        "`{name}` in command is replaced by each value. Member ids: <id>_<name><value>-...",
+        "{lr: [1e-3, 3e-4], seed: [1, 2]}",
+    ),
+    "array": Field(
+        "indices: 0-9, 1-9:2 or 1,4,7",
+        "none",
+        "One job per index, each with GPUQ_ARRAY_INDEX "
+        "(Slurm's --array); member ids <id>_<index>. `gpuq submit --array` writes it.",
+        '"0-9"',
+    ),
+    "restart": Field(
+        "never, on-failure or always",
+        "never",
+        "A service: when its command ends (always) or "
+        "fails (on-failure), it is started again on the same GPUs after a backoff (1 s, doubling to "
+        "5 min; back to 1 s after 10 min up), keeping its GPU memory meanwhile. Cancel, time limit "
+        "and preemption still end it.",
+        "on-failure",
+    ),
+    "container": Field(
+        "image, or mapping: image, runtime, mounts, options",
+        "none (runs on the host)",
+        "Run the command inside this container image with exactly the job's GPUs, the "
+        "workdir mounted, as the job's owner; runtime docker, podman or apptainer (default: "
+        "config container_runtime); mounts like /data:/data:ro, each readable by the job's owner; "
+        "options from an allow-list (--shm-size, --ulimit, --tmpfs, --read-only, ...: "
+        "docs/containers.md). "
+        "Placed only on hosts that have the runtime.",
+        "{image: nvcr.io/nvidia/pytorch:24.05-py3, mounts: [/data:/data:ro]}",
+    ),
+    "venv": Field(
+        "absolute path",
+        "none",
+        "A Python virtualenv activated before the command (inside the container, if any).",
+        "/shared/envs/proj",
+    ),
+    "conda": Field(
+        "environment name or absolute path",
+        "none",
+        "A conda environment activated before the command (with the conda found as $CONDA_EXE, else on PATH).",
+        "torch-2.3",
+    ),
+    "setup": Field(
+        "shell line or list of shell lines",
+        "none",
+        "Run first, in the same shell as the command (after venv/conda); the first that fails ends the job as failed.",
+        "[export HF_HOME=/scratch/hf, ./fetch_data.sh]",
+    ),
+    "retries": Field(
+        "integer >= 0",
+        "config lost_retries (2)",
+        "Re-runs when the job is lost with its host (dead, rebooted, fenced); a failing job is never re-run.",
+        "0",
+    ),
 }

@@ -1,4 +1,5 @@
 """The job states and the one table of allowed transitions (enforced in `check_transition`)."""
+
 from __future__ import annotations
 
 from enum import Enum
@@ -12,7 +13,7 @@ class State(str, Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     LOST = "lost"
-    TIMEOUT = "timeout"      # ran past its time_limit: stopped (TERM, grace, KILL)
+    TIMEOUT = "timeout"  # ran past its time_limit: stopped (TERM, grace, KILL)
     REJECTED = "rejected"
 
     @property
@@ -27,7 +28,7 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.HELD: frozenset({State.PENDING, State.CANCELLED}),
     # running -> pending is a requeue (preempted, lost, or never started).
     State.RUNNING: frozenset({State.DONE, State.FAILED, State.CANCELLED, State.LOST, State.TIMEOUT, State.PENDING}),
-    # An ended job goes back to the queue only by `gpuq retry` (holds.py).
+    # An ended job goes back to the queue only by `gpuq retry` (spool/holds.py).
     State.DONE: frozenset({State.PENDING}),
     State.FAILED: frozenset({State.PENDING}),
     State.CANCELLED: frozenset({State.PENDING}),

@@ -1,5 +1,6 @@
 """Strict YAML for specs and config: safe loading only, no duplicate keys, no anchors or
 aliases, no tags, bounded nesting. Errors are SpecErrors naming the file and the fix."""
+
 from __future__ import annotations
 
 from collections.abc import Hashable
@@ -53,8 +54,12 @@ def _check_node_tree(root: Any, file: str) -> None:
         if depth > MAX_NESTING:
             raise _too_deep(file)
         if id(node) in seen:
-            raise SpecError(file, None, "YAML anchors/aliases are not allowed",
-                            "write the value out instead of using &anchor/*alias")
+            raise SpecError(
+                file,
+                None,
+                "YAML anchors/aliases are not allowed",
+                "write the value out instead of using &anchor/*alias",
+            )
         seen.add(id(node))
         if isinstance(node.value, list):
             for item in node.value:
@@ -72,13 +77,18 @@ def load_yaml(text: bytes, file: str) -> Any:
     if _LOADER is None:
         _LOADER = _loader_class()
     if len(text) > MAX_SPEC_BYTES:
-        raise SpecError(file, None, f"file is {len(text)} bytes, over the {MAX_SPEC_BYTES} cap",
-                        "a spec is a few lines; put data in files the command reads")
+        raise SpecError(
+            file,
+            None,
+            f"file is {len(text)} bytes, over the {MAX_SPEC_BYTES} cap",
+            "a spec is a few lines; put data in files the command reads",
+        )
     try:
         decoded = text.decode("utf-8-sig")  # a BOM is fine
     except UnicodeDecodeError as e:
-        raise SpecError(file, None, f"not UTF-8 text ({e.reason} at byte {e.start})",
-                        "save the file as UTF-8") from None
+        raise SpecError(
+            file, None, f"not UTF-8 text ({e.reason} at byte {e.start})", "save the file as UTF-8"
+        ) from None
     if "\x00" in decoded:
         raise SpecError(file, None, "contains a NUL byte", "save the file as plain UTF-8 text")
     loader = _LOADER(decoded)
@@ -91,19 +101,30 @@ def load_yaml(text: bytes, file: str) -> Any:
     except _DuplicateKey as e:
         raise SpecError(file, str(e), "key appears twice", "keep one of the two lines") from None
     except _UnhashableKey as e:
-        raise SpecError(file, None, f"a key is a {e} (a mapping or a list), not a name",
-                        "write keys as plain names, like `command:`") from None
+        raise SpecError(
+            file,
+            None,
+            f"a key is a {e} (a mapping or a list), not a name",
+            "write keys as plain names, like `command:`",
+        ) from None
     except yaml.constructor.ConstructorError as e:
         tag = getattr(e, "problem", "") or ""
-        raise SpecError(file, None, f"uses a YAML tag gpuq never constructs ({tag.strip()})",
-                        "remove the `!!...` tag; a spec holds plain strings, numbers and lists") from None
+        raise SpecError(
+            file,
+            None,
+            f"uses a YAML tag gpuq never constructs ({tag.strip()})",
+            "remove the `!!...` tag; a spec holds plain strings, numbers and lists",
+        ) from None
     except yaml.YAMLError as e:
         if "nesting depth" in str(e):  # PyYAML >= 6.0.4 stops deep nesting itself, before we do
             raise _too_deep(file) from None
         first_line = str(e).strip().splitlines()
         detail = " ".join(line.strip() for line in first_line[:3])
-        fix = "indent with spaces: YAML does not allow tabs" if "tab character" in detail else \
-            "check indentation and quoting; `key: value` per line"
+        fix = (
+            "indent with spaces: YAML does not allow tabs"
+            if "tab character" in detail
+            else "check indentation and quoting; `key: value` per line"
+        )
         raise SpecError(file, None, f"not valid YAML ({detail})", fix) from None
     except RecursionError:
         raise _too_deep(file) from None
@@ -112,4 +133,6 @@ def load_yaml(text: bytes, file: str) -> Any:
 
 
 def _too_deep(file: str) -> SpecError:
-    return SpecError(file, None, f"nesting deeper than {MAX_NESTING} levels", "a spec is a flat mapping; remove the nesting")
+    return SpecError(
+        file, None, f"nesting deeper than {MAX_NESTING} levels", "a spec is a flat mapping; remove the nesting"
+    )

@@ -1,4 +1,5 @@
 """Text that is safe to print to a terminal: anything a terminal would act on, escaped."""
+
 from __future__ import annotations
 
 import re
@@ -9,8 +10,7 @@ from typing import Any
 # terminals), the bidi marks, embeddings, overrides and isolates that reorder what is shown
 # (U+202E makes "cod.exe" read "exe.doc"), the Unicode line and paragraph separators, and lone
 # surrogates (undecodable file names; printing one raises UnicodeEncodeError).
-_UNSAFE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
-                        "\u2066-\u2069\ud800-\udfff]")
+_UNSAFE_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -1,4 +1,5 @@
 """Human sizes and durations, parsed strictly and printed briefly."""
+
 from __future__ import annotations
 
 import math
@@ -8,14 +9,23 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
 # One rule, in any case: every size is binary, as Slurm reads "20G" and as a GPU's "80GB" is
 # meant: 20g = 20G = 20GB = 20GiB = 20480 MiB. (Decimal GB would make "8GB" 7.5 GiB.)
 _MIB_PER_UNIT = {
-    "m": 1.0, "mi": 1.0, "mib": 1.0, "mb": 1.0,
-    "g": 1024.0, "gi": 1024.0, "gib": 1024.0, "gb": 1024.0,
-    "t": 1024.0 ** 2, "ti": 1024.0 ** 2, "tib": 1024.0 ** 2, "tb": 1024.0 ** 2,
+    "m": 1.0,
+    "mi": 1.0,
+    "mib": 1.0,
+    "mb": 1.0,
+    "g": 1024.0,
+    "gi": 1024.0,
+    "gib": 1024.0,
+    "gb": 1024.0,
+    "t": 1024.0**2,
+    "ti": 1024.0**2,
+    "tib": 1024.0**2,
+    "tb": 1024.0**2,
 }
 SIZE_EXAMPLES = "20GiB, 20G, 20480MiB"
 # Bounds that no real size or duration comes near: past them a number is a typo or an attack,
 # and would overflow int(), time.localtime() or time.sleep() somewhere downstream.
-MAX_SIZE_MIB = 2 ** 30                 # 1 PiB
+MAX_SIZE_MIB = 2**30  # 1 PiB
 MAX_DURATION_S = 100 * 365.25 * 86400  # 100 years
 
 
@@ -27,8 +37,7 @@ def parse_size_mib(text: str) -> int:
         raise ValueError(f"{text!r} is not a size; write it like {SIZE_EXAMPLES}")
     mib = float(match.group(1)) * _MIB_PER_UNIT[unit]
     if not mib <= MAX_SIZE_MIB:  # also false for inf (a number of 400 digits)
-        raise ValueError(f"{text!r} is larger than any machine (at most 1 PiB); "
-                         f"write it like {SIZE_EXAMPLES}")
+        raise ValueError(f"{text!r} is larger than any machine (at most 1 PiB); write it like {SIZE_EXAMPLES}")
     return int(mib + 0.999999)  # never round a declared need down
 
 

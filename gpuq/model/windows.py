@@ -4,6 +4,7 @@ Each entry is a time-of-day range (`22:00-08:00`, may wrap past midnight), a day
 (`Sat-Sun`, `Mon`), or both (`Mon-Fri 19:00-23:00`). The window is open when any entry
 matches the host's local time. No entries: always open.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,8 @@ EXAMPLES = "22:00-08:00, Sat-Sun, Mon-Fri 19:00-23:00"
 @dataclass(frozen=True)
 class Window:
     text: str
-    days: frozenset[int] | None       # 0 = Monday; None = every day
-    minutes: tuple[int, int] | None   # [start, end) minutes after midnight; None = all day
+    days: frozenset[int] | None  # 0 = Monday; None = every day
+    minutes: tuple[int, int] | None  # [start, end) minutes after midnight; None = all day
 
     def contains(self, weekday: int, minute: int) -> bool:
         if self.minutes is None:

@@ -33,6 +33,7 @@ killing the client leaves it running. So a stop also runs `RUNTIME stop --time G
 kill at the end of the grace `RUNTIME kill`, and whatever way the job ends, `RUNTIME rm
 --force` removes what is left.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -58,7 +59,7 @@ from gpuq.model.environments import DAEMON_RUNTIMES, Container, OptionRefused, a
 
 PROBE_TIMEOUT_S = 10.0
 OPEN_AS_OWNER_TIMEOUT_S = 30.0  # a mount source on a hung file system must not hang the supervisor
-MOUNTS_DIR = "mounts"           # in the worker's local_dir: the staged mount sources, per job
+MOUNTS_DIR = "mounts"  # in the worker's local_dir: the staged mount sources, per job
 CONTROL_TIMEOUT_S = 30.0
 MAX_LOOKUPS = 30
 
@@ -74,11 +75,11 @@ class Owner:
 class ContainerRun:
     runtime: str
     argv: list[str]
-    env: dict[str, str]          # for the client's environment (the values of -e NAME, APPTAINERENV_*)
-    name: str | None             # docker/podman: the container's name, for stop and rm
-    client_as_owner: bool        # the client itself runs as the job's owner
-    volumes: tuple[int, ...] = ()            # argv indices of the host paths' --volume SRC:DST[:MODE]
-    staged: "StagedMounts | None" = None     # see stage_mounts
+    env: dict[str, str]  # for the client's environment (the values of -e NAME, APPTAINERENV_*)
+    name: str | None  # docker/podman: the container's name, for stop and rm
+    client_as_owner: bool  # the client itself runs as the job's owner
+    volumes: tuple[int, ...] = ()  # argv indices of the host paths' --volume SRC:DST[:MODE]
+    staged: "StagedMounts | None" = None  # see stage_mounts
 
 
 def container_name(job_id: str, attempt: int, claim: str | None = None) -> str:
@@ -100,9 +101,19 @@ def inside_visible_devices(runtime: str, gpus: Sequence[int]) -> str:
     return ",".join(map(str, gpus))
 
 
-def container_run(container: Container, runtime: str, inner: list[str], job_vars: Mapping[str, str],
-                  workdir: str, gpus: Sequence[int], owner: Owner, client_is_root: bool, name: str,
-                  cpu_cores: Sequence[int] = (), mem_mib: int | None = None) -> ContainerRun:
+def container_run(
+    container: Container,
+    runtime: str,
+    inner: list[str],
+    job_vars: Mapping[str, str],
+    workdir: str,
+    gpus: Sequence[int],
+    owner: Owner,
+    client_is_root: bool,
+    name: str,
+    cpu_cores: Sequence[int] = (),
+    mem_mib: int | None = None,
+) -> ContainerRun:
     """The client's command line and environment for one run of a job in `container`.
     `job_vars`: what the job must see (its env, gpuq's variables), CUDA_VISIBLE_DEVICES as
     on the host; `inner`: the command to run inside."""
@@ -110,8 +121,9 @@ def container_run(container: Container, runtime: str, inner: list[str], job_vars
     try:  # again, for this host's runtime: a spec without one was checked against them all
         options = list(allowed_options(container.options, runtime))
     except OptionRefused as e:
-        raise PermissionError(errno.EPERM, f"container option not allowed for {runtime}",
-                              f"{e.problem}. Fix: {e.fix}") from None
+        raise PermissionError(
+            errno.EPERM, f"container option not allowed for {runtime}", f"{e.problem}. Fix: {e.fix}"
+        ) from None
     if runtime == "apptainer":
         argv = ["apptainer", "exec", *options, "--cleanenv"] + (["--nv"] if gpus else [])
         argv += ["--bind", workdir, "--pwd", workdir]
@@ -122,8 +134,11 @@ def container_run(container: Container, runtime: str, inner: list[str], job_vars
     argv = [runtime, "run", *options, "--rm", "--init", "--name", name, "--label", "gpuq=1"]
     if gpus:
         devices = ",".join(map(str, gpus))
-        argv += ["--gpus", f'"device={devices}"'] if runtime == "docker" else \
-            [a for i in gpus for a in ("--device", f"nvidia.com/gpu={i}")]
+        argv += (
+            ["--gpus", f'"device={devices}"']
+            if runtime == "docker"
+            else [a for i in gpus for a in ("--device", f"nvidia.com/gpu={i}")]
+        )
     if runtime == "podman" and not client_is_root:
         argv += ["--userns=keep-id", "--group-add", "keep-groups"]  # rootless: stay the caller
     else:
@@ -155,8 +170,9 @@ class ContainerControl:
     the end of the grace, remove what is left, and find its main process (whose descendants'
     GPU memory is the job's). Every call is bounded; none raises."""
 
-    def __init__(self, run: ContainerRun, env: Mapping[str, str], note: Callable[[str], None],
-                 found: Callable[[int], None]) -> None:
+    def __init__(
+        self, run: ContainerRun, env: Mapping[str, str], note: Callable[[str], None], found: Callable[[int], None]
+    ) -> None:
         self.run, self.env, self.note, self.found = run, dict(env), note, found
         self.stopper: subprocess.Popen | None = None
         self.pid: int | None = None
@@ -165,8 +181,14 @@ class ContainerControl:
 
     def _call(self, *args: str, timeout: float = CONTROL_TIMEOUT_S) -> str | None:
         try:
-            done = subprocess.run([self.run.runtime, *args], env=self.env, stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout, text=True)
+            done = subprocess.run(
+                [self.run.runtime, *args],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout,
+                text=True,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout if done.returncode == 0 else None
@@ -177,9 +199,13 @@ class ContainerControl:
         seconds = str(max(1, math.ceil(grace_s)))
         self.note(f"stopping container {self.run.name} ({self.run.runtime} stop --time {seconds})")
         try:
-            self.stopper = subprocess.Popen([self.run.runtime, "stop", "--time", seconds, self.run.name or ""],
-                                            env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL)
+            self.stopper = subprocess.Popen(
+                [self.run.runtime, "stop", "--time", seconds, self.run.name or ""],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         except OSError as e:
             self.note(f"cannot run {self.run.runtime} stop: {e}")
 
@@ -216,7 +242,7 @@ class ContainerControl:
         tried at growing intervals meanwhile (an image being pulled), about two minutes in all."""
         self.lookups += 1
         self.pid = self.lookup_pid()
-        self.next_lookup = now + min(5.0, 0.3 * 2 ** self.lookups)
+        self.next_lookup = now + min(5.0, 0.3 * 2**self.lookups)
         if self.pid is not None:
             self.found(self.pid)
 
@@ -230,8 +256,9 @@ def remove_leftover(spec_json: dict, name: str, default_runtime: str) -> bool:
     if runtime not in DAEMON_RUNTIMES:
         return False
     try:
-        done = subprocess.run([runtime, "rm", "--force", name], stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=CONTROL_TIMEOUT_S)
+        done = subprocess.run(
+            [runtime, "rm", "--force", name], stdin=subprocess.DEVNULL, capture_output=True, timeout=CONTROL_TIMEOUT_S
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
@@ -240,6 +267,7 @@ def remove_leftover(spec_json: dict, name: str, default_runtime: str) -> bool:
 class RuntimeProbe:
     """A worker's view of its host's runtimes, probed again every PROBE_EVERY_S: a daemon may
     be started or stopped while the worker runs."""
+
     PROBE_EVERY_S = 300.0
 
     def __init__(self) -> None:
@@ -256,17 +284,25 @@ class RuntimeProbe:
 def probe_runtimes() -> tuple[dict[str, str], dict[str, str]]:
     """The container runtimes this host can use now, name -> version, and those installed
     but not usable, name -> why (a docker client whose daemon does not answer)."""
-    commands = {"docker": ["docker", "version", "--format", "{{.Server.Version}}"],
-                "podman": ["podman", "version", "--format", "{{.Client.Version}}"],
-                "apptainer": ["apptainer", "--version"]}
+    commands = {
+        "docker": ["docker", "version", "--format", "{{.Server.Version}}"],
+        "podman": ["podman", "version", "--format", "{{.Client.Version}}"],
+        "apptainer": ["apptainer", "--version"],
+    }
     found: dict[str, str] = {}
     problems: dict[str, str] = {}
     for name, argv in commands.items():
         if shutil.which(name) is None:
             continue
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=PROBE_TIMEOUT_S, env={**os.environ, "LC_ALL": "C"})
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+                env={**os.environ, "LC_ALL": "C"},
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             problems[name] = f"{' '.join(argv)}: {e}"
             continue
@@ -287,6 +323,7 @@ _MS_BIND, _MS_REC, _MNT_DETACH = 0x1000, 0x4000, 2
 @dataclass(frozen=True)
 class StagedMounts:
     """Private binds (`base/0`, `base/1`, ...) of the paths one container mounts."""
+
     base: Path
 
     def release(self) -> None:
@@ -333,8 +370,12 @@ def stage_mounts(run: ContainerRun, owner: Identity, local_dir: Path, job_id: st
                 os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
             if _libc().mount(f"/proc/self/fd/{fd}".encode(), os.fsencode(target), None, _MS_BIND | _MS_REC, None):
                 code = ctypes.get_errno()
-                raise OSError(code, f"mount source {sources[n]} cannot be bound for the runtime ({os.strerror(code)}: "
-                              "a root worker needs CAP_SYS_ADMIN to hand it over safely)", sources[n])
+                raise OSError(
+                    code,
+                    f"mount source {sources[n]} cannot be bound for the runtime ({os.strerror(code)}: "
+                    "a root worker needs CAP_SYS_ADMIN to hand it over safely)",
+                    sources[n],
+                )
             argv[index] = f"{target}:{argv[index].split(':', 1)[1]}"
     except BaseException:
         StagedMounts(base).release()
@@ -384,21 +425,30 @@ def _open_as(owner: Identity, paths: list[str]) -> list[int]:
         message, fds, _, _ = socket.recv_fds(ours, 65536, len(paths))
     except OSError as e:  # a timeout too: a hung file system
         os.kill(pid, signal.SIGKILL)
-        raise OSError(errno.ETIMEDOUT, f"mount sources {', '.join(paths)} could not be opened as {owner.name} "
-                      f"within {OPEN_AS_OWNER_TIMEOUT_S:g} s ({e})", paths[0]) from None
+        raise OSError(
+            errno.ETIMEDOUT,
+            f"mount sources {', '.join(paths)} could not be opened as {owner.name} "
+            f"within {OPEN_AS_OWNER_TIMEOUT_S:g} s ({e})",
+            paths[0],
+        ) from None
     finally:
         ours.close()
         os.waitpid(pid, 0)
     if not message:  # the child could not become the owner, or died
         raise OSError(errno.EIO, f"mount sources {', '.join(paths)} could not be checked as {owner.name}", paths[0])
-    refused = json.loads(message)
-    if refused is None and len(fds) == len(paths):
+    refusal = json.loads(message)  # the child's [path, errno], or null
+    if refusal is None and len(fds) == len(paths):
         return fds
     for fd in fds:
         os.close(fd)
-    path, code = refused if refused else (paths[0], errno.EIO)
-    what = "does not exist" if code == errno.ENOENT else f"is not readable by {owner.name}" \
-        if code in (errno.EACCES, errno.EPERM) else f"cannot be opened by {owner.name} ({os.strerror(code)})"
+    path, code = refusal if refusal else (paths[0], errno.EIO)
+    what = (
+        "does not exist"
+        if code == errno.ENOENT
+        else f"is not readable by {owner.name}"
+        if code in (errno.EACCES, errno.EPERM)
+        else f"cannot be opened by {owner.name} ({os.strerror(code)})"
+    )
     raise OSError(code, f"mount source {path} {what}", path)
 
 
@@ -408,11 +458,19 @@ def _private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, exist_ok=True)
     for d in [path, *path.parents]:
         st = os.lstat(d)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or (
-                st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX) or (d == path and st.st_mode & 0o077):
-            raise PermissionError(errno.EPERM, f"{d} can be changed by others, so the job's mounts cannot be "
-                                  "handed to the runtime safely: set local_dir in config.yaml to a directory only "
-                                  "root can change", str(d))
+        if (
+            not stat.S_ISDIR(st.st_mode)
+            or st.st_uid != os.geteuid()
+            or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX)
+            or (d == path and st.st_mode & 0o077)
+        ):
+            raise PermissionError(
+                errno.EPERM,
+                f"{d} can be changed by others, so the job's mounts cannot be "
+                "handed to the runtime safely: set local_dir in config.yaml to a directory only "
+                "root can change",
+                str(d),
+            )
     return path
 
 

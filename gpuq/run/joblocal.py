@@ -2,7 +2,7 @@
 the job's liveness lock, the `started` marker kept in it, stop requests, and their cleanup.
 
 All of them live in the host's local directory (never on NFS, where flock does not exclude)
-and mean nothing after a reboot. The supervisor (supervise.py) writes them; the worker,
+and mean nothing after a reboot. The supervisor (run/supervise.py) writes them; the worker,
 `gpuq cancel` and the spawner read them.
 
 A root worker signals the pid a lock file names and records the result it holds, so the
@@ -10,6 +10,7 @@ directory is private to the worker's account (hostinfo.ensure_private_dir) and, 
 what is read back counts only as a plain file of that account (fstat of an O_NOFOLLOW open),
 and what is written goes through a fresh temp file renamed into place, never through a link.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -20,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, TypeGuard
 
 from gpuq.host.hostinfo import process_start_ticks, read_owned
 from gpuq.model.record import Record
@@ -30,15 +31,16 @@ from gpuq.spool.layout import Layout
 @dataclass(frozen=True)
 class Runtime:
     """What a supervisor needs from its worker: all plain data."""
+
     layout: Layout
     host: str
     boot_id: str
     local_dir: Path
     grace_s: float
     lost_after_s: float
-    extra_env: dict[str, str]          # e.g. GPUQ_FAKE_GPUS for fake GPUs
+    extra_env: dict[str, str]  # e.g. GPUQ_FAKE_GPUS for fake GPUs
     container_runtime: str = "docker"  # config container_runtime: for containers that name none
-    allow_root_jobs: bool = False      # config allow_root_jobs: whether a root worker runs uid 0's jobs
+    allow_root_jobs: bool = False  # config allow_root_jobs: whether a root worker runs uid 0's jobs
 
     def lock_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.lock"
@@ -52,7 +54,7 @@ class Runtime:
         return self.local_dir / "jobs" / f"{job_id}.container"
 
     def usage_path(self, job_id: str) -> Path:
-        """GPU usage sampled by the worker (usage.py), read by the supervisor at the end."""
+        """GPU usage sampled by the worker (host/usage.py), read by the supervisor at the end."""
         return self.local_dir / "jobs" / f"{job_id}.usage"
 
     @property
@@ -61,16 +63,31 @@ class Runtime:
         return self.local_dir / "lease"
 
     def to_json(self) -> dict:
-        return {"root": str(self.layout.root), "host": self.host, "boot_id": self.boot_id,
-                "local_dir": str(self.local_dir), "grace_s": self.grace_s,
-                "lost_after_s": self.lost_after_s, "extra_env": self.extra_env,
-                "container_runtime": self.container_runtime, "allow_root_jobs": self.allow_root_jobs}
+        return {
+            "root": str(self.layout.root),
+            "host": self.host,
+            "boot_id": self.boot_id,
+            "local_dir": str(self.local_dir),
+            "grace_s": self.grace_s,
+            "lost_after_s": self.lost_after_s,
+            "extra_env": self.extra_env,
+            "container_runtime": self.container_runtime,
+            "allow_root_jobs": self.allow_root_jobs,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "Runtime":
-        return cls(Layout(Path(d["root"])), d["host"], d["boot_id"], Path(d["local_dir"]),
-                   d["grace_s"], d["lost_after_s"], d["extra_env"], d.get("container_runtime", "docker"),
-                   d.get("allow_root_jobs", False))
+        return cls(
+            Layout(Path(d["root"])),
+            d["host"],
+            d["boot_id"],
+            Path(d["local_dir"]),
+            d["grace_s"],
+            d["lost_after_s"],
+            d["extra_env"],
+            d.get("container_runtime", "docker"),
+            d.get("allow_root_jobs", False),
+        )
 
 
 MAX_LOCAL_FILE = 1 << 20  # a marker, a lease or a stop reason is a few hundred bytes
@@ -157,7 +174,7 @@ def read_started(rt: Runtime, record: Record) -> dict | None:
     return marker if isinstance(marker, dict) and marker.get("claim") == record.claim else None
 
 
-def _live(pid: object, ticks: object) -> bool:
+def _live(pid: object, ticks: object) -> TypeGuard[int]:
     """Whether `pid` is a process (never 0 or -1, which signal a group or every process)
     that started at `ticks`: with them it names one process for the life of the boot."""
     return type(pid) is int and pid > 1 and type(ticks) is int and process_start_ticks(pid) == ticks
@@ -180,7 +197,7 @@ def write_container_pid(rt: Runtime, record: Record, pid: int) -> None:
 
 def job_roots(rt: Runtime, record: Record) -> list[int]:
     """The processes whose descendants are the job: its live supervisor, and the main process
-    of its container when a runtime's daemon started that (containers.py)."""
+    of its container when a runtime's daemon started that (run/containers.py)."""
     pid = supervisor_pid(rt, record)
     if pid is None:
         return []
@@ -196,8 +213,7 @@ def job_roots(rt: Runtime, record: Record) -> list[int]:
 
 def finish_local(rt: Runtime, record: Record) -> None:
     """Remove the attempt's local files and its claim; the record now holds the spec."""
-    paths = [rt.stop_path(record.id), rt.usage_path(record.id), rt.container_path(record.id),
-             rt.lock_path(record.id)]
+    paths = [rt.stop_path(record.id), rt.usage_path(record.id), rt.container_path(record.id), rt.lock_path(record.id)]
     if record.claim:
         paths.append(rt.layout.claims / record.claim)
     for path in paths:

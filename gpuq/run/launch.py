@@ -6,6 +6,7 @@ worker's supervisor touches a user's paths only as that user: it enters the work
 owner's credentials (subprocess would chdir while still root, before switching identity),
 and everything else (venv, conda, setup) is reached by the job's own shell.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +39,7 @@ from gpuq.run.joblocal import Runtime, write_container_pid
 from gpuq.run.limits import pinned
 
 # A job that a root worker runs as its owner starts from this PATH, as a login shell would
-# (README "The job's environment"); a venv, conda or the spec's env adds to it.
+# (docs/containers.md, "The job's environment"); a venv, conda or the spec's env adds to it.
 JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
 _KEPT_FROM_THE_WORKER = ("LANG", "LANGUAGE", "TZ")  # and LC_*: how to print, not secrets
 
@@ -78,10 +79,14 @@ def shell_exit_note(exit_code: int | None, spec: JobSpec, identity: Identity | N
     path = spec.env.get("PATH") or base_environment(identity).get("PATH", "")
     where = f"the job's PATH was {path} and it ran in {spec.workdir or 'the queue root'}"
     if exit_code == 127:
-        return (f"exit 127: the shell found no such command; {where}. Fix: give the command's full path, "
-                "or set PATH in the spec's env (README: The job's environment)")
-    return (f"exit 126: the command was found but cannot be run (not executable, or a directory); {where}. "
-            "Fix: chmod +x it, or run it through its interpreter (python script.py)")
+        return (
+            f"exit 127: the shell found no such command; {where}. Fix: give the command's full path, "
+            "or set PATH in the spec's env (docs/containers.md: The job's environment)"
+        )
+    return (
+        f"exit 126: the command was found but cannot be run (not executable, or a directory); {where}. "
+        "Fix: chmod +x it, or run it through its interpreter (python script.py)"
+    )
 
 
 def _login_shell(identity: Identity) -> str:
@@ -113,20 +118,22 @@ def job_identity(rt: Runtime, record: Record, worker_euid: int) -> Identity | No
 
 def job_variables(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
     """What gpuq gives the job, on the host or inside a container: the spec's env, then
-    gpuq's own variables (README "The job's environment")."""
+    gpuq's own variables (docs/containers.md, "The job's environment")."""
     env = dict(spec.env)
     env.update(rt.extra_env)
-    env.update({
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA numbers GPUs as NVML does
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, record.gpus)),
-        "GPUQ_JOB_ID": record.id,
-        "GPUQ_ATTEMPT": str(record.attempt),
-        "GPUQ_GPU_MEM_MIB": str(record.gpu_mem_mib or 0),
-        "GPUQ_PREEMPTIBLE": "1" if spec.preemptible else "0",
-        "GPUQ_PREEMPTED": "1" if record.preempted else "0",  # resume from your checkpoint
-        "GPUQ_HOST": rt.host,
-        "GPUQ_ROOT": str(rt.layout.root),
-    })
+    env.update(
+        {
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # so CUDA numbers GPUs as NVML does
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, record.gpus)),
+            "GPUQ_JOB_ID": record.id,
+            "GPUQ_ATTEMPT": str(record.attempt),
+            "GPUQ_GPU_MEM_MIB": str(record.gpu_mem_mib or 0),
+            "GPUQ_PREEMPTIBLE": "1" if spec.preemptible else "0",
+            "GPUQ_PREEMPTED": "1" if record.preempted else "0",  # resume from your checkpoint
+            "GPUQ_HOST": rt.host,
+            "GPUQ_ROOT": str(rt.layout.root),
+        }
+    )
     if record.restarts:
         env["GPUQ_RESTARTS"] = str(record.restarts)
     return env
@@ -135,10 +142,11 @@ def job_variables(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
 @dataclass(frozen=True)
 class Launch:
     """One start of a job's command: what is spawned, where, as whom."""
+
     argv: list[str]
     env: dict[str, str]
     cwd: str
-    identity: Identity | None          # the spawned process's user (None: the supervisor's)
+    identity: Identity | None  # the spawned process's user (None: the supervisor's)
     container: ContainerRun | None = None
 
 
@@ -154,36 +162,59 @@ def build_launch(rt: Runtime, record: Record, spec: JobSpec, identity: Identity 
         return Launch(inner, env, workdir, identity)
     if identity is not None:  # the image decides HOME; the owner's name is still theirs
         variables.update(USER=identity.name, LOGNAME=identity.name)
-    owner = Owner(identity.uid, identity.gid, tuple(identity.groups)) if identity else \
-        Owner(os.getuid(), os.getgid(), tuple(os.getgroups()))
-    run = container_run(spec.container, spec.container.runtime or rt.container_runtime, inner, variables, workdir,
-                        record.gpus, owner, os.geteuid() == 0,
-                        container_name(record.id, record.attempt, record.claim),
-                        record.cpu_cores, record.mem_limit_mib)
+    owner = (
+        Owner(identity.uid, identity.gid, tuple(identity.groups))
+        if identity
+        else Owner(os.getuid(), os.getgid(), tuple(os.getgroups()))
+    )
+    run = container_run(
+        spec.container,
+        spec.container.runtime or rt.container_runtime,
+        inner,
+        variables,
+        workdir,
+        record.gpus,
+        owner,
+        os.geteuid() == 0,
+        container_name(record.id, record.attempt, record.claim),
+        record.cpu_cores,
+        record.mem_limit_mib,
+    )
     client = identity if run.client_as_owner else None
     env = {**base_environment(client), **run.env, **(client.environment() if client else {})}
     return Launch(run.argv, env, workdir, client, run)
 
 
-def start_run(rt: Runtime, record: Record, spec: JobSpec, identity: Identity | None, lock_fd: int,
-              log_fd: int, log: Callable[[int, str], None]) -> tuple[int, ContainerControl | None]:
+def start_run(
+    rt: Runtime,
+    record: Record,
+    spec: JobSpec,
+    identity: Identity | None,
+    lock_fd: int,
+    log_fd: int,
+    log: Callable[[int, str], None],
+) -> tuple[int, ContainerControl | None]:
     """Spawn one run of the job (its first, or a service's restart), pinned to its cores;
     for a docker/podman container, also the control that stops and removes it with the job.
     Raises CannotStart for a workdir the owner cannot enter, OSError naming what else failed."""
     launch = build_launch(rt, record, spec, identity)
     enter_workdir(launch.cwd, identity)  # the job's owner, even where a container's client is root
     control = None
-    if launch.container is not None:
+    if (container := launch.container) is not None:
         if identity is not None:  # a root client mounts, on the owner's behalf, only what the owner can read
             try:
-                run = stage_mounts(launch.container, identity, rt.local_dir, record.id)
+                container = stage_mounts(container, identity, rt.local_dir, record.id)
             except OSError as e:
                 raise CannotStart(e.strerror) from None
-            launch = dataclasses.replace(launch, argv=run.argv, container=run)
+            launch = dataclasses.replace(launch, argv=container.argv, container=container)
         log(log_fd, f"==> container: {shlex.join(launch.argv)}\n")
-        if launch.container.name is not None:  # docker/podman: the container outlives its client
-            control = ContainerControl(launch.container, launch.env, lambda text: log(log_fd, f"==> gpuq: {text}\n"),
-                                       lambda pid: write_container_pid(rt, record, pid))
+        if container.name is not None:  # docker/podman: the container outlives its client
+            control = ContainerControl(
+                container,
+                launch.env,
+                lambda text: log(log_fd, f"==> gpuq: {text}\n"),
+                lambda pid: write_container_pid(rt, record, pid),
+            )
     with pinned(record.cpu_cores):
         try:
             return spawn_job(launch, log_fd, lock_fd), control
@@ -201,10 +232,11 @@ def open_log(path: Path, owner: Identity | None) -> int:
     """The job's log for appending: created 0640 (and, for a root worker, given to the job's
     owner), never through a link, and only a plain file of the owner's when it exists: a name
     planted in logs/ must not make root write into someone else's file. In a team root
-    (logs/ setgid to the team's group) the log keeps that group, so the team reads it (README);
+    (logs/ setgid to the team's group) the log keeps that group, so the team reads it (docs/security.md);
     elsewhere its group is the owner's own."""
-    fd, created = open_to_append(path, 0o640, owner.uid if owner else os.geteuid(), f"log {path.name}",
-                                 "the job's owner")
+    fd, created = open_to_append(
+        path, 0o640, owner.uid if owner else os.geteuid(), f"log {path.name}", "the job's owner"
+    )
     if created and owner is not None:
         team_dir = os.stat(path.parent).st_mode & stat.S_ISGID  # the file was created with its group
         os.fchown(fd, owner.uid, -1 if team_dir else owner.gid)
@@ -265,15 +297,21 @@ def spawn_job(launch: Launch, log_fd: int, lock_fd: int) -> int:
     if identity is not None:
         return _spawn_as(identity, argv, env, log_fd, lock_fd)
     os.set_inheritable(lock_fd, True)
-    candidates = [argv[0]] if "/" in argv[0] else \
-        [os.path.join(d, argv[0]) for d in os.get_exec_path(env)]  # PATH as the job will see it
+    candidates = (
+        [argv[0]] if "/" in argv[0] else [os.path.join(d, argv[0]) for d in os.get_exec_path(env)]
+    )  # PATH as the job will see it
     error: OSError = FileNotFoundError(2, "No such file or directory", argv[0])
     for path in candidates:
         try:
-            return os.posix_spawn(path, argv, env, setpgroup=0, setsigmask=(),
-                                  setsigdef=_JOB_DEFAULT_SIGNALS,
-                                  file_actions=[(os.POSIX_SPAWN_DUP2, log_fd, 1),
-                                                (os.POSIX_SPAWN_DUP2, log_fd, 2)])
+            return os.posix_spawn(
+                path,
+                argv,
+                env,
+                setpgroup=0,
+                setsigmask=(),
+                setsigdef=_JOB_DEFAULT_SIGNALS,
+                file_actions=[(os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)],
+            )
         except (FileNotFoundError, NotADirectoryError) as e:
             error = e  # try the next PATH entry, as exec*p does
         except OSError as e:
@@ -287,9 +325,18 @@ def _spawn_as(identity: Identity, argv: list[str], env: dict[str, str], log_fd: 
     import subprocess
 
     try:  # no cwd=: subprocess's child would chdir as root, before it switches identity
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log_fd,
-                                stderr=log_fd, pass_fds=(lock_fd,), process_group=0, user=identity.uid,
-                                group=identity.gid, extra_groups=list(identity.groups))
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            pass_fds=(lock_fd,),
+            process_group=0,
+            user=identity.uid,
+            group=identity.gid,
+            extra_groups=list(identity.groups),
+        )
     except OSError as e:
         raise OSError(e.errno, e.strerror, e.filename if e.filename else argv[0]) from None
     _SPAWNED[proc.pid] = proc  # reaped by _wait with waitpid; told so there (see forget_spawned)

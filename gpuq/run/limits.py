@@ -4,6 +4,7 @@ process tree, CPU cores (affinity), and what a stop for each is recorded as.
 The worker resolves each limit (the spec's, else config's) into the running record when it
 starts the job, so the supervisor, `gpuq show` and the record agree on what applied.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,7 @@ def stop_state(reason: str) -> State:
 
 class LimitWatch:
     """Checked by the supervisor while the job runs: samples the job's process tree every
-    second (usage.py) and says when, and why, to stop it."""
+    second (host/usage.py) and says when, and why, to stop it."""
 
     def __init__(self, record: "Record", started_monotonic: float) -> None:
         self.time_limit_s = record.time_limit_s
@@ -48,8 +49,10 @@ class LimitWatch:
             self.sample_at = now + SAMPLE_EVERY_S
             used = self.usage.sample(now)
             if self.mem_limit_mib and used > self.mem_limit_mib:
-                return (f"{LIMIT}: host memory {format_mib(used)} above its mem {format_mib(self.mem_limit_mib)}",
-                        State.FAILED)
+                return (
+                    f"{LIMIT}: host memory {format_mib(used)} above its mem {format_mib(self.mem_limit_mib)}",
+                    State.FAILED,
+                )
         return None
 
 
@@ -72,9 +75,11 @@ def limits_for(spec: "JobSpec", config: "Config", cores_in_use: list[list[int]])
     """The limits that apply to a job starting now: its spec's, else config's; its cores."""
     cpus = spec.cpus if spec.cpus is not None else config.cpus
     cores = pick_cores(cpus, os.sched_getaffinity(0), cores_in_use) if cpus else []
-    return {"time_limit_s": spec.time_limit_s if spec.time_limit_s is not None else config.time_limit_s,
-            "mem_limit_mib": spec.mem_mib if spec.mem_mib is not None else config.mem_mib,
-            "cpu_cores": cores}
+    return {
+        "time_limit_s": spec.time_limit_s if spec.time_limit_s is not None else config.time_limit_s,
+        "mem_limit_mib": spec.mem_mib if spec.mem_mib is not None else config.mem_mib,
+        "cpu_cores": cores,
+    }
 
 
 def pick_cores(count: int, allowed: set[int], in_use: list[list[int]]) -> list[int]:

@@ -9,13 +9,14 @@ it copies cost milliseconds per job): one job at a time per supervisor, always.
 
 Protocol: two pipes, one JSON line each way per launch. The worker writes the running record
 first, then sends the whole record: what to run and as whom travel only this way, from the
-worker, never through a file others might swap (supervise.py). The spawner takes the job's
+worker, never through a file others might swap (run/supervise.py). The spawner takes the job's
 lock and passes the locked descriptor and the record to a free supervisor (or to a new one
 it forks), so the lock is held from then on, and answers {"id", "pid"} or {"id", "error"}.
 Until the answer comes, the worker counts the job as starting. The spawner exits when the
 worker's end of the pipe closes (the worker stopped or died); free supervisors then exit,
 busy ones finish their job first.
 """
+
 from __future__ import annotations
 
 import gc
@@ -44,10 +45,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuq.worker")
 REAP_EVERY_S = 1.0
-FREE_FOR_AT_MOST_S = 60.0           # a supervisor free this long is told to exit
-JOBS_PER_SUPERVISOR = 100           # then it exits: bounds whatever a long life accumulates
-READY = b"r"                        # supervisor -> spawner: my job is recorded, I am free
-CHUNK = 32768                       # a record travels to a supervisor in messages this big
+FREE_FOR_AT_MOST_S = 60.0  # a supervisor free this long is told to exit
+JOBS_PER_SUPERVISOR = 100  # then it exits: bounds whatever a long life accumulates
+READY = b"r"  # supervisor -> spawner: my job is recorded, I am free
+CHUNK = 32768  # a record travels to a supervisor in messages this big
 
 
 class Spawner:
@@ -57,7 +58,7 @@ class Spawner:
     def __init__(self, rt: Runtime, log_path: Path) -> None:
         self.rt, self.log_path = rt, log_path
         self.proc: "subprocess.Popen | None" = None
-        self.starting: set[str] = set()     # job ids sent, not yet answered
+        self.starting: set[str] = set()  # job ids sent, not yet answered
         self._partial = b""
 
     def launch(self, record: Record) -> None:
@@ -108,9 +109,13 @@ class Spawner:
             stderr = self._open_log()
             try:
                 # Its own session: a Ctrl-C meant for a foreground worker must not reach it.
-                self.proc = subprocess.Popen([sys.executable, "-c", boot, json.dumps(self.rt.to_json())],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                             stderr=stderr, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", boot, json.dumps(self.rt.to_json())],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    start_new_session=True,
+                )
             finally:
                 if stderr is not None:
                     os.close(stderr)
@@ -121,8 +126,9 @@ class Spawner:
         """The spawner's stderr: the worker's own log, never through a link or into a file not
         the worker's (None: the worker's stderr, with a warning)."""
         try:
-            return open_to_append(self.log_path, 0o644, os.geteuid(), f"worker log {self.log_path}",
-                                  "this worker's user")[0]
+            return open_to_append(
+                self.log_path, 0o644, os.geteuid(), f"worker log {self.log_path}", "this worker's user"
+            )[0]
         except OSError as e:
             log.warning("the spawner writes to the worker's stderr: %s", e.strerror or e)
             return None
@@ -141,8 +147,8 @@ class Spawner:
 @dataclass
 class _Supervisor:
     pid: int
-    sock: socket.socket                 # the spawner's end of a SOCK_SEQPACKET pair
-    free_since: float | None = None     # None while it runs a job
+    sock: socket.socket  # the spawner's end of a SOCK_SEQPACKET pair
+    free_since: float | None = None  # None while it runs a job
 
 
 def serve() -> None:
@@ -155,7 +161,7 @@ def serve() -> None:
     gc.disable()
     gc.freeze()
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
-    supervisors: dict[int, _Supervisor] = {}   # by the spawner's socket descriptor
+    supervisors: dict[int, _Supervisor] = {}  # by the spawner's socket descriptor
     partial = b""
     while True:
         ready, _, _ = select.select([stdin, *supervisors], [], [], REAP_EVERY_S)
@@ -234,7 +240,7 @@ def _send_job(sock: socket.socket, message: bytes, lock_fd: int) -> None:
     CHUNK-sized messages (a record with a large spec is bigger than one datagram may be)."""
     socket.send_fds(sock, [str(len(message)).encode()], [lock_fd])
     for start in range(0, len(message), CHUNK):
-        sock.send(message[start:start + CHUNK])
+        sock.send(message[start : start + CHUNK])
 
 
 def _receive_job(sock: socket.socket) -> tuple[Record, int] | None:

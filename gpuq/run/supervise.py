@@ -1,6 +1,6 @@
 """A job under its supervisor, and stopping it.
 
-The supervisor is forked by the spawner (see spawner.py), in its own session as a child
+The supervisor is forked by the spawner (see run/spawner.py), in its own session as a child
 subreaper (so grandchildren stay its own). It receives each job already holding the job's
 liveness lock (which the job inherits, so the kernel releases it only when both are gone),
 runs the job, waits, and writes the result. It runs one job at a time, and may be handed
@@ -20,6 +20,7 @@ seems gone does so while holding the job lock (`settle_lock`), so a launch that 
 arrive can never run a job that has just been requeued: it would fail to take the lock, or
 find the record gone.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -80,6 +81,7 @@ class _StopSignal:
     another, and a late signal meant for an earlier job must not stop the next one. It is
     noted whenever it comes, and it interrupts only the wait for the job (never a record
     being written)."""
+
     requested = False
     armed = False
     stop_path: Path | None = None
@@ -143,8 +145,9 @@ def supervise(rt: Runtime, record: Record, lock_fd: int) -> None:
 def _mark(lock_fd: int, marker: dict) -> None:
     """The `started` marker, in the locked file. One small write into an empty or same-sized
     file: readers see all of it or nothing. Local and only meaningful for this boot: no fsync."""
-    data = json.dumps({"supervisor_pid": os.getpid(), "ticks": process_start_ticks(os.getpid()),
-                       "t": wall_time(), **marker}).encode()
+    data = json.dumps(
+        {"supervisor_pid": os.getpid(), "ticks": process_start_ticks(os.getpid()), "t": wall_time(), **marker}
+    ).encode()
     os.ftruncate(lock_fd, 0)
     os.pwrite(lock_fd, data, 0)
 
@@ -208,8 +211,11 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     except OSError:  # a full or failing disk: the job still runs, and its result is recorded
         log_fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     gpus = ",".join(map(str, record.gpus)) or "none (CPU only)"
-    _log(log_fd, f"==> gpuq job {record.id} · attempt {record.attempt} · host {rt.host} · "
-                 f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n")
+    _log(
+        log_fd,
+        f"==> gpuq job {record.id} · attempt {record.attempt} · host {rt.host} · "
+        f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n",
+    )
     stop_reason: str | None = None
     exit_code: int | None = None
     sig: int | None = None
@@ -264,8 +270,13 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     # A result still ours is written unless a takeover is close: writing takes milliseconds,
     # while stopping a running job needs grace_s (hence the earlier limit in _wait).
     fenced = fenced or fence_reason(rt, record, RECORD_FENCE_FRACTION)
-    outcome = (f"exit {exit_code}" if exit_code is not None else
-               f"killed by signal {sig}" if sig is not None else failure or "not started")
+    outcome = (
+        f"exit {exit_code}"
+        if exit_code is not None
+        else f"killed by signal {sig}"
+        if sig is not None
+        else failure or "not started"
+    )
     if stop_reason:
         outcome += f" ({stop_reason})"
     _log(log_fd, f"==> {outcome} · duration {format_duration(ended - started)} · ended {_stamp(ended)}\n")
@@ -287,16 +298,22 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         poke(rt.local_dir, WAKE_JOB_ENDED)
         return
     final = (stopped_as or stop_state(stop_reason)) if stop_reason else State.DONE if exit_code == 0 else State.FAILED
-    result = {"started_at": started, "ended_at": ended, "exit_code": exit_code, "signal": sig,
-              "reason": stop_reason or failure, "job_pid": job_pid,
-              **read_gpu_usage(rt.usage_path(record.id)), **(limits.usage.result() if spawned else {})}
+    result = {
+        "started_at": started,
+        "ended_at": ended,
+        "exit_code": exit_code,
+        "signal": sig,
+        "reason": stop_reason or failure,
+        "job_pid": job_pid,
+        **read_gpu_usage(rt.usage_path(record.id)),
+        **(limits.usage.result() if spawned else {}),
+    }
     try:
         transition(rt.layout, record, final, rt.host, **result)
     except OSError as e:
         # The shared disk refused the record: keep the result in the local marker, where this
         # host's worker finds it once the lock is free, and records it as soon as it can.
-        _mark(lock_fd, {"claim": record.claim, "result": {"state": final.value, **result},
-                        "unrecorded": str(e)})
+        _mark(lock_fd, {"claim": record.claim, "result": {"state": final.value, **result}, "unrecorded": str(e)})
         return
     crash_point("supervisor:recorded")
     finish_local(rt, record)
@@ -362,10 +379,11 @@ def _stop_reason(rt: Runtime, job_id: str) -> str:
         return "cancelled"
 
 
-def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: ContainerControl | None
-          ) -> tuple[int, str | None, str | None, State | None]:
+def _wait(
+    rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: ContainerControl | None
+) -> tuple[int, str | None, str | None, State | None]:
     """Wait for the job. A stop request (SIGTERM with a stop file) stops it: TERM, grace,
-    KILL. So does an overrun limit (limits.py), and fencing, checked every lost_after_s / 10.
+    KILL. So does an overrun limit (run/limits.py), and fencing, checked every lost_after_s / 10.
     A container is stopped and killed with its client (its runtime's daemon holds it).
     Returns (wait status, stop reason, fence reason, the state a limit's stop records)."""
 
@@ -378,7 +396,7 @@ def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: 
     stop_reason: str | None = None
     stopped_as: State | None = None
     fenced: str | None = None
-    deadline = float("inf")                 # when the stopped job gets SIGKILL
+    deadline = float("inf")  # when the stopped job gets SIGKILL
     check_every = min(5.0, rt.lost_after_s / 10)
     next_check = time.monotonic() + check_every
     grace = record.spec.get("grace_s")
@@ -395,10 +413,12 @@ def _wait(rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: 
                     raise _StopRequested()
                 now = time.monotonic()
                 lookup_at = container.lookup_at if container is not None else deadline
-                timeout = max(0.0, min(next_check, deadline, lookup_at,
-                                       limits.next_at if stop_reason is None else deadline) - now)
-                select.select([pidfd] if pidfd is not None else [], [], [],
-                              timeout if pidfd is not None else min(timeout, 0.05))
+                timeout = max(
+                    0.0, min(next_check, deadline, lookup_at, limits.next_at if stop_reason is None else deadline) - now
+                )
+                select.select(
+                    [pidfd] if pidfd is not None else [], [], [], timeout if pidfd is not None else min(timeout, 0.05)
+                )
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     return status, stop_reason, fenced, stopped_as

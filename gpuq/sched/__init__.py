@@ -1,1 +1,2 @@
-"""Pure decisions over model values: the plan, placement arithmetic, reasons in users' words. No files, no processes, no NVML, no clock."""
+"""Pure decisions over model values: the plan, placement arithmetic, reasons in users' words.
+No files, no processes, no NVML, no clock."""

@@ -1,6 +1,7 @@
 """GPU memory overuse: a job observed (NVML, per process, mapped to its process tree) above
 the memory it declared, by more than a tolerance, for longer than a while. The worker then
 warns (an event, and a note in status) or stops the job, as config `gpu_mem_overuse` says."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,7 @@ class GpuMemWatch:
         live = set()
         for record in running:
             declared = record.gpu_mem_mib
-            over = {i: m for i, m in observed.get(record.id, {}).items()
-                    if declared and m > declared * self.tolerance}
+            over = {i: m for i, m in observed.get(record.id, {}).items() if declared and m > declared * self.tolerance}
             if not over:
                 continue
             live.add(record.id)
@@ -40,8 +40,10 @@ class GpuMemWatch:
             if now - since < self.after_s or record.id in self.current:
                 continue
             index, used = max(over.items(), key=lambda kv: kv[1])
-            why = (f"uses {format_mib(used)} of GPU memory on GPU {index}, declared {format_mib(declared)} "
-                   f"(+{round((self.tolerance - 1) * 100)}% tolerated)")
+            why = (
+                f"uses {format_mib(used)} of GPU memory on GPU {index}, declared {format_mib(declared)} "
+                f"(+{round((self.tolerance - 1) * 100)}% tolerated)"
+            )
             self.current[record.id] = why
             acts.append(Overuse(record.id, why, self.kill))
         for job_id in set(self.over_since) - live:  # cleared, or the job ended

@@ -7,6 +7,7 @@ exactly those yield (`victims`) and holds the GPU until they have. Jobs placed, 
 preempted during the pass update the slots, so one pass never overcommits a GPU and never
 preempts the same job twice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ def charged_mib(job: "RunningJob", index: int, whole: int) -> int:
 
 
 def usable_mib(gpu: GpuSnapshot, jobs_on_gpu: Iterable["RunningJob"], reserve_mib: int) -> int:
-    """DESIGN.md memory accounting: the rest of NVML's `used`, beyond what gpuq's jobs are
+    """docs/scheduling.md, "Memory accounting": the rest of NVML's `used`, beyond what gpuq's jobs are
     observed to use, belongs to others (the reserve covers the driver's own share)."""
     whole = gpu.mem_total_mib - reserve_mib
     gpuq_observed = gpuq_charged = 0
@@ -41,24 +42,25 @@ class Slot:
     """One GPU as ordinary work sees it: opportunistic jobs are invisible to it (their memory
     counts as free), and kept apart in `opp_*` for the opportunistic phase and for the
     yields an ordinary placement implies."""
+
     host: str
     index: int
     total: int
-    whole: int                   # total less the reserve: what an exclusive job gets
-    free: int                    # for ordinary work, after this pass's starts and holds
-    free_opportunistic: int      # the same, less only hard holds (a reservation lets opportunistic work in)
-    jobs: int                    # ordinary jobs on it (started this pass included)
-    others_clear: bool           # nothing but gpuq jobs beyond the reserve: exclusive may fit
-    idle: bool                   # non-gpuq use below the threshold for idle_after_s
-    busy_by_others: bool         # a non-gpuq process uses it now
+    whole: int  # total less the reserve: what an exclusive job gets
+    free: int  # for ordinary work, after this pass's starts and holds
+    free_opportunistic: int  # the same, less only hard holds (a reservation lets opportunistic work in)
+    jobs: int  # ordinary jobs on it (started this pass included)
+    others_clear: bool  # nothing but gpuq jobs beyond the reserve: exclusive may fit
+    idle: bool  # non-gpuq use below the threshold for idle_after_s
+    busy_by_others: bool  # a non-gpuq process uses it now
     victims: list["RunningJob"] = field(default_factory=list)  # opportunistic, not yet told to yield
-    opp_mib: int = 0             # memory of every opportunistic job on it, yielding ones included
+    opp_mib: int = 0  # memory of every opportunistic job on it, yielding ones included
     opp_jobs: int = 0
-    blockers: int = 0            # memory of running ordinary jobs
+    blockers: int = 0  # memory of running ordinary jobs
     oldest_blocker: float = float("inf")  # when the longest-running of them started
     held_for: str | None = None
-    hard_held: bool = False      # held for a job whose opportunistic jobs are yielding: nothing else may use it
-    booked_for: str | None = None  # a booking on now (bookings.py): only its owner's jobs, and opportunistic ones
+    hard_held: bool = False  # held for a job whose opportunistic jobs are yielding: nothing else may use it
+    booked_for: str | None = None  # a booking on now (spool/bookings.py): only its owner's jobs, and opportunistic ones
     booked_until: float = 0.0
 
     @property
@@ -75,8 +77,14 @@ class Slot:
         return self.free_opportunistic - self.opp_mib
 
 
-def build_slots(hosts: Sequence["HostView"], running: Sequence["RunningJob"], reserve_mib: int,
-                now: float, idle_after_s: float, invisible: bool = True) -> list[Slot]:
+def build_slots(
+    hosts: Sequence["HostView"],
+    running: Sequence["RunningJob"],
+    reserve_mib: int,
+    now: float,
+    idle_after_s: float,
+    invisible: bool = True,
+) -> list[Slot]:
     """`invisible`: opportunistic jobs can be made to yield (preemption on), so ordinary work
     plans as if they did not run; otherwise they count like any other job."""
     by_gpu: dict[tuple[str, int], list["RunningJob"]] = {}
@@ -90,9 +98,18 @@ def build_slots(hosts: Sequence["HostView"], running: Sequence["RunningJob"], re
             index = gpu.index
             whole = gpu.mem_total_mib - reserve_mib
             idle_since = idle_map.get(index, float("-inf")) if idle_map else float("-inf")
-            slot = Slot(host.name, index, gpu.mem_total_mib, whole, 0, 0, 0, True,
-                        idle=idle_since is not None and now - idle_since >= idle_after_s,
-                        busy_by_others=idle_since is None)
+            slot = Slot(
+                host.name,
+                index,
+                gpu.mem_total_mib,
+                whole,
+                0,
+                0,
+                0,
+                True,
+                idle=idle_since is not None and now - idle_since >= idle_after_s,
+                busy_by_others=idle_since is None,
+            )
             observed = charged = 0
             for job in by_gpu.get((host.name, index), ()):
                 mib = charged_mib(job, index, whole)
@@ -138,8 +155,14 @@ def fits_opportunistic(spec: "JobSpec", slot: Slot, max_jobs: int) -> bool:
     return slot.opportunistic_room >= spec.gpu_mem_mib  # type: ignore[operator]
 
 
-def best_fit(spec: "JobSpec", slots: Sequence[Slot], max_jobs: int, opportunistic: bool = False,
-             fragmentation_aware: bool = True, spread: bool = False) -> list[Slot] | None:
+def best_fit(
+    spec: "JobSpec",
+    slots: Sequence[Slot],
+    max_jobs: int,
+    opportunistic: bool = False,
+    fragmentation_aware: bool = True,
+    spread: bool = False,
+) -> list[Slot] | None:
     """Packing: the GPUs that leave the least memory unused (big holes stay for big jobs);
     among equals, the host with the fewest wholly free GPUs, so whole hosts stay free for jobs
     that need one; then where the fewest opportunistic jobs must yield.
@@ -209,6 +232,7 @@ def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Sl
     whichever GPUs a stream of small jobs had just started on, each move handing the GPUs it
     held to the stream: a wide job starved, across two boxes or on one box wider than it.)
     Opportunistic jobs are never in the way."""
+
     def to_free(s: Slot) -> int:
         return s.blockers if spec.exclusive else max(0, need_mib(spec, s) - s.free)
 

@@ -3,14 +3,15 @@ which jobs start where, which opportunistic jobs must yield, what is held for wh
 human reason for every job that waits.
 
 The worker, `gpuq status` (reasons) and `gpuq simulate` all call `plan`. No files, no
-processes, no NVML, no clock here: everything arrives as data. README "Scheduling" says
-the rules in users' words; placement.py holds the per-GPU arithmetic.
+processes, no NVML, no clock here: everything arrives as data. docs/scheduling.md says
+the rules in users' words; sched/placement.py holds the per-GPU arithmetic.
 """
+
 from __future__ import annotations
 
 import heapq
 from dataclasses import replace
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence, TypedDict
 
 from gpuq.model.booking import Booking
 from gpuq.model.config import Config
@@ -32,15 +33,15 @@ def gpu_use_by_user(running: Sequence[RunningJob], slots: Sequence[Slot]) -> dic
     return use
 
 
-def queue_order(pending: Sequence[PendingJob], use: Mapping[str, float], config: Config,
-                now: float) -> list[PendingJob]:
+def queue_order(
+    pending: Sequence[PendingJob], use: Mapping[str, float], config: Config, now: float
+) -> list[PendingJob]:
     """Priority class, integer priority (higher first), fair share (the user's GPUs in use,
     less one per age_step_s waited, so nothing starves), then age."""
     return [key[-1] for key in sorted(_queue_keys(pending, use, config, now))]
 
 
-def _queue_keys(pending: Sequence[PendingJob], use: Mapping[str, float], config: Config,
-                now: float) -> list[tuple]:
+def _queue_keys(pending: Sequence[PendingJob], use: Mapping[str, float], config: Config, now: float) -> list[tuple]:
     """Each job's place in the queue as a tuple that sorts, the job last (ids are unique, so
     two jobs are never compared). Built in one comprehension: a pass sorts thousands."""
     if not config.fair_share:
@@ -60,18 +61,26 @@ def _in_order(keys: list[tuple], presorted: bool) -> Iterator[PendingJob]:
         yield heapq.heappop(keys)[-1]
 
 
-def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequence[RunningJob],
-         config: Config, now: float, explain: bool = True, blocked: Mapping[str, str] | None = None,
-         bookings: Sequence["Booking"] = ()) -> Plan:
+def plan(
+    pending: Sequence[PendingJob],
+    hosts: Sequence[HostView],
+    running: Sequence[RunningJob],
+    config: Config,
+    now: float,
+    explain: bool = True,
+    blocked: Mapping[str, str] | None = None,
+    bookings: Sequence["Booking"] = (),
+) -> Plan:
     """Decide, in queue order, which pending jobs start on which GPUs, which GPUs are held
     for jobs that cannot start yet, and which opportunistic jobs must yield. Ordinary jobs
     first, as if no opportunistic job ran: where one lands on a GPU with opportunistic jobs,
     exactly those yield and the GPU is held for it. Then opportunistic jobs, in what is left.
     `blocked`: jobs that may not start whatever the GPUs (dependencies), with the reason.
-    `bookings`: GPUs set aside for a person while they are on (bookings.py)."""
+    `bookings`: GPUs set aside for a person while they are on (spool/bookings.py)."""
     blocked = blocked or {}
-    slots = placement.build_slots(hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s,
-                                  invisible=config.preemption)
+    slots = placement.build_slots(
+        hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s, invisible=config.preemption
+    )
     booked = _apply_bookings(slots, bookings, now)
     use = gpu_use_by_user(running, slots)
     keys = _queue_keys(pending, use, config, now)
@@ -82,7 +91,8 @@ def plan(pending: Sequence[PendingJob], hosts: Sequence[HostView], running: Sequ
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
     pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked)
     pass_.queue = pending
-    ordinary_keys, opportunistic_keys = [], []
+    ordinary_keys: list[tuple] = []
+    opportunistic_keys: list[tuple] = []
     for key in keys:
         (opportunistic_keys if key[-1].opportunistic else ordinary_keys).append(key)
     ordinary = _in_order(ordinary_keys, presorted=explain)
@@ -111,28 +121,47 @@ def _needs_whole(spec: JobSpec, largest_mib: int) -> bool:
     return spec.exclusive or 2 * spec.gpu_mem_mib > largest_mib  # type: ignore[operator]
 
 
+class _Behind(TypedDict):
+    """Where the jobs a pass walks stand behind higher-priority ones (_Pass.waits)."""
+
+    order: tuple  # the priority of the jobs walked last
+    before: int  # jobs of higher priority
+    same: int  # jobs of that priority walked so far
+
+
 class _Pass:
     """One planning pass's running tallies: what each user holds, which CPU slots are free,
     which job shapes already failed (they fail the same way until something starts)."""
 
-    def __init__(self, slots: list[Slot], hosts: Sequence[HostView], running: Sequence[RunningJob],
-                 config: Config, now: float, explain: bool, result: Plan, booked: Mapping,
-                 use: Mapping[str, float], blocked: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        slots: list[Slot],
+        hosts: Sequence[HostView],
+        running: Sequence[RunningJob],
+        config: Config,
+        now: float,
+        explain: bool,
+        result: Plan,
+        booked: Mapping,
+        use: Mapping[str, float],
+        blocked: Mapping[str, str],
+    ) -> None:
         self.slots, self.hosts, self.config, self.now = slots, hosts, config, now
         self.explain, self.result, self.booked, self.blocked = explain, result, booked, blocked
-        self.cpu_free = {h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus)
-                         for h in hosts}
+        self.cpu_free = {
+            h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus) for h in hosts
+        }
         self.held_gpus = {u: 0 for u in use}
         for job in running:
             self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + len(job.gpus)
         self.failed: dict[tuple, str] = {}
         self.allowed_for: dict[tuple, list[str]] = {}
         self.largest = max((s.whole for s in slots), default=0)
-        self.behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
-        self.reserved = False   # one reservation for an aged job per pass: the head's
+        self.behind: _Behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
+        self.reserved = False  # one reservation for an aged job per pass: the head's
         self.queue: Sequence[PendingJob] = ()
         self.demand_walked = self.demand_seen = 0  # demand_over's walk: jobs, and GPUs they need
-        self.placed_whole = 0   # GPUs that ordinary jobs placed so far needed empty
+        self.placed_whole = 0  # GPUs that ordinary jobs placed so far needed empty
         self._update_room()
 
     def demand_over(self, limit: int) -> bool:
@@ -145,8 +174,13 @@ class _Pass:
         while self.demand_seen - self.placed_whole <= limit and self.demand_walked < len(queue):
             j = queue[self.demand_walked]
             self.demand_walked += 1
-            if not j.opportunistic and j.id not in self.blocked and _needs_whole(j.spec, self.largest) \
-                    and j.spec.gpus <= widest and (not j.spec.hosts or any(h.name in j.spec.hosts for h in hosts)):
+            if (
+                not j.opportunistic
+                and j.id not in self.blocked
+                and _needs_whole(j.spec, self.largest)
+                and j.spec.gpus <= widest
+                and (not j.spec.hosts or any(h.name in j.spec.hosts for h in hosts))
+            ):
                 self.demand_seen += j.spec.gpus
         return self.demand_seen - self.placed_whole > limit
 
@@ -154,8 +188,9 @@ class _Pass:
         """Whether a GPU job, and a CPU-only job, could still start, hold or reserve anything.
         Once neither can, the rest of the queue only needs reasons: a worker (which needs no
         reasons) then stops walking it, so a pass with thousands waiting costs little."""
-        self.gpu_full = not any(s.free > 0 and s.jobs < self.config.max_jobs_per_gpu for s in self.slots) \
-            and not (self.config.reservations and not self.reserved)
+        self.gpu_full = not any(s.free > 0 and s.jobs < self.config.max_jobs_per_gpu for s in self.slots) and not (
+            self.config.reservations and not self.reserved
+        )
         self.cpu_full = not any(n > 0 for n in self.cpu_free.values())
 
     def waits(self, job: PendingJob, reason: str) -> None:
@@ -163,7 +198,7 @@ class _Pass:
             return
         behind = self.behind
         if job.order != behind["order"]:
-            behind.update(order=job.order, before=behind["before"] + behind["same"], same=0)
+            behind.update({"order": job.order, "before": behind["before"] + behind["same"], "same": 0})
         n = behind["before"]
         self.result.reasons[job.id] = reason + (f"; behind {n} higher-priority job{'s' if n != 1 else ''}" if n else "")
         behind["same"] += 1
@@ -173,15 +208,28 @@ class _Pass:
         shape fit or fail alike). Computed once per (hosts, runtime): 10,000 jobs share few."""
         spec = job.spec
         runtime = (spec.container.runtime or self.config.container_runtime) if spec.container else None
-        shape = (spec.gpus, spec.gpu_mem_mib, spec.hosts, job.opportunistic, job.order[0],
-                 job.user if self.booked else None, runtime)
+        shape = (
+            spec.gpus,
+            spec.gpu_mem_mib,
+            spec.hosts,
+            job.opportunistic,
+            job.order[0],
+            job.user if self.booked else None,
+            runtime,
+        )
         allowed = self.allowed_for.get((spec.hosts, runtime))
         if allowed is None:
             allowed = self.allowed_for[(spec.hosts, runtime)] = [
-                h.name for h in self.hosts if (not spec.hosts or h.name in spec.hosts)
-                and (runtime is None or h.runtimes is None or runtime in h.runtimes)]
-        if runtime is not None and not allowed and (lacking := [h for h in self.hosts
-                                                                if not spec.hosts or h.name in spec.hosts]):
+                h.name
+                for h in self.hosts
+                if (not spec.hosts or h.name in spec.hosts)
+                and (runtime is None or h.runtimes is None or runtime in h.runtimes)
+            ]
+        if (
+            runtime is not None
+            and not allowed
+            and (lacking := [h for h in self.hosts if not spec.hosts or h.name in spec.hosts])
+        ):
             self.failed.setdefault(shape, reasons.why_runtime(runtime, lacking))
         return allowed, runtime, shape
 
@@ -234,16 +282,23 @@ class _Pass:
         choice = None
         if self.booked:  # the GPUs its owner booked first: on others, it would take what others wait for
             booked = [s for s in mine if s.booked_for == job.user]
-            choice = booked and placement.best_fit(spec, booked, self.config.max_jobs_per_gpu,
-                                                   fragmentation_aware=self.config.fragmentation_aware)
+            choice = booked and placement.best_fit(
+                spec, booked, self.config.max_jobs_per_gpu, fragmentation_aware=self.config.fragmentation_aware
+            )
         if self.config.spread and not choice:
             spare = self._spare_for_spreading(mine)
             # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
             if spare and not self.demand_over(len(spare) - spec.gpus + own):
-                choice = placement.best_fit(spec, spare, self.config.max_jobs_per_gpu, spread=True,
-                                            fragmentation_aware=self.config.fragmentation_aware)
-        choice = choice or placement.best_fit(spec, mine, self.config.max_jobs_per_gpu,
-                                              fragmentation_aware=self.config.fragmentation_aware)
+                choice = placement.best_fit(
+                    spec,
+                    spare,
+                    self.config.max_jobs_per_gpu,
+                    spread=True,
+                    fragmentation_aware=self.config.fragmentation_aware,
+                )
+        choice = choice or placement.best_fit(
+            spec, mine, self.config.max_jobs_per_gpu, fragmentation_aware=self.config.fragmentation_aware
+        )
         if choice is not None:
             self._place(job, choice)
             self.placed_whole += own
@@ -289,9 +344,9 @@ class _Pass:
         self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
         if self.explain:
             waiting_for = sorted({v.id for s in yielding for v in s.victims} | set(victims))
-            self.result.reasons[job.id] = (
-                f"GPU {', '.join(s.label for s in chosen)} held for it: "
-                + (f"waiting for {', '.join(waiting_for)} to yield" if waiting_for else "draining"))
+            self.result.reasons[job.id] = f"GPU {', '.join(s.label for s in chosen)} held for it: " + (
+                f"waiting for {', '.join(waiting_for)} to yield" if waiting_for else "draining"
+            )
 
     def _reserve(self, job: PendingJob, slots: list[Slot]) -> bool:
         """The head of the queue has waited reserve_after_s: hold back GPUs for it, so smaller
@@ -304,8 +359,9 @@ class _Pass:
         placement.take(job.spec, chosen, job.id, hold="soft")
         self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
         if self.explain:
-            self.result.reasons[job.id] = (f"GPU {', '.join(s.label for s in chosen)} reserved for it; "
-                                           f"waiting for running jobs there to end")
+            self.result.reasons[job.id] = (
+                f"GPU {', '.join(s.label for s in chosen)} reserved for it; waiting for running jobs there to end"
+            )
         return True
 
     def opportunistic(self, job: PendingJob, in_window: bool) -> None:
@@ -321,14 +377,20 @@ class _Pass:
                 self.failed[shape] = f"outside window {describe(self.config.idle_windows)}"
             else:
                 mine = [s for s in self.slots if s.host in allowed]
-                choice = placement.best_fit(spec, mine, self.config.max_jobs_per_gpu, opportunistic=True,
-                                            fragmentation_aware=self.config.fragmentation_aware)
+                choice = placement.best_fit(
+                    spec,
+                    mine,
+                    self.config.max_jobs_per_gpu,
+                    opportunistic=True,
+                    fragmentation_aware=self.config.fragmentation_aware,
+                )
                 if choice is not None:
                     placement.take_opportunistic(spec, choice)
                     self._started(job, choice[0].host, tuple(s.index for s in choice))
                     return
-                self.failed[shape] = reasons.why_opportunistic(spec, allowed, mine, self.hosts, self.config) \
-                    if self.explain else ""
+                self.failed[shape] = (
+                    reasons.why_opportunistic(spec, allowed, mine, self.hosts, self.config) if self.explain else ""
+                )
         self.waits(job, self.failed[shape])
 
     def _why_waiting(self, job: PendingJob, allowed: list[str], mine: list[Slot]) -> str:
@@ -352,8 +414,9 @@ def _apply_bookings(slots: Sequence[Slot], bookings: Sequence["Booking"], now: f
     return booked
 
 
-def _yield_to_people_and_windows(running: Sequence[RunningJob], slots: Sequence[Slot], in_window: bool,
-                                 config: Config, result: Plan, booked: Mapping) -> None:
+def _yield_to_people_and_windows(
+    running: Sequence[RunningJob], slots: Sequence[Slot], in_window: bool, config: Config, result: Plan, booked: Mapping
+) -> None:
     """Opportunistic jobs leave a GPU a person (a non-gpuq process) has started to use, all
     GPUs when their idle window closes, and a GPU whose booking began after they started
     (unless the booking is their owner's)."""
@@ -368,19 +431,21 @@ def _yield_to_people_and_windows(running: Sequence[RunningJob], slots: Sequence[
         if taken:
             result.preempts[job.id] = f"a non-gpuq process uses GPU {taken[0].label}"
             continue
-        slot_taken = [b for i in job.gpus if (b := booked.get((job.host, i))) is not None
-                      and b.owner != job.user and job.started_at < b.start]
+        slot_taken = [
+            b
+            for i in job.gpus
+            if (b := booked.get((job.host, i))) is not None and b.owner != job.user and job.started_at < b.start
+        ]
         if slot_taken:
             b = slot_taken[0]
-            result.preempts[job.id] = f"GPU {b.host}:{','.join(map(str, b.gpus))} booked for {b.owner} from {hhmm(b.start)}"
+            result.preempts[job.id] = (
+                f"GPU {b.host}:{','.join(map(str, b.gpus))} booked for {b.owner} from {hhmm(b.start)}"
+            )
     if result.preempts:  # their memory stays counted until they exit; never picked twice
         for s in slots:
             s.victims = [v for v in s.victims if v.id not in result.preempts]
 
 
-
-
 def _unheld(slot: Slot) -> Slot:
     """The slot as it would be without holds (to tell "reserved" from "too small")."""
     return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None, hard_held=False)
-

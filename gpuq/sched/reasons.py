@@ -1,4 +1,5 @@
 """Why a pending job waits, in words a user can act on (shown by `gpuq status`)."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -26,11 +27,15 @@ def why_cpu(spec: "JobSpec", allowed: list[str], hosts: Sequence["HostView"]) ->
     return f"all CPU-only slots are busy{hosts_text(spec)}"
 
 
-def why_gpu(spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Sequence["HostView"],
-            config: "Config") -> str:
+def why_gpu(
+    spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Sequence["HostView"], config: "Config"
+) -> str:
     """The first thing, from the most fundamental, that keeps an ordinary job off every GPU."""
-    need = "a whole GPU" if spec.exclusive else \
-        f"{format_mib(spec.gpu_mem_mib)} on {'one GPU' if spec.gpus == 1 else 'each GPU'}"
+    need = (
+        "a whole GPU"
+        if spec.exclusive
+        else f"{format_mib(spec.gpu_mem_mib)} on {'one GPU' if spec.gpus == 1 else 'each GPU'}"
+    )
     count = "" if spec.gpus == 1 else f"{spec.gpus} GPUs on one host, "
     if not allowed:
         return "no worker is running" if not hosts else f"no live host{hosts_text(spec)}"
@@ -47,13 +52,13 @@ def why_gpu(spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Seq
     roomy = [g for g in mine if g.jobs < config.max_jobs_per_gpu]
     if not roomy:
         return f"every GPU has max_jobs_per_gpu={config.max_jobs_per_gpu} jobs"
-    free = (lambda g: g.free)
+    free = lambda g: g.free
     if spec.exclusive:
         n = sum(1 for g in roomy if g.jobs == 0 and g.others_clear and free(g) >= g.whole)
         return f"needs {count}{need}; {n} GPU{'s are' if n != 1 else ' is'} wholly free"
     largest = max(roomy, key=lambda g: (free(g), g.host, -g.index))
     fitting = {h: sum(1 for g in roomy if g.host == h and free(g) >= spec.gpu_mem_mib) for h in allowed}
-    if spec.gpus > 1 and free(largest) >= spec.gpu_mem_mib:  # type: ignore[operator]
+    if spec.gpus > 1 and free(largest) >= spec.gpu_mem_mib:
         host, n = max(fitting.items(), key=lambda kv: (kv[1], kv[0]))
         return f"needs {count}{need}; at most {n} such GPU{'s' if n != 1 else ''} on {host}"
     return f"needs {count}{need}; largest usable is {format_mib(max(0, free(largest)))} on {largest.label}"
@@ -77,8 +82,9 @@ def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:
     return f"opportunistic: waits for an idle GPU (idle for under {idle_after_s:g}s)"
 
 
-def why_opportunistic(spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Sequence["HostView"],
-                      config: "Config") -> str:
+def why_opportunistic(
+    spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Sequence["HostView"], config: "Config"
+) -> str:
     """An opportunistic job takes only idle GPUs that no ordinary job uses or waits for."""
     if not allowed or not slots:
         return why_gpu(spec, allowed, slots, hosts, config)
@@ -90,5 +96,7 @@ def why_opportunistic(spec: "JobSpec", allowed: list[str], slots: list["Slot"], 
         return "opportunistic: every idle GPU has ordinary work on it or held for it"
     need = "a whole GPU" if spec.exclusive else f"{format_mib(spec.gpu_mem_mib)}"
     largest = max(left, key=lambda g: (g.opportunistic_room, g.host, -g.index))
-    return (f"opportunistic: needs {need}{'' if spec.gpus == 1 else f' on {spec.gpus} GPUs of one host'}; "
-            f"the most left by other work is {format_mib(max(0, largest.opportunistic_room))} on {largest.label}")
+    return (
+        f"opportunistic: needs {need}{'' if spec.gpus == 1 else f' on {spec.gpus} GPUs of one host'}; "
+        f"the most left by other work is {format_mib(max(0, largest.opportunistic_room))} on {largest.label}"
+    )

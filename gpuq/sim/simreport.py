@@ -1,4 +1,5 @@
 """The policies `gpuq simulate` compares, the figures it reports, and the table it prints."""
+
 from __future__ import annotations
 
 import statistics
@@ -15,7 +16,9 @@ SIM_CONFIG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=64)
 POLICIES = ("gpuq", "pack-bestfit", "fifo-exclusive")
 POLICY_HELP = {
     "gpuq": "gpuq's plan as configured: priorities, fair share, reservations, preemption",
-    "pack-bestfit": "packing by memory on the best-fitting GPU; no reservations, no priorities, no preemption, no spreading",
+    "pack-bestfit": (
+        "packing by memory on the best-fitting GPU; no reservations, no priorities, no preemption, no spreading"
+    ),
     "fifo-exclusive": "one job per whole GPU, strict FIFO (task-spooler, simple_gpu_scheduler)",
 }
 
@@ -24,10 +27,10 @@ def run_policy(name: str, jobs: list[TraceJob], cluster: Cluster, config: Config
     if name == "gpuq":
         return replay(jobs, cluster, plan_policy(config), config.grace_s)
     if name == "pack-bestfit":
-        baseline = replace(config, fair_share=False, reservations=False, preemption=False,
-                           fragmentation_aware=False, spread=False)
-        flat = [replace(j, spec=replace(j.spec, priority_class="normal", priority=0, preemptible=False))
-                for j in jobs]
+        baseline = replace(
+            config, fair_share=False, reservations=False, preemption=False, fragmentation_aware=False, spread=False
+        )
+        flat = [replace(j, spec=replace(j.spec, priority_class="normal", priority=0, preemptible=False)) for j in jobs]
         return replay(flat, cluster, plan_policy(baseline), config.grace_s)
     if name == "fifo-exclusive":
         return replay(jobs, cluster, fifo_exclusive, config.grace_s, exclusive=True)
@@ -42,7 +45,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def figures(out: Outcome, jobs: list[TraceJob]) -> dict[str, Any]:
-    """The --json schema for one policy (README "Simulating a trace")."""
+    """The --json schema for one policy (docs/simulate.md)."""
     waits = [out.waits[j.id] for j in jobs if j.id in out.ends]
     by_gpus: dict[str, float] = {}
     all_by_gpus: dict[str, list[float]] = {}
@@ -64,19 +67,23 @@ def figures(out: Outcome, jobs: list[TraceJob]) -> dict[str, Any]:
     span = out.last_submit - out.first_submit
     return {
         "wait_mean_s": statistics.fmean(waits) if waits else 0.0,
-        "wait_p50_s": _pct(waits, 50), "wait_p95_s": _pct(waits, 95), "wait_p99_s": _pct(waits, 99),
+        "wait_p50_s": _pct(waits, 50),
+        "wait_p95_s": _pct(waits, 95),
+        "wait_p99_s": _pct(waits, 99),
         "wait_max_s": max(waits, default=0.0),
         "wait_max_by_gpus": dict(sorted(by_gpus.items(), key=lambda kv: int(kv[0]))),
-        "wait_mean_by_gpus": {k: statistics.fmean(v) for k, v in sorted(all_by_gpus.items(), key=lambda kv: int(kv[0]))},
+        "wait_mean_by_gpus": {
+            k: statistics.fmean(v) for k, v in sorted(all_by_gpus.items(), key=lambda kv: int(kv[0]))
+        },
         "wait_mean_by_priority": {k: statistics.fmean(v) for k, v in sorted(by_priority.items())},
-        "wait_max_by_priority_gpus": {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
-                                      for k, v in sorted(by_priority_gpus.items())},
+        "wait_max_by_priority_gpus": {
+            k: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for k, v in sorted(by_priority_gpus.items())
+        },
         "low_jobs_unfinished": sum(1 for j in jobs if j.spec.preemptible and j.id not in out.ends),
         "slowdown_mean": statistics.fmean(slowdowns) if slowdowns else 0.0,
         "makespan_s": makespan,
         "occupancy": out.busy_gpu_s / (out.gpus * span) if span else 0.0,
-        "free_while_waiting": (out.free_while_waiting_gpu_s / (out.gpus * out.waiting_s)
-                               if out.waiting_s else 0.0),
+        "free_while_waiting": (out.free_while_waiting_gpu_s / (out.gpus * out.waiting_s) if out.waiting_s else 0.0),
         "preemptions": out.preemptions,
         "peak_queue": out.peak_queue,
         "jobs": len(out.ends),
@@ -84,12 +91,21 @@ def figures(out: Outcome, jobs: list[TraceJob]) -> dict[str, Any]:
     }
 
 
-ROWS = [("wait mean", "wait_mean_s", "s"), ("wait p50", "wait_p50_s", "s"), ("wait p95", "wait_p95_s", "s"),
-        ("wait p99", "wait_p99_s", "s"), ("wait max", "wait_max_s", "s"), ("slowdown mean", "slowdown_mean", "x"),
-        ("makespan", "makespan_s", "s"), ("GPU occupancy (arrivals)", "occupancy", "%"),
-        ("GPUs free while work waits", "free_while_waiting", "%"), ("preemptions", "preemptions", "n"),
-        ("peak queue", "peak_queue", "n"), ("jobs finished", "jobs", "n"),
-        ("jobs capped to one host", "capped", "n")]
+ROWS = [
+    ("wait mean", "wait_mean_s", "s"),
+    ("wait p50", "wait_p50_s", "s"),
+    ("wait p95", "wait_p95_s", "s"),
+    ("wait p99", "wait_p99_s", "s"),
+    ("wait max", "wait_max_s", "s"),
+    ("slowdown mean", "slowdown_mean", "x"),
+    ("makespan", "makespan_s", "s"),
+    ("GPU occupancy (arrivals)", "occupancy", "%"),
+    ("GPUs free while work waits", "free_while_waiting", "%"),
+    ("preemptions", "preemptions", "n"),
+    ("peak queue", "peak_queue", "n"),
+    ("jobs finished", "jobs", "n"),
+    ("jobs capped to one host", "capped", "n"),
+]
 
 
 def _cell(value: float, unit: str) -> str:
@@ -109,7 +125,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     if len(names) > 1:
         head += "".join(f"{names[0] + '/' + n:>26s}" for n in names[1:])
     lines = [head]
-    rows = list(ROWS)
+    rows: list[tuple[str, str | tuple[str, str], str]] = list(ROWS)
     for gpus in sorted({g for r in results.values() for g in r["wait_max_by_gpus"]}, key=int):
         rows.append((f"wait max, {gpus}-GPU jobs", ("wait_max_by_gpus", gpus), "s"))
     for cls in sorted({c for r in results.values() for c in r["wait_mean_by_priority"]}):

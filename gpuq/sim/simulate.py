@@ -12,6 +12,7 @@ Co-located jobs slow each other: each job runs at min(1, 100 / sum of the utiliz
 the jobs on its GPU), a multi-GPU job at its slowest GPU's rate; a job's utilization is the
 trace's `gpu_util`, or 100 x its share of a GPU when that is empty.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -33,22 +34,23 @@ class _Run:
     start: float
     host: str
     gpus: tuple[int, ...]
-    remaining: float          # seconds of work left at rate 1
+    remaining: float  # seconds of work left at rate 1
     rate: float = 1.0
-    since: float = 0.0        # when `remaining` was last brought up to date
-    version: int = 0          # unique per scheduled end: a superseded end is skipped
+    since: float = 0.0  # when `remaining` was last brought up to date
+    version: int = 0  # unique per scheduled end: a superseded end is skipped
     stop_at: float | None = None  # preempted: exits then
 
 
 @dataclass
 class Outcome:
     """What happened to every job, and the integrals the figures need."""
-    waits: dict[str, float] = field(default_factory=dict)      # job id -> final start - submit
+
+    waits: dict[str, float] = field(default_factory=dict)  # job id -> final start - submit
     ends: dict[str, float] = field(default_factory=dict)
     preemptions: int = 0
-    busy_gpu_s: float = 0.0          # GPU-seconds with a job on the GPU, until the last arrival
+    busy_gpu_s: float = 0.0  # GPU-seconds with a job on the GPU, until the last arrival
     last_submit: float = 0.0
-    waiting_s: float = 0.0           # seconds with at least one job pending
+    waiting_s: float = 0.0  # seconds with at least one job pending
     free_while_waiting_gpu_s: float = 0.0  # GPU-seconds wholly free while a job waited
     peak_queue: int = 0
     first_submit: float = 0.0
@@ -57,14 +59,17 @@ class Outcome:
 
 def plan_policy(config: Config) -> Planner:
     """gpuq's own planner (or a baseline built from it by config: pack-bestfit)."""
+
     def decide(pending, hosts, running, now):
         decided = plan(pending, hosts, running, config, now, explain=False)
         return decided.starts, decided.preempts
+
     return decide
 
 
-def fifo_exclusive(pending: list[PendingJob], hosts: list[HostView], running: list[RunningJob],
-                   now: float) -> tuple[list[Start], dict[str, str]]:
+def fifo_exclusive(
+    pending: list[PendingJob], hosts: list[HostView], running: list[RunningJob], now: float
+) -> tuple[list[Start], dict[str, str]]:
     """What task-spooler and simple_gpu_scheduler do: whole GPUs, one job each, strict FIFO
     (the head of the queue blocks everything behind it), first host that has room."""
     taken = {(r.host, i) for r in running for i in r.gpus}
@@ -82,21 +87,26 @@ def fifo_exclusive(pending: list[PendingJob], hosts: list[HostView], running: li
     return starts, {}
 
 
-def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: float,
-           exclusive: bool = False) -> Outcome:
+def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: float, exclusive: bool = False) -> Outcome:
     """Run the trace to its end; `exclusive`: every job holds its GPUs whole (fifo-exclusive)."""
-    hosts = [HostView(f"h{h}", tuple(GpuSnapshot(i, f"GPU-h{h}-{i}", "sim", cluster.mem_mib, 0)
-                                     for i in range(cluster.gpus_per_host)), 0)
-             for h in range(cluster.hosts)]
+    hosts = [
+        HostView(
+            f"h{h}",
+            tuple(GpuSnapshot(i, f"GPU-h{h}-{i}", "sim", cluster.mem_mib, 0) for i in range(cluster.gpus_per_host)),
+            0,
+        )
+        for h in range(cluster.hosts)
+    ]
     by_id = {j.id: j for j in jobs}
-    out = Outcome(first_submit=jobs[0].submit_s, last_submit=jobs[-1].submit_s,
-                  gpus=cluster.hosts * cluster.gpus_per_host)
+    out = Outcome(
+        first_submit=jobs[0].submit_s, last_submit=jobs[-1].submit_s, gpus=cluster.hosts * cluster.gpus_per_host
+    )
     pending: dict[str, PendingJob] = {}
     runs: dict[str, _Run] = {}
     views: dict[str, RunningJob] = {}
     on_gpu: dict[tuple[str, int], set[str]] = {(h.name, g.index): set() for h in hosts for g in h.gpus}
     util = {j.id: (100.0 if exclusive else j.util) for j in jobs}
-    ends: list[tuple[float, int, str, int]] = []   # (time, tiebreak, job id, version)
+    ends: list[tuple[float, int, str, int]] = []  # (time, tiebreak, job id, version)
     seq = 0
     next_arrival = 0
     now = jobs[0].submit_s
@@ -174,9 +184,16 @@ def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: flo
                 out.waits[s.job_id] = now - job.submit_s
                 seq += 1
                 runs[s.job_id] = _Run(job, now, s.host, s.gpus, job.duration_s, since=now, version=seq)
-                views[s.job_id] = RunningJob(s.job_id, job.user, s.host, s.gpus, job.spec.gpu_mem_mib,
-                                             preemptible=job.spec.preemptible,
-                                             priority_class=job.spec.priority_class, started_at=now)
+                views[s.job_id] = RunningJob(
+                    s.job_id,
+                    job.user,
+                    s.host,
+                    s.gpus,
+                    job.spec.gpu_mem_mib,
+                    preemptible=job.spec.preemptible,
+                    priority_class=job.spec.priority_class,
+                    started_at=now,
+                )
                 for i in s.gpus:
                     on_gpu[(s.host, i)].add(s.job_id)
                     changed.add((s.host, i))

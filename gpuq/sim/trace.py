@@ -5,6 +5,7 @@ gpus, gpu_mem_gib, gpu_util, user`, and optionally `priority`. A fractional `gpu
 of one GPU (its memory share when `gpu_mem_gib` is empty); an integer `gpus` with empty
 `gpu_mem_gib` takes whole GPUs; jobs wider than a host are capped to one host and counted.
 """
+
 from __future__ import annotations
 
 import csv
@@ -55,14 +56,14 @@ class TraceJob:
     submit_s: float
     duration_s: float
     spec: JobSpec
-    util: float           # its GPU utilization, % (the slowdown model's input)
+    util: float  # its GPU utilization, % (the slowdown model's input)
     user: str
-    capped: bool          # asked for more GPUs than a host has
+    capped: bool  # asked for more GPUs than a host has
 
 
 def _hash_fraction(job_id: str, algorithm: str) -> float:
     """The first 8 hex digits of the job id's digest, as a fraction of 2**32."""
-    return int(hashlib.new(algorithm, job_id.encode()).hexdigest()[:8], 16) / 2 ** 32
+    return int(hashlib.new(algorithm, job_id.encode()).hexdigest()[:8], 16) / 2**32
 
 
 # Deterministic rules for `--mark-low`: which jobs of a trace are opportunistic (low).
@@ -90,8 +91,10 @@ def load_trace(path: Path, cluster: Cluster, since_s: float | None = None, stret
         reader = csv.DictReader(handle)
         missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
         if missing:
-            raise TraceError(f"{path}: column '{missing[0]}' is missing. Fix: the header must name "
-                             f"{', '.join(REQUIRED)} (and optionally priority)")
+            raise TraceError(
+                f"{path}: column '{missing[0]}' is missing. Fix: the header must name "
+                f"{', '.join(REQUIRED)} (and optionally priority)"
+            )
         jobs = []
         for line, row in enumerate(reader, 2):
             try:
@@ -114,8 +117,7 @@ def _number(row: dict, column: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"column '{column}': {text!r} is not a number. Fix: write a number "
-                         f"(seconds, GPUs)") from None
+        raise ValueError(f"column '{column}': {text!r} is not a number. Fix: write a number (seconds, GPUs)") from None
     if value < 0 or math.isnan(value):
         raise ValueError(f"column '{column}': {text!r} is negative. Fix: write a value >= 0")
     return value
@@ -140,11 +142,19 @@ def _job(row: dict, cluster: Cluster) -> TraceJob:
         mem_mib = max(1, int(share * cluster.mem_mib))
     else:
         mem_mib = None  # whole GPUs, exclusively
-    spec = JobSpec(command="(trace)", gpus=whole_gpus, gpu_mem_mib=mem_mib, priority_class=priority,
-                   preemptible=priority == "low")
+    spec = JobSpec(
+        command="(trace)", gpus=whole_gpus, gpu_mem_mib=mem_mib, priority_class=priority, preemptible=priority == "low"
+    )
     util = float(util_text) if util_text else 100.0 * share
-    return TraceJob(row["job_id"], _number(row, "submit_s"), _number(row, "duration_s"), spec, util,
-                    (row.get("user") or "").strip(), capped)
+    return TraceJob(
+        row["job_id"],
+        _number(row, "submit_s"),
+        _number(row, "duration_s"),
+        spec,
+        util,
+        (row.get("user") or "").strip(),
+        capped,
+    )
 
 
 def mark_low(jobs: list[TraceJob], fraction: float, drop: bool = False, rule: str = "sha1") -> list[TraceJob]:

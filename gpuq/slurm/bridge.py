@@ -3,18 +3,19 @@ running them, and keeps gpuq's records, logs, `status`, `show` and `cancel` true
 sees one queue while Slurm does the placing.
 
 Hand-over, per pending job in queue order: claim the spec (the usual rename), check the claimed
-file itself (no link, one link, the bytes read, an owner this worker may submit for: its
-owner from fstat, never from a path), write the running record (no Slurm id yet), `sbatch --parsable` the exported script (slurm_export.py) with
-`--comment=gpuq:<claim>`, then record the Slurm id (in the record and in
-state/slurm/<id>.json, which later exports' --dependency read). Dependencies go to Slurm as
-afterok/afterany once their jobs are handed over; one that failed in gpuq cancels its
-dependents as usual. Following: squeue for the jobs still queued or running, then `scontrol
-show job` for the end state and exit code (Slurm keeps ended jobs MinJobAge seconds,
-default 300), else `sacct` (where slurmdbd keeps accounting), else the jobcomp/filetxt log
-(config slurm_jobcomp_file); COMPLETED -> done, FAILED -> failed, CANCELLED -> cancelled, TIMEOUT -> timeout,
-NODE_FAIL and a job Slurm no longer knows -> lost. `gpuq cancel` -> scancel. Several bridges
-may serve one root; a dead one's jobs are adopted by another (adopt_from_dead_bridges).
-"""
+file itself (no link, one link, the bytes read, an owner this worker may submit for: its owner
+from fstat, never from a path), write the running record (no Slurm id yet), `sbatch --parsable`
+the exported script (slurm/export.py) with `--comment=gpuq:<claim>`, then record the Slurm id
+(in the record and in state/slurm/<id>.json, which later exports' --dependency read).
+Dependencies go to Slurm as afterok/afterany once their jobs are handed over; one that failed in
+gpuq cancels its dependents as usual. Following: squeue for the jobs still queued or running,
+then `scontrol show job` for the end state and exit code (Slurm keeps ended jobs MinJobAge
+seconds, default 300), else `sacct` (where slurmdbd keeps accounting), else the jobcomp/filetxt
+log (config slurm_jobcomp_file); COMPLETED -> done, FAILED -> failed, CANCELLED -> cancelled,
+TIMEOUT -> timeout, NODE_FAIL and a job Slurm no longer knows -> lost. `gpuq cancel` -> scancel.
+Several bridges may serve one root; a dead one's jobs are adopted by another
+(adopt_from_dead_bridges)."""
+
 from __future__ import annotations
 
 import logging
@@ -52,9 +53,17 @@ from gpuq.spool.store import (
 from gpuq.worker.loop import Worker
 
 log = logging.getLogger("gpuq.worker")
-SLURM_STATES = {"COMPLETED": State.DONE, "FAILED": State.FAILED, "CANCELLED": State.CANCELLED,
-                "TIMEOUT": State.TIMEOUT, "NODE_FAIL": State.LOST, "OUT_OF_MEMORY": State.FAILED,
-                "PREEMPTED": State.LOST, "BOOT_FAIL": State.LOST, "DEADLINE": State.TIMEOUT}
+SLURM_STATES = {
+    "COMPLETED": State.DONE,
+    "FAILED": State.FAILED,
+    "CANCELLED": State.CANCELLED,
+    "TIMEOUT": State.TIMEOUT,
+    "NODE_FAIL": State.LOST,
+    "OUT_OF_MEMORY": State.FAILED,
+    "PREEMPTED": State.LOST,
+    "BOOT_FAIL": State.LOST,
+    "DEADLINE": State.TIMEOUT,
+}
 FOLLOW_EVERY_S = 2.0
 UNKNOWN_FOR_S = 10.0  # a job no source of Slurm's knows is lost only after this long
 
@@ -102,8 +111,12 @@ def _summed(tasks: list[dict[str, str]]) -> dict[str, str] | None:
     if not tasks:
         return None
     worst = next((t for t in tasks if t.get("JobState") != "COMPLETED"), tasks[0])
-    return {**worst, "StartTime": min(t.get("StartTime", "") for t in tasks),
-            "EndTime": max(t.get("EndTime", "") for t in tasks), "Tasks": str(len(tasks))}
+    return {
+        **worst,
+        "StartTime": min(t.get("StartTime", "") for t in tasks),
+        "EndTime": max(t.get("EndTime", "") for t in tasks),
+        "Tasks": str(len(tasks)),
+    }
 
 
 def jobcomp_job(path: str | None, slurm_id: str) -> dict[str, str] | None:
@@ -116,8 +129,11 @@ def jobcomp_job(path: str | None, slurm_id: str) -> dict[str, str] | None:
             lines = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return None
-    mine = [fields for line in lines if f"={slurm_id} " in line
-            and slurm_id in ((fields := _fields(line)).get("JobId"), fields.get("ArrayJobId"))]
+    mine = [
+        fields
+        for line in lines
+        if f"={slurm_id} " in line and slurm_id in ((fields := _fields(line)).get("JobId"), fields.get("ArrayJobId"))
+    ]
     return _summed(mine)
 
 
@@ -138,8 +154,13 @@ def sacct_job(slurm_id: str) -> dict[str, str] | None:
     if not rows:
         return None
     worst = next((r for r in rows if r[0].split()[0] != "COMPLETED"), rows[0])  # as scontrol_job
-    return {"JobState": worst[0].split()[0], "ExitCode": worst[1], "StartTime": min(r[2] for r in rows),
-            "EndTime": max(r[3] for r in rows), "Source": "sacct"}
+    return {
+        "JobState": worst[0].split()[0],
+        "ExitCode": worst[1],
+        "StartTime": min(r[2] for r in rows),
+        "EndTime": max(r[3] for r in rows),
+        "Source": "sacct",
+    }
 
 
 def _handed_over_by_comment() -> dict[str, list[tuple[str, int | None]]] | None:
@@ -170,8 +191,7 @@ def _submitted_for(known: dict[str, list[tuple[str, int | None]]] | None, record
 
 
 class BridgeWorker(Worker):
-    STEPS = ("observe", "adopt_from_dead_bridges", "follow", "obey_controls", "take_in_specs", "hand_over",
-             "report")
+    STEPS = ("observe", "adopt_from_dead_bridges", "follow", "obey_controls", "take_in_specs", "hand_over", "report")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -221,8 +241,16 @@ class BridgeWorker(Worker):
                 continue  # another bridge adopted it first
             adopted = replace(record, host=self.host, boot_id=self.boot_id, claim=new_claim)
             self._note_slurm_id(adopted, slurm_id)
-            append_event(self.layout, self.host, {"job": record.id, "from": "running", "to": "running",
-                                                  "reason": f"adopted from bridge {record.host} (dead)"})
+            append_event(
+                self.layout,
+                self.host,
+                {
+                    "job": record.id,
+                    "from": "running",
+                    "to": "running",
+                    "reason": f"adopted from bridge {record.host} (dead)",
+                },
+            )
             log.warning("bridge %s is dead: following %s (Slurm job %s) from here", record.host, record.id, slurm_id)
 
     def _note_slurm_id(self, record: Record, slurm_id: str) -> None:
@@ -241,11 +269,11 @@ class BridgeWorker(Worker):
         if now - self.followed_at < FOLLOW_EVERY_S and not self.woken_by:
             return
         self.followed_at = now
-        handed = [r for r in self.running if r.slurm_id]
+        handed = [(r.slurm_id, r) for r in self.running if r.slurm_id]
         if not handed:
             return
         try:
-            out = _slurm("squeue", "-h", "-o", "%F %T", "-j", ",".join(r.slurm_id for r in handed))
+            out = _slurm("squeue", "-h", "-o", "%F %T", "-j", ",".join(slurm_id for slurm_id, _ in handed))
             if out.returncode != 0:
                 _unknown_job(out)
             active: dict[str, str] = {}  # an array is active while any of its tasks is
@@ -253,9 +281,9 @@ class BridgeWorker(Worker):
                 job, _, state = line.partition(" ")
                 if active.get(job) != "RUNNING":
                     active[job] = state.strip()
-            for record in handed:
-                if active.get(record.slurm_id) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
-                    if active[record.slurm_id] == "RUNNING" and record.started_at is None:
+            for slurm_id, record in handed:
+                if active.get(slurm_id) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"):
+                    if active[slurm_id] == "RUNNING" and record.started_at is None:
                         self._note_start(record)
                     continue
                 self._settle(record)
@@ -264,8 +292,11 @@ class BridgeWorker(Worker):
 
     def _note_start(self, record: Record) -> None:
         info = scontrol_job(record.slurm_id or "") or {}
-        updated = replace(record, started_at=_slurm_time(info.get("StartTime")) or wall_time(),
-                          reason=f"running in Slurm on {info.get('NodeList', '?')}")
+        updated = replace(
+            record,
+            started_at=_slurm_time(info.get("StartTime")) or wall_time(),
+            reason=f"running in Slurm on {info.get('NodeList', '?')}",
+        )
         write_record(self.layout, updated)
 
     def _settle(self, record: Record) -> None:
@@ -274,20 +305,35 @@ class BridgeWorker(Worker):
         state_name = (info or {}).get("JobState", "")
         if info is not None and state_name not in SLURM_STATES:
             return  # an ending state (COMPLETING...) scontrol shows before squeue: next pass
-        if info is None and time.monotonic() - self.unknown_since.setdefault(slurm_id, time.monotonic()) < UNKNOWN_FOR_S:
+        if (
+            info is None
+            and time.monotonic() - self.unknown_since.setdefault(slurm_id, time.monotonic()) < UNKNOWN_FOR_S
+        ):
             return  # not written anywhere yet (a jobcomp log on NFS, slurmdbd catching up): ask again
         self.unknown_since.pop(slurm_id, None)
         final = SLURM_STATES.get(state_name, State.LOST)
         code, _, sig = (info or {}).get("ExitCode", ":").partition(":")
-        reason = None if final is State.DONE else (
-            f"Slurm job {record.slurm_id}: {state_name}" if info else
-            f"Slurm job {record.slurm_id} is no longer known to Slurm, nor to its accounting or jobcomp log "
-            "(exit unknown)")
-        transition(self.layout, record, final, self.host,
-                   started_at=_slurm_time((info or {}).get("StartTime")) or record.started_at,
-                   ended_at=_slurm_time((info or {}).get("EndTime")) or wall_time(),
-                   exit_code=int(code) if code.isdigit() and info else None,
-                   signal=int(sig) if sig.isdigit() and int(sig) else None, reason=reason)
+        reason = (
+            None
+            if final is State.DONE
+            else (
+                f"Slurm job {record.slurm_id}: {state_name}"
+                if info
+                else f"Slurm job {record.slurm_id} is no longer known to Slurm, nor to its accounting or jobcomp log "
+                "(exit unknown)"
+            )
+        )
+        transition(
+            self.layout,
+            record,
+            final,
+            self.host,
+            started_at=_slurm_time((info or {}).get("StartTime")) or record.started_at,
+            ended_at=_slurm_time((info or {}).get("EndTime")) or wall_time(),
+            exit_code=int(code) if code.isdigit() and info else None,
+            signal=int(sig) if sig.isdigit() and int(sig) else None,
+            reason=reason,
+        )
         claimed = self.layout.claims / (record.claim or "")
         claimed.unlink(missing_ok=True)
         log.info("%s (Slurm %s) ended: %s", record.id, record.slurm_id, final.value)
@@ -314,9 +360,10 @@ class BridgeWorker(Worker):
         states = self.dep_states.lookup(referenced(j.spec for j in pending))
         for job in queue_order([j for j in pending if j.id not in doomed], {}, self.config, wall_time()):
             deps = {d: "done" for d in job.spec.after} | {d: "any" for d in job.spec.after_any}
-            if any(d not in handed and (states.get(d) != "done" if want == "done" else
-                                                          states.get(d) not in FINAL)
-                                     for d, want in deps.items()):
+            if any(
+                d not in handed and (states.get(d) != "done" if want == "done" else states.get(d) not in FINAL)
+                for d, want in deps.items()
+            ):
                 continue  # it waits in gpuq until its dependencies are Slurm's
             # Slurm waits for the dependencies still open; ended ones need no --dependency
             self._hand(job, {d: handed[d] for d in deps if d in handed and states.get(d) not in FINAL})
@@ -335,8 +382,9 @@ class BridgeWorker(Worker):
         owner = None  # a user's bridge: Slurm runs the job as this bridge's user
         if os.geteuid() == 0:
             if record.uid < 0 or (record.uid == 0 and not self.config.allow_root_jobs):
-                raise PermissionError(f"uid {record.uid}: a root bridge does not submit jobs as root "
-                                      "(config allow_root_jobs)")
+                raise PermissionError(
+                    f"uid {record.uid}: a root bridge does not submit jobs as root (config allow_root_jobs)"
+                )
             owner = Identity.of(record.uid)
         log_path = str(self.layout.job_log(record.id))  # gpuq's own, and Slurm's --output(s)
         for path in dict.fromkeys([log_path, *slurm_logs(log_path, spec)]):
@@ -360,11 +408,22 @@ class BridgeWorker(Worker):
         uid = self._claimed_owner(job.id, entry, claimed)
         if uid is None:
             return
-        record = Record(id=job.id, state=State.RUNNING, spec=job.spec.to_json(),
-                        spec_text=entry.text.decode("utf-8-sig", "replace"), user=user_name(uid), uid=uid,
-                        attempt=attempt, queued_at=job.queued_at, host=self.host, boot_id=self.boot_id,
-                        claim=name, claimed_at=wall_time(), reason="handed to Slurm",
-                        time_limit_s=job.spec.time_limit_s or self.config.time_limit_s)
+        record = Record(
+            id=job.id,
+            state=State.RUNNING,
+            spec=job.spec.to_json(),
+            spec_text=entry.text.decode("utf-8-sig", "replace"),
+            user=user_name(uid),
+            uid=uid,
+            attempt=attempt,
+            queued_at=job.queued_at,
+            host=self.host,
+            boot_id=self.boot_id,
+            claim=name,
+            claimed_at=wall_time(),
+            reason="handed to Slurm",
+            time_limit_s=job.spec.time_limit_s or self.config.time_limit_s,
+        )
         record_start(self.layout, record, self.host)
         crash_point("bridge:recorded")
         if (age := lease_age(self.rt)) is not None and age > FENCE_FRACTION * self.config.lost_after_s:
@@ -373,32 +432,51 @@ class BridgeWorker(Worker):
             self.recovery.requeue(record, f"bridge {self.host} was paused {age:.0f} s before sbatch; requeued")
             return
         try:
-            script = sbatch_script(job.id, job.spec, self.config, str(self.layout.job_log(job.id)),
-                                   str(self.layout.root), dependency_ids)
+            script = sbatch_script(
+                job.id, job.spec, self.config, str(self.layout.job_log(job.id)), str(self.layout.root), dependency_ids
+            )
         except ExportError as e:
-            transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
-                       reason=f"cannot hand to Slurm: {e}")
+            transition(
+                self.layout, record, State.FAILED, self.host, ended_at=wall_time(), reason=f"cannot hand to Slurm: {e}"
+            )
             return
         try:
             as_owner, sbatch_env = self._as_owner(record, job.spec)
         except (KeyError, OSError) as e:
-            transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
-                       reason=f"cannot hand to Slurm as uid {record.uid}, the spec's owner: {e}")
+            transition(
+                self.layout,
+                record,
+                State.FAILED,
+                self.host,
+                ended_at=wall_time(),
+                reason=f"cannot hand to Slurm as uid {record.uid}, the spec's owner: {e}",
+            )
             return
         sbatch = shutil.which("sbatch") or "sbatch"  # found on the bridge's PATH, not the job's
-        out = subprocess.run([sbatch, "--parsable", f"--comment=gpuq:{name}", *as_owner], input=script,
-                             capture_output=True, text=True, timeout=60, env=sbatch_env)
+        out = subprocess.run(
+            [sbatch, "--parsable", f"--comment=gpuq:{name}", *as_owner],
+            input=script,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=sbatch_env,
+        )
         if out.returncode != 0 and any(m in out.stderr for m in ("Unable to contact", "timed out", "Zero Bytes")):
             record_requeue(self.layout, record, self.host, "Slurm did not answer; requeued")
             self.recovery.put_back(job.id, claimed)  # the controller was away: try again later
             log.warning("sbatch of %s: Slurm did not answer (%s)", job.id, out.stderr.strip()[-200:])
             return
         if out.returncode != 0:
-            transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(),
-                       reason=f"sbatch refused it: {out.stderr.strip()[-300:]}")
+            transition(
+                self.layout,
+                record,
+                State.FAILED,
+                self.host,
+                ended_at=wall_time(),
+                reason=f"sbatch refused it: {out.stderr.strip()[-300:]}",
+            )
             return
         crash_point("bridge:submitted")
         slurm_id = out.stdout.strip().split(";")[0]
         self._note_slurm_id(record, slurm_id)
         log.info("handed %s to Slurm as job %s", job.id, slurm_id)
-

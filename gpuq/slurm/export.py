@@ -12,6 +12,7 @@ in a comment in the script, never silently dropped:
   its runtime with the GPUs Slurm granted (apptainer in the job's own process tree; docker and
   podman with a trap that stops the container when Slurm signals the script).
 """
+
 from __future__ import annotations
 
 import json
@@ -57,7 +58,7 @@ def handed_over(directory: Path) -> dict[str, str]:
         return {}
     out = {}
     for name in names:
-        job_id = name[:-len(".json")]
+        job_id = name[: -len(".json")]
         if not name.endswith(".json") or not JOB_ID_RE.match(job_id):
             continue
         data = _read_small_json(directory / name, trusted)
@@ -98,14 +99,20 @@ def _gpu_mem_lines(spec: JobSpec, config: Config) -> tuple[list[str], list[str]]
         if not fitting:
             raise ExportError(f"gpu_mem {need} MiB: no GPU type in config slurm_gpu_types has that much")
         features = "|".join(name for _, name in fitting)
-        return [f"--constraint={features}"], [f"gpu_mem {need} MiB per GPU -> GPU types with at least that much "
-                                              f"memory (config slurm_gpu_types): {features}"]
+        return [f"--constraint={features}"], [
+            f"gpu_mem {need} MiB per GPU -> GPU types with at least that much "
+            f"memory (config slurm_gpu_types): {features}"
+        ]
     if config.slurm_gpu_mem == "shards" and config.slurm_shard_mib and spec.gpus == 1:
         shards = math.ceil(need / config.slurm_shard_mib)
-        return [f"--gres=shard:{shards}"], [f"gpu_mem {need} MiB -> {shards} shard(s) of {config.slurm_shard_mib} MiB "
-                                            "(config slurm_shard_mib): the job shares a GPU with others"]
-    return [], [f"gpu_mem {need} MiB per GPU: Slurm cannot reserve part of a GPU's memory; this job gets "
-                "whole GPUs (config slurm_gpu_mem: constraint or shards to say otherwise)"]
+        return [f"--gres=shard:{shards}"], [
+            f"gpu_mem {need} MiB -> {shards} shard(s) of {config.slurm_shard_mib} MiB "
+            "(config slurm_shard_mib): the job shares a GPU with others"
+        ]
+    return [], [
+        f"gpu_mem {need} MiB per GPU: Slurm cannot reserve part of a GPU's memory; this job gets "
+        "whole GPUs (config slurm_gpu_mem: constraint or shards to say otherwise)"
+    ]
 
 
 def _dependency(spec: JobSpec, slurm_ids: Mapping[str, str]) -> tuple[list[str], list[str]]:
@@ -116,8 +123,10 @@ def _dependency(spec: JobSpec, slurm_ids: Mapping[str, str]) -> tuple[list[str],
         if known:
             parts.append(f"{kind}:{':'.join(known)}")
         if missing:
-            comments.append(f"{kind} {', '.join(missing)}: not handed to Slurm (yet); submit "
-                            f"{'it' if len(missing) == 1 else 'them'} first and export this again")
+            comments.append(
+                f"{kind} {', '.join(missing)}: not handed to Slurm (yet); submit "
+                f"{'it' if len(missing) == 1 else 'them'} first and export this again"
+            )
     return ([f"--dependency={','.join(parts)}"] if parts else []), comments
 
 
@@ -156,58 +165,73 @@ def _in_container(spec: JobSpec, config: Config, job_id: str, inner: list[str]) 
         binds = "".join(f" --bind {shlex.quote(m)}" for m in c.mounts)
         options = "".join(f" {shlex.quote(o)}" for o in c.options)
         nv = " --nv" if spec.gpus else ""
-        return [f'apptainer exec{nv} --bind "$PWD" --pwd "$PWD"{binds}{options} {shlex.quote(c.image)} '
-                f"/bin/sh -c {script}"], []
+        return [
+            f'apptainer exec{nv} --bind "$PWD" --pwd "$PWD"{binds}{options} {shlex.quote(c.image)} /bin/sh -c {script}'
+        ], []
     names = sorted({*spec.env, "GPUQ_JOB_ID", "SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID"})
-    gpus = ' --gpus "\\"device=${SLURM_JOB_GPUS:-$CUDA_VISIBLE_DEVICES}\\""' if spec.gpus and runtime == "docker" else ""
+    gpus = (
+        ' --gpus "\\"device=${SLURM_JOB_GPUS:-$CUDA_VISIBLE_DEVICES}\\""' if spec.gpus and runtime == "docker" else ""
+    )
     if spec.gpus and runtime == "podman":
-        gpus = ' $(for g in $(echo "${SLURM_JOB_GPUS:-$CUDA_VISIBLE_DEVICES}" | tr , " "); do printf -- "--device nvidia.com/gpu=%s " "$g"; done)'
+        gpus = (
+            ' $(for g in $(echo "${SLURM_JOB_GPUS:-$CUDA_VISIBLE_DEVICES}" | tr , " "); '
+            'do printf -- "--device nvidia.com/gpu=%s " "$g"; done)'
+        )
     volumes = "".join(f" --volume {shlex.quote(m if ':' in m else f'{m}:{m}')}" for m in c.mounts)
     options = "".join(f" {shlex.quote(o)}" for o in c.options)
     envs = "".join(f" --env {n}" for n in names)
-    lines = [f'_gpuq_container="gpuq-{job_id}-slurm-$SLURM_JOB_ID${{SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}}"',
-             f"trap '{runtime} stop --time {math.ceil(spec.grace_s or config.grace_s)} \"$_gpuq_container\" "
-             ">/dev/null 2>&1' TERM INT",
-             f'{runtime} run --rm --init --name "$_gpuq_container"{gpus} --user "$(id -u):$(id -g)" '
-             f'--volume "$PWD:$PWD" --workdir "$PWD"{volumes}{envs}{options} {shlex.quote(c.image)} '
-             f"/bin/sh -c {script} &",
-             '_gpuq_pid=$!; wait "$_gpuq_pid"; _gpuq_status=$?',
-             'while kill -0 "$_gpuq_pid" 2>/dev/null; do wait "$_gpuq_pid"; _gpuq_status=$?; done',
-             'exit "$_gpuq_status"']
-    comments = [f"container {c.image} ({runtime}): its daemon, not Slurm, holds the container, so the trap "
-                f"stops it when Slurm signals this script; the GPUs are the job's (SLURM_JOB_GPUS)"]
+    lines = [
+        f'_gpuq_container="gpuq-{job_id}-slurm-$SLURM_JOB_ID${{SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}}"',
+        f'trap \'{runtime} stop --time {math.ceil(spec.grace_s or config.grace_s)} "$_gpuq_container" '
+        ">/dev/null 2>&1' TERM INT",
+        f'{runtime} run --rm --init --name "$_gpuq_container"{gpus} --user "$(id -u):$(id -g)" '
+        f'--volume "$PWD:$PWD" --workdir "$PWD"{volumes}{envs}{options} {shlex.quote(c.image)} '
+        f"/bin/sh -c {script} &",
+        '_gpuq_pid=$!; wait "$_gpuq_pid"; _gpuq_status=$?',
+        'while kill -0 "$_gpuq_pid" 2>/dev/null; do wait "$_gpuq_pid"; _gpuq_status=$?; done',
+        'exit "$_gpuq_status"',
+    ]
+    comments = [
+        f"container {c.image} ({runtime}): its daemon, not Slurm, holds the container, so the trap "
+        f"stops it when Slurm signals this script; the GPUs are the job's (SLURM_JOB_GPUS)"
+    ]
     return lines, comments
 
 
-def sbatch_script(job_id: str, spec: JobSpec, config: Config, log_path: str, default_workdir: str,
-                  slurm_ids: Mapping[str, str] = {}) -> str:
+def sbatch_script(
+    job_id: str, spec: JobSpec, config: Config, log_path: str, default_workdir: str, slurm_ids: Mapping[str, str] = {}
+) -> str:
     """The sbatch script for one spec (a sweep: one script with --array)."""
-    options = [f"--job-name={spec.name or job_id}" if set(spec.name or job_id) <= SIMPLE_VALUE
-               else f"--job-name={job_id}"]
+    options = [
+        f"--job-name={spec.name or job_id}" if set(spec.name or job_id) <= SIMPLE_VALUE else f"--job-name={job_id}"
+    ]
     comments: list[str] = []
     if spec.gpus:
         options += ["--nodes=1", f"--gres=gpu:{spec.gpus}"]
     mem_options, mem_comments = _gpu_mem_lines(spec, config)
     options += mem_options
     comments += mem_comments
-    if spec.time_limit_s or config.time_limit_s:
-        options.append(f"--time={slurm_time(spec.time_limit_s or config.time_limit_s)}")
+    if time_limit_s := spec.time_limit_s or config.time_limit_s:
+        options.append(f"--time={slurm_time(time_limit_s)}")
     if spec.cpus or config.cpus:
         options.append(f"--cpus-per-task={spec.cpus or config.cpus}")
     if spec.mem_mib or config.mem_mib:
         options.append(f"--mem={spec.mem_mib or config.mem_mib}M")
     options.append(f"--chdir={spec.workdir or default_workdir}")
     suffix = "-%a" if spec.sweep else ""
-    options += [f"--output={log_path[:-4] if log_path.endswith('.log') else log_path}{suffix}.log",
-                "--open-mode=append"]
+    options += [
+        f"--output={log_path[:-4] if log_path.endswith('.log') else log_path}{suffix}.log",
+        "--open-mode=append",
+    ]
     if spec.sweep:
         options.append(f"--array=0-{array_tasks(spec) - 1}")
     for table, flag in ((config.slurm_partitions, "--partition"), (config.slurm_qos, "--qos")):
         if spec.priority_class in table:
             options.append(f"{flag}={table[spec.priority_class]}")
     if spec.priority:
-        comments.append(f"priority {spec.priority}: Slurm orders by its own priority plugin; use --nice "
-                        f"or a QOS to say the same")
+        comments.append(
+            f"priority {spec.priority}: Slurm orders by its own priority plugin; use --nice or a QOS to say the same"
+        )
     dep_options, dep_comments = _dependency(spec, slurm_ids)
     options += dep_options
     comments += dep_comments
@@ -217,17 +241,23 @@ def sbatch_script(job_id: str, spec: JobSpec, config: Config, log_path: str, def
         if len(spec.hosts) == 1:
             options.append(f"--nodelist={spec.hosts[0]}")
         else:
-            comments.append(f"hosts {', '.join(spec.hosts)}: Slurm has no 'any one of these nodes'; tag them "
-                            "with a feature and add --constraint")
+            comments.append(
+                f"hosts {', '.join(spec.hosts)}: Slurm has no 'any one of these nodes'; tag them "
+                "with a feature and add --constraint"
+            )
     if spec.preemptible:
         options.append("--requeue")
-        comments.append("preemptible: Slurm preempts per its PreemptType/PreemptMode; --requeue lets it "
-                        "requeue this job" + (f"; grace {spec.grace_s:g}s -> --signal=TERM@" if spec.grace_s else ""))
+        comments.append(
+            "preemptible: Slurm preempts per its PreemptType/PreemptMode; --requeue lets it "
+            "requeue this job" + (f"; grace {spec.grace_s:g}s -> --signal=TERM@" if spec.grace_s else "")
+        )
         if spec.grace_s:
             options.append(f"--signal=TERM@{math.ceil(spec.grace_s)}")
     if spec.restart != "never":
-        comments.append(f"restart: {spec.restart}: Slurm does not restart a finished job; run the service "
-                        "under a supervisor loop in the script, or keep it in gpuq")
+        comments.append(
+            f"restart: {spec.restart}: Slurm does not restart a finished job; run the service "
+            "under a supervisor loop in the script, or keep it in gpuq"
+        )
     lines = ["#!/bin/bash", f"# gpuq job {job_id}, exported by `gpuq export slurm`"]
     lines += [f"#SBATCH {o}" for o in options]
     lines += [f"# {c}" for c in comments]

@@ -1,6 +1,7 @@
-"""A worker applies the requests in the inbox (inbox.py), judging each by who sent it: the
+"""A worker applies the requests in the inbox (spool/inbox.py), judging each by who sent it: the
 request file's owner (owners.Actor). One function per verb; each id's outcome is one line
 of the reply, and the reply is ok when every id's was."""
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,16 @@ def apply_one(layout: Layout, config: Config, host: str, name: str, taken: bool 
         reply = Reply(((False, str(e)),), host)
     except Exception as e:  # noqa: BLE001 - a bug or a case not foreseen: answered, logged, never stuck
         log.exception("request %s failed", name)
-        reply = Reply(((False, f"request {name}: gpuq could not apply it ({type(e).__name__}); "
-                                "an admin can read why in the worker's log"),), host)
+        reply = Reply(
+            (
+                (
+                    False,
+                    f"request {name}: gpuq could not apply it ({type(e).__name__}); "
+                    "an admin can read why in the worker's log",
+                ),
+            ),
+            host,
+        )
     try:
         finish(layout, host, name, reply)
     except OSError:
@@ -53,11 +62,21 @@ def apply_request(layout: Layout, config: Config, host: str, request: Request) -
     except (RequestError, holds.HoldError, bookings.BookingError, drain.DrainError) as e:
         outcomes = [(False, str(e))]
     except OSError as e:  # the spool could not be written: say so, nothing is half done
-        outcomes = [(False, f"gpuq {request.verb}: {e.strerror or e} ({e.filename or 'state/'}); "
-                            "nothing was changed; try again")]
+        outcomes = [
+            (
+                False,
+                f"gpuq {request.verb}: {e.strerror or e} ({e.filename or 'state/'}); nothing was changed; try again",
+            )
+        ]
     done = sum(ok for ok, _ in outcomes)
-    log.info("%s by %s: %d done, %d refused%s", request.verb, actor.name, done, len(outcomes) - done,
-             "".join(f"; {line}" for _, line in outcomes[:3]) + (" ..." if len(outcomes) > 3 else ""))
+    log.info(
+        "%s by %s: %d done, %d refused%s",
+        request.verb,
+        actor.name,
+        done,
+        len(outcomes) - done,
+        "".join(f"; {line}" for _, line in outcomes[:3]) + (" ..." if len(outcomes) > 3 else ""),
+    )
     return Reply(tuple(outcomes), host)
 
 
@@ -111,26 +130,45 @@ def _book(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -
     gpus = a.get("gpus")
     if not isinstance(gpus, list) or not isinstance(a.get("host"), str):
         raise RequestError("gpuq book: HOST:GPUS, --from and --to")
-    b = bookings.book(layout, a["host"], tuple(gpus), _number(a.get("start")), _number(a.get("end")),
-                      _text(a.get("owner"), 64) or None, _text(a.get("note"), 200), wall_time(), actor)
+    b = bookings.book(
+        layout,
+        a["host"],
+        tuple(gpus),
+        _number(a.get("start")),
+        _number(a.get("end")),
+        _text(a.get("owner"), 64) or None,
+        _text(a.get("note"), 200),
+        wall_time(),
+        actor,
+    )
     return [(True, f"{b.id}: {b.describe()}" + (f" · {b.note}" if b.note else ""))]
 
 
 def _unbook(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    b = bookings.unbook(layout, r.args.get("id"), actor)
+    booking_id = r.args.get("id")
+    if not isinstance(booking_id, str):
+        raise RequestError("gpuq unbook: a booking id")
+    b = bookings.unbook(layout, booking_id, actor)
     return [(True, f"{b.id}: removed ({b.describe()})")]
 
 
 def _drain(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    return [(True, drain.drain(layout, r.args.get("host"), _text(r.args.get("reason"), 200) or None, actor))]
+    return [(True, drain.drain(layout, _host(r), _text(r.args.get("reason"), 200) or None, actor))]
 
 
 def _resume(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    return [(True, drain.resume(layout, r.args.get("host"), actor))]
+    return [(True, drain.resume(layout, _host(r), actor))]
 
 
 def _forget(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    return [(True, forget(layout, r.args.get("host"), actor))]
+    return [(True, forget(layout, _host(r), actor))]
+
+
+def _host(r: Request) -> str:
+    host = r.args.get("host")
+    if not isinstance(host, str):
+        raise RequestError(f"gpuq {r.verb}: a host name")
+    return host
 
 
 def _text(value: Any, limit: int) -> str:
@@ -144,6 +182,15 @@ def _number(value: Any) -> float:
 
 
 VERBS: dict[str, Callable[[Layout, Config, str, Actor, Request], list[Outcome]]] = {
-    "cancel": _cancel, "hold": _hold, "submit-held": _submit_held, "release": _release, "retry": _retry, "edit": _edit,
-    "book": _book, "unbook": _unbook, "drain": _drain, "resume": _resume, "forget": _forget,
+    "cancel": _cancel,
+    "hold": _hold,
+    "submit-held": _submit_held,
+    "release": _release,
+    "retry": _retry,
+    "edit": _edit,
+    "book": _book,
+    "unbook": _unbook,
+    "drain": _drain,
+    "resume": _resume,
+    "forget": _forget,
 }

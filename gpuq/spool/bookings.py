@@ -5,6 +5,7 @@ already there when it began yield. Overlapping bookings are refused, naming the 
 
 One file per booking in state/bookings/<id>.json, created exclusively; a booking that lost
 a race to an overlapping one (both checked before either was written) is removed again."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from gpuq.model.booking import BOOKING_ID_RE, MAX_GPU_INDEX, Booking, BookingErr
 from gpuq.model.units import parse_duration_s
 from gpuq.spool.layout import Layout
 
-MEMBER_MAX_S = 31 * 86400    # longer bookings, or ones further ahead, are for admins
+MEMBER_MAX_S = 31 * 86400  # longer bookings, or ones further ahead, are for admins
 MEMBER_AHEAD_S = 365 * 86400
 
 
@@ -42,8 +43,10 @@ def parse_when(text: str, now: float, after: float | None = None) -> float:
             pass
     m = re.fullmatch(r"(\d{1,2}):(\d{2})", text)
     if not m or int(m.group(1)) > 23 or int(m.group(2)) > 59:
-        raise BookingError(f"{text!r}: write a time like 14:00, 'now', '2026-12-01 14:00'"
-                           + (", or a length like 4h" if after is not None else ""))
+        raise BookingError(
+            f"{text!r}: write a time like 14:00, 'now', '2026-12-01 14:00'"
+            + (", or a length like 4h" if after is not None else "")
+        )
     day = time.localtime(after if after is not None else now)
     t = time.mktime((day.tm_year, day.tm_mon, day.tm_mday, int(m.group(1)), int(m.group(2)), 0, 0, 0, -1))
     if after is not None and t <= after:
@@ -67,8 +70,10 @@ def parse_target(text: str) -> tuple[str, tuple[int, ...] | None]:
         # refuses thousands of digits with its own error).
         first, last = (int(d) if len(d) < 5 else MAX_GPU_INDEX for d in (m.group(1), m.group(2) or m.group(1)))
         if last >= MAX_GPU_INDEX:
-            raise BookingError(f"{part[:20]!r}: no box has that many GPUs (indices are below {MAX_GPU_INDEX}); "
-                               "write the box's GPUs, like box-a:0-7, or box-a for all of them")
+            raise BookingError(
+                f"{part[:20]!r}: no box has that many GPUs (indices are below {MAX_GPU_INDEX}); "
+                "write the box's GPUs, like box-a:0-7, or box-a for all of them"
+            )
         if first > last:
             raise BookingError(f"{text!r}: the range {part} runs backwards; write it low-high, like 0-3")
         out.update(range(first, last + 1))
@@ -90,13 +95,24 @@ def load(layout: Layout, now: float | None = None) -> list[Booking]:
     return sorted(found, key=lambda b: (b.start, b.id))
 
 
-def book(layout: Layout, host: str, gpus: tuple[int, ...], start: float, end: float, owner: str | None,
-         note: str, now: float, actor: Actor) -> Booking:
+def book(
+    layout: Layout,
+    host: str,
+    gpus: tuple[int, ...],
+    start: float,
+    end: float,
+    owner: str | None,
+    note: str,
+    now: float,
+    actor: Actor,
+) -> Booking:
     """Applied by a worker for `actor`: a booking for someone else is an admin's."""
     owner = owner or actor.name
     if owner != actor.name and not actor.admin:
-        raise BookingError(f"only root or an admin (config `admins`) may book GPUs for someone else "
-                           f"(--for {owner}); leave out --for to book for yourself")
+        raise BookingError(
+            f"only root or an admin (config `admins`) may book GPUs for someone else "
+            f"(--for {owner}); leave out --for to book for yourself"
+        )
     try:
         pwd.getpwnam(owner)
     except KeyError:
@@ -107,8 +123,10 @@ def book(layout: Layout, host: str, gpus: tuple[int, ...], start: float, end: fl
     if end <= now:
         raise BookingError("that slot is already over")
     if not actor.admin and (end - start > MEMBER_MAX_S or start - now > MEMBER_AHEAD_S):
-        raise BookingError(f"a member books at most {MEMBER_MAX_S // 86400:.0f} days, starting within "
-                           f"{MEMBER_AHEAD_S // 86400:.0f} days; longer or later slots are an admin's")
+        raise BookingError(
+            f"a member books at most {MEMBER_MAX_S // 86400:.0f} days, starting within "
+            f"{MEMBER_AHEAD_S // 86400:.0f} days; longer or later slots are an admin's"
+        )
     d = layout.bookings
     existing = load(layout, now)  # read once: a booking costs O(bookings), not O(bookings²)
     _refuse_overlap(Booking("bk-0", host, gpus, start, end, owner, note, actor.name), existing)
@@ -122,8 +140,7 @@ def book(layout: Layout, host: str, gpus: tuple[int, ...], start: float, end: fl
             continue  # another worker's booking took the id a moment ago
         with os.fdopen(fd, "w") as f:
             json.dump(candidate.to_json(), f)
-        earlier = [b for b in load(layout, now) if b.id != candidate.id and b.overlaps(candidate)
-                   and int(b.id[3:]) < n]
+        earlier = [b for b in load(layout, now) if b.id != candidate.id and b.overlaps(candidate) and int(b.id[3:]) < n]
         if earlier:  # written at the same moment as an overlapping one: the first stays
             (d / f"{candidate.id}.json").unlink()
             _refuse_overlap(candidate, earlier)
@@ -140,15 +157,19 @@ def prune(layout: Layout, now: float, keep_s: float = 7 * 86400) -> None:
 def _refuse_overlap(candidate: Booking, existing: Sequence[Booking]) -> None:
     clash = next((b for b in existing if b.overlaps(candidate)), None)
     if clash:
-        raise BookingError(f"overlaps booking {clash.describe()}; pick other GPUs or another time, "
-                           f"or `gpuq unbook {clash.id}`")
+        raise BookingError(
+            f"overlaps booking {clash.describe()}; pick other GPUs or another time, or `gpuq unbook {clash.id}`"
+        )
 
 
 def unbook(layout: Layout, booking_id: str, actor: Actor) -> Booking:
     path = layout.bookings / f"{booking_id}.json"
     try:
-        b = Booking.from_json(read_json(path)) if isinstance(booking_id, str) and BOOKING_ID_RE.match(booking_id) \
+        b = (
+            Booking.from_json(read_json(path))
+            if isinstance(booking_id, str) and BOOKING_ID_RE.match(booking_id)
             else None
+        )
     except (ValueError, TypeError, KeyError):
         b = None
     if b is None:

@@ -1,7 +1,8 @@
-"""Cancelling a job, as a worker applies a `gpuq cancel` request (inbox.py). A pending or
+"""Cancelling a job, as a worker applies a `gpuq cancel` request (spool/inbox.py). A pending or
 held job is taken out of the queue by the same kind of atomic rename a worker claims with,
 so exactly one of them wins. A running job gets a stop order in state/control/<host>/ that
 its own host's worker carries out (SIGTERM, grace, SIGKILL)."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,9 @@ from gpuq.spool.store import (
 STARTING_WAIT_S = 2.0
 
 
-def cancel_pending(layout: Layout, spec_path: Path, job_id: str, host: str, reason: str,
-                   actor: Actor | None = None) -> tuple[bool, str]:
+def cancel_pending(
+    layout: Layout, spec_path: Path, job_id: str, host: str, reason: str, actor: Actor | None = None
+) -> tuple[bool, str]:
     """Take a pending (or held) spec out of the queue and record it cancelled with `reason`.
     The spec is moved aside first (one winner against a claim) and checked on the moved file;
     it is put back if it is not a plain file the actor may cancel, or the record cannot be
@@ -66,9 +68,17 @@ def cancel_pending(layout: Layout, spec_path: Path, job_id: str, host: str, reas
         spec = parse_spec_text(raw, display).to_json()
     except (SpecError, OSError):
         raw, spec = b"", {}
-    record = Record(id=job_id, state=State.CANCELLED, spec=spec, spec_text=raw.decode("utf-8", "replace"),
-                    user=user_name(st.st_uid), uid=st.st_uid, queued_at=st.st_mtime, ended_at=wall_time(),
-                    reason=reason)
+    record = Record(
+        id=job_id,
+        state=State.CANCELLED,
+        spec=spec,
+        spec_text=raw.decode("utf-8", "replace"),
+        user=user_name(st.st_uid),
+        uid=st.st_uid,
+        queued_at=st.st_mtime,
+        ended_at=wall_time(),
+        reason=reason,
+    )
     try:
         write_record(layout, record)
     except OSError:
@@ -105,12 +115,15 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
                 return False, refusal(job_id, running.uid)
             control = layout.host_control(running.host)
             control.mkdir(exist_ok=True)
-            write_json(control / f"{job_id}.json", {"action": "cancel", "by": actor.name, "t": wall_time(),
-                                                    "attempt": running.attempt})
+            write_json(
+                control / f"{job_id}.json",
+                {"action": "cancel", "by": actor.name, "t": wall_time(), "attempt": running.attempt},
+            )
             return True, f"{job_id}: cancelling (running on {running.host}); its worker stops it"
         held = layout.held / f"{job_id}.yaml"
-        candidates = [(held, "held")] if os.path.lexists(held) else \
-            [(p, "pending") for p in pending_specs(layout, job_id)]
+        candidates = (
+            [(held, "held")] if os.path.lexists(held) else [(p, "pending") for p in pending_specs(layout, job_id)]
+        )
         refused = None
         for spec_path, was in candidates:  # x.yaml and x.yml: the one the actor may cancel
             try:

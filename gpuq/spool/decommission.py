@@ -3,6 +3,7 @@ heartbeat, spec cache, poke file and drain order go; its events stay (reports co
 Admins' only (as drain), applied by a worker from a request, and refused while the box's
 worker is alive or a job is still recorded running there (another box settles those as lost
 once the heartbeat has stood still `lost_after_s`: forgetting first would hide that)."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,10 @@ def forget(layout: Layout, host: str, actor: Actor) -> str:
         raise DrainError(f"{host}'s worker is alive; stop it (and take {host}'s cron line out) first")
     still = sorted(r.id for r in running_records(layout) if r.host == host)
     if still:
-        raise DrainError(f"{host} still has {len(still)} job(s) recorded running ({', '.join(still[:5])}); "
-                         "another box settles them once its heartbeat is lost_after_s old")
+        raise DrainError(
+            f"{host} still has {len(still)} job(s) recorded running ({', '.join(still[:5])}); "
+            "another box settles them once its heartbeat is lost_after_s old"
+        )
     for path in (layout.heartbeat(host), layout.spec_cache(host), poke_path(layout, host), drain_file(layout, host)):
         try:
             os.unlink(path)

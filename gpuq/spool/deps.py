@@ -5,6 +5,7 @@ kill_invalid_depend). `after_any: [c]` starts it once c has ended, whatever the 
 A sweep's or an array's id stands for all its members.
 
 `gate` is pure; `DependencyStates` reads the states from the spool at the edge."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,9 @@ def gate(spec: JobSpec, states: Mapping[str, str]) -> tuple[str | None, str | No
     if not waiting:
         return None, None
     unknown = [d for d in waiting if states.get(d, UNKNOWN) == UNKNOWN]
-    return ("waiting for " + ", ".join(waiting)
-            + (f" ({', '.join(unknown)}: no such job yet)" if unknown else "")), None
+    return (
+        "waiting for " + ", ".join(waiting) + (f" ({', '.join(unknown)}: no such job yet)" if unknown else "")
+    ), None
 
 
 def group_state(member_states: list[str]) -> str:
@@ -85,7 +87,7 @@ class DependencyStates:
 
 def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], dict[str, str]]:
     """For PendingJobs: ({id: why it waits}, {id: why it can never start}). A sweep spec
-    waits too: it is never run itself (sweeps.py)."""
+    waits too: it is never run itself (spool/sweeps.py)."""
     with_deps = [j for j in pending if j.spec.after or j.spec.after_any or j.spec.sweep or j.spec.array]
     if not with_deps:
         return {}, {}

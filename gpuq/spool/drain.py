@@ -2,6 +2,7 @@
 claims nothing new while its running jobs finish, and `gpuq status` shows it draining (jobs
 still running) or drained. `gpuq resume HOST` removes the file. Both are admins' (as in Slurm):
 a worker applies them from a request whose owner is root, the worker's account or in `admins`."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,10 @@ def drain(layout: Layout, host: str, reason: str | None, actor: Actor) -> str:
     check_admin(host, actor, "drain")
     if not layout.heartbeat(host).exists():
         raise DrainError(f"no host named {host!r} has run a worker here")
-    write_json(drain_file(layout, host), {"host": host, "by": actor.name, "at": wall_time(),
-                                          "reason": reason if isinstance(reason, str) else None})
+    write_json(
+        drain_file(layout, host),
+        {"host": host, "by": actor.name, "at": wall_time(), "reason": reason if isinstance(reason, str) else None},
+    )
     return f"{host}: draining; running jobs finish, nothing new starts there (gpuq resume {host})"
 
 
@@ -66,7 +69,8 @@ def drained(layout: Layout, host: str) -> dict[str, Any] | None:
     """{host, by, at, reason} while the host is drained, else None."""
     try:
         data = read_json(drain_file(layout, host))
-        return data if data is None or isinstance(data, dict) else {"host": host, "by": None, "at": None,
-                                                                     "reason": None}
+        return (
+            data if data is None or isinstance(data, dict) else {"host": host, "by": None, "at": None, "reason": None}
+        )
     except ValueError:  # a torn file from an older writer: still drained
         return {"host": host, "by": None, "at": None, "reason": None}

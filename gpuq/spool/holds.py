@@ -1,4 +1,4 @@
-"""hold / release / edit / retry, as a worker applies them (requests from inbox.py): moving a
+"""hold / release / edit / retry, as a worker applies them (requests from spool/inbox.py): moving a
 job between the queue and the places beside it. Each checks the actor (the request file's
 owner) against the job's owner on the file the worker moved or on the worker's own record.
 
@@ -17,6 +17,7 @@ owner) against the job's owner on the file the worker moved or on the worker's o
   is finished by running retry again. A rejected spec (moved to rejected/ as it was) is
   moved back into jobs/, to be checked again.
 """
+
 from __future__ import annotations
 
 import os
@@ -101,8 +102,16 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
         _put_back(layout, dest, spec_path, job_id)
         raise HoldError(refusal(job_id, st.st_uid, "hold"))
     check_transition(State.PENDING, State.HELD)
-    record = Record(id=job_id, state=State.HELD, spec={}, user=user_name(st.st_uid), uid=st.st_uid,
-                    queued_at=place, reason=why or f"held by {actor.name}", held_at=wall_time())
+    record = Record(
+        id=job_id,
+        state=State.HELD,
+        spec={},
+        user=user_name(st.st_uid),
+        uid=st.st_uid,
+        queued_at=place,
+        reason=why or f"held by {actor.name}",
+        held_at=wall_time(),
+    )
     try:
         write_record(layout, record)
     except OSError:
@@ -130,16 +139,26 @@ def submit_held(layout: Layout, job_id: str, host: str, actor: Actor, text: byte
     except SpecError as e:
         raise HoldError(f"{e}; nothing was submitted") from None
     if id_taken(layout, job_id):
-        raise HoldError(f"{job_id}: the id is used by another job; nothing was submitted. "
-                        "Fix: submit it again (gpuq submit picks a free id)")
+        raise HoldError(
+            f"{job_id}: the id is used by another job; nothing was submitted. "
+            "Fix: submit it again (gpuq submit picks a free id)"
+        )
     now = wall_time()
     tmp = create_owned(layout.held, job_id, text, actor.uid, mode=0o640)  # it may hold secrets
     if not unclaim(tmp, held_spec(layout, job_id)):
         os.unlink(tmp)
         raise HoldError(f"{job_id}: the id is used by another job; nothing was submitted")
     check_transition(State.PENDING, State.HELD)
-    record = Record(id=job_id, state=State.HELD, spec={}, user=actor.name, uid=actor.uid, queued_at=now,
-                    reason="held at submission", held_at=now)
+    record = Record(
+        id=job_id,
+        state=State.HELD,
+        spec={},
+        user=actor.name,
+        uid=actor.uid,
+        queued_at=now,
+        reason="held at submission",
+        held_at=now,
+    )
     try:
         write_record(layout, record)
     except OSError:
@@ -160,8 +179,10 @@ def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     keep_place(layout, job_id, st.st_uid, record.queued_at)
     layout.record(layout.held, job_id).unlink(missing_ok=True)
     if not unclaim(src, layout.jobs / f"{job_id}.yaml"):
-        raise HoldError(f"{job_id}: jobs/{job_id}.yaml exists (a new file?); the held spec stays held. "
-                        f"Fix: move that file away and run `gpuq release {job_id}` again")
+        raise HoldError(
+            f"{job_id}: jobs/{job_id}.yaml exists (a new file?); the held spec stays held. "
+            f"Fix: move that file away and run `gpuq release {job_id}` again"
+        )
     check_transition(State.HELD, State.PENDING)
     append_event(layout, host, transition_event(record, State.HELD, State.PENDING, "released"))
     return f"{job_id}: released, back at its place in the queue"
@@ -171,16 +192,16 @@ def edit(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes, rele
     """Replace a held spec's text with `text` (validated here again: the request is the
     sender's bytes), keeping its owner, mode and queue place; then release it unless it
     was held before the edit began."""
-    src, st = _held(layout, job_id, actor, "edit",
-                    f"{job_id}: not held any more (released or cancelled meanwhile); nothing changed")
+    src, st = _held(
+        layout, job_id, actor, "edit", f"{job_id}: not held any more (released or cancelled meanwhile); nothing changed"
+    )
     try:
         parse_spec_text(text, f"jobs/{job_id}.yaml")
     except SpecError as e:
         raise HoldError(f"{e}; the spec is unchanged") from None
     original, _ = read_spec_file(src, f"jobs/{job_id}.yaml")
     if text != original:
-        tmp = create_owned(layout.held, job_id, text, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode),
-                           mtime=st.st_mtime)
+        tmp = create_owned(layout.held, job_id, text, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         os.rename(tmp, src)
     changed = "edited" if text != original else "unchanged"
@@ -202,8 +223,14 @@ def held_jobs(layout: Layout) -> list[dict]:
             continue
         if not isinstance(record, dict):
             record = {}
-        out.append({"id": job_id, "user": user_name(st.st_uid), "since": record.get("held_at"),
-                    "reason": record.get("reason") or "held"})
+        out.append(
+            {
+                "id": job_id,
+                "user": user_name(st.st_uid),
+                "since": record.get("held_at"),
+                "reason": record.get("reason") or "held",
+            }
+        )
     return out
 
 
@@ -223,8 +250,10 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     _check_owner(job_id, record.uid, actor, "retry")
     check_transition(record.state, State.PENDING)
     if pending_specs(layout, job_id):
-        raise HoldError(f"{job_id}: jobs/ holds a file with this id already (not this job: it would be "
-                        "rejected); nothing was changed")
+        raise HoldError(
+            f"{job_id}: jobs/ holds a file with this id already (not this job: it would be "
+            "rejected); nothing was changed"
+        )
     # Made in a directory only the worker's account writes, owned by the job's owner, then
     # linked into jobs/: nothing a member planted in jobs/ is ever written through.
     tmp = create_owned(layout.held, job_id, record.spec_text.encode(), record.uid)
@@ -243,8 +272,9 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
 
 def _rejected_spec(layout: Layout, job_id: str) -> Path | None:
     """The refused spec in rejected/ under this id (moved there as it was), if any."""
-    return next((p for p in (layout.rejected / f"{job_id}.yaml", layout.rejected / f"{job_id}.yml")
-                 if os.path.lexists(p)), None)
+    return next(
+        (p for p in (layout.rejected / f"{job_id}.yaml", layout.rejected / f"{job_id}.yml") if os.path.lexists(p)), None
+    )
 
 
 def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Actor) -> str:
@@ -254,14 +284,14 @@ def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Ac
     only for its owner (or root, or an admin)."""
     st = os.lstat(src)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-        raise HoldError(f"{job_id}: the refused file is not a plain spec file (it was refused for that); "
-                        "submit a new spec")
+        raise HoldError(
+            f"{job_id}: the refused file is not a plain spec file (it was refused for that); submit a new spec"
+        )
     _check_owner(job_id, st.st_uid, actor, "retry")
     if pending_specs(layout, job_id):
         raise HoldError(f"{job_id}: jobs/ holds a file with this id already; nothing was changed")
     if not unclaim(src, layout.jobs / src.name):
         raise HoldError(f"{job_id}: jobs/{src.name} appeared meanwhile; nothing was changed")
     (layout.rejected / f"{job_id}.error").unlink(missing_ok=True)
-    append_event(layout, host, {"job": job_id, "from": "rejected", "to": "pending",
-                                "reason": f"retry by {actor.name}"})
+    append_event(layout, host, {"job": job_id, "from": "rejected", "to": "pending", "reason": f"retry by {actor.name}"})
     return f"{job_id}: its refused spec is back in the queue, to be checked again"

@@ -1,6 +1,7 @@
 """Whether a job id is taken: ids become file names in every part of the spool, and are
 never reused (a record and a log always name one job), so a new job's id must be free in
 all of them. Asked by `gpuq submit` and by the worker creating a held submission."""
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,12 @@ def id_taken(layout: Layout, job_id: str) -> bool:
     """Whether any job, group, claim, rejected or held spec has `job_id`. A group is its
     record (groups/<id>.json) or, while a worker expands it, its spec kept as groups/<id>.yaml
     (moved out of jobs/ before the record is written)."""
-    return (pending_spec_path(layout, job_id) is not None or has_record(layout, job_id)
-            or bool(claims_of(layout, job_id)) or any(map(_rejected_name(job_id).fullmatch, _names(layout.rejected)))
-            or group_file(layout, job_id).exists() or kept_spec(layout, job_id).exists()
-            or (layout.held / f"{job_id}.yaml").exists())
+    return (
+        pending_spec_path(layout, job_id) is not None
+        or has_record(layout, job_id)
+        or bool(claims_of(layout, job_id))
+        or any(map(_rejected_name(job_id).fullmatch, _names(layout.rejected)))
+        or group_file(layout, job_id).exists()
+        or kept_spec(layout, job_id).exists()
+        or (layout.held / f"{job_id}.yaml").exists()
+    )

@@ -1,4 +1,4 @@
-"""Requests: how a team member asks for a change (README, Security model).
+"""Requests: how a team member asks for a change (docs/security.md).
 
 Members create files only in jobs/ and in the sticky inbox requests/. Every verb that
 changes something (cancel, hold, release, edit, retry, book, unbook, drain, resume) writes
@@ -13,6 +13,7 @@ one request file there; a worker applies it and writes a reply the CLI waits for
   the two finds its taken requests at its next pass and applies them again (every verb is
   idempotent: a second cancel says the job already ended).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,8 @@ from gpuq.spool.layout import Layout
 
 REQUEST_RE = re.compile(r"^r-\d{1,20}-[0-9a-f]{16}\.json$")
 VERBS = ("cancel", "hold", "submit-held", "release", "edit", "retry", "book", "unbook", "drain", "resume", "forget")
-MAX_REQUEST_BYTES = 512 * 1024   # an edit carries a whole spec (at most 256 KiB)
-MAX_IDS = 1000                   # as many as an array has at most
+MAX_REQUEST_BYTES = 512 * 1024  # an edit carries a whole spec (at most 256 KiB)
+MAX_IDS = 1000  # as many as an array has at most
 REPLY_KEEP_S = 3600.0
 
 
@@ -45,27 +46,32 @@ class RequestError(Exception):
 class Request:
     name: str
     verb: str
-    uid: int                          # the request file's owner: who asks
+    uid: int  # the request file's owner: who asks
     ids: tuple[str, ...] = ()
     args: dict[str, Any] = field(default_factory=dict)
-    sent_from: str = ""               # the host the CLI ran on (for messages only)
+    sent_from: str = ""  # the host the CLI ran on (for messages only)
 
 
 @dataclass(frozen=True)
 class Reply:
-    outcomes: tuple[tuple[bool, str], ...]   # (done, message) per id, or one for the request
-    by: str = ""                             # the host whose worker applied it
+    outcomes: tuple[tuple[bool, str], ...]  # (done, message) per id, or one for the request
+    by: str = ""  # the host whose worker applied it
 
     @property
     def ok(self) -> bool:
         return bool(self.outcomes) and all(done for done, _ in self.outcomes)
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "outcomes": [{"ok": done, "message": m} for done, m in self.outcomes],
-                "by": self.by, "t": wall_time()}
+        return {
+            "ok": self.ok,
+            "outcomes": [{"ok": done, "message": m} for done, m in self.outcomes],
+            "by": self.by,
+            "t": wall_time(),
+        }
 
 
 # --- the CLI's side ----------------------------------------------------------------------
+
 
 def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = "", **args: Any) -> str:
     """Write one request into the inbox; returns its name (the reply's name too). The file is
@@ -78,7 +84,8 @@ def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = 
     if len(data) > MAX_REQUEST_BYTES:
         raise RequestError(f"the request is {len(data)} bytes, over the {MAX_REQUEST_BYTES} cap")
     dir_fd = open_dir(layout.requests)
-    tmp: str | None = f".tmp-{secrets.token_hex(8)}"
+    tmp = f".tmp-{secrets.token_hex(8)}"
+    renamed = False
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640, dir_fd=dir_fd)
         with os.fdopen(fd, "wb") as f:
@@ -91,10 +98,10 @@ def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = 
         except FileNotFoundError:  # over NFS a lost reply turns a done rename into ENOENT
             if _exists(tmp, dir_fd):
                 raise
-        tmp = None  # renamed: the name is free, and may be someone else's file by now
+        renamed = True  # the temp name is free, and may be someone else's file by now
         return name
     finally:
-        if tmp is not None:
+        if not renamed:
             try:
                 os.unlink(tmp, dir_fd=dir_fd)
             except OSError:
@@ -117,11 +124,14 @@ def read_reply(layout: Layout, name: str) -> Reply | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("outcomes"), list):
         return None
-    return Reply(tuple((bool(o.get("ok")), str(o.get("message", ""))) for o in data["outcomes"]
-                       if isinstance(o, dict)), str(data.get("by", "")))
+    return Reply(
+        tuple((bool(o.get("ok")), str(o.get("message", ""))) for o in data["outcomes"] if isinstance(o, dict)),
+        str(data.get("by", "")),
+    )
 
 
 # --- the worker's side -------------------------------------------------------------------
+
 
 def waiting(layout: Layout) -> list[str]:
     """Names of the requests in the inbox, oldest first (other names are not requests)."""
@@ -137,8 +147,11 @@ def leftovers(layout: Layout, host: str) -> list[str]:
     prefix = f"{host}@"
     try:
         with os.scandir(layout.taken_requests) as it:
-            return sorted(e.name[len(prefix):] for e in it
-                          if e.name.startswith(prefix) and REQUEST_RE.match(e.name[len(prefix):]))
+            return sorted(
+                e.name[len(prefix) :]
+                for e in it
+                if e.name.startswith(prefix) and REQUEST_RE.match(e.name[len(prefix) :])
+            )
     except FileNotFoundError:
         return []
 
@@ -191,8 +204,14 @@ def parse_request(raw: bytes, name: str, uid: int) -> Request:
     if bad is not None:
         raise RequestError(f"request {name}: {str(bad)[:80]!r} is not a job id")
     sent_from = data.get("from", "")
-    return Request(name, data["verb"], uid, tuple(ids), args,
-                   sent_from if isinstance(sent_from, str) and HOST_RE.match(sent_from) else "")
+    return Request(
+        name,
+        data["verb"],
+        uid,
+        tuple(ids),
+        args,
+        sent_from if isinstance(sent_from, str) and HOST_RE.match(sent_from) else "",
+    )
 
 
 def finish(layout: Layout, host: str, name: str, reply: Reply) -> None:

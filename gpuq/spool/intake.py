@@ -5,6 +5,7 @@ until it has been unchanged for `spec_settle_s`. Parsed specs are cached by (mti
 inode), and the cache is shared through state/workers/<host>.specs.json so `gpuq status`
 does not re-parse 10,000 files.
 """
+
 from __future__ import annotations
 
 import errno
@@ -35,12 +36,12 @@ RACY_MTIME_S = 2.0
 class Entry:
     key: StatKey
     jobs_dir: Path
-    name: str                         # the file name in jobs/ (a Path per entry costs 10,000 joins)
+    name: str  # the file name in jobs/ (a Path per entry costs 10,000 joins)
     job: PendingJob | None = None
     error: SpecError | None = None
     text: bytes = b""
-    unchanged_since: float = 0.0      # monotonic time the key was first seen
-    final: bool = False               # the error is the file's own, not its content's
+    unchanged_since: float = 0.0  # monotonic time the key was first seen
+    final: bool = False  # the error is the file's own, not its content's
 
     @property
     def path(self) -> Path:
@@ -71,8 +72,12 @@ def read_spec_file(path: Path, display: str) -> tuple[bytes, os.stat_result]:
         if st.st_nlink != 1:
             raise SpecError(display, None, "has more than one hard link", "copy the spec instead of linking it")
         if st.st_size > MAX_SPEC_BYTES:
-            raise SpecError(display, None, f"is {st.st_size} bytes, over the {MAX_SPEC_BYTES} cap",
-                            "a spec is a few lines; put data in files the command reads")
+            raise SpecError(
+                display,
+                None,
+                f"is {st.st_size} bytes, over the {MAX_SPEC_BYTES} cap",
+                "a spec is a few lines; put data in files the command reads",
+            )
         with os.fdopen(os.dup(fd), "rb") as f:
             return f.read(MAX_SPEC_BYTES + 1), st
     finally:
@@ -81,9 +86,12 @@ def read_spec_file(path: Path, display: str) -> tuple[bytes, os.stat_result]:
 
 def check_job_id(job_id: str, name: str) -> None:
     if not JOB_ID_RE.match(job_id):
-        raise SpecError(f"jobs/{name!r}", None, "the file name is not a usable job id",
-                        "rename it to letters, digits, '_', '-' and '.' (at most 64, not starting "
-                        "with '.'), e.g. train-a.yaml")
+        raise SpecError(
+            f"jobs/{name!r}",
+            None,
+            "the file name is not a usable job id",
+            "rename it to letters, digits, '_', '-' and '.' (at most 64, not starting with '.'), e.g. train-a.yaml",
+        )
 
 
 def parse_entry(layout: Layout, job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
@@ -101,17 +109,17 @@ class Intake:
 
     def __init__(self, layout: Layout, policy: OwnerPolicy | None = None) -> None:
         self.layout = layout
-        self.policy = policy           # the worker's: whose specs it may run
+        self.policy = policy  # the worker's: whose specs it may run
         self.entries: dict[str, Entry] = {}
         self.duplicates: dict[str, str] = {}  # a second file of a known id (x.yml beside x.yaml): refused
         # Kept apart so that a pass costs O(changes), not O(pending):
-        self.failing: set[str] = set()     # ids whose file does not parse (yet)
-        self.unchecked: set[str] = set()   # ids parsed since the worker last checked them
-        self.version = 0               # bumped whenever the set of parsed jobs changes
+        self.failing: set[str] = set()  # ids whose file does not parse (yet)
+        self.unchecked: set[str] = set()  # ids parsed since the worker last checked them
+        self.version = 0  # bumped whenever the set of parsed jobs changes
         self.scanned_at = float("-inf")
         self.full_scan_at = float("-inf")
         self.dir_key: tuple[int, int, int] | None = None
-        self.listing: dict[str, int] = {}   # jobs/ as last read: name -> inode
+        self.listing: dict[str, int] = {}  # jobs/ as last read: name -> inode
         self.jobs_dir_str = str(layout.jobs)
 
     def scan(self, now_mono: float, full: bool = True) -> None:
@@ -141,8 +149,8 @@ class Intake:
             candidates.update(self.entries[i].name for i in self.failing)
         self.listing = listing
         changed = False
-        for job_id in [i for i, e in self.entries.items() if e.name not in listing]:
-            self._drop(job_id)
+        for gone in [i for i, e in self.entries.items() if e.name not in listing]:
+            self._drop(gone)
             changed = True
         for name in candidates:
             job_id = job_id_for_spec_name(name)
@@ -167,7 +175,10 @@ class Intake:
         """Whether jobs/`name` landed before jobs/`other` (by change time, as a job's place in
         the queue is read); False when either cannot be looked at."""
         try:
-            return os.lstat(f"{self.jobs_dir_str}/{name}").st_ctime_ns < os.lstat(f"{self.jobs_dir_str}/{other}").st_ctime_ns
+            return (
+                os.lstat(f"{self.jobs_dir_str}/{name}").st_ctime_ns
+                < os.lstat(f"{self.jobs_dir_str}/{other}").st_ctime_ns
+            )
         except OSError:
             return False
 
@@ -199,8 +210,9 @@ class Intake:
         except FileNotFoundError:
             return False
         except OSError as e:
-            entry.error = SpecError(f"jobs/{name}", None, f"cannot be read ({e.strerror})",
-                                    "make it readable by the worker")
+            entry.error = SpecError(
+                f"jobs/{name}", None, f"cannot be read ({e.strerror})", "make it readable by the worker"
+            )
         self._put(job_id, entry)
         return True
 
@@ -220,8 +232,11 @@ class Intake:
 
     def take_duplicates(self) -> list[tuple[str, str]]:
         """(file name, job id) of second files for ids another file already has."""
-        found = [(name, job_id) for name, job_id in self.duplicates.items()
-                 if name in self.listing and job_id in self.entries]
+        found = [
+            (name, job_id)
+            for name, job_id in self.duplicates.items()
+            if name in self.listing and job_id in self.entries
+        ]
         self.duplicates.clear()
         return found
 
@@ -238,8 +253,11 @@ class Intake:
 
     def settled_errors(self, now_mono: float, settle_s: float) -> list[tuple[str, Entry]]:
         """Invalid specs unchanged for `settle_s`: time to reject them."""
-        return [(i, self.entries[i]) for i in self.failing
-                if self.entries[i].final or now_mono - self.entries[i].unchanged_since >= settle_s]
+        return [
+            (i, self.entries[i])
+            for i in self.failing
+            if self.entries[i].final or now_mono - self.entries[i].unchanged_since >= settle_s
+        ]
 
     def unsettled(self) -> dict[str, SpecError]:
         return {i: self.entries[i].error for i in self.failing}  # type: ignore[misc]
@@ -253,8 +271,11 @@ class Intake:
     # --- the shared cache ---------------------------------------------------------------
 
     def cache_json(self) -> dict:
-        return {i: [list(e.key), e.job.user, e.job.spec.to_cache(), e.job.queued_at, e.name]
-                for i, e in self.entries.items() if e.job is not None}
+        return {
+            i: [list(e.key), e.job.user, e.job.spec.to_cache(), e.job.queued_at, e.name]
+            for i, e in self.entries.items()
+            if e.job is not None
+        }
 
     def seed(self, cache: dict) -> None:
         """Take parsed specs from another process's `cache_json`; a scan re-reads any file
@@ -262,7 +283,9 @@ class Intake:
         jobs = self.layout.jobs
         entries = self.entries  # (parsed specs only: nothing failing, and the worker's checks done)
         for job_id, (key, user, spec, queued_at, name) in cache.items():
-            entries[job_id] = Entry(tuple(key), jobs, name, PendingJob(job_id, user, JobSpec.from_cache(spec), queued_at))
+            entries[job_id] = Entry(
+                tuple(key), jobs, name, PendingJob(job_id, user, JobSpec.from_cache(spec), queued_at)
+            )
             self.listing[name] = key[2]  # as if this process had listed it: only other names are examined
 
 

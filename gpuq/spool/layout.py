@@ -1,7 +1,8 @@
-"""Where everything lives under the queue's root (see DESIGN.md, "The spool is the state").
+"""Where everything lives under the queue's root (see docs/design.md, "The spool is the state").
 
 Every path gpuq touches is computed here from the root; none is taken from a spec.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,7 @@ def resolve_root(cli_root: str | None, launcher_dir: str | None) -> Path:
     if (cwd / "jobs").is_dir() and (cwd / "config.yaml").exists():
         return cwd
     raise RootError(
-        "no queue root: pass --root DIR, set GPUQ_ROOT=DIR, or run from a directory "
-        "holding config.yaml and jobs/"
+        "no queue root: pass --root DIR, set GPUQ_ROOT=DIR, or run from a directory holding config.yaml and jobs/"
     )
 
 
@@ -130,7 +130,7 @@ class Layout:
 
     @cached_property
     def groups(self) -> Path:
-        """Sweeps and arrays (sweeps.py)."""
+        """Sweeps and arrays (spool/sweeps.py)."""
         return self.state / "groups"
 
     @cached_property
@@ -139,7 +139,7 @@ class Layout:
 
     @cached_property
     def drains(self) -> Path:
-        """One file per drained host (drain.py)."""
+        """One file per drained host (spool/drain.py)."""
         return self.state / "drain"
 
     @cached_property
@@ -153,13 +153,32 @@ class Layout:
 
     def directories(self) -> tuple[Path, ...]:
         """Every directory of the spool, parents first."""
-        return (self.jobs, self.requests, self.logs, self.state, self.claims, self.running, self.finished,
-                self.rejected, self.held, self.requeued, self.places, self.workers, self.control, self.events,
-                self.samples, self.groups, self.bookings, self.drains, self.taken_requests, self.replies,
-                self.state / "metrics")
+        return (
+            self.jobs,
+            self.requests,
+            self.logs,
+            self.state,
+            self.claims,
+            self.running,
+            self.finished,
+            self.rejected,
+            self.held,
+            self.requeued,
+            self.places,
+            self.workers,
+            self.control,
+            self.events,
+            self.samples,
+            self.groups,
+            self.bookings,
+            self.drains,
+            self.taken_requests,
+            self.replies,
+            self.state / "metrics",
+        )
 
     def member_writable(self) -> tuple[Path, ...]:
-        """The two sticky inboxes team members create files in (README, Security model)."""
+        """The two sticky inboxes team members create files in (docs/security.md)."""
         return (self.jobs, self.requests)
 
     def job_log(self, job_id: str) -> Path:

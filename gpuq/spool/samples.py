@@ -3,7 +3,7 @@
 utilization and memory since the last line, how long gpuq jobs held it, how much of that at
 under `alert_idle_util_pct` (held but idle), and which jobs were on it.
 
-state/samples/<host>-YYYY-MM.jsonl, appended only by that host's worker (DESIGN: one writer
+state/samples/<host>-YYYY-MM.jsonl, appended only by that host's worker (docs/design.md: one writer
 per file), one file per month so a report over a week reads a month or two, not years.
 A line:
   {"t": END, "s": SECONDS COVERED, "host": H,
@@ -14,6 +14,7 @@ starts at its claim, not at the pass before it (a job claimed just before a pass
 for that moment, not for the whole gap), and a GPU's idle time goes to the jobs that were on
 it then, split evenly among those there at once: `idle_by_job` (a line without it is older,
 and a report splits its idle time evenly among its `jobs`)."""
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,9 @@ from gpuq.spool.layout import Layout
 
 @dataclass
 class _GpuSums:
-    util_s: float = 0.0     # utilization percent × seconds
+    util_s: float = 0.0  # utilization percent × seconds
     util_seen_s: float = 0.0
-    mem_s: float = 0.0      # MiB × seconds
+    mem_s: float = 0.0  # MiB × seconds
     total_mib: int = 0
     held_s: float = 0.0
     idle_held_s: float = 0.0
@@ -62,8 +63,7 @@ class SampleLog:
     time since the previous pass, at most `max_gap_s` (a worker that was stopped or down
     has no figures for that time, and a report must not invent them)."""
 
-    def __init__(self, layout: "Layout", host: str, every_s: float, idle_util_pct: int,
-                 max_gap_s: float) -> None:
+    def __init__(self, layout: "Layout", host: str, every_s: float, idle_util_pct: int, max_gap_s: float) -> None:
         self.layout, self.host = layout, host
         self.every_s, self.idle_util_pct, self.max_gap_s = every_s, idle_util_pct, max_gap_s
         self.sums: dict[int, _GpuSums] = {}
@@ -99,8 +99,12 @@ class SampleLog:
         at exit too, so a short run still leaves its figures)."""
         if self.covered_s <= 0:
             return
-        line = {"t": round(now, 3), "s": round(self.covered_s, 3), "host": self.host,
-                "gpus": [_gpu_line(i, s, self.covered_s) for i, s in sorted(self.sums.items())]}
+        line = {
+            "t": round(now, 3),
+            "s": round(self.covered_s, 3),
+            "host": self.host,
+            "gpus": [_gpu_line(i, s, self.covered_s) for i, s in sorted(self.sums.items())],
+        }
         self.sums, self.covered_s = {}, 0.0
         path = month_file(self.layout, self.host, now)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,9 +119,14 @@ def _gpu_line(index: int, s: _GpuSums, covered_s: float) -> dict:
     line: dict = {"i": index}
     if s.util_seen_s > 0:
         line["util"] = round(s.util_s / s.util_seen_s, 2)
-    line.update(mem=round(s.mem_s / covered_s), total=s.total_mib, held_s=round(s.held_s, 3),
-                idle_held_s=round(s.idle_held_s, 3), jobs=sorted(s.jobs),
-                idle_by_job={j: round(v, 3) for j, v in sorted(s.idle_by_job.items())})
+    line.update(
+        mem=round(s.mem_s / covered_s),
+        total=s.total_mib,
+        held_s=round(s.held_s, 3),
+        idle_held_s=round(s.idle_held_s, 3),
+        jobs=sorted(s.jobs),
+        idle_by_job={j: round(v, 3) for j, v in sorted(s.idle_by_job.items())},
+    )
     return line
 
 

@@ -3,6 +3,7 @@
 Every write is temp file + fsync + rename, so a reader never sees half a file. A transition
 is enforced by `states.check_transition` and written by `transition` only.
 """
+
 from __future__ import annotations
 
 import errno
@@ -81,10 +82,21 @@ def transition(layout: Layout, record: Record, new: State, event_host: str, **ch
 def transition_event(record: Record, old: State, new: State, reason: str | None = None) -> dict[str, Any]:
     """What `gpuq report` and `status` read back: the job, its owner and queue time, and
     the attempt's placement, times and result."""
-    return {"job": record.id, "from": old.value, "to": new.value, "attempt": record.attempt,
-            "user": record.user, "queued_at": record.queued_at, "host": record.host, "gpus": record.gpus, "gpu_mem_mib": record.gpu_mem_mib,
-            "exit_code": record.exit_code, "reason": reason or record.reason,
-            "started_at": record.started_at, "ended_at": record.ended_at}
+    return {
+        "job": record.id,
+        "from": old.value,
+        "to": new.value,
+        "attempt": record.attempt,
+        "user": record.user,
+        "queued_at": record.queued_at,
+        "host": record.host,
+        "gpus": record.gpus,
+        "gpu_mem_mib": record.gpu_mem_mib,
+        "exit_code": record.exit_code,
+        "reason": reason or record.reason,
+        "started_at": record.started_at,
+        "ended_at": record.ended_at,
+    }
 
 
 def record_start(layout: Layout, record: Record, event_host: str) -> None:
@@ -200,6 +212,7 @@ def claims_of(layout: Layout, job_id: str) -> list[Path]:
 
 
 # --- pending specs -----------------------------------------------------------------------
+
 
 def pending_specs(layout: Layout, job_id: str) -> list[Path]:
     """Every file in jobs/ for this id (x.yaml and x.yml may both be there for a moment)."""

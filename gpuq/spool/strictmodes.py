@@ -7,6 +7,7 @@ A file is safe when it, and every directory above it, is owned by root or the wo
 account and is not writable by others (group write is allowed only for group root). A
 sticky directory above (like /tmp) is fine: nobody can rename what its owner put there.
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,8 +20,12 @@ from gpuq.spool.layout import Layout
 def problems(layout: Layout, worker_uid: int, launcher: str | None = None) -> list[str]:
     """One line per unsafe path, each with its fix; empty when all is well."""
     found: list[str] = []
-    for path, what in ((layout.config_file, "config.yaml"), (layout.root, "the queue root"),
-                       (layout.state, "state/"), (layout.logs, "logs/")):
+    for path, what in (
+        (layout.config_file, "config.yaml"),
+        (layout.root, "the queue root"),
+        (layout.state, "state/"),
+        (layout.logs, "logs/"),
+    ):
         _check_chain(path, what, worker_uid, found)
     code = Path(__file__).resolve().parents[1]
     _check_chain(code, "gpuq's code", worker_uid, found)
@@ -29,8 +34,12 @@ def problems(layout: Layout, worker_uid: int, launcher: str | None = None) -> li
             _check_chain(part, "gpuq's code", worker_uid, found)
     for extra in (launcher, sys.executable):
         if extra:
-            _check_chain(Path(extra), "the worker's launcher" if extra == launcher else "the Python it runs on",
-                         worker_uid, found)
+            _check_chain(
+                Path(extra),
+                "the worker's launcher" if extra == launcher else "the Python it runs on",
+                worker_uid,
+                found,
+            )
     return list(dict.fromkeys(found))
 
 

@@ -6,6 +6,7 @@ a spec and its record are readable by the whole team, so a secret is stored only
 submitter names it (`--export ALL,HF_TOKEN`), and submit says which ones it left out. The user
 is the spec file's owner (the file system records it; a field could be forged).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,18 @@ from gpuq.spool.layout import Layout
 
 # Per-shell or per-session variables that would be wrong inside the job (the agent socket and
 # the desktop session end with the login; a job outlives it).
-NOT_EXPORTED = ("CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_", "SSH_AUTH_SOCK", "SSH_AGENT_PID",
-                "DBUS_SESSION_BUS_ADDRESS", "DESKTOP_SESSION", "SESSION_MANAGER")
+NOT_EXPORTED = (
+    "CUDA_VISIBLE_DEVICES",
+    "PWD",
+    "OLDPWD",
+    "SHLVL",
+    "_",
+    "SSH_AUTH_SOCK",
+    "SSH_AGENT_PID",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "DESKTOP_SESSION",
+    "SESSION_MANAGER",
+)
 NOT_EXPORTED_PREFIXES = ("GPUQ_", "XDG_SESSION_")
 
 
@@ -39,8 +50,7 @@ class SubmitError(Exception):
     pass
 
 
-def exported_environment(export: str | None = None,
-                         container: bool = False) -> tuple[dict[str, str], list[str]]:
+def exported_environment(export: str | None = None, container: bool = False) -> tuple[dict[str, str], list[str]]:
     """The submitter's variables a job records, as sbatch's --export: `ALL` (the default on
     the host), `NONE` (the default in a container, whose image's PATH and libraries the host's
     would hide), or `NAME,...` (only those), each followed by any `NAME=VALUE` to set.
@@ -50,8 +60,11 @@ def exported_environment(export: str | None = None,
     if not items:
         raise SubmitError("--export: give ALL, NONE, or variable names, e.g. --export ALL,WANDB_API_KEY,SEED=3")
     mode = items[0] if items[0] in ("ALL", "NONE") else "NAMES"
-    everything = {k: v for k, v in os.environ.items()
-                  if k not in NOT_EXPORTED and not k.startswith(NOT_EXPORTED_PREFIXES)} if mode == "ALL" else {}
+    everything = (
+        {k: v for k, v in os.environ.items() if k not in NOT_EXPORTED and not k.startswith(NOT_EXPORTED_PREFIXES)}
+        if mode == "ALL"
+        else {}
+    )
     env = {k: v for k, v in everything.items() if not looks_secret(k, v)}
     for item in items[1:] if mode != "NAMES" else items:
         name, sep, value = item.partition("=")
@@ -67,11 +80,13 @@ def exported_environment(export: str | None = None,
 def withheld_note(names: list[str]) -> str:
     """What submit says on stderr about the secrets it did not store."""
     listed = ",".join(names)
-    return (f"gpuq submit: left out {', '.join(names)}: {'it looks' if len(names) == 1 else 'they look'} "
-            "like secrets, and a spec and its record are readable by your team. The job runs as you: "
-            "keep secrets in a file only you can read and load it with --setup '. ~/.secrets.env', "
-            f"or store them in the spec anyway (readable by the team; `gpuq show` masks them) with "
-            f"--export ALL,{listed}")
+    return (
+        f"gpuq submit: left out {', '.join(names)}: {'it looks' if len(names) == 1 else 'they look'} "
+        "like secrets, and a spec and its record are readable by your team. The job runs as you: "
+        "keep secrets in a file only you can read and load it with --setup '. ~/.secrets.env', "
+        f"or store them in the spec anyway (readable by the team; `gpuq show` masks them) with "
+        f"--export ALL,{listed}"
+    )
 
 
 def check_size(text: bytes, env: dict[str, str]) -> None:
@@ -85,12 +100,22 @@ def check_size(text: bytes, env: dict[str, str]) -> None:
         f"variables) holds {sum(len(k) + len(v) for k, v in env.items())} bytes"
         + (f", the largest {', '.join(biggest)}" if biggest else "")
         + ". Fix: record only what the job needs, e.g. --export NONE or --export PATH,HOME,NAME... "
-        "Nothing was written.")
+        "Nothing was written."
+    )
 
 
-def build_spec(command: list[str], gpus: int, gpu_mem: str | None, name: str | None,
-               priority: str | None, hosts: list[str] | None, env: dict[str, str],
-               workdir: str, after: list[str] | None = None, after_any: list[str] | None = None) -> dict[str, Any]:
+def build_spec(
+    command: list[str],
+    gpus: int,
+    gpu_mem: str | None,
+    name: str | None,
+    priority: str | None,
+    hosts: list[str] | None,
+    env: dict[str, str],
+    workdir: str,
+    after: list[str] | None = None,
+    after_any: list[str] | None = None,
+) -> dict[str, Any]:
     """The spec as a user would have written it. One argument is a shell command line."""
     data: dict[str, Any] = {"command": command[0] if len(command) == 1 else command, "gpus": gpus}
     if after:
@@ -117,8 +142,9 @@ def readable_base(command: list[str], name: str | None) -> str:
         words = " ".join(command).split()
         interpreters = {"python", "python3", "bash", "sh", "torchrun", "uv", "run", "-m", "-c"}
         source = next((w for w in words if w not in interpreters and not w.startswith("-")), "job")
-    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(source).stem if "/" in source or "." in source
-                  else source).strip("-_")[:40]
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(source).stem if "/" in source or "." in source else source).strip("-_")[
+        :40
+    ]
     return stem or "job"
 
 
@@ -131,8 +157,10 @@ def check_runnable_by_workers(layout: Layout, run_for_users: tuple[str, ...], al
     try:  # the file submit writes: this user's, 0640
         policy.check(types.SimpleNamespace(st_uid=os.geteuid(), st_mode=stat.S_IFREG | 0o640), "gpuq submit")
     except SpecError as e:
-        raise SubmitError(f"this job would be refused by the workers: {e.problem.replace('is owned', 'would be owned')}. "
-                          f"Fix: {e.fix}. Nothing was written.") from None
+        raise SubmitError(
+            f"this job would be refused by the workers: {e.problem.replace('is owned', 'would be owned')}. "
+            f"Fix: {e.fix}. Nothing was written."
+        ) from None
 
 
 def check_dependencies(layout: Layout, spec: JobSpec) -> None:
@@ -140,8 +168,10 @@ def check_dependencies(layout: Layout, spec: JobSpec) -> None:
     for option, ids in (("--after", spec.after), ("--after-any", spec.after_any)):
         unknown = [d for d in ids if not id_taken(layout, d)]
         if unknown:
-            raise SubmitError(f"{option} {', '.join(unknown)}: no such job. Fix: give ids that "
-                              "`gpuq status` or `gpuq submit` showed. Nothing was written.")
+            raise SubmitError(
+                f"{option} {', '.join(unknown)}: no such job. Fix: give ids that "
+                "`gpuq status` or `gpuq submit` showed. Nothing was written."
+            )
 
 
 def spec_bytes(data: dict[str, Any]) -> bytes:
@@ -167,15 +197,18 @@ def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: s
 
 def _candidate_ids(job_id: str | None, base: str) -> Iterator[str]:
     if job_id is not None and not JOB_ID_RE.match(job_id):
-        raise SubmitError(f"--id {job_id!r}: ids are letters, digits, '_', '-' and '.', at most 64, "
-                          "not starting with '.'")
+        raise SubmitError(
+            f"--id {job_id!r}: ids are letters, digits, '_', '-' and '.', at most 64, not starting with '.'"
+        )
     yield from [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000))
 
 
 def _id_used(job_id: str) -> SubmitError:
-    return SubmitError(f"job id {job_id!r} is already used (a job's record and log keep its id). Fix: pick "
-                       f"another --id, or run that job again with `gpuq retry {job_id}` once it has ended "
-                       f"(`gpuq release {job_id}` if it is held)")
+    return SubmitError(
+        f"job id {job_id!r} is already used (a job's record and log keep its id). Fix: pick "
+        f"another --id, or run that job again with `gpuq retry {job_id}` once it has ended "
+        f"(`gpuq release {job_id}` if it is held)"
+    )
 
 
 def free_id(layout: Layout, job_id: str | None, base: str) -> str:

@@ -13,6 +13,7 @@ A sweep or array spec dropped into jobs/ is expanded by the worker that reads it
 rename into state/groups/ (one worker wins), writes the members (never over an existing
 file), then the group record. A crash in between is finished at the worker's next start.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -40,6 +41,7 @@ def _substitute(command: str | list[str], values: dict[str, object]) -> str | li
         for key, value in values.items():
             text = text.replace(f"{{{key}}}", str(value))
         return text
+
     return one(command) if isinstance(command, str) else [one(a) for a in command]
 
 
@@ -54,22 +56,28 @@ def sweep_members(data: dict[str, Any], group: str) -> list[tuple[str, dict[str,
     members = []
     for member_id, combo in zip(readable, combos):
         values = dict(zip(keys, combo))
-        env = {**(base.get("env") or {}), "GPUQ_GROUP": group,
-               **{f"GPUQ_SWEEP_{k.upper()}": str(v) for k, v in values.items()}}
+        env = {
+            **(base.get("env") or {}),
+            "GPUQ_GROUP": group,
+            **{f"GPUQ_SWEEP_{k.upper()}": str(v) for k, v in values.items()},
+        }
         members.append((member_id, {**base, "command": _substitute(base["command"], values), "env": env}))
     return _checked(members, group)
 
 
 def array_members(data: dict[str, Any], group: str, indices: list[int]) -> list[tuple[str, dict[str, Any]]]:
-    members = [(f"{group}_{i}", {**data, "env": {**(data.get("env") or {}), "GPUQ_GROUP": group,
-                                                   "GPUQ_ARRAY_INDEX": str(i)}}) for i in indices]
+    members = [
+        (f"{group}_{i}", {**data, "env": {**(data.get("env") or {}), "GPUQ_GROUP": group, "GPUQ_ARRAY_INDEX": str(i)}})
+        for i in indices
+    ]
     return _checked(members, group)
 
 
 def _checked(members: list[tuple[str, dict]], group: str) -> list[tuple[str, dict]]:
     if not all(JOB_ID_RE.match(i) for i, _ in members):
-        raise GroupError(f"{group}: too long for its members' ids (<id>_<n>, at most 64 characters); "
-                         "use a shorter name")
+        raise GroupError(
+            f"{group}: too long for its members' ids (<id>_<n>, at most 64 characters); use a shorter name"
+        )
     return members
 
 
@@ -83,8 +91,9 @@ def kept_spec(layout: Layout, group: str) -> Path:
     return layout.groups / f"{group}.yaml"
 
 
-def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int,
-                  mtime: float) -> list[str]:
+def place_members(
+    layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int, mtime: float
+) -> list[str]:
     """The worker's part: write each member into jobs/ (owned by `uid`, with `mtime`: the
     group's queue place), then the group record. A member id another user's file has taken
     is left out (listed as skipped): the group never stands for someone else's job. Each member
@@ -104,9 +113,17 @@ def place_members(layout: Layout, group: str, kind: str, members: list[tuple[str
             theirs = True
         if not theirs:
             placed.append(member_id)
-    write_json(group_file(layout, group), {"id": group, "kind": kind, "members": placed, "uid": uid,
-                                           "queued_at": mtime,
-                                           "skipped": [i for i, _ in members if i not in placed]})
+    write_json(
+        group_file(layout, group),
+        {
+            "id": group,
+            "kind": kind,
+            "members": placed,
+            "uid": uid,
+            "queued_at": mtime,
+            "skipped": [i for i, _ in members if i not in placed],
+        },
+    )
     return placed
 
 
@@ -119,8 +136,11 @@ def read_group(layout: Layout, group: str) -> dict[str, Any] | None:
         data = read_json(group_file(layout, group))
     except (ValueError, OSError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("members"), list) or \
-            not all(isinstance(m, str) and JOB_ID_RE.match(m) for m in data["members"]):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("members"), list)
+        or not all(isinstance(m, str) and JOB_ID_RE.match(m) for m in data["members"])
+    ):
         return None
     return data
 

@@ -7,6 +7,7 @@ A box whose heartbeat is stale, that said it stopped, or that is drained, is lef
 nothing new goes there. Its running jobs still count (caps, fair share): they hold GPUs.
 A heartbeat file that is not one a worker wrote is skipped whole (heartbeat_problem).
 """
+
 from __future__ import annotations
 
 import math
@@ -59,32 +60,43 @@ def heartbeat_problem(hb: Any, host: str) -> str | None:
         return "'t' or 'poll_interval' is not a number"
     gpus = hb.get("gpus", [])
     if not isinstance(gpus, list) or not all(
-            isinstance(g, dict) and _int(g.get("index")) and _int(g.get("mem_total_mib"))
-            and _int(g.get("mem_used_mib")) and isinstance(g.get("uuid"), str) and isinstance(g.get("name"), str)
-            and all(g.get(k) is None or _number(g.get(k)) for k in ("util_pct", "temp_c", "power_w"))
-            and isinstance(g.get("processes", []), list)
-            and all(isinstance(p, list) and len(p) == 2 and _int(p[0]) and _int(p[1]) for p in g.get("processes", []))
-            for g in gpus):
+        isinstance(g, dict)
+        and _int(g.get("index"))
+        and _int(g.get("mem_total_mib"))
+        and _int(g.get("mem_used_mib"))
+        and isinstance(g.get("uuid"), str)
+        and isinstance(g.get("name"), str)
+        and all(g.get(k) is None or _number(g.get(k)) for k in ("util_pct", "temp_c", "power_w"))
+        and isinstance(g.get("processes", []), list)
+        and all(isinstance(p, list) and len(p) == 2 and _int(p[0]) and _int(p[1]) for p in g.get("processes", []))
+        for g in gpus
+    ):
         return "'gpus' is not a list of GPU snapshots"
     if not _int(hb.get("cpu_slots", 0)):
         return "'cpu_slots' is not a count"
     observed = hb.get("observed", {})
     if not isinstance(observed, dict) or not all(
-            isinstance(per, dict) and all(isinstance(i, str) and i.isdigit() and _int(m) for i, m in per.items())
-            for per in observed.values()):
+        isinstance(per, dict) and all(isinstance(i, str) and i.isdigit() and _int(m) for i, m in per.items())
+        for per in observed.values()
+    ):
         return "'observed' is not job -> GPU -> MiB"
     idle = hb.get("others_idle_since", {})
-    if not isinstance(idle, dict) or not all(isinstance(i, str) and i.isdigit() and (t is None or _number(t))
-                                             for i, t in idle.items()):
+    if not isinstance(idle, dict) or not all(
+        isinstance(i, str) and i.isdigit() and (t is None or _number(t)) for i, t in idle.items()
+    ):
         return "'others_idle_since' is not GPU -> time"
     if not isinstance(hb.get("stopping", []), list) or not all(isinstance(j, str) for j in hb.get("stopping", [])):
         return "'stopping' is not a list of job ids"
     if not isinstance(hb.get("runtimes", {}), (dict, list)) or not isinstance(hb.get("warnings", {}), dict):
         return "'runtimes' or 'warnings' is not a mapping"
     alerts = hb.get("alerts", [])
-    if not isinstance(alerts, list) or not all(isinstance(a, dict) and isinstance(a.get("kind"), str)
-                                               and isinstance(a.get("subject"), str) and _number(a.get("since"))
-                                               for a in alerts):
+    if not isinstance(alerts, list) or not all(
+        isinstance(a, dict)
+        and isinstance(a.get("kind"), str)
+        and isinstance(a.get("subject"), str)
+        and _number(a.get("since"))
+        for a in alerts
+    ):
         return "'alerts' is not a list of alerts"
     return None
 
@@ -103,16 +115,19 @@ def load_heartbeats(layout: Layout, problems: dict[str, str] | None = None) -> l
         except (OSError, ValueError) as e:
             hb, mtime = e, 0.0
         why = f"does not read ({hb})" if isinstance(hb, Exception) else heartbeat_problem(hb, host)
-        if why is None:
+        if why is not None:
+            if problems is not None:
+                problems[host] = why
+        elif isinstance(hb, dict):  # always: heartbeat_problem finds none only in a dict
             beats.append({**hb, "_mtime": mtime})
-        elif problems is not None:
-            problems[host] = why
     return beats
 
 
 def observed_memory(beats: Iterable[dict[str, Any]]) -> dict[str, dict[int, int]]:
     """Job id -> GPU index -> MiB its processes use, as each box last measured."""
-    return {job_id: {int(i): m for i, m in per.items()} for hb in beats for job_id, per in hb.get("observed", {}).items()}
+    return {
+        job_id: {int(i): m for i, m in per.items()} for hb in beats for job_id, per in hb.get("observed", {}).items()
+    }
 
 
 def yielding(beats: Iterable[dict[str, Any]]) -> set[str]:
@@ -121,14 +136,16 @@ def yielding(beats: Iterable[dict[str, Any]]) -> set[str]:
 
 def host_view(hb: dict[str, Any], config: Config) -> HostView:
     """A box as its (checked) heartbeat publishes it."""
-    return HostView(hb["host"], tuple(GpuSnapshot.from_json(g) for g in hb.get("gpus", ())),
-                    hb.get("cpu_slots", config.cpu_slots),
-                    {int(i): t for i, t in hb.get("others_idle_since", {}).items()},
-                    frozenset(hb["runtimes"]) if "runtimes" in hb else None)
+    return HostView(
+        hb["host"],
+        tuple(GpuSnapshot.from_json(g) for g in hb.get("gpus", ())),
+        hb.get("cpu_slots", config.cpu_slots),
+        {int(i): t for i, t in hb.get("others_idle_since", {}).items()},
+        frozenset(hb["runtimes"]) if "runtimes" in hb else None,
+    )
 
 
-def running_elsewhere(beats: Sequence[dict[str, Any]], records: Sequence[Record],
-                      mine: str | None) -> list[RunningJob]:
+def running_elsewhere(beats: Sequence[dict[str, Any]], records: Sequence[Record], mine: str | None) -> list[RunningJob]:
     """The running jobs of every box but `mine`, with the memory and yielding their boxes
     last published."""
     others = [hb for hb in beats if hb["host"] != mine]
@@ -138,24 +155,41 @@ def running_elsewhere(beats: Sequence[dict[str, Any]], records: Sequence[Record]
 
 @dataclass
 class TeamPicture:
-    hosts: list[HostView]                       # live boxes that take new work
-    running: list[RunningJob]                   # every running job, on any box
-    drains: dict[str, Any] = field(default_factory=dict)   # box -> its drain order
+    hosts: list[HostView]  # live boxes that take new work
+    running: list[RunningJob]  # every running job, on any box
+    drains: dict[str, Any] = field(default_factory=dict)  # box -> its drain order
 
     def fingerprint(self, now: float, idle_after_s: float) -> tuple:
         """What the plan reads of the team, as a value that changes when any of it does (a
         GPU that became idle long enough included)."""
-        return (tuple((h.name, h.cpu_slots, h.runtimes,
-                       tuple((g.index, g.mem_used_mib, g.mem_total_mib, g.processes) for g in h.gpus),
-                       tuple((i, t is None, t is not None and now - t >= idle_after_s)
-                             for i, t in sorted(h.others_idle_since.items())))
-                      for h in self.hosts),
-                tuple(sorted((j.id, j.stopping, tuple(sorted(j.observed_mib.items()))) for j in self.running)))
+        return (
+            tuple(
+                (
+                    h.name,
+                    h.cpu_slots,
+                    h.runtimes,
+                    tuple((g.index, g.mem_used_mib, g.mem_total_mib, g.processes) for g in h.gpus),
+                    tuple(
+                        (i, t is None, t is not None and now - t >= idle_after_s)
+                        for i, t in sorted(h.others_idle_since.items())
+                    ),
+                )
+                for h in self.hosts
+            ),
+            tuple(sorted((j.id, j.stopping, tuple(sorted(j.observed_mib.items()))) for j in self.running)),
+        )
 
 
-def picture(layout: Layout, config: Config, beats: Sequence[dict[str, Any]], records: Sequence[Record],
-            now: float, own: HostView | None = None, own_running: Sequence[RunningJob] = (),
-            alive: Callable[[dict[str, Any]], bool] | None = None) -> TeamPicture:
+def picture(
+    layout: Layout,
+    config: Config,
+    beats: Sequence[dict[str, Any]],
+    records: Sequence[Record],
+    now: float,
+    own: HostView | None = None,
+    own_running: Sequence[RunningJob] = (),
+    alive: Callable[[dict[str, Any]], bool] | None = None,
+) -> TeamPicture:
     """The team from published heartbeats and running records. A worker passes its own box
     (`own`, `own_running`) measured this instant, which replace what it last published, and
     `alive`: its own judgement of another box's heartbeat (by when it last changed on this

@@ -2,6 +2,7 @@
 container's runtime, after its venv/conda/setup prelude), as whom, where, and its
 environment. Built by the very function the supervisor uses (launch.build_launch), so the
 preview cannot drift from what runs."""
+
 from __future__ import annotations
 
 import os
@@ -20,16 +21,30 @@ from gpuq.run.launch import build_launch, job_variables
 from gpuq.spool.layout import Layout
 
 
-def what_the_job_sees(layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None,
-                      owner_uid: int | None) -> dict[str, Any]:
+def what_the_job_sees(
+    layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None, owner_uid: int | None
+) -> dict[str, Any]:
     """For a started job, its record's GPUs, host and attempt; for a pending one, GPUs 0..n-1
     stand for the GPUs it will be granted. Secret-looking values are masked."""
     pending = record is None
     if record is None:
-        record = Record(id=job_id, state=State.RUNNING, spec=spec.to_json(), gpus=list(range(spec.gpus)),
-                        gpu_mem_mib=spec.gpu_mem_mib)
-    rt = Runtime(layout, record.host or "<host>", "", Path("/"), config.grace_s, config.lost_after_s, {},
-                 config.container_runtime)
+        record = Record(
+            id=job_id,
+            state=State.RUNNING,
+            spec=spec.to_json(),
+            gpus=list(range(spec.gpus)),
+            gpu_mem_mib=spec.gpu_mem_mib,
+        )
+    rt = Runtime(
+        layout,
+        record.host or "<host>",
+        "",
+        Path("/"),
+        config.grace_s,
+        config.lost_after_s,
+        {},
+        config.container_runtime,
+    )
     try:
         identity = Identity.of(owner_uid) if owner_uid is not None and owner_uid >= 0 else None
     except KeyError:
@@ -40,13 +55,21 @@ def what_the_job_sees(layout: Layout, config: Config, job_id: str, spec: JobSpec
         base = f"the image's environment, then these ({launch.container.runtime})"
     else:
         seen = {**job_variables(rt, record, spec), **(identity.environment() if identity else {})}
-        base = ("under a root worker, a clean login environment (the owner's HOME, USER, LOGNAME, SHELL, "
-                "PATH=/usr/local/bin:/usr/bin:/bin, the locale); under a user's own worker, that worker's "
-                "environment; then these (a spec written by `gpuq submit` carries the exported variables in env)")
-    return {"argv": launch.argv, "command_line": shlex.join(launch.argv), "workdir": launch.cwd,
-            "as_user": identity.name if identity else None, "runtime": launch.container.runtime if launch.container else None,
-            "env": {k: MASK if looks_secret(k, v) else v for k, v in sorted(seen.items())},
-            "env_base": base, "gpus_shown": "placeholders 0..n-1 for the GPUs it will be granted" if pending else "granted"}
+        base = (
+            "under a root worker, a clean login environment (the owner's HOME, USER, LOGNAME, SHELL, "
+            "PATH=/usr/local/bin:/usr/bin:/bin, the locale); under a user's own worker, that worker's "
+            "environment; then these (a spec written by `gpuq submit` carries the exported variables in env)"
+        )
+    return {
+        "argv": launch.argv,
+        "command_line": shlex.join(launch.argv),
+        "workdir": launch.cwd,
+        "as_user": identity.name if identity else None,
+        "runtime": launch.container.runtime if launch.container else None,
+        "env": {k: MASK if looks_secret(k, v) else v for k, v in sorted(seen.items())},
+        "env_base": base,
+        "gpus_shown": "placeholders 0..n-1 for the GPUs it will be granted" if pending else "granted",
+    }
 
 
 # `gpuq show` lists a long environment folded: what gpuq sets and what decides which programs
@@ -56,14 +79,19 @@ ALWAYS_SHOWN = ("PATH", "HOME", "USER", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPA
 
 
 def preview_lines(sees: dict[str, Any], job_id: str, whole_env: bool = False) -> list[str]:
-    lines = [f"{'will run:' if sees['gpus_shown'] != 'granted' else 'runs:':<18}{sees['command_line']}",
-             f"{'in:':<18}{sees['workdir']}" + (f" as {sees['as_user']}" if sees["as_user"] else "")]
+    lines = [
+        f"{'will run:' if sees['gpus_shown'] != 'granted' else 'runs:':<18}{sees['command_line']}",
+        f"{'in:':<18}{sees['workdir']}" + (f" as {sees['as_user']}" if sees["as_user"] else ""),
+    ]
     if sees["gpus_shown"] != "granted":
         lines.append(f"{'':<18}(GPU numbers are {sees['gpus_shown']})")
     lines.append(f"{'environment:':<18}{sees['env_base']}:")
     env = sees["env"]
-    shown = env if whole_env or len(env) <= FOLD_ABOVE else \
-        {k: v for k, v in env.items() if k in ALWAYS_SHOWN or k.startswith(("GPUQ_", "CUDA_", "NVIDIA_"))}
+    shown = (
+        env
+        if whole_env or len(env) <= FOLD_ABOVE
+        else {k: v for k, v in env.items() if k in ALWAYS_SHOWN or k.startswith(("GPUQ_", "CUDA_", "NVIDIA_"))}
+    )
     lines += [f"{'':<18}{k}={v}" for k, v in shown.items()]
     if len(shown) < len(env):
         lines.append(f"{'':<18}... and {len(env) - len(shown)} more (all of them: gpuq show {job_id} --env)")

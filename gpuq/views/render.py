@@ -6,6 +6,7 @@ through `safe_tree`: a job name or command with ESC, a newline or a bidi overrid
 `\\x1b`, `\\n`, `\\u202e` instead of being acted on. Times come from files too, and a damaged
 one prints "?" instead of stopping the screen.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,7 +19,7 @@ from gpuq.model.units import format_duration, format_mib
 from gpuq.views.preview import preview_lines
 
 PENDING_SHOWN = 20
-REASONS_SHOWN = 6      # below the pending rows: how many wait for each reason, the commonest
+REASONS_SHOWN = 6  # below the pending rows: how many wait for each reason, the commonest
 
 
 def stamp(t: Any, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
@@ -46,45 +47,72 @@ def _clock(t: float | None) -> str:
 def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     view = safe_tree(view)
     out = [f"gpuq · {view['root']} · {stamp(view['now'])}", ""]
-    out.append("HOSTS" if view["hosts"] else "HOSTS: none — no worker has run yet (each box's crontab starts one: "
-                                        "gpuq doctor, run by the root's owner, prints the line)")
+    out.append(
+        "HOSTS"
+        if view["hosts"]
+        else "HOSTS: none — no worker has run yet (each box's crontab starts one: "
+        "gpuq doctor, run by the root's owner, prints the line)"
+    )
     for h in view["hosts"]:
         state = "up" if h["alive"] else "stopped (its worker exited cleanly)" if h.get("stopped") else "NOT RESPONDING"
         if h.get("drain"):
             busy = sum(1 for r in view["running"] if r["host"] == h["host"])
-            state += (f", DRAINING ({busy} running)" if busy else ", DRAINED") + \
-                f" by {h['drain']['by']}" + (f": {h['drain']['reason']}" if h["drain"].get("reason") else "")
+            state += (
+                (f", DRAINING ({busy} running)" if busy else ", DRAINED")
+                + f" by {h['drain']['by']}"
+                + (f": {h['drain']['reason']}" if h["drain"].get("reason") else "")
+            )
         extra = f"  {h['probe_error']}" if h.get("probe_error") else ""
-        runtimes = [f"{n} {v}" for n, v in sorted(h.get("runtimes", {}).items())] + \
-            [f"{n} unusable ({why[:50]}{'…' if len(why) > 50 else ''}; see gpuq doctor)"
-             for n, why in sorted(h.get("runtime_problems", {}).items())]
+        runtimes = [f"{n} {v}" for n, v in sorted(h.get("runtimes", {}).items())] + [
+            f"{n} unusable ({why[:50]}{'…' if len(why) > 50 else ''}; see gpuq doctor)"
+            for n, why in sorted(h.get("runtime_problems", {}).items())
+        ]
         extra += f"  containers: {', '.join(runtimes)}" if runtimes and view.get("containers_asked") else ""
         out.append(f"  {h['host']}  {state} (seen {format_duration(h['last_seen_s'])} ago){extra}")
         rows = [["GPU", "NAME", "MEM USED/TOTAL", "USABLE", "UTIL", "TEMP", "JOBS"]]
         for g in h["gpus"]:
-            rows.append([str(g["index"]), g["name"],
-                         f"{format_mib(g['mem_used_mib'])}/{format_mib(g['mem_total_mib'])}",
-                         format_mib(g["usable_mib"]),
-                         "-" if g["util_pct"] is None else f"{g['util_pct']}%",
-                         "-" if g["temp_c"] is None else f"{g['temp_c']}C",
-                         " ".join(g["jobs"]) or "-"])
+            rows.append(
+                [
+                    str(g["index"]),
+                    g["name"],
+                    f"{format_mib(g['mem_used_mib'])}/{format_mib(g['mem_total_mib'])}",
+                    format_mib(g["usable_mib"]),
+                    "-" if g["util_pct"] is None else f"{g['util_pct']}%",
+                    "-" if g["temp_c"] is None else f"{g['temp_c']}C",
+                    " ".join(g["jobs"]) or "-",
+                ]
+            )
         out += _table(rows, "    ") if h["gpus"] else ["    no GPUs"]
     if view.get("alerts"):
         out += ["", f"ALERTS ({len(view['alerts'])})"]
-        out += [f"  {a['kind']:<16} {a['message']}  (since {stamp(a['since'], '%H:%M')}, "
-                f"seen by {a['host']})" for a in view["alerts"]]
+        out += [
+            f"  {a['kind']:<16} {a['message']}  (since {stamp(a['since'], '%H:%M')}, seen by {a['host']})"
+            for a in view["alerts"]
+        ]
     out += ["", f"RUNNING ({len(view['running'])})"]
     rows = [["ID", "USER", "WHERE", "ELAPSED", "GPU MEM decl/obs", "COMMAND"]]
     for r in view["running"]:
         where = f"{r['host']}:{','.join(map(str, r['gpus']))}" if r["gpus"] else f"{r['host']}:cpu"
         if r.get("slurm_id"):
             where = f"slurm job {r['slurm_id']}"
-        declared = format_mib(r["declared_gpu_mem_mib"]) if r["declared_gpu_mem_mib"] else \
-            ("whole" if r["gpus"] else "-")
-        label = r["id"] + (" (yielding)" if r.get("yielding") else "") + \
-            (f" (restarts {r['restarts']})" if r.get("restarts") else "")
-        rows.append([label, r["user"], where, format_duration(r["elapsed_s"]),
-                     f"{declared}/{format_mib(r['observed_gpu_mem_mib'])}", _cut(r["command"], 40)])
+        declared = (
+            format_mib(r["declared_gpu_mem_mib"]) if r["declared_gpu_mem_mib"] else ("whole" if r["gpus"] else "-")
+        )
+        label = (
+            r["id"]
+            + (" (yielding)" if r.get("yielding") else "")
+            + (f" (restarts {r['restarts']})" if r.get("restarts") else "")
+        )
+        rows.append(
+            [
+                label,
+                r["user"],
+                where,
+                format_duration(r["elapsed_s"]),
+                f"{declared}/{format_mib(r['observed_gpu_mem_mib'])}",
+                _cut(r["command"], 40),
+            ]
+        )
     out += _table(rows) if view["running"] else []
     out += [f"  ! {r['id']} {r['warning']}" for r in view["running"] if r.get("warning")]
     pending = view["pending"]
@@ -92,30 +120,51 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     out += ["", f"PENDING ({total})"]
     rows = [["#", "ID", "USER", "GPUS", "GPU MEM", "PRIO", "WAITING", "REASON"]]
     for p in pending if show_all else pending[:PENDING_SHOWN]:
-        rows.append([str(p["position"]), p["id"], p["user"], str(p["gpus"]),
-                     format_mib(p["gpu_mem_mib"]) if p["gpu_mem_mib"] else ("whole" if p["gpus"] else "-"),
-                     str(p["priority"]), format_duration(p["waiting_s"]), p["reason"]])
+        rows.append(
+            [
+                str(p["position"]),
+                p["id"],
+                p["user"],
+                str(p["gpus"]),
+                format_mib(p["gpu_mem_mib"]) if p["gpu_mem_mib"] else ("whole" if p["gpus"] else "-"),
+                str(p["priority"]),
+                format_duration(p["waiting_s"]),
+                p["reason"],
+            ]
+        )
     out += _table(rows) if pending else []
     if not show_all and total > PENDING_SHOWN:
         out.append(f"  ... and {total - PENDING_SHOWN} more (gpuq status --all). All {total} wait for:")
         by_reason = list(view.get("pending_by_reason", {}).items())
         out += [f"    {n:6d}  {reason}" for reason, n in by_reason[:REASONS_SHOWN]]
         if len(by_reason) > REASONS_SHOWN:
-            out.append(f"    {sum(n for _, n in by_reason[REASONS_SHOWN:]):6d}  "
-                       f"{len(by_reason) - REASONS_SHOWN} other reasons")
+            out.append(
+                f"    {sum(n for _, n in by_reason[REASONS_SHOWN:]):6d}  {len(by_reason) - REASONS_SHOWN} other reasons"
+            )
     for bad in view["invalid"]:
         out.append(f"  not valid yet: {bad['error']}")
     if view.get("bookings"):
         out += ["", "BOOKINGS (gpuq unbook ID removes one)"]
-        out += _table([["ID", "FOR", "GPUS", "WHEN", "NOTE"]] + [
-            [b["id"], b["owner"], f"{b['host']}:{','.join(map(str, b['gpus']))}",
-             ("NOW, until " if b["active"] else stamp(b["start"], "%a %H:%M") + "–")
-             + stamp(b["end"], "%a %H:%M" if not b["active"] else "%H:%M"), b["note"] or ""]
-            for b in view["bookings"]])
+        out += _table(
+            [["ID", "FOR", "GPUS", "WHEN", "NOTE"]]
+            + [
+                [
+                    b["id"],
+                    b["owner"],
+                    f"{b['host']}:{','.join(map(str, b['gpus']))}",
+                    ("NOW, until " if b["active"] else stamp(b["start"], "%a %H:%M") + "–")
+                    + stamp(b["end"], "%a %H:%M" if not b["active"] else "%H:%M"),
+                    b["note"] or "",
+                ]
+                for b in view["bookings"]
+            ]
+        )
     if view.get("held"):
         out += ["", f"HELD ({len(view['held'])}; gpuq release ID puts one back at its place)"]
-        out += _table([["ID", "USER", "SINCE", "NOTE"]] + [[h["id"], h["user"], _clock(h["since"]), h["reason"]]
-                                                          for h in view["held"]])
+        out += _table(
+            [["ID", "USER", "SINCE", "NOTE"]]
+            + [[h["id"], h["user"], _clock(h["since"]), h["reason"]] for h in view["held"]]
+        )
     out += ["", "FINISHED (recent)"]
     rows = [["ID", "STATE", "EXIT", "DURATION", "WHERE", "ENDED", "NOTE"]]
     for f in _fold_groups(view["finished"], view.get("group_sizes", {})):
@@ -124,8 +173,17 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
             exit_text = f"sig{f['signal']}"
         gpus = f.get("gpus") or []
         where = f"{f.get('host') or '-'}:{','.join(map(str, gpus))}" if gpus else (f.get("host") or "-")
-        rows.append([f["id"], f["state"], exit_text, format_duration(f.get("duration_s")), where,
-                     _clock(f.get("ended_at")), f.get("reason") or ""])
+        rows.append(
+            [
+                f["id"],
+                f["state"],
+                exit_text,
+                format_duration(f.get("duration_s")),
+                where,
+                _clock(f.get("ended_at")),
+                f.get("reason") or "",
+            ]
+        )
     out += _table(rows) if view["finished"] else []
     if view["rejected"]:
         out += ["", "REJECTED (recent; the .error file beside each in state/rejected/ says why)"]
@@ -145,12 +203,13 @@ def top_screen(title: str, status: str, columns: int, rows: int) -> list[str]:
     and cut after the rows there are, the last one saying how much is left out."""
     blocks = [block.splitlines() for block in status.split("\n\n")]
     head, sections = blocks[0], blocks[1:]
-    sections.sort(key=lambda lines: next((i for i, name in enumerate(TOP_ORDER) if lines[0].startswith(name)),
-                                         len(TOP_ORDER)))
+    sections.sort(
+        key=lambda lines: next((i for i, name in enumerate(TOP_ORDER) if lines[0].startswith(name)), len(TOP_ORDER))
+    )
     lines = [title, *head]
     for section in sections:
         lines += ["", *section]
-    clip = (lambda line: line if len(line) <= columns else line[: max(columns - 1, 0)] + "…")
+    clip = lambda line: line if len(line) <= columns else line[: max(columns - 1, 0)] + "…"
     if len(lines) > rows:
         left = len(lines) - (rows - 1)
         lines = lines[: rows - 1] + [f"... {left} more lines (gpuq status --all shows everything)"]
@@ -175,8 +234,13 @@ def _fold_groups(finished: list[dict[str, Any]], sizes: dict[str, int]) -> list[
         if len(run) >= FOLD_AT_LEAST:
             group = run[0]["id"].rpartition("_")[0]
             size = sizes.get(group)
-            shown = f"all {size} members" if size == len(run) else \
-                f"the latest {len(run)} of its {size} members" if size else f"its latest {len(run)} members"
+            shown = (
+                f"all {size} members"
+                if size == len(run)
+                else f"the latest {len(run)} of its {size} members"
+                if size
+                else f"its latest {len(run)} members"
+            )
             out.append({**run[0], "id": f"{group}_* ({shown})"})
         else:
             out.extend(run)
@@ -198,10 +262,35 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-SHOW_ORDER = ("id", "state", "user", "attempt", "host", "gpus", "gpu_uuids", "gpu_mem_mib",
-              "position", "reason", "error", "exit_code", "signal", "claimed_at", "started_at",
-              "ended_at", "time_limit_s", "mem_limit_mib", "cpu_cores", "peak_gpu_mem_mib", "mean_gpu_mem_mib",
-              "mean_gpu_util_pct", "peak_rss_mib", "peak_cpus", "cpu_s", "log", "spec_dir")
+SHOW_ORDER = (
+    "id",
+    "state",
+    "user",
+    "attempt",
+    "host",
+    "gpus",
+    "gpu_uuids",
+    "gpu_mem_mib",
+    "position",
+    "reason",
+    "error",
+    "exit_code",
+    "signal",
+    "claimed_at",
+    "started_at",
+    "ended_at",
+    "time_limit_s",
+    "mem_limit_mib",
+    "cpu_cores",
+    "peak_gpu_mem_mib",
+    "mean_gpu_mem_mib",
+    "mean_gpu_util_pct",
+    "peak_rss_mib",
+    "peak_cpus",
+    "cpu_s",
+    "log",
+    "spec_dir",
+)
 
 
 def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
@@ -228,16 +317,20 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
     if isinstance(job.get("started_at"), (int, float)) and isinstance(job.get("ended_at"), (int, float)):
         lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
     if suggested := job.get("suggested_gpu_mem"):
-        lines.append(f"{'suggested gpu_mem:':<18}{format_mib(suggested['mib'])} (peak {format_mib(suggested['peak_mib'])} "
-                     f"over {suggested['runs']} finished run{'s' if suggested['runs'] != 1 else ''} of this name, +10%)")
+        lines.append(
+            f"{'suggested gpu_mem:':<18}{format_mib(suggested['mib'])} (peak {format_mib(suggested['peak_mib'])} "
+            f"over {suggested['runs']} finished run{'s' if suggested['runs'] != 1 else ''} of this name, +10%)"
+        )
     spec = job.get("spec")
     if spec:
         lines.append(f"{'command:':<18}{command_text(spec.get('command'))}")
         if spec.get("workdir"):
             lines.append(f"{'workdir:':<18}{spec['workdir']}")
         if spec.get("env"):
-            lines.append(f"{'env:':<18}{len(spec['env'])} variables from the spec" +
-                         ("" if whole_env else f" (gpuq show {job.get('id')} --env lists the whole environment)"))
+            lines.append(
+                f"{'env:':<18}{len(spec['env'])} variables from the spec"
+                + ("" if whole_env else f" (gpuq show {job.get('id')} --env lists the whole environment)")
+            )
     elif job.get("command"):
         lines.append(f"{'command:':<18}{job['command']}")
     elif job.get("spec_note"):

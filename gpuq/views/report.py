@@ -1,12 +1,12 @@
 """`gpuq report`: who used what, what waited, what sat idle, over a time window. Pure: fed the
 event log (every transition, with owner, queue time, placement and times), the samples log
-(per-GPU utilization and held-but-idle time, samples.py) and the specs pending now.
+(per-GPU utilization and held-but-idle time, spool/samples.py) and the specs pending now.
 
-Definitions (README "Reports"):
+Definitions (docs/reports.md):
 - GPU-hours used: per attempt, its GPUs × the part of its run inside the window (a running
   one counts up to now). Two jobs sharing a GPU each count it.
 - GPU-hours held but idle: from the samples, time a GPU had gpuq jobs on it at under
-  `alert_idle_util_pct` utilization; for --by user each job's own part of it (samples.py).
+  `alert_idle_util_pct` utilization; for --by user each job's own part of it (spool/samples.py).
 - Waits: each job whose first start lies in the window, first start − queued time;
   percentiles by nearest rank.
 - Ended: jobs that reached a final state in the window, by state; preemptions: requeues
@@ -14,6 +14,7 @@ Definitions (README "Reports"):
 - Over time: the window cut into `bucket_s` slices; per GPU the time-weighted mean
   utilization, and the queue length (jobs waiting to start) as mean and maximum per slice.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,9 +45,14 @@ class _Row:
     preemptions: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"gpu_hours": round(self.gpu_s / 3600, 4), "idle_held_gpu_hours": round(self.idle_held_s / 3600, 4),
-                "jobs_started": len(self.waits), "wait_s": wait_summary(self.waits),
-                "ended": dict(self.ended), "preemptions": self.preemptions}
+        return {
+            "gpu_hours": round(self.gpu_s / 3600, 4),
+            "idle_held_gpu_hours": round(self.idle_held_s / 3600, 4),
+            "jobs_started": len(self.waits),
+            "wait_s": wait_summary(self.waits),
+            "ended": dict(self.ended),
+            "preemptions": self.preemptions,
+        }
 
 
 @dataclass
@@ -57,19 +63,25 @@ class Report:
     bucket_s: int
     total: _Row
     groups: dict[str, _Row]
-    gpus: dict[str, dict[str, Any]]            # "host:index" -> held/idle hours, mean util, series
+    gpus: dict[str, dict[str, Any]]  # "host:index" -> held/idle hours, mean util, series
     queue_mean: list[float]
     queue_max: list[int]
     pending_now: int
     longest_pending_s: float | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"since": self.since, "until": self.until, "by": self.by, "bucket_s": self.bucket_s,
-                "total": self.total.to_json(),
-                "groups": {k: row.to_json() for k, row in sorted(self.groups.items())},
-                "gpus": self.gpus,
-                "queue_length": {"mean": self.queue_mean, "max": self.queue_max},
-                "pending_now": self.pending_now, "longest_pending_s": self.longest_pending_s}
+        return {
+            "since": self.since,
+            "until": self.until,
+            "by": self.by,
+            "bucket_s": self.bucket_s,
+            "total": self.total.to_json(),
+            "groups": {k: row.to_json() for k, row in sorted(self.groups.items())},
+            "gpus": self.gpus,
+            "queue_length": {"mean": self.queue_mean, "max": self.queue_max},
+            "pending_now": self.pending_now,
+            "longest_pending_s": self.longest_pending_s,
+        }
 
 
 def percentile(sorted_values: list[float], p: float) -> float | None:
@@ -98,7 +110,8 @@ class _Tally:
     """The total row and, with --by, the group rows an item counts toward."""
 
     def __init__(self, by: str | None) -> None:
-        self.by, self.total, self.groups = by, _Row(), defaultdict(_Row)
+        self.by, self.total = by, _Row()
+        self.groups: defaultdict[str, _Row] = defaultdict(_Row)
 
     def keys(self, user: str, host: str, gpus: list[int]) -> list[str]:
         if self.by == "user":
@@ -112,8 +125,7 @@ class _Tally:
     def rows(self, user: str, host: str, gpus: list[int]) -> list[_Row]:
         return [self.total] + [self.groups[k] for k in self.keys(user, host, gpus)]
 
-    def add_run(self, e: dict, user: str, host: str, since: float, until: float,
-                open_end: float | None = None) -> None:
+    def add_run(self, e: dict, user: str, host: str, since: float, until: float, open_end: float | None = None) -> None:
         start = e.get("started_at") or (e["t"] if open_end is not None else None)  # a start event: its time
         end = open_end if open_end is not None else (e.get("ended_at") or e["t"])
         gpus = e.get("gpus") or []
@@ -125,8 +137,14 @@ class _Tally:
             self.groups[key].gpu_s += seconds * (1 if self.by == "gpu" else len(gpus))
 
 
-def build(events: Iterable[dict], samples: Iterable[dict], pending: list[Pending], since: float,
-          until: float, by: str | None = None) -> Report:
+def build(
+    events: Iterable[dict],
+    samples: Iterable[dict],
+    pending: list[Pending],
+    since: float,
+    until: float,
+    by: str | None = None,
+) -> Report:
     by_job: dict[str, list[dict]] = defaultdict(list)
     for e in events:
         if isinstance(e.get("job"), str) and isinstance(e.get("t"), (int, float)):
@@ -184,8 +202,19 @@ def build(events: Iterable[dict], samples: Iterable[dict], pending: list[Pending
     queue_mean, queue_max = _queue_series(queue_intervals, since, bucket_s, n_buckets, until)
     oldest = min((p.queued_at for p in pending), default=None)
     groups = {k: row for k, row in tally.groups.items() if row.to_json() != _Row().to_json()}  # met, not used
-    return Report(since, until, by, bucket_s, tally.total, groups, gpus, queue_mean, queue_max,
-                  pending_now=len(pending), longest_pending_s=None if oldest is None else _round(until - oldest))
+    return Report(
+        since,
+        until,
+        by,
+        bucket_s,
+        tally.total,
+        groups,
+        gpus,
+        queue_mean,
+        queue_max,
+        pending_now=len(pending),
+        longest_pending_s=None if oldest is None else _round(until - oldest),
+    )
 
 
 def _open_run(evs: list[dict]) -> dict | None:
@@ -194,8 +223,15 @@ def _open_run(evs: list[dict]) -> dict | None:
     return last if last and last.get("to") == "running" else None
 
 
-def _gpu_series(samples: Iterable[dict], since: float, until: float, bucket_s: int, n_buckets: int,
-                users: dict[str, str], tally: _Tally) -> dict[str, dict[str, Any]]:
+def _gpu_series(
+    samples: Iterable[dict],
+    since: float,
+    until: float,
+    bucket_s: int,
+    n_buckets: int,
+    users: dict[str, str],
+    tally: _Tally,
+) -> dict[str, dict[str, Any]]:
     sums: dict[str, dict[str, Any]] = {}
     for line in samples:
         t, s, host = line.get("t"), line.get("s"), line.get("host", "?")
@@ -205,12 +241,21 @@ def _gpu_series(samples: Iterable[dict], since: float, until: float, bucket_s: i
         if not since <= mid < until:
             continue
         b = min(n_buckets - 1, int((mid - since) // bucket_s))
-        for g in line.get("gpus") if isinstance(line.get("gpus"), list) else []:
-            if not isinstance(g, dict):
+        gpus = line.get("gpus")
+        for g in gpus if isinstance(gpus, list) else []:
+            if not isinstance(g, dict) or type(g.get("i")) is not int:
                 continue  # a torn or foreign line: its figures are not counted
-            acc = sums.setdefault(f"{host}:{g.get('i')}", {
-                "held_s": 0.0, "idle_held_s": 0.0, "util_s": 0.0, "seen_s": 0.0,
-                "b_util": [0.0] * n_buckets, "b_seen": [0.0] * n_buckets})
+            acc = sums.setdefault(
+                f"{host}:{g.get('i')}",
+                {
+                    "held_s": 0.0,
+                    "idle_held_s": 0.0,
+                    "util_s": 0.0,
+                    "seen_s": 0.0,
+                    "b_util": [0.0] * n_buckets,
+                    "b_seen": [0.0] * n_buckets,
+                },
+            )
             idle = g["idle_held_s"] if _finite_nonnegative(g.get("idle_held_s")) else 0.0
             acc["held_s"] += g["held_s"] if _finite_nonnegative(g.get("held_s")) else 0.0
             acc["idle_held_s"] += idle
@@ -221,13 +266,17 @@ def _gpu_series(samples: Iterable[dict], since: float, until: float, bucket_s: i
                 acc["b_seen"][b] += s
             tally.total.idle_held_s += idle
             for job, share in _idle_shares(g, idle).items():
-                for key in tally.keys(users.get(job, "?"), host, [g.get("i")]):
+                for key in tally.keys(users.get(job, "?"), host, [g["i"]]):
                     tally.groups[key].idle_held_s += share
-    return {key: {"held_hours": round(a["held_s"] / 3600, 4),
-                  "idle_held_hours": round(a["idle_held_s"] / 3600, 4),
-                  "mean_util_pct": round(a["util_s"] / a["seen_s"], 1) if a["seen_s"] else None,
-                  "util_pct": [round(u / n, 1) if n else None for u, n in zip(a["b_util"], a["b_seen"])]}
-            for key, a in sorted(sums.items())}
+    return {
+        key: {
+            "held_hours": round(a["held_s"] / 3600, 4),
+            "idle_held_hours": round(a["idle_held_s"] / 3600, 4),
+            "mean_util_pct": round(a["util_s"] / a["seen_s"], 1) if a["seen_s"] else None,
+            "util_pct": [round(u / n, 1) if n else None for u, n in zip(a["b_util"], a["b_seen"])],
+        }
+        for key, a in sorted(sums.items())
+    }
 
 
 def _idle_shares(gpu_line: dict, idle: float) -> dict[str, float]:
@@ -236,19 +285,25 @@ def _idle_shares(gpu_line: dict, idle: float) -> dict[str, float]:
     that add up to at most its idle time), an equal part for every job seen on the GPU. The
     parts then always sum to the line's idle time or less: the users add up to the total."""
     by_job = gpu_line.get("idle_by_job")
-    if isinstance(by_job, dict) and all(_finite_nonnegative(v) for v in by_job.values()) \
-            and sum(by_job.values()) <= idle + 0.01:
+    if (
+        isinstance(by_job, dict)
+        and all(_finite_nonnegative(v) for v in by_job.values())
+        and sum(by_job.values()) <= idle + 0.01
+    ):
         return {str(j): float(v) for j, v in by_job.items()}
-    jobs = gpu_line.get("jobs") if isinstance(gpu_line.get("jobs"), list) else []
+    jobs = gpu_line.get("jobs")
+    if not isinstance(jobs, list):
+        jobs = []
     return {str(j): idle / len(jobs) for j in jobs}
 
 
 def _finite_nonnegative(value: object) -> bool:
-    return type(value) in (int, float) and math.isfinite(value) and value >= 0
+    return (type(value) is int or type(value) is float) and math.isfinite(value) and value >= 0
 
 
-def _queue_series(intervals: list[tuple[float, float]], since: float, bucket_s: int, n_buckets: int,
-                  until: float) -> tuple[list[float], list[int]]:
+def _queue_series(
+    intervals: list[tuple[float, float]], since: float, bucket_s: int, n_buckets: int, until: float
+) -> tuple[list[float], list[int]]:
     """Jobs waiting to start, per slice: time-weighted mean and maximum."""
     changes: list[tuple[float, int]] = []
     level = 0

@@ -2,6 +2,7 @@
 links out) with the report's tables and three charts: utilization per GPU over time, queue
 length over time, and the wait distribution. matplotlib is an optional extra
 (`pip install 'gpuq-spool[report]'`), imported only here."""
+
 from __future__ import annotations
 
 import base64
@@ -25,7 +26,9 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ReportHtmlError(f"--html draws its charts with matplotlib, which is not installed: {INSTALL_HINT}") from None
+        raise ReportHtmlError(
+            f"--html draws its charts with matplotlib, which is not installed: {INSTALL_HINT}"
+        ) from None
     matplotlib.use("Agg")  # no display: render to memory
     import matplotlib.pyplot as plt
 
@@ -53,8 +56,7 @@ def utilization_chart(plt, r: Report) -> str:
     names = list(r.gpus)
     grid = np.array([[np.nan if v is None else v for v in r.gpus[k]["util_pct"]] for k in names], dtype=float)
     fig, ax = plt.subplots(figsize=(11, 0.35 * len(names) + 1.6))
-    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", vmin=0, vmax=100,
-                   interpolation="nearest")
+    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", vmin=0, vmax=100, interpolation="nearest")
     ax.set_yticks(range(len(names)))
     ax.set_yticklabels(names)
     _time_axis(ax, r, grid.shape[1])
@@ -105,14 +107,28 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 
 def write_html(r: Report, path: Path) -> None:
     plt = _pyplot()
-    when = f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(r.since))} → " \
-           f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(r.until))}"
+    when = (
+        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(r.since))} → "
+        f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(r.until))}"
+    )
     summary = _table(*summary_table(r))
-    gpus = _table(["GPU", "mean util", "held h", "held idle h"],
-                  [[k, "-" if g["mean_util_pct"] is None else f"{g['mean_util_pct']:.0f}%",
-                    hours(g["held_hours"]), hours(g["idle_held_hours"])] for k, g in r.gpus.items()])
-    charts = [utilization_chart(plt, r) if r.gpus else "<p>No GPU samples in this window.</p>",
-              queue_chart(plt, r), wait_chart(plt, r)]
+    gpus = _table(
+        ["GPU", "mean util", "held h", "held idle h"],
+        [
+            [
+                k,
+                "-" if g["mean_util_pct"] is None else f"{g['mean_util_pct']:.0f}%",
+                hours(g["held_hours"]),
+                hours(g["idle_held_hours"]),
+            ]
+            for k, g in r.gpus.items()
+        ],
+    )
+    charts = [
+        utilization_chart(plt, r) if r.gpus else "<p>No GPU samples in this window.</p>",
+        queue_chart(plt, r),
+        wait_chart(plt, r),
+    ]
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>gpuq report {html.escape(when)}</title>
 <style>
@@ -123,13 +139,13 @@ th:first-child, td:first-child {{ text-align: left; }}
 img {{ display: block; margin: 1em 0; max-width: 100%; }}
 </style></head><body>
 <h1>gpuq report</h1>
-<p>{html.escape(when)}{' · by ' + html.escape(r.by) if r.by else ''} · pending now: {r.pending_now}
-{'· longest waiting ' + format_duration(r.longest_pending_s) if r.pending_now else ''}</p>
+<p>{html.escape(when)}{" · by " + html.escape(r.by) if r.by else ""} · pending now: {r.pending_now}
+{"· longest waiting " + format_duration(r.longest_pending_s) if r.pending_now else ""}</p>
 <h2>Use, waits and outcomes</h2>
 {summary}
 <h2>GPUs</h2>
 {gpus}
-{''.join(charts)}
+{"".join(charts)}
 </body></html>
 """
     path.write_text(page, encoding="utf-8")

@@ -1,12 +1,13 @@
 """`gpuq report` at the edges: read the event and samples logs and the pending specs, hand
-them to report.build, and print the result as text (the HTML page is reporthtml.py)."""
+them to report.build, and print the result as text (the HTML page is views/reporthtml.py)."""
+
 from __future__ import annotations
 
 import json
 import math
 import os
 import time
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from gpuq.model.text import safe_text
 from gpuq.model.units import DURATION_RE, MAX_DURATION_S, format_duration, parse_duration_s
@@ -84,8 +85,12 @@ def history_start(events: list[dict], since: float, until: float) -> float:
     """`since`, or the whole second before the queue's first moment (its first event, or the
     first job's queue time, which is earlier) when that is later (and before `until`): the
     window then starts with the queue's history, its first wait included."""
-    times = [t for e in events for key in ("t", "queued_at")
-             if type(t := e.get(key)) in (int, float) and math.isfinite(t)]
+    times = [
+        t
+        for e in events
+        for key in ("t", "queued_at")
+        if (type(t := e.get(key)) is int or type(t) is float) and math.isfinite(t)
+    ]
     first = math.floor(min(times)) if times else None
     return first if first is not None and since < first < until else since
 
@@ -98,7 +103,7 @@ def hours(h: float) -> str:
     return f"{h:.3f}" if h < 1 else f"{h:.2f}" if h < 100 else f"{h:.0f}"
 
 
-def spark(values: list[float | None], top: float) -> str:
+def spark(values: Sequence[float | None], top: float) -> str:
     """One character per slice: blank where nothing was sampled, ▁..█ from 0 to `top`."""
     if top <= 0:
         top = 1
@@ -107,25 +112,33 @@ def spark(values: list[float | None], top: float) -> str:
 
 def summary_table(r: Report) -> tuple[list[str], list[list[str]]]:
     """The header and one row per group, then the total: used and idle GPU-hours, waits, ends."""
-    head = [r.by or "", "GPU-h used", "held idle", "started", "wait p50", "p90", "p99", "max",
-            *FINAL, "preempted"]
+    head = [r.by or "", "GPU-h used", "held idle", "started", "wait p50", "p90", "p99", "max", *FINAL, "preempted"]
     rows = []
     for name, row in sorted(r.groups.items()) + [("total", r.total)]:
         waits = wait_summary(row.waits)
-        rows.append([safe_text(name), hours(row.gpu_s / 3600), hours(row.idle_held_s / 3600), str(len(row.waits)),
-                     *[format_duration(waits[k]) for k in ("p50", "p90", "p99", "max")],
-                     *[str(row.ended[state]) for state in FINAL], str(row.preemptions)])
+        rows.append(
+            [
+                safe_text(name),
+                hours(row.gpu_s / 3600),
+                hours(row.idle_held_s / 3600),
+                str(len(row.waits)),
+                *[format_duration(waits[k]) for k in ("p50", "p90", "p99", "max")],
+                *[str(row.ended[state]) for state in FINAL],
+                str(row.preemptions),
+            ]
+        )
     return head, rows
 
 
 def report_text(r: Report) -> str:
-    lines = [f"gpuq report  {_when(r.since)} → {_when(r.until)}"
-             + (f"  by {r.by}" if r.by else "")]
+    lines = [f"gpuq report  {_when(r.since)} → {_when(r.until)}" + (f"  by {r.by}" if r.by else "")]
     head, rows = summary_table(r)
     rows = [head] + rows
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines += ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-              for row in rows]
+    lines += [
+        "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     step = format_duration(r.bucket_s)
     lines.append("")
     if r.gpus:
@@ -134,14 +147,17 @@ def report_text(r: Report) -> str:
         width = max(len(k) for k in keys.values())
         for key, g in r.gpus.items():
             mean = "-" if g["mean_util_pct"] is None else f"{g['mean_util_pct']:.0f}%"
-            lines.append(f"  {keys[key].ljust(width)}  mean {mean:>4}  held {hours(g['held_hours']):>6}h"
-                         f"  idle-held {hours(g['idle_held_hours']):>5}h  |{spark(g['util_pct'], 100)}|")
+            lines.append(
+                f"  {keys[key].ljust(width)}  mean {mean:>4}  held {hours(g['held_hours']):>6}h"
+                f"  idle-held {hours(g['idle_held_hours']):>5}h  |{spark(g['util_pct'], 100)}|"
+            )
     else:
-        lines.append("GPU utilization over time: no samples in this window (workers write them "
-                     "every sample_every_s to state/samples/)")
+        lines.append(
+            "GPU utilization over time: no samples in this window (workers write them "
+            "every sample_every_s to state/samples/)"
+        )
     top = max(r.queue_max, default=0)
     lines.append(f"queue length (max per {step}; peak {top})  |{spark(r.queue_max, top)}|")
     if r.pending_now:
         lines.append(f"pending now: {r.pending_now}, the longest waiting {format_duration(r.longest_pending_s)}")
     return "\n".join(lines)
-

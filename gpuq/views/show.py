@@ -1,5 +1,6 @@
 """`gpuq show ID`'s read model: everything known about one job, wherever it is, with what it
-sees when it runs (preview.py) and the memory its past runs peaked at."""
+sees when it runs (views/preview.py) and the memory its past runs peaked at."""
+
 from __future__ import annotations
 
 import os
@@ -50,13 +51,13 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
             return {**held, "state": "held"}
     err = layout.rejected / f"{job_id}.error"  # the first rejection under this id
     if err.exists():
-        return {"id": job_id, "state": "rejected", "error": err.read_text().strip(),
-                "spec_dir": str(layout.rejected)}
+        return {"id": job_id, "state": "rejected", "error": err.read_text().strip(), "spec_dir": str(layout.rejected)}
     return None
 
 
-def _sees(layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None,
-          uid: int | None) -> dict[str, Any]:
+def _sees(
+    layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None, uid: int | None
+) -> dict[str, Any]:
     return what_the_job_sees(layout, config, job_id, spec, record, uid)
 
 
@@ -80,7 +81,11 @@ def _past_peaks(layout: Layout, record: Record) -> list[int]:
             if not (entry.name.startswith(stem) and entry.name.endswith(".json")):
                 continue
             past = read_record(Path(entry.path))
-            if past is not None and past.peak_gpu_mem_mib and past.spec.get("name") == name and \
-                    re.sub(r"-\d+$", "", past.id) == stem:
+            if (
+                past is not None
+                and past.peak_gpu_mem_mib
+                and past.spec.get("name") == name
+                and re.sub(r"-\d+$", "", past.id) == stem
+            ):
                 peaks.append(past.peak_gpu_mem_mib)
     return peaks

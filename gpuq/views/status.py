@@ -1,6 +1,7 @@
 """Read models for `gpuq status` and `gpuq show`: plain JSON-able dicts built from the spool,
 the workers' heartbeats and the same `plan` the workers run. Rendering lives in `render`.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,10 +80,15 @@ def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int, user: str |
     return found
 
 
-def status(layout: Layout, config: Config, now: float | None = None,
-           pending_rows: int | None = None, ended: frozenset[str] | None = None,
-           ended_user: str | None = None) -> dict[str, Any]:
-    """The whole team on one screen, as data. Documented in README ("status --json").
+def status(
+    layout: Layout,
+    config: Config,
+    now: float | None = None,
+    pending_rows: int | None = None,
+    ended: frozenset[str] | None = None,
+    ended_user: str | None = None,
+) -> dict[str, Any]:
+    """The whole team on one screen, as data. Documented in docs/reference.md ("status --json").
     `pending_rows` limits the pending rows built (the screen shows a few of 10,000);
     `pending_total` always counts them all. The latest `recent_finished` ended jobs are those
     in `ended` (default: every final state) of `ended_user` (default: anyone's): a narrowed
@@ -113,12 +119,18 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "version": STATUS_VERSION,
         "root": str(layout.root),
         "now": now,
-        "hosts": [{**_host(hb, jobs_by_host.get(hb["host"], []), config, now, heartbeat_alive(hb, now)),
-                   "drain": drains.get(hb["host"])} for hb in beats],
-        "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id))
-                    for r in running],
-        "pending": [_pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
-                    for pos, i in enumerate(decided.order[:pending_rows], 1)],
+        "hosts": [
+            {
+                **_host(hb, jobs_by_host.get(hb["host"], []), config, now, heartbeat_alive(hb, now)),
+                "drain": drains.get(hb["host"]),
+            }
+            for hb in beats
+        ],
+        "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id)) for r in running],
+        "pending": [
+            _pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
+            for pos, i in enumerate(decided.order[:pending_rows], 1)
+        ],
         "pending_total": len(decided.order),
         # Container readiness matters to a host line only while some job asks for a container.
         "containers_asked": any(j.spec.container for j in pending) or any(r.spec.get("container") for r in running),
@@ -126,15 +138,25 @@ def status(layout: Layout, config: Config, now: float | None = None,
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
         "held": held_jobs(layout),
         "bookings": [{**b.to_json(), "active": b.active(now)} for b in booked],
-        "alerts": sorted({f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
-                         key=lambda a: a["since"]),
-        "finished": (finished := [_finished(layout, ev) for ev in
-                     recent_events(layout, (ended or final_names) - {"rejected"}, config.recent_finished, ended_user)
-                     if not _retried(layout, ev["job"])]),
+        "alerts": sorted(
+            {f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
+            key=lambda a: a["since"],
+        ),
+        "finished": (
+            finished := [
+                _finished(layout, ev)
+                for ev in recent_events(
+                    layout, (ended or final_names) - {"rejected"}, config.recent_finished, ended_user
+                )
+                if not _retried(layout, ev["job"])
+            ]
+        ),
         "group_sizes": _group_sizes(layout, finished),
-        "rejected": [_rejected(layout, ev) for ev in
-                     recent_events(layout, frozenset({"rejected"}), config.recent_finished, ended_user)
-                     if not _lived_on(layout, ev)],
+        "rejected": [
+            _rejected(layout, ev)
+            for ev in recent_events(layout, frozenset({"rejected"}), config.recent_finished, ended_user)
+            if not _lived_on(layout, ev)
+        ],
     }
 
 
@@ -167,34 +189,62 @@ def _starting(start: Any) -> str:
     return f"starting on {where} at the next worker pass"
 
 
-def _host(hb: dict[str, Any], running_here: list[RunningJob], config: Config, now: float,
-          alive: bool) -> dict[str, Any]:
+def _host(
+    hb: dict[str, Any], running_here: list[RunningJob], config: Config, now: float, alive: bool
+) -> dict[str, Any]:
     gpus = []
     for g in hb.get("gpus", []):
         snap = GpuSnapshot.from_json(g)
         on_gpu = [j for j in running_here if snap.index in j.gpus]
-        gpus.append({"index": snap.index, "name": snap.name, "uuid": snap.uuid,
-                     "mem_total_mib": snap.mem_total_mib, "mem_used_mib": snap.mem_used_mib,
-                     "usable_mib": max(0, usable_mib(snap, on_gpu, config.gpu_mem_reserve_mib)),
-                     "util_pct": snap.util_pct, "temp_c": snap.temp_c,
-                     "jobs": [j.id for j in on_gpu]})
-    return {"host": hb["host"], "alive": alive, "stopped": bool(hb.get("stopped")) and not alive,
-            "last_seen_s": round(now - hb["_mtime"], 1),
-            "pid": hb.get("pid"), "version": hb.get("version"), "probe_error": hb.get("probe_error"),
-            "cpu_slots": hb.get("cpu_slots"), "gpus": gpus, "runtimes": hb.get("runtimes", {}),
-            "runtime_problems": hb.get("runtime_problems", {})}
+        gpus.append(
+            {
+                "index": snap.index,
+                "name": snap.name,
+                "uuid": snap.uuid,
+                "mem_total_mib": snap.mem_total_mib,
+                "mem_used_mib": snap.mem_used_mib,
+                "usable_mib": max(0, usable_mib(snap, on_gpu, config.gpu_mem_reserve_mib)),
+                "util_pct": snap.util_pct,
+                "temp_c": snap.temp_c,
+                "jobs": [j.id for j in on_gpu],
+            }
+        )
+    return {
+        "host": hb["host"],
+        "alive": alive,
+        "stopped": bool(hb.get("stopped")) and not alive,
+        "last_seen_s": round(now - hb["_mtime"], 1),
+        "pid": hb.get("pid"),
+        "version": hb.get("version"),
+        "probe_error": hb.get("probe_error"),
+        "cpu_slots": hb.get("cpu_slots"),
+        "gpus": gpus,
+        "runtimes": hb.get("runtimes", {}),
+        "runtime_problems": hb.get("runtime_problems", {}),
+    }
 
 
-def _running(r: Record, observed: dict[int, int], now: float, yielding: bool,
-             warning: str | None) -> dict[str, Any]:
-    return {"id": r.id, "user": r.user, "host": r.host, "gpus": r.gpus, "attempt": r.attempt,
-            "preemptible": bool(r.spec.get("preemptible")), "yielding": yielding, "warning": warning,
-            "restarts": r.restarts, "slurm_id": r.slurm_id,
-            "time_limit_s": r.time_limit_s, "mem_limit_mib": r.mem_limit_mib, "cpu_cores": r.cpu_cores,
-            "elapsed_s": round(now - (r.claimed_at or now), 1), "gpu_mem_mib": r.gpu_mem_mib,
-            "declared_gpu_mem_mib": r.spec.get("gpu_mem_mib"),
-            "observed_gpu_mem_mib": max(observed.values()) if observed else None,
-            "command": command_text(r.spec.get("command"))}
+def _running(r: Record, observed: dict[int, int], now: float, yielding: bool, warning: str | None) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "user": r.user,
+        "host": r.host,
+        "gpus": r.gpus,
+        "attempt": r.attempt,
+        "preemptible": bool(r.spec.get("preemptible")),
+        "yielding": yielding,
+        "warning": warning,
+        "restarts": r.restarts,
+        "slurm_id": r.slurm_id,
+        "time_limit_s": r.time_limit_s,
+        "mem_limit_mib": r.mem_limit_mib,
+        "cpu_cores": r.cpu_cores,
+        "elapsed_s": round(now - (r.claimed_at or now), 1),
+        "gpu_mem_mib": r.gpu_mem_mib,
+        "declared_gpu_mem_mib": r.spec.get("gpu_mem_mib"),
+        "observed_gpu_mem_mib": max(observed.values()) if observed else None,
+        "command": command_text(r.spec.get("command")),
+    }
 
 
 def _by_reason(reasons: Iterable[str]) -> dict[str, int]:
@@ -230,22 +280,45 @@ def narrowed(view: dict[str, Any], user: str | None = None, state: str | None = 
 
 def _pending(job: PendingJob, position: int, reason: str, now: float) -> dict[str, Any]:
     s = job.spec
-    return {"id": job.id, "user": job.user, "position": position, "gpus": s.gpus,
-            "gpu_mem_mib": s.gpu_mem_mib, "priority": s.priority_class if not s.priority else s.priority,
-            "waiting_s": round(now - job.queued_at, 1), "reason": reason,
-            "command": s.command_text()}
+    return {
+        "id": job.id,
+        "user": job.user,
+        "position": position,
+        "gpus": s.gpus,
+        "gpu_mem_mib": s.gpu_mem_mib,
+        "priority": s.priority_class if not s.priority else s.priority,
+        "waiting_s": round(now - job.queued_at, 1),
+        "reason": reason,
+        "command": s.command_text(),
+    }
 
 
 def _finished(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
     record = read_record(layout.record(layout.finished, ev["job"]))
     if record is None:
-        return {"id": ev["job"], "state": ev["to"], "exit_code": ev.get("exit_code"), "user": None,
-                "ended_at": ev.get("t"), "duration_s": None, "host": ev.get("host"), "reason": ev.get("reason")}
+        return {
+            "id": ev["job"],
+            "state": ev["to"],
+            "exit_code": ev.get("exit_code"),
+            "user": None,
+            "ended_at": ev.get("t"),
+            "duration_s": None,
+            "host": ev.get("host"),
+            "reason": ev.get("reason"),
+        }
     duration = (record.ended_at - record.started_at) if record.ended_at and record.started_at else None
-    return {"id": record.id, "state": record.state.value, "exit_code": record.exit_code, "user": record.user,
-            "signal": record.signal, "ended_at": record.ended_at,
-            "duration_s": round(duration, 2) if duration is not None else None,
-            "host": record.host, "gpus": record.gpus, "reason": record.reason}
+    return {
+        "id": record.id,
+        "state": record.state.value,
+        "exit_code": record.exit_code,
+        "user": record.user,
+        "signal": record.signal,
+        "ended_at": record.ended_at,
+        "duration_s": round(duration, 2) if duration is not None else None,
+        "host": record.host,
+        "gpus": record.gpus,
+        "reason": record.reason,
+    }
 
 
 def _retried(layout: Layout, job_id: str) -> bool:
@@ -253,8 +326,12 @@ def _retried(layout: Layout, job_id: str) -> bool:
     its old ending is no longer news, and it shows where it is now."""
     if layout.record(layout.finished, job_id).exists():
         return False
-    return bool(pending_spec_path(layout, job_id) or claims_of(layout, job_id)
-                or layout.record(layout.running, job_id).exists() or layout.record(layout.held, job_id).exists())
+    return bool(
+        pending_spec_path(layout, job_id)
+        or claims_of(layout, job_id)
+        or layout.record(layout.running, job_id).exists()
+        or layout.record(layout.held, job_id).exists()
+    )
 
 
 def _lived_on(layout: Layout, ev: dict[str, Any]) -> bool:
@@ -278,5 +355,3 @@ def _rejected(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
         except (OSError, ValueError):
             continue
     return {"id": ev["job"], "user": owner, "error": ev.get("reason"), "at": ev.get("t")}
-
-

@@ -2,6 +2,7 @@
 first by name, so that one host speaks for the queue — for waiting jobs and silent workers.
 Each alert is raised once and stays until it clears: shown in `gpuq status` (from the
 heartbeats), and handed, when it appears, to config `alert_command` as JSON on stdin."""
+
 from __future__ import annotations
 
 import json
@@ -22,11 +23,11 @@ SHORT_JOBS_WINDOW_S = 600.0
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str       # long_wait, idle_holder, gpu_mem_overuse, gpu_hot, worker_silent, short_job_flood
-    subject: str    # the job, GPU or host it is about
-    host: str       # the host that raised it
+    kind: str  # long_wait, idle_holder, gpu_mem_overuse, gpu_hot, worker_silent, short_job_flood
+    subject: str  # the job, GPU or host it is about
+    host: str  # the host that raised it
     message: str
-    since: float    # wall clock
+    since: float  # wall clock
 
     @property
     def key(self) -> str:
@@ -36,53 +37,100 @@ class Alert:
 class AlertWatch:
     def __init__(self, config: "Config", host: str) -> None:
         self.config, self.host = config, host
-        self.low_util_since: dict[str, float] = {}   # job -> since when it holds memory idly
+        self.low_util_since: dict[str, float] = {}  # job -> since when it holds memory idly
         self.current: dict[str, Alert] = {}
         self.children: list[subprocess.Popen] = []
 
-    def evaluate(self, now: float, gpus: list["GpuSnapshot"], running: list["Record"],
-                 observed: dict[str, dict[int, int]], overuse: dict[str, str], pending: list["PendingJob"],
-                 silent_hosts: dict[str, float], speaks_for_queue: bool, short_jobs: int = 0) -> list[Alert]:
+    def evaluate(
+        self,
+        now: float,
+        gpus: list["GpuSnapshot"],
+        running: list["Record"],
+        observed: dict[str, dict[int, int]],
+        overuse: dict[str, str],
+        pending: list["PendingJob"],
+        silent_hosts: dict[str, float],
+        speaks_for_queue: bool,
+        short_jobs: int = 0,
+    ) -> list[Alert]:
         """This pass's alerts (pure but for the idle-holder clock it keeps)."""
         c = self.config
         found: list[tuple[str, str, str]] = []
         util = {g.index: g.util_pct or 0 for g in gpus}
         for g in gpus:
             if g.temp_c is not None and g.temp_c >= c.alert_gpu_temp_c:
-                found.append(("gpu_hot", f"{self.host}:{g.index}", f"GPU {self.host}:{g.index} at {g.temp_c}°C "
-                                                                     f"(alert_gpu_temp_c {c.alert_gpu_temp_c})"))
+                found.append(
+                    (
+                        "gpu_hot",
+                        f"{self.host}:{g.index}",
+                        f"GPU {self.host}:{g.index} at {g.temp_c}°C (alert_gpu_temp_c {c.alert_gpu_temp_c})",
+                    )
+                )
             if c.alert_gpu_power_w and g.power_w is not None and g.power_w >= c.alert_gpu_power_w:
-                found.append(("gpu_hot", f"{self.host}:{g.index}", f"GPU {self.host}:{g.index} draws {g.power_w:g} W "
-                                                                     f"(alert_gpu_power_w {c.alert_gpu_power_w:g})"))
+                found.append(
+                    (
+                        "gpu_hot",
+                        f"{self.host}:{g.index}",
+                        f"GPU {self.host}:{g.index} draws {g.power_w:g} W (alert_gpu_power_w {c.alert_gpu_power_w:g})",
+                    )
+                )
         for r in running:
             held = sum(observed.get(r.id, {}).values())
             idle = held > 0 and r.gpus and all(util.get(i, 0) < c.alert_idle_util_pct for i in r.gpus)
             since = self.low_util_since.setdefault(r.id, now) if idle else self.low_util_since.pop(r.id, None)
             if idle and since is not None and now - since >= c.alert_idle_holder_s:
-                found.append(("idle_holder", r.id, f"job {r.id} ({r.user}) holds {format_mib(held)} of GPU memory "
-                                                    f"at under {c.alert_idle_util_pct}% utilization for "
-                                                    f"{format_duration(now - since)}"))
+                found.append(
+                    (
+                        "idle_holder",
+                        r.id,
+                        f"job {r.id} ({r.user}) holds {format_mib(held)} of GPU memory "
+                        f"at under {c.alert_idle_util_pct}% utilization for "
+                        f"{format_duration(now - since)}",
+                    )
+                )
             if r.id in overuse:
                 found.append(("gpu_mem_overuse", r.id, f"job {r.id} ({r.user}) {overuse[r.id]}"))
         if short_jobs >= c.alert_short_jobs:
-            found.append(("short_job_flood", self.host,
-                          f"{short_jobs} jobs ran under {SHORT_JOB_S:g} s each on {self.host} in the last "
-                          f"{format_duration(SHORT_JOBS_WINDOW_S)}: gpuq's cost per job (spool files, a process) "
-                          f"outweighs such work; batch it into fewer, longer jobs"))
+            found.append(
+                (
+                    "short_job_flood",
+                    self.host,
+                    f"{short_jobs} jobs ran under {SHORT_JOB_S:g} s each on {self.host} in the last "
+                    f"{format_duration(SHORT_JOBS_WINDOW_S)}: gpuq's cost per job (spool files, a process) "
+                    f"outweighs such work; batch it into fewer, longer jobs",
+                )
+            )
         for job_id in set(self.low_util_since) - {r.id for r in running}:
             del self.low_util_since[job_id]
         if speaks_for_queue:
             for job in pending:
                 if now - job.queued_at >= c.alert_wait_s:
-                    found.append(("long_wait", job.id, f"job {job.id} ({job.user}) has waited "
-                                                       f"{format_duration(now - job.queued_at)}"))
+                    found.append(
+                        (
+                            "long_wait",
+                            job.id,
+                            f"job {job.id} ({job.user}) has waited {format_duration(now - job.queued_at)}",
+                        )
+                    )
             for host, silent_s in sorted(silent_hosts.items()):
                 if silent_s >= c.alert_worker_silent_s:
-                    found.append(("worker_silent", host, f"the worker of {host} has not renewed its heartbeat "
-                                                         f"for {format_duration(silent_s)}"))
-        return [Alert(kind, subject, self.host, message,
-                      self.current[f"{kind}:{subject}"].since if f"{kind}:{subject}" in self.current else now)
-                for kind, subject, message in found]
+                    found.append(
+                        (
+                            "worker_silent",
+                            host,
+                            f"the worker of {host} has not renewed its heartbeat for {format_duration(silent_s)}",
+                        )
+                    )
+        return [
+            Alert(
+                kind,
+                subject,
+                self.host,
+                message,
+                self.current[f"{kind}:{subject}"].since if f"{kind}:{subject}" in self.current else now,
+            )
+            for kind, subject, message in found
+        ]
 
     def update(self, alerts: list[Alert]) -> list[Alert]:
         """Keep this pass's alerts; returns the new ones, after handing them to the command."""
@@ -98,8 +146,14 @@ class AlertWatch:
         if not self.config.alert_command:
             return
         try:
-            proc = subprocess.Popen(self.config.alert_command, shell=True, stdin=subprocess.PIPE,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                self.config.alert_command,
+                shell=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             proc.stdin.write(json.dumps(asdict(alert)).encode() + b"\n")  # type: ignore[union-attr]
             proc.stdin.close()  # type: ignore[union-attr]
             self.children.append(proc)

@@ -1,6 +1,7 @@
 """What a worker does with specs as they arrive in jobs/: one that stayed invalid, or reuses
 an id an earlier job had, goes to state/rejected/ with an .error file beside it that names the
-file, the field and the fix; a sweep is expanded into its member jobs (sweeps.py)."""
+file, the field and the fix; a sweep is expanded into its member jobs (spool/sweeps.py)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +27,7 @@ class Arrivals:
     def __init__(self, layout: Layout, host: str, intake: Intake) -> None:
         self.layout, self.host, self.intake = layout, host, intake
         self.unmovable: set[str] = set()  # refused specs this worker may not move
-        self.expand_sweeps = True         # a Slurm bridge hands a sweep over whole, as an array
+        self.expand_sweeps = True  # a Slurm bridge hands a sweep over whole, as an array
 
     def take_in(self, now: float, settle_s: float) -> None:
         """After a scan: reject what stayed invalid and reused ids; expand sweeps."""
@@ -34,16 +35,35 @@ class Arrivals:
             self.reject(job_id, entry.path, str(entry.error))
         for name, job_id in self.intake.take_duplicates():
             other = self.intake.entries[job_id].name
-            self.reject(job_id, self.layout.jobs / name, str(SpecError(
-                f"jobs/{name}", None, f"jobs/{other} already has the id '{job_id}'",
-                f"rename the file (e.g. {job_id}-2.yaml)")), forget=False)
+            self.reject(
+                job_id,
+                self.layout.jobs / name,
+                str(
+                    SpecError(
+                        f"jobs/{name}",
+                        None,
+                        f"jobs/{other} already has the id '{job_id}'",
+                        f"rename the file (e.g. {job_id}-2.yaml)",
+                    )
+                ),
+                forget=False,
+            )
         for entry in self.intake.take_unchecked():
             job_id = entry.job.id  # type: ignore[union-attr]
             taken = self._id_taken(job_id, entry.job.user)  # type: ignore[union-attr]
             if taken:
-                self.reject(job_id, entry.path, str(SpecError(
-                    f"jobs/{entry.name}", None, f"job id '{job_id}' {taken}",
-                    f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id")))
+                self.reject(
+                    job_id,
+                    entry.path,
+                    str(
+                        SpecError(
+                            f"jobs/{entry.name}",
+                            None,
+                            f"job id '{job_id}' {taken}",
+                            f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id",
+                        )
+                    ),
+                )
             elif entry.job.spec.array or (entry.job.spec.sweep and self.expand_sweeps):  # type: ignore[union-attr]
                 self.expand_sweep(job_id, entry)
 
@@ -64,8 +84,7 @@ class Arrivals:
 
     def expand_sweep(self, job_id: str, entry: Entry) -> None:
         try:
-            members = expand_dropped_sweep(self.layout, entry.path, job_id,
-                                           load_yaml(entry.text, f"jobs/{entry.name}"))
+            members = expand_dropped_sweep(self.layout, entry.path, job_id, load_yaml(entry.text, f"jobs/{entry.name}"))
         except (GroupError, SpecError) as e:
             self.reject(job_id, entry.path, f"jobs/{entry.name}: {e}")
             return
@@ -77,7 +96,9 @@ class Arrivals:
         suffix = ".yml" if path.name.endswith(".yml") else ".yaml"
         # A name too long to take a suffix (250 characters, say) is kept under a short one of gpuq's.
         fits = len(job_id.encode("utf-8", "surrogateescape")) <= 100 and "/" not in job_id
-        stem = job_id if fits else f"bad-name-{hashlib.sha1(job_id.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
+        stem = (
+            job_id if fits else f"bad-name-{hashlib.sha1(job_id.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
+        )
         dest = self.layout.rejected / f"{stem}{suffix}"
         if os.path.lexists(dest):
             dest = self.layout.rejected / f"{stem}.{int(wall_time())}.{os.urandom(3).hex()}{suffix}"
@@ -96,15 +117,22 @@ class Arrivals:
         what, fix_word, fix = message.partition("Fix: ")
         message = what + fix_word + fix.replace(f"jobs/{path.name}", str(dest))
         kept = f" The spec is kept as state/rejected/{dest.name}"
-        message = safe_text(message + (f"{kept}: fix it there (or drop a fixed one), then `gpuq retry {stem}`."
-                                       if dest.name == f"{stem}{suffix}" else f"{kept}."))  # one line, never more
+        message = safe_text(
+            message
+            + (
+                f"{kept}: fix it there (or drop a fixed one), then `gpuq retry {stem}`."
+                if dest.name == f"{stem}{suffix}"
+                else f"{kept}."
+            )
+        )  # one line, never more
         atomic_write(dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error", (message + "\n").encode(), mode=0o644)
         try:  # whose spec it was: the moved file's owner (reports count it for them, not "?")
             owner = user_name(os.lstat(dest).st_uid)
         except OSError:
             owner = None
-        append_event(self.layout, self.host, {"job": stem, "from": "pending", "to": "rejected",
-                                              "reason": message, "user": owner})
+        append_event(
+            self.layout, self.host, {"job": stem, "from": "pending", "to": "rejected", "reason": message, "user": owner}
+        )
         if forget:
             self.intake.forget(job_id)
         log.warning("rejected %s", message)

@@ -5,6 +5,7 @@ Each pass is a short ordered list of named steps (see `STEPS`). Crash recovery b
 reattaching to running jobs, requeueing never-started claims and marking unknown exits
 lives with the reliability work; the seams are the steps below.
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,7 +14,8 @@ import time
 from pathlib import Path
 
 from gpuq import __version__
-from gpuq.host.faults import crash_point, wall_time
+from gpuq.host.clock import Clock
+from gpuq.host.faults import crash_point
 from gpuq.host.files import atomic_write, read_json, write_json
 from gpuq.host.hostinfo import boot_id, ensure_private_dir
 from gpuq.host.jobmemory import observe_job_memory
@@ -82,7 +84,7 @@ from gpuq.worker.recovery import Recovery
 
 log = logging.getLogger("gpuq.worker")
 SPEC_CACHE_EVERY_S = 5.0
-METRICS_EVERY_S = 10.0   # and when the running jobs change, at most every METRICS_MIN_GAP_S
+METRICS_EVERY_S = 10.0  # and when the running jobs change, at most every METRICS_MIN_GAP_S
 METRICS_MIN_GAP_S = 1.0
 FULL_SCAN_EVERY_S = 30.0
 # A burst of short jobs wakes the worker hundreds of times a second; between those wakes
@@ -95,32 +97,54 @@ REQUESTS_PER_PASS_S = 0.5
 
 
 class Worker:
-    STEPS = ("observe", "settle_running", "take_over_dead_hosts", "apply_requests", "obey_controls",
-             "take_in_specs", "start_jobs", "raise_alerts", "report")
+    STEPS: tuple[str, ...] = (
+        "observe",
+        "settle_running",
+        "take_over_dead_hosts",
+        "apply_requests",
+        "obey_controls",
+        "take_in_specs",
+        "start_jobs",
+        "raise_alerts",
+        "report",
+    )
 
-    def __init__(self, layout: Layout, config: Config, host: str, fake_gpus: str | None) -> None:
+    def __init__(
+        self, layout: Layout, config: Config, host: str, fake_gpus: str | None, clock: Clock | None = None
+    ) -> None:
         self.layout, self.config, self.host = layout, config, host
+        self.clock = clock or Clock()
         self.boot_id = boot_id()
         local_dir = ensure_private_dir(layout.local_dir(host, config.local_dir))
         ensure_private_dir(local_dir / "jobs")
         self.probe = Probe(fake_gpus, local_dir)
-        self.rt = Runtime(layout, host, self.boot_id, local_dir, config.grace_s, config.lost_after_s,
-                          self.probe.job_env(), config.container_runtime, config.allow_root_jobs)
-        self.intake = Intake(layout, OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, config.run_for_users,
-                                                           config.allow_root_jobs))
+        self.rt = Runtime(
+            layout,
+            host,
+            self.boot_id,
+            local_dir,
+            config.grace_s,
+            config.lost_after_s,
+            self.probe.job_env(),
+            config.container_runtime,
+            config.allow_root_jobs,
+        )
+        self.intake = Intake(
+            layout, OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, config.run_for_users, config.allow_root_jobs)
+        )
         self.seq = 0
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
-        self.others_running: list[Record] = []   # the rest of the team's, for the one plan
-        self.running_listed: int | None = None   # running/'s mtime when it was last listed
-        self.own_listed: list[Record] = []       # this box's records in that listing
+        self.others_running: list[Record] = []  # the rest of the team's, for the one plan
+        self.running_listed: int | None = None  # running/'s mtime when it was last listed
+        self.own_listed: list[Record] = []  # this box's records in that listing
         self.started_last_pass = 0
         self.read_jobs_last_pass = False
         self.version_at_last_pass = -1
         self.observed: dict[str, dict[int, int]] = {}
         self.gpu_usage = GpuUsage()
         self.record_cache: dict[tuple[str, int, int, int], Record] = {}
-        self.reported: set[str] = set()      # bad files already logged once (never each pass)
+        self.reported: set[str] = set()  # bad files already logged once (never each pass)
         self.replies_swept_at = 0.0
         self.inbox_seen: int | None = None
         self.poke_seen: int | None = None
@@ -132,59 +156,86 @@ class Worker:
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
         self.heartbeat_at = 0.0
-        self.woken_by = b""                  # the reasons of the pokes that ended the last sleep
+        self.woken_by = b""  # the reasons of the pokes that ended the last sleep
         self.unchanged_plan_inputs: tuple | None = None
         self.idle_tracker = IdleTracker(config.idle_util_pct)
         self.others_idle_since: dict[int, float | None] = {}
-        self.stopping: set[str] = set()      # running jobs told to yield (preempted)
+        self.stopping: set[str] = set()  # running jobs told to yield (preempted)
         self.gpu_mem_watch = GpuMemWatch(config)
         self.alerts = AlertWatch(config, host)
         self.alerts_at = 0.0
         self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (metrics)
-        self.metrics_file = Path(config.metrics_dir.replace("{host}", host)) / f"gpuq-{host}.prom" \
-            if config.metrics_dir else layout.state / "metrics" / f"gpuq-{host}.prom"
+        self.metrics_file = (
+            Path(config.metrics_dir.replace("{host}", host)) / f"gpuq-{host}.prom"
+            if config.metrics_dir
+            else layout.state / "metrics" / f"gpuq-{host}.prom"
+        )
         self.metrics_at = 0.0
         self.metrics_running: tuple[str, ...] = ()
         self.dep_states = DependencyStates(layout)
-        self.samples = SampleLog(layout, host, config.sample_every_s, config.alert_idle_util_pct,
-                                 max_gap_s=2 * config.poll_interval + 1)
+        self.samples = SampleLog(
+            layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
+        )
         self.runtimes = RuntimeProbe()
 
     # --- the loop -------------------------------------------------------------------------
 
     def run(self, once: bool = False, exit_when_idle: bool = False) -> None:
-        log.info("worker %s started (pid %d, gpuq %s, root %s)%s", self.host, os.getpid(),
-                 __version__, self.layout.root, f"; {self.probe.error}" if self.probe.error else "")
-        write_lease(self.rt, time.monotonic())  # a restarted worker renews its supervisors' lease
+        self.begin()
+        try:
+            while True:
+                pass_started = time.monotonic()  # the sleep below waits in real time
+                self.run_pass()
+                if once or (exit_when_idle and self.idle()):
+                    return
+                self.woken_by = self.wake.sleep(
+                    self.config.poll_interval,
+                    watch=(self.layout.requests, poke_path(self.layout, self.host), self.layout.jobs),
+                    seen=(self.inbox_seen, self.poke_seen, self.jobs_seen),
+                    not_before=(0.0, 0.0, pass_started + JOBS_WATCH_GAP_S),
+                )
+        finally:
+            self.end()
+
+    def begin(self) -> None:
+        """What a worker does once, before its first pass."""
+        log.info(
+            "worker %s started (pid %d, gpuq %s, root %s)%s",
+            self.host,
+            os.getpid(),
+            __version__,
+            self.layout.root,
+            f"; {self.probe.error}" if self.probe.error else "",
+        )
+        write_lease(self.rt, self.clock.mono())  # a restarted worker renews its supervisors' lease
         try:  # other boxes touch it to wake this one; without it they wait for its poll
             atomic_write(poke_path(self.layout, self.host), b"", mode=0o644, durable=False)
         except OSError as e:
-            self._report_once("poke-file", f"cannot make this box's poke file ({e.strerror or e}): "
-                              "other boxes' starts here wait for its poll")
-        finish_interrupted(self.layout, load_yaml,
-                           lambda group, why: self._report_once(f"groups/{group}", f"sweep {group} left as it is: {why}"))
-        try:
-            while True:
-                pass_started = time.monotonic()
-                for step in self.STEPS:
-                    try:
-                        getattr(self, step)()
-                    except Exception:  # one bad step must not kill the worker; the next pass retries
-                        log.exception("step %s failed", step)
-                if once or (exit_when_idle and self.idle()):
-                    return
-                self.woken_by = self.wake.sleep(self.config.poll_interval,
-                                                watch=(self.layout.requests, poke_path(self.layout, self.host),
-                                                       self.layout.jobs),
-                                                seen=(self.inbox_seen, self.poke_seen, self.jobs_seen),
-                                                not_before=(0.0, 0.0, pass_started + JOBS_WATCH_GAP_S))
-        finally:
-            self.spawner.close()
-            self.samples.flush(wall_time())
-            try:  # other boxes stop placing work here at once, not when the beat goes stale
-                self._write_heartbeat(stopped=True)
-            except OSError:
-                pass
+            self._report_once(
+                "poke-file",
+                f"cannot make this box's poke file ({e.strerror or e}): other boxes' starts here wait for its poll",
+            )
+        finish_interrupted(
+            self.layout,
+            load_yaml,
+            lambda group, why: self._report_once(f"groups/{group}", f"sweep {group} left as it is: {why}"),
+        )
+
+    def run_pass(self) -> None:
+        """One pass: every step in order, at the time its clock says."""
+        for step in self.STEPS:
+            try:
+                getattr(self, step)()
+            except Exception:  # one bad step must not kill the worker; the next pass retries
+                log.exception("step %s failed", step)
+
+    def end(self) -> None:
+        self.spawner.close()
+        self.samples.flush(self.clock.wall())
+        try:  # other boxes stop placing work here at once, not when the beat goes stale
+            self._write_heartbeat(stopped=True)
+        except OSError:
+            pass
 
     def idle(self) -> bool:
         """Nothing runs here and nothing this box could start remains: the last pass started
@@ -192,8 +243,9 @@ class Worker:
         released dependency show as a change, and get their pass)."""
         # A pass that skipped reading jobs/ has not seen what the pass before it wrote there
         # (a sweep's members): it cannot tell that nothing is left.
-        settled = self.intake.version == self.version_at_last_pass and not self.started_last_pass \
-            and self.read_jobs_last_pass
+        settled = (
+            self.intake.version == self.version_at_last_pass and not self.started_last_pass and self.read_jobs_last_pass
+        )
         self.version_at_last_pass = self.intake.version
         return not self.running and not self.spawner.starting and settled and not self._becoming_idle()
 
@@ -201,43 +253,54 @@ class Worker:
         """An opportunistic job waits and one of this box's GPUs is free of other use but not
         yet for `idle_after_s`: it may start once that time has passed (a GPU a person
         uses may stay taken for ever, and does not keep the worker)."""
-        now = wall_time()
-        return any(since is not None and now - since < self.config.idle_after_s
-                   for since in self.others_idle_since.values()) and \
-            any(job.opportunistic for job in self.intake.pending())
+        now = self.clock.wall()
+        return any(
+            since is not None and now - since < self.config.idle_after_s for since in self.others_idle_since.values()
+        ) and any(job.opportunistic for job in self.intake.pending())
 
     # --- steps ----------------------------------------------------------------------------
 
     def observe(self) -> None:
         """This host's GPUs and running jobs, and which job's processes use which memory."""
-        self.runtimes.refresh(time.monotonic())
+        self.runtimes.refresh(self.clock.mono())
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
         self.running = self._own_running()
         self.observed, foreign = observe_job_memory(self.gpus, self.running, lambda r: job_roots(self.rt, r))
         self.others_idle_since = self.idle_tracker.update(
-            self.gpus, foreign, {i for r in self.running for i in r.gpus}, wall_time())
-        for overuse in self.gpu_mem_watch.update(self.running, self.observed, time.monotonic()):
+            self.gpus, foreign, {i for r in self.running for i in r.gpus}, self.clock.wall()
+        )
+        for overuse in self.gpu_mem_watch.update(self.running, self.observed, self.clock.mono()):
             self._act_on_overuse(overuse)
-        self.samples.observe(self.gpus, self.running, wall_time())
-        now = time.monotonic()
+        self.samples.observe(self.gpus, self.running, self.clock.wall())
+        now = self.clock.mono()
         util = {g.index: g.util_pct for g in self.gpus}
         for r in self.running:
             if r.gpus:
-                self.gpu_usage.sample(r.id, self.observed.get(r.id, {}),
-                                      [u for i in r.gpus if (u := util.get(i)) is not None], now,
-                                      self.rt.usage_path(r.id))
+                self.gpu_usage.sample(
+                    r.id,
+                    self.observed.get(r.id, {}),
+                    [u for i in r.gpus if (u := util.get(i)) is not None],
+                    now,
+                    self.rt.usage_path(r.id),
+                )
 
     def _act_on_overuse(self, overuse: Overuse) -> None:
         record = next(r for r in self.running if r.id == overuse.job_id)
         if overuse.kill and request_stop(self.rt, record, f"{LIMIT}: {overuse.why}"):
             log.warning("stopping %s: %s", record.id, overuse.why)
-            append_event(self.layout, self.host, {"job": record.id, "from": "running", "to": "running",
-                                                  "reason": f"stopping: {overuse.why}"})
+            append_event(
+                self.layout,
+                self.host,
+                {"job": record.id, "from": "running", "to": "running", "reason": f"stopping: {overuse.why}"},
+            )
         elif not overuse.kill:
             log.warning("%s %s", record.id, overuse.why)
-            append_event(self.layout, self.host, {"job": record.id, "from": "running", "to": "running",
-                                                  "reason": f"warning: {overuse.why}"})
+            append_event(
+                self.layout,
+                self.host,
+                {"job": record.id, "from": "running", "to": "running", "reason": f"warning: {overuse.why}"},
+            )
 
     def _own_running(self) -> list[Record]:
         """This host's running records (and, in `others_running`, every other box's). A record
@@ -249,7 +312,9 @@ class Worker:
         listed = mtime_ns(self.layout.running)  # before the listing: a later record changes it
         if listed is not None and listed == self.running_listed and time.time() - listed / 1e9 > RACY_MTIME_S:
             return list(self.own_listed)
-        records, others, cache = [], [], {}
+        records: list[Record] = []
+        others: list[Record] = []
+        cache: dict[tuple[str, int, int, int], Record] = {}
         self.running_listed = listed
         with os.scandir(self.layout.running) as it:
             for entry in it:
@@ -298,7 +363,7 @@ class Worker:
 
     def obey_controls(self) -> None:
         """Stop orders for jobs on this host, written by the worker that applied a cancel
-        request (applying.py judged who asked). Only the worker's account writes state/, so
+        request (spool/applying.py judged who asked). Only the worker's account writes state/, so
         an order in a file anyone else owns is ignored."""
         control_dir = self.layout.host_control(self.host)
         if not control_dir.is_dir():
@@ -326,7 +391,7 @@ class Worker:
             path.unlink(missing_ok=True)
 
     def apply_requests(self) -> None:
-        """Requests from the inbox (inbox.py): cancel, hold, release, edit, retry, book,
+        """Requests from the inbox (spool/inbox.py): cancel, hold, release, edit, retry, book,
         unbook, drain, resume. Requests this host took before a crash come first."""
         deadline = time.monotonic() + REQUESTS_PER_PASS_S  # a flood must not stall heartbeats
         self.inbox_seen = mtime_ns(self.layout.requests)  # before reading it: a later one wakes the sleep
@@ -337,22 +402,25 @@ class Worker:
             if time.monotonic() > deadline:
                 break  # the rest at the next pass
             apply_one(self.layout, self.config, self.host, name)
-        now = wall_time()
+        now = self.clock.wall()
         if now - self.replies_swept_at > 60:
             self.replies_swept_at = now
             sweep_replies(self.layout, now)
             prune_bookings(self.layout, now)
 
     def _stop(self, record: Record, reason: str) -> bool:
-        """TERM, grace, KILL through its supervisor (bridge.py: scancel). False: not yet."""
+        """TERM, grace, KILL through its supervisor (slurm/bridge.py: scancel). False: not yet."""
         return request_stop(self.rt, record, reason)
 
     def take_in_specs(self) -> None:
         """Read jobs/; reject specs that stayed invalid and ids already used; expand sweeps."""
-        now = time.monotonic()
+        now = self.clock.mono()
         self.read_jobs_last_pass = False
-        if self.woken_by and not self.woken_by.strip(WAKE_JOB_ENDED) and \
-                now - self.intake.scanned_at < EXIT_WAKE_SCAN_GAP_S:
+        if (
+            self.woken_by
+            and not self.woken_by.strip(WAKE_JOB_ENDED)
+            and now - self.intake.scanned_at < EXIT_WAKE_SCAN_GAP_S
+        ):
             return  # only job ends woke us: they free GPUs, not specs, and jobs/ was just read
         self.read_jobs_last_pass = True
         # Before reading it: a spec dropped into jobs/ later (by hand or a script, which poke
@@ -368,7 +436,7 @@ class Worker:
         self.arrivals.take_in(now, self.config.spec_settle_s)
 
     def start_jobs(self) -> None:
-        """One plan for the whole team (teamstate.py): this box starts only the starts placed
+        """One plan for the whole team (spool/teamstate.py): this box starts only the starts placed
         on it and stops only its own jobs that must yield; starts placed on another box are
         that box's (it is poked)."""
         self.started_last_pass = 0
@@ -376,19 +444,23 @@ class Worker:
             return
         if drain_file(self.layout, self.host).exists():
             return  # `gpuq drain`: running jobs finish, nothing new starts here
-        now = wall_time()
+        now = self.clock.wall()
         problems: dict[str, str] = {}
         beats = load_heartbeats(self.layout, problems)
         for host, why in problems.items():
             self._report_once(f"heartbeat/{host}", f"state/workers/{host}.json left out of the plan: {why}")
-        own = HostView(self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since,
-                       frozenset(self.runtimes.found))
+        own = HostView(
+            self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since, frozenset(self.runtimes.found)
+        )
         own_jobs = self._running_jobs()
         team = picture(self.layout, self.config, beats, self.others_running, now, own, own_jobs, alive=self._alive)
         # The plan only changes when its inputs do: skip it while nothing moved. Time enters
         # through idleness (a GPU idle long enough, or taken by a person) and idle windows.
-        inputs = (self.intake.version, team.fingerprint(now, self.config.idle_after_s),
-                  window_open(self.config.idle_windows, now))
+        inputs: tuple[object, ...] = (
+            self.intake.version,
+            team.fingerprint(now, self.config.idle_after_s),
+            window_open(self.config.idle_windows, now),
+        )
         booked = load_bookings(self.layout, now)
         waiting, doomed = gates(self.intake.pending(), self.dep_states)
         for job_id, why in doomed.items():
@@ -402,8 +474,16 @@ class Worker:
             if mtime_ns(self.layout.running) != self.running_listed:
                 self._own_running()
                 team.running = own_jobs + running_elsewhere(beats, self.others_running, self.host)
-            decided = plan(self.intake.pending(), team.hosts, team.running, self.config, now, explain=False,
-                           blocked={**waiting, **doomed}, bookings=booked)
+            decided = plan(
+                self.intake.pending(),
+                team.hosts,
+                team.running,
+                self.config,
+                now,
+                explain=False,
+                blocked={**waiting, **doomed},
+                bookings=booked,
+            )
             self._preempt(decided.preempts)
             try:
                 for start in decided.starts:
@@ -414,12 +494,16 @@ class Worker:
                 if any(s.host == self.host for s in decided.starts):
                     self.jobs_seen = mtime_ns(self.layout.jobs)
         # Other boxes with a part in this plan (starts, holds, jobs to stop) hear of it now.
-        elsewhere = {s.host for s in decided.starts} | {h for h, _ in decided.held.values()} | {
-            j.host for j in team.running if j.id in decided.preempts}
+        elsewhere = (
+            {s.host for s in decided.starts}
+            | {h for h, _ in decided.held.values()}
+            | {j.host for j in team.running if j.id in decided.preempts}
+        )
         for host in elsewhere - {self.host}:
             poke_box(self.layout, host)
         mine = any(s.host == self.host for s in decided.starts) or any(
-            j in decided.preempts for j in (r.id for r in self.running))
+            j in decided.preempts for j in (r.id for r in self.running)
+        )
         self.unchanged_plan_inputs = None if mine else inputs
 
     def _alive(self, hb: dict) -> bool:
@@ -427,26 +511,33 @@ class Worker:
         (clocks may differ); one not watched long enough yet is judged by its file's mtime."""
         silent = self.recovery.silent_s(hb["host"])
         if hb.get("stopped") or silent is None:
-            return heartbeat_alive(hb, wall_time())
+            return heartbeat_alive(hb, self.clock.wall())
         return silent <= live_window_s(hb)
 
     def raise_alerts(self) -> None:
         """At most once per poll interval: a burst of short jobs wakes the worker far more often."""
-        now = time.monotonic()
+        now = self.clock.mono()
         if now - self.alerts_at < self.config.poll_interval * 0.9:
             return
         self.alerts_at = now
         silent = {h: now - since for h, (_, since, _) in self.recovery.heartbeats.items() if h != self.host}
         live = {h for h, s in silent.items() if s < self.config.alert_worker_silent_s} | {self.host}
-        alerts = self.alerts.evaluate(wall_time(), self.gpus, self.running, self.observed,
-                                      self.gpu_mem_watch.current, self.intake.pending(), silent,
-                                      speaks_for_queue=self.host == min(live),
-                                      short_jobs=self._short_jobs())
+        alerts = self.alerts.evaluate(
+            self.clock.wall(),
+            self.gpus,
+            self.running,
+            self.observed,
+            self.gpu_mem_watch.current,
+            self.intake.pending(),
+            silent,
+            speaks_for_queue=self.host == min(live),
+            short_jobs=self._short_jobs(),
+        )
         self.alerts.update(alerts)
 
     def _short_jobs(self) -> int:
         self.finished.counts()  # reads this host's new events
-        return self.finished.short_jobs_since(wall_time() - SHORT_JOBS_WINDOW_S)
+        return self.finished.short_jobs_since(self.clock.wall() - SHORT_JOBS_WINDOW_S)
 
     def _cancel_doomed(self, job_id: str, why: str) -> None:
         entry = self.intake.entries.get(job_id)
@@ -465,12 +556,14 @@ class Worker:
             if request_stop(self.rt, record, f"{PREEMPTED}: {why}"):
                 self.stopping.add(job_id)
                 log.info("preempting %s: %s", job_id, why)
-                append_event(self.layout, self.host, {"job": job_id, "from": "running", "to": "running",
-                                                      "reason": f"preempting: {why}"})
+                append_event(
+                    self.layout,
+                    self.host,
+                    {"job": job_id, "from": "running", "to": "running", "reason": f"preempting: {why}"},
+                )
 
     def _running_jobs(self) -> list[RunningJob]:
-        return [RunningJob.of(r, self.observed.get(r.id, {}), r.id in self.stopping, self.host)
-                for r in self.running]
+        return [RunningJob.of(r, self.observed.get(r.id, {}), r.id in self.stopping, self.host) for r in self.running]
 
     def _start(self, job_id: str, gpus: tuple[int, ...]) -> None:
         entry = self.intake.entries.get(job_id)
@@ -489,16 +582,30 @@ class Worker:
             return
         job = entry.job
         by_index = {g.index: g for g in self.gpus}
-        charged = job.spec.gpu_mem_mib if not job.spec.exclusive else \
-            by_index[gpus[0]].mem_total_mib - self.config.gpu_mem_reserve_mib
+        charged = (
+            job.spec.gpu_mem_mib
+            if not job.spec.exclusive
+            else by_index[gpus[0]].mem_total_mib - self.config.gpu_mem_reserve_mib
+        )
         record = Record(
-            id=job_id, state=State.RUNNING, spec=job.spec.to_json(),
-            spec_text=entry.text.decode("utf-8-sig", "replace"), user=job.user,
-            uid=uid, attempt=attempt, queued_at=job.queued_at, host=self.host,
-            boot_id=self.boot_id, gpus=list(gpus), gpu_uuids=[by_index[i].uuid for i in gpus],
-            gpu_mem_mib=charged if gpus else None, claim=claimed.name, claimed_at=wall_time(),
+            id=job_id,
+            state=State.RUNNING,
+            spec=job.spec.to_json(),
+            spec_text=entry.text.decode("utf-8-sig", "replace"),
+            user=job.user,
+            uid=uid,
+            attempt=attempt,
+            queued_at=job.queued_at,
+            host=self.host,
+            boot_id=self.boot_id,
+            gpus=list(gpus),
+            gpu_uuids=[by_index[i].uuid for i in gpus],
+            gpu_mem_mib=charged if gpus else None,
+            claim=claimed.name,
+            claimed_at=self.clock.wall(),
             preempted=bool(previous and str(previous.get("reason", "")).startswith(PREEMPTED)),
-            **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]))
+            **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]),
+        )
 
         try:
             record_start(self.layout, record, self.host)  # the record first: then the job may start
@@ -531,8 +638,11 @@ class Worker:
             self.arrivals.reject(job_id, claimed, str(e))
             return None
         except OSError as e:
-            self.arrivals.reject(job_id, claimed, f"{display}: cannot be read ({e.strerror}). Fix: make it a "
-                                 "plain file readable by the worker")
+            self.arrivals.reject(
+                job_id,
+                claimed,
+                f"{display}: cannot be read ({e.strerror}). Fix: make it a plain file readable by the worker",
+            )
             return None
         if raw != entry.text:  # edited in place since the scan: read again, at its place
             keep_place(self.layout, job_id, st.st_uid, entry.job.queued_at)  # type: ignore[union-attr]
@@ -542,17 +652,24 @@ class Worker:
 
     def _write_metrics(self) -> None:
         self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
-        figures = HostFigures(self.host, wall_time(), self.gpus, self.running, self.observed,
-                              [e.job.user for e in self.intake.entries.values() if e.job is not None],
-                              set(self.stopping), {i for i, t in self.others_idle_since.items() if t is None},
-                              self.finished.counts())
+        figures = HostFigures(
+            self.host,
+            self.clock.wall(),
+            self.gpus,
+            self.running,
+            self.observed,
+            [e.job.user for e in self.intake.entries.values() if e.job is not None],
+            set(self.stopping),
+            {i for i, t in self.others_idle_since.items() if t is None},
+            self.finished.counts(),
+        )
         atomic_write(self.metrics_file, render_metrics(figures).encode(), mode=0o644, durable=False)
 
     def report(self) -> None:
         """Heartbeat (boot id + sequence number: observers judge liveness on their own clock)
         with the GPU snapshot and per-job observed memory; and the shared spec cache. At most
         once per poll interval: a burst of short jobs wakes the worker far more often."""
-        now = time.monotonic()
+        now = self.clock.mono()
         if now - self.heartbeat_at < self.config.poll_interval * 0.9:
             return
         self.heartbeat_at = now
@@ -565,12 +682,15 @@ class Worker:
             # the lease stays fresh and healthy jobs run on; only when even that fails (the
             # disk is gone) does the lease age and the supervisors fence their jobs.
             os.utime(self.layout.heartbeat(self.host))
-            self._report_once("heartbeat-write", f"cannot write this host's heartbeat ({e.strerror or e}); "
-                              "renewing it by its mtime until the disk takes writes again")
+            self._report_once(
+                "heartbeat-write",
+                f"cannot write this host's heartbeat ({e.strerror or e}); "
+                "renewing it by its mtime until the disk takes writes again",
+            )
         else:
             self.reported.discard("heartbeat-write")
         # Written only once the heartbeat is: the supervisors' proof that others still see
-        # this host alive (a stale lease makes them stop their jobs; see supervise.py).
+        # this host alive (a stale lease makes them stop their jobs; see run/supervise.py).
         write_lease(self.rt, now)
         version, written_at = self.cache_written
         if version != self.intake.version and now - written_at >= SPEC_CACHE_EVERY_S:
@@ -578,20 +698,33 @@ class Worker:
             self.cache_written = (self.intake.version, now)
         running_ids = tuple(r.id for r in self.running)
         if now - self.metrics_at >= METRICS_EVERY_S or (
-                running_ids != self.metrics_running and now - self.metrics_at >= METRICS_MIN_GAP_S):
+            running_ids != self.metrics_running and now - self.metrics_at >= METRICS_MIN_GAP_S
+        ):
             self.metrics_at, self.metrics_running = now, running_ids
             self._write_metrics()
 
     def _write_heartbeat(self, stopped: bool = False) -> None:
-        write_json(self.layout.heartbeat(self.host), {"stopped": stopped,
-            "host": self.host, "boot_id": self.boot_id, "seq": self.seq, "pid": os.getpid(),
-            "version": __version__, "t": wall_time(), "poll_interval": self.config.poll_interval,
-            "gpus": [g.to_json() for g in self.gpus], "cpu_slots": self.config.cpu_slots,
-            "observed": {j: {str(i): m for i, m in per.items()} for j, per in self.observed.items()},
-            "others_idle_since": {str(i): t for i, t in self.others_idle_since.items()},
-            "stopping": sorted(self.stopping),
-            "warnings": dict(self.gpu_mem_watch.current),
-            "alerts": self.alerts.as_json(),
-            "probe_error": self.probe.error,
-            "runtimes": self.runtimes.found, "runtime_problems": self.runtimes.problems,
-        }, durable=False)
+        write_json(
+            self.layout.heartbeat(self.host),
+            {
+                "stopped": stopped,
+                "host": self.host,
+                "boot_id": self.boot_id,
+                "seq": self.seq,
+                "pid": os.getpid(),
+                "version": __version__,
+                "t": self.clock.wall(),
+                "poll_interval": self.config.poll_interval,
+                "gpus": [g.to_json() for g in self.gpus],
+                "cpu_slots": self.config.cpu_slots,
+                "observed": {j: {str(i): m for i, m in per.items()} for j, per in self.observed.items()},
+                "others_idle_since": {str(i): t for i, t in self.others_idle_since.items()},
+                "stopping": sorted(self.stopping),
+                "warnings": dict(self.gpu_mem_watch.current),
+                "alerts": self.alerts.as_json(),
+                "probe_error": self.probe.error,
+                "runtimes": self.runtimes.found,
+                "runtime_problems": self.runtimes.problems,
+            },
+            durable=False,
+        )

@@ -2,6 +2,7 @@
 atomically, as node_exporter's textfile collector expects (`<dir>/gpuq-<host>.prom`; point
 `--collector.textfile.directory` at config `metrics_dir`). contrib/grafana-gpuq.json is a
 dashboard for them. Rendering is pure; the worker only writes the file."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
 from gpuq.model.states import FINAL_STATES
 
-MIB = 2 ** 20
+MIB = 2**20
 SHORT_JOB_S = 10.0
 FINAL = frozenset(s.value for s in FINAL_STATES) - {"rejected"}
 
@@ -33,7 +34,10 @@ HELP = {
     "gpuq_jobs_finished_total": ("counter", "jobs this host's worker saw end, by final state, since it started"),
     "gpuq_user_gpus": ("gauge", "GPUs held by the user's running jobs on this host"),
     "gpuq_user_jobs": ("gauge", "the user's jobs by state (running on this host; pending in the queue)"),
-    "gpuq_job_gpu_memory_bytes": ("gauge", "GPU memory a running job uses (NVML, its process tree), summed over its GPUs"),
+    "gpuq_job_gpu_memory_bytes": (
+        "gauge",
+        "GPU memory a running job uses (NVML, its process tree), summed over its GPUs",
+    ),
 }
 
 
@@ -94,6 +98,7 @@ class FinishedCounter:
 def _labels(**labels: object) -> str:
     def esc(v: object) -> str:
         return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
     return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in labels.items()) + "}"
 
 

@@ -9,6 +9,7 @@ the running record goes leaves this host's claim for the next attempt beside tha
 next requeue of the attempt takes it over. A crash after leaves an orphan claim of this host,
 which the next pass puts back.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,7 @@ STALE_TEMP_S = 3600.0
 
 
 class Recovery:
-    def __init__(self, layout: Layout, config: Config, rt: Runtime,
-                 reject: Callable[[str, Path, str], None]) -> None:
+    def __init__(self, layout: Layout, config: Config, rt: Runtime, reject: Callable[[str, Path, str], None]) -> None:
         self.layout, self.config, self.rt, self.reject = layout, config, rt, reject
         self.host, self.boot_id = rt.host, rt.boot_id
         # host -> ((boot, seq, mtime), when that was first seen, whether it was seen to change)
@@ -76,8 +76,14 @@ class Recovery:
             result = dict(marker["result"])
             transition(self.layout, record, State(result.pop("state")), self.host, **result)
         else:
-            transition(self.layout, record, State.LOST, self.host, ended_at=wall_time(),
-                       reason="exit unknown: supervisor and job gone without a result")
+            transition(
+                self.layout,
+                record,
+                State.LOST,
+                self.host,
+                ended_at=wall_time(),
+                reason="exit unknown: supervisor and job gone without a result",
+            )
 
     def lose(self, record: Record, why: str) -> None:
         """The attempt died with its host: run it again while its retries last."""
@@ -86,8 +92,14 @@ class Recovery:
         if record.attempt <= retries:
             self.requeue(record, f"{why}; requeued as attempt {record.attempt + 1}")
             return
-        transition(self.layout, record, State.LOST, self.host, ended_at=wall_time(),
-                   reason=f"{why}; no retries left ({retries})")
+        transition(
+            self.layout,
+            record,
+            State.LOST,
+            self.host,
+            ended_at=wall_time(),
+            reason=f"{why}; no retries left ({retries})",
+        )
         if record.claim:
             (self.layout.claims / record.claim).unlink(missing_ok=True)
 
@@ -124,7 +136,9 @@ class Recovery:
         # only a requeue of this attempt on this host makes one, and only one worker of a host
         # runs at a time, so its requeuer is dead (a claim of another host may still be live).
         for path in claims:
-            if parse_claim_name(path.name) == (record.id, self.host) and path.name.endswith(f"@a{record.attempt + 1}.yaml"):
+            if parse_claim_name(path.name) == (record.id, self.host) and path.name.endswith(
+                f"@a{record.attempt + 1}.yaml"
+            ):
                 os.rename(path, held)
                 return held
         if claims:
@@ -138,9 +152,13 @@ class Recovery:
         name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
         if unclaim(claimed, self.layout.jobs / f"{job_id}.yaml"):
             return True
-        self.reject(job_id, claimed, f"jobs/{job_id}.yaml: an earlier version of this spec was being "
-                    "started when a new file with the same name arrived; this earlier version is kept "
-                    "here. Fix: resubmit it under another name if you still want it to run")
+        self.reject(
+            job_id,
+            claimed,
+            f"jobs/{job_id}.yaml: an earlier version of this spec was being "
+            "started when a new file with the same name arrived; this earlier version is kept "
+            "here. Fix: resubmit it under another name if you still want it to run",
+        )
         return False
 
     def requeue_orphan_claims(self) -> None:
@@ -148,8 +166,9 @@ class Recovery:
         the middle of a requeue)."""
         for path in self.layout.claims.iterdir():
             parsed = parse_claim_name(path.name)
-            if parsed is None or parsed[1] != self.host or \
-                    f"@{self.boot_id[:8]}@{os.getpid()}@" in path.name:  # this very worker's (a pid is reused after a reboot)
+            if (
+                parsed is None or parsed[1] != self.host or f"@{self.boot_id[:8]}@{os.getpid()}@" in path.name
+            ):  # this very worker's (a pid is reused after a reboot)
                 continue
             job_id = parsed[0]
             if has_record(self.layout, job_id):
@@ -158,17 +177,30 @@ class Recovery:
                     path.unlink(missing_ok=True)  # its supervisor recorded it, then died
                 continue
             if self.put_back(job_id, path):
-                append_event(self.layout, self.host, {"job": job_id, "from": "pending", "to": "pending",
-                                                      "reason": "claimed but never recorded; requeued"})
+                append_event(
+                    self.layout,
+                    self.host,
+                    {
+                        "job": job_id,
+                        "from": "pending",
+                        "to": "pending",
+                        "reason": "claimed but never recorded; requeued",
+                    },
+                )
 
     def sweep_temp_files(self) -> None:
-        """Temp files of writers killed mid-write (never visible as records; DESIGN lets a
+        """Temp files of writers killed mid-write (never visible as records; docs/design.md lets a
         worker delete only temp files). An hour old: their writer is long gone, on any host
         and whatever its clock says."""
         cutoff = wall_time() - STALE_TEMP_S
-        for directory, prefix in ((self.layout.claims, "."), (self.layout.running, "."),
-                                  (self.layout.finished, "."), (self.layout.requeued, "."),
-                                  (self.layout.workers, "."), (self.layout.jobs, ".submit-")):
+        for directory, prefix in (
+            (self.layout.claims, "."),
+            (self.layout.running, "."),
+            (self.layout.finished, "."),
+            (self.layout.requeued, "."),
+            (self.layout.workers, "."),
+            (self.layout.jobs, ".submit-"),
+        ):
             with os.scandir(directory) as it:  # in jobs/, only `gpuq submit`'s: the rest is users'
                 for entry in it:
                     if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
@@ -182,7 +214,7 @@ class Recovery:
 
     def take_over_dead_hosts(self) -> None:
         """A dead host's running jobs are lost. Its own supervisors stopped them before (see
-        supervise.py), and write nothing afterwards."""
+        run/supervise.py), and write nothing afterwards."""
         dead = self.dead_hosts()
         if not dead:
             return
@@ -193,8 +225,9 @@ class Recovery:
                 continue  # not a record: the worker that reads running/ reports it
             if record is not None and record.host in dead:
                 log.warning("host %s is dead: taking over %s", record.host, record.id)
-                self.lose(record, f"host {record.host} stopped (heartbeat unchanged for "
-                                  f"{self.config.lost_after_s:g} s)")
+                self.lose(
+                    record, f"host {record.host} stopped (heartbeat unchanged for {self.config.lost_after_s:g} s)"
+                )
 
     def silent_s(self, host: str, now: float | None = None) -> float | None:
         """How long, on this host's monotonic clock, `host`'s heartbeat has not changed (as

@@ -1,0 +1,82 @@
+"""What one worker pass decides, driven in this process pass by pass on a clock the test moves
+(tests/harness.py): no process starts and nothing waits, so these are in the fast set."""
+
+from __future__ import annotations
+
+import os
+
+from harness import PassWorker
+
+
+def test_a_spec_being_written_is_not_rejected_until_it_stays_unchanged(tmp_path):
+    """An editor saving a half-written file between passes, for longer than spec_settle_s:
+    each version is retried, none rejected; once it stays as it is that long, it is."""
+    box = PassWorker(tmp_path / "root", spec_settle_s=3)
+    rejected = box.layout.rejected
+    for i in range(8):  # 8 s of saves, a second apart
+        box.drop("slow.yaml", "command: [echo, 'unfinished" + "x" * i)
+        box.run_pass(after_s=1)
+        assert not list(rejected.iterdir()), f"rejected while still being written (save {i})"
+    box.run_pass(after_s=2)
+    assert not list(rejected.iterdir())  # unchanged for 2 s of the 3
+    box.run_pass(after_s=2)
+    assert (rejected / "slow.error").exists()
+    assert box.launched() == []
+
+
+def test_invalid_specs_are_rejected_with_file_field_fix_and_the_good_one_starts(tmp_path):
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB")
+    box.drop("bad-mem.yaml", "command: x\ngpu_mem: 20 gigs\n")
+    box.drop("typo.yaml", "comand: echo\n")
+    os.mkfifo(box.root / "jobs" / "pipe.yaml")
+    os.symlink("/etc/passwd", box.root / "jobs" / "link.yaml")
+    box.drop("good.yml", "command: echo good\ngpus: 0\n")
+    box.drop("two words.yaml", "command: echo spaced\ngpus: 0\n")
+    box.run_pass()
+    assert box.launched() == ["good"]
+    box.run_pass(after_s=2)  # past spec_settle_s: the bad ones are not being written, they are bad
+    errors = {p.stem: p.read_text() for p in box.layout.rejected.glob("*.error")}
+    assert set(errors) == {"bad-mem", "typo", "pipe", "link", "two words"}
+    assert "jobs/bad-mem.yaml: field 'gpu_mem'" in errors["bad-mem"] and "20GiB" in errors["bad-mem"]
+    assert "field 'comand': unknown field" in errors["typo"] and "command" in errors["typo"]
+    assert "not a regular file" in errors["pipe"]
+    assert "symbolic link" in errors["link"]
+    assert "not a usable job id" in errors["two words"] and "train-a.yaml" in errors["two words"]
+    assert (box.layout.rejected / "bad-mem.yaml").read_text() == "command: x\ngpu_mem: 20 gigs\n"  # nothing lost
+
+
+def test_an_opportunistic_job_waits_out_idle_after_s_and_the_worker_stays_for_it(tmp_path):
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB", idle_after_s=30)
+    box.drop("lo.yaml", "command: 'true'\ngpus: 1\npriority: low\n")
+    box.run_pass()
+    box.run_pass(after_s=10)
+    assert box.launched() == []
+    assert not box.worker.idle()  # --exit-when-idle stays: the GPU is becoming idle
+    box.run_pass(after_s=25)
+    assert box.launched() == ["lo"]
+
+
+def test_a_user_cap_holds_across_boxes_in_one_plan(tmp_path):
+    root = tmp_path / "root"
+    a = PassWorker(root, "a", "2x16GiB", max_gpus_per_user=2)
+    b = PassWorker(root, "b", "2x16GiB", max_gpus_per_user=2)
+    for i in range(6):
+        a.drop(f"cap{i}.yaml", "command: sleep 1\ngpus: 1\n")
+    for _ in range(3):
+        a.run_pass(after_s=1)
+        b.run_pass(after_s=0)
+    assert len(a.launched()) + len(b.launched()) == 2  # not four: two per box is what each alone allows
+
+
+def test_four_small_jobs_on_an_idle_cluster_land_on_four_gpus(tmp_path):
+    root = tmp_path / "root"
+    a = PassWorker(root, "a", "4x16GiB")
+    b = PassWorker(root, "b", "4x16GiB")
+    a.run_pass()  # both boxes have published their GPUs: the plan sees 8 GPUs, not 4
+    b.run_pass()
+    for i in range(4):
+        a.drop(f"small{i}.yaml", "command: sleep 1\ngpus: 1\ngpu_mem: 4GiB\n")
+    a.run_pass(after_s=1)
+    b.run_pass()
+    placed = {(r.host, r.gpus[0]) for r in a.spawner.launched + b.spawner.launched}
+    assert len(placed) == 4, placed
