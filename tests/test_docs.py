@@ -1,0 +1,132 @@
+"""The docs a newcomer reads stay true: docs/reference.md's tables are the schema's, README stays
+short, every relative link and anchor in README.md and docs/*.md leads somewhere, and
+docs/design.md's package graph and package list are the code's."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from gpuq import layers
+from gpuq.model import reference
+from gpuq.model.spec_fields import FIELDS
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+REFERENCE = DOCS / "reference.md"
+PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def test_the_reference_tables_are_the_schemas() -> None:
+    assert reference.differences(REFERENCE.read_text()) == []
+
+
+def test_the_comparison_fails_when_docs_and_schema_differ() -> None:
+    text = REFERENCE.read_text()
+    # The schema changes: a new field, a changed default, a config key's new comment.
+    more = dict(FIELDS, shm=dataclasses.replace(FIELDS["mem"], doc="Shared memory."))
+    changed = dict(FIELDS, gpus=dataclasses.replace(FIELDS["gpus"], default="2"))
+    config_text = reference.SHIPPED_CONFIG.read_text().replace("# Finished jobs listed", "# Jobs listed")
+    for tables in (
+        {reference.SPEC_FIELDS: reference.spec_fields_table(more)},
+        {reference.SPEC_FIELDS: reference.spec_fields_table(changed)},
+        {reference.CONFIG_KEYS: reference.config_keys_table(config_text)},
+    ):
+        assert reference.differences(text, tables), tables
+    # The docs change: a cell edited by hand, or a table's markers lost.
+    edited = text.replace("| `gpu_mem` |", "| `gpu_memory` |", 1)
+    assert reference.differences(edited) and "gpu_mem" in reference.differences(edited)[0]
+    unmarked = text.replace("<!-- generated: config keys -->", "")
+    assert any("config keys" in p for p in reference.differences(unmarked))
+    # ... and --write puts the schema's tables back.
+    assert reference.differences(reference.replace_blocks(edited)) == []
+
+
+def test_every_config_key_has_a_type_and_a_meaning() -> None:
+    table = reference.config_keys_table()
+    for key, (_, parse) in reference.config_mod.KEYS.items():
+        assert reference.parser_type(parse), f"gpuq/model/reference.py: no type text for {key}'s parser"
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{key}` |"))
+        assert row.split(" | ")[3].strip(" |"), f"config.yaml has no comment for {key}"
+
+
+def test_the_readme_is_short() -> None:
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move the detail into docs/"
+
+
+def _without_code(text: str) -> str:
+    """The text with fenced blocks and inline code blanked (links and headings there are not)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "``", text)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but - and _ dropped, spaces -> -."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        base = slug(heading)
+        name, n = base, 0
+        while name in found:
+            n += 1
+            name = f"{base}-{n}"
+        found.add(name)
+    return found
+
+
+def test_slugs_are_githubs() -> None:
+    assert slug("Config reference (`config.yaml`)") == "config-reference-configyaml"
+    assert slug("`gpuq status --json`") == "gpuq-status---json"
+    assert slug("The job's environment") == "the-jobs-environment"
+    assert slug("Placement: spread, then pack") == "placement-spread-then-pack"
+
+
+def test_every_relative_link_and_anchor_leads_somewhere() -> None:
+    assert (DOCS / "design.md").exists() and REFERENCE.exists()
+    broken = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", _without_code(page.read_text())):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            file_part, _, anchor = target.partition("#")
+            dest = (page.parent / file_part).resolve() if file_part else page
+            where = f"{page.relative_to(REPO)}: ({target})"
+            if not dest.exists():
+                broken.append(f"{where}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{where}: no heading with that anchor in {dest.relative_to(REPO)}")
+    assert broken == []
+
+
+def test_the_readme_links_to_every_docs_page() -> None:
+    readme = (REPO / "README.md").read_text()
+    for page in sorted(DOCS.glob("*.md")):
+        assert f"(docs/{page.name}" in readme, f"README.md does not link to docs/{page.name}"
+
+
+def test_design_shows_the_package_graph_the_code_has() -> None:
+    design = (DOCS / "design.md").read_text()
+    block = design.split("<!-- printed by: python -m gpuq.layers -->", 1)[1].split("```")[1]
+    shown = {}
+    for line in block.strip().splitlines():
+        package, deps = re.match(r"(\w+)\s+\(\s*\d+ modules\) -> (.*)$", line).groups()
+        shown[package] = set() if deps == "(nothing of gpuq)" else set(deps.split(", "))
+    graph = layers.package_graph(layers.edges())
+    assert shown == {p: set(graph[p]) for p in layers.ALLOWED}, "docs/design.md: paste `python -m gpuq.layers` anew"
+
+
+def test_design_lists_every_package_and_its_modules() -> None:
+    design = (DOCS / "design.md").read_text()
+    for package in layers.ALLOWED:
+        row = next((line for line in design.splitlines() if line.startswith(f"| `gpuq.{package}` |")), None)
+        assert row, f"docs/design.md lists no package gpuq.{package}"
+        listed = set(re.findall(r"`(\w+)`", row.split(" | ")[-1]))
+        present = {p.stem for p in (layers.PACKAGE_DIR / package).glob("*.py") if p.stem != "__init__"}
+        assert listed == present, f"docs/design.md, gpuq.{package}: lists {sorted(listed)}, has {sorted(present)}"
