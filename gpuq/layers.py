@@ -16,9 +16,18 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
-# Each package and the packages it may import, lowest layer first (docs/design.md, "Layers").
-# sched and host are side by side above model; spool and sim above them; then run; then the
-# three integrators; cli on top. slurm's bridge is a worker, so slurm may import worker.
+# The layers, lowest first (docs/design.md, "Layers"): a package may import only packages in
+# layers below its own, and ALLOWED says which of those it does. The one import within a layer:
+# slurm's bridge is a worker.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"model"}),
+    frozenset({"sched", "host"}),
+    frozenset({"spool", "sim"}),
+    frozenset({"run"}),
+    frozenset({"worker", "slurm", "views"}),
+    frozenset({"cli"}),
+)
+WITHIN_A_LAYER = frozenset({("slurm", "worker")})
 ALLOWED: dict[str, frozenset[str]] = {
     "model": frozenset(),
     "sched": frozenset({"model"}),
@@ -34,6 +43,10 @@ ALLOWED: dict[str, frozenset[str]] = {
 # Modules at the top of the package, named by worker.py and setup.cfg, and the layer each
 # belongs to: single_instance is imported by worker.py before anything else (os and fcntl only).
 TOP_MODULES = {"gpuq": "model", "gpuq.single_instance": "host", "gpuq.worker_main": "cli", "gpuq.layers": "model"}
+# Modules loaded by name (importlib), and why. The CLI's verb table names each verb's module, loaded
+# when that verb runs (`gpuq status` loads none of the others): its entries count as imports.
+DYNAMIC_IMPORTS = {"gpuq.cli": "the verb table: a verb's module is loaded when the verb runs"}
+VERB_TABLE = "_lazy"  # in gpuq/cli/__init__.py: _lazy("cli.submit", "cmd_submit")
 
 # The only imports allowed inside a function: a module outside gpuq that only some paths need,
 # and whose cost at import time the others would pay. Each with why (importer, module).
@@ -59,7 +72,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
 class Edge:
     importer: str  # dotted module names
     imported: str
-    kind: str  # "module" (at import time), "function" (inside a def) or "type" (TYPE_CHECKING)
+    kind: str  # "module" (at import time), "function" (inside a def), "type" (TYPE_CHECKING), "verb" (by name)
     line: int
 
 
@@ -73,10 +86,12 @@ def modules(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
 
 
 def package_of(module: str) -> str:
-    """The layer a module belongs to: its subpackage, or the one TOP_MODULES gives it."""
+    """The package a module counts in: its subpackage, or the one TOP_MODULES gives it ("" for
+    a module at the top that TOP_MODULES does not name)."""
     if module in TOP_MODULES:
         return TOP_MODULES[module]
-    return module.split(".")[1]
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ALLOWED) else ""
 
 
 def edges(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
@@ -88,7 +103,34 @@ def edges(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
             for target in _targets(name, path, node, known):
                 if target != name:
                     out.append(Edge(name, target, kind, node.lineno))
+        for call in _calls(tree, VERB_TABLE):
+            verb_module = call.args[0].value if call.args and isinstance(call.args[0], ast.Constant) else None
+            if isinstance(verb_module, str) and f"gpuq.{verb_module}" in known:
+                out.append(Edge(name, f"gpuq.{verb_module}", "verb", call.lineno))
     return out
+
+
+def dynamic_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
+    """Every import by name: importlib.import_module, __import__, exec (imported: the function called)."""
+    out = []
+    for name, path in modules(package_dir).items():
+        tree = ast.parse(path.read_text(), str(path))
+        for called in ("import_module", "__import__", "exec"):
+            out += [Edge(name, called, "dynamic", call.lineno) for call in _calls(tree, called)]
+    return out
+
+
+def _calls(tree: ast.Module, function: str) -> list[ast.Call]:
+    """Calls of `function`, by its bare name or as an attribute (importlib.import_module)."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Name) and node.func.id == function)
+            or (isinstance(node.func, ast.Attribute) and node.func.attr == function)
+        )
+    ]
 
 
 def lazy_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
@@ -108,20 +150,28 @@ def lazy_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
 def _imports(tree: ast.Module):
     """Every import statement with where it sits: at module level, under TYPE_CHECKING, or in a def."""
 
-    def walk(body, kind):
-        for node in body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                yield node, kind
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield from walk(node.body, "function")
-            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                yield from walk(node.body, "type")
-                yield from walk(node.orelse, kind)
+    def walk(node: ast.AST, kind: str):
+        for child in ast.iter_child_nodes(node):  # every block: if, try, with, match cases, class bodies
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, kind
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                yield from walk(child, "function")
+            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                for statement in child.body:
+                    yield from walk(ast.Module(body=[statement], type_ignores=[]), "type")
+                for statement in child.orelse:
+                    yield from walk(ast.Module(body=[statement], type_ignores=[]), kind)
             else:
-                for field in ("body", "orelse", "finalbody", "handlers"):
-                    yield from walk(getattr(node, field, []) or [], kind)
+                yield from walk(child, kind)
 
-    yield from walk(tree.body, "module")
+    yield from walk(tree, "module")
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """`if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:` exactly (not `if not TYPE_CHECKING:`)."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING" and isinstance(test.value, ast.Name)
+    )
 
 
 def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: dict[str, Path]) -> list[str]:
@@ -139,12 +189,19 @@ def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: di
 
 
 def problems(package_dir: Path = PACKAGE_DIR) -> list[str]:
-    """Imports against ALLOWED, imports of gpuq inside functions, and cycles; empty when clean."""
-    found = []
+    """What breaks the layers, one line each; empty when clean: a module in no package, ALLOWED
+    letting a package import one beside or above it, an import against ALLOWED, a cycle of
+    modules or of packages, an unlisted import inside a function or by name."""
+    found = [
+        f"{name} is in no package: put it in one, or give it a layer in TOP_MODULES"
+        for name in modules(package_dir)
+        if not package_of(name)
+    ]
+    found += _rules_against_layers()
     all_edges = edges(package_dir)
     for e in all_edges:
         a, b = package_of(e.importer), package_of(e.imported)
-        if a != b and b not in ALLOWED[a]:
+        if a and b and a != b and b not in ALLOWED[a]:
             found.append(f"{e.importer} (line {e.line}) imports {e.imported}: {a} may not import {b}")
     for e in lazy_imports(package_dir):
         if (e.importer, e.imported) not in LAZY_IMPORTS:
@@ -153,8 +210,26 @@ def problems(package_dir: Path = PACKAGE_DIR) -> list[str]:
                 "the top (a cycle it avoided is a type in the wrong module), or add it to LAZY_IMPORTS "
                 "with the cost that only some paths should pay"
             )
+    for e in dynamic_imports(package_dir):
+        if e.importer not in DYNAMIC_IMPORTS:
+            found.append(f"{e.importer} (line {e.line}) imports by name ({e.imported}): import it with a statement")
     for cycle in cycles(all_edges):
         found.append("import cycle: " + " -> ".join(cycle + [cycle[0]]))
+    package_edges = [Edge(a, b, "module", 0) for a, bs in package_graph(all_edges).items() for b in bs]
+    for cycle in cycles(package_edges):
+        found.append("package cycle: " + " -> ".join(cycle + [cycle[0]]))
+    return found
+
+
+def _rules_against_layers() -> list[str]:
+    """ALLOWED itself must point down the layers (so loosening it cannot pass unnoticed)."""
+    layer = {package: i for i, packages in enumerate(LAYERS) for package in packages}
+    found = [f"{p} is in ALLOWED but in no layer of LAYERS" for p in ALLOWED if p not in layer]
+    for package, imported in ALLOWED.items():
+        for other in imported:
+            below = layer.get(other, len(LAYERS)) < layer.get(package, -1)
+            if not below and (package, other) not in WITHIN_A_LAYER:
+                found.append(f"ALLOWED lets {package} import {other}, which is not in a layer below it")
     return found
 
 

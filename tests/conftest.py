@@ -3,8 +3,10 @@ subprocesses, several workers with different --host standing in for several boxe
 
 from __future__ import annotations
 
+import _posixsubprocess
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -237,7 +239,7 @@ def fake_job(seconds: float = 0.3, extra: str = "") -> str:
 # root: it creates users (needs root; CI runs as root). installs: it may apt-get install Slurm,
 # docker or podman where they are missing.
 _ROOT_FIXTURES = frozenset({"users", "team", "shared_code"})
-_INSTALL_FIXTURES = frozenset({"slurm", "real"})
+_INSTALL_FIXTURES = frozenset({"slurm", "real", "cron"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -260,4 +262,7 @@ def _fast_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: py
         raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
-    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", refuse)  # multiprocessing's spawn and forkserver
+    for name in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp", "spawnv", "spawnve", "execv", "execve"):
+        monkeypatch.setattr(os, name, refuse)
+    monkeypatch.setattr(pty, "fork", refuse)

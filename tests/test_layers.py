@@ -40,8 +40,7 @@ def _append(path: Path, text: str) -> None:
 
 
 def test_each_kind_of_break_is_found(tmp_path: Path) -> None:
-    """The check is not vacuous: an upward import, a type-only cycle, a gpuq import inside a
-    function and an unlisted lazy import each make a problem naming the module."""
+    """The check is not vacuous: each way of breaking the layers makes a problem naming it."""
     copy = _copy_of_package(tmp_path)
     _append(copy / "model" / "units.py", "\nfrom gpuq.spool.layout import Layout\n")
     _append(
@@ -50,11 +49,41 @@ def test_each_kind_of_break_is_found(tmp_path: Path) -> None:
     )
     _append(copy / "host" / "wake.py", "\ndef later():\n    from gpuq.host import probe\n    return probe\n")
     _append(copy / "views" / "render.py", "\ndef later():\n    import json\n    return json\n")
+    _append(copy / "spool" / "ids.py", "\nimport importlib\nviews = importlib.import_module('gpuq.views.render')\n")
+    _append(
+        copy / "run" / "limits.py",
+        "\ndef pick(x):\n    match x:\n        case 1:\n            from gpuq.cli import common\n",
+    )
+    _append(
+        copy / "sim" / "trace.py",
+        "\nfrom typing import TYPE_CHECKING\nif not TYPE_CHECKING:\n"
+        "    def f():\n        from gpuq.sim import simulate\n",
+    )
+    (copy / "extra.py").write_text("from gpuq.model import units\n")
     found = "\n".join(layers.problems(copy))
     assert "gpuq.model.units" in found and "model may not import spool" in found
     assert "import cycle:" in found and "gpuq.sched.placement" in found and "gpuq.sched.plan" in found
     assert "gpuq.host.wake" in found and "imports gpuq inside a function" in found
     assert "gpuq.views.render" in found and "imports json inside a function" in found
+    assert "gpuq.spool.ids" in found and "imports by name (import_module)" in found
+    assert "gpuq.run.limits" in found and "run may not import cli" in found  # inside a match case
+    assert "gpuq.sim.trace" in found and "imports gpuq inside a function" in found  # `if not TYPE_CHECKING`
+    assert "gpuq.extra is in no package" in found
+
+
+def test_loosening_allowed_against_the_layers_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(layers.ALLOWED, "model", frozenset({"views"}))
+    monkeypatch.setitem(layers.ALLOWED, "worker", layers.ALLOWED["worker"] | {"views"})
+    found = layers.problems()
+    assert "ALLOWED lets model import views, which is not in a layer below it" in found
+    assert "ALLOWED lets worker import views, which is not in a layer below it" in found
+
+
+def test_the_verb_table_counts_as_imports_of_the_cli() -> None:
+    """`gpuq status` loads only its verb's module; for the check, each is an import of gpuq.cli
+    (so a verb module importing gpuq.cli back is a cycle)."""
+    verbs = {e.imported for e in layers.edges() if e.importer == "gpuq.cli" and e.kind == "verb"}
+    assert {"gpuq.cli.status", "gpuq.cli.submit", "gpuq.cli.completion", "gpuq.cli.workflow"} <= verbs
 
 
 @pytest.mark.slow

@@ -53,6 +53,7 @@ def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
     """H2: records were cached by (name, inode); ext4 reuses a freed inode at once, so a
     requeued job's next attempt kept attempt N's record, and its cancels were dropped."""
     from gpuq.spool.layout import Layout
+    from gpuq.host.clock import Clock
     from gpuq.worker.loop import Worker
 
     layout = Layout(tmp_path)
@@ -60,6 +61,7 @@ def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
     worker = Worker.__new__(Worker)  # only what _own_running needs: no NVML, no processes
     worker.layout, worker.host, worker.record_cache, worker.reported = layout, "a", {}, set()
     worker.running_listed = None
+    worker.clock = Clock()
     path = layout.running / "j.json"
     record = {"id": "j", "state": "running", "spec": {}, "host": "a", "attempt": 1, "uid": 0}
     path.write_text(json.dumps(record))

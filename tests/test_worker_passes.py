@@ -80,3 +80,24 @@ def test_four_small_jobs_on_an_idle_cluster_land_on_four_gpus(tmp_path):
     b.run_pass()
     placed = {(r.host, r.gpus[0]) for r in a.spawner.launched + b.spawner.launched}
     assert len(placed) == 4, placed
+
+
+def test_a_box_silent_for_lost_after_s_is_taken_over_and_its_job_runs_again_elsewhere(tmp_path):
+    """Liveness is judged on the observer's own clock: b's heartbeat stops changing, and once
+    lost_after_s has passed on a's clock, a takes b's job over (its next attempt runs on a)."""
+    root = tmp_path / "root"
+    b = PassWorker(root, "b", "1x16GiB", lost_after_s=180)
+    a = PassWorker(root, "a", "1x16GiB", lost_after_s=180)
+    b.drop("long.yaml", "command: sleep 1000\ngpus: 1\n")
+    b.run_pass()
+    assert b.launched() == ["long"]
+    for _ in range(2):  # a sees b's heartbeat change: b is a live box
+        a.run_pass(after_s=1)
+        b.run_pass(after_s=1)
+    a.run_pass(after_s=1)  # a last sees b's heartbeat change here: silence counts from now
+    for _ in range(3):
+        a.run_pass(after_s=50)
+    assert a.launched() == []  # silent for 150 s of 180: still b's
+    a.run_pass(after_s=50)
+    assert a.launched() == ["long"]
+    assert a.spawner.launched[0].attempt == 2 and a.spawner.launched[0].host == "a"

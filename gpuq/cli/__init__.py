@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
         verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         verbs.choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.launcher_dir = launcher_dir
+    args.parser = parser  # for `gpuq completion`, which prints the verbs and options it holds
 
     try:
         return args.handler(args)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from gpuq.cli import build_parser
 from gpuq.cli.common import open_layout
 from gpuq.spool.layout import Layout
 
@@ -101,7 +100,7 @@ def script(shell: str, parser: argparse.ArgumentParser) -> str:
 def cmd_completion(args: argparse.Namespace) -> int:
     """`gpuq completion bash|zsh`, and the hidden `gpuq _ids PREFIX` / `gpuq _hosts` it calls."""
     if args.verb == "completion":
-        print(script(args.shell, build_parser()), end="")
+        print(script(args.shell, args.parser), end="")
         return 0
     layout = open_layout(args)
     print("\n".join(job_ids(layout, args.prefix) if args.verb == "_ids" else host_names(layout)))

@@ -156,7 +156,7 @@ def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: flo
             set_rates(freed, now)
         if not pending and not freed:
             continue
-        # Each box's worker plans over the whole team and acts on its own part (worker.py);
+        # Each box's worker plans over the whole team and acts on its own part (worker/loop.py);
         # the box an end woke goes first, and a box that finds starts for others pokes them,
         # and they plan again after its starts.
         woken = sorted({h for h, _ in freed})

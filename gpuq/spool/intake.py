@@ -122,7 +122,7 @@ class Intake:
         self.listing: dict[str, int] = {}  # jobs/ as last read: name -> inode
         self.jobs_dir_str = str(layout.jobs)
 
-    def scan(self, now_mono: float, full: bool = True) -> None:
+    def scan(self, now_mono: float, full: bool = True, now_wall: float | None = None) -> None:
         """Find new, changed and vanished specs. `full=False` skips the directory when its
         mtime shows no change (and the change was not so recent that the clock tick could
         hide another), and otherwise examines only names that are new or whose inode changed
@@ -136,7 +136,7 @@ class Intake:
             except OSError:
                 return
             dir_key = (st.st_mtime_ns, st.st_ino, st.st_size)
-            settled = wall_time() - st.st_mtime > RACY_MTIME_S
+            settled = (wall_time() if now_wall is None else now_wall) - st.st_mtime > RACY_MTIME_S
             if dir_key == self.dir_key and settled and not self.failing:
                 return
             self.dir_key = dir_key if settled else None

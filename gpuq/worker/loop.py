@@ -1,9 +1,9 @@
 """The worker loop of one host: observe, settle, obey controls, take in specs, plan and
 start, report; then sleep until the poll interval ends or a job's exit wakes it.
 
-Each pass is a short ordered list of named steps (see `STEPS`). Crash recovery beyond
-reattaching to running jobs, requeueing never-started claims and marking unknown exits
-lives with the reliability work; the seams are the steps below.
+Each pass is a short ordered list of named steps (see `STEPS`), run by `run_pass` at the
+times the worker's `Clock` gives (tests drive passes in-process: tests/harness.py). Crash
+recovery (requeues, settling lost attempts, taking over dead hosts) is in worker/recovery.py.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class Worker:
         self.jobs_seen: int | None = None
         self.spawner = Spawner(self.rt, layout.worker_log(host))
         self.arrivals = Arrivals(layout, host, self.intake)
-        self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject)
+        self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject, self.clock)
         self.cache_written = (-1, 0.0)
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
@@ -310,7 +310,7 @@ class Worker:
         while the directory's mtime stays (and is not so recent that one clock tick could hide
         a second change) the last listing stands: one stat, not one per record (NFS pays each)."""
         listed = mtime_ns(self.layout.running)  # before the listing: a later record changes it
-        if listed is not None and listed == self.running_listed and time.time() - listed / 1e9 > RACY_MTIME_S:
+        if listed is not None and listed == self.running_listed and self.clock.wall() - listed / 1e9 > RACY_MTIME_S:
             return list(self.own_listed)
         records: list[Record] = []
         others: list[Record] = []
@@ -430,7 +430,7 @@ class Worker:
         # read again, and then only new and vanished names are examined (a spec edited in
         # place is also caught when it is claimed: the claimed bytes must be the planned ones).
         full = now - self.intake.full_scan_at >= FULL_SCAN_EVERY_S
-        self.intake.scan(now, full=full)
+        self.intake.scan(now, full=full, now_wall=self.clock.wall())
         if full:
             self.recovery.sweep_temp_files()
         self.arrivals.take_in(now, self.config.spec_settle_s)

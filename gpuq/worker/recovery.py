@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Callable
 
-from gpuq.host.faults import crash_point, wall_time
+from gpuq.host.clock import Clock
+from gpuq.host.faults import crash_point
 from gpuq.host.files import create_owned, read_json
 from gpuq.model.config import Config
 from gpuq.model.record import Record, claim_name, parse_claim_name
@@ -42,8 +42,16 @@ STALE_TEMP_S = 3600.0
 
 
 class Recovery:
-    def __init__(self, layout: Layout, config: Config, rt: Runtime, reject: Callable[[str, Path, str], None]) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        config: Config,
+        rt: Runtime,
+        reject: Callable[[str, Path, str], None],
+        clock: Clock | None = None,
+    ) -> None:
         self.layout, self.config, self.rt, self.reject = layout, config, rt, reject
+        self.clock = clock or Clock()  # the worker's: when heartbeats were seen to change, record times
         self.host, self.boot_id = rt.host, rt.boot_id
         # host -> ((boot, seq, mtime), when that was first seen, whether it was seen to change)
         self.heartbeats: dict[str, tuple[tuple, float, bool]] = {}
@@ -81,7 +89,7 @@ class Recovery:
                 record,
                 State.LOST,
                 self.host,
-                ended_at=wall_time(),
+                ended_at=self.clock.wall(),
                 reason="exit unknown: supervisor and job gone without a result",
             )
 
@@ -97,7 +105,7 @@ class Recovery:
             record,
             State.LOST,
             self.host,
-            ended_at=wall_time(),
+            ended_at=self.clock.wall(),
             reason=f"{why}; no retries left ({retries})",
         )
         if record.claim:
@@ -192,7 +200,7 @@ class Recovery:
         """Temp files of writers killed mid-write (never visible as records; docs/design.md lets a
         worker delete only temp files). An hour old: their writer is long gone, on any host
         and whatever its clock says."""
-        cutoff = wall_time() - STALE_TEMP_S
+        cutoff = self.clock.wall() - STALE_TEMP_S
         for directory, prefix in (
             (self.layout.claims, "."),
             (self.layout.running, "."),
@@ -236,13 +244,13 @@ class Recovery:
         seen = self.heartbeats.get(host)
         if seen is None or not seen[2]:
             return None
-        return (time.monotonic() if now is None else now) - seen[1]
+        return (self.clock.mono() if now is None else now) - seen[1]
 
     def dead_hosts(self) -> set[str]:
         """Hosts whose heartbeat (boot id, sequence number, the file's mtime) has not changed
         for lost_after_s, on this host's own monotonic clock (checked at most once per poll
         interval). Only a change is looked at, never the time itself: clocks may differ."""
-        now = time.monotonic()
+        now = self.clock.mono()
         if now - self.watched_at < self.config.poll_interval:
             return set()
         self.watched_at = now
