@@ -52,8 +52,8 @@ def test_a_full_disk_does_not_fence_healthy_jobs_nor_let_another_host_take_them(
 def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
     """H2: records were cached by (name, inode); ext4 reuses a freed inode at once, so a
     requeued job's next attempt kept attempt N's record, and its cancels were dropped."""
-    from gpuq.spool.layout import Layout
     from gpuq.host.clock import Clock
+    from gpuq.spool.layout import Layout
     from gpuq.worker.loop import Worker
 
     layout = Layout(tmp_path)
