@@ -37,6 +37,11 @@ def wait_until(
         time.sleep(interval)
 
 
+def worker_argv(root: Path | str, host: str, fake: str, *extra: str) -> list[str]:
+    """The command line of a stand-in box's worker on fake GPUs (worker.py, as cron runs it)."""
+    return [PY, str(REPO / "worker.py"), "--root", str(root), "--host", host, "--fake-gpus", fake, *extra]
+
+
 class Queue:
     """A queue root in a temp dir, driven only through gpuq.py and worker.py."""
 
@@ -85,18 +90,7 @@ class Queue:
         self, host: str, fake: str = "4x80GiB", *extra: str, env: dict[str, str] | None = None, wait: bool = True
     ) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [
-                PY,
-                str(REPO / "worker.py"),
-                "--root",
-                str(self.root),
-                "--host",
-                host,
-                "--fake-gpus",
-                fake,
-                "--foreground",
-                *extra,
-            ],
+            worker_argv(self.root, host, fake, "--foreground", *extra),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env={**self.env(), **(env or {})},

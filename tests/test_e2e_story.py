@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from conftest import PY, REPO, fake_job, wait_until
+from conftest import PY, REPO, fake_job, wait_until, worker_argv
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -158,17 +158,7 @@ def test_a_second_worker_start_exits_at_once_quietly(queue):
     # "At once": it does not wait for the first worker's lock (the first never lets go, so a
     # start that waited would run into this timeout), and says nothing.
     second = subprocess.run(
-        [
-            PY,
-            str(REPO / "worker.py"),
-            "--root",
-            str(queue.root),
-            "--host",
-            "a",
-            "--fake-gpus",
-            "1x10GiB",
-            "--foreground",
-        ],
+        worker_argv(queue.root, "a", "1x10GiB", "--foreground"),
         capture_output=True,
         text=True,
         timeout=60,

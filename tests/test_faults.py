@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from conftest import PY, REPO, wait_until
+from conftest import PY, REPO, wait_until, worker_argv
 
 from gpuq.host.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS
 from gpuq.single_instance import _config_may_set_local_dir
@@ -308,17 +308,7 @@ def test_a_host_that_cannot_renew_its_heartbeat_stops_its_jobs_before_takeover(q
 def test_cron_overlap_starts_exactly_one_worker_and_jobs_do_not_inherit_its_lock(queue):
     starts = [
         subprocess.Popen(
-            [
-                PY,
-                str(REPO / "worker.py"),
-                "--root",
-                str(queue.root),
-                "--host",
-                "a",
-                "--fake-gpus",
-                "1x80GiB",
-                "--foreground",
-            ],
+            worker_argv(queue.root, "a", "1x80GiB", "--foreground"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=queue.env(),
@@ -517,17 +507,7 @@ def test_jobs_run_once_through_log_heartbeat_and_lost_reply_faults(queue, fault,
     fault_log, runs = tmp_path / "faults", tmp_path / "runs"
     # (not start_worker: with heartbeats refused, there is no heartbeat to wait for)
     worker = queue.workers["a"] = subprocess.Popen(
-        [
-            PY,
-            str(REPO / "worker.py"),
-            "--root",
-            str(queue.root),
-            "--host",
-            "a",
-            "--fake-gpus",
-            "1x80GiB",
-            "--foreground",
-        ],
+        worker_argv(queue.root, "a", "1x80GiB", "--foreground"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**queue.env(), "GPUQ_TEST_IO_FAULT": fault, FAULT_LOG_ENV: str(fault_log)},
@@ -590,17 +570,7 @@ def test_two_hosts_through_two_mount_paths_of_one_directory(queue, tmp_path):
         pytest.skip("this machine does not allow bind mounts (needs root and CAP_SYS_ADMIN)")
     try:
         queue.workers["b"] = subprocess.Popen(
-            [
-                PY,
-                str(REPO / "worker.py"),
-                "--root",
-                str(other),
-                "--host",
-                "b",
-                "--fake-gpus",
-                "2x80GiB",
-                "--foreground",
-            ],
+            worker_argv(other, "b", "2x80GiB", "--foreground"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=queue.env(),
@@ -642,17 +612,7 @@ def test_a_really_full_disk_loses_no_spec_and_no_worker(queue, tmp_path):
         err = tmp_path / "worker.err"  # on the test's own disk, not the full one
         with open(err, "wb") as err_file:
             worker = queue.workers["a"] = subprocess.Popen(
-                [
-                    PY,
-                    str(REPO / "worker.py"),
-                    "--root",
-                    str(root),
-                    "--host",
-                    "a",
-                    "--fake-gpus",
-                    "1x80GiB",
-                    "--foreground",
-                ],
+                worker_argv(root, "a", "1x80GiB", "--foreground"),
                 stdout=subprocess.DEVNULL,
                 stderr=err_file,
                 env=queue.env(),

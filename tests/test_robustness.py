@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, wait_until
+from conftest import wait_until, worker_argv
 
 
 @pytest.mark.slow
@@ -24,17 +24,7 @@ def test_a_full_disk_does_not_fence_healthy_jobs_nor_let_another_host_take_them(
     queue.start_worker("a", "1x80GiB")  # a's heartbeat is on disk; then the disk fills up
     queue.stop_worker("a")
     worker = queue.workers["a"] = subprocess.Popen(
-        [
-            PY,
-            str(REPO / "worker.py"),
-            "--root",
-            str(queue.root),
-            "--host",
-            "a",
-            "--fake-gpus",
-            "1x80GiB",
-            "--foreground",
-        ],
+        worker_argv(queue.root, "a", "1x80GiB", "--foreground"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**queue.env(), "GPUQ_TEST_IO_FAULT": "write:workers=ENOSPC"},

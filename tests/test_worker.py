@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import PY, REPO, fake_job, wait_until
+from conftest import fake_job, wait_until, worker_argv
 
 
 def _state(queue, job_id):
@@ -103,17 +103,7 @@ def test_a_job_that_cannot_start_fails_with_the_reason_in_its_log(queue):
 def test_a_job_gets_a_clean_signal_state_and_its_workdir(queue, tmp_path):
     # Started the way a shell starts a background job: SIGQUIT (and SIGINT) ignored.
     queue.workers["a"] = subprocess.Popen(
-        [
-            PY,
-            str(REPO / "worker.py"),
-            "--root",
-            str(queue.root),
-            "--host",
-            "a",
-            "--fake-gpus",
-            "1x80GiB",
-            "--foreground",
-        ],
+        worker_argv(queue.root, "a", "1x80GiB", "--foreground"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=queue.env(),
@@ -334,18 +324,7 @@ def test_exit_when_idle_runs_the_queue_dry_and_exits_0(queue):
     for i in range(3):
         queue.drop(f"j{i}.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 1GiB\n")
     done = subprocess.run(
-        [
-            PY,
-            str(REPO / "worker.py"),
-            "--root",
-            str(queue.root),
-            "--host",
-            "a",
-            "--fake-gpus",
-            "1x80GiB",
-            "--foreground",
-            "--exit-when-idle",
-        ],
+        worker_argv(queue.root, "a", "1x80GiB", "--foreground", "--exit-when-idle"),
         capture_output=True,
         text=True,
         env=queue.env(),
@@ -364,18 +343,7 @@ def test_exit_when_idle_leaves_only_when_nothing_it_could_start_remains(queue):
     queue.drop("then.yaml", "command: 'true'\ngpus: 0\nafter: [first]\n")
     queue.drop("huge.yaml", "command: 'true'\ngpus: 8\n")
     done = subprocess.run(
-        [
-            PY,
-            str(REPO / "worker.py"),
-            "--root",
-            str(queue.root),
-            "--host",
-            "a",
-            "--fake-gpus",
-            "1x80GiB",
-            "--foreground",
-            "--exit-when-idle",
-        ],
+        worker_argv(queue.root, "a", "1x80GiB", "--foreground", "--exit-when-idle"),
         capture_output=True,
         text=True,
         env=queue.env(),
@@ -394,18 +362,7 @@ def test_exit_when_idle_waits_for_an_opportunistic_job_whose_gpu_is_becoming_idl
     queue.write_config(idle_after_s=1.5)
     queue.drop("lo.yaml", "command: 'true'\ngpus: 1\npriority: low\n")
     done = subprocess.run(
-        [
-            PY,
-            str(REPO / "worker.py"),
-            "--root",
-            str(queue.root),
-            "--host",
-            "a",
-            "--fake-gpus",
-            "1x80GiB",
-            "--foreground",
-            "--exit-when-idle",
-        ],
+        worker_argv(queue.root, "a", "1x80GiB", "--foreground", "--exit-when-idle"),
         capture_output=True,
         text=True,
         env=queue.env(),
