@@ -100,7 +100,7 @@ def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue)
     warnings = [
         e
         for e in queue.events()
-        if e["job"] == "greedy" and e["reason"] and e["reason"].startswith("warning: uses 20GiB")
+        if e["job"] == "greedy" and e.get("note") == "warning" and e["reason"].startswith("uses 20GiB")
     ]
     assert len(warnings) == 1
 

@@ -67,7 +67,7 @@ def test_one_pending_job_preempts_one_opportunistic_job_team_wide(queue):
         what="the preempted low job to run again and finish",
     )
     assert [r["attempt"] for r in again] == [2]
-    preempting = [e for e in queue.events() if (e.get("reason") or "").startswith("preempting: job real")]
+    preempting = [e for e in queue.events() if e.get("note") == "preempting" and e["reason"].startswith("job real")]
     assert len(preempting) == 1, preempting  # each box used to preempt its own for the same job
 
 

@@ -471,7 +471,7 @@ def test_a_bridge_paused_before_its_sbatch_submits_nothing_once_its_job_was_requ
     assert queue_left.returncode == 0 and queue_left.stdout.strip() == ""  # no stale attempt waiting in Slurm
     assert (queue.root / "once.out").read_text() == "ran\n"
     assert queue.finished("once")["attempt"] == 2 and queue.record("once")["state"] == "done"
-    requeued = [e["reason"] for e in queue.events() if e["job"] == "once" and e["to"] == "pending"]
+    requeued = [e["reason"] for e in queue.events() if e["job"] == "once" and e.get("to") == "pending"]
     assert requeued == ["bridge bridge-a died before handing it to Slurm; requeued"]
 
 

@@ -50,7 +50,7 @@ def test_transition_table_is_enforced(layout):
         for new in State:
             if new not in allowed:
                 with pytest.raises(TransitionError):
-                    check_transition(old, new)
+                    check_transition("j", old, new)
     events = (layout.events / "a.jsonl").read_text().splitlines()
     assert len(events) == 1 and '"to":"done"' in events[0]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpuq.model.names import HOST_RE, JOB_ID_RE
 from gpuq.model.states import State
+from gpuq.model.stops import StopCause, cause_of
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Record:
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None
+    cause: StopCause | None = None  # why it was stopped (model/stops.py), beside the reason's text
     job_pid: int | None = None
     peak_gpu_mem_mib: int | None = None  # host/usage.py: what the attempt used
     mean_gpu_mem_mib: int | None = None
@@ -52,6 +54,7 @@ class Record:
     def to_json(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: JSON copies
         d["state"] = self.state.value
+        d["cause"] = self.cause.value if self.cause is not None else None
         return d
 
     @classmethod
@@ -63,6 +66,7 @@ class Record:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         try:
             known["state"] = State(d["state"])
+            known["cause"] = cause_of(d)
             record = cls(**known)
         except (KeyError, ValueError, TypeError) as e:
             raise RecordError(f"not a record ({e})") from None

@@ -35,7 +35,8 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.TIMEOUT: frozenset({State.PENDING}),
     # A lost job whose retries allow goes back to the queue (issue: crash recovery).
     State.LOST: frozenset({State.PENDING}),
-    State.REJECTED: frozenset(),
+    # A refused spec goes back to be checked again by `gpuq retry` (a refusal since mended).
+    State.REJECTED: frozenset({State.PENDING}),
 }
 
 
@@ -43,6 +44,6 @@ class TransitionError(Exception):
     """A state change that the table does not allow: a bug, never user input."""
 
 
-def check_transition(old: State, new: State) -> None:
+def check_transition(job_id: str, old: State, new: State) -> None:
     if new not in ALLOWED[old]:
-        raise TransitionError(f"job cannot go from {old.value} to {new.value}")
+        raise TransitionError(f"job {job_id} cannot go from {old.value} to {new.value}")

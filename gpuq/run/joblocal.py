@@ -25,6 +25,7 @@ from typing import Iterator, TypeGuard
 
 from gpuq.host.hostinfo import process_start_ticks, read_owned
 from gpuq.model.record import Record
+from gpuq.model.stops import Stop
 from gpuq.spool.layout import Layout
 
 
@@ -220,16 +221,13 @@ def finish_local(rt: Runtime, record: Record) -> None:
         path.unlink(missing_ok=True)
 
 
-PREEMPTED = "preempted"  # how a preemption's stop reason begins
-
-
-def request_stop(rt: Runtime, record: Record, reason: str) -> bool:
+def request_stop(rt: Runtime, record: Record, stop: Stop) -> bool:
     """Ask the supervisor of a local running job to stop it (TERM, grace, KILL).
     Returns False when no live supervisor of this attempt could be found."""
     pid = supervisor_pid(rt, record)
     if pid is None:
         return False
-    replace_own(rt.stop_path(record.id), reason.encode())
+    replace_own(rt.stop_path(record.id), stop.encode())
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -1,5 +1,5 @@
 """A running job's limits, as its supervisor enforces them: time limit, host RAM of its
-process tree, CPU cores (affinity), and what a stop for each is recorded as.
+process tree, CPU cores (affinity), and the stop (model/stops.py) an overrun gets.
 
 The worker resolves each limit (the spec's, else config's) into the running record when it
 starts the job, so the supervisor, `gpuq show` and the record agree on what applied.
@@ -15,16 +15,10 @@ from gpuq.host.usage import TreeSampler
 from gpuq.model.config import Config
 from gpuq.model.record import Record
 from gpuq.model.spec import JobSpec
-from gpuq.model.states import State
+from gpuq.model.stops import Stop, StopCause
 from gpuq.model.units import format_duration, format_mib
 
 SAMPLE_EVERY_S = 1.0
-LIMIT = "limit"  # how the reason of a stop for an overrun limit begins (recorded as failed)
-
-
-def stop_state(reason: str) -> State:
-    """The record's state for a job stopped with `reason` (written by whoever asked)."""
-    return State.FAILED if reason.startswith(LIMIT) else State.CANCELLED
 
 
 class LimitWatch:
@@ -42,17 +36,14 @@ class LimitWatch:
     def next_at(self) -> float:
         return min(self.ends_at, self.sample_at)
 
-    def breach(self, now: float) -> tuple[str, State] | None:
+    def breach(self, now: float) -> Stop | None:
         if now >= self.ends_at:
-            return f"time limit {format_duration(self.time_limit_s)} reached", State.TIMEOUT
+            return Stop(StopCause.TIMEOUT, f"time limit {format_duration(self.time_limit_s)} reached")
         if now >= self.sample_at:
             self.sample_at = now + SAMPLE_EVERY_S
             used = self.usage.sample(now)
             if self.mem_limit_mib and used > self.mem_limit_mib:
-                return (
-                    f"{LIMIT}: host memory {format_mib(used)} above its mem {format_mib(self.mem_limit_mib)}",
-                    State.FAILED,
-                )
+                return Stop.limit(f"host memory {format_mib(used)} above its mem {format_mib(self.mem_limit_mib)}")
         return None
 
 

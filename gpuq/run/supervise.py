@@ -42,9 +42,10 @@ from gpuq.model.config import FENCE_FRACTION, RECORD_FENCE_FRACTION
 from gpuq.model.record import Record
 from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
+from gpuq.model.stops import Stop, StopCause
 from gpuq.model.units import format_duration
 from gpuq.run.containers import ContainerControl
-from gpuq.run.joblocal import PREEMPTED, Runtime, finish_local, lease_age
+from gpuq.run.joblocal import Runtime, finish_local, lease_age
 from gpuq.run.launch import (
     CannotStart,
     forget_spawned,
@@ -54,7 +55,7 @@ from gpuq.run.launch import (
     shell_exit_note,
     start_run,
 )
-from gpuq.run.limits import LimitWatch, stop_state
+from gpuq.run.limits import LimitWatch
 from gpuq.sched.restarts import HEALTHY_S, restart_delay
 from gpuq.spool.store import read_record, transition, write_record
 
@@ -216,13 +217,13 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         f"==> gpuq job {record.id} · attempt {record.attempt} · host {rt.host} · "
         f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n",
     )
-    stop_reason: str | None = None
+    stop: Stop | None = None
     exit_code: int | None = None
     sig: int | None = None
     job_pid = None
     container: ContainerControl | None = None
     if _StopSignal.requested:
-        stop_reason = _stop_reason(rt, record.id)  # stopped before it could start
+        stop = _stop_order(rt, record.id)  # stopped before it could start
     elif failure is None:
         limits = LimitWatch(record, time.monotonic())
         try:
@@ -234,12 +235,11 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     if failure:
         _log(log_fd, f"==> gpuq: {failure}\n")
     fenced: str | None = None
-    stopped_as: State | None = None
     spawned = job_pid
     quick_failures = 0
     while job_pid is not None:
         run_started = time.monotonic()
-        status, stop_reason, fenced, stopped_as = _wait(rt, record, job_pid, limits, container)
+        status, stop, fenced = _wait(rt, record, job_pid, limits, container)
         forget_spawned(job_pid, status)
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         exit_code = None if sig is not None else os.WEXITSTATUS(status)
@@ -249,14 +249,14 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         crash_point("supervisor:exited")
         if time.monotonic() - run_started >= HEALTHY_S:
             quick_failures = 0
-        delay = restart_delay(spec.restart, exit_code, sig, bool(stop_reason or fenced), quick_failures)
+        delay = restart_delay(spec.restart, exit_code, sig, bool(stop or fenced), quick_failures)
         if delay is None:
             break
         quick_failures += 1
         ended_as = f"exit {exit_code}" if sig is None else f"killed by signal {sig}"
         _log(log_fd, f"==> {ended_as} · restart {record.restarts + 1} in {delay:g}s (restart: {spec.restart})\n")
-        stop_reason, fenced = _backoff(rt, record, delay)
-        if stop_reason or fenced:
+        stop, fenced = _backoff(rt, record, delay)
+        if stop or fenced:
             break  # stopped while waiting: the last run's result stands
         record = _restarted(rt, record)
         _log(log_fd, f"==> restart {record.restarts} · started {_stamp(wall_time())}\n")
@@ -277,10 +277,10 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         if sig is not None
         else failure or "not started"
     )
-    if stop_reason:
-        outcome += f" ({stop_reason})"
+    if stop:
+        outcome += f" ({stop.reason})"
     _log(log_fd, f"==> {outcome} · duration {format_duration(ended - started)} · ended {_stamp(ended)}\n")
-    if not stop_reason and (note := shell_exit_note(exit_code, spec, identity)):
+    if not stop and (note := shell_exit_note(exit_code, spec, identity)):
         _log(log_fd, f"==> gpuq: {note}\n")
         failure = failure or note  # the record's reason: status and show say it too
     if fenced:
@@ -289,21 +289,22 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     if fenced:
         _leave_fenced(rt, record, lock_fd, fenced)
         return
-    if stop_reason and stop_reason.startswith(PREEMPTED):
-        stop_reason = _stop_reason(rt, record.id)  # a cancel during the grace outranks the preemption
-    if stop_reason and stop_reason.startswith(PREEMPTED):
+    if stop and stop.cause is StopCause.PREEMPT:
+        stop = _stop_order(rt, record.id)  # a cancel during the grace outranks the preemption
+    if stop and stop.cause is StopCause.PREEMPT:
         # Not an end: this host's worker puts the spec back at its old place once the lock
         # is free (recovery.settle_gone), and the next attempt runs with GPUQ_PREEMPTED=1.
-        _mark(lock_fd, {"claim": record.claim, "preempted": f"{stop_reason}; {outcome}"})
+        _mark(lock_fd, {"claim": record.claim, "preempted": f"{stop.reason}; {outcome}"})
         poke(rt.local_dir, WAKE_JOB_ENDED)
         return
-    final = (stopped_as or stop_state(stop_reason)) if stop_reason else State.DONE if exit_code == 0 else State.FAILED
+    final = (stop.cause.ends_as or State.CANCELLED) if stop else State.DONE if exit_code == 0 else State.FAILED
     result = {
         "started_at": started,
         "ended_at": ended,
         "exit_code": exit_code,
         "signal": sig,
-        "reason": stop_reason or failure,
+        "reason": stop.reason if stop else failure,
+        "cause": stop.cause if stop else None,
         "job_pid": job_pid,
         **read_gpu_usage(rt.usage_path(record.id)),
         **(limits.usage.result() if spawned else {}),
@@ -313,7 +314,8 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     except OSError as e:
         # The shared disk refused the record: keep the result in the local marker, where this
         # host's worker finds it once the lock is free, and records it as soon as it can.
-        _mark(lock_fd, {"claim": record.claim, "result": {"state": final.value, **result}, "unrecorded": str(e)})
+        marked = {"state": final.value, **result, "cause": stop.cause.value if stop else None}
+        _mark(lock_fd, {"claim": record.claim, "result": marked, "unrecorded": str(e)})
         return
     crash_point("supervisor:recorded")
     finish_local(rt, record)
@@ -321,21 +323,21 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     poke(rt.local_dir, WAKE_JOB_ENDED)
 
 
-def _backoff(rt: Runtime, record: Record, delay: float) -> tuple[str | None, str | None]:
+def _backoff(rt: Runtime, record: Record, delay: float) -> tuple[Stop | None, str | None]:
     """Wait before a service's restart; a stop request or fencing ends the wait.
-    Returns (stop reason, fence reason)."""
+    Returns (the stop, fence reason)."""
     end = time.monotonic() + delay
     _StopSignal.armed = True
     try:
         while (left := end - time.monotonic()) > 0:
             if _StopSignal.requested:
-                return _stop_reason(rt, record.id), None
+                return _stop_order(rt, record.id), None
             time.sleep(min(left, 1.0))
             fenced = fence_reason(rt, record)
             if fenced:
                 return None, fenced
     except _StopRequested:
-        return _stop_reason(rt, record.id), None
+        return _stop_order(rt, record.id), None
     finally:
         _StopSignal.armed = False
     return None, None
@@ -372,20 +374,21 @@ def _leave_fenced(rt: Runtime, record: Record, lock_fd: int, why: str) -> None:
         _mark(lock_fd, {"claim": record.claim, "fenced": why})
 
 
-def _stop_reason(rt: Runtime, job_id: str) -> str:
+def _stop_order(rt: Runtime, job_id: str) -> Stop:
+    """The stop its worker asked for (run/joblocal.request_stop); a SIGTERM without one is a cancel."""
     try:
-        return rt.stop_path(job_id).read_text().strip() or "cancelled"
+        return Stop.decode(rt.stop_path(job_id).read_bytes())
     except OSError:
-        return "cancelled"
+        return Stop.cancel("cancelled")
 
 
 def _wait(
     rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: ContainerControl | None
-) -> tuple[int, str | None, str | None, State | None]:
+) -> tuple[int, Stop | None, str | None]:
     """Wait for the job. A stop request (SIGTERM with a stop file) stops it: TERM, grace,
     KILL. So does an overrun limit (run/limits.py), and fencing, checked every lost_after_s / 10.
     A container is stopped and killed with its client (its runtime's daemon holds it).
-    Returns (wait status, stop reason, fence reason, the state a limit's stop records)."""
+    Returns (wait status, the stop, fence reason)."""
 
     def terminate(grace_s: float) -> float:
         signal_group(pid, signal.SIGTERM)
@@ -393,8 +396,7 @@ def _wait(
             container.stop(grace_s)
         return time.monotonic() + grace_s
 
-    stop_reason: str | None = None
-    stopped_as: State | None = None
+    stop: Stop | None = None
     fenced: str | None = None
     deadline = float("inf")  # when the stopped job gets SIGKILL
     check_every = min(5.0, rt.lost_after_s / 10)
@@ -409,19 +411,19 @@ def _wait(
     try:
         while True:
             try:
-                if _StopSignal.requested and stop_reason is None:
+                if _StopSignal.requested and stop is None:
                     raise _StopRequested()
                 now = time.monotonic()
                 lookup_at = container.lookup_at if container is not None else deadline
                 timeout = max(
-                    0.0, min(next_check, deadline, lookup_at, limits.next_at if stop_reason is None else deadline) - now
+                    0.0, min(next_check, deadline, lookup_at, limits.next_at if stop is None else deadline) - now
                 )
                 select.select(
                     [pidfd] if pidfd is not None else [], [], [], timeout if pidfd is not None else min(timeout, 0.05)
                 )
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
-                    return status, stop_reason, fenced, stopped_as
+                    return status, stop, fenced
                 now = time.monotonic()
                 if now >= deadline:
                     signal_group(pid, signal.SIGKILL)
@@ -430,21 +432,21 @@ def _wait(
                     deadline = float("inf")
                 if container is not None and now >= container.lookup_at:
                     container.try_lookup(now)
-                if stop_reason is None and now >= limits.next_at and (breach := limits.breach(now)):
+                if stop is None and now >= limits.next_at and (breach := limits.breach(now)):
                     _StopSignal.armed = False
-                    stop_reason, stopped_as = breach
+                    stop = breach
                     deadline = terminate(grace)
-                if now >= next_check and stop_reason is None:
+                if now >= next_check and stop is None:
                     next_check = now + check_every
                     fenced = fence_reason(rt, record)
                     if fenced:
                         _StopSignal.armed = False
-                        stop_reason = fenced
+                        stop = Stop(StopCause.FENCE, fenced)
                         deadline = terminate(rt.grace_s)  # fencing: config grace (fits lost_after_s)
             except _StopRequested:
                 _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
-                if stop_reason is None:
-                    stop_reason = _stop_reason(rt, record.id)
+                if stop is None:
+                    stop = _stop_order(rt, record.id)
                     deadline = terminate(grace)
     finally:
         _StopSignal.armed = False

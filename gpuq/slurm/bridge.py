@@ -34,6 +34,7 @@ from gpuq.model.config import FENCE_FRACTION
 from gpuq.model.record import Record, claim_name
 from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
+from gpuq.model.stops import Stop
 from gpuq.run.joblocal import lease_age
 from gpuq.run.launch import base_environment, open_log
 from gpuq.sched.plan import queue_order
@@ -41,12 +42,11 @@ from gpuq.slurm.export import ExportError, handed_over, sbatch_script, slurm_log
 from gpuq.spool.deps import FINAL, gates, referenced
 from gpuq.spool.intake import user_name
 from gpuq.spool.store import (
-    append_event,
+    append_note,
     claim,
     next_attempt,
-    record_requeue,
-    record_start,
     running_records,
+    spec_state,
     transition,
     write_record,
 )
@@ -217,7 +217,7 @@ class BridgeWorker(Worker):
                 self._note_slurm_id(record, slurm_id)
                 log.info("found %s in Slurm as job %s", record.id, slurm_id)
             elif known is not None:
-                record_requeue(self.layout, record, self.host, "never reached Slurm; requeued")
+                transition(self.layout, record, State.PENDING, self.host, reason="never reached Slurm; requeued")
                 self.recovery.put_back(record.id, self.layout.claims / (record.claim or ""))
                 log.info("requeued %s: it never reached Slurm", record.id)
 
@@ -241,16 +241,7 @@ class BridgeWorker(Worker):
                 continue  # another bridge adopted it first
             adopted = replace(record, host=self.host, boot_id=self.boot_id, claim=new_claim)
             self._note_slurm_id(adopted, slurm_id)
-            append_event(
-                self.layout,
-                self.host,
-                {
-                    "job": record.id,
-                    "from": "running",
-                    "to": "running",
-                    "reason": f"adopted from bridge {record.host} (dead)",
-                },
-            )
+            append_note(self.layout, self.host, record.id, "adopted", f"adopted from bridge {record.host} (dead)")
             log.warning("bridge %s is dead: following %s (Slurm job %s) from here", record.host, record.id, slurm_id)
 
     def _note_slurm_id(self, record: Record, slurm_id: str) -> None:
@@ -338,7 +329,7 @@ class BridgeWorker(Worker):
         claimed.unlink(missing_ok=True)
         log.info("%s (Slurm %s) ended: %s", record.id, record.slurm_id, final.value)
 
-    def _stop(self, record: Record, reason: str) -> bool:
+    def _stop(self, record: Record, stop: Stop) -> bool:
         if not record.slurm_id:
             return False  # being handed over: the next pass
         out = _slurm("scancel", record.slurm_id)
@@ -408,9 +399,9 @@ class BridgeWorker(Worker):
         uid = self._claimed_owner(job.id, entry, claimed)
         if uid is None:
             return
-        record = Record(
+        claimed_job = Record(  # as its claim showed it: taken from jobs/, so pending
             id=job.id,
-            state=State.RUNNING,
+            state=spec_state(self.layout, claimed),
             spec=job.spec.to_json(),
             spec_text=entry.text.decode("utf-8-sig", "replace"),
             user=user_name(uid),
@@ -424,7 +415,7 @@ class BridgeWorker(Worker):
             reason="handed to Slurm",
             time_limit_s=job.spec.time_limit_s or self.config.time_limit_s,
         )
-        record_start(self.layout, record, self.host)
+        record = transition(self.layout, claimed_job, State.RUNNING, self.host)
         crash_point("bridge:recorded")
         if (age := lease_age(self.rt)) is not None and age > FENCE_FRACTION * self.config.lost_after_s:
             # Paused past its lease (a stopped VM): another bridge may have requeued this very
@@ -462,7 +453,7 @@ class BridgeWorker(Worker):
             env=sbatch_env,
         )
         if out.returncode != 0 and any(m in out.stderr for m in ("Unable to contact", "timed out", "Zero Bytes")):
-            record_requeue(self.layout, record, self.host, "Slurm did not answer; requeued")
+            transition(self.layout, record, State.PENDING, self.host, reason="Slurm did not answer; requeued")
             self.recovery.put_back(job.id, claimed)  # the controller was away: try again later
             log.warning("sbatch of %s: Slurm did not answer (%s)", job.id, out.stderr.strip()[-200:])
             return

@@ -17,18 +17,17 @@ from gpuq.host.owners import Actor, refusal
 from gpuq.model.errors import SpecError
 from gpuq.model.record import Record, RecordError
 from gpuq.model.spec import parse_spec_text
-from gpuq.model.states import State, check_transition
+from gpuq.model.states import State, TransitionError
 from gpuq.spool.intake import read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
-    append_event,
+    StateChange,
     claims_of,
     forget_place,
     pending_specs,
     read_record,
-    transition_event,
+    spec_state,
     unclaim,
-    write_record,
 )
 
 STARTING_WAIT_S = 2.0
@@ -48,12 +47,12 @@ def cancel_pending(
             return False, not_a_job
     except FileNotFoundError:
         return False, f"{job_id}: a worker started it a moment ago"
+    was = spec_state(layout, spec_path)  # pending in jobs/, held in held/
     aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}.tmp"
     try:
         os.rename(spec_path, aside)
     except FileNotFoundError:
         return False, f"{job_id}: a worker started it a moment ago"
-    check_transition(State.PENDING, State.CANCELLED)
     st = os.lstat(aside)
     if stat.S_ISDIR(st.st_mode):  # swapped by its owner since the look: not a job, not put back
         moved = layout.rejected / f"{job_id}.{secrets.token_hex(4)}.not-a-spec"
@@ -68,25 +67,24 @@ def cancel_pending(
         spec = parse_spec_text(raw, display).to_json()
     except (SpecError, OSError):
         raw, spec = b"", {}
-    record = Record(
+    found = Record(
         id=job_id,
-        state=State.CANCELLED,
+        state=was,
         spec=spec,
         spec_text=raw.decode("utf-8", "replace"),
         user=user_name(st.st_uid),
         uid=st.st_uid,
         queued_at=st.st_mtime,
-        ended_at=wall_time(),
-        reason=reason,
     )
     try:
-        write_record(layout, record)
-    except OSError:
+        change = StateChange(layout, found, State.CANCELLED, host, ended_at=wall_time(), reason=reason)
+        change.write()  # its held record, if any, goes with it
+    except (OSError, TransitionError):
         _put_back(layout, aside, spec_path, job_id)
         raise
     os.unlink(aside)
     forget_place(layout, job_id)  # a retry queues anew
-    append_event(layout, host, transition_event(record, State.PENDING, State.CANCELLED))
+    change.log()
     return True, ""
 
 
@@ -134,7 +132,6 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
                 continue
             done, why = cancel_pending(layout, spec_path, job_id, host, f"cancelled by {actor.name} while {was}", actor)
             if done:
-                layout.record(layout.held, job_id).unlink(missing_ok=True)
                 return True, f"{job_id}: cancelled (was {was})"
             if not why.endswith("a moment ago"):
                 return False, why

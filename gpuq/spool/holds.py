@@ -25,18 +25,18 @@ import stat
 from pathlib import Path
 
 from gpuq.host.faults import wall_time
-from gpuq.host.files import create_owned, read_json, write_json
+from gpuq.host.files import create_owned, read_json
 from gpuq.host.owners import Actor, refusal
 from gpuq.model.errors import SpecError
 from gpuq.model.names import JOB_ID_RE
 from gpuq.model.record import Record
 from gpuq.model.spec import parse_spec_text
-from gpuq.model.states import State, check_transition
+from gpuq.model.states import State, TransitionError
 from gpuq.spool.ids import id_taken
 from gpuq.spool.intake import read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
-    append_event,
+    StateChange,
     forget_place,
     has_record,
     keep_place,
@@ -44,9 +44,8 @@ from gpuq.spool.store import (
     pending_spec_path,
     pending_specs,
     read_record,
-    transition_event,
+    spec_state,
     unclaim,
-    write_record,
 )
 
 
@@ -101,23 +100,16 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     if not actor.may_act_on(st.st_uid):  # its owner replaced it between the look and the move
         _put_back(layout, dest, spec_path, job_id)
         raise HoldError(refusal(job_id, st.st_uid, "hold"))
-    check_transition(State.PENDING, State.HELD)
-    record = Record(
-        id=job_id,
-        state=State.HELD,
-        spec={},
-        user=user_name(st.st_uid),
-        uid=st.st_uid,
-        queued_at=place,
-        reason=why or f"held by {actor.name}",
-        held_at=wall_time(),
-    )
+    found = Record(id=job_id, state=spec_state(layout, spec_path), spec={}, user=user_name(st.st_uid), uid=st.st_uid)
     try:
-        write_record(layout, record)
-    except OSError:
+        change = StateChange(
+            layout, found, State.HELD, host, queued_at=place, reason=why or f"held by {actor.name}", held_at=wall_time()
+        )
+        change.write()
+    except (OSError, TransitionError):
         _put_back(layout, dest, spec_path, job_id)
         raise
-    append_event(layout, host, transition_event(record, State.PENDING, State.HELD))
+    change.log()
     return f"{job_id}: held (gpuq release {job_id} puts it back at its place)"
 
 
@@ -148,23 +140,14 @@ def submit_held(layout: Layout, job_id: str, host: str, actor: Actor, text: byte
     if not unclaim(tmp, held_spec(layout, job_id)):
         os.unlink(tmp)
         raise HoldError(f"{job_id}: the id is used by another job; nothing was submitted")
-    check_transition(State.PENDING, State.HELD)
-    record = Record(
-        id=job_id,
-        state=State.HELD,
-        spec={},
-        user=actor.name,
-        uid=actor.uid,
-        queued_at=now,
-        reason="held at submission",
-        held_at=now,
-    )
+    new = Record(id=job_id, state=State.PENDING, spec={}, user=actor.name, uid=actor.uid, queued_at=now)  # a new job
     try:
-        write_record(layout, record)
+        change = StateChange(layout, new, State.HELD, host, reason="held at submission", held_at=now)
+        change.write()
     except OSError:
         held_spec(layout, job_id).unlink(missing_ok=True)
         raise
-    append_event(layout, host, transition_event(record, State.PENDING, State.HELD, "submitted held"))
+    change.log()
     return f"{job_id}: submitted, held (gpuq release {job_id} puts it in the queue)"
 
 
@@ -175,16 +158,19 @@ def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
         record = read_record(layout.record(layout.held, job_id))
     except ValueError:
         record = None
-    record = record or Record(id=job_id, state=State.HELD, spec={})
+    record = record or Record(
+        id=job_id, state=spec_state(layout, src), spec={}, user=user_name(st.st_uid), uid=st.st_uid
+    )
+    change = StateChange(layout, record, State.PENDING, host, reason="released")
     keep_place(layout, job_id, st.st_uid, record.queued_at)
-    layout.record(layout.held, job_id).unlink(missing_ok=True)
+    change.write()  # the held record goes first: a spec in jobs/ under a recorded id is refused
     if not unclaim(src, layout.jobs / f"{job_id}.yaml"):
+        change.undo()
         raise HoldError(
             f"{job_id}: jobs/{job_id}.yaml exists (a new file?); the held spec stays held. "
             f"Fix: move that file away and run `gpuq release {job_id}` again"
         )
-    check_transition(State.HELD, State.PENDING)
-    append_event(layout, host, transition_event(record, State.HELD, State.PENDING, "released"))
+    change.log()
     return f"{job_id}: released, back at its place in the queue"
 
 
@@ -248,7 +234,7 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     elif record.state is State.REJECTED or not record.spec_text:
         raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")
     _check_owner(job_id, record.uid, actor, "retry")
-    check_transition(record.state, State.PENDING)
+    change = StateChange(layout, record, State.PENDING, host, reason=f"retry by {actor.name}")
     if pending_specs(layout, job_id):
         raise HoldError(
             f"{job_id}: jobs/ holds a file with this id already (not this job: it would be "
@@ -258,15 +244,12 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     # linked into jobs/: nothing a member planted in jobs/ is ever written through.
     tmp = create_owned(layout.held, job_id, record.spec_text.encode(), record.uid)
     forget_place(layout, job_id)  # a retried job queues anew
-    write_json(kept, record.to_json())
-    if finished.exists():
-        finished.unlink()
+    change.write()  # the ended attempt kept in requeued/, so the next one is numbered +1
     if not unclaim(tmp, layout.jobs / f"{job_id}.yaml"):  # a file appeared in jobs/ meanwhile: undo
         tmp.unlink()
-        write_json(finished, record.to_json())
-        kept.unlink(missing_ok=True)
+        change.undo()
         raise HoldError(f"{job_id}: jobs/{job_id}.yaml appeared meanwhile (not this job); nothing was changed")
-    append_event(layout, host, transition_event(record, record.state, State.PENDING, f"retry by {actor.name}"))
+    change.log()
     return f"{job_id}: back in the queue as attempt {record.attempt + 1}"
 
 
@@ -288,10 +271,12 @@ def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Ac
             f"{job_id}: the refused file is not a plain spec file (it was refused for that); submit a new spec"
         )
     _check_owner(job_id, st.st_uid, actor, "retry")
+    refused = Record(id=job_id, state=spec_state(layout, src), spec={}, user=user_name(st.st_uid), uid=st.st_uid)
+    change = StateChange(layout, refused, State.PENDING, host, queued_at=wall_time(), reason=f"retry by {actor.name}")
     if pending_specs(layout, job_id):
         raise HoldError(f"{job_id}: jobs/ holds a file with this id already; nothing was changed")
     if not unclaim(src, layout.jobs / src.name):
         raise HoldError(f"{job_id}: jobs/{src.name} appeared meanwhile; nothing was changed")
     (layout.rejected / f"{job_id}.error").unlink(missing_ok=True)
-    append_event(layout, host, {"job": job_id, "from": "rejected", "to": "pending", "reason": f"retry by {actor.name}"})
+    change.log()
     return f"{job_id}: its refused spec is back in the queue, to be checked again"

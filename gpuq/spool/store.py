@@ -1,7 +1,7 @@
 """The spool: records as files, atomic writes, claims by rename, transitions, events.
 
 Every write is temp file + fsync + rename, so a reader never sees half a file. A transition
-is enforced by `states.check_transition` and written by `transition` only.
+is checked and written by `StateChange` only (`transition` for one with nothing else to move).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def state_dir(layout: Layout, state: State) -> Path:
 
 
 def write_record(layout: Layout, record: Record) -> Path:
+    """An update of a record within its state (a restart counted, a Slurm id noted); a change
+    of state is a `StateChange`."""
     path = layout.record(state_dir(layout, record.state), record.id)
     write_json(path, record.to_json())
     return path
@@ -60,64 +62,107 @@ def running_records(layout: Layout) -> list[Record]:
     return records
 
 
-def transition(layout: Layout, record: Record, new: State, event_host: str, **changes: Any) -> Record:
-    """Move `record` to state `new` (checked against the table), write it, log the event.
+class StateChange:
+    """One job's change of state: the only way one is made. It is checked against the table
+    when it is made, before any effect, from the state the spool showed (`before`: the record
+    read, or one built from where the job's spec was found: `spec_state`). Then `write` moves the
+    job's record and `log` appends the event. A caller that also moves the job's spec does so
+    around these in the order its protocol needs (a cancel's rename comes first, against a
+    claim; a released spec reaches jobs/ only after its held record is gone), and `undo`s the
+    write when its own move fails before `log`.
 
     The new file is written before the old one is removed, so a crash in between leaves a
     duplicate that readers resolve in favour of the later state, never a lost job.
     """
-    check_transition(record.state, new)
-    updated = replace(record, state=new, **changes)
-    write_record(layout, updated)
-    old_dir, new_dir = state_dir(layout, record.state), state_dir(layout, new)
-    if old_dir != new_dir:
-        try:
-            os.unlink(layout.record(old_dir, record.id))
-        except FileNotFoundError:
-            pass
-    append_event(layout, event_host, transition_event(updated, record.state, new))
+
+    def __init__(self, layout: Layout, before: Record, new: State, event_host: str, **changes: Any) -> None:
+        check_transition(before.id, before.state, new)
+        self.layout, self.before, self.host = layout, before, event_host
+        self.after = replace(before, state=new, **changes)
+
+    def _dir(self, state: State) -> Path | None:
+        """Where a job in `state` has its record (none while pending or rejected: its spec says it)."""
+        return None if state in (State.PENDING, State.REJECTED) else state_dir(self.layout, state)
+
+    def _kept(self) -> Record | None:
+        """Back to the queue after an attempt: that attempt's record, kept in requeued/ (the next
+        attempt is numbered from it). A running attempt ends here, so it keeps this change's
+        reason and cause; an ended one keeps its own."""
+        if self.after.state is not State.PENDING:
+            return None
+        if self.before.state is State.RUNNING:
+            return replace(self.after, state=State.RUNNING)
+        return self.before if self._dir(self.before.state) == self.layout.finished else None
+
+    def write(self) -> Record:
+        old_dir, new_dir = self._dir(self.before.state), self._dir(self.after.state)
+        if (kept := self._kept()) is not None:
+            write_json(self.layout.record(self.layout.requeued, kept.id), kept.to_json())
+        if new_dir is not None:
+            write_json(self.layout.record(new_dir, self.after.id), self.after.to_json())
+        if old_dir is not None and old_dir != new_dir:
+            self.layout.record(old_dir, self.before.id).unlink(missing_ok=True)
+        return self.after
+
+    def undo(self) -> None:
+        """Put the records back as they were (the caller's own move failed before `log`)."""
+        old_dir, new_dir = self._dir(self.before.state), self._dir(self.after.state)
+        if old_dir is not None:
+            write_json(self.layout.record(old_dir, self.before.id), self.before.to_json())
+        if new_dir is not None and new_dir != old_dir:
+            self.layout.record(new_dir, self.after.id).unlink(missing_ok=True)
+        if self._kept() is not None:
+            self.layout.record(self.layout.requeued, self.before.id).unlink(missing_ok=True)
+
+    def log(self) -> None:
+        append_event(self.layout, self.host, transition_event(self.after, self.before.state))
+
+
+def transition(layout: Layout, before: Record, new: State, event_host: str, **changes: Any) -> Record:
+    """A `StateChange` with nothing else to move: check, write, log."""
+    change = StateChange(layout, before, new, event_host, **changes)
+    updated = change.write()
+    change.log()
     return updated
 
 
-def transition_event(record: Record, old: State, new: State, reason: str | None = None) -> dict[str, Any]:
+def spec_state(layout: Layout, spec_path: Path) -> State:
+    """The state a job is in whose spec was found at `spec_path` (a claim was taken from jobs/)."""
+    parent = spec_path.parent
+    if parent == layout.held:
+        return State.HELD
+    if parent == layout.rejected:
+        return State.REJECTED
+    if parent in (layout.jobs, layout.claims):
+        return State.PENDING
+    raise ValueError(f"{spec_path} is not where gpuq keeps specs")
+
+
+def transition_event(record: Record, old: State) -> dict[str, Any]:
     """What `gpuq report` and `status` read back: the job, its owner and queue time, and
-    the attempt's placement, times and result."""
+    the attempt's placement, times and result, and why it was stopped."""
     return {
         "job": record.id,
         "from": old.value,
-        "to": new.value,
+        "to": record.state.value,
         "attempt": record.attempt,
         "user": record.user,
-        "queued_at": record.queued_at,
+        "queued_at": record.queued_at or None,  # 0: not known (a refused spec's)
         "host": record.host,
         "gpus": record.gpus,
         "gpu_mem_mib": record.gpu_mem_mib,
         "exit_code": record.exit_code,
-        "reason": reason or record.reason,
+        "reason": record.reason,
+        "cause": record.cause.value if record.cause is not None else None,
         "started_at": record.started_at,
         "ended_at": record.ended_at,
     }
 
 
-def record_start(layout: Layout, record: Record, event_host: str) -> None:
-    """pending -> running: the claimed attempt's record, written before its job may start."""
-    check_transition(State.PENDING, State.RUNNING)
-    write_record(layout, record)
-    append_event(layout, event_host, transition_event(record, State.PENDING, State.RUNNING))
-
-
-def record_requeue(layout: Layout, record: Record, event_host: str, reason: str) -> None:
-    """running -> pending, while the spec waits in claims/ under a claim of `event_host`
-    (which puts it back in jobs/ next, or, after a crash, as an orphan claim). The attempt's
-    record is kept in requeued/ first, so the next attempt is numbered +1; then the running
-    record goes, so the id is free again."""
-    check_transition(record.state, State.PENDING)
-    write_json(layout.record(layout.requeued, record.id), replace(record, reason=reason).to_json())
-    try:
-        os.unlink(layout.record(state_dir(layout, record.state), record.id))
-    except FileNotFoundError:
-        pass
-    append_event(layout, event_host, transition_event(record, record.state, State.PENDING, reason))
+def append_note(layout: Layout, host: str, job_id: str, note: str, reason: str) -> None:
+    """An event about a job that is not a change of its state (a warning, a stop asked for, a
+    bridge adopting it): `{"note": ...}` instead of `from`/`to`, so the log of changes stays one."""
+    append_event(layout, host, {"job": job_id, "note": note, "reason": reason})
 
 
 def keep_place(layout: Layout, job_id: str, uid: int, queued_at: float) -> None:

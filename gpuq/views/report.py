@@ -22,6 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from gpuq.model.stops import StopCause, cause_of
+
 BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
 MAX_BUCKETS = 60
 PERCENTILES = (50, 90, 99)
@@ -178,7 +180,7 @@ def build(
                 tally.add_run(e, user, host, since, until)
                 if to == "pending":
                     waiting_from = t
-                    if since <= t < until and str(e.get("reason") or "").startswith("preempted"):
+                    if since <= t < until and cause_of(e) is StopCause.PREEMPT:
                         for row in rows:
                             row.preemptions += 1
             elif frm == "pending" and to != "pending" and waiting_from is not None:
@@ -218,8 +220,10 @@ def build(
 
 
 def _open_run(evs: list[dict]) -> dict | None:
-    """The start event of an attempt still running (no later event moved it off running)."""
-    last = next((e for e in reversed(evs) if e.get("from") != "running" or e.get("to") != "running"), None)
+    """The start event of an attempt still running (no later event moved it off running). Notes
+    are not changes; neither are the running -> running notes of gpuq before notes had a kind."""
+    changes = (e for e in reversed(evs) if "note" not in e and (e.get("from"), e.get("to")) != ("running", "running"))
+    last = next(changes, None)
     return last if last and last.get("to") == "running" else None
 
 

@@ -13,11 +13,13 @@ from gpuq.host.faults import wall_time
 from gpuq.host.files import atomic_write, close_moved_directory, read_json
 from gpuq.model.errors import SpecError
 from gpuq.model.groups import GroupError
+from gpuq.model.record import Record
+from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
 from gpuq.spool.intake import Entry, Intake, user_name
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import append_event, has_record
+from gpuq.spool.store import StateChange, has_record, spec_state
 from gpuq.spool.sweeps import expand_dropped_sweep, group_file
 
 log = logging.getLogger("gpuq.worker")
@@ -127,12 +129,12 @@ class Arrivals:
         )  # one line, never more
         atomic_write(dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error", (message + "\n").encode(), mode=0o644)
         try:  # whose spec it was: the moved file's owner (reports count it for them, not "?")
-            owner = user_name(os.lstat(dest).st_uid)
+            st = os.lstat(dest)
+            owner, uid = user_name(st.st_uid), st.st_uid
         except OSError:
-            owner = None
-        append_event(
-            self.layout, self.host, {"job": stem, "from": "pending", "to": "rejected", "reason": message, "user": owner}
-        )
+            owner, uid = "", -1
+        found = Record(id=stem, state=spec_state(self.layout, path), spec={}, user=owner, uid=uid)
+        StateChange(self.layout, found, State.REJECTED, self.host, reason=message).log()  # its spec is its record
         if forget:
             self.intake.forget(job_id)
         log.warning("rejected %s", message)

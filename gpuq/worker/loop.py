@@ -29,12 +29,12 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, RunningJob
 from gpuq.model.record import Record, claim_name
 from gpuq.model.states import State
+from gpuq.model.stops import Stop, StopCause, cause_of
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
 from gpuq.model.windows import window_open
 from gpuq.run.containers import RuntimeProbe
 from gpuq.run.joblocal import (
-    PREEMPTED,
     Runtime,
     finish_local,
     job_roots,
@@ -42,7 +42,7 @@ from gpuq.run.joblocal import (
     settle_lock,
     write_lease,
 )
-from gpuq.run.limits import LIMIT, limits_for
+from gpuq.run.limits import limits_for
 from gpuq.run.spawner import Spawner
 from gpuq.sched.idle import IdleTracker
 from gpuq.sched.overuse import GpuMemWatch, Overuse
@@ -58,13 +58,14 @@ from gpuq.spool.intake import RACY_MTIME_S, Entry, Intake, read_spec_file
 from gpuq.spool.layout import Layout
 from gpuq.spool.samples import SampleLog
 from gpuq.spool.store import (
-    append_event,
+    append_note,
     claim,
     forget_place,
     keep_place,
     next_attempt,
     read_record,
-    record_start,
+    spec_state,
+    transition,
 )
 from gpuq.spool.sweeps import finish_interrupted
 from gpuq.spool.teamstate import (
@@ -287,20 +288,12 @@ class Worker:
 
     def _act_on_overuse(self, overuse: Overuse) -> None:
         record = next(r for r in self.running if r.id == overuse.job_id)
-        if overuse.kill and request_stop(self.rt, record, f"{LIMIT}: {overuse.why}"):
+        if overuse.kill and request_stop(self.rt, record, Stop.limit(overuse.why)):
             log.warning("stopping %s: %s", record.id, overuse.why)
-            append_event(
-                self.layout,
-                self.host,
-                {"job": record.id, "from": "running", "to": "running", "reason": f"stopping: {overuse.why}"},
-            )
+            append_note(self.layout, self.host, record.id, "stopping", overuse.why)
         elif not overuse.kill:
             log.warning("%s %s", record.id, overuse.why)
-            append_event(
-                self.layout,
-                self.host,
-                {"job": record.id, "from": "running", "to": "running", "reason": f"warning: {overuse.why}"},
-            )
+            append_note(self.layout, self.host, record.id, "warning", overuse.why)
 
     def _own_running(self) -> list[Record]:
         """This host's running records (and, in `others_running`, every other box's). A record
@@ -385,7 +378,7 @@ class Worker:
             record = running.get(job_id)
             if record is not None and record.attempt == order.get("attempt", record.attempt):
                 reason = f"cancelled by {safe_text(str(order.get('by', '?')))[:64]}"
-                if not self._stop(record, reason):
+                if not self._stop(record, Stop.cancel(reason)):
                     continue  # its supervisor is still starting: try again next pass
                 log.info("cancelling %s (%s)", job_id, reason)
             path.unlink(missing_ok=True)
@@ -408,9 +401,9 @@ class Worker:
             sweep_replies(self.layout, now)
             prune_bookings(self.layout, now)
 
-    def _stop(self, record: Record, reason: str) -> bool:
+    def _stop(self, record: Record, stop: Stop) -> bool:
         """TERM, grace, KILL through its supervisor (slurm/bridge.py: scancel). False: not yet."""
-        return request_stop(self.rt, record, reason)
+        return request_stop(self.rt, record, stop)
 
     def take_in_specs(self) -> None:
         """Read jobs/; reject specs that stayed invalid and ids already used; expand sweeps."""
@@ -553,14 +546,10 @@ class Worker:
             record = running.get(job_id)
             if record is None or job_id in self.stopping:
                 continue
-            if request_stop(self.rt, record, f"{PREEMPTED}: {why}"):
+            if request_stop(self.rt, record, Stop.preempt(why)):
                 self.stopping.add(job_id)
                 log.info("preempting %s: %s", job_id, why)
-                append_event(
-                    self.layout,
-                    self.host,
-                    {"job": job_id, "from": "running", "to": "running", "reason": f"preempting: {why}"},
-                )
+                append_note(self.layout, self.host, job_id, "preempting", why)
 
     def _running_jobs(self) -> list[RunningJob]:
         return [RunningJob.of(r, self.observed.get(r.id, {}), r.id in self.stopping, self.host) for r in self.running]
@@ -587,9 +576,9 @@ class Worker:
             if not job.spec.exclusive
             else by_index[gpus[0]].mem_total_mib - self.config.gpu_mem_reserve_mib
         )
-        record = Record(
+        claimed_job = Record(  # as its claim showed it: taken from jobs/, so pending
             id=job_id,
-            state=State.RUNNING,
+            state=spec_state(self.layout, claimed),
             spec=job.spec.to_json(),
             spec_text=entry.text.decode("utf-8-sig", "replace"),
             user=job.user,
@@ -603,12 +592,12 @@ class Worker:
             gpu_mem_mib=charged if gpus else None,
             claim=claimed.name,
             claimed_at=self.clock.wall(),
-            preempted=bool(previous and str(previous.get("reason", "")).startswith(PREEMPTED)),
+            preempted=previous is not None and cause_of(previous) is StopCause.PREEMPT,
             **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]),
         )
 
         try:
-            record_start(self.layout, record, self.host)  # the record first: then the job may start
+            record = transition(self.layout, claimed_job, State.RUNNING, self.host)  # then the job may start
         except OSError:
             if not self.layout.record(self.layout.running, job_id).exists():
                 keep_place(self.layout, job_id, uid, job.queued_at)

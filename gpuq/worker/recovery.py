@@ -23,16 +23,16 @@ from gpuq.host.files import create_owned, read_json
 from gpuq.model.config import Config
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.states import State
+from gpuq.model.stops import StopCause, cause_of
 from gpuq.run.containers import container_name, release_leftover_mounts, remove_leftover
 from gpuq.run.joblocal import Runtime, read_started
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
-    append_event,
+    append_note,
     claims_of,
     has_record,
     keep_place,
     read_record,
-    record_requeue,
     transition,
     unclaim,
 )
@@ -77,12 +77,13 @@ class Recovery:
         elif (marker := read_started(self.rt, record)) is None:
             self.requeue(record, "never started; requeued")
         elif marker.get("preempted"):  # it yielded its GPU: back to its old place, never lost
-            self.requeue(record, f"{marker['preempted']}; requeued as attempt {record.attempt + 1}")
+            self.requeue(record, f"{marker['preempted']}; requeued as attempt {record.attempt + 1}", StopCause.PREEMPT)
         elif marker.get("fenced"):
             self.lose(record, marker["fenced"])  # its supervisor stopped it and recorded nothing
         elif marker.get("result"):  # the supervisor could not write it (disk full or failing)
             result = dict(marker["result"])
-            transition(self.layout, record, State(result.pop("state")), self.host, **result)
+            state, result["cause"] = State(result.pop("state")), cause_of(result)
+            transition(self.layout, record, state, self.host, **result)
         else:
             transition(
                 self.layout,
@@ -111,13 +112,13 @@ class Recovery:
         if record.claim:
             (self.layout.claims / record.claim).unlink(missing_ok=True)
 
-    def requeue(self, record: Record, reason: str) -> None:
+    def requeue(self, record: Record, reason: str, cause: StopCause | None = None) -> None:
         held = self._hold_spec(record)
         if held is None:
             return  # another host is requeueing it, or it was settled meanwhile
         crash_point("recovery:held")
         keep_place(self.layout, record.id, os.lstat(held).st_uid, record.queued_at)
-        record_requeue(self.layout, record, self.host, reason)
+        transition(self.layout, record, State.PENDING, self.host, reason=reason, cause=cause)
         crash_point("recovery:recorded")
         self.put_back(record.id, held)
 
@@ -184,17 +185,8 @@ class Recovery:
                 if finished.get("claim") == path.name:
                     path.unlink(missing_ok=True)  # its supervisor recorded it, then died
                 continue
-            if self.put_back(job_id, path):
-                append_event(
-                    self.layout,
-                    self.host,
-                    {
-                        "job": job_id,
-                        "from": "pending",
-                        "to": "pending",
-                        "reason": "claimed but never recorded; requeued",
-                    },
-                )
+            if self.put_back(job_id, path):  # it never left pending: a note, not a change
+                append_note(self.layout, self.host, job_id, "requeued", "claimed but never recorded; requeued")
 
     def sweep_temp_files(self) -> None:
         """Temp files of writers killed mid-write (never visible as records; docs/design.md lets a

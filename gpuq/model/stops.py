@@ -1,0 +1,88 @@
+"""Why a running job was stopped, as a type: the cause a worker's stop order or the supervisor's
+own watch gives, carried beside the human reason (the record's `cause`, the event's `cause`).
+Decisions (requeue or record, which final state) are taken on the cause, never on the text.
+
+A stop order travels from a worker to the job's supervisor as a small local file: its first line
+is the cause, the rest the reason. The cause words are the prefixes the reasons used to begin
+with, so a supervisor started by an older gpuq (still running its job through an upgrade) reads
+a newer worker's order as it always did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from gpuq.model.states import State
+
+
+class StopCause(str, Enum):
+    CANCEL = "cancelled"  # `gpuq cancel`, or a job whose dependency failed
+    PREEMPT = "preempted"  # yields its GPU to higher-priority work: requeued, never recorded as ended
+    LIMIT = "limit"  # used more than it declared (host memory, GPU memory)
+    TIMEOUT = "timeout"  # ran past its time_limit
+    FENCE = "fenced"  # its host lost touch with the spool: the attempt's result is not recorded
+
+    @property
+    def ends_as(self) -> State | None:
+        """The final state a job stopped for this cause is recorded in; None when the stop is not
+        its end (a preempted job goes back to the queue; a fenced one is settled by recovery)."""
+        return _ENDS_AS.get(self)
+
+
+_ENDS_AS = {StopCause.CANCEL: State.CANCELLED, StopCause.LIMIT: State.FAILED, StopCause.TIMEOUT: State.TIMEOUT}
+
+
+@dataclass(frozen=True)
+class Stop:
+    cause: StopCause
+    reason: str  # what `gpuq status` and `gpuq show` say: "preempted: job x needs its GPU memory"
+
+    @classmethod
+    def cancel(cls, reason: str) -> Stop:
+        return cls(StopCause.CANCEL, reason)
+
+    @classmethod
+    def preempt(cls, why: str) -> Stop:
+        return cls(StopCause.PREEMPT, f"preempted: {why}")
+
+    @classmethod
+    def limit(cls, why: str) -> Stop:
+        return cls(StopCause.LIMIT, f"limit: {why}")
+
+    def encode(self) -> bytes:
+        return f"{self.cause.value}\n{self.reason}".encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Stop:
+        """A stop order as written by `encode`, or by a gpuq from before causes were typed (one
+        line, the cause its prefix). An empty or unreadable order is a cancel: whoever could
+        write the file wanted the job stopped."""
+        text = data.decode("utf-8", "replace").strip()
+        first, _, rest = text.partition("\n")
+        try:
+            return cls(StopCause(first), rest.strip() or first)
+        except ValueError:
+            return cls(legacy_cause(text) or StopCause.CANCEL, text or "cancelled")
+
+
+def legacy_cause(reason: object) -> StopCause | None:
+    """The cause of a stop recorded before causes were typed (old records, events, stop orders),
+    read from the prefix its reason began with then. The only place a reason's text decides."""
+    if not isinstance(reason, str):
+        return None
+    for cause in (StopCause.PREEMPT, StopCause.LIMIT):
+        if reason.startswith(cause.value):
+            return cause
+    return None
+
+
+def cause_of(entry: dict) -> StopCause | None:
+    """The cause of a record's or an event's stop: the typed one wherever gpuq wrote the field
+    (None included), else as it was read before the field existed (`legacy_cause`)."""
+    if "cause" not in entry:
+        return legacy_cause(entry.get("reason"))
+    try:
+        return StopCause(entry["cause"]) if entry["cause"] is not None else None
+    except ValueError:  # a cause a newer gpuq knows: none this one acts on
+        return None

@@ -1,0 +1,153 @@
+"""Every change of a job's state is one checked `StateChange`, from the state the spool showed;
+why a running job was stopped is a typed cause, not a reason's prefix (model/stops.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuq.host.owners import Actor
+from gpuq.model.record import Record
+from gpuq.model.states import State, TransitionError
+from gpuq.model.stops import Stop, StopCause, cause_of, legacy_cause
+from gpuq.spool.cancel import cancel_one
+from gpuq.spool.holds import hold, release, retry
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import StateChange, append_note, read_record, spec_state, transition, write_record
+from gpuq.views.report import _open_run, build
+
+ME = Actor(os.geteuid(), "me", True)
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    lay = Layout(tmp_path)
+    lay.ensure()
+    return lay
+
+
+def _events(layout: Layout) -> list[dict]:
+    path = layout.events / "a.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _files(layout: Layout) -> dict[str, bytes]:
+    return {str(p.relative_to(layout.root)): p.read_bytes() for p in layout.root.rglob("*") if p.is_file()}
+
+
+def test_a_change_the_table_forbids_is_refused_before_any_effect(layout):
+    done = Record(id="j", state=State.DONE, spec={}, host="a")
+    write_record(layout, done)
+    before = _files(layout)
+    with pytest.raises(TransitionError, match="job j cannot go from done to running"):
+        StateChange(layout, done, State.RUNNING, "a")
+    assert _files(layout) == before and _events(layout) == []
+
+
+def test_cancelling_a_held_job_is_recorded_from_held_and_leaves_no_held_record(layout):
+    (layout.jobs / "j.yaml").write_text("command: echo hi\ngpus: 0\n")
+    hold(layout, "j", "a", ME)
+    assert (layout.held / "j.json").exists()
+    ok, _ = cancel_one(layout, "j", "a", ME)
+    assert ok
+    assert [(e["from"], e["to"]) for e in _events(layout)] == [("pending", "held"), ("held", "cancelled")]
+    assert not (layout.held / "j.json").exists() and not (layout.held / "j.yaml").exists()
+    assert read_record(layout.finished / "j.json").state is State.CANCELLED
+
+
+def test_hold_release_and_retry_log_full_events_through_one_shape(layout):
+    (layout.jobs / "j.yaml").write_text("command: echo hi\ngpus: 0\n")
+    hold(layout, "j", "a", ME)
+    release(layout, "j", "a", ME)
+    assert (layout.jobs / "j.yaml").exists() and not (layout.held / "j.json").exists()
+    (layout.jobs / "j.yaml").unlink()  # as if claimed and run to its end
+    ended = Record(id="j", state=State.FAILED, spec={}, spec_text="command: echo hi\ngpus: 0\n", uid=os.geteuid())
+    write_record(layout, ended)
+    retry(layout, "j", "a", ME)
+    events = _events(layout)
+    assert [(e["from"], e["to"]) for e in events] == [("pending", "held"), ("held", "pending"), ("failed", "pending")]
+    keys = set(events[0])
+    assert all(set(e) == keys for e in events)  # user, attempt, queued_at, cause... every time
+    assert read_record(layout.requeued / "j.json").state is State.FAILED  # the ended attempt, kept
+
+
+def test_a_release_whose_spec_cannot_go_back_keeps_the_held_record(layout):
+    (layout.jobs / "j.yaml").write_text("command: echo hi\ngpus: 0\n")
+    hold(layout, "j", "a", ME)
+    (layout.jobs / "j.yaml").write_text("command: someone else's\n")  # a new file took the name
+    with pytest.raises(Exception, match="the held spec stays held"):
+        release(layout, "j", "a", ME)
+    assert (layout.held / "j.json").exists() and (layout.held / "j.yaml").exists()
+    assert [(e["from"], e["to"]) for e in _events(layout)] == [("pending", "held")]
+
+
+def test_a_requeue_keeps_the_attempt_with_its_cause(layout):
+    running = Record(id="j", state=State.RUNNING, spec={}, host="a", attempt=2)
+    write_record(layout, running)
+    transition(layout, running, State.PENDING, "a", reason="preempted: job x needs it", cause=StopCause.PREEMPT)
+    kept = read_record(layout.requeued / "j.json")
+    assert kept.attempt == 2 and kept.cause is StopCause.PREEMPT and not (layout.running / "j.json").exists()
+    assert _events(layout)[0]["cause"] == "preempted"
+
+
+def test_spec_state_is_where_the_spec_was_found(layout):
+    assert spec_state(layout, layout.jobs / "j.yaml") is State.PENDING
+    assert spec_state(layout, layout.claims / "j@h@b@1@x") is State.PENDING
+    assert spec_state(layout, layout.held / "j.yaml") is State.HELD
+    assert spec_state(layout, layout.rejected / "j.yaml") is State.REJECTED
+    with pytest.raises(ValueError):
+        spec_state(layout, layout.root / "j.yaml")
+
+
+def test_a_stop_order_round_trips_and_an_older_supervisor_reads_it_the_same():
+    for stop in (Stop.preempt("job x needs its GPU memory"), Stop.limit("host memory 3GiB"), Stop.cancel("by bob")):
+        assert Stop.decode(stop.encode()) == stop
+        # a supervisor from before causes were typed decides by the text's first word
+        old_reading = stop.encode().decode().strip()
+        assert old_reading.startswith("preempted") == (stop.cause is StopCause.PREEMPT)
+        assert old_reading.startswith("limit") == (stop.cause is StopCause.LIMIT)
+
+
+def test_an_old_or_empty_stop_order_is_read_by_its_prefix_or_as_a_cancel():
+    assert Stop.decode(b"preempted: job x needs it") == Stop(StopCause.PREEMPT, "preempted: job x needs it")
+    assert Stop.decode(b"limit: host memory").cause is StopCause.LIMIT
+    assert Stop.decode(b"") == Stop(StopCause.CANCEL, "cancelled")
+    assert Stop.decode(b"\xff\xfe garbage").cause is StopCause.CANCEL
+
+
+def test_a_cause_decides_even_where_the_words_would_mislead():
+    # a typed record is never read by its words: a cancel whose reason happens to begin "limit"
+    assert cause_of({"cause": "cancelled", "reason": "limit reached, said bob"}) is StopCause.CANCEL
+    assert cause_of({"cause": None, "reason": "preempted by hand"}) is None
+    assert cause_of({"cause": "from-a-newer-gpuq", "reason": "x"}) is None
+    assert cause_of({"reason": "preempted: old record"}) is StopCause.PREEMPT  # written before the field
+    assert legacy_cause(None) is None
+    assert StopCause.LIMIT.ends_as is State.FAILED and StopCause.PREEMPT.ends_as is None
+
+
+def test_notes_are_not_changes_and_preemptions_are_counted_by_cause(layout):
+    start = {"job": "j", "from": "pending", "to": "running", "t": 10.0, "user": "u", "host": "h", "gpus": [0]}
+    note = {"job": "j", "note": "warning", "reason": "over its gpu_mem", "t": 20.0}
+    old_note = {"job": "j", "from": "running", "to": "running", "reason": "warning: x", "t": 30.0}
+    assert _open_run([start, note, old_note]) is start
+    requeued = {
+        **start,
+        "from": "running",
+        "to": "pending",
+        "t": 40.0,
+        "started_at": 10.0,
+        "ended_at": 40.0,
+        "reason": "it yielded",  # no prefix: only the cause says so
+        "cause": "preempted",
+    }
+    report = build([start, note, requeued], [], [], 0.0, 100.0, by="user").to_json()
+    assert report["groups"]["u"]["preemptions"] == 1 and report["total"]["preemptions"] == 1
+
+
+def test_append_note_writes_a_note_not_a_transition(layout):
+    append_note(layout, "a", "j", "preempting", "job x needs it")
+    (event,) = _events(layout)
+    assert event["note"] == "preempting" and "from" not in event and "to" not in event
