@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
+import psutil
 import pytest
 from conftest import PY, REPO, wait_until
 
@@ -122,3 +124,30 @@ def test_usage_is_sampled_into_the_record_and_show_suggests_a_right_sized_gpu_me
     shown = queue.gpuq("show", "train-2").stdout
     assert "suggested gpu_mem:7GiB (peak 6GiB over 2 finished runs of this name, +10%)" in shown
     assert "peak_rss:" in shown and "mean_gpu_util:" in shown
+
+
+def test_a_supervisor_waits_out_a_grace_without_spinning(queue):
+    """Past the fencing check it no longer made, the wait used to wake at once again and again:
+    a stopped job that took its grace cost a CPU core for the rest of it."""
+    queue.start_worker("a", "1x80GiB")  # lost_after_s 180: a fencing check every 5 s
+    queue.drop(
+        "stubborn.yaml", "command: trap '' TERM; echo stubborn-up; sleep 60\ngpus: 0\ntime_limit: 1s\ngrace: 10s\n"
+    )
+    wait_until(lambda: "stubborn-up" in queue.log("stubborn"), timeout=30, what="the job to start")
+    job = wait_until(
+        lambda: next(
+            (p for p in psutil.process_iter(["cmdline"]) if "stubborn-up" in " ".join(p.info["cmdline"] or [])), None
+        ),
+        what="the job's process",
+    )
+    supervisor = job.parent()
+    cpu_s, deadline = 0.0, time.monotonic() + 60
+    while queue.finished("stubborn") is None and time.monotonic() < deadline:  # until it recorded the end
+        try:
+            cpu_s = sum(supervisor.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)  # a sampling period, not a wait for something
+    record = wait_until(lambda: queue.finished("stubborn"), timeout=30, what="the KILL after the grace")
+    assert record["state"] == "timeout" and record["signal"] == 9
+    assert cpu_s < 2.0, f"the supervisor used {cpu_s:.1f} s of CPU over an 11 s job"

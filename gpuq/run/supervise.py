@@ -33,6 +33,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from gpuq.host.clock import Clock
 from gpuq.host.faults import crash_point, io_fault, wall_time
 from gpuq.host.hostinfo import process_start_ticks
 from gpuq.host.proctree import kill_leftovers, signal_group
@@ -46,6 +47,7 @@ from gpuq.model.stops import Stop, StopCause
 from gpuq.model.units import format_duration
 from gpuq.run.containers import ContainerControl
 from gpuq.run.joblocal import Runtime, finish_local, lease_age
+from gpuq.run.jobwatch import NEVER, JobWatch
 from gpuq.run.launch import (
     CannotStart,
     forget_spawned,
@@ -60,6 +62,7 @@ from gpuq.sched.restarts import HEALTHY_S, restart_delay
 from gpuq.spool.store import read_record, transition, write_record
 
 PR_SET_CHILD_SUBREAPER = 36
+POLL_S = 0.05  # how often an old kernel without pidfd_open looks whether the job exited
 
 
 def _close_inherited_fds(keep: tuple[int, ...]) -> None:
@@ -126,9 +129,9 @@ def become_supervisor(keep_fds: tuple[int, ...]) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def supervise(rt: Runtime, record: Record, lock_fd: int) -> None:
+def supervise(rt: Runtime, record: Record, lock_fd: int, clock: Clock | None = None) -> None:
     """Run the attempt `record` (as the worker handed it), holding its lock on `lock_fd`
-    (closed on return), and record it."""
+    (closed on return), and record it. Every wait reads `clock` (the host's by default)."""
     _StopSignal.requested, _StopSignal.stop_path = False, rt.stop_path(record.id)
     try:
         if not _still_recorded(rt, record, if_unreadable=False):
@@ -136,7 +139,7 @@ def supervise(rt: Runtime, record: Record, lock_fd: int) -> None:
         crash_point("supervisor:owned")
         _mark(lock_fd, {"claim": record.claim})
         crash_point("supervisor:marked")
-        _run_and_record(rt, record, lock_fd)
+        _run_and_record(rt, record, lock_fd, clock or Clock())
     finally:
         _StopSignal.stop_path = None
         os.close(lock_fd)
@@ -197,9 +200,9 @@ def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
 
 
-def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
+def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> None:
     spec = JobSpec.from_json(record.spec)
-    started = wall_time()
+    started = clock.wall()
     failure: str | None = None
     try:
         identity = job_identity(rt, record, os.geteuid())
@@ -225,7 +228,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     if _StopSignal.requested:
         stop = _stop_order(rt, record.id)  # stopped before it could start
     elif failure is None:
-        limits = LimitWatch(record, time.monotonic())
+        limits = LimitWatch(record, clock.mono())
         try:
             job_pid, container = start_run(rt, record, spec, identity, lock_fd, log_fd, _log)
         except CannotStart as e:
@@ -238,8 +241,8 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     spawned = job_pid
     quick_failures = 0
     while job_pid is not None:
-        run_started = time.monotonic()
-        status, stop, fenced = _wait(rt, record, job_pid, limits, container)
+        run_started = clock.mono()
+        status, stop, fenced = _wait(rt, record, job_pid, limits, container, clock)
         forget_spawned(job_pid, status)
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         exit_code = None if sig is not None else os.WEXITSTATUS(status)
@@ -247,7 +250,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         if container is not None:
             container.remove()
         crash_point("supervisor:exited")
-        if time.monotonic() - run_started >= HEALTHY_S:
+        if clock.mono() - run_started >= HEALTHY_S:
             quick_failures = 0
         delay = restart_delay(spec.restart, exit_code, sig, bool(stop or fenced), quick_failures)
         if delay is None:
@@ -255,18 +258,18 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
         quick_failures += 1
         ended_as = f"exit {exit_code}" if sig is None else f"killed by signal {sig}"
         _log(log_fd, f"==> {ended_as} · restart {record.restarts + 1} in {delay:g}s (restart: {spec.restart})\n")
-        stop, fenced = _backoff(rt, record, delay)
+        stop, fenced = _backoff(rt, record, delay, clock)
         if stop or fenced:
             break  # stopped while waiting: the last run's result stands
         record = _restarted(rt, record)
-        _log(log_fd, f"==> restart {record.restarts} · started {_stamp(wall_time())}\n")
+        _log(log_fd, f"==> restart {record.restarts} · started {_stamp(clock.wall())}\n")
         try:
             job_pid, container = start_run(rt, record, spec, identity, lock_fd, log_fd, _log)
         except CannotStart as e:
             failure, job_pid = f"cannot restart: {e}", None
         except OSError as e:
             failure, job_pid = f"cannot restart: {e.strerror}: {e.filename}", None
-    ended = wall_time()
+    ended = clock.wall()
     # A result still ours is written unless a takeover is close: writing takes milliseconds,
     # while stopping a running job needs grace_s (hence the earlier limit in _wait).
     fenced = fenced or fence_reason(rt, record, RECORD_FENCE_FRACTION)
@@ -323,13 +326,13 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int) -> None:
     poke(rt.local_dir, WAKE_JOB_ENDED)
 
 
-def _backoff(rt: Runtime, record: Record, delay: float) -> tuple[Stop | None, str | None]:
+def _backoff(rt: Runtime, record: Record, delay: float, clock: Clock) -> tuple[Stop | None, str | None]:
     """Wait before a service's restart; a stop request or fencing ends the wait.
     Returns (the stop, fence reason)."""
-    end = time.monotonic() + delay
+    end = clock.mono() + delay
     _StopSignal.armed = True
     try:
-        while (left := end - time.monotonic()) > 0:
+        while (left := end - clock.mono()) > 0:
             if _StopSignal.requested:
                 return _stop_order(rt, record.id), None
             time.sleep(min(left, 1.0))
@@ -383,26 +386,25 @@ def _stop_order(rt: Runtime, job_id: str) -> Stop:
 
 
 def _wait(
-    rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: ContainerControl | None
+    rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: ContainerControl | None, clock: Clock
 ) -> tuple[int, Stop | None, str | None]:
     """Wait for the job. A stop request (SIGTERM with a stop file) stops it: TERM, grace,
     KILL. So does an overrun limit (run/limits.py), and fencing, checked every lost_after_s / 10.
-    A container is stopped and killed with its client (its runtime's daemon holds it).
+    A container is stopped and killed with its client (its runtime's daemon holds it). What is
+    due when is the `JobWatch`'s to say, from the time read here.
     Returns (wait status, the stop, fence reason)."""
-
-    def terminate(grace_s: float) -> float:
-        signal_group(pid, signal.SIGTERM)
-        if container is not None:
-            container.stop(grace_s)
-        return time.monotonic() + grace_s
-
-    stop: Stop | None = None
+    watch = JobWatch.starting(clock.mono(), rt.lost_after_s)
     fenced: str | None = None
-    deadline = float("inf")  # when the stopped job gets SIGKILL
-    check_every = min(5.0, rt.lost_after_s / 10)
-    next_check = time.monotonic() + check_every
     grace = record.spec.get("grace_s")
     grace = rt.grace_s if grace is None else grace
+
+    def stop_with(stop: Stop, grace_s: float) -> None:
+        _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
+        if watch.stopping(stop, grace_s, clock.mono()):
+            signal_group(pid, signal.SIGTERM)
+            if container is not None:
+                container.stop(grace_s)
+
     try:
         pidfd: int | None = os.pidfd_open(pid)  # readable once the job has exited
     except (AttributeError, OSError):
@@ -411,43 +413,33 @@ def _wait(
     try:
         while True:
             try:
-                if _StopSignal.requested and stop is None:
+                if _StopSignal.requested and watch.stop is None:
                     raise _StopRequested()
-                now = time.monotonic()
-                lookup_at = container.lookup_at if container is not None else deadline
-                timeout = max(
-                    0.0, min(next_check, deadline, lookup_at, limits.next_at if stop is None else deadline) - now
-                )
-                select.select(
-                    [pidfd] if pidfd is not None else [], [], [], timeout if pidfd is not None else min(timeout, 0.05)
-                )
+                lookup_at = container.lookup_at if container is not None else NEVER
+                wake_at = watch.wake_at(limits.next_at, lookup_at)  # NEVER once killed: its exit is next
+                timeout = None if wake_at == NEVER else max(0.0, wake_at - clock.mono())
+                if pidfd is not None:
+                    select.select([pidfd], [], [], timeout)
+                else:
+                    time.sleep(POLL_S if timeout is None else min(timeout, POLL_S))
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
-                    return status, stop, fenced
-                now = time.monotonic()
-                if now >= deadline:
+                    return status, watch.stop, fenced
+                now = clock.mono()
+                if watch.kill_due(now):
                     signal_group(pid, signal.SIGKILL)
                     if container is not None:
                         container.kill()
-                    deadline = float("inf")
                 if container is not None and now >= container.lookup_at:
                     container.try_lookup(now)
-                if stop is None and now >= limits.next_at and (breach := limits.breach(now)):
-                    _StopSignal.armed = False
-                    stop = breach
-                    deadline = terminate(grace)
-                if now >= next_check and stop is None:
-                    next_check = now + check_every
-                    fenced = fence_reason(rt, record)
-                    if fenced:
-                        _StopSignal.armed = False
-                        stop = Stop(StopCause.FENCE, fenced)
-                        deadline = terminate(rt.grace_s)  # fencing: config grace (fits lost_after_s)
+                if watch.limits_due(now, limits.next_at) and (breach := limits.breach(now)):
+                    stop_with(breach, grace)
+                if watch.fence_check_due(now) and (fenced := fence_reason(rt, record)):
+                    stop_with(Stop(StopCause.FENCE, fenced), rt.grace_s)  # config grace: fits lost_after_s
             except _StopRequested:
-                _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
-                if stop is None:
-                    stop = _stop_order(rt, record.id)
-                    deadline = terminate(grace)
+                _StopSignal.armed = False
+                if watch.stop is None:
+                    stop_with(_stop_order(rt, record.id), grace)
     finally:
         _StopSignal.armed = False
         if pidfd is not None:

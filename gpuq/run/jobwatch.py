@@ -1,0 +1,59 @@
+"""The supervisor's wait for its job, decided from the time it is handed (as huey's
+`loop(now)`): when to look next, and what is due at `now`: the KILL after a stop's grace, the
+next fencing check, the limits' next sample. The supervisor (run/supervise.py) does what it
+says (signals, the fencing check, sampling) and reads the clock; nothing here does either, so
+a test drives the wait with plain numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuq.model.stops import Stop
+
+NEVER = float("inf")
+FENCE_CHECKS_PER_LEASE = 10  # a host cut off stops its job well inside lost_after_s
+FENCE_CHECK_MAX_S = 5.0
+
+
+@dataclass
+class JobWatch:
+    check_every: float  # the fencing check's period
+    next_check: float
+    stop: Stop | None = None  # the one stop under way (TERM sent); later ones change nothing
+    kill_at: float = NEVER  # when the stopped job gets SIGKILL
+
+    @classmethod
+    def starting(cls, now: float, lost_after_s: float) -> JobWatch:
+        every = min(FENCE_CHECK_MAX_S, lost_after_s / FENCE_CHECKS_PER_LEASE)
+        return cls(every, now + every)
+
+    def stopping(self, stop: Stop, grace_s: float, now: float) -> bool:
+        """A stop: TERM now, KILL once its grace is over. False when one is under way already."""
+        if self.stop is not None:
+            return False
+        self.stop, self.kill_at = stop, now + grace_s
+        return True
+
+    def wake_at(self, limits_at: float, lookup_at: float = NEVER) -> float:
+        """When to look again (the job's exit wakes the wait sooner). Once stopped, only the
+        KILL and a container's lookup are due: no fencing check, no limit, so no busy wait;
+        once killed, NEVER: its exit is all that is left to wait for."""
+        if self.stop is not None:
+            return min(self.kill_at, lookup_at)
+        return min(self.next_check, limits_at, lookup_at)
+
+    def kill_due(self, now: float) -> bool:
+        if now < self.kill_at:
+            return False
+        self.kill_at = NEVER  # once
+        return True
+
+    def limits_due(self, now: float, limits_at: float) -> bool:
+        return self.stop is None and now >= limits_at
+
+    def fence_check_due(self, now: float) -> bool:
+        if self.stop is not None or now < self.next_check:
+            return False
+        self.next_check = now + self.check_every
+        return True

@@ -1,0 +1,42 @@
+"""The supervisor's wait, driven with plain numbers for `now` (run/jobwatch.py)."""
+
+from __future__ import annotations
+
+from gpuq.model.stops import Stop
+from gpuq.run.jobwatch import NEVER, JobWatch
+
+
+def test_fencing_is_checked_every_tenth_of_the_lease_at_most_every_five_seconds():
+    assert JobWatch.starting(100.0, lost_after_s=20).check_every == 2.0
+    watch = JobWatch.starting(100.0, lost_after_s=300)
+    assert watch.check_every == 5.0 and watch.wake_at(limits_at=NEVER) == 105.0
+    assert not watch.fence_check_due(104.9)
+    assert watch.fence_check_due(105.2) and watch.next_check == 110.2
+    assert not watch.fence_check_due(105.3)  # once per period
+
+
+def test_a_stop_sends_term_once_and_kill_after_its_grace():
+    watch = JobWatch.starting(0.0, lost_after_s=60)
+    assert watch.stopping(Stop.cancel("cancelled by bob"), grace_s=10, now=3.0)
+    assert not watch.stopping(Stop.preempt("job x"), grace_s=1, now=4.0)  # the first stop stands
+    assert watch.stop == Stop.cancel("cancelled by bob") and watch.kill_at == 13.0
+    assert not watch.kill_due(12.99)
+    assert watch.kill_due(13.0)
+    assert not watch.kill_due(20.0)  # KILL once
+    assert watch.wake_at(limits_at=14.0) == NEVER  # then only its exit
+
+
+def test_once_stopped_only_the_kill_is_waited_for():
+    # The wait used to wake at the fencing check it no longer made: past it, every wake-up was
+    # due at once, and the supervisor spun on the CPU for the rest of the grace.
+    watch = JobWatch.starting(0.0, lost_after_s=60)  # fencing checked every 5 s
+    watch.stopping(Stop.cancel("cancelled"), grace_s=30, now=1.0)
+    assert watch.wake_at(limits_at=2.0) == 31.0
+    assert not watch.fence_check_due(20.0) and not watch.limits_due(20.0, limits_at=2.0)
+    assert watch.wake_at(limits_at=2.0, lookup_at=8.0) == 8.0  # a container's lookup still is
+
+
+def test_limits_are_due_at_their_sample_time_until_a_stop():
+    watch = JobWatch.starting(0.0, lost_after_s=60)
+    assert watch.wake_at(limits_at=1.0) == 1.0
+    assert not watch.limits_due(0.5, limits_at=1.0) and watch.limits_due(1.0, limits_at=1.0)
