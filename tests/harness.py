@@ -13,7 +13,10 @@ from pathlib import Path
 from gpuq.host.clock import Clock
 from gpuq.model.config import load
 from gpuq.model.record import Record
+from gpuq.model.states import State
+from gpuq.run.joblocal import finish_local
 from gpuq.spool.layout import Layout
+from gpuq.spool.store import read_record, transition
 from gpuq.worker.loop import Worker
 
 
@@ -36,7 +39,8 @@ class FakeClock(Clock):
 
 
 class RecordingSpawner:
-    """Takes the launches a pass makes instead of starting supervisors."""
+    """Takes the launches a pass makes instead of starting supervisors. A launched job stays
+    "starting" (so a pass does not judge it gone) until the test `finish`es it."""
 
     def __init__(self) -> None:
         self.launched: list[Record] = []
@@ -79,9 +83,10 @@ class PassWorker:
         self.layout.ensure()
         self.clock = FakeClock()
         self.spawner = RecordingSpawner()
-        self.worker = Worker(self.layout, load(self.layout.config_file), host, fake_gpus, clock=self.clock)
-        self.worker.spawner = self.spawner  # type: ignore[assignment]
-        self.worker.runtimes = NoContainerRuntimes()  # type: ignore[assignment]
+        config = load(self.layout.config_file)
+        self.worker = Worker(
+            self.layout, config, host, fake_gpus, clock=self.clock, spawner=self.spawner, runtimes=NoContainerRuntimes()
+        )
         self.worker.begin()
 
     def run_pass(self, after_s: float = 0.0) -> None:
@@ -92,6 +97,18 @@ class PassWorker:
         path = self.root / "jobs" / name
         path.write_text(text)
         return path
+
+    def finish(self, job_id: str, exit_code: int = 0) -> Record:
+        """The launched job ends as its supervisor would record it: the finished record (the
+        one `StateChange`), then its claim and local files go; the next pass sees it ended."""
+        running = read_record(self.layout.record(self.layout.running, job_id))
+        assert running is not None and running.host == self.host, f"{job_id} does not run on {self.host}"
+        now = self.clock.wall()
+        state = State.DONE if exit_code == 0 else State.FAILED
+        ended = transition(self.layout, running, state, self.host, started_at=now, ended_at=now, exit_code=exit_code)
+        finish_local(self.worker.rt, ended)
+        self.spawner.starting.discard(job_id)
+        return ended
 
     def launched(self) -> list[str]:
         return [r.id for r in self.spawner.launched]

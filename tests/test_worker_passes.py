@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from harness import PassWorker
@@ -101,3 +102,23 @@ def test_a_box_silent_for_lost_after_s_is_taken_over_and_its_job_runs_again_else
     a.run_pass(after_s=50)
     assert a.launched() == ["long"]
     assert a.spawner.launched[0].attempt == 2 and a.spawner.launched[0].host == "a"
+
+
+def test_the_next_job_starts_on_the_pass_after_one_ends_and_the_spool_is_clean(tmp_path):
+    """One GPU, two whole-GPU jobs: the second waits while the first runs, starts on the first
+    pass after the first ended, and nothing of the first is left but its finished record."""
+    box = PassWorker(tmp_path / "root", "a", "1x16GiB")
+    box.drop("first.yaml", "command: sleep 10\ngpus: 1\n")
+    box.run_pass()
+    box.drop("second.yaml", "command: sleep 10\ngpus: 1\n")
+    box.run_pass(after_s=2)
+    box.run_pass(after_s=1)
+    assert box.launched() == ["first"]  # the GPU is taken
+    ended = box.finish("first")
+    assert ended.state.value == "done"
+    box.run_pass(after_s=1)
+    assert box.launched() == ["first", "second"]
+    left = [p.name for d in ("claims", "running", "requeued") for p in (box.layout.state / d).iterdir()]
+    assert left == [c for c in left if c.startswith("second")], left
+    events = [json.loads(line) for line in (box.layout.events / "a.jsonl").read_text().splitlines()]
+    assert [(e["job"], e["to"]) for e in events] == [("first", "running"), ("first", "done"), ("second", "running")]

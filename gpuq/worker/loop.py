@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Protocol
 
 from gpuq import __version__
 from gpuq.host.clock import Clock
@@ -97,6 +98,25 @@ JOBS_WATCH_GAP_S = 0.5
 REQUESTS_PER_PASS_S = 0.5
 
 
+class Launcher(Protocol):
+    """What a pass needs of the spawner (run/spawner.py): a test's stand-in records launches."""
+
+    starting: set[str]  # launched, its supervisor not yet seen holding the job's lock
+
+    def launch(self, record: Record) -> None: ...
+    def collect(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class RuntimeFinder(Protocol):
+    """What a pass needs of the container-runtime probe (run/containers.py)."""
+
+    found: dict[str, str]
+    problems: dict[str, str]
+
+    def refresh(self, now: float) -> None: ...
+
+
 class Worker:
     STEPS: tuple[str, ...] = (
         "observe",
@@ -111,8 +131,17 @@ class Worker:
     )
 
     def __init__(
-        self, layout: Layout, config: Config, host: str, fake_gpus: str | None, clock: Clock | None = None
+        self,
+        layout: Layout,
+        config: Config,
+        host: str,
+        fake_gpus: str | None,
+        clock: Clock | None = None,
+        spawner: Launcher | None = None,
+        runtimes: RuntimeFinder | None = None,
     ) -> None:
+        """`clock`, `spawner` and `runtimes` are the host's unless a test hands its own
+        (tests/harness.py drives a worker pass by pass that way)."""
         self.layout, self.config, self.host = layout, config, host
         self.clock = clock or Clock()
         self.boot_id = boot_id()
@@ -150,7 +179,7 @@ class Worker:
         self.inbox_seen: int | None = None
         self.poke_seen: int | None = None
         self.jobs_seen: int | None = None
-        self.spawner = Spawner(self.rt, layout.worker_log(host))
+        self.spawner: Launcher = spawner or Spawner(self.rt, layout.worker_log(host))
         self.arrivals = Arrivals(layout, host, self.intake)
         self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject, self.clock)
         self.cache_written = (-1, 0.0)
@@ -177,7 +206,7 @@ class Worker:
         self.samples = SampleLog(
             layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
         )
-        self.runtimes = RuntimeProbe()
+        self.runtimes: RuntimeFinder = runtimes or RuntimeProbe()
 
     # --- the loop -------------------------------------------------------------------------
 
