@@ -5,12 +5,16 @@ docs/design.md's package graph and package list are the code's."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
 from gpuq import layers
 from gpuq.model import reference
+from gpuq.model.config import KEYS, Config
+from gpuq.model.spec import parse_spec_text
 from gpuq.model.spec_fields import FIELDS
+from gpuq.model.units import parse_duration_s
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -20,6 +24,27 @@ PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 
 def test_the_reference_tables_are_the_schemas() -> None:
     assert reference.differences(REFERENCE.read_text()) == []
+
+
+def test_the_spec_tables_defaults_are_the_codes() -> None:
+    """The spec table's defaults are words for readers ("whole GPU", "config grace_s (10s)"); the
+    ones that name a value name the value JobSpec and Config really default to."""
+    spec, config = parse_spec_text(b'command: "true"\n', "jobs/x.yaml"), Config()  # every default
+    literal = {"gpus": spec.gpus, "env": spec.env, "priority": spec.priority_class, "restart": spec.restart}
+    for name, value in literal.items():
+        assert FIELDS[name].default == (json.dumps(value) if isinstance(value, dict) else str(value)), name
+    from_config = re.compile(r"config (\w+) \((.+)\)")
+    for name, field in FIELDS.items():
+        if (m := from_config.fullmatch(field.default)) is None:
+            continue
+        key, said = m.groups()
+        attr, parse = KEYS[key]
+        actual = getattr(config, attr)
+        if said.startswith(("none", "no ")):
+            assert actual is None, (name, key, actual)
+        else:
+            assert actual == parse(parse_duration_s(said) if said[-1].isalpha() else int(said)), (name, said, actual)
+    assert {n for n, f in FIELDS.items() if from_config.fullmatch(f.default)} >= {"grace", "time_limit", "retries"}
 
 
 def test_the_comparison_fails_when_docs_and_schema_differ() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from conftest import wait_until
+
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
 
@@ -12,6 +14,11 @@ def _write(layout: Layout, name: str, text: str) -> None:
     tmp = layout.jobs / f".{name}.tmp"
     tmp.write_text(text)
     os.rename(tmp, layout.jobs / name)  # as an editor saves: a new inode under the old name
+
+
+def _touch_ctime(path) -> int:
+    path.write_text("")
+    return os.stat(path).st_ctime_ns
 
 
 def test_quick_scans_see_new_replaced_and_vanished_specs(tmp_path):
@@ -87,14 +94,15 @@ def test_of_two_files_for_one_id_the_one_that_landed_first_keeps_it(tmp_path):
     """x.yml and x.yaml are one id: the second file is refused. A scan that finds both new
     met them in set order, so a member's later file under another's id could take it (a
     loaded run: alice's ay.yml refused for bob's ay.yaml). The earlier file now keeps it."""
-    import time
 
     layout = Layout(tmp_path)
     layout.ensure()
     ids = [f"id{i}" for i in range(20)]
     for i in ids:
         _write(layout, f"{i}.yml", "command: first\n")
-    time.sleep(0.05)  # a later clock tick for the second files' change times
+    first = max(os.stat(layout.jobs / f"{i}.yml").st_ctime_ns for i in ids)
+    # the second files' change times a clock tick later (a coarse filesystem clock ticks late)
+    wait_until(lambda: _touch_ctime(layout.jobs / ".tick") > first, timeout=5, what="the clock to tick")
     for i in ids:
         _write(layout, f"{i}.yaml", "command: second\n")
     intake = Intake(layout)
