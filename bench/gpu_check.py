@@ -186,7 +186,9 @@ def main() -> int:
         events = [
             json.loads(line) for p in (root / "state" / "events").glob("*.jsonl") for line in p.read_text().splitlines()
         ]
-        check(sum(1 for e in events if e["to"] == "running") == len(JOBS), "each job started exactly once", failures)
+        check(
+            sum(1 for e in events if e.get("to") == "running") == len(JOBS), "each job started exactly once", failures
+        )
     finally:
         worker.terminate()
         worker.wait()

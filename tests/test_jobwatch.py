@@ -17,9 +17,9 @@ def test_fencing_is_checked_every_tenth_of_the_lease_at_most_every_five_seconds(
 
 def test_a_stop_sends_term_once_and_kill_after_its_grace():
     watch = JobWatch.starting(0.0, lost_after_s=60)
-    assert watch.stopping(Stop.cancel("cancelled by bob"), grace_s=10, now=3.0)
+    assert watch.stopping(Stop.cancel("bob"), grace_s=10, now=3.0)
     assert not watch.stopping(Stop.preempt("job x"), grace_s=1, now=4.0)  # the first stop stands
-    assert watch.stop == Stop.cancel("cancelled by bob") and watch.kill_at == 13.0
+    assert watch.stop == Stop.cancel("bob") and watch.kill_at == 13.0
     assert not watch.kill_due(12.99)
     assert watch.kill_due(13.0)
     assert not watch.kill_due(20.0)  # KILL once
@@ -30,7 +30,7 @@ def test_once_stopped_only_the_kill_is_waited_for():
     # The wait used to wake at the fencing check it no longer made: past it, every wake-up was
     # due at once, and the supervisor spun on the CPU for the rest of the grace.
     watch = JobWatch.starting(0.0, lost_after_s=60)  # fencing checked every 5 s
-    watch.stopping(Stop.cancel("cancelled"), grace_s=30, now=1.0)
+    watch.stopping(Stop.cancel("alice"), grace_s=30, now=1.0)
     assert watch.wake_at(limits_at=2.0) == 31.0
     assert not watch.fence_check_due(20.0) and not watch.limits_due(20.0, limits_at=2.0)
     assert watch.wake_at(limits_at=2.0, lookup_at=8.0) == 8.0  # a container's lookup still is

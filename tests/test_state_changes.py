@@ -12,7 +12,7 @@ import pytest
 from gpuq.host.owners import Actor
 from gpuq.model.record import Record
 from gpuq.model.states import State, TransitionError
-from gpuq.model.stops import Stop, StopCause, cause_of, legacy_cause
+from gpuq.model.stops import Stop, StopCause, cause_in_words, cause_of
 from gpuq.spool.cancel import cancel_one
 from gpuq.spool.holds import hold, release, retry
 from gpuq.spool.layout import Layout
@@ -103,19 +103,22 @@ def test_spec_state_is_where_the_spec_was_found(layout):
 
 
 def test_a_stop_order_round_trips_and_an_older_supervisor_reads_it_the_same():
-    for stop in (Stop.preempt("job x needs its GPU memory"), Stop.limit("host memory 3GiB"), Stop.cancel("by bob")):
+    for stop in (Stop.preempt("job x needs its GPU memory"), Stop.limit("host memory 3GiB"), Stop.cancel("bob")):
         assert Stop.decode(stop.encode()) == stop
-        # a supervisor from before causes were typed decides by the text's first word
+        # a supervisor from before causes were typed read the one line, and decided by its start
         old_reading = stop.encode().decode().strip()
+        assert "\n" not in old_reading and old_reading == stop.reason
         assert old_reading.startswith("preempted") == (stop.cause is StopCause.PREEMPT)
         assert old_reading.startswith("limit") == (stop.cause is StopCause.LIMIT)
 
 
-def test_an_old_or_empty_stop_order_is_read_by_its_prefix_or_as_a_cancel():
+def test_an_order_is_a_cancel_a_preemption_or_a_limit_and_anything_else_a_cancel():
     assert Stop.decode(b"preempted: job x needs it") == Stop(StopCause.PREEMPT, "preempted: job x needs it")
     assert Stop.decode(b"limit: host memory").cause is StopCause.LIMIT
     assert Stop.decode(b"") == Stop(StopCause.CANCEL, "cancelled")
     assert Stop.decode(b"\xff\xfe garbage").cause is StopCause.CANCEL
+    for never_ordered in (b"fenced: lease 90 s old", b"timeout", b"time limit 1s reached"):
+        assert Stop.decode(never_ordered).cause is StopCause.CANCEL
 
 
 def test_a_cause_decides_even_where_the_words_would_mislead():
@@ -124,7 +127,7 @@ def test_a_cause_decides_even_where_the_words_would_mislead():
     assert cause_of({"cause": None, "reason": "preempted by hand"}) is None
     assert cause_of({"cause": "from-a-newer-gpuq", "reason": "x"}) is None
     assert cause_of({"reason": "preempted: old record"}) is StopCause.PREEMPT  # written before the field
-    assert legacy_cause(None) is None
+    assert cause_in_words(None) is None
     assert StopCause.LIMIT.ends_as is State.FAILED and StopCause.PREEMPT.ends_as is None
 
 
@@ -151,3 +154,45 @@ def test_append_note_writes_a_note_not_a_transition(layout):
     append_note(layout, "a", "j", "preempting", "job x needs it")
     (event,) = _events(layout)
     assert event["note"] == "preempting" and "from" not in event and "to" not in event
+
+
+def test_retry_refuses_a_job_whose_requeue_waits_in_a_claim(layout):
+    """A requeue that crashed after keeping its attempt (recovery:recorded) leaves the running
+    attempt in requeued/ and the spec in a claim: the job is pending, not ended, and a retry
+    must not put a second copy of its spec in jobs/."""
+    kept = Record(id="j", state=State.RUNNING, spec={}, spec_text="command: x\n", uid=os.geteuid(), attempt=1)
+    write_record(layout, kept)
+    transition(layout, kept, State.PENDING, "a", reason="preempted: x; requeued as attempt 2", cause=StopCause.PREEMPT)
+    (layout.claims / "j@a@bootboot@123@1a2b.yaml").write_text("command: x\n")
+    before = _files(layout)
+    with pytest.raises(Exception, match="no finished job by that id"):
+        retry(layout, "j", "a", ME)
+    assert _files(layout) == before and not (layout.jobs / "j.yaml").exists()
+
+
+def test_a_pending_job_cancelled_after_a_requeue_is_logged_at_the_attempt_it_waited_for(layout):
+    kept = Record(id="j", state=State.RUNNING, spec={}, host="a", attempt=2)
+    write_record(layout, kept)
+    transition(layout, kept, State.PENDING, "a", reason="preempted: x", cause=StopCause.PREEMPT)
+    (layout.jobs / "j.yaml").write_text("command: echo hi\ngpus: 0\n")
+    ok, _ = cancel_one(layout, "j", "a", ME)
+    assert ok and _events(layout)[-1]["attempt"] == 3 == read_record(layout.finished / "j.json").attempt
+
+
+def test_a_write_that_cannot_finish_undoes_itself(layout, monkeypatch):
+    running = Record(id="j", state=State.RUNNING, spec={}, host="a")
+    write_record(layout, running)
+    before = _files(layout)
+
+    real_unlink = Path.unlink
+
+    def refuse(self, missing_ok=False):  # the old record's removal fails; the rest works
+        if self.parent == layout.running:
+            raise PermissionError(13, "refused", str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with pytest.raises(PermissionError):
+        transition(layout, running, State.DONE, "a", exit_code=0)
+    monkeypatch.undo()
+    assert _files(layout) == before and _events(layout) == []

@@ -2,10 +2,13 @@
 own watch gives, carried beside the human reason (the record's `cause`, the event's `cause`).
 Decisions (requeue or record, which final state) are taken on the cause, never on the text.
 
-A stop order travels from a worker to the job's supervisor as a small local file: its first line
-is the cause, the rest the reason. The cause words are the prefixes the reasons used to begin
-with, so a supervisor started by an older gpuq (still running its job through an upgrade) reads
-a newer worker's order as it always did.
+A stop order travels from a worker to the job's supervisor as a small local file of one line,
+the reason, whose first word is its cause ("preempted: ...", "limit: ...", "cancelled by ...").
+That is the format orders always had, so a supervisor started by an older gpuq (still running
+its job through an upgrade) reads a newer worker's order as it always did; `Stop.decode` turns
+it into the type once, at that boundary. An order is only ever a cancel, a preemption or a
+limit, whose constructors begin the reason with the cause's word, so an order read back is the
+stop that was sent (a timeout and fencing are the supervisor's own, never ordered).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ class Stop:
     reason: str  # what `gpuq status` and `gpuq show` say: "preempted: job x needs its GPU memory"
 
     @classmethod
-    def cancel(cls, reason: str) -> Stop:
-        return cls(StopCause.CANCEL, reason)
+    def cancel(cls, by: str) -> Stop:
+        return cls(StopCause.CANCEL, f"cancelled by {by}")
 
     @classmethod
     def preempt(cls, why: str) -> Stop:
@@ -51,24 +54,20 @@ class Stop:
         return cls(StopCause.LIMIT, f"limit: {why}")
 
     def encode(self) -> bytes:
-        return f"{self.cause.value}\n{self.reason}".encode()
+        return self.reason.encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Stop:
-        """A stop order as written by `encode`, or by a gpuq from before causes were typed (one
-        line, the cause its prefix). An empty or unreadable order is a cancel: whoever could
-        write the file wanted the job stopped."""
-        text = data.decode("utf-8", "replace").strip()
-        first, _, rest = text.partition("\n")
-        try:
-            return cls(StopCause(first), rest.strip() or first)
-        except ValueError:
-            return cls(legacy_cause(text) or StopCause.CANCEL, text or "cancelled")
+        """A stop order: its cause is its first word. Only a cancel, a preemption or a limit is
+        ever ordered (a timeout and fencing are the supervisor's own); anything else, empty or
+        unreadable, is a cancel: whoever could write the file wanted the job stopped."""
+        text = data.decode("utf-8", "replace").strip() or "cancelled"
+        return cls(cause_in_words(text) or StopCause.CANCEL, text)
 
 
-def legacy_cause(reason: object) -> StopCause | None:
-    """The cause of a stop recorded before causes were typed (old records, events, stop orders),
-    read from the prefix its reason began with then. The only place a reason's text decides."""
+def cause_in_words(reason: object) -> StopCause | None:
+    """A preemption's or a limit's cause from the word its reason begins with: how a stop order
+    says it, and how records and events written before the `cause` field said it."""
     if not isinstance(reason, str):
         return None
     for cause in (StopCause.PREEMPT, StopCause.LIMIT):
@@ -79,9 +78,9 @@ def legacy_cause(reason: object) -> StopCause | None:
 
 def cause_of(entry: dict) -> StopCause | None:
     """The cause of a record's or an event's stop: the typed one wherever gpuq wrote the field
-    (None included), else as it was read before the field existed (`legacy_cause`)."""
+    (None included), else as its reason's words said it before the field existed."""
     if "cause" not in entry:
-        return legacy_cause(entry.get("reason"))
+        return cause_in_words(entry.get("reason"))
     try:
         return StopCause(entry["cause"]) if entry["cause"] is not None else None
     except ValueError:  # a cause a newer gpuq knows: none this one acts on

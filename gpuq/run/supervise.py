@@ -382,7 +382,7 @@ def _stop_order(rt: Runtime, job_id: str) -> Stop:
     try:
         return Stop.decode(rt.stop_path(job_id).read_bytes())
     except OSError:
-        return Stop.cancel("cancelled")
+        return Stop(StopCause.CANCEL, "cancelled")
 
 
 def _wait(

@@ -34,7 +34,7 @@ from gpuq.model.config import FENCE_FRACTION
 from gpuq.model.record import Record, claim_name
 from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
-from gpuq.model.stops import Stop
+from gpuq.model.stops import Stop, StopCause
 from gpuq.run.joblocal import lease_age
 from gpuq.run.launch import base_environment, open_log
 from gpuq.sched.plan import queue_order
@@ -53,6 +53,8 @@ from gpuq.spool.store import (
 from gpuq.worker.loop import Worker
 
 log = logging.getLogger("gpuq.worker")
+# What stopped a job that Slurm ended as cancelled (`gpuq cancel` is an scancel) or timed out.
+SLURM_STOP_CAUSES = {State.CANCELLED: StopCause.CANCEL, State.TIMEOUT: StopCause.TIMEOUT}
 SLURM_STATES = {
     "COMPLETED": State.DONE,
     "FAILED": State.FAILED,
@@ -324,6 +326,7 @@ class BridgeWorker(Worker):
             exit_code=int(code) if code.isdigit() and info else None,
             signal=int(sig) if sig.isdigit() and int(sig) else None,
             reason=reason,
+            cause=SLURM_STOP_CAUSES.get(final),
         )
         claimed = self.layout.claims / (record.claim or "")
         claimed.unlink(missing_ok=True)

@@ -9,13 +9,14 @@ import os
 import secrets
 import stat
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from gpuq.host.faults import wall_time
 from gpuq.host.files import close_moved_directory, write_json
 from gpuq.host.owners import Actor, refusal
 from gpuq.model.errors import SpecError
-from gpuq.model.record import Record, RecordError
+from gpuq.model.record import RecordError
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
 from gpuq.spool.intake import read_spec_file, user_name
@@ -24,9 +25,9 @@ from gpuq.spool.store import (
     StateChange,
     claims_of,
     forget_place,
+    found_job,
     pending_specs,
     read_record,
-    spec_state,
     unclaim,
 )
 
@@ -47,7 +48,6 @@ def cancel_pending(
             return False, not_a_job
     except FileNotFoundError:
         return False, f"{job_id}: a worker started it a moment ago"
-    was = spec_state(layout, spec_path)  # pending in jobs/, held in held/
     aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}.tmp"
     try:
         os.rename(spec_path, aside)
@@ -67,13 +67,10 @@ def cancel_pending(
         spec = parse_spec_text(raw, display).to_json()
     except (SpecError, OSError):
         raw, spec = b"", {}
-    found = Record(
-        id=job_id,
-        state=was,
+    found = replace(
+        found_job(layout, job_id, spec_path, st.st_uid, user_name(st.st_uid)),
         spec=spec,
         spec_text=raw.decode("utf-8", "replace"),
-        user=user_name(st.st_uid),
-        uid=st.st_uid,
         queued_at=st.st_mtime,
     )
     try:

@@ -37,14 +37,15 @@ from gpuq.spool.intake import read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
     StateChange,
+    claims_of,
     forget_place,
+    found_job,
     has_record,
     keep_place,
     kept_place,
     pending_spec_path,
     pending_specs,
     read_record,
-    spec_state,
     unclaim,
 )
 
@@ -100,7 +101,7 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     if not actor.may_act_on(st.st_uid):  # its owner replaced it between the look and the move
         _put_back(layout, dest, spec_path, job_id)
         raise HoldError(refusal(job_id, st.st_uid, "hold"))
-    found = Record(id=job_id, state=spec_state(layout, spec_path), spec={}, user=user_name(st.st_uid), uid=st.st_uid)
+    found = found_job(layout, job_id, spec_path, st.st_uid, user_name(st.st_uid))
     try:
         change = StateChange(
             layout, found, State.HELD, host, queued_at=place, reason=why or f"held by {actor.name}", held_at=wall_time()
@@ -158,9 +159,7 @@ def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
         record = read_record(layout.record(layout.held, job_id))
     except ValueError:
         record = None
-    record = record or Record(
-        id=job_id, state=spec_state(layout, src), spec={}, user=user_name(st.st_uid), uid=st.st_uid
-    )
+    record = record or found_job(layout, job_id, src, st.st_uid, user_name(st.st_uid))
     change = StateChange(layout, record, State.PENDING, host, reason="released")
     keep_place(layout, job_id, st.st_uid, record.queued_at)
     change.write()  # the held record goes first: a spec in jobs/ under a recorded id is refused
@@ -228,9 +227,16 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
         earlier = read_json(kept)
         if earlier is None and (refused := _rejected_spec(layout, job_id)) is not None:
             return _retry_rejected(layout, refused, job_id, host, actor)
-        if earlier is None or pending_spec_path(layout, job_id) or layout.record(layout.running, job_id).exists():
+        # An interrupted retry left the ended attempt kept and its spec not yet back: finish it.
+        # A requeue keeps a running attempt there too, while its spec waits in a claim: not ended.
+        record = _kept_ended(earlier)
+        if (
+            record is None
+            or pending_spec_path(layout, job_id)
+            or layout.record(layout.running, job_id).exists()
+            or claims_of(layout, job_id)
+        ):
             raise HoldError(f"{job_id}: no finished job by that id (retry puts an ended job back)")
-        record = Record.from_json(earlier)  # an interrupted retry: finish it
     elif record.state is State.REJECTED or not record.spec_text:
         raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")
     _check_owner(job_id, record.uid, actor, "retry")
@@ -253,6 +259,15 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     return f"{job_id}: back in the queue as attempt {record.attempt + 1}"
 
 
+def _kept_ended(kept: object) -> Record | None:
+    """The attempt kept in requeued/, if it is one that ended (a retry's), not a requeued one."""
+    try:
+        record = Record.from_json(kept) if isinstance(kept, dict) else None
+    except ValueError:
+        return None
+    return record if record is not None and record.state.is_final else None
+
+
 def _rejected_spec(layout: Layout, job_id: str) -> Path | None:
     """The refused spec in rejected/ under this id (moved there as it was), if any."""
     return next(
@@ -271,7 +286,7 @@ def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Ac
             f"{job_id}: the refused file is not a plain spec file (it was refused for that); submit a new spec"
         )
     _check_owner(job_id, st.st_uid, actor, "retry")
-    refused = Record(id=job_id, state=spec_state(layout, src), spec={}, user=user_name(st.st_uid), uid=st.st_uid)
+    refused = found_job(layout, job_id, src, st.st_uid, user_name(st.st_uid))
     change = StateChange(layout, refused, State.PENDING, host, queued_at=wall_time(), reason=f"retry by {actor.name}")
     if pending_specs(layout, job_id):
         raise HoldError(f"{job_id}: jobs/ holds a file with this id already; nothing was changed")

@@ -95,13 +95,22 @@ class StateChange:
         return self.before if self._dir(self.before.state) == self.layout.finished else None
 
     def write(self) -> Record:
+        """The job's records as the new state has them; all or nothing (a failed step undoes
+        the ones before it, then raises)."""
         old_dir, new_dir = self._dir(self.before.state), self._dir(self.after.state)
-        if (kept := self._kept()) is not None:
-            write_json(self.layout.record(self.layout.requeued, kept.id), kept.to_json())
-        if new_dir is not None:
-            write_json(self.layout.record(new_dir, self.after.id), self.after.to_json())
-        if old_dir is not None and old_dir != new_dir:
-            self.layout.record(old_dir, self.before.id).unlink(missing_ok=True)
+        try:
+            if (kept := self._kept()) is not None:
+                write_json(self.layout.record(self.layout.requeued, kept.id), kept.to_json())
+            if new_dir is not None:
+                write_json(self.layout.record(new_dir, self.after.id), self.after.to_json())
+            if old_dir is not None and old_dir != new_dir:
+                self.layout.record(old_dir, self.before.id).unlink(missing_ok=True)
+        except OSError:
+            try:
+                self.undo()
+            except OSError:
+                pass  # a duplicate at worst: readers resolve it in favour of the later state
+            raise
         return self.after
 
     def undo(self) -> None:
@@ -124,6 +133,18 @@ def transition(layout: Layout, before: Record, new: State, event_host: str, **ch
     updated = change.write()
     change.log()
     return updated
+
+
+def found_job(layout: Layout, job_id: str, spec_path: Path, uid: int, user: str) -> Record:
+    """A job known by its spec alone (pending, held or refused), as a `StateChange` starts from:
+    in the state where its spec was found, at the attempt it waits to run (after a requeue,
+    the one after the attempt kept in requeued/)."""
+    try:
+        kept = read_json(layout.record(layout.requeued, job_id))
+    except (OSError, ValueError):
+        kept = None
+    attempt = next_attempt(kept) if isinstance(kept, dict) and type(kept.get("attempt")) is int else 1
+    return Record(id=job_id, state=spec_state(layout, spec_path), spec={}, user=user, uid=uid, attempt=attempt)
 
 
 def spec_state(layout: Layout, spec_path: Path) -> State:

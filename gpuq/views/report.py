@@ -1,5 +1,6 @@
 """`gpuq report`: who used what, what waited, what sat idle, over a time window. Pure: fed the
-event log (every transition, with owner, queue time, placement and times), the samples log
+event log (every transition, with owner, queue time, placement and times; notes are not
+transitions), the samples log
 (per-GPU utilization and held-but-idle time, spool/samples.py) and the specs pending now.
 
 Definitions (docs/reports.md):
@@ -10,7 +11,7 @@ Definitions (docs/reports.md):
 - Waits: each job whose first start lies in the window, first start − queued time;
   percentiles by nearest rank.
 - Ended: jobs that reached a final state in the window, by state; preemptions: requeues
-  whose reason begins "preempted".
+  whose cause is a preemption (model/stops.py).
 - Over time: the window cut into `bucket_s` slices; per GPU the time-weighted mean
   utilization, and the queue length (jobs waiting to start) as mean and maximum per slice.
 """

@@ -13,13 +13,12 @@ from gpuq.host.faults import wall_time
 from gpuq.host.files import atomic_write, close_moved_directory, read_json
 from gpuq.model.errors import SpecError
 from gpuq.model.groups import GroupError
-from gpuq.model.record import Record
 from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
 from gpuq.spool.intake import Entry, Intake, user_name
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import StateChange, has_record, spec_state
+from gpuq.spool.store import StateChange, found_job, has_record
 from gpuq.spool.sweeps import expand_dropped_sweep, group_file
 
 log = logging.getLogger("gpuq.worker")
@@ -133,7 +132,7 @@ class Arrivals:
             owner, uid = user_name(st.st_uid), st.st_uid
         except OSError:
             owner, uid = "", -1
-        found = Record(id=stem, state=spec_state(self.layout, path), spec={}, user=owner, uid=uid)
+        found = found_job(self.layout, stem, path, uid, owner)
         StateChange(self.layout, found, State.REJECTED, self.host, reason=message).log()  # its spec is its record
         if forget:
             self.intake.forget(job_id)

@@ -406,10 +406,10 @@ class Worker:
                 continue
             record = running.get(job_id)
             if record is not None and record.attempt == order.get("attempt", record.attempt):
-                reason = f"cancelled by {safe_text(str(order.get('by', '?')))[:64]}"
-                if not self._stop(record, Stop.cancel(reason)):
+                stop = Stop.cancel(safe_text(str(order.get("by", "?")))[:64])
+                if not self._stop(record, stop):
                     continue  # its supervisor is still starting: try again next pass
-                log.info("cancelling %s (%s)", job_id, reason)
+                log.info("cancelling %s (%s)", job_id, stop.reason)
             path.unlink(missing_ok=True)
 
     def apply_requests(self) -> None:
