@@ -42,10 +42,19 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 # Modules at the top of the package, named by worker.py and setup.cfg, and the layer each
 # belongs to: single_instance is imported by worker.py before anything else (os and fcntl only).
-TOP_MODULES = {"gpuq": "model", "gpuq.single_instance": "host", "gpuq.worker_main": "cli", "gpuq.layers": "model"}
+TOP_MODULES = {
+    "gpuq": "model",
+    "gpuq.single_instance": "host",
+    "gpuq.worker_main": "cli",
+    "gpuq.worker_start": "cli",
+    "gpuq.layers": "model",
+}
 # Modules loaded by name (importlib), and why. The CLI's verb table names each verb's module, loaded
 # when that verb runs (`gpuq status` loads none of the others): its entries count as imports.
-DYNAMIC_IMPORTS = {"gpuq.cli": "the verb table: a verb's module is loaded when the verb runs"}
+DYNAMIC_IMPORTS = {
+    "gpuq.cli": "the verb table: a verb's module is loaded when the verb runs",
+    "gpuq.worker_start": "`gpuq-worker` loads worker_main only when no worker runs yet (cron starts it every minute)",
+}
 VERB_TABLE = "_lazy"  # in gpuq/cli/__init__.py: _lazy("cli.submit", "cmd_submit")
 
 # The only imports allowed inside a function: a module outside gpuq that only some paths need,

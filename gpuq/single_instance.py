@@ -75,15 +75,19 @@ def _option(argv: list[str], name: str) -> str | None:
     return None
 
 
-def lock_at_cron_start(argv: list[str], launcher_dir: str) -> int | None:
+def lock_at_cron_start(argv: list[str], launcher_dir: str | None) -> int | None:
     """Take the worker lock before loading anything else, where that is safe to do without
     the full start's checks. Returns the held lock's descriptor, ANOTHER_WORKER_RUNS, or None
     when this scan cannot tell (a config that moves local_dir, a directory that is not
-    ours, an option it does not know): then worker_main decides."""
+    ours, an option it does not know, no root named): then worker_main decides. The root is
+    found as spool/layout.resolve_root finds it: --root, $GPUQ_ROOT, then `launcher_dir`."""
     known = ("--root", "--host", "--fake-gpus", "--foreground")  # --verbose wants the full start's word
     if any(a.startswith("-") and a.split("=")[0] not in known for a in argv):
         return None
-    root = os.path.realpath(_option(argv, "--root") or os.environ.get("GPUQ_ROOT") or launcher_dir)
+    named = _option(argv, "--root") or os.environ.get("GPUQ_ROOT") or launcher_dir
+    if not named:
+        return None
+    root = os.path.realpath(named)
     host = _option(argv, "--host") or this_host()
     if host.startswith(".") or not host.replace("-", "").replace("_", "").replace(".", "").isalnum():
         return None

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, wait_until
 
 from gpuq import layers
 
@@ -131,3 +131,29 @@ def test_pip_install_not_editable_installs_every_subpackage(tmp_path: Path) -> N
     )
     assert imported.returncode == 0, imported.stderr
     assert imported.stdout.strip().startswith(str(target))
+    # A cron start of the installed worker while one runs leaves before loading the rest of gpuq.
+    root = tmp_path / "q"
+    init = subprocess.run(
+        [sys.executable, str(target / "bin" / "gpuq"), "init", str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert init.returncode == 0, init.stdout + init.stderr
+    start = [sys.executable, str(target / "bin" / "gpuq-worker"), "--root", str(root), "--host", "box", "--fake-gpus"]
+    running = subprocess.Popen([*start, "1x80GiB", "--foreground"], cwd=tmp_path, env=env, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: (root / "state" / "workers" / "box.json").exists(), what="the installed worker's heartbeat")
+        again = subprocess.run(
+            [*start, "1x80GiB"],
+            cwd=tmp_path,
+            env={**env, "PYTHONPROFILEIMPORTTIME": "1"},
+            capture_output=True,
+            text=True,
+        )
+        assert again.returncode == 0, again.stderr[-2000:]
+        loaded = {line.rsplit("|", 1)[-1].strip() for line in again.stderr.splitlines() if "|" in line}
+        assert "gpuq.single_instance" in loaded and not {"gpuq.worker_main", "yaml", "argparse"} & loaded, loaded
+    finally:
+        running.terminate()
+        running.wait(timeout=30)
