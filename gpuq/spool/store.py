@@ -64,12 +64,13 @@ def running_records(layout: Layout) -> list[Record]:
 
 class StateChange:
     """One job's change of state: the only way one is made. It is checked against the table
-    when it is made, before any effect, from the state the spool showed (`before`: the record
-    read, or one built from where the job's spec was found: `spec_state`). Then `write` moves the
-    job's record and `log` appends the event. A caller that also moves the job's spec does so
-    around these in the order its protocol needs (a cancel's rename comes first, against a
-    claim; a released spec reaches jobs/ only after its held record is gone), and `undo`s the
-    write when its own move fails before `log`.
+    when it is made, before it writes a record or an event, from the state the spool showed
+    (`before`: the record read, or `found_job`: where the job's spec was found). Then `write`
+    moves the job's record (all or nothing) and `log` appends the event. A caller that also
+    moves the job's spec does so around these in the order its race needs: a cancel or a hold
+    renames the spec first (that rename is what a claim races) and puts it back when the change
+    is refused or cannot be written; a release or a retry writes first (a spec in jobs/ under a
+    recorded id is refused) and `undo`es the write when its own move fails, before `log`.
 
     The new file is written before the old one is removed, so a crash in between leaves a
     duplicate that readers resolve in favour of the later state, never a lost job.
