@@ -66,30 +66,65 @@ def take_worker_lock(lock_path: str) -> int | None:
     return fd
 
 
-def _option(argv: list[str], name: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg[len(name) + 1 :]
-    return None
+def holds_lock_at(fd: int, lock_path: str) -> bool:
+    """Whether `fd` is the lock file at `lock_path` (a start handed a lock by the early scan
+    checks it is the one its own local_dir has)."""
+    try:
+        held, there = os.fstat(fd), os.lstat(lock_path)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+
+_VALUED_OPTIONS = ("--root", "--host", "--fake-gpus")
+_FLAGS = ("--foreground",)  # --verbose wants the full start's word
+_HOST_FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+_HOST_REST = _HOST_FIRST + "."
+
+
+def _plain_cron_start(argv: list[str]) -> dict[str, str] | None:
+    """The options of a plain cron start, read as argparse reads them; None for anything else
+    (an option this scan does not know or that argparse would abbreviate, one given twice, one
+    without a value, a stray word): the full start then decides, with argparse's own words."""
+    found: dict[str, str] = {}
+    rest = iter(argv)
+    for arg in rest:
+        name, eq, value = arg.partition("=")
+        if name in _FLAGS and not eq:
+            value = ""
+        elif name in _VALUED_OPTIONS:
+            value = value if eq else next(rest, "")
+            if not value or value.startswith("-"):
+                return None
+        else:
+            return None
+        if name in found:
+            return None
+        found[name] = value
+    return found
+
+
+def _host_name(name: str) -> bool:
+    """model/names.HOST_RE, without loading `re`."""
+    return 0 < len(name) <= 64 and name[0] in _HOST_FIRST and all(c in _HOST_REST for c in name[1:])
 
 
 def lock_at_cron_start(argv: list[str], launcher_dir: str | None) -> int | None:
     """Take the worker lock before loading anything else, where that is safe to do without
     the full start's checks. Returns the held lock's descriptor, ANOTHER_WORKER_RUNS, or None
-    when this scan cannot tell (a config that moves local_dir, a directory that is not
-    ours, an option it does not know, no root named): then worker_main decides. The root is
+    when this scan cannot tell (a config that may move local_dir, a directory that is not
+    ours, options it does not read as argparse would, no root named): then worker_main
+    decides, and checks that a lock it is handed is the one its own local_dir has. The root is
     found as spool/layout.resolve_root finds it: --root, $GPUQ_ROOT, then `launcher_dir`."""
-    known = ("--root", "--host", "--fake-gpus", "--foreground")  # --verbose wants the full start's word
-    if any(a.startswith("-") and a.split("=")[0] not in known for a in argv):
+    options = _plain_cron_start(argv)
+    if options is None:
         return None
-    named = _option(argv, "--root") or os.environ.get("GPUQ_ROOT") or launcher_dir
+    named = options.get("--root") or os.environ.get("GPUQ_ROOT") or launcher_dir
     if not named:
         return None
     root = os.path.realpath(named)
-    host = _option(argv, "--host") or this_host()
-    if host.startswith(".") or not host.replace("-", "").replace("_", "").replace(".", "").isalnum():
+    host = options.get("--host") or this_host()
+    if not _host_name(host):
         return None
     if _config_may_set_local_dir(os.path.join(root, "config.yaml")):
         return None
@@ -107,7 +142,8 @@ def lock_at_cron_start(argv: list[str], launcher_dir: str | None) -> int | None:
 
 def _config_may_set_local_dir(config_path: str) -> bool:
     """False only when config.yaml surely leaves local_dir at its default: absent, commented
-    out, or `local_dir:` with nothing after it. YAML is not parsed here (too slow to import)."""
+    out, or `local_dir:` with nothing after it. YAML is not parsed here (too slow to import);
+    whatever this misses, worker_main finds: it checks the lock it is handed (holds_lock_at)."""
     try:
         with open(config_path, "rb") as f:
             text = f.read()
@@ -115,9 +151,12 @@ def _config_may_set_local_dir(config_path: str) -> bool:
         return False
     except OSError:
         return True
-    for line in text.splitlines():
-        if b"local_dir" in line:
-            content = line.split(b"#", 1)[0].strip()
-            if content and content != b"local_dir:":
-                return True
+    lines = [line.split(b"#", 1)[0].rstrip() for line in text.splitlines()]
+    for i, content in enumerate(lines):
+        if b"\\" in content:
+            return True  # an escape could spell the key (a double-quoted "local\x5fdir")
+        if b"local_dir" in content and content.strip() != b"local_dir:":
+            return True
+        if content.strip() == b"local_dir:" and i + 1 < len(lines) and lines[i + 1][:1] in (b" ", b"\t"):
+            return True  # its value on the next line
     return False

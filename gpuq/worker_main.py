@@ -22,7 +22,7 @@ from gpuq.host.hostinfo import (
 )
 from gpuq.model import config as config_mod
 from gpuq.model.names import HOST_RE
-from gpuq.single_instance import WORKER_LOCK_NAME, take_worker_lock, this_host
+from gpuq.single_instance import WORKER_LOCK_NAME, holds_lock_at, take_worker_lock, this_host
 from gpuq.slurm.bridge import BridgeWorker
 from gpuq.spool import strictmodes
 from gpuq.spool.layout import Layout, RootError, resolve_root
@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
     if (problem := _local_dir_problem(local_dir, layout)) is not None:
         print(f"gpuq worker: {problem}", file=sys.stderr)
         return 2
+    if lock_fd is not None and not holds_lock_at(lock_fd, str(local_dir / WORKER_LOCK_NAME)):
+        os.close(lock_fd)  # the early scan locked another local_dir than the config names: not ours
+        lock_fd = None
     if lock_fd is None and (lock_fd := take_worker_lock(str(local_dir / WORKER_LOCK_NAME))) is None:
         return _already_running(host, args.verbose)
     daemon = not (args.foreground or args.once)

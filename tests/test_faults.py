@@ -16,7 +16,7 @@ import pytest
 from conftest import PY, REPO, wait_until, worker_argv
 
 from gpuq.host.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS
-from gpuq.single_instance import _config_may_set_local_dir
+from gpuq.single_instance import _config_may_set_local_dir, _plain_cron_start, holds_lock_at, take_worker_lock
 from gpuq.spool.layout import Layout
 
 RUN_LINE = "ran-attempt-"
@@ -377,6 +377,9 @@ def test_a_cron_start_that_finds_its_worker_leaves_before_loading_gpuq(queue):
         ("local_dir: /var/tmp/gpuq-{host}\n", True),
         ("{local_dir: /x}\n", True),
         ("local_dir: null\n", True),
+        ("local_dir:\n  /var/tmp/x-{host}\n", True),  # its value on the next line
+        ('"local\\x5fdir": /var/tmp/x\n', True),  # the key spelt with an escape
+        ("local_dir:\n# a comment\ngrace_s: 5\n", False),
     ],
 )
 def test_the_cron_fast_path_trusts_only_a_config_that_surely_keeps_the_default_local_dir(tmp_path, text, may_set):
@@ -384,6 +387,61 @@ def test_the_cron_fast_path_trusts_only_a_config_that_surely_keeps_the_default_l
     if text is not None:
         path.write_text(text)
     assert _config_may_set_local_dir(str(path)) is may_set
+
+
+@pytest.mark.parametrize(
+    "argv, read",
+    [
+        (["--root", "/q", "--host", "a", "--foreground"], {"--root": "/q", "--host": "a", "--foreground": ""}),
+        (["--root=/q", "--fake-gpus", "2x8GiB"], {"--root": "/q", "--fake-gpus": "2x8GiB"}),
+        (["--host", "b", "--host", "a"], None),  # argparse takes the last: the scan does not guess
+        (["--root", "/q2", "--root=/q3"], None),
+        (["--root", "/q", "stray"], None),  # argparse's error, from the full start
+        (["--host", "a", "--root"], None),  # no value
+        (["--root="], None),
+        (["--root", "--host"], None),
+        (["--fore"], None),  # an abbreviation argparse would take
+        (["--verbose"], None),
+    ],
+)
+def test_the_cron_scan_reads_only_what_argparse_would_read_the_same(argv, read):
+    assert _plain_cron_start(argv) == read
+
+
+def test_a_handed_lock_is_checked_against_the_lock_file_there(tmp_path):
+    fd = take_worker_lock(str(tmp_path / "worker.lock"))
+    assert fd is not None and holds_lock_at(fd, str(tmp_path / "worker.lock"))
+    (tmp_path / "other").mkdir()
+    assert not holds_lock_at(fd, str(tmp_path / "other" / "worker.lock"))  # none there
+    (tmp_path / "other" / "worker.lock").touch()
+    assert not holds_lock_at(fd, str(tmp_path / "other" / "worker.lock"))
+    os.close(fd)
+
+
+@pytest.mark.slow  # (no "local_dir" in its name: the temp paths in the value's line would show the scan)
+def test_a_config_the_cron_scan_misreads_still_means_one_worker(queue):
+    """A config whose local_dir the early scan cannot see (its value on the next line): the fast
+    path locks the default directory, and the worker it hands that lock to must notice and
+    take the lock its config names; else a second start, which reads the config, runs a
+    second worker for the same root and host."""
+    lines = [line for line in (queue.root / "config.yaml").read_text().splitlines() if not line.startswith("local_dir")]
+    configured = queue.local_base / "{host}"
+    (queue.root / "config.yaml").write_text("\n".join(lines) + f"\nlocal_dir:\n  {json.dumps(str(configured))}\n")
+    default_dir = Layout(queue.root.resolve()).default_local_dir("a")
+    try:
+        queue.start_worker("a", "1x80GiB")
+        wait_until(lambda: (queue.local_base / "a" / "worker.lock").exists(), what="the worker's lock")
+        second = subprocess.run(
+            [*worker_argv(queue.root, "a", "1x80GiB"), "--verbose", "--once"],
+            capture_output=True,
+            text=True,
+            env=queue.env(),
+            timeout=60,
+        )
+        assert second.returncode == 0 and "a worker already runs for a" in second.stderr, second.stderr[-2000:]
+        queue.stop_worker("a")
+    finally:
+        shutil.rmtree(default_dir, ignore_errors=True)
 
 
 def _drop_many(queue, n: int, command: str = "echo once") -> list[str]:
