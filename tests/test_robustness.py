@@ -42,26 +42,22 @@ def test_a_full_disk_does_not_fence_healthy_jobs_nor_let_another_host_take_them(
 def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
     """H2: records were cached by (name, inode); ext4 reuses a freed inode at once, so a
     requeued job's next attempt kept attempt N's record, and its cancels were dropped."""
-    from gpuq.host.clock import Clock
     from gpuq.spool.layout import Layout
-    from gpuq.worker.loop import Worker
+    from gpuq.spool.listing import RunningListing
 
     layout = Layout(tmp_path)
     layout.ensure()
-    worker = Worker.__new__(Worker)  # only what _own_running needs: no NVML, no processes
-    worker.layout, worker.host, worker.record_cache, worker.reported = layout, "a", {}, set()
-    worker.running_listed = None
-    worker.clock = Clock()
+    listing = RunningListing(layout, "a", lambda key, message: None)  # what a worker reads running/ with
     path = layout.running / "j.json"
     record = {"id": "j", "state": "running", "spec": {}, "host": "a", "attempt": 1, "uid": 0}
     path.write_text(json.dumps(record))
     inode = os.stat(path).st_ino
-    assert [r.attempt for r in worker._own_running()] == [1]
+    assert [r.attempt for r in listing.read(time.time())] == [1]
     with open(path, "w") as f:  # the same inode, as a delete-then-create on ext4 gives
         f.write(json.dumps({**record, "attempt": 12}))
     os.utime(path, ns=(time.time_ns() + 10**9,) * 2)
     assert os.stat(path).st_ino == inode
-    assert [r.attempt for r in worker._own_running()] == [12]
+    assert [r.attempt for r in listing.read(time.time())] == [12]
 
 
 def test_a_recreated_claim_is_its_owners_spec(tmp_path):

@@ -209,7 +209,7 @@ class BridgeWorker(Worker):
         """Records an earlier bridge wrote but died before noting their Slurm id: find the job
         by the comment sbatch was given (`gpuq:<claim>`) among every job Slurm knows; one
         Slurm never got goes back to the queue at its old place."""
-        orphans = [r for r in self._own_running() if not r.slurm_id]
+        orphans = [r for r in self.listing.read(self.clock.wall()) if not r.slurm_id]
         if not orphans:
             return
         known = _handed_over_by_comment()
@@ -255,7 +255,7 @@ class BridgeWorker(Worker):
     def observe(self) -> None:
         """No GPUs here: Slurm's nodes have them. Only the records this bridge follows."""
         self.gpus, self.observed = [], {}
-        self.running = self._own_running()
+        self.running = self.listing.read(self.clock.wall())
 
     def follow(self) -> None:
         now = time.monotonic()

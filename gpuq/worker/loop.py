@@ -55,8 +55,9 @@ from gpuq.spool.cancel import cancel_pending
 from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.drain import drain_file
 from gpuq.spool.inbox import fair_order, leftovers, sweep_replies, waiting
-from gpuq.spool.intake import RACY_MTIME_S, Entry, Intake, read_spec_file
+from gpuq.spool.intake import Entry, Intake, read_spec_file
 from gpuq.spool.layout import Layout
+from gpuq.spool.listing import RunningListing
 from gpuq.spool.samples import SampleLog
 from gpuq.spool.store import (
     append_note,
@@ -64,7 +65,6 @@ from gpuq.spool.store import (
     forget_place,
     keep_place,
     next_attempt,
-    read_record,
     spec_state,
     transition,
 )
@@ -165,15 +165,12 @@ class Worker:
         self.seq = 0
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
-        self.others_running: list[Record] = []  # the rest of the team's, for the one plan
-        self.running_listed: int | None = None  # running/'s mtime when it was last listed
-        self.own_listed: list[Record] = []  # this box's records in that listing
+        self.listing = RunningListing(layout, host, self._report_once)  # running/, every box's
         self.started_last_pass = 0
         self.read_jobs_last_pass = False
         self.version_at_last_pass = -1
         self.observed: dict[str, dict[int, int]] = {}
         self.gpu_usage = GpuUsage()
-        self.record_cache: dict[tuple[str, int, int, int], Record] = {}
         self.reported: set[str] = set()  # bad files already logged once (never each pass)
         self.replies_swept_at = 0.0
         self.inbox_seen: int | None = None
@@ -295,7 +292,7 @@ class Worker:
         self.runtimes.refresh(self.clock.mono())
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
-        self.running = self._own_running()
+        self.running = self.listing.read(self.clock.wall())
         self.observed, foreign = observe_job_memory(self.gpus, self.running, lambda r: job_roots(self.rt, r))
         self.others_idle_since = self.idle_tracker.update(
             self.gpus, foreign, {i for r in self.running for i in r.gpus}, self.clock.wall()
@@ -323,38 +320,6 @@ class Worker:
         elif not overuse.kill:
             log.warning("%s %s", record.id, overuse.why)
             append_note(self.layout, self.host, record.id, "warning", overuse.why)
-
-    def _own_running(self) -> list[Record]:
-        """This host's running records (and, in `others_running`, every other box's). A record
-        is only ever replaced by rename, so a file read before (same name, inode, mtime and
-        size: a freed inode is reused at once) is not read again. A file that is not a record
-        is reported once and skipped. Every change to running/ is a rename or an unlink, so
-        while the directory's mtime stays (and is not so recent that one clock tick could hide
-        a second change) the last listing stands: one stat, not one per record (NFS pays each)."""
-        listed = mtime_ns(self.layout.running)  # before the listing: a later record changes it
-        if listed is not None and listed == self.running_listed and self.clock.wall() - listed / 1e9 > RACY_MTIME_S:
-            return list(self.own_listed)
-        records: list[Record] = []
-        others: list[Record] = []
-        cache: dict[tuple[str, int, int, int], Record] = {}
-        self.running_listed = listed
-        with os.scandir(self.layout.running) as it:
-            for entry in it:
-                if not entry.name.endswith(".json"):
-                    continue
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                    key = (entry.name, st.st_ino, st.st_mtime_ns, st.st_size)
-                    record = self.record_cache.get(key) or read_record(Path(entry.path))
-                except (OSError, ValueError) as e:
-                    self._report_once(f"running/{entry.name}", f"state/running/{entry.name} skipped: {e}")
-                    continue
-                if record is not None:
-                    cache[key] = record
-                    (records if record.host == self.host else others).append(record)
-        self.record_cache = cache
-        self.others_running, self.own_listed = others, records
-        return list(records)
 
     def _report_once(self, key: str, message: str) -> None:
         if key not in self.reported:
@@ -475,7 +440,7 @@ class Worker:
             self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since, frozenset(self.runtimes.found)
         )
         own_jobs = self._running_jobs()
-        team = picture(self.layout, self.config, beats, self.others_running, now, own, own_jobs, alive=self._alive)
+        team = picture(self.layout, self.config, beats, self.listing.others, now, own, own_jobs, alive=self._alive)
         # The plan only changes when its inputs do: skip it while nothing moved. Time enters
         # through idleness (a GPU idle long enough, or taken by a person) and idle windows.
         inputs: tuple[object, ...] = (
@@ -493,9 +458,9 @@ class Worker:
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
             # Another box may have claimed jobs since this pass looked: with their records read
             # again under the lock, caps and GPUs are counted with them. (One stat tells.)
-            if mtime_ns(self.layout.running) != self.running_listed:
-                self._own_running()
-                team.running = own_jobs + running_elsewhere(beats, self.others_running, self.host)
+            if self.listing.changed():
+                self.listing.read(now)
+                team.running = own_jobs + running_elsewhere(beats, self.listing.others, self.host)
             decided = plan(
                 self.intake.pending(),
                 team.hosts,

@@ -1,0 +1,62 @@
+"""running/ as a box reads it every pass: its own running records, and every other box's for
+the one plan, re-read only where something changed.
+
+A record is only ever replaced by rename, so a file read before (same name, inode, mtime and
+size: a freed inode is reused at once) is not read again. Every change to running/ is a rename
+or an unlink, so while the directory's mtime stays (and is not so recent that one clock tick
+could hide a second change) the last listing stands: one stat, not one per record (NFS pays
+each). A file that is not a record is reported (once, by the caller's `report`) and skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+from gpuq.host.wake import mtime_ns
+from gpuq.model.record import Record
+from gpuq.spool.intake import RACY_MTIME_S
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import read_record
+
+_Key = tuple[str, int, int, int]  # name, inode, mtime_ns, size
+
+
+class RunningListing:
+    def __init__(self, layout: Layout, host: str, report: Callable[[str, str], None]) -> None:
+        self.layout, self.host, self.report = layout, host, report
+        self.listed: int | None = None  # running/'s mtime when it was last listed
+        self.own: list[Record] = []  # this box's records in that listing
+        self.others: list[Record] = []  # every other box's
+        self.cache: dict[_Key, Record] = {}
+
+    def changed(self) -> bool:
+        """Whether running/ changed since the last listing (another box claimed meanwhile)."""
+        return mtime_ns(self.layout.running) != self.listed
+
+    def read(self, now_wall: float) -> list[Record]:
+        """This box's running records (a new list: the caller may change it); `others` too."""
+        listed = mtime_ns(self.layout.running)  # before the listing: a later record changes it
+        if listed is not None and listed == self.listed and now_wall - listed / 1e9 > RACY_MTIME_S:
+            return list(self.own)
+        own: list[Record] = []
+        others: list[Record] = []
+        cache: dict[_Key, Record] = {}
+        self.listed = listed
+        with os.scandir(self.layout.running) as it:
+            for entry in it:
+                if not entry.name.endswith(".json"):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    key = (entry.name, st.st_ino, st.st_mtime_ns, st.st_size)
+                    record = self.cache.get(key) or read_record(Path(entry.path))
+                except (OSError, ValueError) as e:
+                    self.report(f"running/{entry.name}", f"state/running/{entry.name} skipped: {e}")
+                    continue
+                if record is not None:
+                    cache[key] = record
+                    (own if record.host == self.host else others).append(record)
+        self.cache, self.own, self.others = cache, own, others
+        return list(own)
