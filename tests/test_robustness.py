@@ -124,8 +124,8 @@ def test_a_dead_supervisors_private_mount_points_are_removed_when_its_attempt_is
     from gpuq.model.config import Config
     from gpuq.model.record import Record
     from gpuq.model.states import State
-    from gpuq.run.containers import MOUNTS_DIR
     from gpuq.run.joblocal import Runtime
+    from gpuq.run.mounts import MOUNTS_DIR
     from gpuq.spool.layout import Layout
     from gpuq.spool.store import write_record
     from gpuq.worker.recovery import Recovery

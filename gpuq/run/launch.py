@@ -33,10 +33,10 @@ from gpuq.run.containers import (
     Owner,
     container_name,
     container_run,
-    stage_mounts,
 )
 from gpuq.run.joblocal import Runtime, write_container_pid
 from gpuq.run.limits import pinned
+from gpuq.run.mounts import stage_mounts
 
 # A job that a root worker runs as its owner starts from this PATH, as a login shell would
 # (docs/containers.md, "The job's environment"); a venv, conda or the spec's env adds to it.

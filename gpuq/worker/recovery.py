@@ -24,8 +24,9 @@ from gpuq.model.config import Config
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.states import State
 from gpuq.model.stops import StopCause, cause_of
-from gpuq.run.containers import container_name, release_leftover_mounts, remove_leftover
+from gpuq.run.containers import container_name, remove_leftover
 from gpuq.run.joblocal import Runtime, read_started
+from gpuq.run.mounts import release_leftover_mounts
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
     append_note,
