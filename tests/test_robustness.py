@@ -60,6 +60,37 @@ def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
     assert [r.attempt for r in listing.read(time.time())] == [12]
 
 
+def test_a_record_gone_between_listing_and_reading_is_not_reported(tmp_path, monkeypatch):
+    """A job that ends while a pass lists running/ is not a bad file: the worker logged
+    "state/running/j.json skipped: No such file or directory" for a healthy job."""
+    from gpuq.spool import listing as listing_module
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.listing import RunningListing
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    reported: list[str] = []
+    listing = RunningListing(layout, "a", lambda key, message: reported.append(message))
+    for job in ("gone", "stays"):
+        record = {"id": job, "state": "running", "spec": {}, "host": "a", "attempt": 1, "uid": 0}
+        (layout.running / f"{job}.json").write_text(json.dumps(record))
+    real_scandir = os.scandir
+
+    class EndsMidListing:  # the directory as listed, then the supervisor records "gone" as ended
+        def __enter__(self):
+            with real_scandir(layout.running) as it:
+                entries = list(it)
+            (layout.running / "gone.json").unlink()
+            return iter(entries)
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(listing_module.os, "scandir", lambda path: EndsMidListing())
+    assert [r.id for r in listing.read(time.time() + 60)] == ["stays"]
+    assert reported == []
+
+
 def test_a_recreated_claim_is_its_owners_spec(tmp_path):
     """M6: a requeue that found its claim gone recreated it as root, and intake then
     rejected the job ("owned by root") instead of running it again."""

@@ -52,6 +52,8 @@ class RunningListing:
                     st = entry.stat(follow_symlinks=False)
                     key = (entry.name, st.st_ino, st.st_mtime_ns, st.st_size)
                     record = self.cache.get(key) or read_record(Path(entry.path))
+                except FileNotFoundError:
+                    continue  # finished or requeued since the listing: not there, not garbage
                 except (OSError, ValueError) as e:
                     self.report(f"running/{entry.name}", f"state/running/{entry.name} skipped: {e}")
                     continue
