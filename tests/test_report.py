@@ -216,6 +216,11 @@ def test_a_job_is_charged_from_its_claim_and_only_its_own_idle_time(tmp_path):
         ev(1000, job, "pending", "running", user=user, queued_at=999, host="h", gpus=[0], by="h")
         for job, user in (("long", "ana"), ("short", "ben"))
     ]
+    offenders = build(events, [line], [], 1000, 1100).to_json()["idle_offenders"]
+    assert offenders == [
+        {"job": "long", "user": "ana", "idle_held_gpu_hours": round(17.5 / 3600, 4)},
+        {"job": "short", "user": "ben", "idle_held_gpu_hours": round(0.5 / 3600, 4)},
+    ]
     by_user = build(events, [line], [], 1000, 1100, by="user").to_json()["groups"]
     assert by_user["ben"]["idle_held_gpu_hours"] == round(0.5 / 3600, 4)
     assert by_user["ana"]["idle_held_gpu_hours"] == round(17.5 / 3600, 4)

@@ -244,6 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--html", metavar="FILE", help="write a self-contained page with charts (needs the [report] extra: matplotlib)"
     )
     sp = verb(
+        "eff",
+        _lazy("cli.eff", "cmd_eff"),
+        "how well jobs used their CPUs, RAM and GPUs, with hints why one is slow "
+        "(a job, a sweep or array, or a user's jobs over a window)",
+    )
+    sp.add_argument("ids", nargs="*", metavar="ID", help="jobs, or a sweep's or array's id (default: --user's jobs)")
+    sp.add_argument("--user", help="whose jobs, without IDs (default: mine)")
+    sp.add_argument("--since", default="7d", help="without IDs: jobs that ran in this window (default 7d)")
+    sp.add_argument("--json", action="store_true", help="the figures and hints as JSON (docs/reports.md)")
+    sp = verb(
         "demo", _lazy("cli.demo", "cmd_demo"), "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen"
     )
     sp.add_argument("--dir", help="queue root to create (default: a new temp dir)")

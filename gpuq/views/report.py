@@ -30,6 +30,7 @@ MAX_BUCKETS = 60
 PERCENTILES = (50, 90, 99)
 FINAL = ("done", "failed", "timeout", "lost", "cancelled", "rejected")
 GROUPINGS = ("user", "host", "gpu")
+OFFENDERS = 5  # the jobs that held GPUs idle longest, as Princeton's job reports list them
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Report:
     queue_max: list[int]
     pending_now: int
     longest_pending_s: float | None
+    idle_offenders: list[dict[str, Any]] = field(default_factory=list)  # the jobs that held GPUs idle longest
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +86,7 @@ class Report:
             "queue_length": {"mean": self.queue_mean, "max": self.queue_max},
             "pending_now": self.pending_now,
             "longest_pending_s": self.longest_pending_s,
+            "idle_offenders": self.idle_offenders,
         }
 
 
@@ -115,6 +118,7 @@ class _Tally:
     def __init__(self, by: str | None) -> None:
         self.by, self.total = by, _Row()
         self.groups: defaultdict[str, _Row] = defaultdict(_Row)
+        self.idle_by_job: defaultdict[str, float] = defaultdict(float)
 
     def keys(self, user: str, host: str, gpus: list[int]) -> list[str]:
         if self.by == "user":
@@ -217,6 +221,11 @@ def build(
         queue_max,
         pending_now=len(pending),
         longest_pending_s=None if oldest is None else _round(until - oldest),
+        idle_offenders=[
+            {"job": job, "user": users.get(job, "?"), "idle_held_gpu_hours": round(s / 3600, 4)}
+            for job, s in sorted(tally.idle_by_job.items(), key=lambda kv: -kv[1])[:OFFENDERS]
+            if s > 0
+        ],
     )
 
 
@@ -270,7 +279,8 @@ def _gpu_series(
                 acc["b_util"][b] += g["util"] * s
                 acc["b_seen"][b] += s
             tally.total.idle_held_s += idle
-            for job, share in _idle_shares(g, idle).items():
+            for job, share in idle_shares(g, idle).items():
+                tally.idle_by_job[job] += share
                 for key in tally.keys(users.get(job, "?"), host, [g["i"]]):
                     tally.groups[key].idle_held_s += share
     return {
@@ -284,7 +294,7 @@ def _gpu_series(
     }
 
 
-def _idle_shares(gpu_line: dict, idle: float) -> dict[str, float]:
+def idle_shares(gpu_line: dict, idle: float) -> dict[str, float]:
     """Each job's part of a GPU line's idle time: its own (`idle_by_job`), or, in a line
     written before workers kept it (or one whose parts are not finite, non-negative numbers
     that add up to at most its idle time), an equal part for every job seen on the GPU. The

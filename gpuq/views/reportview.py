@@ -158,6 +158,12 @@ def report_text(r: Report) -> str:
         )
     top = max(r.queue_max, default=0)
     lines.append(f"queue length (max per {step}; peak {top})  |{spark(r.queue_max, top)}|")
+    if r.idle_offenders:
+        lines.append("held GPUs idle longest (`gpuq eff ID` says why):")
+        lines += [
+            f"  {safe_text(o['job'])}  {safe_text(o['user'])}  {hours(o['idle_held_gpu_hours'])} GPU-h idle"
+            for o in r.idle_offenders
+        ]
     if r.pending_now:
         lines.append(f"pending now: {r.pending_now}, the longest waiting {format_duration(r.longest_pending_s)}")
     return "\n".join(lines)
