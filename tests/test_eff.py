@@ -127,11 +127,13 @@ def test_eff_through_the_worker(queue, tmp_path):
     record = wait_until(lambda: queue.finished("starved"), timeout=90, what="starved to end")
     assert record["state"] == "done", record
     out = queue.gpuq("eff", "starved").stdout
-    assert "input-bound" in out and "over-declared" in out and "gpu_mem: 3GiB" in out, out
+    assert "over-declared" in out and "gpu_mem: 3GiB" in out, out
     assert "GPU util     mean 10%" in out, out
     [figures] = json.loads(queue.gpuq("eff", "starved", "--json").stdout)
-    assert figures["cpu_eff_pct"] >= 85 and figures["gpu_util_series"], figures
-    assert {h["kind"] for h in figures["hints"]} >= {"input-bound", "over-declared"}
+    assert figures["cpu_eff_pct"] > 0 and figures["gpu_util_series"], figures
+    # The loop gets its whole core on a quiet box (input-bound); a busy CI box may give it less.
+    saturated = figures["cpu_eff_pct"] >= 85
+    assert ("input-bound" in out) == saturated == ("input-bound" in {h["kind"] for h in figures["hints"]}), out
     table = queue.gpuq("eff", "--user", record["user"]).stdout
     assert table.splitlines()[0].split()[:3] == ["ID", "USER", "STATE"] and "starved" in table, table
     missing = queue.gpuq("eff", "nosuchjob", check=False)
