@@ -133,6 +133,8 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
         if hb.get("runtimes"):
             found = ", ".join(f"{n} {v}" for n, v in sorted(hb["runtimes"].items()))
             out.append(Finding("ok", "containers", f"{host}: {found}"))
+        if config.gpu_sharing == "mps":
+            out.append(_mps_finding(host, hb.get("mps"), owner))
         if hb.get("version") != __version__:
             out.append(
                 Finding(
@@ -143,6 +145,26 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
                 )
             )
     return out
+
+
+def _mps_finding(host: str, mps: object, owner: bool) -> Finding:
+    """config gpu_sharing: mps, as the box's worker found it (run/mps.py)."""
+    fix = f"on {host}: " if owner else f"{ASK_THE_OWNER.replace('HOST', host)}: "
+    if not isinstance(mps, dict):
+        return Finding(
+            "warn", "mps", f"{host}: its worker runs without gpu_sharing: mps", fix + "restart it to read the config"
+        )
+    if mps.get("problem"):
+        return Finding(
+            "warn",
+            "mps",
+            f"{host}: MPS unusable: {mps['problem']}; jobs sharing its GPUs are time-sliced",
+            fix + "install the NVIDIA compute utilities (nvidia-cuda-mps-control) or set gpu_sharing: time-slicing",
+        )
+    daemons = mps.get("daemons") or []
+    return Finding(
+        "ok", "mps", f"{host}: MPS usable" + (f"; daemons on GPU {', '.join(map(str, daemons))}" if daemons else "")
+    )
 
 
 def check_permissions(layout: Layout) -> list[Finding]:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -147,6 +148,18 @@ class FakeNvml:
         ]
 
 
+def _mps_limit_mib(value: str) -> int | None:
+    """Device 0's limit in CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=20480M"), in MiB."""
+    for part in value.split(","):
+        device, _, size = part.partition("=")
+        if device.strip() == "0" and size.strip():
+            try:
+                return parse_size_mib(size.strip())
+            except ValueError:
+                return None
+    return None
+
+
 def _update_processes(path: Path, change: Any) -> None:
     """Read-modify-write the process list under a lock; dead pids are dropped."""
     from filelock import FileLock
@@ -170,7 +183,19 @@ def use(mem_mib: int, util: int, seconds: float | None, command: list[str]) -> i
             "on a worker started with --fake-gpus"
         )
     path = Path(spec)
-    visible = [int(i) for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if i.strip()]
+    by_uuid = {g["uuid"]: i for i, g in enumerate(json.loads(path.read_bytes()).get("gpus", []))}
+    visible = [
+        int(i) if i.strip().isdigit() else by_uuid[i.strip()]
+        for i in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        if i.strip() and (i.strip().isdigit() or i.strip() in by_uuid)
+    ]
+    limit = _mps_limit_mib(os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", ""))
+    if limit is not None and mem_mib > limit:  # as the driver refuses an MPS client beyond its limit
+        print(
+            f"CUDA error: out of memory: {mem_mib} MiB asked, MPS pinned device memory limit {limit} MiB",
+            file=sys.stderr,
+        )
+        return 2
     # Inside a docker/podman container the job's GPUs are numbered from 0, and the NVIDIA
     # container runtime names the host's in NVIDIA_VISIBLE_DEVICES: fake memory goes there.
     host_gpus = os.environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",")

@@ -106,28 +106,32 @@ def _name(uid: int) -> str:
         return ""
 
 
-def ensure_private_dir(path: PathT, what: str = "local_dir") -> PathT:
+def ensure_private_dir(path: PathT, what: str = "local_dir", others_read: bool = False) -> PathT:
     """`path` as a directory private to this process's account, created (with what is missing
-    above it, each 0700) only where nobody else can swap any part of it: every existing entry
+    above it, each 0711: others may pass through, never list or change them) only where
+    nobody else can swap any part of it: every existing entry
     from / down is root's or ours and not writable by others unless sticky (chain_problems),
-    and `path` itself is a real directory (never a link) of ours with mode 0700. A root worker
-    writes its locks, lease, stop requests and job lock files there, and trusts what it reads
-    back. Raises UnsafePath naming the entry, its owner and the fix; OSError when it cannot
-    be created."""
+    and `path` itself is a real directory (never a link) of ours with mode 0700 (0755 with
+    `others_read`: only we may change it, others may read it, as jobs read the MPS pipe
+    directories, run/mps.py). A root worker writes its locks, lease, stop requests and job
+    lock files there, and trusts what it reads back. Raises UnsafePath naming the entry, its
+    owner and the fix; OSError when it cannot be created."""
     euid = os.geteuid()
     literal = os.path.abspath(path)
     _refuse_unsafe_chain(literal, euid, what)  # before creating anything under it
+    final_mode = 0o755 if others_read else 0o700
     for prefix in _prefixes(literal)[1:]:
         try:
             os.lstat(prefix)
         except FileNotFoundError:
             try:
-                os.mkdir(prefix, 0o700)
+                os.mkdir(prefix, final_mode if prefix == literal else 0o711)
+                os.chmod(prefix, final_mode if prefix == literal else 0o711)  # whatever the umask
             except FileExistsError:
                 pass  # made meanwhile, by someone: judged below
     _refuse_unsafe_chain(literal, euid, what)  # what was made, by us or by a racer in a sticky dir
     st = os.lstat(literal)
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == euid and not st.st_mode & 0o077:
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == euid and not st.st_mode & (0o022 if others_read else 0o077):
         return path
     kind = (
         "a symbolic link"

@@ -13,6 +13,8 @@ from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.units import DURATION_EXAMPLES, MAX_DURATION_S, SIZE_EXAMPLES, parse_duration_s, parse_size_mib
 from gpuq.model.windows import Window, parse_window
 
+GPU_SHARING = ("time-slicing", "mps")
+
 
 class ConfigError(Exception):
     """config.yaml cannot be used; the message names the key and the fix."""
@@ -62,6 +64,7 @@ class Config:
     spread: bool = True  # while GPUs sit idle, a job takes an empty one (sched/plan.py)
     fragmentation_aware: bool = True  # among equally tight fits, keep emptier hosts whole
     preemption: bool = True  # opportunistic jobs yield to higher-priority work
+    gpu_sharing: str = "time-slicing"  # or mps: jobs sharing a GPU run under NVIDIA MPS (run/mps.py)
     idle_util_pct: int = 10  # a GPU is idle while non-gpuq processes use less than this
     idle_after_s: float = 60.0  # ... for this long; only then may opportunistic jobs start
     idle_windows: tuple["Window", ...] = ()  # when opportunistic jobs may run; empty: always
@@ -216,6 +219,14 @@ def _container_runtime(v: Any) -> str:
     return v
 
 
+def _gpu_sharing(v: Any) -> str:
+    if v not in GPU_SHARING:
+        raise ValueError(
+            "must be time-slicing (the driver's default) or mps (jobs that share a GPU run under NVIDIA MPS)"
+        )
+    return v
+
+
 def _slurm_gpu_mem(v: Any) -> str:
     if v not in ("comment", "constraint", "shards"):
         raise ValueError("must be comment, constraint (with slurm_gpu_types) or shards (with slurm_shard_mib)")
@@ -281,6 +292,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "spread": ("spread", _bool),
     "fragmentation_aware": ("fragmentation_aware", _bool),
     "preemption": ("preemption", _bool),
+    "gpu_sharing": ("gpu_sharing", _gpu_sharing),
     "idle_util_pct": ("idle_util_pct", _percent),
     "idle_after_s": ("idle_after_s", _seconds),
     "idle_windows": ("idle_windows", _windows),

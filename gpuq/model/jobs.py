@@ -40,6 +40,7 @@ class RunningJob:
     priority_class: str = "normal"
     started_at: float = 0.0
     stopping: bool = False  # told to stop: its memory is on its way out
+    mps: bool = False  # an MPS client (model/sharing.py): its GPU serves only its user's
 
     @property
     def rank(self) -> int:
@@ -60,6 +61,7 @@ class RunningJob:
             priority_class=spec.get("priority_class", "normal"),
             started_at=record.claimed_at or 0.0,
             stopping=stopping,
+            mps=bool(getattr(record, "mps_pipe", None)),
         )
 
 

@@ -49,6 +49,7 @@ _TYPES: dict[str, str] = {
     "_windows": f"list of windows ({WINDOW_EXAMPLES})",
     "_backend": "local or slurm",
     "_container_runtime": "docker, podman or apptainer",
+    "_gpu_sharing": "time-slicing or mps",
     "_class_map": "priority class → name",
     "_slurm_gpu_mem": "comment, constraint or shards",
     "_gpu_types": "node feature → size",

@@ -34,6 +34,7 @@ class JobSpec:
     name: str | None = None
     gpus: int = 1
     gpu_mem_mib: int | None = None  # None: the whole GPU, exclusively
+    gpu_compute_pct: int | None = None  # MPS active thread percentage; None: its memory share
     priority_class: str = "normal"
     priority: int = 0
     workdir: str | None = None
@@ -68,6 +69,7 @@ class JobSpec:
             "name": self.name,
             "gpus": self.gpus,
             "gpu_mem_mib": self.gpu_mem_mib,
+            "gpu_compute_pct": self.gpu_compute_pct,
             "priority_class": self.priority_class,
             "priority": self.priority,
             "workdir": self.workdir,
@@ -102,6 +104,7 @@ class JobSpec:
             name=d["name"],
             gpus=d["gpus"],
             gpu_mem_mib=d["gpu_mem_mib"],
+            gpu_compute_pct=d.get("gpu_compute_pct"),
             priority_class=d["priority_class"],
             priority=d["priority"],
             workdir=d["workdir"],
@@ -189,6 +192,7 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         name=_optional_str(data, "name", file),
         gpus=_gpus(data.get("gpus", 1), file),
         gpu_mem_mib=_gpu_mem(data.get("gpu_mem"), file),
+        gpu_compute_pct=_gpu_compute(data, file),
         priority_class=priority_class,
         priority=priority,
         workdir=_workdir(data.get("workdir"), file),
@@ -270,6 +274,24 @@ def _gpu_mem(value: Any, file: str) -> int | None:
     if mib <= 0 or mib > 64 * 1024 * 1024:
         raise SpecError(file, "gpu_mem", f"{value} is out of range", "give the memory one GPU needs, e.g. 20GiB")
     return mib
+
+
+def _gpu_compute(data: dict, file: str) -> int | None:
+    value = data.get("gpu_compute")
+    if value is None:
+        return None
+    text = value.strip().removesuffix("%").strip() if isinstance(value, str) else value
+    pct = int(text) if isinstance(text, str) and text.isdigit() else text
+    if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
+        raise SpecError(file, "gpu_compute", f"{value!r} is not a percentage from 1 to 100", "e.g. `gpu_compute: 50%`")
+    if data.get("gpu_mem") is None:
+        raise SpecError(
+            file,
+            "gpu_compute",
+            "is set for a job that takes its GPUs whole (no gpu_mem)",
+            "give gpu_mem too (a share of a GPU), or remove gpu_compute",
+        )
+    return pct
 
 
 def _priority(value: Any, file: str) -> tuple[str, int]:

@@ -28,6 +28,13 @@ FIELDS: dict[str, Field] = {
     "gpu_mem": Field(
         "size", "whole GPU", "GPU memory needed on each GPU. Absent: the whole GPU, exclusively.", "20GiB"
     ),
+    "gpu_compute": Field(
+        "percentage 1-100%",
+        "its memory share (gpu_mem / the GPU's memory)",
+        "Under config gpu_sharing: mps, the share of the GPU's compute (SMs) the job may use "
+        "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); needs gpu_mem. Without MPS it has no effect.",
+        "50%",
+    ),
     "priority": Field(
         "high|normal|low or integer",
         "normal",

@@ -1,1 +1,1 @@
-"""One job under its supervisor: launching, containers, limits, liveness files."""
+"""One job under its supervisor: launching, containers, limits, liveness files; MPS daemons."""

@@ -26,6 +26,7 @@ from gpuq.host.hostinfo import open_to_append
 from gpuq.host.owners import Identity
 from gpuq.model.environments import command_argv, prelude_lines
 from gpuq.model.record import Record
+from gpuq.model.sharing import pinned_mem_limit
 from gpuq.model.spec import JobSpec
 from gpuq.run.containers import (
     ContainerControl,
@@ -136,6 +137,17 @@ def job_variables(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
     )
     if record.restarts:
         env["GPUQ_RESTARTS"] = str(record.restarts)
+    if record.mps_pipe and record.gpu_uuids:  # a client of its GPU's MPS daemon (run/mps.py)
+        env.update(
+            {
+                # The daemon's server sees only this GPU: named by UUID it is the same GPU
+                # with MPS or (should the daemon be gone) without.
+                "CUDA_VISIBLE_DEVICES": record.gpu_uuids[0],
+                "CUDA_MPS_PIPE_DIRECTORY": record.mps_pipe,
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(record.mps_compute_pct or 100),
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": pinned_mem_limit(record.gpu_mem_mib or 0),
+            }
+        )
     return env
 
 

@@ -62,6 +62,8 @@ class Slot:
     hard_held: bool = False  # held for a job whose opportunistic jobs are yielding: nothing else may use it
     booked_for: str | None = None  # a booking on now (spool/bookings.py): only its owner's jobs, and opportunistic ones
     booked_until: float = 0.0
+    mps_users: set[str] = field(default_factory=set)  # users of the ordinary MPS jobs on it (model/sharing.py)
+    opp_mps_users: set[str] = field(default_factory=set)  # ... and of its opportunistic ones
 
     @property
     def label(self) -> str:
@@ -117,11 +119,15 @@ def build_slots(
                 if job.preemptible and invisible:
                     slot.opp_mib += mib
                     slot.opp_jobs += 1
+                    if job.mps:
+                        slot.opp_mps_users.add(job.user)
                     if not job.stopping:
                         slot.victims.append(job)
                     continue
                 charged += mib
                 slot.jobs += 1
+                if job.mps:
+                    slot.mps_users.add(job.user)
                 slot.blockers += mib
                 slot.oldest_blocker = min(slot.oldest_blocker, job.started_at)
             # As usable_mib: beyond what gpuq's jobs are observed to use, `used` is others'.
@@ -194,11 +200,15 @@ def best_fit(
     return best[1] if best else None
 
 
-def take(spec: "JobSpec", chosen: Iterable[Slot], job_id: str, hold: str | None = None) -> None:
+def take(
+    spec: "JobSpec", chosen: Iterable[Slot], job_id: str, hold: str | None = None, mps_user: str | None = None
+) -> None:
     """Charge a started (hold None), held ("hard": its opportunistic jobs are yielding and
     nothing else may use the GPU) or reserved ("soft": opportunistic work still may) ordinary
-    job's memory on its slots."""
+    job's memory on its slots; `mps_user`: the owner of a job that runs under MPS."""
     for s in chosen:
+        if mps_user is not None:
+            s.mps_users.add(mps_user)
         need = need_mib(spec, s)
         s.free -= need
         if hold != "soft":
@@ -210,10 +220,19 @@ def take(spec: "JobSpec", chosen: Iterable[Slot], job_id: str, hold: str | None 
             s.hard_held = s.hard_held or hold == "hard"
 
 
-def take_opportunistic(spec: "JobSpec", chosen: Iterable[Slot]) -> None:
+def take_opportunistic(spec: "JobSpec", chosen: Iterable[Slot], mps_user: str | None = None) -> None:
     for s in chosen:
+        if mps_user is not None:
+            s.opp_mps_users.add(mps_user)
         s.opp_mib += need_mib(spec, s)
         s.opp_jobs += 1
+
+
+def serves_mps_user(slot: Slot, user: str, opportunistic: bool = False) -> bool:
+    """Whether an MPS job of `user` may join the GPU: no other user's MPS job is on it (for
+    an ordinary job, opportunistic ones do not count: they yield to it)."""
+    others = slot.mps_users | slot.opp_mps_users if opportunistic else slot.mps_users
+    return others <= {user}
 
 
 def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Slot] | None:

@@ -16,6 +16,7 @@ from typing import Iterator, Mapping, Sequence, TypedDict
 from gpuq.model.booking import Booking
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, Start
+from gpuq.model.sharing import uses_mps
 from gpuq.model.spec import JobSpec
 from gpuq.model.windows import describe, hhmm, window_open
 from gpuq.sched import placement, reasons
@@ -214,7 +215,7 @@ class _Pass:
             spec.hosts,
             job.opportunistic,
             job.order[0],
-            job.user if self.booked else None,
+            job.user if self.booked or uses_mps(spec, self.config) else None,
             runtime,
         )
         allowed = self.allowed_for.get((spec.hosts, runtime))
@@ -278,6 +279,8 @@ class _Pass:
         mine = [s for s in self.slots if s.host in allowed]
         if self.booked:
             mine = [s for s in mine if s.booked_for in (None, job.user)]
+        if mps_user := self._mps_user(job):
+            mine = [s for s in mine if placement.serves_mps_user(s, mps_user)]
         own = spec.gpus if _needs_whole(spec, self.largest) else 0  # its own demand, if placed now
         choice = None
         if self.booked:  # the GPUs its owner booked first: on others, it would take what others wait for
@@ -327,8 +330,9 @@ class _Pass:
         """Start it, or, where opportunistic jobs are on its GPUs, make exactly those yield and
         hold the GPUs for it (nothing else may slip in) until it starts in a later pass."""
         yielding = [s for s in chosen if s.opp_jobs]
+        mps_user = self._mps_user(job)
         if not yielding:
-            placement.take(job.spec, chosen, job.id)
+            placement.take(job.spec, chosen, job.id, mps_user=mps_user)
             self._started(job, chosen[0].host, tuple(s.index for s in chosen))
             return
         victims = []
@@ -339,7 +343,7 @@ class _Pass:
                     victims.append(victim.id)
         for s in self.slots:  # a victim on several GPUs yields them all: never picked twice
             s.victims = [v for v in s.victims if v.id not in self.result.preempts]
-        placement.take(job.spec, chosen, job.id, hold="hard")
+        placement.take(job.spec, chosen, job.id, hold="hard", mps_user=mps_user)
         self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
         self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
         if self.explain:
@@ -377,6 +381,8 @@ class _Pass:
                 self.failed[shape] = f"outside window {describe(self.config.idle_windows)}"
             else:
                 mine = [s for s in self.slots if s.host in allowed]
+                if mps_user := self._mps_user(job):
+                    mine = [s for s in mine if placement.serves_mps_user(s, mps_user, opportunistic=True)]
                 choice = placement.best_fit(
                     spec,
                     mine,
@@ -385,16 +391,26 @@ class _Pass:
                     fragmentation_aware=self.config.fragmentation_aware,
                 )
                 if choice is not None:
-                    placement.take_opportunistic(spec, choice)
+                    placement.take_opportunistic(spec, choice, mps_user)
                     self._started(job, choice[0].host, tuple(s.index for s in choice))
                     return
                 self.failed[shape] = (
-                    reasons.why_opportunistic(spec, allowed, mine, self.hosts, self.config) if self.explain else ""
+                    (mps_user and self._why_mps(job, mps_user, [s for s in self.slots if s.host in allowed], True))
+                    or reasons.why_opportunistic(spec, allowed, mine, self.hosts, self.config)
+                    if self.explain
+                    else ""
                 )
         self.waits(job, self.failed[shape])
 
+    def _mps_user(self, job: PendingJob) -> str | None:
+        """The job's owner, if the job will run under MPS (which serves one user per GPU)."""
+        return job.user if uses_mps(job.spec, self.config) else None
+
     def _why_waiting(self, job: PendingJob, allowed: list[str], mine: list[Slot]) -> str:
         spec, config, slots = job.spec, self.config, self.slots
+        if mps_user := self._mps_user(job):
+            if reason := self._why_mps(job, mps_user, [s for s in slots if s.host in allowed]):
+                return reason
         others_booked = [s for s in slots if s.host in allowed and s.booked_for not in (None, job.user)]
         if others_booked and placement.best_fit(spec, mine + others_booked, config.max_jobs_per_gpu):
             s = others_booked[0]
@@ -403,6 +419,24 @@ class _Pass:
         if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu):
             return held
         return reasons.why_gpu(spec, allowed, mine or [s for s in slots if s.host in allowed], self.hosts, config)
+
+    def _why_mps(self, job: PendingJob, user: str, slots: list[Slot], opportunistic: bool = False) -> str | None:
+        """The GPUs it would fit on but for another user's MPS jobs there, said as such."""
+        taken = [s for s in slots if not placement.serves_mps_user(s, user, opportunistic)]
+        fit = placement.best_fit(
+            job.spec,
+            [replace(s, mps_users=set(), opp_mps_users=set()) for s in taken],
+            self.config.max_jobs_per_gpu,
+            opportunistic=opportunistic,
+        )
+        if not fit:
+            return None
+        s = next(t for t in taken if t.label == fit[0].label)
+        others = ", ".join(sorted((s.mps_users | (s.opp_mps_users if opportunistic else set())) - {user}))
+        return (
+            f"GPU {s.label} runs {others}'s jobs under MPS, which serves one user per GPU "
+            "(config gpu_sharing: mps); it waits for a GPU without them"
+        )
 
 
 def _apply_bookings(slots: Sequence[Slot], bookings: Sequence["Booking"], now: float) -> dict:

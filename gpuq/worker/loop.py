@@ -29,6 +29,8 @@ from gpuq.model.errors import SpecError
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, RunningJob
 from gpuq.model.record import Record, claim_name
+from gpuq.model.sharing import compute_pct, uses_mps
+from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
 from gpuq.model.stops import Stop, StopCause, cause_of
 from gpuq.model.strict_yaml import load_yaml
@@ -44,6 +46,7 @@ from gpuq.run.joblocal import (
     write_lease,
 )
 from gpuq.run.limits import limits_for
+from gpuq.run.mps import LINGER_S, MpsDaemons, MpsError
 from gpuq.run.spawner import Spawner
 from gpuq.sched.idle import IdleTracker
 from gpuq.sched.overuse import GpuMemWatch, Overuse
@@ -96,6 +99,7 @@ EXIT_WAKE_SCAN_GAP_S = 0.2
 # other boxes' claims change jobs/ too, and must not make every box plan at the watch's pace.
 JOBS_WATCH_GAP_S = 0.5
 REQUESTS_PER_PASS_S = 0.5
+MPS_LINGER_S = LINGER_S
 
 
 class Launcher(Protocol):
@@ -121,6 +125,7 @@ class Worker:
     STEPS: tuple[str, ...] = (
         "observe",
         "settle_running",
+        "settle_mps",
         "take_over_dead_hosts",
         "apply_requests",
         "obey_controls",
@@ -148,6 +153,7 @@ class Worker:
         local_dir = ensure_private_dir(layout.local_dir(host, config.local_dir))
         ensure_private_dir(local_dir / "jobs")
         self.probe = Probe(fake_gpus, local_dir)
+        self.mps = MpsDaemons.beside(local_dir) if config.gpu_sharing == "mps" else None
         self.rt = Runtime(
             layout,
             host,
@@ -258,6 +264,10 @@ class Worker:
 
     def end(self) -> None:
         self.spawner.close()
+        try:  # the jobs still running keep theirs: their supervisors outlive the worker
+            self.settle_mps(linger_s=0.0)
+        except Exception:
+            log.exception("stopping MPS daemons failed")
         self.samples.flush(self.clock.wall())
         try:  # other boxes stop placing work here at once, not when the beat goes stale
             self._write_heartbeat(stopped=True)
@@ -344,6 +354,12 @@ class Worker:
         self.running = alive
         self.stopping &= {r.id for r in alive}
         self.recovery.requeue_orphan_claims()
+
+    def settle_mps(self, linger_s: float = MPS_LINGER_S) -> None:
+        """Stop the MPS daemons of GPUs that no running job here is a client of any more
+        (a daemon a crashed worker left is found and kept or stopped alike: run/mps.py)."""
+        if self.mps is not None:
+            self.mps.settle({i for r in self.running if r.mps_pipe for i in r.gpus}, self.clock.mono(), linger_s)
 
     def take_over_dead_hosts(self) -> None:
         self.recovery.take_over_dead_hosts()
@@ -570,6 +586,7 @@ class Worker:
             if not job.spec.exclusive
             else by_index[gpus[0]].mem_total_mib - self.config.gpu_mem_reserve_mib
         )
+        mps_pipe, mps_compute = self._mps_for(job.spec, by_index[gpus[0]] if gpus else None)
         claimed_job = Record(  # as its claim showed it: taken from jobs/, so pending
             id=job_id,
             state=spec_state(self.layout, claimed),
@@ -587,6 +604,8 @@ class Worker:
             claim=claimed.name,
             claimed_at=self.clock.wall(),
             preempted=previous is not None and cause_of(previous) is StopCause.PREEMPT,
+            mps_pipe=mps_pipe,
+            mps_compute_pct=mps_compute,
             **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]),
         )
 
@@ -604,6 +623,19 @@ class Worker:
         crash_point("worker:sent")
         self.running.append(record)
         log.debug("started %s on %s GPUs %s", job_id, self.host, list(gpus))  # events record it too
+
+    def _mps_for(self, spec: JobSpec, gpu: GpuSnapshot | None) -> tuple[str | None, int | None]:
+        """(pipe directory, compute share) for a job that runs under MPS, its GPU's daemon
+        started if need be; (None, None) for any other job, and where the daemon cannot start
+        (the job is then time-sliced, as without MPS, and the problem is logged once)."""
+        if self.mps is None or gpu is None or not uses_mps(spec, self.config):
+            return None, None
+        try:
+            pipe = self.mps.ensure(gpu.index, gpu.uuid)
+        except MpsError as e:
+            self._report_once(f"mps/{gpu.index}/{e}", f"MPS on GPU {gpu.index} unusable, its jobs are time-sliced: {e}")
+            return None, None
+        return str(pipe), compute_pct(spec, gpu.mem_total_mib)
 
     def _claimed_owner(self, job_id: str, entry: Entry, claimed: Path) -> int | None:
         """The owner of the spec just claimed, from fstat of the claimed file itself (opened
@@ -708,6 +740,9 @@ class Worker:
                 "probe_error": self.probe.error,
                 "runtimes": self.runtimes.found,
                 "runtime_problems": self.runtimes.problems,
+                "mps": None
+                if self.mps is None
+                else {"problem": self.mps.problem(), "daemons": sorted(self.mps.running())},
             },
             durable=False,
         )

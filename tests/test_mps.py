@@ -1,0 +1,227 @@
+"""gpu_sharing: mps. The plan (pure): one user's MPS jobs per GPU, the reason said; the
+spec field; the worker with a stand-in nvidia-cuda-mps-control (tests further down)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import PY, REPO, fake_job, wait_until
+from test_plan import GIB, gpu, host, starts
+
+from gpuq.model.config import Config, ConfigError, validate
+from gpuq.model.errors import SpecError
+from gpuq.model.jobs import PendingJob, RunningJob
+from gpuq.model.sharing import compute_pct, pinned_mem_limit, uses_mps
+from gpuq.model.spec import JobSpec, validate_spec
+from gpuq.sched.plan import plan
+
+MPS = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, gpu_sharing="mps", spread=False)
+
+
+def pending(job_id: str, user: str, mem_gib: float | None = 10, gpus: int = 1, low: bool = False) -> PendingJob:
+    spec = JobSpec(
+        command="x",
+        gpus=gpus,
+        gpu_mem_mib=None if mem_gib is None else int(mem_gib * GIB),
+        priority_class="low" if low else "normal",
+        preemptible=low,
+    )
+    return PendingJob(job_id, user, spec, 0.0)
+
+
+def on_gpu(job_id: str, user: str, index: int = 0, mem_gib: float = 10, low: bool = False) -> RunningJob:
+    return RunningJob(job_id, user, "a", (index,), int(mem_gib * GIB), preemptible=low, mps=True)
+
+
+def test_mps_never_puts_two_users_on_one_gpu_and_says_why():
+    result = plan([pending("b1", "bob")], [host("a", gpu(0))], [on_gpu("a1", "ana")], MPS, 0.0)
+    assert starts(result) == {}
+    assert "runs ana's jobs under MPS" in result.reasons["b1"] and "one user per GPU" in result.reasons["b1"]
+    # ana's next job joins her own; with time-slicing bob's would have too
+    assert starts(plan([pending("a2", "ana")], [host("a", gpu(0))], [on_gpu("a1", "ana")], MPS, 0.0)) == {
+        "a2": ("a", (0,))
+    }
+    sliced = replace(MPS, gpu_sharing="time-slicing")
+    assert starts(plan([pending("b1", "bob")], [host("a", gpu(0))], [on_gpu("a1", "ana")], sliced, 0.0)) == {
+        "b1": ("a", (0,))
+    }
+
+
+def test_within_one_pass_the_first_user_to_land_on_a_gpu_keeps_it_for_mps():
+    jobs = [pending("a1", "ana"), pending("b1", "bob"), pending("a2", "ana"), pending("b2", "bob")]
+    result = plan(jobs, [host("a", gpu(0), gpu(1))], [], MPS, 0.0)
+    by_gpu: dict[int, set[str]] = {}
+    for s in result.starts:
+        by_gpu.setdefault(s.gpus[0], set()).add(s.job_id[0])
+    assert len(result.starts) == 4 and all(len(users) == 1 for users in by_gpu.values()), by_gpu
+
+
+def test_an_ordinary_mps_job_makes_another_users_opportunistic_mps_job_yield():
+    running = [on_gpu("low-a", "ana", low=True)]
+    result = plan([pending("b1", "bob")], [host("a", gpu(0))], running, MPS, 0.0)
+    assert result.preempts == {"low-a": "job b1 needs its GPU memory"} and "b1" in result.held
+
+
+def test_opportunistic_mps_jobs_do_not_mix_users_either():
+    hosts = [host("a", gpu(0))]
+    result = plan([pending("lb", "bob", low=True)], hosts, [on_gpu("la", "ana", low=True)], replace(MPS), 0.0)
+    assert starts(result) == {} and "runs ana's jobs under MPS" in result.reasons["lb"]
+
+
+def test_jobs_not_under_mps_share_with_anyone():
+    """Whole-GPU jobs never share; a two-GPU job with gpu_mem is time-sliced (an MPS client
+    talks to one daemon, one GPU), so it may sit beside another user's MPS job."""
+    result = plan([pending("b2", "bob", gpus=2)], [host("a", gpu(0), gpu(1))], [on_gpu("a1", "ana")], MPS, 0.0)
+    assert starts(result) == {"b2": ("a", (0, 1))}
+
+
+def test_which_jobs_are_mps_clients_and_their_share():
+    one = JobSpec(command="x", gpus=1, gpu_mem_mib=20 * GIB)
+    assert uses_mps(one, MPS) and not uses_mps(one, Config())
+    assert not uses_mps(replace(one, gpu_mem_mib=None), MPS) and not uses_mps(replace(one, gpus=2), MPS)
+    assert compute_pct(one, 80 * GIB) == 25 and compute_pct(replace(one, gpu_compute_pct=60), 80 * GIB) == 60
+    assert compute_pct(replace(one, gpu_mem_mib=1), 80 * GIB) == 1
+    assert pinned_mem_limit(20 * GIB) == "0=20480M"
+
+
+def test_gpu_compute_field_and_gpu_sharing_key_are_checked():
+    assert validate_spec({"command": "x", "gpu_mem": "8GiB", "gpu_compute": "40%"}, "f.yaml").gpu_compute_pct == 40
+    assert validate_spec({"command": "x", "gpu_mem": "8GiB", "gpu_compute": 40}, "f.yaml").gpu_compute_pct == 40
+    with pytest.raises(SpecError, match="gpu_compute.*percentage from 1 to 100"):
+        validate_spec({"command": "x", "gpu_mem": "8GiB", "gpu_compute": "150%"}, "f.yaml")
+    with pytest.raises(SpecError, match="gpu_compute.*no gpu_mem.*give gpu_mem"):
+        validate_spec({"command": "x", "gpu_compute": "50%"}, "f.yaml")
+    assert validate({"gpu_sharing": "mps"}, "config.yaml").gpu_sharing == "mps"
+    with pytest.raises(ConfigError, match="gpu_sharing.*time-slicing.*mps"):
+        validate({"gpu_sharing": "mig"}, "config.yaml")
+
+
+# --- through the real worker, with a stand-in nvidia-cuda-mps-control --------------------------
+
+STAND_IN = r"""#!/bin/bash
+# A stand-in for nvidia-cuda-mps-control: it records each call and its environment, and its
+# "daemon" is a process named as the real one whose pid it writes where the real one does.
+log="$(dirname "$0")/mps-calls.log"
+if [ "$1" = "-d" ]; then
+  echo "start CVD=$CUDA_VISIBLE_DEVICES PIPE=$CUDA_MPS_PIPE_DIRECTORY LOG=$CUDA_MPS_LOG_DIRECTORY" >> "$log"
+  ( exec -a nvidia-cuda-mps-control sleep 600 ) </dev/null >/dev/null 2>&1 &
+  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+  exit 0
+fi
+read -r command
+echo "$command PIPE=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+[ "$command" = quit ] && kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"
+exit 0
+"""
+SHOW_ENV = (
+    "echo PIPE=$CUDA_MPS_PIPE_DIRECTORY THREADS=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+    "LIMIT=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT CVD=$CUDA_VISIBLE_DEVICES; "
+)
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+    """A bin directory with the stand-in control program; its daemons are ended afterwards
+    (real ones outlive the worker too, by design)."""
+    import signal
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    control = bin_dir / "nvidia-cuda-mps-control"
+    control.write_text(STAND_IN)
+    control.chmod(0o755)
+    yield bin_dir
+    for pid_file in (tmp_path / "local").glob("*-mps/*/pipe/nvidia-cuda-mps-control.pid"):
+        try:
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def calls(bin_dir) -> list[str]:
+    log = bin_dir / "mps-calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def daemon_alive(pid_file) -> bool:
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def mps_worker(queue, stand_in, fake: str = "2x16GiB"):
+    queue.write_config(gpu_sharing="mps", spread=False)
+    return queue.start_worker("box", fake, env={"PATH": f"{stand_in}:{os.environ['PATH']}"})
+
+
+@pytest.mark.slow
+def test_jobs_sharing_a_gpu_run_as_clients_of_its_mps_daemon_held_to_their_memory(queue, stand_in):
+    mps_worker(queue, stand_in)
+    queue.drop("a.yaml", f"command: '{SHOW_ENV}{fake_job(1.5)}'\ngpu_mem: 4GiB\n")
+    queue.drop("b.yaml", f"command: '{SHOW_ENV}{fake_job(1.5)}'\ngpu_mem: 4GiB\ngpu_compute: 60%\n")
+    # asks the fake GPU for more than it declared: under MPS the driver refuses it
+    greedy = f"{PY} {REPO / 'gpuq.py'} fake-use --mem 6GiB --seconds 1"
+    queue.drop("greedy.yaml", f"command: '{SHOW_ENV}{greedy}'\ngpu_mem: 4GiB\n")
+    queue.drop("whole.yaml", f"command: '{SHOW_ENV}sleep 0.5'\ngpus: 1\n")  # takes a GPU whole: no MPS
+    for job_id in ("a", "b", "greedy", "whole"):
+        wait_until(lambda j=job_id: queue.finished(j), timeout=90, what=f"{job_id} finished")
+    records = {j: queue.finished(j) for j in ("a", "b", "greedy", "whole")}
+    assert records["a"]["state"] == records["b"]["state"] == "done", records
+    assert records["greedy"]["state"] == "failed" and "out of memory" in queue.log("greedy")
+    shared = {records[j]["gpus"][0] for j in ("a", "b", "greedy")}
+    assert len(shared) == 1, records  # packed (spread: false): the three share one GPU
+    index = shared.pop()
+    pipe = str(queue.local_base / "box-mps" / str(index) / "pipe")
+    uuid = records["a"]["gpu_uuids"][0]
+    starts = [c for c in calls(stand_in) if c.startswith("start")]
+    assert starts == [f"start CVD={uuid} PIPE={pipe} LOG={queue.local_base / 'box-mps' / str(index) / 'log'}"]
+    assert f"PIPE={pipe} THREADS=25 LIMIT=0=4096M CVD={uuid}" in queue.log("a")  # 4 of 16 GiB
+    assert f"PIPE={pipe} THREADS=60 LIMIT=0=4096M CVD={uuid}" in queue.log("b")
+    assert "PIPE= THREADS= LIMIT= CVD=" in queue.log("whole")  # not a client
+    assert records["a"]["mps_pipe"] == pipe and records["b"]["mps_compute_pct"] == 60
+    # Its GPU empty, the daemon is told to quit (after a short linger) and its directories go.
+    wait_until(lambda: f"quit PIPE={pipe}" in calls(stand_in), timeout=60, what="the daemon told to quit")
+    wait_until(lambda: not (queue.local_base / "box-mps" / str(index)).exists(), timeout=30, what="its dirs removed")
+
+
+@pytest.mark.slow
+def test_a_daemon_left_by_a_crashed_worker_is_kept_for_its_jobs_then_stopped(queue, stand_in):
+    import signal
+
+    mps_worker(queue, stand_in, "1x16GiB")
+    queue.drop("long.yaml", f"command: '{fake_job(600)}'\ngpu_mem: 4GiB\n")
+    wait_until(lambda: (queue.record("long") or {}).get("state") == "running", timeout=60, what="long running")
+    pid_file = queue.local_base / "box-mps" / "0" / "pipe" / "nvidia-cuda-mps-control.pid"
+    wait_until(lambda: daemon_alive(pid_file), what="its daemon")
+    daemon = pid_file.read_text()
+    queue.stop_worker("box", signal.SIGKILL)  # the job and its daemon run on
+    mps_worker(queue, stand_in, "1x16GiB")
+    queue.wait_passes("box", 3)
+    assert daemon_alive(pid_file) and pid_file.read_text() == daemon, "a running job's daemon was stopped"
+    assert not any(c.startswith("quit") for c in calls(stand_in))
+    queue.gpuq("cancel", "long")
+    wait_until(lambda: f"quit PIPE={pid_file.parent}" in calls(stand_in), timeout=60, what="the daemon told to quit")
+    wait_until(lambda: not pid_file.exists(), timeout=30, what="its dirs removed")
+    hb = json.loads((queue.root / "state" / "workers" / "box.json").read_text())
+    assert hb["mps"] == {"problem": None, "daemons": []}
+
+
+@pytest.mark.slow
+def test_without_the_control_program_jobs_are_time_sliced_and_doctor_says_why(queue, tmp_path):
+    queue.write_config(gpu_sharing="mps")
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    path = ":".join(p for p in os.environ["PATH"].split(":") if not (Path(p) / "nvidia-cuda-mps-control").exists())
+    queue.start_worker("box", "1x16GiB", env={"PATH": f"{empty}:{path}"})
+    queue.drop("a.yaml", f"command: '{SHOW_ENV}{fake_job(0.2)}'\ngpu_mem: 4GiB\n")
+    wait_until(lambda: queue.finished("a"), timeout=60, what="a finished")
+    assert queue.finished("a")["state"] == "done" and "PIPE= THREADS=" in queue.log("a")
+    assert "MPS on GPU 0 unusable" in (queue.root / "logs" / "worker-box.log").read_text()
+    doctor = queue.gpuq("doctor", check=False).stdout
+    assert "box: MPS unusable" in doctor and "nvidia-cuda-mps-control is not on the worker's PATH" in doctor, doctor
