@@ -15,6 +15,13 @@ PyTorch jobs that allocate known amounts, and this script checks that
 With --container the jobs run inside that image (it must have python and torch; docker needs
 the NVIDIA Container Toolkit, podman a CDI spec from `nvidia-ctk cdi generate`), and the checks
 add: torch inside sees exactly one GPU, and the container's memory counts as its job's.
+
+    python bench/gpu_check.py --mps      # config gpu_sharing: mps (run as root, as the worker is)
+
+With --mps the two jobs share one GPU as clients of the MPS control daemon the worker starts
+for it (nvidia-cuda-mps-control must be on PATH), and the checks add: each job saw its pipe
+directory, compute share and memory limit; a third job that allocates more than its gpu_mem
+is refused by the driver (CUDA out of memory); the daemon stops once the GPU is empty.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from _common import PY, REPO, clean_env, make_root, remove_root
 
@@ -31,6 +39,8 @@ from gpuq.model.config import Config  # noqa: E402
 
 JOB = r"""
 import os, time, torch
+mps = ("PIPE_DIRECTORY", "ACTIVE_THREAD_PERCENTAGE", "PINNED_DEVICE_MEM_LIMIT")
+print("MPS", *(os.environ.get("CUDA_MPS_" + k, "-") for k in mps), flush=True)
 mib = int(os.environ["ALLOC_MIB"])
 x = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda")
 x.fill_(1)
@@ -44,12 +54,16 @@ FAKE_JOB = r"""
 import json, os, sys
 sys.path.insert(0, os.environ["GPUQ_REPO"])
 from gpuq.host import fake_nvml
+mps = ("PIPE_DIRECTORY", "ACTIVE_THREAD_PERCENTAGE", "PINNED_DEVICE_MEM_LIMIT")
+print("MPS", *(os.environ.get("CUDA_MPS_" + k, "-") for k in mps), flush=True)
 gpus = json.load(open(os.environ["GPUQ_FAKE_GPUS"]))["gpus"]
-print("UUID", gpus[int(os.environ["CUDA_VISIBLE_DEVICES"])]["uuid"])
-print("CVD", os.environ["CUDA_VISIBLE_DEVICES"], "ORDER", os.environ["CUDA_DEVICE_ORDER"], flush=True)
-fake_nvml.use(int(os.environ["ALLOC_MIB"]) + 300, 50, float(os.environ["HOLD_S"]), [])  # + a CUDA context
+cvd = os.environ["CUDA_VISIBLE_DEVICES"]
+print("UUID", cvd if cvd.startswith("GPU-") else gpus[int(cvd)]["uuid"])
+print("CVD", cvd, "ORDER", os.environ["CUDA_DEVICE_ORDER"], flush=True)
+sys.exit(fake_nvml.use(int(os.environ["ALLOC_MIB"]) + 300, 50, float(os.environ["HOLD_S"]), []))  # + a context
 """
 JOBS = {"torch-a": (2048, "4GiB"), "torch-b": (3072, "5GiB")}  # allocate MiB, declare
+GREEDY = ("torch-greedy", (6144, "4GiB"))  # --mps: allocates beyond its gpu_mem
 
 
 def check(ok: bool, what: str, failures: list[str]) -> None:
@@ -100,6 +114,7 @@ def check_accounting(views: list[dict], reserve_mib: int, failures: list[str], e
 
 def main() -> int:
     fake = "--fake" in sys.argv[1:]
+    mps = "--mps" in sys.argv[1:]
     image = sys.argv[sys.argv.index("--container") + 1] if "--container" in sys.argv else None
     runtime = sys.argv[sys.argv.index("--runtime") + 1] if "--runtime" in sys.argv else "docker"
     if image and fake:
@@ -115,7 +130,8 @@ def main() -> int:
             print(f"no NVIDIA GPU visible through NVML ({e}); run this on a GPU box (or --fake)")
             return 2
         print(f"NVML sees {count} GPU(s); driver {pynvml.nvmlSystemGetDriverVersion()}")
-    root = make_root("gpucheck", poll_interval=0.5)
+    root = make_root("gpucheck", poll_interval=0.5, **({"gpu_sharing": "mps", "spread": False} if mps else {}))
+    jobs = {**JOBS, **dict([GREEDY])} if mps else JOBS
     script = root / "alloc.py"
     script.write_text(FAKE_JOB if fake else JOB)
     hold = "4" if fake else "12"
@@ -128,7 +144,7 @@ def main() -> int:
     )
     failures: list[str] = []
     try:
-        for job_id, (alloc, declared) in JOBS.items():
+        for job_id, (alloc, declared) in jobs.items():
             boxed = f"container: {{image: {image!r}, runtime: {runtime}}}\n" if image else ""
             (root / "jobs" / f"{job_id}.yaml").write_text(
                 f"command: [{'python' if image else PY!r}, {str(script)!r}]\ngpus: 1\ngpu_mem: {declared}\n"
@@ -138,7 +154,7 @@ def main() -> int:
         views: list[dict] = []  # every status snapshot while the jobs run: "ever" is checked on all
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not all(
-            (root / "state" / "finished" / f"{j}.json").exists() for j in JOBS
+            (root / "state" / "finished" / f"{j}.json").exists() for j in jobs
         ):
             time.sleep(1)
             view = json.loads(
@@ -160,7 +176,7 @@ def main() -> int:
                 failures,
             )
         check_accounting(views, Config().gpu_mem_reserve_mib, failures, exact=fake)
-        for job_id in JOBS:
+        for job_id in jobs:
             record = json.loads((root / "state" / "finished" / f"{job_id}.json").read_text())
             log = (root / "logs" / f"{job_id}.log").read_text()
             print(
@@ -169,13 +185,27 @@ def main() -> int:
             )
             torch_uuid = next((line.split()[1] for line in log.splitlines() if line.startswith("UUID ")), "")
             nvml_uuid = record["gpu_uuids"][0] if record["gpu_uuids"] else ""
+            if job_id == GREEDY[0]:
+                check(
+                    record["state"] == "failed" and "out of memory" in log.lower(),
+                    f"{job_id}: allocating {GREEDY[1][0]} MiB beyond its gpu_mem {GREEDY[1][1]} under MPS is refused "
+                    f"(state {record['state']})",
+                    failures,
+                )
+                continue
             check(record["state"] == "done", f"{job_id} finished done", failures)
             check(
                 bool(torch_uuid) and nvml_uuid.removeprefix("GPU-") == torch_uuid.removeprefix("GPU-"),
                 f"{job_id}: torch UUID {torch_uuid} == NVML UUID {nvml_uuid} of GPU {record['gpus']}",
                 failures,
             )
-            inside = "0" if image and runtime != "apptainer" else ",".join(map(str, record["gpus"]))
+            inside = (
+                record["gpu_uuids"][0]
+                if mps
+                else "0"
+                if image and runtime != "apptainer"
+                else ",".join(map(str, record["gpus"]))
+            )
             check(
                 f"CVD {inside} ORDER PCI_BUS_ID" in log,
                 f"{job_id}: CUDA_VISIBLE_DEVICES is {inside} (the record's GPUs, as numbered where the job runs)",
@@ -183,11 +213,27 @@ def main() -> int:
             )
             if image:
                 check("COUNT 1" in log, f"{job_id}: torch in the container sees exactly one GPU", failures)
+            if mps:
+                mib = int(float(jobs[job_id][1].removesuffix("GiB")) * 1024)
+                shown = f"MPS {record.get('mps_pipe')} {record.get('mps_compute_pct')} 0={mib}M"
+                check(
+                    bool(record.get("mps_pipe")) and shown in log,
+                    f"{job_id}: an MPS client with its pipe, compute share and memory limit ({shown})",
+                    failures,
+                )
+        if mps:
+            pipes = {json.loads((root / "state" / "finished" / f"{j}.json").read_text()).get("mps_pipe") for j in JOBS}
+            check(len(pipes) == 1, f"the jobs shared one GPU's MPS daemon ({pipes})", failures)
+            pid_file = Path(str(next(iter(pipes)))) / "nvidia-cuda-mps-control.pid"
+            deadline = time.monotonic() + 60
+            while pid_file.exists() and time.monotonic() < deadline:
+                time.sleep(1)
+            check(not pid_file.exists(), "the MPS daemon stopped once its GPU was empty", failures)
         events = [
             json.loads(line) for p in (root / "state" / "events").glob("*.jsonl") for line in p.read_text().splitlines()
         ]
         check(
-            sum(1 for e in events if e.get("to") == "running") == len(JOBS), "each job started exactly once", failures
+            sum(1 for e in events if e.get("to") == "running") == len(jobs), "each job started exactly once", failures
         )
     finally:
         worker.terminate()

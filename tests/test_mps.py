@@ -225,3 +225,14 @@ def test_without_the_control_program_jobs_are_time_sliced_and_doctor_says_why(qu
     assert "MPS on GPU 0 unusable" in (queue.root / "logs" / "worker-box.log").read_text()
     doctor = queue.gpuq("doctor", check=False).stdout
     assert "box: MPS unusable" in doctor and "nvidia-cuda-mps-control is not on the worker's PATH" in doctor, doctor
+
+
+def test_mps_jobs_pack_where_time_sliced_ones_spread():
+    """Spreading spares time-sliced jobs each other's kernels; an MPS job runs on its compute
+    share whether alone or not, so spreading would only use up empty GPUs."""
+    jobs = [pending("a1", "ana", 4), pending("a2", "ana", 4)]
+    hosts = [host("a", gpu(0), gpu(1), gpu(2), gpu(3))]
+    spread_mps = replace(MPS, spread=True)
+    assert {s.gpus for s in plan(jobs, hosts, [], spread_mps, 0.0).starts} == {(0,)}
+    sliced = replace(spread_mps, gpu_sharing="time-slicing")
+    assert len({s.gpus for s in plan(jobs, hosts, [], sliced, 0.0).starts}) == 2

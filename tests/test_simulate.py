@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,25 @@ def test_the_mark_rules_mark_by_another_hash_or_only_small_jobs(tmp_path):
         ).stdout
     )["policies"]["gpuq"]
     assert with_low["low_jobs_unfinished"] == 0 and set(with_low["wait_max_by_priority_gpus"]["low"]) == {"1"}
+
+
+def test_under_mps_jobs_that_share_a_gpu_run_side_by_side_and_users_keep_apart(tmp_path):
+    """Two jobs of half a GPU each whose kernels keep it busy (util 100): time-sliced each
+    runs at half speed; under MPS each runs on its half of the SMs at full speed. A second
+    user's MPS job waits for a GPU of its own instead of joining the first user's."""
+    rows = ("a,0,100,1,16,100,ana,", "b,0,100,1,16,100,ana,")
+    sliced = run_policy(
+        "gpuq", load_trace(trace(tmp_path, *rows), parse_cluster("1x1x32GiB")), parse_cluster("1x1x32GiB"), SIM_CONFIG
+    )
+    assert sliced.ends == {"a": 200, "b": 200}
+    mps_config = replace(SIM_CONFIG, gpu_sharing="mps")
+    cluster = parse_cluster("1x1x32GiB")
+    together = run_policy("gpuq", load_trace(trace(tmp_path, *rows), cluster), cluster, mps_config)
+    assert together.ends == {"a": 100, "b": 100} and together.waits == {"a": 0, "b": 0}
+    apart = run_policy(
+        "gpuq",
+        load_trace(trace(tmp_path, "a,0,100,1,16,100,ana,", "b,0,100,1,16,100,bob,"), cluster),
+        cluster,
+        mps_config,
+    )
+    assert apart.waits == {"a": 0, "b": 100} and apart.ends == {"a": 100, "b": 200}

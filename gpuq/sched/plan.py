@@ -288,7 +288,9 @@ class _Pass:
             choice = booked and placement.best_fit(
                 spec, booked, self.config.max_jobs_per_gpu, fragmentation_aware=self.config.fragmentation_aware
             )
-        if self.config.spread and not choice:
+        # Spreading is for time-sliced GPUs, where jobs that share one slow each other; an MPS
+        # job runs on its compute share alone or not (model/sharing.py), so MPS jobs pack.
+        if self.config.spread and not choice and not mps_user:
             spare = self._spare_for_spreading(mine)
             # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
             if spare and not self.demand_over(len(spare) - spec.gpus + own):

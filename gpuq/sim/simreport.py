@@ -25,13 +25,13 @@ POLICY_HELP = {
 
 def run_policy(name: str, jobs: list[TraceJob], cluster: Cluster, config: Config) -> Outcome:
     if name == "gpuq":
-        return replay(jobs, cluster, plan_policy(config), config.grace_s)
+        return replay(jobs, cluster, plan_policy(config), config.grace_s, config=config)
     if name == "pack-bestfit":
         baseline = replace(
             config, fair_share=False, reservations=False, preemption=False, fragmentation_aware=False, spread=False
         )
         flat = [replace(j, spec=replace(j.spec, priority_class="normal", priority=0, preemptible=False)) for j in jobs]
-        return replay(flat, cluster, plan_policy(baseline), config.grace_s)
+        return replay(flat, cluster, plan_policy(baseline), config.grace_s, config=baseline)
     if name == "fifo-exclusive":
         return replay(jobs, cluster, fifo_exclusive, config.grace_s, exclusive=True)
     raise ValueError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}")

@@ -8,9 +8,14 @@ starts start, its preemptions stop jobs (each runs on for its grace, then frees 
 and goes back to the queue at its old place, to restart from the beginning). No decision
 uses a job's true duration: only the clock moves by it.
 
-Co-located jobs slow each other: each job runs at min(1, 100 / sum of the utilization of
-the jobs on its GPU), a multi-GPU job at its slowest GPU's rate; a job's utilization is the
-trace's `gpu_util`, or 100 x its share of a GPU when that is empty.
+Co-located jobs slow each other: each job runs at min(1, 100 / the load on its GPU), a
+multi-GPU job at its slowest GPU's rate. Time-sliced (the default), a job's kernels hold the
+whole GPU while they run, so the load is the sum of the utilizations of the jobs there; a
+job's utilization is the trace's `gpu_util`, or 100 x its share of a GPU when that is empty.
+Under MPS (config gpu_sharing: mps, model/sharing.py) an MPS client's kernels run beside the
+others' on at most its compute share of the SMs, and are taken to fill that share: its load
+is its utilization x its compute share. MPS clients of different users never share a GPU
+(the plan sees to it, as for the workers).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Callable
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, Start
+from gpuq.model.sharing import compute_pct, uses_mps
 from gpuq.sched.plan import plan
 from gpuq.sim.trace import Cluster, TraceJob
 
@@ -87,8 +93,16 @@ def fifo_exclusive(
     return starts, {}
 
 
-def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: float, exclusive: bool = False) -> Outcome:
-    """Run the trace to its end; `exclusive`: every job holds its GPUs whole (fifo-exclusive)."""
+def replay(
+    jobs: list[TraceJob],
+    cluster: Cluster,
+    decide: Planner,
+    grace_s: float,
+    exclusive: bool = False,
+    config: Config | None = None,
+) -> Outcome:
+    """Run the trace to its end; `exclusive`: every job holds its GPUs whole (fifo-exclusive);
+    `config`: how jobs share a GPU (gpu_sharing), as the planner's config says."""
     hosts = [
         HostView(
             f"h{h}",
@@ -105,7 +119,9 @@ def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: flo
     runs: dict[str, _Run] = {}
     views: dict[str, RunningJob] = {}
     on_gpu: dict[tuple[str, int], set[str]] = {(h.name, g.index): set() for h in hosts for g in h.gpus}
+    mps = {j.id for j in jobs if config is not None and not exclusive and uses_mps(j.spec, config)}
     util = {j.id: (100.0 if exclusive else j.util) for j in jobs}
+    load_of = {j.id: util[j.id] * (compute_pct(j.spec, cluster.mem_mib) / 100 if j.id in mps else 1.0) for j in jobs}
     ends: list[tuple[float, int, str, int]] = []  # (time, tiebreak, job id, version)
     seq = 0
     next_arrival = 0
@@ -116,7 +132,7 @@ def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: flo
         touched = {jid for key in gpu_keys for jid in on_gpu[key]}
         for jid in touched:
             run = runs[jid]
-            load = max(sum(util[o] for o in on_gpu[(run.host, i)]) for i in run.gpus)
+            load = max(sum(load_of[o] for o in on_gpu[(run.host, i)]) for i in run.gpus)
             rate = min(1.0, 100.0 / load) if load > 0 else 1.0
             if run.stop_at is None and rate != run.rate:
                 run.remaining -= (t - run.since) * run.rate
@@ -193,6 +209,7 @@ def replay(jobs: list[TraceJob], cluster: Cluster, decide: Planner, grace_s: flo
                     preemptible=job.spec.preemptible,
                     priority_class=job.spec.priority_class,
                     started_at=now,
+                    mps=s.job_id in mps,
                 )
                 for i in s.gpus:
                     on_gpu[(s.host, i)].add(s.job_id)
