@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PY, REPO, fake_job, wait_until
+from team import ALICE, BOB, needs_root
 from test_plan import GIB, gpu, host, starts
 
 from gpuq.model.config import Config, ConfigError, validate
@@ -185,6 +186,8 @@ def test_jobs_sharing_a_gpu_run_as_clients_of_its_mps_daemon_held_to_their_memor
     assert f"PIPE={pipe} THREADS=60 LIMIT=0=4096M CVD={uuid}" in queue.log("b")
     assert "PIPE= THREADS= LIMIT= CVD=" in queue.log("whole")  # not a client
     assert records["a"]["mps_pipe"] == pipe and records["b"]["mps_compute_pct"] == 60
+    shown = queue.gpuq("show", "b").stdout
+    assert f"mps_pipe:         {pipe}" in shown and "mps_compute:      60%" in shown, shown
     # Its GPU empty, the daemon is told to quit (after a short linger) and its directories go.
     wait_until(lambda: f"quit PIPE={pipe}" in calls(stand_in), timeout=60, what="the daemon told to quit")
     wait_until(lambda: not (queue.local_base / "box-mps" / str(index)).exists(), timeout=30, what="its dirs removed")
@@ -236,3 +239,28 @@ def test_mps_jobs_pack_where_time_sliced_ones_spread():
     assert {s.gpus for s in plan(jobs, hosts, [], spread_mps, 0.0).starts} == {(0,)}
     sliced = replace(spread_mps, gpu_sharing="time-slicing")
     assert len({s.gpus for s in plan(jobs, hosts, [], sliced, 0.0).starts}) == 2
+
+
+@needs_root
+@pytest.mark.slow
+def test_two_members_on_a_shared_root_never_share_an_mps_gpu_and_reach_their_daemon(team, stand_in):
+    """On README's setup (a root worker, two members): bob's MPS job waits while alice's runs
+    on the only GPU, status tells bob why, and once hers ends his job runs as a client of the
+    daemon, whose pipe directory he can reach as himself."""
+    team.write_config(gpu_sharing="mps")
+    team.start_worker("box", "1x16GiB", env={"PATH": f"{stand_in}:{os.environ['PATH']}"})
+    team.drop_as(ALICE, "al.yaml", "command: sleep 120\ngpu_mem: 4GiB\nworkdir: /\n")
+    wait_until(lambda: (team.record("al") or {}).get("state") == "running", timeout=60, what="alice's job running")
+    reach = "ls $CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid && echo THREADS=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+    team.drop_as(BOB, "bo.yaml", f"command: '{reach}'\ngpu_mem: 4GiB\nworkdir: /\n")
+
+    def bobs_reason() -> str:
+        shown = json.loads(team.as_user(BOB, "status", "--json").stdout)
+        return next((j.get("reason") or "" for j in shown["pending"] if j["id"] == "bo"), "")
+
+    wait_until(lambda: f"runs {ALICE}'s jobs under MPS" in bobs_reason(), timeout=60, what="bob told why he waits")
+    assert (team.record("bo") or {}).get("state") is None  # still pending: not running beside alice's
+    assert team.as_user(ALICE, "cancel", "al").returncode == 0
+    wait_until(lambda: team.finished("bo"), timeout=90, what="bob's job finished")
+    assert team.finished("bo")["state"] == "done", team.log("bo")
+    assert "nvidia-cuda-mps-control.pid" in team.log("bo") and "THREADS=25" in team.log("bo")

@@ -271,6 +271,8 @@ SHOW_ORDER = (
     "gpus",
     "gpu_uuids",
     "gpu_mem_mib",
+    "mps_pipe",  # an MPS client: its daemon, and its compute share there
+    "mps_compute_pct",
     "position",
     "reason",
     "error",
