@@ -116,6 +116,7 @@ class Intake:
         self.failing: set[str] = set()  # ids whose file does not parse (yet)
         self.unchecked: set[str] = set()  # ids parsed since the worker last checked them
         self.version = 0  # bumped whenever the set of parsed jobs changes
+        self._pending: tuple[int, list[PendingJob]] = (-1, [])
         self.scanned_at = float("-inf")
         self.full_scan_at = float("-inf")
         self.dir_key: tuple[int, int, int] | None = None
@@ -249,7 +250,11 @@ class Intake:
             self.version += 1
 
     def pending(self) -> list[PendingJob]:
-        return [e.job for e in self.entries.values() if e.job is not None]
+        """The parsed pending jobs: a pass asks several times, and with thousands waiting a
+        list built anew each time costs; it changes only with `version`."""
+        if self._pending[0] != self.version:
+            self._pending = (self.version, [e.job for e in self.entries.values() if e.job is not None])
+        return self._pending[1]
 
     def settled_errors(self, now_mono: float, settle_s: float) -> list[tuple[str, Entry]]:
         """Invalid specs unchanged for `settle_s`: time to reject them."""

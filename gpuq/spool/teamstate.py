@@ -101,17 +101,28 @@ def heartbeat_problem(hb: Any, host: str) -> str | None:
     return None
 
 
-def load_heartbeats(layout: Layout, problems: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def load_heartbeats(
+    layout: Layout, problems: dict[str, str] | None = None, cache: dict[str, tuple[tuple, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Every box's heartbeat that is one (heartbeat_problem), with its file's mtime under
-    "_mtime". A file that is not is skipped, and why goes to `problems` (host -> why)."""
+    "_mtime". A file that is not is skipped, and why goes to `problems` (host -> why).
+    `cache` (a worker's, kept between passes): a file whose inode, size and mtime are as
+    last time is not read again (heartbeats are rewritten by replacing the file)."""
     beats = []
     for path in sorted(layout.workers.glob("*.json")):
         if path.name.endswith(".specs.json"):
             continue
         host = path.name[: -len(".json")]
         try:
-            hb = read_json(path)
-            mtime = os.stat(path).st_mtime
+            st = os.stat(path)
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            mtime = st.st_mtime
+            if cache is not None and (hit := cache.get(host)) is not None and hit[0] == key:
+                hb = hit[1]
+            else:
+                hb = read_json(path)
+                if cache is not None:
+                    cache[host] = (key, hb)
         except (OSError, ValueError) as e:
             hb, mtime = e, 0.0
         why = f"does not read ({hb})" if isinstance(hb, Exception) else heartbeat_problem(hb, host)

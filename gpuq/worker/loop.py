@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpuq import __version__
 from gpuq.host.clock import Clock
@@ -189,6 +189,7 @@ class Worker:
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
         self.heartbeat_at = 0.0
+        self.beat_cache: dict[str, tuple[tuple, Any]] = {}  # host -> (file's identity, its heartbeat)
         self.woken_by = b""  # the reasons of the pokes that ended the last sleep
         self.unchanged_plan_inputs: tuple | None = None
         self.idle_tracker = IdleTracker(config.idle_util_pct)
@@ -449,7 +450,7 @@ class Worker:
             return  # `gpuq drain`: running jobs finish, nothing new starts here
         now = self.clock.wall()
         problems: dict[str, str] = {}
-        beats = load_heartbeats(self.layout, problems)
+        beats = load_heartbeats(self.layout, problems, self.beat_cache)
         for host, why in problems.items():
             self._report_once(f"heartbeat/{host}", f"state/workers/{host}.json left out of the plan: {why}")
         own = HostView(
