@@ -53,7 +53,7 @@ def cmd_eff(args: argparse.Namespace) -> int:
         for e in effs:
             for h in e.hints:
                 print(f"  {e.id}: {h.kind}: {h.text}")
-        print("`gpuq eff ID` for one job's figures; the rules: docs/reports.md#gpuq-eff")
+        print("`gpuq eff ID` for one job's figures; the rules: README, 'Why is my job slow?'")
     return 0
 
 

@@ -3,7 +3,7 @@ job's record (what its supervisor measured: CPU time, RAM peak, GPU memory peak,
 utilization) and the sample lines of the GPUs it held (spool/samples.py: utilization over
 time, time held at under `alert_idle_util_pct`).
 
-The rules (docs/reports.md#gpuq-eff, linked from README's verbs), each a hint with its figures:
+The rules (README, "Why is my job slow? `gpuq eff`"), each a hint with its figures:
 - input-bound: GPU utilization under INPUT_BOUND_GPU_PCT while its CPUs ran at
   INPUT_BOUND_CPU_PCT or more of the cores it was given;
 - over-declared GPU memory: its peak under OVER_DECLARED_PCT of the declared `gpu_mem`;
