@@ -264,3 +264,26 @@ def test_two_members_on_a_shared_root_never_share_an_mps_gpu_and_reach_their_dae
     wait_until(lambda: team.finished("bo"), timeout=90, what="bob's job finished")
     assert team.finished("bo")["state"] == "done", team.log("bo")
     assert "nvidia-cuda-mps-control.pid" in team.log("bo") and "THREADS=25" in team.log("bo")
+
+
+@pytest.mark.slow
+def test_a_control_program_that_fails_is_reported_and_not_retried_at_every_start(tmp_path, monkeypatch):
+    from gpuq.run import mps
+
+    failing = tmp_path / "failing"
+    failing.write_text("#!/bin/sh\necho 'no MPS on this GPU' >&2\nexit 3\n")
+    silent = tmp_path / "silent"  # says it started, writes no pid file
+    silent.write_text("#!/bin/sh\nexit 0\n")
+    for program in (failing, silent):
+        program.chmod(0o755)
+    daemons = mps.MpsDaemons(tmp_path / "local-mps", control=str(failing))
+    with pytest.raises(mps.MpsError, match="exited 3: no MPS on this GPU"):
+        daemons.ensure(0, "GPU-x")
+    assert daemons.problem() == "nvidia-cuda-mps-control -d exited 3: no MPS on this GPU"
+    with pytest.raises(mps.MpsError, match="tried again 60 s after the last failure"):
+        daemons.ensure(0, "GPU-x")  # within a minute: not run again (a hanging one would stall starts)
+    monkeypatch.setattr(mps, "START_WAIT_S", 0.3)
+    quiet = mps.MpsDaemons(tmp_path / "other-mps", control=str(silent))
+    with pytest.raises(mps.MpsError, match="wrote no nvidia-cuda-mps-control.pid"):
+        quiet.ensure(1, "GPU-y")
+    assert mps.MpsDaemons(tmp_path / "x-mps", control=None).problem().startswith("nvidia-cuda-mps-control is not on")

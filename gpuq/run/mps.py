@@ -31,6 +31,7 @@ PID_FILE = "nvidia-cuda-mps-control.pid"  # the daemon writes it into its pipe d
 LINGER_S = 10.0
 START_WAIT_S = 10.0  # for the daemon's pid file after `-d`
 STOP_WAIT_S = 10.0  # for `quit` to end it, before SIGKILL
+RETRY_AFTER_S = 60.0  # after a daemon failed to start: its GPU's jobs are time-sliced meanwhile
 SOCKET_PATH_MAX = 100  # a UNIX socket's path is at most 107 bytes; the daemon adds its names
 
 
@@ -45,6 +46,7 @@ class MpsDaemons:
     base: Path  # <local_dir>-mps
     control: str | None = field(default_factory=lambda: shutil.which(CONTROL))
     emptied_at: dict[int, float] = field(default_factory=dict)  # GPU index -> when its last MPS job ended
+    failed_at: dict[int, float] = field(default_factory=dict)  # GPU index -> when its daemon last failed to start
     last_error: str | None = None
 
     @classmethod
@@ -85,13 +87,16 @@ class MpsDaemons:
             return self.pipe_dir(index)
         if (why := self._setup_problem()) is not None:
             raise MpsError(why)
+        if time.monotonic() - self.failed_at.get(index, -RETRY_AFTER_S) < RETRY_AFTER_S:
+            # A control program that hangs would hold every start here up to START_WAIT_S.
+            raise MpsError(f"{self.last_error} (tried again {RETRY_AFTER_S:g} s after the last failure)")
         try:
             ensure_private_dir(self.base, "the MPS directory", others_read=True)
             self._clear(index)  # a crashed daemon's sockets
             pipe = ensure_private_dir(self.pipe_dir(index), "an MPS pipe directory", others_read=True)
             logs = ensure_private_dir(self.base / str(index) / "log", "an MPS log directory", others_read=True)
         except (OSError, UnsafePath) as e:
-            raise self._failed(f"cannot make its directories: {e}") from None
+            raise self._failed(index, f"cannot make its directories: {e}") from None
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "CUDA_VISIBLE_DEVICES": uuid,  # the daemon's server sees only this GPU
@@ -107,16 +112,17 @@ class MpsDaemons:
                 stdin=subprocess.DEVNULL,
             )
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise self._failed(f"{CONTROL} -d: {e}") from None
+            raise self._failed(index, f"{CONTROL} -d: {e}") from None
         if done.returncode != 0:
             said = (done.stderr or done.stdout).decode(errors="replace").strip()[:300]
-            raise self._failed(f"{CONTROL} -d exited {done.returncode}: {said or 'no message'}")
+            raise self._failed(index, f"{CONTROL} -d exited {done.returncode}: {said or 'no message'}")
         deadline = time.monotonic() + START_WAIT_S
         while self._pid(index) is None:
             if time.monotonic() > deadline:
-                raise self._failed(f"{CONTROL} -d wrote no {PID_FILE} in {pipe} within {START_WAIT_S:g} s")
+                raise self._failed(index, f"{CONTROL} -d wrote no {PID_FILE} in {pipe} within {START_WAIT_S:g} s")
             time.sleep(0.02)
         self.last_error = None
+        self.failed_at.pop(index, None)
         log.info("MPS control daemon started for GPU %d (%s)", index, pipe)
         return pipe
 
@@ -191,6 +197,6 @@ class MpsDaemons:
     def _clear(self, index: int) -> None:
         shutil.rmtree(self.base / str(index), ignore_errors=True)
 
-    def _failed(self, why: str) -> MpsError:
-        self.last_error = why
+    def _failed(self, index: int, why: str) -> MpsError:
+        self.last_error, self.failed_at[index] = why, time.monotonic()
         return MpsError(why)
