@@ -111,6 +111,7 @@ if [ "$1" = "-d" ]; then
   echo "start CVD=$CUDA_VISIBLE_DEVICES PIPE=$CUDA_MPS_PIPE_DIRECTORY LOG=$CUDA_MPS_LOG_DIRECTORY" >> "$log"
   ( exec -a nvidia-cuda-mps-control sleep 600 ) </dev/null >/dev/null 2>&1 &
   echo $! > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
+  echo $! >> "$(dirname "$0")/daemons"  # for the test's clean-up
   exit 0
 fi
 read -r command
@@ -128,17 +129,26 @@ SHOW_ENV = (
 def stand_in(tmp_path):
     """A bin directory with the stand-in control program; its daemons are ended afterwards
     (real ones outlive the worker too, by design)."""
-    import signal
-
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     control = bin_dir / "nvidia-cuda-mps-control"
     control.write_text(STAND_IN)
     control.chmod(0o755)
     yield bin_dir
-    for pid_file in (tmp_path / "local").glob("*-mps/*/pipe/nvidia-cuda-mps-control.pid"):
+    end_stand_in_daemons(bin_dir)
+
+
+def end_stand_in_daemons(bin_dir: Path) -> None:
+    """Every daemon the stand-in in `bin_dir` started that still runs (by its pid, if that
+    pid is still a stand-in daemon)."""
+    import signal
+
+    listed = bin_dir / "daemons"
+    for pid in listed.read_text().split() if listed.exists() else ():
         try:
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"nvidia-cuda-mps-control\0"):
+                    os.kill(int(pid), signal.SIGKILL)
         except (OSError, ValueError):
             pass
 
@@ -188,9 +198,10 @@ def test_jobs_sharing_a_gpu_run_as_clients_of_its_mps_daemon_held_to_their_memor
     assert records["a"]["mps_pipe"] == pipe and records["b"]["mps_compute_pct"] == 60
     shown = queue.gpuq("show", "b").stdout
     assert f"mps_pipe:         {pipe}" in shown and "mps_compute:      60%" in shown, shown
-    # Its GPU empty, the daemon is told to quit (after a short linger) and its directories go.
+    # Its GPU empty, the daemon is told to quit (after a short linger) and its pipes go; its log stays.
     wait_until(lambda: f"quit PIPE={pipe}" in calls(stand_in), timeout=60, what="the daemon told to quit")
-    wait_until(lambda: not (queue.local_base / "box-mps" / str(index)).exists(), timeout=30, what="its dirs removed")
+    wait_until(lambda: not Path(pipe).exists(), timeout=30, what="its pipe directory removed")
+    assert (queue.local_base / "box-mps" / str(index) / "log").is_dir()
 
 
 @pytest.mark.slow
@@ -277,6 +288,7 @@ def test_a_control_program_that_fails_is_reported_and_not_retried_at_every_start
     for program in (failing, silent):
         program.chmod(0o755)
     daemons = mps.MpsDaemons(tmp_path / "local-mps", control=str(failing))
+    daemons.open(create=True)
     with pytest.raises(mps.MpsError, match="exited 3: no MPS on this GPU"):
         daemons.ensure(0, "GPU-x")
     assert daemons.problem() == "nvidia-cuda-mps-control -d exited 3: no MPS on this GPU"
@@ -284,6 +296,56 @@ def test_a_control_program_that_fails_is_reported_and_not_retried_at_every_start
         daemons.ensure(0, "GPU-x")  # within a minute: not run again (a hanging one would stall starts)
     monkeypatch.setattr(mps, "START_WAIT_S", 0.3)
     quiet = mps.MpsDaemons(tmp_path / "other-mps", control=str(silent))
+    quiet.open(create=True)
     with pytest.raises(mps.MpsError, match="wrote no nvidia-cuda-mps-control.pid"):
         quiet.ensure(1, "GPU-y")
     assert mps.MpsDaemons(tmp_path / "x-mps", control=None).problem().startswith("nvidia-cuda-mps-control is not on")
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("planted, sharing", [("link", "mps"), ("dir-with-pid", "mps"), ("link", "time-slicing")])
+def test_an_mps_directory_a_member_planted_before_the_worker_is_never_trusted(team, stand_in, planted, sharing):
+    """local_dir in the sticky /tmp: bob makes its `-mps` sibling before the worker's first
+    start, as a link to a directory of numbered runs, or as his own directory whose pid file
+    names a root process that looks like a control daemon. The root worker neither removes
+    the runs, nor signals the process, nor hands alice's job bob's pipe directory."""
+    import signal
+    import subprocess
+
+    local = f"/tmp/gqt-mpslocal-{os.getpid()}-{{host}}"
+    mps_dir = Path(local.replace("{host}", "box") + "-mps")
+    victim = team.base / "runs"
+    (victim / "7").mkdir(parents=True)
+    (victim / "7" / "model.pt").write_text("weeks of work")
+    bystander = subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-control sleep 300"])
+    try:
+        if planted == "link":
+            assert team.run_as(BOB, ["ln", "-s", str(victim), str(mps_dir)]).returncode == 0
+        else:
+            made = team.run_as(
+                BOB,
+                [
+                    "sh",
+                    "-c",
+                    f"mkdir -p {mps_dir}/0/pipe && chmod -R 777 {mps_dir} && "
+                    f"echo {bystander.pid} > {mps_dir}/0/pipe/nvidia-cuda-mps-control.pid",
+                ],
+            )
+            assert made.returncode == 0, made.stderr
+        team.write_config(gpu_sharing=sharing, local_dir=local)
+        team.start_worker("box", "1x16GiB", env={"PATH": f"{stand_in}:{os.environ['PATH']}"})
+        team.drop_as(ALICE, "al.yaml", "command: 'echo PIPE=$CUDA_MPS_PIPE_DIRECTORY.'\ngpu_mem: 4GiB\nworkdir: /\n")
+        wait_until(lambda: team.finished("al"), timeout=60, what="alice's job finished")
+        assert "PIPE=." in team.log("al"), team.log("al")  # not a client of anything bob made
+        team.wait_passes("box", 80, timeout=120)  # beyond the 10 s a daemon lingers: a stop would have come
+        assert (victim / "7" / "model.pt").read_text() == "weeks of work"
+        assert bystander.poll() is None, "the root worker killed a process a member's pid file named"
+        assert not any(c.startswith("start") for c in calls(stand_in))
+        if sharing == "mps":
+            doctor = team.gpuq("doctor", check=False).stdout
+            assert "box: MPS unusable" in doctor and str(mps_dir) in doctor, doctor
+    finally:
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait()
+        subprocess.run(["rm", "-rf", str(mps_dir), local.replace("{host}", "box")], check=False)

@@ -4,12 +4,16 @@ A job that is an MPS client (model/sharing.py) talks to the control daemon of it
 through that daemon's pipe directory; the daemon starts an MPS server as the job's user, and
 the kernels of the jobs on the GPU then run side by side. Each daemon has its own pipe and
 log directories, `<local_dir>-mps/<GPU index>/{pipe,log}`: beside the worker's private local
-directory, readable by the jobs' users (they connect there), writable only by the worker's
-account. Nothing about a daemon is kept in memory but when its GPU emptied: what runs is
-read back from its pid file, so a daemon left by a worker that crashed is found, kept while
-jobs recorded on its GPU still run (their supervisors outlive the worker), and stopped once
-none does. A daemon stops `LINGER_S` after its GPU's last MPS job ended (a stream of short
-jobs would otherwise start one per job) and when the worker stops with the GPU empty.
+directory (which the jobs' users cannot enter), readable by them (they connect there),
+writable only by the worker's account. Nothing in that tree is read, signalled or removed
+until the worker has verified it is its own (`open`): a member could have made it, or a link
+by its name, before the worker's first start. Nothing about a daemon is kept in memory but
+when its GPU emptied: what runs is read back from its pid file, so a daemon left by a worker
+that crashed is found, kept while jobs recorded on its GPU still run (their supervisors
+outlive the worker), and stopped once none does, whatever gpu_sharing says by then. A daemon
+stops `LINGER_S` after its GPU's last MPS job ended (a stream of short jobs would otherwise
+start one per job) and when the worker stops with the GPU empty. Its log directory stays for
+whoever looks into a failure.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +35,9 @@ log = logging.getLogger("gpuq.worker")
 CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # the daemon writes it into its pipe directory
 LINGER_S = 10.0
-START_WAIT_S = 10.0  # for the daemon's pid file after `-d`
-STOP_WAIT_S = 10.0  # for `quit` to end it, before SIGKILL
-RETRY_AFTER_S = 60.0  # after a daemon failed to start: its GPU's jobs are time-sliced meanwhile
+START_WAIT_S = 5.0  # for `-d` to return and the daemon's pid file to appear: it runs inside a pass
+QUIT_WAIT_S = 3.0  # for `quit` to be taken, then as long again for the daemon to end before SIGKILL
+RETRY_AFTER_S = 60.0  # after a daemon failed to start: this box's MPS jobs are time-sliced meanwhile
 SOCKET_PATH_MAX = 100  # a UNIX socket's path is at most 107 bytes; the daemon adds its names
 
 
@@ -46,12 +52,28 @@ class MpsDaemons:
     base: Path  # <local_dir>-mps
     control: str | None = field(default_factory=lambda: shutil.which(CONTROL))
     emptied_at: dict[int, float] = field(default_factory=dict)  # GPU index -> when its last MPS job ended
-    failed_at: dict[int, float] = field(default_factory=dict)  # GPU index -> when its daemon last failed to start
+    failed_at: float | None = None  # when a daemon last failed to start (any GPU: one program for all)
     last_error: str | None = None
+    unsafe: str | None = None  # why `base` is not the worker's own: nothing in it is touched
+    opened: bool = False  # `base` verified (and made, if MPS is on)
 
     @classmethod
     def beside(cls, local_dir: Path) -> "MpsDaemons":
         return cls(Path(f"{local_dir}-mps"))
+
+    def open(self, create: bool) -> None:
+        """Verify `base` before anything in it is read: a directory of this account's that
+        nobody else can change, on a path nobody else can swap (hostinfo.ensure_private_dir);
+        made if `create` (MPS on), else only an existing one is looked at (daemons a worker
+        with MPS left behind are still stopped)."""
+        if not create and not os.path.lexists(self.base):
+            return
+        try:
+            ensure_private_dir(self.base, "the MPS directory", others_read=True)
+        except (UnsafePath, OSError) as e:
+            self.unsafe = str(e)
+            return
+        self.opened = True
 
     def pipe_dir(self, index: int) -> Path:
         return self.base / str(index) / "pipe"
@@ -61,6 +83,8 @@ class MpsDaemons:
         return self._setup_problem() or self.last_error
 
     def _setup_problem(self) -> str | None:
+        if self.unsafe is not None:
+            return self.unsafe
         if self.control is None:
             return f"{CONTROL} is not on the worker's PATH (it comes with the NVIDIA driver's compute utilities)"
         longest = len(str(self.pipe_dir(99))) + len("/control")
@@ -73,63 +97,50 @@ class MpsDaemons:
 
     def running(self) -> dict[int, int]:
         """GPU index -> pid of each daemon alive now (as its pid file says)."""
-        alive = {}
-        for index in self._indices():
-            pid = self._pid(index)
-            if pid is not None:
-                alive[index] = pid
-        return alive
+        return {index: pid for index in self._indices() if (pid := self._pid(index)) is not None}
 
     def ensure(self, index: int, uuid: str) -> Path:
         """The pipe directory of GPU `index`'s daemon, started if it is not running."""
         self.emptied_at.pop(index, None)
-        if self._pid(index) is not None:
-            return self.pipe_dir(index)
         if (why := self._setup_problem()) is not None:
             raise MpsError(why)
-        if time.monotonic() - self.failed_at.get(index, -RETRY_AFTER_S) < RETRY_AFTER_S:
-            # A control program that hangs would hold every start here up to START_WAIT_S.
+        if not self._trusted():
+            raise MpsError(f"{self.base} was not verified as this worker's own")
+        if self._pid(index) is not None:
+            return self.pipe_dir(index)
+        if self.failed_at is not None and time.monotonic() - self.failed_at < RETRY_AFTER_S:
+            # A control program that hangs would hold every start up to START_WAIT_S.
             raise MpsError(f"{self.last_error} (tried again {RETRY_AFTER_S:g} s after the last failure)")
         try:
-            ensure_private_dir(self.base, "the MPS directory", others_read=True)
-            self._clear(index)  # a crashed daemon's sockets
+            shutil.rmtree(self.pipe_dir(index), ignore_errors=True)  # a crashed daemon's sockets
             pipe = ensure_private_dir(self.pipe_dir(index), "an MPS pipe directory", others_read=True)
             logs = ensure_private_dir(self.base / str(index) / "log", "an MPS log directory", others_read=True)
         except (OSError, UnsafePath) as e:
-            raise self._failed(index, f"cannot make its directories: {e}") from None
+            raise self._failed(f"cannot make its directories: {e}") from None
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "CUDA_VISIBLE_DEVICES": uuid,  # the daemon's server sees only this GPU
             "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
             "CUDA_MPS_LOG_DIRECTORY": str(logs),
         }
-        try:
-            done = subprocess.run(
-                [self.control or CONTROL, "-d"],
-                env=env,
-                capture_output=True,
-                timeout=START_WAIT_S,
-                stdin=subprocess.DEVNULL,
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise self._failed(index, f"{CONTROL} -d: {e}") from None
-        if done.returncode != 0:
-            said = (done.stderr or done.stdout).decode(errors="replace").strip()[:300]
-            raise self._failed(index, f"{CONTROL} -d exited {done.returncode}: {said or 'no message'}")
         deadline = time.monotonic() + START_WAIT_S
+        code, said = self._run(["-d"], env, None, START_WAIT_S)
+        if code is None:
+            raise self._failed(f"{CONTROL} -d did not return within {START_WAIT_S:g} s")
+        if code != 0:
+            raise self._failed(f"{CONTROL} -d exited {code}: {said or 'no message'}")
         while self._pid(index) is None:
             if time.monotonic() > deadline:
-                raise self._failed(index, f"{CONTROL} -d wrote no {PID_FILE} in {pipe} within {START_WAIT_S:g} s")
+                raise self._failed(f"{CONTROL} -d wrote no {PID_FILE} in {pipe} within {START_WAIT_S:g} s")
             time.sleep(0.02)
-        self.last_error = None
-        self.failed_at.pop(index, None)
+        self.last_error = self.failed_at = None
         log.info("MPS control daemon started for GPU %d (%s)", index, pipe)
         return pipe
 
     def settle(self, wanted: set[int], now: float, linger_s: float = LINGER_S) -> None:
         """Stop each daemon whose GPU has had no MPS job for `linger_s` (0: at once)."""
         for index in self._indices():
-            if index in wanted:
+            if index in wanted or not self.pipe_dir(index).exists():
                 self.emptied_at.pop(index, None)
                 continue
             since = self.emptied_at.setdefault(index, now)
@@ -138,35 +149,78 @@ class MpsDaemons:
                 self.emptied_at.pop(index, None)
 
     def stop(self, index: int) -> None:
-        """`quit` to the daemon (it ends its servers), SIGKILL if it does not end; its
-        directories go with it."""
+        """`quit` to the daemon (it ends its servers), SIGKILL if it does not end; its pipe
+        directory goes with it (its log directory stays)."""
+        if not self._trusted():
+            return
         pid = self._pid(index)
         if pid is not None:
             env = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(index)),
             }
-            try:
-                subprocess.run(
-                    [self.control or CONTROL], input=b"quit\n", env=env, capture_output=True, timeout=STOP_WAIT_S
-                )
-            except (OSError, subprocess.TimeoutExpired) as e:
-                log.warning("MPS control daemon of GPU %d: quit failed (%s)", index, e)
-            deadline = time.monotonic() + STOP_WAIT_S
+            if self._run([], env, b"quit\n", QUIT_WAIT_S)[0] is None:
+                log.warning("MPS control daemon of GPU %d: quit not taken within %g s", index, QUIT_WAIT_S)
+            deadline = time.monotonic() + QUIT_WAIT_S
             while self._pid(index) == pid and time.monotonic() < deadline:
                 time.sleep(0.02)
-            if self._pid(index) == pid:
+            if self._pid(index) == pid:  # still the control program, by its pid file in our directory
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
             log.info("MPS control daemon of GPU %d stopped", index)
-        self._clear(index)
+        shutil.rmtree(self.pipe_dir(index), ignore_errors=True)
+
+    def _run(self, args: list[str], env: dict[str, str], stdin: bytes | None, timeout: float) -> tuple[int | None, str]:
+        """Run the control program: (exit code or None past `timeout`, what it said). Its
+        output goes to a file, not a pipe: the daemon `-d` leaves behind may hold a pipe
+        open for its life. Past the timeout its whole process group is killed."""
+        with tempfile.TemporaryFile() as out:
+            try:
+                proc = subprocess.Popen(
+                    [self.control or CONTROL, *args],
+                    env=env,
+                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                return 127, str(e)
+            try:
+                if stdin is not None:
+                    proc.stdin.write(stdin)  # type: ignore[union-attr]
+                    proc.stdin.close()  # type: ignore[union-attr]
+                code: int | None = proc.wait(timeout=timeout)
+            except (subprocess.TimeoutExpired, OSError):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait()
+                code = None
+            out.seek(0)
+            return code, out.read(300).decode(errors="replace").strip()
+
+    def _trusted(self) -> bool:
+        """`base` verified at `open` and still this account's own directory, nobody else's to change."""
+        if not self.opened:
+            return False
+        try:
+            st = os.lstat(self.base)
+        except OSError:
+            return False
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
     def _indices(self) -> list[int]:
+        if not self._trusted():
+            return []
         try:
             return sorted(
-                int(e.name) for e in os.scandir(self.base) if e.name.isdigit() and e.is_dir(follow_symlinks=False)
+                int(e.name)
+                for e in os.scandir(self.base)
+                if e.name.isascii() and e.name.isdigit() and e.is_dir(follow_symlinks=False)
             )
         except OSError:
             return []
@@ -182,7 +236,7 @@ class MpsDaemons:
             text = os.read(fd, 32).strip()
         finally:
             os.close(fd)
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):
             return None
         pid = int(text)
         try:
@@ -194,9 +248,6 @@ class MpsDaemons:
             return None
         return pid if not zombie and os.path.basename(argv0).decode(errors="replace").startswith(CONTROL) else None
 
-    def _clear(self, index: int) -> None:
-        shutil.rmtree(self.base / str(index), ignore_errors=True)
-
-    def _failed(self, index: int, why: str) -> MpsError:
-        self.last_error, self.failed_at[index] = why, time.monotonic()
+    def _failed(self, why: str) -> MpsError:
+        self.last_error, self.failed_at = why, time.monotonic()
         return MpsError(why)

@@ -153,7 +153,9 @@ class Worker:
         local_dir = ensure_private_dir(layout.local_dir(host, config.local_dir))
         ensure_private_dir(local_dir / "jobs")
         self.probe = Probe(fake_gpus, local_dir)
-        self.mps = MpsDaemons.beside(local_dir) if config.gpu_sharing == "mps" else None
+        # Made and used with gpu_sharing: mps; without it, only daemons an earlier worker left are stopped.
+        self.mps = MpsDaemons.beside(local_dir)
+        self.mps.open(create=config.gpu_sharing == "mps")
         self.rt = Runtime(
             layout,
             host,
@@ -359,8 +361,7 @@ class Worker:
     def settle_mps(self, linger_s: float = MPS_LINGER_S) -> None:
         """Stop the MPS daemons of GPUs that no running job here is a client of any more
         (a daemon a crashed worker left is found and kept or stopped alike: run/mps.py)."""
-        if self.mps is not None:
-            self.mps.settle({i for r in self.running if r.mps_pipe for i in r.gpus}, self.clock.mono(), linger_s)
+        self.mps.settle({i for r in self.running if r.mps_pipe for i in r.gpus}, self.clock.mono(), linger_s)
 
     def take_over_dead_hosts(self) -> None:
         self.recovery.take_over_dead_hosts()
@@ -629,7 +630,7 @@ class Worker:
         """(pipe directory, compute share) for a job that runs under MPS, its GPU's daemon
         started if need be; (None, None) for any other job, and where the daemon cannot start
         (the job is then time-sliced, as without MPS, and the problem is logged once)."""
-        if self.mps is None or gpu is None or not uses_mps(spec, self.config):
+        if gpu is None or not uses_mps(spec, self.config):
             return None, None
         try:
             pipe = self.mps.ensure(gpu.index, gpu.uuid)
@@ -741,9 +742,9 @@ class Worker:
                 "probe_error": self.probe.error,
                 "runtimes": self.runtimes.found,
                 "runtime_problems": self.runtimes.problems,
-                "mps": None
-                if self.mps is None
-                else {"problem": self.mps.problem(), "daemons": sorted(self.mps.running())},
+                "mps": {"problem": self.mps.problem(), "daemons": sorted(self.mps.running())}
+                if self.config.gpu_sharing == "mps"
+                else None,
             },
             durable=False,
         )
