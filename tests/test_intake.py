@@ -109,3 +109,26 @@ def test_of_two_files_for_one_id_the_one_that_landed_first_keeps_it(tmp_path):
     intake.scan(0.0, full=True)
     assert {e.name for e in intake.entries.values()} == {f"{i}.yml" for i in ids}
     assert sorted(intake.take_duplicates()) == sorted((f"{i}.yaml", i) for i in ids)
+
+
+def test_a_check_that_fails_unforeseen_makes_that_spec_invalid_not_the_scan(tmp_path, monkeypatch):
+    """A bug in one field's check (as '²' in gpu_compute once was: isdigit() took it, int()
+    did not) must not stop the worker's intake or `gpuq status` for the whole team."""
+    from gpuq.spool import intake as intake_mod
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    real = intake_mod.parse_entry
+
+    def buggy(layout, job_id, *args):
+        if job_id == "odd":
+            raise ValueError("invalid literal for int()")
+        return real(layout, job_id, *args)
+
+    monkeypatch.setattr(intake_mod, "parse_entry", buggy)
+    _write(layout, "odd.yaml", "command: x\n")
+    _write(layout, "fine.yaml", "command: x\n")
+    intake = Intake(layout)
+    intake.scan(0.0, full=True)
+    assert [j.id for j in intake.pending()] == ["fine"]
+    assert "could not be checked (ValueError: invalid literal" in str(intake.unsettled()["odd"])

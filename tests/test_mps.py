@@ -349,3 +349,34 @@ def test_an_mps_directory_a_member_planted_before_the_worker_is_never_trusted(te
         bystander.send_signal(signal.SIGKILL)
         bystander.wait()
         subprocess.run(["rm", "-rf", str(mps_dir), local.replace("{host}", "box")], check=False)
+
+
+def test_gpu_compute_takes_ascii_digits_only_and_one_gpu_jobs_only():
+    for bad in ("²", "①", "٥٠", "１００", "50.5%", "+50"):
+        with pytest.raises(SpecError, match="gpu_compute.*not a percentage"):
+            validate_spec({"command": "x", "gpu_mem": "8GiB", "gpu_compute": bad}, "f.yaml")
+    with pytest.raises(SpecError, match="gpu_compute.*one GPU.*gpus: 1"):
+        validate_spec({"command": "x", "gpus": 2, "gpu_mem": "8GiB", "gpu_compute": "50%"}, "f.yaml")
+
+
+@pytest.mark.slow
+def test_submit_sets_gpu_compute_and_never_records_the_submitters_mps_variables(queue):
+    env = {**queue.env(), "CUDA_MPS_PIPE_DIRECTORY": "/tmp/x-mps/0/pipe", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M"}
+    done = queue.gpuq(
+        "--root",
+        str(queue.root),
+        "submit",
+        "--gpu-mem",
+        "4GiB",
+        "--gpu-compute",
+        "30%",
+        "--id",
+        "s",
+        "--",
+        "true",
+        env=env,
+    )
+    text = (queue.root / "jobs" / "s.yaml").read_text()
+    assert done.returncode == 0 and "gpu_compute: 30%" in text and "CUDA_MPS" not in text, text
+    bad = queue.gpuq("--root", str(queue.root), "submit", "--gpu-compute", "30%", "--", "true", check=False)
+    assert bad.returncode == 2 and "gpu_compute" in bad.stderr and "give gpu_mem" in bad.stderr, bad.stderr

@@ -133,7 +133,7 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
         if hb.get("runtimes"):
             found = ", ".join(f"{n} {v}" for n, v in sorted(hb["runtimes"].items()))
             out.append(Finding("ok", "containers", f"{host}: {found}"))
-        if config.gpu_sharing == "mps":
+        if config.gpu_sharing == "mps" and not hb.get("stopped") and heartbeat_alive(hb, now):
             out.append(_mps_finding(host, hb.get("mps"), owner))
         if hb.get("version") != __version__:
             out.append(
@@ -149,22 +149,31 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
 
 def _mps_finding(host: str, mps: object, owner: bool) -> Finding:
     """config gpu_sharing: mps, as the box's worker found it (run/mps.py)."""
-    fix = f"on {host}: " if owner else f"{ASK_THE_OWNER.replace('HOST', host)}: "
     if not isinstance(mps, dict):
-        return Finding(
-            "warn", "mps", f"{host}: its worker runs without gpu_sharing: mps", fix + "restart it to read the config"
-        )
-    if mps.get("problem"):
+        fix = "restart its worker (pkill -f worker.py; cron starts it again) to read the config"
+        return Finding("warn", "mps", f"{host}: its worker runs without gpu_sharing: mps", _on(host, owner, fix))
+    if problem := mps.get("problem"):
+        if "not on the worker's PATH" in problem:
+            fix = "install the NVIDIA compute utilities (nvidia-cuda-mps-control), or set gpu_sharing: time-slicing"
+        elif "Fix:" in problem or ": set local_dir" in problem:
+            fix = "as the message says"
+        else:
+            fix = "run `nvidia-cuda-mps-control -d` there by hand to see why it fails (its log: the MPS log directory)"
         return Finding(
             "warn",
             "mps",
-            f"{host}: MPS unusable: {mps['problem']}; jobs sharing its GPUs are time-sliced",
-            fix + "install the NVIDIA compute utilities (nvidia-cuda-mps-control) or set gpu_sharing: time-slicing",
+            f"{host}: MPS unusable: {problem}; jobs sharing its GPUs are time-sliced",
+            _on(host, owner, fix),
         )
     daemons = mps.get("daemons") or []
     return Finding(
         "ok", "mps", f"{host}: MPS usable" + (f"; daemons on GPU {', '.join(map(str, daemons))}" if daemons else "")
     )
+
+
+def _on(host: str, owner: bool, fix: str) -> str:
+    """A fix for a box: the root's owner does it there; a member asks them."""
+    return f"on {host}: {fix}" if owner else f"ask the root's owner to look at {host}: {fix}"
 
 
 def check_permissions(layout: Layout) -> list[Finding]:

@@ -15,6 +15,12 @@ def add_limit_options(sp: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="stop it after this long (90m, 2h, 1d; Slurm's --time) and record it as timeout",
     )
+    sp.add_argument(
+        "--gpu-compute",
+        dest="gpu_compute",
+        metavar="PCT",
+        help="with config gpu_sharing: mps, its share of the GPU's SMs (50%%; default its memory share)",
+    )
     sp.add_argument("--cpus", "--cpus-per-task", dest="cpus", metavar="N", help="CPU cores it is pinned to")
     sp.add_argument("--mem", metavar="SIZE", help="host memory it may use (8GiB); stopped above it")
     sp.add_argument("--grace", metavar="DURATION", help="time between SIGTERM and SIGKILL when it is stopped")

@@ -179,7 +179,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return _submitted(args, job_id, held_text if args.hold else None)
 
 
-LIMIT_OPTIONS = ("time_limit", "cpus", "mem", "grace", "retries", "restart")
+LIMIT_OPTIONS = ("time_limit", "gpu_compute", "cpus", "mem", "grace", "retries", "restart")
 SUBMIT_OPTIONS = (
     "gpus",
     "gpu_mem",
@@ -200,7 +200,7 @@ SUBMIT_OPTIONS = (
 
 
 def limit_fields(args: argparse.Namespace) -> dict:
-    """--time-limit, --cpus, --mem, --grace, --retries, --restart and --preemptible -> the
+    """--time-limit, --gpu-compute, --cpus, --mem, --grace, --retries, --restart and --preemptible -> the
     spec's fields. Each value is read as the same field in a spec file is (a YAML scalar: `4`
     a number, `2h` a duration, `8GiB` a size), so that one check judges both."""
     data: dict = {}

@@ -6,6 +6,7 @@ A spec is YAML. `parse_spec_text` turns bytes into a validated `JobSpec` or rais
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -281,9 +282,17 @@ def _gpu_compute(data: dict, file: str) -> int | None:
     if value is None:
         return None
     text = value.strip().removesuffix("%").strip() if isinstance(value, str) else value
-    pct = int(text) if isinstance(text, str) and text.isdigit() else text
+    # ASCII digits only: str.isdigit() takes '²' too, which int() then refuses.
+    pct = int(text) if isinstance(text, str) and re.fullmatch(r"[0-9]{1,3}", text) else text
     if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
         raise SpecError(file, "gpu_compute", f"{value!r} is not a percentage from 1 to 100", "e.g. `gpu_compute: 50%`")
+    if data.get("gpus", 1) != 1:
+        raise SpecError(
+            file,
+            "gpu_compute",
+            "is for a job of one GPU (an MPS client talks to one GPU's daemon; wider jobs are time-sliced)",
+            "remove gpu_compute, or ask for `gpus: 1`",
+        )
     if data.get("gpu_mem") is None:
         raise SpecError(
             file,

@@ -214,6 +214,13 @@ class Intake:
             entry.error = SpecError(
                 f"jobs/{name}", None, f"cannot be read ({e.strerror})", "make it readable by the worker"
             )
+        except Exception as e:  # a check that failed on some input it did not foresee: this spec's problem only
+            entry.error = SpecError(
+                f"jobs/{name}",
+                None,
+                f"could not be checked ({type(e).__name__}: {e})",
+                "compare its fields with docs/reference.md, and report this message to the root's owner",
+            )
         self._put(job_id, entry)
         return True
 

@@ -43,7 +43,8 @@ NOT_EXPORTED = (
     "DESKTOP_SESSION",
     "SESSION_MANAGER",
 )
-NOT_EXPORTED_PREFIXES = ("GPUQ_", "XDG_SESSION_")
+# CUDA_MPS_*: a job submitted from inside an MPS job would join that job's daemon, or keep its limits.
+NOT_EXPORTED_PREFIXES = ("GPUQ_", "XDG_SESSION_", "CUDA_MPS_")
 
 
 class SubmitError(Exception):
