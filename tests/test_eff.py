@@ -107,6 +107,40 @@ def test_garbage_samples_do_not_crash_it():
     assert e.idle_held_s == 0 and e.gpu_util_series == []
 
 
+def test_a_job_that_ended_at_once_is_not_called_idle_and_a_job_over_its_gpu_mem_needs_more():
+    """A sample line covers sample_every_s; a job of a fraction of it held idle at most its
+    own time, and a minute at least before it is told it held its GPU idle."""
+    instant = record(started_at=1000.0, ended_at=1000.1, mean_gpu_util_pct=0.0, cpu_s=0.0)
+    e = efficiency(instant, job_samples([line(1050, 0, ["j"], idle=100)], [instant], 3000)["j"], 3000)
+    assert e.idle_held_s == pytest.approx(0.1) and "idle-held" not in [h.kind for h in e.hints]
+    over = record(peak_gpu_mem_mib=24 * GIB)  # 24 of the 16 GiB it declared
+    hints = {h.kind: h.text for h in efficiency(over, [], 3000).hints}
+    assert "over-gpu-mem" in hints and "memory-bound" not in hints and "gpu_mem: 27GiB" in hints["over-gpu-mem"]
+
+
+def test_a_shared_gpu_s_utilization_is_said_to_be_the_gpu_s_and_a_job_that_never_ran_has_none():
+    from gpuq.views.efficiency import detail_text
+
+    r = record()
+    e = efficiency(r, job_samples([line(1100, 70, ["j", "k"])], [r], 3000)["j"], 3000)
+    assert "(the GPU's: shared with up to 1 other job)" in detail_text(e)
+    never = record(state=State.CANCELLED, started_at=None, ended_at=1500.0, gpus=[], cpu_s=None)
+    assert "never ran" in detail_text(efficiency(never, [], 3000))
+
+
+def test_garbage_sample_lines_do_not_stop_eff_or_report(tmp_path):
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.samples import read_samples
+    from gpuq.views.reportview import spark
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    layout.samples.mkdir(exist_ok=True)
+    (layout.samples / "h-2026-12.jsonl").write_text('{"t": "x"}\n[1]\n{"t": 1796000000, "s": 60}\nnot json\n')
+    assert [line["t"] for line in read_samples(layout, 0.0)] == [1796000000]
+    assert spark([-5.0, 50.0, None], 100.0) == "▁▄ "
+
+
 # --- through the real worker and CLI ------------------------------------------------------
 
 
@@ -136,6 +170,16 @@ def test_eff_through_the_worker(queue, tmp_path):
     assert ("input-bound" in out) == saturated == ("input-bound" in {h["kind"] for h in figures["hints"]}), out
     table = queue.gpuq("eff", "--user", record["user"]).stdout
     assert table.splitlines()[0].split()[:3] == ["ID", "USER", "STATE"] and "starved" in table, table
+    # A running job: figures so far (its record has no started_at until it ends).
+    queue.drop(
+        "long.yaml", f'command: "{PY} {REPO / "gpuq.py"} fake-use --mem 2GiB --util 60 --seconds 60"\ngpu_mem: 4GiB\n'
+    )
+    wait_until(lambda: (queue.record("long") or {}).get("state") == "running", timeout=60, what="long running")
+    wait_until(lambda: "GPU util     mean" in queue.gpuq("eff", "long").stdout, timeout=60, what="its samples")
+    running = queue.gpuq("eff", "long").stdout
+    assert "long (" in running and ": running" in running and "run time     -" not in running, running
+    assert "long" in queue.gpuq("eff", "--user", record["user"]).stdout
+    queue.gpuq("cancel", "long")
     missing = queue.gpuq("eff", "nosuchjob", check=False)
     assert missing.returncode == 1 and "no job or group 'nosuchjob'" in missing.stderr
     assert queue.gpuq("eff", "../x", check=False).returncode == 1

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pwd
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from gpuq.cli.common import open_layout, refuse_bad_id
 from gpuq.model.record import Record
+from gpuq.model.states import State
 from gpuq.spool.layout import Layout
 from gpuq.spool.samples import read_samples
 from gpuq.spool.store import read_record
@@ -64,8 +66,16 @@ def _record(layout: Layout, job_id: str) -> Record | None:
         except (OSError, ValueError):
             continue
         if record is not None:
-            return record
+            return _begun(record)
     return None
+
+
+def _begun(record: Record) -> Record:
+    """A running attempt's record has no started_at (its supervisor writes it at the end):
+    it runs since it was claimed, as `gpuq status` counts it."""
+    if record.state is State.RUNNING and record.started_at is None:
+        return dataclasses.replace(record, started_at=record.claimed_at)
+    return record
 
 
 def _named(layout: Layout, ids: list[str]) -> tuple[list[Record], str | None]:
@@ -97,6 +107,7 @@ def _users(layout: Layout, user: str, since: float) -> list[Record]:
                     if d == layout.finished and entry.stat(follow_symlinks=False).st_mtime < since:
                         continue
                     record = read_record(Path(entry.path))
+                    record = _begun(record) if record is not None else None
                 except (OSError, ValueError):
                     continue  # a torn or foreign file: not a job of anyone's
                 if record is not None and record.user == user and record.started_at is not None:

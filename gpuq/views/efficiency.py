@@ -7,8 +7,10 @@ The rules (README, "Why is my job slow? `gpuq eff`"), each a hint with its figur
 - input-bound: GPU utilization under INPUT_BOUND_GPU_PCT while its CPUs ran at
   INPUT_BOUND_CPU_PCT or more of the cores it was given;
 - over-declared GPU memory: its peak under OVER_DECLARED_PCT of the declared `gpu_mem`;
-- memory-bound: its peak at MEMORY_BOUND_PCT or more of what it held;
-- held while idle: IDLE_HELD_PCT or more of its GPU time at under `alert_idle_util_pct`;
+- memory-bound: its peak at MEMORY_BOUND_PCT or more of what it held (up to all of it);
+- over its gpu_mem: its peak above what it declared (it needs more, not less);
+- held while idle: IDLE_HELD_PCT or more of its GPU time, and IDLE_HELD_MIN_S or more, at
+  under `alert_idle_util_pct` (a job's first seconds are idle while it loads);
 - fits a fraction: a whole GPU held, its peak memory and mean utilization both at
   FRACTION_PCT or less of one;
 - over-declared RAM: its RAM peak under RAM_OVER_DECLARED_PCT of its `mem`.
@@ -31,13 +33,14 @@ INPUT_BOUND_CPU_PCT = 85.0
 OVER_DECLARED_PCT = 50.0
 MEMORY_BOUND_PCT = 90.0
 IDLE_HELD_PCT = 25.0
+IDLE_HELD_MIN_S = 60.0
 FRACTION_PCT = 50.0
 RAM_OVER_DECLARED_PCT = 25.0
 
 
 @dataclass
 class Hint:
-    kind: str  # input-bound, over-declared, memory-bound, idle-held, fits-fraction, ram-over-declared
+    kind: str  # input-bound, over-declared, memory-bound, over-gpu-mem, idle-held, fits-fraction, ram-over-declared
     text: str  # plain words with the numbers behind them, and what to try
 
 
@@ -66,6 +69,7 @@ class Efficiency:
     gpu_util_mean_pct: float | None
     gpu_util_series: list[tuple[float, float]] = field(default_factory=list)  # (end of sample, util %)
     idle_held_s: float = 0.0  # GPU-seconds held at under alert_idle_util_pct
+    shared_with: int = 0  # most other jobs seen on its GPU at once: utilization is then the GPU's, not its own
     hints: list[Hint] = field(default_factory=list)
 
     @property
@@ -150,7 +154,10 @@ def efficiency(record: Record, samples: list[dict], now: float) -> Efficiency:
         gpu_util_mean_pct=util,
         gpu_util_series=series,
         idle_held_s=sum(idle_shares(g, _number_or_zero(g.get("idle_held_s"))).get(record.id, 0.0) for g in samples),
+        shared_with=max((len(g["jobs"]) - 1 for g in samples), default=0),
     )
+    # A sample line covers sample_every_s; a job that ran a part of it held idle at most its own time.
+    eff.idle_held_s = min(eff.idle_held_s, eff.gpu_s)
     eff.hints = hints(eff)
     return eff
 
@@ -190,7 +197,18 @@ def hints(e: Efficiency) -> list[Hint]:
                     f"({100.0 * peak / declared:.0f}%): `gpu_mem: {format_mib(right)}` lets other jobs use the rest",
                 )
             )
-    if peak and held and 100.0 * peak / held >= MEMORY_BOUND_PCT:
+    if peak and held and peak > held:
+        right = suggest_gpu_mem([peak])
+        found.append(
+            Hint(
+                "over-gpu-mem",
+                f"GPU memory peaked at {format_mib(peak)}, above the {format_mib(held)} it held "
+                f"({100.0 * peak / held:.0f}%): it crowds the jobs beside it and may be stopped for it "
+                f"(config gpu_mem_overuse); declare what it needs"
+                + (f", `gpu_mem: {format_mib(right)}`" if right else ""),
+            )
+        )
+    elif peak and held and 100.0 * peak / held >= MEMORY_BOUND_PCT:
         found.append(
             Hint(
                 "memory-bound",
@@ -199,11 +217,12 @@ def hints(e: Efficiency) -> list[Hint]:
                 "(smaller batches, same effective batch) would let it fit a smaller share",
             )
         )
-    if e.gpu_s and 100.0 * e.idle_held_s / e.gpu_s >= IDLE_HELD_PCT:
+    if e.gpu_s and e.idle_held_s >= IDLE_HELD_MIN_S and 100.0 * e.idle_held_s / e.gpu_s >= IDLE_HELD_PCT:
         found.append(
             Hint(
                 "idle-held",
-                f"its GPU sat idle for {format_duration(e.idle_held_s)} of {format_duration(e.gpu_s)} held "
+                f"{'its GPUs' if e.gpus > 1 else 'its GPU'} sat idle for {format_duration(e.idle_held_s)} "
+                f"of {format_duration(e.gpu_s)} held "
                 f"({100.0 * e.idle_held_s / e.gpu_s:.0f}%): run CPU-only steps (preprocessing, evaluation, "
                 "waiting) as their own job with `gpus: 0`, chained with `after:`",
             )
@@ -257,6 +276,8 @@ def detail_text(e: Efficiency) -> str:
     d = e.to_json()
     where = f" on {e.host} ({e.gpus} GPU{'s' if e.gpus != 1 else ''})" if e.host else ""
     lines = [f"{safe_text(e.id)} ({safe_text(e.user)}): {e.state}{safe_text(where)}"]
+    if e.run_s is None:
+        return "\n".join([*lines, "  never ran: it ended before it started, so it has no figures"])
     limit = format_duration(e.time_limit_s) if e.time_limit_s else None
     lines.append(f"  run time     {_of(format_duration(e.run_s), limit, d['time_used_pct'])}")
     if e.cpu_s is None:
@@ -270,6 +291,8 @@ def detail_text(e: Efficiency) -> str:
         lines.append(f"  RAM          {_of('peak ' + format_mib(e.peak_rss_mib), mem, d['ram_used_pct'])}")
     if e.gpus:
         util = "not reported" if e.gpu_util_mean_pct is None else f"mean {e.gpu_util_mean_pct:.0f}%"
+        if e.shared_with and e.gpu_util_mean_pct is not None:
+            util += f" (the GPU's: shared with up to {e.shared_with} other job{'s' if e.shared_with > 1 else ''})"
         marks = f"   {_spark(e.gpu_util_series)}" if e.gpu_util_series else ""
         lines.append(f"  GPU util     {util}{marks}")
         if e.peak_gpu_mem_mib is not None:

@@ -224,7 +224,7 @@ def build(
         idle_offenders=[
             {"job": job, "user": users.get(job, "?"), "idle_held_gpu_hours": round(s / 3600, 4)}
             for job, s in sorted(tally.idle_by_job.items(), key=lambda kv: -kv[1])[:OFFENDERS]
-            if s > 0
+            if round(s / 3600, 4) > 0  # what the report would show as 0.000 GPU-h is nobody's offence
         ],
     )
 

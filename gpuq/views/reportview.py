@@ -107,7 +107,7 @@ def spark(values: Sequence[float | None], top: float) -> str:
     """One character per slice: blank where nothing was sampled, ▁..█ from 0 to `top`."""
     if top <= 0:
         top = 1
-    return "".join(" " if v is None else SPARKS[1 + min(7, int(v / top * 7.999))] for v in values)
+    return "".join(" " if v is None else SPARKS[1 + max(0, min(7, int(v / top * 7.999)))] for v in values)
 
 
 def summary_table(r: Report) -> tuple[list[str], list[list[str]]]:
@@ -160,10 +160,9 @@ def report_text(r: Report) -> str:
     lines.append(f"queue length (max per {step}; peak {top})  |{spark(r.queue_max, top)}|")
     if r.idle_offenders:
         lines.append("held GPUs idle longest (`gpuq eff ID` says why):")
-        lines += [
-            f"  {safe_text(o['job'])}  {safe_text(o['user'])}  {hours(o['idle_held_gpu_hours'])} GPU-h idle"
-            for o in r.idle_offenders
-        ]
+        cells = [(safe_text(o["job"]), safe_text(o["user"]), hours(o["idle_held_gpu_hours"])) for o in r.idle_offenders]
+        widths = [max(len(c[i]) for c in cells) for i in range(3)]
+        lines += [f"  {j:<{widths[0]}}  {u:<{widths[1]}}  {h:>{widths[2]}} GPU-h idle" for j, u, h in cells]
     if r.pending_now:
         lines.append(f"pending now: {r.pending_now}, the longest waiting {format_duration(r.longest_pending_s)}")
     return "\n".join(lines)
