@@ -136,7 +136,10 @@ def test_garbage_sample_lines_do_not_stop_eff_or_report(tmp_path):
     layout = Layout(tmp_path)
     layout.ensure()
     layout.samples.mkdir(exist_ok=True)
-    (layout.samples / "h-2026-12.jsonl").write_text('{"t": "x"}\n[1]\n{"t": 1796000000, "s": 60}\nnot json\n')
+    deep = "[" * 100_000  # json gives up with RecursionError, not ValueError
+    (layout.samples / "h-2026-12.jsonl").write_text(
+        f'{{"t": "x"}}\n[1]\n{deep}\n{{"t": 1796000000, "s": 60}}\nnot json\n'
+    )
     assert [line["t"] for line in read_samples(layout, 0.0)] == [1796000000]
     assert spark([-5.0, 50.0, None], 100.0) == "▁▄ "
 

@@ -223,7 +223,7 @@ def test_a_daemon_left_by_a_crashed_worker_is_kept_for_its_jobs_then_stopped(que
     wait_until(lambda: f"quit PIPE={pid_file.parent}" in calls(stand_in), timeout=60, what="the daemon told to quit")
     wait_until(lambda: not pid_file.exists(), timeout=30, what="its dirs removed")
     hb = json.loads((queue.root / "state" / "workers" / "box.json").read_text())
-    assert hb["mps"] == {"problem": None, "daemons": []}
+    assert hb["mps"] == {"problem": None, "daemons": [], "dir": str(queue.local_base / "box-mps")}
 
 
 @pytest.mark.slow
@@ -304,12 +304,15 @@ def test_a_control_program_that_fails_is_reported_and_not_retried_at_every_start
 
 @needs_root
 @pytest.mark.slow
-@pytest.mark.parametrize("planted, sharing", [("link", "mps"), ("dir-with-pid", "mps"), ("link", "time-slicing")])
+@pytest.mark.parametrize(
+    "planted, sharing", [("link", "mps"), ("dir-with-pid", "mps"), ("chowned-dir", "mps"), ("link", "time-slicing")]
+)
 def test_an_mps_directory_a_member_planted_before_the_worker_is_never_trusted(team, stand_in, planted, sharing):
     """local_dir in the sticky /tmp: bob makes its `-mps` sibling before the worker's first
     start, as a link to a directory of numbered runs, or as his own directory whose pid file
-    names a root process that looks like a control daemon. The root worker neither removes
-    the runs, nor signals the process, nor hands alice's job bob's pipe directory."""
+    names a root process that looks like a control daemon (also once an admin has made the
+    top directory root's, as a message once advised). The root worker neither removes the
+    runs, nor signals the process, nor hands alice's job bob's pipe directory."""
     import signal
     import subprocess
 
@@ -333,6 +336,9 @@ def test_an_mps_directory_a_member_planted_before_the_worker_is_never_trusted(te
                 ],
             )
             assert made.returncode == 0, made.stderr
+            if planted == "chowned-dir":
+                os.chown(mps_dir, 0, 0)
+                os.chmod(mps_dir, 0o755)
         team.write_config(gpu_sharing=sharing, local_dir=local)
         team.start_worker("box", "1x16GiB", env={"PATH": f"{stand_in}:{os.environ['PATH']}"})
         team.drop_as(ALICE, "al.yaml", "command: 'echo PIPE=$CUDA_MPS_PIPE_DIRECTORY.'\ngpu_mem: 4GiB\nworkdir: /\n")
@@ -380,3 +386,34 @@ def test_submit_sets_gpu_compute_and_never_records_the_submitters_mps_variables(
     assert done.returncode == 0 and "gpu_compute: 30%" in text and "CUDA_MPS" not in text, text
     bad = queue.gpuq("--root", str(queue.root), "submit", "--gpu-compute", "30%", "--", "true", check=False)
     assert bad.returncode == 2 and "gpu_compute" in bad.stderr and "give gpu_mem" in bad.stderr, bad.stderr
+
+
+def test_a_pid_file_that_is_not_a_plain_file_is_no_daemon(tmp_path):
+    from gpuq.run import mps
+
+    daemons = mps.MpsDaemons(tmp_path / "box-mps", control="/bin/true")
+    daemons.open(create=True)
+    pipe = daemons.pipe_dir(0)
+    pipe.mkdir(parents=True)
+    os.mkfifo(pipe / mps.PID_FILE)  # a read would block, or fail with EAGAIN while a writer holds it
+    assert daemons.running() == {} and daemons._pid(0) is None
+    os.unlink(pipe / mps.PID_FILE)
+    (pipe / mps.PID_FILE).mkdir()
+    assert daemons._pid(0) is None
+
+
+@pytest.mark.slow
+def test_one_pass_stops_one_daemon_at_most_a_stopping_worker_all(tmp_path, stand_in):
+    """A `quit` that hangs costs seconds: a pass that stopped every GPU's daemon would hold the
+    heartbeat for all of them together."""
+    from gpuq.run import mps
+
+    daemons = mps.MpsDaemons(tmp_path / "box-mps", control=str(stand_in / "nvidia-cuda-mps-control"))
+    daemons.open(create=True)
+    for i in range(3):
+        daemons.ensure(i, f"GPU-{i}")
+    assert sorted(daemons.running()) == [0, 1, 2]
+    daemons.settle(set(), 0.0, linger_s=0.0)
+    wait_until(lambda: len(daemons.running()) == 2, what="one daemon stopped")
+    daemons.settle(set(), 0.0, linger_s=0.0, most=None)
+    wait_until(lambda: daemons.running() == {}, what="the rest stopped")

@@ -182,3 +182,10 @@ def test_the_shared_cache_form_gives_back_the_same_spec():
     ):
         spec = parse_spec_text(text, "f")
         assert JobSpec.from_cache(spec.to_cache()) == spec == JobSpec.from_json(spec.to_json())
+
+
+def test_a_huge_array_range_is_refused_before_it_is_built():
+    from gpuq.model.groups import GroupError, parse_array
+
+    with pytest.raises(GroupError, match="makes 100000000000 jobs or more; at most"):
+        parse_array("0-99999999999")  # built first, it was a MemoryError (50 million: 1.9 GB)

@@ -158,7 +158,8 @@ def _mps_finding(host: str, mps: object, owner: bool) -> Finding:
         elif "Fix:" in problem or ": set local_dir" in problem:
             fix = "as the message says"
         else:
-            fix = "run `nvidia-cuda-mps-control -d` there by hand to see why it fails (its log: the MPS log directory)"
+            logs = f"{mps.get('dir') or '<local_dir>-mps'}/<GPU>/log/control.log"
+            fix = f"read the daemon's log, {logs}, and check the driver with nvidia-smi"
         return Finding(
             "warn",
             "mps",

@@ -156,10 +156,13 @@ def _refuse_unsafe_chain(literal: str, euid: int, what: str) -> None:
     problems = chain_problems(literal, euid)
     if problems:
         entry, why, fix = problems[0]  # the topmost: the others may go with it
+        # The directory itself, someone else's: whatever it holds may be planted, and handing
+        # it over (chown) would make that the worker's. Only removing it is safe.
+        fix = "" if entry == literal else f" or {fix}"
         raise UnsafePath(
             f"{what} {literal} is not safe: {entry} {why}, so others could swap the worker's "
-            f"lock files and markers for their own. Fix: remove {entry} (the worker creates what "
-            f"is missing, private to it) or {fix}, or set local_dir in config.yaml to a directory "
+            f"files in it for their own. Fix: remove {entry} (the worker creates what "
+            f"is missing, private to it){fix}, or set local_dir in config.yaml to a directory "
             f"only root and uid {euid} can change"
         )
 

@@ -25,7 +25,8 @@ def parse_array(text: str) -> list[int]:
         start, end, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
         if end < start or step < 1:
             raise GroupError(f"--array {text!r}: {part} is empty; write the lower index first")
-        out += range(start, end + 1, step)
-    if len(out) > MAX_ARRAY:
-        raise GroupError(f"--array {text!r} makes {len(out)} jobs; at most {MAX_ARRAY}")
+        span = range(start, end + 1, step)
+        if len(out) + len(span) > MAX_ARRAY:  # counted before it is built: 0-99999999999 is a line of text
+            raise GroupError(f"--array {text!r} makes {len(out) + len(span)} jobs or more; at most {MAX_ARRAY}")
+        out += span
     return sorted(dict.fromkeys(out))

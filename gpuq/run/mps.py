@@ -137,16 +137,19 @@ class MpsDaemons:
         log.info("MPS control daemon started for GPU %d (%s)", index, pipe)
         return pipe
 
-    def settle(self, wanted: set[int], now: float, linger_s: float = LINGER_S) -> None:
-        """Stop each daemon whose GPU has had no MPS job for `linger_s` (0: at once)."""
+    def settle(self, wanted: set[int], now: float, linger_s: float = LINGER_S, most: int | None = 1) -> None:
+        """Stop each daemon whose GPU has had no MPS job for `linger_s` (0: at once), at most
+        `most` of them (None: all, as the worker stops): a stop that hangs costs up to twice
+        QUIT_WAIT_S, and a pass that stopped every GPU's would stall the heartbeat that long."""
         for index in self._indices():
             if index in wanted or not self.pipe_dir(index).exists():
                 self.emptied_at.pop(index, None)
                 continue
             since = self.emptied_at.setdefault(index, now)
-            if now - since >= linger_s:
+            if now - since >= linger_s and (most is None or most > 0):
                 self.stop(index)
                 self.emptied_at.pop(index, None)
+                most = None if most is None else most - 1
 
     def stop(self, index: int) -> None:
         """`quit` to the daemon (it ends its servers), SIGKILL if it does not end; its pipe
@@ -160,7 +163,8 @@ class MpsDaemons:
                 "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(index)),
             }
             if self._run([], env, b"quit\n", QUIT_WAIT_S)[0] is None:
-                log.warning("MPS control daemon of GPU %d: quit not taken within %g s", index, QUIT_WAIT_S)
+                self.last_error = f"the MPS control daemon of GPU {index} did not take `quit` within {QUIT_WAIT_S:g} s"
+                log.warning("%s", self.last_error)
             deadline = time.monotonic() + QUIT_WAIT_S
             while self._pid(index) == pid and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -203,15 +207,22 @@ class MpsDaemons:
             out.seek(0)
             return code, out.read(300).decode(errors="replace").strip()
 
-    def _trusted(self) -> bool:
-        """`base` verified at `open` and still this account's own directory, nobody else's to change."""
+    def _trusted(self, *below: str) -> bool:
+        """`base` verified at `open` and still this account's own directory, nobody else's to
+        change; so is each directory `below` it along the way (base/0, base/0/pipe): a member
+        who planted them before an admin made `base` the worker's must not be trusted either."""
         if not self.opened:
             return False
-        try:
-            st = os.lstat(self.base)
-        except OSError:
-            return False
-        return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+        path = self.base
+        for part in ("", *below):
+            path = path / part if part else path
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return False
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                return False
+        return True
 
     def _indices(self) -> list[int]:
         if not self._trusted():
@@ -220,26 +231,35 @@ class MpsDaemons:
             return sorted(
                 int(e.name)
                 for e in os.scandir(self.base)
-                if e.name.isascii() and e.name.isdigit() and e.is_dir(follow_symlinks=False)
+                if e.name.isascii() and e.name.isdigit() and self._trusted(e.name)
             )
         except OSError:
             return []
 
     def _pid(self, index: int) -> int | None:
         """The daemon's pid if it runs: its pid file (in a directory only this account can
-        change), and a process of that pid that is the control program (not a reused pid)."""
+        change, checked), and a process of that pid, of this account, that is the control
+        program (not a reused pid)."""
+        if not self._trusted(str(index), "pipe"):
+            return None
         try:
             fd = os.open(self.pipe_dir(index) / PID_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             return None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             text = os.read(fd, 32).strip()
+        except OSError:
+            return None
         finally:
             os.close(fd)
         if not (text.isascii() and text.isdigit()):
             return None
         pid = int(text)
         try:
+            if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+                return None
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv0 = f.read().split(b"\0", 1)[0]
             with open(f"/proc/{pid}/stat", "rb") as f:

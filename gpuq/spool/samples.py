@@ -143,7 +143,7 @@ def read_samples(layout: "Layout", since: float) -> Iterator[dict]:
             for raw in f:
                 try:
                     line = json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):  # torn, or nested past what json can read
                     continue
                 t = line.get("t") if isinstance(line, dict) else None
                 if (type(t) is int or type(t) is float) and t > since:  # (a torn line's "t" may be anything)

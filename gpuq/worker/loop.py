@@ -99,7 +99,6 @@ EXIT_WAKE_SCAN_GAP_S = 0.2
 # other boxes' claims change jobs/ too, and must not make every box plan at the watch's pace.
 JOBS_WATCH_GAP_S = 0.5
 REQUESTS_PER_PASS_S = 0.5
-MPS_LINGER_S = LINGER_S
 
 
 class Launcher(Protocol):
@@ -268,7 +267,7 @@ class Worker:
     def end(self) -> None:
         self.spawner.close()
         try:  # the jobs still running keep theirs: their supervisors outlive the worker
-            self.settle_mps(linger_s=0.0)
+            self.settle_mps(linger_s=0.0, most=None)
         except Exception:
             log.exception("stopping MPS daemons failed")
         self.samples.flush(self.clock.wall())
@@ -358,10 +357,10 @@ class Worker:
         self.stopping &= {r.id for r in alive}
         self.recovery.requeue_orphan_claims()
 
-    def settle_mps(self, linger_s: float = MPS_LINGER_S) -> None:
+    def settle_mps(self, linger_s: float = LINGER_S, most: int | None = 1) -> None:
         """Stop the MPS daemons of GPUs that no running job here is a client of any more
         (a daemon a crashed worker left is found and kept or stopped alike: run/mps.py)."""
-        self.mps.settle({i for r in self.running if r.mps_pipe for i in r.gpus}, self.clock.mono(), linger_s)
+        self.mps.settle({i for r in self.running if r.mps_pipe for i in r.gpus}, self.clock.mono(), linger_s, most)
 
     def take_over_dead_hosts(self) -> None:
         self.recovery.take_over_dead_hosts()
@@ -742,7 +741,7 @@ class Worker:
                 "probe_error": self.probe.error,
                 "runtimes": self.runtimes.found,
                 "runtime_problems": self.runtimes.problems,
-                "mps": {"problem": self.mps.problem(), "daemons": sorted(self.mps.running())}
+                "mps": {"problem": self.mps.problem(), "daemons": sorted(self.mps.running()), "dir": str(self.mps.base)}
                 if self.config.gpu_sharing == "mps"
                 else None,
             },
