@@ -125,8 +125,16 @@ def ensure_private_dir(path: PathT, what: str = "local_dir", others_read: bool =
             os.lstat(prefix)
         except FileNotFoundError:
             try:
-                os.mkdir(prefix, final_mode if prefix == literal else 0o711)
-                os.chmod(prefix, final_mode if prefix == literal else 0o711)  # whatever the umask
+                mode = final_mode if prefix == literal else 0o711
+                os.mkdir(prefix, mode)
+                # Its mode whatever the umask, set on what was made: never through a link a
+                # racer put by that name (judged below, with the rest of the chain).
+                fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    if os.fstat(fd).st_uid == euid:
+                        os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
             except FileExistsError:
                 pass  # made meanwhile, by someone: judged below
     _refuse_unsafe_chain(literal, euid, what)  # what was made, by us or by a racer in a sticky dir
