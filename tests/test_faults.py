@@ -28,6 +28,7 @@ JOB = f"command: echo {RUN_LINE}$GPUQ_ATTEMPT\ngpus: 1\n"
 EXPECTED = {point: ("done", 1) for point in CRASH_POINTS}
 EXPECTED["supervisor:marked"] = ("lost", 0)
 EXPECTED["supervisor:exited"] = ("lost", 1)
+EXPECTED["supervisor:ended"] = ("lost", 1)
 
 
 # The job's events once a crash at each point is settled: which recoveries may run, and
@@ -48,6 +49,7 @@ HOPS_AFTER = {  # point -> (the hops allowed before the last event, the last eve
     "supervisor:owned": ({_START, _NEVER_STARTED, _UNRECORDED_CLAIM}, _DONE),
     "supervisor:marked": ({_START}, _LOST),
     "supervisor:exited": ({_START}, _LOST),
+    "supervisor:ended": ({_START}, _LOST),
     "supervisor:recorded": ({_START}, _DONE),
     "supervisor:cleaned": ({_START}, _DONE),
 }
@@ -182,6 +184,7 @@ AT_POINT = {
     "supervisor:owned": (False, True, True, False, False, False),
     "supervisor:marked": (False, True, True, False, True, False),
     "supervisor:exited": (False, True, True, False, True, True),
+    "supervisor:ended": (False, True, True, False, True, True),
     "supervisor:recorded": (False, True, False, True, True, True),
     "supervisor:cleaned": (False, False, False, True, False, True),
 }
@@ -222,6 +225,27 @@ def test_each_crash_point_is_where_its_name_says(queue, point, tmp_path):
         assert _runs(queue, "job") and not (queue.root / "jobs" / "job.yaml").exists()
         return
     assert _spool_now(queue) == AT_POINT[point], (point, _spool_now(queue))
+
+
+@pytest.mark.slow
+def test_a_gpu_is_free_for_the_next_job_once_the_job_ended_while_its_result_is_written(queue, tmp_path):
+    """The supervisor marks its job as ended before it writes the result: the worker starts
+    the next job on that GPU at once (the record write is off the slot's path), and the first
+    job is recorded as usual afterwards. Paused between the two, the next job has started."""
+    fault_log = tmp_path / "faults"
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_PAUSE_AT": "supervisor:ended", FAULT_LOG_ENV: str(fault_log)})
+    queue.drop("first.yaml", "command: echo first\ngpus: 1\n")
+    (pid,) = wait_until(lambda: fired(fault_log, "pause", "supervisor:ended"), what="first's supervisor to pause")
+    queue.drop("second.yaml", "command: sleep 60\ngpus: 1\n")
+    second = wait_until(
+        lambda: (r := queue.record("second")) and r.get("state") == "running" and r, what="second to start"
+    )
+    assert second["gpus"] == [0]
+    first = queue.record("first")
+    assert first["state"] == "running" and not queue.finished("first"), first  # still being recorded
+    os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: (queue.finished("first") or {}).get("state") == "done", what="first to be recorded")
+    assert "first" in queue.log("first")
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ CRASH_POINTS = (
     "supervisor:owned",  # the supervisor holds the lock and its record; no marker yet
     "supervisor:marked",  # `started` marker written; the job is not spawned yet
     "supervisor:exited",  # the job has exited; its result is not written yet
+    "supervisor:ended",  # marked as ended (its GPUs free for the worker); the result not written yet
     "supervisor:recorded",  # the finished record is written; the running one not removed
     "supervisor:cleaned",  # records done, local files removed; the worker not yet poked
 )

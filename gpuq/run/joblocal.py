@@ -175,6 +175,14 @@ def read_started(rt: Runtime, record: Record) -> dict | None:
     return marker if isinstance(marker, dict) and marker.get("claim") == record.claim else None
 
 
+def has_ended(rt: Runtime, record: Record) -> bool:
+    """Whether this attempt's job is over for good (its supervisor marked it so once the job
+    and its leftovers were gone) while its supervisor still records the result: the job's
+    GPUs and CPU slot are free, though its record still says running for a moment."""
+    marker = read_started(rt, record)
+    return bool(marker and marker.get("ended"))
+
+
 def _live(pid: object, ticks: object) -> TypeGuard[int]:
     """Whether `pid` is a process (never 0 or -1, which signal a group or every process)
     that started at `ticks`: with them it names one process for the life of the boot."""

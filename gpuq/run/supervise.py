@@ -270,6 +270,11 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
         except OSError as e:
             failure, job_pid = f"cannot restart: {e.strerror}: {e.filename}", None
     ended = clock.wall()
+    # Nothing of the job runs any more: its worker may start the next job on its GPUs now,
+    # while this supervisor writes the record (a durable write: milliseconds, every job).
+    _mark(lock_fd, {"claim": record.claim, "ended": True})
+    poke(rt.local_dir, WAKE_JOB_ENDED)
+    crash_point("supervisor:ended")
     # A result still ours is written unless a takeover is close: writing takes milliseconds,
     # while stopping a running job needs grace_s (hence the earlier limit in _wait).
     fenced = fenced or fence_reason(rt, record, RECORD_FENCE_FRACTION)

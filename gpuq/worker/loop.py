@@ -40,6 +40,7 @@ from gpuq.run.containers import RuntimeProbe
 from gpuq.run.joblocal import (
     Runtime,
     finish_local,
+    has_ended,
     job_roots,
     request_stop,
     settle_lock,
@@ -196,6 +197,7 @@ class Worker:
         self.idle_tracker = IdleTracker(config.idle_util_pct)
         self.others_idle_since: dict[int, float | None] = {}
         self.stopping: set[str] = set()  # running jobs told to yield (preempted)
+        self.ending: set[str] = set()  # jobs over whose supervisors are still recording them
         self.gpu_mem_watch = GpuMemWatch(config)
         self.alerts = AlertWatch(config, host)
         self.alerts_at = 0.0
@@ -286,7 +288,9 @@ class Worker:
             self.intake.version == self.version_at_last_pass and not self.started_last_pass and self.read_jobs_last_pass
         )
         self.version_at_last_pass = self.intake.version
-        return not self.running and not self.spawner.starting and settled and not self._becoming_idle()
+        return (
+            not self.running and not self.ending and not self.spawner.starting and settled and not self._becoming_idle()
+        )
 
     def _becoming_idle(self) -> bool:
         """An opportunistic job waits and one of this box's GPUs is free of other use but not
@@ -305,16 +309,20 @@ class Worker:
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
         self.running = self.listing.read(self.clock.wall())
+        # Jobs over whose supervisors are recording them are sampled no more: their GPUs are
+        # someone else's from now on (settle_running).
+        self.ending = {r.id for r in self.running if r.boot_id == self.boot_id and has_ended(self.rt, r)}
+        live = [r for r in self.running if r.id not in self.ending]
         self.observed, foreign = observe_job_memory(self.gpus, self.running, lambda r: job_roots(self.rt, r))
         self.others_idle_since = self.idle_tracker.update(
             self.gpus, foreign, {i for r in self.running for i in r.gpus}, self.clock.wall()
         )
         for overuse in self.gpu_mem_watch.update(self.running, self.observed, self.clock.mono()):
             self._act_on_overuse(overuse)
-        self.samples.observe(self.gpus, self.running, self.clock.wall())
+        self.samples.observe(self.gpus, live, self.clock.wall())
         now = self.clock.mono()
         util = {g.index: g.util_pct for g in self.gpus}
-        for r in self.running:
+        for r in live:
             if r.gpus:
                 self.gpu_usage.sample(
                     r.id,
@@ -340,7 +348,8 @@ class Worker:
 
     def settle_running(self) -> None:
         """Reattach to live jobs; settle the ones whose supervisor and job are gone."""
-        alive = []
+        alive: list[Record] = []
+        ending: list[Record] = []
         self.spawner.collect()
         for record in self.running:
             if record.boot_id == self.boot_id and record.id in self.spawner.starting:
@@ -348,12 +357,14 @@ class Worker:
                 continue
             with settle_lock(self.rt, record.id) as gone:
                 if record.boot_id == self.boot_id and not gone:
-                    alive.append(record)  # its supervisor (or the job) holds the lock
+                    # Its supervisor (or the job) holds the lock; a job that has ended holds
+                    # nothing while its supervisor records it.
+                    (ending if record.id in self.ending else alive).append(record)
                     continue
                 self.recovery.settle_gone(record)
                 finish_local(self.rt, record)
             self.gpu_usage.forget(record.id)
-        self.running = alive
+        self.running, self.ending = alive, {r.id for r in ending}
         self.stopping &= {r.id for r in alive}
         self.recovery.requeue_orphan_claims()
 
