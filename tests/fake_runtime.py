@@ -379,6 +379,13 @@ class Daemon:
             if ready:
                 conn, _ = listener.accept()
                 message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+                if not message:
+                    # A client killed between connect and send (gpuq's stop may kill it
+                    # there): a real daemon drops the connection and goes on.
+                    for fd in fds:
+                        os.close(fd)
+                    conn.close()
+                    continue
                 try:
                     self.handle(conn, json.loads(message), fds)
                 finally:

@@ -4,6 +4,7 @@ real worker with fake GPUs and the CLI (one job, a user's table, --json, bad nam
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import PY, REPO, wait_until
@@ -165,7 +166,10 @@ def test_eff_through_the_worker(queue, tmp_path):
     assert record["state"] == "done", record
     out = queue.gpuq("eff", "starved").stdout
     assert "over-declared" in out and "gpu_mem: 3GiB" in out, out
-    assert "GPU util     mean 10%" in out, out
+    # The fake GPU runs at 10% while the job holds it; the moments before the fake registers
+    # (interpreter start-up, longer on a busy box) count as 0%.
+    util = re.search(r"GPU util     mean (\d+)%", out)
+    assert util and 6 <= int(util.group(1)) <= 10, out
     [figures] = json.loads(queue.gpuq("eff", "starved", "--json").stdout)
     assert figures["cpu_eff_pct"] > 0 and figures["gpu_util_series"], figures
     # The loop gets its whole core on a quiet box (input-bound); a busy CI box may give it less.
