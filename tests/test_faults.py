@@ -262,6 +262,31 @@ def test_a_reboot_requeues_running_jobs_as_their_next_attempt(queue):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("left", ["", '{"attempt":1,"claim":"long@a@boot-one'], ids=["empty", "torn"])
+def test_a_start_record_a_power_cut_emptied_is_put_back_as_never_recorded(queue, left: str):
+    """A start's running record is not fsynced: a power cut may leave it empty or torn, with
+    its claim beside it. The rebooted worker runs the job again (before, it took the file for
+    a record and the job waited for ever, neither pending nor running)."""
+    queue.drop("long.yaml", "command: echo run-$GPUQ_ATTEMPT; sleep 60\ngpus: 1\n")
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-one"})
+
+    def runs() -> list[str]:  # the job's output lines, not its command line in the log's header
+        return re.findall(r"^run-\d$", queue.log("long"), re.M)
+
+    wait_until(lambda: runs() == ["run-1"], what="long to start")
+    queue.stop_worker("a", signal.SIGKILL)
+    queue.close_jobs()  # the machine went down with everything on it
+    (queue.root / "state" / "running" / "long.json").write_text(left)
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-two"})
+    wait_until(lambda: len(runs()) == 2, what="long to run again after the reboot")
+    record = queue.record("long")
+    assert record["state"] == "running" and record["boot_id"] == "boot-two", record
+    assert not list((queue.root / "state" / "claims").glob("long@a@boot-one@*"))
+    notes = [e for e in queue.events() if e["job"] == "long" and e.get("note") == "requeued"]
+    assert notes and "never recorded" in notes[-1]["reason"], notes
+
+
+@pytest.mark.slow
 def test_a_reboot_with_no_retries_left_records_the_job_as_lost(queue):
     queue.drop("once.yaml", "command: sleep 60\ngpus: 1\nretries: 0\n")
     queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-one"})

@@ -41,6 +41,16 @@ def write_record(layout: Layout, record: Record) -> Path:
     return path
 
 
+def _durable(record: Record) -> bool:
+    """Whether a change's new record must be on the disk before its writer goes on (fsync).
+    Not a start's: that fsync was the one disk wait on the worker's path per start, and all it
+    kept is an attempt that a power cut kills anyway. Readers still never see half of it (temp
+    file and rename); a power cut may leave it empty or torn, which the rebooted worker puts
+    back as never recorded (worker/recovery.py, requeue_orphan_claims). Every other record is
+    durable, and so is an update of a running one (`write_record`: a Slurm job's id)."""
+    return record.state is not State.RUNNING
+
+
 def read_record(path: Path) -> Record | None:
     """The record at `path`, None when it does not exist; RecordError when it is not one."""
     data = read_json(path)
@@ -103,7 +113,8 @@ class StateChange:
             if (kept := self._kept()) is not None:
                 write_json(self.layout.record(self.layout.requeued, kept.id), kept.to_json())
             if new_dir is not None:
-                write_json(self.layout.record(new_dir, self.after.id), self.after.to_json())
+                path = self.layout.record(new_dir, self.after.id)
+                write_json(path, self.after.to_json(), durable=_durable(self.after))
             if old_dir is not None and old_dir != new_dir:
                 self.layout.record(old_dir, self.before.id).unlink(missing_ok=True)
         except OSError:

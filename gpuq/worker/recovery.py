@@ -181,6 +181,9 @@ class Recovery:
             ):  # this very worker's (a pid is reused after a reboot)
                 continue
             job_id = parsed[0]
+            if self._record_lost_at_boot(job_id, path.name):
+                self.layout.record(self.layout.running, job_id).unlink(missing_ok=True)
+                log.warning("state/running/%s.json was not a record after a reboot: its claim is put back", job_id)
             if has_record(self.layout, job_id):
                 finished = read_json(self.layout.record(self.layout.finished, job_id)) or {}
                 if finished.get("claim") == path.name:
@@ -188,6 +191,22 @@ class Recovery:
                 continue
             if self.put_back(job_id, path):  # it never left pending: a note, not a change
                 append_note(self.layout, self.host, job_id, "requeued", "claimed but never recorded; requeued")
+
+    def _record_lost_at_boot(self, job_id: str, claim: str) -> bool:
+        """This host's claim from before the boot, whose running record is empty or torn: a
+        start's record is not fsynced (spool/store.py, _durable), and a power cut took its
+        data. Only the worker's account writes running/, so nothing else leaves such a file."""
+        if f"@{self.host}@{self.boot_id[:8]}@" in claim:
+            return False  # this boot's: its record was written whole (a dead worker is no power cut)
+        if any(self.layout.record(d, job_id).exists() for d in (self.layout.finished, self.layout.held)):
+            return False
+        try:
+            read_record(self.layout.record(self.layout.running, job_id))
+        except ValueError:  # not JSON, or not a record
+            return True
+        except OSError:
+            pass  # unreadable for now (a disk error): no conclusion
+        return False
 
     def sweep_temp_files(self) -> None:
         """Temp files of writers killed mid-write (never visible as records; docs/design.md lets a
