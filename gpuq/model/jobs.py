@@ -17,11 +17,15 @@ class PendingJob:
     user: str
     spec: JobSpec
     queued_at: float
-    # The static part of its place in the queue, computed once: every pass sorts thousands.
+    # Computed once, for every pass walks thousands: the static part of its place in the
+    # queue, and whether it waits on other jobs or stands for several (spool/deps.py, gates).
     order: tuple = field(init=False, repr=False, compare=False)
+    gated: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "order", (CLASS_RANK[self.spec.priority_class], -self.spec.priority))
+        spec = self.spec
+        object.__setattr__(self, "order", (CLASS_RANK[spec.priority_class], -spec.priority))
+        object.__setattr__(self, "gated", bool(spec.after or spec.after_any or spec.sweep or spec.array))
 
     @property
     def opportunistic(self) -> bool:

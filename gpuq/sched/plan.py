@@ -92,10 +92,10 @@ def plan(
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
     pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked)
     pass_.queue = pending
-    ordinary_keys: list[tuple] = []
-    opportunistic_keys: list[tuple] = []
-    for key in keys:
-        (opportunistic_keys if key[-1].opportunistic else ordinary_keys).append(key)
+    # Two comprehensions, not a loop of appends: a pass splits thousands (most queues hold
+    # no opportunistic job, and then the keys are all ordinary).
+    opportunistic_keys = [key for key in keys if key[-1].spec.preemptible]
+    ordinary_keys = [key for key in keys if not key[-1].spec.preemptible] if opportunistic_keys else keys
     ordinary = _in_order(ordinary_keys, presorted=explain)
     for job in ordinary:
         pass_.ordinary(job)

@@ -88,7 +88,7 @@ class DependencyStates:
 def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], dict[str, str]]:
     """For PendingJobs: ({id: why it waits}, {id: why it can never start}). A sweep spec
     waits too: it is never run itself (spool/sweeps.py)."""
-    with_deps = [j for j in pending if j.spec.after or j.spec.after_any or j.spec.sweep or j.spec.array]
+    with_deps = [j for j in pending if j.gated]
     if not with_deps:
         return {}, {}
     known = states.lookup(referenced(j.spec for j in with_deps))
