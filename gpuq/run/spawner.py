@@ -7,9 +7,11 @@ per job and never forks. A supervisor that has recorded its job tells the spawne
 free, and the spawner hands it the next job instead of forking again (a fork and the pages
 it copies cost milliseconds per job): one job at a time per supervisor, always.
 
-Protocol: two pipes, one JSON line each way per launch. The worker writes the running record
-first, then sends the whole record: what to run and as whom travel only this way, from the
-worker, never through a file others might swap (run/supervise.py). The spawner takes the job's
+Protocol: two pipes, one line each way per launch. The worker writes the running record
+first, then sends the job's id, a space and the whole record as JSON: what to run and as whom
+travel only this way, from the worker, never through a file others might swap
+(run/supervise.py). The spawner passes the record on as the bytes it got (the supervisor
+parses it: a parse and a dump per job cost the spawner more than the rest of a launch). The spawner takes the job's
 lock and passes the locked descriptor and the record to a free supervisor (or to a new one
 it forks), so the lock is held from then on, and answers {"id", "pid"} or {"id", "error"}.
 Until the answer comes, the worker counts the job as starting. The spawner exits when the
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING
 from gpuq.host.faults import crash_point
 from gpuq.host.hostinfo import open_to_append
 from gpuq.host.proctree import reap_children
+from gpuq.model.names import JOB_ID_RE
 from gpuq.model.record import Record
 from gpuq.run.joblocal import Runtime, try_lock
 from gpuq.run.supervise import become_supervisor, prepare, supervise
@@ -62,7 +65,7 @@ class Spawner:
         self._partial = b""
 
     def launch(self, record: Record) -> None:
-        line = (json.dumps({"record": record.to_json()}) + "\n").encode()
+        line = f"{record.id} {json.dumps(record.to_json())}\n".encode()
         for _ in range(2):  # a spawner that died since the last launch is started again once
             proc = self._ensure()
             try:
@@ -174,9 +177,9 @@ def serve() -> None:
             return  # the worker is gone; free supervisors see our sockets close and exit
         *lines, partial = (partial + chunk).split(b"\n")
         for line in lines:
-            record = Record.from_json(json.loads(line)["record"])
-            answer = _launch(rt, record, supervisors)
-            os.write(stdout, (json.dumps({"id": record.id, **answer}) + "\n").encode())
+            job_id, _, message = line.partition(b" ")
+            answer = _launch(rt, job_id.decode(), message, supervisors)
+            os.write(stdout, (json.dumps({"id": job_id.decode(), **answer}) + "\n").encode())
 
 
 def _note_free(supervisors: dict[int, _Supervisor], readable: list[int]) -> None:
@@ -195,9 +198,12 @@ def _note_free(supervisors: dict[int, _Supervisor], readable: list[int]) -> None
             supervisors.pop(fd).sock.close()  # it reads EOF and exits
 
 
-def _launch(rt: Runtime, record: Record, supervisors: dict[int, _Supervisor]) -> dict[str, object]:
+def _launch(rt: Runtime, job_id: str, message: bytes, supervisors: dict[int, _Supervisor]) -> dict[str, object]:
+    """Job `job_id`, its record the JSON `message`, to a free supervisor or a new one."""
+    if not JOB_ID_RE.match(job_id):  # it names the lock file: a path, whatever the line held
+        return {"error": f"not a job id: {job_id!r}"}
     try:
-        lock_fd = os.open(rt.lock_path(record.id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        lock_fd = os.open(rt.lock_path(job_id), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         return {"error": f"cannot open the job lock: {e}"}
     try:
@@ -207,7 +213,6 @@ def _launch(rt: Runtime, record: Record, supervisors: dict[int, _Supervisor]) ->
             return {"error": "the job lock is held by another process"}
         os.ftruncate(lock_fd, 0)  # no `started` marker left from an earlier attempt
         crash_point("spawner:locked")
-        message = json.dumps(record.to_json()).encode()
         for fd, sup in list(supervisors.items()):
             if sup.free_since is None:
                 continue
@@ -223,7 +228,7 @@ def _launch(rt: Runtime, record: Record, supervisors: dict[int, _Supervisor]) ->
         if pid == 0:  # the new supervisor: never return into the spawner's loop
             code = 1
             try:
-                code = _supervisor_loop(rt, theirs, record, lock_fd)
+                code = _supervisor_loop(rt, theirs, Record.from_json(json.loads(message)), lock_fd)
             except BaseException:
                 traceback.print_exc()
             finally:
