@@ -130,6 +130,20 @@ def test_show_and_logs_say_what_is_not_a_job_id(queue, job_id, verb):
     assert len(err.splitlines()) == 1 and len(err) < 300, err  # one line, not the 5,000 characters
 
 
+@pytest.mark.parametrize("left", ["", '{"id": "torn'], ids=["empty", "torn"])
+def test_show_of_a_record_a_power_cut_emptied_says_so(queue, left: str):
+    """A start's running record is synced by its supervisor, not by the worker: a power cut
+    before that can leave it empty until the box's worker starts again. `show` said it with a
+    JSONDecodeError traceback."""
+    running = queue.root / "state" / "running"
+    running.mkdir(parents=True, exist_ok=True)
+    (running / "cut.json").write_text(left)
+    for extra in ([], ["--json"]):
+        done = queue.gpuq("show", "cut", *extra, check=False, timeout=30)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert "state/running/cut.json is not a record" in done.stdout and "power cut" in done.stdout, done.stdout
+
+
 # --- another user's log -------------------------------------------------------------------------
 
 

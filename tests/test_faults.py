@@ -261,29 +261,54 @@ def test_a_reboot_requeues_running_jobs_as_their_next_attempt(queue):
     assert events and "host rebooted; requeued as attempt 2" in events[-1]["reason"]
 
 
+def _power_cut_before_the_sync(queue, fault_log, boot: str, left: str, job_id: str = "job") -> None:
+    """The worker wrote job_id's start record (no fsync: its supervisor syncs it) and the box
+    lost power before the supervisor ran: a SIGKILL at worker:recorded, then the record's
+    data gone as a power cut can leave it, then a new boot."""
+    wait_until(lambda: fired(fault_log, "crash", "worker:recorded"), what="the worker to die at worker:recorded")
+    queue.workers["a"].wait(timeout=20)
+    queue.close_jobs()
+    (queue.root / "state" / "running" / f"{job_id}.json").write_text(left)
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": boot})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("left", ["", '{"attempt":1,"claim":"long@a@boot-one'], ids=["empty", "torn"])
-def test_a_start_record_a_power_cut_emptied_is_put_back_as_never_recorded(queue, left: str):
-    """A start's running record is not fsynced: a power cut may leave it empty or torn, with
-    its claim beside it. The rebooted worker runs the job again (before, it took the file for
-    a record and the job waited for ever, neither pending nor running)."""
-    queue.drop("long.yaml", "command: echo run-$GPUQ_ATTEMPT; sleep 60\ngpus: 1\n")
-    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-one"})
-
-    def runs() -> list[str]:  # the job's output lines, not its command line in the log's header
-        return re.findall(r"^run-\d$", queue.log("long"), re.M)
-
-    wait_until(lambda: runs() == ["run-1"], what="long to start")
-    queue.stop_worker("a", signal.SIGKILL)
-    queue.close_jobs()  # the machine went down with everything on it
-    (queue.root / "state" / "running" / "long.json").write_text(left)
-    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-two"})
-    wait_until(lambda: len(runs()) == 2, what="long to run again after the reboot")
-    record = queue.record("long")
-    assert record["state"] == "running" and record["boot_id"] == "boot-two", record
-    assert not list((queue.root / "state" / "claims").glob("long@a@boot-one@*"))
-    notes = [e for e in queue.events() if e["job"] == "long" and e.get("note") == "requeued"]
+@pytest.mark.parametrize("left", ["", '{"attempt":1,"claim":"job@a@boot-one'], ids=["empty", "torn"])
+def test_a_start_record_a_power_cut_emptied_is_put_back_as_never_recorded(queue, tmp_path, left: str):
+    """A power cut between a start's record (written without an fsync) and its supervisor's
+    sync may leave it empty or torn beside its claim. The rebooted worker runs the job (before,
+    the file's existence made it leave the claim alone: the job waited for ever, neither
+    pending nor running)."""
+    fault_log = tmp_path / "faults"
+    env = {"GPUQ_TEST_BOOT_ID": "boot-one", CRASH_ENV: "worker:recorded", FAULT_LOG_ENV: str(fault_log)}
+    queue.start_worker("a", "1x80GiB", env=env)
+    queue.drop("job.yaml", JOB)
+    _power_cut_before_the_sync(queue, fault_log, "boot-two", left)
+    record = wait_until(lambda: _final(queue, "job"), what="job to run after the reboot")
+    assert record["state"] == "done" and record["boot_id"] == "boot-two", record
+    assert _runs(queue, "job") == [f"{RUN_LINE}1"]  # it had never run
+    assert not list((queue.root / "state" / "claims").iterdir())
+    notes = [e for e in queue.events() if e["job"] == "job" and e.get("note") == "requeued"]
     assert notes and "never recorded" in notes[-1]["reason"], notes
+
+
+@pytest.mark.slow
+def test_a_power_cut_before_the_sync_keeps_the_attempts_number(queue, tmp_path):
+    """Attempt 2 (after a reboot took attempt 1) loses its start record to a power cut before
+    its supervisor synced it: it runs as attempt 2 again, not as a first attempt with its
+    retries anew (the attempt kept in requeued/ goes only once the record is synced)."""
+    fault_log = tmp_path / "faults"
+    queue.drop("job.yaml", f"command: echo {RUN_LINE}$GPUQ_ATTEMPT; sleep 60\ngpus: 1\n")
+    queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-one"})
+    wait_until(lambda: _runs(queue, "job") == [f"{RUN_LINE}1"], what="attempt 1 to run")
+    queue.stop_worker("a", signal.SIGKILL)
+    queue.close_jobs()  # a reboot: attempt 1 is lost, attempt 2 is claimed and recorded
+    env = {"GPUQ_TEST_BOOT_ID": "boot-two", CRASH_ENV: "worker:recorded", FAULT_LOG_ENV: str(fault_log)}
+    queue.start_worker("a", "1x80GiB", env=env, wait=False)  # it dies in its first pass
+    _power_cut_before_the_sync(queue, fault_log, "boot-three", "")
+    wait_until(lambda: len(_runs(queue, "job")) == 2, what="the job to run after the second reboot")
+    assert _runs(queue, "job") == [f"{RUN_LINE}1", f"{RUN_LINE}2"]
+    assert queue.record("job")["attempt"] == 2
 
 
 @pytest.mark.slow
@@ -588,6 +613,28 @@ def test_a_disk_that_refuses_running_records_loses_no_spec_and_no_worker(queue, 
     queue.stop_worker("a")
     queue.start_worker("a", "1x80GiB")  # space was freed
     record = wait_until(lambda: _final(queue, "job"), what="job to run once the disk takes records")
+    assert record["state"] == "done" and len(_runs(queue, "job")) == 1
+
+
+@pytest.mark.slow
+def test_a_start_record_the_disk_will_not_sync_never_starts_its_job(queue, tmp_path):
+    """The worker writes a start's record without an fsync and the job's supervisor syncs it
+    before the start: refused, the job does not start (a power cut could take a record it
+    ran under) and the attempt is requeued as never started; once the disk syncs, it runs once."""
+    fault_log = tmp_path / "faults"
+    worker = queue.start_worker(
+        "a", "1x80GiB", env={"GPUQ_TEST_IO_FAULT": "fsync:running=EIO", FAULT_LOG_ENV: str(fault_log)}
+    )
+    queue.drop("job.yaml", JOB)
+    wait_until(lambda: len(fired(fault_log, "io", "fsync:running EIO")) >= 2, what="two starts refused")
+    wait_until(
+        lambda: any("never started" in (e.get("reason") or "") for e in queue.events() if e["job"] == "job"),
+        what="the attempt requeued as never started",
+    )
+    assert _runs(queue, "job") == [] and _alive(worker)
+    queue.stop_worker("a")
+    queue.start_worker("a", "1x80GiB")  # the disk syncs again
+    record = wait_until(lambda: _final(queue, "job"), what="job to run once the disk syncs")
     assert record["state"] == "done" and len(_runs(queue, "job")) == 1
 
 

@@ -88,10 +88,15 @@ def write_json(path: Path, obj: Any, durable: bool = True) -> None:
     atomic_write(path, json.dumps(obj, separators=(",", ":"), sort_keys=True).encode(), durable=durable)
 
 
-def read_json(path: Path) -> Any | None:
-    """The parsed file, or None when it does not exist (a concurrent transition moved it)."""
+def read_json(path: Path, durable: bool = False) -> Any | None:
+    """The parsed file, or None when it does not exist (a concurrent transition moved it).
+    `durable`: also on the disk once this returns (for a file written with durable=False)."""
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            data = f.read()
+            if durable:
+                io_fault(f"fsync:{path.parent.name}")
+                os.fsync(f.fileno())
+            return json.loads(data)
     except FileNotFoundError:
         return None

@@ -177,9 +177,10 @@ def serve() -> None:
             return  # the worker is gone; free supervisors see our sockets close and exit
         *lines, partial = (partial + chunk).split(b"\n")
         for line in lines:
-            job_id, _, message = line.partition(b" ")
-            answer = _launch(rt, job_id.decode(), message, supervisors)
-            os.write(stdout, (json.dumps({"id": job_id.decode(), **answer}) + "\n").encode())
+            raw_id, _, message = line.partition(b" ")
+            job_id = raw_id.decode("ascii", "replace")  # checked in _launch
+            answer = _launch(rt, job_id, message, supervisors)
+            os.write(stdout, (json.dumps({"id": job_id, **answer}) + "\n").encode())
 
 
 def _note_free(supervisors: dict[int, _Supervisor], readable: list[int]) -> None:

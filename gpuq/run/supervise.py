@@ -59,7 +59,7 @@ from gpuq.run.launch import (
 )
 from gpuq.run.limits import LimitWatch
 from gpuq.sched.restarts import HEALTHY_S, restart_delay
-from gpuq.spool.store import read_record, transition, write_record
+from gpuq.spool.store import forget_kept, read_record, transition, write_record
 
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.05  # how often an old kernel without pidfd_open looks whether the job exited
@@ -134,8 +134,15 @@ def supervise(rt: Runtime, record: Record, lock_fd: int, clock: Clock | None = N
     (closed on return), and record it. Every wait reads `clock` (the host's by default)."""
     _StopSignal.requested, _StopSignal.stop_path = False, rt.stop_path(record.id)
     try:
-        if not _still_recorded(rt, record, if_unreadable=False):
+        # The worker wrote the record without an fsync (spool/store.py, _durable): it is on
+        # the disk before the job may start, so an attempt that takes its host down still
+        # counts against lost_retries, and one a power cut left empty never started.
+        if not _still_recorded(rt, record, if_unreadable=False, durable=True):
             return  # requeued or settled before the launch arrived (or unknowable): run nothing
+        try:
+            forget_kept(rt.layout, record.id)
+        except OSError:
+            pass  # best effort: a requeue of this attempt writes both anew
         crash_point("supervisor:owned")
         _mark(lock_fd, {"claim": record.claim})
         crash_point("supervisor:marked")
@@ -168,13 +175,14 @@ def fence_reason(rt: Runtime, record: Record, lease_fraction: float = FENCE_FRAC
     return None
 
 
-def _still_recorded(rt: Runtime, record: Record, if_unreadable: bool = True) -> bool:
+def _still_recorded(rt: Runtime, record: Record, if_unreadable: bool = True, durable: bool = False) -> bool:
     """Whether the running record on disk is still this attempt's (same claim). Only this
     yes or no is taken from the file: what runs, as whom, and which paths are cleaned up
     always come from `record`, which the worker handed over. A file that is not a record is
-    not this attempt's; one that cannot be read (a disk error) gives `if_unreadable`."""
+    not this attempt's; one that cannot be read (a disk error) gives `if_unreadable`, and so
+    does one that `durable` asks to fsync and the disk refuses."""
     try:
-        current = read_record(rt.layout.record(rt.layout.running, record.id))
+        current = read_record(rt.layout.record(rt.layout.running, record.id), durable=durable)
     except ValueError:  # RecordError, or not JSON: not a record of this attempt
         return False
     except OSError:

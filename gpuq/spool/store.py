@@ -1,7 +1,9 @@
 """The spool: records as files, atomic writes, claims by rename, transitions, events.
 
-Every write is temp file + fsync + rename, so a reader never sees half a file. A transition
-is checked and written by `StateChange` only (`transition` for one with nothing else to move).
+Every write is temp file + fsync + rename, so a reader never sees half a file; one record
+skips the fsync, a start's, which the job's supervisor syncs (`StateChange`, `durable`). A
+transition is checked and written by `StateChange` only (`transition` for one with nothing
+else to move).
 """
 
 from __future__ import annotations
@@ -41,19 +43,10 @@ def write_record(layout: Layout, record: Record) -> Path:
     return path
 
 
-def _durable(record: Record) -> bool:
-    """Whether a change's new record must be on the disk before its writer goes on (fsync).
-    Not a start's: that fsync was the one disk wait on the worker's path per start, and all it
-    kept is an attempt that a power cut kills anyway. Readers still never see half of it (temp
-    file and rename); a power cut may leave it empty or torn, which the rebooted worker puts
-    back as never recorded (worker/recovery.py, requeue_orphan_claims). Every other record is
-    durable, and so is an update of a running one (`write_record`: a Slurm job's id)."""
-    return record.state is not State.RUNNING
-
-
-def read_record(path: Path) -> Record | None:
-    """The record at `path`, None when it does not exist; RecordError when it is not one."""
-    data = read_json(path)
+def read_record(path: Path, durable: bool = False) -> Record | None:
+    """The record at `path`, None when it does not exist; RecordError when it is not one.
+    `durable`: also on the disk once this returns (a start's record is written without)."""
+    data = read_json(path, durable=durable)
     return Record.from_json(data) if data is not None else None
 
 
@@ -86,9 +79,16 @@ class StateChange:
     duplicate that readers resolve in favour of the later state, never a lost job.
     """
 
-    def __init__(self, layout: Layout, before: Record, new: State, event_host: str, **changes: Any) -> None:
+    def __init__(
+        self, layout: Layout, before: Record, new: State, event_host: str, durable: bool = True, **changes: Any
+    ) -> None:
+        """`durable=False`: the new record is written without an fsync, for a worker's start
+        only, whose supervisor syncs it before the job starts (run/supervise.py): the fsync
+        was the one disk wait on the worker's path per start. A power cut before that sync
+        can leave it empty or torn, and then its job never started: the rebooted worker puts
+        its claim back (worker/recovery.py, requeue_orphan_claims)."""
         check_transition(before.id, before.state, new)
-        self.layout, self.before, self.host = layout, before, event_host
+        self.layout, self.before, self.host, self.durable = layout, before, event_host, durable
         self.after = replace(before, state=new, **changes)
 
     def _dir(self, state: State) -> Path | None:
@@ -114,7 +114,7 @@ class StateChange:
                 write_json(self.layout.record(self.layout.requeued, kept.id), kept.to_json())
             if new_dir is not None:
                 path = self.layout.record(new_dir, self.after.id)
-                write_json(path, self.after.to_json(), durable=_durable(self.after))
+                write_json(path, self.after.to_json(), durable=self.durable)
             if old_dir is not None and old_dir != new_dir:
                 self.layout.record(old_dir, self.before.id).unlink(missing_ok=True)
         except OSError:
@@ -139,9 +139,11 @@ class StateChange:
         append_event(self.layout, self.host, transition_event(self.after, self.before.state))
 
 
-def transition(layout: Layout, before: Record, new: State, event_host: str, **changes: Any) -> Record:
+def transition(
+    layout: Layout, before: Record, new: State, event_host: str, durable: bool = True, **changes: Any
+) -> Record:
     """A `StateChange` with nothing else to move: check, write, log."""
-    change = StateChange(layout, before, new, event_host, **changes)
+    change = StateChange(layout, before, new, event_host, durable, **changes)
     updated = change.write()
     change.log()
     return updated
@@ -225,6 +227,15 @@ def kept_place(layout: Layout, job_id: str, uid: int) -> float | None:
 
 def forget_place(layout: Layout, job_id: str) -> None:
     layout.record(layout.places, job_id).unlink(missing_ok=True)
+
+
+def forget_kept(layout: Layout, job_id: str) -> None:
+    """A started attempt's record is on the disk: the attempt before it (kept in requeued/ to
+    number this one) and the queue place it kept are done with. Only after that sync: a power
+    cut that took the record must leave them, or the next attempt would be numbered 1 again,
+    with its retries anew, at the end of the queue."""
+    layout.record(layout.requeued, job_id).unlink(missing_ok=True)
+    forget_place(layout, job_id)
 
 
 def next_attempt(previous: dict | None) -> int:

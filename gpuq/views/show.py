@@ -23,8 +23,18 @@ from gpuq.views.status import status
 
 def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | None:
     """Everything known about one job, wherever it is."""
+    damaged: dict[str, Any] | None = None
     for d in (layout.finished, layout.running):
-        record = read_record(layout.record(d, job_id))
+        try:
+            record = read_record(layout.record(d, job_id))
+        except ValueError as e:  # empty or torn (a power cut): said, not a traceback
+            damaged = damaged or {
+                "id": job_id,
+                "state": "unknown",
+                "reason": f"state/{d.name}/{job_id}.json is not a record ({e}); after a power cut the box's "
+                "worker removes such a file when it starts again: run `gpuq doctor`, or ask your admin",
+            }
+            continue
         if record is not None:
             out = mask_secrets(record.to_json())
             out["log"] = str(layout.job_log(job_id))
@@ -36,6 +46,8 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
             else:
                 out["spec_note"] = "not known: its spec did not parse (nothing to run, nothing kept)"
             return out
+    if damaged is not None:
+        return damaged
     if (path := pending_spec_path(layout, job_id)) is not None:
         view = status(layout, config)
         for p in view["pending"]:

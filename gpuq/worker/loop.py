@@ -66,7 +66,6 @@ from gpuq.spool.samples import SampleLog
 from gpuq.spool.store import (
     append_note,
     claim,
-    forget_place,
     keep_place,
     next_attempt,
     spec_state,
@@ -621,15 +620,13 @@ class Worker:
             **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]),
         )
 
-        try:
-            record = transition(self.layout, claimed_job, State.RUNNING, self.host)  # then the job may start
+        try:  # no fsync here: the supervisor syncs the record before the job starts
+            record = transition(self.layout, claimed_job, State.RUNNING, self.host, durable=False)
         except OSError:
             if not self.layout.record(self.layout.running, job_id).exists():
                 keep_place(self.layout, job_id, uid, job.queued_at)
                 self.recovery.put_back(job_id, claimed)  # no record: the spec waits in jobs/ again
             raise  # (with a record, the next pass requeues the attempt: it never started)
-        self.layout.record(self.layout.requeued, job_id).unlink(missing_ok=True)  # numbered now
-        forget_place(self.layout, job_id)
         crash_point("worker:recorded")
         self.spawner.launch(record)
         crash_point("worker:sent")

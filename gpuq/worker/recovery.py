@@ -181,9 +181,9 @@ class Recovery:
             ):  # this very worker's (a pid is reused after a reboot)
                 continue
             job_id = parsed[0]
-            if self._record_lost_at_boot(job_id, path.name):
+            if self._torn_at_boot(job_id, path.name):
                 self.layout.record(self.layout.running, job_id).unlink(missing_ok=True)
-                log.warning("state/running/%s.json was not a record after a reboot: its claim is put back", job_id)
+                log.warning("state/running/%s.json was not a record after a reboot (a power cut): removed", job_id)
             if has_record(self.layout, job_id):
                 finished = read_json(self.layout.record(self.layout.finished, job_id)) or {}
                 if finished.get("claim") == path.name:
@@ -192,14 +192,15 @@ class Recovery:
             if self.put_back(job_id, path):  # it never left pending: a note, not a change
                 append_note(self.layout, self.host, job_id, "requeued", "claimed but never recorded; requeued")
 
-    def _record_lost_at_boot(self, job_id: str, claim: str) -> bool:
-        """This host's claim from before the boot, whose running record is empty or torn: a
-        start's record is not fsynced (spool/store.py, _durable), and a power cut took its
-        data. Only the worker's account writes running/, so nothing else leaves such a file."""
+    def _torn_at_boot(self, job_id: str, claim: str) -> bool:
+        """Whether this host's claim is from before the boot and its running record is empty or
+        torn. A worker writes a start's record without an fsync and its supervisor syncs it
+        before the job starts (spool/store.py, StateChange): a power cut took the data of a
+        record whose job never started (its claim goes back to jobs/), or of one settled
+        before its supervisor ran, beside its finished record (which wins). Nobody but the
+        worker's account writes running/, and only a worker's start skips the fsync."""
         if f"@{self.host}@{self.boot_id[:8]}@" in claim:
-            return False  # this boot's: its record was written whole (a dead worker is no power cut)
-        if any(self.layout.record(d, job_id).exists() for d in (self.layout.finished, self.layout.held)):
-            return False
+            return False  # this boot's: written whole (a dead worker is no power cut)
         try:
             read_record(self.layout.record(self.layout.running, job_id))
         except ValueError:  # not JSON, or not a record
