@@ -10,10 +10,10 @@ it copies cost milliseconds per job): one job at a time per supervisor, always.
 Protocol: two pipes, one line each way per launch. The worker writes the running record
 first, then sends the job's id, a space and the whole record as JSON: what to run and as whom
 travel only this way, from the worker, never through a file others might swap
-(run/supervise.py). The spawner passes the record on as the bytes it got (the supervisor
-parses it: a parse and a dump per job cost the spawner more than the rest of a launch). The spawner takes the job's
-lock and passes the locked descriptor and the record to a free supervisor (or to a new one
-it forks), so the lock is held from then on, and answers {"id", "pid"} or {"id", "error"}.
+(run/supervise.py). The spawner takes the job's lock and passes the locked descriptor and the
+record, as the bytes it got, to a free supervisor (or to a new one it forks), which parses it
+(a parse and a dump per job cost the spawner more than the rest of a launch); the lock is held
+from then on. The spawner answers {"id", "pid"} or {"id", "error"}.
 Until the answer comes, the worker counts the job as starting. The spawner exits when the
 worker's end of the pipe closes (the worker stopped or died); free supervisors then exit,
 busy ones finish their job first.

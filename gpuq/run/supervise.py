@@ -134,7 +134,7 @@ def supervise(rt: Runtime, record: Record, lock_fd: int, clock: Clock | None = N
     (closed on return), and record it. Every wait reads `clock` (the host's by default)."""
     _StopSignal.requested, _StopSignal.stop_path = False, rt.stop_path(record.id)
     try:
-        # The worker wrote the record without an fsync (spool/store.py, _durable): it is on
+        # The worker wrote the record without an fsync (spool/store.py, StateChange): it is on
         # the disk before the job may start, so an attempt that takes its host down still
         # counts against lost_retries, and one a power cut left empty never started.
         if not _still_recorded(rt, record, if_unreadable=False, durable=True):
