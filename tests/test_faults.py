@@ -53,12 +53,16 @@ HOPS_AFTER = {  # point -> (the hops allowed before the last event, the last eve
     "supervisor:recorded": ({_START}, _DONE),
     "supervisor:cleaned": ({_START}, _DONE),
 }
-# Where the crash left the attempt provably unstarted, at least one requeue must show.
+# Where the crash left the attempt provably unstarted, at least one requeue must show. Where
+# the worker lives on, the test kills it at any moment, also between a requeue's change of the
+# record and its event: the next worker then finishes that requeue from the claim left behind,
+# and only its note shows.
+_ANY_REQUEUE = {_NEVER_STARTED, _UNRECORDED_CLAIM}
 MUST_REQUEUE = {
-    "worker:claimed": _UNRECORDED_CLAIM,
-    "worker:recorded": _NEVER_STARTED,
-    "spawner:locked": _NEVER_STARTED,
-    "supervisor:owned": _NEVER_STARTED,
+    "worker:claimed": {_UNRECORDED_CLAIM},
+    "worker:recorded": {_NEVER_STARTED},
+    "spawner:locked": _ANY_REQUEUE,
+    "supervisor:owned": _ANY_REQUEUE,
 }
 
 
@@ -114,7 +118,7 @@ def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, p
     events = settled_events(queue)
     allowed, last = HOPS_AFTER[point]  # the recovery took only paths its point calls for
     assert events[-1] == last and set(events[:-1]) <= allowed and events.count(last) == 1, events
-    assert point not in MUST_REQUEUE or MUST_REQUEUE[point] in events, events
+    assert point not in MUST_REQUEUE or MUST_REQUEUE[point] & set(events), events
     assert_nothing_left(queue)
 
 
