@@ -42,7 +42,15 @@ def run_gpuq(n: int) -> float:
     for i in range(n):
         (staging / f"t{i:04d}.yaml").write_text('command: "true"\ngpus: 1\n')  # whole GPU each
         os.rename(staging / f"t{i:04d}.yaml", jobs / f"t{i:04d}.yaml")
-    while (done := sum(1 for e in os.scandir(finished) if e.name.endswith(".json"))) < n:  # not temp files
+    # Watched as cheaply as tsp's `tsp -w` blocks: the first job not yet seen finished is
+    # looked up, and the ones after it while they are (jobs end about in order). A listing of
+    # finished/ every 10 ms took ~0.8 ms of CPU per job from the two cores the jobs share.
+    done = 0
+    while True:
+        while done < n and os.path.exists(finished / f"t{done:04d}.json"):  # renamed in whole
+            done += 1
+        if done == n:
+            break
         if worker.poll() is not None:
             raise SystemExit(f"the worker exited ({worker.returncode}) with {done} of {n} finished")
         time.sleep(0.01)

@@ -212,7 +212,8 @@ def _launch(rt: Runtime, job_id: str, message: bytes, supervisors: dict[int, _Su
             # Being settled right now, or a stale copy of this attempt still runs: run nothing;
             # the worker settles the record through the lock.
             return {"error": "the job lock is held by another process"}
-        os.ftruncate(lock_fd, 0)  # no `started` marker left from an earlier attempt
+        if os.fstat(lock_fd).st_size:  # no `started` marker left from an earlier attempt
+            os.ftruncate(lock_fd, 0)  # (only then: on ext4 a truncate is a journal transaction)
         crash_point("spawner:locked")
         for fd, sup in list(supervisors.items()):
             if sup.free_since is None:
