@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PY, REPO, Queue
+from filelock import FileLock
 
 # Names of this test process's own: two copies of the suite may run side by side, and one
 # must not delete the users the other is using.
@@ -56,12 +57,15 @@ def _shared_python() -> str:
     key = hashlib.sha256(" ".join((base, *deps)).encode()).hexdigest()[:12]
     venv = Path(tempfile.gettempdir()) / f"gpuq-team-python-{key}"
     python = venv / "bin" / "python"
-    if not (venv / ".ready").exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *deps], check=True, capture_output=True)
-        (venv / ".ready").write_text("ok\n")
-    subprocess.run(["chmod", "-R", "go+rX,go-w", str(venv)], check=True)
+    # Under a lock: a second copy of the suite started beside this one on a new machine would
+    # otherwise remove the venv this one is installing into.
+    with FileLock(f"{venv}.lock"):
+        if not (venv / ".ready").exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True)
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", *deps], check=True, capture_output=True)
+            (venv / ".ready").write_text("ok\n")
+        subprocess.run(["chmod", "-R", "go+rX,go-w", str(venv)], check=True)
     return str(python)
 
 
