@@ -33,7 +33,9 @@ def remove_root(root: Path, *hosts: str) -> None:
     from gpuq.spool.layout import Layout
 
     for host in hosts:
-        shutil.rmtree(Layout(root).default_local_dir(host), ignore_errors=True)
+        local_dir = Layout(root).default_local_dir(host)
+        shutil.rmtree(local_dir, ignore_errors=True)
+        shutil.rmtree(f"{local_dir}-mps", ignore_errors=True)  # MPS daemons' (run/mps.py)
     shutil.rmtree(root, ignore_errors=True)
 
 

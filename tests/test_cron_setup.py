@@ -25,6 +25,8 @@ import pytest
 from conftest import REPO, wait_until
 from team import ALICE, TEAM, needs_root
 
+from gpuq.single_instance import default_local_dir, this_host
+
 CRON_FILE = Path("/etc/cron.d") / f"gpuq-test-{os.getpid()}"
 FAKE_GPUS = "1x24GiB"  # README: on a box without GPUs, GPUQ_FAKE_GPUS on the line above
 
@@ -218,4 +220,5 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
                 psutil.Process(worker_pid).wait(timeout=30)
             except (ProcessLookupError, psutil.NoSuchProcess):
                 pass
+        shutil.rmtree(default_local_dir(str(root), this_host()), ignore_errors=True)  # cron's worker: no --host
         shutil.rmtree(base, ignore_errors=True)

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, wait_until
 
 from gpuq import layers
+from gpuq.single_instance import default_local_dir
 
 
 def test_the_package_has_no_upward_import_no_cycle_and_no_unlisted_lazy_import() -> None:
@@ -157,3 +158,4 @@ def test_pip_install_not_editable_installs_every_subpackage(tmp_path: Path) -> N
     finally:
         running.terminate()
         running.wait(timeout=30)
+        shutil.rmtree(default_local_dir(str(root), "box"), ignore_errors=True)
