@@ -67,7 +67,7 @@ def main() -> None:
         for i in range(args.jobs):
             t = time.perf_counter()
             name = send(layout, "cancel", (f"p{i}",))
-            reply = _wait(lambda name=name: read_reply(layout, name))
+            reply = _wait(lambda name=name: read_reply(layout, name, os.geteuid()))
             pending.append(time.perf_counter() - t)
             assert reply.ok, reply
             time.sleep(0.3)

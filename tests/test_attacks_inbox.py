@@ -283,3 +283,141 @@ def test_a_request_with_two_links_is_refused(team):
     assert done.returncode == 0, done.stderr
     reply = _reply(team, path.name)
     assert not reply["ok"] and "not a plain file with one link" in reply["outcomes"][0]["message"], reply
+
+
+# --- a third round, from a review that used the recommended setup as two members ----------
+
+
+def _popen_as(team, user: str, script: str):
+    """An attacker's script left running in the background, as `user` with their groups."""
+    import subprocess
+
+    pw = team.users[user]
+    return subprocess.Popen(
+        [team.python, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        user=pw.pw_uid,
+        group=pw.pw_gid,
+        extra_groups=os.getgrouplist(user, pw.pw_gid),
+    )
+
+
+def _flags(team):
+    """A directory where the attackers' scripts and the test signal each other."""
+    flags = team.base / "flags"
+    flags.mkdir(exist_ok=True)
+    os.chmod(flags, 0o777)
+    return flags
+
+
+def test_a_retried_refused_spec_never_runs_what_another_member_wrote_into_it(team):
+    """A spec bob left group-writable was refused and kept in state/rejected as it was; its
+    fix said `chmod go-w` it there and `gpuq retry`. Alice had opened it for writing meanwhile
+    (a chmod does not take a handle back), and retry put that very file back in jobs/: her
+    command ran as bob. A retry now queues a fresh copy, and the fix says to write one."""
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "busy.yaml", SLEEPER.replace("gpus: 0", "gpus: 1"))  # keeps bob's job waiting
+    wait_until(lambda: _state(team, "busy") == "running", what="alice's job on the GPU")
+    team.drop_as(BOB, "gw.yaml", "command: echo bob-ran\ngpus: 1\nworkdir: /\n", mode=0o664)
+    refused, error = team.root / "state" / "rejected" / "gw.yaml", team.root / "state" / "rejected" / "gw.error"
+    said = wait_until(lambda: error.exists() and error.read_text(), what="bob's group-writable spec refused")
+    assert "can be changed by other users" in said and "fresh copy" in said and "gpuq retry" not in said, said
+    flag = _flags(team) / "alice-wrote"
+    alice = _popen_as(
+        team,
+        ALICE,
+        f"""
+import os, time
+fd = os.open({str(refused)!r}, os.O_WRONLY)  # while the team may write it
+print("opened", flush=True)
+end = time.time() + 60
+while not os.path.exists({str(team.root / "jobs" / "gw.yaml")!r}) and time.time() < end:
+    time.sleep(0.02)
+os.ftruncate(fd, 0)
+os.pwrite(fd, b"command: echo alice-ran\\ngpus: 1\\nworkdir: /\\n", 0)
+open({str(flag)!r}, "w").close()
+""",
+    )
+    assert alice.stdout.readline().strip() == "opened"
+    assert team.run_as(BOB, ["chmod", "go-w", str(refused)]).returncode == 0  # as the old fix said
+    retry = team.as_user(BOB, "retry", "gw")
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    alice.wait(timeout=90)
+    assert flag.exists(), alice.stderr  # she wrote, after the retry
+    assert team.as_user(ALICE, "cancel", "busy").returncode == 0  # the GPU for bob's job
+    record = wait_until(lambda: team.finished("gw"), timeout=60, what="bob's retried job")
+    log = team.log("gw")
+    assert record["state"] == "done" and "bob-ran" in log and "alice-ran" not in log, log
+
+
+def test_a_retry_refuses_a_refused_spec_others_may_still_write(team):
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(BOB, "gw2.yaml", "command: echo bob-ran\ngpus: 0\nworkdir: /\n", mode=0o664)
+    wait_until(lambda: (team.root / "state" / "rejected" / "gw2.error").exists(), what="refused")
+    retry = team.as_user(BOB, "retry", "gw2")
+    assert retry.returncode == 1 and "can be written by others" in retry.stderr, retry.stdout + retry.stderr
+    assert not (team.root / "jobs" / "gw2.yaml").exists()
+
+
+def test_a_directory_posing_as_a_request_leaves_nothing_its_maker_can_write_in_state(team):
+    """bob's directory in requests/ was moved into state/requests/ and set aside, still his
+    and 2755: a shell of his inside it went on writing files and links in state/."""
+    team.start_worker("a", "1x80GiB")
+    name, go = "r-2-00000000000000bb.json", _flags(team) / "try-now"
+    bob = _popen_as(
+        team,
+        BOB,
+        f"""
+import os, time
+d = os.path.join({str(team.root / "requests")!r}, {name!r})
+os.mkdir(d)
+fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)  # as a shell whose working directory it is
+end = time.time() + 60
+while not os.path.exists({str(go)!r}) and time.time() < end:
+    time.sleep(0.02)
+try:
+    os.close(os.open("planted", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    print("wrote")
+except OSError as e:
+    print("refused", e.errno)
+""",
+    )
+    assert _reply(team, name)["ok"] is False
+    taken = team.root / "state" / "requests"
+    wait_until(lambda: not list(taken.iterdir()), what="the directory gone from state/requests")
+    go.touch()
+    out, err = bob.communicate(timeout=90)
+    assert out.startswith("refused"), out + err
+
+
+def test_a_reused_request_name_never_overwrites_a_members_reply(team):
+    """Once a worker took alice's request its name was free in the inbox: bob sent his own
+    under it, and his outcome replaced hers in state/replies/, where her CLI may read it."""
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "mine.yaml", SLEEPER)
+    wait_until(lambda: _state(team, "mine") == "running", what="alice's job to run")
+    assert team.as_user(ALICE, "cancel", "mine").returncode == 0
+    (reply,) = (team.root / "state" / "replies").iterdir()
+    hers = json.loads(reply.read_text())
+    assert hers["ok"] and hers["uid"] == team.users[ALICE].pw_uid, hers
+    _put_request(team, BOB, reply.name, b'{"verb": "cancel", "ids": ["nonexistent-zz"]}')
+    wait_until(lambda: not (team.root / "requests" / reply.name).exists(), what="bob's request taken")
+    wait_until(lambda: not list((team.root / "state" / "requests").iterdir()), what="and dropped")
+    assert json.loads(reply.read_text()) == hers
+
+
+def test_a_cli_reads_only_the_reply_to_its_own_request(tmp_path):
+    """The other half of the reused name: a reply written for someone else is not the
+    sender's outcome, so its CLI waits on (and says the request waits) rather than print it."""
+    from gpuq.spool.inbox import Reply, read_reply
+    from gpuq.spool.layout import Layout
+
+    layout = Layout(tmp_path)
+    layout.replies.mkdir(parents=True)
+    name = "r-1-00000000000000cc.json"
+    (layout.replies / name).write_text(json.dumps(Reply(((False, "x: no such job"),), "a", 4242).to_json()))
+    assert read_reply(layout, name, 4343) is None
+    assert read_reply(layout, name, 4242) == Reply(((False, "x: no such job"),), "a", 4242)

@@ -480,11 +480,12 @@ def test_a_held_submission_cannot_take_another_members_id_nor_lose_its_own(team)
     bobs = team.as_user(BOB, "submit", "--gpus", "0", "--id", "bobjob", "--after", "first", "--", "echo bob-ran")
     assert bobs.returncode == 0, bobs.stderr
     script = (
-        f"import json, sys, time; sys.path.insert(0, {str(team.code)!r})\n"
+        f"import json, os, sys, time; sys.path.insert(0, {str(team.code)!r})\n"
         "from gpuq.spool.inbox import read_reply, send\nfrom gpuq.spool.layout import Layout\n"
         f"layout = Layout(__import__('pathlib').Path({str(team.root)!r}))\n"
         "name = send(layout, 'submit-held', ('bobjob',), sent_from='x', text='command: echo alice-ran\\n')\n"
-        "for _ in range(600):\n    reply = read_reply(layout, name)\n    if reply: break\n    time.sleep(0.1)\n"
+        "for _ in range(600):\n    reply = read_reply(layout, name, os.geteuid())\n"
+        "    if reply: break\n    time.sleep(0.1)\n"
         "print(json.dumps(reply.outcomes))\n"
     )
     attack = team.py_as(ALICE, script, timeout=120)

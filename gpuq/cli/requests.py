@@ -56,7 +56,7 @@ def run_request(
             )
             return WAITING
         deadline = time.monotonic() + config.request_timeout_s
-        while (reply := read_reply(layout, name)) is None and time.monotonic() < deadline:
+        while (reply := read_reply(layout, name, os.geteuid())) is None and time.monotonic() < deadline:
             time.sleep(0.02)
     if reply is None:
         print(

@@ -101,7 +101,8 @@ class OwnerPolicy:
                 None,
                 f"can be changed by other users (mode {stat.S_IMODE(st.st_mode):04o}) "
                 "in a shared jobs/, and its command would run as you",
-                f"chmod go-w {display}",
+                "write a fresh copy yourself with mode 0644 (umask 022) and drop that into jobs/: "
+                "a chmod does not take back a handle someone opened on this one",
             )
 
 

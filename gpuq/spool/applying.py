@@ -13,7 +13,7 @@ from gpuq.host.owners import Actor
 from gpuq.model.config import Config
 from gpuq.spool import bookings, cancel, drain, holds
 from gpuq.spool.decommission import forget
-from gpuq.spool.inbox import Reply, Request, RequestError, finish, read_taken, take, taken_path
+from gpuq.spool.inbox import Reply, Request, RequestError, answered, finish, read_taken, take, taken_path
 from gpuq.spool.layout import Layout
 
 log = logging.getLogger("gpuq.worker")
@@ -26,11 +26,22 @@ def apply_one(layout: Layout, config: Config, host: str, name: str, taken: bool 
     is its reply: it never stops the requests behind it."""
     if not taken and take(layout, host, name) is None:
         return None
+    path = taken_path(layout, host, name)
+    if answered(layout, name):
+        # Applied already (this host died before it dropped the file), or a member reused
+        # the name of someone's request once it was taken: a reply is never overwritten.
+        log.warning("request %s dropped: a reply under its name exists", name)
+        finish(layout, host, name, None)
+        return None
     try:
-        request = read_taken(taken_path(layout, host, name), name)
+        uid = os.lstat(path).st_uid  # who asks, also for a request that cannot be read
+    except OSError:
+        uid = None
+    try:
+        request = read_taken(path, name)
         reply = apply_request(layout, config, host, request)
     except RequestError as e:
-        reply = Reply(((False, str(e)),), host)
+        reply = Reply(((False, str(e)),), host, uid)
     except Exception as e:  # noqa: BLE001 - a bug or a case not foreseen: answered, logged, never stuck
         log.exception("request %s failed", name)
         reply = Reply(
@@ -42,6 +53,7 @@ def apply_one(layout: Layout, config: Config, host: str, name: str, taken: bool 
                 ),
             ),
             host,
+            uid,
         )
     try:
         finish(layout, host, name, reply)
@@ -77,7 +89,7 @@ def apply_request(layout: Layout, config: Config, host: str, request: Request) -
         len(outcomes) - done,
         "".join(f"; {line}" for _, line in outcomes[:3]) + (" ..." if len(outcomes) > 3 else ""),
     )
-    return Reply(tuple(outcomes), host)
+    return Reply(tuple(outcomes), host, request.uid)
 
 
 def _per_id(request: Request, one: Callable[[str], Outcome]) -> list[Outcome]:

@@ -275,23 +275,42 @@ def _rejected_spec(layout: Layout, job_id: str) -> Path | None:
     )
 
 
+def others_may_write(mode: int, layout: Layout) -> bool:
+    """Whether a member other than a spec's owner may have written it: group or others may
+    write the file, in a root whose jobs/ others write too (alone, a umask of 002 harms nobody)."""
+    writable = stat.S_IWGRP | stat.S_IWOTH
+    return bool(mode & writable) and bool(os.stat(layout.jobs).st_mode & writable)
+
+
 def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Actor) -> str:
-    """A refused spec goes back into jobs/ as it is, to be checked again: for a refusal that
-    the config, a host or a user account has since mended (a spec whose text was wrong is
-    simply refused again; a fixed one is dropped anew). Only a plain file is moved back, and
-    only for its owner (or root, or an admin)."""
-    st = os.lstat(src)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+    """A refused spec goes back into jobs/, to be checked again: for a refusal that the
+    config, a host or a user account has since mended (a spec whose text was wrong is simply
+    refused again; a fixed one is dropped anew). Only a plain file, only for its owner (or
+    root, or an admin), and never one that others may write. It goes back as a fresh copy the
+    worker makes, owned by the spec's owner, and the refused file goes: a handle another
+    member opened on it while they could write it (a chmod does not take that back) never
+    reaches the spec that runs."""
+    try:
+        raw, st = read_spec_file(src, f"state/rejected/{src.name}")
+    except SpecError:
         raise HoldError(
             f"{job_id}: the refused file is not a plain spec file (it was refused for that); submit a new spec"
-        )
+        ) from None
     _check_owner(job_id, st.st_uid, actor, "retry")
+    if others_may_write(st.st_mode, layout):
+        raise HoldError(
+            f"{job_id}: the refused file can be written by others (mode {stat.S_IMODE(st.st_mode):04o}), "
+            "so it may hold their text; write a fresh copy yourself (mode 0644) into jobs/"
+        )
     refused = found_job(layout, job_id, src, st.st_uid, user_name(st.st_uid))
     change = StateChange(layout, refused, State.PENDING, host, queued_at=wall_time(), reason=f"retry by {actor.name}")
     if pending_specs(layout, job_id):
         raise HoldError(f"{job_id}: jobs/ holds a file with this id already; nothing was changed")
-    if not unclaim(src, layout.jobs / src.name):
+    fresh = create_owned(layout.held, job_id, raw, st.st_uid, mode=stat.S_IMODE(st.st_mode))
+    if not unclaim(fresh, layout.jobs / src.name):
+        fresh.unlink()
         raise HoldError(f"{job_id}: jobs/{src.name} appeared meanwhile; nothing was changed")
+    src.unlink()
     (layout.rejected / f"{job_id}.error").unlink(missing_ok=True)
     change.log()
     return f"{job_id}: its refused spec is back in the queue, to be checked again"

@@ -9,9 +9,11 @@ one request file there; a worker applies it and writes a reply the CLI waits for
   open the taken file without following links and check it there: a regular file with one
   link, under the size cap. Who asks is that file's owner; nothing written inside says so.
   Once taken, the file is in a directory only the worker's account writes: nobody can swap it.
-- reply (worker): state/replies/<name>, then the taken file goes. A worker that dies between
-  the two finds its taken requests at its next pass and applies them again (every verb is
-  idempotent: a second cancel says the job already ended).
+- reply (worker): state/replies/<name>, marked with the asker's uid (a CLI reads only its
+  own), then the taken file goes. A worker that dies before its reply finds its taken
+  requests at its next pass and applies them again (every verb is idempotent: a second
+  cancel says the job already ended); a request whose name has a reply already is dropped
+  unapplied (this host died after replying, or a member reused someone's request name).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
 import time
 from dataclasses import dataclass, field
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.host.faults import wall_time
-from gpuq.host.files import atomic_write, open_dir, read_json
+from gpuq.host.files import atomic_write, close_moved_directory, open_dir, read_json
 from gpuq.model.names import HOST_RE, JOB_ID_RE
 from gpuq.spool.layout import Layout
 
@@ -56,6 +59,7 @@ class Request:
 class Reply:
     outcomes: tuple[tuple[bool, str], ...]  # (done, message) per id, or one for the request
     by: str = ""  # the host whose worker applied it
+    uid: int | None = None  # who asked: the request file's owner (its CLI reads only its own)
 
     @property
     def ok(self) -> bool:
@@ -66,6 +70,7 @@ class Reply:
             "ok": self.ok,
             "outcomes": [{"ok": done, "message": m} for done, m in self.outcomes],
             "by": self.by,
+            "uid": self.uid,
             "t": wall_time(),
         }
 
@@ -117,17 +122,25 @@ def _exists(name: str, dir_fd: int) -> bool:
     return True
 
 
-def read_reply(layout: Layout, name: str) -> Reply | None:
+def read_reply(layout: Layout, name: str, uid: int) -> Reply | None:
+    """The reply to request `name` that `uid` sent; None while there is none. A reply to
+    someone else is not the sender's (a member who reused the name once the request was taken:
+    the worker applies no request under a name already answered, spool/applying.py)."""
     try:
         data = read_json(layout.replies / name)
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("outcomes"), list):
+    if not isinstance(data, dict) or not isinstance(data.get("outcomes"), list) or data.get("uid") != uid:
         return None
     return Reply(
         tuple((bool(o.get("ok")), str(o.get("message", ""))) for o in data["outcomes"] if isinstance(o, dict)),
         str(data.get("by", "")),
+        uid,
     )
+
+
+def answered(layout: Layout, name: str) -> bool:
+    return os.path.lexists(layout.replies / name)
 
 
 # --- the worker's side -------------------------------------------------------------------
@@ -214,14 +227,21 @@ def parse_request(raw: bytes, name: str, uid: int) -> Request:
     )
 
 
-def finish(layout: Layout, host: str, name: str, reply: Reply) -> None:
-    """Write the reply (readable by the team: it says what was done), then drop the request."""
-    atomic_write(layout.replies / name, json.dumps(reply.to_json()).encode(), mode=0o644)
+def finish(layout: Layout, host: str, name: str, reply: Reply | None) -> None:
+    """Write the reply (readable by the team: it says what was done), then drop the request
+    (None: drop it unanswered)."""
+    if reply is not None:
+        atomic_write(layout.replies / name, json.dumps(reply.to_json()).encode(), mode=0o644)
     taken = taken_path(layout, host, name)
     try:
         os.unlink(taken)
-    except IsADirectoryError:  # a directory posing as a request: set aside under a name of its own
-        os.rename(taken, taken.with_name(f".{secrets.token_hex(8)}.not-a-request"))
+    except IsADirectoryError:
+        # A directory posing as a request: closed to its maker first (a shell of theirs inside
+        # it must not write in state/), then removed; what will not go is set aside, closed.
+        close_moved_directory(taken)
+        shutil.rmtree(taken, ignore_errors=True)
+        if os.path.lexists(taken):
+            os.rename(taken, taken.with_name(f".{secrets.token_hex(8)}.not-a-request"))
     except FileNotFoundError:
         pass
 

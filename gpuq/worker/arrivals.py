@@ -7,15 +7,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 from pathlib import Path
 
 from gpuq.host.faults import wall_time
 from gpuq.host.files import atomic_write, close_moved_directory, read_json
 from gpuq.model.errors import SpecError
 from gpuq.model.groups import GroupError
+from gpuq.model.names import JOB_ID_RE
 from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
+from gpuq.spool.holds import others_may_write
 from gpuq.spool.intake import Entry, Intake, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import StateChange, found_job, has_record
@@ -122,7 +125,7 @@ class Arrivals:
             message
             + (
                 f"{kept}: fix it there (or drop a fixed one), then `gpuq retry {stem}`."
-                if dest.name == f"{stem}{suffix}"
+                if retryable(dest, job_id, self.layout)
                 else f"{kept}."
             )
         )  # one line, never more
@@ -137,3 +140,19 @@ class Arrivals:
         if forget:
             self.intake.forget(job_id)
         log.warning("rejected %s", message)
+
+
+def retryable(kept: Path, job_id: str, layout: Layout) -> bool:
+    """Whether `gpuq retry` can put a refused spec back (spool/holds.py): kept under its own id,
+    a plain file with one link that no other member may have written. Else the fix is a new spec."""
+    try:
+        st = os.lstat(kept)
+    except OSError:
+        return False
+    return (
+        kept.name.rsplit(".", 1)[0] == job_id
+        and JOB_ID_RE.match(job_id) is not None
+        and stat.S_ISREG(st.st_mode)
+        and st.st_nlink == 1
+        and not others_may_write(st.st_mode, layout)
+    )
