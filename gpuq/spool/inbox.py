@@ -130,7 +130,9 @@ def read_reply(layout: Layout, name: str, uid: int) -> Reply | None:
         data = read_json(layout.replies / name)
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("outcomes"), list) or data.get("uid") != uid:
+    if not isinstance(data, dict) or not isinstance(data.get("outcomes"), list):
+        return None
+    if data.get("uid", uid) != uid:  # (a worker of an earlier version wrote none)
         return None
     return Reply(
         tuple((bool(o.get("ok")), str(o.get("message", ""))) for o in data["outcomes"] if isinstance(o, dict)),
