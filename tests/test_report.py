@@ -335,6 +335,12 @@ def test_html_report_is_one_self_contained_page(queue, tmp_path):
     assert html.count('src="data:image/png;base64,') == 3  # utilization, queue length, waits
     assert "http://" not in html and "https://" not in html and "<script" not in html
     assert "a:0" in html
+    victim = tmp_path / "victim"
+    victim.write_text("someone's file\n")
+    (tmp_path / "planted.html").symlink_to(victim)  # a link planted where the page is to go
+    out = queue.gpuq("report", "--since", "10m", "--html", str(tmp_path / "planted.html"), check=False)
+    assert out.returncode == 2 and "a symbolic link, never written through" in out.stderr, out.stderr
+    assert victim.read_text() == "someone's file\n"
 
 
 @pytest.mark.slow

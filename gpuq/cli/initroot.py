@@ -92,22 +92,30 @@ def share_with_team(layout: Layout, gid: int) -> None:
     member's file. config.yaml is 0644: the worker refuses one that others can write."""
     inboxes = set(layout.member_writable())
     for path in (layout.root, *layout.directories(), layout.config_file):
-        if os.lstat(path).st_uid != os.geteuid() or stat.S_ISLNK(os.lstat(path).st_mode):
-            raise InitError(
-                f"{path} is not a file or directory of yours (a link, or someone else's): "
-                "make the root in a new directory"
-            )
-        os.chown(path, -1, gid, follow_symlinks=False)
-        os.chmod(
-            path,
+        mode = (
             0o644
             if path == layout.config_file
             else 0o3770
             if path in inboxes
-            else 0o2700
+            else 0o2700  # taken requests: the worker's alone
             if path == layout.taken_requests
-            else 0o2750,
-        )  # taken requests: the worker's alone
+            else 0o2750
+        )
+        try:  # changed on the descriptor of the very file checked, never through a link
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise InitError(f"{path} cannot be opened ({e.strerror}): make the root in a new directory") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                raise InitError(
+                    f"{path} is not a file or directory of yours (a link, or someone else's): "
+                    "make the root in a new directory"
+                )
+            os.fchown(fd, -1, gid)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
 
 
 def _me() -> str:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 import time
@@ -33,8 +34,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.html:
         try:
             write_html(report, Path(args.html))
-        except (ReportHtmlError, OSError) as e:
+        except ReportHtmlError as e:
             print(f"gpuq report: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:
+            link = " (a symbolic link, never written through: name the file itself)" if e.errno == errno.ELOOP else ""
+            print(f"gpuq report: cannot write {args.html}: {e.strerror}{link}", file=sys.stderr)
             return 2
         print(f"wrote {args.html}", file=sys.stderr)
     if args.json:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +47,16 @@ def open_dir(path: Path) -> int:
 def close_moved_directory(path: Path) -> None:
     """A member's directory that posed as a spec and was moved into the worker's tree: made
     the worker's and closed (0700), so that nobody can add files inside the spool through it."""
-    st = os.lstat(path)
-    if stat.S_ISDIR(st.st_mode):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # a file (ENOTDIR) or a link (ELOOP): nothing to close
+        return
+    try:
         if os.geteuid() == 0:
-            os.lchown(path, 0, -1)
-        os.chmod(path, 0o700)
+            os.fchown(fd, 0, -1)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def create_owned(

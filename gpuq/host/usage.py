@@ -8,6 +8,8 @@ import json
 import resource
 from pathlib import Path
 
+from gpuq.host.files import atomic_write
+
 GPU_USAGE_WRITE_EVERY_S = 2.0
 
 
@@ -29,7 +31,7 @@ class GpuUsage:
         s["samples"] += 1
         if rose or now - self.written_at.setdefault(job_id, now) >= GPU_USAGE_WRITE_EVERY_S:
             self.written_at[job_id] = now
-            path.write_text(json.dumps(s))
+            atomic_write(path, json.dumps(s).encode(), mode=0o600, durable=False)  # read whole at settling
 
     def forget(self, job_id: str) -> None:
         self.stats.pop(job_id, None)

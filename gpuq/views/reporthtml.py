@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
 import time
 from pathlib import Path
 
@@ -148,4 +149,8 @@ img {{ display: block; margin: 1em 0; max-width: 100%; }}
 {"".join(charts)}
 </body></html>
 """
-    path.write_text(page, encoding="utf-8")
+    # Where the person running it says, as them; never through a link planted there (a
+    # root's report into a directory the team writes).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(page)
