@@ -143,8 +143,6 @@ class TeamQueue(Queue):
         input: str | None = None,
     ) -> subprocess.CompletedProcess:
         """Any command, as user `name` with their groups (the team's for alice and bob)."""
-        pw = self.users[name]
-        groups = os.getgrouplist(pw.pw_name, pw.pw_gid)
         base_env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": "/tmp",
@@ -160,9 +158,23 @@ class TeamQueue(Queue):
             input=input,
             cwd="/",
             env={**base_env, **(env or {})},
-            user=pw.pw_uid,
-            group=pw.pw_gid,
-            extra_groups=groups,
+            **self.identity(name),
+        )
+
+    def identity(self, name: str) -> dict:
+        """subprocess's arguments that run a process as user `name`, with their groups."""
+        pw = self.users[name]
+        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(pw.pw_name, pw.pw_gid)}
+
+    def popen_as(self, name: str, code: str) -> subprocess.Popen:
+        """Python code left running in the background as user `name` (an attacker's script)."""
+        return subprocess.Popen(
+            [self.python, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd="/",
+            **self.identity(name),
         )
 
     def py_as(self, name: str, code: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -174,17 +174,7 @@ while time.time() < end:
             except OSError: pass
 print(len(seen))
 """
-    import subprocess
-
-    squatter = subprocess.Popen(
-        [team.python, "-c", script],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd="/",
-        user=team.users[BOB].pw_uid,
-        group=team.users[BOB].pw_gid,
-        extra_groups=os.getgrouplist(BOB, team.users[BOB].pw_gid),
-    )
+    squatter = team.popen_as(BOB, script)
     for i in range(3):
         team.drop_as(ALICE, f"sq{i}.yaml", SLEEPER.replace("gpus: 0", "gpus: 1\ngpu_mem: 90GiB"))
     for i in range(3):
@@ -288,23 +278,6 @@ def test_a_request_with_two_links_is_refused(team):
 # --- a third round, from a review that used the recommended setup as two members ----------
 
 
-def _popen_as(team, user: str, script: str):
-    """An attacker's script left running in the background, as `user` with their groups."""
-    import subprocess
-
-    pw = team.users[user]
-    return subprocess.Popen(
-        [team.python, "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd="/",
-        user=pw.pw_uid,
-        group=pw.pw_gid,
-        extra_groups=os.getgrouplist(user, pw.pw_gid),
-    )
-
-
 def _flags(team):
     """A directory where the attackers' scripts and the test signal each other."""
     flags = team.base / "flags"
@@ -326,8 +299,7 @@ def test_a_retried_refused_spec_never_runs_what_another_member_wrote_into_it(tea
     said = wait_until(lambda: error.exists() and error.read_text(), what="bob's group-writable spec refused")
     assert "can be changed by other users" in said and "fresh copy" in said and "gpuq retry" not in said, said
     flag = _flags(team) / "alice-wrote"
-    alice = _popen_as(
-        team,
+    alice = team.popen_as(
         ALICE,
         f"""
 import os, time
@@ -367,8 +339,7 @@ def test_a_directory_posing_as_a_request_leaves_nothing_its_maker_can_write_in_s
     and 2755: a shell of his inside it went on writing files and links in state/."""
     team.start_worker("a", "1x80GiB")
     name, go = "r-2-00000000000000bb.json", _flags(team) / "try-now"
-    bob = _popen_as(
-        team,
+    bob = team.popen_as(
         BOB,
         f"""
 import os, time

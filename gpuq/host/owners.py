@@ -62,7 +62,7 @@ class OwnerPolicy:
                 uids.add(pwd.getpwnam(name).pw_uid)
             except KeyError:
                 pass  # config names a user this box does not have: nobody to run for
-        return cls(os.geteuid(), frozenset(uids), bool(jobs_dir_mode & (stat.S_IWGRP | stat.S_IWOTH)), allow_root)
+        return cls(os.geteuid(), frozenset(uids), writable_by_others(jobs_dir_mode), allow_root)
 
     def check(self, st: FileOwnership, display: str) -> None:
         """Raise SpecError when this worker must not run a spec whose file is `st`."""
@@ -95,7 +95,7 @@ class OwnerPolicy:
                 f"add {_name(st.st_uid)} to run_for_users in config.yaml, or run the "
                 "worker as root so that each job runs as its owner",
             )
-        if self.shared_root and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if self.shared_root and writable_by_others(st.st_mode):
             raise SpecError(
                 display,
                 None,
@@ -104,6 +104,18 @@ class OwnerPolicy:
                 "write a fresh copy yourself with mode 0644 (umask 022) and drop that into jobs/: "
                 "a chmod does not take back a handle someone opened on this one",
             )
+
+
+def writable_by_others(mode: int) -> bool:
+    """Group or others may write it (a spec file, or jobs/ itself: then the root is shared)."""
+    return bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def others_may_write(spec_mode: int, jobs_dir_mode: int) -> bool:
+    """Whether a member other than a spec's owner may have written it: the file is writable by
+    others in a jobs/ others write too (alone, a umask of 002 harms nobody). OwnerPolicy.check
+    refuses such a spec; a retry never puts one back (spool/holds.py)."""
+    return writable_by_others(spec_mode) and writable_by_others(jobs_dir_mode)
 
 
 def _name(uid: int) -> str:

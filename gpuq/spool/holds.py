@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gpuq.host.faults import wall_time
 from gpuq.host.files import create_owned, read_json
-from gpuq.host.owners import Actor, refusal
+from gpuq.host.owners import Actor, others_may_write, refusal
 from gpuq.model.errors import SpecError
 from gpuq.model.names import JOB_ID_RE
 from gpuq.model.record import Record
@@ -275,13 +275,6 @@ def _rejected_spec(layout: Layout, job_id: str) -> Path | None:
     )
 
 
-def others_may_write(mode: int, layout: Layout) -> bool:
-    """Whether a member other than a spec's owner may have written it: group or others may
-    write the file, in a root whose jobs/ others write too (alone, a umask of 002 harms nobody)."""
-    writable = stat.S_IWGRP | stat.S_IWOTH
-    return bool(mode & writable) and bool(os.stat(layout.jobs).st_mode & writable)
-
-
 def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Actor) -> str:
     """A refused spec goes back into jobs/, to be checked again: for a refusal that the
     config, a host or a user account has since mended (a spec whose text was wrong is simply
@@ -297,7 +290,7 @@ def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Ac
             f"{job_id}: the refused file is not a plain spec file (it was refused for that); submit a new spec"
         ) from None
     _check_owner(job_id, st.st_uid, actor, "retry")
-    if others_may_write(st.st_mode, layout):
+    if others_may_write(st.st_mode, os.stat(layout.jobs).st_mode):
         raise HoldError(
             f"{job_id}: the refused file can be written by others (mode {stat.S_IMODE(st.st_mode):04o}), "
             "so it may hold their text; write a fresh copy yourself (mode 0644) into jobs/"

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from gpuq.host.faults import wall_time
 from gpuq.host.files import atomic_write, close_moved_directory, read_json
+from gpuq.host.owners import others_may_write
 from gpuq.model.errors import SpecError
 from gpuq.model.groups import GroupError
 from gpuq.model.names import JOB_ID_RE
 from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
-from gpuq.spool.holds import others_may_write
 from gpuq.spool.intake import Entry, Intake, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import StateChange, found_job, has_record
@@ -154,5 +154,5 @@ def retryable(kept: Path, job_id: str, layout: Layout) -> bool:
         and JOB_ID_RE.match(job_id) is not None
         and stat.S_ISREG(st.st_mode)
         and st.st_nlink == 1
-        and not others_may_write(st.st_mode, layout)
+        and not others_may_write(st.st_mode, os.stat(layout.jobs).st_mode)
     )
