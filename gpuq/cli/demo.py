@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from gpuq.host.fake_nvml import NVMLError, use
+from gpuq.host.files import atomic_write
 from gpuq.model.units import parse_size_mib
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +74,9 @@ def _run(root: Path, quick: bool) -> int:
     (root / "jobs").mkdir(parents=True, exist_ok=True)
     # Run as root (a container, CI), the demo's own specs are root's: let them run.
     allow_root = "allow_root_jobs: true\n" if os.geteuid() == 0 else ""
-    (root / "config.yaml").write_text(f"poll_interval: 0.5\nlocal_dir: {root}/local-{{host}}\n{allow_root}")
+    # No write through a link, even in a --dir someone else can write.
+    config = f"poll_interval: 0.5\nlocal_dir: {root}/local-{{host}}\n{allow_root}"
+    atomic_write(root / "config.yaml", config.encode(), 0o644)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
     worker, cli = _launchers()
     gpuq = [*cli, "--root", str(root)]
@@ -126,8 +129,8 @@ def _run(root: Path, quick: bool) -> int:
             ).stderr
         )
         print(f"# the same job written by hand as jobs/{TOO_BIG}.yaml waits; status says why\n")
-        (root / "jobs" / f".{TOO_BIG}.tmp").write_text("command: python train.py\ngpus: 1\ngpu_mem: 30GiB\n")
-        os.rename(root / "jobs" / f".{TOO_BIG}.tmp", root / "jobs" / f"{TOO_BIG}.yaml")
+        # (as an editor saves it: whole, under a temp name, then renamed in)
+        atomic_write(root / "jobs" / f"{TOO_BIG}.yaml", b"command: python train.py\ngpus: 1\ngpu_mem: 30GiB\n", 0o644)
         ids.append(TOO_BIG)
         deadline = time.monotonic() + 120
         shown = 0
