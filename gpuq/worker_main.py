@@ -21,7 +21,7 @@ from gpuq.host.hostinfo import (
     open_to_append,
 )
 from gpuq.model import config as config_mod
-from gpuq.model.names import HOST_RE
+from gpuq.model.names import HOST_RE, ID_RULE
 from gpuq.single_instance import WORKER_LOCK_NAME, holds_lock_at, take_worker_lock, this_host
 from gpuq.slurm.bridge import BridgeWorker
 from gpuq.spool import strictmodes
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
         return 2
     host = args.host or this_host()
     if not HOST_RE.match(host):
-        print(f"gpuq worker: --host {host!r} is not a valid host name (letters, digits, . _ -)", file=sys.stderr)
+        print(f"gpuq worker: --host {host!r} is not a valid host name ({ID_RULE})", file=sys.stderr)
         return 2
     if os.geteuid() == 0 and (
         unsafe := strictmodes.problems(layout, os.geteuid(), launcher_dir and os.path.join(launcher_dir, "worker.py"))

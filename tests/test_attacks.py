@@ -239,6 +239,14 @@ def test_members_change_only_their_own_jobs_and_admins_any(team):
     assert refused.returncode == 1 and f"belongs to {ALICE}; only its owner, root or an admin" in refused.stderr
     refused = team.as_user(BOB, "hold", "al-pend")
     assert refused.returncode == 1 and f"belongs to {ALICE}" in refused.stderr
+    for verb in ("hold", "edit"):  # a running job of another: whose it is comes first, not "not pending"
+        refused = team.as_user(BOB, verb, "al-run", env={"EDITOR": "true"})
+        assert refused.returncode == 1 and f"belongs to {ALICE}; only its owner" in refused.stderr, refused.stderr
+    held = team.as_user(ALICE, "hold", "al-pend")
+    assert held.returncode == 0, held.stderr
+    refused = team.as_user(BOB, "edit", "al-pend", env={"EDITOR": "true"})  # held by her
+    assert refused.returncode == 1 and f"belongs to {ALICE}; only its owner" in refused.stderr, refused.stderr
+    assert team.as_user(ALICE, "release", "al-pend").returncode == 0
     assert _state(team, "al-run") == "running" and _state(team, "al-pend") in ("pending", "running")
     team.stop_worker("a")
     team.write_config(admins=[BOB])  # bob becomes an admin
@@ -304,10 +312,10 @@ put("r-1-00000000000000cc.json", json.dumps({{"verb": "cancel", "ids": ["../../e
 os.mkfifo(os.path.join(inbox, "r-1-00000000000000dd.json"))
 """
     assert team.py_as(BOB, script).returncode == 0
-    replies = team.root / "state" / "replies"
+    replies, bob = team.root / "state" / "replies", team.users[BOB].pw_uid
     for name in ("aa", "bb", "cc", "dd"):
-        wait_until(lambda name=name: (replies / f"r-1-00000000000000{name}.json").exists(), what=f"reply {name}")
-    reply = lambda n: json.loads((replies / f"r-1-00000000000000{n}.json").read_text())  # noqa: E731
+        wait_until(lambda name=name: (replies / f"{bob}-r-1-00000000000000{name}.json").exists(), what=f"reply {name}")
+    reply = lambda n: json.loads((replies / f"{bob}-r-1-00000000000000{n}.json").read_text())  # noqa: E731
     assert not reply("aa")["ok"] and f"belongs to {ALICE}" in reply("aa")["outcomes"][0]["message"]
     assert "not JSON" in reply("bb")["outcomes"][0]["message"]
     assert "is not a job id" in reply("cc")["outcomes"][0]["message"]

@@ -33,8 +33,8 @@ def _put_request(team, user: str, name: str, data: bytes | None, directory: bool
     assert done.returncode == 0, done.stderr
 
 
-def _reply(team, name: str) -> dict:
-    path = team.root / "state" / "replies" / name
+def _reply(team, name: str, user: str = BOB) -> dict:
+    path = team.root / "state" / "replies" / f"{team.users[user].pw_uid}-{name}"
     wait_until(path.exists, what=f"the reply to {name}")
     return json.loads(path.read_text())
 
@@ -109,6 +109,30 @@ def test_a_file_under_another_members_job_id_is_never_that_job(team):
     held = team.as_user(ALICE, "hold", "ay")
     assert held.returncode == 0, held.stderr
     assert os.stat(team.root / "state" / "held" / "ay.yaml").st_uid == team.users[ALICE].pw_uid
+
+
+def test_a_spec_refused_for_another_members_id_is_never_retried_under_it(team):
+    """A spec bob dropped under alice's job id was refused with the hint `gpuq retry <id>`: for
+    her ended job that retry was hers (bob was refused), for her running one it put his spec
+    back, to be refused again. The only fix is a new name; the message says so."""
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "al-run.yaml", SLEEPER)
+    team.drop_as(ALICE, "al-end.yaml", "command: echo one\ngpus: 0\nworkdir: /\n")
+    wait_until(lambda: _state(team, "al-run") == "running" and team.finished("al-end"), what="alice's jobs")
+    messages = []
+    for job_id in ("al-run", "al-end"):
+        team.drop_as(BOB, f"{job_id}.yaml", SLEEPER)
+        error = team.root / "state" / "rejected" / f"{job_id}.error"
+        wait_until(error.exists, what=f"bob's {job_id} refused")
+        text = error.read_text()
+        assert "already used by an earlier job" in text and f"{job_id}-2.yaml" in text and "retry" not in text, text
+        retry = team.as_user(BOB, "retry", job_id)
+        assert retry.returncode == 1, retry.stdout
+        assert not (team.root / "jobs" / f"{job_id}.yaml").exists()
+        messages.append(retry.stderr)
+    assert "the id is another job's" in messages[0] and "al-run-2.yaml" in messages[0], messages[0]
+    assert f"belongs to {ALICE}" in messages[1], messages[1]  # retry of an ended job is that job's
+    assert _state(team, "al-run") == "running" and team.finished("al-end")["state"] == "done"
 
 
 def test_a_group_id_and_a_members_id_cannot_be_squatted(team):
@@ -366,7 +390,9 @@ except OSError as e:
 
 def test_a_reused_request_name_never_overwrites_a_members_reply(team):
     """Once a worker took alice's request its name was free in the inbox: bob sent his own
-    under it, and his outcome replaced hers in state/replies/, where her CLI may read it."""
+    under it, and his outcome replaced hers in state/replies/, where her CLI may read it.
+    (Then a request under an answered name was dropped; two boxes could still each take one.)
+    Now each asker's reply has its own name."""
     team.start_worker("a", "1x80GiB")
     team.drop_as(ALICE, "mine.yaml", SLEEPER)
     wait_until(lambda: _state(team, "mine") == "running", what="alice's job to run")
@@ -374,21 +400,26 @@ def test_a_reused_request_name_never_overwrites_a_members_reply(team):
     (reply,) = (team.root / "state" / "replies").iterdir()
     hers = json.loads(reply.read_text())
     assert hers["ok"] and hers["uid"] == team.users[ALICE].pw_uid, hers
-    _put_request(team, BOB, reply.name, b'{"verb": "cancel", "ids": ["nonexistent-zz"]}')
-    wait_until(lambda: not (team.root / "requests" / reply.name).exists(), what="bob's request taken")
-    wait_until(lambda: not list((team.root / "state" / "requests").iterdir()), what="and dropped")
-    assert json.loads(reply.read_text()) == hers
+    name = reply.name.partition("-")[2]
+    _put_request(team, BOB, name, b'{"verb": "cancel", "ids": ["nonexistent-zz"]}')
+    assert not _reply(team, name)["ok"]  # his, under his uid
+    assert json.loads(reply.read_text()) == hers and _reply(team, name, ALICE) == hers
 
 
 def test_a_cli_reads_only_the_reply_to_its_own_request(tmp_path):
     """The other half of the reused name: a reply written for someone else is not the
     sender's outcome, so its CLI waits on (and says the request waits) rather than print it."""
-    from gpuq.spool.inbox import Reply, read_reply
+    from gpuq.spool.inbox import Reply, finish, read_reply
     from gpuq.spool.layout import Layout
 
     layout = Layout(tmp_path)
     layout.replies.mkdir(parents=True)
     name = "r-1-00000000000000cc.json"
-    (layout.replies / name).write_text(json.dumps(Reply(((False, "x: no such job"),), "a", 4242).to_json()))
+    finish(layout, "a", name, Reply(((False, "x: no such job"),), "a", 4242))
     assert read_reply(layout, name, 4343) is None
     assert read_reply(layout, name, 4242) == Reply(((False, "x: no such job"),), "a", 4242)
+    # a worker of an earlier version: the request's name alone, with the asker's uid or none
+    (layout.replies / name).write_text(json.dumps(Reply(((True, "y: cancelled"),), "b", 4545).to_json()))
+    assert read_reply(layout, name, 4343) is None and read_reply(layout, name, 4545).ok
+    (layout.replies / name).write_text('{"ok": true, "outcomes": [{"ok": true, "message": "y: cancelled"}], "by": "b"}')
+    assert read_reply(layout, name, 4343).ok

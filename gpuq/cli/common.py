@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from gpuq.model.config import Config, load
-from gpuq.model.names import JOB_ID_RE
+from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.text import safe_text
 from gpuq.spool.layout import Layout, RootError, resolve_root
 
@@ -35,8 +35,7 @@ def refuse_bad_id(verb: str, job_id: str) -> bool:
 
     shown = safe_text(job_id if len(job_id) <= 40 else f"{job_id[:40]}… ({len(job_id)} characters)")
     print(
-        f"gpuq {verb}: '{shown}' is not a job id (ids are at most 64 letters, digits, '_', '-' and '.', "
-        "not starting with '.'); gpuq status lists the jobs",
+        f"gpuq {verb}: '{shown}' is not a job id (ids are {ID_RULE}); gpuq status lists the jobs",
         file=sys.stderr,
     )
     return True

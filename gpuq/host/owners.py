@@ -125,8 +125,10 @@ def _name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def refusal(job_id: str, owner_uid: int, verb: str = "cancel") -> str:
-    return f"{job_id}: belongs to {_name(owner_uid)}; only its owner, root or an admin (config `admins`) may {verb} it"
+def refusal(job_id: str, owner_uid: int) -> str:
+    """One sentence for every verb: the rule is the same for all (and `edit` sends a hold first,
+    so a verb named here would not be the one the person typed)."""
+    return f"{job_id}: belongs to {_name(owner_uid)}; only its owner, root or an admin (config `admins`) may change it"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}\Z")
+# Not starting with '.' (a hidden file, `..`) nor '-' (every command would read it as an
+# option: `gpuq show -x`, `rm -x.yaml`).
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
+ID_RULE = "letters, digits, '_', '-' and '.', at most 64, not starting with '.' or '-'"
 
-
-HOST_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}\Z")
+HOST_RE = JOB_ID_RE

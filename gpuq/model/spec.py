@@ -15,7 +15,7 @@ from typing import Any
 from gpuq.model.environments import Container, parse_conda, parse_container, parse_setup, parse_venv
 from gpuq.model.errors import SpecError
 from gpuq.model.groups import GroupError, parse_array
-from gpuq.model.names import JOB_ID_RE
+from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.spec_fields import FIELDS
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.units import DURATION_EXAMPLES, SIZE_EXAMPLES, parse_duration_s, parse_size_mib
@@ -441,7 +441,7 @@ def _job_ids(value: Any, field: str, file: str) -> tuple[str, ...]:
                 file,
                 field,
                 f"{job_id!r} is not a job id",
-                "give the ids `gpuq submit` printed (letters, digits, _ . -)",
+                f"give the ids `gpuq submit` printed ({ID_RULE})",
             )
     return tuple(dict.fromkeys(value))
 

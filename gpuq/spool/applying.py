@@ -27,16 +27,15 @@ def apply_one(layout: Layout, config: Config, host: str, name: str, taken: bool 
     if not taken and take(layout, host, name) is None:
         return None
     path = taken_path(layout, host, name)
-    if answered(layout, name):
-        # Applied already (this host died before it dropped the file), or a member reused
-        # the name of someone's request once it was taken: a reply is never overwritten.
-        log.warning("request %s dropped: a reply under its name exists", name)
-        finish(layout, host, name, None)
-        return None
     try:
         uid = os.lstat(path).st_uid  # who asks, also for a request that cannot be read
     except OSError:
         uid = None
+    if uid is not None and answered(layout, name, uid):
+        # Applied already: this host died before it dropped the file. A reply is never overwritten.
+        log.warning("request %s dropped: it has a reply", name)
+        finish(layout, host, name, None)
+        return None
     try:
         request = read_taken(path, name)
         reply = apply_request(layout, config, host, request)

@@ -48,6 +48,7 @@ from gpuq.spool.store import (
     read_record,
     unclaim,
 )
+from gpuq.spool.sweeps import group_file
 
 
 class HoldError(Exception):
@@ -58,20 +59,33 @@ def held_spec(layout: Layout, job_id: str) -> Path:
     return layout.held / f"{job_id}.yaml"
 
 
-def _check_owner(job_id: str, owner: int, actor: Actor, verb: str) -> None:
+def _check_owner(job_id: str, owner: int, actor: Actor) -> None:
     if not actor.may_act_on(owner):
-        raise HoldError(refusal(job_id, owner, verb))
+        raise HoldError(refusal(job_id, owner))
 
 
-def _held(layout: Layout, job_id: str, actor: Actor, verb: str, missing: str) -> tuple[Path, os.stat_result]:
-    """The held spec and its stat, once `actor` may `verb` it (state/held/ is the worker's:
+def _recorded_owner(layout: Layout, job_id: str) -> int:
+    """The owner its record names (the worker wrote it); root's when the record cannot be read,
+    so that only an admin learns more of it."""
+    for directory in (layout.running, layout.finished, layout.held):
+        try:
+            record = read_record(layout.record(directory, job_id))
+        except (ValueError, OSError):  # RecordError too
+            return 0
+        if record is not None:
+            return record.uid
+    return 0
+
+
+def _held(layout: Layout, job_id: str, actor: Actor, missing: str) -> tuple[Path, os.stat_result]:
+    """The held spec and its stat, once `actor` may change it (state/held/ is the worker's:
     its files are what the worker moved there)."""
     src = held_spec(layout, job_id)
     try:
         st = os.lstat(src)
     except FileNotFoundError:
         raise HoldError(missing) from None
-    _check_owner(job_id, st.st_uid, actor, verb)
+    _check_owner(job_id, st.st_uid, actor)
     return src, st
 
 
@@ -79,12 +93,13 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     if os.path.lexists(held_spec(layout, job_id)):
         raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
     if has_record(layout, job_id):  # a file in jobs/ under a running or ended job's id is not that job
+        _check_owner(job_id, _recorded_owner(layout, job_id), actor)  # whose it is, before what it is
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held or edited)")
     mine = [p for p in pending_specs(layout, job_id) if actor.may_act_on(os.lstat(p).st_uid)]
     if not mine:
         others = pending_specs(layout, job_id)
         if others:
-            raise HoldError(refusal(job_id, os.lstat(others[0]).st_uid, "hold"))
+            raise HoldError(refusal(job_id, os.lstat(others[0]).st_uid))
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held or edited)")
     spec_path, dest = mine[0], held_spec(layout, job_id)
     before = os.lstat(spec_path)
@@ -100,7 +115,7 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     st = os.lstat(dest)  # the moved file, in a directory only the worker's account writes
     if not actor.may_act_on(st.st_uid):  # its owner replaced it between the look and the move
         _put_back(layout, dest, spec_path, job_id)
-        raise HoldError(refusal(job_id, st.st_uid, "hold"))
+        raise HoldError(refusal(job_id, st.st_uid))
     found = found_job(layout, job_id, spec_path, st.st_uid, user_name(st.st_uid))
     try:
         change = StateChange(
@@ -154,7 +169,7 @@ def submit_held(layout: Layout, job_id: str, host: str, actor: Actor, text: byte
 
 def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     """Back into the queue at its old place."""
-    src, st = _held(layout, job_id, actor, "release", f"{job_id}: not held")
+    src, st = _held(layout, job_id, actor, f"{job_id}: not held")
     try:
         record = read_record(layout.record(layout.held, job_id))
     except ValueError:
@@ -178,7 +193,7 @@ def edit(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes, rele
     sender's bytes), keeping its owner, mode and queue place; then release it unless it
     was held before the edit began."""
     src, st = _held(
-        layout, job_id, actor, "edit", f"{job_id}: not held any more (released or cancelled meanwhile); nothing changed"
+        layout, job_id, actor, f"{job_id}: not held any more (released or cancelled meanwhile); nothing changed"
     )
     try:
         parse_spec_text(text, f"jobs/{job_id}.yaml")
@@ -239,7 +254,7 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
             raise HoldError(f"{job_id}: no finished job by that id (retry puts an ended job back)")
     elif record.state is State.REJECTED or not record.spec_text:
         raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")
-    _check_owner(job_id, record.uid, actor, "retry")
+    _check_owner(job_id, record.uid, actor)
     change = StateChange(layout, record, State.PENDING, host, reason=f"retry by {actor.name}")
     if pending_specs(layout, job_id):
         raise HoldError(
@@ -289,7 +304,12 @@ def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Ac
         raise HoldError(
             f"{job_id}: the refused file is not a plain spec file (it was refused for that); submit a new spec"
         ) from None
-    _check_owner(job_id, st.st_uid, actor, "retry")
+    _check_owner(job_id, st.st_uid, actor)
+    if has_record(layout, job_id) or group_file(layout, job_id).exists():  # refused for that: it stays so
+        raise HoldError(
+            f"{job_id}: the id is another job's, so this refused spec cannot run under it; "
+            f"drop it into jobs/ under a new name (e.g. {job_id}-2.yaml)"
+        )
     if others_may_write(st.st_mode, os.stat(layout.jobs).st_mode):
         raise HoldError(
             f"{job_id}: the refused file can be written by others (mode {stat.S_IMODE(st.st_mode):04o}), "

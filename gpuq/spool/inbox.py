@@ -9,11 +9,12 @@ one request file there; a worker applies it and writes a reply the CLI waits for
   open the taken file without following links and check it there: a regular file with one
   link, under the size cap. Who asks is that file's owner; nothing written inside says so.
   Once taken, the file is in a directory only the worker's account writes: nobody can swap it.
-- reply (worker): state/replies/<name>, marked with the asker's uid (a CLI reads only its
-  own), then the taken file goes. A worker that dies before its reply finds its taken
-  requests at its next pass and applies them again (every verb is idempotent: a second
-  cancel says the job already ended); a request whose name has a reply already is dropped
-  unapplied (this host died after replying, or a member reused someone's request name).
+- reply (worker): state/replies/<uid>-<name>, under the asker's uid (the request file's
+  owner), then the taken file goes: a member who sends a request under the name of someone
+  else's once it was taken (the name is free in the inbox then) gets his own reply, never
+  hers. A worker that dies before its reply finds its taken requests at its next pass and
+  applies them again (every verb is idempotent: a second cancel says the job already ended);
+  a request that has a reply already is dropped unapplied (this host died after replying).
 """
 
 from __future__ import annotations
@@ -122,17 +123,22 @@ def _exists(name: str, dir_fd: int) -> bool:
     return True
 
 
+def reply_path(layout: Layout, name: str, uid: int) -> Path:
+    return layout.replies / f"{uid}-{name}"
+
+
 def read_reply(layout: Layout, name: str, uid: int) -> Reply | None:
-    """The reply to request `name` that `uid` sent; None while there is none. A reply to
-    someone else is not the sender's (a member who reused the name once the request was taken:
-    the worker applies no request under a name already answered, spool/applying.py)."""
-    try:
-        data = read_json(layout.replies / name)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("outcomes"), list):
-        return None
-    if data.get("uid", uid) != uid:  # (a worker of an earlier version wrote none)
+    """The reply to request `name` that `uid` sent; None while there is none. A worker of an
+    earlier version replied under the request's name alone, with the asker's uid or none:
+    a reply there to someone else is not the sender's."""
+    for path in (reply_path(layout, name, uid), layout.replies / name):
+        try:
+            data = read_json(path)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("outcomes"), list) and data.get("uid", uid) == uid:
+            break
+    else:
         return None
     return Reply(
         tuple((bool(o.get("ok")), str(o.get("message", ""))) for o in data["outcomes"] if isinstance(o, dict)),
@@ -141,8 +147,8 @@ def read_reply(layout: Layout, name: str, uid: int) -> Reply | None:
     )
 
 
-def answered(layout: Layout, name: str) -> bool:
-    return os.path.lexists(layout.replies / name)
+def answered(layout: Layout, name: str, uid: int) -> bool:
+    return os.path.lexists(reply_path(layout, name, uid))
 
 
 # --- the worker's side -------------------------------------------------------------------
@@ -231,9 +237,9 @@ def parse_request(raw: bytes, name: str, uid: int) -> Request:
 
 def finish(layout: Layout, host: str, name: str, reply: Reply | None) -> None:
     """Write the reply (readable by the team: it says what was done), then drop the request
-    (None: drop it unanswered)."""
-    if reply is not None:
-        atomic_write(layout.replies / name, json.dumps(reply.to_json()).encode(), mode=0o644)
+    (None, or no asker known: drop it unanswered)."""
+    if reply is not None and reply.uid is not None:
+        atomic_write(reply_path(layout, name, reply.uid), json.dumps(reply.to_json()).encode(), mode=0o644)
     taken = taken_path(layout, host, name)
     try:
         os.unlink(taken)

@@ -22,7 +22,7 @@ from gpuq.host.faults import wall_time
 from gpuq.host.owners import OwnerPolicy
 from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
 from gpuq.model.jobs import PendingJob
-from gpuq.model.names import JOB_ID_RE
+from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.spec import JobSpec, parse_spec_text
 from gpuq.spool.layout import Layout, job_id_for_spec_name
 from gpuq.spool.store import kept_place
@@ -90,7 +90,7 @@ def check_job_id(job_id: str, name: str) -> None:
             f"jobs/{name!r}",
             None,
             "the file name is not a usable job id",
-            "rename it to letters, digits, '_', '-' and '.' (at most 64, not starting with '.'), e.g. train-a.yaml",
+            f"rename it to {ID_RULE}, e.g. train-a.yaml",
         )
 
 

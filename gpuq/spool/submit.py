@@ -23,7 +23,7 @@ import yaml
 
 from gpuq.host.owners import OwnerPolicy
 from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
-from gpuq.model.names import JOB_ID_RE
+from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.secrets import looks_secret
 from gpuq.model.spec import JobSpec, parse_spec_text, validate_spec
 from gpuq.spool.ids import id_taken
@@ -198,9 +198,7 @@ def write_spec(layout: Layout, data: dict[str, Any], job_id: str | None, base: s
 
 def _candidate_ids(job_id: str | None, base: str) -> Iterator[str]:
     if job_id is not None and not JOB_ID_RE.match(job_id):
-        raise SubmitError(
-            f"--id {job_id!r}: ids are letters, digits, '_', '-' and '.', at most 64, not starting with '.'"
-        )
+        raise SubmitError(f"--id {job_id!r}: ids are {ID_RULE}")
     yield from [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000))
 
 

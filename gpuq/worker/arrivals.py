@@ -51,6 +51,7 @@ class Arrivals:
                     )
                 ),
                 forget=False,
+                retry_mends=False,
             )
         for entry in self.intake.take_unchecked():
             job_id = entry.job.id  # type: ignore[union-attr]
@@ -67,6 +68,7 @@ class Arrivals:
                             f"rename the file (e.g. {job_id}-2.yaml), or use `gpuq submit`, which picks a free id",
                         )
                     ),
+                    retry_mends=False,
                 )
             elif entry.job.spec.array or (entry.job.spec.sweep and self.expand_sweeps):  # type: ignore[union-attr]
                 self.expand_sweep(job_id, entry)
@@ -96,7 +98,9 @@ class Arrivals:
         if members:
             log.info("sweep %s: %d jobs", job_id, len(members))
 
-    def reject(self, job_id: str, path: Path, message: str, forget: bool = True) -> None:
+    def reject(self, job_id: str, path: Path, message: str, forget: bool = True, retry_mends: bool = True) -> None:
+        """`retry_mends`: whether `gpuq retry` could ever put this spec back (never for an id that
+        is another job's: under that id, retry is that job's, and only a new name is a fix)."""
         suffix = ".yml" if path.name.endswith(".yml") else ".yaml"
         # A name too long to take a suffix (250 characters, say) is kept under a short one of gpuq's.
         fits = len(job_id.encode("utf-8", "surrogateescape")) <= 100 and "/" not in job_id
@@ -125,7 +129,7 @@ class Arrivals:
             message
             + (
                 f"{kept}: fix it there (or drop a fixed one), then `gpuq retry {stem}`."
-                if retryable(dest, job_id, self.layout)
+                if retry_mends and retryable(dest, job_id, self.layout)
                 else f"{kept}."
             )
         )  # one line, never more
