@@ -244,8 +244,9 @@ def test_members_change_only_their_own_jobs_and_admins_any(team):
         assert refused.returncode == 1 and f"belongs to {ALICE}; only its owner" in refused.stderr, refused.stderr
     held = team.as_user(ALICE, "hold", "al-pend")
     assert held.returncode == 0, held.stderr
-    refused = team.as_user(BOB, "edit", "al-pend", env={"EDITOR": "true"})  # held by her
-    assert refused.returncode == 1 and f"belongs to {ALICE}; only its owner" in refused.stderr, refused.stderr
+    for verb in ("edit", "hold"):  # held by her ("already held" told bob to release it)
+        refused = team.as_user(BOB, verb, "al-pend", env={"EDITOR": "true"})
+        assert refused.returncode == 1 and f"belongs to {ALICE}; only its owner" in refused.stderr, refused.stderr
     assert team.as_user(ALICE, "release", "al-pend").returncode == 0
     assert _state(team, "al-run") == "running" and _state(team, "al-pend") in ("pending", "running")
     team.stop_worker("a")

@@ -99,7 +99,7 @@ def test_a_file_under_another_members_job_id_is_never_that_job(team):
     assert team.gpuq("hold", "al-h1").returncode == 0
     team.drop_as(BOB, "al-h1.yaml", "command: [unterminated\n")
     hold = team.as_user(BOB, "hold", "al-h1")
-    assert hold.returncode == 1 and "already held" in hold.stderr, hold.stderr
+    assert hold.returncode == 1 and f"belongs to {ALICE}" in hold.stderr, hold.stderr  # hers, held
     assert os.stat(team.root / "state" / "held" / "al-h1.yaml").st_uid == team.users[ALICE].pw_uid
     team.drop_as(ALICE, "ay.yml", never)
     wait_until(lambda: any(j["id"] == "ay" for j in team.status()["pending"]), what="ay pending")
@@ -130,8 +130,10 @@ def test_a_spec_refused_for_another_members_id_is_never_retried_under_it(team):
         assert retry.returncode == 1, retry.stdout
         assert not (team.root / "jobs" / f"{job_id}.yaml").exists()
         messages.append(retry.stderr)
-    assert "the id is another job's" in messages[0] and "al-run-2.yaml" in messages[0], messages[0]
-    assert f"belongs to {ALICE}" in messages[1], messages[1]  # retry of an ended job is that job's
+    for message in messages:  # under her id, retry is her job's, running or ended
+        assert f"belongs to {ALICE}" in message, message
+    hers = team.as_user(ALICE, "retry", "al-run")  # her running job, not bob's refused spec
+    assert hers.returncode == 1 and "al-run: no finished job by that id" in hers.stderr, hers.stderr
     assert _state(team, "al-run") == "running" and team.finished("al-end")["state"] == "done"
 
 

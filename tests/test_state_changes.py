@@ -14,7 +14,7 @@ from gpuq.model.record import Record
 from gpuq.model.states import State, TransitionError
 from gpuq.model.stops import Stop, StopCause, cause_in_words, cause_of
 from gpuq.spool.cancel import cancel_one
-from gpuq.spool.holds import hold, release, retry
+from gpuq.spool.holds import HoldError, hold, release, retry
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import StateChange, append_note, read_record, spec_state, transition, write_record
 from gpuq.views.report import _open_run, build
@@ -196,3 +196,13 @@ def test_a_write_that_cannot_finish_undoes_itself(layout, monkeypatch):
         transition(layout, running, State.DONE, "a", exit_code=0)
     monkeypatch.undo()
     assert _files(layout) == before and _events(layout) == []
+
+
+@pytest.mark.parametrize("verb", [hold, retry], ids=["hold", "retry"])
+def test_hold_or_retry_of_a_job_whose_record_is_damaged_says_so(layout, verb):
+    """Whose job it is comes from its record; a torn one was taken as root's ("belongs to
+    root") and refused its own owner with a wrong reason."""
+    (layout.running / "torn.json").write_text('{"id": "torn')
+    mine = Actor(4242, "someone", False)
+    with pytest.raises(HoldError, match="torn: its record is damaged; an admin should look at state/"):
+        verb(layout, "torn", "a", mine)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 
-# Not starting with '.' (a hidden file, `..`) nor '-' (every command would read it as an
-# option: `gpuq show -x`, `rm -x.yaml`).
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
-ID_RULE = "letters, digits, '_', '-' and '.', at most 64, not starting with '.' or '-'"
+# Not starting with '.' (a hidden file, `..`). A leading '-' stays allowed: records, specs
+# and requests of such ids exist, and a stricter rule would make them unreadable (their jobs
+# invisible, their GPUs seemingly free); commands take such an id after `--`.
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}\Z")
+ID_RULE = "letters, digits, '_', '-' and '.', at most 64, not starting with '.'"
 
 HOST_RE = JOB_ID_RE

@@ -64,17 +64,16 @@ def _check_owner(job_id: str, owner: int, actor: Actor) -> None:
         raise HoldError(refusal(job_id, owner))
 
 
-def _recorded_owner(layout: Layout, job_id: str) -> int:
-    """The owner its record names (the worker wrote it); root's when the record cannot be read,
-    so that only an admin learns more of it."""
+def _check_recorded_owner(layout: Layout, job_id: str, actor: Actor) -> None:
+    """Refused unless `actor` may change the job its record (the worker wrote it) belongs to."""
     for directory in (layout.running, layout.finished, layout.held):
         try:
             record = read_record(layout.record(directory, job_id))
         except (ValueError, OSError):  # RecordError too
-            return 0
+            raise HoldError(f"{job_id}: its record is damaged; an admin should look at state/") from None
         if record is not None:
-            return record.uid
-    return 0
+            _check_owner(job_id, record.uid, actor)
+            return
 
 
 def _held(layout: Layout, job_id: str, actor: Actor, missing: str) -> tuple[Path, os.stat_result]:
@@ -90,10 +89,13 @@ def _held(layout: Layout, job_id: str, actor: Actor, missing: str) -> tuple[Path
 
 
 def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") -> str:
-    if os.path.lexists(held_spec(layout, job_id)):
+    # Whose it is, before what it is: another's held or running job is refused as another's.
+    held = held_spec(layout, job_id)
+    if os.path.lexists(held):
+        _check_owner(job_id, os.lstat(held).st_uid, actor)
         raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
     if has_record(layout, job_id):  # a file in jobs/ under a running or ended job's id is not that job
-        _check_owner(job_id, _recorded_owner(layout, job_id), actor)  # whose it is, before what it is
+        _check_recorded_owner(layout, job_id, actor)
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held or edited)")
     mine = [p for p in pending_specs(layout, job_id) if actor.may_act_on(os.lstat(p).st_uid)]
     if not mine:
@@ -240,8 +242,8 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     kept = layout.record(layout.requeued, job_id)
     if record is None:
         earlier = read_json(kept)
-        if earlier is None and (refused := _rejected_spec(layout, job_id)) is not None:
-            return _retry_rejected(layout, refused, job_id, host, actor)
+        if earlier is None and not has_record(layout, job_id) and (refused := _rejected_spec(layout, job_id)):
+            return _retry_rejected(layout, refused, job_id, host, actor)  # (a running job's id: not this)
         # An interrupted retry left the ended attempt kept and its spec not yet back: finish it.
         # A requeue keeps a running attempt there too, while its spec waits in a claim: not ended.
         record = _kept_ended(earlier)
@@ -251,6 +253,7 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
             or layout.record(layout.running, job_id).exists()
             or claims_of(layout, job_id)
         ):
+            _check_recorded_owner(layout, job_id, actor)  # another's running job is refused as another's
             raise HoldError(f"{job_id}: no finished job by that id (retry puts an ended job back)")
     elif record.state is State.REJECTED or not record.spec_text:
         raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")
