@@ -144,6 +144,22 @@ def test_show_of_a_record_a_power_cut_emptied_says_so(queue, left: str):
         assert "state/running/cut.json is not a record" in done.stdout and "power cut" in done.stdout, done.stdout
 
 
+def test_status_and_show_pass_over_a_finished_record_that_is_torn(queue):
+    """One bad file never crashes status: a finished record that does not parse was a
+    RecordError traceback for every member, and for `show` of a job of the same name (it
+    reads their peaks)."""
+    queue.start_worker("a", "1x80GiB")
+    for _ in range(2):
+        queue.gpuq("submit", "--name", "torn", "--gpus", "0", "--", "true")
+    wait_until(lambda: queue.finished("torn-1") and queue.finished("torn-2"), what="both to end")
+    queue.stop_worker("a")
+    (queue.root / "state" / "finished" / "torn-1.json").write_text('{"id": "torn-1", "state": "done", "host": "-x"')
+    for command in (["status"], ["status", "--json"], ["show", "torn-2"]):
+        done = queue.gpuq(*command, check=False, timeout=30)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert "torn-" in done.stdout
+
+
 # --- another user's log -------------------------------------------------------------------------
 
 

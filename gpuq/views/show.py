@@ -92,7 +92,10 @@ def _past_peaks(layout: Layout, record: Record) -> list[int]:
         for entry in it:
             if not (entry.name.startswith(stem) and entry.name.endswith(".json")):
                 continue
-            past = read_record(Path(entry.path))
+            try:
+                past = read_record(Path(entry.path))
+            except (ValueError, OSError):  # a torn or foreign file: no past run to learn from
+                continue
             if (
                 past is not None
                 and past.peak_gpu_mem_mib

@@ -294,7 +294,10 @@ def _pending(job: PendingJob, position: int, reason: str, now: float) -> dict[st
 
 
 def _finished(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
-    record = read_record(layout.record(layout.finished, ev["job"]))
+    try:
+        record = read_record(layout.record(layout.finished, ev["job"]))
+    except (ValueError, OSError):  # a torn or foreign file: its event says enough, status goes on
+        record = None
     if record is None:
         return {
             "id": ev["job"],
@@ -342,7 +345,10 @@ def _lived_on(layout: Layout, ev: dict[str, Any]) -> bool:
         return True  # retried: moved back out of rejected/
     if pending_spec_path(layout, job_id) or claims_of(layout, job_id) or layout.record(layout.running, job_id).exists():
         return True
-    record = read_record(layout.record(layout.finished, job_id))
+    try:
+        record = read_record(layout.record(layout.finished, job_id))
+    except (ValueError, OSError):  # torn or foreign: not a later run of it
+        return False
     return record is not None and (record.claimed_at or record.ended_at or 0) > (ev.get("t") or 0)
 
 
