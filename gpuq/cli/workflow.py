@@ -104,6 +104,8 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
         return 1
     editor = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
     with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
+        # A path write, safely: mkdtemp's directory is this user's, mode 0700, so no other
+        # member can plant a link in it; and the CLI runs with this user's rights only.
         copy = Path(tmp) / f"{job_id}.yaml"
         copy.write_bytes(original)
         while True:

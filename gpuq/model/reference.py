@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) == 2 and argv[0] in ("--check", "--write"):
         path = Path(argv[1])
         text = path.read_text()
-        if argv[0] == "--write":
-            path.write_text(replace_blocks(text))
+        if argv[0] == "--write":  # a developer's tool on their own checkout (never the worker, never root's
+            path.write_text(replace_blocks(text))  # spool): it writes the file named, as their editor would
             return 0
         problems = differences(text)
         for problem in problems:

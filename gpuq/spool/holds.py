@@ -308,7 +308,8 @@ def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Ac
             f"{job_id}: the refused file is not a plain spec file (it was refused for that); submit a new spec"
         ) from None
     _check_owner(job_id, st.st_uid, actor)
-    if has_record(layout, job_id) or group_file(layout, job_id).exists():  # refused for that: it stays so
+    # A group's id, or a job recorded since retry() looked (a race): refused for that, it stays so.
+    if has_record(layout, job_id) or group_file(layout, job_id).exists():
         raise HoldError(
             f"{job_id}: the id is another job's, so this refused spec cannot run under it; "
             f"drop it into jobs/ under a new name (e.g. {job_id}-2.yaml)"
