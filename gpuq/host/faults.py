@@ -50,6 +50,7 @@ RECOVERY_CRASH_POINTS = (
 # Slurm bridge mode (slurm/bridge.py; tests/test_slurm_export.py)
 BRIDGE_CRASH_POINTS = (
     "bridge:planned",  # a spec is chosen to hand over; not yet claimed
+    "bridge:claimed",  # renamed into claims/; no record yet
     "bridge:recorded",  # running record written; sbatch not run yet
     "bridge:submitted",
 )  # sbatch took the job; its Slurm id is not recorded yet

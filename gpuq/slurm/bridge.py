@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq.host.faults import crash_point, wall_time
-from gpuq.host.files import read_json, write_json
+from gpuq.host.files import write_json
 from gpuq.host.owners import Identity
 from gpuq.model.config import FENCE_FRACTION
 from gpuq.model.record import Record, claim_name
@@ -44,7 +44,6 @@ from gpuq.spool.intake import user_name
 from gpuq.spool.store import (
     append_note,
     claim,
-    next_attempt,
     running_records,
     spec_state,
     transition,
@@ -389,19 +388,11 @@ class BridgeWorker(Worker):
         return [f"--uid={owner.uid}", f"--gid={owner.gid}"], {**slurm, **base_environment(owner)}
 
     def _hand(self, job, dependency_ids: dict[str, str]) -> None:
-        entry = self.intake.entries.get(job.id)
-        if entry is None:
+        taken = self.claimer.claim(job.id, crash_prefix="bridge")
+        if taken is None:
             return
-        attempt = next_attempt(read_json(self.layout.record(self.layout.requeued, job.id)))
-        name = claim_name(job.id, self.host, self.boot_id, attempt)
-        crash_point("bridge:planned")
-        claimed = claim(self.layout, entry.path, name)
-        self.intake.forget(job.id)
-        if claimed is None:
-            return
-        uid = self._claimed_owner(job.id, entry, claimed)
-        if uid is None:
-            return
+        entry, claimed, uid, attempt, _ = taken
+        name = claimed.name
         claimed_job = Record(  # as its claim showed it: taken from jobs/, so pending
             id=job.id,
             state=spec_state(self.layout, claimed),

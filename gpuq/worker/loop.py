@@ -25,10 +25,9 @@ from gpuq.host.probe import Probe
 from gpuq.host.usage import GpuUsage
 from gpuq.host.wake import WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
 from gpuq.model.config import Config
-from gpuq.model.errors import SpecError
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, RunningJob
-from gpuq.model.record import Record, claim_name
+from gpuq.model.record import Record
 from gpuq.model.sharing import compute_pct, uses_mps
 from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
@@ -59,15 +58,13 @@ from gpuq.spool.cancel import cancel_pending
 from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.drain import drain_file
 from gpuq.spool.inbox import fair_order, leftovers, sweep_replies, waiting
-from gpuq.spool.intake import Entry, Intake, read_spec_file
+from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
 from gpuq.spool.listing import RunningListing
 from gpuq.spool.samples import SampleLog
 from gpuq.spool.store import (
     append_note,
-    claim,
     keep_place,
-    next_attempt,
     spec_state,
     transition,
 )
@@ -83,6 +80,7 @@ from gpuq.spool.teamstate import (
 )
 from gpuq.worker.alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from gpuq.worker.arrivals import Arrivals
+from gpuq.worker.claiming import Claimer
 from gpuq.worker.metrics import FinishedCounter, HostFigures
 from gpuq.worker.metrics import render as render_metrics
 from gpuq.worker.recovery import Recovery
@@ -186,6 +184,7 @@ class Worker:
         self.spawner: Launcher = spawner or Spawner(self.rt, layout.worker_log(host))
         self.arrivals = Arrivals(layout, host, self.intake)
         self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject, self.clock)
+        self.claimer = Claimer(layout, host, self.boot_id, self.intake, self.arrivals, self.recovery)
         self.cache_written = (-1, 0.0)
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
@@ -576,21 +575,12 @@ class Worker:
         return [RunningJob.of(r, self.observed.get(r.id, {}), r.id in self.stopping, self.host) for r in self.running]
 
     def _start(self, job_id: str, gpus: tuple[int, ...]) -> None:
-        entry = self.intake.entries.get(job_id)
-        if entry is None or entry.job is None:
+        taken = self.claimer.claim(job_id)
+        if taken is None:
             return
-        crash_point("worker:planned")
-        previous = read_json(self.layout.record(self.layout.requeued, job_id))
-        attempt = next_attempt(previous)
-        claimed = claim(self.layout, entry.path, claim_name(job_id, self.host, self.boot_id, attempt))
-        self.intake.forget(job_id)
-        if claimed is None:
-            return  # another worker took it, or it was cancelled
-        crash_point("worker:claimed")
-        uid = self._claimed_owner(job_id, entry, claimed)
-        if uid is None:
-            return
+        entry, claimed, uid, attempt, previous = taken
         job = entry.job
+        assert job is not None  # a claim is taken only of a parsed spec
         by_index = {g.index: g for g in self.gpus}
         charged = (
             job.spec.gpu_mem_mib
@@ -645,34 +635,6 @@ class Worker:
             self._report_once(f"mps/{gpu.index}/{e}", f"MPS on GPU {gpu.index} unusable, its jobs are time-sliced: {e}")
             return None, None
         return str(pipe), compute_pct(spec, gpu.mem_total_mib)
-
-    def _claimed_owner(self, job_id: str, entry: Entry, claimed: Path) -> int | None:
-        """The owner of the spec just claimed, from fstat of the claimed file itself (opened
-        without following a link): a plain file with one link, the very bytes read at intake,
-        and an owner this worker may submit for. Between the scan and the rename, its owner
-        could have replaced jobs/<id>.yaml by a link to anyone's file (the rename takes the
-        link) or edited it. None: the claim was put back (edited: read again next pass) or
-        rejected (the file itself is wrong: that does not mend)."""
-        display = f"jobs/{entry.name}"
-        try:
-            raw, st = read_spec_file(claimed, display)
-            if self.intake.policy is not None:
-                self.intake.policy.check(st, display)
-        except SpecError as e:
-            self.arrivals.reject(job_id, claimed, str(e))
-            return None
-        except OSError as e:
-            self.arrivals.reject(
-                job_id,
-                claimed,
-                f"{display}: cannot be read ({e.strerror}). Fix: make it a plain file readable by the worker",
-            )
-            return None
-        if raw != entry.text:  # edited in place since the scan: read again, at its place
-            keep_place(self.layout, job_id, st.st_uid, entry.job.queued_at)  # type: ignore[union-attr]
-            self.recovery.put_back(job_id, claimed)
-            return None
-        return st.st_uid
 
     def _write_metrics(self) -> None:
         self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
