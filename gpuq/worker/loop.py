@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any, Protocol
 
 from gpuq import __version__
 from gpuq.host.clock import Clock
 from gpuq.host.faults import crash_point
-from gpuq.host.files import atomic_write, read_json, write_json
+from gpuq.host.files import atomic_write, read_json
 from gpuq.host.hostinfo import boot_id, ensure_private_dir
 from gpuq.host.jobmemory import observe_job_memory
 from gpuq.host.owners import OwnerPolicy
@@ -81,14 +80,11 @@ from gpuq.spool.teamstate import (
 from gpuq.worker.alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from gpuq.worker.arrivals import Arrivals
 from gpuq.worker.claiming import Claimer
-from gpuq.worker.metrics import FinishedCounter, HostFigures
-from gpuq.worker.metrics import render as render_metrics
+from gpuq.worker.metrics import FinishedCounter
+from gpuq.worker.publishing import BoxState, Publisher
 from gpuq.worker.recovery import Recovery
 
 log = logging.getLogger("gpuq.worker")
-SPEC_CACHE_EVERY_S = 5.0
-METRICS_EVERY_S = 10.0  # and when the running jobs change, at most every METRICS_MIN_GAP_S
-METRICS_MIN_GAP_S = 1.0
 FULL_SCAN_EVERY_S = 30.0
 # A burst of short jobs wakes the worker hundreds of times a second; between those wakes
 # jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
@@ -167,7 +163,6 @@ class Worker:
         self.intake = Intake(
             layout, OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, config.run_for_users, config.allow_root_jobs)
         )
-        self.seq = 0
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
         self.listing = RunningListing(layout, host, self._report_once)  # running/, every box's
@@ -185,10 +180,8 @@ class Worker:
         self.arrivals = Arrivals(layout, host, self.intake)
         self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject, self.clock)
         self.claimer = Claimer(layout, host, self.boot_id, self.intake, self.arrivals, self.recovery)
-        self.cache_written = (-1, 0.0)
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
-        self.heartbeat_at = 0.0
         self.beat_cache: dict[str, tuple[tuple, Any]] = {}  # host -> (file's identity, its heartbeat)
         self.woken_by = b""  # the reasons of the pokes that ended the last sleep
         self.unchanged_plan_inputs: tuple | None = None
@@ -200,13 +193,7 @@ class Worker:
         self.alerts = AlertWatch(config, host)
         self.alerts_at = 0.0
         self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (metrics)
-        self.metrics_file = (
-            Path(config.metrics_dir.replace("{host}", host)) / f"gpuq-{host}.prom"
-            if config.metrics_dir
-            else layout.state / "metrics" / f"gpuq-{host}.prom"
-        )
-        self.metrics_at = 0.0
-        self.metrics_running: tuple[str, ...] = ()
+        self.publisher = Publisher(layout, config, host, self.boot_id, self.rt, self.intake, self.finished)
         self.dep_states = DependencyStates(layout)
         self.samples = SampleLog(
             layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
@@ -271,8 +258,8 @@ class Worker:
         except Exception:
             log.exception("stopping MPS daemons failed")
         self.samples.flush(self.clock.wall())
-        try:  # other boxes stop placing work here at once, not when the beat goes stale
-            self._write_heartbeat(stopped=True)
+        try:
+            self.publisher.write_heartbeat(self._box_state(), self.clock.wall(), stopped=True)
         except OSError:
             pass
 
@@ -636,84 +623,25 @@ class Worker:
             return None, None
         return str(pipe), compute_pct(spec, gpu.mem_total_mib)
 
-    def _write_metrics(self) -> None:
-        self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
-        figures = HostFigures(
-            self.host,
-            self.clock.wall(),
+    def report(self) -> None:
+        """What this box tells the others (worker/publishing.py), when it is due."""
+        now = self.clock.mono()
+        if self.publisher.due(now):
+            self.publisher.publish(self._box_state(), now, self.clock.wall())
+
+    def _box_state(self) -> BoxState:
+        return BoxState(
             self.gpus,
             self.running,
             self.observed,
-            [e.job.user for e in self.intake.entries.values() if e.job is not None],
-            set(self.stopping),
-            {i for i, t in self.others_idle_since.items() if t is None},
-            self.finished.counts(),
-        )
-        atomic_write(self.metrics_file, render_metrics(figures).encode(), mode=0o644, durable=False)
-
-    def report(self) -> None:
-        """Heartbeat (boot id + sequence number: observers judge liveness on their own clock)
-        with the GPU snapshot and per-job observed memory; and the shared spec cache. At most
-        once per poll interval: a burst of short jobs wakes the worker far more often."""
-        now = self.clock.mono()
-        if now - self.heartbeat_at < self.config.poll_interval * 0.9:
-            return
-        self.heartbeat_at = now
-        self.seq += 1
-        try:
-            self._write_heartbeat()
-        except OSError as e:
-            # A full or failing disk refuses the new file; the old one's mtime can still be
-            # renewed (no block is needed), and observers count a change of it as a beat. So
-            # the lease stays fresh and healthy jobs run on; only when even that fails (the
-            # disk is gone) does the lease age and the supervisors fence their jobs.
-            os.utime(self.layout.heartbeat(self.host))
-            self._report_once(
-                "heartbeat-write",
-                f"cannot write this host's heartbeat ({e.strerror or e}); "
-                "renewing it by its mtime until the disk takes writes again",
-            )
-        else:
-            self.reported.discard("heartbeat-write")
-        # Written only once the heartbeat is: the supervisors' proof that others still see
-        # this host alive (a stale lease makes them stop their jobs; see run/supervise.py).
-        write_lease(self.rt, now)
-        version, written_at = self.cache_written
-        if version != self.intake.version and now - written_at >= SPEC_CACHE_EVERY_S:
-            write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
-            self.cache_written = (self.intake.version, now)
-        running_ids = tuple(r.id for r in self.running)
-        if now - self.metrics_at >= METRICS_EVERY_S or (
-            running_ids != self.metrics_running and now - self.metrics_at >= METRICS_MIN_GAP_S
-        ):
-            self.metrics_at, self.metrics_running = now, running_ids
-            self._write_metrics()
-
-    def _write_heartbeat(self, stopped: bool = False) -> None:
-        write_json(
-            self.layout.heartbeat(self.host),
-            {
-                "stopped": stopped,
-                "host": self.host,
-                "boot_id": self.boot_id,
-                "seq": self.seq,
-                "pid": os.getpid(),
-                "version": __version__,
-                "t": self.clock.wall(),
-                "poll_interval": self.config.poll_interval,
-                "gpus": [g.to_json() for g in self.gpus],
-                "cpu_slots": self.config.cpu_slots,
-                "observed": {j: {str(i): m for i, m in per.items()} for j, per in self.observed.items()},
-                "others_idle_since": {str(i): t for i, t in self.others_idle_since.items()},
-                "stopping": sorted(self.stopping),
-                "warnings": dict(self.gpu_mem_watch.current),
-                "alerts": self.alerts.as_json(),
-                "probe_error": self.probe.error,
-                "runtimes": self.runtimes.found,
-                "runtime_problems": self.runtimes.problems,
-                "mps": {"problem": self.mps.problem(), "daemons": sorted(self.mps.running()), "dir": str(self.mps.base)}
-                if self.config.gpu_sharing == "mps"
-                else None,
-            },
-            durable=False,
+            self.others_idle_since,
+            self.stopping,
+            dict(self.gpu_mem_watch.current),
+            self.alerts.as_json(),
+            self.probe.error,
+            self.runtimes.found,
+            self.runtimes.problems,
+            {"problem": self.mps.problem(), "daemons": sorted(self.mps.running()), "dir": str(self.mps.base)}
+            if self.config.gpu_sharing == "mps"
+            else None,
         )

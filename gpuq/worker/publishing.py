@@ -1,0 +1,158 @@
+"""What a box tells the others: its heartbeat (state/workers/<host>.json, the snapshot every
+box plans with: spool/teamstate.py), the lease its own supervisors watch, the shared spec
+cache and its Prometheus metrics. The worker gathers a `BoxState` in its pass; this module
+only decides when each is due and writes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuq import __version__
+from gpuq.host.files import atomic_write, write_json
+from gpuq.model.config import Config
+from gpuq.model.gpu import GpuSnapshot
+from gpuq.model.record import Record
+from gpuq.run.joblocal import Runtime, write_lease
+from gpuq.spool.intake import Intake
+from gpuq.spool.layout import Layout
+from gpuq.worker.metrics import FinishedCounter, HostFigures
+from gpuq.worker.metrics import render as render_metrics
+
+log = logging.getLogger("gpuq.worker")
+SPEC_CACHE_EVERY_S = 5.0
+METRICS_EVERY_S = 10.0  # and when the running jobs change, at most every METRICS_MIN_GAP_S
+METRICS_MIN_GAP_S = 1.0
+
+
+@dataclass(frozen=True)
+class BoxState:
+    """What this box's last pass saw, as its heartbeat and metrics carry it."""
+
+    gpus: list[GpuSnapshot]
+    running: list[Record]
+    observed: dict[str, dict[int, int]]  # job id -> GPU index -> MiB its processes use
+    others_idle_since: dict[int, float | None]  # GPU index -> free of others' use since (None: in use)
+    stopping: set[str]
+    warnings: dict[str, str]
+    alerts: list[dict]
+    probe_error: str | None
+    runtimes: dict[str, str]
+    runtime_problems: dict[str, str]
+    mps: dict | None  # None unless gpu_sharing is mps
+
+
+class Publisher:
+    """Writes what a box publishes, each at its own pace: a burst of short jobs wakes the
+    worker hundreds of times a second, and none of these files needs to follow it."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        config: Config,
+        host: str,
+        boot_id: str,
+        rt: Runtime,
+        intake: Intake,
+        finished: FinishedCounter,
+    ) -> None:
+        self.layout, self.config, self.host, self.boot_id, self.rt = layout, config, host, boot_id, rt
+        self.intake, self.finished = intake, finished
+        self.heartbeat_failing = False  # logged once per spell of failed writes
+        self.seq = 0
+        self.heartbeat_at = 0.0
+        self.cache_written = (-1, 0.0)  # (intake version, when)
+        self.metrics_file = (
+            Path(config.metrics_dir.replace("{host}", host)) / f"gpuq-{host}.prom"
+            if config.metrics_dir
+            else layout.state / "metrics" / f"gpuq-{host}.prom"
+        )
+        self.metrics_at = 0.0
+        self.metrics_running: tuple[str, ...] = ()
+
+    def due(self, now_mono: float) -> bool:
+        """At most once per poll interval."""
+        return now_mono - self.heartbeat_at >= self.config.poll_interval * 0.9
+
+    def publish(self, state: BoxState, now_mono: float, now_wall: float) -> None:
+        """Heartbeat (boot id + sequence number: observers judge liveness on their own clock),
+        then the lease, the spec cache and the metrics when theirs are due."""
+        self.heartbeat_at = now_mono
+        self.seq += 1
+        try:
+            self.write_heartbeat(state, now_wall)
+        except OSError as e:
+            # A full or failing disk refuses the new file; the old one's mtime can still be
+            # renewed (no block is needed), and observers count a change of it as a beat. So
+            # the lease stays fresh and healthy jobs run on; only when even that fails (the
+            # disk is gone) does the lease age and the supervisors fence their jobs.
+            os.utime(self.layout.heartbeat(self.host))
+            if not self.heartbeat_failing:
+                log.warning(
+                    "cannot write this host's heartbeat (%s); "
+                    "renewing it by its mtime until the disk takes writes again",
+                    e.strerror or e,
+                )
+            self.heartbeat_failing = True
+        else:
+            self.heartbeat_failing = False
+        # Written only once the heartbeat is: the supervisors' proof that others still see
+        # this host alive (a stale lease makes them stop their jobs; see run/supervise.py).
+        write_lease(self.rt, now_mono)
+        version, written_at = self.cache_written
+        if version != self.intake.version and now_mono - written_at >= SPEC_CACHE_EVERY_S:
+            write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
+            self.cache_written = (self.intake.version, now_mono)
+        running_ids = tuple(r.id for r in state.running)
+        if now_mono - self.metrics_at >= METRICS_EVERY_S or (
+            running_ids != self.metrics_running and now_mono - self.metrics_at >= METRICS_MIN_GAP_S
+        ):
+            self.metrics_at, self.metrics_running = now_mono, running_ids
+            self.write_metrics(state, now_wall)
+
+    def write_heartbeat(self, state: BoxState, now_wall: float, stopped: bool = False) -> None:
+        """`stopped`: the worker's last word, so that other boxes stop placing work here at
+        once, not when the beat goes stale."""
+        write_json(
+            self.layout.heartbeat(self.host),
+            {
+                "stopped": stopped,
+                "host": self.host,
+                "boot_id": self.boot_id,
+                "seq": self.seq,
+                "pid": os.getpid(),
+                "version": __version__,
+                "t": now_wall,
+                "poll_interval": self.config.poll_interval,
+                "gpus": [g.to_json() for g in state.gpus],
+                "cpu_slots": self.config.cpu_slots,
+                "observed": {j: {str(i): m for i, m in per.items()} for j, per in state.observed.items()},
+                "others_idle_since": {str(i): t for i, t in state.others_idle_since.items()},
+                "stopping": sorted(state.stopping),
+                "warnings": dict(state.warnings),
+                "alerts": state.alerts,
+                "probe_error": state.probe_error,
+                "runtimes": state.runtimes,
+                "runtime_problems": state.runtime_problems,
+                "mps": state.mps,
+            },
+            durable=False,
+        )
+
+    def write_metrics(self, state: BoxState, now_wall: float) -> None:
+        self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+        figures = HostFigures(
+            self.host,
+            now_wall,
+            state.gpus,
+            state.running,
+            state.observed,
+            [e.job.user for e in self.intake.entries.values() if e.job is not None],
+            set(state.stopping),
+            {i for i, t in state.others_idle_since.items() if t is None},
+            self.finished.counts(),
+        )
+        atomic_write(self.metrics_file, render_metrics(figures).encode(), mode=0o644, durable=False)
