@@ -14,6 +14,7 @@ from conftest import PY, REPO, wait_until
 from slurm_cluster import SlurmCluster, SlurmUnavailable
 from team import ALICE, needs_root
 
+from gpuq.host.faults import BRIDGE_CRASH_POINTS
 from gpuq.model.config import Config
 from gpuq.model.spec import validate_spec
 from gpuq.slurm.export import ExportError, sbatch_script, slurm_time
@@ -244,19 +245,32 @@ def test_the_bridge_hands_jobs_to_slurm_and_keeps_gpuqs_records_true(slurm, queu
     assert slow["state"] == "timeout" and slow["reason"] == f"Slurm job {slow['slurm_id']}: TIMEOUT"
 
 
-def test_a_bridge_killed_after_sbatch_finds_its_job_in_slurm_and_runs_it_once(slurm, queue):
+# Where a bridge killed at each point leaves the job (the record's state and Slurm id; None:
+# no running record), and the attempt that runs it once the bridge is back.
+BRIDGE_CRASH_LEAVES = {
+    "bridge:planned": (None, 1),  # still a spec in jobs/
+    "bridge:claimed": (None, 1),  # a claim with no record: put back at its place
+    "bridge:recorded": (("running", None), 2),  # sbatch never ran: that attempt is requeued
+    "bridge:submitted": (("running", None), 1),  # Slurm has it: the restarted bridge follows it
+}
+
+
+@pytest.mark.parametrize("point", BRIDGE_CRASH_POINTS)
+def test_a_bridge_killed_at_each_step_of_a_hand_over_runs_the_job_once(slurm, queue, point):
     import signal as sig
 
+    left, attempt = BRIDGE_CRASH_LEAVES[point]
     queue.write_config(backend="slurm")
-    queue.start_worker("bridge", "1x80GiB", env={**slurm.env, "GPUQ_TEST_CRASH_AT": "bridge:submitted"})
+    queue.start_worker("bridge", "1x80GiB", env={**slurm.env, "GPUQ_TEST_CRASH_AT": point})
     queue.drop("once.yaml", f"command: echo ran >> once.out\ngpus: 0\nworkdir: {queue.root}\n")
-    assert queue.workers["bridge"].wait(timeout=60) == -sig.SIGKILL  # killed right after sbatch
+    assert queue.workers["bridge"].wait(timeout=60) == -sig.SIGKILL  # killed at the point
     orphan = queue.record("once")
-    assert orphan["state"] == "running" and orphan["slurm_id"] is None
+    assert (orphan and (orphan["state"], orphan["slurm_id"])) == left, orphan
     queue.start_worker("bridge", "1x80GiB", env=slurm.env)
-    done = wait_until(lambda: queue.finished("once"), timeout=60, what="the restarted bridge to follow it")
-    assert done["state"] == "done" and done["slurm_id"]
+    done = wait_until(lambda: queue.finished("once"), timeout=60, what="the restarted bridge to run it")
+    assert (done["state"], done["attempt"]) == ("done", attempt) and done["slurm_id"], done
     assert (queue.root / "once.out").read_text() == "ran\n"  # handed to Slurm once, run once
+    assert not list((queue.root / "jobs").glob("*.yaml")) and not list((queue.root / "state" / "claims").iterdir())
 
 
 def test_an_unreachable_controller_concludes_nothing(monkeypatch):

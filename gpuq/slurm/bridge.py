@@ -202,6 +202,9 @@ class BridgeWorker(Worker):
 
     def run(self, once: bool = False, exit_when_idle: bool = False) -> None:
         self.find_lost_hand_overs()
+        # A bridge killed between its claim and the record left a claim nobody else owns;
+        # a worker settles those every pass (settle_running), which a bridge has no step for.
+        self.recovery.requeue_orphan_claims()
         super().run(once, exit_when_idle)
 
     def find_lost_hand_overs(self) -> None:
