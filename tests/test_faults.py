@@ -155,6 +155,33 @@ def assert_nothing_left(queue) -> None:
 
 
 @pytest.mark.slow
+def test_a_box_that_died_between_claim_and_record_gives_its_claim_back_when_forgotten(queue, tmp_path):
+    """Box a dies for good right after a claim (no record yet). Nobody else may start the
+    claimed spec while a could come back and go on; `gpuq forget a`, an admin's word that it
+    will not, puts it back, and box b runs it once."""
+    fault_log = tmp_path / "faults"
+    queue.write_config(lost_after_s=5, grace_s=1)
+    worker = queue.start_worker("a", "1x80GiB", env={CRASH_ENV: "worker:claimed", FAULT_LOG_ENV: str(fault_log)})
+    queue.drop("job.yaml", JOB)
+    assert wait_until(lambda: fired(fault_log, "crash", "worker:claimed")) == [worker.pid]
+    worker.wait(timeout=20)
+    queue.start_worker("b", "1x80GiB")
+    wait_until(
+        lambda: not any(h["alive"] for h in queue.status()["hosts"] if h["host"] == "a"),
+        timeout=60,
+        what="a to be seen dead",
+    )
+    assert [p.name.split("@")[:2] for p in (queue.root / "state" / "claims").iterdir()] == [["job", "a"]]
+    assert queue.record("job") is None and not (queue.root / "jobs" / "job.yaml").exists()
+    done = queue.gpuq("forget", "a")
+    assert "1 job(s) it had claimed but never started are back in the queue (job)" in done.stdout, done.stdout
+    record = wait_until(lambda: _final(queue, "job"), timeout=60, what="b to run it")
+    assert (record["state"], record["host"], record["attempt"]) == ("done", "b", 1), record
+    assert _runs(queue, "job") == [f"{RUN_LINE}1"]
+    assert_nothing_left(queue)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("point", RECOVERY_CRASH_POINTS)
 def test_a_crash_in_the_middle_of_a_requeue_is_finished_by_the_next_worker(queue, point, tmp_path):
     """The supervisor dies before it marks the attempt as starting (so it provably never

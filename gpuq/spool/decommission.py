@@ -2,7 +2,12 @@
 heartbeat, spec cache, poke file and drain order go; its events stay (reports count its past).
 Admins' only (as drain), applied by a worker from a request, and refused while the box's
 worker is alive or a job is still recorded running there (another box settles those as lost
-once the heartbeat has stood still `lost_after_s`: forgetting first would hide that)."""
+once the heartbeat has stood still `lost_after_s`: forgetting first would hide that).
+
+A box that died between a claim and its record left a spec in claims/ that no record names:
+its own worker puts it back when it starts again (worker/recovery.py), and nobody else may
+while it might (a box that was only paused would go on to start it). Forgetting the box is
+the admin's word that it will not: its claims go back to jobs/ then."""
 
 from __future__ import annotations
 
@@ -10,9 +15,10 @@ import os
 
 from gpuq.host.faults import wall_time
 from gpuq.host.owners import Actor
+from gpuq.model.record import parse_claim_name
 from gpuq.spool.drain import DrainError, check_admin, drain_file
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import running_records
+from gpuq.spool.store import has_record, running_records, unclaim
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats, poke_path
 
 
@@ -29,9 +35,32 @@ def forget(layout: Layout, host: str, actor: Actor) -> str:
             f"{host} still has {len(still)} job(s) recorded running ({', '.join(still[:5])}); "
             "another box settles them once its heartbeat is lost_after_s old"
         )
+    back, kept = _put_back_claims(layout, host)
     for path in (layout.heartbeat(host), layout.spec_cache(host), poke_path(layout, host), drain_file(layout, host)):
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
-    return f"{host}: forgotten (its past stays in the events and reports)"
+    said = f"{host}: forgotten (its past stays in the events and reports)"
+    if back:
+        said += f"; {len(back)} job(s) it had claimed but never started are back in the queue ({', '.join(back[:5])})"
+    if kept:
+        said += (
+            f"; {len(kept)} claimed spec(s) left in state/claims/ ({', '.join(kept[:5])}): "
+            "a new spec of the same name is in jobs/"
+        )
+    return said
+
+
+def _put_back_claims(layout: Layout, host: str) -> tuple[list[str], list[str]]:
+    """The host's claims that no record names, back to jobs/ (never over a user's new spec of
+    the same name: those stay, and are named). A claim beside a record is its attempt's and
+    is settled with it."""
+    back: list[str] = []
+    kept: list[str] = []
+    for entry in sorted(os.scandir(layout.claims), key=lambda e: e.name):
+        parsed = parse_claim_name(entry.name)
+        if parsed is None or parsed[1] != host or has_record(layout, parsed[0]):
+            continue
+        (back if unclaim(layout.claims / entry.name, layout.jobs / f"{parsed[0]}.yaml") else kept).append(parsed[0])
+    return back, kept
