@@ -173,6 +173,8 @@ def test_a_box_that_died_between_claim_and_record_gives_its_claim_back_when_forg
     )
     assert [p.name.split("@")[:2] for p in (queue.root / "state" / "claims").iterdir()] == [["job", "a"]]
     assert queue.record("job") is None and not (queue.root / "jobs" / "job.yaml").exists()
+    shown = queue.gpuq("show", "job").stdout
+    assert "claimed by a, whose worker stopped before starting it" in shown and "gpuq forget a" in shown, shown
     done = queue.gpuq("forget", "a")
     assert "1 job(s) it had claimed but never started are back in the queue (job)" in done.stdout, done.stdout
     record = wait_until(lambda: _final(queue, "job"), timeout=60, what="b to run it")

@@ -8,15 +8,17 @@ import re
 from pathlib import Path
 from typing import Any
 
+from gpuq.host.faults import wall_time
 from gpuq.host.usage import suggest_gpu_mem
 from gpuq.model.config import Config
 from gpuq.model.errors import SpecError
-from gpuq.model.record import Record
+from gpuq.model.record import Record, parse_claim_name
 from gpuq.model.secrets import mask_secrets
 from gpuq.model.spec import JobSpec, parse_spec_text
 from gpuq.spool.holds import held_jobs
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import claims_of, pending_spec_path, read_record
+from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
 from gpuq.views.preview import what_the_job_sees
 from gpuq.views.status import status
 
@@ -56,8 +58,8 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         for p in view["invalid"]:
             if p["id"] == job_id:
                 return {"id": job_id, "state": "pending", "reason": "not valid yet: " + p["error"]}
-    if claims_of(layout, job_id):
-        return {"id": job_id, "state": "running", "reason": "being started"}
+    if claims := claims_of(layout, job_id):
+        return {"id": job_id, "state": "running", "reason": _being_started(layout, claims[0])}
     for held in held_jobs(layout):
         if held["id"] == job_id:
             return {**held, "state": "held"}
@@ -65,6 +67,20 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
     if err.exists():
         return {"id": job_id, "state": "rejected", "error": err.read_text().strip(), "spec_dir": str(layout.rejected)}
     return None
+
+
+def _being_started(layout: Layout, claim: Path) -> str:
+    """A claim with no record yet: a start under way, or one its box died in the middle of
+    (it waits for that box: spool/decommission.py)."""
+    parsed = parse_claim_name(claim.name)
+    host = parsed[1] if parsed else "?"
+    beat = next((hb for hb in load_heartbeats(layout) if hb.get("host") == host), None)
+    if beat is not None and heartbeat_alive(beat, wall_time()):
+        return f"being started on {host}"
+    return (
+        f"claimed by {host}, whose worker stopped before starting it: it starts when {host}'s worker "
+        f"is back, or goes back to the queue with an admin's `gpuq forget {host}` if {host} is gone for good"
+    )
 
 
 def _sees(
