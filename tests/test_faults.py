@@ -155,16 +155,22 @@ def assert_nothing_left(queue) -> None:
 
 
 @pytest.mark.slow
-def test_a_box_that_died_between_claim_and_record_gives_its_claim_back_when_forgotten(queue, tmp_path):
-    """Box a dies for good right after a claim (no record yet). Nobody else may start the
-    claimed spec while a could come back and go on; `gpuq forget a`, an admin's word that it
-    will not, puts it back, and box b runs it once."""
+@pytest.mark.parametrize("torn", [False, True], ids=["no-record", "torn-record"])
+def test_a_box_that_died_between_claim_and_start_gives_its_claim_back_when_forgotten(queue, tmp_path, torn):
+    """Box a dies for good right after a claim: before the record, or (`torn`) after it, the
+    record's data lost in a power cut (a start's record is written without an fsync: the
+    job never started). Nobody else may start the claimed spec while a could come back and
+    go on; `gpuq forget a`, an admin's word that it will not, puts it back, and b runs it once."""
     fault_log = tmp_path / "faults"
+    point = "worker:recorded" if torn else "worker:claimed"
     queue.write_config(lost_after_s=5, grace_s=1)
-    worker = queue.start_worker("a", "1x80GiB", env={CRASH_ENV: "worker:claimed", FAULT_LOG_ENV: str(fault_log)})
+    worker = queue.start_worker("a", "1x80GiB", env={CRASH_ENV: point, FAULT_LOG_ENV: str(fault_log)})
     queue.drop("job.yaml", JOB)
-    assert wait_until(lambda: fired(fault_log, "crash", "worker:claimed")) == [worker.pid]
+    assert wait_until(lambda: fired(fault_log, "crash", point)) == [worker.pid]
     worker.wait(timeout=20)
+    record = queue.root / "state" / "running" / "job.json"
+    if torn:
+        record.write_bytes(b"")  # what a power cut leaves of a file written without an fsync
     queue.start_worker("b", "1x80GiB")
     wait_until(
         lambda: not any(h["alive"] for h in queue.status()["hosts"] if h["host"] == "a"),
@@ -172,13 +178,14 @@ def test_a_box_that_died_between_claim_and_record_gives_its_claim_back_when_forg
         what="a to be seen dead",
     )
     assert [p.name.split("@")[:2] for p in (queue.root / "state" / "claims").iterdir()] == [["job", "a"]]
-    assert queue.record("job") is None and not (queue.root / "jobs" / "job.yaml").exists()
-    shown = queue.gpuq("show", "job").stdout
-    assert "claimed by a, whose worker stopped before starting it" in shown and "gpuq forget a" in shown, shown
+    assert record.exists() == torn and not (queue.root / "jobs" / "job.yaml").exists()
+    if not torn:
+        shown = queue.gpuq("show", "job").stdout
+        assert "claimed by a, whose worker stopped before starting it" in shown and "gpuq forget a" in shown, shown
     done = queue.gpuq("forget", "a")
     assert "1 job(s) it had claimed but never started are back in the queue (job)" in done.stdout, done.stdout
-    record = wait_until(lambda: _final(queue, "job"), timeout=60, what="b to run it")
-    assert (record["state"], record["host"], record["attempt"]) == ("done", "b", 1), record
+    final = wait_until(lambda: _final(queue, "job"), timeout=60, what="b to run it")
+    assert (final["state"], final["host"], final["attempt"]) == ("done", "b", 1), final
     assert _runs(queue, "job") == [f"{RUN_LINE}1"]
     assert_nothing_left(queue)
 

@@ -4,10 +4,12 @@ Admins' only (as drain), applied by a worker from a request, and refused while t
 worker is alive or a job is still recorded running there (another box settles those as lost
 once the heartbeat has stood still `lost_after_s`: forgetting first would hide that).
 
-A box that died between a claim and its record left a spec in claims/ that no record names:
-its own worker puts it back when it starts again (worker/recovery.py), and nobody else may
-while it might (a box that was only paused would go on to start it). Forgetting the box is
-the admin's word that it will not: its claims go back to jobs/ then."""
+A box that died between a claim and its record left a spec in claims/ that no record names,
+and a power cut may have left a start's record torn (a job that never started: spool/store.py,
+torn_running_record). Its own worker puts such claims back when it starts again
+(worker/recovery.py), and nobody else may while it might (a box that was only paused would
+go on to start them). Forgetting the box is the admin's word that it will not: its claims go
+back to jobs/ then."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from gpuq.host.owners import Actor
 from gpuq.model.record import parse_claim_name
 from gpuq.spool.drain import DrainError, check_admin, drain_file
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import has_record, running_records, unclaim
+from gpuq.spool.store import has_record, running_records, torn_running_record, unclaim
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats, poke_path
 
 
@@ -53,14 +55,18 @@ def forget(layout: Layout, host: str, actor: Actor) -> str:
 
 
 def _put_back_claims(layout: Layout, host: str) -> tuple[list[str], list[str]]:
-    """The host's claims that no record names, back to jobs/ (never over a user's new spec of
-    the same name: those stay, and are named). A claim beside a record is its attempt's and
-    is settled with it."""
+    """The host's claims that no record names, or only a torn running record, back to jobs/
+    (never over a user's new spec of the same name: those stay, and are named). A claim
+    beside a record is its attempt's and is settled with it."""
     back: list[str] = []
     kept: list[str] = []
     for entry in sorted(os.scandir(layout.claims), key=lambda e: e.name):
         parsed = parse_claim_name(entry.name)
-        if parsed is None or parsed[1] != host or has_record(layout, parsed[0]):
+        if parsed is None or parsed[1] != host:
             continue
-        (back if unclaim(layout.claims / entry.name, layout.jobs / f"{parsed[0]}.yaml") else kept).append(parsed[0])
+        job_id = parsed[0]
+        if torn_running_record(layout, job_id) and not layout.record(layout.finished, job_id).exists():
+            layout.record(layout.running, job_id).unlink()
+        if not has_record(layout, job_id):
+            (back if unclaim(layout.claims / entry.name, layout.jobs / f"{job_id}.yaml") else kept).append(job_id)
     return back, kept

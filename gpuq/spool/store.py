@@ -50,6 +50,19 @@ def read_record(path: Path, durable: bool = False) -> Record | None:
     return Record.from_json(data) if data is not None else None
 
 
+def torn_running_record(layout: Layout, job_id: str) -> bool:
+    """Whether the job's running record is there but is not a record. A worker writes a
+    start's record without an fsync, and the supervisor syncs it before the job starts: a
+    power cut that took its data took the record of a job that never started."""
+    try:
+        read_record(layout.record(layout.running, job_id))
+    except ValueError:  # not JSON, or not a record
+        return True
+    except OSError:
+        pass  # unreadable for now (a disk error): no conclusion
+    return False
+
+
 def running_records(layout: Layout) -> list[Record]:
     """Every running record of the root, whichever host runs it (a file that is not a
     record is skipped: one bad file must not hide the others)."""

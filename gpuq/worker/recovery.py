@@ -34,6 +34,7 @@ from gpuq.spool.store import (
     has_record,
     keep_place,
     read_record,
+    torn_running_record,
     transition,
     unclaim,
 )
@@ -194,20 +195,13 @@ class Recovery:
 
     def _torn_at_boot(self, job_id: str, claim: str) -> bool:
         """Whether this host's claim is from before the boot and its running record is empty or
-        torn. A worker writes a start's record without an fsync and its supervisor syncs it
-        before the job starts (spool/store.py, StateChange): a power cut took the data of a
-        record whose job never started (its claim goes back to jobs/), or of one settled
-        before its supervisor ran, beside its finished record (which wins). Nobody but the
-        worker's account writes running/, and only a worker's start skips the fsync."""
+        torn (spool/store.py, torn_running_record): a power cut took the data of a record whose
+        job never started (its claim goes back to jobs/), or of one settled before its
+        supervisor ran, beside its finished record (which wins). Nobody but the worker's
+        account writes running/, and only a worker's start skips the fsync."""
         if f"@{self.host}@{self.boot_id[:8]}@" in claim:
             return False  # this boot's: written whole (a dead worker is no power cut)
-        try:
-            read_record(self.layout.record(self.layout.running, job_id))
-        except ValueError:  # not JSON, or not a record
-            return True
-        except OSError:
-            pass  # unreadable for now (a disk error): no conclusion
-        return False
+        return torn_running_record(self.layout, job_id)
 
     def sweep_temp_files(self) -> None:
         """Temp files of writers killed mid-write (never visible as records; docs/design.md lets a
