@@ -66,7 +66,7 @@ def _put_back_claims(layout: Layout, host: str) -> tuple[list[str], list[str]]:
             continue
         job_id = parsed[0]
         if torn_running_record(layout, job_id) and not layout.record(layout.finished, job_id).exists():
-            layout.record(layout.running, job_id).unlink()
+            layout.record(layout.running, job_id).unlink(missing_ok=True)
         if not has_record(layout, job_id):
             (back if unclaim(layout.claims / entry.name, layout.jobs / f"{job_id}.yaml") else kept).append(job_id)
     return back, kept
