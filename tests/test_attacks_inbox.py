@@ -137,6 +137,25 @@ def test_a_spec_refused_for_another_members_id_is_never_retried_under_it(team):
     assert _state(team, "al-run") == "running" and team.finished("al-end")["state"] == "done"
 
 
+def test_a_refused_spec_of_another_suffix_never_takes_a_members_error_file(team):
+    """alice's al.yaml was refused; bob's al.yml, refused too, wrote its message over hers
+    (state/rejected/al.error is named by the stem alone), so `gpuq show al` told her his error."""
+    team.write_config(spec_settle_s=0.5)
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "al.yaml", "command: echo hi\ngpus: 0\nworkdir: /\nbogus_field: 1\n")
+    error = team.root / "state" / "rejected" / "al.error"
+    wait_until(error.exists, what="alice's al refused")
+    hers = error.read_text()
+    assert "bogus_field" in hers, hers
+    team.drop_as(BOB, "al.yml", "command: [never closed\n")
+    wait_until(lambda: not (team.root / "jobs" / "al.yml").exists(), what="bob's al.yml refused")
+    team.wait_passes("a")
+    assert error.read_text() == hers
+    assert "bogus_field" in team.as_user(ALICE, "show", "al").stdout
+    bobs = [p for p in (team.root / "state" / "rejected").glob("al.*.error")]
+    assert len(bobs) == 1 and "not valid YAML" in bobs[0].read_text(), bobs
+
+
 def test_a_group_id_and_a_members_id_cannot_be_squatted(team):
     """H2(e), M2: bob's spec under alice's sweep id stood for her group in cancel and show;
     bob's file made in advance under a member's id was listed as her member."""

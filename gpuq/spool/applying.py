@@ -172,7 +172,7 @@ def _resume(layout: Layout, config: Config, host: str, actor: Actor, r: Request)
 
 
 def _forget(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    return [(True, forget(layout, _host(r), actor))]
+    return [(True, forget(layout, _host(r), actor, config.lost_after_s))]
 
 
 def _host(r: Request) -> str:

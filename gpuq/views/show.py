@@ -50,6 +50,9 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
             return out
     if damaged is not None:
         return damaged
+    # Before jobs/: a spec a box has claimed is the job, whatever file took its name since.
+    if claims := claims_of(layout, job_id):
+        return {"id": job_id, "state": "running", "reason": _being_started(layout, claims[0])}
     if (path := pending_spec_path(layout, job_id)) is not None:
         view = status(layout, config)
         for p in view["pending"]:
@@ -58,8 +61,6 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         for p in view["invalid"]:
             if p["id"] == job_id:
                 return {"id": job_id, "state": "pending", "reason": "not valid yet: " + p["error"]}
-    if claims := claims_of(layout, job_id):
-        return {"id": job_id, "state": "running", "reason": _being_started(layout, claims[0])}
     for held in held_jobs(layout):
         if held["id"] == job_id:
             return {**held, "state": "held"}
@@ -73,7 +74,9 @@ def _being_started(layout: Layout, claim: Path) -> str:
     """A claim with no record yet: a start under way, or one its box died in the middle of
     (it waits for that box: spool/decommission.py)."""
     parsed = parse_claim_name(claim.name)
-    host = parsed[1] if parsed else "?"
+    if parsed is None:
+        return "being started"
+    host = parsed[1]
     beat = next((hb for hb in load_heartbeats(layout) if hb.get("host") == host), None)
     if beat is not None and heartbeat_alive(beat, wall_time()):
         return f"being started on {host}"

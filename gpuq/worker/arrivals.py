@@ -16,6 +16,7 @@ from gpuq.host.owners import others_may_write
 from gpuq.model.errors import SpecError
 from gpuq.model.groups import GroupError
 from gpuq.model.names import JOB_ID_RE
+from gpuq.model.record import parse_claim_name
 from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
@@ -53,9 +54,12 @@ class Arrivals:
                 forget=False,
                 retry_mends=False,
             )
+        claimed: dict[str, list[tuple[str, str]]] | None = None  # listed once, only if a new spec came
         for entry in self.intake.take_unchecked():
             job_id = entry.job.id  # type: ignore[union-attr]
-            taken = self._id_taken(job_id, entry.job.user)  # type: ignore[union-attr]
+            if claimed is None:
+                claimed = self._claims_by_id()
+            taken = self._id_taken(job_id, entry.job.user, entry, claimed.get(job_id, []))  # type: ignore[union-attr]
             if taken:
                 self.reject(
                     job_id,
@@ -73,11 +77,29 @@ class Arrivals:
             elif entry.job.spec.array or (entry.job.spec.sweep and self.expand_sweeps):  # type: ignore[union-attr]
                 self.expand_sweep(job_id, entry)
 
-    def _id_taken(self, job_id: str, user: str) -> str | None:
-        """Why a new spec may not have this id: an earlier job's, a group's, or another user's
-        job that waits to run again (its last record is kept in requeued/ meanwhile)."""
+    def _claims_by_id(self) -> dict[str, list[tuple[str, str]]]:
+        """Job id -> (claim file name, host that claimed it), for every claim in state/claims/."""
+        by_id: dict[str, list[tuple[str, str]]] = {}
+        with os.scandir(self.layout.claims) as entries:
+            for e in entries:
+                parsed = parse_claim_name(e.name)
+                if parsed is not None:
+                    by_id.setdefault(parsed[0], []).append((e.name, parsed[1]))
+        return by_id
+
+    def _id_taken(self, job_id: str, user: str, entry: Entry, claims: list[tuple[str, str]]) -> str | None:
+        """Why a new spec may not have this id: an earlier job's, a group's, another spec's
+        that a box has claimed (a box that died right after its claim keeps it until it is
+        back or forgotten), or another user's job that waits to run again (its last record is
+        kept in requeued/ meanwhile)."""
         if has_record(self.layout, job_id):
             return "is already used by an earlier job"
+        for name, host in claims:
+            try:
+                if os.lstat(self.layout.claims / name).st_ino != entry.key[2]:  # not this very file, claimed since
+                    return f"is the id of a job being started on {host}"
+            except FileNotFoundError:
+                continue
         if group_file(self.layout, job_id).exists():
             return "is the id of a sweep or array"
         try:
@@ -108,7 +130,8 @@ class Arrivals:
             job_id if fits else f"bad-name-{hashlib.sha1(job_id.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
         )
         dest = self.layout.rejected / f"{stem}{suffix}"
-        if os.path.lexists(dest):
+        # The .error is named by the stem alone: x.yml refused beside x.yaml must not take its.
+        if any(os.path.lexists(self.layout.rejected / f"{stem}{s}") for s in (".yaml", ".yml", ".error")):
             dest = self.layout.rejected / f"{stem}.{int(wall_time())}.{os.urandom(3).hex()}{suffix}"
         try:
             os.rename(path, dest)

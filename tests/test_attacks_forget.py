@@ -1,0 +1,92 @@
+"""A member against the specs a dead box had claimed (found by an attack review of `gpuq
+forget` putting them back): bob may not take the id of alice's claimed job, nor make forget
+drop it or leave it where no command reaches it; a box that died in the middle of taking
+over a third box's job does not keep that job stuck once it is forgotten."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from conftest import wait_until
+from team import ALICE, BOB, needs_root
+
+from gpuq.host.faults import CRASH_ENV
+
+pytestmark = [needs_root, pytest.mark.slow]
+WHO_RAN = "command: id -un\ngpus: 1\nworkdir: /\n"
+
+
+def _dead(team, host: str) -> None:
+    wait_until(
+        lambda: not any(h["alive"] for h in team.status()["hosts"] if h["host"] == host),
+        timeout=60,
+        what=f"{host} to be seen dead",
+    )
+
+
+def test_a_member_can_neither_take_nor_strand_the_id_of_a_job_a_dead_box_claimed(team):
+    """Box a dies right after claiming alice's `al`. bob's spec under that id was run by box b
+    as `al` (intake did not look at claims), and a file of his in jobs/ under that name made
+    `gpuq forget a` drop a's heartbeat and leave her claim where no command reached it."""
+    team.write_config(lost_after_s=5, grace_s=1, spec_settle_s=600)  # bob's garbage stays unsettled
+    a = team.start_worker("a", "1x80GiB", env={CRASH_ENV: "worker:claimed"})
+    team.drop_as(ALICE, "al.yaml", WHO_RAN)
+    a.wait(timeout=60)
+    assert a.returncode == -signal.SIGKILL
+    team.start_worker("b", "1x80GiB")
+    team.drop_as(BOB, "al.yaml", "command: echo bob got al\ngpus: 0\nworkdir: /\n")
+    error = team.root / "state" / "rejected" / "al.error"
+    wait_until(error.exists, what="bob's al to be refused")
+    assert "job id 'al' is the id of a job being started on a" in error.read_text()
+    assert team.record("al") is None and "bob got al" not in team.log("al")
+    team.drop_as(BOB, "al.yaml", "command: [never closed\n")  # holds the name in jobs/
+    _dead(team, "a")
+    refused = wait_until(
+        lambda: (r := team.gpuq("forget", "a", check=False)).returncode and "silent" not in r.stderr and r,
+        timeout=60,
+        what="forget to be refused for bob's file, not for a's recent silence",
+    )
+    assert f"jobs/al.yaml is taken by a file of {BOB}'s: ask them to remove it" in refused.stderr, refused.stderr
+    assert "a" in [h["host"] for h in team.status()["hosts"]]  # still listed: forget can be run again
+    assert "gpuq forget a" in team.as_user(ALICE, "show", "al").stdout
+    assert team.py_as(BOB, f"import os; os.unlink({str(team.root / 'jobs' / 'al.yaml')!r})").returncode == 0
+    done = team.gpuq("forget", "a")
+    assert "1 job(s) it had claimed but never started are back in the queue (al)" in done.stdout, done.stdout
+    final = wait_until(lambda: team.finished("al"), timeout=60, what="b to run al")
+    assert (final["state"], final["host"], final["attempt"]) == ("done", "b", 1), final
+    assert team.log("al").splitlines().count(ALICE) == 1 and "bob got al" not in team.log("al")
+
+
+def test_a_box_that_died_taking_over_a_job_does_not_keep_it_once_forgotten(team):
+    """c runs alice's job and dies; a, taking it over, dies holding the claim for its next
+    attempt (recovery:held). Every box then tried the takeover every pass and gave up on a's
+    claim, for ever; forgetting a let it stand. Now forget lets a's claim go, and b takes the
+    job over from the record (which holds the spec)."""
+    team.write_config(lost_after_s=5, grace_s=1)
+    team.start_worker("c", "1x80GiB")
+    team.drop_as(ALICE, "t5.yaml", "command: sleep 300\ngpus: 1\nworkdir: /\n")
+    wait_until(lambda: (team.record("t5") or {}).get("host") == "c", what="t5 to run on c")
+    a = team.start_worker("a", "1x80GiB", env={CRASH_ENV: "recovery:held"})
+    team.wait_passes("a")  # a has seen c's heartbeat change: it judges c by its own clock
+    team.stop_worker("c", signal.SIGKILL)
+    a.wait(timeout=60)
+    assert a.returncode == -signal.SIGKILL
+    assert [p.name.split("@")[1] for p in (team.root / "state" / "claims").iterdir()] == ["a"]
+    team.start_worker("b", "1x80GiB")
+    _dead(team, "a")
+    done = wait_until(
+        lambda: (r := team.gpuq("forget", "a", check=False)).returncode == 0 and r,
+        timeout=60,
+        what="forget of a to be accepted",
+    )
+    assert "a: forgotten" in done.stdout
+    again = wait_until(lambda: (team.record("t5") or {}).get("attempt") == 2 and team.record("t5"), timeout=60)
+    assert (again["state"], again["host"]) == ("running", "b"), again
+    moves = [e for e in team.events() if e.get("job") == "t5" and "to" in e]
+    assert [(e["from"], e["to"], e["attempt"]) for e in moves] == [
+        ("pending", "running", 1),
+        ("running", "pending", 1),  # lost with c, once: a's half-done takeover left no trace
+        ("pending", "running", 2),
+    ], moves
+    assert "host c stopped" in moves[1]["reason"], moves[1]
