@@ -5,6 +5,7 @@ over a third box's job does not keep that job stuck once it is forgotten."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -15,6 +16,7 @@ from gpuq.host.faults import CRASH_ENV
 
 pytestmark = [needs_root, pytest.mark.slow]
 WHO_RAN = "command: id -un\ngpus: 1\nworkdir: /\n"
+FAULT_LOG_ENV = "GPUQ_TEST_FAULT_LOG"
 
 
 def _dead(team, host: str) -> None:
@@ -90,3 +92,71 @@ def test_a_box_that_died_taking_over_a_job_does_not_keep_it_once_forgotten(team)
         ("pending", "running", 2),
     ], moves
     assert "host c stopped" in moves[1]["reason"], moves[1]
+
+
+def test_a_members_file_waiting_in_jobs_never_takes_the_id_of_a_job_put_back(team):
+    """bob kept a file at jobs/prep.yml; alice's `gpuq release prep` linked her spec back as
+    prep.yaml, which landed last, so hers was refused as the second file of the id and his
+    (valid by then) ran as prep. The user a job is put back for keeps its id."""
+    team.write_config(spec_settle_s=600)  # bob's garbage stays in jobs/, unsettled
+    team.start_worker("a", "1x80GiB")
+    assert team.as_user(ALICE, "submit", "--hold", "--id", "prep", "--", "id", "-un").returncode == 0
+    wait_until(lambda: (team.root / "state" / "held" / "prep.yaml").exists(), what="prep held")
+    team.drop_as(BOB, "prep.yml", "command: [never closed\n")
+    team.wait_passes("a")
+    released = team.as_user(ALICE, "release", "prep")
+    assert released.returncode == 0, released.stderr
+    final = wait_until(lambda: team.finished("prep"), timeout=60, what="alice's prep to run")
+    assert final["state"] == "done" and final["user"] == ALICE, final
+    assert team.log("prep").splitlines().count(ALICE) == 1
+    error = wait_until(
+        lambda: next((team.root / "state" / "rejected").glob("prep*.error"), None), what="bob's file refused"
+    )
+    assert "already has the id 'prep'" in error.read_text() and "prep.yml" in error.read_text()
+
+
+def test_retry_of_a_job_whose_box_died_after_recording_its_end(team, tmp_path):
+    """Box h recorded alice's job done and died before removing its claim; her `gpuq retry`
+    said "back in the queue", then the new claim check refused her spec as "being started
+    on h", and the job was nowhere. retry lets go of the ended attempt's claim."""
+    fault_log = tmp_path / "faults"
+    team.write_config(lost_after_s=5, grace_s=1)
+    h = team.start_worker(
+        "h", "1x80GiB", env={"GPUQ_TEST_PAUSE_AT": "supervisor:recorded", FAULT_LOG_ENV: str(fault_log)}
+    )
+    team.drop_as(ALICE, "hj.yaml", WHO_RAN)
+    paused = wait_until(
+        lambda: fault_log.exists() and [int(line.split()[-1]) for line in fault_log.read_text().splitlines()],
+        what="h's supervisor to stop after recording the end",
+    )
+    team.stop_worker("h", signal.SIGKILL)
+    os.kill(paused[0], signal.SIGKILL)
+    h.wait(timeout=20)
+    assert team.finished("hj")["state"] == "done"
+    assert [p.name.split("@")[1] for p in (team.root / "state" / "claims").iterdir()] == ["h"]
+    team.start_worker("b", "1x80GiB")
+    _dead(team, "h")
+    retried = team.as_user(ALICE, "retry", "hj")
+    assert retried.returncode == 0 and "attempt 2" in retried.stdout, retried.stderr
+    final = wait_until(lambda: (team.finished("hj") or {}).get("attempt") == 2 and team.finished("hj"), timeout=60)
+    assert (final["state"], final["host"]) == ("done", "b"), final
+    assert team.log("hj").splitlines().count(ALICE) == 2
+
+
+def test_a_members_file_under_a_preempted_jobs_name_never_loses_it(team):
+    """alice's opportunistic job yields to bob's; bob had a file waiting at jobs/low1.yaml, so
+    the put-back's link failed and her spec went to rejected/ ("an earlier version of this spec
+    was being started"): the job was nowhere, and `gpuq retry` said there was no such job. His
+    file is refused instead, and hers goes back."""
+    team.write_config(spec_settle_s=600, grace_s=1, idle_after_s=1)  # bob's garbage stays, unsettled
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "low1.yaml", "command: sleep 5; id -un\ngpus: 1\npreemptible: true\nworkdir: /\n")
+    wait_until(lambda: (team.record("low1") or {}).get("state") == "running", what="low1 to run")
+    team.drop_as(BOB, "low1.yaml", "command: [never closed\n")
+    team.wait_passes("a")
+    team.drop_as(BOB, "urgent.yaml", "command: sleep 1\ngpus: 1\nworkdir: /\n")
+    final = wait_until(lambda: team.finished("low1"), timeout=90, what="low1 to run again, to its end")
+    assert (final["state"], final["attempt"], final["user"]) == ("done", 2, ALICE), final
+    assert team.finished("urgent")["state"] == "done"
+    errors = [p.read_text() for p in (team.root / "state" / "rejected").glob("low1*.error")]
+    assert len(errors) == 1 and "belongs to another user's job" in errors[0], errors

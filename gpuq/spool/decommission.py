@@ -98,10 +98,10 @@ def _put_back_claims(layout: Layout, claims: list[tuple[str, str]]) -> tuple[lis
     for job_id, name in claims:
         path = layout.claims / name
         try:
-            finished = read_record(layout.record(layout.finished, job_id))
-            if finished is not None:
-                if finished.claim == name:
-                    os.unlink(path)  # its supervisor recorded the end, then the box died
+            if read_record(layout.record(layout.finished, job_id)) is not None:
+                # The job ended: its own attempt's claim (its supervisor recorded the end, then
+                # the box died), or one this box took to take the job over, is nobody's now.
+                os.unlink(path)
                 continue
             if torn_running_record(layout, job_id):
                 layout.record(layout.running, job_id).unlink(missing_ok=True)

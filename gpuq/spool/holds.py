@@ -269,6 +269,8 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     tmp = create_owned(layout.held, job_id, record.spec_text.encode(), record.uid)
     forget_place(layout, job_id)  # a retried job queues anew
     change.write()  # the ended attempt kept in requeued/, so the next one is numbered +1
+    if record.claim:  # left by a box that died after recording the end: its id is free again
+        (layout.claims / record.claim).unlink(missing_ok=True)
     if not unclaim(tmp, layout.jobs / f"{job_id}.yaml"):  # a file appeared in jobs/ meanwhile: undo
         tmp.unlink()
         change.undo()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuq.host.faults import wall_time
+from gpuq.host.files import read_json
 from gpuq.host.owners import OwnerPolicy
 from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
 from gpuq.model.jobs import PendingJob
@@ -94,6 +95,21 @@ def check_job_id(job_id: str, name: str) -> None:
         )
 
 
+def coming_back_for(layout: Layout, job_id: str) -> str | None:
+    """The user whose job is on its way back to jobs/ under this id (released, requeued,
+    retried: the place kept for it, or its last attempt kept in requeued/), if any. While it
+    is, a file of anyone else's under that id is not that job (spool/intake.py, arrivals)."""
+    try:
+        kept = read_json(layout.record(layout.places, job_id))
+        if isinstance(kept, dict) and type(kept.get("uid")) is int:
+            return user_name(kept["uid"])
+        previous = read_json(layout.record(layout.requeued, job_id))
+    except (OSError, ValueError):
+        return None
+    user = previous.get("user") if isinstance(previous, dict) else None
+    return user if isinstance(user, str) and user else None
+
+
 def parse_entry(layout: Layout, job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
     spec = parse_spec_text(text, f"jobs/{path.name}")
     user = user_name(st.st_uid)
@@ -159,7 +175,7 @@ class Intake:
                 continue
             known = self.entries.get(job_id)
             if known is not None and known.name != name:  # train.yaml and train.yml: one id, two files
-                if not self._landed_first(name, known.name):
+                if not self._keeps_id(job_id, name, known.name):
                     self.duplicates[name] = job_id
                     continue
                 # The file that landed first keeps the id, whichever one a scan met first (a
@@ -172,16 +188,20 @@ class Intake:
         if changed:
             self.version += 1
 
-    def _landed_first(self, name: str, other: str) -> bool:
-        """Whether jobs/`name` landed before jobs/`other` (by change time, as a job's place in
-        the queue is read); False when either cannot be looked at."""
+    def _keeps_id(self, job_id: str, name: str, other: str) -> bool:
+        """Whether jobs/`name` rather than jobs/`other` keeps the id: the file of the user whose
+        job is on its way back under it (a put-back lands last, and a member's file waiting
+        there first must not take her id), else the one that landed first (by change time, as
+        a job's place in the queue is read); False when either cannot be looked at."""
         try:
-            return (
-                os.lstat(f"{self.jobs_dir_str}/{name}").st_ctime_ns
-                < os.lstat(f"{self.jobs_dir_str}/{other}").st_ctime_ns
-            )
+            mine, theirs = os.lstat(f"{self.jobs_dir_str}/{name}"), os.lstat(f"{self.jobs_dir_str}/{other}")
         except OSError:
             return False
+        if (owner := coming_back_for(self.layout, job_id)) is not None:
+            ours, its = user_name(mine.st_uid) == owner, user_name(theirs.st_uid) == owner
+            if ours != its:
+                return ours
+        return mine.st_ctime_ns < theirs.st_ctime_ns
 
     def _examine(self, job_id: str, name: str, known: Entry | None, now_mono: float) -> bool:
         """(Re)read one spec file if it changed. Returns whether the entry changed."""

@@ -11,7 +11,7 @@ import stat
 from pathlib import Path
 
 from gpuq.host.faults import wall_time
-from gpuq.host.files import atomic_write, close_moved_directory, read_json
+from gpuq.host.files import atomic_write, close_moved_directory
 from gpuq.host.owners import others_may_write
 from gpuq.model.errors import SpecError
 from gpuq.model.groups import GroupError
@@ -20,7 +20,7 @@ from gpuq.model.record import parse_claim_name
 from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
-from gpuq.spool.intake import Entry, Intake, user_name
+from gpuq.spool.intake import Entry, Intake, coming_back_for, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import StateChange, found_job, has_record
 from gpuq.spool.sweeps import expand_dropped_sweep, group_file
@@ -90,8 +90,7 @@ class Arrivals:
     def _id_taken(self, job_id: str, user: str, entry: Entry, claims: list[tuple[str, str]]) -> str | None:
         """Why a new spec may not have this id: an earlier job's, a group's, another spec's
         that a box has claimed (a box that died right after its claim keeps it until it is
-        back or forgotten), or another user's job that waits to run again (its last record is
-        kept in requeued/ meanwhile)."""
+        back or forgotten), or another user's job on its way back to the queue."""
         if has_record(self.layout, job_id):
             return "is already used by an earlier job"
         for name, host in claims:
@@ -102,12 +101,9 @@ class Arrivals:
                 continue
         if group_file(self.layout, job_id).exists():
             return "is the id of a sweep or array"
-        try:
-            previous = read_json(self.layout.record(self.layout.requeued, job_id))
-        except ValueError:
-            previous = None
-        if isinstance(previous, dict) and previous.get("user") and previous.get("user") != user:
-            return f"belongs to {previous.get('user')}'s job, which waits to run again"
+        owner = coming_back_for(self.layout, job_id)
+        if owner is not None and owner != user:
+            return f"belongs to {owner}'s job, which waits to run again"
         return None
 
     def expand_sweep(self, job_id: str, entry: Entry) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Protocol
 
 from gpuq.host.clock import Clock
 from gpuq.host.faults import crash_point
@@ -43,13 +43,21 @@ log = logging.getLogger("gpuq.worker")
 STALE_TEMP_S = 3600.0
 
 
+class Rejecter(Protocol):
+    """worker/arrivals.py's Arrivals.reject: a spec to state/rejected/, with its .error."""
+
+    def __call__(
+        self, job_id: str, path: Path, message: str, forget: bool = True, retry_mends: bool = True
+    ) -> None: ...
+
+
 class Recovery:
     def __init__(
         self,
         layout: Layout,
         config: Config,
         rt: Runtime,
-        reject: Callable[[str, Path, str], None],
+        reject: Rejecter,
         clock: Clock | None = None,
     ) -> None:
         self.layout, self.config, self.rt, self.reject = layout, config, rt, reject
@@ -159,10 +167,27 @@ class Recovery:
         return held
 
     def put_back(self, job_id: str, claimed: Path) -> bool:
-        """Return a claimed spec to jobs/. If a user has put a new spec there under the same
-        name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
-        if unclaim(claimed, self.layout.jobs / f"{job_id}.yaml"):
-            return True
+        """Return a claimed spec to jobs/. A file of another user's that took the name
+        meanwhile is not this job (its id is this one's: spool/intake.py, coming_back_for):
+        it is refused, and the spec goes back. If the owner put a new spec there under the
+        same name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
+        dest = self.layout.jobs / f"{job_id}.yaml"
+        for _ in range(3):  # a member re-creating the name as fast as it goes is refused each time
+            if unclaim(claimed, dest):
+                return True
+            try:
+                intruder = os.lstat(dest).st_uid != os.lstat(claimed).st_uid
+            except FileNotFoundError:
+                continue  # gone meanwhile: try again
+            if not intruder:
+                break
+            self.reject(
+                job_id,
+                dest,
+                f"jobs/{job_id}.yaml: job id '{job_id}' belongs to another user's job, which goes back to "
+                f"the queue under it. Fix: rename the file (e.g. {job_id}-2.yaml)",
+                retry_mends=False,
+            )
         self.reject(
             job_id,
             claimed,
