@@ -51,10 +51,13 @@ def test_a_member_can_neither_take_nor_strand_the_id_of_a_job_a_dead_box_claimed
     )
     assert f"jobs/al.yaml is taken by a file of {BOB}'s: ask them to remove it" in refused.stderr, refused.stderr
     assert "a" in [h["host"] for h in team.status()["hosts"]]  # still listed: forget can be run again
+    assert team.status()["stranded"] == [{"id": "al", "user": ALICE, "host": "a"}]
+    assert "STRANDED (1; claimed by a, which stopped" in team.as_user(BOB, "status").stdout
     assert "gpuq forget a" in team.as_user(ALICE, "show", "al").stdout
     assert team.py_as(BOB, f"import os; os.unlink({str(team.root / 'jobs' / 'al.yaml')!r})").returncode == 0
     done = team.gpuq("forget", "a")
     assert "1 job(s) it had claimed but never started are back in the queue (al)" in done.stdout, done.stdout
+    assert team.status()["stranded"] == []
     final = wait_until(lambda: team.finished("al"), timeout=60, what="b to run al")
     assert (final["state"], final["host"], final["attempt"]) == ("done", "b", 1), final
     assert team.log("al").splitlines().count(ALICE) == 1 and "bob got al" not in team.log("al")

@@ -165,6 +165,14 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
             [["ID", "USER", "SINCE", "NOTE"]]
             + [[h["id"], h["user"], _clock(h["since"]), h["reason"]] for h in view["held"]]
         )
+    if view.get("stranded"):
+        hosts = sorted({j["host"] for j in view["stranded"]})
+        out += [
+            "",
+            f"STRANDED ({len(view['stranded'])}; claimed by {', '.join(hosts)}, which stopped before starting them: "
+            f"they start when its worker is back, or return to the queue with `gpuq forget HOST`)",
+        ]
+        out += _table([["ID", "USER", "HOST"]] + [[j["id"], j["user"], j["host"]] for j in view["stranded"]])
     out += ["", "FINISHED (recent)"]
     rows = [["ID", "STATE", "EXIT", "DURATION", "WHERE", "ENDED", "NOTE"]]
     for f in _fold_groups(view["finished"], view.get("group_sizes", {})):

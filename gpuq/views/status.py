@@ -14,7 +14,7 @@ from gpuq.host.faults import wall_time
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import PendingJob, RunningJob
-from gpuq.model.record import Record
+from gpuq.model.record import Record, parse_claim_name
 from gpuq.model.spec import command_text
 from gpuq.model.states import FINAL_STATES
 from gpuq.sched.placement import usable_mib
@@ -24,7 +24,7 @@ from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.holds import held_jobs
 from gpuq.spool.intake import load_pending_for_view, user_name
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import claims_of, pending_spec_path, read_record, running_records
+from gpuq.spool.store import claims_of, has_record, pending_spec_path, read_record, running_records
 from gpuq.spool.sweeps import read_group
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats, observed_memory, picture, yielding
 
@@ -137,6 +137,7 @@ def status(
         "pending_by_reason": _by_reason(decided.reasons.get(i) or _starting(starting.get(i)) for i in decided.order),
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
         "held": held_jobs(layout),
+        "stranded": _stranded(layout, {hb["host"] for hb in live}),
         "bookings": [{**b.to_json(), "active": b.active(now)} for b in booked],
         "alerts": sorted(
             {f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
@@ -158,6 +159,24 @@ def status(
             if not _lived_on(layout, ev)
         ],
     }
+
+
+def _stranded(layout: Layout, live_hosts: set[str]) -> list[dict[str, Any]]:
+    """Specs a box claimed and stopped before starting (no record of them): they wait for
+    that box's worker, or `gpuq forget HOST` (spool/decommission.py). A claim of a live box
+    is a start under way."""
+    out = []
+    with os.scandir(layout.claims) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            parsed = parse_claim_name(entry.name)
+            if parsed is None or parsed[1] in live_hosts or has_record(layout, parsed[0]):
+                continue
+            try:
+                user = user_name(entry.stat(follow_symlinks=False).st_uid)
+            except OSError:
+                continue
+            out.append({"id": parsed[0], "user": user, "host": parsed[1]})
+    return out
 
 
 def _group_sizes(layout: Layout, rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -253,7 +272,7 @@ def _by_reason(reasons: Iterable[str]) -> dict[str, int]:
     return dict(counts.most_common())
 
 
-SECTIONS = ("running", "pending", "held", "finished", "rejected")
+SECTIONS = ("running", "pending", "held", "stranded", "finished", "rejected")
 
 
 def narrowed(view: dict[str, Any], user: str | None = None, state: str | None = None) -> dict[str, Any]:
@@ -262,7 +281,7 @@ def narrowed(view: dict[str, Any], user: str | None = None, state: str | None = 
     pending row, so that the pending count and reasons are the narrowed ones."""
     out = dict(view)
     keep = lambda rows: [r for r in rows if user is None or r.get("user") == user]  # noqa: E731
-    for section in ("running", "pending", "held", "finished"):
+    for section in ("running", "pending", "held", "stranded", "finished"):
         out[section] = keep(view[section])
     if user is not None:
         out["rejected"] = [r for r in view["rejected"] if r.get("user") == user]
