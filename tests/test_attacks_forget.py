@@ -29,8 +29,10 @@ def _dead(team, host: str) -> None:
 
 def test_a_member_can_neither_take_nor_strand_the_id_of_a_job_a_dead_box_claimed(team):
     """Box a dies right after claiming alice's `al`. bob's spec under that id was run by box b
-    as `al` (intake did not look at claims), and a file of his in jobs/ under that name made
-    `gpuq forget a` drop a's heartbeat and leave her claim where no command reached it."""
+    as `al` (intake did not look at claims), and a file of his in jobs/ under that name, kept
+    unfinished so that it never settled, made `gpuq forget a` drop a's heartbeat and leave her
+    claim where no command reached it. His files are refused at once; a file that may stay
+    (her own draft) keeps the box listed, and forget names it."""
     team.write_config(lost_after_s=5, grace_s=1, spec_settle_s=600)  # bob's garbage stays unsettled
     a = team.start_worker("a", "1x80GiB", env={CRASH_ENV: "worker:claimed"})
     team.drop_as(ALICE, "al.yaml", WHO_RAN)
@@ -42,19 +44,23 @@ def test_a_member_can_neither_take_nor_strand_the_id_of_a_job_a_dead_box_claimed
     wait_until(error.exists, what="bob's al to be refused")
     assert "job id 'al' is the id of a job being started on a" in error.read_text()
     assert team.record("al") is None and "bob got al" not in team.log("al")
-    team.drop_as(BOB, "al.yaml", "command: [never closed\n")  # holds the name in jobs/
+    team.drop_as(BOB, "al.yaml", "command: [never closed\n")  # would hold the name in jobs/ for ever
+    rejected = team.root / "state" / "rejected"
+    wait_until(lambda: len(list(rejected.glob("al*.error"))) == 2, what="bob's unfinished al refused at once")
+    assert f"belongs to {ALICE}'s job" in "".join(p.read_text() for p in rejected.glob("al*.error"))
+    team.drop_as(ALICE, "al.yaml", "command: [her own draft\n")  # hers: it may wait to settle
     _dead(team, "a")
     refused = wait_until(
         lambda: (r := team.gpuq("forget", "a", check=False)).returncode and "silent" not in r.stderr and r,
         timeout=60,
-        what="forget to be refused for bob's file, not for a's recent silence",
+        what="forget to be refused for the file in jobs/, not for a's recent silence",
     )
-    assert f"jobs/al.yaml is taken by a file of {BOB}'s: ask them to remove it" in refused.stderr, refused.stderr
+    assert f"jobs/al.yaml is taken by a file of {ALICE}'s: ask them to remove it" in refused.stderr, refused.stderr
     assert "a" in [h["host"] for h in team.status()["hosts"]]  # still listed: forget can be run again
     assert team.status()["stranded"] == [{"id": "al", "user": ALICE, "host": "a"}]
     assert "STRANDED (1; claimed by a, which stopped" in team.as_user(BOB, "status").stdout
     assert "gpuq forget a" in team.as_user(ALICE, "show", "al").stdout
-    assert team.py_as(BOB, f"import os; os.unlink({str(team.root / 'jobs' / 'al.yaml')!r})").returncode == 0
+    assert team.py_as(ALICE, f"import os; os.unlink({str(team.root / 'jobs' / 'al.yaml')!r})").returncode == 0
     done = team.gpuq("forget", "a")
     assert "1 job(s) it had claimed but never started are back in the queue (al)" in done.stdout, done.stdout
     assert team.status()["stranded"] == []
@@ -115,7 +121,8 @@ def test_a_members_file_waiting_in_jobs_never_takes_the_id_of_a_job_put_back(tea
     error = wait_until(
         lambda: next((team.root / "state" / "rejected").glob("prep*.error"), None), what="bob's file refused"
     )
-    assert "already has the id 'prep'" in error.read_text() and "prep.yml" in error.read_text()
+    text = error.read_text()  # refused as the id's second file, or at once as hers: whichever came first
+    assert "prep.yml" in text and ("already has the id 'prep'" in text or f"belongs to {ALICE}'s job" in text), text
 
 
 def test_retry_of_a_job_whose_box_died_after_recording_its_end(team, tmp_path):
@@ -150,16 +157,44 @@ def test_a_members_file_under_a_preempted_jobs_name_never_loses_it(team):
     """alice's opportunistic job yields to bob's; bob had a file waiting at jobs/low1.yaml, so
     the put-back's link failed and her spec went to rejected/ ("an earlier version of this spec
     was being started"): the job was nowhere, and `gpuq retry` said there was no such job. His
-    file is refused instead, and hers goes back."""
-    team.write_config(spec_settle_s=600, grace_s=1, idle_after_s=1)  # bob's garbage stays, unsettled
+    file, unfinished so that it would never settle, is refused at once (the id is hers while
+    her job holds its claim), and hers comes back and runs again."""
+    team.write_config(spec_settle_s=600, grace_s=1, idle_after_s=1)
     team.start_worker("a", "1x80GiB")
     team.drop_as(ALICE, "low1.yaml", "command: sleep 5; id -un\ngpus: 1\npreemptible: true\nworkdir: /\n")
     wait_until(lambda: (team.record("low1") or {}).get("state") == "running", what="low1 to run")
     team.drop_as(BOB, "low1.yaml", "command: [never closed\n")
-    team.wait_passes("a")
+    error = team.root / "state" / "rejected" / "low1.error"
+    wait_until(error.exists, what="bob's low1.yaml refused")
+    assert f"job id 'low1' belongs to {ALICE}'s job" in error.read_text(), error.read_text()
     team.drop_as(BOB, "urgent.yaml", "command: sleep 1\ngpus: 1\nworkdir: /\n")
     final = wait_until(lambda: team.finished("low1"), timeout=90, what="low1 to run again, to its end")
     assert (final["state"], final["attempt"], final["user"]) == ("done", 2, ALICE), final
     assert team.finished("urgent")["state"] == "done"
-    errors = [p.read_text() for p in (team.root / "state" / "rejected").glob("low1*.error")]
-    assert len(errors) == 1 and "belongs to another user's job" in errors[0], errors
+
+
+def test_a_put_back_refuses_a_file_another_user_put_under_the_name(tmp_path):
+    """The race the test above no longer meets: another user's file lands in jobs/ in the
+    instant before a put-back. It is refused, and the spec goes back (it went to rejected/)."""
+    from gpuq.model.config import Config
+    from gpuq.run.joblocal import Runtime
+    from gpuq.spool.layout import Layout
+    from gpuq.worker.recovery import Recovery
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    claimed = layout.claims / "j@a@00000000@1@00@a1.yaml"
+    claimed.write_text("command: hers\n")
+    os.chown(claimed, 4242, 4242)
+    (layout.jobs / "j.yaml").write_text("command: his\n")
+    os.chown(layout.jobs / "j.yaml", 4343, 4343)
+    refused: list[tuple[str, str]] = []
+
+    def reject(job_id, path, message, forget=True, retry_mends=True):
+        refused.append((path.read_text(), message))
+        path.unlink()
+
+    rt = Runtime(layout, "a", "0" * 32, tmp_path / "local", 1.0, 5.0, {}, "docker", True)
+    assert Recovery(layout, Config(), rt, reject).put_back("j", claimed)
+    assert (layout.jobs / "j.yaml").read_text() == "command: hers\n" and not claimed.exists()
+    assert refused == [("command: his\n", refused[0][1])] and "belongs to another user's job" in refused[0][1]

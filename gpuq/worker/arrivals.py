@@ -38,6 +38,25 @@ class Arrivals:
         """After a scan: reject what stayed invalid and reused ids; expand sweeps."""
         for job_id, entry in self.intake.settled_errors(now, settle_s):
             self.reject(job_id, entry.path, str(entry.error))
+        claimed: dict[str, list[tuple[str, str]]] | None = None  # listed once, and only if needed
+        # A file that is not a spec yet waits to settle, unless its id is held for another
+        # user's job (claimed, or on its way back): it must not keep her job out of jobs/.
+        for job_id in list(self.intake.unsettled()):
+            entry = self.intake.entries[job_id]
+            claimed = self._claims_by_id() if claimed is None else claimed
+            holder = self._held_for(job_id, claimed.get(job_id, []))
+            try:
+                mine = holder is None or user_name(os.lstat(entry.path).st_uid) == holder
+            except OSError:
+                continue
+            if not mine:
+                self.reject(
+                    job_id,
+                    entry.path,
+                    f"jobs/{entry.name}: job id '{job_id}' belongs to {holder}'s job (and this file is not "
+                    f"a valid spec yet). Fix: rename the file (e.g. {job_id}-2.yaml).",
+                    retry_mends=False,
+                )
         for name, job_id in self.intake.take_duplicates():
             other = self.intake.entries[job_id].name
             self.reject(
@@ -54,7 +73,6 @@ class Arrivals:
                 forget=False,
                 retry_mends=False,
             )
-        claimed: dict[str, list[tuple[str, str]]] | None = None  # listed once, only if a new spec came
         for entry in self.intake.take_unchecked():
             job_id = entry.job.id  # type: ignore[union-attr]
             if claimed is None:
@@ -86,6 +104,15 @@ class Arrivals:
                 if parsed is not None:
                     by_id.setdefault(parsed[0], []).append((e.name, parsed[1]))
         return by_id
+
+    def _held_for(self, job_id: str, claims: list[tuple[str, str]]) -> str | None:
+        """The user an id is held for: the owner of a claim of it, or of a job on its way back."""
+        for name, _ in claims:
+            try:
+                return user_name(os.lstat(self.layout.claims / name).st_uid)
+            except FileNotFoundError:
+                continue
+        return coming_back_for(self.layout, job_id)
 
     def _id_taken(self, job_id: str, user: str, entry: Entry, claims: list[tuple[str, str]]) -> str | None:
         """Why a new spec may not have this id: an earlier job's, a group's, another spec's

@@ -185,7 +185,7 @@ class Recovery:
                 job_id,
                 dest,
                 f"jobs/{job_id}.yaml: job id '{job_id}' belongs to another user's job, which goes back to "
-                f"the queue under it. Fix: rename the file (e.g. {job_id}-2.yaml)",
+                f"the queue under it. Fix: rename the file (e.g. {job_id}-2.yaml).",
                 retry_mends=False,
             )
         self.reject(
