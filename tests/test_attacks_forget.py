@@ -198,3 +198,54 @@ def test_a_put_back_refuses_a_file_another_user_put_under_the_name(tmp_path):
     assert Recovery(layout, Config(), rt, reject).put_back("j", claimed)
     assert (layout.jobs / "j.yaml").read_text() == "command: hers\n" and not claimed.exists()
     assert refused == [("command: his\n", refused[0][1])] and "belongs to another user's job" in refused[0][1]
+
+
+def test_a_put_back_that_loses_every_race_to_another_users_file_parks_the_spec(tmp_path):
+    """bob re-created jobs/apre.yaml as fast as the put-back refused it; after three lost races
+    the put-back sent alice's preempted spec to rejected/ ("an earlier version ... resubmit it
+    under another name"): her job was gone. It now waits in claims/ for a later pass."""
+    from gpuq.model.config import Config
+    from gpuq.run.joblocal import Runtime
+    from gpuq.spool.layout import Layout
+    from gpuq.worker.recovery import Recovery
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    claimed = layout.claims / f"apre@a@{'0' * 8}@{os.getpid()}@00@a2.yaml"
+    claimed.write_text("command: hers\n")
+    os.chown(claimed, 4242, 4242)
+    his = layout.jobs / "apre.yaml"
+
+    def bobs_file() -> None:
+        his.write_text("command: [\n")
+        os.chown(his, 4343, 4343)
+
+    def reject(job_id, path, message, forget=True, retry_mends=True):
+        assert path == his, path  # never hers
+        path.unlink()
+        bobs_file()  # bob's loop wins the race again
+
+    bobs_file()
+    rt = Runtime(layout, "a", "0" * 32, tmp_path / "local", 1.0, 5.0, {}, "docker", True)
+    recovery = Recovery(layout, Config(), rt, reject)
+    assert not recovery.put_back("apre", claimed)
+    parked = list(layout.claims.iterdir())
+    assert [p.name.split("@")[3] for p in parked] == ["0"] and parked[0].read_text() == "command: hers\n"
+    his.unlink()  # bob gives up: the next pass puts hers back
+    recovery.requeue_orphan_claims()
+    assert his.read_text() == "command: hers\n" and os.lstat(his).st_uid == 4242 and not list(layout.claims.iterdir())
+
+
+def test_submit_never_picks_an_id_held_for_a_job_on_its_way_back(tmp_path):
+    """A place (or an attempt kept in requeued/) bob's deleted spec left held train-1 and
+    train-2; alice's `gpuq submit --name train` picked train-1, and the worker refused it as
+    bob's, telling her to use `gpuq submit`, which picks a free id."""
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.submit import free_id
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    layout.places.mkdir(exist_ok=True)
+    (layout.places / "train-1.json").write_text('{"uid": 4343, "queued_at": 1.0}')
+    (layout.requeued / "train-2.json").write_text('{"id": "train-2", "user": "bob"}')
+    assert free_id(layout, None, "train") == "train-3"

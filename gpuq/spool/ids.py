@@ -28,12 +28,15 @@ def _names(directory: Path) -> list[str]:
 
 
 def id_taken(layout: Layout, job_id: str) -> bool:
-    """Whether any job, group, claim, rejected or held spec has `job_id`. A group is its
-    record (groups/<id>.json) or, while a worker expands it, its spec kept as groups/<id>.yaml
-    (moved out of jobs/ before the record is written)."""
+    """Whether any job, group, claim, rejected or held spec has `job_id`, or a job on its way
+    back to the queue (a place or an attempt kept for it: the worker would refuse a new spec
+    under that id). A group is its record (groups/<id>.json) or, while a worker expands it, its
+    spec kept as groups/<id>.yaml (moved out of jobs/ before the record is written)."""
     return (
         pending_spec_path(layout, job_id) is not None
         or has_record(layout, job_id)
+        or layout.record(layout.places, job_id).exists()
+        or layout.record(layout.requeued, job_id).exists()
         or bool(claims_of(layout, job_id))
         or any(map(_rejected_name(job_id).fullmatch, _names(layout.rejected)))
         or group_file(layout, job_id).exists()

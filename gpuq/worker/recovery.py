@@ -172,7 +172,8 @@ class Recovery:
         it is refused, and the spec goes back. If the owner put a new spec there under the
         same name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
         dest = self.layout.jobs / f"{job_id}.yaml"
-        for _ in range(3):  # a member re-creating the name as fast as it goes is refused each time
+        intruder = False
+        for _ in range(3):
             if unclaim(claimed, dest):
                 return True
             try:
@@ -188,6 +189,9 @@ class Recovery:
                 f"the queue under it. Fix: rename the file (e.g. {job_id}-2.yaml).",
                 retry_mends=False,
             )
+        if intruder:  # a member re-creates the name as fast as it is refused: never the owner's loss
+            self._park(job_id, claimed)
+            return False
         self.reject(
             job_id,
             claimed,
@@ -196,6 +200,14 @@ class Recovery:
             "here. Fix: resubmit it under another name if you still want it to run",
         )
         return False
+
+    def _park(self, job_id: str, claimed: Path) -> None:
+        """Leave the claimed spec in claims/ under a name of no live worker's (pid 0), so that
+        requeue_orphan_claims puts it back at a later pass (this worker's own claims it skips)."""
+        parts = claimed.name.split("@")
+        parts[3] = "0"
+        os.rename(claimed, claimed.with_name("@".join(parts)))
+        log.warning("%s: another user's file keeps taking jobs/%s.yaml; it goes back at a later pass", job_id, job_id)
 
     def requeue_orphan_claims(self) -> None:
         """Claims of this host by an earlier worker that died before recording them (or in
