@@ -327,7 +327,7 @@ def test_a_start_record_a_power_cut_emptied_is_put_back_as_never_recorded(queue,
     record = wait_until(lambda: _final(queue, "job"), what="job to run after the reboot")
     assert record["state"] == "done" and record["boot_id"] == "boot-two", record
     assert _runs(queue, "job") == [f"{RUN_LINE}1"]  # it had never run
-    assert not list((queue.root / "state" / "claims").iterdir())
+    assert_nothing_left(queue)  # waited for: its supervisor removes the claim after the record
     notes = [e for e in queue.events() if e["job"] == "job" and e.get("note") == "requeued"]
     assert notes and "never recorded" in notes[-1]["reason"], notes
 
