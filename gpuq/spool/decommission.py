@@ -21,11 +21,11 @@ from pathlib import Path
 
 from gpuq.host.faults import wall_time
 from gpuq.host.owners import Actor
-from gpuq.model.record import parse_claim_name
 from gpuq.spool.drain import DrainError, check_admin, drain_file
 from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
+    all_claims,
     has_record,
     pending_spec_path,
     read_record,
@@ -50,7 +50,7 @@ def forget(layout: Layout, host: str, actor: Actor, lost_after_s: float) -> str:
             f"{host} still has {len(still)} job(s) recorded running ({', '.join(still[:5])}); "
             "another box settles them once its heartbeat is lost_after_s old"
         )
-    claims = _claims_of_host(layout, host)
+    claims = [(job_id, name) for job_id, claimer, name in all_claims(layout) if claimer == host]
     silent = now - beat["_mtime"]
     if claims and not beat.get("stopped") and silent < lost_after_s:
         # A box that is only frozen may be between reading a claim and writing its record:
@@ -75,16 +75,6 @@ def forget(layout: Layout, host: str, actor: Actor, lost_after_s: float) -> str:
     if back:
         said += f"; {len(back)} job(s) it had claimed but never started are back in the queue ({', '.join(back[:5])})"
     return said
-
-
-def _claims_of_host(layout: Layout, host: str) -> list[tuple[str, str]]:
-    """(job id, claim file name) of every claim `host` holds."""
-    found = []
-    for entry in sorted(os.scandir(layout.claims), key=lambda e: e.name):
-        parsed = parse_claim_name(entry.name)
-        if parsed is not None and parsed[1] == host:
-            found.append((parsed[0], entry.name))
-    return found
 
 
 def _put_back_claims(layout: Layout, claims: list[tuple[str, str]]) -> tuple[list[str], list[str]]:

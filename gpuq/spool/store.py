@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuq.host.faults import io_fault, wall_time
 from gpuq.host.files import read_json, write_json
-from gpuq.model.record import Record, RecordError
+from gpuq.model.record import Record, RecordError, parse_claim_name
 from gpuq.model.states import State, check_transition
 from gpuq.spool.layout import Layout
 
@@ -311,6 +311,16 @@ def unclaim(claimed: Path, dest: Path) -> bool:
 
 def claims_of(layout: Layout, job_id: str) -> list[Path]:
     return sorted(layout.claims.glob(f"{job_id}@*"))
+
+
+def all_claims(layout: Layout) -> list[tuple[str, str, str]]:
+    """(job id, host, file name) of every claim in state/claims/, by name; other names skipped."""
+    found = []
+    with os.scandir(layout.claims) as entries:
+        for name in sorted(e.name for e in entries):
+            if (parsed := parse_claim_name(name)) is not None:
+                found.append((parsed[0], parsed[1], name))
+    return found
 
 
 # --- pending specs -----------------------------------------------------------------------

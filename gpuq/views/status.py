@@ -14,7 +14,7 @@ from gpuq.host.faults import wall_time
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import PendingJob, RunningJob
-from gpuq.model.record import Record, parse_claim_name
+from gpuq.model.record import Record
 from gpuq.model.spec import command_text
 from gpuq.model.states import FINAL_STATES
 from gpuq.sched.placement import usable_mib
@@ -24,7 +24,7 @@ from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.holds import held_jobs
 from gpuq.spool.intake import load_pending_for_view, user_name
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import claims_of, has_record, pending_spec_path, read_record, running_records
+from gpuq.spool.store import all_claims, claims_of, has_record, pending_spec_path, read_record, running_records
 from gpuq.spool.sweeps import read_group
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats, observed_memory, picture, yielding
 
@@ -166,16 +166,14 @@ def _stranded(layout: Layout, live_hosts: set[str]) -> list[dict[str, Any]]:
     that box's worker, or `gpuq forget HOST` (spool/decommission.py). A claim of a live box
     is a start under way."""
     out = []
-    with os.scandir(layout.claims) as entries:
-        for entry in sorted(entries, key=lambda e: e.name):
-            parsed = parse_claim_name(entry.name)
-            if parsed is None or parsed[1] in live_hosts or has_record(layout, parsed[0]):
-                continue
-            try:
-                user = user_name(entry.stat(follow_symlinks=False).st_uid)
-            except OSError:
-                continue
-            out.append({"id": parsed[0], "user": user, "host": parsed[1]})
+    for job_id, host, name in all_claims(layout):
+        if host in live_hosts or has_record(layout, job_id):
+            continue
+        try:
+            user = user_name(os.lstat(layout.claims / name).st_uid)
+        except OSError:
+            continue
+        out.append({"id": job_id, "user": user, "host": host})
     return out
 
 

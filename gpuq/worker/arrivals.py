@@ -16,13 +16,12 @@ from gpuq.host.owners import others_may_write
 from gpuq.model.errors import SpecError
 from gpuq.model.groups import GroupError
 from gpuq.model.names import JOB_ID_RE
-from gpuq.model.record import parse_claim_name
 from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
 from gpuq.spool.intake import Entry, Intake, coming_back_for, user_name
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import StateChange, found_job, has_record
+from gpuq.spool.store import StateChange, all_claims, found_job, has_record
 from gpuq.spool.sweeps import expand_dropped_sweep, group_file
 
 log = logging.getLogger("gpuq.worker")
@@ -98,11 +97,8 @@ class Arrivals:
     def _claims_by_id(self) -> dict[str, list[tuple[str, str]]]:
         """Job id -> (claim file name, host that claimed it), for every claim in state/claims/."""
         by_id: dict[str, list[tuple[str, str]]] = {}
-        with os.scandir(self.layout.claims) as entries:
-            for e in entries:
-                parsed = parse_claim_name(e.name)
-                if parsed is not None:
-                    by_id.setdefault(parsed[0], []).append((e.name, parsed[1]))
+        for job_id, host, name in all_claims(self.layout):
+            by_id.setdefault(job_id, []).append((name, host))
         return by_id
 
     def _held_for(self, job_id: str, claims: list[tuple[str, str]]) -> str | None:
