@@ -125,6 +125,26 @@ def test_a_members_file_waiting_in_jobs_never_takes_the_id_of_a_job_put_back(tea
     assert "prep.yml" in text and ("already has the id 'prep'" in text or f"belongs to {ALICE}'s job" in text), text
 
 
+def test_a_members_unfinished_file_never_takes_the_name_of_a_held_job(team):
+    """alice's job is held (here from its submission); bob's jobs/hq.yaml, kept unfinished so
+    it never settled, sat on the name her release links the spec back to, and her first
+    `gpuq release hq` was refused ("jobs/hq.yaml exists"). A held job's id is held for her:
+    his file is refused at once, and her release works the first time."""
+    team.write_config(spec_settle_s=600)  # bob's garbage would stay in jobs/, unsettled
+    team.start_worker("a", "1x80GiB")
+    assert team.as_user(ALICE, "submit", "--hold", "--id", "hq", "--", "id", "-un").returncode == 0
+    wait_until(lambda: (team.root / "state" / "held" / "hq.yaml").exists(), what="hq held")
+    team.drop_as(BOB, "hq.yaml", "command: [never closed\n")
+    wait_until(lambda: not (team.root / "jobs" / "hq.yaml").exists(), what="bob's unfinished hq.yaml refused")
+    error = next((team.root / "state" / "rejected").glob("hq*.error"))
+    assert f"job id 'hq' belongs to {ALICE}'s job" in error.read_text()
+    released = team.as_user(ALICE, "release", "hq")
+    assert released.returncode == 0, released.stderr
+    final = wait_until(lambda: team.finished("hq"), timeout=60, what="alice's hq to run")
+    assert (final["state"], final["user"]) == ("done", ALICE), final
+    assert team.log("hq").splitlines().count(ALICE) == 1
+
+
 def test_retry_of_a_job_whose_box_died_after_recording_its_end(team, tmp_path):
     """Box h recorded alice's job done and died before removing its claim; her `gpuq retry`
     said "back in the queue", then the new claim check refused her spec as "being started
@@ -249,3 +269,35 @@ def test_submit_never_picks_an_id_held_for_a_job_on_its_way_back(tmp_path):
     (layout.places / "train-1.json").write_text('{"uid": 4343, "queued_at": 1.0}')
     (layout.requeued / "train-2.json").write_text('{"id": "train-2", "user": "bob"}')
     assert free_id(layout, None, "train") == "train-3"
+
+
+def test_a_box_frozen_after_its_claim_never_overwrites_the_start_made_after_forget(team, tmp_path):
+    """Box a froze (a paused VM) after claiming alice's job and checking its owner, just before
+    writing its start record; it was forgotten, its claim went back, and b started the job.
+    When a woke, it wrote its own start record over b's. A start now only creates a record:
+    a's write fails, a starts nothing, and b's attempt runs on, once."""
+    fault_log = tmp_path / "faults"
+    team.write_config(lost_after_s=5, grace_s=1)
+    team.start_worker("a", "1x80GiB", env={"GPUQ_TEST_PAUSE_AT": "worker:owned", FAULT_LOG_ENV: str(fault_log)})
+    marker = team.root / "go"  # where alice can see it
+    team.drop_as(
+        ALICE, "fz.yaml", f"command: id -un; while [ ! -e {marker} ]; do sleep 0.2; done\ngpus: 1\nworkdir: /\n"
+    )
+    paused = wait_until(
+        lambda: fault_log.exists() and [int(line.split()[-1]) for line in fault_log.read_text().splitlines()],
+        what="a to stop right after its claim",
+    )
+    team.start_worker("b", "1x80GiB")
+    _dead(team, "a")
+    wait_until(lambda: team.gpuq("forget", "a", check=False).returncode == 0, timeout=60, what="a forgotten")
+    wait_until(lambda: (team.record("fz") or {}).get("host") == "b", timeout=60, what="b to start fz")
+    os.kill(paused[0], signal.SIGCONT)
+    wait_until(lambda: team._beat_of("a", paused[0]), timeout=60, what="a to beat again")
+    team.wait_passes("a")
+    running = team.record("fz")
+    assert (running["host"], running["attempt"]) == ("b", 1), running
+    assert not any(p.name.split("@")[1] == "a" for p in (team.root / "state" / "claims").iterdir())
+    os.makedirs(marker)
+    final = wait_until(lambda: team.finished("fz"), timeout=60, what="fz to finish")
+    assert (final["state"], final["host"], final["attempt"]) == ("done", "b", 1), final
+    assert team.log("fz").splitlines().count(ALICE) == 1

@@ -43,6 +43,7 @@ _LOST = ("running", "lost", "exit unknown: supervisor and job gone without a res
 HOPS_AFTER = {  # point -> (the hops allowed before the last event, the last event)
     "worker:planned": ({_START}, _DONE),
     "worker:claimed": ({_START, _UNRECORDED_CLAIM}, _DONE),
+    "worker:owned": ({_START, _UNRECORDED_CLAIM}, _DONE),
     "worker:recorded": ({_START, _NEVER_STARTED}, _DONE),
     "worker:sent": ({_START, _NEVER_STARTED}, _DONE),
     "spawner:locked": ({_START, _NEVER_STARTED, _UNRECORDED_CLAIM}, _DONE),
@@ -60,6 +61,7 @@ HOPS_AFTER = {  # point -> (the hops allowed before the last event, the last eve
 _ANY_REQUEUE = {_NEVER_STARTED, _UNRECORDED_CLAIM}
 MUST_REQUEUE = {
     "worker:claimed": {_UNRECORDED_CLAIM},
+    "worker:owned": {_UNRECORDED_CLAIM},
     "worker:recorded": {_NEVER_STARTED},
     "spawner:locked": _ANY_REQUEUE,
     "supervisor:owned": _ANY_REQUEUE,
@@ -219,6 +221,7 @@ def test_a_crash_in_the_middle_of_a_requeue_is_finished_by_the_next_worker(queue
 AT_POINT = {
     "worker:planned": (True, False, False, False, False, False),
     "worker:claimed": (False, True, False, False, False, False),
+    "worker:owned": (False, True, False, False, False, False),
     "worker:recorded": (False, True, True, False, False, False),
     "spawner:locked": (False, True, True, False, False, False),
     "supervisor:owned": (False, True, True, False, False, False),

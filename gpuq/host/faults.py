@@ -32,6 +32,7 @@ FAULT_LOG_ENV = "GPUQ_TEST_FAULT_LOG"
 CRASH_POINTS = (
     "worker:planned",  # a spec is parsed and chosen to start; not yet claimed
     "worker:claimed",  # renamed into claims/; no record yet
+    "worker:owned",  # the claimed file's owner is checked; no record yet
     "worker:recorded",  # running record written; not yet sent to the spawner
     "worker:sent",  # sent to the spawner; no answer read yet
     "spawner:locked",  # the job lock is taken; no supervisor forked yet

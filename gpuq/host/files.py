@@ -11,12 +11,13 @@ from typing import Any
 from gpuq.host.faults import io_fault
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o640, durable: bool = True) -> None:
+def atomic_write(path: Path, data: bytes, mode: int = 0o640, durable: bool = True, exclusive: bool = False) -> None:
     """Write `data` to `path` so that readers see the old file or the new one, never a mix.
     `durable=False` skips the fsync, for files rewritten every second (heartbeats). Not
     world-readable: records hold specs (the team reads them through the root's group;
     docs/security.md). The temp file is created exclusively, never through a link,
-    relative to the directory's descriptor."""
+    relative to the directory's descriptor. `exclusive`: only where no file is at `path`
+    (FileExistsError otherwise, and nothing changed): linked into place, not renamed."""
     tmp_name = f".{path.name[:100]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"  # within NAME_MAX
     dir_fd = open_dir(path.parent)
     try:
@@ -28,7 +29,11 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o640, durable: bool = Tru
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())
-            os.rename(tmp_name, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            if exclusive:
+                os.link(tmp_name, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                os.unlink(tmp_name, dir_fd=dir_fd)
+            else:
+                os.rename(tmp_name, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             try:
                 os.unlink(tmp_name, dir_fd=dir_fd)
@@ -88,8 +93,9 @@ def create_owned(
         os.close(dir_fd)
 
 
-def write_json(path: Path, obj: Any, durable: bool = True) -> None:
-    atomic_write(path, json.dumps(obj, separators=(",", ":"), sort_keys=True).encode(), durable=durable)
+def write_json(path: Path, obj: Any, durable: bool = True, exclusive: bool = False) -> None:
+    data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    atomic_write(path, data, durable=durable, exclusive=exclusive)
 
 
 def read_json(path: Path, durable: bool = False) -> Any | None:

@@ -122,6 +122,13 @@ class StateChange:
         """The job's records as the new state has them; all or nothing (a failed step undoes
         the ones before it, then raises)."""
         old_dir, new_dir = self._dir(self.before.state), self._dir(self.after.state)
+        if self.before.state is State.PENDING and self.after.state is State.RUNNING:
+            # A start creates the record, never replaces one: a box that froze between its
+            # claim and this write, and was forgotten meanwhile (its claim put back and
+            # started elsewhere), must not overwrite the other box's record when it wakes.
+            path = self.layout.record(self.layout.running, self.after.id)
+            write_json(path, self.after.to_json(), durable=self.durable, exclusive=True)
+            return self.after  # nothing else moves: a pending job has no record to remove
         try:
             if (kept := self._kept()) is not None:
                 write_json(self.layout.record(self.layout.requeued, kept.id), kept.to_json())

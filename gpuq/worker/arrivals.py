@@ -19,6 +19,7 @@ from gpuq.model.names import JOB_ID_RE
 from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
+from gpuq.spool.holds import held_spec
 from gpuq.spool.intake import Entry, Intake, coming_back_for, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import StateChange, all_claims, found_job, has_record
@@ -102,10 +103,11 @@ class Arrivals:
         return by_id
 
     def _held_for(self, job_id: str, claims: list[tuple[str, str]]) -> str | None:
-        """The user an id is held for: the owner of a claim of it, or of a job on its way back."""
-        for name, _ in claims:
+        """The user an id is held for: the owner of a claim of it, of a job held (`gpuq hold`,
+        `submit --hold`: its release puts it back under this name), or of one on its way back."""
+        for path in [self.layout.claims / name for name, _ in claims] + [held_spec(self.layout, job_id)]:
             try:
-                return user_name(os.lstat(self.layout.claims / name).st_uid)
+                return user_name(os.lstat(path).st_uid)
             except FileNotFoundError:
                 continue
         return coming_back_for(self.layout, job_id)

@@ -597,8 +597,14 @@ class Worker:
             **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]),
         )
 
+        crash_point("worker:owned")
         try:  # no fsync here: the supervisor syncs the record before the job starts
             record = transition(self.layout, claimed_job, State.RUNNING, self.host, durable=False)
+        except FileExistsError:  # started elsewhere while this box was frozen after its claim and forgotten
+            log.warning("%s: not started here: another box has started it meanwhile (this box was forgotten)", job_id)
+            if claimed.exists():  # not the spec put back and started there: intake refuses it, by name
+                self.recovery.put_back(job_id, claimed)
+            return
         except OSError:
             if not self.layout.record(self.layout.running, job_id).exists():
                 keep_place(self.layout, job_id, uid, job.queued_at)
