@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 from gpuq import __version__
 from gpuq.host.clock import Clock
-from gpuq.host.faults import crash_point
 from gpuq.host.files import atomic_write, read_json
 from gpuq.host.hostinfo import boot_id, ensure_private_dir
 from gpuq.host.jobmemory import observe_job_memory
@@ -27,10 +26,7 @@ from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, RunningJob
 from gpuq.model.record import Record
-from gpuq.model.sharing import compute_pct, uses_mps
-from gpuq.model.spec import JobSpec
-from gpuq.model.states import State
-from gpuq.model.stops import Stop, StopCause, cause_of
+from gpuq.model.stops import Stop
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
 from gpuq.model.windows import window_open
@@ -44,8 +40,7 @@ from gpuq.run.joblocal import (
     settle_lock,
     write_lease,
 )
-from gpuq.run.limits import limits_for
-from gpuq.run.mps import LINGER_S, MpsDaemons, MpsError
+from gpuq.run.mps import LINGER_S, MpsDaemons
 from gpuq.run.spawner import Spawner
 from gpuq.sched.idle import IdleTracker
 from gpuq.sched.overuse import GpuMemWatch, Overuse
@@ -61,12 +56,7 @@ from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
 from gpuq.spool.listing import RunningListing
 from gpuq.spool.samples import SampleLog
-from gpuq.spool.store import (
-    append_note,
-    keep_place,
-    spec_state,
-    transition,
-)
+from gpuq.spool.store import append_note
 from gpuq.spool.sweeps import finish_interrupted
 from gpuq.spool.teamstate import (
     heartbeat_alive,
@@ -83,6 +73,7 @@ from gpuq.worker.claiming import Claimer
 from gpuq.worker.metrics import FinishedCounter
 from gpuq.worker.publishing import BoxState, Publisher
 from gpuq.worker.recovery import Recovery
+from gpuq.worker.starting import Launcher, Starter
 
 log = logging.getLogger("gpuq.worker")
 FULL_SCAN_EVERY_S = 30.0
@@ -93,16 +84,6 @@ EXIT_WAKE_SCAN_GAP_S = 0.2
 # other boxes' claims change jobs/ too, and must not make every box plan at the watch's pace.
 JOBS_WATCH_GAP_S = 0.5
 REQUESTS_PER_PASS_S = 0.5
-
-
-class Launcher(Protocol):
-    """What a pass needs of the spawner (run/spawner.py): a test's stand-in records launches."""
-
-    starting: set[str]  # launched, its supervisor not yet seen holding the job's lock
-
-    def launch(self, record: Record) -> None: ...
-    def collect(self) -> None: ...
-    def close(self) -> None: ...
 
 
 class RuntimeFinder(Protocol):
@@ -180,6 +161,18 @@ class Worker:
         self.arrivals = Arrivals(layout, host, self.intake)
         self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject, self.clock)
         self.claimer = Claimer(layout, host, self.boot_id, self.intake, self.arrivals, self.recovery)
+        self.starter = Starter(
+            layout,
+            config,
+            host,
+            self.boot_id,
+            self.clock,
+            self.claimer,
+            self.recovery,
+            self.spawner,
+            self.mps,
+            self._report_once,
+        )
         self.wake = WakeFifo(self.rt.local_dir)
         self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
         self.beat_cache: dict[str, tuple[tuple, Any]] = {}  # host -> (file's identity, its heartbeat)
@@ -488,7 +481,8 @@ class Worker:
             try:
                 for start in decided.starts:
                     if start.host == self.host:
-                        self._start(start.job_id, start.gpus)
+                        if record := self.starter.start(start.job_id, start.gpus, self.gpus, self.running):
+                            self.running.append(record)
                         self.started_last_pass += 1
             finally:  # our own claims (and put-backs of starts that failed) are no news to wake for
                 if any(s.host == self.host for s in decided.starts):
@@ -560,74 +554,6 @@ class Worker:
 
     def _running_jobs(self) -> list[RunningJob]:
         return [RunningJob.of(r, self.observed.get(r.id, {}), r.id in self.stopping, self.host) for r in self.running]
-
-    def _start(self, job_id: str, gpus: tuple[int, ...]) -> None:
-        taken = self.claimer.claim(job_id)
-        if taken is None:
-            return
-        entry, claimed, uid, attempt, previous = taken
-        job = entry.job
-        assert job is not None  # a claim is taken only of a parsed spec
-        by_index = {g.index: g for g in self.gpus}
-        charged = (
-            job.spec.gpu_mem_mib
-            if not job.spec.exclusive
-            else by_index[gpus[0]].mem_total_mib - self.config.gpu_mem_reserve_mib
-        )
-        mps_pipe, mps_compute = self._mps_for(job.spec, by_index[gpus[0]] if gpus else None)
-        claimed_job = Record(  # as its claim showed it: taken from jobs/, so pending
-            id=job_id,
-            state=spec_state(self.layout, claimed),
-            spec=job.spec.to_json(),
-            spec_text=entry.text.decode("utf-8-sig", "replace"),
-            user=job.user,
-            uid=uid,
-            attempt=attempt,
-            queued_at=job.queued_at,
-            host=self.host,
-            boot_id=self.boot_id,
-            gpus=list(gpus),
-            gpu_uuids=[by_index[i].uuid for i in gpus],
-            gpu_mem_mib=charged if gpus else None,
-            claim=claimed.name,
-            claimed_at=self.clock.wall(),
-            preempted=previous is not None and cause_of(previous) is StopCause.PREEMPT,
-            mps_pipe=mps_pipe,
-            mps_compute_pct=mps_compute,
-            **limits_for(job.spec, self.config, [r.cpu_cores for r in self.running]),
-        )
-
-        crash_point("worker:owned")
-        try:  # no fsync here: the supervisor syncs the record before the job starts
-            record = transition(self.layout, claimed_job, State.RUNNING, self.host, durable=False)
-        except FileExistsError:  # started elsewhere while this box was frozen after its claim and forgotten
-            log.warning("%s: not started here: another box has started it meanwhile (this box was forgotten)", job_id)
-            if claimed.exists():  # not the spec put back and started there: intake refuses it, by name
-                self.recovery.put_back(job_id, claimed)
-            return
-        except OSError:
-            if not self.layout.record(self.layout.running, job_id).exists():
-                keep_place(self.layout, job_id, uid, job.queued_at)
-                self.recovery.put_back(job_id, claimed)  # no record: the spec waits in jobs/ again
-            raise  # (with a record, the next pass requeues the attempt: it never started)
-        crash_point("worker:recorded")
-        self.spawner.launch(record)
-        crash_point("worker:sent")
-        self.running.append(record)
-        log.debug("started %s on %s GPUs %s", job_id, self.host, list(gpus))  # events record it too
-
-    def _mps_for(self, spec: JobSpec, gpu: GpuSnapshot | None) -> tuple[str | None, int | None]:
-        """(pipe directory, compute share) for a job that runs under MPS, its GPU's daemon
-        started if need be; (None, None) for any other job, and where the daemon cannot start
-        (the job is then time-sliced, as without MPS, and the problem is logged once)."""
-        if gpu is None or not uses_mps(spec, self.config):
-            return None, None
-        try:
-            pipe = self.mps.ensure(gpu.index, gpu.uuid)
-        except MpsError as e:
-            self._report_once(f"mps/{gpu.index}/{e}", f"MPS on GPU {gpu.index} unusable, its jobs are time-sliced: {e}")
-            return None, None
-        return str(pipe), compute_pct(spec, gpu.mem_total_mib)
 
     def report(self) -> None:
         """What this box tells the others (worker/publishing.py), when it is due."""
