@@ -7,6 +7,7 @@ import _posixsubprocess
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,7 @@ class Queue:
     def __init__(self, root: Path, local_base: Path) -> None:
         self.root = root
         self.workers: dict[str, subprocess.Popen] = {}
+        self.started: list[tuple[subprocess.Popen, Path]] = []  # every worker started, and its stderr file
         (root / "jobs").mkdir(parents=True)
         self.local_base = local_base
         self.write_config()
@@ -89,16 +91,32 @@ class Queue:
     def start_worker(
         self, host: str, fake: str = "4x80GiB", *extra: str, env: dict[str, str] | None = None, wait: bool = True
     ) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            worker_argv(self.root, host, fake, "--foreground", *extra),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env={**self.env(), **(env or {})},
-        )
+        # Its stderr to a file, never a pipe nobody reads: a worker that logged ~400 refusals
+        # filled the pipe and hung in write(2). `worker_stderr` reads it.
+        self.local_base.mkdir(parents=True, exist_ok=True)
+        with open(self.local_base / f"worker-{host}.{len(self.started)}.stderr", "wb") as err:
+            proc = subprocess.Popen(
+                worker_argv(self.root, host, fake, "--foreground", *extra),
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**self.env(), **(env or {})},
+            )
+        self.started.append((proc, Path(err.name)))
         self.workers[host] = proc
         if wait:  # (cron does not wait: a kill storm restarts as cron would)
             wait_until(lambda: self._beat_of(host, proc.pid), what=f"worker {host} heartbeat")
         return proc
+
+    def refusals(self, job_id: str) -> str:
+        """The .error texts of specs refused under `job_id`, joined: its own (<id>.error) and
+        those refused because the id is another job's (<id>.<time>.<hex>.error)."""
+        pattern = re.compile(re.escape(job_id) + r"(\.\d+\.[0-9a-f]{6})?\.error")
+        rejected = self.root / "state" / "rejected"
+        return "".join(p.read_text() for p in sorted(rejected.iterdir()) if pattern.fullmatch(p.name))
+
+    def worker_stderr(self, proc: subprocess.Popen) -> str:
+        """What a worker this queue started wrote to its stderr."""
+        return next(path for p, path in self.started if p is proc).read_text(errors="replace")
 
     def wait_passes(self, host: str, passes: int = 2, timeout: float = 60) -> None:
         """Until `host`'s worker has written `passes` more heartbeats. A heartbeat is the last

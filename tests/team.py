@@ -106,6 +106,7 @@ class TeamQueue(Queue):
         self.root = base / "root"
         self.local_base = base / "local"
         self.workers: dict[str, subprocess.Popen] = {}
+        self.started: list[tuple[subprocess.Popen, Path]] = []
         done = subprocess.run(
             [PY, str(REPO / "gpuq.py"), "init", str(self.root), "--group", TEAM],
             capture_output=True,

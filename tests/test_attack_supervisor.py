@@ -175,7 +175,7 @@ def test_a_planted_worker_log_is_never_written_through(team, users, kind):
     team.drop_as(ALICE, "after-plant.yaml", "command: echo ran\ngpus: 0\nworkdir: /\n")
     assert _finished(team, "after-plant")["state"] == "done"  # the spawner started, too
     team.stop_worker("a")
-    said = worker.stderr.read().decode()
+    said = team.worker_stderr(worker)
     assert target.read_text() == "root's file\n"
     if before is not None:
         after = os.lstat(log)
