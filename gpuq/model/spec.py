@@ -188,6 +188,9 @@ def validate_spec(data: Any, file: str) -> JobSpec:
     def fail(field: str, problem: str, fix: str) -> SpecError:
         return SpecError(file, field, problem, fix)
 
+    sweep = _sweep(data.get("sweep"), command, file)
+    array = _array(data.get("array"), data.get("sweep"), file)
+    _check_expansion(data, command, sweep, array, file)
     return JobSpec(
         command=command,
         name=_optional_str(data, "name", file),
@@ -207,8 +210,8 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         mem_mib=_mem(data.get("mem"), file),
         after=_job_ids(data.get("after"), "after", file),
         after_any=_job_ids(data.get("after_any"), "after_any", file),
-        sweep=_sweep(data.get("sweep"), command, file),
-        array=_array(data.get("array"), data.get("sweep"), file),
+        sweep=sweep,
+        array=array,
         restart=_restart(data.get("restart"), file),
         container=parse_container(data.get("container"), fail),
         venv=parse_venv(data.get("venv"), fail),
@@ -490,6 +493,37 @@ def _sweep(value: Any, command: str | tuple[str, ...], file: str) -> tuple[tuple
     if total > MAX_SWEEP_JOBS:
         raise SpecError(file, "sweep", f"makes {total} jobs", f"keep it to at most {MAX_SWEEP_JOBS} combinations")
     return tuple((k, tuple(v)) for k, v in value.items())
+
+
+# What a sweep's or an array's members may come to, all together: a worker writes every one
+# into jobs/ in one pass (a sweep of 1,000 members of a 75,000-placeholder command was 750 MB
+# written as root, and a pass long enough for the other boxes to take the box for dead).
+MAX_EXPANDED_BYTES = 4 * 1024 * 1024
+
+
+def _check_expansion(
+    data: dict, command: str | tuple[str, ...], sweep: tuple[tuple[str, tuple], ...], array: str | None, file: str
+) -> None:
+    if not sweep and array is None:
+        return
+    base = len(repr({k: v for k, v in data.items() if k not in ("sweep", "array")}))  # about its YAML's size
+    if sweep:
+        text = command_text(command)
+        count, growth = 1, 0
+        for key, values in sweep:
+            count *= len(values)
+            growth += text.count(f"{{{key}}}") * max(0, max(len(str(v)) for v in values) - len(key) - 2)
+    else:
+        count, growth = len(parse_array(str(array))), 0
+    if count * (base + growth) > MAX_EXPANDED_BYTES:
+        field_name = "sweep" if sweep else "array"
+        raise SpecError(
+            file,
+            field_name,
+            f"its {count} jobs would come to {count * (base + growth) // 1024} KiB of specs, over the "
+            f"{MAX_EXPANDED_BYTES // 1024 // 1024} MiB a sweep or array may write",
+            "a shorter command (long values belong in a file the command reads), or fewer jobs",
+        )
 
 
 def _array(value: Any, sweep: Any, file: str) -> str | None:

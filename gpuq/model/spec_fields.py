@@ -92,14 +92,16 @@ FIELDS: dict[str, Field] = {
         "mapping of name to list of values",
         "none",
         "One job per combination of the values; "
-        "`{name}` in command is replaced by each value. Member ids: <id>_<name><value>-...",
+        "`{name}` in command is replaced by each value. Member ids: <id>_<name><value>-... "
+        "At most 1,000 jobs, and 4 MiB of specs together.",
         "{lr: [1e-3, 3e-4], seed: [1, 2]}",
     ),
     "array": Field(
         "indices: 0-9, 1-9:2 or 1,4,7",
         "none",
         "One job per index, each with GPUQ_ARRAY_INDEX "
-        "(Slurm's --array); member ids <id>_<index>. `gpuq submit --array` writes it.",
+        "(Slurm's --array); member ids <id>_<index>. `gpuq submit --array` writes it. "
+        "At most 1,000 jobs, and 4 MiB of specs together.",
         '"0-9"',
     ),
     "restart": Field(

@@ -16,6 +16,7 @@ from gpuq.model.record import Record, parse_claim_name
 from gpuq.model.secrets import mask_secrets
 from gpuq.model.spec import JobSpec, parse_spec_text
 from gpuq.spool.holds import held_jobs
+from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import claims_of, pending_spec_path, read_record
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
@@ -94,9 +95,10 @@ def _sees(
 
 def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> dict[str, Any]:
     """What a pending job will see; nothing when its file cannot be read or parsed now."""
-    try:
-        spec = parse_spec_text(path.read_bytes(), path.name)
-        return {"sees": _sees(layout, config, job_id, spec, None, path.stat().st_uid)}
+    try:  # opened as a worker opens it: a link or a FIFO swapped in since status looked is no spec
+        raw, st = read_spec_file(path, f"jobs/{path.name}")
+        spec = parse_spec_text(raw, path.name)
+        return {"sees": _sees(layout, config, job_id, spec, None, st.st_uid)}
     except (OSError, SpecError):
         return {}
 
