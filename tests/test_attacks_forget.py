@@ -40,9 +40,8 @@ def test_a_member_can_neither_take_nor_strand_the_id_of_a_job_a_dead_box_claimed
     assert a.returncode == -signal.SIGKILL
     team.start_worker("b", "1x80GiB")
     team.drop_as(BOB, "al.yaml", "command: echo bob got al\ngpus: 0\nworkdir: /\n")
-    error = team.root / "state" / "rejected" / "al.error"
-    wait_until(error.exists, what="bob's al to be refused")
-    assert "job id 'al' is the id of a job being started on a" in error.read_text()
+    said = wait_until(lambda: team.refusals("al"), what="bob's al to be refused")
+    assert "job id 'al' is the id of a job being started on a" in said
     assert team.record("al") is None and "bob got al" not in team.log("al")
     team.drop_as(BOB, "al.yaml", "command: [never closed\n")  # would hold the name in jobs/ for ever
     rejected = team.root / "state" / "rejected"
@@ -135,9 +134,7 @@ def test_a_members_unfinished_file_never_takes_the_name_of_a_held_job(team):
     assert team.as_user(ALICE, "submit", "--hold", "--id", "hq", "--", "id", "-un").returncode == 0
     wait_until(lambda: (team.root / "state" / "held" / "hq.yaml").exists(), what="hq held")
     team.drop_as(BOB, "hq.yaml", "command: [never closed\n")
-    wait_until(lambda: not (team.root / "jobs" / "hq.yaml").exists(), what="bob's unfinished hq.yaml refused")
-    error = next((team.root / "state" / "rejected").glob("hq*.error"))
-    assert f"job id 'hq' belongs to {ALICE}'s job" in error.read_text()
+    wait_until(lambda: f"job id 'hq' belongs to {ALICE}'s job" in team.refusals("hq"), what="bob's hq.yaml refused")
     released = team.as_user(ALICE, "release", "hq")
     assert released.returncode == 0, released.stderr
     final = wait_until(lambda: team.finished("hq"), timeout=60, what="alice's hq to run")
@@ -184,9 +181,8 @@ def test_a_members_file_under_a_preempted_jobs_name_never_loses_it(team):
     team.drop_as(ALICE, "low1.yaml", "command: sleep 5; id -un\ngpus: 1\npreemptible: true\nworkdir: /\n")
     wait_until(lambda: (team.record("low1") or {}).get("state") == "running", what="low1 to run")
     team.drop_as(BOB, "low1.yaml", "command: [never closed\n")
-    error = team.root / "state" / "rejected" / "low1.error"
-    wait_until(error.exists, what="bob's low1.yaml refused")
-    assert f"job id 'low1' belongs to {ALICE}'s job" in error.read_text(), error.read_text()
+    said = wait_until(lambda: team.refusals("low1"), what="bob's low1.yaml refused")
+    assert f"job id 'low1' belongs to {ALICE}'s job" in said, said
     team.drop_as(BOB, "urgent.yaml", "command: sleep 1\ngpus: 1\nworkdir: /\n")
     final = wait_until(lambda: team.finished("low1"), timeout=90, what="low1 to run again, to its end")
     assert (final["state"], final["attempt"], final["user"]) == ("done", 2, ALICE), final

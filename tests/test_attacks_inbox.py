@@ -88,11 +88,11 @@ def test_a_file_under_another_members_job_id_is_never_that_job(team):
     cancel = team.as_user(BOB, "cancel", "al-r2")
     assert cancel.returncode == 1 and f"belongs to {ALICE}" in cancel.stderr, cancel.stdout
     assert _state(team, "al-r2") == "running"
+    # Under her ended job's id, his unparsable file is refused at once (it blocked her retry).
     team.drop_as(BOB, "al-done.yaml", "command: [unterminated\n")
+    assert f"belongs to {ALICE}'s job" in wait_until(lambda: team.refusals("al-done"), what="bob's al-done refused")
     retry = team.as_user(ALICE, "retry", "al-done")
-    assert retry.returncode == 1 and "nothing was changed" in retry.stderr, retry.stderr
-    assert team.finished("al-done")["state"] == "done"  # not half done: still her finished record
-    assert not (team.root / "state" / "requeued" / "al-done.json").exists()
+    assert retry.returncode == 0 and "attempt 2" in retry.stdout, retry.stderr
     never = "command: sleep 60\ngpus: 1\ngpu_mem: 90GiB\nworkdir: /\n"  # pending: fits no GPU here
     team.drop_as(ALICE, "al-h1.yaml", never)
     wait_until(lambda: team.status()["pending"], what="al-h1 pending")
@@ -104,8 +104,7 @@ def test_a_file_under_another_members_job_id_is_never_that_job(team):
     team.drop_as(ALICE, "ay.yml", never)
     wait_until(lambda: any(j["id"] == "ay" for j in team.status()["pending"]), what="ay pending")
     team.drop_as(BOB, "ay.yaml", never)  # a second file for her id: refused, never her job
-    wait_until(lambda: (team.root / "state" / "rejected" / "ay.error").exists(), what="bob's duplicate refused")
-    assert "already has the id 'ay'" in (team.root / "state" / "rejected" / "ay.error").read_text()
+    assert "already has the id 'ay'" in wait_until(lambda: team.refusals("ay"), what="bob's duplicate refused")
     held = team.as_user(ALICE, "hold", "ay")
     assert held.returncode == 0, held.stderr
     assert os.stat(team.root / "state" / "held" / "ay.yaml").st_uid == team.users[ALICE].pw_uid
@@ -122,9 +121,7 @@ def test_a_spec_refused_for_another_members_id_is_never_retried_under_it(team):
     messages = []
     for job_id in ("al-run", "al-end"):
         team.drop_as(BOB, f"{job_id}.yaml", SLEEPER)
-        error = team.root / "state" / "rejected" / f"{job_id}.error"
-        wait_until(error.exists, what=f"bob's {job_id} refused")
-        text = error.read_text()
+        text = wait_until(lambda job_id=job_id: team.refusals(job_id), what=f"bob's {job_id} refused")
         assert "already used by an earlier job" in text and f"{job_id}-2.yaml" in text and "retry" not in text, text
         retry = team.as_user(BOB, "retry", job_id)
         assert retry.returncode == 1, retry.stdout
@@ -153,7 +150,8 @@ def test_a_refused_spec_of_another_suffix_never_takes_a_members_error_file(team)
     assert error.read_text() == hers
     assert "bogus_field" in team.as_user(ALICE, "show", "al").stdout
     bobs = [p for p in (team.root / "state" / "rejected").glob("al.*.error")]
-    assert len(bobs) == 1 and "not valid YAML" in bobs[0].read_text(), bobs
+    # Her refused spec holds the id for her (its retry puts it back under it): his is refused at once.
+    assert len(bobs) == 1 and f"job id 'al' belongs to {ALICE}'s job" in bobs[0].read_text(), bobs
 
 
 def test_a_group_id_and_a_members_id_cannot_be_squatted(team):
@@ -167,8 +165,7 @@ def test_a_group_id_and_a_members_id_cannot_be_squatted(team):
     data = json.loads(group.read_text())
     assert data["members"] == ["asw_x2"] and data["skipped"] == ["asw_x1"]
     team.drop_as(BOB, "asw.yaml", SLEEPER)
-    wait_until(lambda: (team.root / "state" / "rejected" / "asw.error").exists(), what="bob's spec refused")
-    assert "is the id of a sweep or array" in (team.root / "state" / "rejected" / "asw.error").read_text()
+    assert "is the id of a sweep or array" in wait_until(lambda: team.refusals("asw"), what="bob's spec refused")
 
 
 def test_a_flood_of_requests_never_stalls_the_heartbeat_and_others_go_first(team):

@@ -19,7 +19,7 @@ from gpuq.model.errors import SpecError
 from gpuq.model.record import RecordError
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
-from gpuq.spool.intake import read_spec_file, user_name
+from gpuq.spool.intake import held_for, keeper, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
     StateChange,
@@ -116,11 +116,18 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
             )
             return True, f"{job_id}: cancelling (running on {running.host}); its worker stops it"
         held = layout.held / f"{job_id}.yaml"
-        candidates = (
-            [(held, "held")] if os.path.lexists(held) else [(p, "pending") for p in pending_specs(layout, job_id)]
-        )
         refused = None
-        for spec_path, was in candidates:  # x.yaml and x.yml: the one the actor may cancel
+        if os.path.lexists(held):
+            candidates = [(held, "held")]
+        else:
+            files = pending_specs(layout, job_id)
+            # Of files under the id in jobs/, only the one that is the job: a member's file
+            # dropped under another's id, waiting for a pass to refuse it, is nobody's to cancel.
+            job = keeper(layout, job_id, files)
+            candidates = [(job, "pending")] if job is not None else []
+            if files and job is None and (holder := held_for(layout, job_id)) is not None:
+                refused = refusal(job_id, holder)
+        for spec_path, was in candidates:
             try:
                 if not actor.may_act_on(os.lstat(spec_path).st_uid):
                     refused = refused or refusal(job_id, os.lstat(spec_path).st_uid)

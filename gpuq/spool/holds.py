@@ -33,7 +33,7 @@ from gpuq.model.record import Record
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
 from gpuq.spool.ids import id_taken
-from gpuq.spool.intake import read_spec_file, user_name
+from gpuq.spool.intake import held_for, keeper, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
     StateChange,
@@ -97,13 +97,14 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     if has_record(layout, job_id):  # a file in jobs/ under a running or ended job's id is not that job
         _check_recorded_owner(layout, job_id, actor)
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held or edited)")
-    mine = [p for p in pending_specs(layout, job_id) if actor.may_act_on(os.lstat(p).st_uid)]
-    if not mine:
-        others = pending_specs(layout, job_id)
-        if others:
-            raise HoldError(refusal(job_id, os.lstat(others[0]).st_uid))
+    files = pending_specs(layout, job_id)
+    spec_path = keeper(layout, job_id, files)  # a member's file under another's id is not that job
+    if spec_path is None:
+        if files and (holder := held_for(layout, job_id)) is not None:
+            raise HoldError(refusal(job_id, holder))
         raise HoldError(f"{job_id}: not pending (only a job waiting in the queue can be held or edited)")
-    spec_path, dest = mine[0], held_spec(layout, job_id)
+    _check_owner(job_id, os.lstat(spec_path).st_uid, actor)
+    dest = held_spec(layout, job_id)
     before = os.lstat(spec_path)
     if not stat.S_ISREG(before.st_mode):
         raise HoldError(f"{job_id}: jobs/{spec_path.name} is not a plain file, so not a job")

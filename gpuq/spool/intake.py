@@ -26,7 +26,7 @@ from gpuq.model.jobs import PendingJob
 from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.spec import JobSpec, parse_spec_text
 from gpuq.spool.layout import Layout, job_id_for_spec_name
-from gpuq.spool.store import kept_place
+from gpuq.spool.store import claims_of, kept_place, read_record
 
 StatKey = tuple[int, int, int, int]  # mtime_ns, size, inode, links
 # A directory changed less than this long ago may change again within the same mtime tick.
@@ -95,19 +95,54 @@ def check_job_id(job_id: str, name: str) -> None:
         )
 
 
-def coming_back_for(layout: Layout, job_id: str) -> str | None:
-    """The user whose job is on its way back to jobs/ under this id (released, requeued,
-    retried: the place kept for it, or its last attempt kept in requeued/), if any. While it
-    is, a file of anyone else's under that id is not that job (spool/intake.py, arrivals)."""
-    try:
-        kept = read_json(layout.record(layout.places, job_id))
-        if isinstance(kept, dict) and type(kept.get("uid")) is int:
-            return user_name(kept["uid"])
-        previous = read_json(layout.record(layout.requeued, job_id))
-    except (OSError, ValueError):
-        return None
-    user = previous.get("user") if isinstance(previous, dict) else None
-    return user if isinstance(user, str) and user else None
+def held_for(layout: Layout, job_id: str, claims: list[Path] | None = None) -> int | None:
+    """The uid a job id is held for by what the worker keeps of that job: its record (running,
+    held or ended), a claim of it, its held spec, a place or an attempt kept for its way back,
+    or its refused spec in rejected/ (its retry puts it back under that id). While an id is
+    held, a file anyone else drops into jobs/ under it is not that job: intake refuses it, and
+    cancel and hold never act on it. `claims`: the id's claim files, where the caller has
+    listed them already."""
+    for directory in (layout.running, layout.held, layout.finished):
+        try:
+            record = read_record(layout.record(directory, job_id))
+        except (ValueError, OSError):  # damaged: the id is still taken (has_record), by nobody we can name
+            continue
+        if record is not None and record.uid >= 0:
+            return record.uid
+    kept = [
+        *(claims_of(layout, job_id) if claims is None else claims),
+        layout.held / f"{job_id}.yaml",
+        layout.rejected / f"{job_id}.yaml",
+        layout.rejected / f"{job_id}.yml",
+    ]
+    for path in kept:
+        try:
+            return os.lstat(path).st_uid
+        except FileNotFoundError:
+            continue
+    for directory in (layout.places, layout.requeued):  # on its way back: released, requeued, retried
+        try:
+            kept_for = read_json(layout.record(directory, job_id))
+        except (OSError, ValueError):
+            continue
+        if isinstance(kept_for, dict) and type(kept_for.get("uid")) is int and kept_for["uid"] >= 0:
+            return kept_for["uid"]
+    return None
+
+
+def keeper(layout: Layout, job_id: str, paths: list[Path]) -> Path | None:
+    """Of files in jobs/ under one id (x.yaml and x.yml), the one that is the job: the file of
+    the user the id is held for (held_for), else the one that landed first (by change time,
+    as a job's place in the queue is read). None: none is (the id is held for someone else)."""
+    found = []
+    for path in paths:
+        try:
+            found.append((os.lstat(path), path))
+        except FileNotFoundError:
+            continue
+    if found and (owner := held_for(layout, job_id)) is not None:
+        found = [(st, path) for st, path in found if st.st_uid == owner]
+    return min(found, key=lambda f: f[0].st_ctime_ns)[1] if found else None
 
 
 def parse_entry(layout: Layout, job_id: str, path: Path, st: os.stat_result, text: bytes) -> PendingJob:
@@ -189,19 +224,11 @@ class Intake:
             self.version += 1
 
     def _keeps_id(self, job_id: str, name: str, other: str) -> bool:
-        """Whether jobs/`name` rather than jobs/`other` keeps the id: the file of the user whose
-        job is on its way back under it (a put-back lands last, and a member's file waiting
-        there first must not take her id), else the one that landed first (by change time, as
-        a job's place in the queue is read); False when either cannot be looked at."""
-        try:
-            mine, theirs = os.lstat(f"{self.jobs_dir_str}/{name}"), os.lstat(f"{self.jobs_dir_str}/{other}")
-        except OSError:
-            return False
-        if (owner := coming_back_for(self.layout, job_id)) is not None:
-            ours, its = user_name(mine.st_uid) == owner, user_name(theirs.st_uid) == owner
-            if ours != its:
-                return ours
-        return mine.st_ctime_ns < theirs.st_ctime_ns
+        """Whether jobs/`name` rather than jobs/`other` keeps the id (`keeper`: a put-back lands
+        last, and a member's file waiting there first must not take her id); False when
+        either cannot be looked at."""
+        mine, theirs = self.layout.jobs / name, self.layout.jobs / other
+        return os.path.lexists(theirs) and keeper(self.layout, job_id, [mine, theirs]) == mine
 
     def _examine(self, job_id: str, name: str, known: Entry | None, now_mono: float) -> bool:
         """(Re)read one spec file if it changed. Returns whether the entry changed."""

@@ -19,8 +19,7 @@ from gpuq.model.names import JOB_ID_RE
 from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
-from gpuq.spool.holds import held_spec
-from gpuq.spool.intake import Entry, Intake, coming_back_for, user_name
+from gpuq.spool.intake import Entry, Intake, held_for, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import StateChange, all_claims, found_job, has_record
 from gpuq.spool.sweeps import expand_dropped_sweep, group_file
@@ -40,20 +39,20 @@ class Arrivals:
             self.reject(job_id, entry.path, str(entry.error))
         claimed: dict[str, list[tuple[str, str]]] | None = None  # listed once, and only if needed
         # A file that is not a spec yet waits to settle, unless its id is held for another
-        # user's job (claimed, or on its way back): it must not keep her job out of jobs/.
+        # user's job (spool/intake.py, held_for): it must not keep her job out of jobs/.
         for job_id in list(self.intake.unsettled()):
             entry = self.intake.entries[job_id]
             claimed = self._claims_by_id() if claimed is None else claimed
-            holder = self._held_for(job_id, claimed.get(job_id, []))
+            holder = held_for(self.layout, job_id, [self.layout.claims / name for name, _ in claimed.get(job_id, [])])
             try:
-                mine = holder is None or user_name(os.lstat(entry.path).st_uid) == holder
+                mine = holder is None or os.lstat(entry.path).st_uid == holder
             except OSError:
                 continue
             if not mine:
                 self.reject(
                     job_id,
                     entry.path,
-                    f"jobs/{entry.name}: job id '{job_id}' belongs to {holder}'s job (and this file is not "
+                    f"jobs/{entry.name}: job id '{job_id}' belongs to {user_name(holder)}'s job (and this file is not "
                     f"a valid spec yet). Fix: rename the file (e.g. {job_id}-2.yaml).",
                     retry_mends=False,
                 )
@@ -102,20 +101,10 @@ class Arrivals:
             by_id.setdefault(job_id, []).append((name, host))
         return by_id
 
-    def _held_for(self, job_id: str, claims: list[tuple[str, str]]) -> str | None:
-        """The user an id is held for: the owner of a claim of it, of a job held (`gpuq hold`,
-        `submit --hold`: its release puts it back under this name), or of one on its way back."""
-        for path in [self.layout.claims / name for name, _ in claims] + [held_spec(self.layout, job_id)]:
-            try:
-                return user_name(os.lstat(path).st_uid)
-            except FileNotFoundError:
-                continue
-        return coming_back_for(self.layout, job_id)
-
     def _id_taken(self, job_id: str, user: str, entry: Entry, claims: list[tuple[str, str]]) -> str | None:
         """Why a new spec may not have this id: an earlier job's, a group's, another spec's
         that a box has claimed (a box that died right after its claim keeps it until it is
-        back or forgotten), or another user's job on its way back to the queue."""
+        back or forgotten), or another user's (spool/intake.py, held_for: held, on its way back, refused)."""
         if has_record(self.layout, job_id):
             return "is already used by an earlier job"
         for name, host in claims:
@@ -126,9 +115,9 @@ class Arrivals:
                 continue
         if group_file(self.layout, job_id).exists():
             return "is the id of a sweep or array"
-        owner = coming_back_for(self.layout, job_id)
-        if owner is not None and owner != user:
-            return f"belongs to {owner}'s job, which waits to run again"
+        owner = held_for(self.layout, job_id, [])  # claims: looked at above
+        if owner is not None and user_name(owner) != user:
+            return f"belongs to {user_name(owner)}'s job"
         return None
 
     def expand_sweep(self, job_id: str, entry: Entry) -> None:
@@ -152,7 +141,12 @@ class Arrivals:
         )
         dest = self.layout.rejected / f"{stem}{suffix}"
         # The .error is named by the stem alone: x.yml refused beside x.yaml must not take its.
-        if any(os.path.lexists(self.layout.rejected / f"{stem}{s}") for s in (".yaml", ".yml", ".error")):
+        # And rejected/<id>.yaml is the id's own refused spec, which holds the id for its owner
+        # (spool/intake.py, held_for): a file refused for an id that is another job's never
+        # takes that name.
+        if not retry_mends or any(
+            os.path.lexists(self.layout.rejected / f"{stem}{s}") for s in (".yaml", ".yml", ".error")
+        ):
             dest = self.layout.rejected / f"{stem}.{int(wall_time())}.{os.urandom(3).hex()}{suffix}"
         try:
             os.rename(path, dest)
