@@ -83,7 +83,8 @@ def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], int]:
 
 def spec_text(job: TraceJob) -> str:
     mem = f"gpu_mem: {job.spec.gpu_mem_mib}MiB\n" if job.spec.gpu_mem_mib is not None else ""
-    return f"command: sleep {job.duration_s}\ngpus: {job.spec.gpus}\n{mem}"
+    compute = f"gpu_compute: {job.spec.gpu_compute_pct}%\n" if job.spec.gpu_compute_pct is not None else ""
+    return f"command: sleep {job.duration_s}\ngpus: {job.spec.gpus}\n{mem}{compute}"
 
 
 def real(root: Path, cut: list[TraceJob]) -> tuple[dict[str, float], int]:

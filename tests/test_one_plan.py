@@ -50,6 +50,25 @@ def test_small_jobs_on_an_idle_cluster_land_on_as_many_gpus(queue):
     assert len({(r["host"], r["gpus"][0]) for r in records}) == 4
 
 
+def test_jobs_that_declare_compute_shares_that_fit_share_one_gpu_of_an_idle_cluster(queue):
+    """Two jobs of 40% of a GPU's compute each (`gpu_compute`) slow nobody on one GPU: they
+    share it, and the other GPUs stay whole; a job that declares no share still takes its own."""
+    queue.start_worker("a", "4x16GiB")
+    until_go = f"command: while [ ! -e {queue.root}/go ]; do sleep 0.1; done\ngpus: 1\ngpu_mem: 4GiB\n"
+    queue.drop("own.yaml", until_go)
+    own = wait_until(lambda: queue.record("own"), timeout=30, what="the undeclared job to start")
+    for i in range(2):
+        queue.drop(f"part{i}.yaml", until_go + "gpu_compute: 40%\n")
+    parts = [wait_until(lambda i=i: queue.record(f"part{i}"), timeout=30, what=f"part{i} to start") for i in range(2)]
+    (queue.root / "go").touch()
+    assert len({(r["host"], r["gpus"][0]) for r in parts}) == 1, parts
+    assert parts[0]["gpus"] != own["gpus"]
+    assert all(
+        wait_until(lambda n=n: queue.finished(n), timeout=30, what=n)["state"] == "done"
+        for n in ("own", "part0", "part1")
+    )
+
+
 def test_one_pending_job_preempts_one_opportunistic_job_team_wide(queue):
     queue.write_config(idle_after_s=0.2)
     queue.start_worker("a", "1x80GiB")

@@ -195,6 +195,30 @@ def test_spread_then_pack_small_jobs_take_idle_gpus_before_sharing_one():
     assert len(set(starts(plan(small[:4], hosts, [], no_spread, 0)).values())) == 1  # the control
 
 
+def test_jobs_whose_declared_compute_fits_together_share_a_gpu_while_others_sit_idle():
+    """Spreading is against jobs slowing each other on one GPU. Jobs that declare their share of
+    compute (gpu_compute) and fit in one GPU's together slow nobody there: they share it, and the
+    empty GPUs stay whole for jobs that need one. A job that declares none may keep a GPU busy:
+    nobody joins it, and it joins nobody, while GPUs sit idle."""
+    hosts = [host("a", *(gpu(i) for i in range(4)))]
+
+    def share(job_id: str, pct: int | None, age: float) -> PendingJob:
+        j = job(job_id, mem_gib=4, age=age)
+        return replace(j, spec=replace(j.spec, gpu_compute_pct=pct))
+
+    fitting = [share("p40", 40, 0), share("q40", 40, 1), share("r20", 20, 2)]
+    assert set(starts(plan(fitting, hosts, [], CFG, 0)).values()) == {("a", (0,))}
+    # 40 + 70 is over one GPU's compute: the second takes an empty GPU, as any job would.
+    assert len(set(starts(plan([share("p40", 40, 0), share("q70", 70, 1)], hosts, [], CFG, 0)).values())) == 2
+    # A job that declares no share is not joined, and does not join one that did.
+    undeclared = [share("u", None, 0), share("p40", 40, 1), share("q", None, 2)]
+    assert len(set(starts(plan(undeclared, hosts, [], CFG, 0)).values())) == 3
+    # The same from running jobs, as a worker's records show them (RunningJob.of).
+    busy = [replace(running("r40", "a", (2,), 4), compute_pct=40), running("r", "a", (3,), 4)]
+    assert starts(plan([share("p60", 60, 0)], hosts, busy, CFG, 0)) == {"p60": ("a", (2,))}
+    assert starts(plan([share("p70", 70, 0)], hosts, busy, CFG, 0))["p70"][1][0] in (0, 1)
+
+
 def test_a_waiting_job_that_needs_whole_gpus_keeps_them_empty_while_small_ones_pack():
     hosts = [host("a", gpu(0), gpu(1))]
     busy = [running("r", "a", (0,), 10)]

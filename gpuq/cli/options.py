@@ -19,7 +19,7 @@ def add_limit_options(sp: argparse.ArgumentParser) -> None:
         "--gpu-compute",
         dest="gpu_compute",
         metavar="PCT",
-        help="with config gpu_sharing: mps, its share of the GPU's SMs (50%%; default its memory share)",
+        help="its share of the GPU's compute (50%%): jobs whose shares fit share a GPU; under MPS, its limit",
     )
     sp.add_argument("--cpus", "--cpus-per-task", dest="cpus", metavar="N", help="CPU cores it is pinned to")
     sp.add_argument("--mem", metavar="SIZE", help="host memory it may use (8GiB); stopped above it")

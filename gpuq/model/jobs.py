@@ -45,6 +45,7 @@ class RunningJob:
     started_at: float = 0.0
     stopping: bool = False  # told to stop: its memory is on its way out
     mps: bool = False  # an MPS client (model/sharing.py): its GPU serves only its user's
+    compute_pct: int | None = None  # its spec's gpu_compute; None: it may keep the whole GPU busy
 
     @property
     def rank(self) -> int:
@@ -66,6 +67,7 @@ class RunningJob:
             started_at=record.claimed_at or 0.0,
             stopping=stopping,
             mps=bool(getattr(record, "mps_pipe", None)),
+            compute_pct=spec.get("gpu_compute_pct"),
         )
 
 

@@ -30,9 +30,10 @@ FIELDS: dict[str, Field] = {
     ),
     "gpu_compute": Field(
         "percentage 1-100%",
-        "its memory share (gpu_mem / the GPU's memory)",
-        "Under config gpu_sharing: mps, the share of the GPU's compute (SMs) the job may use "
-        "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); needs gpu_mem. Without MPS it has no effect.",
+        "all of it (under MPS: its memory share, gpu_mem / the GPU's memory)",
+        "The share of the GPU's compute (SMs) the job keeps busy; needs gpu_mem. Jobs whose shares "
+        "fit in 100% together share a GPU even while others sit idle (they do not slow each other). "
+        "Under config gpu_sharing: mps it is also the job's limit (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE).",
         "50%",
     ),
     "priority": Field(

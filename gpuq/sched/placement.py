@@ -63,6 +63,7 @@ class Slot:
     booked_for: str | None = None  # a booking on now (spool/bookings.py): only its owner's jobs, and opportunistic ones
     booked_until: float = 0.0
     mps_users: set[str] = field(default_factory=set)  # users of the ordinary MPS jobs on it (model/sharing.py)
+    compute_room: int = 100  # percent of its compute its ordinary jobs leave, by their declared gpu_compute
     opp_mps_users: set[str] = field(default_factory=set)  # ... and of its opportunistic ones
 
     @property
@@ -126,6 +127,7 @@ def build_slots(
                     continue
                 charged += mib
                 slot.jobs += 1
+                slot.compute_room -= compute_of(job.compute_pct)
                 if job.mps:
                     slot.mps_users.add(job.user)
                 slot.blockers += mib
@@ -136,6 +138,11 @@ def build_slots(
             slot.others_clear = others <= reserve_mib
             slots.append(slot)
     return slots
+
+
+def compute_of(declared: int | None) -> int:
+    """The share of a GPU's compute a job may keep busy: its declared gpu_compute, or all of it."""
+    return 100 if declared is None else declared
 
 
 def need_mib(spec: "JobSpec", slot: Slot) -> int:
@@ -211,6 +218,7 @@ def take(
             s.mps_users.add(mps_user)
         need = need_mib(spec, s)
         s.free -= need
+        s.compute_room -= compute_of(spec.gpu_compute_pct)
         if hold != "soft":
             s.free_opportunistic -= need
         if hold is None:

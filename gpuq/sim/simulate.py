@@ -210,6 +210,7 @@ def replay(
                     priority_class=job.spec.priority_class,
                     started_at=now,
                     mps=s.job_id in mps,
+                    compute_pct=job.spec.gpu_compute_pct,
                 )
                 for i in s.gpus:
                     on_gpu[(s.host, i)].add(s.job_id)

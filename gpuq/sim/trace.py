@@ -143,7 +143,13 @@ def _job(row: dict, cluster: Cluster) -> TraceJob:
     else:
         mem_mib = None  # whole GPUs, exclusively
     spec = JobSpec(
-        command="(trace)", gpus=whole_gpus, gpu_mem_mib=mem_mib, priority_class=priority, preemptible=priority == "low"
+        command="(trace)",
+        gpus=whole_gpus,
+        gpu_mem_mib=mem_mib,
+        # A share of one GPU is a share of its compute (Alibaba's gpu_milli): the job declares it.
+        gpu_compute_pct=max(1, math.ceil(100 * share)) if gpus < 1 else None,
+        priority_class=priority,
+        preemptible=priority == "low",
     )
     util = float(util_text) if util_text else 100.0 * share
     return TraceJob(
