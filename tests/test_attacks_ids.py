@@ -1,7 +1,8 @@
-"""A member against the ids of another member's jobs (found by an attack review): a file bob
+"""A member against the ids of another member's jobs (found by two attack reviews): a file bob
 drops into jobs/ under the id of alice's job is not her job, whatever he does with it before
-a pass refuses it, and nothing of hers (pending, claimed, ended, refused) is his to take;
-and a sweep too big to write is refused before the worker writes any of it."""
+a pass refuses it, and nothing of hers (pending, claimed, ended, on its way back) is his to
+take, not even through a file of his refused under its id; and a sweep too big to write is
+refused before the worker writes any of it."""
 
 from __future__ import annotations
 
@@ -103,24 +104,35 @@ def test_a_members_unfinished_file_never_blocks_the_retry_of_an_ended_job(team):
     assert done.returncode == 0 and "attempt 2" in done.stdout, done.stdout + done.stderr
 
 
-def test_a_members_spec_never_takes_the_id_of_a_refused_spec(team):
-    """alice's ar.yaml was refused (a field misspelt); its .error told her to fix it there and
-    `gpuq retry ar`. bob dropped a valid ar.yaml meanwhile: it ran as `ar`, and her retry was
-    refused as his. A refused spec's id is held for its owner: his is refused, her retry runs."""
+def _refused_under(team, job_id: str) -> None:
+    """bob gets a file of his refused under `job_id` at the next pass (others may write it)."""
+    team.drop_as(BOB, f"{job_id}.yml", "command: id -un\ngpus: 0\nworkdir: /\n", mode=0o666)
+    wait_until(lambda: "can be changed by other users" in team.refusals(job_id), what=f"bob's {job_id}.yml refused")
+
+
+def test_a_refused_file_holds_no_id(team):
+    """A refused spec held its id for its owner for a while (so that no one took the id of
+    alice's refused spec): bob got a file refused under the id of her ended job, and her retry
+    was refused as his once her record moved aside; so were her released job and the members
+    of her array and sweep whose ids he had been refused under. A refused file holds no id."""
+    team.write_config(spec_settle_s=0.5)
     team.start_worker("a", "1x24GiB")
-    team.drop_as(ALICE, "ar.yaml", "command: id -un\ngpus: 0\nworkdir: /\nbogus_field: 1\n")
-    rejected = team.root / "state" / "rejected"
-    wait_until(lambda: (rejected / "ar.error").exists(), what="alice's ar refused")
-    team.drop_as(BOB, "ar.yaml", "command: id -un\ngpus: 0\nworkdir: /\n")
-    wait_until(lambda: f"job id 'ar' belongs to {ALICE}'s job" in team.refusals("ar"), what="bob's ar.yaml refused")
-    assert team.record("ar") is None, team.record("ar")
-    fixed = f"open({str(rejected / 'ar.yaml')!r}, 'w').write('command: id -un\\ngpus: 0\\nworkdir: /\\n')"
-    assert team.py_as(ALICE, fixed).returncode == 0
-    done = team.as_user(ALICE, "retry", "ar")
-    assert done.returncode == 0, done.stdout + done.stderr
-    final = wait_until(lambda: team.finished("ar"), timeout=60, what="alice's ar to run")
-    assert (final["state"], final["user"]) == ("done", ALICE)
-    assert team.log("ar").splitlines().count(ALICE) == 1
+    team.drop_as(ALICE, "x.yaml", "command: id -un\ngpus: 0\nworkdir: /\n")
+    wait_until(lambda: team.finished("x"), timeout=60, what="x to end")
+    _refused_under(team, "x")
+    retried = team.as_user(ALICE, "retry", "x")
+    assert retried.returncode == 0, retried.stderr
+    final = wait_until(lambda: (team.finished("x") or {}).get("attempt") == 2 and team.finished("x"), what="x again")
+    assert (final["state"], final["user"]) == ("done", ALICE), final
+    for member in ("arr_1", "sw_s2"):
+        _refused_under(team, member)
+    assert (
+        team.as_user(ALICE, "submit", "--id", "arr", "--array", "0-2", "--gpus", "0", "--", "id", "-un").returncode == 0
+    )
+    team.drop_as(ALICE, "sw.yaml", "command: 'echo {s}; id -un'\ngpus: 0\nworkdir: /\nsweep: {s: [1, 2]}\n")
+    for member in ("arr_0", "arr_1", "arr_2", "sw_s1", "sw_s2"):
+        done = wait_until(lambda m=member: team.finished(m), timeout=60, what=member)
+        assert (done["state"], done["user"]) == ("done", ALICE), done
 
 
 def test_a_sweep_too_big_to_write_is_refused_before_anything_is_written(team):

@@ -123,3 +123,26 @@ def test_the_next_job_starts_on_the_pass_after_one_ends_and_the_spool_is_clean(t
     assert left == [c for c in left if c.startswith("second")], left
     events = [json.loads(line) for line in (box.layout.events / "a.jsonl").read_text().splitlines()]
     assert [(e["job"], e["to"]) for e in events] == [("first", "running"), ("first", "done"), ("second", "running")]
+
+
+def test_many_sweeps_dropped_at_once_are_expanded_over_passes_and_never_run_unexpanded(tmp_path):
+    """An attack review dropped 24 arrays of 1,000 at once: one pass wrote all 24,000 members,
+    and the heartbeat stood still 44 s (100 such arrays would outlast lost_after_s). A pass
+    expands until 1,000 members are written; the rest wait, and are no job to plan meanwhile."""
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB")
+    for name in ("s1", "s2", "s3"):
+        box.drop(f"{name}.yaml", "command: echo $GPUQ_ARRAY_INDEX\ngpus: 0\narray: 0-599\n")
+    box.run_pass()
+    groups = box.layout.groups
+    expanded = {n for n in ("s1", "s2", "s3") if (groups / f"{n}.json").exists()}
+    assert len(expanded) == 2, expanded  # 600 + 600 written: the third waits
+    (left,) = {"s1", "s2", "s3"} - expanded
+    assert (box.root / "jobs" / f"{left}.yaml").exists() and left not in box.launched()
+    box.run_pass(after_s=1)
+    assert (groups / f"{left}.json").exists()
+    assert (
+        left not in box.launched()
+        and len(list((box.root / "jobs").glob(f"{left}_*.yaml")))
+        + sum(1 for j in box.launched() if j.startswith(f"{left}_"))
+        == 600
+    )

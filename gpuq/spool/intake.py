@@ -96,12 +96,13 @@ def check_job_id(job_id: str, name: str) -> None:
 
 
 def held_for(layout: Layout, job_id: str, claims: list[Path] | None = None) -> int | None:
-    """The uid a job id is held for by what the worker keeps of that job: its record (running,
-    held or ended), a claim of it, its held spec, a place or an attempt kept for its way back,
-    or its refused spec in rejected/ (its retry puts it back under that id). While an id is
-    held, a file anyone else drops into jobs/ under it is not that job: intake refuses it, and
-    cancel and hold never act on it. `claims`: the id's claim files, where the caller has
-    listed them already."""
+    """The uid a job id is held for by what the worker keeps of a job it accepted: its record
+    (running, held or ended), a claim of it, its held spec, or a place or an attempt kept for
+    its way back. While an id is held, a file anyone else drops into jobs/ under it is not
+    that job: intake refuses it, and cancel and hold never act on it. (Never a refused spec in
+    rejected/: any member can be refused under any free id, and such a hold would let him
+    take ids of others' jobs on their way back, or of sweep members to come.) `claims`: the
+    id's claim files, where the caller has listed them already."""
     for directory in (layout.running, layout.held, layout.finished):
         try:
             record = read_record(layout.record(directory, job_id))
@@ -109,13 +110,7 @@ def held_for(layout: Layout, job_id: str, claims: list[Path] | None = None) -> i
             continue
         if record is not None and record.uid >= 0:
             return record.uid
-    kept = [
-        *(claims_of(layout, job_id) if claims is None else claims),
-        layout.held / f"{job_id}.yaml",
-        layout.rejected / f"{job_id}.yaml",
-        layout.rejected / f"{job_id}.yml",
-    ]
-    for path in kept:
+    for path in [*(claims_of(layout, job_id) if claims is None else claims), layout.held / f"{job_id}.yaml"]:
         try:
             return os.lstat(path).st_uid
         except FileNotFoundError:
@@ -166,6 +161,7 @@ class Intake:
         # Kept apart so that a pass costs O(changes), not O(pending):
         self.failing: set[str] = set()  # ids whose file does not parse (yet)
         self.unchecked: set[str] = set()  # ids parsed since the worker last checked them
+        self.deferred: set[str] = set()  # ... of them, sweeps left to the next pass (check_later)
         self.version = 0  # bumped whenever the set of parsed jobs changes
         self._pending: tuple[int, list[PendingJob]] = (-1, [])
         self.scanned_at = float("-inf")
@@ -307,7 +303,10 @@ class Intake:
         """The parsed pending jobs: a pass asks several times, and with thousands waiting a
         list built anew each time costs; it changes only with `version`."""
         if self._pending[0] != self.version:
-            self._pending = (self.version, [e.job for e in self.entries.values() if e.job is not None])
+            self._pending = (
+                self.version,
+                [e.job for i, e in self.entries.items() if e.job is not None and i not in self.deferred],
+            )
         return self._pending[1]
 
     def settled_errors(self, now_mono: float, settle_s: float) -> list[tuple[str, Entry]]:
@@ -321,10 +320,21 @@ class Intake:
     def unsettled(self) -> dict[str, SpecError]:
         return {i: self.entries[i].error for i in self.failing}  # type: ignore[misc]
 
+    def check_later(self, job_id: str) -> None:
+        """Back among the unchecked, for the worker's next pass; not pending meanwhile (a sweep
+        not yet expanded is no job to plan)."""
+        if job_id in self.entries:
+            self.unchecked.add(job_id)
+            self.deferred.add(job_id)
+            self.version += 1
+
     def take_unchecked(self) -> list[Entry]:
         """Parsed specs the worker has not yet checked (once per version of each file)."""
         taken = [self.entries[i] for i in self.unchecked]
         self.unchecked.clear()
+        if self.deferred:
+            self.deferred.clear()
+            self.version += 1
         return taken
 
     # --- the shared cache ---------------------------------------------------------------

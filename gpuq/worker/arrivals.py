@@ -25,6 +25,9 @@ from gpuq.spool.store import StateChange, all_claims, found_job, has_record
 from gpuq.spool.sweeps import expand_dropped_sweep, group_file
 
 log = logging.getLogger("gpuq.worker")
+# Sweeps and arrays expanded in one pass stop once this many members were written (one whole
+# sweep always goes): 24 arrays of 1,000 dropped at once held a pass, and the heartbeat, 44 s.
+MEMBERS_PER_PASS = 1000
 
 
 class Arrivals:
@@ -72,8 +75,13 @@ class Arrivals:
                 forget=False,
                 retry_mends=False,
             )
+        expanded = 0  # sweep and array members written this pass
         for entry in self.intake.take_unchecked():
             job_id = entry.job.id  # type: ignore[union-attr]
+            sweep = entry.job.spec.array or (entry.job.spec.sweep and self.expand_sweeps)  # type: ignore[union-attr]
+            if sweep and expanded >= MEMBERS_PER_PASS:
+                self.intake.check_later(job_id)  # the next pass: the heartbeat must not wait on them all
+                continue
             if claimed is None:
                 claimed = self._claims_by_id()
             taken = self._id_taken(job_id, entry.job.user, entry, claimed.get(job_id, []))  # type: ignore[union-attr]
@@ -91,8 +99,8 @@ class Arrivals:
                     ),
                     retry_mends=False,
                 )
-            elif entry.job.spec.array or (entry.job.spec.sweep and self.expand_sweeps):  # type: ignore[union-attr]
-                self.expand_sweep(job_id, entry)
+            elif sweep:
+                expanded += self.expand_sweep(job_id, entry)
 
     def _claims_by_id(self) -> dict[str, list[tuple[str, str]]]:
         """Job id -> (claim file name, host that claimed it), for every claim in state/claims/."""
@@ -104,7 +112,7 @@ class Arrivals:
     def _id_taken(self, job_id: str, user: str, entry: Entry, claims: list[tuple[str, str]]) -> str | None:
         """Why a new spec may not have this id: an earlier job's, a group's, another spec's
         that a box has claimed (a box that died right after its claim keeps it until it is
-        back or forgotten), or another user's (spool/intake.py, held_for: held, on its way back, refused)."""
+        back or forgotten), or another user's (spool/intake.py, held_for: held, on its way back)."""
         if has_record(self.layout, job_id):
             return "is already used by an earlier job"
         for name, host in claims:
@@ -120,15 +128,17 @@ class Arrivals:
             return f"belongs to {user_name(owner)}'s job"
         return None
 
-    def expand_sweep(self, job_id: str, entry: Entry) -> None:
+    def expand_sweep(self, job_id: str, entry: Entry) -> int:
+        """Its members into jobs/; how many were written."""
         try:
             members = expand_dropped_sweep(self.layout, entry.path, job_id, load_yaml(entry.text, f"jobs/{entry.name}"))
         except (GroupError, SpecError) as e:
             self.reject(job_id, entry.path, f"jobs/{entry.name}: {e}")
-            return
+            return 0
         self.intake.forget(job_id)
         if members:
             log.info("sweep %s: %d jobs", job_id, len(members))
+        return len(members or ())
 
     def reject(self, job_id: str, path: Path, message: str, forget: bool = True, retry_mends: bool = True) -> None:
         """`retry_mends`: whether `gpuq retry` could ever put this spec back (never for an id that
@@ -141,9 +151,8 @@ class Arrivals:
         )
         dest = self.layout.rejected / f"{stem}{suffix}"
         # The .error is named by the stem alone: x.yml refused beside x.yaml must not take its.
-        # And rejected/<id>.yaml is the id's own refused spec, which holds the id for its owner
-        # (spool/intake.py, held_for): a file refused for an id that is another job's never
-        # takes that name.
+        # And rejected/<id>.yaml is the id's own refused spec, which `gpuq retry <id>` puts
+        # back: a file refused for an id that is another job's never takes that name.
         if not retry_mends or any(
             os.path.lexists(self.layout.rejected / f"{stem}{s}") for s in (".yaml", ".yml", ".error")
         ):
