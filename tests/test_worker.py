@@ -233,13 +233,7 @@ def test_a_reused_id_is_refused_not_overwritten(queue):
     queue.drop("same.yaml", "command: echo one\ngpus: 0\n")
     wait_until(lambda: queue.finished("same"), what="first run")
     queue.drop("same.yaml", "command: echo two\ngpus: 0\n")
-    error = wait_until(
-        lambda: (
-            (queue.root / "state/rejected/same.error").exists()
-            and (queue.root / "state/rejected/same.error").read_text()
-        ),
-        what="rejection",
-    )
+    error = wait_until(lambda: queue.refusals("same"), what="rejection")  # under a name of its own
     assert "already used" in error and "same-2.yaml" in error
     assert "one" in queue.log("same") and "two" not in queue.log("same")
 
