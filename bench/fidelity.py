@@ -55,17 +55,20 @@ def scaled_cut(trace: Path, jobs: int, load: float) -> list[TraceJob]:
     ]
 
 
-def shared_jobs(placed: list[tuple[str, str, tuple[int, ...], float, float]]) -> int:
-    """How many jobs ran beside another job on one of their GPUs at some moment."""
-    shared = set()
+Placed = list[tuple[str, str, tuple[int, ...], float, float]]  # job, host, GPUs, start, end
+
+
+def shared_jobs(placed: Placed) -> set[str]:
+    """The jobs that ran beside another job on one of their GPUs at some moment."""
+    shared: set[str] = set()
     for a in placed:
         for b in placed:
             if a[0] < b[0] and a[1] == b[1] and set(a[2]) & set(b[2]) and a[3] < b[4] and b[3] < a[4]:
                 shared.update((a[0], b[0]))
-    return len(shared)
+    return shared
 
 
-def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], int]:
+def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], Placed]:
     """The simulator with the very config the real workers read."""
     decide = plan_policy(config)
     starts: dict[str, tuple[str, tuple[int, ...], float]] = {}
@@ -78,7 +81,7 @@ def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], int]:
 
     out = replay(cut, parse_cluster(CLUSTER), recording, config.grace_s)
     placed = [(j, h, g, t, out.ends[j]) for j, (h, g, t) in starts.items()]
-    return dict(out.waits), shared_jobs(placed)
+    return dict(out.waits), placed
 
 
 def spec_text(job: TraceJob) -> str:
@@ -87,7 +90,7 @@ def spec_text(job: TraceJob) -> str:
     return f"command: sleep {job.duration_s}\ngpus: {job.spec.gpus}\n{mem}{compute}"
 
 
-def real(root: Path, cut: list[TraceJob]) -> tuple[dict[str, float], int]:
+def real(root: Path, cut: list[TraceJob]) -> tuple[dict[str, float], Placed]:
     workers = [
         subprocess.Popen(
             [PY, str(REPO / "worker.py"), "--root", str(root), "--host", box, "--fake-gpus", "2x32GiB", "--foreground"],
@@ -129,7 +132,8 @@ def real(root: Path, cut: list[TraceJob]) -> tuple[dict[str, float], int]:
         r = json.loads(path.read_text())
         waits[job.id] = r["claimed_at"] - dropped[job.id]
         placed.append((job.id, r["host"], tuple(r["gpus"]), r["claimed_at"], r["ended_at"]))
-    return waits, shared_jobs(placed)
+    start = min((p[3] - waits[p[0]] for p in placed), default=0.0)  # the first drop: the trace's 0
+    return waits, [(j, h, g, t - start, e - start) for j, h, g, t, e in placed]
 
 
 def main() -> None:
@@ -145,8 +149,9 @@ def main() -> None:
         f"fidelity: {len(cut)} Alibaba jobs, durations 2-30 s, arriving over {cut[-1].submit_s:.0f} s, "
         f"on {CLUSTER} (3 real workers, fake GPUs)"
     )
-    sim_waits, sim_shared = simulated(cut, config)
-    real_waits, real_shared = real(root, cut)
+    sim_waits, sim_placed = simulated(cut, config)
+    real_waits, real_placed = real(root, cut)
+    sim_shared, real_shared = len(shared_jobs(sim_placed)), len(shared_jobs(real_placed))
     both = [j.id for j in cut if j.id in real_waits and j.id in sim_waits]
     sim_mean = statistics.fmean(sim_waits[j] for j in both)
     real_mean = statistics.fmean(real_waits[j] for j in both)
@@ -167,6 +172,11 @@ def main() -> None:
         f"  [{'met' if real_shared == sim_shared else 'MISSED'}] the same GPU sharing "
         f"({real_shared} against {sim_shared} jobs)"
     )
+    for job_id in sorted(shared_jobs(sim_placed) ^ shared_jobs(real_placed)):  # where they differ, and why
+        for side, placed in (("real", real_placed), ("simulated", sim_placed)):
+            here = next((p for p in placed if p[0] == job_id), None)
+            if here is not None:
+                print(f"    {job_id} {side:9s} {here[1]}:{list(here[2])} {here[3]:8.2f}-{here[4]:8.2f} s")
     remove_root(root, *BOXES)
 
 
