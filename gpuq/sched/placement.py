@@ -63,8 +63,8 @@ class Slot:
     booked_for: str | None = None  # a booking on now (spool/bookings.py): only its owner's jobs, and opportunistic ones
     booked_until: float = 0.0
     mps_users: set[str] = field(default_factory=set)  # users of the ordinary MPS jobs on it (model/sharing.py)
-    compute_room: int = 100  # percent of its compute its ordinary jobs leave, by their declared gpu_compute
     opp_mps_users: set[str] = field(default_factory=set)  # ... and of its opportunistic ones
+    compute_room: int = 100  # percent of its compute its ordinary jobs leave, by their declared gpu_compute
 
     @property
     def label(self) -> str:

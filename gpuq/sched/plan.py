@@ -291,15 +291,14 @@ class _Pass:
         # Spreading is for time-sliced GPUs, where jobs that share one slow each other; an MPS
         # job runs on its compute share alone or not (model/sharing.py), so MPS jobs pack.
         if self.config.spread and not choice and not mps_user:
-            # A job that declares its share of compute (gpu_compute) joins a GPU whose jobs'
-            # declared shares leave room for it: neither slows the other, and it keeps an
-            # empty GPU whole for jobs that need one.
+            # A job that declares its share of compute (gpu_compute) first joins a GPU whose
+            # jobs' declared shares leave room for it: neither slows the other, and it keeps
+            # an empty GPU whole for jobs that need one.
             beside = [s for s in mine if not s.ordinary_empty and s.compute_room >= compute_of(spec.gpu_compute_pct)]
             choice = beside and placement.best_fit(
                 spec, beside, self.config.max_jobs_per_gpu, fragmentation_aware=self.config.fragmentation_aware
             )
-        if self.config.spread and not choice and not mps_user:
-            spare = self._spare_for_spreading(mine)
+            spare = [] if choice else self._spare_for_spreading(mine)
             # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
             if spare and not self.demand_over(len(spare) - spec.gpus + own):
                 choice = placement.best_fit(

@@ -95,15 +95,16 @@ def check_job_id(job_id: str, name: str) -> None:
         )
 
 
-def held_for(layout: Layout, job_id: str, claims: list[Path] | None = None) -> int | None:
+def held_for(layout: Layout, job_id: str, claims: list[Path] | None = None, records: bool = True) -> int | None:
     """The uid a job id is held for by what the worker keeps of a job it accepted: its record
     (running, held or ended), a claim of it, its held spec, or a place or an attempt kept for
     its way back. While an id is held, a file anyone else drops into jobs/ under it is not
     that job: intake refuses it, and cancel and hold never act on it. (Never a refused spec in
     rejected/: any member can be refused under any free id, and such a hold would let him
     take ids of others' jobs on their way back, or of sweep members to come.) `claims`: the
-    id's claim files, where the caller has listed them already."""
-    for directory in (layout.running, layout.held, layout.finished):
+    id's claim files, where the caller has listed them already; `records=False`: the caller
+    knows the id has none (one look at them is enough on the intake's path)."""
+    for directory in (layout.running, layout.held, layout.finished) if records else ():
         try:
             record = read_record(layout.record(directory, job_id))
         except (ValueError, OSError):  # damaged: the id is still taken (has_record), by nobody we can name

@@ -123,7 +123,7 @@ class Arrivals:
                 continue
         if group_file(self.layout, job_id).exists():
             return "is the id of a sweep or array"
-        owner = held_for(self.layout, job_id, [])  # claims: looked at above
+        owner = held_for(self.layout, job_id, [], records=False)  # claims and records: looked at above
         if owner is not None and user_name(owner) != user:
             return f"belongs to {user_name(owner)}'s job"
         return None
