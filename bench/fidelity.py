@@ -29,6 +29,7 @@ from _common import PY, REPO, clean_env, make_root, remove_root
 sys.path.insert(0, str(REPO))
 
 from gpuq.model.config import load as load_config  # noqa: E402
+from gpuq.model.passes import PassTiming  # noqa: E402
 from gpuq.sim.simulate import plan_policy, replay  # noqa: E402
 from gpuq.sim.trace import TraceJob, load_trace, parse_cluster  # noqa: E402
 
@@ -68,6 +69,24 @@ def shared_jobs(placed: Placed) -> set[str]:
     return shared
 
 
+SAME_MOMENT_S = 0.5
+
+
+def same_starts(real_placed: Placed, sim_placed: Placed) -> tuple[int, tuple[str, float] | None]:
+    """How many jobs started on the same box and GPUs within SAME_MOMENT_S on both sides, and
+    the first job (in simulated start order) that did not, with its simulated start."""
+    real_at = {p[0]: p for p in real_placed}
+    same, parted = 0, None
+    for job, host, gpus, start, _ in sorted(sim_placed, key=lambda p: p[3]):
+        r = real_at.get(job)
+        box = BOXES[int(host.removeprefix("h"))]  # the replay's h0, h1, h2 are box0, box1, box2
+        if r is not None and (r[1], r[2]) == (box, gpus) and abs(r[3] - start) <= SAME_MOMENT_S:
+            same += 1
+        elif parted is None:
+            parted = (job, start)
+    return same, parted
+
+
 def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], Placed]:
     """The simulator with the very config the real workers read."""
     decide = plan_policy(config)
@@ -79,7 +98,9 @@ def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], Placed]:
             starts.setdefault(s.job_id, (s.host, s.gpus, now))
         return got, preempts
 
-    out = replay(cut, parse_cluster(CLUSTER), recording, config.grace_s)
+    out = replay(
+        cut, parse_cluster(CLUSTER), recording, config.grace_s, config=config, timing=PassTiming(config.poll_interval)
+    )
     placed = [(j, h, g, t, out.ends[j]) for j, (h, g, t) in starts.items()]
     return dict(out.waits), placed
 
@@ -171,6 +192,11 @@ def main() -> None:
     print(
         f"  [{'met' if real_shared == sim_shared else 'MISSED'}] the same GPU sharing "
         f"({real_shared} against {sim_shared} jobs)"
+    )
+    same, parted = same_starts(real_placed, sim_placed)
+    print(
+        f"  starts at the same place and moment (box, GPUs, within {SAME_MOMENT_S} s): {same} of {len(cut)}"
+        + (f"; the first to differ: {parted[0]} at {parted[1]:.1f} s" if parted else "")
     )
     for job_id in sorted(shared_jobs(sim_placed) ^ shared_jobs(real_placed)):  # where they differ, and why
         for side, placed in (("real", real_placed), ("simulated", sim_placed)):

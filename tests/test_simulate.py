@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import PY, REPO
 
+from gpuq.model.passes import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WATCH_EVERY_S, PassTiming
 from gpuq.sim.simreport import SIM_CONFIG, figures, run_policy
 from gpuq.sim.trace import TraceError, is_marked_low, load_trace, mark_low, parse_cluster
 
@@ -79,6 +81,26 @@ def test_a_low_job_yields_after_the_grace_and_restarts_from_the_beginning(tmp_pa
     assert out["waits"]["hi"] == grace and out["ends"]["hi"] == 10 + grace + 5
     assert out["ends"]["lo"] == 10 + grace + 5 + 100  # back in when hi ended, from scratch
     assert out["wait_mean_by_priority"] == {"low": 10 + grace + 5, "normal": grace}
+
+
+def test_the_pass_timing_is_the_workers_wake_rules():
+    timing = PassTiming(poll_s=1.0)
+    assert timing.reads_drop(-math.inf, 7.0) == 7.0  # no pass yet: the first one reads it
+    assert timing.reads_drop(10.0, 10.1) == 10.0 + JOBS_WATCH_GAP_S  # jobs/ waits out the gap
+    assert timing.reads_drop(10.0, 10.62) == pytest.approx(10.0 + 13 * WATCH_EVERY_S)  # the watch's next look
+    assert timing.reads_drop(10.0, 13.3) == 13.0 + JOBS_WATCH_GAP_S  # idle, it passed at 11, 12 and 13
+    assert timing.reads_drop(10.0, 9.0) == 10.0 + JOBS_WATCH_GAP_S  # that pass (a job's end) did not read jobs/
+    assert PassTiming.end_reads_jobs(10.0, 10.01 + EXIT_WAKE_SCAN_GAP_S)
+    assert not PassTiming.end_reads_jobs(10.0, 10.1)
+
+
+def test_a_dropped_job_starts_when_a_worker_pass_reads_it(tmp_path):
+    rows = ("a,0,10,1,,,u,", "b,0.2,100,1,,,u,", "c,10.1,100,1,,,u,", "d,13.33,100,1,,,u,")
+    waits = replay(tmp_path, "1x4x32GiB", "gpuq", *rows)["waits"]
+    assert waits["a"] == 0  # the first pass reads it
+    assert waits["b"] == pytest.approx(JOBS_WATCH_GAP_S - 0.2)  # a's pass began at 0
+    assert waits["c"] == pytest.approx(JOBS_WATCH_GAP_S - 0.1)  # a's end woke the box at 10
+    assert waits["d"] == pytest.approx(13.35 - 13.33)  # c's pass at 10.5, then polls at 11.5, 12.5; the watch at 13.35
 
 
 def test_mark_low_is_a_stable_rule_and_without_low_drops_the_same_jobs(tmp_path):

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from gpuq.model.passes import WATCH_EVERY_S
+
 
 def fifo_path(local_dir: Path) -> Path:
     return local_dir / "wake"
@@ -83,9 +85,6 @@ class WakeFifo:
         except BlockingIOError:
             pass
         return reasons
-
-
-WATCH_EVERY_S = 0.05
 
 
 def mtime_ns(path: Path) -> int | None:

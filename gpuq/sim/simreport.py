@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpuq.model.config import Config
+from gpuq.model.passes import PassTiming
 from gpuq.sim.simulate import Outcome, fifo_exclusive, plan_policy, replay
 from gpuq.sim.trace import Cluster, TraceJob
 
@@ -24,16 +25,19 @@ POLICY_HELP = {
 
 
 def run_policy(name: str, jobs: list[TraceJob], cluster: Cluster, config: Config) -> Outcome:
+    """Each policy runs as the workers would run it: a box passes at the moments its wake
+    rules give (model/passes.py), with the config's poll interval."""
+    timing = PassTiming(config.poll_interval)
     if name == "gpuq":
-        return replay(jobs, cluster, plan_policy(config), config.grace_s, config=config)
+        return replay(jobs, cluster, plan_policy(config), config.grace_s, config=config, timing=timing)
     if name == "pack-bestfit":
         baseline = replace(
             config, fair_share=False, reservations=False, preemption=False, fragmentation_aware=False, spread=False
         )
         flat = [replace(j, spec=replace(j.spec, priority_class="normal", priority=0, preemptible=False)) for j in jobs]
-        return replay(flat, cluster, plan_policy(baseline), config.grace_s, config=baseline)
+        return replay(flat, cluster, plan_policy(baseline), config.grace_s, config=baseline, timing=timing)
     if name == "fifo-exclusive":
-        return replay(jobs, cluster, fifo_exclusive, config.grace_s, exclusive=True)
+        return replay(jobs, cluster, fifo_exclusive, config.grace_s, exclusive=True, timing=timing)
     raise ValueError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}")
 
 

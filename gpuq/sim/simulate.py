@@ -1,9 +1,11 @@
 """`gpuq simulate`: replay a job trace on a virtual clock through the real `plan`.
 
-At every arrival and every end (the moments a worker's pass wakes up for), the pending and
-running jobs and the simulated GPUs go to `plan` exactly as a worker would pass them, box by
-box: each box acts on its own part of the team's plan (the box an end woke first; a box with
-starts for another pokes it, and that one plans again after the first one's starts). Its
+Boxes pass at the moments the workers' wake rules give (model/passes.py): a job's end wakes
+its box at once; a dropped job is read by the first box whose pass reads jobs/ (no sooner than
+half a second after that box's last pass began, so most drops wait a little). At each pass the
+pending jobs that box has read, the running jobs and the simulated GPUs go to `plan` exactly as
+a worker would pass them: the box acts on its own part of the team's plan, and a box with
+starts for another pokes it, and that one plans again after the first one's starts. Its
 starts start, its preemptions stop jobs (each runs on for its grace, then frees its memory
 and goes back to the queue at its old place, to restart from the beginning). No decision
 uses a job's true duration: only the clock moves by it.
@@ -21,12 +23,14 @@ is its utilization x its compute share. MPS clients of different users never sha
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, Start
+from gpuq.model.passes import PassTiming
 from gpuq.model.sharing import compute_pct, uses_mps
 from gpuq.sched.plan import plan
 from gpuq.sim.trace import Cluster, TraceJob
@@ -100,130 +104,217 @@ def replay(
     grace_s: float,
     exclusive: bool = False,
     config: Config | None = None,
+    timing: PassTiming | None = None,
 ) -> Outcome:
     """Run the trace to its end; `exclusive`: every job holds its GPUs whole (fifo-exclusive);
-    `config`: how jobs share a GPU (gpu_sharing), as the planner's config says."""
-    hosts = [
-        HostView(
-            f"h{h}",
-            tuple(GpuSnapshot(i, f"GPU-h{h}-{i}", "sim", cluster.mem_mib, 0) for i in range(cluster.gpus_per_host)),
-            0,
-        )
-        for h in range(cluster.hosts)
-    ]
-    by_id = {j.id: j for j in jobs}
-    out = Outcome(
-        first_submit=jobs[0].submit_s, last_submit=jobs[-1].submit_s, gpus=cluster.hosts * cluster.gpus_per_host
-    )
-    pending: dict[str, PendingJob] = {}
-    runs: dict[str, _Run] = {}
-    views: dict[str, RunningJob] = {}
-    on_gpu: dict[tuple[str, int], set[str]] = {(h.name, g.index): set() for h in hosts for g in h.gpus}
-    mps = {j.id for j in jobs if config is not None and not exclusive and uses_mps(j.spec, config)}
-    util = {j.id: (100.0 if exclusive else j.util) for j in jobs}
-    load_of = {j.id: util[j.id] * (compute_pct(j.spec, cluster.mem_mib) / 100 if j.id in mps else 1.0) for j in jobs}
-    ends: list[tuple[float, int, str, int]] = []  # (time, tiebreak, job id, version)
-    seq = 0
-    next_arrival = 0
-    now = jobs[0].submit_s
+    `config`: how jobs share a GPU (gpu_sharing), as the planner's config says; `timing`: the
+    moments the workers' passes run (model/passes.py), or None: every box passes at each event."""
+    return _Replay(jobs, cluster, decide, grace_s, exclusive, config, timing).run()
 
-    def set_rates(gpu_keys: set[tuple[str, int]], t: float) -> None:
-        nonlocal seq
-        touched = {jid for key in gpu_keys for jid in on_gpu[key]}
-        for jid in touched:
-            run = runs[jid]
-            load = max(sum(load_of[o] for o in on_gpu[(run.host, i)]) for i in run.gpus)
+
+class _Replay:
+    """The virtual cluster and clock of one replay."""
+
+    def __init__(
+        self,
+        jobs: list[TraceJob],
+        cluster: Cluster,
+        decide: Planner,
+        grace_s: float,
+        exclusive: bool,
+        config: Config | None,
+        timing: PassTiming | None,
+    ) -> None:
+        self.jobs, self.decide, self.grace_s, self.timing = jobs, decide, grace_s, timing
+        self.hosts = [
+            HostView(
+                f"h{h}",
+                tuple(GpuSnapshot(i, f"GPU-h{h}-{i}", "sim", cluster.mem_mib, 0) for i in range(cluster.gpus_per_host)),
+                0,
+            )
+            for h in range(cluster.hosts)
+        ]
+        self.names = [h.name for h in self.hosts]
+        self.by_id = {j.id: j for j in jobs}
+        self.out = Outcome(
+            first_submit=jobs[0].submit_s, last_submit=jobs[-1].submit_s, gpus=cluster.hosts * cluster.gpus_per_host
+        )
+        self.pending: dict[str, PendingJob] = {}
+        self.runs: dict[str, _Run] = {}
+        self.views: dict[str, RunningJob] = {}
+        self.on_gpu: dict[tuple[str, int], set[str]] = {(h.name, g.index): set() for h in self.hosts for g in h.gpus}
+        self.mps = {j.id for j in jobs if config is not None and not exclusive and uses_mps(j.spec, config)}
+        util = {j.id: (100.0 if exclusive else j.util) for j in jobs}
+        self.load_of = {
+            j.id: util[j.id] * (compute_pct(j.spec, cluster.mem_mib) / 100 if j.id in self.mps else 1.0) for j in jobs
+        }
+        self.ends: list[tuple[float, int, str, int]] = []  # (time, tiebreak, job id, version)
+        self.seq = 0
+        self.next_arrival = 0
+        self.now = jobs[0].submit_s
+        # When each box last passed and last read jobs/ (timing), and the jobs dropped that no
+        # box has read yet. Without timing every box passes at every event and sees every job.
+        self.last_pass = {h: -math.inf for h in self.names}
+        self.last_read = dict(self.last_pass)
+        self.unseen: list[TraceJob] = []
+        self.seen_at: dict[str, float] = {}  # job id -> when a box first read it
+
+    def run(self) -> Outcome:
+        while self.next_arrival < len(self.jobs) or self.runs or self.unseen:
+            t_read, reader = self._next_read()
+            t = min(self._next_arrival(), self._next_end(), t_read)
+            _integrate(self.out, self.on_gpu, bool(self.pending or self.unseen), self.now, t)
+            self.now = t
+            freed = self._end_due()
+            self._arrive()
+            self.out.peak_queue = max(self.out.peak_queue, len(self.pending) + len(self.unseen))
+            if freed:
+                self._set_rates(freed)
+            if self.pending or self.unseen or freed:
+                self._passes(self._due({h for h, _ in freed}, reader if t_read <= t else ""))
+        return self.out
+
+    def _next_arrival(self) -> float:
+        return self.jobs[self.next_arrival].submit_s if self.next_arrival < len(self.jobs) else math.inf
+
+    def _next_end(self) -> float:
+        ends, runs = self.ends, self.runs
+        while ends and (ends[0][2] not in runs or runs[ends[0][2]].version != ends[0][3]):
+            heapq.heappop(ends)  # superseded by a rate change or a preemption
+        return ends[0][0] if ends else math.inf
+
+    def _next_read(self) -> tuple[float, str]:
+        """When, and by which box, the earliest drop no box has read yet is read."""
+        if not self.unseen or self.timing is None:
+            return math.inf, ""
+        first = self.unseen[0].submit_s
+        return min((self.timing.reads_drop(self.last_pass[h], first), h) for h in self.names)
+
+    def _end_due(self) -> set[tuple[str, int]]:
+        """Jobs whose end has come leave their GPUs; a preempted one goes back to its old
+        place in the queue, to start over. The GPUs freed."""
+        freed: set[tuple[str, int]] = set()
+        while self.ends and self.ends[0][0] <= self.now:
+            _, _, jid, version = heapq.heappop(self.ends)
+            run = self.runs.get(jid)
+            if run is None or run.version != version:
+                continue
+            del self.runs[jid], self.views[jid]
+            for i in run.gpus:
+                self.on_gpu[(run.host, i)].discard(jid)
+                freed.add((run.host, i))
+            if run.stop_at is not None:
+                job = self.by_id[jid]
+                self.pending[jid] = PendingJob(jid, job.user, job.spec, job.submit_s)
+            else:
+                self.out.ends[jid] = self.now
+        return freed
+
+    def _arrive(self) -> None:
+        while self.next_arrival < len(self.jobs) and self.jobs[self.next_arrival].submit_s <= self.now:
+            job = self.jobs[self.next_arrival]
+            if self.timing is None:
+                self.pending[job.id] = PendingJob(job.id, job.user, job.spec, job.submit_s)
+            else:
+                self.unseen.append(job)
+            self.next_arrival += 1
+
+    def _due(self, woken: set[str], reader: str) -> list[tuple[str, bool]]:
+        """The boxes that pass now, in turn, and whether each reads jobs/. A job's end wakes
+        its box at once (it reads jobs/ unless it read it just now); a drop is read by the box
+        whose pass comes first. Without timing every box passes, the box an end woke first."""
+        first = sorted(woken)
+        if self.timing is None:
+            return [(h, True) for h in first + [h for h in self.names if h not in woken]]
+        due = [(h, h == reader or self.timing.end_reads_jobs(self.last_read[h], self.now)) for h in first]
+        if reader and reader not in woken:
+            due.append((reader, True))
+        return due
+
+    def _passes(self, due: list[tuple[str, bool]]) -> None:
+        """Boxes pass in turn; each plans over the whole team with the specs it has read, acts
+        on its own part (worker/loop.py), and pokes the boxes its plan gives a part: they pass
+        next, after its starts, and read jobs/."""
+        for _ in range(3 * len(self.hosts)):
+            if not due:
+                return
+            box, reads = due.pop(0)
+            if self.timing is not None:
+                self.last_pass[box] = self.now
+                if reads:
+                    self._read_jobs(box)
+            known = [p for p in self.pending.values() if self.seen_at.get(p.id, -math.inf) <= self.last_read[box]]
+            starts, preempts = self.decide(known, self.hosts, list(self.views.values()), self.now)
+            parts = {s.host for s in starts} | {self.runs[v].host for v in preempts}
+            if not parts and self.timing is None:
+                return  # every box sees what this one saw: nothing for anyone
+            for victim in preempts:
+                if self.runs[victim].host == box:
+                    self._stop(victim)
+            changed: set[tuple[str, int]] = set()
+            for s in starts:
+                if s.host == box:
+                    changed |= self._start(s)
+            if changed:
+                self._set_rates(changed)
+            poked = [h for h in self.names if h in parts - {box}]
+            due[:] = [(h, True) for h in poked] + [(h, r) for h, r in due if h not in poked]
+
+    def _read_jobs(self, box: str) -> None:
+        self.last_read[box] = self.now
+        for job in self.unseen:
+            self.pending[job.id] = PendingJob(job.id, job.user, job.spec, job.submit_s)
+            self.seen_at[job.id] = self.now
+        self.unseen.clear()
+
+    def _start(self, s: Start) -> set[tuple[str, int]]:
+        job, now = self.by_id[s.job_id], self.now
+        del self.pending[s.job_id]
+        self.out.waits[s.job_id] = now - job.submit_s
+        self.seq += 1
+        self.runs[s.job_id] = _Run(job, now, s.host, s.gpus, job.duration_s, since=now, version=self.seq)
+        self.views[s.job_id] = RunningJob(
+            s.job_id,
+            job.user,
+            s.host,
+            s.gpus,
+            job.spec.gpu_mem_mib,
+            preemptible=job.spec.preemptible,
+            priority_class=job.spec.priority_class,
+            started_at=now,
+            mps=s.job_id in self.mps,
+            compute_pct=job.spec.gpu_compute_pct,
+        )
+        heapq.heappush(self.ends, (now + job.duration_s, self.seq, s.job_id, self.seq))
+        for i in s.gpus:
+            self.on_gpu[(s.host, i)].add(s.job_id)
+        return {(s.host, i) for i in s.gpus}
+
+    def _stop(self, victim: str) -> None:
+        """A preempted job runs on for its grace, then leaves (see _end_due)."""
+        run = self.runs[victim]
+        if run.stop_at is None:
+            self.seq += 1
+            run.stop_at, run.version = self.now + self.grace_s, self.seq
+            self.views[victim] = replace(self.views[victim], stopping=True)
+            self.out.preemptions += 1
+            heapq.heappush(self.ends, (run.stop_at, self.seq, victim, run.version))
+
+    def _set_rates(self, gpu_keys: set[tuple[str, int]]) -> None:
+        """The jobs on these GPUs run at the rate their GPUs' load allows from now on."""
+        t = self.now
+        for jid in {jid for key in gpu_keys for jid in self.on_gpu[key]}:
+            run = self.runs[jid]
+            load = max(sum(self.load_of[o] for o in self.on_gpu[(run.host, i)]) for i in run.gpus)
             rate = min(1.0, 100.0 / load) if load > 0 else 1.0
             if run.stop_at is None and rate != run.rate:
                 run.remaining -= (t - run.since) * run.rate
-                seq += 1
-                run.since, run.rate, run.version = t, rate, seq
-                heapq.heappush(ends, (t + run.remaining / rate, seq, jid, run.version))
-
-    while next_arrival < len(jobs) or runs:
-        t_arrival = jobs[next_arrival].submit_s if next_arrival < len(jobs) else float("inf")
-        while ends and (ends[0][2] not in runs or runs[ends[0][2]].version != ends[0][3]):
-            heapq.heappop(ends)  # superseded by a rate change or a preemption
-        t_end = ends[0][0] if ends else float("inf")
-        t = min(t_arrival, t_end)
-        _integrate(out, hosts, on_gpu, pending, now, t)
-        now = t
-        freed: set[tuple[str, int]] = set()
-        while ends and ends[0][0] <= now:
-            _, _, jid, version = heapq.heappop(ends)
-            run = runs.get(jid)
-            if run is None or run.version != version:
-                continue
-            del runs[jid], views[jid]
-            for i in run.gpus:
-                on_gpu[(run.host, i)].discard(jid)
-                freed.add((run.host, i))
-            if run.stop_at is not None:  # preempted: back to its old place, to start over
-                job = by_id[jid]
-                pending[jid] = PendingJob(jid, job.user, job.spec, job.submit_s)
-            else:
-                out.ends[jid] = now
-        while next_arrival < len(jobs) and jobs[next_arrival].submit_s <= now:
-            job = jobs[next_arrival]
-            pending[job.id] = PendingJob(job.id, job.user, job.spec, job.submit_s)
-            next_arrival += 1
-        out.peak_queue = max(out.peak_queue, len(pending))
-        if freed:
-            set_rates(freed, now)
-        if not pending and not freed:
-            continue
-        # Each box's worker plans over the whole team and acts on its own part (worker/loop.py);
-        # the box an end woke goes first, and a box that finds starts for others pokes them,
-        # and they plan again after its starts.
-        woken = sorted({h for h, _ in freed})
-        order = woken + [h.name for h in hosts if h.name not in woken]
-        for _ in range(2 * len(hosts)):
-            starts, preempts = decide(list(pending.values()), hosts, list(views.values()), now)
-            boxes = {s.host for s in starts} | {runs[v].host for v in preempts}
-            if not boxes:
-                break
-            box = next(h for h in order if h in boxes)
-            changed: set[tuple[str, int]] = set()
-            for victim in preempts:
-                run = runs[victim]
-                if run.host == box and run.stop_at is None:
-                    seq += 1
-                    run.stop_at, run.version = now + grace_s, seq
-                    views[victim] = replace(views[victim], stopping=True)
-                    out.preemptions += 1
-                    heapq.heappush(ends, (run.stop_at, seq, victim, run.version))
-            for s in starts:
-                if s.host != box:
-                    continue
-                job = by_id[s.job_id]
-                del pending[s.job_id]
-                out.waits[s.job_id] = now - job.submit_s
-                seq += 1
-                runs[s.job_id] = _Run(job, now, s.host, s.gpus, job.duration_s, since=now, version=seq)
-                views[s.job_id] = RunningJob(
-                    s.job_id,
-                    job.user,
-                    s.host,
-                    s.gpus,
-                    job.spec.gpu_mem_mib,
-                    preemptible=job.spec.preemptible,
-                    priority_class=job.spec.priority_class,
-                    started_at=now,
-                    mps=s.job_id in mps,
-                    compute_pct=job.spec.gpu_compute_pct,
-                )
-                for i in s.gpus:
-                    on_gpu[(s.host, i)].add(s.job_id)
-                    changed.add((s.host, i))
-                heapq.heappush(ends, (now + job.duration_s, seq, s.job_id, seq))
-            if changed:
-                set_rates(changed, now)
-            if boxes == {box}:
-                break  # nothing for the other boxes: planning again would find them nothing
-    return out
+                self.seq += 1
+                run.since, run.rate, run.version = t, rate, self.seq
+                heapq.heappush(self.ends, (t + run.remaining / rate, self.seq, jid, run.version))
 
 
-def _integrate(out: Outcome, hosts: list[HostView], on_gpu: dict, pending: dict, t0: float, t1: float) -> None:
+def _integrate(out: Outcome, on_gpu: dict, waiting: bool, t0: float, t1: float) -> None:
     dt = t1 - t0
     if dt <= 0:
         return
@@ -231,6 +322,6 @@ def _integrate(out: Outcome, hosts: list[HostView], on_gpu: dict, pending: dict,
     # Occupancy is measured while work arrives: the drain after the last arrival (a few long
     # jobs alone) would make a policy that finishes more work look emptier.
     out.busy_gpu_s += busy * max(0.0, min(t1, out.last_submit) - t0)
-    if pending:
+    if waiting:
         out.waiting_s += dt
         out.free_while_waiting_gpu_s += (len(on_gpu) - busy) * dt

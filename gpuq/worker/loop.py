@@ -25,6 +25,7 @@ from gpuq.host.wake import WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, RunningJob
+from gpuq.model.passes import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S
 from gpuq.model.record import Record
 from gpuq.model.stops import Stop
 from gpuq.model.strict_yaml import load_yaml
@@ -77,12 +78,6 @@ from gpuq.worker.starting import Launcher, Starter
 
 log = logging.getLogger("gpuq.worker")
 FULL_SCAN_EVERY_S = 30.0
-# A burst of short jobs wakes the worker hundreds of times a second; between those wakes
-# jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
-EXIT_WAKE_SCAN_GAP_S = 0.2
-# A change of jobs/ wakes a sleeping worker no sooner than this after its last pass began:
-# other boxes' claims change jobs/ too, and must not make every box plan at the watch's pace.
-JOBS_WATCH_GAP_S = 0.5
 REQUESTS_PER_PASS_S = 0.5
 
 

@@ -1,0 +1,50 @@
+"""When a worker's pass runs: the wake rules the worker follows (worker/loop.py, host/wake.py)
+and the simulator replays (sim/simulate.py), so that both start a job at the same moment.
+
+A worker passes when its poll interval ends, at once when one of its jobs ends or another box
+pokes it, and when jobs/ changes: that change is looked for every WATCH_EVERY_S, and no sooner
+than JOBS_WATCH_GAP_S after its last pass began. A spec dropped just after a pass thus waits up
+to half a second to be read; on a busy team that is most drops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# A change of jobs/ wakes a sleeping worker no sooner than this after its last pass began:
+# other boxes' claims change jobs/ too, and must not make every box plan at the watch's pace.
+JOBS_WATCH_GAP_S = 0.5
+# How often a sleeping worker looks at the mtimes of what it watches (jobs/, the requests
+# inbox, its poke file): team members and other boxes cannot reach its wake FIFO.
+WATCH_EVERY_S = 0.05
+# A burst of short jobs wakes the worker hundreds of times a second; between those wakes
+# jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
+EXIT_WAKE_SCAN_GAP_S = 0.2
+
+
+@dataclass(frozen=True)
+class PassTiming:
+    """A worker's pass moments, for a box whose last pass began at `last` (-inf: none yet)."""
+
+    poll_s: float
+
+    def reads_drop(self, last: float, dropped: float) -> float:
+        """When the box's next pass that reads jobs/ begins, for a spec dropped at `dropped`
+        and nothing else waking it. A box with nothing to do passes every poll interval, so
+        its last pass before the drop is the latest of those."""
+        if last == -math.inf:
+            return dropped
+        if dropped < last:  # its last pass did not read jobs/ (a job's end woke it)
+            return last + JOBS_WATCH_GAP_S
+        last += math.floor((dropped - last) / self.poll_s) * self.poll_s
+        if dropped == last:  # dropped as that pass began: it reads it
+            return dropped
+        if dropped <= last + JOBS_WATCH_GAP_S:
+            return last + JOBS_WATCH_GAP_S
+        return last + math.ceil((dropped - last) / WATCH_EVERY_S - 1e-9) * WATCH_EVERY_S
+
+    @staticmethod
+    def end_reads_jobs(last_read: float, now: float) -> bool:
+        """Whether a pass woken only by a job's end reads jobs/ (see EXIT_WAKE_SCAN_GAP_S)."""
+        return now - last_read >= EXIT_WAKE_SCAN_GAP_S
