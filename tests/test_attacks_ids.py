@@ -81,6 +81,10 @@ def test_a_members_cancel_under_the_id_of_a_job_a_dead_box_claimed(team):
     a.wait(timeout=60)
     assert a.returncode == -signal.SIGKILL
     team.start_worker("b", "1x24GiB")
+    plain = team.as_user(BOB, "cancel", "al")  # her claimed job, no file of his (or his refused already)
+    assert plain.returncode == 1 and f"al: belongs to {ALICE}" in plain.stderr, plain.stdout + plain.stderr
+    hers = team.as_user(ALICE, "cancel", "al")
+    assert hers.returncode == 1 and "claimed by a but not started" in hers.stderr and "gpuq forget a" in hers.stderr
     code, said = _drop_and_ask(team, "al", "cancel")
     assert code == 1 and f"al: belongs to {ALICE}" in said, said
     assert team.finished("al") is None

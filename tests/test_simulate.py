@@ -103,6 +103,27 @@ def test_a_dropped_job_starts_when_a_worker_pass_reads_it(tmp_path):
     assert waits["d"] == pytest.approx(13.35 - 13.33)  # c's pass at 10.5, then polls at 11.5, 12.5; the watch at 13.35
 
 
+def test_the_pass_timing_with_a_short_poll_and_in_float_time():
+    assert PassTiming(poll_s=0.1).reads_drop(0.0, 0.05) == pytest.approx(0.1)  # the poll comes before the watch
+    assert PassTiming(poll_s=0.1).reads_drop(0.1, 0.3) == pytest.approx(0.3)  # a poll pass begins as it is dropped
+    timing = PassTiming(poll_s=1.0)
+    assert all(
+        timing.reads_drop(last / 100, drop / 100) >= drop / 100
+        for last in range(0, 900, 7)
+        for drop in range(900, 1600, 3)
+    )
+
+
+def test_every_box_reads_what_it_has_not_read_and_claims_wake_the_others(tmp_path):
+    # a's end frees a GPU at 10.0 for c, dropped at 9.95. Whichever box has not read c by then
+    # reads it at its next look (it waited for some later event: 45 s, in a review's replay).
+    stale = ("a,0,10,1,,,u,", "a2,0,50,1,,,u,", "b,0,100,2,,,u,", "d,9.9,5,2,,,u,", "c,9.95,5,1,,,u,")
+    assert replay(tmp_path, "2x2x32GiB", "gpuq", *stale)["waits"]["c"] <= JOBS_WATCH_GAP_S + WATCH_EVERY_S
+    # h0's claim of a at 0 wakes h1's watch half a second later: h1 then polls at 1.5, 2.5 ...
+    # and looks at jobs/ from 1.0 on, so b, dropped at 1.3, is read at once (h0 would wait to 1.5).
+    assert replay(tmp_path, "2x1x32GiB", "gpuq", "a,0,100,1,,,u,", "b,1.3,100,1,,,u,")["waits"]["b"] == pytest.approx(0)
+
+
 def test_mark_low_is_a_stable_rule_and_without_low_drops_the_same_jobs(tmp_path):
     rows = [f"j{i},{i},10,1,,,u," for i in range(300)]
     jobs = load_trace(trace(tmp_path, *rows), parse_cluster("1x8x32GiB"))

@@ -21,6 +21,7 @@ WATCH_EVERY_S = 0.05
 # A burst of short jobs wakes the worker hundreds of times a second; between those wakes
 # jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
 EXIT_WAKE_SCAN_GAP_S = 0.2
+SAME_MOMENT_S = 1e-9  # times are floats: within this they are the same moment
 
 
 @dataclass(frozen=True)
@@ -30,21 +31,22 @@ class PassTiming:
     poll_s: float
 
     def reads_drop(self, last: float, dropped: float) -> float:
-        """When the box's next pass that reads jobs/ begins, for a spec dropped at `dropped`
-        and nothing else waking it. A box with nothing to do passes every poll interval, so
-        its last pass before the drop is the latest of those."""
+        """When the box's next pass that reads jobs/ begins, for a change of jobs/ at `dropped`
+        and nothing else waking it: its watch's first look after the gap, or its next poll,
+        whichever comes first. A box with nothing to do passes every poll interval, so its
+        last pass before the drop is the latest of those. A pass that begins as the spec is
+        dropped reads it. Never earlier than the drop."""
         if last == -math.inf:
-            return dropped
+            return dropped  # no pass seen yet: its phase is unknown
         if dropped < last:  # its last pass did not read jobs/ (a job's end woke it)
-            return last + JOBS_WATCH_GAP_S
-        last += math.floor((dropped - last) / self.poll_s) * self.poll_s
-        if dropped == last:  # dropped as that pass began: it reads it
+            return min(last + JOBS_WATCH_GAP_S, last + self.poll_s)
+        last += math.floor((dropped - last) / self.poll_s + SAME_MOMENT_S) * self.poll_s
+        if dropped - last <= SAME_MOMENT_S:
             return dropped
-        if dropped <= last + JOBS_WATCH_GAP_S:
-            return last + JOBS_WATCH_GAP_S
-        return last + math.ceil((dropped - last) / WATCH_EVERY_S - 1e-9) * WATCH_EVERY_S
+        looks = max(JOBS_WATCH_GAP_S, math.ceil((dropped - last) / WATCH_EVERY_S - SAME_MOMENT_S) * WATCH_EVERY_S)
+        return max(dropped, last + min(looks, self.poll_s))
 
     @staticmethod
     def end_reads_jobs(last_read: float, now: float) -> bool:
         """Whether a pass woken only by a job's end reads jobs/ (see EXIT_WAKE_SCAN_GAP_S)."""
-        return now - last_read >= EXIT_WAKE_SCAN_GAP_S
+        return now - last_read >= EXIT_WAKE_SCAN_GAP_S - SAME_MOMENT_S

@@ -30,7 +30,7 @@ from typing import Callable
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, Start
-from gpuq.model.passes import PassTiming
+from gpuq.model.passes import SAME_MOMENT_S, PassTiming
 from gpuq.model.sharing import compute_pct, uses_mps
 from gpuq.sched.plan import plan
 from gpuq.sim.trace import Cluster, TraceJob
@@ -152,27 +152,34 @@ class _Replay:
         self.seq = 0
         self.next_arrival = 0
         self.now = jobs[0].submit_s
-        # When each box last passed and last read jobs/ (timing), and the jobs dropped that no
-        # box has read yet. Without timing every box passes at every event and sees every job.
+        # When each box last passed and last read jobs/ (timing), and when each pending job came
+        # into jobs/ (dropped, or put back by a preemption): a box knows the jobs that came
+        # before its last read. Without timing every box passes at every event, knowing all.
         self.last_pass = {h: -math.inf for h in self.names}
         self.last_read = dict(self.last_pass)
-        self.unseen: list[TraceJob] = []
-        self.seen_at: dict[str, float] = {}  # job id -> when a box first read it
+        self.in_jobs: dict[str, float] = {}
+        self.entries: list[tuple[float, str]] = []  # (came into jobs/, job id), in time order
+        self.unread_from = {h: 0 for h in self.names}  # per box: entries before this are read or gone
+        # Per box, the first claim by another box since it last read jobs/: a claim renames a
+        # spec out of jobs/, and that wakes the other boxes' watches too.
+        self.claimed_since = {h: math.inf for h in self.names}
+        self.version = 0  # counts changes of the pending and running jobs
+        self.nothing_for: tuple[int, int] | None = None  # (version, jobs known) a plan found nothing for
 
     def run(self) -> Outcome:
-        while self.next_arrival < len(self.jobs) or self.runs or self.unseen:
-            t_read, reader = self._next_read()
-            t = min(self._next_arrival(), self._next_end(), t_read)
-            _integrate(self.out, self.on_gpu, bool(self.pending or self.unseen), self.now, t)
+        while True:
+            reads = self._next_reads()
+            t = min(self._next_arrival(), self._next_end(), min(reads.values(), default=math.inf))
+            if t == math.inf:
+                return self.out
+            _integrate(self.out, self.on_gpu, bool(self.pending), self.now, t)
             self.now = t
             freed = self._end_due()
             self._arrive()
-            self.out.peak_queue = max(self.out.peak_queue, len(self.pending) + len(self.unseen))
+            self.out.peak_queue = max(self.out.peak_queue, len(self.pending))
             if freed:
                 self._set_rates(freed)
-            if self.pending or self.unseen or freed:
-                self._passes(self._due({h for h, _ in freed}, reader if t_read <= t else ""))
-        return self.out
+            self._passes(self._due({h for h, _ in freed}, {h for h, at in reads.items() if at <= t + SAME_MOMENT_S}))
 
     def _next_arrival(self) -> float:
         return self.jobs[self.next_arrival].submit_s if self.next_arrival < len(self.jobs) else math.inf
@@ -183,12 +190,27 @@ class _Replay:
             heapq.heappop(ends)  # superseded by a rate change or a preemption
         return ends[0][0] if ends else math.inf
 
-    def _next_read(self) -> tuple[float, str]:
-        """When, and by which box, the earliest drop no box has read yet is read."""
-        if not self.unseen or self.timing is None:
-            return math.inf, ""
-        first = self.unseen[0].submit_s
-        return min((self.timing.reads_drop(self.last_pass[h], first), h) for h in self.names)
+    def _next_reads(self) -> dict[str, float]:
+        """For each box with a pending job it has not read, when its pass reads jobs/."""
+        if self.timing is None:
+            return {}
+        reads = {}
+        for h in self.names:
+            i = self.unread_from[h]
+            while i < len(self.entries) and self.in_jobs.get(self.entries[i][1]) != self.entries[i][0]:
+                i += 1  # started since (or put back again later: a later entry)
+            self.unread_from[h] = i
+            first = min(self.entries[i][0] if i < len(self.entries) else math.inf, self.claimed_since[h])
+            if first < math.inf:
+                reads[h] = self.timing.reads_drop(self.last_pass[h], first)
+        return reads
+
+    def _into_jobs(self, job: TraceJob) -> None:
+        self.pending[job.id] = PendingJob(job.id, job.user, job.spec, job.submit_s)
+        self.version += 1
+        if self.timing is not None:
+            self.in_jobs[job.id] = self.now
+            self.entries.append((self.now, job.id))
 
     def _end_due(self) -> set[tuple[str, int]]:
         """Jobs whose end has come leave their GPUs; a preempted one goes back to its old
@@ -203,49 +225,46 @@ class _Replay:
             for i in run.gpus:
                 self.on_gpu[(run.host, i)].discard(jid)
                 freed.add((run.host, i))
+            self.version += 1
             if run.stop_at is not None:
-                job = self.by_id[jid]
-                self.pending[jid] = PendingJob(jid, job.user, job.spec, job.submit_s)
+                self._into_jobs(self.by_id[jid])
             else:
                 self.out.ends[jid] = self.now
         return freed
 
     def _arrive(self) -> None:
         while self.next_arrival < len(self.jobs) and self.jobs[self.next_arrival].submit_s <= self.now:
-            job = self.jobs[self.next_arrival]
-            if self.timing is None:
-                self.pending[job.id] = PendingJob(job.id, job.user, job.spec, job.submit_s)
-            else:
-                self.unseen.append(job)
+            self._into_jobs(self.jobs[self.next_arrival])
             self.next_arrival += 1
 
-    def _due(self, woken: set[str], reader: str) -> list[tuple[str, bool]]:
+    def _due(self, woken: set[str], readers: set[str]) -> list[tuple[str, bool]]:
         """The boxes that pass now, in turn, and whether each reads jobs/. A job's end wakes
-        its box at once (it reads jobs/ unless it read it just now); a drop is read by the box
-        whose pass comes first. Without timing every box passes, the box an end woke first."""
+        its box at once (it reads jobs/ unless it read it just now); a box whose watch or poll
+        comes reads what came into jobs/ since it last read it. Without timing every box
+        passes, the box an end woke first."""
         first = sorted(woken)
         if self.timing is None:
             return [(h, True) for h in first + [h for h in self.names if h not in woken]]
-        due = [(h, h == reader or self.timing.end_reads_jobs(self.last_read[h], self.now)) for h in first]
-        if reader and reader not in woken:
-            due.append((reader, True))
-        return due
+        due = [(h, h in readers or self.timing.end_reads_jobs(self.last_read[h], self.now)) for h in first]
+        return due + [(h, True) for h in self.names if h in readers and h not in woken]
 
     def _passes(self, due: list[tuple[str, bool]]) -> None:
         """Boxes pass in turn; each plans over the whole team with the specs it has read, acts
         on its own part (worker/loop.py), and pokes the boxes its plan gives a part: they pass
         next, after its starts, and read jobs/."""
+        if self.timing is not None:  # passes that begin together read jobs/ before any of them claims
+            for box, reads in due:
+                self._begin_pass(box, reads)
         for _ in range(3 * len(self.hosts)):
             if not due:
                 return
-            box, reads = due.pop(0)
-            if self.timing is not None:
-                self.last_pass[box] = self.now
-                if reads:
-                    self._read_jobs(box)
-            known = [p for p in self.pending.values() if self.seen_at.get(p.id, -math.inf) <= self.last_read[box]]
+            box, _ = due.pop(0)
+            known = [p for p in self.pending.values() if self.in_jobs.get(p.id, -math.inf) <= self.last_read[box]]
+            if not known or (self.version, len(known)) == self.nothing_for:
+                continue  # a plan saw just this (a box knows the jobs before a moment) and found nothing
             starts, preempts = self.decide(known, self.hosts, list(self.views.values()), self.now)
             parts = {s.host for s in starts} | {self.runs[v].host for v in preempts}
+            self.nothing_for = None if parts else (self.version, len(known))
             if not parts and self.timing is None:
                 return  # every box sees what this one saw: nothing for anyone
             for victim in preempts:
@@ -257,19 +276,32 @@ class _Replay:
                     changed |= self._start(s)
             if changed:
                 self._set_rates(changed)
+                if self.timing is not None:  # its own claims are no news to it (worker/loop.py)
+                    claimed = self.now + 2 * SAME_MOMENT_S  # just after the passes begun now read jobs/
+                    for h in self.names:
+                        if h != box:
+                            self.claimed_since[h] = min(self.claimed_since[h], claimed)
             poked = [h for h in self.names if h in parts - {box}]
             due[:] = [(h, True) for h in poked] + [(h, r) for h, r in due if h not in poked]
+            if self.timing is not None:  # a poke wakes a box: it passes, reading jobs/, after these starts
+                for h in poked:
+                    self._begin_pass(h, True)
+
+    def _begin_pass(self, box: str, reads: bool) -> None:
+        self.last_pass[box] = self.now
+        if reads:
+            self._read_jobs(box)
 
     def _read_jobs(self, box: str) -> None:
         self.last_read[box] = self.now
-        for job in self.unseen:
-            self.pending[job.id] = PendingJob(job.id, job.user, job.spec, job.submit_s)
-            self.seen_at[job.id] = self.now
-        self.unseen.clear()
+        self.unread_from[box] = len(self.entries)
+        self.claimed_since[box] = math.inf
 
     def _start(self, s: Start) -> set[tuple[str, int]]:
         job, now = self.by_id[s.job_id], self.now
         del self.pending[s.job_id]
+        self.in_jobs.pop(s.job_id, None)
+        self.version += 1
         self.out.waits[s.job_id] = now - job.submit_s
         self.seq += 1
         self.runs[s.job_id] = _Run(job, now, s.host, s.gpus, job.duration_s, since=now, version=self.seq)
@@ -298,6 +330,7 @@ class _Replay:
             run.stop_at, run.version = self.now + self.grace_s, self.seq
             self.views[victim] = replace(self.views[victim], stopping=True)
             self.out.preemptions += 1
+            self.version += 1
             heapq.heappush(self.ends, (run.stop_at, self.seq, victim, run.version))
 
     def _set_rates(self, gpu_keys: set[tuple[str, int]]) -> None:

@@ -16,7 +16,7 @@ from gpuq.host.faults import wall_time
 from gpuq.host.files import close_moved_directory, write_json
 from gpuq.host.owners import Actor, refusal
 from gpuq.model.errors import SpecError
-from gpuq.model.record import RecordError
+from gpuq.model.record import RecordError, parse_claim_name
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
 from gpuq.spool.intake import held_for, keeper, read_spec_file, user_name
@@ -139,8 +139,24 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
                 return True, f"{job_id}: cancelled (was {was})"
             if not why.endswith("a moment ago"):
                 return False, why
-        if refused and not claims_of(layout, job_id):
+        claims = claims_of(layout, job_id)
+        if refused and not claims:
             return False, refused
-        if not claims_of(layout, job_id) and not candidates or time.monotonic() > deadline:
+        if not claims and not candidates:
             return False, refused or f"{job_id}: no such job"
+        if time.monotonic() > deadline:
+            return False, refused or _claimed_not_started(layout, job_id, claims, actor)
         time.sleep(0.05)  # claimed a moment ago (here or on another host): its record is being written
+
+
+def _claimed_not_started(layout: Layout, job_id: str, claims: list[Path], actor: Actor) -> str:
+    """A claim that stayed without a record: the box that claimed the job stopped (or froze)
+    before starting it. The job is its owner's all the same."""
+    holder = held_for(layout, job_id, claims)
+    if holder is not None and not actor.may_act_on(holder):
+        return refusal(job_id, holder)
+    hosts = sorted({parsed[1] for c in claims if (parsed := parse_claim_name(c.name)) is not None})
+    return (
+        f"{job_id}: claimed by {', '.join(hosts) or 'a box'} but not started. If that box is down, "
+        f"`gpuq forget {hosts[0] if hosts else 'HOST'}` puts the job back in the queue; cancel it then."
+    )
