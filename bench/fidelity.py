@@ -69,18 +69,18 @@ def shared_jobs(placed: Placed) -> set[str]:
     return shared
 
 
-SAME_MOMENT_S = 0.5
+SAME_START_S = 0.5
 
 
 def same_starts(real_placed: Placed, sim_placed: Placed) -> tuple[int, tuple[str, float] | None]:
-    """How many jobs started on the same box and GPUs within SAME_MOMENT_S on both sides, and
+    """How many jobs started on the same box and GPUs within SAME_START_S on both sides, and
     the first job (in simulated start order) that did not, with its simulated start."""
     real_at = {p[0]: p for p in real_placed}
     same, parted = 0, None
     for job, host, gpus, start, _ in sorted(sim_placed, key=lambda p: p[3]):
         r = real_at.get(job)
         box = BOXES[int(host.removeprefix("h"))]  # the replay's h0, h1, h2 are box0, box1, box2
-        if r is not None and (r[1], r[2]) == (box, gpus) and abs(r[3] - start) <= SAME_MOMENT_S:
+        if r is not None and (r[1], r[2]) == (box, gpus) and abs(r[3] - start) <= SAME_START_S:
             same += 1
         elif parted is None:
             parted = (job, start)
@@ -195,7 +195,7 @@ def main() -> None:
     )
     same, parted = same_starts(real_placed, sim_placed)
     print(
-        f"  starts at the same place and moment (box, GPUs, within {SAME_MOMENT_S} s): {same} of {len(cut)}"
+        f"  starts at the same place and moment (box, GPUs, within {SAME_START_S} s): {same} of {len(cut)}"
         + (f"; the first to differ: {parted[0]} at {parted[1]:.1f} s" if parted else "")
     )
     for job_id in sorted(shared_jobs(sim_placed) ^ shared_jobs(real_placed)):  # where they differ, and why

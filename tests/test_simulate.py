@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from conftest import PY, REPO
 
 from gpuq.model.passes import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WATCH_EVERY_S, PassTiming
+from gpuq.model.windows import parse_window
 from gpuq.sim.simreport import SIM_CONFIG, figures, run_policy
 from gpuq.sim.trace import TraceError, is_marked_low, load_trace, mark_low, parse_cluster
 
@@ -85,11 +87,11 @@ def test_a_low_job_yields_after_the_grace_and_restarts_from_the_beginning(tmp_pa
 
 def test_the_pass_timing_is_the_workers_wake_rules():
     timing = PassTiming(poll_s=1.0)
-    assert timing.reads_drop(-math.inf, 7.0) == 7.0  # no pass yet: the first one reads it
-    assert timing.reads_drop(10.0, 10.1) == 10.0 + JOBS_WATCH_GAP_S  # jobs/ waits out the gap
-    assert timing.reads_drop(10.0, 10.62) == pytest.approx(10.0 + 13 * WATCH_EVERY_S)  # the watch's next look
-    assert timing.reads_drop(10.0, 13.3) == 13.0 + JOBS_WATCH_GAP_S  # idle, it passed at 11, 12 and 13
-    assert timing.reads_drop(10.0, 9.0) == 10.0 + JOBS_WATCH_GAP_S  # that pass (a job's end) did not read jobs/
+    assert timing.reads_change(-math.inf, 7.0) == 7.0  # no pass yet: the first one reads it
+    assert timing.reads_change(10.0, 10.1) == 10.0 + JOBS_WATCH_GAP_S  # jobs/ waits out the gap
+    assert timing.reads_change(10.0, 10.62) == pytest.approx(10.0 + 13 * WATCH_EVERY_S)  # the watch's next look
+    assert timing.reads_change(10.0, 13.3) == 13.0 + JOBS_WATCH_GAP_S  # idle, it passed at 11, 12 and 13
+    assert timing.reads_change(10.0, 9.0) == 10.0 + JOBS_WATCH_GAP_S  # that pass (a job's end) did not read jobs/
     assert PassTiming.end_reads_jobs(10.0, 10.01 + EXIT_WAKE_SCAN_GAP_S)
     assert not PassTiming.end_reads_jobs(10.0, 10.1)
 
@@ -104,11 +106,11 @@ def test_a_dropped_job_starts_when_a_worker_pass_reads_it(tmp_path):
 
 
 def test_the_pass_timing_with_a_short_poll_and_in_float_time():
-    assert PassTiming(poll_s=0.1).reads_drop(0.0, 0.05) == pytest.approx(0.1)  # the poll comes before the watch
-    assert PassTiming(poll_s=0.1).reads_drop(0.1, 0.3) == pytest.approx(0.3)  # a poll pass begins as it is dropped
+    assert PassTiming(poll_s=0.1).reads_change(0.0, 0.05) == pytest.approx(0.1)  # the poll comes before the watch
+    assert PassTiming(poll_s=0.1).reads_change(0.1, 0.3) == pytest.approx(0.3)  # a poll pass begins as it is dropped
     timing = PassTiming(poll_s=1.0)
     assert all(
-        timing.reads_drop(last / 100, drop / 100) >= drop / 100
+        timing.reads_change(last / 100, drop / 100) >= drop / 100
         for last in range(0, 900, 7)
         for drop in range(900, 1600, 3)
     )
@@ -122,6 +124,32 @@ def test_every_box_reads_what_it_has_not_read_and_claims_wake_the_others(tmp_pat
     # h0's claim of a at 0 wakes h1's watch half a second later: h1 then polls at 1.5, 2.5 ...
     # and looks at jobs/ from 1.0 on, so b, dropped at 1.3, is read at once (h0 would wait to 1.5).
     assert replay(tmp_path, "2x1x32GiB", "gpuq", "a,0,100,1,,,u,", "b,1.3,100,1,,,u,")["waits"]["b"] == pytest.approx(0)
+
+
+def test_a_replay_does_not_depend_on_where_the_trace_clock_starts(tmp_path):
+    rows = ["j0,0.878,15.09,0.5,,,u1,low", "j1,2.529,15.74,1,,,u1,low", "j2,4.609,3.15,2,,,u2,"]
+    rows += ["j3,5.041,2.94,1,,,u1,high", "j4,6.223,8.75,1,,,u4,"]
+    near = replay(tmp_path, "2x2x32GiB", "gpuq", *rows)["waits"]
+    shifted = [",".join([r.split(",")[0], str(float(r.split(",")[1]) + 1.6e9), *r.split(",")[2:]]) for r in rows]
+    far = replay(tmp_path, "2x2x32GiB", "gpuq", *shifted)["waits"]  # epoch seconds: coarser floats
+    assert far == pytest.approx(near, abs=1e-5)
+
+
+def test_a_box_plans_again_at_its_next_poll_after_its_own_starts(tmp_path):
+    # j11's start at 5.5 changes the queue's order (fair share): a fresh plan starts j3 at
+    # once. The worker plans again at its next poll (6.5 s), with no news.
+    rows = ("j2,0.0,30,0.1,4,,u,low", "j0,0.05,10,4,16,,w,high", "j3,0.55,0,2,,,u,high", "j11,5.45,10,1,16,,w,high")
+    assert replay(tmp_path, "1x4x32GiB", "gpuq", *rows)["waits"]["j3"] == pytest.approx(6.5 - 0.55)
+
+
+def test_an_idle_window_opening_lets_a_plan_that_found_nothing_run_again(tmp_path):
+    opens = time.localtime(3600)  # the window opens at the trace's 3600 s, in local time
+    window = f"{opens.tm_hour:02d}:{opens.tm_min:02d}-{(opens.tm_hour + 1) % 24:02d}:{opens.tm_min:02d}"
+    jobs = load_trace(trace(tmp_path, "j5,3598.53,0.3,1,,,w,", "j7,3599.93,1,1,,,v,low"), parse_cluster("2x1x32GiB"))
+    out = run_policy(
+        "gpuq", jobs, parse_cluster("2x1x32GiB"), replace(SIM_CONFIG, idle_windows=(parse_window(window),))
+    )
+    assert "j7" in out.ends and out.waits["j7"] < 1.0  # read at 3600.33, in the window
 
 
 def test_mark_low_is_a_stable_rule_and_without_low_drops_the_same_jobs(tmp_path):

@@ -21,7 +21,12 @@ WATCH_EVERY_S = 0.05
 # A burst of short jobs wakes the worker hundreds of times a second; between those wakes
 # jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
 EXIT_WAKE_SCAN_GAP_S = 0.2
-SAME_MOMENT_S = 1e-9  # times are floats: within this they are the same moment
+
+
+def same_moment_tolerance(t: float) -> float:
+    """Times are floats: within this of `t` they are one moment. A microsecond's billionth, or
+    a few steps of the float at t where that is coarser (trace clocks in epoch seconds)."""
+    return max(1e-9, 16 * math.ulp(t))
 
 
 @dataclass(frozen=True)
@@ -30,23 +35,26 @@ class PassTiming:
 
     poll_s: float
 
-    def reads_drop(self, last: float, dropped: float) -> float:
-        """When the box's next pass that reads jobs/ begins, for a change of jobs/ at `dropped`
+    def reads_change(self, last: float, changed: float, after_pass: bool = False) -> float:
+        """When the box's next pass that reads jobs/ begins, for a change of jobs/ at `changed`
         and nothing else waking it: its watch's first look after the gap, or its next poll,
         whichever comes first. A box with nothing to do passes every poll interval, so its
-        last pass before the drop is the latest of those. A pass that begins as the spec is
-        dropped reads it. Never earlier than the drop."""
+        last pass before the change is the latest of those. A pass that begins as a spec is
+        dropped reads it; `after_pass`: the change came just after a pass that began at the
+        same moment (another box's claim). Never earlier than the change."""
         if last == -math.inf:
-            return dropped  # no pass seen yet: its phase is unknown
-        if dropped < last:  # its last pass did not read jobs/ (a job's end woke it)
-            return min(last + JOBS_WATCH_GAP_S, last + self.poll_s)
-        last += math.floor((dropped - last) / self.poll_s + SAME_MOMENT_S) * self.poll_s
-        if dropped - last <= SAME_MOMENT_S:
-            return dropped
-        looks = max(JOBS_WATCH_GAP_S, math.ceil((dropped - last) / WATCH_EVERY_S - SAME_MOMENT_S) * WATCH_EVERY_S)
-        return max(dropped, last + min(looks, self.poll_s))
+            return changed  # no pass seen yet: its phase is unknown
+        tol = same_moment_tolerance(changed)
+        if changed < last - tol or (after_pass and changed <= last + tol):
+            return last + min(JOBS_WATCH_GAP_S, self.poll_s)  # its last pass did not read it
+        last += math.floor((changed - last + tol) / self.poll_s) * self.poll_s
+        since = changed - last
+        if since <= tol:
+            return changed
+        looks = max(JOBS_WATCH_GAP_S, math.ceil((since - tol) / WATCH_EVERY_S) * WATCH_EVERY_S)
+        return max(changed, last + min(looks, self.poll_s))
 
     @staticmethod
     def end_reads_jobs(last_read: float, now: float) -> bool:
         """Whether a pass woken only by a job's end reads jobs/ (see EXIT_WAKE_SCAN_GAP_S)."""
-        return now - last_read >= EXIT_WAKE_SCAN_GAP_S - SAME_MOMENT_S
+        return now - last_read >= EXIT_WAKE_SCAN_GAP_S - same_moment_tolerance(now)

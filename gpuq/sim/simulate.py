@@ -30,8 +30,9 @@ from typing import Callable
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, Start
-from gpuq.model.passes import SAME_MOMENT_S, PassTiming
+from gpuq.model.passes import PassTiming, same_moment_tolerance
 from gpuq.model.sharing import compute_pct, uses_mps
+from gpuq.model.windows import window_open
 from gpuq.sched.plan import plan
 from gpuq.sim.trace import Cluster, TraceJob
 
@@ -163,8 +164,14 @@ class _Replay:
         # Per box, the first claim by another box since it last read jobs/: a claim renames a
         # spec out of jobs/, and that wakes the other boxes' watches too.
         self.claimed_since = {h: math.inf for h in self.names}
+        # Boxes whose last plan gave them a part: the worker plans again at its next poll (its
+        # own starts change the queue's order), with or without news.
+        self.replan: set[str] = set()
+        self.windows = config.idle_windows if config is not None else ()
         self.version = 0  # counts changes of the pending and running jobs
-        self.nothing_for: tuple[int, int] | None = None  # (version, jobs known) a plan found nothing for
+        # What a plan that found nothing saw: (version, jobs known, idle window open). A pass
+        # that would see the same skips its plan, as the worker's does (worker/loop.py).
+        self.nothing_for: tuple[int, int, bool] | None = None
 
     def run(self) -> Outcome:
         while True:
@@ -179,7 +186,8 @@ class _Replay:
             self.out.peak_queue = max(self.out.peak_queue, len(self.pending))
             if freed:
                 self._set_rates(freed)
-            self._passes(self._due({h for h, _ in freed}, {h for h, at in reads.items() if at <= t + SAME_MOMENT_S}))
+            readers = {h for h, at in reads.items() if at <= t + same_moment_tolerance(t)}
+            self._passes(self._due({h for h, _ in freed}, readers))
 
     def _next_arrival(self) -> float:
         return self.jobs[self.next_arrival].submit_s if self.next_arrival < len(self.jobs) else math.inf
@@ -191,7 +199,8 @@ class _Replay:
         return ends[0][0] if ends else math.inf
 
     def _next_reads(self) -> dict[str, float]:
-        """For each box with a pending job it has not read, when its pass reads jobs/."""
+        """For each box with a change of jobs/ it has not read, or a plan to make again, when
+        its next pass (which reads jobs/) begins."""
         if self.timing is None:
             return {}
         reads = {}
@@ -200,9 +209,13 @@ class _Replay:
             while i < len(self.entries) and self.in_jobs.get(self.entries[i][1]) != self.entries[i][0]:
                 i += 1  # started since (or put back again later: a later entry)
             self.unread_from[h] = i
-            first = min(self.entries[i][0] if i < len(self.entries) else math.inf, self.claimed_since[h])
-            if first < math.inf:
-                reads[h] = self.timing.reads_drop(self.last_pass[h], first)
+            at = [self.timing.reads_change(self.last_pass[h], self.entries[i][0])] if i < len(self.entries) else []
+            if self.claimed_since[h] < math.inf:
+                at.append(self.timing.reads_change(self.last_pass[h], self.claimed_since[h], after_pass=True))
+            if h in self.replan:
+                at.append(self.last_pass[h] + self.timing.poll_s)
+            if at:
+                reads[h] = min(at)
         return reads
 
     def _into_jobs(self, job: TraceJob) -> None:
@@ -260,11 +273,17 @@ class _Replay:
                 return
             box, _ = due.pop(0)
             known = [p for p in self.pending.values() if self.in_jobs.get(p.id, -math.inf) <= self.last_read[box]]
-            if not known or (self.version, len(known)) == self.nothing_for:
-                continue  # a plan saw just this (a box knows the jobs before a moment) and found nothing
+            seen = (self.version, len(known), window_open(self.windows, self.now))  # a box knows a prefix in time
+            if not known or seen == self.nothing_for:
+                self.replan.discard(box)
+                continue
             starts, preempts = self.decide(known, self.hosts, list(self.views.values()), self.now)
             parts = {s.host for s in starts} | {self.runs[v].host for v in preempts}
-            self.nothing_for = None if parts else (self.version, len(known))
+            self.nothing_for = None if parts else seen
+            if box in parts:
+                self.replan.add(box)
+            else:
+                self.replan.discard(box)
             if not parts and self.timing is None:
                 return  # every box sees what this one saw: nothing for anyone
             for victim in preempts:
@@ -277,10 +296,9 @@ class _Replay:
             if changed:
                 self._set_rates(changed)
                 if self.timing is not None:  # its own claims are no news to it (worker/loop.py)
-                    claimed = self.now + 2 * SAME_MOMENT_S  # just after the passes begun now read jobs/
-                    for h in self.names:
+                    for h in self.names:  # a claim comes after the passes begun now read jobs/
                         if h != box:
-                            self.claimed_since[h] = min(self.claimed_since[h], claimed)
+                            self.claimed_since[h] = min(self.claimed_since[h], self.now)
             poked = [h for h in self.names if h in parts - {box}]
             due[:] = [(h, True) for h in poked] + [(h, r) for h, r in due if h not in poked]
             if self.timing is not None:  # a poke wakes a box: it passes, reading jobs/, after these starts
