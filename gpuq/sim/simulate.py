@@ -1,11 +1,13 @@
 """`gpuq simulate`: replay a job trace on a virtual clock through the real `plan`.
 
-Boxes pass at the moments the workers' wake rules give (model/passes.py): a job's end wakes
-its box at once; a dropped job is read by the first box whose pass reads jobs/ (no sooner than
-half a second after that box's last pass began, so most drops wait a little). At each pass the
-pending jobs that box has read, the running jobs and the simulated GPUs go to `plan` exactly as
-a worker would pass them: the box acts on its own part of the team's plan, and a box with
-starts for another pokes it, and that one plans again after the first one's starts. Its
+Boxes pass at the moments the workers' wake rules give (model/passes.py; docs/simulate.md
+lists them): a job's end wakes its box at once; a change of jobs/ (a drop, another box's claim,
+a job put back) is read by each box at its watch's next look, no sooner than half a second
+after its last pass began, or at its poll, whichever comes first; a box whose last plan gave
+it a part plans again at its poll. At each pass the pending jobs that box has read, the
+running jobs and the simulated GPUs go to `plan` exactly as a worker would pass them: the box
+acts on its own part of the team's plan, and a box with starts for another pokes it, and
+that one plans again after the first one's starts. Its
 starts start, its preemptions stop jobs (each runs on for its grace, then frees its memory
 and goes back to the queue at its old place, to restart from the beginning). No decision
 uses a job's true duration: only the clock moves by it.
