@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuq.model.environments import Container, parse_conda, parse_container, parse_setup, parse_venv
-from gpuq.model.errors import SpecError
-from gpuq.model.groups import GroupError, parse_array
+from gpuq.model.errors import SpecError, kind_of
+from gpuq.model.groups import check_array, check_expansion, check_sweep
 from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.spec_fields import FIELDS
 from gpuq.model.strict_yaml import load_yaml
@@ -188,9 +188,10 @@ def validate_spec(data: Any, file: str) -> JobSpec:
     def fail(field: str, problem: str, fix: str) -> SpecError:
         return SpecError(file, field, problem, fix)
 
-    sweep = _sweep(data.get("sweep"), command, file)
-    array = _array(data.get("array"), data.get("sweep"), file)
-    _check_expansion(data, command, sweep, array, file)
+    typed = command_text(command)  # as the user would type it: what a sweep's names are found in
+    sweep = check_sweep(data.get("sweep"), typed, file)
+    array = check_array(data.get("array"), data.get("sweep"), file)
+    check_expansion(data, typed, sweep, array, file)
     return JobSpec(
         command=command,
         name=_optional_str(data, "name", file),
@@ -243,12 +244,12 @@ def _command(value: Any, file: str) -> str | tuple[str, ...]:
     if isinstance(value, (bool, int, float)):  # `command: true` is YAML's boolean, not /bin/true
         text = str(value).lower() if isinstance(value, bool) else str(value)
         raise SpecError(
-            file, "command", f"YAML read this as {_kind(value)}, not a command", f'quote it: `command: "{text}"`'
+            file, "command", f"YAML read this as {kind_of(value)}, not a command", f'quote it: `command: "{text}"`'
         )
     raise SpecError(
         file,
         "command",
-        f"must be a string or a list of strings, not {_kind(value)}",
+        f"must be a string or a list of strings, not {kind_of(value)}",
         "e.g. `command: python train.py` or `command: [python, train.py]`",
     )
 
@@ -258,7 +259,7 @@ def _gpus(value: Any, file: str) -> int:
         raise SpecError(
             file,
             "gpus",
-            f"must be a whole number, not {_kind(value)} {value!r}",
+            f"must be a whole number, not {kind_of(value)} {value!r}",
             "e.g. `gpus: 1` (0 for a CPU-only job)",
         )
     if value < 0 or value > 64:
@@ -342,12 +343,12 @@ def _env(value: Any, file: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise SpecError(file, "env", f"must be a mapping, not {_kind(value)}", "write `env: {NAME: value}`")
+        raise SpecError(file, "env", f"must be a mapping, not {kind_of(value)}", "write `env: {NAME: value}`")
     for k, v in value.items():
         if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
             raise SpecError(file, "env", f"{k!r} is not a variable name", "use names like WANDB_MODE")
         if not isinstance(v, str) or "\x00" in v:
-            raise SpecError(file, "env", f"value of {k} is {_kind(v)}, not a string", f'quote it: `{k}: "{v}"`')
+            raise SpecError(file, "env", f"value of {k} is {kind_of(v)}, not a string", f'quote it: `{k}: "{v}"`')
     return dict(value)
 
 
@@ -463,93 +464,3 @@ def _restart(value: Any, file: str) -> str:
             "write `restart: on-failure` (restart when it fails) or `restart: always`",
         )
     return value
-
-
-MAX_SWEEP_JOBS = 1000
-
-
-def _sweep(value: Any, command: str | tuple[str, ...], file: str) -> tuple[tuple[str, tuple], ...]:
-    if value is None:
-        return ()
-    example = f"e.g. `sweep: {FIELDS['sweep'].example}` and `{{lr}}` in command"
-    if not isinstance(value, dict) or not value:
-        raise SpecError(file, "sweep", "must be a mapping of names to lists of values", example)
-    text = command_text(command)
-    total = 1
-    for key, values in value.items():
-        if not isinstance(key, str) or not key.isidentifier():
-            raise SpecError(file, "sweep", f"{key!r} is not a name", "use names like lr or seed")
-        if (
-            not isinstance(values, list)
-            or not values
-            or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in values)
-        ):
-            raise SpecError(file, "sweep", f"{key}: must be a list of numbers or strings", example)
-        if f"{{{key}}}" not in text:
-            raise SpecError(
-                file, "sweep", f"{key} is not used in command", f"write {{{key}}} in command where its value goes"
-            )
-        total *= len(values)
-    if total > MAX_SWEEP_JOBS:
-        raise SpecError(file, "sweep", f"makes {total} jobs", f"keep it to at most {MAX_SWEEP_JOBS} combinations")
-    return tuple((k, tuple(v)) for k, v in value.items())
-
-
-# What a sweep's or an array's members may come to, all together: a worker writes every one
-# into jobs/ in one pass (a sweep of 1,000 members of a 75,000-placeholder command was 750 MB
-# written as root, and a pass long enough for the other boxes to take the box for dead).
-MAX_EXPANDED_BYTES = 4 * 1024 * 1024
-
-
-def _check_expansion(
-    data: dict, command: str | tuple[str, ...], sweep: tuple[tuple[str, tuple], ...], array: str | None, file: str
-) -> None:
-    if not sweep and array is None:
-        return
-    base = len(repr({k: v for k, v in data.items() if k not in ("sweep", "array")}))  # about its YAML's size
-    if sweep:
-        text = command_text(command)
-        count, growth = 1, 0
-        for key, values in sweep:
-            count *= len(values)
-            growth += text.count(f"{{{key}}}") * max(0, max(len(str(v)) for v in values) - len(key) - 2)
-    else:
-        count, growth = len(parse_array(str(array))), 0
-    if count * (base + growth) > MAX_EXPANDED_BYTES:
-        field_name = "sweep" if sweep else "array"
-        raise SpecError(
-            file,
-            field_name,
-            f"its {count} jobs would come to {count * (base + growth) // 1024} KiB of specs, over the "
-            f"{MAX_EXPANDED_BYTES // 1024 // 1024} MiB a sweep or array may write",
-            "a shorter command (long values belong in a file the command reads), or fewer jobs",
-        )
-
-
-def _array(value: Any, sweep: Any, file: str) -> str | None:
-    if value is None:
-        return None
-
-    if sweep is not None:
-        raise SpecError(file, "array", "cannot be combined with sweep", "use one of them")
-    if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise SpecError(file, "array", f'must be indices like "0-9", not {_kind(value)}', 'write `array: "0-9"`')
-    try:
-        parse_array(str(value))
-    except GroupError as e:
-        raise SpecError(
-            file, "array", str(e).replace("--array ", ""), "write indices like 0-9, 1-9:2 or 1,4,7"
-        ) from None
-    return str(value)
-
-
-def _kind(value: Any) -> str:
-    return {
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        str: "text",
-        list: "a list",
-        dict: "a mapping",
-        type(None): "empty",
-    }.get(type(value), type(value).__name__)
