@@ -46,6 +46,7 @@ TOP_MODULES = {
     "gpuq": "model",
     "gpuq.single_instance": "host",
     "gpuq.worker_main": "cli",
+    "gpuq.worker_run": "cli",
     "gpuq.worker_start": "cli",
     "gpuq.layers": "model",
 }

@@ -13,6 +13,7 @@ import os
 import stat
 
 from gpuq.host.hostinfo import ensure_private_dir
+from gpuq.host.privsep import regular_uid
 
 WORKER_LOCK_NAME = "worker.lock"
 ANOTHER_WORKER_RUNS = -1
@@ -129,8 +130,13 @@ def lock_at_cron_start(argv: list[str], launcher_dir: str | None) -> int | None:
     if _config_may_set_local_dir(os.path.join(root, "config.yaml")):
         return None
     local_dir = default_local_dir(root, host)
+    owner = _queue_uid(root)
+    if owner is not None and regular_uid(owner):
+        return None  # a person's state/: the full start refuses it (strictmodes.queue_account_problem)
     try:
-        ensure_private_dir(local_dir)  # a directory others could swap: the full start says so
+        # The queue account's, as the full start makes it (worker_main.local_dir_problem); a
+        # directory others could swap: the full start says so.
+        ensure_private_dir(local_dir, owner=owner)
     except OSError:
         return None
     try:
@@ -138,6 +144,18 @@ def lock_at_cron_start(argv: list[str], launcher_dir: str | None) -> int | None:
     except OSError:
         return None
     return ANOTHER_WORKER_RUNS if fd is None else fd
+
+
+def _queue_uid(root: str) -> int | None:
+    """Whose the worker's local_dir is: a root start's, the queue account's (the owner of the
+    root's state/, host/privsep.Account); None (this process's own) otherwise."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        st = os.lstat(os.path.join(root, "state"))
+    except OSError:
+        return None
+    return st.st_uid if stat.S_ISDIR(st.st_mode) else None
 
 
 def _config_may_set_local_dir(config_path: str) -> bool:

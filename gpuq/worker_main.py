@@ -1,7 +1,11 @@
 """`python worker.py` / `gpuq-worker`: one worker per host, started by cron every minute.
 
 A start while a worker already runs on this host exits at once, quietly, with status 0.
-The first start daemonizes (or stays in the foreground) and logs to logs/worker-<host>.log.
+The first start (as root on a team's box) checks what it is about to trust, makes the box's
+local directory for the queue's account, daemonizes (or stays in the foreground) and becomes
+the box's starter (the root part, host/privsep.py), which runs the worker (worker_run.py) as
+the queue's account. It loads no more of gpuq than that: the starter and the keepers it forks
+are root, so the less they hold the better.
 """
 
 from __future__ import annotations
@@ -9,10 +13,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
+from gpuq.host import privsep, wire
 from gpuq.host.hostinfo import (
     NETWORK_FILESYSTEMS,
     UnsafePath,
@@ -20,13 +24,12 @@ from gpuq.host.hostinfo import (
     filesystem_type,
     open_to_append,
 )
+from gpuq.host.owners import writable_by_others
 from gpuq.model import config as config_mod
 from gpuq.model.names import HOST_RE, ID_RULE
 from gpuq.single_instance import WORKER_LOCK_NAME, holds_lock_at, take_worker_lock, this_host
-from gpuq.slurm.bridge import BridgeWorker
 from gpuq.spool import strictmodes
 from gpuq.spool.layout import Layout, RootError, resolve_root
-from gpuq.worker.loop import Worker
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,24 +58,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd: int | None = None) -> int:
-    """`lock_fd`: the worker lock, when worker.py could take it before loading gpuq."""
+    """`lock_fd`: the worker lock, when worker.py could take it before loading gpuq. Started by
+    cron (or by hand), this process becomes the box's starter (host/privsep.py), which runs
+    the worker as the queue's account; the worker is this same main, told so by its starter."""
     args = parse_args(argv)
     try:
         layout = Layout(resolve_root(args.root, launcher_dir))
         config = config_mod.load(layout.config_file)
-    except (RootError, config_mod.ConfigError) as e:
+        account = privsep.Account.of_root(str(layout.root))
+    except (RootError, config_mod.ConfigError, wire.Refused) as e:
         print(f"gpuq worker: {e}", file=sys.stderr)
         return 2
     host = args.host or this_host()
     if not HOST_RE.match(host):
         print(f"gpuq worker: --host {host!r} is not a valid host name ({ID_RULE})", file=sys.stderr)
         return 2
-    if os.geteuid() == 0 and (
-        unsafe := strictmodes.problems(layout, os.geteuid(), launcher_dir and os.path.join(launcher_dir, "worker.py"))
-    ):
-        print("gpuq worker: refusing to run as root:\n  " + "\n  ".join(unsafe), file=sys.stderr)
+    if os.geteuid() == 0 and (problem := _root_problem(layout, account, launcher_dir)):
+        print(f"gpuq worker: refusing to run as root:\n  {problem}", file=sys.stderr)
         return 2
-    layout.ensure()
     local_dir = layout.local_dir(host, config.local_dir)
     if (fs := filesystem_type(local_dir)) in NETWORK_FILESYSTEMS:
         print(
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
             file=sys.stderr,
         )
         return 2
-    if (problem := _local_dir_problem(local_dir, layout)) is not None:
+    queue_uid = account.uid if os.geteuid() == 0 else os.geteuid()
+    if (problem := local_dir_problem(local_dir, layout, queue_uid)) is not None:
         print(f"gpuq worker: {problem}", file=sys.stderr)
         return 2
     if lock_fd is not None and not holds_lock_at(lock_fd, str(local_dir / WORKER_LOCK_NAME)):
@@ -90,34 +94,60 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
         lock_fd = None
     if lock_fd is None and (lock_fd := take_worker_lock(str(local_dir / WORKER_LOCK_NAME))) is None:
         return _already_running(host, args.verbose)
-    daemon = not (args.foreground or args.once)
-    log_fd, log_problem = _open_worker_log(layout.worker_log(host))  # before: cron mails a problem
-    if daemon and _daemonize():
-        return 0  # the cron-started parent: the daemon carries on (flock follows the descriptor)
-
-    _setup_logging(log_fd, to_stderr=not daemon or log_fd is None, verbose=args.verbose)
-    if log_problem:
-        logging.getLogger("gpuq.worker").warning("%s", log_problem)
-    worker_class = BridgeWorker if config.backend == "slurm" else Worker
-    # SIGTERM (shutdown, `kill`) ends the worker cleanly; running jobs live on under their
-    # supervisors and the next worker reattaches to them.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    if not (args.foreground or args.once) and _daemonize():
+        return 0  # the cron-started parent: the starter carries on (flock follows the descriptor)
     try:
-        worker_class(layout, config, host, args.fake_gpus).run(once=args.once, exit_when_idle=args.exit_when_idle)
-    except KeyboardInterrupt:
-        pass
+        return privsep.serve(_worker_argv(argv, layout), account, dict(os.environ), f"{local_dir}-mps")
     finally:
-        logging.getLogger("gpuq.worker").info("worker %s stopped; running jobs continue under their supervisors", host)
         os.close(lock_fd)
-    return 0
 
 
-def _local_dir_problem(local_dir: Path, layout: Layout) -> str | None:
-    """Why local_dir cannot be the worker's private directory (created here when missing),
-    if it cannot: the worker keeps its locks, lease, stop requests and job lock files there,
-    and trusts them, so nobody else may be able to swap any part of its path."""
+def _worker_argv(argv: list[str] | None, layout: Layout) -> list[str]:
+    """The worker's command line: this interpreter, isolated (-I: no PYTHON* variables, no user
+    site, no current directory on sys.path), gpuq's code by its absolute path, the same options
+    with the root spelled out."""
+    package_parent = str(Path(__file__).resolve().parents[1])
+    boot = (
+        f"import sys; sys.path.insert(0, {package_parent!r}); "
+        "from gpuq.worker_run import main; sys.exit(main(sys.argv[1:]))"
+    )
+    rest = list(sys.argv[1:] if argv is None else argv)
+    return [sys.executable, "-I", "-c", boot, *rest, "--root", str(layout.root)]
+
+
+def _root_problem(layout: Layout, account: privsep.Account, launcher_dir: str | None) -> str | None:
+    """Why root must not start this queue, if it must not: code or config others could change
+    (strictmodes), or a root others share (jobs/ writable by others) whose state/ is root's,
+    which would have root read and act on members' files, or whose state/ is a person's (who
+    would then be the queue: the starter trusts what state/'s owner asks of it)."""
+    if problem := strictmodes.queue_account_problem(layout, account.uid):
+        return problem
+    unsafe = strictmodes.problems(layout, account.uid, launcher_dir and os.path.join(launcher_dir, "worker.py"))
+    if unsafe:
+        return "\n  ".join(unsafe)
+    if account.uid == 0 and writable_by_others(_mode(layout.jobs)):
+        return (
+            f"{layout.jobs} is writable by others, but {layout.state} is root's: members' specs "
+            "would be read by root. Fix: make it a team root with a queue account, "
+            f"`gpuq init {layout.root} --group TEAM` (docs/security.md)"
+        )
+    return None
+
+
+def _mode(path: Path) -> int:
     try:
-        ensure_private_dir(local_dir)
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
+
+
+def local_dir_problem(local_dir: Path, layout: Layout, owner: int) -> str | None:
+    """Why local_dir cannot be the worker's private directory (created here when missing, for
+    `owner`, the queue's account), if it cannot: the worker keeps its locks, lease, stop
+    requests and job lock files there, and trusts them, so nobody else may be able to swap
+    any part of its path."""
+    try:
+        ensure_private_dir(local_dir, owner=owner)
     except UnsafePath as e:
         return str(e)
     except OSError as e:
@@ -148,7 +178,7 @@ def _daemonize() -> bool:
     return False
 
 
-def _open_worker_log(path: Path) -> tuple[int | None, str | None]:
+def open_worker_log(path: Path) -> tuple[int | None, str | None]:
     """The worker's log, opened to append, never through a link, a FIFO or a file that is not
     the worker's user's: (descriptor, None), or (None, why) after saying so on stderr (logs/
     may have been writable by others, and a root worker must not append where they point)."""
@@ -163,7 +193,7 @@ def _open_worker_log(path: Path) -> tuple[int | None, str | None]:
         return None, problem
 
 
-def _setup_logging(log_fd: int | None, to_stderr: bool, verbose: bool) -> None:
+def setup_logging(log_fd: int | None, to_stderr: bool, verbose: bool) -> None:
     handlers: list[logging.Handler] = []
     if log_fd is not None:
         handlers.append(

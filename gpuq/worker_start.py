@@ -10,10 +10,12 @@ import importlib
 import os
 import sys
 
+from gpuq.host.audit import install_if_asked
 from gpuq.single_instance import ANOTHER_WORKER_RUNS, lock_at_cron_start
 
 
 def main() -> int:
+    install_if_asked()  # the tests' proof of the privilege boundary; nothing otherwise
     argv = sys.argv[1:]
     lock_fd = lock_at_cron_start(argv, _cwd_if_root())
     if lock_fd == ANOTHER_WORKER_RUNS:

@@ -38,9 +38,10 @@ def wait_until(
         time.sleep(interval)
 
 
-def worker_argv(root: Path | str, host: str, fake: str, *extra: str) -> list[str]:
+def worker_argv(root: Path | str, host: str, fake: str, *extra: str, command: list[str] | None = None) -> list[str]:
     """The command line of a stand-in box's worker on fake GPUs (worker.py, as cron runs it)."""
-    return [PY, str(REPO / "worker.py"), "--root", str(root), "--host", host, "--fake-gpus", fake, *extra]
+    command = command or [PY, str(REPO / "worker.py")]
+    return [*command, "--root", str(root), "--host", host, "--fake-gpus", fake, *extra]
 
 
 class Queue:
@@ -75,7 +76,7 @@ class Queue:
     def gpuq(self, *args: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
         kw.setdefault("env", self.env())
         proc = subprocess.run(
-            [PY, str(REPO / "gpuq.py"), "--root", str(self.root), *args],
+            [*self.cli_command(), "--root", str(self.root), *args],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -96,7 +97,7 @@ class Queue:
         self.local_base.mkdir(parents=True, exist_ok=True)
         with open(self.local_base / f"worker-{host}.{len(self.started)}.stderr", "wb") as err:
             proc = subprocess.Popen(
-                worker_argv(self.root, host, fake, "--foreground", *extra),
+                worker_argv(self.root, host, fake, "--foreground", *extra, command=self.worker_command()),
                 stdout=subprocess.DEVNULL,
                 stderr=err,
                 env={**self.env(), **(env or {})},
@@ -106,6 +107,14 @@ class Queue:
         if wait:  # (cron does not wait: a kill storm restarts as cron would)
             wait_until(lambda: self._beat_of(host, proc.pid), what=f"worker {host} heartbeat")
         return proc
+
+    def worker_command(self) -> list[str]:
+        """The interpreter and launcher a box's worker is started with."""
+        return [PY, str(REPO / "worker.py")]
+
+    def cli_command(self) -> list[str]:
+        """The interpreter and launcher `gpuq` is run with (by root, in `gpuq()`)."""
+        return [PY, str(REPO / "gpuq.py")]
 
     def refusals(self, job_id: str) -> str:
         """The .error texts of specs refused under `job_id`, joined: its own (<id>.error) and
@@ -135,11 +144,23 @@ class Queue:
         wait_until(lambda: seq() >= start + passes, timeout=timeout, what=f"{passes} passes of worker {host}")
 
     def _beat_of(self, host: str, pid: int) -> bool:
-        """This worker's own heartbeat (one a stopped worker of the host left is not it)."""
+        """This worker's own heartbeat (one a stopped worker of the host left is not it): `pid`
+        is the process the test started, the box's starter, whose child the worker is."""
         try:
-            return json.loads((self.root / "state" / "workers" / f"{host}.json").read_text()).get("pid") == pid
+            return json.loads((self.root / "state" / "workers" / f"{host}.json").read_text()).get("starter_pid") == pid
         except (OSError, ValueError):
             return False
+
+    def worker_pid(self, host: str) -> int:
+        """The pid of box `host`'s worker (the starter's child), as its heartbeat names it."""
+        return json.loads((self.root / "state" / "workers" / f"{host}.json").read_text())["pid"]
+
+    def worker_process(self, host: str):
+        """The worker of box `host` (a psutil.Process): the child of the starter the test started."""
+        import psutil
+
+        starter = psutil.Process(self.workers[host].pid)
+        return wait_until(lambda: next(iter(starter.children()), None), what=f"worker {host} under its starter")
 
     def stop_worker(self, host: str, sig: int = signal.SIGTERM) -> None:
         proc = self.workers.pop(host)
@@ -148,9 +169,7 @@ class Queue:
 
     def spawner(self, host: str):
         """The spawner of this root's worker `host` (a psutil.Process), once it has started."""
-        import psutil
-
-        worker = psutil.Process(self.workers[host].pid)
+        worker = self.worker_process(host)
         return wait_until(lambda: next(iter(worker.children()), None), what=f"worker {host}'s spawner")
 
     def drop(self, name: str, text: str) -> Path:

@@ -7,7 +7,10 @@ client leaves the "container" running until `stop`, `kill` or `rm --force` reach
 client relays SIGTERM/SIGINT (docker's sig-proxy) and exits with the container's status.
 The container gets only the variables named by --env, NVIDIA_VISIBLE_DEVICES for the GPUs
 given (--gpus '"device=1,2"' or CDI --device nvidia.com/gpu=N), runs in --workdir, which must
-be a mounted --volume, and as --user (with each --group-add) when the daemon is root. Options are read as
+be a mounted --volume, and as --user (with each --group-add) when the daemon is root. podman
+is rootless, as a team's member runs it: its container runs as the client's own user, and a
+--volume source the client cannot reach fails the run (the kernel's check, in the user's
+namespace), where docker's root daemon mounts anything. Options are read as
 pflag reads them (docker's and podman's parser): `--name=value` or `--name value`, short
 flags combined (`-iu0` is `-i -u 0`), and for a flag given twice the last one wins; the
 client itself reads `--env-file` and writes `--pidfile`, `--conmon-pidfile` and `--cidfile`,
@@ -92,14 +95,21 @@ RUN_SHORT_VALUES = {
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/"}
 
 
-def install(bin_dir: Path, state_dir: Path) -> None:
+def install(bin_dir: Path, state_dir: Path, python: str = sys.executable) -> None:
+    """The three clients in `bin_dir`, each run by `python` (one a job's owner can run: the
+    clients run as the job's owner) from a copy of this file beside them; `state_dir` open to
+    every user (the clients of several owners write their calls there and reach the daemon)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.chmod(0o1777)
+    (state_dir / "calls.jsonl").touch()
+    (state_dir / "calls.jsonl").chmod(0o666)
+    script = bin_dir / "fake_runtime.py"
+    script.write_text(Path(__file__).read_text())
+    script.chmod(0o644)
     for name in ("docker", "podman", "apptainer"):
         path = bin_dir / name
-        path.write_text(
-            f'#!/bin/sh\nFAKE_RUNTIME_DIR={state_dir} exec {sys.executable} {Path(__file__).resolve()} {name} "$@"\n'
-        )
+        path.write_text(f'#!/bin/sh\nFAKE_RUNTIME_DIR={state_dir} exec {python} {script} {name} "$@"\n')
         path.chmod(0o755)
 
 
@@ -124,9 +134,9 @@ def calls(state_dir: Path) -> list[dict]:
 class StandIns:
     """The three stand-ins on a PATH of their own, and their daemon (a test fixture's)."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, python: str = sys.executable) -> None:
         self.bin, self.state = base / "bin", base / "state"
-        install(self.bin, self.state)
+        install(self.bin, self.state, python)
         self.daemon = start_daemon(self.state)
 
     def worker_env(self) -> dict[str, str]:
@@ -249,6 +259,9 @@ def client(runtime: str, args: list[str]) -> int:
     if runtime == "apptainer":
         return _apptainer(args)
     verb, rest = (args[0], args[1:]) if args else ("", [])
+    if verb == "--version":  # the client alone, daemon or not
+        print("Docker version 24.0.7-fake, build fake" if runtime == "docker" else "podman version 4.9.0-fake")
+        return 0
     if verb == "version":
         if runtime == "podman":
             print("4.9.0-fake")
@@ -264,7 +277,7 @@ def client(runtime: str, args: list[str]) -> int:
             return 1
     options, flags, positional = _parse(rest, verb)
     if verb == "run":
-        return _run(state_dir, options, flags, positional)
+        return _run(state_dir, runtime, options, flags, positional)
     if verb in ("stop", "kill", "rm", "inspect"):
         answer = _answer(_request(state_dir, {"op": verb, "name": positional[0], "options": options, "flags": flags}))
         if "error" in answer:
@@ -276,7 +289,7 @@ def client(runtime: str, args: list[str]) -> int:
     return 125
 
 
-def _run(state_dir: Path, options: dict[str, list[str]], flags: list[str], positional: list[str]) -> int:
+def _run(state_dir: Path, runtime: str, options: dict[str, list[str]], flags: list[str], positional: list[str]) -> int:
     image, argv = positional[0], positional[1:]
     env = dict(BASE_ENV)
     for path in options.get("--env-file", []):  # read by the client, with its privileges
@@ -298,8 +311,20 @@ def _run(state_dir: Path, options: dict[str, list[str]], flags: list[str], posit
     if workdir != "/" and not any(workdir == m or workdir.startswith(m.rstrip("/") + "/") for m in mounts):
         print(f"fake runtime: workdir {workdir} is not inside a mounted volume {mounts}", file=sys.stderr)
         return 125
+    rootless = runtime == "podman" and os.getuid() != 0
+    if rootless:
+        for volume in options.get("--volume", []) + options.get("-v", []):
+            source = volume.split(":")[0]
+            try:
+                os.stat(source)
+                if not os.access(source, os.R_OK | (os.X_OK if os.path.isdir(source) else 0)):
+                    raise PermissionError("permission denied")
+            except OSError as e:
+                print(f"Error: statfs {source}: {(e.strerror or str(e)).lower()}", file=sys.stderr)
+                return 125
     request = {
         "op": "run",
+        "rootless": rootless,
         "name": (options.get("--name") or [f"anon-{os.getpid()}"])[-1],
         "argv": argv,
         "env": env,
@@ -360,6 +385,15 @@ def _apptainer(args: list[str]) -> int:
 # --- the daemon -------------------------------------------------------------------------------
 
 
+def _groups_of(uid: int, gid: int) -> list[int]:
+    import pwd
+
+    try:
+        return os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except KeyError:
+        return [gid]
+
+
 class Daemon:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
@@ -371,6 +405,7 @@ class Daemon:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         path = self.state_dir / "daemon.sock"
         listener.bind(str(path) + ".tmp")
+        os.chmod(str(path) + ".tmp", 0o777)  # clients run as each job's owner
         os.rename(str(path) + ".tmp", path)
         listener.listen(64)
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
@@ -401,6 +436,10 @@ class Daemon:
         if op == "run":
             if box is not None:
                 return self.reply(conn, {"error": f'Conflict. The container name "/{name}" is already in use'})
+            if m.get("rootless"):  # rootless podman: the container is the client's own user's
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                uid, gid = (int.from_bytes(creds[i : i + 4], sys.byteorder) for i in (4, 8))
+                m = {**m, "user": f"{uid}:{gid}", "groups": _groups_of(uid, gid)}
             pid = os.fork()
             if pid == 0:
                 self._child(m, fds)

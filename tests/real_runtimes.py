@@ -12,6 +12,7 @@ which an unprivileged VM's container refuses). The dockerd runs without iptables
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import tarfile
@@ -21,7 +22,7 @@ from pathlib import Path
 
 IMAGE = "localhost/gpuq-test:busybox"
 PACKAGES = {
-    "podman": ("podman", "runc", "conmon", "busybox-static", "catatonit"),
+    "podman": ("podman", "runc", "conmon", "busybox-static", "catatonit", "uidmap"),
     "docker": ("docker.io", "busybox-static"),
 }
 CONF = """[containers]
@@ -85,13 +86,79 @@ def podman_ready(base: Path) -> dict[str, str]:
     return env
 
 
-class Dockerd:
-    """A private dockerd: started here, stopped by stop()."""
+class MemberPodman:
+    """Rootless podman as a team's member has it (a root worker runs a job's client as the
+    job's owner): a member made here, in `group`, with a home of their own and subordinate ids,
+    the test image in their storage. `env` is what every client needs beside that (config
+    container_env). stop() ends the member's processes (podman's pause process lingers) and
+    removes them."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: Path, name: str, group: str) -> None:
+        _install("podman", ("podman", "runc", "busybox", "newuidmap"))
+        base.mkdir(parents=True, exist_ok=True)
+        os.chmod(base, 0o755)
+        self.base, self.name, self.home = base, name, base / "home"
+        subprocess.run(["userdel", "-r", name], capture_output=True)  # an earlier run's, killed
+        made = subprocess.run(
+            ["useradd", "-m", "-d", str(self.home), "-G", group, "-s", "/bin/sh", name], capture_output=True, text=True
+        )
+        if made.returncode != 0:
+            raise RuntimeUnavailable(f"useradd {name}: {made.stderr.strip()}")
+        self.user = pwd.getpwnam(name)
+        for kind in ("uid", "gid"):
+            if not any(line.split(":")[0] == name for line in Path(f"/etc/sub{kind}").read_text().splitlines()):
+                first = 200000 + (self.user.pw_uid % 10000) * 65536
+                subprocess.run(["usermod", f"--add-sub{kind}s", f"{first}-{first + 65535}", name], check=True)
+        conf = base / "containers.conf"
+        conf.write_text(CONF)
+        os.chmod(conf, 0o644)
+        self.env = {"CONTAINERS_CONF": str(conf)}
+        rootfs = _rootfs(base)
+        os.chmod(rootfs, 0o644)
+        try:
+            for step in (
+                ["podman", "import", str(rootfs), IMAGE],
+                ["podman", "run", "--rm", IMAGE, "/bin/sh", "-c", "echo ok"],
+            ):
+                out = self.run(step)
+                if out.returncode != 0:
+                    raise RuntimeUnavailable(
+                        f"`{' '.join(step)}` as {name} failed: {(out.stderr or out.stdout).strip()[-400:]}"
+                    )
+        except BaseException:
+            self.stop()
+            raise
+
+    def run(self, argv: list[str]) -> subprocess.CompletedProcess:
+        """`argv` as the member, from their home, as a login would start it."""
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home), "USER": self.name, **self.env}
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=self.home,
+            timeout=300,
+            user=self.user.pw_uid,
+            group=self.user.pw_gid,
+            extra_groups=os.getgrouplist(self.name, self.user.pw_gid),
+        )
+
+    def stop(self) -> None:
+        subprocess.run(["pkill", "-KILL", "-u", self.name], capture_output=True)
+        subprocess.run(["userdel", self.name], capture_output=True)
+        subprocess.run(["rm", "-rf", str(self.base)])  # podman's storage holds files of subordinate ids
+
+
+class Dockerd:
+    """A private dockerd: started here, stopped by stop(). `group`: whose members may use its
+    socket (docker's own `docker` group, as a team's admin would grant it)."""
+
+    def __init__(self, group: str | None = None) -> None:
         _install("docker", ("dockerd", "docker", "busybox"))
         # Short paths: containerd's sockets live under exec-root (a socket path has 108 bytes).
         self.base = Path(tempfile.mkdtemp(prefix="gpuq-dockerd-"))
+        os.chmod(self.base, 0o755)  # the socket's group reaches it
         self.env = {"DOCKER_HOST": f"unix://{self.base}/docker.sock"}
         self.proc = subprocess.Popen(
             [
@@ -106,6 +173,7 @@ class Dockerd:
                 self.env["DOCKER_HOST"],
                 "--iptables=false",
                 "--bridge=none",
+                *(["--group", group] if group else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=open(self.base / "log", "wb"),

@@ -30,6 +30,7 @@ from filelock import FileLock
 _TAG = str(os.getpid() % 100000)
 TEAM = f"gqt-team-{_TAG}"
 ALICE, BOB, EVE = f"gqt-alice-{_TAG}", f"gqt-bob-{_TAG}", f"gqt-eve-{_TAG}"
+QUEUE = f"gqt-q-{_TAG}"  # the queue's own account, made by `gpuq init --queue-user`
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("useradd"), reason="creating users needs root and useradd (CI runs as root)"
 )
@@ -92,7 +93,7 @@ def users() -> dict[str, pwd.struct_passwd]:
             extra = ["-G", TEAM] if name != EVE else []
             subprocess.run(["useradd", "-M", "-d", f"/nonexistent/{name}", *extra, "-s", "/bin/sh", name], check=True)
     yield {name: pwd.getpwnam(name) for name in (ALICE, BOB, EVE)}
-    for name in (ALICE, BOB, EVE):
+    for name in (ALICE, BOB, EVE, QUEUE):
         subprocess.run(["userdel", name], capture_output=True)
     subprocess.run(["groupdel", TEAM], capture_output=True)
 
@@ -108,13 +109,30 @@ class TeamQueue(Queue):
         self.workers: dict[str, subprocess.Popen] = {}
         self.started: list[tuple[subprocess.Popen, Path]] = []
         done = subprocess.run(
-            [PY, str(REPO / "gpuq.py"), "init", str(self.root), "--group", TEAM],
+            [PY, str(REPO / "gpuq.py"), "init", str(self.root), "--group", TEAM, "--queue-user", QUEUE],
             capture_output=True,
             text=True,
             env=self.env(),
         )
         assert done.returncode == 0, done.stderr
         self.write_config()
+
+    def queue_file(self, name: str) -> Path:
+        """A path the queue's account may create (a fault log its worker and supervisors write)."""
+        d = self.base / f"{name}.d"
+        d.mkdir(exist_ok=True)
+        os.chown(d, pwd.getpwnam(QUEUE).pw_uid, -1)
+        return d / name
+
+    def cli_command(self) -> list[str]:
+        """Root's gpuq, as an admin runs it: from the venv every member reaches (it acts as the
+        queue's account in a team root, which must be able to run it)."""
+        return [self.python, str(self.code / "gpuq.py")]
+
+    def worker_command(self) -> list[str]:
+        """Root starts the team's workers with the team's interpreter and the root-owned code:
+        the worker itself runs as the queue's account, which must be able to run both."""
+        return [self.python, str(self.code / "worker.py")]
 
     def write_config(self, **overrides: object) -> None:
         """As an admin edits it: root's file, in place (its owner and mode stay init's)."""
@@ -203,7 +221,8 @@ def team(users, shared_code):
     q = TeamQueue(base, python, code, users)
     yield q
     q.close()
-    shutil.rmtree(base, ignore_errors=True)
+    if not os.environ.get("GPUQ_TEST_KEEP"):
+        subprocess.run(["rm", "-rf", str(base)])  # rm: a member's tree may be 2000 deep (shutil recurses)
 
 
 def team_gid() -> int:

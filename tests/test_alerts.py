@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 
-import psutil
 import pytest
 from conftest import PY, REPO, wait_until
 
@@ -67,7 +66,7 @@ def test_a_silent_worker_is_an_alert_until_it_speaks_again(queue):
     queue.write_config(alert_worker_silent_s=2)
     queue.start_worker("a", "1x80GiB")
     queue.start_worker("b", "1x80GiB")
-    frozen = psutil.Process(queue.workers["b"].pid)
+    frozen = queue.worker_process("b")
     frozen.send_signal(signal.SIGSTOP)
     try:
         alert = wait_until(lambda: _alerts(queue).get("worker_silent:b"), timeout=20, what="b to be missed")

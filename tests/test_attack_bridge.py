@@ -1,7 +1,9 @@
-"""Attacks on a root Slurm bridge (security review C7 and its [S] items), as created users
-against the recommended setup. Slurm is stood in for by scripts on the bridge's PATH:
-`sbatch` logs the uid it runs as and its arguments, and answers with a job id; `squeue` says
-every job is still pending, so the bridge keeps following it and ends nothing."""
+"""Attacks on a team's Slurm bridge (security review C7 and its [S] items), as created users
+against the recommended setup: the bridge runs as the queue's account, and sbatch runs as
+each job's owner, started by the root part (so Slurm takes the job as theirs: no --uid). Slurm
+is stood in for by scripts on the bridge's PATH: `sbatch` logs the uid it runs as and its
+arguments, and answers with a job id; `squeue` says every job is still pending, so the bridge
+keeps following it and ends nothing."""
 
 from __future__ import annotations
 
@@ -26,7 +28,12 @@ class StandInSlurm:
     def __init__(self, base: Path) -> None:
         self.bin = base / "fake-slurm"
         self.bin.mkdir()
-        self.calls = base / "sbatch-calls.log"
+        calls = base / "slurm-calls"  # sbatch runs as each job's owner: a place every member may write
+        calls.mkdir()
+        calls.chmod(0o1777)
+        self.calls = calls / "sbatch-calls.log"
+        self.calls.touch()
+        self.calls.chmod(0o666)
         scripts = {
             # (its environment is whole before its call is logged: a test waits for the call)
             "sbatch": f"#!/bin/sh\nenv > {self.calls}.env.tmp && mv {self.calls}.env.tmp {self.calls}.env\n"
@@ -57,7 +64,7 @@ def bridge(team):
 
 
 def paused(team, host: str) -> psutil.Process:
-    proc = psutil.Process(team.workers[host].pid)
+    proc = team.worker_process(host)
     wait_until(lambda: proc.status() == psutil.STATUS_STOPPED, timeout=30, what=f"{host} paused at its pause point")
     return proc
 
@@ -96,8 +103,9 @@ def test_a_spec_flipped_to_a_link_between_intake_and_claim_is_never_submitted_as
     team.drop_as(BOB, "mine.yaml", "command: echo mine\ngpus: 0\n")
     paused(team, "bridge").send_signal(signal.SIGCONT)
     calls = wait_until(lambda: bridge.submitted("mine"), timeout=30, what="mine handed to the stand-in sbatch")
-    assert len(calls) == 1 and calls[0].startswith("uid=0 args: --parsable --comment=gpuq:mine@")
-    assert calls[0].endswith(f" --uid={bob.pw_uid} --gid={bob.pw_gid}")
+    # sbatch ran as bob himself (the root part started it so), never as root with --uid
+    assert len(calls) == 1 and calls[0].startswith(f"uid={bob.pw_uid} args: --parsable --comment=gpuq:mine@")
+    assert "--uid" not in calls[0]
 
     team.drop_as(BOB, "pwn.yaml", "command: id -u > /tmp/gpuq-bridge-pwned\ngpus: 0\n")
     stopped = paused(team, "bridge")
@@ -111,30 +119,6 @@ def test_a_spec_flipped_to_a_link_between_intake_and_claim_is_never_submitted_as
     assert target.read_text() == "command: echo the target's own\ngpus: 0\n"  # the target is untouched
 
 
-def test_a_root_bridge_never_takes_uid_0_or_none_for_submit_as_myself(team):
-    """C7: uid 0 (or no uid) in a record made a root bridge leave out --uid, so Slurm ran the
-    job as root. Now a root bridge always names the owner, and uid 0 only with allow_root_jobs."""
-    from types import SimpleNamespace
-
-    from gpuq.model.config import Config
-    from gpuq.model.record import Record
-    from gpuq.model.spec import validate_spec
-    from gpuq.model.states import State
-    from gpuq.slurm.bridge import BridgeWorker
-    from gpuq.spool.layout import Layout
-
-    fake_self = SimpleNamespace(layout=Layout(team.root), config=Config(allow_root_jobs=False))
-    plain = validate_spec({"command": "true", "gpus": 0}, "t.yaml")
-    for uid in (0, -1):
-        with pytest.raises(PermissionError):
-            BridgeWorker._as_owner(fake_self, Record(id=f"r{uid + 1}", state=State.RUNNING, spec={}, uid=uid), plain)
-    fake_self.config = Config(allow_root_jobs=True)
-    assert BridgeWorker._as_owner(fake_self, Record(id="r2", state=State.RUNNING, spec={}, uid=0), plain)[0] == [
-        "--uid=0",
-        "--gid=0",
-    ]
-
-
 def test_a_root_bridge_precreates_every_array_log_as_the_owner(team, bridge, users):
     """[S] A sweep's logs/<id>-<task>.log (Slurm's --output per array task) are created first,
     the owner's 0640, like <id>.log: never through a link planted in logs/ (which fails the
@@ -144,7 +128,7 @@ def test_a_root_bridge_precreates_every_array_log_as_the_owner(team, bridge, use
     sweep = "command: echo lr={lr}\ngpus: 0\nsweep: {lr: [1, 2, 3]}\n"
     team.drop_as(ALICE, "hp.yaml", sweep)
     wait_until(lambda: bridge.submitted("hp"), timeout=30, what="hp handed to the stand-in sbatch")
-    assert f"--uid={alice.pw_uid} --gid={alice.pw_gid}" in bridge.submitted("hp")[0]
+    assert bridge.submitted("hp")[0].startswith(f"uid={alice.pw_uid} args:")
     for task in range(3):
         st = os.lstat(team.root / "logs" / f"hp-{task}.log")
         assert stat.S_ISREG(st.st_mode) and (st.st_uid, st.st_mode & 0o777) == (alice.pw_uid, 0o640)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PY, REPO, wait_until
-from team import ALICE, BOB, needs_root
+from team import ALICE, BOB, QUEUE, needs_root
 
 pytestmark = needs_root
 PRECIOUS = "precious root data\n"
@@ -96,16 +97,17 @@ def test_a_root_workers_default_local_dir_is_in_run_and_only_root_can_change_any
     assert str(local).startswith("/run/gpuq/"), local  # never the world-writable /dev/shm
     from gpuq.host.hostinfo import chain_problems
 
+    queue_uid = pwd.getpwnam(QUEUE).pw_uid
     try:
         team.start_worker("a", "1x80GiB")
-        assert (local / "worker.lock").exists() and (local / "jobs").is_dir()
+        assert (local / "worker.lock").exists()
+        # The queue's account's (root made it so before it started the worker as that account).
         st = os.lstat(local)
-        assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o700, local
-        # /run/gpuq may be passed through (jobs reach the MPS pipe directories beside the local
-        # dir, run/mps.py: it is made 0711), never listed or changed by others.
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == queue_uid and stat.S_IMODE(st.st_mode) == 0o700, local
+        # /run/gpuq may be passed through, never listed or changed by others; root's.
         st = os.lstat(local.parent)
         assert stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o066, local.parent
-        assert chain_problems(local, 0) == []
+        assert chain_problems(local, queue_uid) == []
         for place in (local.parent, local):
             made = team.run_as(BOB, ["mkdir", str(place / "bobs")])
             assert made.returncode != 0 and not (place / "bobs").exists()
@@ -257,6 +259,6 @@ def test_the_lease_stop_and_container_files_are_never_written_through_a_link(loc
     assert request_stop(rt, record, "cancelled") is True  # the worker's own marker: obeyed
     wait_until(lambda: sleeper.poll() is not None, what="the stand-in supervisor to get SIGTERM")
     assert victim.read_text() == PRECIOUS
-    for path, text in ((rt.lease_path, "12.5"), (rt.stop_path(record.id), "cancelled")):
-        assert not path.is_symlink() and path.read_text() == text
+    assert not rt.lease_path.is_symlink() and float(rt.lease_path.read_text()) == 12.5
+    assert not rt.stop_path(record.id).is_symlink() and rt.stop_path(record.id).read_text() == "cancelled"
     assert json.loads(rt.container_path(record.id).read_text())["pid"] == sleeper.pid

@@ -25,7 +25,7 @@ PAUSE = {"GPUQ_TEST_PAUSE_AT": "spawner:locked"}  # the spawner stops with the j
 def _paused_spawner(team, host: str) -> psutil.Process:
     """The worker's spawner, once it has stopped itself at the pause point (the worker has
     written the running record and handed the job over; no supervisor runs it yet)."""
-    worker = psutil.Process(team.workers[host].pid)
+    worker = team.worker_process(host)
 
     def stopped() -> psutil.Process | None:
         for child in worker.children():
@@ -114,8 +114,9 @@ except OSError as e:
 
 
 def test_whom_a_root_worker_runs_a_record_as(users):
-    """uid 0 is never "as myself" unless allow_root_jobs; a record naming no owner, or an
-    owner with no account here, cannot start; a user's worker runs everything as itself."""
+    """Where jobs run as their owners (the root part is root): uid 0 is never "as myself"
+    unless allow_root_jobs; a record naming no owner, or an owner with no account here,
+    cannot start. A user's worker runs everything as itself."""
     from gpuq.model.record import Record
     from gpuq.model.states import State
     from gpuq.run.joblocal import Runtime
@@ -129,9 +130,9 @@ def test_whom_a_root_worker_runs_a_record_as(users):
         return Record(id="j", state=State.RUNNING, spec={}, uid=uid)
 
     alice = users[ALICE]
-    assert job_identity(rt(False), record(alice.pw_uid), 0).uid == alice.pw_uid
-    assert job_identity(rt(True), record(0), 0) is None  # root's own job, allowed by config
-    assert job_identity(rt(False), record(alice.pw_uid), alice.pw_uid) is None  # a user's worker
+    assert job_identity(rt(False), record(alice.pw_uid), True).uid == alice.pw_uid
+    assert job_identity(rt(True), record(0), True) is None  # root's own job, allowed by config
+    assert job_identity(rt(False), record(alice.pw_uid), False) is None  # a user's worker
     unused = max(p.pw_uid for p in pwd.getpwall()) + 1000
     for allow, uid, reason in (
         (False, 0, "the job's owner is root, and allow_root_jobs is off"),
@@ -139,7 +140,7 @@ def test_whom_a_root_worker_runs_a_record_as(users):
         (True, unused, f"uid {unused}, the spec's owner, has no account here"),
     ):
         with pytest.raises(CannotStart) as refused:
-            job_identity(rt(allow), record(uid), 0)
+            job_identity(rt(allow), record(uid), True)
         assert str(refused.value) == reason
 
 

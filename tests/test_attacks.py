@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PY, REPO, wait_until
-from team import ALICE, BOB, EVE, needs_root
+from team import ALICE, BOB, EVE, QUEUE, needs_root
 
 pytestmark = needs_root
 SLEEPER = "command: sleep 60\ngpus: 0\nworkdir: /\n"
@@ -87,9 +88,10 @@ print("\\n".join(made))
     done = team.py_as(BOB, script)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "", f"bob changed the worker's files:\n{done.stdout}"
-    for name in ("config.yaml", "state", "logs"):
+    queue_uid = pwd.getpwnam(QUEUE).pw_uid
+    for name, owner in (("config.yaml", 0), ("state", queue_uid), ("logs", queue_uid)):
         st = os.stat(team.root / name)
-        assert st.st_uid == 0 and not st.st_mode & 0o022, f"{name} must be root's and not writable by others"
+        assert st.st_uid == owner and not st.st_mode & 0o022, f"{name} must be uid {owner}'s and not writable by others"
     for inbox in ("jobs", "requests"):
         assert stat.S_IMODE(os.stat(team.root / inbox).st_mode) == 0o3770
 
@@ -417,9 +419,14 @@ def test_doctor_for_a_member_judges_workers_by_heartbeat_and_flags_what_others_c
     member = team.as_user(BOB, "doctor")
     assert "workers are up (by their heartbeats): a" in member.stdout, member.stdout
     assert "crontab" not in member.stdout and "FAIL permissions" not in member.stdout
-    admin = team.gpuq("doctor", check=False).stdout
-    reachable = "ok   reachable" if _reachable_by_others(PY) else "WARN reachable"
-    assert reachable in admin, admin
+    admin = team.gpuq("doctor", check=False).stdout  # the team's own venv: everyone reaches it
+    assert "ok   reachable" in admin, admin
+    if not _reachable_by_others(PY):  # this test run's interpreter, under an admin's home
+        admin = subprocess.run(
+            [PY, str(REPO / "gpuq.py"), "--root", str(team.root), "doctor"], capture_output=True, text=True
+        )
+        assert admin.returncode == 1 and "FAIL reachable" in admin.stdout, admin.stdout + admin.stderr
+        assert "cannot read" in admin.stdout and "venv every member can reach" in admin.stdout, admin.stdout
     os.chmod(team.root / "config.yaml", 0o664)
     member = team.as_user(BOB, "doctor")
     assert member.returncode == 1 and "FAIL permissions" in member.stdout and "config.yaml" in member.stdout
@@ -469,6 +476,26 @@ def test_a_state_tree_owned_by_another_account_is_refused_and_doctor_says_so(tea
     assert doctor.returncode == 1 and "FAIL permissions" in doctor.stdout and "state" in doctor.stdout
 
 
+def test_a_box_without_the_queues_account_says_how_to_make_it(team):
+    """Every box needs the queue's account, with the uid state/ has (init made it on one box
+    only): a worker, and root's gpuq, on a box without it say so and what to run, and
+    change nothing."""
+    unknown = 3_999_123
+    assert subprocess.run(["getent", "passwd", str(unknown)], capture_output=True).returncode != 0
+    os.chown(team.root / "state", unknown, -1)
+    proc = subprocess.run(
+        [*team.worker_command(), "--root", str(team.root), "--host", "a", "--fake-gpus", "1x80GiB", "--once"],
+        capture_output=True,
+        text=True,
+        env=team.env(),
+    )
+    assert proc.returncode == 2 and f"owned by uid {unknown}, which has no account on this box" in proc.stderr
+    assert f"useradd --system --uid {unknown}" in proc.stderr, proc.stderr
+    status = team.gpuq("status", check=False)
+    assert status.returncode == 2 and "which has no account on this box" in status.stderr, status.stderr
+    assert not (team.root / "state" / "workers" / "a.json").exists()
+
+
 def test_doctor_says_when_the_export_squashes_root(team):
     """An NFS export that squashes root refuses root's creates in the root-owned state/. No
     NFS here: a user namespace maps a member to root, and that 'root' meets exactly what a
@@ -492,7 +519,7 @@ def test_doctor_says_when_the_export_squashes_root(team):
     doctor = team.run_as(ALICE, [*as_squashed_root, "doctor"])
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
     squash = [line for line in doctor.stdout.splitlines() if "squash" in line]
-    assert any("FAIL" in line and "the export squashes root" in line for line in squash), doctor.stdout
+    assert any("FAIL" in line and "the export squashes root" in line for line in squash), doctor.stdout + doctor.stderr
     assert "no_root_squash" in doctor.stdout, doctor.stdout
     assert not list((team.root / "state").glob(".doctor-*")), "the probe must not be left behind"
     # Outside the team's group, a squashed root cannot even read jobs/: it is told why.

@@ -146,7 +146,7 @@ def test_retry_of_a_job_whose_box_died_after_recording_its_end(team, tmp_path):
     """Box h recorded alice's job done and died before removing its claim; her `gpuq retry`
     said "back in the queue", then the new claim check refused her spec as "being started
     on h", and the job was nowhere. retry lets go of the ended attempt's claim."""
-    fault_log = tmp_path / "faults"
+    fault_log = team.queue_file("faults")
     team.write_config(lost_after_s=5, grace_s=1)
     h = team.start_worker(
         "h", "1x80GiB", env={"GPUQ_TEST_PAUSE_AT": "supervisor:recorded", FAULT_LOG_ENV: str(fault_log)}
@@ -272,9 +272,9 @@ def test_a_box_frozen_after_its_claim_never_overwrites_the_start_made_after_forg
     writing its start record; it was forgotten, its claim went back, and b started the job.
     When a woke, it wrote its own start record over b's. A start now only creates a record:
     a's write fails, a starts nothing, and b's attempt runs on, once."""
-    fault_log = tmp_path / "faults"
+    fault_log = team.queue_file("faults")
     team.write_config(lost_after_s=5, grace_s=1)
-    team.start_worker("a", "1x80GiB", env={"GPUQ_TEST_PAUSE_AT": "worker:owned", FAULT_LOG_ENV: str(fault_log)})
+    a = team.start_worker("a", "1x80GiB", env={"GPUQ_TEST_PAUSE_AT": "worker:owned", FAULT_LOG_ENV: str(fault_log)})
     marker = team.root / "go"  # where alice can see it
     team.drop_as(
         ALICE, "fz.yaml", f"command: id -un; while [ ! -e {marker} ]; do sleep 0.2; done\ngpus: 1\nworkdir: /\n"
@@ -288,7 +288,7 @@ def test_a_box_frozen_after_its_claim_never_overwrites_the_start_made_after_forg
     wait_until(lambda: team.gpuq("forget", "a", check=False).returncode == 0, timeout=60, what="a forgotten")
     wait_until(lambda: (team.record("fz") or {}).get("host") == "b", timeout=60, what="b to start fz")
     os.kill(paused[0], signal.SIGCONT)
-    wait_until(lambda: team._beat_of("a", paused[0]), timeout=60, what="a to beat again")
+    wait_until(lambda: team._beat_of("a", a.pid), timeout=60, what="a to beat again")
     team.wait_passes("a")
     running = team.record("fz")
     assert (running["host"], running["attempt"]) == ("b", 1), running

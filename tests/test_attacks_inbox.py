@@ -16,11 +16,24 @@ pytestmark = needs_root
 SLEEPER = "command: sleep 60\ngpus: 0\nworkdir: /\n"
 
 
-def _put_request(team, user: str, name: str, data: bytes | None, directory: bool = False) -> None:
-    """A file (or a directory) in the inbox, made by `user` as an attacker would."""
+def _put_request(team, user: str, name: str, data: bytes | None, directory: bool = False, depth: int = 1) -> None:
+    """A file (or a directory, `depth` levels deep, built aside and renamed in) in the inbox,
+    made by `user` as an attacker would."""
     path = team.root / "requests" / name
     if directory:
-        code = f"import os; os.mkdir({str(path)!r}, 0o777)"
+        code = (
+            f"import os\nstage = {str(path.parent / ('.stage-' + name))!r}\nos.mkdir(stage, 0o777)\n"
+            f"d = stage\nfor _ in range({depth - 1}):\n    d = os.path.join(d, 'd')\n    os.mkdir(d)\n"
+            f"os.rename(stage, {str(path)!r})\n"
+        )
+        if depth > 1:  # a path 2000 levels deep is longer than PATH_MAX: made a level at a time
+            code = (
+                f"import os\nstage = {str(path.parent / ('.stage-' + name))!r}\nos.mkdir(stage, 0o777)\n"
+                "fd = os.open(stage, os.O_RDONLY)\n"
+                f"for _ in range({depth - 1}):\n    os.mkdir('d', dir_fd=fd)\n"
+                "    new = os.open('d', os.O_RDONLY, dir_fd=fd)\n    os.close(fd)\n    fd = new\n"
+                f"os.rename(stage, {str(path)!r})\n"
+            )
     else:  # the bytes come through a file: they may be too long for a command line
         payload = team.base / f"payload-{name}"
         payload.write_bytes(data or b"")
@@ -65,13 +78,19 @@ def test_no_request_can_stop_the_requests_behind_it(team):
     for _ in range(2):  # a directory, then the same name again, while bob fills the first
         _put_request(team, BOB, "r-1-00000000000000a3.json", None, directory=True)
         wait_until(lambda: not (team.root / "requests" / "r-1-00000000000000a3.json").exists(), what="taken")
+    # F4: 2000 levels deep, renamed in whole: shutil.rmtree's recursion gave up on it and the
+    # taken directory stopped every request on every box.
+    _put_request(team, BOB, "r-1-00000000000000a4.json", None, directory=True, depth=2000)
+    wait_until(lambda: not (team.root / "requests" / "r-1-00000000000000a4.json").exists(), what="the deep one taken")
     for name in bad:
         assert not _reply(team, name)["ok"]
     cancel = team.as_user(ALICE, "cancel", "al")
     assert cancel.returncode == 0, cancel.stderr
     assert wait_until(lambda: team.finished("al"), what="al cancelled")["state"] == "cancelled"
     assert team.workers["a"].poll() is None
-    assert not [p for p in (team.root / "state" / "requests").iterdir() if not p.name.startswith(".")]
+    assert not list((team.root / "state" / "requests").iterdir())  # nothing of bob's left in state/
+    aside = [p for p in (team.root / "requests").iterdir() if p.name.endswith(".not-a-request")]
+    assert len(aside) == 3 and all(p.lstat().st_uid == team.users[BOB].pw_uid for p in aside)  # his, to remove
 
 
 def test_a_file_under_another_members_job_id_is_never_that_job(team):
@@ -248,9 +267,14 @@ def test_a_long_name_or_a_directory_posing_as_a_spec_never_jams_intake_or_lies(t
         what="both long names refused, each with its .error",
     )
     assert team.workers["a"].poll() is None and errors is not None
-    wait_until(lambda: (team.root / "state" / "rejected" / "bdir.yaml").exists(), what="the directory refused")
-    st = os.stat(team.root / "state" / "rejected" / "bdir.yaml")  # moved there, and closed to bob
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o700)
+    wait_until(lambda: (team.root / "state" / "rejected" / "bdir.error").exists(), what="the directory refused")
+    # bob's directory is his: set aside in jobs/ for him to remove, never kept in state/
+    aside = [p for p in (team.root / "jobs").iterdir() if p.name.startswith(".bdir.yaml.")]
+    assert len(aside) == 1 and aside[0].name.endswith(".not-a-spec") and aside[0].is_dir()
+    assert "jobs/" + aside[0].name in (team.root / "state" / "rejected" / "bdir.error").read_text()
+    assert not [
+        p for p in (team.root / "state").rglob("*") if p.is_dir() and p.lstat().st_uid != 0 and p.owner() == BOB
+    ]
 
 
 def test_a_request_being_sent_never_has_two_links(tmp_path, monkeypatch):
@@ -377,7 +401,8 @@ def test_a_retry_refuses_a_refused_spec_others_may_still_write(team):
 
 def test_a_directory_posing_as_a_request_leaves_nothing_its_maker_can_write_in_state(team):
     """bob's directory in requests/ was moved into state/requests/ and set aside, still his
-    and 2755: a shell of his inside it went on writing files and links in state/."""
+    and 2755: a shell of his inside it went on writing files and links in state/. Now it goes
+    back to his inbox, set aside: what he writes through his open handle lands there."""
     team.start_worker("a", "1x80GiB")
     name, go = "r-2-00000000000000bb.json", _flags(team) / "try-now"
     bob = team.popen_as(
@@ -397,12 +422,14 @@ except OSError as e:
     print("refused", e.errno)
 """,
     )
-    assert _reply(team, name)["ok"] is False
-    taken = team.root / "state" / "requests"
-    wait_until(lambda: not list(taken.iterdir()), what="the directory gone from state/requests")
+    aside = lambda: list((team.root / "requests").glob(f".{name}.*.not-a-request"))  # noqa: E731
+    wait_until(aside, what="the directory set aside in requests/")
+    assert not list((team.root / "state" / "requests").iterdir())
     go.touch()
     out, err = bob.communicate(timeout=90)
-    assert out.startswith("refused"), out + err
+    assert out.startswith("wrote"), out + err  # into his own directory, wherever it is now
+    assert not list((team.root / "state").rglob("planted")), "bob wrote into state/"
+    assert list((team.root / "requests").glob(f".{name}.*.not-a-request/planted"))
 
 
 def test_a_reused_request_name_never_overwrites_a_members_reply(team):

@@ -50,7 +50,8 @@ SPECS = {
 
 def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The command line and environment gpuq builds for job train-7, attempt 2, on GPUs 1 and 3
-    of box-a, cores 4-5, 8 GiB of RAM, owned by ana (uid 1001), by a root worker."""
+    of box-a, cores 4-5, 8 GiB of RAM, owned by ana (uid 1001), by a team queue's worker (the
+    queue's account, uid 999, with docker allowed), or, for podman-rootless, by ana's own."""
     spec = parse_spec_text(
         (
             "command: [python, train.py, --lr, '3e-4']\ngpus: 2\ngpu_mem: 20GiB\n"
@@ -70,8 +71,21 @@ def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
         host="box-a",
         claim=GOLDEN_CLAIM,
     )
-    rt = Runtime(Layout(Path("/shared/gpuq")), "box-a", "boot", Path("/dev/shm/gpuq"), 10, 180, {}, "docker")
-    monkeypatch.setattr(launch_module.os, "geteuid", lambda: 1001 if name == "podman-rootless" else 0)
+    clients = {r: f"/usr/bin/{r}" for r in ("docker", "podman", "apptainer")}
+    rt = Runtime(
+        Layout(Path("/shared/gpuq")),
+        "box-a",
+        "boot",
+        Path("/dev/shm/gpuq"),
+        10,
+        180,
+        {},
+        "docker",
+        False,
+        clients,
+        True,
+    )
+    monkeypatch.setattr(launch_module.os, "geteuid", lambda: 1001 if name == "podman-rootless" else 999)
     monkeypatch.setattr(launch_module.os, "getuid", lambda: 1001)  # a worker not root runs jobs as itself
     monkeypatch.setattr(launch_module.os, "getgid", lambda: 1001)
     monkeypatch.setattr(launch_module.os, "getgroups", lambda: [1001])
@@ -82,6 +96,8 @@ def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
         f"# cwd {launch.cwd}; client runs as {launch.identity.name if launch.identity else 'the worker'}",
         "# client environment",
     ] + [f"{k}={v}" for k, v in sorted(launch.env.items())]
+    if launch.container is not None and launch.container.stdin is not None:
+        lines += ["# client stdin (its --env-file)", *launch.container.stdin.splitlines()]
     return "\n".join(lines) + "\n"
 
 
@@ -108,7 +124,19 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert "--security-opt\nno-new-privileges\n--cap-drop\nALL\n" in docker  # docker's privileges are root's
     assert "CUDA_VISIBLE_DEVICES=0,1\n" in docker  # renumbered inside: only the two GPUs exist there
-    assert "\n--env\nWANDB_MODE\n" in docker and "offline" not in docker.split("# client environment")[0]
+    # The spec's env reaches the container through the env file on the client's stdin: never
+    # on the command line (where `ps` shows it) nor in the client's own environment.
+    argv, client_env, env_file = (
+        docker.split("# client environment")[0],
+        *docker.split("# client environment")[1].split("# client stdin (its --env-file)"),
+    )
+    assert "\n--env-file\n/dev/stdin\n" in argv and "offline" not in argv and "--env\n" not in argv
+    assert (
+        "WANDB_MODE=offline\n" in env_file
+        and "WANDB_MODE" not in client_env
+        and "CUDA_VISIBLE_DEVICES" not in client_env
+    )
+    assert "client runs as ana" in docker and docker.splitlines()[1] == "/usr/bin/docker"  # the admin's client, as ana
     # The spec's options, one argument each as checked, come first: gpuq's own flags win a repeat.
     assert "\nrun\n--shm-size=8g\n--ulimit=memlock=-1\n--rm\n" in docker
     podman = _golden_text("podman", monkeypatch)
@@ -168,12 +196,12 @@ def test_an_option_is_checked_again_for_the_runtime_the_host_uses() -> None:
     c = _container("{image: i, options: [--writable-tmpfs]}")
     assert c.options == ("--writable-tmpfs",)
     with pytest.raises(PermissionError) as refused:
-        container_run(c, "docker", ["true"], {}, "/w", [], Owner(1001, 1001), True, "gpuq-j-1")
+        container_run(c, "docker", "/usr/bin/docker", ["true"], {}, "/w", [], Owner(1001, 1001), True, "gpuq-j-1")
     assert refused.value.strerror == "container option not allowed for docker"
     assert "option '--writable-tmpfs' is for apptainer, not docker" in refused.value.filename
     old = Container.from_json({"image": "i", "options": ["--gpus", "all", "-iu0"]})
     with pytest.raises(PermissionError):
-        container_run(old, "podman", ["true"], {}, "/w", [], Owner(1001, 1001), True, "gpuq-j-1")
+        container_run(old, "podman", "/usr/bin/podman", ["true"], {}, "/w", [], Owner(1001, 1001), True, "gpuq-j-1")
 
 
 def test_mount_paths_are_written_in_their_plain_form() -> None:
@@ -223,16 +251,30 @@ def _container_up(queue, runtimes, job_id: str, attempt: int = 1, restarts: int 
 
 
 def _kill_supervisor_and_client(name: str) -> None:
-    """SIGKILL the container's client and its supervisor at once, as a power cut would:
-    the container (the stand-in daemon's) is left running."""
+    """SIGKILL the container's client, its keeper and its supervisor at once, as a power cut
+    would: the container (the stand-in daemon's) is left running, and nobody kept an exit."""
     client = next(
         p
         for p in psutil.process_iter(["cmdline"])
         if "run" in (p.info["cmdline"] or []) and name in (p.info["cmdline"] or [])
     )
-    supervisor = client.parent()
-    supervisor.kill()
-    client.kill()
+    keeper = client.parent()
+    job_id = name.rsplit("-", 2)[0].removeprefix("gpuq-")  # gpuq-<id>-<attempt>-<tag>
+    supervisors = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "gpuq.run.spawner" in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()
+    ]
+    for p in (keeper, client, *(s for s in supervisors if _supervises(s, job_id))):
+        p.kill()
+
+
+def _supervises(process: psutil.Process, job_id: str) -> bool:
+    """Whether this spawner child is the supervisor of `job_id` (its `started` marker says so)."""
+    try:
+        return any(f.path.endswith(f"/{job_id}.lock") for f in process.open_files())
+    except psutil.Error:
+        return False
 
 
 def _workdir(tmp_path: Path) -> Path:
@@ -275,7 +317,8 @@ def test_a_docker_job_runs_inside_with_exactly_its_gpus(queue, runtimes, tmp_pat
     run = runtimes.calls("run")[-1]
     assert run["runtime"] == "docker" and run["args"][run["args"].index("--gpus") + 1] == f'"device={gpus}"'
     assert run["args"][run["args"].index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
-    assert f"==> container: docker run --rm --init --name {_name(final)}" in queue.log("boxed")
+    client = runtimes.worker_env()["PATH"].split(":")[0] + "/docker"  # by its absolute path, as the worker found it
+    assert f"==> container: {client} run --rm --init --name {_name(final)}" in queue.log("boxed")
     assert runtimes.containers() == {}  # removed with the job
     queue.gpuq("cancel", "blocker")
 

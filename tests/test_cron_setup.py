@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO, wait_until
-from team import ALICE, TEAM, needs_root
+from team import ALICE, QUEUE, TEAM, needs_root
 
 from gpuq.single_instance import default_local_dir, this_host
 
@@ -116,7 +116,8 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
             "/shared/gpuq": str(code),
             "/opt/gpuq-venv": str(venv),
             "/shared/q": str(root),
-            "--group team": f"--group {TEAM}",
+            # The team and its queue's account (init's default, `gpuq`) are this test run's own.
+            "--group team": f"--group {TEAM} --queue-user {QUEUE}",
             "/usr/bin/python3": str(system_python),
         }
 

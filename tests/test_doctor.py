@@ -4,9 +4,9 @@ from a stand-in mount table and hand-made heartbeats."""
 
 from __future__ import annotations
 
-import grp
 import json
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -14,6 +14,7 @@ import time
 
 import pytest
 from conftest import PY, REPO
+from team import ALICE, QUEUE, TEAM, needs_root
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -24,10 +25,10 @@ def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path):
-    group = grp.getgrgid(os.getgid()).gr_name
+@needs_root
+def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path, users):
     root = tmp_path / "queue"
-    out = run("init", str(root), "--group", group)
+    out = run("init", str(root), "--group", TEAM, "--queue-user", QUEUE)
     assert out.returncode == 0, out.stderr
     assert f"* * * * * {PY} {REPO / 'worker.py'} --root {root}" in out.stdout
     assert (root / "config.yaml").read_text() == (REPO / "config.yaml").read_text()
@@ -38,6 +39,12 @@ def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path):
     for mine in ("", "state", "state/control", "state/running", "logs"):  # the worker's; the team reads
         assert stat.S_IMODE(os.stat(root / mine).st_mode) == 0o2750
     assert stat.S_IMODE(os.stat(root / "config.yaml").st_mode) == 0o644
+    queue = pwd.getpwnam(QUEUE)  # made by init: a system account, whose the spool is
+    assert queue.pw_uid < 1000 and queue.pw_shell.endswith(("nologin", "false"))
+    assert [os.stat(root / d).st_uid for d in ("state", "logs", "config.yaml")] == [queue.pw_uid, queue.pw_uid, 0]
+    person = run("init", str(tmp_path / "other"), "--group", TEAM, "--queue-user", ALICE)
+    assert person.returncode == 2 and "a person's account" in person.stderr, person.stderr
+    assert not (tmp_path / "other").exists()
     again = run("init", str(root))
     assert again.returncode == 2 and "already a gpuq root" in again.stderr
     bad = run("init", str(tmp_path / "other"), "--group", "no-such-group-xyz")
@@ -105,6 +112,8 @@ def test_doctor_names_each_problem_with_its_fix(tmp_path):
     assert nfs == {
         f"mount {root} with -o lookupcache=positive (or none)",
         f"mount {root} with -o acdirmax=1 (or actimeo=1)",
+        # a shared root on sec=sys: whoever is root on any client can claim any uid
+        "let no member be root on a client that mounts it, or export it with sec=krb5 (docs/security.md, Shared disks)",
     }
     clocks = found["clocks"][0]
     assert clocks["level"] == "warn" and "differ by 7.0 s" in clocks["message"] and "chrony" in clocks["fix"]
@@ -265,7 +274,8 @@ def test_doctor_finds_only_a_cron_line_for_this_root(tmp_path):
 
 
 @pytest.mark.slow
-def test_init_never_writes_through_a_config_link_planted_in_its_directory(tmp_path):
+@needs_root
+def test_init_never_writes_through_a_config_link_planted_in_its_directory(tmp_path, users):
     """`gpuq init DIR` on a directory that already exists: a config.yaml someone planted there
     as a dangling link must not make init (run as root, say) create the file it points to."""
     root = tmp_path / "queue"
@@ -273,6 +283,6 @@ def test_init_never_writes_through_a_config_link_planted_in_its_directory(tmp_pa
     target = tmp_path / "elsewhere" / "created-through-the-link"
     target.parent.mkdir()
     os.symlink(target, root / "config.yaml")
-    out = run("init", str(root), "--group", grp.getgrgid(os.getgid()).gr_name)
+    out = run("init", str(root), "--group", TEAM, "--queue-user", QUEUE)
     assert not target.exists()
     assert out.returncode != 0 and "config.yaml" in out.stderr, out.stderr

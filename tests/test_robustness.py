@@ -147,36 +147,3 @@ def test_an_orphan_claim_of_an_earlier_boot_is_put_back_even_with_this_pid(tmp_p
     rt = Runtime(layout, "a", "newboot0-after-the-reboot", tmp_path / "local", 1.0, 10.0, {}, "docker")
     Recovery(layout, Config(), rt, lambda *a: None).requeue_orphan_claims()
     assert (layout.jobs / "j.yaml").read_text() == "command: echo hi\n" and not orphan.exists()
-
-
-def test_a_dead_supervisors_private_mount_points_are_removed_when_its_attempt_is_settled(tmp_path):
-    """What a container's supervisor killed by SIGKILL left in local_dir/mounts/<id>/ (its
-    binds of the owner's paths) goes when the worker settles the attempt, not at its next start."""
-    from gpuq.model.config import Config
-    from gpuq.model.record import Record
-    from gpuq.model.states import State
-    from gpuq.run.joblocal import Runtime
-    from gpuq.run.mounts import MOUNTS_DIR
-    from gpuq.spool.layout import Layout
-    from gpuq.spool.store import write_record
-    from gpuq.worker.recovery import Recovery
-
-    layout = Layout(tmp_path / "root")
-    layout.ensure()
-    local = tmp_path / "local"
-    left = local / MOUNTS_DIR / "j" / "0"
-    left.mkdir(parents=True)
-    record = Record(
-        id="j",
-        state=State.RUNNING,
-        spec={"container": {"image": "busybox", "runtime": "apptainer"}},
-        spec_text="command: echo hi\n",
-        host="a",
-        boot_id="other-boot",
-        claim=None,
-        uid=0,
-    )
-    write_record(layout, record)
-    rt = Runtime(layout, "a", "this-boot", local, 1.0, 10.0, {}, "docker")
-    Recovery(layout, Config(), rt, lambda *a: None).settle_gone(record)
-    assert not (local / MOUNTS_DIR / "j").exists()

@@ -69,15 +69,29 @@ def test_a_planted_log_link_is_never_written_through(shared, users):
     shared.start_worker("a", "1x80GiB")
     drop_as(shared, users[ANA], "evil.yaml", "command: echo pwned\ngpus: 0\nworkdir: /\n")
     record = wait_until(lambda: shared.finished("evil"), what="evil to be settled")
-    assert record["state"] == "failed" and "link or a FIFO, not written through" in record["reason"]
+    assert record["state"] == "failed" and "log evil.log exists and is not a plain file of" in record["reason"]
     assert target.read_text() == "root's file\n"
 
 
-def test_root_owned_and_writable_specs_are_refused_with_the_reason(shared, users):
-    os.chmod(shared.root / "jobs", 0o1777)  # a shared jobs/: anyone may drop, sticky
+def test_a_root_owned_spool_under_a_shared_jobs_dir_is_refused(shared, users):
+    """Root would read members' specs and write the spool as root: a shared jobs/ needs a
+    queue account (`gpuq init --group`), and the worker says so instead of starting."""
+    os.chmod(shared.root / "jobs", 0o1777)
+    proc = subprocess.run(
+        [*shared.worker_command(), "--root", str(shared.root), "--host", "a", "--fake-gpus", "1x80GiB", "--once"],
+        capture_output=True,
+        text=True,
+        env=shared.env(),
+    )
+    assert proc.returncode == 2 and "is writable by others" in proc.stderr, proc.stderr
+    assert "--group TEAM" in proc.stderr and not (shared.root / "state" / "workers" / "a.json").exists()
+
+
+def test_root_owned_and_writable_specs_are_refused_with_the_reason(team):
+    shared = team
     shared.start_worker("a", "1x80GiB")
     (shared.root / "jobs" / "rooty.yaml").write_text("command: id\ngpus: 0\n")
-    drop_as(shared, users[ANA], "open.yaml", "command: id\ngpus: 0\n", mode=0o666)
+    team.drop_as(ANA, "open.yaml", "command: id\ngpus: 0\n", mode=0o666)
     for job_id, reason in (
         ("rooty", "is owned by root, and gpuq does not run jobs as root"),
         ("open", "can be changed by other users (mode 0666)"),
@@ -161,12 +175,12 @@ def test_a_worker_not_run_as_root_runs_only_its_users_specs(shared, users, share
     assert record["state"] == "done" and ANA in shared.log("for-bo").splitlines()
 
 
-def test_a_root_worker_runs_a_container_as_its_owner(shared, users):
-    """docker runs as root on the owner's behalf (tests/fake_runtime.py stands in, its daemon
-    root): inside, the job is its owner, with its groups, and no more."""
+def test_a_root_worker_runs_a_container_as_its_owner(shared, users, shared_code):
+    """docker's client runs as the job's owner, its daemon as root (tests/fake_runtime.py
+    stands in): inside, the job is its owner, with its groups, and no more."""
     import fake_runtime
 
-    runtimes = fake_runtime.StandIns(shared.root.parent / "runtimes")
+    runtimes = fake_runtime.StandIns(shared.root.parent / "runtimes", shared_code[0])
     try:
         work = shared.root.parent / "work"
         work.mkdir()
@@ -187,22 +201,25 @@ def test_a_root_worker_runs_a_container_as_its_owner(shared, users):
         assert str(ana.pw_uid) in lines and any(set(line.split()) == {str(ana.pw_gid), str(team)} for line in lines)
         assert os.stat(work / "made-here").st_uid == ana.pw_uid  # its files are the owner's
         run = runtimes.calls("run")[-1]
-        assert run["uid"] == 0 and run["args"][run["args"].index("--user") + 1] == f"{ana.pw_uid}:{ana.pw_gid}"
+        assert run["uid"] == ana.pw_uid and run["args"][run["args"].index("--user") + 1] == f"{ana.pw_uid}:{ana.pw_gid}"
         assert "no-new-privileges" in run["args"] and "ALL" in run["args"]
     finally:
         runtimes.close()
 
 
 @pytest.mark.parametrize("runtime", ["podman", "docker"])
-def test_a_real_container_runs_as_its_owner(shared, users, tmp_path_factory, runtime):
+def test_a_real_container_runs_as_its_owner(shared, users, runtime):
+    """The client runs as the job's owner: rootless podman of their own, or docker's client
+    on a socket their group may use (config container_env names it)."""
     import real_runtimes
 
-    dockerd = None
+    dockerd, pod, owner = None, None, users[ANA]
     try:
         if runtime == "podman":
-            env = real_runtimes.podman_ready(tmp_path_factory.mktemp("podman"))
+            pod = real_runtimes.MemberPodman(shared.root.parent / "podman", f"gqt-pod-{os.getpid() % 100000}", TEAM)
+            owner, env = pod.user, pod.env
         else:
-            dockerd = real_runtimes.Dockerd()
+            dockerd = real_runtimes.Dockerd(group=TEAM)
             env = dockerd.env
     except real_runtimes.RuntimeUnavailable as e:
         pytest.skip(f"{runtime} cannot run containers here: {e}")
@@ -210,19 +227,22 @@ def test_a_real_container_runs_as_its_owner(shared, users, tmp_path_factory, run
         work = shared.root.parent / "work"
         work.mkdir()
         os.chmod(work, 0o777)
-        ana = users[ANA]
-        shared.start_worker("a", "1x80GiB", env=env)
+        shared.write_config(allow_root_jobs=False, container_env=env)
+        shared.start_worker("a", "1x80GiB")
         drop_as(
             shared,
-            ana,
+            owner,
             "real.yaml",
             f"command: id -u; touch made-here\ngpus: 0\nworkdir: {work}\n"
             f"container: {{image: '{real_runtimes.IMAGE}', runtime: {runtime}}}\n",
         )
-        record = wait_until(lambda: shared.finished("real"), timeout=60, what=f"the {runtime} job")
+        record = wait_until(lambda: shared.finished("real"), timeout=120, what=f"the {runtime} job")
         assert record["state"] == "done", shared.log("real")
-        assert str(ana.pw_uid) in shared.log("real").splitlines()
-        assert os.stat(work / "made-here").st_uid == ana.pw_uid
+        assert str(owner.pw_uid) in shared.log("real").splitlines()
+        assert os.stat(work / "made-here").st_uid == owner.pw_uid
     finally:
         if dockerd is not None:
             dockerd.stop()
+        if pod is not None:
+            shared.close()
+            pod.stop()

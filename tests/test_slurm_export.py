@@ -5,9 +5,13 @@ and log come back, a sweep runs as an array, a dependency holds its dependent.""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import PY, REPO, wait_until
@@ -106,14 +110,21 @@ def test_the_cli_exports_files_and_pending_ids_and_names_what_it_cannot(queue, t
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+def slurm():
+    # Members read slurm.conf and reach munge's socket (a root bridge runs sbatch as the job's
+    # owner): a directory others may enter, not pytest's own 0700 one.
+    base = Path(tempfile.mkdtemp(prefix="gpuq-slurm-"))
+    os.chmod(base, 0o755)
+    cluster = SlurmCluster(base)
     try:
-        cluster.start()
-    except SlurmUnavailable as e:
-        pytest.skip(f"no Slurm here: {e}")
-    yield cluster
-    cluster.stop()
+        try:
+            cluster.start()
+        except SlurmUnavailable as e:
+            pytest.skip(f"no Slurm here: {e}")
+        yield cluster
+        cluster.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def export(root, *items: str) -> str:
@@ -337,7 +348,11 @@ def test_a_root_bridge_submits_each_job_as_its_spec_owner(slurm, users):  # noqa
         os.rename(tmp, queue.root / "jobs" / "who.yaml")
         final = wait_until(lambda: queue.finished("who"), timeout=90, what="who, run by Slurm")
         log = queue.root / "logs" / "who.log"
-        assert final["state"] == "done", log.read_text()
+        assert final["state"] == "done", (
+            final.get("reason"),
+            final.get("exit_code"),
+            log.read_text() if log.exists() else "no log",
+        )
         assert str(ana.pw_uid) in log.read_text().splitlines() and f"USER={ALICE} HOME={ana.pw_dir}" in log.read_text()
         assert (os.stat(log).st_uid, os.stat(log).st_mode & 0o777) == (ana.pw_uid, 0o640)
     finally:
@@ -475,7 +490,7 @@ def test_a_bridge_paused_before_its_sbatch_submits_nothing_once_its_job_was_requ
     queue.write_config(backend="slurm", lost_after_s=10)
     queue.start_worker("bridge-a", "1x80GiB", env={**slurm.env, "GPUQ_TEST_PAUSE_AT": "bridge:recorded"})
     queue.drop("once.yaml", f"command: echo ran >> once.out\ngpus: 0\nworkdir: {queue.root}\n")
-    paused = psutil.Process(queue.workers["bridge-a"].pid)
+    paused = queue.worker_process("bridge-a")  # the worker, under its starter
     wait_until(lambda: paused.status() == psutil.STATUS_STOPPED, timeout=30, what="bridge-a paused")
     queue.start_worker("bridge-b", "1x80GiB", env=slurm.env)
     done = wait_until(lambda: queue.finished("once"), timeout=90, what="once, handed over by bridge-b")

@@ -76,11 +76,12 @@ def test_a_teammates_log_is_the_teams_to_read(team):
 
 
 def _open_log_in(logs: Path, uid: int) -> os.stat_result:
-    """What a root worker's supervisor (and a root Slurm bridge) does for a job of `uid`."""
+    """What a supervisor (and a Slurm bridge) of root's own queue does for a job of `uid` (in a
+    team root the queue's account makes it, and the root part gives it, keeping its group)."""
     code = (
         "import os; from pathlib import Path\n"
-        "from gpuq.run.launch import open_log; from gpuq.host.owners import Identity\n"
-        f"fd = open_log(Path({str(logs / 'j.log')!r}), Identity.of({uid})); os.close(fd)\n"
+        "from gpuq.run.launch import prepare_log; from gpuq.host.owners import Identity\n"
+        f"prepare_log(Path({str(logs / 'j.log')!r}), Identity.of({uid}), None)\n"
     )
     done = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -88,7 +89,8 @@ def _open_log_in(logs: Path, uid: int) -> os.stat_result:
 
 
 def test_a_log_in_a_team_roots_logs_keeps_the_team_group(team):
-    """The supervisor's and the bridge's one way of creating a log, straight in a team root."""
+    """The supervisor's and the bridge's one way of creating a log, straight in a team root
+    (the queue's account's own worker is tested above)."""
     alice = team.users[ALICE]
     st = _open_log_in(team.root / "logs", alice.pw_uid)
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (alice.pw_uid, team_gid(), 0o640)

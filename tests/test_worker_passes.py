@@ -37,6 +37,10 @@ def test_invalid_specs_are_rejected_with_file_field_fix_and_the_good_one_starts(
     assert box.launched() == ["good"]
     box.run_pass(after_s=2)  # past spec_settle_s: the bad ones are not being written, they are bad
     errors = {p.stem: p.read_text() for p in box.layout.rejected.glob("*.error")}
+    # A name that is no job id is kept (and its event named) under an id of gpuq's.
+    spaced = next(stem for stem in errors if stem.startswith("bad-name-"))
+    errors["two words"] = errors.pop(spaced)
+    assert "jobs/'two words.yaml'" in errors["two words"] or "jobs/two words.yaml" in errors["two words"]
     assert set(errors) == {"bad-mem", "typo", "pipe", "link", "two words"}
     assert "jobs/bad-mem.yaml: field 'gpu_mem'" in errors["bad-mem"] and "20GiB" in errors["bad-mem"]
     assert "field 'comand': unknown field" in errors["typo"] and "command" in errors["typo"]

@@ -11,7 +11,9 @@ import sys
 from importlib import import_module
 from typing import Callable, NoReturn
 
+from gpuq.cli.common import act_as_queue_account
 from gpuq.cli.options import add_environment_options, add_limit_options
+from gpuq.host.audit import install_if_asked
 from gpuq.model.config import ConfigError
 from gpuq.model.states import FINAL_STATES, State
 from gpuq.model.text import safe_text
@@ -210,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("init", _lazy("cli.workflow", "cmd_init"), "make a new queue root and print the cron line")
     sp.add_argument("dir")
     sp.add_argument("--group", help="the team's group: the root is made theirs (setgid, sticky jobs/)")
+    sp.add_argument(
+        "--queue-user",
+        default="gpuq",
+        metavar="NAME",
+        help="with --group, as root: the queue's own account, which owns the spool and runs the workers "
+        "(made when missing; default gpuq)",
+    )
     sp = verb(
         "doctor",
         _lazy("cli.workflow", "cmd_doctor"),
@@ -280,6 +289,9 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
         verbs.choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.launcher_dir = launcher_dir
     args.parser = parser  # for `gpuq completion`, which prints the verbs and options it holds
+    if os.geteuid() == 0 and args.verb not in KEEPS_ROOT and (cannot := act_as_queue_account(args)):
+        print(f"gpuq {args.verb}: {cannot.message}. Fix: {cannot.fix}", file=sys.stderr)
+        return 2
 
     try:
         return args.handler(args)
@@ -291,6 +303,9 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+
+
+KEEPS_ROOT = ("init", "doctor")  # init makes the queue's account; doctor probes as root, then acts as it
 
 
 def _permission_denied(e: PermissionError) -> str:
@@ -316,4 +331,5 @@ def _permission_denied(e: PermissionError) -> str:
 
 
 def entry_point() -> int:
+    install_if_asked()  # the tests' proof of the privilege boundary; nothing otherwise
     return main()

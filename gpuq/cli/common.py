@@ -4,12 +4,61 @@ for ids typed on the command line, and the command after `--`."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import NamedTuple
 
+from gpuq.host import privsep, rootorders
+from gpuq.host.owners import writable_by_others
+from gpuq.host.wire import Refused
 from gpuq.model.config import Config, load
 from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.text import safe_text
+from gpuq.spool import strictmodes
 from gpuq.spool.layout import Layout, RootError, resolve_root
+
+
+class CannotDrop(NamedTuple):
+    """Why root's gpuq will not act as the queue's account here: doctor's check and fix."""
+
+    check: str
+    message: str
+    fix: str
+
+
+def act_as_queue_account(args: argparse.Namespace) -> CannotDrop | None:
+    """Root's gpuq on a team root acts as the queue's account (the owner of state/): it reads
+    members' specs and logs and writes the spool as the workers do, never as root, with a
+    root part beside it for what needs root (docs/security.md). Returns why it cannot, before
+    anything was done; None once it acts as the queue's account (or has no need to)."""
+    try:
+        layout = Layout(resolve_root(args.root, args.launcher_dir))
+        account = privsep.Account.of_root(str(layout.root))
+    except (RootError, Refused, OSError):
+        return None  # the verb says what is wrong with the root (or why this root cannot read it)
+    team_root = layout.jobs.is_dir() and writable_by_others(os.stat(layout.jobs).st_mode)
+    if problem := strictmodes.queue_account_problem(layout, account.uid, person_ok=not team_root):
+        message, fix = problem.rsplit(" Fix: ", 1)
+        return CannotDrop("permissions", message, fix)
+    try:
+        fd = privsep.split(account)
+    except OSError as e:  # a root that cannot change its identity: a user namespace's
+        return CannotDrop(
+            "permissions",
+            f"root cannot become the queue's account (uid {account.uid}) here: {e.strerror or e}",
+            "run gpuq as the box's real root, or as a member",
+        )
+    if fd is not None:
+        rootorders.connect(fd)
+    for needed in (os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(__file__))):
+        if not os.access(needed, os.R_OK | os.X_OK):
+            return CannotDrop(
+                "reachable",
+                f"root acts as the queue's account (uid {account.uid}) in a team root, and that account cannot "
+                f"read {needed}",
+                "run gpuq from a venv every member can reach (README: On a GPU box)",
+            )
+    return None
 
 
 def open_layout(args: argparse.Namespace) -> Layout:

@@ -19,6 +19,7 @@ from pathlib import Path
 from gpuq import __version__
 from gpuq.cli.initroot import cron_line
 from gpuq.host.hostinfo import NETWORK_FILESYSTEMS, mount_of
+from gpuq.host.owners import writable_by_others
 from gpuq.model.config import Config
 from gpuq.single_instance import this_host
 from gpuq.spool import strictmodes
@@ -356,6 +357,19 @@ def check_filesystems(layout: Layout, config: Config) -> list[Finding]:
                     f"mount {point} with -o acdirmax=1 (or actimeo=1)",
                 )
             )
+        shared = os.path.isdir(layout.jobs) and writable_by_others(os.stat(layout.jobs).st_mode)
+        if shared and not opts.get("sec", "sys").startswith("krb5"):  # a team's root: members are the risk
+            out.append(
+                Finding(
+                    "warn",
+                    "nfs",
+                    f"{point} ({kind}, sec={opts.get('sec', 'sys')}): identity is a file's owner, and every "
+                    "client that mounts the root says which uid it is: a member who is root on any of them "
+                    "can act as anyone",
+                    "let no member be root on a client that mounts it, or export it with sec=krb5 "
+                    "(docs/security.md, Shared disks)",
+                )
+            )
         out.append(Finding("ok", "filesystem", f"root on {kind} at {point}"))
     else:
         out.append(Finding("ok", "filesystem", f"root on {kind} at {point} (one box, or a local test)"))
@@ -452,13 +466,15 @@ def _running(name: str) -> bool:
     return False
 
 
-def diagnose(layout: Layout, config: Config, now: float) -> list[Finding]:
+def diagnose(layout: Layout, config: Config, now: float, squash: list[Finding] | None = None) -> list[Finding]:
+    """Every check; `squash`: check_squashing's findings, made by root before it became the
+    queue's account (only root can tell)."""
     return [
         check_nvml(layout),
         *check_hosts(layout, config, now),
         *check_permissions(layout),
         *check_reachable(layout),
-        *check_squashing(layout),
+        *(squash if squash is not None else check_squashing(layout)),
         *check_filesystems(layout, config),
         *check_clocks(layout),
         check_cron(layout, config, now),

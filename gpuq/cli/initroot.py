@@ -1,7 +1,10 @@
-"""`gpuq init DIR [--group TEAM]`: a new queue root — config.yaml (the commented one that ships
-with gpuq), jobs/, logs/, state/ — set up for a team when a group is named (group-owned,
-setgid directories; members write only in the sticky jobs/ and requests/: docs/security.md,
-"Who writes what"), and the cron line that starts a worker on each box."""
+"""`gpuq init DIR [--group TEAM] [--queue-user NAME]`: a new queue root — config.yaml (the
+commented one that ships with gpuq), jobs/, logs/, state/ — set up for a team when a group is
+named: the queue's own account (NAME, default `gpuq`, made when missing, as Slurm's
+SlurmUser) owns the spool and runs the workers; the team's group reads it; members create
+files only in the sticky jobs/ and requests/ (docs/security.md, "Who writes what"). Run again
+on a root made before the queue account existed, it hands the spool to that account. Prints
+the cron line that starts a worker on each box."""
 
 from __future__ import annotations
 
@@ -10,12 +13,15 @@ import os
 import pwd
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
+from gpuq.host.privsep import regular_uid
 from gpuq.spool.layout import Layout
 
 SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config.yaml"
+DEFAULT_QUEUE_USER = "gpuq"
 MINIMAL_CONFIG = (
     '# gpuq config: every key and its default are in docs/reference.md, "Config reference".\npoll_interval: 1\n'
 )
@@ -40,24 +46,20 @@ def cron_line(root: Path) -> str:
     return f"* * * * * {worker_command(root)}"
 
 
-def init_root(directory: Path, group: str | None) -> list[str]:
-    """Make the root; returns what was done, one line each."""
+def init_root(directory: Path, group: str | None, queue_user: str = DEFAULT_QUEUE_USER) -> list[str]:
+    """Make the root (or, run again by root with --group, hand an existing team root to the
+    queue's account); returns what was done, one line each."""
     root = directory.resolve()
     layout = Layout(root)
-    if layout.jobs.is_dir() and layout.config_file.exists():
+    gid = _group_id(group) if group is not None else None
+    exists = layout.jobs.is_dir() and layout.config_file.exists()
+    if exists and (gid is None or os.geteuid() != 0):
         raise InitError(
             f"{root} is already a gpuq root (it has jobs/ and config.yaml); start workers with: {cron_line(root)}"
         )
-    gid = None
-    if group is not None:
-        try:
-            gid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise InitError(
-                f"--group {group}: no such group. Fix: `groupadd {group}` and add the team "
-                f"to it (`usermod -aG {group} NAME`), or leave --group out for one user"
-            ) from None
-    done = []
+    done: list[str] = []
+    # The account first: a refused one (a person's) leaves nothing behind.
+    queue = queue_account(queue_user, group or "", gid, done) if gid is not None and os.geteuid() == 0 else None
     root.mkdir(parents=True, exist_ok=True)
     layout.ensure()
     if not os.path.lexists(layout.config_file):
@@ -74,23 +76,80 @@ def init_root(directory: Path, group: str | None) -> list[str]:
                 else '(minimal; every key and its default are in docs/reference.md, "Config reference")'
             )
         )
-    done.append(f"made {layout.jobs}/, {layout.requests}/, {layout.logs}/ and {layout.state}/")
+        done.append(f"made {layout.jobs}/, {layout.requests}/, {layout.logs}/ and {layout.state}/")
     if gid is not None:
-        share_with_team(layout, gid)
+        share_with_team(layout, gid, queue)
+        owner = queue.pw_name if queue else _me()
         done.append(
             f"shared it with group {group}: members create files only in the sticky jobs/ and "
-            f"requests/; config.yaml, logs/ and state/ are {_me()}'s, which the team reads; "
-            "nothing for others"
+            f"requests/; logs/ and state/ are {owner}'s, config.yaml is {_me()}'s, and the team "
+            "reads them; nothing for others"
         )
     return done
 
 
-def share_with_team(layout: Layout, gid: int) -> None:
-    """The trust boundary on disk (docs/security.md): the worker's account owns
-    everything; the team reads all of it (setgid directories keep new files the team's) and
+def _group_id(group: str) -> int:
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise InitError(
+            f"--group {group}: no such group. Fix: `groupadd {group}` and add the team "
+            f"to it (`usermod -aG {group} NAME`), or leave --group out for one user"
+        ) from None
+
+
+def queue_account(name: str, group: str, gid: int, done: list[str]) -> pwd.struct_passwd:
+    """The queue's account (as root): a system account in the team's group that logs in
+    nowhere, made with useradd when missing. The workers run as it; jobs never do."""
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        useradd = shutil.which("useradd", path="/usr/sbin:/usr/bin:/sbin:/bin")
+        if useradd is None:
+            raise InitError(f"no useradd on this host: make the account {name} (in group {group}) yourself") from None
+        shell = "/usr/sbin/nologin" if os.path.exists("/usr/sbin/nologin") else "/bin/false"
+        made = subprocess.run(
+            [
+                useradd,
+                "--system",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                shell,
+                "--gid",
+                group,
+                name,
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode != 0:
+            raise InitError(f"useradd {name} failed: {made.stderr.strip()}") from None
+        pw = pwd.getpwnam(name)
+        done.append(f"made the queue's account {name} (a system account in group {group}; it logs in nowhere)")
+    if pw.pw_uid == 0:
+        raise InitError(f"--queue-user {name} is root: the queue's account must be an account of its own")
+    if regular_uid(pw.pw_uid):
+        raise InitError(
+            f"--queue-user {name} is a person's account (uid {pw.pw_uid}): the queue's account decides what runs "
+            "as whom, so it must be a system account of its own. Fix: leave --queue-user out (init makes `gpuq`)"
+        )
+    if gid not in os.getgrouplist(name, pw.pw_gid):
+        raise InitError(f"the queue's account {name} is not in group {group}. Fix: `usermod -aG {group} {name}`")
+    return pw
+
+
+def share_with_team(layout: Layout, gid: int, queue: pwd.struct_passwd | None = None) -> None:
+    """The trust boundary on disk (docs/security.md): the queue's account owns the spool (or,
+    with no such account, whoever runs init); config.yaml and the root itself stay init's
+    (root's); the team reads all of it (setgid directories keep new files the team's) and
     creates files only in the two sticky inboxes, where nobody can rename or remove another
-    member's file. config.yaml is 0644: the worker refuses one that others can write."""
+    member's file. config.yaml is 0644: the worker refuses one that others can write. What the
+    spool already holds that is init's own (records of an earlier root worker) becomes the
+    queue account's; members' files stay theirs."""
     inboxes = set(layout.member_writable())
+    uid = queue.pw_uid if queue is not None else os.geteuid()
     for path in (layout.root, *layout.directories(), layout.config_file):
         mode = (
             0o644
@@ -101,21 +160,38 @@ def share_with_team(layout: Layout, gid: int) -> None:
             if path == layout.taken_requests
             else 0o2750
         )
+        owner = os.geteuid() if path in (layout.root, layout.config_file) else uid
         try:  # changed on the descriptor of the very file checked, never through a link
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
             raise InitError(f"{path} cannot be opened ({e.strerror}): make the root in a new directory") from None
         try:
             st = os.fstat(fd)
-            if st.st_uid != os.geteuid() or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            if st.st_uid not in (os.geteuid(), uid) or not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
                 raise InitError(
                     f"{path} is not a file or directory of yours (a link, or someone else's): "
                     "make the root in a new directory"
                 )
-            os.fchown(fd, -1, gid)
+            os.fchown(fd, owner if os.geteuid() == 0 else -1, gid)
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
+    if uid != os.geteuid():
+        for top in (layout.state, layout.logs):
+            _hand_over(top, uid)
+
+
+def _hand_over(top: Path, uid: int) -> None:
+    """Every file and directory under `top` that is root's becomes `uid`'s (no link is
+    followed: walked by directory descriptor, each changed where it lies)."""
+    for _, dirs, files, dir_fd in os.fwalk(top, follow_symlinks=False):
+        for name in dirs + files:
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if st.st_uid == 0 and not stat.S_ISLNK(st.st_mode) and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1):
+                    os.chown(name, uid, -1, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                pass
 
 
 def _me() -> str:

@@ -51,21 +51,27 @@ def cmd_logs(args: argparse.Namespace) -> int:
         for job_id, reader in readers.items():
             if job_id in ended:
                 continue
-            try:
-                chunk = reader.read()
-            except OSError as e:
-                print(f"gpuq logs: {_unreadable(job_id, layout.job_log(job_id), e)}", file=sys.stderr)
-                return 1
-            if not args.follow or (not chunk and layout.record(layout.finished, job_id).exists()):
-                chunk += reader.rest()
-                ended.add(job_id)
-            if chunk:
+            got = False
+            while True:  # in bounded pieces: a log may be half a gigabyte (or sparse and huge)
+                try:
+                    chunk = reader.read()
+                except OSError as e:
+                    print(f"gpuq logs: {_unreadable(job_id, layout.job_log(job_id), e)}", file=sys.stderr)
+                    return 1
+                if not chunk:
+                    break
+                got = True
                 if group and shown != job_id:
                     sys.stdout.write(f"{chr(10) if shown else ''}==> {job_id} <==\n")
                     shown = job_id
                 sys.stdout.flush()
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
+            if not args.follow or (not got and layout.record(layout.finished, job_id).exists()):
+                if rest := reader.rest():
+                    sys.stdout.buffer.write(rest)
+                    sys.stdout.flush()
+                ended.add(job_id)
         if len(ended) == len(readers):
             silent = [i for i, r in readers.items() if r.offset == 0]
             if silent and not group:
@@ -79,7 +85,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
         time.sleep(0.2)
 
 
-SHOWN_WAITING = 5  # a group's waiting members named before "and N more"
+SHOWN_WAITING = 5
+CHUNK = (
+    1 << 20
+)  # a log is printed a MiB at a time, whatever its size  # a group's waiting members named before "and N more"
 
 
 def _first(ids: list[str]) -> str:
@@ -120,6 +129,7 @@ class LogReader:
         self.decoder: codecs.IncrementalDecoder | None = None  # set once the log is another user's
 
     def read(self) -> bytes:
+        """The next piece (at most CHUNK bytes), b"" when there is nothing more yet."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
@@ -129,7 +139,7 @@ class LogReader:
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, "not a regular file")
             f.seek(self.offset)
-            raw = f.read()
+            raw = f.read(CHUNK)
         self.offset += len(raw)
         if st.st_uid == os.geteuid():
             return raw

@@ -1,8 +1,9 @@
 """The CLI's half of a request (spool/inbox.py): send it, then wait for the reply and print it.
 
-Run by the spool's own account (root, or the one user of a private queue) the CLI applies
-its request itself, through the same code a worker uses; anyone else's request waits for a
-worker, which every box runs, and the CLI says so when none is live. Exit status: 0 done,
+Run by the spool's own account (root, acting as the queue's account, or the one user of a
+private queue) the CLI applies its request itself, through the same code a worker uses;
+anyone else's request waits for a worker, which every box runs, and the CLI says so when
+none is live. Exit status: 0 done,
 1 refused or failed, 3 still waiting for a worker (docs/security.md)."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import sys
 import time
 
 from gpuq.cli.common import open_layout, read_config
+from gpuq.host import rootorders
+from gpuq.host.owners import writable_by_others
 from gpuq.host.wake import poke
 from gpuq.model.text import safe_text
 from gpuq.single_instance import this_host
@@ -75,9 +78,15 @@ def run_request(
 
 
 def _owns_spool(layout) -> bool:
-    """Whether this process may write the spool itself: root, or the account that owns state/."""
+    """Whether this process may apply its request itself: it is the account that owns state/,
+    and has what a change may need in a team root (jobs/ writable by others): the root part,
+    which gives a retried spec to its owner. Root's gpuq has both (it acts as the queue's
+    account, with a root part beside it); the queue's account alone sends its requests to a
+    worker."""
     try:
-        return os.geteuid() in (0, os.stat(layout.state).st_uid)
+        if os.geteuid() != os.stat(layout.state).st_uid:
+            return False
+        return rootorders.orders() is not None or not writable_by_others(os.stat(layout.jobs).st_mode)
     except OSError:
         return False
 

@@ -73,7 +73,7 @@ def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
             print(f"gpuq submit: {args.spec}: {refused}", file=sys.stderr)
             return 2
         config = read_config(layout)
-        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
+        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs, config.admins, spec)
         check_dependencies(layout, spec)
         base = readable_base([], Path(args.spec).stem)
         job_id = free_id(layout, args.id, base) if args.hold else place_spec(layout, raw, args.id, base)
@@ -137,10 +137,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     )
     try:
         config = read_config(layout)
-        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs)
         data.update(environment_fields(args))
         data.update(limit_fields(args))
-        if refused := _never_fits(layout, validate_spec(data, "gpuq submit")):
+        checked = validate_spec(data, "gpuq submit")
+        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs, config.admins, checked)
+        if refused := _never_fits(layout, checked):
             print(f"gpuq submit: {refused}", file=sys.stderr)
             return 2
         if args.array and args.hold:

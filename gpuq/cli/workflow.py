@@ -13,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuq.cli.common import open_layout, read_config, refuse_bad_id
-from gpuq.cli.doctor import as_json, check_reachable, diagnose
+from gpuq.cli.common import act_as_queue_account, open_layout, read_config, refuse_bad_id
+from gpuq.cli.doctor import Finding, as_json, check_reachable, check_squashing, diagnose
 from gpuq.cli.initroot import InitError, cron_line, init_root
 from gpuq.cli.requests import run_request
 from gpuq.model.errors import SpecError
@@ -149,7 +149,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 def cmd_init(args: argparse.Namespace) -> int:
 
     try:
-        done = init_root(Path(args.dir), args.group)
+        done = init_root(Path(args.dir), args.group, args.queue_user)
     except (InitError, OSError) as e:
         print(f"gpuq init: {e}", file=sys.stderr)
         return 2
@@ -179,7 +179,12 @@ def member_command(launcher_dir: str | None) -> str:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     layout = open_layout(args)
-    findings = diagnose(layout, read_config(layout), time.time())
+    # What only root can tell (whether the export squashes root), then as the queue's account.
+    squash = check_squashing(layout) if os.geteuid() == 0 else []
+    if os.geteuid() == 0 and (cannot := act_as_queue_account(args)):
+        findings = [*squash, Finding("fail", cannot.check, cannot.message, cannot.fix)]
+    else:
+        findings = diagnose(layout, read_config(layout), time.time(), squash)
     if args.json:
         print(json.dumps({"findings": as_json(findings)}, indent=1))
     else:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
+from gpuq.host import rootorders
 from gpuq.host.faults import io_fault
 
 
@@ -49,27 +51,30 @@ def open_dir(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
-def close_moved_directory(path: Path) -> None:
-    """A member's directory that posed as a spec and was moved into the worker's tree: made
-    the worker's and closed (0700), so that nobody can add files inside the spool through it."""
+def set_aside_directory(path: Path, inbox: Path, kind: str) -> Path | None:
+    """A member's directory found where the queue takes a file (a spec, a request), moved into
+    the queue's tree by the rename that took it: renamed back into the inbox it came from,
+    under a dot name the queue ignores, `.<name>.<hex>.not-a-<kind>`. Its maker removes it; the
+    queue's account never enters, lists, closes or removes it (a tree of theirs may be 2000
+    deep, or still open in a shell of theirs). Returns where it went; None when `path` is not
+    a directory (or is gone)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:  # a file (ENOTDIR) or a link (ELOOP): nothing to close
-        return
-    try:
-        if os.geteuid() == 0:
-            os.fchown(fd, 0, -1)
-        os.fchmod(fd, 0o700)
-    finally:
-        os.close(fd)
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+    except FileNotFoundError:
+        return None
+    aside = inbox / f".{path.name}.{os.urandom(4).hex()}.not-a-{kind}"
+    os.rename(path, aside)
+    return aside
 
 
 def create_owned(
-    directory: Path, stem: str, data: bytes, uid: int, gid: int = -1, mode: int = 0o644, mtime: float | None = None
+    directory: Path, stem: str, data: bytes, uid: int, gid: int = -1, mode: int = 0o644, mtime_ns: int | None = None
 ) -> Path:
     """A new file in `directory` (one only the worker's account writes) holding `data`,
     owned by `uid` — a spec the worker writes on a user's behalf (retry, edit, sweep members,
-    a recreated claim). Created exclusively and never through a link; owner, mode and times
+    a recreated claim), given to them by the root part (host/privsep.py). Created exclusively
+    and never through a link; owner, mode and times
     are set on the descriptor. The caller renames or links it into place."""
     dir_fd = open_dir(directory)
     try:
@@ -80,11 +85,11 @@ def create_owned(
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-                if os.geteuid() == 0 and uid >= 0:
-                    os.fchown(f.fileno(), uid, gid)
                 os.fchmod(f.fileno(), mode & 0o755)  # never group- or world-writable: intake refuses those
-                if mtime is not None:
-                    os.utime(f.fileno(), (mtime, mtime))
+                if mtime_ns is not None:  # the queue's place; only the owner may set it once given
+                    os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
+                if uid >= 0 and (uid != os.geteuid() or gid >= 0):  # last: then it is no longer ours
+                    rootorders.give(f.fileno(), uid, gid)
         except BaseException:
             os.unlink(name, dir_fd=dir_fd)
             raise

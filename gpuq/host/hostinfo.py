@@ -106,7 +106,9 @@ def _name(uid: int) -> str:
         return ""
 
 
-def ensure_private_dir(path: PathT, what: str = "local_dir", others_read: bool = False) -> PathT:
+def ensure_private_dir(
+    path: PathT, what: str = "local_dir", others_read: bool = False, owner: int | None = None
+) -> PathT:
     """`path` as a directory private to this process's account, created (with what is missing
     above it, each 0711: others may pass through, never list or change them) only where
     nobody else can swap any part of it: every existing entry
@@ -114,9 +116,11 @@ def ensure_private_dir(path: PathT, what: str = "local_dir", others_read: bool =
     and `path` itself is a real directory (never a link) of ours with mode 0700 (0755 with
     `others_read`: only we may change it, others may read it, as jobs read the MPS pipe
     directories, run/mps.py). A root worker writes its locks, lease, stop requests and job
-    lock files there, and trusts what it reads back. Raises UnsafePath naming the entry, its
-    owner and the fix; OSError when it cannot be created."""
-    euid = os.geteuid()
+    lock files there, and trusts what it reads back. `owner`: whose it is to be (another
+    account than ours only for root, which makes the queue account's local_dir before it
+    starts the worker as that account). Raises UnsafePath naming the entry, its owner and the
+    fix; OSError when it cannot be created."""
+    euid = os.geteuid() if owner is None else owner
     literal = os.path.abspath(path)
     _refuse_unsafe_chain(literal, euid, what)  # before creating anything under it
     final_mode = 0o755 if others_read else 0o700
@@ -131,8 +135,10 @@ def ensure_private_dir(path: PathT, what: str = "local_dir", others_read: bool =
                 # racer put by that name (judged below, with the rest of the chain).
                 fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 try:
-                    if os.fstat(fd).st_uid == euid:
+                    if os.fstat(fd).st_uid == os.geteuid():
                         os.fchmod(fd, mode)
+                        if prefix == literal and euid != os.geteuid():
+                            os.fchown(fd, euid, -1)
                 finally:
                     os.close(fd)
             except FileExistsError:

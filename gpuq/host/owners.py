@@ -1,10 +1,11 @@
 """Who may have what run, and as whom (docs/security.md, "As whom a job runs").
 
 A spec's owner is the owner of its file, checked on the open file: nothing written inside a
-spec says who it is. A worker running as root runs each job as its spec's owner; a worker
-running as a plain user runs only that user's specs, and those of the users config lists in
-`run_for_users` (as itself, on their behalf). Specs owned by root are refused, so that a
-root worker never runs anything as root; so are specs others could have edited.
+spec says who it is. A queue whose root part is root (cron starts it as root) runs each job
+as its spec's owner; a worker started by a plain user runs only that user's specs, and those
+of the users config lists in `run_for_users` (as itself, on their behalf). Specs owned by
+root are refused, so that nothing runs as root; so are specs of the queue's own account in a
+team queue, and specs others could have edited.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import stat
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpuq.host.privsep import regular_uid
 from gpuq.model.errors import SpecError
 
 
@@ -53,30 +55,63 @@ class OwnerPolicy:
     run_for_uids: frozenset[int]  # besides the worker's own user (a non-root worker)
     shared_root: bool  # jobs/ is writable by others than its owner
     allow_root: bool = False  # config allow_root_jobs
+    as_owners: bool = False  # the root part runs each job as its spec's owner (host/privsep.py)
+    admins: frozenset[int] = frozenset()  # config admins: who may rank jobs above normal
 
     @classmethod
-    def for_worker(cls, jobs_dir_mode: int, run_for_users: tuple[str, ...], allow_root: bool = False) -> "OwnerPolicy":
-        uids = set()
-        for name in run_for_users:
-            try:
-                uids.add(pwd.getpwnam(name).pw_uid)
-            except KeyError:
-                pass  # config names a user this box does not have: nobody to run for
-        return cls(os.geteuid(), frozenset(uids), writable_by_others(jobs_dir_mode), allow_root)
+    def for_worker(
+        cls,
+        jobs_dir_mode: int,
+        run_for_users: tuple[str, ...],
+        allow_root: bool = False,
+        as_owners: bool = False,
+        admins: tuple[str, ...] = (),
+    ) -> "OwnerPolicy":
+        shared = writable_by_others(jobs_dir_mode)
+        return cls(
+            os.geteuid(),
+            uids_of(run_for_users),
+            shared,
+            allow_root,
+            as_owners or os.geteuid() == 0,
+            uids_of(admins) | {0, os.geteuid()},
+        )
+
+    def check_rank(self, owner_uid: int, priority_class: str, priority: int, display: str) -> None:
+        """Raise SpecError when a member who is not an admin ranks a job above everyone's:
+        `priority: high`, or an integer above 0 (normal's), would put it before fair share
+        and let it preempt others' jobs (docs/scheduling.md)."""
+        if owner_uid in self.admins or (priority_class != "high" and priority <= 0):
+            return
+        asked = "high" if priority_class == "high" else str(priority)
+        raise SpecError(
+            display,
+            "priority",
+            f"{asked} ranks this job above everyone's; only the queue's admins (config admins) may",
+            "leave priority out (normal), or use low or a negative integer; ask an admin to raise it",
+        )
 
     def check(self, st: FileOwnership, display: str) -> None:
         """Raise SpecError when this worker must not run a spec whose file is `st`."""
-        if st.st_uid == 0 and not self.allow_root:
+        team = self.as_owners and self.worker_uid != 0  # a queue account's worker, with a root part
+        if st.st_uid == 0 and (team or not self.allow_root):
             raise SpecError(
                 display,
                 None,
                 "is owned by root, and gpuq does not run jobs as root",
-                "submit it as the user the job should run as (or set allow_root_jobs: "
-                "true in config.yaml where everything runs as root, e.g. a container)",
+                "submit it as the user the job should run as"
+                + ("" if team else " (or set allow_root_jobs: true in config.yaml where everything runs as root)"),
+            )
+        if team and st.st_uid == self.worker_uid:
+            raise SpecError(
+                display,
+                None,
+                f"is owned by {_name(st.st_uid)}, the queue's own account, which runs no jobs",
+                "submit it as the user the job should run as",
             )
         if st.st_uid == self.worker_uid:
             pass
-        elif self.worker_uid == 0:
+        elif self.as_owners:
             try:
                 Identity.of(st.st_uid)
             except KeyError:
@@ -86,6 +121,15 @@ class OwnerPolicy:
                     f"is owned by uid {st.st_uid}, which has no account on this host",
                     "submit it as a user that exists on every GPU box",
                 ) from None
+            if team and not regular_uid(st.st_uid):
+                raise SpecError(
+                    display,
+                    None,
+                    f"is owned by {_name(st.st_uid)} (uid {st.st_uid}), a system account or nobody "
+                    "(what an NFS client's root, squashed, or an unmapped uid shows as)",
+                    "submit it as the member the job should run as, from a client that maps uids "
+                    "(docs/security.md: Shared disks)",
+                )
         elif st.st_uid != self.worker_uid and st.st_uid not in self.run_for_uids:
             raise SpecError(
                 display,
@@ -104,6 +148,17 @@ class OwnerPolicy:
                 "write a fresh copy yourself with mode 0644 (umask 022) and drop that into jobs/: "
                 "a chmod does not take back a handle someone opened on this one",
             )
+
+
+def uids_of(names: tuple[str, ...]) -> frozenset[int]:
+    """The uids of the users named (a name this box does not know: nobody)."""
+    found = set()
+    for name in names:
+        try:
+            found.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            pass
+    return frozenset(found)
 
 
 def writable_by_others(mode: int) -> bool:

@@ -5,7 +5,6 @@ cores, total seconds) from its supervisor's samples of the job's process tree.""
 from __future__ import annotations
 
 import json
-import resource
 from pathlib import Path
 
 from gpuq.host.files import atomic_write
@@ -53,20 +52,25 @@ def read_gpu_usage(path: Path) -> dict:
 
 
 class TreeSampler:
-    """Supervisor side: the job's process tree (its children and adopted orphans)."""
+    """Supervisor side: the job's process tree (every descendant of its keeper: the job, its
+    children and the orphans the keeper adopted), read from /proc, which anyone may read."""
 
     def __init__(self) -> None:
         self.peak_rss_mib = 0
         self.peak_cpus = 0.0
+        self.root_pid: int | None = None  # the keeper's (host/keeper.py)
         self._last: tuple[float, float] | None = None  # (monotonic time, tree CPU seconds)
-        self._rusage_before = _children_cpu_s()
 
     def sample(self, now: float) -> int:
         """Returns the tree's resident memory now (MiB)."""
         import psutil
 
         rss = cpu = 0.0
-        for proc in psutil.Process().children(recursive=True):
+        try:
+            tree = psutil.Process(self.root_pid).children(recursive=True) if self.root_pid else []
+        except psutil.Error:
+            tree = []
+        for proc in tree:
             try:
                 with proc.oneshot():
                     rss += proc.memory_info().rss
@@ -81,18 +85,14 @@ class TreeSampler:
         self.peak_rss_mib = max(self.peak_rss_mib, mib)
         return mib
 
-    def result(self) -> dict:
-        """After the job and its leftovers were reaped: their CPU time comes from rusage."""
+    def result(self, cpu_s: float | None) -> dict:
+        """After the job and its leftovers were reaped: their CPU time, as their keeper's
+        rusage counted it (`cpu_s`)."""
         return {
             "peak_rss_mib": self.peak_rss_mib or None,
             "peak_cpus": round(self.peak_cpus, 2) or None,
-            "cpu_s": round(_children_cpu_s() - self._rusage_before, 2),
+            "cpu_s": round(cpu_s, 2) if cpu_s is not None else None,
         }
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def suggest_gpu_mem(peaks: list[int]) -> int | None:

@@ -37,6 +37,11 @@ class Config:
     lost_retries: int = 2  # re-runs of a job lost with its host (spec: retries)
     run_for_users: tuple[str, ...] = ()  # a non-root worker also runs these users' specs
     admins: tuple[str, ...] = ()  # may cancel anyone's job (root always may)
+    # What one member may hold (admins: no limit), so that nobody's specs fill a worker's memory
+    # or book the team's GPUs away: pending specs (count, size together), GPU-hours booked ahead.
+    max_pending_per_user: int = 10000
+    max_pending_size_per_user_mib: int = 64
+    max_booked_gpu_hours: float = 96.0
     allow_root_jobs: bool = False  # run specs owned by root (containers, single-user boxes)
     # Limits (docs/reference.md, "Limits"): defaults for specs that do not set them; None = none.
     time_limit_s: float | None = None
@@ -71,6 +76,9 @@ class Config:
     # Slurm (slurm/export.py, slurm/bridge.py; docs/slurm.md).
     backend: str = "local"  # slurm: workers hand jobs to Slurm instead of running them
     container_runtime: str = "docker"  # a spec's container without a runtime runs with this one
+    container_clients: dict[str, str] = field(default_factory=dict)  # runtime -> client's absolute path
+    container_env: dict[str, str] = field(default_factory=dict)  # what every client gets (DOCKER_HOST, ...)
+    allow_docker: bool = False  # docker jobs in a team queue: its daemon is root (docs/containers.md)
     slurm_partitions: dict[str, str] = field(default_factory=dict)  # priority class -> partition
     slurm_qos: dict[str, str] = field(default_factory=dict)  # priority class -> QOS
     slurm_gpu_mem: str = "comment"  # how gpu_mem is expressed: comment, constraint or shards
@@ -219,6 +227,30 @@ def _container_runtime(v: Any) -> str:
     return v
 
 
+def _clients(v: Any) -> dict[str, str]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not all(
+        k in RUNTIMES and isinstance(x, str) and x.startswith("/") and "\0" not in x for k, x in v.items()
+    ):
+        raise ValueError(
+            f"must map runtimes ({', '.join(RUNTIMES)}) to their clients' absolute paths, "
+            "e.g. {podman: /usr/bin/podman}"
+        )
+    return dict(v)
+
+
+def _client_env(v: Any) -> dict[str, str]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or not all(
+        isinstance(k, str) and k and "=" not in k and "\0" not in k and isinstance(x, str) and "\0" not in x
+        for k, x in v.items()
+    ):
+        raise ValueError("must map variable names to strings, e.g. {DOCKER_HOST: 'unix:///run/docker.sock'}")
+    return dict(v)
+
+
 def _gpu_sharing(v: Any) -> str:
     if v not in GPU_SHARING:
         raise ValueError(
@@ -267,6 +299,9 @@ KEYS: dict[str, tuple[str, Any]] = {
     "lost_retries": ("lost_retries", _non_negative_int),
     "run_for_users": ("run_for_users", _user_names),
     "admins": ("admins", _user_names),
+    "max_pending_per_user": ("max_pending_per_user", _positive(int)),
+    "max_pending_size_per_user": ("max_pending_size_per_user_mib", _size),
+    "max_booked_gpu_hours": ("max_booked_gpu_hours", _positive(float)),
     "allow_root_jobs": ("allow_root_jobs", _bool),
     "time_limit": ("time_limit_s", _optional_duration),
     "cpus": ("cpus", _optional_positive_int),
@@ -298,6 +333,9 @@ KEYS: dict[str, tuple[str, Any]] = {
     "idle_windows": ("idle_windows", _windows),
     "backend": ("backend", _backend),
     "container_runtime": ("container_runtime", _container_runtime),
+    "container_clients": ("container_clients", _clients),
+    "container_env": ("container_env", _client_env),
+    "allow_docker": ("allow_docker", _bool),
     "slurm_partitions": ("slurm_partitions", _class_map),
     "slurm_qos": ("slurm_qos", _class_map),
     "slurm_gpu_mem": ("slurm_gpu_mem", _slurm_gpu_mem),

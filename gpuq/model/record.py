@@ -53,6 +53,11 @@ class Record:
     mps_pipe: str | None = None  # run/mps.py: the MPS control daemon's pipe directory it is a client of
     mps_compute_pct: int | None = None  # ... and its share of the GPU's SMs there
 
+    def __post_init__(self) -> None:
+        # Every way a record is built (from_json, the constructor, dataclasses.replace) is
+        # checked: ids, hosts and claims are names paths are made of.
+        self.check()
+
     def to_json(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}  # shallow: JSON copies
         d["state"] = self.state.value
@@ -69,11 +74,11 @@ class Record:
         try:
             known["state"] = State(d["state"])
             known["cause"] = cause_of(d)
-            record = cls(**known)
+            return cls(**known)
+        except RecordError:
+            raise
         except (KeyError, ValueError, TypeError) as e:
             raise RecordError(f"not a record ({e})") from None
-        record.check()
-        return record
 
     def check(self) -> None:
         if not isinstance(self.id, str) or not JOB_ID_RE.match(self.id):

@@ -51,6 +51,8 @@ _TYPES: dict[str, str] = {
     "_container_runtime": "docker, podman or apptainer",
     "_gpu_sharing": "time-slicing or mps",
     "_class_map": "priority class → name",
+    "_clients": "runtime → absolute path",
+    "_client_env": "variable → value",
     "_slurm_gpu_mem": "comment, constraint or shards",
     "_gpu_types": "node feature → size",
 }

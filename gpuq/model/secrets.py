@@ -12,7 +12,9 @@ from typing import Any
 # DB_PASSWORD, CLIENT_SECRET), or one of SECRET_WORDS (MYSQL_PWD, DB_PASS, GITHUB_PAT, SENTRY_DSN).
 # Words, not substrings: TOKENIZERS_PARALLELISM and PATH are not secrets. PWD alone is the
 # working directory. Its value: credentials in a URL (postgres://user:password@host, a proxy's
-# user:password@), a connection string's Password=, or a well-known token format.
+# user:password@), a webhook URL whose path is its key (Slack, Discord, Mattermost, Teams, ...)
+# or a URL with a token, key or signature in its query, a connection string's Password=, a PEM
+# private key, or a well-known token format.
 SECRET_ENDINGS = (
     "TOKEN",
     "TOKENS",
@@ -31,7 +33,9 @@ SECRET_ENDINGS = (
 )
 
 
-SECRET_WORDS = frozenset({"PASS", "PWD", "PAT", "AUTH", "AUTHORIZATION", "CREDS", "DSN", "SESSION", "SESSIONID"})
+SECRET_WORDS = frozenset(
+    {"PASS", "PWD", "PAT", "AUTH", "AUTHORIZATION", "CREDS", "DSN", "SESSION", "SESSIONID", "WEBHOOK", "WEBHOOKS"}
+)
 
 
 NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
@@ -39,6 +43,9 @@ NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
 
 SECRET_VALUE_RE = re.compile(
     r"\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^/\s:@]*:[^/\s@]+@"  # scheme://user:password@
+    r"|(?i:://[^\s/]+/(?:[^\s?#]*/)?(?:services|webhooks?|hooks)/(?:[\w-]+/)*[\w-]{8,})"  # a webhook's key in its path
+    r"|(?i:[?&](?:token|access_token|api[_-]?key|key|sig|signature|secret|code|auth)=[^&\s]{8,})"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"  # a PEM private key
     r"|(?i:\b(?:password|passwd|pwd|accountkey|sharedaccesskey|secret)=)"  # Server=..;Password=..
     r"|\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|\bgithub_pat_\w{20,}|\bglpat-[\w-]{20,}"
     r"|\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_-]{20,}|\bxox[abposr]-[\w-]{10,}|\bAKIA[0-9A-Z]{16}\b"

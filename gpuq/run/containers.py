@@ -1,19 +1,26 @@
 """A job inside a container: the runtime's command line, the container's stop and removal
 with the job, its processes (whose GPU memory is the job's), and which runtimes a host has.
 
+The client (docker, podman, apptainer) is the job's own process: the root part starts it as
+the job's owner (host/privsep.py), by the absolute path the admin chose (config
+container_clients; by default the one on the worker's PATH, never on the job's), with the
+clean environment a job starts from. A spec's `env` and gpuq's variables reach the job inside
+the container only: docker and podman read them from an env file on the client's stdin (a
+file the job's process makes as its owner), apptainer from APPTAINERENV_* variables, which
+tell the client nothing about itself.
+
 `container_run` is pure: the same inputs give the same command line (tests keep them as
 golden files). What each runtime gets:
 - docker: `run --rm --init --name gpuq-<id>-<attempt>-<tag>`, `--gpus '"device=0,2"'`, `--user
   uid:gid` (+ `--group-add`), no new privileges and (for a job not root's) no capabilities,
-  the workdir mounted at the same path and used as the working
-  directory, the job's cores (`--cpuset-cpus`) and RAM limit (`--memory`), and each job
-  variable as `-e NAME`, its value taken from the client's environment (values never appear
-  on a command line, where `ps` would show them). The client runs as the worker's user.
+  the workdir mounted at the same path and used as the working directory, the job's cores
+  (`--cpuset-cpus`) and RAM limit (`--memory`), `--env-file /dev/stdin`. Its daemon is root's:
+  in a team queue docker runs only where the admin says so (config allow_docker), knowing
+  that members who may use it can become root on the box.
 - podman: the same, but the GPUs by CDI (`--device nvidia.com/gpu=N`); a client that is not
-  root (rootless podman) keeps the caller's uid instead (`--userns=keep-id`).
+  root (rootless podman: a member's) keeps the caller's uid instead (`--userns=keep-id`).
 - apptainer: `exec --cleanenv [--nv]`, the workdir bound, the variables as APPTAINERENV_*;
-  `--nv` binds every GPU, so CUDA_VISIBLE_DEVICES (host numbering) names the job's. The
-  client runs as the job's owner (apptainer runs containers as its caller) and its
+  `--nv` binds every GPU, so CUDA_VISIBLE_DEVICES (host numbering) names the job's. Its
   processes stay in the job's process tree, so stopping the job stops them.
 Inside docker and podman only the job's GPUs exist, numbered from 0: CUDA_VISIBLE_DEVICES
 is `0,...,n-1` there.
@@ -21,13 +28,10 @@ is `0,...,n-1` there.
 The spec's options (already an allow-list, environments.allowed_options) come first and
 gpuq's own flags after them, so that for a flag given twice gpuq's value is the one used.
 
-A root worker's docker or rootful podman gets each host path it mounts staged first: opened as
-the owner and handed over pinned (run/mounts.py).
-
 A docker or podman container belongs to the runtime's daemon (or conmon), not to the client:
-killing the client leaves it running. So a stop also runs `RUNTIME stop --time GRACE`, the
-kill at the end of the grace `RUNTIME kill`, and whatever way the job ends, `RUNTIME rm
---force` removes what is left.
+killing the client may leave it running. So a stop also runs `CLIENT stop --time GRACE`, the
+kill at the end of the grace `CLIENT kill`, and whatever way the job ends, `CLIENT rm --force`
+removes what is left: each run as the job's owner, like the client itself.
 """
 
 from __future__ import annotations
@@ -42,11 +46,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
-from gpuq.model.environments import DAEMON_RUNTIMES, Container, OptionRefused, allowed_options
+from gpuq.model.environments import DAEMON_RUNTIMES, RUNTIMES, Container, OptionRefused, allowed_options
 
 PROBE_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 30.0
 MAX_LOOKUPS = 30
+DOCKER_REFUSED = (
+    "docker's daemon is root, so members who may run docker jobs can become root on this box: "
+    "a team queue runs them only where config allow_docker is true (docs/containers.md)"
+)
+ENV_FILE = "/dev/stdin"  # docker's and podman's --env-file: the job's variables, on the client's stdin
 
 
 @dataclass(frozen=True)
@@ -56,21 +65,21 @@ class Owner:
     groups: tuple[int, ...] = ()
 
 
-class Staged(Protocol):
-    """What a container run keeps of its staged mounts: the means to undo them."""
-
-    def release(self) -> None: ...
-
-
 @dataclass(frozen=True)
 class ContainerRun:
     runtime: str
-    argv: list[str]
-    env: dict[str, str]  # for the client's environment (the values of -e NAME, APPTAINERENV_*)
+    argv: list[str]  # argv[0]: the client, by its absolute path
+    env: dict[str, str]  # the client's environment beyond its clean start (APPTAINERENV_*)
+    stdin: str | None  # docker/podman: the job's variables, as the env file the client reads
     name: str | None  # docker/podman: the container's name, for stop and rm
-    client_as_owner: bool  # the client itself runs as the job's owner
     volumes: tuple[int, ...] = ()  # argv indices of the host paths' --volume SRC:DST[:MODE]
-    staged: Staged | None = None  # the private binds its mounts were handed over by (run/mounts.py)
+
+
+class OwnerCommands(Protocol):
+    """Runs a client's command as the job's owner through the root part (run/launch.py)."""
+
+    def run(self, argv: list[str], timeout: float) -> tuple[int | None, str]: ...
+    def start(self, argv: list[str]) -> object: ...
 
 
 def container_name(job_id: str, attempt: int, claim: str | None = None) -> str:
@@ -95,6 +104,7 @@ def inside_visible_devices(runtime: str, gpus: Sequence[int]) -> str:
 def container_run(
     container: Container,
     runtime: str,
+    client: str,
     inner: list[str],
     job_vars: Mapping[str, str],
     workdir: str,
@@ -106,8 +116,10 @@ def container_run(
     mem_mib: int | None = None,
 ) -> ContainerRun:
     """The client's command line and environment for one run of a job in `container`.
-    `job_vars`: what the job must see (its env, gpuq's variables), CUDA_VISIBLE_DEVICES as
-    on the host; `inner`: the command to run inside."""
+    `client`: the runtime's client, by its absolute path; `job_vars`: what the job must see
+    (its env, gpuq's variables), CUDA_VISIBLE_DEVICES as on the host; `inner`: the command to
+    run inside. Raises PermissionError for an option the runtime refuses, ValueError for a
+    variable an env file cannot carry."""
     variables = {**job_vars, "CUDA_VISIBLE_DEVICES": inside_visible_devices(runtime, gpus)}
     try:  # again, for this host's runtime: a spec without one was checked against them all
         options = list(allowed_options(container.options, runtime))
@@ -116,13 +128,13 @@ def container_run(
             errno.EPERM, f"container option not allowed for {runtime}", f"{e.problem}. Fix: {e.fix}"
         ) from None
     if runtime == "apptainer":
-        argv = ["apptainer", "exec", *options, "--cleanenv"] + (["--nv"] if gpus else [])
+        argv = [client, "exec", *options, "--cleanenv"] + (["--nv"] if gpus else [])
         argv += ["--bind", workdir, "--pwd", workdir]
         for mount in container.mounts:
             argv += ["--bind", mount]
         argv += [container.image, *inner]
-        return ContainerRun(runtime, argv, {f"APPTAINERENV_{k}": v for k, v in variables.items()}, None, True)
-    argv = [runtime, "run", *options, "--rm", "--init", "--name", name, "--label", "gpuq=1"]
+        return ContainerRun(runtime, argv, {f"APPTAINERENV_{k}": v for k, v in variables.items()}, None, None)
+    argv = [client, "run", *options, "--rm", "--init", "--name", name, "--label", "gpuq=1"]
     if gpus:
         devices = ",".join(map(str, gpus))
         argv += (
@@ -150,39 +162,43 @@ def container_run(
         argv += ["--cpuset-cpus", ",".join(map(str, cpu_cores))]
     if mem_mib:
         argv += ["--memory", f"{mem_mib}m"]
+    argv += ["--env-file", ENV_FILE, container.image, *inner]
+    return ContainerRun(runtime, argv, {}, env_file(variables), name, tuple(volumes))
+
+
+def env_file(variables: Mapping[str, str]) -> str:
+    """The job's variables as docker's and podman's --env-file reads them: NAME=VALUE a line.
+    Raises ValueError for a value such a file cannot carry (a newline ends a line there)."""
+    lines = []
     for key in sorted(variables):
-        argv += ["--env", key]
-    argv += [container.image, *inner]
-    return ContainerRun(runtime, argv, dict(variables), name, False, tuple(volumes))
+        if "\n" in variables[key] or "\r" in variables[key]:
+            raise ValueError(
+                f"env {key}: its value holds a line break, which docker's and podman's env files "
+                "cannot carry. Fix: pass it another way (a file the job reads)"
+            )
+        lines.append(f"{key}={variables[key]}\n")
+    return "".join(lines)
 
 
 class ContainerControl:
     """The supervisor's hold on a docker/podman container: stop it with the job, kill it at
     the end of the grace, remove what is left, and find its main process (whose descendants'
-    GPU memory is the job's). Every call is bounded; none raises."""
+    GPU memory is the job's). Each command runs as the job's owner (`commands`), bounded;
+    none raises."""
 
     def __init__(
-        self, run: ContainerRun, env: Mapping[str, str], note: Callable[[str], None], found: Callable[[int], None]
+        self, run: ContainerRun, commands: OwnerCommands, note: Callable[[str], None], found: Callable[[int], None]
     ) -> None:
-        self.run, self.env, self.note, self.found = run, dict(env), note, found
-        self.stopper: subprocess.Popen | None = None
+        self.run, self.commands, self.note, self.found = run, commands, note, found
+        self.client = run.argv[0]
+        self.stopper: object | None = None
         self.pid: int | None = None
         self.lookups = 0
         self.next_lookup = time.monotonic() + 0.3
 
     def _call(self, *args: str, timeout: float = CONTROL_TIMEOUT_S) -> str | None:
-        try:
-            done = subprocess.run(
-                [self.run.runtime, *args],
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout,
-                text=True,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout if done.returncode == 0 else None
+        status, out = self.commands.run([self.client, *args], timeout)
+        return out if status == 0 else None
 
     def stop(self, grace_s: float) -> None:
         """SIGTERM to the container's processes, SIGKILL after the grace (by the runtime),
@@ -190,14 +206,8 @@ class ContainerControl:
         seconds = str(max(1, math.ceil(grace_s)))
         self.note(f"stopping container {self.run.name} ({self.run.runtime} stop --time {seconds})")
         try:
-            self.stopper = subprocess.Popen(
-                [self.run.runtime, "stop", "--time", seconds, self.run.name or ""],
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        except OSError as e:
+            self.stopper = self.commands.start([self.client, "stop", "--time", seconds, self.run.name or ""])
+        except Exception as e:  # refused, or the root part is gone: the client's own stop still comes
             self.note(f"cannot run {self.run.runtime} stop: {e}")
 
     def kill(self) -> None:
@@ -207,13 +217,11 @@ class ContainerControl:
         """After the client has exited, however: the container must not outlive the job."""
         if self._call("rm", "--force", self.run.name or "") is None and self.lookup_pid() is not None:
             self.note(f"could not remove container {self.run.name}: see `{self.run.runtime} ps`")
-        if self.run.staged is not None:  # a container that is left keeps its own copy of the mounts
-            self.run.staged.release()
         if self.stopper is not None:
-            try:
-                self.stopper.wait(timeout=CONTROL_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.stopper.kill()
+            close = getattr(self.stopper, "close", None)
+            if close is not None:
+                close()
+            self.stopper = None
 
     def lookup_pid(self) -> int | None:
         out = self._call("inspect", "--format", "{{.State.Pid}}", self.run.name or "", timeout=10)
@@ -238,53 +246,87 @@ class ContainerControl:
             self.found(self.pid)
 
 
-def remove_leftover(spec_json: dict, name: str, default_runtime: str) -> bool:
+def remove_leftover(
+    spec_json: dict, name: str, clients: Mapping[str, str], default_runtime: str, commands: OwnerCommands | None
+) -> bool:
     """The docker/podman container of an attempt whose supervisor died without removing it
-    (killed, or its host's power cut): remove it, so that it holds no GPU for nobody.
-    Returns whether one was removed."""
+    (killed, or its host's power cut): remove it (as the job's owner), so that it holds no GPU
+    for nobody. Returns whether one was removed."""
     container = Container.from_json(spec_json.get("container"))
     runtime = (container.runtime or default_runtime) if container else None
-    if runtime not in DAEMON_RUNTIMES:
+    if runtime not in DAEMON_RUNTIMES or commands is None or runtime not in clients:
         return False
     try:
-        done = subprocess.run(
-            [runtime, "rm", "--force", name], stdin=subprocess.DEVNULL, capture_output=True, timeout=CONTROL_TIMEOUT_S
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        status, _ = commands.run([clients[runtime], "rm", "--force", name], CONTROL_TIMEOUT_S)
+    except Exception:
         return False
-    return done.returncode == 0
+    return status == 0
+
+
+def client_paths(configured: Mapping[str, str]) -> dict[str, str]:
+    """Each runtime's client by its absolute path: as config container_clients names it, else
+    as found on the worker's own PATH (cron's, the admin's: never a job's)."""
+    found = {}
+    for name in RUNTIMES:
+        path = configured.get(name) or shutil.which(name)
+        if path:
+            found[name] = os.path.abspath(path)
+    return found
 
 
 class RuntimeProbe:
     """A worker's view of its host's runtimes, probed again every PROBE_EVERY_S: a daemon may
-    be started or stopped while the worker runs."""
+    be started or stopped while the worker runs. `refused`: runtimes this queue does not run,
+    with why (docker in a team queue without allow_docker). `env`: the clients' environment
+    (probe_runtimes)."""
 
     PROBE_EVERY_S = 300.0
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        clients: Mapping[str, str] | None = None,
+        refused: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.clients = dict(client_paths({}) if clients is None else clients)
+        self.refused = dict(refused or {})
+        self.env = None if env is None else dict(env)
         self.found: dict[str, str] = {}
         self.problems: dict[str, str] = {}
         self.at = -math.inf
 
     def refresh(self, now: float) -> None:
         if now - self.at >= self.PROBE_EVERY_S:
-            self.found, self.problems = probe_runtimes()
+            self.found, self.problems = probe_runtimes(self.clients, self.env)
+            for name, why in self.refused.items():
+                if name in self.found:
+                    del self.found[name]
+                    self.problems[name] = why
             self.at = now
 
 
-def probe_runtimes() -> tuple[dict[str, str], dict[str, str]]:
+def probe_runtimes(
+    clients: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """The container runtimes this host can use now, name -> version, and those installed
-    but not usable, name -> why (a docker client whose daemon does not answer)."""
+    but not usable, name -> why (a docker client whose daemon does not answer). `env`: what
+    the clients run with (a queue account's worker: a clean start and the admin's
+    container_env, as its jobs' clients get); None: this process's own."""
+    clients = client_paths({}) if clients is None else clients
     commands = {
-        "docker": ["docker", "version", "--format", "{{.Server.Version}}"],
-        "podman": ["podman", "version", "--format", "{{.Client.Version}}"],
-        "apptainer": ["apptainer", "--version"],
+        # Asking docker's daemon needs its socket, root's (or its group's: root in all but
+        # name): only root's own worker asks it. A queue account's asks the client alone; a
+        # job whose owner cannot reach the daemon says why in its log.
+        "docker": ["version", "--format", "{{.Server.Version}}"] if os.geteuid() == 0 else ["--version"],
+        "podman": ["--version"],  # the client alone: rootless storage is each owner's, not ours
+        "apptainer": ["--version"],
     }
     found: dict[str, str] = {}
     problems: dict[str, str] = {}
-    for name, argv in commands.items():
-        if shutil.which(name) is None:
+    for name, args in commands.items():
+        if name not in clients:
             continue
+        argv = [clients[name], *args]
         try:
             done = subprocess.run(
                 argv,
@@ -292,15 +334,24 @@ def probe_runtimes() -> tuple[dict[str, str], dict[str, str]]:
                 capture_output=True,
                 text=True,
                 timeout=PROBE_TIMEOUT_S,
-                env={**os.environ, "LC_ALL": "C"},
+                env={**(os.environ if env is None else env), "LC_ALL": "C"},
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             problems[name] = f"{' '.join(argv)}: {e}"
             continue
-        words = done.stdout.split()
-        if done.returncode == 0 and words:
-            found[name] = words[-1]
+        version = _version_in(done.stdout)
+        if done.returncode == 0 and version:
+            found[name] = version
         else:
             lines = (done.stderr or done.stdout).strip().splitlines()
             problems[name] = lines[-1][:200] if lines else f"{' '.join(argv)} exited {done.returncode}"
     return found, problems
+
+
+def _version_in(output: str) -> str | None:
+    """The version a client printed: the whole output (`--format` asked for it alone), or the
+    word after "version" ("Docker version 24.0.7, build afdd53b", "podman version 4.3.1")."""
+    words = output.replace(",", " ").split()
+    if "version" in (lowered := [w.lower() for w in words]) and lowered.index("version") + 1 < len(words):
+        return words[lowered.index("version") + 1]
+    return words[-1] if words else None

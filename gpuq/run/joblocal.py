@@ -1,31 +1,38 @@
 """A running job's local files and what others learn from them: where they live (Runtime),
-the job's liveness lock, the `started` marker kept in it, stop requests, and their cleanup.
+the job's liveness lock, the `started` marker kept in it, stop requests, the keeper's exit
+file, the box's lease, and their cleanup.
 
 All of them live in the host's local directory (never on NFS, where flock does not exclude)
-and mean nothing after a reboot. The supervisor (run/supervise.py) writes them; the worker,
-`gpuq cancel` and the spawner read them.
+and mean nothing after a reboot. The supervisor (run/supervise.py) writes the markers; the
+keeper (host/keeper.py) writes the exit status through the descriptor it was handed; the
+worker and the spawner read them.
 
-A root worker signals the pid a lock file names and records the result it holds, so the
-directory is private to the worker's account (hostinfo.ensure_private_dir) and, in depth,
-what is read back counts only as a plain file of that account (fstat of an O_NOFOLLOW open),
-and what is written goes through a fresh temp file renamed into place, never through a link.
+The worker signals the supervisor a lock file names and records the result it holds, so the
+directory is private to the queue's account (hostinfo.ensure_private_dir), no job holds a
+descriptor on anything in it, and, in depth, what is read back counts only as a plain file of
+that account (fstat of an O_NOFOLLOW open), and what is written goes through a fresh temp
+file renamed into place, never through a link (but the lease, rewritten in place: the keepers
+read it through descriptors of their own).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import signal
-import time
+import stat
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, TypeGuard
 
+from gpuq.host import wire
 from gpuq.host.hostinfo import process_start_ticks, read_owned
 from gpuq.model.record import Record
-from gpuq.model.stops import Stop
+from gpuq.model.states import State
+from gpuq.model.stops import Stop, cause_of
 from gpuq.spool.layout import Layout
 
 
@@ -42,6 +49,9 @@ class Runtime:
     extra_env: dict[str, str]  # e.g. GPUQ_FAKE_GPUS for fake GPUs
     container_runtime: str = "docker"  # config container_runtime: for containers that name none
     allow_root_jobs: bool = False  # config allow_root_jobs: whether a root worker runs uid 0's jobs
+    container_clients: dict[str, str] = field(default_factory=dict)  # runtime -> its client's absolute path
+    allow_docker: bool = False  # config allow_docker: docker jobs in a team queue (its daemon is root)
+    container_env: dict[str, str] = field(default_factory=dict)  # config container_env: every client's
 
     def lock_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.lock"
@@ -53,6 +63,11 @@ class Runtime:
         """The main process of the job's docker/podman container (not in the job's process
         tree: the runtime's daemon started it), so that its GPU memory counts as the job's."""
         return self.local_dir / "jobs" / f"{job_id}.container"
+
+    def exit_path(self, job_id: str) -> Path:
+        """Where the keeper of the job's attempt writes its exit status (host/keeper.py), for a
+        worker that settles the attempt after its supervisor died."""
+        return self.local_dir / "jobs" / f"{job_id}.exit"
 
     def usage_path(self, job_id: str) -> Path:
         """GPU usage sampled by the worker (host/usage.py), read by the supervisor at the end."""
@@ -74,6 +89,9 @@ class Runtime:
             "extra_env": self.extra_env,
             "container_runtime": self.container_runtime,
             "allow_root_jobs": self.allow_root_jobs,
+            "container_clients": self.container_clients,
+            "allow_docker": self.allow_docker,
+            "container_env": self.container_env,
         }
 
     @classmethod
@@ -88,6 +106,9 @@ class Runtime:
             d["extra_env"],
             d.get("container_runtime", "docker"),
             d.get("allow_root_jobs", False),
+            dict(d.get("container_clients") or {}),
+            d.get("allow_docker", False),
+            dict(d.get("container_env") or {}),
         )
 
 
@@ -118,17 +139,60 @@ def replace_own(path: Path, data: bytes) -> None:
     os.rename(tmp, path)
 
 
+def open_lease(rt: Runtime, write: bool = False) -> int:
+    """The box's lease file, opened (and made, to write) never through a link; only a plain
+    file of this account's. Raises OSError."""
+    flags = (os.O_RDWR | os.O_CREAT if write else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(rt.lease_path, flags, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError(errno.EPERM, "the lease is not a plain file of this account's", str(rt.lease_path))
+    return fd
+
+
 def write_lease(rt: Runtime, now_mono: float) -> None:
-    replace_own(rt.lease_path, repr(now_mono).encode())
+    """Renew the box's lease in place: keepers hold descriptors on this very file. A link or
+    anything not a plain file of this account's found there is replaced, never written through."""
+    try:
+        fd = open_lease(rt, write=True)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.EPERM):
+            raise
+        replace_own(rt.lease_path, b"")
+        fd = open_lease(rt, write=True)
+    try:
+        wire.write_lease(fd, now_mono)
+    finally:
+        os.close(fd)
 
 
 def lease_age(rt: Runtime) -> float | None:
     """Seconds since this host's heartbeat was last written (None: no worker wrote one yet).
     CLOCK_MONOTONIC is one clock for every process of the host, and never jumps."""
     try:
-        return time.monotonic() - float(read_own(rt.lease_path) or b"")
+        fd = open_lease(rt)
+    except OSError:
+        return None
+    try:
+        return wire.lease_age(fd)
+    finally:
+        os.close(fd)
+
+
+def read_exit(rt: Runtime, record: Record) -> dict | None:
+    """What the keeper of this attempt wrote when its job ended ({"status", "fenced",
+    "ended_at"}), or None. The supervisor removes any exit file before it writes the `started`
+    marker, and every settling removes it, so one found beside this attempt's marker is this
+    attempt's."""
+    data = read_own(rt.exit_path(record.id))
+    if not data:
+        return None
+    try:
+        found = json.loads(data.rstrip(b"\0 "))
     except ValueError:
         return None
+    return found if isinstance(found, dict) and type(found.get("status")) is int else None
 
 
 def try_lock(fd: int) -> bool:
@@ -175,6 +239,45 @@ def read_started(rt: Runtime, record: Record) -> dict | None:
     return marker if isinstance(marker, dict) and marker.get("claim") == record.claim else None
 
 
+RESULT_KEYS = frozenset(
+    {
+        "started_at",
+        "ended_at",
+        "exit_code",
+        "signal",
+        "reason",
+        "cause",
+        "job_pid",
+        "peak_gpu_mem_mib",
+        "mean_gpu_mem_mib",
+        "mean_gpu_util_pct",
+        "peak_rss_mib",
+        "peak_cpus",
+        "cpu_s",
+    }
+)
+
+
+def checked_result(result: object) -> tuple[State, dict]:
+    """A result the supervisor kept in the lock file because the shared disk refused it:
+    only the fields a result has (never an id, an owner, a spec, a claim), and an end state.
+    Raises ValueError for anything else."""
+    if not isinstance(result, dict):
+        raise ValueError("a result is an object")
+    state = State(result.get("state"))
+    if state not in (State.DONE, State.FAILED, State.CANCELLED, State.LOST):
+        raise ValueError(f"{state.value} is not how a job ends")
+    fields = {k: v for k, v in result.items() if k in RESULT_KEYS}
+    fields["cause"] = cause_of(fields)
+    return state, fields
+
+
+def stop_ordered(rt: Runtime, job_id: str) -> Stop | None:
+    """The stop the worker ordered for this job, if any (the stop file, run/joblocal.request_stop)."""
+    data = read_own(rt.stop_path(job_id))
+    return Stop.decode(data) if data is not None else None
+
+
 def has_ended(rt: Runtime, record: Record) -> bool:
     """Whether this attempt's job is over for good (its supervisor marked it so once the job
     and its leftovers were gone) while its supervisor still records the result: the job's
@@ -205,10 +308,11 @@ def write_container_pid(rt: Runtime, record: Record, pid: int) -> None:
 
 
 def job_roots(rt: Runtime, record: Record) -> list[int]:
-    """The processes whose descendants are the job: its live supervisor, and the main process
-    of its container when a runtime's daemon started that (run/containers.py)."""
-    pid = supervisor_pid(rt, record)
-    if pid is None:
+    """The processes whose descendants are the job: its live keeper, and the main process of
+    its container when a runtime's daemon started that (run/containers.py)."""
+    marker = read_started(rt, record) or {}
+    pid = marker.get("keeper_pid")
+    if not _live(pid, marker.get("keeper_ticks")):
         return []
     try:
         container = json.loads(read_own(rt.container_path(record.id)) or b"")
@@ -222,7 +326,13 @@ def job_roots(rt: Runtime, record: Record) -> list[int]:
 
 def finish_local(rt: Runtime, record: Record) -> None:
     """Remove the attempt's local files and its claim; the record now holds the spec."""
-    paths = [rt.stop_path(record.id), rt.usage_path(record.id), rt.container_path(record.id), rt.lock_path(record.id)]
+    paths = [
+        rt.stop_path(record.id),
+        rt.usage_path(record.id),
+        rt.container_path(record.id),
+        rt.exit_path(record.id),
+        rt.lock_path(record.id),
+    ]
     if record.claim:
         paths.append(rt.layout.claims / record.claim)
     for path in paths:

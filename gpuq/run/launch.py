@@ -1,43 +1,31 @@
-"""Starting a job's process: its environment, its identity, its log, and the spawn itself.
+"""Starting a job's process: its environment, its identity, its log, and the order to the
+root part that starts it (host/privsep.py).
 
-Run in the supervisor. A job starts in its own process group with default signal
-dispositions, stdout and stderr in its log, and the job lock's descriptor inherited. A root
-worker's supervisor touches a user's paths only as that user: it enters the workdir with the
-owner's credentials (subprocess would chdir while still root, before switching identity),
-and everything else (venv, conda, setup) is reached by the job's own shell.
+Run in the supervisor, as the queue's account. The supervisor never enters a member's
+directory nor runs a member's program: the job's own process, already its owner, opens the
+log, enters the workdir and executes the command; everything else (venv, conda, setup) is
+reached by the job's own shell. A job starts in its own process group with default signal
+dispositions, stdout and stderr in its log, and no other descriptor.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import errno
 import functools
 import os
 import pwd
-import shlex
-import signal
 import stat
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
-from gpuq.host.hostinfo import open_to_append
+from gpuq.host import rootorders, wire
 from gpuq.host.owners import Identity
+from gpuq.model.config import FENCE_FRACTION
 from gpuq.model.environments import command_argv, prelude_lines
 from gpuq.model.record import Record
 from gpuq.model.sharing import pinned_mem_limit
 from gpuq.model.spec import JobSpec
-from gpuq.run.containers import (
-    ContainerControl,
-    ContainerRun,
-    Owner,
-    container_name,
-    container_run,
-)
-from gpuq.run.joblocal import Runtime, write_container_pid
-from gpuq.run.limits import pinned
-from gpuq.run.mounts import stage_mounts
+from gpuq.run.containers import DOCKER_REFUSED, ContainerRun, Owner, container_name, container_run
+from gpuq.run.joblocal import Runtime
 
 # A job that a root worker runs as its owner starts from this PATH, as a login shell would
 # (docs/containers.md, "The job's environment"); a venv, conda or the spec's env adds to it.
@@ -46,7 +34,12 @@ _KEPT_FROM_THE_WORKER = ("LANG", "LANGUAGE", "TZ")  # and LC_*: how to print, no
 
 
 class CannotStart(Exception):
-    """Why the attempt cannot start: its log and record say "cannot start: " and this."""
+    """Why the attempt cannot start: its log and record say "cannot start: " and this.
+    `log_fd`: the job's log, where its process could open it before it failed."""
+
+    def __init__(self, message: str, log_fd: int | None = None) -> None:
+        super().__init__(message)
+        self.log_fd = log_fd
 
 
 @functools.cache
@@ -98,12 +91,12 @@ def _login_shell(identity: Identity) -> str:
     return pw.pw_shell if pw.pw_uid == identity.uid and pw.pw_shell else "/bin/sh"
 
 
-def job_identity(rt: Runtime, record: Record, worker_euid: int) -> Identity | None:
+def job_identity(rt: Runtime, record: Record, as_owners: bool) -> Identity | None:
     """Whom the job runs as: its record's owner (the uid the worker took from the spec
-    file and handed over with the record), or None for the worker's own account. A root
-    worker runs a job as root only when the record says uid 0 and allow_root_jobs is on:
-    uid 0 is never "as myself" by default. Raises CannotStart."""
-    if worker_euid != 0:
+    file and handed over with the record) where jobs run `as_owners` (the root part is root),
+    or None for the starter's own account. A job runs as root only when the record says uid 0
+    and allow_root_jobs is on: uid 0 is never "as myself" by default. Raises CannotStart."""
+    if not as_owners:
         return None  # a user's worker runs its jobs as itself (run_for_users: on their behalf)
     if record.uid == 0:
         if rt.allow_root_jobs:
@@ -179,187 +172,137 @@ def build_launch(rt: Runtime, record: Record, spec: JobSpec, identity: Identity 
         if identity
         else Owner(os.getuid(), os.getgid(), tuple(os.getgroups()))
     )
-    run = container_run(
-        spec.container,
-        spec.container.runtime or rt.container_runtime,
-        inner,
-        variables,
-        workdir,
-        record.gpus,
-        owner,
-        os.geteuid() == 0,
-        container_name(record.id, record.attempt, record.claim),
-        record.cpu_cores,
-        record.mem_limit_mib,
-    )
-    client = identity if run.client_as_owner else None
-    env = {**base_environment(client), **run.env, **(client.environment() if client else {})}
-    return Launch(run.argv, env, workdir, client, run)
+    runtime = spec.container.runtime or rt.container_runtime
+    if runtime == "docker" and identity is not None and os.geteuid() != 0 and not rt.allow_docker:
+        raise CannotStart(DOCKER_REFUSED)  # a team queue: the queue's account, jobs as their owners
+    client = rt.container_clients.get(runtime)
+    if client is None:
+        raise CannotStart(f"no {runtime} client on {rt.host} (config container_clients, or the worker's PATH)")
+    try:
+        run = container_run(
+            spec.container,
+            runtime,
+            client,
+            inner,
+            variables,
+            workdir,
+            record.gpus,
+            owner,
+            identity is None and os.geteuid() == 0,  # root's own job in root's own queue
+            container_name(record.id, record.attempt, record.claim),
+            record.cpu_cores,
+            record.mem_limit_mib,
+        )
+    except ValueError as e:
+        raise CannotStart(str(e)) from None
+    except PermissionError as e:
+        raise CannotStart(f"{e.strerror}: {e.filename}") from None
+    # The client's own environment: a job's clean start, the admin's container_env, and (for
+    # apptainer) the job's variables under APPTAINERENV_*, which tell the client nothing.
+    env = {**base_environment(identity), **rt.container_env, **run.env, **(identity.environment() if identity else {})}
+    return Launch(run.argv, env, workdir, identity, run)
+
+
+def prepare_log(path: Path, owner: Identity | None, orders: rootorders.Orders | None) -> None:
+    """The job's log exists, for its owner: made 0640 by the queue's account when missing (in
+    a team root, logs/ is setgid: the team's group reads it), then given to the owner by the
+    root part. The job's own process (or Slurm, for the bridge) opens it as its owner. One that
+    is there already must be a plain file of the owner's with one link: a name planted in
+    logs/ must not have anything of the job's written through it. Raises CannotStart."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    except FileExistsError:
+        uid = owner.uid if owner is not None else os.geteuid()
+        try:
+            st = os.lstat(path)
+        except OSError as e:
+            raise CannotStart(f"log {path.name}: {e.strerror}") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != uid:
+            whose = owner.name if owner is not None else "this worker's user"
+            raise CannotStart(
+                f"log {path.name} exists and is not a plain file of {whose} (a link, a FIFO or another's file: "
+                f"never written through). Fix: an admin removes logs/{path.name}, then `gpuq retry` the job"
+            ) from None
+        return
+    try:
+        os.fchmod(fd, 0o640)  # whatever the umask
+        if owner is None or owner.uid == os.geteuid():
+            return
+        if os.geteuid() == 0:  # root's own queue: its worker is root, and no team's group is kept
+            team_dir = os.stat(path.parent).st_mode & stat.S_ISGID
+            os.fchown(fd, owner.uid, -1 if team_dir else owner.gid)
+        elif orders is not None:
+            orders.give(fd, owner.uid)
+    except wire.Refused as e:
+        raise CannotStart(f"cannot give its log to {owner.name if owner else 'its owner'}: {e}") from None
+    finally:
+        os.close(fd)
 
 
 def start_run(
     rt: Runtime,
+    orders: rootorders.Orders,
     record: Record,
-    spec: JobSpec,
-    identity: Identity | None,
-    lock_fd: int,
-    log_fd: int,
-    log: Callable[[int, str], None],
-) -> tuple[int, ContainerControl | None]:
-    """Spawn one run of the job (its first, or a service's restart), pinned to its cores;
-    for a docker/podman container, also the control that stops and removes it with the job.
-    Raises CannotStart for a workdir the owner cannot enter, OSError naming what else failed."""
-    launch = build_launch(rt, record, spec, identity)
-    enter_workdir(launch.cwd, identity)  # the job's owner, even where a container's client is root
-    control = None
-    if (container := launch.container) is not None:
-        if identity is not None:  # a root client mounts, on the owner's behalf, only what the owner can read
-            try:
-                container = stage_mounts(container, identity, rt.local_dir, record.id)
-            except OSError as e:
-                raise CannotStart(e.strerror) from None
-            launch = dataclasses.replace(launch, argv=container.argv, container=container)
-        log(log_fd, f"==> container: {shlex.join(launch.argv)}\n")
-        if container.name is not None:  # docker/podman: the container outlives its client
-            control = ContainerControl(
-                container,
-                launch.env,
-                lambda text: log(log_fd, f"==> gpuq: {text}\n"),
-                lambda pid: write_container_pid(rt, record, pid),
-            )
-    with pinned(record.cpu_cores):
-        try:
-            return spawn_job(launch, log_fd, lock_fd), control
-        except OSError:
-            if launch.container is not None and launch.container.staged is not None:
-                launch.container.staged.release()
-            raise
-
-
-# Dispositions a job must not inherit from its supervisor (ignored signals survive exec).
-_JOB_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)  # the supervisor's other ignores are handlers
-
-
-def open_log(path: Path, owner: Identity | None) -> int:
-    """The job's log for appending: created 0640 (and, for a root worker, given to the job's
-    owner), never through a link, and only a plain file of the owner's when it exists: a name
-    planted in logs/ must not make root write into someone else's file. In a team root
-    (logs/ setgid to the team's group) the log keeps that group, so the team reads it (docs/security.md);
-    elsewhere its group is the owner's own."""
-    fd, created = open_to_append(
-        path, 0o640, owner.uid if owner else os.geteuid(), f"log {path.name}", "the job's owner"
-    )
-    if created and owner is not None:
-        team_dir = os.stat(path.parent).st_mode & stat.S_ISGID  # the file was created with its group
-        os.fchown(fd, owner.uid, -1 if team_dir else owner.gid)
-    return fd
-
-
-def enter_workdir(workdir: str, identity: Identity | None) -> None:
-    """Make `workdir` this process's working directory, which the job inherits, entering it
-    with the credentials of the job's owner: a directory they could not reach (under a 0700
-    /root, or a teammate's 0750 home) stays unreachable through a root worker.
-    Raises CannotStart naming the directory and the user."""
+    launch: Launch,
+    fds: dict[str, int],
+    header: str,
+) -> rootorders.Keeper:
+    """Start one run of the job (its first, or a service's restart) under a keeper, through
+    the root part: as its owner, in its workdir, pinned to its cores, its output in its log.
+    `fds`: the descriptors the keeper gets (the claimed spec, the job lock, the lease, the exit
+    file). Raises CannotStart with the reason (and the log, where the job could open it)."""
+    identity = launch.identity
+    prepare_log(rt.layout.job_log(record.id), identity, orders)
+    logs_fd = os.open(rt.layout.logs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with _as_user(identity):
-            os.chdir(workdir)  # the supervisor's own paths are all absolute: its cwd is the job's
-    except OSError as e:
-        if e.errno not in (errno.EACCES, errno.EPERM):
-            raise CannotStart(f"{e.strerror} (workdir): {workdir}") from None
-        user = identity.name if identity else _user_name(os.geteuid())
-        raise CannotStart(f"workdir {workdir} is not accessible to {user} ({e.strerror})") from None
-
-
-@contextmanager
-def _as_user(identity: Identity | None) -> Iterator[None]:
-    """Act with `identity`'s effective ids and groups (a root supervisor only), then root's
-    again. Signals wait meanwhile: no handler runs as the owner. The real and saved uid stay
-    root's, so the owner can neither signal nor trace this process meanwhile."""
-    if identity is None:
-        yield
-        return
-    groups, egid = os.getgroups(), os.getegid()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-    try:
-        os.setgroups(list(identity.groups))
-        os.setegid(identity.gid)
-        os.seteuid(identity.uid)
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(egid)
-        os.setgroups(groups)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def spawn_job(launch: Launch, log_fd: int, lock_fd: int) -> int:
-    """Start the job in its own process group, output to its log, holding the job lock.
-    posix_spawn (vfork and exec in C) rather than subprocess: no Python runs in the child,
-    which saves a millisecond of copied pages per job. Raises OSError naming what failed.
-    A job that must change identity starts through subprocess (posix_spawn cannot). Either
-    way it starts in this process's working directory (enter_workdir)."""
-    argv, env, identity = launch.argv, launch.env, launch.identity
-    if identity is not None:
-        return _spawn_as(identity, argv, env, log_fd, lock_fd)
-    os.set_inheritable(lock_fd, True)
-    candidates = (
-        [argv[0]] if "/" in argv[0] else [os.path.join(d, argv[0]) for d in os.get_exec_path(env)]
-    )  # PATH as the job will see it
-    error: OSError = FileNotFoundError(2, "No such file or directory", argv[0])
-    for path in candidates:
-        try:
-            return os.posix_spawn(
-                path,
-                argv,
-                env,
-                setpgroup=0,
-                setsigmask=(),
-                setsigdef=_JOB_DEFAULT_SIGNALS,
-                file_actions=[(os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)],
-            )
-        except (FileNotFoundError, NotADirectoryError) as e:
-            error = e  # try the next PATH entry, as exec*p does
-        except OSError as e:
-            error = e
-            if e.errno != errno.EACCES:
-                break
-    raise OSError(error.errno, error.strerror, argv[0])
-
-
-def _spawn_as(identity: Identity, argv: list[str], env: dict[str, str], log_fd: int, lock_fd: int) -> int:
-    import subprocess
-
-    try:  # no cwd=: subprocess's child would chdir as root, before it switches identity
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            pass_fds=(lock_fd,),
-            process_group=0,
-            user=identity.uid,
-            group=identity.gid,
-            extra_groups=list(identity.groups),
+        return orders.start(
+            {
+                "uid": identity.uid if identity is not None else orders.starter_uid,
+                "argv": launch.argv,
+                "env": launch.env,
+                "cwd": launch.cwd,
+                "cores": record.cpu_cores,
+                "log": rt.layout.job_log(record.id).name,
+                "header": header,
+                "grace_s": rt.grace_s,
+                "fence_after_s": FENCE_FRACTION * rt.lost_after_s,
+                "stdin": launch.container.stdin if launch.container is not None else None,
+            },
+            {**fds, "logs": logs_fd},
         )
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, e.filename if e.filename else argv[0]) from None
-    _SPAWNED[proc.pid] = proc  # reaped by _wait with waitpid; told so there (see forget_spawned)
-    return proc.pid
+    except wire.Refused as e:
+        raise CannotStart(str(e), e.log_fd) from None
+    finally:
+        os.close(logs_fd)
 
 
-_SPAWNED: dict[int, object] = {}
+@dataclass(frozen=True)
+class AsOwner:
+    """A container client's other commands (stop, kill, rm, inspect), run as the job's owner
+    through the root part, like the client itself: `spec_fd` is the claimed spec it checks."""
+
+    orders: rootorders.Orders
+    uid: int
+    env: dict[str, str]
+    spec_fd: int | None
+
+    def run(self, argv: list[str], timeout: float, stdin: str | None = None) -> tuple[int | None, str]:
+        return self.orders.run(self.uid, argv, self.env, self.spec_fd, stdin=stdin, timeout=timeout)
+
+    def start(self, argv: list[str]) -> rootorders.Keeper:
+        return self.orders.start(
+            {"uid": self.uid, "argv": argv, "env": self.env, "cwd": "/"},
+            ({"spec": self.spec_fd} if self.spec_fd is not None else {}),
+        )
 
 
-def forget_spawned(pid: int, status: int) -> None:
-    """A job started through subprocess has been reaped by waitpid: tell its Popen."""
-    proc = _SPAWNED.pop(pid, None)
-    if proc is not None:
-        proc.returncode = os.waitstatus_to_exitcode(status)  # type: ignore[attr-defined]
+def as_owner(
+    rt: Runtime, orders: rootorders.Orders, record: Record, spec_fd: int | None, extra_env: dict[str, str] | None = None
+) -> AsOwner:
+    """How to run a command as the owner of `record`'s job (the starter's own user, where jobs
+    do not run as their owners), with the clean environment a job starts from, and `extra_env`
+    (the admin's: container_env for a container's client)."""
+    identity = job_identity(rt, record, orders.starter_uid == 0)
+    uid = identity.uid if identity is not None else orders.starter_uid
+    env = {**base_environment(identity), **(extra_env or {}), **(identity.environment() if identity else {})}
+    return AsOwner(orders, uid, env, spec_fd)

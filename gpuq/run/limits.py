@@ -8,8 +8,6 @@ starts the job, so the supervisor, `gpuq show` and the record agree on what appl
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from typing import Iterator
 
 from gpuq.host.usage import TreeSampler
 from gpuq.model.config import Config
@@ -31,6 +29,11 @@ class LimitWatch:
         self.ends_at = started_monotonic + self.time_limit_s if self.time_limit_s else float("inf")
         self.sample_at = started_monotonic + SAMPLE_EVERY_S
         self.usage = TreeSampler()
+        self.cpu_s: float | None = None  # the tree's CPU time, as its keeper counted it at the end
+
+    def watch(self, root_pid: int) -> None:
+        """Sample the process tree under `root_pid` (the job's keeper) from now on."""
+        self.usage.root_pid = root_pid
 
     @property
     def next_at(self) -> float:
@@ -45,21 +48,6 @@ class LimitWatch:
             if self.mem_limit_mib and used > self.mem_limit_mib:
                 return Stop.limit(f"host memory {format_mib(used)} above its mem {format_mib(self.mem_limit_mib)}")
         return None
-
-
-@contextmanager
-def pinned(cores: list[int]) -> Iterator[None]:
-    """Spawn the job inside this: it inherits the supervisor's CPU affinity, which is then
-    restored (the supervisor serves the next job too)."""
-    if not cores:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cores)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def limits_for(spec: "JobSpec", config: "Config", cores_in_use: list[list[int]]) -> dict:

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuq.host import rootorders, wire
 from gpuq.host.hostinfo import UnsafePath, ensure_private_dir
 
 log = logging.getLogger("gpuq.worker")
@@ -47,10 +48,14 @@ class MpsError(Exception):
 
 @dataclass
 class MpsDaemons:
-    """The daemons of one worker's GPUs. `control`: the control program (None: not found)."""
+    """The daemons of one worker's GPUs. `control`: the control program (None: not found).
+    `root`: the root part, where the worker is the queue's account and the starter is root:
+    it starts and stops the daemons as root (a daemon of the queue account's would serve only
+    that account's jobs), in directories of root's; the worker only reads their pid files."""
 
     base: Path  # <local_dir>-mps
     control: str | None = field(default_factory=lambda: shutil.which(CONTROL))
+    root: rootorders.Orders | None = None
     emptied_at: dict[int, float] = field(default_factory=dict)  # GPU index -> when its last MPS job ended
     failed_at: float | None = None  # when a daemon last failed to start (any GPU: one program for all)
     last_error: str | None = None
@@ -58,8 +63,13 @@ class MpsDaemons:
     opened: bool = False  # `base` verified (and made, if MPS is on)
 
     @classmethod
-    def beside(cls, local_dir: Path) -> "MpsDaemons":
-        return cls(Path(f"{local_dir}-mps"))
+    def beside(cls, local_dir: Path, root: rootorders.Orders | None = None) -> "MpsDaemons":
+        return cls(Path(f"{local_dir}-mps"), root=root)
+
+    @property
+    def owner(self) -> int:
+        """Whose the daemons and their directories are: root's through the root part, else ours."""
+        return 0 if self.root is not None else os.geteuid()
 
     def open(self, create: bool) -> None:
         """Verify `base` before anything in it is read: a directory of this account's that
@@ -67,6 +77,9 @@ class MpsDaemons:
         made if `create` (MPS on), else only an existing one is looked at (daemons a worker
         with MPS left behind are still stopped)."""
         if not create and not os.path.lexists(self.base):
+            return
+        if self.root is not None:  # the root part makes it, root's: trusted once it is
+            self.opened = True
             return
         try:
             ensure_private_dir(self.base, "the MPS directory", others_read=True)
@@ -85,7 +98,7 @@ class MpsDaemons:
     def _setup_problem(self) -> str | None:
         if self.unsafe is not None:
             return self.unsafe
-        if self.control is None:
+        if self.control is None and self.root is None:  # the root part looks on its own PATH
             return f"{CONTROL} is not on the worker's PATH (it comes with the NVIDIA driver's compute utilities)"
         longest = len(str(self.pipe_dir(99))) + len("/control")
         if longest > SOCKET_PATH_MAX:
@@ -104,13 +117,21 @@ class MpsDaemons:
         self.emptied_at.pop(index, None)
         if (why := self._setup_problem()) is not None:
             raise MpsError(why)
-        if not self._trusted():
+        if self.root is None and not self._trusted():  # the root part checks its own directories
             raise MpsError(f"{self.base} was not verified as this worker's own")
         if self._pid(index) is not None:
             return self.pipe_dir(index)
         if self.failed_at is not None and time.monotonic() - self.failed_at < RETRY_AFTER_S:
             # A control program that hangs would hold every start up to START_WAIT_S.
             raise MpsError(f"{self.last_error} (tried again {RETRY_AFTER_S:g} s after the last failure)")
+        if self.root is not None:
+            try:
+                pipe = Path(self.root.mps("start", index, uuid))
+            except (wire.Refused, wire.StarterGone) as e:
+                raise self._failed(f"the root part did not start it: {e}") from None
+            self.last_error = self.failed_at = None
+            log.info("MPS control daemon started for GPU %d by the root part (%s)", index, pipe)
+            return pipe
         try:
             shutil.rmtree(self.pipe_dir(index), ignore_errors=True)  # a crashed daemon's sockets
             pipe = ensure_private_dir(self.pipe_dir(index), "an MPS pipe directory", others_read=True)
@@ -155,6 +176,14 @@ class MpsDaemons:
         """`quit` to the daemon (it ends its servers), SIGKILL if it does not end; its pipe
         directory goes with it (its log directory stays)."""
         if not self._trusted():
+            return
+        if self.root is not None:
+            try:
+                self.root.mps("quit", index)
+                log.info("MPS control daemon of GPU %d stopped by the root part", index)
+            except (wire.Refused, wire.StarterGone) as e:
+                self.last_error = f"the root part did not stop the MPS daemon of GPU {index}: {e}"
+                log.warning("%s", self.last_error)
             return
         pid = self._pid(index)
         if pid is not None:
@@ -220,7 +249,7 @@ class MpsDaemons:
                 st = os.lstat(path)
             except OSError:
                 return False
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != self.owner or st.st_mode & 0o022:
                 return False
         return True
 
@@ -258,7 +287,7 @@ class MpsDaemons:
             return None
         pid = int(text)
         try:
-            if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+            if os.stat(f"/proc/{pid}").st_uid != self.owner:
                 return None
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv0 = f.read().split(b"\0", 1)[0]

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuq.host import rootorders
+from gpuq.host.audit import install_if_asked
 from gpuq.host.faults import crash_point
 from gpuq.host.hostinfo import open_to_append
 from gpuq.host.proctree import reap_children
@@ -110,14 +112,18 @@ class Spawner:
             package_parent = str(Path(__file__).resolve().parents[2])
             boot = f"import sys; sys.path.insert(0, {package_parent!r}); from gpuq.run.spawner import serve; serve()"
             stderr = self._open_log()
+            orders = rootorders.orders()
             try:
                 # Its own session: a Ctrl-C meant for a foreground worker must not reach it.
+                # Isolated (-I) in `/`: nothing on its sys.path but the stdlib and gpuq's code.
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-c", boot, json.dumps(self.rt.to_json())],
+                    [sys.executable, "-I", "-c", boot, json.dumps(self.rt.to_json())],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=stderr,
                     start_new_session=True,
+                    cwd="/",
+                    pass_fds=(orders.fileno(),) if orders is not None else (),
                 )
             finally:
                 if stderr is not None:
@@ -156,6 +162,7 @@ class _Supervisor:
 
 def serve() -> None:
     """The spawner process: launch each job read from stdin, answer on stdout."""
+    install_if_asked()  # the tests' proof of the privilege boundary: it records nothing unless root
     rt = Runtime.from_json(json.loads(sys.argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     prepare()

@@ -1,11 +1,12 @@
 """A job under its supervisor, and stopping it.
 
-The supervisor is forked by the spawner (see run/spawner.py), in its own session as a child
-subreaper (so grandchildren stay its own). It receives each job already holding the job's
-liveness lock (which the job inherits, so the kernel releases it only when both are gone),
-runs the job, waits, and writes the result. It runs one job at a time, and may be handed
-another once it has recorded the last. It outlives the worker; a restarted worker
-reattaches through the records and the locks.
+The supervisor is forked by the spawner (see run/spawner.py), in its own session, as the
+queue's account. It receives each job already holding the job's liveness lock, has the root
+part start the job under a keeper (host/keeper.py: the job's parent, which holds the lock
+too, so the kernel releases it only when both are gone), waits, and writes the result. It
+runs one job at a time, and may be handed another once it has recorded the last. It outlives
+the worker; a restarted worker reattaches through the records and the locks. It never enters
+a job's workdir: its working directory is `/` all its life.
 
 What to run, and as whom, comes only from the worker: it hands the whole record (spec, uid,
 claim, attempt) over the spawner's pipe. The running record on disk is read back only to
@@ -23,20 +24,19 @@ find the record gone.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
 import os
-import select
+import shlex
 import signal
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from gpuq.host import rootorders, wire
 from gpuq.host.clock import Clock
 from gpuq.host.faults import crash_point, io_fault, wall_time
 from gpuq.host.hostinfo import process_start_ticks
-from gpuq.host.proctree import kill_leftovers, signal_group
+from gpuq.host.owners import Identity
 from gpuq.host.usage import read_gpu_usage
 from gpuq.host.wake import WAKE_JOB_ENDED, poke
 from gpuq.model.config import FENCE_FRACTION, RECORD_FENCE_FRACTION
@@ -46,23 +46,20 @@ from gpuq.model.states import State
 from gpuq.model.stops import Stop, StopCause
 from gpuq.model.units import format_duration
 from gpuq.run.containers import ContainerControl
-from gpuq.run.joblocal import Runtime, finish_local, lease_age
+from gpuq.run.joblocal import Runtime, finish_local, lease_age, write_container_pid
 from gpuq.run.jobwatch import NEVER, JobWatch
 from gpuq.run.launch import (
     CannotStart,
-    forget_spawned,
+    as_owner,
+    build_launch,
     inherited_environment,
     job_identity,
-    open_log,
     shell_exit_note,
     start_run,
 )
 from gpuq.run.limits import LimitWatch
 from gpuq.sched.restarts import HEALTHY_S, restart_delay
 from gpuq.spool.store import forget_kept, read_record, transition, write_record
-
-PR_SET_CHILD_SUBREAPER = 36
-POLL_S = 0.05  # how often an old kernel without pidfd_open looks whether the job exited
 
 
 def _close_inherited_fds(keep: tuple[int, ...]) -> None:
@@ -105,27 +102,24 @@ def _shrug(signum: int, frame: object) -> None:
 
 def become_supervisor(keep_fds: tuple[int, ...]) -> None:
     """Once, in a process just forked by the spawner: its own session, no inherited
-    descriptors but `keep_fds`, a child subreaper, and the stop signal."""
+    descriptors but `keep_fds` and the root part's socket, stdin and stdout on /dev/null (its
+    stderr stays the spawner's: the worker's log), and the stop signal."""
     os.setsid()
-    _close_inherited_fds(keep_fds)
+    orders = rootorders.orders()
+    _close_inherited_fds(keep_fds + ((orders.fileno(),) if orders is not None else ()))
     devnull = os.open(os.devnull, os.O_RDWR)
-    for std in (0, 1, 2):
+    for std in (0, 1):
         os.dup2(devnull, std)
     os.close(devnull)
-    try:
-        _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # type: ignore[union-attr]
-    except AttributeError:
-        pass  # not Linux: orphans go to init; the process group is still killed
     # Whatever the worker was started with (cron, a shell's background job ignores SIGQUIT)
-    # must not reach jobs: every disposition back to its default, then ours. Handlers, not
-    # SIG_IGN, for the signals we shrug off: exec resets handlers, so jobs get the defaults.
+    # is not the supervisor's: every disposition back to its default, then ours.
     for sig in signal.valid_signals():
         if sig < signal.SIGRTMIN and sig not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, _StopSignal.handler)
     signal.signal(signal.SIGINT, _shrug)
     signal.signal(signal.SIGHUP, _shrug)
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored, as Python has them; reset for the job at spawn
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored, as Python has them
         signal.signal(sig, signal.SIG_IGN)
 
 
@@ -144,13 +138,13 @@ def supervise(rt: Runtime, record: Record, lock_fd: int, clock: Clock | None = N
         except OSError:
             pass  # best effort: a requeue of this attempt writes both anew
         crash_point("supervisor:owned")
+        rt.exit_path(record.id).unlink(missing_ok=True)  # an earlier attempt's: never read as this one's
         _mark(lock_fd, {"claim": record.claim})
         crash_point("supervisor:marked")
         _run_and_record(rt, record, lock_fd, clock or Clock())
     finally:
         _StopSignal.stop_path = None
         os.close(lock_fd)
-        os.chdir("/")  # the job's workdir must not stay pinned by an idle supervisor
 
 
 def _mark(lock_fd: int, marker: dict) -> None:
@@ -193,18 +187,10 @@ def _still_recorded(rt: Runtime, record: Record, if_unreadable: bool = True, dur
     return current is not None and current.claim == record.claim
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
 def prepare() -> None:
     """Load, in the spawner, what every supervisor needs: forks inherit it ready."""
     inherited_environment()
-    _libc()
+    rootorders.orders()
 
 
 def _stamp(t: float) -> str:
@@ -215,49 +201,55 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
     spec = JobSpec.from_json(record.spec)
     started = clock.wall()
     failure: str | None = None
+    orders = rootorders.orders()
+    identity = None
     try:
-        identity = job_identity(rt, record, os.geteuid())
+        if orders is None:
+            raise CannotStart("no root part to start it (the worker was not started by gpuq-worker)")
+        identity = job_identity(rt, record, orders.starter_uid == 0)
     except CannotStart as e:
-        failure, identity = f"cannot start: {e}", None
-    try:
-        log_fd = open_log(rt.layout.job_log(record.id), identity)
-    except PermissionError as e:  # not the owner's plain file: planted, never written through
-        failure, log_fd = f"cannot start: {e.strerror}", os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    except OSError:  # a full or failing disk: the job still runs, and its result is recorded
-        log_fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        failure = f"cannot start: {e}"
     gpus = ",".join(map(str, record.gpus)) or "none (CPU only)"
-    _log(
-        log_fd,
+    header = (
         f"==> gpuq job {record.id} · attempt {record.attempt} · host {rt.host} · "
-        f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n",
+        f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n"
     )
     stop: Stop | None = None
     exit_code: int | None = None
     sig: int | None = None
-    job_pid = None
+    keeper: rootorders.Keeper | None = None
+    log_fd: int | None = None
     container: ContainerControl | None = None
+    fds = _keeper_fds(rt, record, lock_fd)
     if _StopSignal.requested:
         stop = _stop_order(rt, record.id)  # stopped before it could start
-    elif failure is None:
+    elif failure is None and orders is not None:
         limits = LimitWatch(record, clock.mono())
         try:
-            job_pid, container = start_run(rt, record, spec, identity, lock_fd, log_fd, _log)
+            keeper, container = _start(rt, orders, record, spec, identity, fds, header)
+            log_fd = keeper.log_fd
         except CannotStart as e:
-            failure = f"cannot start: {e}"
-        except OSError as e:
-            failure = f"cannot start: {e.strerror}: {e.filename}"
+            failure, log_fd = f"cannot start: {e}", e.log_fd
+        except wire.StarterGone:
+            # Nothing ran: without a `started` marker the next worker requeues the attempt.
+            _mark(lock_fd, {})
+            for name, fd in fds.items():
+                if name != "lock":
+                    os.close(fd)
+            return
     if failure:
         _log(log_fd, f"==> gpuq: {failure}\n")
     fenced: str | None = None
+    job_pid = keeper.pid if keeper else None
     spawned = job_pid
     quick_failures = 0
-    while job_pid is not None:
+    while keeper is not None and orders is not None:
         run_started = clock.mono()
-        status, stop, fenced = _wait(rt, record, job_pid, limits, container, clock)
-        forget_spawned(job_pid, status)
+        status, stop, fenced = _wait(rt, record, keeper, limits, container, clock)
+        keeper.log_fd = None  # ours from now on, for gpuq's own lines
+        keeper.close()
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         exit_code = None if sig is not None else os.WEXITSTATUS(status)
-        kill_leftovers(job_pid, rt.grace_s)
         if container is not None:
             container.remove()
         crash_point("supervisor:exited")
@@ -273,13 +265,22 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
         if stop or fenced:
             break  # stopped while waiting: the last run's result stands
         record = _restarted(rt, record)
-        _log(log_fd, f"==> restart {record.restarts} · started {_stamp(clock.wall())}\n")
+        keeper = None
         try:
-            job_pid, container = start_run(rt, record, spec, identity, lock_fd, log_fd, _log)
+            header = f"==> restart {record.restarts} · started {_stamp(clock.wall())}\n"
+            keeper, container = _start(rt, orders, record, spec, identity, fds, header)
+            if log_fd is not None and keeper.log_fd is not None:
+                os.close(log_fd)
+            log_fd, job_pid = keeper.log_fd if keeper.log_fd is not None else log_fd, keeper.pid
         except CannotStart as e:
-            failure, job_pid = f"cannot restart: {e}", None
-        except OSError as e:
-            failure, job_pid = f"cannot restart: {e.strerror}: {e.filename}", None
+            failure = f"cannot restart: {e}"
+            if e.log_fd is not None:
+                os.close(e.log_fd)
+        except wire.StarterGone as e:
+            failure = f"cannot restart: {e}"
+    for fd in fds.values():
+        if fd != lock_fd:
+            os.close(fd)
     ended = clock.wall()
     # Nothing of the job runs any more: its worker may start the next job on its GPUs now,
     # while this supervisor writes the record (a durable write: milliseconds, every job).
@@ -304,7 +305,8 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
         failure = failure or note  # the record's reason: status and show say it too
     if fenced:
         _log(log_fd, f"==> gpuq: this attempt's result is not recorded ({fenced})\n")
-    os.close(log_fd)
+    if log_fd is not None:
+        os.close(log_fd)
     if fenced:
         _leave_fenced(rt, record, lock_fd, fenced)
         return
@@ -326,7 +328,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
         "cause": stop.cause if stop else None,
         "job_pid": job_pid,
         **read_gpu_usage(rt.usage_path(record.id)),
-        **(limits.usage.result() if spawned else {}),
+        **(limits.usage.result(limits.cpu_s) if spawned else {}),
     }
     try:
         transition(rt.layout, record, final, rt.host, **result)
@@ -340,6 +342,69 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
     finish_local(rt, record)
     crash_point("supervisor:cleaned")
     poke(rt.local_dir, WAKE_JOB_ENDED)
+
+
+def _keeper_fds(rt: Runtime, record: Record, lock_fd: int) -> dict[str, int]:
+    """What the keeper of each run of this attempt is handed: the claimed spec (the root part
+    checks its owner), the job lock (held, so the lock lives as long as the job), the lease it
+    fences by and the exit file it reports into. Each but the lock is opened here, never
+    through a link; one that cannot be opened is left out (the root part refuses a start without
+    the spec where that matters; a keeper without a lease fences nothing, the supervisor still does)."""
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fds = {"lock": lock_fd}
+    for name, path, how in (
+        ("spec", rt.layout.claims / (record.claim or "-"), os.O_RDONLY),
+        ("lease", rt.lease_path, os.O_RDONLY),
+        ("exit", rt.exit_path(record.id), os.O_RDWR | os.O_CREAT | os.O_TRUNC),
+    ):
+        try:
+            fds[name] = os.open(path, how | flags, 0o600)
+        except OSError:
+            pass
+    return fds
+
+
+def _start(
+    rt: Runtime,
+    orders: rootorders.Orders,
+    record: Record,
+    spec: JobSpec,
+    identity: Identity | None,
+    fds: dict[str, int],
+    header: str,
+) -> tuple[rootorders.Keeper, ContainerControl | None]:
+    """One run of the job under a keeper; for a docker/podman container, also the control
+    that stops and removes it with the job. Marks the keeper in the lock file: the worker
+    counts the GPU memory of its process tree as the job's. Raises CannotStart."""
+    launch = build_launch(rt, record, spec, identity)
+    if "exit" in fds:
+        os.ftruncate(fds["exit"], 0)  # a service's earlier run's: never read as this run's
+    if launch.container is not None:
+        header += f"==> container: {shlex.join(launch.argv)}\n"
+    keeper = start_run(rt, orders, record, launch, fds, header)
+    ticks = process_start_ticks(keeper.keeper_pid)
+    _mark(fds["lock"], {"claim": record.claim, "keeper_pid": keeper.keeper_pid, "keeper_ticks": ticks})
+    control = None
+    if launch.container is not None and launch.container.name is not None:  # docker/podman: outlives its client
+        owner_uid = identity.uid if identity is not None else None
+        control = ContainerControl(
+            launch.container,
+            as_owner(rt, orders, record, fds.get("spec"), rt.container_env),
+            lambda text: _log(keeper.log_fd, f"==> gpuq: {text}\n"),
+            lambda pid: _note_container(rt, record, pid, owner_uid),
+        )
+    return keeper, control
+
+
+def _note_container(rt: Runtime, record: Record, pid: int, owner_uid: int | None) -> None:
+    """The container's main process, as its client (the owner's) said: its GPU memory counts
+    as the job's only if it is the owner's process (a member's client could name anyone's)."""
+    try:
+        if owner_uid is not None and os.stat(f"/proc/{pid}").st_uid != owner_uid:
+            return
+    except OSError:
+        return
+    write_container_pid(rt, record, pid)
 
 
 def _backoff(rt: Runtime, record: Record, delay: float, clock: Clock) -> tuple[Stop | None, str | None]:
@@ -373,8 +438,11 @@ def _restarted(rt: Runtime, record: Record) -> Record:
     return updated
 
 
-def _log(log_fd: int, text: str) -> None:
-    """gpuq's own lines in the job's log: best effort, a full disk must not lose the job."""
+def _log(log_fd: int | None, text: str) -> None:
+    """gpuq's own lines in the job's log (where the job could open it): best effort, a full
+    disk must not lose the job."""
+    if log_fd is None:
+        return
     try:
         io_fault("write:log")
         os.write(log_fd, text.encode())
@@ -402,29 +470,32 @@ def _stop_order(rt: Runtime, job_id: str) -> Stop:
 
 
 def _wait(
-    rt: Runtime, record: Record, pid: int, limits: LimitWatch, container: ContainerControl | None, clock: Clock
+    rt: Runtime,
+    record: Record,
+    keeper: rootorders.Keeper,
+    limits: LimitWatch,
+    container: ContainerControl | None,
+    clock: Clock,
 ) -> tuple[int, Stop | None, str | None]:
-    """Wait for the job. A stop request (SIGTERM with a stop file) stops it: TERM, grace,
-    KILL. So does an overrun limit (run/limits.py), and fencing, checked every lost_after_s / 10.
-    A container is stopped and killed with its client (its runtime's daemon holds it). What is
-    due when is the `JobWatch`'s to say, from the time read here.
-    Returns (wait status, the stop, fence reason)."""
+    """Wait for the job's keeper to report its end. A stop request (SIGTERM with a stop file)
+    stops it: TERM, grace, KILL, each sent by the keeper to the job's process group. So does an
+    overrun limit (run/limits.py), and fencing, checked every lost_after_s / 10 (the keeper
+    fences on its own too, should this supervisor be gone). A container is stopped and killed
+    with its client (its runtime's daemon holds it). What is due when is the `JobWatch`'s to
+    say, from the time read here. Returns (wait status, the stop, fence reason)."""
     watch = JobWatch.starting(clock.mono(), rt.lost_after_s)
     fenced: str | None = None
     grace = record.spec.get("grace_s")
     grace = rt.grace_s if grace is None else grace
+    limits.watch(keeper.keeper_pid)
 
     def stop_with(stop: Stop, grace_s: float) -> None:
         _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
         if watch.stopping(stop, grace_s, clock.mono()):
-            signal_group(pid, signal.SIGTERM)
+            keeper.signal(signal.SIGTERM)
             if container is not None:
                 container.stop(grace_s)
 
-    try:
-        pidfd: int | None = os.pidfd_open(pid)  # readable once the job has exited
-    except (AttributeError, OSError):
-        pidfd = None  # an old kernel: poll
     _StopSignal.armed = True
     try:
         while True:
@@ -434,16 +505,16 @@ def _wait(
                 lookup_at = container.lookup_at if container is not None else NEVER
                 wake_at = watch.wake_at(limits.next_at, lookup_at)  # NEVER once killed: its exit is next
                 timeout = None if wake_at == NEVER else max(0.0, wake_at - clock.mono())
-                if pidfd is not None:
-                    select.select([pidfd], [], [], timeout)
-                else:
-                    time.sleep(POLL_S if timeout is None else min(timeout, POLL_S))
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    return status, watch.stop, fenced
+                ended = keeper.ended(timeout)
+                if ended is not None:
+                    if ended.get("fenced") and not fenced:
+                        fenced = "fenced: this host's heartbeat is too old, other hosts may take its jobs over"
+                    if isinstance(cpu_s := ended.get("cpu_s"), (int, float)):  # a service's runs add up
+                        limits.cpu_s = (limits.cpu_s or 0.0) + cpu_s
+                    return ended["status"], watch.stop, fenced
                 now = clock.mono()
                 if watch.kill_due(now):
-                    signal_group(pid, signal.SIGKILL)
+                    keeper.signal(signal.SIGKILL)
                     if container is not None:
                         container.kill()
                 if container is not None and now >= container.lookup_at:
@@ -458,5 +529,3 @@ def _wait(
                     stop_with(_stop_order(rt, record.id), grace)
     finally:
         _StopSignal.armed = False
-        if pidfd is not None:
-            os.close(pidfd)

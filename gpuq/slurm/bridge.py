@@ -27,6 +27,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from gpuq.host import rootorders, wire
 from gpuq.host.faults import crash_point, wall_time
 from gpuq.host.files import write_json
 from gpuq.host.owners import Identity
@@ -36,7 +37,7 @@ from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
 from gpuq.model.stops import Stop, StopCause
 from gpuq.run.joblocal import lease_age
-from gpuq.run.launch import base_environment, open_log
+from gpuq.run.launch import AsOwner, CannotStart, as_owner, prepare_log
 from gpuq.sched.plan import queue_order
 from gpuq.slurm.export import ExportError, handed_over, sbatch_script, slurm_logs
 from gpuq.spool.deps import FINAL, gates, referenced
@@ -71,6 +72,14 @@ UNKNOWN_FOR_S = 10.0  # a job no source of Slurm's knows is lost only after this
 
 def _slurm(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), capture_output=True, text=True, timeout=60)
+
+
+def _as_completed(ran: tuple[int | None, str]) -> subprocess.CompletedProcess:
+    """A command run as a job's owner (its output and errors together) as subprocess tells it."""
+    status, output = ran
+    code = 124 if status is None else os.waitstatus_to_exitcode(status)
+    out, err = (output, "") if code == 0 else ("", output)
+    return subprocess.CompletedProcess([], code, out, err)
 
 
 def _slurm_time(text: str | None) -> float | None:
@@ -337,7 +346,11 @@ class BridgeWorker(Worker):
     def _stop(self, record: Record, stop: Stop) -> bool:
         if not record.slurm_id:
             return False  # being handed over: the next pass
-        out = _slurm("scancel", record.slurm_id)
+        try:  # as the job's owner, who submitted it
+            owner = self._as_owner(record, JobSpec.from_json(record.spec))
+            out = _as_completed(owner.run([shutil.which("scancel") or "scancel", record.slurm_id], 60))
+        except (OSError, CannotStart, wire.Refused, wire.StarterGone) as e:
+            out = subprocess.CompletedProcess(["scancel"], 1, "", str(e))
         if out.returncode != 0:
             log.warning("scancel %s: %s", record.slurm_id, out.stderr.strip())
         return True
@@ -364,31 +377,32 @@ class BridgeWorker(Worker):
             # Slurm waits for the dependencies still open; ended ones need no --dependency
             self._hand(job, {d: handed[d] for d in deps if d in handed and states.get(d) not in FINAL})
 
-    def _as_owner(self, record: Record, spec: JobSpec) -> tuple[list[str], dict[str, str]]:
-        """sbatch's identity options and environment. A bridge running as root submits each
-        job as its spec's owner, always naming them (sbatch --uid/--gid, root's privilege:
-        without them the job would run as root), as a local root worker runs it; uid 0 only
-        where config allow_root_jobs says so. sbatch's --export=ALL hands sbatch's environment
-        to the job, so for a root bridge it is the clean one a root worker gives a job (the
-        owner's HOME, USER, LOGNAME, SHELL, a plain PATH: none of root's variables), plus what
-        tells sbatch which cluster to use. The logs Slurm will append to (one per array task)
-        are created first, the owner's (0640), so that Slurm writes to their files, never
-        through a link planted in logs/. Raises KeyError for an owner with no account here,
-        and PermissionError for a job that must not be submitted."""
-        owner = None  # a user's bridge: Slurm runs the job as this bridge's user
-        if os.geteuid() == 0:
-            if record.uid < 0 or (record.uid == 0 and not self.config.allow_root_jobs):
-                raise PermissionError(
-                    f"uid {record.uid}: a root bridge does not submit jobs as root (config allow_root_jobs)"
-                )
-            owner = Identity.of(record.uid)
+    def _as_owner(self, record: Record, spec: JobSpec) -> AsOwner:
+        """How sbatch and scancel run for this job: as its spec's owner, through the root part,
+        so that Slurm takes the job as theirs (no --uid, root's privilege, ever); as this
+        bridge's own user where jobs do not run as their owners. sbatch's --export=ALL hands
+        sbatch's environment to the job, so it is the clean one a job starts from (the owner's
+        HOME, USER, LOGNAME, SHELL, a plain PATH), plus what tells sbatch which cluster to use.
+        The logs Slurm will append to (one per array task) are made first, the owner's (0640),
+        so that Slurm writes to their files, never through a link planted in logs/. Raises
+        CannotStart for an owner who may not have the job, OSError when a log cannot be made."""
+        orders = rootorders.orders()
+        if orders is None:
+            raise CannotStart("no root part to submit it as its owner (the bridge was not started by gpuq-worker)")
+        commands = as_owner(self.rt, orders, record, None)
+        owner = Identity.of(commands.uid) if commands.uid != os.geteuid() else None
         log_path = str(self.layout.job_log(record.id))  # gpuq's own, and Slurm's --output(s)
         for path in dict.fromkeys([log_path, *slurm_logs(log_path, spec)]):
-            os.close(open_log(Path(path), owner))
-        if owner is None:
-            return [], dict(os.environ)
+            prepare_log(Path(path), owner, orders)
         slurm = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or k.startswith("SBATCH_")}
-        return [f"--uid={owner.uid}", f"--gid={owner.gid}"], {**slurm, **base_environment(owner)}
+        return replace(commands, env={**commands.env, **slurm}, spec_fd=self._claim_fd(record))
+
+    def _claim_fd(self, record: Record) -> int | None:
+        """The job's claimed spec, open: the root part checks that it is the owner's."""
+        try:
+            return os.open(self.layout.claims / (record.claim or "-"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
 
     def _hand(self, job, dependency_ids: dict[str, str]) -> None:
         taken = self.claimer.claim(job.id, crash_prefix="bridge")
@@ -429,8 +443,8 @@ class BridgeWorker(Worker):
             )
             return
         try:
-            as_owner, sbatch_env = self._as_owner(record, job.spec)
-        except (KeyError, OSError) as e:
+            owner = self._as_owner(record, job.spec)
+        except (KeyError, OSError, CannotStart) as e:
             transition(
                 self.layout,
                 record,
@@ -441,14 +455,13 @@ class BridgeWorker(Worker):
             )
             return
         sbatch = shutil.which("sbatch") or "sbatch"  # found on the bridge's PATH, not the job's
-        out = subprocess.run(
-            [sbatch, "--parsable", f"--comment=gpuq:{name}", *as_owner],
-            input=script,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=sbatch_env,
-        )
+        try:
+            out = _as_completed(owner.run([sbatch, "--parsable", f"--comment=gpuq:{name}"], 60, stdin=script))
+        except (wire.Refused, wire.StarterGone) as e:
+            out = subprocess.CompletedProcess([sbatch], 1, "", f"the root part did not run sbatch: {e}")
+        finally:
+            if owner.spec_fd is not None:
+                os.close(owner.spec_fd)
         if out.returncode != 0 and any(m in out.stderr for m in ("Unable to contact", "timed out", "Zero Bytes")):
             transition(self.layout, record, State.PENDING, self.host, reason="Slurm did not answer; requeued")
             self.recovery.put_back(job.id, claimed)  # the controller was away: try again later
@@ -465,6 +478,6 @@ class BridgeWorker(Worker):
             )
             return
         crash_point("bridge:submitted")
-        slurm_id = out.stdout.strip().split(";")[0]
+        slurm_id = out.stdout.strip().splitlines()[-1].split(";")[0]  # after any warning sbatch printed
         self._note_slurm_id(record, slurm_id)
         log.info("handed %s to Slurm as job %s", job.id, slurm_id)

@@ -29,6 +29,7 @@ from gpuq.model.config import Config
 from gpuq.model.environments import prelude_lines
 from gpuq.model.names import JOB_ID_RE
 from gpuq.model.spec import JobSpec
+from gpuq.model.text import safe_text
 
 SIMPLE_VALUE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:@+-")
 SLURM_ID_RE = re.compile(r"[0-9]{1,18}")
@@ -258,6 +259,12 @@ def sbatch_script(
             f"restart: {spec.restart}: Slurm does not restart a finished job; run the service "
             "under a supervisor loop in the script, or keep it in gpuq"
         )
+    for line in options + comments:  # one line each: a newline in a value would add lines of its own
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in line):
+            raise ExportError(
+                f"{safe_text(line[:80])!s}: a value holds a newline or a control character, which would "
+                "change the script's #SBATCH lines; fix the spec's workdir, hosts, name or env"
+            )
     lines = ["#!/bin/bash", f"# gpuq job {job_id}, exported by `gpuq export slurm`"]
     lines += [f"#SBATCH {o}" for o in options]
     lines += [f"# {c}" for c in comments]

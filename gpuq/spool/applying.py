@@ -151,6 +151,7 @@ def _book(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -
         _text(a.get("note"), 200),
         wall_time(),
         actor,
+        config.max_booked_gpu_hours,
     )
     return [(True, f"{b.id}: {b.describe()}" + (f" · {b.note}" if b.note else ""))]
 

@@ -25,6 +25,16 @@ MEMBER_MAX_S = 31 * 86400  # longer bookings, or ones further ahead, are for adm
 MEMBER_AHEAD_S = 365 * 86400
 
 
+def _gpu_hours(layout: Layout, host: str, gpus: Sequence[int], start: float, end: float, now: float) -> float:
+    """GPUs x hours of a booking still to come; all of a host's GPUs, where it names none, as
+    many as its heartbeat shows (8 where none is known)."""
+    count = len(gpus)
+    if not count:
+        beat = read_json(layout.heartbeat(host)) if layout.heartbeat(host).exists() else None
+        count = len(beat.get("gpus", [])) if isinstance(beat, dict) and isinstance(beat.get("gpus"), list) else 8
+    return count * max(0.0, end - max(start, now)) / 3600
+
+
 def parse_when(text: str, now: float, after: float | None = None) -> float:
     """'14:00' (today; with `after`, the first such time after it), 'now',
     '2026-12-01 14:00', or for --to a duration ('4h') counted from `after`."""
@@ -105,8 +115,11 @@ def book(
     note: str,
     now: float,
     actor: Actor,
+    max_gpu_hours: float | None = None,
 ) -> Booking:
-    """Applied by a worker for `actor`: a booking for someone else is an admin's."""
+    """Applied by a worker for `actor`: a booking for someone else is an admin's. A member
+    books at most `max_gpu_hours` (config max_booked_gpu_hours) of GPU time not over yet, all
+    their bookings together: GPUs x hours, from now on."""
     owner = owner or actor.name
     if owner != actor.name and not actor.admin:
         raise BookingError(
@@ -130,6 +143,16 @@ def book(
     d = layout.bookings
     existing = load(layout, now)  # read once: a booking costs O(bookings), not O(bookings²)
     _refuse_overlap(Booking("bk-0", host, gpus, start, end, owner, note, actor.name), existing)
+    if not actor.admin and max_gpu_hours is not None:
+        mine = [b for b in existing if b.owner == owner]
+        booked = sum(_gpu_hours(layout, b.host, b.gpus, b.start, b.end, now) for b in mine)
+        asked = _gpu_hours(layout, host, gpus, start, end, now)
+        if booked + asked > max_gpu_hours:
+            raise BookingError(
+                f"{owner} would have {booked + asked:.0f} GPU-hours booked ahead, over config "
+                f"max_booked_gpu_hours {max_gpu_hours:g} ({booked:.0f} booked already). Fix: book fewer GPUs "
+                "or a shorter slot, `gpuq unbook` one, or ask an admin"
+            )
     n = max((int(b.id[3:]) for b in load(layout)), default=0)
     while True:
         n += 1

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq.host.faults import wall_time
-from gpuq.host.files import close_moved_directory, write_json
+from gpuq.host.files import set_aside_directory, write_json
 from gpuq.host.owners import Actor, refusal
 from gpuq.model.errors import SpecError
 from gpuq.model.record import RecordError, parse_claim_name
@@ -54,10 +54,8 @@ def cancel_pending(
     except FileNotFoundError:
         return False, f"{job_id}: a worker started it a moment ago"
     st = os.lstat(aside)
-    if stat.S_ISDIR(st.st_mode):  # swapped by its owner since the look: not a job, not put back
-        moved = layout.rejected / f"{job_id}.{secrets.token_hex(4)}.not-a-spec"
-        os.rename(aside, moved)
-        close_moved_directory(moved)
+    if stat.S_ISDIR(st.st_mode):  # swapped by its owner since the look: not a job, back to its maker
+        set_aside_directory(aside, layout.jobs, "spec")
         return False, not_a_job
     if actor is not None and not actor.may_act_on(st.st_uid):
         _put_back(layout, aside, spec_path, job_id)

@@ -4,6 +4,11 @@ is cancelled with that reason, and so on down a chain (Slurm's afterok with
 kill_invalid_depend). `after_any: [c]` starts it once c has ended, whatever the result.
 A sweep's or an array's id stands for all its members.
 
+A dependency is met only by a job of the dependent's own owner, or by one that took its
+place in the queue before the dependent did (the job that had the id when the dependent was
+accepted): a member who drops a file under the id of someone's missing dependency does not
+release their job (security review 2026-12-05); the dependent waits, saying whose it is.
+
 `gate` is pure; `DependencyStates` reads the states from the spool at the edge."""
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Iterable, Mapping
 
 from gpuq.host.files import read_json
 from gpuq.model.spec import JobSpec
+from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import claims_of, pending_spec_path
 from gpuq.spool.sweeps import kept_spec, read_group
@@ -21,8 +27,26 @@ FINAL = frozenset({"done", "failed", "cancelled", "timeout", "lost", "rejected"}
 UNKNOWN = "unknown"
 
 
-def gate(spec: JobSpec, states: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """(why it must wait, why it can never start), either or both None."""
+Origin = tuple[str, float]  # a job's owner (user name) and its place in the queue
+
+
+def gate(
+    spec: JobSpec,
+    states: Mapping[str, str],
+    origins: Mapping[str, Origin] | None = None,
+    user: str | None = None,
+    queued_at: float | None = None,
+) -> tuple[str | None, str | None]:
+    """(why it must wait, why it can never start), either or both None. With `origins`, a
+    dependency of another owner than `user` that came into the queue after `queued_at` is not
+    the job depended on: as good as unknown."""
+    if origins and user is not None and queued_at is not None:
+        foreign = {d for d, (owner, at) in origins.items() if owner != user and at > queued_at}
+        if foreign & {*spec.after, *spec.after_any}:
+            states = {d: (UNKNOWN if d in foreign else s) for d, s in states.items()}
+            waits, doom = gate(spec, states)
+            named = ", ".join(f"{d} is {origins[d][0]}'s, queued after this one" for d in sorted(foreign))
+            return (f"{waits} ({named})" if waits else None), doom
     for dep in spec.after:
         state = states.get(dep, UNKNOWN)
         if state in FINAL and state != "done":
@@ -60,6 +84,27 @@ class DependencyStates:
     def lookup(self, ids: Iterable[str]) -> dict[str, str]:
         return {job_id: self._state(job_id) for job_id in ids}
 
+    def origins(self, ids: Iterable[str]) -> dict[str, Origin]:
+        """Whose each job is and when it took its place in the queue, where the spool says:
+        its record (finished, running, held), else its pending spec file."""
+        found: dict[str, Origin] = {}
+        for job_id in ids:
+            for directory in (self.layout.finished, self.layout.running, self.layout.held):
+                record = _read(self.layout.record(directory, job_id))
+                if isinstance(record, dict) and isinstance(record.get("queued_at"), (int, float)):
+                    found[job_id] = (str(record.get("user", "")), float(record["queued_at"]))
+                    break
+            else:
+                group = read_group(self.layout, job_id)
+                path = pending_spec_path(self.layout, job_id) or (kept_spec(self.layout, job_id) if group else None)
+                try:
+                    st = os.lstat(path) if path is not None else None
+                except OSError:
+                    st = None
+                if st is not None:
+                    found[job_id] = (user_name(st.st_uid), st.st_ctime)
+        return found
+
     def _state(self, job_id: str) -> str:
         path = self.layout.record(self.layout.finished, job_id)
         try:
@@ -85,20 +130,29 @@ class DependencyStates:
         return "pending" if kept_spec(self.layout, job_id).exists() else UNKNOWN  # being expanded
 
 
+def _read(path) -> object:
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
 def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], dict[str, str]]:
     """For PendingJobs: ({id: why it waits}, {id: why it can never start}). A sweep spec
     waits too: it is never run itself (spool/sweeps.py)."""
     with_deps = [j for j in pending if j.gated]
     if not with_deps:
         return {}, {}
-    known = states.lookup(referenced(j.spec for j in with_deps))
+    ids = referenced(j.spec for j in with_deps)
+    known = states.lookup(ids)
+    origins = states.origins(ids)
     waiting, doomed = {}, {}
     for job in with_deps:
         if job.spec.sweep or job.spec.array:  # never run itself: a worker turns it into its member jobs
             kind = "an array" if job.spec.array else "a sweep"
             waiting[job.id] = f"{kind}: the next worker pass turns it into its jobs"
             continue
-        wait, doom = gate(job.spec, known)
+        wait, doom = gate(job.spec, known, origins, job.user, job.queued_at)
         if doom:
             doomed[job.id] = doom
         elif wait:

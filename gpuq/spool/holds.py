@@ -43,6 +43,7 @@ from gpuq.spool.store import (
     has_record,
     keep_place,
     kept_place,
+    move_new,
     pending_spec_path,
     pending_specs,
     read_record,
@@ -109,9 +110,9 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     if not stat.S_ISREG(before.st_mode):
         raise HoldError(f"{job_id}: jobs/{spec_path.name} is not a plain file, so not a job")
     place = kept_place(layout, job_id, before.st_uid) or before.st_ctime  # as intake reads it
-    # link, then unlink: never over a held spec that is there already
+    # moved (as a claim moves it: one of the two wins), never over a held spec there already
     try:
-        if not unclaim(spec_path, dest):
+        if not move_new(spec_path, dest):
             raise HoldError(f"{job_id}: already held; `gpuq release {job_id}` puts it back")
     except FileNotFoundError:
         raise HoldError(f"{job_id}: a worker started it a moment ago; it is running") from None
@@ -204,8 +205,9 @@ def edit(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes, rele
         raise HoldError(f"{e}; the spec is unchanged") from None
     original, _ = read_spec_file(src, f"jobs/{job_id}.yaml")
     if text != original:
-        tmp = create_owned(layout.held, job_id, text, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
-        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        tmp = create_owned(
+            layout.held, job_id, text, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), mtime_ns=st.st_mtime_ns
+        )
         os.rename(tmp, src)
     changed = "edited" if text != original else "unchanged"
     if not release_after:

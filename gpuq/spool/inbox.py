@@ -23,7 +23,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.host.faults import wall_time
-from gpuq.host.files import atomic_write, close_moved_directory, open_dir, read_json
+from gpuq.host.files import atomic_write, open_dir, read_json, set_aside_directory
 from gpuq.model.names import HOST_RE, JOB_ID_RE
 from gpuq.spool.layout import Layout
 
@@ -184,6 +183,10 @@ def take(layout: Layout, host: str, name: str) -> Path | None:
         os.rename(layout.requests / name, taken)
     except FileNotFoundError:
         return None
+    except PermissionError:  # a member's directory cannot leave their inbox (its `..` is theirs)
+        if set_aside_directory(layout.requests / name, layout.requests, "request") is None:
+            raise
+        return None
     return taken
 
 
@@ -243,13 +246,8 @@ def finish(layout: Layout, host: str, name: str, reply: Reply | None) -> None:
     taken = taken_path(layout, host, name)
     try:
         os.unlink(taken)
-    except IsADirectoryError:
-        # A directory posing as a request: closed to its maker first (a shell of theirs inside
-        # it must not write in state/), then removed; what will not go is set aside, closed.
-        close_moved_directory(taken)
-        shutil.rmtree(taken, ignore_errors=True)
-        if os.path.lexists(taken):
-            os.rename(taken, taken.with_name(f".{secrets.token_hex(8)}.not-a-request"))
+    except IsADirectoryError:  # a directory posing as a request: back to its maker, set aside
+        set_aside_directory(taken, layout.requests, "request")
     except FileNotFoundError:
         pass
 

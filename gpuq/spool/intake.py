@@ -249,7 +249,10 @@ class Intake:
                 self.policy.check(fst, f"jobs/{name}")
             check_job_id(job_id, name)
             entry.final = False
-            entry.job = parse_entry(self.layout, job_id, entry.path, fst, entry.text)
+            job = parse_entry(self.layout, job_id, entry.path, fst, entry.text)
+            if self.policy is not None:  # before it is a job: a refused spec is never planned
+                self.policy.check_rank(fst.st_uid, job.spec.priority_class, job.spec.priority, f"jobs/{name}")
+            entry.job = job
         except SpecError as e:
             entry.error = e
         except FileNotFoundError:

@@ -8,7 +8,9 @@ else to move).
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import json
 import math
 import os
@@ -16,8 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpuq.host import rootorders
 from gpuq.host.faults import io_fault, wall_time
 from gpuq.host.files import read_json, write_json
+from gpuq.model.names import HOST_RE, JOB_ID_RE
 from gpuq.model.record import Record, RecordError, parse_claim_name
 from gpuq.model.states import State, check_transition
 from gpuq.spool.layout import Layout
@@ -282,6 +286,25 @@ def append_event(layout: Layout, host: str, event: dict[str, Any]) -> None:
     os.write(fd, line.encode())
 
 
+def checked_event(raw: bytes) -> dict[str, Any] | None:
+    """An event line as gpuq wrote it, or None: a JSON object whose job is a job id (events
+    name paths' parts: `status` and `show` look the job's record up by it), whose host, if
+    any, is a host name, and whose time is a number. A line torn by a crash, or written by
+    anything else, is not an event; readers skip it (and say how many they skipped)."""
+    try:
+        event = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    job, host, t = event.get("job"), event.get("by"), event.get("t")
+    if not isinstance(job, str) or not JOB_ID_RE.fullmatch(job) or not isinstance(t, (int, float)):
+        return None
+    if host is not None and (not isinstance(host, str) or not HOST_RE.fullmatch(host)):
+        return None
+    return event
+
+
 # --- claims ------------------------------------------------------------------------------
 
 
@@ -305,13 +328,53 @@ def claim(layout: Layout, spec_path: Path, name: str) -> Path | None:
         raise
 
 
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+@functools.cache
+def _renameat2() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.renameat2
+    except (OSError, AttributeError):
+        return None
+
+
+def move_new(source: Path, dest: Path) -> bool:
+    """Rename `source` to `dest` unless `dest` exists (False then), in one step where the file
+    system can (renameat2 RENAME_NOREPLACE); elsewhere (NFS) after a look, for a `dest` in a
+    directory only the queue's account writes (so only another worker of its could race). A
+    rename, unlike a link, moves a member's file the queue's account may not link, and loses
+    to a claim of the same spec as a claim loses to it: one of them wins."""
+    renameat2 = _renameat2()
+    if renameat2 is not None:
+        done = renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(dest), _RENAME_NOREPLACE)
+        if done == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.EINVAL, errno.ENOSYS):
+            raise OSError(err, os.strerror(err), str(source))
+    if os.path.lexists(dest):
+        return False
+    os.rename(source, dest)
+    return True
+
+
 def unclaim(claimed: Path, dest: Path) -> bool:
     """Put a claimed spec back into jobs/ without ever overwriting a file that a user put
-    there meanwhile (link(2) fails if the name exists). False: the name was taken."""
+    there meanwhile (link(2) fails if the name exists). False: the name was taken. A member's
+    spec the queue's account may not link (the kernel's protected_hardlinks) is linked by the
+    root part."""
     try:
         os.link(claimed, dest)
     except FileExistsError:
         return False
+    except PermissionError:
+        if not rootorders.place(str(claimed), str(dest)):
+            return False
     os.unlink(claimed)
     return True
 

@@ -1,46 +1,76 @@
-"""What a root worker refuses to trust, as sshd's StrictModes does: a config.yaml, a queue
-root, a state/ or code that someone other than root and the worker's own account could
-change. Whoever can write config.yaml sets alert_command (run by the worker) and admins;
-whoever can write the code or the interpreter runs as root at the next cron start.
+"""What a root start refuses to trust, as sshd's StrictModes does: a config.yaml, a queue
+root or code that someone other than root could change, a state/ or logs/ that someone other
+than root and the queue's account could change. Whoever can write config.yaml sets
+alert_command (run by the worker) and admins; whoever can write the code or the interpreter
+runs as root at the next cron start.
 
-A file is safe when it, and every directory above it, is owned by root or the worker's
-account and is not writable by others (group write is allowed only for group root). A
-sticky directory above (like /tmp) is fine: nobody can rename what its owner put there.
+A file is safe when it, and every directory above it, is owned by root (or, for state/ and
+logs/, the queue's account) and is not writable by others (group write is allowed only for
+group root). A sticky directory above (like /tmp) is fine: nobody can rename what its owner
+put there.
 """
 
 from __future__ import annotations
 
+import pwd
 import sys
 from pathlib import Path
 
 from gpuq.host.hostinfo import chain_problems
+from gpuq.host.privsep import regular_uid
 from gpuq.spool.layout import Layout
 
 
-def problems(layout: Layout, worker_uid: int, launcher: str | None = None) -> list[str]:
-    """One line per unsafe path, each with its fix; empty when all is well."""
+def problems(layout: Layout, queue_uid: int, launcher: str | None = None, root_uid: int = 0) -> list[str]:
+    """One line per unsafe path, each with its fix; empty when all is well. `queue_uid`: the
+    queue's account (it writes state/ and logs/); `root_uid`: whose the rest must be (root's,
+    for a root start; the user's own, for a user who checks their private queue)."""
     found: list[str] = []
-    for path, what in (
-        (layout.config_file, "config.yaml"),
-        (layout.root, "the queue root"),
-        (layout.state, "state/"),
-        (layout.logs, "logs/"),
+    for path, what, trusted in (
+        (layout.config_file, "config.yaml", root_uid),
+        (layout.root, "the queue root", root_uid),
+        (layout.state, "state/", queue_uid),
+        (layout.logs, "logs/", queue_uid),
     ):
-        _check_chain(path, what, worker_uid, found)
+        _check_chain(path, what, trusted, found)
     code = Path(__file__).resolve().parents[1]
-    _check_chain(code, "gpuq's code", worker_uid, found)
+    _check_chain(code, "gpuq's code", root_uid, found)
     for part in sorted(code.rglob("*")):  # every package and module; a link: where it leads too
         if part.suffix == ".py" or (part.is_dir() and part.name != "__pycache__"):
-            _check_chain(part, "gpuq's code", worker_uid, found)
+            _check_chain(part, "gpuq's code", root_uid, found)
     for extra in (launcher, sys.executable):
         if extra:
             _check_chain(
                 Path(extra),
                 "the worker's launcher" if extra == launcher else "the Python it runs on",
-                worker_uid,
+                root_uid,
                 found,
             )
     return list(dict.fromkeys(found))
+
+
+def queue_account_problem(layout: Layout, queue_uid: int, person_ok: bool = False) -> str | None:
+    """Why root cannot act as state/'s owner, the queue's account, if it cannot: the account
+    is missing on this box; or (unless `person_ok`: root's gpuq on a user's own root) it is a
+    person's account (a member's, say), who would then be the queue, and the root part does what
+    the queue's account asks (start a job as any member). None for root's own or a system account."""
+    if queue_uid == 0:
+        return None
+    try:
+        pwd.getpwuid(queue_uid)
+    except KeyError:
+        return (
+            f"{layout.state} (state/) is owned by uid {queue_uid}, which has no account on this box: every box "
+            "needs the queue's account, with the same uid as where `gpuq init` made it. Fix: `useradd --system "
+            f"--uid {queue_uid} --gid TEAM --no-create-home --shell /usr/sbin/nologin gpuq` (the name init gave it)"
+        )
+    if person_ok or not regular_uid(queue_uid):
+        return None
+    return (
+        f"{layout.state} (state/) is owned by uid {queue_uid} ({pwd.getpwuid(queue_uid).pw_name}), a person's "
+        "account, not the queue's: whoever owns state/ decides what runs as whom. Fix: re-run "
+        f"`gpuq init {layout.root} --group TEAM`, which hands state/ and logs/ back to the queue's account"
+    )
 
 
 def _check_chain(path: Path, what: str, worker_uid: int, found: list[str]) -> None:

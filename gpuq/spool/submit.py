@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from gpuq.host.owners import OwnerPolicy
+from gpuq.host.owners import OwnerPolicy, uids_of, writable_by_others
 from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
 from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.secrets import looks_secret
@@ -149,14 +149,23 @@ def readable_base(command: list[str], name: str | None) -> str:
     return stem or "job"
 
 
-def check_runnable_by_workers(layout: Layout, run_for_users: tuple[str, ...], allow_root: bool) -> None:
+def check_runnable_by_workers(
+    layout: Layout, run_for_users: tuple[str, ...], allow_root: bool, admins: tuple[str, ...] = (), spec: Any = None
+) -> None:
     """Refuse, before writing, a spec the workers would refuse for its owner (this user): root
-    without allow_root_jobs, or a user a non-root worker does not run for. The workers' account
-    is the owner of state/, as the workers require."""
-    policy = OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, run_for_users, allow_root)
-    policy = dataclasses.replace(policy, worker_uid=os.stat(layout.state).st_uid, shared_root=False)
+    without allow_root_jobs, a user a non-root worker does not run for, a rank above normal
+    from someone who is not an admin. The workers' account is the owner of state/, as the
+    workers require."""
+    jobs_mode = os.stat(layout.jobs).st_mode
+    workers = os.stat(layout.state).st_uid
+    # A team root (jobs/ others write) is served by root parts that run jobs as their owners.
+    policy = OwnerPolicy.for_worker(jobs_mode, run_for_users, allow_root, writable_by_others(jobs_mode), admins)
+    admitted = uids_of(admins) | {0, workers}  # the workers', not this user's (who may be anyone)
+    policy = dataclasses.replace(policy, worker_uid=workers, shared_root=False, admins=admitted)
     try:  # the file submit writes: this user's, 0640
         policy.check(types.SimpleNamespace(st_uid=os.geteuid(), st_mode=stat.S_IFREG | 0o640), "gpuq submit")
+        if spec is not None:
+            policy.check_rank(os.geteuid(), spec.priority_class, spec.priority, "gpuq submit")
     except SpecError as e:
         raise SubmitError(
             f"this job would be refused by the workers: {e.problem.replace('is owned', 'would be owned')}. "

@@ -102,7 +102,9 @@ def place_members(
     placed = []
     for member_id, data in members:
         text = f"# member of {kind} {group}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-        tmp = create_owned(layout.groups, member_id, text.encode(), uid, mode=0o640, mtime=mtime)  # as submit writes it
+        tmp = create_owned(
+            layout.groups, member_id, text.encode(), uid, mode=0o640, mtime_ns=int(mtime * 1e9)
+        )  # as submit writes it
         if unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
             placed.append(member_id)
             continue

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuq.host.owners import Identity
 from gpuq.model.config import Config
+from gpuq.model.environments import RUNTIMES
 from gpuq.model.record import Record
 from gpuq.model.secrets import MASK, looks_secret
 from gpuq.model.spec import JobSpec
@@ -44,13 +45,20 @@ def what_the_job_sees(
         config.lost_after_s,
         {},
         config.container_runtime,
+        config.allow_root_jobs,
+        # The admin's clients where config names them; else a worker uses the one on its PATH.
+        {r: config.container_clients.get(r, r) for r in RUNTIMES},
+        True,  # a preview shows what would run; whether docker may is the worker's to say
     )
     try:
         identity = Identity.of(owner_uid) if owner_uid is not None and owner_uid >= 0 else None
     except KeyError:
         identity = None
     launch = build_launch(rt, record, spec, identity)
-    if launch.container is not None:
+    if launch.container is not None and launch.container.stdin is not None:  # docker, podman: the env file
+        seen = dict(line.split("=", 1) for line in launch.container.stdin.splitlines())
+        base = f"the image's environment, then these ({launch.container.runtime})"
+    elif launch.container is not None:
         seen = {k.removeprefix("APPTAINERENV_"): v for k, v in launch.container.env.items()}
         base = f"the image's environment, then these ({launch.container.runtime})"
     else:

@@ -165,6 +165,8 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
             [["ID", "USER", "SINCE", "NOTE"]]
             + [[h["id"], h["user"], _clock(h["since"]), h["reason"]] for h in view["held"]]
         )
+    for log, n in sorted(view.get("skipped_events", {}).items()):
+        out.append(f"  ! state/events/{log}: {n} line(s) that are not gpuq's events were skipped (gpuq doctor)")
     if view.get("stranded"):
         hosts = sorted({j["host"] for j in view["stranded"]})
         out += [

@@ -73,6 +73,7 @@ class Report:
     pending_now: int
     longest_pending_s: float | None
     idle_offenders: list[dict[str, Any]] = field(default_factory=list)  # the jobs that held GPUs idle longest
+    skipped_events: dict[str, int] = field(default_factory=dict)  # event log -> lines that are not events
 
     def to_json(self) -> dict[str, Any]:
         return {

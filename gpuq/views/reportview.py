@@ -3,7 +3,7 @@ them to report.build, and print the result as text (the HTML page is views/repor
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
 import os
 import time
@@ -14,6 +14,7 @@ from gpuq.model.units import DURATION_RE, MAX_DURATION_S, format_duration, parse
 from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.samples import read_samples
+from gpuq.spool.store import checked_event
 from gpuq.views.report import FINAL, Pending, Report, build, wait_summary
 
 SPARKS = " ▁▂▃▄▅▆▇█"
@@ -44,16 +45,17 @@ def _local_date(text: str) -> float:
     raise ValueError(f"--since {text!r}: write a duration back from now or a local date, like {SINCE_EXAMPLES}")
 
 
-def read_events(layout: Layout) -> Iterator[dict]:
+def read_events(layout: Layout, skipped: dict[str, int] | None = None) -> Iterator[dict]:
+    """Every event of every host's log; a line that is not one (torn by a crash, or not
+    gpuq's: store.checked_event) is skipped and counted in `skipped`, by log."""
     for path in sorted(layout.events.glob("*.jsonl")):
         with open(path, "rb") as f:
             for raw in f:
-                try:
-                    event = json.loads(raw)
-                except ValueError:
-                    continue  # a line torn by a crash mid-append
-                if isinstance(event, dict):
+                event = checked_event(raw)
+                if event is not None:
                     yield event
+                elif skipped is not None and raw.strip():
+                    skipped[path.name] = skipped.get(path.name, 0) + 1
 
 
 def pending_now(layout: Layout) -> list[Pending]:
@@ -75,10 +77,12 @@ def pending_now(layout: Layout) -> list[Pending]:
 def gather(layout: Layout, since: float, until: float, by: str | None, from_history_start: bool = False) -> Report:
     """The report over [since, until); with `from_history_start`, from the queue's first
     moment instead where that is later."""
-    events = list(read_events(layout))
+    skipped: dict[str, int] = {}
+    events = list(read_events(layout, skipped))
     if from_history_start:
         since = history_start(events, since, until)
-    return build(events, read_samples(layout, since), pending_now(layout), since, until, by)
+    report = build(events, read_samples(layout, since), pending_now(layout), since, until, by)
+    return dataclasses.replace(report, skipped_events=skipped)
 
 
 def history_start(events: list[dict], since: float, until: float) -> float:
@@ -165,4 +169,6 @@ def report_text(r: Report) -> str:
         lines += [f"  {j:<{widths[0]}}  {u:<{widths[1]}}  {h:>{widths[2]}} GPU-h idle" for j, u, h in cells]
     if r.pending_now:
         lines.append(f"pending now: {r.pending_now}, the longest waiting {format_duration(r.longest_pending_s)}")
+    for log, n in sorted(r.skipped_events.items()):
+        lines.append(f"  ! state/events/{safe_text(log)}: {n} line(s) that are not gpuq's events were skipped")
     return "\n".join(lines)

@@ -4,7 +4,6 @@ the workers' heartbeats and the same `plan` the workers run. Rendering lives in 
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -24,7 +23,15 @@ from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.holds import held_jobs
 from gpuq.spool.intake import load_pending_for_view, user_name
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import all_claims, claims_of, has_record, pending_spec_path, read_record, running_records
+from gpuq.spool.store import (
+    all_claims,
+    checked_event,
+    claims_of,
+    has_record,
+    pending_spec_path,
+    read_record,
+    running_records,
+)
 from gpuq.spool.sweeps import read_group
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats, observed_memory, picture, yielding
 
@@ -33,14 +40,20 @@ EVENT_CHUNK_BYTES = 64 * 1024
 EVENT_TAIL_MAX_BYTES = 1024 * 1024
 
 
-def recent_events(layout: Layout, states: frozenset[str], limit: int, user: str | None = None) -> list[dict[str, Any]]:
+def recent_events(
+    layout: Layout,
+    states: frozenset[str],
+    limit: int,
+    user: str | None = None,
+    skipped: dict[str, int] | None = None,
+) -> list[dict[str, Any]]:
     """The latest events into `states` (of `user`'s jobs, if given), newest first, read
     backwards from the end of every host's log until `limit` are found (so status stays fast
-    with 100,000 finished jobs)."""
+    with 100,000 finished jobs). Lines that are not events are counted in `skipped`, by log."""
     needles = tuple(f'"to":"{s}"'.encode() for s in states)
     found = []
     for path in layout.events.glob("*.jsonl"):
-        found += _tail_events(path, needles, limit, user)
+        found += _tail_events(path, needles, limit, user, skipped if skipped is not None else {})
     found.sort(key=lambda e: e.get("t", 0), reverse=True)
     seen, out = set(), []
     for ev in found:
@@ -50,7 +63,9 @@ def recent_events(layout: Layout, states: frozenset[str], limit: int, user: str 
     return out[:limit]
 
 
-def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int, user: str | None) -> list[dict[str, Any]]:
+def _tail_events(
+    path: Path, needles: tuple[bytes, ...], limit: int, user: str | None, skipped: dict[str, int]
+) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     jobs: set[str] = set()
     try:
@@ -66,14 +81,14 @@ def _tail_events(path: Path, needles: tuple[bytes, ...], limit: int, user: str |
                 carry = lines.pop(0) if start > 0 else b""  # a line cut by the chunk edge
                 for line in reversed(lines):
                     if any(n in line for n in needles):
-                        try:
-                            ev = json.loads(line)
-                        except ValueError:
+                        ev = checked_event(line)
+                        if ev is None:
+                            skipped[path.name] = skipped.get(path.name, 0) + 1
                             continue
                         if user is not None and ev.get("user") != user:
                             continue
                         found.append(ev)
-                        jobs.add(ev.get("job"))
+                        jobs.add(ev["job"])
                 end = start
     except OSError:
         pass
@@ -115,6 +130,7 @@ def status(
     for j in running_jobs:
         jobs_by_host.setdefault(j.host, []).append(j)
     final_names = frozenset(s.value for s in FINAL_STATES)
+    skipped: dict[str, int] = {}
     return {
         "version": STATUS_VERSION,
         "root": str(layout.root),
@@ -147,7 +163,7 @@ def status(
             finished := [
                 _finished(layout, ev)
                 for ev in recent_events(
-                    layout, (ended or final_names) - {"rejected"}, config.recent_finished, ended_user
+                    layout, (ended or final_names) - {"rejected"}, config.recent_finished, ended_user, skipped
                 )
                 if not _retried(layout, ev["job"])
             ]
@@ -155,9 +171,10 @@ def status(
         "group_sizes": _group_sizes(layout, finished),
         "rejected": [
             _rejected(layout, ev)
-            for ev in recent_events(layout, frozenset({"rejected"}), config.recent_finished, ended_user)
+            for ev in recent_events(layout, frozenset({"rejected"}), config.recent_finished, ended_user, skipped)
             if not _lived_on(layout, ev)
         ],
+        "skipped_events": skipped,  # lines of the event logs that are not gpuq's events
     }
 
 
@@ -358,8 +375,8 @@ def _lived_on(layout: Layout, ev: dict[str, Any]) -> bool:
     """Whether the id of a rejection has been queued again since (its spec retried, or a fixed
     one dropped under the same name): then its REJECTED line has served its purpose."""
     job_id = ev["job"]
-    if not any(os.path.lexists(layout.rejected / f"{job_id}{s}") for s in (".yaml", ".yml")):
-        return True  # retried: moved back out of rejected/
+    if not any(os.path.lexists(layout.rejected / f"{job_id}{s}") for s in (".yaml", ".yml", ".error")):
+        return True  # retried: moved back out of rejected/ (a directory never went there: its .error did)
     if pending_spec_path(layout, job_id) or claims_of(layout, job_id) or layout.record(layout.running, job_id).exists():
         return True
     try:

@@ -14,6 +14,7 @@ import time
 from typing import Any, Protocol
 
 from gpuq import __version__
+from gpuq.host import rootorders
 from gpuq.host.clock import Clock
 from gpuq.host.files import atomic_write, read_json
 from gpuq.host.hostinfo import boot_id, ensure_private_dir
@@ -31,7 +32,7 @@ from gpuq.model.stops import Stop
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
 from gpuq.model.windows import window_open
-from gpuq.run.containers import RuntimeProbe
+from gpuq.run.containers import DOCKER_REFUSED, RuntimeProbe, client_paths
 from gpuq.run.joblocal import (
     Runtime,
     finish_local,
@@ -41,6 +42,7 @@ from gpuq.run.joblocal import (
     settle_lock,
     write_lease,
 )
+from gpuq.run.launch import JOB_PATH
 from gpuq.run.mps import LINGER_S, MpsDaemons
 from gpuq.run.spawner import Spawner
 from gpuq.sched.idle import IdleTracker
@@ -69,7 +71,7 @@ from gpuq.spool.teamstate import (
     running_elsewhere,
 )
 from gpuq.worker.alerts import SHORT_JOBS_WINDOW_S, AlertWatch
-from gpuq.worker.arrivals import Arrivals
+from gpuq.worker.arrivals import Arrivals, PendingLimits
 from gpuq.worker.claiming import Claimer
 from gpuq.worker.metrics import FinishedCounter
 from gpuq.worker.publishing import BoxState, Publisher
@@ -122,8 +124,13 @@ class Worker:
         local_dir = ensure_private_dir(layout.local_dir(host, config.local_dir))
         ensure_private_dir(local_dir / "jobs")
         self.probe = Probe(fake_gpus, local_dir)
+        # Jobs run as their owners where the root part is root: a team's queue (the worker is
+        # the queue's account) or root's own (the worker is root too).
+        orders = rootorders.orders()
+        as_owners = orders.starter_uid == 0 if orders is not None else os.geteuid() == 0
+        root_part = orders if as_owners and os.geteuid() != 0 else None
         # Made and used with gpu_sharing: mps; without it, only daemons an earlier worker left are stopped.
-        self.mps = MpsDaemons.beside(local_dir)
+        self.mps = MpsDaemons.beside(local_dir, root_part)
         self.mps.open(create=config.gpu_sharing == "mps")
         self.rt = Runtime(
             layout,
@@ -135,9 +142,15 @@ class Worker:
             self.probe.job_env(),
             config.container_runtime,
             config.allow_root_jobs,
+            client_paths(config.container_clients),
+            config.allow_docker,
+            config.container_env,
         )
         self.intake = Intake(
-            layout, OwnerPolicy.for_worker(os.stat(layout.jobs).st_mode, config.run_for_users, config.allow_root_jobs)
+            layout,
+            OwnerPolicy.for_worker(
+                os.stat(layout.jobs).st_mode, config.run_for_users, config.allow_root_jobs, as_owners, config.admins
+            ),
         )
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
@@ -153,7 +166,14 @@ class Worker:
         self.poke_seen: int | None = None
         self.jobs_seen: int | None = None
         self.spawner: Launcher = spawner or Spawner(self.rt, layout.worker_log(host))
-        self.arrivals = Arrivals(layout, host, self.intake)
+        self.arrivals = Arrivals(
+            layout,
+            host,
+            self.intake,
+            PendingLimits(
+                config.max_pending_per_user, config.max_pending_size_per_user_mib, frozenset(config.admins) | {"root"}
+            ),
+        )
         self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject, self.clock)
         self.claimer = Claimer(layout, host, self.boot_id, self.intake, self.arrivals, self.recovery)
         self.starter = Starter(
@@ -186,7 +206,13 @@ class Worker:
         self.samples = SampleLog(
             layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
         )
-        self.runtimes: RuntimeFinder = runtimes or RuntimeProbe()
+        team = as_owners and os.geteuid() != 0  # a queue account's worker, jobs run as their owners
+        self.runtimes: RuntimeFinder = runtimes or RuntimeProbe(
+            self.rt.container_clients,
+            {"docker": DOCKER_REFUSED} if team and not config.allow_docker else {},
+            # As its jobs' clients start (run/launch.py): clean for a queue account's worker.
+            {**({"PATH": JOB_PATH, "HOME": "/"} if team else os.environ), **config.container_env},
+        )
 
     # --- the loop -------------------------------------------------------------------------
 

@@ -124,6 +124,7 @@ class Publisher:
                 "boot_id": self.boot_id,
                 "seq": self.seq,
                 "pid": os.getpid(),
+                "starter_pid": os.getppid(),  # the box's starter (host/privsep.py), which cron started
                 "version": __version__,
                 "t": now_wall,
                 "poll_interval": self.config.poll_interval,

@@ -17,16 +17,17 @@ import os
 from pathlib import Path
 from typing import Protocol
 
+from gpuq.host import rootorders
 from gpuq.host.clock import Clock
 from gpuq.host.faults import crash_point
 from gpuq.host.files import create_owned, read_json
 from gpuq.model.config import Config
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.states import State
-from gpuq.model.stops import StopCause, cause_of
+from gpuq.model.stops import StopCause
 from gpuq.run.containers import container_name, remove_leftover
-from gpuq.run.joblocal import Runtime, read_started
-from gpuq.run.mounts import release_leftover_mounts
+from gpuq.run.joblocal import Runtime, checked_result, read_exit, read_started, stop_ordered
+from gpuq.run.launch import CannotStart, as_owner
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
     append_note,
@@ -78,10 +79,7 @@ class Recovery:
         if not running_path.exists():
             return  # settled meanwhile
         if record.spec.get("container"):
-            name = container_name(record.id, record.attempt, record.claim)
-            if remove_leftover(record.spec, name, self.rt.container_runtime):
-                log.warning("removed container %s of %s, left running by its dead supervisor", name, record.id)
-            release_leftover_mounts(self.rt.local_dir, record.id)
+            self._remove_container(record)
         if record.boot_id != self.boot_id:
             self.lose(record, "host rebooted")
         elif (marker := read_started(self.rt, record)) is None:
@@ -91,9 +89,10 @@ class Recovery:
         elif marker.get("fenced"):
             self.lose(record, marker["fenced"])  # its supervisor stopped it and recorded nothing
         elif marker.get("result"):  # the supervisor could not write it (disk full or failing)
-            result = dict(marker["result"])
-            state, result["cause"] = State(result.pop("state")), cause_of(result)
+            state, result = checked_result(marker["result"])
             transition(self.layout, record, state, self.host, **result)
+        elif (ended := read_exit(self.rt, record)) is not None:
+            self._settle_from_keeper(record, ended)
         else:
             transition(
                 self.layout,
@@ -103,6 +102,51 @@ class Recovery:
                 ended_at=self.clock.wall(),
                 reason="exit unknown: supervisor and job gone without a result",
             )
+
+    def _remove_container(self, record: Record) -> None:
+        """The docker/podman container of an attempt whose supervisor died, as its owner."""
+        orders = rootorders.orders()
+        name = container_name(record.id, record.attempt, record.claim)
+        try:
+            spec_fd = os.open(self.layout.claims / (record.claim or "-"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            spec_fd = None
+        try:
+            commands = as_owner(self.rt, orders, record, spec_fd, self.rt.container_env) if orders is not None else None
+            clients = self.rt.container_clients
+            if remove_leftover(record.spec, name, clients, self.rt.container_runtime, commands):
+                log.warning("removed container %s of %s, left running by its dead supervisor", name, record.id)
+        except CannotStart as e:
+            log.warning("cannot remove container %s of %s: %s", name, record.id, e)
+        finally:
+            if spec_fd is not None:
+                os.close(spec_fd)
+
+    def _settle_from_keeper(self, record: Record, ended: dict) -> None:
+        """Its supervisor died while the job ran on; the job's keeper wrote how it ended. A
+        stop ordered before (the stop file: a preemption, a cancel, a limit) says why."""
+        if ended.get("fenced"):
+            self.lose(record, "fenced: this host's heartbeat grew too old while its supervisor was gone")
+            return
+        status = ended["status"]
+        signal = status & 0x7F if status & 0x7F else None
+        exit_code = None if signal is not None else (status >> 8) & 0xFF
+        stop = stop_ordered(self.rt, record.id)
+        if stop is not None and stop.cause is StopCause.PREEMPT:
+            self.requeue(record, f"{stop.reason}; requeued as attempt {record.attempt + 1}", StopCause.PREEMPT)
+            return
+        ended_at = ended.get("ended_at")
+        transition(
+            self.layout,
+            record,
+            (stop.cause.ends_as or State.CANCELLED) if stop else State.DONE if exit_code == 0 else State.FAILED,
+            self.host,
+            ended_at=ended_at if isinstance(ended_at, (int, float)) else self.clock.wall(),
+            exit_code=exit_code,
+            signal=signal,
+            cause=stop.cause if stop else None,
+            reason=(stop.reason + "; " if stop else "") + "its supervisor died; the job's keeper kept its exit status",
+        )
 
     def lose(self, record: Record, why: str) -> None:
         """The attempt died with its host: run it again while its retries last."""

@@ -1,0 +1,352 @@
+"""The attack review of 2026-12-05 (review F1-F5 and its medium findings), as created members
+against README's team setup: a root made by `gpuq init --group`, root workers, and bob, the
+attacker, against alice. Each test was seen failing on the code before the privilege
+boundary and these defences (docs/security.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import fake_runtime
+import psutil
+import pytest
+from conftest import wait_until
+from team import ALICE, BOB, needs_root
+
+pytestmark = needs_root
+
+
+def _bobs_dir(team, users, name: str) -> Path:
+    d = team.base / name
+    d.mkdir()
+    os.chown(d, users[BOB].pw_uid, users[BOB].pw_gid)
+    return d
+
+
+# --- F1: a spec's env never reaches a container's client --------------------------------------
+
+
+def test_a_specs_path_and_ld_preload_never_reach_the_container_client(team, users):
+    """F1: the root worker ran docker/podman as root with the spec's env merged in, looked up
+    on that PATH: bob's `podman` script (and an LD_PRELOAD of his) ran as uid 0. Now the client
+    is the admin's, run as bob with a clean environment; his variables reach only the job."""
+    bob = users[BOB]
+    runtimes = fake_runtime.StandIns(team.base / "runtimes", team.python)
+    try:
+        home = _bobs_dir(team, users, "bobhome")
+        evil_bin = home / "bin"
+        proof = team.base / "flags"
+        proof.mkdir(mode=0o777)
+        proof.chmod(0o777)
+        team.run_as(BOB, ["/bin/sh", "-c", f"mkdir {evil_bin}"])
+        trap = f"#!/bin/sh\nid -u >> {proof}/bobs-podman-ran\nexit 0\n"
+        team.run_as(BOB, ["/bin/sh", "-c", f"cat > {evil_bin}/podman && chmod 755 {evil_bin}/podman"], input=trap)
+        team.write_config(container_clients={"podman": str(runtimes.bin / "podman")})
+        team.start_worker("a", "1x80GiB")
+        spec = (
+            "command: 'echo inside PATH=$PATH PRELOAD=$LD_PRELOAD; id -u'\ngpus: 0\n"
+            f"workdir: {home}\ncontainer: {{image: any/image, runtime: podman}}\n"
+            f'env: {{PATH: "{evil_bin}:/usr/bin:/bin", LD_PRELOAD: "{home}/evil.so"}}\n'
+        )
+        team.drop_as(BOB, "f1.yaml", spec)
+        record = wait_until(lambda: team.finished("f1"), timeout=30, what="f1 to end")
+        log = team.log("f1")
+        assert record["state"] == "done", log
+        assert not (proof / "bobs-podman-ran").exists(), "bob's own podman ran"
+        run = runtimes.calls("run")[-1]
+        assert run["uid"] == bob.pw_uid, run  # the admin's client, as bob: never root
+        assert f"inside PATH={evil_bin}:/usr/bin:/bin PRELOAD={home}/evil.so" in log  # his env: the job's
+        assert not [a for a in run["args"] if str(evil_bin) in a or "evil.so" in a]  # never on argv
+    finally:
+        runtimes.close()
+
+
+def test_a_team_queue_runs_docker_only_where_the_admin_allows_it(team, users):
+    """docker's daemon is root's: a member who may run docker jobs can become root. A team
+    queue waits a docker job, saying so, until config allow_docker."""
+    runtimes = fake_runtime.StandIns(team.base / "runtimes", team.python)
+    try:
+        team.write_config(container_clients={"docker": str(runtimes.bin / "docker")})
+        team.start_worker("a", "1x80GiB")
+        work = _bobs_dir(team, users, "work")
+        team.drop_as(BOB, "dk.yaml", f"command: 'id -u'\ngpus: 0\nworkdir: {work}\ncontainer: any/image\n")
+        reason = wait_until(
+            lambda: next((j["reason"] for j in team.status()["pending"] if j["id"] == "dk"), None),
+            what="dk to wait with a reason",
+        )
+        assert "docker" in reason, reason
+        assert runtimes.calls("run") == []
+        team.write_config(container_clients={"docker": str(runtimes.bin / "docker")}, allow_docker=True)
+        team.stop_worker("a")
+        team.start_worker("a", "1x80GiB")
+        assert wait_until(lambda: team.finished("dk"), timeout=30, what="dk to run")["state"] == "done"
+        assert runtimes.calls("run")[-1]["uid"] == users[BOB].pw_uid
+    finally:
+        runtimes.close()
+
+
+# --- F3: nothing the worker trusts is the job's to write ----------------------------------------
+
+
+def test_a_job_can_reach_neither_its_lock_file_nor_anything_the_worker_trusts(team, users):
+    """F3a-d: the job inherited its root-owned lock file as fd 3, read-write, and wrote the
+    markers the worker believed: a forged result (root wrote a file anywhere, ran bob's command
+    as alice), a pid for root to SIGTERM, or "ended" (its GPU counted free). Now the job holds
+    only its stdio, and the local directory is the queue account's alone."""
+    victim = psutil.Popen(["sleep", "300"])  # a root process bob would have had root kill
+    try:
+        team.start_worker("a", "1x80GiB")
+        local = team.local_base / "a"
+        lock = local / "jobs" / "f3.lock"
+        attack = f"""
+import json, os
+out = {{"fds": sorted(os.listdir('/proc/self/fd'))}}
+for fd in range(3, 64):
+    try:
+        os.write(fd, json.dumps({{"claim": "x", "supervisor_pid": {victim.pid}, "ended": True,
+                                "result": {{"state": "done", "id": "../../../pwned"}}}}).encode())
+        out.setdefault("wrote", []).append(fd)
+    except OSError:
+        pass
+try:
+    open({str(lock)!r}, "r+").write("forged")
+    out["lock"] = "written"
+except OSError as e:
+    out["lock"] = e.strerror
+print(json.dumps(out))
+"""
+        script = team.base / "f3.py"
+        script.write_text(attack)
+        script.chmod(0o644)
+        team.drop_as(BOB, "f3.yaml", f"command: [{team.python!r}, {str(script)!r}]\ngpus: 1\nworkdir: /\n")
+        record = wait_until(lambda: team.finished("f3"), timeout=30, what="f3 to end")
+        found = json.loads(team.log("f3").splitlines()[-2])
+        assert record["state"] == "done", team.log("f3")
+        assert "wrote" not in found and found["lock"] == "Permission denied", found
+        assert set(found["fds"]) <= {"0", "1", "2", "3"}, found  # 3: the listing's own descriptor
+        assert victim.is_running() and record["id"] == "f3" and record["uid"] == users[BOB].pw_uid
+        assert not list(team.base.glob("pwned*")) and not Path("/pwned.json").exists()
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_every_way_a_record_is_built_is_checked():
+    """F3a: a result carried `id: ../../..`, and dataclasses.replace built the record without
+    Record.check: the id became a path. Now every construction is checked."""
+    import dataclasses
+
+    from gpuq.model.record import Record, RecordError
+    from gpuq.model.states import State
+
+    record = Record(id="ok", state=State.RUNNING, spec={})
+    for bad in ({"id": "../../../rootonly/pwned"}, {"host": "../x"}, {"claim": "other@a@b@1@n@a1.yaml"}):
+        with pytest.raises(RecordError):
+            dataclasses.replace(record, **bad)
+        with pytest.raises(RecordError):
+            Record(**{"id": "ok", "state": State.RUNNING, "spec": {}, **bad})
+
+
+def test_a_result_kept_in_the_lock_file_carries_no_identity():
+    """F3b: a kept result's uid and spec_text were applied to the record: bob's command ran as
+    alice at her retry. A result carries only a result's fields."""
+    from gpuq.model.states import State
+    from gpuq.run.joblocal import checked_result
+
+    state, fields = checked_result(
+        {"state": "done", "exit_code": 0, "uid": 1, "user": "alice", "spec_text": "command: id", "id": "../x"}
+    )
+    assert state is State.DONE and fields == {"exit_code": 0, "cause": None}
+    with pytest.raises(ValueError):
+        checked_result({"state": "running"})
+
+
+# --- F5: events are read as events -------------------------------------------------------------
+
+
+def test_a_forged_event_never_stops_status_show_or_report(team, users):
+    """F5: an event with id `../../../rootonly/pwned` made every member's status and show exit
+    with "cannot read .../finished/../../../rootonly/pwned.json". Now a line that is not an
+    event is skipped, and said once."""
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "fine.yaml", "command: echo fine\ngpus: 0\nworkdir: /\n")
+    wait_until(lambda: team.finished("fine"), what="fine to run")
+    events = team.root / "state" / "events" / "z.jsonl"  # as if written into the spool somehow
+    bad = [
+        {"t": time.time(), "by": "a", "job": "../../../rootonly/pwned", "to": "done", "user": ALICE},
+        {"t": time.time(), "by": "../b", "job": "x", "to": "failed"},
+        "not json",
+    ]
+    compact = (",", ":")  # as gpuq writes events: status looks for `"to":"done"` before it parses
+    events.write_text("\n".join(json.dumps(b, separators=compact) if isinstance(b, dict) else b for b in bad) + "\n")
+    os.chown(events, os.stat(team.root / "state").st_uid, -1)
+    for verb in (["status"], ["status", "--json"], ["show", "fine"], ["report", "--since", "1d"]):
+        done = team.as_user(BOB, *verb)
+        assert done.returncode == 0, (verb, done.stderr)
+    said = team.as_user(BOB, "status").stdout
+    assert "z.jsonl: 2 line(s) that are not gpuq's events were skipped" in said, said
+
+
+# --- medium findings ---------------------------------------------------------------------------
+
+
+def test_only_admins_rank_a_job_above_everyones(team, users):
+    """priority: high (or an integer above 0) was anyone's to set: it ranks before fair share and
+    preempts others' jobs. Now a member's is refused, by submit and by the worker."""
+    team.start_worker("a", "1x80GiB")
+    for name, priority in (("hi", "high"), ("big", "1000")):
+        team.drop_as(BOB, f"{name}.yaml", f"command: echo {name}\ngpus: 0\nworkdir: /\npriority: {priority}\n")
+        refused = wait_until(lambda name=name: team.refusals(name), what=f"{name} refused")
+        assert "only the queue's admins (config admins) may" in refused and "field 'priority'" in refused
+    submitted = team.as_user(BOB, "submit", "--priority", "high", "--gpus", "0", "--", "true")
+    assert submitted.returncode != 0 and "only the queue's admins" in submitted.stderr, submitted.stderr
+    team.drop_as(BOB, "low.yaml", "command: echo low\ngpus: 0\nworkdir: /\npriority: -5\n")
+    assert wait_until(lambda: team.finished("low"), what="a lower rank is anyone's")["state"] == "done"
+    team.write_config(admins=[ALICE])
+    team.stop_worker("a")
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "ahi.yaml", "command: echo ahi\ngpus: 0\nworkdir: /\npriority: high\n")
+    assert wait_until(lambda: team.finished("ahi"), what="an admin's high")["state"] == "done"
+
+
+def test_a_members_pending_specs_are_capped(team, users):
+    """1600 pending 200 KB specs filled every worker's memory (and every status). Now a
+    member's pending specs are capped by count and by size, naming the limit."""
+    team.write_config(max_pending_per_user=3, max_pending_size_per_user="1MiB")
+    team.start_worker("a", "1x80GiB")
+    never = "command: sleep 1\ngpus: 8\nworkdir: /\n"  # fits no box: pending for good
+    for i in range(4):
+        team.drop_as(BOB, f"p{i}.yaml", never)
+    refused = wait_until(lambda: "".join(team.refusals(f"p{i}") for i in range(4)), what="one over the count")
+    assert "over config max_pending_per_user 3" in refused
+    assert len([j for j in team.status()["pending"] if j["user"] == BOB]) == 3
+    team.drop_as(ALICE, "a0.yaml", never)  # another member's room is her own
+    wait_until(lambda: any(j["id"] == "a0" for j in team.status()["pending"]), what="alice's spec pending")
+    team.write_config(max_pending_per_user=100, max_pending_size_per_user="1MiB")
+    team.stop_worker("a")
+    team.start_worker("a", "1x80GiB")
+    big = team.base / "big.yaml"  # 200 KiB each: five fit in 1 MiB together, a sixth does not
+    big.write_text(never + "# " + "x" * (200 * 1024) + "\n")
+    big.chmod(0o644)
+    names = [f"big{i}" for i in range(6)]
+    for name in names:
+        copied = team.run_as(ALICE, ["cp", str(big), str(team.root / "jobs" / f"{name}.yaml")])
+        assert copied.returncode == 0, copied.stderr
+    refused = wait_until(lambda: "".join(team.refusals(n) for n in names), what="one too big")
+    assert "over config max_pending_size_per_user 1MiB" in refused, refused
+    assert sum(bool(team.refusals(n)) for n in names) == 1
+
+
+def test_a_members_bookings_are_capped(team, users):
+    """bob booked every GPU for 31 days, twice. Now a member books at most
+    max_booked_gpu_hours ahead, all bookings together."""
+    team.write_config(max_booked_gpu_hours=10)
+    team.start_worker("a", "2x80GiB")
+    first = team.as_user(BOB, "book", "a:0,1", "--from", "now", "--to", "4h")
+    assert first.returncode == 0, first.stderr
+    later = ("--from", "2027-06-30 10:00")
+    second = team.as_user(BOB, "book", "a:0", *later, "--to", "2027-06-30 13:00")
+    assert second.returncode == 1 and "over config max_booked_gpu_hours 10" in second.stderr, second.stderr
+    small = team.as_user(BOB, "book", "a:0,1", *later, "--to", "2027-06-30 11:00")
+    assert small.returncode == 0, small.stderr  # 8 + 2 GPU-hours: at the cap, not over it
+
+
+def test_another_members_file_under_a_missing_dependency_releases_nothing(team, users):
+    """alice's hand-written `after: [alprep]` waited "no such job yet"; bob dropped
+    jobs/alprep.yaml (echo) and her dependent ran at once. A dependency is met only by a job
+    of her own, or one that was in the queue before hers."""
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "dependent.yaml", "command: echo dependent\ngpus: 0\nworkdir: /\nafter: [alprep]\n")
+    wait_until(lambda: any(j["id"] == "dependent" for j in team.status()["pending"]), what="dependent waiting")
+    team.drop_as(BOB, "alprep.yaml", "command: echo bobs\ngpus: 0\nworkdir: /\n")
+    wait_until(lambda: team.finished("alprep"), what="bob's alprep to run")
+    team.wait_passes("a")
+    waiting = next(j for j in team.status()["pending"] if j["id"] == "dependent")
+    assert f"alprep is {BOB}'s, queued after this one" in waiting["reason"], waiting
+    assert team.finished("dependent") is None
+    # A teammate's job that was there first is met as before (pipelines across members).
+    team.drop_as(BOB, "bprep.yaml", "command: sleep 2\ngpus: 0\nworkdir: /\n")
+    wait_until(lambda: team.record("bprep"), what="bob's bprep taken in")
+    team.drop_as(ALICE, "after-b.yaml", "command: echo after-b\ngpus: 0\nworkdir: /\nafter: [bprep]\n")
+    assert wait_until(lambda: team.finished("after-b"), timeout=30, what="after-b")["state"] == "done"
+
+
+def test_logs_of_a_huge_sparse_log_stream_in_bounded_memory(team, users):
+    """bob's `truncate -s 512M` of his own log: alice's `gpuq logs` of it grew to 7.8 GB RSS
+    (the whole file read, then decoded). Now it streams a MiB at a time (64 MiB here: the
+    escaping of a NUL a byte takes time, not memory)."""
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(BOB, "big.yaml", "command: echo start\ngpus: 0\nworkdir: /\n")
+    wait_until(lambda: team.finished("big"), what="big to run")
+    truncated = team.run_as(BOB, ["truncate", "-s", "64M", str(team.root / "logs" / "big.log")])
+    assert truncated.returncode == 0, truncated.stderr
+    code = (
+        "import resource, subprocess, sys\n"
+        f"p = subprocess.run([{team.python!r}, {str(team.code / 'gpuq.py')!r}, '--root', {str(team.root)!r},"
+        " 'logs', 'big'], stdout=subprocess.DEVNULL)\n"
+        "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    done = team.py_as(ALICE, code, timeout=300)
+    rc, peak_kib = map(int, done.stdout.split())
+    assert rc == 0 and peak_kib < 100 * 1024, (rc, peak_kib, done.stderr)  # the whole file: 400 MB
+
+
+def test_a_value_with_a_newline_never_adds_sbatch_lines(team, users):
+    """A newline in workdir or an env key added lines to the sbatch script (--qos=admin,
+    --exclusive, ...). Now such a spec is refused for export, naming why."""
+    spec = team.base / "inject.yaml"
+    spec.write_text('command: "true"\ngpus: 0\nworkdir: "/tmp\\n#SBATCH --qos=admin"\n')
+    spec.chmod(0o644)
+    out = team.as_user(BOB, "export", "slurm", str(spec))
+    assert out.returncode != 0 and "#SBATCH --qos=admin" not in out.stdout, out.stdout
+    assert "newline or a control character" in out.stderr, out.stderr
+
+
+def test_a_spec_of_nobody_or_a_system_account_is_refused(team, users):
+    """A squashed NFS root writes as `nobody`, and an unmapped uid shows as one: such a spec
+    ran as nobody, unattributed and outside every cap."""
+    team.start_worker("a", "1x80GiB")
+    for name, owner in (("nb", "nobody"), ("sys", "daemon")):
+        path = team.root / "jobs" / f"{name}.yaml"
+        path.write_text("command: echo ran\ngpus: 0\nworkdir: /\n")
+        os.chown(path, int(__import__("pwd").getpwnam(owner).pw_uid), -1)
+        refused = wait_until(lambda name=name: team.refusals(name), what=f"{name} refused")
+        assert "a system account or nobody" in refused, refused
+        assert team.finished(name) is None or team.finished(name)["state"] == "rejected"
+
+
+# --- the chaos run: what outlives a supervisor ---------------------------------------------------
+
+LEDGER = (
+    "command: |\n  echo start $GPUQ_ATTEMPT $(date +%s.%N) >> {ledger}\n"
+    "  trap 'echo end $GPUQ_ATTEMPT $(date +%s.%N) >> {ledger}; exit 143' TERM\n"
+    "  while true; do sleep 0.05; done\n"
+    "gpus: 1\nworkdir: /\nretries: 1\n"
+)
+
+
+def test_a_job_whose_supervisor_and_worker_died_is_fenced_before_another_box_runs_it(team, users):
+    """The chaos review: a job's supervisor SIGKILLed, then its box's worker kept down past
+    lost_after_s: another box started attempt 2 while attempt 1 ran on (both to the end). The
+    keeper that started attempt 1 stops it at 60% of lost_after_s, before the takeover."""
+    ledger_dir = team.base / "ledger"
+    ledger_dir.mkdir(mode=0o777)
+    ledger_dir.chmod(0o777)
+    ledger = ledger_dir / "ledger"
+    team.write_config(lost_after_s=10, grace_s=1)
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "j.yaml", LEDGER.format(ledger=ledger))
+    wait_until(lambda: ledger.exists() and "start 1" in ledger.read_text(), what="attempt 1 on a")
+    marker = json.loads((team.local_base / "a" / "jobs" / "j.lock").read_text())
+    os.kill(marker["supervisor_pid"], signal.SIGKILL)
+    team.stop_worker("a", signal.SIGKILL)  # and a stays down
+    team.start_worker("b", "1x80GiB")
+    wait_until(lambda: "start 2" in ledger.read_text(), timeout=60, what="attempt 2 on b")
+    lines = [line.split() for line in ledger.read_text().splitlines()]
+    ended_1 = next(float(t) for kind, attempt, t in lines if (kind, attempt) == ("end", "1"))
+    started_2 = next(float(t) for kind, attempt, t in lines if (kind, attempt) == ("start", "2"))
+    assert ended_1 < started_2, lines  # never two copies at once
