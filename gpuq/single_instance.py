@@ -24,7 +24,7 @@ def this_host() -> str:
     return os.uname().nodename.split(".")[0] or "localhost"  # gethostname(), without loading socket
 
 
-def default_local_dir(root: str, host: str) -> str:
+def default_local_dir(root: str, host: str, root_started: bool | None = None) -> str:
     """Per-host local directory for locks that must be local (never on NFS). In RAM where
     there is one: its locks and markers mean nothing after a reboot, and creating a file
     there costs microseconds where a disk may take a millisecond.
@@ -34,12 +34,14 @@ def default_local_dir(root: str, host: str) -> str:
     start would own the parent of its directory, and could swap it for one of his own (then
     root writes through his links, signals his pids, records his results). Without a /run
     only root can change, /var/tmp/gpuq-0 (its parents are checked, as always). A worker
-    run by a user for themselves keeps /dev/shm/gpuq-<uid>."""
+    run by a user for themselves keeps /dev/shm/gpuq-<uid>. `root_started`: whether the
+    worker is root's, run as root or by a root starter as the queue's account (the same
+    directory, whoever asks; rootorders.root_started); default: whether this process is root."""
     import hashlib  # here: it loads OpenSSL, which would make every supervisor fork slower
 
     digest = hashlib.sha1(root.encode()).hexdigest()[:10]
     euid = os.geteuid()
-    if euid == 0:
+    if euid == 0 if root_started is None else root_started:
         base = "/run/gpuq" if _only_root_can_change("/run") else "/var/tmp/gpuq-0"
     else:
         base = f"{'/dev/shm' if os.path.isdir('/dev/shm') else '/tmp'}/gpuq-{euid}"

@@ -30,15 +30,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuq worker: {e}", file=sys.stderr)
         return 2
     host = args.host or this_host()
-    local_dir = layout.local_dir(host, config.local_dir)
-    if (problem := local_dir_problem(local_dir, layout, os.geteuid())) is not None:
-        print(f"gpuq worker: {problem}", file=sys.stderr)
-        return 2
     layout.ensure()
+    # The log first: a daemonized worker's stderr goes nowhere, and a refusal must be read.
     log_fd, log_problem = open_worker_log(layout.worker_log(host))
     setup_logging(log_fd, to_stderr=args.foreground or args.once or log_fd is None, verbose=args.verbose)
     if log_problem:
         logging.getLogger("gpuq.worker").warning("%s", log_problem)
+    local_dir = layout.local_dir(host, config.local_dir)
+    if (problem := local_dir_problem(local_dir, layout, os.geteuid())) is not None:
+        logging.getLogger("gpuq.worker").error("worker %s refuses to start: %s", host, problem)
+        return 2
     worker_class = BridgeWorker if config.backend == "slurm" else Worker
     # SIGTERM (shutdown, `kill`) ends the worker cleanly; running jobs live on under their
     # supervisors and keepers, and the next worker reattaches to them.

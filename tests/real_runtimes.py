@@ -147,7 +147,9 @@ class MemberPodman:
     def stop(self) -> None:
         subprocess.run(["pkill", "-KILL", "-u", self.name], capture_output=True)
         subprocess.run(["userdel", self.name], capture_output=True)
-        subprocess.run(["rm", "-rf", str(self.base)])  # podman's storage holds files of subordinate ids
+        uid = self.user.pw_uid  # what rootless podman leaves outside the home, per uid
+        leftovers = [f"/dev/shm/libpod_rootless_lock_{uid}", f"/tmp/podman-run-{uid}", f"/tmp/containers-user-{uid}"]
+        subprocess.run(["rm", "-rf", str(self.base), *leftovers])  # the storage holds files of subordinate ids
 
 
 class Dockerd:

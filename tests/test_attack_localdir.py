@@ -98,9 +98,19 @@ def test_a_root_workers_default_local_dir_is_in_run_and_only_root_can_change_any
     from gpuq.host.hostinfo import chain_problems
 
     queue_uid = pwd.getpwnam(QUEUE).pw_uid
+    # The queue account's own default would be /dev/shm/gpuq-<uid>, open to anyone: bob makes
+    # it first (as after a reboot). The worker, started by root, never looks there.
+    shm = Path("/dev/shm" if os.path.isdir("/dev/shm") else "/tmp") / f"gpuq-{queue_uid}"
+    shutil.rmtree(shm, ignore_errors=True)  # a leftover of an earlier run's account with this uid
+    made = team.run_as(BOB, ["mkdir", "-m", "777", str(shm)])
+    assert made.returncode == 0, made.stderr
     try:
         team.start_worker("a", "1x80GiB")
-        assert (local / "worker.lock").exists()
+        team.drop_as(ALICE, "runs.yaml", "command: echo ran\ngpus: 0\nworkdir: /\n")
+        assert wait_until(lambda: team.finished("runs"), what="alice's job")["state"] == "done"
+        # Everything the worker trusts is in the directory root made for it: lock, lease, job locks.
+        assert (local / "worker.lock").exists() and (local / "lease").exists() and (local / "jobs").is_dir()
+        assert os.listdir(shm) == []
         # The queue's account's (root made it so before it started the worker as that account).
         st = os.lstat(local)
         assert stat.S_ISDIR(st.st_mode) and st.st_uid == queue_uid and stat.S_IMODE(st.st_mode) == 0o700, local
@@ -114,6 +124,7 @@ def test_a_root_workers_default_local_dir_is_in_run_and_only_root_can_change_any
         team.stop_worker("a")
     finally:
         shutil.rmtree(local, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 def test_a_users_own_worker_refuses_a_default_parent_another_member_made_first(team):

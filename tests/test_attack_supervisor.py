@@ -167,7 +167,7 @@ def test_a_planted_worker_log_is_never_written_through(team, users, kind):
     target = team.base / "root-owned"
     target.write_text("root's file\n")
     os.chmod(target, 0o644)
-    log = team.root / "logs" / "worker-a.log"
+    log = team.root / "logs" / "workers" / "a.log"
     log.parent.mkdir(exist_ok=True)
     log.unlink(missing_ok=True)
     _plant(kind, log, target, users[BOB])

@@ -150,7 +150,7 @@ def test_forged_records_are_refused_and_never_used_as_paths(team):
     assert _intact(target)
     status = team.as_user(ALICE, "status")
     assert status.returncode == 0 and "fine" in status.stdout, status.stderr
-    log = (team.root / "logs" / "worker-a.log").read_text()
+    log = (team.root / "logs" / "workers" / "a.log").read_text()
     assert "state/running/evil.json skipped" in log and "state/running/junk.json skipped" in log
 
 
@@ -170,7 +170,7 @@ def test_an_error_file_is_never_written_through_a_link_and_stays_one_line(team):
     assert _intact(target) and (rejected / "zz.error").is_symlink()
     text = error.read_text()
     assert text.count("\n") == 1 and "\\n* * * * * root" in text
-    assert "\n* * * * *" not in (team.root / "logs" / "worker-a.log").read_text()
+    assert "\n* * * * *" not in (team.root / "logs" / "workers" / "a.log").read_text()
 
 
 def test_garbage_bookings_and_groups_never_stop_a_worker_or_status(team):
@@ -187,7 +187,7 @@ def test_garbage_bookings_and_groups_never_stop_a_worker_or_status(team):
     status = team.as_user(BOB, "status")
     assert status.returncode == 0 and "Traceback" not in status.stderr
     assert team.workers["a"].poll() is None
-    assert "sweep leak left as it is" in (team.root / "logs" / "worker-a.log").read_text()
+    assert "sweep leak left as it is" in (team.root / "logs" / "workers" / "a.log").read_text()
 
 
 # --- writes through links a member planted in jobs/ (C4, H1) -------------------------------
@@ -474,6 +474,24 @@ def test_a_state_tree_owned_by_another_account_is_refused_and_doctor_says_so(tea
     assert not (team.root / "state" / "workers" / "a.json").exists()
     doctor = team.gpuq("doctor", check=False)
     assert doctor.returncode == 1 and "FAIL permissions" in doctor.stdout and "state" in doctor.stdout
+
+
+def test_no_job_log_can_take_a_workers_log(team):
+    """An attack review: bob's job `worker-box-c` made logs/worker-box-c.log his, before box-c's
+    worker first started; that worker then ran with no log, and admins would read his lines as
+    its own. Workers log in logs/workers/, the queue account's, where no job's log goes."""
+    team.start_worker("a", "1x80GiB")
+    for job_id in ("worker-c", "workers"):
+        assert (
+            team.as_user(BOB, "submit", "--id", job_id, "--gpus", "0", "--workdir", "/", "--", "echo squat").returncode
+            == 0
+        )
+        wait_until(lambda job_id=job_id: team.finished(job_id), what=job_id)
+    team.start_worker("c", "1x80GiB")
+    log = team.root / "logs" / "workers" / "c.log"
+    wait_until(lambda: log.exists() and "worker c started" in log.read_text(), what="c's own log")
+    assert os.stat(log).st_uid == pwd.getpwnam(QUEUE).pw_uid
+    assert os.stat(team.root / "logs" / "worker-c.log").st_uid == team.users[BOB].pw_uid  # his job's, apart
 
 
 def test_a_box_without_the_queues_account_says_how_to_make_it(team):

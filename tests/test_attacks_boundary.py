@@ -350,3 +350,19 @@ def test_a_job_whose_supervisor_and_worker_died_is_fenced_before_another_box_run
     ended_1 = next(float(t) for kind, attempt, t in lines if (kind, attempt) == ("end", "1"))
     started_2 = next(float(t) for kind, attempt, t in lines if (kind, attempt) == ("start", "2"))
     assert ended_1 < started_2, lines  # never two copies at once
+
+
+# --- found by an attack session on the boundary itself -----------------------------------------
+
+
+def test_the_admins_client_settings_are_in_no_process_arguments(team, users):
+    """The spawner once took the worker's runtime settings as an argument: `ps` showed every
+    local user the admin's container_env (a proxy's password, say)."""
+    secret = "http://proxy:s3cret-in-config@proxy:3128"
+    team.write_config(container_env={"HTTPS_PROXY": secret})
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "one.yaml", "command: sleep 1\ngpus: 0\nworkdir: /\n")
+    wait_until(lambda: team.finished("one"), what="a job, through the spawner")
+    shown = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])]
+    assert [c for c in shown if str(team.root) in c or "gpuq.run.spawner" in c]  # the team's processes are there
+    assert not [c for c in shown if "s3cret-in-config" in c]

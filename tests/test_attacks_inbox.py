@@ -351,19 +351,19 @@ def _flags(team):
     return flags
 
 
-def test_a_retried_refused_spec_never_runs_what_another_member_wrote_into_it(team):
-    """A spec bob left group-writable was refused and kept in state/rejected as it was; its
-    fix said `chmod go-w` it there and `gpuq retry`. Alice had opened it for writing meanwhile
-    (a chmod does not take a handle back), and retry put that very file back in jobs/: her
-    command ran as bob. A retry now queues a fresh copy, and the fix says to write one."""
+def test_a_refused_spec_others_could_write_is_never_put_back(team):
+    """A spec bob left group-writable was refused and kept in state/rejected as it was. Alice
+    had opened it for writing meanwhile (a chmod does not take a handle back). Its fix once
+    said `chmod go-w` and `gpuq retry`; later retry queued a fresh copy, but of the text read at
+    the retry, which hers was by then (an attack review: her command ran as bob). Now such a
+    spec is kept under a name retry does not take: retry refuses it, and a fresh file is the fix."""
     team.start_worker("a", "1x80GiB")
-    team.drop_as(ALICE, "busy.yaml", SLEEPER.replace("gpus: 0", "gpus: 1"))  # keeps bob's job waiting
-    wait_until(lambda: _state(team, "busy") == "running", what="alice's job on the GPU")
-    team.drop_as(BOB, "gw.yaml", "command: echo bob-ran\ngpus: 1\nworkdir: /\n", mode=0o664)
-    refused, error = team.root / "state" / "rejected" / "gw.yaml", team.root / "state" / "rejected" / "gw.error"
+    team.drop_as(BOB, "gw.yaml", "command: echo bob-ran\ngpus: 0\nworkdir: /\n", mode=0o664)
+    error = team.root / "state" / "rejected" / "gw.error"
     said = wait_until(lambda: error.exists() and error.read_text(), what="bob's group-writable spec refused")
     assert "can be changed by other users" in said and "fresh copy" in said and "gpuq retry" not in said, said
-    flag = _flags(team) / "alice-wrote"
+    (refused,) = (team.root / "state" / "rejected").glob("gw.*.yaml")  # not gw.yaml: retry never takes it
+    chmodded = _flags(team) / "chmodded"
     alice = team.popen_as(
         ALICE,
         f"""
@@ -371,23 +371,26 @@ import os, time
 fd = os.open({str(refused)!r}, os.O_WRONLY)  # while the team may write it
 print("opened", flush=True)
 end = time.time() + 60
-while not os.path.exists({str(team.root / "jobs" / "gw.yaml")!r}) and time.time() < end:
+while not os.path.exists({str(chmodded)!r}) and time.time() < end:
     time.sleep(0.02)
 os.ftruncate(fd, 0)
-os.pwrite(fd, b"command: echo alice-ran\\ngpus: 1\\nworkdir: /\\n", 0)
-open({str(flag)!r}, "w").close()
+os.pwrite(fd, b"command: echo alice-ran\\ngpus: 0\\nworkdir: /\\n", 0)
+print("wrote", flush=True)
 """,
     )
     assert alice.stdout.readline().strip() == "opened"
     assert team.run_as(BOB, ["chmod", "go-w", str(refused)]).returncode == 0  # as the old fix said
+    chmodded.touch()
+    assert alice.stdout.readline().strip() == "wrote", alice.stderr.read()  # through her handle, after the chmod
+    alice.wait(timeout=30)
     retry = team.as_user(BOB, "retry", "gw")
-    assert retry.returncode == 0, retry.stdout + retry.stderr
-    alice.wait(timeout=90)
-    assert flag.exists(), alice.stderr  # she wrote, after the retry
-    assert team.as_user(ALICE, "cancel", "busy").returncode == 0  # the GPU for bob's job
-    record = wait_until(lambda: team.finished("gw"), timeout=60, what="bob's retried job")
-    log = team.log("gw")
-    assert record["state"] == "done" and "bob-ran" in log and "alice-ran" not in log, log
+    assert retry.returncode == 1 and "cannot be put back" in retry.stderr and "fresh copy" in retry.stderr, retry
+    assert not (team.root / "jobs" / "gw.yaml").exists()
+    shown = team.as_user(BOB, "status").stdout
+    assert "gw" in shown and "can be changed by other users" in shown, shown  # the refusal stays in view
+    team.drop_as(BOB, "gw.yaml", "command: echo bob-ran\ngpus: 0\nworkdir: /\n")  # the fix: a fresh file
+    record = wait_until(lambda: team.finished("gw"), timeout=60, what="bob's fresh spec")
+    assert record["state"] == "done" and "bob-ran" in team.log("gw"), team.log("gw")
 
 
 def test_a_retry_refuses_a_refused_spec_others_may_still_write(team):
@@ -395,7 +398,7 @@ def test_a_retry_refuses_a_refused_spec_others_may_still_write(team):
     team.drop_as(BOB, "gw2.yaml", "command: echo bob-ran\ngpus: 0\nworkdir: /\n", mode=0o664)
     wait_until(lambda: (team.root / "state" / "rejected" / "gw2.error").exists(), what="refused")
     retry = team.as_user(BOB, "retry", "gw2")
-    assert retry.returncode == 1 and "can be written by others" in retry.stderr, retry.stdout + retry.stderr
+    assert retry.returncode == 1 and "cannot be put back" in retry.stderr, retry.stdout + retry.stderr
     assert not (team.root / "jobs" / "gw2.yaml").exists()
 
 

@@ -160,6 +160,7 @@ def _container(text: str):
 def test_allowed_options_are_kept_one_argument_each_as_the_runtime_will_read_them() -> None:
     c = _container("{image: i, options: [--shm-size, 8g, --ulimit=memlock=-1, --read-only, --network, host]}")
     assert c.options == ("--shm-size=8g", "--ulimit=memlock=-1", "--read-only", "--network=host")
+    assert _container("{image: i, options: [--tmpfs=/dev/shm:size=8g]}").options == ("--tmpfs=/dev/shm:size=8g",)
     assert _container("{image: i, options: '--shm-size 8g --label a=b'}").options == ("--shm-size=8g", "--label=a=b")
     assert _container("{image: i, runtime: apptainer, options: [--writable-tmpfs, --contain]}").options == (
         "--writable-tmpfs",
@@ -176,6 +177,11 @@ def test_allowed_options_are_kept_one_argument_each_as_the_runtime_will_read_the
         ("[--shm-size=lots]", "option --shm-size value 'lots' is not SIZE"),
         ("[--ulimit=nproc=-1]", "option --ulimit value 'nproc=-1' is not memlock|stack|nofile|core=SOFT[:HARD]"),
         ("[--tmpfs=/t:suid]", "option --tmpfs value '/t:suid' is not PATH"),
+        # security review (Low): over the kernel's file systems, or a label with a C1 byte
+        ("[--tmpfs=/proc]", "option --tmpfs value '/proc' is not PATH"),
+        ("[--tmpfs=/sys/fs/cgroup]", "option --tmpfs value '/sys/fs/cgroup' is not PATH"),
+        ("[--tmpfs=/dev]", "option --tmpfs value '/dev' is not PATH"),
+        ('["--label=a=b\\x9bc"]', "option --label value"),
         ("[--label=gpuq=2]", "option --label value 'gpuq=2' is not KEY=VALUE"),
         ("[--read-only=false]", "option '--read-only=false' takes no value"),
         ("[--shm-size]", "option '--shm-size' needs a value"),

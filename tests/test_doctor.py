@@ -42,6 +42,23 @@ def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path, users):
     queue = pwd.getpwnam(QUEUE)  # made by init: a system account, whose the spool is
     assert queue.pw_uid < 1000 and queue.pw_shell.endswith(("nologin", "false"))
     assert [os.stat(root / d).st_uid for d in ("state", "logs", "config.yaml")] == [queue.pw_uid, queue.pw_uid, 0]
+    # A second box: init again makes the queue's account there with the uid state/ has.
+    subprocess.run(["userdel", QUEUE], check=True)
+    second = run("init", str(root), "--group", TEAM, "--queue-user", QUEUE)
+    assert second.returncode == 0 and f"made the queue's account {QUEUE} (uid {queue.pw_uid}," in second.stdout
+    assert pwd.getpwnam(QUEUE).pw_uid == queue.pw_uid == os.stat(root / "state").st_uid
+    other = next(
+        u
+        for u in range(queue.pw_uid - 1, 100, -1)
+        if subprocess.run(["getent", "passwd", str(u)], capture_output=True).returncode
+    )
+    subprocess.run(["usermod", "-u", str(other), QUEUE], check=True)  # a box where it was made by hand, otherwise
+    try:
+        mismatch = run("init", str(root), "--group", TEAM, "--queue-user", QUEUE)
+        assert mismatch.returncode == 2 and f"Fix: `usermod -u {queue.pw_uid} {QUEUE}`" in mismatch.stderr
+        assert os.stat(root / "state").st_uid == queue.pw_uid  # nothing handed to the wrong uid
+    finally:
+        subprocess.run(["usermod", "-u", str(queue.pw_uid), QUEUE], check=True)
     person = run("init", str(tmp_path / "other"), "--group", TEAM, "--queue-user", ALICE)
     assert person.returncode == 2 and "a person's account" in person.stderr, person.stderr
     assert not (tmp_path / "other").exists()

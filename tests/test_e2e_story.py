@@ -187,7 +187,7 @@ def test_cron_start_daemonizes_and_logs_to_its_file(queue):
     try:
         queue.drop("hello.yaml", "command: echo hi\ngpus: 0\n")
         wait_until(lambda: queue.finished("hello"), what="daemon to run a job")
-        assert "worker z started" in (queue.root / "logs" / "worker-z.log").read_text()
+        assert "worker z started" in (queue.root / "logs" / "workers" / "z.log").read_text()
         again = subprocess.run(
             [PY, "worker.py", "--root", str(queue.root), "--host", "z", "--fake-gpus", "1x10GiB"],
             cwd=REPO,
@@ -235,7 +235,7 @@ def test_a_box_without_gpus_runs_cpu_jobs_and_says_why_gpu_jobs_wait(queue):
     assert view["hosts"][0]["probe_error"].startswith("NVML not available")
     assert [p["reason"] for p in view["pending"]] == ["no GPUs offered"]
     queue.stop_worker("nogpu")
-    assert "worker nogpu stopped" in (queue.root / "logs" / "worker-nogpu.log").read_text()
+    assert "worker nogpu stopped" in (queue.root / "logs" / "workers" / "nogpu.log").read_text()
 
 
 def test_cancel_of_a_pending_fifo_does_not_hang(queue):

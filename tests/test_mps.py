@@ -236,7 +236,7 @@ def test_without_the_control_program_jobs_are_time_sliced_and_doctor_says_why(qu
     queue.drop("a.yaml", f"command: '{SHOW_ENV}{fake_job(0.2)}'\ngpu_mem: 4GiB\n")
     wait_until(lambda: queue.finished("a"), timeout=60, what="a finished")
     assert queue.finished("a")["state"] == "done" and "PIPE= THREADS=" in queue.log("a")
-    assert "MPS on GPU 0 unusable" in (queue.root / "logs" / "worker-box.log").read_text()
+    assert "MPS on GPU 0 unusable" in (queue.root / "logs" / "workers" / "box.log").read_text()
     doctor = queue.gpuq("doctor", check=False).stdout
     assert "box: MPS unusable" in doctor and "nvidia-cuda-mps-control is not on the worker's PATH" in doctor, doctor
 
@@ -417,3 +417,24 @@ def test_one_pass_stops_one_daemon_at_most_a_stopping_worker_all(tmp_path, stand
     wait_until(lambda: len(daemons.running()) == 2, what="one daemon stopped")
     daemons.settle(set(), 0.0, linger_s=0.0, most=None)
     wait_until(lambda: daemons.running() == {}, what="the rest stopped")
+
+
+def test_a_specs_own_mps_variables_never_reach_a_job(tmp_path):
+    """Security review (Low): a non-MPS job whose spec names CUDA_MPS_PIPE_DIRECTORY would
+    join another member's MPS daemon on its GPU. Only gpuq makes a job an MPS client."""
+    from gpuq.model.record import Record
+    from gpuq.model.states import State
+    from gpuq.run.joblocal import Runtime
+    from gpuq.run.launch import job_variables
+    from gpuq.spool.layout import Layout
+
+    text = "command: x\ngpus: 1\nenv: {CUDA_MPS_PIPE_DIRECTORY: /tmp/other/pipe, CUDA_MPS_LOG_DIRECTORY: /x, KEEP: 1}\n"
+    spec = validate_spec(
+        {"command": "x", "gpus": 1, "env": {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/other/pipe", "KEEP": "1"}}, "j.yaml"
+    )
+    record = Record(id="j", state=State.RUNNING, spec={}, spec_text=text, user="x", uid=4242, host="a", gpus=[0])
+    rt = Runtime(Layout(tmp_path), "a", "boot", tmp_path / "local", 1.0, 10.0, {}, "docker")
+    env = job_variables(rt, record, spec)
+    assert env["KEEP"] == "1" and not [k for k in env if k.startswith("CUDA_MPS_")], env
+    mps = replace(record, mps_pipe="/run/gpuq/a-mps/0/pipe", gpu_uuids=["GPU-1"], gpu_mem_mib=4096)
+    assert job_variables(rt, mps, spec)["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpuq/a-mps/0/pipe"

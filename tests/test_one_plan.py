@@ -150,7 +150,7 @@ def test_a_garbage_heartbeat_is_skipped_by_every_worker_and_by_status(queue):
     queue.drop("g1.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 2GiB\n")
     assert wait_until(lambda: queue.finished("g1"), timeout=30, what="g1 despite the garbage")["state"] == "done"
     assert [h["host"] for h in queue.status()["hosts"]] == ["a"]
-    log = (queue.root / "logs" / "worker-a.log").read_text()
+    log = (queue.root / "logs" / "workers" / "a.log").read_text()
     assert "state/workers/ghost2.json left out of the plan: 'gpus' is not a list of GPU snapshots" in log
 
 

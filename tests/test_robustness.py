@@ -35,7 +35,7 @@ def test_a_full_disk_does_not_fence_healthy_jobs_nor_let_another_host_take_them(
     assert queue.log("long").splitlines().count("once") == 1
     assert worker.poll() is None
     assert not [e for e in queue.events() if e.get("to") == "pending"]  # b took nothing over
-    log = (queue.root / "logs" / "worker-a.log").read_text()
+    log = (queue.root / "logs" / "workers" / "a.log").read_text()
     assert "cannot write this host's heartbeat (No space left on device)" in log
 
 

@@ -85,6 +85,18 @@ def test_names_and_values_that_look_like_secrets():
     assert looks_secret("DATABASE_URL", "postgres://u:pw@h/db") and looks_secret("https_proxy", "http://a:b@proxy:3128")
     assert looks_secret("CONN", "Server=db;Database=x;Password=hunter2")
     assert not looks_secret("DATABASE_URL", "postgres://h/db") and not looks_secret("UPSTREAM", "https://u@h/x")
+    # What an attack review still found stored under neutral names: each format, by its value.
+    for value in (
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        "npm_" + "a1B2c3D4e5" * 4,
+        "AIza" + "Sy" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",
+        "dop_v1_" + "0123456789abcdef" * 4,
+        "Bearer abcdefghijklmnop.qrstuvwxyz012345",
+        "sk_live_" + "51HxYzAbCdEfGhIjKlMn",
+    ):
+        assert looks_secret("SETTING", value), value
+    for plain in ("Bearer of news", "eyJ-not-a-token", "npm_config", "sk_live_x"):
+        assert not looks_secret("SETTING", plain), plain
 
 
 def test_submit_leaves_secrets_out_unless_named(monkeypatch):

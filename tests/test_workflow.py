@@ -28,6 +28,15 @@ def test_gate_waits_dooms_and_lets_go():
     assert gate(spec(after_any=["c"]), {"c": "timeout"}) == (None, None)
 
 
+def test_a_dependency_another_member_queued_later_is_named_alone():
+    """An attack review: the reason listed every later job of every other member (200 KB
+    after 5,000 of bob's), not the dependency another member's file had taken."""
+    origins = {"alprep": ("bob", 20.0), **{f"bp{i}": ("bob", 30.0 + i) for i in range(1000)}}
+    waits, doom = gate(spec(after=["alprep"]), {"alprep": "done"}, origins, "alice", 10.0)
+    assert waits == "waiting for alprep (alprep: no such job yet) (alprep is bob's, queued after this one)"
+    assert doom is None
+
+
 def submit(queue, *args: str) -> str:
     return queue.gpuq("submit", "--gpus", "0", *args).stdout.strip().splitlines()[-1]
 

@@ -110,7 +110,7 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
                     "warn",
                     "hosts",
                     f"{host}: worker silent for {now - hb.get('t', 0):.0f} s ({what})",
-                    f"on {host}: check its crontab and logs/worker-{host}.log"
+                    f"on {host}: check its crontab and logs/workers/{host}.log"
                     if owner
                     else ASK_THE_OWNER.replace("HOST", host),
                 )

@@ -58,8 +58,11 @@ def init_root(directory: Path, group: str | None, queue_user: str = DEFAULT_QUEU
             f"{root} is already a gpuq root (it has jobs/ and config.yaml); start workers with: {cron_line(root)}"
         )
     done: list[str] = []
-    # The account first: a refused one (a person's) leaves nothing behind.
-    queue = queue_account(queue_user, group or "", gid, done) if gid is not None and os.geteuid() == 0 else None
+    # The account first: a refused one (a person's) leaves nothing behind. A root init made on
+    # another box already has the account's uid on state/: every box's account must have it.
+    state_uid = _owner(layout.state) if exists else None
+    uid = state_uid if state_uid not in (None, 0) else None
+    queue = queue_account(queue_user, group or "", gid, done, uid) if gid is not None and os.geteuid() == 0 else None
     root.mkdir(parents=True, exist_ok=True)
     layout.ensure()
     if not os.path.lexists(layout.config_file):
@@ -88,6 +91,14 @@ def init_root(directory: Path, group: str | None, queue_user: str = DEFAULT_QUEU
     return done
 
 
+def _owner(path: Path) -> int | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_uid if stat.S_ISDIR(st.st_mode) else None
+
+
 def _group_id(group: str) -> int:
     try:
         return grp.getgrnam(group).gr_gid
@@ -98,9 +109,11 @@ def _group_id(group: str) -> int:
         ) from None
 
 
-def queue_account(name: str, group: str, gid: int, done: list[str]) -> pwd.struct_passwd:
+def queue_account(name: str, group: str, gid: int, done: list[str], uid: int | None = None) -> pwd.struct_passwd:
     """The queue's account (as root): a system account in the team's group that logs in
-    nowhere, made with useradd when missing. The workers run as it; jobs never do."""
+    nowhere, made with useradd when missing (with `uid`, the one the shared root's state/ has,
+    when init made it on another box: the account is the same on every box). The workers run
+    as it; jobs never do."""
     try:
         pw = pwd.getpwnam(name)
     except KeyError:
@@ -119,6 +132,7 @@ def queue_account(name: str, group: str, gid: int, done: list[str]) -> pwd.struc
                 shell,
                 "--gid",
                 group,
+                *(["--uid", str(uid)] if uid is not None else []),
                 name,
             ],
             capture_output=True,
@@ -127,7 +141,14 @@ def queue_account(name: str, group: str, gid: int, done: list[str]) -> pwd.struc
         if made.returncode != 0:
             raise InitError(f"useradd {name} failed: {made.stderr.strip()}") from None
         pw = pwd.getpwnam(name)
-        done.append(f"made the queue's account {name} (a system account in group {group}; it logs in nowhere)")
+        done.append(
+            f"made the queue's account {name} (uid {pw.pw_uid}, a system account in group {group}; it logs in nowhere)"
+        )
+    if uid is not None and pw.pw_uid != uid:
+        raise InitError(
+            f"the queue's account {name} has uid {pw.pw_uid} here, but the root's state/ is uid {uid}'s (the account "
+            f"init made on the first box): it must be the same on every box. Fix: `usermod -u {uid} {name}`"
+        )
     if pw.pw_uid == 0:
         raise InitError(f"--queue-user {name} is root: the queue's account must be an account of its own")
     if regular_uid(pw.pw_uid):

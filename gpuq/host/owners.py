@@ -16,18 +16,15 @@ import stat
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpuq.host import wire
 from gpuq.host.privsep import regular_uid
 from gpuq.model.errors import SpecError
 
 
 @dataclass(frozen=True)
-class Identity:
-    """Whom a job runs as."""
+class Identity(wire.Identity):
+    """Whom a job runs as: what the root part checks (host/wire.py), and the home a job starts in."""
 
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-    name: str
     home: str
 
     @classmethod

@@ -192,6 +192,14 @@ def orders() -> Orders | None:
     return _orders[0]
 
 
+def root_started() -> bool:
+    """Whether this process works for root: it is root, or its orders go to a root part that
+    is (a team's worker, its spawner and supervisors, root's gpuq acting as the queue's
+    account). Such a box keeps its worker's local directory where only root makes one
+    (single_instance.default_local_dir), whoever asks."""
+    return os.geteuid() == 0 or ((connection := orders()) is not None and connection.starter_uid == 0)
+
+
 def _handed(answer: dict, fds: list[int]) -> dict[str, int]:
     """The descriptors a keeper's answer carries, by the names it gives them ("log", "out")."""
     names = answer.get("fds")

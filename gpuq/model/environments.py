@@ -133,10 +133,10 @@ def mount_source(mount: str) -> str:
 
 
 # --- container options: an allow-list -----------------------------------------------------------
-# A root worker runs docker (and rootful podman) on the owner's behalf, and the runtime acts
-# with root's privileges. So a spec's option may only shape the owner's own container: never
+# docker's daemon acts with root's privileges for whoever may use its socket, and the client
+# runs as the job's owner. So a spec's option may only shape the owner's own container: never
 # add privilege or change its user, reach the host or another container, make the client
-# (root) read or write a host file, or undo what gpuq sets itself (GPUs, user, name and
+# read or write a host file, or undo what gpuq sets itself (GPUs, user, name and
 # removal, limits, env, mounts, workdir). Each option below was judged so (docs/containers.md,
 # "Options", says why); every other option is refused. Only long forms
 # are taken: the runtimes' parser (pflag) reads `-iu0` as `-i -u 0`, and nothing allowed
@@ -146,8 +146,9 @@ def mount_source(mount: str) -> str:
 _SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[kKmMgGtT]?[iI]?[bB]?$")
 _ULIMIT = re.compile(r"^(memlock|stack|nofile|core)=(-1|[0-9]{1,19})(:(-1|[0-9]{1,19}))?$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$")
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}=[^\x00-\x1f]{0,256}$")
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}=[^\x00-\x1f\x7f-\x9f]{0,256}$")  # no C0, DEL or C1
 _TMPFS_FLAGS = ("rw", "ro", "exec", "noexec", "nosuid", "nodev")
+_KERNEL_FILESYSTEMS = ("/proc", "/dev", "/sys")  # a tmpfs over them hides what the runtime set up there
 
 
 def _tmpfs(value: str) -> bool:
@@ -156,6 +157,7 @@ def _tmpfs(value: str) -> bool:
         path.startswith("/")
         and path != "/"
         and os.path.normpath(path) == path
+        and (path == "/dev/shm" or not any(path == k or path.startswith(k + "/") for k in _KERNEL_FILESYSTEMS))
         and not any(c in path for c in ",\x00\n")
         and all(
             f in _TMPFS_FLAGS

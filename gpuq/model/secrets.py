@@ -14,7 +14,8 @@ from typing import Any
 # working directory. Its value: credentials in a URL (postgres://user:password@host, a proxy's
 # user:password@), a webhook URL whose path is its key (Slack, Discord, Mattermost, Teams, ...)
 # or a URL with a token, key or signature in its query, a connection string's Password=, a PEM
-# private key, or a well-known token format.
+# private key, a bearer token, a JSON web token, or a well-known token format (GitHub, GitLab,
+# Hugging Face, OpenAI, Slack, AWS, npm, Google, DigitalOcean, Stripe).
 SECRET_ENDINGS = (
     "TOKEN",
     "TOKENS",
@@ -49,6 +50,9 @@ SECRET_VALUE_RE = re.compile(
     r"|(?i:\b(?:password|passwd|pwd|accountkey|sharedaccesskey|secret)=)"  # Server=..;Password=..
     r"|\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}|\bgithub_pat_\w{20,}|\bglpat-[\w-]{20,}"
     r"|\bhf_[A-Za-z0-9]{30,}|\bsk-[A-Za-z0-9_-]{20,}|\bxox[abposr]-[\w-]{10,}|\bAKIA[0-9A-Z]{16}\b"
+    r"|\beyJ[\w-]{10,}\.eyJ[\w-]{10,}\.[\w-]{10,}"  # a JSON web token
+    r"|\bnpm_[A-Za-z0-9]{30,}|\bAIza[\w-]{30,}|\bdo[opr]_v1_[A-Za-z0-9]{20,}|\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|(?i:\bbearer\s+[\w.~+/=-]{16,})"  # an Authorization header's value
 )
 
 

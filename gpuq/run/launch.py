@@ -112,8 +112,9 @@ def job_identity(rt: Runtime, record: Record, as_owners: bool) -> Identity | Non
 
 def job_variables(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
     """What gpuq gives the job, on the host or inside a container: the spec's env, then
-    gpuq's own variables (docs/containers.md, "The job's environment")."""
-    env = dict(spec.env)
+    gpuq's own variables (docs/containers.md, "The job's environment"). A spec's CUDA_MPS_*
+    never reach it: only gpuq makes a job a client of its GPU's MPS daemon, within its share."""
+    env = {k: v for k, v in spec.env.items() if not k.startswith("CUDA_MPS_")}
     env.update(rt.extra_env)
     env.update(
         {

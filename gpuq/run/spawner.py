@@ -116,8 +116,10 @@ class Spawner:
             try:
                 # Its own session: a Ctrl-C meant for a foreground worker must not reach it.
                 # Isolated (-I) in `/`: nothing on its sys.path but the stdlib and gpuq's code.
+                # The queue's root as its one argument, unread: `ps` shows which queue a
+                # spawner (and each supervisor forked from it) serves.
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-I", "-c", boot, json.dumps(self.rt.to_json())],
+                    [sys.executable, "-I", "-c", boot, str(self.rt.layout.root)],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=stderr,
@@ -129,6 +131,10 @@ class Spawner:
                 if stderr is not None:
                     os.close(stderr)
             os.set_blocking(self.proc.stdout.fileno(), False)  # type: ignore[union-attr]
+            # The runtime settings, as its first line: an argument would show them (the admin's
+            # container_env among them) to every local user in `ps`.
+            self.proc.stdin.write((json.dumps(self.rt.to_json()) + "\n").encode())  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
         return self.proc
 
     def _open_log(self) -> int | None:
@@ -163,26 +169,32 @@ class _Supervisor:
 def serve() -> None:
     """The spawner process: launch each job read from stdin, answer on stdout."""
     install_if_asked()  # the tests' proof of the privilege boundary: it records nothing unless root
-    rt = Runtime.from_json(json.loads(sys.argv[1]))
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    partial = b""
+    while b"\n" not in partial:  # the first line: the runtime settings (Spawner._ensure)
+        chunk = os.read(stdin, 65536)
+        if not chunk:
+            return
+        partial += chunk
+    first, partial = partial.split(b"\n", 1)
+    rt = Runtime.from_json(json.loads(first))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     prepare()
     # No collector passes here or in the supervisors: a pass touches every object, and each
     # page it touches is copied in whichever process touched it (copy-on-write after fork).
     gc.disable()
     gc.freeze()
-    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     supervisors: dict[int, _Supervisor] = {}  # by the spawner's socket descriptor
-    partial = b""
     while True:
-        ready, _, _ = select.select([stdin, *supervisors], [], [], REAP_EVERY_S)
+        ready, _, _ = select.select([stdin, *supervisors], [], [], 0 if b"\n" in partial else REAP_EVERY_S)
         reap_children()
         _note_free(supervisors, [fd for fd in ready if fd != stdin])
-        if stdin not in ready:
-            continue
-        chunk = os.read(stdin, 65536)
-        if not chunk:
-            return  # the worker is gone; free supervisors see our sockets close and exit
-        *lines, partial = (partial + chunk).split(b"\n")
+        if stdin in ready:
+            chunk = os.read(stdin, 65536)
+            if not chunk:
+                return  # the worker is gone; free supervisors see our sockets close and exit
+            partial += chunk
+        *lines, partial = partial.split(b"\n")  # (the first read may have brought some already)
         for line in lines:
             raw_id, _, message = line.partition(b" ")
             job_id = raw_id.decode("ascii", "replace")  # checked in _launch

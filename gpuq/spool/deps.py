@@ -41,8 +41,9 @@ def gate(
     dependency of another owner than `user` that came into the queue after `queued_at` is not
     the job depended on: as good as unknown."""
     if origins and user is not None and queued_at is not None:
-        foreign = {d for d, (owner, at) in origins.items() if owner != user and at > queued_at}
-        if foreign & {*spec.after, *spec.after_any}:
+        mine = {*spec.after, *spec.after_any}  # only this job's: never a list of everyone's later jobs
+        foreign = {d for d in mine if d in origins and origins[d][0] != user and origins[d][1] > queued_at}
+        if foreign:
             states = {d: (UNKNOWN if d in foreign else s) for d, s in states.items()}
             waits, doom = gate(spec, states)
             named = ", ".join(f"{d} is {origins[d][0]}'s, queued after this one" for d in sorted(foreign))

@@ -257,6 +257,11 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
             or claims_of(layout, job_id)
         ):
             _check_recorded_owner(layout, job_id, actor)  # another's running job is refused as another's
+            if record is None and os.path.lexists(layout.rejected / f"{job_id}.error"):
+                raise HoldError(  # refused for a reason only a new file mends (others could write it)
+                    f"{job_id}: its refused spec cannot be put back (`gpuq status` says why); "
+                    "write a fresh copy yourself into jobs/"
+                )
             raise HoldError(f"{job_id}: no finished job by that id (retry puts an ended job back)")
     elif record.state is State.REJECTED or not record.spec_text:
         raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from gpuq.host.rootorders import root_started
 from gpuq.single_instance import default_local_dir
 
 ROOT_ENV = "GPUQ_ROOT"
@@ -61,6 +62,12 @@ class Layout:
     @cached_property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @cached_property
+    def worker_logs(self) -> Path:
+        """The workers' own logs: a directory of the queue account's, so that no job's log
+        (logs/ID.log, in logs/ itself) can take a worker's name."""
+        return self.logs / "workers"
 
     @cached_property
     def state(self) -> Path:
@@ -157,6 +164,7 @@ class Layout:
             self.jobs,
             self.requests,
             self.logs,
+            self.worker_logs,
             self.state,
             self.claims,
             self.running,
@@ -185,7 +193,7 @@ class Layout:
         return self.logs / f"{job_id}.log"
 
     def worker_log(self, host: str) -> Path:
-        return self.logs / f"worker-{host}.log"
+        return self.worker_logs / f"{host}.log"
 
     def record(self, directory: Path, job_id: str) -> Path:
         return directory / f"{job_id}.json"
@@ -203,7 +211,7 @@ class Layout:
         return self.events / f"{host}.jsonl"
 
     def default_local_dir(self, host: str) -> Path:
-        return Path(default_local_dir(str(self.root), host))
+        return Path(default_local_dir(str(self.root), host, root_started()))
 
     def local_dir(self, host: str, setting: str | None) -> Path:
         """The host's local lock directory: config `local_dir` with `{host}` replaced, else the default."""

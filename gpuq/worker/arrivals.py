@@ -212,6 +212,13 @@ class Arrivals:
             self._unmovable(path, message)
             return None
 
+    def _others_may_have_written(self, path: Path) -> bool:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and others_may_write(st.st_mode, os.stat(self.layout.jobs).st_mode)
+
     def _unmovable(self, path: Path, message: str) -> None:
         if path.name not in self.unmovable:
             self.unmovable.add(path.name)
@@ -230,12 +237,18 @@ class Arrivals:
         dest = self.layout.rejected / f"{stem}{suffix}"
         # The .error is named by the stem alone: x.yml refused beside x.yaml must not take its.
         # And rejected/<id>.yaml is the id's own refused spec, which `gpuq retry <id>` puts
-        # back: a file refused for an id that is another job's never takes that name.
-        if not retry_mends or any(
-            os.path.lexists(self.layout.rejected / f"{stem}{s}") for s in (".yaml", ".yml", ".error")
+        # back: a file refused for an id that is another job's never takes that name, nor one
+        # others could write (a handle opened then outlives any chmod: its text may be theirs).
+        unsafe = self._others_may_have_written(path)
+        if (
+            not retry_mends
+            or unsafe
+            or any(os.path.lexists(self.layout.rejected / f"{stem}{s}") for s in (".yaml", ".yml", ".error"))
         ):
             dest = self.layout.rejected / f"{stem}.{int(wall_time())}.{os.urandom(3).hex()}{suffix}"
         error = dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error"
+        if unsafe and retry_mends and not os.path.lexists(self.layout.rejected / f"{stem}.error"):
+            error = self.layout.rejected / f"{stem}.error"  # its owner's: status shows it, retry finds no spec
         try:
             os.rename(path, dest)
         except FileNotFoundError:
