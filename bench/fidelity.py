@@ -47,7 +47,7 @@ def scaled_cut(trace: Path, jobs: int, load: float) -> list[TraceJob]:
         d * j.spec.gpus * (1.0 if j.spec.gpu_mem_mib is None else min(1.0, j.spec.gpu_mem_mib / cluster.mem_mib))
         for j, d in zip(cut, durations)
     )
-    span = work / (load * cluster.hosts * cluster.gpus_per_host)
+    span = work / (load * cluster.gpus)
     first, last = cut[0].submit_s, cut[-1].submit_s
     stretch = span / max(1.0, last - first)
     return [

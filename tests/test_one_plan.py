@@ -170,14 +170,15 @@ def _small(n: int) -> str:
     """Small one-GPU jobs, one every 0.5 s, faster than four GPUs run them (3-3.8 s each).
     Their lengths differ so that two started together seldom end together: a box wholly free
     at one pass would let the wide job in without any reservation."""
-    return f"command: sleep {3 + (n % 3) * 0.4:.1f}\ngpus: 1\ngpu_mem: 50GiB\n"
+    return f"command: sleep {3 + (n % 3) * 0.4:.1f}\ngpus: 1\ngpu_mem: 50GiB\ntime_limit: 20s\n"
 
 
 @pytest.mark.parametrize("reservations", [True, False])
 def test_a_wide_job_is_not_starved_across_boxes_by_small_jobs_and_low_ones(queue, reservations):
     """Two boxes of two GPUs; low jobs soak up idle GPUs, small jobs keep arriving faster
-    than four GPUs end them, and a job wants a whole box. With reservations (held on one box,
-    team-wide) it runs while the stream goes on, the low jobs in its way yield, and each low
+    than four GPUs end them (each with a time limit), and a job wants a whole box. With
+    reservations (on one box, team-wide, from when the small jobs' limits run out) it runs
+    while the stream goes on, the low jobs in its way yield, and each low
     job finishes once the stream stops; without, it starves (the control that shows the
     test can fail)."""
     queue.write_config(reserve_after_s=4, reservations=reservations, idle_after_s=0.2)

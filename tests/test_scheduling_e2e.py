@@ -101,13 +101,16 @@ def test_the_end_of_the_idle_window_preempts_and_holds_opportunistic_work(queue)
 
 @pytest.mark.parametrize("reservations", [True, False])
 def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(queue, reservations):
-    """Two GPUs; small jobs (one GPU each) keep arriving faster than they end; the big job
-    needs both GPUs. With reservations it starts while the stream goes on; without, it
-    starves (the control that shows this test can fail)."""
+    """Two GPUs; small jobs (one GPU each, with a time limit) keep arriving faster than they
+    end; the big job needs both GPUs. With reservations it gets both from when the small
+    jobs' limits run out, and no small job whose own limit runs past that takes them: it
+    starts while the stream goes on; without, it starves (the control that shows this test
+    can fail)."""
     queue.write_config(reserve_after_s=4, reservations=reservations)
     queue.start_worker("a", "2x80GiB")
+    small = _spec("sleep 2", "50GiB", extra="time_limit: 10s\n")
     big_done_during_stream = ends_during_stream(
-        queue, lambda n: _spec("sleep 2", "50GiB"), 0.7, "big", "command: echo big\ngpus: 2\n", within_s=20
+        queue, lambda n: small, 0.7, "big", "command: echo big\ngpus: 2\n", within_s=20
     )
     assert big_done_during_stream is reservations
     if reservations:

@@ -18,6 +18,7 @@ from gpuq.sim.simreport import SIM_CONFIG, figures, run_policy
 from gpuq.sim.trace import TraceError, is_marked_low, load_trace, mark_low, parse_cluster
 
 HEADER = "job_id,submit_s,duration_s,gpus,gpu_mem_gib,gpu_util,user,priority\n"
+LIMITS_HEADER = "job_id,submit_s,duration_s,gpus,gpu_mem_gib,gpu_util,user,priority,time_limit_s\n"
 
 
 def trace(tmp_path: Path, *rows: str, header: str = HEADER) -> Path:
@@ -26,9 +27,9 @@ def trace(tmp_path: Path, *rows: str, header: str = HEADER) -> Path:
     return path
 
 
-def replay(tmp_path: Path, cluster: str, policy: str, *rows: str) -> dict:
+def replay(tmp_path: Path, cluster: str, policy: str, *rows: str, header: str = HEADER) -> dict:
     c = parse_cluster(cluster)
-    jobs = load_trace(trace(tmp_path, *rows), c)
+    jobs = load_trace(trace(tmp_path, *rows, header=header), c)
     out = run_policy(policy, jobs, c, SIM_CONFIG)
     return {"waits": out.waits, "ends": out.ends, **figures(out, jobs)}
 
@@ -59,14 +60,56 @@ def test_bad_traces_and_clusters_name_the_place_and_the_fix(tmp_path):
         parse_cluster("2x8")
 
 
+def test_time_limits_come_from_the_trace_or_are_rounded_up_to_what_people_type(tmp_path):
+    jobs = load_trace(
+        trace(
+            tmp_path,
+            "a,0,59,1,,,u,,",
+            "b,0,3601,1,,,u,,",
+            "c,0,90000,1,,,u,,",
+            "d,0,50,1,,,u,,120",
+            header=LIMITS_HEADER,
+        ),
+        parse_cluster("1x1x32GiB"),
+    )
+    limits = {j.id: (j.time_limit_s, j.spec.time_limit_s) for j in jobs}
+    assert limits == {"a": (3600, 3600), "b": (7200, 7200), "c": (2 * 86400, 2 * 86400), "d": (120, 120)}
+    with pytest.raises(TraceError, match="column 'time_limit_s'"):
+        load_trace(trace(tmp_path, "a,0,59,1,,,u,,soon", header=LIMITS_HEADER), parse_cluster("1x1x1GiB"))
+
+
+def test_a_mixed_cluster_names_its_boxes_in_order_and_caps_to_the_widest(tmp_path):
+    cluster = parse_cluster("1x8x80GiB+2x4x24GiB")
+    assert cluster.hosts == 3 and cluster.gpus == 16 and cluster.gpus_per_host == 8
+    assert cluster.host_shapes() == [(8, 80 * 1024), (4, 24 * 1024), (4, 24 * 1024)]
+    jobs = load_trace(trace(tmp_path, "half,0,10,0.5,,,u,", "wide,0,10,16,,,u,"), cluster)
+    by_id = {j.id: j for j in jobs}
+    assert by_id["half"].spec.gpu_mem_mib == 12 * 1024  # half of the smallest GPU: it fits on any
+    assert by_id["wide"].capped and by_id["wide"].spec.gpus == 8
+    out = replay(tmp_path, "1x8x80GiB+2x4x24GiB", "gpuq", "wide,0,10,8,,,u,", "four,0,10,4,,,u,", "four2,0,10,4,,,u,")
+    assert out["waits"] == {"wide": 0, "four": 0, "four2": 0}  # 16 GPUs: all three at once
+    with pytest.raises(TraceError, match="1x8x80GiB\\+2x4x24GiB"):
+        parse_cluster("1x8x80GiB+two")
+
+
 def test_fifo_exclusive_blocks_behind_its_head_and_gpuq_packs_around_it(tmp_path):
     rows = ("long,0,100,1,,,u,", "pair,1,10,2,,,u,", "quarter,2,10,0.25,,,u,")
     fifo = replay(tmp_path, "1x2x32GiB", "fifo-exclusive", *rows)
     assert fifo["waits"] == {"long": 0, "pair": 99, "quarter": 108}  # behind pair, then a whole GPU
     packed = replay(tmp_path, "1x2x32GiB", "pack-bestfit", *rows)
     assert packed["waits"] == {"long": 0, "pair": 99, "quarter": 0}
+    # Limits rounded up to an hour: pair is reserved both GPUs from long's limit (1 h), and
+    # quarter's own hour would run past that, so it waits behind pair, as under EASY backfill.
     gpuq = replay(tmp_path, "1x2x32GiB", "gpuq", *rows)
-    assert gpuq["waits"]["quarter"] == 0 and gpuq["jobs"] == 3
+    assert gpuq["waits"] == {"long": 0, "pair": 99, "quarter": 108} and gpuq["jobs"] == 3
+    easy = replay(tmp_path, "1x2x32GiB", "slurm-easy", *rows)
+    assert easy["waits"] == {"long": 0, "pair": 99, "quarter": 108}
+    # Declared limits as long as the jobs: quarter ends before pair is due, and packs around it.
+    declared = ("long,0,100,1,,,u,,100", "pair,1,10,2,,,u,,10", "quarter,2,10,0.25,,,u,,10")
+    gpuq = replay(tmp_path, "1x2x32GiB", "gpuq", *declared, header=LIMITS_HEADER)
+    assert gpuq["waits"] == {"long": 0, "pair": 99, "quarter": 0}
+    easy = replay(tmp_path, "1x2x32GiB", "slurm-easy", *declared, header=LIMITS_HEADER)
+    assert easy["waits"] == {"long": 0, "pair": 99, "quarter": 0}  # on the other GPU, whole
 
 
 def test_co_located_jobs_slow_each_other_by_their_utilization(tmp_path):
@@ -119,8 +162,10 @@ def test_the_pass_timing_with_a_short_poll_and_in_float_time():
 def test_every_box_reads_what_it_has_not_read_and_claims_wake_the_others(tmp_path):
     # a's end frees a GPU at 10.0 for c, dropped at 9.95. Whichever box has not read c by then
     # reads it at its next look (it waited for some later event: 45 s, in a review's replay).
-    stale = ("a,0,10,1,,,u,", "a2,0,50,1,,,u,", "b,0,100,2,,,u,", "d,9.9,5,2,,,u,", "c,9.95,5,1,,,u,")
-    assert replay(tmp_path, "2x2x32GiB", "gpuq", *stale)["waits"]["c"] <= JOBS_WATCH_GAP_S + WATCH_EVERY_S
+    # (Each declares its own duration as its limit: c ends before d, reserved from 50, is due.)
+    stale = ("a,0,10,1,,,u,,10", "a2,0,50,1,,,u,,50", "b,0,100,2,,,u,,100", "d,9.9,5,2,,,u,,5", "c,9.95,5,1,,,u,,5")
+    waits = replay(tmp_path, "2x2x32GiB", "gpuq", *stale, header=LIMITS_HEADER)["waits"]
+    assert waits["c"] <= JOBS_WATCH_GAP_S + WATCH_EVERY_S
     # h0's claim of a at 0 wakes h1's watch half a second later: h1 then polls at 1.5, 2.5 ...
     # and looks at jobs/ from 1.0 on, so b, dropped at 1.3, is read at once (h0 would wait to 1.5).
     assert replay(tmp_path, "2x1x32GiB", "gpuq", "a,0,100,1,,,u,", "b,1.3,100,1,,,u,")["waits"]["b"] == pytest.approx(0)
@@ -184,11 +229,17 @@ def test_the_cli_prints_the_table_and_the_documented_json(tmp_path):
         "jobs",
         "capped",
     }
-    assert set(doc["policies"]) == {"gpuq", "pack-bestfit", "fifo-exclusive"}
+    assert set(doc["policies"]) == {"gpuq", "slurm-easy", "pack-bestfit", "fifo-exclusive"}
+    assert "gpuq/slurm-easy" in text
     assert all(keys <= set(p) for p in doc["policies"].values())
     assert doc["policies"]["gpuq"]["capped"] == 1 and doc["policies"]["gpuq"]["jobs"] == 3
     bad = subprocess.run(cmd[:4] + ["--cluster", "lots"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--cluster 'lots': write HOSTSxGPUSxMEMORY" in bad.stderr
+    # Mixed boxes ('+' or ','), and only the first N jobs.
+    mixed = cmd[:4] + ["--cluster", "1x8x80GiB,2x4x24GiB", "--jobs", "2", "--json"]
+    doc = json.loads(subprocess.run(mixed, capture_output=True, text=True, check=True).stdout)
+    assert doc["cluster"] == "1x8x80GiB+2x4x24GiB" and doc["jobs"] == 2
+    assert doc["policies"]["gpuq"]["capped"] == 0  # c's 8 GPUs fit the big box; --jobs 2 leaves it out anyway
 
 
 @pytest.mark.slow

@@ -107,3 +107,41 @@ def test_a_private_roots_log_keeps_the_owners_group(users):
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (alice.pw_uid, alice.pw_gid, 0o640)
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=True)
+
+
+# --- fair share from usage (issue: a plan that knows time) ----------------------------------------
+
+
+def test_fair_share_ranks_by_what_each_member_ran_not_only_what_they_hold_now(team):
+    """alice ran 20 GPU-hours yesterday (an event log of a box since retired says so); bob
+    holds the one GPU now. When it frees, bob's next job goes before alice's, though hers came
+    first: usage decayed over a week outweighs one GPU held now (before, only what each held
+    now counted, and alice's went first). `status --shares` shows why."""
+    import pwd as _pwd
+
+    from team import QUEUE
+
+    day = 86400.0
+    now = __import__("time").time()
+    history = team.root / "state" / "events" / "retired-box.jsonl"
+    event = {"t": now - day, "by": "retired-box", "job": "old-run", "from": "running", "to": "done", "user": ALICE}
+    event.update({"host": "retired-box", "gpus": [0, 1], "started_at": now - 11 * 3600 - day, "ended_at": now - day})
+    history.write_text(json.dumps(event) + "\n")
+    os.chown(history, _pwd.getpwnam(QUEUE).pw_uid, team_gid())
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(BOB, "blocker.yaml", "command: sleep 6\ngpus: 1\n")
+    wait_until(lambda: (team.record("blocker") or {}).get("state") == "running", what="bob's blocker to run")
+    team.drop_as(ALICE, "a-next.yaml", "command: 'true'\ngpus: 1\n")
+    wait_until(lambda: any(p["id"] == "a-next" for p in team.status()["pending"]), what="alice's job to be queued")
+    team.drop_as(BOB, "b-next.yaml", "command: sleep 1\ngpus: 1\n")
+    wait_until(lambda: len(team.status()["pending"]) == 2, what="both jobs to be queued")
+    shares = team.as_user(ALICE, "status", "--shares")
+    assert shares.returncode == 0, shares.stderr
+    assert "FAIR SHARE" in shares.stdout, shares.stdout
+    order = [line.split()[1] for line in shares.stdout.splitlines() if line.strip()[:2] in ("1 ", "2 ")]
+    assert order == ["b-next", "a-next"], shares.stdout
+    rows = {r["user"]: r for r in team.status()["fair_share"]}
+    assert rows[BOB]["factor"] > rows[ALICE]["factor"] and rows[ALICE]["usage_gpu_h"] > 15, rows
+    a = wait_until(lambda: team.finished("a-next"), timeout=60, what="alice's job to run")
+    b = team.finished("b-next")
+    assert b is not None and b["claimed_at"] < a["claimed_at"], (a, b)

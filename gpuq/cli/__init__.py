@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("status", _lazy("cli.status", "cmd_status"), "hosts, GPUs, running, pending (with reasons), finished")
     sp.add_argument("--json", action="store_true", help="the documented JSON document")
     sp.add_argument("--all", action="store_true", help="list every pending job")
+    sp.add_argument(
+        "--shares",
+        action="store_true",
+        help="each user's usage and fair-share factor, and why each pending job ranks where it does (sprio)",
+    )
     who = sp.add_mutually_exclusive_group()
     who.add_argument("--me", action="store_true", help="only my jobs")
     who.add_argument("--user", help="only this user's jobs")
@@ -142,15 +147,23 @@ def build_parser() -> argparse.ArgumentParser:
         "replay a job trace (CSV) on a virtual cluster through gpuq's "
         "planner and the baselines; print waits, occupancy, ratios",
     )
-    sp.add_argument("trace", help="CSV: job_id, submit_s, duration_s, gpus, gpu_mem_gib, gpu_util, user[, priority]")
-    sp.add_argument("--cluster", required=True, help="HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB")
+    sp.add_argument(
+        "trace",
+        help="CSV: job_id, submit_s, duration_s, gpus, gpu_mem_gib, gpu_util, user[, priority][, time_limit_s]",
+    )
+    sp.add_argument(
+        "--cluster",
+        required=True,
+        help="HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB; mixed boxes joined by '+', e.g. 1x8x80GiB+2x4x24GiB",
+    )
     sp.add_argument(
         "--policy",
         action="append",
         metavar="NAME",
-        help="gpuq, pack-bestfit or fifo-exclusive (repeatable; default: all three)",
+        help="gpuq, slurm-easy, pack-bestfit or fifo-exclusive (repeatable; default: all four)",
     )
     sp.add_argument("--since", type=float, metavar="S", help="only jobs submitted at or after S seconds")
+    sp.add_argument("--jobs", type=int, metavar="N", help="only the first N jobs (from --since)")
     sp.add_argument(
         "--stretch",
         type=float,

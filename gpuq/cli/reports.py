@@ -53,7 +53,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     try:
         cluster = parse_cluster(args.cluster)
-        jobs = load_trace(Path(args.trace), cluster, args.since, args.stretch)
+        jobs = load_trace(Path(args.trace), cluster, args.since, args.stretch, args.jobs)
     except TraceError as e:
         print(f"gpuq simulate: {e}", file=sys.stderr)
         return 2
@@ -90,10 +90,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             json.dumps({"trace": args.trace, "cluster": str(cluster), "jobs": len(jobs), "policies": results}, indent=1)
         )
     else:
-        print(
-            f"{args.trace}: {len(jobs):,} jobs on {cluster} ({cluster.hosts * cluster.gpus_per_host} GPUs); "
-            f"times in seconds"
-        )
+        print(f"{args.trace}: {len(jobs):,} jobs on {cluster} ({cluster.gpus} GPUs); times in seconds")
         print(table(results))
         print("replayed in " + ", ".join(f"{n} {r['replay_s']:.1f}s" for n, r in results.items()))
     return 0

@@ -10,7 +10,7 @@ import sys
 import time
 
 from gpuq.cli.common import open_layout, read_config
-from gpuq.views.render import PENDING_SHOWN, status_text, top_screen
+from gpuq.views.render import PENDING_SHOWN, shares_text, status_text, top_screen
 from gpuq.views.status import SECTIONS, narrowed, status
 
 
@@ -31,6 +31,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         view = narrowed(view, user, args.state)
     if args.json:
         print(json.dumps(view, separators=(",", ":")))  # 10,000 pending jobs: compact is twice as fast
+    elif args.shares:
+        print(shares_text(view))
     else:
         print(status_text(view, show_all=args.all))
     return 0

@@ -62,10 +62,15 @@ class Config:
     alert_short_jobs: int = 200  # jobs under 10 s ended on one host within 10 minutes
     # Scheduling (sched/plan.py; docs/scheduling.md).
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
-    fair_share: bool = True  # within a priority, users holding fewer GPUs go first
-    age_step_s: float = 1800.0  # each this long of waiting counts as one GPU less in use
-    reserve_after_s: float = 3600.0  # a job blocked this long gets GPUs held back for it
-    reservations: bool = False  # measured to cost more than they pay (bench/simulate_traces.py)
+    # Within a priority, users who used less go first: GPU-seconds decayed by half every
+    # fair_share_half_life_s, a GPU held now counting as age_step_s more (sched/fairshare.py).
+    fair_share: bool = True
+    fair_share_half_life_s: float = 7 * 86400.0
+    age_step_s: float = 1800.0
+    # The head of the queue gets GPUs reserved from when running jobs' time limits free them,
+    # once it has waited reserve_after_s; only jobs that end by then may use them (backfill).
+    reserve_after_s: float = 0.0
+    reservations: bool = True
     spread: bool = True  # while GPUs sit idle, a job takes an empty one (sched/plan.py)
     fragmentation_aware: bool = True  # among equally tight fits, keep emptier hosts whole
     preemption: bool = True  # opportunistic jobs yield to higher-priority work
@@ -169,6 +174,20 @@ def _percent(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 100:
         raise ValueError("must be a whole number from 0 to 100")
     return v
+
+
+def _positive_duration(v: Any) -> float:
+    """A duration ("7d", "12h", seconds); never empty."""
+    seconds = _optional_duration(v)
+    if seconds is None:
+        raise ValueError(f"is not a duration; write it like {DURATION_EXAMPLES}")
+    return seconds
+
+
+def _non_negative_seconds(v: Any) -> float:
+    if v == 0 and not isinstance(v, bool):
+        return 0.0
+    return _seconds(v)
 
 
 def _optional_duration(v: Any) -> float | None:
@@ -321,8 +340,9 @@ KEYS: dict[str, tuple[str, Any]] = {
     "alert_short_jobs": ("alert_short_jobs", _positive(int)),
     "max_gpus_per_user": ("max_gpus_per_user", _optional_positive_int),
     "fair_share": ("fair_share", _bool),
+    "fair_share_half_life": ("fair_share_half_life_s", _positive_duration),
     "age_step_s": ("age_step_s", _seconds),
-    "reserve_after_s": ("reserve_after_s", _seconds),
+    "reserve_after_s": ("reserve_after_s", _non_negative_seconds),
     "reservations": ("reservations", _bool),
     "spread": ("spread", _bool),
     "fragmentation_aware": ("fragmentation_aware", _bool),

@@ -46,6 +46,12 @@ class RunningJob:
     stopping: bool = False  # told to stop: its memory is on its way out
     mps: bool = False  # an MPS client (model/sharing.py): its GPU serves only its user's
     compute_pct: int | None = None  # its spec's gpu_compute; None: it may keep the whole GPU busy
+    limit_s: float | None = None  # how long it may run (its time limit, or an estimate); None: unknown
+
+    @property
+    def ends_by(self) -> float:
+        """When it will have ended at the latest, as far as the plan can tell (inf: unknown)."""
+        return self.started_at + self.limit_s if self.limit_s is not None else float("inf")
 
     @property
     def rank(self) -> int:
@@ -68,6 +74,7 @@ class RunningJob:
             stopping=stopping,
             mps=bool(getattr(record, "mps_pipe", None)),
             compute_pct=spec.get("gpu_compute_pct"),
+            limit_s=record.time_limit_s,
         )
 
 
@@ -97,3 +104,5 @@ class Plan:
     order: list[str]  # pending job ids in queue order (only when explain=True)
     preempts: dict[str, str] = field(default_factory=dict)  # running job id -> why it yields
     held: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # job -> GPUs held
+    # The head of the queue's reservation: job -> (host, GPUs, when running jobs' limits free them).
+    reserved: dict[str, tuple[str, tuple[int, ...], float]] = field(default_factory=dict)

@@ -36,6 +36,8 @@ _TYPES: dict[str, str] = {
     "_size": f"size ({SIZE_EXAMPLES})",
     "_optional_size": f"size ({SIZE_EXAMPLES})",
     "_optional_duration": f"duration ({DURATION_EXAMPLES})",
+    "_positive_duration": f"duration ({DURATION_EXAMPLES})",
+    "_non_negative_seconds": "seconds ≥ 0",
     "_gpu_map": "host → list of GPU indices",
     "_optional_path": "absolute path",
     "_non_negative_int": "whole number ≥ 0",
@@ -98,6 +100,8 @@ def default_text(key: str) -> str:
         return "true" if value else "false"
     if parse.__qualname__ in ("_size", "_optional_size"):
         return format_mib(value)
+    if parse.__qualname__ == "_positive_duration":  # in the largest unit that divides it: 7d, 12h, 90s
+        return next(f"{value // n:g}{u}" for n, u in ((86400, "d"), (3600, "h"), (60, "m"), (1, "s")) if value % n == 0)
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, tuple):

@@ -10,7 +10,7 @@ preempts the same job twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 from gpuq.model.gpu import GpuSnapshot
@@ -60,8 +60,15 @@ class Slot:
     oldest_blocker: float = float("inf")  # when the longest-running of them started
     held_for: str | None = None
     hard_held: bool = False  # held for a job whose opportunistic jobs are yielding: nothing else may use it
+    # Memory reserved for the head of the queue from `reserved_from` (when running jobs' limits
+    # free enough for it): a job that ends by then may use it (backfill), nothing else.
+    reserved_mib: int = 0
+    reserved_from: float = float("inf")
     booked_for: str | None = None  # a booking on now (spool/bookings.py): only its owner's jobs, and opportunistic ones
     booked_until: float = 0.0
+    # Bookings to come: (start, owner), soonest first. A job of anyone else that may still
+    # run at a booking's start does not start here (a booking is a reservation too).
+    booked_later: list[tuple[float, str]] = field(default_factory=list)
     mps_users: set[str] = field(default_factory=set)  # users of the ordinary MPS jobs on it (model/sharing.py)
     opp_mps_users: set[str] = field(default_factory=set)  # ... and of its opportunistic ones
     compute_room: int = 100  # percent of its compute its ordinary jobs leave, by their declared gpu_compute
@@ -149,14 +156,28 @@ def need_mib(spec: "JobSpec", slot: Slot) -> int:
     return slot.whole if spec.exclusive else spec.gpu_mem_mib  # type: ignore[return-value]
 
 
-def fits(spec: "JobSpec", slot: Slot, max_jobs: int) -> bool:
+def backfills(slot: Slot, ends_by: float) -> bool:
+    """Whether a job that ends by `ends_by` may use the memory reserved on the slot: it is
+    gone before the job the reservation is for can start."""
+    return slot.reserved_mib > 0 and ends_by <= slot.reserved_from
+
+
+def room(slot: Slot, ends_by: float = float("inf")) -> int:
+    """Memory an ordinary job that ends by `ends_by` may take on the slot."""
+    return slot.free + slot.reserved_mib if backfills(slot, ends_by) else slot.free
+
+
+def fits(spec: "JobSpec", slot: Slot, max_jobs: int, ends_by: float = float("inf")) -> bool:
     """Room for an ordinary job, opportunistic jobs not counted. A job the GPU is held for
-    has its place among max_jobs too (else small jobs fill every place while it waits)."""
-    if slot.jobs + (slot.held_for is not None) >= max_jobs:
+    has its place among max_jobs too (else small jobs fill every place while it waits),
+    unless this one ends before that job is due to start."""
+    backfill = backfills(slot, ends_by)
+    if slot.jobs + (slot.held_for is not None and not backfill) >= max_jobs:
         return False
+    free = slot.free + slot.reserved_mib if backfill else slot.free
     if spec.exclusive:
-        return slot.jobs == 0 and slot.others_clear and slot.free >= slot.whole
-    return slot.free >= spec.gpu_mem_mib  # type: ignore[operator]
+        return slot.jobs == 0 and slot.others_clear and free >= slot.whole
+    return free >= spec.gpu_mem_mib  # type: ignore[operator]
 
 
 def fits_opportunistic(spec: "JobSpec", slot: Slot, max_jobs: int) -> bool:
@@ -175,57 +196,88 @@ def best_fit(
     opportunistic: bool = False,
     fragmentation_aware: bool = True,
     spread: bool = False,
+    ends_by: float = float("inf"),
 ) -> list[Slot] | None:
-    """Packing: the GPUs that leave the least memory unused (big holes stay for big jobs);
-    among equals, the host with the fewest wholly free GPUs, so whole hosts stay free for jobs
-    that need one; then where the fewest opportunistic jobs must yield.
-    `spread`: only GPUs without ordinary work."""
+    """Packing: for an ordinary job, first the placements that stop no opportunistic job (a
+    free GPU before a preemption); then the GPUs that leave the least memory unused (big holes
+    stay for big jobs); among equals, the host with the fewest wholly free GPUs, so whole hosts
+    stay free for jobs that need one; then where the fewest opportunistic jobs must yield.
+    `spread`: only GPUs without ordinary work. `ends_by`: when an ordinary job will have
+    ended at the latest (it may use memory reserved from then on: `backfills`)."""
     by_host: dict[str, list[Slot]] = {}
     empty_on: dict[str, int] = {}
-    fit = fits_opportunistic if opportunistic else fits
     for s in slots:
         if s.ordinary_empty:
             empty_on[s.host] = empty_on.get(s.host, 0) + 1
-        if fit(spec, s, max_jobs) and (not spread or s.ordinary_empty):
+        fit = fits_opportunistic(spec, s, max_jobs) if opportunistic else fits(spec, s, max_jobs, ends_by)
+        if fit and (not spread or s.ordinary_empty):
             by_host.setdefault(s.host, []).append(s)
-    room = (lambda s: s.opportunistic_room) if opportunistic else (lambda s: s.free)
+    room_of = (lambda s: s.opportunistic_room) if opportunistic else (lambda s: room(s, ends_by))
     # Opportunistic jobs that must yet be told to go, then all of them there: the second makes
     # a job keep, pass after pass, the GPU whose jobs already yield for it.
     yields = (lambda s: (0, 0)) if opportunistic else (lambda s: (len(s.victims), s.opp_jobs))
+    # Whether a GPU has opportunistic work an ordinary job would stop: a placement that
+    # stops none comes first, however tight; preemption only where no other placement exists.
+    stops = (lambda s: False) if opportunistic else (lambda s: s.opp_jobs > 0)
     best: tuple | None = None
     for host, candidates in by_host.items():
         if len(candidates) < spec.gpus:
             continue
-        chosen = sorted(candidates, key=lambda s: (room(s), yields(s), s.index))[: spec.gpus]
-        leftover = sum(room(s) - need_mib(spec, s) for s in chosen)
+        chosen = sorted(candidates, key=lambda s: (stops(s), room_of(s), yields(s), s.index))[: spec.gpus]
+        leftover = sum(room_of(s) - need_mib(spec, s) for s in chosen)
         crowding = empty_on.get(host, 0) if fragmentation_aware else 0
-        # Opportunistic jobs that would yield only break ties: ordinary work is placed as if
-        # they were not there (or a wide job's whole box would be broken to spare one of them).
-        key = (leftover, crowding, tuple(map(sum, zip(*(yields(s) for s in chosen)))), host)
+        key = (
+            sum(map(stops, chosen)),
+            leftover,
+            crowding,
+            tuple(map(sum, zip(*(yields(s) for s in chosen)))),
+            host,
+        )
         if best is None or key < best[0]:
             best = (key, chosen)
     return best[1] if best else None
 
 
 def take(
-    spec: "JobSpec", chosen: Iterable[Slot], job_id: str, hold: str | None = None, mps_user: str | None = None
+    spec: "JobSpec",
+    chosen: Iterable[Slot],
+    job_id: str,
+    hold: str | None = None,
+    mps_user: str | None = None,
+    ends_by: float = float("inf"),
 ) -> None:
-    """Charge a started (hold None), held ("hard": its opportunistic jobs are yielding and
-    nothing else may use the GPU) or reserved ("soft": opportunistic work still may) ordinary
-    job's memory on its slots; `mps_user`: the owner of a job that runs under MPS."""
+    """Charge a started (hold None) or held ("hard": its opportunistic jobs are yielding and
+    nothing else may use the GPU) ordinary job's memory on its slots; `mps_user`: the owner of
+    a job that runs under MPS. A started job that ends by `ends_by` takes reserved memory
+    before free memory where it may (`backfills`), leaving the free memory to others."""
     for s in chosen:
         if mps_user is not None:
             s.mps_users.add(mps_user)
         need = need_mib(spec, s)
-        s.free -= need
+        if hold is None and backfills(s, ends_by):
+            borrowed = min(need, s.reserved_mib)
+            s.reserved_mib -= borrowed
+            s.free -= need - borrowed
+        else:
+            s.free -= need
         s.compute_room -= compute_of(spec.gpu_compute_pct)
-        if hold != "soft":
-            s.free_opportunistic -= need
+        s.free_opportunistic -= need
         if hold is None:
             s.jobs += 1
         else:
             s.held_for = s.held_for or job_id
             s.hard_held = s.hard_held or hold == "hard"
+
+
+def reserve(spec: "JobSpec", chosen: Iterable[Slot], job_id: str, start: float) -> None:
+    """Set memory aside on the slots for the head of the queue, due to start at `start`:
+    ordinary jobs that end by then may still use it (`backfills`), opportunistic ones too."""
+    for s in chosen:
+        need = min(need_mib(spec, s), max(0, s.free))
+        s.free -= need
+        s.reserved_mib += need
+        s.reserved_from = min(s.reserved_from, start)
+        s.held_for = s.held_for or job_id
 
 
 def take_opportunistic(spec: "JobSpec", chosen: Iterable[Slot], mps_user: str | None = None) -> None:
@@ -243,42 +295,65 @@ def serves_mps_user(slot: Slot, user: str, opportunistic: bool = False) -> bool:
     return others <= {user}
 
 
-def reservation(spec: "JobSpec", slots: Sequence[Slot], since: float) -> list[Slot] | None:
-    """GPUs to hold back for a job that smaller ones keep overtaking: only GPUs whose jobs in
-    the way all started after `since` (they overtook it, and have not run long: job lengths
-    are heavy-tailed, so a job that has run long tends to run on, and holding GPUs behind it
-    would idle them for as long). Among those, where it will fit soonest as far as anyone can
-    tell without knowing how long jobs run: on each host, GPUs already free first, then those
-    whose jobs in the way started first; among hosts, the fewest GPUs still to free, then the
-    earliest such job, then the least memory to free. The plan keeps no memory of the last
-    pass's reservation, so these are what keep it where it is: a GPU it holds that comes free
-    stays free (and first), no job joins a GPU it holds, and a job that starts anywhere after
-    it was made is younger than the jobs it waits for. It still moves to GPUs whose jobs in
-    the way are older (each such move is to an older job, so the moves end), and off a GPU
-    once its job has run reserve_after_s. (Preferring the newest, as this did, moved it to
-    whichever GPUs a stream of small jobs had just started on, each move handing the GPUs it
-    held to the stream: a wide job starved, across two boxes or on one box wider than it.)
-    Opportunistic jobs are never in the way."""
-
-    def to_free(s: Slot) -> int:
-        return s.blockers if spec.exclusive else max(0, need_mib(spec, s) - s.free)
-
-    best: tuple | None = None
+def earliest_start(
+    spec: "JobSpec",
+    slots: Sequence[Slot],
+    ending: dict[tuple[str, int], list[tuple[float, int]]],
+    max_jobs: int,
+    fragmentation_aware: bool = True,
+) -> tuple[float, list[Slot]] | None:
+    """When and where a job that fits nowhere now could start at the earliest, if the ordinary
+    jobs on the GPUs end by their limits: `ending` lists, per GPU, (ends by, memory charged)
+    of each (inf: unknown, never counted as ending). On each host, the moments its jobs end,
+    in order, free their memory until the job fits; the earliest host wins, then the best fit.
+    None: nowhere within any known limit (a job without one runs on for all the plan knows)."""
+    best: tuple[float, list[Slot]] | None = None
     by_host: dict[str, list[Slot]] = {}
     for s in slots:
-        # An exclusive job fits only where nothing but gpuq's jobs holds memory: waiting for
-        # them to end never clears other memory (as with busy_by_others).
-        could_ever = s.others_clear if spec.exclusive else spec.gpu_mem_mib <= s.whole  # type: ignore[operator]
-        if s.held_for is None and not s.busy_by_others and could_ever:
-            by_host.setdefault(s.host, []).append(s)
-    for host, candidates in by_host.items():
-        # A GPU whose job in the way was there before `since` may stay taken for weeks.
-        eligible = [s for s in candidates if not to_free(s) or s.oldest_blocker >= since]
-        if len(eligible) < spec.gpus:
+        by_host.setdefault(s.host, []).append(s)
+    for candidates in by_host.values():
+        if len(candidates) < spec.gpus:
             continue
-        chosen = sorted(eligible, key=lambda s: (to_free(s) > 0, s.oldest_blocker, to_free(s), s.index))[: spec.gpus]
-        in_way = [s.oldest_blocker for s in chosen if to_free(s)]
-        key = (len(in_way), min(in_way, default=0.0), sum(to_free(s) for s in chosen), host)
-        if best is None or key < best[0]:
-            best = (key, chosen)
-    return best[1] if best else None
+        events = sorted(
+            (end, n, mib)
+            for n, s in enumerate(candidates)
+            for end, mib in ending.get((s.host, s.index), ())
+            if end != float("inf")
+        )
+        free = [s.free + s.reserved_mib for s in candidates]
+        jobs = [s.jobs for s in candidates]
+        ready = [_could_take(spec, s, free[n], jobs[n], max_jobs) for n, s in enumerate(candidates)]
+        room = sum(ready)  # GPUs that could take it: kept up to date as jobs end
+        k = 0
+        while k < len(events) and (best is None or events[k][0] < best[0]):
+            moment = events[k][0]
+            while k < len(events) and events[k][0] == moment:
+                _, n, mib = events[k]
+                free[n] += mib
+                jobs[n] -= 1
+                k += 1
+                if not ready[n] and _could_take(spec, candidates[n], free[n], jobs[n], max_jobs):
+                    ready[n] = True
+                    room += 1
+            if room < spec.gpus:
+                continue  # cheap: most moments free too little to try a placement
+            later = [  # only the GPUs that could take it: best_fit looks at no other
+                replace(s, free=free[n], reserved_mib=0, jobs=max(0, jobs[n]), held_for=None, victims=[])
+                for n, s in enumerate(candidates)
+                if ready[n]
+            ]
+            chosen = best_fit(spec, later, max_jobs, fragmentation_aware=fragmentation_aware)
+            if chosen is not None:
+                labels = {c.label for c in chosen}
+                best = (moment, [s for s in candidates if s.label in labels])
+                break
+    return best
+
+
+def _could_take(spec: "JobSpec", slot: Slot, free: int, jobs: int, max_jobs: int) -> bool:
+    """`fits`, for the slot with this much free memory and this many jobs."""
+    if jobs >= max_jobs:
+        return False
+    if spec.exclusive:
+        return jobs <= 0 and slot.others_clear and free >= slot.whole
+    return free >= spec.gpu_mem_mib  # type: ignore[operator]

@@ -18,37 +18,74 @@ from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, Start
 from gpuq.model.sharing import uses_mps
 from gpuq.model.spec import JobSpec
+from gpuq.model.usage import decayed_gpu_s
 from gpuq.model.windows import describe, hhmm, window_open
-from gpuq.sched import placement, reasons
+from gpuq.sched import fairshare, placement, reasons
 from gpuq.sched.placement import Slot, compute_of
+
+
+def _gpu_weights(running: Sequence[RunningJob], slots: Sequence[Slot]) -> list[tuple[RunningJob, float]]:
+    """Each running job with the GPUs it holds; a shared GPU counts as the share of its memory declared."""
+    whole = {(s.host, s.index): s.whole for s in slots}
+    weighted = []
+    for job in running:
+        weight = 0.0
+        for index in job.gpus:
+            w = whole.get((job.host, index)) or 1
+            weight += 1.0 if job.gpu_mem_mib is None else min(1.0, job.gpu_mem_mib / w)
+        weighted.append((job, weight))
+    return weighted
 
 
 def gpu_use_by_user(running: Sequence[RunningJob], slots: Sequence[Slot]) -> dict[str, float]:
     """GPUs each user holds now; a shared GPU counts as the share of its memory declared."""
-    whole = {(s.host, s.index): s.whole for s in slots}
     use: dict[str, float] = {}
-    for job in running:
-        for index in job.gpus:
-            w = whole.get((job.host, index)) or 1
-            use[job.user] = use.get(job.user, 0.0) + (1.0 if job.gpu_mem_mib is None else min(1.0, job.gpu_mem_mib / w))
+    for job, weight in _gpu_weights(running, slots):
+        use[job.user] = use.get(job.user, 0.0) + weight
     return use
 
 
+def effective_usage(
+    usage: Mapping[str, float], running: Sequence[RunningJob], slots: Sequence[Slot], config: Config, now: float
+) -> dict[str, float]:
+    """What fair share weighs for each user: the decayed GPU-seconds of their ended jobs
+    (`usage`), those of their running jobs so far, and each GPU they hold now as age_step_s
+    more (so one pass's burst of starts counts at once)."""
+    effective = dict(usage)
+    for job, weight in _gpu_weights(running, slots):
+        ran = decayed_gpu_s(weight, job.started_at, now, now, config.fair_share_half_life_s)
+        effective[job.user] = effective.get(job.user, 0.0) + ran + weight * config.age_step_s
+    return effective
+
+
 def queue_order(
-    pending: Sequence[PendingJob], use: Mapping[str, float], config: Config, now: float
+    pending: Sequence[PendingJob],
+    running: Sequence[RunningJob],
+    slots: Sequence[Slot],
+    config: Config,
+    now: float,
+    usage: Mapping[str, float] | None = None,
 ) -> list[PendingJob]:
-    """Priority class, integer priority (higher first), fair share (the user's GPUs in use,
-    less one per age_step_s waited, so nothing starves), then age."""
-    return [key[-1] for key in sorted(_queue_keys(pending, use, config, now))]
+    """Priority class, integer priority (higher first), fair share (sched/fairshare.py: the
+    user's decayed usage and what they hold now, and how long the job has waited), then age."""
+    return [key[-1] for key in sorted(_queue_keys(pending, running, slots, config, now, usage or {}))]
 
 
-def _queue_keys(pending: Sequence[PendingJob], use: Mapping[str, float], config: Config, now: float) -> list[tuple]:
+def _queue_keys(
+    pending: Sequence[PendingJob],
+    running: Sequence[RunningJob],
+    slots: Sequence[Slot],
+    config: Config,
+    now: float,
+    usage: Mapping[str, float],
+) -> list[tuple]:
     """Each job's place in the queue as a tuple that sorts, the job last (ids are unique, so
     two jobs are never compared). Built in one comprehension: a pass sorts thousands."""
     if not config.fair_share:
         return [(j.order, j.queued_at, j.id, j) for j in pending]
-    step, share = config.age_step_s, use.get
-    return [(j.order, share(j.user, 0.0) - (now - j.queued_at) / step, j.queued_at, j.id, j) for j in pending]
+    factor = fairshare.shares(effective_usage(usage, running, slots, config, now), {j.user for j in pending}).get
+    score = fairshare.rank_score
+    return [(j.order, -score(factor(j.user, 1.0), now - j.queued_at), j.queued_at, j.id, j) for j in pending]
 
 
 def _in_order(keys: list[tuple], presorted: bool) -> Iterator[PendingJob]:
@@ -71,26 +108,33 @@ def plan(
     explain: bool = True,
     blocked: Mapping[str, str] | None = None,
     bookings: Sequence["Booking"] = (),
+    estimates: Mapping[str, float] | None = None,
+    usage: Mapping[str, float] | None = None,
 ) -> Plan:
     """Decide, in queue order, which pending jobs start on which GPUs, which GPUs are held
     for jobs that cannot start yet, and which opportunistic jobs must yield. Ordinary jobs
     first, as if no opportunistic job ran: where one lands on a GPU with opportunistic jobs,
     exactly those yield and the GPU is held for it. Then opportunistic jobs, in what is left.
     `blocked`: jobs that may not start whatever the GPUs (dependencies), with the reason.
-    `bookings`: GPUs set aside for a person while they are on (spool/bookings.py)."""
+    `bookings`: GPUs set aside for a person while they are on (spool/bookings.py).
+    `estimates`: job id -> how long a job without a time limit is expected to run (from its
+    owner's history of like jobs), which lets it backfill ahead of a reservation.
+    `usage`: each user's decayed GPU-seconds of ended jobs (sched/fairshare.py), for fair share."""
     blocked = blocked or {}
     slots = placement.build_slots(
         hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s, invisible=config.preemption
     )
     booked = _apply_bookings(slots, bookings, now)
+    booked_later = any(s.booked_later for s in slots)
     use = gpu_use_by_user(running, slots)
-    keys = _queue_keys(pending, use, config, now)
+    keys = _queue_keys(pending, running, slots, config, now, usage or {})
     if explain:
         keys.sort()
     in_window = window_open(config.idle_windows, now)
     result = Plan([], {}, [key[-1].id for key in keys] if explain else [])
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
-    pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked)
+    pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked, estimates or {})
+    pass_.booked_later = booked_later
     pass_.queue = pending
     # Two comprehensions, not a loop of appends: a pass splits thousands (most queues hold
     # no opportunistic job, and then the keys are all ordinary).
@@ -146,8 +190,10 @@ class _Pass:
         booked: Mapping,
         use: Mapping[str, float],
         blocked: Mapping[str, str],
+        estimates: Mapping[str, float],
     ) -> None:
         self.slots, self.hosts, self.config, self.now = slots, hosts, config, now
+        self.estimates = estimates
         self.explain, self.result, self.booked, self.blocked = explain, result, booked, blocked
         self.cpu_free = {
             h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus) for h in hosts
@@ -157,9 +203,23 @@ class _Pass:
             self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + len(job.gpus)
         self.failed: dict[tuple, str] = {}
         self.allowed_for: dict[tuple, list[str]] = {}
+        # Per GPU, when each ordinary job on it will have ended by its limit, and its memory:
+        # what a reservation for the head of the queue is computed from (placement.earliest_start).
+        self.ending: dict[tuple[str, int], list[tuple[float, int]]] = {}
+        whole = {(s.host, s.index): s.whole for s in slots}
+        for job in running:
+            if job.preemptible and config.preemption:
+                continue  # invisible to ordinary work (placement.build_slots)
+            # A job past its limit is being stopped (a worker ends it within its grace), or, in
+            # a replay that never stops one, runs on: either way no limit tells when it ends.
+            ends_by = now + config.grace_s if job.stopping else job.ends_by if job.ends_by > now else float("inf")
+            for index in job.gpus:
+                if (key := (job.host, index)) in whole:
+                    self.ending.setdefault(key, []).append((ends_by, placement.charged_mib(job, index, whole[key])))
         self.largest = max((s.whole for s in slots), default=0)
         self.behind: _Behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
-        self.reserved = False  # one reservation for an aged job per pass: the head's
+        self.reserved = False  # one reservation a pass: for the head of the queue
+        self.booked_later = False  # whether any GPU has a booking to come
         self.queue: Sequence[PendingJob] = ()
         self.demand_walked = self.demand_seen = 0  # demand_over's walk: jobs, and GPUs they need
         self.placed_whole = 0  # GPUs that ordinary jobs placed so far needed empty
@@ -189,9 +249,9 @@ class _Pass:
         """Whether a GPU job, and a CPU-only job, could still start, hold or reserve anything.
         Once neither can, the rest of the queue only needs reasons: a worker (which needs no
         reasons) then stops walking it, so a pass with thousands waiting costs little."""
-        self.gpu_full = not any(s.free > 0 and s.jobs < self.config.max_jobs_per_gpu for s in self.slots) and not (
-            self.config.reservations and not self.reserved
-        )
+        self.gpu_full = not any(
+            (s.free > 0 or s.reserved_mib > 0) and s.jobs < self.config.max_jobs_per_gpu for s in self.slots
+        ) and not (self.config.reservations and not self.reserved)
         self.cpu_full = not any(n > 0 for n in self.cpu_free.values())
 
     def waits(self, job: PendingJob, reason: str) -> None:
@@ -204,6 +264,13 @@ class _Pass:
         self.result.reasons[job.id] = reason + (f"; behind {n} higher-priority job{'s' if n != 1 else ''}" if n else "")
         behind["same"] += 1
 
+    def ends_by(self, job: PendingJob) -> float:
+        """When the job would have ended at the latest if it started now: its time limit
+        (the spec's, else config's), else its owner's history's estimate; inf: unknown, as
+        Slurm treats a job without a limit (it never backfills ahead of a reservation)."""
+        limit = job.spec.time_limit_s or self.config.time_limit_s or self.estimates.get(job.id)
+        return self.now + limit if limit else float("inf")
+
     def _allowed(self, job: PendingJob) -> tuple[list[str], str | None, tuple]:
         """The hosts the job may run on, its container runtime, and its shape (jobs of one
         shape fit or fail alike). Computed once per (hosts, runtime): 10,000 jobs share few."""
@@ -215,8 +282,9 @@ class _Pass:
             spec.hosts,
             job.opportunistic,
             job.order[0],
-            job.user if self.booked or uses_mps(spec, self.config) else None,
+            job.user if self.booked or self.booked_later or uses_mps(spec, self.config) else None,
             runtime,
+            self.ends_by(job) if self.reserved else None,  # whether it may backfill depends on it
         )
         allowed = self.allowed_for.get((spec.hosts, runtime))
         if allowed is None:
@@ -276,9 +344,12 @@ class _Pass:
             if not self._cpu_only(job, allowed, shape):
                 self.waits(job, self.failed[shape])
             return
+        ends_by = self.ends_by(job)
         mine = [s for s in self.slots if s.host in allowed]
         if self.booked:
             mine = [s for s in mine if s.booked_for in (None, job.user)]
+        if self.booked_later:  # it must be gone before someone else's booking begins
+            mine = [s for s in mine if _booked_before(s, job.user, ends_by) is None]
         if mps_user := self._mps_user(job):
             mine = [s for s in mine if placement.serves_mps_user(s, mps_user)]
         own = spec.gpus if _needs_whole(spec, self.largest) else 0  # its own demand, if placed now
@@ -286,7 +357,11 @@ class _Pass:
         if self.booked:  # the GPUs its owner booked first: on others, it would take what others wait for
             booked = [s for s in mine if s.booked_for == job.user]
             choice = booked and placement.best_fit(
-                spec, booked, self.config.max_jobs_per_gpu, fragmentation_aware=self.config.fragmentation_aware
+                spec,
+                booked,
+                self.config.max_jobs_per_gpu,
+                fragmentation_aware=self.config.fragmentation_aware,
+                ends_by=ends_by,
             )
         # Spreading is for time-sliced GPUs, where jobs that share one slow each other; an MPS
         # job runs on its compute share alone or not (model/sharing.py), so MPS jobs pack.
@@ -296,7 +371,11 @@ class _Pass:
             # an empty GPU whole for jobs that need one.
             beside = [s for s in mine if not s.ordinary_empty and s.compute_room >= compute_of(spec.gpu_compute_pct)]
             choice = beside and placement.best_fit(
-                spec, beside, self.config.max_jobs_per_gpu, fragmentation_aware=self.config.fragmentation_aware
+                spec,
+                beside,
+                self.config.max_jobs_per_gpu,
+                fragmentation_aware=self.config.fragmentation_aware,
+                ends_by=ends_by,
             )
             spare = [] if choice else self._spare_for_spreading(mine)
             # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
@@ -307,18 +386,23 @@ class _Pass:
                     self.config.max_jobs_per_gpu,
                     spread=True,
                     fragmentation_aware=self.config.fragmentation_aware,
+                    ends_by=ends_by,
                 )
         choice = choice or placement.best_fit(
-            spec, mine, self.config.max_jobs_per_gpu, fragmentation_aware=self.config.fragmentation_aware
+            spec,
+            mine,
+            self.config.max_jobs_per_gpu,
+            fragmentation_aware=self.config.fragmentation_aware,
+            ends_by=ends_by,
         )
         if choice is not None:
-            self._place(job, choice)
+            self._place(job, choice, ends_by)
             self.placed_whole += own
             self._update_room()
             return
         if not self.reserved and self.config.reservations and self.now - job.queued_at >= self.config.reserve_after_s:
-            self.reserved = self._reserve(job, mine)
-            if self.reserved:
+            self.reserved = True  # the head's, or nobody's: EASY backfill protects one job
+            if self._reserve(job, mine):
                 self._update_room()
                 return
         if shape not in self.failed:
@@ -335,13 +419,15 @@ class _Pass:
             return []  # over half the GPUs in use: pack
         return empty
 
-    def _place(self, job: PendingJob, chosen: list[Slot]) -> None:
+    def _place(self, job: PendingJob, chosen: list[Slot], ends_by: float) -> None:
         """Start it, or, where opportunistic jobs are on its GPUs, make exactly those yield and
         hold the GPUs for it (nothing else may slip in) until it starts in a later pass."""
         yielding = [s for s in chosen if s.opp_jobs]
         mps_user = self._mps_user(job)
+        for s in chosen:  # a reservation computed later this pass sees it end by its limit
+            self.ending.setdefault((s.host, s.index), []).append((ends_by, placement.need_mib(job.spec, s)))
         if not yielding:
-            placement.take(job.spec, chosen, job.id, mps_user=mps_user)
+            placement.take(job.spec, chosen, job.id, mps_user=mps_user, ends_by=ends_by)
             self._started(job, chosen[0].host, tuple(s.index for s in chosen))
             return
         victims = []
@@ -362,18 +448,27 @@ class _Pass:
             )
 
     def _reserve(self, job: PendingJob, slots: list[Slot]) -> bool:
-        """The head of the queue has waited reserve_after_s: hold back GPUs for it, so smaller
-        jobs cannot keep taking them (opportunistic work still may). Only GPUs whose jobs in the
-        way started after it and less than reserve_after_s ago (see placement.reservation)."""
-        reserve_after_s = self.config.reserve_after_s
-        chosen = placement.reservation(job.spec, slots, since=max(job.queued_at, self.now - reserve_after_s))
-        if chosen is None:
+        """EASY backfill: the head of the queue, which fits nowhere now, gets the GPUs where
+        the running jobs' time limits free room for it soonest; from then on a job may use
+        that room only if it ends (by its own limit) before the head is due to start. With
+        no limit known on the GPUs it waits for, no reservation: nothing would tell when."""
+        found = placement.earliest_start(
+            job.spec,
+            [s for s in slots if not s.busy_by_others],
+            self.ending,
+            self.config.max_jobs_per_gpu,
+            self.config.fragmentation_aware,
+        )
+        if found is None:
             return False
-        placement.take(job.spec, chosen, job.id, hold="soft")
-        self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
+        start, chosen = found
+        placement.reserve(job.spec, chosen, job.id, start)
+        gpus = tuple(s.index for s in chosen)
+        self.result.reserved[job.id] = (chosen[0].host, gpus, start)
         if self.explain:
             self.result.reasons[job.id] = (
-                f"GPU {', '.join(s.label for s in chosen)} reserved for it; waiting for running jobs there to end"
+                f"GPU {', '.join(s.label for s in chosen)} reserved for it from {hhmm(start)}, "
+                "when the time limits of the jobs there run out"
             )
         return True
 
@@ -424,7 +519,14 @@ class _Pass:
         if others_booked and placement.best_fit(spec, mine + others_booked, config.max_jobs_per_gpu):
             s = others_booked[0]
             return f"GPU {s.label} booked for {s.booked_for} until {hhmm(s.booked_until)}"
-        held = reasons.why_held(spec, [s for s in mine if s.held_for], job.id)
+        ends_by = self.ends_by(job)
+        coming = [s for s in slots if s.host in allowed and _booked_before(s, job.user, ends_by)]
+        if coming and placement.best_fit(spec, mine + coming, config.max_jobs_per_gpu):
+            s = coming[0]
+            start, owner = _booked_before(s, job.user, ends_by)  # type: ignore[misc]
+            runs = "has no time limit" if ends_by == float("inf") else "may run past that (its time limit)"
+            return f"GPU {s.label} booked for {owner} from {hhmm(start)}; this job {runs}"
+        held = reasons.why_held([s for s in mine if s.held_for], job.id, self.ends_by(job) - self.now)
         if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu):
             return held
         return reasons.why_gpu(spec, allowed, mine or [s for s in slots if s.host in allowed], self.hosts, config)
@@ -449,12 +551,24 @@ class _Pass:
 
 
 def _apply_bookings(slots: Sequence[Slot], bookings: Sequence["Booking"], now: float) -> dict:
-    """Mark the GPUs of the bookings on now; {(host, index): booking}."""
+    """Mark the GPUs of the bookings on now, and those to come; {(host, index): booking on now}."""
     booked = {(b.host, i): b for b in bookings if b.active(now) for i in b.gpus}
+    later: dict[tuple[str, int], list[tuple[float, str]]] = {}
+    for coming in bookings:
+        if coming.start > now:
+            for i in coming.gpus:
+                later.setdefault((coming.host, i), []).append((coming.start, coming.owner))
     for s in slots:
         if (b := booked.get((s.host, s.index))) is not None:
             s.booked_for, s.booked_until = b.owner, b.end
+        s.booked_later = sorted(later.get((s.host, s.index), ()))
     return booked
+
+
+def _booked_before(slot: Slot, user: str, ends_by: float) -> tuple[float, str] | None:
+    """The first booking to come on the slot, of someone else, that a job of `user` which may
+    run until `ends_by` would run into; None if none."""
+    return next(((t, owner) for t, owner in slot.booked_later if owner != user and t < ends_by), None)
 
 
 def _yield_to_people_and_windows(
@@ -491,4 +605,4 @@ def _yield_to_people_and_windows(
 
 def _unheld(slot: Slot) -> Slot:
     """The slot as it would be without holds (to tell "reserved" from "too small")."""
-    return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None, hard_held=False)
+    return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None, hard_held=False, reserved_mib=0)

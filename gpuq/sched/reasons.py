@@ -7,7 +7,8 @@ from typing import Sequence
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView
 from gpuq.model.spec import JobSpec
-from gpuq.model.units import format_mib
+from gpuq.model.units import format_duration, format_mib
+from gpuq.model.windows import hhmm
 from gpuq.sched.placement import Slot
 
 
@@ -64,12 +65,22 @@ def why_gpu(
     return f"needs {count}{need}; largest usable is {format_mib(max(0, free(largest)))} on {largest.label}"
 
 
-def why_held(spec: "JobSpec", slots: list["Slot"], job_id: str) -> str | None:
-    """When the job would fit but for GPUs held for another job: that job's name."""
-    holders = sorted({s.held_for for s in slots if s.held_for and s.held_for != job_id})
-    if not holders:
+def why_held(slots: list["Slot"], job_id: str, runs_s: float) -> str | None:
+    """When the job would fit but for GPUs held for another job: that job's name, and, for the
+    head of the queue's reservation, why this one may not run before it (`runs_s`: how long
+    it may run, inf: no limit known)."""
+    held = sorted((s for s in slots if s.held_for and s.held_for != job_id), key=lambda s: (s.held_for, s.label))
+    if not held:
         return None
-    return f"GPU reserved for job {holders[0]}" + (f" (and {len(holders) - 1} more)" if len(holders) > 1 else "")
+    slot = held[0]
+    holder = slot.held_for
+    more = len({s.held_for for s in held})
+    reason = f"GPU reserved for job {holder}" + (f" (and {more - 1} more)" if more > 1 else "")
+    if slot.reserved_from == float("inf"):
+        return reason
+    if runs_s == float("inf"):
+        return f"{reason} from {hhmm(slot.reserved_from)}; with a time_limit that ends by then it could run now"
+    return f"{reason} from {hhmm(slot.reserved_from)}; its time limit ({format_duration(runs_s)}) runs past that"
 
 
 def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:

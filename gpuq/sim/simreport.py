@@ -9,16 +9,21 @@ from typing import Any
 from gpuq.model.config import Config
 from gpuq.model.passes import PassTiming
 from gpuq.sim.simulate import Outcome, fifo_exclusive, plan_policy, replay
+from gpuq.sim.slurm_easy import SlurmEasy
 from gpuq.sim.trace import Cluster, TraceJob
 
 # The simulated GPUs are given as what jobs may use (no reserve), and memory alone limits
 # how many jobs share one (traces hold shares down to 1/20 of a GPU).
 SIM_CONFIG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=64)
-POLICIES = ("gpuq", "pack-bestfit", "fifo-exclusive")
+POLICIES = ("gpuq", "slurm-easy", "pack-bestfit", "fifo-exclusive")
 POLICY_HELP = {
     "gpuq": "gpuq's plan as configured: priorities, fair share, reservations, preemption",
     "pack-bestfit": (
         "packing by memory on the best-fitting GPU; no reservations, no priorities, no preemption, no spreading"
+    ),
+    "slurm-easy": (
+        "what Slurm gives: whole GPUs, best-fit node, multifactor priority (age + fair share from usage"
+        " decayed with a 7-day half-life), EASY backfill on the jobs' time limits"
     ),
     "fifo-exclusive": "one job per whole GPU, strict FIFO (task-spooler, simple_gpu_scheduler)",
 }
@@ -36,6 +41,8 @@ def run_policy(name: str, jobs: list[TraceJob], cluster: Cluster, config: Config
         )
         flat = [replace(j, spec=replace(j.spec, priority_class="normal", priority=0, preemptible=False)) for j in jobs]
         return replay(flat, cluster, plan_policy(baseline), config.grace_s, config=baseline, timing=timing)
+    if name == "slurm-easy":
+        return replay(jobs, cluster, SlurmEasy(jobs), config.grace_s, exclusive=True, timing=timing)
     if name == "fifo-exclusive":
         return replay(jobs, cluster, fifo_exclusive, config.grace_s, exclusive=True, timing=timing)
     raise ValueError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}")
@@ -131,6 +138,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     lines = [head]
     rows: list[tuple[str, str | tuple[str, str], str]] = list(ROWS)
     for gpus in sorted({g for r in results.values() for g in r["wait_max_by_gpus"]}, key=int):
+        rows.append((f"wait mean, {gpus}-GPU jobs", ("wait_mean_by_gpus", gpus), "s"))
         rows.append((f"wait max, {gpus}-GPU jobs", ("wait_max_by_gpus", gpus), "s"))
     for cls in sorted({c for r in results.values() for c in r["wait_mean_by_priority"]}):
         rows.append((f"wait mean, {cls}", ("wait_mean_by_priority", cls), "s"))

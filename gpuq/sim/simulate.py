@@ -34,11 +34,15 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, Start
 from gpuq.model.passes import PassTiming, same_moment_tolerance
 from gpuq.model.sharing import compute_pct, uses_mps
+from gpuq.model.usage import UsageLedger
 from gpuq.model.windows import window_open
 from gpuq.sched.plan import plan
 from gpuq.sim.trace import Cluster, TraceJob
 
-Planner = Callable[[list[PendingJob], list[HostView], list[RunningJob], float], tuple[list[Start], dict[str, str]]]
+# (pending, hosts, running, now, each user's decayed usage of ended jobs) -> (starts, preemptions)
+Planner = Callable[
+    [list[PendingJob], list[HostView], list[RunningJob], float, dict[str, float]], tuple[list[Start], dict[str, str]]
+]
 
 
 @dataclass
@@ -73,15 +77,15 @@ class Outcome:
 def plan_policy(config: Config) -> Planner:
     """gpuq's own planner (or a baseline built from it by config: pack-bestfit)."""
 
-    def decide(pending, hosts, running, now):
-        decided = plan(pending, hosts, running, config, now, explain=False)
+    def decide(pending, hosts, running, now, usage):
+        decided = plan(pending, hosts, running, config, now, explain=False, usage=usage)
         return decided.starts, decided.preempts
 
     return decide
 
 
 def fifo_exclusive(
-    pending: list[PendingJob], hosts: list[HostView], running: list[RunningJob], now: float
+    pending: list[PendingJob], hosts: list[HostView], running: list[RunningJob], now: float, usage: dict[str, float]
 ) -> tuple[list[Start], dict[str, str]]:
     """What task-spooler and simple_gpu_scheduler do: whole GPUs, one job each, strict FIFO
     (the head of the queue blocks everything behind it), first host that has room."""
@@ -130,18 +134,12 @@ class _Replay:
     ) -> None:
         self.jobs, self.decide, self.grace_s, self.timing = jobs, decide, grace_s, timing
         self.hosts = [
-            HostView(
-                f"h{h}",
-                tuple(GpuSnapshot(i, f"GPU-h{h}-{i}", "sim", cluster.mem_mib, 0) for i in range(cluster.gpus_per_host)),
-                0,
-            )
-            for h in range(cluster.hosts)
+            HostView(f"h{h}", tuple(GpuSnapshot(i, f"GPU-h{h}-{i}", "sim", mem_mib, 0) for i in range(gpus)), 0)
+            for h, (gpus, mem_mib) in enumerate(cluster.host_shapes())
         ]
         self.names = [h.name for h in self.hosts]
         self.by_id = {j.id: j for j in jobs}
-        self.out = Outcome(
-            first_submit=jobs[0].submit_s, last_submit=jobs[-1].submit_s, gpus=cluster.hosts * cluster.gpus_per_host
-        )
+        self.out = Outcome(first_submit=jobs[0].submit_s, last_submit=jobs[-1].submit_s, gpus=cluster.gpus)
         self.pending: dict[str, PendingJob] = {}
         self.runs: dict[str, _Run] = {}
         self.views: dict[str, RunningJob] = {}
@@ -152,6 +150,13 @@ class _Replay:
             j.id: util[j.id] * (compute_pct(j.spec, cluster.mem_mib) / 100 if j.id in self.mps else 1.0) for j in jobs
         }
         self.ends: list[tuple[float, int, str, int]] = []  # (time, tiebreak, job id, version)
+        # What each user ran, for fair share (sched/fairshare.py): a job counts its GPUs, a
+        # shared GPU the share of its memory declared, as the plan counts them.
+        # Every user of the trace has an equal share, as every member of a team does (and as
+        # slurm-easy gives them): the ledger knows them all from the start.
+        self.usage = UsageLedger((config or Config()).fair_share_half_life_s, users={j.user: 0.0 for j in jobs})
+        self.gpu_mem = {h.name: h.gpus[0].mem_total_mib for h in self.hosts}
+        self.exclusive = exclusive
         self.seq = 0
         self.next_arrival = 0
         self.now = jobs[0].submit_s
@@ -236,7 +241,11 @@ class _Replay:
             run = self.runs.get(jid)
             if run is None or run.version != version:
                 continue
-            del self.runs[jid], self.views[jid]
+            view = self.views.pop(jid)
+            del self.runs[jid]
+            mem = view.gpu_mem_mib
+            share = 1.0 if self.exclusive or mem is None else min(1.0, mem / self.gpu_mem[run.host])
+            self.usage.add(view.user, len(run.gpus) * share, run.start, self.now)
             for i in run.gpus:
                 self.on_gpu[(run.host, i)].discard(jid)
                 freed.add((run.host, i))
@@ -279,7 +288,9 @@ class _Replay:
             if not known or seen == self.nothing_for:
                 self.replan.discard(box)
                 continue
-            starts, preempts = self.decide(known, self.hosts, list(self.views.values()), self.now)
+            starts, preempts = self.decide(
+                known, self.hosts, list(self.views.values()), self.now, self.usage.as_of(self.now)
+            )
             parts = {s.host for s in starts} | {self.runs[v].host for v in preempts}
             self.nothing_for = None if parts else seen
             if box in parts:
@@ -336,6 +347,7 @@ class _Replay:
             started_at=now,
             mps=s.job_id in self.mps,
             compute_pct=job.spec.gpu_compute_pct,
+            limit_s=job.spec.time_limit_s,
         )
         heapq.heappush(self.ends, (now + job.duration_s, self.seq, s.job_id, self.seq))
         for i in s.gpus:

@@ -1,8 +1,9 @@
 """Job traces for `gpuq simulate`: reading the CSV, and the cluster to replay it on.
 
 Columns (the schema of the real traces under shared/traces): `job_id, submit_s, duration_s,
-gpus, gpu_mem_gib, gpu_util, user`, and optionally `priority`. A fractional `gpus` is a share
-of one GPU (its memory share when `gpu_mem_gib` is empty); an integer `gpus` with empty
+gpus, gpu_mem_gib, gpu_util, user`, and optionally `priority` and `time_limit_s` (what the job
+declared, as sbatch --time; else its duration rounded up to a limit people pick, limit_for).
+A fractional `gpus` is a share of one GPU (its memory share when `gpu_mem_gib` is empty); an integer `gpus` with empty
 `gpu_mem_gib` takes whole GPUs; jobs wider than a host are capped to one host and counted.
 """
 
@@ -19,7 +20,12 @@ from gpuq.model.spec import CLASS_RANK, JobSpec
 from gpuq.model.units import parse_size_mib
 
 REQUIRED = ("job_id", "submit_s", "duration_s", "gpus", "gpu_mem_gib", "gpu_util", "user")
-_CLUSTER_RE = re.compile(r"^(\d+)x(\d+)x(.+)$")
+_GROUP_RE = re.compile(r"^(\d+)x(\d+)x(.+)$")
+# The limits people pick when asked how long a job may run (sbatch --time): a trace without a
+# `time_limit_s` column gets each job's duration rounded up to the next of these.
+LIMIT_STEPS_S = tuple(
+    h * 3600 for h in (1, 2, 4, 8, 12, 24, 48, 72, 7 * 24, 14 * 24, 30 * 24, 60 * 24, 90 * 24, 180 * 24, 365 * 24)
+)
 
 
 class TraceError(Exception):
@@ -27,7 +33,7 @@ class TraceError(Exception):
 
 
 @dataclass(frozen=True)
-class Cluster:
+class HostGroup:
     hosts: int
     gpus_per_host: int
     mem_mib: int
@@ -36,18 +42,66 @@ class Cluster:
         return f"{self.hosts}x{self.gpus_per_host}x{self.mem_mib // 1024}GiB"
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """The boxes to replay on: groups of identical hosts (`1x8x80GiB+2x4x24GiB`)."""
+
+    groups: tuple[HostGroup, ...]
+
+    @property
+    def hosts(self) -> int:
+        return sum(g.hosts for g in self.groups)
+
+    @property
+    def gpus(self) -> int:
+        return sum(g.hosts * g.gpus_per_host for g in self.groups)
+
+    @property
+    def gpus_per_host(self) -> int:
+        """The widest host's GPUs: a job wider than that is capped to it."""
+        return max(g.gpus_per_host for g in self.groups)
+
+    @property
+    def mem_mib(self) -> int:
+        """The smallest GPU's memory: a share of "a GPU" (a trace's fractional `gpus`) is a
+        share of this, so that it fits on every GPU of the cluster."""
+        return min(g.mem_mib for g in self.groups)
+
+    def host_shapes(self) -> list[tuple[int, int]]:
+        """(GPUs, memory of each) for every host, in the order they are named h0, h1, ..."""
+        return [(g.gpus_per_host, g.mem_mib) for g in self.groups for _ in range(g.hosts)]
+
+    def __str__(self) -> str:
+        return "+".join(str(g) for g in self.groups)
+
+
 def parse_cluster(text: str) -> Cluster:
-    """'2x8x32GiB' -> 2 hosts of 8 GPUs of 32 GiB."""
-    match = _CLUSTER_RE.match(text.strip())
-    try:
-        if not match:
-            raise ValueError
-        cluster = Cluster(int(match.group(1)), int(match.group(2)), parse_size_mib(match.group(3)))
-    except ValueError:
-        raise TraceError(f"--cluster {text!r}: write HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB") from None
-    if not (1 <= cluster.hosts <= 1000 and 1 <= cluster.gpus_per_host <= 64):
-        raise TraceError(f"--cluster {text!r}: use 1-1000 hosts of 1-64 GPUs")
+    """'2x8x32GiB' -> 2 hosts of 8 GPUs of 32 GiB; '1x8x80GiB+2x4x24GiB' (or with ',') mixes."""
+    groups = []
+    for part in re.split(r"[+,]", text.strip()):
+        match = _GROUP_RE.match(part.strip())
+        try:
+            if not match:
+                raise ValueError
+            group = HostGroup(int(match.group(1)), int(match.group(2)), parse_size_mib(match.group(3)))
+        except ValueError:
+            raise TraceError(
+                f"--cluster {text!r}: write HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB, or groups joined by '+', "
+                "e.g. 1x8x80GiB+2x4x24GiB"
+            ) from None
+        if not (1 <= group.hosts <= 1000 and 1 <= group.gpus_per_host <= 64):
+            raise TraceError(f"--cluster {text!r}: use 1-1000 hosts of 1-64 GPUs")
+        groups.append(group)
+    cluster = Cluster(tuple(groups))
+    if cluster.hosts > 1000:
+        raise TraceError(f"--cluster {text!r}: use 1-1000 hosts in all")
     return cluster
+
+
+def limit_for(duration_s: float) -> float:
+    """The time limit a person would have typed for a job that ran `duration_s`: the next of
+    LIMIT_STEPS_S at or above it (the longest step for anything longer)."""
+    return next((step for step in LIMIT_STEPS_S if step >= duration_s), float(max(LIMIT_STEPS_S[-1], duration_s)))
 
 
 @dataclass(frozen=True)
@@ -59,6 +113,7 @@ class TraceJob:
     util: float  # its GPU utilization, % (the slowdown model's input)
     user: str
     capped: bool  # asked for more GPUs than a host has
+    time_limit_s: float = 0.0  # the trace's `time_limit_s`, else limit_for(duration_s)
 
 
 def _hash_fraction(job_id: str, algorithm: str) -> float:
@@ -80,9 +135,12 @@ def is_marked_low(job_id: str, fraction: float, rule: str = "sha1", gpus: float 
     return _hash_fraction(job_id, "md5" if rule == "md5" else "sha1") < fraction
 
 
-def load_trace(path: Path, cluster: Cluster, since_s: float | None = None, stretch: float = 1.0) -> list[TraceJob]:
-    """The trace's jobs from `since_s` on, in submit order; `stretch` multiplies the gaps
-    between submissions (the traces README's way to size a big cluster's load to a small one)."""
+def load_trace(
+    path: Path, cluster: Cluster, since_s: float | None = None, stretch: float = 1.0, count: int | None = None
+) -> list[TraceJob]:
+    """The trace's jobs from `since_s` on (the first `count` of them), in submit order;
+    `stretch` multiplies the gaps between submissions (the traces README's way to size a big
+    cluster's load to a small one)."""
     try:
         handle = open(path, newline="")
     except OSError as e:
@@ -93,7 +151,7 @@ def load_trace(path: Path, cluster: Cluster, since_s: float | None = None, stret
         if missing:
             raise TraceError(
                 f"{path}: column '{missing[0]}' is missing. Fix: the header must name "
-                f"{', '.join(REQUIRED)} (and optionally priority)"
+                f"{', '.join(REQUIRED)} (and optionally priority, time_limit_s)"
             )
         jobs = []
         for line, row in enumerate(reader, 2):
@@ -104,6 +162,8 @@ def load_trace(path: Path, cluster: Cluster, since_s: float | None = None, stret
             if since_s is None or job.submit_s >= since_s:
                 jobs.append(job)
     jobs.sort(key=lambda j: j.submit_s)
+    if count is not None:
+        jobs = jobs[: max(0, count)]
     if stretch != 1.0 and jobs:
         first = jobs[0].submit_s
         jobs = [replace(j, submit_s=first + (j.submit_s - first) * stretch) for j in jobs]
@@ -152,14 +212,21 @@ def _job(row: dict, cluster: Cluster) -> TraceJob:
         preemptible=priority == "low",
     )
     util = float(util_text) if util_text else 100.0 * share
+    duration = _number(row, "duration_s")
+    # What the job declares, as sbatch --time: the trace's own limit, else the one a person
+    # would have picked for it. Every policy sees the same; none sees the duration.
+    limit = _number(row, "time_limit_s") if (row.get("time_limit_s") or "").strip() else limit_for(duration)
+    if limit <= 0:
+        raise ValueError("column 'time_limit_s': 0. Fix: write the job's limit in seconds, or leave it empty")
     return TraceJob(
         row["job_id"],
         _number(row, "submit_s"),
-        _number(row, "duration_s"),
-        spec,
+        duration,
+        replace(spec, time_limit_s=limit),
         util,
         (row.get("user") or "").strip(),
         capped,
+        limit,
     )
 
 

@@ -367,7 +367,7 @@ class BridgeWorker(Worker):
         for job_id, why in doomed.items():
             self._cancel_doomed(job_id, why)
         states = self.dep_states.lookup(referenced(j.spec for j in pending))
-        for job in queue_order([j for j in pending if j.id not in doomed], {}, self.config, wall_time()):
+        for job in queue_order([j for j in pending if j.id not in doomed], [], [], self.config, wall_time()):
             deps = {d: "done" for d in job.spec.after} | {d: "any" for d in job.spec.after_any}
             if any(
                 d not in handed and (states.get(d) != "done" if want == "done" else states.get(d) not in FINAL)

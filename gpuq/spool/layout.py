@@ -204,6 +204,10 @@ class Layout:
     def spec_cache(self, host: str) -> Path:
         return self.workers / f"{host}.specs.json"
 
+    def usage_cache(self, host: str) -> Path:
+        """Each user's decayed usage as that host's worker last counted it (for `gpuq status`)."""
+        return self.workers / f"{host}.usage.json"
+
     def host_control(self, host: str) -> Path:
         return self.control / host
 

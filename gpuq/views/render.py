@@ -16,6 +16,7 @@ from typing import Any
 from gpuq.model.spec import command_text
 from gpuq.model.text import safe_tree
 from gpuq.model.units import format_duration, format_mib
+from gpuq.sched.fairshare import rank_score
 from gpuq.views.preview import preview_lines
 
 PENDING_SHOWN = 20
@@ -200,6 +201,39 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         for r in view["rejected"]:  # what is wrong, then its fix on a line of its own: a cut never hides it
             what, has_fix, fix = (r["error"] or "").partition(" Fix: ")
             out += [f"  {r['id']}: {_cut(what, 150)}"] + ([f"    Fix: {_cut(fix, 150)}"] if has_fix else [])
+    return "\n".join(out)
+
+
+def shares_text(view: dict[str, Any]) -> str:
+    """`gpuq status --shares` (Slurm's sprio and sshare): each user's usage and fair-share
+    factor, and the pending jobs in the order the workers take them, with what ranks them."""
+    view = safe_tree(view)
+    out = [f"gpuq · {view['root']} · {stamp(view['now'])}", ""]
+    if not view["fair_share"]:
+        return "\n".join(out + ["fair share is off (config fair_share: false): jobs go by priority, then age"])
+    out.append("FAIR SHARE (usage: GPU-hours, each halved every fair_share_half_life; factor 2^-(usage/share))")
+    rows = [["USER", "USAGE", "HOLDS", "PENDING", "FACTOR"]]
+    for r in view["fair_share"]:
+        usage, holds = f"{r['usage_gpu_h']:.2f}", f"{r['holds_gpus']:g}"
+        rows.append([r["user"], usage, holds, str(r["pending"]), f"{r['factor']:.3f}"])
+    out += _table(rows)
+    factor = {r["user"]: r["factor"] for r in view["fair_share"]}
+    out += ["", "PENDING, in the order jobs start (priority class, then SCORE: 10000 x factor + 1000 x weeks waited)"]
+    rows = [["#", "ID", "USER", "PRIORITY", "FACTOR", "WAITING", "SCORE"]]
+    for p in view["pending"]:
+        score = rank_score(factor.get(p["user"], 1.0), p["waiting_s"])
+        rows.append(
+            [
+                str(p["position"]),
+                p["id"],
+                p["user"],
+                str(p["priority"]),
+                f"{factor.get(p['user'], 1.0):.3f}",
+                format_duration(p["waiting_s"]),
+                f"{score:,.0f}",
+            ]
+        )
+    out += _table(rows)
     return "\n".join(out)
 
 

@@ -10,14 +10,16 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gpuq.host.faults import wall_time
+from gpuq.host.files import read_json
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
-from gpuq.model.jobs import PendingJob, RunningJob
+from gpuq.model.jobs import HostView, PendingJob, RunningJob
 from gpuq.model.record import Record
 from gpuq.model.spec import command_text
 from gpuq.model.states import FINAL_STATES
-from gpuq.sched.placement import usable_mib
-from gpuq.sched.plan import plan
+from gpuq.sched.fairshare import shares
+from gpuq.sched.placement import build_slots, usable_mib
+from gpuq.sched.plan import effective_usage, gpu_use_by_user, plan
 from gpuq.spool.bookings import load as load_bookings
 from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.holds import held_jobs
@@ -123,7 +125,10 @@ def status(
     waiting, doomed = gates(pending, DependencyStates(layout))
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
     booked = load_bookings(layout, now)
-    decided = plan(pending, team.hosts, running_jobs, config, now, explain=True, blocked=blocked, bookings=booked)
+    usage = _usage(layout, [hb["host"] for hb in beats], config, now) if config.fair_share else {}
+    decided = plan(
+        pending, team.hosts, running_jobs, config, now, explain=True, blocked=blocked, bookings=booked, usage=usage
+    )
     starting = {s.job_id: s for s in decided.starts}
     by_id = {j.id: j for j in pending}
     jobs_by_host: dict[str, list[RunningJob]] = {}  # per host: 50 boxes x 400 jobs is no scan per GPU
@@ -148,6 +153,7 @@ def status(
             for pos, i in enumerate(decided.order[:pending_rows], 1)
         ],
         "pending_total": len(decided.order),
+        "fair_share": _fair_share(usage, pending, running_jobs, team.hosts, config, now) if config.fair_share else [],
         # Container readiness matters to a host line only while some job asks for a container.
         "containers_asked": any(j.spec.container for j in pending) or any(r.spec.get("container") for r in running),
         "pending_by_reason": _by_reason(decided.reasons.get(i) or _starting(starting.get(i)) for i in decided.order),
@@ -176,6 +182,54 @@ def status(
         ],
         "skipped_events": skipped,  # lines of the event logs that are not gpuq's events
     }
+
+
+def _usage(layout: Layout, hosts: list[str], config: Config, now: float) -> dict[str, float]:
+    """Each user's decayed usage of ended jobs, as the freshest worker counted it (worker/loop.py
+    writes it now and then), brought forward to `now`; {} while no worker has."""
+    latest: tuple[float, dict] | None = None
+    for host in hosts:
+        try:
+            data = read_json(layout.usage_cache(host))
+        except (OSError, ValueError):  # torn or not gpuq's: status goes on without it
+            continue
+        if isinstance(data, dict) and isinstance(data.get("t"), (int, float)) and isinstance(data.get("users"), dict):
+            if latest is None or data["t"] > latest[0]:
+                latest = (float(data["t"]), data["users"])
+    if latest is None:
+        return {}
+    factor = 2.0 ** (-max(0.0, now - latest[0]) / config.fair_share_half_life_s)
+    return {u: float(v) * factor for u, v in latest[1].items() if isinstance(u, str) and isinstance(v, (int, float))}
+
+
+def _fair_share(
+    usage: dict[str, float],
+    pending: list[PendingJob],
+    running: list[RunningJob],
+    hosts: list[HostView],
+    config: Config,
+    now: float,
+) -> list[dict[str, Any]]:
+    """Each user's part in the queue's order (sprio's view): their decayed usage (ended jobs,
+    running ones so far, and what they hold now as age_step_s each), and the fair-share factor
+    it gives; the users with jobs pending or running, and those with usage."""
+    slots = build_slots(hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s)
+    effective = effective_usage(usage, running, slots, config, now)
+    waiting = {j.user for j in pending}
+    factors = shares(effective, waiting)
+    held = gpu_use_by_user(running, slots)
+    rows = [
+        {
+            "user": u,
+            "usage_gpu_h": round(effective.get(u, 0.0) / 3600, 2),
+            "holds_gpus": round(held.get(u, 0.0), 2),
+            "pending": sum(1 for j in pending if j.user == u),
+            "factor": round(factors[u], 4),
+        }
+        for u in factors
+        if u in waiting or held.get(u) or effective.get(u, 0.0) >= 36  # a hundredth of a GPU-hour
+    ]
+    return sorted(rows, key=lambda r: (-r["factor"], r["user"]))
 
 
 def _stranded(layout: Layout, live_hosts: set[str]) -> list[dict[str, Any]]:

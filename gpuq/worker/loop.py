@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from gpuq import __version__
 from gpuq.host import rootorders
 from gpuq.host.clock import Clock
-from gpuq.host.files import atomic_write, read_json
+from gpuq.host.files import atomic_write, read_json, write_json
 from gpuq.host.hostinfo import boot_id, ensure_private_dir
 from gpuq.host.jobmemory import observe_job_memory
 from gpuq.host.owners import OwnerPolicy
@@ -54,6 +54,7 @@ from gpuq.spool.bookings import prune as prune_bookings
 from gpuq.spool.cancel import cancel_pending
 from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.drain import drain_file
+from gpuq.spool.history import UsageHistory
 from gpuq.spool.inbox import fair_order, leftovers, sweep_replies, waiting
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
@@ -81,6 +82,7 @@ from gpuq.worker.starting import Launcher, Starter
 log = logging.getLogger("gpuq.worker")
 FULL_SCAN_EVERY_S = 30.0
 REQUESTS_PER_PASS_S = 0.5
+USAGE_CACHE_EVERY_S = 10.0  # how often `gpuq status` gets the users' usage anew
 
 
 class RuntimeFinder(Protocol):
@@ -203,6 +205,8 @@ class Worker:
         self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (metrics)
         self.publisher = Publisher(layout, config, host, self.boot_id, self.rt, self.intake, self.finished)
         self.dep_states = DependencyStates(layout)
+        self.history = UsageHistory(layout, config.fair_share_half_life_s)  # for fair share
+        self.usage_written = 0.0
         self.samples = SampleLog(
             layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
         )
@@ -497,6 +501,7 @@ class Worker:
                 explain=False,
                 blocked={**waiting, **doomed},
                 bookings=booked,
+                usage=self._usage(team.hosts, now) if self.config.fair_share else None,
             )
             self._preempt(decided.preempts)
             try:
@@ -520,6 +525,18 @@ class Worker:
             j in decided.preempts for j in (r.id for r in self.running)
         )
         self.unchanged_plan_inputs = None if mine else inputs
+
+    def _usage(self, hosts: list[HostView], now: float) -> dict[str, float]:
+        """Each user's decayed usage of ended jobs (spool/history.py), and, now and then, the
+        same for `gpuq status` to rank jobs as the workers do (state/workers/<host>.usage.json)."""
+        usage = self.history.usage(now, {h.name: max((g.mem_total_mib for g in h.gpus), default=0) for h in hosts})
+        if now - self.usage_written >= USAGE_CACHE_EVERY_S:
+            self.usage_written = now
+            try:
+                write_json(self.layout.usage_cache(self.host), {"t": now, "users": usage}, durable=False)
+            except OSError as e:
+                self._report_once("usage-cache", f"cannot write {self.layout.usage_cache(self.host)}: {e}")
+        return usage
 
     def _alive(self, hb: dict) -> bool:
         """Another box is live while its heartbeat keeps changing, on this box's own clock
