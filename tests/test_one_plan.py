@@ -50,6 +50,19 @@ def test_small_jobs_on_an_idle_cluster_land_on_as_many_gpus(queue):
     assert len({(r["host"], r["gpus"][0]) for r in records}) == 4
 
 
+def test_boxes_started_together_do_not_stack_jobs_before_they_see_each_other(queue):
+    """Cron starts every box in the same minute. The specs wait in jobs/; a's first pass
+    sees only its own four GPUs (b's heartbeat is not there yet). Before, it spread three and
+    put the fourth beside one of them (a review's idle two-box cluster); now it leaves the
+    fourth, and b, up a moment later, takes it onto an empty GPU."""
+    for i in range(4):
+        queue.drop(f"small{i}.yaml", "command: sleep 4\ngpus: 1\ngpu_mem: 4GiB\n")
+    queue.start_worker("a", "4x16GiB")
+    queue.start_worker("b", "4x16GiB")
+    records = [wait_until(lambda i=i: queue.finished(f"small{i}"), timeout=60, what=f"small{i}") for i in range(4)]
+    assert len({(r["host"], r["gpus"][0]) for r in records}) == 4, [(r["host"], r["gpus"]) for r in records]
+
+
 def test_jobs_that_declare_compute_shares_that_fit_share_one_gpu_of_an_idle_cluster(queue):
     """Two jobs of 40% of a GPU's compute each (`gpu_compute`) slow nobody on one GPU: they
     share it, and the other GPUs stay whole; a job that declares no share still takes its own."""

@@ -4,6 +4,7 @@ ones cannot starve."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -48,6 +49,10 @@ def test_real_work_preempts_an_opportunistic_job_that_ignores_sigterm(queue):
     requeued = [e for e in queue.events() if e["job"] == "soak" and e.get("to") == "pending"]
     assert requeued and requeued[0]["reason"].startswith("preempted: job real needs its GPU memory")
     assert soak["queued_at"] == requeued[0]["queued_at"]  # a preempted job keeps its place
+    shown = json.loads(queue.gpuq("show", "soak", "--json").stdout)
+    assert [p["reason"] for p in shown["preemptions"]] == [requeued[0]["reason"]]
+    assert "preemptions:      1" in queue.gpuq("show", "soak").stdout
+    assert "preemptions" not in json.loads(queue.gpuq("show", "real", "--json").stdout)
 
 
 def test_a_person_using_the_gpu_preempts_opportunistic_work_until_they_leave(queue):

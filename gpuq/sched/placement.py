@@ -10,7 +10,7 @@ preempts the same job twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from gpuq.model.gpu import GpuSnapshot
@@ -300,7 +300,6 @@ def earliest_start(
     slots: Sequence[Slot],
     ending: dict[tuple[str, int], list[tuple[float, int]]],
     max_jobs: int,
-    fragmentation_aware: bool = True,
 ) -> tuple[float, list[Slot]] | None:
     """When and where a job that fits nowhere now could start at the earliest, if the ordinary
     jobs on the GPUs end by their limits: `ending` lists, per GPU, (ends by, memory charged)
@@ -335,17 +334,12 @@ def earliest_start(
                 if not ready[n] and _could_take(spec, candidates[n], free[n], jobs[n], max_jobs):
                     ready[n] = True
                     room += 1
-            if room < spec.gpus:
-                continue  # cheap: most moments free too little to try a placement
-            later = [  # only the GPUs that could take it: best_fit looks at no other
-                replace(s, free=free[n], reserved_mib=0, jobs=max(0, jobs[n]), held_for=None, victims=[])
-                for n, s in enumerate(candidates)
-                if ready[n]
-            ]
-            chosen = best_fit(spec, later, max_jobs, fragmentation_aware=fragmentation_aware)
-            if chosen is not None:
-                labels = {c.label for c in chosen}
-                best = (moment, [s for s in candidates if s.label in labels])
+            if room >= spec.gpus:  # best_fit's choice on one host, with each GPU as it will be then
+                order = sorted(
+                    (n for n in range(len(candidates)) if ready[n]),
+                    key=lambda n: (candidates[n].opp_jobs > 0, free[n], candidates[n].opp_jobs, candidates[n].index),
+                )
+                best = (moment, [candidates[n] for n in order[: spec.gpus]])
                 break
     return best
 

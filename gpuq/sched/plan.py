@@ -219,6 +219,7 @@ class _Pass:
         self.largest = max((s.whole for s in slots), default=0)
         self.behind: _Behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
         self.reserved = False  # one reservation a pass: for the head of the queue
+        self.backfill_until = float("inf")  # see _update_room
         self.booked_later = False  # whether any GPU has a booking to come
         self.queue: Sequence[PendingJob] = ()
         self.demand_walked = self.demand_seen = 0  # demand_over's walk: jobs, and GPUs they need
@@ -249,9 +250,12 @@ class _Pass:
         """Whether a GPU job, and a CPU-only job, could still start, hold or reserve anything.
         Once neither can, the rest of the queue only needs reasons: a worker (which needs no
         reasons) then stops walking it, so a pass with thousands waiting costs little."""
-        self.gpu_full = not any(
-            (s.free > 0 or s.reserved_mib > 0) and s.jobs < self.config.max_jobs_per_gpu for s in self.slots
-        ) and not (self.config.reservations and not self.reserved)
+        limit = self.config.max_jobs_per_gpu
+        free = any(s.free > 0 and s.jobs < limit for s in self.slots)
+        reserved = [s.reserved_from for s in self.slots if s.reserved_mib > 0 and s.jobs < limit]
+        self.gpu_full = not free and not reserved and not (self.config.reservations and not self.reserved)
+        # Where only reserved memory is left, only a job that ends by then may start (backfill).
+        self.backfill_until = max(reserved) if not free and reserved else float("inf")
         self.cpu_full = not any(n > 0 for n in self.cpu_free.values())
 
     def waits(self, job: PendingJob, reason: str) -> None:
@@ -333,6 +337,8 @@ class _Pass:
     def ordinary(self, job: PendingJob) -> None:
         if not self.explain and (self.gpu_full if job.spec.gpus else self.cpu_full):
             return
+        if not self.explain and job.spec.gpus and self.ends_by(job) > self.backfill_until:
+            return  # only reserved memory is left, and it would still run when that is due
         if not self._may_place(job):
             return
         spec = job.spec
@@ -453,11 +459,7 @@ class _Pass:
         that room only if it ends (by its own limit) before the head is due to start. With
         no limit known on the GPUs it waits for, no reservation: nothing would tell when."""
         found = placement.earliest_start(
-            job.spec,
-            [s for s in slots if not s.busy_by_others],
-            self.ending,
-            self.config.max_jobs_per_gpu,
-            self.config.fragmentation_aware,
+            job.spec, [s for s in slots if not s.busy_by_others], self.ending, self.config.max_jobs_per_gpu
         )
         if found is None:
             return False
@@ -552,6 +554,8 @@ class _Pass:
 
 def _apply_bookings(slots: Sequence[Slot], bookings: Sequence["Booking"], now: float) -> dict:
     """Mark the GPUs of the bookings on now, and those to come; {(host, index): booking on now}."""
+    if not bookings:
+        return {}
     booked = {(b.host, i): b for b in bookings if b.active(now) for i in b.gpus}
     later: dict[tuple[str, int], list[tuple[float, str]]] = {}
     for coming in bookings:

@@ -41,6 +41,16 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
 
 
+def start_by(expected: Any, now: float) -> str:
+    """A pending job's expected start (sched/estimate.py) in a few characters: "now", a time
+    today, a day and a time later; "-" for no estimate (a job ahead has no time limit)."""
+    if not isinstance(expected, (int, float)) or isinstance(expected, bool):
+        return "-"
+    if expected <= now + 1:
+        return "now"
+    return stamp(expected, "%H:%M" if expected - now < 20 * 3600 else "%b %d %H:%M")
+
+
 def _clock(t: float | None) -> str:
     return stamp(t, "%H:%M:%S") if t else "-"
 
@@ -119,7 +129,7 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     pending = view["pending"]
     total = view["pending_total"]
     out += ["", f"PENDING ({total})"]
-    rows = [["#", "ID", "USER", "GPUS", "GPU MEM", "PRIO", "WAITING", "REASON"]]
+    rows = [["#", "ID", "USER", "GPUS", "GPU MEM", "PRIO", "WAITING", "START BY", "REASON"]]
     for p in pending if show_all else pending[:PENDING_SHOWN]:
         rows.append(
             [
@@ -130,6 +140,7 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
                 format_mib(p["gpu_mem_mib"]) if p["gpu_mem_mib"] else ("whole" if p["gpus"] else "-"),
                 str(p["priority"]),
                 format_duration(p["waiting_s"]),
+                start_by(p.get("expected_start"), view["now"]),
                 p["reason"],
             ]
         )
@@ -319,6 +330,7 @@ SHOW_ORDER = (
     "mps_compute_pct",
     "position",
     "reason",
+    "expected_start",
     "error",
     "exit_code",
     "signal",
@@ -347,7 +359,9 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
         if value in (None, "", []):
             continue
         label = key  # the unit goes into the value, so the label says what it is
-        if key.endswith("_at") and isinstance(value, (int, float)):
+        if key == "expected_start" and isinstance(value, (int, float)):
+            value = f"by {stamp(value)} at the latest, if the jobs ahead keep to their time limits"
+        elif key.endswith("_at") and isinstance(value, (int, float)):
             value = stamp(value)
         elif key.endswith("_mib"):
             label, value = key.removesuffix("_mib"), format_mib(value)
@@ -360,6 +374,9 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
         elif isinstance(value, list):
             value = ",".join(map(str, value))
         lines.append(f"{label + ':':<18}{value}")
+    if isinstance(preempted := job.get("preemptions"), list) and preempted:
+        lines.append(f"{'preemptions:':<18}{len(preempted)}")
+        lines += [f"{'':<18}{stamp(p.get('t'))}  {p.get('reason') or ''}" for p in preempted if isinstance(p, dict)]
     if isinstance(job.get("started_at"), (int, float)) and isinstance(job.get("ended_at"), (int, float)):
         lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
     if suggested := job.get("suggested_gpu_mem"):

@@ -15,10 +15,11 @@ from gpuq.model.errors import SpecError
 from gpuq.model.record import Record, parse_claim_name
 from gpuq.model.secrets import mask_secrets
 from gpuq.model.spec import JobSpec, parse_spec_text
+from gpuq.model.stops import StopCause
 from gpuq.spool.holds import held_jobs
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import claims_of, pending_spec_path, read_record
+from gpuq.spool.store import checked_event, claims_of, pending_spec_path, read_record
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
 from gpuq.views.preview import what_the_job_sees
 from gpuq.views.status import status
@@ -41,6 +42,8 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         if record is not None:
             out = mask_secrets(record.to_json())
             out["log"] = str(layout.job_log(job_id))
+            if preempted := preemptions(layout, job_id):
+                out["preemptions"] = preempted
             peaks = _past_peaks(layout, record)
             if (suggested := suggest_gpu_mem(peaks)) is not None:
                 out["suggested_gpu_mem"] = {"mib": suggested, "runs": len(peaks), "peak_mib": max(peaks)}
@@ -101,6 +104,24 @@ def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> di
         return {"sees": _sees(layout, config, job_id, spec, None, st.st_uid)}
     except (OSError, SpecError):
         return {}
+
+
+def preemptions(layout: Layout, job_id: str) -> list[dict[str, Any]]:
+    """Each time the job was stopped to make way for other work and put back: `[{t, reason}]`,
+    oldest first, from the event logs (only lines naming the job are parsed)."""
+    needle = f'"job":"{job_id}"'.encode()
+    found = []
+    for path in sorted(layout.events.glob("*.jsonl")):
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    if needle in line and b'"to":"pending"' in line:
+                        event = checked_event(line)
+                        if event and event["job"] == job_id and event.get("cause") == StopCause.PREEMPT.value:
+                            found.append({"t": event["t"], "reason": event.get("reason")})
+        except OSError:
+            continue
+    return sorted(found, key=lambda e: e["t"])
 
 
 def _past_peaks(layout: Layout, record: Record) -> list[int]:

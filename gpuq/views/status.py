@@ -17,6 +17,7 @@ from gpuq.model.jobs import HostView, PendingJob, RunningJob
 from gpuq.model.record import Record
 from gpuq.model.spec import command_text
 from gpuq.model.states import FINAL_STATES
+from gpuq.sched.estimate import expected_starts
 from gpuq.sched.fairshare import shares
 from gpuq.sched.placement import build_slots, usable_mib
 from gpuq.sched.plan import effective_usage, gpu_use_by_user, plan
@@ -40,6 +41,7 @@ from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats, observed_memo
 STATUS_VERSION = 1
 EVENT_CHUNK_BYTES = 64 * 1024
 EVENT_TAIL_MAX_BYTES = 1024 * 1024
+ESTIMATED_ROWS = 50  # pending jobs (in queue order) given an expected start
 
 
 def recent_events(
@@ -131,6 +133,10 @@ def status(
     )
     starting = {s.job_id: s for s in decided.starts}
     by_id = {j.id: j for j in pending}
+    # Expected starts for the rows shown and the jobs ahead of them (those behind could only
+    # backfill, which never delays the head): a bounded replay, not one of 10,000 jobs.
+    ahead = [by_id[i] for i in decided.order[: max(ESTIMATED_ROWS, pending_rows or 0)]]
+    expected = expected_starts(ahead, team.hosts, running_jobs, config, now, usage, blocked, booked)
     jobs_by_host: dict[str, list[RunningJob]] = {}  # per host: 50 boxes x 400 jobs is no scan per GPU
     for j in running_jobs:
         jobs_by_host.setdefault(j.host, []).append(j)
@@ -149,7 +155,7 @@ def status(
         ],
         "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id)) for r in running],
         "pending": [
-            _pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now)
+            _pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now, expected.get(i))
             for pos, i in enumerate(decided.order[:pending_rows], 1)
         ],
         "pending_total": len(decided.order),
@@ -366,7 +372,7 @@ def narrowed(view: dict[str, Any], user: str | None = None, state: str | None = 
     return out
 
 
-def _pending(job: PendingJob, position: int, reason: str, now: float) -> dict[str, Any]:
+def _pending(job: PendingJob, position: int, reason: str, now: float, expected: float | None) -> dict[str, Any]:
     s = job.spec
     return {
         "id": job.id,
@@ -377,6 +383,7 @@ def _pending(job: PendingJob, position: int, reason: str, now: float) -> dict[st
         "priority": s.priority_class if not s.priority else s.priority,
         "waiting_s": round(now - job.queued_at, 1),
         "reason": reason,
+        "expected_start": expected,  # by then at the latest, if the jobs ahead keep to their limits
         "command": s.command_text(),
     }
 

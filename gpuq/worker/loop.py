@@ -25,7 +25,7 @@ from gpuq.host.usage import GpuUsage
 from gpuq.host.wake import WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
-from gpuq.model.jobs import HostView, RunningJob
+from gpuq.model.jobs import HostView, RunningJob, Start
 from gpuq.model.passes import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S
 from gpuq.model.record import Record
 from gpuq.model.stops import Stop
@@ -83,6 +83,10 @@ log = logging.getLogger("gpuq.worker")
 FULL_SCAN_EVERY_S = 30.0
 REQUESTS_PER_PASS_S = 0.5
 USAGE_CACHE_EVERY_S = 10.0  # how often `gpuq status` gets the users' usage anew
+# Cron starts every box in the same minute: for this long after it starts, a worker puts no
+# job onto a GPU that already has one (nor two onto one empty GPU), since the other boxes'
+# heartbeats may not be there yet and their empty GPUs would be the better place.
+STARTUP_SETTLE_S = 5.0
 
 
 class RuntimeFinder(Protocol):
@@ -206,6 +210,7 @@ class Worker:
         self.publisher = Publisher(layout, config, host, self.boot_id, self.rt, self.intake, self.finished)
         self.dep_states = DependencyStates(layout)
         self.history = UsageHistory(layout, config.fair_share_half_life_s)  # for fair share
+        self.born = self.clock.mono()
         self.usage_written = 0.0
         self.samples = SampleLog(
             layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
@@ -483,7 +488,8 @@ class Worker:
         waiting, doomed = gates(self.intake.pending(), self.dep_states)
         for job_id, why in doomed.items():
             self._cancel_doomed(job_id, why)
-        inputs += (frozenset(waiting), frozenset(doomed), frozenset(b.id for b in booked if b.active(now)))
+        settling = self.clock.mono() - self.born < STARTUP_SETTLE_S
+        inputs += (frozenset(waiting), frozenset(doomed), frozenset(b.id for b in booked if b.active(now)), settling)
         if inputs == self.unchanged_plan_inputs:
             return
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
@@ -503,6 +509,8 @@ class Worker:
                 bookings=booked,
                 usage=self._usage(team.hosts, now) if self.config.fair_share else None,
             )
+            if settling:
+                decided.starts = onto_empty_gpus(decided.starts, team.running)
             self._preempt(decided.preempts)
             try:
                 for start in decided.starts:
@@ -615,3 +623,15 @@ class Worker:
             if self.config.gpu_sharing == "mps"
             else None,
         )
+
+
+def onto_empty_gpus(starts: list[Start], running: list[RunningJob]) -> list[Start]:
+    """The starts that put a job only on GPUs with no job, each GPU to one start."""
+    taken = {(r.host, i) for r in running for i in r.gpus}
+    kept = []
+    for start in starts:
+        gpus = {(start.host, i) for i in start.gpus}
+        if not gpus & taken:
+            taken |= gpus
+            kept.append(start)
+    return kept

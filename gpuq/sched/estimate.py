@@ -1,0 +1,68 @@
+"""When pending jobs will start: the queue replayed forward through the same `plan`, every
+running job ending when its time limit runs out, and nothing new arriving (as Slurm's
+`squeue --start` computes it). A job's estimate is a latest start: jobs usually end before
+their limits, so it tends to start sooner; a higher-priority job that arrives meanwhile, or a
+GPU a person takes, may make it later. A job the replay cannot start, because a job ahead of it,
+running or pending, has no time limit, has no estimate.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from gpuq.model.booking import Booking
+from gpuq.model.config import Config
+from gpuq.model.jobs import HostView, PendingJob, RunningJob
+from gpuq.sched.plan import plan
+
+MAX_STEPS = 200  # moments replayed at most (each one plan): the estimate's cost is bounded
+HORIZON_S = 90 * 86400.0  # nothing later is estimated
+
+
+def expected_starts(
+    pending: Sequence[PendingJob],
+    hosts: Sequence[HostView],
+    running: Sequence[RunningJob],
+    config: Config,
+    now: float,
+    usage: Mapping[str, float] | None = None,
+    blocked: Mapping[str, str] | None = None,
+    bookings: Sequence[Booking] = (),
+) -> dict[str, float]:
+    """Job id -> the latest moment it is expected to start, for the jobs the replay starts."""
+    # Opportunistic jobs yield to ordinary work; a replay of them would say little.
+    waiting = [j for j in pending if not j.opportunistic and j.id not in (blocked or {})]
+    active = [r for r in running if not r.preemptible]
+    starts: dict[str, float] = {}
+    t = now
+    for _ in range(MAX_STEPS):
+        if not waiting or t > now + HORIZON_S:
+            break
+        decided = plan(waiting, hosts, active, config, t, explain=False, bookings=bookings, usage=usage)
+        by_id = {j.id: j for j in waiting}
+        for s in decided.starts:
+            job = by_id[s.job_id]
+            starts[job.id] = t
+            limit = job.spec.time_limit_s or config.time_limit_s
+            active.append(
+                RunningJob(
+                    job.id,
+                    job.user,
+                    s.host,
+                    s.gpus,
+                    job.spec.gpu_mem_mib,
+                    started_at=t,
+                    limit_s=limit,
+                    compute_pct=job.spec.gpu_compute_pct,
+                )
+            )
+        if decided.starts:
+            started = {s.job_id for s in decided.starts}
+            waiting = [j for j in waiting if j.id not in started]
+            continue  # the same moment again: a start may let the next job plan anew
+        ends = [r.ends_by for r in active if r.ends_by > t]
+        if not ends or min(ends) == float("inf"):
+            break  # nothing known ends: the rest has no estimate
+        t = min(ends)
+        active = [r for r in active if r.ends_by > t]
+    return starts

@@ -1,0 +1,55 @@
+"""Expected starts (sched/estimate.py): the queue replayed forward through the plan, running
+jobs ending by their time limits; shown by `gpuq status` as START BY and in `status --json`."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from conftest import wait_until
+from test_plan import gpu, host
+from test_plan_scheduling import CFG, job, run
+
+from gpuq.sched.estimate import expected_starts
+
+
+def test_each_job_is_expected_when_the_limits_ahead_of_it_run_out():
+    busy = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=1000)]
+    pending = [
+        job("j1", mem_gib=None, queued_at=1, limit_s=300),
+        job("j2", mem_gib=None, queued_at=2, limit_s=300),
+        job("j3", mem_gib=None, queued_at=3),  # no limit: nothing behind it can be estimated
+        job("j4", mem_gib=None, queued_at=4, limit_s=100),
+    ]
+    assert expected_starts(pending, [host("h", gpu(0))], busy, CFG, now=10) == {"j1": 1000, "j2": 1300, "j3": 1600}
+
+
+def test_a_job_that_fits_now_is_expected_now_and_a_backfill_before_the_head():
+    busy = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=1000)]
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=1), job("short", mem_gib=None, queued_at=2, limit_s=500)]
+    expected = expected_starts(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=10)
+    assert expected == {"short": 10, "pair": 1000}  # short ends (510) before pair is due
+
+
+@pytest.mark.slow
+def test_status_shows_when_a_waiting_job_will_start_at_the_latest(queue):
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("long.yaml", "command: sleep 60\ngpus: 1\ntime_limit: 1h\n")
+    started = wait_until(lambda: (queue.record("long") or {}).get("claimed_at"), what="long to run")
+    queue.drop("next.yaml", "command: 'true'\ngpus: 1\ntime_limit: 10m\n")
+    queue.drop("open.yaml", "command: 'true'\ngpus: 1\n")  # no limit: the job behind it ...
+    queue.drop("after.yaml", "command: 'true'\ngpus: 1\ntime_limit: 10m\n")  # ... has no estimate
+    rows = wait_until(
+        lambda: {p["id"]: p for p in queue.status()["pending"]} if len(queue.status()["pending"]) == 3 else None
+    )
+    assert abs(rows["next"]["expected_start"] - (started + 3600)) < 5, rows["next"]
+    assert abs(rows["open"]["expected_start"] - (started + 3600 + 600)) < 5, rows["open"]
+    assert rows["after"]["expected_start"] is None
+    text = queue.gpuq("status").stdout
+    line = next(line for line in text.splitlines() if " next " in f" {line} ")
+    assert time.strftime("%H:%M", time.localtime(started + 3600)) in line, text
+    assert "START BY" in text
+    shown = queue.gpuq("show", "next").stdout
+    due = time.strftime("%Y-%m-%d %H:%M", time.localtime(started + 3600))
+    assert re.search(r"expected_start: +by " + due, shown), shown
