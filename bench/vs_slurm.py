@@ -70,7 +70,7 @@ def offered_work(jobs: list[TraceJob]) -> float:
     )
 
 
-def run(traces: Path, scenario: Scenario, factor: float, settings: dict) -> dict:
+def run(traces: Path, scenario: Scenario, factor: float, settings: dict, penalty: float = 0.0) -> dict:
     cluster = parse_cluster(scenario.cluster)
     path = traces / scenario.trace
     raw = load_trace(path, cluster, scenario.since_d * DAY, 1.0, scenario.jobs)
@@ -83,7 +83,7 @@ def run(traces: Path, scenario: Scenario, factor: float, settings: dict) -> dict
     out = {"scenario": scenario.name, "factor": factor, "stretch": stretch, "jobs": len(jobs)}
     for name in POLICIES:
         started = time.perf_counter()
-        out[name] = figures(run_policy(name, jobs, cluster, config), jobs)
+        out[name] = figures(run_policy(name, jobs, cluster, config, penalty), jobs)
         out[name]["replay_s"] = time.perf_counter() - started
     return out
 
@@ -114,6 +114,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config key for gpuq's policy")
     p.add_argument("--stretch", type=float, action="append", help="only these stretch factors")
     p.add_argument("--jobs", type=int, default=2, help="replays at once (default 2)")
+    p.add_argument("--colocation-penalty", type=float, default=0.0, help="as gpuq simulate's (0.15: the target's)")
     args = p.parse_args()
     import yaml
 
@@ -127,7 +128,7 @@ def main() -> None:
     )
     means, widths = [], []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run, args.traces, s, f, settings) for s, f in runs]
+        futures = [pool.submit(run, args.traces, s, f, settings, args.colocation_penalty) for s, f in runs]
         for future in futures:
             mean_ratio, worst, line = report(future.result())
             means.append(mean_ratio)

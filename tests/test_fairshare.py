@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 from test_plan import gpu, host
-from test_plan_scheduling import job, run
+from test_plan_scheduling import CFG, job, run
 
+from gpuq.model.usage import kind_of
+from gpuq.sched.estimate import learned_runs
+from gpuq.sched.plan import plan
 from gpuq.sim.slurm_easy import SlurmEasy
 from gpuq.sim.trace import TraceJob
 from gpuq.spool.history import UsageHistory
@@ -90,3 +93,29 @@ def test_slurm_easy_ranks_the_user_who_used_less_first():
     pending = [job("a2", user="ana", mem_gib=None, queued_at=0), job("b1", user="bo", mem_gib=None, queued_at=5)]
     starts, _ = easy(pending, hosts, [run("heavy-run", gpus=(0,), mem_gib=None, user="ana", started_at=0)], 500.0)
     assert [s.job_id for s in starts] == ["b1"]  # one GPU free: bo's, though ana's came first
+
+
+def test_a_job_without_a_limit_is_expected_to_run_as_long_as_its_kinds_latest_runs(tmp_path):
+    """train-1 and train-2 of ana's ran 100 s and 300 s: train-3, with no time_limit, is expected
+    to run 300 s (the longest: a backfill that trusts it must not delay the head), so it may
+    backfill before a head due in 1000 s; eval-1 (no past runs) may not."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    history = UsageHistory(layout, WEEK)
+    _ended(layout, "a", "train-1", "ana", 1, 0, 100)
+    _ended(layout, "a", "train-2", "ana", 1, 200, 500)
+    _ended(layout, "a", "failed-1", "ana", 1, 0, 50, to="failed")  # only runs that ended well count
+    history.usage(600, {})
+    assert history.durations == {kind_of("ana", "train"): [100.0, 300.0]}
+    busy = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=1600)]
+    pending = [
+        job("pair", gpus=2, mem_gib=None, queued_at=1),
+        job("train-3", user="ana", mem_gib=None, queued_at=2),
+        job("eval-1", user="ana", mem_gib=None, queued_at=3),
+    ]
+    estimates, running = learned_runs(pending, busy, CFG, history.durations)
+    assert estimates == {"train-3": 300.0} and running == busy
+    decided = plan(pending, [host("h", gpu(0), gpu(1))], running, CFG, now=600, estimates=estimates)
+    assert [s.job_id for s in decided.starts] == ["train-3"]  # ends at 900, before pair (1600)
+    running_unlimited = [run("train-4", user="ana", gpus=(0,), mem_gib=None, started_at=0)]
+    assert learned_runs([], running_unlimited, CFG, history.durations)[1][0].limit_s == 300.0

@@ -112,6 +112,15 @@ def test_fifo_exclusive_blocks_behind_its_head_and_gpuq_packs_around_it(tmp_path
     assert easy["waits"] == {"long": 0, "pair": 99, "quarter": 0}  # on the other GPU, whole
 
 
+def test_a_colocation_penalty_slows_jobs_that_share_a_gpu_and_no_other(tmp_path):
+    rows = ("a,0,100,1,10,50,u,", "b,0,100,1,10,50,u,", "c,0,100,1,,,u,")  # a and b share; c alone
+    jobs = load_trace(trace(tmp_path, *rows), parse_cluster("1x2x32GiB"))
+    plain = run_policy("pack-bestfit", jobs, parse_cluster("1x2x32GiB"), SIM_CONFIG)
+    assert plain.ends == {"a": 100, "b": 100, "c": 100}  # 50 + 50: no slower than alone
+    slowed = run_policy("pack-bestfit", jobs, parse_cluster("1x2x32GiB"), SIM_CONFIG, colocation_penalty=0.15)
+    assert slowed.ends["a"] == pytest.approx(100 / 0.85) and slowed.ends["c"] == 100
+
+
 def test_co_located_jobs_slow_each_other_by_their_utilization(tmp_path):
     out = replay(tmp_path, "1x1x32GiB", "pack-bestfit", "a,0,100,1,10,100,u,", "b,0,100,1,10,100,u,")
     assert out["ends"] == {"a": 200, "b": 200}  # each at 100 / (100 + 100)

@@ -185,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --mark-low: sha1 of the job id (default), md5 of it, or sha1 among jobs of one GPU or less",
     )
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config.yaml key for gpuq's policy")
+    sp.add_argument(
+        "--colocation-penalty",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="a job sharing its GPU loses a further fraction F of its speed (0.15: as many measured pairs do)",
+    )
     sp.add_argument("--json", action="store_true", help="the figures as JSON")
     for name, what in (
         ("hold", "keep pending jobs from starting (they keep their place)"),

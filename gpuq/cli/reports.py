@@ -57,6 +57,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     except TraceError as e:
         print(f"gpuq simulate: {e}", file=sys.stderr)
         return 2
+    if not 0.0 <= args.colocation_penalty < 1.0:
+        print(
+            f"gpuq simulate: --colocation-penalty {args.colocation_penalty:g}: write a fraction from 0 to below 1, "
+            "e.g. 0.15",
+            file=sys.stderr,
+        )
+        return 2
     if args.mark_low:
         jobs = mark_low(jobs, args.mark_low, drop=args.without_low, rule=args.mark_rule)
     settings: dict = {}
@@ -83,7 +90,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     results = {}
     for name in args.policy or POLICIES:
         started = time.perf_counter()
-        results[name] = figures(run_policy(name, jobs, cluster, config), jobs)
+        results[name] = figures(run_policy(name, jobs, cluster, config, args.colocation_penalty), jobs)
         results[name]["replay_s"] = time.perf_counter() - started
     if args.json:
         print(

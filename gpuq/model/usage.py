@@ -6,7 +6,9 @@ counts it from the event logs (spool/history.py), the simulator from the jobs it
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
+from typing import Mapping
 
 
 def decayed_gpu_s(gpus: float, start: float, end: float, now: float, half_life_s: float) -> float:
@@ -46,3 +48,23 @@ class UsageLedger:
             for user in self.users:
                 self.users[user] *= factor
         self.at = t
+
+
+# How long a kind of job runs, learned from its past runs (spool/history.py counts them).
+_NUMBERED = re.compile(r"[-_]\d+$")
+RUNS_KEPT = 5  # the latest runs of a kind of job an estimate is made from
+RUNS_NEEDED = 2  # no estimate from one run
+
+
+def kind_of(user: str, job_id: str) -> str:
+    """Jobs of one kind: one owner's, of one name (`--name train` makes train-1, train-2, ...;
+    an array's members are <group>_<index>): the id without its last number."""
+    return user + "\t" + _NUMBERED.sub("", job_id)
+
+
+def estimate(durations: Mapping[str, list[float]], user: str, job_id: str) -> float | None:
+    """How long a job is expected to run, from the latest runs of its kind that ended well:
+    the longest of them (a backfill that trusts it must not delay the head), once there are
+    RUNS_NEEDED; None before."""
+    runs = durations.get(kind_of(user, job_id), [])
+    return max(runs) if len(runs) >= RUNS_NEEDED else None

@@ -3,20 +3,44 @@ running job ending when its time limit runs out, and nothing new arriving (as Sl
 `squeue --start` computes it). A job's estimate is a latest start: jobs usually end before
 their limits, so it tends to start sooner; a higher-priority job that arrives meanwhile, or a
 GPU a person takes, may make it later. A job the replay cannot start, because a job ahead of it,
-running or pending, has no time limit, has no estimate.
+running or pending, has no time limit (nor past runs of its kind to learn one from), has no
+estimate.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 from gpuq.model.booking import Booking
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, RunningJob
+from gpuq.model.usage import estimate
 from gpuq.sched.plan import plan
 
 MAX_STEPS = 200  # moments replayed at most (each one plan): the estimate's cost is bounded
 HORIZON_S = 90 * 86400.0  # nothing later is estimated
+
+
+def learned_runs(
+    pending: Sequence[PendingJob], running: Sequence[RunningJob], config: Config, durations: Mapping[str, list[float]]
+) -> tuple[dict[str, float], list[RunningJob]]:
+    """For jobs with no time limit (neither the spec's nor config's): how long each pending one
+    is expected to run, from its kind's past runs (model/usage.py), for `plan`'s `estimates`;
+    and the running jobs, each without a limit given its kind's as one."""
+    if config.time_limit_s or not durations:
+        return {}, list(running)
+    guesses = {}
+    for job in pending:
+        if not job.spec.time_limit_s and (guess := estimate(durations, job.user, job.id)) is not None:
+            guesses[job.id] = guess
+    adjusted = [
+        replace(r, limit_s=guess)
+        if r.limit_s is None and (guess := estimate(durations, r.user, r.id)) is not None
+        else r
+        for r in running
+    ]
+    return guesses, adjusted
 
 
 def expected_starts(
@@ -28,8 +52,11 @@ def expected_starts(
     usage: Mapping[str, float] | None = None,
     blocked: Mapping[str, str] | None = None,
     bookings: Sequence[Booking] = (),
+    estimates: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """Job id -> the latest moment it is expected to start, for the jobs the replay starts."""
+    """Job id -> the latest moment it is expected to start, for the jobs the replay starts.
+    `estimates`: how long jobs without a time limit are expected to run (learned_runs)."""
+    estimates = estimates or {}
     # Opportunistic jobs yield to ordinary work; a replay of them would say little.
     waiting = [j for j in pending if not j.opportunistic and j.id not in (blocked or {})]
     active = [r for r in running if not r.preemptible]
@@ -38,12 +65,14 @@ def expected_starts(
     for _ in range(MAX_STEPS):
         if not waiting or t > now + HORIZON_S:
             break
-        decided = plan(waiting, hosts, active, config, t, explain=False, bookings=bookings, usage=usage)
+        decided = plan(
+            waiting, hosts, active, config, t, explain=False, bookings=bookings, usage=usage, estimates=estimates
+        )
         by_id = {j.id: j for j in waiting}
         for s in decided.starts:
             job = by_id[s.job_id]
             starts[job.id] = t
-            limit = job.spec.time_limit_s or config.time_limit_s
+            limit = job.spec.time_limit_s or config.time_limit_s or estimates.get(job.id)
             active.append(
                 RunningJob(
                     job.id,

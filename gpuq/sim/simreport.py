@@ -29,18 +29,37 @@ POLICY_HELP = {
 }
 
 
-def run_policy(name: str, jobs: list[TraceJob], cluster: Cluster, config: Config) -> Outcome:
+def run_policy(
+    name: str, jobs: list[TraceJob], cluster: Cluster, config: Config, colocation_penalty: float = 0.0
+) -> Outcome:
     """Each policy runs as the workers would run it: a box passes at the moments its wake
-    rules give (model/passes.py), with the config's poll interval."""
+    rules give (model/passes.py), with the config's poll interval. `colocation_penalty`:
+    simulate.replay's (only policies that share GPUs feel it)."""
     timing = PassTiming(config.poll_interval)
     if name == "gpuq":
-        return replay(jobs, cluster, plan_policy(config), config.grace_s, config=config, timing=timing)
+        return replay(
+            jobs,
+            cluster,
+            plan_policy(config),
+            config.grace_s,
+            config=config,
+            timing=timing,
+            colocation_penalty=colocation_penalty,
+        )
     if name == "pack-bestfit":
         baseline = replace(
             config, fair_share=False, reservations=False, preemption=False, fragmentation_aware=False, spread=False
         )
         flat = [replace(j, spec=replace(j.spec, priority_class="normal", priority=0, preemptible=False)) for j in jobs]
-        return replay(flat, cluster, plan_policy(baseline), config.grace_s, config=baseline, timing=timing)
+        return replay(
+            flat,
+            cluster,
+            plan_policy(baseline),
+            config.grace_s,
+            config=baseline,
+            timing=timing,
+            colocation_penalty=colocation_penalty,
+        )
     if name == "slurm-easy":
         return replay(jobs, cluster, SlurmEasy(jobs), config.grace_s, exclusive=True, timing=timing)
     if name == "fifo-exclusive":

@@ -4,7 +4,8 @@ lines appended since its last (sched/fairshare.py holds the arithmetic).
 
 A job's usage is counted once it has ended (or been stopped and put back): its GPUs from its
 start to its end, a shared GPU counted as the share of its memory it declared. The plan adds
-the running jobs' usage so far itself.
+the running jobs' usage so far itself. The same lines give how long each kind of job ran
+(`estimate`): what a job without a time limit is expected to take.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from gpuq.model.states import FINAL_STATES
-from gpuq.model.usage import UsageLedger
+from gpuq.model.usage import RUNS_KEPT, UsageLedger, kind_of
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import checked_event
 
@@ -29,6 +30,7 @@ class UsageHistory:
         self.layout, self.half_life_s = layout, half_life_s
         self.ledger = UsageLedger(half_life_s)
         self.read_to: dict[str, tuple[int, int]] = {}  # log name -> (inode, bytes read)
+        self.durations: dict[str, list[float]] = {}  # kind_of -> the latest runs that ended done
 
     def usage(self, now: float, gpu_mem_of: Mapping[str, int]) -> dict[str, float]:
         """Each user's decayed GPU-seconds of ended jobs at `now`. `gpu_mem_of`: host -> the
@@ -40,7 +42,7 @@ class UsageHistory:
         for name in names:
             if not self._read(self.layout.events / name, gpu_mem_of):
                 # A log replaced or cut short (moved away by an admin): count everything again.
-                self.ledger, self.read_to = UsageLedger(self.half_life_s), {}
+                self.ledger, self.read_to, self.durations = UsageLedger(self.half_life_s), {}, {}
                 for again in names:
                     self._read(self.layout.events / again, gpu_mem_of)
                 break
@@ -86,3 +88,7 @@ class UsageHistory:
         mem, host_mem = event.get("gpu_mem_mib"), gpu_mem_of.get(str(event.get("host")))
         share = min(1.0, mem / host_mem) if isinstance(mem, int) and host_mem else 1.0
         self.ledger.add(user, len(gpus) * share, float(start), float(end))
+        if event["to"] == "done" and end > start:
+            runs = self.durations.setdefault(kind_of(user, event["job"]), [])
+            runs.append(float(end) - float(start))
+            del runs[:-RUNS_KEPT]

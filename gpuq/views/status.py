@@ -17,7 +17,7 @@ from gpuq.model.jobs import HostView, PendingJob, RunningJob
 from gpuq.model.record import Record
 from gpuq.model.spec import command_text
 from gpuq.model.states import FINAL_STATES
-from gpuq.sched.estimate import expected_starts
+from gpuq.sched.estimate import expected_starts, learned_runs
 from gpuq.sched.fairshare import shares
 from gpuq.sched.placement import build_slots, usable_mib
 from gpuq.sched.plan import effective_usage, gpu_use_by_user, plan
@@ -127,16 +127,27 @@ def status(
     waiting, doomed = gates(pending, DependencyStates(layout))
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
     booked = load_bookings(layout, now)
-    usage = _usage(layout, [hb["host"] for hb in beats], config, now) if config.fair_share else {}
+    usage, durations = _usage(layout, [hb["host"] for hb in beats], config, now)
+    usage = usage if config.fair_share else {}
+    estimates, planned_running = learned_runs(pending, running_jobs, config, durations)
     decided = plan(
-        pending, team.hosts, running_jobs, config, now, explain=True, blocked=blocked, bookings=booked, usage=usage
+        pending,
+        team.hosts,
+        planned_running,
+        config,
+        now,
+        explain=True,
+        blocked=blocked,
+        bookings=booked,
+        usage=usage,
+        estimates=estimates,
     )
     starting = {s.job_id: s for s in decided.starts}
     by_id = {j.id: j for j in pending}
     # Expected starts for the rows shown and the jobs ahead of them (those behind could only
     # backfill, which never delays the head): a bounded replay, not one of 10,000 jobs.
     ahead = [by_id[i] for i in decided.order[: max(ESTIMATED_ROWS, pending_rows or 0)]]
-    expected = expected_starts(ahead, team.hosts, running_jobs, config, now, usage, blocked, booked)
+    expected = expected_starts(ahead, team.hosts, planned_running, config, now, usage, blocked, booked, estimates)
     jobs_by_host: dict[str, list[RunningJob]] = {}  # per host: 50 boxes x 400 jobs is no scan per GPU
     for j in running_jobs:
         jobs_by_host.setdefault(j.host, []).append(j)
@@ -190,10 +201,11 @@ def status(
     }
 
 
-def _usage(layout: Layout, hosts: list[str], config: Config, now: float) -> dict[str, float]:
+def _usage(layout: Layout, hosts: list[str], config: Config, now: float) -> tuple[dict[str, float], dict]:
     """Each user's decayed usage of ended jobs, as the freshest worker counted it (worker/loop.py
-    writes it now and then), brought forward to `now`; {} while no worker has."""
-    latest: tuple[float, dict] | None = None
+    writes it now and then), brought forward to `now`, and the durations of each kind of job's
+    latest runs; empty while no worker has counted them."""
+    latest: tuple[float, dict, object] | None = None
     for host in hosts:
         try:
             data = read_json(layout.usage_cache(host))
@@ -201,11 +213,17 @@ def _usage(layout: Layout, hosts: list[str], config: Config, now: float) -> dict
             continue
         if isinstance(data, dict) and isinstance(data.get("t"), (int, float)) and isinstance(data.get("users"), dict):
             if latest is None or data["t"] > latest[0]:
-                latest = (float(data["t"]), data["users"])
+                latest = (float(data["t"]), data["users"], data.get("durations"))
     if latest is None:
-        return {}
+        return {}, {}
     factor = 2.0 ** (-max(0.0, now - latest[0]) / config.fair_share_half_life_s)
-    return {u: float(v) * factor for u, v in latest[1].items() if isinstance(u, str) and isinstance(v, (int, float))}
+    usage = {u: float(v) * factor for u, v in latest[1].items() if isinstance(u, str) and isinstance(v, (int, float))}
+    durations = {
+        kind: [float(d) for d in runs if isinstance(d, (int, float))]
+        for kind, runs in (latest[2] if isinstance(latest[2], dict) else {}).items()
+        if isinstance(kind, str) and isinstance(runs, list)
+    }
+    return usage, durations
 
 
 def _fair_share(

@@ -45,6 +45,7 @@ from gpuq.run.joblocal import (
 from gpuq.run.launch import JOB_PATH
 from gpuq.run.mps import LINGER_S, MpsDaemons
 from gpuq.run.spawner import Spawner
+from gpuq.sched.estimate import learned_runs
 from gpuq.sched.idle import IdleTracker
 from gpuq.sched.overuse import GpuMemWatch, Overuse
 from gpuq.sched.plan import plan
@@ -498,16 +499,20 @@ class Worker:
             if self.listing.changed():
                 self.listing.read(now)
                 team.running = own_jobs + running_elsewhere(beats, self.listing.others, self.host)
+            usage = self._usage(team.hosts, now)
+            pending = self.intake.pending()
+            estimates, running = learned_runs(pending, team.running, self.config, self.history.durations)
             decided = plan(
-                self.intake.pending(),
+                pending,
                 team.hosts,
-                team.running,
+                running,
                 self.config,
                 now,
                 explain=False,
                 blocked={**waiting, **doomed},
                 bookings=booked,
-                usage=self._usage(team.hosts, now) if self.config.fair_share else None,
+                usage=usage if self.config.fair_share else None,
+                estimates=estimates,
             )
             if settling:
                 decided.starts = onto_empty_gpus(decided.starts, team.running)
@@ -536,12 +541,14 @@ class Worker:
 
     def _usage(self, hosts: list[HostView], now: float) -> dict[str, float]:
         """Each user's decayed usage of ended jobs (spool/history.py), and, now and then, the
-        same for `gpuq status` to rank jobs as the workers do (state/workers/<host>.usage.json)."""
+        same and the runs' durations for `gpuq status` to plan as the workers do
+        (state/workers/<host>.usage.json)."""
         usage = self.history.usage(now, {h.name: max((g.mem_total_mib for g in h.gpus), default=0) for h in hosts})
         if now - self.usage_written >= USAGE_CACHE_EVERY_S:
             self.usage_written = now
             try:
-                write_json(self.layout.usage_cache(self.host), {"t": now, "users": usage}, durable=False)
+                cache = {"t": now, "users": usage, "durations": self.history.durations}
+                write_json(self.layout.usage_cache(self.host), cache, durable=False)
             except OSError as e:
                 self._report_once("usage-cache", f"cannot write {self.layout.usage_cache(self.host)}: {e}")
         return usage
