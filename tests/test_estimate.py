@@ -3,6 +3,7 @@ jobs ending by their time limits; shown by `gpuq status` as START BY and in `sta
 
 from __future__ import annotations
 
+import math
 import re
 import time
 
@@ -48,8 +49,19 @@ def test_status_shows_when_a_waiting_job_will_start_at_the_latest(queue):
     assert rows["after"]["expected_start"] is None
     text = queue.gpuq("status").stdout
     line = next(line for line in text.splitlines() if " next " in f" {line} ")
-    assert time.strftime("%H:%M", time.localtime(started + 3600)) in line, text
+    due = math.ceil((started + 3600) / 60) * 60  # a latest start: rounded up to the minute
+    assert time.strftime("%H:%M", time.localtime(due)) in line, text
     assert "START BY" in text
     shown = queue.gpuq("show", "next").stdout
-    due = time.strftime("%Y-%m-%d %H:%M", time.localtime(started + 3600))
-    assert re.search(r"expected_start: +by " + due, shown), shown
+    assert re.search(r"expected_start: +by " + time.strftime("%Y-%m-%d %H:%M", time.localtime(due)), shown), shown
+
+
+def test_a_booking_ending_is_a_moment_the_estimate_moves_to():
+    """A review: a job waiting only for someone's booking to end had no estimate."""
+    from gpuq.model.booking import Booking
+
+    b = Booking("bk-1", "h", (0,), start=0, end=1800, owner="bob")
+    estimate = expected_starts(
+        [job("mine", user="ana", mem_gib=None, limit_s=300)], [host("h", gpu(0))], [], CFG, 10, bookings=[b]
+    )
+    assert estimate == {"mine": 1800}

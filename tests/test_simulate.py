@@ -78,6 +78,27 @@ def test_time_limits_come_from_the_trace_or_are_rounded_up_to_what_people_type(t
         load_trace(trace(tmp_path, "a,0,59,1,,,u,,soon", header=LIMITS_HEADER), parse_cluster("1x1x1GiB"))
 
 
+def test_a_trace_the_replay_cannot_trust_is_refused_with_its_line_and_fix(tmp_path):
+    """A review's inputs: limits of nan, inf, 1e30 and 0; an id twice; a spreadsheet's UTF-8
+    byte-order mark before the header; GPUs of no memory."""
+    one = parse_cluster("1x1x32GiB")
+    for limit, said in (
+        ("nan", "not a finite number"),
+        ("inf", "not a finite number"),
+        ("1e30", "no time limit"),
+        ("0", "no time limit"),
+    ):
+        with pytest.raises(TraceError, match=f"column 'time_limit_s': .*{said}.*Fix: "):
+            load_trace(trace(tmp_path, f"a,0,59,1,,,u,,{limit}", header=LIMITS_HEADER), one)
+    with pytest.raises(TraceError, match=r"trace.csv:3: column 'job_id': 'a' again \(line 2\)"):
+        load_trace(trace(tmp_path, "a,0,10,1,,,u,", "a,1,10,1,,,u,"), one)
+    bom = tmp_path / "bom.csv"
+    bom.write_text("\ufeff" + HEADER + "a,0,10,1,,,u,\n", encoding="utf-8")
+    assert [j.id for j in load_trace(bom, one)] == ["a"]
+    with pytest.raises(TraceError, match="GPUs of 0 MiB hold no job"):
+        parse_cluster("1x8x0GiB")
+
+
 def test_a_mixed_cluster_names_its_boxes_in_order_and_caps_to_the_widest(tmp_path):
     cluster = parse_cluster("1x8x80GiB+2x4x24GiB")
     assert cluster.hosts == 3 and cluster.gpus == 16 and cluster.gpus_per_host == 8
@@ -249,6 +270,17 @@ def test_the_cli_prints_the_table_and_the_documented_json(tmp_path):
     doc = json.loads(subprocess.run(mixed, capture_output=True, text=True, check=True).stdout)
     assert doc["cluster"] == "1x8x80GiB+2x4x24GiB" and doc["jobs"] == 2
     assert doc["policies"]["gpuq"]["capped"] == 0  # c's 8 GPUs fit the big box; --jobs 2 leaves it out anyway
+    # What a review fed it: each a one-line error with the fix, never a traceback.
+    for extra, said in (
+        (["--policy", "slurm"], "invalid choice: 'slurm'"),
+        (["--mark-low", "1", "--without-low"], "leaves no job to replay"),
+        (["--stretch", "0"], "--stretch 0: write a factor above 0"),
+        (["--mark-low", "2"], "--mark-low 2: write a fraction from 0 to 1"),
+        (["--without-low"], "give --mark-low too"),
+        (["--colocation-penalty", "1"], "--colocation-penalty 1: write a fraction"),
+    ):
+        bad = subprocess.run(cmd + extra, capture_output=True, text=True)
+        assert bad.returncode == 2 and said in bad.stderr and "Traceback" not in bad.stderr, (extra, bad.stderr)
 
 
 @pytest.mark.slow

@@ -145,3 +145,7 @@ def test_fair_share_ranks_by_what_each_member_ran_not_only_what_they_hold_now(te
     a = wait_until(lambda: team.finished("a-next"), timeout=60, what="alice's job to run")
     b = team.finished("b-next")
     assert b is not None and b["claimed_at"] < a["claimed_at"], (a, b)
+    # The worker's usage file for status is no heartbeat (a review saw it read as one: a warning
+    # at every start, and a false alert of a silent worker).
+    assert (team.root / "state" / "workers" / "a.usage").exists()
+    assert "left out of the plan" not in (team.root / "logs" / "workers" / "a.log").read_text()

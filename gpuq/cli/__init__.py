@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--policy",
         action="append",
+        choices=("gpuq", "slurm-easy", "pack-bestfit", "fifo-exclusive"),
         metavar="NAME",
         help="gpuq, slurm-easy, pack-bestfit or fifo-exclusive (repeatable; default: all four)",
     )

@@ -50,7 +50,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-
+    if args.stretch <= 0:
+        print(f"gpuq simulate: --stretch {args.stretch:g}: write a factor above 0, e.g. 1.5", file=sys.stderr)
+        return 2
+    if args.mark_low is not None and not 0 <= args.mark_low <= 1:
+        print(f"gpuq simulate: --mark-low {args.mark_low:g}: write a fraction from 0 to 1, e.g. 0.33", file=sys.stderr)
+        return 2
+    if args.without_low and not args.mark_low:
+        print("gpuq simulate: --without-low leaves out the jobs --mark-low marks: give --mark-low too", file=sys.stderr)
+        return 2
     try:
         cluster = parse_cluster(args.cluster)
         jobs = load_trace(Path(args.trace), cluster, args.since, args.stretch, args.jobs)
@@ -66,6 +74,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 2
     if args.mark_low:
         jobs = mark_low(jobs, args.mark_low, drop=args.without_low, rule=args.mark_rule)
+        if not jobs:
+            print(f"gpuq simulate: --mark-low {args.mark_low:g} --without-low leaves no job to replay", file=sys.stderr)
+            return 2
     settings: dict = {}
     for item in args.set or []:
         key, _, value = item.partition("=")

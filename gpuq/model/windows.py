@@ -7,6 +7,7 @@ matches the host's local time. No entries: always open.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -74,6 +75,13 @@ def window_open(windows: tuple[Window, ...], now: float) -> bool:
 
 def describe(windows: tuple[Window, ...]) -> str:
     return ", ".join(w.text for w in windows)
+
+
+def moment(t: float, now: float) -> str:
+    """A moment to come, as a person reads it: 14:05 within the next 20 hours, else with its
+    day (Dec 07 14:05); rounded up to the minute (the moment is a latest one)."""
+    up = math.ceil(t / 60) * 60
+    return time.strftime("%H:%M" if t - now < 20 * 3600 else "%b %d %H:%M", time.localtime(up))
 
 
 def hhmm(t: float) -> str:

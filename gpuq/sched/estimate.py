@@ -89,7 +89,8 @@ def expected_starts(
             started = {s.job_id for s in decided.starts}
             waiting = [j for j in waiting if j.id not in started]
             continue  # the same moment again: a start may let the next job plan anew
-        ends = [r.ends_by for r in active if r.ends_by > t]
+        # The next moment anything changes: a running job's limit, a booking's start or end.
+        ends = [r.ends_by for r in active if r.ends_by > t] + [e for b in bookings for e in (b.start, b.end) if e > t]
         if not ends or min(ends) == float("inf"):
             break  # nothing known ends: the rest has no estimate
         t = min(ends)

@@ -19,7 +19,7 @@ from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, Start
 from gpuq.model.sharing import uses_mps
 from gpuq.model.spec import JobSpec
 from gpuq.model.usage import decayed_gpu_s
-from gpuq.model.windows import describe, hhmm, window_open
+from gpuq.model.windows import describe, hhmm, moment, window_open
 from gpuq.sched import fairshare, placement, reasons
 from gpuq.sched.placement import Slot, compute_of
 
@@ -458,9 +458,10 @@ class _Pass:
         the running jobs' time limits free room for it soonest; from then on a job may use
         that room only if it ends (by its own limit) before the head is due to start. With
         no limit known on the GPUs it waits for, no reservation: nothing would tell when."""
-        found = placement.earliest_start(
-            job.spec, [s for s in slots if not s.busy_by_others], self.ending, self.config.max_jobs_per_gpu
-        )
+        # Not on GPUs someone else has booked from some later moment: when the head would
+        # start, and so whether it would run into the booking, is what this computes.
+        own = [s for s in slots if not s.busy_by_others and all(owner == job.user for _, owner in s.booked_later)]
+        found = placement.earliest_start(job.spec, own, self.ending, self.config.max_jobs_per_gpu)
         if found is None:
             return False
         start, chosen = found
@@ -469,7 +470,7 @@ class _Pass:
         self.result.reserved[job.id] = (chosen[0].host, gpus, start)
         if self.explain:
             self.result.reasons[job.id] = (
-                f"GPU {', '.join(s.label for s in chosen)} reserved for it from {hhmm(start)}, "
+                f"GPU {', '.join(s.label for s in chosen)} reserved for it from {moment(start, self.now)}, "
                 "when the time limits of the jobs there run out"
             )
         return True
@@ -527,8 +528,8 @@ class _Pass:
             s = coming[0]
             start, owner = _booked_before(s, job.user, ends_by)  # type: ignore[misc]
             runs = "has no time limit" if ends_by == float("inf") else "may run past that (its time limit)"
-            return f"GPU {s.label} booked for {owner} from {hhmm(start)}; this job {runs}"
-        held = reasons.why_held([s for s in mine if s.held_for], job.id, self.ends_by(job) - self.now)
+            return f"GPU {s.label} booked for {owner} from {moment(start, self.now)}; this job {runs}"
+        held = reasons.why_held([s for s in mine if s.held_for], job.id, self.ends_by(job) - self.now, self.now)
         if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu):
             return held
         return reasons.why_gpu(spec, allowed, mine or [s for s in slots if s.host in allowed], self.hosts, config)

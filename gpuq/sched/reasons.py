@@ -8,7 +8,7 @@ from gpuq.model.config import Config
 from gpuq.model.jobs import HostView
 from gpuq.model.spec import JobSpec
 from gpuq.model.units import format_duration, format_mib
-from gpuq.model.windows import hhmm
+from gpuq.model.windows import moment
 from gpuq.sched.placement import Slot
 
 
@@ -65,7 +65,7 @@ def why_gpu(
     return f"needs {count}{need}; largest usable is {format_mib(max(0, free(largest)))} on {largest.label}"
 
 
-def why_held(slots: list["Slot"], job_id: str, runs_s: float) -> str | None:
+def why_held(slots: list["Slot"], job_id: str, runs_s: float, now: float) -> str | None:
     """When the job would fit but for GPUs held for another job: that job's name, and, for the
     head of the queue's reservation, why this one may not run before it (`runs_s`: how long
     it may run, inf: no limit known)."""
@@ -79,8 +79,8 @@ def why_held(slots: list["Slot"], job_id: str, runs_s: float) -> str | None:
     if slot.reserved_from == float("inf"):
         return reason
     if runs_s == float("inf"):
-        return f"{reason} from {hhmm(slot.reserved_from)}; with a time_limit that ends by then it could run now"
-    return f"{reason} from {hhmm(slot.reserved_from)}; its time limit ({format_duration(runs_s)}) runs past that"
+        return f"{reason} from {moment(slot.reserved_from, now)}; with a time_limit that ends by then it could run now"
+    return f"{reason} from {moment(slot.reserved_from, now)}; its time limit ({format_duration(runs_s)}) runs past that"
 
 
 def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:

@@ -28,6 +28,9 @@ LIMIT_STEPS_S = tuple(
 )
 
 
+MAX_LIMIT_S = 10 * 365 * 86400.0  # a "limit" beyond ten years is a typo
+
+
 class TraceError(Exception):
     """A trace or cluster that cannot be replayed; the message names the place and the fix."""
 
@@ -91,6 +94,8 @@ def parse_cluster(text: str) -> Cluster:
             ) from None
         if not (1 <= group.hosts <= 1000 and 1 <= group.gpus_per_host <= 64):
             raise TraceError(f"--cluster {text!r}: use 1-1000 hosts of 1-64 GPUs")
+        if group.mem_mib < 1024:
+            raise TraceError(f"--cluster {text!r}: GPUs of {group.mem_mib} MiB hold no job. Fix: give 1GiB or more")
         groups.append(group)
     cluster = Cluster(tuple(groups))
     if cluster.hosts > 1000:
@@ -146,6 +151,8 @@ def load_trace(
     except OSError as e:
         raise TraceError(f"{path}: cannot read ({e.strerror})") from None
     with handle:
+        if handle.read(1) != "\ufeff":  # a UTF-8 byte-order mark (spreadsheets write one) is no column name
+            handle.seek(0)
         reader = csv.DictReader(handle)
         missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
         if missing:
@@ -154,11 +161,18 @@ def load_trace(
                 f"{', '.join(REQUIRED)} (and optionally priority, time_limit_s)"
             )
         jobs = []
+        seen: dict[str, int] = {}
         for line, row in enumerate(reader, 2):
             try:
                 job = _job(row, cluster)
             except (ValueError, KeyError) as e:
                 raise TraceError(f"{path}:{line}: {e}") from None
+            if job.id in seen:
+                raise TraceError(
+                    f"{path}:{line}: column 'job_id': {job.id!r} again (line {seen[job.id]}). "
+                    "Fix: give each job its own id"
+                )
+            seen[job.id] = line
             if since_s is None or job.submit_s >= since_s:
                 jobs.append(job)
     jobs.sort(key=lambda j: j.submit_s)
@@ -177,8 +191,10 @@ def _number(row: dict, column: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"column '{column}': {text!r} is not a number. Fix: write a number (seconds, GPUs)") from None
-    if value < 0 or math.isnan(value):
+        raise ValueError(f"column '{column}': {text!r} is not a number. Fix: write a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"column '{column}': {text!r} is not a finite number. Fix: write a number")
+    if value < 0:
         raise ValueError(f"column '{column}': {text!r} is negative. Fix: write a value >= 0")
     return value
 
@@ -216,8 +232,11 @@ def _job(row: dict, cluster: Cluster) -> TraceJob:
     # What the job declares, as sbatch --time: the trace's own limit, else the one a person
     # would have picked for it. Every policy sees the same; none sees the duration.
     limit = _number(row, "time_limit_s") if (row.get("time_limit_s") or "").strip() else limit_for(duration)
-    if limit <= 0:
-        raise ValueError("column 'time_limit_s': 0. Fix: write the job's limit in seconds, or leave it empty")
+    if not 0 < limit <= MAX_LIMIT_S:
+        raise ValueError(
+            f"column 'time_limit_s': {limit:g} s is no time limit. Fix: write the job's limit in seconds "
+            f"(above 0, at most {MAX_LIMIT_S:g}), or leave it empty for its duration rounded up"
+        )
     return TraceJob(
         row["job_id"],
         _number(row, "submit_s"),

@@ -205,8 +205,9 @@ class Layout:
         return self.workers / f"{host}.specs.json"
 
     def usage_cache(self, host: str) -> Path:
-        """Each user's decayed usage as that host's worker last counted it (for `gpuq status`)."""
-        return self.workers / f"{host}.usage.json"
+        """Each user's decayed usage as that host's worker last counted it (for `gpuq status`).
+        Not `.json`: every `<host>.json` in state/workers/ is read as a heartbeat."""
+        return self.workers / f"{host}.usage"
 
     def host_control(self, host: str) -> Path:
         return self.control / host

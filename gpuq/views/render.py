@@ -16,6 +16,7 @@ from typing import Any
 from gpuq.model.spec import command_text
 from gpuq.model.text import safe_tree
 from gpuq.model.units import format_duration, format_mib
+from gpuq.model.windows import moment
 from gpuq.sched.fairshare import rank_score
 from gpuq.views.preview import preview_lines
 
@@ -48,7 +49,7 @@ def start_by(expected: Any, now: float) -> str:
         return "-"
     if expected <= now + 1:
         return "now"
-    return stamp(expected, "%H:%M" if expected - now < 20 * 3600 else "%b %d %H:%M")
+    return moment(expected, now)
 
 
 def _clock(t: float | None) -> str:
@@ -220,7 +221,7 @@ def shares_text(view: dict[str, Any]) -> str:
     factor, and the pending jobs in the order the workers take them, with what ranks them."""
     view = safe_tree(view)
     out = [f"gpuq · {view['root']} · {stamp(view['now'])}", ""]
-    if not view["fair_share"]:
+    if not view["fair_share"] and not view.get("fair_share_on", True):
         return "\n".join(out + ["fair share is off (config fair_share: false): jobs go by priority, then age"])
     out.append("FAIR SHARE (usage: GPU-hours, each halved every fair_share_half_life; factor 2^-(usage/share))")
     rows = [["USER", "USAGE", "HOLDS", "PENDING", "FACTOR"]]
@@ -360,7 +361,8 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
             continue
         label = key  # the unit goes into the value, so the label says what it is
         if key == "expected_start" and isinstance(value, (int, float)):
-            value = f"by {stamp(value)} at the latest, if the jobs ahead keep to their time limits"
+            due = stamp(math.ceil(value / 60) * 60, "%Y-%m-%d %H:%M")  # rounded up: it is a latest start
+            value = f"by {due} at the latest, if the jobs ahead keep to their time limits"
         elif key.endswith("_at") and isinstance(value, (int, float)):
             value = stamp(value)
         elif key.endswith("_mib"):

@@ -61,7 +61,10 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         view = status(layout, config)
         for p in view["pending"]:
             if p["id"] == job_id:
-                return {"id": job_id, "state": "pending", **p, **_pending_sees(layout, config, job_id, path)}
+                out = {"id": job_id, "state": "pending", **p, **_pending_sees(layout, config, job_id, path)}
+                if preempted := preemptions(layout, job_id):  # waiting again after one
+                    out["preemptions"] = preempted
+                return out
         for p in view["invalid"]:
             if p["id"] == job_id:
                 return {"id": job_id, "state": "pending", "reason": "not valid yet: " + p["error"]}

@@ -171,6 +171,7 @@ def status(
         ],
         "pending_total": len(decided.order),
         "fair_share": _fair_share(usage, pending, running_jobs, team.hosts, config, now) if config.fair_share else [],
+        "fair_share_on": config.fair_share,
         # Container readiness matters to a host line only while some job asks for a container.
         "containers_asked": any(j.spec.container for j in pending) or any(r.spec.get("container") for r in running),
         "pending_by_reason": _by_reason(decided.reasons.get(i) or _starting(starting.get(i)) for i in decided.order),

@@ -542,7 +542,7 @@ class Worker:
     def _usage(self, hosts: list[HostView], now: float) -> dict[str, float]:
         """Each user's decayed usage of ended jobs (spool/history.py), and, now and then, the
         same and the runs' durations for `gpuq status` to plan as the workers do
-        (state/workers/<host>.usage.json)."""
+        (state/workers/<host>.usage)."""
         usage = self.history.usage(now, {h.name: max((g.mem_total_mib for g in h.gpus), default=0) for h in hosts})
         if now - self.usage_written >= USAGE_CACHE_EVERY_S:
             self.usage_written = now
