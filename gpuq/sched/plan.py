@@ -119,13 +119,12 @@ def plan(
     `bookings`: GPUs set aside for a person while they are on (spool/bookings.py).
     `estimates`: job id -> how long a job without a time limit is expected to run (from its
     owner's history of like jobs), which lets it backfill ahead of a reservation.
-    `usage`: each user's decayed GPU-seconds of ended jobs (sched/fairshare.py), for fair share."""
+    `usage`: each user's decayed GPU-seconds of ended jobs (model/usage.py), for fair share."""
     blocked = blocked or {}
     slots = placement.build_slots(
         hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s, invisible=config.preemption
     )
     booked = _apply_bookings(slots, bookings, now)
-    booked_later = any(s.booked_later for s in slots)
     use = gpu_use_by_user(running, slots)
     keys = _queue_keys(pending, running, slots, config, now, usage or {})
     if explain:
@@ -134,7 +133,6 @@ def plan(
     result = Plan([], {}, [key[-1].id for key in keys] if explain else [])
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
     pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked, estimates or {})
-    pass_.booked_later = booked_later
     pass_.queue = pending
     # Two comprehensions, not a loop of appends: a pass splits thousands (most queues hold
     # no opportunistic job, and then the keys are all ordinary).
@@ -220,7 +218,7 @@ class _Pass:
         self.behind: _Behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
         self.reserved = False  # one reservation a pass: for the head of the queue
         self.backfill_until = float("inf")  # see _update_room
-        self.booked_later = False  # whether any GPU has a booking to come
+        self.booked_later = any(s.booked_later for s in slots)  # whether any GPU has a booking to come
         self.queue: Sequence[PendingJob] = ()
         self.demand_walked = self.demand_seen = 0  # demand_over's walk: jobs, and GPUs they need
         self.placed_whole = 0  # GPUs that ordinary jobs placed so far needed empty

@@ -36,29 +36,28 @@ def run_policy(
     rules give (model/passes.py), with the config's poll interval. `colocation_penalty`:
     simulate.replay's (only policies that share GPUs feel it)."""
     timing = PassTiming(config.poll_interval)
-    if name == "gpuq":
+
+    def planned(replayed: list[TraceJob], planner_config: Config) -> Outcome:
+        decide = plan_policy(planner_config)
         return replay(
-            jobs,
+            replayed,
             cluster,
-            plan_policy(config),
+            decide,
             config.grace_s,
-            config=config,
+            config=planner_config,
             timing=timing,
             colocation_penalty=colocation_penalty,
         )
+
+    if name == "gpuq":
+        return planned(jobs, config)
     if name == "pack-bestfit":
         baseline = replace(
             config, fair_share=False, reservations=False, preemption=False, fragmentation_aware=False, spread=False
         )
-        flat = [replace(j, spec=replace(j.spec, priority_class="normal", priority=0, preemptible=False)) for j in jobs]
-        return replay(
-            flat,
-            cluster,
-            plan_policy(baseline),
-            config.grace_s,
-            config=baseline,
-            timing=timing,
-            colocation_penalty=colocation_penalty,
+        return planned(
+            [replace(j, spec=replace(j.spec, priority_class="normal", priority=0, preemptible=False)) for j in jobs],
+            baseline,
         )
     if name == "slurm-easy":
         return replay(jobs, cluster, SlurmEasy(jobs), config.grace_s, exclusive=True, timing=timing)
