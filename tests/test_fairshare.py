@@ -3,6 +3,8 @@ and the slurm-easy anchor the simulator compares the plan with (sim/slurm_easy.p
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_plan import gpu, host
 from test_plan_scheduling import CFG, job, run
@@ -119,3 +121,20 @@ def test_a_job_without_a_limit_is_expected_to_run_as_long_as_its_kinds_latest_ru
     assert [s.job_id for s in decided.starts] == ["train-3"]  # ends at 900, before pair (1600)
     running_unlimited = [run("train-4", user="ana", gpus=(0,), mem_gib=None, started_at=0)]
     assert learned_runs([], running_unlimited, CFG, history.durations)[1][0].limit_s == 300.0
+
+
+def test_a_run_stopped_and_put_back_counts_from_when_it_started(tmp_path):
+    """A review: a low job's two preempted runs counted no usage (the put-back event has no
+    started_at): its start comes from the event that started it."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    history = UsageHistory(layout, WEEK)
+    start = {"job": "lo-1", "attempt": 1, "from": "pending", "to": "running", "user": "carol", "host": "a"}
+    with open(layout.host_events("a"), "ab") as f:
+        f.write(json.dumps({"t": 1000.0, "by": "a", **start}, separators=(",", ":")).encode() + b"\n")
+        back = {**start, "from": "running", "to": "pending", "gpus": [0], "started_at": None, "ended_at": None}
+        f.write(
+            json.dumps({"t": 1060.0, "by": "a", **back, "cause": "preempted"}, separators=(",", ":")).encode() + b"\n"
+        )
+    assert history.usage(1060, {})["carol"] == pytest.approx(60, rel=1e-3)
+    assert history.started == {}  # nothing kept once the run has ended

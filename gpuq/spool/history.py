@@ -31,6 +31,7 @@ class UsageHistory:
         self.ledger = UsageLedger(half_life_s)
         self.read_to: dict[str, tuple[int, int]] = {}  # log name -> (inode, bytes read)
         self.durations: dict[str, list[float]] = {}  # kind_of -> the latest runs that ended done
+        self.started: dict[tuple[str, object], float] = {}  # (job, attempt) -> when it started, while it runs
 
     def usage(self, now: float, gpu_mem_of: Mapping[str, int]) -> dict[str, float]:
         """Each user's decayed GPU-seconds of ended jobs at `now`. `gpu_mem_of`: host -> the
@@ -42,7 +43,7 @@ class UsageHistory:
         for name in names:
             if not self._read(self.layout.events / name, gpu_mem_of):
                 # A log replaced or cut short (moved away by an admin): count everything again.
-                self.ledger, self.read_to, self.durations = UsageLedger(self.half_life_s), {}, {}
+                self.ledger, self.read_to, self.durations, self.started = UsageLedger(self.half_life_s), {}, {}, {}
                 for again in names:
                     self._read(self.layout.events / again, gpu_mem_of)
                 break
@@ -71,19 +72,22 @@ class UsageHistory:
         return True
 
     def _count(self, line: bytes, gpu_mem_of: Mapping[str, int]) -> None:
-        if b'"ended_at"' not in line:
+        if b"running" not in line:  # a start or an end of a run (cheap: most lines are neither)
             return
         event = checked_event(line)
-        if event is None or event.get("from") != "running" or event.get("to") not in _ENDS:
+        if event is None:
             return
+        run = (event["job"], event.get("attempt"))
+        if event.get("to") == "running":  # when it started, for an end that does not say (a put-back)
+            self.started[run] = event["t"]
+            return
+        if event.get("from") != "running" or event.get("to") not in _ENDS:
+            return
+        started = self.started.pop(run, None)
         start, end, user, gpus = event.get("started_at"), event.get("ended_at"), event.get("user"), event.get("gpus")
-        if not (
-            isinstance(start, (int, float))
-            and isinstance(end, (int, float))
-            and isinstance(user, str)
-            and isinstance(gpus, list)
-            and gpus
-        ):
+        start = start if isinstance(start, (int, float)) else started
+        end = end if isinstance(end, (int, float)) else event["t"]
+        if not (isinstance(start, (int, float)) and isinstance(user, str) and isinstance(gpus, list) and gpus):
             return
         mem, host_mem = event.get("gpu_mem_mib"), gpu_mem_of.get(str(event.get("host")))
         share = min(1.0, mem / host_mem) if isinstance(mem, int) and host_mem else 1.0

@@ -465,6 +465,8 @@ class Worker:
         that box's (it is poked)."""
         self.started_last_pass = 0
         if not self.intake.entries and not any(r.spec.get("preemptible") for r in self.running):
+            if self.config.fair_share and self.clock.wall() - self.usage_written >= USAGE_CACHE_EVERY_S:
+                self._usage(self.clock.wall())  # an idle queue's `status --shares` stays current
             return
         if drain_file(self.layout, self.host).exists():
             return  # `gpuq drain`: running jobs finish, nothing new starts here
@@ -499,7 +501,7 @@ class Worker:
             if self.listing.changed():
                 self.listing.read(now)
                 team.running = own_jobs + running_elsewhere(beats, self.listing.others, self.host)
-            usage = self._usage(team.hosts, now)
+            usage = self._usage(now)
             pending = self.intake.pending()
             estimates, running = learned_runs(pending, team.running, self.config, self.history.durations)
             decided = plan(
@@ -539,11 +541,23 @@ class Worker:
         )
         self.unchanged_plan_inputs = None if mine else inputs
 
-    def _usage(self, hosts: list[HostView], now: float) -> dict[str, float]:
+    def _usage(self, now: float) -> dict[str, float]:
         """Each user's decayed usage of ended jobs (spool/history.py), and, now and then, the
         same and the runs' durations for `gpuq status` to plan as the workers do
         (state/workers/<host>.usage)."""
-        usage = self.history.usage(now, {h.name: max((g.mem_total_mib for g in h.gpus), default=0) for h in hosts})
+        # Every box that has beaten, gone ones too: their jobs' shares of a GPU are counted so.
+        sizes = {
+            hb["host"]: max(mems)
+            for hb in load_heartbeats(self.layout, None, self.beat_cache)
+            if (
+                mems := [
+                    g["mem_total_mib"]
+                    for g in hb.get("gpus") or []
+                    if isinstance(g, dict) and isinstance(g.get("mem_total_mib"), int)
+                ]
+            )
+        }
+        usage = self.history.usage(now, sizes)
         if now - self.usage_written >= USAGE_CACHE_EVERY_S:
             self.usage_written = now
             try:
