@@ -56,8 +56,6 @@ class Slot:
     victims: list["RunningJob"] = field(default_factory=list)  # opportunistic, not yet told to yield
     opp_mib: int = 0  # memory of every opportunistic job on it, yielding ones included
     opp_jobs: int = 0
-    blockers: int = 0  # memory of running ordinary jobs
-    oldest_blocker: float = float("inf")  # when the longest-running of them started
     held_for: str | None = None
     hard_held: bool = False  # held for a job whose opportunistic jobs are yielding: nothing else may use it
     # Memory reserved for the head of the queue from `reserved_from` (when running jobs' limits
@@ -137,8 +135,6 @@ def build_slots(
                 slot.compute_room -= compute_of(job.compute_pct)
                 if job.mps:
                     slot.mps_users.add(job.user)
-                slot.blockers += mib
-                slot.oldest_blocker = min(slot.oldest_blocker, job.started_at)
             # As usable_mib: beyond what gpuq's jobs are observed to use, `used` is others'.
             others = max(0, gpu.mem_used_mib - observed)
             slot.free = slot.free_opportunistic = gpu.mem_total_mib - max(reserve_mib, others) - charged

@@ -466,7 +466,8 @@ class Worker:
         self.started_last_pass = 0
         if not self.intake.entries and not any(r.spec.get("preemptible") for r in self.running):
             if self.config.fair_share and self.clock.wall() - self.usage_written >= USAGE_CACHE_EVERY_S:
-                self._usage(self.clock.wall())  # an idle queue's `status --shares` stays current
+                # An idle queue's `status --shares` stays current.
+                self._usage(self.clock.wall(), load_heartbeats(self.layout, None, self.beat_cache))
             return
         if drain_file(self.layout, self.host).exists():
             return  # `gpuq drain`: running jobs finish, nothing new starts here
@@ -501,7 +502,7 @@ class Worker:
             if self.listing.changed():
                 self.listing.read(now)
                 team.running = own_jobs + running_elsewhere(beats, self.listing.others, self.host)
-            usage = self._usage(now)
+            usage = self._usage(now, beats)
             pending = self.intake.pending()
             estimates, running = learned_runs(pending, team.running, self.config, self.history.durations)
             decided = plan(
@@ -541,14 +542,15 @@ class Worker:
         )
         self.unchanged_plan_inputs = None if mine else inputs
 
-    def _usage(self, now: float) -> dict[str, float]:
+    def _usage(self, now: float, beats: list[dict]) -> dict[str, float]:
         """Each user's decayed usage of ended jobs (spool/history.py), and, now and then, the
         same and the runs' durations for `gpuq status` to plan as the workers do
         (state/workers/<host>.usage)."""
-        # Every box that has beaten, gone ones too: their jobs' shares of a GPU are counted so.
+        # Every box with a heartbeat (`beats`: this pass's), gone ones too: their jobs' shares
+        # of a GPU are counted by their GPUs' size.
         sizes = {
             hb["host"]: max(mems)
-            for hb in load_heartbeats(self.layout, None, self.beat_cache)
+            for hb in beats
             if (
                 mems := [
                     g["mem_total_mib"]
