@@ -1,11 +1,17 @@
-"""Fair share from usage (model/usage.py: GPU-seconds decayed with a half-life), and a job's
-place among its priority class from it and from how long it has waited (Slurm's multifactor
-priority). `plan` adds the running jobs' usage so far to the ended jobs' it is given.
+"""The queue's order: priority class, integer priority, then fair share from usage
+(model/usage.py: GPU-seconds decayed with a half-life) and how long a job has waited, as
+Slurm's multifactor priority weighs them. The ended jobs' usage is given; the running jobs'
+so far, and what each user holds now, are added here.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
+
+from gpuq.model.config import Config
+from gpuq.model.jobs import PendingJob, RunningJob
+from gpuq.model.usage import decayed_gpu_s
+from gpuq.sched.placement import Slot
 
 # Slurm's documented example weights (PriorityWeightFairshare, PriorityWeightAge) and its
 # PriorityMaxAge: fair share outweighs age ten to one, and age counts for up to a week.
@@ -27,3 +33,70 @@ def shares(usage: Mapping[str, float], users: Iterable[str]) -> dict[str, float]
 def rank_score(fair_share: float, waited_s: float) -> float:
     """Higher runs first: the fair-share factor, and the age factor (a week's wait at most)."""
     return FAIR_SHARE_WEIGHT * fair_share + AGE_WEIGHT * min(1.0, max(0.0, waited_s) / MAX_AGE_S)
+
+
+# The queue's order: what fair share weighs for each user, and each pending job's place.
+
+
+def _gpu_weights(running: Sequence[RunningJob], slots: Sequence[Slot]) -> list[tuple[RunningJob, float]]:
+    """Each running job with the GPUs it holds; a shared GPU counts as the share of its memory declared."""
+    whole = {(s.host, s.index): s.whole for s in slots}
+    weighted = []
+    for job in running:
+        weight = 0.0
+        for index in job.gpus:
+            w = whole.get((job.host, index)) or 1
+            weight += 1.0 if job.gpu_mem_mib is None else min(1.0, job.gpu_mem_mib / w)
+        weighted.append((job, weight))
+    return weighted
+
+
+def gpu_use_by_user(running: Sequence[RunningJob], slots: Sequence[Slot]) -> dict[str, float]:
+    """GPUs each user holds now; a shared GPU counts as the share of its memory declared."""
+    use: dict[str, float] = {}
+    for job, weight in _gpu_weights(running, slots):
+        use[job.user] = use.get(job.user, 0.0) + weight
+    return use
+
+
+def effective_usage(
+    usage: Mapping[str, float], running: Sequence[RunningJob], slots: Sequence[Slot], config: Config, now: float
+) -> dict[str, float]:
+    """What fair share weighs for each user: the decayed GPU-seconds of their ended jobs
+    (`usage`), those of their running jobs so far, and each GPU they hold now as age_step_s
+    more (so one pass's burst of starts counts at once)."""
+    effective = dict(usage)
+    for job, weight in _gpu_weights(running, slots):
+        ran = decayed_gpu_s(weight, job.started_at, now, now, config.fair_share_half_life_s)
+        effective[job.user] = effective.get(job.user, 0.0) + ran + weight * config.age_step_s
+    return effective
+
+
+def queue_order(
+    pending: Sequence[PendingJob],
+    running: Sequence[RunningJob],
+    slots: Sequence[Slot],
+    config: Config,
+    now: float,
+    usage: Mapping[str, float] | None = None,
+) -> list[PendingJob]:
+    """Priority class, integer priority (higher first), fair share (the user's decayed
+    usage and what they hold now, and how long the job has waited), then age."""
+    return [key[-1] for key in sorted(queue_keys(pending, running, slots, config, now, usage or {}))]
+
+
+def queue_keys(
+    pending: Sequence[PendingJob],
+    running: Sequence[RunningJob],
+    slots: Sequence[Slot],
+    config: Config,
+    now: float,
+    usage: Mapping[str, float],
+) -> list[tuple]:
+    """Each job's place in the queue as a tuple that sorts, the job last (ids are unique, so
+    two jobs are never compared). Built in one comprehension: a pass sorts thousands."""
+    if not config.fair_share:
+        return [(j.order, j.queued_at, j.id, j) for j in pending]
+    factor = shares(effective_usage(usage, running, slots, config, now), {j.user for j in pending}).get
+    score = rank_score
+    return [(j.order, -score(factor(j.user, 1.0), now - j.queued_at), j.queued_at, j.id, j) for j in pending]

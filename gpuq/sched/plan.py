@@ -18,74 +18,9 @@ from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, Start
 from gpuq.model.sharing import uses_mps
 from gpuq.model.spec import JobSpec
-from gpuq.model.usage import decayed_gpu_s
 from gpuq.model.windows import describe, hhmm, moment, window_open
 from gpuq.sched import fairshare, placement, reasons
 from gpuq.sched.placement import Slot, compute_of
-
-
-def _gpu_weights(running: Sequence[RunningJob], slots: Sequence[Slot]) -> list[tuple[RunningJob, float]]:
-    """Each running job with the GPUs it holds; a shared GPU counts as the share of its memory declared."""
-    whole = {(s.host, s.index): s.whole for s in slots}
-    weighted = []
-    for job in running:
-        weight = 0.0
-        for index in job.gpus:
-            w = whole.get((job.host, index)) or 1
-            weight += 1.0 if job.gpu_mem_mib is None else min(1.0, job.gpu_mem_mib / w)
-        weighted.append((job, weight))
-    return weighted
-
-
-def gpu_use_by_user(running: Sequence[RunningJob], slots: Sequence[Slot]) -> dict[str, float]:
-    """GPUs each user holds now; a shared GPU counts as the share of its memory declared."""
-    use: dict[str, float] = {}
-    for job, weight in _gpu_weights(running, slots):
-        use[job.user] = use.get(job.user, 0.0) + weight
-    return use
-
-
-def effective_usage(
-    usage: Mapping[str, float], running: Sequence[RunningJob], slots: Sequence[Slot], config: Config, now: float
-) -> dict[str, float]:
-    """What fair share weighs for each user: the decayed GPU-seconds of their ended jobs
-    (`usage`), those of their running jobs so far, and each GPU they hold now as age_step_s
-    more (so one pass's burst of starts counts at once)."""
-    effective = dict(usage)
-    for job, weight in _gpu_weights(running, slots):
-        ran = decayed_gpu_s(weight, job.started_at, now, now, config.fair_share_half_life_s)
-        effective[job.user] = effective.get(job.user, 0.0) + ran + weight * config.age_step_s
-    return effective
-
-
-def queue_order(
-    pending: Sequence[PendingJob],
-    running: Sequence[RunningJob],
-    slots: Sequence[Slot],
-    config: Config,
-    now: float,
-    usage: Mapping[str, float] | None = None,
-) -> list[PendingJob]:
-    """Priority class, integer priority (higher first), fair share (sched/fairshare.py: the
-    user's decayed usage and what they hold now, and how long the job has waited), then age."""
-    return [key[-1] for key in sorted(_queue_keys(pending, running, slots, config, now, usage or {}))]
-
-
-def _queue_keys(
-    pending: Sequence[PendingJob],
-    running: Sequence[RunningJob],
-    slots: Sequence[Slot],
-    config: Config,
-    now: float,
-    usage: Mapping[str, float],
-) -> list[tuple]:
-    """Each job's place in the queue as a tuple that sorts, the job last (ids are unique, so
-    two jobs are never compared). Built in one comprehension: a pass sorts thousands."""
-    if not config.fair_share:
-        return [(j.order, j.queued_at, j.id, j) for j in pending]
-    factor = fairshare.shares(effective_usage(usage, running, slots, config, now), {j.user for j in pending}).get
-    score = fairshare.rank_score
-    return [(j.order, -score(factor(j.user, 1.0), now - j.queued_at), j.queued_at, j.id, j) for j in pending]
 
 
 def _in_order(keys: list[tuple], presorted: bool) -> Iterator[PendingJob]:
@@ -125,8 +60,8 @@ def plan(
         hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s, invisible=config.preemption
     )
     booked = _apply_bookings(slots, bookings, now)
-    use = gpu_use_by_user(running, slots)
-    keys = _queue_keys(pending, running, slots, config, now, usage or {})
+    use = fairshare.gpu_use_by_user(running, slots)
+    keys = fairshare.queue_keys(pending, running, slots, config, now, usage or {})
     if explain:
         keys.sort()
     in_window = window_open(config.idle_windows, now)

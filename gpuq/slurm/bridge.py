@@ -38,7 +38,7 @@ from gpuq.model.states import State
 from gpuq.model.stops import Stop, StopCause
 from gpuq.run.joblocal import lease_age
 from gpuq.run.launch import AsOwner, CannotStart, as_owner, prepare_log
-from gpuq.sched.plan import queue_order
+from gpuq.sched.fairshare import queue_order
 from gpuq.slurm.export import ExportError, handed_over, sbatch_script, slurm_logs
 from gpuq.spool.deps import FINAL, gates, referenced
 from gpuq.spool.intake import user_name

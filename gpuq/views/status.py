@@ -18,9 +18,9 @@ from gpuq.model.record import Record
 from gpuq.model.spec import command_text
 from gpuq.model.states import FINAL_STATES
 from gpuq.sched.estimate import expected_starts, learned_runs
-from gpuq.sched.fairshare import shares
+from gpuq.sched.fairshare import effective_usage, gpu_use_by_user, shares
 from gpuq.sched.placement import build_slots, usable_mib
-from gpuq.sched.plan import effective_usage, gpu_use_by_user, plan
+from gpuq.sched.plan import plan
 from gpuq.spool.bookings import load as load_bookings
 from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.holds import held_jobs
