@@ -103,6 +103,36 @@ def test_one_pending_job_preempts_one_opportunistic_job_team_wide(queue):
     assert len(preempting) == 1, preempting  # each box used to preempt its own for the same job
 
 
+def test_ordinary_jobs_take_free_gpus_before_they_preempt_low_ones(queue):
+    """A first day's review (D1): with three low jobs running and three GPUs free, ordinary
+    1-GPU jobs preempted low jobs (which restarted seconds later on the free GPUs). Low jobs
+    now take the box ordinary work goes to last: the ordinary jobs find free GPUs."""
+    queue.write_config(idle_after_s=0.2)
+    queue.start_worker("a", "2x16GiB")
+    queue.start_worker("b", "4x16GiB")
+    for box in ("a", "b"):  # once a low job has run on each box, every box sees both idle
+        queue.drop(f"probe-{box}.yaml", f"command: 'true'\ngpus: 1\npriority: low\nhosts: [{box}]\n")
+        wait_until(lambda box=box: queue.finished(f"probe-{box}"), timeout=60, what=f"a low job on {box}")
+    until_go = f"while [ ! -e {queue.root}/go ]; do sleep 0.1; done"
+    try:
+        for i in range(3):
+            queue.drop(f"lo{i}.yaml", f"command: {until_go}\ngpus: 1\npriority: low\n")
+        lows = wait_until(lambda: (r := queue.status()["running"]) and len(r) == 3 and r, timeout=60, what="lows")
+        assert {r["host"] for r in lows} == {"b"}, lows  # the box with the most GPUs free of ordinary work
+        for i in range(3):
+            queue.drop(f"n{i}.yaml", f"command: {until_go}\ngpus: 1\n")
+        running = wait_until(
+            lambda: (r := queue.status()["running"]) and len(r) == 6 and r, timeout=60, what="all six running"
+        )
+        assert len({(r["host"], tuple(r["gpus"])) for r in running}) == 6, running
+    finally:
+        (queue.root / "go").touch()
+    ends = [wait_until(lambda n=n: queue.finished(n), timeout=60, what=n) for n in ("n0", "n1", "n2", "lo0", "lo1", "lo2")]
+    preempting = [e for e in queue.events() if e.get("note") == "preempting"]
+    assert not preempting, (preempting, [(r["host"], r["gpus"]) for r in lows])
+    assert [r["attempt"] for r in ends] == [1] * 6
+
+
 @needs_root
 def test_fair_share_between_two_users_holds_across_boxes(team):
     team.write_config(poll_interval=0.2)

@@ -288,6 +288,39 @@ def test_ordinary_work_lands_as_if_no_opportunistic_job_ran_and_exactly_those_th
     assert set(gone) == {"n", "later"} and gone["n"] != gone["later"]  # lo-wait: never beside them
 
 
+def test_opportunistic_work_lands_where_ordinary_work_goes_last_so_free_gpus_come_first():
+    """A first day's review (D1): three low jobs landed on box-a:0, :1 and box-b:0; three
+    ordinary 1-GPU jobs then went onto box-a (ordinary work fills the fuller box first, to keep
+    the wide box whole) and preempted two low jobs while box-b:1-3 sat free. Low jobs now take
+    the emptiest box, where ordinary work goes last: the ordinary jobs find free GPUs, and
+    nothing is preempted."""
+    idle = {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
+    hosts = [HostView("a", (gpu(0), gpu(1)), 1, idle), HostView("b", (gpu(0), gpu(1), gpu(2), gpu(3)), 1, idle)]
+    lows = [job(f"lo{i}", mem_gib=None, priority="low", queued_at=i) for i in range(3)]
+    placed = plan(lows, hosts, [], CFG, now=1000)
+    assert sorted(starts(placed).values()) == [("b", (0,)), ("b", (1,)), ("b", (2,))]
+    busy = [run(s.job_id, s.host, s.gpus, mem_gib=None, low=True) for s in placed.starts]
+    ordinary = [job(f"n{i}", mem_gib=None, queued_at=10 + i) for i in range(3)]
+    result = plan(ordinary, hosts, busy, CFG, now=1000)
+    assert result.preempts == {} and result.held == {}
+    assert sorted(starts(result).values()) == [("a", (0,)), ("a", (1,)), ("b", (3,))]
+    # A fourth finds no free GPU: one low job, and only one, yields.
+    four = plan(ordinary + [job("n3", mem_gib=None, queued_at=13)], hosts, busy, CFG, now=1000)
+    assert len(four.preempts) == 1 and len(four.starts) == 3 and list(four.held) == ["n3"]
+
+
+def test_a_wide_job_waiting_keeps_its_box_whole_at_the_cost_of_a_preemption():
+    """Where taking a free GPU would leave too few empty GPUs for a whole-box job that waits,
+    the small job is placed as if opportunistic work were not there (and that work yields):
+    the wide job's box stays whole."""
+    busy = [run("lo-1", "a", (0,), mem_gib=None, low=True), run("lo-2", "a", (1,), mem_gib=None, low=True)]
+    hosts = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1), gpu(2), gpu(3))]
+    pending = [job("small", mem_gib=None, queued_at=0), job("wide", gpus=4, mem_gib=None, queued_at=1)]
+    result = plan(pending, hosts, busy, CFG, now=100)
+    assert starts(result) == {"wide": ("b", (0, 1, 2, 3))}
+    assert result.held == {"small": ("a", (0,))} and list(result.preempts) == ["lo-1"]
+
+
 def test_when_the_cluster_is_full_ordinary_work_packs_and_the_fewest_opportunistic_jobs_yield():
     busy = [
         run("a", gpus=(0,), mem_gib=20),

@@ -218,6 +218,11 @@ def best_fit(
         chosen = sorted(candidates, key=lambda s: (room_of(s), yields(s), s.index))[: spec.gpus]
         leftover = sum(room_of(s) - need_mib(spec, s) for s in chosen)
         crowding = empty_on.get(host, 0) if fragmentation_aware else 0
+        if opportunistic:
+            # The opposite of ordinary work's choice: ordinary work fills the fullest box first,
+            # so opportunistic work on the emptiest is the last in its way (a first day's
+            # review: ordinary jobs preempted low ones while the GPUs beside them sat free).
+            crowding = -crowding
         # Opportunistic jobs that would yield only break ties: ordinary work is placed as if
         # they were not there (or a wide job's whole box would be broken to spare one of them;
         # putting a free GPU first, however loose the fit, made opportunistic work visible:
