@@ -127,7 +127,9 @@ def test_ordinary_jobs_take_free_gpus_before_they_preempt_low_ones(queue):
         assert len({(r["host"], tuple(r["gpus"])) for r in running}) == 6, running
     finally:
         (queue.root / "go").touch()
-    ends = [wait_until(lambda n=n: queue.finished(n), timeout=60, what=n) for n in ("n0", "n1", "n2", "lo0", "lo1", "lo2")]
+    ends = [
+        wait_until(lambda n=n: queue.finished(n), timeout=60, what=n) for n in ("n0", "n1", "n2", "lo0", "lo1", "lo2")
+    ]
     preempting = [e for e in queue.events() if e.get("note") == "preempting"]
     assert not preempting, (preempting, [(r["host"], r["gpus"]) for r in lows])
     assert [r["attempt"] for r in ends] == [1] * 6

@@ -37,7 +37,7 @@ def usable_mib(gpu: GpuSnapshot, jobs_on_gpu: Iterable["RunningJob"], reserve_mi
     return gpu.mem_total_mib - max(reserve_mib, others) - gpuq_charged
 
 
-@dataclass
+@dataclass(slots=True)  # a pass builds one per GPU and reads them millions of times in a replay
 class Slot:
     """One GPU as ordinary work sees it: opportunistic jobs are invisible to it (their memory
     counts as free), and kept apart in `opp_*` for the opportunistic phase and for the
@@ -119,7 +119,7 @@ def build_slots(
                 busy_by_others=idle_since is None,
             )
             observed = charged = 0
-            for job in by_gpu.get((host.name, index), ()):
+            for job in by_gpu.get((host.name, index), ()) if by_gpu else ():
                 mib = charged_mib(job, index, whole)
                 observed += job.observed_mib.get(index, 0) if job.observed_mib else 0
                 if job.preemptible and invisible:
@@ -136,8 +136,10 @@ def build_slots(
                 if job.mps:
                     slot.mps_users.add(job.user)
             # As usable_mib: beyond what gpuq's jobs are observed to use, `used` is others'.
-            others = max(0, gpu.mem_used_mib - observed)
-            slot.free = slot.free_opportunistic = gpu.mem_total_mib - max(reserve_mib, others) - charged
+            others = gpu.mem_used_mib - observed if gpu.mem_used_mib > observed else 0
+            slot.free = slot.free_opportunistic = (
+                gpu.mem_total_mib - (others if others > reserve_mib else reserve_mib) - charged
+            )
             slot.others_clear = others <= reserve_mib
             slots.append(slot)
     return slots
@@ -201,6 +203,8 @@ def best_fit(
     ended at the latest (it may use memory reserved from then on: `backfills`)."""
     by_host: dict[str, list[Slot]] = {}
     empty_on: dict[str, int] = {}
+    if spec.exclusive:  # only a GPU without ordinary jobs can fit it (and one with them is never empty)
+        slots = [s for s in slots if not s.jobs]
     for s in slots:
         if s.ordinary_empty:
             empty_on[s.host] = empty_on.get(s.host, 0) + 1

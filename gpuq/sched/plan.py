@@ -128,12 +128,12 @@ class _Pass:
         self.slots, self.hosts, self.config, self.now = slots, hosts, config, now
         self.estimates = estimates
         self.explain, self.result, self.booked, self.blocked = explain, result, booked, blocked
-        self.cpu_free = {
-            h.name: h.cpu_slots - sum(1 for j in running if j.host == h.name and not j.gpus) for h in hosts
-        }
+        self.cpu_free = {h.name: h.cpu_slots for h in hosts}
         self.held_gpus = {u: 0 for u in use}
         for job in running:
             self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + len(job.gpus)
+            if not job.gpus and job.host in self.cpu_free:
+                self.cpu_free[job.host] -= 1
         self.failed: dict[tuple, str] = {}
         self.allowed_for: dict[tuple, list[str]] = {}
         # Per GPU, when each ordinary job on it will have ended by its limit, and its memory:
@@ -190,6 +190,7 @@ class _Pass:
         # Where only reserved memory is left, only a job that ends by then may start (backfill).
         self.backfill_until = max(reserved) if not free and reserved else float("inf")
         self.cpu_full = not any(n > 0 for n in self.cpu_free.values())
+        self.room_to_spare = 2 * sum(1 for s in self.slots if s.ordinary_empty) >= len(self.slots)
 
     def waits(self, job: PendingJob, reason: str) -> None:
         if not self.explain:
@@ -308,7 +309,13 @@ class _Pass:
             # A job that declares its share of compute (gpu_compute) first joins a GPU whose
             # jobs' declared shares leave room for it: neither slows the other, and it keeps
             # an empty GPU whole for jobs that need one.
-            beside = [s for s in mine if not s.ordinary_empty and s.compute_room >= compute_of(spec.gpu_compute_pct)]
+            beside = (
+                []
+                if spec.exclusive
+                else [  # a whole-GPU job never fits beside another
+                    s for s in mine if not s.ordinary_empty and s.compute_room >= compute_of(spec.gpu_compute_pct)
+                ]
+            )
             choice = beside and placement.best_fit(
                 spec,
                 beside,
@@ -353,10 +360,9 @@ class _Pass:
         ordinary work; none beyond that. Spreading on a busier cluster uses up the empty GPUs
         that whole-GPU and wide jobs need, and a few small jobs that run for weeks, one on each
         box, keep every box from being whole again (measured: bench/simulate_traces.py)."""
-        empty = [s for s in slots if s.ordinary_empty and not s.busy_by_others]
-        if 2 * sum(1 for s in self.slots if s.ordinary_empty) < len(self.slots):
+        if not self.room_to_spare:
             return []  # over half the GPUs in use: pack
-        return empty
+        return [s for s in slots if s.ordinary_empty and not s.busy_by_others]
 
     def _place(self, job: PendingJob, chosen: list[Slot], ends_by: float) -> None:
         """Start it, or, where opportunistic jobs are on its GPUs, make exactly those yield and

@@ -25,6 +25,7 @@ is its utilization x its compute share. MPS clients of different users never sha
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -185,6 +186,7 @@ class _Replay:
         # What a plan that found nothing saw: (version, jobs known, idle window open). A pass
         # that would see the same skips its plan, as the worker's does (worker/loop.py).
         self.nothing_for: tuple[int, int, bool] | None = None
+        self.last_plan: tuple = (None, None)  # (what the last plan saw, and when), and what it decided
 
     def run(self) -> Outcome:
         while True:
@@ -278,6 +280,17 @@ class _Replay:
         due = [(h, h in readers or self.timing.end_reads_jobs(self.last_read[h], self.now)) for h in first]
         return due + [(h, True) for h in self.names if h in readers and h not in woken]
 
+    def _known_count(self, box: str) -> int:
+        """How many pending jobs the box has read: a prefix of `pending`, which jobs enter (or
+        re-enter, put back) in the order they come into jobs/. Counted from the end, where
+        the few it has not read yet are: a pass it then skips costs nothing like the queue."""
+        last, unread = self.last_read[box], 0
+        for job in reversed(self.pending.values()):
+            if self.in_jobs.get(job.id, -math.inf) <= last:
+                break
+            unread += 1
+        return len(self.pending) - unread
+
     def _passes(self, due: list[tuple[str, bool]]) -> None:
         """Boxes pass in turn; each plans over the whole team with the specs it has read, acts
         on its own part (worker/loop.py), and pokes the boxes its plan gives a part: they pass
@@ -289,14 +302,19 @@ class _Replay:
             if not due:
                 return
             box, _ = due.pop(0)
-            known = [p for p in self.pending.values() if self.in_jobs.get(p.id, -math.inf) <= self.last_read[box]]
-            seen = (self.version, len(known), window_open(self.windows, self.now))  # a box knows a prefix in time
-            if not known or seen == self.nothing_for:
+            count = self._known_count(box)
+            seen = (self.version, count, window_open(self.windows, self.now))
+            if not count or seen == self.nothing_for:
                 self.replan.discard(box)
                 continue
-            starts, preempts = self.decide(
-                known, self.hosts, list(self.views.values()), self.now, self.usage.as_of(self.now)
-            )
+            if self.last_plan[0] == (seen, self.now):  # the plan is pure: the same inputs, the same plan
+                starts, preempts = self.last_plan[1]
+            else:
+                known = list(itertools.islice(self.pending.values(), count))
+                starts, preempts = self.decide(
+                    known, self.hosts, list(self.views.values()), self.now, self.usage.as_of(self.now)
+                )
+                self.last_plan = ((seen, self.now), (starts, preempts))
             parts = {s.host for s in starts} | {self.runs[v].host for v in preempts}
             self.nothing_for = None if parts else seen
             if box in parts:
