@@ -7,7 +7,10 @@ and the GPU sharing are printed side by side.
 
 The cut: the first JOBS jobs of the Alibaba dense window, durations scaled by one factor and
 clamped to 2-30 s, arrivals by the factor that gives the cluster (3 boxes x 2 GPUs x 32 GiB)
-the offered load LOAD. Each job is `sleep <duration>` with the trace's GPUs and memory share.
+the offered load LOAD. Each job is `sleep <duration>` with the trace's GPUs and memory share,
+and a `time_limit` as people declare one: its duration rounded up to a step (LIMIT_STEPS_S,
+the trace's hour-to-month steps scaled as the durations are), so the plan's reservations and
+backfill run on both sides.
 Target: the mean wait within 10% + 1 s of the simulator's; the same number of jobs that
 shared a GPU.
 """
@@ -37,6 +40,15 @@ CLUSTER = "3x2x32GiB"
 BOXES = ("box0", "box1", "box2")
 
 
+LIMIT_STEPS_S = (5, 10, 15, 20, 30, 45, 60)
+
+
+def limit_for(duration_s: float) -> float:
+    """A limit a person would type for a job of this length: the first step with room to
+    spare (a loaded machine's `sleep 30` takes a little over 30 s)."""
+    return next(step for step in LIMIT_STEPS_S if step >= 1.1 * duration_s + 1)
+
+
 def scaled_cut(trace: Path, jobs: int, load: float) -> list[TraceJob]:
     cluster = parse_cluster(CLUSTER)
     cut = load_trace(trace, cluster, since_s=9655000)[:jobs]
@@ -51,8 +63,16 @@ def scaled_cut(trace: Path, jobs: int, load: float) -> list[TraceJob]:
     first, last = cut[0].submit_s, cut[-1].submit_s
     stretch = span / max(1.0, last - first)
     return [
-        replace(j, submit_s=round((j.submit_s - first) * stretch, 2), duration_s=round(d, 2), util=0.0)
+        replace(
+            j,
+            submit_s=round((j.submit_s - first) * stretch, 2),
+            duration_s=round(d, 2),
+            util=0.0,
+            spec=replace(j.spec, time_limit_s=limit),
+            time_limit_s=limit,
+        )
         for j, d in zip(cut, durations)
+        for limit in (limit_for(d),)
     ]
 
 
@@ -92,8 +112,8 @@ def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], Placed]:
     decide = plan_policy(config)
     starts: dict[str, tuple[str, tuple[int, ...], float]] = {}
 
-    def recording(pending, hosts, running, now):
-        got, preempts = decide(pending, hosts, running, now)
+    def recording(pending, hosts, running, now, usage):
+        got, preempts = decide(pending, hosts, running, now, usage)
         for s in got:
             starts.setdefault(s.job_id, (s.host, s.gpus, now))
         return got, preempts
@@ -108,7 +128,8 @@ def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], Placed]:
 def spec_text(job: TraceJob) -> str:
     mem = f"gpu_mem: {job.spec.gpu_mem_mib}MiB\n" if job.spec.gpu_mem_mib is not None else ""
     compute = f"gpu_compute: {job.spec.gpu_compute_pct}%\n" if job.spec.gpu_compute_pct is not None else ""
-    return f"command: sleep {job.duration_s}\ngpus: {job.spec.gpus}\n{mem}{compute}"
+    limit = f"time_limit: {job.spec.time_limit_s:g}s\n"
+    return f"command: sleep {job.duration_s}\ngpus: {job.spec.gpus}\n{mem}{compute}{limit}"
 
 
 def real(root: Path, cut: list[TraceJob]) -> tuple[dict[str, float], Placed]:
