@@ -31,10 +31,10 @@ from _common import PY, REPO, clean_env, make_root, remove_root
 
 sys.path.insert(0, str(REPO))
 
+from gpuq.extras.sim.simulate import plan_policy, replay  # noqa: E402
+from gpuq.extras.sim.timing import PassTiming  # noqa: E402
+from gpuq.extras.sim.trace import TraceJob, load_trace, parse_cluster  # noqa: E402
 from gpuq.model.config import load as load_config  # noqa: E402
-from gpuq.model.passes import PassTiming  # noqa: E402
-from gpuq.sim.simulate import plan_policy, replay  # noqa: E402
-from gpuq.sim.trace import TraceJob, load_trace, parse_cluster  # noqa: E402
 
 CLUSTER = "3x2x32GiB"
 BOXES = ("box0", "box1", "box2")

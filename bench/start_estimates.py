@@ -28,12 +28,12 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from vs_slurm import DAY, SCENARIOS, Scenario, offered_work  # noqa: E402
 
-from gpuq.model.passes import PassTiming  # noqa: E402
+from gpuq.extras.sim.simreport import SIM_CONFIG  # noqa: E402
+from gpuq.extras.sim.simulate import replay  # noqa: E402
+from gpuq.extras.sim.timing import PassTiming  # noqa: E402
+from gpuq.extras.sim.trace import load_trace, parse_cluster  # noqa: E402
 from gpuq.sched.estimate import expected_starts  # noqa: E402
 from gpuq.sched.plan import plan  # noqa: E402
-from gpuq.sim.simreport import SIM_CONFIG  # noqa: E402
-from gpuq.sim.simulate import replay  # noqa: E402
-from gpuq.sim.trace import load_trace, parse_cluster  # noqa: E402
 
 SLACK_S = 60.0
 

@@ -28,9 +28,9 @@ from _common import REPO
 
 sys.path.insert(0, str(REPO))
 
+from gpuq.extras.sim.simreport import SIM_CONFIG, figures, run_policy  # noqa: E402
+from gpuq.extras.sim.trace import TraceJob, load_trace, parse_cluster  # noqa: E402
 from gpuq.model.config import validate  # noqa: E402
-from gpuq.sim.simreport import SIM_CONFIG, figures, run_policy  # noqa: E402
-from gpuq.sim.trace import TraceJob, load_trace, parse_cluster  # noqa: E402
 
 DAY = 86400.0
 

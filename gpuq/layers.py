@@ -17,28 +17,29 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 # The layers, lowest first (docs/design.md, "Layers"): a package may import only packages in
-# layers below its own, and ALLOWED says which of those it does. The one import within a layer:
-# slurm's bridge is a worker.
+# layers below its own, and ALLOWED says which of those it does.
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"model"}),
     frozenset({"sched", "host"}),
-    frozenset({"spool", "sim"}),
+    frozenset({"spool"}),
     frozenset({"run"}),
-    frozenset({"worker", "slurm", "views"}),
+    frozenset({"worker", "views"}),
     frozenset({"cli"}),
+    frozenset({"extras"}),
 )
-WITHIN_A_LAYER = frozenset({("slurm", "worker")})
+WITHIN_A_LAYER: frozenset[tuple[str, str]] = frozenset()  # imports allowed within a layer: none
 ALLOWED: dict[str, frozenset[str]] = {
     "model": frozenset(),
     "sched": frozenset({"model"}),
     "host": frozenset({"model"}),
     "spool": frozenset({"model", "host"}),
-    "sim": frozenset({"model", "sched"}),
     "run": frozenset({"model", "sched", "host", "spool"}),
     "worker": frozenset({"model", "sched", "host", "spool", "run"}),
-    "slurm": frozenset({"model", "sched", "host", "spool", "run", "worker"}),
     "views": frozenset({"model", "sched", "host", "spool", "run"}),
-    "cli": frozenset({"model", "sched", "host", "spool", "sim", "run", "worker", "slurm", "views"}),
+    "cli": frozenset({"model", "sched", "host", "spool", "run", "worker", "views"}),
+    # Each folder under gpuq/extras/ is one extra: it may import the core, never another extra
+    # (extras_apart), and nothing in the core may import it (found through gpuq/hooks.py).
+    "extras": frozenset({"model", "sched", "host", "spool", "run", "worker", "views", "cli"}),
 }
 # Modules at the top of the package, named by worker.py and setup.cfg, and the layer each
 # belongs to: single_instance is imported by worker.py before anything else (os and fcntl only).
@@ -49,12 +50,14 @@ TOP_MODULES = {
     "gpuq.worker_run": "cli",
     "gpuq.worker_start": "cli",
     "gpuq.layers": "model",
+    "gpuq.hooks": "model",
 }
 # Modules loaded by name (importlib), and why. The CLI's verb table names each verb's module, loaded
 # when that verb runs (`gpuq status` loads none of the others): its entries count as imports.
 DYNAMIC_IMPORTS = {
     "gpuq.cli": "the verb table: a verb's module is loaded when the verb runs",
     "gpuq.worker_start": "`gpuq-worker` loads worker_main only when no worker runs yet (cron starts it every minute)",
+    "gpuq.hooks": "the extras, found by listing gpuq/extras/ (the core never names one), and their verbs' handlers",
 }
 VERB_TABLE = "_lazy"  # in gpuq/cli/__init__.py: _lazy("cli.submit", "cmd_submit")
 
@@ -90,6 +93,8 @@ def modules(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
     found = {}
     for path in sorted(package_dir.rglob("*.py")):
         parts = path.relative_to(package_dir.parent).with_suffix("").parts
+        if "tests" in parts:
+            continue  # an extra's own tests (gpuq/extras/NAME/tests/): not part of the package
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         found[name] = path
     return found
@@ -223,12 +228,28 @@ def problems(package_dir: Path = PACKAGE_DIR) -> list[str]:
     for e in dynamic_imports(package_dir):
         if e.importer not in DYNAMIC_IMPORTS:
             found.append(f"{e.importer} (line {e.line}) imports by name ({e.imported}): import it with a statement")
+    found += extras_apart(all_edges)
     for cycle in cycles(all_edges):
         found.append("import cycle: " + " -> ".join(cycle + [cycle[0]]))
     package_edges = [Edge(a, b, "module", 0) for a, bs in package_graph(all_edges).items() for b in bs]
     for cycle in cycles(package_edges):
         found.append("package cycle: " + " -> ".join(cycle + [cycle[0]]))
     return found
+
+
+def extra_of(module: str) -> str | None:
+    """The extra a module belongs to (gpuq.extras.NAME...: NAME), or None for the core."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "extras" else None
+
+
+def extras_apart(all_edges: list[Edge]) -> list[str]:
+    """An extra imports only the core: deleting another extra's folder must not break it."""
+    return [
+        f"{e.importer} (line {e.line}) imports {e.imported}: one extra may not import another"
+        for e in all_edges
+        if extra_of(e.importer) and extra_of(e.imported) and extra_of(e.importer) != extra_of(e.imported)
+    ]
 
 
 def _rules_against_layers() -> list[str]:

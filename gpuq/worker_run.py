@@ -1,7 +1,7 @@
 """The worker process: started by its box's starter (worker_main.py, host/privsep.py) as the
 queue's account, isolated (`python -I`, in `/`), with the starter's socket in its environment.
-It makes what is missing of the spool, opens its log, and runs the worker loop (or the Slurm
-bridge) until stopped; it exits with the starter if the starter dies.
+It makes what is missing of the spool, opens its log, and runs the worker loop (or another
+backend's worker, from an extra: the Slurm bridge) until stopped; it exits with the starter if the starter dies.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import os
 import signal
 import sys
 
+from gpuq import hooks
 from gpuq.host.audit import install_if_asked
 from gpuq.model import config as config_mod
 from gpuq.single_instance import this_host
-from gpuq.slurm.bridge import BridgeWorker
 from gpuq.spool.layout import Layout, RootError, resolve_root
 from gpuq.worker.loop import Worker
 from gpuq.worker_main import local_dir_problem, open_worker_log, parse_args, setup_logging
@@ -40,7 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     if (problem := local_dir_problem(local_dir, layout, os.geteuid())) is not None:
         logging.getLogger("gpuq.worker").error("worker %s refuses to start: %s", host, problem)
         return 2
-    worker_class = BridgeWorker if config.backend == "slurm" else Worker
+    worker_class = Worker
+    if config.backend != "local":  # another kind of worker, from an extra (config.py checks the name)
+        if config.backend not in hooks.registry().backends:
+            logging.getLogger("gpuq.worker").error(
+                "worker %s refuses to start: backend %r comes with the %s extra, and gpuq/extras/%s is not "
+                "there. Fix: install gpuq with it, or set backend: local in %s",
+                host,
+                config.backend,
+                config.backend,
+                config.backend,
+                layout.config_file,
+            )
+            return 2
+        worker_class = hooks.load(hooks.registry().backends[config.backend])
     # SIGTERM (shutdown, `kill`) ends the worker cleanly; running jobs live on under their
     # supervisors and keepers, and the next worker reattaches to them.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))

@@ -1,5 +1,5 @@
 """Fair share from usage: the event logs read into each user's decayed usage (spool/history.py),
-and the slurm-easy anchor the simulator compares the plan with (sim/slurm_easy.py)."""
+and what the plan learns from them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from test_plan_scheduling import CFG, job, run
 from gpuq.model.usage import kind_of
 from gpuq.sched.estimate import learned_runs
 from gpuq.sched.plan import plan
-from gpuq.sim.slurm_easy import SlurmEasy
-from gpuq.sim.trace import TraceJob
 from gpuq.spool.history import UsageHistory
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import append_event
@@ -57,44 +55,6 @@ def test_a_shared_gpu_counts_as_its_memory_share_and_a_log_started_anew_is_read_
     layout.host_events("a").unlink()  # an admin removed it: the worker starts a new one
     _ended(layout, "a", "j2", "bo", 1, 0, 3600)
     assert set(history.usage(3600, {"a": 80 * 1024})) == {"bo"}
-
-
-def _trace_job(job_id: str, user: str, gpus: int, duration: float, limit: float) -> TraceJob:
-    pending = job(job_id, user=user, gpus=gpus, mem_gib=None, limit_s=limit)
-    return TraceJob(job_id, 0.0, duration, pending.spec, 100.0, user, False, limit)
-
-
-def test_slurm_easy_backfills_only_what_ends_before_the_heads_reservation():
-    traces = [
-        _trace_job("s0", "u", 1, 100, 3600),
-        _trace_job("s1", "u", 1, 100, 7200),
-        _trace_job("pair", "u", 2, 10, 3600),
-        _trace_job("short", "u", 1, 10, 1800),
-        _trace_job("long", "u", 1, 10, 7200),
-    ]
-    easy = SlurmEasy(traces)
-    busy = [
-        run("s0", gpus=(0,), mem_gib=None, started_at=0, limit_s=3600),
-        run("s1", gpus=(1,), mem_gib=None, started_at=0, limit_s=7200),
-    ]
-    hosts = [host("h", gpu(0), gpu(1)), host("g", gpu(0))]
-    pending = [job(j.id, gpus=j.spec.gpus, mem_gib=None, queued_at=i) for i, j in enumerate(traces[2:])]
-    starts, _ = easy(pending, hosts, busy, 10.0)
-    # pair is due on h at 7200; short (ends 1810) may take g; long (ends 7210) may too: g is not h.
-    assert {s.job_id: s.host for s in starts} == {"short": "g"}
-    starts, _ = easy([p for p in pending if p.id != "short"], [host("h", gpu(0), gpu(1))], busy, 10.0)
-    assert starts == []  # long would run past pair's start on h, its only node
-
-
-def test_slurm_easy_ranks_the_user_who_used_less_first():
-    traces = [_trace_job("heavy-run", "ana", 1, 1000, 3600), _trace_job("a2", "ana", 1, 10, 3600)]
-    traces += [_trace_job("b1", "bo", 1, 10, 3600)]
-    easy = SlurmEasy(traces)
-    hosts = [host("h", gpu(0), gpu(1))]
-    easy([], hosts, [run("heavy-run", gpus=(0,), mem_gib=None, user="ana", started_at=0)], 0.0)
-    pending = [job("a2", user="ana", mem_gib=None, queued_at=0), job("b1", user="bo", mem_gib=None, queued_at=5)]
-    starts, _ = easy(pending, hosts, [run("heavy-run", gpus=(0,), mem_gib=None, user="ana", started_at=0)], 500.0)
-    assert [s.job_id for s in starts] == ["b1"]  # one GPU free: bo's, though ana's came first
 
 
 def test_a_job_without_a_limit_is_expected_to_run_as_long_as_its_kinds_latest_runs(tmp_path):

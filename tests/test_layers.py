@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, wait_until
 
+from conftest import REPO, wait_until
 from gpuq import layers
 from gpuq.single_instance import default_local_dir
 
@@ -55,11 +55,14 @@ def test_each_kind_of_break_is_found(tmp_path: Path) -> None:
         copy / "run" / "limits.py",
         "\ndef pick(x):\n    match x:\n        case 1:\n            from gpuq.cli import common\n",
     )
-    _append(
-        copy / "sim" / "trace.py",
-        "\nfrom typing import TYPE_CHECKING\nif not TYPE_CHECKING:\n"
-        "    def f():\n        from gpuq.sim import simulate\n",
+    for extra in ("one", "other"):  # two extras of its own: the check must not need any real one
+        (copy / "extras" / extra).mkdir()
+        (copy / "extras" / extra / "__init__.py").write_text("")
+    (copy / "extras" / "one" / "trace.py").write_text(
+        "from typing import TYPE_CHECKING\nif not TYPE_CHECKING:\n    def f():\n        from gpuq.model import units\n"
     )
+    _append(copy / "worker" / "claiming.py", "\nfrom gpuq.extras.one import trace\n")  # the core names an extra
+    _append(copy / "extras" / "other" / "__init__.py", "from gpuq.extras.one import trace\n")
     (copy / "extra.py").write_text("from gpuq.model import units\n")
     found = "\n".join(layers.problems(copy))
     assert "gpuq.model.units" in found and "model may not import spool" in found
@@ -68,7 +71,9 @@ def test_each_kind_of_break_is_found(tmp_path: Path) -> None:
     assert "gpuq.views.render" in found and "imports json inside a function" in found
     assert "gpuq.spool.ids" in found and "imports by name (import_module)" in found
     assert "gpuq.run.limits" in found and "run may not import cli" in found  # inside a match case
-    assert "gpuq.sim.trace" in found and "imports gpuq inside a function" in found  # `if not TYPE_CHECKING`
+    assert "gpuq.extras.one.trace" in found and "imports gpuq inside a function" in found  # `if not TYPE_CHECKING`
+    assert "gpuq.worker.claiming" in found and "worker may not import extras" in found
+    assert "gpuq.extras.other" in found and "one extra may not import another" in found
     assert "gpuq.extra is in no package" in found
 
 
@@ -106,7 +111,8 @@ def test_pip_install_not_editable_installs_every_subpackage(tmp_path: Path) -> N
     assert out.returncode == 0, out.stdout + out.stderr
     installed = {p.relative_to(target).as_posix() for p in (target / "gpuq").rglob("*.py")}
     source = {p.relative_to(REPO).as_posix() for p in layers.PACKAGE_DIR.rglob("*.py")}
-    assert installed == source
+    extras_tests = {s for s in source if s.startswith("gpuq/extras/") and "/tests/" in s}  # an extra's own tests
+    assert extras_tests and installed == source - extras_tests
     env = {**os.environ, "PYTHONPATH": str(target)}
     for command in (["gpuq", "--help"], ["gpuq-worker", "--help"]):
         run = subprocess.run(
@@ -117,6 +123,7 @@ def test_pip_install_not_editable_installs_every_subpackage(tmp_path: Path) -> N
             text=True,
         )
         assert run.returncode == 0 and "usage:" in run.stdout, run.stdout + run.stderr
+        assert command[0] != "gpuq" or "simulate" in run.stdout  # an installed copy finds its extras
     imported = subprocess.run(
         [
             sys.executable,

@@ -9,8 +9,9 @@ import signal
 import time
 
 import pytest
-from conftest import ends_during_stream, wait_until
 from team import ALICE, BOB, needs_root
+
+from conftest import ends_during_stream, wait_until
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 

@@ -11,6 +11,7 @@ import sys
 from importlib import import_module
 from typing import Callable, NoReturn
 
+from gpuq import hooks
 from gpuq.cli.common import act_as_queue_account
 from gpuq.cli.options import add_environment_options, add_limit_options
 from gpuq.host.audit import install_if_asked
@@ -25,6 +26,15 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
 
     def handler(args: argparse.Namespace) -> int:
         return getattr(import_module(f"gpuq.{module}"), name)(args)
+
+    return handler
+
+
+def _extra_handler(spec: str) -> Callable[[argparse.Namespace], int]:
+    """An extra's handler ("module:function", hooks.Verb), imported only when its verb runs."""
+
+    def handler(args: argparse.Namespace) -> int:
+        return hooks.load(spec)(args)
 
     return handler
 
@@ -141,59 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp = verb("top", _lazy("cli.status", "cmd_top"), "the status screen, refreshed live")
     sp.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     sp.add_argument("--iterations", type=int, help="stop after this many screens")
-    sp = verb(
-        "simulate",
-        _lazy("cli.reports", "cmd_simulate"),
-        "replay a job trace (CSV) on a virtual cluster through gpuq's "
-        "planner and the baselines; print waits, occupancy, ratios",
-    )
-    sp.add_argument(
-        "trace",
-        help="CSV: job_id, submit_s, duration_s, gpus, gpu_mem_gib, gpu_util, user[, priority][, time_limit_s]",
-    )
-    sp.add_argument(
-        "--cluster",
-        required=True,
-        help="HOSTSxGPUSxMEMORY, e.g. 2x8x32GiB; mixed boxes joined by '+', e.g. 1x8x80GiB+2x4x24GiB",
-    )
-    sp.add_argument(
-        "--policy",
-        action="append",
-        choices=("gpuq", "slurm-easy", "pack-bestfit", "fifo-exclusive"),
-        metavar="NAME",
-        help="gpuq, slurm-easy, pack-bestfit or fifo-exclusive (repeatable; default: all four)",
-    )
-    sp.add_argument("--since", type=float, metavar="S", help="only jobs submitted at or after S seconds")
-    sp.add_argument("--jobs", type=int, metavar="N", help="only the first N jobs (from --since)")
-    sp.add_argument(
-        "--stretch",
-        type=float,
-        default=1.0,
-        metavar="K",
-        help="multiply the gaps between submissions by K (size a big cluster's load to yours)",
-    )
-    sp.add_argument(
-        "--mark-low",
-        type=float,
-        metavar="FRACTION",
-        help="mark about FRACTION of the jobs priority low (by a hash of job_id)",
-    )
-    sp.add_argument("--without-low", action="store_true", help="with --mark-low: leave those jobs out instead")
-    sp.add_argument(
-        "--mark-rule",
-        choices=("sha1", "md5", "small"),
-        default="sha1",
-        help="with --mark-low: sha1 of the job id (default), md5 of it, or sha1 among jobs of one GPU or less",
-    )
-    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="a config.yaml key for gpuq's policy")
-    sp.add_argument(
-        "--colocation-penalty",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="a job sharing its GPU loses a further fraction F of its speed (0.15: as many measured pairs do)",
-    )
-    sp.add_argument("--json", action="store_true", help="the figures as JSON")
     for name, what in (
         ("hold", "keep pending jobs from starting (they keep their place)"),
         ("release", "put held jobs back at their place in the queue"),
@@ -227,9 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--note", help="shown in status, e.g. 'demo for the board'")
     sp = verb("unbook", _lazy("cli.workflow", "cmd_book"), "remove a booking")
     sp.add_argument("id")
-    sp = verb("export", _lazy("cli.slurm", "cmd_export"), "print specs as sbatch scripts (moving to Slurm)")
-    sp.add_argument("target", choices=("slurm",))
-    sp.add_argument("specs", nargs="+", metavar="SPEC", help="a spec file, or the id of a pending job")
     sp = verb("init", _lazy("cli.workflow", "cmd_init"), "make a new queue root and print the cron line")
     sp.add_argument("dir")
     sp.add_argument("--group", help="the team's group: the root is made theirs (setgid, sticky jobs/)")
@@ -252,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
         'print the shell completion script: eval "$(gpuq completion bash)"',
     )
     sp.add_argument("shell", choices=("bash", "zsh"))
+    for extra in hooks.registry().verbs:  # the extras' verbs (gpuq/extras/)
+        extra.setup(verb(extra.name, _extra_handler(extra.handler), extra.help))
     for hidden in HIDDEN_VERBS:
         sp = sub.add_parser(hidden)
         sp.set_defaults(handler=_lazy("cli.completion", "cmd_completion"))

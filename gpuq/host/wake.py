@@ -1,6 +1,12 @@
 """Waking a host's worker at once (a job ended, a spec was submitted, a cancel arrived)
 through a FIFO in its local directory, instead of waiting for the next poll; and the
-queue-wide planning lock that orders the workers' passes."""
+queue-wide planning lock that orders the workers' passes.
+
+A worker passes when its poll interval ends, at once when one of its jobs ends or another box
+pokes it, and when jobs/ changes: that change is looked for every WATCH_EVERY_S, and no sooner
+than JOBS_WATCH_GAP_S after its last pass began. A spec dropped just after a pass thus waits up
+to half a second to be read; on a busy team that is most drops. (The simulator replays these
+rules: gpuq/extras/sim/timing.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +16,15 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from gpuq.model.passes import WATCH_EVERY_S
+# A change of jobs/ wakes a sleeping worker no sooner than this after its last pass began:
+# other boxes' claims change jobs/ too, and must not make every box plan at the watch's pace.
+JOBS_WATCH_GAP_S = 0.5
+# How often a sleeping worker looks at the mtimes of what it watches (jobs/, the requests
+# inbox, its poke file): team members and other boxes cannot reach its wake FIFO.
+WATCH_EVERY_S = 0.05
+# A burst of short jobs wakes the worker hundreds of times a second; between those wakes
+# jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
+EXIT_WAKE_SCAN_GAP_S = 0.2
 
 
 def fifo_path(local_dir: Path) -> Path:

@@ -78,7 +78,7 @@ class Config:
     idle_util_pct: int = 10  # a GPU is idle while non-gpuq processes use less than this
     idle_after_s: float = 60.0  # ... for this long; only then may opportunistic jobs start
     idle_windows: tuple["Window", ...] = ()  # when opportunistic jobs may run; empty: always
-    # Slurm (slurm/export.py, slurm/bridge.py; docs/slurm.md).
+    # Slurm, read by the slurm extra (gpuq/extras/slurm/: export.py, bridge.py, README.md).
     backend: str = "local"  # slurm: workers hand jobs to Slurm instead of running them
     container_runtime: str = "docker"  # a spec's container without a runtime runs with this one
     container_clients: dict[str, str] = field(default_factory=dict)  # runtime -> client's absolute path

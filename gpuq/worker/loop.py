@@ -22,11 +22,10 @@ from gpuq.host.jobmemory import observe_job_memory
 from gpuq.host.owners import OwnerPolicy
 from gpuq.host.probe import Probe
 from gpuq.host.usage import GpuUsage
-from gpuq.host.wake import WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
+from gpuq.host.wake import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, RunningJob, Start
-from gpuq.model.passes import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S
 from gpuq.model.record import Record
 from gpuq.model.stops import Stop
 from gpuq.model.strict_yaml import load_yaml

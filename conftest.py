@@ -21,7 +21,10 @@ import pytest
 # team.py's fixtures (users, shared_code, team): tests that act as created users ask for them by name.
 pytest_plugins = ["team"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent
+# The tests' shared helpers (harness, team, test_plan's builders) for every test, an extra's
+# own (gpuq/extras/NAME/tests/) too.
+sys.path.insert(0, str(REPO / "tests"))
 PY = sys.executable
 
 

@@ -14,14 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, wait_until
 from slurm_cluster import SlurmCluster, SlurmUnavailable
 from team import ALICE, needs_root
 
+from conftest import PY, REPO, wait_until
+from gpuq.extras.slurm.export import ExportError, sbatch_script, slurm_time
 from gpuq.host.faults import BRIDGE_CRASH_POINTS
 from gpuq.model.config import Config
 from gpuq.model.spec import validate_spec
-from gpuq.slurm.export import ExportError, sbatch_script, slurm_time
 
 DEFAULT_CONFIG = Config()
 
@@ -286,7 +286,7 @@ def test_a_bridge_killed_at_each_step_of_a_hand_over_runs_the_job_once(slurm, qu
 
 
 def test_an_unreachable_controller_concludes_nothing(monkeypatch):
-    import gpuq.slurm.bridge as bridge
+    import gpuq.extras.slurm.bridge as bridge
 
     def answer(stderr: str):
         return lambda *cmd: subprocess.CompletedProcess(cmd, 1, "", stderr)
@@ -405,7 +405,7 @@ def test_the_sacct_stand_in_answers_only_the_fields_asked(tmp_path):
 def test_an_array_jobs_accounting_is_its_worst_task_over_its_whole_span(tmp_path, monkeypatch):
     import os
 
-    from gpuq.slurm.bridge import sacct_job
+    from gpuq.extras.slurm.bridge import sacct_job
 
     (tmp_path / "sacct").write_text(SACCT_STAND_IN.format(python=sys.executable))
     (tmp_path / "sacct").chmod(0o755)
@@ -522,3 +522,9 @@ def test_without_accounting_a_forgotten_job_is_settled_from_the_jobcomp_log(slur
     assert (late["state"], late["exit_code"]) == ("failed", 5) and late["reason"].endswith("FAILED")
     hp = wait_until(lambda: queue.finished("hp"), timeout=60, what="the array settled from the jobcomp log")
     assert (hp["state"], hp["exit_code"]) == ("failed", 6)  # the task that did not complete speaks
+
+
+@pytest.mark.slow
+def test_export_of_a_job_that_is_not_there_names_its_verb_and_exits_1(queue):
+    missing = queue.gpuq("export", "slurm", "no-such-job", check=False)  # not found: 1, as docs/reference.md says
+    assert missing.returncode == 1 and missing.stderr.startswith("gpuq export: "), missing.stderr

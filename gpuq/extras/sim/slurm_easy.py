@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gpuq.extras.sim.trace import TraceJob
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, Start
-from gpuq.sim.trace import TraceJob
 
 AGE_WEIGHT = 1000.0
 FAIR_SHARE_WEIGHT = 10000.0

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_until
 from team import ALICE, BOB, needs_root
+
+from conftest import wait_until
 
 pytestmark = needs_root
 SLURM_ID = "4242"
@@ -184,7 +185,7 @@ def test_a_slurm_job_someone_else_commented_with_a_claim_is_never_taken_for_it(m
     comment a job of theirs so: only a job running as the record's owner is taken for it."""
     import subprocess
 
-    import gpuq.slurm.bridge as bridge
+    import gpuq.extras.slurm.bridge as bridge
     from gpuq.model.record import Record
     from gpuq.model.states import State
 
@@ -199,3 +200,14 @@ def test_a_slurm_job_someone_else_commented_with_a_claim_is_never_taken_for_it(m
         text = "\n\n".join(jobs[k] for k in shown)
         monkeypatch.setattr(bridge, "_slurm", lambda *cmd, text=text: subprocess.CompletedProcess(cmd, 0, text, ""))
         assert bridge._submitted_for(bridge._handed_over_by_comment(), record) == expected, shown
+
+
+def test_a_value_with_a_newline_never_adds_sbatch_lines(team, users):
+    """A newline in workdir or an env key added lines to the sbatch script (--qos=admin,
+    --exclusive, ...). Now such a spec is refused for export, naming why."""
+    spec = team.base / "inject.yaml"
+    spec.write_text('command: "true"\ngpus: 0\nworkdir: "/tmp\\n#SBATCH --qos=admin"\n')
+    spec.chmod(0o644)
+    out = team.as_user(BOB, "export", "slurm", str(spec))
+    assert out.returncode != 0 and "#SBATCH --qos=admin" not in out.stdout, out.stdout
+    assert "newline or a control character" in out.stderr, out.stderr

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from gpuq.cli.common import open_layout, read_config
+from gpuq.extras.slurm.export import ExportError, handed_over, sbatch_script
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import parse_spec_text
-from gpuq.slurm.export import ExportError, handed_over, sbatch_script
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.store import pending_spec_path
 

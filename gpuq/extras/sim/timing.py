@@ -1,10 +1,6 @@
-"""When a worker's pass runs: the wake rules the worker follows (worker/loop.py, host/wake.py)
-and the simulator replays (sim/simulate.py), so that both start a job at the same moment.
-
-A worker passes when its poll interval ends, at once when one of its jobs ends or another box
-pokes it, and when jobs/ changes: that change is looked for every WATCH_EVERY_S, and no sooner
-than JOBS_WATCH_GAP_S after its last pass began. A spec dropped just after a pass thus waits up
-to half a second to be read; on a busy team that is most drops.
+"""When a worker's pass runs, as the simulator replays it: the worker's wake rules
+(gpuq/host/wake.py, worker/loop.py) turned into moments, so that a replay starts a job when a
+worker would. The rules are the worker's; this only reads them.
 """
 
 from __future__ import annotations
@@ -12,15 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# A change of jobs/ wakes a sleeping worker no sooner than this after its last pass began:
-# other boxes' claims change jobs/ too, and must not make every box plan at the watch's pace.
-JOBS_WATCH_GAP_S = 0.5
-# How often a sleeping worker looks at the mtimes of what it watches (jobs/, the requests
-# inbox, its poke file): team members and other boxes cannot reach its wake FIFO.
-WATCH_EVERY_S = 0.05
-# A burst of short jobs wakes the worker hundreds of times a second; between those wakes
-# jobs/ is re-read at most this often (a submit's poke or the poll still reads it at once).
-EXIT_WAKE_SCAN_GAP_S = 0.2
+from gpuq.host.wake import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WATCH_EVERY_S
 
 
 def same_moment_tolerance(t: float) -> float:

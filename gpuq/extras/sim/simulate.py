@@ -1,6 +1,6 @@
 """`gpuq simulate`: replay a job trace on a virtual clock through the real `plan`.
 
-Boxes pass at the moments the workers' wake rules give (model/passes.py; docs/simulate.md
+Boxes pass at the moments the workers' wake rules give (timing.py, from host/wake.py; README.md here
 lists them): a job's end wakes its box at once; a change of jobs/ (a drop, another box's claim,
 a job put back) is read by each box at its watch's next look, no sooner than half a second
 after its last pass began, or at its poll, whichever comes first; a box whose last plan gave
@@ -30,15 +30,15 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from gpuq.extras.sim.timing import PassTiming, same_moment_tolerance
+from gpuq.extras.sim.trace import Cluster, TraceJob
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, Start
-from gpuq.model.passes import PassTiming, same_moment_tolerance
 from gpuq.model.sharing import compute_pct, uses_mps
 from gpuq.model.usage import UsageLedger
 from gpuq.model.windows import window_open
 from gpuq.sched.plan import plan
-from gpuq.sim.trace import Cluster, TraceJob
 
 # (pending, hosts, running, now, each user's decayed usage of ended jobs) -> (starts, preemptions)
 Planner = Callable[
@@ -117,7 +117,7 @@ def replay(
 ) -> Outcome:
     """Run the trace to its end; `exclusive`: every job holds its GPUs whole (fifo-exclusive);
     `config`: how jobs share a GPU (gpu_sharing), as the planner's config says; `timing`: the
-    moments the workers' passes run (model/passes.py), or None: every box passes at each event;
+    moments the workers' passes run (timing.py), or None: every box passes at each event;
     `colocation_penalty`: what a job loses besides, while another job shares its GPU (0.15:
     15%, as many of Gavel's measured pairs of models lose beyond time-slicing)."""
     replayed = _Replay(jobs, cluster, decide, grace_s, exclusive, config, timing)

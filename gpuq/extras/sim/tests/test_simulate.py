@@ -10,12 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO
 
-from gpuq.model.passes import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WATCH_EVERY_S, PassTiming
+from conftest import PY, REPO
+from gpuq.extras.sim.simreport import SIM_CONFIG, figures, run_policy
+from gpuq.extras.sim.timing import PassTiming
+from gpuq.extras.sim.trace import TraceError, is_marked_low, load_trace, mark_low, parse_cluster
+from gpuq.host.wake import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WATCH_EVERY_S
 from gpuq.model.windows import parse_window
-from gpuq.sim.simreport import SIM_CONFIG, figures, run_policy
-from gpuq.sim.trace import TraceError, is_marked_low, load_trace, mark_low, parse_cluster
 
 HEADER = "job_id,submit_s,duration_s,gpus,gpu_mem_gib,gpu_util,user,priority\n"
 LIMITS_HEADER = "job_id,submit_s,duration_s,gpus,gpu_mem_gib,gpu_util,user,priority,time_limit_s\n"

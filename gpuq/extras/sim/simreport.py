@@ -6,11 +6,11 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
+from gpuq.extras.sim.simulate import Outcome, fifo_exclusive, plan_policy, replay
+from gpuq.extras.sim.slurm_easy import SlurmEasy
+from gpuq.extras.sim.timing import PassTiming
+from gpuq.extras.sim.trace import Cluster, TraceJob
 from gpuq.model.config import Config
-from gpuq.model.passes import PassTiming
-from gpuq.sim.simulate import Outcome, fifo_exclusive, plan_policy, replay
-from gpuq.sim.slurm_easy import SlurmEasy
-from gpuq.sim.trace import Cluster, TraceJob
 
 # The simulated GPUs are given as what jobs may use (no reserve), and memory alone limits
 # how many jobs share one (traces hold shares down to 1/20 of a GPU).
@@ -33,7 +33,7 @@ def run_policy(
     name: str, jobs: list[TraceJob], cluster: Cluster, config: Config, colocation_penalty: float = 0.0
 ) -> Outcome:
     """Each policy runs as the workers would run it: a box passes at the moments its wake
-    rules give (model/passes.py), with the config's poll interval. `colocation_penalty`:
+    rules give (timing.py), with the config's poll interval. `colocation_penalty`:
     simulate.replay's (only policies that share GPUs feel it)."""
     timing = PassTiming(config.poll_interval)
 
@@ -74,7 +74,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def figures(out: Outcome, jobs: list[TraceJob]) -> dict[str, Any]:
-    """The --json schema for one policy (docs/simulate.md)."""
+    """The --json schema for one policy (README.md here)."""
     waits = [out.waits[j.id] for j in jobs if j.id in out.ends]
     by_gpus: dict[str, float] = {}
     all_by_gpus: dict[str, list[float]] = {}

@@ -27,6 +27,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from gpuq.extras.slurm.export import ExportError, handed_over, sbatch_script, slurm_logs
 from gpuq.host import rootorders, wire
 from gpuq.host.faults import crash_point, wall_time
 from gpuq.host.files import write_json
@@ -39,7 +40,6 @@ from gpuq.model.stops import Stop, StopCause
 from gpuq.run.joblocal import lease_age
 from gpuq.run.launch import AsOwner, CannotStart, as_owner, prepare_log
 from gpuq.sched.fairshare import queue_order
-from gpuq.slurm.export import ExportError, handed_over, sbatch_script, slurm_logs
 from gpuq.spool.deps import FINAL, gates, referenced
 from gpuq.spool.intake import user_name
 from gpuq.spool.store import (

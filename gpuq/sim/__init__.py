@@ -1,1 +1,0 @@
-"""The simulator: traces replayed through the same plan the workers carry out."""

@@ -1,0 +1,59 @@
+"""Extras are deletable: each folder under gpuq/extras/ removed from a copy of the checkout
+leaves a core whose fast set, layer check, CLI and one end-to-end story still pass, and which
+no longer offers the extra's verbs (docs/design.md, "The new shape")."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from gpuq import hooks
+
+pytestmark = pytest.mark.slow  # each runs the fast set again in a copy
+
+EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py").exists())
+
+
+def test_the_extras_are_found_by_listing_their_folder():
+    assert {"sim", "slurm"} <= set(EXTRAS)
+    assert {"simulate", "export"} <= {v.name for v in hooks.registry().verbs}
+    assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
+
+
+@pytest.mark.parametrize("extra", EXTRAS)
+def test_deleting_an_extra_leaves_a_working_core(tmp_path: Path, extra: str):
+    copy = tmp_path / "checkout"
+    shutil.copytree(
+        REPO,
+        copy,
+        ignore=shutil.ignore_patterns(
+            ".git", "__pycache__", "*.egg-info", "build", "logs", "jobs", "state", ".ruff_cache"
+        ),
+    )
+    verbs = {v.name for v in hooks.registry().verbs if v.handler.startswith(f"extras.{extra}.")}
+    shutil.rmtree(copy / "gpuq" / "extras" / extra)
+
+    def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=copy, capture_output=True, text=True, timeout=timeout)
+
+    layers = run("-m", "gpuq.layers")
+    assert layers.returncode == 0, layers.stdout + layers.stderr
+    usage = run("gpuq.py", "--help")
+    assert usage.returncode == 0 and "status" in usage.stdout, usage.stderr
+    assert not [v for v in verbs if f"    {v} " in usage.stdout], usage.stdout
+    fast = run("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-x")
+    assert fast.returncode == 0, fast.stdout[-3000:] + fast.stderr[-2000:]
+    story = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "tests/test_e2e_story.py")
+    assert story.returncode == 0, story.stdout[-3000:] + story.stderr[-2000:]
+    backends = [name for name, spec in hooks.registry().backends.items() if spec.startswith(f"extras.{extra}.")]
+    for backend in backends:  # a config that asks for the deleted extra's worker: a clear refusal
+        root = tmp_path / f"root-{backend}"
+        assert run("gpuq.py", "init", str(root)).returncode == 0
+        (root / "config.yaml").write_text(f"backend: {backend}\n")
+        refused = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
+        assert refused.returncode == 2 and f"gpuq/extras/{extra} is not there" in refused.stderr, refused.stderr
