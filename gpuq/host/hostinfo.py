@@ -13,6 +13,8 @@ import os
 import pwd
 import stat
 
+from gpuq.host.safefile import NotPlain, read_plain
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
@@ -256,18 +258,10 @@ def filesystem_type(path: Path) -> str | None:
 
 def read_owned(path: "os.PathLike[str] | str", owners: "set[int] | frozenset[int]", cap: int) -> bytes | None:
     """The bytes of `path` when it is a plain file with one link, owned by one of `owners`
-    and at most `cap` bytes, read without following a link or blocking on a FIFO; None for
-    anything else (missing, a link, a FIFO, a device, someone else's file, too big)."""
+    and at most `cap` bytes, read without following a link or blocking on a FIFO
+    (host/safefile.py); None for anything else (missing, a link, a FIFO, a device, someone
+    else's file, too big)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        return read_plain(path, cap, owners)[0]
+    except (NotPlain, OSError):
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in owners or st.st_size > cap:
-            return None
-        return os.pread(fd, cap, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)

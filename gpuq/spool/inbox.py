@@ -23,14 +23,15 @@ import json
 import os
 import re
 import secrets
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuq.host import safefile
 from gpuq.host.faults import wall_time
 from gpuq.host.files import atomic_write, open_dir, read_json, set_aside_directory
+from gpuq.host.safefile import NotPlain, read_plain
 from gpuq.model.names import HOST_RE, JOB_ID_RE
 from gpuq.spool.layout import Layout
 
@@ -196,21 +197,16 @@ def taken_path(layout: Layout, host: str, name: str) -> Path:
 
 
 def read_taken(path: Path, name: str) -> Request:
-    """The request in a taken file, checked on the open file. RequestError: not one."""
+    """The request in a taken file, checked on the open file (host/safefile.py). RequestError: not one."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        raw, st = read_plain(path, MAX_REQUEST_BYTES)
+    except NotPlain as e:
+        if e.why == safefile.TOO_BIG:
+            size = e.st.st_size if e.st else MAX_REQUEST_BYTES + 1
+            raise RequestError(f"request {name}: {size} bytes, over the {MAX_REQUEST_BYTES} cap") from None
+        raise RequestError(f"request {name}: not a plain file with one link; gpuq's CLI writes requests") from None
     except OSError as e:
         raise RequestError(f"request {name}: cannot be opened ({e.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            raise RequestError(f"request {name}: not a plain file with one link; gpuq's CLI writes requests")
-        if st.st_size > MAX_REQUEST_BYTES:
-            raise RequestError(f"request {name}: {st.st_size} bytes, over the {MAX_REQUEST_BYTES} cap")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read(MAX_REQUEST_BYTES + 1)
-    finally:
-        os.close(fd)
     return parse_request(raw, name, st.st_uid)
 
 

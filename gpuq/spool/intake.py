@@ -8,19 +8,19 @@ does not re-parse 10,000 files.
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import os
 import pwd
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuq.host import safefile
 from gpuq.host.faults import wall_time
 from gpuq.host.files import read_json
 from gpuq.host.owners import OwnerPolicy
+from gpuq.host.safefile import NotPlain, read_plain
 from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
 from gpuq.model.jobs import PendingJob
 from gpuq.model.names import ID_RULE, JOB_ID_RE
@@ -58,31 +58,25 @@ def user_name(uid: int) -> str:
 
 
 def read_spec_file(path: Path, display: str) -> tuple[bytes, os.stat_result]:
-    """Open without following links or blocking (a FIFO must not hang the worker) and
-    check the open file itself: a regular file, one link, under the size cap."""
+    """A spec's bytes and its open file's stat (host/safefile.py): a regular file, not a link
+    (nor read through one), one link, under the size cap."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise SpecError(display, None, "is a symbolic link", "copy the spec into jobs/ as a plain file") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SpecError(display, None, "is not a regular file", "put a plain YAML file in jobs/")
-        if st.st_nlink != 1:
-            raise SpecError(display, None, "has more than one hard link", "copy the spec instead of linking it")
-        if st.st_size > MAX_SPEC_BYTES:
+        return read_plain(path, MAX_SPEC_BYTES)
+    except NotPlain as e:
+        fix = {
+            safefile.LINK: "copy the spec into jobs/ as a plain file",
+            safefile.NOT_REGULAR: "put a plain YAML file in jobs/",
+            safefile.LINKS: "copy the spec instead of linking it",
+        }
+        if e.why == safefile.TOO_BIG:
+            size = e.st.st_size if e.st else MAX_SPEC_BYTES + 1
             raise SpecError(
                 display,
                 None,
-                f"is {st.st_size} bytes, over the {MAX_SPEC_BYTES} cap",
+                f"is {size} bytes, over the {MAX_SPEC_BYTES} cap",
                 "a spec is a few lines; put data in files the command reads",
-            )
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(MAX_SPEC_BYTES + 1), st
-    finally:
-        os.close(fd)
+            ) from None
+        raise SpecError(display, None, e.why, fix[e.why]) from None
 
 
 def check_job_id(job_id: str, name: str) -> None:

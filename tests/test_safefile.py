@@ -1,0 +1,47 @@
+"""host/safefile.py: the one reader of a file others may have written. Each way a file can
+be wrong is refused with its reason, judged on the open file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuq.host import safefile
+from gpuq.host.safefile import NotPlain, read_plain
+
+
+def _why(path: Path, cap: int = 100, owners=None) -> str:
+    with pytest.raises(NotPlain) as refused:
+        read_plain(path, cap, owners)
+    return refused.value.why
+
+
+def test_a_plain_file_is_read_with_its_stat(tmp_path: Path):
+    plain = tmp_path / "spec.yaml"
+    plain.write_bytes(b"command: true\n")
+    data, st = read_plain(plain, 100, {os.getuid()})
+    assert data == b"command: true\n" and st.st_size == len(data)
+
+
+def test_every_kind_of_wrong_file_is_refused_with_why(tmp_path: Path):
+    target = tmp_path / "secret"
+    target.write_bytes(b"x")
+    (tmp_path / "link").symlink_to(target)
+    assert _why(tmp_path / "link") == safefile.LINK
+    os.mkfifo(tmp_path / "fifo")  # never blocks: opened non-blocking, then refused
+    assert _why(tmp_path / "fifo") == safefile.NOT_REGULAR
+    (tmp_path / "dir").mkdir()
+    assert _why(tmp_path / "dir") == safefile.NOT_REGULAR
+    os.link(target, tmp_path / "hard")
+    assert _why(tmp_path / "hard") == safefile.LINKS
+    big = tmp_path / "big"
+    big.write_bytes(b"y" * 101)
+    assert _why(big) == safefile.TOO_BIG
+    assert read_plain(big, 101)[0] == b"y" * 101  # at the cap: read
+    other = tmp_path / "other"
+    other.write_bytes(b"z")
+    assert _why(other, owners={os.getuid() + 1}) == safefile.NOT_OWNER
+    with pytest.raises(FileNotFoundError):
+        read_plain(tmp_path / "missing", 100)
