@@ -45,7 +45,7 @@ def runs_the_workers(layout: Layout) -> bool:
 
 
 ASK_THE_OWNER = (
-    "ask the root's owner to check cron and logs/worker-HOST.log on the GPU boxes (gpuq doctor, run as them)"
+    "ask the root's owner to check cron and logs/workers/HOST.log on the GPU boxes (gpuq doctor, run as them)"
 )
 
 
