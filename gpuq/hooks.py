@@ -34,6 +34,9 @@ class Verb:
 @dataclass
 class Registry:
     verbs: list[Verb] = field(default_factory=list)
+    # Extras that could not be loaded, each with why and the fix: the core runs without them
+    # (one broken folder must not take down `gpuq status` or a worker); `gpuq doctor` lists them.
+    broken: dict[str, str] = field(default_factory=dict)
     # Worker kinds by the config's `backend` ("local" is the core's own worker): "module:class"
     # under gpuq, a class taking what worker.loop.Worker takes, loaded when a worker starts.
     backends: dict[str, str] = field(default_factory=dict)
@@ -49,8 +52,29 @@ def registry() -> Registry:
         _registry = Registry()
         for found in sorted(pkgutil.iter_modules([str(EXTRAS_DIR)]), key=lambda m: m.name):
             if found.ispkg:
-                importlib.import_module(f"gpuq.extras.{found.name}").register(_registry)
+                _register(found.name, _registry)
     return _registry
+
+
+def _register(name: str, into: Registry) -> None:
+    """Load one extra into the registry, or note it as broken: what it added is taken back
+    if its register() fails half-way, so the core sees all of an extra or none of it."""
+    trial = Registry()
+    try:
+        module = importlib.import_module(f"gpuq.extras.{name}")
+        register = getattr(module, "register", None)
+        if not callable(register):
+            raise TypeError("it has no register(registry) function")
+        register(trial)
+    except Exception as e:  # an extra is someone else's code: whatever it raises, the core goes on
+        into.broken[name] = (
+            f"the extra gpuq/extras/{name} could not be loaded ({type(e).__name__}: {e}); gpuq runs without it. "
+            f"Fix: repair or reinstall it, or delete the folder gpuq/extras/{name}"
+        )
+        return
+    taken = {v.name for v in into.verbs}
+    into.verbs += [v for v in trial.verbs if v.name not in taken]
+    into.backends.update({k: v for k, v in trial.backends.items() if k not in into.backends})
 
 
 def load(spec: str) -> Any:

@@ -43,13 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     worker_class = Worker
     if config.backend != "local":  # another kind of worker, from an extra (config.py checks the name)
         if config.backend not in hooks.registry().backends:
+            why = hooks.registry().broken.get(config.backend) or f"gpuq/extras/{config.backend} is not there"
             logging.getLogger("gpuq.worker").error(
-                "worker %s refuses to start: backend %r comes with the %s extra, and gpuq/extras/%s is not "
-                "there. Fix: install gpuq with it, or set backend: local in %s",
+                "worker %s refuses to start: backend %r comes with the %s extra, and %s. "
+                "Fix: install gpuq with it, or set backend: local in %s",
                 host,
                 config.backend,
                 config.backend,
-                config.backend,
+                why,
                 layout.config_file,
             )
             return 2

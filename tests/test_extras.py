@@ -25,16 +25,33 @@ def test_the_extras_are_found_by_listing_their_folder():
     assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
 
 
+def _copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "checkout"
+    ignore = shutil.ignore_patterns(
+        ".git", "__pycache__", "*.egg-info", "build", "logs", "jobs", "state", ".ruff_cache"
+    )
+    shutil.copytree(REPO, copy, ignore=ignore)
+    return copy
+
+
+def test_a_broken_extra_leaves_gpuq_working_and_says_which_and_how_to_fix(tmp_path: Path):
+    copy = _copy(tmp_path)
+    (copy / "gpuq" / "extras" / "broken").mkdir()
+    (copy / "gpuq" / "extras" / "broken" / "__init__.py").write_text("raise ImportError('half installed')\n")
+    root = tmp_path / "root"
+    made = subprocess.run([sys.executable, "gpuq.py", "init", str(root)], cwd=copy, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    status = subprocess.run(
+        [sys.executable, "gpuq.py", "--root", str(root), "status"], cwd=copy, capture_output=True, text=True
+    )
+    assert status.returncode == 0 and "HOSTS" in status.stdout.upper(), status.stdout + status.stderr
+    assert "gpuq/extras/broken could not be loaded (ImportError: half installed)" in status.stderr
+    assert "delete the folder gpuq/extras/broken" in status.stderr
+
+
 @pytest.mark.parametrize("extra", EXTRAS)
 def test_deleting_an_extra_leaves_a_working_core(tmp_path: Path, extra: str):
-    copy = tmp_path / "checkout"
-    shutil.copytree(
-        REPO,
-        copy,
-        ignore=shutil.ignore_patterns(
-            ".git", "__pycache__", "*.egg-info", "build", "logs", "jobs", "state", ".ruff_cache"
-        ),
-    )
+    copy = _copy(tmp_path)
     verbs = {v.name for v in hooks.registry().verbs if v.handler.startswith(f"extras.{extra}.")}
     shutil.rmtree(copy / "gpuq" / "extras" / extra)
 

@@ -206,7 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
         'print the shell completion script: eval "$(gpuq completion bash)"',
     )
     sp.add_argument("shell", choices=("bash", "zsh"))
-    for extra in hooks.registry().verbs:  # the extras' verbs (gpuq/extras/)
+    extras = hooks.registry()
+    for problem in extras.broken.values():
+        print(f"gpuq: {problem}", file=sys.stderr)
+    for extra in extras.verbs:  # the extras' verbs (gpuq/extras/); never in place of the core's own
+        if extra.name in sub.choices:
+            print(
+                f"gpuq: an extra's verb {extra.name!r} ({extra.handler}) is one of gpuq's own: left out",
+                file=sys.stderr,
+            )
+            continue
         extra.setup(verb(extra.name, _extra_handler(extra.handler), extra.help))
     for hidden in HIDDEN_VERBS:
         sp = sub.add_parser(hidden)
