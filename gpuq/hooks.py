@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,8 +36,9 @@ class Verb:
 @dataclass
 class Registry:
     verbs: list[Verb] = field(default_factory=list)
-    # Extras that could not be loaded, each with why and the fix: the core runs without them
-    # (one broken folder must not take down `gpuq status` or a worker); `gpuq doctor` lists them.
+    loaded: list[str] = field(default_factory=list)  # the extras' names
+    # Extras that could not be loaded, each with why (`fix` says what to do): the core runs
+    # without them (one broken folder must not take down `gpuq status` or a worker).
     broken: dict[str, str] = field(default_factory=dict)
     # Worker kinds by the config's `backend` ("local" is the core's own worker): "module:class"
     # under gpuq, a class taking what worker.loop.Worker takes, loaded when a worker starts.
@@ -49,32 +52,57 @@ def registry() -> Registry:
     """Every extra's contributions; the extras are imported the first time it is asked for."""
     global _registry
     if _registry is None:
-        _registry = Registry()
-        for found in sorted(pkgutil.iter_modules([str(EXTRAS_DIR)]), key=lambda m: m.name):
-            if found.ispkg:
-                _register(found.name, _registry)
+        found = Registry()
+        for module in sorted(pkgutil.iter_modules([str(EXTRAS_DIR)]), key=lambda m: m.name):
+            if module.ispkg:
+                _register(module.name, found)
+        _registry = found
     return _registry
 
 
+def _untrusted(name: str) -> str | None:
+    """Why the folder gpuq/extras/NAME is not code to run, or None. An extra runs in every
+    gpuq process, root's `gpuq` too, before anything else is checked: it must be a real folder
+    (a link would take the code from elsewhere), with an `__init__.py` that is a plain file, both
+    of the package's owner and writable by nobody else, and a name that is a Python identifier
+    (a copy such as `slurm-old` would register its verbs a second time)."""
+    if not name.isidentifier():
+        return "its name is no Python identifier (a renamed copy?)"
+    owner = os.stat(EXTRAS_DIR.parent).st_uid
+    for path in (EXTRAS_DIR / name, EXTRAS_DIR / name / "__init__.py"):
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return f"{path} is a symbolic link"
+        if st.st_uid != owner or st.st_mode & 0o022:
+            return f"{path} is not gpuq's own (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def _register(name: str, into: Registry) -> None:
-    """Load one extra into the registry, or note it as broken: what it added is taken back
-    if its register() fails half-way, so the core sees all of an extra or none of it."""
+    """Load one extra into the registry, or note it as broken: all of an extra or none of it."""
     trial = Registry()
     try:
+        if (why := _untrusted(name)) is not None:
+            raise ImportError(why)
         module = importlib.import_module(f"gpuq.extras.{name}")
         register = getattr(module, "register", None)
         if not callable(register):
             raise TypeError("it has no register(registry) function")
         register(trial)
-    except Exception as e:  # an extra is someone else's code: whatever it raises, the core goes on
-        into.broken[name] = (
-            f"the extra gpuq/extras/{name} could not be loaded ({type(e).__name__}: {e}); gpuq runs without it. "
-            f"Fix: repair or reinstall it, or delete the folder gpuq/extras/{name}"
-        )
+        clash = {v.name for v in trial.verbs} & {v.name for v in into.verbs} | set(trial.backends) & set(into.backends)
+        if clash:
+            raise ValueError(f"another extra already gives {', '.join(sorted(clash))}")
+    except (Exception, SystemExit) as e:  # someone else's code: whatever it raises, the core goes on
+        into.broken[name] = f"the extra gpuq/extras/{name} could not be loaded ({type(e).__name__}: {e})"
         return
-    taken = {v.name for v in into.verbs}
-    into.verbs += [v for v in trial.verbs if v.name not in taken]
-    into.backends.update({k: v for k, v in trial.backends.items() if k not in into.backends})
+    into.loaded.append(name)
+    into.verbs += trial.verbs
+    into.backends.update(trial.backends)
+
+
+def fix(name: str) -> str:
+    """What to do about a broken extra."""
+    return f"repair it (reinstall gpuq from its checkout), or delete the folder gpuq/extras/{name}"
 
 
 def load(spec: str) -> Any:

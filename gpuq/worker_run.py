@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             why = hooks.registry().broken.get(config.backend) or f"gpuq/extras/{config.backend} is not there"
             logging.getLogger("gpuq.worker").error(
                 "worker %s refuses to start: backend %r comes with the %s extra, and %s. "
-                "Fix: install gpuq with it, or set backend: local in %s",
+                "Fix: restore that folder (reinstall gpuq from its checkout), or set backend: local in %s",
                 host,
                 config.backend,
                 config.backend,

@@ -207,8 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("shell", choices=("bash", "zsh"))
     extras = hooks.registry()
-    for problem in extras.broken.values():
-        print(f"gpuq: {problem}", file=sys.stderr)
+    for name, why in extras.broken.items():
+        print(f"gpuq: {why}; gpuq runs without it. Fix: {hooks.fix(name)}", file=sys.stderr)
     for extra in extras.verbs:  # the extras' verbs (gpuq/extras/); never in place of the core's own
         if extra.name in sub.choices:
             print(

@@ -16,7 +16,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpuq import __version__
+from gpuq import __version__, hooks
 from gpuq.cli.initroot import cron_line
 from gpuq.host.hostinfo import NETWORK_FILESYSTEMS, mount_of
 from gpuq.host.owners import writable_by_others
@@ -466,6 +466,26 @@ def _running(name: str) -> bool:
     return False
 
 
+def check_extras(config: Config) -> list[Finding]:
+    """The extras (gpuq/extras/, hooks.py): each broken one, and a backend no extra gives."""
+    extras = hooks.registry()
+    out = [
+        Finding("warn", "extras", f"{why}: gpuq runs without it", hooks.fix(name))
+        for name, why in extras.broken.items()
+    ]
+    if config.backend != "local" and config.backend not in extras.backends:
+        out.append(
+            Finding(
+                "fail",
+                "extras",
+                f"config.yaml sets backend: {config.backend}, which the {config.backend} extra gives, and it is not "
+                "loaded: every worker refuses to start",
+                f"restore gpuq/extras/{config.backend} (reinstall gpuq from its checkout), or set backend: local",
+            )
+        )
+    return out or [Finding("ok", "extras", f"extras loaded: {', '.join(extras.loaded) or 'none'}")]
+
+
 def diagnose(layout: Layout, config: Config, now: float, squash: list[Finding] | None = None) -> list[Finding]:
     """Every check; `squash`: check_squashing's findings, made by root before it became the
     queue's account (only root can tell)."""
@@ -478,6 +498,7 @@ def diagnose(layout: Layout, config: Config, now: float, squash: list[Finding] |
         *check_filesystems(layout, config),
         *check_clocks(layout),
         check_cron(layout, config, now),
+        *check_extras(config),
     ]
 
 

@@ -48,7 +48,7 @@ RECOVERY_CRASH_POINTS = (
     "recovery:held",  # the claim is taken over for the next attempt; the record still says running
     "recovery:recorded",
 )  # the attempt is in requeued/, the running record gone; the spec not back yet
-# Slurm bridge mode (slurm/bridge.py; tests/test_slurm_export.py)
+# Slurm bridge mode (gpuq/extras/slurm/bridge.py and its tests)
 BRIDGE_CRASH_POINTS = (
     "bridge:planned",  # a spec is chosen to hand over; not yet claimed
     "bridge:claimed",  # renamed into claims/; no record yet

@@ -432,7 +432,7 @@ class Worker:
             prune_bookings(self.layout, now)
 
     def _stop(self, record: Record, stop: Stop) -> bool:
-        """TERM, grace, KILL through its supervisor (slurm/bridge.py: scancel). False: not yet."""
+        """TERM, grace, KILL through its supervisor (the slurm extra's bridge: scancel). False: not yet."""
         return request_stop(self.rt, record, stop)
 
     def take_in_specs(self) -> None:
