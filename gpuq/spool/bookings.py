@@ -9,13 +9,12 @@ a race to an overlapping one (both checked before either was written) is removed
 from __future__ import annotations
 
 import json
-import os
 import pwd
 import re
 import time
 from typing import Sequence
 
-from gpuq.host.files import read_json
+from gpuq.host.files import atomic_write, read_json
 from gpuq.host.owners import Actor
 from gpuq.model.booking import BOOKING_ID_RE, MAX_GPU_INDEX, Booking, BookingError
 from gpuq.model.units import parse_duration_s
@@ -157,12 +156,10 @@ def book(
     while True:
         n += 1
         candidate = Booking(f"bk-{n}", host, gpus, start, end, owner, note, actor.name)
-        try:
-            fd = os.open(d / f"{candidate.id}.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:  # written whole, then linked into place: no reader sees half of one, a crash leaves none
+            atomic_write(d / f"{candidate.id}.json", json.dumps(candidate.to_json()).encode(), 0o644, exclusive=True)
         except FileExistsError:
             continue  # another worker's booking took the id a moment ago
-        with os.fdopen(fd, "w") as f:
-            json.dump(candidate.to_json(), f)
         earlier = [b for b in load(layout, now) if b.id != candidate.id and b.overlaps(candidate) and int(b.id[3:]) < n]
         if earlier:  # written at the same moment as an overlapping one: the first stays
             (d / f"{candidate.id}.json").unlink()
