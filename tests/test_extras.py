@@ -20,7 +20,7 @@ EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py"
 
 
 def test_the_extras_are_found_by_listing_their_folder():
-    assert {"sim", "slurm"} <= set(EXTRAS)
+    assert {"sim", "slurm"} <= set(EXTRAS) and hooks.registry().broken == {}
     assert {"simulate", "export"} <= {v.name for v in hooks.registry().verbs}
     assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
 

@@ -75,13 +75,6 @@ def test_an_extra_that_exits_a_copy_a_link_or_one_others_can_write_is_left_out(e
     assert "is not gpuq's own" in got.broken["writable"] and "mode 777" in got.broken["writable"]
 
 
-def test_the_real_extras_register_their_verbs_and_backend():
-    got = hooks.registry()
-    assert got.broken == {}
-    assert {"simulate", "export"} <= {v.name for v in got.verbs}
-    assert got.backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
-
-
 def test_doctor_reports_a_broken_extra_and_a_backend_no_extra_gives(extras_in):
     extras_in("raises", "raise ImportError('half installed')\n")
     findings = check_extras(Config(backend="slurm"))
