@@ -25,7 +25,7 @@ EXTRAS_DIR = Path(__file__).resolve().parent / "extras"
 class Verb:
     """A verb an extra adds to `gpuq`. `setup` adds its arguments (argparse only: every CLI
     start runs it, so it must import nothing heavy); `handler` is "module:function" under
-    gpuq, loaded only when the verb runs, as the core's own verbs are (cli/__init__.py)."""
+    gpuq, loaded only when the verb runs, as the core's own verbs are (cli/__init__.py _lazy)."""
 
     name: str
     help: str
@@ -106,6 +106,6 @@ def fix(name: str) -> str:
 
 
 def load(spec: str) -> Any:
-    """What a "module:name" under gpuq names (a Verb's handler, a backend), imported now."""
+    """What a "module:name" under gpuq names (a backend's worker class), imported now."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(f"gpuq.{module}"), name)

@@ -30,15 +30,6 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
-def _extra_handler(spec: str) -> Callable[[argparse.Namespace], int]:
-    """An extra's handler ("module:function", hooks.Verb), imported only when its verb runs."""
-
-    def handler(args: argparse.Namespace) -> int:
-        return hooks.load(spec)(args)
-
-    return handler
-
-
 HIDDEN_VERBS = ("_ids", "_hosts")  # for the completion script; never listed nor suggested
 
 
@@ -216,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                 file=sys.stderr,
             )
             continue
-        extra.setup(verb(extra.name, _extra_handler(extra.handler), extra.help))
+        extra.setup(verb(extra.name, _lazy(*extra.handler.split(":", 1)), extra.help))
     for hidden in HIDDEN_VERBS:
         sp = sub.add_parser(hidden)
         sp.set_defaults(handler=_lazy("cli.completion", "cmd_completion"))
