@@ -57,6 +57,25 @@ def test_a_shared_gpu_counts_as_its_memory_share_and_a_log_started_anew_is_read_
     assert set(history.usage(3600, {"a": 80 * 1024})) == {"bo"}
 
 
+def test_a_log_emptied_in_place_is_read_anew_though_its_inode_and_length_look_the_same(tmp_path):
+    """The file system gives a log begun anew its old inode back as often as not (a suite run
+    beside another saw it), and `: > log` keeps it: the inode and a length past what was read
+    said "the same log", and what was appended was read from the middle of another line."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    history = UsageHistory(layout, WEEK)
+    _ended(layout, "a", "j1", "ana", 1, 0, 3600)
+    assert set(history.usage(3600, {})) == {"ana"}
+    inode = layout.host_events("a").stat().st_ino
+    with open(layout.host_events("a"), "wb"):  # emptied in place
+        pass
+    for job_id in ("j2", "j3"):  # longer than what was read before
+        _ended(layout, "a", job_id, "bo", 1, 0, 3600)
+    assert layout.host_events("a").stat().st_ino == inode
+    usage = history.usage(3600, {})
+    assert set(usage) == {"bo"} and usage["bo"] == pytest.approx(2 * 3600, rel=5e-3)
+
+
 def test_a_job_without_a_limit_is_expected_to_run_as_long_as_its_kinds_latest_runs(tmp_path):
     """train-1 and train-2 of ana's ran 100 s and 300 s: train-3, with no time_limit, is expected
     to run 300 s (the longest: a backfill that trusts it must not delay the head), so it may

@@ -21,6 +21,7 @@ from gpuq.spool.store import checked_event
 
 _ENDS = frozenset(s.value for s in FINAL_STATES) | {"pending"}  # "pending": stopped and put back
 MAX_LINE_BYTES = 1 << 20  # a longer "line" is not gpuq's
+HEAD_BYTES = 256  # of a log's first line (its time, host and job): which log this is
 
 
 class UsageHistory:
@@ -29,7 +30,9 @@ class UsageHistory:
     def __init__(self, layout: Layout, half_life_s: float) -> None:
         self.layout, self.half_life_s = layout, half_life_s
         self.ledger = UsageLedger(half_life_s)
-        self.read_to: dict[str, tuple[int, int]] = {}  # log name -> (inode, bytes read)
+        # log name -> (inode, bytes read, its first bytes): a log removed and begun anew may get
+        # the same inode back, and one emptied in place keeps it; its first line tells them apart.
+        self.read_to: dict[str, tuple[int, int, bytes]] = {}
         self.durations: dict[str, list[float]] = {}  # kind_of -> the latest runs that ended done
         self.started: dict[tuple[str, object], float] = {}  # (job, attempt) -> when it started, while it runs
 
@@ -51,16 +54,18 @@ class UsageHistory:
 
     def _read(self, path: Path, gpu_mem_of: Mapping[str, int]) -> bool:
         """Add what was appended to one log since it was last read; False if the log is not
-        the one read before (another inode, or shorter)."""
+        the one read before (another inode, shorter, or other first bytes)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return True  # gone, or not a file: nothing to add
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            inode, offset = self.read_to.get(path.name, (st.st_ino, 0))
-            if inode != st.st_ino or st.st_size < offset:
+            inode, offset, head = self.read_to.get(path.name, (st.st_ino, 0, b""))
+            if inode != st.st_ino or st.st_size < offset or os.pread(f.fileno(), len(head), 0) != head:
                 return False
+            if not head:
+                head = f.read(HEAD_BYTES)
             f.seek(offset)
             while True:
                 line = f.readline(MAX_LINE_BYTES)
@@ -68,7 +73,7 @@ class UsageHistory:
                     break  # a line still being written: read it whole next time
                 offset += len(line)
                 self._count(line, gpu_mem_of)
-            self.read_to[path.name] = (st.st_ino, offset)
+            self.read_to[path.name] = (st.st_ino, offset, head[:offset])
         return True
 
     def _count(self, line: bytes, gpu_mem_of: Mapping[str, int]) -> None:
