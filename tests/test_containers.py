@@ -15,8 +15,8 @@ import fake_runtime
 import psutil
 import pytest
 import real_runtimes
-from conftest import PY, REPO, Queue, wait_until
 
+from conftest import PY, REPO, Queue, wait_until
 from gpuq.host.owners import Identity
 from gpuq.model.config import Config
 from gpuq.model.environments import ALLOWED_OPTIONS, Container
@@ -253,7 +253,8 @@ def _container_up(queue, runtimes, job_id: str, attempt: int = 1, restarts: int 
             return _name(record)
         return None
 
-    return wait_until(up, timeout=20, what=f"{job_id} attempt {attempt} (restart {restarts}) in its container")
+    # generous: two suites side by side on 2 cores took over 20 s to restart one container
+    return wait_until(up, timeout=60, what=f"{job_id} attempt {attempt} (restart {restarts}) in its container")
 
 
 def _kill_supervisor_and_client(name: str) -> None:
