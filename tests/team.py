@@ -22,8 +22,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, Queue
 from filelock import FileLock
+
+from conftest import PY, REPO, Queue
 
 # Names of this test process's own: two copies of the suite may run side by side, and one
 # must not delete the users the other is using.

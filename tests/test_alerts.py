@@ -7,6 +7,7 @@ import json
 import signal
 
 import pytest
+
 from conftest import PY, REPO, wait_until
 
 pytestmark = pytest.mark.slow  # every test here starts processes

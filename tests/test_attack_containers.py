@@ -18,8 +18,9 @@ from pathlib import Path
 
 import fake_runtime
 import pytest
-from conftest import wait_until
 from team import BOB, TEAM, needs_root
+
+from conftest import wait_until
 
 pytestmark = needs_root
 

@@ -20,8 +20,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, wait_until
 from team import ALICE, BOB, QUEUE, needs_root
+
+from conftest import PY, REPO, wait_until
 
 pytestmark = needs_root
 PRECIOUS = "precious root data\n"

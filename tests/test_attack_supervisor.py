@@ -15,8 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import wait_until
 from team import ALICE, BOB, needs_root, team_gid
+
+from conftest import wait_until
 
 pytestmark = needs_root
 PAUSE = {"GPUQ_TEST_PAUSE_AT": "spawner:locked"}  # the spawner stops with the job lock taken

@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, wait_until
 from team import ALICE, BOB, EVE, QUEUE, needs_root
+
+from conftest import PY, REPO, wait_until
 
 pytestmark = needs_root
 SLEEPER = "command: sleep 60\ngpus: 0\nworkdir: /\n"

@@ -9,9 +9,9 @@ import os
 import signal
 
 import pytest
-from conftest import wait_until
 from team import ALICE, BOB, needs_root
 
+from conftest import wait_until
 from gpuq.host.faults import CRASH_ENV
 
 pytestmark = [needs_root, pytest.mark.slow]

@@ -12,9 +12,9 @@ import tempfile
 
 import pytest
 import yaml
-from conftest import wait_until
 from team import ALICE, BOB, needs_root
 
+from conftest import wait_until
 from gpuq.host.faults import CRASH_ENV
 
 pytestmark = [needs_root, pytest.mark.slow]

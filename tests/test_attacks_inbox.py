@@ -9,8 +9,9 @@ import json
 import os
 import stat
 
-from conftest import wait_until
 from team import ALICE, BOB, needs_root
+
+from conftest import wait_until
 
 pytestmark = needs_root
 SLEEPER = "command: sleep 60\ngpus: 0\nworkdir: /\n"

@@ -12,8 +12,9 @@ import subprocess
 import time
 
 import pytest
-from conftest import PY, REPO, wait_until
 from team import ALICE, BOB, needs_root
+
+from conftest import PY, REPO, wait_until
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 

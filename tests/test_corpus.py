@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
 
+from conftest import wait_until
 from gpuq.model.names import JOB_ID_RE
 
 CORPUS = Path(__file__).resolve().parent / "corpus"

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, wait_until
 from team import ALICE, QUEUE, TEAM, needs_root
 
+from conftest import REPO, wait_until
 from gpuq.single_instance import default_local_dir, this_host
 
 CRON_FILE = Path("/etc/cron.d") / f"gpuq-test-{os.getpid()}"

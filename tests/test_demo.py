@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import REPO
 
 pytestmark = pytest.mark.slow  # every test here starts processes

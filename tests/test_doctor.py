@@ -13,8 +13,9 @@ import sys
 import time
 
 import pytest
-from conftest import PY, REPO
 from team import ALICE, QUEUE, TEAM, needs_root
+
+from conftest import PY, REPO
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

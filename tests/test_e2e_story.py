@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 
 import pytest
+
 from conftest import PY, REPO, fake_job, wait_until, worker_argv
 
 pytestmark = pytest.mark.slow  # every test here starts processes

@@ -7,8 +7,8 @@ import json
 import re
 
 import pytest
-from conftest import PY, REPO, wait_until
 
+from conftest import PY, REPO, wait_until
 from gpuq.model.record import Record
 from gpuq.model.states import State
 from gpuq.views.efficiency import efficiency, job_samples

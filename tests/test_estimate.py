@@ -8,10 +8,10 @@ import re
 import time
 
 import pytest
-from conftest import wait_until
 from test_plan import gpu, host
 from test_plan_scheduling import CFG, job, run
 
+from conftest import wait_until
 from gpuq.sched.estimate import expected_starts
 
 

@@ -13,8 +13,8 @@ import time
 
 import psutil
 import pytest
-from conftest import PY, REPO, wait_until, worker_argv
 
+from conftest import PY, REPO, wait_until, worker_argv
 from gpuq.host.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS
 from gpuq.single_instance import _config_may_set_local_dir, _plain_cron_start, holds_lock_at, take_worker_lock
 from gpuq.spool.layout import Layout

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from conftest import wait_until
-
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
 

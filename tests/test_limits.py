@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+
 from conftest import PY, REPO, wait_until
 
 pytestmark = pytest.mark.slow  # every test here starts processes

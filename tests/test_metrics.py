@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PY, REPO, wait_until
 from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import PY, REPO, wait_until
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 

@@ -9,10 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, fake_job, wait_until
 from team import ALICE, BOB, needs_root
 from test_plan import GIB, gpu, host, starts
 
+from conftest import PY, REPO, fake_job, wait_until
 from gpuq.model.config import Config, ConfigError, validate
 from gpuq.model.errors import SpecError
 from gpuq.model.jobs import PendingJob, RunningJob

@@ -16,8 +16,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
 from team import ALICE, BOB, EVE, needs_root
+
+from conftest import wait_until
 
 pytestmark = needs_root
 

@@ -8,8 +8,8 @@ import json
 import subprocess
 
 import pytest
-from conftest import PY, REPO, wait_until
 
+from conftest import PY, REPO, wait_until
 from gpuq.views.report import Pending, build, percentile
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import wait_until, worker_argv
 
 

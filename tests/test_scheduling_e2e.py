@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+
 from conftest import PY, REPO, ends_during_stream, wait_until
 
 pytestmark = pytest.mark.slow  # every test here starts processes

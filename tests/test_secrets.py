@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import wait_until
 from team import ALICE, BOB, needs_root
+
+from conftest import wait_until
 
 # What alice has in her shell: none of these values may reach a file the team can read.
 SECRETS = {

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import Queue, wait_until
 from team import ALICE, BOB, TEAM
+
+from conftest import Queue, wait_until
 
 pytestmark = [
     pytest.mark.skipif(

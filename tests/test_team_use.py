@@ -12,8 +12,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from conftest import PY, REPO, wait_until
 from team import ALICE, BOB, EVE, needs_root, team_gid
+
+from conftest import PY, REPO, wait_until
 
 pytestmark = needs_root
 

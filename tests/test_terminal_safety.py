@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import wait_until
 from team import ALICE, BOB, needs_root
+
+from conftest import wait_until
 
 # What a terminal acts on: C0 but the newline that ends each line of output, DEL, C1, bidi
 # controls, line and paragraph separators.

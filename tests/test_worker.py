@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+
 from conftest import fake_job, wait_until, worker_argv
 
 

@@ -8,8 +8,8 @@ import getpass
 import json
 
 import pytest
-from conftest import wait_until
 
+from conftest import wait_until
 from gpuq.model.spec import validate_spec
 from gpuq.spool.deps import gate
 
