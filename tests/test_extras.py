@@ -4,6 +4,7 @@ no longer offers the extra's verbs (docs/design.md, "The new shape")."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,11 @@ def test_a_broken_extra_leaves_gpuq_working_and_says_which_and_how_to_fix(tmp_pa
     assert status.returncode == 0 and "HOSTS" in status.stdout.upper(), status.stdout + status.stderr
     assert "gpuq/extras/broken could not be loaded (ImportError: half installed)" in status.stderr
     assert "delete the folder gpuq/extras/broken" in status.stderr
+    doctor = subprocess.run(
+        [sys.executable, "gpuq.py", "--root", str(root), "doctor", "--json"], cwd=copy, capture_output=True, text=True
+    )
+    extras = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "extras"]
+    assert [f["level"] for f in extras] == ["warn"] and "half installed" in extras[0]["message"], doctor.stdout
 
 
 @pytest.mark.parametrize("extra", EXTRAS)
