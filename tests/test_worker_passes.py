@@ -150,3 +150,34 @@ def test_many_sweeps_dropped_at_once_are_expanded_over_passes_and_never_run_unex
         + sum(1 for j in box.launched() if j.startswith(f"{left}_"))
         == 600
     )
+
+
+def _pass_until_planning(box: PassWorker, after_s: float = 0.0) -> None:
+    """The steps of a pass before its plan: it has read jobs/ and not yet taken the queue lock."""
+    box.clock.advance(after_s)
+    for step in box.worker.STEPS[: box.worker.STEPS.index("start_jobs")]:
+        getattr(box.worker, step)()
+
+
+def test_a_job_another_box_claims_while_this_one_waits_for_the_queue_lock_is_not_planned_again(tmp_path):
+    """A pass reads jobs/, then waits for the queue lock while another box claims a job from
+    it. Planned from that stale listing, the job was placed a second time: its running copy
+    filled a's GPU, so b made its own low job yield for it (CI: two boxes each preempted one
+    low job for the same job)."""
+    root = tmp_path / "root"
+    a = PassWorker(root, "a", "1x80GiB", idle_after_s=0.1)
+    b = PassWorker(root, "b", "1x80GiB", idle_after_s=0.1)
+    b.drop("lo.yaml", "command: sleep 100\ngpus: 1\npriority: low\nhosts: [b]\n")
+    for _ in range(3):
+        a.run_pass(after_s=1)
+        b.run_pass(after_s=1)
+    assert b.launched() == ["lo"]
+    told: dict[str, str] = {}  # request_stop needs a supervisor: the test takes the order instead
+    b.worker._preempt = told.update  # type: ignore[method-assign]
+    a.drop("real.yaml", "command: echo real\ngpus: 1\n")
+    _pass_until_planning(b, after_s=1)  # b has read jobs/ with real in it ...
+    a.run_pass()  # ... and a claims it meanwhile, onto its empty GPU
+    assert a.launched() == ["real"]
+    b.worker.start_jobs()
+    assert told == {}  # not "lo: job real needs its GPU memory"
+    assert b.launched() == ["lo"]

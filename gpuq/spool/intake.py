@@ -175,16 +175,13 @@ class Intake:
             self.full_scan_at = now_mono
         else:
             try:
-                st = os.stat(self.layout.jobs)
+                dir_key, settled = self._dir_key(now_wall)
             except OSError:
                 return
-            dir_key = (st.st_mtime_ns, st.st_ino, st.st_size)
-            settled = (wall_time() if now_wall is None else now_wall) - st.st_mtime > RACY_MTIME_S
             if dir_key == self.dir_key and settled and not self.failing:
                 return
             self.dir_key = dir_key if settled else None
-        with os.scandir(self.layout.jobs) as it:
-            listing = {entry.name: entry.inode() for entry in it}
+        listing = self._list()
         if full:
             candidates = set(listing)
         else:  # set operations on dict views run in C: a burst of claims costs O(changes)
@@ -213,6 +210,33 @@ class Intake:
             changed |= self._examine(job_id, name, known, now_mono)
         if changed:
             self.version += 1
+
+    def gone_since_scan(self, now_wall: float | None = None) -> set[str]:
+        """Ids of parsed specs no longer in jobs/: claimed (or cancelled) by another box since
+        the last scan. A pass reads jobs/ before it waits for the queue lock; what another box
+        claimed meanwhile must not be planned again (its running copy fills the GPU it took,
+        and the plan made an opportunistic job yield elsewhere for it). One stat when jobs/
+        has not changed; nothing here changes what the next scan will find."""
+        try:
+            dir_key, settled = self._dir_key(now_wall)
+            if dir_key == self.dir_key and settled:
+                return set()
+            listing = self._list()
+        except OSError:
+            return set()
+        return {i for i, e in self.entries.items() if e.name not in listing}
+
+    def _dir_key(self, now_wall: float | None) -> tuple[tuple[int, int, int], bool]:
+        """jobs/'s identity and whether its mtime is old enough that a change within the
+        same clock tick would show (RACY_MTIME_S)."""
+        st = os.stat(self.layout.jobs)
+        settled = (wall_time() if now_wall is None else now_wall) - st.st_mtime > RACY_MTIME_S
+        return (st.st_mtime_ns, st.st_ino, st.st_size), settled
+
+    def _list(self) -> dict[str, int]:
+        """jobs/ as it is now: name -> inode."""
+        with os.scandir(self.layout.jobs) as it:
+            return {entry.name: entry.inode() for entry in it}
 
     def _keeps_id(self, job_id: str, name: str, other: str) -> bool:
         """Whether jobs/`name` rather than jobs/`other` keeps the id (`keeper`: a put-back lands

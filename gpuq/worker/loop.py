@@ -503,6 +503,8 @@ class Worker:
                 team.running = own_jobs + running_elsewhere(beats, self.listing.others, self.host)
             usage = self._usage(now, beats)
             pending = self.intake.pending()
+            if gone := self.intake.gone_since_scan(now):
+                pending = [job for job in pending if job.id not in gone]
             estimates, running = learned_runs(pending, team.running, self.config, self.history.durations)
             decided = plan(
                 pending,
