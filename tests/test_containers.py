@@ -257,7 +257,7 @@ def _container_up(queue, runtimes, job_id: str, attempt: int = 1, restarts: int 
     return wait_until(up, timeout=60, what=f"{job_id} attempt {attempt} (restart {restarts}) in its container")
 
 
-def _kill_supervisor_and_client(name: str) -> None:
+def _kill_supervisor_and_client(queue: Queue, name: str) -> None:
     """SIGKILL the container's client, its keeper and its supervisor at once, as a power cut
     would: the container (the stand-in daemon's) is left running, and nobody kept an exit."""
     client = next(
@@ -272,14 +272,20 @@ def _kill_supervisor_and_client(name: str) -> None:
         for p in psutil.process_iter(["cmdline"])
         if "gpuq.run.spawner" in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()
     ]
-    for p in (keeper, client, *(s for s in supervisors if _supervises(s, job_id))):
+    for p in (keeper, client, *(s for s in supervisors if _supervises(s, queue, job_id))):
         p.kill()
 
 
-def _supervises(process: psutil.Process, job_id: str) -> bool:
-    """Whether this spawner child is the supervisor of `job_id` (its `started` marker says so)."""
+def _supervises(process: psutil.Process, queue: Queue, job_id: str) -> bool:
+    """Whether this spawner child is the supervisor of `job_id` in this queue: it holds the
+    job's lock file under the queue's local directories. Not any supervisor of a job of that
+    id: another queue's (a second copy of the suite beside this one runs the same tests and
+    ids) was killed in the middle of its service's restart."""
+    base = os.path.realpath(queue.local_base)  # as /proc gives open files' paths
     try:
-        return any(f.path.endswith(f"/{job_id}.lock") for f in process.open_files())
+        return any(
+            f.path.startswith(f"{base}/") and f.path.endswith(f"/jobs/{job_id}.lock") for f in process.open_files()
+        )
     except psutil.Error:
         return False
 
@@ -451,7 +457,7 @@ def test_a_container_left_by_a_killed_supervisor_is_removed(queue, runtimes, tmp
     wait_until(lambda: "\nup" in queue.log("orphan"), what="container up")
     name = _container_up(queue, runtimes, "orphan")
     pid = runtimes.containers()[name]["pid"]
-    _kill_supervisor_and_client(name)
+    _kill_supervisor_and_client(queue, name)
     final = wait_until(lambda: queue.finished("orphan"), timeout=30, what="orphan settled")
     assert final["state"] == "lost" and "exit unknown" in final["reason"]
     wait_until(lambda: runtimes.containers() == {}, what="container removed")
@@ -483,7 +489,7 @@ def test_two_roots_on_one_box_run_the_same_job_id_in_containers_of_their_own(que
             )
         mine, theirs = (_container_up(q, runtimes, "twin") for q in (queue, other))
         assert mine != theirs
-        _kill_supervisor_and_client(mine)
+        _kill_supervisor_and_client(queue, mine)
         assert wait_until(lambda: queue.finished("twin"), timeout=30, what="mine settled")["state"] == "lost"
         wait_until(lambda: mine not in runtimes.containers(), what="my leftover container removed")
         assert theirs in runtimes.containers() and other.record("twin")["state"] == "running"
@@ -550,7 +556,7 @@ def test_a_restarted_services_container_left_by_a_killed_supervisor_is_removed(q
     # as if the restart's record write had met a full disk: the record still says 0 restarts
     path = queue.root / "state" / "running" / "svc.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "restarts": 0}))
-    _kill_supervisor_and_client(name)
+    _kill_supervisor_and_client(queue, name)
     assert wait_until(lambda: queue.finished("svc"), timeout=30, what="svc settled")["state"] == "lost"
     wait_until(lambda: runtimes.containers() == {}, what="the restart's container removed")
     assert runtimes.calls("rm")[-1]["args"] == ["rm", "--force", name]

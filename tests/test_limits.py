@@ -131,14 +131,13 @@ def test_a_supervisor_waits_out_a_grace_without_spinning(queue):
     """Past the fencing check it no longer made, the wait used to wake at once again and again:
     a stopped job that took its grace cost a CPU core for the rest of it."""
     queue.start_worker("a", "1x80GiB")  # lost_after_s 180: a fencing check every 5 s
-    queue.drop(
-        "stubborn.yaml", "command: trap '' TERM; echo stubborn-up; sleep 60\ngpus: 0\ntime_limit: 1s\ngrace: 10s\n"
-    )
-    wait_until(lambda: "stubborn-up" in queue.log("stubborn"), timeout=30, what="the job to start")
+    # The queue's root in the command: a second copy of the suite beside this one runs a job
+    # with the same command, and its supervisor is not this one's.
+    mark = f"stubborn-up {queue.root}"
+    queue.drop("stubborn.yaml", f"command: trap '' TERM; echo {mark}; sleep 60\ngpus: 0\ntime_limit: 1s\ngrace: 10s\n")
+    wait_until(lambda: mark in queue.log("stubborn"), timeout=30, what="the job to start")
     job = wait_until(
-        lambda: next(
-            (p for p in psutil.process_iter(["cmdline"]) if "stubborn-up" in " ".join(p.info["cmdline"] or [])), None
-        ),
+        lambda: next((p for p in psutil.process_iter(["cmdline"]) if mark in " ".join(p.info["cmdline"] or [])), None),
         what="the job's process",
     )
     supervisor = job.parent()
