@@ -320,6 +320,9 @@ def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_o
     done = queue.gpuq("forget", "b")
     assert "b: forgotten" in done.stdout
     assert [h["host"] for h in queue.status()["hosts"]] == ["a"]
+    state = queue.root / "state"  # nothing of b is left but its events (reports count its past)
+    assert [p.name for p in (state / "workers").iterdir() if p.name.startswith("b.")] == []
+    assert not (state / "control" / "b").exists()
     again = queue.gpuq("forget", "b", check=False)
     assert again.returncode == 1 and "no host named 'b'" in again.stdout + again.stderr
 

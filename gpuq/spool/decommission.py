@@ -66,15 +66,42 @@ def forget(layout: Layout, host: str, actor: Actor, lost_after_s: float) -> str:
             f"{host} is not forgotten yet: {'; '.join(kept[:5])}; then `gpuq forget {host}` again"
             + (f" ({len(back)} other job(s) are back in the queue: {', '.join(back[:5])})" if back else "")
         )
-    for path in (layout.heartbeat(host), layout.spec_cache(host), poke_path(layout, host), drain_file(layout, host)):
+    for path in (
+        layout.heartbeat(host),
+        layout.spec_cache(host),
+        layout.usage_cache(host),
+        poke_path(layout, host),
+        drain_file(layout, host),
+    ):
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
+    _remove_stop_orders(layout, host)
     said = f"{host}: forgotten (its past stays in the events and reports)"
     if back:
         said += f"; {len(back)} job(s) it had claimed but never started are back in the queue ({', '.join(back[:5])})"
     return said
+
+
+def _remove_stop_orders(layout: Layout, host: str) -> None:
+    """state/control/HOST/: stop orders nobody will read (no job of the host runs any more).
+    Workers alone write there (not a member's directory): its entries are removed by name."""
+    directory = layout.host_control(host)
+    try:
+        with os.scandir(directory) as it:
+            names = [entry.name for entry in it]
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in names:
+        try:
+            os.unlink(directory / name)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            pass  # gone meanwhile, or not a file: the directory stays, as before
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass
 
 
 def _put_back_claims(layout: Layout, claims: list[tuple[str, str]]) -> tuple[list[str], list[str]]:

@@ -289,15 +289,12 @@ class Recovery:
         worker delete only temp files). An hour old: their writer is long gone, on any host
         and whatever its clock says."""
         cutoff = self.clock.wall() - STALE_TEMP_S
-        for directory, prefix in (
-            (self.layout.claims, "."),
-            (self.layout.running, "."),
-            (self.layout.finished, "."),
-            (self.layout.requeued, "."),
-            (self.layout.workers, "."),
-            (self.layout.jobs, ".submit-"),
-        ):
-            with os.scandir(directory) as it:  # in jobs/, only `gpuq submit`'s: the rest is users'
+        for directory, prefix in self._temp_places():
+            try:
+                it = os.scandir(directory)
+            except OSError:
+                continue  # a host's control directory removed by `gpuq forget` meanwhile
+            with it:
                 for entry in it:
                     if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
                         try:
@@ -305,6 +302,22 @@ class Recovery:
                                 os.unlink(entry.path)
                         except OSError:
                             pass  # gone, or a directory posing as a temp file: left alone
+
+    def _temp_places(self) -> list[tuple[Path, str]]:
+        """Where writers leave temp files, and the prefix of those a worker may remove: every
+        directory only gpuq's own writers write (each host's stop orders too), and in the
+        members' jobs/ only `gpuq submit`'s: a member's other dot files there are hers (the
+        requests inbox and the replies are swept by spool/inbox.py)."""
+        layout = self.layout
+        # Not the inboxes; not the logs, written in place; not the replies, swept whole.
+        apart = {*layout.member_writable(), layout.logs, layout.worker_logs, layout.replies}
+        places = [(d, ".") for d in layout.directories() if d not in apart]
+        try:
+            with os.scandir(layout.control) as it:
+                places += [(Path(e.path), ".") for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            pass
+        return places + [(layout.jobs, ".submit-")]
 
     # --- other hosts ------------------------------------------------------------------------
 
