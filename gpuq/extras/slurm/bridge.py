@@ -257,6 +257,10 @@ class BridgeWorker(Worker):
             append_note(self.layout, self.host, record.id, "adopted", f"adopted from bridge {record.host} (dead)")
             log.warning("bridge %s is dead: following %s (Slurm job %s) from here", record.host, record.id, slurm_id)
 
+    def _fail(self, record: Record, reason: str) -> None:
+        """The attempt ends here, never handed over: Slurm will not run it."""
+        transition(self.layout, record, State.FAILED, self.host, ended_at=wall_time(), reason=reason)
+
     def _note_slurm_id(self, record: Record, slurm_id: str) -> None:
         write_record(self.layout, replace(record, slurm_id=slurm_id, reason=f"Slurm job {slurm_id}"))
         directory = self.layout.state / "slurm"
@@ -438,21 +442,12 @@ class BridgeWorker(Worker):
                 job.id, job.spec, self.config, str(self.layout.job_log(job.id)), str(self.layout.root), dependency_ids
             )
         except ExportError as e:
-            transition(
-                self.layout, record, State.FAILED, self.host, ended_at=wall_time(), reason=f"cannot hand to Slurm: {e}"
-            )
+            self._fail(record, f"cannot hand to Slurm: {e}")
             return
         try:
             owner = self._as_owner(record, job.spec)
         except (KeyError, OSError, CannotStart) as e:
-            transition(
-                self.layout,
-                record,
-                State.FAILED,
-                self.host,
-                ended_at=wall_time(),
-                reason=f"cannot hand to Slurm as uid {record.uid}, the spec's owner: {e}",
-            )
+            self._fail(record, f"cannot hand to Slurm as uid {record.uid}, the spec's owner: {e}")
             return
         sbatch = shutil.which("sbatch") or "sbatch"  # found on the bridge's PATH, not the job's
         try:
@@ -468,14 +463,7 @@ class BridgeWorker(Worker):
             log.warning("sbatch of %s: Slurm did not answer (%s)", job.id, out.stderr.strip()[-200:])
             return
         if out.returncode != 0:
-            transition(
-                self.layout,
-                record,
-                State.FAILED,
-                self.host,
-                ended_at=wall_time(),
-                reason=f"sbatch refused it: {out.stderr.strip()[-300:]}",
-            )
+            self._fail(record, f"sbatch refused it: {out.stderr.strip()[-300:]}")
             return
         crash_point("bridge:submitted")
         slurm_id = out.stdout.strip().splitlines()[-1].split(";")[0]  # after any warning sbatch printed
