@@ -84,6 +84,21 @@ def test_non_gpuq_processes_and_reserve_reduce_usable_memory():
     assert usable_mib(gpu(0, 80, used_gib=0.5), [], 1024) == 79 * GIB  # driver share within reserve
 
 
+def test_the_plan_keeps_the_reserve_that_status_leaves_out_of_usable_memory():
+    """config gpu_mem_reserve_mib is the driver's share of each GPU: status's USABLE (usable_mib)
+    leaves it out, and so must the plan, or a job that fits only in the reserve starts and runs
+    out of memory. The other plan tests use a reserve of 0, where the two cannot disagree."""
+    cfg = replace(CFG, gpu_mem_reserve_mib=GIB)
+    snap = gpu(0, 80, used_gib=0.5)  # the driver's own 0.5 GiB, within the reserve
+    assert usable_mib(snap, [], GIB) == 79 * GIB
+    at_usable = plan([job("fits", mem_gib=79)], [host("h", snap)], [], cfg, 0)
+    assert starts(at_usable) == {"fits": ("h", (0,))}
+    # 79.5 GiB: what is left beside the driver's 0.5 GiB, but half of it is the reserve's.
+    into_reserve = plan([job("over", mem_gib=79.5)], [host("h", snap)], [], cfg, 0)
+    assert into_reserve.starts == [], "placed in the reserve"
+    assert into_reserve.reasons["over"] == "needs 79.5GiB on one GPU; the largest GPU holds 79GiB usable (h:0)"
+
+
 def test_two_jobs_in_one_pass_never_overcommit():
     result = plan([job("a", mem_gib=50), job("b", mem_gib=50)], [host("h", gpu(0))], [], CFG, 0)
     assert list(starts(result)) == ["a"]
