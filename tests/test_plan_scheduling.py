@@ -126,6 +126,21 @@ def test_user_cap_holds_a_users_jobs_and_says_so():
     assert result.reasons["ana-3"] == "at user cap 2/2 GPUs"
 
 
+def test_user_cap_counts_the_jobs_the_same_plan_starts():
+    """ana holds nothing yet and the box has more GPUs than her cap: the jobs this plan starts
+    count against it (the test above has her jobs running already), in the worker's plan
+    (explain=False) as in status's."""
+    cfg = replace(CFG, max_gpus_per_user=2)
+    pending = [job(f"ana-{i}", user="ana", queued_at=i) for i in range(4)] + [job("bo-1", user="bo", queued_at=9)]
+    four_gpus = [host("h", *(gpu(i) for i in range(4)))]
+    for explain in (True, False):
+        result = plan(pending, four_gpus, [], cfg, now=10, explain=explain)
+        assert sorted(starts(result)) == ["ana-0", "ana-1", "bo-1"], f"explain={explain}"
+    assert result.reasons == {}
+    explained = plan(pending, four_gpus, [], cfg, now=10)
+    assert explained.reasons["ana-2"] == explained.reasons["ana-3"] == "at user cap 2/2 GPUs"
+
+
 def test_the_head_gets_gpus_reserved_from_when_limits_free_them_and_only_jobs_that_end_by_then_backfill():
     """h:0's job may run until 3600, h:1's until 7200: the pair job is due at 7200 on both. A
     job whose limit ends by then may run meanwhile (EASY backfill); one that runs past it, or
