@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import errno
+import json
 import multiprocessing
 import os
 import pwd
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,10 @@ from gpuq.host.owners import Actor
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.states import ALLOWED, State, TransitionError, check_transition
 from gpuq.spool import bookings
+from gpuq.spool.decommission import forget
+from gpuq.spool.drain import DrainError
 from gpuq.spool.layout import Layout, job_id_for_spec_name
-from gpuq.spool.store import claim, read_record, transition, write_record
+from gpuq.spool.store import claim, read_record, running_records, transition, write_record
 
 
 @pytest.fixture
@@ -57,6 +61,27 @@ def test_transition_table_is_enforced(layout):
                     check_transition("j", old, new)
     events = (layout.events / "a.jsonl").read_text().splitlines()
     assert len(events) == 1 and '"to":"done"' in events[0]
+
+
+def test_a_job_caught_between_running_and_finished_is_finished_and_does_not_keep_its_host(layout):
+    """A change of state writes the new record before it removes the old one (StateChange): a
+    reader in between, or after a crash there, finds the job in running/ and finished/. The
+    later state wins: the job is not listed running, and `gpuq forget` of its host, which
+    refuses while a job is recorded running there, is not refused for it."""
+    me = Actor(os.geteuid(), pwd.getpwuid(os.geteuid()).pw_name, True)
+    halfway = Record(id="halfway", state=State.RUNNING, spec={}, host="gone")
+    write_record(layout, halfway)
+    write_record(layout, replace(halfway, state=State.DONE, exit_code=0))
+    still = Record(id="still", state=State.RUNNING, spec={}, host="gone")
+    write_record(layout, still)
+    write_record(layout, Record(id="elsewhere", state=State.RUNNING, spec={}, host="alive"))
+    layout.heartbeat("gone").write_text(json.dumps({"host": "gone", "t": 0.0, "stopped": True}))
+    with pytest.raises(DrainError, match=r"gone still has 1 job\(s\) recorded running \(still\);"):
+        forget(layout, "gone", me, lost_after_s=180.0)
+    assert [r.id for r in running_records(layout)] == ["elsewhere", "still"]
+    transition(layout, still, State.DONE, "gone", exit_code=0)
+    assert forget(layout, "gone", me, lost_after_s=180.0).startswith("gone: forgotten")
+    assert not layout.heartbeat("gone").exists()
 
 
 def test_claim_names_are_unique_and_parse():
