@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from harness import PassWorker
+
+from gpuq.model.states import State
+from gpuq.spool.store import read_record
 
 
 def test_a_spec_being_written_is_not_rejected_until_it_stays_unchanged(tmp_path):
@@ -107,6 +111,26 @@ def test_a_box_silent_for_lost_after_s_is_taken_over_and_its_job_runs_again_else
     a.run_pass(after_s=50)
     assert a.launched() == ["long"]
     assert a.spawner.launched[0].attempt == 2 and a.spawner.launched[0].host == "a"
+
+
+def test_retries_n_re_runs_a_job_lost_with_its_box_n_times(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """`retries: 2` is two re-runs, three attempts in all (docs/reference.md): a job whose box
+    reboots under it each time runs as attempts 1, 2 and 3, and the third loss is final. Only
+    the default and 0 were tested, which an off-by-one in the count passes."""
+    root = tmp_path / "root"
+    attempts: list[int] = []
+    for boot in range(1, 5):
+        monkeypatch.setenv("GPUQ_TEST_BOOT_ID", f"boot-{boot}")  # a new boot id: the box rebooted
+        box = PassWorker(root, "a", "1x16GiB")
+        if boot == 1:
+            box.drop("fragile.yaml", "command: sleep 1000\ngpus: 1\nretries: 2\n")
+        for _ in range(3):  # the first pass finds the last boot's attempt lost and requeues it
+            box.run_pass(after_s=1)
+        attempts += [r.attempt for r in box.spawner.launched]
+    assert attempts == [1, 2, 3]
+    lost = read_record(box.layout.finished / "fragile.json")
+    assert lost is not None and lost.state is State.LOST and lost.attempt == 3
+    assert lost.reason == "host rebooted; no retries left (2)"
 
 
 def test_the_next_job_starts_on_the_pass_after_one_ends_and_the_spool_is_clean(tmp_path):
