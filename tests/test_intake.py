@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import pytest
 
 from conftest import wait_until
-from gpuq.spool.intake import Intake
+from gpuq.spool.intake import Intake, user_name
 from gpuq.spool.layout import Layout
 
 
@@ -131,3 +134,38 @@ def test_a_check_that_fails_unforeseen_makes_that_spec_invalid_not_the_scan(tmp_
     intake.scan(0.0, full=True)
     assert [j.id for j in intake.pending()] == ["fine"]
     assert "could not be checked (ValueError: invalid literal" in str(intake.unsettled()["odd"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of two owners take root to make (CI runs as root)")
+def test_a_spec_swapped_after_its_open_is_owned_by_whoever_wrote_the_bytes_read(tmp_path, monkeypatch):
+    """A spec's owner is taken from the file opened, never from the name: a member who swaps
+    another member's spec in under the name between the open and the look at its owner must
+    not have his own bytes run as her (host/safefile.py judges the open descriptor)."""
+    his_uid, her_uid = 4343, 4242  # uids without accounts are fine for files
+    layout = Layout(tmp_path)
+    layout.ensure()
+    spec = layout.jobs / "swap.yaml"
+    spec.write_text("command: echo his\n")
+    os.chown(spec, his_uid, his_uid)
+    # He keeps a second name for his file, so that it is still a plain file with one link once
+    # the swap has taken jobs/swap.yaml from it (unlinked, it would be refused for that alone).
+    os.link(spec, tmp_path / "his-own-name")
+    hers = tmp_path / "hers.yaml"
+    hers.write_text("command: echo hers\n")
+    os.chown(hers, her_uid, her_uid)
+    real_open = os.open
+    swapped: list[Path] = []
+
+    def open_then_swap(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if os.fspath(path) == str(spec) and not swapped:
+            os.rename(hers, spec)  # his file is open; the name is hers from now on
+            swapped.append(spec)
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_swap)
+    intake = Intake(layout)
+    intake.scan(0.0, full=True)
+    assert swapped, "the spec was never opened by name: nothing tested"
+    (job,) = intake.pending()
+    assert (job.spec.command, job.user) == ("echo his", user_name(his_uid))
