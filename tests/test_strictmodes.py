@@ -1,0 +1,46 @@
+"""What a root start refuses to trust (spool/strictmodes.py), on a stand-in copy of the code's
+tree: whoever can change gpuq's code runs as root at the next cron start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuq.spool import strictmodes
+from gpuq.spool.layout import Layout
+
+MODULES = ("__init__.py", "model/__init__.py", "model/spec.py", "spool/__init__.py", "spool/strictmodes.py")
+
+
+def test_a_module_file_others_can_write_is_reported_not_only_a_package_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A world-writable module, and a group-writable one of a group other than root's, are
+    each named with the fix: a check of the package directories alone would pass a module
+    that any member may rewrite, and so run as root."""
+    code = tmp_path / "gpuq"  # the code's shape: packages, and modules in them
+    for module in MODULES:
+        (code / module).parent.mkdir(parents=True, exist_ok=True)
+        (code / module).write_text("")
+    # problems() finds the code from where strictmodes.py lies: here, in the stand-in.
+    monkeypatch.setattr(strictmodes, "__file__", str(code / "spool" / "strictmodes.py"))
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    me = os.geteuid()  # whose the code must be: root's for a root start, here this test's
+
+    def code_problems() -> list[str]:
+        return [p for p in strictmodes.problems(layout, me, root_uid=me) if "(gpuq's code)" in p]
+
+    assert code_problems() == []  # the stand-in as installed: nothing to report
+    world = code / "model" / "spec.py"
+    os.chmod(world, 0o666)
+    group = code / "spool" / "strictmodes.py"
+    os.chmod(group, 0o664)
+    if os.stat(group).st_gid == 0:  # group root may write (allowed); a team's group may not
+        os.chown(group, -1, 4242)
+    found = code_problems()
+    assert [p.split(" (gpuq's code) ")[0] for p in found] == [str(world), str(group)], found
+    assert all("can be written by others" in p for p in found), found
+    assert found[0].endswith(f"Fix: chmod go-w {world}")
