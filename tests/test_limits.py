@@ -1,5 +1,7 @@
 """Limits through the real worker on fake GPUs: time limit, host RAM, CPU cores, and GPU
-memory above the declaration (warn or kill)."""
+memory above the declaration (warn or kill). Those tests start processes (slow) and see that
+a limit is enforced, not where: the decisions themselves are checked at their boundaries
+(just under: no stop; over: stop) with plain numbers, at the end (fast)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import psutil
 import pytest
 
 from conftest import PY, REPO, wait_until
-
-pytestmark = pytest.mark.slow  # every test here starts processes
+from gpuq.model.record import Record
+from gpuq.model.states import State
+from gpuq.model.stops import StopCause
+from gpuq.run.limits import LimitWatch
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 
 
+@pytest.mark.slow
 def test_a_job_past_its_time_limit_is_stopped_after_its_grace_and_recorded_as_timeout(queue):
     queue.start_worker("a", "1x80GiB")
     # Ignores SIGTERM (and so does its sleep, which inherits that): only SIGKILL ends it.
@@ -33,6 +38,7 @@ def test_a_job_past_its_time_limit_is_stopped_after_its_grace_and_recorded_as_ti
     assert polite["state"] == "timeout" and polite["exit_code"] == 3 and "bye" in queue.log("polite")
 
 
+@pytest.mark.slow
 def test_config_gives_the_default_time_limit(queue):
     queue.write_config(time_limit="1s")
     queue.start_worker("a", "1x80GiB")
@@ -41,6 +47,7 @@ def test_config_gives_the_default_time_limit(queue):
     assert record["state"] == "timeout" and record["time_limit_s"] == 1.0
 
 
+@pytest.mark.slow
 def test_a_job_over_its_host_memory_is_stopped_with_the_reason(queue):
     queue.start_worker("a", "1x80GiB")
     hog = f"{PY} -c \"import time; b = b'x' * (300 * 2**20); print('holding', flush=True); time.sleep(60)\""
@@ -52,6 +59,7 @@ def test_a_job_over_its_host_memory_is_stopped_with_the_reason(queue):
     assert wait_until(lambda: queue.finished("lean"))["state"] == "done"
 
 
+@pytest.mark.slow
 def test_cpus_pins_each_job_to_its_own_cores_where_the_host_has_room(queue, tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two jobs on distinct cores need a machine with two cores")
@@ -76,6 +84,7 @@ def test_cpus_pins_each_job_to_its_own_cores_where_the_host_has_room(queue, tmp_
     assert cores[0] != cores[1]
 
 
+@pytest.mark.slow
 def test_gpu_memory_above_the_declaration_is_killed_when_config_says_kill(queue):
     queue.write_config(gpu_mem_overuse="kill", gpu_mem_overuse_after_s=1)
     queue.start_worker("a", "1x80GiB")
@@ -87,6 +96,7 @@ def test_gpu_memory_above_the_declaration_is_killed_when_config_says_kill(queue)
     assert wait_until(lambda: queue.finished("honest"), timeout=30)["state"] == "done"
 
 
+@pytest.mark.slow
 def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue):
     queue.write_config(gpu_mem_overuse_after_s=1)
     queue.start_worker("a", "1x80GiB")
@@ -108,6 +118,7 @@ def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue)
     assert len(warnings) == 1
 
 
+@pytest.mark.slow
 def test_usage_is_sampled_into_the_record_and_show_suggests_a_right_sized_gpu_mem(queue):
     queue.start_worker("a", "1x80GiB")
     work = (
@@ -127,6 +138,7 @@ def test_usage_is_sampled_into_the_record_and_show_suggests_a_right_sized_gpu_me
     assert "peak_rss:" in shown and "mean_gpu_util:" in shown
 
 
+@pytest.mark.slow
 def test_a_supervisor_waits_out_a_grace_without_spinning(queue):
     """Past the fencing check it no longer made, the wait used to wake at once again and again:
     a stopped job that took its grace cost a CPU core for the rest of it."""
@@ -151,3 +163,21 @@ def test_a_supervisor_waits_out_a_grace_without_spinning(queue):
     record = wait_until(lambda: queue.finished("stubborn"), timeout=30, what="the KILL after the grace")
     assert record["state"] == "timeout" and record["signal"] == 9
     assert cpu_s < 2.0, f"the supervisor used {cpu_s:.1f} s of CPU over an 11 s job"
+
+
+# --- the decisions at their boundaries, with plain numbers ------------------------------------
+
+
+def _running(**limits: float | int) -> Record:
+    return Record(id="j", state=State.RUNNING, spec={}, **limits)  # type: ignore[arg-type]
+
+
+def test_a_time_limit_stops_the_job_at_the_limit_and_not_before():
+    """The end-to-end test waits for "timeout" and never checks when it came: a limit enforced
+    at three times its value would pass it."""
+    started = 1000.0  # the supervisor's monotonic clock when the job started
+    watch = LimitWatch(_running(time_limit_s=60.0), started)
+    assert watch.breach(started + 59.9) is None
+    stop = watch.breach(started + 60.0)
+    assert stop is not None and stop.cause is StopCause.TIMEOUT, stop
+    assert stop.reason == "time limit 1m00s reached"
