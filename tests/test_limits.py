@@ -172,6 +172,16 @@ def _running(**limits: float | int) -> Record:
     return Record(id="j", state=State.RUNNING, spec={}, **limits)  # type: ignore[arg-type]
 
 
+class _TreeUsing:
+    """Stands in for the job's process-tree sampler (host/usage.py): the tree uses `mib`."""
+
+    def __init__(self, mib: int) -> None:
+        self.mib = mib
+
+    def sample(self, now: float) -> int:
+        return self.mib
+
+
 def test_a_time_limit_stops_the_job_at_the_limit_and_not_before():
     """The end-to-end test waits for "timeout" and never checks when it came: a limit enforced
     at three times its value would pass it."""
@@ -181,3 +191,16 @@ def test_a_time_limit_stops_the_job_at_the_limit_and_not_before():
     stop = watch.breach(started + 60.0)
     assert stop is not None and stop.cause is StopCause.TIMEOUT, stop
     assert stop.reason == "time limit 1m00s reached"
+
+
+def test_a_host_memory_limit_stops_the_job_one_mib_above_it_and_not_at_it():
+    """`mem`: above it the job is stopped (docs/reference.md). The end-to-end job is far over
+    its limit: a limit enforced at twice its value would pass it."""
+    started = 1000.0
+    watch = LimitWatch(_running(mem_limit_mib=1024), started)
+    watch.usage = _TreeUsing(1024)  # type: ignore[assignment]
+    assert watch.breach(started + 1.0) is None  # at its limit: sampled, and within it
+    watch.usage = _TreeUsing(1025)  # type: ignore[assignment]
+    stop = watch.breach(started + 2.0)
+    assert stop is not None and stop.cause is StopCause.LIMIT, stop
+    assert stop.reason.startswith("limit: host memory ")
