@@ -13,10 +13,12 @@ import psutil
 import pytest
 
 from conftest import PY, REPO, wait_until
+from gpuq.model.config import Config
 from gpuq.model.record import Record
 from gpuq.model.states import State
 from gpuq.model.stops import StopCause
 from gpuq.run.limits import LimitWatch
+from gpuq.sched.overuse import GpuMemWatch
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 
@@ -204,3 +206,17 @@ def test_a_host_memory_limit_stops_the_job_one_mib_above_it_and_not_at_it():
     stop = watch.breach(started + 2.0)
     assert stop is not None and stop.cause is StopCause.LIMIT, stop
     assert stop.reason.startswith("limit: host memory ")
+
+
+def test_gpu_memory_overuse_begins_just_past_the_tolerance():
+    """Declared 10,000 MiB with 10% tolerated: 11,000 MiB is within, however long it lasts;
+    11,001 is over, and acted on once it has lasted gpu_mem_overuse_after_s."""
+    watch = GpuMemWatch(Config(gpu_mem_overuse="kill", gpu_mem_tolerance_pct=10, gpu_mem_overuse_after_s=10.0))
+    job = _running(gpu_mem_mib=10_000)
+    assert watch.update([job], {"j": {0: 11_000}}, now=0.0) == []
+    assert watch.update([job], {"j": {0: 11_000}}, now=100.0) == []  # tolerated however long
+    assert watch.update([job], {"j": {0: 11_001}}, now=200.0) == []  # over from now: not yet long enough
+    assert watch.update([job], {"j": {0: 11_001}}, now=209.9) == []
+    (overuse,) = watch.update([job], {"j": {0: 11_001}}, now=210.0)
+    assert overuse.job_id == "j" and overuse.kill
+    assert overuse.why.endswith("declared 9.8GiB (+10% tolerated)"), overuse.why
