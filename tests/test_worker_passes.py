@@ -78,6 +78,26 @@ def test_a_user_cap_holds_across_boxes_in_one_plan(tmp_path):
     assert len(a.launched()) + len(b.launched()) == 2  # not four: two per box is what each alone allows
 
 
+def test_a_users_jobs_running_on_another_box_count_against_the_cap_here(tmp_path):
+    """b plans with a's running jobs: the two GPUs the user holds on a fill the cap, and b starts
+    none of the jobs only b may run. In the test above jobs may land anywhere, and a plan of
+    b's that left a's jobs out passed it: it placed b's starts on a's GPUs (fake GPUs show no
+    use), which b does not start."""
+    root = tmp_path / "root"
+    a = PassWorker(root, "a", "2x16GiB", max_gpus_per_user=2)
+    b = PassWorker(root, "b", "2x16GiB", max_gpus_per_user=2)
+    for i in range(2):
+        a.drop(f"on-a{i}.yaml", "command: sleep 100\ngpus: 1\nhosts: [a]\n")
+    a.run_pass(after_s=1)
+    assert sorted(a.launched()) == ["on-a0", "on-a1"]
+    for i in range(2):
+        b.drop(f"on-b{i}.yaml", "command: sleep 100\ngpus: 1\nhosts: [b]\n")
+    for _ in range(3):
+        b.run_pass(after_s=1)
+    assert b.launched() == []
+    assert (b.root / "jobs" / "on-b0.yaml").exists() and (b.root / "jobs" / "on-b1.yaml").exists()
+
+
 def test_four_small_jobs_on_an_idle_cluster_land_on_four_gpus(tmp_path):
     root = tmp_path / "root"
     a = PassWorker(root, "a", "4x16GiB")
