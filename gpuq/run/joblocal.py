@@ -30,6 +30,7 @@ from typing import Iterator, TypeGuard
 
 from gpuq.host import wire
 from gpuq.host.hostinfo import process_start_ticks, read_owned
+from gpuq.model.markers import OVER, Marker, parse_marker
 from gpuq.model.record import Record
 from gpuq.model.states import State
 from gpuq.model.stops import Stop, cause_of
@@ -228,15 +229,11 @@ def settle_lock(rt: Runtime, job_id: str) -> Iterator[bool]:
         os.close(fd)
 
 
-def read_started(rt: Runtime, record: Record) -> dict | None:
-    """The `started` marker of this attempt: written into the job's lock file by its
-    supervisor once it owns the attempt, just before the job runs (None: never started, or
-    a lock file the worker's account did not write)."""
-    try:
-        marker = json.loads(read_own(rt.lock_path(record.id)) or b"")
-    except ValueError:
-        return None
-    return marker if isinstance(marker, dict) and marker.get("claim") == record.claim else None
+def read_marker(rt: Runtime, record: Record) -> Marker:
+    """How far this attempt got (model/markers.py), as its supervisor marked it in the job's
+    lock file: UNSTARTED for none of this attempt, or a lock file the worker's account did
+    not write."""
+    return parse_marker(read_own(rt.lock_path(record.id)), record.claim)
 
 
 RESULT_KEYS = frozenset(
@@ -282,8 +279,7 @@ def has_ended(rt: Runtime, record: Record) -> bool:
     """Whether this attempt's job is over for good (its supervisor marked it so once the job
     and its leftovers were gone) while its supervisor still records the result: the job's
     GPUs and CPU slot are free, though its record still says running for a moment."""
-    marker = read_started(rt, record)
-    return bool(marker and marker.get("ended"))
+    return read_marker(rt, record).phase in OVER
 
 
 def _live(pid: object, ticks: object) -> TypeGuard[int]:
@@ -294,9 +290,8 @@ def _live(pid: object, ticks: object) -> TypeGuard[int]:
 
 def supervisor_pid(rt: Runtime, record: Record) -> int | None:
     """The live supervisor of a local job, from its `started` marker (None if it is gone)."""
-    marker = read_started(rt, record) or {}
-    pid = marker.get("supervisor_pid")
-    return pid if _live(pid, marker.get("ticks")) else None
+    marker = read_marker(rt, record)
+    return marker.supervisor_pid if _live(marker.supervisor_pid, marker.ticks) else None
 
 
 def write_container_pid(rt: Runtime, record: Record, pid: int) -> None:
@@ -310,9 +305,9 @@ def write_container_pid(rt: Runtime, record: Record, pid: int) -> None:
 def job_roots(rt: Runtime, record: Record) -> list[int]:
     """The processes whose descendants are the job: its live keeper, and the main process of
     its container when a runtime's daemon started that (run/containers.py)."""
-    marker = read_started(rt, record) or {}
-    pid = marker.get("keeper_pid")
-    if not _live(pid, marker.get("keeper_ticks")):
+    marker = read_marker(rt, record)
+    pid = marker.keeper_pid
+    if not _live(pid, marker.keeper_ticks):
         return []
     try:
         container = json.loads(read_own(rt.container_path(record.id)) or b"")

@@ -40,6 +40,7 @@ from gpuq.host.owners import Identity
 from gpuq.host.usage import read_gpu_usage
 from gpuq.host.wake import WAKE_JOB_ENDED, poke
 from gpuq.model.config import FENCE_FRACTION, RECORD_FENCE_FRACTION
+from gpuq.model.markers import Marker, Phase, check_marker, parse_marker
 from gpuq.model.record import Record
 from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
@@ -139,7 +140,7 @@ def supervise(rt: Runtime, record: Record, lock_fd: int, clock: Clock | None = N
             pass  # best effort: a requeue of this attempt writes both anew
         crash_point("supervisor:owned")
         rt.exit_path(record.id).unlink(missing_ok=True)  # an earlier attempt's: never read as this one's
-        _mark(lock_fd, {"claim": record.claim})
+        _mark(lock_fd, Marker(Phase.STARTED, record.claim))
         crash_point("supervisor:marked")
         _run_and_record(rt, record, lock_fd, clock or Clock())
     finally:
@@ -147,17 +148,18 @@ def supervise(rt: Runtime, record: Record, lock_fd: int, clock: Clock | None = N
         os.close(lock_fd)
 
 
-def _mark(lock_fd: int, marker: dict) -> None:
-    """The `started` marker, in the locked file: one small write over the one before, padded
-    with spaces to its length (JSON allows them), so nothing of it is left. No truncate: on
-    ext4 each one is a journal transaction, three a job (a lock file's cycle measured 136-184
-    µs with them, 19-25 µs without: docs/benchmarks.md). A reader between the writes sees a
-    torn marker as no marker (a truncate gave it an empty file). Local and only meaningful
-    for this boot: no fsync."""
-    data = json.dumps(
-        {"supervisor_pid": os.getpid(), "ticks": process_start_ticks(os.getpid()), "t": wall_time(), **marker}
-    ).encode()
-    os.pwrite(lock_fd, data.ljust(os.fstat(lock_fd).st_size), 0)
+def _mark(lock_fd: int, marker: Marker) -> None:
+    """How far the attempt got (model/markers.py), in the locked file: one small write over the
+    one before, padded with spaces to its length (JSON allows them), so nothing of it is left.
+    No truncate: on ext4 each one is a journal transaction, three a job (a lock file's cycle
+    measured 136-184 µs with them, 19-25 µs without: docs/benchmarks.md). A reader between the
+    writes sees a torn marker as no marker (a truncate gave it an empty file). Local and only
+    meaningful for this boot: no fsync. Raises MarkerError for a phase out of order."""
+    size = os.fstat(lock_fd).st_size
+    check_marker(parse_marker(os.pread(lock_fd, size, 0), marker.claim).phase, marker.phase)
+    pid = os.getpid()
+    data = json.dumps({"supervisor_pid": pid, "ticks": process_start_ticks(pid), "t": wall_time(), **marker.fields()})
+    os.pwrite(lock_fd, data.encode().ljust(size), 0)
 
 
 def fence_reason(rt: Runtime, record: Record, lease_fraction: float = FENCE_FRACTION) -> str | None:
@@ -232,7 +234,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
             failure, log_fd = f"cannot start: {e}", e.log_fd
         except wire.StarterGone:
             # Nothing ran: without a `started` marker the next worker requeues the attempt.
-            _mark(lock_fd, {})
+            _mark(lock_fd, Marker(Phase.UNSTARTED, record.claim))
             for name, fd in fds.items():
                 if name != "lock":
                     os.close(fd)
@@ -284,7 +286,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
     ended = clock.wall()
     # Nothing of the job runs any more: its worker may start the next job on its GPUs now,
     # while this supervisor writes the record (a durable write: milliseconds, every job).
-    _mark(lock_fd, {"claim": record.claim, "ended": True})
+    _mark(lock_fd, Marker(Phase.ENDED, record.claim))
     poke(rt.local_dir, WAKE_JOB_ENDED)
     crash_point("supervisor:ended")
     # A result still ours is written unless a takeover is close: writing takes milliseconds,
@@ -315,7 +317,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
     if stop and stop.cause is StopCause.PREEMPT:
         # Not an end: this host's worker puts the spec back at its old place once the lock
         # is free (recovery.settle_gone), and the next attempt runs with GPUQ_PREEMPTED=1.
-        _mark(lock_fd, {"claim": record.claim, "preempted": f"{stop.reason}; {outcome}"})
+        _mark(lock_fd, Marker(Phase.PREEMPTED, record.claim, why=f"{stop.reason}; {outcome}"))
         poke(rt.local_dir, WAKE_JOB_ENDED)
         return
     final = (stop.cause.ends_as or State.CANCELLED) if stop else State.DONE if exit_code == 0 else State.FAILED
@@ -336,7 +338,7 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
         # The shared disk refused the record: keep the result in the local marker, where this
         # host's worker finds it once the lock is free, and records it as soon as it can.
         marked = {"state": final.value, **result, "cause": stop.cause.value if stop else None}
-        _mark(lock_fd, {"claim": record.claim, "result": marked, "unrecorded": str(e)})
+        _mark(lock_fd, Marker(Phase.UNRECORDED, record.claim, why=str(e), result=marked))
         return
     crash_point("supervisor:recorded")
     finish_local(rt, record)
@@ -383,7 +385,7 @@ def _start(
         header += f"==> container: {shlex.join(launch.argv)}\n"
     keeper = start_run(rt, orders, record, launch, fds, header)
     ticks = process_start_ticks(keeper.keeper_pid)
-    _mark(fds["lock"], {"claim": record.claim, "keeper_pid": keeper.keeper_pid, "keeper_ticks": ticks})
+    _mark(fds["lock"], Marker(Phase.RUNNING, record.claim, keeper_pid=keeper.keeper_pid, keeper_ticks=ticks))
     control = None
     if launch.container is not None and launch.container.name is not None:  # docker/podman: outlives its client
         owner_uid = identity.uid if identity is not None else None
@@ -458,7 +460,7 @@ def _leave_fenced(rt: Runtime, record: Record, lock_fd: int, why: str) -> None:
     if not _still_recorded(rt, record):
         finish_local(rt, record)  # our claim, renamed by the host that took over, is gone already
     else:
-        _mark(lock_fd, {"claim": record.claim, "fenced": why})
+        _mark(lock_fd, Marker(Phase.FENCED, record.claim, why=why))
 
 
 def _stop_order(rt: Runtime, job_id: str) -> Stop:

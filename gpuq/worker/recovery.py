@@ -22,11 +22,12 @@ from gpuq.host.clock import Clock
 from gpuq.host.faults import crash_point
 from gpuq.host.files import create_owned, read_json
 from gpuq.model.config import Config
+from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.states import State
 from gpuq.model.stops import StopCause
 from gpuq.run.containers import container_name, remove_leftover
-from gpuq.run.joblocal import Runtime, checked_result, read_exit, read_started, stop_ordered
+from gpuq.run.joblocal import Runtime, checked_result, read_exit, read_marker, stop_ordered
 from gpuq.run.launch import CannotStart, as_owner
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
@@ -82,26 +83,47 @@ class Recovery:
             self._remove_container(record)
         if record.boot_id != self.boot_id:
             self.lose(record, "host rebooted")
-        elif (marker := read_started(self.rt, record)) is None:
-            self.requeue(record, "never started; requeued")
-        elif marker.get("preempted"):  # it yielded its GPU: back to its old place, never lost
-            self.requeue(record, f"{marker['preempted']}; requeued as attempt {record.attempt + 1}", StopCause.PREEMPT)
-        elif marker.get("fenced"):
-            self.lose(record, marker["fenced"])  # its supervisor stopped it and recorded nothing
-        elif marker.get("result"):  # the supervisor could not write it (disk full or failing)
-            state, result = checked_result(marker["result"])
-            transition(self.layout, record, state, self.host, **result)
-        elif (ended := read_exit(self.rt, record)) is not None:
+            return
+        marker = read_marker(self.rt, record)
+        settle = {
+            Phase.UNSTARTED: self._never_started,
+            Phase.PREEMPTED: self._yielded,
+            Phase.FENCED: self._fenced,
+            Phase.UNRECORDED: self._unrecorded,
+        }.get(marker.phase, self._died)  # STARTED, RUNNING, ENDED: its supervisor died
+        settle(record, marker)
+
+    # How a dead attempt is settled, by the phase its supervisor last marked (model/markers.py).
+
+    def _never_started(self, record: Record, marker: Marker) -> None:
+        self.requeue(record, "never started; requeued")
+
+    def _yielded(self, record: Record, marker: Marker) -> None:
+        """It yielded its GPU: back to its old place, never lost."""
+        self.requeue(record, f"{marker.why}; requeued as attempt {record.attempt + 1}", StopCause.PREEMPT)
+
+    def _fenced(self, record: Record, marker: Marker) -> None:
+        """Its supervisor stopped it and recorded nothing: this host had been cut off."""
+        self.lose(record, marker.why or "fenced")
+
+    def _unrecorded(self, record: Record, marker: Marker) -> None:
+        """The supervisor could not write the result (disk full or failing): it kept it."""
+        state, result = checked_result(marker.result)
+        transition(self.layout, record, state, self.host, **result)
+
+    def _died(self, record: Record, marker: Marker) -> None:
+        """Its supervisor died: how the job ended, if its keeper kept that; else unknown."""
+        if (ended := read_exit(self.rt, record)) is not None:
             self._settle_from_keeper(record, ended)
-        else:
-            transition(
-                self.layout,
-                record,
-                State.LOST,
-                self.host,
-                ended_at=self.clock.wall(),
-                reason="exit unknown: supervisor and job gone without a result",
-            )
+            return
+        transition(
+            self.layout,
+            record,
+            State.LOST,
+            self.host,
+            ended_at=self.clock.wall(),
+            reason="exit unknown: supervisor and job gone without a result",
+        )
 
     def _remove_container(self, record: Record) -> None:
         """The docker/podman container of an attempt whose supervisor died, as its owner."""
