@@ -41,7 +41,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # (extras_apart), and nothing in the core may import it (found through gpuq/hooks.py).
     "extras": frozenset({"model", "sched", "host", "spool", "run", "worker", "views", "cli"}),
 }
-# Modules at the top of the package, named by worker.py and setup.cfg, and the layer each
+# Modules at the top of the package, named by worker.py and pyproject.toml, and the layer each
 # belongs to: single_instance is imported by worker.py before anything else (os and fcntl only).
 TOP_MODULES = {
     "gpuq": "model",

@@ -66,12 +66,11 @@ def test_worker_refuses_bad_config_clearly(tmp_path):
     assert "max_jobs_per_gpu" in proc.stderr and "config.yaml" in proc.stderr
 
 
-def test_package_version_matches_setup_cfg():
-    import configparser
+def test_package_version_matches_pyproject():
+    import tomllib
 
     import gpuq
 
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    assert cfg["metadata"]["version"] == gpuq.__version__
-    assert cfg["metadata"]["name"] != "gpuq"  # taken on PyPI by an unrelated project
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["version"] == gpuq.__version__
+    assert project["name"] != "gpuq"  # taken on PyPI by an unrelated project

@@ -94,7 +94,7 @@ def test_the_verb_table_counts_as_imports_of_the_cli() -> None:
 
 @pytest.mark.slow
 def test_pip_install_not_editable_installs_every_subpackage(tmp_path: Path) -> None:
-    """setup.cfg finds the subpackages: a plain `pip install .` has every module, and its
+    """pyproject.toml finds the subpackages: a plain `pip install .` has every module, and its
     entry points run from anywhere."""
     target = tmp_path / "site"
     build = tmp_path / "src"
