@@ -76,7 +76,6 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("gpuq.run.spawner", "subprocess"): _FORK,
     ("gpuq.run.launch", "subprocess"): _FORK,
     ("gpuq.single_instance", "hashlib"): "it loads OpenSSL: " + _FORK,
-    ("gpuq.host.proctree", "psutil"): "a fallback for kernels without /proc/PID/task/PID/children: " + _FORK,
     ("gpuq.host.usage", "psutil"): "only the sampling supervisor needs it: " + _FORK,
 }
 

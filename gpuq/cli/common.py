@@ -88,8 +88,3 @@ def refuse_bad_id(verb: str, job_id: str) -> bool:
         file=sys.stderr,
     )
     return True
-
-
-def command_after_dashdash(command: list[str]) -> list[str]:
-    """argparse's REMAINDER keeps the `--` that separates gpuq's options from the command."""
-    return command[1:] if command[:1] == ["--"] else command

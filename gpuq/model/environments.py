@@ -127,11 +127,6 @@ def _mounts(value: Any, fail: ErrorFactory) -> tuple[str, ...]:
     return tuple(value)
 
 
-def mount_source(mount: str) -> str:
-    """The host path of a spec mount (`SRC:DST[:MODE]` or `PATH`)."""
-    return mount.split(":", 1)[0]
-
-
 # --- container options: an allow-list -----------------------------------------------------------
 # docker's daemon acts with root's privileges for whoever may use its socket, and the client
 # runs as the job's owner. So a spec's option may only shape the owner's own container: never

@@ -53,10 +53,6 @@ class RunningJob:
         """When it will have ended at the latest, as far as the plan can tell (inf: unknown)."""
         return self.started_at + self.limit_s if self.limit_s is not None else float("inf")
 
-    @property
-    def rank(self) -> int:
-        return CLASS_RANK[self.priority_class]
-
     @classmethod
     def of(cls, record: Any, observed: dict[int, int], stopping: bool, host: str = "") -> "RunningJob":
         """From a running Record (spool/store.py), as the worker and `gpuq status` both see it."""

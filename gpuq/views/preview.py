@@ -5,7 +5,6 @@ preview cannot drift from what runs."""
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -104,10 +103,3 @@ def preview_lines(sees: dict[str, Any], job_id: str, whole_env: bool = False) ->
     if len(shown) < len(env):
         lines.append(f"{'':<18}... and {len(env) - len(shown)} more (all of them: gpuq show {job_id} --env)")
     return lines
-
-
-def owner_uid_of(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_uid
-    except OSError:
-        return None

@@ -29,7 +29,6 @@ BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
 MAX_BUCKETS = 60
 PERCENTILES = (50, 90, 99)
 FINAL = ("done", "failed", "timeout", "lost", "cancelled", "rejected")
-GROUPINGS = ("user", "host", "gpu")
 OFFENDERS = 5  # the jobs that held GPUs idle longest, as Princeton's job reports list them
 
 

@@ -16,17 +16,6 @@ from gpuq.model.config import Config
 # how many jobs share one (traces hold shares down to 1/20 of a GPU).
 SIM_CONFIG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=64)
 POLICIES = ("gpuq", "slurm-easy", "pack-bestfit", "fifo-exclusive")
-POLICY_HELP = {
-    "gpuq": "gpuq's plan as configured: priorities, fair share, reservations, preemption",
-    "pack-bestfit": (
-        "packing by memory on the best-fitting GPU; no reservations, no priorities, no preemption, no spreading"
-    ),
-    "slurm-easy": (
-        "what Slurm gives: whole GPUs, best-fit node, multifactor priority (age + fair share from usage"
-        " decayed with a 7-day half-life), EASY backfill on the jobs' time limits"
-    ),
-    "fifo-exclusive": "one job per whole GPU, strict FIFO (task-spooler, simple_gpu_scheduler)",
-}
 
 
 def run_policy(

@@ -126,15 +126,10 @@ def _hash_fraction(job_id: str, algorithm: str) -> float:
     return int(hashlib.new(algorithm, job_id.encode()).hexdigest()[:8], 16) / 2**32
 
 
-# Deterministic rules for `--mark-low`: which jobs of a trace are opportunistic (low).
-MARK_RULES = {
-    "sha1": "SHA-1 of the job id below FRACTION (the documented default)",
-    "md5": "MD5 of the job id below FRACTION (another hash: another third of the jobs)",
-    "small": "jobs of one GPU or less only, by SHA-1 of the job id below FRACTION",
-}
-
-
 def is_marked_low(job_id: str, fraction: float, rule: str = "sha1", gpus: float = 1.0) -> bool:
+    """Whether `--mark-low` makes this job of a trace opportunistic (low), deterministically, by
+    `rule`: "sha1", the SHA-1 of the job id below `fraction` (the documented default); "md5",
+    its MD5 (another hash: other jobs, as many); "small", jobs of one GPU or less only, by SHA-1."""
     if rule == "small" and gpus > 1:
         return False
     return _hash_fraction(job_id, "md5" if rule == "md5" else "sha1") < fraction
@@ -250,8 +245,8 @@ def _job(row: dict, cluster: Cluster) -> TraceJob:
 
 
 def mark_low(jobs: list[TraceJob], fraction: float, drop: bool = False, rule: str = "sha1") -> list[TraceJob]:
-    """Mark about `fraction` of the jobs low (opportunistic) by `is_marked_low` under `rule`
-    (MARK_RULES); with `drop`, leave them out instead (the same jobs), to measure what they
+    """Mark about `fraction` of the jobs low (opportunistic) by `is_marked_low` under `rule`;
+    with `drop`, leave them out instead (the same jobs), to measure what they
     cost the others."""
     out = []
     for job in jobs:
