@@ -27,12 +27,18 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 from _common import PY, REPO
 
+sys.path.insert(0, str(REPO))
+from gpuq.extras.sim.simreport import SIM_CONFIG  # noqa: E402
+
 DENSE = ["--since", "9655000", "--cluster", "3x8x32GiB"]
-GRACE_S = 30.0  # the default grace_s
+# The grace a preempted job runs on for in these replays: no --set here changes it, so it is
+# gpuq's default grace_s (model/config.py), as `gpuq simulate` gives it.
+GRACE_S = SIM_CONFIG.grace_s
 MARKINGS = [
     ("the default rule (sha1 < 0.33)", ["--mark-low", "0.33"]),
     ("another hash (md5 < 0.33)", ["--mark-low", "0.33", "--mark-rule", "md5"]),
@@ -47,6 +53,7 @@ OTHERS = [
 DEEP = ["--since", "4147200", "--stretch", "60", "--cluster", "6x8x32GiB"]  # section 4
 STRETCHES = (0.96, 0.98, 1.0, 1.02, 1.04)  # section 6
 missed: list[str] = []
+not_run: list[str] = []  # targets no replay here could check: neither met nor missed
 
 
 def simulate(trace: Path, *args: str) -> dict:
@@ -97,7 +104,7 @@ def main() -> None:
         f"{ratio(g['wait_max_by_gpus']['8'], pack['wait_max_by_gpus']['8']):.3f}x",
     )
 
-    print("\n2. Opportunistic work invisible to the other jobs (gpuq policy, Alibaba window)")
+    print(f"\n2. Opportunistic work invisible to the other jobs (gpuq policy, Alibaba window; grace {GRACE_S:g} s)")
     for label, marking in MARKINGS:
         with_low = simulate(alibaba, *DENSE, *marking, "--policy", "gpuq")["gpuq"]
         without = simulate(alibaba, *DENSE, *marking, "--without-low", "--policy", "gpuq")["gpuq"]
@@ -135,9 +142,11 @@ def main() -> None:
         (f"{name} {' '.join(extra)}", args.traces / name, ["--cluster", "4x8x32GiB", *extra]) for name, extra in OTHERS
     ]
     replay_10k = None
+    jobs_replayed: list[int] = []
     for label, trace, extra in cases:
         res = simulate(trace, *extra, "--policy", "gpuq", "--policy", "pack-bestfit")
         g, pack = res["gpuq"], res["pack-bestfit"]
+        jobs_replayed.append(g["jobs"])
         if g["jobs"] >= 10_000 and replay_10k is None:
             replay_10k = (label, g["jobs"], g["replay_s"])
         g8, p8 = g["wait_max_by_gpus"].get("8", 0.0), pack["wait_max_by_gpus"].get("8", 0.0)
@@ -156,13 +165,21 @@ def main() -> None:
     if replay_10k:
         label, n, seconds = replay_10k
         check("a 10,000-job replay <= 10 s", seconds <= 10, f"{label}: {n:,} jobs in {seconds:.1f} s")
+    else:
+        largest = max(jobs_replayed)
+        print(f"  [NOT RUN] a 10,000-job replay <= 10 s: no replay above had 10,000 jobs (the largest {largest:,})")
+        not_run.append("a 10,000-job replay <= 10 s")
     deep = simulate(args.traces / "philly_dirlab15k.csv", *DEEP, "--policy", "gpuq")["gpuq"]
-    check(
-        "a 14,000-job replay with a deep queue <= 10 s",
-        deep["replay_s"] <= 10,
+    deep_label = "a 14,000-job replay with a deep queue <= 10 s"
+    deep_detail = (
         f"Philly {' '.join(DEEP)}: {deep['jobs']:,} jobs, up to {deep['peak_queue']:,} waiting, "
-        f"in {deep['replay_s']:.1f} s",
+        f"in {deep['replay_s']:.1f} s"
     )
+    if deep["jobs"] >= 14_000:
+        check(deep_label, deep["replay_s"] <= 10, deep_detail)
+    else:  # a smaller replay's speed says nothing of this size's
+        print(f"  [NOT RUN] {deep_label}: only {deep_detail}")
+        not_run.append(deep_label)
 
     if not args.quick:
         print("\n5. Reservations on and off (Alibaba window; the default rule's low jobs in the second row)")
@@ -198,6 +215,8 @@ def main() -> None:
                 print(f"  {label:11s} spread {spread:5s}: " + "  ".join(figures), flush=True)
 
     print(f"\n{len(missed)} target(s) missed" + (": " + "; ".join(missed) if missed else ""))
+    if not_run:
+        print(f"{len(not_run)} target(s) not run: " + "; ".join(not_run))
 
 
 if __name__ == "__main__":
