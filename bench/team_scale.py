@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One plan at team scale: every worker now reads the whole team's state each pass.
 
-    python bench/team_scale.py [--boxes 50] [--pending 10000]
+    python bench/team_scale.py [--boxes 50] [--pending 10000] [--passes 6]
 
 A root with BOXES stand-in boxes of 8 GPUs (their heartbeats and running records written by
 this bench, one 20 GiB job on every 80 GiB GPU: 400 with 50 boxes) and PENDING specs that
@@ -185,17 +185,21 @@ class Counter:
             setattr(module, name, original)
 
 
-def passes(root: Path, host: str, n: int) -> tuple[float, dict[str, int]]:
+WARM_UP = 2  # untimed passes first: a worker's first passes are not its steady state
+
+
+def passes(root: Path, host: str, n: int) -> tuple[list[float], dict[str, int]]:
+    """`n` passes' times after the warm-up passes, and the file operations of the last one."""
     layout = Layout(root)
     config = config_mod.load(layout.config_file)
     worker = Worker(layout, config, host, "8x80GiB")
     times = []
     counts: dict[str, int] = {}
-    for i in range(n):
+    for i in range(WARM_UP + n):
         refresh_heartbeats(root)
         worker.unchanged_plan_inputs = None  # as when any box's memory moved
         t = time.perf_counter()
-        if i == n - 1:
+        if i == WARM_UP + n - 1:
             with Counter(root) as c:
                 for step in worker.STEPS:
                     getattr(worker, step)()
@@ -205,31 +209,35 @@ def passes(root: Path, host: str, n: int) -> tuple[float, dict[str, int]]:
                 getattr(worker, step)()
         times.append(time.perf_counter() - t)
     worker.spawner.close()
-    return statistics.median(times[2:]), counts
+    return times[WARM_UP:], counts
 
 
-def one_size(boxes: int, pending: int) -> tuple[Path, float, dict[str, int]]:
+def one_size(boxes: int, pending: int, timed_passes: int) -> tuple[Path, list[float], dict[str, int]]:
     root = make_root(f"team{boxes}", gpus={"planner": []}, cpu_slots=0, poll_interval=1.0)
     populate(root, boxes, pending)
-    median, counts = passes(root, "planner", 8)
-    return root, median, counts
+    times, counts = passes(root, "planner", timed_passes)
+    return root, times, counts
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--boxes", type=int, default=50)
     p.add_argument("--pending", type=int, default=10000)
+    p.add_argument("--passes", type=int, default=6, help="timed passes of each size, after 2 to warm up")
     args = p.parse_args()
+    if args.passes < 1:
+        p.error("--passes: at least 1")
     print(
         f"team scale: {args.boxes} boxes x 8 GPUs, {args.boxes * 8} running, {args.pending} pending, "
         f"{os.cpu_count()} CPUs"
     )
-    small_root, small, small_counts = one_size(5, args.pending)
+    small_root, small_times, small_counts = one_size(5, args.pending, args.passes)
     remove_root(small_root, "planner")
-    root, big, counts = one_size(args.boxes, args.pending)
+    root, big_times, counts = one_size(args.boxes, args.pending, args.passes)
+    big, small = statistics.median(big_times), statistics.median(small_times)
     print(
-        f"  pass with {args.boxes} boxes: {big * 1000:.0f} ms (median of 6); with 5 boxes: {small * 1000:.0f} ms "
-        f"({big / small:.2f}x)"
+        f"  pass with {args.boxes} boxes: {big * 1000:.0f} ms (median of {len(big_times)}); "
+        f"with 5 boxes: {small * 1000:.0f} ms (median of {len(small_times)}) ({big / small:.2f}x)"
     )
     print(
         f"  file operations under the root in one pass, {args.boxes} boxes: {dict(sorted(counts.items()))}; "
