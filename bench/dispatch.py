@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Dispatch: N trivial jobs (`true`), two at a time (2 fake GPUs, one job per GPU), from specs
-already in jobs/ to all finished; side by side with task-spooler (`tsp -S 2`) on the same
-commands (see run_tsp for how it is fed). Target: gpuq <= 3x tsp (stretch 2x). Each side is
-timed from its first submission (a spec dropped into jobs/; `tsp true`) to its last job's end,
-with its server or worker already up.
+"""Dispatch: N trivial jobs (`true`), two at a time (2 fake GPUs, one job per GPU), submitted
+and run to the end; side by side with task-spooler (`tsp -S 2`) on the same commands (see
+run_tsp for how it is fed). Target: gpuq <= 3x tsp (stretch 2x). Each side is timed from its
+first submission (a spec written and renamed into jobs/, as a script would drop it, not the
+`gpuq submit` command; `tsp true`) to its last job's end, with its server or worker already
+up: each side's submissions are in its figure.
 
-    python bench/dispatch.py [--jobs 1000] [--rounds 3] [--dir DIR]
+    python bench/dispatch.py [--jobs 1000] [--rounds 5] [--dir DIR]
 
 Both tools keep their state under DIR (default: the system's temporary directory), so both
 pay the same file system. A small shared VM is noisy: each round runs both tools (which one
@@ -65,7 +66,7 @@ def run_tsp(n: int) -> float | None:
     """tsp keeps one waiting client process per queued job on a select() loop, so it cannot
     hold 1000 jobs queued up front (it stalls past ~1000 sockets). It gets the same
     commands submitted as fast as its client allows, timed from the first submission to
-    the last job's end: tsp's submission cost is in its figure, gpuq's is not in its own."""
+    the last job's end: tsp's submission cost is in its figure, as gpuq's is in its own."""
     tsp = shutil.which("tsp") or shutil.which("ts")
     if tsp is None:
         print("task-spooler not installed (Debian: apt-get install task-spooler); skipping it")
