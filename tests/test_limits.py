@@ -122,19 +122,26 @@ def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue)
 
 @pytest.mark.slow
 def test_usage_is_sampled_into_the_record_and_show_suggests_a_right_sized_gpu_mem(queue):
+    """The job spends a fixed amount of CPU time (its own process_time, not a span of wall time,
+    which a loaded box gives less CPU in), so the CPU it must be charged is the same under any load."""
     queue.start_worker("a", "1x80GiB")
     work = (
         f"{FAKE_USE} --mem 6GiB --util 40 --seconds 3 && "
-        f"{PY} -c \"b = b'x' * (150 * 2**20); import time; t = time.time()\n"
-        f'while time.time() - t < 2.5: pass"'
+        f"{PY} -c \"b = b'x' * (150 * 2**20); import time\n"
+        f'while time.process_time() < 1.5: pass"'
     )
     for n in (1, 2):
         queue.gpuq("submit", "--name", "train", "--gpu-mem", "10GiB", "--", "sh", "-c", work)
-        record = wait_until(lambda n=n: queue.finished(f"train-{n}"), timeout=30, what=f"train-{n}")
+        record = wait_until(lambda n=n: queue.finished(f"train-{n}"), timeout=60, what=f"train-{n}")
         assert record["state"] == "done"
     assert record["peak_gpu_mem_mib"] == 6144 and 0 < record["mean_gpu_mem_mib"] <= 6144
     assert 0 < record["mean_gpu_util_pct"] <= 40
-    assert record["peak_rss_mib"] >= 150 and record["cpu_s"] >= 1.5 and record["peak_cpus"] >= 0.5
+    # The tree's CPU time holds the job's 1.5 s, and is CPU time, not the time it ran: one of its
+    # processes runs at a time, and fake-use sleeps its 3 s. Its peak in cores is a rate, which
+    # the load decides (four busy sessions beside it leave it about 0.4 of a core on two): only sampled.
+    ran_s = record["ended_at"] - record["started_at"]
+    assert 1.5 <= record["cpu_s"] < ran_s - 2, (record["cpu_s"], ran_s)
+    assert record["peak_rss_mib"] >= 150 and record["peak_cpus"] > 0
     shown = queue.gpuq("show", "train-2").stdout
     assert "suggested gpu_mem:7GiB (peak 6GiB over 2 finished runs of this name, +10%)" in shown
     assert "peak_rss:" in shown and "mean_gpu_util:" in shown
