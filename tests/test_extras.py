@@ -55,24 +55,29 @@ def test_a_broken_extra_leaves_gpuq_working_and_says_which_and_how_to_fix(tmp_pa
     assert [f["level"] for f in extras] == ["warn"] and "half installed" in extras[0]["message"], doctor.stdout
 
 
-@pytest.mark.parametrize("extra", EXTRAS)
-def test_deleting_an_extra_leaves_a_working_core(tmp_path: Path, extra: str):
-    copy = _copy(tmp_path)
-    verbs = {v.name for v in hooks.registry().verbs if v.handler.startswith(f"extras.{extra}.")}
-    shutil.rmtree(copy / "gpuq" / "extras" / extra)
-
+def _runner(copy: Path):
     def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, *args], cwd=copy, capture_output=True, text=True, timeout=timeout)
 
+    return run
+
+
+@pytest.mark.parametrize("extra", EXTRAS)
+def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tmp_path: Path, extra: str):
+    """Each extra deleted in turn: the layer check imports every module left (an extra that
+    needed the deleted one would fail it), the CLI no longer lists its verbs, and a worker
+    configured for its backend refuses clearly. The core's tests run in the next test, with
+    every extra deleted at once (each in turn would run them once per extra, for what one run
+    shows: the core needs none of them)."""
+    copy = _copy(tmp_path)
+    verbs = {v.name for v in hooks.registry().verbs if v.handler.startswith(f"extras.{extra}.")}
+    shutil.rmtree(copy / "gpuq" / "extras" / extra)
+    run = _runner(copy)
     layers = run("-m", "gpuq.layers")
     assert layers.returncode == 0, layers.stdout + layers.stderr
     usage = run("gpuq.py", "--help")
     assert usage.returncode == 0 and "status" in usage.stdout, usage.stderr
     assert not [v for v in verbs if f"    {v} " in usage.stdout], usage.stdout
-    fast = run("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-x")
-    assert fast.returncode == 0, fast.stdout[-3000:] + fast.stderr[-2000:]
-    story = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "tests/test_e2e_story.py")
-    assert story.returncode == 0, story.stdout[-3000:] + story.stderr[-2000:]
     backends = [name for name, spec in hooks.registry().backends.items() if spec.startswith(f"extras.{extra}.")]
     for backend in backends:  # a config that asks for the deleted extra's worker: a clear refusal
         root = tmp_path / f"root-{backend}"
@@ -80,3 +85,16 @@ def test_deleting_an_extra_leaves_a_working_core(tmp_path: Path, extra: str):
         (root / "config.yaml").write_text(f"backend: {backend}\n")
         refused = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
         assert refused.returncode == 2 and f"gpuq/extras/{extra} is not there" in refused.stderr, refused.stderr
+
+
+def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Path):
+    """Every extra deleted: the core's fast set and one end-to-end story through real workers."""
+    copy = _copy(tmp_path)
+    for extra in EXTRAS:
+        shutil.rmtree(copy / "gpuq" / "extras" / extra)
+    run = _runner(copy)
+    assert run("-m", "gpuq.layers").returncode == 0
+    fast = run("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-x")
+    assert fast.returncode == 0, fast.stdout[-3000:] + fast.stderr[-2000:]
+    story = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "tests/test_e2e_story.py")
+    assert story.returncode == 0, story.stdout[-3000:] + story.stderr[-2000:]
