@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from importlib import import_module
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, TypeAlias
 
 from gpuq import hooks
 from gpuq.cli.common import act_as_queue_account
@@ -58,17 +58,40 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+_Verbs: TypeAlias = "argparse._SubParsersAction[_Parser]"  # each verb's parser is a _Parser too
+
+
+def _verb(sub: _Verbs, name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+    sp = sub.add_parser(name, help=help, description=help)
+    sp.set_defaults(handler=handler)
+    return sp
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gpuq", description="A GPU job queue in a shared directory.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout of `python gpuq.py`)")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    # In this order: `gpuq --help` lists the verbs as they are added.
+    _add_status_verb(sub)
+    _add_submit_verb(sub)
+    _add_job_verbs(sub)
+    _add_top_verb(sub)
+    _add_queue_place_verbs(sub)
+    _add_host_verbs(sub)
+    _add_booking_verbs(sub)
+    _add_setup_verbs(sub)
+    _add_extras_verbs(sub)
+    _add_hidden_verbs(sub)
+    _add_report_verbs(sub)
+    _add_demo_verb(sub)
+    return p
 
-    def verb(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help, description=help)
-        sp.set_defaults(handler=handler)
-        return sp
 
-    sp = verb("status", _lazy("cli.status", "cmd_status"), "hosts, GPUs, running, pending (with reasons), finished")
+def _add_status_verb(sub: _Verbs) -> None:
+    """`gpuq status`: the queue at a glance, with what it may be narrowed to."""
+    sp = _verb(
+        sub, "status", _lazy("cli.status", "cmd_status"), "hosts, GPUs, running, pending (with reasons), finished"
+    )
     sp.add_argument("--json", action="store_true", help="the documented JSON document")
     sp.add_argument("--all", action="store_true", help="list every pending job")
     sp.add_argument(
@@ -91,7 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         ],
         help="only running, pending, held, finished or rejected jobs, or finished ones in one state",
     )
-    sp = verb("submit", _lazy("cli.submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
+
+
+def _add_submit_verb(sub: _Verbs) -> None:
+    """`gpuq submit`: what a job asks for, and the command after --."""
+    sp = _verb(sub, "submit", _lazy("cli.submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
     sp.add_argument("--gpus", type=int, default=1, help="GPUs on one host (0: CPU only); default 1")
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
     sp.add_argument("--name", help="label, and the stem of the id")
@@ -114,23 +141,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_options(sp)
     add_environment_options(sp)
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
-    sp = verb("show", _lazy("cli.show", "cmd_show"), "everything known about one job")
+
+
+def _add_job_verbs(sub: _Verbs) -> None:
+    """One job's details, log, cancelling and waiting for it; and fake-use, which a job on fake GPUs runs."""
+    sp = _verb(sub, "show", _lazy("cli.show", "cmd_show"), "everything known about one job")
     sp.add_argument("id")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--env", action="store_true", help="list the whole environment (folded when long)")
-    sp = verb("logs", _lazy("cli.logs", "cmd_logs"), "print a job's log")
+    sp = _verb(sub, "logs", _lazy("cli.logs", "cmd_logs"), "print a job's log")
     sp.add_argument("id")
     sp.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-    sp = verb("cancel", _lazy("cli.workflow", "cmd_cancel"), "cancel pending or running jobs, from any host")
+    sp = _verb(sub, "cancel", _lazy("cli.workflow", "cmd_cancel"), "cancel pending or running jobs, from any host")
     sp.add_argument("ids", nargs="+", metavar="ID")
-    sp = verb(
+    sp = _verb(
+        sub,
         "wait",
         _lazy("cli.waiting", "cmd_wait"),
         "wait until jobs have ended; exit 0 when all are done, 1 when one is not, 3 on --timeout",
     )
     sp.add_argument("ids", nargs="+", metavar="ID", help="job ids (a sweep's or array's id: its members)")
     sp.add_argument("--timeout", help="give up after this long (90s, 10m, 2h); default: wait as long as it takes")
-    sp = verb(
+    sp = _verb(
+        sub,
         "fake-use",
         _lazy("cli.demo", "cmd_fake_use"),
         "inside a job on fake GPUs: use fake GPU memory and utilization for this process's lifetime",
@@ -139,31 +172,49 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--util", type=int, default=50, help="utilization percent (default 50)")
     sp.add_argument("--seconds", type=float, help="hold for this long (or run the command after --)")
     sp.add_argument("command", nargs=argparse.REMAINDER)
-    sp = verb("top", _lazy("cli.status", "cmd_top"), "the status screen, refreshed live")
+
+
+def _add_top_verb(sub: _Verbs) -> None:
+    """`gpuq top`: the status screen, refreshed."""
+    sp = _verb(sub, "top", _lazy("cli.status", "cmd_top"), "the status screen, refreshed live")
     sp.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     sp.add_argument("--iterations", type=int, help="stop after this many screens")
+
+
+def _add_queue_place_verbs(sub: _Verbs) -> None:
+    """Verbs that move pending or ended jobs: hold, release, retry, edit."""
     for name, what in (
         ("hold", "keep pending jobs from starting (they keep their place)"),
         ("release", "put held jobs back at their place in the queue"),
         ("retry", "put ended jobs back in the queue as their next attempt"),
         ("edit", "open a pending job's spec in $EDITOR; it waits out of the queue meanwhile"),
     ):
-        sp = verb(name, _lazy("cli.workflow", "cmd_move"), what)
+        sp = _verb(sub, name, _lazy("cli.workflow", "cmd_move"), what)
         sp.add_argument("ids", nargs=1 if name == "edit" else "+", metavar="ID")
-    sp = verb(
-        "drain", _lazy("cli.workflow", "cmd_drain"), "let a host's running jobs finish and start nothing new there"
+
+
+def _add_host_verbs(sub: _Verbs) -> None:
+    """A host's place in the team: drain, resume, forget."""
+    sp = _verb(
+        sub, "drain", _lazy("cli.workflow", "cmd_drain"), "let a host's running jobs finish and start nothing new there"
     )
     sp.add_argument("host")
     sp.add_argument("--reason", help="shown in status, e.g. 'driver update at 18:00'")
-    sp = verb("resume", _lazy("cli.workflow", "cmd_drain"), "let a drained host take jobs again")
+    sp = _verb(sub, "resume", _lazy("cli.workflow", "cmd_drain"), "let a drained host take jobs again")
     sp.add_argument("host")
-    sp = verb(
+    sp = _verb(
+        sub,
         "forget",
         _lazy("cli.workflow", "cmd_drain"),
         "stop listing a host taken out of the team (admins; its worker stopped, no job left there)",
     )
     sp.add_argument("host")
-    sp = verb(
+
+
+def _add_booking_verbs(sub: _Verbs) -> None:
+    """GPUs set aside for a person or an event: book, unbook."""
+    sp = _verb(
+        sub,
         "book",
         _lazy("cli.workflow", "cmd_book"),
         "set GPUs aside for a person or an event: only their jobs (and opportunistic ones) run there then",
@@ -173,9 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--to", dest="end", required=True, help="18:00, '2026-12-01 18:00', or a length: 4h")
     sp.add_argument("--for", dest="owner", metavar="NAME", help="whose jobs may run there (default: you)")
     sp.add_argument("--note", help="shown in status, e.g. 'demo for the board'")
-    sp = verb("unbook", _lazy("cli.workflow", "cmd_book"), "remove a booking")
+    sp = _verb(sub, "unbook", _lazy("cli.workflow", "cmd_book"), "remove a booking")
     sp.add_argument("id")
-    sp = verb("init", _lazy("cli.workflow", "cmd_init"), "make a new queue root and print the cron line")
+
+
+def _add_setup_verbs(sub: _Verbs) -> None:
+    """Making and checking a queue: init, doctor, completion."""
+    sp = _verb(sub, "init", _lazy("cli.workflow", "cmd_init"), "make a new queue root and print the cron line")
     sp.add_argument("dir")
     sp.add_argument("--group", help="the team's group: the root is made theirs (setgid, sticky jobs/)")
     sp.add_argument(
@@ -185,18 +240,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --group, as root: the queue's own account, which owns the spool and runs the workers "
         "(made when missing; default gpuq)",
     )
-    sp = verb(
+    sp = _verb(
+        sub,
         "doctor",
         _lazy("cli.workflow", "cmd_doctor"),
         "check NVML, hosts, permissions, file systems, clocks, cron and versions; each finding with its fix",
     )
     sp.add_argument("--json", action="store_true")
-    sp = verb(
+    sp = _verb(
+        sub,
         "completion",
         _lazy("cli.completion", "cmd_completion"),
         'print the shell completion script: eval "$(gpuq completion bash)"',
     )
     sp.add_argument("shell", choices=("bash", "zsh"))
+
+
+def _add_extras_verbs(sub: _Verbs) -> None:
+    """The extras' verbs (gpuq/extras/), after saying which extras are broken."""
     extras = hooks.registry()
     for name, why in extras.broken.items():
         print(f"gpuq: {why}; gpuq runs without it. Fix: {hooks.fix(name)}", file=sys.stderr)
@@ -207,13 +268,22 @@ def build_parser() -> argparse.ArgumentParser:
                 file=sys.stderr,
             )
             continue
-        extra.setup(verb(extra.name, _lazy(*extra.handler.split(":", 1)), extra.help))
+        extra.setup(_verb(sub, extra.name, _lazy(*extra.handler.split(":", 1)), extra.help))
+
+
+def _add_hidden_verbs(sub: _Verbs) -> None:
+    """The completion script's own verbs (HIDDEN_VERBS): never listed."""
     for hidden in HIDDEN_VERBS:
         sp = sub.add_parser(hidden)
         sp.set_defaults(handler=_lazy("cli.completion", "cmd_completion"))
         if hidden == "_ids":
             sp.add_argument("prefix", nargs="?", default="")
-    sp = verb(
+
+
+def _add_report_verbs(sub: _Verbs) -> None:
+    """Reports over a window: report (the queue's), eff (jobs' use of what they held)."""
+    sp = _verb(
+        sub,
         "report",
         _lazy("cli.reports", "cmd_report"),
         "GPU-hours used and held idle, waits, utilization and queue length "
@@ -229,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--html", metavar="FILE", help="write a self-contained page with charts (needs the [report] extra: matplotlib)"
     )
-    sp = verb(
+    sp = _verb(
+        sub,
         "eff",
         _lazy("cli.eff", "cmd_eff"),
         "how well jobs used their CPUs, RAM and GPUs, with hints why one is slow "
@@ -239,15 +310,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--user", help="whose jobs, without IDs (default: mine)")
     sp.add_argument("--since", default="7d", help="without IDs: jobs that ran in this window (default 7d)")
     sp.add_argument("--json", action="store_true", help="the figures and hints as JSON (docs/reports.md)")
-    sp = verb(
-        "demo", _lazy("cli.demo", "cmd_demo"), "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen"
+
+
+def _add_demo_verb(sub: _Verbs) -> None:
+    """`gpuq demo`: the whole flow on fake GPUs."""
+    sp = _verb(
+        sub,
+        "demo",
+        _lazy("cli.demo", "cmd_demo"),
+        "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen",
     )
     sp.add_argument("--dir", help="queue root to create (default: a new temp dir)")
     sp.add_argument("--quick", action="store_true", help="shorter jobs")
     sp.add_argument(
         "--keep", action="store_true", help="keep the temp queue root to look around (--dir is always kept)"
     )
-    return p
 
 
 # A command reads thousands of records and specs and creates no reference cycles worth
