@@ -59,49 +59,77 @@ def _clock(t: float | None) -> str:
 def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     view = safe_tree(view)
     out = [f"gpuq · {view['root']} · {stamp(view['now'])}", ""]
-    out.append(
+    out += _hosts_section(view)
+    out += _alerts_section(view)
+    out += _running_section(view)
+    out += _pending_section(view, show_all)
+    out += _bookings_section(view)
+    out += _held_section(view)
+    for log, n in sorted(view.get("skipped_events", {}).items()):
+        out.append(f"  ! state/events/{log}: {n} line(s) that are not gpuq's events were skipped (gpuq doctor)")
+    out += _stranded_section(view)
+    out += _finished_section(view)
+    out += _rejected_section(view)
+    return "\n".join(out)
+
+
+def _hosts_section(view: dict[str, Any]) -> list[str]:
+    out = [
         "HOSTS"
         if view["hosts"]
         else "HOSTS: none — no worker has run yet (each box's crontab starts one: "
         "gpuq doctor, run by the root's owner, prints the line)"
-    )
+    ]
     for h in view["hosts"]:
-        state = "up" if h["alive"] else "stopped (its worker exited cleanly)" if h.get("stopped") else "NOT RESPONDING"
-        if h.get("drain"):
-            busy = sum(1 for r in view["running"] if r["host"] == h["host"])
-            state += (
-                (f", DRAINING ({busy} running)" if busy else ", DRAINED")
-                + f" by {h['drain']['by']}"
-                + (f": {h['drain']['reason']}" if h["drain"].get("reason") else "")
-            )
-        extra = f"  {h['probe_error']}" if h.get("probe_error") else ""
-        runtimes = [f"{n} {v}" for n, v in sorted(h.get("runtimes", {}).items())] + [
-            f"{n} unusable ({why[:50]}{'…' if len(why) > 50 else ''}; see gpuq doctor)"
-            for n, why in sorted(h.get("runtime_problems", {}).items())
-        ]
-        extra += f"  containers: {', '.join(runtimes)}" if runtimes and view.get("containers_asked") else ""
-        out.append(f"  {h['host']}  {state} (seen {format_duration(h['last_seen_s'])} ago){extra}")
-        rows = [["GPU", "NAME", "MEM USED/TOTAL", "USABLE", "UTIL", "TEMP", "JOBS"]]
-        for g in h["gpus"]:
-            rows.append(
-                [
-                    str(g["index"]),
-                    g["name"],
-                    f"{format_mib(g['mem_used_mib'])}/{format_mib(g['mem_total_mib'])}",
-                    format_mib(g["usable_mib"]),
-                    "-" if g["util_pct"] is None else f"{g['util_pct']}%",
-                    "-" if g["temp_c"] is None else f"{g['temp_c']}C",
-                    " ".join(g["jobs"]) or "-",
-                ]
-            )
-        out += _table(rows, "    ") if h["gpus"] else ["    no GPUs"]
-    if view.get("alerts"):
-        out += ["", f"ALERTS ({len(view['alerts'])})"]
-        out += [
-            f"  {a['kind']:<16} {a['message']}  (since {stamp(a['since'], '%H:%M')}, seen by {a['host']})"
-            for a in view["alerts"]
-        ]
-    out += ["", f"RUNNING ({len(view['running'])})"]
+        out += _host_lines(view, h)
+    return out
+
+
+def _host_lines(view: dict[str, Any], h: dict[str, Any]) -> list[str]:
+    """One host's line (its state, drain, probe error, container runtimes) and its GPUs' table."""
+    state = "up" if h["alive"] else "stopped (its worker exited cleanly)" if h.get("stopped") else "NOT RESPONDING"
+    if h.get("drain"):
+        busy = sum(1 for r in view["running"] if r["host"] == h["host"])
+        state += (
+            (f", DRAINING ({busy} running)" if busy else ", DRAINED")
+            + f" by {h['drain']['by']}"
+            + (f": {h['drain']['reason']}" if h["drain"].get("reason") else "")
+        )
+    extra = f"  {h['probe_error']}" if h.get("probe_error") else ""
+    runtimes = [f"{n} {v}" for n, v in sorted(h.get("runtimes", {}).items())] + [
+        f"{n} unusable ({why[:50]}{'…' if len(why) > 50 else ''}; see gpuq doctor)"
+        for n, why in sorted(h.get("runtime_problems", {}).items())
+    ]
+    extra += f"  containers: {', '.join(runtimes)}" if runtimes and view.get("containers_asked") else ""
+    out = [f"  {h['host']}  {state} (seen {format_duration(h['last_seen_s'])} ago){extra}"]
+    rows = [["GPU", "NAME", "MEM USED/TOTAL", "USABLE", "UTIL", "TEMP", "JOBS"]]
+    for g in h["gpus"]:
+        rows.append(
+            [
+                str(g["index"]),
+                g["name"],
+                f"{format_mib(g['mem_used_mib'])}/{format_mib(g['mem_total_mib'])}",
+                format_mib(g["usable_mib"]),
+                "-" if g["util_pct"] is None else f"{g['util_pct']}%",
+                "-" if g["temp_c"] is None else f"{g['temp_c']}C",
+                " ".join(g["jobs"]) or "-",
+            ]
+        )
+    out += _table(rows, "    ") if h["gpus"] else ["    no GPUs"]
+    return out
+
+
+def _alerts_section(view: dict[str, Any]) -> list[str]:
+    if not view.get("alerts"):
+        return []
+    return ["", f"ALERTS ({len(view['alerts'])})"] + [
+        f"  {a['kind']:<16} {a['message']}  (since {stamp(a['since'], '%H:%M')}, seen by {a['host']})"
+        for a in view["alerts"]
+    ]
+
+
+def _running_section(view: dict[str, Any]) -> list[str]:
+    out = ["", f"RUNNING ({len(view['running'])})"]
     rows = [["ID", "USER", "WHERE", "ELAPSED", "GPU MEM decl/obs", "COMMAND"]]
     for r in view["running"]:
         where = f"{r['host']}:{','.join(map(str, r['gpus']))}" if r["gpus"] else f"{r['host']}:cpu"
@@ -127,9 +155,15 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
         )
     out += _table(rows) if view["running"] else []
     out += [f"  ! {r['id']} {r['warning']}" for r in view["running"] if r.get("warning")]
+    return out
+
+
+def _pending_section(view: dict[str, Any], show_all: bool) -> list[str]:
+    """The first PENDING_SHOWN pending jobs (all with show_all), how many wait for each reason
+    when some are left out, and the specs not valid yet."""
     pending = view["pending"]
     total = view["pending_total"]
-    out += ["", f"PENDING ({total})"]
+    out = ["", f"PENDING ({total})"]
     rows = [["#", "ID", "USER", "GPUS", "GPU MEM", "PRIO", "WAITING", "START BY", "REASON"]]
     for p in pending if show_all else pending[:PENDING_SHOWN]:
         rows.append(
@@ -156,39 +190,50 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
             )
     for bad in view["invalid"]:
         out.append(f"  not valid yet: {bad['error']}")
-    if view.get("bookings"):
-        out += ["", "BOOKINGS (gpuq unbook ID removes one)"]
-        out += _table(
-            [["ID", "FOR", "GPUS", "WHEN", "NOTE"]]
-            + [
-                [
-                    b["id"],
-                    b["owner"],
-                    f"{b['host']}:{','.join(map(str, b['gpus']))}",
-                    ("NOW, until " if b["active"] else stamp(b["start"], "%a %H:%M") + "–")
-                    + stamp(b["end"], "%a %H:%M" if not b["active"] else "%H:%M"),
-                    b["note"] or "",
-                ]
-                for b in view["bookings"]
+    return out
+
+
+def _bookings_section(view: dict[str, Any]) -> list[str]:
+    if not view.get("bookings"):
+        return []
+    return ["", "BOOKINGS (gpuq unbook ID removes one)"] + _table(
+        [["ID", "FOR", "GPUS", "WHEN", "NOTE"]]
+        + [
+            [
+                b["id"],
+                b["owner"],
+                f"{b['host']}:{','.join(map(str, b['gpus']))}",
+                ("NOW, until " if b["active"] else stamp(b["start"], "%a %H:%M") + "–")
+                + stamp(b["end"], "%a %H:%M" if not b["active"] else "%H:%M"),
+                b["note"] or "",
             ]
-        )
-    if view.get("held"):
-        out += ["", f"HELD ({len(view['held'])}; gpuq release ID puts one back at its place)"]
-        out += _table(
-            [["ID", "USER", "SINCE", "NOTE"]]
-            + [[h["id"], h["user"], _clock(h["since"]), h["reason"]] for h in view["held"]]
-        )
-    for log, n in sorted(view.get("skipped_events", {}).items()):
-        out.append(f"  ! state/events/{log}: {n} line(s) that are not gpuq's events were skipped (gpuq doctor)")
-    if view.get("stranded"):
-        hosts = sorted({j["host"] for j in view["stranded"]})
-        out += [
-            "",
-            f"STRANDED ({len(view['stranded'])}; claimed by {', '.join(hosts)}, which stopped before starting them: "
-            f"they start when its worker is back, or return to the queue with `gpuq forget HOST`)",
+            for b in view["bookings"]
         ]
-        out += _table([["ID", "USER", "HOST"]] + [[j["id"], j["user"], j["host"]] for j in view["stranded"]])
-    out += ["", "FINISHED (recent)"]
+    )
+
+
+def _held_section(view: dict[str, Any]) -> list[str]:
+    if not view.get("held"):
+        return []
+    return ["", f"HELD ({len(view['held'])}; gpuq release ID puts one back at its place)"] + _table(
+        [["ID", "USER", "SINCE", "NOTE"]]
+        + [[h["id"], h["user"], _clock(h["since"]), h["reason"]] for h in view["held"]]
+    )
+
+
+def _stranded_section(view: dict[str, Any]) -> list[str]:
+    if not view.get("stranded"):
+        return []
+    hosts = sorted({j["host"] for j in view["stranded"]})
+    return [
+        "",
+        f"STRANDED ({len(view['stranded'])}; claimed by {', '.join(hosts)}, which stopped before starting them: "
+        f"they start when its worker is back, or return to the queue with `gpuq forget HOST`)",
+    ] + _table([["ID", "USER", "HOST"]] + [[j["id"], j["user"], j["host"]] for j in view["stranded"]])
+
+
+def _finished_section(view: dict[str, Any]) -> list[str]:
+    out = ["", "FINISHED (recent)"]
     rows = [["ID", "STATE", "EXIT", "DURATION", "WHERE", "ENDED", "NOTE"]]
     for f in _fold_groups(view["finished"], view.get("group_sizes", {})):
         exit_text = "-" if f.get("exit_code") is None else str(f["exit_code"])
@@ -208,12 +253,17 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
             ]
         )
     out += _table(rows) if view["finished"] else []
-    if view["rejected"]:
-        out += ["", "REJECTED (recent; the .error file beside each in state/rejected/ says why)"]
-        for r in view["rejected"]:  # what is wrong, then its fix on a line of its own: a cut never hides it
-            what, has_fix, fix = (r["error"] or "").partition(" Fix: ")
-            out += [f"  {r['id']}: {_cut(what, 150)}"] + ([f"    Fix: {_cut(fix, 150)}"] if has_fix else [])
-    return "\n".join(out)
+    return out
+
+
+def _rejected_section(view: dict[str, Any]) -> list[str]:
+    if not view["rejected"]:
+        return []
+    out = ["", "REJECTED (recent; the .error file beside each in state/rejected/ says why)"]
+    for r in view["rejected"]:  # what is wrong, then its fix on a line of its own: a cut never hides it
+        what, has_fix, fix = (r["error"] or "").partition(" Fix: ")
+        out += [f"  {r['id']}: {_cut(what, 150)}"] + ([f"    Fix: {_cut(fix, 150)}"] if has_fix else [])
+    return out
 
 
 def shares_text(view: dict[str, Any]) -> str:
