@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from gpuq.host.faults import wall_time
 from gpuq.host.files import read_json
+from gpuq.model.booking import Booking
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
-from gpuq.model.jobs import HostView, PendingJob, RunningJob
+from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob
 from gpuq.model.record import Record
 from gpuq.model.spec import command_text
 from gpuq.model.states import FINAL_STATES
@@ -36,7 +37,14 @@ from gpuq.spool.store import (
     running_records,
 )
 from gpuq.spool.sweeps import read_group
-from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats, observed_memory, picture, yielding
+from gpuq.spool.teamstate import (
+    TeamPicture,
+    heartbeat_alive,
+    load_heartbeats,
+    observed_memory,
+    picture,
+    yielding,
+)
 
 STATUS_VERSION = 1
 EVENT_CHUNK_BYTES = 64 * 1024
@@ -120,7 +128,50 @@ def status(
     stopping = yielding(beats)
     warnings = {j: why for hb in live for j, why in hb.get("warnings", {}).items()}
     team = picture(layout, config, beats, running, now)  # what every worker plans over
-    running_jobs, drains = team.running, team.drains
+    queue = _plan_queue(layout, config, beats, team, now, pending_rows)
+    jobs_by_host: dict[str, list[RunningJob]] = {}  # per host: 50 boxes x 400 jobs is no scan per GPU
+    for j in team.running:
+        jobs_by_host.setdefault(j.host, []).append(j)
+    return {
+        "version": STATUS_VERSION,
+        "root": str(layout.root),
+        "now": now,
+        "hosts": [
+            {
+                **_host(hb, jobs_by_host.get(hb["host"], []), config, now, heartbeat_alive(hb, now)),
+                "drain": team.drains.get(hb["host"]),
+            }
+            for hb in beats
+        ],
+        "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id)) for r in running],
+        **_pending_part(queue, team, running, config, now, pending_rows),
+        "held": held_jobs(layout),
+        "stranded": _stranded(layout, {hb["host"] for hb in live}),
+        "bookings": [{**b.to_json(), "active": b.active(now)} for b in queue.bookings],
+        "alerts": sorted(
+            {f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
+            key=lambda a: a["since"],
+        ),
+        **_ended_part(layout, config, ended, ended_user),
+    }
+
+
+class _Queue(NamedTuple):
+    """The pending jobs as every worker plans them, and what the plan was given."""
+
+    pending: list[PendingJob]
+    problems: dict[str, str]  # specs not valid yet: id -> why
+    bookings: list[Booking]
+    usage: dict[str, float]  # each user's decayed usage; empty without fair share
+    decided: Plan
+    expected: dict[str, float]  # job id -> expected start, for the jobs the replay starts
+
+
+def _plan_queue(
+    layout: Layout, config: Config, beats: list[dict], team: TeamPicture, now: float, pending_rows: int | None
+) -> _Queue:
+    """The same `plan` the workers run, with every reason explained, and the expected starts
+    of the rows shown."""
     # Every worker caches the same specs: the freshest cache is enough.
     cache_files = _freshest_spec_cache(layout, [hb["host"] for hb in beats])
     pending, problems = load_pending_for_view(layout, cache_files)
@@ -129,7 +180,7 @@ def status(
     booked = load_bookings(layout, now)
     usage, durations = _usage(layout, [hb["host"] for hb in beats], config, now)
     usage = usage if config.fair_share else {}
-    estimates, planned_running = learned_runs(pending, running_jobs, config, durations)
+    estimates, planned_running = learned_runs(pending, team.running, config, durations)
     decided = plan(
         pending,
         team.hosts,
@@ -142,47 +193,44 @@ def status(
         usage=usage,
         estimates=estimates,
     )
-    starting = {s.job_id: s for s in decided.starts}
     by_id = {j.id: j for j in pending}
     # Expected starts for the rows shown and the jobs ahead of them (those behind could only
     # backfill, which never delays the head): a bounded replay, not one of 10,000 jobs.
     ahead = [by_id[i] for i in decided.order[: max(ESTIMATED_ROWS, pending_rows or 0)]]
     expected = expected_starts(ahead, team.hosts, planned_running, config, now, usage, blocked, booked, estimates)
-    jobs_by_host: dict[str, list[RunningJob]] = {}  # per host: 50 boxes x 400 jobs is no scan per GPU
-    for j in running_jobs:
-        jobs_by_host.setdefault(j.host, []).append(j)
-    final_names = frozenset(s.value for s in FINAL_STATES)
-    skipped: dict[str, int] = {}
+    return _Queue(pending, problems, booked, usage, decided, expected)
+
+
+def _pending_part(
+    queue: _Queue, team: TeamPicture, running: list[Record], config: Config, now: float, pending_rows: int | None
+) -> dict[str, Any]:
+    """The pending rows in queue order with each one's reason, and what is said of them all."""
+    starting = {s.job_id: s for s in queue.decided.starts}
+    by_id = {j.id: j for j in queue.pending}
+    decided = queue.decided
+    pending = queue.pending
     return {
-        "version": STATUS_VERSION,
-        "root": str(layout.root),
-        "now": now,
-        "hosts": [
-            {
-                **_host(hb, jobs_by_host.get(hb["host"], []), config, now, heartbeat_alive(hb, now)),
-                "drain": drains.get(hb["host"]),
-            }
-            for hb in beats
-        ],
-        "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id)) for r in running],
         "pending": [
-            _pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now, expected.get(i))
+            _pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now, queue.expected.get(i))
             for pos, i in enumerate(decided.order[:pending_rows], 1)
         ],
         "pending_total": len(decided.order),
-        "fair_share": _fair_share(usage, pending, running_jobs, team.hosts, config, now) if config.fair_share else [],
+        "fair_share": (
+            _fair_share(queue.usage, pending, team.running, team.hosts, config, now) if config.fair_share else []
+        ),
         "fair_share_on": config.fair_share,
         # Container readiness matters to a host line only while some job asks for a container.
         "containers_asked": any(j.spec.container for j in pending) or any(r.spec.get("container") for r in running),
         "pending_by_reason": _by_reason(decided.reasons.get(i) or _starting(starting.get(i)) for i in decided.order),
-        "invalid": [{"id": i, "error": msg} for i, msg in sorted(problems.items())],
-        "held": held_jobs(layout),
-        "stranded": _stranded(layout, {hb["host"] for hb in live}),
-        "bookings": [{**b.to_json(), "active": b.active(now)} for b in booked],
-        "alerts": sorted(
-            {f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
-            key=lambda a: a["since"],
-        ),
+        "invalid": [{"id": i, "error": msg} for i, msg in sorted(queue.problems.items())],
+    }
+
+
+def _ended_part(layout: Layout, config: Config, ended: frozenset[str] | None, ended_user: str | None) -> dict[str, Any]:
+    """The latest finished and rejected jobs, and the event log lines that are not gpuq's."""
+    final_names = frozenset(s.value for s in FINAL_STATES)
+    skipped: dict[str, int] = {}
+    return {
         "finished": (
             finished := [
                 _finished(layout, ev)
