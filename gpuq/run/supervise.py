@@ -29,7 +29,7 @@ import os
 import shlex
 import signal
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpuq.host import rootorders, wire
@@ -199,7 +199,43 @@ def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
 
 
+@dataclass
+class _Attempt:
+    """One attempt as its supervisor starts it, runs (and restarts) it and records how it
+    ended: _first_start fills it in, _run_and_restart updates it, _record_outcome reads it."""
+
+    record: Record  # as handed over; one restart more after each restart of a service
+    spec: JobSpec
+    started: float  # wall clock, before the first start
+    identity: Identity | None  # whom the job runs as (None: the starter's own account)
+    orders: rootorders.Orders | None  # the root part, which starts each run (None: nothing can start)
+    fds: dict[str, int]  # what each run's keeper is handed (_keeper_fds)
+    keeper: rootorders.Keeper | None = None  # the run under way
+    container: ContainerControl | None = None  # its docker/podman container
+    limits: LimitWatch | None = None  # set once the job first ran: only then is there usage to record
+    log_fd: int | None = None  # the job's log, for gpuq's own lines
+    job_pid: int | None = None
+    failure: str | None = None  # why it could not start, or restart
+    stop: Stop | None = None
+    fenced: str | None = None
+    exit_code: int | None = None
+    sig: int | None = None
+
+
 def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> None:
+    attempt = _first_start(rt, record, lock_fd, clock)
+    if attempt is None:
+        return  # the root part's starter is gone: nothing ran
+    _run_and_restart(rt, attempt, clock)
+    for fd in attempt.fds.values():
+        if fd != lock_fd:
+            os.close(fd)
+    _record_outcome(rt, attempt, lock_fd, clock)
+
+
+def _first_start(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> _Attempt | None:
+    """The attempt with its first run started, unless a stop came first or it cannot start
+    (why: in its `failure` and its log). None when the starter is gone before the job ran."""
     spec = JobSpec.from_json(record.spec)
     started = clock.wall()
     failure: str | None = None
@@ -216,134 +252,144 @@ def _run_and_record(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> 
         f"==> gpuq job {record.id} · attempt {record.attempt} · host {rt.host} · "
         f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n"
     )
-    stop: Stop | None = None
-    exit_code: int | None = None
-    sig: int | None = None
-    keeper: rootorders.Keeper | None = None
-    log_fd: int | None = None
-    container: ContainerControl | None = None
-    fds = _keeper_fds(rt, record, lock_fd)
+    attempt = _Attempt(record, spec, started, identity, orders, _keeper_fds(rt, record, lock_fd), failure=failure)
     if _StopSignal.requested:
-        stop = _stop_order(rt, record.id)  # stopped before it could start
+        attempt.stop = _stop_order(rt, record.id)  # stopped before it could start
     elif failure is None and orders is not None:
         limits = LimitWatch(record, clock.mono())
         try:
-            keeper, container = _start(rt, orders, record, spec, identity, fds, header)
-            log_fd = keeper.log_fd
+            attempt.keeper, attempt.container = _start(rt, orders, record, spec, identity, attempt.fds, header)
+            attempt.log_fd, attempt.job_pid, attempt.limits = attempt.keeper.log_fd, attempt.keeper.pid, limits
         except CannotStart as e:
-            failure, log_fd = f"cannot start: {e}", e.log_fd
+            attempt.failure, attempt.log_fd = f"cannot start: {e}", e.log_fd
         except wire.StarterGone:
             # Nothing ran: without a `started` marker the next worker requeues the attempt.
             _mark(lock_fd, Marker(Phase.UNSTARTED, record.claim))
-            for name, fd in fds.items():
+            for name, fd in attempt.fds.items():
                 if name != "lock":
                     os.close(fd)
-            return
-    if failure:
-        _log(log_fd, f"==> gpuq: {failure}\n")
-    fenced: str | None = None
-    job_pid = keeper.pid if keeper else None
-    spawned = job_pid
+            return None
+    if attempt.failure:
+        _log(attempt.log_fd, f"==> gpuq: {attempt.failure}\n")
+    return attempt
+
+
+def _run_and_restart(rt: Runtime, a: _Attempt, clock: Clock) -> None:
+    """Wait for the run under way to end; a service (spec.restart) is started again after its
+    backoff, until a run ends for good, a stop or fencing comes, or it cannot start again."""
     quick_failures = 0
-    while keeper is not None and orders is not None:
+    # A keeper never comes without the orders that started it and the limits that watch it:
+    # the last two tests only say so to the type checker.
+    while a.keeper is not None and a.orders is not None and a.limits is not None:
         run_started = clock.mono()
-        status, stop, fenced = _wait(rt, record, keeper, limits, container, clock)
-        keeper.log_fd = None  # ours from now on, for gpuq's own lines
-        keeper.close()
-        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        exit_code = None if sig is not None else os.WEXITSTATUS(status)
-        if container is not None:
-            container.remove()
+        status, a.stop, a.fenced = _wait(rt, a.record, a.keeper, a.limits, a.container, clock)
+        a.keeper.log_fd = None  # ours from now on, for gpuq's own lines
+        a.keeper.close()
+        a.sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        a.exit_code = None if a.sig is not None else os.WEXITSTATUS(status)
+        if a.container is not None:
+            a.container.remove()
         crash_point("supervisor:exited")
         if clock.mono() - run_started >= HEALTHY_S:
             quick_failures = 0
-        delay = restart_delay(spec.restart, exit_code, sig, bool(stop or fenced), quick_failures)
+        delay = restart_delay(a.spec.restart, a.exit_code, a.sig, bool(a.stop or a.fenced), quick_failures)
         if delay is None:
             break
         quick_failures += 1
-        ended_as = f"exit {exit_code}" if sig is None else f"killed by signal {sig}"
-        _log(log_fd, f"==> {ended_as} · restart {record.restarts + 1} in {delay:g}s (restart: {spec.restart})\n")
-        stop, fenced = _backoff(rt, record, delay, clock)
-        if stop or fenced:
+        ended_as = f"exit {a.exit_code}" if a.sig is None else f"killed by signal {a.sig}"
+        _log(a.log_fd, f"==> {ended_as} · restart {a.record.restarts + 1} in {delay:g}s (restart: {a.spec.restart})\n")
+        a.stop, a.fenced = _backoff(rt, a.record, delay, clock)
+        if a.stop or a.fenced:
             break  # stopped while waiting: the last run's result stands
-        record = _restarted(rt, record)
-        keeper = None
+        a.record = _restarted(rt, a.record)
+        a.keeper = None
         try:
-            header = f"==> restart {record.restarts} · started {_stamp(clock.wall())}\n"
-            keeper, container = _start(rt, orders, record, spec, identity, fds, header)
-            if log_fd is not None and keeper.log_fd is not None:
-                os.close(log_fd)
-            log_fd, job_pid = keeper.log_fd if keeper.log_fd is not None else log_fd, keeper.pid
+            header = f"==> restart {a.record.restarts} · started {_stamp(clock.wall())}\n"
+            a.keeper, a.container = _start(rt, a.orders, a.record, a.spec, a.identity, a.fds, header)
+            if a.log_fd is not None and a.keeper.log_fd is not None:
+                os.close(a.log_fd)
+            a.log_fd, a.job_pid = a.keeper.log_fd if a.keeper.log_fd is not None else a.log_fd, a.keeper.pid
         except CannotStart as e:
-            failure = f"cannot restart: {e}"
+            a.failure = f"cannot restart: {e}"
             if e.log_fd is not None:
                 os.close(e.log_fd)
         except wire.StarterGone as e:
-            failure = f"cannot restart: {e}"
-    for fd in fds.values():
-        if fd != lock_fd:
-            os.close(fd)
+            a.failure = f"cannot restart: {e}"
+
+
+def _record_outcome(rt: Runtime, a: _Attempt, lock_fd: int, clock: Clock) -> None:
+    """Once nothing of the job runs: free its GPUs for the worker, then record the result (or
+    leave it to the worker: fenced, preempted, or refused by the shared disk)."""
     ended = clock.wall()
     # Nothing of the job runs any more: its worker may start the next job on its GPUs now,
     # while this supervisor writes the record (a durable write: milliseconds, every job).
-    _mark(lock_fd, Marker(Phase.ENDED, record.claim))
+    _mark(lock_fd, Marker(Phase.ENDED, a.record.claim))
     poke(rt.local_dir, WAKE_JOB_ENDED)
     crash_point("supervisor:ended")
     # A result still ours is written unless a takeover is close: writing takes milliseconds,
     # while stopping a running job needs grace_s (hence the earlier limit in _wait).
-    fenced = fenced or fence_reason(rt, record, RECORD_FENCE_FRACTION)
-    outcome = (
-        f"exit {exit_code}"
-        if exit_code is not None
-        else f"killed by signal {sig}"
-        if sig is not None
-        else failure or "not started"
-    )
-    if stop:
-        outcome += f" ({stop.reason})"
-    _log(log_fd, f"==> {outcome} · duration {format_duration(ended - started)} · ended {_stamp(ended)}\n")
-    if not stop and (note := shell_exit_note(exit_code, spec, identity)):
-        _log(log_fd, f"==> gpuq: {note}\n")
-        failure = failure or note  # the record's reason: status and show say it too
-    if fenced:
-        _log(log_fd, f"==> gpuq: this attempt's result is not recorded ({fenced})\n")
-    if log_fd is not None:
-        os.close(log_fd)
-    if fenced:
-        _leave_fenced(rt, record, lock_fd, fenced)
+    a.fenced = a.fenced or fence_reason(rt, a.record, RECORD_FENCE_FRACTION)
+    outcome = _log_outcome(a, ended)
+    if a.fenced:
+        _leave_fenced(rt, a.record, lock_fd, a.fenced)
         return
+    stop = a.stop
     if stop and stop.cause is StopCause.PREEMPT:
-        stop = _stop_order(rt, record.id)  # a cancel during the grace outranks the preemption
+        stop = _stop_order(rt, a.record.id)  # a cancel during the grace outranks the preemption
     if stop and stop.cause is StopCause.PREEMPT:
         # Not an end: this host's worker puts the spec back at its old place once the lock
         # is free (recovery.settle_gone), and the next attempt runs with GPUQ_PREEMPTED=1.
-        _mark(lock_fd, Marker(Phase.PREEMPTED, record.claim, why=f"{stop.reason}; {outcome}"))
+        _mark(lock_fd, Marker(Phase.PREEMPTED, a.record.claim, why=f"{stop.reason}; {outcome}"))
         poke(rt.local_dir, WAKE_JOB_ENDED)
         return
-    final = (stop.cause.ends_as or State.CANCELLED) if stop else State.DONE if exit_code == 0 else State.FAILED
+    final = (stop.cause.ends_as or State.CANCELLED) if stop else State.DONE if a.exit_code == 0 else State.FAILED
     result = {
-        "started_at": started,
+        "started_at": a.started,
         "ended_at": ended,
-        "exit_code": exit_code,
-        "signal": sig,
-        "reason": stop.reason if stop else failure,
+        "exit_code": a.exit_code,
+        "signal": a.sig,
+        "reason": stop.reason if stop else a.failure,
         "cause": stop.cause if stop else None,
-        "job_pid": job_pid,
-        **read_gpu_usage(rt.usage_path(record.id)),
-        **(limits.usage.result(limits.cpu_s) if spawned else {}),
+        "job_pid": a.job_pid,
+        **read_gpu_usage(rt.usage_path(a.record.id)),
+        **(a.limits.usage.result(a.limits.cpu_s) if a.limits is not None else {}),
     }
     try:
-        transition(rt.layout, record, final, rt.host, **result)
+        transition(rt.layout, a.record, final, rt.host, **result)
     except OSError as e:
         # The shared disk refused the record: keep the result in the local marker, where this
         # host's worker finds it once the lock is free, and records it as soon as it can.
         marked = {"state": final.value, **result, "cause": stop.cause.value if stop else None}
-        _mark(lock_fd, Marker(Phase.UNRECORDED, record.claim, why=str(e), result=marked))
+        _mark(lock_fd, Marker(Phase.UNRECORDED, a.record.claim, why=str(e), result=marked))
         return
     crash_point("supervisor:recorded")
-    finish_local(rt, record)
+    finish_local(rt, a.record)
     crash_point("supervisor:cleaned")
     poke(rt.local_dir, WAKE_JOB_ENDED)
+
+
+def _log_outcome(a: _Attempt, ended: float) -> str:
+    """The attempt's last lines in its log, which is closed then: how it ended, a note on a
+    shell's exit code (also the record's reason), why the result is not recorded. Returns how
+    it ended, as said there."""
+    outcome = (
+        f"exit {a.exit_code}"
+        if a.exit_code is not None
+        else f"killed by signal {a.sig}"
+        if a.sig is not None
+        else a.failure or "not started"
+    )
+    if a.stop:
+        outcome += f" ({a.stop.reason})"
+    _log(a.log_fd, f"==> {outcome} · duration {format_duration(ended - a.started)} · ended {_stamp(ended)}\n")
+    if not a.stop and (note := shell_exit_note(a.exit_code, a.spec, a.identity)):
+        _log(a.log_fd, f"==> gpuq: {note}\n")
+        a.failure = a.failure or note  # the record's reason: status and show say it too
+    if a.fenced:
+        _log(a.log_fd, f"==> gpuq: this attempt's result is not recorded ({a.fenced})\n")
+    if a.log_fd is not None:
+        os.close(a.log_fd)
+    return outcome
 
 
 def _keeper_fds(rt: Runtime, record: Record, lock_fd: int) -> dict[str, int]:
