@@ -126,6 +126,18 @@ class Worker:
         (tests/harness.py drives a worker pass by pass that way)."""
         self.layout, self.config, self.host = layout, config, host
         self.clock = clock or Clock()
+        self._wire_host(fake_gpus, runtimes)
+        self._init_pass_memory()
+        self._wire_job_flow(spawner)
+        self.wake = WakeFifo(self.rt.local_dir)
+        self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
+        self._init_plan_memory()
+        self._wire_watches()
+
+    def _wire_host(self, fake_gpus: str | None, runtimes: RuntimeFinder | None) -> None:
+        """This box: its local directory, its GPUs, whom jobs run as, MPS, what every job's
+        supervisor is handed (`rt`), whose specs it takes, and the container runtimes."""
+        layout, config, host = self.layout, self.config, self.host
         self.boot_id = boot_id()
         local_dir = ensure_private_dir(layout.local_dir(host, config.local_dir))
         ensure_private_dir(local_dir / "jobs")
@@ -158,9 +170,19 @@ class Worker:
                 os.stat(layout.jobs).st_mode, config.run_for_users, config.allow_root_jobs, as_owners, config.admins
             ),
         )
+        team = as_owners and os.geteuid() != 0  # a queue account's worker, jobs run as their owners
+        self.runtimes: RuntimeFinder = runtimes or RuntimeProbe(
+            self.rt.container_clients,
+            {"docker": DOCKER_REFUSED} if team and not config.allow_docker else {},
+            # As its jobs' clients start (run/launch.py): clean for a queue account's worker.
+            {**({"PATH": JOB_PATH, "HOME": "/"} if team else os.environ), **config.container_env},
+        )
+
+    def _init_pass_memory(self) -> None:
+        """What one pass leaves the next: the GPUs and jobs it saw, what it read and when."""
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
-        self.listing = RunningListing(layout, host, self._report_once)  # running/, every box's
+        self.listing = RunningListing(self.layout, self.host, self._report_once)  # running/, every box's
         self.started_last_pass = 0
         self.read_jobs_last_pass = False
         self.version_at_last_pass = -1
@@ -171,6 +193,11 @@ class Worker:
         self.inbox_seen: int | None = None
         self.poke_seen: int | None = None
         self.jobs_seen: int | None = None
+        self.woken_by = b""  # the reasons of the pokes that ended the last sleep
+
+    def _wire_job_flow(self, spawner: Launcher | None) -> None:
+        """The parts a job passes through here: taken in, claimed, started, recovered."""
+        layout, config, host = self.layout, self.config, self.host
         self.spawner: Launcher = spawner or Spawner(self.rt, layout.worker_log(host))
         self.arrivals = Arrivals(
             layout,
@@ -194,33 +221,32 @@ class Worker:
             self.mps,
             self._report_once,
         )
-        self.wake = WakeFifo(self.rt.local_dir)
-        self.queue_lock = QueueLock(layout.queue_lock, config.queue_lock_timeout_s)
+
+    def _init_plan_memory(self) -> None:
+        """What planning keeps from pass to pass: the team's heartbeats, the last plan's inputs,
+        idle GPUs, jobs yielding or ending, dependencies, usage for fair share."""
         self.beat_cache: dict[str, tuple[tuple, Any]] = {}  # host -> (file's identity, its heartbeat)
-        self.woken_by = b""  # the reasons of the pokes that ended the last sleep
         self.unchanged_plan_inputs: tuple | None = None
-        self.idle_tracker = IdleTracker(config.idle_util_pct)
+        self.idle_tracker = IdleTracker(self.config.idle_util_pct)
         self.others_idle_since: dict[int, float | None] = {}
         self.stopping: set[str] = set()  # running jobs told to yield (preempted)
         self.ending: set[str] = set()  # jobs over whose supervisors are still recording them
+        self.dep_states = DependencyStates(self.layout)
+        self.history = UsageHistory(self.layout, self.config.fair_share_half_life_s)  # for fair share
+        self.usage_written = 0.0
+        self.born = self.clock.mono()
+
+    def _wire_watches(self) -> None:
+        """What this box watches and tells: GPU memory overuse, alerts, the jobs ended here,
+        its heartbeat and metrics, GPU samples."""
+        layout, config, host = self.layout, self.config, self.host
         self.gpu_mem_watch = GpuMemWatch(config)
         self.alerts = AlertWatch(config, host)
         self.alerts_at = 0.0
         self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (metrics)
         self.publisher = Publisher(layout, config, host, self.boot_id, self.rt, self.intake, self.finished)
-        self.dep_states = DependencyStates(layout)
-        self.history = UsageHistory(layout, config.fair_share_half_life_s)  # for fair share
-        self.born = self.clock.mono()
-        self.usage_written = 0.0
         self.samples = SampleLog(
             layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
-        )
-        team = as_owners and os.geteuid() != 0  # a queue account's worker, jobs run as their owners
-        self.runtimes: RuntimeFinder = runtimes or RuntimeProbe(
-            self.rt.container_clients,
-            {"docker": DOCKER_REFUSED} if team and not config.allow_docker else {},
-            # As its jobs' clients start (run/launch.py): clean for a queue account's worker.
-            {**({"PATH": JOB_PATH, "HOME": "/"} if team else os.environ), **config.container_env},
         )
 
     # --- the loop -------------------------------------------------------------------------
