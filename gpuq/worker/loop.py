@@ -23,9 +23,10 @@ from gpuq.host.owners import OwnerPolicy
 from gpuq.host.probe import Probe
 from gpuq.host.usage import GpuUsage
 from gpuq.host.wake import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
+from gpuq.model.booking import Booking
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
-from gpuq.model.jobs import HostView, RunningJob, Start
+from gpuq.model.jobs import HostView, Plan, RunningJob, Start
 from gpuq.model.record import Record
 from gpuq.model.stops import Stop
 from gpuq.model.strict_yaml import load_yaml
@@ -63,6 +64,7 @@ from gpuq.spool.samples import SampleLog
 from gpuq.spool.store import append_note
 from gpuq.spool.sweeps import finish_interrupted
 from gpuq.spool.teamstate import (
+    TeamPicture,
     heartbeat_alive,
     live_window_s,
     load_heartbeats,
@@ -497,15 +499,7 @@ class Worker:
         if drain_file(self.layout, self.host).exists():
             return  # `gpuq drain`: running jobs finish, nothing new starts here
         now = self.clock.wall()
-        problems: dict[str, str] = {}
-        beats = load_heartbeats(self.layout, problems, self.beat_cache)
-        for host, why in problems.items():
-            self._report_once(f"heartbeat/{host}", f"state/workers/{host}.json left out of the plan: {why}")
-        own = HostView(
-            self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since, frozenset(self.runtimes.found)
-        )
-        own_jobs = self._running_jobs()
-        team = picture(self.layout, self.config, beats, self.listing.others, now, own, own_jobs, alive=self._alive)
+        beats, own_jobs, team = self._team_picture(now)
         # The plan only changes when its inputs do: skip it while nothing moved. Time enters
         # through idleness (a GPU idle long enough, or taken by a person) and idle windows.
         inputs: tuple[object, ...] = (
@@ -522,40 +516,8 @@ class Worker:
         if inputs == self.unchanged_plan_inputs:
             return
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
-            # Another box may have claimed jobs since this pass looked: with their records read
-            # again under the lock, caps and GPUs are counted with them. (One stat tells.)
-            if self.listing.changed():
-                self.listing.read(now)
-                team.running = own_jobs + running_elsewhere(beats, self.listing.others, self.host)
-            usage = self._usage(now, beats)
-            pending = self.intake.pending()
-            if gone := self.intake.gone_since_scan(now):
-                pending = [job for job in pending if job.id not in gone]
-            estimates, running = learned_runs(pending, team.running, self.config, self.history.durations)
-            decided = plan(
-                pending,
-                team.hosts,
-                running,
-                self.config,
-                now,
-                explain=False,
-                blocked={**waiting, **doomed},
-                bookings=booked,
-                usage=usage if self.config.fair_share else None,
-                estimates=estimates,
-            )
-            if settling:
-                decided.starts = onto_empty_gpus(decided.starts, team.running)
-            self._preempt(decided.preempts)
-            try:
-                for start in decided.starts:
-                    if start.host == self.host:
-                        if record := self.starter.start(start.job_id, start.gpus, self.gpus, self.running):
-                            self.running.append(record)
-                        self.started_last_pass += 1
-            finally:  # our own claims (and put-backs of starts that failed) are no news to wake for
-                if any(s.host == self.host for s in decided.starts):
-                    self.jobs_seen = mtime_ns(self.layout.jobs)
+            decided = self._plan_under_lock(now, beats, own_jobs, team, {**waiting, **doomed}, booked, settling)
+            self._act_on_plan(decided)
         # Other boxes with a part in this plan (starts, holds, jobs to stop) hear of it now.
         elsewhere = (
             {s.host for s in decided.starts}
@@ -568,6 +530,72 @@ class Worker:
             j in decided.preempts for j in (r.id for r in self.running)
         )
         self.unchanged_plan_inputs = None if mine else inputs
+
+    def _team_picture(self, now: float) -> tuple[list[dict], list[RunningJob], TeamPicture]:
+        """The team as the plan sees it: every box's heartbeat (those that cannot be read are
+        left out, and said once), this box's own jobs, and the picture made of them."""
+        problems: dict[str, str] = {}
+        beats = load_heartbeats(self.layout, problems, self.beat_cache)
+        for host, why in problems.items():
+            self._report_once(f"heartbeat/{host}", f"state/workers/{host}.json left out of the plan: {why}")
+        own = HostView(
+            self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since, frozenset(self.runtimes.found)
+        )
+        own_jobs = self._running_jobs()
+        team = picture(self.layout, self.config, beats, self.listing.others, now, own, own_jobs, alive=self._alive)
+        return beats, own_jobs, team
+
+    def _plan_under_lock(
+        self,
+        now: float,
+        beats: list[dict],
+        own_jobs: list[RunningJob],
+        team: TeamPicture,
+        blocked: dict[str, str],
+        booked: list[Booking],
+        settling: bool,
+    ) -> Plan:
+        """The plan, made while this box holds the queue lock: of the specs still in jobs/, with
+        the running jobs read again if another box started some meanwhile (`team.running` too)."""
+        # Another box may have claimed jobs since this pass looked: with their records read
+        # again under the lock, caps and GPUs are counted with them. (One stat tells.)
+        if self.listing.changed():
+            self.listing.read(now)
+            team.running = own_jobs + running_elsewhere(beats, self.listing.others, self.host)
+        usage = self._usage(now, beats)
+        pending = self.intake.pending()
+        if gone := self.intake.gone_since_scan(now):
+            pending = [job for job in pending if job.id not in gone]
+        estimates, running = learned_runs(pending, team.running, self.config, self.history.durations)
+        decided = plan(
+            pending,
+            team.hosts,
+            running,
+            self.config,
+            now,
+            explain=False,
+            blocked=blocked,
+            bookings=booked,
+            usage=usage if self.config.fair_share else None,
+            estimates=estimates,
+        )
+        if settling:
+            decided.starts = onto_empty_gpus(decided.starts, team.running)
+        return decided
+
+    def _act_on_plan(self, decided: Plan) -> None:
+        """This box's part of the plan, still under the queue lock: its jobs that must yield are
+        told to, and the starts placed on it are started."""
+        self._preempt(decided.preempts)
+        try:
+            for start in decided.starts:
+                if start.host == self.host:
+                    if record := self.starter.start(start.job_id, start.gpus, self.gpus, self.running):
+                        self.running.append(record)
+                    self.started_last_pass += 1
+        finally:  # our own claims (and put-backs of starts that failed) are no news to wake for
+            if any(s.host == self.host for s in decided.starts):
+                self.jobs_seen = mtime_ns(self.layout.jobs)
 
     def _usage(self, now: float, beats: list[dict]) -> dict[str, float]:
         """Each user's decayed usage of ended jobs (spool/history.py), and, now and then, the
