@@ -71,17 +71,39 @@ def run(root: Path | None = None, quick: bool = False, keep: bool = False) -> in
 
 
 def _run(root: Path, quick: bool) -> int:
+    _write_config(root)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    worker, cli = _launchers()
+    gpuq = [*cli, "--root", str(root)]
+    print(f"# demo queue root: {root}\n# starting two workers: box-a and box-b, 4 fake 24GiB GPUs each")
+    stderr = {host: root / f"worker-{host}.stderr" for host in ("box-a", "box-b")}
+    workers = _start_workers(root, worker, stderr, env)
+    try:
+        if not _workers_reported(root, stderr, workers):  # submit judges sizes by the GPUs workers report
+            return 1
+        ids = _submit_jobs(root, gpuq, cli, env, quick)
+        _show_status_until_done(root, gpuq, env, ids)
+        return _show_the_rest(root, gpuq, env, ids)
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.wait()
+
+
+def _write_config(root: Path) -> None:
     (root / "jobs").mkdir(parents=True, exist_ok=True)
     # Run as root (a container, CI), the demo's own specs are root's: let them run.
     allow_root = "allow_root_jobs: true\n" if os.geteuid() == 0 else ""
     # No write through a link, even in a --dir someone else can write.
     config = f"poll_interval: 0.5\nlocal_dir: {root}/local-{{host}}\n{allow_root}"
     atomic_write(root / "config.yaml", config.encode(), 0o644)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-    worker, cli = _launchers()
-    gpuq = [*cli, "--root", str(root)]
-    print(f"# demo queue root: {root}\n# starting two workers: box-a and box-b, 4 fake 24GiB GPUs each")
-    stderr = {host: root / f"worker-{host}.stderr" for host in ("box-a", "box-b")}
+
+
+def _start_workers(
+    root: Path, worker: list[str], stderr: dict[str, Path], env: dict[str, str]
+) -> list[subprocess.Popen]:
+    """A worker for each box of `stderr`, on fake GPUs, its stderr in that file."""
     workers = []
     for host, path in stderr.items():
         with open(path, "wb") as err:
@@ -93,74 +115,90 @@ def _run(root: Path, quick: bool) -> int:
                     env=env,
                 )
             )
-    try:
-        for (host, path), proc in zip(stderr.items(), workers):  # submit judges sizes by the GPUs workers report
-            deadline = time.monotonic() + 120
-            while not (root / "state" / "workers" / f"{host}.json").exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    print(
-                        f"# the worker of {host} did not start:\n{path.read_text(errors='replace')[-2000:]}",
-                        file=sys.stderr,
-                    )
-                    return 1
-                time.sleep(0.1)
-        ids = []
-        scale = 0.3 if quick else 1.0
-        for gpus, mem, seconds in JOBS:
-            work = (
-                f'echo "training on GPUs [$CUDA_VISIBLE_DEVICES] with $GPUQ_GPU_MEM_MIB MiB each"; '
-                f"exec {shlex.join(cli)} fake-use --seconds {seconds * scale}"
-            )
-            args = (
-                ["submit", "--gpus", str(gpus)]
-                + (["--gpu-mem", mem] if mem else [])
-                + ["--name", f"train-{mem or 'whole' if gpus else 'cpu'}", "--", "sh", "-c", work]
-            )
-            out = subprocess.run(gpuq + args, capture_output=True, text=True, env=env, check=True)
-            ids.append(out.stdout.split()[-1])
-        print(f"# submitted {len(ids)} jobs: gpuq submit --gpus N --gpu-mem SIZE -- COMMAND\n")
-        print("$ gpuq submit --gpu-mem 30GiB -- python train.py")
-        print(
-            subprocess.run(
-                gpuq + ["submit", "--gpu-mem", "30GiB", "--", "python", "train.py"],
-                capture_output=True,
-                text=True,
-                env=env,
-            ).stderr
-        )
-        print(f"# the same job written by hand as jobs/{TOO_BIG}.yaml waits; status says why\n")
-        # (as an editor saves it: whole, under a temp name, then renamed in)
-        atomic_write(root / "jobs" / f"{TOO_BIG}.yaml", b"command: python train.py\ngpus: 1\ngpu_mem: 30GiB\n", 0o644)
-        ids.append(TOO_BIG)
+    return workers
+
+
+def _workers_reported(root: Path, stderr: dict[str, Path], workers: list[subprocess.Popen]) -> bool:
+    """Whether every worker wrote its heartbeat; if one did not, its stderr is shown."""
+    for (host, path), proc in zip(stderr.items(), workers):
         deadline = time.monotonic() + 120
-        shown = 0
-        while time.monotonic() < deadline:
-            time.sleep(1.0 if shown else 1.5)
-            finished = len(list((root / "state" / "finished").glob("*.json")))
-            if shown < 2 or finished >= len(ids) - 1:
-                print(f"$ gpuq status   (look {shown + 1})")
-                print(subprocess.run(gpuq + ["status"], capture_output=True, text=True, env=env).stdout)
-                shown += 1
-            if finished >= len(ids) - 1:
-                break
-        print(f"$ gpuq cancel {ids[-1]}")
-        print(subprocess.run(gpuq + ["cancel", ids[-1]], capture_output=True, text=True, env=env).stdout)
-        print(f"$ gpuq logs {ids[0]}")
-        print(subprocess.run(gpuq + ["logs", ids[0]], capture_output=True, text=True, env=env).stdout)
-        print(f"$ gpuq show {ids[5]}")
-        print(subprocess.run(gpuq + ["show", ids[5]], capture_output=True, text=True, env=env).stdout)
-        states = [json.loads(p.read_text())["state"] for p in (root / "state" / "finished").glob("*.json")]
-        print(
-            f"# {len(states)}/{len(ids)} jobs finished: {states.count('done')} done, "
-            f"{states.count('cancelled')} cancelled (as asked), "
-            f"{len(states) - states.count('done') - states.count('cancelled')} failed or lost"
+        while not (root / "state" / "workers" / f"{host}.json").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                print(
+                    f"# the worker of {host} did not start:\n{path.read_text(errors='replace')[-2000:]}",
+                    file=sys.stderr,
+                )
+                return False
+            time.sleep(0.1)
+    return True
+
+
+def _submit_jobs(root: Path, gpuq: list[str], cli: list[str], env: dict[str, str], quick: bool) -> list[str]:
+    """The demo's JOBS, a submit refused as too big, and the same job written by hand (it
+    waits; TOO_BIG, last). Returns their ids."""
+    ids = []
+    scale = 0.3 if quick else 1.0
+    for gpus, mem, seconds in JOBS:
+        work = (
+            f'echo "training on GPUs [$CUDA_VISIBLE_DEVICES] with $GPUQ_GPU_MEM_MIB MiB each"; '
+            f"exec {shlex.join(cli)} fake-use --seconds {seconds * scale}"
         )
-        return 0 if states.count("done") == len(ids) - 1 and states.count("cancelled") == 1 else 1
-    finally:
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            w.wait()
+        args = (
+            ["submit", "--gpus", str(gpus)]
+            + (["--gpu-mem", mem] if mem else [])
+            + ["--name", f"train-{mem or 'whole' if gpus else 'cpu'}", "--", "sh", "-c", work]
+        )
+        out = subprocess.run(gpuq + args, capture_output=True, text=True, env=env, check=True)
+        ids.append(out.stdout.split()[-1])
+    print(f"# submitted {len(ids)} jobs: gpuq submit --gpus N --gpu-mem SIZE -- COMMAND\n")
+    print("$ gpuq submit --gpu-mem 30GiB -- python train.py")
+    print(
+        subprocess.run(
+            gpuq + ["submit", "--gpu-mem", "30GiB", "--", "python", "train.py"],
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stderr
+    )
+    print(f"# the same job written by hand as jobs/{TOO_BIG}.yaml waits; status says why\n")
+    # (as an editor saves it: whole, under a temp name, then renamed in)
+    atomic_write(root / "jobs" / f"{TOO_BIG}.yaml", b"command: python train.py\ngpus: 1\ngpu_mem: 30GiB\n", 0o644)
+    ids.append(TOO_BIG)
+    return ids
+
+
+def _show_status_until_done(root: Path, gpuq: list[str], env: dict[str, str], ids: list[str]) -> None:
+    """`gpuq status` twice while the jobs run, and once more when all but the waiting one
+    ended (or two minutes passed)."""
+    deadline = time.monotonic() + 120
+    shown = 0
+    while time.monotonic() < deadline:
+        time.sleep(1.0 if shown else 1.5)
+        finished = len(list((root / "state" / "finished").glob("*.json")))
+        if shown < 2 or finished >= len(ids) - 1:
+            print(f"$ gpuq status   (look {shown + 1})")
+            print(subprocess.run(gpuq + ["status"], capture_output=True, text=True, env=env).stdout)
+            shown += 1
+        if finished >= len(ids) - 1:
+            break
+
+
+def _show_the_rest(root: Path, gpuq: list[str], env: dict[str, str], ids: list[str]) -> int:
+    """Cancel the waiting job, show a log and a job, and count how the jobs ended: 0 when all
+    but the cancelled one are done."""
+    print(f"$ gpuq cancel {ids[-1]}")
+    print(subprocess.run(gpuq + ["cancel", ids[-1]], capture_output=True, text=True, env=env).stdout)
+    print(f"$ gpuq logs {ids[0]}")
+    print(subprocess.run(gpuq + ["logs", ids[0]], capture_output=True, text=True, env=env).stdout)
+    print(f"$ gpuq show {ids[5]}")
+    print(subprocess.run(gpuq + ["show", ids[5]], capture_output=True, text=True, env=env).stdout)
+    states = [json.loads(p.read_text())["state"] for p in (root / "state" / "finished").glob("*.json")]
+    print(
+        f"# {len(states)}/{len(ids)} jobs finished: {states.count('done')} done, "
+        f"{states.count('cancelled')} cancelled (as asked), "
+        f"{len(states) - states.count('done') - states.count('cancelled')} failed or lost"
+    )
+    return 0 if states.count("done") == len(ids) - 1 and states.count("cancelled") == 1 else 1
 
 
 def cmd_fake_use(args: argparse.Namespace) -> int:
