@@ -19,6 +19,7 @@ from gpuq.worker.metrics import SHORT_JOB_S
 
 log = logging.getLogger("gpuq.alerts")
 SHORT_JOBS_WINDOW_S = 600.0
+_Found = tuple[str, str, str]  # an alert found this pass: (kind, subject, message)
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,24 @@ class AlertWatch:
         short_jobs: int = 0,
     ) -> list[Alert]:
         """This pass's alerts (pure but for the idle-holder clock it keeps)."""
+        found = self._hot_gpus(gpus) + self._job_alerts(now, gpus, running, observed, overuse)
+        found += self._short_job_flood(short_jobs)
+        if speaks_for_queue:
+            found += self._queue_alerts(now, pending, silent_hosts)
+        return [
+            Alert(
+                kind,
+                subject,
+                self.host,
+                message,
+                self.current[f"{kind}:{subject}"].since if f"{kind}:{subject}" in self.current else now,
+            )
+            for kind, subject, message in found
+        ]
+
+    def _hot_gpus(self, gpus: list["GpuSnapshot"]) -> list[_Found]:
         c = self.config
-        found: list[tuple[str, str, str]] = []
-        util = {g.index: g.util_pct or 0 for g in gpus}
+        found: list[_Found] = []
         for g in gpus:
             if g.temp_c is not None and g.temp_c >= c.alert_gpu_temp_c:
                 found.append(
@@ -74,6 +90,21 @@ class AlertWatch:
                         f"GPU {self.host}:{g.index} draws {g.power_w:g} W (alert_gpu_power_w {c.alert_gpu_power_w:g})",
                     )
                 )
+        return found
+
+    def _job_alerts(
+        self,
+        now: float,
+        gpus: list["GpuSnapshot"],
+        running: list["Record"],
+        observed: dict[str, dict[int, int]],
+        overuse: dict[str, str],
+    ) -> list[_Found]:
+        """This box's jobs holding GPU memory idly (for alert_idle_holder_s: the clock is kept
+        here, and forgotten for jobs gone) or using more than they declared."""
+        c = self.config
+        found: list[_Found] = []
+        util = {g.index: g.util_pct or 0 for g in gpus}
         for r in running:
             held = sum(observed.get(r.id, {}).values())
             idle = held > 0 and r.gpus and all(util.get(i, 0) < c.alert_idle_util_pct for i in r.gpus)
@@ -90,47 +121,46 @@ class AlertWatch:
                 )
             if r.id in overuse:
                 found.append(("gpu_mem_overuse", r.id, f"job {r.id} ({r.user}) {overuse[r.id]}"))
-        if short_jobs >= c.alert_short_jobs:
-            found.append(
-                (
-                    "short_job_flood",
-                    self.host,
-                    f"{short_jobs} jobs ran under {SHORT_JOB_S:g} s each on {self.host} in the last "
-                    f"{format_duration(SHORT_JOBS_WINDOW_S)}: gpuq's cost per job (spool files, a process) "
-                    f"outweighs such work; batch it into fewer, longer jobs",
-                )
-            )
         for job_id in set(self.low_util_since) - {r.id for r in running}:
             del self.low_util_since[job_id]
-        if speaks_for_queue:
-            for job in pending:
-                if now - job.queued_at >= c.alert_wait_s:
-                    found.append(
-                        (
-                            "long_wait",
-                            job.id,
-                            f"job {job.id} ({job.user}) has waited {format_duration(now - job.queued_at)}",
-                        )
-                    )
-            for host, silent_s in sorted(silent_hosts.items()):
-                if silent_s >= c.alert_worker_silent_s:
-                    found.append(
-                        (
-                            "worker_silent",
-                            host,
-                            f"the worker of {host} has not renewed its heartbeat for {format_duration(silent_s)}",
-                        )
-                    )
+        return found
+
+    def _short_job_flood(self, short_jobs: int) -> list[_Found]:
+        if short_jobs < self.config.alert_short_jobs:
+            return []
         return [
-            Alert(
-                kind,
-                subject,
+            (
+                "short_job_flood",
                 self.host,
-                message,
-                self.current[f"{kind}:{subject}"].since if f"{kind}:{subject}" in self.current else now,
+                f"{short_jobs} jobs ran under {SHORT_JOB_S:g} s each on {self.host} in the last "
+                f"{format_duration(SHORT_JOBS_WINDOW_S)}: gpuq's cost per job (spool files, a process) "
+                f"outweighs such work; batch it into fewer, longer jobs",
             )
-            for kind, subject, message in found
         ]
+
+    def _queue_alerts(self, now: float, pending: list["PendingJob"], silent_hosts: dict[str, float]) -> list[_Found]:
+        """What the host that speaks for the queue says: jobs waiting long, workers gone silent."""
+        c = self.config
+        found: list[_Found] = []
+        for job in pending:
+            if now - job.queued_at >= c.alert_wait_s:
+                found.append(
+                    (
+                        "long_wait",
+                        job.id,
+                        f"job {job.id} ({job.user}) has waited {format_duration(now - job.queued_at)}",
+                    )
+                )
+        for host, silent_s in sorted(silent_hosts.items()):
+            if silent_s >= c.alert_worker_silent_s:
+                found.append(
+                    (
+                        "worker_silent",
+                        host,
+                        f"the worker of {host} has not renewed its heartbeat for {format_duration(silent_s)}",
+                    )
+                )
+        return found
 
     def update(self, alerts: list[Alert]) -> list[Alert]:
         """Keep this pass's alerts; returns the new ones, after handing them to the command."""
