@@ -285,62 +285,10 @@ class _Pass:
                 self.waits(job, self.failed[shape])
             return
         ends_by = self.ends_by(job)
-        mine = [s for s in self.slots if s.host in allowed]
-        if self.booked:
-            mine = [s for s in mine if s.booked_for in (None, job.user)]
-        if self.booked_later:  # it must be gone before someone else's booking begins
-            mine = [s for s in mine if _booked_before(s, job.user, ends_by) is None]
-        if mps_user := self._mps_user(job):
-            mine = [s for s in mine if placement.serves_mps_user(s, mps_user)]
+        mps_user = self._mps_user(job)
+        mine = self._gpus_for(job, allowed, ends_by, mps_user)
         own = spec.gpus if _needs_whole(spec, self.largest) else 0  # its own demand, if placed now
-        choice = None
-        if self.booked:  # the GPUs its owner booked first: on others, it would take what others wait for
-            booked = [s for s in mine if s.booked_for == job.user]
-            choice = booked and placement.best_fit(
-                spec,
-                booked,
-                self.config.max_jobs_per_gpu,
-                fragmentation_aware=self.config.fragmentation_aware,
-                ends_by=ends_by,
-            )
-        # Spreading is for time-sliced GPUs, where jobs that share one slow each other; an MPS
-        # job runs on its compute share alone or not (model/sharing.py), so MPS jobs pack.
-        if self.config.spread and not choice and not mps_user:
-            # A job that declares its share of compute (gpu_compute) first joins a GPU whose
-            # jobs' declared shares leave room for it: neither slows the other, and it keeps
-            # an empty GPU whole for jobs that need one.
-            beside = (
-                []
-                if spec.exclusive
-                else [  # a whole-GPU job never fits beside another
-                    s for s in mine if not s.ordinary_empty and s.compute_room >= compute_of(spec.gpu_compute_pct)
-                ]
-            )
-            choice = beside and placement.best_fit(
-                spec,
-                beside,
-                self.config.max_jobs_per_gpu,
-                fragmentation_aware=self.config.fragmentation_aware,
-                ends_by=ends_by,
-            )
-            spare = [] if choice else self._spare_for_spreading(mine)
-            # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
-            if spare and not self.demand_over(len(spare) - spec.gpus + own):
-                choice = placement.best_fit(
-                    spec,
-                    spare,
-                    self.config.max_jobs_per_gpu,
-                    spread=True,
-                    fragmentation_aware=self.config.fragmentation_aware,
-                    ends_by=ends_by,
-                )
-        choice = choice or placement.best_fit(
-            spec,
-            mine,
-            self.config.max_jobs_per_gpu,
-            fragmentation_aware=self.config.fragmentation_aware,
-            ends_by=ends_by,
-        )
+        choice = self._choose(job, mine, ends_by, mps_user, own)
         if choice is not None:
             self._place(job, choice, ends_by)
             self.placed_whole += own
@@ -354,6 +302,79 @@ class _Pass:
         if shape not in self.failed:
             self.failed[shape] = self._why_waiting(job, allowed, mine) if self.explain else ""
         self.waits(job, self.failed[shape])
+
+    def _gpus_for(self, job: PendingJob, allowed: list[str], ends_by: float, mps_user: str | None) -> list[Slot]:
+        """The GPUs an ordinary job may use: on the hosts it may run on, not booked for someone
+        else now or before it would end, and serving its MPS user if it has one."""
+        mine = [s for s in self.slots if s.host in allowed]
+        if self.booked:
+            mine = [s for s in mine if s.booked_for in (None, job.user)]
+        if self.booked_later:  # it must be gone before someone else's booking begins
+            mine = [s for s in mine if _booked_before(s, job.user, ends_by) is None]
+        if mps_user:
+            mine = [s for s in mine if placement.serves_mps_user(s, mps_user)]
+        return mine
+
+    def _choose(
+        self, job: PendingJob, mine: list[Slot], ends_by: float, mps_user: str | None, own: int
+    ) -> list[Slot] | None:
+        """Where among `mine` the job starts now, if anywhere: its owner's booked GPUs first,
+        then (spreading) beside jobs that leave it compute or on GPUs to spare, else the best fit."""
+        spec = job.spec
+        choice = None
+        if self.booked:  # the GPUs its owner booked first: on others, it would take what others wait for
+            booked = [s for s in mine if s.booked_for == job.user]
+            choice = booked and placement.best_fit(
+                spec,
+                booked,
+                self.config.max_jobs_per_gpu,
+                fragmentation_aware=self.config.fragmentation_aware,
+                ends_by=ends_by,
+            )
+        # Spreading is for time-sliced GPUs, where jobs that share one slow each other; an MPS
+        # job runs on its compute share alone or not (model/sharing.py), so MPS jobs pack.
+        if self.config.spread and not choice and not mps_user:
+            choice = self._spread(spec, mine, ends_by, own)
+        return choice or placement.best_fit(
+            spec,
+            mine,
+            self.config.max_jobs_per_gpu,
+            fragmentation_aware=self.config.fragmentation_aware,
+            ends_by=ends_by,
+        )
+
+    def _spread(self, spec: JobSpec, mine: list[Slot], ends_by: float, own: int) -> list[Slot] | None:
+        """A place that keeps empty GPUs whole for those who need them: beside jobs whose declared
+        compute leaves room, or on GPUs to spare; None (or empty) when there is neither."""
+        # A job that declares its share of compute (gpu_compute) first joins a GPU whose
+        # jobs' declared shares leave room for it: neither slows the other, and it keeps
+        # an empty GPU whole for jobs that need one.
+        beside = (
+            []
+            if spec.exclusive
+            else [  # a whole-GPU job never fits beside another
+                s for s in mine if not s.ordinary_empty and s.compute_room >= compute_of(spec.gpu_compute_pct)
+            ]
+        )
+        choice = beside and placement.best_fit(
+            spec,
+            beside,
+            self.config.max_jobs_per_gpu,
+            fragmentation_aware=self.config.fragmentation_aware,
+            ends_by=ends_by,
+        )
+        spare = [] if choice else self._spare_for_spreading(mine)
+        # GPUs to spare beyond what waiting jobs need whole: never join a busy one.
+        if spare and not self.demand_over(len(spare) - spec.gpus + own):
+            choice = placement.best_fit(
+                spec,
+                spare,
+                self.config.max_jobs_per_gpu,
+                spread=True,
+                fragmentation_aware=self.config.fragmentation_aware,
+                ends_by=ends_by,
+            )
+        return choice
 
     def _spare_for_spreading(self, slots: list[Slot]) -> list[Slot]:
         """Empty GPUs a job may spread onto: any, while at least half the team's GPUs have no
