@@ -163,44 +163,8 @@ def build(
     queue_intervals: list[tuple[float, float]] = []
     waiting_ids: set[str] = set()
     for job, evs in by_job.items():
-        evs.sort(key=lambda e: e["t"])
-        user = users[job] = next((e["user"] for e in evs if e.get("user")), "?")
-        queued_at = next((e["queued_at"] for e in evs if e.get("queued_at")), None)
-        waiting_from, first_start = queued_at, None
-        for e in evs:
-            frm, to, t = e.get("from"), e.get("to"), e["t"]
-            host = e.get("host") or e.get("by") or "?"
-            rows = tally.rows(user, host, e.get("gpus") or [])
-            if frm == "pending" and to == "running":
-                start = e.get("started_at") or t
-                if waiting_from is not None:
-                    queue_intervals.append((waiting_from, start))
-                waiting_from = None
-                if first_start is None:
-                    first_start = start
-                    if since <= start < until and queued_at is not None:
-                        for row in rows:
-                            row.waits.append(max(0.0, start - queued_at))
-            elif frm == "running" and to != "running":
-                tally.add_run(e, user, host, since, until)
-                if to == "pending":
-                    waiting_from = t
-                    if since <= t < until and cause_of(e) is StopCause.PREEMPT:
-                        for row in rows:
-                            row.preemptions += 1
-            elif frm == "pending" and to != "pending" and waiting_from is not None:
-                queue_intervals.append((waiting_from, t))  # held, cancelled or rejected while waiting
-                waiting_from = None
-            elif to == "pending" and frm != "pending":
-                waiting_from = t  # released from hold, or put back by `gpuq retry`
-            if to in FINAL and since <= t < until:
-                for row in rows:
-                    row.ended[to] += 1
-        still_running = _open_run(evs)
-        if still_running is not None:
-            tally.add_run(still_running, user, still_running.get("host") or "?", since, until, open_end=until)
-        if waiting_from is not None:
-            queue_intervals.append((waiting_from, until))
+        users[job], still_waiting = _replay_job(evs, tally, since, until, queue_intervals)
+        if still_waiting:
             waiting_ids.add(job)
     for p in pending:
         if p.job not in waiting_ids:
@@ -227,6 +191,53 @@ def build(
             if round(s / 3600, 4) > 0  # what the report would show as 0.000 GPU-h is nobody's offence
         ],
     )
+
+
+def _replay_job(
+    evs: list[dict], tally: _Tally, since: float, until: float, queue_intervals: list[tuple[float, float]]
+) -> tuple[str, bool]:
+    """One job's events in time order, counted into `tally` (its wait before its first start,
+    its runs, preemptions and end) and its spells in the queue added to `queue_intervals`.
+    Returns its user, and whether it still waits at `until`."""
+    evs.sort(key=lambda e: e["t"])
+    user = next((e["user"] for e in evs if e.get("user")), "?")
+    queued_at = next((e["queued_at"] for e in evs if e.get("queued_at")), None)
+    waiting_from, first_start = queued_at, None
+    for e in evs:
+        frm, to, t = e.get("from"), e.get("to"), e["t"]
+        host = e.get("host") or e.get("by") or "?"
+        rows = tally.rows(user, host, e.get("gpus") or [])
+        if frm == "pending" and to == "running":
+            start = e.get("started_at") or t
+            if waiting_from is not None:
+                queue_intervals.append((waiting_from, start))
+            waiting_from = None
+            if first_start is None:
+                first_start = start
+                if since <= start < until and queued_at is not None:
+                    for row in rows:
+                        row.waits.append(max(0.0, start - queued_at))
+        elif frm == "running" and to != "running":
+            tally.add_run(e, user, host, since, until)
+            if to == "pending":
+                waiting_from = t
+                if since <= t < until and cause_of(e) is StopCause.PREEMPT:
+                    for row in rows:
+                        row.preemptions += 1
+        elif frm == "pending" and to != "pending" and waiting_from is not None:
+            queue_intervals.append((waiting_from, t))  # held, cancelled or rejected while waiting
+            waiting_from = None
+        elif to == "pending" and frm != "pending":
+            waiting_from = t  # released from hold, or put back by `gpuq retry`
+        if to in FINAL and since <= t < until:
+            for row in rows:
+                row.ended[to] += 1
+    still_running = _open_run(evs)
+    if still_running is not None:
+        tally.add_run(still_running, user, still_running.get("host") or "?", since, until, open_end=until)
+    if waiting_from is not None:
+        queue_intervals.append((waiting_from, until))
+    return user, waiting_from is not None
 
 
 def _open_run(evs: list[dict]) -> dict | None:
