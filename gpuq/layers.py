@@ -1,9 +1,11 @@
 """gpuq's packages and the one direction their imports may go, checked from the source.
 
-`python -m gpuq.layers` prints the package graph (and `--modules` every module's imports);
-tests/test_layers.py fails on an import against the direction, a cycle of any kind, or an
-import of a gpuq module inside a function. The graph is read from the source (ast), so this
-module imports nothing of gpuq and a broken module cannot hide an edge.
+`python -m gpuq.layers` prints the package graph (and `--modules` every module's imports),
+then the size of the core and of the extras apart (non-blank lines of Python);
+tests/test_layers.py fails on an import against the direction, a cycle of any kind, an
+import of a gpuq module inside a function, or a function longer than MAX_FUNCTION_LINES. The
+graph is read from the source (ast), so this module imports nothing of gpuq and a broken
+module cannot hide an edge.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ DYNAMIC_IMPORTS = {
     "gpuq.hooks": "the extras, found by listing gpuq/extras/ (the core never names one), and their verbs' handlers",
 }
 VERB_TABLE = "_lazy"  # in gpuq/cli/__init__.py: _lazy("cli.submit", "cmd_submit")
+# A function, from its `def` line to its last, docstring and comments included: one longer
+# than this does more than one thing, and is split along its concerns.
+MAX_FUNCTION_LINES = 80
 
 # The only imports allowed inside a function: a module outside gpuq that only some paths need,
 # and whose cost at import time the others would pay. Each with why (importer, module).
@@ -205,7 +210,8 @@ def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: di
 def problems(package_dir: Path = PACKAGE_DIR) -> list[str]:
     """What breaks the layers, one line each; empty when clean: a module in no package, ALLOWED
     letting a package import one beside or above it, an import against ALLOWED, a cycle of
-    modules or of packages, an unlisted import inside a function or by name."""
+    modules or of packages, an unlisted import inside a function or by name, a function longer
+    than MAX_FUNCTION_LINES."""
     found = [
         f"{name} is in no package: put it in one, or give it a layer in TOP_MODULES"
         for name in modules(package_dir)
@@ -233,7 +239,49 @@ def problems(package_dir: Path = PACKAGE_DIR) -> list[str]:
     package_edges = [Edge(a, b, "module", 0) for a, bs in package_graph(all_edges).items() for b in bs]
     for cycle in cycles(package_edges):
         found.append("package cycle: " + " -> ".join(cycle + [cycle[0]]))
+    found += long_functions(package_dir)
     return found
+
+
+def long_functions(package_dir: Path = PACKAGE_DIR) -> list[str]:
+    """Every function (a method, a nested one too) of the package, core and extras, longer than
+    MAX_FUNCTION_LINES, one line each."""
+    found = []
+    for name, path in modules(package_dir).items():
+        for qualname, node in _functions(ast.parse(path.read_text(), str(path))):
+            length = node.end_lineno - node.lineno + 1 if node.end_lineno is not None else 0
+            if length > MAX_FUNCTION_LINES:
+                found.append(
+                    f"{name}: {qualname} (line {node.lineno}) is {length} lines long: split it along "
+                    f"its concerns (at most {MAX_FUNCTION_LINES})"
+                )
+    return found
+
+
+def _functions(tree: ast.Module):
+    """Every def in the tree, with its name inside its classes and functions (Worker.__init__)."""
+
+    def walk(node: ast.AST, prefix: str):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + child.name, child
+                yield from walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                yield from walk(child, f"{prefix}{child.name}.")
+            else:
+                yield from walk(child, prefix)
+
+    yield from walk(tree, "")
+
+
+def line_counts(package_dir: Path = PACKAGE_DIR) -> dict[str, int]:
+    """The non-blank lines of Python in the core (the package but gpuq/extras/) and in the
+    extras (gpuq/extras/, their own tests/ left out as modules() leaves them)."""
+    counts = {"core": 0, "extras": 0}
+    for path in modules(package_dir).values():
+        part = "extras" if path.relative_to(package_dir).parts[0] == "extras" else "core"
+        counts[part] += sum(1 for line in path.read_text().splitlines() if line.strip())
+    return counts
 
 
 def extra_of(module: str) -> str | None:
@@ -329,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{package:<7} ({sizes[package]:>2} modules) -> {', '.join(sorted(graph[package])) or '(nothing of gpuq)'}"
         )
+    counts = line_counts()
+    print(
+        f"lines: core {counts['core']}, extras {counts['extras']} "
+        "(non-blank lines of Python; the extras' own tests/ not counted)"
+    )
     found = problems()
     for line in found:
         print("problem:", line)

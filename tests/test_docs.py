@@ -143,8 +143,10 @@ def test_the_readme_links_to_every_docs_page() -> None:
 def test_design_shows_the_package_graph_the_code_has() -> None:
     design = (DOCS / "design.md").read_text()
     block = design.split("<!-- printed by: python -m gpuq.layers -->", 1)[1].split("```")[1]
+    *packages, size = block.strip().splitlines()  # the graph, then the size of the core and of the extras
+    assert re.fullmatch(r"lines: core \d+, extras \d+ \(non-blank lines of Python; .*\)", size), size
     shown = {}
-    for line in block.strip().splitlines():
+    for line in packages:
         package, deps = re.match(r"(\w+)\s+\(\s*\d+ modules\) -> (.*)$", line).groups()
         shown[package] = set() if deps == "(nothing of gpuq)" else set(deps.split(", "))
     graph = layers.package_graph(layers.edges())

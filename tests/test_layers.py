@@ -4,6 +4,7 @@ function but the listed ones; and `pip install .` (not only -e) installs every s
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,10 +25,42 @@ def test_the_package_has_no_upward_import_no_cycle_and_no_unlisted_lazy_import()
 def test_the_command_prints_every_package_and_what_it_imports() -> None:
     out = subprocess.run([sys.executable, "-m", "gpuq.layers"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    lines = out.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == list(layers.ALLOWED)
-    model = next(line for line in lines if line.startswith("model"))
+    *packages, size = out.stdout.splitlines()  # a line per package, then the size of the code
+    assert [line.split()[0] for line in packages] == list(layers.ALLOWED)
+    model = next(line for line in packages if line.startswith("model"))
     assert model.endswith("(nothing of gpuq)")
+    assert size.startswith("lines: core ")
+
+
+def _non_blank_lines(paths: list[Path]) -> int:
+    return sum(1 for path in paths for line in path.read_text().splitlines() if line.strip())
+
+
+def test_the_size_of_the_core_and_of_the_extras_is_printed_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    """The line `python -m gpuq.layers` ends its graph with: the core's and the extras' non-blank
+    lines of Python, as counting the files here gives them (an extra's tests/ is not its code)."""
+    assert layers.main([]) == 0
+    size = capsys.readouterr().out.splitlines()[len(layers.ALLOWED)]
+    found = re.fullmatch(r"lines: core (\d+), extras (\d+) \(non-blank lines of Python; .*\)", size)
+    assert found, size
+    every = [p for p in layers.PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts]
+    extras_dir = layers.PACKAGE_DIR / "extras"
+    core = [p for p in every if not p.is_relative_to(extras_dir)]
+    extras = [p for p in every if p.is_relative_to(extras_dir) and "tests" not in p.relative_to(extras_dir).parts]
+    assert int(found[1]) == _non_blank_lines(core) > int(found[2]) == _non_blank_lines(extras) > 0
+
+
+def test_the_size_counts_what_each_part_gains(tmp_path: Path) -> None:
+    """Lines added to the core count in the core, to an extra in the extras; blank lines and an
+    extra's tests count nowhere."""
+    copy = _copy_of_package(tmp_path)
+    before = layers.line_counts(copy)
+    _append(copy / "model" / "units.py", "\n\nA = 1\n\n   \nB = 2\n")
+    (copy / "extras" / "one").mkdir()
+    (copy / "extras" / "one" / "__init__.py").write_text('"""One extra."""\n\nC = 3\n')
+    (copy / "extras" / "one" / "tests").mkdir()
+    (copy / "extras" / "one" / "tests" / "test_one.py").write_text("def test_c():\n    assert True\n")
+    assert layers.line_counts(copy) == {"core": before["core"] + 2, "extras": before["extras"] + 2}
 
 
 def _copy_of_package(tmp_path: Path) -> Path:
@@ -75,6 +108,42 @@ def test_each_kind_of_break_is_found(tmp_path: Path) -> None:
     assert "gpuq.worker.claiming" in found and "worker may not import extras" in found
     assert "gpuq.extras.other" in found and "one extra may not import another" in found
     assert "gpuq.extra is in no package" in found
+
+
+def test_a_function_longer_than_the_limit_is_found(tmp_path: Path) -> None:
+    """The check is not vacuous: a function, a method or a nested one of more than
+    MAX_FUNCTION_LINES lines (docstring and comments count) is named, in the core and in an
+    extra; one of exactly the limit, and one in an extra's tests, are not."""
+    limit = layers.MAX_FUNCTION_LINES
+    assert layers.long_functions() == []
+
+    def function(name: str, lines: int, indent: str = "") -> str:
+        body = [f'{indent}    """Says what it does."""', f"{indent}    # why"]
+        body += [f"{indent}    x = {i}" for i in range(lines - 1 - len(body))]
+        return "\n".join([f"{indent}def {name}() -> None:", *body]) + "\n"
+
+    copy = _copy_of_package(tmp_path)
+    _append(
+        copy / "views" / "render.py", "\n\n" + function("too_long", limit + 1) + "\n\n" + function("at_limit", limit)
+    )
+    _append(copy / "sched" / "plan.py", "\n\nclass Long:\n" + function("method", limit + 1, "    "))
+    _append(copy / "model" / "units.py", "\n\ndef outer() -> None:\n" + function("inner", limit + 5, "    "))
+    (copy / "extras" / "one" / "tests").mkdir(parents=True)
+    (copy / "extras" / "one" / "__init__.py").write_text(function("register", limit + 1))
+    (copy / "extras" / "one" / "tests" / "test_one.py").write_text(function("test_long", limit + 1))
+    found = layers.long_functions(copy)
+    named = [re.fullmatch(r"(\S+): (\S+) \(line \d+\) is (\d+) lines long: .*", line) for line in found]
+    assert [m.groups() if m else line for m, line in zip(named, found)] == [
+        ("gpuq.extras.one", "register", str(limit + 1)),
+        ("gpuq.model.units", "outer", str(limit + 6)),
+        ("gpuq.model.units", "outer.inner", str(limit + 5)),
+        ("gpuq.sched.plan", "Long.method", str(limit + 1)),
+        ("gpuq.views.render", "too_long", str(limit + 1)),
+    ]
+    assert found[0] == (
+        f"gpuq.extras.one: register (line 1) is {limit + 1} lines long: split it along its concerns (at most {limit})"
+    )
+    assert set(found) <= set(layers.problems(copy))
 
 
 def test_loosening_allowed_against_the_layers_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
