@@ -12,7 +12,15 @@ from test_plan import gpu, host
 from test_plan_scheduling import CFG, job, run
 
 from conftest import wait_until
-from gpuq.sched.estimate import expected_starts
+from gpuq.sched.estimate import (
+    AFTER_DEPENDENCIES,
+    LATER,
+    NOT_ESTIMATED,
+    UNKNOWN,
+    WHEN_IDLE,
+    expected_starts,
+    replay_starts,
+)
 
 
 def test_each_job_is_expected_when_the_limits_ahead_of_it_run_out():
@@ -24,6 +32,27 @@ def test_each_job_is_expected_when_the_limits_ahead_of_it_run_out():
         job("j4", mem_gib=None, queued_at=4, limit_s=100),
     ]
     assert expected_starts(pending, [host("h", gpu(0))], busy, CFG, now=10) == {"j1": 1000, "j2": 1300, "j3": 1600}
+
+
+def test_a_job_without_an_estimate_says_why():
+    """START BY used to show "-" for all of these alike (a review: ambiguous)."""
+    busy = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=1000)]
+    pending = [
+        job("open", mem_gib=None, queued_at=1),  # no limit: nothing behind it can be estimated
+        job("behind", mem_gib=None, queued_at=2, limit_s=100),
+        job("dep", mem_gib=None, queued_at=3, limit_s=100),
+        job("lo", mem_gib=None, queued_at=4, priority="low"),
+    ]
+    got = replay_starts(pending, [host("h", gpu(0))], busy, CFG, now=10, blocked={"dep": "waits for open"})
+    assert got.starts == {"open": 1000}
+    assert got.why_none == {"behind": UNKNOWN, "dep": AFTER_DEPENDENCIES, "lo": WHEN_IDLE}
+    months = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=200 * 86400)]
+    far = replay_starts([job("far", mem_gib=None, limit_s=60)], [host("h", gpu(0))], months, CFG, now=10)
+    assert (far.starts, far.why_none) == ({}, {"far": LATER})
+    crowd = [run(f"r{i}", gpus=(0,), mem_gib=1, started_at=0, limit_s=10 + i) for i in range(300)]
+    many = [job(f"w{i}", mem_gib=79, queued_at=i, limit_s=1) for i in range(2)]
+    steps = replay_starts(many, [host("h", gpu(0))], crowd, CFG, now=0)  # over MAX_STEPS moments to replay
+    assert steps.why_none == {"w0": NOT_ESTIMATED, "w1": NOT_ESTIMATED}, steps
 
 
 def test_a_job_that_fits_now_is_expected_now_and_a_backfill_before_the_head():
@@ -46,12 +75,16 @@ def test_status_shows_when_a_waiting_job_will_start_at_the_latest(queue):
     )
     assert abs(rows["next"]["expected_start"] - (started + 3600)) < 5, rows["next"]
     assert abs(rows["open"]["expected_start"] - (started + 3600 + 600)) < 5, rows["open"]
-    assert rows["after"]["expected_start"] is None
+    assert rows["after"]["expected_start"] is None and rows["after"]["no_estimate"] == "unknown"
     text = queue.gpuq("status").stdout
     line = next(line for line in text.splitlines() if " next " in f" {line} ")
     due = math.ceil((started + 3600) / 60) * 60  # a latest start: rounded up to the minute
     assert time.strftime("%H:%M", time.localtime(due)) in line, text
     assert "START BY" in text
+    after = next(line for line in text.splitlines() if " after " in f" {line} ")
+    assert " unknown " in after, text  # why it has none, where "-" said nothing
+    shown_after = queue.gpuq("show", "after").stdout
+    assert re.search(r"expected_start: +unknown: a job it waits behind has no time limit", shown_after), shown_after
     shown = queue.gpuq("show", "next").stdout
     assert re.search(r"expected_start: +by " + time.strftime("%Y-%m-%d %H:%M", time.localtime(due)), shown), shown
 

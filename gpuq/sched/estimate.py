@@ -9,7 +9,7 @@ estimate.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from gpuq.model.booking import Booking
@@ -43,6 +43,23 @@ def learned_runs(
     return guesses, adjusted
 
 
+# Why a pending job has no expected start (`status --json`: `no_estimate`; START BY shows the word).
+UNKNOWN = "unknown"  # it waits behind a job without a time limit (or a GPU no gpuq job holds)
+LATER = "later"  # not within HORIZON_S: more than 90 days ahead
+AFTER_DEPENDENCIES = "after deps"  # it may not start before other jobs end (its dependencies)
+WHEN_IDLE = "when idle"  # opportunistic: it starts on GPUs ordinary work leaves idle
+NOT_ESTIMATED = "-"  # beyond the rows estimated, or more moments ahead than MAX_STEPS
+
+
+@dataclass
+class Estimate:
+    """The replay's answer: when each job it started is expected to start, and why the rest
+    have no estimate."""
+
+    starts: dict[str, float] = field(default_factory=dict)
+    why_none: dict[str, str] = field(default_factory=dict)
+
+
 def expected_starts(
     pending: Sequence[PendingJob],
     hosts: Sequence[HostView],
@@ -56,14 +73,40 @@ def expected_starts(
 ) -> dict[str, float]:
     """Job id -> the latest moment it is expected to start, for the jobs the replay starts.
     `estimates`: how long jobs without a time limit are expected to run (learned_runs)."""
-    estimates = estimates or {}
-    # Opportunistic jobs yield to ordinary work; a replay of them would say little.
-    waiting = [j for j in pending if not j.opportunistic and j.id not in (blocked or {})]
+    return replay_starts(pending, hosts, running, config, now, usage, blocked, bookings, estimates).starts
+
+
+def replay_starts(
+    pending: Sequence[PendingJob],
+    hosts: Sequence[HostView],
+    running: Sequence[RunningJob],
+    config: Config,
+    now: float,
+    usage: Mapping[str, float] | None = None,
+    blocked: Mapping[str, str] | None = None,
+    bookings: Sequence[Booking] = (),
+    estimates: Mapping[str, float] | None = None,
+) -> Estimate:
+    """As expected_starts, with the reason each job it does not start has no estimate."""
+    estimates, blocked = estimates or {}, blocked or {}
+    result = Estimate()
+    waiting = []
+    for j in pending:
+        if j.opportunistic:  # it yields to ordinary work: a replay of it would say little
+            result.why_none[j.id] = WHEN_IDLE
+        elif j.id in blocked:
+            result.why_none[j.id] = AFTER_DEPENDENCIES
+        else:
+            waiting.append(j)
     active = [r for r in running if not r.preemptible]
-    starts: dict[str, float] = {}
+    starts = result.starts
     t = now
+    left = NOT_ESTIMATED  # what the jobs still waiting when the replay stops are told
     for _ in range(MAX_STEPS):
-        if not waiting or t > now + HORIZON_S:
+        if not waiting:
+            break
+        if t > now + HORIZON_S:
+            left = LATER
             break
         decided = plan(
             waiting, hosts, active, config, t, explain=False, bookings=bookings, usage=usage, estimates=estimates
@@ -92,7 +135,9 @@ def expected_starts(
         # The next moment anything changes: a running job's limit, a booking's start or end.
         ends = [r.ends_by for r in active if r.ends_by > t] + [e for b in bookings for e in (b.start, b.end) if e > t]
         if not ends or min(ends) == float("inf"):
-            break  # nothing known ends: the rest has no estimate
+            left = UNKNOWN  # nothing known ends: the rest has no estimate
+            break
         t = min(ends)
         active = [r for r in active if r.ends_by > t]
-    return starts
+    result.why_none.update((j.id, left) for j in waiting)
+    return result

@@ -17,6 +17,7 @@ from gpuq.model.spec import command_text
 from gpuq.model.text import safe_tree
 from gpuq.model.units import format_duration, format_mib
 from gpuq.model.windows import moment
+from gpuq.sched.estimate import AFTER_DEPENDENCIES, LATER, NOT_ESTIMATED, UNKNOWN, WHEN_IDLE
 from gpuq.sched.fairshare import rank_score
 from gpuq.views.preview import preview_lines
 
@@ -42,11 +43,12 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
 
 
-def start_by(expected: Any, now: float) -> str:
+def start_by(expected: Any, now: float, why_none: Any = None) -> str:
     """A pending job's expected start (sched/estimate.py) in a few characters: "now", a time
-    today, a day and a time later; "-" for no estimate (a job ahead has no time limit)."""
+    today, a day and a time later; without one, why in a word or two ("unknown": a job ahead
+    has no time limit; "after deps", "when idle", "later": over 90 days; "-": not estimated)."""
     if not isinstance(expected, (int, float)) or isinstance(expected, bool):
-        return "-"
+        return why_none if isinstance(why_none, str) and why_none else "-"
     if expected <= now + 1:
         return "now"
     return moment(expected, now)
@@ -175,7 +177,7 @@ def _pending_section(view: dict[str, Any], show_all: bool) -> list[str]:
                 format_mib(p["gpu_mem_mib"]) if p["gpu_mem_mib"] else ("whole" if p["gpus"] else "-"),
                 str(p["priority"]),
                 format_duration(p["waiting_s"]),
-                start_by(p.get("expected_start"), view["now"]),
+                start_by(p.get("expected_start"), view["now"], p.get("no_estimate")),
                 p["reason"],
             ]
         )
@@ -382,6 +384,7 @@ SHOW_ORDER = (
     "position",
     "reason",
     "expected_start",
+    "no_estimate",
     "error",
     "exit_code",
     "signal",
@@ -402,6 +405,16 @@ SHOW_ORDER = (
 )
 
 
+# Why a pending job has no expected start (sched/estimate.py's words), for `gpuq show`.
+NO_ESTIMATE_SAYS = {
+    UNKNOWN: "unknown: a job it waits behind has no time limit (nor past runs of its kind to learn one from)",
+    LATER: "more than 90 days ahead, if the jobs ahead keep to their time limits",
+    AFTER_DEPENDENCIES: "after its dependencies have ended",
+    WHEN_IDLE: "when GPUs sit idle (an opportunistic job starts where ordinary work leaves room)",
+    NOT_ESTIMATED: "not estimated (only the first pending jobs are)",
+}
+
+
 def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
     job = safe_tree(job)
     lines = []
@@ -413,6 +426,8 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
         if key == "expected_start" and isinstance(value, (int, float)):
             due = stamp(math.ceil(value / 60) * 60, "%Y-%m-%d %H:%M")  # rounded up: it is a latest start
             value = f"by {due} at the latest, if the jobs ahead keep to their time limits"
+        elif key == "no_estimate":
+            label, value = "expected_start", NO_ESTIMATE_SAYS.get(str(value), str(value))
         elif key.endswith("_at") and isinstance(value, (int, float)):
             value = stamp(value)
         elif key.endswith("_mib"):

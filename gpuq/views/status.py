@@ -18,7 +18,7 @@ from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob
 from gpuq.model.record import Record
 from gpuq.model.spec import command_text
 from gpuq.model.states import FINAL_STATES
-from gpuq.sched.estimate import expected_starts, learned_runs
+from gpuq.sched.estimate import NOT_ESTIMATED, Estimate, learned_runs, replay_starts
 from gpuq.sched.fairshare import effective_usage, gpu_use_by_user, shares
 from gpuq.sched.placement import build_slots, usable_mib
 from gpuq.sched.plan import plan
@@ -164,7 +164,7 @@ class _Queue(NamedTuple):
     bookings: list[Booking]
     usage: dict[str, float]  # each user's decayed usage; empty without fair share
     decided: Plan
-    expected: dict[str, float]  # job id -> expected start, for the jobs the replay starts
+    expected: Estimate  # when the rows shown are expected to start, or why not
 
 
 def _plan_queue(
@@ -197,7 +197,7 @@ def _plan_queue(
     # Expected starts for the rows shown and the jobs ahead of them (those behind could only
     # backfill, which never delays the head): a bounded replay, not one of 10,000 jobs.
     ahead = [by_id[i] for i in decided.order[: max(ESTIMATED_ROWS, pending_rows or 0)]]
-    expected = expected_starts(ahead, team.hosts, planned_running, config, now, usage, blocked, booked, estimates)
+    expected = replay_starts(ahead, team.hosts, planned_running, config, now, usage, blocked, booked, estimates)
     return _Queue(pending, problems, booked, usage, decided, expected)
 
 
@@ -211,7 +211,7 @@ def _pending_part(
     pending = queue.pending
     return {
         "pending": [
-            _pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now, queue.expected.get(i))
+            _pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now, queue.expected)
             for pos, i in enumerate(decided.order[:pending_rows], 1)
         ],
         "pending_total": len(decided.order),
@@ -439,8 +439,9 @@ def narrowed(view: dict[str, Any], user: str | None = None, state: str | None = 
     return out
 
 
-def _pending(job: PendingJob, position: int, reason: str, now: float, expected: float | None) -> dict[str, Any]:
+def _pending(job: PendingJob, position: int, reason: str, now: float, expected: Estimate) -> dict[str, Any]:
     s = job.spec
+    start = expected.starts.get(job.id)
     return {
         "id": job.id,
         "user": job.user,
@@ -450,7 +451,9 @@ def _pending(job: PendingJob, position: int, reason: str, now: float, expected: 
         "priority": s.priority_class if not s.priority else s.priority,
         "waiting_s": round(now - job.queued_at, 1),
         "reason": reason,
-        "expected_start": expected,  # by then at the latest, if the jobs ahead keep to their limits
+        "expected_start": start,  # by then at the latest, if the jobs ahead keep to their limits
+        # Without one, why (sched/estimate.py): "unknown", "later", "after deps", "when idle", "-".
+        "no_estimate": None if start is not None else expected.why_none.get(job.id, NOT_ESTIMATED),
         "command": s.command_text(),
     }
 
