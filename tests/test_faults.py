@@ -631,22 +631,6 @@ def test_each_job_runs_exactly_once_while_workers_are_killed_and_restarted(queue
     _assert_each_ran_once(queue, ids)
 
 
-@pytest.mark.slow
-def test_temp_files_of_killed_writers_are_swept_after_an_hour_and_users_files_never(queue):
-    running, jobs = queue.root / "state" / "running", queue.root / "jobs"
-    running.mkdir(parents=True)
-    old, fresh = running / ".x.json.1.ab.tmp", running / ".y.json.1.ab.tmp"
-    mine, users = jobs / ".submit-1-ab.tmp", jobs / ".notes.tmp"
-    for path in (old, fresh, mine, users):
-        path.write_text("half")
-    hour_ago = time.time() - 3700
-    for path in (old, mine, users):
-        os.utime(path, (hour_ago, hour_ago))
-    queue.start_worker("a", "1x80GiB")
-    wait_until(lambda: not old.exists() and not mine.exists(), what="the sweep")
-    assert fresh.exists() and users.exists()
-
-
 def _alive(proc: subprocess.Popen) -> bool:
     return proc.poll() is None
 

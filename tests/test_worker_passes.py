@@ -230,13 +230,14 @@ def test_a_job_another_box_claims_while_this_one_waits_for_the_queue_lock_is_not
 def test_temp_files_of_writers_killed_mid_write_are_swept_wherever_gpuq_writes(tmp_path):
     """An hour old, a dot temp file's writer is long gone: every directory gpuq's own writers
     write is swept (held/, groups/, places/, bookings/, a host's stop orders were not), and in
-    jobs/ only `gpuq submit`'s; a recent one, and a member's own dot file, stay."""
+    jobs/ only `gpuq submit`'s; a recent one, and a member's own dot file, stay. (The sweep is
+    the worker's first pass's, as with a real worker: a pass's steps are the same.)"""
     box = PassWorker(tmp_path / "root", "a", "1x16GiB")
     state = box.layout.state
     (state / "control" / "b").mkdir(parents=True)
     old = [
         state / d / ".x.123.abcd.tmp"
-        for d in ("held", "groups", "places", "bookings", "claims", "finished", "requests", "control/b")
+        for d in ("held", "groups", "places", "bookings", "claims", "running", "finished", "requests", "control/b")
     ] + [state / ".doctor-1.tmp", box.layout.jobs / ".submit-1-ab.tmp"]
     kept = [state / "held" / ".y.9.ef.tmp", box.layout.jobs / ".draft.tmp"]
     hour_ago = box.clock.wall() - 3700
