@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator, TypeGuard
 
 from gpuq.host import wire
+from gpuq.host.files import atomic_write
 from gpuq.host.hostinfo import process_start_ticks, read_owned
 from gpuq.model.markers import OVER, Marker, parse_marker
 from gpuq.model.record import Record
@@ -114,6 +115,10 @@ class Runtime:
 
 
 MAX_LOCAL_FILE = 1 << 20  # a marker, a lease or a stop reason is a few hundred bytes
+# The box's own files (a lease, a stop order, a container's pid): its account's alone, and
+# written whole over whatever is there (a link or someone else's file is replaced, never
+# written through); local and meaningful for this boot only, so never synced.
+LOCAL_MODE = 0o600
 
 
 def read_own(path: Path) -> bytes | None:
@@ -121,23 +126,6 @@ def read_own(path: Path) -> bytes | None:
     the worker and its supervisors write them; None otherwise (missing, a link, a FIFO, a
     device, someone else's): never trusted to name a pid to signal or a result to record."""
     return read_owned(path, {os.geteuid()}, MAX_LOCAL_FILE)
-
-
-def replace_own(path: Path, data: bytes) -> None:
-    """Write `path` whole: a fresh temp file beside it (O_CREAT|O_EXCL|O_NOFOLLOW, 0600),
-    renamed over it, so a link or someone else's file found there is replaced, never written
-    through."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.unlink(missing_ok=True)  # left by a killed writer that had our pid (never followed)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-    except OSError:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    os.rename(tmp, path)
 
 
 def open_lease(rt: Runtime, write: bool = False) -> int:
@@ -160,7 +148,7 @@ def write_lease(rt: Runtime, now_mono: float) -> None:
     except OSError as e:
         if e.errno not in (errno.ELOOP, errno.EPERM):
             raise
-        replace_own(rt.lease_path, b"")
+        atomic_write(rt.lease_path, b"", LOCAL_MODE, durable=False)
         fd = open_lease(rt, write=True)
     try:
         wire.write_lease(fd, now_mono)
@@ -297,7 +285,7 @@ def supervisor_pid(rt: Runtime, record: Record) -> int | None:
 def write_container_pid(rt: Runtime, record: Record, pid: int) -> None:
     data = {"claim": record.claim, "pid": pid, "ticks": process_start_ticks(pid)}
     try:
-        replace_own(rt.container_path(record.id), json.dumps(data).encode())
+        atomic_write(rt.container_path(record.id), json.dumps(data).encode(), LOCAL_MODE, durable=False)
     except OSError:
         pass  # its GPU memory counts as someone else's meanwhile: stricter, never overcommitted
 
@@ -340,7 +328,7 @@ def request_stop(rt: Runtime, record: Record, stop: Stop) -> bool:
     pid = supervisor_pid(rt, record)
     if pid is None:
         return False
-    replace_own(rt.stop_path(record.id), stop.encode())
+    atomic_write(rt.stop_path(record.id), stop.encode(), LOCAL_MODE, durable=False)
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -27,8 +27,8 @@ from gpuq.spool.store import (
     forget_place,
     found_job,
     pending_specs,
+    put_back,
     read_record,
-    unclaim,
 )
 
 STARTING_WAIT_S = 2.0
@@ -58,7 +58,7 @@ def cancel_pending(
         set_aside_directory(aside, layout.jobs, "spec")
         return False, not_a_job
     if actor is not None and not actor.may_act_on(st.st_uid):
-        _put_back(layout, aside, spec_path, job_id)
+        put_back(layout, aside, spec_path, job_id)
         return False, refusal(job_id, st.st_uid)
     try:  # opened as the worker would: no links followed, a FIFO never blocks
         raw, st = read_spec_file(aside, display)
@@ -75,19 +75,12 @@ def cancel_pending(
         change = StateChange(layout, found, State.CANCELLED, host, ended_at=wall_time(), reason=reason)
         change.write()  # its held record, if any, goes with it
     except (OSError, TransitionError):
-        _put_back(layout, aside, spec_path, job_id)
+        put_back(layout, aside, spec_path, job_id)
         raise
     os.unlink(aside)
     forget_place(layout, job_id)  # a retry queues anew
     change.log()
     return True, ""
-
-
-def _put_back(layout: Layout, aside: Path, spec_path: Path, job_id: str) -> None:
-    """Back where it was; if a new file took its name meanwhile, to rejected/ with the reason
-    (never under another id, where someone else's job could take its place)."""
-    if not unclaim(aside, spec_path):
-        os.rename(aside, layout.rejected / f"{job_id}.{secrets.token_hex(4)}{spec_path.suffix}")
 
 
 def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bool, str]:

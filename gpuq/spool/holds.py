@@ -46,6 +46,7 @@ from gpuq.spool.store import (
     move_new,
     pending_spec_path,
     pending_specs,
+    put_back,
     read_record,
     unclaim,
 )
@@ -118,7 +119,7 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
         raise HoldError(f"{job_id}: a worker started it a moment ago; it is running") from None
     st = os.lstat(dest)  # the moved file, in a directory only the worker's account writes
     if not actor.may_act_on(st.st_uid):  # its owner replaced it between the look and the move
-        _put_back(layout, dest, spec_path, job_id)
+        put_back(layout, dest, spec_path, job_id)
         raise HoldError(refusal(job_id, st.st_uid))
     found = found_job(layout, job_id, spec_path, st.st_uid, user_name(st.st_uid))
     try:
@@ -127,17 +128,10 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
         )
         change.write()
     except (OSError, TransitionError):
-        _put_back(layout, dest, spec_path, job_id)
+        put_back(layout, dest, spec_path, job_id)
         raise
     change.log()
     return f"{job_id}: held (gpuq release {job_id} puts it back at its place)"
-
-
-def _put_back(layout: Layout, moved: Path, spec_path: Path, job_id: str) -> None:
-    """Back into jobs/; if a new file took its name meanwhile, to rejected/ (never lost, never
-    under another id)."""
-    if not unclaim(moved, spec_path):
-        os.rename(moved, layout.rejected / f"{job_id}.{os.urandom(4).hex()}{spec_path.suffix}")
 
 
 def submit_held(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes) -> str:

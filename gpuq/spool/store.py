@@ -379,6 +379,14 @@ def unclaim(claimed: Path, dest: Path) -> bool:
     return True
 
 
+def put_back(layout: Layout, moved: Path, spec_path: Path, job_id: str) -> None:
+    """A spec taken out of jobs/ (a cancel or a hold that could not go on), back where it was;
+    if a new file took its name meanwhile, to rejected/ (never lost, and never under another
+    id, where someone else's job could take its place)."""
+    if not unclaim(moved, spec_path):
+        os.rename(moved, layout.rejected / f"{job_id}.{os.urandom(4).hex()}{spec_path.suffix}")
+
+
 def claims_of(layout: Layout, job_id: str) -> list[Path]:
     return sorted(layout.claims.glob(f"{job_id}@*"))
 
