@@ -61,6 +61,24 @@ def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
     assert [r.attempt for r in listing.read(time.time())] == [12]
 
 
+def test_a_record_that_lands_in_the_clock_tick_of_a_listing_is_read_later(tmp_path):
+    """running/'s mtime has a clock tick's resolution: a record renamed in during the tick of a
+    listing leaves the mtime as it was. A listing taken while the mtime was that recent must not
+    stand once it has aged (a later pass skipped the new record, for good)."""
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.listing import RunningListing
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    listing = RunningListing(layout, "a", lambda key, message: None)
+    tick = os.stat(layout.running).st_mtime_ns
+    assert listing.read(tick / 1e9 + 0.5) == []  # listed within the tick's racy window
+    record = {"id": "j", "state": "running", "spec": {}, "host": "a", "attempt": 1, "uid": 0}
+    (layout.running / "j.json").write_text(json.dumps(record))
+    os.utime(layout.running, ns=(tick, tick))  # the same tick: the directory's mtime did not move
+    assert [r.id for r in listing.read(tick / 1e9 + 5)] == ["j"]
+
+
 def test_a_record_gone_between_listing_and_reading_is_not_reported(tmp_path, monkeypatch):
     """A job that ends while a pass lists running/ is not a bad file: the worker logged
     "state/running/j.json skipped: No such file or directory" for a healthy job."""

@@ -26,7 +26,9 @@ _Key = tuple[str, int, int, int]  # name, inode, mtime_ns, size
 class RunningListing:
     def __init__(self, layout: Layout, host: str, report: Callable[[str, str], None]) -> None:
         self.layout, self.host, self.report = layout, host, report
-        self.listed: int | None = None  # running/'s mtime when it was last listed
+        # running/'s mtime when it was last listed, if it was old enough then that a change in
+        # the same clock tick would have moved it (else None: the next read lists again).
+        self.listed: int | None = None
         self.own: list[Record] = []  # this box's records in that listing
         self.others: list[Record] = []  # every other box's
         self.cache: dict[_Key, Record] = {}
@@ -38,12 +40,15 @@ class RunningListing:
     def read(self, now_wall: float) -> list[Record]:
         """This box's running records (a new list: the caller may change it); `others` too."""
         listed = mtime_ns(self.layout.running)  # before the listing: a later record changes it
-        if listed is not None and listed == self.listed and now_wall - listed / 1e9 > RACY_MTIME_S:
+        if listed is not None and listed == self.listed:
             return list(self.own)
         own: list[Record] = []
         others: list[Record] = []
         cache: dict[_Key, Record] = {}
-        self.listed = listed
+        # Judged when listing, not when reusing: a record renamed in later within the same
+        # tick leaves the mtime as it is, and an old listing would then stand for good.
+        settled = listed is not None and now_wall - listed / 1e9 > RACY_MTIME_S
+        self.listed = listed if settled else None
         with os.scandir(self.layout.running) as it:
             for entry in it:
                 if not entry.name.endswith(".json"):
