@@ -1,22 +1,33 @@
 """An in-process worker driven pass by pass: the real Worker with its clock, spawner and
 container-runtime probe replaced, so that a test of what one pass decides starts no process
-and waits for nothing (the fast set). What needs processes (supervisors, crashes, signals,
-users) stays in the real-process tests."""
+and waits for nothing (the fast set). A `Team` runs several such boxes on one root and one
+clock until the queue is idle (as arq's burst worker does), ending their jobs as a tiny model
+of each says. What needs processes (supervisors, crashes, signals, users) stays in the
+real-process tests."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator, Sequence
+from unittest import mock
 
 from gpuq.host.clock import Clock
+from gpuq.host.files import atomic_write
 from gpuq.model.config import load
+from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record
 from gpuq.model.states import State
-from gpuq.run.joblocal import finish_local
+from gpuq.model.stops import Stop, StopCause
+from gpuq.run.joblocal import LOCAL_MODE, Runtime, finish_local
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, transition
+from gpuq.worker import loop
 from gpuq.worker.loop import Worker
 
 
@@ -36,6 +47,20 @@ class FakeClock(Clock):
     def advance(self, seconds: float) -> None:
         self.wall_s += seconds
         self.mono_s += seconds
+
+
+class ShiftedClock(Clock):
+    """Another box's clock: it moves with `base`, its wall clock `shift_s` apart (as
+    GPUQ_TEST_CLOCK_SHIFT_S does to a real worker)."""
+
+    def __init__(self, base: FakeClock, shift_s: float) -> None:
+        self.base, self.shift_s = base, shift_s
+
+    def wall(self) -> float:
+        return self.base.wall() + self.shift_s
+
+    def mono(self) -> float:
+        return self.base.mono()
 
 
 class RecordingSpawner:
@@ -66,9 +91,13 @@ class NoContainerRuntimes:
 
 
 class PassWorker:
-    """A queue root and one box's worker in this process."""
+    """A queue root and one box's worker in this process. Stop orders (preemptions, cancels,
+    limits) have no supervisor to signal: they are written where a supervisor reads them (the
+    job's stop file) and kept in `stops` for the test (or a `Team`) to end the job by."""
 
-    def __init__(self, root: Path, host: str = "a", fake_gpus: str = "2x24GiB", **config: object) -> None:
+    def __init__(
+        self, root: Path, host: str = "a", fake_gpus: str = "2x24GiB", clock: Clock | None = None, **config: object
+    ) -> None:
         self.root, self.host, self.fake_gpus = root, host, fake_gpus
         (root / "jobs").mkdir(parents=True, exist_ok=True)
         settings = {
@@ -81,17 +110,48 @@ class PassWorker:
         (root / "config.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in settings.items()))
         self.layout = Layout(root)
         self.layout.ensure()
-        self.clock = FakeClock()
+        self.clock = clock or FakeClock()
         self.spawner = RecordingSpawner()
-        config = load(self.layout.config_file)
+        self.stops: dict[str, tuple[Stop, float]] = {}  # job id -> the order, when given (mono)
         self.worker = Worker(
-            self.layout, config, host, fake_gpus, clock=self.clock, spawner=self.spawner, runtimes=NoContainerRuntimes()
+            self.layout,
+            load(self.layout.config_file),
+            host,
+            fake_gpus,
+            clock=self.clock,
+            spawner=self.spawner,
+            runtimes=NoContainerRuntimes(),
         )
         self.worker.begin()
 
     def run_pass(self, after_s: float = 0.0) -> None:
-        self.clock.advance(after_s)
-        self.worker.run_pass()
+        """One whole pass, as the real loop runs it (a step that raises is logged, not raised)."""
+        if after_s:
+            assert isinstance(self.clock, FakeClock), "a shifted clock moves with its base"
+            self.clock.advance(after_s)
+        with self.taking_stops():
+            self.worker.run_pass()
+
+    def run_steps(self, steps: Sequence[str]) -> None:
+        """Some of a pass's steps (Worker.STEPS), in order; one that raises fails the test."""
+        with self.taking_stops():
+            for step in steps:
+                getattr(self.worker, step)()
+
+    @contextmanager
+    def taking_stops(self) -> Iterator[None]:
+        """While the worker runs: its stop orders go to `_take_stop`, not to a supervisor."""
+        with mock.patch.object(loop, "request_stop", self._take_stop):
+            yield
+
+    def _take_stop(self, rt: Runtime, record: Record, stop: Stop) -> bool:
+        """joblocal.request_stop for a launched job: the order in its stop file, as a supervisor
+        reads it, and in `stops`. False (no supervisor found) for a job not running here."""
+        if record.id not in self.spawner.starting:
+            return False
+        atomic_write(rt.stop_path(record.id), stop.encode(), LOCAL_MODE, durable=False)
+        self.stops.setdefault(record.id, (stop, self.clock.mono()))
+        return True
 
     def drop(self, name: str, text: str) -> Path:
         path = self.root / "jobs" / name
@@ -99,19 +159,199 @@ class PassWorker:
         return path
 
     def finish(self, job_id: str, exit_code: int = 0) -> Record:
-        """The launched job ends as its supervisor would record it: the finished record (the
-        one `StateChange`), then its claim and local files go; the next pass sees it ended."""
+        """The launched job ends as its supervisor would record it (run/supervise.py,
+        _record_outcome): the finished record (the one `StateChange`), then its claim and
+        local files go; the next pass sees it ended. A job told to stop (`stops`) ends as
+        that stop says; a preempted one is not recorded: the PREEMPTED marker in its lock file
+        (model/markers.py) has the worker's next pass put the spec back at its old place
+        (recovery.settle_gone), as for a real supervisor's."""
+        running = self._running(job_id)
+        self.spawner.starting.discard(job_id)
+        told = self.stops.pop(job_id, None)
+        stop = told[0] if told is not None else None
+        if stop is not None and stop.cause is StopCause.PREEMPT:
+            marker = Marker(Phase.PREEMPTED, running.claim, why=f"{stop.reason}; exit {exit_code}")
+            atomic_write(
+                self.worker.rt.lock_path(job_id), json.dumps(marker.fields()).encode(), LOCAL_MODE, durable=False
+            )
+            return running
+        now = self.clock.wall()
+        final = (stop.cause.ends_as or State.CANCELLED) if stop else State.DONE if exit_code == 0 else State.FAILED
+        ended = transition(
+            self.layout,
+            running,
+            final,
+            self.host,
+            started_at=running.claimed_at or now,  # its supervisor starts it as soon as it is claimed
+            ended_at=now,
+            exit_code=exit_code,
+            reason=stop.reason if stop else None,
+            cause=stop.cause if stop else None,
+        )
+        finish_local(self.worker.rt, ended)
+        return ended
+
+    def _running(self, job_id: str) -> Record:
         running = read_record(self.layout.record(self.layout.running, job_id))
         assert running is not None and running.host == self.host, f"{job_id} does not run on {self.host}"
-        now = self.clock.wall()
-        state = State.DONE if exit_code == 0 else State.FAILED
-        ended = transition(self.layout, running, state, self.host, started_at=now, ended_at=now, exit_code=exit_code)
-        finish_local(self.worker.rt, ended)
-        self.spawner.starting.discard(job_id)
-        return ended
+        return running
 
     def launched(self) -> list[str]:
         return [r.id for r in self.spawner.launched]
 
     def heartbeat(self) -> dict:
         return json.loads((self.layout.state / "workers" / f"{self.host}.json").read_text())
+
+
+@dataclass(frozen=True)
+class Run:
+    """How one attempt of a job behaves in a `Team`: it ends by itself `seconds` after its
+    launch with `exit_code`, or `yield_s` after it is told to stop (0: a job that traps TERM
+    and exits; its grace: one that ignores TERM until its supervisor KILLs it)."""
+
+    seconds: float = 1.0
+    exit_code: int = 0
+    yield_s: float = 0.0
+
+
+FOREVER = Run(seconds=math.inf)  # runs until it is told to stop, and then goes at once
+
+
+@dataclass
+class _Attempt:
+    box: PassWorker
+    record: Record
+    run: Run
+    launched_mono: float
+
+
+class Team:
+    """Boxes of one queue root, each a `PassWorker` on one clock, with their jobs run by a tiny
+    model: `runs(record)` says how each launched attempt behaves (default: `Run()`). A step
+    moves the clock, ends the attempts whose time has come (by themselves, or having been told
+    to stop), then runs a pass of every box in the order they were added.
+
+    `overlap` (set it True): the boxes' passes overlap as those of boxes woken together do: every box reads
+    jobs/ and the team, then each plans and starts in turn (the queue lock orders that), then
+    each finishes its pass. Otherwise each box's pass runs whole before the next box's.
+
+    The shared disk's clock is the team's: a spec dropped through `drop` and a heartbeat a box
+    writes get its time as their mtime (places in the queue and liveness are judged by mtimes),
+    whatever a box's own clock says (`add(..., clock_shift_s=...)`)."""
+
+    def __init__(self, root: Path, runs: Callable[[Record], Run] | None = None, **config: object) -> None:
+        self.root, self.config = root, config
+        self.overlap = False
+        (root / "jobs").mkdir(parents=True, exist_ok=True)  # specs may wait there before any box starts
+        self.runs = runs or (lambda record: Run())
+        self.clock = FakeClock()
+        self.boxes: dict[str, PassWorker] = {}
+        self.dead: set[str] = set()
+        self.attempts: dict[tuple[str, str], _Attempt] = {}  # (job id, claim) -> the attempt, while it runs
+        self.noted: dict[str, int] = {}  # host -> how many of its box's launches have an attempt
+        self.idle: dict[str, bool] = {}  # each box's Worker.idle() after its last pass
+
+    def add(self, host: str, fake_gpus: str, clock_shift_s: float = 0.0) -> PassWorker:
+        """A box whose worker starts now (its first pass comes with the next step)."""
+        clock = ShiftedClock(self.clock, clock_shift_s) if clock_shift_s else self.clock
+        box = PassWorker(self.root, host, fake_gpus, clock=clock, **self.config)
+        self.boxes[host] = box
+        self.idle[host] = False
+        return box
+
+    def kill(self, host: str) -> None:
+        """The box's worker dies (SIGKILL): it runs no more passes, its heartbeat stays as last
+        written, and its jobs are no longer ended by the model (their supervisors are its)."""
+        self.dead.add(host)
+        self.idle.pop(host, None)
+
+    def drop(self, name: str, text: str) -> Path:
+        """A spec into jobs/, landed now on the team's clock (its place in the queue)."""
+        path = self.root / "jobs" / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text(text)
+        os.utime(tmp, (self.clock.wall(),) * 2)
+        os.rename(tmp, path)
+        return path
+
+    def step(self, step_s: float = 1.0) -> None:
+        """`step_s` later: the attempts due end, then every live box makes one pass."""
+        self.clock.advance(step_s)
+        self._end_due()
+        live = [box for host, box in self.boxes.items() if host not in self.dead]
+        steps = Worker.STEPS
+        if self.overlap:
+            split = steps.index("start_jobs")
+            phases: list[Sequence[str]] = [steps[:split], steps[split : split + 1], steps[split + 1 :]]
+        else:
+            phases = [steps]
+        for phase in phases:
+            for box in live:
+                beat = self._heartbeat_key(box)
+                box.run_steps(phase)
+                self._stamp_heartbeat(box, beat)
+                self._note_launches(box)
+        for box in live:
+            self.idle[box.host] = box.worker.idle()  # once a pass: it compares with the pass before
+
+    def end(self, job_id: str, exit_code: int = 0) -> Record:
+        """A running attempt ends now, whatever its `Run` said (a test's "go")."""
+        key, attempt = next((k, a) for k, a in self.attempts.items() if k[0] == job_id)
+        del self.attempts[key]
+        return attempt.box.finish(job_id, exit_code)
+
+    def run_until(self, done: Callable[[], object], max_passes: int = 100, step_s: float = 1.0) -> int:
+        """Steps until `done()` holds (checked after each); the number of passes it took."""
+        for passes in range(1, max_passes + 1):
+            self.step(step_s)
+            if done():
+                return passes
+        raise AssertionError(f"not done after {max_passes} passes of {step_s:g} s")
+
+    def run_until_idle(self, max_passes: int = 100, step_s: float = 1.0) -> int:
+        """Steps until every live box is idle (Worker.idle: nothing runs or starts there and
+        jobs/ stood still), as a worker started with --exit-when-idle would stop."""
+        return self.run_until(lambda: all(self.idle.values()), max_passes, step_s)
+
+    def finished(self, job_id: str) -> Record | None:
+        return read_record(self.root / "state" / "finished" / f"{job_id}.json")
+
+    def running(self) -> list[Record]:
+        return [r for p in sorted((self.root / "state" / "running").glob("*.json")) if (r := read_record(p))]
+
+    def events(self) -> list[dict]:
+        """Every box's events, in time order."""
+        paths = (self.root / "state" / "events").glob("*.jsonl")
+        return sorted((json.loads(line) for p in paths for line in p.read_text().splitlines()), key=lambda e: e["t"])
+
+    def _end_due(self) -> None:
+        """The attempts whose time has come end, as their supervisors would record them."""
+        now = self.clock.mono()
+        for key, attempt in list(self.attempts.items()):
+            if attempt.box.host in self.dead:
+                continue
+            told = attempt.box.stops.get(attempt.record.id)
+            due = attempt.launched_mono + attempt.run.seconds
+            if told is not None:
+                due = min(due, told[1] + attempt.run.yield_s)
+            if now >= due:
+                attempt.box.finish(attempt.record.id, attempt.run.exit_code)
+                del self.attempts[key]
+
+    def _note_launches(self, box: PassWorker) -> None:
+        for record in box.spawner.launched[self.noted.get(box.host, 0) :]:
+            self.noted[box.host] = self.noted.get(box.host, 0) + 1
+            self.attempts[(record.id, record.claim or "")] = _Attempt(box, record, self.runs(record), self.clock.mono())
+
+    def _heartbeat_key(self, box: PassWorker) -> tuple[int, int] | None:
+        try:
+            st = os.stat(box.layout.workers / f"{box.host}.json")
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns
+
+    def _stamp_heartbeat(self, box: PassWorker, before: tuple[int, int] | None) -> None:
+        """A heartbeat written in this step gets the team's time as its mtime: the shared disk's
+        clock, by which boxes not yet watched are judged live (teamstate.heartbeat_alive)."""
+        if self._heartbeat_key(box) != before:
+            os.utime(box.layout.workers / f"{box.host}.json", (self.clock.wall(),) * 2)

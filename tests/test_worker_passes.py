@@ -199,8 +199,7 @@ def test_many_sweeps_dropped_at_once_are_expanded_over_passes_and_never_run_unex
 def _pass_until_planning(box: PassWorker, after_s: float = 0.0) -> None:
     """The steps of a pass before its plan: it has read jobs/ and not yet taken the queue lock."""
     box.clock.advance(after_s)
-    for step in box.worker.STEPS[: box.worker.STEPS.index("start_jobs")]:
-        getattr(box.worker, step)()
+    box.run_steps(box.worker.STEPS[: box.worker.STEPS.index("start_jobs")])
 
 
 def test_a_job_another_box_claims_while_this_one_waits_for_the_queue_lock_is_not_planned_again(tmp_path):
@@ -216,14 +215,12 @@ def test_a_job_another_box_claims_while_this_one_waits_for_the_queue_lock_is_not
         a.run_pass(after_s=1)
         b.run_pass(after_s=1)
     assert b.launched() == ["lo"]
-    told: dict[str, str] = {}  # request_stop needs a supervisor: the test takes the order instead
-    b.worker._preempt = told.update  # type: ignore[method-assign]
     a.drop("real.yaml", "command: echo real\ngpus: 1\n")
     _pass_until_planning(b, after_s=1)  # b has read jobs/ with real in it ...
     a.run_pass()  # ... and a claims it meanwhile, onto its empty GPU
     assert a.launched() == ["real"]
-    b.worker.start_jobs()
-    assert told == {}  # not "lo: job real needs its GPU memory"
+    b.run_steps(["start_jobs"])
+    assert b.stops == {}  # not lo's "preempted: job real needs its GPU memory"
     assert b.launched() == ["lo"]
 
 
