@@ -1,0 +1,251 @@
+"""One plan for the team, through boxes run in this process until the queue is idle on a
+clock the test moves (tests/harness.py, `Team`): caps, spreading, preemption and
+reservations team-wide, with each job's run given by the test instead of a process. What
+needs processes (signals, a person's process on a GPU, wake-ups between boxes, users) stays
+in tests/test_one_plan.py and tests/test_scheduling_e2e.py."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from harness import FOREVER, Run, Team
+
+from gpuq.model.record import Record
+from gpuq.model.states import State
+
+# Runs until told to yield the first time, then takes its whole grace to go (it ignores TERM:
+# long enough for every box to see the job it yields for); run again, it ends at once.
+SLOW_TO_YIELD = Run(seconds=math.inf, yield_s=2)
+# Runs until told to yield the first time, and goes at once; run again, it ends at once.
+YIELDING = FOREVER
+
+
+def _lows(first: Run, others: Callable[[Record], Run] = lambda record: Run(seconds=0)) -> Callable[[Record], Run]:
+    """Low jobs (lo-*) run as `first` until they have yielded once, and end at once when run
+    again; every other job runs as `others` says."""
+    return lambda record: (
+        (first if record.attempt == 1 else Run(seconds=0)) if record.id.startswith("lo-") else others(record)
+    )
+
+
+def _finished(team: Team, job_id: str) -> Record:
+    record = team.finished(job_id)
+    assert record is not None, f"{job_id} has not finished"
+    return record
+
+
+def _overlap(records: list[Record]) -> int:
+    """The most of these jobs that ran at once, from their records."""
+    edges = sorted([(r.claimed_at or 0.0, 1) for r in records] + [(r.ended_at or 0.0, -1) for r in records])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def _team(root: Path, boxes: dict[str, str], runs: Callable[[Record], Run] | None = None, **config: object) -> Team:
+    """Boxes whose workers have made their first pass (each has published its heartbeat), as
+    the real-process tests start them before they drop specs."""
+    team = Team(root, runs, **config)
+    for host, gpus in boxes.items():
+        team.add(host, gpus)
+    team.step()
+    return team
+
+
+def test_a_user_cap_holds_across_boxes(tmp_path):
+    team = _team(tmp_path / "root", {"a": "2x16GiB", "b": "2x16GiB"}, max_gpus_per_user=2)
+    for i in range(6):
+        team.drop(f"cap{i}.yaml", "command: sleep 1\ngpus: 1\n")
+    team.run_until_idle()
+    records = [_finished(team, f"cap{i}") for i in range(6)]
+    assert all(r.state is State.DONE for r in records), [(r.id, r.state) for r in records]
+    assert _overlap(records) == 2  # not four: two per box was what each box alone allowed
+
+
+def test_small_jobs_on_an_idle_cluster_land_on_as_many_gpus(tmp_path):
+    team = _team(tmp_path / "root", {"a": "4x16GiB", "b": "4x16GiB"})
+    for i in range(4):
+        team.drop(f"small{i}.yaml", "command: sleep 1\ngpus: 1\ngpu_mem: 4GiB\n")
+    team.run_until_idle()
+    records = [_finished(team, f"small{i}") for i in range(4)]
+    assert len({(r.host, r.gpus[0]) for r in records}) == 4, [(r.host, r.gpus) for r in records]
+
+
+def test_boxes_started_together_do_not_stack_jobs_before_they_see_each_other(tmp_path):
+    """Cron starts every box in the same minute. The specs wait in jobs/; a's first pass
+    sees only its own four GPUs (b's heartbeat is not there yet). Before, it spread three and
+    put the fourth beside one of them (a review's idle two-box cluster); now it leaves the
+    fourth, and b, up a moment later, takes it onto an empty GPU."""
+    team = Team(tmp_path / "root", lambda record: Run(seconds=4))
+    for i in range(4):
+        team.drop(f"small{i}.yaml", "command: sleep 4\ngpus: 1\ngpu_mem: 4GiB\n")
+    team.add("a", "4x16GiB")
+    team.step(0.5)
+    team.add("b", "4x16GiB")
+    team.run_until_idle(step_s=0.5)
+    records = [_finished(team, f"small{i}") for i in range(4)]
+    assert len({(r.host, r.gpus[0]) for r in records}) == 4, [(r.host, r.gpus) for r in records]
+
+
+def test_jobs_that_declare_compute_shares_that_fit_share_one_gpu_of_an_idle_cluster(tmp_path):
+    """Two jobs of 40% of a GPU's compute each (`gpu_compute`) slow nobody on one GPU: they
+    share it, and the other GPUs stay whole; a job that declares no share still takes its own."""
+    team = _team(tmp_path / "root", {"a": "4x16GiB"}, lambda record: FOREVER)
+    until_go = "command: sleep 100\ngpus: 1\ngpu_mem: 4GiB\n"
+    team.drop("own.yaml", until_go)
+    team.run_until(lambda: [r for r in team.running() if r.id == "own"])
+    (own,) = team.running()
+    for i in range(2):
+        team.drop(f"part{i}.yaml", until_go + "gpu_compute: 40%\n")
+    team.run_until(lambda: len(team.running()) == 3)
+    parts = [r for r in team.running() if r.id.startswith("part")]
+    assert len({(r.host, r.gpus[0]) for r in parts}) == 1, [(r.host, r.gpus) for r in parts]
+    assert parts[0].gpus != own.gpus
+    for name in ("own", "part0", "part1"):  # go
+        team.end(name)
+    team.run_until_idle()
+    assert all(_finished(team, n).state is State.DONE for n in ("own", "part0", "part1"))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_one_pending_job_preempts_one_opportunistic_job_team_wide(tmp_path, overlap):
+    """Every box plans for the same pending job: only the box its plan places it on makes a
+    job yield, whether the boxes' passes follow each other or overlap (both read jobs/, then
+    plan in turn under the queue lock)."""
+    team = _team(tmp_path / "root", {"a": "1x80GiB", "b": "1x80GiB"}, _lows(SLOW_TO_YIELD), idle_after_s=0.2)
+    team.overlap = overlap
+    for name in ("lo-1", "lo-2"):
+        team.drop(f"{name}.yaml", "command: loop\ngpus: 1\ngpu_mem: 50GiB\npriority: low\ngrace: 2s\n")
+    team.run_until(lambda: {r.host for r in team.running()} == {"a", "b"}, step_s=0.5)
+    team.drop("real.yaml", "command: echo real\ngpus: 1\n")
+    team.run_until(lambda: team.finished("real"), step_s=0.5)
+    assert _finished(team, "real").state is State.DONE
+    team.run_until(lambda: [r for n in ("lo-1", "lo-2") if (r := team.finished(n))], step_s=0.5)
+    for _ in range(10):  # and no second job yields for it later
+        team.step(0.5)
+    again = [r for n in ("lo-1", "lo-2") if (r := team.finished(n))]
+    assert [r.attempt for r in again] == [2]
+    preempting = [e for e in team.events() if e.get("note") == "preempting" and e["reason"].startswith("job real")]
+    assert len(preempting) == 1, preempting  # each box used to preempt its own for the same job
+
+
+def test_ordinary_jobs_take_free_gpus_before_they_preempt_low_ones(tmp_path):
+    """A first day's review (D1): with three low jobs running and three GPUs free, ordinary
+    1-GPU jobs preempted low jobs (which restarted seconds later on the free GPUs). Low jobs
+    now take the box ordinary work goes to last: the ordinary jobs find free GPUs."""
+
+    def until_go(record: Record) -> Run:  # the probes end at once; the rest run until the test says go
+        return Run(seconds=0) if record.id.startswith("probe") else FOREVER
+
+    team = _team(tmp_path / "root", {"a": "2x16GiB", "b": "4x16GiB"}, until_go, idle_after_s=0.2)
+    for box in ("a", "b"):  # once a low job has run on each box, every box sees both idle
+        team.drop(f"probe-{box}.yaml", f"command: 'true'\ngpus: 1\npriority: low\nhosts: [{box}]\n")
+        team.run_until(partial(team.finished, f"probe-{box}"), step_s=0.5)
+    for i in range(3):
+        team.drop(f"lo{i}.yaml", "command: loop\ngpus: 1\npriority: low\n")
+    team.run_until(lambda: len(team.running()) == 3, step_s=0.5)
+    lows = team.running()
+    # The box with the most GPUs free of ordinary work.
+    assert {r.host for r in lows} == {"b"}, [(r.host, r.gpus) for r in lows]
+    for i in range(3):
+        team.drop(f"n{i}.yaml", "command: loop\ngpus: 1\n")
+    team.run_until(lambda: len(team.running()) == 6, step_s=0.5)
+    running = team.running()
+    assert len({(r.host, tuple(r.gpus)) for r in running}) == 6, [(r.id, r.host, r.gpus) for r in running]
+    for name in ("n0", "n1", "n2", "lo0", "lo1", "lo2"):  # go
+        team.end(name)
+    team.run_until_idle(step_s=0.5)
+    ends = [_finished(team, n) for n in ("n0", "n1", "n2", "lo0", "lo1", "lo2")]
+    preempting = [e for e in team.events() if e.get("note") == "preempting"]
+    assert not preempting, (preempting, [(r.host, r.gpus) for r in lows])
+    assert [r.attempt for r in ends] == [1] * 6
+
+
+def test_a_dead_box_whose_clock_runs_ahead_is_left_out_of_the_plan(tmp_path):
+    """Liveness is judged by when a heartbeat last changed, on the planner's own clock: a
+    dead box stamping its beats ten minutes ahead must not keep work placed on it."""
+    team = Team(tmp_path / "root", lost_after_s=300)
+    team.add("a", "2x80GiB")
+    team.add("b", "1x24GiB", clock_shift_s=600)  # the tighter fit: preferred
+    team.step()
+    team.kill("b")
+    for i in range(3):
+        team.drop(f"after{i}.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 20GiB\n")
+    # A minute: far less than the ten its heartbeat's own time would keep it live.
+    team.run_until(lambda: all(team.finished(f"after{i}") for i in range(3)), max_passes=60)
+    assert {_finished(team, f"after{i}").host for i in range(3)} == {"a"}
+
+
+def _ends_during_stream(
+    team: Team, small_spec: Callable[[int], str], every_s: float, name: str, spec: str, within_s: float
+) -> bool:
+    """Whether job `name`, dropped once a stream of small jobs flows (small-000, small-001, ...:
+    `small_spec(n)` is the n-th one's spec, one every `every_s` of the team's clock), finishes
+    within `within_s` while the stream goes on. The stream has stopped when this returns."""
+    step_s = 0.1  # passes well apart from each other within an arrival's interval
+    dropped = 0
+    start = team.clock.mono()
+
+    def flow_until(done: Callable[[], object], seconds: float) -> bool:
+        nonlocal dropped
+        for _ in range(round(seconds / step_s)):
+            while start + dropped * every_s <= team.clock.mono():
+                team.drop(f"small-{dropped:03d}.yaml", small_spec(dropped))
+                dropped += 1
+            team.step(step_s)
+            if done():
+                return True
+        return False
+
+    assert flow_until(lambda: team.finished("small-001"), 30), "the stream does not flow"
+    team.drop(f"{name}.yaml", spec)
+    return flow_until(lambda: team.finished(name), within_s)
+
+
+def _small_s(n: int) -> float:
+    """How long the n-th small job runs: 3-3.8 s. Their lengths differ so that two started
+    together seldom end together: a box wholly free at one pass would let the wide job in
+    without any reservation."""
+    return 3 + (n % 3) * 0.4
+
+
+def _small(n: int) -> str:
+    return f"command: sleep {_small_s(n):.1f}\ngpus: 1\ngpu_mem: 50GiB\ntime_limit: 20s\n"
+
+
+def _small_run(record: Record) -> Run:
+    """Small jobs run as long as their spec says (`_small`); any other job ends at once."""
+    return Run(seconds=_small_s(int(record.id[len("small-") :]))) if record.id.startswith("small-") else Run(0)
+
+
+@pytest.mark.parametrize("reservations", [True, False])
+def test_a_wide_job_is_not_starved_across_boxes_by_small_jobs_and_low_ones(tmp_path, reservations):
+    """Two boxes of two GPUs; low jobs soak up idle GPUs, small jobs keep arriving faster
+    than four GPUs end them (each with a time limit), and a job wants a whole box. With
+    reservations (on one box, team-wide, from when the small jobs' limits run out) it runs
+    while the stream goes on, the low jobs in its way yield, and each low job finishes once
+    the stream stops; without, it starves (the control that shows the test can fail)."""
+    team = _team(
+        tmp_path / "root",
+        {"a": "2x80GiB", "b": "2x80GiB"},
+        _lows(YIELDING, _small_run),
+        reserve_after_s=4,
+        reservations=reservations,
+        idle_after_s=0.2,
+    )
+    for name in ("lo-1", "lo-2"):
+        team.drop(f"{name}.yaml", "command: loop\ngpus: 1\ngpu_mem: 20GiB\npriority: low\ngrace: 2s\n")
+    team.run_until(lambda: len(team.running()) == 2, step_s=0.2)
+    wide = "command: echo wide\ngpus: 2\n"
+    assert _ends_during_stream(team, _small, 0.5, "wide", wide, within_s=25) is reservations
+    if reservations:
+        assert _finished(team, "wide").state is State.DONE
+    # The stream has stopped: the low jobs run again and end.
+    team.run_until(lambda: team.finished("lo-1") and team.finished("lo-2"), max_passes=600, step_s=0.2)
+    assert [_finished(team, n).state for n in ("lo-1", "lo-2")] == [State.DONE] * 2
