@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -231,35 +230,6 @@ def queue(tmp_path: Path):
     q = Queue(tmp_path / "root", tmp_path / "local")
     yield q
     q.close()
-
-
-def ends_during_stream(
-    queue: Queue, small_spec: Callable[[int], str], every_s: float, name: str, spec: str, within_s: float
-) -> bool:
-    """Whether job `name`, dropped once a stream of small jobs flows (small-000, small-001, ...:
-    `small_spec(n)` is the n-th one's spec, one every `every_s`), finishes within `within_s`
-    while the stream goes on. The stream has stopped when this returns."""
-    stop = threading.Event()
-
-    def stream() -> None:
-        n = 0
-        while not stop.is_set():
-            queue.drop(f"small-{n:03d}.yaml", small_spec(n))
-            n += 1
-            stop.wait(every_s)
-
-    thread = threading.Thread(target=stream, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: queue.finished("small-001"), timeout=30, what="the stream to flow")
-        queue.drop(f"{name}.yaml", spec)
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline and not queue.finished(name):
-            time.sleep(0.2)
-        return queue.finished(name) is not None
-    finally:
-        stop.set()
-        thread.join()
 
 
 def fake_job(seconds: float = 0.3, extra: str = "") -> str:

@@ -1,6 +1,7 @@
 """Scheduling through the real worker on fake GPUs: opportunistic jobs that yield to real
-work, to a person, and to the end of their window; and a big job that a stream of small
-ones cannot starve."""
+work (through a supervisor's TERM and KILL), to a person, and to the end of their window. A
+big job that a stream of small ones cannot starve is driven in this process on a clock the
+test moves (tests/test_team_passes.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import PY, REPO, ends_during_stream, wait_until
+from conftest import PY, REPO, wait_until
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -103,21 +104,3 @@ def test_the_end_of_the_idle_window_preempts_and_holds_opportunistic_work(queue)
     assert not _running(queue, "night") and queue.finished("night") is None
     requeued = [e for e in queue.events() if e["job"] == "night" and e.get("to") == "pending"]
     assert requeued[0]["reason"].startswith(f"preempted: idle window {window} closed")
-
-
-@pytest.mark.parametrize("reservations", [True, False])
-def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(queue, reservations):
-    """Two GPUs; small jobs (one GPU each, with a time limit) keep arriving faster than they
-    end; the big job needs both GPUs. With reservations it gets both from when the small
-    jobs' limits run out, and no small job whose own limit runs past that takes them: it
-    starts while the stream goes on; without, it starves (the control that shows this test
-    can fail)."""
-    queue.write_config(reserve_after_s=4, reservations=reservations)
-    queue.start_worker("a", "2x80GiB")
-    small = _spec("sleep 2", "50GiB", extra="time_limit: 10s\n")
-    big_done_during_stream = ends_during_stream(
-        queue, lambda n: small, 0.7, "big", "command: echo big\ngpus: 2\n", within_s=20
-    )
-    assert big_done_during_stream is reservations
-    if reservations:
-        assert queue.finished("big")["state"] == "done"

@@ -249,3 +249,20 @@ def test_a_wide_job_is_not_starved_across_boxes_by_small_jobs_and_low_ones(tmp_p
     # The stream has stopped: the low jobs run again and end.
     team.run_until(lambda: team.finished("lo-1") and team.finished("lo-2"), max_passes=600, step_s=0.2)
     assert [_finished(team, n).state for n in ("lo-1", "lo-2")] == [State.DONE] * 2
+
+
+@pytest.mark.parametrize("reservations", [True, False])
+def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(tmp_path, reservations):
+    """Two GPUs; small jobs (one GPU each, with a time limit) keep arriving faster than they
+    end; the big job needs both GPUs. With reservations it gets both from when the small
+    jobs' limits run out, and no small job whose own limit runs past that takes them: it
+    starts while the stream goes on; without, it starves (the control that shows this test
+    can fail)."""
+    team = _team(
+        tmp_path / "root", {"a": "2x80GiB"}, lambda record: Run(seconds=2), reserve_after_s=4, reservations=reservations
+    )
+    small = "command: sleep 2\ngpus: 1\ngpu_mem: 50GiB\ntime_limit: 10s\n"
+    big = "command: echo big\ngpus: 2\n"
+    assert _ends_during_stream(team, lambda n: small, 0.7, "big", big, within_s=20) is reservations
+    if reservations:
+        assert _finished(team, "big").state is State.DONE
