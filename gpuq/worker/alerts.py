@@ -15,7 +15,7 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import PendingJob
 from gpuq.model.record import Record
 from gpuq.model.units import format_duration, format_mib
-from gpuq.worker.metrics import SHORT_JOB_S
+from gpuq.worker.ended import SHORT_JOB_S
 
 log = logging.getLogger("gpuq.alerts")
 SHORT_JOBS_WINDOW_S = 600.0

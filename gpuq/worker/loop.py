@@ -76,7 +76,7 @@ from gpuq.spool.teamstate import (
 from gpuq.worker.alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from gpuq.worker.arrivals import Arrivals, PendingLimits
 from gpuq.worker.claiming import Claimer
-from gpuq.worker.metrics import FinishedCounter
+from gpuq.worker.ended import FinishedCounter
 from gpuq.worker.publishing import BoxState, Publisher
 from gpuq.worker.recovery import Recovery
 from gpuq.worker.starting import Launcher, Starter
@@ -245,7 +245,7 @@ class Worker:
         self.gpu_mem_watch = GpuMemWatch(config)
         self.alerts = AlertWatch(config, host)
         self.alerts_at = 0.0
-        self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (metrics)
+        self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (alerts, metrics)
         self.publisher = Publisher(layout, config, host, self.boot_id, self.rt, self.intake, self.finished)
         self.samples = SampleLog(
             layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1

@@ -19,7 +19,8 @@ from gpuq.model.record import Record
 from gpuq.run.joblocal import Runtime, write_lease
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
-from gpuq.worker.metrics import FinishedCounter, HostFigures
+from gpuq.worker.ended import FinishedCounter
+from gpuq.worker.metrics import HostFigures
 from gpuq.worker.metrics import render as render_metrics
 
 log = logging.getLogger("gpuq.worker")
