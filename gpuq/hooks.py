@@ -33,6 +33,19 @@ class Verb:
     handler: str
 
 
+@dataclass(frozen=True)
+class BoxPublisher:
+    """Something an extra writes each time a worker publishes its box's state (with its
+    heartbeat: at most once per poll interval), such as a metrics file.
+    `start` is "module:function" under gpuq, loaded when a worker starts (a CLI start never
+    imports it): called once with the worker's Layout, Config and host name, it gives the
+    function each publication calls with a `worker.publishing.Published` (that module has the
+    types: `StartPublisher`, `Publish`). `name` is how the worker's log calls it."""
+
+    name: str
+    start: str
+
+
 @dataclass
 class Registry:
     verbs: list[Verb] = field(default_factory=list)
@@ -43,6 +56,8 @@ class Registry:
     # Worker kinds by the config's `backend` ("local" is the core's own worker): "module:class"
     # under gpuq, a class taking what worker.loop.Worker takes, loaded when a worker starts.
     backends: dict[str, str] = field(default_factory=dict)
+    # What the extras write beside the heartbeat (worker/publishing.py), in the extras' order.
+    publishers: list[BoxPublisher] = field(default_factory=list)
 
 
 _registry: Registry | None = None
@@ -89,7 +104,11 @@ def _register(name: str, into: Registry) -> None:
         if not callable(register):
             raise TypeError("it has no register(registry) function")
         register(trial)
-        clash = {v.name for v in trial.verbs} & {v.name for v in into.verbs} | set(trial.backends) & set(into.backends)
+        clash = (
+            {v.name for v in trial.verbs} & {v.name for v in into.verbs}
+            | set(trial.backends) & set(into.backends)
+            | {p.name for p in trial.publishers} & {p.name for p in into.publishers}
+        )
         if clash:
             raise ValueError(f"another extra already gives {', '.join(sorted(clash))}")
     except (Exception, SystemExit) as e:  # someone else's code: whatever it raises, the core goes on
@@ -98,6 +117,7 @@ def _register(name: str, into: Registry) -> None:
     into.loaded.append(name)
     into.verbs += trial.verbs
     into.backends.update(trial.backends)
+    into.publishers += trial.publishers
 
 
 def fix(name: str) -> str:
@@ -106,6 +126,7 @@ def fix(name: str) -> str:
 
 
 def load(spec: str) -> Any:
-    """What a "module:name" under gpuq names (a backend's worker class), imported now."""
+    """What a "module:name" under gpuq names (a backend's worker class, a publisher's start),
+    imported now."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(f"gpuq.{module}"), name)

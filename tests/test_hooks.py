@@ -3,10 +3,12 @@ why and the fix, never taking the core down with it."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
 import pytest
+from harness import PassWorker
 
 import gpuq.extras
 from gpuq import hooks
@@ -18,6 +20,28 @@ from gpuq.hooks import Verb
 def register(registry):
     registry.verbs.append(Verb("hello", "say hello", lambda parser: None, "extras.good:run"))
     registry.backends["elsewhere"] = "extras.good:Worker"
+"""
+
+
+# Publishers (hooks.BoxPublisher): one that records what each publication hands it, one that
+# cannot start, one that fails each time it is called.
+PUBLISHERS = """
+from gpuq.hooks import BoxPublisher
+SEEN = []
+def start(layout, config, host):
+    def publish(published):
+        SEEN.append((host, published.mono, [r.id for r in published.state.running], published.finished.counts()))
+    return publish
+def start_broken(layout, config, host):
+    raise RuntimeError("no start")
+def start_failing(layout, config, host):
+    def publish(published):
+        raise OSError("disk full")
+    return publish
+def register(registry):
+    registry.publishers.append(BoxPublisher("seen", "extras.pub:start"))
+    registry.publishers.append(BoxPublisher("never", "extras.pub:start_broken"))
+    registry.publishers.append(BoxPublisher("failing", "extras.pub:start_failing"))
 """
 
 
@@ -82,3 +106,25 @@ def test_doctor_reports_a_broken_extra_and_a_backend_no_extra_gives(extras_in):
     assert "half installed" in findings[0].message and "delete the folder gpuq/extras/raises" in findings[0].fix
     assert "every worker refuses to start" in findings[1].message and "backend: local" in findings[1].fix
     assert [(f.level, f.message) for f in check_extras(Config())][:1] == [("warn", findings[0].message)]
+
+
+def test_an_extras_publisher_gets_each_publication_of_the_box_and_one_that_fails_stops_nothing(
+    extras_in, tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+):
+    extras_in("pub", PUBLISHERS)
+    extras_in("pub_copy", PUBLISHERS)  # the same publishers' names again: left out whole
+    assert "another extra already gives failing, never, seen" in hooks.registry().broken["pub_copy"]
+    caplog.set_level(logging.INFO, logger="gpuq.worker")
+    box = PassWorker(tmp_path_factory.mktemp("queue") / "root", fake_gpus="1x80GiB")
+    assert "publisher never (extras.pub:start_broken) could not start" in caplog.text and "no start" in caplog.text
+    seen = sys.modules["gpuq.extras.pub"].SEEN
+    box.drop("one.yaml", "command: 'true'\ngpus: 1\n")
+    box.run_pass()
+    box.run_pass()  # the clock stood still: the box does not publish again, nor do its publishers
+    assert [(host, running) for host, _, running, _ in seen] == [("a", ["one"])]
+    box.finish("one")
+    box.run_pass(after_s=1)
+    host, mono, running, finished = seen[-1]
+    assert len(seen) == 2 and mono == box.clock.mono() and running == [] and finished == {"done": 1}
+    assert caplog.text.count("the extras' publisher failing failed") == 2 and "disk full" in caplog.text
+    assert box.heartbeat()["host"] == "a"  # the failing publisher took nothing of the heartbeat

@@ -77,7 +77,7 @@ from gpuq.worker.alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from gpuq.worker.arrivals import Arrivals, PendingLimits
 from gpuq.worker.claiming import Claimer
 from gpuq.worker.ended import FinishedCounter
-from gpuq.worker.publishing import BoxState, Publisher
+from gpuq.worker.publishing import BoxState, Publisher, start_extras
 from gpuq.worker.recovery import Recovery
 from gpuq.worker.starting import Launcher, Starter
 
@@ -240,13 +240,14 @@ class Worker:
 
     def _wire_watches(self) -> None:
         """What this box watches and tells: GPU memory overuse, alerts, the jobs ended here,
-        its heartbeat and metrics, GPU samples."""
+        its heartbeat and metrics and what the extras publish with them, GPU samples."""
         layout, config, host = self.layout, self.config, self.host
         self.gpu_mem_watch = GpuMemWatch(config)
         self.alerts = AlertWatch(config, host)
         self.alerts_at = 0.0
         self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (alerts, metrics)
-        self.publisher = Publisher(layout, config, host, self.boot_id, self.rt, self.intake, self.finished)
+        extras = start_extras(layout, config, host)
+        self.publisher = Publisher(layout, config, host, self.boot_id, self.rt, self.intake, self.finished, extras)
         self.samples = SampleLog(
             layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
         )

@@ -1,7 +1,8 @@
 """What a box tells the others: its heartbeat (state/workers/<host>.json, the snapshot every
 box plans with: spool/teamstate.py), the lease its own supervisors watch, the shared spec
-cache and its Prometheus metrics. The worker gathers a `BoxState` in its pass; this module
-only decides when each is due and writes it.
+cache, its Prometheus metrics, and what the extras write beside them (hooks.BoxPublisher).
+The worker gathers a `BoxState` in its pass; this module only decides when each of its own
+files is due and writes it, and hands each publication to the extras'.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Protocol
 
-from gpuq import __version__
+from gpuq import __version__, hooks
 from gpuq.host.files import atomic_write, write_json
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
@@ -46,6 +48,46 @@ class BoxState:
     mps: dict | None  # None unless gpu_sharing is mps
 
 
+@dataclass(frozen=True)
+class Published:
+    """One publication of a box's state, as the extras' publishers get it. `intake` and
+    `finished` are the worker's own, handed over unread: a publisher asks them only when it
+    writes (the count reads the event log on the shared disk, the pending jobs are thousands)."""
+
+    host: str
+    state: BoxState
+    mono: float  # when, on the worker's clocks
+    wall: float
+    intake: Intake  # the pending jobs as this worker read them
+    finished: FinishedCounter  # the jobs that ended here since the worker started
+
+
+Publish = Callable[[Published], None]
+
+
+class StartPublisher(Protocol):
+    """What a hooks.BoxPublisher's `start` names: called once as a worker starts."""
+
+    def __call__(self, layout: Layout, config: Config, host: str) -> Publish: ...
+
+
+def start_extras(layout: Layout, config: Config, host: str) -> list[tuple[str, Publish]]:
+    """The extras' publishers, started for this worker. One that fails to start is logged and
+    left out (someone else's code must not stop the worker)."""
+    started = []
+    for publisher in hooks.registry().publishers:
+        try:
+            start: StartPublisher = hooks.load(publisher.start)
+            started.append((publisher.name, start(layout, config, host)))
+        except Exception:
+            log.exception(
+                "the extras' publisher %s (%s) could not start: this worker goes on without it",
+                publisher.name,
+                publisher.start,
+            )
+    return started
+
+
 class Publisher:
     """Writes what a box publishes, each at its own pace: a burst of short jobs wakes the
     worker hundreds of times a second, and none of these files needs to follow it."""
@@ -59,9 +101,11 @@ class Publisher:
         rt: Runtime,
         intake: Intake,
         finished: FinishedCounter,
+        extras: list[tuple[str, Publish]],
     ) -> None:
+        """`extras`: the extras' publishers (start_extras), each with its name."""
         self.layout, self.config, self.host, self.boot_id, self.rt = layout, config, host, boot_id, rt
-        self.intake, self.finished = intake, finished
+        self.intake, self.finished, self.extras = intake, finished, extras
         self.heartbeat_failing = False  # logged once per spell of failed writes
         self.seq = 0
         self.heartbeat_at = 0.0
@@ -80,7 +124,8 @@ class Publisher:
 
     def publish(self, state: BoxState, now_mono: float, now_wall: float) -> None:
         """Heartbeat (boot id + sequence number: observers judge liveness on their own clock),
-        then the lease, the spec cache and the metrics when theirs are due."""
+        then the lease, the spec cache and the metrics when theirs are due, and the extras'
+        publishers (each keeps its own pace)."""
         self.heartbeat_at = now_mono
         self.seq += 1
         try:
@@ -113,6 +158,12 @@ class Publisher:
         ):
             self.metrics_at, self.metrics_running = now_mono, running_ids
             self.write_metrics(state, now_wall)
+        published = Published(self.host, state, now_mono, now_wall, self.intake, self.finished)
+        for name, publish in self.extras:
+            try:
+                publish(published)
+            except Exception:  # an extra's failure is its own: the heartbeat was written, and the next one comes
+                log.exception("the extras' publisher %s failed", name)
 
     def write_heartbeat(self, state: BoxState, now_wall: float, stopped: bool = False) -> None:
         """`stopped`: the worker's last word, so that other boxes stop placing work here at
