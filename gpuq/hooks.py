@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from gpuq.model.config import KEYS, KEYS_OF_EXTRAS, Config
+
 EXTRAS_DIR = Path(__file__).resolve().parent / "extras"
 
 
@@ -36,7 +38,7 @@ class Verb:
 @dataclass(frozen=True)
 class BoxPublisher:
     """Something an extra writes each time a worker publishes its box's state (with its
-    heartbeat: at most once per poll interval), such as a metrics file.
+    heartbeat: at most once per poll interval), such as the reports extra's Prometheus metrics.
     `start` is "module:function" under gpuq, loaded when a worker starts (a CLI start never
     imports it): called once with the worker's Layout, Config and host name, it gives the
     function each publication calls with a `worker.publishing.Published` (that module has the
@@ -123,6 +125,24 @@ def _register(name: str, into: Registry) -> None:
 def fix(name: str) -> str:
     """What to do about a broken extra."""
     return f"repair it (reinstall gpuq from its checkout), or delete the folder gpuq/extras/{name}"
+
+
+def unused_keys(config: Config) -> list[tuple[str, str]]:
+    """Each key of `config` set (not at its default) that only an extra reads, while that
+    extra is not loaded: what goes unused and why, and the fix."""
+    found = []
+    for key, extra in KEYS_OF_EXTRAS.items():
+        attr = KEYS[key][0]
+        if getattr(config, attr) == getattr(Config(), attr) or extra in registry().loaded:
+            continue
+        why = registry().broken.get(extra) or f"gpuq/extras/{extra} is not there"
+        found.append(
+            (
+                f"config.yaml sets {key}, which only the {extra} extra reads, and {why}: it goes unused",
+                f"restore gpuq/extras/{extra} (reinstall gpuq from its checkout), or remove {key} from config.yaml",
+            )
+        )
+    return found
 
 
 def load(spec: str) -> Any:

@@ -169,10 +169,11 @@ def test_a_result_kept_in_the_lock_file_carries_no_identity():
 # --- F5: events are read as events -------------------------------------------------------------
 
 
-def test_a_forged_event_never_stops_status_show_or_report(team, users):
+def test_a_forged_event_never_stops_status_or_show(team, users):
     """F5: an event with id `../../../rootonly/pwned` made every member's status and show exit
     with "cannot read .../finished/../../../rootonly/pwned.json". Now a line that is not an
-    event is skipped, and said once."""
+    event is skipped, and said once. (`gpuq report` reads the same log: the reports extra's
+    tests hold its case.)"""
     team.start_worker("a", "1x80GiB")
     team.drop_as(ALICE, "fine.yaml", "command: echo fine\ngpus: 0\nworkdir: /\n")
     wait_until(lambda: team.finished("fine"), what="fine to run")
@@ -185,7 +186,7 @@ def test_a_forged_event_never_stops_status_show_or_report(team, users):
     compact = (",", ":")  # as gpuq writes events: status looks for `"to":"done"` before it parses
     events.write_text("\n".join(json.dumps(b, separators=compact) if isinstance(b, dict) else b for b in bad) + "\n")
     os.chown(events, os.stat(team.root / "state").st_uid, -1)
-    for verb in (["status"], ["status", "--json"], ["show", "fine"], ["report", "--since", "1d"]):
+    for verb in (["status"], ["status", "--json"], ["show", "fine"]):
         done = team.as_user(BOB, *verb)
         assert done.returncode == 0, (verb, done.stderr)
     said = team.as_user(BOB, "status").stdout

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import REPO
 from gpuq import hooks
+from gpuq.model.config import KEYS_OF_EXTRAS
 
 pytestmark = pytest.mark.slow  # each runs the fast set again in a copy
 
@@ -21,9 +22,10 @@ EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py"
 
 
 def test_the_extras_are_found_by_listing_their_folder():
-    assert {"sim", "slurm"} <= set(EXTRAS) and hooks.registry().broken == {}
-    assert {"simulate", "export"} <= {v.name for v in hooks.registry().verbs}
+    assert {"reports", "sim", "slurm"} <= set(EXTRAS) and hooks.registry().broken == {}
+    assert {"report", "eff", "simulate", "export"} <= {v.name for v in hooks.registry().verbs}
     assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
+    assert [(p.name, p.start) for p in hooks.registry().publishers] == [("metrics", "extras.reports.metrics:start")]
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -65,8 +67,9 @@ def _runner(copy: Path):
 @pytest.mark.parametrize("extra", EXTRAS)
 def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tmp_path: Path, extra: str):
     """Each extra deleted in turn: the layer check imports every module left (an extra that
-    needed the deleted one would fail it), the CLI no longer lists its verbs, and a worker
-    configured for its backend refuses clearly. The core's tests run in the next test, with
+    needed the deleted one would fail it), the CLI no longer lists its verbs, a worker
+    configured for its backend refuses clearly, and one whose config sets a key only the
+    extra reads runs and says once that the key goes unused. The core's tests run in the next test, with
     every extra deleted at once (each in turn would run them once per extra, for what one run
     shows: the core needs none of them)."""
     copy = _copy(tmp_path)
@@ -85,6 +88,15 @@ def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tm
         (root / "config.yaml").write_text(f"backend: {backend}\n")
         refused = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
         assert refused.returncode == 2 and f"gpuq/extras/{extra} is not there" in refused.stderr, refused.stderr
+    keys = [key for key, reader in KEYS_OF_EXTRAS.items() if reader == extra]
+    if keys:  # each set to a path (metrics_dir: where the metrics file would go)
+        root = tmp_path / "root-keys"
+        assert run("gpuq.py", "init", str(root)).returncode == 0
+        (root / "config.yaml").write_text("".join(f"{key}: {tmp_path / key}\n" for key in keys))
+        ran = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
+        assert ran.returncode == 0, ran.stderr
+        for key in keys:
+            assert ran.stderr.count(f"sets {key}, which only the {extra} extra reads") == 1, ran.stderr
 
 
 def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Path):

@@ -128,3 +128,20 @@ def test_an_extras_publisher_gets_each_publication_of_the_box_and_one_that_fails
     assert len(seen) == 2 and mono == box.clock.mono() and running == [] and finished == {"done": 1}
     assert caplog.text.count("the extras' publisher failing failed") == 2 and "disk full" in caplog.text
     assert box.heartbeat()["host"] == "a"  # the failing publisher took nothing of the heartbeat
+
+
+def test_a_key_only_an_absent_extra_reads_is_said_once_by_the_worker_and_by_doctor(
+    extras_in, tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+):
+    extras_in("good", GOOD)  # no reports extra among them
+    caplog.set_level(logging.WARNING, logger="gpuq.worker")
+    PassWorker(tmp_path_factory.mktemp("queue") / "root")
+    assert "metrics_dir" not in caplog.text  # unset: the default file nobody asked for, not a word
+    box = PassWorker(tmp_path_factory.mktemp("queue") / "root", metrics_dir="/var/lib/prometheus/{host}")
+    for _ in range(3):
+        box.run_pass(after_s=1)
+    said = "config.yaml sets metrics_dir, which only the reports extra reads, and gpuq/extras/reports is not there"
+    assert caplog.text.count(said) == 1 and "remove metrics_dir from config.yaml" in caplog.text
+    assert not list(box.layout.state.glob("metrics/*.prom"))  # and the worker went on, writing none
+    (finding,) = [f for f in check_extras(Config(metrics_dir="/m")) if "metrics_dir" in f.message]
+    assert finding.level == "warn" and said in finding.message and "restore gpuq/extras/reports" in finding.fix

@@ -17,7 +17,6 @@ from gpuq.spool.cancel import cancel_one
 from gpuq.spool.holds import HoldError, hold, release, retry
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import StateChange, append_note, read_record, spec_state, transition, write_record
-from gpuq.views.report import _open_run, build
 
 ME = Actor(os.geteuid(), "me", True)
 
@@ -129,25 +128,6 @@ def test_a_cause_decides_even_where_the_words_would_mislead():
     assert cause_of({"reason": "preempted: old record"}) is StopCause.PREEMPT  # written before the field
     assert cause_in_words(None) is None
     assert StopCause.LIMIT.ends_as is State.FAILED and StopCause.PREEMPT.ends_as is None
-
-
-def test_notes_are_not_changes_and_preemptions_are_counted_by_cause(layout):
-    start = {"job": "j", "from": "pending", "to": "running", "t": 10.0, "user": "u", "host": "h", "gpus": [0]}
-    note = {"job": "j", "note": "warning", "reason": "over its gpu_mem", "t": 20.0}
-    old_note = {"job": "j", "from": "running", "to": "running", "reason": "warning: x", "t": 30.0}
-    assert _open_run([start, note, old_note]) is start
-    requeued = {
-        **start,
-        "from": "running",
-        "to": "pending",
-        "t": 40.0,
-        "started_at": 10.0,
-        "ended_at": 40.0,
-        "reason": "it yielded",  # no prefix: only the cause says so
-        "cause": "preempted",
-    }
-    report = build([start, note, requeued], [], [], 0.0, 100.0, by="user").to_json()
-    assert report["groups"]["u"]["preemptions"] == 1 and report["total"]["preemptions"] == 1
 
 
 def test_append_note_writes_a_note_not_a_transition(layout):

@@ -82,7 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_setup_verbs(sub)
     _add_extras_verbs(sub)
     _add_hidden_verbs(sub)
-    _add_report_verbs(sub)
     _add_demo_verb(sub)
     return p
 
@@ -278,38 +277,6 @@ def _add_hidden_verbs(sub: _Verbs) -> None:
         sp.set_defaults(handler=_lazy("cli.completion", "cmd_completion"))
         if hidden == "_ids":
             sp.add_argument("prefix", nargs="?", default="")
-
-
-def _add_report_verbs(sub: _Verbs) -> None:
-    """Reports over a window: report (the queue's), eff (jobs' use of what they held)."""
-    sp = _verb(
-        sub,
-        "report",
-        _lazy("cli.reports", "cmd_report"),
-        "GPU-hours used and held idle, waits, utilization and queue length "
-        "over time, failures and preemptions, over a window",
-    )
-    sp.add_argument(
-        "--since",
-        help="a duration back from now (7d, 12h, 90m) or a local date (2026-11-01, "
-        "'2026-11-01 14:00'); default 7d, or from the queue's first job when that is later",
-    )
-    sp.add_argument("--by", choices=("user", "host", "gpu"), help="one row per user, host or GPU")
-    sp.add_argument("--json", action="store_true", help="the report as JSON (docs/reports.md)")
-    sp.add_argument(
-        "--html", metavar="FILE", help="write a self-contained page with charts (needs the [report] extra: matplotlib)"
-    )
-    sp = _verb(
-        sub,
-        "eff",
-        _lazy("cli.eff", "cmd_eff"),
-        "how well jobs used their CPUs, RAM and GPUs, with hints why one is slow "
-        "(a job, a sweep or array, or a user's jobs over a window)",
-    )
-    sp.add_argument("ids", nargs="*", metavar="ID", help="jobs, or a sweep's or array's id (default: --user's jobs)")
-    sp.add_argument("--user", help="whose jobs, without IDs (default: mine)")
-    sp.add_argument("--since", default="7d", help="without IDs: jobs that ran in this window (default 7d)")
-    sp.add_argument("--json", action="store_true", help="the figures and hints as JSON (docs/reports.md)")
 
 
 def _add_demo_verb(sub: _Verbs) -> None:

@@ -467,7 +467,8 @@ def _running(name: str) -> bool:
 
 
 def check_extras(config: Config) -> list[Finding]:
-    """The extras (gpuq/extras/, hooks.py): each broken one, and a backend no extra gives."""
+    """The extras (gpuq/extras/, hooks.py): each broken one, a backend no extra gives, and a
+    key set that only an absent extra reads."""
     extras = hooks.registry()
     out = [
         Finding("warn", "extras", f"{why}: gpuq runs without it", hooks.fix(name))
@@ -483,6 +484,7 @@ def check_extras(config: Config) -> list[Finding]:
                 f"restore gpuq/extras/{config.backend} (reinstall gpuq from its checkout), or set backend: local",
             )
         )
+    out += [Finding("warn", "extras", unused, fix) for unused, fix in hooks.unused_keys(config)]
     return out or [Finding("ok", "extras", f"extras loaded: {', '.join(extras.loaded) or 'none'}")]
 
 

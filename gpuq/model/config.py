@@ -363,6 +363,10 @@ KEYS: dict[str, tuple[str, Any]] = {
     "slurm_shard_mib": ("slurm_shard_mib", _optional_size),
     "slurm_jobcomp_file": ("slurm_jobcomp_file", _optional_path),
 }
+# Keys only an extra reads (gpuq/extras/NAME/), each with that extra. They stay valid without
+# it (a config outlives a deleted folder): a worker and `doctor` say that one set goes unused.
+KEYS_OF_EXTRAS: dict[str, str] = {"metrics_dir": "reports"}
+
 # Supervisors stop their jobs once their host's heartbeat is FENCE_FRACTION of lost_after_s
 # old, and need grace_s more: that must end before other hosts may take the jobs over.
 FENCE_FRACTION = 0.6

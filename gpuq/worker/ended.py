@@ -1,6 +1,7 @@
 """The jobs that ended on this host since its worker started, read from the host's event log
 (its supervisors append every end there), only the part not read yet: alerts count the short
-ones (a flood of them), and the metrics count them by final state."""
+ones (a flood of them), and what an extra publishes may count them by final state (the
+reports extra's metrics)."""
 
 from __future__ import annotations
 

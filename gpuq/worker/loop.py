@@ -240,7 +240,7 @@ class Worker:
 
     def _wire_watches(self) -> None:
         """What this box watches and tells: GPU memory overuse, alerts, the jobs ended here,
-        its heartbeat and metrics and what the extras publish with them, GPU samples."""
+        its heartbeat and what the extras publish with it (metrics), GPU samples."""
         layout, config, host = self.layout, self.config, self.host
         self.gpu_mem_watch = GpuMemWatch(config)
         self.alerts = AlertWatch(config, host)

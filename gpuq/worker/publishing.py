@@ -1,8 +1,8 @@
 """What a box tells the others: its heartbeat (state/workers/<host>.json, the snapshot every
 box plans with: spool/teamstate.py), the lease its own supervisors watch, the shared spec
-cache, its Prometheus metrics, and what the extras write beside them (hooks.BoxPublisher).
-The worker gathers a `BoxState` in its pass; this module only decides when each of its own
-files is due and writes it, and hands each publication to the extras'.
+cache, and what the extras write beside them (hooks.BoxPublisher: the reports extra's
+Prometheus metrics). The worker gathers a `BoxState` in its pass; this module only decides
+when each of its own files is due and writes it, and hands each publication to the extras'.
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Protocol
 
 from gpuq import __version__, hooks
-from gpuq.host.files import atomic_write, write_json
+from gpuq.host.files import write_json
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
@@ -22,13 +21,9 @@ from gpuq.run.joblocal import Runtime, write_lease
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
 from gpuq.worker.ended import FinishedCounter
-from gpuq.worker.metrics import HostFigures
-from gpuq.worker.metrics import render as render_metrics
 
 log = logging.getLogger("gpuq.worker")
 SPEC_CACHE_EVERY_S = 5.0
-METRICS_EVERY_S = 10.0  # and when the running jobs change, at most every METRICS_MIN_GAP_S
-METRICS_MIN_GAP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +68,10 @@ class StartPublisher(Protocol):
 
 def start_extras(layout: Layout, config: Config, host: str) -> list[tuple[str, Publish]]:
     """The extras' publishers, started for this worker. One that fails to start is logged and
-    left out (someone else's code must not stop the worker)."""
+    left out (someone else's code must not stop the worker), and a config key set that only an
+    absent extra reads is said once, here (`metrics_dir` without the reports extra)."""
+    for unused, fix in hooks.unused_keys(config):
+        log.warning("%s. Fix: %s", unused, fix)
     started = []
     for publisher in hooks.registry().publishers:
         try:
@@ -110,13 +108,6 @@ class Publisher:
         self.seq = 0
         self.heartbeat_at = 0.0
         self.cache_written = (-1, 0.0)  # (intake version, when)
-        self.metrics_file = (
-            Path(config.metrics_dir.replace("{host}", host)) / f"gpuq-{host}.prom"
-            if config.metrics_dir
-            else layout.state / "metrics" / f"gpuq-{host}.prom"
-        )
-        self.metrics_at = 0.0
-        self.metrics_running: tuple[str, ...] = ()
 
     def due(self, now_mono: float) -> bool:
         """At most once per poll interval."""
@@ -124,8 +115,8 @@ class Publisher:
 
     def publish(self, state: BoxState, now_mono: float, now_wall: float) -> None:
         """Heartbeat (boot id + sequence number: observers judge liveness on their own clock),
-        then the lease, the spec cache and the metrics when theirs are due, and the extras'
-        publishers (each keeps its own pace)."""
+        then the lease, the spec cache when it is due, and the extras' publishers (each keeps
+        its own pace)."""
         self.heartbeat_at = now_mono
         self.seq += 1
         try:
@@ -152,12 +143,6 @@ class Publisher:
         if version != self.intake.version and now_mono - written_at >= SPEC_CACHE_EVERY_S:
             write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
             self.cache_written = (self.intake.version, now_mono)
-        running_ids = tuple(r.id for r in state.running)
-        if now_mono - self.metrics_at >= METRICS_EVERY_S or (
-            running_ids != self.metrics_running and now_mono - self.metrics_at >= METRICS_MIN_GAP_S
-        ):
-            self.metrics_at, self.metrics_running = now_mono, running_ids
-            self.write_metrics(state, now_wall)
         published = Published(self.host, state, now_mono, now_wall, self.intake, self.finished)
         for name, publish in self.extras:
             try:
@@ -194,18 +179,3 @@ class Publisher:
             },
             durable=False,
         )
-
-    def write_metrics(self, state: BoxState, now_wall: float) -> None:
-        self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
-        figures = HostFigures(
-            self.host,
-            now_wall,
-            state.gpus,
-            state.running,
-            state.observed,
-            [e.job.user for e in self.intake.entries.values() if e.job is not None],
-            set(state.stopping),
-            {i for i, t in state.others_idle_since.items() if t is None},
-            self.finished.counts(),
-        )
-        atomic_write(self.metrics_file, render_metrics(figures).encode(), mode=0o644, durable=False)

@@ -1,17 +1,25 @@
 """Prometheus metrics: each worker writes its host's figures in the text exposition format,
 atomically, as node_exporter's textfile collector expects (`<dir>/gpuq-<host>.prom`; point
 `--collector.textfile.directory` at config `metrics_dir`). contrib/grafana-gpuq.json is a
-dashboard for them. Rendering is pure; the worker only writes the file."""
+dashboard for them. Rendering is pure; `MetricsFile`, the extra's publisher
+(hooks.BoxPublisher), decides when the file is due and writes it as the box publishes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable
 
+from gpuq.host.files import atomic_write
+from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
+from gpuq.spool.layout import Layout
+from gpuq.worker.publishing import Published, StartPublisher
 
 MIB = 2**20
+EVERY_S = 10.0  # and when the running jobs change, at most every MIN_GAP_S
+MIN_GAP_S = 1.0
 
 HELP = {
     "gpuq_up": ("gauge", "1 while this host's worker runs"),
@@ -46,6 +54,48 @@ class HostFigures:
     yielding: set[str] = field(default_factory=set)
     busy_by_others: set[int] = field(default_factory=set)
     finished: dict[str, int] = field(default_factory=dict)
+
+
+class MetricsFile:
+    """The extra's publisher: this host's file, written every EVERY_S and within MIN_GAP_S of
+    a change of the jobs running here, whatever pace the box publishes at."""
+
+    def __init__(self, layout: Layout, config: Config, host: str) -> None:
+        self.path = (
+            Path(config.metrics_dir.replace("{host}", host)) / f"gpuq-{host}.prom"
+            if config.metrics_dir
+            else layout.state / "metrics" / f"gpuq-{host}.prom"
+        )
+        self.written_at = 0.0
+        self.written_running: tuple[str, ...] = ()
+
+    def __call__(self, published: Published) -> None:
+        running = tuple(r.id for r in published.state.running)
+        since = published.mono - self.written_at
+        if since < EVERY_S and (running == self.written_running or since < MIN_GAP_S):
+            return
+        self.written_at, self.written_running = published.mono, running
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path, render(figures(published)).encode(), mode=0o644, durable=False)
+
+
+# What the extra registers (hooks.BoxPublisher names it): mypy checks it is a StartPublisher.
+start: StartPublisher = MetricsFile
+
+
+def figures(published: Published) -> HostFigures:
+    state = published.state
+    return HostFigures(
+        published.host,
+        published.wall,
+        state.gpus,
+        state.running,
+        state.observed,
+        [e.job.user for e in published.intake.entries.values() if e.job is not None],
+        set(state.stopping),
+        {i for i, t in state.others_idle_since.items() if t is None},
+        published.finished.counts(),
+    )
 
 
 def _labels(**labels: object) -> str:

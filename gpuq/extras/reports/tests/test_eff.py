@@ -9,9 +9,9 @@ import re
 import pytest
 
 from conftest import PY, REPO, wait_until
+from gpuq.extras.reports.efficiency import efficiency, job_samples
 from gpuq.model.record import Record
 from gpuq.model.states import State
-from gpuq.views.efficiency import efficiency, job_samples
 
 GIB = 1024
 
@@ -120,7 +120,7 @@ def test_a_job_that_ended_at_once_is_not_called_idle_and_a_job_over_its_gpu_mem_
 
 
 def test_a_shared_gpu_s_utilization_is_said_to_be_the_gpu_s_and_a_job_that_never_ran_has_none():
-    from gpuq.views.efficiency import detail_text
+    from gpuq.extras.reports.efficiency import detail_text
 
     r = record()
     e = efficiency(r, job_samples([line(1100, 70, ["j", "k"])], [r], 3000)["j"], 3000)
@@ -130,9 +130,9 @@ def test_a_shared_gpu_s_utilization_is_said_to_be_the_gpu_s_and_a_job_that_never
 
 
 def test_garbage_sample_lines_do_not_stop_eff_or_report(tmp_path):
+    from gpuq.extras.reports.reportview import spark
     from gpuq.spool.layout import Layout
     from gpuq.spool.samples import read_samples
-    from gpuq.views.reportview import spark
 
     layout = Layout(tmp_path)
     layout.ensure()

@@ -12,9 +12,9 @@ import os
 import time
 from pathlib import Path
 
+from gpuq.extras.reports.report import Report, wait_summary
+from gpuq.extras.reports.reportview import hours, summary_table
 from gpuq.model.units import format_duration
-from gpuq.views.report import Report, wait_summary
-from gpuq.views.reportview import hours, summary_table
 
 INSTALL_HINT = "pip install 'gpuq-spool[report]' (or: pip install matplotlib)"
 

@@ -1,10 +1,13 @@
-"""`gpuq eff`: how well jobs used what they held, with hints why one may be slow
-(views/efficiency.py has the figures and the rules)."""
+"""The reports extra's verbs: `gpuq report` (what happened, over the events and samples:
+report.py has the figures, reportview.py the text, reporthtml.py the page) and `gpuq eff` (how
+well jobs used what they held, with hints why one may be slow: efficiency.py has the figures
+and the rules)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import pwd
@@ -13,14 +16,43 @@ import time
 from pathlib import Path
 
 from gpuq.cli.common import open_layout, refuse_bad_id
+from gpuq.extras.reports.efficiency import detail_text, efficiency, job_samples, table_text
+from gpuq.extras.reports.reporthtml import ReportHtmlError, write_html
+from gpuq.extras.reports.reportview import DEFAULT_SINCE, gather, parse_since, report_text
 from gpuq.model.record import Record
 from gpuq.model.states import State
 from gpuq.spool.layout import Layout
 from gpuq.spool.samples import read_samples
 from gpuq.spool.store import read_record
 from gpuq.spool.sweeps import read_group
-from gpuq.views.efficiency import detail_text, efficiency, job_samples, table_text
-from gpuq.views.reportview import parse_since
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    layout = open_layout(args)
+    now = time.time()
+    try:
+        since = parse_since(args.since or DEFAULT_SINCE, now)
+    except ValueError as e:
+        print(f"gpuq report: {e}", file=sys.stderr)
+        return 2
+    # Asked for nothing, a young queue's report covers its life, not a week of empty slices.
+    report = gather(layout, since, now, args.by, from_history_start=args.since is None)
+    if args.html:
+        try:
+            write_html(report, Path(args.html))
+        except ReportHtmlError as e:
+            print(f"gpuq report: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:
+            link = " (a symbolic link, never written through: name the file itself)" if e.errno == errno.ELOOP else ""
+            print(f"gpuq report: cannot write {args.html}: {e.strerror}{link}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.html}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    elif not args.html:
+        print(report_text(report))
+    return 0
 
 
 def cmd_eff(args: argparse.Namespace) -> int:

@@ -21,12 +21,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from gpuq.extras.reports.report import idle_shares
+from gpuq.extras.reports.reportview import spark  # the report's marks: one look for utilization
 from gpuq.host.usage import suggest_gpu_mem
 from gpuq.model.record import Record
 from gpuq.model.text import safe_text
 from gpuq.model.units import format_duration, format_mib
-from gpuq.views.report import idle_shares
-from gpuq.views.reportview import spark  # the report's marks: one look for utilization
 
 INPUT_BOUND_GPU_PCT = 40.0
 INPUT_BOUND_CPU_PCT = 85.0

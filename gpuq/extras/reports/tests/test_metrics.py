@@ -1,13 +1,20 @@
-"""Prometheus metrics written by the real worker, parsed with prometheus_client's parser."""
+"""Prometheus metrics: the extra's publisher in a worker driven pass by pass (where it writes,
+at what pace), then the file a real worker writes, parsed with prometheus_client's parser."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
+from harness import PassWorker
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import PY, REPO, wait_until
+from gpuq import hooks
+from gpuq.extras.reports.metrics import EVERY_S, HELP, MIN_GAP_S
+from gpuq.model.config import Config
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 
@@ -18,6 +25,31 @@ def samples(text: str) -> dict[tuple, float]:
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
+
+
+def test_the_publisher_writes_into_metrics_dir_every_few_seconds_and_soon_after_a_start(tmp_path: Path):
+    """Registered by the extra, the worker hands it each publication of its box; it writes the
+    file every EVERY_S, and MIN_GAP_S after the jobs running here changed, not at every pass."""
+    assert hooks.unused_keys(Config(metrics_dir="/m")) == []  # with the extra, metrics_dir is read
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB", metrics_dir=str(tmp_path / "prom-{host}"))
+    path = tmp_path / "prom-a" / "gpuq-a.prom"
+
+    def running() -> float:
+        return samples(path.read_text())[("gpuq_jobs", (("host", "a"), ("state", "running")))]
+
+    box.run_pass()
+    assert running() == 0 and oct(path.stat().st_mode & 0o777) == "0o644"
+    written = path.read_text()
+    box.drop("one.yaml", "command: 'true'\ngpus: 1\n")
+    box.run_pass(after_s=MIN_GAP_S / 2)  # a job started, but the file was written just now
+    assert path.read_text() == written
+    box.run_pass(after_s=MIN_GAP_S / 2)
+    assert running() == 1
+    written = path.read_text()
+    box.run_pass(after_s=EVERY_S / 2)  # nothing changed: the file waits for its EVERY_S
+    assert path.read_text() == written
+    box.run_pass(after_s=EVERY_S / 2)
+    assert path.read_text() != written and running() == 1
 
 
 @pytest.mark.slow
@@ -73,10 +105,6 @@ def test_the_worker_writes_parseable_metrics_per_gpu_state_and_user(queue):
 
 
 def test_the_grafana_dashboard_uses_only_metrics_the_worker_writes():
-    import re
-
-    from gpuq.worker.metrics import HELP
-
     dashboard = json.loads((REPO / "contrib" / "grafana-gpuq.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {m for e in exprs for m in re.findall(r"gpuq_[a-z_]+", e)}

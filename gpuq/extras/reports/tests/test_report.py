@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
 from conftest import PY, REPO, wait_until
-from gpuq.views.report import Pending, build, percentile
+from gpuq.extras.reports.report import Pending, _open_run, build, percentile
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 
@@ -322,6 +323,31 @@ def test_report_rejects_a_bad_since(queue):
 
 
 @pytest.mark.slow
+def test_report_refuses_a_window_of_centuries(queue):
+    done = queue.gpuq("report", "--since", "99999999999999999999999s", check=False)
+    assert done.returncode not in (0, None) and "Traceback" not in done.stderr, done.stderr
+    assert "--since" in done.stderr and "100 years" in done.stderr, done.stderr
+    assert "100 years back" in queue.gpuq("report", "--since", "0001-01-01", check=False).stderr
+
+
+@pytest.mark.slow
+def test_a_forged_event_never_stops_the_report(queue):
+    """The attack review's F5 (tests/test_attacks_boundary.py has status and show): a line in
+    the event log that is not an event, or names a path for a job or host, is skipped."""
+    events = queue.root / "state" / "events" / "z.jsonl"  # as if written into the spool somehow
+    events.parent.mkdir(parents=True, exist_ok=True)
+    forged = [
+        {"t": time.time(), "by": "a", "job": "../../../rootonly/pwned", "to": "done", "user": "alice"},
+        {"t": time.time(), "by": "../b", "job": "x", "to": "failed"},
+    ]
+    compact = (",", ":")  # as gpuq writes events
+    events.write_text("\n".join([*(json.dumps(f, separators=compact) for f in forged), "not json"]) + "\n")
+    for asked in (["--since", "1d"], ["--since", "1d", "--json"], ["--by", "user"]):
+        done = queue.gpuq("report", *asked, check=False)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (asked, done.stderr)
+
+
+@pytest.mark.slow
 def test_html_report_is_one_self_contained_page(queue, tmp_path):
     pytest.importorskip("matplotlib", reason="the [report] extra; the test extra installs it")
     queue.write_config(sample_every_s=1)
@@ -359,3 +385,22 @@ def test_html_without_matplotlib_names_the_extra(queue, tmp_path):
     assert out.returncode == 2
     assert "matplotlib" in out.stderr and "gpuq-spool[report]" in out.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+def test_notes_are_not_changes_and_preemptions_are_counted_by_cause():
+    start = {"job": "j", "from": "pending", "to": "running", "t": 10.0, "user": "u", "host": "h", "gpus": [0]}
+    note = {"job": "j", "note": "warning", "reason": "over its gpu_mem", "t": 20.0}
+    old_note = {"job": "j", "from": "running", "to": "running", "reason": "warning: x", "t": 30.0}
+    assert _open_run([start, note, old_note]) is start
+    requeued = {
+        **start,
+        "from": "running",
+        "to": "pending",
+        "t": 40.0,
+        "started_at": 10.0,
+        "ended_at": 40.0,
+        "reason": "it yielded",  # no prefix: only the cause says so
+        "cause": "preempted",
+    }
+    report = build([start, note, requeued], [], [], 0.0, 100.0, by="user").to_json()
+    assert report["groups"]["u"]["preemptions"] == 1 and report["total"]["preemptions"] == 1

@@ -1,5 +1,5 @@
 """`gpuq report` at the edges: read the event and samples logs and the pending specs, hand
-them to report.build, and print the result as text (the HTML page is views/reporthtml.py)."""
+them to report.build, and print the result as text (the HTML page is reporthtml.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import os
 import time
 from typing import Iterator, Sequence
 
+from gpuq.extras.reports.report import FINAL, Pending, Report, build, wait_summary
 from gpuq.model.text import safe_text
 from gpuq.model.units import DURATION_RE, MAX_DURATION_S, format_duration, parse_duration_s
 from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.samples import read_samples
 from gpuq.spool.store import checked_event
-from gpuq.views.report import FINAL, Pending, Report, build, wait_summary
 
 SPARKS = " ▁▂▃▄▅▆▇█"
 SINCE_EXAMPLES = "7d, 12h, 90m, 2026-11-01 or '2026-11-01 14:00'"
