@@ -57,6 +57,28 @@ def test_a_broken_extra_leaves_gpuq_working_and_says_which_and_how_to_fix(tmp_pa
     assert [f["level"] for f in extras] == ["warn"] and "half installed" in extras[0]["message"], doctor.stdout
 
 
+def test_an_extras_verb_named_as_one_of_gpuqs_own_is_left_out_whichever_it_is(tmp_path: Path):
+    """An extra may not take a core verb's name: it is left out with a word on stderr. Extras'
+    verbs were added before `demo` and the hidden verbs, so one named `demo` was not seen to
+    clash, and argparse refused the whole CLI."""
+    copy = _copy(tmp_path)
+    (copy / "gpuq" / "extras" / "clash").mkdir()
+    (copy / "gpuq" / "extras" / "clash" / "__init__.py").write_text(
+        "from gpuq.hooks import Verb\n\n\n"
+        "def register(registry):\n"
+        "    for name in ('status', 'demo', 'mine'):\n"
+        "        registry.verbs.append(Verb(name, 'an extra\\'s', lambda p: None, 'extras.clash:run'))\n"
+    )
+    run = _runner(copy)
+    usage = run("gpuq.py", "--help")
+    assert usage.returncode == 0, usage.stderr
+    for name in ("status", "demo"):
+        assert f"an extra's verb {name!r} (extras.clash:run) is one of gpuq's own: left out" in usage.stderr
+    assert "    mine " in usage.stdout and "an extra's" in usage.stdout, usage.stdout
+    demo = run("gpuq.py", "demo", "--help")  # still the core's own
+    assert demo.returncode == 0 and "--quick" in demo.stdout, demo.stdout + demo.stderr
+
+
 def _runner(copy: Path):
     def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, *args], cwd=copy, capture_output=True, text=True, timeout=timeout)
