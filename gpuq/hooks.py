@@ -1,5 +1,5 @@
 """The one registry through which extras (`gpuq/extras/NAME/`) add to the core: the core
-asks the registry, never an extra by name (gpuq/layers.py refuses such an import).
+asks the registry, never an extra by name (tools/layers.py refuses such an import).
 
 An extra is found by listing `gpuq/extras/`: each package there is imported and its
 `register(registry)` called, once per process. A deleted extra's folder is simply not there.

@@ -9,12 +9,12 @@ import json
 import re
 from pathlib import Path
 
-from gpuq import layers
-from gpuq.model import reference
 from gpuq.model.config import KEYS, Config
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.spec_fields import FIELDS
 from gpuq.model.units import parse_duration_s
+from tools import doc_tables as reference
+from tools import layers
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -73,7 +73,7 @@ def test_the_comparison_fails_when_docs_and_schema_differ() -> None:
 def test_every_config_key_has_a_type_and_a_meaning() -> None:
     table = reference.config_keys_table()
     for key, (_, parse) in reference.config_mod.KEYS.items():
-        assert reference.parser_type(parse), f"gpuq/model/reference.py: no type text for {key}'s parser"
+        assert reference.parser_type(parse), f"tools/doc_tables.py: no type text for {key}'s parser"
         row = next(line for line in table.splitlines() if line.startswith(f"| `{key}` |"))
         assert row.split(" | ")[3].strip(" |"), f"config.yaml has no comment for {key}"
 
@@ -142,7 +142,7 @@ def test_the_readme_links_to_every_docs_page() -> None:
 
 def test_design_shows_the_package_graph_the_code_has() -> None:
     design = (DOCS / "design.md").read_text()
-    block = design.split("<!-- printed by: python -m gpuq.layers -->", 1)[1].split("```")[1]
+    block = design.split("<!-- printed by: python -m tools.layers -->", 1)[1].split("```")[1]
     *packages, size = block.strip().splitlines()  # the graph, then the size of the core and of the extras
     assert re.fullmatch(r"lines: core \d+, extras \d+ \(non-blank lines of Python; .*\)", size), size
     shown = {}
@@ -152,9 +152,9 @@ def test_design_shows_the_package_graph_the_code_has() -> None:
     graph = layers.package_graph(layers.edges())
     # The extras' line holds what the extras import together: a deleted extra (tests/test_extras.py)
     # can only take imports away from it.
-    assert shown.pop("extras") >= set(graph["extras"]), "docs/design.md: paste `python -m gpuq.layers` anew"
+    assert shown.pop("extras") >= set(graph["extras"]), "docs/design.md: paste `python -m tools.layers` anew"
     core = {p: set(graph[p]) for p in layers.ALLOWED if p != "extras"}
-    assert shown == core, "docs/design.md: paste `python -m gpuq.layers` anew"
+    assert shown == core, "docs/design.md: paste `python -m tools.layers` anew"
 
 
 def test_design_lists_every_package_and_its_modules() -> None:

@@ -98,7 +98,7 @@ def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tm
     verbs = {v.name for v in hooks.registry().verbs if v.handler.startswith(f"extras.{extra}.")}
     shutil.rmtree(copy / "gpuq" / "extras" / extra)
     run = _runner(copy)
-    layers = run("-m", "gpuq.layers")
+    layers = run("-m", "tools.layers")
     assert layers.returncode == 0, layers.stdout + layers.stderr
     usage = run("gpuq.py", "--help")
     assert usage.returncode == 0 and "status" in usage.stdout, usage.stderr
@@ -127,7 +127,7 @@ def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Pa
     for extra in EXTRAS:
         shutil.rmtree(copy / "gpuq" / "extras" / extra)
     run = _runner(copy)
-    assert run("-m", "gpuq.layers").returncode == 0
+    assert run("-m", "tools.layers").returncode == 0
     fast = run("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-x")
     assert fast.returncode == 0, fast.stdout[-3000:] + fast.stderr[-2000:]
     story = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "tests/test_e2e_story.py")

@@ -1,4 +1,4 @@
-"""The package's layers hold (gpuq/layers.py): imports go one way, no cycles, no import inside a
+"""The package's layers hold (tools/layers.py): imports go one way, no cycles, no import inside a
 function but the listed ones; and `pip install .` (not only -e) installs every subpackage."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, wait_until
-from gpuq import layers
 from gpuq.single_instance import default_local_dir
+from tools import layers
 
 
 def test_the_package_has_no_upward_import_no_cycle_and_no_unlisted_lazy_import() -> None:
@@ -23,7 +23,7 @@ def test_the_package_has_no_upward_import_no_cycle_and_no_unlisted_lazy_import()
 
 @pytest.mark.slow
 def test_the_command_prints_every_package_and_what_it_imports() -> None:
-    out = subprocess.run([sys.executable, "-m", "gpuq.layers"], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "tools.layers"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     *packages, size = out.stdout.splitlines()  # a line per package, then the size of the code
     assert [line.split()[0] for line in packages] == list(layers.ALLOWED)
@@ -37,7 +37,7 @@ def _non_blank_lines(paths: list[Path]) -> int:
 
 
 def test_the_size_of_the_core_and_of_the_extras_is_printed_apart(capsys: pytest.CaptureFixture[str]) -> None:
-    """The line `python -m gpuq.layers` ends its graph with: the core's and the extras' non-blank
+    """The line `python -m tools.layers` ends its graph with: the core's and the extras' non-blank
     lines of Python, as counting the files here gives them (an extra's tests/ is not its code)."""
     assert layers.main([]) == 0
     size = capsys.readouterr().out.splitlines()[len(layers.ALLOWED)]

@@ -3,9 +3,9 @@ from spec_fields.FIELDS, the config keys from config.KEYS and the `Config` defau
 key's meaning from its comment in the shipped config.yaml (the text an operator reads when
 editing it). tests/test_docs.py fails when docs/reference.md's tables differ from these.
 
-    python -m gpuq.model.reference                          # print both tables
-    python -m gpuq.model.reference --check docs/reference.md  # exit 1 when its tables differ
-    python -m gpuq.model.reference --write docs/reference.md  # rewrite its tables in place
+    python -m tools.doc_tables                          # print both tables
+    python -m tools.doc_tables --check docs/reference.md  # exit 1 when its tables differ
+    python -m tools.doc_tables --write docs/reference.md  # rewrite its tables in place
 
 In the docs each table sits between `<!-- generated: NAME -->` and `<!-- end generated -->`.
 """
@@ -24,7 +24,7 @@ from gpuq.model.spec_fields import FIELDS, Field
 from gpuq.model.units import DURATION_EXAMPLES, SIZE_EXAMPLES, format_mib
 from gpuq.model.windows import EXAMPLES as WINDOW_EXAMPLES
 
-SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config.yaml"
+SHIPPED_CONFIG = Path(__file__).resolve().parents[1] / "config.yaml"
 SPEC_FIELDS = "spec fields"
 CONFIG_KEYS = "config keys"
 END = "<!-- end generated -->"
@@ -238,10 +238,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         problems = differences(text)
         for problem in problems:
-            print(f"{path}: {problem}. Fix: python -m gpuq.model.reference --write {path}", file=sys.stderr)
+            print(f"{path}: {problem}. Fix: python -m tools.doc_tables --write {path}", file=sys.stderr)
         return 1 if problems else 0
     if argv:
-        print("usage: python -m gpuq.model.reference [--check FILE | --write FILE]", file=sys.stderr)
+        print("usage: python -m tools.doc_tables [--check FILE | --write FILE]", file=sys.stderr)
         return 2
     for name, table in tables().items():
         print(f"<!-- generated: {name} -->\n{table}{END}\n")
