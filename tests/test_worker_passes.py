@@ -201,8 +201,10 @@ def test_a_job_another_box_claims_while_this_one_waits_for_the_queue_lock_is_not
 def test_temp_files_of_writers_killed_mid_write_are_swept_wherever_gpuq_writes(tmp_path):
     """An hour old, a dot temp file's writer is long gone: every directory gpuq's own writers
     write is swept (held/, groups/, places/, bookings/, a host's stop orders were not), and in
-    jobs/ only `gpuq submit`'s; a recent one, and a member's own dot file, stay. (The sweep is
-    the worker's first pass's, as with a real worker: a pass's steps are the same.)"""
+    jobs/ only `gpuq submit`'s; a recent one, and a member's own dot file, stay. Old means by
+    its ctime too: a spec a cancel is moving aside keeps its old mtime, and was swept mid-move
+    (a review: the spec of a job submitted over an hour before was lost). The sweep is the
+    worker's full read of jobs/, as with a real worker: a pass's steps are the same."""
     box = PassWorker(tmp_path / "root", "a", "1x16GiB")
     state = box.layout.state
     (state / "control" / "b").mkdir(parents=True)
@@ -210,12 +212,21 @@ def test_temp_files_of_writers_killed_mid_write_are_swept_wherever_gpuq_writes(t
         state / d / ".x.123.abcd.tmp"
         for d in ("held", "groups", "places", "bookings", "claims", "running", "finished", "requests", "control/b")
     ] + [state / ".doctor-1.tmp", box.layout.jobs / ".submit-1-ab.tmp"]
-    kept = [state / "held" / ".y.9.ef.tmp", box.layout.jobs / ".draft.tmp"]
-    hour_ago = box.clock.wall() - 3700
-    for path in old + kept:
+    recent, members = state / "held" / ".y.9.ef.tmp", box.layout.jobs / ".draft.tmp"
+    for path in [*old, recent, members]:
         path.write_text("partial")
-    for path in old + [kept[1]]:
-        os.utime(path, (hour_ago, hour_ago))
+    # Being moved aside now: written two hours ago, renamed this moment.
+    spec = box.layout.jobs / "old-job.yaml"
+    spec.write_text("command: 'true'\n")
+    os.utime(spec, (box.clock.wall() - 7200,) * 2)
+    aside = state / "finished" / ".old-job.cancelling.1a2b3c4d.tmp"
+    os.rename(spec, aside)
     box.run_pass()  # a worker's first pass reads jobs/ whole, and sweeps
-    assert [p for p in old if p.exists()] == []
-    assert all(p.exists() for p in kept)
+    assert aside.exists(), "a file moved aside a moment ago was swept by its old mtime"
+    assert all(p.exists() for p in old)  # nothing is an hour old yet
+
+    box.clock.advance(3700)  # an hour on: all but the recent one are old by both times
+    os.utime(recent, (box.clock.wall() - 600,) * 2)
+    box.run_pass()  # a full read of jobs/ again (one every FULL_SCAN_EVERY_S)
+    assert [p for p in [*old, aside] if p.exists()] == []
+    assert recent.exists() and members.exists()

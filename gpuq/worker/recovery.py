@@ -309,7 +309,11 @@ class Recovery:
     def sweep_temp_files(self) -> None:
         """Temp files of writers killed mid-write (never visible as records; docs/design.md lets a
         worker delete only temp files). An hour old: their writer is long gone, on any host
-        and whatever its clock says."""
+        and whatever its clock says. Old by both times: a file renamed aside keeps its mtime
+        (a cancel moves a spec submitted days ago to `.ID.cancelling.HEX.tmp`; a sweep member is
+        made with its group spec's mtime) while the rename, or the create, sets its ctime to
+        now; by its mtime alone, another box's sweep removed such a file in the middle of the
+        move, and the spec with it."""
         cutoff = self.clock.wall() - STALE_TEMP_S
         for directory, prefix in self._temp_places():
             try:
@@ -320,7 +324,8 @@ class Recovery:
                 for entry in it:
                     if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
                         try:
-                            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            st = entry.stat(follow_symlinks=False)
+                            if max(st.st_mtime, st.st_ctime) < cutoff:
                                 os.unlink(entry.path)
                         except OSError:
                             pass  # gone, or a directory posing as a temp file: left alone
