@@ -33,7 +33,9 @@ from gpuq.spool.layout import Layout, RootError, resolve_root
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="worker.py", description="Run the gpuq worker of this host.")
+    # As it was started: `python worker.py` from the checkout, or the installed `gpuq-worker`.
+    prog = os.path.basename(sys.argv[0]) or "worker.py"
+    p = argparse.ArgumentParser(prog=prog, description="Run the gpuq worker of this host.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout)")
     p.add_argument(
         "--host",

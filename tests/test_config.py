@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,22 @@ def test_package_version_matches_pyproject():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["version"] == gpuq.__version__
     assert project["name"] != "gpuq"  # taken on PyPI by an unrelated project
+
+
+def test_a_key_written_twice_is_named(tmp_path):
+    """A review: "config.yaml: key appears twice" left the reader to find which of 80 lines."""
+    from gpuq.model.config import load
+
+    path = tmp_path / "config.yaml"
+    path.write_text("poll_interval: 1\nmetrics_dir: /x\npoll_interval: 2\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: key 'poll_interval': key appears twice\. Fix: keep one"):
+        load(path)
+
+
+def test_the_worker_says_its_usage_under_the_name_it_was_started_by(monkeypatch, capsys):
+    from gpuq import worker_main
+
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/gpuq-worker", "--help"])
+    with pytest.raises(SystemExit):
+        worker_main.parse_args(["--help"])
+    assert capsys.readouterr().out.startswith("usage: gpuq-worker ")

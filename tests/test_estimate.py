@@ -15,6 +15,7 @@ from conftest import wait_until
 from gpuq.sched.estimate import (
     AFTER_DEPENDENCIES,
     LATER,
+    NO_ROOM,
     NOT_ESTIMATED,
     UNKNOWN,
     WHEN_IDLE,
@@ -49,6 +50,10 @@ def test_a_job_without_an_estimate_says_why():
     months = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=200 * 86400)]
     far = replay_starts([job("far", mem_gib=None, limit_s=60)], [host("h", gpu(0))], months, CFG, now=10)
     assert (far.starts, far.why_none) == ({}, {"far": LATER})
+    # First in line on an idle cluster, and too big for any GPU: nothing to wait behind (a review:
+    # it said "unknown: a job it waits behind has no time limit").
+    big = replay_starts([job("big", mem_gib=120, limit_s=60)], [host("h", gpu(0))], [], CFG, now=10)
+    assert (big.starts, big.why_none) == ({}, {"big": NO_ROOM})
     crowd = [run(f"r{i}", gpus=(0,), mem_gib=1, started_at=0, limit_s=10 + i) for i in range(300)]
     many = [job(f"w{i}", mem_gib=79, queued_at=i, limit_s=1) for i in range(2)]
     steps = replay_starts(many, [host("h", gpu(0))], crowd, CFG, now=0)  # over MAX_STEPS moments to replay

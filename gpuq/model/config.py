@@ -411,7 +411,8 @@ def load(path: Path) -> Config:
     try:
         data = load_yaml(text, str(path))
     except SpecError as e:
-        raise ConfigError(f"{path}: {e.problem}. Fix: {e.fix}") from None
+        where = f"{path}: key '{e.field}'" if e.field else str(path)  # as the other config errors name it
+        raise ConfigError(f"{where}: {e.problem}. Fix: {e.fix}") from None
     return validate(data, str(path))
 
 

@@ -44,7 +44,8 @@ def learned_runs(
 
 
 # Why a pending job has no expected start (`status --json`: `no_estimate`; START BY shows the word).
-UNKNOWN = "unknown"  # it waits behind a job without a time limit (or a GPU no gpuq job holds)
+UNKNOWN = "unknown"  # it waits behind a job without a time limit
+NO_ROOM = "no room"  # no GPU has room for it even once every job it waits behind has ended
 LATER = "later"  # not within HORIZON_S: more than 90 days ahead
 AFTER_DEPENDENCIES = "after deps"  # it may not start before other jobs end (its dependencies)
 WHEN_IDLE = "when idle"  # opportunistic: it starts on GPUs ordinary work leaves idle
@@ -135,7 +136,10 @@ def replay_starts(
         # The next moment anything changes: a running job's limit, a booking's start or end.
         ends = [r.ends_by for r in active if r.ends_by > t] + [e for b in bookings for e in (b.start, b.end) if e > t]
         if not ends or min(ends) == float("inf"):
-            left = UNKNOWN  # nothing known ends: the rest has no estimate
+            # Nothing known ends: behind a job without a limit, the rest cannot be told; with
+            # every job gone, what is left fits nowhere as the GPUs are (too big, a person's
+            # process, a cap): the plan's reason says which.
+            left = UNKNOWN if any(r.ends_by == float("inf") for r in active) else NO_ROOM
             break
         t = min(ends)
         active = [r for r in active if r.ends_by > t]

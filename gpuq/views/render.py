@@ -17,7 +17,7 @@ from gpuq.model.spec import command_text
 from gpuq.model.text import safe_tree
 from gpuq.model.units import format_duration, format_mib
 from gpuq.model.windows import moment
-from gpuq.sched.estimate import AFTER_DEPENDENCIES, LATER, NOT_ESTIMATED, UNKNOWN, WHEN_IDLE
+from gpuq.sched.estimate import AFTER_DEPENDENCIES, LATER, NO_ROOM, NOT_ESTIMATED, UNKNOWN, WHEN_IDLE
 from gpuq.sched.fairshare import rank_score
 from gpuq.views.preview import preview_lines
 
@@ -46,7 +46,8 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
 def start_by(expected: Any, now: float, why_none: Any = None) -> str:
     """A pending job's expected start (sched/estimate.py) in a few characters: "now", a time
     today, a day and a time later; without one, why in a word or two ("unknown": a job ahead
-    has no time limit; "after deps", "when idle", "later": over 90 days; "-": not estimated)."""
+    has no time limit; "no room": it fits nowhere even once the jobs ahead end; "after deps",
+    "when idle", "later": over 90 days; "-": not estimated)."""
     if not isinstance(expected, (int, float)) or isinstance(expected, bool):
         return why_none if isinstance(why_none, str) and why_none else "-"
     if expected <= now + 1:
@@ -408,6 +409,7 @@ SHOW_ORDER = (
 # Why a pending job has no expected start (sched/estimate.py's words), for `gpuq show`.
 NO_ESTIMATE_SAYS = {
     UNKNOWN: "unknown: a job it waits behind has no time limit (nor past runs of its kind to learn one from)",
+    NO_ROOM: "none: no GPU has room for it even once the jobs ahead have ended (its reason says why)",
     LATER: "more than 90 days ahead, if the jobs ahead keep to their time limits",
     AFTER_DEPENDENCIES: "after its dependencies have ended",
     WHEN_IDLE: "when GPUs sit idle (an opportunistic job starts where ordinary work leaves room)",

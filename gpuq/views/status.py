@@ -452,7 +452,7 @@ def _pending(job: PendingJob, position: int, reason: str, now: float, expected: 
         "waiting_s": round(now - job.queued_at, 1),
         "reason": reason,
         "expected_start": start,  # by then at the latest, if the jobs ahead keep to their limits
-        # Without one, why (sched/estimate.py): "unknown", "later", "after deps", "when idle", "-".
+        # Without one, why (sched/estimate.py): "unknown", "no room", "later", "after deps", "when idle", "-".
         "no_estimate": None if start is not None else expected.why_none.get(job.id, NOT_ESTIMATED),
         "command": s.command_text(),
     }
