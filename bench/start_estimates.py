@@ -32,7 +32,7 @@ from gpuq.extras.sim.simreport import SIM_CONFIG  # noqa: E402
 from gpuq.extras.sim.simulate import replay  # noqa: E402
 from gpuq.extras.sim.timing import PassTiming  # noqa: E402
 from gpuq.extras.sim.trace import load_trace, parse_cluster  # noqa: E402
-from gpuq.sched.estimate import expected_starts  # noqa: E402
+from gpuq.sched.estimate import replay_starts  # noqa: E402
 from gpuq.sched.plan import plan  # noqa: E402
 
 SLACK_S = 60.0
@@ -50,7 +50,7 @@ def run(traces: Path, scenario: Scenario, every: int) -> dict:
     def decide(pending, hosts, running, now, usage):
         new = [p.id for p in pending if p.id in asked and p.id not in predicted]
         if new:
-            expected = expected_starts(pending, hosts, running, SIM_CONFIG, now, usage)
+            expected = replay_starts(pending, hosts, running, SIM_CONFIG, now, usage).starts
             for job_id in new:
                 predicted[job_id] = expected.get(job_id)
         decided = plan(pending, hosts, running, SIM_CONFIG, now, explain=False, usage=usage)

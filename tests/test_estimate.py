@@ -19,7 +19,6 @@ from gpuq.sched.estimate import (
     NOT_ESTIMATED,
     UNKNOWN,
     WHEN_IDLE,
-    expected_starts,
     replay_starts,
 )
 
@@ -32,7 +31,7 @@ def test_each_job_is_expected_when_the_limits_ahead_of_it_run_out():
         job("j3", mem_gib=None, queued_at=3),  # no limit: nothing behind it can be estimated
         job("j4", mem_gib=None, queued_at=4, limit_s=100),
     ]
-    assert expected_starts(pending, [host("h", gpu(0))], busy, CFG, now=10) == {"j1": 1000, "j2": 1300, "j3": 1600}
+    assert replay_starts(pending, [host("h", gpu(0))], busy, CFG, now=10).starts == {"j1": 1000, "j2": 1300, "j3": 1600}
 
 
 def test_a_job_without_an_estimate_says_why():
@@ -63,7 +62,7 @@ def test_a_job_without_an_estimate_says_why():
 def test_a_job_that_fits_now_is_expected_now_and_a_backfill_before_the_head():
     busy = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=1000)]
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=1), job("short", mem_gib=None, queued_at=2, limit_s=500)]
-    expected = expected_starts(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=10)
+    expected = replay_starts(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=10).starts
     assert expected == {"short": 10, "pair": 1000}  # short ends (510) before pair is due
 
 
@@ -99,7 +98,7 @@ def test_a_booking_ending_is_a_moment_the_estimate_moves_to():
     from gpuq.model.booking import Booking
 
     b = Booking("bk-1", "h", (0,), start=0, end=1800, owner="bob")
-    estimate = expected_starts(
+    estimate = replay_starts(
         [job("mine", user="ana", mem_gib=None, limit_s=300)], [host("h", gpu(0))], [], CFG, 10, bookings=[b]
     )
-    assert estimate == {"mine": 1800}
+    assert estimate.starts == {"mine": 1800}

@@ -61,22 +61,6 @@ class Estimate:
     why_none: dict[str, str] = field(default_factory=dict)
 
 
-def expected_starts(
-    pending: Sequence[PendingJob],
-    hosts: Sequence[HostView],
-    running: Sequence[RunningJob],
-    config: Config,
-    now: float,
-    usage: Mapping[str, float] | None = None,
-    blocked: Mapping[str, str] | None = None,
-    bookings: Sequence[Booking] = (),
-    estimates: Mapping[str, float] | None = None,
-) -> dict[str, float]:
-    """Job id -> the latest moment it is expected to start, for the jobs the replay starts.
-    `estimates`: how long jobs without a time limit are expected to run (learned_runs)."""
-    return replay_starts(pending, hosts, running, config, now, usage, blocked, bookings, estimates).starts
-
-
 def replay_starts(
     pending: Sequence[PendingJob],
     hosts: Sequence[HostView],
@@ -88,7 +72,9 @@ def replay_starts(
     bookings: Sequence[Booking] = (),
     estimates: Mapping[str, float] | None = None,
 ) -> Estimate:
-    """As expected_starts, with the reason each job it does not start has no estimate."""
+    """When each pending job is expected to start at the latest (`starts`, for the jobs the
+    replay starts), and why each of the others has no estimate (`why_none`). `estimates`: how
+    long jobs without a time limit are expected to run (learned_runs)."""
     estimates, blocked = estimates or {}, blocked or {}
     result = Estimate()
     waiting = []
