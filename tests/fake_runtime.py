@@ -150,10 +150,19 @@ class StandIns:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def close(self) -> None:
+        """End the containers still running, then the daemon. Only a container the daemon still
+        has as its child: an ended one's pid may be another process's by now (pid numbers wrap
+        within a suite on a 32768-pid machine), and a second suite beside this one lost its own
+        stand-in daemon to a group kill aimed at a long-gone container."""
+        import psutil
+
         for box in self.containers().values():
+            if box["exit"] is not None:
+                continue
             try:
-                os.killpg(box["pid"], 9)
-            except OSError:
+                if psutil.Process(box["pid"]).ppid() == self.daemon.pid:
+                    os.killpg(box["pid"], 9)
+            except (OSError, psutil.Error):
                 pass
         self.daemon.terminate()
         self.daemon.wait()

@@ -149,10 +149,17 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
             return ""
 
     def stop(self) -> None:
-        """SIGKILL: a slurmd that has lost its controller ignores SIGTERM."""
-        for pid_file in ("slurmd.pid", "slurmctld.pid", "munge/munged.pid"):
+        """SIGKILL: a slurmd that has lost its controller ignores SIGTERM. Only the daemon its pid
+        file names: one that died earlier left a number another process may have by now."""
+        for pid_file, name in (
+            ("slurmd.pid", "slurmd"),
+            ("slurmctld.pid", "slurmctld"),
+            ("munge/munged.pid", "munged"),
+        ):
             try:
-                os.kill(int((self.base / pid_file).read_text()), signal.SIGKILL)
+                pid = int((self.base / pid_file).read_text())
+                if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                    os.kill(pid, signal.SIGKILL)
             except (OSError, ValueError):
                 pass
         shutil.rmtree(self.spool, ignore_errors=True)
