@@ -60,6 +60,12 @@ class Registry:
     backends: dict[str, str] = field(default_factory=dict)
     # What the extras write beside the heartbeat (worker/publishing.py), in the extras' order.
     publishers: list[BoxPublisher] = field(default_factory=list)
+    # The bookings extra's hooks (PlacementRule, StatusSection, request kinds: at the end).
+    placement_rules: list[PlacementRule] = field(default_factory=list)
+    views: list[StatusSection] = field(default_factory=list)
+    # Request kinds of the inbox (spool/inbox.py) beyond the core's own verbs: kind ->
+    # "module:function" under gpuq, a `spool.applying.ApplyKind` the worker applies it with.
+    request_kinds: dict[str, str] = field(default_factory=dict)
 
 
 _registry: Registry | None = None
@@ -110,6 +116,7 @@ def _register(name: str, into: Registry) -> None:
             {v.name for v in trial.verbs} & {v.name for v in into.verbs}
             | set(trial.backends) & set(into.backends)
             | {p.name for p in trial.publishers} & {p.name for p in into.publishers}
+            | _clash_of_later_hooks(trial, into)
         )
         if clash:
             raise ValueError(f"another extra already gives {', '.join(sorted(clash))}")
@@ -120,6 +127,7 @@ def _register(name: str, into: Registry) -> None:
     into.verbs += trial.verbs
     into.backends.update(trial.backends)
     into.publishers += trial.publishers
+    _merge_later_hooks(trial, into)
 
 
 def fix(name: str) -> str:
@@ -150,3 +158,78 @@ def load(spec: str) -> Any:
     imported now."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(f"gpuq.{module}"), name)
+
+
+# --- placement rules, status sections, request kinds (the bookings extra's hooks) -----------
+
+
+@dataclass(frozen=True)
+class PlacementRule:
+    """GPUs an extra sets aside for someone over a window (the bookings extra's bookings).
+    `set_aside` is "module:function" under gpuq, a function (layout, now) -> list of
+    model.jobs.SetAside, called at the edge (a worker's pass, `gpuq status`), which reads what
+    it needs from disk; the plan is handed the values, never the rule (sched/plan.py stays pure)."""
+
+    name: str
+    set_aside: str
+
+
+@dataclass(frozen=True)
+class StatusSection:
+    """A section of `gpuq status` (the bookings extra's BOOKINGS). `read` is "module:function"
+    under gpuq, (layout, now) -> a JSON-able value, put in the status view (`status --json`)
+    under `name`; `render` is "module:function" under gpuq, (that value, as safe text) -> the
+    section's lines, shown after PENDING. `title` is the section's first word (`gpuq top`
+    orders sections by it)."""
+
+    name: str
+    title: str
+    read: str
+    render: str
+
+
+def _clash_of_later_hooks(trial: Registry, into: Registry) -> set[str]:
+    return (
+        {r.name for r in trial.placement_rules} & {r.name for r in into.placement_rules}
+        | {v.name for v in trial.views} & {v.name for v in into.views}
+        | set(trial.request_kinds) & set(into.request_kinds)
+    )
+
+
+def _merge_later_hooks(trial: Registry, into: Registry) -> None:
+    into.placement_rules += trial.placement_rules
+    into.views += trial.views
+    into.request_kinds.update(trial.request_kinds)
+
+
+def set_aside(layout: Any, now: float) -> list:
+    """Every placement rule's GPUs set aside (model.jobs.SetAside), for the plan: read now."""
+    return [aside for rule in registry().placement_rules for aside in load(rule.set_aside)(layout, now)]
+
+
+# Directories under state/ that only an extra reads and writes, each with that extra (as
+# KEYS_OF_EXTRAS for config keys): without it, what they hold goes unused, and `doctor` says so.
+STATE_OF_EXTRAS: dict[str, str] = {"bookings": "bookings"}
+
+
+def unused_state(state_dir: Path) -> list[tuple[str, str]]:
+    """Each directory of STATE_OF_EXTRAS under `state_dir` that holds files while its extra
+    is not loaded: what goes unused and why, and the fix."""
+    found = []
+    for name, extra in STATE_OF_EXTRAS.items():
+        if extra in registry().loaded:
+            continue
+        try:
+            held = sum(1 for _ in os.scandir(state_dir / name))
+        except OSError:
+            continue
+        if held:
+            why = registry().broken.get(extra) or f"gpuq/extras/{extra} is not there"
+            found.append(
+                (
+                    f"state/{name} holds {held} file(s) that only the {extra} extra reads, and {why}: "
+                    "they are ignored (nothing there is honoured or shown)",
+                    f"restore gpuq/extras/{extra} (reinstall gpuq from its checkout), or remove state/{name}'s files",
+                )
+            )
+    return found

@@ -174,13 +174,9 @@ def test_an_error_file_is_never_written_through_a_link_and_stays_one_line(team):
     assert "\n* * * * *" not in (team.root / "logs" / "workers" / "a.log").read_text()
 
 
-def test_garbage_bookings_and_groups_never_stop_a_worker_or_status(team):
-    """H5, H6: one malformed booking stopped every start and crashed status; one bad file
-    in state/groups/ crashed every worker start (a cron restart loop)."""
-    (team.root / "state" / "bookings" / "bk-999.json").write_text('{"id": "bk-999", "hello": 1}')
-    (team.root / "state" / "bookings" / "bk-998.json").write_text(
-        '{"id": "bk-998", "host": "a", "gpus": [0], "start": 0, "end": 1e300, "owner": "x"}'
-    )
+def test_garbage_groups_never_stop_a_worker_or_status(team):
+    """H6: one bad file in state/groups/ crashed every worker start (a cron restart loop).
+    (H5, garbage bookings: the bookings extra's tests.)"""
     (team.root / "state" / "groups" / "leak.yaml").write_text("a: [unclosed\n")
     team.start_worker("a", "1x80GiB")
     team.drop_as(ALICE, "ok.yaml", "command: echo ok\ngpus: 1\ngpu_mem: 1GiB\nworkdir: /\n")
@@ -282,21 +278,12 @@ def test_a_backdated_spec_does_not_jump_the_queue(team):
     assert second["queued_at"] > time.time() - 3600  # not 2001: the place is when the file landed
 
 
-def test_unbook_and_drain_judge_the_file_owner_not_the_environment(team):
-    """M4: `LOGNAME=alice gpuq unbook` passed as alice; newcomer: anyone could drain any host
-    or book for anyone."""
+def test_drain_judges_the_file_owner_not_the_environment(team):
+    """Newcomer: anyone could drain any host (M4, unbook: the bookings extra's tests)."""
     team.start_worker("a", "2x80GiB")
-    booked = team.as_user(ALICE, "book", "a:0", "--from", "now", "--to", "1h")
-    assert booked.returncode == 0 and booked.stdout.startswith("bk-1:"), booked.stderr
-    spoof = team.as_user(BOB, "unbook", "bk-1", env={"LOGNAME": ALICE, "USER": ALICE})
-    assert spoof.returncode == 1 and "only they, root or an admin may remove it" in spoof.stderr
-    assert (team.root / "state" / "bookings" / "bk-1.json").exists()
-    for_other = team.as_user(BOB, "book", "a:1", "--from", "now", "--to", "1h", "--for", ALICE)
-    assert for_other.returncode == 1 and "only root or an admin" in for_other.stderr
     drain = team.as_user(BOB, "drain", "a")
     assert drain.returncode == 1 and "only root or an admin" in drain.stderr
     assert not (team.root / "state" / "drain" / "a.json").exists()
-    assert team.as_user(ALICE, "unbook", "bk-1").returncode == 0
 
 
 def test_a_forged_request_is_judged_by_its_owner_and_garbage_is_answered(team):

@@ -12,6 +12,7 @@ from test_plan import gpu, host
 from test_plan_scheduling import CFG, job, run
 
 from conftest import wait_until
+from gpuq.model.jobs import SetAside
 from gpuq.sched.estimate import (
     AFTER_DEPENDENCIES,
     LATER,
@@ -95,10 +96,8 @@ def test_status_shows_when_a_waiting_job_will_start_at_the_latest(queue):
 
 def test_a_booking_ending_is_a_moment_the_estimate_moves_to():
     """A review: a job waiting only for someone's booking to end had no estimate."""
-    from gpuq.model.booking import Booking
-
-    b = Booking("bk-1", "h", (0,), start=0, end=1800, owner="bob")
+    b = SetAside("h", (0,), start=0, end=1800, owner="bob")
     estimate = replay_starts(
-        [job("mine", user="ana", mem_gib=None, limit_s=300)], [host("h", gpu(0))], [], CFG, 10, bookings=[b]
+        [job("mine", user="ana", mem_gib=None, limit_s=300)], [host("h", gpu(0))], [], CFG, 10, set_aside=[b]
     )
     assert estimate.starts == {"mine": 1800}

@@ -18,12 +18,17 @@ from gpuq.model.config import KEYS_OF_EXTRAS
 
 pytestmark = pytest.mark.slow  # each runs the fast set again in a copy
 
+# A value other than the default for each key only an extra reads (else: a path under the test's folder).
+SET_TO = {"max_booked_gpu_hours": 10}
 EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py").exists())
 
 
 def test_the_extras_are_found_by_listing_their_folder():
-    assert {"reports", "sim", "slurm"} <= set(EXTRAS) and hooks.registry().broken == {}
-    assert {"report", "eff", "simulate", "export"} <= {v.name for v in hooks.registry().verbs}
+    assert {"bookings", "reports", "sim", "slurm"} <= set(EXTRAS) and hooks.registry().broken == {}
+    assert {"book", "unbook", "report", "eff", "simulate", "export"} <= {v.name for v in hooks.registry().verbs}
+    assert set(hooks.registry().request_kinds) == {"book", "unbook"}
+    assert [r.name for r in hooks.registry().placement_rules] == ["bookings"]
+    assert [v.name for v in hooks.registry().views] == ["bookings"]
     assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
     assert [(p.name, p.start) for p in hooks.registry().publishers] == [("metrics", "extras.reports.metrics:start")]
 
@@ -111,14 +116,31 @@ def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tm
         refused = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
         assert refused.returncode == 2 and f"gpuq/extras/{extra} is not there" in refused.stderr, refused.stderr
     keys = [key for key, reader in KEYS_OF_EXTRAS.items() if reader == extra]
-    if keys:  # each set to a path (metrics_dir: where the metrics file would go)
+    if keys:  # each set to a value other than its default (metrics_dir: where the metrics file would go)
         root = tmp_path / "root-keys"
         assert run("gpuq.py", "init", str(root)).returncode == 0
-        (root / "config.yaml").write_text("".join(f"{key}: {tmp_path / key}\n" for key in keys))
+        (root / "config.yaml").write_text("".join(f"{key}: {SET_TO.get(key, tmp_path / key)}\n" for key in keys))
         ran = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
         assert ran.returncode == 0, ran.stderr
         for key in keys:
             assert ran.stderr.count(f"sets {key}, which only the {extra} extra reads") == 1, ran.stderr
+    _its_state_is_ignored_and_said_once(run, tmp_path, extra)
+
+
+def _its_state_is_ignored_and_said_once(run, tmp_path: Path, extra: str) -> None:
+    """Files under state/ that only the deleted extra reads (STATE_OF_EXTRAS: bookings): a
+    worker and `status` go on as if they were not there, and `doctor` warns once."""
+    for name in [name for name, reader in hooks.STATE_OF_EXTRAS.items() if reader == extra]:
+        root = tmp_path / f"root-state-{name}"
+        assert run("gpuq.py", "init", str(root)).returncode == 0
+        (root / "state" / name / "left.json").write_text("{}")
+        ran = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
+        assert ran.returncode == 0, ran.stderr
+        status = run("gpuq.py", "--root", str(root), "status")
+        assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+        doctor = json.loads(run("gpuq.py", "--root", str(root), "doctor", "--json").stdout)
+        said = [f for f in doctor["findings"] if f"state/{name} holds 1 file(s)" in f["message"]]
+        assert [f["level"] for f in said] == ["warn"] and f"only the {extra} extra reads" in said[0]["message"]
 
 
 def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Path):

@@ -14,6 +14,11 @@ import gpuq.extras
 from gpuq import hooks
 from gpuq.cli.doctor import check_extras
 from gpuq.model.config import Config
+from gpuq.spool.applying import apply_request
+from gpuq.spool.inbox import RequestError, parse_request
+from gpuq.spool.layout import Layout
+from gpuq.views.render import status_text
+from gpuq.views.status import status
 
 GOOD = """
 from gpuq.hooks import Verb
@@ -99,13 +104,14 @@ def test_an_extra_that_exits_a_copy_a_link_or_one_others_can_write_is_left_out(e
     assert "is not gpuq's own" in got.broken["writable"] and "mode 777" in got.broken["writable"]
 
 
-def test_doctor_reports_a_broken_extra_and_a_backend_no_extra_gives(extras_in):
+def test_doctor_reports_a_broken_extra_and_a_backend_no_extra_gives(extras_in, tmp_path_factory):
     extras_in("raises", "raise ImportError('half installed')\n")
-    findings = check_extras(Config(backend="slurm"))
+    layout = Layout(tmp_path_factory.mktemp("queue"))
+    findings = check_extras(layout, Config(backend="slurm"))
     assert [(f.level, f.check) for f in findings] == [("warn", "extras"), ("fail", "extras")]
     assert "half installed" in findings[0].message and "delete the folder gpuq/extras/raises" in findings[0].fix
     assert "every worker refuses to start" in findings[1].message and "backend: local" in findings[1].fix
-    assert [(f.level, f.message) for f in check_extras(Config())][:1] == [("warn", findings[0].message)]
+    assert [(f.level, f.message) for f in check_extras(layout, Config())][:1] == [("warn", findings[0].message)]
 
 
 def test_an_extras_publisher_gets_each_publication_of_the_box_and_one_that_fails_stops_nothing(
@@ -143,5 +149,55 @@ def test_a_key_only_an_absent_extra_reads_is_said_once_by_the_worker_and_by_doct
     said = "config.yaml sets metrics_dir, which only the reports extra reads, and gpuq/extras/reports is not there"
     assert caplog.text.count(said) == 1 and "remove metrics_dir from config.yaml" in caplog.text
     assert not list(box.layout.state.glob("metrics/*.prom"))  # and the worker went on, writing none
-    (finding,) = [f for f in check_extras(Config(metrics_dir="/m")) if "metrics_dir" in f.message]
+    (finding,) = [f for f in check_extras(box.layout, Config(metrics_dir="/m")) if "metrics_dir" in f.message]
     assert finding.level == "warn" and said in finding.message and "restore gpuq/extras/reports" in finding.fix
+
+
+# An extra with the bookings extra's kinds of hooks, written here: the core asks for each
+# without naming an extra (a placement rule's values reach the plan, a section reaches status,
+# a request kind is let into the inbox and applied).
+ASIDE = """
+from gpuq.hooks import PlacementRule, StatusSection
+from gpuq.model.jobs import SetAside
+def set_aside(layout, now):
+    return [SetAside("a", (0,), now - 1, now + 3600, "nobody")]
+def read(layout, now):
+    return {"said": "hello"}
+def render(part):
+    return ["", "ASIDE " + part["said"]]
+def apply(layout, config, host, actor, request):
+    return [(True, "aside by " + actor.name)]
+def register(registry):
+    registry.placement_rules.append(PlacementRule("aside", "extras.aside:set_aside"))
+    registry.views.append(StatusSection("aside", "ASIDE", "extras.aside:read", "extras.aside:render"))
+    registry.request_kinds["aside"] = "extras.aside:apply"
+"""
+
+
+def test_an_extras_placement_rule_section_and_request_kind_reach_the_core(extras_in, tmp_path_factory):
+    extras_in("aside", ASIDE)
+    extras_in("aside_copy", ASIDE)  # the same names again: left out whole
+    assert "another extra already gives aside" in hooks.registry().broken["aside_copy"]
+    box = PassWorker(tmp_path_factory.mktemp("queue") / "root", fake_gpus="1x80GiB")
+    box.drop("mine.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 1GiB\n")
+    for _ in range(3):
+        box.run_pass(after_s=1)
+    assert box.launched() == []  # the GPU is set aside for nobody
+    view = status(box.layout, box.worker.config, now=box.clock.wall())
+    assert view["pending"][0]["reason"].startswith("GPU a:0 booked for nobody until ")
+    assert view["aside"] == {"said": "hello"} and "\nASIDE hello\n" in status_text(view)
+    request = parse_request(b'{"verb": "aside"}', "r-1-0000000000000000.json", 0)
+    assert apply_request(box.layout, box.worker.config, "a", request).outcomes == ((True, "aside by root"),)
+
+
+def test_without_the_extra_its_request_kind_is_refused_and_its_files_are_ignored_said_once(extras_in, tmp_path_factory):
+    extras_in("good", GOOD)  # no bookings extra among them
+    with pytest.raises(RequestError, match="no known verb"):
+        parse_request(b'{"verb": "book", "args": {}}', "r-1-0000000000000000.json", 0)
+    layout = Layout(tmp_path_factory.mktemp("queue"))
+    layout.ensure()
+    assert not [f for f in check_extras(layout, Config()) if "state/bookings" in f.message]  # empty: not a word
+    (layout.state / "bookings" / "bk-1.json").write_text("{}")
+    (finding,) = [f for f in check_extras(layout, Config()) if "state/bookings" in f.message]
+    assert finding.level == "warn" and "gpuq/extras/bookings is not there" in finding.message
+    assert "they are ignored" in finding.message and "restore gpuq/extras/bookings" in finding.fix

@@ -11,7 +11,7 @@ import pytest
 from test_plan import GIB, gpu, host
 
 from gpuq.model.config import Config
-from gpuq.model.jobs import HostView, PendingJob, RunningJob
+from gpuq.model.jobs import HostView, PendingJob, RunningJob, SetAside
 from gpuq.model.spec import JobSpec
 from gpuq.model.usage import UsageLedger
 from gpuq.model.windows import parse_window
@@ -357,21 +357,19 @@ def test_opportunistic_jobs_never_preempt_each_other_and_preemption_can_be_off()
     assert plan(pending[1:], hosts, busy, CFG, now=100).preempts == {"lo": "job n needs its GPU memory"}
 
 
-# --- bookings ----------------------------------------------------------------------------------
+# --- GPUs set aside (bookings: the bookings extra hands the plan SetAside values) ---------
 
 
 def test_a_booked_gpu_takes_only_its_owners_jobs_and_opportunistic_ones():
-    from gpuq.model.booking import Booking
-
-    b = Booking("bk-1", "h", (0,), start=100, end=200, owner="ana")
+    b = SetAside("h", (0,), start=100, end=200, owner="ana")
     hosts = [host("h", gpu(0))]
-    result = plan([job("bo-1", user="bo")], hosts, [], CFG, now=150, bookings=[b])
+    result = plan([job("bo-1", user="bo")], hosts, [], CFG, now=150, set_aside=[b])
     assert starts(result) == {}
     assert result.reasons["bo-1"].startswith("GPU h:0 booked for ana until ")
-    assert starts(plan([job("ana-1", user="ana")], hosts, [], CFG, now=150, bookings=[b])) == {"ana-1": ("h", (0,))}
-    assert starts(plan([job("bo-1", user="bo")], hosts, [], CFG, now=250, bookings=[b])) == {"bo-1": ("h", (0,))}
+    assert starts(plan([job("ana-1", user="ana")], hosts, [], CFG, now=150, set_aside=[b])) == {"ana-1": ("h", (0,))}
+    assert starts(plan([job("bo-1", user="bo")], hosts, [], CFG, now=250, set_aside=[b])) == {"bo-1": ("h", (0,))}
     idle = [HostView("h", (gpu(0),), 1, {0: 0.0})]  # idle long enough for opportunistic work
-    assert starts(plan([job("bo-low", user="bo", priority="low")], idle, [], CFG, now=150, bookings=[b])) == {
+    assert starts(plan([job("bo-low", user="bo", priority="low")], idle, [], CFG, now=150, set_aside=[b])) == {
         "bo-low": ("h", (0,))
     }
 
@@ -380,54 +378,48 @@ def test_a_job_that_would_run_into_someone_elses_booking_does_not_start_on_those
     """Newcomer review D5: others' jobs ran through a booking. bo's job may run for 2 h and
     ana's booking of h:0 begins in 1 h: it takes h:1 instead, or waits, and says why; a job
     that ends before the booking, or ana's own, may use h:0."""
-    from gpuq.model.booking import Booking
-
-    b = Booking("bk-1", "h", (0,), start=3600, end=7200, owner="ana")
+    b = SetAside("h", (0,), start=3600, end=7200, owner="ana")
     one = [host("h", gpu(0))]
     long = job("bo-long", user="bo", limit_s=7200)
-    result = plan([long], one, [], CFG, now=0, bookings=[b])
+    result = plan([long], one, [], CFG, now=0, set_aside=[b])
     assert starts(result) == {} and result.reasons["bo-long"].startswith("GPU h:0 booked for ana from ")
     assert result.reasons["bo-long"].endswith("this job may run past that (its time limit)")
-    unlimited = plan([job("bo-any", user="bo")], one, [], CFG, now=0, bookings=[b])
+    unlimited = plan([job("bo-any", user="bo")], one, [], CFG, now=0, set_aside=[b])
     assert unlimited.reasons["bo-any"].endswith("this job has no time limit")
-    assert starts(plan([job("bo-short", user="bo", limit_s=1800)], one, [], CFG, now=0, bookings=[b])) == {
+    assert starts(plan([job("bo-short", user="bo", limit_s=1800)], one, [], CFG, now=0, set_aside=[b])) == {
         "bo-short": ("h", (0,))
     }
-    assert starts(plan([job("ana-1", user="ana", limit_s=7200)], one, [], CFG, now=0, bookings=[b])) == {
+    assert starts(plan([job("ana-1", user="ana", limit_s=7200)], one, [], CFG, now=0, set_aside=[b])) == {
         "ana-1": ("h", (0,))
     }
     two = [host("h", gpu(0), gpu(1))]
-    assert starts(plan([long], two, [], CFG, now=0, bookings=[b])) == {"bo-long": ("h", (1,))}
+    assert starts(plan([long], two, [], CFG, now=0, set_aside=[b])) == {"bo-long": ("h", (1,))}
 
 
 def test_a_booking_owners_jobs_go_to_the_gpus_they_booked_first():
     """Newcomer review: ben's jobs went onto the one unbooked GPU while his booked ones sat
     empty, so ana's jobs waited."""
-    from gpuq.model.booking import Booking
-
-    b = Booking("bk-1", "h", (0, 1), start=100, end=200, owner="ben")
+    b = SetAside("h", (0, 1), start=100, end=200, owner="ben")
     hosts = [host("h", gpu(0), gpu(1), gpu(2), gpu(3))]
     pending = [job(f"ben-{i}", user="ben", queued_at=i) for i in range(3)] + [job("ana-1", user="ana", queued_at=9)]
-    placed = starts(plan(pending, hosts, [], CFG, now=150, bookings=[b]))
+    placed = starts(plan(pending, hosts, [], CFG, now=150, set_aside=[b]))
     assert all(placed[f"ben-{i}"][1] in ((0,), (1,)) for i in range(3)), placed  # his booked GPUs first
     assert placed["ana-1"][1] in ((2,), (3,)), placed  # the unbooked ones stay for the others
     whole = [job(f"ben-w{i}", user="ben", mem_gib=None, queued_at=i) for i in range(3)]  # a GPU each
-    placed = starts(plan(whole, hosts, [], CFG, now=150, bookings=[b]))
+    placed = starts(plan(whole, hosts, [], CFG, now=150, set_aside=[b]))
     assert sorted(placed[f"ben-w{i}"][1] for i in range(2)) == [(0,), (1,)] and placed["ben-w2"][1] in ((2,), (3,))
 
 
 def test_opportunistic_jobs_there_before_a_booking_yield_when_it_begins():
-    from gpuq.model.booking import Booking
-
-    b = Booking("bk-1", "h", (0,), start=100, end=200, owner="ana")
+    b = SetAside("h", (0,), start=100, end=200, owner="ana")
     running = [
         run("early", user="bo", low=True, started_at=50),
         run("late", user="bo", low=True, started_at=120),
         run("anas", user="ana", low=True, started_at=50),
     ]
-    result = plan([], [host("h", gpu(0))], running, CFG, now=150, bookings=[b])
+    result = plan([], [host("h", gpu(0))], running, CFG, now=150, set_aside=[b])
     assert set(result.preempts) == {"early"} and result.preempts["early"].startswith("GPU h:0 booked for ana from ")
-    assert plan([], [host("h", gpu(0))], running, CFG, now=90, bookings=[b]).preempts == {}
+    assert plan([], [host("h", gpu(0))], running, CFG, now=90, set_aside=[b]).preempts == {}
 
 
 def test_a_job_whose_victim_is_yielding_keeps_that_hold_and_preempts_no_second_one():
@@ -446,9 +438,7 @@ def test_a_job_whose_victim_is_yielding_keeps_that_hold_and_preempts_no_second_o
 def test_the_heads_reservation_is_never_on_a_gpu_someone_else_has_booked():
     """A review: carol's head was reserved bob's booked GPU (and said a time that was not her
     START BY). Only GPUs with no one else's booking to come are reserved for her."""
-    from gpuq.model.booking import Booking
-
-    b = Booking("bk-1", "h", (1,), start=500, end=5000, owner="bob")
+    b = SetAside("h", (1,), start=500, end=5000, owner="bob")
     busy = [
         run("r0", gpus=(0,), mem_gib=None, limit_s=3000, user="ana"),
         run("r1", gpus=(1,), mem_gib=None, limit_s=100, user="ana"),
@@ -459,7 +449,7 @@ def test_the_heads_reservation_is_never_on_a_gpu_someone_else_has_booked():
         busy,
         CFG,
         now=50,
-        bookings=[b],
+        set_aside=[b],
     )
     assert result.reserved == {"carolj": ("h", (0,), 3000)}
 

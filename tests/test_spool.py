@@ -12,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.host import faults
 from gpuq.host.files import atomic_write
 from gpuq.host.owners import Actor
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.states import ALLOWED, State, TransitionError, check_transition
-from gpuq.spool import bookings
 from gpuq.spool.decommission import forget
 from gpuq.spool.drain import DrainError
 from gpuq.spool.layout import Layout, job_id_for_spec_name
@@ -120,21 +118,3 @@ def test_a_lost_reply_after_a_successful_rename_is_settled_by_the_destination(la
     got = claim(layout, layout.jobs / "j.yaml", claim_name("j", "a", "boot0000", 1))
     assert got is not None and got.exists()
     assert claim(layout, layout.jobs / "j.yaml", claim_name("j", "b", "boot0000", 1)) is None
-
-
-def test_a_booking_the_disk_refuses_leaves_no_file_behind(tmp_path, monkeypatch):
-    """A booking was created empty, then written in place: a reader could see half of one (and
-    skip it in the overlap check), and a full disk left an empty bk-N.json that nothing removed.
-    Now it is written whole, then linked into place."""
-    layout = Layout(tmp_path)
-    layout.ensure()
-    me = pwd.getpwuid(os.getuid()).pw_name
-    actor = Actor(os.getuid(), me, True)
-    monkeypatch.setattr(faults, "_io_faults", {"write:bookings": "ENOSPC"})
-    with pytest.raises(OSError) as full:
-        bookings.book(layout, "box", (0,), 100.0, 200.0, me, "", 50.0, actor)
-    assert full.value.errno == errno.ENOSPC
-    assert sorted(p.name for p in layout.bookings.iterdir()) == []
-    monkeypatch.setattr(faults, "_io_faults", {})
-    made = bookings.book(layout, "box", (0,), 100.0, 200.0, me, "", 50.0, actor)
-    assert [b.id for b in bookings.load(layout)] == [made.id]

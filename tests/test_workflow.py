@@ -314,35 +314,6 @@ def test_always_restarts_after_success_and_on_failure_does_not(queue):
     assert wait_until(lambda: queue.finished("loop"), timeout=30)["state"] == "cancelled"
 
 
-# --- bookings ---------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_a_booking_keeps_others_jobs_off_its_gpus_until_it_is_removed(queue):
-    queue.write_config()
-    queue.start_worker("a", "2x80GiB")
-    booked = queue.gpuq("book", "a:0,1", "--from", "now", "--to", "1h", "--for", "nobody", "--note", "board demo")
-    assert booked.stdout.startswith("bk-1: bk-1 (nobody, a:0,1, ") and "board demo" in booked.stdout
-    clash = queue.gpuq("book", "a:1", "--from", "now", "--to", "30m", check=False)
-    assert (
-        clash.returncode == 1
-        and "overlaps booking bk-1 (nobody, a:0,1," in clash.stderr
-        and "gpuq unbook bk-1" in clash.stderr
-    )
-    later = queue.gpuq("book", "a:1", "--from", "2099-01-01 10:00", "--to", "2h", "--for", "daemon")
-    assert later.stdout.startswith("bk-2: bk-2 (daemon, a:1, ")  # a later slot on the same GPU is fine
-    job = submit(queue, "--gpus", "1", "--gpu-mem", "10GiB", "--name", "mine", "--", "true")
-    view = wait_until(lambda: (v := queue.status()) and v["pending"] and v, timeout=10)
-    assert view["pending"][0]["reason"].startswith("GPU a:0 booked for nobody until ")
-    assert [(b["owner"], b["active"]) for b in view["bookings"]] == [("nobody", True), ("daemon", False)]
-    assert "BOOKINGS" in queue.gpuq("status").stdout and "NOW, until" in queue.gpuq("status").stdout
-    assert queue.finished(job) is None
-    assert queue.gpuq("unbook", "bk-1").stdout.startswith("bk-1: removed")
-    assert wait_until(lambda: queue.finished(job), timeout=30)["state"] == "done"
-    bad = queue.gpuq("book", "a:7", "--from", "now", "--to", "1h", check=False)
-    assert bad.returncode == 2 and "a has no GPU 7" in bad.stderr
-
-
 @pytest.mark.slow
 def test_a_job_cancelled_after_a_release_queues_anew_when_retried(queue):
     queue.write_config()

@@ -78,7 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_top_verb(sub)
     _add_queue_place_verbs(sub)
     _add_host_verbs(sub)
-    _add_booking_verbs(sub)
     _add_setup_verbs(sub)
     _add_hidden_verbs(sub)
     _add_demo_verb(sub)
@@ -208,23 +207,6 @@ def _add_host_verbs(sub: _Verbs) -> None:
         "stop listing a host taken out of the team (admins; its worker stopped, no job left there)",
     )
     sp.add_argument("host")
-
-
-def _add_booking_verbs(sub: _Verbs) -> None:
-    """GPUs set aside for a person or an event: book, unbook."""
-    sp = _verb(
-        sub,
-        "book",
-        _lazy("cli.workflow", "cmd_book"),
-        "set GPUs aside for a person or an event: only their jobs (and opportunistic ones) run there then",
-    )
-    sp.add_argument("target", metavar="HOST:GPUS", help="box-a:0,1, box-a:0-3 or box-a (all its GPUs)")
-    sp.add_argument("--from", dest="start", required=True, help="14:00, now, or '2026-12-01 14:00'")
-    sp.add_argument("--to", dest="end", required=True, help="18:00, '2026-12-01 18:00', or a length: 4h")
-    sp.add_argument("--for", dest="owner", metavar="NAME", help="whose jobs may run there (default: you)")
-    sp.add_argument("--note", help="shown in status, e.g. 'demo for the board'")
-    sp = _verb(sub, "unbook", _lazy("cli.workflow", "cmd_book"), "remove a booking")
-    sp.add_argument("id")
 
 
 def _add_setup_verbs(sub: _Verbs) -> None:

@@ -466,9 +466,9 @@ def _running(name: str) -> bool:
     return False
 
 
-def check_extras(config: Config) -> list[Finding]:
-    """The extras (gpuq/extras/, hooks.py): each broken one, a backend no extra gives, and a
-    key set that only an absent extra reads."""
+def check_extras(layout: Layout, config: Config) -> list[Finding]:
+    """The extras (gpuq/extras/, hooks.py): each broken one, a backend no extra gives, a key
+    set that only an absent extra reads, and files under state/ that only it reads."""
     extras = hooks.registry()
     out = [
         Finding("warn", "extras", f"{why}: gpuq runs without it", hooks.fix(name))
@@ -485,6 +485,7 @@ def check_extras(config: Config) -> list[Finding]:
             )
         )
     out += [Finding("warn", "extras", unused, fix) for unused, fix in hooks.unused_keys(config)]
+    out += [Finding("warn", "extras", unused, fix) for unused, fix in hooks.unused_state(layout.state)]
     return out or [Finding("ok", "extras", f"extras loaded: {', '.join(extras.loaded) or 'none'}")]
 
 
@@ -500,7 +501,7 @@ def diagnose(layout: Layout, config: Config, now: float, squash: list[Finding] |
         *check_filesystems(layout, config),
         *check_clocks(layout),
         check_cron(layout, config, now),
-        *check_extras(config),
+        *check_extras(layout, config),
     ]
 
 

@@ -20,7 +20,6 @@ from gpuq.cli.requests import run_request
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.text import safe_text
-from gpuq.spool import bookings
 from gpuq.spool.deps import DependencyStates
 from gpuq.spool.holds import held_spec
 from gpuq.spool.intake import read_spec_file
@@ -194,40 +193,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             if f.fix and f.level != "ok":
                 print(f"     {'':<12} fix: {f.fix}")
     return 1 if any(f.level == "fail" for f in findings) else 0
-
-
-def cmd_book(args: argparse.Namespace) -> int:
-    """`gpuq book HOST:GPUS --from --to [--for] [--note]` and `gpuq unbook ID`: checked here
-    for a quick answer, then sent as a request (the worker checks again and decides)."""
-    if args.verb == "unbook":
-        return run_request(args, "unbook", id=args.id)
-    layout = open_layout(args)
-    now = time.time()
-    try:
-        host, gpus = bookings.parse_target(args.target)
-        offered = {hb["host"]: sorted(g["index"] for g in hb.get("gpus", [])) for hb in load_heartbeats(layout)}
-        if host not in offered:
-            raise bookings.BookingError(
-                f"no host named {host!r} has run a worker here (hosts: {', '.join(sorted(offered)) or 'none'})"
-            )
-        missing = sorted(set(gpus or ()) - set(offered[host]))
-        if missing:
-            raise bookings.BookingError(f"{host} has no GPU {missing[0]} (it offers {offered[host]})")
-        start = bookings.parse_when(args.start, now)
-        end = bookings.parse_when(args.end, now, after=start)
-    except bookings.BookingError as e:
-        print(f"gpuq {args.verb}: {e}", file=sys.stderr)
-        return 2
-    return run_request(
-        args,
-        "book",
-        host=host,
-        gpus=list(gpus or offered[host]),
-        start=start,
-        end=end,
-        owner=args.owner,
-        note=args.note or "",
-    )
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

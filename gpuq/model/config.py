@@ -365,7 +365,7 @@ KEYS: dict[str, tuple[str, Any]] = {
 }
 # Keys only an extra reads (gpuq/extras/NAME/), each with that extra. They stay valid without
 # it (a config outlives a deleted folder): a worker and `doctor` say that one set goes unused.
-KEYS_OF_EXTRAS: dict[str, str] = {"metrics_dir": "reports"}
+KEYS_OF_EXTRAS: dict[str, str] = {"metrics_dir": "reports", "max_booked_gpu_hours": "bookings"}
 
 # Supervisors stop their jobs once their host's heartbeat is FENCE_FRACTION of lost_after_s
 # old, and need grace_s more: that must end before other hosts may take the jobs over.

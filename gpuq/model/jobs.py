@@ -87,6 +87,24 @@ class HostView:
 
 
 @dataclass(frozen=True)
+class SetAside:
+    """GPUs set aside for one person over a window: a placement rule's value (hooks.py
+    `placement_rules`; the bookings extra's bookings), read at the edge and handed to `plan`.
+    While it is on, only its owner's jobs and opportunistic ones go there (and opportunistic
+    jobs that were there before it began yield); before it begins, nobody else's job that may
+    still run at its start goes there. The plan's reasons call it "booked for OWNER"."""
+
+    host: str
+    gpus: tuple[int, ...]
+    start: float
+    end: float
+    owner: str
+
+    def active(self, now: float) -> bool:
+        return self.start <= now < self.end
+
+
+@dataclass(frozen=True)
 class Start:
     job_id: str
     host: str

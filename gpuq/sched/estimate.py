@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from gpuq.model.booking import Booking
 from gpuq.model.config import Config
-from gpuq.model.jobs import HostView, PendingJob, RunningJob
+from gpuq.model.jobs import HostView, PendingJob, RunningJob, SetAside
 from gpuq.model.usage import estimate
 from gpuq.sched.plan import plan
 
@@ -69,7 +68,7 @@ def replay_starts(
     now: float,
     usage: Mapping[str, float] | None = None,
     blocked: Mapping[str, str] | None = None,
-    bookings: Sequence[Booking] = (),
+    set_aside: Sequence[SetAside] = (),
     estimates: Mapping[str, float] | None = None,
 ) -> Estimate:
     """When each pending job is expected to start at the latest (`starts`, for the jobs the
@@ -96,7 +95,7 @@ def replay_starts(
             left = LATER
             break
         decided = plan(
-            waiting, hosts, active, config, t, explain=False, bookings=bookings, usage=usage, estimates=estimates
+            waiting, hosts, active, config, t, explain=False, set_aside=set_aside, usage=usage, estimates=estimates
         )
         by_id = {j.id: j for j in waiting}
         for s in decided.starts:
@@ -119,8 +118,8 @@ def replay_starts(
             started = {s.job_id for s in decided.starts}
             waiting = [j for j in waiting if j.id not in started]
             continue  # the same moment again: a start may let the next job plan anew
-        # The next moment anything changes: a running job's limit, a booking's start or end.
-        ends = [r.ends_by for r in active if r.ends_by > t] + [e for b in bookings for e in (b.start, b.end) if e > t]
+        # The next moment anything changes: a running job's limit, a set-aside's (booking's) start or end.
+        ends = [r.ends_by for r in active if r.ends_by > t] + [e for b in set_aside for e in (b.start, b.end) if e > t]
         if not ends or min(ends) == float("inf"):
             # Nothing known ends: behind a job without a limit, the rest cannot be told; with
             # every job gone, what is left fits nowhere as the GPUs are (too big, a person's

@@ -62,7 +62,8 @@ class Slot:
     # free enough for it): a job that ends by then may use it (backfill), nothing else.
     reserved_mib: int = 0
     reserved_from: float = float("inf")
-    booked_for: str | None = None  # a booking on now (spool/bookings.py): only its owner's jobs, and opportunistic ones
+    # Set aside now (model/jobs.py SetAside: a booking): only its owner's jobs, and opportunistic ones.
+    booked_for: str | None = None
     booked_until: float = 0.0
     # Bookings to come: (start, owner), soonest first. A job of anyone else that may still
     # run at a booking's start does not start here (a booking is a reservation too).

@@ -13,9 +13,8 @@ import heapq
 from dataclasses import replace
 from typing import Iterator, Mapping, Sequence, TypedDict
 
-from gpuq.model.booking import Booking
 from gpuq.model.config import Config
-from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, Start
+from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, SetAside, Start
 from gpuq.model.sharing import uses_mps
 from gpuq.model.spec import JobSpec
 from gpuq.model.windows import describe, hhmm, moment, window_open
@@ -42,7 +41,7 @@ def plan(
     now: float,
     explain: bool = True,
     blocked: Mapping[str, str] | None = None,
-    bookings: Sequence["Booking"] = (),
+    set_aside: Sequence[SetAside] = (),
     estimates: Mapping[str, float] | None = None,
     usage: Mapping[str, float] | None = None,
 ) -> Plan:
@@ -51,7 +50,8 @@ def plan(
     first, as if no opportunistic job ran: where one lands on a GPU with opportunistic jobs,
     exactly those yield and the GPU is held for it. Then opportunistic jobs, in what is left.
     `blocked`: jobs that may not start whatever the GPUs (dependencies), with the reason.
-    `bookings`: GPUs set aside for a person while they are on (spool/bookings.py).
+    `set_aside`: GPUs set aside for a person over a window (model/jobs.py SetAside: the
+    extras' placement rules, such as bookings, read by the caller).
     `estimates`: job id -> how long a job without a time limit is expected to run (from its
     owner's history of like jobs), which lets it backfill ahead of a reservation.
     `usage`: each user's decayed GPU-seconds of ended jobs (model/usage.py), for fair share."""
@@ -59,7 +59,7 @@ def plan(
     slots = placement.build_slots(
         hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s, invisible=config.preemption
     )
-    booked = _apply_bookings(slots, bookings, now)
+    booked = _apply_set_asides(slots, set_aside, now)
     use = fairshare.gpu_use_by_user(running, slots)
     keys = fairshare.queue_keys(pending, running, slots, config, now, usage or {})
     if explain:
@@ -513,8 +513,8 @@ class _Pass:
         )
 
 
-def _apply_bookings(slots: Sequence[Slot], bookings: Sequence["Booking"], now: float) -> dict:
-    """Mark the GPUs of the bookings on now, and those to come; {(host, index): booking on now}."""
+def _apply_set_asides(slots: Sequence[Slot], bookings: Sequence[SetAside], now: float) -> dict:
+    """Mark the GPUs set aside (booked) now, and those to come; {(host, index): the one on now}."""
     if not bookings:
         return {}
     booked = {(b.host, i): b for b in bookings if b.active(now) for i in b.gpus}

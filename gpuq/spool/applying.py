@@ -8,16 +8,19 @@ import logging
 import os
 from typing import Any, Callable
 
-from gpuq.host.faults import wall_time
+from gpuq import hooks
 from gpuq.host.owners import Actor
 from gpuq.model.config import Config
-from gpuq.spool import bookings, cancel, drain, holds
+from gpuq.spool import cancel, drain, holds
 from gpuq.spool.decommission import forget
 from gpuq.spool.inbox import Reply, Request, RequestError, answered, finish, read_taken, take, taken_path
 from gpuq.spool.layout import Layout
 
 log = logging.getLogger("gpuq.worker")
 Outcome = tuple[bool, str]
+# How a request is applied: (layout, config, this host, who asks, the request) -> one outcome
+# per id. An extra's request kinds (hooks.py `request_kinds`) name a function of this type.
+ApplyKind = Callable[[Layout, Config, str, Actor, Request], list[Outcome]]
 
 
 def apply_one(layout: Layout, config: Config, host: str, name: str, taken: bool = False) -> Reply | None:
@@ -67,10 +70,10 @@ def apply_one(layout: Layout, config: Config, host: str, name: str, taken: bool 
 
 def apply_request(layout: Layout, config: Config, host: str, request: Request) -> Reply:
     actor = Actor.of(request.uid, config.admins)
-    handler = VERBS[request.verb]
+    handler = _handler(request.verb)
     try:
         outcomes = handler(layout, config, host, actor, request)
-    except (RequestError, holds.HoldError, bookings.BookingError, drain.DrainError) as e:
+    except (RequestError, holds.HoldError, drain.DrainError) as e:
         outcomes = [(False, str(e))]
     except OSError as e:  # the spool could not be written: say so, nothing is half done
         outcomes = [
@@ -91,6 +94,17 @@ def apply_request(layout: Layout, config: Config, host: str, request: Request) -
     return Reply(tuple(outcomes), host, request.uid)
 
 
+def _handler(verb: str) -> ApplyKind:
+    """The core's own verb, or an extra's request kind (read_taken let in only those)."""
+    if verb in VERBS:
+        return VERBS[verb]
+    spec = hooks.registry().request_kinds.get(verb)
+    if spec is None:  # the extra was deleted between take and apply: a refusal, as any unknown verb
+        raise RequestError(f"gpuq {verb}: no extra here applies it")
+    kind: ApplyKind = hooks.load(spec)
+    return kind
+
+
 def _per_id(request: Request, one: Callable[[str], Outcome]) -> list[Outcome]:
     if not request.ids:
         raise RequestError(f"gpuq {request.verb}: no job ids given")
@@ -109,7 +123,7 @@ def _cancel(layout: Layout, config: Config, host: str, actor: Actor, r: Request)
 
 
 def _hold(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    why = _text(r.args.get("why"), 200)
+    why = text_arg(r.args.get("why"), 200)
     return _per_id(r, lambda i: _held_or_refused(lambda: holds.hold(layout, i, host, actor, why)))
 
 
@@ -136,36 +150,8 @@ def _edit(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -
     return [_held_or_refused(lambda: holds.edit(layout, r.ids[0], host, actor, text.encode(), release_after))]
 
 
-def _book(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    a = r.args
-    gpus = a.get("gpus")
-    if not isinstance(gpus, list) or not isinstance(a.get("host"), str):
-        raise RequestError("gpuq book: HOST:GPUS, --from and --to")
-    b = bookings.book(
-        layout,
-        a["host"],
-        tuple(gpus),
-        _number(a.get("start")),
-        _number(a.get("end")),
-        _text(a.get("owner"), 64) or None,
-        _text(a.get("note"), 200),
-        wall_time(),
-        actor,
-        config.max_booked_gpu_hours,
-    )
-    return [(True, f"{b.id}: {b.describe()}" + (f" · {b.note}" if b.note else ""))]
-
-
-def _unbook(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    booking_id = r.args.get("id")
-    if not isinstance(booking_id, str):
-        raise RequestError("gpuq unbook: a booking id")
-    b = bookings.unbook(layout, booking_id, actor)
-    return [(True, f"{b.id}: removed ({b.describe()})")]
-
-
 def _drain(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    return [(True, drain.drain(layout, _host(r), _text(r.args.get("reason"), 200) or None, actor))]
+    return [(True, drain.drain(layout, _host(r), text_arg(r.args.get("reason"), 200) or None, actor))]
 
 
 def _resume(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
@@ -183,25 +169,17 @@ def _host(r: Request) -> str:
     return host
 
 
-def _text(value: Any, limit: int) -> str:
+def text_arg(value: Any, limit: int) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError("a time must be a number")
-    return float(value)
-
-
-VERBS: dict[str, Callable[[Layout, Config, str, Actor, Request], list[Outcome]]] = {
+VERBS: dict[str, ApplyKind] = {
     "cancel": _cancel,
     "hold": _hold,
     "submit-held": _submit_held,
     "release": _release,
     "retry": _retry,
     "edit": _edit,
-    "book": _book,
-    "unbook": _unbook,
     "drain": _drain,
     "resume": _resume,
     "forget": _forget,

@@ -1,8 +1,8 @@
 """Requests: how a team member asks for a change (docs/security.md).
 
 Members create files only in jobs/ and in the sticky inbox requests/. Every verb that
-changes something (cancel, hold, release, edit, retry, book, unbook, drain, resume) writes
-one request file there; a worker applies it and writes a reply the CLI waits for.
+changes something (cancel, hold, release, edit, retry, drain, resume, and an extra's, such as
+book and unbook) writes one request file there; a worker applies it and writes a reply the CLI waits for.
 
 - send (CLI): `requests/r-<ns>-<nonce>.json`, created exclusively, then renamed into place.
 - take (worker): rename into state/requests/<host>@<name> — exactly one applier wins — then
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuq import hooks
 from gpuq.host import safefile
 from gpuq.host.faults import wall_time
 from gpuq.host.files import atomic_write, open_dir, read_json, set_aside_directory
@@ -36,7 +37,7 @@ from gpuq.model.names import HOST_RE, JOB_ID_RE
 from gpuq.spool.layout import Layout
 
 REQUEST_RE = re.compile(r"^r-\d{1,20}-[0-9a-f]{16}\.json$")
-VERBS = ("cancel", "hold", "submit-held", "release", "edit", "retry", "book", "unbook", "drain", "resume", "forget")
+VERBS = ("cancel", "hold", "submit-held", "release", "edit", "retry", "drain", "resume", "forget")
 MAX_REQUEST_BYTES = 512 * 1024  # an edit carries a whole spec (at most 256 KiB)
 MAX_IDS = 1000  # as many as an array has at most
 REPLY_KEEP_S = 3600.0
@@ -215,8 +216,9 @@ def parse_request(raw: bytes, name: str, uid: int) -> Request:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise RequestError(f"request {name}: not JSON; gpuq's CLI writes requests") from None
-    if not isinstance(data, dict) or data.get("verb") not in VERBS:
-        raise RequestError(f"request {name}: no known verb (one of {', '.join(VERBS)})")
+    known = VERBS + tuple(hooks.registry().request_kinds)  # the core's, and the extras' (hooks.py)
+    if not isinstance(data, dict) or data.get("verb") not in known:
+        raise RequestError(f"request {name}: no known verb (one of {', '.join(known)})")
     ids, args = data.get("ids", []), data.get("args", {})
     if not isinstance(ids, list) or len(ids) > MAX_IDS or not isinstance(args, dict):
         raise RequestError(f"request {name}: ids must be a list of at most {MAX_IDS}, args an object")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from gpuq.hooks import STATE_OF_EXTRAS
 from gpuq.host.rootorders import root_started
 from gpuq.single_instance import default_local_dir
 
@@ -141,10 +142,6 @@ class Layout:
         return self.state / "groups"
 
     @cached_property
-    def bookings(self) -> Path:
-        return self.state / "bookings"
-
-    @cached_property
     def drains(self) -> Path:
         """One file per drained host (spool/drain.py)."""
         return self.state / "drain"
@@ -178,11 +175,13 @@ class Layout:
             self.events,
             self.samples,
             self.groups,
-            self.bookings,
             self.drains,
             self.taken_requests,
             self.replies,
             self.state / "metrics",
+            # The extras' own (hooks.py STATE_OF_EXTRAS), made whether or not the extra is here:
+            # root-owned like the rest of state/, never made later by whoever writes first.
+            *(self.state / name for name in STATE_OF_EXTRAS),
         )
 
     def member_writable(self) -> tuple[Path, ...]:

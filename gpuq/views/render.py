@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
+from gpuq import hooks
 from gpuq.model.spec import command_text
 from gpuq.model.text import safe_tree
 from gpuq.model.units import format_duration, format_mib
@@ -36,7 +37,7 @@ def stamp(t: Any, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
         return "?"
 
 
-def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
+def table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     if not rows:
         return []
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -66,7 +67,7 @@ def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     out += _alerts_section(view)
     out += _running_section(view)
     out += _pending_section(view, show_all)
-    out += _bookings_section(view)
+    out += _extras_sections(view)
     out += _held_section(view)
     for log, n in sorted(view.get("skipped_events", {}).items()):
         out.append(f"  ! state/events/{log}: {n} line(s) that are not gpuq's events were skipped (gpuq doctor)")
@@ -118,7 +119,7 @@ def _host_lines(view: dict[str, Any], h: dict[str, Any]) -> list[str]:
                 " ".join(g["jobs"]) or "-",
             ]
         )
-    out += _table(rows, "    ") if h["gpus"] else ["    no GPUs"]
+    out += table(rows, "    ") if h["gpus"] else ["    no GPUs"]
     return out
 
 
@@ -156,7 +157,7 @@ def _running_section(view: dict[str, Any]) -> list[str]:
                 _cut(r["command"], 40),
             ]
         )
-    out += _table(rows) if view["running"] else []
+    out += table(rows) if view["running"] else []
     out += [f"  ! {r['id']} {r['warning']}" for r in view["running"] if r.get("warning")]
     return out
 
@@ -182,7 +183,7 @@ def _pending_section(view: dict[str, Any], show_all: bool) -> list[str]:
                 p["reason"],
             ]
         )
-    out += _table(rows) if pending else []
+    out += table(rows) if pending else []
     if not show_all and total > PENDING_SHOWN:
         out.append(f"  ... and {total - PENDING_SHOWN} more (gpuq status --all). All {total} wait for:")
         by_reason = list(view.get("pending_by_reason", {}).items())
@@ -196,29 +197,20 @@ def _pending_section(view: dict[str, Any], show_all: bool) -> list[str]:
     return out
 
 
-def _bookings_section(view: dict[str, Any]) -> list[str]:
-    if not view.get("bookings"):
-        return []
-    return ["", "BOOKINGS (gpuq unbook ID removes one)"] + _table(
-        [["ID", "FOR", "GPUS", "WHEN", "NOTE"]]
-        + [
-            [
-                b["id"],
-                b["owner"],
-                f"{b['host']}:{','.join(map(str, b['gpus']))}",
-                ("NOW, until " if b["active"] else stamp(b["start"], "%a %H:%M") + "–")
-                + stamp(b["end"], "%a %H:%M" if not b["active"] else "%H:%M"),
-                b["note"] or "",
-            ]
-            for b in view["bookings"]
-        ]
-    )
+def _extras_sections(view: dict[str, Any]) -> list[str]:
+    """The extras' sections (hooks.py `views`: the bookings extra's BOOKINGS), each from its
+    part of the view (already safe text); none while it has nothing to show."""
+    out: list[str] = []
+    for section in hooks.registry().views:
+        render: Callable[[Any], list[str]] = hooks.load(section.render)
+        out += render(view.get(section.name))
+    return out
 
 
 def _held_section(view: dict[str, Any]) -> list[str]:
     if not view.get("held"):
         return []
-    return ["", f"HELD ({len(view['held'])}; gpuq release ID puts one back at its place)"] + _table(
+    return ["", f"HELD ({len(view['held'])}; gpuq release ID puts one back at its place)"] + table(
         [["ID", "USER", "SINCE", "NOTE"]]
         + [[h["id"], h["user"], _clock(h["since"]), h["reason"]] for h in view["held"]]
     )
@@ -232,7 +224,7 @@ def _stranded_section(view: dict[str, Any]) -> list[str]:
         "",
         f"STRANDED ({len(view['stranded'])}; claimed by {', '.join(hosts)}, which stopped before starting them: "
         f"they start when its worker is back, or return to the queue with `gpuq forget HOST`)",
-    ] + _table([["ID", "USER", "HOST"]] + [[j["id"], j["user"], j["host"]] for j in view["stranded"]])
+    ] + table([["ID", "USER", "HOST"]] + [[j["id"], j["user"], j["host"]] for j in view["stranded"]])
 
 
 def _finished_section(view: dict[str, Any]) -> list[str]:
@@ -255,7 +247,7 @@ def _finished_section(view: dict[str, Any]) -> list[str]:
                 f.get("reason") or "",
             ]
         )
-    out += _table(rows) if view["finished"] else []
+    out += table(rows) if view["finished"] else []
     return out
 
 
@@ -281,7 +273,7 @@ def shares_text(view: dict[str, Any]) -> str:
     for r in view["fair_share"]:
         usage, holds = f"{r['usage_gpu_h']:.2f}", f"{r['holds_gpus']:g}"
         rows.append([r["user"], usage, holds, str(r["pending"]), f"{r['factor']:.3f}"])
-    out += _table(rows)
+    out += table(rows)
     factor = {r["user"]: r["factor"] for r in view["fair_share"]}
     out += ["", "PENDING, in the order jobs start (priority class, then SCORE: 10000 x factor + 1000 x weeks waited)"]
     rows = [["#", "ID", "USER", "PRIORITY", "FACTOR", "WAITING", "SCORE"]]
@@ -298,12 +290,13 @@ def shares_text(view: dict[str, Any]) -> str:
                 f"{score:,.0f}",
             ]
         )
-    out += _table(rows)
+    out += table(rows)
     return "\n".join(out)
 
 
-# `gpuq top` on a terminal: what a person watches first comes first.
-TOP_ORDER = ("RUNNING", "PENDING", "ALERTS", "HOSTS", "HELD", "BOOKINGS", "REJECTED", "FINISHED")
+# `gpuq top` on a terminal: what a person watches first comes first (the extras' sections,
+# such as BOOKINGS, after HELD).
+TOP_ORDER = ("RUNNING", "PENDING", "ALERTS", "HOSTS", "HELD", "REJECTED", "FINISHED")
 
 
 def top_screen(title: str, status: str, columns: int, rows: int) -> list[str]:
@@ -312,9 +305,9 @@ def top_screen(title: str, status: str, columns: int, rows: int) -> list[str]:
     and cut after the rows there are, the last one saying how much is left out."""
     blocks = [block.splitlines() for block in status.split("\n\n")]
     head, sections = blocks[0], blocks[1:]
-    sections.sort(
-        key=lambda lines: next((i for i, name in enumerate(TOP_ORDER) if lines[0].startswith(name)), len(TOP_ORDER))
-    )
+    held = TOP_ORDER.index("HELD") + 1
+    order = TOP_ORDER[:held] + tuple(s.title for s in hooks.registry().views) + TOP_ORDER[held:]
+    sections.sort(key=lambda lines: next((i for i, name in enumerate(order) if lines[0].startswith(name)), len(order)))
     lines = [title, *head]
     for section in sections:
         lines += ["", *section]

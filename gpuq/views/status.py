@@ -9,9 +9,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
+from gpuq import hooks
 from gpuq.host.faults import wall_time
 from gpuq.host.files import read_json
-from gpuq.model.booking import Booking
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob
@@ -22,7 +22,6 @@ from gpuq.sched.estimate import NOT_ESTIMATED, Estimate, learned_runs, replay_st
 from gpuq.sched.fairshare import effective_usage, gpu_use_by_user, shares
 from gpuq.sched.placement import build_slots, usable_mib
 from gpuq.sched.plan import plan
-from gpuq.spool.bookings import load as load_bookings
 from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.holds import held_jobs
 from gpuq.spool.intake import load_pending_for_view, user_name
@@ -147,7 +146,7 @@ def status(
         **_pending_part(queue, team, running, config, now, pending_rows),
         "held": held_jobs(layout),
         "stranded": _stranded(layout, {hb["host"] for hb in live}),
-        "bookings": [{**b.to_json(), "active": b.active(now)} for b in queue.bookings],
+        **{section.name: hooks.load(section.read)(layout, now) for section in hooks.registry().views},
         "alerts": sorted(
             {f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
             key=lambda a: a["since"],
@@ -161,7 +160,6 @@ class _Queue(NamedTuple):
 
     pending: list[PendingJob]
     problems: dict[str, str]  # specs not valid yet: id -> why
-    bookings: list[Booking]
     usage: dict[str, float]  # each user's decayed usage; empty without fair share
     decided: Plan
     expected: Estimate  # when the rows shown are expected to start, or why not
@@ -177,7 +175,7 @@ def _plan_queue(
     pending, problems = load_pending_for_view(layout, cache_files)
     waiting, doomed = gates(pending, DependencyStates(layout))
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
-    booked = load_bookings(layout, now)
+    booked = hooks.set_aside(layout, now)  # the extras' placement rules (bookings), read now
     usage, durations = _usage(layout, [hb["host"] for hb in beats], config, now)
     usage = usage if config.fair_share else {}
     estimates, planned_running = learned_runs(pending, team.running, config, durations)
@@ -189,7 +187,7 @@ def _plan_queue(
         now,
         explain=True,
         blocked=blocked,
-        bookings=booked,
+        set_aside=booked,
         usage=usage,
         estimates=estimates,
     )
@@ -198,7 +196,7 @@ def _plan_queue(
     # backfill, which never delays the head): a bounded replay, not one of 10,000 jobs.
     ahead = [by_id[i] for i in decided.order[: max(ESTIMATED_ROWS, pending_rows or 0)]]
     expected = replay_starts(ahead, team.hosts, planned_running, config, now, usage, blocked, booked, estimates)
-    return _Queue(pending, problems, booked, usage, decided, expected)
+    return _Queue(pending, problems, usage, decided, expected)
 
 
 def _pending_part(

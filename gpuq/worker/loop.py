@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, Protocol
 
-from gpuq import __version__
+from gpuq import __version__, hooks
 from gpuq.host import rootorders
 from gpuq.host.clock import Clock
 from gpuq.host.files import atomic_write, read_json, write_json
@@ -23,10 +23,9 @@ from gpuq.host.owners import OwnerPolicy
 from gpuq.host.probe import Probe
 from gpuq.host.usage import GpuUsage
 from gpuq.host.wake import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
-from gpuq.model.booking import Booking
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
-from gpuq.model.jobs import HostView, Plan, RunningJob, Start
+from gpuq.model.jobs import HostView, Plan, RunningJob, SetAside, Start
 from gpuq.model.record import Record
 from gpuq.model.stops import Stop
 from gpuq.model.strict_yaml import load_yaml
@@ -50,8 +49,6 @@ from gpuq.sched.idle import IdleTracker
 from gpuq.sched.overuse import GpuMemWatch, Overuse
 from gpuq.sched.plan import plan
 from gpuq.spool.applying import apply_one
-from gpuq.spool.bookings import load as load_bookings
-from gpuq.spool.bookings import prune as prune_bookings
 from gpuq.spool.cancel import cancel_pending
 from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.drain import drain_file
@@ -443,8 +440,8 @@ class Worker:
             path.unlink(missing_ok=True)
 
     def apply_requests(self) -> None:
-        """Requests from the inbox (spool/inbox.py): cancel, hold, release, edit, retry, book,
-        unbook, drain, resume. Requests this host took before a crash come first."""
+        """Requests from the inbox (spool/inbox.py): cancel, hold, release, edit, retry, drain,
+        resume, and the extras' kinds (book, unbook). Requests this host took before a crash come first."""
         deadline = time.monotonic() + REQUESTS_PER_PASS_S  # a flood must not stall heartbeats
         self.inbox_seen = mtime_ns(self.layout.requests)  # before reading it: a later one wakes the sleep
         self.poke_seen = mtime_ns(poke_path(self.layout, self.host))  # likewise another box's poke
@@ -458,7 +455,6 @@ class Worker:
         if now - self.replies_swept_at > 60:
             self.replies_swept_at = now
             sweep_replies(self.layout, now)
-            prune_bookings(self.layout, now)
 
     def _stop(self, record: Record, stop: Stop) -> bool:
         """TERM, grace, KILL through its supervisor (the slurm extra's bridge: scancel). False: not yet."""
@@ -508,12 +504,12 @@ class Worker:
             team.fingerprint(now, self.config.idle_after_s),
             window_open(self.config.idle_windows, now),
         )
-        booked = load_bookings(self.layout, now)
+        booked = hooks.set_aside(self.layout, now)  # the extras' placement rules (bookings), read now
         waiting, doomed = gates(self.intake.pending(), self.dep_states)
         for job_id, why in doomed.items():
             self._cancel_doomed(job_id, why)
         settling = self.clock.mono() - self.born < STARTUP_SETTLE_S
-        inputs += (frozenset(waiting), frozenset(doomed), frozenset(b.id for b in booked if b.active(now)), settling)
+        inputs += (frozenset(waiting), frozenset(doomed), frozenset(b for b in booked if b.active(now)), settling)
         if inputs == self.unchanged_plan_inputs:
             return
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
@@ -553,7 +549,7 @@ class Worker:
         own_jobs: list[RunningJob],
         team: TeamPicture,
         blocked: dict[str, str],
-        booked: list[Booking],
+        booked: list[SetAside],
         settling: bool,
     ) -> Plan:
         """The plan, made while this box holds the queue lock: of the specs still in jobs/, with
@@ -576,7 +572,7 @@ class Worker:
             now,
             explain=False,
             blocked=blocked,
-            bookings=booked,
+            set_aside=booked,
             usage=usage if self.config.fair_share else None,
             estimates=estimates,
         )

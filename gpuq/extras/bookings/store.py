@@ -4,7 +4,8 @@ nothing there but the owner's jobs and opportunistic work, and opportunistic job
 already there when it began yield. Overlapping bookings are refused, naming the conflict.
 
 One file per booking in state/bookings/<id>.json, created exclusively; a booking that lost
-a race to an overlapping one (both checked before either was written) is removed again."""
+a race to an overlapping one (both checked before either was written) is removed again.
+Bookings over for a week go as the next one is made (status shows only current ones)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,24 @@ import json
 import pwd
 import re
 import time
+from pathlib import Path
 from typing import Sequence
 
+from gpuq.extras.bookings.model import BOOKING_ID_RE, MAX_GPU_INDEX, Booking, BookingError
 from gpuq.host.files import atomic_write, read_json
 from gpuq.host.owners import Actor
-from gpuq.model.booking import BOOKING_ID_RE, MAX_GPU_INDEX, Booking, BookingError
+from gpuq.model.jobs import SetAside
 from gpuq.model.units import parse_duration_s
 from gpuq.spool.layout import Layout
 
 MEMBER_MAX_S = 31 * 86400  # longer bookings, or ones further ahead, are for admins
 MEMBER_AHEAD_S = 365 * 86400
+KEEP_S = 7 * 86400  # how long a booking's file stays after it ended
+
+
+def directory(layout: Layout) -> Path:
+    """state/bookings: made with the spool (spool/layout.py, hooks.py STATE_OF_EXTRAS)."""
+    return layout.state / "bookings"
 
 
 def _gpu_hours(layout: Layout, host: str, gpus: Sequence[int], start: float, end: float, now: float) -> float:
@@ -93,7 +102,7 @@ def load(layout: Layout, now: float | None = None) -> list[Booking]:
     """Bookings not yet over (all of them with now=None), soonest first. A file that is not
     a booking gpuq wrote is skipped, so one bad file never stops planning or status."""
     found = []
-    d = layout.bookings
+    d = directory(layout)
     for path in sorted(d.glob("*.json")) if d.is_dir() else []:
         try:
             b = Booking.from_json(read_json(path))
@@ -139,7 +148,8 @@ def book(
             f"a member books at most {MEMBER_MAX_S // 86400:.0f} days, starting within "
             f"{MEMBER_AHEAD_S // 86400:.0f} days; longer or later slots are an admin's"
         )
-    d = layout.bookings
+    d = directory(layout)
+    prune(layout, now)
     existing = load(layout, now)  # read once: a booking costs O(bookings), not O(bookings²)
     _refuse_overlap(Booking("bk-0", host, gpus, start, end, owner, note, actor.name), existing)
     if not actor.admin and max_gpu_hours is not None:
@@ -167,11 +177,18 @@ def book(
         return candidate
 
 
-def prune(layout: Layout, now: float, keep_s: float = 7 * 86400) -> None:
-    """The worker's: bookings over for a week go (status shows only current ones)."""
+def prune(layout: Layout, now: float, keep_s: float = KEEP_S) -> None:
+    """Bookings over for a week go: each `book` prunes, so the directory holds at most those
+    made within a week of now, and those still to end."""
     for b in load(layout):
         if b.end < now - keep_s:
-            (layout.bookings / f"{b.id}.json").unlink(missing_ok=True)
+            (directory(layout) / f"{b.id}.json").unlink(missing_ok=True)
+
+
+def set_aside(layout: Layout, now: float) -> list[SetAside]:
+    """The placement rule (hooks.py PlacementRule): the bookings not over yet, as the values
+    the plan honours."""
+    return [SetAside(b.host, b.gpus, b.start, b.end, b.owner) for b in load(layout, now)]
 
 
 def _refuse_overlap(candidate: Booking, existing: Sequence[Booking]) -> None:
@@ -183,7 +200,7 @@ def _refuse_overlap(candidate: Booking, existing: Sequence[Booking]) -> None:
 
 
 def unbook(layout: Layout, booking_id: str, actor: Actor) -> Booking:
-    path = layout.bookings / f"{booking_id}.json"
+    path = directory(layout) / f"{booking_id}.json"
     try:
         b = (
             Booking.from_json(read_json(path))

@@ -1,5 +1,5 @@
-"""A booking: GPUs set aside for a person or an event over a time span (spool/bookings.py keeps
-them; plan honours them)."""
+"""A booking: GPUs set aside for a person or an event over a time span (store.py keeps them;
+plan honours them as model.jobs.SetAside values)."""
 
 from __future__ import annotations
 
