@@ -16,9 +16,12 @@ import pkgutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpuq.model.config import KEYS, KEYS_OF_EXTRAS, Config
+
+if TYPE_CHECKING:  # the plan's value type; hooks.py is imported by every CLI start
+    from gpuq.model.jobs import SetAside
 
 EXTRAS_DIR = Path(__file__).resolve().parent / "extras"
 
@@ -202,7 +205,7 @@ def _merge_later_hooks(trial: Registry, into: Registry) -> None:
     into.request_kinds.update(trial.request_kinds)
 
 
-def set_aside(layout: Any, now: float) -> list:
+def set_aside(layout: Any, now: float) -> list[SetAside]:
     """Every placement rule's GPUs set aside (model.jobs.SetAside), for the plan: read now."""
     return [aside for rule in registry().placement_rules for aside in load(rule.set_aside)(layout, now)]
 
