@@ -60,6 +60,7 @@ from gpuq.run.launch import (
 )
 from gpuq.run.limits import LimitWatch
 from gpuq.sched.restarts import HEALTHY_S, restart_delay
+from gpuq.spool.ids import sync as sync_reservation
 from gpuq.spool.store import forget_kept, read_record, transition, write_record
 
 
@@ -134,6 +135,10 @@ def supervise(rt: Runtime, record: Record, lock_fd: int, clock: Clock | None = N
         # counts against lost_retries, and one a power cut left empty never started.
         if not _still_recorded(rt, record, if_unreadable=False, durable=True):
             return  # requeued or settled before the launch arrived (or unknowable): run nothing
+        try:  # the id's reservation, written with the record and as it was (spool/ids.py)
+            sync_reservation(rt.layout, record.id)
+        except OSError:
+            pass  # none to sync (made before state/ids/, or a disk error): the migration or the claim has it
         try:
             forget_kept(rt.layout, record.id)
         except OSError:

@@ -19,7 +19,8 @@ from gpuq.model.errors import SpecError
 from gpuq.model.record import RecordError, parse_claim_name
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
-from gpuq.spool.intake import held_for, keeper, read_spec_file, user_name
+from gpuq.spool.ids import held_for, reserve
+from gpuq.spool.intake import keeper, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
     StateChange,
@@ -60,6 +61,11 @@ def cancel_pending(
     if actor is not None and not actor.may_act_on(st.st_uid):
         put_back(layout, aside, spec_path, job_id)
         return False, refusal(job_id, st.st_uid)
+    # Its record makes the id taken for good: the id is the moved file's owner's (spool/ids.py),
+    # unless it is another's already (this file is not that job).
+    if (holder := _reserve(layout, job_id, st.st_uid)) not in (st.st_uid, None):
+        put_back(layout, aside, spec_path, job_id)
+        return False, refusal(job_id, holder)
     try:  # opened as the worker would: no links followed, a FIFO never blocks
         raw, st = read_spec_file(aside, display)
         spec = parse_spec_text(raw, display).to_json()
@@ -81,6 +87,13 @@ def cancel_pending(
     forget_place(layout, job_id)  # a retry queues anew
     change.log()
     return True, ""
+
+
+def _reserve(layout: Layout, job_id: str, uid: int) -> int | None:
+    try:
+        return reserve(layout, job_id, uid)
+    except OSError:
+        return None  # a full disk: the record cannot be written either, and says so
 
 
 def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bool, str]:
@@ -143,7 +156,7 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
 def _claimed_not_started(layout: Layout, job_id: str, claims: list[Path], actor: Actor) -> str:
     """A claim that stayed without a record: the box that claimed the job stopped (or froze)
     before starting it. The job is its owner's all the same."""
-    holder = held_for(layout, job_id, claims)
+    holder = held_for(layout, job_id)
     if holder is not None and not actor.may_act_on(holder):
         return refusal(job_id, holder)
     hosts = sorted({parsed[1] for c in claims if (parsed := parse_claim_name(c.name)) is not None})

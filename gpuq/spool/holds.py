@@ -32,8 +32,8 @@ from gpuq.model.names import JOB_ID_RE
 from gpuq.model.record import Record
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
-from gpuq.spool.ids import id_taken
-from gpuq.spool.intake import held_for, keeper, read_spec_file, user_name
+from gpuq.spool.ids import held_for, id_taken, reserve, reserve_new
+from gpuq.spool.intake import keeper, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
     StateChange,
@@ -121,6 +121,14 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     if not actor.may_act_on(st.st_uid):  # its owner replaced it between the look and the move
         put_back(layout, dest, spec_path, job_id)
         raise HoldError(refusal(job_id, st.st_uid))
+    try:  # the job is the worker's to keep now: its id is the moved file's owner's (spool/ids.py)
+        holder = reserve(layout, job_id, st.st_uid)
+    except OSError:
+        put_back(layout, dest, spec_path, job_id)
+        raise
+    if holder not in (st.st_uid, None):  # another's id: this file is not that job
+        put_back(layout, dest, spec_path, job_id)
+        raise HoldError(refusal(job_id, holder))
     found = found_job(layout, job_id, spec_path, st.st_uid, user_name(st.st_uid))
     try:
         change = StateChange(
@@ -144,7 +152,7 @@ def submit_held(layout: Layout, job_id: str, host: str, actor: Actor, text: byte
         parse_spec_text(text, f"jobs/{job_id}.yaml")
     except SpecError as e:
         raise HoldError(f"{e}; nothing was submitted") from None
-    if id_taken(layout, job_id):
+    if id_taken(layout, job_id) or not reserve_new(layout, job_id, actor.uid):
         raise HoldError(
             f"{job_id}: the id is used by another job; nothing was submitted. "
             "Fix: submit it again (gpuq submit picks a free id)"

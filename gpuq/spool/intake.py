@@ -18,15 +18,15 @@ from pathlib import Path
 
 from gpuq.host import safefile
 from gpuq.host.faults import wall_time
-from gpuq.host.files import read_json
 from gpuq.host.owners import OwnerPolicy
 from gpuq.host.safefile import NotPlain, read_plain
 from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
 from gpuq.model.jobs import PendingJob
 from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.spec import JobSpec, parse_spec_text
+from gpuq.spool.ids import held_for
 from gpuq.spool.layout import Layout, job_id_for_spec_name
-from gpuq.spool.store import claims_of, kept_place, read_record
+from gpuq.spool.store import kept_place
 
 StatKey = tuple[int, int, int, int]  # mtime_ns, size, inode, links
 # A directory changed less than this long ago may change again within the same mtime tick.
@@ -43,6 +43,7 @@ class Entry:
     text: bytes = b""
     unchanged_since: float = 0.0  # monotonic time the key was first seen
     final: bool = False  # the error is the file's own, not its content's
+    uid: int = -1  # the owner of the file read (fstat)
 
     @property
     def path(self) -> Path:
@@ -89,40 +90,9 @@ def check_job_id(job_id: str, name: str) -> None:
         )
 
 
-def held_for(layout: Layout, job_id: str, claims: list[Path] | None = None, records: bool = True) -> int | None:
-    """The uid a job id is held for by what the worker keeps of a job it accepted: its record
-    (running, held or ended), a claim of it, its held spec, or a place or an attempt kept for
-    its way back. While an id is held, a file anyone else drops into jobs/ under it is not
-    that job: intake refuses it, and cancel and hold never act on it. (Never a refused spec in
-    rejected/: any member can be refused under any free id, and such a hold would let him
-    take ids of others' jobs on their way back, or of sweep members to come.) `claims`: the
-    id's claim files, where the caller has listed them already; `records=False`: the caller
-    knows the id has none (one look at them is enough on the intake's path)."""
-    for directory in (layout.running, layout.held, layout.finished) if records else ():
-        try:
-            record = read_record(layout.record(directory, job_id))
-        except (ValueError, OSError):  # damaged: the id is still taken (has_record), by nobody we can name
-            continue
-        if record is not None and record.uid >= 0:
-            return record.uid
-    for path in [*(claims_of(layout, job_id) if claims is None else claims), layout.held / f"{job_id}.yaml"]:
-        try:
-            return os.lstat(path).st_uid
-        except FileNotFoundError:
-            continue
-    for directory in (layout.places, layout.requeued):  # on its way back: released, requeued, retried
-        try:
-            kept_for = read_json(layout.record(directory, job_id))
-        except (OSError, ValueError):
-            continue
-        if isinstance(kept_for, dict) and type(kept_for.get("uid")) is int and kept_for["uid"] >= 0:
-            return kept_for["uid"]
-    return None
-
-
 def keeper(layout: Layout, job_id: str, paths: list[Path]) -> Path | None:
     """Of files in jobs/ under one id (x.yaml and x.yml), the one that is the job: the file of
-    the user the id is held for (held_for), else the one that landed first (by change time,
+    the user the id is held for (spool/ids.py, held_for), else the one that landed first (by change time,
     as a job's place in the queue is read). None: none is (the id is held for someone else)."""
     found = []
     for path in paths:
@@ -262,7 +232,7 @@ class Intake:
             # name into jobs/ and then unlink their own (a loaded box reads in between).
             entry.final = st.st_nlink == 1
             entry.text, fst = read_spec_file(entry.path, f"jobs/{name}")
-            entry.final = True
+            entry.final, entry.uid = True, fst.st_uid
             if self.policy is not None:
                 self.policy.check(fst, f"jobs/{name}")
             check_job_id(job_id, name)

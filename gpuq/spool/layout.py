@@ -142,6 +142,11 @@ class Layout:
         return self.state / "groups"
 
     @cached_property
+    def ids(self) -> Path:
+        """One reservation per accepted job id: whose it is (spool/ids.py)."""
+        return self.state / "ids"
+
+    @cached_property
     def drains(self) -> Path:
         """One file per drained host (spool/drain.py)."""
         return self.state / "drain"
@@ -175,6 +180,7 @@ class Layout:
             self.events,
             self.samples,
             self.groups,
+            self.ids,
             self.drains,
             self.taken_requests,
             self.replies,

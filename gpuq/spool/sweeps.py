@@ -27,9 +27,10 @@ import yaml
 from gpuq.host.files import create_owned, read_json, write_json
 from gpuq.model.groups import GroupError, parse_array
 from gpuq.model.names import JOB_ID_RE
-from gpuq.spool.intake import read_spec_file
+from gpuq.spool.ids import reserve
+from gpuq.spool.intake import read_spec_file, user_name
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import unclaim
+from gpuq.spool.store import put_back, unclaim
 
 
 def _slug(value: object) -> str:
@@ -105,16 +106,17 @@ def place_members(
         tmp = create_owned(
             layout.groups, member_id, text.encode(), uid, mode=0o640, mtime_ns=int(mtime * 1e9)
         )  # as submit writes it
-        if unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
-            placed.append(member_id)
-            continue
-        tmp.unlink()  # already there: ours after a crash and this again, or someone else's file
-        try:
-            theirs = os.lstat(layout.jobs / f"{member_id}.yaml").st_uid != uid
-        except FileNotFoundError:
-            theirs = True
-        if not theirs:
-            placed.append(member_id)
+        if not unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
+            tmp.unlink()  # already there: ours after a crash and this again, or someone else's file
+            try:
+                if os.lstat(layout.jobs / f"{member_id}.yaml").st_uid != uid:
+                    continue
+            except FileNotFoundError:
+                continue
+        placed.append(member_id)
+        # The worker made this job: its id is the group's owner's (spool/ids.py). Not synced: a
+        # member waiting in jobs/ keeps its id taken all the same (and its claim reserves it).
+        reserve(layout, member_id, uid, durable=False)
     write_json(
         group_file(layout, group),
         {
@@ -156,14 +158,17 @@ def group_members(data: dict[str, Any], group: str) -> tuple[str, list[tuple[str
 
 
 def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict[str, Any]) -> list[str] | None:
-    """The worker's part: take the sweep (or array) spec out of jobs/ and put its members in.
-    None: another worker took it first."""
+    """The worker's part: take the sweep (or array) spec out of jobs/, reserve its id, and put
+    its members in. None: another worker took it first."""
     kept = kept_spec(layout, group)
     try:
         os.rename(spec_path, kept)
     except FileNotFoundError:
         return None
     st = os.lstat(kept)  # the moved file: its owner is whom the members run as
+    if (holder := reserve(layout, group, st.st_uid)) not in (st.st_uid, None):  # another's id: not that group
+        put_back(layout, kept, spec_path, group)
+        raise GroupError(f"job id '{group}' belongs to {user_name(holder)}'s job; rename the file (e.g. {group}-2)")
     kind, members = group_members(data, group)
     return place_members(layout, group, kind, members, st.st_uid, st.st_mtime)
 

@@ -20,7 +20,8 @@ from gpuq.model.names import JOB_ID_RE
 from gpuq.model.states import State
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
-from gpuq.spool.intake import Entry, Intake, held_for, user_name
+from gpuq.spool.ids import held_for
+from gpuq.spool.intake import Entry, Intake, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import StateChange, all_claims, found_job, has_record
 from gpuq.spool.sweeps import expand_dropped_sweep, group_file
@@ -82,11 +83,10 @@ class Arrivals:
             self.reject(job_id, entry.path, str(entry.error))
         claimed: dict[str, list[tuple[str, str]]] | None = None  # listed once, and only if needed
         # A file that is not a spec yet waits to settle, unless its id is held for another
-        # user's job (spool/intake.py, held_for): it must not keep her job out of jobs/.
+        # user's job (spool/ids.py, held_for): it must not keep her job out of jobs/.
         for job_id in list(self.intake.unsettled()):
             entry = self.intake.entries[job_id]
-            claimed = self._claims_by_id() if claimed is None else claimed
-            holder = held_for(self.layout, job_id, [self.layout.claims / name for name, _ in claimed.get(job_id, [])])
+            holder = held_for(self.layout, job_id)
             try:
                 mine = holder is None or os.lstat(entry.path).st_uid == holder
             except OSError:
@@ -176,7 +176,7 @@ class Arrivals:
     def _id_taken(self, job_id: str, user: str, entry: Entry, claims: list[tuple[str, str]]) -> str | None:
         """Why a new spec may not have this id: an earlier job's, a group's, another spec's
         that a box has claimed (a box that died right after its claim keeps it until it is
-        back or forgotten), or another user's (spool/intake.py, held_for: held, on its way back)."""
+        back or forgotten), or another user's (spool/ids.py, held_for: held, on its way back)."""
         if has_record(self.layout, job_id):
             return "is already used by an earlier job"
         for name, host in claims:
@@ -187,7 +187,7 @@ class Arrivals:
                 continue
         if group_file(self.layout, job_id).exists():
             return "is the id of a sweep or array"
-        owner = held_for(self.layout, job_id, [], records=False)  # claims and records: looked at above
+        owner = held_for(self.layout, job_id)
         if owner is not None and user_name(owner) != user:
             return f"belongs to {user_name(owner)}'s job"
         return None

@@ -12,7 +12,8 @@ from gpuq.host.faults import crash_point
 from gpuq.host.files import read_json
 from gpuq.model.errors import SpecError
 from gpuq.model.record import claim_name
-from gpuq.spool.intake import Entry, Intake, read_spec_file
+from gpuq.spool.ids import reserve
+from gpuq.spool.intake import Entry, Intake, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import claim, keep_place, next_attempt
 from gpuq.worker.arrivals import Arrivals
@@ -45,6 +46,16 @@ class Claimer:
         if entry is None or entry.job is None:
             return None
         crash_point(f"{crash_prefix}:planned")
+        # The id is the job's owner's before the claim is made (spool/ids.py): a box that dies
+        # right after its claim leaves her job's id hers. Not synced, as the start's record is
+        # not: the job's supervisor syncs both.
+        try:
+            holder = reserve(self.layout, job_id, entry.uid, durable=False)
+        except OSError:
+            return None  # a full disk: the job waits in jobs/ (its record could not be written either)
+        if holder not in (entry.uid, None):
+            self.not_that_job(job_id, entry.path, holder)
+            return None
         previous = read_json(self.layout.record(self.layout.requeued, job_id))
         attempt = next_attempt(previous)
         claimed = claim(self.layout, entry.path, claim_name(job_id, self.host, self.boot_id, attempt))
@@ -53,7 +64,20 @@ class Claimer:
             return None  # another worker took it, or it was cancelled
         crash_point(f"{crash_prefix}:claimed")
         uid = self.owner_of_claimed(job_id, entry, claimed)
+        if uid is not None and holder is not None and uid != holder:  # replaced since the scan by another's file
+            self.not_that_job(job_id, claimed, holder)
+            return None
         return None if uid is None else Claimed(entry, claimed, uid, attempt, previous)
+
+    def not_that_job(self, job_id: str, path: Path, holder: int) -> None:
+        """A file under the id of another user's job: refused (a new name is the only fix)."""
+        self.arrivals.reject(
+            job_id,
+            path,
+            f"jobs/{job_id}.yaml: job id '{job_id}' belongs to {user_name(holder)}'s job. "
+            f"Fix: rename the file (e.g. {job_id}-2.yaml).",
+            retry_mends=False,
+        )
 
     def owner_of_claimed(self, job_id: str, entry: Entry, claimed: Path) -> int | None:
         """The owner of the spec just claimed, from fstat of the claimed file itself (opened

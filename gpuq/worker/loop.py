@@ -53,6 +53,7 @@ from gpuq.spool.cancel import cancel_pending
 from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.drain import drain_file
 from gpuq.spool.history import UsageHistory
+from gpuq.spool.ids import migrate as migrate_ids
 from gpuq.spool.inbox import fair_order, leftovers, sweep_replies, waiting
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
@@ -286,11 +287,25 @@ class Worker:
                 "poke-file",
                 f"cannot make this box's poke file ({e.strerror or e}): other boxes' starts here wait for its poll",
             )
+        self.fill_ids()
         finish_interrupted(
             self.layout,
             load_yaml,
             lambda group, why: self._report_once(f"groups/{group}", f"sweep {group} left as it is: {why}"),
         )
+
+    def fill_ids(self) -> None:
+        """A queue made before state/ids/: its reservations, made once from where older workers
+        kept jobs (spool/ids.py, migrate). Under the queue lock, as a claim is; until it is done
+        (here, or at a later start), every reader looks the older way."""
+        try:
+            with self.queue_lock:
+                made = migrate_ids(self.layout)
+        except OSError as e:
+            self._report_once("ids", f"cannot fill state/ids/ ({e.strerror or e}): ids are looked up the older way")
+            return
+        if made:
+            log.info("state/ids/: %d job ids reserved, from the records and specs older workers kept", made)
 
     def run_pass(self) -> None:
         """One pass: every step in order, at the time its clock says."""

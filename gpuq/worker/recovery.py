@@ -234,7 +234,7 @@ class Recovery:
 
     def put_back(self, job_id: str, claimed: Path) -> bool:
         """Return a claimed spec to jobs/. A file of another user's that took the name
-        meanwhile is not this job (its id is this one's: spool/intake.py, held_for):
+        meanwhile is not this job (its id is this one's: spool/ids.py, held_for):
         it is refused, and the spec goes back. If the owner put a new spec there under the
         same name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
         dest = self.layout.jobs / f"{job_id}.yaml"
