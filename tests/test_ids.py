@@ -254,3 +254,15 @@ def test_a_worker_fills_the_ids_of_an_older_queue_at_its_start(tmp_path):
     _old_queue(layout)
     PassWorker(layout.root)
     assert (layout.ids / COMPLETE).exists() and {i: held_for(layout, i) for i in OLD} == OLD
+
+
+def test_ids_is_the_queue_accounts_and_made_where_it_is_missing(tmp_path):
+    """state/ids/ is a spool directory (init gives it the mode of the others: the team reads it,
+    only the queue's account writes it), and a reservation on a queue whose worker has not made
+    it yet makes it."""
+    layout = Layout(tmp_path / "root")
+    assert layout.ids in layout.directories() and layout.ids not in layout.member_writable()
+    layout.ensure()
+    os.rmdir(layout.ids)
+    assert reserve(layout, "x", ALICE) == ALICE and held_for(layout, "x") is None  # not complete: the older way
+    assert migrate(layout) == 0 and held_for(layout, "x") == ALICE

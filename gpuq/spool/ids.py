@@ -43,15 +43,19 @@ def _create(layout: Layout, job_id: str, uid: int | None, durable: bool) -> bool
     exclusively, never through a link, under the directory's descriptor, then linked into
     place, which fails when the name is there (any file, link or FIFO): never replaced."""
     data = json.dumps({"uid": uid}, separators=(",", ":")).encode()
-    for _ in range(2):
+
+    def link() -> bool:
         try:
             atomic_write(reservation(layout, job_id), data, durable=durable, exclusive=True)
             return True
         except FileExistsError:
             return False
-        except FileNotFoundError:  # a queue made before state/ids/, whose worker has not run since
-            layout.ids.mkdir(exist_ok=True)
-    return False
+
+    try:
+        return link()
+    except FileNotFoundError:  # a queue made before state/ids/, whose worker has not run since
+        layout.ids.mkdir(exist_ok=True)
+        return link()
 
 
 def reserve(layout: Layout, job_id: str, uid: int, durable: bool = True) -> int | None:
@@ -200,6 +204,7 @@ def migrate(layout: Layout) -> int:
         return 0
     layout.ids.mkdir(exist_ok=True)
     made = sum(_create(layout, i, _legacy_holder(layout, i), durable=False) for i in sorted(_legacy_ids(layout)))
-    os.sync()  # every reservation on the disk before the mark that makes readers trust them
+    if made:
+        os.sync()  # every reservation on the disk before the mark that makes readers trust them
     atomic_write(layout.ids / COMPLETE, b"", mode=0o644)
     return made
