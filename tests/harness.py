@@ -22,8 +22,7 @@ from gpuq.host.files import atomic_write
 from gpuq.model.config import load
 from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record
-from gpuq.model.states import State
-from gpuq.model.stops import Stop, StopCause
+from gpuq.model.stops import Stop, StopCause, ended_as
 from gpuq.run.joblocal import LOCAL_MODE, Runtime, finish_local
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, transition
@@ -176,7 +175,7 @@ class PassWorker:
             )
             return running
         now = self.clock.wall()
-        final = (stop.cause.ends_as or State.CANCELLED) if stop else State.DONE if exit_code == 0 else State.FAILED
+        final = ended_as(stop, exit_code)
         ended = transition(
             self.layout,
             running,

@@ -9,7 +9,10 @@ import os
 import pytest
 from harness import PassWorker
 
+from gpuq.host.files import atomic_write
+from gpuq.model.markers import Marker, Phase
 from gpuq.model.states import State
+from gpuq.run.joblocal import LOCAL_MODE
 from gpuq.spool.store import read_record
 
 
@@ -230,3 +233,31 @@ def test_temp_files_of_writers_killed_mid_write_are_swept_wherever_gpuq_writes(t
     box.run_pass()  # a full read of jobs/ again (one every FULL_SCAN_EVERY_S)
     assert [p for p in [*old, aside] if p.exists()] == []
     assert recent.exists() and members.exists()
+
+
+@pytest.mark.parametrize(
+    "kept, recorded_as",
+    [
+        ({"state": "timeout", "exit_code": None, "signal": 15, "reason": "time limit 1m reached"}, "timeout"),
+        ({"state": "failed", "exit_code": 3}, "failed"),
+        ({"state": "running"}, "lost"),  # not how a job ends
+        ("garbage", "lost"),
+    ],
+)
+def test_a_result_the_shared_disk_refused_is_recorded_once_the_supervisor_is_gone(tmp_path, kept, recorded_as):
+    """A supervisor the shared disk refused keeps its job's result in the lock file (the
+    UNRECORDED marker, model/markers.py) and exits; the worker records it once the lock is
+    free. Any end a supervisor records (a timeout too), and a kept result it cannot read as
+    lost: the job never stays running for good, its settling failing pass after pass."""
+    box = PassWorker(tmp_path / "root", "a", "1x16GiB")
+    box.drop("j.yaml", "command: sleep 100\ngpus: 1\n")
+    box.run_pass(after_s=2)
+    running = read_record(box.layout.record(box.layout.running, "j"))
+    assert running is not None
+    box.spawner.starting.discard("j")  # its supervisor is gone, its lock free
+    marker = Marker(Phase.UNRECORDED, running.claim, why="[Errno 28] No space left on device", result=kept)
+    atomic_write(box.worker.rt.lock_path("j"), json.dumps(marker.fields()).encode(), LOCAL_MODE, durable=False)
+    box.run_pass(after_s=1)
+    finished = read_record(box.layout.record(box.layout.finished, "j"))
+    assert finished is not None and finished.state.value == recorded_as
+    assert not box.layout.record(box.layout.running, "j").exists()

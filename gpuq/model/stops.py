@@ -36,6 +36,15 @@ class StopCause(str, Enum):
 _ENDS_AS = {StopCause.CANCEL: State.CANCELLED, StopCause.LIMIT: State.FAILED, StopCause.TIMEOUT: State.TIMEOUT}
 
 
+def ended_as(stop: Stop | None, exit_code: int | None) -> State:
+    """How an attempt that ran to its end is recorded, by its supervisor or, when that died,
+    by the worker from the keeper's exit file: as its stop says, else by its exit code (a
+    job killed by a signal has none: failed)."""
+    if stop is not None:
+        return stop.cause.ends_as or State.CANCELLED
+    return State.DONE if exit_code == 0 else State.FAILED
+
+
 @dataclass(frozen=True)
 class Stop:
     cause: StopCause

@@ -250,7 +250,7 @@ def checked_result(result: object) -> tuple[State, dict]:
     if not isinstance(result, dict):
         raise ValueError("a result is an object")
     state = State(result.get("state"))
-    if state not in (State.DONE, State.FAILED, State.CANCELLED, State.LOST):
+    if not state.is_final or state is State.REJECTED:  # a timeout is an end too
         raise ValueError(f"{state.value} is not how a job ends")
     fields = {k: v for k, v in result.items() if k in RESULT_KEYS}
     fields["cause"] = cause_of(fields)

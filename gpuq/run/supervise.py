@@ -43,8 +43,7 @@ from gpuq.model.config import FENCE_FRACTION, RECORD_FENCE_FRACTION
 from gpuq.model.markers import Marker, Phase, check_marker, parse_marker
 from gpuq.model.record import Record
 from gpuq.model.spec import JobSpec
-from gpuq.model.states import State
-from gpuq.model.stops import Stop, StopCause
+from gpuq.model.stops import Stop, StopCause, ended_as
 from gpuq.model.units import format_duration
 from gpuq.run.containers import ContainerControl
 from gpuq.run.joblocal import Runtime, finish_local, lease_age, write_container_pid
@@ -347,7 +346,7 @@ def _record_outcome(rt: Runtime, a: _Attempt, lock_fd: int, clock: Clock) -> Non
         _mark(lock_fd, Marker(Phase.PREEMPTED, a.record.claim, why=f"{stop.reason}; {outcome}"))
         poke(rt.local_dir, WAKE_JOB_ENDED)
         return
-    final = (stop.cause.ends_as or State.CANCELLED) if stop else State.DONE if a.exit_code == 0 else State.FAILED
+    final = ended_as(stop, a.exit_code)
     result = {
         "started_at": a.started,
         "ended_at": ended,

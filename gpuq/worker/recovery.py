@@ -25,7 +25,7 @@ from gpuq.model.config import Config
 from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.states import State
-from gpuq.model.stops import StopCause
+from gpuq.model.stops import StopCause, ended_as
 from gpuq.run.containers import container_name, remove_leftover
 from gpuq.run.joblocal import Runtime, checked_result, read_exit, read_marker, stop_ordered
 from gpuq.run.launch import CannotStart, as_owner
@@ -108,7 +108,16 @@ class Recovery:
 
     def _unrecorded(self, record: Record, marker: Marker) -> None:
         """The supervisor could not write the result (disk full or failing): it kept it."""
-        state, result = checked_result(marker.result)
+        try:
+            state, result = checked_result(marker.result)
+        except ValueError as e:  # never settled otherwise: the record would say running for good
+            state, result = (
+                State.LOST,
+                {
+                    "ended_at": self.clock.wall(),
+                    "reason": f"exit unknown: the result its supervisor kept is unreadable ({e})",
+                },
+            )
         transition(self.layout, record, state, self.host, **result)
 
     def _died(self, record: Record, marker: Marker) -> None:
@@ -161,7 +170,7 @@ class Recovery:
         transition(
             self.layout,
             record,
-            (stop.cause.ends_as or State.CANCELLED) if stop else State.DONE if exit_code == 0 else State.FAILED,
+            ended_as(stop, exit_code),
             self.host,
             ended_at=ended_at if isinstance(ended_at, (int, float)) else self.clock.wall(),
             exit_code=exit_code,
