@@ -16,12 +16,9 @@ import pkgutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Mapping
 
 from gpuq.model.config import KEYS, KEYS_OF_EXTRAS, Config
-
-if TYPE_CHECKING:  # the plan's value type; hooks.py is imported by every CLI start
-    from gpuq.model.jobs import SetAside
 
 EXTRAS_DIR = Path(__file__).resolve().parent / "extras"
 
@@ -51,6 +48,64 @@ class BoxPublisher:
     start: str
 
 
+@dataclass(frozen=True)
+class SpecField:
+    """A spec field an extra adds (`container`). `field` is its entry in the spec's schema
+    (model/spec_fields.py `Field`: docs/reference.md's table lists it). The rest are
+    "module:function" under gpuq, loaded only for a spec that sets the field (so a CLI start,
+    and a spec without it, import nothing of the extra):
+    - `parse`: (value, fail) -> the field's value as JSON, or None for none; `fail(field,
+      problem, fix)` makes the SpecError to raise (model/spec.py validate_spec asks it).
+    - `need`: (value, config) -> the name a host must offer for the job to be placed there (a
+      container runtime, matched against its worker's `HostOffers`), or None; the plan is
+      handed it as a value (`needs_of`).
+    `options` adds `gpuq submit` options (argparse only, like Verb.setup: every submit runs
+    it); `from_options` is "module:function": (argparse.Namespace) -> the field's value or
+    None, raising ValueError with the message for a wrong combination. `isolated`: a job with
+    the field does not see the host's environment (an image's own), so `gpuq submit` exports
+    none of the submitter's variables by default."""
+
+    name: str
+    field: Any  # model.spec_fields.Field
+    parse: str
+    need: str | None = None
+    options: Callable[[argparse.ArgumentParser], None] | None = None
+    from_options: str | None = None
+    isolated: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchWrapper:
+    """A change to how a job's run starts, made by its supervisor just before the root part
+    starts it (run/launch.py): a container's client around the command (later: MPS's pipe).
+    The root part's checks are the same for every start (host/privsep.py): a wrapper changes
+    the argv, environment and stdin it is asked to start, never what may be started as whom.
+    `field`: the spec field that asks for it (the wrapper is loaded only for such a job; None:
+    asked for every job). `wrap` is "module:function" under gpuq: called with a
+    `run.launch.Start`, it gives a `run.launch.Wrapped` (or None: not this job's), or raises
+    `run.launch.CannotStart` (the types are there). `recover`, "module:function" too: called by
+    a worker with a `run.launch.Leftover` for an attempt whose supervisor died, it removes what
+    the run left outside its process tree (a daemon's container) and says what, or None."""
+
+    name: str
+    field: str | None
+    wrap: str
+    recover: str | None = None
+
+
+@dataclass(frozen=True)
+class HostOffers:
+    """What a box offers jobs beyond its GPUs (the container runtimes it has), probed by its
+    worker and published in its heartbeat (`runtimes`, `runtime_problems`): `start` is
+    "module:function" under gpuq, loaded when a worker starts, called with its Config and
+    whether it is a team's queue account's worker; it gives an object with `found` (name ->
+    version), `problems` (name -> why unusable) and `refresh(now_mono)` (worker/loop.py
+    `OfferFinder`)."""
+
+    name: str
+    start: str
+
+
 @dataclass
 class Registry:
     verbs: list[Verb] = field(default_factory=list)
@@ -69,6 +124,11 @@ class Registry:
     # Request kinds of the inbox (spool/inbox.py) beyond the core's own verbs: kind ->
     # "module:function" under gpuq, a `spool.applying.ApplyKind` the worker applies it with.
     request_kinds: dict[str, str] = field(default_factory=dict)
+    # Spec fields beyond the core's, by name (model/spec.py, model/spec_fields.py, cli/submit.py).
+    spec_fields: dict[str, SpecField] = field(default_factory=dict)
+    # Changes to how a job starts, in the extras' order (run/launch.py), and what a box offers.
+    launch_wrappers: list[LaunchWrapper] = field(default_factory=list)
+    offers: list[HostOffers] = field(default_factory=list)
 
 
 _registry: Registry | None = None
@@ -196,6 +256,9 @@ def _clash_of_later_hooks(trial: Registry, into: Registry) -> set[str]:
         {r.name for r in trial.placement_rules} & {r.name for r in into.placement_rules}
         | {v.name for v in trial.views} & {v.name for v in into.views}
         | set(trial.request_kinds) & set(into.request_kinds)
+        | set(trial.spec_fields) & set(into.spec_fields)
+        | {w.name for w in trial.launch_wrappers} & {w.name for w in into.launch_wrappers}
+        | {o.name for o in trial.offers} & {o.name for o in into.offers}
     )
 
 
@@ -203,10 +266,15 @@ def _merge_later_hooks(trial: Registry, into: Registry) -> None:
     into.placement_rules += trial.placement_rules
     into.views += trial.views
     into.request_kinds.update(trial.request_kinds)
+    into.spec_fields.update(trial.spec_fields)
+    into.launch_wrappers += trial.launch_wrappers
+    into.offers += trial.offers
 
 
-def set_aside(layout: Any, now: float) -> list[SetAside]:
-    """Every placement rule's GPUs set aside (model.jobs.SetAside), for the plan: read now."""
+def set_aside(layout: Any, now: float) -> list[Any]:
+    """Every placement rule's GPUs set aside (model.jobs.SetAside, not imported here: model.spec
+    asks this registry for the extras' spec fields, and model.jobs imports model.spec), for the
+    plan: read now."""
     return [aside for rule in registry().placement_rules for aside in load(rule.set_aside)(layout, now)]
 
 
@@ -236,3 +304,45 @@ def unused_state(state_dir: Path) -> list[tuple[str, str]]:
                 )
             )
     return found
+
+
+# The spec fields the core knows of but no loaded extra gives, with the extra that would:
+# a spec that sets one is refused with the fix (a spec from before the extra was deleted).
+FIELDS_OF_EXTRAS: dict[str, str] = {"container": "containers"}
+
+
+def missing_field(name: str) -> tuple[str, str] | None:
+    """Why the spec field `name` cannot be taken here, and the fix, when an extra that is not
+    loaded gives it; None for a field no extra gives."""
+    extra = FIELDS_OF_EXTRAS.get(name)
+    if extra is None or name in registry().spec_fields:
+        return None
+    why = registry().broken.get(extra) or f"gpuq/extras/{extra} is not there"
+    return (
+        f"needs the {extra} extra, which this installation does not have ({why})",
+        f"restore gpuq/extras/{extra} (reinstall gpuq from its checkout), or remove `{name}:` from the spec",
+    )
+
+
+def spec_parser(name: str) -> Callable[..., Any] | None:
+    """The parse function of the extras' spec field `name`, loaded now; None: no extra gives it."""
+    found = registry().spec_fields.get(name)
+    return load(found.parse) if found is not None else None
+
+
+def needs_of(config: Config) -> Callable[[Mapping[str, Any]], str | None]:
+    """What a job needs of a host (the name it must offer), from its spec's extras' fields: the
+    value the plan is handed. A spec without such fields costs one test."""
+    needs = {n: f.need for n, f in registry().spec_fields.items() if f.need is not None}
+    loaded: dict[str, Callable[..., str | None]] = {}
+
+    def need(extras: Mapping[str, Any]) -> str | None:
+        for name, value in extras.items():
+            if name in needs and value is not None:
+                if name not in loaded:
+                    loaded[name] = load(needs[name])
+                if (found := loaded[name](value, config)) is not None:
+                    return found
+        return None
+
+    return need

@@ -192,7 +192,7 @@ def local(tmp_path, users):
     victim.write_text(PRECIOUS)
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        yield Runtime(layout, "a", "boot", local_dir, 1.0, 10.0, {}, "docker"), record, sleeper, victim
+        yield Runtime(layout, "a", "boot", local_dir, 1.0, 10.0, {}), record, sleeper, victim
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -252,7 +252,7 @@ def test_a_lease_of_someone_else_is_no_heartbeat(local, users):
 
 def test_the_lease_stop_and_container_files_are_never_written_through_a_link(local):
     from gpuq.host.hostinfo import process_start_ticks
-    from gpuq.run.joblocal import request_stop, write_container_pid, write_lease
+    from gpuq.run.joblocal import request_stop, write_lease, write_outside_pid
 
     rt, record, sleeper, victim = local
     planted = [
@@ -260,17 +260,17 @@ def test_the_lease_stop_and_container_files_are_never_written_through_a_link(loc
         rt.local_dir / f".lease.{os.getpid()}.tmp",
         rt.lease_path,
         rt.stop_path(record.id),
-        rt.container_path(record.id),
+        rt.outside_path(record.id),
         rt.local_dir / "jobs" / f".{record.id}.stop.{os.getpid()}.tmp",
     ]
     for link in planted:
         link.symlink_to(victim)
     write_lease(rt, 12.5)
-    write_container_pid(rt, record, sleeper.pid)
+    write_outside_pid(rt, record, sleeper.pid)
     _forge_lock(rt, record, os.geteuid(), supervisor_pid=sleeper.pid, ticks=process_start_ticks(sleeper.pid))
     assert request_stop(rt, record, "cancelled") is True  # the worker's own marker: obeyed
     wait_until(lambda: sleeper.poll() is not None, what="the stand-in supervisor to get SIGTERM")
     assert victim.read_text() == PRECIOUS
     assert not rt.lease_path.is_symlink() and float(rt.lease_path.read_text()) == 12.5
     assert not rt.stop_path(record.id).is_symlink() and rt.stop_path(record.id).read_text() == "cancelled"
-    assert json.loads(rt.container_path(record.id).read_text())["pid"] == sleeper.pid
+    assert json.loads(rt.outside_path(record.id).read_text())["pid"] == sleeper.pid

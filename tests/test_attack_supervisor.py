@@ -125,7 +125,7 @@ def test_whom_a_root_worker_runs_a_record_as(users):
     from gpuq.spool.layout import Layout
 
     def rt(allow_root: bool) -> Runtime:
-        return Runtime(Layout(Path("/q")), "a", "boot", Path("/l"), 10, 180, {}, "docker", allow_root)
+        return Runtime(Layout(Path("/q")), "a", "boot", Path("/l"), 10, 180, {}, allow_root)
 
     def record(uid: int) -> Record:
         return Record(id="j", state=State.RUNNING, spec={}, uid=uid)

@@ -210,7 +210,7 @@ def test_a_put_back_refuses_a_file_another_user_put_under_the_name(tmp_path):
         refused.append((path.read_text(), message))
         path.unlink()
 
-    rt = Runtime(layout, "a", "0" * 32, tmp_path / "local", 1.0, 5.0, {}, "docker", True)
+    rt = Runtime(layout, "a", "0" * 32, tmp_path / "local", 1.0, 5.0, {}, True)
     assert Recovery(layout, Config(), rt, reject).put_back("j", claimed)
     assert (layout.jobs / "j.yaml").read_text() == "command: hers\n" and not claimed.exists()
     assert refused == [("command: his\n", refused[0][1])] and "belongs to another user's job" in refused[0][1]
@@ -242,7 +242,7 @@ def test_a_put_back_that_loses_every_race_to_another_users_file_parks_the_spec(t
         bobs_file()  # bob's loop wins the race again
 
     bobs_file()
-    rt = Runtime(layout, "a", "0" * 32, tmp_path / "local", 1.0, 5.0, {}, "docker", True)
+    rt = Runtime(layout, "a", "0" * 32, tmp_path / "local", 1.0, 5.0, {}, True)
     recovery = Recovery(layout, Config(), rt, reject)
     assert not recovery.put_back("apre", claimed)
     parked = list(layout.claims.iterdir())

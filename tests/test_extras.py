@@ -19,18 +19,27 @@ from gpuq.model.config import KEYS_OF_EXTRAS
 pytestmark = pytest.mark.slow  # each runs the fast set again in a copy
 
 # A value other than the default for each key only an extra reads (else: a path under the test's folder).
-SET_TO = {"max_booked_gpu_hours": 10}
+SET_TO = {
+    "max_booked_gpu_hours": 10,
+    "container_runtime": "podman",
+    "container_clients": "{podman: /usr/bin/podman}",
+    "container_env": "{DOCKER_HOST: 'unix:///run/docker.sock'}",
+    "allow_docker": "true",
+}
 EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py").exists())
 
 
 def test_the_extras_are_found_by_listing_their_folder():
-    assert {"bookings", "reports", "sim", "slurm"} <= set(EXTRAS) and hooks.registry().broken == {}
+    assert {"bookings", "containers", "reports", "sim", "slurm"} <= set(EXTRAS) and hooks.registry().broken == {}
     assert {"book", "unbook", "report", "eff", "simulate", "export"} <= {v.name for v in hooks.registry().verbs}
     assert set(hooks.registry().request_kinds) == {"book", "unbook"}
     assert [r.name for r in hooks.registry().placement_rules] == ["bookings"]
     assert [v.name for v in hooks.registry().views] == ["bookings"]
     assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
     assert [(p.name, p.start) for p in hooks.registry().publishers] == [("metrics", "extras.reports.metrics:start")]
+    assert set(hooks.registry().spec_fields) == {"container"} == set(hooks.FIELDS_OF_EXTRAS)
+    assert [w.wrap for w in hooks.registry().launch_wrappers] == ["extras.containers.launching:wrap"]
+    assert [o.start for o in hooks.registry().offers] == ["extras.containers.launching:offers"]
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -95,10 +104,11 @@ def _runner(copy: Path):
 def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tmp_path: Path, extra: str):
     """Each extra deleted in turn: the layer check imports every module left (an extra that
     needed the deleted one would fail it), the CLI no longer lists its verbs, a worker
-    configured for its backend refuses clearly, and one whose config sets a key only the
-    extra reads runs and says once that the key goes unused. The core's tests run in the next test, with
-    every extra deleted at once (each in turn would run them once per extra, for what one run
-    shows: the core needs none of them)."""
+    configured for its backend refuses clearly, one whose config sets a key only the extra
+    reads runs and says once that the key goes unused, and a spec that sets a field only the
+    extra gives is refused, naming the field and the fix (its `gpuq submit` option is gone).
+    The core's tests run in the next test, with every extra deleted at once (each in turn
+    would run them once per extra, for what one run shows: the core needs none of them)."""
     copy = _copy(tmp_path)
     verbs = {v.name for v in hooks.registry().verbs if v.handler.startswith(f"extras.{extra}.")}
     shutil.rmtree(copy / "gpuq" / "extras" / extra)
@@ -125,6 +135,7 @@ def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tm
         for key in keys:
             assert ran.stderr.count(f"sets {key}, which only the {extra} extra reads") == 1, ran.stderr
     _its_state_is_ignored_and_said_once(run, tmp_path, extra)
+    _refuses_its_spec_fields(tmp_path, run, extra)
 
 
 def _its_state_is_ignored_and_said_once(run, tmp_path: Path, extra: str) -> None:
@@ -141,6 +152,25 @@ def _its_state_is_ignored_and_said_once(run, tmp_path: Path, extra: str) -> None
         doctor = json.loads(run("gpuq.py", "--root", str(root), "doctor", "--json").stdout)
         said = [f for f in doctor["findings"] if f"state/{name} holds 1 file(s)" in f["message"]]
         assert [f["level"] for f in said] == ["warn"] and f"only the {extra} extra reads" in said[0]["message"]
+
+
+def _refuses_its_spec_fields(tmp_path: Path, run, extra: str) -> None:
+    """A spec with a field of the deleted extra is refused by `gpuq submit` (and so by the
+    worker, which checks a spec the same way), naming the field, the extra and the fix."""
+    fields = {n: f for n, f in hooks.registry().spec_fields.items() if f.parse.startswith(f"extras.{extra}.")}
+    if not fields:
+        return
+    root = tmp_path / "root-fields"
+    assert run("gpuq.py", "init", str(root)).returncode == 0
+    for name, spec_field in fields.items():
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(f"command: 'true'\n{name}: {spec_field.field.example}\n")
+        refused = run("gpuq.py", "--root", str(root), "submit", "--spec", str(spec))
+        want = f"field '{name}': needs the {extra} extra, which this installation does not have"
+        assert refused.returncode == 2 and want in refused.stderr, refused.stderr
+        assert f"restore gpuq/extras/{extra}" in refused.stderr and "Nothing was written" in refused.stderr
+        assert f"  --{name} " not in run("gpuq.py", "submit", "--help").stdout
+    assert list((root / "jobs").iterdir()) == []
 
 
 def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Path):

@@ -201,3 +201,55 @@ def test_without_the_extra_its_request_kind_is_refused_and_its_files_are_ignored
     (finding,) = [f for f in check_extras(layout, Config()) if "state/bookings" in f.message]
     assert finding.level == "warn" and "gpuq/extras/bookings is not there" in finding.message
     assert "they are ignored" in finding.message and "restore gpuq/extras/bookings" in finding.fix
+
+
+# A spec field and a launch wrapper (hooks.SpecField, hooks.LaunchWrapper): `nice` runs the
+# command under nice(1) at the level the spec gives.
+NICE = """
+from gpuq.hooks import LaunchWrapper, SpecField
+from gpuq.model.spec_fields import Field
+from gpuq.run.launch import Wrapped
+def parse(value, fail):
+    if not isinstance(value, int) or not 0 <= value <= 19:
+        raise fail("nice", f"{value!r} is not a level", "give 0 to 19")
+    return value
+def wrap(start):
+    level = start.spec.extras["nice"]
+    argv = ["nice", "-n", str(level), *start.argv]
+    return Wrapped(argv, {**start.base_env, **start.variables}, "nice", str(level), start.variables, "the host's")
+def register(registry):
+    registry.spec_fields["nice"] = SpecField("nice", Field("0-19", "none", "A nice level.", "10"), "extras.nice:parse")
+    registry.launch_wrappers.append(LaunchWrapper("nice", "nice", "extras.nice:wrap"))
+"""
+
+
+def test_an_extras_spec_field_is_checked_kept_and_wraps_the_start_and_one_given_twice_is_left_out(
+    extras_in, tmp_path: Path
+):
+    from gpuq.model.errors import SpecError
+    from gpuq.model.record import Record
+    from gpuq.model.spec import JobSpec, parse_spec_text
+    from gpuq.model.states import State
+    from gpuq.run.joblocal import Runtime
+    from gpuq.run.launch import CannotStart, build_launch
+    from gpuq.spool.layout import Layout
+
+    extras_in("nice", NICE)
+    extras_in("nicer", NICE.replace("extras.nice:", "extras.nicer:"))  # the same field again
+    got = hooks.registry()
+    assert list(got.spec_fields) == ["nice"] and "another extra already gives nice" in got.broken["nicer"]
+    spec = parse_spec_text(b"command: [train]\nnice: 10\n", "jobs/j.yaml")
+    assert spec.extras == {"nice": 10} and JobSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(SpecError, match="field 'nice': 99 is not a level. Fix: give 0 to 19"):
+        parse_spec_text(b"command: x\nnice: 99\n", "jobs/j.yaml")
+    record = Record(id="j", state=State.RUNNING, spec=spec.to_json(), gpus=[0])
+    rt = Runtime(Layout(tmp_path), "a", "boot", tmp_path / "local", 1.0, 10.0, {})
+    launch = build_launch(rt, record, spec, None)
+    assert launch.argv == ["nice", "-n", "10", "train"] and launch.wrapped is not None
+    # `container` is a field of an extra that is not here: refused with the fix, and a spec
+    # taken in before the extra went cannot start.
+    with pytest.raises(SpecError, match="field 'container': needs the containers extra, which this installation"):
+        parse_spec_text(b"command: x\ncontainer: img\n", "jobs/j.yaml")
+    old = JobSpec.from_json({**spec.to_json(), "container": {"image": "img"}})
+    with pytest.raises(CannotStart, match="container: needs the containers extra.*Fix: restore gpuq/extras/containers"):
+        build_launch(rt, record, old, None)

@@ -433,7 +433,7 @@ def test_a_specs_own_mps_variables_never_reach_a_job(tmp_path):
         {"command": "x", "gpus": 1, "env": {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/other/pipe", "KEEP": "1"}}, "j.yaml"
     )
     record = Record(id="j", state=State.RUNNING, spec={}, spec_text=text, user="x", uid=4242, host="a", gpus=[0])
-    rt = Runtime(Layout(tmp_path), "a", "boot", tmp_path / "local", 1.0, 10.0, {}, "docker")
+    rt = Runtime(Layout(tmp_path), "a", "boot", tmp_path / "local", 1.0, 10.0, {})
     env = job_variables(rt, record, spec)
     assert env["KEEP"] == "1" and not [k for k in env if k.startswith("CUDA_MPS_")], env
     mps = replace(record, mps_pipe="/run/gpuq/a-mps/0/pipe", gpu_uuids=["GPU-1"], gpu_mem_mib=4096)

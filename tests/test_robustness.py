@@ -138,7 +138,7 @@ def test_a_recreated_claim_is_its_owners_spec(tmp_path):
         queued_at=1000.0,
     )
     write_record(layout, record)
-    rt = Runtime(layout, "a", "bootboot", tmp_path / "local", 1.0, 10.0, {}, "docker")
+    rt = Runtime(layout, "a", "bootboot", tmp_path / "local", 1.0, 10.0, {})
     recovery = Recovery(layout, Config(), rt, lambda *a: None)
     recovery.requeue(record, "lost; requeued")
     spec = layout.jobs / "j.yaml"
@@ -163,6 +163,6 @@ def test_an_orphan_claim_of_an_earlier_boot_is_put_back_even_with_this_pid(tmp_p
     layout.ensure()
     orphan = layout.claims / f"j@a@oldboot0@{os.getpid()}@abcd@a1.yaml"
     orphan.write_text("command: echo hi\n")
-    rt = Runtime(layout, "a", "newboot0-after-the-reboot", tmp_path / "local", 1.0, 10.0, {}, "docker")
+    rt = Runtime(layout, "a", "newboot0-after-the-reboot", tmp_path / "local", 1.0, 10.0, {})
     Recovery(layout, Config(), rt, lambda *a: None).requeue_orphan_claims()
     assert (layout.jobs / "j.yaml").read_text() == "command: echo hi\n" and not orphan.exists()

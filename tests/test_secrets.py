@@ -109,7 +109,7 @@ def test_submit_leaves_secrets_out_unless_named(monkeypatch):
     env, left_out = exported_environment("ALL,HF_TOKEN,SEED=3")
     assert env["HF_TOKEN"] == SECRETS["HF_TOKEN"] and env["SEED"] == "3" and "HF_TOKEN" not in left_out
     assert exported_environment("MYSQL_PWD") == ({"MYSQL_PWD": SECRETS["MYSQL_PWD"]}, [])
-    assert exported_environment(None, container=True) == ({}, [])
+    assert exported_environment(None, isolated=True) == ({}, [])
 
 
 def test_show_masks_whole_values_in_the_spec_and_its_text():

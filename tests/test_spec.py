@@ -178,7 +178,7 @@ def test_the_shared_cache_form_gives_back_the_same_spec():
     for text in (
         b"command: python train.py\ngpus: 1\ngpu_mem: 70GiB\n",
         b"command: [a, '{lr}']\ngpus: 2\nenv: {A: b}\nhosts: [x]\nafter: [q]\nsweep: {lr: [1, 2]}\n",
-        b"command: x\ncontainer: {image: 'ubuntu:22.04'}\nsetup: ['a']\npriority: low\n",
+        b"command: x\nvenv: /shared/envs/p\nsetup: ['a']\npriority: low\n",
     ):
         spec = parse_spec_text(text, "f")
         assert JobSpec.from_cache(spec.to_cache()) == spec == JobSpec.from_json(spec.to_json())

@@ -35,7 +35,7 @@ def test_a_launch_that_arrives_after_its_attempt_was_replaced_runs_nothing(
     nothing, writes no `started` marker, and leaves the new attempt's record as it is."""
     layout = Layout(tmp_path / "root")
     layout.ensure()
-    rt = Runtime(layout, "a", "boot0000", tmp_path / "local", 1.0, 10.0, {}, "docker")
+    rt = Runtime(layout, "a", "boot0000", tmp_path / "local", 1.0, 10.0, {})
     late = Record(
         id="j",
         state=State.RUNNING,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from gpuq import hooks
+
 
 def add_limit_options(sp: argparse.ArgumentParser) -> None:
     """Slurm's spellings where it has them (sbatch --time, --cpus-per-task, --mem)."""
@@ -41,13 +43,9 @@ def add_limit_options(sp: argparse.ArgumentParser) -> None:
 
 
 def add_environment_options(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--container", metavar="IMAGE", help="run inside this image (docs/containers.md)")
-    sp.add_argument(
-        "--runtime",
-        choices=("docker", "podman", "apptainer"),
-        help="the container's runtime (default: config container_runtime)",
-    )
-    sp.add_argument("--mount", action="append", metavar="SRC:DST[:ro]", help="also mount this into the container")
+    for extra_field in hooks.registry().spec_fields.values():  # --container, from its extra
+        if extra_field.options is not None:
+            extra_field.options(sp)
     sp.add_argument("--venv", metavar="DIR", help="activate this virtualenv first")
     sp.add_argument("--conda", metavar="ENV", help="activate this conda environment first")
     sp.add_argument("--setup", action="append", metavar="LINE", help="shell line run before the command (repeatable)")
@@ -55,5 +53,5 @@ def add_environment_options(sp: argparse.ArgumentParser) -> None:
         "--export",
         metavar="ALL|NONE|NAME,..[,NAME=VALUE]",
         help="your variables the job records, as sbatch's --export (default: ALL but what looks "
-        "like a secret, which is stored only when named: ALL,HF_TOKEN; NONE with --container)",
+        "like a secret, which is stored only when named: ALL,HF_TOKEN; NONE for a job in a container)",
     )

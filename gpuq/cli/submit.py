@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from gpuq import hooks
 from gpuq.cli.common import open_layout, read_config
 from gpuq.cli.requests import run_request
 from gpuq.host.faults import wall_time
@@ -113,7 +114,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     layout = open_layout(args)
     try:
-        env, withheld = exported_environment(args.export, container=bool(args.container))
+        from_extras = extras_fields(args)
+        env, withheld = exported_environment(args.export, isolated=_isolated(from_extras))
     except SubmitError as e:
         print(f"gpuq submit: {e}. Nothing was written.", file=sys.stderr)
         return 2
@@ -137,7 +139,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     )
     try:
         config = read_config(layout)
-        data.update(environment_fields(args))
+        data.update({**environment_fields(args), **from_extras})
         data.update(limit_fields(args))
         checked = validate_spec(data, "gpuq submit")
         check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs, config.admins, checked)
@@ -162,7 +164,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             else:
                 job_id = write_spec(layout, data, args.id, base)
     except SpecError as e:
-        where = f"--{e.field.replace('_', '-')}" if e.field in SUBMIT_OPTIONS else (e.field or "spec")
+        optional = e.field in SUBMIT_OPTIONS or e.field in from_extras
+        where = f"--{e.field.replace('_', '-')}" if e.field and optional else (e.field or "spec")
         print(f"gpuq submit: {where}: {e.problem}. Fix: {e.fix}. Nothing was written.", file=sys.stderr)
         return 2
     except SubmitError as e:
@@ -191,7 +194,6 @@ SUBMIT_OPTIONS = (
     "env",
     "after",
     "after_any",
-    "container",
     "venv",
     "conda",
     "setup",
@@ -217,18 +219,30 @@ def limit_fields(args: argparse.Namespace) -> dict:
     return data
 
 
-def environment_fields(args: argparse.Namespace) -> dict:
-    """--container/--runtime/--mount, --venv, --conda, --setup -> the spec's fields."""
-    if (args.runtime or args.mount) and not args.container:
-        raise SubmitError("--runtime and --mount are for a container: add --container IMAGE")
+def extras_fields(args: argparse.Namespace) -> dict:
+    """The options the extras' spec fields add (--container/--runtime/--mount) -> those fields."""
     data: dict = {}
-    if args.container:
-        container: dict = {"image": args.container}
-        if args.runtime:
-            container["runtime"] = args.runtime
-        if args.mount:
-            container["mounts"] = args.mount
-        data["container"] = container
+    for name, extra_field in hooks.registry().spec_fields.items():
+        if extra_field.from_options is None:
+            continue
+        try:
+            value = hooks.load(extra_field.from_options)(args)
+        except ValueError as e:
+            raise SubmitError(str(e)) from None
+        if value is not None:
+            data[name] = value
+    return data
+
+
+def _isolated(fields: dict) -> bool:
+    """Whether one of these extras' fields keeps the host's environment from the job (an
+    image's own): then `--export` defaults to NONE."""
+    return any(hooks.registry().spec_fields[name].isolated for name in fields)
+
+
+def environment_fields(args: argparse.Namespace) -> dict:
+    """--venv, --conda, --setup -> the spec's fields."""
+    data: dict = {}
     for key in ("venv", "conda", "setup"):
         if getattr(args, key):
             data[key] = getattr(args, key)
@@ -254,7 +268,7 @@ def never_fits(layout: Layout, config: Config, job: PendingJob) -> str | None:
         )
         for hb in beats
     ]
-    decided = plan([job], empty, [], config, wall_time(), explain=True)
+    decided = plan([job], empty, [], config, wall_time(), explain=True, needs=hooks.needs_of(config))
     return None if decided.starts else decided.reasons.get(job.id)
 
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from gpuq.model.environments import RUNTIMES
 from gpuq.model.errors import SpecError
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.units import DURATION_EXAMPLES, MAX_DURATION_S, SIZE_EXAMPLES, parse_duration_s, parse_size_mib
@@ -18,6 +17,9 @@ GPU_SHARING = ("time-slicing", "mps")
 
 class ConfigError(Exception):
     """config.yaml cannot be used; the message names the key and the fix."""
+
+
+RUNTIMES = ("docker", "podman", "apptainer")  # config container_runtime (the containers extra's)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class Config:
     container_runtime: str = "docker"  # a spec's container without a runtime runs with this one
     container_clients: dict[str, str] = field(default_factory=dict)  # runtime -> client's absolute path
     container_env: dict[str, str] = field(default_factory=dict)  # what every client gets (DOCKER_HOST, ...)
-    allow_docker: bool = False  # docker jobs in a team queue: its daemon is root (docs/containers.md)
+    allow_docker: bool = False  # docker jobs in a team queue: its daemon is root (gpuq/extras/containers/README.md)
     slurm_partitions: dict[str, str] = field(default_factory=dict)  # priority class -> partition
     slurm_qos: dict[str, str] = field(default_factory=dict)  # priority class -> QOS
     slurm_gpu_mem: str = "comment"  # how gpu_mem is expressed: comment, constraint or shards
@@ -365,7 +367,21 @@ KEYS: dict[str, tuple[str, Any]] = {
 }
 # Keys only an extra reads (gpuq/extras/NAME/), each with that extra. They stay valid without
 # it (a config outlives a deleted folder): a worker and `doctor` say that one set goes unused.
-KEYS_OF_EXTRAS: dict[str, str] = {"metrics_dir": "reports", "max_booked_gpu_hours": "bookings"}
+KEYS_OF_EXTRAS: dict[str, str] = {
+    "metrics_dir": "reports",
+    "max_booked_gpu_hours": "bookings",
+    "container_runtime": "containers",
+    "container_clients": "containers",
+    "container_env": "containers",
+    "allow_docker": "containers",
+}
+
+
+def extras_settings(config: Config) -> dict[str, Any]:
+    """The values of the config keys only extras read, by Config attribute: what a worker hands
+    its supervisors (run/joblocal.py Runtime.settings), where the extras' launch wrappers read them."""
+    return {KEYS[key][0]: getattr(config, KEYS[key][0]) for key in KEYS_OF_EXTRAS}
+
 
 # Supervisors stop their jobs once their host's heartbeat is FENCE_FRACTION of lost_after_s
 # old, and need grace_s more: that must end before other hosts may take the jobs over.

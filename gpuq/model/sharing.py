@@ -21,9 +21,10 @@ if TYPE_CHECKING:  # the supervisor imports this module (run/launch.py): it need
 
 def uses_mps(spec: "JobSpec", config: "Config") -> bool:
     """Whether the job runs as an MPS client. A job of several GPUs would need one daemon
-    for all of them (a client talks to one); a job in a container would need the daemon's
-    pipes inside it: both are time-sliced, as a job that takes its GPU whole needs no MPS."""
-    return config.gpu_sharing == "mps" and spec.gpus == 1 and spec.gpu_mem_mib is not None and spec.container is None
+    for all of them (a client talks to one); a job an extra starts otherwise (in a container,
+    a spec field of the containers extra) would need the daemon's pipes inside it: both are
+    time-sliced, as a job that takes its GPU whole needs no MPS."""
+    return config.gpu_sharing == "mps" and spec.gpus == 1 and spec.gpu_mem_mib is not None and not spec.extras
 
 
 def compute_pct(spec: "JobSpec", gpu_total_mib: int) -> int:

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuq.model.environments import Container, parse_conda, parse_container, parse_setup, parse_venv
+from gpuq import hooks
+from gpuq.model.environments import parse_conda, parse_setup, parse_venv
 from gpuq.model.errors import SpecError, kind_of
 from gpuq.model.groups import check_array, check_expansion, check_sweep
 from gpuq.model.names import ID_RULE, JOB_ID_RE
@@ -52,10 +53,12 @@ class JobSpec:
     sweep: tuple[tuple[str, tuple], ...] = ()  # spool/sweeps.py: expanded into member jobs, never run itself
     array: str | None = None  # spool/sweeps.py: `0-9` -> member jobs <id>_<index>, never run itself
     restart: str = "never"  # sched/restarts.py: a service restarted in place after it ends
-    container: Container | None = None  # model/environments.py / run/containers.py: run inside this image
     venv: str | None = None  # activated before the command ...
     conda: str | None = None  # ... and this conda environment ...
     setup: tuple[str, ...] = ()  # ... then these shell lines
+    # The extras' fields (gpuq/hooks.py SpecField: `container`), by name, as JSON: the core
+    # keeps them, and hands them to the extras that give them (the plan's needs, a start's wrapper).
+    extras: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def exclusive(self) -> bool:
@@ -87,10 +90,10 @@ class JobSpec:
             "sweep": {k: list(v) for k, v in self.sweep},
             "array": self.array,
             "restart": self.restart,
-            "container": self.container.to_json() if self.container else None,
             "venv": self.venv,
             "conda": self.conda,
             "setup": list(self.setup),
+            **self.extras,  # at the top, as the field is written in a spec
         }
 
     @classmethod
@@ -122,10 +125,10 @@ class JobSpec:
             sweep=tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()),
             array=d.get("array"),
             restart=d.get("restart", "never"),
-            container=Container.from_json(d.get("container")),
             venv=d.get("venv"),
             conda=d.get("conda"),
             setup=tuple(d.get("setup") or ()),
+            extras=extras_in(d),
         )
         return spec
 
@@ -143,12 +146,22 @@ class JobSpec:
         for key, value in d.items():
             convert = _FROM_CACHE.get(key)
             fields[key] = convert(value) if convert else value
-        spec.__dict__.update(fields)
+        fields["extras"] = extras_in(d)
+        spec.__dict__.update({k: v for k, v in fields.items() if k in _DEFAULT_FIELDS})
         return spec
 
 
 _DEFAULTS_JSON = JobSpec(command="").to_json()
 _DEFAULT_FIELDS = dict(JobSpec(command="").__dict__)
+_CORE_KEYS = frozenset(_DEFAULTS_JSON)
+
+
+def extras_in(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The extras' fields of a spec's JSON: what is not the core's (a record from before an
+    extra existed says `container: null`, which is none)."""
+    return {k: d[k] for k in d.keys() - _CORE_KEYS if d[k] is not None}
+
+
 _FROM_CACHE: dict[str, Any] = {
     "command": lambda v: v if isinstance(v, str) else tuple(v),
     "env": dict,
@@ -157,7 +170,6 @@ _FROM_CACHE: dict[str, Any] = {
     "after_any": tuple,
     "setup": tuple,
     "sweep": lambda v: tuple((k, tuple(x)) for k, x in (v or {}).items()),
-    "container": lambda v: Container.from_json(v),
 }
 
 
@@ -175,9 +187,7 @@ def validate_spec(data: Any, file: str) -> JobSpec:
             "a spec must be a mapping of fields",
             "write lines like `command: python train.py` and `gpus: 1`",
         )
-    unknown = sorted(str(k) for k in data if k not in FIELDS)
-    if unknown:
-        raise SpecError(file, unknown[0], "unknown field", f"remove it or use one of: {', '.join(FIELDS)}")
+    extras = _extra_fields(data, file)
     priority_class, priority = _priority(data.get("priority", "normal"), file)
     if data.get("gpus") == 0 and data.get("gpu_mem") is not None:
         raise SpecError(
@@ -214,11 +224,31 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         sweep=sweep,
         array=array,
         restart=_restart(data.get("restart"), file),
-        container=parse_container(data.get("container"), fail),
         venv=parse_venv(data.get("venv"), fail),
         conda=parse_conda(data.get("conda"), fail),
         setup=parse_setup(data.get("setup"), fail),
+        extras=extras,
     )
+
+
+def _extra_fields(data: dict, file: str) -> dict[str, Any]:
+    """The spec's fields that extras give, each checked by its extra; SpecError for a field
+    nobody gives, or one whose extra is not here."""
+    known = [*FIELDS, *hooks.registry().spec_fields]
+    extras: dict[str, Any] = {}
+    for key in sorted(str(k) for k in data if k not in FIELDS):
+        if (missing := hooks.missing_field(key)) is not None:
+            raise SpecError(file, key, *missing)
+        parse = hooks.spec_parser(key)
+        if parse is None:
+            raise SpecError(file, key, "unknown field", f"remove it or use one of: {', '.join(known)}")
+
+        def fail(field: str, problem: str, fix: str) -> SpecError:
+            return SpecError(file, field, problem, fix)
+
+        if (value := parse(data[key], fail)) is not None:
+            extras[key] = value
+    return extras
 
 
 def _command(value: Any, file: str) -> str | tuple[str, ...]:

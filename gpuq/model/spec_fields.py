@@ -1,6 +1,7 @@
 """The spec's fields as users read about them: type, default, meaning, example. The one
-schema table: model/spec.py validates exactly these keys, and docs/reference.md's spec
-table is rendered from it (reference.py)."""
+schema table of the core's fields: model/spec.py validates exactly these keys (and the ones
+the extras add through gpuq/hooks.py `SpecField`, each with its own `Field`), and
+docs/reference.md's spec table is rendered from it (tools/doc_tables.py)."""
 
 from __future__ import annotations
 
@@ -113,17 +114,6 @@ FIELDS: dict[str, Field] = {
         "5 min; back to 1 s after 10 min up), keeping its GPU memory meanwhile. Cancel, time limit "
         "and preemption still end it.",
         "on-failure",
-    ),
-    "container": Field(
-        "image, or mapping: image, runtime, mounts, options",
-        "none (runs on the host)",
-        "Run the command inside this container image with exactly the job's GPUs, the "
-        "workdir mounted, as the job's owner; runtime docker, podman or apptainer (default: "
-        "config container_runtime); mounts like /data:/data:ro, each readable by the job's owner; "
-        "options from an allow-list (--shm-size, --ulimit, --tmpfs, --read-only, ...: "
-        "docs/containers.md). "
-        "Placed only on hosts that have the runtime.",
-        "{image: nvcr.io/nvidia/pytorch:24.05-py3, mounts: [/data:/data:ro]}",
     ),
     "venv": Field(
         "absolute path",

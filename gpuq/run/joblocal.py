@@ -26,7 +26,7 @@ import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, TypeGuard
+from typing import Any, Iterator, TypeGuard
 
 from gpuq.host import wire
 from gpuq.host.files import atomic_write
@@ -49,11 +49,10 @@ class Runtime:
     grace_s: float
     lost_after_s: float
     extra_env: dict[str, str]  # e.g. GPUQ_FAKE_GPUS for fake GPUs
-    container_runtime: str = "docker"  # config container_runtime: for containers that name none
     allow_root_jobs: bool = False  # config allow_root_jobs: whether a root worker runs uid 0's jobs
-    container_clients: dict[str, str] = field(default_factory=dict)  # runtime -> its client's absolute path
-    allow_docker: bool = False  # config allow_docker: docker jobs in a team queue (its daemon is root)
-    container_env: dict[str, str] = field(default_factory=dict)  # config container_env: every client's
+    # The config keys only extras read (model/config.py KEYS_OF_EXTRAS), by Config attribute:
+    # the extras' launch wrappers find theirs here (container_runtime, container_clients, ...).
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def lock_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.lock"
@@ -61,9 +60,10 @@ class Runtime:
     def stop_path(self, job_id: str) -> Path:
         return self.local_dir / "jobs" / f"{job_id}.stop"
 
-    def container_path(self, job_id: str) -> Path:
-        """The main process of the job's docker/podman container (not in the job's process
-        tree: the runtime's daemon started it), so that its GPU memory counts as the job's."""
+    def outside_path(self, job_id: str) -> Path:
+        """A process of the job's outside its process tree (the main process of its docker or
+        podman container, which the runtime's daemon started), so that its GPU memory counts
+        as the job's. The name is the one it had when only containers wrote it."""
         return self.local_dir / "jobs" / f"{job_id}.container"
 
     def exit_path(self, job_id: str) -> Path:
@@ -89,11 +89,8 @@ class Runtime:
             "grace_s": self.grace_s,
             "lost_after_s": self.lost_after_s,
             "extra_env": self.extra_env,
-            "container_runtime": self.container_runtime,
             "allow_root_jobs": self.allow_root_jobs,
-            "container_clients": self.container_clients,
-            "allow_docker": self.allow_docker,
-            "container_env": self.container_env,
+            "settings": self.settings,
         }
 
     @classmethod
@@ -106,11 +103,8 @@ class Runtime:
             d["grace_s"],
             d["lost_after_s"],
             d["extra_env"],
-            d.get("container_runtime", "docker"),
             d.get("allow_root_jobs", False),
-            dict(d.get("container_clients") or {}),
-            d.get("allow_docker", False),
-            dict(d.get("container_env") or {}),
+            dict(d.get("settings") or {}),
         )
 
 
@@ -282,29 +276,30 @@ def supervisor_pid(rt: Runtime, record: Record) -> int | None:
     return marker.supervisor_pid if _live(marker.supervisor_pid, marker.ticks) else None
 
 
-def write_container_pid(rt: Runtime, record: Record, pid: int) -> None:
+def write_outside_pid(rt: Runtime, record: Record, pid: int) -> None:
     data = {"claim": record.claim, "pid": pid, "ticks": process_start_ticks(pid)}
     try:
-        atomic_write(rt.container_path(record.id), json.dumps(data).encode(), LOCAL_MODE, durable=False)
+        atomic_write(rt.outside_path(record.id), json.dumps(data).encode(), LOCAL_MODE, durable=False)
     except OSError:
         pass  # its GPU memory counts as someone else's meanwhile: stricter, never overcommitted
 
 
 def job_roots(rt: Runtime, record: Record) -> list[int]:
     """The processes whose descendants are the job: its live keeper, and the main process of
-    its container when a runtime's daemon started that (run/containers.py)."""
+    the process outside its tree a launch wrapper reported (its container's, which a runtime's
+    daemon started: supervise._note_outside)."""
     marker = read_marker(rt, record)
     pid = marker.keeper_pid
     if not _live(pid, marker.keeper_ticks):
         return []
     try:
-        container = json.loads(read_own(rt.container_path(record.id)) or b"")
+        outside = json.loads(read_own(rt.outside_path(record.id)) or b"")
     except ValueError:
         return [pid]
-    if not isinstance(container, dict) or container.get("claim") != record.claim:
+    if not isinstance(outside, dict) or outside.get("claim") != record.claim:
         return [pid]
-    cpid = container.get("pid")
-    return [pid, cpid] if _live(cpid, container.get("ticks")) else [pid]
+    opid = outside.get("pid")
+    return [pid, opid] if _live(opid, outside.get("ticks")) else [pid]
 
 
 def finish_local(rt: Runtime, record: Record) -> None:
@@ -312,7 +307,7 @@ def finish_local(rt: Runtime, record: Record) -> None:
     paths = [
         rt.stop_path(record.id),
         rt.usage_path(record.id),
-        rt.container_path(record.id),
+        rt.outside_path(record.id),
         rt.exit_path(record.id),
         rt.lock_path(record.id),
     ]

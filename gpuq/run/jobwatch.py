@@ -37,7 +37,7 @@ class JobWatch:
 
     def wake_at(self, limits_at: float, lookup_at: float = NEVER) -> float:
         """When to look again (the job's exit wakes the wait sooner). Once stopped, only the
-        KILL and a container's lookup are due: no fencing check, no limit, so no busy wait;
+        KILL and a run's companion (a container's lookup) are due: no fencing check, no limit, so no busy wait;
         once killed, NEVER: its exit is all that is left to wait for."""
         if self.stop is not None:
             return min(self.kill_at, lookup_at)

@@ -16,7 +16,9 @@ import pwd
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Protocol
 
+from gpuq import hooks
 from gpuq.host import rootorders, wire
 from gpuq.host.owners import Identity
 from gpuq.model.config import FENCE_FRACTION
@@ -24,7 +26,6 @@ from gpuq.model.environments import command_argv, prelude_lines
 from gpuq.model.record import Record
 from gpuq.model.sharing import pinned_mem_limit
 from gpuq.model.spec import JobSpec
-from gpuq.run.containers import DOCKER_REFUSED, ContainerRun, Owner, container_name, container_run
 from gpuq.run.joblocal import Runtime
 
 # A job that a root worker runs as its owner starts from this PATH, as a login shell would
@@ -145,6 +146,87 @@ def job_variables(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
     return env
 
 
+class OwnerCommands(Protocol):
+    """A helper command run as the job's owner through the root part (`AsOwner`): a container
+    client's stop or removal."""
+
+    def run(self, argv: list[str], timeout: float) -> tuple[int | None, str]: ...
+    def start(self, argv: list[str]) -> object: ...
+
+
+class Companion(Protocol):
+    """What a run holds outside its process tree, which the supervisor stops, kills and
+    removes with it (a docker/podman container, which its runtime's daemon holds). None of
+    its calls raises."""
+
+    def stop(self, grace_s: float) -> None: ...  # with the job's SIGTERM; the kill follows the grace
+    def kill(self) -> None: ...  # with the job's SIGKILL
+    def remove(self) -> None: ...  # once the run has ended, however
+
+    @property
+    def due_at(self) -> float: ...  # when `tick` is due, on the monotonic clock (inf: never)
+
+    def tick(self, now: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class CompanionTools:
+    """What the supervisor lends a run's companion: commands as the job's owner (with the
+    admin's `env` for them), a line for the job's log, and `found`, to report a process of the
+    job's started outside its tree (its GPU memory counts as the job's if it is the owner's)."""
+
+    as_owner: Callable[[dict[str, str]], OwnerCommands]
+    note: Callable[[str], None]
+    found: Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Start:
+    """One start of a job, as a launch wrapper (gpuq/hooks.py LaunchWrapper) is handed it:
+    the job's command after its prelude (`argv`), the variables it must see (`variables`,
+    CUDA_VISIBLE_DEVICES in host numbering), where, as whom, and the worker's settings
+    (`rt.settings`: the config keys only extras read). `preview`: for `gpuq show`, which shows
+    the command line without asking the host (clients by their bare names, no refusal)."""
+
+    rt: Runtime
+    record: Record
+    spec: JobSpec
+    identity: Identity | None
+    argv: list[str]
+    variables: dict[str, str]
+    workdir: str
+    base_env: dict[str, str]  # what a process started for the job begins with (base_environment)
+    preview: bool = False
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """How a wrapper starts the job instead: the argv and the whole environment the root part
+    starts it with, its stdin (a file of the owner's own, such as an env file), and what the
+    job sees inside (`seen`, for `gpuq show`). A `companion` makes the run's hold outside its
+    process tree."""
+
+    argv: list[str]
+    env: dict[str, str]
+    how: str  # the word of the job log's line that shows the command line ("container")
+    label: str  # which one, for `gpuq show` ("docker")
+    seen: dict[str, str]
+    seen_from: str  # what the job's environment starts from, for `gpuq show`
+    stdin: str | None = None
+    companion: Callable[[CompanionTools], Companion] | None = None
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """An attempt whose supervisor died, as a launch wrapper's `recover` is handed it: its
+    record, the worker's settings, and how to run a command as the job's owner (None: no root
+    part to run it)."""
+
+    rt: Runtime
+    record: Record
+    as_owner: Callable[[dict[str, str]], OwnerCommands] | None
+
+
 @dataclass(frozen=True)
 class Launch:
     """One start of a job's command: what is spawned, where, as whom."""
@@ -153,55 +235,40 @@ class Launch:
     env: dict[str, str]
     cwd: str
     identity: Identity | None  # the spawned process's user (None: the supervisor's)
-    container: ContainerRun | None = None
+    wrapped: Wrapped | None = None
 
 
-def build_launch(rt: Runtime, record: Record, spec: JobSpec, identity: Identity | None) -> Launch:
+def build_launch(
+    rt: Runtime, record: Record, spec: JobSpec, identity: Identity | None, preview: bool = False
+) -> Launch:
     """The job's command (after its venv/conda/setup prelude), on the host with the worker's
-    environment plus the job's variables, or through its container's runtime, whose
-    container sees only the job's variables (the host's PATH would hide the image's)."""
+    environment plus the job's variables, or as a launch wrapper of the extras says (through
+    its container's runtime, whose container sees only the job's variables). Raises
+    CannotStart, also for a spec field whose extra is not here."""
     workdir = spec.workdir or str(rt.layout.root)
     inner = command_argv(spec.command, prelude_lines(spec.venv, spec.conda, spec.setup))
     variables = job_variables(rt, record, spec)
-    if spec.container is None:
-        env = {**base_environment(identity), **variables, **(identity.environment() if identity else {})}
-        return Launch(inner, env, workdir, identity)
-    if identity is not None:  # the image decides HOME; the owner's name is still theirs
-        variables.update(USER=identity.name, LOGNAME=identity.name)
-    owner = (
-        Owner(identity.uid, identity.gid, tuple(identity.groups))
-        if identity
-        else Owner(os.getuid(), os.getgid(), tuple(os.getgroups()))
-    )
-    runtime = spec.container.runtime or rt.container_runtime
-    if runtime == "docker" and identity is not None and os.geteuid() != 0 and not rt.allow_docker:
-        raise CannotStart(DOCKER_REFUSED)  # a team queue: the queue's account, jobs as their owners
-    client = rt.container_clients.get(runtime)
-    if client is None:
-        raise CannotStart(f"no {runtime} client on {rt.host} (config container_clients, or the worker's PATH)")
-    try:
-        run = container_run(
-            spec.container,
-            runtime,
-            client,
-            inner,
-            variables,
-            workdir,
-            record.gpus,
-            owner,
-            identity is None and os.geteuid() == 0,  # root's own job in root's own queue
-            container_name(record.id, record.attempt, record.claim),
-            record.cpu_cores,
-            record.mem_limit_mib,
-        )
-    except ValueError as e:
-        raise CannotStart(str(e)) from None
-    except PermissionError as e:
-        raise CannotStart(f"{e.strerror}: {e.filename}") from None
-    # The client's own environment: a job's clean start, the admin's container_env, and (for
-    # apptainer) the job's variables under APPTAINERENV_*, which tell the client nothing.
-    env = {**base_environment(identity), **rt.container_env, **run.env, **(identity.environment() if identity else {})}
-    return Launch(run.argv, env, workdir, identity, run)
+    base = base_environment(identity)
+    start = Start(rt, record, spec, identity, inner, variables, workdir, base, preview)
+    for wrap in wrappers_for(spec):
+        wrapped = wrap(start)
+        if wrapped is not None:
+            return Launch(wrapped.argv, wrapped.env, workdir, identity, wrapped)
+    env = {**base, **variables, **(identity.environment() if identity else {})}
+    return Launch(inner, env, workdir, identity)
+
+
+def wrappers_for(spec: JobSpec) -> list[Callable[[Start], Wrapped | None]]:
+    """The extras' launch wrappers that apply to the job, loaded now. Raises CannotStart for
+    a spec field no loaded extra gives (a spec taken in before its extra was deleted)."""
+    for name in spec.extras:
+        if (missing := hooks.missing_field(name)) is not None:
+            raise CannotStart(f"{name}: {missing[0]}. Fix: {missing[1]}")
+    return [
+        hooks.load(w.wrap)
+        for w in hooks.registry().launch_wrappers
+        if w.field is None or spec.extras.get(w.field) is not None
+    ]
 
 
 def prepare_log(path: Path, owner: Identity | None, orders: rootorders.Orders | None) -> None:
@@ -267,7 +334,7 @@ def start_run(
                 "header": header,
                 "grace_s": rt.grace_s,
                 "fence_after_s": FENCE_FRACTION * rt.lost_after_s,
-                "stdin": launch.container.stdin if launch.container is not None else None,
+                "stdin": launch.wrapped.stdin if launch.wrapped is not None else None,
             },
             {**fds, "logs": logs_fd},
         )
@@ -279,8 +346,9 @@ def start_run(
 
 @dataclass(frozen=True)
 class AsOwner:
-    """A container client's other commands (stop, kill, rm, inspect), run as the job's owner
-    through the root part, like the client itself: `spec_fd` is the claimed spec it checks."""
+    """A job's helper commands (a container client's stop, kill, rm, inspect), run as the
+    job's owner through the root part, like the job itself: `spec_fd` is the claimed spec it
+    checks."""
 
     orders: rootorders.Orders
     uid: int
@@ -302,7 +370,7 @@ def as_owner(
 ) -> AsOwner:
     """How to run a command as the owner of `record`'s job (the starter's own user, where jobs
     do not run as their owners), with the clean environment a job starts from, and `extra_env`
-    (the admin's: container_env for a container's client)."""
+    (the admin's: config container_env for a container's client)."""
     identity = job_identity(rt, record, orders.starter_uid == 0)
     uid = identity.uid if identity is not None else orders.starter_uid
     env = {**base_environment(identity), **(extra_env or {}), **(identity.environment() if identity else {})}

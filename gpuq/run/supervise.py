@@ -45,11 +45,12 @@ from gpuq.model.record import Record
 from gpuq.model.spec import JobSpec
 from gpuq.model.stops import Stop, StopCause, ended_as
 from gpuq.model.units import format_duration
-from gpuq.run.containers import ContainerControl
-from gpuq.run.joblocal import Runtime, finish_local, lease_age, write_container_pid
+from gpuq.run.joblocal import Runtime, finish_local, lease_age, write_outside_pid
 from gpuq.run.jobwatch import NEVER, JobWatch
 from gpuq.run.launch import (
     CannotStart,
+    Companion,
+    CompanionTools,
     as_owner,
     build_launch,
     inherited_environment,
@@ -215,7 +216,7 @@ class _Attempt:
     orders: rootorders.Orders | None  # the root part, which starts each run (None: nothing can start)
     fds: dict[str, int]  # what each run's keeper is handed (_keeper_fds)
     keeper: rootorders.Keeper | None = None  # the run under way
-    container: ContainerControl | None = None  # its docker/podman container
+    companion: Companion | None = None  # what the run holds outside its process tree (a container)
     limits: LimitWatch | None = None  # set once the job first ran: only then is there usage to record
     log_fd: int | None = None  # the job's log, for gpuq's own lines
     job_pid: int | None = None
@@ -262,7 +263,7 @@ def _first_start(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> _At
     elif failure is None and orders is not None:
         limits = LimitWatch(record, clock.mono())
         try:
-            attempt.keeper, attempt.container = _start(rt, orders, record, spec, identity, attempt.fds, header)
+            attempt.keeper, attempt.companion = _start(rt, orders, record, spec, identity, attempt.fds, header)
             attempt.log_fd, attempt.job_pid, attempt.limits = attempt.keeper.log_fd, attempt.keeper.pid, limits
         except CannotStart as e:
             attempt.failure, attempt.log_fd = f"cannot start: {e}", e.log_fd
@@ -286,13 +287,13 @@ def _run_and_restart(rt: Runtime, a: _Attempt, clock: Clock) -> None:
     # the last two tests only say so to the type checker.
     while a.keeper is not None and a.orders is not None and a.limits is not None:
         run_started = clock.mono()
-        status, a.stop, a.fenced = _wait(rt, a.record, a.keeper, a.limits, a.container, clock)
+        status, a.stop, a.fenced = _wait(rt, a.record, a.keeper, a.limits, a.companion, clock)
         a.keeper.log_fd = None  # ours from now on, for gpuq's own lines
         a.keeper.close()
         a.sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         a.exit_code = None if a.sig is not None else os.WEXITSTATUS(status)
-        if a.container is not None:
-            a.container.remove()
+        if a.companion is not None:
+            a.companion.remove()
         crash_point("supervisor:exited")
         if clock.mono() - run_started >= HEALTHY_S:
             quick_failures = 0
@@ -309,7 +310,7 @@ def _run_and_restart(rt: Runtime, a: _Attempt, clock: Clock) -> None:
         a.keeper = None
         try:
             header = f"==> restart {a.record.restarts} · started {_stamp(clock.wall())}\n"
-            a.keeper, a.container = _start(rt, a.orders, a.record, a.spec, a.identity, a.fds, header)
+            a.keeper, a.companion = _start(rt, a.orders, a.record, a.spec, a.identity, a.fds, header)
             if a.log_fd is not None and a.keeper.log_fd is not None:
                 os.close(a.log_fd)
             a.log_fd, a.job_pid = a.keeper.log_fd if a.keeper.log_fd is not None else a.log_fd, a.keeper.pid
@@ -424,39 +425,40 @@ def _start(
     identity: Identity | None,
     fds: dict[str, int],
     header: str,
-) -> tuple[rootorders.Keeper, ContainerControl | None]:
-    """One run of the job under a keeper; for a docker/podman container, also the control
-    that stops and removes it with the job. Marks the keeper in the lock file: the worker
-    counts the GPU memory of its process tree as the job's. Raises CannotStart."""
+) -> tuple[rootorders.Keeper, Companion | None]:
+    """One run of the job under a keeper; for a run its launch wrapper started (a container),
+    also what it holds outside its process tree, stopped and removed with the job. Marks the
+    keeper in the lock file: the worker counts the GPU memory of its process tree as the
+    job's. Raises CannotStart."""
     launch = build_launch(rt, record, spec, identity)
     if "exit" in fds:
         os.ftruncate(fds["exit"], 0)  # a service's earlier run's: never read as this run's
-    if launch.container is not None:
-        header += f"==> container: {shlex.join(launch.argv)}\n"
+    if launch.wrapped is not None:
+        header += f"==> {launch.wrapped.how}: {shlex.join(launch.argv)}\n"
     keeper = start_run(rt, orders, record, launch, fds, header)
     ticks = process_start_ticks(keeper.keeper_pid)
     _mark(fds["lock"], Marker(Phase.RUNNING, record.claim, keeper_pid=keeper.keeper_pid, keeper_ticks=ticks))
-    control = None
-    if launch.container is not None and launch.container.name is not None:  # docker/podman: outlives its client
-        owner_uid = identity.uid if identity is not None else None
-        control = ContainerControl(
-            launch.container,
-            as_owner(rt, orders, record, fds.get("spec"), rt.container_env),
-            lambda text: _log(keeper.log_fd, f"==> gpuq: {text}\n"),
-            lambda pid: _note_container(rt, record, pid, owner_uid),
-        )
-    return keeper, control
+    if launch.wrapped is None or launch.wrapped.companion is None:
+        return keeper, None
+    owner_uid = identity.uid if identity is not None else None
+    tools = CompanionTools(
+        lambda env: as_owner(rt, orders, record, fds.get("spec"), env),
+        lambda text: _log(keeper.log_fd, f"==> gpuq: {text}\n"),
+        lambda pid: _note_outside(rt, record, pid, owner_uid),
+    )
+    return keeper, launch.wrapped.companion(tools)
 
 
-def _note_container(rt: Runtime, record: Record, pid: int, owner_uid: int | None) -> None:
-    """The container's main process, as its client (the owner's) said: its GPU memory counts
-    as the job's only if it is the owner's process (a member's client could name anyone's)."""
+def _note_outside(rt: Runtime, record: Record, pid: int, owner_uid: int | None) -> None:
+    """A process of the job's outside its tree (a container's main process), as its client
+    (the owner's) said: its GPU memory counts as the job's only if it is the owner's process
+    (a member's client could name anyone's)."""
     try:
         if owner_uid is not None and os.stat(f"/proc/{pid}").st_uid != owner_uid:
             return
     except OSError:
         return
-    write_container_pid(rt, record, pid)
+    write_outside_pid(rt, record, pid)
 
 
 def _backoff(rt: Runtime, record: Record, delay: float, clock: Clock) -> tuple[Stop | None, str | None]:
@@ -526,14 +528,14 @@ def _wait(
     record: Record,
     keeper: rootorders.Keeper,
     limits: LimitWatch,
-    container: ContainerControl | None,
+    companion: Companion | None,
     clock: Clock,
 ) -> tuple[int, Stop | None, str | None]:
     """Wait for the job's keeper to report its end. A stop request (SIGTERM with a stop file)
     stops it: TERM, grace, KILL, each sent by the keeper to the job's process group. So does an
     overrun limit (run/limits.py), and fencing, checked every lost_after_s / 10 (the keeper
-    fences on its own too, should this supervisor be gone). A container is stopped and killed
-    with its client (its runtime's daemon holds it). What is due when is the `JobWatch`'s to
+    fences on its own too, should this supervisor be gone). A companion (a container, which
+    its runtime's daemon holds) is stopped and killed with the job. What is due when is the `JobWatch`'s to
     say, from the time read here. Returns (wait status, the stop, fence reason)."""
     watch = JobWatch.starting(clock.mono(), rt.lost_after_s)
     fenced: str | None = None
@@ -545,8 +547,8 @@ def _wait(
         _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
         if watch.stopping(stop, grace_s, clock.mono()):
             keeper.signal(signal.SIGTERM)
-            if container is not None:
-                container.stop(grace_s)
+            if companion is not None:
+                companion.stop(grace_s)
 
     _StopSignal.armed = True
     try:
@@ -554,8 +556,8 @@ def _wait(
             try:
                 if _StopSignal.requested and watch.stop is None:
                     raise _StopRequested()
-                lookup_at = container.lookup_at if container is not None else NEVER
-                wake_at = watch.wake_at(limits.next_at, lookup_at)  # NEVER once killed: its exit is next
+                companion_at = companion.due_at if companion is not None else NEVER
+                wake_at = watch.wake_at(limits.next_at, companion_at)  # NEVER once killed: its exit is next
                 timeout = None if wake_at == NEVER else max(0.0, wake_at - clock.mono())
                 ended = keeper.ended(timeout)
                 if ended is not None:
@@ -567,10 +569,10 @@ def _wait(
                 now = clock.mono()
                 if watch.kill_due(now):
                     keeper.signal(signal.SIGKILL)
-                    if container is not None:
-                        container.kill()
-                if container is not None and now >= container.lookup_at:
-                    container.try_lookup(now)
+                    if companion is not None:
+                        companion.kill()
+                if companion is not None and now >= companion.due_at:
+                    companion.tick(now)
                 if watch.limits_due(now, limits.next_at) and (breach := limits.breach(now)):
                     stop_with(breach, grace)
                 if watch.fence_check_due(now) and (fenced := fence_reason(rt, record)):

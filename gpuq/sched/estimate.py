@@ -10,7 +10,7 @@ estimate.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, SetAside
@@ -70,10 +70,11 @@ def replay_starts(
     blocked: Mapping[str, str] | None = None,
     set_aside: Sequence[SetAside] = (),
     estimates: Mapping[str, float] | None = None,
+    needs: Callable[[Mapping[str, Any]], str | None] | None = None,
 ) -> Estimate:
     """When each pending job is expected to start at the latest (`starts`, for the jobs the
     replay starts), and why each of the others has no estimate (`why_none`). `estimates`: how
-    long jobs without a time limit are expected to run (learned_runs)."""
+    long jobs without a time limit are expected to run (learned_runs); `needs`: as plan's."""
     estimates, blocked = estimates or {}, blocked or {}
     result = Estimate()
     waiting = []
@@ -95,7 +96,16 @@ def replay_starts(
             left = LATER
             break
         decided = plan(
-            waiting, hosts, active, config, t, explain=False, set_aside=set_aside, usage=usage, estimates=estimates
+            waiting,
+            hosts,
+            active,
+            config,
+            t,
+            explain=False,
+            set_aside=set_aside,
+            usage=usage,
+            estimates=estimates,
+            needs=needs,
         )
         by_id = {j.id: j for j in waiting}
         for s in decided.starts:

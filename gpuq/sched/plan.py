@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import replace
-from typing import Iterator, Mapping, Sequence, TypedDict
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypedDict
 
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, SetAside, Start
@@ -44,6 +44,7 @@ def plan(
     set_aside: Sequence[SetAside] = (),
     estimates: Mapping[str, float] | None = None,
     usage: Mapping[str, float] | None = None,
+    needs: Callable[[Mapping[str, Any]], str | None] | None = None,
 ) -> Plan:
     """Decide, in queue order, which pending jobs start on which GPUs, which GPUs are held
     for jobs that cannot start yet, and which opportunistic jobs must yield. Ordinary jobs
@@ -54,7 +55,9 @@ def plan(
     extras' placement rules, such as bookings, read by the caller).
     `estimates`: job id -> how long a job without a time limit is expected to run (from its
     owner's history of like jobs), which lets it backfill ahead of a reservation.
-    `usage`: each user's decayed GPU-seconds of ended jobs (model/usage.py), for fair share."""
+    `usage`: each user's decayed GPU-seconds of ended jobs (model/usage.py), for fair share.
+    `needs`: from a spec's extras' fields, the name a host must offer (its container's runtime,
+    among the host's `runtimes`): gpuq/hooks.py needs_of; None: no job needs anything."""
     blocked = blocked or {}
     slots = placement.build_slots(
         hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s, invisible=config.preemption
@@ -68,6 +71,7 @@ def plan(
     result = Plan([], {}, [key[-1].id for key in keys] if explain else [])
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
     pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked, estimates or {})
+    pass_.needs = needs
     pass_.queue = pending
     # Two comprehensions, not a loop of appends: a pass splits thousands (most queues hold
     # no opportunistic job, and then the keys are all ordinary).
@@ -136,6 +140,7 @@ class _Pass:
                 self.cpu_free[job.host] -= 1
         self.failed: dict[tuple, str] = {}
         self.allowed_for: dict[tuple, list[str]] = {}
+        self.needs: Callable[[Mapping[str, Any]], str | None] | None = None
         # Per GPU, when each ordinary job on it will have ended by its limit, and its memory:
         # what a reservation for the head of the queue is computed from (placement.earliest_start).
         self.ending: dict[tuple[str, int], list[tuple[float, int]]] = {}
@@ -213,7 +218,7 @@ class _Pass:
         """The hosts the job may run on, its container runtime, and its shape (jobs of one
         shape fit or fail alike). Computed once per (hosts, runtime): 10,000 jobs share few."""
         spec = job.spec
-        runtime = (spec.container.runtime or self.config.container_runtime) if spec.container else None
+        runtime = self.needs(spec.extras) if spec.extras and self.needs is not None else None
         shape = (
             spec.gpus,
             spec.gpu_mem_mib,

@@ -51,13 +51,14 @@ class SubmitError(Exception):
     pass
 
 
-def exported_environment(export: str | None = None, container: bool = False) -> tuple[dict[str, str], list[str]]:
+def exported_environment(export: str | None = None, isolated: bool = False) -> tuple[dict[str, str], list[str]]:
     """The submitter's variables a job records, as sbatch's --export: `ALL` (the default on
-    the host), `NONE` (the default in a container, whose image's PATH and libraries the host's
-    would hide), or `NAME,...` (only those), each followed by any `NAME=VALUE` to set.
+    the host), `NONE` (the default for a job `isolated` from the host's environment, as in a
+    container, whose image's PATH and libraries the host's would hide), or `NAME,...` (only
+    those), each followed by any `NAME=VALUE` to set.
     `ALL` leaves out what looks like a secret (looks_secret) unless it is named too
     (`ALL,HF_TOKEN`). Returns (the variables, the names left out as secrets)."""
-    items = [i for i in (export or ("NONE" if container else "ALL")).split(",") if i]
+    items = [i for i in (export or ("NONE" if isolated else "ALL")).split(",") if i]
     if not items:
         raise SubmitError("--export: give ALL, NONE, or variable names, e.g. --export ALL,WANDB_API_KEY,SEED=3")
     mode = items[0] if items[0] in ("ALL", "NONE") else "NAMES"

@@ -1,5 +1,5 @@
-"""What a job will see, for `gpuq show`: the command line its supervisor starts (through its
-container's runtime, after its venv/conda/setup prelude), as whom, where, and its
+"""What a job will see, for `gpuq show`: the command line its supervisor starts (after its
+venv/conda/setup prelude, through a launch wrapper such as its container's runtime), as whom, where, and its
 environment. Built by the very function the supervisor uses (launch.build_launch), so the
 preview cannot drift from what runs."""
 
@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.host.owners import Identity
-from gpuq.model.config import Config
-from gpuq.model.environments import RUNTIMES
+from gpuq.model.config import Config, extras_settings
 from gpuq.model.record import Record
 from gpuq.model.secrets import MASK, looks_secret
 from gpuq.model.spec import JobSpec
@@ -43,23 +42,16 @@ def what_the_job_sees(
         config.grace_s,
         config.lost_after_s,
         {},
-        config.container_runtime,
         config.allow_root_jobs,
-        # The admin's clients where config names them; else a worker uses the one on its PATH.
-        {r: config.container_clients.get(r, r) for r in RUNTIMES},
-        True,  # a preview shows what would run; whether docker may is the worker's to say
+        extras_settings(config),
     )
     try:
         identity = Identity.of(owner_uid) if owner_uid is not None and owner_uid >= 0 else None
     except KeyError:
         identity = None
-    launch = build_launch(rt, record, spec, identity)
-    if launch.container is not None and launch.container.stdin is not None:  # docker, podman: the env file
-        seen = dict(line.split("=", 1) for line in launch.container.stdin.splitlines())
-        base = f"the image's environment, then these ({launch.container.runtime})"
-    elif launch.container is not None:
-        seen = {k.removeprefix("APPTAINERENV_"): v for k, v in launch.container.env.items()}
-        base = f"the image's environment, then these ({launch.container.runtime})"
+    launch = build_launch(rt, record, spec, identity, preview=True)
+    if launch.wrapped is not None:  # what the wrapper says the job sees (a container's env file)
+        seen, base = launch.wrapped.seen, launch.wrapped.seen_from
     else:
         seen = {**job_variables(rt, record, spec), **(identity.environment() if identity else {})}
         base = (
@@ -72,7 +64,7 @@ def what_the_job_sees(
         "command_line": shlex.join(launch.argv),
         "workdir": launch.cwd,
         "as_user": identity.name if identity else None,
-        "runtime": launch.container.runtime if launch.container else None,
+        "runtime": launch.wrapped.label if launch.wrapped else None,
         "env": {k: MASK if looks_secret(k, v) else v for k, v in sorted(seen.items())},
         "env_base": base,
         "gpus_shown": "placeholders 0..n-1 for the GPUs it will be granted" if pending else "granted",

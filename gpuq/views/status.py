@@ -16,7 +16,7 @@ from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob
 from gpuq.model.record import Record
-from gpuq.model.spec import command_text
+from gpuq.model.spec import command_text, extras_in
 from gpuq.model.states import FINAL_STATES
 from gpuq.sched.estimate import NOT_ESTIMATED, Estimate, learned_runs, replay_starts
 from gpuq.sched.fairshare import effective_usage, gpu_use_by_user, shares
@@ -176,6 +176,7 @@ def _plan_queue(
     waiting, doomed = gates(pending, DependencyStates(layout))
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
     booked = hooks.set_aside(layout, now)  # the extras' placement rules (bookings), read now
+    needs = hooks.needs_of(config)
     usage, durations = _usage(layout, [hb["host"] for hb in beats], config, now)
     usage = usage if config.fair_share else {}
     estimates, planned_running = learned_runs(pending, team.running, config, durations)
@@ -190,12 +191,13 @@ def _plan_queue(
         set_aside=booked,
         usage=usage,
         estimates=estimates,
+        needs=needs,
     )
     by_id = {j.id: j for j in pending}
     # Expected starts for the rows shown and the jobs ahead of them (those behind could only
     # backfill, which never delays the head): a bounded replay, not one of 10,000 jobs.
     ahead = [by_id[i] for i in decided.order[: max(ESTIMATED_ROWS, pending_rows or 0)]]
-    expected = replay_starts(ahead, team.hosts, planned_running, config, now, usage, blocked, booked, estimates)
+    expected = replay_starts(ahead, team.hosts, planned_running, config, now, usage, blocked, booked, estimates, needs)
     return _Queue(pending, problems, usage, decided, expected)
 
 
@@ -217,8 +219,9 @@ def _pending_part(
             _fair_share(queue.usage, pending, team.running, team.hosts, config, now) if config.fair_share else []
         ),
         "fair_share_on": config.fair_share,
-        # Container readiness matters to a host line only while some job asks for a container.
-        "containers_asked": any(j.spec.container for j in pending) or any(r.spec.get("container") for r in running),
+        # What hosts offer (container runtimes) matters to a host line only while some job's
+        # extras' fields (a container) ask for something.
+        "containers_asked": any(j.spec.extras for j in pending) or any(extras_in(r.spec) for r in running),
         "pending_by_reason": _by_reason(decided.reasons.get(i) or _starting(starting.get(i)) for i in decided.order),
         "invalid": [{"id": i, "error": msg} for i, msg in sorted(queue.problems.items())],
     }

@@ -23,7 +23,7 @@ from gpuq.host.owners import OwnerPolicy
 from gpuq.host.probe import Probe
 from gpuq.host.usage import GpuUsage
 from gpuq.host.wake import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WAKE_JOB_ENDED, QueueLock, WakeFifo, mtime_ns
-from gpuq.model.config import Config
+from gpuq.model.config import Config, extras_settings
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, Plan, RunningJob, SetAside, Start
 from gpuq.model.record import Record
@@ -31,7 +31,6 @@ from gpuq.model.stops import Stop
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
 from gpuq.model.windows import window_open
-from gpuq.run.containers import DOCKER_REFUSED, RuntimeProbe, client_paths
 from gpuq.run.joblocal import (
     Runtime,
     finish_local,
@@ -41,7 +40,6 @@ from gpuq.run.joblocal import (
     settle_lock,
     write_lease,
 )
-from gpuq.run.launch import JOB_PATH
 from gpuq.run.mps import LINGER_S, MpsDaemons
 from gpuq.run.spawner import Spawner
 from gpuq.sched.estimate import learned_runs
@@ -89,13 +87,32 @@ USAGE_CACHE_EVERY_S = 10.0  # how often `gpuq status` gets the users' usage anew
 STARTUP_SETTLE_S = 5.0
 
 
-class RuntimeFinder(Protocol):
-    """What a pass needs of the container-runtime probe (run/containers.py)."""
+class OfferFinder(Protocol):
+    """What a pass needs of a probe of what the box offers beyond its GPUs (gpuq/hooks.py
+    HostOffers: the containers extra's runtimes), published in the heartbeat."""
 
-    found: dict[str, str]
-    problems: dict[str, str]
+    found: dict[str, str]  # name -> version
+    problems: dict[str, str]  # name -> why it is unusable
 
     def refresh(self, now: float) -> None: ...
+
+
+class Offers:
+    """What the extras' probes offer, together (none: nothing beyond the GPUs)."""
+
+    def __init__(self, probes: list[OfferFinder]) -> None:
+        self.probes = probes
+        self.found: dict[str, str] = {}
+        self.problems: dict[str, str] = {}
+
+    def refresh(self, now: float) -> None:
+        found: dict[str, str] = {}
+        problems: dict[str, str] = {}
+        for probe in self.probes:
+            probe.refresh(now)
+            found.update(probe.found)
+            problems.update(probe.problems)
+        self.found, self.problems = found, problems
 
 
 class Worker:
@@ -120,7 +137,7 @@ class Worker:
         fake_gpus: str | None,
         clock: Clock | None = None,
         spawner: Launcher | None = None,
-        runtimes: RuntimeFinder | None = None,
+        runtimes: OfferFinder | None = None,
     ) -> None:
         """`clock`, `spawner` and `runtimes` are the host's unless a test hands its own
         (tests/harness.py drives a worker pass by pass that way)."""
@@ -134,9 +151,10 @@ class Worker:
         self._init_plan_memory()
         self._wire_watches()
 
-    def _wire_host(self, fake_gpus: str | None, runtimes: RuntimeFinder | None) -> None:
+    def _wire_host(self, fake_gpus: str | None, runtimes: OfferFinder | None) -> None:
         """This box: its local directory, its GPUs, whom jobs run as, MPS, what every job's
-        supervisor is handed (`rt`), whose specs it takes, and the container runtimes."""
+        supervisor is handed (`rt`), whose specs it takes, and what the extras' probes say it offers
+        (the container runtimes)."""
         layout, config, host = self.layout, self.config, self.host
         self.boot_id = boot_id()
         local_dir = ensure_private_dir(layout.local_dir(host, config.local_dir))
@@ -158,11 +176,8 @@ class Worker:
             config.grace_s,
             config.lost_after_s,
             self.probe.job_env(),
-            config.container_runtime,
             config.allow_root_jobs,
-            client_paths(config.container_clients),
-            config.allow_docker,
-            config.container_env,
+            extras_settings(config),
         )
         self.intake = Intake(
             layout,
@@ -171,11 +186,9 @@ class Worker:
             ),
         )
         team = as_owners and os.geteuid() != 0  # a queue account's worker, jobs run as their owners
-        self.runtimes: RuntimeFinder = runtimes or RuntimeProbe(
-            self.rt.container_clients,
-            {"docker": DOCKER_REFUSED} if team and not config.allow_docker else {},
-            # As its jobs' clients start (run/launch.py): clean for a queue account's worker.
-            {**({"PATH": JOB_PATH, "HOME": "/"} if team else os.environ), **config.container_env},
+        self.needs = hooks.needs_of(config)  # what a job's extras' fields need of a host (the plan's)
+        self.runtimes: OfferFinder = runtimes or Offers(
+            [hooks.load(o.start)(config, team) for o in hooks.registry().offers]
         )
 
     def _init_pass_memory(self) -> None:
@@ -590,6 +603,7 @@ class Worker:
             set_aside=booked,
             usage=usage if self.config.fair_share else None,
             estimates=estimates,
+            needs=self.needs,
         )
         if settling:
             decided.starts = onto_empty_gpus(decided.starts, team.running)

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Protocol
 
+from gpuq import hooks
 from gpuq.host import rootorders
 from gpuq.host.clock import Clock
 from gpuq.host.faults import crash_point
@@ -26,9 +27,8 @@ from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.states import State
 from gpuq.model.stops import StopCause, ended_as
-from gpuq.run.containers import container_name, remove_leftover
 from gpuq.run.joblocal import Runtime, checked_result, read_exit, read_marker, stop_ordered
-from gpuq.run.launch import CannotStart, as_owner
+from gpuq.run.launch import CannotStart, Leftover, as_owner
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
     append_note,
@@ -79,8 +79,7 @@ class Recovery:
             return
         if not running_path.exists():
             return  # settled meanwhile
-        if record.spec.get("container"):
-            self._remove_container(record)
+        self._clear_leftovers(record)
         if record.boot_id != self.boot_id:
             self.lose(record, "host rebooted")
             return
@@ -134,21 +133,30 @@ class Recovery:
             reason="exit unknown: supervisor and job gone without a result",
         )
 
-    def _remove_container(self, record: Record) -> None:
-        """The docker/podman container of an attempt whose supervisor died, as its owner."""
+    def _clear_leftovers(self, record: Record) -> None:
+        """What a run of an attempt whose supervisor died left outside its process tree (a
+        docker/podman container, which holds its GPU for nobody): removed as the job's owner,
+        by the launch wrapper of the extra that made it."""
+        recovers = [
+            w.recover
+            for w in hooks.registry().launch_wrappers
+            if w.recover is not None and (w.field is None or record.spec.get(w.field))
+        ]
+        if not recovers:
+            return
         orders = rootorders.orders()
-        name = container_name(record.id, record.attempt, record.claim)
         try:
             spec_fd = os.open(self.layout.claims / (record.claim or "-"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             spec_fd = None
         try:
-            commands = as_owner(self.rt, orders, record, spec_fd, self.rt.container_env) if orders is not None else None
-            clients = self.rt.container_clients
-            if remove_leftover(record.spec, name, clients, self.rt.container_runtime, commands):
-                log.warning("removed container %s of %s, left running by its dead supervisor", name, record.id)
-        except CannotStart as e:
-            log.warning("cannot remove container %s of %s: %s", name, record.id, e)
+            commands = (lambda env: as_owner(self.rt, orders, record, spec_fd, env)) if orders is not None else None
+            for recover in recovers:
+                try:
+                    if (removed := hooks.load(recover)(Leftover(self.rt, record, commands))) is not None:
+                        log.warning("removed %s of %s, left running by its dead supervisor", removed, record.id)
+                except CannotStart as e:
+                    log.warning("cannot remove what %s's run left (%s): %s", record.id, recover, e)
         finally:
             if spec_fd is not None:
                 os.close(spec_fd)

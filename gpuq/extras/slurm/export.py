@@ -157,17 +157,19 @@ def _body(spec: JobSpec) -> list[str]:
 
 
 def _in_container(spec: JobSpec, config: Config, job_id: str, inner: list[str]) -> tuple[list[str], list[str]]:
-    """`inner` (shell lines) run inside the spec's container: (script lines, comments)."""
-    c = spec.container
-    assert c is not None
-    runtime = c.runtime or config.container_runtime
+    """`inner` (shell lines) run inside the spec's container: (script lines, comments). The
+    container is the containers extra's field, read here as the JSON the core keeps
+    (JobSpec.extras): an extra imports no other extra."""
+    c = spec.extras["container"]
+    image, mounts, given = c["image"], c.get("mounts") or (), c.get("options") or ()
+    runtime = c.get("runtime") or config.container_runtime
     script = shlex.quote("\n".join(inner))
     if runtime == "apptainer":  # Slurm's environment (CUDA_VISIBLE_DEVICES too) passes through
-        binds = "".join(f" --bind {shlex.quote(m)}" for m in c.mounts)
-        options = "".join(f" {shlex.quote(o)}" for o in c.options)
+        binds = "".join(f" --bind {shlex.quote(m)}" for m in mounts)
+        options = "".join(f" {shlex.quote(o)}" for o in given)
         nv = " --nv" if spec.gpus else ""
         return [
-            f'apptainer exec{nv} --bind "$PWD" --pwd "$PWD"{binds}{options} {shlex.quote(c.image)} /bin/sh -c {script}'
+            f'apptainer exec{nv} --bind "$PWD" --pwd "$PWD"{binds}{options} {shlex.quote(image)} /bin/sh -c {script}'
         ], []
     names = sorted({*spec.env, "GPUQ_JOB_ID", "SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID"})
     gpus = (
@@ -178,22 +180,22 @@ def _in_container(spec: JobSpec, config: Config, job_id: str, inner: list[str]) 
             ' $(for g in $(echo "${SLURM_JOB_GPUS:-$CUDA_VISIBLE_DEVICES}" | tr , " "); '
             'do printf -- "--device nvidia.com/gpu=%s " "$g"; done)'
         )
-    volumes = "".join(f" --volume {shlex.quote(m if ':' in m else f'{m}:{m}')}" for m in c.mounts)
-    options = "".join(f" {shlex.quote(o)}" for o in c.options)
+    volumes = "".join(f" --volume {shlex.quote(m if ':' in m else f'{m}:{m}')}" for m in mounts)
+    options = "".join(f" {shlex.quote(o)}" for o in given)
     envs = "".join(f" --env {n}" for n in names)
     lines = [
         f'_gpuq_container="gpuq-{job_id}-slurm-$SLURM_JOB_ID${{SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}}"',
         f'trap \'{runtime} stop --time {math.ceil(spec.grace_s or config.grace_s)} "$_gpuq_container" '
         ">/dev/null 2>&1' TERM INT",
         f'{runtime} run --rm --init --name "$_gpuq_container"{gpus} --user "$(id -u):$(id -g)" '
-        f'--volume "$PWD:$PWD" --workdir "$PWD"{volumes}{envs}{options} {shlex.quote(c.image)} '
+        f'--volume "$PWD:$PWD" --workdir "$PWD"{volumes}{envs}{options} {shlex.quote(image)} '
         f"/bin/sh -c {script} &",
         '_gpuq_pid=$!; wait "$_gpuq_pid"; _gpuq_status=$?',
         'while kill -0 "$_gpuq_pid" 2>/dev/null; do wait "$_gpuq_pid"; _gpuq_status=$?; done',
         'exit "$_gpuq_status"',
     ]
     comments = [
-        f"container {c.image} ({runtime}): its daemon, not Slurm, holds the container, so the trap "
+        f"container {image} ({runtime}): its daemon, not Slurm, holds the container, so the trap "
         f"stops it when Slurm signals this script; the GPUs are the job's (SLURM_JOB_GPUS)"
     ]
     return lines, comments
@@ -269,7 +271,9 @@ def sbatch_script(
     lines += [f"#SBATCH {o}" for o in options]
     lines += [f"# {c}" for c in comments]
     inner = prelude_lines(spec.venv, spec.conda, spec.setup) + _body(spec)
-    body, container_comments = _in_container(spec, config, job_id, inner) if spec.container else (inner, [])
+    body, container_comments = (
+        _in_container(spec, config, job_id, inner) if spec.extras.get("container") else (inner, [])
+    )
     lines += [f"# {c}" for c in container_comments]
     lines += exports + [f"export GPUQ_JOB_ID={job_id}"] + body
     return "\n".join(lines) + "\n"

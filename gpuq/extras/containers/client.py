@@ -44,16 +44,17 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Sequence
 
-from gpuq.model.environments import DAEMON_RUNTIMES, RUNTIMES, Container, OptionRefused, allowed_options
+from gpuq.extras.containers.spec import DAEMON_RUNTIMES, RUNTIMES, Container, OptionRefused, allowed_options
+from gpuq.run.launch import OwnerCommands
 
 PROBE_TIMEOUT_S = 10.0
 CONTROL_TIMEOUT_S = 30.0
 MAX_LOOKUPS = 30
 DOCKER_REFUSED = (
     "docker's daemon is root, so members who may run docker jobs can become root on this box: "
-    "a team queue runs them only where config allow_docker is true (docs/containers.md)"
+    "a team queue runs them only where config allow_docker is true (gpuq/extras/containers/README.md)"
 )
 ENV_FILE = "/dev/stdin"  # docker's and podman's --env-file: the job's variables, on the client's stdin
 
@@ -73,13 +74,6 @@ class ContainerRun:
     stdin: str | None  # docker/podman: the job's variables, as the env file the client reads
     name: str | None  # docker/podman: the container's name, for stop and rm
     volumes: tuple[int, ...] = ()  # argv indices of the host paths' --volume SRC:DST[:MODE]
-
-
-class OwnerCommands(Protocol):
-    """Runs a client's command as the job's owner through the root part (run/launch.py)."""
-
-    def run(self, argv: list[str], timeout: float) -> tuple[int | None, str]: ...
-    def start(self, argv: list[str]) -> object: ...
 
 
 def container_name(job_id: str, attempt: int, claim: str | None = None) -> str:
@@ -181,10 +175,10 @@ def env_file(variables: Mapping[str, str]) -> str:
 
 
 class ContainerControl:
-    """The supervisor's hold on a docker/podman container: stop it with the job, kill it at
-    the end of the grace, remove what is left, and find its main process (whose descendants'
-    GPU memory is the job's). Each command runs as the job's owner (`commands`), bounded;
-    none raises."""
+    """The supervisor's hold on a docker/podman container (a run.launch.Companion): stop it
+    with the job, kill it at the end of the grace, remove what is left, and find its main
+    process (whose descendants' GPU memory is the job's: `tick`). Each command runs as the
+    job's owner (`commands`), bounded; none raises."""
 
     def __init__(
         self, run: ContainerRun, commands: OwnerCommands, note: Callable[[str], None], found: Callable[[int], None]
@@ -232,11 +226,11 @@ class ContainerControl:
         return pid if pid > 0 else None
 
     @property
-    def lookup_at(self) -> float:
+    def due_at(self) -> float:
         """When to look for the container's main process next (inf: found, or given up)."""
         return self.next_lookup if self.pid is None and self.lookups < MAX_LOOKUPS else math.inf
 
-    def try_lookup(self, now: float) -> None:
+    def tick(self, now: float) -> None:
         """Look for the container's main process, and report it to `found` once it runs;
         tried at growing intervals meanwhile (an image being pulled), about two minutes in all."""
         self.lookups += 1

@@ -17,9 +17,11 @@ import pytest
 import real_runtimes
 
 from conftest import PY, REPO, Queue, wait_until
+from gpuq import hooks
+from gpuq.extras.containers.client import Owner, container_name, container_run, probe_runtimes
+from gpuq.extras.containers.spec import ALLOWED_OPTIONS, Container
 from gpuq.host.owners import Identity
 from gpuq.model.config import Config
-from gpuq.model.environments import ALLOWED_OPTIONS, Container
 from gpuq.model.errors import SpecError
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob
@@ -27,7 +29,6 @@ from gpuq.model.record import Record
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State
 from gpuq.run import launch as launch_module
-from gpuq.run.containers import Owner, container_name, container_run, probe_runtimes
 from gpuq.run.joblocal import Runtime
 from gpuq.sched.plan import plan
 from gpuq.spool.layout import Layout
@@ -80,10 +81,8 @@ def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
         10,
         180,
         {},
-        "docker",
         False,
-        clients,
-        True,
+        {"container_runtime": "docker", "container_clients": clients, "allow_docker": True},
     )
     monkeypatch.setattr(launch_module.os, "geteuid", lambda: 1001 if name == "podman-rootless" else 999)
     monkeypatch.setattr(launch_module.os, "getuid", lambda: 1001)  # a worker not root runs jobs as itself
@@ -96,8 +95,8 @@ def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
         f"# cwd {launch.cwd}; client runs as {launch.identity.name if launch.identity else 'the worker'}",
         "# client environment",
     ] + [f"{k}={v}" for k, v in sorted(launch.env.items())]
-    if launch.container is not None and launch.container.stdin is not None:
-        lines += ["# client stdin (its --env-file)", *launch.container.stdin.splitlines()]
+    if launch.wrapped is not None and launch.wrapped.stdin is not None:
+        lines += ["# client stdin (its --env-file)", *launch.wrapped.stdin.splitlines()]
     return "\n".join(lines) + "\n"
 
 
@@ -154,7 +153,9 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _container(text: str):
-    return parse_spec_text(f"command: x\ncontainer: {text}\n".encode(), "t.yaml").container
+    return Container.from_json(
+        parse_spec_text(f"command: x\ncontainer: {text}\n".encode(), "t.yaml").extras["container"]
+    )
 
 
 def test_allowed_options_are_kept_one_argument_each_as_the_runtime_will_read_them() -> None:
@@ -217,10 +218,10 @@ def test_mount_paths_are_written_in_their_plain_form() -> None:
 
 
 def test_readme_documents_every_allowed_option() -> None:
-    text = (REPO / "docs" / "containers.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = text[text.index("**Options.**") : text.index("**Mounts.**")]
     for name in ALLOWED_OPTIONS:
-        assert f"`{name}" in section, f"docs/containers.md's Options paragraph does not mention {name}"
+        assert f"`{name}" in section, f"README.md's Options paragraph does not mention {name}"
 
 
 # --- real runs through worker.py ----------------------------------------------------------------
@@ -653,15 +654,17 @@ def test_plan_keeps_container_jobs_off_hosts_without_their_runtime() -> None:
     spec = parse_spec_text(b"command: x\ncontainer: {image: i, runtime: apptainer}\n", "t")
     job = PendingJob("j", "ana", spec, 0.0)
     hosts = [HostView("a", gpus, 2, runtimes=frozenset({"docker"})), HostView("b", gpus, 2, runtimes=frozenset())]
-    decided = plan([job], hosts, [], Config(), 10.0)
+    decided = plan([job], hosts, [], Config(), 10.0, needs=hooks.needs_of(Config()))
     assert (
         decided.starts == []
         and decided.reasons["j"] == "needs container runtime apptainer, which no live host has (a: docker; b: none)"
     )
     hosts.append(HostView("c", gpus, 2, runtimes=frozenset({"apptainer"})))
-    assert [s.host for s in plan([job], hosts, [], Config(), 10.0).starts] == ["c"]
+    assert [s.host for s in plan([job], hosts, [], Config(), 10.0, needs=hooks.needs_of(Config())).starts] == ["c"]
     plain = PendingJob("p", "ana", parse_spec_text(b"command: x\n", "t"), 0.0)
-    assert plan([plain], hosts[1:2], [], Config(), 10.0).starts[0].host == "b"  # no container: any host
+    assert (
+        plan([plain], hosts[1:2], [], Config(), 10.0, needs=hooks.needs_of(Config())).starts[0].host == "b"
+    )  # no container: any host
 
 
 # --- venv, conda, setup ---------------------------------------------------------------------------
@@ -876,3 +879,14 @@ def test_a_real_container_runs_the_job_and_is_stopped_on_cancel(queue, real, tmp
     final = wait_until(lambda: queue.finished("real-stubborn"), timeout=60, what="the stubborn container stopped")
     assert final["state"] == "cancelled"
     assert real_runtimes.containers_named(runtime, name, env) == []
+
+
+def test_a_container_spec_keeps_its_field_through_json_and_the_shared_cache() -> None:
+    """The core keeps an extra's field as JSON (JobSpec.extras), at the top of the spec's JSON
+    as a spec writes it; a record from before the extra says `container: null`, which is none."""
+    from gpuq.model.spec import JobSpec
+
+    spec = parse_spec_text(b"command: x\ncontainer: {image: 'ubuntu:22.04'}\nsetup: ['a']\npriority: low\n", "f")
+    assert JobSpec.from_cache(spec.to_cache()) == spec == JobSpec.from_json(spec.to_json())
+    assert spec.to_json()["container"] == {"image": "ubuntu:22.04", "runtime": None, "mounts": [], "options": []}
+    assert JobSpec.from_json({**JobSpec(command="x").to_json(), "container": None}).extras == {}
