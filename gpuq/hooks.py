@@ -50,8 +50,9 @@ class BoxPublisher:
 
 @dataclass(frozen=True)
 class SpecField:
-    """A spec field an extra adds (`container`). `field` is its entry in the spec's schema
-    (model/spec_fields.py `Field`: docs/reference.md's table lists it). The rest are
+    """A spec field an extra adds (`container`), with what a reader is told of it (`type`,
+    `default`, `doc`, `example`: as model/spec_fields.py `Field` says a core field's; plain
+    words, so that registering it imports nothing, root's `gpuq` included). The rest are
     "module:function" under gpuq, loaded only for a spec that sets the field (so a CLI start,
     and a spec without it, import nothing of the extra):
     - `parse`: (value, fail) -> the field's value as JSON, or None for none; `fail(field,
@@ -66,7 +67,10 @@ class SpecField:
     none of the submitter's variables by default."""
 
     name: str
-    field: Any  # model.spec_fields.Field
+    type: str
+    default: str
+    doc: str
+    example: str
     parse: str
     need: str | None = None
     options: Callable[[argparse.ArgumentParser], None] | None = None

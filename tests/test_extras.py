@@ -164,7 +164,7 @@ def _refuses_its_spec_fields(tmp_path: Path, run, extra: str) -> None:
     assert run("gpuq.py", "init", str(root)).returncode == 0
     for name, spec_field in fields.items():
         spec = tmp_path / f"{name}.yaml"
-        spec.write_text(f"command: 'true'\n{name}: {spec_field.field.example}\n")
+        spec.write_text(f"command: 'true'\n{name}: {spec_field.example}\n")
         refused = run("gpuq.py", "--root", str(root), "submit", "--spec", str(spec))
         want = f"field '{name}': needs the {extra} extra, which this installation does not have"
         assert refused.returncode == 2 and want in refused.stderr, refused.stderr

@@ -207,7 +207,6 @@ def test_without_the_extra_its_request_kind_is_refused_and_its_files_are_ignored
 # command under nice(1) at the level the spec gives.
 NICE = """
 from gpuq.hooks import LaunchWrapper, SpecField
-from gpuq.model.spec_fields import Field
 from gpuq.run.launch import Wrapped
 def parse(value, fail):
     if not isinstance(value, int) or not 0 <= value <= 19:
@@ -218,7 +217,7 @@ def wrap(start):
     argv = ["nice", "-n", str(level), *start.argv]
     return Wrapped(argv, {**start.base_env, **start.variables}, "nice", str(level), start.variables, "the host's")
 def register(registry):
-    registry.spec_fields["nice"] = SpecField("nice", Field("0-19", "none", "A nice level.", "10"), "extras.nice:parse")
+    registry.spec_fields["nice"] = SpecField("nice", "0-19", "none", "A nice level.", "10", "extras.nice:parse")
     registry.launch_wrappers.append(LaunchWrapper("nice", "nice", "extras.nice:wrap"))
 """
 

@@ -1,21 +1,11 @@
-"""`gpuq submit --container IMAGE [--runtime R] [--mount SRC:DST[:ro]]...`: the options, and
-the spec's `container` they make. argparse only: every `gpuq submit` adds them."""
+"""`gpuq submit --container IMAGE [--runtime R] [--mount SRC:DST[:ro]]...`: the spec's
+`container` the options make (the options themselves are declared in __init__.py: every
+`gpuq submit` adds them, and loads this module only to read them)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
-
-
-def add_options(sp: argparse.ArgumentParser) -> None:
-    """`gpuq submit --container IMAGE [--runtime R] [--mount SRC:DST[:ro]]...` (argparse only)."""
-    sp.add_argument("--container", metavar="IMAGE", help="run inside this image (the containers extra)")
-    sp.add_argument(
-        "--runtime",
-        choices=("docker", "podman", "apptainer"),
-        help="the container's runtime (default: config container_runtime)",
-    )
-    sp.add_argument("--mount", action="append", metavar="SRC:DST[:ro]", help="also mount this into the container")
 
 
 def from_options(args: argparse.Namespace) -> dict[str, Any] | None:

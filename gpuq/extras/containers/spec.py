@@ -13,24 +13,11 @@ from typing import Any, Callable, Sequence
 
 from gpuq.model.config import RUNTIMES, Config
 from gpuq.model.environments import ErrorFactory
-from gpuq.model.spec_fields import Field
 
 DAEMON_RUNTIMES = ("docker", "podman")  # root's daemon (or rootful podman) makes the container
 CONTAINER_KEYS = ("image", "runtime", "mounts", "options")
 MAX_MOUNTS = 32
 MAX_OPTIONS = 64
-
-FIELD = Field(
-    "image, or mapping: image, runtime, mounts, options",
-    "none (runs on the host)",
-    "Run the command inside this container image with exactly the job's GPUs, the "
-    "workdir mounted, as the job's owner; runtime docker, podman or apptainer (default: "
-    "config container_runtime); mounts like /data:/data:ro, each readable by the job's owner; "
-    "options from an allow-list (--shm-size, --ulimit, --tmpfs, --read-only, ...: "
-    "gpuq/extras/containers/README.md). "
-    "Placed only on hosts that have the runtime. Needs the containers extra.",
-    "{image: nvcr.io/nvidia/pytorch:24.05-py3, mounts: [/data:/data:ro]}",
-)
 
 
 @dataclass(frozen=True)
