@@ -232,6 +232,7 @@ def test_an_extras_spec_field_is_checked_kept_and_wraps_the_start_and_one_given_
     from gpuq.run.joblocal import Runtime
     from gpuq.run.launch import CannotStart, build_launch
     from gpuq.spool.layout import Layout
+    from gpuq.views.preview import what_the_job_sees
 
     extras_in("nice", NICE)
     extras_in("nicer", NICE.replace("extras.nice:", "extras.nicer:"))  # the same field again
@@ -252,3 +253,5 @@ def test_an_extras_spec_field_is_checked_kept_and_wraps_the_start_and_one_given_
     old = JobSpec.from_json({**spec.to_json(), "container": {"image": "img"}})
     with pytest.raises(CannotStart, match="container: needs the containers extra.*Fix: restore gpuq/extras/containers"):
         build_launch(rt, record, old, None)
+    sees = what_the_job_sees(Layout(tmp_path), Config(), "j", old, record, None)  # `gpuq show` says why
+    assert sees["command_line"].startswith("(cannot start: container: needs the containers extra"), sees

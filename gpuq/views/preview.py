@@ -16,7 +16,7 @@ from gpuq.model.secrets import MASK, looks_secret
 from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
 from gpuq.run.joblocal import Runtime
-from gpuq.run.launch import build_launch, job_variables
+from gpuq.run.launch import CannotStart, Launch, build_launch, job_variables
 from gpuq.spool.layout import Layout
 
 
@@ -49,7 +49,12 @@ def what_the_job_sees(
         identity = Identity.of(owner_uid) if owner_uid is not None and owner_uid >= 0 else None
     except KeyError:
         identity = None
-    launch = build_launch(rt, record, spec, identity, preview=True)
+    cannot: str | None = None
+    try:
+        launch = build_launch(rt, record, spec, identity, preview=True)
+    except CannotStart as e:  # a spec field whose extra is gone, an option this runtime refuses
+        launch = Launch([], {}, spec.workdir or str(layout.root), identity)
+        cannot = str(e)
     if launch.wrapped is not None:  # what the wrapper says the job sees (a container's env file)
         seen, base = launch.wrapped.seen, launch.wrapped.seen_from
     else:
@@ -61,7 +66,7 @@ def what_the_job_sees(
         )
     return {
         "argv": launch.argv,
-        "command_line": shlex.join(launch.argv),
+        "command_line": shlex.join(launch.argv) if cannot is None else f"(cannot start: {cannot})",
         "workdir": launch.cwd,
         "as_user": identity.name if identity else None,
         "runtime": launch.wrapped.label if launch.wrapped else None,

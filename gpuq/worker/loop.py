@@ -97,6 +97,20 @@ class OfferFinder(Protocol):
     def refresh(self, now: float) -> None: ...
 
 
+def _start_offers(config: Config, team: bool) -> list[OfferFinder]:
+    """The extras' probes of what this box offers, started for this worker. One that fails to
+    start is logged and left out: the box then offers nothing of it, and its jobs wait."""
+    started = []
+    for offer in hooks.registry().offers:
+        try:
+            started.append(hooks.load(offer.start)(config, team))
+        except Exception:
+            log.exception(
+                "the extras' probe %s (%s) could not start: this worker goes on without it", offer.name, offer.start
+            )
+    return started
+
+
 class Offers:
     """What the extras' probes offer, together (none: nothing beyond the GPUs)."""
 
@@ -109,7 +123,10 @@ class Offers:
         found: dict[str, str] = {}
         problems: dict[str, str] = {}
         for probe in self.probes:
-            probe.refresh(now)
+            try:
+                probe.refresh(now)
+            except Exception:  # an extra's failure is its own: what it found last still stands
+                log.exception("the extras' probe %s failed", type(probe).__name__)
             found.update(probe.found)
             problems.update(probe.problems)
         self.found, self.problems = found, problems
@@ -187,9 +204,7 @@ class Worker:
         )
         team = as_owners and os.geteuid() != 0  # a queue account's worker, jobs run as their owners
         self.needs = hooks.needs_of(config)  # what a job's extras' fields need of a host (the plan's)
-        self.runtimes: OfferFinder = runtimes or Offers(
-            [hooks.load(o.start)(config, team) for o in hooks.registry().offers]
-        )
+        self.runtimes: OfferFinder = runtimes or Offers(_start_offers(config, team))
 
     def _init_pass_memory(self) -> None:
         """What one pass leaves the next: the GPUs and jobs it saw, what it read and when."""
