@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,27 +14,20 @@ import fake_runtime
 import psutil
 import pytest
 import real_runtimes
+from golden_launch import GOLDEN_CLAIM, check_golden, golden_text
 
 from conftest import PY, REPO, Queue, wait_until
 from gpuq import hooks
 from gpuq.extras.containers.client import Owner, container_name, container_run, probe_runtimes
 from gpuq.extras.containers.spec import ALLOWED_OPTIONS, Container
-from gpuq.host.owners import Identity
 from gpuq.model.config import Config
 from gpuq.model.errors import SpecError
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob
-from gpuq.model.record import Record
 from gpuq.model.spec import parse_spec_text
-from gpuq.model.states import State
-from gpuq.run import launch as launch_module
-from gpuq.run.joblocal import Runtime
 from gpuq.sched.plan import plan
-from gpuq.spool.layout import Layout
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-ANA = Identity(1001, 1001, (1001, 2000), "ana", "/home/ana")
-GOLDEN_CLAIM = "train-7@box-a@b00tb00t@4242@0a1b2c3d@a2.yaml"
 
 SPECS = {
     "docker": "container: {image: 'nvcr.io/nvidia/pytorch:24.05-py3', runtime: docker, "
@@ -43,72 +35,19 @@ SPECS = {
     "podman": "container: {image: 'docker.io/pytorch/pytorch:2.3.0', runtime: podman, mounts: ['/data:/data:ro']}\n",
     "podman-rootless": "container: {image: 'docker.io/pytorch/pytorch:2.3.0', runtime: podman}\n",
     "apptainer": "container: {image: /shared/images/torch.sif, runtime: apptainer, mounts: ['/data:/data:ro']}\n",
-    "host-venv-conda-setup": "venv: /shared/envs/proj\nconda: torch-2.3\nsetup: ['export HF_HOME=/scratch/hf', "
-    "'./fetch_data.sh --quiet']\n",
     "docker-venv": "container: 'pytorch/pytorch:2.3.0'\nvenv: /shared/envs/proj\n",
 }
 
 
 def _golden_text(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The command line and environment gpuq builds for job train-7, attempt 2, on GPUs 1 and 3
-    of box-a, cores 4-5, 8 GiB of RAM, owned by ana (uid 1001), by a team queue's worker (the
-    queue's account, uid 999, with docker allowed), or, for podman-rootless, by ana's own."""
-    spec = parse_spec_text(
-        (
-            "command: [python, train.py, --lr, '3e-4']\ngpus: 2\ngpu_mem: 20GiB\n"
-            "workdir: /home/ana/proj\nenv: {WANDB_MODE: offline}\n" + SPECS[name]
-        ).encode(),
-        "t.yaml",
-    )
-    record = Record(
-        id="train-7",
-        state=State.RUNNING,
-        spec=spec.to_json(),
-        attempt=2,
-        gpus=[1, 3],
-        gpu_mem_mib=20480,
-        cpu_cores=[4, 5],
-        mem_limit_mib=8192,
-        host="box-a",
-        claim=GOLDEN_CLAIM,
-    )
-    clients = {r: f"/usr/bin/{r}" for r in ("docker", "podman", "apptainer")}
-    rt = Runtime(
-        Layout(Path("/shared/gpuq")),
-        "box-a",
-        "boot",
-        Path("/dev/shm/gpuq"),
-        10,
-        180,
-        {},
-        False,
-        {"container_runtime": "docker", "container_clients": clients, "allow_docker": True},
-    )
-    monkeypatch.setattr(launch_module.os, "geteuid", lambda: 1001 if name == "podman-rootless" else 999)
-    monkeypatch.setattr(launch_module.os, "getuid", lambda: 1001)  # a worker not root runs jobs as itself
-    monkeypatch.setattr(launch_module.os, "getgid", lambda: 1001)
-    monkeypatch.setattr(launch_module.os, "getgroups", lambda: [1001])
-    monkeypatch.setattr(launch_module, "inherited_environment", lambda: {"PATH": "/usr/bin:/bin"})
-    launch = launch_module.build_launch(rt, record, spec, None if name == "podman-rootless" else ANA)
-    lines = [f"# {name}: argv, one argument per line (shell-quoted)"] + [shlex.quote(a) for a in launch.argv]
-    lines += [
-        f"# cwd {launch.cwd}; client runs as {launch.identity.name if launch.identity else 'the worker'}",
-        "# client environment",
-    ] + [f"{k}={v}" for k, v in sorted(launch.env.items())]
-    if launch.wrapped is not None and launch.wrapped.stdin is not None:
-        lines += ["# client stdin (its --env-file)", *launch.wrapped.stdin.splitlines()]
-    return "\n".join(lines) + "\n"
+    """The client's command line and environment for train-7 in each runtime (tests/golden_launch.py);
+    podman-rootless: started by ana's own worker."""
+    return golden_text(name, SPECS[name], monkeypatch, as_owner=name == "podman-rootless")
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_command_lines_match_the_golden_files(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """GPUQ_UPDATE_GOLDEN=1 rewrites them; review the diff before committing it."""
-    text = _golden_text(name, monkeypatch)
-    path = GOLDEN / f"command-{name}.txt"
-    if os.environ.get("GPUQ_UPDATE_GOLDEN"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text(), f"{path.name} differs: GPUQ_UPDATE_GOLDEN=1 shows the new text in git diff"
+    check_golden(GOLDEN, name, _golden_text(name, monkeypatch))
 
 
 def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,8 +84,6 @@ def test_what_each_runtime_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     apptainer = _golden_text("apptainer", monkeypatch)
     assert "exec\n--cleanenv\n--nv\n--bind\n/home/ana/proj\n--pwd\n/home/ana/proj\n" in apptainer
     assert "APPTAINERENV_CUDA_VISIBLE_DEVICES=1,3\n" in apptainer and "client runs as ana" in apptainer
-    host = _golden_text("host-venv-conda-setup", monkeypatch)
-    assert host.splitlines()[1] == "/bin/sh" and "shell.posix activate torch-2.3" in host
 
 
 # --- options: an allow-list, read as the runtime reads them ---------------------------------------
