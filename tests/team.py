@@ -228,3 +228,28 @@ def team(users, shared_code):
 
 def team_gid() -> int:
     return grp.getgrnam(TEAM).gr_gid
+
+
+# A queue root every created user reaches, and a spec dropped into it as one of them: test_security's,
+# and the containers extra's tests of its client run as the job's owner.
+
+
+@pytest.fixture
+def shared(tmp_path_factory):
+    """A queue root every test user can reach (pytest's own tmp dir is root's, 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="gpuq-shared-"))
+    os.chmod(base, 0o755)
+    q = Queue(base / "root", base / "local")
+    q.write_config(allow_root_jobs=False)
+    yield q
+    q.close()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def drop_as(queue: Queue, user: pwd.struct_passwd, name: str, text: str, mode: int = 0o644) -> Path:
+    tmp = queue.root / "jobs" / f".{name}.tmp"
+    tmp.write_text(text)
+    os.chown(tmp, user.pw_uid, user.pw_gid)
+    os.chmod(tmp, mode)
+    os.rename(tmp, queue.root / "jobs" / name)
+    return queue.root / "jobs" / name

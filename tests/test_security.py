@@ -3,7 +3,6 @@ logs are theirs and never written through a planted link, who may run and cancel
 
 from __future__ import annotations
 
-import grp
 import hashlib
 import json
 import os
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from team import ALICE, BOB, TEAM
+from team import ALICE, BOB, TEAM, drop_as
 
 from conftest import Queue, wait_until
 
@@ -29,27 +28,6 @@ pytestmark = [
     pytest.mark.slow,
 ]
 ANA, BO = ALICE, BOB  # tests/team.py makes them (names of this test process's own)
-
-
-@pytest.fixture
-def shared(tmp_path_factory):
-    """A queue root every test user can reach (pytest's own tmp dir is root's, 0700)."""
-    base = Path(tempfile.mkdtemp(prefix="gpuq-shared-"))
-    os.chmod(base, 0o755)
-    q = Queue(base / "root", base / "local")
-    q.write_config(allow_root_jobs=False)
-    yield q
-    q.close()
-    shutil.rmtree(base, ignore_errors=True)
-
-
-def drop_as(queue: Queue, user: pwd.struct_passwd, name: str, text: str, mode: int = 0o644) -> Path:
-    tmp = queue.root / "jobs" / f".{name}.tmp"
-    tmp.write_text(text)
-    os.chown(tmp, user.pw_uid, user.pw_gid)
-    os.chmod(tmp, mode)
-    os.rename(tmp, queue.root / "jobs" / name)
-    return queue.root / "jobs" / name
 
 
 def test_a_root_worker_runs_each_job_as_its_owner_with_a_log_of_theirs(shared, users):
@@ -179,79 +157,6 @@ def test_a_worker_not_run_as_root_runs_only_its_users_specs(shared, users, share
     drop_as(shared, bo, "for-bo.yaml", "command: id -un\ngpus: 0\nworkdir: /\n")
     record = wait_until(lambda: shared.finished("for-bo"), what="bo's job, run by ana's worker")
     assert record["state"] == "done" and ANA in shared.log("for-bo").splitlines()
-
-
-def test_a_root_worker_runs_a_container_as_its_owner(shared, users, shared_code):
-    """docker's client runs as the job's owner, its daemon as root (tests/fake_runtime.py
-    stands in): inside, the job is its owner, with its groups, and no more."""
-    import fake_runtime
-
-    runtimes = fake_runtime.StandIns(shared.root.parent / "runtimes", shared_code[0])
-    try:
-        work = shared.root.parent / "work"
-        work.mkdir()
-        os.chmod(work, 0o777)
-        ana = users[ANA]
-        shared.start_worker("a", "1x80GiB", env=runtimes.worker_env())
-        drop_as(
-            shared,
-            ana,
-            "boxed.yaml",
-            f"command: id -u; id -G; touch made-here\ngpus: 0\nworkdir: {work}\n"
-            "container: {image: pytorch:2, runtime: docker}\n",
-        )
-        record = wait_until(lambda: shared.finished("boxed"), what="boxed to run")
-        assert record["state"] == "done", shared.log("boxed")
-        team = grp.getgrnam(TEAM).gr_gid
-        lines = shared.log("boxed").splitlines()
-        assert str(ana.pw_uid) in lines and any(set(line.split()) == {str(ana.pw_gid), str(team)} for line in lines)
-        assert os.stat(work / "made-here").st_uid == ana.pw_uid  # its files are the owner's
-        run = runtimes.calls("run")[-1]
-        assert run["uid"] == ana.pw_uid and run["args"][run["args"].index("--user") + 1] == f"{ana.pw_uid}:{ana.pw_gid}"
-        assert "no-new-privileges" in run["args"] and "ALL" in run["args"]
-    finally:
-        runtimes.close()
-
-
-@pytest.mark.parametrize("runtime", ["podman", "docker"])
-def test_a_real_container_runs_as_its_owner(shared, users, runtime):
-    """The client runs as the job's owner: rootless podman of their own, or docker's client
-    on a socket their group may use (config container_env names it)."""
-    import real_runtimes
-
-    dockerd, pod, owner = None, None, users[ANA]
-    try:
-        if runtime == "podman":
-            pod = real_runtimes.MemberPodman(shared.root.parent / "podman", f"gqt-pod-{os.getpid() % 100000}", TEAM)
-            owner, env = pod.user, pod.env
-        else:
-            dockerd = real_runtimes.Dockerd(group=TEAM)
-            env = dockerd.env
-    except real_runtimes.RuntimeUnavailable as e:
-        pytest.skip(f"{runtime} cannot run containers here: {e}")
-    try:
-        work = shared.root.parent / "work"
-        work.mkdir()
-        os.chmod(work, 0o777)
-        shared.write_config(allow_root_jobs=False, container_env=env)
-        shared.start_worker("a", "1x80GiB")
-        drop_as(
-            shared,
-            owner,
-            "real.yaml",
-            f"command: id -u; touch made-here\ngpus: 0\nworkdir: {work}\n"
-            f"container: {{image: '{real_runtimes.IMAGE}', runtime: {runtime}}}\n",
-        )
-        record = wait_until(lambda: shared.finished("real"), timeout=120, what=f"the {runtime} job")
-        assert record["state"] == "done", shared.log("real")
-        assert str(owner.pw_uid) in shared.log("real").splitlines()
-        assert os.stat(work / "made-here").st_uid == owner.pw_uid
-    finally:
-        if dockerd is not None:
-            dockerd.stop()
-        if pod is not None:
-            shared.close()
-            pod.stop()
 
 
 def test_one_users_own_queue_works_end_to_end_without_root(users, shared_code, tmp_path_factory):
