@@ -255,3 +255,33 @@ def test_an_extras_spec_field_is_checked_kept_and_wraps_the_start_and_one_given_
         build_launch(rt, record, old, None)
     sees = what_the_job_sees(Layout(tmp_path), Config(), "j", old, record, None)  # `gpuq show` says why
     assert sees["command_line"].startswith("(cannot start: container: needs the containers extra"), sees
+
+
+OFFERS = """
+from gpuq.hooks import HostOffers
+class Probe:
+    def __init__(self, config, team):
+        self.found, self.problems, self.calls = {}, {}, 0
+    def refresh(self, now):
+        self.calls += 1
+        if self.calls == 2:
+            raise OSError("the daemon's socket went away")
+        self.found, self.problems = {"tool": "1.0"}, {"other": "not installed"}
+def broken(config, team):
+    raise RuntimeError("no probe")
+def register(registry):
+    registry.offers.append(HostOffers("tool", "extras.offers:Probe"))
+    registry.offers.append(HostOffers("never", "extras.offers:broken"))
+"""
+
+
+def test_what_the_extras_probes_offer_is_published_and_a_probe_that_fails_stops_nothing(extras_in, caplog):
+    from gpuq.worker.loop import Offers, _start_offers
+
+    extras_in("offers", OFFERS)
+    offers = Offers(_start_offers(Config(), team=False))
+    assert "the extras' probe never (extras.offers:broken) could not start" in caplog.text
+    offers.refresh(0.0)
+    assert offers.found == {"tool": "1.0"} and offers.problems == {"other": "not installed"}
+    offers.refresh(1.0)  # it fails: what it found last stands, and the pass goes on
+    assert offers.found == {"tool": "1.0"} and "the extras' probe Probe failed" in caplog.text
