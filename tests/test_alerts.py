@@ -23,10 +23,17 @@ def test_an_idle_holder_raises_its_alert_once_and_it_clears(queue, tmp_path):
     sink = tmp_path / "alerts.jsonl"
     queue.write_config(alert_idle_holder_s=1, alert_command=f"cat >> {sink}")
     queue.start_worker("a", "1x80GiB")
-    queue.drop("holder.yaml", f"command: {FAKE_USE} --mem 5GiB --util 0 --seconds 15\ngpus: 1\ngpu_mem: 8GiB\n")
+    go = tmp_path / "go"  # the job holds its memory, idle, until the test has seen what it needs
+    queue.drop(
+        "holder.yaml",
+        f"command: {FAKE_USE} --mem 5GiB --util 0 -- sh -c 'while [ ! -e {go} ]; do sleep 0.1; done'\n"
+        "gpus: 1\ngpu_mem: 8GiB\n",
+    )
     shown = wait_until(lambda: _alerts(queue).get("idle_holder:holder"), timeout=20, what="the idle-holder alert")
     assert shown["message"].startswith("job holder (root) holds 5GiB of GPU memory at under 5% utilization")
     assert "idle_holder" in queue.gpuq("status").stdout
+    queue.wait_passes("a", 5)  # passes that see the idle holder go on, after the one that raised it
+    go.touch()
     wait_until(lambda: queue.finished("holder"), timeout=60)
     wait_until(lambda: "idle_holder:holder" not in _alerts(queue), what="the alert to clear")
     sent = [json.loads(line) for line in sink.read_text().splitlines()]

@@ -99,10 +99,15 @@ def test_gpu_memory_above_the_declaration_is_killed_when_config_says_kill(queue)
 
 
 @pytest.mark.slow
-def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue):
+def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue, tmp_path):
     queue.write_config(gpu_mem_overuse_after_s=1)
     queue.start_worker("a", "1x80GiB")
-    queue.drop("greedy.yaml", f"command: {FAKE_USE} --mem 20GiB --seconds 15\ngpus: 1\ngpu_mem: 10GiB\n")
+    go = tmp_path / "go"  # the job holds its memory until the test has seen what it needs
+    queue.drop(
+        "greedy.yaml",
+        f"command: {FAKE_USE} --mem 20GiB -- sh -c 'while [ ! -e {go} ]; do sleep 0.1; done'\n"
+        "gpus: 1\ngpu_mem: 10GiB\n",
+    )
     shown = wait_until(
         lambda: [r for r in queue.status()["running"] if r["id"] == "greedy" and r["warning"]],
         timeout=20,
@@ -110,6 +115,8 @@ def test_gpu_memory_above_the_declaration_is_warned_about_once_by_default(queue)
     )
     assert shown[0]["warning"].startswith("uses 20GiB of GPU memory on GPU 0, declared 10GiB")
     assert "! greedy uses 20GiB" in queue.gpuq("status").stdout
+    queue.wait_passes("a", 5)  # passes that see the overuse go on, after the one that warned
+    go.touch()
     record = wait_until(lambda: queue.finished("greedy"), timeout=60, what="the job to finish")
     assert record["state"] == "done"
     warnings = [
