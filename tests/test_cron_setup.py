@@ -4,8 +4,8 @@ init --group`, the crontab line init printed; then README's first example spec, 
 jobs/ by a member of the team, runs under the cron-started root worker and succeeds.
 
 Needs root (cron runs system crontabs as their users; the job runs as the member) and pip's
-package index (as tests/test_onboarding.py does). About a minute: cron starts the worker at the
-next whole minute.
+package index (as tests/test_onboarding.py does). Up to a minute: cron starts the worker at the
+next whole minute, while the test goes on with the demo and the member's project.
 """
 
 from __future__ import annotations
@@ -98,6 +98,12 @@ def cron():
         os.close(lock)
 
 
+def heartbeat(root: Path) -> Path | None:
+    """The heartbeat file of the root's worker, once cron has started it."""
+    beats = (root / "state" / "workers").glob("*.json")
+    return next((p for p in beats if not p.name.endswith(".specs.json")), None)
+
+
 @needs_root
 def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # noqa: F811
     base = Path(tempfile.mkdtemp(prefix="gpuq-cron-"))
@@ -142,6 +148,12 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
         assert "WARNING" not in printed, printed  # the venv is one every member can run
         member_gpuq = [line for line in printed.splitlines() if line.startswith("and run gpuq as ")]
         assert member_gpuq == [f"and run gpuq as {venv / 'bin' / 'gpuq'} (or put it on PATH):"], printed
+        # A system crontab (its own file, so no one's crontab is touched): README's line, as root.
+        # Planted now: cron starts the worker at the next whole minute, and the demo and the
+        # member's project below are made while it waits (the spec may wait in jobs/ for it).
+        CRON_FILE.write_text(f"GPUQ_FAKE_GPUS={FAKE_GPUS}\n{cron_line[:10]}root {cron_line[10:]}\n")
+        os.chmod(CRON_FILE, 0o644)
+
         # The installed package (no checkout beside it) runs the whole demo too.
         demo = subprocess.run(
             [str(venv / "bin" / "gpuq"), "demo", "--quick"],
@@ -151,18 +163,6 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
             env={**shell_env, "TMPDIR": str(base)},
         )
         assert demo.returncode == 0 and "12/12 jobs finished" in demo.stdout, demo.stdout[-2000:] + demo.stderr[-2000:]
-
-        # A system crontab (its own file, so no one's crontab is touched): README's line, as root.
-        CRON_FILE.write_text(f"GPUQ_FAKE_GPUS={FAKE_GPUS}\n{cron_line[:10]}root {cron_line[10:]}\n")
-        os.chmod(CRON_FILE, 0o644)
-        beat = wait_until(
-            lambda: next(
-                (p for p in (root / "state" / "workers").glob("*.json") if not p.name.endswith(".specs.json")), None
-            ),
-            timeout=150,
-            what="cron to start the worker (at the next whole minute)",
-        )
-        worker_pid = json.loads(beat.read_text())["pid"]
 
         # The member's project, and README's first example spec with its paths.
         member = users[ALICE]
@@ -194,6 +194,10 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
             **as_member,
         )
         assert drop.returncode == 0, drop.stderr
+        beat = wait_until(
+            lambda: heartbeat(root), timeout=150, what="cron to start the worker (at the next whole minute)"
+        )
+        worker_pid = json.loads(beat.read_text())["pid"]
 
         record_path = root / "state" / "finished" / "train-a.json"
         record = json.loads(
@@ -216,6 +220,8 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
         assert seen.returncode == 0 and "train-a" in seen.stdout, seen.stdout + seen.stderr
     finally:
         CRON_FILE.unlink(missing_ok=True)
+        if worker_pid is None and (beat := heartbeat(root)) is not None:  # cron started it, the test failed first
+            worker_pid = json.loads(beat.read_text())["pid"]
         if worker_pid is not None:
             try:
                 os.kill(worker_pid, signal.SIGTERM)
