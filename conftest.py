@@ -169,6 +169,25 @@ class Queue:
         proc.send_signal(sig)
         proc.wait(timeout=20)
 
+    def kill_worker(self, host: str, silent_s: float = 0.0) -> None:
+        """SIGKILL box `host`'s worker (through its starter: the worker dies with it) and wait
+        until it is gone. With `silent_s`, its heartbeat is then made to look that many seconds
+        old: status and forget judge a box by the heartbeat file's mtime, which a dead worker
+        never moves again, so this is the box as seen once that long has passed, without the
+        wait. Only where nothing else judges the box by time (lost_after_s well above it)."""
+        import psutil
+
+        worker_pid = self.worker_pid(host)
+        self.stop_worker(host, signal.SIGKILL)
+        wait_until(
+            lambda: not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE,
+            what=f"worker {host} gone",
+        )
+        if silent_s:
+            beat = self.root / "state" / "workers" / f"{host}.json"
+            then = beat.stat().st_mtime - silent_s
+            os.utime(beat, (then, then))
+
     def spawner(self, host: str):
         """The spawner of this root's worker `host` (a psutil.Process), once it has started."""
         worker = self.worker_process(host)

@@ -13,6 +13,10 @@ import pytest
 from team import ALICE, BOB
 
 from conftest import PY, REPO, wait_until
+from gpuq.spool.teamstate import live_window_s
+
+# A killed box's heartbeat this old is past its live window (the tests' poll_interval: 0.2 s).
+LIVE_WINDOW_S = live_window_s({"poll_interval": 0.2}) + 1
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -298,8 +302,6 @@ def test_a_rejected_spec_is_retried_after_its_fix_and_leaves_the_rejected_list(q
 
 
 def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_one_with_jobs(queue):
-    import signal
-
     queue.write_config(lost_after_s=300)  # nothing is taken over during the test
     queue.start_worker("a", "1x80GiB")
     queue.start_worker("b", "1x80GiB")
@@ -308,7 +310,7 @@ def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_o
     wait_until(lambda: (queue.record("there") or {}).get("state") == "running", what="a job on b")
     alive = queue.gpuq("forget", "a", check=False)
     assert alive.returncode == 1 and "a's worker is alive" in alive.stdout + alive.stderr
-    queue.stop_worker("b", signal.SIGKILL)  # b dies with a job recorded running there
+    queue.kill_worker("b", silent_s=LIVE_WINDOW_S)  # b dies with a job recorded running there
     wait_until(
         lambda: not any(h["alive"] for h in queue.status()["hosts"] if h["host"] == "b"),
         timeout=60,
@@ -532,14 +534,12 @@ def test_a_cancelled_array_is_one_line_of_finished(queue):
 def test_status_says_a_cleanly_stopped_worker_stopped_and_a_killed_one_is_not_responding(queue):
     """Newcomer review: status called a worker that exited cleanly NOT RESPONDING, while doctor
     knew it had stopped (its last heartbeat says so)."""
-    import signal
-
     queue.write_config(lost_after_s=300)  # nothing is taken over during the test
     queue.start_worker("a", "1x80GiB")
     queue.start_worker("b", "1x80GiB")
     wait_until(lambda: {h["host"] for h in queue.status()["hosts"]} == {"a", "b"}, what="both boxes seen")
     queue.stop_worker("a")  # SIGTERM: a clean exit
-    queue.stop_worker("b", signal.SIGKILL)
+    queue.kill_worker("b", silent_s=LIVE_WINDOW_S)
     hosts = wait_until(
         lambda: (
             (hs := {h["host"]: h for h in queue.status()["hosts"]})
