@@ -3,6 +3,7 @@ per job, never wrapped, cut to the rows there are."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -49,10 +50,12 @@ def _frame(tmux) -> tuple[list[str], list[str]] | None:
 @pytest.mark.parametrize("columns,rows", [(80, 24), (200, 50)])
 def test_top_fits_the_terminal_running_and_pending_first(queue, tmux, columns, rows):
     queue.start_worker("a", "2x80GiB")
+    # Specs dropped into jobs/ (a submit each would cost a CLI start, 32 of them: top shows
+    # jobs the same however they came).
     for i in range(2):
-        queue.gpuq("submit", "--gpus", "1", "--id", f"run-{i}", "--", f"sleep 600; {LONG}")
+        queue.drop(f"run-{i}.yaml", f"command: {json.dumps(f'sleep 600; {LONG}')}\ngpus: 1\n")
     for i in range(30):
-        queue.gpuq("submit", "--gpus", "2", "--id", f"wait-{i:02d}", "--", LONG)
+        queue.drop(f"wait-{i:02d}.yaml", f"command: {json.dumps(LONG)}\ngpus: 2\n")
     wait_until(
         lambda: all((queue.record(f"run-{i}") or {}).get("state") == "running" for i in range(2)),
         what="two jobs to run",
