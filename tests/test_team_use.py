@@ -130,7 +130,8 @@ def test_fair_share_ranks_by_what_each_member_ran_not_only_what_they_hold_now(te
     history.write_text(json.dumps(event) + "\n")
     os.chown(history, _pwd.getpwnam(QUEUE).pw_uid, team_gid())
     team.start_worker("a", "1x80GiB")
-    team.drop_as(BOB, "blocker.yaml", "command: sleep 6\ngpus: 1\n")
+    go = team.root / "go"  # bob's blocker holds the GPU until the queue's order has been seen
+    team.drop_as(BOB, "blocker.yaml", f"command: while [ ! -e {go} ]; do sleep 0.1; done\ngpus: 1\n")
     wait_until(lambda: (team.record("blocker") or {}).get("state") == "running", what="bob's blocker to run")
     team.drop_as(ALICE, "a-next.yaml", "command: 'true'\ngpus: 1\n")
     wait_until(lambda: any(p["id"] == "a-next" for p in team.status()["pending"]), what="alice's job to be queued")
@@ -143,6 +144,7 @@ def test_fair_share_ranks_by_what_each_member_ran_not_only_what_they_hold_now(te
     assert order == ["b-next", "a-next"], shares.stdout
     rows = {r["user"]: r for r in team.status()["fair_share"]}
     assert rows[BOB]["factor"] > rows[ALICE]["factor"] and rows[ALICE]["usage_gpu_h"] > 15, rows
+    go.touch()
     a = wait_until(lambda: team.finished("a-next"), timeout=60, what="alice's job to run")
     b = team.finished("b-next")
     assert b is not None and b["claimed_at"] < a["claimed_at"], (a, b)
