@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -183,10 +184,27 @@ def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Pa
         shutil.rmtree(copy / "gpuq" / "extras" / extra)
     run = _runner(copy)
     assert run("-m", "tools.layers").returncode == 0
-    fast = run("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-x")
-    assert fast.returncode == 0, fast.stdout[-3000:] + fast.stderr[-2000:]
     # The story, not the whole file: jobs on three boxes exactly once, the CLI's round trip, a
     # cron start and a second start, a box without GPUs. The file's other tests are about one
-    # verb's options or messages, which need no extra either; the suite runs them whole.
-    story = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "tests/test_e2e_story.py", "-k", STORY)
-    assert story.returncode == 0, story.stdout[-3000:] + story.stderr[-2000:]
+    # verb's options or messages, which need no extra either; the suite runs them whole. It
+    # runs beside the fast set: its workers mostly wait between passes, the fast set computes.
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"]
+    with open(tmp_path / "story.out", "w+") as out:
+        story = subprocess.Popen(
+            [*pytest, "--basetemp", str(tmp_path / "story"), "tests/test_e2e_story.py", "-k", STORY],
+            cwd=copy,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            fast = run(*pytest[1:], "--basetemp", str(tmp_path / "fast"), "-m", "not slow")
+            assert fast.returncode == 0, fast.stdout[-3000:] + fast.stderr[-2000:]
+            assert story.wait(timeout=600) == 0, (tmp_path / "story.out").read_text()[-5000:]
+        finally:
+            if story.poll() is None:  # the fast set failed first: Ctrl-C, so that its teardown stops its workers
+                story.send_signal(signal.SIGINT)
+                try:
+                    story.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    story.kill()
+                    story.wait()
