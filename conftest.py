@@ -107,8 +107,14 @@ class Queue:
         self.started.append((proc, Path(err.name)))
         self.workers[host] = proc
         if wait:  # (cron does not wait: a kill storm restarts as cron would)
-            wait_until(lambda: self._beat_of(host, proc.pid), what=f"worker {host} heartbeat")
+            self.wait_started(host)
         return proc
+
+    def wait_started(self, host: str) -> None:
+        """Until the worker last started for `host` has written its first heartbeat (workers
+        started with wait=False start side by side)."""
+        pid = self.workers[host].pid
+        wait_until(lambda: self._beat_of(host, pid), what=f"worker {host} heartbeat")
 
     def worker_command(self) -> list[str]:
         """The interpreter and launcher a box's worker is started with."""

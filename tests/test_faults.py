@@ -607,8 +607,10 @@ def test_each_job_runs_exactly_once_while_workers_are_killed_and_restarted(queue
     import random
 
     ids = _drop_many(queue, 2000)
+    for host in HOSTS:  # side by side: each one's first pass reads the 2,000 specs
+        queue.start_worker(host, "2x80GiB", wait=False)
     for host in HOSTS:
-        queue.start_worker(host, "2x80GiB")
+        queue.wait_started(host)
     finished = queue.root / "state" / "finished"
     rng = random.Random(7)
     kills = 0
