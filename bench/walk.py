@@ -2,7 +2,7 @@
 real worker.py, and shown by `gpuq status`, with every Python process of it (CLI, worker,
 spawner, supervisor, and root's starter and keeper where the worker runs as root) under
 coverage. Prints the gpuq modules loaded, the functions entered and the lines run, of the
-core's and the extras', and which modules of the core the job touched.
+core's and the extras', and (--list) which modules the job touched.
 
     pip install coverage && python bench/walk.py [--list]
 
@@ -63,7 +63,7 @@ def _wait_for_the_last_process_of(root: Path, bound_s: float = 60) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true", help="list the core modules the job touched")
+    parser.add_argument("--list", action="store_true", help="list the modules the job touched")
     args = parser.parse_args()
     try:
         import coverage
@@ -104,7 +104,7 @@ def main() -> int:
                 f"{entered[part]} functions entered, {lines_run[part]} lines run"
             )
         if args.list:
-            for path in loaded["core"]:
+            for path in loaded["core"] + loaded["extras"]:
                 print("  ", path.relative_to(REPO))
     return 0
 
