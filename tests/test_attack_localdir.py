@@ -228,13 +228,15 @@ def test_a_marker_naming_every_process_or_a_group_is_never_a_supervisor(local):
 
 def test_a_result_in_a_lock_file_the_worker_did_not_write_is_never_recorded(local, users):
     from gpuq.model.config import Config
+    from gpuq.spool.intake import Intake
+    from gpuq.worker.box import Box
     from gpuq.worker.recovery import Recovery
 
     rt, record, _, _ = local
     _forge_lock(
         rt, record, users[BOB].pw_uid, result={"state": "done", "exit_code": 0, "reason": "forged by bob", "uid": 0}
     )
-    Recovery(rt.layout, Config(), rt, lambda *a: None).settle_gone(record)
+    Recovery(Box(Config(), rt, Intake(rt.layout))).settle_gone(record)
     finished = rt.layout.record(rt.layout.finished, record.id)
     assert not finished.exists()  # never started, as far as the worker knows: requeued
     assert (rt.layout.jobs / "j.yaml").read_text() == "command: echo hi\n"

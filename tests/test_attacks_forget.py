@@ -194,8 +194,10 @@ def test_a_put_back_refuses_a_file_another_user_put_under_the_name(tmp_path):
     instant before a put-back. It is refused, and the spec goes back (it went to rejected/)."""
     from gpuq.model.config import Config
     from gpuq.run.joblocal import Runtime
+    from gpuq.spool.intake import Intake
     from gpuq.spool.layout import Layout
-    from gpuq.worker.recovery import Recovery
+    from gpuq.worker.box import Box
+    from gpuq.worker.returns import put_back
 
     layout = Layout(tmp_path)
     layout.ensure()
@@ -204,25 +206,25 @@ def test_a_put_back_refuses_a_file_another_user_put_under_the_name(tmp_path):
     os.chown(claimed, 4242, 4242)
     (layout.jobs / "j.yaml").write_text("command: his\n")
     os.chown(layout.jobs / "j.yaml", 4343, 4343)
-    refused: list[tuple[str, str]] = []
-
-    def reject(job_id, path, message, forget=True, retry_mends=True):
-        refused.append((path.read_text(), message))
-        path.unlink()
-
     rt = Runtime(layout, "a", "0" * 32, tmp_path / "local", 1.0, 5.0, {}, True)
-    assert Recovery(layout, Config(), rt, reject).put_back("j", claimed)
+    assert put_back(Box(Config(), rt, Intake(layout)), "j", claimed)
     assert (layout.jobs / "j.yaml").read_text() == "command: hers\n" and not claimed.exists()
-    assert refused == [("command: his\n", refused[0][1])] and "belongs to another user's job" in refused[0][1]
+    refused = [p for p in layout.rejected.iterdir() if p.suffix == ".yaml"]
+    assert [p.read_text() for p in refused] == ["command: his\n"]
+    (error,) = [p for p in layout.rejected.iterdir() if p.suffix == ".error"]
+    assert "belongs to another user's job" in error.read_text()
 
 
-def test_a_put_back_that_loses_every_race_to_another_users_file_parks_the_spec(tmp_path):
+def test_a_put_back_that_loses_every_race_to_another_users_file_parks_the_spec(tmp_path, monkeypatch):
     """bob re-created jobs/apre.yaml as fast as the put-back refused it; after three lost races
     the put-back sent alice's preempted spec to rejected/ ("an earlier version ... resubmit it
     under another name"): her job was gone. It now waits in claims/ for a later pass."""
     from gpuq.model.config import Config
     from gpuq.run.joblocal import Runtime
+    from gpuq.spool.intake import Intake
     from gpuq.spool.layout import Layout
+    from gpuq.worker import returns
+    from gpuq.worker.box import Box
     from gpuq.worker.recovery import Recovery
 
     layout = Layout(tmp_path)
@@ -236,15 +238,17 @@ def test_a_put_back_that_loses_every_race_to_another_users_file_parks_the_spec(t
         his.write_text("command: [\n")
         os.chown(his, 4343, 4343)
 
-    def reject(job_id, path, message, forget=True, retry_mends=True):
+    def reject(box, job_id, path, message, forget=True, retry_mends=True):
         assert path == his, path  # never hers
         path.unlink()
         bobs_file()  # bob's loop wins the race again
 
+    monkeypatch.setattr(returns, "reject", reject)
     bobs_file()
     rt = Runtime(layout, "a", "0" * 32, tmp_path / "local", 1.0, 5.0, {}, True)
-    recovery = Recovery(layout, Config(), rt, reject)
-    assert not recovery.put_back("apre", claimed)
+    box = Box(Config(), rt, Intake(layout))
+    recovery = Recovery(box)
+    assert not returns.put_back(box, "apre", claimed)
     parked = list(layout.claims.iterdir())
     assert [p.name.split("@")[3] for p in parked] == ["0"] and parked[0].read_text() == "command: hers\n"
     his.unlink()  # bob gives up: the next pass puts hers back

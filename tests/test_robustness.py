@@ -117,8 +117,10 @@ def test_a_recreated_claim_is_its_owners_spec(tmp_path):
     from gpuq.model.record import Record
     from gpuq.model.states import State
     from gpuq.run.joblocal import Runtime
+    from gpuq.spool.intake import Intake
     from gpuq.spool.layout import Layout
     from gpuq.spool.store import write_record
+    from gpuq.worker.box import Box
     from gpuq.worker.recovery import Recovery
 
     layout = Layout(tmp_path)
@@ -139,7 +141,7 @@ def test_a_recreated_claim_is_its_owners_spec(tmp_path):
     )
     write_record(layout, record)
     rt = Runtime(layout, "a", "bootboot", tmp_path / "local", 1.0, 10.0, {})
-    recovery = Recovery(layout, Config(), rt, lambda *a: None)
+    recovery = Recovery(Box(Config(), rt, Intake(layout)))
     recovery.requeue(record, "lost; requeued")
     spec = layout.jobs / "j.yaml"
     assert spec.read_text() == "command: echo hi\n"
@@ -156,7 +158,9 @@ def test_an_orphan_claim_of_an_earlier_boot_is_put_back_even_with_this_pid(tmp_p
     get the same pid: the job stayed "being started" for good."""
     from gpuq.model.config import Config
     from gpuq.run.joblocal import Runtime
+    from gpuq.spool.intake import Intake
     from gpuq.spool.layout import Layout
+    from gpuq.worker.box import Box
     from gpuq.worker.recovery import Recovery
 
     layout = Layout(tmp_path)
@@ -164,5 +168,5 @@ def test_an_orphan_claim_of_an_earlier_boot_is_put_back_even_with_this_pid(tmp_p
     orphan = layout.claims / f"j@a@oldboot0@{os.getpid()}@abcd@a1.yaml"
     orphan.write_text("command: echo hi\n")
     rt = Runtime(layout, "a", "newboot0-after-the-reboot", tmp_path / "local", 1.0, 10.0, {})
-    Recovery(layout, Config(), rt, lambda *a: None).requeue_orphan_claims()
+    Recovery(Box(Config(), rt, Intake(layout))).requeue_orphan_claims()
     assert (layout.jobs / "j.yaml").read_text() == "command: echo hi\n" and not orphan.exists()

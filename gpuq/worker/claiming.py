@@ -13,11 +13,10 @@ from gpuq.host.files import read_json
 from gpuq.model.errors import SpecError
 from gpuq.model.record import claim_name
 from gpuq.spool.ids import reserve
-from gpuq.spool.intake import Entry, Intake, read_spec_file, user_name
-from gpuq.spool.layout import Layout
+from gpuq.spool.intake import Entry, read_spec_file, user_name
 from gpuq.spool.store import claim, keep_place, next_attempt
-from gpuq.worker.arrivals import Arrivals
-from gpuq.worker.recovery import Recovery
+from gpuq.worker.box import Box
+from gpuq.worker.returns import put_back, reject
 
 
 class Claimed(NamedTuple):
@@ -32,11 +31,9 @@ class Claimed(NamedTuple):
 
 
 class Claimer:
-    def __init__(
-        self, layout: Layout, host: str, boot_id: str, intake: Intake, arrivals: Arrivals, recovery: Recovery
-    ) -> None:
-        self.layout, self.host, self.boot_id = layout, host, boot_id
-        self.intake, self.arrivals, self.recovery = intake, arrivals, recovery
+    def __init__(self, box: Box) -> None:
+        self.box = box
+        self.layout, self.host, self.boot_id, self.intake = box.layout, box.host, box.boot_id, box.intake
 
     def claim(self, job_id: str, crash_prefix: str = "worker") -> Claimed | None:
         """Claim a spec the plan chose, as its next attempt. None: there is none to start (gone
@@ -71,7 +68,8 @@ class Claimer:
 
     def not_that_job(self, job_id: str, path: Path, holder: int) -> None:
         """A file under the id of another user's job: refused (a new name is the only fix)."""
-        self.arrivals.reject(
+        reject(
+            self.box,
             job_id,
             path,
             f"jobs/{job_id}.yaml: job id '{job_id}' belongs to {user_name(holder)}'s job. "
@@ -92,10 +90,11 @@ class Claimer:
             if self.intake.policy is not None:
                 self.intake.policy.check(st, display)
         except SpecError as e:
-            self.arrivals.reject(job_id, claimed, str(e))
+            reject(self.box, job_id, claimed, str(e))
             return None
         except OSError as e:
-            self.arrivals.reject(
+            reject(
+                self.box,
                 job_id,
                 claimed,
                 f"{display}: cannot be read ({e.strerror}). Fix: make it a plain file readable by the worker",
@@ -103,6 +102,6 @@ class Claimer:
             return None
         if raw != entry.text:  # edited in place since the scan: read again, at its place
             keep_place(self.layout, job_id, st.st_uid, entry.job.queued_at)  # type: ignore[union-attr]
-            self.recovery.put_back(job_id, claimed)
+            put_back(self.box, job_id, claimed)
             return None
         return st.st_uid

@@ -71,7 +71,7 @@ from gpuq.spool.teamstate import (
 )
 from gpuq.worker.alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from gpuq.worker.arrivals import Arrivals, PendingLimits
-from gpuq.worker.claiming import Claimer
+from gpuq.worker.box import Box
 from gpuq.worker.ended import FinishedCounter
 from gpuq.worker.publishing import BoxState, Publisher, start_extras
 from gpuq.worker.recovery import Recovery
@@ -202,6 +202,7 @@ class Worker:
                 os.stat(layout.jobs).st_mode, config.run_for_users, config.allow_root_jobs, as_owners, config.admins
             ),
         )
+        self.box = Box(config, self.rt, self.intake, self.clock)  # what every part of a pass is handed
         team = as_owners and os.geteuid() != 0  # a queue account's worker, jobs run as their owners
         self.needs = hooks.needs_of(config)  # what a job's extras' fields need of a host (the plan's)
         self.runtimes: OfferFinder = runtimes or Offers(_start_offers(config, team))
@@ -210,13 +211,12 @@ class Worker:
         """What one pass leaves the next: the GPUs and jobs it saw, what it read and when."""
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
-        self.listing = RunningListing(self.layout, self.host, self._report_once)  # running/, every box's
+        self.listing = RunningListing(self.layout, self.host, self.box.report_once)  # running/, every box's
         self.started_last_pass = 0
         self.read_jobs_last_pass = False
         self.version_at_last_pass = -1
         self.observed: dict[str, dict[int, int]] = {}
         self.gpu_usage = GpuUsage()
-        self.reported: set[str] = set()  # bad files already logged once (never each pass)
         self.replies_swept_at = 0.0
         self.inbox_seen: int | None = None
         self.poke_seen: int | None = None
@@ -227,28 +227,12 @@ class Worker:
         """The parts a job passes through here: taken in, claimed, started, recovered."""
         layout, config, host = self.layout, self.config, self.host
         self.spawner: Launcher = spawner or Spawner(self.rt, layout.worker_log(host))
-        self.arrivals = Arrivals(
-            layout,
-            host,
-            self.intake,
-            PendingLimits(
-                config.max_pending_per_user, config.max_pending_size_per_user_mib, frozenset(config.admins) | {"root"}
-            ),
+        limits = PendingLimits(
+            config.max_pending_per_user, config.max_pending_size_per_user_mib, frozenset(config.admins) | {"root"}
         )
-        self.recovery = Recovery(layout, config, self.rt, self.arrivals.reject, self.clock)
-        self.claimer = Claimer(layout, host, self.boot_id, self.intake, self.arrivals, self.recovery)
-        self.starter = Starter(
-            layout,
-            config,
-            host,
-            self.boot_id,
-            self.clock,
-            self.claimer,
-            self.recovery,
-            self.spawner,
-            self.mps,
-            self._report_once,
-        )
+        self.arrivals = Arrivals(self.box, limits)
+        self.recovery = Recovery(self.box)
+        self.starter = Starter(self.box, self.spawner, self.mps)
 
     def _init_plan_memory(self) -> None:
         """What planning keeps from pass to pass: the team's heartbeats, the last plan's inputs,
@@ -273,7 +257,7 @@ class Worker:
         self.alerts_at = 0.0
         self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (alerts, metrics)
         extras = start_extras(layout, config, host)
-        self.publisher = Publisher(layout, config, host, self.boot_id, self.rt, self.intake, self.finished, extras)
+        self.publisher = Publisher(self.box, self.finished, extras)
         self.samples = SampleLog(
             layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
         )
@@ -311,7 +295,7 @@ class Worker:
         try:  # other boxes touch it to wake this one; without it they wait for its poll
             atomic_write(poke_path(self.layout, self.host), b"", mode=0o644, durable=False)
         except OSError as e:
-            self._report_once(
+            self.box.report_once(
                 "poke-file",
                 f"cannot make this box's poke file ({e.strerror or e}): other boxes' starts here wait for its poll",
             )
@@ -319,7 +303,7 @@ class Worker:
         finish_interrupted(
             self.layout,
             load_yaml,
-            lambda group, why: self._report_once(f"groups/{group}", f"sweep {group} left as it is: {why}"),
+            lambda group, why: self.box.report_once(f"groups/{group}", f"sweep {group} left as it is: {why}"),
         )
 
     def fill_ids(self) -> None:
@@ -330,7 +314,7 @@ class Worker:
             with self.queue_lock:
                 made = migrate_ids(self.layout)
         except OSError as e:
-            self._report_once("ids", f"cannot fill state/ids/ ({e.strerror or e}): ids are looked up the older way")
+            self.box.report_once("ids", f"cannot fill state/ids/ ({e.strerror or e}): ids are looked up the older way")
             return
         if made:
             log.info("state/ids/: %d job ids reserved, from the records and specs older workers kept", made)
@@ -418,11 +402,6 @@ class Worker:
             log.warning("%s %s", record.id, overuse.why)
             append_note(self.layout, self.host, record.id, "warning", overuse.why)
 
-    def _report_once(self, key: str, message: str) -> None:
-        if key not in self.reported:
-            self.reported.add(key)
-            log.warning("%s", safe_text(message))
-
     def settle_running(self) -> None:
         """Reattach to live jobs; settle the ones whose supervisor and job are gone."""
         alive: list[Record] = []
@@ -466,7 +445,7 @@ class Worker:
             job_id = path.stem
             try:
                 if os.lstat(path).st_uid not in (0, me):
-                    self._report_once(f"control/{path.name}", f"ignored {path}: not written by a worker")
+                    self.box.report_once(f"control/{path.name}", f"ignored {path}: not written by a worker")
                     continue
                 order = read_json(path)
             except (OSError, ValueError):
@@ -577,7 +556,7 @@ class Worker:
         problems: dict[str, str] = {}
         beats = load_heartbeats(self.layout, problems, self.beat_cache)
         for host, why in problems.items():
-            self._report_once(f"heartbeat/{host}", f"state/workers/{host}.json left out of the plan: {why}")
+            self.box.report_once(f"heartbeat/{host}", f"state/workers/{host}.json left out of the plan: {why}")
         own = HostView(
             self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since, frozenset(self.runtimes.found)
         )
@@ -662,7 +641,7 @@ class Worker:
                 cache = {"t": now, "users": usage, "durations": self.history.durations}
                 write_json(self.layout.usage_cache(self.host), cache, durable=False)
             except OSError as e:
-                self._report_once("usage-cache", f"cannot write {self.layout.usage_cache(self.host)}: {e}")
+                self.box.report_once("usage-cache", f"cannot write {self.layout.usage_cache(self.host)}: {e}")
         return usage
 
     def _alive(self, hb: dict) -> bool:

@@ -17,9 +17,10 @@ from gpuq.host.files import write_json
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
-from gpuq.run.joblocal import Runtime, write_lease
+from gpuq.run.joblocal import write_lease
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
+from gpuq.worker.box import Box
 from gpuq.worker.ended import FinishedCounter
 
 log = logging.getLogger("gpuq.worker")
@@ -90,20 +91,16 @@ class Publisher:
     """Writes what a box publishes, each at its own pace: a burst of short jobs wakes the
     worker hundreds of times a second, and none of these files needs to follow it."""
 
-    def __init__(
-        self,
-        layout: Layout,
-        config: Config,
-        host: str,
-        boot_id: str,
-        rt: Runtime,
-        intake: Intake,
-        finished: FinishedCounter,
-        extras: list[tuple[str, Publish]],
-    ) -> None:
+    def __init__(self, box: Box, finished: FinishedCounter, extras: list[tuple[str, Publish]]) -> None:
         """`extras`: the extras' publishers (start_extras), each with its name."""
-        self.layout, self.config, self.host, self.boot_id, self.rt = layout, config, host, boot_id, rt
-        self.intake, self.finished, self.extras = intake, finished, extras
+        self.layout, self.config, self.host, self.boot_id, self.rt = (
+            box.layout,
+            box.config,
+            box.host,
+            box.boot_id,
+            box.rt,
+        )
+        self.intake, self.finished, self.extras = box.intake, finished, extras
         self.heartbeat_failing = False  # logged once per spell of failed writes
         self.seq = 0
         self.heartbeat_at = 0.0

@@ -15,21 +15,17 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Protocol
 
 from gpuq import hooks
 from gpuq.host import rootorders
-from gpuq.host.clock import Clock
 from gpuq.host.faults import crash_point
 from gpuq.host.files import create_owned, read_json
-from gpuq.model.config import Config
 from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.states import State
 from gpuq.model.stops import StopCause, ended_as
-from gpuq.run.joblocal import Runtime, checked_result, read_exit, read_marker, stop_ordered
+from gpuq.run.joblocal import checked_result, read_exit, read_marker, stop_ordered
 from gpuq.run.launch import CannotStart, Leftover, as_owner
-from gpuq.spool.layout import Layout
 from gpuq.spool.store import (
     append_note,
     claims_of,
@@ -38,33 +34,20 @@ from gpuq.spool.store import (
     read_record,
     torn_running_record,
     transition,
-    unclaim,
 )
+from gpuq.worker.box import Box
+from gpuq.worker.returns import put_back
 
 log = logging.getLogger("gpuq.worker")
 STALE_TEMP_S = 3600.0
 
 
-class Rejecter(Protocol):
-    """worker/arrivals.py's Arrivals.reject: a spec to state/rejected/, with its .error."""
-
-    def __call__(
-        self, job_id: str, path: Path, message: str, forget: bool = True, retry_mends: bool = True
-    ) -> None: ...
-
-
 class Recovery:
-    def __init__(
-        self,
-        layout: Layout,
-        config: Config,
-        rt: Runtime,
-        reject: Rejecter,
-        clock: Clock | None = None,
-    ) -> None:
-        self.layout, self.config, self.rt, self.reject = layout, config, rt, reject
-        self.clock = clock or Clock()  # the worker's: when heartbeats were seen to change, record times
-        self.host, self.boot_id = rt.host, rt.boot_id
+    def __init__(self, box: Box) -> None:
+        self.box = box
+        self.layout, self.config, self.rt = box.layout, box.config, box.rt
+        self.clock = box.clock  # the worker's: when heartbeats were seen to change, record times
+        self.host, self.boot_id = box.host, box.boot_id
         # host -> ((boot, seq, mtime), when that was first seen, whether it was seen to change)
         self.heartbeats: dict[str, tuple[tuple, float, bool]] = {}
         self.watched_at = float("-inf")
@@ -213,7 +196,7 @@ class Recovery:
         keep_place(self.layout, record.id, os.lstat(held).st_uid, record.queued_at)
         transition(self.layout, record, State.PENDING, self.host, reason=reason, cause=cause)
         crash_point("recovery:recorded")
-        self.put_back(record.id, held)
+        put_back(self.box, record.id, held)
 
     def _hold_spec(self, record: Record) -> Path | None:
         """Move the attempt's claim to a claim of this host (exactly one host wins the rename);
@@ -249,49 +232,6 @@ class Recovery:
         os.rename(create_owned(self.layout.claims, record.id, record.spec_text.encode(), record.uid), held)
         return held
 
-    def put_back(self, job_id: str, claimed: Path) -> bool:
-        """Return a claimed spec to jobs/. A file of another user's that took the name
-        meanwhile is not this job (its id is this one's: spool/ids.py, held_for):
-        it is refused, and the spec goes back. If the owner put a new spec there under the
-        same name meanwhile, neither is lost: the claimed one goes to rejected/ with the reason."""
-        dest = self.layout.jobs / f"{job_id}.yaml"
-        intruder = False
-        for _ in range(3):
-            if unclaim(claimed, dest):
-                return True
-            try:
-                intruder = os.lstat(dest).st_uid != os.lstat(claimed).st_uid
-            except FileNotFoundError:
-                continue  # gone meanwhile: try again
-            if not intruder:
-                break
-            self.reject(
-                job_id,
-                dest,
-                f"jobs/{job_id}.yaml: job id '{job_id}' belongs to another user's job, which goes back to "
-                f"the queue under it. Fix: rename the file (e.g. {job_id}-2.yaml).",
-                retry_mends=False,
-            )
-        if intruder:  # a member re-creates the name as fast as it is refused: never the owner's loss
-            self._park(job_id, claimed)
-            return False
-        self.reject(
-            job_id,
-            claimed,
-            f"jobs/{job_id}.yaml: an earlier version of this spec was being "
-            "started when a new file with the same name arrived; this earlier version is kept "
-            "here. Fix: resubmit it under another name if you still want it to run",
-        )
-        return False
-
-    def _park(self, job_id: str, claimed: Path) -> None:
-        """Leave the claimed spec in claims/ under a name of no live worker's (pid 0), so that
-        requeue_orphan_claims puts it back at a later pass (this worker's own claims it skips)."""
-        parts = claimed.name.split("@")
-        parts[3] = "0"
-        os.rename(claimed, claimed.with_name("@".join(parts)))
-        log.warning("%s: another user's file keeps taking jobs/%s.yaml; it goes back at a later pass", job_id, job_id)
-
     def requeue_orphan_claims(self) -> None:
         """Claims of this host by an earlier worker that died before recording them (or in
         the middle of a requeue)."""
@@ -310,7 +250,7 @@ class Recovery:
                 if finished.get("claim") == path.name:
                     path.unlink(missing_ok=True)  # its supervisor recorded it, then died
                 continue
-            if self.put_back(job_id, path):  # it never left pending: a note, not a change
+            if put_back(self.box, job_id, path):  # it never left pending: a note, not a change
                 append_note(self.layout, self.host, job_id, "requeued", "claimed but never recorded; requeued")
 
     def _torn_at_boot(self, job_id: str, claim: str) -> bool:

@@ -10,11 +10,9 @@ overwrite the other box's record when it wakes.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Protocol
+from typing import Protocol
 
-from gpuq.host.clock import Clock
 from gpuq.host.faults import crash_point
-from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
 from gpuq.model.sharing import compute_pct, uses_mps
@@ -23,10 +21,10 @@ from gpuq.model.states import State
 from gpuq.model.stops import StopCause, cause_of
 from gpuq.run.limits import limits_for
 from gpuq.run.mps import MpsDaemons, MpsError
-from gpuq.spool.layout import Layout
 from gpuq.spool.store import keep_place, spec_state, transition
+from gpuq.worker.box import Box
 from gpuq.worker.claiming import Claimer
-from gpuq.worker.recovery import Recovery
+from gpuq.worker.returns import put_back
 
 log = logging.getLogger("gpuq.worker")
 
@@ -42,22 +40,16 @@ class Launcher(Protocol):
 
 
 class Starter:
-    def __init__(
-        self,
-        layout: Layout,
-        config: Config,
-        host: str,
-        boot_id: str,
-        clock: Clock,
-        claimer: Claimer,
-        recovery: Recovery,
-        spawner: Launcher,
-        mps: MpsDaemons,
-        report_once: Callable[[str, str], None],
-    ) -> None:
-        self.layout, self.config, self.host, self.boot_id, self.clock = layout, config, host, boot_id, clock
-        self.claimer, self.recovery, self.spawner, self.mps = claimer, recovery, spawner, mps
-        self.report_once = report_once
+    def __init__(self, box: Box, spawner: Launcher, mps: MpsDaemons) -> None:
+        self.box, self.spawner, self.mps = box, spawner, mps
+        self.layout, self.config, self.host, self.boot_id, self.clock = (
+            box.layout,
+            box.config,
+            box.host,
+            box.boot_id,
+            box.clock,
+        )
+        self.claimer = Claimer(box)
 
     def start(
         self, job_id: str, gpus: tuple[int, ...], snapshots: list[GpuSnapshot], running: list[Record]
@@ -105,12 +97,12 @@ class Starter:
         except FileExistsError:  # started elsewhere while this box was frozen after its claim and forgotten
             log.warning("%s: not started here: another box has started it meanwhile (this box was forgotten)", job_id)
             if claimed.exists():  # not the spec put back and started there: intake refuses it, by name
-                self.recovery.put_back(job_id, claimed)
+                put_back(self.box, job_id, claimed)
             return None
         except OSError:
             if not self.layout.record(self.layout.running, job_id).exists():
                 keep_place(self.layout, job_id, uid, job.queued_at)
-                self.recovery.put_back(job_id, claimed)  # no record: the spec waits in jobs/ again
+                put_back(self.box, job_id, claimed)  # no record: the spec waits in jobs/ again
             raise  # (with a record, the next pass requeues the attempt: it never started)
         crash_point("worker:recorded")
         self.spawner.launch(record)
@@ -127,6 +119,8 @@ class Starter:
         try:
             pipe = self.mps.ensure(gpu.index, gpu.uuid)
         except MpsError as e:
-            self.report_once(f"mps/{gpu.index}/{e}", f"MPS on GPU {gpu.index} unusable, its jobs are time-sliced: {e}")
+            self.box.report_once(
+                f"mps/{gpu.index}/{e}", f"MPS on GPU {gpu.index} unusable, its jobs are time-sliced: {e}"
+            )
             return None, None
         return str(pipe), compute_pct(spec, gpu.mem_total_mib)

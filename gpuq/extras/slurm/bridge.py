@@ -51,6 +51,7 @@ from gpuq.spool.store import (
     write_record,
 )
 from gpuq.worker.loop import Worker
+from gpuq.worker.returns import put_back
 
 log = logging.getLogger("gpuq.worker")
 # What stopped a job that Slurm ended as cancelled (`gpuq cancel` is an scancel) or timed out.
@@ -231,7 +232,7 @@ class BridgeWorker(Worker):
                 log.info("found %s in Slurm as job %s", record.id, slurm_id)
             elif known is not None:
                 transition(self.layout, record, State.PENDING, self.host, reason="never reached Slurm; requeued")
-                self.recovery.put_back(record.id, self.layout.claims / (record.claim or ""))
+                put_back(self.box, record.id, self.layout.claims / (record.claim or ""))
                 log.info("requeued %s: it never reached Slurm", record.id)
 
     def adopt_from_dead_bridges(self) -> None:
@@ -409,7 +410,7 @@ class BridgeWorker(Worker):
             return None
 
     def _hand(self, job, dependency_ids: dict[str, str]) -> None:
-        taken = self.claimer.claim(job.id, crash_prefix="bridge")
+        taken = self.starter.claimer.claim(job.id, crash_prefix="bridge")
         if taken is None:
             return
         entry, claimed, uid, attempt, _ = taken
@@ -459,7 +460,7 @@ class BridgeWorker(Worker):
                 os.close(owner.spec_fd)
         if out.returncode != 0 and any(m in out.stderr for m in ("Unable to contact", "timed out", "Zero Bytes")):
             transition(self.layout, record, State.PENDING, self.host, reason="Slurm did not answer; requeued")
-            self.recovery.put_back(job.id, claimed)  # the controller was away: try again later
+            put_back(self.box, job.id, claimed)  # the controller was away: try again later
             log.warning("sbatch of %s: Slurm did not answer (%s)", job.id, out.stderr.strip()[-200:])
             return
         if out.returncode != 0:
