@@ -72,6 +72,20 @@ MUTANTS: dict[str, Mutant] = {
         "    return slot.jobs < max_jobs\n",
         ("tests/test_plan.py",),
     ),
+    "id-reservation": Mutant(
+        "an id accepted for one member's job is never another member's (state/ids/ID read as its owner)",
+        "gpuq/spool/ids.py",
+        "    return _read(layout, job_id)[1] if complete(layout) else _legacy_holder(layout, job_id)\n",
+        "    return None if complete(layout) else _legacy_holder(layout, job_id)\n",
+        ("tests/test_ids.py",),
+    ),
+    "settle-any-end": Mutant(
+        "a result the shared disk refused is recorded by the worker, whatever the end (a timeout too)",
+        "gpuq/run/joblocal.py",
+        "    if not state.is_final or state is State.REJECTED:  # a timeout is an end too\n",
+        "    if state not in (State.DONE, State.FAILED, State.CANCELLED, State.LOST):\n",
+        ("tests/test_worker_passes.py",),
+    ),
     "state-transitions": Mutant(
         "a job's state changes only along the table of allowed transitions",
         "gpuq/model/states.py",
