@@ -81,7 +81,7 @@ class SpecField:
 @dataclass(frozen=True)
 class LaunchWrapper:
     """A change to how a job's run starts, made by its supervisor just before the root part
-    starts it (run/launch.py): a container's client around the command (later: MPS's pipe).
+    starts it (run/launch.py): a container's client around the command.
     The root part's checks are the same for every start (host/privsep.py): a wrapper changes
     the argv, environment and stdin it is asked to start, never what may be started as whom.
     `field`: the spec field that asks for it (the wrapper is loaded only for such a job; None:
@@ -110,6 +110,22 @@ class HostOffers:
     start: str
 
 
+@dataclass(frozen=True)
+class GpuSharing:
+    """How jobs placed on one GPU share it beyond the driver's time-slicing (the mps extra's
+    NVIDIA MPS control daemons, config `gpu_sharing: mps`), run by the worker. `start` is
+    "module:function" under gpuq, loaded when a worker starts, called with its private local
+    directory, the root part where it starts daemons as root (host/rootorders.py Orders, else
+    None), its Config and `report_once(key, message)` (a warning logged once); it gives a
+    `worker.starting.GpuSharer`: what a job about to start gets from it (its daemon's pipe and
+    its compute share, made the record's `mps_pipe` and `mps_compute_pct`), what each pass and
+    the worker's end let it settle (daemons no job uses any more), and what the heartbeat says
+    of it (`mps`). Without one, every job is time-sliced, as under gpu_sharing: time-slicing."""
+
+    name: str
+    start: str
+
+
 @dataclass
 class Registry:
     verbs: list[Verb] = field(default_factory=list)
@@ -133,6 +149,8 @@ class Registry:
     # Changes to how a job starts, in the extras' order (run/launch.py), and what a box offers.
     launch_wrappers: list[LaunchWrapper] = field(default_factory=list)
     offers: list[HostOffers] = field(default_factory=list)
+    # How jobs share a GPU beyond time-slicing (worker/starting.py): the mps extra's daemons.
+    gpu_sharing: list[GpuSharing] = field(default_factory=list)
 
 
 _registry: Registry | None = None
@@ -263,6 +281,7 @@ def _clash_of_later_hooks(trial: Registry, into: Registry) -> set[str]:
         | set(trial.spec_fields) & set(into.spec_fields)
         | {w.name for w in trial.launch_wrappers} & {w.name for w in into.launch_wrappers}
         | {o.name for o in trial.offers} & {o.name for o in into.offers}
+        | {g.name for g in trial.gpu_sharing} & {g.name for g in into.gpu_sharing}
     )
 
 
@@ -273,6 +292,7 @@ def _merge_later_hooks(trial: Registry, into: Registry) -> None:
     into.spec_fields.update(trial.spec_fields)
     into.launch_wrappers += trial.launch_wrappers
     into.offers += trial.offers
+    into.gpu_sharing += trial.gpu_sharing
 
 
 def set_aside(layout: Any, now: float) -> list[Any]:

@@ -26,6 +26,7 @@ SET_TO = {
     "container_clients": "{podman: /usr/bin/podman}",
     "container_env": "{DOCKER_HOST: 'unix:///run/docker.sock'}",
     "allow_docker": "true",
+    "gpu_sharing": "mps",
 }
 EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py").exists())
 

@@ -285,3 +285,42 @@ def test_what_the_extras_probes_offer_is_published_and_a_probe_that_fails_stops_
     assert offers.found == {"tool": "1.0"} and offers.problems == {"other": "not installed"}
     offers.refresh(1.0)  # it fails: what it found last stands, and the pass goes on
     assert offers.found == {"tool": "1.0"} and "the extras' probe Probe failed" in caplog.text
+
+
+SHARING = """
+from gpuq.hooks import GpuSharing
+SETTLED = []
+class Sharer:
+    def __init__(self, local_dir, root_part, config, report_once):
+        self.local_dir, self.root_part = local_dir, root_part
+    def client(self, spec, gpu):
+        return (f"/pipes/{gpu.index}", 40) if spec.gpu_mem_mib else None
+    def settle(self, in_use, now, final):
+        SETTLED.append((sorted(in_use), final))
+    def state(self):
+        return {"problem": None, "daemons": [], "dir": str(self.local_dir) + "-x"}
+def broken(local_dir, root_part, config, report_once):
+    raise RuntimeError("no daemons here")
+def register(registry):
+    registry.gpu_sharing.append(GpuSharing("never", "extras.share:broken"))
+    registry.gpu_sharing.append(GpuSharing("x", "extras.share:Sharer"))
+"""
+
+
+def test_an_extras_gpu_sharing_makes_jobs_its_clients_settles_each_pass_and_one_that_cannot_start_stops_nothing(
+    extras_in, tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+):
+    extras_in("share", SHARING)
+    box = PassWorker(tmp_path_factory.mktemp("queue") / "root", fake_gpus="2x80GiB")
+    assert "the extras' GPU sharing never (extras.share:broken) could not start" in caplog.text
+    box.drop("shared.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 10GiB\n")
+    box.drop("whole.yaml", "command: 'true'\ngpus: 1\n")
+    box.run_pass()
+    box.run_pass(after_s=6)
+    launched = [(r.mps_pipe, r.mps_compute_pct) for r in box.spawner.launched]
+    assert set(launched) == {(None, None), ("/pipes/0", 40)}, launched
+    settled = sys.modules["gpuq.extras.share"].SETTLED
+    assert settled[-1] == ([0], False)  # the client's GPU is in use
+    assert box.heartbeat()["mps"]["dir"].endswith("-x")
+    box.worker.end()
+    assert settled[-1] == ([0], True)

@@ -134,7 +134,9 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
         if hb.get("runtimes"):
             found = ", ".join(f"{n} {v}" for n, v in sorted(hb["runtimes"].items()))
             out.append(Finding("ok", "containers", f"{host}: {found}"))
-        if config.gpu_sharing == "mps" and not hb.get("stopped") and heartbeat_alive(hb, now):
+        # Without the extra that runs it, `check_extras` says the key goes unused, and the fix.
+        sharing = {g.name for g in hooks.registry().gpu_sharing}
+        if config.gpu_sharing == "mps" and "mps" in sharing and not hb.get("stopped") and heartbeat_alive(hb, now):
             out.append(_mps_finding(host, hb.get("mps"), owner))
         if hb.get("version") != __version__:
             out.append(
@@ -149,7 +151,7 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
 
 
 def _mps_finding(host: str, mps: object, owner: bool) -> Finding:
-    """config gpu_sharing: mps, as the box's worker found it (run/mps.py)."""
+    """config gpu_sharing: mps, as the box's worker found it (the mps extra)."""
     if not isinstance(mps, dict):
         fix = "restart its worker (pkill -f worker.py; cron starts it again) to read the config"
         return Finding("warn", "mps", f"{host}: its worker runs without gpu_sharing: mps", _on(host, owner, fix))

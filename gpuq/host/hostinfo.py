@@ -117,7 +117,7 @@ def ensure_private_dir(
     from / down is root's or ours and not writable by others unless sticky (chain_problems),
     and `path` itself is a real directory (never a link) of ours with mode 0700 (0755 with
     `others_read`: only we may change it, others may read it, as jobs read the MPS pipe
-    directories, run/mps.py). A root worker writes its locks, lease, stop requests and job
+    directories of the mps extra). A root worker writes its locks, lease, stop requests and job
     lock files there, and trusts what it reads back. `owner`: whose it is to be (another
     account than ours only for root, which makes the queue account's local_dir before it
     starts the worker as that account). Raises UnsafePath naming the entry, its owner and the

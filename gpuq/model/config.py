@@ -76,7 +76,7 @@ class Config:
     spread: bool = True  # while GPUs sit idle, a job takes an empty one (sched/plan.py)
     fragmentation_aware: bool = True  # among equally tight fits, keep emptier hosts whole
     preemption: bool = True  # opportunistic jobs yield to higher-priority work
-    gpu_sharing: str = "time-slicing"  # or mps: jobs sharing a GPU run under NVIDIA MPS (run/mps.py)
+    gpu_sharing: str = "time-slicing"  # or mps: jobs sharing a GPU run under NVIDIA MPS (the mps extra)
     idle_util_pct: int = 10  # a GPU is idle while non-gpuq processes use less than this
     idle_after_s: float = 60.0  # ... for this long; only then may opportunistic jobs start
     idle_windows: tuple["Window", ...] = ()  # when opportunistic jobs may run; empty: always
@@ -374,6 +374,7 @@ KEYS_OF_EXTRAS: dict[str, str] = {
     "container_clients": "containers",
     "container_env": "containers",
     "allow_docker": "containers",
+    "gpu_sharing": "mps",
 }
 
 

@@ -50,7 +50,7 @@ class Record:
     held_at: float | None = None  # spool/holds.py: when `gpuq hold` took it out of the queue
     restarts: int = 0  # sched/restarts.py: a service's restarts in this attempt
     slurm_id: str | None = None  # the slurm extra's bridge: the Slurm job this attempt was handed to
-    mps_pipe: str | None = None  # run/mps.py: the MPS control daemon's pipe directory it is a client of
+    mps_pipe: str | None = None  # the mps extra: the MPS control daemon's pipe directory it is a client of
     mps_compute_pct: int | None = None  # ... and its share of the GPU's SMs there
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 time-slicing, the driver's default: the GPU runs one job's kernels at a time, so jobs whose
 kernels keep it busy slow each other down. mps: a one-GPU job that declares gpu_mem is a
-client of an NVIDIA MPS control daemon the worker runs for its GPU (run/mps.py): kernels of
+client of an NVIDIA MPS control daemon the worker runs for its GPU (the mps extra): kernels of
 its jobs run side by side, each job on at most its compute share of the SMs, and the driver
 refuses it memory beyond its gpu_mem. MPS runs one server per user on a GPU and makes a
 second user's client wait for the first user's to end, so the plan never puts two users'

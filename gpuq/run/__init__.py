@@ -1,2 +1,2 @@
 """One job under its supervisor: launching (through the extras' launch wrappers too), limits,
-liveness files; MPS daemons."""
+liveness files."""

@@ -132,7 +132,7 @@ def job_variables(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
     )
     if record.restarts:
         env["GPUQ_RESTARTS"] = str(record.restarts)
-    if record.mps_pipe and record.gpu_uuids:  # a client of its GPU's MPS daemon (run/mps.py)
+    if record.mps_pipe and record.gpu_uuids:  # a client of its GPU's MPS daemon (the mps extra)
         env.update(
             {
                 # The daemon's server sees only this GPU: named by UUID it is the same GPU

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 from gpuq import __version__, hooks
 from gpuq.host import rootorders
@@ -40,7 +41,6 @@ from gpuq.run.joblocal import (
     settle_lock,
     write_lease,
 )
-from gpuq.run.mps import LINGER_S, MpsDaemons
 from gpuq.run.spawner import Spawner
 from gpuq.sched.estimate import learned_runs
 from gpuq.sched.idle import IdleTracker
@@ -75,7 +75,7 @@ from gpuq.worker.box import Box
 from gpuq.worker.ended import FinishedCounter
 from gpuq.worker.publishing import BoxState, Publisher, start_extras
 from gpuq.worker.recovery import Recovery
-from gpuq.worker.starting import Launcher, Starter
+from gpuq.worker.starting import GpuSharer, Launcher, Starter
 
 log = logging.getLogger("gpuq.worker")
 FULL_SCAN_EVERY_S = 30.0
@@ -111,6 +111,22 @@ def _start_offers(config: Config, team: bool) -> list[OfferFinder]:
     return started
 
 
+def _start_sharing(
+    local_dir: Path, root_part: rootorders.Orders | None, config: Config, report_once: Callable[[str, str], None]
+) -> list[GpuSharer]:
+    """The extras' GPU sharing (the mps extra's MPS daemons), started for this worker. One that
+    fails to start is logged and left out: its jobs are then time-sliced."""
+    started = []
+    for sharing in hooks.registry().gpu_sharing:
+        try:
+            started.append(hooks.load(sharing.start)(local_dir, root_part, config, report_once))
+        except Exception:
+            log.exception(
+                "the extras' GPU sharing %s (%s) could not start: jobs are time-sliced", sharing.name, sharing.start
+            )
+    return started
+
+
 class Offers:
     """What the extras' probes offer, together (none: nothing beyond the GPUs)."""
 
@@ -136,7 +152,7 @@ class Worker:
     STEPS: tuple[str, ...] = (
         "observe",
         "settle_running",
-        "settle_mps",
+        "settle_sharing",
         "take_over_dead_hosts",
         "apply_requests",
         "obey_controls",
@@ -182,9 +198,6 @@ class Worker:
         orders = rootorders.orders()
         as_owners = orders.starter_uid == 0 if orders is not None else os.geteuid() == 0
         root_part = orders if as_owners and os.geteuid() != 0 else None
-        # Made and used with gpu_sharing: mps; without it, only daemons an earlier worker left are stopped.
-        self.mps = MpsDaemons.beside(local_dir, root_part)
-        self.mps.open(create=config.gpu_sharing == "mps")
         self.rt = Runtime(
             layout,
             host,
@@ -203,6 +216,7 @@ class Worker:
             ),
         )
         self.box = Box(config, self.rt, self.intake, self.clock)  # what every part of a pass is handed
+        self.sharers = _start_sharing(local_dir, root_part, config, self.box.report_once)
         team = as_owners and os.geteuid() != 0  # a queue account's worker, jobs run as their owners
         self.needs = hooks.needs_of(config)  # what a job's extras' fields need of a host (the plan's)
         self.runtimes: OfferFinder = runtimes or Offers(_start_offers(config, team))
@@ -232,7 +246,7 @@ class Worker:
         )
         self.arrivals = Arrivals(self.box, limits)
         self.recovery = Recovery(self.box)
-        self.starter = Starter(self.box, self.spawner, self.mps)
+        self.starter = Starter(self.box, self.spawner, self.sharers)
 
     def _init_plan_memory(self) -> None:
         """What planning keeps from pass to pass: the team's heartbeats, the last plan's inputs,
@@ -330,9 +344,9 @@ class Worker:
     def end(self) -> None:
         self.spawner.close()
         try:  # the jobs still running keep theirs: their supervisors outlive the worker
-            self.settle_mps(linger_s=0.0, most=None)
+            self.settle_sharing(final=True)
         except Exception:
-            log.exception("stopping MPS daemons failed")
+            log.exception("stopping the GPU sharing's daemons (MPS) failed")
         self.samples.flush(self.clock.wall())
         try:
             self.publisher.write_heartbeat(self._box_state(), self.clock.wall(), stopped=True)
@@ -424,10 +438,12 @@ class Worker:
         self.stopping &= {r.id for r in alive}
         self.recovery.requeue_orphan_claims()
 
-    def settle_mps(self, linger_s: float = LINGER_S, most: int | None = 1) -> None:
-        """Stop the MPS daemons of GPUs that no running job here is a client of any more
-        (a daemon a crashed worker left is found and kept or stopped alike: run/mps.py)."""
-        self.mps.settle({i for r in self.running if r.mps_pipe for i in r.gpus}, self.clock.mono(), linger_s, most)
+    def settle_sharing(self, final: bool = False) -> None:
+        """Let the GPU sharers (the mps extra's daemons) stop what no running job here is a
+        client of any more (a daemon a crashed worker left is found and kept or stopped alike)."""
+        in_use = {i for r in self.running if r.mps_pipe for i in r.gpus}
+        for sharer in self.sharers:
+            sharer.settle(in_use, self.clock.mono(), final)
 
     def take_over_dead_hosts(self) -> None:
         self.recovery.take_over_dead_hosts()
@@ -717,9 +733,7 @@ class Worker:
             self.probe.error,
             self.runtimes.found,
             self.runtimes.problems,
-            {"problem": self.mps.problem(), "daemons": sorted(self.mps.running()), "dir": str(self.mps.base)}
-            if self.config.gpu_sharing == "mps"
-            else None,
+            next((state for sharer in self.sharers if (state := sharer.state()) is not None), None),
         )
 
 

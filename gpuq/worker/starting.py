@@ -15,12 +15,10 @@ from typing import Protocol
 from gpuq.host.faults import crash_point
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
-from gpuq.model.sharing import compute_pct, uses_mps
 from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
 from gpuq.model.stops import StopCause, cause_of
 from gpuq.run.limits import limits_for
-from gpuq.run.mps import MpsDaemons, MpsError
 from gpuq.spool.store import keep_place, spec_state, transition
 from gpuq.worker.box import Box
 from gpuq.worker.claiming import Claimer
@@ -39,9 +37,29 @@ class Launcher(Protocol):
     def close(self) -> None: ...
 
 
+class GpuSharer(Protocol):
+    """How jobs on one GPU share it beyond time-slicing, as an extra runs it (gpuq/hooks.py
+    GpuSharing: the mps extra's MPS daemons). None of its calls raises for what the box lacks:
+    a job it cannot serve is time-sliced, the problem reported once by the sharer itself."""
+
+    def client(self, spec: JobSpec, gpu: GpuSnapshot) -> tuple[str, int] | None:
+        """(pipe directory, compute share) of a job about to start on `gpu` that runs under it;
+        None for any other job, and where it cannot serve the job now."""
+        ...
+
+    def settle(self, in_use: set[int], now: float, final: bool) -> None:
+        """Let go of what the GPUs not `in_use` (by a running job's `mps_pipe`) held, as it
+        decides (a daemon lingers a while); `final`: the worker stops, let go of it all now."""
+        ...
+
+    def state(self) -> dict | None:
+        """What the heartbeat says of it (`mps`; doctor reads it), or None where it is off."""
+        ...
+
+
 class Starter:
-    def __init__(self, box: Box, spawner: Launcher, mps: MpsDaemons) -> None:
-        self.box, self.spawner, self.mps = box, spawner, mps
+    def __init__(self, box: Box, spawner: Launcher, sharers: list[GpuSharer]) -> None:
+        self.box, self.spawner, self.sharers = box, spawner, sharers
         self.layout, self.config, self.host, self.boot_id, self.clock = (
             box.layout,
             box.config,
@@ -111,16 +129,12 @@ class Starter:
         return record
 
     def _mps_for(self, spec: JobSpec, gpu: GpuSnapshot | None) -> tuple[str | None, int | None]:
-        """(pipe directory, compute share) for a job that runs under MPS, its GPU's daemon
-        started if need be; (None, None) for any other job, and where the daemon cannot start
-        (the job is then time-sliced, as without MPS, and the problem is logged once)."""
-        if gpu is None or not uses_mps(spec, self.config):
+        """(pipe directory, compute share) for a job that runs under MPS (the mps extra: its
+        GPU's daemon started if need be); (None, None) for any other job, where the daemon
+        cannot start (the job is then time-sliced, as without MPS), and without the extra."""
+        if gpu is None:
             return None, None
-        try:
-            pipe = self.mps.ensure(gpu.index, gpu.uuid)
-        except MpsError as e:
-            self.box.report_once(
-                f"mps/{gpu.index}/{e}", f"MPS on GPU {gpu.index} unusable, its jobs are time-sliced: {e}"
-            )
-            return None, None
-        return str(pipe), compute_pct(spec, gpu.mem_total_mib)
+        for sharer in self.sharers:
+            if (found := sharer.client(spec, gpu)) is not None:
+                return found
+        return None, None

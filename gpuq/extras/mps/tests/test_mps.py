@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fake_mps import STAND_IN, end_stand_in_daemons
 from team import ALICE, BOB, needs_root
 from test_plan import GIB, gpu, host, starts
 
@@ -103,22 +106,6 @@ def test_gpu_compute_field_and_gpu_sharing_key_are_checked():
 
 # --- through the real worker, with a stand-in nvidia-cuda-mps-control --------------------------
 
-STAND_IN = r"""#!/bin/bash
-# A stand-in for nvidia-cuda-mps-control: it records each call and its environment, and its
-# "daemon" is a process named as the real one whose pid it writes where the real one does.
-log="$(dirname "$0")/mps-calls.log"
-if [ "$1" = "-d" ]; then
-  echo "start CVD=$CUDA_VISIBLE_DEVICES PIPE=$CUDA_MPS_PIPE_DIRECTORY LOG=$CUDA_MPS_LOG_DIRECTORY" >> "$log"
-  ( exec -a nvidia-cuda-mps-control sleep 600 ) </dev/null >/dev/null 2>&1 &
-  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid"
-  echo $! >> "$(dirname "$0")/daemons"  # for the test's clean-up
-  exit 0
-fi
-read -r command
-echo "$command PIPE=$CUDA_MPS_PIPE_DIRECTORY" >> "$log"
-[ "$command" = quit ] && kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid")"
-exit 0
-"""
 SHOW_ENV = (
     "echo PIPE=$CUDA_MPS_PIPE_DIRECTORY THREADS=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
     "LIMIT=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT CVD=$CUDA_VISIBLE_DEVICES; "
@@ -136,21 +123,6 @@ def stand_in(tmp_path):
     control.chmod(0o755)
     yield bin_dir
     end_stand_in_daemons(bin_dir)
-
-
-def end_stand_in_daemons(bin_dir: Path) -> None:
-    """Every daemon the stand-in in `bin_dir` started that still runs (by its pid, if that
-    pid is still a stand-in daemon)."""
-    import signal
-
-    listed = bin_dir / "daemons"
-    for pid in listed.read_text().split() if listed.exists() else ():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().startswith(b"nvidia-cuda-mps-control\0"):
-                    os.kill(int(pid), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
 
 
 def calls(bin_dir) -> list[str]:
@@ -279,7 +251,7 @@ def test_two_members_on_a_shared_root_never_share_an_mps_gpu_and_reach_their_dae
 
 @pytest.mark.slow
 def test_a_control_program_that_fails_is_reported_and_not_retried_at_every_start(tmp_path, monkeypatch):
-    from gpuq.run import mps
+    from gpuq.extras.mps import daemons as mps
 
     failing = tmp_path / "failing"
     failing.write_text("#!/bin/sh\necho 'no MPS on this GPU' >&2\nexit 3\n")
@@ -389,7 +361,7 @@ def test_submit_sets_gpu_compute_and_never_records_the_submitters_mps_variables(
 
 
 def test_a_pid_file_that_is_not_a_plain_file_is_no_daemon(tmp_path):
-    from gpuq.run import mps
+    from gpuq.extras.mps import daemons as mps
 
     daemons = mps.MpsDaemons(tmp_path / "box-mps", control="/bin/true")
     daemons.open(create=True)
@@ -406,7 +378,7 @@ def test_a_pid_file_that_is_not_a_plain_file_is_no_daemon(tmp_path):
 def test_one_pass_stops_one_daemon_at_most_a_stopping_worker_all(tmp_path, stand_in):
     """A `quit` that hangs costs seconds: a pass that stopped every GPU's daemon would hold the
     heartbeat for all of them together."""
-    from gpuq.run import mps
+    from gpuq.extras.mps import daemons as mps
 
     daemons = mps.MpsDaemons(tmp_path / "box-mps", control=str(stand_in / "nvidia-cuda-mps-control"))
     daemons.open(create=True)
@@ -438,3 +410,21 @@ def test_a_specs_own_mps_variables_never_reach_a_job(tmp_path):
     assert env["KEEP"] == "1" and not [k for k in env if k.startswith("CUDA_MPS_")], env
     mps = replace(record, mps_pipe="/run/gpuq/a-mps/0/pipe", gpu_uuids=["GPU-1"], gpu_mem_mib=4096)
     assert job_variables(rt, mps, spec)["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpuq/a-mps/0/pipe"
+
+
+@pytest.mark.slow
+def test_gpu_check_mps_mode_passes_on_fake_gpus_with_a_stand_in_control_program(tmp_path):
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(STAND_IN)
+    control.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_check.py"), "--fake", "--mps"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "under MPS is refused" in proc.stdout and "daemon stopped" in proc.stdout, proc.stdout
+    assert "start CVD=GPU-" in (tmp_path / "mps-calls.log").read_text()
