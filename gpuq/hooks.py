@@ -126,6 +126,19 @@ class GpuSharing:
     start: str
 
 
+@dataclass(frozen=True)
+class DoctorCheck:
+    """What `gpuq doctor` says, for an extra, of each box whose worker is alive (the mps
+    extra: whether MPS is usable there, as the heartbeat's `mps` says). `check` is
+    "module:function" under gpuq, loaded when doctor runs (as the queue's account, never as
+    root): called with the box's name, its heartbeat (a dict), the Config and whether the
+    reader owns the root (who does the fix: `cli.doctor.fix_on`), it gives a list of
+    `cli.doctor.Finding`. One that raises is reported as a warning, and the rest go on."""
+
+    name: str
+    check: str
+
+
 @dataclass
 class Registry:
     verbs: list[Verb] = field(default_factory=list)
@@ -151,6 +164,8 @@ class Registry:
     offers: list[HostOffers] = field(default_factory=list)
     # How jobs share a GPU beyond time-slicing (worker/starting.py): the mps extra's daemons.
     gpu_sharing: list[GpuSharing] = field(default_factory=list)
+    # What `gpuq doctor` says of each live box for an extra (cli/doctor.py).
+    doctor_checks: list[DoctorCheck] = field(default_factory=list)
 
 
 _registry: Registry | None = None
@@ -282,6 +297,7 @@ def _clash_of_later_hooks(trial: Registry, into: Registry) -> set[str]:
         | {w.name for w in trial.launch_wrappers} & {w.name for w in into.launch_wrappers}
         | {o.name for o in trial.offers} & {o.name for o in into.offers}
         | {g.name for g in trial.gpu_sharing} & {g.name for g in into.gpu_sharing}
+        | {c.name for c in trial.doctor_checks} & {c.name for c in into.doctor_checks}
     )
 
 
@@ -293,6 +309,7 @@ def _merge_later_hooks(trial: Registry, into: Registry) -> None:
     into.launch_wrappers += trial.launch_wrappers
     into.offers += trial.offers
     into.gpu_sharing += trial.gpu_sharing
+    into.doctor_checks += trial.doctor_checks
 
 
 def set_aside(layout: Any, now: float) -> list[Any]:

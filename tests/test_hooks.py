@@ -324,3 +324,32 @@ def test_an_extras_gpu_sharing_makes_jobs_its_clients_settles_each_pass_and_one_
     assert box.heartbeat()["mps"]["dir"].endswith("-x")
     box.worker.end()
     assert settled[-1] == ([0], True)
+
+
+CHECKS = """
+from gpuq.cli.doctor import Finding, fix_on
+from gpuq.hooks import DoctorCheck
+def says(host, hb, config, owner):
+    return [Finding("ok", "thing", f"{host}: {len(hb['gpus'])} GPU(s)", fix_on(host, owner, "nothing"))]
+def fails(host, hb, config, owner):
+    raise KeyError("mps")
+def register(registry):
+    registry.doctor_checks.append(DoctorCheck("says", "extras.checks:says"))
+    registry.doctor_checks.append(DoctorCheck("fails", "extras.checks:fails"))
+"""
+
+
+def test_an_extras_doctor_check_says_its_part_of_each_live_box_and_one_that_fails_is_a_warning(
+    extras_in, tmp_path_factory: pytest.TempPathFactory
+):
+    from gpuq.cli.doctor import check_hosts
+
+    extras_in("checks", CHECKS)
+    box = PassWorker(tmp_path_factory.mktemp("queue") / "root", fake_gpus="2x80GiB")
+    box.run_pass()
+    found = {f.check: f for f in check_hosts(box.layout, box.worker.config, box.clock.wall())}
+    assert found["thing"].level == "ok" and found["thing"].message == "a: 2 GPU(s)"
+    assert (
+        found["extras"].level == "warn"
+        and "check fails (extras.checks:fails) failed: KeyError" in found["extras"].message
+    )

@@ -134,10 +134,8 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
         if hb.get("runtimes"):
             found = ", ".join(f"{n} {v}" for n, v in sorted(hb["runtimes"].items()))
             out.append(Finding("ok", "containers", f"{host}: {found}"))
-        # Without the extra that runs it, `check_extras` says the key goes unused, and the fix.
-        sharing = {g.name for g in hooks.registry().gpu_sharing}
-        if config.gpu_sharing == "mps" and "mps" in sharing and not hb.get("stopped") and heartbeat_alive(hb, now):
-            out.append(_mps_finding(host, hb.get("mps"), owner))
+        if not hb.get("stopped") and heartbeat_alive(hb, now):
+            out += _extras_findings(host, hb, config, owner)
         if hb.get("version") != __version__:
             out.append(
                 Finding(
@@ -150,32 +148,26 @@ def check_hosts(layout: Layout, config: Config, now: float) -> list[Finding]:
     return out
 
 
-def _mps_finding(host: str, mps: object, owner: bool) -> Finding:
-    """config gpu_sharing: mps, as the box's worker found it (the mps extra)."""
-    if not isinstance(mps, dict):
-        fix = "restart its worker (pkill -f worker.py; cron starts it again) to read the config"
-        return Finding("warn", "mps", f"{host}: its worker runs without gpu_sharing: mps", _on(host, owner, fix))
-    if problem := mps.get("problem"):
-        if "not on the worker's PATH" in problem:
-            fix = "install the NVIDIA compute utilities (nvidia-cuda-mps-control), or set gpu_sharing: time-slicing"
-        elif "Fix:" in problem or ": set local_dir" in problem:
-            fix = "as the message says"
-        else:
-            logs = f"{mps.get('dir') or '<local_dir>-mps'}/<GPU>/log/control.log"
-            fix = f"read the daemon's log, {logs}, and check the driver with nvidia-smi"
-        return Finding(
-            "warn",
-            "mps",
-            f"{host}: MPS unusable: {problem}; jobs sharing its GPUs are time-sliced",
-            _on(host, owner, fix),
-        )
-    daemons = mps.get("daemons") or []
-    return Finding(
-        "ok", "mps", f"{host}: MPS usable" + (f"; daemons on GPU {', '.join(map(str, daemons))}" if daemons else "")
-    )
+def _extras_findings(host: str, hb: dict, config: Config, owner: bool) -> list[Finding]:
+    """What the extras' doctor checks say of a live box (gpuq/hooks.py DoctorCheck: the mps
+    extra's MPS). One that fails is a warning; the others still run."""
+    out: list[Finding] = []
+    for check in hooks.registry().doctor_checks:
+        try:
+            out += hooks.load(check.check)(host, hb, config, owner)
+        except Exception as e:  # an extra's code: whatever it raises, doctor goes on
+            out.append(
+                Finding(
+                    "warn",
+                    "extras",
+                    f"{host}: the extras' check {check.name} ({check.check}) failed: {type(e).__name__}: {e}",
+                    "report it; meanwhile that check says nothing",
+                )
+            )
+    return out
 
 
-def _on(host: str, owner: bool, fix: str) -> str:
+def fix_on(host: str, owner: bool, fix: str) -> str:
     """A fix for a box: the root's owner does it there; a member asks them."""
     return f"on {host}: {fix}" if owner else f"ask the root's owner to look at {host}: {fix}"
 
