@@ -35,7 +35,7 @@ def remove_root(root: Path, *hosts: str) -> None:
     for host in hosts:
         local_dir = Layout(root).default_local_dir(host)
         shutil.rmtree(local_dir, ignore_errors=True)
-        shutil.rmtree(f"{local_dir}-mps", ignore_errors=True)  # MPS daemons' (run/mps.py)
+        shutil.rmtree(f"{local_dir}-mps", ignore_errors=True)  # MPS daemons' (the mps extra)
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -14,7 +14,7 @@ import importlib
 import os
 import pkgutil
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -251,6 +251,17 @@ def unused_keys(config: Config) -> list[tuple[str, str]]:
             )
         )
     return found
+
+
+def sharing_of(config: Config) -> Config:
+    """`config` as the plan is handed it, at the edge: where no loaded extra runs the config's
+    `gpu_sharing` (the mps extra deleted), time-slicing, as its worker then runs every job,
+    so that the plan's rule for MPS jobs (one user's per GPU, packed: model/sharing.py) does
+    not hold GPUs for a sharing that nothing runs."""
+    default = Config().gpu_sharing
+    if config.gpu_sharing == default or any(g.name == config.gpu_sharing for g in registry().gpu_sharing):
+        return config
+    return replace(config, gpu_sharing=default)
 
 
 def load(spec: str) -> Any:

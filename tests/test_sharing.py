@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from test_plan import GIB, gpu, host, starts
 
+from gpuq import hooks
 from gpuq.model.config import Config, ConfigError, validate
 from gpuq.model.errors import SpecError
 from gpuq.model.jobs import PendingJob, RunningJob
@@ -159,3 +160,16 @@ def test_a_specs_own_mps_variables_never_reach_a_job(tmp_path):
     assert env["KEEP"] == "1" and not [k for k in env if k.startswith("CUDA_MPS_")], env
     mps = replace(record, mps_pipe="/run/gpuq/a-mps/0/pipe", gpu_uuids=["GPU-1"], gpu_mem_mib=4096)
     assert job_variables(rt, mps, spec)["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpuq/a-mps/0/pipe"
+
+
+def test_without_an_extra_that_runs_mps_the_plan_is_handed_time_slicing(monkeypatch: pytest.MonkeyPatch):
+    """The mps extra deleted: its worker runs every job time-sliced (and says gpu_sharing goes
+    unused), so the plan, handed the config at the edge (hooks.sharing_of), keeps no GPU for one
+    user's MPS jobs."""
+    monkeypatch.setattr(hooks, "_registry", hooks.Registry())
+    handed = hooks.sharing_of(MPS)
+    assert handed == replace(MPS, gpu_sharing="time-slicing")
+    result = plan([pending("b1", "bob")], [host("a", gpu(0))], [on_gpu("a1", "ana")], handed, 0.0)
+    assert starts(result) == {"b1": ("a", (0,))}
+    monkeypatch.setattr(hooks, "_registry", hooks.Registry(gpu_sharing=[hooks.GpuSharing("mps", "extras.mps:x")]))
+    assert hooks.sharing_of(MPS) is MPS

@@ -177,6 +177,7 @@ def _plan_queue(
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
     booked = hooks.set_aside(layout, now)  # the extras' placement rules (bookings), read now
     needs = hooks.needs_of(config)
+    config = hooks.sharing_of(config)  # gpu_sharing as the extras here run it, as the workers plan
     usage, durations = _usage(layout, [hb["host"] for hb in beats], config, now)
     usage = usage if config.fair_share else {}
     estimates, planned_running = learned_runs(pending, team.running, config, durations)

@@ -219,6 +219,7 @@ class Worker:
         self.sharers = _start_sharing(local_dir, root_part, config, self.box.report_once)
         team = as_owners and os.geteuid() != 0  # a queue account's worker, jobs run as their owners
         self.needs = hooks.needs_of(config)  # what a job's extras' fields need of a host (the plan's)
+        self.plan_config = hooks.sharing_of(config)  # gpu_sharing as the extras here run it
         self.runtimes: OfferFinder = runtimes or Offers(_start_offers(config, team))
 
     def _init_pass_memory(self) -> None:
@@ -606,7 +607,7 @@ class Worker:
             pending,
             team.hosts,
             running,
-            self.config,
+            self.plan_config,
             now,
             explain=False,
             blocked=blocked,
