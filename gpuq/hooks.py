@@ -14,7 +14,7 @@ import importlib
 import os
 import pkgutil
 import stat
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -139,6 +139,31 @@ class DoctorCheck:
     check: str
 
 
+@dataclass(frozen=True)
+class PlacementRule:
+    """GPUs an extra sets aside for someone over a window (the bookings extra's bookings).
+    `set_aside` is "module:function" under gpuq, a function (layout, now) -> list of
+    model.jobs.SetAside, called at the edge (a worker's pass, `gpuq status`), which reads what
+    it needs from disk; the plan is handed the values, never the rule (sched/plan.py stays pure)."""
+
+    name: str
+    set_aside: str
+
+
+@dataclass(frozen=True)
+class StatusSection:
+    """A section of `gpuq status` (the bookings extra's BOOKINGS). `read` is "module:function"
+    under gpuq, (layout, now) -> a JSON-able value, put in the status view (`status --json`)
+    under `name`; `render` is "module:function" under gpuq, (that value, as safe text) -> the
+    section's lines, shown after PENDING. `title` is the section's first word (`gpuq top`
+    orders sections by it)."""
+
+    name: str
+    title: str
+    read: str
+    render: str
+
+
 @dataclass
 class Registry:
     verbs: list[Verb] = field(default_factory=list)
@@ -151,7 +176,7 @@ class Registry:
     backends: dict[str, str] = field(default_factory=dict)
     # What the extras write beside the heartbeat (worker/publishing.py), in the extras' order.
     publishers: list[BoxPublisher] = field(default_factory=list)
-    # The bookings extra's hooks (PlacementRule, StatusSection, request kinds: at the end).
+    # GPUs set aside over a window (the plan, as values) and sections of `gpuq status`.
     placement_rules: list[PlacementRule] = field(default_factory=list)
     views: list[StatusSection] = field(default_factory=list)
     # Request kinds of the inbox (spool/inbox.py) beyond the core's own verbs: kind ->
@@ -167,6 +192,9 @@ class Registry:
     # What `gpuq doctor` says of each live box for an extra (cli/doctor.py).
     doctor_checks: list[DoctorCheck] = field(default_factory=list)
 
+
+# Every field of Registry but the two that say which extras loaded: each is a hook.
+HOOKS = tuple(f.name for f in fields(Registry) if f.name not in ("loaded", "broken"))
 
 _registry: Registry | None = None
 
@@ -212,22 +240,24 @@ def _register(name: str, into: Registry) -> None:
         if not callable(register):
             raise TypeError("it has no register(registry) function")
         register(trial)
-        clash = (
-            {v.name for v in trial.verbs} & {v.name for v in into.verbs}
-            | set(trial.backends) & set(into.backends)
-            | {p.name for p in trial.publishers} & {p.name for p in into.publishers}
-            | _clash_of_later_hooks(trial, into)
-        )
+        clash = set().union(*(_names(getattr(trial, hook)) & _names(getattr(into, hook)) for hook in HOOKS))
         if clash:
             raise ValueError(f"another extra already gives {', '.join(sorted(clash))}")
     except (Exception, SystemExit) as e:  # someone else's code: whatever it raises, the core goes on
         into.broken[name] = f"the extra gpuq/extras/{name} could not be loaded ({type(e).__name__}: {e})"
         return
     into.loaded.append(name)
-    into.verbs += trial.verbs
-    into.backends.update(trial.backends)
-    into.publishers += trial.publishers
-    _merge_later_hooks(trial, into)
+    for hook in HOOKS:
+        given, found = getattr(trial, hook), getattr(into, hook)
+        if isinstance(found, dict):
+            found.update(given)
+        else:
+            found += given
+
+
+def _names(given: list[Any] | dict[str, Any]) -> set[str]:
+    """What one hook's contributions are called: two extras may not give the same one."""
+    return set(given) if isinstance(given, dict) else {item.name for item in given}
 
 
 def fix(name: str) -> str:
@@ -269,58 +299,6 @@ def load(spec: str) -> Any:
     imported now."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(f"gpuq.{module}"), name)
-
-
-# --- placement rules, status sections, request kinds (the bookings extra's hooks) -----------
-
-
-@dataclass(frozen=True)
-class PlacementRule:
-    """GPUs an extra sets aside for someone over a window (the bookings extra's bookings).
-    `set_aside` is "module:function" under gpuq, a function (layout, now) -> list of
-    model.jobs.SetAside, called at the edge (a worker's pass, `gpuq status`), which reads what
-    it needs from disk; the plan is handed the values, never the rule (sched/plan.py stays pure)."""
-
-    name: str
-    set_aside: str
-
-
-@dataclass(frozen=True)
-class StatusSection:
-    """A section of `gpuq status` (the bookings extra's BOOKINGS). `read` is "module:function"
-    under gpuq, (layout, now) -> a JSON-able value, put in the status view (`status --json`)
-    under `name`; `render` is "module:function" under gpuq, (that value, as safe text) -> the
-    section's lines, shown after PENDING. `title` is the section's first word (`gpuq top`
-    orders sections by it)."""
-
-    name: str
-    title: str
-    read: str
-    render: str
-
-
-def _clash_of_later_hooks(trial: Registry, into: Registry) -> set[str]:
-    return (
-        {r.name for r in trial.placement_rules} & {r.name for r in into.placement_rules}
-        | {v.name for v in trial.views} & {v.name for v in into.views}
-        | set(trial.request_kinds) & set(into.request_kinds)
-        | set(trial.spec_fields) & set(into.spec_fields)
-        | {w.name for w in trial.launch_wrappers} & {w.name for w in into.launch_wrappers}
-        | {o.name for o in trial.offers} & {o.name for o in into.offers}
-        | {g.name for g in trial.gpu_sharing} & {g.name for g in into.gpu_sharing}
-        | {c.name for c in trial.doctor_checks} & {c.name for c in into.doctor_checks}
-    )
-
-
-def _merge_later_hooks(trial: Registry, into: Registry) -> None:
-    into.placement_rules += trial.placement_rules
-    into.views += trial.views
-    into.request_kinds.update(trial.request_kinds)
-    into.spec_fields.update(trial.spec_fields)
-    into.launch_wrappers += trial.launch_wrappers
-    into.offers += trial.offers
-    into.gpu_sharing += trial.gpu_sharing
-    into.doctor_checks += trial.doctor_checks
 
 
 def set_aside(layout: Any, now: float) -> list[Any]:
