@@ -1,3 +1,3 @@
 """gpuq: a GPU job queue for small teams that lives in a shared directory."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -16,6 +16,7 @@ import pytest
 from team import ALICE, QUEUE, TEAM, needs_root
 
 from conftest import PY, REPO
+from gpuq import __version__
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -76,7 +77,7 @@ def _root(tmp_path):
     return root
 
 
-def _beat(root, host: str, t: float, mtime: float, version: str = "0.1.0", **extra) -> None:
+def _beat(root, host: str, t: float, mtime: float, version: str = __version__, **extra) -> None:
     path = root / "state" / "workers" / f"{host}.json"
     path.write_text(
         json.dumps({"host": host, "t": t, "seq": 1, "version": version, "gpus": [], "poll_interval": 1.0, **extra})
