@@ -19,8 +19,9 @@ from gpuq.model.record import Record
 from gpuq.model.states import State
 from gpuq.spool.cancel import cancel_one, cancel_pending
 from gpuq.spool.holds import HoldError, hold, submit_held
-from gpuq.spool.ids import COMPLETE, RESERVATION_CAP, held_for, id_taken, migrate, reserve, reserve_new
+from gpuq.spool.ids import COMPLETE, NOBODY, RESERVATION_CAP, held_for, id_taken, migrate, reserve, reserve_new
 from gpuq.spool.layout import Layout
+from gpuq.spool.store import keep_place
 from gpuq.spool.sweeps import expand_dropped_sweep
 
 ALICE, BOB = 4242, 4343
@@ -108,8 +109,8 @@ def test_anything_else_in_ids_takes_the_id_for_nobody(layout, kind):
     taken, by nobody we can name (as a damaged record was); it is never replaced or written
     through, and a file under it is refused as an earlier job's only by the other checks."""
     _plant(layout, kind)
-    assert id_taken(layout, "x") and held_for(layout, "x") is None
-    assert reserve(layout, "x", BOB) is None and not reserve_new(layout, "x", BOB)
+    assert id_taken(layout, "x") and held_for(layout, "x") == NOBODY
+    assert reserve(layout, "x", BOB) == NOBODY and not reserve_new(layout, "x", BOB)
     if kind in ("link", "hard link"):  # the target is as it was (a second link makes it suspect too)
         assert json.loads((layout.ids / "a").read_text()) == {"uid": ALICE}
 
@@ -184,6 +185,13 @@ def test_a_worker_refuses_a_file_under_the_id_of_anothers_job_and_reserves_what_
     box.run_steps(["start_jobs"])
     assert "late" not in box.launched() and not (layout.running / "late.json").exists()
     assert "job id 'late' belongs to 4242's job" in (layout.rejected / _refused(layout, "late")).read_text()
+    # A damaged reservation (garbage, or an older id whose owner the migration could not
+    # name) is nobody's to use: a spec dropped under it is refused, never run as a new job.
+    (layout.ids / "dz").write_text("garbage")
+    box.drop("dz.yaml", SPEC)
+    box.run_pass(after_s=2)
+    assert "dz" not in box.launched() and not (layout.running / "dz.json").exists()
+    assert "job id 'dz' belongs to an unknown member's job" in (layout.rejected / _refused(layout, "dz")).read_text()
 
 
 def _refused(layout: Layout, job_id: str) -> str:
@@ -226,8 +234,9 @@ OLD = {
     "again": ALICE,
     "grp": BOB,
     "expanding": ALICE,
-    "torn": None,
+    "torn": None,  # a damaged record: the older scan names nobody
 }
+MIGRATED = {**OLD, "torn": NOBODY}  # ... and its reservation makes the id nobody's to use
 
 
 def test_a_queue_made_before_ids_is_read_the_old_way_until_a_worker_fills_them_once(tmp_path):
@@ -242,7 +251,7 @@ def test_a_queue_made_before_ids_is_read_the_old_way_until_a_worker_fills_them_o
     for kept in (layout.running / "run.json", layout.places / "back.json", layout.groups / "expanding.yaml"):
         kept.unlink()  # the reservation alone says whose the id is now
     write_json(layout.record(layout.places, "late"), {"uid": BOB, "queued_at": 1.0})  # never read again
-    assert {i: held_for(layout, i) for i in OLD} == OLD
+    assert {i: held_for(layout, i) for i in OLD} == MIGRATED
     assert all(id_taken(layout, i) for i in (*OLD, "refused", "waiting"))
     assert held_for(layout, "late") is None and not id_taken(layout, "late")
     assert migrate(layout) == 0
@@ -253,7 +262,7 @@ def test_a_worker_fills_the_ids_of_an_older_queue_at_its_start(tmp_path):
     layout.ensure()
     _old_queue(layout)
     PassWorker(layout.root)
-    assert (layout.ids / COMPLETE).exists() and {i: held_for(layout, i) for i in OLD} == OLD
+    assert (layout.ids / COMPLETE).exists() and {i: held_for(layout, i) for i in OLD} == MIGRATED
 
 
 def test_ids_is_the_queue_accounts_and_made_where_it_is_missing(tmp_path):
@@ -266,3 +275,24 @@ def test_ids_is_the_queue_accounts_and_made_where_it_is_missing(tmp_path):
     os.rmdir(layout.ids)
     assert reserve(layout, "x", ALICE) == ALICE and held_for(layout, "x") is None  # not complete: the older way
     assert migrate(layout) == 0 and held_for(layout, "x") == ALICE
+
+
+def test_ids_made_by_a_worker_started_with_a_loose_umask_is_not_the_teams_to_write(tmp_path):
+    """A queue from before state/ids/, its worker started with umask 002 (an admin's shell):
+    ids/ was made group-writable (2775), and a member of the team could rename one reservation
+    over another (his own finished job's onto her held job's id) or remove `.complete`. Every
+    directory under state/ a worker makes is made with state/'s mode, whatever the umask."""
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    os.chmod(layout.state, 0o2750)
+    layout.ids.rmdir()
+    layout.places.rmdir()
+    old = os.umask(0o002)
+    try:
+        migrate(layout)
+        layout.ensure()
+        keep_place(layout, "j", BOB, 1000.0)
+    finally:
+        os.umask(old)
+    for made in (layout.ids, layout.places):
+        assert stat.S_IMODE(os.stat(made).st_mode) == 0o2750, made

@@ -171,6 +171,8 @@ def others_may_write(spec_mode: int, jobs_dir_mode: int) -> bool:
 
 
 def _name(uid: int) -> str:
+    if uid < 0:  # spool/ids.py NOBODY: a reservation whose owner nobody can name
+        return "a job whose owner is unknown"
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:

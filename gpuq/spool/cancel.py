@@ -113,7 +113,7 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
             if not actor.may_act_on(running.uid):
                 return False, refusal(job_id, running.uid)
             control = layout.host_control(running.host)
-            control.mkdir(exist_ok=True)
+            layout.make_state_dir(control)
             write_json(
                 control / f"{job_id}.json",
                 {"action": "cancel", "by": actor.name, "t": wall_time(), "attempt": running.attempt},

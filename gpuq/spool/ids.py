@@ -30,6 +30,10 @@ from gpuq.spool.layout import Layout
 from gpuq.spool.store import claims_of, has_record, pending_spec_path, read_record
 
 COMPLETE = ".complete"  # state/ids/ holds every accepted id (written once migrate() is done)
+# Whose a damaged reservation is (garbage, a link, a FIFO, `{"uid": null}` from a migration that
+# found no owner): nobody's to use. No uid is -1, so no file, request or spec is ever its owner's
+# (an admin may still cancel under it); None is kept for "not reserved".
+NOBODY = -1
 RESERVATION_CAP = 64  # bytes: `{"uid":4294967295}` and room to spare
 
 
@@ -54,15 +58,15 @@ def _create(layout: Layout, job_id: str, uid: int | None, durable: bool) -> bool
     try:
         return link()
     except FileNotFoundError:  # a queue made before state/ids/, whose worker has not run since
-        layout.ids.mkdir(exist_ok=True)
+        layout.make_state_dir(layout.ids)
         return link()
 
 
 def reserve(layout: Layout, job_id: str, uid: int, durable: bool = True) -> int | None:
     """Reserve `job_id` for the job of `uid` being accepted now, unless it is reserved already.
     Returns whose the id is: `uid`'s (made now, or for an earlier job of the same owner: the
-    job back again, or the id reused, which the caller judges), another's, or None (a damaged
-    reservation: taken by nobody we can name). `durable=False`: a start's, synced by the job's
+    job back again, or the id reused, which the caller judges), another's, or NOBODY (a damaged
+    reservation: taken, by nobody we can name). `durable=False`: a start's, synced by the job's
     supervisor (`sync`) with its record, as the record itself is."""
     if _create(layout, job_id, uid, durable):
         return uid
@@ -95,14 +99,14 @@ def _read(layout: Layout, job_id: str) -> tuple[bool, int | None]:
     except FileNotFoundError:
         return False, None
     except NotPlain:
-        return True, None
+        return True, NOBODY
     except OSError:  # unreadable (no permission, a disk error): taken, for all we know
-        return True, None
+        return True, NOBODY
     try:
         uid = json.loads(raw).get("uid")
     except (ValueError, AttributeError):
-        return True, None
-    return True, uid if type(uid) is int and 0 <= uid < 2**32 else None
+        return True, NOBODY
+    return True, uid if type(uid) is int and 0 <= uid < 2**32 else NOBODY
 
 
 def complete(layout: Layout) -> bool:
@@ -116,7 +120,8 @@ def held_for(layout: Layout, job_id: str) -> int | None:
     file anyone else drops into jobs/ under it is not that job: intake refuses it, and cancel
     and hold never act on it. (Never a refused spec in rejected/: any member can be refused
     under any free id, and such a hold would let him take ids of others' jobs on their way
-    back, or of sweep members to come.) None: free, or taken by nobody we can name."""
+    back, or of sweep members to come.) None: free; NOBODY: taken, by nobody we can name (no member's file is ever that
+    job). Before the migration (older queues), as the older scan says."""
     return _read(layout, job_id)[1] if complete(layout) else _legacy_holder(layout, job_id)
 
 
@@ -202,7 +207,7 @@ def migrate(layout: Layout) -> int:
     meanwhile: a reservation made first is kept). Returns how many it made."""
     if complete(layout):
         return 0
-    layout.ids.mkdir(exist_ok=True)
+    layout.make_state_dir(layout.ids)
     made = sum(_create(layout, i, _legacy_holder(layout, i), durable=False) for i in sorted(_legacy_ids(layout)))
     if made:
         os.sync()  # every reservation on the disk before the mark that makes readers trust them

@@ -52,6 +52,8 @@ class Entry:
 
 @functools.lru_cache(maxsize=1024)  # one /etc/passwd read per user, not per spec
 def user_name(uid: int) -> str:
+    if uid < 0:  # spool/ids.py NOBODY: a reservation whose owner nobody can name
+        return "an unknown member"
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:

@@ -6,6 +6,7 @@ Every path gpuq touches is computed here from the root; none is taken from a spe
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -158,7 +159,21 @@ class Layout:
     def ensure(self) -> None:
         """Create the spool directories (idempotent; safe for concurrent callers)."""
         for d in self.directories():
-            d.mkdir(parents=True, exist_ok=True)
+            if self.state in d.parents:
+                self.make_state_dir(d)
+            else:
+                d.mkdir(parents=True, exist_ok=True)
+
+    def make_state_dir(self, path: Path) -> None:
+        """A directory under state/ where it is missing (a queue from before it existed), with
+        state/'s own mode and never the umask's: only the queue's account writes under state/,
+        and a worker started with umask 002 made state/ids group-writable, where a member could
+        rename one reservation over another. Made private first: no moment others may write it."""
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            return
+        os.chmod(path, stat.S_IMODE(os.stat(self.state).st_mode) & ~0o022)
 
     def directories(self) -> tuple[Path, ...]:
         """Every directory of the spool, parents first."""

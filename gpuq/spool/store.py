@@ -231,7 +231,7 @@ def keep_place(layout: Layout, job_id: str, uid: int, queued_at: float) -> None:
     if not (math.isfinite(queued_at) and queued_at > 0):
         return
     try:  # best effort: on a full disk the job goes back all the same, at the end of the queue
-        layout.places.mkdir(exist_ok=True)
+        layout.make_state_dir(layout.places)
         write_json(layout.record(layout.places, job_id), {"uid": uid, "queued_at": queued_at})
     except OSError:
         pass

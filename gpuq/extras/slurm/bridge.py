@@ -265,7 +265,7 @@ class BridgeWorker(Worker):
     def _note_slurm_id(self, record: Record, slurm_id: str) -> None:
         write_record(self.layout, replace(record, slurm_id=slurm_id, reason=f"Slurm job {slurm_id}"))
         directory = self.layout.state / "slurm"
-        directory.mkdir(parents=True, exist_ok=True)
+        self.layout.make_state_dir(directory)
         write_json(directory / f"{record.id}.json", {"slurm_id": slurm_id, "claim": record.claim})
 
     def observe(self) -> None:
