@@ -215,6 +215,36 @@ def test_a_put_back_refuses_a_file_another_user_put_under_the_name(tmp_path):
     assert "belongs to another user's job" in error.read_text()
 
 
+@pytest.mark.parametrize("her_file_mode", [0o664, 0o644])
+def test_a_hard_link_to_her_own_file_under_the_name_is_not_her_new_spec(tmp_path, her_file_mode):
+    """bob hard-linked one of alice's files (group-writable, so the kernel lets him; any of hers
+    where it does not protect hard links) to jobs/al.yaml while her claimed spec was on its way
+    back: the put-back saw her uid there, took it for her own new spec, and sent her real spec
+    to rejected/ ("an earlier version..."), never to run. Only a plain file of hers with one
+    link, that no one else may have written, is her new spec; this one is refused instead."""
+    from gpuq.model.config import Config
+    from gpuq.run.joblocal import Runtime
+    from gpuq.spool.intake import Intake
+    from gpuq.spool.layout import Layout
+    from gpuq.worker.box import Box
+    from gpuq.worker.returns import put_back
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    claimed = layout.claims / "al@a@00000000@1@00@a1.yaml"
+    claimed.write_text("command: hers\n")
+    os.chown(claimed, 4242, 4242)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("her notes\n")
+    os.chown(notes, 4242, 4242)
+    os.chmod(notes, her_file_mode)
+    os.link(notes, layout.jobs / "al.yaml")  # two links now: bob's doing, whatever its mode
+    rt = Runtime(layout, "a", "0" * 32, tmp_path / "local", 1.0, 5.0, {}, True)
+    assert put_back(Box(Config(), rt, Intake(layout)), "al", claimed)
+    assert (layout.jobs / "al.yaml").read_text() == "command: hers\n" and not claimed.exists()
+    assert notes.read_text() == "her notes\n"
+
+
 def test_a_put_back_that_loses_every_race_to_another_users_file_parks_the_spec(tmp_path, monkeypatch):
     """bob re-created jobs/apre.yaml as fast as the put-back refused it; after three lost races
     the put-back sent alice's preempted spec to rejected/ ("an earlier version ... resubmit it

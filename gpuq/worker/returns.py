@@ -36,7 +36,7 @@ def put_back(box: Box, job_id: str, claimed: Path) -> bool:
         if unclaim(claimed, dest):
             return True
         try:
-            intruder = os.lstat(dest).st_uid != os.lstat(claimed).st_uid
+            intruder = not _owners_new_spec(box, dest, claimed)
         except FileNotFoundError:
             continue  # gone meanwhile: try again
         if not intruder:
@@ -61,6 +61,21 @@ def put_back(box: Box, job_id: str, claimed: Path) -> bool:
         "here. Fix: resubmit it under another name if you still want it to run",
     )
     return False
+
+
+def _owners_new_spec(box: Box, dest: Path, claimed: Path) -> bool:
+    """Whether the file that took the claimed spec's name in jobs/ is its owner's own new spec:
+    a plain file with one link, of the same owner, that nobody else may have written. A hard
+    link another member made to one of her files (one he may write: a group-writable file,
+    and any file of hers where the kernel does not protect hard links) has her uid but is his
+    doing: taken for hers, it sent her real spec to rejected/ and it never ran."""
+    found, spec = os.lstat(dest), os.lstat(claimed)
+    return (
+        stat.S_ISREG(found.st_mode)
+        and found.st_nlink == 1
+        and found.st_uid == spec.st_uid
+        and not _others_may_have_written(box, dest)
+    )
 
 
 def _park(job_id: str, claimed: Path) -> None:
