@@ -18,7 +18,7 @@ from gpuq.model.groups import GroupError
 from gpuq.model.record import Record
 from gpuq.model.states import State
 from gpuq.spool.cancel import cancel_one, cancel_pending
-from gpuq.spool.holds import HoldError, hold, submit_held
+from gpuq.spool.holds import HoldError, hold, release, retry, submit_held
 from gpuq.spool.ids import COMPLETE, NOBODY, RESERVATION_CAP, held_for, id_taken, migrate, reserve, reserve_new
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import keep_place
@@ -296,3 +296,30 @@ def test_ids_made_by_a_worker_started_with_a_loose_umask_is_not_the_teams_to_wri
         os.umask(old)
     for made in (layout.ids, layout.places):
         assert stat.S_IMODE(os.stat(made).st_mode) == 0o2750, made
+
+
+def test_a_file_another_member_keeps_making_under_her_id_never_keeps_her_job_held_or_ended(layout):
+    """bob re-created jobs/hx.yaml in a loop while alice released her held job hx (and retried
+    her ended job rx): each request found his file there and gave up ("move that file away",
+    which she cannot: his, in a sticky directory), for good, since a pass applies its requests
+    before its intake refuses his file. A file not hers under her id is set aside now."""
+    alice = Actor(ALICE, "alice", False)
+    _spec(layout, "hx", ALICE)
+    hold(layout, "hx", "a", alice)
+    _spec(layout, "hx", BOB, "command: his\n")
+    assert "released" in release(layout, "hx", "a", alice)
+    assert os.lstat(layout.jobs / "hx.yaml").st_uid == ALICE and (layout.jobs / "hx.yaml").read_text() == SPEC
+    (aside,) = [p for p in layout.rejected.iterdir() if p.suffix == ".yaml"]
+    assert aside.read_text() == "command: his\n" and "belongs to" in aside.with_suffix(".error").read_text()
+
+    ended = Record(id="rx", state=State.DONE, spec={"command": "echo"}, uid=ALICE, spec_text=SPEC)
+    write_json(layout.record(layout.finished, "rx"), ended.to_json())
+    reserve(layout, "rx", ALICE)
+    _spec(layout, "rx", BOB, "command: his\n")
+    assert "back in the queue" in retry(layout, "rx", "a", alice)
+    assert os.lstat(layout.jobs / "rx.yaml").st_uid == ALICE
+    # A file of her own there is hers to move: that still refuses.
+    hold(layout, "hx", "a", alice)
+    _spec(layout, "hx", ALICE, "command: her new one\n")
+    with pytest.raises(HoldError, match="exists"):
+        release(layout, "hx", "a", alice)

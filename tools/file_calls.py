@@ -48,6 +48,8 @@ REVIEWED: dict[tuple[str, str, str], str] = {
     ("gpuq.spool.store", "append_event", "open"): _STATE,
     ("gpuq.spool.cancel", "cancel_pending", "rename"): _RENAME + "; a pending spec out of jobs/ into state/",
     ("gpuq.spool.holds", "edit", "rename"): _RENAME + "; within state/",
+    ("gpuq.spool.holds", "_set_aside_intruders", "rename"): _RENAME
+    + "; another member's file under a reserved id, out of jobs/ into state/rejected/",
     ("gpuq.spool.inbox", "send", "rename"): _RENAME + "; the member's own request, in the sticky requests/",
     ("gpuq.spool.inbox", "take", "rename"): _RENAME + "; a request out of requests/, read then with safefile",
     ("gpuq.spool.store", "claim", "rename"): _RENAME + "; a spec out of jobs/, read then with safefile",

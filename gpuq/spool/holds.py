@@ -25,7 +25,7 @@ import stat
 from pathlib import Path
 
 from gpuq.host.faults import wall_time
-from gpuq.host.files import create_owned, read_json
+from gpuq.host.files import atomic_write, create_owned, read_json
 from gpuq.host.owners import Actor, others_may_write, refusal
 from gpuq.model.errors import SpecError
 from gpuq.model.names import JOB_ID_RE
@@ -184,7 +184,7 @@ def release(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     change = StateChange(layout, record, State.PENDING, host, reason="released")
     keep_place(layout, job_id, st.st_uid, record.queued_at)
     change.write()  # the held record goes first: a spec in jobs/ under a recorded id is refused
-    if not unclaim(src, layout.jobs / f"{job_id}.yaml"):
+    if not _unclaim_past_intruders(layout, src, layout.jobs / f"{job_id}.yaml", st.st_uid):
         change.undo()
         raise HoldError(
             f"{job_id}: jobs/{job_id}.yaml exists (a new file?); the held spec stays held. "
@@ -269,6 +269,7 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
         raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")
     _check_owner(job_id, record.uid, actor)
     change = StateChange(layout, record, State.PENDING, host, reason=f"retry by {actor.name}")
+    _set_aside_intruders(layout, job_id, record.uid)
     if pending_specs(layout, job_id):
         raise HoldError(
             f"{job_id}: jobs/ holds a file with this id already (not this job: it would be "
@@ -281,12 +282,52 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     change.write()  # the ended attempt kept in requeued/, so the next one is numbered +1
     if record.claim:  # left by a box that died after recording the end: its id is free again
         (layout.claims / record.claim).unlink(missing_ok=True)
-    if not unclaim(tmp, layout.jobs / f"{job_id}.yaml"):  # a file appeared in jobs/ meanwhile: undo
+    if not _unclaim_past_intruders(layout, tmp, layout.jobs / f"{job_id}.yaml", record.uid):  # a file of hers: undo
         tmp.unlink()
         change.undo()
         raise HoldError(f"{job_id}: jobs/{job_id}.yaml appeared meanwhile (not this job); nothing was changed")
     change.log()
     return f"{job_id}: back in the queue as attempt {record.attempt + 1}"
+
+
+def _unclaim_past_intruders(layout: Layout, spec: Path, dest: Path, owner: int, tries: int = 3) -> bool:
+    """Link the owner's spec back into jobs/ (store.unclaim). A file another member keeps
+    re-creating under the id is not this job and must not keep it held or ended for good (he
+    re-made it between the worker's refusals, which come after the pass's requests): it is set
+    aside, a few times over. False: a file of the owner's own is there (hers to move away)."""
+    for _ in range(tries):
+        if unclaim(spec, dest):
+            return True
+        if not _set_aside_intruders(layout, dest.stem, owner):
+            return False
+    return False
+
+
+def _set_aside_intruders(layout: Layout, job_id: str, owner: int) -> bool:
+    """Move every file under `job_id` in jobs/ that is not a plain file of `owner`'s with one
+    link to state/rejected/ (under a name of its own, with an .error that says why); True if
+    any was. The id is the owner's (spool/ids.py): such a file is never that job."""
+    moved = False
+    for path in pending_specs(layout, job_id):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == owner:
+            continue
+        aside = layout.rejected / f"{job_id}.{int(wall_time())}.{os.urandom(3).hex()}{path.suffix}"
+        try:
+            os.rename(path, aside)
+        except OSError:
+            continue  # gone meanwhile, or a directory that cannot leave jobs/: the worker's pass sees to it
+        message = (
+            f"jobs/{path.name}: job id '{job_id}' belongs to {user_name(owner)}'s job, which goes back to the "
+            f"queue under it. Fix: rename the file (e.g. {job_id}-2.yaml). The file is kept as "
+            f"state/rejected/{aside.name}.\n"
+        )
+        atomic_write(aside.with_suffix(".error"), message.encode(), mode=0o644)
+        moved = True
+    return moved
 
 
 def _kept_ended(kept: object) -> Record | None:
