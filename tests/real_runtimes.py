@@ -145,8 +145,16 @@ class MemberPodman:
         )
 
     def stop(self) -> None:
-        subprocess.run(["pkill", "-KILL", "-u", self.name], capture_output=True)
-        subprocess.run(["userdel", self.name], capture_output=True)
+        # userdel refuses a user whose processes still run, and a SIGKILLed process takes a
+        # moment to go: a run whose podman could not start (a skip) left its user behind.
+        deadline = time.monotonic() + 30
+        while True:
+            subprocess.run(["pkill", "-KILL", "-u", self.name], capture_output=True)
+            if subprocess.run(["userdel", self.name], capture_output=True).returncode in (0, 6):  # 6: none
+                break
+            if time.monotonic() > deadline:
+                break  # left for the next run's userdel at its start
+            time.sleep(0.1)
         uid = self.user.pw_uid  # what rootless podman leaves outside the home, per uid
         leftovers = [f"/dev/shm/libpod_rootless_lock_{uid}", f"/tmp/podman-run-{uid}", f"/tmp/containers-user-{uid}"]
         subprocess.run(["rm", "-rf", str(self.base), *leftovers])  # the storage holds files of subordinate ids
