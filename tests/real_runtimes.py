@@ -28,6 +28,7 @@ PACKAGES = {
 CONF = """[containers]
 default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
 init_path = "/usr/bin/catatonit"
+netns = "none"  # jobs need no network, and slirp4netns needs /dev/net/tun, which a CI box may not give
 
 [engine]
 runtime = "runc"
