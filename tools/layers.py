@@ -11,6 +11,7 @@ module cannot hide an edge.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -92,6 +93,18 @@ class Edge:
     line: int
 
 
+@functools.lru_cache(maxsize=None)
+def _parsed(path: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(path).read_text(), path)
+
+
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per process while the file stays as it is (every
+    check reads every module: the layer tests took 11 s of the fast set parsing them again)."""
+    st = path.stat()
+    return _parsed(str(path), st.st_mtime_ns, st.st_size)
+
+
 def modules(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
     found = {}
     for path in sorted(package_dir.rglob("*.py")):
@@ -116,7 +129,7 @@ def edges(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
     known = modules(package_dir)
     out = []
     for name, path in known.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         for node, kind in _imports(tree):
             for target in _targets(name, path, node, known):
                 if target != name:
@@ -132,7 +145,7 @@ def dynamic_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
     """Every import by name: importlib.import_module, __import__, exec (imported: the function called)."""
     out = []
     for name, path in modules(package_dir).items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         for called in ("import_module", "__import__", "exec"):
             out += [Edge(name, called, "dynamic", call.lineno) for call in _calls(tree, called)]
     return out
@@ -155,7 +168,7 @@ def lazy_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
     """Every import inside a function, of anything (the imported name is its top-level module)."""
     out = []
     for name, path in modules(package_dir).items():
-        for node, kind in _imports(ast.parse(path.read_text(), str(path))):
+        for node, kind in _imports(_tree(path)):
             if kind == "function":
                 if isinstance(node, ast.ImportFrom):
                     source = "gpuq" if node.level else (node.module or "")
@@ -247,7 +260,7 @@ def long_functions(package_dir: Path = PACKAGE_DIR) -> list[str]:
     MAX_FUNCTION_LINES, one line each."""
     found = []
     for name, path in modules(package_dir).items():
-        for qualname, node in _functions(ast.parse(path.read_text(), str(path))):
+        for qualname, node in _functions(_tree(path)):
             length = node.end_lineno - node.lineno + 1 if node.end_lineno is not None else 0
             if length > MAX_FUNCTION_LINES:
                 found.append(
