@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import pkgutil
 import stat
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from gpuq.model.config import KEYS, KEYS_OF_EXTRAS, Config
 
+log = logging.getLogger("gpuq.worker")
 EXTRAS_DIR = Path(__file__).resolve().parent / "extras"
 
 
@@ -299,6 +301,19 @@ def load(spec: str) -> Any:
     imported now."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(f"gpuq.{module}"), name)
+
+
+def start_each(kind: str, entries: Sequence[Any], *args: object, without: str) -> list[tuple[str, Any]]:
+    """Each entry's `start` ("module:function") loaded and called with `args`, as a worker
+    starts: (its name, what it gave). One that fails to start is logged and left out (an
+    extra's code must not stop the worker); `without` says what its absence means."""
+    started = []
+    for entry in entries:
+        try:
+            started.append((entry.name, load(entry.start)(*args)))
+        except Exception:
+            log.exception("the extras' %s %s (%s) could not start: %s", kind, entry.name, entry.start, without)
+    return started
 
 
 def set_aside(layout: Any, now: float) -> list[Any]:

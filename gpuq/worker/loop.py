@@ -100,15 +100,8 @@ class OfferFinder(Protocol):
 def _start_offers(config: Config, team: bool) -> list[OfferFinder]:
     """The extras' probes of what this box offers, started for this worker. One that fails to
     start is logged and left out: the box then offers nothing of it, and its jobs wait."""
-    started = []
-    for offer in hooks.registry().offers:
-        try:
-            started.append(hooks.load(offer.start)(config, team))
-        except Exception:
-            log.exception(
-                "the extras' probe %s (%s) could not start: this worker goes on without it", offer.name, offer.start
-            )
-    return started
+    started = hooks.start_each("probe", hooks.registry().offers, config, team, without="this worker goes on without it")
+    return [probe for _, probe in started]
 
 
 def _start_sharing(
@@ -116,15 +109,11 @@ def _start_sharing(
 ) -> list[GpuSharer]:
     """The extras' GPU sharing (the mps extra's MPS daemons), started for this worker. One that
     fails to start is logged and left out: its jobs are then time-sliced."""
-    started = []
-    for sharing in hooks.registry().gpu_sharing:
-        try:
-            started.append(hooks.load(sharing.start)(local_dir, root_part, config, report_once))
-        except Exception:
-            log.exception(
-                "the extras' GPU sharing %s (%s) could not start: jobs are time-sliced", sharing.name, sharing.start
-            )
-    return started
+    gpu_sharing = hooks.registry().gpu_sharing
+    started = hooks.start_each(
+        "GPU sharing", gpu_sharing, local_dir, root_part, config, report_once, without="jobs are time-sliced"
+    )
+    return [sharer for _, sharer in started]
 
 
 class Offers:

@@ -73,18 +73,9 @@ def start_extras(layout: Layout, config: Config, host: str) -> list[tuple[str, P
     absent extra reads is said once, here (`metrics_dir` without the reports extra)."""
     for unused, fix in hooks.unused_keys(config):
         log.warning("%s. Fix: %s", unused, fix)
-    started = []
-    for publisher in hooks.registry().publishers:
-        try:
-            start: StartPublisher = hooks.load(publisher.start)
-            started.append((publisher.name, start(layout, config, host)))
-        except Exception:
-            log.exception(
-                "the extras' publisher %s (%s) could not start: this worker goes on without it",
-                publisher.name,
-                publisher.start,
-            )
-    return started
+    return hooks.start_each(
+        "publisher", hooks.registry().publishers, layout, config, host, without="this worker goes on without it"
+    )
 
 
 class Publisher:
