@@ -142,6 +142,34 @@ def test_each_way_a_worker_first_accepts_a_job_reserves_its_id(layout):
     }
 
 
+def test_an_id_stays_taken_while_its_spec_leaves_jobs(layout, monkeypatch):
+    """The id is reserved before the spec leaves jobs/ (hold, cancel, an array's expansion):
+    `submit --after ID` in that moment found "no such job" (a CI failure: an array's id, looked
+    up while its worker moved the array's spec aside)."""
+    import gpuq.spool.holds as holds
+
+    seen: dict[str, bool] = {}
+
+    def watching(move):
+        def moved(source, dest, *rest, **kw):
+            done = move(source, dest, *rest, **kw)
+            if Path(source).parent == layout.jobs:
+                seen[Path(source).stem] = id_taken(layout, Path(source).stem)
+            return done
+
+        return moved
+
+    monkeypatch.setattr(holds, "move_new", watching(holds.move_new))
+    monkeypatch.setattr(os, "rename", watching(os.rename))
+    _spec(layout, "h", ALICE)
+    hold(layout, "h", "a", ME)
+    _spec(layout, "c", BOB)
+    assert cancel_one(layout, "c", "a", ME)[0]
+    text = "command: echo {i}\ngpus: 0\narray: 0-1\n"
+    expand_dropped_sweep(layout, _spec(layout, "arr", BOB, text), "arr", {"command": "echo", "array": "0-1"})
+    assert seen == {"h": True, "c": True, "arr": True}
+
+
 def test_a_held_submission_under_a_reserved_id_is_refused(layout):
     reserve(layout, "s", BOB)
     with pytest.raises(HoldError, match="used by another job"):

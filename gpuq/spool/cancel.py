@@ -45,10 +45,19 @@ def cancel_pending(
     display = f"jobs/{spec_path.name}"
     not_a_job = f"{job_id}: {display} is a directory, not a job; nothing was changed"
     try:  # a FIFO or a link is taken out (and recorded cancelled); a directory is nobody's job
-        if stat.S_ISDIR(os.lstat(spec_path).st_mode):
-            return False, not_a_job
+        before = os.lstat(spec_path)
     except FileNotFoundError:
         return False, f"{job_id}: a worker started it a moment ago"
+    if stat.S_ISDIR(before.st_mode):
+        return False, not_a_job
+    owner = before.st_uid
+    if actor is not None and not actor.may_act_on(owner):
+        return False, refusal(job_id, owner)
+    # Its record makes the id taken for good: the id is its owner's (spool/ids.py), unless it is
+    # another's already (this file is not that job); reserved before the spec leaves jobs/, as
+    # a claim's is, so at no moment is the id free.
+    if (holder := _reserve(layout, job_id, owner)) not in (owner, None):
+        return False, refusal(job_id, holder)
     aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}.tmp"
     try:
         os.rename(spec_path, aside)
@@ -58,14 +67,9 @@ def cancel_pending(
     if stat.S_ISDIR(st.st_mode):  # swapped by its owner since the look: not a job, back to its maker
         set_aside_directory(aside, layout.jobs, "spec")
         return False, not_a_job
-    if actor is not None and not actor.may_act_on(st.st_uid):
+    if st.st_uid != owner:  # replaced between the look and the move (only its owner or root can)
         put_back(layout, aside, spec_path, job_id)
         return False, refusal(job_id, st.st_uid)
-    # Its record makes the id taken for good: the id is the moved file's owner's (spool/ids.py),
-    # unless it is another's already (this file is not that job).
-    if (holder := _reserve(layout, job_id, st.st_uid)) not in (st.st_uid, None):
-        put_back(layout, aside, spec_path, job_id)
-        return False, refusal(job_id, holder)
     try:  # opened as the worker would: no links followed, a FIFO never blocks
         raw, st = read_spec_file(aside, display)
         spec = parse_spec_text(raw, display).to_json()

@@ -111,6 +111,10 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     if not stat.S_ISREG(before.st_mode):
         raise HoldError(f"{job_id}: jobs/{spec_path.name} is not a plain file, so not a job")
     place = kept_place(layout, job_id, before.st_uid) or before.st_ctime  # as intake reads it
+    # The job is the worker's to keep from the move on: its id is its owner's before the spec
+    # leaves jobs/ (spool/ids.py), as a claim's is, so at no moment is the id free.
+    if (holder := reserve(layout, job_id, before.st_uid)) not in (before.st_uid, None):
+        raise HoldError(refusal(job_id, holder))  # another's id: this file is not that job
     # moved (as a claim moves it: one of the two wins), never over a held spec there already
     try:
         if not move_new(spec_path, dest):
@@ -118,17 +122,9 @@ def hold(layout: Layout, job_id: str, host: str, actor: Actor, why: str = "") ->
     except FileNotFoundError:
         raise HoldError(f"{job_id}: a worker started it a moment ago; it is running") from None
     st = os.lstat(dest)  # the moved file, in a directory only the worker's account writes
-    if not actor.may_act_on(st.st_uid):  # its owner replaced it between the look and the move
+    if st.st_uid != before.st_uid or not actor.may_act_on(st.st_uid):  # replaced between the look and the move
         put_back(layout, dest, spec_path, job_id)
         raise HoldError(refusal(job_id, st.st_uid))
-    try:  # the job is the worker's to keep now: its id is the moved file's owner's (spool/ids.py)
-        holder = reserve(layout, job_id, st.st_uid)
-    except OSError:
-        put_back(layout, dest, spec_path, job_id)
-        raise
-    if holder not in (st.st_uid, None):  # another's id: this file is not that job
-        put_back(layout, dest, spec_path, job_id)
-        raise HoldError(refusal(job_id, holder))
     found = found_job(layout, job_id, spec_path, st.st_uid, user_name(st.st_uid))
     try:
         change = StateChange(

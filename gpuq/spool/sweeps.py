@@ -161,14 +161,22 @@ def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict
     """The worker's part: take the sweep (or array) spec out of jobs/, reserve its id, and put
     its members in. None: another worker took it first."""
     kept = kept_spec(layout, group)
+    # The id is reserved before the spec leaves jobs/ (spool/ids.py), as a claim's is: at no
+    # moment is it free, so `submit --after GROUP` never finds "no such job" mid-expansion.
+    try:
+        owner = os.lstat(spec_path).st_uid
+    except FileNotFoundError:
+        return None
+    if (holder := reserve(layout, group, owner)) not in (owner, None):  # another's id: not that group
+        raise GroupError(f"job id '{group}' belongs to {user_name(holder)}'s job; rename the file (e.g. {group}-2)")
     try:
         os.rename(spec_path, kept)
     except FileNotFoundError:
         return None
     st = os.lstat(kept)  # the moved file: its owner is whom the members run as
-    if (holder := reserve(layout, group, st.st_uid)) not in (st.st_uid, None):  # another's id: not that group
+    if st.st_uid != owner:  # replaced since the look (only its owner or root can, in a sticky jobs/)
         put_back(layout, kept, spec_path, group)
-        raise GroupError(f"job id '{group}' belongs to {user_name(holder)}'s job; rename the file (e.g. {group}-2)")
+        raise GroupError(f"job id '{group}' belongs to {user_name(owner)}'s job; rename the file (e.g. {group}-2)")
     kind, members = group_members(data, group)
     return place_members(layout, group, kind, members, st.st_uid, st.st_mtime)
 
