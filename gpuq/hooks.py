@@ -157,13 +157,15 @@ class StatusSection:
     """A section of `gpuq status` (the bookings extra's BOOKINGS). `read` is "module:function"
     under gpuq, (layout, now) -> a JSON-able value, put in the status view (`status --json`)
     under `name`; `render` is "module:function" under gpuq, (that value, as safe text) -> the
-    section's lines, shown after PENDING. `title` is the section's first word (`gpuq top`
-    orders sections by it)."""
+    section's lines, shown after the core's section `after` (its title: HOSTS, RUNNING,
+    PENDING, HELD), on `gpuq top` too. `title` is the section's first word (`gpuq top` orders
+    sections by it)."""
 
     name: str
     title: str
     read: str
     render: str
+    after: str = "PENDING"
 
 
 @dataclass

@@ -27,18 +27,30 @@ SET_TO = {
     "container_env": "{DOCKER_HOST: 'unix:///run/docker.sock'}",
     "allow_docker": "true",
     "gpu_sharing": "mps",
+    "alert_command": "'cat >/dev/null'",
+    "alert_wait_s": 60,
+    "alert_idle_holder_s": 60,
+    "alert_gpu_temp_c": 70,
+    "alert_gpu_power_w": 300,
+    "alert_worker_silent_s": 60,
+    "alert_short_jobs": 10,
 }
 EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py").exists())
 
 
 def test_the_extras_are_found_by_listing_their_folder():
-    assert {"bookings", "containers", "reports", "sim", "slurm"} <= set(EXTRAS) and hooks.registry().broken == {}
+    assert {"alerts", "bookings", "containers", "mps", "reports", "sim", "slurm"} <= set(
+        EXTRAS
+    ) and hooks.registry().broken == {}
     assert {"book", "unbook", "report", "eff", "simulate", "export"} <= {v.name for v in hooks.registry().verbs}
     assert set(hooks.registry().request_kinds) == {"book", "unbook"}
     assert [r.name for r in hooks.registry().placement_rules] == ["bookings"]
-    assert [v.name for v in hooks.registry().views] == ["bookings"]
+    assert [(v.name, v.after) for v in hooks.registry().views] == [("alerts", "HOSTS"), ("bookings", "PENDING")]
     assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
-    assert [(p.name, p.start) for p in hooks.registry().publishers] == [("metrics", "extras.reports.metrics:start")]
+    assert [(p.name, p.start) for p in hooks.registry().publishers] == [
+        ("alerts", "extras.alerts.watch:start"),
+        ("metrics", "extras.reports.metrics:start"),
+    ]
     assert set(hooks.registry().spec_fields) == {"container"} == set(hooks.FIELDS_OF_EXTRAS)
     assert [w.wrap for w in hooks.registry().launch_wrappers] == ["extras.containers.launching:wrap"]
     assert [o.start for o in hooks.registry().offers] == ["extras.containers.launching:offers"]

@@ -78,3 +78,9 @@ def test_top_fits_the_terminal_running_and_pending_first(queue, tmux, columns, r
         assert screen[-1].startswith("... ") and "more lines" in screen[-1], screen
     else:
         assert "HOSTS" in headers and "FINISHED" in headers, "\n".join(screen)
+
+
+def test_top_redraws_the_status_screen(queue):
+    queue.start_worker("a", "1x80GiB")
+    out = queue.gpuq("top", "--interval", "0.2", "--iterations", "2").stdout
+    assert out.count("gpuq top · ") == 2 and out.count("HOSTS") == 2

@@ -54,7 +54,7 @@ class Config:
     gpu_mem_overuse_after_s: float = 10.0  # ... for longer than this
     metrics_dir: str | None = None  # Prometheus textfile directory; None: <root>/state/metrics
     sample_every_s: float = 60.0  # a line in state/samples/ (utilization for `gpuq report`)
-    alert_command: str | None = None  # gets each new alert as JSON on stdin (worker/alerts.py)
+    alert_command: str | None = None  # gets each new alert as JSON on stdin (the alerts extra)
     alert_wait_s: float = 86400.0  # a job pending longer than this
     alert_idle_holder_s: float = 1800.0  # a job holding GPU memory at under alert_idle_util_pct
     alert_idle_util_pct: int = 5
@@ -375,6 +375,13 @@ KEYS_OF_EXTRAS: dict[str, str] = {
     "container_env": "containers",
     "allow_docker": "containers",
     "gpu_sharing": "mps",
+    "alert_command": "alerts",
+    "alert_wait_s": "alerts",
+    "alert_idle_holder_s": "alerts",
+    "alert_gpu_temp_c": "alerts",
+    "alert_gpu_power_w": "alerts",
+    "alert_worker_silent_s": "alerts",
+    "alert_short_jobs": "alerts",
 }
 
 

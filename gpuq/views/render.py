@@ -63,12 +63,10 @@ def _clock(t: float | None) -> str:
 def status_text(view: dict[str, Any], show_all: bool = False) -> str:
     view = safe_tree(view)
     out = [f"gpuq · {view['root']} · {stamp(view['now'])}", ""]
-    out += _hosts_section(view)
-    out += _alerts_section(view)
-    out += _running_section(view)
-    out += _pending_section(view, show_all)
-    out += _extras_sections(view)
-    out += _held_section(view)
+    out += _hosts_section(view) + _extras_sections(view, after="HOSTS")
+    out += _running_section(view) + _extras_sections(view, after="RUNNING")
+    out += _pending_section(view, show_all) + _extras_sections(view, after="PENDING")
+    out += _held_section(view) + _extras_sections(view, after="HELD")
     for log, n in sorted(view.get("skipped_events", {}).items()):
         out.append(f"  ! state/events/{log}: {n} line(s) that are not gpuq's events were skipped (gpuq doctor)")
     out += _stranded_section(view)
@@ -121,15 +119,6 @@ def _host_lines(view: dict[str, Any], h: dict[str, Any]) -> list[str]:
         )
     out += table(rows, "    ") if h["gpus"] else ["    no GPUs"]
     return out
-
-
-def _alerts_section(view: dict[str, Any]) -> list[str]:
-    if not view.get("alerts"):
-        return []
-    return ["", f"ALERTS ({len(view['alerts'])})"] + [
-        f"  {a['kind']:<16} {a['message']}  (since {stamp(a['since'], '%H:%M')}, seen by {a['host']})"
-        for a in view["alerts"]
-    ]
 
 
 def _running_section(view: dict[str, Any]) -> list[str]:
@@ -197,11 +186,12 @@ def _pending_section(view: dict[str, Any], show_all: bool) -> list[str]:
     return out
 
 
-def _extras_sections(view: dict[str, Any]) -> list[str]:
-    """The extras' sections (hooks.py `views`: the bookings extra's BOOKINGS), each from its
-    part of the view (already safe text); none while it has nothing to show."""
+def _extras_sections(view: dict[str, Any], after: str) -> list[str]:
+    """The extras' sections that follow the core's section `after` (hooks.py `views`: the
+    alerts extra's ALERTS, the bookings extra's BOOKINGS), each from its part of the view
+    (already safe text); none while it has nothing to show."""
     out: list[str] = []
-    for section in hooks.registry().views:
+    for section in (s for s in hooks.registry().views if s.after == after):
         render: Callable[[Any], list[str]] = hooks.load(section.render)
         out += render(view.get(section.name))
     return out
@@ -294,9 +284,9 @@ def shares_text(view: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-# `gpuq top` on a terminal: what a person watches first comes first (the extras' sections,
-# such as BOOKINGS, after HELD).
-TOP_ORDER = ("RUNNING", "PENDING", "ALERTS", "HOSTS", "HELD", "REJECTED", "FINISHED")
+# `gpuq top` on a terminal: what a person watches first comes first (the extras' sections
+# after the core's section they follow on the status screen).
+TOP_ORDER = ("RUNNING", "PENDING", "HOSTS", "HELD", "REJECTED", "FINISHED")
 
 
 def top_screen(title: str, status: str, columns: int, rows: int) -> list[str]:
@@ -305,8 +295,9 @@ def top_screen(title: str, status: str, columns: int, rows: int) -> list[str]:
     and cut after the rows there are, the last one saying how much is left out."""
     blocks = [block.splitlines() for block in status.split("\n\n")]
     head, sections = blocks[0], blocks[1:]
-    held = TOP_ORDER.index("HELD") + 1
-    order = TOP_ORDER[:held] + tuple(s.title for s in hooks.registry().views) + TOP_ORDER[held:]
+    order = tuple(
+        title for core in TOP_ORDER for title in (core, *(s.title for s in hooks.registry().views if s.after == core))
+    )
     sections.sort(key=lambda lines: next((i for i, name in enumerate(order) if lines[0].startswith(name)), len(order)))
     lines = [title, *head]
     for section in sections:

@@ -147,10 +147,6 @@ def status(
         "held": held_jobs(layout),
         "stranded": _stranded(layout, {hb["host"] for hb in live}),
         **{section.name: hooks.load(section.read)(layout, now) for section in hooks.registry().views},
-        "alerts": sorted(
-            {f"{a['kind']}:{a['subject']}": a for hb in live for a in hb.get("alerts", [])}.values(),
-            key=lambda a: a["since"],
-        ),
         **_ended_part(layout, config, ended, ended_user),
     }
 

@@ -1,5 +1,5 @@
 """The jobs that ended on this host since its worker started, read from the host's event log
-(its supervisors append every end there), only the part not read yet: alerts count the short
+(its supervisors append every end there), only the part not read yet: the alerts extra counts the short
 ones (a flood of them), and what an extra publishes may count them by final state (the
 reports extra's metrics)."""
 

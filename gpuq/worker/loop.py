@@ -69,7 +69,6 @@ from gpuq.spool.teamstate import (
     poke_path,
     running_elsewhere,
 )
-from gpuq.worker.alerts import SHORT_JOBS_WINDOW_S, AlertWatch
 from gpuq.worker.arrivals import Arrivals, PendingLimits
 from gpuq.worker.box import Box
 from gpuq.worker.ended import FinishedCounter
@@ -147,7 +146,6 @@ class Worker:
         "obey_controls",
         "take_in_specs",
         "start_jobs",
-        "raise_alerts",
         "report",
     )
 
@@ -253,13 +251,11 @@ class Worker:
         self.born = self.clock.mono()
 
     def _wire_watches(self) -> None:
-        """What this box watches and tells: GPU memory overuse, alerts, the jobs ended here,
-        its heartbeat and what the extras publish with it (metrics), GPU samples."""
+        """What this box watches and tells: GPU memory overuse, the jobs ended here, its
+        heartbeat and what the extras publish with it (alerts, metrics), GPU samples."""
         layout, config, host = self.layout, self.config, self.host
         self.gpu_mem_watch = GpuMemWatch(config)
-        self.alerts = AlertWatch(config, host)
-        self.alerts_at = 0.0
-        self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (alerts, metrics)
+        self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (for the extras: alerts, metrics)
         extras = start_extras(layout, config, host)
         self.publisher = Publisher(self.box, self.finished, extras)
         self.samples = SampleLog(
@@ -658,31 +654,6 @@ class Worker:
             return heartbeat_alive(hb, self.clock.wall())
         return silent <= live_window_s(hb)
 
-    def raise_alerts(self) -> None:
-        """At most once per poll interval: a burst of short jobs wakes the worker far more often."""
-        now = self.clock.mono()
-        if now - self.alerts_at < self.config.poll_interval * 0.9:
-            return
-        self.alerts_at = now
-        silent = {h: now - since for h, (_, since, _) in self.recovery.heartbeats.items() if h != self.host}
-        live = {h for h, s in silent.items() if s < self.config.alert_worker_silent_s} | {self.host}
-        alerts = self.alerts.evaluate(
-            self.clock.wall(),
-            self.gpus,
-            self.running,
-            self.observed,
-            self.gpu_mem_watch.current,
-            self.intake.pending(),
-            silent,
-            speaks_for_queue=self.host == min(live),
-            short_jobs=self._short_jobs(),
-        )
-        self.alerts.update(alerts)
-
-    def _short_jobs(self) -> int:
-        self.finished.counts()  # reads this host's new events
-        return self.finished.short_jobs_since(self.clock.wall() - SHORT_JOBS_WINDOW_S)
-
     def _cancel_doomed(self, job_id: str, why: str) -> None:
         entry = self.intake.entries.get(job_id)
         if entry is not None and cancel_pending(self.layout, entry.path, job_id, self.host, why):
@@ -712,6 +683,7 @@ class Worker:
             self.publisher.publish(self._box_state(), now, self.clock.wall())
 
     def _box_state(self) -> BoxState:
+        now = self.clock.mono()
         return BoxState(
             self.gpus,
             self.running,
@@ -719,7 +691,7 @@ class Worker:
             self.others_idle_since,
             self.stopping,
             dict(self.gpu_mem_watch.current),
-            self.alerts.as_json(),
+            {h: now - since for h, (_, since, _) in self.recovery.heartbeats.items() if h != self.host},
             self.probe.error,
             self.runtimes.found,
             self.runtimes.problems,

@@ -29,15 +29,16 @@ SPEC_CACHE_EVERY_S = 5.0
 
 @dataclass(frozen=True)
 class BoxState:
-    """What this box's last pass saw, as its heartbeat and metrics carry it."""
+    """What this box's last pass saw, as its heartbeat and the extras' publishers (alerts,
+    metrics) carry it."""
 
     gpus: list[GpuSnapshot]
     running: list[Record]
     observed: dict[str, dict[int, int]]  # job id -> GPU index -> MiB its processes use
     others_idle_since: dict[int, float | None]  # GPU index -> free of others' use since (None: in use)
     stopping: set[str]
-    warnings: dict[str, str]
-    alerts: list[dict]
+    warnings: dict[str, str]  # job id -> its GPU memory overuse
+    others_silent_s: dict[str, float]  # another box -> how long its heartbeat has stood still, on this box's clock
     probe_error: str | None
     runtimes: dict[str, str]
     runtime_problems: dict[str, str]
@@ -159,7 +160,6 @@ class Publisher:
                 "others_idle_since": {str(i): t for i, t in state.others_idle_since.items()},
                 "stopping": sorted(state.stopping),
                 "warnings": dict(state.warnings),
-                "alerts": state.alerts,
                 "probe_error": state.probe_error,
                 "runtimes": state.runtimes,
                 "runtime_problems": state.runtime_problems,

@@ -45,7 +45,7 @@ def test_the_extra_gives_its_verbs_request_kinds_rule_and_status_section():
         "book": "extras.bookings.requests:apply_book",
         "unbook": "extras.bookings.requests:apply_unbook",
     }
-    assert [r.name for r in got.placement_rules] == ["bookings"] and [v.title for v in got.views] == ["BOOKINGS"]
+    assert [r.name for r in got.placement_rules] == ["bookings"] and "BOOKINGS" in [v.title for v in got.views]
 
 
 def test_a_booking_is_applied_as_a_request_and_handed_to_the_plan_as_a_value(tmp_path: Path):

@@ -1,5 +1,5 @@
-"""Alerts through the real worker on fake GPUs: each raised once, shown in status until it
-clears, and handed to the alert command as JSON."""
+"""The alerts extra through the real worker on fake GPUs: each raised once, shown in status
+until it clears, and handed to the alert command as JSON."""
 
 from __future__ import annotations
 
@@ -82,12 +82,6 @@ def test_a_silent_worker_is_an_alert_until_it_speaks_again(queue):
     finally:
         frozen.send_signal(signal.SIGCONT)
     wait_until(lambda: "worker_silent:b" not in _alerts(queue), timeout=20, what="the alert to clear")
-
-
-def test_top_redraws_the_status_screen(queue):
-    queue.start_worker("a", "1x80GiB")
-    out = queue.gpuq("top", "--interval", "0.2", "--iterations", "2").stdout
-    assert out.count("gpuq top · ") == 2 and out.count("HOSTS") == 2
 
 
 def test_a_flood_of_very_short_jobs_is_an_alert(queue):

@@ -1,7 +1,9 @@
-"""Alerts each worker evaluates every pass: for its own GPUs and jobs, and — on the live host
-first by name, so that one host speaks for the queue — for waiting jobs and silent workers.
-Each alert is raised once and stays until it clears: shown in `gpuq status` (from the
-heartbeats), and handed, when it appears, to config `alert_command` as JSON on stdin."""
+"""The alerts extra's publisher: each time a worker publishes its box's state (at most once per
+poll interval), it evaluates the alerts for its own GPUs and jobs and — on the live host first
+by name, so that one host speaks for the queue — for waiting jobs and silent workers. Each
+alert is raised once and stays until it clears: written to state/alerts/HOST.json (view.py
+shows it in `gpuq status`), and handed, when it appears, to config `alert_command` as JSON on
+stdin."""
 
 from __future__ import annotations
 
@@ -9,13 +11,17 @@ import json
 import logging
 import subprocess
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from gpuq.host.files import write_json
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import PendingJob
 from gpuq.model.record import Record
 from gpuq.model.units import format_duration, format_mib
+from gpuq.spool.layout import Layout
 from gpuq.worker.ended import SHORT_JOB_S
+from gpuq.worker.publishing import Published, StartPublisher
 
 log = logging.getLogger("gpuq.alerts")
 SHORT_JOBS_WINDOW_S = 600.0
@@ -192,3 +198,42 @@ class AlertWatch:
 
     def as_json(self) -> list[dict]:
         return [asdict(a) for a in self.current.values()]
+
+
+def alerts_file(layout: Layout, host: str) -> Path:
+    """Where `host`'s worker keeps its current alerts: state/, which only the queue's account writes."""
+    return layout.state / "alerts" / f"{host}.json"
+
+
+class AlertsFile:
+    """What the extra registers (hooks.BoxPublisher): this box's alerts, evaluated with each
+    publication of its state and written beside its heartbeat."""
+
+    def __init__(self, layout: Layout, config: Config, host: str) -> None:
+        self.config, self.host = config, host
+        self.watch = AlertWatch(config, host)
+        self.path = alerts_file(layout, host)
+        layout.make_state_dir(self.path.parent)
+
+    def __call__(self, published: Published) -> None:
+        state, now = published.state, published.wall
+        silent = state.others_silent_s
+        live = {h for h, s in silent.items() if s < self.config.alert_worker_silent_s} | {self.host}
+        published.finished.counts()  # reads this host's new events
+        alerts = self.watch.evaluate(
+            now,
+            state.gpus,
+            state.running,
+            state.observed,
+            state.warnings,
+            published.intake.pending(),
+            silent,
+            speaks_for_queue=self.host == min(live),
+            short_jobs=published.finished.short_jobs_since(now - SHORT_JOBS_WINDOW_S),
+        )
+        self.watch.update(alerts)
+        write_json(self.path, {"host": self.host, "t": now, "alerts": self.watch.as_json()}, durable=False)
+
+
+# mypy checks that it is a StartPublisher.
+start: StartPublisher = AlertsFile
