@@ -8,9 +8,11 @@ import json
 import os
 import pty
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -252,9 +254,15 @@ class Queue:
 
 @pytest.fixture
 def queue(tmp_path: Path):
-    q = Queue(tmp_path / "root", tmp_path / "local")
-    yield q
-    q.close()
+    # The boxes' local directories hold sockets (MPS pipes), whose paths may not pass 100
+    # characters: under /tmp itself, not under tmp_path (pytest-xdist makes it longer still).
+    local = Path(tempfile.mkdtemp(prefix="gq-", dir="/tmp"))
+    q = Queue(tmp_path / "root", local)
+    try:
+        yield q
+    finally:
+        q.close()
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def fake_job(seconds: float = 0.3, extra: str = "") -> str:

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import debian
+
 IMAGE = "localhost/gpuq-test:busybox"
 PACKAGES = {
     "podman": ("podman", "runc", "conmon", "busybox-static", "catatonit", "uidmap"),
@@ -40,18 +42,8 @@ class RuntimeUnavailable(Exception):
 
 
 def _install(runtime: str, binaries: tuple[str, ...]) -> None:
-    if all(shutil.which(b) or Path(f"/usr/sbin/{b}").exists() for b in binaries):
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise RuntimeUnavailable(f"{runtime} is not installed, and installing it needs root and apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES[runtime]]
-    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    if out.returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, env=env, timeout=900)
-        out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-        if out.returncode != 0:
-            raise RuntimeUnavailable(f"apt-get install {' '.join(PACKAGES[runtime])} failed: {out.stderr[-400:]}")
+    if (why := debian.install(PACKAGES[runtime], binaries)) is not None:
+        raise RuntimeUnavailable(why)
 
 
 def _rootfs(base: Path) -> Path:

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import debian
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
 
 
@@ -29,29 +31,8 @@ def _free_port() -> int:
 
 
 def ensure_installed() -> None:
-    if all(shutil.which(b) or Path(f"/usr/sbin/{b}").exists() for b in BINARIES):
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise SlurmUnavailable("slurm-wlm/munge are not installed, and installing needs root and apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    out = subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    if out.returncode != 0:
-        update = subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, env=env, timeout=600)
-        out = subprocess.run(
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", "slurm-wlm", "munge"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
-        if out.returncode != 0:
-            raise SlurmUnavailable(f"apt-get install slurm-wlm munge failed: {(update.stderr + out.stderr)[-400:]}")
+    if (why := debian.install(("slurm-wlm", "munge"), BINARIES)) is not None:
+        raise SlurmUnavailable(why)
 
 
 class SlurmCluster:

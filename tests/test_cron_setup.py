@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import debian
 import psutil
 import pytest
 from team import ALICE, QUEUE, TEAM, needs_root
@@ -45,16 +46,8 @@ def cron_binary() -> str:
     found = shutil.which("cron") or ("/usr/sbin/cron" if Path("/usr/sbin/cron").exists() else None)
     if found:
         return found
-    if not shutil.which("apt-get"):
-        pytest.skip("no cron daemon here, and no apt-get to install Debian's")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    wait_for_lock = ["-o", "DPkg::Lock::Timeout=300"]  # another apt-get (a second copy of the suite) holds it
-    install = ["apt-get", *wait_for_lock, "install", "-y", "-q", "--no-install-recommends", "cron"]
-    if subprocess.run(install, capture_output=True, env=env, timeout=600).returncode:
-        subprocess.run(["apt-get", *wait_for_lock, "update", "-q"], capture_output=True, env=env, timeout=600)
-        out = subprocess.run(install, capture_output=True, text=True, env=env, timeout=600)
-        if out.returncode != 0:  # no package index reachable: as the Slurm tests do, say so and skip
-            pytest.skip(f"no cron daemon here, and apt-get install cron failed: {out.stderr[-400:]}")
+    if (why := debian.install(("cron",), ("cron",))) is not None:  # as the Slurm tests do, say so and skip
+        pytest.skip(f"no cron daemon here: {why}")
     return "/usr/sbin/cron"
 
 
