@@ -83,6 +83,15 @@ def test_the_readme_is_short() -> None:
     assert len(lines) <= 250, f"README.md has {len(lines)} lines; move the detail into docs/"
 
 
+def test_ci_runs_exactly_the_test_command_readme_gives() -> None:
+    text = (REPO / "README.md").read_text().split("## First two commands", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", text, re.S)
+    assert block, "README lost its first-two-commands block"
+    tests = [line for line in block.group(1).splitlines() if line.strip()][1]
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.strip()]
+    assert ci[-1] == tests, f".ci/run ends with {ci[-1]!r}, README gives {tests!r}"
+
+
 def _without_code(text: str) -> str:
     """The text with fenced blocks and inline code blanked (links and headings there are not)."""
     text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
