@@ -97,9 +97,10 @@ class Queue:
         self, host: str, fake: str = "4x80GiB", *extra: str, env: dict[str, str] | None = None, wait: bool = True
     ) -> subprocess.Popen:
         # Its stderr to a file, never a pipe nobody reads: a worker that logged ~400 refusals
-        # filled the pipe and hung in write(2). `worker_stderr` reads it.
+        # filled the pipe and hung in write(2). `worker_stderr` reads it. Beside the root, which
+        # pytest keeps after a failure (the local directories may be removed with the test).
         self.local_base.mkdir(parents=True, exist_ok=True)
-        with open(self.local_base / f"worker-{host}.{len(self.started)}.stderr", "wb") as err:
+        with open(self.root.parent / f"worker-{host}.{len(self.started)}.stderr", "wb") as err:
             proc = subprocess.Popen(
                 worker_argv(self.root, host, fake, "--foreground", *extra, command=self.worker_command()),
                 stdout=subprocess.DEVNULL,

@@ -80,7 +80,7 @@ def test_every_config_key_has_a_type_and_a_meaning() -> None:
 
 def test_the_readme_is_short() -> None:
     lines = (REPO / "README.md").read_text().splitlines()
-    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move the detail into docs/"
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move the detail into docs/"
 
 
 def test_ci_runs_exactly_the_test_command_readme_gives() -> None:
