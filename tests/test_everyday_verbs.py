@@ -12,6 +12,7 @@ import time
 import pytest
 from team import ALICE, BOB
 
+import gpuq
 from conftest import PY, REPO, wait_until
 from gpuq.spool.teamstate import live_window_s
 
@@ -171,12 +172,38 @@ def test_submit_takes_slurms_spellings_for_limits_and_checks_them_as_a_spec_woul
     assert service["spec"]["restart"] == "on-failure" and service["spec"]["preemptible"] is True
     assert service["spec"]["cpus"] == 1  # sbatch's --cpus-per-task
     for option, value, says in (
-        ("--time", "soon", "--time-limit: 'soon' is not a duration"),
+        ("--time", "soon", "--time soon: 'soon' is not a time; write it like 90 (minutes, as sbatch reads it)"),
+        ("--time", "0", "--time 0: '0' is no time; leave the limit out"),
+        ("--dependency", "afternotok:x", "--dependency afternotok:x: 'afternotok:x' is not one gpuq takes"),
         ("--cpus", "two", "--cpus: 'two' is not a number of CPU cores"),
         ("--restart", "sometimes", "--restart: 'sometimes' is not a restart policy"),
     ):
         bad = queue.gpuq("submit", "--gpus", "0", option, value, "--", "true", check=False)
         assert bad.returncode == 2 and says in bad.stderr and "Nothing was written" in bad.stderr
+
+
+def test_sbatch_options_read_as_sbatch_reads_them(queue):
+    """--time 90 is 90 minutes and 1:30 is 90 seconds (never YAML's base-60 90), -J names it,
+    -G and -c count GPUs and cores, --mem 1000 is MiB, --dependency afterok/afterany are
+    --after/--after-any; all through the real CLI and worker."""
+    assert queue.gpuq("--version").stdout.strip() == f"gpuq {gpuq.__version__}"
+    queue.start_worker("a", "1x80GiB")
+    first = queue.gpuq("submit", "-G", "0", "--id", "first", "--", "true").stdout.split()[-1]
+    job = queue.gpuq(
+        "submit",
+        *("-J", "train", "-G", "0", "-c", "1", "--mem", "1000", "-t", "90"),
+        *("--dependency", f"afterok:{first},afterany:{first}", "--", "true"),
+    ).stdout.split()[-1]
+    assert job.startswith("train-")
+    short = queue.gpuq("submit", "-G", "0", "--id", "short", "--time", "1:30", "--", "true").stdout.split()[-1]
+    days = queue.gpuq("submit", "-G", "0", "--id", "days", "--time", "2-12", "--", "true").stdout.split()[-1]
+    done = {j: wait_until(lambda j=j: queue.finished(j), timeout=60, what=j) for j in (first, job, short, days)}
+    assert done[job]["started_at"] >= done[first]["ended_at"]
+    assert done[job]["time_limit_s"] == 5400 and done[job]["spec"]["name"] == "train"
+    assert done[job]["mem_limit_mib"] == 1000 and len(done[job]["cpu_cores"]) == 1 and done[job]["gpus"] == []
+    assert (done[job]["spec"]["after"], done[job]["spec"]["after_any"]) == ([first], [first])
+    assert done[short]["time_limit_s"] == 90 and done[days]["time_limit_s"] == 216000
+    assert "sbatch's --time: 90 is 90 minutes" in queue.gpuq("submit", "--help").stdout
 
 
 def test_a_command_the_shell_cannot_find_says_why_with_its_path(queue):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import FIELDS, JobSpec, parse_spec_text, validate_spec
-from gpuq.model.units import format_mib, parse_size_mib
+from gpuq.model.units import format_limit, format_mib, parse_size_mib, parse_slurm_time_s
 
 
 def parse(text: str | bytes) -> JobSpec:
@@ -189,3 +189,44 @@ def test_a_huge_array_range_is_refused_before_it_is_built():
 
     with pytest.raises(GroupError, match="makes 100000000000 jobs or more; at most"):
         parse_array("0-99999999999")  # built first, it was a MemoryError (50 million: 1.9 GB)
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("90", 5400),  # minutes, as sbatch reads a bare number
+        ("30:00", 1800),  # minutes:seconds
+        ("1:30", 90),
+        ("1:30:00", 5400),  # hours:minutes:seconds
+        ("2-12", 216000),  # days-hours
+        ("1-00:30", 88200),  # days-hours:minutes
+        ("1-00:30:15", 88215),  # days-hours:minutes:seconds
+        ("90m", 5400),  # gpuq's own units too
+        ("1.5h", 5400),
+    ],
+)
+def test_a_time_limit_on_the_command_line_is_read_as_sbatch_reads_it(text, seconds):
+    assert parse_slurm_time_s(text) == seconds
+    assert parse_slurm_time_s(format_limit(seconds)) == seconds  # what submit writes into the spec
+
+
+@pytest.mark.parametrize("text", ["0", "1:2:3:4", "1.5", "2-", "-5", "1-2-3", "90 minutes", "\u0663"])
+def test_a_time_sbatch_would_not_read_is_refused_with_the_forms_it_takes(text):
+    with pytest.raises(ValueError, match="not a time|no time"):
+        parse_slurm_time_s(text)
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [
+        ("1:30", 90),  # unquoted: YAML's base-60 integer 90, a number of seconds here, as sbatch's MM:SS
+        ("1:30:00", 5400),  # unquoted: 5400, as sbatch's HH:MM:SS
+        ("'01:30'", 90),  # a string YAML leaves alone, read as sbatch would
+        ("'2-12'", 216000),
+        ("90", 90),  # a number in a spec is seconds, as it always was
+        ("90m", 5400),
+    ],
+)
+def test_a_spec_reads_sbatch_times_the_same_way(value, seconds):
+    spec = parse_spec_text(f"command: x\ntime_limit: {value}\n".encode(), "jobs/t.yaml")
+    assert spec.time_limit_s == seconds

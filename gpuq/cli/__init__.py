@@ -11,7 +11,7 @@ import sys
 from importlib import import_module
 from typing import Callable, NoReturn, TypeAlias
 
-from gpuq import hooks
+from gpuq import __version__, hooks
 from gpuq.cli.common import act_as_queue_account
 from gpuq.cli.options import add_environment_options, add_limit_options
 from gpuq.host.audit import install_if_asked
@@ -70,6 +70,7 @@ def _verb(sub: _Verbs, name: str, handler: Callable[[argparse.Namespace], int], 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gpuq", description="A GPU job queue in a shared directory.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout of `python gpuq.py`)")
+    p.add_argument("-V", "--version", action="version", version=f"gpuq {__version__}")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     # In this order: `gpuq --help` lists the verbs as they are added.
     _add_status_verb(sub)
@@ -117,9 +118,9 @@ def _add_status_verb(sub: _Verbs) -> None:
 def _add_submit_verb(sub: _Verbs) -> None:
     """`gpuq submit`: what a job asks for, and the command after --."""
     sp = _verb(sub, "submit", _lazy("cli.submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
-    sp.add_argument("--gpus", type=int, default=1, help="GPUs on one host (0: CPU only); default 1")
+    sp.add_argument("-G", "--gpus", type=int, default=1, help="GPUs on one host (0: CPU only); default 1 (sbatch's -G)")
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
-    sp.add_argument("--name", help="label, and the stem of the id")
+    sp.add_argument("-J", "--name", "--job-name", dest="name", help="label, and the stem of the id (sbatch's -J)")
     sp.add_argument("--id", help="exact job id (default: <name>-<n>)")
     sp.add_argument("--priority", help="high, normal, low, or an integer")
     sp.add_argument("--hosts", help="comma-separated hosts it may run on")
@@ -133,6 +134,13 @@ def _add_submit_verb(sub: _Verbs) -> None:
     sp.add_argument("--after", action="append", metavar="ID[,ID]", help="start after these jobs succeeded")
     sp.add_argument(
         "--after-any", action="append", metavar="ID[,ID]", help="start after these jobs ended, whatever the result"
+    )
+    sp.add_argument(
+        "-d",
+        "--dependency",
+        action="append",
+        metavar="afterok:ID[:ID],afterany:ID",
+        help="sbatch's spelling of --after (afterok) and --after-any (afterany)",
     )
     sp.add_argument("--spec", metavar="FILE", help="submit this spec file as it is (checked as a worker would)")
 

@@ -11,11 +11,13 @@ from gpuq import hooks
 def add_limit_options(sp: argparse.ArgumentParser) -> None:
     """Slurm's spellings where it has them (sbatch --time, --cpus-per-task, --mem)."""
     sp.add_argument(
+        "-t",
         "--time-limit",
         "--time",
         dest="time_limit",
         metavar="DURATION",
-        help="stop it after this long (90m, 2h, 1d; Slurm's --time) and record it as timeout",
+        help="stop it after this long and record it as timeout; read as sbatch's --time: 90 is 90 "
+        "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS; or 90m, 2h, 1d",
     )
     sp.add_argument(
         "--gpu-compute",
@@ -23,8 +25,14 @@ def add_limit_options(sp: argparse.ArgumentParser) -> None:
         metavar="PCT",
         help="its share of the GPU's compute (50%%): jobs whose shares fit share a GPU; under MPS, its limit",
     )
-    sp.add_argument("--cpus", "--cpus-per-task", dest="cpus", metavar="N", help="CPU cores it is pinned to")
-    sp.add_argument("--mem", metavar="SIZE", help="host memory it may use (8GiB); stopped above it")
+    sp.add_argument(
+        "-c", "--cpus", "--cpus-per-task", dest="cpus", metavar="N", help="CPU cores it is pinned to (sbatch's -c)"
+    )
+    sp.add_argument(
+        "--mem",
+        metavar="SIZE",
+        help="host memory it may use (8GiB; a bare number is MiB, as sbatch's); stopped above it",
+    )
     sp.add_argument("--grace", metavar="DURATION", help="time between SIGTERM and SIGKILL when it is stopped")
     sp.add_argument("--retries", metavar="N", help="re-runs after its box is lost (0: never run it twice)")
     sp.add_argument(

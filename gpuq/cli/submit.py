@@ -21,6 +21,7 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.groups import GroupError, parse_array
 from gpuq.model.jobs import HostView, PendingJob
 from gpuq.model.spec import parse_spec_text, validate_spec
+from gpuq.model.units import format_limit, parse_slurm_time_s
 from gpuq.sched.plan import plan
 from gpuq.single_instance import this_host
 from gpuq.spool.intake import read_spec_file
@@ -114,6 +115,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     layout = open_layout(args)
     try:
+        dependencies = _dependencies(args)
         from_extras = extras_fields(args)
         env, withheld = exported_environment(args.export, isolated=_isolated(from_extras))
     except SubmitError as e:
@@ -134,8 +136,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         args.hosts.split(",") if args.hosts else None,
         env,
         os.path.abspath(args.workdir or os.getcwd()),
-        _ids(args.after),
-        _ids(args.after_any),
+        *dependencies,
     )
     try:
         config = read_config(layout)
@@ -209,14 +210,29 @@ def limit_fields(args: argparse.Namespace) -> dict:
     data: dict = {}
     for field in LIMIT_OPTIONS:
         value = getattr(args, field)
-        if value is not None:
-            try:
-                data[field] = yaml.safe_load(value)
-            except yaml.YAMLError:
-                data[field] = value  # the spec's check names the option and the fix
+        if value is None:
+            continue
+        if field == "time_limit":  # as sbatch reads --time (90: minutes), never as YAML would
+            data[field] = _time_limit(value)
+            continue
+        if field == "mem" and value.strip().isdigit():  # as sbatch reads --mem 8000: megabytes
+            value = f"{value.strip()}MiB"
+        try:
+            data[field] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            data[field] = value  # the spec's check names the option and the fix
     if args.preemptible:
         data["preemptible"] = True
     return data
+
+
+def _time_limit(text: str) -> str:
+    """--time as sbatch reads it, written into the spec in its own unit (a number there is seconds)."""
+    try:
+        seconds = parse_slurm_time_s(text)
+    except ValueError as e:
+        raise SubmitError(f"--time {text}: {e}. Nothing was written.") from None
+    return format_limit(seconds)
 
 
 def extras_fields(args: argparse.Namespace) -> dict:
@@ -247,6 +263,21 @@ def environment_fields(args: argparse.Namespace) -> dict:
         if getattr(args, key):
             data[key] = getattr(args, key)
     return data
+
+
+def _dependencies(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """--after and --after-any, with sbatch's --dependency afterok:A:B,afterany:C added to them."""
+    after, after_any = _ids(args.after), _ids(args.after_any)
+    for value in args.dependency or []:
+        for clause in value.split(","):
+            kind, _, ids = clause.partition(":")
+            if kind not in ("afterok", "afterany") or not ids:
+                raise SubmitError(
+                    f"--dependency {value}: {clause!r} is not one gpuq takes. Fix: afterok:ID[:ID] (--after) "
+                    "or afterany:ID[:ID] (--after-any), several joined by commas"
+                )
+            (after if kind == "afterok" else after_any).extend(i for i in ids.split(":") if i)
+    return after, after_any
 
 
 def _ids(values: list[str] | None) -> list[str]:

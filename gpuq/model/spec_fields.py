@@ -64,7 +64,9 @@ FIELDS: dict[str, Field] = {
     "time_limit": Field(
         "duration",
         "config time_limit (none)",
-        "Longest run: past it the job gets SIGTERM, its grace, then SIGKILL, and its record says timeout.",
+        "Longest run: past it the job gets SIGTERM, its grace, then SIGKILL, and its record says timeout. "
+        "A number is seconds; sbatch's forms are read as sbatch reads them (1:30:00, '2-12'). "
+        "`gpuq submit --time 90` is 90 minutes, as sbatch's is.",
         "12h",
     ),
     "cpus": Field(

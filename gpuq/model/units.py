@@ -61,6 +61,51 @@ def parse_duration_s(value: object) -> float:
     return seconds
 
 
+# sbatch's --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+# "days-hours:minutes", "days-hours:minutes:seconds" (Slurm's sbatch manual).
+_SLURM_TIME_RE = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$", re.ASCII)
+SLURM_TIME_EXAMPLES = "90 (minutes, as sbatch reads it), 30:00, 1:30:00, 2-12 (days-hours), 1-00:30:00, or 90m, 2h, 1d"
+
+
+def parse_slurm_time_s(text: str) -> float:
+    """sbatch's --time, read as sbatch reads it: a bare number is minutes ('90' -> 5400.0),
+    'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS'; or gpuq's own '90m', '2h', '1d'.
+    Never through YAML (whose base-60 integers read '1:30' as 90). Raises ValueError with the
+    accepted forms; zero (Slurm's "no limit") too, since a gpuq job without a limit is one
+    without the option."""
+    text = text.strip()
+    if _SLURM_TIME_RE.match(text):
+        days, _, clock = text.rpartition("-")
+        parts = [int(p) for p in clock.split(":")]
+        if days:  # days-hours[:minutes[:seconds]]
+            hours, minutes, secs = (parts + [0, 0])[:3]
+            seconds = float(int(days) * 86400 + hours * 3600 + minutes * 60 + secs)
+        else:  # minutes, minutes:seconds, hours:minutes:seconds
+            seconds = float(
+                sum(n * unit for n, unit in zip(reversed(parts), (1, 60, 3600))) if len(parts) > 1 else parts[0] * 60
+            )
+    else:
+        try:
+            seconds = parse_duration_s(text) if re.search(r"\d\s*[smhd]$", text) else -1.0
+        except ValueError:
+            seconds = -1.0
+        if seconds < 0:
+            raise ValueError(f"{text!r} is not a time; write it like {SLURM_TIME_EXAMPLES}")
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is no time; leave the limit out for the queue's default (config time_limit)")
+    if not seconds <= MAX_DURATION_S:
+        raise ValueError(f"{text!r} is longer than 100 years; write it like {SLURM_TIME_EXAMPLES}")
+    return float(seconds)
+
+
+def format_limit(seconds: float) -> str:
+    """A duration as a spec writes it, exactly, in its largest whole unit: 5400 -> '90m'."""
+    for unit in ("d", "h", "m"):
+        if seconds % _SECONDS_PER_UNIT[unit] == 0:
+            return f"{int(seconds // _SECONDS_PER_UNIT[unit])}{unit}"
+    return f"{seconds:g}s"
+
+
 def format_mib(mib: float | int | None) -> str:
     """20480 -> '20GiB'; 1536 -> '1.5GiB'; 700 -> '700MiB'."""
     if mib is None:
