@@ -729,7 +729,11 @@ def test_jobs_run_once_through_log_heartbeat_and_lost_reply_faults(queue, fault,
 
 @pytest.mark.slow
 def test_hosts_with_clocks_ten_minutes_apart_neither_take_over_nor_stall(queue):
-    queue.write_config(lost_after_s=6, grace_s=1)
+    # Clocks judged by the wall would make each box dead to the other at once (600 s > any
+    # lost_after_s). 15 s, not 6: with eight tests at once on two cores (two copies of the
+    # suite in four processes each) j0 once did not end within 60 s, most likely fenced by its
+    # supervisor over a heartbeat 3.6 s old (0.6 x 6 s) while the box was starved.
+    queue.write_config(lost_after_s=15, grace_s=1)
     queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "-600"})
     queue.start_worker("b", "1x80GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "600"})
     for i in range(6):
