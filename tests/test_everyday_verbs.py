@@ -173,17 +173,21 @@ def test_submit_takes_slurms_spellings_for_limits_and_checks_them_as_a_spec_woul
     assert service["spec"]["cpus"] == 1  # sbatch's --cpus-per-task
     for option, value, says in (
         ("--time", "soon", "--time soon: 'soon' is not a time; write it like 90 (minutes, as sbatch reads it)"),
-        ("--time", "0", "--time 0: '0' is no time; leave the limit out"),
+        ("--time", "0", "--time 0: '0' (sbatch's \"no limit\") is not one gpuq has; leave the option out"),
+        ("--time", "UNLIMITED", "is not one gpuq has; leave the option out for the queue's default"),
+        ("--mem", "0", "--mem 0 (sbatch's \"all the box's memory\") is not one gpuq has"),
         ("--dependency", "afternotok:x", "--dependency afternotok:x: 'afternotok:x' is not one gpuq takes"),
         ("--cpus", "two", "--cpus: 'two' is not a number of CPU cores"),
         ("--restart", "sometimes", "--restart: 'sometimes' is not a restart policy"),
     ):
         bad = queue.gpuq("submit", "--gpus", "0", option, value, "--", "true", check=False)
         assert bad.returncode == 2 and says in bad.stderr and "Nothing was written" in bad.stderr
+    typed = queue.gpuq("submit", "-G", "a100:2", "--", "true", check=False)  # sbatch's [type:]count
+    assert typed.returncode == 2 and "gpuq does not choose GPUs by type (a100); give the count" in typed.stderr
 
 
 def test_sbatch_options_read_as_sbatch_reads_them(queue):
-    """--time 90 is 90 minutes and 1:30 is 90 seconds (never YAML's base-60 90), -J names it,
+    """--time 90 is 90 minutes and 1:30 two (sbatch rounds seconds up; never YAML's base-60 90), -J names it,
     -G and -c count GPUs and cores, --mem 1000 is MiB, --dependency afterok/afterany are
     --after/--after-any; all through the real CLI and worker."""
     assert queue.gpuq("--version").stdout.strip() == f"gpuq {gpuq.__version__}"
@@ -191,7 +195,7 @@ def test_sbatch_options_read_as_sbatch_reads_them(queue):
     first = queue.gpuq("submit", "-G", "0", "--id", "first", "--", "true").stdout.split()[-1]
     job = queue.gpuq(
         "submit",
-        *("-J", "train", "-G", "0", "-c", "1", "--mem", "1000", "-t", "90"),
+        *("-J", "train", "-G", "gpu:0", "-c", "1", "--mem", "1000", "-t", "90"),
         *("--dependency", f"afterok:{first},afterany:{first}", "--", "true"),
     ).stdout.split()[-1]
     assert job.startswith("train-")
@@ -202,7 +206,7 @@ def test_sbatch_options_read_as_sbatch_reads_them(queue):
     assert done[job]["time_limit_s"] == 5400 and done[job]["spec"]["name"] == "train"
     assert done[job]["mem_limit_mib"] == 1000 and len(done[job]["cpu_cores"]) == 1 and done[job]["gpus"] == []
     assert (done[job]["spec"]["after"], done[job]["spec"]["after_any"]) == ([first], [first])
-    assert done[short]["time_limit_s"] == 90 and done[days]["time_limit_s"] == 216000
+    assert done[short]["time_limit_s"] == 120 and done[days]["time_limit_s"] == 216000  # 1:30 rounded up
     assert "sbatch's --time: 90 is 90 minutes" in queue.gpuq("submit", "--help").stdout
 
 

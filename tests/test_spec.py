@@ -196,11 +196,12 @@ def test_a_huge_array_range_is_refused_before_it_is_built():
     [
         ("90", 5400),  # minutes, as sbatch reads a bare number
         ("30:00", 1800),  # minutes:seconds
-        ("1:30", 90),
+        ("1:30", 120),  # seconds rounded up to a whole minute, as sbatch does
+        ("0:0:1", 60),
         ("1:30:00", 5400),  # hours:minutes:seconds
         ("2-12", 216000),  # days-hours
         ("1-00:30", 88200),  # days-hours:minutes
-        ("1-00:30:15", 88215),  # days-hours:minutes:seconds
+        ("1-00:30:15", 88260),  # days-hours:minutes:seconds, rounded up to a minute
         ("90m", 5400),  # gpuq's own units too
         ("1.5h", 5400),
     ],
@@ -210,18 +211,24 @@ def test_a_time_limit_on_the_command_line_is_read_as_sbatch_reads_it(text, secon
     assert parse_slurm_time_s(format_limit(seconds)) == seconds  # what submit writes into the spec
 
 
-@pytest.mark.parametrize("text", ["0", "1:2:3:4", "1.5", "2-", "-5", "1-2-3", "90 minutes", "\u0663"])
+@pytest.mark.parametrize("text", ["1:2:3:4", "1.5", "2-", "-5", "1-2-3", "90 minutes", "\u0663", "0:0", "0-0"])
 def test_a_time_sbatch_would_not_read_is_refused_with_the_forms_it_takes(text):
     with pytest.raises(ValueError, match="not a time|no time"):
+        parse_slurm_time_s(text)
+
+
+@pytest.mark.parametrize("text", ["0", "UNLIMITED", "infinite"])
+def test_sbatchs_no_limit_is_refused_saying_what_to_do_instead(text):
+    with pytest.raises(ValueError, match="is not one gpuq has; leave the option out for the queue's default"):
         parse_slurm_time_s(text)
 
 
 @pytest.mark.parametrize(
     "value, seconds",
     [
-        ("1:30", 90),  # unquoted: YAML's base-60 integer 90, a number of seconds here, as sbatch's MM:SS
-        ("1:30:00", 5400),  # unquoted: 5400, as sbatch's HH:MM:SS
-        ("'01:30'", 90),  # a string YAML leaves alone, read as sbatch would
+        ("1:30", 120),  # never YAML 1.1's base-60 integer 90: sbatch's MM:SS, rounded up to a minute
+        ("1:30:00", 5400),  # sbatch's HH:MM:SS
+        ("'01:30'", 120),
         ("'2-12'", 216000),
         ("90", 90),  # a number in a spec is seconds, as it always was
         ("90m", 5400),
@@ -230,3 +237,11 @@ def test_a_time_sbatch_would_not_read_is_refused_with_the_forms_it_takes(text):
 def test_a_spec_reads_sbatch_times_the_same_way(value, seconds):
     spec = parse_spec_text(f"command: x\ntime_limit: {value}\n".encode(), "jobs/t.yaml")
     assert spec.time_limit_s == seconds
+
+
+def test_no_spec_field_is_read_as_a_base_60_number():
+    """YAML 1.1 reads 1:30 as 90: a spec's grace: 1:30 is sbatch's 1:30, and gpus: 1:30 no number."""
+    spec = parse_spec_text(b"command: x\ngrace: 1:30\ngpus: 1\n", "jobs/t.yaml")
+    assert spec.grace_s == 120
+    with pytest.raises(SpecError, match="gpus"):
+        parse_spec_text(b"command: x\ngpus: 1:30\n", "jobs/t.yaml")

@@ -94,7 +94,7 @@ def test_after_an_array_waits_for_all_its_members_and_fails_with_one(queue):
 def test_a_spec_file_may_name_dependencies_and_submit_refuses_unknown_ids(queue):
     queue.write_config()
     out = queue.gpuq("submit", "--after", "nosuchjob", "--", "true", check=False)
-    assert out.returncode == 2 and "--after nosuchjob: no such job" in out.stderr
+    assert out.returncode == 2 and "--after (afterok) nosuchjob: no such job" in out.stderr
     assert not list(queue.root.glob("jobs/*.yaml"))
     queue.drop("later.yaml", "command: 'true'\ngpus: 0\nafter: [early]\n")
     assert queue.status()["pending"][0]["reason"] == "waiting for early (early: no such job yet)"

@@ -13,7 +13,7 @@ from typing import Callable, NoReturn, TypeAlias
 
 from gpuq import __version__, hooks
 from gpuq.cli.common import act_as_queue_account
-from gpuq.cli.options import add_environment_options, add_limit_options
+from gpuq.cli.options import add_environment_options, add_limit_options, gpu_count
 from gpuq.host.audit import install_if_asked
 from gpuq.model.config import ConfigError
 from gpuq.model.states import FINAL_STATES, State
@@ -118,7 +118,9 @@ def _add_status_verb(sub: _Verbs) -> None:
 def _add_submit_verb(sub: _Verbs) -> None:
     """`gpuq submit`: what a job asks for, and the command after --."""
     sp = _verb(sub, "submit", _lazy("cli.submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
-    sp.add_argument("-G", "--gpus", type=int, default=1, help="GPUs on one host (0: CPU only); default 1 (sbatch's -G)")
+    sp.add_argument(
+        "-G", "--gpus", type=gpu_count, default=1, help="GPUs on one host (0: CPU only); default 1 (sbatch's -G)"
+    )
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
     sp.add_argument("-J", "--name", "--job-name", dest="name", help="label, and the stem of the id (sbatch's -J)")
     sp.add_argument("--id", help="exact job id (default: <name>-<n>)")

@@ -8,6 +8,18 @@ import argparse
 from gpuq import hooks
 
 
+def gpu_count(text: str) -> int:
+    """--gpus N, or sbatch's -G gpu:N; a GPU type (a100:2) is not one gpuq chooses by."""
+    kind, _, count = text.rpartition(":")
+    if not count.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GPUs; give one like 2")
+    if kind not in ("", "gpu"):
+        raise argparse.ArgumentTypeError(
+            f"gpuq does not choose GPUs by type ({kind}); give the count, and --hosts for the boxes that have them"
+        )
+    return int(count)
+
+
 def add_limit_options(sp: argparse.ArgumentParser) -> None:
     """Slurm's spellings where it has them (sbatch --time, --cpus-per-task, --mem)."""
     sp.add_argument(
@@ -17,7 +29,7 @@ def add_limit_options(sp: argparse.ArgumentParser) -> None:
         dest="time_limit",
         metavar="DURATION",
         help="stop it after this long and record it as timeout; read as sbatch's --time: 90 is 90 "
-        "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS; or 90m, 2h, 1d",
+        "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (seconds rounded up to a minute); or 90m, 2h, 1d",
     )
     sp.add_argument(
         "--gpu-compute",

@@ -8,8 +8,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from gpuq import hooks
 from gpuq.cli.common import open_layout, read_config
 from gpuq.cli.requests import run_request
@@ -21,6 +19,7 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.groups import GroupError, parse_array
 from gpuq.model.jobs import HostView, PendingJob
 from gpuq.model.spec import parse_spec_text, validate_spec
+from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.units import format_limit, parse_slurm_time_s
 from gpuq.sched.plan import plan
 from gpuq.single_instance import this_host
@@ -216,10 +215,15 @@ def limit_fields(args: argparse.Namespace) -> dict:
             data[field] = _time_limit(value)
             continue
         if field == "mem" and value.strip().isdigit():  # as sbatch reads --mem 8000: megabytes
+            if int(value) == 0:
+                raise SubmitError(
+                    "--mem 0 (sbatch's \"all the box's memory\") is not one gpuq has: leave --mem out. "
+                    "Nothing was written."
+                )
             value = f"{value.strip()}MiB"
-        try:
-            data[field] = yaml.safe_load(value)
-        except yaml.YAMLError:
+        try:  # as a spec file's scalar is read (no base-60 numbers: --grace 1:30 is sbatch's 1:30)
+            data[field] = load_yaml(value.encode(), "gpuq submit")
+        except SpecError:
             data[field] = value  # the spec's check names the option and the fix
     if args.preemptible:
         data["preemptible"] = True

@@ -19,7 +19,7 @@ from gpuq.model.groups import check_array, check_expansion, check_sweep
 from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.spec_fields import FIELDS
 from gpuq.model.strict_yaml import load_yaml
-from gpuq.model.units import DURATION_EXAMPLES, SIZE_EXAMPLES, parse_duration_s, parse_size_mib, parse_slurm_time_s
+from gpuq.model.units import DURATION_EXAMPLES, SIZE_EXAMPLES, parse_duration_s, parse_size_mib
 
 PRIORITY_CLASSES = ("high", "normal", "low")
 CLASS_RANK = {"high": 0, "normal": 1, "low": 2}
@@ -413,11 +413,8 @@ def _preemptible(value: Any, priority_class: str, file: str) -> bool:
 def _duration(value: Any, field: str, most_s: float, file: str) -> float | None:
     if value is None:
         return None
-    # sbatch's D-HH:MM:SS and MM:SS, as strings (YAML reads an unquoted 1:30 as 90 already: a
-    # number is seconds here, so that is 90 s, as sbatch means it too).
-    try:
-        slurm = isinstance(value, str) and bool(re.search(r"\d[-:]\d", value))
-        seconds = parse_slurm_time_s(value) if slurm else parse_duration_s(value)
+    try:  # sbatch's 1:30:00 and 2-12 too (as strings: model/strict_yaml.py reads no base-60 numbers)
+        seconds = parse_duration_s(value)
     except ValueError as e:
         raise SpecError(file, field, str(e).split(";")[0], f"write it like {DURATION_EXAMPLES} or 1:30:00") from None
     if seconds <= 0 or seconds > most_s:

@@ -65,7 +65,8 @@ FIELDS: dict[str, Field] = {
         "duration",
         "config time_limit (none)",
         "Longest run: past it the job gets SIGTERM, its grace, then SIGKILL, and its record says timeout. "
-        "A number is seconds; sbatch's forms are read as sbatch reads them (1:30:00, '2-12'). "
+        "A number is seconds; sbatch's forms are read as sbatch reads them (1:30:00, 2-12: seconds rounded "
+        "up to a minute; YAML's base-60 numbers are not read). "
         "`gpuq submit --time 90` is 90 minutes, as sbatch's is.",
         "12h",
     ),

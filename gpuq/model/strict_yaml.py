@@ -3,6 +3,7 @@ aliases, no tags, bounded nesting. Errors are SpecErrors naming the file and the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from typing import Any
 
@@ -30,7 +31,19 @@ def _loader_class() -> type:
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+    # YAML 1.1's base-60 numbers (1:30 read as 90) are strings here: a spec's 1:30:00 is a
+    # time as sbatch reads it (model/units.py), never an integer YAML made of it.
+    StrictLoader.yaml_implicit_resolvers = {
+        first: [(tag, _without_base_60(tag, regexp)) for tag, regexp in resolvers]
+        for first, resolvers in base.yaml_implicit_resolvers.items()
+    }
     return StrictLoader
+
+
+def _without_base_60(tag: str, regexp: re.Pattern) -> re.Pattern:
+    if not tag.endswith((":int", ":float")):
+        return regexp
+    return re.compile(r"(?!.*:)(?:" + regexp.pattern + ")", regexp.flags)
 
 
 class _DuplicateKey(Exception):

@@ -47,10 +47,13 @@ DURATION_EXAMPLES = "30s, 90m, 12h, 2d"
 
 
 def parse_duration_s(value: object) -> float:
-    """'90m' -> 5400.0; a bare number is seconds. Raises ValueError with the accepted forms;
-    NaN, infinity and anything over MAX_DURATION_S are refused."""
+    """'90m' -> 5400.0; a bare number is seconds; sbatch's clock forms ('1:30:00', '2-12')
+    as sbatch reads them (slurm_clock_s). Raises ValueError with the accepted forms; NaN,
+    infinity and anything over MAX_DURATION_S are refused."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
         seconds = float(value)
+    elif isinstance(value, str) and (clock := slurm_clock_s(value.strip())) is not None:
+        seconds = clock
     else:
         match = DURATION_RE.match(value) if isinstance(value, str) else None
         if not match:
@@ -62,37 +65,53 @@ def parse_duration_s(value: object) -> float:
 
 
 # sbatch's --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
-# "days-hours:minutes", "days-hours:minutes:seconds" (Slurm's sbatch manual).
-_SLURM_TIME_RE = re.compile(r"^(?:\d+-)?\d+(?::\d+){0,2}$", re.ASCII)
-SLURM_TIME_EXAMPLES = "90 (minutes, as sbatch reads it), 30:00, 1:30:00, 2-12 (days-hours), 1-00:30:00, or 90m, 2h, 1d"
+# "days-hours:minutes", "days-hours:minutes:seconds"; its resolution is a minute, and seconds
+# are rounded up to the next one (Slurm's sbatch manual).
+_SLURM_CLOCK_RE = re.compile(r"^(?:\d+-\d+(?::\d+){0,2}|\d+(?::\d+){1,2})$", re.ASCII)
+SLURM_TIME_EXAMPLES = (
+    "90 (minutes, as sbatch reads it), 30:00, 1:30:00, 2-12 (days-hours), 2-12:30, 1-00:30:00, or 90m, 2h, 1d"
+)
+
+
+def slurm_clock_s(text: str) -> float | None:
+    """'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS' as sbatch reads them, in seconds
+    rounded up to a whole minute ('1:30' -> 120.0); None for anything else (a bare number too)."""
+    if not _SLURM_CLOCK_RE.match(text):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, minutes, secs = (parts + [0, 0])[:3]
+        seconds = int(days) * 86400 + hours * 3600 + minutes * 60 + secs
+    else:  # minutes:seconds, hours:minutes:seconds
+        seconds = sum(n * unit for n, unit in zip(reversed(parts), (1, 60, 3600)))
+    return float(math.ceil(seconds / 60) * 60)
 
 
 def parse_slurm_time_s(text: str) -> float:
-    """sbatch's --time, read as sbatch reads it: a bare number is minutes ('90' -> 5400.0),
-    'MM:SS', 'HH:MM:SS', 'D-HH', 'D-HH:MM', 'D-HH:MM:SS'; or gpuq's own '90m', '2h', '1d'.
-    Never through YAML (whose base-60 integers read '1:30' as 90). Raises ValueError with the
-    accepted forms; zero (Slurm's "no limit") too, since a gpuq job without a limit is one
-    without the option."""
+    """sbatch's --time, read as sbatch reads it: a bare number is minutes ('90' -> 5400.0), the
+    clock forms as slurm_clock_s; or gpuq's own '90m', '2h', '1d'. Never through YAML (whose
+    base-60 integers read '1:30' as 90). Raises ValueError with the accepted forms; zero and
+    UNLIMITED (Slurm's "no limit") too: gpuq has no unlimited, the queue's default applies
+    where the option is left out."""
     text = text.strip()
-    if _SLURM_TIME_RE.match(text):
-        days, _, clock = text.rpartition("-")
-        parts = [int(p) for p in clock.split(":")]
-        if days:  # days-hours[:minutes[:seconds]]
-            hours, minutes, secs = (parts + [0, 0])[:3]
-            seconds = float(int(days) * 86400 + hours * 3600 + minutes * 60 + secs)
-        else:  # minutes, minutes:seconds, hours:minutes:seconds
-            seconds = float(
-                sum(n * unit for n, unit in zip(reversed(parts), (1, 60, 3600))) if len(parts) > 1 else parts[0] * 60
-            )
+    if text.upper() in ("0", "UNLIMITED", "INFINITE"):
+        raise ValueError(
+            f"{text!r} (sbatch's \"no limit\") is not one gpuq has; leave the option out for the queue's default "
+            "(config time_limit), or give a long one such as 30-0 (30 days)"
+        )
+    if re.fullmatch(r"\d+", text, re.ASCII):
+        seconds = int(text) * 60.0
     else:
+        clock = slurm_clock_s(text)
         try:
-            seconds = parse_duration_s(text) if re.search(r"\d\s*[smhd]$", text) else -1.0
+            seconds = clock if clock is not None else parse_duration_s(text) if re.search(r"\d\s*[smhd]$", text) else -1
         except ValueError:
-            seconds = -1.0
+            seconds = -1
         if seconds < 0:
             raise ValueError(f"{text!r} is not a time; write it like {SLURM_TIME_EXAMPLES}")
     if seconds <= 0:
-        raise ValueError(f"{text!r} is no time; leave the limit out for the queue's default (config time_limit)")
+        raise ValueError(f"{text!r} is no time; give a positive one, like {SLURM_TIME_EXAMPLES}")
     if not seconds <= MAX_DURATION_S:
         raise ValueError(f"{text!r} is longer than 100 years; write it like {SLURM_TIME_EXAMPLES}")
     return float(seconds)

@@ -176,7 +176,7 @@ def check_runnable_by_workers(
 
 def check_dependencies(layout: Layout, spec: JobSpec) -> None:
     """Refuse ids no job has (a typo would leave the job waiting for ever)."""
-    for option, ids in (("--after", spec.after), ("--after-any", spec.after_any)):
+    for option, ids in (("--after (afterok)", spec.after), ("--after-any (afterany)", spec.after_any)):
         unknown = [d for d in ids if not id_taken(layout, d)]
         if unknown:
             raise SubmitError(
