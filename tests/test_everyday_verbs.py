@@ -208,6 +208,20 @@ def test_sbatch_options_read_as_sbatch_reads_them(queue):
     assert (done[job]["spec"]["after"], done[job]["spec"]["after_any"]) == ([first], [first])
     assert done[short]["time_limit_s"] == 120 and done[days]["time_limit_s"] == 216000  # 1:30 rounded up
     assert "sbatch's --time: 90 is 90 minutes" in queue.gpuq("submit", "--help").stdout
+    # Before it starts, `show` says what it asks for, as scontrol show job does: held, or pending.
+    queue.gpuq("submit", "--hold", "-G", "0", "--id", "kept", "-t", "2-12:30", "-c", "1", "--mem", "1000", "--", "true")
+    waiting = queue.gpuq("submit", "-G", "0", "--id", "waiting", "-t", "45", "-d", "afterok:kept", "--", "true")
+    assert waiting.stdout.split()[-1] == "waiting"
+    for job_id, limit in (("kept", "2-12:30:00"), ("waiting", "00:45:00")):
+        shown = queue.gpuq("show", job_id).stdout
+        assert f"time_limit:       {limit}" in shown and "command:          true" in shown, shown
+    kept = json.loads(queue.gpuq("show", "kept", "--json").stdout)
+    assert (kept["state"], kept["time_limit_s"], kept["cpus"], kept["mem_limit_mib"]) == (
+        "held",
+        216000 + 1800,
+        1,
+        1000,
+    )
 
 
 def test_a_command_the_shell_cannot_find_says_why_with_its_path(queue):

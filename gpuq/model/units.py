@@ -125,6 +125,16 @@ def format_limit(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def format_clock(seconds: float) -> str:
+    """A limit exactly, as Slurm shows one: 88260 -> '1-00:31:00', 5400 -> '01:30:00'."""
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}" + (
+        f"{seconds - whole:.3g}"[1:] if seconds != whole else ""
+    )
+    return f"{days}-{clock}" if days else clock
+
+
 def format_mib(mib: float | int | None) -> str:
     """20480 -> '20GiB'; 1536 -> '1.5GiB'; 700 -> '700MiB'."""
     if mib is None:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from gpuq import hooks
 from gpuq.model.spec import command_text
 from gpuq.model.text import safe_tree
-from gpuq.model.units import format_duration, format_mib
+from gpuq.model.units import format_clock, format_duration, format_mib
 from gpuq.model.windows import moment
 from gpuq.sched.estimate import AFTER_DEPENDENCIES, LATER, NO_ROOM, NOT_ESTIMATED, UNKNOWN, WHEN_IDLE
 from gpuq.sched.fairshare import rank_score
@@ -378,6 +378,7 @@ SHOW_ORDER = (
     "ended_at",
     "time_limit_s",
     "mem_limit_mib",
+    "cpus",  # a waiting job's: how many it will be pinned to (a started one's: which, cpu_cores)
     "cpu_cores",
     "peak_gpu_mem_mib",
     "mean_gpu_mem_mib",
@@ -420,6 +421,8 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
             label, value = key.removesuffix("_mib"), format_mib(value)
         elif key.endswith("_pct"):
             label, value = key.removesuffix("_pct"), f"{value}%"
+        elif key == "time_limit_s" and isinstance(value, (int, float)):  # exactly, as Slurm shows one
+            label, value = "time_limit", format_clock(value)
         elif key.endswith("_s") and isinstance(value, (int, float)):
             label, value = "cpu_time" if key == "cpu_s" else key.removesuffix("_s"), format_duration(value)
         elif key == "gpus" and isinstance(value, list):  # a started job's: which ones, not how many

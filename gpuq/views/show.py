@@ -16,7 +16,7 @@ from gpuq.model.record import Record, parse_claim_name
 from gpuq.model.secrets import mask_secrets
 from gpuq.model.spec import JobSpec, parse_spec_text
 from gpuq.model.stops import StopCause
-from gpuq.spool.holds import held_jobs
+from gpuq.spool.holds import held_jobs, held_spec
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import checked_event, claims_of, pending_spec_path, read_record
@@ -70,7 +70,7 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
                 return {"id": job_id, "state": "pending", "reason": "not valid yet: " + p["error"]}
     for held in held_jobs(layout):
         if held["id"] == job_id:
-            return {**held, "state": "held"}
+            return {**held, "state": "held", **_pending_sees(layout, config, job_id, held_spec(layout, job_id))}
     err = layout.rejected / f"{job_id}.error"  # the first rejection under this id
     if err.exists():
         return {"id": job_id, "state": "rejected", "error": err.read_text().strip(), "spec_dir": str(layout.rejected)}
@@ -100,13 +100,21 @@ def _sees(
 
 
 def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> dict[str, Any]:
-    """What a pending job will see; nothing when its file cannot be read or parsed now."""
+    """What a waiting (pending or held) job asks for and will see, as its record will say once
+    it starts (scontrol show job's time limit and resources before the start); nothing when
+    its file cannot be read or parsed now."""
     try:  # opened as a worker opens it: a link or a FIFO swapped in since status looked is no spec
-        raw, st = read_spec_file(path, f"jobs/{path.name}")
+        raw, st = read_spec_file(path, f"{path.parent.name}/{path.name}")
         spec = parse_spec_text(raw, path.name)
-        return {"sees": _sees(layout, config, job_id, spec, None, st.st_uid)}
     except (OSError, SpecError):
         return {}
+    asks = {
+        "time_limit_s": spec.time_limit_s or config.time_limit_s,
+        "mem_limit_mib": spec.mem_mib or config.mem_mib,
+        "cpus": spec.cpus or config.cpus,
+        "spec": mask_secrets(spec.to_json()),
+    }
+    return {**asks, "sees": _sees(layout, config, job_id, spec, None, st.st_uid)}
 
 
 def preemptions(layout: Layout, job_id: str) -> list[dict[str, Any]]:
