@@ -117,7 +117,8 @@ class Queue:
         """Until the worker last started for `host` has written its first heartbeat (workers
         started with wait=False start side by side)."""
         pid = self.workers[host].pid
-        wait_until(lambda: self._beat_of(host, pid), what=f"worker {host} heartbeat")
+        # Generous: four workers reading 2,000 specs each beside seven other tests took over 20 s.
+        wait_until(lambda: self._beat_of(host, pid), timeout=60, what=f"worker {host} heartbeat")
 
     def worker_command(self) -> list[str]:
         """The interpreter and launcher a box's worker is started with."""
