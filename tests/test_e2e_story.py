@@ -9,6 +9,7 @@ import re
 import subprocess
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -37,8 +38,10 @@ def _mixed_specs(n: int, seed: int = 7) -> dict[str, tuple[int, str | None]]:
     return {f"job-{i:02d}": rng.choice(shapes) for i in range(n)}
 
 
-def _spec_text(gpus: int, mem: str | None, seconds: float) -> str:
-    lines = [f"command: {fake_job(seconds)!r}", f"gpus: {gpus}"]
+def _spec_text(gpus: int, mem: str | None, seconds: float, gate: Path | None = None) -> str:
+    """`gate`: the job first waits (60 s at most) for that file, so that a status view sees it run."""
+    wait = f"for i in $(seq 600); do [ -e {gate} ] && break; sleep 0.1; done; " if gate else ""
+    lines = [f"command: {wait + fake_job(seconds)!r}", f"gpus: {gpus}"]
     if mem:
         lines.append(f"gpu_mem: {mem}")
     return "\n".join(lines) + "\n"
@@ -50,13 +53,18 @@ def test_sixty_jobs_on_three_boxes_exactly_once_and_never_overcommitted(queue):
     for host in HOSTS:
         queue.start_worker(host)
     mid_run_views = []
-    for job_id, (gpus, mem) in specs.items():
-        queue.drop(f"{job_id}.yaml", _spec_text(gpus, mem, 0.4))
+    # The first job holds its GPU until a status view has seen a job run: on a starved machine
+    # one `status` outlasted every 0.4 s job.
+    gate = queue.root.parent / "seen-running"
+    for n, (job_id, (gpus, mem)) in enumerate(specs.items()):
+        queue.drop(f"{job_id}.yaml", _spec_text(gpus, mem, 0.4, gate if n == 0 else None))
     deadline = time.monotonic() + 120
     while len(list((queue.root / "state" / "finished").glob("*.json"))) < 60:
         assert time.monotonic() < deadline, "not all jobs finished in time"
         if sum(1 for v in mid_run_views if v["running"]) < 3:  # three views taken while jobs ran
             mid_run_views.append(queue.status())
+        if mid_run_views and mid_run_views[-1]["running"]:
+            gate.touch()
         time.sleep(0.3)
 
     # A supervisor appends a job's end event just after its finished record: the last one may

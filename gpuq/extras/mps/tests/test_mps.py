@@ -110,8 +110,14 @@ def test_a_daemon_left_by_a_crashed_worker_is_kept_for_its_jobs_then_stopped(que
     queue.gpuq("cancel", "long")
     wait_until(lambda: f"quit PIPE={pid_file.parent}" in calls(stand_in), timeout=60, what="the daemon told to quit")
     wait_until(lambda: not pid_file.exists(), timeout=30, what="its dirs removed")
-    hb = json.loads((queue.root / "state" / "workers" / "box.json").read_text())
-    assert hb["mps"] == {"problem": None, "daemons": [], "dir": str(queue.local_base / "box-mps")}
+    # The heartbeat says so at the box's next publication, after the removal: waited for.
+    beat = queue.root / "state" / "workers" / "box.json"
+    mps = wait_until(
+        lambda: (m := json.loads(beat.read_text())["mps"]) and not m["daemons"] and m,
+        timeout=30,
+        what="the heartbeat to list no daemon",
+    )
+    assert mps == {"problem": None, "daemons": [], "dir": str(queue.local_base / "box-mps")}
 
 
 @pytest.mark.slow
