@@ -102,14 +102,15 @@ def parse_slurm_time_s(text: str) -> float:
         )
     if re.fullmatch(r"\d+", text, re.ASCII):
         seconds = int(text) * 60.0
-    else:
-        clock = slurm_clock_s(text)
+    else:  # the clock forms, or a number with gpuq's unit (a bare "1.5" is neither: sbatch refuses it)
         try:
-            seconds = clock if clock is not None else parse_duration_s(text) if re.search(r"\d\s*[smhd]$", text) else -1
-        except ValueError:
-            seconds = -1
-        if seconds < 0:
-            raise ValueError(f"{text!r} is not a time; write it like {SLURM_TIME_EXAMPLES}")
+            if slurm_clock_s(text) is None and not re.search(r"\d\s*[smhd]$", text):
+                raise ValueError(text)
+            seconds = parse_duration_s(text)
+        except ValueError as e:
+            if "100 years" in str(e):  # a time, too long: said as such
+                raise
+            raise ValueError(f"{text!r} is not a time; write it like {SLURM_TIME_EXAMPLES}") from None
     if seconds <= 0:
         raise ValueError(f"{text!r} is no time; give a positive one, like {SLURM_TIME_EXAMPLES}")
     if not seconds <= MAX_DURATION_S:
@@ -127,12 +128,12 @@ def format_limit(seconds: float) -> str:
 
 def format_clock(seconds: float) -> str:
     """A limit exactly, as Slurm shows one: 88260 -> '1-00:31:00', 5400 -> '01:30:00'."""
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}" + (
-        f"{seconds - whole:.3g}"[1:] if seconds != whole else ""
-    )
-    return f"{days}-{clock}" if days else clock
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    sec = f"{secs:02.0f}" if secs == int(secs) else f"{secs:06.3f}".rstrip("0")
+    clock = f"{int(hours):02d}:{int(minutes):02d}:{sec}"
+    return f"{int(days)}-{clock}" if days else clock
 
 
 def format_mib(mib: float | int | None) -> str:
