@@ -155,7 +155,7 @@ class PlacementRule:
 @dataclass(frozen=True)
 class StatusSection:
     """A section of `gpuq status` (the bookings extra's BOOKINGS). `read` is "module:function"
-    under gpuq, (layout, now) -> a JSON-able value, put in the status view (`status --json`)
+    under gpuq, (layout, now, the live boxes' names) -> a JSON-able value, put in the status view (`status --json`)
     under `name`; `render` is "module:function" under gpuq, (that value, as safe text) -> the
     section's lines, shown after the core's section `after` (its title: HOSTS, RUNNING,
     PENDING, HELD), on `gpuq top` too. `title` is the section's first word (`gpuq top` orders

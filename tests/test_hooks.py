@@ -161,7 +161,7 @@ from gpuq.hooks import PlacementRule, StatusSection
 from gpuq.model.jobs import SetAside
 def set_aside(layout, now):
     return [SetAside("a", (0,), now - 1, now + 3600, "nobody")]
-def read(layout, now):
+def read(layout, now, live_hosts):
     return {"said": "hello"}
 def render(part):
     return ["", "ASIDE " + part["said"]]

@@ -146,7 +146,11 @@ def status(
         **_pending_part(queue, team, running, config, now, pending_rows),
         "held": held_jobs(layout),
         "stranded": _stranded(layout, {hb["host"] for hb in live}),
-        **{section.name: hooks.load(section.read)(layout, now) for section in hooks.registry().views},
+        # The extras' sections, handed the live boxes this view already judged (the alerts extra's).
+        **{
+            section.name: hooks.load(section.read)(layout, now, frozenset(hb["host"] for hb in live))
+            for section in hooks.registry().views
+        },
         **_ended_part(layout, config, ended, ended_user),
     }
 

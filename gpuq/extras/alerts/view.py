@@ -9,18 +9,16 @@ from typing import Any
 from gpuq.extras.alerts.watch import alerts_file
 from gpuq.host.files import read_json
 from gpuq.spool.layout import Layout
-from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
 from gpuq.views.render import stamp
 
 
-def read(layout: Layout, now: float) -> list[dict[str, Any]]:
-    """Only a live worker's alerts: a stopped or dead one's stand for nothing any more."""
+def read(layout: Layout, now: float, live_hosts: frozenset[str]) -> list[dict[str, Any]]:
+    """Only a live worker's alerts (the view judged which are): a stopped or dead one's stand for
+    nothing any more."""
     found: dict[str, dict[str, Any]] = {}
-    for hb in load_heartbeats(layout):
-        if not heartbeat_alive(hb, now):
-            continue
+    for host in sorted(live_hosts):
         try:
-            kept = read_json(alerts_file(layout, hb["host"]))
+            kept = read_json(alerts_file(layout, host))
         except (OSError, ValueError):
             continue
         for a in kept.get("alerts", []) if isinstance(kept, dict) and isinstance(kept.get("alerts"), list) else []:

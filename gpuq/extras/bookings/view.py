@@ -10,7 +10,7 @@ from gpuq.spool.layout import Layout
 from gpuq.views.render import stamp, table
 
 
-def read(layout: Layout, now: float) -> list[dict[str, Any]]:
+def read(layout: Layout, now: float, live_hosts: frozenset[str]) -> list[dict[str, Any]]:
     return [{**b.to_json(), "active": b.active(now)} for b in load(layout, now)]
 
 

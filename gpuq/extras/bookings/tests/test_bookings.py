@@ -59,7 +59,8 @@ def test_a_booking_is_applied_as_a_request_and_handed_to_the_plan_as_a_value(tmp
     assert not clash.ok and "overlaps booking bk-1" in clash.outcomes[0][1]
     me = _me().name
     assert hooks.set_aside(layout, now) == [SetAside("box", (0, 1), now - 60, now + 3600, me)]
-    assert [b["id"] for b in view.read(layout, now)] == ["bk-1"] and hooks.set_aside(layout, now + 7200) == []
+    assert [b["id"] for b in view.read(layout, now, frozenset())] == ["bk-1"]
+    assert hooks.set_aside(layout, now + 7200) == []
     gone = apply_request(layout, Config(), "box", Request("r-3", "unbook", os.getuid(), args={"id": "bk-1"}))
     assert gone.ok and gone.outcomes[0][1].startswith("bk-1: removed") and hooks.set_aside(layout, now) == []
 
