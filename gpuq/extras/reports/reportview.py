@@ -10,39 +10,28 @@ import time
 from typing import Iterator, Sequence
 
 from gpuq.extras.reports.report import FINAL, Pending, Report, build, wait_summary
+from gpuq.model.moments import MOMENT_EXAMPLES, parse_moment
 from gpuq.model.text import safe_text
-from gpuq.model.units import DURATION_RE, MAX_DURATION_S, format_duration, parse_duration_s
+from gpuq.model.units import MAX_DURATION_S, format_duration
 from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.samples import read_samples
 from gpuq.spool.store import checked_event
 
 SPARKS = " ▁▂▃▄▅▆▇█"
-SINCE_EXAMPLES = "7d, 12h, 90m, 2026-11-01 or '2026-11-01 14:00'"
 DEFAULT_SINCE = "7d"
 
 
 def parse_since(text: str, now: float) -> float:
-    """'7d' -> now − 7 days; '2026-11-01' or '2026-11-01 14:00' (local time) -> that instant.
-    At most 100 years back: a window of centuries is a typo, cut into thousands of slices."""
+    """'7d' -> now − 7 days; '2026-11-01', 'yesterday', 'now-2h' (model/moments.py). At most
+    100 years back: a window of centuries is a typo, cut into thousands of slices."""
     try:
-        since = now - parse_duration_s(text)
+        since = parse_moment(text, now)
     except ValueError as e:
-        if DURATION_RE.match(text):  # a duration, but too long: say that, not "write a duration"
-            raise ValueError(f"--since {e}") from None
-        since = _local_date(text)
+        raise ValueError(f"--since {e}") from None
     if since < now - MAX_DURATION_S:
-        raise ValueError(f"--since {text!r} is more than 100 years back; write it like {SINCE_EXAMPLES}")
+        raise ValueError(f"--since {text!r} is more than 100 years back; write it like {MOMENT_EXAMPLES}")
     return since
-
-
-def _local_date(text: str) -> float:
-    for fmt in ("%Y-%m-%d", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M"):
-        try:
-            return time.mktime(time.strptime(text, fmt))
-        except (ValueError, OverflowError):
-            continue
-    raise ValueError(f"--since {text!r}: write a duration back from now or a local date, like {SINCE_EXAMPLES}")
 
 
 def read_events(layout: Layout, skipped: dict[str, int] | None = None) -> Iterator[dict]:
