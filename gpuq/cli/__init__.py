@@ -13,7 +13,8 @@ from typing import Callable, NoReturn, TypeAlias
 
 from gpuq import __version__, hooks
 from gpuq.cli.common import act_as_queue_account
-from gpuq.cli.options import add_environment_options, add_limit_options, gpu_count
+from gpuq.cli.history import add_history_arguments
+from gpuq.cli.options import add_environment_options, add_filter_options, add_limit_options, gpu_count
 from gpuq.host.audit import install_if_asked
 from gpuq.model.config import ConfigError
 from gpuq.model.states import FINAL_STATES, State
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     # In this order: `gpuq --help` lists the verbs as they are added.
     _add_status_verb(sub)
+    _add_history_verb(sub)
     _add_submit_verb(sub)
     _add_job_verbs(sub)
     _add_top_verb(sub)
@@ -112,6 +114,18 @@ def _add_status_verb(sub: _Verbs) -> None:
             *sorted(s.value for s in FINAL_STATES - {State.REJECTED}),
         ],
         help="only running, pending, held, finished or rejected jobs, or finished ones in one state",
+    )
+
+
+def _add_history_verb(sub: _Verbs) -> None:
+    """`gpuq history`: sacct's list of the jobs that ran or ended in a window."""
+    add_history_arguments(
+        _verb(
+            sub,
+            "history",
+            _lazy("cli.history", "cmd_history"),
+            "the jobs that ran or ended in a window (sacct): who, what, how it ended, where, how long",
+        )
     )
 
 
@@ -159,9 +173,15 @@ def _add_job_verbs(sub: _Verbs) -> None:
     sp.add_argument("--env", action="store_true", help="list the whole environment (folded when long)")
     sp = _verb(sub, "logs", _lazy("cli.logs", "cmd_logs"), "print a job's log")
     sp.add_argument("id")
-    sp.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    sp.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing until the job ends; then exit with its exit status (a group's: 0 if all are done)",
+    )
+    sp.add_argument("-n", "--lines", type=_count, metavar="N", help="only the last N lines (and on, with -f)")
     sp = _verb(sub, "cancel", _lazy("cli.workflow", "cmd_cancel"), "cancel pending or running jobs, from any host")
-    sp.add_argument("ids", nargs="+", metavar="ID")
+    add_filter_options(sp)
     sp = _verb(
         sub,
         "wait",
@@ -182,6 +202,12 @@ def _add_job_verbs(sub: _Verbs) -> None:
     sp.add_argument("command", nargs=argparse.REMAINDER)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines; give one like 20")
+    return int(text)
+
+
 def _add_top_verb(sub: _Verbs) -> None:
     """`gpuq top`: the status screen, refreshed."""
     sp = _verb(sub, "top", _lazy("cli.status", "cmd_top"), "the status screen, refreshed live")
@@ -198,7 +224,10 @@ def _add_queue_place_verbs(sub: _Verbs) -> None:
         ("edit", "open a pending job's spec in $EDITOR; it waits out of the queue meanwhile"),
     ):
         sp = _verb(sub, name, _lazy("cli.workflow", "cmd_move"), what)
-        sp.add_argument("ids", nargs=1 if name == "edit" else "+", metavar="ID")
+        if name == "edit":
+            sp.add_argument("ids", nargs=1, metavar="ID")
+        else:
+            add_filter_options(sp)
 
 
 def _add_host_verbs(sub: _Verbs) -> None:

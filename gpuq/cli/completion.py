@@ -5,6 +5,7 @@ which lists names in the spool without parsing anything; hosts from `gpuq _hosts
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 
 from gpuq.cli.common import open_layout
@@ -15,9 +16,15 @@ HOST_VERBS = ("drain", "resume", "forget")
 MAX_IDS = 200
 
 
-def job_ids(layout: Layout, prefix: str) -> list[str]:
+def did_you_mean(layout: Layout, job_id: str) -> str:
+    """The nearest known ids to one that is no job's, as "; did you mean X or Y?" (or "")."""
+    near = difflib.get_close_matches(job_id, job_ids(layout, "", limit=None), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(near)}?" if near else ""
+
+
+def job_ids(layout: Layout, prefix: str, limit: int | None = MAX_IDS) -> list[str]:
     """Ids starting with `prefix`: pending, held, running, groups, then finished (at most
-    MAX_IDS; a queue with 100,000 finished jobs completes as fast as an empty one)."""
+    `limit`; a queue with 100,000 finished jobs completes as fast as an empty one)."""
     found: list[str] = []
     for directory, suffixes in (
         (layout.jobs, (".yaml", ".yml")),
@@ -32,7 +39,7 @@ def job_ids(layout: Layout, prefix: str) -> list[str]:
                     name = entry.name
                     if name.startswith(prefix) and not name.startswith(".") and name.endswith(suffixes):
                         found.append(name.rsplit(".", 1)[0])
-                        if len(found) >= MAX_IDS:
+                        if limit is not None and len(found) >= limit:
                             return sorted(set(found))
         except OSError:
             continue

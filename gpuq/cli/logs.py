@@ -13,9 +13,14 @@ import time
 from pathlib import Path
 
 from gpuq.cli.common import open_layout, read_config, refuse_bad_id
+from gpuq.cli.completion import did_you_mean
 from gpuq.cli.workflow import with_group_members
+from gpuq.model.record import RecordError
+from gpuq.model.states import State
 from gpuq.model.text import safe_text
 from gpuq.spool.intake import user_name
+from gpuq.spool.layout import Layout
+from gpuq.spool.store import read_record
 from gpuq.views.show import find_job
 
 
@@ -34,11 +39,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if not group and not os.path.lexists(layout.job_log(args.id)):  # no output yet, or no such job
         job = find_job(layout, read_config(layout), args.id)
         if job is None:
-            print(f"gpuq logs: no job {args.id!r}", file=sys.stderr)
+            print(f"gpuq logs: no job {args.id!r}{did_you_mean(layout, args.id)}", file=sys.stderr)
             return 1
     if args.follow:
         _say_what_waits(layout, ids)
-    readers = {job_id: LogReader(layout.job_log(job_id)) for job_id in ids}
+    readers = {job_id: LogReader(layout.job_log(job_id), args.lines) for job_id in ids}
     ended: set[str] = set()
     shown = None  # whose output was printed last (a group's heads each change of job)
     while True:
@@ -46,7 +51,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             members = with_group_members(layout, [args.id])  # a sweep or array a worker expanded meanwhile
             if members != [args.id]:
                 ids, group = members, True
-                readers = {job_id: LogReader(layout.job_log(job_id)) for job_id in ids}
+                readers = {job_id: LogReader(layout.job_log(job_id), args.lines) for job_id in ids}
                 _say_what_waits(layout, ids)
         for job_id, reader in readers.items():
             if job_id in ended:
@@ -81,14 +86,33 @@ def cmd_logs(args: argparse.Namespace) -> int:
                     f"gpuq logs: {len(silent)} of {args.id}'s {len(ids)} members have no output yet: {_first(silent)}",
                     file=sys.stderr,
                 )
-            return 0
+            return ended_status(layout, ids, group) if args.follow else 0
         time.sleep(0.2)
 
 
-SHOWN_WAITING = 5
-CHUNK = (
-    1 << 20
-)  # a log is printed a MiB at a time, whatever its size  # a group's waiting members named before "and N more"
+def ended_status(layout: Layout, ids: list[str], group: bool) -> int:
+    """What `logs -f` exits with once the jobs ended, as the job did: its exit code (128 + the
+    signal that killed it), 1 for one that ended otherwise (cancelled, lost, timeout); for a
+    group, 0 when every member is done, else 1."""
+    codes = []
+    for job_id in ids:
+        try:
+            record = read_record(layout.record(layout.finished, job_id))
+        except (RecordError, ValueError, OSError):
+            record = None
+        if record is None or record.state is not State.DONE:
+            code = record.exit_code if record is not None else None
+            signal = record.signal if record is not None else None
+            codes.append(code if code else 128 + signal if signal else 1)
+        else:
+            codes.append(0)
+    if group:
+        return 0 if not any(codes) else 1
+    return codes[0] if 0 <= codes[0] <= 255 else 1
+
+
+SHOWN_WAITING = 5  # a group's waiting members named before "and N more"
+CHUNK = 1 << 20  # a log is printed a MiB at a time, whatever its size
 
 
 def _first(ids: list[str]) -> str:
@@ -124,9 +148,24 @@ class LogReader:
     """A log read from where the last read stopped: opened anew each time (it may not exist
     yet), without following a link or blocking on a FIFO; another user's bytes escaped."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, last_lines: int | None = None) -> None:
         self.path, self.offset = path, 0
         self.decoder: codecs.IncrementalDecoder | None = None  # set once the log is another user's
+        self.last_lines = last_lines  # `logs -n N`: the first read starts N lines from the end
+
+    def _tail_offset(self, fd: int, size: int, lines: int) -> int:
+        """Where the last `lines` lines begin (a last line without its newline counts)."""
+        end, found = size, -1 if size and os.pread(fd, 1, size - 1) == b"\n" else 0
+        while end > 0:
+            start = max(0, end - CHUNK)
+            chunk = os.pread(fd, end - start, start)
+            for at in range(len(chunk) - 1, -1, -1):
+                if chunk[at] == 10:
+                    found += 1
+                    if found == lines:
+                        return start + at + 1
+            end = start
+        return 0
 
     def read(self) -> bytes:
         """The next piece (at most CHUNK bytes), b"" when there is nothing more yet."""
@@ -138,6 +177,9 @@ class LogReader:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, "not a regular file")
+            if self.last_lines is not None:
+                self.offset = self._tail_offset(fd, st.st_size, self.last_lines) if self.last_lines > 0 else st.st_size
+                self.last_lines = None
             f.seek(self.offset)
             raw = f.read(CHUNK)
         self.offset += len(raw)

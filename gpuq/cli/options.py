@@ -75,3 +75,18 @@ def add_environment_options(sp: argparse.ArgumentParser) -> None:
         help="your variables the job records, as sbatch's --export (default: ALL but what looks "
         "like a secret, which is stored only when named: ALL,HF_TOKEN; NONE for a job in a container)",
     )
+
+
+def add_filter_options(sp: argparse.ArgumentParser) -> None:
+    """scancel's filters, for the verbs that act on many jobs: ids, or all of one's jobs that
+    match, or both (then the ids that match)."""
+    sp.add_argument("ids", nargs="*", metavar="ID", help="job ids (a sweep's or array's id: its members)")
+    who = sp.add_mutually_exclusive_group()
+    who.add_argument("--me", action="store_true", help="my jobs (what a filter alone takes)")
+    who.add_argument("-u", "--user", help="this user's jobs (comma-separated users; acting on others' needs the right)")
+    sp.add_argument(
+        "-t",
+        "--state",
+        help="only jobs in these states (comma-separated; scancel's PD, R, CD, F, CA, TO too)",
+    )
+    sp.add_argument("-n", "--name", help="only jobs of these names (comma-separated; shell patterns: 'sweep-*')")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import shlex
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from gpuq.cli.common import act_as_queue_account, open_layout, read_config, refuse_bad_id
+from gpuq.cli.completion import did_you_mean
 from gpuq.cli.doctor import Finding, as_json, check_reachable, check_squashing, diagnose
 from gpuq.cli.initroot import InitError, cron_line, init_root
 from gpuq.cli.requests import run_request
@@ -22,17 +24,19 @@ from gpuq.model.spec import parse_spec_text
 from gpuq.model.text import safe_text
 from gpuq.spool.deps import DependencyStates
 from gpuq.spool.holds import held_spec
+from gpuq.spool.inbox import MAX_IDS
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
 from gpuq.spool.sweeps import read_group
 from gpuq.spool.teamstate import load_heartbeats
+from gpuq.views.selection import JobFilter, matching, states_asked
 
 
 def show_group(layout, args: argparse.Namespace) -> int:
     """`gpuq show GROUP`: a sweep's or array's members and where each stands."""
     group = read_group(layout, args.id)
     if group is None:
-        print(f"gpuq show: no job or group {args.id!r}", file=sys.stderr)
+        print(f"gpuq show: no job or group {args.id!r}{did_you_mean(layout, args.id)}", file=sys.stderr)
         return 1
     states = DependencyStates(layout).lookup(group["members"])
     if args.json:
@@ -77,13 +81,68 @@ def checked_ids(verb: str, ids: list[str]) -> list[str] | None:
 
 def cmd_move(args: argparse.Namespace) -> int:
     """hold / release / retry / edit: one request; one message per id; exit 1 if any was refused."""
+    if args.verb == "edit":
+        ids = checked_ids(args.verb, args.ids)
+        return 1 if ids is None else edit(args, ids[0])
+    return act_on_selected(args)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    return act_on_selected(args)
+
+
+def act_on_selected(args: argparse.Namespace) -> int:
+    """cancel / hold / release / retry on the ids given, or on the jobs the filters select
+    (with ids as well: those of them the filters keep), in one request."""
+    filtered = args.me or args.user or args.state or args.name
+    if not args.ids and not filtered:
+        print(
+            f"gpuq {args.verb}: name the jobs: ids, or filters such as --me --state pending --name 'sweep-*'",
+            file=sys.stderr,
+        )
+        return 2
     ids = checked_ids(args.verb, args.ids)
     if ids is None:
         return 1
-    if args.verb == "edit":
-        return edit(args, ids[0])
     layout = open_layout(args)
-    return run_request(args, args.verb, tuple(with_group_members(layout, ids)))
+    ids = with_group_members(layout, ids)
+    if filtered:
+        try:
+            wanted = JobFilter(
+                # A filter alone takes the caller's own jobs, never the team's by accident.
+                frozenset(u.strip() for u in args.user.split(",")) if args.user else frozenset({_me()}),
+                states_asked(args.verb, args.state),
+                tuple(n.strip() for n in args.name.split(",")) if args.name else None,
+            )
+        except ValueError as e:
+            print(f"gpuq {args.verb}: {e}", file=sys.stderr)
+            return 2
+        selected = matching(layout, wanted)
+        ids = [i for i in ids if i in set(selected)] if ids else selected
+        if not ids:
+            print(f"gpuq {args.verb}: no job matches {_described(args)}", file=sys.stderr)
+            return 1
+        if len(ids) > MAX_IDS:
+            print(
+                f"gpuq {args.verb}: {len(ids)} jobs match {_described(args)}, over the {MAX_IDS} one request takes; "
+                "narrow it (--name, --state) and run it again",
+                file=sys.stderr,
+            )
+            return 2
+    return run_request(args, args.verb, tuple(ids))
+
+
+def _me() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _described(args: argparse.Namespace) -> str:
+    """The filters as typed, for a message."""
+    parts = [f"--user {args.user}" if args.user else "--me (yours)"]
+    parts += [f"--state {args.state}"] if args.state else []
+    parts += [f"--name {args.name}"] if args.name else []
+    parts += [f"among {' '.join(args.ids)}"] if args.ids else []
+    return " ".join(parts)
 
 
 def edit(args: argparse.Namespace, job_id: str) -> int:
@@ -193,11 +252,3 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             if f.fix and f.level != "ok":
                 print(f"     {'':<12} fix: {f.fix}")
     return 1 if any(f.level == "fail" for f in findings) else 0
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    layout = open_layout(args)
-    ids = checked_ids("cancel", args.ids)
-    if ids is None:
-        return 1
-    return run_request(args, "cancel", tuple(with_group_members(layout, ids)))

@@ -206,6 +206,7 @@ def transition_event(record: Record, old: State) -> dict[str, Any]:
         "to": record.state.value,
         "attempt": record.attempt,
         "user": record.user,
+        "name": record.spec.get("name"),  # for `gpuq history --name`
         "queued_at": record.queued_at or None,  # 0: not known (a refused spec's)
         "host": record.host,
         "gpus": record.gpus,

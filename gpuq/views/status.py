@@ -171,7 +171,7 @@ def _plan_queue(
     """The same `plan` the workers run, with every reason explained, and the expected starts
     of the rows shown."""
     # Every worker caches the same specs: the freshest cache is enough.
-    cache_files = _freshest_spec_cache(layout, [hb["host"] for hb in beats])
+    cache_files = freshest_spec_cache(layout, [hb["host"] for hb in beats])
     pending, problems = load_pending_for_view(layout, cache_files)
     waiting, doomed = gates(pending, DependencyStates(layout))
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
@@ -333,7 +333,7 @@ def _group_sizes(layout: Layout, rows: list[dict[str, Any]]) -> dict[str, int]:
     return sizes
 
 
-def _freshest_spec_cache(layout: Layout, hosts: list[str]) -> list[Path]:
+def freshest_spec_cache(layout: Layout, hosts: list[str]) -> list[Path]:
     """Every worker caches the same specs: the most recently written cache is enough (a box
     without a worker of its own, a Slurm bridge's, say, may have none)."""
     found = []

@@ -1,0 +1,134 @@
+"""`gpuq history`: sacct for the queue. The jobs that ran or ended in a window, filtered by
+owner, state, name and host, as a table of chosen columns or as JSON (views/history.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import sys
+import time
+from typing import Any, Callable
+
+from gpuq.cli.common import open_layout
+from gpuq.model.moments import parse_moment
+from gpuq.model.text import safe_text
+from gpuq.model.units import format_clock
+from gpuq.views.history import ROW_STATES, SLURM_STATE_CODES, HistoryFilter, history
+from gpuq.views.render import stamp, table
+
+DEFAULT_SINCE = "1d"
+
+
+def _when(t: Any) -> str:
+    return stamp(t, "%m-%d %H:%M") if t is not None else "-"
+
+
+# Each column: its heading and how a row shows in it. The last column is never padded.
+COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "id": ("ID", lambda r: r["id"]),
+    "user": ("USER", lambda r: r["user"] or "?"),
+    "name": ("NAME", lambda r: r["name"]),
+    "state": ("STATE", lambda r: r["state"]),
+    "exit": ("EXIT", lambda r: "-" if r["exit_code"] is None else str(r["exit_code"])),
+    "start": ("START", lambda r: _when(r["start"])),
+    "end": ("END", lambda r: _when(r["end"]) if r["end"] is not None else "-"),
+    "elapsed": ("ELAPSED", lambda r: format_clock(int(r["elapsed_s"])) if r["elapsed_s"] is not None else "-"),
+    "where": ("HOST:GPUS", lambda r: f"{r['host']}:{','.join(map(str, r['gpus'])) or '-'}" if r["host"] else "-"),
+    "attempts": ("ATT", lambda r: str(r["attempts"])),
+    "preempted": ("PRE", lambda r: str(r["preemptions"])),
+    "reason": ("REASON", lambda r: r["reason"] or ""),
+}
+DEFAULT_COLUMNS = ("id", "user", "name", "state", "exit", "start", "elapsed", "where", "reason")
+# sacct's --format names, read as the columns they are.
+SLURM_COLUMNS = {"jobid": "id", "jobname": "name", "exitcode": "exit", "nodelist": "where", "restarts": "attempts"}
+
+
+def add_history_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "-S",
+        "--since",
+        "--starttime",
+        metavar="WHEN",
+        help=f"from this moment: yesterday, 7d, now-2h, 2026-11-01, '2026-11-01 14:00' (default: {DEFAULT_SINCE})",
+    )
+    sp.add_argument("-E", "--until", "--endtime", metavar="WHEN", help="up to this moment (default: now)")
+    who = sp.add_mutually_exclusive_group()
+    who.add_argument("--me", action="store_true", help="only my jobs")
+    who.add_argument("-u", "--user", help="only these users' jobs (comma-separated)")
+    sp.add_argument(
+        "-s",
+        "--state",
+        help="only these states (comma-separated): " + ", ".join(sorted(ROW_STATES)) + "; or sacct's CD, F, CA, TO, R",
+    )
+    sp.add_argument("-n", "--name", help="only jobs of these names (comma-separated; shell patterns: 'train-*')")
+    sp.add_argument("--host", help="only jobs that ran on these hosts (comma-separated)")
+    sp.add_argument(
+        "-o",
+        "--format",
+        help=f"the columns, comma-separated, from: {', '.join(COLUMNS)} (default: {','.join(DEFAULT_COLUMNS)})",
+    )
+    sp.add_argument("--json", action="store_true", help="every column of every row, as JSON")
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    try:
+        wanted = _filter(args, time.time())
+        columns = _columns(args.format)
+    except ValueError as e:
+        print(f"gpuq history: {e}", file=sys.stderr)
+        return 2
+    found = history(open_layout(args), wanted, time.time())
+    if args.json:
+        print(json.dumps(found, separators=(",", ":")))
+        return 0
+    jobs = found["jobs"]
+    if jobs:
+        rows = [[heading for heading, _ in columns], *([safe_text(show(row)) for _, show in columns] for row in jobs)]
+        print("\n".join(line.rstrip() for line in table(rows, indent="")))
+    print(
+        f"{len(jobs)} job{'s' if len(jobs) != 1 else ''} from {stamp(wanted.since, '%Y-%m-%d %H:%M')} "
+        f"to {stamp(wanted.until, '%Y-%m-%d %H:%M')}"
+        + ("" if args.since else " (the last day; --since 7d, --since 2026-11-01 for more)"),
+        file=sys.stderr,
+    )
+    for log, n in sorted(found["skipped_events"].items()):
+        print(f"gpuq history: skipped {n} line(s) of state/events/{log} that are not gpuq's events", file=sys.stderr)
+    return 0
+
+
+def _filter(args: argparse.Namespace, now: float) -> HistoryFilter:
+    """The filter the options ask for; ValueError naming the option and its accepted forms."""
+    since = _moment("--since", args.since or DEFAULT_SINCE, now)
+    until = _moment("--until", args.until, now) if args.until else now
+    if until < since:
+        raise ValueError(f"--until ({args.until}) is before --since ({args.since or DEFAULT_SINCE}); swap them")
+    users = frozenset({pwd.getpwuid(os.getuid()).pw_name}) if args.me else _listed(args.user)
+    states = None
+    if args.state:
+        states = frozenset(SLURM_STATE_CODES.get(s.upper(), s.lower()) for s in _listed(args.state) or ())
+        if unknown := sorted(states - ROW_STATES):
+            raise ValueError(
+                f"--state {', '.join(unknown)}: not a state history lists; use {', '.join(sorted(ROW_STATES))}"
+            )
+    names = tuple(sorted(_listed(args.name) or ())) or None
+    return HistoryFilter(since, until, users, states, names, _listed(args.host))
+
+
+def _moment(option: str, text: str, now: float) -> float:
+    try:
+        return parse_moment(text, now)
+    except ValueError as e:
+        raise ValueError(f"{option} {e}") from None
+
+
+def _listed(text: str | None) -> frozenset[str] | None:
+    return frozenset(part.strip() for part in text.split(",") if part.strip()) if text else None
+
+
+def _columns(asked: str | None) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+    names = [SLURM_COLUMNS.get(n.strip().lower(), n.strip().lower()) for n in asked.split(",")] if asked else []
+    if unknown := [n for n in names if n not in COLUMNS]:
+        raise ValueError(f"--format {', '.join(unknown)}: no such column; choose from {', '.join(COLUMNS)}")
+    return [COLUMNS[n] for n in names or DEFAULT_COLUMNS]
