@@ -132,9 +132,7 @@ def _add_history_verb(sub: _Verbs) -> None:
 def _add_submit_verb(sub: _Verbs) -> None:
     """`gpuq submit`: what a job asks for, and the command after --."""
     sp = _verb(sub, "submit", _lazy("cli.submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
-    sp.add_argument(
-        "-G", "--gpus", type=gpu_count, default=1, help="GPUs on one host (0: CPU only); default 1 (sbatch's -G)"
-    )
+    sp.add_argument("-G", "--gpus", type=gpu_count, help="GPUs on one host (0: CPU only); default 1 (sbatch's -G)")
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
     sp.add_argument("-J", "--name", "--job-name", dest="name", help="label, and the stem of the id (sbatch's -J)")
     sp.add_argument("--id", help="exact job id (default: <name>-<n>)")
@@ -158,7 +156,17 @@ def _add_submit_verb(sub: _Verbs) -> None:
         metavar="afterok:ID[:ID],afterany:ID",
         help="sbatch's spelling of --after (afterok) and --after-any (afterany)",
     )
-    sp.add_argument("--spec", metavar="FILE", help="submit this spec file as it is (checked as a worker would)")
+    sp.add_argument(
+        "--sweep",
+        action="append",
+        metavar="NAME=V1,V2",
+        help="one job per combination of the values, each in the command as {NAME} (repeatable)",
+    )
+    sp.add_argument(
+        "--spec",
+        metavar="FILE",
+        help="submit this spec file (checked as a worker would), with the options given over its fields",
+    )
 
     add_limit_options(sp)
     add_environment_options(sp)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,20 +28,17 @@ from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
 from gpuq.spool.submit import (
     SubmitError,
-    build_spec,
-    check_dependencies,
     check_runnable_by_workers,
     check_size,
     checked_spec_text,
     exported_environment,
     free_id,
-    place_spec,
     readable_base,
     spec_bytes,
     withheld_note,
     write_spec,
 )
-from gpuq.spool.sweeps import array_members
+from gpuq.spool.sweeps import array_members, sweep_members
 from gpuq.spool.teamstate import load_heartbeats
 
 
@@ -61,30 +59,12 @@ def _never_fits(layout, spec) -> str | None:
     return f"no GPU in the team can ever hold this job: {refused}. Fix: {fix}. Nothing was written."
 
 
-def _submit_file(args: argparse.Namespace, command: list[str]) -> int:
-    """`gpuq submit --spec FILE`: the file as is, refused exactly as a worker would refuse it."""
-    if command:
-        print("gpuq submit: give either --spec FILE or a command, not both", file=sys.stderr)
-        return 2
-    try:
-        raw, _ = read_spec_file(Path(args.spec), args.spec)
-        spec = parse_spec_text(raw, args.spec)
-        layout = open_layout(args)
-        if refused := _never_fits(layout, spec):
-            print(f"gpuq submit: {args.spec}: {refused}", file=sys.stderr)
-            return 2
-        config = read_config(layout)
-        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs, config.admins, spec)
-        check_dependencies(layout, spec)
-        base = readable_base([], Path(args.spec).stem)
-        job_id = free_id(layout, args.id, base) if args.hold else place_spec(layout, raw, args.id, base)
-    except SpecError as e:
-        print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
-        return 2
-    except (SubmitError, OSError) as e:
-        print(f"gpuq submit: {args.spec}: {e}", file=sys.stderr)
-        return 2
-    return _submitted(args, job_id, raw if args.hold else None)
+def _file_fields(path: str) -> dict:
+    """`gpuq submit --spec FILE`: the file's fields, once the file alone has been checked
+    exactly as a worker would check it (the same refusal, naming the file)."""
+    raw, _ = read_spec_file(Path(path), path)
+    parse_spec_text(raw, path)
+    return load_yaml(raw, path)
 
 
 def _submitted(args: argparse.Namespace, job_id: str, held_text: bytes | None = None) -> int:
@@ -102,11 +82,10 @@ def _submitted(args: argparse.Namespace, job_id: str, held_text: bytes | None = 
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-
+    """Options -> a spec, or with --spec FILE the file's fields with the options over them
+    (as sbatch's options win over a script's #SBATCH lines): never one dropped silently."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.spec:
-        return _submit_file(args, command)
-    if not command:
+    if not command and not args.spec:
         print(
             "gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- python train.py",
             file=sys.stderr,
@@ -114,55 +93,56 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 2
     layout = open_layout(args)
     try:
-        dependencies = _dependencies(args)
+        from_file = _file_fields(args.spec) if args.spec else {}
         from_extras = extras_fields(args)
-        env, withheld = exported_environment(args.export, isolated=_isolated(from_extras))
-    except SubmitError as e:
-        print(f"gpuq submit: {e}. Nothing was written.", file=sys.stderr)
+        env, withheld = exported_environment(args.export, isolated=_isolated({**from_file, **from_extras}))
+        given = {**_given_fields(args, command), **from_extras}
+    except SpecError as e:
+        print(f"gpuq submit: {e} Nothing was written.", file=sys.stderr)
+        return 2
+    except (SubmitError, OSError) as e:
+        print(f"gpuq submit: {args.spec + ': ' if args.spec else ''}{e}. Nothing was written.", file=sys.stderr)
         return 2
     for pair in args.env or []:
         key, sep, value = pair.partition("=")
         if not sep:
             print(f"gpuq submit: --env {pair!r}: write NAME=VALUE", file=sys.stderr)
             return 2
-        env[key] = value
-    data = build_spec(
-        command,
-        args.gpus,
-        args.gpu_mem,
-        args.name,
-        args.priority,
-        args.hosts.split(",") if args.hosts else None,
-        env,
-        os.path.abspath(args.workdir or os.getcwd()),
-        *dependencies,
-    )
+        given.setdefault("env", {})[key] = value
+    if replaced := sorted(k for k in given if k != "env" and k in from_file and from_file[k] != given[k]):
+        changes = ", ".join(f"{k} ({from_file[k]!r} -> {given[k]!r})" for k in replaced)
+        print(f"gpuq submit: {args.spec}: the options given replace its {changes}", file=sys.stderr)
+    # Where the file is silent, what a submit from here means: this directory, whole GPUs, one
+    # of them, and the environment exported (the file's variables and --env over it).
+    data = {"gpus": 1, "workdir": os.getcwd(), **from_file, **given}
+    data["env"] = {**env, **(from_file.get("env") or {}), **given.get("env", {})}
     try:
         config = read_config(layout)
-        data.update({**environment_fields(args), **from_extras})
-        data.update(limit_fields(args))
         checked = validate_spec(data, "gpuq submit")
         check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs, config.admins, checked)
         if refused := _never_fits(layout, checked):
             print(f"gpuq submit: {refused}", file=sys.stderr)
             return 2
-        if args.array and args.hold:
+        if (args.array or args.sweep) and args.hold:
             raise SubmitError(
-                "--hold does not take --array yet: submit the array, then `gpuq hold ID` "
+                "--hold does not take --array or --sweep yet: submit the group, then `gpuq hold ID` "
                 "its members. Nothing was written."
             )
+        base = readable_base(command, args.name or checked.name or (Path(args.spec).stem if args.spec else None))
         if args.array:
             check_size(spec_bytes(data), env)  # each member is this spec and two variables
-            job_id = submit_array(layout, data, args)
+            job_id = submit_array(layout, data, args, base)
             if job_id is None:
                 return 2
+        elif checked.sweep:
+            job_id = write_spec(layout, data, args.id, base)
+            members = [member for member, _ in sweep_members(data, job_id)]
+            print(f"{job_id}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {job_id})")
+        elif args.hold:
+            held_text = checked_spec_text(layout, data)
+            job_id = free_id(layout, args.id, base)
         else:
-            base = readable_base(command, args.name)
-            if args.hold:
-                held_text = checked_spec_text(layout, data)
-                job_id = free_id(layout, args.id, base)
-            else:
-                job_id = write_spec(layout, data, args.id, base)
+            job_id = write_spec(layout, data, args.id, base)
     except SpecError as e:
         optional = e.field in SUBMIT_OPTIONS or e.field in from_extras
         where = f"--{e.field.replace('_', '-')}" if e.field and optional else (e.field or "spec")
@@ -171,7 +151,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except SubmitError as e:
         print(f"gpuq submit: {e}", file=sys.stderr)
         return 2
-    if withheld := [name for name in withheld if name not in env]:  # (--env may set one)
+    if withheld := [name for name in withheld if name not in data["env"]]:  # (--env may set one)
         print(withheld_note(withheld), file=sys.stderr)
     if args.workdir and not os.path.isdir(data["workdir"]):  # a box's local disk may have it: a warning
         print(
@@ -180,7 +160,47 @@ def cmd_submit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     poke(layout.local_dir(this_host(), config.local_dir))
-    return _submitted(args, job_id, held_text if args.hold else None)
+    return _submitted(args, job_id, held_text if args.hold and not args.array else None)
+
+
+def _given_fields(args: argparse.Namespace, command: list[str]) -> dict:
+    """The spec fields the options given set (an option left out sets nothing)."""
+    after, after_any = _dependencies(args)
+    given: dict = {}
+    if command:
+        given["command"] = command[0] if len(command) == 1 else command
+    if args.gpus is not None:
+        given["gpus"] = args.gpus
+    for field in ("gpu_mem", "name"):
+        if getattr(args, field):
+            given[field] = getattr(args, field)
+    if args.priority is not None:
+        given["priority"] = int(args.priority) if re.fullmatch(r"-?\d+", args.priority) else args.priority
+    if args.hosts:
+        given["hosts"] = args.hosts.split(",")
+    if args.workdir:
+        given["workdir"] = os.path.abspath(args.workdir)
+    if after:
+        given["after"] = after
+    if after_any:
+        given["after_any"] = after_any
+    if args.sweep:
+        given["sweep"] = _sweep(args.sweep)
+    return {**given, **environment_fields(args), **limit_fields(args)}
+
+
+def _sweep(values: list[str]) -> dict[str, list[str]]:
+    """--sweep lr=1e-3,3e-4 --sweep seed=1,2,3 -> {lr: [1e-3, 3e-4], seed: [1, 2, 3]}, each value
+    as typed (substituted into the command as text: 1e-3 stays 1e-3)."""
+    sweep: dict[str, list[str]] = {}
+    for value in values:
+        name, sep, listed = value.partition("=")
+        if not sep or not name.strip() or not listed.strip():
+            raise SubmitError(f"--sweep {value!r}: write NAME=VALUE,VALUE,... such as lr=1e-3,3e-4")
+        if name.strip() in sweep:
+            raise SubmitError(f"--sweep {name.strip()} is given twice: give its values once, comma-separated")
+        sweep[name.strip()] = [v.strip() for v in listed.split(",") if v.strip()]
+    return sweep
 
 
 LIMIT_OPTIONS = ("time_limit", "gpu_compute", "cpus", "mem", "grace", "retries", "restart")
@@ -198,6 +218,7 @@ SUBMIT_OPTIONS = (
     "conda",
     "setup",
     "preemptible",
+    "sweep",
     *LIMIT_OPTIONS,
 )
 
@@ -255,9 +276,9 @@ def extras_fields(args: argparse.Namespace) -> dict:
 
 
 def _isolated(fields: dict) -> bool:
-    """Whether one of these extras' fields keeps the host's environment from the job (an
-    image's own): then `--export` defaults to NONE."""
-    return any(hooks.registry().spec_fields[name].isolated for name in fields)
+    """Whether one of these fields is an extra's that keeps the host's environment from the
+    job (an image's own): then `--export` defaults to NONE."""
+    return any(extra.isolated for name, extra in hooks.registry().spec_fields.items() if name in fields)
 
 
 def environment_fields(args: argparse.Namespace) -> dict:
@@ -307,16 +328,15 @@ def never_fits(layout: Layout, config: Config, job: PendingJob) -> str | None:
     return None if decided.starts else decided.reasons.get(job.id)
 
 
-def submit_array(layout, data: dict, args: argparse.Namespace) -> str | None:
+def submit_array(layout, data: dict, args: argparse.Namespace, base: str) -> str | None:
     """`gpuq submit --array 0-9`: one spec with `array: 0-9` in jobs/; the worker that reads
     it writes one job per index, <id>_<index>, each with GPUQ_ARRAY_INDEX (spool/sweeps.py)."""
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         indices = parse_array(args.array)
     except GroupError as e:
         print(f"gpuq submit: {e}", file=sys.stderr)
         return None
-    group = write_spec(layout, {**data, "array": args.array}, args.id, readable_base(command, args.name))
+    group = write_spec(layout, {**data, "array": args.array}, args.id, base)
     members = [member for member, _ in array_members(data, group, indices)]
     print(f"{group}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {group}; gpuq cancel {group})")
     return group

@@ -43,7 +43,12 @@ FIELDS: dict[str, Field] = {
         "Queue order: class first, then the integer (higher first), then age.",
         "high",
     ),
-    "workdir": Field("absolute path", "the worker's root", "Directory the command runs in.", "/home/ana/proj"),
+    "workdir": Field(
+        "absolute path",
+        "the owner's home (a queue one user runs as themselves: its root); `gpuq submit`: the current directory",
+        "Directory the command runs in.",
+        "/home/ana/proj",
+    ),
     "env": Field("mapping of string to string", "{}", "Extra environment variables.", "{WANDB_MODE: offline}"),
     "hosts": Field("list of host names", "any host", "Run only on these hosts.", "[box-a]"),
     "preemptible": Field(

@@ -72,7 +72,7 @@ def shell_exit_note(exit_code: int | None, spec: JobSpec, identity: Identity | N
     if exit_code not in (126, 127):
         return None
     path = spec.env.get("PATH") or base_environment(identity).get("PATH", "")
-    where = f"the job's PATH was {path} and it ran in {spec.workdir or 'the queue root'}"
+    where = f"the job's PATH was {path} and it ran in {spec.workdir or default_workdir(identity, 'the queue root')}"
     if exit_code == 127:
         return (
             f"exit 127: the shell found no such command; {where}. Fix: give the command's full path, "
@@ -238,6 +238,13 @@ class Launch:
     wrapped: Wrapped | None = None
 
 
+def default_workdir(identity: Identity | None, root: str) -> str:
+    """Where a spec without `workdir` runs (one dropped by hand): its owner's home, where they
+    may write, not the queue root that members cannot write; the root where the job runs as
+    the worker's own account (a queue of one user's own), or where this box has no such home."""
+    return identity.home if identity is not None and os.path.isdir(identity.home) else root
+
+
 def build_launch(
     rt: Runtime, record: Record, spec: JobSpec, identity: Identity | None, preview: bool = False
 ) -> Launch:
@@ -245,7 +252,7 @@ def build_launch(
     environment plus the job's variables, or as a launch wrapper of the extras says (through
     its container's runtime, whose container sees only the job's variables). Raises
     CannotStart, also for a spec field whose extra is not here."""
-    workdir = spec.workdir or str(rt.layout.root)
+    workdir = spec.workdir or default_workdir(identity, str(rt.layout.root))
     inner = command_argv(spec.command, prelude_lines(spec.venv, spec.conda, spec.setup))
     variables = job_variables(rt, record, spec)
     base = base_environment(identity)

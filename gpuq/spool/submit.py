@@ -106,37 +106,6 @@ def check_size(text: bytes, env: dict[str, str]) -> None:
     )
 
 
-def build_spec(
-    command: list[str],
-    gpus: int,
-    gpu_mem: str | None,
-    name: str | None,
-    priority: str | None,
-    hosts: list[str] | None,
-    env: dict[str, str],
-    workdir: str,
-    after: list[str] | None = None,
-    after_any: list[str] | None = None,
-) -> dict[str, Any]:
-    """The spec as a user would have written it. One argument is a shell command line."""
-    data: dict[str, Any] = {"command": command[0] if len(command) == 1 else command, "gpus": gpus}
-    if after:
-        data["after"] = after
-    if after_any:
-        data["after_any"] = after_any
-    if gpu_mem:
-        data["gpu_mem"] = gpu_mem
-    if name:
-        data["name"] = name
-    if priority is not None:
-        data["priority"] = int(priority) if re.fullmatch(r"-?\d+", priority) else priority
-    if hosts:
-        data["hosts"] = hosts
-    data["workdir"] = workdir
-    data["env"] = env
-    return data
-
-
 def readable_base(command: list[str], name: str | None) -> str:
     """A short id stem from --name or the command: `python train.py` -> `train`."""
     source = name or ""

@@ -1,0 +1,81 @@
+"""Submitting as people do from a shell: a sweep from options (`--sweep lr=1e-3,3e-4`), a spec
+file with options over it (`--spec FILE --gpus 0 -t 10`, never an option dropped silently),
+and a spec dropped by hand without `workdir`, which runs in its owner's home. Through the real
+CLI and worker; the home as a created member's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from team import ALICE
+
+from conftest import wait_until
+
+pytestmark = pytest.mark.slow  # workers and members' CLIs
+
+
+def test_a_sweep_from_the_shell_runs_every_combination_with_its_values_as_typed(queue):
+    out = queue.gpuq(
+        "submit", "--gpus", "0", "-J", "hp", "--sweep", "lr=1e-3,3e-4", "--sweep", "seed=1,2,3",
+        "--", "echo", "lr={lr}", "seed={seed}",
+    )  # fmt: skip
+    group = out.stdout.splitlines()[-1]
+    assert group == "hp-1" and out.stdout.startswith("hp-1: 6 jobs, hp-1_lr1e-3-seed1 ... hp-1_lr3e-4-seed3")
+    queue.start_worker("a", "1x80GiB")
+    assert queue.gpuq("wait", group, timeout=120).returncode == 0
+    members = json.loads(queue.gpuq("show", group, "--json").stdout)["members"]
+    assert len(members) == 6 and {m["state"] for m in members} == {"done"}
+    assert "lr=3e-4 seed=2" in queue.log("hp-1_lr3e-4-seed2").splitlines()  # the output line, values as typed
+    for bad, says in (
+        (["--sweep", "lr", "--", "echo", "{lr}"], "--sweep 'lr': write NAME=VALUE,VALUE"),
+        (["--sweep", "lr=1", "--sweep", "lr=2", "--", "echo", "{lr}"], "--sweep lr is given twice"),
+        (["--sweep", "lr=1,2", "--", "echo", "x"], "--sweep: lr is not used in command"),
+        (["--sweep", "lr=1", "--array", "0-1", "--", "echo", "{lr}"], "cannot be combined with sweep"),
+    ):
+        refused = queue.gpuq("submit", "--gpus", "0", *bad, check=False)
+        assert refused.returncode == 2 and says in refused.stderr, (bad, refused.stderr)
+    assert not list((queue.root / "jobs").glob("*.yaml"))  # nothing written by a refusal
+
+
+def test_options_given_with_a_spec_file_go_over_its_fields_and_say_so(queue, tmp_path):
+    spec = tmp_path / "train.yaml"
+    spec.write_text("command: echo dir=$(pwd) x=$X path=$PATH\ngpus: 1\ngpu_mem: 500GiB\nname: train\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**queue.env(), "PATH": f"/opt/my-tools/bin:{os.environ['PATH']}"}
+    out = queue.gpuq(
+        "submit", "--spec", str(spec), "--gpu-mem", "1GiB", "-t", "10", "--env", "X=1", "--workdir", str(work), env=env
+    )
+    job = out.stdout.splitlines()[-1]
+    assert job == "train-1"
+    # A 500 GiB ask fits nowhere; the --gpu-mem given replaces it, and says so.
+    assert "the options given replace its gpu_mem ('500GiB' -> '1GiB')" in out.stderr, out.stderr
+    queue.start_worker("a", "1x80GiB")
+    assert queue.gpuq("wait", job, timeout=120).returncode == 0
+    line = next(ln for ln in queue.log(job).splitlines() if ln.startswith("dir="))
+    assert line.startswith(f"dir={work} x=1 path=/opt/my-tools/bin:"), line  # the submitter's PATH, exported
+    assert queue.finished(job)["spec"]["time_limit_s"] == 600  # -t 10: ten minutes
+    # The file alone is still checked as a worker would check it, naming the file.
+    spec.write_text("command: echo\ngpus: lots\n")
+    bad = queue.gpuq("submit", "--spec", str(spec), "--gpus", "0", check=False)
+    assert bad.returncode == 2 and str(spec) in bad.stderr and "gpus" in bad.stderr
+
+
+def test_a_spec_dropped_without_workdir_runs_in_its_owners_home(team):
+    home = Path(team.users[ALICE].pw_dir)  # the created member's home, made for this test
+    home.mkdir(parents=True)
+    try:
+        shutil.chown(home, team.users[ALICE].pw_uid, team.users[ALICE].pw_gid)
+        home.chmod(0o700)
+        team.write_config(poll_interval=0.2)
+        team.drop_as(ALICE, "where.yaml", "command: pwd; touch made-here\ngpus: 0\n")
+        team.start_worker("a", "1x80GiB")
+        wait_until(lambda: team.finished("where"), timeout=90, what="the job to end")
+        assert team.finished("where")["state"] == "done", team.log("where")
+        assert (home / "made-here").exists() and str(home) in team.log("where")
+    finally:
+        shutil.rmtree(home.parent if home.parent.name == "nonexistent" else home, ignore_errors=True)
