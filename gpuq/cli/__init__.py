@@ -143,7 +143,15 @@ def _add_submit_verb(sub: _Verbs) -> None:
     sp.add_argument(
         "--array",
         metavar="INDICES",
-        help="one job per index (0-9, 1-9:2, 1,4,7), each with GPUQ_ARRAY_INDEX; ids <id>_<index>",
+        help="one job per index (0-9, 1-9:2, 1,4,7; 0-9%%2: at most 2 at once), each with GPUQ_ARRAY_INDEX; "
+        "ids <id>_<index>",
+    )
+    sp.add_argument(
+        "-b",
+        "--begin",
+        metavar="WHEN",
+        help="start no earlier than this (sbatch's --begin): now+1hour, 2h, 16:00 (tomorrow once past), "
+        "tomorrow, 2026-12-24T08:00",
     )
     sp.add_argument("--after", action="append", metavar="ID[,ID]", help="start after these jobs succeeded")
     sp.add_argument(

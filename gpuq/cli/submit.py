@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import re
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from gpuq.model.errors import SpecError
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.groups import GroupError, parse_array
 from gpuq.model.jobs import HostView, PendingJob
+from gpuq.model.moments import parse_moment
 from gpuq.model.spec import parse_spec_text, validate_spec
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.units import format_limit, parse_slurm_time_s
@@ -186,6 +189,13 @@ def _given_fields(args: argparse.Namespace, command: list[str]) -> dict:
         given["after_any"] = after_any
     if args.sweep:
         given["sweep"] = _sweep(args.sweep)
+    if args.begin:
+        try:
+            begin = parse_moment(args.begin, time.time(), ahead=True)
+        except ValueError as e:
+            raise SubmitError(f"--begin {e}") from None
+        # As a spec writes it: the instant, with this box's offset (another box's clock zone may differ).
+        given["begin"] = datetime.datetime.fromtimestamp(begin).astimezone().isoformat(timespec="seconds")
     return {**given, **environment_fields(args), **limit_fields(args)}
 
 

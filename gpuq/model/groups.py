@@ -1,4 +1,4 @@
-"""Job groups as written: a spec's `sweep:` and `array:` (Slurm's --array syntax, without %),
+"""Job groups as written: a spec's `sweep:` and `array:` (Slurm's --array syntax, with %N),
 their checks and limits, and the error a bad `--array` raises."""
 
 from __future__ import annotations
@@ -19,8 +19,21 @@ class GroupError(Exception):
     pass
 
 
+def array_limit(text: str) -> int | None:
+    """'0-9%2' -> 2: at most that many of the array's jobs run at once (Slurm's %N); None without."""
+    _, percent, limit = text.partition("%")
+    if not percent:
+        return None
+    if not limit.strip().isdigit() or int(limit) < 1:
+        raise GroupError(f"--array {text!r}: after % give how many may run at once, like 0-9%2")
+    return int(limit)
+
+
 def parse_array(text: str) -> list[int]:
-    """'0-9', '1-9:2', '1,4,7', '0-3,10' -> the indices (Slurm's --array syntax, without %)."""
+    """'0-9', '1-9:2', '1,4,7', '0-3,10', '0-9%2' -> the indices (Slurm's --array syntax; the
+    limit after % is array_limit's)."""
+    array_limit(text)  # a bad limit is refused with the indices
+    text = text.partition("%")[0]
     out: list[int] = []
     for part in text.split(","):
         m = ARRAY_RE.match(part.strip())

@@ -25,7 +25,8 @@ class PendingJob:
     def __post_init__(self) -> None:
         spec = self.spec
         object.__setattr__(self, "order", (CLASS_RANK[spec.priority_class], -spec.priority))
-        object.__setattr__(self, "gated", bool(spec.after or spec.after_any or spec.sweep or spec.array))
+        gated = spec.after or spec.after_any or spec.sweep or spec.array or spec.array_limit or spec.begin_at
+        object.__setattr__(self, "gated", bool(gated))
 
     @property
     def opportunistic(self) -> bool:

@@ -6,6 +6,8 @@ A spec is YAML. `parse_spec_text` turns bytes into a validated `JobSpec` or rais
 
 from __future__ import annotations
 
+import datetime
+import math
 import re
 import shlex
 from collections.abc import Mapping
@@ -52,6 +54,8 @@ class JobSpec:
     after_any: tuple[str, ...] = ()  # ... or after these ended, whatever the result
     sweep: tuple[tuple[str, tuple], ...] = ()  # spool/sweeps.py: expanded into member jobs, never run itself
     array: str | None = None  # spool/sweeps.py: `0-9` -> member jobs <id>_<index>, never run itself
+    array_limit: int | None = None  # spool/deps.py: at most this many of its array's members run at once
+    begin_at: float | None = None  # spool/deps.py: not started before this Unix time (sbatch --begin)
     restart: str = "never"  # sched/restarts.py: a service restarted in place after it ends
     venv: str | None = None  # activated before the command ...
     conda: str | None = None  # ... and this conda environment ...
@@ -89,6 +93,8 @@ class JobSpec:
             "after_any": list(self.after_any),
             "sweep": {k: list(v) for k, v in self.sweep},
             "array": self.array,
+            "array_limit": self.array_limit,
+            "begin_at": self.begin_at,
             "restart": self.restart,
             "venv": self.venv,
             "conda": self.conda,
@@ -124,6 +130,8 @@ class JobSpec:
             after_any=tuple(d.get("after_any", ())),
             sweep=tuple((k, tuple(v)) for k, v in (d.get("sweep") or {}).items()),
             array=d.get("array"),
+            array_limit=d.get("array_limit"),
+            begin_at=d.get("begin_at"),
             restart=d.get("restart", "never"),
             venv=d.get("venv"),
             conda=d.get("conda"),
@@ -223,12 +231,41 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         after_any=_job_ids(data.get("after_any"), "after_any", file),
         sweep=sweep,
         array=array,
+        array_limit=_array_limit(data.get("array_limit"), file),
+        begin_at=_begin(data.get("begin"), file),
         restart=_restart(data.get("restart"), file),
         venv=parse_venv(data.get("venv"), fail),
         conda=parse_conda(data.get("conda"), fail),
         setup=parse_setup(data.get("setup"), fail),
         extras=extras,
     )
+
+
+def _array_limit(value: Any, file: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise SpecError(file, "array_limit", f"must be a whole number of jobs, 1 or more, not {value!r}", "write 2")
+    return value
+
+
+def _begin(value: Any, file: str) -> float | None:
+    """`begin:` as an instant: an ISO 8601 time (local where it gives no offset), or a Unix time.
+    Relative forms (now+1hour) are the CLI's: a file has no "now" of its own."""
+    fix = 'write a time like "2026-12-24T08:00" (quoted), or use `gpuq submit --begin now+1hour`'
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    if isinstance(value, (datetime.datetime, datetime.date)):  # YAML's own timestamps (not in gpuq's reader)
+        value = value.isoformat()
+    if isinstance(value, str):
+        try:
+            when = datetime.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise SpecError(file, "begin", f"{value!r} is not a time gpuq reads", fix) from None
+        return when.timestamp()  # naive: local time, as the box that submitted meant it
+    raise SpecError(file, "begin", f"must be a time, not {kind_of(value)}", fix)
 
 
 def _extra_fields(data: dict, file: str) -> dict[str, Any]:

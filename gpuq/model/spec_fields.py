@@ -110,9 +110,22 @@ FIELDS: dict[str, Field] = {
         "indices: 0-9, 1-9:2 or 1,4,7",
         "none",
         "One job per index, each with GPUQ_ARRAY_INDEX "
-        "(Slurm's --array); member ids <id>_<index>. `gpuq submit --array` writes it. "
-        "At most 1,000 jobs, and 4 MiB of specs together.",
-        '"0-9"',
+        "(Slurm's --array); member ids <id>_<index>; `%N` after the indices: at most N of them run at once. "
+        "`gpuq submit --array` writes it. At most 1,000 jobs, and 4 MiB of specs together.",
+        '"0-9%2"',
+    ),
+    "array_limit": Field(
+        "whole number ≥ 1",
+        "none",
+        "At most this many jobs of the member's array run at once (each member of `array: 0-9%2` gets it).",
+        "2",
+    ),
+    "begin": Field(
+        "a time: 2026-12-24T08:00, '2026-12-24 08:00', with an offset (+01:00), or a Unix time",
+        "none",
+        "Start no earlier than this (sbatch's --begin; `gpuq submit --begin now+1hour` writes it). "
+        "Local time where no offset is given.",
+        '"2026-12-24T08:00"',
     ),
     "restart": Field(
         "never, on-failure or always",

@@ -47,6 +47,7 @@ UNKNOWN = "unknown"  # it waits behind a job without a time limit
 NO_ROOM = "no room"  # no GPU has room for it even once every job it waits behind has ended
 LATER = "later"  # not within HORIZON_S: more than 90 days ahead
 AFTER_DEPENDENCIES = "after deps"  # it may not start before other jobs end (its dependencies)
+AFTER_BEGIN = "after begin"  # it may not start before its begin time (sbatch --begin)
 WHEN_IDLE = "when idle"  # opportunistic: it starts on GPUs ordinary work leaves idle
 NOT_ESTIMATED = "-"  # beyond the rows estimated, or more moments ahead than MAX_STEPS
 
@@ -58,6 +59,22 @@ class Estimate:
 
     starts: dict[str, float] = field(default_factory=dict)
     why_none: dict[str, str] = field(default_factory=dict)
+
+
+def _replayed(
+    pending: Sequence[PendingJob], blocked: Mapping[str, str], now: float, why_none: dict[str, str]
+) -> list[PendingJob]:
+    """The jobs the replay places; why each other one has no estimate goes into `why_none`."""
+    waiting = []
+    for j in pending:
+        if j.opportunistic:  # it yields to ordinary work: a replay of it would say little
+            why_none[j.id] = WHEN_IDLE
+        elif j.id in blocked:
+            begins_later = j.spec.begin_at is not None and j.spec.begin_at > now
+            why_none[j.id] = AFTER_BEGIN if begins_later else AFTER_DEPENDENCIES
+        else:
+            waiting.append(j)
+    return waiting
 
 
 def replay_starts(
@@ -75,16 +92,9 @@ def replay_starts(
     """When each pending job is expected to start at the latest (`starts`, for the jobs the
     replay starts), and why each of the others has no estimate (`why_none`). `estimates`: how
     long jobs without a time limit are expected to run (learned_runs); `needs`: as plan's."""
-    estimates, blocked = estimates or {}, blocked or {}
+    estimates = estimates or {}
     result = Estimate()
-    waiting = []
-    for j in pending:
-        if j.opportunistic:  # it yields to ordinary work: a replay of it would say little
-            result.why_none[j.id] = WHEN_IDLE
-        elif j.id in blocked:
-            result.why_none[j.id] = AFTER_DEPENDENCIES
-        else:
-            waiting.append(j)
+    waiting = _replayed(pending, blocked or {}, now, result.why_none)
     active = [r for r in running if not r.preemptible]
     starts = result.starts
     t = now

@@ -17,7 +17,9 @@ import os
 from typing import Iterable, Mapping
 
 from gpuq.host.files import read_json
+from gpuq.model.jobs import PendingJob
 from gpuq.model.spec import JobSpec
+from gpuq.spool.eligible import not_yet
 from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import claims_of, pending_spec_path
@@ -138,12 +140,16 @@ def _read(path) -> object:
         return None
 
 
-def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], dict[str, str]]:
+def gates(
+    pending: Iterable[PendingJob], states: DependencyStates, now: float, running: Iterable[str] = ()
+) -> tuple[dict[str, str], dict[str, str]]:
     """For PendingJobs: ({id: why it waits}, {id: why it can never start}). A sweep spec
-    waits too: it is never run itself (spool/sweeps.py)."""
+    waits too: it is never run itself (spool/sweeps.py); so do jobs before their begin time
+    and an array's members over its limit, given the ids that run (spool/eligible.py)."""
     with_deps = [j for j in pending if j.gated]
     if not with_deps:
         return {}, {}
+    held_back = not_yet(with_deps, now, running)
     ids = referenced(j.spec for j in with_deps)
     known = states.lookup(ids)
     origins = states.origins(ids)
@@ -156,6 +162,6 @@ def gates(pending: Iterable, states: DependencyStates) -> tuple[dict[str, str], 
         wait, doom = gate(job.spec, known, origins, job.user, job.queued_at)
         if doom:
             doomed[job.id] = doom
-        elif wait:
-            waiting[job.id] = wait
+        elif wait or job.id in held_back:
+            waiting[job.id] = wait or held_back[job.id]
     return waiting, doomed

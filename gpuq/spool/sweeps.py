@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from gpuq.host.files import create_owned, read_json, write_json
-from gpuq.model.groups import GroupError, parse_array
+from gpuq.model.groups import GroupError, array_limit, parse_array
 from gpuq.model.names import JOB_ID_RE
 from gpuq.spool.ids import reserve
 from gpuq.spool.intake import read_spec_file, user_name
@@ -153,6 +153,8 @@ def group_members(data: dict[str, Any], group: str) -> tuple[str, list[tuple[str
     """(kind, members) of a validated sweep or array spec's data."""
     if data.get("array") is not None:
         base = {k: v for k, v in data.items() if k != "array"}
+        if (limit := array_limit(str(data["array"]))) is not None:
+            base["array_limit"] = limit  # each member knows how many of its array may run at once
         return "array", array_members(base, group, parse_array(str(data["array"])))
     return "sweep", sweep_members(data, group)
 

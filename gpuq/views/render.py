@@ -47,7 +47,7 @@ def table(rows: list[list[str]], indent: str = "  ") -> list[str]:
 def start_by(expected: Any, now: float, why_none: Any = None) -> str:
     """A pending job's expected start (sched/estimate.py) in a few characters: "now", a time
     today, a day and a time later; without one, why in a word or two ("unknown": a job ahead
-    has no time limit; "no room": it fits nowhere even once the jobs ahead end; "after deps",
+    has no time limit; "no room": it fits nowhere even once the jobs ahead end; "after deps", "after begin",
     "when idle", "later": over 90 days; "-": not estimated)."""
     if not isinstance(expected, (int, float)) or isinstance(expected, bool):
         return why_none if isinstance(why_none, str) and why_none else "-"

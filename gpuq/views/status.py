@@ -173,7 +173,7 @@ def _plan_queue(
     # Every worker caches the same specs: the freshest cache is enough.
     cache_files = freshest_spec_cache(layout, [hb["host"] for hb in beats])
     pending, problems = load_pending_for_view(layout, cache_files)
-    waiting, doomed = gates(pending, DependencyStates(layout))
+    waiting, doomed = gates(pending, DependencyStates(layout), now, (j.id for j in team.running))
     blocked = {**waiting, **{j: f"{why}: its worker cancels it" for j, why in doomed.items()}}
     booked = hooks.set_aside(layout, now)  # the extras' placement rules (bookings), read now
     needs = hooks.needs_of(config)

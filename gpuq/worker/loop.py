@@ -529,7 +529,7 @@ class Worker:
             window_open(self.config.idle_windows, now),
         )
         booked = hooks.set_aside(self.layout, now)  # the extras' placement rules (bookings), read now
-        waiting, doomed = gates(self.intake.pending(), self.dep_states)
+        waiting, doomed = gates(self.intake.pending(), self.dep_states, now, (j.id for j in team.running))
         for job_id, why in doomed.items():
             self._cancel_doomed(job_id, why)
         settling = self.clock.mono() - self.born < STARTUP_SETTLE_S

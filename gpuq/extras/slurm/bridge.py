@@ -368,7 +368,7 @@ class BridgeWorker(Worker):
         if not pending:
             return
         handed = handed_over(self.layout.state / "slurm")
-        _, doomed = gates(pending, self.dep_states)
+        _, doomed = gates(pending, self.dep_states, wall_time())
         for job_id, why in doomed.items():
             self._cancel_doomed(job_id, why)
         states = self.dep_states.lookup(referenced(j.spec for j in pending))

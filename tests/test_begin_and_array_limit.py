@@ -1,0 +1,75 @@
+"""sbatch's --begin and --array 0-9%2: a job waits for its begin time, and an array runs at most
+N members at once, the lowest indices first. The rule itself (spool/eligible.py), the spec
+fields, and both through the real CLI and worker."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+import pytest
+
+from gpuq.model.errors import SpecError
+from gpuq.model.jobs import PendingJob
+from gpuq.model.spec import JobSpec, parse_spec_text
+from gpuq.spool.eligible import not_yet
+
+NOW = 1_800_000_000.0
+
+
+def _job(job_id: str, **spec: object) -> PendingJob:
+    return PendingJob(job_id, "ana", JobSpec(command="true", **spec), NOW - 60)  # type: ignore[arg-type]
+
+
+def test_a_job_waits_for_its_begin_time_and_an_array_for_its_limit():
+    members = [_job(f"arr_{i}", array_limit=2) for i in (10, 9, 2, 1, 0)]
+    held = not_yet(
+        [_job("later", begin_at=NOW + 60), _job("due", begin_at=NOW), _job("other_0"), *members],
+        NOW,
+        running=["arr_3", "elsewhere_1"],
+    )
+    assert held["later"].startswith("begins at ") and held["later"].endswith("(--begin)")
+    assert "due" not in held and "other_0" not in held
+    # One of the array runs, so one more may start: the lowest index (0, never 10 before 9).
+    assert sorted(held) == ["arr_1", "arr_10", "arr_2", "arr_9", "later"]
+    assert held["arr_1"] == "array limit: 1 of arr running, at most 2 at once (%2)"
+    assert not_yet(members, NOW, running=["arr_3", "arr_4"]).keys() == {m.id for m in members}
+
+
+def test_the_spec_fields_read_begin_and_the_arrays_limit():
+    at = parse_spec_text(b'command: x\nbegin: "2026-12-24T08:00:00+01:00"\n', "f.yaml").begin_at
+    assert at == datetime.datetime(2026, 12, 24, 7, 0, tzinfo=datetime.timezone.utc).timestamp()
+    local = parse_spec_text(b'command: x\nbegin: "2026-12-24 08:00"\n', "f.yaml").begin_at
+    assert local == time.mktime((2026, 12, 24, 8, 0, 0, 0, 0, -1))
+    assert parse_spec_text(b"command: x\nbegin: 1800000000\n", "f.yaml").begin_at == NOW
+    assert parse_spec_text(b'command: x\narray: "0-9%2"\n', "f.yaml").array == "0-9%2"
+    for bad, field in (
+        (b"command: x\nbegin: soon\n", "begin"),
+        (b"command: x\nbegin: [1]\n", "begin"),
+        (b'command: x\narray: "0-9%0"\n', "array"),
+        (b"command: x\narray_limit: 0\n", "array_limit"),
+    ):
+        with pytest.raises(SpecError) as refused:
+            parse_spec_text(bad, "f.yaml")
+        assert refused.value.field == field
+
+
+@pytest.mark.slow  # a worker runs the jobs
+def test_an_array_with_a_limit_never_runs_more_at_once_and_a_begin_is_kept(queue):
+    out = queue.gpuq("submit", "--gpus", "0", "--id", "thr", "--array", "0-5%2", "--", "sleep 1")
+    assert out.stdout.splitlines()[-1] == "thr"
+    queue.gpuq("submit", "--gpus", "0", "--id", "later", "--begin", "now+6", "--", "true")  # six seconds on
+    queue.start_worker("a", "1x80GiB")
+    view = json.loads(queue.gpuq("status", "--json").stdout)
+    waits = {p["id"]: p["reason"] for p in view["pending"]}
+    assert waits.get("later", "").startswith("begins at "), waits
+    assert queue.gpuq("wait", "thr", "later", timeout=120).returncode == 0
+    runs = sorted((r["started_at"], r["ended_at"]) for r in (queue.finished(f"thr_{i}") for i in range(6)))
+    # At no start were more than two running (the one starting included).
+    assert max(sum(1 for s, e in runs if s <= start < e) for start, _ in runs) <= 2
+    later = queue.finished("later")
+    spec_begin = later["spec"]["begin_at"]
+    assert later["started_at"] >= spec_begin and spec_begin > later["queued_at"] + 5
+    refused = queue.gpuq("submit", "--gpus", "0", "--begin", "soon", "--", "true", check=False)
+    assert refused.returncode == 2 and "--begin 'soon' is not a moment" in refused.stderr
