@@ -120,16 +120,18 @@ class _Tally:
         self.groups: defaultdict[str, _Row] = defaultdict(_Row)
         self.idle_by_job: defaultdict[str, float] = defaultdict(float)
 
-    def keys(self, user: str, host: str, gpus: list[int]) -> list[str]:
+    def keys(self, user: str, host: str | None, gpus: list[int]) -> list[str]:
         if self.by == "user":
             return [user]
+        if host is None:  # never placed (cancelled or refused while pending): no host's, no GPU's
+            return []
         if self.by == "host":
             return [host]
         if self.by == "gpu":
             return [f"{host}:{i}" for i in gpus] or [f"{host}:cpu"]
         return []
 
-    def rows(self, user: str, host: str, gpus: list[int]) -> list[_Row]:
+    def rows(self, user: str, host: str | None, gpus: list[int]) -> list[_Row]:
         return [self.total] + [self.groups[k] for k in self.keys(user, host, gpus)]
 
     def add_run(self, e: dict, user: str, host: str, since: float, until: float, open_end: float | None = None) -> None:
@@ -202,13 +204,13 @@ def _replay_job(
     evs.sort(key=lambda e: e["t"])
     user = next((e["user"] for e in evs if e.get("user")), "?")
     queued_at = next((e["queued_at"] for e in evs if e.get("queued_at")), None)
-    waiting_from, first_start = queued_at, None
+    waiting_from, first_start, run_start = queued_at, None, None
     for e in evs:
         frm, to, t = e.get("from"), e.get("to"), e["t"]
-        host = e.get("host") or e.get("by") or "?"
+        host = e.get("host")
         rows = tally.rows(user, host, e.get("gpus") or [])
         if frm == "pending" and to == "running":
-            start = e.get("started_at") or t
+            start = run_start = e.get("started_at") or t
             if waiting_from is not None:
                 queue_intervals.append((waiting_from, start))
             waiting_from = None
@@ -218,7 +220,9 @@ def _replay_job(
                     for row in rows:
                         row.waits.append(max(0.0, start - queued_at))
         elif frm == "running" and to != "running":
-            tally.add_run(e, user, host, since, until)
+            # A preempted attempt's event may not say when it started: its start event does.
+            ran = e if e.get("started_at") or run_start is None else {**e, "started_at": run_start}
+            tally.add_run(ran, user, host or e.get("by") or "?", since, until)
             if to == "pending":
                 waiting_from = t
                 if since <= t < until and cause_of(e) is StopCause.PREEMPT:

@@ -404,3 +404,16 @@ def test_notes_are_not_changes_and_preemptions_are_counted_by_cause():
     }
     report = build([start, note, requeued], [], [], 0.0, 100.0, by="user").to_json()
     assert report["groups"]["u"]["preemptions"] == 1 and report["total"]["preemptions"] == 1
+
+
+def test_a_preempted_attempt_counts_its_gpu_hours_and_a_never_run_job_is_no_hosts():
+    """D2: a preemption's event had no started_at, and its attempt's GPU-hours were left out;
+    D15: a job cancelled while pending was put on a `<host>:cpu` row of `--by gpu`."""
+    start = {"job": "lo", "from": "pending", "to": "running", "t": 100.0, "user": "u", "host": "h", "gpus": [1]}
+    preempted = {**start, "from": "running", "to": "pending", "t": 400.0, "started_at": None, "cause": "preempted"}
+    again = {**start, "t": 500.0}
+    done = {**start, "from": "running", "to": "done", "t": 600.0, "started_at": 500.0, "ended_at": 600.0}
+    never = {"job": "c", "from": "pending", "to": "cancelled", "t": 50.0, "user": "u", "by": "h", "host": None}
+    report = build([start, preempted, again, done, never], [], [], 0.0, 1000.0, by="gpu").to_json()
+    assert report["total"]["gpu_hours"] == round(400 / 3600, 4)  # 300 s preempted + 100 s done
+    assert set(report["groups"]) == {"h:1"} and report["total"]["ended"]["cancelled"] == 1
