@@ -1,7 +1,7 @@
 """`gpuq report --html FILE`: one self-contained page (charts as inline PNG, no scripts, no
 links out) with the report's tables and three charts: utilization per GPU over time, queue
 length over time, and the wait distribution. matplotlib is an optional extra
-(`pip install 'gpuq-spool[report]'`), imported only here."""
+(the `[report]` extra of gpuq's checkout), imported only here."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import base64
 import html
 import io
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +17,15 @@ from gpuq.extras.reports.report import Report, wait_summary
 from gpuq.extras.reports.reportview import hours, summary_table
 from gpuq.model.units import format_duration
 
-INSTALL_HINT = "pip install 'gpuq-spool[report]' (or: pip install matplotlib)"
+
+
+def install_hint() -> str:
+    """How to get matplotlib where this gpuq runs: the `[report]` extra of the checkout gpuq
+    was installed from, with this very interpreter (a member usually cannot write the team's
+    environment, so the admin who installed it runs the line)."""
+    checkout = Path(__file__).resolve().parents[3]
+    where = f"'{checkout}[report]'" if (checkout / "pyproject.toml").exists() else "matplotlib"
+    return f"{sys.executable} -m pip install {where} (whoever installed gpuq runs it: it writes that environment)"
 
 
 class ReportHtmlError(Exception):
@@ -28,7 +37,7 @@ def _pyplot():
         import matplotlib
     except ImportError:
         raise ReportHtmlError(
-            f"--html draws its charts with matplotlib, which is not installed: {INSTALL_HINT}"
+            f"--html draws its charts with matplotlib, which is not installed here. Fix: {install_hint()}"
         ) from None
     matplotlib.use("Agg")  # no display: render to memory
     import matplotlib.pyplot as plt
