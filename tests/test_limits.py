@@ -150,7 +150,7 @@ def test_usage_is_sampled_into_the_record_and_show_suggests_a_right_sized_gpu_me
     assert 1.5 <= record["cpu_s"] < ran_s - 2, (record["cpu_s"], ran_s)
     assert record["peak_rss_mib"] >= 150 and record["peak_cpus"] > 0
     shown = queue.gpuq("show", "train-2").stdout
-    assert "suggested gpu_mem:7GiB (peak 6GiB over 2 finished runs of this name, +10%)" in shown
+    assert "suggested gpu_mem: 7GiB (peak 6GiB over 2 finished runs of this name, +10%)" in shown, shown  # a space
     assert "peak_rss:" in shown and "mean_gpu_util:" in shown
 
 

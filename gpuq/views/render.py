@@ -429,7 +429,7 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
             value = f"{len(value)} (index {','.join(map(str, value))})"
         elif isinstance(value, list):
             value = ",".join(map(str, value))
-        lines.append(f"{label + ':':<18}{value}")
+        lines.append(f"{label + ':':<17} {value}" if len(label) >= 17 else f"{label + ':':<18}{value}")
     if isinstance(preempted := job.get("preemptions"), list) and preempted:
         lines.append(f"{'preemptions:':<18}{len(preempted)}")
         lines += [f"{'':<18}{stamp(p.get('t'))}  {p.get('reason') or ''}" for p in preempted if isinstance(p, dict)]
@@ -437,7 +437,7 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
         lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
     if suggested := job.get("suggested_gpu_mem"):
         lines.append(
-            f"{'suggested gpu_mem:':<18}{format_mib(suggested['mib'])} (peak {format_mib(suggested['peak_mib'])} "
+            f"suggested gpu_mem: {format_mib(suggested['mib'])} (peak {format_mib(suggested['peak_mib'])} "
             f"over {suggested['runs']} finished run{'s' if suggested['runs'] != 1 else ''} of this name, +10%)"
         )
     spec = job.get("spec")
