@@ -7,7 +7,8 @@ The rules (README, "Why is my job slow? `gpuq eff`"), each a hint with its figur
 - input-bound: GPU utilization under INPUT_BOUND_GPU_PCT while its CPUs ran at
   INPUT_BOUND_CPU_PCT or more of the cores it was given;
 - over-declared GPU memory: its peak under OVER_DECLARED_PCT of the declared `gpu_mem`;
-- memory-bound: its peak at MEMORY_BOUND_PCT or more of what it held (up to all of it);
+- memory-bound: its peak too close to what it held for the margin `show` suggests (the
+  peak + 10%, in whole GiB, is more than it held; up to all of it): the two never disagree;
 - over its gpu_mem: its peak above what it declared (it needs more, not less);
 - held while idle: IDLE_HELD_PCT or more of its GPU time, and IDLE_HELD_MIN_S or more, at
   under `alert_idle_util_pct` (a job's first seconds are idle while it loads);
@@ -31,7 +32,6 @@ from gpuq.model.units import format_duration, format_mib
 INPUT_BOUND_GPU_PCT = 40.0
 INPUT_BOUND_CPU_PCT = 85.0
 OVER_DECLARED_PCT = 50.0
-MEMORY_BOUND_PCT = 90.0
 IDLE_HELD_PCT = 25.0
 IDLE_HELD_MIN_S = 60.0
 FRACTION_PCT = 50.0
@@ -208,7 +208,7 @@ def hints(e: Efficiency) -> list[Hint]:
                 + (f", `gpu_mem: {format_mib(right)}`" if right else ""),
             )
         )
-    elif peak and held and 100.0 * peak / held >= MEMORY_BOUND_PCT:
+    elif peak and held and held < (suggest_gpu_mem([peak]) or 0):  # what `show` suggests would not fit
         found.append(
             Hint(
                 "memory-bound",

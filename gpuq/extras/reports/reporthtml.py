@@ -18,7 +18,6 @@ from gpuq.extras.reports.reportview import hours, summary_table
 from gpuq.model.units import format_duration
 
 
-
 def install_hint() -> str:
     """How to get matplotlib where this gpuq runs: the `[report]` extra of the checkout gpuq
     was installed from, with this very interpreter (a member usually cannot write the team's

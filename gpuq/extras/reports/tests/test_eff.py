@@ -63,7 +63,10 @@ def test_input_bound_needs_both_a_waiting_gpu_and_saturated_cpus():
 
 
 def test_memory_hints_over_declared_near_the_limit_and_a_fraction_of_a_whole_gpu():
-    assert "memory-bound" in kinds(record(), [])  # 15 of 16 GiB
+    assert "memory-bound" in kinds(record(), [])  # 15 of 16 GiB: show would suggest 17 GiB
+    # D13: declared what `show` suggests for its peak (9 GiB + 10% -> 10 GiB): not memory-bound.
+    right = record(peak_gpu_mem_mib=9 * GIB, spec={"gpu_mem_mib": 10 * GIB}, gpu_mem_mib=10 * GIB)
+    assert "memory-bound" not in kinds(right, [])
     over = efficiency(record(peak_gpu_mem_mib=3 * GIB), [], 3000)
     hint = next(h for h in over.hints if h.kind == "over-declared")
     assert "gpu_mem: 4GiB" in hint.text and "3GiB" in hint.text  # show's rule: peak + 10%, whole GiB
