@@ -19,6 +19,7 @@ from gpuq.cli.common import open_layout, refuse_bad_id
 from gpuq.extras.reports.efficiency import detail_text, efficiency, job_samples, table_text
 from gpuq.extras.reports.reporthtml import ReportHtmlError, write_html
 from gpuq.extras.reports.reportview import DEFAULT_SINCE, gather, parse_since, report_text
+from gpuq.model.names import JOB_ID_RE
 from gpuq.model.record import Record
 from gpuq.model.states import State
 from gpuq.spool.layout import Layout
@@ -75,7 +76,7 @@ def cmd_eff(args: argparse.Namespace) -> int:
         records = _users(layout, user, since)
     started = [r.started_at for r in records if r.started_at is not None]
     by_job = job_samples(read_samples(layout, min(started)) if started else iter(()), records, now)
-    effs = [efficiency(r, by_job.get(r.id, []), now) for r in records]
+    effs = [efficiency(r, by_job.get(r.id, []), now, _spans(layout, by_job, now)) for r in records]
     if args.json:
         print(json.dumps([e.to_json() for e in effs], indent=1))
     elif not effs:
@@ -89,6 +90,17 @@ def cmd_eff(args: argparse.Namespace) -> int:
                 print(f"  {e.id}: {h.kind}: {h.text}")
         print("`gpuq eff ID` for one job's figures; the rules: README, 'Why is my job slow?'")
     return 0
+
+
+def _spans(layout: Layout, by_job: dict[str, list[dict]], now: float) -> dict[str, tuple[float, float]]:
+    """When each job seen beside the ones asked about ran, from its record (start, end)."""
+    seen = {j for samples in by_job.values() for g in samples for j in g.get("jobs", ()) if isinstance(j, str)}
+    spans = {}
+    for job_id in seen:
+        record = _record(layout, job_id) if JOB_ID_RE.fullmatch(job_id) else None
+        if record is not None and record.started_at is not None:
+            spans[job_id] = (record.started_at, record.ended_at if record.ended_at is not None else now)
+    return spans
 
 
 def _record(layout: Layout, job_id: str) -> Record | None:

@@ -20,7 +20,7 @@ The rules (README, "Why is my job slow? `gpuq eff`"), each a hint with its figur
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from gpuq.extras.reports.report import idle_shares
 from gpuq.extras.reports.reportview import spark  # the report's marks: one look for utilization
@@ -113,6 +113,27 @@ def job_samples(lines: Iterable[dict], records: Iterable[Record], now: float) ->
     return found
 
 
+def _most_at_once(record: Record, samples: list[dict], spans: Mapping[str, tuple[float, float]], now: float) -> int:
+    """The most other jobs that ran on its GPUs at the same moment as it. A sample line names
+    every job seen on a GPU over its minute, so two jobs a line names together may never have
+    met: only the other jobs' own start and end say whether they overlapped (one whose times
+    are not known is not counted)."""
+    if record.started_at is None:
+        return 0
+    own_end = record.ended_at if record.ended_at is not None else now
+    others = {j for g in samples for j in g.get("jobs", ()) if isinstance(j, str) and j != record.id}
+    moments = []
+    for job in others & spans.keys():
+        start, end = max(spans[job][0], record.started_at), min(spans[job][1], own_end)
+        if start < end:
+            moments += [(start, 1), (end, -1)]
+    most = running = 0
+    for _, step in sorted(moments):  # an end before a start at the same moment: they did not meet
+        running += step
+        most = max(most, running)
+    return most
+
+
 def _number_or_zero(v: object) -> float:
     return float(v) if _number(v) and v >= 0 else 0.0  # type: ignore[arg-type,operator]
 
@@ -121,8 +142,11 @@ def _number(v: object) -> bool:
     return (type(v) is int or type(v) is float) and v == v and abs(v) != float("inf")
 
 
-def efficiency(record: Record, samples: list[dict], now: float) -> Efficiency:
-    """The figures of `record`'s attempt, and the hints they call for."""
+def efficiency(
+    record: Record, samples: list[dict], now: float, spans: Mapping[str, tuple[float, float]] | None = None
+) -> Efficiency:
+    """The figures of `record`'s attempt, and the hints they call for. `spans`: when each other
+    job seen on its GPUs ran (start, end), to count the ones that ran beside it at once."""
     run_s = None
     if record.started_at is not None:
         run_s = max(0.0, (record.ended_at if record.ended_at is not None else now) - record.started_at)
@@ -154,7 +178,7 @@ def efficiency(record: Record, samples: list[dict], now: float) -> Efficiency:
         gpu_util_mean_pct=util,
         gpu_util_series=series,
         idle_held_s=sum(idle_shares(g, _number_or_zero(g.get("idle_held_s"))).get(record.id, 0.0) for g in samples),
-        shared_with=max((len(g["jobs"]) - 1 for g in samples), default=0),
+        shared_with=_most_at_once(record, samples, spans or {}, now),
     )
     # A sample line covers sample_every_s; a job that ran a part of it held idle at most its own time.
     eff.idle_held_s = min(eff.idle_held_s, eff.gpu_s)

@@ -125,9 +125,17 @@ def test_a_job_that_ended_at_once_is_not_called_idle_and_a_job_over_its_gpu_mem_
 def test_a_shared_gpu_s_utilization_is_said_to_be_the_gpu_s_and_a_job_that_never_ran_has_none():
     from gpuq.extras.reports.efficiency import detail_text
 
-    r = record()
-    e = efficiency(r, job_samples([line(1100, 70, ["j", "k"])], [r], 3000)["j"], 3000)
-    assert "(the GPU's: shared with up to 1 other job)" in detail_text(e)
+    r = record()  # ran 1000..2000
+    samples = job_samples([line(1100, 70, ["j", "k", "m"]), line(1200, 70, ["j", "n"])], [r], 3000)["j"]
+    # D14: a sample line names every job seen over its minute; only k overlapped j. m ended as
+    # j started, and n's times are not known: neither is counted.
+    e = efficiency(r, samples, 3000, {"k": (1050.0, 1300.0), "m": (900.0, 1000.0)})
+    assert e.shared_with == 1 and "(the GPU's: shared with up to 1 other job)" in detail_text(e)
+    assert efficiency(r, samples, 3000, {"m": (900.0, 1000.0)}).shared_with == 0
+    both = efficiency(r, samples, 3000, {"k": (1050.0, 1300.0), "n": (1200.0, 5000.0)})
+    assert both.shared_with == 2
+    one_then_other = efficiency(r, samples, 3000, {"k": (1050.0, 1100.0), "n": (1200.0, 5000.0)})
+    assert one_then_other.shared_with == 1  # never both at once
     never = record(state=State.CANCELLED, started_at=None, ended_at=1500.0, gpus=[], cpu_s=None)
     assert "never ran" in detail_text(efficiency(never, [], 3000))
 
