@@ -163,6 +163,21 @@ def test_edit_changes_a_pending_spec_in_place_and_refuses_an_invalid_one(queue, 
     assert bad.returncode == 1 and "field 'gpus'" in bad.stderr and "unchanged" in bad.stderr
     assert "gpus: many" not in (queue.root / "jobs" / f"{first}.yaml").read_text()
     assert [p["id"] for p in queue.status()["pending"]] == [first, second]
+    assert bad.stdout == ""  # D16: neither the hold nor the release around the editor is news
+
+
+@pytest.mark.slow
+def test_edit_checks_as_strictly_as_submit(queue, tmp_path):
+    """D16: `edit` kept `gpu_mem: 30GiB` on 24 GiB GPUs, which `submit` refuses."""
+    queue.start_worker("a", "1x24GiB")
+    job = queue.gpuq("submit", "--hold", "--gpu-mem", "10GiB", "--", "true").stdout.split()[-1]
+    grow = tmp_path / "grow.sh"
+    grow.write_text("#!/bin/sh\nsed -i 's/^gpu_mem: .*/gpu_mem: 30GiB/' \"$1\"\n")
+    grow.chmod(0o755)
+    refused = queue.gpuq("edit", job, check=False, env={**queue.env(), "EDITOR": str(grow)})
+    assert refused.returncode == 1 and "no GPU in the team can ever hold this job" in refused.stderr, refused
+    assert refused.stdout == "" and "unchanged" in refused.stderr
+    assert "gpu_mem: 10GiB" in (queue.root / "state" / "held" / f"{job}.yaml").read_text()
 
 
 # --- drain / resume ---------------------------------------------------------------------------

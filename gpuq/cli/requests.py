@@ -27,8 +27,15 @@ WAITING = 3
 
 
 def run_request(
-    args: argparse.Namespace, verb: str, ids: tuple[str, ...] = (), shown_as: str | None = None, **request_args: object
+    args: argparse.Namespace,
+    verb: str,
+    ids: tuple[str, ...] = (),
+    shown_as: str | None = None,
+    quiet: bool = False,
+    **request_args: object,
 ) -> int:
+    """Send one request and print its outcome, one line per id (`quiet`: only the refusals,
+    for a request the person did not type: edit's hold and release around the editor)."""
     said = shown_as or verb  # the verb the person typed (edit sends a hold first)
     layout = open_layout(args)
     config = read_config(layout)
@@ -71,6 +78,8 @@ def run_request(
         return WAITING
 
     for done, message in reply.outcomes:  # a note or a spec's text may carry a member's escapes
+        if done and quiet:
+            continue
         if not done and not message.startswith("gpuq "):  # every error names the verb the person typed
             message = f"gpuq {said}: {message}"
         print(safe_text(message), file=sys.stdout if done else sys.stderr)

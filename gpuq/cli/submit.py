@@ -22,7 +22,7 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.groups import GroupError, parse_array
 from gpuq.model.jobs import HostView, PendingJob
 from gpuq.model.moments import parse_moment
-from gpuq.model.spec import parse_spec_text, validate_spec
+from gpuq.model.spec import JobSpec, parse_spec_text, validate_spec
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.units import format_limit, parse_slurm_time_s
 from gpuq.sched.plan import plan
@@ -31,6 +31,7 @@ from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
 from gpuq.spool.submit import (
     SubmitError,
+    check_dependencies,
     check_runnable_by_workers,
     check_size,
     checked_spec_text,
@@ -60,6 +61,16 @@ def _never_fits(layout, spec) -> str | None:
         return None
     fix = hosts_fix if names_no_box else "ask for less memory or fewer GPUs"
     return f"no GPU in the team can ever hold this job: {refused}. Fix: {fix}. Nothing was written."
+
+
+def check_submittable(layout: Layout, config: Config, spec: JobSpec) -> None:
+    """What a spec must pass beyond its own fields, at submit and at edit alike: its owner may
+    run jobs here, some GPU of the team can ever hold it, its dependencies exist. Raises
+    SubmitError (or SpecError) saying why and the fix."""
+    check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs, config.admins, spec)
+    if refused := _never_fits(layout, spec):
+        raise SubmitError(refused)
+    check_dependencies(layout, spec)
 
 
 def _file_fields(path: str) -> dict:
@@ -122,10 +133,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         config = read_config(layout)
         checked = validate_spec(data, "gpuq submit")
-        check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs, config.admins, checked)
-        if refused := _never_fits(layout, checked):
-            print(f"gpuq submit: {refused}", file=sys.stderr)
-            return 2
+        check_submittable(layout, config, checked)
         if (args.array or args.sweep) and args.hold:
             raise SubmitError(
                 "--hold does not take --array or --sweep yet: submit the group, then `gpuq hold ID` "

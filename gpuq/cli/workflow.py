@@ -19,6 +19,7 @@ from gpuq.cli.completion import did_you_mean
 from gpuq.cli.doctor import Finding, as_json, check_reachable, check_squashing, diagnose
 from gpuq.cli.initroot import InitError, cron_line, init_root
 from gpuq.cli.requests import run_request
+from gpuq.cli.submit import check_submittable
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.text import safe_text
@@ -27,6 +28,7 @@ from gpuq.spool.holds import held_spec
 from gpuq.spool.inbox import MAX_IDS
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
+from gpuq.spool.submit import SubmitError
 from gpuq.spool.sweeps import read_group
 from gpuq.spool.teamstate import load_heartbeats
 from gpuq.views.selection import JobFilter, matching, states_asked
@@ -151,14 +153,17 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
 
     layout = open_layout(args)
     was_held = held_spec(layout, job_id).exists()
-    if not was_held and (rc := run_request(args, "hold", (job_id,), shown_as="edit", why="being edited")) != 0:
+    if (
+        not was_held
+        and (rc := run_request(args, "hold", (job_id,), shown_as="edit", quiet=True, why="being edited")) != 0
+    ):
         return rc
     try:
         original, _ = read_spec_file(held_spec(layout, job_id), f"jobs/{job_id}.yaml")
     except (OSError, SpecError) as e:
         print(f"gpuq edit: cannot read {job_id}'s spec: {e}", file=sys.stderr)
         if not was_held:
-            run_request(args, "release", (job_id,))
+            run_request(args, "release", (job_id,), shown_as="edit", quiet=True)
         return 1
     editor = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
     with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
@@ -169,14 +174,14 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
         while True:
             subprocess.run([*shlex.split(editor), str(copy)], check=False)
             text = copy.read_bytes()
-            try:
-                parse_spec_text(text, f"jobs/{job_id}.yaml")
+            try:  # as strictly as submit checks a spec (a size no GPU has is refused, not kept)
+                check_submittable(layout, read_config(layout), parse_spec_text(text, f"jobs/{job_id}.yaml"))
                 break
-            except SpecError as e:
+            except (SpecError, SubmitError) as e:
                 print(f"gpuq edit: {e}", file=sys.stderr)
                 if not (sys.stdin.isatty() and input("edit again? [Y/n] ").strip().lower() in ("", "y", "yes")):
                     if not was_held:
-                        run_request(args, "release", (job_id,))
+                        run_request(args, "release", (job_id,), shown_as="edit", quiet=True)
                     print(f"gpuq edit: {job_id}: the edit was not valid; the spec is unchanged", file=sys.stderr)
                     return 1
     try:
@@ -185,7 +190,7 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
         decoded = None
     if decoded is None:
         if not was_held:
-            run_request(args, "release", (job_id,))
+            run_request(args, "release", (job_id,), shown_as="edit", quiet=True)
         print(f"gpuq edit: {job_id}: the spec must be UTF-8 text; it is unchanged", file=sys.stderr)
         return 1
     return run_request(args, "edit", (job_id,), text=decoded, release=not was_held)
