@@ -71,6 +71,18 @@ def check_submittable(layout: Layout, config: Config, spec: JobSpec) -> None:
     if refused := _never_fits(layout, spec):
         raise SubmitError(refused)
     check_dependencies(layout, spec)
+    # Where the submitter sees it (a team's environments live on the shared disk): a typo is
+    # said now, not as a failed job later.
+    if spec.venv and not os.path.isfile(os.path.join(spec.venv, "bin", "activate")):
+        raise SubmitError(
+            f"venv {spec.venv} has no bin/activate. Fix: make it with `python -m venv {spec.venv}`, or give "
+            "the virtualenv's directory as the boxes see it. Nothing was written."
+        )
+    if spec.conda and spec.conda.startswith("/") and not os.path.isdir(os.path.join(spec.conda, "conda-meta")):
+        raise SubmitError(
+            f"conda {spec.conda} is not a conda environment (no conda-meta/). Fix: give the environment's "
+            "directory, or its name. Nothing was written."
+        )
 
 
 def _file_fields(path: str) -> dict:

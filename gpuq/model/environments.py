@@ -88,6 +88,21 @@ def prelude_lines(venv: str | None, conda: str | None, setup: tuple[str, ...]) -
     return lines
 
 
+PRELUDE_FAILURES = ("venv ", "conda", "setup line ")  # how each of the prelude's own lines begins
+_FAILED_LINE = "==> gpuq: "
+
+
+def prelude_failure(log_tail: bytes) -> str | None:
+    """What the prelude said failed (a venv without bin/activate, a conda environment that
+    would not activate, a setup line's status), from the last lines of the job's log; None
+    when the job's own command failed. The log is the job's: only a line of the prelude's
+    form is taken, at most 200 characters (the caller escapes it where it is shown)."""
+    for raw in reversed(log_tail.decode("utf-8", "replace").splitlines()):
+        if raw.startswith(_FAILED_LINE) and raw[len(_FAILED_LINE) :].startswith(PRELUDE_FAILURES):
+            return raw[len(_FAILED_LINE) :][:200]
+    return None
+
+
 def command_argv(command: str | tuple[str, ...], prelude: list[str]) -> list[str]:
     """The argv that runs the command after the prelude: the command itself when there is
     none, else one /bin/sh script (a list command is exec'd with its arguments unquoted)."""

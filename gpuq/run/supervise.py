@@ -40,6 +40,7 @@ from gpuq.host.owners import Identity
 from gpuq.host.usage import read_gpu_usage
 from gpuq.host.wake import WAKE_JOB_ENDED, poke
 from gpuq.model.config import FENCE_FRACTION, RECORD_FENCE_FRACTION
+from gpuq.model.environments import prelude_failure
 from gpuq.model.markers import Marker, Phase, check_marker, parse_marker
 from gpuq.model.record import Record
 from gpuq.model.spec import JobSpec
@@ -334,7 +335,7 @@ def _record_outcome(rt: Runtime, a: _Attempt, lock_fd: int, clock: Clock) -> Non
     # A result still ours is written unless a takeover is close: writing takes milliseconds,
     # while stopping a running job needs grace_s (hence the earlier limit in _wait).
     a.fenced = a.fenced or fence_reason(rt, a.record, RECORD_FENCE_FRACTION)
-    outcome = _log_outcome(a, ended)
+    outcome = _log_outcome(a, ended, rt.layout.job_log(a.record.id))
     if a.fenced:
         _leave_fenced(rt, a.record, lock_fd, a.fenced)
         return
@@ -373,10 +374,13 @@ def _record_outcome(rt: Runtime, a: _Attempt, lock_fd: int, clock: Clock) -> Non
     poke(rt.local_dir, WAKE_JOB_ENDED)
 
 
-def _log_outcome(a: _Attempt, ended: float) -> str:
+def _log_outcome(a: _Attempt, ended: float, log: Path) -> str:
     """The attempt's last lines in its log, which is closed then: how it ended, a note on a
     shell's exit code (also the record's reason), why the result is not recorded. Returns how
-    it ended, as said there."""
+    it ended, as said there. A venv, conda or setup line that failed is the record's reason
+    too, as the prelude said it in the log (status's NOTE)."""
+    if a.exit_code and not a.stop and (a.spec.venv or a.spec.conda or a.spec.setup):
+        a.failure = a.failure or prelude_failure(_tail(log, a.log_fd))
     outcome = (
         f"exit {a.exit_code}"
         if a.exit_code is not None
@@ -490,6 +494,27 @@ def _restarted(rt: Runtime, record: Record) -> Record:
     except OSError:
         pass
     return updated
+
+
+LOG_TAIL_BYTES = 4096
+
+
+def _tail(log: Path, log_fd: int | None) -> bytes:
+    """The last bytes of the job's log, read only where the file at `log` is the very one the
+    job wrote (`log_fd`'s): never a file put in its place, a link or a FIFO. b"" otherwise."""
+    if log_fd is None:
+        return b""
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""  # not readable by the queue's account: no note, as before
+    try:
+        st, job_wrote = os.fstat(fd), os.fstat(log_fd)
+        if (st.st_dev, st.st_ino) != (job_wrote.st_dev, job_wrote.st_ino):
+            return b""
+        return os.pread(fd, LOG_TAIL_BYTES, max(0, st.st_size - LOG_TAIL_BYTES))
+    finally:
+        os.close(fd)
 
 
 def _log(log_fd: int | None, text: str) -> None:
