@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from team import ALICE, BOB
 
 from conftest import wait_until
 
@@ -33,3 +34,22 @@ def test_a_venv_is_checked_at_submit_and_a_failed_environment_fills_the_note(que
     assert notes["novenv"] == ended["novenv"]["reason"] and "setup line 2 failed" in queue.gpuq("status").stdout
     # A job's own output in the prelude's form is the job's line, and the job's own note.
     assert ended["ownfail"]["reason"] == "setup line 1 failed: forged"
+
+
+def test_a_spec_refused_for_an_id_in_use_stays_in_rejected_with_its_reason(team):
+    """D8: a spec dropped under an id another job had vanished from status (its reason only in
+    a file under state/rejected/ that members do not look in)."""
+    team.write_config(poll_interval=0.2)
+    team.start_worker("a", "1x80GiB")
+    assert team.as_user(ALICE, "submit", "--gpus", "0", "--id", "dup", "--", "true").returncode == 0
+    wait_until(lambda: team.finished("dup"), timeout=90, what="alice's dup to end")
+    team.drop_as(BOB, "dup.yaml", "command: echo bob\ngpus: 0\nworkdir: /\n")
+    wait_until(lambda: not (team.root / "jobs" / "dup.yaml").exists(), timeout=90, what="bob's spec to be refused")
+
+    def rejected() -> list[dict]:
+        return json.loads(team.as_user(BOB, "status", "--json", "--state", "rejected").stdout)["rejected"]
+
+    rows = wait_until(rejected, timeout=30, what="the refusal in status")
+    assert [(r["id"], r["user"]) for r in rows] == [("dup", BOB)], rows
+    assert "dup" in rows[0]["error"] and "state/rejected/dup." in rows[0]["error"]
+    assert "dup" in team.as_user(BOB, "status").stdout.split("REJECTED")[1]

@@ -159,8 +159,9 @@ class StateChange:
         if self._kept() is not None:
             self.layout.record(self.layout.requeued, self.before.id).unlink(missing_ok=True)
 
-    def log(self) -> None:
-        append_event(self.layout, self.host, transition_event(self.after, self.before.state))
+    def log(self, **said: Any) -> None:
+        """Append the event; `said`: what else its readers need (a refused spec's kept name)."""
+        append_event(self.layout, self.host, {**transition_event(self.after, self.before.state), **said})
 
 
 def transition(

@@ -5,6 +5,7 @@ the workers' heartbeats and the same `plan` the workers run. Rendering lives in 
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
@@ -508,6 +509,8 @@ def _lived_on(layout: Layout, ev: dict[str, Any]) -> bool:
     """Whether the id of a rejection has been queued again since (its spec retried, or a fixed
     one dropped under the same name): then its REJECTED line has served its purpose."""
     job_id = ev["job"]
+    if (kept := _kept_name(ev)) is not None:  # refused under an id that is another job's: kept apart
+        return not os.path.lexists(layout.rejected / kept)
     if not any(os.path.lexists(layout.rejected / f"{job_id}{s}") for s in (".yaml", ".yml", ".error")):
         return True  # retried: moved back out of rejected/ (a directory never went there: its .error did)
     if pending_spec_path(layout, job_id) or claims_of(layout, job_id) or layout.record(layout.running, job_id).exists():
@@ -519,11 +522,20 @@ def _lived_on(layout: Layout, ev: dict[str, Any]) -> bool:
     return record is not None and (record.claimed_at or record.ended_at or 0) > (ev.get("t") or 0)
 
 
+def _kept_name(ev: dict[str, Any]) -> str | None:
+    """The name a refused spec was kept under in rejected/, where it is not its id's own
+    (`<id>.<time>.<hex>.yaml`: the id was another job's); None otherwise."""
+    kept = ev.get("kept")
+    ok = isinstance(kept, str) and re.fullmatch(rf"{re.escape(ev['job'])}\.(\d+\.)?[0-9a-f]+\.ya?ml", kept)
+    return kept if ok else None
+
+
 def _rejected(layout: Layout, ev: dict[str, Any]) -> dict[str, Any]:
     owner = None  # a refused spec is moved to rejected/ as it was: its owner is the file's
-    for suffix in (".yaml", ".yml"):
+    kept = _kept_name(ev)
+    for name in [kept] if kept else [f"{ev['job']}{suffix}" for suffix in (".yaml", ".yml")]:
         try:
-            owner = user_name(os.lstat(layout.rejected / f"{ev['job']}{suffix}").st_uid)
+            owner = user_name(os.lstat(layout.rejected / name).st_uid)
             break
         except (OSError, ValueError):
             continue

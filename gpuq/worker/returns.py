@@ -166,7 +166,10 @@ def reject(box: Box, job_id: str, path: Path, message: str, forget: bool = True,
     except OSError:
         owner, uid = "", -1
     found = found_job(box.layout, stem, path, uid, owner)
-    StateChange(box.layout, found, State.REJECTED, box.host, reason=message).log()  # its spec is its record
+    # Its spec is its record; kept under another name (its id is another job's), status lists
+    # it by that name for as long as the file is there.
+    apart = {"kept": dest.name} if dest.parent == box.layout.rejected and dest.stem != stem else {}
+    StateChange(box.layout, found, State.REJECTED, box.host, reason=message).log(**apart)
     if forget:
         box.intake.forget(job_id)
     log.warning("rejected %s", message)
