@@ -53,3 +53,10 @@ def test_a_spec_refused_for_an_id_in_use_stays_in_rejected_with_its_reason(team)
     assert [(r["id"], r["user"]) for r in rows] == [("dup", BOB)], rows
     assert "dup" in rows[0]["error"] and "state/rejected/dup." in rows[0]["error"]
     assert "dup" in team.as_user(BOB, "status").stdout.split("REJECTED")[1]
+    # Dismissed by its owner only: alice may not, bob may; then its line and its files are gone.
+    refused = team.as_user(ALICE, "dismiss", "dup")
+    assert refused.returncode == 1 and "dup" in refused.stderr, refused
+    done = team.as_user(BOB, "dismiss", "dup")
+    assert done.returncode == 0 and done.stdout.startswith("dup: dismissed (2 files"), done
+    assert rejected() == [] and not list((team.root / "state" / "rejected").glob("dup.*"))
+    assert team.as_user(BOB, "dismiss", "dup").returncode == 1  # nothing left to dismiss

@@ -238,10 +238,11 @@ def _add_queue_place_verbs(sub: _Verbs) -> None:
         ("release", "put held jobs back at their place in the queue"),
         ("retry", "put ended jobs back in the queue as their next attempt"),
         ("edit", "open a pending job's spec in $EDITOR; it waits out of the queue meanwhile"),
+        ("dismiss", "take refused specs' lines off REJECTED (their files in state/rejected/ go)"),
     ):
         sp = _verb(sub, name, _lazy("cli.workflow", "cmd_move"), what)
-        if name == "edit":
-            sp.add_argument("ids", nargs=1, metavar="ID")
+        if name in ("edit", "dismiss"):
+            sp.add_argument("ids", nargs=1 if name == "edit" else "+", metavar="ID")
         else:
             add_filter_options(sp)
 

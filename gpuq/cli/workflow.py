@@ -83,9 +83,11 @@ def checked_ids(verb: str, ids: list[str]) -> list[str] | None:
 
 def cmd_move(args: argparse.Namespace) -> int:
     """hold / release / retry / edit: one request; one message per id; exit 1 if any was refused."""
-    if args.verb == "edit":
+    if args.verb in ("edit", "dismiss"):
         ids = checked_ids(args.verb, args.ids)
-        return 1 if ids is None else edit(args, ids[0])
+        if ids is None:
+            return 1
+        return edit(args, ids[0]) if args.verb == "edit" else run_request(args, "dismiss", tuple(ids))
     return act_on_selected(args)
 
 

@@ -142,6 +142,10 @@ def _retry(layout: Layout, config: Config, host: str, actor: Actor, r: Request) 
     return _per_id(r, lambda i: _held_or_refused(lambda: holds.retry(layout, i, host, actor)))
 
 
+def _dismiss(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
+    return _per_id(r, lambda i: _held_or_refused(lambda: holds.dismiss(layout, i, actor)))
+
+
 def _edit(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
     text = r.args.get("text")
     if len(r.ids) != 1 or not isinstance(text, str):
@@ -183,4 +187,5 @@ VERBS: dict[str, ApplyKind] = {
     "drain": _drain,
     "resume": _resume,
     "forget": _forget,
+    "dismiss": _dismiss,
 }

@@ -21,6 +21,7 @@ owner) against the job's owner on the file the worker moved or on the worker's o
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -340,6 +341,34 @@ def _rejected_spec(layout: Layout, job_id: str) -> Path | None:
     return next(
         (p for p in (layout.rejected / f"{job_id}.yaml", layout.rejected / f"{job_id}.yml") if os.path.lexists(p)), None
     )
+
+
+def dismiss(layout: Layout, job_id: str, actor: Actor) -> str:
+    """`gpuq dismiss ID`: a refused spec's REJECTED line goes, with its files in rejected/ (the
+    spec as it was refused and its .error; one kept under another name, its id being another
+    job's, too). Only its owner's (by the refused file's owner), root's or an admin's."""
+    names = [f"{job_id}{suffix}" for suffix in (".yaml", ".yml", ".error")]
+    try:
+        names += [n for n in os.listdir(layout.rejected) if _kept_apart(n, job_id)]
+    except FileNotFoundError:
+        pass
+    found = [layout.rejected / n for n in names if os.path.lexists(layout.rejected / n)]
+    specs = [p for p in found if p.suffix != ".error"]
+    if not found:
+        raise HoldError(f"{job_id}: no refused spec of this id is in REJECTED")
+    for spec in specs:  # a refusal without a spec (a directory given back) is its .error's, the queue's
+        _check_owner(job_id, os.lstat(spec).st_uid, actor)
+    if not specs and not actor.admin:
+        raise HoldError(f"{job_id}: only an admin may dismiss a refusal that kept no spec")
+    for path in found:
+        path.unlink(missing_ok=True)
+    return f"{job_id}: dismissed ({len(found)} file{'s' if len(found) != 1 else ''} of its refusal removed)"
+
+
+def _kept_apart(name: str, job_id: str) -> bool:
+    """Whether `name` in rejected/ is a refusal of `job_id` kept under another name (the id
+    was another job's): `<id>.<time>.<hex>.yaml` and its `.error`."""
+    return re.fullmatch(rf"{re.escape(job_id)}\.(\d+\.)?[0-9a-f]+\.(ya?ml|error)", name) is not None
 
 
 def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Actor) -> str:

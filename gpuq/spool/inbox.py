@@ -37,7 +37,7 @@ from gpuq.model.names import HOST_RE, JOB_ID_RE
 from gpuq.spool.layout import Layout
 
 REQUEST_RE = re.compile(r"^r-\d{1,20}-[0-9a-f]{16}\.json$")
-VERBS = ("cancel", "hold", "submit-held", "release", "edit", "retry", "drain", "resume", "forget")
+VERBS = ("cancel", "hold", "submit-held", "release", "edit", "retry", "drain", "resume", "forget", "dismiss")
 MAX_REQUEST_BYTES = 512 * 1024  # an edit carries a whole spec (at most 256 KiB)
 MAX_IDS = 1000  # as many as an array has at most
 REPLY_KEEP_S = 3600.0
