@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
     args = parse_args(argv)
     try:
         layout = Layout(resolve_root(args.root, launcher_dir))
-        config = config_mod.load(layout.config_file)
+        # Its problems are the worker's to say, in its log (worker_run.py): cron's starter has
+        # nowhere to say them. What the starter needs of it (local_dir) is read as far as it goes.
+        config = config_mod.load(layout.config_file, [])
         account = privsep.Account.of_root(str(layout.root))
     except (RootError, config_mod.ConfigError, wire.Refused) as e:
         print(f"gpuq worker: {e}", file=sys.stderr)

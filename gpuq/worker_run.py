@@ -25,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         layout = Layout(resolve_root(args.root, None))
-        config = config_mod.load(layout.config_file)
-    except (RootError, config_mod.ConfigError) as e:
+    except RootError as e:
         print(f"gpuq worker: {e}", file=sys.stderr)
         return 2
     host = args.host or this_host()
@@ -36,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(log_fd, to_stderr=args.foreground or args.once or log_fd is None, verbose=args.verbose)
     if log_problem:
         logging.getLogger("gpuq.worker").warning("%s", log_problem)
+    try:
+        config = config_mod.load(layout.config_file)
+    except config_mod.ConfigError as e:  # strict: a typo must not run the team's jobs on a default
+        logging.getLogger("gpuq.worker").error("worker %s refuses to start: %s", host, e)
+        return 2
     local_dir = layout.local_dir(host, config.local_dir)
     if (problem := local_dir_problem(local_dir, layout, os.geteuid())) is not None:
         logging.getLogger("gpuq.worker").error("worker %s refuses to start: %s", host, problem)

@@ -60,3 +60,23 @@ def test_a_spec_refused_for_an_id_in_use_stays_in_rejected_with_its_reason(team)
     assert done.returncode == 0 and done.stdout.startswith("dup: dismissed (2 files"), done
     assert rejected() == [] and not list((team.root / "state" / "rejected").glob("dup.*"))
     assert team.as_user(BOB, "dismiss", "dup").returncode == 1  # nothing left to dismiss
+
+
+def test_a_bad_config_value_is_in_the_workers_log_a_doctor_finding_and_no_members_blindfold(team):
+    """D11: `gpu_mem_overuse: kil` made cron workers exit with nothing in their log, doctor
+    abort, and every member's status and submit exit 2."""
+    team.write_config(poll_interval=0.2, gpu_mem_overuse="kil")
+    worker = team.start_worker("a", "1x80GiB", wait=False)
+    assert worker.wait(timeout=60) == 2
+    log = team.root / "logs" / "workers" / "a.log"
+    assert "refuses to start" in log.read_text() and "'kil' must be warn or kill" in log.read_text()
+    status = team.as_user(ALICE, "status")
+    assert status.returncode == 0 and "HOSTS" in status.stdout, status
+    assert "gpu_mem_overuse" in status.stderr and "gpuq doctor" in status.stderr
+    submitted = team.as_user(ALICE, "submit", "--gpus", "0", "--id", "waits", "--", "true")
+    assert submitted.returncode == 0, submitted  # it waits for a worker the admin's fix lets start
+    doctor = team.gpuq("doctor", check=False)
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr, doctor
+    assert any(
+        line.startswith("FAIL config") and "'kil' must be warn or kill" in line for line in doctor.stdout.splitlines()
+    ), doctor.stdout

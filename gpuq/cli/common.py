@@ -72,8 +72,24 @@ def open_layout(args: argparse.Namespace) -> Layout:
     return layout
 
 
+_SAID: set[str] = set()  # the config's problems already told, once per command
+
+
 def read_config(layout: Layout) -> "Config":
-    return load(layout.config_file)
+    """The queue's config as the CLI reads it: a bad value is told on stderr and its default
+    stands in (the team keeps its status and logs while the admin fixes it); the workers read
+    it strictly, refuse to start and say why in their log, and `gpuq doctor` reports it."""
+    problems: list[str] = []
+    config = load(layout.config_file, problems)
+    for problem in problems:
+        if problem not in _SAID:
+            _SAID.add(problem)
+            print(
+                f"gpuq: warning: {problem} (read here as its default; the workers do not start until an admin "
+                "fixes it: gpuq doctor)",
+                file=sys.stderr,
+            )
+    return config
 
 
 def refuse_bad_id(verb: str, job_id: str) -> bool:

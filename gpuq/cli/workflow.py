@@ -20,6 +20,7 @@ from gpuq.cli.doctor import Finding, as_json, check_reachable, check_squashing, 
 from gpuq.cli.initroot import InitError, cron_line, init_root
 from gpuq.cli.requests import run_request
 from gpuq.cli.submit import check_submittable
+from gpuq.model.config import load as load_config
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.text import safe_text
@@ -249,7 +250,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if os.geteuid() == 0 and (cannot := act_as_queue_account(args)):
         findings = [*squash, Finding("fail", cannot.check, cannot.message, cannot.fix)]
     else:
-        findings = diagnose(layout, read_config(layout), time.time(), squash)
+        problems: list[str] = []  # a finding each, not a crash of doctor (the workers refuse them)
+        config = load_config(layout.config_file, problems)
+        bad = [Finding("fail", "config", p, "an admin fixes config.yaml; the workers refuse it") for p in problems]
+        findings = diagnose(layout, config, time.time(), [*squash, *bad])
     if args.json:
         print(json.dumps({"findings": as_json(findings)}, indent=1))
     else:

@@ -397,47 +397,66 @@ FENCE_FRACTION = 0.6
 RECORD_FENCE_FRACTION = 0.9  # a finished job's result is still written up to this age
 
 
-def validate(data: Any, file: str) -> Config:
-    """Mapping from config.yaml -> Config; unknown keys and bad values name the fix."""
+def validate(data: Any, file: str, problems: list[str] | None = None) -> Config:
+    """Mapping from config.yaml -> Config; unknown keys and bad values name the fix. With
+    `problems`, nothing is raised: each problem is added there and its key keeps its default
+    (for those who only read the queue: a typo of the admin's must not blind the team)."""
+
+    def refuse(message: str) -> None:
+        if problems is None:
+            raise ConfigError(message)
+        problems.append(message)
+
     if data is None:
         return Config()
     if not isinstance(data, dict):
-        raise ConfigError(f"{file}: must be a mapping of keys; see the comments in the shipped config.yaml")
+        refuse(f"{file}: must be a mapping of keys; see the comments in the shipped config.yaml")
+        return Config()
     values: dict[str, Any] = {}
     for key, raw in data.items():
         if key not in KEYS:
-            raise ConfigError(f"{file}: unknown key '{key}'. Fix: remove it or use one of: {', '.join(KEYS)}")
+            refuse(f"{file}: unknown key '{key}'. Fix: remove it or use one of: {', '.join(KEYS)}")
+            continue
         attr, parse = KEYS[key]
         if raw is None:
             continue  # an empty value means "the default"
         try:
             values[attr] = parse(raw)
         except ValueError as e:
-            raise ConfigError(f"{file}: key '{key}': {raw!r} {e}") from None
+            refuse(f"{file}: key '{key}': {raw!r} {e}")
     config = replace(Config(), **values)
     if config.lost_after_s * (1 - FENCE_FRACTION) < 2 * config.grace_s:
-        raise ConfigError(
+        refuse(
             f"{file}: key 'lost_after_s': {config.lost_after_s:g} is too short for grace_s "
             f"{config.grace_s:g}: a host's jobs must be stopped before others take them "
             f"over. Fix: set lost_after_s to at least {5 * config.grace_s:g}"
         )
+        config = replace(config, lost_after_s=Config().lost_after_s, grace_s=Config().grace_s)
     return config
 
 
-def load(path: Path) -> Config:
-    """Read config.yaml (absent = all defaults)."""
+def load(path: Path, problems: list[str] | None = None) -> Config:
+    """Read config.yaml (absent = all defaults). With `problems`, as `validate`: what is wrong
+    is added there, and the defaults stand in for it."""
     try:
         text = path.read_bytes()
     except FileNotFoundError:
         return Config()
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror}). Fix: make it readable by the worker") from None
+        message = f"{path}: cannot read ({e.strerror}). Fix: make it readable by the worker"
+        if problems is None:
+            raise ConfigError(message) from None
+        problems.append(message)
+        return Config()
     try:
         data = load_yaml(text, str(path))
     except SpecError as e:
         where = f"{path}: key '{e.field}'" if e.field else str(path)  # as the other config errors name it
-        raise ConfigError(f"{where}: {e.problem}. Fix: {e.fix}") from None
-    return validate(data, str(path))
+        if problems is None:
+            raise ConfigError(f"{where}: {e.problem}. Fix: {e.fix}") from None
+        problems.append(f"{where}: {e.problem}. Fix: {e.fix}")
+        return Config()
+    return validate(data, str(path), problems)
 
 
 def documented_keys() -> list[str]:
