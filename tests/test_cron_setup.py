@@ -118,6 +118,10 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
             # The team and its queue's account (init's default, `gpuq`) are this test run's own.
             "--group team": f"--group {TEAM} --queue-user {QUEUE}",
             "/usr/bin/python3": str(system_python),
+            # The members' group is the test's, and the link onto PATH goes in the test's own bin/.
+            "-aG team ana": f"-aG {TEAM} {users[ALICE].pw_name}",
+            "groupadd -f team": f"groupadd -f {TEAM}",
+            "/usr/local/bin/gpuq": str(base / "bin" / "gpuq"),
         }
 
         def as_here(line: str) -> str:
@@ -125,6 +129,7 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
                 line = line.replace(placeholder, real)
             return line
 
+        (base / "bin").mkdir()
         commands = [as_here(line) for line in setup if not line.startswith(("* ", "crontab "))]
         (cron_line,) = [as_here(line) for line in setup if line.startswith("* * * * * ")]
         printed = ""
@@ -187,6 +192,16 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
             **as_member,
         )
         assert drop.returncode == 0, drop.stderr
+        # The member's `gpuq`, the one link README puts on PATH (the venv's python is not there).
+        status = subprocess.run(
+            [str(base / "bin" / "gpuq"), "status"],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env={"GPUQ_ROOT": str(root)},
+            **as_member,
+        )
+        assert status.returncode == 0 and "PENDING" in status.stdout, status.stderr
         beat = wait_until(
             lambda: heartbeat(root), timeout=150, what="cron to start the worker (at the next whole minute)"
         )
