@@ -58,7 +58,7 @@ def run_request(
     else:
         poke(layout.local_dir(host, config.local_dir))
     if reply is None:
-        if not _live_workers(layout):
+        if not live_workers(layout):
             print(
                 f"gpuq {said}: no worker is running on any host; request {name} waits in requests/ and "
                 "is applied when one starts (cron starts one each minute; `gpuq doctor`)",
@@ -72,7 +72,7 @@ def run_request(
         print(
             f"gpuq {said}: no worker answered within {config.request_timeout_s:g}s (config "
             f"request_timeout_s); request {name} waits and is applied at a worker's next pass "
-            f"(live: {', '.join(_live_workers(layout))})",
+            f"(live: {', '.join(live_workers(layout))})",
             file=sys.stderr,
         )
         return WAITING
@@ -100,6 +100,6 @@ def _owns_spool(layout) -> bool:
         return False
 
 
-def _live_workers(layout) -> list[str]:
+def live_workers(layout) -> list[str]:
     now = time.time()
     return sorted(str(hb.get("host")) for hb in load_heartbeats(layout) if heartbeat_alive(hb, now))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpuq import hooks
 from gpuq.cli.common import open_layout, read_config
-from gpuq.cli.requests import run_request
+from gpuq.cli.requests import live_workers, run_request
 from gpuq.host.faults import wall_time
 from gpuq.host.wake import poke
 from gpuq.model.config import Config
@@ -71,18 +71,6 @@ def check_submittable(layout: Layout, config: Config, spec: JobSpec) -> None:
     if refused := _never_fits(layout, spec):
         raise SubmitError(refused)
     check_dependencies(layout, spec)
-    # Where the submitter sees it (a team's environments live on the shared disk): a typo is
-    # said now, not as a failed job later.
-    if spec.venv and not os.path.isfile(os.path.join(spec.venv, "bin", "activate")):
-        raise SubmitError(
-            f"venv {spec.venv} has no bin/activate. Fix: make it with `python -m venv {spec.venv}`, or give "
-            "the virtualenv's directory as the boxes see it. Nothing was written."
-        )
-    if spec.conda and spec.conda.startswith("/") and not os.path.isdir(os.path.join(spec.conda, "conda-meta")):
-        raise SubmitError(
-            f"conda {spec.conda} is not a conda environment (no conda-meta/). Fix: give the environment's "
-            "directory, or its name. Nothing was written."
-        )
 
 
 def _file_fields(path: str) -> dict:
@@ -129,12 +117,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except (SubmitError, OSError) as e:
         print(f"gpuq submit: {args.spec + ': ' if args.spec else ''}{e}. Nothing was written.", file=sys.stderr)
         return 2
-    for pair in args.env or []:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            print(f"gpuq submit: --env {pair!r}: write NAME=VALUE", file=sys.stderr)
-            return 2
-        given.setdefault("env", {})[key] = value
     if replaced := sorted(k for k in given if k != "env" and k in from_file and from_file[k] != given[k]):
         changes = ", ".join(f"{k} ({from_file[k]!r} -> {given[k]!r})" for k in replaced)
         print(f"gpuq submit: {args.spec}: the options given replace its {changes}", file=sys.stderr)
@@ -152,20 +134,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 "its members. Nothing was written."
             )
         base = readable_base(command, args.name or checked.name or (Path(args.spec).stem if args.spec else None))
-        if args.array:
-            check_size(spec_bytes(data), env)  # each member is this spec and two variables
-            job_id = submit_array(layout, data, args, base)
-            if job_id is None:
-                return 2
-        elif checked.sweep:
-            job_id = write_spec(layout, data, args.id, base)
-            members = [member for member, _ in sweep_members(data, job_id)]
-            print(f"{job_id}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {job_id})")
-        elif args.hold:
-            held_text = checked_spec_text(layout, data)
-            job_id = free_id(layout, args.id, base)
-        else:
-            job_id = write_spec(layout, data, args.id, base)
+        job_id, held_text = _place(layout, data, checked, args, base)
+        if job_id is None:
+            return 2
     except SpecError as e:
         optional = e.field in SUBMIT_OPTIONS or e.field in from_extras
         where = f"--{e.field.replace('_', '-')}" if e.field and optional else (e.field or "spec")
@@ -174,7 +145,35 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except SubmitError as e:
         print(f"gpuq submit: {e}", file=sys.stderr)
         return 2
-    if withheld := [name for name in withheld if name not in data["env"]]:  # (--env may set one)
+    _warn_after(layout, args, data, [name for name in withheld if name not in data["env"]])
+    poke(layout.local_dir(this_host(), config.local_dir))
+    return _submitted(args, job_id, held_text)
+
+
+def _place(
+    layout: Layout, data: dict, checked: JobSpec, args: argparse.Namespace, base: str
+) -> tuple[str | None, bytes | None]:
+    """Write the spec (an array's or a sweep's one spec, whose members a worker writes), or
+    with --hold only check it and pick its id: (id, the held spec's text); (None, None) after
+    saying why not."""
+    if args.array:
+        check_size(spec_bytes(data), data["env"])  # each member is this spec and two variables
+        return submit_array(layout, data, args, base), None
+    if checked.sweep:
+        job_id = write_spec(layout, data, args.id, base)
+        members = [member for member, _ in sweep_members(data, job_id)]
+        print(f"{job_id}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {job_id})")
+        return job_id, None
+    if args.hold:
+        held_text = checked_spec_text(layout, data)
+        return free_id(layout, args.id, base), held_text
+    return write_spec(layout, data, args.id, base), None
+
+
+def _warn_after(layout: Layout, args: argparse.Namespace, data: dict, withheld: list[str]) -> None:
+    """What the submitter should know of a spec written: variables left out (--env may set
+    one), a workdir not here, and no worker to run it."""
+    if withheld:
         print(withheld_note(withheld), file=sys.stderr)
     if args.workdir and not os.path.isdir(data["workdir"]):  # a box's local disk may have it: a warning
         print(
@@ -182,8 +181,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             "start unless it is one on the box that runs it",
             file=sys.stderr,
         )
-    poke(layout.local_dir(this_host(), config.local_dir))
-    return _submitted(args, job_id, held_text if args.hold and not args.array else None)
+    if not args.hold and not live_workers(layout):  # (a held one's request says so itself)
+        print(
+            "gpuq submit: no worker is running on any host: the job waits until one starts (cron starts one "
+            "each minute where it is set up; gpuq doctor)",
+            file=sys.stderr,
+        )
 
 
 def _given_fields(args: argparse.Namespace, command: list[str]) -> dict:
@@ -209,6 +212,11 @@ def _given_fields(args: argparse.Namespace, command: list[str]) -> dict:
         given["after_any"] = after_any
     if args.sweep:
         given["sweep"] = _sweep(args.sweep)
+    for pair in args.env or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SubmitError(f"--env {pair!r}: write NAME=VALUE")
+        given.setdefault("env", {})[key] = value
     if args.begin:
         try:
             begin = parse_moment(args.begin, time.time(), ahead=True)
@@ -216,7 +224,24 @@ def _given_fields(args: argparse.Namespace, command: list[str]) -> dict:
             raise SubmitError(f"--begin {e}") from None
         # As a spec writes it: the instant, with this box's offset (another box's clock zone may differ).
         given["begin"] = datetime.datetime.fromtimestamp(begin).astimezone().isoformat(timespec="seconds")
+    _check_environments(args)
     return {**given, **environment_fields(args), **limit_fields(args)}
+
+
+def _check_environments(args: argparse.Namespace) -> None:
+    """--venv and --conda (a path) where the submitter sees them (a team's environments live
+    on the shared disk): a typo is said now, not as a failed job later. A spec file's fields
+    are checked as a worker checks them, which cannot see the submitter's disk."""
+    if args.venv and not os.path.isfile(os.path.join(args.venv, "bin", "activate")):
+        raise SubmitError(
+            f"--venv {args.venv} has no bin/activate. Fix: make it with `python -m venv {args.venv}`, or give "
+            "the virtualenv's directory as the boxes see it"
+        )
+    if args.conda and args.conda.startswith("/") and not os.path.isdir(os.path.join(args.conda, "conda-meta")):
+        raise SubmitError(
+            f"--conda {args.conda} is not a conda environment (no conda-meta/). Fix: give the environment's "
+            "directory, or its name"
+        )
 
 
 def _sweep(values: list[str]) -> dict[str, list[str]]:
