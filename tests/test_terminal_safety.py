@@ -51,7 +51,7 @@ def test_status_show_top_and_logs_show_a_members_control_characters_escaped(team
     team.drop_as(BOB, "evil.yaml", EVIL_SPEC)
     wait_until(lambda: any(r["id"] == "evil" for r in team.status()["running"]), timeout=60, what="bob's job running")
 
-    status = team.as_user(ALICE, "status")
+    status = team.as_user(ALICE, "status", "-w")  # whole lines: the command's end is the escapes
     assert status.returncode == 0, status.stderr
     _clean(status.stdout, "status")
     assert "sleep 30 # \\x1b[2J\\x1b]0;OWNED\\x07" in status.stdout  # the command is there, escaped

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import getpass
 import json
+import subprocess
 
 import pytest
 
-from conftest import wait_until
+from conftest import PY, REPO, wait_until
 from gpuq.model.spec import validate_spec
 from gpuq.spool.deps import gate
 
@@ -341,3 +342,18 @@ def test_a_job_cancelled_after_a_release_queues_anew_when_retried(queue):
     queue.start_worker("a", "1x80GiB")
     again = wait_until(lambda: (r := queue.finished(first)) and r["attempt"] == 2 and r, timeout=30)
     assert again["queued_at"] >= cancelled_at  # not the place it had before it was cancelled
+
+
+@pytest.mark.slow
+def test_an_arrays_members_take_its_place_in_the_queue_not_the_moment_they_were_written(queue):
+    """The members were written with the group file's mtime, but the queue goes by ctime (which
+    no member can set): an array submitted before other jobs ran after them."""
+    once = [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x24GiB", "--once"]
+    subprocess.run(once, env=queue.env(), check=True, capture_output=True, timeout=120)
+    queue.gpuq("drain", "a")  # nothing starts: the order is what is shown
+    queue.gpuq("submit", "--gpu-mem", "20GiB", "--id", "before", "--", "true")
+    queue.gpuq("submit", "--gpu-mem", "20GiB", "--id", "arr", "--array", "0-2", "--", "true")
+    queue.gpuq("submit", "--gpu-mem", "20GiB", "--id", "after", "--", "true")
+    subprocess.run(once, env=queue.env(), check=True, capture_output=True, timeout=120)  # expands the array
+    order = [p["id"] for p in queue.status()["pending"]]
+    assert order == ["before", "arr_0", "arr_1", "arr_2", "after"], order

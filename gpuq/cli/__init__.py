@@ -96,6 +96,16 @@ def _add_status_verb(sub: _Verbs) -> None:
     sp.add_argument("--json", action="store_true", help="the documented JSON document")
     sp.add_argument("--all", action="store_true", help="list every pending job")
     sp.add_argument(
+        "-w", "--wide", action="store_true", help="lines whole (default: cut to the terminal, 80 columns in a pipe)"
+    )
+    sp.add_argument(
+        "-o",
+        "--format",
+        metavar="COLS",
+        help="one line per job in these columns (squeue's -o): position,id,user,state,gpus,gpu_mem,where,time,"
+        "priority,start,reason,command",
+    )
+    sp.add_argument(
         "--shares",
         action="store_true",
         help="each user's usage and fair-share factor, and why each pending job ranks where it does (sprio)",

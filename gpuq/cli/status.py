@@ -6,19 +6,26 @@ import argparse
 import json
 import os
 import pwd
+import shutil
 import sys
 import time
 
 from gpuq.cli.common import open_layout, read_config
-from gpuq.views.render import PENDING_SHOWN, shares_text, status_text, top_screen
+from gpuq.views.joblist import column_names, jobs_table
+from gpuq.views.render import PENDING_SHOWN, clip, shares_text, status_text, top_screen
 from gpuq.views.status import SECTIONS, narrowed, status
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        columns = column_names(args.format) if args.format else None
+    except ValueError as e:
+        print(f"gpuq status: {e}", file=sys.stderr)
+        return 2
     layout = open_layout(args)
     user = pwd.getpwuid(os.getuid()).pw_name if args.me else args.user
     narrow = user is not None or args.state is not None
-    rows = None if args.json or args.all or narrow else PENDING_SHOWN
+    rows = None if args.json or args.all or narrow or args.format else PENDING_SHOWN
     final = args.state is not None and args.state not in SECTIONS  # a final state: failed, done, ...
     view = status(
         layout,
@@ -31,10 +38,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         view = narrowed(view, user, args.state)
     if args.json:
         print(json.dumps(view, separators=(",", ":")))  # 10,000 pending jobs: compact is twice as fast
+        return 0
+    if columns:
+        text = jobs_table(view, columns)
     elif args.shares:
-        print(shares_text(view))
+        text = shares_text(view)
     else:
-        print(status_text(view, show_all=args.all))
+        text = status_text(view, show_all=args.all, hosts=args.state is None)
+    # As wide as the terminal ($COLUMNS, else 80 into a pipe); --wide: every line whole.
+    width = shutil.get_terminal_size((80, 24)).columns
+    lines = text.split("\n")
+    if not args.wide and any(len(line) > width for line in lines):
+        lines = [clip(line, width) for line in lines] + [
+            f"(lines cut at {width} columns: gpuq status -w shows them whole)"
+        ]
+    print("\n".join(lines))
     return 0
 
 

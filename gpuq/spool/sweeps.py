@@ -6,7 +6,8 @@
 - `array: 0-9` (what `gpuq submit --array 0-9` writes) makes `<id>_0` ... `<id>_9`, each with
   `GPUQ_ARRAY_INDEX`.
 Every member gets `GPUQ_GROUP` (the group's id). The members are written into jobs/ with the
-group's owner and its file's mtime (its place in the queue); state/groups/<id>.json lists
+group's owner at the group's place in the queue (kept in state/places/: the spec's ctime, which
+no member can set); state/groups/<id>.json lists
 them, so `gpuq show ID` and `gpuq cancel ID` act on the whole group.
 
 A sweep or array spec dropped into jobs/ is expanded by the worker that reads it: it takes the file by
@@ -30,7 +31,7 @@ from gpuq.model.names import JOB_ID_RE
 from gpuq.spool.ids import reserve
 from gpuq.spool.intake import read_spec_file, user_name
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import put_back, unclaim
+from gpuq.spool.store import keep_place, kept_place, put_back, unclaim
 
 
 def _slug(value: object) -> str:
@@ -93,18 +94,21 @@ def kept_spec(layout: Layout, group: str) -> Path:
 
 
 def place_members(
-    layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int, mtime: float
+    layout: Layout, group: str, kind: str, members: list[tuple[str, dict]], uid: int, place: float
 ) -> list[str]:
-    """The worker's part: write each member into jobs/ (owned by `uid`, with `mtime`: the
+    """The worker's part: write each member into jobs/ (owned by `uid`, at `place`: the
     group's queue place), then the group record. A member id another user's file has taken
     is left out (listed as skipped): the group never stands for someone else's job. Each member
     is made in state/groups/, where only the worker's account writes, and linked into jobs/:
     nothing a member planted in jobs/ is ever written through. Returns the member ids."""
     placed = []
     for member_id, data in members:
+        # The group's place, kept before the member is in jobs/ (a scan between would take its
+        # ctime, now): only for this owner's file (store.kept_place checks the uid).
+        keep_place(layout, member_id, uid, place)
         text = f"# member of {kind} {group}\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
         tmp = create_owned(
-            layout.groups, member_id, text.encode(), uid, mode=0o640, mtime_ns=int(mtime * 1e9)
+            layout.groups, member_id, text.encode(), uid, mode=0o640, mtime_ns=int(place * 1e9)
         )  # as submit writes it
         if not unclaim(tmp, layout.jobs / f"{member_id}.yaml"):
             tmp.unlink()  # already there: ours after a crash and this again, or someone else's file
@@ -124,7 +128,7 @@ def place_members(
             "kind": kind,
             "members": placed,
             "uid": uid,
-            "queued_at": mtime,
+            "queued_at": place,
             "skipped": [i for i, _ in members if i not in placed],
         },
     )
@@ -166,9 +170,14 @@ def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict
     # The id is reserved before the spec leaves jobs/ (spool/ids.py), as a claim's is: at no
     # moment is it free, so `submit --after GROUP` never finds "no such job" mid-expansion.
     try:
-        owner = os.lstat(spec_path).st_uid
+        first = os.lstat(spec_path)
     except FileNotFoundError:
         return None
+    owner = first.st_uid
+    # Its place in the queue, as intake gave it (the file's ctime, which no member can set, or
+    # the place kept for it): the members take that place, not the moment they were written.
+    kept_at = kept_place(layout, group, owner)
+    place = first.st_ctime if kept_at is None else min(kept_at, first.st_ctime)
     if (holder := reserve(layout, group, owner)) not in (owner, None):  # another's id: not that group
         raise GroupError(f"job id '{group}' belongs to {user_name(holder)}'s job; rename the file (e.g. {group}-2)")
     try:
@@ -180,7 +189,7 @@ def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict
         put_back(layout, kept, spec_path, group)
         raise GroupError(f"job id '{group}' belongs to {user_name(owner)}'s job; rename the file (e.g. {group}-2)")
     kind, members = group_members(data, group)
-    return place_members(layout, group, kind, members, st.st_uid, st.st_mtime)
+    return place_members(layout, group, kind, members, st.st_uid, place)
 
 
 def finish_interrupted(layout: Layout, load_yaml, on_error=None) -> list[str]:
@@ -195,7 +204,7 @@ def finish_interrupted(layout: Layout, load_yaml, on_error=None) -> list[str]:
         try:
             raw, st = read_spec_file(kept, f"state/groups/{kept.name}")
             kind, members = group_members(load_yaml(raw, f"state/groups/{kept.name}"), group)
-            place_members(layout, group, kind, members, st.st_uid, st.st_mtime)
+            place_members(layout, group, kind, members, st.st_uid, st.st_ctime)  # (never a member's mtime)
         except Exception as e:  # noqa: BLE001 - any bad file is reported, never fatal
             if on_error is not None:
                 on_error(group, str(e))

@@ -60,10 +60,13 @@ def _clock(t: float | None) -> str:
     return stamp(t, "%H:%M:%S") if t else "-"
 
 
-def status_text(view: dict[str, Any], show_all: bool = False) -> str:
+def status_text(view: dict[str, Any], show_all: bool = False, hosts: bool = True) -> str:
+    """The status screen; `hosts`: with the HOSTS section (a screen narrowed to a state of
+    jobs leaves it out)."""
     view = safe_tree(view)
-    out = [f"gpuq · {view['root']} · {stamp(view['now'])}", ""]
-    out += _hosts_section(view) + _extras_sections(view, after="HOSTS")
+    out = [f"gpuq · {view['root']} · {stamp(view['now'])}"]
+    if hosts:
+        out += ["", *_hosts_section(view), *_extras_sections(view, after="HOSTS")]
     out += _running_section(view) + _extras_sections(view, after="RUNNING")
     out += _pending_section(view, show_all) + _extras_sections(view, after="PENDING")
     out += _held_section(view) + _extras_sections(view, after="HELD")
@@ -157,15 +160,16 @@ def _pending_section(view: dict[str, Any], show_all: bool) -> list[str]:
     pending = view["pending"]
     total = view["pending_total"]
     out = ["", f"PENDING ({total})"]
-    rows = [["#", "ID", "USER", "GPUS", "GPU MEM", "PRIO", "WAITING", "START BY", "REASON"]]
-    for p in pending if show_all else pending[:PENDING_SHOWN]:
+    rows = [["#", "ID", "USER", "ASK", "PRIO", "WAITING", "START BY", "REASON"]]
+    folded = _fold_pending(pending, view.get("group_sizes", {}))
+    shown = folded if show_all else folded[:PENDING_SHOWN]
+    for p in shown:
         rows.append(
             [
-                str(p["position"]),
+                p.get("positions") or str(p["position"]),
                 p["id"],
                 p["user"],
-                str(p["gpus"]),
-                format_mib(p["gpu_mem_mib"]) if p["gpu_mem_mib"] else ("whole" if p["gpus"] else "-"),
+                ask(p["gpus"], p["gpu_mem_mib"]),
                 str(p["priority"]),
                 format_duration(p["waiting_s"]),
                 start_by(p.get("expected_start"), view["now"], p.get("no_estimate")),
@@ -173,8 +177,9 @@ def _pending_section(view: dict[str, Any], show_all: bool) -> list[str]:
             ]
         )
     out += table(rows) if pending else []
-    if not show_all and total > PENDING_SHOWN:
-        out.append(f"  ... and {total - PENDING_SHOWN} more (gpuq status --all). All {total} wait for:")
+    left = total - sum(p.get("folded", 1) for p in shown)
+    if not show_all and left > 0:
+        out.append(f"  ... and {left} more (gpuq status --all). All {total} wait for:")
         by_reason = list(view.get("pending_by_reason", {}).items())
         out += [f"    {n:6d}  {reason}" for reason, n in by_reason[:REASONS_SHOWN]]
         if len(by_reason) > REASONS_SHOWN:
@@ -302,14 +307,59 @@ def top_screen(title: str, status: str, columns: int, rows: int) -> list[str]:
     lines = [title, *head]
     for section in sections:
         lines += ["", *section]
-    clip = lambda line: line if len(line) <= columns else line[: max(columns - 1, 0)] + "…"
     if len(lines) > rows:
         left = len(lines) - (rows - 1)
         lines = lines[: rows - 1] + [f"... {left} more lines (gpuq status --all shows everything)"]
-    return [clip(line) for line in lines]
+    return [clip(line, columns) for line in lines]
 
 
 FOLD_AT_LEAST = 3
+
+
+def _fold_pending(pending: list[dict[str, Any]], sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """Rows in a row that are members of one array or sweep and wait alike (owner, ask,
+    priority, reason), one line: `hp-1_* (30 of 30)` at positions `1-30`. A member that
+    waits for something else keeps its own line."""
+    out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+
+    def key(p: dict[str, Any]) -> tuple | None:
+        group = p["id"].rpartition("_")[0]
+        return (group, p["user"], p["gpus"], p["gpu_mem_mib"], p["priority"], p["reason"]) if group in sizes else None
+
+    def flush() -> None:
+        if len(run) >= FOLD_AT_LEAST:
+            group = run[0]["id"].rpartition("_")[0]
+            positions = f"{run[0]['position']}-{run[-1]['position']}"
+            out.append({**run[0], "id": f"{group}_* ({len(run)} of {sizes[group]})", "positions": positions})
+            out[-1]["folded"] = len(run)
+        else:
+            out.extend(run)
+        run.clear()
+
+    for p in pending:
+        if run and key(p) != key(run[0]):
+            flush()
+        if key(p) is None:
+            out.append(p)
+        else:
+            run.append(p)
+    flush()
+    return out
+
+
+def ask(gpus: int, gpu_mem_mib: int | None) -> str:
+    """What a job asks for, in a few characters: `1x20GiB` (memory per GPU), `2 GPUs` (whole), `cpu`."""
+    if not gpus:
+        return "cpu"
+    if gpu_mem_mib:
+        return f"{gpus}x{format_mib(gpu_mem_mib)}"
+    return f"{gpus} GPU{'s' if gpus != 1 else ''}"
+
+
+def clip(line: str, columns: int) -> str:
+    """A line cut to `columns`, with … where it was cut (never wrapped: a job stays one line)."""
+    return line if len(line) <= columns else line[: max(columns - 1, 0)] + "…"
 
 
 def _fold_groups(finished: list[dict[str, Any]], sizes: dict[str, int]) -> list[dict[str, Any]]:

@@ -121,6 +121,20 @@ def status(
     in `ended` (default: every final state) of `ended_user` (default: anyone's): a narrowed
     screen (`--state failed`, `--me`) shows the latest of those, not those of the latest."""
     now = wall_time() if now is None else now
+    view = _status(layout, config, now, pending_rows, ended, ended_user)
+    # A sweep's or array's size, for the rows the screen folds (pending and finished alike).
+    view["group_sizes"] = _group_sizes(layout, view["pending"] + view["finished"])
+    return view
+
+
+def _status(
+    layout: Layout,
+    config: Config,
+    now: float,
+    pending_rows: int | None,
+    ended: frozenset[str] | None,
+    ended_user: str | None,
+) -> dict[str, Any]:
     beats = load_heartbeats(layout)
     observed = observed_memory(beats)
     running = running_records(layout)
@@ -234,16 +248,13 @@ def _ended_part(layout: Layout, config: Config, ended: frozenset[str] | None, en
     final_names = frozenset(s.value for s in FINAL_STATES)
     skipped: dict[str, int] = {}
     return {
-        "finished": (
-            finished := [
-                _finished(layout, ev)
-                for ev in recent_events(
-                    layout, (ended or final_names) - {"rejected"}, config.recent_finished, ended_user, skipped
-                )
-                if not _retried(layout, ev["job"])
-            ]
-        ),
-        "group_sizes": _group_sizes(layout, finished),
+        "finished": [
+            _finished(layout, ev)
+            for ev in recent_events(
+                layout, (ended or final_names) - {"rejected"}, config.recent_finished, ended_user, skipped
+            )
+            if not _retried(layout, ev["job"])
+        ],
         "rejected": [
             _rejected(layout, ev)
             for ev in recent_events(layout, frozenset({"rejected"}), config.recent_finished, ended_user, skipped)
