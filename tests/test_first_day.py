@@ -4,6 +4,8 @@ real CLI and worker, as created members where who runs it matters."""
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 from team import ALICE, BOB
@@ -80,3 +82,31 @@ def test_a_bad_config_value_is_in_the_workers_log_a_doctor_finding_and_no_member
     assert any(
         line.startswith("FAIL config") and "'kil' must be warn or kill" in line for line in doctor.stdout.splitlines()
     ), doctor.stdout
+
+
+def test_submit_on_a_full_disk_says_so_in_one_line_and_leaves_nothing(queue):
+    """Chaos review: a traceback, exit 1, and an empty jobs/.submit-*.tmp left for an hour."""
+    full = {**queue.env(), "GPUQ_TEST_IO_FAULT": "write:submit=ENOSPC"}
+    out = queue.gpuq("submit", "--gpus", "0", "--", "true", check=False, env=full)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out
+    assert len(out.stderr.splitlines()) == 1 and "the queue's disk is full" in out.stderr, out.stderr
+    assert sorted(p.name for p in (queue.root / "jobs").iterdir()) == []
+
+
+def test_files_in_jobs_that_are_not_specs_are_listed_with_what_to_do(team):
+    """Chaos review: `.txt` files and dotfiles in jobs/ were ignored silently, never shown."""
+    team.drop_as(BOB, "notes.txt", "command: python train.py\n")
+    team.drop_as(BOB, "train.yml~", "command: python train.py\n")
+    team.drop_as(BOB, ".fresh.yaml", "command: true\n")  # a spec being written, maybe: not yet
+    old = team.root / "jobs" / ".old.yaml.swp"
+    team.drop_as(BOB, old.name, "x")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    view = json.loads(team.as_user(ALICE, "status", "--json").stdout)["not_specs"]
+    assert [(f["name"], f["user"]) for f in view["files"]] == [
+        (".old.yaml.swp", BOB),
+        ("notes.txt", BOB),
+        ("train.yml~", BOB),
+    ]
+    assert view["total"] == 3 and "rename it to end in .yaml" in view["files"][1]["fix"]
+    text = team.as_user(ALICE, "status", "-w").stdout
+    assert "NOT SPECS (3 in jobs/" in text and "notes.txt" in text

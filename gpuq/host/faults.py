@@ -8,7 +8,8 @@ moves this host's wall clock (`wall_time`) by that many seconds. `GPUQ_TEST_PAUS
 makes it stop itself (SIGSTOP) there instead, as a paused VM would, until a SIGCONT. `GPUQ_TEST_IO_FAULT=site=ERRNO,...`
 makes every write at a site fail with that error, as a full or failing disk would: sites are
 `write:<dir>` for records and heartbeats (the directory written into: running, finished,
-workers, ...), `write:log` for job logs, and `rename:claim`, where the rename succeeds but
+workers, ...), `write:log` for job logs, `write:submit` for the spec `gpuq submit` writes,
+and `rename:claim`, where the rename succeeds but
 reports ENOENT, as a lost NFS reply does. All are read once, at start.
 
 `GPUQ_TEST_FAULT_LOG=<file>` makes every fault that fires append one line to that file first,

@@ -10,6 +10,7 @@ is the spec file's owner (the file system records it; a field could be forged).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import secrets
@@ -21,6 +22,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from gpuq.host.faults import io_fault
 from gpuq.host.owners import OwnerPolicy, uids_of, writable_by_others
 from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
 from gpuq.model.names import ID_RULE, JOB_ID_RE
@@ -200,13 +202,33 @@ def free_id(layout: Layout, job_id: str | None, base: str) -> str:
     raise SubmitError("no free job id")
 
 
+def _cannot_write(layout: Layout, e: OSError) -> SubmitError:
+    """One line for a spec that could not be written: a full disk or a quota says so."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SubmitError(
+            f"the queue's disk is full ({e.strerror}): {layout.jobs} cannot take the spec. Fix: ask an admin to "
+            "free space there (old logs/ of finished jobs are the usual bulk), then submit again. Nothing was written."
+        )
+    return SubmitError(f"cannot write a spec into {layout.jobs}: {e.strerror or e}. Nothing was written.")
+
+
 def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str) -> str:
     """Create jobs/<id>.yaml holding `text`, already checked as the worker would."""
     candidates = _candidate_ids(job_id, base)
     tmp = layout.jobs / f".submit-{os.getpid()}-{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)  # it may hold secrets
-    with os.fdopen(fd, "wb") as f:
-        f.write(text)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)  # it may hold secrets
+    except PermissionError:
+        raise  # the spool's modes: the CLI says who may write (cli/__init__.py)
+    except OSError as e:  # no inode left: a full disk too
+        raise _cannot_write(layout, e) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            io_fault("write:submit")
+            f.write(text)
+    except OSError as e:  # a full disk, a quota: nothing half-written stays behind
+        tmp.unlink(missing_ok=True)
+        raise _cannot_write(layout, e) from None
     try:
         for candidate in candidates:
             if id_taken(layout, candidate):

@@ -75,6 +75,7 @@ def status_text(view: dict[str, Any], show_all: bool = False, hosts: bool = True
     out += _stranded_section(view)
     out += _finished_section(view)
     out += _rejected_section(view)
+    out += _not_specs_section(view)
     return "\n".join(out)
 
 
@@ -209,6 +210,20 @@ def _held_section(view: dict[str, Any]) -> list[str]:
         [["ID", "USER", "SINCE", "NOTE"]]
         + [[h["id"], h["user"], _clock(h["since"]), h["reason"]] for h in view["held"]]
     )
+
+
+def _not_specs_section(view: dict[str, Any]) -> list[str]:
+    strays = view.get("not_specs") or {}
+    if not strays.get("files"):
+        return []
+    out = ["", f"NOT SPECS ({strays['total']} in jobs/; gpuq reads only NAME.yaml and NAME.yml)"]
+    out += table(
+        [["FILE", "USER", "AGE", "TO DO"]]
+        + [[f["name"], f["user"], format_duration(f["age_s"]), f["fix"]] for f in strays["files"]]
+    )
+    if strays["total"] > len(strays["files"]):
+        out.append(f"  ... and {strays['total'] - len(strays['files'])} more (ls -la jobs/)")
+    return out
 
 
 def _stranded_section(view: dict[str, Any]) -> list[str]:

@@ -160,6 +160,7 @@ def _status(
         "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id)) for r in running],
         **_pending_part(queue, team, running, config, now, pending_rows),
         "held": held_jobs(layout),
+        "not_specs": not_specs(layout, now),
         "stranded": _stranded(layout, {hb["host"] for hb in live}),
         # The extras' sections, handed the live boxes this view already judged (the alerts extra's).
         **{
@@ -317,6 +318,39 @@ def _fair_share(
         if u in waiting or held.get(u) or effective.get(u, 0.0) >= 36  # a hundredth of a GPU-hour
     ]
     return sorted(rows, key=lambda r: (-r["factor"], r["user"]))
+
+
+NOT_SPECS_SHOWN = 20
+HIDDEN_SETTLE_S = 60.0  # a dotfile younger than this may be a spec being written (editor, submit)
+
+
+def not_specs(layout: Layout, now: float) -> dict[str, Any]:
+    """The files in jobs/ gpuq never reads, which would otherwise wait there unseen: a name
+    not ending in .yaml or .yml (`notes.txt`, an editor's `x.yml~`), and a hidden file older
+    than a minute (a spec left half-written, a `.x.yaml.swp`). At most NOT_SPECS_SHOWN, with
+    how many there are; each with its owner, age and what to do."""
+    found, count = [], 0
+    try:
+        entries = list(os.scandir(layout.jobs))
+    except OSError:
+        entries = []
+    for entry in entries:
+        name = entry.name
+        hidden = name.startswith(".")
+        if not hidden and name.endswith((".yaml", ".yml")):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if hidden and now - st.st_mtime < HIDDEN_SETTLE_S:
+            continue
+        count += 1
+        if len(found) < NOT_SPECS_SHOWN:
+            fix = "remove it" if hidden or name.endswith("~") else "rename it to end in .yaml to run it, or remove it"
+            found.append({"name": name, "user": user_name(st.st_uid), "age_s": now - st.st_mtime, "fix": fix})
+    found.sort(key=lambda f: f["name"])
+    return {"files": found, "total": count}
 
 
 def _stranded(layout: Layout, live_hosts: set[str]) -> list[dict[str, Any]]:
