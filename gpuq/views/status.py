@@ -329,7 +329,8 @@ def not_specs(layout: Layout, now: float) -> dict[str, Any]:
     not ending in .yaml or .yml (`notes.txt`, an editor's `x.yml~`), and a hidden file older
     than a minute (a spec left half-written, a `.x.yaml.swp`). At most NOT_SPECS_SHOWN, with
     how many there are; each with its owner, age and what to do."""
-    found, count = [], 0
+    found: list[dict[str, Any]] = []
+    count = 0
     try:
         entries = list(os.scandir(layout.jobs))
     except OSError:
