@@ -329,29 +329,33 @@ def not_specs(layout: Layout, now: float) -> dict[str, Any]:
     not ending in .yaml or .yml (`notes.txt`, an editor's `x.yml~`), and a hidden file older
     than a minute (a spec left half-written, a `.x.yaml.swp`). At most NOT_SPECS_SHOWN, with
     how many there are; each with its owner, age and what to do."""
-    found: list[dict[str, Any]] = []
-    count = 0
+    strays: list[tuple[str, os.stat_result]] = []
     try:
         entries = list(os.scandir(layout.jobs))
     except OSError:
         entries = []
     for entry in entries:
-        name = entry.name
-        hidden = name.startswith(".")
-        if not hidden and name.endswith((".yaml", ".yml")):
+        hidden = entry.name.startswith(".")
+        if not hidden and entry.name.endswith((".yaml", ".yml")):
             continue
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if hidden and now - st.st_mtime < HIDDEN_SETTLE_S:
-            continue
-        count += 1
-        if len(found) < NOT_SPECS_SHOWN:
-            fix = "remove it" if hidden or name.endswith("~") else "rename it to end in .yaml to run it, or remove it"
-            found.append({"name": name, "user": user_name(st.st_uid), "age_s": now - st.st_mtime, "fix": fix})
-    found.sort(key=lambda f: f["name"])
-    return {"files": found, "total": count}
+        if not hidden or now - st.st_mtime >= HIDDEN_SETTLE_S:
+            strays.append((entry.name, st))
+    found = [
+        {
+            "name": name,
+            "user": user_name(st.st_uid),
+            "age_s": now - st.st_mtime,
+            "fix": "remove it"
+            if name.startswith(".") or name.endswith("~")
+            else "rename it to end in .yaml to run it, or remove it",
+        }
+        for name, st in sorted(strays, key=lambda stray: stray[0])[:NOT_SPECS_SHOWN]
+    ]
+    return {"files": found, "total": len(strays)}
 
 
 def _stranded(layout: Layout, live_hosts: set[str]) -> list[dict[str, Any]]:
