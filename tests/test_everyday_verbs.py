@@ -222,6 +222,15 @@ def test_sbatch_options_read_as_sbatch_reads_them(queue):
         1,
         1000,
     )
+    # sbatch's options gpuq has no such thing for: what to do instead, and nothing written.
+    for option, instead in (
+        ("--partition=gpu", "--hosts a,b picks the boxes"),
+        ("--output=train.out", "gpuq logs ID"),
+        ("--mail-type=END", "gpuq wait ID; mail"),
+    ):
+        refused = queue.gpuq("submit", option, "-G", "0", "--", "true", check=False)
+        assert refused.returncode == 2 and f"sbatch's {option.split('=')[0]} is not one gpuq has" in refused.stderr
+        assert instead in refused.stderr and "Nothing was written" in refused.stderr
 
 
 def test_a_command_the_shell_cannot_find_says_why_with_its_path(queue):

@@ -41,6 +41,8 @@ def test_defaults_and_list_command():
         ("20gb", 20480),
         ("20g", 20480),
         ("1tb", 1024**2),
+        ("8000K", 8),  # sbatch's --mem 8000K: 7.8 MiB, never rounded down
+        ("2048k", 2),
     ],
 )
 def test_sizes(size, mib):

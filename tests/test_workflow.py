@@ -59,11 +59,13 @@ def test_a_chain_runs_in_order(queue):
 @pytest.mark.slow
 def test_a_failed_dependency_cancels_the_chain_and_after_any_still_runs(queue):
     queue.write_config()
-    queue.start_worker("a", "1x80GiB")
+    # The chain is in place before anything runs (a job whose afterok has already failed is
+    # refused at submit: `test_an_afterok_on_a_job_that_failed_is_refused_at_submit`).
     broken = submit(queue, "--name", "broken", "--", "sleep 0.5; exit 3")
     dependent = submit(queue, "--name", "dependent", "--after", broken, "--", "true")
     grandchild = submit(queue, "--name", "grandchild", "--after", dependent, "--", "true")
     cleanup = submit(queue, "--name", "cleanup", "--after-any", broken, "--", "true")
+    queue.start_worker("a", "1x80GiB")
     assert wait_until(lambda: queue.finished(broken), timeout=30)["state"] == "failed"
     dep = wait_until(lambda: queue.finished(dependent), timeout=30)
     assert (dep["state"], dep["reason"]) == ("cancelled", f"dependency {broken} ended failed")
@@ -73,15 +75,28 @@ def test_a_failed_dependency_cancels_the_chain_and_after_any_still_runs(queue):
 
 
 @pytest.mark.slow
+def test_an_afterok_on_a_job_that_failed_is_refused_at_submit(queue):
+    """A Slurm user's `-d afterok:ID` on a job that had already failed was accepted, then
+    cancelled by the worker at once."""
+    queue.start_worker("a", "1x80GiB")
+    broken = submit(queue, "--name", "broken", "--", "exit 3")
+    wait_until(lambda: queue.finished(broken), timeout=60, what="the broken job to fail")
+    refused = queue.gpuq("submit", "--gpus", "0", "-d", f"afterok:{broken}", "--", "true", check=False)
+    assert refused.returncode == 2, refused
+    assert f"--after (afterok) {broken} ended failed: this job could never start" in refused.stderr
+    assert submit(queue, "--after-any", broken, "--", "true")  # afterany: it ended, whatever the result
+
+
+@pytest.mark.slow
 def test_after_an_array_waits_for_all_its_members_and_fails_with_one(queue):
     """An array's id as a dependency stands for its members (Slurm's afterok on an array
     job): it used to wait for ever, "no such job yet", once the array was expanded."""
-    queue.start_worker("a", "1x80GiB")
     ok = submit(queue, "--id", "ok", "--array", "0-2", "--gpus", "0", "--", "sleep 0.3")
     after_ok = submit(queue, "--id", "after-ok", "--after", ok, "--gpus", "0", "--", "true")
     bad = submit(queue, "--id", "bad", "--array", "0-1", "--gpus", "0", "--", "exit $GPUQ_ARRAY_INDEX")
     after_bad = submit(queue, "--id", "after-bad", "--after", bad, "--gpus", "0", "--", "true")
     any_bad = submit(queue, "--id", "any-bad", "--after-any", bad, "--gpus", "0", "--", "true")
+    queue.start_worker("a", "1x80GiB")
     done = wait_until(lambda: queue.finished(after_ok), timeout=60, what="after-ok")
     assert done["state"] == "done"
     members_ended = max(queue.finished(f"ok_{i}")["ended_at"] for i in range(3))
@@ -357,3 +372,11 @@ def test_an_arrays_members_take_its_place_in_the_queue_not_the_moment_they_were_
     subprocess.run(once, env=queue.env(), check=True, capture_output=True, timeout=120)  # expands the array
     order = [p["id"] for p in queue.status()["pending"]]
     assert order == ["before", "arr_0", "arr_1", "arr_2", "after"], order
+
+
+def test_ids_are_listed_in_the_order_people_count_them():
+    """A helper's finding: HELD listed sw-10 before sw-2 (ids sorted as text)."""
+    from gpuq.spool.holds import natural_order
+
+    ids = ["sw-10", "sw-2", "sw-1", "a", "sw-1_10", "sw-1_3", "b2c", "b10c"]
+    assert sorted(ids, key=natural_order) == ["a", "b2c", "b10c", "sw-1", "sw-1_3", "sw-1_10", "sw-2", "sw-10"]

@@ -14,7 +14,7 @@ from typing import Callable, NoReturn, TypeAlias
 from gpuq import __version__, hooks
 from gpuq.cli.common import act_as_queue_account
 from gpuq.cli.history import add_history_arguments
-from gpuq.cli.options import add_environment_options, add_filter_options, add_limit_options, gpu_count
+from gpuq.cli.options import add_environment_options, add_filter_options, add_limit_options, gpu_count, sbatch_only
 from gpuq.host.audit import install_if_asked
 from gpuq.model.config import ConfigError
 from gpuq.model.states import FINAL_STATES, State
@@ -353,6 +353,10 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     gc.set_threshold(GC_FIRST_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
+    if unknown and args.verb == "submit" and (instead := sbatch_only(unknown)):
+        for line in instead:
+            print(f"gpuq submit: {line}. Nothing was written.", file=sys.stderr)
+        return 2
     if unknown:  # the verb's own usage, not the list of verbs (`submit --gpu-memory 8G`)
         verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         verbs.choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")

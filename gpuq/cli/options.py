@@ -90,3 +90,42 @@ def add_filter_options(sp: argparse.ArgumentParser) -> None:
         help="only jobs in these states (comma-separated; scancel's PD, R, CD, F, CA, TO too)",
     )
     sp.add_argument("-n", "--name", help="only jobs of these names (comma-separated; shell patterns: 'sweep-*')")
+
+
+# sbatch options a Slurm user types that gpuq has no such option for: what to do instead.
+SBATCH_ONLY = {
+    "--partition": "gpuq has one queue for the team; --hosts a,b picks the boxes a job may run on",
+    "-p": "gpuq has one queue for the team; --hosts a,b picks the boxes a job may run on",
+    "--output": "a job's output (stdout and stderr) is logs/ID.log: gpuq logs ID [-f]",
+    "-o": "a job's output (stdout and stderr) is logs/ID.log: gpuq logs ID [-f]",
+    "--error": "a job's output (stdout and stderr) is logs/ID.log: gpuq logs ID [-f]",
+    "-e": "a job's output (stdout and stderr) is logs/ID.log: gpuq logs ID [-f]",
+    "--mail-type": "gpuq sends no mail yet; `gpuq wait ID; mail ...` does it",
+    "--mail-user": "gpuq sends no mail yet; `gpuq wait ID; mail ...` does it",
+    "--nodes": "a job runs on one box: --gpus N there",
+    "-N": "a job runs on one box: --gpus N there",
+    "--ntasks": "a job is one command; start its processes from it (torchrun --nproc-per-node N)",
+    "-n": "a job is one command; start its processes from it (torchrun --nproc-per-node N)",
+    "--gres": "--gpus N (-G N), and --gpu-mem SIZE for a share of each GPU",
+    "--account": "gpuq has no accounts: fair share is by user",
+    "-A": "gpuq has no accounts: fair share is by user",
+    "--qos": "--priority high|normal|low (or a number)",
+    "--exclusive": "a job without --gpu-mem has its GPUs to itself already",
+    "--chdir": "--workdir DIR (default: the current directory)",
+    "-D": "--workdir DIR (default: the current directory)",
+    "--wrap": "give the command after --: gpuq submit -- python train.py",
+    "--constraint": "--hosts a,b: the boxes with what the job needs",
+    "-C": "--hosts a,b: the boxes with what the job needs",
+    "--mem-per-gpu": "--mem SIZE is the job's host memory; --gpu-mem SIZE its memory on each GPU",
+    "--cpus-per-gpu": "-c/--cpus N: the cores the whole job gets",
+}
+
+
+def sbatch_only(unknown: list[str]) -> list[str]:
+    """For each sbatch option among `unknown` that gpuq does not have, one line: what instead."""
+    lines = []
+    for word in unknown:
+        option = word.split("=", 1)[0]
+        if option in SBATCH_ONLY:
+            lines.append(f"sbatch's {option} is not one gpuq has: {SBATCH_ONLY[option]}")
+    return lines

@@ -64,10 +64,16 @@ def _never_fits(layout, spec) -> str | None:
 
 
 def check_submittable(layout: Layout, config: Config, spec: JobSpec) -> None:
-    """What a spec must pass beyond its own fields, at submit and at edit alike: its owner may
-    run jobs here, some GPU of the team can ever hold it, its dependencies exist. Raises
-    SubmitError (or SpecError) saying why and the fix."""
+    """What a spec submitted must pass beyond its own fields: the submitter may run jobs here
+    (whose the spec will be), and check_placeable. Raises SubmitError (or SpecError)."""
     check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs, config.admins, spec)
+    check_placeable(layout, spec)
+
+
+def check_placeable(layout: Layout, spec: JobSpec) -> None:
+    """What a spec must pass beyond its own fields, at submit and at edit alike (an edit keeps
+    its job's owner): some GPU of the team can ever hold it, and its dependencies exist and
+    have not failed. Raises SubmitError saying why and the fix."""
     if refused := _never_fits(layout, spec):
         raise SubmitError(refused)
     check_dependencies(layout, spec)

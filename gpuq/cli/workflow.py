@@ -14,12 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuq.cli.common import act_as_queue_account, open_layout, read_config, refuse_bad_id
+from gpuq.cli.common import act_as_queue_account, open_layout, refuse_bad_id
 from gpuq.cli.completion import did_you_mean
 from gpuq.cli.doctor import Finding, as_json, check_reachable, check_squashing, diagnose
 from gpuq.cli.initroot import InitError, cron_line, init_root
 from gpuq.cli.requests import run_request
-from gpuq.cli.submit import check_submittable
+from gpuq.cli.submit import check_placeable
 from gpuq.model.config import load as load_config
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import parse_spec_text
@@ -178,7 +178,7 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
             subprocess.run([*shlex.split(editor), str(copy)], check=False)
             text = copy.read_bytes()
             try:  # as strictly as submit checks a spec (a size no GPU has is refused, not kept)
-                check_submittable(layout, read_config(layout), parse_spec_text(text, f"jobs/{job_id}.yaml"))
+                check_placeable(layout, parse_spec_text(text, f"jobs/{job_id}.yaml"))
                 break
             except (SpecError, SubmitError) as e:
                 print(f"gpuq edit: {e}", file=sys.stderr)

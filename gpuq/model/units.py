@@ -9,6 +9,10 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*$")
 # One rule, in any case: every size is binary, as Slurm reads "20G" and as a GPU's "80GB" is
 # meant: 20g = 20G = 20GB = 20GiB = 20480 MiB. (Decimal GB would make "8GB" 7.5 GiB.)
 _MIB_PER_UNIT = {
+    "k": 1 / 1024,  # sbatch's --mem 8000K (rounded up to a whole MiB)
+    "ki": 1 / 1024,
+    "kib": 1 / 1024,
+    "kb": 1 / 1024,
     "m": 1.0,
     "mi": 1.0,
     "mib": 1.0,

@@ -215,10 +215,16 @@ def edit(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes, rele
     return f"{job_id}: {changed}, back at its place in the queue"
 
 
+def natural_order(job_id: str) -> list[str | int]:
+    """sw-2 before sw-10: the numbers in an id compared as numbers (re.split puts text and
+    numbers at alternating places, so two keys never compare a number with text)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", job_id)]
+
+
 def held_jobs(layout: Layout) -> list[dict]:
     """For `gpuq status`: each held spec, with who held it and since when."""
     out = []
-    for path in sorted(layout.held.glob("*.yaml")):
+    for path in sorted(layout.held.glob("*.yaml"), key=lambda p: natural_order(p.stem)):
         job_id = path.stem
         try:
             record = read_json(layout.record(layout.held, job_id)) or {}

@@ -28,6 +28,7 @@ from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
 from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.secrets import looks_secret
 from gpuq.model.spec import JobSpec, parse_spec_text, validate_spec
+from gpuq.spool.deps import FINAL, DependencyStates
 from gpuq.spool.ids import id_taken
 from gpuq.spool.layout import Layout
 
@@ -146,7 +147,8 @@ def check_runnable_by_workers(
 
 
 def check_dependencies(layout: Layout, spec: JobSpec) -> None:
-    """Refuse ids no job has (a typo would leave the job waiting for ever)."""
+    """Refuse ids no job has (a typo would leave the job waiting for ever), and an afterok on
+    a job that already ended otherwise than done (its worker would cancel the job at once)."""
     for option, ids in (("--after (afterok)", spec.after), ("--after-any (afterany)", spec.after_any)):
         unknown = [d for d in ids if not id_taken(layout, d)]
         if unknown:
@@ -154,6 +156,12 @@ def check_dependencies(layout: Layout, spec: JobSpec) -> None:
                 f"{option} {', '.join(unknown)}: no such job. Fix: give ids that "
                 "`gpuq status` or `gpuq submit` showed. Nothing was written."
             )
+    states = DependencyStates(layout).lookup(spec.after)
+    if failed := [f"{d} ended {state}" for d, state in states.items() if state in FINAL and state != "done"]:
+        raise SubmitError(
+            f"--after (afterok) {', '.join(failed)}: this job could never start (its worker would cancel it). "
+            "Fix: `gpuq retry` that job first, or use --after-any. Nothing was written."
+        )
 
 
 def spec_bytes(data: dict[str, Any]) -> bytes:

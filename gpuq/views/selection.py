@@ -13,6 +13,7 @@ from typing import Iterator
 from gpuq.model.errors import SpecError
 from gpuq.model.record import RecordError
 from gpuq.model.spec import parse_spec_text
+from gpuq.spool.holds import natural_order
 from gpuq.spool.intake import load_pending_for_view, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, running_records
@@ -73,9 +74,9 @@ def states_asked(verb: str, text: str | None) -> tuple[str, ...]:
 
 
 def matching(layout: Layout, wanted: JobFilter) -> list[str]:
-    """The ids of the jobs `wanted` keeps, in a stable order (by state, then id)."""
+    """The ids of the jobs `wanted` keeps, in the order people count them (sw-2 before sw-10)."""
     found = [job.id for job in _jobs(layout, frozenset(wanted.states)) if wanted.keeps(job)]
-    return sorted(set(found))
+    return sorted(set(found), key=natural_order)
 
 
 def _jobs(layout: Layout, states: frozenset[str]) -> Iterator[Found]:
