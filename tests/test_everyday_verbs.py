@@ -222,6 +222,10 @@ def test_sbatch_options_read_as_sbatch_reads_them(queue):
         1,
         1000,
     )
+    # More cores or memory than any box has: refused at submit, as more GPU memory is.
+    for option, value, says in (("-c", "512", "no box has 512 cores"), ("--mem", "100T", "MiB of memory")):
+        refused = queue.gpuq("submit", "-G", "0", option, value, "--", "true", check=False)
+        assert refused.returncode == 2 and says in refused.stderr and "the most is" in refused.stderr, refused
     # sbatch's options gpuq has no such thing for: what to do instead, and nothing written.
     for option, instead in (
         ("--partition=gpu", "--hosts a,b picks the boxes"),

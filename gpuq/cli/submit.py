@@ -46,9 +46,29 @@ from gpuq.spool.sweeps import array_members, sweep_members
 from gpuq.spool.teamstate import load_heartbeats
 
 
+def _beyond_every_box(layout: Layout, spec: JobSpec) -> str | None:
+    """Why no box (of those the spec names) has the cores or the memory it asks for, and the
+    fix; None when one has, or no box has said what it has (an older worker's heartbeat)."""
+    boxes = [hb for hb in load_heartbeats(layout) if not spec.hosts or hb.get("host") in spec.hosts]
+    for asked, key, what, option in (
+        (spec.cpus, "cores", "cores", "-c/--cpus"),
+        (spec.mem_mib, "mem_mib", "MiB of memory", "--mem"),
+    ):
+        offered = [(hb[key], str(hb.get("host"))) for hb in boxes if type(hb.get(key)) is int]
+        if asked and offered and asked > max(offered)[0]:
+            most, where = max(offered)
+            return (
+                f"no box has {asked} {what}: the most is {most} ({where}). Fix: ask for at most {most} "
+                f"with {option}. Nothing was written."
+            )
+    return None
+
+
 def _never_fits(layout, spec) -> str | None:
-    """Why no GPU of the team can ever hold `spec`, and the fix: another host list where it
-    names no known box, else a smaller ask; None when it fits somewhere."""
+    """Why no GPU (or box) of the team can ever hold `spec`, and the fix: another host list
+    where it names no known box, else a smaller ask; None when it fits somewhere."""
+    if beyond := _beyond_every_box(layout, spec):
+        return beyond
     known = sorted(str(hb.get("host")) for hb in load_heartbeats(layout))
     names_no_box = bool(spec.hosts and not set(spec.hosts) & set(known))
     hosts_fix = f"--hosts names boxes gpuq knows: {', '.join(known) or 'none has run a worker yet'}"

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+import psutil
+
 from gpuq import __version__, hooks
 from gpuq.host.files import write_json
 from gpuq.model.config import Config
@@ -93,6 +95,9 @@ class Publisher:
             box.rt,
         )
         self.intake, self.finished, self.extras = box.intake, finished, extras
+        # What this box offers a job beyond GPUs: cores it may pin, memory (submit refuses an
+        # ask no box could meet, as it does for GPUs).
+        self.cores, self.mem_mib = len(os.sched_getaffinity(0)), psutil.virtual_memory().total // 2**20
         self.heartbeat_failing = False  # logged once per spell of failed writes
         self.seq = 0
         self.heartbeat_at = 0.0
@@ -156,6 +161,8 @@ class Publisher:
                 "poll_interval": self.config.poll_interval,
                 "gpus": [g.to_json() for g in state.gpus],
                 "cpu_slots": self.config.cpu_slots,
+                "cores": self.cores,
+                "mem_mib": self.mem_mib,
                 "observed": {j: {str(i): m for i, m in per.items()} for j, per in state.observed.items()},
                 "others_idle_since": {str(i): t for i, t in state.others_idle_since.items()},
                 "stopping": sorted(state.stopping),
