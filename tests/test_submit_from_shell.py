@@ -79,3 +79,28 @@ def test_a_spec_dropped_without_workdir_runs_in_its_owners_home(team):
         assert (home / "made-here").exists() and str(home) in team.log("where")
     finally:
         shutil.rmtree(home.parent if home.parent.name == "nonexistent" else home, ignore_errors=True)
+
+
+def test_a_batch_script_s_sbatch_lines_are_read_under_the_options_typed(queue, tmp_path):
+    """A Slurm user's `sbatch train.sbatch` habit: its #SBATCH lines were ignored."""
+    script = tmp_path / "train.sbatch"
+    script.write_text(
+        "#!/bin/sh\n"
+        "#SBATCH --job-name=resnet\n"
+        "#SBATCH --partition=gpu\n"
+        "#SBATCH -t 1:30:00  # an hour and a half\n"
+        "#SBATCH -G 0\n"
+        'echo "ran $0"\n'
+        "#SBATCH --cpus-per-task=99\n"  # after the first command: sbatch reads no more
+    )
+    out = queue.gpuq("submit", "-t", "5", str(script))  # the command line wins over the script
+    job = out.stdout.split()[-1]
+    assert job == "resnet-1", out
+    assert "train.sbatch, line 3: sbatch's --partition is not one gpuq has" in out.stderr
+    queue.start_worker("a", "1x80GiB")
+    record = wait_until(lambda: queue.finished(job), timeout=90, what="the script to run")
+    assert record["state"] == "done" and record["time_limit_s"] == 300 and record["gpus"] == []
+    assert record["spec"]["cpus"] is None and f"ran {script}" in queue.log(job)
+    script.write_text("#!/bin/sh\n#SBATCH --frobnicate\ntrue\n")
+    refused = queue.gpuq("submit", str(script), check=False)
+    assert refused.returncode == 2 and "train.sbatch, line 2: #SBATCH --frobnicate is not an option" in refused.stderr

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq import hooks
+from gpuq.cli.batch_script import ScriptError, command_of, directives, is_script, with_script_options
 from gpuq.cli.common import open_layout, read_config
 from gpuq.cli.requests import live_workers, run_request
 from gpuq.host.faults import wall_time
@@ -125,6 +126,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     """Options -> a spec, or with --spec FILE the file's fields with the options over them
     (as sbatch's options win over a script's #SBATCH lines): never one dropped silently."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if is_script(command):  # `gpuq submit train.sbatch`: its #SBATCH lines under the options typed
+        try:
+            found = directives(command[0])
+            if found is not None:
+                submit = next(a for a in args.parser._actions if isinstance(a, argparse._SubParsersAction))
+                for note in with_script_options(args, submit.choices["submit"], command[0], found):
+                    print(f"gpuq submit: {note}", file=sys.stderr)
+                command = command_of(command[0])
+        except ScriptError as e:
+            print(f"gpuq submit: {e}. Nothing was written.", file=sys.stderr)
+            return 2
     if not command and not args.spec:
         print(
             "gpuq submit: give the command after --, e.g. gpuq submit --gpus 1 --gpu-mem 20GiB -- python train.py",

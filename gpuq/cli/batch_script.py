@@ -1,0 +1,83 @@
+"""`gpuq submit train.sbatch`: a batch script's `#SBATCH` lines read as submit's options (it
+takes sbatch's spellings), under the options typed on the command line, as sbatch reads them;
+the script, run by the interpreter its `#!` line names, is the job's command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from pathlib import Path
+
+from gpuq.cli.options import sbatch_only
+
+DIRECTIVE = "#SBATCH"
+MAX_SCRIPT_BYTES = 1 << 20
+
+
+class ScriptError(Exception):
+    pass
+
+
+def directives(path: str) -> list[tuple[int, list[str]]] | None:
+    """Each #SBATCH line's options (with its line number), read as sbatch reads them (those
+    before the first command; a `#` after them starts a comment); None when `path` is not a
+    script (a file whose first line is `#!`)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(MAX_SCRIPT_BYTES).decode("utf-8", "replace")
+    except (OSError, IsADirectoryError):
+        return None
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("#!"):
+        return None
+    found: list[tuple[int, list[str]]] = []
+    for number, line in enumerate(lines[1:], 2):
+        stripped = line.strip()
+        if stripped.startswith(DIRECTIVE):
+            try:
+                found.append((number, shlex.split(stripped[len(DIRECTIVE) :], comments=True)))
+            except ValueError as e:
+                raise ScriptError(f"{path}, line {number}: {e} in {stripped!r}") from None
+        elif stripped and not stripped.startswith("#"):
+            break  # sbatch reads no #SBATCH line after the first command
+    return found
+
+
+def command_of(path: str) -> list[str]:
+    """The script run by its `#!` interpreter, by its absolute path (the job may run elsewhere)."""
+    with open(path, "rb") as f:
+        shebang = f.readline().decode("utf-8", "replace")
+    return [*shlex.split(shebang[2:]), os.path.abspath(path)]
+
+
+def with_script_options(
+    args: argparse.Namespace, submit: argparse.ArgumentParser, path: str, found: list[tuple[int, list[str]]]
+) -> list[str]:
+    """`args` with each option the script's lines give that the command line did not (a value
+    left at its default), each line parsed by submit's own parser. Returns a note for each
+    sbatch option gpuq has no such thing for (a script's `--partition` or `--output` is read
+    past, said once); raises ScriptError for any other it does not know."""
+    notes = []
+    for number, words in found:
+        if not words:
+            continue
+        if instead := sbatch_only(words[:1]):
+            notes.append(f"{path}, line {number}: {instead[0]}; read past")
+            continue
+        parsed, unknown = submit.parse_known_args([*words, "--", "placeholder"])
+        if unknown or parsed.command != ["--", "placeholder"]:
+            raise ScriptError(f"{path}, line {number}: #SBATCH {' '.join(words)} is not an option gpuq has")
+        for key, value in vars(parsed).items():
+            if key != "command" and _unset(getattr(args, key, None)) and not _unset(value):
+                setattr(args, key, value)
+    return notes
+
+
+def _unset(value: object) -> bool:
+    """An option left out: None, a flag not given, no repeated values (0 is a value: -G 0)."""
+    return value is None or value is False or value == []
+
+
+def is_script(command: list[str]) -> bool:
+    return len(command) == 1 and Path(command[0]).is_file()
