@@ -110,3 +110,20 @@ def test_files_in_jobs_that_are_not_specs_are_listed_with_what_to_do(team):
     assert view["total"] == 3 and "rename it to end in .yaml" in view["files"][1]["fix"]
     text = team.as_user(ALICE, "status", "-w").stdout
     assert "NOT SPECS (3 in jobs/" in text and "notes.txt" in text
+
+
+def test_fake_gpu_memory_can_be_used_by_a_members_job_under_a_root_worker(team):
+    """D7: under README's root worker a member's `gpuq fake-use --mem 9GiB` failed: the fake
+    GPUs' file was in the worker's private directory. A team without GPUs could not try
+    over-use or `eff`."""
+    team.write_config(poll_interval=0.2)
+    team.start_worker("a", "1x24GiB")
+    use = f"{team.python} {team.code / 'gpuq.py'} fake-use --mem 9GiB --seconds 60"
+    assert team.as_user(ALICE, "submit", "--gpu-mem", "10GiB", "--id", "fake", "--", use).returncode == 0
+
+    def observed() -> int | None:
+        rows = json.loads(team.as_user(ALICE, "status", "--json").stdout)["running"]
+        return next((r["observed_gpu_mem_mib"] for r in rows if r["id"] == "fake" and r["observed_gpu_mem_mib"]), None)
+
+    assert wait_until(observed, timeout=90, what="the job's fake memory seen") == 9 * 1024
+    team.as_user(ALICE, "cancel", "fake")

@@ -62,7 +62,7 @@ def test_a_person_using_the_gpu_preempts_opportunistic_work_until_they_leave(que
     queue.start_worker("a", "1x80GiB")
     queue.drop("soak.yaml", _spec(LOOP_YIELDING, "10GiB", "low"))
     wait_until(lambda: "attempt=1" in queue.log("soak"), what="the opportunistic job to start")
-    fake_gpus = next((queue.local_base / "a").glob("fake-gpus-*.json"))
+    fake_gpus = next((queue.local_base / "a-fake").glob("fake-gpus-*.json"))
     person = subprocess.Popen(
         [PY, str(REPO / "gpuq.py"), "fake-use", "--mem", "2GiB", "--seconds", "120"],
         env={**queue.env(), "GPUQ_FAKE_GPUS": str(fake_gpus), "CUDA_VISIBLE_DEVICES": "0"},

@@ -7,7 +7,10 @@ GPUQ_FAKE_GPUS=SPEC, where SPEC is `4x80GiB` or a path to such a JSON file:
      "processes": [{"pid": 123, "gpu": 0, "used_mib": 20480, "util": 60}]}
 
 Processes count as memory users while their pid is alive. `gpuq fake-use` registers the
-calling job for its lifetime (see `use`).
+calling job for its lifetime (see `use`): a file `use/<pid>.json` beside the GPUs' file, in a
+sticky directory every user may create in, since under a root worker a job runs as its owner,
+who may not write the worker's files. A registration counts only for a live pid of the file's
+own owner: nobody makes another's process look like a GPU user.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import time
 from pathlib import Path
@@ -23,6 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gpuq.host.files import atomic_write
+from gpuq.host.hostinfo import ensure_private_dir
 from gpuq.model.units import parse_size_mib
 
 _SHAPE_RE = re.compile(r"^(\d+)x(\S+)$")
@@ -32,9 +37,15 @@ class NVMLError(Exception):
     pass
 
 
+def fake_dir(local_dir: Path) -> Path:
+    """Where a box's fake GPUs live: beside its local dir (which is private), readable by the
+    jobs, which run as their owners (under a root worker, the root part makes it)."""
+    return Path(f"{local_dir}-fake")
+
+
 def materialize(spec: str, local_dir: Path) -> Path:
-    """`4x80GiB` -> a JSON file in the host's local dir (kept if it has that shape);
-    a path -> that path."""
+    """`4x80GiB` -> a JSON file in the host's fake dir (kept if it has that shape), with its
+    `use/` directory; a path -> that path."""
     match = _SHAPE_RE.match(spec)
     if not match:
         path = Path(spec)
@@ -42,9 +53,12 @@ def materialize(spec: str, local_dir: Path) -> Path:
             raise NVMLError(f"--fake-gpus {spec!r}: neither COUNTxSIZE (like 4x80GiB) nor a JSON file")
         return path.resolve()
     count, total = int(match.group(1)), parse_size_mib(match.group(2))
-    path = local_dir / f"fake-gpus-{count}x{total}MiB.json"
+    path = ensure_private_dir(fake_dir(local_dir), "the fake GPUs' directory", others_read=True) / (
+        f"fake-gpus-{count}x{total}MiB.json"
+    )
+    use_dir(path).mkdir(exist_ok=True)
+    os.chmod(use_dir(path), 0o1777)  # every job's owner registers its use; the sticky bit keeps them apart
     if not path.exists():
-        local_dir.mkdir(parents=True, exist_ok=True)
         tag = hashlib.sha1(str(local_dir).encode()).hexdigest()[:8]  # distinct per stand-in host
         gpus = [
             {
@@ -61,8 +75,12 @@ def materialize(spec: str, local_dir: Path) -> Path:
     return path
 
 
+def use_dir(path: Path) -> Path:
+    return path.parent / "use"
+
+
 def _write(path: Path, data: dict[str, Any]) -> None:
-    atomic_write(path, json.dumps(data, indent=1).encode())
+    atomic_write(path, json.dumps(data, indent=1).encode(), mode=0o644)  # the jobs read it (fake-use)
 
 
 def _alive(pid: int) -> bool:
@@ -118,7 +136,8 @@ class FakeNvml:
         return self._load()["gpus"][handle]
 
     def _procs(self, handle: int) -> list[dict[str, Any]]:
-        return [p for p in self._load().get("processes", []) if p.get("gpu") == handle and _alive(int(p["pid"]))]
+        listed = self._load().get("processes", []) + registered(use_dir(self.path))
+        return [p for p in listed if p.get("gpu") == handle and _alive(int(p["pid"]))]
 
     def nvmlDeviceGetName(self, handle: int) -> str:
         return self._gpu(handle)["name"]
@@ -160,15 +179,43 @@ def _mps_limit_mib(value: str) -> int | None:
     return None
 
 
-def _update_processes(path: Path, change: Any) -> None:
-    """Read-modify-write the process list under a lock; dead pids are dropped."""
-    from filelock import FileLock
+MAX_USE_BYTES = 4096
+MAX_USERS = 1000
 
-    with FileLock(str(path) + ".lock"):
-        data = json.loads(path.read_bytes())
-        procs = [p for p in data.get("processes", []) if _alive(int(p["pid"]))]
-        data["processes"] = change(procs)
-        _write(path, data)
+
+def registered(directory: Path) -> list[dict[str, Any]]:
+    """The uses `gpuq fake-use` registered in `directory` (`<pid>.json`, each a list of
+    {gpu, used_mib, util}): only plain files, only for a live pid whose owner is the file's
+    (a member's file is hostile input to the worker that reads it), at most MAX_USERS."""
+    found: list[dict[str, Any]] = []
+    try:
+        names = sorted(os.listdir(directory))[:MAX_USERS]
+    except OSError:
+        return found
+    for name in names:
+        stem, _, suffix = name.partition(".")
+        if suffix != "json" or not stem.isdigit():
+            continue
+        try:
+            fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or os.stat(f"/proc/{stem}").st_uid != st.st_uid:
+                continue
+            uses = json.loads(os.read(fd, MAX_USE_BYTES))
+        except (OSError, ValueError):
+            continue
+        finally:
+            os.close(fd)
+        if isinstance(uses, list):
+            found += [
+                {"pid": int(stem), "gpu": u["gpu"], "used_mib": u["used_mib"], "util": u["util"]}
+                for u in uses
+                if isinstance(u, dict) and all(type(u.get(k)) is int and u[k] >= 0 for k in ("gpu", "used_mib", "util"))
+            ]
+    return found
 
 
 def use(mem_mib: int, util: int, seconds: float | None, command: list[str]) -> int:
@@ -201,14 +248,16 @@ def use(mem_mib: int, util: int, seconds: float | None, command: list[str]) -> i
     host_gpus = os.environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",")
     if all(g.strip().isdigit() for g in host_gpus) and all(i < len(host_gpus) for i in visible):
         visible = [int(host_gpus[i]) for i in visible]
-    pid = os.getpid()
-    _update_processes(
-        path, lambda procs: procs + [{"pid": pid, "gpu": gpu, "used_mib": mem_mib, "util": util} for gpu in visible]
-    )
+    if not use_dir(path).is_dir():  # a fake GPUs' file named by its path (tests): its use/ is made here
+        use_dir(path).mkdir(mode=0o1777)
+    mine = use_dir(path) / f"{os.getpid()}.json"  # this process's, as its owner: a file of its own
+    fd = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump([{"gpu": gpu, "used_mib": mem_mib, "util": util} for gpu in visible], f)
     try:
         if command:
             return subprocess.call(command)
         time.sleep(seconds or 0)
         return 0
     finally:
-        _update_processes(path, lambda procs: [p for p in procs if p["pid"] != pid])
+        mine.unlink(missing_ok=True)

@@ -733,7 +733,7 @@ def test_bad_environment_fields_are_rejected_with_the_fix(queue) -> None:
 
 @pytest.mark.slow
 def test_fake_use_inside_a_container_uses_the_host_gpus_it_was_given(tmp_path: Path) -> None:
-    from gpuq.host.fake_nvml import materialize
+    from gpuq.host.fake_nvml import materialize, registered
 
     fake = materialize("4x24GiB", tmp_path)
     proc = subprocess.Popen(
@@ -741,7 +741,7 @@ def test_fake_use_inside_a_container_uses_the_host_gpus_it_was_given(tmp_path: P
         env={**os.environ, "GPUQ_FAKE_GPUS": str(fake), "CUDA_VISIBLE_DEVICES": "0,1", "NVIDIA_VISIBLE_DEVICES": "2,3"},
     )
     try:
-        used = wait_until(lambda: json.loads(fake.read_text()).get("processes"), what="fake use registered")
+        used = wait_until(lambda: registered(fake.parent / "use"), what="fake use registered")
         assert sorted(p["gpu"] for p in used) == [2, 3]
     finally:
         proc.kill()
