@@ -117,3 +117,14 @@ def test_a_run_stopped_and_put_back_counts_from_when_it_started(tmp_path):
         )
     assert history.usage(1060, {})["carol"] == pytest.approx(60, rel=1e-3)
     assert history.started == {}  # nothing kept once the run has ended
+
+
+@pytest.mark.parametrize("fair_share", [True, False])
+def test_an_arrays_members_start_in_index_order(fair_share):
+    """A Slurm user's finding: members that share a queue place went by their ids as text,
+    so _10 and _11 ran before _2."""
+    from dataclasses import replace
+
+    members = [job(f"arr-1_{i}", mem_gib=None) for i in (11, 2, 10, 0, 1)]
+    decided = plan(members, [host("h", gpu(0))], [], replace(CFG, fair_share=fair_share), now=1000.0)
+    assert decided.order == ["arr-1_0", "arr-1_1", "arr-1_2", "arr-1_10", "arr-1_11"]

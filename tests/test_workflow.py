@@ -376,7 +376,7 @@ def test_an_arrays_members_take_its_place_in_the_queue_not_the_moment_they_were_
 
 def test_ids_are_listed_in_the_order_people_count_them():
     """A helper's finding: HELD listed sw-10 before sw-2 (ids sorted as text)."""
-    from gpuq.spool.holds import natural_order
+    from gpuq.model.names import natural_order
 
     ids = ["sw-10", "sw-2", "sw-1", "a", "sw-1_10", "sw-1_3", "b2c", "b10c"]
     assert sorted(ids, key=natural_order) == ["a", "b2c", "b10c", "sw-1", "sw-1_3", "sw-1_10", "sw-2", "sw-10"]

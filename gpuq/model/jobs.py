@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gpuq.model.gpu import GpuSnapshot
+from gpuq.model.names import natural_order
 from gpuq.model.spec import CLASS_RANK, JobSpec
 
 
@@ -21,12 +22,14 @@ class PendingJob:
     # queue, and whether it waits on other jobs or stands for several (spool/deps.py, gates).
     order: tuple = field(init=False, repr=False, compare=False)
     gated: bool = field(init=False, repr=False, compare=False)
+    id_order: tuple = field(init=False, repr=False, compare=False)  # the last tie-break: _2 before _10
 
     def __post_init__(self) -> None:
         spec = self.spec
         object.__setattr__(self, "order", (CLASS_RANK[spec.priority_class], -spec.priority))
         gated = spec.after or spec.after_any or spec.sweep or spec.array or spec.array_limit or spec.begin_at
         object.__setattr__(self, "gated", bool(gated))
+        object.__setattr__(self, "id_order", natural_order(self.id))
 
     @property
     def opportunistic(self) -> bool:

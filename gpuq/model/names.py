@@ -12,3 +12,10 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}\Z")
 ID_RULE = "letters, digits, '_', '-' and '.', at most 64, not starting with '.'"
 
 HOST_RE = JOB_ID_RE
+
+
+def natural_order(job_id: str) -> tuple[tuple[str | int, ...], str]:
+    """sw-2 before sw-10, an array's _2 before its _10: the numbers in an id compared as
+    numbers (re.split puts text and numbers at alternating places, so two keys never compare
+    a number with text), then the id itself (a01 and a1 stay apart)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", job_id)), job_id

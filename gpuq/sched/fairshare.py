@@ -97,12 +97,18 @@ def queue_keys(
     """Each job's place in the queue as a tuple that sorts, the job last (ids are unique, so
     two jobs are never compared). Built in one comprehension: a pass sorts thousands."""
     if not config.fair_share:
-        return [(j.order, j.queued_at, j.id, j) for j in pending]
+        return [(j.order, j.queued_at, j.id_order, j) for j in pending]
     factors = shares(effective_usage(usage, running, slots, config, now), {j.user for j in pending})
     # rank_score inlined, its fair-share part once per user: a pass ranks thousands of jobs
     # (a deep queue's replay spent a tenth of its time in the calls).
     fair = {user: FAIR_SHARE_WEIGHT * f for user, f in factors.items()}
     return [
-        (j.order, -(fair[j.user] + min(AGE_WEIGHT, max(0.0, now - j.queued_at) * AGE_PER_S)), j.queued_at, j.id, j)
+        (
+            j.order,
+            -(fair[j.user] + min(AGE_WEIGHT, max(0.0, now - j.queued_at) * AGE_PER_S)),
+            j.queued_at,
+            j.id_order,
+            j,
+        )
         for j in pending
     ]

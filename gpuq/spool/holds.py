@@ -29,7 +29,7 @@ from gpuq.host.faults import wall_time
 from gpuq.host.files import atomic_write, create_owned, read_json
 from gpuq.host.owners import Actor, others_may_write, refusal
 from gpuq.model.errors import SpecError
-from gpuq.model.names import JOB_ID_RE
+from gpuq.model.names import JOB_ID_RE, natural_order
 from gpuq.model.record import Record
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
@@ -213,12 +213,6 @@ def edit(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes, rele
         return f"{job_id}: {changed} (still held)"
     release(layout, job_id, host, actor)
     return f"{job_id}: {changed}, back at its place in the queue"
-
-
-def natural_order(job_id: str) -> list[str | int]:
-    """sw-2 before sw-10: the numbers in an id compared as numbers (re.split puts text and
-    numbers at alternating places, so two keys never compare a number with text)."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", job_id)]
 
 
 def held_jobs(layout: Layout) -> list[dict]:

@@ -11,9 +11,9 @@ from fnmatch import fnmatchcase
 from typing import Iterator
 
 from gpuq.model.errors import SpecError
+from gpuq.model.names import natural_order
 from gpuq.model.record import RecordError
 from gpuq.model.spec import parse_spec_text
-from gpuq.spool.holds import natural_order
 from gpuq.spool.intake import load_pending_for_view, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, running_records
