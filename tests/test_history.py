@@ -155,3 +155,21 @@ def test_history_as_members_narrowed_and_in_chosen_columns(team):
         refused = team.as_user(ALICE, "history", *args)
         assert refused.returncode == 2 and says in refused.stderr, (args, refused.stderr)
     team.as_user(ALICE, "cancel", "al-long")
+
+
+@pytest.mark.slow  # a worker runs the job
+def test_history_takes_sacct_spellings_and_shows_a_running_jobs_start(queue):
+    """A Slurm user's findings: a running job had no START nor ELAPSED; `-j ID`,
+    `--state COMPLETED` and `--format jobname%30` were refused."""
+    queue.gpuq("submit", "--gpus", "0", "--id", "runner", "--", "sleep 120")
+    queue.gpuq("submit", "--gpus", "0", "--id", "quick", "--", "true")
+    queue.start_worker("a", "1x80GiB")
+    wait_until(lambda: queue.finished("quick") and queue.record("runner"), timeout=90, what="quick to end")
+    rows = json.loads(queue.gpuq("history", "-j", "runner", "--json").stdout)["jobs"]
+    assert [(r["id"], r["state"]) for r in rows] == [("runner", "running")]
+    assert rows[0]["start"] is not None and rows[0]["elapsed_s"] >= 0
+    done = json.loads(queue.gpuq("history", "--state", "COMPLETED", "--json").stdout)["jobs"]
+    assert [r["id"] for r in done] == ["quick"]
+    text = queue.gpuq("history", "-j", "quick", "--format", "JobID,jobname%30,ExitCode").stdout.splitlines()
+    assert text[0].split() == ["ID", "NAME", "EXIT"] and text[1].split() == ["quick", "quick", "0"]
+    queue.gpuq("cancel", "runner")

@@ -24,7 +24,7 @@ def test_a_sweep_from_the_shell_runs_every_combination_with_its_values_as_typed(
         "--", "echo", "lr={lr}", "seed={seed}",
     )  # fmt: skip
     group = out.stdout.splitlines()[-1]
-    assert group == "hp-1" and out.stdout.startswith("hp-1: 6 jobs, hp-1_lr1e-3-seed1 ... hp-1_lr3e-4-seed3")
+    assert out.stdout == "hp-1\n" and out.stderr.startswith("hp-1: 6 jobs, hp-1_lr1e-3-seed1 ... hp-1_lr3e-4-seed3")
     queue.start_worker("a", "1x80GiB")
     assert queue.gpuq("wait", group, timeout=120).returncode == 0
     members = json.loads(queue.gpuq("show", group, "--json").stdout)["members"]

@@ -272,7 +272,7 @@ def test_an_array_sets_its_index_and_cancels_as_one(queue):
     queue.write_config()
     out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-3", "--", "echo index=$GPUQ_ARRAY_INDEX")
     group = out.stdout.strip().splitlines()[-1]
-    assert group == "arr-1" and "4 jobs, arr-1_0 ... arr-1_3" in out.stdout
+    assert group == "arr-1" and out.stdout == "arr-1\n" and "4 jobs, arr-1_0 ... arr-1_3" in out.stderr
     queue.start_worker("a", "1x80GiB")
     for i in range(4):
         wait_until(lambda i=i: queue.finished(f"arr-1_{i}"), timeout=30)

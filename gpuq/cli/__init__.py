@@ -17,7 +17,6 @@ from gpuq.cli.history import add_history_arguments
 from gpuq.cli.options import add_environment_options, add_filter_options, add_limit_options, gpu_count, sbatch_only
 from gpuq.host.audit import install_if_asked
 from gpuq.model.config import ConfigError
-from gpuq.model.states import FINAL_STATES, State
 from gpuq.model.text import safe_text
 from gpuq.spool.layout import RootError
 
@@ -32,6 +31,20 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
 
 
 HIDDEN_VERBS = ("_ids", "_hosts")  # for the completion script; never listed nor suggested
+# Slurm's commands, typed as verbs by habit: gpuq's verb for each.
+SLURM_COMMANDS = {
+    "sbatch": "submit (it reads a script's #SBATCH lines: gpuq submit job.sbatch)",
+    "squeue": "status",
+    "sacct": "history",
+    "scancel": "cancel",
+    "scontrol": "show, hold, release",
+    "sinfo": "status (its HOSTS)",
+    "sprio": "status --shares",
+    "sshare": "status --shares",
+    "seff": "eff",
+    "srun": "submit, then logs -f ID (gpuq has no interactive jobs yet)",
+    "salloc": "none yet (gpuq has no interactive allocations)",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,6 +62,9 @@ class _Parser(argparse.ArgumentParser):
             for v in action.choices
             if v not in HIDDEN_VERBS
         ]
+        if (ours := SLURM_COMMANDS.get(bad.group(1))) is not None:
+            print(f"gpuq: Slurm's {bad.group(1)} is gpuq {ours} (`gpuq --help` lists the verbs)", file=sys.stderr)
+            sys.exit(2)
         near = difflib.get_close_matches(bad.group(1), verbs, n=3, cutoff=0.6)
         print(
             f"gpuq: unknown verb {bad.group(1)!r}"
@@ -112,18 +128,13 @@ def _add_status_verb(sub: _Verbs) -> None:
     )
     who = sp.add_mutually_exclusive_group()
     who.add_argument("--me", action="store_true", help="only my jobs")
-    who.add_argument("--user", help="only this user's jobs")
+    who.add_argument("-u", "--user", help="only this user's jobs (squeue's -u)")
     sp.add_argument(
+        "-t",
         "--state",
-        choices=[
-            "running",
-            "pending",
-            "held",
-            "finished",
-            "rejected",
-            *sorted(s.value for s in FINAL_STATES - {State.REJECTED}),
-        ],
-        help="only running, pending, held, finished or rejected jobs, or finished ones in one state",
+        metavar="STATES",
+        help="only running, pending, held, finished or rejected jobs, or finished ones in a final state (failed, "
+        "done, ...); comma-separated; squeue's PD, R, CD, F, CA, TO too",
     )
 
 
@@ -146,6 +157,9 @@ def _add_submit_verb(sub: _Verbs) -> None:
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
     sp.add_argument("-J", "--name", "--job-name", dest="name", help="label, and the stem of the id (sbatch's -J)")
     sp.add_argument("--id", help="exact job id (default: <name>-<n>)")
+    sp.add_argument(
+        "--parsable", action="store_true", help="sbatch's: taken as it is (submit prints only the id on stdout)"
+    )
     sp.add_argument("--priority", help="high, normal, low, or an integer")
     sp.add_argument("--hosts", help="comma-separated hosts it may run on")
     sp.add_argument("--workdir", help="directory to run in (default: the current one)")

@@ -7,16 +7,18 @@ import argparse
 import json
 import os
 import pwd
+import shutil
 import sys
 import time
 from typing import Any, Callable
 
 from gpuq.cli.common import open_layout
 from gpuq.model.moments import parse_moment
+from gpuq.model.states import states_named
 from gpuq.model.text import safe_text
 from gpuq.model.units import format_clock
-from gpuq.views.history import ROW_STATES, SLURM_STATE_CODES, HistoryFilter, history
-from gpuq.views.render import stamp, table
+from gpuq.views.history import ROW_STATES, HistoryFilter, history
+from gpuq.views.render import clip, stamp, table
 
 DEFAULT_SINCE = "1d"
 
@@ -64,12 +66,16 @@ def add_history_arguments(sp: argparse.ArgumentParser) -> None:
     )
     sp.add_argument("-n", "--name", help="only jobs of these names (comma-separated; shell patterns: 'train-*')")
     sp.add_argument("--host", help="only jobs that ran on these hosts (comma-separated)")
+    sp.add_argument("-j", "--jobs", metavar="ID", help="only these jobs (comma-separated; a group's id: its members)")
     sp.add_argument(
         "-o",
         "--format",
         help=f"the columns, comma-separated, from: {', '.join(COLUMNS)} (default: {','.join(DEFAULT_COLUMNS)})",
     )
     sp.add_argument("--json", action="store_true", help="every column of every row, as JSON")
+    sp.add_argument(
+        "-w", "--wide", action="store_true", help="lines whole (default: cut to the terminal, 80 columns in a pipe)"
+    )
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -86,7 +92,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     jobs = found["jobs"]
     if jobs:
         rows = [[heading for heading, _ in columns], *([safe_text(show(row)) for _, show in columns] for row in jobs)]
-        print("\n".join(line.rstrip() for line in table(rows, indent="")))
+        width = shutil.get_terminal_size((80, 24)).columns  # as status: the terminal's, 80 in a pipe
+        print(
+            "\n".join(clip(line.rstrip(), width) if not args.wide else line.rstrip() for line in table(rows, indent=""))
+        )
     print(
         f"{len(jobs)} job{'s' if len(jobs) != 1 else ''} from {stamp(wanted.since, '%Y-%m-%d %H:%M')} "
         f"to {stamp(wanted.until, '%Y-%m-%d %H:%M')}"
@@ -107,13 +116,16 @@ def _filter(args: argparse.Namespace, now: float) -> HistoryFilter:
     users = frozenset({pwd.getpwuid(os.getuid()).pw_name}) if args.me else _listed(args.user)
     states = None
     if args.state:
-        states = frozenset(SLURM_STATE_CODES.get(s.upper(), s.lower()) for s in _listed(args.state) or ())
+        states = frozenset(states_named(args.state))
         if unknown := sorted(states - ROW_STATES):
             raise ValueError(
                 f"--state {', '.join(unknown)}: not a state history lists; use {', '.join(sorted(ROW_STATES))}"
             )
     names = tuple(sorted(_listed(args.name) or ())) or None
-    return HistoryFilter(since, until, users, states, names, _listed(args.host))
+    jobs = _listed(args.jobs)
+    if jobs is not None and not args.since:  # sacct -j: the job whenever it ran
+        since = 0.0
+    return HistoryFilter(since, until, users, states, names, _listed(args.host), jobs)
 
 
 def _moment(option: str, text: str, now: float) -> float:
@@ -128,7 +140,9 @@ def _listed(text: str | None) -> frozenset[str] | None:
 
 
 def _columns(asked: str | None) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
-    names = [SLURM_COLUMNS.get(n.strip().lower(), n.strip().lower()) for n in asked.split(",")] if asked else []
+    # sacct's widths (`jobname%30`) are read past: a column is as wide as what it holds.
+    words = [n.strip().lower().partition("%")[0] for n in asked.split(",")] if asked else []
+    names = [SLURM_COLUMNS.get(n, n) for n in words]
     if unknown := [n for n in names if n not in COLUMNS]:
         raise ValueError(f"--format {', '.join(unknown)}: no such column; choose from {', '.join(COLUMNS)}")
     return [COLUMNS[n] for n in names or DEFAULT_COLUMNS]

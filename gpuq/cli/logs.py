@@ -91,21 +91,22 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def ended_status(layout: Layout, ids: list[str], group: bool) -> int:
-    """What `logs -f` exits with once the jobs ended, as the job did: its exit code (128 + the
-    signal that killed it), 1 for one that ended otherwise (cancelled, lost, timeout); for a
-    group, 0 when every member is done, else 1."""
+    """What `logs -f` exits with once the jobs ended, as the job did: a failed job's exit code
+    (128 + the signal that killed it), 1 for one that ended otherwise (cancelled, lost,
+    timeout: what its stopped command returned is gpuq's doing, not the job's); for a group,
+    0 when every member is done, else 1."""
     codes = []
     for job_id in ids:
         try:
             record = read_record(layout.record(layout.finished, job_id))
         except (RecordError, ValueError, OSError):
             record = None
-        if record is None or record.state is not State.DONE:
-            code = record.exit_code if record is not None else None
-            signal = record.signal if record is not None else None
-            codes.append(code if code else 128 + signal if signal else 1)
-        else:
+        if record is not None and record.state is State.DONE:
             codes.append(0)
+        elif record is not None and record.state is State.FAILED and (record.exit_code or record.signal):
+            codes.append(record.exit_code or 128 + (record.signal or 0))
+        else:
+            codes.append(1)
     if group:
         return 0 if not any(codes) else 1
     return codes[0] if 0 <= codes[0] <= 255 else 1

@@ -118,6 +118,15 @@ SBATCH_ONLY = {
     "-C": "--hosts a,b: the boxes with what the job needs",
     "--mem-per-gpu": "--mem SIZE is the job's host memory; --gpu-mem SIZE its memory on each GPU",
     "--cpus-per-gpu": "-c/--cpus N: the cores the whole job gets",
+    "--nodelist": "--hosts a,b: the boxes it may run on",
+    "-w": "--hosts a,b: the boxes it may run on",
+    "--exclude": "--hosts a,b: name the boxes it may run on",
+    "-x": "--hosts a,b: name the boxes it may run on",
+    "--wait": "gpuq submit ... && gpuq wait ID (its exit status is the job's)",
+    "-W": "gpuq submit ... && gpuq wait ID (its exit status is the job's)",
+    "--nice": "--priority high|normal|low (or a number)",
+    "--requeue": "--retries N: re-runs after its box is lost",
+    "--signal": "--grace DURATION: the time between SIGTERM and SIGKILL when it is stopped",
 }
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 from gpuq.cli.common import open_layout, read_config
+from gpuq.model.states import FINAL_STATES, State, states_named
 from gpuq.views.joblist import column_names, jobs_table
 from gpuq.views.render import PENDING_SHOWN, clip, shares_text, status_text, top_screen
 from gpuq.views.status import SECTIONS, narrowed, status
@@ -19,23 +20,20 @@ from gpuq.views.status import SECTIONS, narrowed, status
 def cmd_status(args: argparse.Namespace) -> int:
     try:
         columns = column_names(args.format) if args.format else None
+        states = _states(args.state) if args.state else None
     except ValueError as e:
         print(f"gpuq status: {e}", file=sys.stderr)
         return 2
     layout = open_layout(args)
     user = pwd.getpwuid(os.getuid()).pw_name if args.me else args.user
-    narrow = user is not None or args.state is not None
+    if user is not None and not args.me and not _known_user(user):
+        print(f"gpuq status: warning: no user named {user!r} on this box", file=sys.stderr)
+    narrow = user is not None or states is not None
     rows = None if args.json or args.all or narrow or args.format else PENDING_SHOWN
-    final = args.state is not None and args.state not in SECTIONS  # a final state: failed, done, ...
-    view = status(
-        layout,
-        read_config(layout),
-        pending_rows=rows,
-        ended=frozenset({args.state}) if final else None,
-        ended_user=user,
-    )
+    final = states - set(SECTIONS) if states is not None and "finished" not in states else None
+    view = status(layout, read_config(layout), pending_rows=rows, ended=final or None, ended_user=user)
     if narrow:
-        view = narrowed(view, user, args.state)
+        view = narrowed(view, user, states)
     if args.json:
         print(json.dumps(view, separators=(",", ":")))  # 10,000 pending jobs: compact is twice as fast
         return 0
@@ -44,7 +42,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif args.shares:
         text = shares_text(view)
     else:
-        text = status_text(view, show_all=args.all, hosts=args.state is None)
+        sections = None if states is None else frozenset(s if s in SECTIONS else "finished" for s in states)
+        text = status_text(view, show_all=args.all, only=sections)
     # As wide as the terminal ($COLUMNS, else 80 into a pipe); --wide: every line whole.
     width = shutil.get_terminal_size((80, 24)).columns
     lines = text.split("\n")
@@ -54,6 +53,27 @@ def cmd_status(args: argparse.Namespace) -> int:
         ]
     print("\n".join(lines))
     return 0
+
+
+STATUS_STATES = (*SECTIONS, *sorted(s.value for s in FINAL_STATES - {State.REJECTED}))
+
+
+def _states(text: str) -> frozenset[str]:
+    """--state's sections or final states, Slurm's codes too (PD: pending and held)."""
+    states = frozenset(states_named(text))
+    if unknown := sorted(states - set(STATUS_STATES)):
+        raise ValueError(
+            f"--state {', '.join(unknown)}: choose from {', '.join(STATUS_STATES)} or Slurm's PD, R, CD, F, CA, TO"
+        )
+    return states
+
+
+def _known_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
 
 
 def cmd_top(args: argparse.Namespace) -> int:

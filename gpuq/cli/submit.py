@@ -109,15 +109,18 @@ def _file_fields(path: str) -> dict:
 
 
 def _submitted(args: argparse.Namespace, job_id: str, held_text: bytes | None = None) -> int:
-    """The id, last. With --hold, the spec goes in a request that a worker applies by creating
-    it held (never through jobs/, where another member could take its id before the hold);
-    with no live worker the request waits (exit 3), and when it is refused nothing was
-    submitted: no id is printed."""
+    """The id, the only line on stdout (`jid=$(gpuq submit ...)`, as `sbatch --parsable`).
+    With --hold, the spec goes in a request that a worker applies by creating it held (never
+    through jobs/, where another member could take its id before the hold); with no live
+    worker the request waits (exit 3), and when it is refused nothing was submitted: no id is
+    printed."""
     rc = 0
     if held_text is not None:
-        rc = run_request(args, "submit-held", (job_id,), shown_as="submit", text=held_text.decode("utf-8"))
+        rc = run_request(args, "submit-held", (job_id,), shown_as="submit", quiet=True, text=held_text.decode("utf-8"))
         if rc == 1:
             return rc
+        if rc == 0:
+            print(f"gpuq submit: {job_id} is held: `gpuq release {job_id}` puts it in the queue", file=sys.stderr)
     print(job_id)
     return rc
 
@@ -200,7 +203,7 @@ def _place(
     if checked.sweep:
         job_id = write_spec(layout, data, args.id, base)
         members = [member for member, _ in sweep_members(data, job_id)]
-        print(f"{job_id}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {job_id})")
+        print(f"{job_id}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {job_id})", file=sys.stderr)
         return job_id, None
     if args.hold:
         held_text = checked_spec_text(layout, data)
@@ -330,10 +333,7 @@ def limit_fields(args: argparse.Namespace) -> dict:
             continue
         if field == "mem" and value.strip().isdigit():  # as sbatch reads --mem 8000: megabytes
             if int(value) == 0:
-                raise SubmitError(
-                    "--mem 0 (sbatch's \"all the box's memory\") is not one gpuq has: leave --mem out. "
-                    "Nothing was written."
-                )
+                raise SubmitError("--mem 0 (sbatch's \"all the box's memory\") is not one gpuq has: leave --mem out")
             value = f"{value.strip()}MiB"
         try:  # as a spec file's scalar is read (no base-60 numbers: --grace 1:30 is sbatch's 1:30)
             data[field] = load_yaml(value.encode(), "gpuq submit")
@@ -349,7 +349,7 @@ def _time_limit(text: str) -> str:
     try:
         seconds = parse_slurm_time_s(text)
     except ValueError as e:
-        raise SubmitError(f"--time {text}: {e}. Nothing was written.") from None
+        raise SubmitError(f"--time {text}: {e}") from None
     return format_limit(seconds)
 
 
@@ -431,5 +431,8 @@ def submit_array(layout, data: dict, args: argparse.Namespace, base: str) -> str
         return None
     group = write_spec(layout, {**data, "array": args.array}, args.id, base)
     members = [member for member, _ in array_members(data, group, indices)]
-    print(f"{group}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {group}; gpuq cancel {group})")
+    print(
+        f"{group}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {group}; gpuq cancel {group})",
+        file=sys.stderr,
+    )
     return group

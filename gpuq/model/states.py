@@ -47,3 +47,34 @@ class TransitionError(Exception):
 def check_transition(job_id: str, old: State, new: State) -> None:
     if new not in ALLOWED[old]:
         raise TransitionError(f"job {job_id} cannot go from {old.value} to {new.value}")
+
+
+# Slurm's state names and codes (squeue -t, sacct -s, scancel -t), read as the states they
+# name; a held job is one of Slurm's PENDING ones (its reason says it is held).
+SLURM_STATES: dict[str, tuple[str, ...]] = {
+    "PD": ("pending", "held"),
+    "PENDING": ("pending", "held"),
+    "R": ("running",),
+    "RUNNING": ("running",),
+    "CD": ("done",),
+    "COMPLETED": ("done",),
+    "F": ("failed",),
+    "FAILED": ("failed",),
+    "CA": ("cancelled",),
+    "CANCELLED": ("cancelled",),
+    "TO": ("timeout",),
+    "TIMEOUT": ("timeout",),
+    "NF": ("lost",),
+    "NODE_FAIL": ("lost",),
+}
+
+
+def states_named(text: str) -> list[str]:
+    """gpuq's states for a comma-separated list of gpuq's names and Slurm's (PD, R, CD, F, CA,
+    TO, NF and their long names), in any case, gpuq's first; a name neither knows is kept, to
+    be refused by the caller with its own choices."""
+    named: list[str] = []
+    for word in (w.strip() for w in text.split(",") if w.strip()):
+        ours = word.lower() in {s.value for s in State}  # gpuq's `pending` is its own, not Slurm's PENDING
+        named += [word.lower()] if ours else SLURM_STATES.get(word.upper(), (word.lower(),))
+    return list(dict.fromkeys(named))

@@ -26,8 +26,6 @@ from gpuq.spool.store import checked_event, running_records
 
 HISTORY_VERSION = 1
 ROW_STATES = frozenset(s.value for s in FINAL_STATES) | {"running"}
-# sacct's state codes, read as the states they name.
-SLURM_STATE_CODES = {"R": "running", "CD": "done", "F": "failed", "CA": "cancelled", "TO": "timeout", "NF": "lost"}
 
 
 @dataclass(frozen=True)
@@ -41,6 +39,7 @@ class HistoryFilter:
     states: frozenset[str] | None = None
     names: tuple[str, ...] | None = None
     hosts: frozenset[str] | None = None
+    ids: frozenset[str] | None = None  # jobs, or groups standing for their members (sacct -j)
 
     def keeps(self, row: dict[str, Any]) -> bool:
         began = row["start"] if row["start"] is not None else row["end"]
@@ -50,6 +49,7 @@ class HistoryFilter:
             and (self.states is None or row["state"] in self.states)
             and (self.hosts is None or row["host"] in self.hosts)
             and (self.names is None or any(fnmatchcase(row["name"], n) for n in self.names))
+            and (self.ids is None or row["id"] in self.ids or row["id"].rpartition("_")[0] in self.ids)
         )
 
 
@@ -159,7 +159,8 @@ def _row(event: dict[str, Any], preemptions: int, now: float) -> dict[str, Any]:
 
 
 def _running_row(record: Record, preemptions: int, now: float) -> dict[str, Any]:
-    start = _time(record.started_at)
+    # A running attempt's record has its start only once it ends: it runs since its claim.
+    start = _time(record.started_at) or _time(record.claimed_at)
     name = record.spec.get("name")
     return {
         "id": record.id,

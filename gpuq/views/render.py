@@ -60,22 +60,23 @@ def _clock(t: float | None) -> str:
     return stamp(t, "%H:%M:%S") if t else "-"
 
 
-def status_text(view: dict[str, Any], show_all: bool = False, hosts: bool = True) -> str:
-    """The status screen; `hosts`: with the HOSTS section (a screen narrowed to a state of
-    jobs leaves it out)."""
+def status_text(view: dict[str, Any], show_all: bool = False, only: frozenset[str] | None = None) -> str:
+    """The status screen; `only`: just these sections of jobs (`status --state`: running,
+    pending, held, finished, ...), without HOSTS and what is not about those jobs."""
     view = safe_tree(view)
+    shown = lambda section: only is None or section in only  # noqa: E731
     out = [f"gpuq · {view['root']} · {stamp(view['now'])}"]
-    if hosts:
+    if only is None:
         out += ["", *_hosts_section(view), *_extras_sections(view, after="HOSTS")]
-    out += _running_section(view) + _extras_sections(view, after="RUNNING")
-    out += _pending_section(view, show_all) + _extras_sections(view, after="PENDING")
-    out += _held_section(view) + _extras_sections(view, after="HELD")
+    out += _running_section(view) + _extras_sections(view, after="RUNNING") if shown("running") else []
+    out += _pending_section(view, show_all) + _extras_sections(view, after="PENDING") if shown("pending") else []
+    out += _held_section(view) + _extras_sections(view, after="HELD") if shown("held") else []
     for log, n in sorted(view.get("skipped_events", {}).items()):
         out.append(f"  ! state/events/{log}: {n} line(s) that are not gpuq's events were skipped (gpuq doctor)")
-    out += _stranded_section(view)
-    out += _finished_section(view)
-    out += _rejected_section(view)
-    out += _not_specs_section(view)
+    out += _stranded_section(view) if shown("stranded") else []
+    out += _finished_section(view) if shown("finished") else []
+    out += _rejected_section(view) if shown("rejected") else []
+    out += _not_specs_section(view) if only is None else []
     return "\n".join(out)
 
 

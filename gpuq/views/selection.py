@@ -14,6 +14,7 @@ from gpuq.model.errors import SpecError
 from gpuq.model.names import natural_order
 from gpuq.model.record import RecordError
 from gpuq.model.spec import parse_spec_text
+from gpuq.model.states import states_named
 from gpuq.spool.intake import load_pending_for_view, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, running_records
@@ -29,10 +30,9 @@ VERB_STATES: dict[str, tuple[str, ...]] = {
     "release": ("held",),
     "retry": ENDED,
 }
-# A filter without --state takes these (retry: not the jobs that succeeded).
-DEFAULT_STATES = {**VERB_STATES, "retry": tuple(s for s in ENDED if s != "done")}
-# scancel's and squeue's state codes, read as the states they name.
-STATE_CODES = {"PD": "pending", "R": "running", "CD": "done", "F": "failed", "CA": "cancelled", "TO": "timeout"}
+# A filter without --state takes these. retry: the failed ones only, as pueue's
+# `restart --all-failed` (a Slurm user's `retry --me` requeued 62 jobs, cancelled ones too).
+DEFAULT_STATES = {**VERB_STATES, "retry": ("failed",)}
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,9 @@ def states_asked(verb: str, text: str | None) -> tuple[str, ...]:
     for one the verb cannot act on."""
     if not text:
         return DEFAULT_STATES[verb]
-    asked = tuple(STATE_CODES.get(s.strip().upper(), s.strip().lower()) for s in text.split(",") if s.strip())
-    if wrong := [s for s in asked if s not in VERB_STATES[verb]]:
+    named = states_named(text)
+    asked = tuple(s for s in named if s in VERB_STATES[verb])
+    if wrong := [s for s in named if s not in VERB_STATES[verb] and not (s == "held" and asked)]:
         raise ValueError(
             f"--state {', '.join(wrong)}: {verb} acts on jobs that are {', '.join(VERB_STATES[verb])}; "
             "choose among those"

@@ -470,23 +470,23 @@ def _by_reason(reasons: Iterable[str]) -> dict[str, int]:
 SECTIONS = ("running", "pending", "held", "stranded", "finished", "rejected")
 
 
-def narrowed(view: dict[str, Any], user: str | None = None, state: str | None = None) -> dict[str, Any]:
-    """The status view with only `user`'s jobs and, with `state`, only that section (a final
-    state such as `failed` narrows the finished ones to it). Built from a view with every
-    pending row, so that the pending count and reasons are the narrowed ones."""
+def narrowed(view: dict[str, Any], user: str | None = None, states: frozenset[str] | None = None) -> dict[str, Any]:
+    """The status view with only `user`'s jobs and, with `states`, only those sections (a
+    final state such as `failed` narrows the finished ones to it). Built from a view with
+    every pending row, so that the pending count and reasons are the narrowed ones."""
     out = dict(view)
     keep = lambda rows: [r for r in rows if user is None or r.get("user") == user]  # noqa: E731
     for section in ("running", "pending", "held", "stranded", "finished"):
         out[section] = keep(view[section])
     if user is not None:
         out["rejected"] = [r for r in view["rejected"] if r.get("user") == user]
-    if state is not None:
-        final = state not in SECTIONS
+    if states is not None:
+        final = states - set(SECTIONS)
         for section in SECTIONS:
-            if section != ("finished" if final else state):
+            if section not in states and not (section == "finished" and final):
                 out[section] = []
-        if final:
-            out["finished"] = [r for r in out["finished"] if r["state"] == state]
+        if final and "finished" not in states:
+            out["finished"] = [r for r in out["finished"] if r["state"] in final]
     out["pending_total"] = len(out["pending"])
     out["pending_by_reason"] = _by_reason(r["reason"] for r in out["pending"])
     return out
