@@ -85,3 +85,16 @@ def test_logs_last_lines_near_ids_and_follow_exits_as_the_job(queue):
     assert near.returncode == 1 and near.stderr == "gpuq logs: no job 'count'; did you mean counts?\n"
     bad = queue.gpuq("logs", "-n", "x", "counts", check=False)
     assert bad.returncode == 2 and "not a number of lines" in bad.stderr
+
+
+def test_cancelling_an_array_whose_members_partly_ended_is_no_failure(queue):
+    """A Slurm user's finding: `cancel GROUP` exited 1 because one member had ended (scancel: 0)."""
+    queue.gpuq(
+        "submit", "--gpus", "0", "--id", "arr", "--array", "0-2", "--", '[ "$GPUQ_ARRAY_INDEX" = 0 ] || sleep 300'
+    )
+    queue.start_worker("a", "1x80GiB")
+    wait_until(lambda: queue.finished("arr_0") and queue.record("arr_1"), timeout=90, what="arr_0 to end")
+    out = queue.gpuq("cancel", "arr", check=False)
+    assert out.returncode == 0 and "1 of its jobs had ended already: arr_0" in out.stderr, out
+    assert sorted(out.stdout.splitlines())[0].startswith("arr_1: cancel")
+    assert queue.gpuq("cancel", "arr_0", check=False).returncode == 1  # named itself, it is a refusal

@@ -24,7 +24,7 @@ from gpuq.model.config import load as load_config
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.text import safe_text
-from gpuq.spool.deps import DependencyStates
+from gpuq.spool.deps import FINAL, DependencyStates
 from gpuq.spool.holds import held_spec
 from gpuq.spool.inbox import MAX_IDS
 from gpuq.spool.intake import read_spec_file
@@ -110,7 +110,18 @@ def act_on_selected(args: argparse.Namespace) -> int:
     if ids is None:
         return 1
     layout = open_layout(args)
-    ids = with_group_members(layout, ids)
+    members = with_group_members(layout, ids)
+    if args.verb == "cancel" and (ended := _ended_members(layout, ids, members)):
+        # scancel of an array whose tasks partly ended: those are not refusals, and say so once.
+        print(
+            f"gpuq cancel: {len(ended)} of its jobs had ended already: {', '.join(ended[:5])}"
+            + (" ..." if len(ended) > 5 else ""),
+            file=sys.stderr,
+        )
+        members = [m for m in members if m not in set(ended)]
+        if not members:
+            return 0
+    ids = members
     if filtered:
         try:
             wanted = JobFilter(
@@ -135,6 +146,13 @@ def act_on_selected(args: argparse.Namespace) -> int:
             )
             return 2
     return run_request(args, args.verb, tuple(ids))
+
+
+def _ended_members(layout: Layout, named: list[str], members: list[str]) -> list[str]:
+    """The members of the groups named (not the jobs named themselves) that have ended."""
+    from_groups = [m for m in members if m not in set(named)]
+    states = DependencyStates(layout).lookup(from_groups)
+    return [m for m in from_groups if states[m] in FINAL]
 
 
 def _me() -> str:
