@@ -118,8 +118,8 @@ def _add_status_verb(sub: _Verbs) -> None:
         "-o",
         "--format",
         metavar="COLS",
-        help="one line per job in these columns (squeue's -o): position,id,user,state,gpus,gpu_mem,where,time,"
-        "priority,start,reason,command",
+        help="one line per job in these columns (squeue's -o): position, id, user, state, gpus, gpu_mem, where, "
+        "time, priority, start, reason, command (comma-separated)",
     )
     sp.add_argument(
         "--shares",

@@ -132,6 +132,8 @@ def job_variables(rt: Runtime, record: Record, spec: JobSpec) -> dict[str, str]:
     )
     if record.restarts:
         env["GPUQ_RESTARTS"] = str(record.restarts)
+    if record.cpu_cores:  # pinned: how many threads its data loaders and BLAS should start
+        env["GPUQ_CPUS"] = str(len(record.cpu_cores))
     if record.mps_pipe and record.gpu_uuids:  # a client of its GPU's MPS daemon (the mps extra)
         env.update(
             {
