@@ -265,7 +265,13 @@ def _names(given: list[Any] | dict[str, Any]) -> set[str]:
 
 
 def fix(name: str) -> str:
-    """What to do about a broken extra."""
+    """What to do about a broken extra: for one that others may write (a checkout copied with
+    a group's write bit), taking that away; else a repair; or its folder gone."""
+    if "is not gpuq's own" in registry().broken.get(name, ""):
+        return (
+            f"let only gpuq's owner write it: chmod -R go-w {EXTRAS_DIR / name} (and chown it to the owner of "
+            f"{EXTRAS_DIR.parent}), or delete the folder gpuq/extras/{name}"
+        )
     return f"repair it (reinstall gpuq from its checkout), or delete the folder gpuq/extras/{name}"
 
 

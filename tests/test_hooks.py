@@ -102,6 +102,9 @@ def test_an_extra_that_exits_a_copy_a_link_or_one_others_can_write_is_left_out(e
     assert "no Python identifier" in got.broken["slurm-old"]
     assert "is a symbolic link" in got.broken["linked"]
     assert "is not gpuq's own" in got.broken["writable"] and "mode 777" in got.broken["writable"]
+    # Its fix is to take the write bit away (a checkout copied with a group's: a Slurm user's finding).
+    assert f"chmod -R go-w {tmp_path / 'writable'}" in hooks.fix("writable")
+    assert "reinstall gpuq" in hooks.fix("exits")
 
 
 def test_doctor_reports_a_broken_extra_and_a_backend_no_extra_gives(extras_in, tmp_path_factory):
