@@ -24,6 +24,15 @@ def this_host() -> str:
     return os.uname().nodename.split(".")[0] or "localhost"  # gethostname(), without loading socket
 
 
+FAKE_GPUS_ENV = "GPUQ_FAKE_GPUS"  # fake GPUs for a box without any (host/fake_nvml.py)
+
+
+def fake_gpus_dir(local_dir: str | os.PathLike) -> str:
+    """Where a box's fake GPUs live: beside its local dir, which is private (the jobs, which
+    run as their owners, read the fake GPUs and register their use there)."""
+    return f"{os.fspath(local_dir)}-fake"
+
+
 def default_local_dir(root: str, host: str, root_started: bool | None = None) -> str:
     """Per-host local directory for locks that must be local (never on NFS). In RAM where
     there is one: its locks and markers mean nothing after a reboot, and creating a file

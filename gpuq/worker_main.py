@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from gpuq.host import privsep, wire
-from gpuq.host.fake_nvml import fake_dir
 from gpuq.host.hostinfo import (
     NETWORK_FILESYSTEMS,
     UnsafePath,
@@ -26,10 +25,16 @@ from gpuq.host.hostinfo import (
     open_to_append,
 )
 from gpuq.host.owners import writable_by_others
-from gpuq.host.probe import FAKE_ENV
 from gpuq.model import config as config_mod
 from gpuq.model.names import HOST_RE, ID_RULE
-from gpuq.single_instance import WORKER_LOCK_NAME, holds_lock_at, take_worker_lock, this_host
+from gpuq.single_instance import (
+    FAKE_GPUS_ENV,
+    WORKER_LOCK_NAME,
+    fake_gpus_dir,
+    holds_lock_at,
+    take_worker_lock,
+    this_host,
+)
 from gpuq.spool import strictmodes
 from gpuq.spool.layout import Layout, RootError, resolve_root
 
@@ -95,11 +100,11 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
     if (problem := local_dir_problem(local_dir, layout, queue_uid)) is not None:
         print(f"gpuq worker: {problem}", file=sys.stderr)
         return 2
-    if os.geteuid() == 0 and (args.fake_gpus or os.environ.get(FAKE_ENV)):
+    if os.geteuid() == 0 and (args.fake_gpus or os.environ.get(FAKE_GPUS_ENV)):
         # Beside the private local_dir, where the queue's account may not create: the jobs,
         # which run as their owners, read the fake GPUs there and register their use.
         try:
-            ensure_private_dir(fake_dir(local_dir), "the fake GPUs' directory", others_read=True, owner=queue_uid)
+            ensure_private_dir(fake_gpus_dir(local_dir), "the fake GPUs' directory", others_read=True, owner=queue_uid)
         except (UnsafePath, OSError) as e:
             print(f"gpuq worker: {e}", file=sys.stderr)
             return 2

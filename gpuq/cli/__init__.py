@@ -13,8 +13,14 @@ from typing import Callable, NoReturn, TypeAlias
 
 from gpuq import __version__, hooks
 from gpuq.cli.common import act_as_queue_account
-from gpuq.cli.history import add_history_arguments
-from gpuq.cli.options import add_environment_options, add_filter_options, add_limit_options, gpu_count, sbatch_only
+from gpuq.cli.options import (
+    add_environment_options,
+    add_filter_options,
+    add_history_arguments,
+    add_limit_options,
+    gpu_count,
+    sbatch_only,
+)
 from gpuq.host.audit import install_if_asked
 from gpuq.model.config import ConfigError
 from gpuq.model.text import safe_text

@@ -13,14 +13,13 @@ import time
 from typing import Any, Callable
 
 from gpuq.cli.common import open_layout
+from gpuq.cli.options import DEFAULT_HISTORY_COLUMNS, DEFAULT_SINCE, HISTORY_COLUMNS
 from gpuq.model.moments import parse_moment
 from gpuq.model.states import states_named
 from gpuq.model.text import safe_text
 from gpuq.model.units import format_clock
 from gpuq.views.history import ROW_STATES, HistoryFilter, history
 from gpuq.views.render import clip, stamp, table
-
-DEFAULT_SINCE = "1d"
 
 
 def _when(t: Any) -> str:
@@ -42,40 +41,9 @@ COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "preempted": ("PRE", lambda r: str(r["preemptions"])),
     "reason": ("REASON", lambda r: r["reason"] or ""),
 }
-DEFAULT_COLUMNS = ("id", "user", "name", "state", "exit", "start", "elapsed", "where", "reason")
+assert tuple(COLUMNS) == HISTORY_COLUMNS  # the names --help lists (cli/options.py)
 # sacct's --format names, read as the columns they are.
 SLURM_COLUMNS = {"jobid": "id", "jobname": "name", "exitcode": "exit", "nodelist": "where", "restarts": "attempts"}
-
-
-def add_history_arguments(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument(
-        "-S",
-        "--since",
-        "--starttime",
-        metavar="WHEN",
-        help=f"from this moment: yesterday, 7d, now-2h, 2026-11-01, '2026-11-01 14:00' (default: {DEFAULT_SINCE})",
-    )
-    sp.add_argument("-E", "--until", "--endtime", metavar="WHEN", help="up to this moment (default: now)")
-    who = sp.add_mutually_exclusive_group()
-    who.add_argument("--me", action="store_true", help="only my jobs")
-    who.add_argument("-u", "--user", help="only these users' jobs (comma-separated)")
-    sp.add_argument(
-        "-s",
-        "--state",
-        help="only these states (comma-separated): " + ", ".join(sorted(ROW_STATES)) + "; or sacct's CD, F, CA, TO, R",
-    )
-    sp.add_argument("-n", "--name", help="only jobs of these names (comma-separated; shell patterns: 'train-*')")
-    sp.add_argument("--host", help="only jobs that ran on these hosts (comma-separated)")
-    sp.add_argument("-j", "--jobs", metavar="ID", help="only these jobs (comma-separated; a group's id: its members)")
-    sp.add_argument(
-        "-o",
-        "--format",
-        help=f"the columns, comma-separated, from: {', '.join(COLUMNS)} (default: {','.join(DEFAULT_COLUMNS)})",
-    )
-    sp.add_argument("--json", action="store_true", help="every column of every row, as JSON")
-    sp.add_argument(
-        "-w", "--wide", action="store_true", help="lines whole (default: cut to the terminal, 80 columns in a pipe)"
-    )
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -145,4 +113,4 @@ def _columns(asked: str | None) -> list[tuple[str, Callable[[dict[str, Any]], st
     names = [SLURM_COLUMNS.get(n, n) for n in words]
     if unknown := [n for n in names if n not in COLUMNS]:
         raise ValueError(f"--format {', '.join(unknown)}: no such column; choose from {', '.join(COLUMNS)}")
-    return [COLUMNS[n] for n in names or DEFAULT_COLUMNS]
+    return [COLUMNS[n] for n in names or DEFAULT_HISTORY_COLUMNS]

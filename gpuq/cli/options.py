@@ -138,3 +138,44 @@ def sbatch_only(unknown: list[str]) -> list[str]:
         if option in SBATCH_ONLY:
             lines.append(f"sbatch's {option} is not one gpuq has: {SBATCH_ONLY[option]}")
     return lines
+
+
+# `gpuq history`'s columns (cli/history.py shows each) and its default window.
+HISTORY_COLUMNS = (
+    "id", "user", "name", "state", "exit", "start", "end", "elapsed", "where", "attempts", "preempted", "reason"
+)  # fmt: skip
+DEFAULT_HISTORY_COLUMNS = ("id", "user", "name", "state", "exit", "start", "elapsed", "where", "reason")
+DEFAULT_SINCE = "1d"
+
+
+def add_history_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "-S",
+        "--since",
+        "--starttime",
+        metavar="WHEN",
+        help=f"from this moment: yesterday, 7d, now-2h, 2026-11-01, '2026-11-01 14:00' (default: {DEFAULT_SINCE})",
+    )
+    sp.add_argument("-E", "--until", "--endtime", metavar="WHEN", help="up to this moment (default: now)")
+    who = sp.add_mutually_exclusive_group()
+    who.add_argument("--me", action="store_true", help="only my jobs")
+    who.add_argument("-u", "--user", help="only these users' jobs (comma-separated)")
+    sp.add_argument(
+        "-s",
+        "--state",
+        help="only these states (comma-separated): done, failed, cancelled, timeout, lost, rejected, running; "
+        "or sacct's CD, F, CA, TO, NF, R and their long names",
+    )
+    sp.add_argument("-n", "--name", help="only jobs of these names (comma-separated; shell patterns: 'train-*')")
+    sp.add_argument("--host", help="only jobs that ran on these hosts (comma-separated)")
+    sp.add_argument("-j", "--jobs", metavar="ID", help="only these jobs (comma-separated; a group's id: its members)")
+    sp.add_argument(
+        "-o",
+        "--format",
+        help=f"the columns, comma-separated, from: {', '.join(HISTORY_COLUMNS)} (default: "
+        f"{', '.join(DEFAULT_HISTORY_COLUMNS)})",
+    )
+    sp.add_argument("--json", action="store_true", help="every column of every row, as JSON")
+    sp.add_argument(
+        "-w", "--wide", action="store_true", help="lines whole (default: cut to the terminal, 80 columns in a pipe)"
+    )

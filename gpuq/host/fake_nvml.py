@@ -29,18 +29,13 @@ from typing import Any
 from gpuq.host.files import atomic_write
 from gpuq.host.hostinfo import ensure_private_dir
 from gpuq.model.units import parse_size_mib
+from gpuq.single_instance import fake_gpus_dir
 
 _SHAPE_RE = re.compile(r"^(\d+)x(\S+)$")
 
 
 class NVMLError(Exception):
     pass
-
-
-def fake_dir(local_dir: Path) -> Path:
-    """Where a box's fake GPUs live: beside its local dir (which is private), readable by the
-    jobs, which run as their owners (under a root worker, the root part makes it)."""
-    return Path(f"{local_dir}-fake")
 
 
 def materialize(spec: str, local_dir: Path) -> Path:
@@ -53,7 +48,7 @@ def materialize(spec: str, local_dir: Path) -> Path:
             raise NVMLError(f"--fake-gpus {spec!r}: neither COUNTxSIZE (like 4x80GiB) nor a JSON file")
         return path.resolve()
     count, total = int(match.group(1)), parse_size_mib(match.group(2))
-    path = ensure_private_dir(fake_dir(local_dir), "the fake GPUs' directory", others_read=True) / (
+    path = ensure_private_dir(Path(fake_gpus_dir(local_dir)), "the fake GPUs' directory", others_read=True) / (
         f"fake-gpus-{count}x{total}MiB.json"
     )
     use_dir(path).mkdir(exist_ok=True)

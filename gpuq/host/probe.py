@@ -12,8 +12,9 @@ from typing import Any, Callable
 
 from gpuq.host import fake_nvml
 from gpuq.model.gpu import NA, GpuProcess, GpuSnapshot
+from gpuq.single_instance import FAKE_GPUS_ENV
 
-FAKE_ENV = "GPUQ_FAKE_GPUS"
+FAKE_ENV = FAKE_GPUS_ENV
 
 
 class Probe:

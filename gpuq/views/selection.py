@@ -14,7 +14,7 @@ from gpuq.model.errors import SpecError
 from gpuq.model.names import natural_order
 from gpuq.model.record import RecordError
 from gpuq.model.spec import parse_spec_text
-from gpuq.model.states import states_named
+from gpuq.model.states import FINAL_STATES, states_named
 from gpuq.spool.intake import load_pending_for_view, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, running_records
@@ -22,7 +22,7 @@ from gpuq.spool.teamstate import load_heartbeats
 from gpuq.views.history import name_of
 from gpuq.views.status import freshest_spec_cache
 
-ENDED = ("done", "failed", "cancelled", "timeout", "lost", "rejected")
+ENDED = tuple(sorted(s.value for s in FINAL_STATES))
 # Which jobs each verb may act on at all; a filter picks among them.
 VERB_STATES: dict[str, tuple[str, ...]] = {
     "cancel": ("pending", "held", "running"),

@@ -567,7 +567,7 @@ def test_a_job_is_placed_only_where_its_runtime_is(queue, runtimes, tmp_path: Pa
         wait_until(reason, what="on-b's reason")
         == "needs container runtime docker, which no live host has (box-b: none)"
     )
-    text = queue.gpuq("status").stdout  # jobs ask for containers: the host lines say what each box has
+    text = queue.gpuq("status", "-w").stdout  # jobs ask for containers: the host lines say what each box has
     assert "containers: apptainer 1.3.0-fake, docker 24.0.7-fake, podman 4.9.0-fake" in text
     queue.gpuq("cancel", "anywhere", "on-b")
     wait_until(lambda: not queue.status()["containers_asked"], what="no job to ask for a container")
