@@ -24,17 +24,23 @@ def _job(job_id: str, **spec: object) -> PendingJob:
 
 def test_a_job_waits_for_its_begin_time_and_an_array_for_its_limit():
     members = [_job(f"arr_{i}", array_limit=2) for i in (10, 9, 2, 1, 0)]
+    groups = {"arr": frozenset({"arr_0", "arr_1", "arr_2", "arr_3", "arr_4", "arr_9", "arr_10"})}
+    # Someone else's files under the array's prefix, one running and one with a limit of its own:
+    # not the array's (its record lists its members), so they count for nothing.
+    squatters = [_job("arr_97", array_limit=1)]
     held = not_yet(
-        [_job("later", begin_at=NOW + 60), _job("due", begin_at=NOW), _job("other_0"), *members],
+        [_job("later", begin_at=NOW + 60), _job("due", begin_at=NOW), _job("other_0"), *members, *squatters],
         NOW,
-        running=["arr_3", "elsewhere_1"],
+        running=["arr_3", "elsewhere_1", "arr_98"],
+        groups=groups,
     )
     assert held["later"].startswith("begins at ") and held["later"].endswith("(--begin)")
     assert "due" not in held and "other_0" not in held
     # One of the array runs, so one more may start: the lowest index (0, never 10 before 9).
     assert sorted(held) == ["arr_1", "arr_10", "arr_2", "arr_9", "later"]
     assert held["arr_1"] == "array limit: 1 of arr running, at most 2 at once (%2)"
-    assert not_yet(members, NOW, running=["arr_3", "arr_4"]).keys() == {m.id for m in members}
+    assert not_yet(members, NOW, running=["arr_3", "arr_4"], groups=groups).keys() == {m.id for m in members}
+    assert not_yet([_job("bad", begin_at=1e300)], NOW, [], {})["bad"].startswith("begins at 1")  # never a crash
 
 
 def test_the_spec_fields_read_begin_and_the_arrays_limit():
@@ -49,6 +55,8 @@ def test_the_spec_fields_read_begin_and_the_arrays_limit():
         (b"command: x\nbegin: [1]\n", "begin"),
         (b'command: x\narray: "0-9%0"\n', "array"),
         (b"command: x\narray_limit: 0\n", "array_limit"),
+        (b"command: x\nbegin: 100000000000000000\n", "begin"),  # past year 9999: one file stopped every pass
+        (b"command: x\nbegin: 1e300\n", "begin"),
     ):
         with pytest.raises(SpecError) as refused:
             parse_spec_text(bad, "f.yaml")

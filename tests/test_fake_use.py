@@ -25,12 +25,16 @@ def test_a_registration_counts_only_for_a_live_process_of_the_files_own_owner(tm
     os.chown(forged, 65534, 65534)
     (use / "not-a-pid.json").write_text("[]")
     (use / "99999999.json").write_text(json.dumps([{"gpu": 0, "used_mib": 1, "util": 1}]))  # no such pid
-    sleeper = subprocess.Popen(["sleep", "30"])
+    sleeper, deep = subprocess.Popen(["sleep", "30"]), subprocess.Popen(["sleep", "30"])
     try:
         (use / f"{sleeper.pid}.json").write_text("{garbage")
-        os.symlink(use / f"{mine}.json", use / f"{sleeper.pid + 1}.json")  # a link is never read
+        (use / f"{deep.pid}.json").write_text("[" * 3000 + "]" * 3000)  # too deep for json: no crash
+        os.symlink(use / f"{mine}.json", use / f"{os.getppid()}.json")  # a link is never read
         (use / "2.json").write_text(json.dumps([{"gpu": "0", "used_mib": -5, "util": 1}]))  # bad values
+        for n in range(1100):  # junk that sorts first must not hide the registrations
+            (use / f"-{n:04d}").write_text("x")
         assert registered(use) == [{"pid": mine, "gpu": 0, "used_mib": 9216, "util": 50}]
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        for process in (sleeper, deep):
+            process.kill()
+            process.wait()

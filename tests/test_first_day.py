@@ -53,14 +53,14 @@ def test_a_spec_refused_for_an_id_in_use_stays_in_rejected_with_its_reason(team)
 
     rows = wait_until(rejected, timeout=30, what="the refusal in status")
     assert [(r["id"], r["user"]) for r in rows] == [("dup", BOB)], rows
-    assert "dup" in rows[0]["error"] and "state/rejected/dup." in rows[0]["error"]
+    assert "dup" in rows[0]["error"] and "state/rejected/dup+" in rows[0]["error"]  # a name retry never takes
     assert "dup" in team.as_user(BOB, "status").stdout.split("REJECTED")[1]
     # Dismissed by its owner only: alice may not, bob may; then its line and its files are gone.
     refused = team.as_user(ALICE, "dismiss", "dup")
     assert refused.returncode == 1 and "dup" in refused.stderr, refused
     done = team.as_user(BOB, "dismiss", "dup")
-    assert done.returncode == 0 and done.stdout.startswith("dup: dismissed (2 files"), done
-    assert rejected() == [] and not list((team.root / "state" / "rejected").glob("dup.*"))
+    assert done.returncode == 0 and done.stdout.startswith("dup: dismissed (1 refusal)"), done
+    assert rejected() == [] and not list((team.root / "state" / "rejected").glob("dup*"))
     assert team.as_user(BOB, "dismiss", "dup").returncode == 1  # nothing left to dismiss
 
 
@@ -127,3 +127,21 @@ def test_fake_gpu_memory_can_be_used_by_a_members_job_under_a_root_worker(team):
 
     assert wait_until(observed, timeout=90, what="the job's fake memory seen") == 9 * 1024
     team.as_user(ALICE, "cancel", "fake")
+
+
+def test_a_members_refusal_never_blocks_nor_erases_anothers_on_dismiss(team):
+    """A security review: bob's own bad file under alice's refused id made her `dismiss`
+    fail ("bob's"), and bob's `dismiss` of it erased her refusal too."""
+    team.write_config(poll_interval=0.2)
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "aj.yaml", "command: [unclosed\n")
+    wait_until(lambda: (team.root / "state" / "rejected" / "aj.error").exists(), timeout=90, what="alice's refusal")
+    team.drop_as(BOB, "aj.yaml", "command: [also bad\n")
+    rejected = team.root / "state" / "rejected"
+    wait_until(lambda: list(rejected.glob("aj+*.error")), timeout=90, what="bob's refusal, kept apart")
+    bobs = team.as_user(BOB, "dismiss", "aj")
+    assert bobs.returncode == 0 and "aj: dismissed (1 refusal; 1 of others' stay)" in bobs.stdout, bobs
+    assert (rejected / "aj.yaml").exists() and (rejected / "aj.error").exists()  # alice's stays
+    hers = team.as_user(ALICE, "dismiss", "aj")
+    assert hers.returncode == 0 and hers.stdout.startswith("aj: dismissed (1 refusal)"), hers
+    assert not list(rejected.glob("aj*"))

@@ -117,9 +117,10 @@ def test_anything_else_in_ids_takes_the_id_for_nobody(layout, kind):
 
 def test_a_refused_or_pending_spec_takes_its_id_but_holds_it_for_nobody(layout):
     (layout.rejected / "r.yaml").write_text(SPEC)
-    (layout.rejected / "r2.1700000000.a1b2c3.yml").write_text(SPEC)
+    (layout.rejected / "r2.1700000000.a1b2c3.yml").write_text(SPEC)  # kept apart, as before 0.2.1
+    (layout.rejected / "r3+1700000000.a1b2c3.yaml").write_text(SPEC)  # kept apart
     _spec(layout, "p", ALICE)
-    for job_id in ("r", "r2", "p"):
+    for job_id in ("r", "r2", "r3", "p"):
         assert id_taken(layout, job_id) and held_for(layout, job_id) is None
     assert not id_taken(layout, "r2.v2")  # ids hold dots: not r2's
 
@@ -223,7 +224,7 @@ def test_a_worker_refuses_a_file_under_the_id_of_anothers_job_and_reserves_what_
 
 
 def _refused(layout: Layout, job_id: str) -> str:
-    return next(p.name for p in layout.rejected.glob(f"{job_id}.*error"))
+    return next(p.name for p in layout.rejected.glob(f"{job_id}[+.]*error"))
 
 
 def _old_queue(layout: Layout) -> None:

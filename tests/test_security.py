@@ -91,7 +91,7 @@ def test_root_owned_and_writable_specs_are_refused_with_the_reason(team):
     said = (shared.root / "state" / "rejected" / "open.error").read_text()
     assert "Fix: write a fresh copy yourself with mode 0644" in said and "jobs/open.yaml:" in said, said
     # Kept under a name `gpuq retry` never takes: its text may be another member's.
-    assert re.search(r"kept as state/rejected/open\.\d+\.[0-9a-f]+\.yaml\.", said) and "gpuq retry" not in said, said
+    assert re.search(r"kept as state/rejected/open\+\d+\.[0-9a-f]+\.yaml\.", said) and "gpuq retry" not in said, said
     shown = shared.gpuq("status").stdout  # the fix on a line of its own, whole
     assert "    Fix: write a fresh copy yourself with mode 0644" in shown, shown
 

@@ -104,3 +104,20 @@ def test_a_batch_script_s_sbatch_lines_are_read_under_the_options_typed(queue, t
     script.write_text("#!/bin/sh\n#SBATCH --frobnicate\ntrue\n")
     refused = queue.gpuq("submit", str(script), check=False)
     assert refused.returncode == 2 and "train.sbatch, line 2: #SBATCH --frobnicate is not an option" in refused.stderr
+
+
+def test_a_scripts_export_line_never_takes_the_submitters_secrets(queue, tmp_path):
+    """A security review: a shared script's `#SBATCH --export=ALL,MY_API_TOKEN` put the
+    submitter's token into a spec the team can read, without a word."""
+    script = tmp_path / "shared.sbatch"
+    script.write_text("#!/bin/sh\n#SBATCH --export=ALL,MY_API_TOKEN,SEED=3\n#SBATCH -G 0\ntrue\n")
+    out = queue.gpuq("submit", "--hold", str(script), env={**queue.env(), "MY_API_TOKEN": "s3cr3t-value"})
+    assert "--export names MY_API_TOKEN, which look like secrets" in out.stderr, out.stderr
+    job = out.stdout.split()[-1]
+    shown = queue.gpuq("show", job, "--json").stdout
+    assert "s3cr3t-value" not in shown and '"SEED": "3"' in shown.replace(" ", "").replace('":"', '": "')
+    # Named on the command line, by the submitter, it is theirs to export.
+    mine = queue.gpuq(
+        "submit", "--hold", "--export", "ALL,MY_API_TOKEN", str(script), env={**queue.env(), "MY_API_TOKEN": "mine"}
+    )
+    assert "which look like secrets" not in mine.stderr

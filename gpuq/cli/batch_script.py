@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 
 from gpuq.cli.options import sbatch_only
+from gpuq.model.secrets import looks_secret
 
 DIRECTIVE = "#SBATCH"
 MAX_SCRIPT_BYTES = 1 << 20
@@ -69,9 +70,28 @@ def with_script_options(
         if unknown or parsed.command != ["--", "placeholder"]:
             raise ScriptError(f"{path}, line {number}: #SBATCH {' '.join(words)} is not an option gpuq has")
         for key, value in vars(parsed).items():
+            if key == "export" and isinstance(value, str) and _unset(args.export):
+                value, secrets = _without_secrets(value)
+                if secrets:  # a script (maybe another member's) must not carry your secrets into a spec
+                    notes.append(
+                        f"{path}, line {number}: --export names {', '.join(secrets)}, which look like secrets: a "
+                        "script exports none of yours (give --export on the command line to)"
+                    )
             if key != "command" and _unset(getattr(args, key, None)) and not _unset(value):
                 setattr(args, key, value)
     return notes
+
+
+def _without_secrets(export: str) -> tuple[str, list[str]]:
+    """An --export value without the names of your variables that look like secrets (a value
+    written into the script itself, NAME=VALUE, is the script's own and stays)."""
+    kept, secrets = [], []
+    for item in export.split(","):
+        if "=" not in item and looks_secret(item.strip()):
+            secrets.append(item.strip())
+        else:
+            kept.append(item)
+    return ",".join(kept), secrets
 
 
 def _unset(value: object) -> bool:

@@ -184,13 +184,14 @@ def registered(directory: Path) -> list[dict[str, Any]]:
     (a member's file is hostile input to the worker that reads it), at most MAX_USERS."""
     found: list[dict[str, Any]] = []
     try:
-        names = sorted(os.listdir(directory))[:MAX_USERS]
+        names = os.listdir(directory)
     except OSError:
         return found
+    # Only names of this form, and only then at most MAX_USERS: junk named to sort first
+    # must not hide the registrations (a security review, 2026-12-06).
+    names = sorted(n for n in names if n.endswith(".json") and n[: -len(".json")].isdigit())[:MAX_USERS]
     for name in names:
-        stem, _, suffix = name.partition(".")
-        if suffix != "json" or not stem.isdigit():
-            continue
+        stem = name[: -len(".json")]
         try:
             fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
@@ -200,7 +201,7 @@ def registered(directory: Path) -> list[dict[str, Any]]:
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or os.stat(f"/proc/{stem}").st_uid != st.st_uid:
                 continue
             uses = json.loads(os.read(fd, MAX_USE_BYTES))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # [[[[...: nested past what json reads
             continue
         finally:
             os.close(fd)

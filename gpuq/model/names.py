@@ -13,6 +13,12 @@ ID_RULE = "letters, digits, '_', '-' and '.', at most 64, not starting with '.'"
 
 HOST_RE = JOB_ID_RE
 
+# What joins a refused spec's id to the name it is kept under in state/rejected/ when that is
+# not its id's own (`ID+TIME.HEX.yaml`): a character no id has, so that no `gpuq retry` takes
+# it for an id (versions before 0.2.1 used a dot: ids of that shape are refused by retry).
+KEPT_APART = "+"
+KEPT_APART_RE = r"[+.](\d+\.)?[0-9a-f]+"  # after the id: the time and a random part, or only the latter
+
 
 def natural_order(job_id: str) -> tuple[tuple[str | int, ...], str]:
     """sw-2 before sw-10, an array's _2 before its _10: the numbers in an id compared as

@@ -249,23 +249,31 @@ def _array_limit(value: Any, file: str) -> int | None:
     return value
 
 
+LATEST_BEGIN = 253402300799.0  # 9999-12-31T23:59:59Z
+
+
 def _begin(value: Any, file: str) -> float | None:
     """`begin:` as an instant: an ISO 8601 time (local where it gives no offset), or a Unix time.
     Relative forms (now+1hour) are the CLI's: a file has no "now" of its own."""
     fix = 'write a time like "2026-12-24T08:00" (quoted), or use `gpuq submit --begin now+1hour`'
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
-        return float(value)
     if isinstance(value, (datetime.datetime, datetime.date)):  # YAML's own timestamps (not in gpuq's reader)
         value = value.isoformat()
     if isinstance(value, str):
         try:
-            when = datetime.datetime.fromisoformat(value.strip())
-        except ValueError:
+            at = datetime.datetime.fromisoformat(value.strip()).timestamp()  # naive: local time
+        except (ValueError, OverflowError, OSError):
             raise SpecError(file, "begin", f"{value!r} is not a time gpuq reads", fix) from None
-        return when.timestamp()  # naive: local time, as the box that submitted meant it
-    raise SpecError(file, "begin", f"must be a time, not {kind_of(value)}", fix)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        at = float(value)
+    else:
+        raise SpecError(file, "begin", f"must be a time, not {kind_of(value)}", fix)
+    # Within what every clock and `time.localtime` can say: one file's year 10**9 must not
+    # stop every worker's pass (a security review, 2026-12-06).
+    if not (math.isfinite(at) and 0 <= at <= LATEST_BEGIN):
+        raise SpecError(file, "begin", f"{value!r} is not a time between 1970 and the year 9999", fix)
+    return at
 
 
 def _extra_fields(data: dict, file: str) -> dict[str, Any]:

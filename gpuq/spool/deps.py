@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 from gpuq.host.files import read_json
 from gpuq.model.jobs import PendingJob
 from gpuq.model.spec import JobSpec
-from gpuq.spool.eligible import not_yet
+from gpuq.spool.eligible import limited_groups, not_yet
 from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import claims_of, pending_spec_path
@@ -149,7 +149,8 @@ def gates(
     with_deps = [j for j in pending if j.gated]
     if not with_deps:
         return {}, {}
-    held_back = not_yet(with_deps, now, running)
+    groups = {g: frozenset(rec["members"]) for g in limited_groups(with_deps) if (rec := read_group(states.layout, g))}
+    held_back = not_yet(with_deps, now, running, groups)
     ids = referenced(j.spec for j in with_deps)
     known = states.lookup(ids)
     origins = states.origins(ids)

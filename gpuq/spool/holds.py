@@ -29,7 +29,7 @@ from gpuq.host.faults import wall_time
 from gpuq.host.files import atomic_write, create_owned, read_json
 from gpuq.host.owners import Actor, others_may_write, refusal
 from gpuq.model.errors import SpecError
-from gpuq.model.names import JOB_ID_RE, natural_order
+from gpuq.model.names import JOB_ID_RE, KEPT_APART, KEPT_APART_RE, natural_order
 from gpuq.model.record import Record
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
@@ -312,7 +312,7 @@ def _set_aside_intruders(layout: Layout, job_id: str, owner: int) -> bool:
             continue
         if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == owner:
             continue
-        aside = layout.rejected / f"{job_id}.{int(wall_time())}.{os.urandom(3).hex()}{path.suffix}"
+        aside = layout.rejected / f"{job_id}{KEPT_APART}{int(wall_time())}.{os.urandom(3).hex()}{path.suffix}"
         try:
             os.rename(path, aside)
         except OSError:
@@ -344,31 +344,65 @@ def _rejected_spec(layout: Layout, job_id: str) -> Path | None:
 
 
 def dismiss(layout: Layout, job_id: str, actor: Actor) -> str:
-    """`gpuq dismiss ID`: a refused spec's REJECTED line goes, with its files in rejected/ (the
-    spec as it was refused and its .error; one kept under another name, its id being another
-    job's, too). Only its owner's (by the refused file's owner), root's or an admin's."""
-    names = [f"{job_id}{suffix}" for suffix in (".yaml", ".yml", ".error")]
-    try:
-        names += [n for n in os.listdir(layout.rejected) if _kept_apart(n, job_id)]
-    except FileNotFoundError:
-        pass
-    found = [layout.rejected / n for n in names if os.path.lexists(layout.rejected / n)]
-    specs = [p for p in found if p.suffix != ".error"]
-    if not found:
+    """`gpuq dismiss ID`: the refusals of this id leave REJECTED, each with its files in
+    rejected/ (the spec as it was refused and its .error; those kept under another name, the
+    id being another job's, too). Each refusal apart: only those whose refused file is the
+    actor's (or any, for root and admins; one that kept no spec, only theirs) go, so that
+    nobody's own refusal blocks or erases another's."""
+    units = _refusals(layout, job_id)
+    if not units:
         raise HoldError(f"{job_id}: no refused spec of this id is in REJECTED")
-    for spec in specs:  # a refusal without a spec (a directory given back) is its .error's, the queue's
-        _check_owner(job_id, os.lstat(spec).st_uid, actor)
-    if not specs and not actor.admin:
-        raise HoldError(f"{job_id}: only an admin may dismiss a refusal that kept no spec")
-    for path in found:
-        path.unlink(missing_ok=True)
-    return f"{job_id}: dismissed ({len(found)} file{'s' if len(found) != 1 else ''} of its refusal removed)"
+    mine = [(spec, error) for spec, error in units if _may_dismiss(spec, actor)]
+    if not mine:
+        spec = next((spec for spec, _ in units if spec is not None), None)
+        if spec is None:
+            raise HoldError(f"{job_id}: only an admin may dismiss a refusal that kept no spec")
+        raise HoldError(refusal(job_id, os.lstat(spec).st_uid))
+    for spec, error in mine:
+        for path in (spec, error):
+            if path is not None:
+                path.unlink(missing_ok=True)
+    left = f"; {len(units) - len(mine)} of others' stay" if len(mine) < len(units) else ""
+    return f"{job_id}: dismissed ({len(mine)} refusal{'s' if len(mine) != 1 else ''}{left})"
+
+
+def _refusals(layout: Layout, job_id: str) -> list[tuple[Path | None, Path | None]]:
+    """Each refusal of `job_id` in rejected/: (its refused spec, its .error), either may be
+    missing: the id's own (`ID.yaml`, `ID.error`) and each kept apart (`ID+TIME.HEX.yaml`)."""
+    try:
+        names = set(os.listdir(layout.rejected))
+    except FileNotFoundError:
+        return []
+    stems = {job_id} | {n.rsplit(".", 1)[0] for n in names if _kept_apart(n, job_id)}
+    units = []
+    for stem in sorted(stems):
+        spec = next((layout.rejected / f"{stem}{s}" for s in (".yaml", ".yml") if f"{stem}{s}" in names), None)
+        error = layout.rejected / f"{stem}.error" if f"{stem}.error" in names else None
+        if spec is not None or error is not None:
+            units.append((spec, error))
+    return units
+
+
+def _may_dismiss(spec: Path | None, actor: Actor) -> bool:
+    """A refusal that kept its spec is its file's owner's; one that kept none (a directory
+    given back), only an admin's."""
+    if spec is None:
+        return actor.admin
+    try:
+        return actor.may_act_on(os.lstat(spec).st_uid)
+    except FileNotFoundError:
+        return False
 
 
 def _kept_apart(name: str, job_id: str) -> bool:
     """Whether `name` in rejected/ is a refusal of `job_id` kept under another name (the id
     was another job's): `<id>.<time>.<hex>.yaml` and its `.error`."""
-    return re.fullmatch(rf"{re.escape(job_id)}\.(\d+\.)?[0-9a-f]+\.(ya?ml|error)", name) is not None
+    return re.fullmatch(rf"{re.escape(job_id)}{KEPT_APART_RE}\.(ya?ml|error)", name) is not None
+
+
+# A refusal kept apart by a version that joined it with a dot (`ID.TIME.HEX.yaml`): its name
+# looks like an id, and retry must not take it for one (model/names.py KEPT_APART).
+_LEGACY_KEPT = re.compile(r".+\.\d{9,}\.[0-9a-f]{6}")
 
 
 def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Actor) -> str:
@@ -379,6 +413,11 @@ def _retry_rejected(layout: Layout, src: Path, job_id: str, host: str, actor: Ac
     worker makes, owned by the spec's owner, and the refused file goes: a handle another
     member opened on it while they could write it (a chmod does not take that back) never
     reaches the spec that runs."""
+    if _LEGACY_KEPT.fullmatch(job_id):
+        raise HoldError(
+            f"{job_id}: a refused spec kept apart (its id was another job's, or others could write it): it never "
+            "runs under this name; write a fresh copy yourself into jobs/ under a new name"
+        )
     try:
         raw, st = read_spec_file(src, f"state/rejected/{src.name}")
     except SpecError:

@@ -127,9 +127,10 @@ def held_for(layout: Layout, job_id: str) -> int | None:
 
 def _rejected_name(job_id: str) -> re.Pattern[str]:
     """The names a job's rejected files have in state/rejected/: <id>.yaml|.yml|.error, a
-    later rejection's <id>.<time>.<6 hex><suffix>, a set-aside <id>.<8 hex><suffix> or
+    later rejection's <id>+<time>.<6 hex><suffix>, a set-aside <id>+<8 hex><suffix> (a dot for a `+`
+    before 0.2.1) or
     .not-a-spec. Ids hold dots, so a glob `data.*` would also take the rejected `data.v2.yaml`."""
-    return re.compile(re.escape(job_id) + r"(\.\d+\.[0-9a-f]{6}|\.[0-9a-f]{8})?\.(yaml|yml|error|not-a-spec)")
+    return re.compile(re.escape(job_id) + r"([+.]\d+\.[0-9a-f]{6}|[+.][0-9a-f]{8})?\.(yaml|yml|error|not-a-spec)")
 
 
 def _names(directory: Path) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 from gpuq.host import rootorders
 from gpuq.host.faults import io_fault, wall_time
 from gpuq.host.files import read_json, write_json
-from gpuq.model.names import HOST_RE, JOB_ID_RE
+from gpuq.model.names import HOST_RE, JOB_ID_RE, KEPT_APART
 from gpuq.model.record import Record, RecordError, parse_claim_name
 from gpuq.model.states import State, check_transition
 from gpuq.spool.layout import Layout
@@ -386,7 +386,7 @@ def put_back(layout: Layout, moved: Path, spec_path: Path, job_id: str) -> None:
     if a new file took its name meanwhile, to rejected/ (never lost, and never under another
     id, where someone else's job could take its place)."""
     if not unclaim(moved, spec_path):
-        os.rename(moved, layout.rejected / f"{job_id}.{os.urandom(4).hex()}{spec_path.suffix}")
+        os.rename(moved, layout.rejected / f"{job_id}{KEPT_APART}{os.urandom(4).hex()}{spec_path.suffix}")
 
 
 def claims_of(layout: Layout, job_id: str) -> list[Path]:

@@ -16,6 +16,7 @@ from gpuq.host.files import read_json
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob
+from gpuq.model.names import KEPT_APART_RE
 from gpuq.model.record import Record
 from gpuq.model.spec import command_text, extras_in
 from gpuq.model.states import FINAL_STATES
@@ -576,7 +577,7 @@ def _kept_name(ev: dict[str, Any]) -> str | None:
     """The name a refused spec was kept under in rejected/, where it is not its id's own
     (`<id>.<time>.<hex>.yaml`: the id was another job's); None otherwise."""
     kept = ev.get("kept")
-    ok = isinstance(kept, str) and re.fullmatch(rf"{re.escape(ev['job'])}\.(\d+\.)?[0-9a-f]+\.ya?ml", kept)
+    ok = isinstance(kept, str) and re.fullmatch(rf"{re.escape(ev['job'])}{KEPT_APART_RE}\.ya?ml", kept)
     return kept if ok else None
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from gpuq.host.faults import wall_time
 from gpuq.host.files import atomic_write, set_aside_directory
 from gpuq.host.owners import others_may_write
-from gpuq.model.names import JOB_ID_RE
+from gpuq.model.names import JOB_ID_RE, KEPT_APART
 from gpuq.model.states import State
 from gpuq.model.text import safe_text
 from gpuq.spool.intake import user_name
@@ -127,7 +127,8 @@ def reject(box: Box, job_id: str, path: Path, message: str, forget: bool = True,
         or unsafe
         or any(os.path.lexists(box.layout.rejected / f"{stem}{s}") for s in (".yaml", ".yml", ".error"))
     ):
-        dest = box.layout.rejected / f"{stem}.{int(wall_time())}.{os.urandom(3).hex()}{suffix}"
+        # `+` is in no job id: `gpuq retry` can never take this name for its own (a security review).
+        dest = box.layout.rejected / f"{stem}{KEPT_APART}{int(wall_time())}.{os.urandom(3).hex()}{suffix}"
     error = dest.parent / f"{dest.name.rsplit('.', 1)[0]}.error"
     if unsafe and retry_mends and not os.path.lexists(box.layout.rejected / f"{stem}.error"):
         error = box.layout.rejected / f"{stem}.error"  # its owner's: status shows it, retry finds no spec
