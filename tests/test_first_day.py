@@ -145,3 +145,19 @@ def test_a_members_refusal_never_blocks_nor_erases_anothers_on_dismiss(team):
     hers = team.as_user(ALICE, "dismiss", "aj")
     assert hers.returncode == 0 and hers.stdout.startswith("aj: dismissed (1 refusal)"), hers
     assert not list(rejected.glob("aj*"))
+
+
+def test_retry_never_takes_a_refusal_kept_apart_for_an_id(queue):
+    """A security review: a spec refused as writable by others was kept as ID.TIME.HEX.yaml,
+    a name `gpuq retry` took for an id; once its owner chmod-ed it, another member's text ran
+    as her. Kept apart names now join with `+` (in no id); the old dotted ones are refused."""
+    rejected = queue.root / "state" / "rejected"
+    rejected.mkdir(parents=True, exist_ok=True)
+    for name in ("gw.1796540000.a1b2c3", "gw+1796540000.a1b2c3"):
+        (rejected / f"{name}.yaml").write_text("command: id\ngpus: 0\n")
+        (rejected / f"{name}.error").write_text("kept apart\n")
+    old = queue.gpuq("retry", "gw.1796540000.a1b2c3", check=False)
+    assert old.returncode == 1 and "kept apart" in old.stderr and "never runs under this name" in old.stderr, old
+    new = queue.gpuq("retry", "gw+1796540000.a1b2c3", check=False)
+    assert new.returncode == 1 and "is not a job id" in new.stderr, new
+    assert not list((queue.root / "jobs").glob("*.yaml"))
