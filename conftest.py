@@ -130,8 +130,8 @@ class Queue:
 
     def refusals(self, job_id: str) -> str:
         """The .error texts of specs refused under `job_id`, joined: its own (<id>.error) and
-        those refused because the id is another job's (<id>.<time>.<hex>.error)."""
-        pattern = re.compile(re.escape(job_id) + r"(\.\d+\.[0-9a-f]{6})?\.error")
+        those refused because the id is another job's (<id>+<time>.<hex>.error)."""
+        pattern = re.compile(re.escape(job_id) + r"(\+\d+\.[0-9a-f]{6})?\.error")
         rejected = self.root / "state" / "rejected"
         return "".join(p.read_text() for p in sorted(rejected.iterdir()) if pattern.fullmatch(p.name))
 

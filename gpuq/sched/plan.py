@@ -435,7 +435,8 @@ class _Pass:
         self.result.reserved[job.id] = (chosen[0].host, gpus, start)
         if self.explain:
             self.result.reasons[job.id] = (
-                f"GPU {', '.join(s.label for s in chosen)} reserved for it from {moment(start, self.now)}, "
+                f"GPU {', '.join(s.label for s in sorted(chosen, key=lambda s: s.index))} reserved for it from "
+                f"{moment(start, self.now)}, "
                 "when the time limits of the jobs there run out"
             )
         return True
