@@ -118,7 +118,8 @@ def act_on_selected(args: argparse.Namespace) -> int:
             + (" ..." if len(ended) > 5 else ""),
             file=sys.stderr,
         )
-        members = [m for m in members if m not in set(ended)]
+        gone = frozenset(ended)
+        members = [m for m in members if m not in gone]
         if not members:
             return 0
     ids = members
@@ -134,7 +135,8 @@ def act_on_selected(args: argparse.Namespace) -> int:
             print(f"gpuq {args.verb}: {e}", file=sys.stderr)
             return 2
         selected = matching(layout, wanted)
-        ids = [i for i in ids if i in set(selected)] if ids else selected
+        chosen = frozenset(selected)
+        ids = [i for i in ids if i in chosen] if ids else selected
         if not ids:
             print(f"gpuq {args.verb}: no job matches {_described(args)}", file=sys.stderr)
             return 1
@@ -150,7 +152,8 @@ def act_on_selected(args: argparse.Namespace) -> int:
 
 def _ended_members(layout: Layout, named: list[str], members: list[str]) -> list[str]:
     """The members of the groups named (not the jobs named themselves) that have ended."""
-    from_groups = [m for m in members if m not in set(named)]
+    named_ones = frozenset(named)
+    from_groups = [m for m in members if m not in named_ones]
     states = DependencyStates(layout).lookup(from_groups)
     return [m for m in from_groups if states[m] in FINAL]
 
