@@ -101,3 +101,16 @@ def test_a_booking_ending_is_a_moment_the_estimate_moves_to():
         [job("mine", user="ana", mem_gib=None, limit_s=300)], [host("h", gpu(0))], [], CFG, 10, set_aside=[b]
     )
     assert estimate.starts == {"mine": 1800}
+
+
+def test_a_running_jobs_memory_leaves_with_it_in_the_replay():
+    """A Slurm user's finding: START BY said "no room" beside a reason that reserved GPUs for the
+    job. The replay ended the running job but left the memory NVML saw it use on its GPU, where
+    the plan counts it as someone else's."""
+    from dataclasses import replace
+
+    busy = [replace(run("r", gpus=(0,), mem_gib=20, started_at=0, limit_s=1000), observed_mib={0: 20 * 1024})]
+    whole = [job("whole", mem_gib=None, queued_at=1, limit_s=300)]
+    seen = host("h", gpu(0, total_gib=24, used_gib=20))  # what NVML sees: r's 20 GiB
+    got = replay_starts(whole, [seen], busy, CFG, now=10)
+    assert got.starts == {"whole": 1000} and "whole" not in got.why_none

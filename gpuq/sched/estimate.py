@@ -61,6 +61,30 @@ class Estimate:
     why_none: dict[str, str] = field(default_factory=dict)
 
 
+def _without_observed(
+    hosts: Sequence[HostView], running: Sequence[RunningJob]
+) -> tuple[list[HostView], list[RunningJob]]:
+    """The GPUs as they would be without gpuq's jobs' observed memory, and the jobs without it:
+    a job the replay ends takes its memory with it. (The plan counts a GPU's used memory
+    beyond what its jobs are observed to use as someone else's: left in, a job's memory would
+    stay after its end as another's, and the job waiting for its GPU read "no room".)"""
+    observed: dict[tuple[str, int], int] = {}
+    for job in running:
+        for index, mib in (job.observed_mib or {}).items():
+            observed[(job.host, index)] = observed.get((job.host, index), 0) + mib
+    bare = [
+        replace(
+            host,
+            gpus=tuple(
+                replace(g, mem_used_mib=max(0, g.mem_used_mib - observed.get((host.name, g.index), 0)))
+                for g in host.gpus
+            ),
+        )
+        for host in hosts
+    ]
+    return bare, [replace(job, observed_mib={}) for job in running]
+
+
 def _replayed(
     pending: Sequence[PendingJob], blocked: Mapping[str, str], now: float, why_none: dict[str, str]
 ) -> list[PendingJob]:
@@ -95,6 +119,7 @@ def replay_starts(
     estimates = estimates or {}
     result = Estimate()
     waiting = _replayed(pending, blocked or {}, now, result.why_none)
+    hosts, running = _without_observed(hosts, running)
     active = [r for r in running if not r.preemptible]
     starts = result.starts
     t = now
