@@ -76,8 +76,13 @@ def test_supervisor_and_keeper_death_means_exit_unknown_never_success(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("orphan.yaml", "command: sleep 1\ngpus: 1\n")
     marker = _marker(queue, "orphan", "keeper_pid")
-    os.kill(marker["keeper_pid"], signal.SIGKILL)  # the job goes with it (its parent-death signal)
-    os.kill(marker["supervisor_pid"], signal.SIGKILL)
+    # Both at once, as a machine's death would: the supervisor stopped first, so that it cannot
+    # see its keeper die and record the run as failed in between (a loaded run did).
+    os.kill(marker["supervisor_pid"], signal.SIGSTOP)
+    try:
+        os.kill(marker["keeper_pid"], signal.SIGKILL)  # the job goes with it (its parent-death signal)
+    finally:
+        os.kill(marker["supervisor_pid"], signal.SIGKILL)  # (a stopped process dies of it too)
     record = wait_until(lambda: queue.finished("orphan"), what="orphan to be settled")
     assert record["state"] == "lost" and record["exit_code"] is None
     assert "exit unknown" in record["reason"]
