@@ -582,12 +582,17 @@ def _drop_many(queue, n: int, command: str = "echo once") -> list[str]:
 
 def _assert_each_ran_once(queue, ids: list[str]) -> None:
     finished = queue.root / "state" / "finished"
-    wait_until(
-        lambda: all((finished / f"{i}.json").exists() for i in ids),
-        timeout=300,
-        interval=0.5,
-        what=f"{len(ids)} jobs to finish",
-    )
+    try:
+        wait_until(
+            lambda: all((finished / f"{i}.json").exists() for i in ids),
+            timeout=300,
+            interval=0.5,
+            what=f"{len(ids)} jobs to finish",
+        )
+    except AssertionError:  # which jobs, and where each is: a rare stall must leave its trail
+        left = [i for i in ids if not (finished / f"{i}.json").exists()]
+        where = {i: json.loads(queue.gpuq("show", i, "--json", check=False).stdout or "{}") for i in left[:5]}
+        raise AssertionError(f"{len(left)} of {len(ids)} jobs never finished: {where}") from None
     states = {i: json.loads((finished / f"{i}.json").read_text())["state"] for i in ids}
     assert set(states.values()) == {"done"}
     runs = {i: queue.log(i).splitlines().count("once") for i in ids}
