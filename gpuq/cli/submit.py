@@ -47,10 +47,10 @@ from gpuq.spool.sweeps import array_members, sweep_members
 from gpuq.spool.teamstate import load_heartbeats
 
 
-def _beyond_every_box(layout: Layout, spec: JobSpec) -> str | None:
+def _beyond_every_box(beats: list[dict], spec: JobSpec) -> str | None:
     """Why no box (of those the spec names) has the cores or the memory it asks for, and the
     fix; None when one has, or no box has said what it has (an older worker's heartbeat)."""
-    boxes = [hb for hb in load_heartbeats(layout) if not spec.hosts or hb.get("host") in spec.hosts]
+    boxes = [hb for hb in beats if not spec.hosts or hb.get("host") in spec.hosts]
     for asked, key, what, option in (
         (spec.cpus, "cores", "cores", "-c/--cpus"),
         (spec.mem_mib, "mem_mib", "MiB of memory", "--mem"),
@@ -68,12 +68,13 @@ def _beyond_every_box(layout: Layout, spec: JobSpec) -> str | None:
 def _never_fits(layout, spec) -> str | None:
     """Why no GPU (or box) of the team can ever hold `spec`, and the fix: another host list
     where it names no known box, else a smaller ask; None when it fits somewhere."""
-    if beyond := _beyond_every_box(layout, spec):
+    beats = load_heartbeats(layout)  # read once: the boxes, their GPUs, cores and memory
+    if beyond := _beyond_every_box(beats, spec):
         return beyond
-    known = sorted(str(hb.get("host")) for hb in load_heartbeats(layout))
+    known = sorted(str(hb.get("host")) for hb in beats)
     names_no_box = bool(spec.hosts and not set(spec.hosts) & set(known))
     hosts_fix = f"--hosts names boxes gpuq knows: {', '.join(known) or 'none has run a worker yet'}"
-    refused = never_fits(layout, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
+    refused = never_fits(beats, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
     if refused is None:
         if names_no_box and known:  # a CPU-only job fits any box, but only among those named
             return (
@@ -403,10 +404,10 @@ def _ids(values: list[str] | None) -> list[str]:
     return [i for v in values or [] for i in v.split(",") if i]
 
 
-def never_fits(layout: Layout, config: Config, job: PendingJob) -> str | None:
+def never_fits(heartbeats: list[dict], config: Config, job: PendingJob) -> str | None:
     """Why no host of the team could ever run `job`, even with every GPU empty (None when
     one could, or when no worker has ever reported its GPUs: nothing to judge by)."""
-    beats = [hb for hb in load_heartbeats(layout) if hb.get("gpus") is not None]
+    beats = [hb for hb in heartbeats if hb.get("gpus") is not None]
     if not beats or job.spec.gpus == 0:
         return None
     empty = [

@@ -336,31 +336,34 @@ def _fold_pending(pending: list[dict[str, Any]], sizes: dict[str, int]) -> list[
     """Rows in a row that are members of one array or sweep and wait alike (owner, ask,
     priority, reason), one line: `hp-1_* (30 of 30)` at positions `1-30`. A member that
     waits for something else keeps its own line."""
-    out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
 
     def key(p: dict[str, Any]) -> tuple | None:
         group = p["id"].rpartition("_")[0]
         return (group, p["user"], p["gpus"], p["gpu_mem_mib"], p["priority"], p["reason"]) if group in sizes else None
 
-    def flush() -> None:
-        if len(run) >= FOLD_AT_LEAST:
-            group = run[0]["id"].rpartition("_")[0]
-            positions = f"{run[0]['position']}-{run[-1]['position']}"
-            out.append({**run[0], "id": f"{group}_* ({len(run)} of {sizes[group]})", "positions": positions})
-            out[-1]["folded"] = len(run)
-        else:
-            out.extend(run)
-        run.clear()
+    def one_line(run: list[dict[str, Any]]) -> dict[str, Any]:
+        group = run[0]["id"].rpartition("_")[0]
+        positions = f"{run[0]['position']}-{run[-1]['position']}"
+        return {**run[0], "id": f"{group}_* ({len(run)} of {sizes[group]})", "positions": positions, "folded": len(run)}
 
-    for p in pending:
-        if run and key(p) != key(run[0]):
-            flush()
-        if key(p) is None:
-            out.append(p)
-        else:
-            run.append(p)
-    flush()
+    return _fold_runs(pending, key, one_line)
+
+
+def _fold_runs(
+    rows: list[dict[str, Any]],
+    key: Callable[[dict[str, Any]], tuple | None],
+    one_line: Callable[[list[dict[str, Any]]], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """`rows` with each run of FOLD_AT_LEAST or more in a row of one `key` (None: never folded)
+    made one line by `one_line`."""
+    out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for row in [*rows, None]:  # None: the end, which closes the last run
+        if run and (row is None or key(row) != key(run[0])):
+            out += [one_line(run)] if len(run) >= FOLD_AT_LEAST else run
+            run = []
+        if row is not None:
+            (out if key(row) is None else run).append(row)
     return out
 
 
@@ -382,38 +385,24 @@ def _fold_groups(finished: list[dict[str, Any]], sizes: dict[str, int]) -> list[
     """Rows in a row that are members of one array or sweep (`<group>_<member>`) and ended the
     same way without running, one line: a cancelled array of 100 is not 100 lines. FINISHED
     lists only the latest `recent_finished` jobs, so the line says how many of how many."""
-    out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
 
     def key(f: dict[str, Any]) -> tuple | None:
         group = f["id"].rpartition("_")[0]
         return (group, f["state"], f.get("reason")) if group and not f.get("duration_s") else None
 
-    def flush() -> None:
-        if len(run) >= FOLD_AT_LEAST:
-            group = run[0]["id"].rpartition("_")[0]
-            size = sizes.get(group)
-            shown = (
-                f"all {size} members"
-                if size == len(run)
-                else f"the latest {len(run)} of its {size} members"
-                if size
-                else f"its latest {len(run)} members"
-            )
-            out.append({**run[0], "id": f"{group}_* ({shown})"})
-        else:
-            out.extend(run)
-        run.clear()
+    def one_line(run: list[dict[str, Any]]) -> dict[str, Any]:
+        group = run[0]["id"].rpartition("_")[0]
+        size = sizes.get(group)
+        shown = (
+            f"all {size} members"
+            if size == len(run)
+            else f"the latest {len(run)} of its {size} members"
+            if size
+            else f"its latest {len(run)} members"
+        )
+        return {**run[0], "id": f"{group}_* ({shown})"}
 
-    for f in finished:
-        if run and key(f) != key(run[0]):
-            flush()
-        if key(f) is None:
-            out.append(f)
-        else:
-            run.append(f)
-    flush()
-    return out
+    return _fold_runs(finished, key, one_line)
 
 
 def _cut(text: str, width: int) -> str:
