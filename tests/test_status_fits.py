@@ -50,3 +50,16 @@ def test_status_fits_80_columns_folds_an_array_and_takes_squeues_format(queue):
     assert letters[0].split() == ["ID", "STATE"]
     bad = queue.gpuq("status", "-o", "id,nope", check=False)
     assert bad.returncode == 2 and "--format 'id,nope': choose columns from" in bad.stderr
+
+
+def test_a_held_array_is_one_line_in_held_and_comes_back_whole(queue):
+    _a_busy_queue(queue)
+    held = queue.gpuq("hold", "sweep")
+    assert "sweep_29" in held.stdout + held.stderr
+    shown = queue.gpuq("status", "--state", "held").stdout.splitlines()
+    assert "HELD (30; gpuq release ID puts one back at its place)" in shown, shown
+    rows = [line for line in shown if "sweep_" in line]
+    assert len(rows) == 1 and "sweep_* (30 of 30)" in rows[0], shown
+    queue.gpuq("release", "sweep")
+    again = queue.gpuq("status", "--all", "-w").stdout
+    assert "HELD" not in again and "sweep_* (30 of 30)" in again

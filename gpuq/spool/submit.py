@@ -114,8 +114,15 @@ def readable_base(command: list[str], name: str | None) -> str:
     source = name or ""
     if not source:
         words = " ".join(command).split()
-        interpreters = {"python", "python3", "bash", "sh", "torchrun", "uv", "run", "-m", "-c"}
-        source = next((w for w in words if w not in interpreters and not w.startswith("-")), "job")
+        interpreters = {"python", "python3", "bash", "sh", "torchrun", "uv", "run", "-m"}
+        source = "job"
+        for i, word in enumerate(words):
+            if word == "-c":  # inline code is no name: `python -c '...'` -> `python`
+                source = Path(words[0]).name if i else "job"
+                break
+            if word not in interpreters and not word.startswith("-"):
+                source = word
+                break
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(source).stem if "/" in source or "." in source else source).strip("-_")[
         :40
     ]

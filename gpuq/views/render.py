@@ -207,10 +207,26 @@ def _extras_sections(view: dict[str, Any], after: str) -> list[str]:
 def _held_section(view: dict[str, Any]) -> list[str]:
     if not view.get("held"):
         return []
+    rows = _fold_held(view["held"], view.get("group_sizes", {}))
     return ["", f"HELD ({len(view['held'])}; gpuq release ID puts one back at its place)"] + table(
-        [["ID", "USER", "SINCE", "NOTE"]]
-        + [[h["id"], h["user"], _clock(h["since"]), h["reason"]] for h in view["held"]]
+        [["ID", "USER", "SINCE", "NOTE"]] + [[h["id"], h["user"], _clock(h["since"]), h["reason"]] for h in rows]
     )
+
+
+def _fold_held(held: list[dict[str, Any]], sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """Held members of one array or sweep in a row, held alike (owner, note), one line:
+    `hp-1_* (30 of 30)`, since the first of them was held (`gpuq release hp-1` releases all)."""
+
+    def key(h: dict[str, Any]) -> tuple | None:
+        group = h["id"].rpartition("_")[0]
+        return (group, h["user"], h["reason"]) if group in sizes else None
+
+    def one_line(run: list[dict[str, Any]]) -> dict[str, Any]:
+        group = run[0]["id"].rpartition("_")[0]
+        since = min((h["since"] for h in run if h["since"] is not None), default=None)
+        return {**run[0], "id": f"{group}_* ({len(run)} of {sizes[group]})", "since": since}
+
+    return _fold_runs(held, key, one_line)
 
 
 def _not_specs_section(view: dict[str, Any]) -> list[str]:

@@ -123,8 +123,8 @@ def status(
     screen (`--state failed`, `--me`) shows the latest of those, not those of the latest."""
     now = wall_time() if now is None else now
     view = _status(layout, config, now, pending_rows, ended, ended_user)
-    # A sweep's or array's size, for the rows the screen folds (pending and finished alike).
-    view["group_sizes"] = _group_sizes(layout, view["pending"] + view["finished"])
+    # A sweep's or array's size, for the rows the screen folds (pending, held and finished alike).
+    view["group_sizes"] = _group_sizes(layout, view["pending"] + view["held"] + view["finished"])
     return view
 
 
