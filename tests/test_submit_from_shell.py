@@ -125,3 +125,36 @@ def test_a_scripts_export_line_never_takes_the_submitters_secrets(queue, tmp_pat
         "submit", "--hold", "--export", "ALL,MY_API_TOKEN", str(script), env={**queue.env(), "MY_API_TOKEN": "mine"}
     )
     assert "which look like secrets" not in mine.stderr
+
+
+def test_a_ported_sbatch_script_keeps_its_arguments_gres_chdir_and_array_index(queue, tmp_path):
+    """A Slurm user's session: a script given arguments lost its #SBATCH lines and could not
+    start; an edit while it waited changed what ran; --gres=gpu:2 and -D were read past (one
+    GPU, the wrong directory); every array task read an empty SLURM_ARRAY_TASK_ID; and
+    `\\$GPUQ_ARRAY_INDEX` in a command given as words reached the program as typed."""
+    work = tmp_path / "out"
+    work.mkdir()
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --gres=gpu:2\n"
+        f"#SBATCH -D {work}\n"
+        "#SBATCH --array=0-2\n"
+        'echo "VERSION-ONE args=$1,$2 task=$SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT pwd=$(pwd)'
+        ' gpus=$CUDA_VISIBLE_DEVICES"\n'
+    )
+    out = queue.gpuq("submit", str(script), "one", "two")
+    group = out.stdout.split()[-1]
+    assert group == "train-1", out
+    script.write_text(script.read_text().replace("VERSION-ONE", "VERSION-TWO"))  # edited while it waits
+    queue.start_worker("a", "4x80GiB")
+    members = [f"{group}_{i}" for i in range(3)]
+    for member in members:
+        record = wait_until(lambda m=member: queue.finished(m), timeout=120, what=f"{member} to run")
+        assert record["state"] == "done" and len(record["gpus"]) == 2, record
+    line = next(ln for ln in queue.log(f"{group}_2").splitlines() if ln.startswith("VERSION"))
+    assert line.startswith(f"VERSION-ONE args=one,two task=2 of 3 pwd={work} gpus="), line
+    assert f"==> command: {script} one two (the script as submitted)" in queue.log(f"{group}_2")
+    words = queue.gpuq("submit", "-G", "0", "--array", "4-5", "--", "echo", "seed=$GPUQ_ARRAY_INDEX")
+    wait_until(lambda: queue.finished(words.stdout.split()[-1] + "_5"), timeout=120, what="the array given as words")
+    assert "seed=5" in queue.log(words.stdout.split()[-1] + "_5").splitlines()

@@ -223,14 +223,15 @@ def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(queue, tmp_path)
     assert queue.gpuq("resume", "a", check=False).returncode == 1
 
 
-def test_an_id_stem_names_the_script_and_never_a_word_of_inline_code():
+def test_an_id_stem_names_the_script_and_never_a_word_of_python_code():
     from gpuq.spool.submit import readable_base
 
     assert readable_base(["python", "train.py", "--lr", "1e-3"], None) == "train"
     assert readable_base(["./run.sh"], None) == "run"
     assert readable_base(["python", "-c", "import torch; print(1)"], None) == "python"
     assert readable_base(["/usr/bin/python3 -c 'import x'"], None) == "python3"
-    assert readable_base(["bash", "-c", "echo hi"], None) == "bash"
+    assert readable_base(["sh", "-c", "echo hi"], None) == "echo"  # a shell's code starts with a command
+    assert readable_base(["/bin/bash", "/home/ana/s4.sh", "one"], None) == "s4"  # a batch script, by its name
     assert readable_base(["python", "-c", "x"], "eval") == "eval"  # -J wins
 
 

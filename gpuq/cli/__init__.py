@@ -19,6 +19,7 @@ from gpuq.cli.options import (
     add_history_arguments,
     add_limit_options,
     gpu_count,
+    gres_count,
     sbatch_only,
 )
 from gpuq.host.audit import install_if_asked
@@ -160,6 +161,7 @@ def _add_submit_verb(sub: _Verbs) -> None:
     """`gpuq submit`: what a job asks for, and the command after --."""
     sp = _verb(sub, "submit", _lazy("cli.submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
     sp.add_argument("-G", "--gpus", type=gpu_count, help="GPUs on one host (0: CPU only); default 1 (sbatch's -G)")
+    sp.add_argument("--gres", dest="gpus", type=gres_count, metavar="gpu:N", help="sbatch's spelling of --gpus N")
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
     sp.add_argument("-J", "--name", "--job-name", dest="name", help="label, and the stem of the id (sbatch's -J)")
     sp.add_argument("--id", help="exact job id (default: <name>-<n>)")
@@ -168,7 +170,9 @@ def _add_submit_verb(sub: _Verbs) -> None:
     )
     sp.add_argument("--priority", help="high, normal, low, or an integer")
     sp.add_argument("--hosts", help="comma-separated hosts it may run on")
-    sp.add_argument("--workdir", help="directory to run in (default: the current one)")
+    sp.add_argument(
+        "-D", "--workdir", "--chdir", dest="workdir", help="directory to run in (default: the current one; sbatch's -D)"
+    )
     sp.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra variable (repeatable)")
     sp.add_argument(
         "--array",

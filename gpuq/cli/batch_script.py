@@ -45,11 +45,30 @@ def directives(path: str) -> list[tuple[int, list[str]]] | None:
     return found
 
 
-def command_of(path: str) -> list[str]:
-    """The script run by its `#!` interpreter, by its absolute path (the job may run elsewhere)."""
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh"}
+MAX_COPIED_BYTES = 128 * 1024  # a copy travels in the spec (model/errors.py MAX_SPEC_BYTES)
+
+
+def command_of(path: str, arguments: list[str]) -> tuple[list[str], str | None]:
+    """The script run by its `#!` interpreter with `arguments`, and a note for the submitter
+    (or None). A shell script is copied now, as sbatch copies it: the job runs the text
+    submitted even if the file is edited while it waits (`$0` is still the file's path).
+    Another interpreter's script (Python's, say) is run from its file, by its absolute path
+    (the job may run elsewhere), as it is when the job starts, and the note says so."""
     with open(path, "rb") as f:
-        shebang = f.readline().decode("utf-8", "replace")
-    return [*shlex.split(shebang[2:]), os.path.abspath(path)]
+        data = f.read(MAX_COPIED_BYTES + 1)
+    text = data.decode("utf-8", "replace")
+    interpreter = shlex.split(text.splitlines()[0][2:])
+    where = os.path.abspath(path)
+    program = _program(interpreter)
+    if program not in SHELLS:
+        return [*interpreter, where, *arguments], f"{path} runs as the file is when the job starts (copy it to keep it)"
+    if len(data) > MAX_COPIED_BYTES:
+        raise ScriptError(
+            f"{path} is over {MAX_COPIED_BYTES // 1024} KiB, too big to copy into the queue: "
+            "keep its bulk in another file it runs"
+        )
+    return [*interpreter, "-c", text, where, *arguments], None
 
 
 def with_script_options(
@@ -99,5 +118,13 @@ def _unset(value: object) -> bool:
     return value is None or value is False or value == []
 
 
+def _program(interpreter: list[str]) -> str:
+    """The program a `#!` line runs: `bash` for `/bin/bash` and for `/usr/bin/env bash`."""
+    if not interpreter:
+        return ""
+    return Path(interpreter[-1] if Path(interpreter[0]).name == "env" else interpreter[0]).name
+
+
 def is_script(command: list[str]) -> bool:
-    return len(command) == 1 and Path(command[0]).is_file()
+    """`gpuq submit train.sbatch [ARG ...]`: a file here whose first line is `#!`."""
+    return bool(command) and Path(command[0]).is_file()

@@ -20,6 +20,15 @@ def gpu_count(text: str) -> int:
     return int(count)
 
 
+def gres_count(text: str) -> int:
+    """sbatch's --gres=gpu[:N] as a number of GPUs (other generic resources gpuq has none of)."""
+    if text == "gpu":
+        return 1
+    if not text.startswith("gpu:") or "," in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: gpuq knows only --gres=gpu:N (the GPUs on one box)")
+    return gpu_count(text)
+
+
 def add_limit_options(sp: argparse.ArgumentParser) -> None:
     """Slurm's spellings where it has them (sbatch --time, --cpus-per-task, --mem)."""
     sp.add_argument(
@@ -106,13 +115,10 @@ SBATCH_ONLY = {
     "-N": "a job runs on one box: --gpus N there",
     "--ntasks": "a job is one command; start its processes from it (torchrun --nproc-per-node N)",
     "-n": "a job is one command; start its processes from it (torchrun --nproc-per-node N)",
-    "--gres": "--gpus N (-G N), and --gpu-mem SIZE for a share of each GPU",
     "--account": "gpuq has no accounts: fair share is by user",
     "-A": "gpuq has no accounts: fair share is by user",
     "--qos": "--priority high|normal|low (or a number)",
     "--exclusive": "a job without --gpu-mem has its GPUs to itself already",
-    "--chdir": "--workdir DIR (default: the current directory)",
-    "-D": "--workdir DIR (default: the current directory)",
     "--wrap": "give the command after --: gpuq submit -- python train.py",
     "--constraint": "--hosts a,b: the boxes with what the job needs",
     "-C": "--hosts a,b: the boxes with what the job needs",

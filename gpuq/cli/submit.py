@@ -135,9 +135,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             found = directives(command[0])
             if found is not None:
                 submit = next(a for a in args.parser._actions if isinstance(a, argparse._SubParsersAction))
-                for note in with_script_options(args, submit.choices["submit"], command[0], found):
+                notes = with_script_options(args, submit.choices["submit"], command[0], found)
+                script = command[0]
+                command, copied = command_of(script, command[1:])
+                for note in [*notes, *([copied] if copied else [])]:
                     print(f"gpuq submit: {note}", file=sys.stderr)
-                command = command_of(command[0])
+                args.name = args.name or Path(script).stem  # sbatch names a job after its script
         except ScriptError as e:
             print(f"gpuq submit: {e}. Nothing was written.", file=sys.stderr)
             return 2

@@ -28,8 +28,17 @@ CLASS_RANK = {"high": 0, "normal": 1, "low": 2}
 
 
 def command_text(command: str | list[str] | tuple[str, ...] | None) -> str:
-    """A command as a user would type it: a shell string as is, a list quoted for the shell."""
-    return command if isinstance(command, str) else shlex.join(command or [])
+    """A command as a user would type it: a shell string as is, a list quoted for the shell,
+    and a batch script copied at submit (`bash -c TEXT PATH ARG...`, cli/batch_script.py) as
+    its path and arguments, not its whole text."""
+    if isinstance(command, str):
+        return command
+    words = list(command or [])
+    if "-c" in words:
+        at = words.index("-c")
+        if len(words) > at + 2 and words[at + 1].startswith("#!"):
+            return f"{shlex.join(words[at + 2 :])} (the script as submitted)"
+    return shlex.join(words)
 
 
 @dataclass(frozen=True)

@@ -114,15 +114,18 @@ def readable_base(command: list[str], name: str | None) -> str:
     source = name or ""
     if not source:
         words = " ".join(command).split()
-        interpreters = {"python", "python3", "bash", "sh", "torchrun", "uv", "run", "-m"}
+        interpreters = {"python", "python3", "bash", "sh", "torchrun", "uv", "run"}
         source = "job"
-        for i, word in enumerate(words):
-            if word == "-c":  # inline code is no name: `python -c '...'` -> `python`
-                source = Path(words[0]).name if i else "job"
+        for word in words:
+            name = Path(word).name  # `/bin/bash /home/ana/train.sh` -> `train`
+            if word == "-c" and source.startswith("python"):  # Python code is no name: `python -c '...'` -> `python`
                 break
-            if word not in interpreters and not word.startswith("-"):
-                source = word
-                break
+            if not word.startswith("-"):
+                source = name
+                if name not in interpreters:
+                    break
+        else:
+            source = "job" if source in interpreters else source
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(source).stem if "/" in source or "." in source else source).strip("-_")[
         :40
     ]

@@ -67,11 +67,28 @@ def sweep_members(data: dict[str, Any], group: str) -> list[tuple[str, dict[str,
     return _checked(members, group)
 
 
+# A command given as words runs without a shell: the index, written as a variable in a word
+# (`-- python train.py --seed \$GPUQ_ARRAY_INDEX`), is put in by the expansion instead.
+_INDEX_WORD = re.compile(r"\$(?:\{(GPUQ_ARRAY_INDEX|SLURM_ARRAY_TASK_ID)\}|(GPUQ_ARRAY_INDEX|SLURM_ARRAY_TASK_ID)\b)")
+
+
 def array_members(data: dict[str, Any], group: str, indices: list[int]) -> list[tuple[str, dict[str, Any]]]:
-    members = [
-        (f"{group}_{i}", {**data, "env": {**(data.get("env") or {}), "GPUQ_GROUP": group, "GPUQ_ARRAY_INDEX": str(i)}})
-        for i in indices
-    ]
+    """One member per index, with its index in GPUQ_ARRAY_INDEX and in Slurm's array variables
+    (a ported array script reads SLURM_ARRAY_TASK_ID; no other SLURM_ variable is set, so
+    frameworks that detect Slurm by them do not think they run under it)."""
+    span = {
+        "SLURM_ARRAY_TASK_COUNT": str(len(indices)),
+        "SLURM_ARRAY_TASK_MIN": str(min(indices, default=0)),
+        "SLURM_ARRAY_TASK_MAX": str(max(indices, default=0)),
+    }
+    members = []
+    for i in indices:
+        command = data.get("command")
+        if isinstance(command, list):
+            command = [_INDEX_WORD.sub(str(i), word) if isinstance(word, str) else word for word in command]
+        index = {"GPUQ_ARRAY_INDEX": str(i), "SLURM_ARRAY_TASK_ID": str(i)}
+        env = {**(data.get("env") or {}), "GPUQ_GROUP": group, **index, **span}
+        members.append((f"{group}_{i}", {**data, "command": command, "env": env}))
     return _checked(members, group)
 
 
