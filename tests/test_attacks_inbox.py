@@ -150,7 +150,7 @@ def test_a_spec_refused_for_another_members_id_is_never_retried_under_it(team):
     for message in messages:  # under her id, retry is her job's, running or ended
         assert f"belongs to {ALICE}" in message, message
     hers = team.as_user(ALICE, "retry", "al-run")  # her running job, not bob's refused spec
-    assert hers.returncode == 1 and "al-run: no finished job by that id" in hers.stderr, hers.stderr
+    assert hers.returncode == 1 and "al-run: has not ended yet" in hers.stderr, hers.stderr
     assert _state(team, "al-run") == "running" and team.finished("al-end")["state"] == "done"
 
 

@@ -15,6 +15,7 @@ from conftest import wait_until
 from gpuq.model.jobs import SetAside
 from gpuq.sched.estimate import (
     AFTER_DEPENDENCIES,
+    ARRAY_LIMIT,
     LATER,
     NO_ROOM,
     NOT_ESTIMATED,
@@ -43,10 +44,13 @@ def test_a_job_without_an_estimate_says_why():
         job("behind", mem_gib=None, queued_at=2, limit_s=100),
         job("dep", mem_gib=None, queued_at=3, limit_s=100),
         job("lo", mem_gib=None, queued_at=4, priority="low"),
+        job("arr_3", mem_gib=None, queued_at=5, limit_s=100),
     ]
-    got = replay_starts(pending, [host("h", gpu(0))], busy, CFG, now=10, blocked={"dep": "waits for open"})
+    blocked = {"dep": "waits for open", "arr_3": "array limit: 1 of arr running, at most 1 at once (%1)"}
+    got = replay_starts(pending, [host("h", gpu(0))], busy, CFG, now=10, blocked=blocked)
     assert got.starts == {"open": 1000}
-    assert got.why_none == {"behind": UNKNOWN, "dep": AFTER_DEPENDENCIES, "lo": WHEN_IDLE}
+    # A throttled array member said "after deps" (a Slurm user's session): it has none.
+    assert got.why_none == {"behind": UNKNOWN, "dep": AFTER_DEPENDENCIES, "lo": WHEN_IDLE, "arr_3": ARRAY_LIMIT}
     months = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=200 * 86400)]
     far = replay_starts([job("far", mem_gib=None, limit_s=60)], [host("h", gpu(0))], months, CFG, now=10)
     assert (far.starts, far.why_none) == ({}, {"far": LATER})

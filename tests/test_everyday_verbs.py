@@ -223,7 +223,7 @@ def test_sbatch_options_read_as_sbatch_reads_them(queue):
         1000,
     )
     # More cores or memory than any box has: refused at submit, as more GPU memory is.
-    for option, value, says in (("-c", "512", "no box has 512 cores"), ("--mem", "100T", "MiB of memory")):
+    for option, value, says in (("-c", "512", "no box has 512 cores"), ("--mem", "100T", "has 102400GiB of memory")):
         refused = queue.gpuq("submit", "-G", "0", option, value, "--", "true", check=False)
         assert refused.returncode == 2 and says in refused.stderr and "the most is" in refused.stderr, refused
     # sbatch's options gpuq has no such thing for: what to do instead, and nothing written.
@@ -341,7 +341,8 @@ def test_a_rejected_spec_is_retried_after_its_fix_and_leaves_the_rejected_list(q
     wait_until(lambda: {r["id"] for r in queue.status()["rejected"]} == {"mine", "typo"}, what="both refused")
     said = (queue.root / "state" / "rejected" / "typo.error").read_text()  # where the spec is now, and how back
     assert said.rstrip().endswith(
-        "The spec is kept as state/rejected/typo.yaml: fix it there (or drop a fixed one), then `gpuq retry typo`."
+        "The spec is kept as state/rejected/typo.yaml: fix it there, writing into the file itself (an editor; "
+        "not sed -i, which needs to write beside it), or drop a fixed one, then `gpuq retry typo`."
     ), said
     early = queue.gpuq("retry", "typo", check=False)  # its text is wrong: refused again
     assert early.returncode == 0 and "back in the queue, to be checked again" in early.stdout

@@ -13,7 +13,7 @@ from team import ALICE, BOB
 from conftest import wait_until
 from gpuq.model.moments import parse_moment
 from gpuq.spool.layout import Layout
-from gpuq.views.history import CLOCK_SLACK_S, HistoryFilter, history
+from gpuq.views.history import CLOCK_SLACK_S, HistoryFilter, history, name_of, named
 
 NOW = time.mktime((2026, 12, 6, 15, 30, 0, 0, 0, -1))  # a Sunday afternoon, local time
 
@@ -56,6 +56,16 @@ def _write_log(root, host: str, lines: list[str]) -> None:
 
 def _ids(found: dict) -> list[str]:
     return [row["id"] for row in found["jobs"]]
+
+
+def test_a_jobs_name_from_its_id_and_name_patterns_over_names_and_ids():
+    """A Slurm user's session: `history -n exp` found no member of sweep exp-1 (its members
+    were named exp-1_lr1e), and `cancel -n 'beg-*'`, as the help's examples read, matched nothing."""
+    assert [name_of(i) for i in ("train-12", "arr-1_3", "exp-1_lr1e-3", "hp-1_lr1e-3-seed1", "my_job-3", "sw_3")] == [
+        "train", "arr", "exp", "hp", "my_job", "sw",
+    ]  # fmt: skip
+    assert named(("beg-*",), "beg", "beg-2") and named(("beg",), "beg", "beg-2") and named(None, "x", "y")
+    assert not named(("train-*",), "beg", "beg-2")
 
 
 def test_history_gives_each_job_its_last_end_attempts_and_preemptions(tmp_path):
@@ -170,6 +180,8 @@ def test_history_takes_sacct_spellings_and_shows_a_running_jobs_start(queue):
     assert rows[0]["start"] is not None and rows[0]["elapsed_s"] >= 0
     done = json.loads(queue.gpuq("history", "--state", "COMPLETED", "--json").stdout)["jobs"]
     assert [r["id"] for r in done] == ["quick"]
-    text = queue.gpuq("history", "-j", "quick", "--format", "JobID,jobname%30,ExitCode").stdout.splitlines()
+    named = queue.gpuq("history", "-j", "quick", "--format", "JobID,jobname%30,ExitCode")
+    text = named.stdout.splitlines()
     assert text[0].split() == ["ID", "NAME", "EXIT"] and text[1].split() == ["quick", "quick", "0"]
+    assert named.stderr == "1 job of those named (-j), whenever they ran\n"  # not "from 1970-01-01"
     queue.gpuq("cancel", "runner")

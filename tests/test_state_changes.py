@@ -145,7 +145,7 @@ def test_retry_refuses_a_job_whose_requeue_waits_in_a_claim(layout):
     transition(layout, kept, State.PENDING, "a", reason="preempted: x; requeued as attempt 2", cause=StopCause.PREEMPT)
     (layout.claims / "j@a@bootboot@123@1a2b.yaml").write_text("command: x\n")
     before = _files(layout)
-    with pytest.raises(Exception, match="no finished job by that id"):
+    with pytest.raises(Exception, match="j: has not ended yet"):
         retry(layout, "j", "a", ME)
     assert _files(layout) == before and not (layout.jobs / "j.yaml").exists()
 

@@ -50,7 +50,7 @@ SLURM_COMMANDS = {
     "sshare": "status --shares",
     "seff": "eff",
     "srun": "submit, then logs -f ID (gpuq has no interactive jobs yet)",
-    "salloc": "none yet (gpuq has no interactive allocations)",
+    "salloc": "not yet offered: gpuq has no interactive allocations (book GPUs, or submit and logs -f)",
 }
 
 
@@ -70,7 +70,8 @@ class _Parser(argparse.ArgumentParser):
             if v not in HIDDEN_VERBS
         ]
         if (ours := SLURM_COMMANDS.get(bad.group(1))) is not None:
-            print(f"gpuq: Slurm's {bad.group(1)} is gpuq {ours} (`gpuq --help` lists the verbs)", file=sys.stderr)
+            said = ours if ours.startswith("not yet") else f"is gpuq {ours}"
+            print(f"gpuq: Slurm's {bad.group(1)} {said} (`gpuq --help` lists the verbs)", file=sys.stderr)
             sys.exit(2)
         near = difflib.get_close_matches(bad.group(1), verbs, n=3, cutoff=0.6)
         print(

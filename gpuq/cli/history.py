@@ -64,12 +64,15 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(
             "\n".join(clip(line.rstrip(), width) if not args.wide else line.rstrip() for line in table(rows, indent=""))
         )
-    print(
-        f"{len(jobs)} job{'s' if len(jobs) != 1 else ''} from {stamp(wanted.since, '%Y-%m-%d %H:%M')} "
-        f"to {stamp(wanted.until, '%Y-%m-%d %H:%M')}"
-        + ("" if args.since else " (the last day; --since 7d, --since 2026-11-01 for more)"),
-        file=sys.stderr,
-    )
+    count = f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}"
+    if wanted.ids is not None and not args.since:  # -j: the jobs whenever they ran, no window
+        print(f"{count} of those named (-j), whenever they ran", file=sys.stderr)
+    else:
+        print(
+            f"{count} from {stamp(wanted.since, '%Y-%m-%d %H:%M')} to {stamp(wanted.until, '%Y-%m-%d %H:%M')}"
+            + ("" if args.since else " (the last day; --since 7d, --since 2026-11-01 for more)"),
+            file=sys.stderr,
+        )
     for log, n in sorted(found["skipped_events"].items()):
         print(f"gpuq history: skipped {n} line(s) of state/events/{log} that are not gpuq's events", file=sys.stderr)
     return 0

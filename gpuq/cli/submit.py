@@ -25,7 +25,7 @@ from gpuq.model.jobs import HostView, PendingJob
 from gpuq.model.moments import parse_moment
 from gpuq.model.spec import JobSpec, parse_spec_text, validate_spec
 from gpuq.model.strict_yaml import load_yaml
-from gpuq.model.units import format_limit, parse_slurm_time_s
+from gpuq.model.units import format_limit, format_mib, parse_slurm_time_s
 from gpuq.sched.plan import plan
 from gpuq.single_instance import this_host
 from gpuq.spool.intake import read_spec_file
@@ -51,15 +51,15 @@ def _beyond_every_box(beats: list[dict], spec: JobSpec) -> str | None:
     """Why no box (of those the spec names) has the cores or the memory it asks for, and the
     fix; None when one has, or no box has said what it has (an older worker's heartbeat)."""
     boxes = [hb for hb in beats if not spec.hosts or hb.get("host") in spec.hosts]
-    for asked, key, what, option in (
-        (spec.cpus, "cores", "cores", "-c/--cpus"),
-        (spec.mem_mib, "mem_mib", "MiB of memory", "--mem"),
+    for asked, key, said, option in (
+        (spec.cpus, "cores", lambda n: f"{n} cores", "-c/--cpus"),
+        (spec.mem_mib, "mem_mib", lambda n: f"{format_mib(n)} of memory", "--mem"),
     ):
         offered = [(hb[key], str(hb.get("host"))) for hb in boxes if type(hb.get(key)) is int]
         if asked and offered and asked > max(offered)[0]:
             most, where = max(offered)
             return (
-                f"no box has {asked} {what}: the most is {most} ({where}). Fix: ask for at most {most} "
+                f"no box has {said(asked)}: the most is {said(most)} ({where}). Fix: ask for at most that "
                 f"with {option}. Nothing was written."
             )
     return None
@@ -207,7 +207,7 @@ def _place(
     if checked.sweep:
         job_id = write_spec(layout, data, args.id, base)
         members = [member for member, _ in sweep_members(data, job_id)]
-        print(f"{job_id}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {job_id})", file=sys.stderr)
+        print(f"{job_id}: {_members_line(members)} (gpuq show {job_id})", file=sys.stderr)
         return job_id, None
     if args.hold:
         held_text = checked_spec_text(layout, data)
@@ -436,7 +436,14 @@ def submit_array(layout, data: dict, args: argparse.Namespace, base: str) -> str
     group = write_spec(layout, {**data, "array": args.array}, args.id, base)
     members = [member for member, _ in array_members(data, group, indices)]
     print(
-        f"{group}: {len(members)} jobs, {members[0]} ... {members[-1]} (gpuq show {group}; gpuq cancel {group})",
+        f"{group}: {_members_line(members)} (gpuq show {group}; gpuq cancel {group})",
         file=sys.stderr,
     )
     return group
+
+
+def _members_line(members: list[str]) -> str:
+    """`6 jobs, hp-1_a ... hp-1_f`; `1 job, a-4_7`."""
+    if len(members) == 1:
+        return f"1 job, {members[0]}"
+    return f"{len(members)} jobs, {members[0]} ... {members[-1]}"

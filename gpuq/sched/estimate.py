@@ -48,6 +48,7 @@ NO_ROOM = "no room"  # no GPU has room for it even once every job it waits behin
 LATER = "later"  # not within HORIZON_S: more than 90 days ahead
 AFTER_DEPENDENCIES = "after deps"  # it may not start before other jobs end (its dependencies)
 AFTER_BEGIN = "after begin"  # it may not start before its begin time (sbatch --begin)
+ARRAY_LIMIT = "array limit"  # its array runs as many members as its %N allows: it starts as one ends
 WHEN_IDLE = "when idle"  # opportunistic: it starts on GPUs ordinary work leaves idle
 NOT_ESTIMATED = "-"  # beyond the rows estimated, or more moments ahead than MAX_STEPS
 
@@ -95,7 +96,8 @@ def _replayed(
             why_none[j.id] = WHEN_IDLE
         elif j.id in blocked:
             begins_later = j.spec.begin_at is not None and j.spec.begin_at > now
-            why_none[j.id] = AFTER_BEGIN if begins_later else AFTER_DEPENDENCIES
+            throttled = blocked[j.id].startswith("array limit")  # spool/eligible.py's reason
+            why_none[j.id] = AFTER_BEGIN if begins_later else ARRAY_LIMIT if throttled else AFTER_DEPENDENCIES
         else:
             waiting.append(j)
     return waiting

@@ -249,18 +249,17 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
         # An interrupted retry left the ended attempt kept and its spec not yet back: finish it.
         # A requeue keeps a running attempt there too, while its spec waits in a claim: not ended.
         record = _kept_ended(earlier)
-        if (
-            record is None
-            or pending_spec_path(layout, job_id)
-            or layout.record(layout.running, job_id).exists()
-            or claims_of(layout, job_id)
-        ):
+        running = layout.record(layout.running, job_id).exists()
+        waiting_or_running = bool(pending_spec_path(layout, job_id) or running or claims_of(layout, job_id))
+        if record is None or waiting_or_running:
             _check_recorded_owner(layout, job_id, actor)  # another's running job is refused as another's
             if record is None and os.path.lexists(layout.rejected / f"{job_id}.error"):
                 raise HoldError(  # refused for a reason only a new file mends (others could write it)
                     f"{job_id}: its refused spec cannot be put back (`gpuq status` says why); "
                     "write a fresh copy yourself into jobs/"
                 )
+            if waiting_or_running:
+                raise HoldError(f"{job_id}: has not ended yet (retry puts an ended job back; cancel it first)")
             raise HoldError(f"{job_id}: no finished job by that id (retry puts an ended job back)")
     elif record.state is State.REJECTED or not record.spec_text:
         raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")

@@ -48,7 +48,7 @@ class HistoryFilter:
             and (began is None or began <= self.until)
             and (self.states is None or row["state"] in self.states)
             and (self.hosts is None or row["host"] in self.hosts)
-            and (self.names is None or any(fnmatchcase(row["name"], n) for n in self.names))
+            and named(self.names, row["name"], row["id"])
             and (self.ids is None or row["id"] in self.ids or row["id"].rpartition("_")[0] in self.ids)
         )
 
@@ -179,10 +179,19 @@ def _running_row(record: Record, preemptions: int, now: float) -> dict[str, Any]
     }
 
 
+def named(patterns: tuple[str, ...] | None, name: str, job_id: str) -> bool:
+    """Whether `--name` patterns (shell patterns; None: any) match a job's name or its id:
+    `-n 'train-*'` means the ids people see as well as sacct's names."""
+    return patterns is None or any(fnmatchcase(name, p) or fnmatchcase(job_id, p) for p in patterns)
+
+
 def name_of(job_id: str) -> str:
     """A job's name from its id, for events written before they carried it: the id without
-    the counter `submit` adds and an array's index (train-12 -> train, sweep-3_4 -> sweep)."""
-    return re.sub(r"(?:[-_]\d+)+$", "", job_id) or job_id
+    the counter `submit` adds and an array's index (train-12 -> train, sweep-3_4 -> sweep); a
+    sweep's member is named by its group (exp-1_lr1e-3 -> exp, never exp-1_lr1e)."""
+    group, _, _ = job_id.rpartition("_")
+    member = re.fullmatch(r"(.+)-\d+", group)  # submit's <name>-<n>_<member>
+    return member.group(1) if member else re.sub(r"(?:[-_]\d+)+$", "", job_id) or job_id
 
 
 def _time(value: object) -> float | None:

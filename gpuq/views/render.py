@@ -18,7 +18,16 @@ from gpuq.model.spec import command_text
 from gpuq.model.text import safe_tree
 from gpuq.model.units import format_clock, format_duration, format_mib
 from gpuq.model.windows import moment
-from gpuq.sched.estimate import AFTER_DEPENDENCIES, LATER, NO_ROOM, NOT_ESTIMATED, UNKNOWN, WHEN_IDLE
+from gpuq.sched.estimate import (
+    AFTER_BEGIN,
+    AFTER_DEPENDENCIES,
+    ARRAY_LIMIT,
+    LATER,
+    NO_ROOM,
+    NOT_ESTIMATED,
+    UNKNOWN,
+    WHEN_IDLE,
+)
 from gpuq.sched.fairshare import rank_score
 from gpuq.views.preview import preview_lines
 
@@ -468,6 +477,8 @@ NO_ESTIMATE_SAYS = {
     NO_ROOM: "none: no GPU has room for it even once the jobs ahead have ended (its reason says why)",
     LATER: "more than 90 days ahead, if the jobs ahead keep to their time limits",
     AFTER_DEPENDENCIES: "after its dependencies have ended",
+    AFTER_BEGIN: "not before its begin time (--begin)",
+    ARRAY_LIMIT: "as its array's running members end (its %N limit)",
     WHEN_IDLE: "when GPUs sit idle (an opportunistic job starts where ordinary work leaves room)",
     NOT_ESTIMATED: "not estimated (only the first pending jobs are)",
 }

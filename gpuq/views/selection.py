@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Iterator
 
 from gpuq.model.errors import SpecError
@@ -19,7 +18,7 @@ from gpuq.spool.intake import load_pending_for_view, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, running_records
 from gpuq.spool.teamstate import load_heartbeats
-from gpuq.views.history import name_of
+from gpuq.views.history import name_of, named
 from gpuq.views.status import freshest_spec_cache
 
 ENDED = tuple(sorted(s.value for s in FINAL_STATES))
@@ -47,7 +46,7 @@ class JobFilter:
         return (
             (self.users is None or job.user in self.users)
             and job.state in self.states
-            and (self.names is None or any(fnmatchcase(job.name, n) for n in self.names))
+            and named(self.names, job.name, job.id)
         )
 
 

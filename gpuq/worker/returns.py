@@ -155,7 +155,8 @@ def reject(box: Box, job_id: str, path: Path, message: str, forget: bool = True,
         message = safe_text(
             message
             + (
-                f"{kept}: fix it there (or drop a fixed one), then `gpuq retry {stem}`."
+                f"{kept}: fix it there, writing into the file itself (an editor; not sed -i, which "
+                f"needs to write beside it), or drop a fixed one, then `gpuq retry {stem}`."
                 if retry_mends and retryable(dest, job_id, box.layout)
                 else f"{kept}."
             )
