@@ -9,7 +9,7 @@ import json
 import pytest
 from team import ALICE, BOB
 
-from conftest import wait_until
+from conftest import wait_until, worker_argv
 
 pytestmark = pytest.mark.slow  # workers and members' CLIs
 
@@ -98,3 +98,47 @@ def test_cancelling_an_array_whose_members_partly_ended_is_no_failure(queue):
     assert out.returncode == 0 and "1 of its jobs had ended already: arr_0" in out.stderr, out
     assert sorted(out.stdout.splitlines())[0].startswith("arr_1: cancel")
     assert queue.gpuq("cancel", "arr_0", check=False).returncode == 1  # named itself, it is a refusal
+
+
+def test_a_filtered_cancel_waits_for_an_array_a_worker_is_still_writing(queue):
+    """A Slurm user's session: `cancel --me -t PD` just after `submit --array 0-7` cancelled the
+    members already written and left the rest to run (2 times in 17). The members are written
+    here by the worker's own code, three first and the rest once the cancel has begun."""
+    import os
+    import subprocess
+    import threading
+    import time
+
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.sweeps import group_file, group_members, kept_spec, place_members
+
+    layout = Layout(queue.root)
+    once = subprocess.run([*worker_argv(queue.root, "a", "1x80GiB"), "--once"], env=queue.env(), timeout=120)
+    assert once.returncode == 0  # the queue's state/ made, as a first pass makes it
+    data = {"command": "sleep 600", "gpus": 0, "array": "0-7"}
+    kind, members = group_members(data, "arr")
+    kept_spec(layout, "arr").write_text("command: sleep 600\ngpus: 0\narray: 0-7\n")  # taken out of jobs/
+    place_members(layout, "arr", kind, members[:3], os.getuid(), time.time())
+    group_file(layout, "arr").unlink()  # three written, the record not yet
+    cancel = subprocess.Popen(
+        [*queue.cli_command(), "--root", str(queue.root), "cancel", "--me", "-t", "PD"],
+        env=queue.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    rest = threading.Timer(1.5, place_members, (layout, "arr", kind, members, os.getuid(), time.time()))
+    rest.start()
+    try:
+        rest.join()
+        queue.start_worker("a", "1x80GiB")  # applies the request
+        out, err = cancel.communicate(timeout=120)
+    finally:
+        rest.cancel()
+        if cancel.poll() is None:
+            cancel.kill()
+            cancel.wait()
+    assert cancel.returncode == 0, err
+    assert sorted(out.split(":")[0] for out in out.splitlines()) == sorted(m for m, _ in members), out
+    for member, _ in members:
+        assert wait_until(lambda m=member: queue.finished(m), timeout=60, what=member)["state"] == "cancelled"

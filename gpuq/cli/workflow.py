@@ -30,7 +30,7 @@ from gpuq.spool.inbox import MAX_IDS
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
 from gpuq.spool.submit import SubmitError
-from gpuq.spool.sweeps import read_group
+from gpuq.spool.sweeps import being_expanded, read_group
 from gpuq.spool.teamstate import load_heartbeats
 from gpuq.views.selection import JobFilter, matching, states_asked
 
@@ -134,6 +134,7 @@ def act_on_selected(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"gpuq {args.verb}: {e}", file=sys.stderr)
             return 2
+        _settle_expansions(args.verb, layout)
         selected = matching(layout, wanted)
         chosen = frozenset(selected)
         ids = [i for i in ids if i in chosen] if ids else selected
@@ -148,6 +149,25 @@ def act_on_selected(args: argparse.Namespace) -> int:
             )
             return 2
     return run_request(args, args.verb, tuple(ids))
+
+
+EXPANSION_WAIT_S = 5.0
+
+
+def _settle_expansions(verb: str, layout: Layout) -> None:
+    """Wait (a few seconds at most) for the arrays and sweeps a worker is writing the members
+    of: a filter read meanwhile took only the members already written (`cancel --me -t PD`
+    right after `submit --array 0-7` left three running). A worker that died mid-way finishes
+    at its restart; the filter then takes what is there, and says so."""
+    deadline = time.monotonic() + EXPANSION_WAIT_S
+    while (writing := being_expanded(layout)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if writing:
+        print(
+            f"gpuq {verb}: {', '.join(writing)} still being written by a worker: only its members already "
+            f"in the queue match; run this again once `gpuq show {writing[0]}` lists them all",
+            file=sys.stderr,
+        )
 
 
 def _ended_members(layout: Layout, named: list[str], members: list[str]) -> list[str]:

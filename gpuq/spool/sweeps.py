@@ -209,6 +209,18 @@ def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict
     return place_members(layout, group, kind, members, st.st_uid, place)
 
 
+def being_expanded(layout: Layout) -> list[str]:
+    """The sweeps and arrays a worker is writing the members of now (taken out of jobs/, no
+    group record yet): a listing of jobs/ meanwhile sees only some of their members."""
+    if not layout.groups.is_dir():
+        return []
+    return sorted(
+        kept.stem
+        for kept in layout.groups.glob("*.yaml")
+        if JOB_ID_RE.match(kept.stem) and not group_file(layout, kept.stem).exists()
+    )
+
+
 def finish_interrupted(layout: Layout, load_yaml, on_error=None) -> list[str]:
     """Sweeps taken out of jobs/ whose group record was never written: write their members
     again (those already there are kept). Run at worker start. One that cannot be read is
