@@ -12,8 +12,9 @@ from team import ALICE, BOB
 
 from conftest import wait_until
 from gpuq.model.moments import parse_moment
+from gpuq.model.names import name_of, named
 from gpuq.spool.layout import Layout
-from gpuq.views.history import CLOCK_SLACK_S, HistoryFilter, history, name_of, named
+from gpuq.views.history import CLOCK_SLACK_S, HistoryFilter, history
 
 NOW = time.mktime((2026, 12, 6, 15, 30, 0, 0, 0, -1))  # a Sunday afternoon, local time
 
@@ -184,4 +185,6 @@ def test_history_takes_sacct_spellings_and_shows_a_running_jobs_start(queue):
     text = named.stdout.splitlines()
     assert text[0].split() == ["ID", "NAME", "EXIT"] and text[1].split() == ["quick", "quick", "0"]
     assert named.stderr == "1 job of those named (-j), whenever they ran\n"  # not "from 1970-01-01"
+    piped = queue.gpuq("history", "-X", "-P", "-j", "quick", "--format", "JobID,ExitCode").stdout
+    assert piped == "ID|EXIT\nquick|0\n"  # sacct -X -P
     queue.gpuq("cancel", "runner")

@@ -102,7 +102,7 @@ def test_the_plan_keeps_the_reserve_that_status_leaves_out_of_usable_memory():
 def test_two_jobs_in_one_pass_never_overcommit():
     result = plan([job("a", mem_gib=50), job("b", mem_gib=50)], [host("h", gpu(0))], [], CFG, 0)
     assert list(starts(result)) == ["a"]
-    assert "largest usable is 30GiB on h:0" in result.reasons["b"]
+    assert "most free now is 30GiB on h:0" in result.reasons["b"]
 
 
 def test_best_fit_prefers_the_tightest_gpu():
@@ -125,7 +125,7 @@ def test_whole_gpu_jobs_are_exclusive():
         [job("w0", mem_gib=None, age=0), job("w1", mem_gib=None, age=1), job("s", mem_gib=1, age=2)], hosts, [], CFG, 0
     )
     assert set(starts(result)) == {"w0", "w1"}
-    assert "largest usable is 0MiB" in result.reasons["s"]
+    assert "most free now is 0MiB" in result.reasons["s"]
     busy = [running("x", "h", (0,), 1)]
     result = plan([job("w", mem_gib=None)], [host("h", gpu(0))], busy, CFG, 0)
     assert result.starts == [] and "0 GPUs are wholly free" in result.reasons["w"]
@@ -136,7 +136,7 @@ def test_a_leftover_process_keeps_the_gpu_occupied():
     hosts = [host("h", gpu(0, used_gib=60, procs=[(4242, 60)]))]
     result = plan([job("w", mem_gib=None), job("s", mem_gib=30)], hosts, [], CFG, 0)
     assert result.starts == []
-    assert "largest usable is 20GiB on h:0" in result.reasons["s"]
+    assert "most free now is 20GiB on h:0" in result.reasons["s"]
 
 
 def test_queue_order_class_then_priority_then_age():

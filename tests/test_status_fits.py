@@ -63,3 +63,13 @@ def test_a_held_array_is_one_line_in_held_and_comes_back_whole(queue):
     queue.gpuq("release", "sweep")
     again = queue.gpuq("status", "--all", "-w").stdout
     assert "HELD" not in again and "sweep_* (30 of 30)" in again
+
+
+def test_status_narrows_to_jobs_and_names_as_squeue_j_and_n(queue):
+    _a_busy_queue(queue)
+    by_id = queue.gpuq("status", "-j", "train-3,sweep", "-o", "id").stdout.split()
+    assert by_id == ["ID", "train-3", *[f"sweep_{i}" for i in range(30)]]  # a group's id: its members
+    assert queue.gpuq("status", "train-3", "big-7", "-o", "id").stdout.split() == ["ID", "train-3", "big-7"]
+    named = queue.gpuq("status", "-n", "big-1*", "-o", "id").stdout.split()
+    assert named == ["ID", "big-1", *[f"big-1{i}" for i in range(10)]]
+    assert "PENDING (1)" in queue.gpuq("status", "-j", "train-3").stdout

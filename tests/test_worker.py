@@ -240,7 +240,7 @@ def test_memory_used_outside_gpuq_is_respected(queue, tmp_path):
         queue.start_worker("a", str(fake))
         queue.drop("fits-later.yaml", "command: echo ran\ngpus: 1\ngpu_mem: 20GiB\n")
         reason = wait_until(lambda: [p["reason"] for p in queue.status()["pending"]], what="reason")
-        assert reason == ["needs 20GiB on one GPU; largest usable is 10GiB on a:0"]
+        assert reason == ["needs 20GiB on one GPU; most free now is 10GiB on a:0"]
         person.kill()
         wait_until(lambda: queue.finished("fits-later"), what="job to run once the GPU is free")
     finally:

@@ -144,6 +144,9 @@ def _add_status_verb(sub: _Verbs) -> None:
         help="only running, pending, held, finished or rejected jobs, or finished ones in a final state (failed, "
         "done, ...); comma-separated; squeue's PD, R, CD, F, CA, TO too",
     )
+    sp.add_argument("-j", "--jobs", metavar="ID", help="only these jobs (comma-separated; a group's id: its members)")
+    sp.add_argument("-n", "--name", help="only jobs of these names or ids (comma-separated; shell patterns: 'train-*')")
+    sp.add_argument("ids", nargs="*", metavar="ID", help="only these jobs, as -j")
 
 
 def _add_history_verb(sub: _Verbs) -> None:

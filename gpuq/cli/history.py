@@ -58,8 +58,11 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(json.dumps(found, separators=(",", ":")))
         return 0
     jobs = found["jobs"]
+    rows = [[heading for heading, _ in columns], *([safe_text(show(row)) for _, show in columns] for row in jobs)]
+    if args.parsable2:  # sacct -P: every value whole, | between
+        print("\n".join("|".join(row) for row in rows))
+        return 0
     if jobs:
-        rows = [[heading for heading, _ in columns], *([safe_text(show(row)) for _, show in columns] for row in jobs)]
         width = shutil.get_terminal_size((80, 24)).columns  # as status: the terminal's, 80 in a pipe
         print(
             "\n".join(clip(line.rstrip(), width) if not args.wide else line.rstrip() for line in table(rows, indent=""))

@@ -185,3 +185,5 @@ def add_history_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "-w", "--wide", action="store_true", help="lines whole (default: cut to the terminal, 80 columns in a pipe)"
     )
+    sp.add_argument("-P", "--parsable2", "--parsable", action="store_true", help="columns joined by | (sacct's -P)")
+    sp.add_argument("-X", "--allocations", action="store_true", help="sacct's: taken as it is (gpuq has no job steps)")

@@ -28,12 +28,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     user = pwd.getpwuid(os.getuid()).pw_name if args.me else args.user
     if user is not None and not args.me and not _known_user(user):
         print(f"gpuq status: warning: no user named {user!r} on this box", file=sys.stderr)
-    narrow = user is not None or states is not None
+    ids = _listed(args.jobs, *args.ids)
+    names = _listed(args.name)
+    narrow = user is not None or states is not None or ids is not None or names is not None
     rows = None if args.json or args.all or narrow or args.format else PENDING_SHOWN
     final = states - set(SECTIONS) if states is not None and "finished" not in states else None
     view = status(layout, read_config(layout), pending_rows=rows, ended=final or None, ended_user=user)
     if narrow:
-        view = narrowed(view, user, states)
+        view = narrowed(view, user, states, ids, names)
     if args.json:
         print(json.dumps(view, separators=(",", ":")))  # 10,000 pending jobs: compact is twice as fast
         return 0
@@ -56,6 +58,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 STATUS_STATES = (*SECTIONS, *sorted(s.value for s in FINAL_STATES - {State.REJECTED}))
+
+
+def _listed(*texts: str | None) -> tuple[str, ...] | None:
+    """Comma-separated values given (to -j, -n, or as words), None for none."""
+    values = tuple(v.strip() for text in texts if text for v in text.split(",") if v.strip())
+    return values or None
 
 
 def _states(text: str) -> frozenset[str]:

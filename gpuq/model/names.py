@@ -4,6 +4,7 @@ both are checked wherever one is read."""
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatchcase
 
 # Not starting with '.' (a hidden file, `..`). A leading '-' stays allowed: records, specs
 # and requests of such ids exist, and a stricter rule would make them unreadable (their jobs
@@ -25,3 +26,18 @@ def natural_order(job_id: str) -> tuple[tuple[str | int, ...], str]:
     numbers (re.split puts text and numbers at alternating places, so two keys never compare
     a number with text), then the id itself (a01 and a1 stay apart)."""
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", job_id)), job_id
+
+
+def named(patterns: tuple[str, ...] | None, name: str, job_id: str) -> bool:
+    """Whether `--name` patterns (shell patterns; None: any) match a job's name or its id:
+    `-n 'train-*'` means the ids people see as well as sacct's names."""
+    return patterns is None or any(fnmatchcase(name, p) or fnmatchcase(job_id, p) for p in patterns)
+
+
+def name_of(job_id: str) -> str:
+    """A job's name from its id, for events written before they carried it: the id without
+    the counter `submit` adds and an array's index (train-12 -> train, sweep-3_4 -> sweep); a
+    sweep's member is named by its group (exp-1_lr1e-3 -> exp, never exp-1_lr1e)."""
+    group, _, _ = job_id.rpartition("_")
+    member = re.fullmatch(r"(.+)-\d+", group)  # submit's <name>-<n>_<member>
+    return member.group(1) if member else re.sub(r"(?:[-_]\d+)+$", "", job_id) or job_id

@@ -62,7 +62,7 @@ def why_gpu(
     if spec.gpus > 1 and free(largest) >= spec.gpu_mem_mib:
         host, n = max(fitting.items(), key=lambda kv: (kv[1], kv[0]))
         return f"needs {count}{need}; at most {n} such GPU{'s' if n != 1 else ''} on {host}"
-    return f"needs {count}{need}; largest usable is {format_mib(max(0, free(largest)))} on {largest.label}"
+    return f"needs {count}{need}; most free now is {format_mib(max(0, free(largest)))} on {largest.label}"
 
 
 def why_held(slots: list["Slot"], job_id: str, runs_s: float, now: float) -> str | None:

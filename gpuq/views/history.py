@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any, BinaryIO
 
+from gpuq.model.names import name_of, named
 from gpuq.model.record import Record
 from gpuq.model.states import FINAL_STATES
 from gpuq.model.stops import StopCause
@@ -177,21 +176,6 @@ def _running_row(record: Record, preemptions: int, now: float) -> dict[str, Any]
         "preemptions": preemptions,
         "reason": None,
     }
-
-
-def named(patterns: tuple[str, ...] | None, name: str, job_id: str) -> bool:
-    """Whether `--name` patterns (shell patterns; None: any) match a job's name or its id:
-    `-n 'train-*'` means the ids people see as well as sacct's names."""
-    return patterns is None or any(fnmatchcase(name, p) or fnmatchcase(job_id, p) for p in patterns)
-
-
-def name_of(job_id: str) -> str:
-    """A job's name from its id, for events written before they carried it: the id without
-    the counter `submit` adds and an array's index (train-12 -> train, sweep-3_4 -> sweep); a
-    sweep's member is named by its group (exp-1_lr1e-3 -> exp, never exp-1_lr1e)."""
-    group, _, _ = job_id.rpartition("_")
-    member = re.fullmatch(r"(.+)-\d+", group)  # submit's <name>-<n>_<member>
-    return member.group(1) if member else re.sub(r"(?:[-_]\d+)+$", "", job_id) or job_id
 
 
 def _time(value: object) -> float | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from gpuq.model.errors import SpecError
-from gpuq.model.names import natural_order
+from gpuq.model.names import name_of, named, natural_order
 from gpuq.model.record import RecordError
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import FINAL_STATES, states_named
@@ -18,7 +18,6 @@ from gpuq.spool.intake import load_pending_for_view, read_spec_file, user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, running_records
 from gpuq.spool.teamstate import load_heartbeats
-from gpuq.views.history import name_of, named
 from gpuq.views.status import freshest_spec_cache
 
 ENDED = tuple(sorted(s.value for s in FINAL_STATES))

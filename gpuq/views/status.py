@@ -16,7 +16,7 @@ from gpuq.host.files import read_json
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob
-from gpuq.model.names import KEPT_APART_RE
+from gpuq.model.names import KEPT_APART_RE, name_of, named
 from gpuq.model.record import Record
 from gpuq.model.spec import command_text, extras_in
 from gpuq.model.states import FINAL_STATES
@@ -471,16 +471,29 @@ def _by_reason(reasons: Iterable[str]) -> dict[str, int]:
 SECTIONS = ("running", "pending", "held", "stranded", "finished", "rejected")
 
 
-def narrowed(view: dict[str, Any], user: str | None = None, states: frozenset[str] | None = None) -> dict[str, Any]:
-    """The status view with only `user`'s jobs and, with `states`, only those sections (a
-    final state such as `failed` narrows the finished ones to it). Built from a view with
+def narrowed(
+    view: dict[str, Any],
+    user: str | None = None,
+    states: frozenset[str] | None = None,
+    ids: tuple[str, ...] | None = None,
+    names: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """The status view with only `user`'s jobs, those of `ids` (a group's id: its members) and
+    those `names` match (views/history.py's `named`), and with `states` only those sections
+    (a final state such as `failed` narrows the finished ones to it). Built from a view with
     every pending row, so that the pending count and reasons are the narrowed ones."""
     out = dict(view)
-    keep = lambda rows: [r for r in rows if user is None or r.get("user") == user]  # noqa: E731
-    for section in ("running", "pending", "held", "stranded", "finished"):
-        out[section] = keep(view[section])
-    if user is not None:
-        out["rejected"] = [r for r in view["rejected"] if r.get("user") == user]
+
+    def kept(row: dict[str, Any]) -> bool:
+        job = str(row.get("id"))
+        return (
+            (user is None or row.get("user") == user)
+            and (ids is None or job in ids or job.rpartition("_")[0] in ids)
+            and named(names, str(row.get("name") or name_of(job)), job)
+        )
+
+    for section in ("running", "pending", "held", "stranded", "finished", "rejected"):
+        out[section] = [r for r in view[section] if kept(r)]
     if states is not None:
         final = states - set(SECTIONS)
         for section in SECTIONS:
