@@ -73,3 +73,4 @@ def test_status_narrows_to_jobs_and_names_as_squeue_j_and_n(queue):
     named = queue.gpuq("status", "-n", "big-1*", "-o", "id").stdout.split()
     assert named == ["ID", "big-1", *[f"big-1{i}" for i in range(10)]]
     assert "PENDING (1)" in queue.gpuq("status", "-j", "train-3").stdout
+    assert queue.gpuq("status", "train-3", "-o", "id").stdout == "ID\ntrain-3\n"  # one column, not indented

@@ -233,6 +233,8 @@ def test_an_id_stem_names_the_script_and_never_a_word_of_python_code():
     assert readable_base(["sh", "-c", "echo hi"], None) == "echo"  # a shell's code starts with a command
     assert readable_base(["/bin/bash", "/home/ana/s4.sh", "one"], None) == "s4"  # a batch script, by its name
     assert readable_base(["python", "-c", "x"], "eval") == "eval"  # -J wins
+    assert readable_base(["x"], "train/v2") == "train-v2"  # a name is never cut to its last part
+    assert readable_base(["/usr/bin/python3.11", "t.py"], None) == "t"
 
 
 # --- sweeps and arrays ------------------------------------------------------------------------

@@ -47,12 +47,18 @@ def add_limit_options(sp: argparse.ArgumentParser) -> None:
         help="its share of the GPU's compute (50%%): jobs whose shares fit share a GPU; under MPS, its limit",
     )
     sp.add_argument(
-        "-c", "--cpus", "--cpus-per-task", dest="cpus", metavar="N", help="CPU cores it is pinned to (sbatch's -c)"
+        "-c",
+        "--cpus",
+        "--cpus-per-task",
+        dest="cpus",
+        metavar="N",
+        help="CPU cores it is pinned to (sbatch's -c); not held for it: where a box has too few free, jobs share them",
     )
     sp.add_argument(
         "--mem",
         metavar="SIZE",
-        help="host memory it may use (8GiB; a bare number is MiB, as sbatch's); stopped above it",
+        help="host memory it may use (8GiB; a bare number is MiB, as sbatch's); stopped above it (a cap: not held "
+        "for it)",
     )
     sp.add_argument("--grace", metavar="DURATION", help="time between SIGTERM and SIGKILL when it is stopped")
     sp.add_argument("--retries", metavar="N", help="re-runs after its box is lost (0: never run it twice)")

@@ -110,26 +110,28 @@ def check_size(text: bytes, env: dict[str, str]) -> None:
 
 
 def readable_base(command: list[str], name: str | None) -> str:
-    """A short id stem from --name or the command: `python train.py` -> `train`."""
-    source = name or ""
-    if not source:
-        words = " ".join(command).split()
-        interpreters = {"python", "python3", "bash", "sh", "torchrun", "uv", "run"}
-        source = "job"
-        for word in words:
-            name = Path(word).name  # `/bin/bash /home/ana/train.sh` -> `train`
-            if word == "-c" and source.startswith("python"):  # Python code is no name: `python -c '...'` -> `python`
-                break
-            if not word.startswith("-"):
-                source = name
-                if name not in interpreters:
-                    break
-        else:
-            source = "job" if source in interpreters else source
-    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", Path(source).stem if "/" in source or "." in source else source).strip("-_")[
-        :40
-    ]
+    """A short id stem from --name (`train/v2` -> `train-v2`) or the command: `python
+    train.py` -> `train`."""
+    source = name or _program_word(command)
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", source).strip("-_")[:40]
     return stem or "job"
+
+
+def _program_word(command: list[str]) -> str:
+    """The name in a command: its script or program, past interpreters and flags, as a stem
+    (`/bin/bash /home/ana/train.sh` -> `train`); `python -c CODE` -> `python` (code is no name)."""
+    interpreters = {"bash", "sh", "torchrun", "uv", "run"}
+    source = "job"
+    for word in " ".join(command).split():
+        if word == "-c" and source.startswith("python"):
+            return source
+        if not word.startswith("-"):
+            program = Path(word).name  # `/usr/bin/python3.11` is python3.11, never its stem python3
+            source = Path(word).stem if "/" in word or "." in word else word
+            if program not in interpreters and not re.fullmatch(r"python[\d.]*", program):
+                return source
+            source = program
+    return "job"
 
 
 def check_runnable_by_workers(

@@ -50,7 +50,7 @@ def table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     if not rows:
         return []
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
+    return [indent + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]) for r in rows]
 
 
 def start_by(expected: Any, now: float, why_none: Any = None) -> str:
