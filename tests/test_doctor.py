@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from team import ALICE, QUEUE, TEAM, needs_root
@@ -32,7 +33,9 @@ def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path, users):
     root = tmp_path / "queue"
     out = run("init", str(root), "--group", TEAM, "--queue-user", QUEUE)
     assert out.returncode == 0, out.stderr
-    assert f"* * * * * {PY} {REPO / 'worker.py'} --root {root}" in out.stdout
+    installed = Path(PY).parent / "gpuq-worker"  # README's line where pip installed it, else the checkout's
+    starts = str(installed) if installed.exists() else f"{PY} {REPO / 'worker.py'}"
+    assert f"* * * * * {starts} --root {root}" in out.stdout
     assert (root / "config.yaml").read_text() == (REPO / "config.yaml").read_text()
     jobs = os.stat(root / "jobs").st_mode
     assert jobs & stat.S_ISVTX and jobs & stat.S_ISGID and jobs & stat.S_IWGRP and not jobs & stat.S_IRWXO
@@ -146,7 +149,7 @@ def test_doctor_names_each_problem_with_its_fix(tmp_path):
     assert (
         cron["level"] == "fail"
         and f"starts a gpuq worker for {root}" in cron["message"]
-        and cron["fix"].endswith(f"worker.py --root {root}")
+        and cron["fix"].endswith((f"/gpuq-worker --root {root}", f"worker.py --root {root}"))
     )
     docker, podman = found["containers"]
     assert docker["level"] == "warn" and "box-a: docker is installed but unusable: Cannot connect" in docker["message"]

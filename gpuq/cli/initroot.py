@@ -33,13 +33,13 @@ class InitError(Exception):
 
 def worker_command(root: Path) -> str:
     """How cron should start a worker for `root`, by absolute paths (cron's PATH is
-    /usr/bin:/bin): the checkout's worker.py with this interpreter, else the gpuq-worker
-    installed beside this interpreter (a venv's bin/, run without activating it)."""
-    launcher = SHIPPED_CONFIG.parent / "worker.py"
-    if launcher.exists():
-        return f"{sys.executable} {launcher} --root {root}"
+    /usr/bin:/bin): the gpuq-worker installed beside this interpreter (a venv's bin/, run
+    without activating it: README's line), else the checkout's worker.py with this interpreter."""
     beside = Path(sys.executable).parent / "gpuq-worker"
-    return f"{beside if beside.exists() else shutil.which('gpuq-worker') or 'gpuq-worker'} --root {root}"
+    launcher = SHIPPED_CONFIG.parent / "worker.py"
+    if beside.exists() or not launcher.exists():
+        return f"{beside if beside.exists() else shutil.which('gpuq-worker') or 'gpuq-worker'} --root {root}"
+    return f"{sys.executable} {launcher} --root {root}"
 
 
 def cron_line(root: Path) -> str:
