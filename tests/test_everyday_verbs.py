@@ -474,8 +474,13 @@ def test_submit_hold_with_no_worker_waits_and_never_starts_the_job(team):
     assert team.record("h2") is None and "ran-h2" not in team.log("h2")
     again = team.as_user(ALICE, "submit", "--hold", "--gpus", "1", "--id", "h2", "--", "true")
     assert again.returncode == 2 and "already used" in again.stderr
-    array = team.as_user(ALICE, "submit", "--hold", "--array", "0-2", "--", "true")
-    assert array.returncode == 2 and "--hold does not take --array" in array.stderr
+    # A held array (sbatch --hold --array): hers, and its members hers once she releases it.
+    group = team.as_user(ALICE, "submit", "--hold", "--gpus", "0", "--array", "0-2", "--", "true").stdout.split()[-1]
+    wait_until(lambda: (group, ALICE) in [(h["id"], h["user"]) for h in team.status()["held"]], what="held array")
+    assert team.as_user(ALICE, "release", group).returncode == 0
+    for member in (f"{group}_{i}" for i in range(3)):
+        record = wait_until(lambda m=member: team.finished(m), timeout=90, what=member)
+        assert record["state"] == "done" and record["user"] == ALICE
 
 
 def test_messages_point_at_the_fix(queue, tmp_path):

@@ -158,3 +158,21 @@ def test_a_ported_sbatch_script_keeps_its_arguments_gres_chdir_and_array_index(q
     words = queue.gpuq("submit", "-G", "0", "--array", "4-5", "--", "echo", "seed=$GPUQ_ARRAY_INDEX")
     wait_until(lambda: queue.finished(words.stdout.split()[-1] + "_5"), timeout=120, what="the array given as words")
     assert "seed=5" in queue.log(words.stdout.split()[-1] + "_5").splitlines()
+
+
+def test_hold_takes_an_array_and_a_sweep_whose_members_come_at_release(queue):
+    """sbatch --hold --array: gpuq refused it ("submit the group, then hold its members", which
+    races the members starting). The group's one spec is held; its members are written at release."""
+    queue.start_worker("a", "1x80GiB")
+    array = ["--array", "0-2%1", "-J", "harr", "--", "echo", "i=$GPUQ_ARRAY_INDEX"]
+    out = queue.gpuq("submit", "--hold", "-G", "0", *array)
+    assert out.stdout == "harr-1\n" and "harr-1: 3 jobs, harr-1_0 ... harr-1_2 once released" in out.stderr, out
+    sweep = queue.gpuq("submit", "--hold", "-G", "0", "--sweep", "lr=1,2", "--", "echo", "lr={lr}").stdout.strip()
+    held = {h["id"] for h in queue.status()["held"]}
+    assert held == {"harr-1", sweep} and not queue.status()["pending"]
+    bad = queue.gpuq("submit", "--hold", "-G", "0", "--array", "5-1", "--", "true", check=False)
+    assert bad.returncode == 2 and "5-1" in bad.stderr
+    for group in ("harr-1", sweep):
+        queue.gpuq("release", group)
+    assert queue.gpuq("wait", "harr-1", sweep, timeout=120).returncode == 0
+    assert "i=2" in queue.log("harr-1_2").splitlines() and "lr=2" in queue.log(f"{sweep}_lr2").splitlines()

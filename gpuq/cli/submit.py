@@ -43,7 +43,7 @@ from gpuq.spool.submit import (
     withheld_note,
     write_spec,
 )
-from gpuq.spool.sweeps import array_members, sweep_members
+from gpuq.spool.sweeps import array_members, group_members
 from gpuq.spool.teamstate import load_heartbeats
 
 
@@ -173,11 +173,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
         config = read_config(layout)
         checked = validate_spec(data, "gpuq submit")
         check_submittable(layout, config, checked)
-        if (args.array or args.sweep) and args.hold:
-            raise SubmitError(
-                "--hold does not take --array or --sweep yet: submit the group, then `gpuq hold ID` "
-                "its members. Nothing was written."
-            )
         base = readable_base(command, args.name or checked.name or (Path(args.spec).stem if args.spec else None))
         job_id, held_text = _place(layout, data, checked, args, base)
         if job_id is None:
@@ -201,18 +196,33 @@ def _place(
     """Write the spec (an array's or a sweep's one spec, whose members a worker writes), or
     with --hold only check it and pick its id: (id, the held spec's text); (None, None) after
     saying why not."""
+    if args.hold:  # the group's one spec held, as sbatch --hold --array: its members come at release
+        if args.array:
+            check_size(spec_bytes(data), data["env"])
+            try:
+                parse_array(args.array)
+            except GroupError as e:
+                print(f"gpuq submit: {e}", file=sys.stderr)
+                return None, None
+            data = {**data, "array": args.array}
+        held_text = checked_spec_text(layout, data)
+        job_id = free_id(layout, args.id, base)
+        if args.array or checked.sweep:
+            print(f"{job_id}: {_members_line(_members_of(data, job_id))} once released", file=sys.stderr)
+        return job_id, held_text
     if args.array:
         check_size(spec_bytes(data), data["env"])  # each member is this spec and two variables
         return submit_array(layout, data, args, base), None
     if checked.sweep:
         job_id = write_spec(layout, data, args.id, base)
-        members = [member for member, _ in sweep_members(data, job_id)]
-        print(f"{job_id}: {_members_line(members)} (gpuq show {job_id})", file=sys.stderr)
+        print(f"{job_id}: {_members_line(_members_of(data, job_id))} (gpuq show {job_id})", file=sys.stderr)
         return job_id, None
-    if args.hold:
-        held_text = checked_spec_text(layout, data)
-        return free_id(layout, args.id, base), held_text
     return write_spec(layout, data, args.id, base), None
+
+
+def _members_of(data: dict, group: str) -> list[str]:
+    """The ids a worker will write for a sweep's or array's spec."""
+    return [member for member, _ in group_members(data, group)[1]]
 
 
 def _warn_after(layout: Layout, args: argparse.Namespace, data: dict, withheld: list[str]) -> None:
