@@ -13,6 +13,7 @@ from test_plan_scheduling import CFG, job, run
 
 from conftest import wait_until
 from gpuq.model.jobs import SetAside
+from gpuq.model.usage import kind_of
 from gpuq.sched.estimate import (
     AFTER_DEPENDENCIES,
     ARRAY_LIMIT,
@@ -22,6 +23,7 @@ from gpuq.sched.estimate import (
     UNKNOWN,
     WHEN_IDLE,
     replay_starts,
+    typical_runs,
 )
 
 
@@ -71,6 +73,22 @@ def test_a_job_that_fits_now_is_expected_now_and_a_backfill_before_the_head():
     assert expected == {"short": 10, "pair": 1000}  # short ends (510) before pair is due
 
 
+def test_the_likely_start_is_where_the_jobs_ahead_end_as_their_kinds_usually_do():
+    """A range, not only a bound: the running job's limit is 1000 s, its kind usually takes
+    about 100 s, so the waiting job likely starts at 100 and by 1000 at the latest."""
+    busy = [run("train-7", gpus=(0,), mem_gib=None, started_at=0, limit_s=1000)]
+    pending = [job("eval-1", mem_gib=None, queued_at=1, limit_s=300), job("eval-2", mem_gib=None, queued_at=2)]
+    durations = {kind_of("u", "train-7"): [90.0, 110.0, 100.0], kind_of("u", "eval-1"): [50.0]}
+    usual = typical_runs(pending, busy, durations, now=10)
+    assert usual == {"train-7": 100.0}  # one run of eval is no history
+    gpus = [host("h", gpu(0))]
+    latest = replay_starts(pending, gpus, busy, CFG, now=10).starts
+    likely = replay_starts(pending, gpus, busy, CFG, now=10, run_for=usual).starts
+    assert latest == {"eval-1": 1000, "eval-2": 1300} and likely == {"eval-1": 100, "eval-2": 400}
+    # Past its usual run, a running job ends by its limit for all anyone knows.
+    assert typical_runs(pending, busy, durations, now=500) == {}
+
+
 @pytest.mark.slow
 def test_status_shows_when_a_waiting_job_will_start_at_the_latest(queue):
     queue.start_worker("a", "1x80GiB")
@@ -96,6 +114,39 @@ def test_status_shows_when_a_waiting_job_will_start_at_the_latest(queue):
     assert re.search(r"expected_start: +unknown: a job it waits behind has no time limit", shown_after), shown_after
     shown = queue.gpuq("show", "next").stdout
     assert re.search(r"expected_start: +by " + time.strftime("%Y-%m-%d %H:%M", time.localtime(due)), shown), shown
+
+
+@pytest.mark.slow
+def test_status_and_show_give_a_likely_start_from_the_runs_of_the_kind_ahead(queue):
+    """Two earlier runs of `train` took 10 minutes each (events as a worker writes them, on a box
+    gone since); the third runs with a 1-hour limit, so the job behind it starts by the hour's
+    end at the latest and likely 10 minutes after the third began."""
+    import getpass
+    import json as jsonlib
+    import subprocess
+
+    from conftest import worker_argv
+
+    me, now = getpass.getuser(), time.time()
+    subprocess.run([*worker_argv(queue.root, "a", "1x80GiB"), "--once"], env=queue.env(), check=True, timeout=120)
+    with open(queue.root / "state" / "events" / "old.jsonl", "a") as log:
+        for n, start in ((1, now - 3000), (2, now - 2000)):
+            ended = {"job": f"train-{n}", "from": "running", "to": "done", "user": me, "gpus": [0], "attempt": 1}
+            when = {"t": start + 600, "started_at": start, "ended_at": start + 600}
+            log.write(jsonlib.dumps({"by": "old", **ended, **when}) + "\n")
+    queue.start_worker("a", "1x80GiB")
+    queue.gpuq("submit", "--id", "train-3", "-t", "1:00:00", "--", "sleep", "600")  # the third of its kind
+    started = wait_until(lambda: (queue.record("train-3") or {}).get("claimed_at"), what="train-3 to run")
+    queue.gpuq("submit", "-J", "eval", "-t", "10", "--", "true")
+    row = wait_until(
+        lambda: next((p for p in queue.status()["pending"] if p["id"] == "eval-1" and p["likely_start"]), None),
+        what="eval-1's likely start (the worker reads the old box's events into the durations it publishes)",
+    )
+    assert abs(row["expected_start"] - (started + 3600)) < 5 and abs(row["likely_start"] - (started + 600)) < 5, row
+    shown = queue.gpuq("show", "eval-1").stdout
+    likely = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["likely_start"]))
+    assert re.search(rf"likely_start: +{likely}, if the jobs ahead run as long as their kinds usually do", shown), shown
+    assert re.search(r"expected_start: +by ", shown), shown
 
 
 def test_a_booking_ending_is_a_moment_the_estimate_moves_to():

@@ -154,7 +154,7 @@ def test_a_ported_sbatch_script_keeps_its_arguments_gres_chdir_and_array_index(q
         assert record["state"] == "done" and len(record["gpus"]) == 2, record
     line = next(ln for ln in queue.log(f"{group}_2").splitlines() if ln.startswith("VERSION"))
     assert line.startswith(f"VERSION-ONE args=one,two task=2 of 3 pwd={work} gpus="), line
-    assert f"==> command: {script} one two (the script as submitted)" in queue.log(f"{group}_2")
+    assert f"==> command: /bin/bash -c <script of 5 lines> {script} one two" in queue.log(f"{group}_2")
     words = queue.gpuq("submit", "-G", "0", "--array", "4-5", "--", "echo", "seed=$GPUQ_ARRAY_INDEX")
     wait_until(lambda: queue.finished(words.stdout.split()[-1] + "_5"), timeout=120, what="the array given as words")
     assert "seed=5" in queue.log(words.stdout.split()[-1] + "_5").splitlines()
@@ -176,3 +176,29 @@ def test_hold_takes_an_array_and_a_sweep_whose_members_come_at_release(queue):
         queue.gpuq("release", group)
     assert queue.gpuq("wait", "harr-1", sweep, timeout=120).returncode == 0
     assert "i=2" in queue.log("harr-1_2").splitlines() and "lr=2" in queue.log(f"{sweep}_lr2").splitlines()
+
+
+def test_a_private_script_is_never_copied_into_the_queue_and_a_copy_is_shown_as_what_runs(queue, tmp_path):
+    """An attack review: a private (0700) script's text, a token in it, went into a spec the
+    team reads; `(the script as submitted)` could be claimed by any command; an array's index
+    was put into the script's own text; a bad `#!` line was a traceback."""
+    queue.start_worker("a", "1x80GiB")
+    secret = tmp_path / "secret.sh"
+    secret.write_text("#!/bin/bash\n#SBATCH -G 0\nexport WANDB_API_KEY=sk-secret-123456\necho ran\n")
+    secret.chmod(0o700)
+    out = queue.gpuq("submit", str(secret))
+    assert "is private (mode 700): not copied into the queue" in out.stderr, out.stderr
+    job = out.stdout.strip()
+    assert "sk-secret" not in queue.gpuq("show", job).stdout and "sk-secret" not in json.dumps(queue.status())
+    shared = tmp_path / "arr.sh"
+    shared.write_text("#!/usr/bin/env -S bash -e\n#SBATCH -G 0\necho 'literal: $SLURM_ARRAY_TASK_ID' \"index: $2\"\n")
+    group = queue.gpuq("submit", "--array", "3-4", str(shared), "x", "$GPUQ_ARRAY_INDEX").stdout.strip()
+    assert queue.gpuq("wait", group, job, timeout=120).returncode == 0
+    assert "literal: $SLURM_ARRAY_TASK_ID index: 4" in queue.log(f"{group}_4").splitlines()  # its text as written
+    forged = ["/bin/sh", "-c", "#!/bin/sh\necho pwned", "/home/ana/train.sh"]
+    shown = queue.gpuq("submit", "--hold", "-G", "0", "--", *forged).stdout.strip()
+    view = queue.gpuq("show", shown).stdout
+    assert "/bin/sh -c <script of 2 lines> /home/ana/train.sh" in view and "as submitted" not in view, view
+    (tmp_path / "quote.sh").write_text('#!/bin/bash "\necho hi\n')
+    bad = queue.gpuq("submit", "-G", "0", str(tmp_path / "quote.sh"), check=False)
+    assert bad.returncode == 2 and "quote.sh, line 1: No closing quotation" in bad.stderr, bad.stderr

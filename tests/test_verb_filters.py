@@ -110,7 +110,7 @@ def test_a_filtered_cancel_waits_for_an_array_a_worker_is_still_writing(queue):
     import time
 
     from gpuq.spool.layout import Layout
-    from gpuq.spool.sweeps import group_file, group_members, kept_spec, place_members
+    from gpuq.spool.sweeps import EXPANDING_S, being_expanded, group_file, group_members, kept_spec, place_members
 
     layout = Layout(queue.root)
     once = subprocess.run([*worker_argv(queue.root, "a", "1x80GiB"), "--once"], env=queue.env(), timeout=120)
@@ -142,3 +142,8 @@ def test_a_filtered_cancel_waits_for_an_array_a_worker_is_still_writing(queue):
     assert sorted(out.split(":")[0] for out in out.splitlines()) == sorted(m for m, _ in members), out
     for member, _ in members:
         assert wait_until(lambda m=member: queue.finished(m), timeout=60, what=member)["state"] == "cancelled"
+    # A spec a worker took and then refused (or died on) is not being written: nobody waits for it
+    # (an attack review: one stranded array made every member's filtered verb wait 5 s).
+    kept_spec(layout, "stuck").write_text("command: 'true'\ngpus: 0\narray: 0-1\n")
+    assert being_expanded(layout, time.time()) == ["stuck"]
+    assert being_expanded(layout, time.time() + EXPANDING_S + 1) == []

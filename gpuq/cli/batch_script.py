@@ -49,20 +49,35 @@ SHELLS = {"sh", "bash", "dash", "zsh", "ksh"}
 MAX_COPIED_BYTES = 128 * 1024  # a copy travels in the spec (model/errors.py MAX_SPEC_BYTES)
 
 
-def command_of(path: str, arguments: list[str]) -> tuple[list[str], str | None]:
+def command_of(path: str, arguments: list[str], team_gid: int) -> tuple[list[str], str | None]:
     """The script run by its `#!` interpreter with `arguments`, and a note for the submitter
-    (or None). A shell script is copied now, as sbatch copies it: the job runs the text
-    submitted even if the file is edited while it waits (`$0` is still the file's path).
-    Another interpreter's script (Python's, say) is run from its file, by its absolute path
-    (the job may run elsewhere), as it is when the job starts, and the note says so."""
+    (or None). A shell script the team may read already (others may, or the team's group,
+    `team_gid`) is copied now, as sbatch copies it: the job runs the text submitted even if
+    the file is edited while it waits (`$0` is still the file's path). The spec is the team's
+    to read, so a private script (its secrets, say) is never copied: it runs from its file, by
+    its absolute path (the job may run elsewhere), as it is when the job starts, and so does
+    another interpreter's script (Python's) or one that is not UTF-8 text; the note says so."""
     with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
         data = f.read(MAX_COPIED_BYTES + 1)
-    text = data.decode("utf-8", "replace")
-    interpreter = shlex.split(text.splitlines()[0][2:])
+    first = data.split(b"\n", 1)[0].decode("utf-8", "replace")
+    try:
+        interpreter = shlex.split(first[2:])
+    except ValueError as e:
+        raise ScriptError(f"{path}, line 1: {e} in {first!r}") from None
     where = os.path.abspath(path)
-    program = _program(interpreter)
-    if program not in SHELLS:
-        return [*interpreter, where, *arguments], f"{path} runs as the file is when the job starts (copy it to keep it)"
+    from_file = [*interpreter, where, *arguments]
+    if _program(interpreter) not in SHELLS:
+        return from_file, f"{path} runs as the file is when the job starts (copy it to keep it)"
+    if not (st.st_mode & 0o004 or (st.st_mode & 0o040 and st.st_gid == team_gid)):
+        return from_file, (
+            f"{path} is private (mode {st.st_mode & 0o777:o}): not copied into the queue, where the team reads "
+            "specs; it runs as the file is when the job starts (copy it to keep it)"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return from_file, f"{path} is not UTF-8 text: not copied; it runs as the file is when the job starts"
     if len(data) > MAX_COPIED_BYTES:
         raise ScriptError(
             f"{path} is over {MAX_COPIED_BYTES // 1024} KiB, too big to copy into the queue: "
@@ -119,10 +134,11 @@ def _unset(value: object) -> bool:
 
 
 def _program(interpreter: list[str]) -> str:
-    """The program a `#!` line runs: `bash` for `/bin/bash` and for `/usr/bin/env bash`."""
-    if not interpreter:
-        return ""
-    return Path(interpreter[-1] if Path(interpreter[0]).name == "env" else interpreter[0]).name
+    """The program a `#!` line runs: `bash` for `/bin/bash`, `/usr/bin/env bash` and
+    `/usr/bin/env -S bash -x` (env's options and NAME=VALUE words are not the program)."""
+    if interpreter and Path(interpreter[0]).name == "env":
+        interpreter = [w for w in interpreter[1:] if not w.startswith("-") and "=" not in w]
+    return Path(interpreter[0]).name if interpreter else ""
 
 
 def is_script(command: list[str]) -> bool:

@@ -59,8 +59,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 0
     jobs = found["jobs"]
     rows = [[heading for heading, _ in columns], *([safe_text(show(row)) for _, show in columns] for row in jobs)]
-    if args.parsable2:  # sacct -P: every value whole, | between
-        print("\n".join("|".join(row) for row in rows))
+    if args.parsable2:  # sacct -P: every value whole, | between (one in a value, a name, is shown as ¦)
+        print("\n".join("|".join(value.replace("|", "¦") for value in row) for row in rows))
         return 0
     if jobs:
         width = shutil.get_terminal_size((80, 24)).columns  # as status: the terminal's, 80 in a pipe

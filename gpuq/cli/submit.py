@@ -137,7 +137,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 submit = next(a for a in args.parser._actions if isinstance(a, argparse._SubParsersAction))
                 notes = with_script_options(args, submit.choices["submit"], command[0], found)
                 script = command[0]
-                command, copied = command_of(script, command[1:])
+                command, copied = command_of(script, command[1:], os.stat(open_layout(args).jobs).st_gid)
                 for note in [*notes, *([copied] if copied else [])]:
                     print(f"gpuq submit: {note}", file=sys.stderr)
                 args.name = args.name or Path(script).stem  # sbatch names a job after its script

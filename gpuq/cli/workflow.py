@@ -160,7 +160,7 @@ def _settle_expansions(verb: str, layout: Layout) -> None:
     right after `submit --array 0-7` left three running). A worker that died mid-way finishes
     at its restart; the filter then takes what is there, and says so."""
     deadline = time.monotonic() + EXPANSION_WAIT_S
-    while (writing := being_expanded(layout)) and time.monotonic() < deadline:
+    while (writing := being_expanded(layout, time.time())) and time.monotonic() < deadline:
         time.sleep(0.05)
     if writing:
         print(

@@ -28,17 +28,18 @@ CLASS_RANK = {"high": 0, "normal": 1, "low": 2}
 
 
 def command_text(command: str | list[str] | tuple[str, ...] | None) -> str:
-    """A command as a user would type it: a shell string as is, a list quoted for the shell,
-    and a batch script copied at submit (`bash -c TEXT PATH ARG...`, cli/batch_script.py) as
-    its path and arguments, not its whole text."""
-    if isinstance(command, str):
-        return command
-    words = list(command or [])
-    if "-c" in words:
-        at = words.index("-c")
-        if len(words) > at + 2 and words[at + 1].startswith("#!"):
-            return f"{shlex.join(words[at + 2 :])} (the script as submitted)"
-    return shlex.join(words)
+    """A command as a user would type it: a shell string as is, a list quoted for the shell."""
+    return command if isinstance(command, str) else shlex.join(command or [])
+
+
+def command_shown(command: str | list[str] | tuple[str, ...] | None) -> str:
+    """A command for a screen or a log's first lines: as command_text, but a word of several
+    lines (a batch script copied at submit, `bash -c TEXT PATH ARG...`: cli/batch_script.py)
+    as `<script of N lines>`. Only an abbreviation of what runs, never a claim about it."""
+    if isinstance(command, str) or not any("\n" in word for word in command or []):
+        return command_text(command)
+    words = [word if "\n" not in word else f"<script of {len(word.splitlines())} lines>" for word in command or []]
+    return " ".join(word if word.startswith("<script of ") else shlex.quote(word) for word in words)
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,13 @@ def estimate(durations: Mapping[str, list[float]], user: str, job_id: str) -> fl
     RUNS_NEEDED; None before."""
     runs = durations.get(kind_of(user, job_id), [])
     return max(runs) if len(runs) >= RUNS_NEEDED else None
+
+
+def typical(durations: Mapping[str, list[float]], user: str, job_id: str) -> float | None:
+    """How long a job of this kind usually runs: the median of its latest runs that ended well,
+    once there are RUNS_NEEDED (a likely start is made from it, never a reservation); None before."""
+    runs = sorted(durations.get(kind_of(user, job_id), []))
+    if len(runs) < RUNS_NEEDED:
+        return None
+    middle = len(runs) // 2
+    return runs[middle] if len(runs) % 2 else (runs[middle - 1] + runs[middle]) / 2

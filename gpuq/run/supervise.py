@@ -43,7 +43,7 @@ from gpuq.model.config import FENCE_FRACTION, RECORD_FENCE_FRACTION
 from gpuq.model.environments import prelude_failure
 from gpuq.model.markers import Marker, Phase, check_marker, parse_marker
 from gpuq.model.record import Record
-from gpuq.model.spec import JobSpec
+from gpuq.model.spec import JobSpec, command_shown
 from gpuq.model.stops import Stop, StopCause, ended_as
 from gpuq.model.units import format_duration
 from gpuq.run.joblocal import Runtime, finish_local, lease_age, write_outside_pid
@@ -256,7 +256,7 @@ def _first_start(rt: Runtime, record: Record, lock_fd: int, clock: Clock) -> _At
     gpus = ",".join(map(str, record.gpus)) or "none (CPU only)"
     header = (
         f"==> gpuq job {record.id} · attempt {record.attempt} · host {rt.host} · "
-        f"GPUs {gpus} · started {_stamp(started)}\n==> command: {spec.command_text()}\n"
+        f"GPUs {gpus} · started {_stamp(started)}\n==> command: {command_shown(spec.command)}\n"
     )
     attempt = _Attempt(record, spec, started, identity, orders, _keeper_fds(rt, record, lock_fd), failure=failure)
     if _StopSignal.requested:

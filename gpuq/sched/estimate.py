@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from gpuq.model.config import Config
-from gpuq.model.jobs import HostView, PendingJob, RunningJob, SetAside
-from gpuq.model.usage import estimate
+from gpuq.model.jobs import HostView, PendingJob, RunningJob, SetAside, Start
+from gpuq.model.usage import estimate, typical
 from gpuq.sched.plan import plan
 
 MAX_STEPS = 200  # moments replayed at most (each one plan): the estimate's cost is bounded
@@ -40,6 +40,23 @@ def learned_runs(
         for r in running
     ]
     return guesses, adjusted
+
+
+def typical_runs(
+    pending: Sequence[PendingJob], running: Sequence[RunningJob], durations: Mapping[str, list[float]], now: float
+) -> dict[str, float]:
+    """How long each job, pending or running, usually runs by its kind's past runs (the median;
+    model/usage.py `typical`), for `replay_starts`' `run_for`: the replay in which jobs end as
+    they usually do gives the likely start, the one by their limits the latest. A running job
+    already past its kind's typical run is left out (it ends by its limit, for all we know)."""
+    runs = {}
+    for job in pending:
+        if (usual := typical(durations, job.user, job.id)) is not None:
+            runs[job.id] = usual
+    for r in running:
+        if (usual := typical(durations, r.user, r.id)) is not None and r.started_at + usual > now:
+            runs[r.id] = usual
+    return runs
 
 
 # Why a pending job has no expected start (`status --json`: `no_estimate`; START BY shows the word).
@@ -114,15 +131,22 @@ def replay_starts(
     set_aside: Sequence[SetAside] = (),
     estimates: Mapping[str, float] | None = None,
     needs: Callable[[Mapping[str, Any]], str | None] | None = None,
+    run_for: Mapping[str, float] | None = None,
 ) -> Estimate:
     """When each pending job is expected to start at the latest (`starts`, for the jobs the
     replay starts), and why each of the others has no estimate (`why_none`). `estimates`: how
-    long jobs without a time limit are expected to run (learned_runs); `needs`: as plan's."""
+    long jobs without a time limit are expected to run (learned_runs); `needs`: as plan's.
+    `run_for`: how long jobs (by id) run in this replay, if not until their limits: the plan
+    still sees their limits, as the workers' does, but they leave when these run out
+    (typical_runs: the likely start instead of the latest)."""
     estimates = estimates or {}
+    run_for = run_for or {}
     result = Estimate()
     waiting = _replayed(pending, blocked or {}, now, result.why_none)
     hosts, running = _without_observed(hosts, running)
     active = [r for r in running if not r.preemptible]
+    # When each job leaves the replay: by its limit, or sooner where `run_for` says so.
+    leaves = {r.id: _leaves(r.ends_by, r.started_at, run_for.get(r.id)) for r in active}
     starts = result.starts
     t = now
     left = NOT_ESTIMATED  # what the jobs still waiting when the replay stops are told
@@ -146,34 +170,44 @@ def replay_starts(
         )
         by_id = {j.id: j for j in waiting}
         for s in decided.starts:
-            job = by_id[s.job_id]
+            job = _started(by_id[s.job_id], s, t, config.time_limit_s or estimates.get(s.job_id))
             starts[job.id] = t
-            limit = job.spec.time_limit_s or config.time_limit_s or estimates.get(job.id)
-            active.append(
-                RunningJob(
-                    job.id,
-                    job.user,
-                    s.host,
-                    s.gpus,
-                    job.spec.gpu_mem_mib,
-                    started_at=t,
-                    limit_s=limit,
-                    compute_pct=job.spec.gpu_compute_pct,
-                )
-            )
+            leaves[job.id] = _leaves(job.ends_by, t, run_for.get(job.id))
+            active.append(job)
         if decided.starts:
             started = {s.job_id for s in decided.starts}
             waiting = [j for j in waiting if j.id not in started]
             continue  # the same moment again: a start may let the next job plan anew
         # The next moment anything changes: a running job's limit, a set-aside's (booking's) start or end.
-        ends = [r.ends_by for r in active if r.ends_by > t] + [e for b in set_aside for e in (b.start, b.end) if e > t]
+        ends = [leaves[r.id] for r in active if leaves[r.id] > t]
+        ends += [e for b in set_aside for e in (b.start, b.end) if e > t]
         if not ends or min(ends) == float("inf"):
             # Nothing known ends: behind a job without a limit, the rest cannot be told; with
             # every job gone, what is left fits nowhere as the GPUs are (too big, a person's
             # process, a cap): the plan's reason says which.
-            left = UNKNOWN if any(r.ends_by == float("inf") for r in active) else NO_ROOM
+            left = UNKNOWN if any(leaves[r.id] == float("inf") for r in active) else NO_ROOM
             break
         t = min(ends)
-        active = [r for r in active if r.ends_by > t]
+        active = [r for r in active if leaves[r.id] > t]
     result.why_none.update((j.id, left) for j in waiting)
     return result
+
+
+def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None) -> RunningJob:
+    """A job the replay starts at `t`, running until its limit (or `otherwise_s`: config's
+    limit, or what its kind is learned to take)."""
+    return RunningJob(
+        job.id,
+        job.user,
+        start.host,
+        start.gpus,
+        job.spec.gpu_mem_mib,
+        started_at=t,
+        limit_s=job.spec.time_limit_s or otherwise_s,
+        compute_pct=job.spec.gpu_compute_pct,
+    )
+
+
+def _leaves(by_limit: float, started_at: float, usual: float | None) -> float:
+    """When a job leaves a replay: after its usual run where that is known and comes first."""
+    return min(by_limit, started_at + usual) if usual is not None else by_limit

@@ -84,8 +84,11 @@ def array_members(data: dict[str, Any], group: str, indices: list[int]) -> list[
     members = []
     for i in indices:
         command = data.get("command")
-        if isinstance(command, list):
-            command = [_INDEX_WORD.sub(str(i), word) if isinstance(word, str) else word for word in command]
+        if isinstance(command, list):  # (not in the code after -c: a shell script reads its variables itself)
+            command = [
+                _INDEX_WORD.sub(str(i), word) if isinstance(word, str) and (n == 0 or command[n - 1] != "-c") else word
+                for n, word in enumerate(command)
+            ]
         index = {"GPUQ_ARRAY_INDEX": str(i), "SLURM_ARRAY_TASK_ID": str(i)}
         env = {**(data.get("env") or {}), "GPUQ_GROUP": group, **index, **span}
         members.append((f"{group}_{i}", {**data, "command": command, "env": env}))
@@ -209,16 +212,26 @@ def expand_dropped_sweep(layout: Layout, spec_path: Path, group: str, data: dict
     return place_members(layout, group, kind, members, st.st_uid, place)
 
 
-def being_expanded(layout: Layout) -> list[str]:
-    """The sweeps and arrays a worker is writing the members of now (taken out of jobs/, no
-    group record yet): a listing of jobs/ meanwhile sees only some of their members."""
+EXPANDING_S = 30.0  # a worker writes a group's members in well under this; a kept spec older is stranded
+
+
+def being_expanded(layout: Layout, now: float) -> list[str]:
+    """The sweeps and arrays a worker is writing the members of now (taken out of jobs/ in the
+    last EXPANDING_S, by the rename that set the kept spec's ctime, and no group record yet):
+    a listing of jobs/ meanwhile sees only some of their members. One left by a worker that
+    died or refused it mid-way is not being written (its next start finishes or reports it)."""
     if not layout.groups.is_dir():
         return []
-    return sorted(
-        kept.stem
-        for kept in layout.groups.glob("*.yaml")
-        if JOB_ID_RE.match(kept.stem) and not group_file(layout, kept.stem).exists()
-    )
+    found = []
+    for kept in layout.groups.glob("*.yaml"):
+        try:
+            moved_at = os.lstat(kept).st_ctime
+        except OSError:
+            continue
+        fresh = now - EXPANDING_S <= moved_at <= now + EXPANDING_S  # (a clock far off: not waited for)
+        if fresh and JOB_ID_RE.match(kept.stem) and not group_file(layout, kept.stem).exists():
+            found.append(kept.stem)
+    return sorted(found)
 
 
 def finish_interrupted(layout: Layout, load_yaml, on_error=None) -> list[str]:

@@ -14,8 +14,8 @@ import time
 from typing import Any, Callable
 
 from gpuq import hooks
-from gpuq.model.spec import command_text
-from gpuq.model.text import safe_tree
+from gpuq.model.spec import command_shown
+from gpuq.model.text import safe_text, safe_tree
 from gpuq.model.units import format_clock, format_duration, format_mib
 from gpuq.model.windows import moment
 from gpuq.sched.estimate import (
@@ -448,6 +448,7 @@ SHOW_ORDER = (
     "mps_compute_pct",
     "position",
     "reason",
+    "likely_start",
     "expected_start",
     "no_estimate",
     "error",
@@ -485,6 +486,8 @@ NO_ESTIMATE_SAYS = {
 
 
 def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
+    spec = job.get("spec")
+    command = safe_text(command_shown(spec.get("command"))) if isinstance(spec, dict) else ""  # before escaping
     job = safe_tree(job)
     lines = []
     for key in SHOW_ORDER:
@@ -492,7 +495,9 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
         if value in (None, "", []):
             continue
         label = key  # the unit goes into the value, so the label says what it is
-        if key == "expected_start" and isinstance(value, (int, float)):
+        if key == "likely_start" and isinstance(value, (int, float)):
+            value = f"{stamp(value, '%Y-%m-%d %H:%M')}, if the jobs ahead run as long as their kinds usually do"
+        elif key == "expected_start" and isinstance(value, (int, float)):
             due = stamp(math.ceil(value / 60) * 60, "%Y-%m-%d %H:%M")  # rounded up: it is a latest start
             value = f"by {due} at the latest, if the jobs ahead keep to their time limits"
         elif key == "no_estimate":
@@ -524,7 +529,7 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
         )
     spec = job.get("spec")
     if spec:
-        lines.append(f"{'command:':<18}{command_text(spec.get('command'))}")
+        lines.append(f"{'command:':<18}{command}")
         if spec.get("workdir"):
             lines.append(f"{'workdir:':<18}{spec['workdir']}")
         if spec.get("env"):

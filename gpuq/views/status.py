@@ -18,9 +18,9 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob
 from gpuq.model.names import KEPT_APART_RE, name_of, named
 from gpuq.model.record import Record
-from gpuq.model.spec import command_text, extras_in
+from gpuq.model.spec import command_shown, extras_in
 from gpuq.model.states import FINAL_STATES
-from gpuq.sched.estimate import NOT_ESTIMATED, Estimate, learned_runs, replay_starts
+from gpuq.sched.estimate import NOT_ESTIMATED, Estimate, learned_runs, replay_starts, typical_runs
 from gpuq.sched.fairshare import effective_usage, gpu_use_by_user, shares
 from gpuq.sched.placement import build_slots, usable_mib
 from gpuq.sched.plan import plan
@@ -179,7 +179,8 @@ class _Queue(NamedTuple):
     problems: dict[str, str]  # specs not valid yet: id -> why
     usage: dict[str, float]  # each user's decayed usage; empty without fair share
     decided: Plan
-    expected: Estimate  # when the rows shown are expected to start, or why not
+    expected: Estimate  # when the rows shown are expected to start at the latest, or why not
+    likely: Estimate  # ... and when, if the jobs ahead run as long as their kinds usually do
 
 
 def _plan_queue(
@@ -216,7 +217,13 @@ def _plan_queue(
     # backfill, which never delays the head): a bounded replay, not one of 10,000 jobs.
     ahead = [by_id[i] for i in decided.order[: max(ESTIMATED_ROWS, pending_rows or 0)]]
     expected = replay_starts(ahead, team.hosts, planned_running, config, now, usage, blocked, booked, estimates, needs)
-    return _Queue(pending, problems, usage, decided, expected)
+    usual = typical_runs(ahead, planned_running, durations, now)
+    likely = (
+        replay_starts(ahead, team.hosts, planned_running, config, now, usage, blocked, booked, estimates, needs, usual)
+        if usual
+        else Estimate()
+    )
+    return _Queue(pending, problems, usage, decided, expected, likely)
 
 
 def _pending_part(
@@ -229,7 +236,7 @@ def _pending_part(
     pending = queue.pending
     return {
         "pending": [
-            _pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now, queue.expected)
+            _pending(by_id[i], pos, decided.reasons.get(i) or _starting(starting.get(i)), now, queue)
             for pos, i in enumerate(decided.order[:pending_rows], 1)
         ],
         "pending_total": len(decided.order),
@@ -458,7 +465,7 @@ def _running(r: Record, observed: dict[int, int], now: float, yielding: bool, wa
         "gpu_mem_mib": r.gpu_mem_mib,
         "declared_gpu_mem_mib": r.spec.get("gpu_mem_mib"),
         "observed_gpu_mem_mib": max(observed.values()) if observed else None,
-        "command": command_text(r.spec.get("command")),
+        "command": command_shown(r.spec.get("command")),
     }
 
 
@@ -506,9 +513,11 @@ def narrowed(
     return out
 
 
-def _pending(job: PendingJob, position: int, reason: str, now: float, expected: Estimate) -> dict[str, Any]:
+def _pending(job: PendingJob, position: int, reason: str, now: float, queue: _Queue) -> dict[str, Any]:
     s = job.spec
+    expected = queue.expected
     start = expected.starts.get(job.id)
+    likely = queue.likely.starts.get(job.id)
     return {
         "id": job.id,
         "user": job.user,
@@ -519,9 +528,11 @@ def _pending(job: PendingJob, position: int, reason: str, now: float, expected: 
         "waiting_s": round(now - job.queued_at, 1),
         "reason": reason,
         "expected_start": start,  # by then at the latest, if the jobs ahead keep to their limits
+        # Sooner, if the jobs ahead run as long as their kinds usually do (the same replay).
+        "likely_start": likely if start is not None and likely is not None and likely < start else None,
         # Without one, why (sched/estimate.py): "unknown", "no room", "later", "after deps", "when idle", "-".
         "no_estimate": None if start is not None else expected.why_none.get(job.id, NOT_ESTIMATED),
-        "command": s.command_text(),
+        "command": command_shown(s.command),
     }
 
 
