@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from conftest import PY, REPO, wait_until
+from gpuq.model.errors import SpecError
 from gpuq.model.spec import validate_spec
 from gpuq.spool.deps import gate
 
@@ -235,6 +236,15 @@ def test_an_id_stem_names_the_script_and_never_a_word_of_python_code():
     assert readable_base(["python", "-c", "x"], "eval") == "eval"  # -J wins
     assert readable_base(["x"], "train/v2") == "train-v2"  # a name is never cut to its last part
     assert readable_base(["/usr/bin/python3.11", "t.py"], None) == "t"
+
+
+def test_a_sweep_in_a_copied_scripts_text_is_measured_whole():
+    """An attack review: the text of a copied script (`sh -c TEXT PATH`) was left out of the
+    sweep's size check, and its 60,000 placeholders made a worker write 116 MB of members."""
+    script = "#!/bin/sh\necho " + "{x}" * 60000
+    data = {"command": ["/bin/sh", "-c", script, "{x}"], "sweep": {"x": ["a" * 500, "b" * 500]}, "gpus": 0}
+    with pytest.raises(SpecError, match="over the 4 MiB a sweep or array may write"):
+        validate_spec(data, "boom.yaml")
 
 
 # --- sweeps and arrays ------------------------------------------------------------------------
