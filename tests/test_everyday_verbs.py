@@ -617,3 +617,19 @@ def test_status_says_a_cleanly_stopped_worker_stopped_and_a_killed_one_is_not_re
     assert hosts["a"]["stopped"] and not hosts["b"]["stopped"]
     text = queue.gpuq("status").stdout
     assert "  a  stopped (its worker exited cleanly)" in text and "  b  NOT RESPONDING" in text, text
+
+
+def test_mem_and_cpus_are_held_on_the_box_until_the_job_ends(queue):
+    """sbatch's --mem and -c hold what they ask: a second job asking 60% of the box's memory
+    waits while the first runs (a Slurm user's session: three such jobs ran at once)."""
+    queue.start_worker("a", "4x80GiB")
+    box = wait_until(lambda: json.loads((queue.root / "state" / "workers" / "a.json").read_text()).get("mem_mib"))
+    mem = f"{box * 6 // 10}M"
+    first = queue.gpuq("submit", "--gpu-mem", "1GiB", "--mem", mem, "--", "sleep", "300").stdout.strip()
+    wait_until(lambda: (queue.record(first) or {}).get("state") == "running", what="the first to run")
+    second = queue.gpuq("submit", "--gpu-mem", "1GiB", "--mem", mem, "--", "true").stdout.strip()
+    row = wait_until(lambda: next((p for p in queue.status()["pending"] if p["id"] == second), None), what="pending")
+    assert row["reason"].startswith("needs ") and "of host memory (--mem) on one box" in row["reason"], row
+    queue.gpuq("cancel", first)
+    ended = wait_until(lambda: queue.finished(second), timeout=90, what="the second once the first ended")
+    assert ended["state"] == "done"

@@ -459,3 +459,28 @@ def test_a_reservation_days_ahead_says_its_day():
     result = plan([job("next", mem_gib=None, queued_at=1)], [host("h", gpu(0))], busy, CFG, now=10)
     day = time.strftime("%b %d", time.localtime(math.ceil(2 * 86400 / 60) * 60))
     assert f"reserved for it from {day} " in result.reasons["next"], result.reasons["next"]
+
+
+def test_cores_and_host_memory_are_held_as_sbatch_holds_them():
+    """A Slurm user's session: three -c 2 jobs on a 2-core box all ran at once, pinned to the
+    same cores, and three --mem 15G jobs on a 24 GiB box too. -c and --mem hold them now."""
+
+    def asking(job_id: str, cpus: int | None = None, mem_gib: int | None = None, queued_at: float = 0.0) -> PendingJob:
+        j = job(job_id, mem_gib=1, queued_at=queued_at)
+        return replace(j, spec=replace(j.spec, cpus=cpus, mem_mib=mem_gib and mem_gib * 1024))
+
+    gpus = tuple(gpu(i) for i in range(4))
+    box = [HostView("h", gpus, 1, cores=2, mem_mib=24 * 1024)]
+    two = plan([asking("c1", cpus=2), asking("c2", cpus=2, queued_at=1)], box, [], CFG, 10)
+    assert list(starts(two)) == ["c1"]
+    assert two.reasons["c2"] == "needs 2 cores (-c) on one box; at most 0 not held there (h)"
+    held = [replace(run("r", gpus=(0,), mem_gib=1), cpus=1, mem_mib=15 * 1024)]
+    mem = plan([asking("m1", mem_gib=15), asking("c3", cpus=1, queued_at=1)], box, held, CFG, 10)
+    assert list(starts(mem)) == ["c3"]  # the other core is free; 9 GiB of memory is not 15
+    assert mem.reasons["m1"].startswith("needs 15GiB of host memory (--mem) on one box; at most 9GiB")
+    # A box that does not say what it has (an older worker, the simulator's boxes) holds nothing back.
+    unsaid = [HostView("h", gpus, 1)]
+    assert len(starts(plan([asking("a", cpus=2), asking("b", cpus=2)], unsaid, held, CFG, 10))) == 2
+    # Opportunistic jobs' cores yield to ordinary work, as their GPUs do.
+    low = [replace(run("lo", gpus=(3,), mem_gib=1, low=True), cpus=2)]
+    assert list(starts(plan([asking("c4", cpus=2)], box, low, CFG, 10))) == ["c4"]

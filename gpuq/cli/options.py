@@ -52,13 +52,13 @@ def add_limit_options(sp: argparse.ArgumentParser) -> None:
         "--cpus-per-task",
         dest="cpus",
         metavar="N",
-        help="CPU cores it is pinned to (sbatch's -c); not held for it: where a box has too few free, jobs share them",
+        help="CPU cores it is pinned to (sbatch's -c), held for it: it starts where a box has that many not held",
     )
     sp.add_argument(
         "--mem",
         metavar="SIZE",
-        help="host memory it may use (8GiB; a bare number is MiB, as sbatch's); stopped above it (a cap: not held "
-        "for it)",
+        help="host memory it may use (8GiB; a bare number is MiB, as sbatch's), held for it as sbatch holds it; "
+        "stopped above it",
     )
     sp.add_argument("--grace", metavar="DURATION", help="time between SIGTERM and SIGKILL when it is stopped")
     sp.add_argument("--retries", metavar="N", help="re-runs after its box is lost (0: never run it twice)")

@@ -51,6 +51,8 @@ class RunningJob:
     mps: bool = False  # an MPS client (model/sharing.py): its GPU serves only its user's
     compute_pct: int | None = None  # its spec's gpu_compute; None: it may keep the whole GPU busy
     limit_s: float | None = None  # how long it may run (its time limit, or an estimate); None: unknown
+    cpus: int = 0  # cores pinned for it (its -c, or config cpus): held on its box
+    mem_mib: int = 0  # host memory it may use (its --mem, or config mem): held on its box
 
     @property
     def ends_by(self) -> float:
@@ -75,6 +77,8 @@ class RunningJob:
             mps=bool(getattr(record, "mps_pipe", None)),
             compute_pct=spec.get("gpu_compute_pct"),
             limit_s=record.time_limit_s,
+            cpus=len(record.cpu_cores),
+            mem_mib=record.mem_limit_mib or 0,
         )
 
 
@@ -88,6 +92,8 @@ class HostView:
     cpu_slots: int
     others_idle_since: Mapping[int, float | None] = field(default_factory=dict)
     runtimes: frozenset[str] | None = None  # container runtimes it has (None: not probed, any)
+    cores: int | None = None  # cores jobs may be pinned to (None: not said, nothing held)
+    mem_mib: int | None = None  # host memory jobs' --mem may hold (None: not said, nothing held)
 
 
 @dataclass(frozen=True)

@@ -78,14 +78,15 @@ FIELDS: dict[str, Field] = {
     "cpus": Field(
         "integer >= 1",
         "config cpus (no pinning)",
-        "CPU cores for the job: its affinity is "
-        "that many cores, kept apart from other jobs' cores where the host has room.",
+        "CPU cores for the job, held for it as sbatch's -c holds them: it starts on a box with that "
+        "many cores not held by other jobs, and its affinity is that many cores, kept apart from theirs.",
         "8",
     ),
     "mem": Field(
         "size",
         "config mem (no limit)",
-        "Host RAM of the job's whole process tree; above it the job is stopped, and its record says why.",
+        "Host RAM of the job's whole process tree, held for it as sbatch's --mem holds it (it starts on a box "
+        "with that much not held by other jobs); above it the job is stopped, and its record says why.",
         "64GiB",
     ),
     "after": Field(

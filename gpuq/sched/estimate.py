@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, SetAside, Start
 from gpuq.model.usage import estimate, typical
+from gpuq.sched.boxroom import asks
 from gpuq.sched.plan import plan
 
 MAX_STEPS = 200  # moments replayed at most (each one plan): the estimate's cost is bounded
@@ -170,7 +171,9 @@ def replay_starts(
         )
         by_id = {j.id: j for j in waiting}
         for s in decided.starts:
-            job = _started(by_id[s.job_id], s, t, config.time_limit_s or estimates.get(s.job_id))
+            job = _started(
+                by_id[s.job_id], s, t, config.time_limit_s or estimates.get(s.job_id), asks(by_id[s.job_id], config)
+            )
             starts[job.id] = t
             leaves[job.id] = _leaves(job.ends_by, t, run_for.get(job.id))
             active.append(job)
@@ -193,9 +196,9 @@ def replay_starts(
     return result
 
 
-def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None) -> RunningJob:
+def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None, holds: tuple[int, int]) -> RunningJob:
     """A job the replay starts at `t`, running until its limit (or `otherwise_s`: config's
-    limit, or what its kind is learned to take)."""
+    limit, or what its kind is learned to take), holding `holds` (its cores and host memory)."""
     return RunningJob(
         job.id,
         job.user,
@@ -205,6 +208,8 @@ def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None)
         started_at=t,
         limit_s=job.spec.time_limit_s or otherwise_s,
         compute_pct=job.spec.gpu_compute_pct,
+        cpus=holds[0],
+        mem_mib=holds[1],
     )
 
 

@@ -19,6 +19,7 @@ from gpuq.model.sharing import uses_mps
 from gpuq.model.spec import JobSpec
 from gpuq.model.windows import describe, hhmm, moment, window_open
 from gpuq.sched import fairshare, placement, reasons
+from gpuq.sched.boxroom import BoxRoom, asks
 from gpuq.sched.placement import Slot, compute_of
 
 
@@ -133,6 +134,7 @@ class _Pass:
         self.estimates = estimates
         self.explain, self.result, self.booked, self.blocked = explain, result, booked, blocked
         self.cpu_free = {h.name: h.cpu_slots for h in hosts}
+        self.box_room = BoxRoom(hosts, running, config)  # cores and host memory jobs hold (-c, --mem)
         self.held_gpus = {u: 0 for u in use}
         for job in running:
             self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + len(job.gpus)
@@ -222,6 +224,7 @@ class _Pass:
         shape = (
             spec.gpus,
             spec.gpu_mem_mib,
+            asks(job, self.config),  # the cores and memory it holds on its box
             spec.hosts,
             job.opportunistic,
             job.order[0],
@@ -257,7 +260,17 @@ class _Pass:
             return False
         return True
 
+    def _box_room_for(self, job: PendingJob, allowed: list[str], shape: tuple) -> list[str]:
+        """The hosts of `allowed` with the cores and host memory the job holds; none: it waits,
+        and says why (a job that asks neither keeps them all)."""
+        roomy = self.box_room.roomy(job, allowed)
+        if not roomy and allowed:
+            self.failed[shape] = self.box_room.why(job, allowed) if self.explain else ""
+            self.waits(job, self.failed[shape])
+        return roomy
+
     def _started(self, job: PendingJob, host: str, gpus: tuple[int, ...]) -> None:
+        self.box_room.take(job, host)
         self.result.starts.append(Start(job.id, host, gpus))
         self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
         self.failed.clear()
@@ -285,6 +298,8 @@ class _Pass:
         if shape in self.failed:
             self.waits(job, self.failed[shape])
             return
+        if allowed and not (allowed := self._box_room_for(job, allowed, shape)):
+            return  # no box has the cores or memory it holds (said)
         if spec.gpus == 0:
             if not self._cpu_only(job, allowed, shape):
                 self.waits(job, self.failed[shape])

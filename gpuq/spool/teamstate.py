@@ -144,6 +144,8 @@ def host_view(hb: dict[str, Any], config: Config) -> HostView:
         hb.get("cpu_slots", config.cpu_slots),
         {int(i): t for i, t in hb.get("others_idle_since", {}).items()},
         frozenset(hb["runtimes"]) if "runtimes" in hb else None,
+        hb["cores"] if type(hb.get("cores")) is int else None,
+        hb["mem_mib"] if type(hb.get("mem_mib")) is int else None,
     )
 
 

@@ -560,7 +560,13 @@ class Worker:
         for host, why in problems.items():
             self.box.report_once(f"heartbeat/{host}", f"state/workers/{host}.json left out of the plan: {why}")
         own = HostView(
-            self.host, tuple(self.gpus), self.config.cpu_slots, self.others_idle_since, frozenset(self.runtimes.found)
+            self.host,
+            tuple(self.gpus),
+            self.config.cpu_slots,
+            self.others_idle_since,
+            frozenset(self.runtimes.found),
+            self.publisher.cores,
+            self.publisher.mem_mib,
         )
         own_jobs = self._running_jobs()
         team = picture(self.layout, self.config, beats, self.listing.others, now, own, own_jobs, alive=self._alive)
