@@ -38,19 +38,19 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
 
 
 HIDDEN_VERBS = ("_ids", "_hosts")  # for the completion script; never listed nor suggested
-# Slurm's commands, typed as verbs by habit: gpuq's verb for each.
+# Slurm's commands, typed as verbs by habit: what gpuq has for each ("Slurm's squeue is gpuq status").
 SLURM_COMMANDS = {
-    "sbatch": "submit (it reads a script's #SBATCH lines: gpuq submit job.sbatch)",
-    "squeue": "status",
-    "sacct": "history",
-    "scancel": "cancel",
-    "scontrol": "show, hold, release",
-    "sinfo": "status (its HOSTS)",
-    "sprio": "status --shares",
-    "sshare": "status --shares",
-    "seff": "eff",
-    "srun": "submit, then logs -f ID (gpuq has no interactive jobs yet)",
-    "salloc": "not yet offered: gpuq has no interactive allocations (book GPUs, or submit and logs -f)",
+    "sbatch": "is gpuq submit (it reads a script's #SBATCH lines: gpuq submit job.sbatch)",
+    "squeue": "is gpuq status",
+    "sacct": "is gpuq history",
+    "scancel": "is gpuq cancel",
+    "scontrol": "is gpuq show, hold, release",
+    "sinfo": "is gpuq status (its HOSTS)",
+    "sprio": "is gpuq status --shares",
+    "sshare": "is gpuq status --shares",
+    "seff": "is gpuq eff",
+    "srun": "is gpuq submit, then logs -f ID (gpuq has no interactive jobs yet)",
+    "salloc": "has nothing in gpuq yet: no interactive allocations (book GPUs, or submit and logs -f)",
 }
 
 
@@ -70,8 +70,7 @@ class _Parser(argparse.ArgumentParser):
             if v not in HIDDEN_VERBS
         ]
         if (ours := SLURM_COMMANDS.get(bad.group(1))) is not None:
-            said = ours if ours.startswith("not yet") else f"is gpuq {ours}"
-            print(f"gpuq: Slurm's {bad.group(1)} {said} (`gpuq --help` lists the verbs)", file=sys.stderr)
+            print(f"gpuq: Slurm's {bad.group(1)} {ours} (`gpuq --help` lists the verbs)", file=sys.stderr)
             sys.exit(2)
         near = difflib.get_close_matches(bad.group(1), verbs, n=3, cutoff=0.6)
         print(

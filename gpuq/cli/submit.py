@@ -199,16 +199,16 @@ def _place(
     if args.hold:  # the group's one spec held, as sbatch --hold --array: its members come at release
         if args.array:
             check_size(spec_bytes(data), data["env"])
-            try:
-                parse_array(args.array)
-            except GroupError as e:
-                print(f"gpuq submit: {e}", file=sys.stderr)
-                return None, None
             data = {**data, "array": args.array}
-        held_text = checked_spec_text(layout, data)
         job_id = free_id(layout, args.id, base)
-        if args.array or checked.sweep:
-            print(f"{job_id}: {_members_line(_members_of(data, job_id))} once released", file=sys.stderr)
+        try:
+            members = _members_of(data, job_id) if args.array or checked.sweep else []
+        except GroupError as e:
+            print(f"gpuq submit: {e}", file=sys.stderr)
+            return None, None
+        held_text = checked_spec_text(layout, data)
+        if members:
+            print(f"{job_id}: {_members_line(members)} once released", file=sys.stderr)
         return job_id, held_text
     if args.array:
         check_size(spec_bytes(data), data["env"])  # each member is this spec and two variables
