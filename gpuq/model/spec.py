@@ -38,8 +38,9 @@ def command_shown(command: str | list[str] | tuple[str, ...] | None) -> str:
     as `<script of N lines>`. Only an abbreviation of what runs, never a claim about it."""
     if isinstance(command, str) or not any("\n" in word for word in command or []):
         return command_text(command)
-    words = [word if "\n" not in word else f"<script of {len(word.splitlines())} lines>" for word in command or []]
-    return " ".join(word if word.startswith("<script of ") else shlex.quote(word) for word in words)
+    return " ".join(
+        f"<script of {len(word.splitlines())} lines>" if "\n" in word else shlex.quote(word) for word in command or []
+    )
 
 
 @dataclass(frozen=True)
