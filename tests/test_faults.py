@@ -121,7 +121,13 @@ def test_a_crash_at_any_step_leaves_a_complete_record_and_no_second_run(queue, p
         assert "exit unknown" in record["reason"]
     events = settled_events(queue)
     allowed, last = HOPS_AFTER[point]  # the recovery took only paths its point calls for
-    assert events[-1] == last and set(events[:-1]) <= allowed and events.count(last) == 1, events
+    if events[-1][1] not in ("done", "lost") and point.startswith("supervisor:"):
+        # The live worker settled the attempt and was killed (as the test kills it, at any
+        # moment) between the record and its event (docs/protocol.md: the record first): the
+        # record says which path the recovery took.
+        assert ("running", record["state"], record.get("reason")) == last and set(events) <= allowed, events
+    else:
+        assert events[-1] == last and set(events[:-1]) <= allowed and events.count(last) == 1, events
     assert point not in MUST_REQUEUE or MUST_REQUEUE[point] & set(events), events
     assert_nothing_left(queue)
 
@@ -139,7 +145,7 @@ def settled_events(queue) -> list[tuple]:
 
     try:
         return wait_until(
-            lambda: (ev := events()) and ev[-1][1] in ("done", "lost") and ev, timeout=20, what="the job's final event"
+            lambda: (ev := events()) and ev[-1][1] in ("done", "lost") and ev, timeout=90, what="the job's final event"
         )
     except AssertionError:
         return events()  # the assertions after show what is there
