@@ -8,32 +8,25 @@ import os
 import re
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from gpuq import hooks
 from gpuq.cli.batch_script import ScriptError, command_of, directives, is_script, with_script_options
 from gpuq.cli.common import open_layout, read_config
+from gpuq.cli.placeable import check_submittable
 from gpuq.cli.requests import live_workers, run_request
-from gpuq.host.faults import wall_time
 from gpuq.host.wake import poke
-from gpuq.model.config import Config
 from gpuq.model.errors import SpecError
-from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.groups import GroupError, parse_array
-from gpuq.model.jobs import HostView, PendingJob
 from gpuq.model.moments import parse_moment
 from gpuq.model.spec import JobSpec, parse_spec_text, validate_spec
 from gpuq.model.strict_yaml import load_yaml
-from gpuq.model.units import format_limit, format_mib, parse_slurm_time_s
-from gpuq.sched.plan import plan
+from gpuq.model.units import format_limit, parse_slurm_time_s
 from gpuq.single_instance import this_host
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
 from gpuq.spool.submit import (
     SubmitError,
-    check_dependencies,
-    check_runnable_by_workers,
     check_size,
     checked_spec_text,
     exported_environment,
@@ -44,61 +37,6 @@ from gpuq.spool.submit import (
     write_spec,
 )
 from gpuq.spool.sweeps import array_members, group_members
-from gpuq.spool.teamstate import load_heartbeats
-
-
-def _beyond_every_box(beats: list[dict], spec: JobSpec) -> str | None:
-    """Why no box (of those the spec names) has the cores or the memory it asks for, and the
-    fix; None when one has, or no box has said what it has (an older worker's heartbeat)."""
-    boxes = [hb for hb in beats if not spec.hosts or hb.get("host") in spec.hosts]
-    for asked, key, said, option in (
-        (spec.cpus, "cores", lambda n: f"{n} cores", "-c/--cpus"),
-        (spec.mem_mib, "mem_mib", lambda n: f"{format_mib(n)} of memory", "--mem"),
-    ):
-        offered = [(hb[key], str(hb.get("host"))) for hb in boxes if type(hb.get(key)) is int]
-        if asked and offered and asked > max(offered)[0]:
-            most, where = max(offered)
-            return (
-                f"no box has {said(asked)}: the most is {said(most)} ({where}). Fix: ask for at most that "
-                f"with {option}. Nothing was written."
-            )
-    return None
-
-
-def _never_fits(layout, spec) -> str | None:
-    """Why no GPU (or box) of the team can ever hold `spec`, and the fix: another host list
-    where it names no known box, else a smaller ask; None when it fits somewhere."""
-    beats = load_heartbeats(layout)  # read once: the boxes, their GPUs, cores and memory
-    if beyond := _beyond_every_box(beats, spec):
-        return beyond
-    known = sorted(str(hb.get("host")) for hb in beats)
-    names_no_box = bool(spec.hosts and not set(spec.hosts) & set(known))
-    hosts_fix = f"--hosts names boxes gpuq knows: {', '.join(known) or 'none has run a worker yet'}"
-    refused = never_fits(beats, read_config(layout), PendingJob("(this job)", "", spec, 0.0))
-    if refused is None:
-        if names_no_box and known:  # a CPU-only job fits any box, but only among those named
-            return (
-                f"no box gpuq knows is named by hosts: {', '.join(spec.hosts)}. Fix: {hosts_fix}. Nothing was written."
-            )
-        return None
-    fix = hosts_fix if names_no_box else "ask for less memory or fewer GPUs"
-    return f"no GPU in the team can ever hold this job: {refused}. Fix: {fix}. Nothing was written."
-
-
-def check_submittable(layout: Layout, config: Config, spec: JobSpec) -> None:
-    """What a spec submitted must pass beyond its own fields: the submitter may run jobs here
-    (whose the spec will be), and check_placeable. Raises SubmitError (or SpecError)."""
-    check_runnable_by_workers(layout, config.run_for_users, config.allow_root_jobs, config.admins, spec)
-    check_placeable(layout, spec)
-
-
-def check_placeable(layout: Layout, spec: JobSpec) -> None:
-    """What a spec must pass beyond its own fields, at submit and at edit alike (an edit keeps
-    its job's owner): some GPU of the team can ever hold it, and its dependencies exist and
-    have not failed. Raises SubmitError saying why and the fix."""
-    if refused := _never_fits(layout, spec):
-        raise SubmitError(refused)
-    check_dependencies(layout, spec)
 
 
 def _file_fields(path: str) -> dict:
@@ -415,24 +353,6 @@ def _dependencies(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 def _ids(values: list[str] | None) -> list[str]:
     """Repeated or comma-separated ids: --after a --after b,c -> [a, b, c]."""
     return [i for v in values or [] for i in v.split(",") if i]
-
-
-def never_fits(heartbeats: list[dict], config: Config, job: PendingJob) -> str | None:
-    """Why no host of the team could ever run `job`, even with every GPU empty (None when
-    one could, or when no worker has ever reported its GPUs: nothing to judge by)."""
-    beats = [hb for hb in heartbeats if hb.get("gpus") is not None]
-    if not beats or job.spec.gpus == 0:
-        return None
-    empty = [
-        HostView(
-            hb["host"],
-            tuple(replace(GpuSnapshot.from_json(g), mem_used_mib=0, processes=()) for g in hb["gpus"]),
-            hb.get("cpu_slots", config.cpu_slots),
-        )
-        for hb in beats
-    ]
-    decided = plan([job], empty, [], config, wall_time(), explain=True, needs=hooks.needs_of(config))
-    return None if decided.starts else decided.reasons.get(job.id)
 
 
 def submit_array(layout, data: dict, args: argparse.Namespace, base: str) -> str | None:

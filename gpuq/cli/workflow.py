@@ -18,8 +18,8 @@ from gpuq.cli.common import act_as_queue_account, open_layout, refuse_bad_id
 from gpuq.cli.completion import did_you_mean
 from gpuq.cli.doctor import Finding, as_json, check_reachable, check_squashing, diagnose
 from gpuq.cli.initroot import InitError, cron_line, init_root
+from gpuq.cli.placeable import check_placeable
 from gpuq.cli.requests import run_request
-from gpuq.cli.submit import check_placeable
 from gpuq.model.config import load as load_config
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import parse_spec_text
