@@ -185,6 +185,6 @@ def test_history_takes_sacct_spellings_and_shows_a_running_jobs_start(queue):
     text = named.stdout.splitlines()
     assert text[0].split() == ["ID", "NAME", "EXIT"] and text[1].split() == ["quick", "quick", "0"]
     assert named.stderr == "1 job of those named (-j), whenever they ran\n"  # not "from 1970-01-01"
-    piped = queue.gpuq("history", "-X", "-P", "-j", "quick", "--format", "JobID,ExitCode").stdout
-    assert piped == "ID|EXIT\nquick|0\n"  # sacct -X -P
+    piped = queue.gpuq("history", "-X", "-P", "-j", "quick", "--format", "JobID,ExitCode,NodeList").stdout
+    assert piped == "ID|EXIT|HOST:GPUS\nquick|0|a:cpu\n"  # sacct -X -P; a CPU job is a:cpu here as in status
     queue.gpuq("cancel", "runner")

@@ -19,7 +19,7 @@ from gpuq.model.states import states_named
 from gpuq.model.text import safe_text
 from gpuq.model.units import format_clock
 from gpuq.views.history import ROW_STATES, HistoryFilter, history
-from gpuq.views.render import clip, stamp, table
+from gpuq.views.render import clip, stamp, table, where
 
 
 def _when(t: Any) -> str:
@@ -36,7 +36,7 @@ COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "start": ("START", lambda r: _when(r["start"])),
     "end": ("END", lambda r: _when(r["end"]) if r["end"] is not None else "-"),
     "elapsed": ("ELAPSED", lambda r: format_clock(int(r["elapsed_s"])) if r["elapsed_s"] is not None else "-"),
-    "where": ("HOST:GPUS", lambda r: f"{r['host']}:{','.join(map(str, r['gpus'])) or '-'}" if r["host"] else "-"),
+    "where": ("HOST:GPUS", lambda r: where(r["host"], r["gpus"])),
     "attempts": ("ATT", lambda r: str(r["attempts"])),
     "preempted": ("PRE", lambda r: str(r["preemptions"])),
     "reason": ("REASON", lambda r: r["reason"] or ""),

@@ -7,16 +7,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gpuq.model.units import format_duration, format_mib
-from gpuq.views.render import safe_tree, start_by, table
+from gpuq.views.render import safe_tree, start_by, table, where
 
 Row = dict[str, Any]
-
-
-def _where(r: Row) -> str:
-    gpus = r.get("gpus")
-    if not r.get("host"):
-        return "-"
-    return f"{r['host']}:{','.join(map(str, gpus))}" if isinstance(gpus, list) and gpus else f"{r['host']}:cpu"
 
 
 def _gpus(r: Row) -> str:
@@ -41,7 +34,7 @@ COLUMNS: dict[str, tuple[str, Callable[[Row, float], str]]] = {
     "state": ("STATE", lambda r, now: r["state"]),
     "gpus": ("GPUS", lambda r, now: _gpus(r)),
     "gpu_mem": ("GPU MEM", lambda r, now: _gpu_mem(r)),
-    "where": ("WHERE", lambda r, now: _where(r)),
+    "where": ("WHERE", lambda r, now: where(r.get("host"), r.get("gpus"))),
     "time": ("TIME", lambda r, now: _time(r)),
     "priority": ("PRIO", lambda r, now: str(r.get("priority", "-"))),
     "start": ("START BY", lambda r, now: start_by(r.get("expected_start"), now, r.get("no_estimate"))),

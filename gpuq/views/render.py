@@ -53,6 +53,13 @@ def table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     return [indent + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]) for r in rows]
 
 
+def where(host: Any, gpus: Any) -> str:
+    """Where a job runs or ran, one way on every screen: `a:0,1`, `a:cpu` (CPU only), `-` (nowhere yet)."""
+    if not host:
+        return "-"
+    return f"{host}:{','.join(map(str, gpus))}" if isinstance(gpus, list) and gpus else f"{host}:cpu"
+
+
 def start_by(expected: Any, now: float, why_none: Any = None) -> str:
     """A pending job's expected start (sched/estimate.py) in a few characters: "now", a time
     today, a day and a time later; without one, why in a word or two ("unknown": a job ahead
@@ -139,9 +146,7 @@ def _running_section(view: dict[str, Any]) -> list[str]:
     out = ["", f"RUNNING ({len(view['running'])})"]
     rows = [["ID", "USER", "WHERE", "ELAPSED", "GPU MEM decl/obs", "COMMAND"]]
     for r in view["running"]:
-        where = f"{r['host']}:{','.join(map(str, r['gpus']))}" if r["gpus"] else f"{r['host']}:cpu"
-        if r.get("slurm_id"):
-            where = f"slurm job {r['slurm_id']}"
+        place = f"slurm job {r['slurm_id']}" if r.get("slurm_id") else where(r["host"], r["gpus"])
         declared = (
             format_mib(r["declared_gpu_mem_mib"]) if r["declared_gpu_mem_mib"] else ("whole" if r["gpus"] else "-")
         )
@@ -154,7 +159,7 @@ def _running_section(view: dict[str, Any]) -> list[str]:
             [
                 label,
                 r["user"],
-                where,
+                place,
                 format_duration(r["elapsed_s"]),
                 f"{declared}/{format_mib(r['observed_gpu_mem_mib'])}",
                 _cut(r["command"], 40),
