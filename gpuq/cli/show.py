@@ -7,8 +7,7 @@ import json
 
 from gpuq.cli.common import open_layout, read_config, refuse_bad_id
 from gpuq.cli.workflow import show_group
-from gpuq.views.render import show_text
-from gpuq.views.show import find_job
+from gpuq.views.show import find_job, show_text
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
-"""`gpuq show ID`'s read model: everything known about one job, wherever it is, with what it
-sees when it runs (views/preview.py) and the memory its past runs peaked at."""
+"""`gpuq show ID`: everything known about one job, wherever it is, with what it sees when it
+runs (views/preview.py) and the memory its past runs peaked at; and that as text."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -14,14 +15,27 @@ from gpuq.model.config import Config
 from gpuq.model.errors import SpecError
 from gpuq.model.record import Record, parse_claim_name
 from gpuq.model.secrets import mask_secrets
-from gpuq.model.spec import JobSpec, parse_spec_text
+from gpuq.model.spec import JobSpec, command_shown, parse_spec_text
 from gpuq.model.stops import StopCause
+from gpuq.model.text import safe_text, safe_tree
+from gpuq.model.units import format_clock, format_duration, format_mib
+from gpuq.sched.estimate import (
+    AFTER_BEGIN,
+    AFTER_DEPENDENCIES,
+    ARRAY_LIMIT,
+    LATER,
+    NO_ROOM,
+    NOT_ESTIMATED,
+    UNKNOWN,
+    WHEN_IDLE,
+)
 from gpuq.spool.holds import held_jobs, held_spec
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import checked_event, claims_of, pending_spec_path, read_record
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
-from gpuq.views.preview import what_the_job_sees
+from gpuq.views.preview import preview_lines, what_the_job_sees
+from gpuq.views.render import stamp
 from gpuq.views.status import status
 
 
@@ -157,3 +171,114 @@ def _past_peaks(layout: Layout, record: Record) -> list[int]:
             ):
                 peaks.append(past.peak_gpu_mem_mib)
     return peaks
+
+
+SHOW_ORDER = (
+    "id",
+    "state",
+    "user",
+    "attempt",
+    "host",
+    "gpus",
+    "gpu_uuids",
+    "gpu_mem_mib",
+    "mps_pipe",  # an MPS client: its daemon, and its compute share there
+    "mps_compute_pct",
+    "position",
+    "reason",
+    "likely_start",
+    "expected_start",
+    "no_estimate",
+    "error",
+    "exit_code",
+    "signal",
+    "claimed_at",
+    "started_at",
+    "ended_at",
+    "time_limit_s",
+    "mem_limit_mib",
+    "cpus",  # a waiting job's: how many it will be pinned to (a started one's: which, cpu_cores)
+    "cpu_cores",
+    "peak_gpu_mem_mib",
+    "mean_gpu_mem_mib",
+    "mean_gpu_util_pct",
+    "peak_rss_mib",
+    "peak_cpus",
+    "cpu_s",
+    "log",
+    "spec_dir",
+)
+
+
+# Why a pending job has no expected start (sched/estimate.py's words), for `gpuq show`.
+NO_ESTIMATE_SAYS = {
+    UNKNOWN: "unknown: a job it waits behind has no time limit (nor past runs of its kind to learn one from)",
+    NO_ROOM: "none: no GPU has room for it even once the jobs ahead have ended (its reason says why)",
+    LATER: "more than 90 days ahead, if the jobs ahead keep to their time limits",
+    AFTER_DEPENDENCIES: "after its dependencies have ended",
+    AFTER_BEGIN: "not before its begin time (--begin)",
+    ARRAY_LIMIT: "as its array's running members end (its %N limit)",
+    WHEN_IDLE: "when GPUs sit idle (an opportunistic job starts where ordinary work leaves room)",
+    NOT_ESTIMATED: "not estimated (only the first pending jobs are)",
+}
+
+
+def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
+    spec = job.get("spec")
+    command = safe_text(command_shown(spec.get("command"))) if isinstance(spec, dict) else ""  # before escaping
+    job = safe_tree(job)
+    lines = []
+    for key in SHOW_ORDER:
+        value = job.get(key)
+        if value in (None, "", []):
+            continue
+        label = key  # the unit goes into the value, so the label says what it is
+        if key == "likely_start" and isinstance(value, (int, float)):
+            value = f"{stamp(value, '%Y-%m-%d %H:%M')}, if the jobs ahead run as long as their kinds usually do"
+        elif key == "expected_start" and isinstance(value, (int, float)):
+            due = stamp(math.ceil(value / 60) * 60, "%Y-%m-%d %H:%M")  # rounded up: it is a latest start
+            value = f"by {due} at the latest, if the jobs ahead keep to their time limits"
+        elif key == "no_estimate":
+            label, value = "expected_start", NO_ESTIMATE_SAYS.get(str(value), str(value))
+        elif key.endswith("_at") and isinstance(value, (int, float)):
+            value = stamp(value)
+        elif key.endswith("_mib"):
+            label, value = key.removesuffix("_mib"), format_mib(value)
+        elif key.endswith("_pct"):
+            label, value = key.removesuffix("_pct"), f"{value}%"
+        elif key == "time_limit_s" and isinstance(value, (int, float)):  # exactly, as Slurm shows one
+            label, value = "time_limit", format_clock(value)
+        elif key.endswith("_s") and isinstance(value, (int, float)):
+            label, value = "cpu_time" if key == "cpu_s" else key.removesuffix("_s"), format_duration(value)
+        elif key == "gpus" and isinstance(value, list):  # a started job's: which ones, not how many
+            value = f"{len(value)} (index {','.join(map(str, value))})"
+        elif isinstance(value, list):
+            value = ",".join(map(str, value))
+        lines.append(f"{label + ':':<17} {value}" if len(label) >= 17 else f"{label + ':':<18}{value}")
+    if isinstance(preempted := job.get("preemptions"), list) and preempted:
+        lines.append(f"{'preemptions:':<18}{len(preempted)}")
+        lines += [f"{'':<18}{stamp(p.get('t'))}  {p.get('reason') or ''}" for p in preempted if isinstance(p, dict)]
+    if isinstance(job.get("started_at"), (int, float)) and isinstance(job.get("ended_at"), (int, float)):
+        lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
+    if suggested := job.get("suggested_gpu_mem"):
+        lines.append(
+            f"suggested gpu_mem: {format_mib(suggested['mib'])} (peak {format_mib(suggested['peak_mib'])} "
+            f"over {suggested['runs']} finished run{'s' if suggested['runs'] != 1 else ''} of this name, +10%)"
+        )
+    spec = job.get("spec")
+    if spec:
+        lines.append(f"{'command:':<18}{command}")
+        if spec.get("workdir"):
+            lines.append(f"{'workdir:':<18}{spec['workdir']}")
+        if spec.get("env"):
+            lines.append(
+                f"{'env:':<18}{len(spec['env'])} variables from the spec"
+                + ("" if whole_env else f" (gpuq show {job.get('id')} --env lists the whole environment)")
+            )
+    elif job.get("command"):
+        lines.append(f"{'command:':<18}{job['command']}")
+    elif job.get("spec_note"):
+        lines.append(f"{'spec:':<18}{job['spec_note']}")
+    if job.get("sees"):
+        lines += preview_lines(job["sees"], job["id"], whole_env)
+    return "\n".join(lines)
