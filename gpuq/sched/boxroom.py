@@ -35,6 +35,11 @@ class BoxRoom:
             if job.host in self.mem:
                 self.mem[job.host] -= job.mem_mib
 
+    @staticmethod
+    def applies(hosts: Sequence[HostView]) -> bool:
+        """Whether any box says what it has (a replay's boxes do not: nothing to hold)."""
+        return any(h.cores is not None or h.mem_mib is not None for h in hosts)
+
     def roomy(self, job: PendingJob, allowed: list[str]) -> list[str]:
         """Those of `allowed` with room for the job's cores and memory."""
         cpus, mem = asks(job, self.config)

@@ -134,7 +134,8 @@ class _Pass:
         self.estimates = estimates
         self.explain, self.result, self.booked, self.blocked = explain, result, booked, blocked
         self.cpu_free = {h.name: h.cpu_slots for h in hosts}
-        self.box_room = BoxRoom(hosts, running, config)  # cores and host memory jobs hold (-c, --mem)
+        # Cores and host memory jobs hold (-c, --mem), where boxes say what they have (not a replay's).
+        self.box_room = BoxRoom(hosts, running, config) if BoxRoom.applies(hosts) else None
         self.held_gpus = {u: 0 for u in use}
         for job in running:
             self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + len(job.gpus)
@@ -224,7 +225,7 @@ class _Pass:
         shape = (
             spec.gpus,
             spec.gpu_mem_mib,
-            asks(job, self.config),  # the cores and memory it holds on its box
+            asks(job, self.config) if self.box_room else None,  # the cores and memory it holds on its box
             spec.hosts,
             job.opportunistic,
             job.order[0],
@@ -260,17 +261,18 @@ class _Pass:
             return False
         return True
 
-    def _box_room_for(self, job: PendingJob, allowed: list[str], shape: tuple) -> list[str]:
+    def _box_room_for(self, room: BoxRoom, job: PendingJob, allowed: list[str], shape: tuple) -> list[str]:
         """The hosts of `allowed` with the cores and host memory the job holds; none: it waits,
         and says why (a job that asks neither keeps them all)."""
-        roomy = self.box_room.roomy(job, allowed)
+        roomy = room.roomy(job, allowed)
         if not roomy and allowed:
-            self.failed[shape] = self.box_room.why(job, allowed) if self.explain else ""
+            self.failed[shape] = room.why(job, allowed) if self.explain else ""
             self.waits(job, self.failed[shape])
         return roomy
 
     def _started(self, job: PendingJob, host: str, gpus: tuple[int, ...]) -> None:
-        self.box_room.take(job, host)
+        if self.box_room:
+            self.box_room.take(job, host)
         self.result.starts.append(Start(job.id, host, gpus))
         self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
         self.failed.clear()
@@ -298,7 +300,7 @@ class _Pass:
         if shape in self.failed:
             self.waits(job, self.failed[shape])
             return
-        if allowed and not (allowed := self._box_room_for(job, allowed, shape)):
+        if allowed and self.box_room and not (allowed := self._box_room_for(self.box_room, job, allowed, shape)):
             return  # no box has the cores or memory it holds (said)
         if spec.gpus == 0:
             if not self._cpu_only(job, allowed, shape):
