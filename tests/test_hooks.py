@@ -279,10 +279,10 @@ def register(registry):
 
 
 def test_what_the_extras_probes_offer_is_published_and_a_probe_that_fails_stops_nothing(extras_in, caplog):
-    from gpuq.worker.loop import Offers, _start_offers
+    from gpuq.worker.offers import Offers, start_offers
 
     extras_in("offers", OFFERS)
-    offers = Offers(_start_offers(Config(), team=False))
+    offers = Offers(start_offers(Config(), team=False))
     assert "the extras' probe never (extras.offers:broken) could not start" in caplog.text
     offers.refresh(0.0)
     assert offers.found == {"tool": "1.0"} and offers.problems == {"other": "not installed"}

@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any
 
 from gpuq import __version__, hooks
 from gpuq.host import rootorders
@@ -72,9 +71,10 @@ from gpuq.spool.teamstate import (
 from gpuq.worker.arrivals import Arrivals, PendingLimits
 from gpuq.worker.box import Box
 from gpuq.worker.ended import FinishedCounter
+from gpuq.worker.offers import OfferFinder, Offers, start_offers, start_sharing
 from gpuq.worker.publishing import BoxState, Publisher, start_extras
 from gpuq.worker.recovery import Recovery
-from gpuq.worker.starting import GpuSharer, Launcher, Starter
+from gpuq.worker.starting import Launcher, Starter
 
 log = logging.getLogger("gpuq.worker")
 FULL_SCAN_EVERY_S = 30.0
@@ -84,56 +84,6 @@ USAGE_CACHE_EVERY_S = 10.0  # how often `gpuq status` gets the users' usage anew
 # job onto a GPU that already has one (nor two onto one empty GPU), since the other boxes'
 # heartbeats may not be there yet and their empty GPUs would be the better place.
 STARTUP_SETTLE_S = 5.0
-
-
-class OfferFinder(Protocol):
-    """What a pass needs of a probe of what the box offers beyond its GPUs (gpuq/hooks.py
-    HostOffers: the containers extra's runtimes), published in the heartbeat."""
-
-    found: dict[str, str]  # name -> version
-    problems: dict[str, str]  # name -> why it is unusable
-
-    def refresh(self, now: float) -> None: ...
-
-
-def _start_offers(config: Config, team: bool) -> list[OfferFinder]:
-    """The extras' probes of what this box offers, started for this worker. One that fails to
-    start is logged and left out: the box then offers nothing of it, and its jobs wait."""
-    started = hooks.start_each("probe", hooks.registry().offers, config, team, without="this worker goes on without it")
-    return [probe for _, probe in started]
-
-
-def _start_sharing(
-    local_dir: Path, root_part: rootorders.Orders | None, config: Config, report_once: Callable[[str, str], None]
-) -> list[GpuSharer]:
-    """The extras' GPU sharing (the mps extra's MPS daemons), started for this worker. One that
-    fails to start is logged and left out: its jobs are then time-sliced."""
-    gpu_sharing = hooks.registry().gpu_sharing
-    started = hooks.start_each(
-        "GPU sharing", gpu_sharing, local_dir, root_part, config, report_once, without="jobs are time-sliced"
-    )
-    return [sharer for _, sharer in started]
-
-
-class Offers:
-    """What the extras' probes offer, together (none: nothing beyond the GPUs)."""
-
-    def __init__(self, probes: list[OfferFinder]) -> None:
-        self.probes = probes
-        self.found: dict[str, str] = {}
-        self.problems: dict[str, str] = {}
-
-    def refresh(self, now: float) -> None:
-        found: dict[str, str] = {}
-        problems: dict[str, str] = {}
-        for probe in self.probes:
-            try:
-                probe.refresh(now)
-            except Exception:  # an extra's failure is its own: what it found last still stands
-                log.exception("the extras' probe %s failed", type(probe).__name__)
-            found.update(probe.found)
-            problems.update(probe.problems)
-        self.found, self.problems = found, problems
 
 
 class Worker:
@@ -203,11 +153,11 @@ class Worker:
             ),
         )
         self.box = Box(config, self.rt, self.intake, self.clock)  # what every part of a pass is handed
-        self.sharers = _start_sharing(local_dir, root_part, config, self.box.report_once)
+        self.sharers = start_sharing(local_dir, root_part, config, self.box.report_once)
         team = as_owners and os.geteuid() != 0  # a queue account's worker, jobs run as their owners
         self.needs = hooks.needs_of(config)  # what a job's extras' fields need of a host (the plan's)
         self.plan_config = hooks.sharing_of(config)  # gpu_sharing as the extras here run it
-        self.runtimes: OfferFinder = runtimes or Offers(_start_offers(config, team))
+        self.runtimes: OfferFinder = runtimes or Offers(start_offers(config, team))
 
     def _init_pass_memory(self) -> None:
         """What one pass leaves the next: the GPUs and jobs it saw, what it read and when."""
