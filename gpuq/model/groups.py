@@ -19,6 +19,11 @@ class GroupError(Exception):
     pass
 
 
+# How a member held back by its array's %N limit is told (spool/eligible.py), and how the
+# estimate knows it from other waits (sched/estimate.py): one word, not a text matched twice.
+ARRAY_LIMIT_WAIT = "array limit"
+
+
 def array_limit(text: str) -> int | None:
     """'0-9%2' -> 2: at most that many of the array's jobs run at once (Slurm's %N); None without."""
     _, percent, limit = text.partition("%")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from gpuq.model.config import Config
+from gpuq.model.groups import ARRAY_LIMIT_WAIT
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, SetAside, Start
 from gpuq.model.usage import estimate, typical
 from gpuq.sched.boxroom import asks
@@ -114,7 +115,7 @@ def _replayed(
             why_none[j.id] = WHEN_IDLE
         elif j.id in blocked:
             begins_later = j.spec.begin_at is not None and j.spec.begin_at > now
-            throttled = blocked[j.id].startswith("array limit")  # spool/eligible.py's reason
+            throttled = blocked[j.id].startswith(ARRAY_LIMIT_WAIT)  # spool/eligible.py's reason
             why_none[j.id] = AFTER_BEGIN if begins_later else ARRAY_LIMIT if throttled else AFTER_DEPENDENCIES
         else:
             waiting.append(j)

@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from typing import Iterable, Mapping
 
+from gpuq.model.groups import ARRAY_LIMIT_WAIT
 from gpuq.model.jobs import PendingJob
 
 
@@ -38,7 +39,9 @@ def not_yet(
         limit = min(m.spec.array_limit or 1 for m in members)
         members.sort(key=lambda m: _index(m.id))
         for member in members[max(0, limit - runs[group]) :]:
-            waiting[member.id] = f"array limit: {runs[group]} of {group} running, at most {limit} at once (%{limit})"
+            waiting[member.id] = (
+                f"{ARRAY_LIMIT_WAIT}: {runs[group]} of {group} running, at most {limit} at once (%{limit})"
+            )
     return waiting
 
 
