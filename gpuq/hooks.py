@@ -168,6 +168,21 @@ class StatusSection:
     after: str = "PENDING"
 
 
+@dataclass(frozen=True)
+class RetryRule:
+    """Whether an attempt that failed on its own (no cancel, limit or preemption) goes back to
+    its place in the queue with its spec changed: the oom extra's retry after CUDA ran out of
+    memory, with more `gpu_mem`. `decide` is "module:function" under gpuq, loaded by the job's
+    supervisor only for such an attempt: called with a `run.retry.Failure` and the config keys
+    only extras read (by Config attribute: run/joblocal.py Runtime.settings), it gives a
+    `run.retry.Retry` (why, and the spec fields to set) or None (the types are there).
+    The worker then requeues the attempt as for a preemption (worker/recovery.py), with the
+    spec text changed and the record's `failure_retries` one higher."""
+
+    name: str
+    decide: str
+
+
 @dataclass
 class Registry:
     verbs: list[Verb] = field(default_factory=list)
@@ -195,6 +210,8 @@ class Registry:
     gpu_sharing: list[GpuSharing] = field(default_factory=list)
     # What `gpuq doctor` says of each live box for an extra (cli/doctor.py).
     doctor_checks: list[DoctorCheck] = field(default_factory=list)
+    # Failed attempts that go back to the queue with a changed spec (run/retry.py).
+    retry_rules: list[RetryRule] = field(default_factory=list)
 
 
 # Every field of Registry but the two that say which extras loaded: each is a hook.
@@ -361,7 +378,7 @@ def unused_state(state_dir: Path) -> list[tuple[str, str]]:
 
 # The spec fields the core knows of but no loaded extra gives, with the extra that would:
 # a spec that sets one is refused with the fix (a spec from before the extra was deleted).
-FIELDS_OF_EXTRAS: dict[str, str] = {"container": "containers"}
+FIELDS_OF_EXTRAS: dict[str, str] = {"container": "containers", "retry_on_oom": "oom"}
 
 
 def missing_field(name: str) -> tuple[str, str] | None:

@@ -27,6 +27,7 @@ SET_TO = {
     "container_env": "{DOCKER_HOST: 'unix:///run/docker.sock'}",
     "allow_docker": "true",
     "gpu_sharing": "mps",
+    "retry_on_oom": 3,
     "alert_command": "'cat >/dev/null'",
     "alert_wait_s": 60,
     "alert_idle_holder_s": 60,
@@ -39,7 +40,7 @@ EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py"
 
 
 def test_the_extras_are_found_by_listing_their_folder():
-    assert {"alerts", "bookings", "containers", "mps", "reports", "sim", "slurm"} <= set(
+    assert {"alerts", "bookings", "containers", "mps", "oom", "reports", "sim", "slurm"} <= set(
         EXTRAS
     ) and hooks.registry().broken == {}
     assert {"book", "unbook", "report", "eff", "simulate", "export"} <= {v.name for v in hooks.registry().verbs}
@@ -51,7 +52,8 @@ def test_the_extras_are_found_by_listing_their_folder():
         ("alerts", "extras.alerts.watch:start"),
         ("metrics", "extras.reports.metrics:start"),
     ]
-    assert set(hooks.registry().spec_fields) == {"container"} == set(hooks.FIELDS_OF_EXTRAS)
+    assert set(hooks.registry().spec_fields) == {"container", "retry_on_oom"} == set(hooks.FIELDS_OF_EXTRAS)
+    assert [(r.name, r.decide) for r in hooks.registry().retry_rules] == [("oom", "extras.oom.rule:decide")]
     assert [w.wrap for w in hooks.registry().launch_wrappers] == ["extras.containers.launching:wrap"]
     assert [o.start for o in hooks.registry().offers] == ["extras.containers.launching:offers"]
 

@@ -60,6 +60,8 @@ REVIEWED: dict[tuple[str, str, str], str] = {
     ("gpuq.spool.submit", "place_spec", "link"): "the member's own temp file, linked to the first free name in jobs/",
     ("gpuq.spool.sweeps", "expand_dropped_sweep", "rename"): _RENAME + "; a sweep's spec out of jobs/",
     ("gpuq.worker.recovery", "Recovery._hold_spec", "rename"): _RENAME + "; a claim within state/",
+    ("gpuq.worker.recovery", "Recovery.requeue", "rename"): _RENAME
+    + "; a retry's new spec over the held claim, within state/",
     ("gpuq.worker.returns", "_park", "rename"): _RENAME + "; a claim within state/claims/",
     ("gpuq.worker.returns", "reject", "rename"): _RENAME + "; a refused spec out of jobs/ into state/rejected/",
 }

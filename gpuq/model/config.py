@@ -62,6 +62,7 @@ class Config:
     alert_gpu_power_w: float | None = None
     alert_worker_silent_s: float = 300.0  # a host whose heartbeat has not changed for this long
     alert_short_jobs: int = 200  # jobs under 10 s ended on one host within 10 minutes
+    retry_on_oom: int = 1  # re-runs with more gpu_mem after CUDA ran out of memory (the oom extra)
     # Scheduling (sched/plan.py; docs/scheduling.md).
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
     # Within a priority, users who used less go first: GPU-seconds decayed by half every
@@ -340,6 +341,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "alert_gpu_power_w": ("alert_gpu_power_w", _optional_positive_float),
     "alert_worker_silent_s": ("alert_worker_silent_s", _seconds),
     "alert_short_jobs": ("alert_short_jobs", _positive(int)),
+    "retry_on_oom": ("retry_on_oom", _non_negative_int),
     "max_gpus_per_user": ("max_gpus_per_user", _optional_positive_int),
     "fair_share": ("fair_share", _bool),
     "fair_share_half_life": ("fair_share_half_life_s", _positive_duration),
@@ -382,6 +384,7 @@ KEYS_OF_EXTRAS: dict[str, str] = {
     "alert_gpu_power_w": "alerts",
     "alert_worker_silent_s": "alerts",
     "alert_short_jobs": "alerts",
+    "retry_on_oom": "oom",
 }
 
 

@@ -5,8 +5,8 @@ whose supervisor is gone in each phase (worker/recovery.py).
 
 The file's JSON keys are those of before the phases had names (`{claim}`, `{claim, keeper_pid,
 keeper_ticks}`, `{claim, ended: true}`, `{claim, preempted}`, `{claim, fenced}`, `{claim,
-result, unrecorded}`, `{}`): a worker upgraded while supervisors of the old code run reads
-theirs. The supervisor adds its own pid, start ticks and the time to each."""
+result, unrecorded}`, `{}`; `{claim, retry, changes}` came later): a worker upgraded while
+supervisors of the old code run reads theirs. The supervisor adds its own pid, start ticks and the time to each."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class Phase(str, Enum):
     PREEMPTED = "preempted"  # it yielded its GPU: the spec goes back to its old place
     FENCED = "fenced"  # stopped, and nothing recorded: this host was cut off from the others
     UNRECORDED = "unrecorded"  # the shared disk refused the result: it is kept here instead
+    RETRY = "retry"  # it failed, and a retry rule sends it back to its place with its spec changed
 
 
 # Each phase's possible successors, as the supervisor writes them (a fresh lock file, or one
@@ -34,15 +35,16 @@ NEXT: dict[Phase, frozenset[Phase]] = {
     Phase.STARTED: frozenset({Phase.UNSTARTED, Phase.RUNNING, Phase.ENDED}),
     Phase.RUNNING: frozenset({Phase.RUNNING, Phase.ENDED}),
     # Recorded as usual, the attempt's files go, lock file with them: no marker follows.
-    Phase.ENDED: frozenset({Phase.PREEMPTED, Phase.FENCED, Phase.UNRECORDED}),
+    Phase.ENDED: frozenset({Phase.PREEMPTED, Phase.FENCED, Phase.UNRECORDED, Phase.RETRY}),
     Phase.PREEMPTED: frozenset(),
+    Phase.RETRY: frozenset(),
     Phase.FENCED: frozenset(),
     Phase.UNRECORDED: frozenset(),
 }
 
 # The phases in which nothing of the job runs any more: its GPUs and CPU slot are free while
 # the supervisor finishes (its record may still say running for a moment).
-OVER = frozenset({Phase.ENDED, Phase.PREEMPTED, Phase.FENCED, Phase.UNRECORDED})
+OVER = frozenset({Phase.ENDED, Phase.PREEMPTED, Phase.FENCED, Phase.UNRECORDED, Phase.RETRY})
 
 
 class MarkerError(Exception):
@@ -53,10 +55,11 @@ class MarkerError(Exception):
 class Marker:
     phase: Phase
     claim: str | None  # the attempt's claim: a marker of another attempt is no marker of this one
-    why: str | None = None  # PREEMPTED, FENCED, UNRECORDED: what happened
+    why: str | None = None  # PREEMPTED, FENCED, UNRECORDED, RETRY: what happened
     keeper_pid: int | None = None  # RUNNING
     keeper_ticks: int | None = None
-    result: object = None  # UNRECORDED: the result the record should have had (as read: unchecked)
+    result: object = None  # UNRECORDED: the result the record should have had (as read: unchecked);
+    # RETRY: the spec fields to set (None: remove the field), as read: unchecked
     supervisor_pid: int | None = None  # as read back: who wrote it (with its start ticks)
     ticks: int | None = None
 
@@ -73,6 +76,8 @@ class Marker:
             own[self.phase.value] = self.why
         elif self.phase is Phase.UNRECORDED:
             own |= {"result": self.result, "unrecorded": self.why}
+        elif self.phase is Phase.RETRY:
+            own |= {"retry": self.why, "changes": self.result}
         return own
 
 
@@ -90,6 +95,9 @@ def parse_marker(data: bytes | None, claim: str | None) -> Marker:
         return Marker(Phase.PREEMPTED, claim, why=str(found["preempted"]), supervisor_pid=pid, ticks=ticks)
     if found.get("fenced"):
         return Marker(Phase.FENCED, claim, why=str(found["fenced"]), supervisor_pid=pid, ticks=ticks)
+    if found.get("retry"):
+        why = str(found["retry"])
+        return Marker(Phase.RETRY, claim, why=why, result=found.get("changes"), supervisor_pid=pid, ticks=ticks)
     if found.get("result"):
         why = str(found.get("unrecorded"))
         return Marker(Phase.UNRECORDED, claim, why=why, result=found["result"], supervisor_pid=pid, ticks=ticks)

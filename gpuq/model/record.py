@@ -44,6 +44,7 @@ class Record:
     peak_cpus: float | None = None
     cpu_s: float | None = None
     preempted: bool = False  # the attempt before this one was preempted
+    failure_retries: int = 0  # run/retry.py: the job's re-runs after a failure so far (out of GPU memory)
     time_limit_s: float | None = None  # the limits that apply (spec, else config): run/limits.py
     mem_limit_mib: int | None = None
     cpu_cores: list[int] = field(default_factory=list)

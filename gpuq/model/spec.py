@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from gpuq import hooks
 from gpuq.model.environments import parse_conda, parse_setup, parse_venv
 from gpuq.model.errors import SpecError, kind_of
@@ -195,6 +197,25 @@ _FROM_CACHE: dict[str, Any] = {
 def parse_spec_text(text: bytes, file: str) -> JobSpec:
     """Bytes of a spec file -> JobSpec, or SpecError naming the file, field and fix."""
     return validate_spec(load_yaml(text, file), file)
+
+
+def spec_text_with(text: bytes, changes: Mapping[str, Any], note: str, file: str) -> bytes:
+    """A spec's text with the top-level fields in `changes` set (None removes one), headed by
+    `note` as a comment: what a retry rule's requeue runs next (run/retry.py). The fields are
+    written as YAML writes them, so a hand-written spec loses its comments; the attempt's
+    record keeps the text as it was. SpecError where the result is no spec."""
+    data = load_yaml(text, file)
+    if not isinstance(data, dict):
+        raise SpecError(file, "(top level)", "is not a mapping", "write the spec as `key: value` lines")
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    comment = "".join(f"# {line}\n" for line in note.splitlines())
+    new = (comment + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)).encode()
+    validate_spec(load_yaml(new, file), file)
+    return new
 
 
 def validate_spec(data: Any, file: str) -> JobSpec:

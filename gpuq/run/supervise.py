@@ -60,6 +60,7 @@ from gpuq.run.launch import (
     start_run,
 )
 from gpuq.run.limits import LimitWatch
+from gpuq.run.retry import Failure, Retry, retry_after
 from gpuq.sched.restarts import HEALTHY_S, restart_delay
 from gpuq.spool.ids import sync as sync_reservation
 from gpuq.spool.store import forget_kept, read_record, transition, write_record
@@ -335,9 +336,17 @@ def _record_outcome(rt: Runtime, a: _Attempt, lock_fd: int, clock: Clock) -> Non
     # A result still ours is written unless a takeover is close: writing takes milliseconds,
     # while stopping a running job needs grace_s (hence the earlier limit in _wait).
     a.fenced = a.fenced or fence_reason(rt, a.record, RECORD_FENCE_FRACTION)
-    outcome = _log_outcome(a, ended, rt.layout.job_log(a.record.id))
+    log = rt.layout.job_log(a.record.id)
+    retry = _retry(rt, a, log)
+    outcome = _log_outcome(a, ended, log, retry)
     if a.fenced:
         _leave_fenced(rt, a.record, lock_fd, a.fenced)
+        return
+    if retry is not None:
+        # Not an end either: this host's worker puts the spec back at its old place, changed
+        # as the rule says, once the lock is free (recovery.settle_gone).
+        _mark(lock_fd, Marker(Phase.RETRY, a.record.claim, why=retry.why, result=retry.changes))
+        poke(rt.local_dir, WAKE_JOB_ENDED)
         return
     stop = a.stop
     if stop and stop.cause is StopCause.PREEMPT:
@@ -374,11 +383,37 @@ def _record_outcome(rt: Runtime, a: _Attempt, lock_fd: int, clock: Clock) -> Non
     poke(rt.local_dir, WAKE_JOB_ENDED)
 
 
-def _log_outcome(a: _Attempt, ended: float, log: Path) -> str:
+def _retry(rt: Runtime, a: _Attempt, log: Path) -> Retry | None:
+    """A retry rule's answer for an attempt that ran and failed on its own (run/retry.py)."""
+    failed = a.exit_code not in (None, 0) or a.sig is not None
+    if a.stop or a.fenced or not failed or a.limits is None:
+        return None
+    failure = Failure(
+        record=a.record,
+        exit_code=a.exit_code,
+        signal=a.sig,
+        log_tail=_tail(log, a.log_fd).decode("utf-8", "replace"),
+        peak_gpu_mem_mib=read_gpu_usage(rt.usage_path(a.record.id)).get("peak_gpu_mem_mib"),
+        gpu_total_mib=_gpu_total(rt, a.record),
+    )
+    return retry_after(failure, rt.settings)
+
+
+def _gpu_total(rt: Runtime, record: Record) -> int | None:
+    """The memory of the job's first GPU, as its worker last published it (its heartbeat)."""
+    try:
+        gpus = json.loads(rt.layout.heartbeat(rt.host).read_bytes())["gpus"]
+        found = [g["mem_total_mib"] for g in gpus if record.gpus and g["index"] == record.gpus[0]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found[0] if found and type(found[0]) is int else None
+
+
+def _log_outcome(a: _Attempt, ended: float, log: Path, retry: Retry | None = None) -> str:
     """The attempt's last lines in its log, which is closed then: how it ended, a note on a
-    shell's exit code (also the record's reason), why the result is not recorded. Returns how
-    it ended, as said there. A venv, conda or setup line that failed is the record's reason
-    too, as the prelude said it in the log (status's NOTE)."""
+    shell's exit code (also the record's reason), why the result is not recorded, a retry.
+    Returns how it ended, as said there. A venv, conda or setup line that failed is the
+    record's reason too, as the prelude said it in the log (status's NOTE)."""
     if a.exit_code and not a.stop and (a.spec.venv or a.spec.conda or a.spec.setup):
         a.failure = a.failure or prelude_failure(_tail(log, a.log_fd))
     outcome = (
@@ -396,6 +431,8 @@ def _log_outcome(a: _Attempt, ended: float, log: Path) -> str:
         a.failure = a.failure or note  # the record's reason: status and show say it too
     if a.fenced:
         _log(a.log_fd, f"==> gpuq: this attempt's result is not recorded ({a.fenced})\n")
+    elif retry is not None:
+        _log(a.log_fd, f"==> gpuq: {retry.why}\n")
     if a.log_fd is not None:
         os.close(a.log_fd)
     return outcome

@@ -165,12 +165,18 @@ class StateChange:
 
 
 def transition(
-    layout: Layout, before: Record, new: State, event_host: str, durable: bool = True, **changes: Any
+    layout: Layout,
+    before: Record,
+    new: State,
+    event_host: str,
+    durable: bool = True,
+    said: dict[str, Any] | None = None,
+    **changes: Any,
 ) -> Record:
-    """A `StateChange` with nothing else to move: check, write, log."""
+    """A `StateChange` with nothing else to move: check, write, log (`said`: as StateChange.log)."""
     change = StateChange(layout, before, new, event_host, durable, **changes)
     updated = change.write()
-    change.log()
+    change.log(**(said or {}))
     return updated
 
 

@@ -56,8 +56,7 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         if record is not None:
             out = mask_secrets(record.to_json())
             out["log"] = str(layout.job_log(job_id))
-            if preempted := preemptions(layout, job_id):
-                out["preemptions"] = preempted
+            out |= requeues(layout, job_id)
             peaks = _past_peaks(layout, record)
             if (suggested := suggest_gpu_mem(peaks)) is not None:
                 out["suggested_gpu_mem"] = {"mib": suggested, "runs": len(peaks), "peak_mib": max(peaks)}
@@ -76,8 +75,7 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         for p in view["pending"]:
             if p["id"] == job_id:
                 out = {"id": job_id, "state": "pending", **p, **_pending_sees(layout, config, job_id, path)}
-                if preempted := preemptions(layout, job_id):  # waiting again after one
-                    out["preemptions"] = preempted
+                out |= requeues(layout, job_id)  # waiting again after a preemption or a retry
                 return out
         for p in view["invalid"]:
             if p["id"] == job_id:
@@ -131,22 +129,33 @@ def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> di
     return {**asks, "sees": _sees(layout, config, job_id, spec, None, st.st_uid)}
 
 
-def preemptions(layout: Layout, job_id: str) -> list[dict[str, Any]]:
-    """Each time the job was stopped to make way for other work and put back: `[{t, reason}]`,
-    oldest first, from the event logs (only lines naming the job are parsed)."""
+def requeues(layout: Layout, job_id: str) -> dict[str, list[dict[str, Any]]]:
+    """Each time the job was put back into the queue for another attempt: `preemptions`
+    (stopped to make way for other work) and `retries` (it failed, and a retry rule sent it
+    back changed: run/retry.py), each `[{t, reason}]`, oldest first, and only where there were
+    some; from the event logs (only lines naming the job are parsed)."""
     needle = f'"job":"{job_id}"'.encode()
-    found = []
+    found: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(layout.events.glob("*.jsonl")):
         try:
             with open(path, "rb") as f:
                 for line in f:
                     if needle in line and b'"to":"pending"' in line:
                         event = checked_event(line)
-                        if event and event["job"] == job_id and event.get("cause") == StopCause.PREEMPT.value:
-                            found.append({"t": event["t"], "reason": event.get("reason")})
+                        if not event or event["job"] != job_id:
+                            continue
+                        kind = (
+                            "preemptions"
+                            if event.get("cause") == StopCause.PREEMPT.value
+                            else "retries"
+                            if event.get("retry") is True
+                            else None
+                        )
+                        if kind is not None:
+                            found.setdefault(kind, []).append({"t": event["t"], "reason": event.get("reason")})
         except OSError:
             continue
-    return sorted(found, key=lambda e: e["t"])
+    return {kind: sorted(events, key=lambda e: e["t"]) for kind, events in found.items()}
 
 
 def _past_peaks(layout: Layout, record: Record) -> list[int]:
@@ -255,9 +264,10 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
         elif isinstance(value, list):
             value = ",".join(map(str, value))
         lines.append(f"{label + ':':<17} {value}" if len(label) >= 17 else f"{label + ':':<18}{value}")
-    if isinstance(preempted := job.get("preemptions"), list) and preempted:
-        lines.append(f"{'preemptions:':<18}{len(preempted)}")
-        lines += [f"{'':<18}{stamp(p.get('t'))}  {p.get('reason') or ''}" for p in preempted if isinstance(p, dict)]
+    for kind in ("preemptions", "retries"):
+        if isinstance(requeued := job.get(kind), list) and requeued:
+            lines.append(f"{kind + ':':<18}{len(requeued)}")
+            lines += [f"{'':<18}{stamp(p.get('t'))}  {p.get('reason') or ''}" for p in requeued if isinstance(p, dict)]
     if isinstance(job.get("started_at"), (int, float)) and isinstance(job.get("ended_at"), (int, float)):
         lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
     if suggested := job.get("suggested_gpu_mem"):

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
+from typing import Any
 
 from gpuq import hooks
 from gpuq.host import rootorders
 from gpuq.host.faults import crash_point
 from gpuq.host.files import create_owned, read_json
+from gpuq.model.errors import SpecError
 from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record, claim_name, parse_claim_name
+from gpuq.model.spec import spec_text_with
 from gpuq.model.states import State
 from gpuq.model.stops import StopCause, ended_as
 from gpuq.run.joblocal import checked_result, read_exit, read_marker, stop_ordered
@@ -72,6 +76,7 @@ class Recovery:
             Phase.PREEMPTED: self._yielded,
             Phase.FENCED: self._fenced,
             Phase.UNRECORDED: self._unrecorded,
+            Phase.RETRY: self._retried,
         }.get(marker.phase, self._died)  # STARTED, RUNNING, ENDED: its supervisor died
         settle(record, marker)
 
@@ -83,6 +88,20 @@ class Recovery:
     def _yielded(self, record: Record, marker: Marker) -> None:
         """It yielded its GPU: back to its old place, never lost."""
         self.requeue(record, f"{marker.why}; requeued as attempt {record.attempt + 1}", StopCause.PREEMPT)
+
+    def _retried(self, record: Record, marker: Marker) -> None:
+        """It failed, and a retry rule sends it back to its place with its spec changed
+        (run/retry.py); a change that makes no spec (or no changes) ends it as failed."""
+        why = f"{marker.why}; requeued as attempt {record.attempt + 1}"
+        try:
+            if not isinstance(marker.result, dict) or not marker.result:
+                raise SpecError(f"jobs/{record.id}.yaml", "(retry)", "changes nothing", "none")
+            text = spec_text_with(record.spec_text.encode(), marker.result, why, f"jobs/{record.id}.yaml")
+        except SpecError as e:
+            reason = f"{marker.why}; not requeued: the changed spec is refused ({e})"
+            transition(self.layout, record, State.FAILED, self.host, ended_at=self.clock.wall(), reason=reason)
+            return
+        self.requeue(record, why, text=text, failure_retries=record.failure_retries + 1)
 
     def _fenced(self, record: Record, marker: Marker) -> None:
         """Its supervisor stopped it and recorded nothing: this host had been cut off."""
@@ -188,13 +207,22 @@ class Recovery:
         if record.claim:
             (self.layout.claims / record.claim).unlink(missing_ok=True)
 
-    def requeue(self, record: Record, reason: str, cause: StopCause | None = None) -> None:
+    def requeue(
+        self, record: Record, reason: str, cause: StopCause | None = None, text: bytes | None = None, **fields: Any
+    ) -> None:
+        """Back to its place as attempt+1: the same spec, or `text` (the owner's again, its
+        mode kept); `fields` go into the requeued record (the next attempt reads them)."""
         held = self._hold_spec(record)
         if held is None:
             return  # another host is requeueing it, or it was settled meanwhile
         crash_point("recovery:held")
-        keep_place(self.layout, record.id, os.lstat(held).st_uid, record.queued_at)
-        transition(self.layout, record, State.PENDING, self.host, reason=reason, cause=cause)
+        st = os.lstat(held)
+        if text is not None:
+            mode = stat.S_IMODE(st.st_mode)
+            os.rename(create_owned(self.layout.claims, record.id, text, st.st_uid, st.st_gid, mode), held)
+        keep_place(self.layout, record.id, st.st_uid, record.queued_at)
+        said = {"retry": True} if text is not None else None  # `show` lists the job's retries
+        transition(self.layout, record, State.PENDING, self.host, said=said, reason=reason, cause=cause, **fields)
         crash_point("recovery:recorded")
         put_back(self.box, record.id, held)
 

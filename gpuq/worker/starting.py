@@ -104,6 +104,7 @@ class Starter:
             claim=claimed.name,
             claimed_at=self.clock.wall(),
             preempted=previous is not None and cause_of(previous) is StopCause.PREEMPT,
+            failure_retries=_failure_retries(previous),
             mps_pipe=mps_pipe,
             mps_compute_pct=mps_compute,
             **limits_for(job.spec, self.config, [r.cpu_cores for r in running]),
@@ -138,3 +139,9 @@ class Starter:
             if (found := sharer.client(spec, gpu)) is not None:
                 return found
         return None, None
+
+
+def _failure_retries(previous: dict | None) -> int:
+    """The re-runs after a failure so far (run/retry.py), as the requeued record counts them."""
+    found = (previous or {}).get("failure_retries")
+    return found if type(found) is int and found >= 0 else 0
