@@ -6,6 +6,7 @@ runs nothing a name says, and follows the queue without a reload."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -233,6 +234,22 @@ def test_a_hostile_name_is_data_and_a_lan_bind_says_who_can_read(queue, serve, t
     assert b"onerror" not in page and b"alert(" not in page and page.count(b"<script>") == 1
     go.touch()
     assert served.stop() == 0
+
+
+def test_root_serves_a_team_root_as_the_queues_account_never_as_root(team, tmp_path):
+    """Root's `gpuq serve` drops to the queue's account, as every verb but init and doctor
+    does (cli/__init__.py), before it reads the spool or listens."""
+    import psutil
+
+    account = os.stat(team.root / "state").st_uid
+    served = Served(team, tmp_path / "serve-team.out")
+    try:
+        assert account != 0 and set(psutil.Process(served.proc.pid).uids()) == {account}
+        assert served.data()["hosts"] == [] and served.stop() == 0
+    finally:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait()
 
 
 @pytest.mark.installs
