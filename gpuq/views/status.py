@@ -366,6 +366,8 @@ def _host(
 def _running(r: Record, observed: dict[int, int], now: float, yielding: bool, warning: str | None) -> dict[str, Any]:
     return {
         "id": r.id,
+        # The spec's label (free text, one line), else the stem of its id: `status -n` matches it.
+        "name": _name(r.spec.get("name"), r.id),
         "user": r.user,
         "host": r.host,
         "gpus": r.gpus,
@@ -384,6 +386,11 @@ def _running(r: Record, observed: dict[int, int], now: float, yielding: bool, wa
         "observed_gpu_mem_mib": max(observed.values()) if observed else None,
         "command": command_shown(r.spec.get("command")),
     }
+
+
+def _name(label: object, job_id: str) -> str:
+    """A job's name as history shows it: the spec's `name`, else its id without the counter."""
+    return label if isinstance(label, str) and label else name_of(job_id)
 
 
 def _by_reason(reasons: Iterable[str]) -> dict[str, int]:
@@ -437,6 +444,7 @@ def _pending(job: PendingJob, position: int, reason: str, now: float, queue: _Qu
     likely = queue.likely.starts.get(job.id)
     return {
         "id": job.id,
+        "name": _name(s.name, job.id),
         "user": job.user,
         "position": position,
         "gpus": s.gpus,

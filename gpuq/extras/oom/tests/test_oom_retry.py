@@ -61,7 +61,7 @@ def test_a_job_out_of_gpu_memory_runs_again_at_its_place_with_more_memory(queue,
     queue.drop("train.yaml", f"command: [{script}]\ngpus: 1\ngpu_mem: 8GiB\n")
     wait_until(lambda: _peak_seen(queue, "train", 9 * 1024), timeout=60, what="the job's 9GiB sampled")
     # Behind it in the queue, a job that cannot share the GPU with its next attempt (14 + 20 > 24).
-    queue.drop("later.yaml", "command: \"true\"\ngpus: 1\ngpu_mem: 20GiB\n")
+    queue.drop("later.yaml", 'command: "true"\ngpus: 1\ngpu_mem: 20GiB\n')
     wait_until(lambda: "later" in {p["id"] for p in queue.status()["pending"]}, what="later to wait")
     go.touch()
     done = wait_until(lambda: queue.finished("train"), timeout=90, what="the retried job to end")
@@ -135,6 +135,6 @@ def test_retry_on_oom_from_submit_and_bad_values_named(queue, tmp_path):
     assert "retries:          2" in shown and "preemptions" not in shown
     bad = queue.gpuq("submit", "--retry-on-oom", "eleven", "--", "true", check=False)
     assert bad.returncode != 0 and "--retry-on-oom 'eleven'" in bad.stderr
-    queue.drop("bad.yaml", "command: \"true\"\nretry_on_oom: 11\n")
+    queue.drop("bad.yaml", 'command: "true"\nretry_on_oom: 11\n')
     refused = wait_until(lambda: queue.refusals("bad"), timeout=30, what="the refusal")
     assert "retry_on_oom" in refused and "0 to 10" in refused

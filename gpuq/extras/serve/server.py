@@ -1,0 +1,169 @@
+"""`gpuq serve`: the status page over HTTP, read-only, standard library only.
+
+Two paths answer: `/` (the page: assets.py) and `/status.json` (page.py's part of the status
+view, which the page polls); everything else is 404, so no file under the root is ever served.
+The view is the one `gpuq status --json` builds, computed at most once per CACHE_S however many
+tabs poll (status of a large queue takes a noticeable part of a second). A view that cannot be
+built (the shared disk gone, a config mid-edit) keeps the last one served, with the error, so
+the page says so and still shows what it had.
+
+Run by root it has already become the queue's account (cli/__init__.py drops every verb but
+init and doctor), as every other reader of the spool does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import ipaddress
+import json
+import socket
+import sys
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from gpuq.cli.common import open_layout, read_config
+from gpuq.extras.serve.assets import CSP, HTML
+from gpuq.extras.serve.page import PENDING_ROWS, page_data
+from gpuq.model.text import safe_text
+from gpuq.spool.layout import Layout
+from gpuq.views.status import status
+
+CACHE_S = 1.5
+ERROR_SHOWN_CHARS = 200
+# A loopback server answers only requests addressed to a loopback name: a web page elsewhere
+# that points its own name at 127.0.0.1 (DNS rebinding) must not read the queue through a
+# member's browser. Any port: an ssh tunnel may forward another local port.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+class Snapshot:
+    """The served document, rebuilt from the spool at most once per `max_age_s`: one thread
+    rebuilds while the others wait for it (a lock), so ten tabs cost one status view."""
+
+    def __init__(self, build: Callable[[], dict[str, Any]], max_age_s: float = CACHE_S) -> None:
+        self._build = build
+        self._max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._built_at = -float("inf")  # monotonic
+        self._data: dict[str, Any] | None = None
+        self._error: str | None = None
+        self._body = b""
+
+    def body(self) -> bytes:
+        with self._lock:
+            if time.monotonic() - self._built_at >= self._max_age_s:
+                self._refresh()
+            return self._body
+
+    def _refresh(self) -> None:
+        try:
+            self._data, self._error = self._build(), None
+        except Exception as e:  # noqa: BLE001 - any failure to read the queue is told on the page, not fatal
+            self._error = safe_text(f"{type(e).__name__}: {e}")[:ERROR_SHOWN_CHARS]
+        self._built_at = time.monotonic()
+        self._body = json.dumps({"error": self._error, "data": self._data}, separators=(",", ":")).encode()
+
+
+def view_builder(layout: Layout) -> Callable[[], dict[str, Any]]:
+    """What `gpuq status --json` computes, as the page shows it (the config read anew each
+    time: an admin's change shows without a restart)."""
+    return lambda: page_data(status(layout, read_config(layout), pending_rows=PENDING_ROWS))
+
+
+def make_handler(snapshot: Snapshot, loopback_only: bool) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "gpuq-serve"
+        sys_version = ""
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if loopback_only and not _addressed_to_loopback(self.headers.get("Host", "")):
+                self._send(HTTPStatus.FORBIDDEN, b"not a loopback address\n", "text/plain; charset=utf-8")
+                return
+            path = self.path.split("?", 1)[0]
+            if path == "/":
+                self._send(HTTPStatus.OK, HTML, "text/html; charset=utf-8")
+            elif path == "/status.json":
+                self._send(HTTPStatus.OK, snapshot.body(), "application/json; charset=utf-8")
+            else:
+                self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+
+        def _send(self, code: HTTPStatus, body: bytes, kind: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Security-Policy", CSP)
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Frame-Options", "DENY")
+            self.send_header("Referrer-Policy", "no-referrer")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # a tab polls every few seconds: a line each would bury anything worth reading
+
+    return Handler
+
+
+def _addressed_to_loopback(host_header: str) -> bool:
+    name = host_header.strip().lower()
+    name = name.rsplit(":", 1)[0] if not name.endswith("]") else name  # less its port ([::1]:8080 too)
+    return name in LOOPBACK_NAMES
+
+
+def _is_loopback(bind: str) -> bool:
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:  # a host name: its address could be any
+        return False
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a tab left open must not keep Ctrl-C from ending the process
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        return _serve(args)
+    except KeyboardInterrupt:  # Ctrl-C before the server was up (the first view): a clean stop too
+        return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    layout = open_layout(args)  # a wrong root is said now, before anything listens
+    loopback = _is_loopback(args.bind)
+    snapshot = Snapshot(view_builder(layout))
+    snapshot.body()  # the first view now: its cost is paid before the first tab waits for it
+    server_class = _Server6 if ":" in args.bind else _Server
+    try:
+        server = server_class((args.bind, args.port), make_handler(snapshot, loopback))
+    except OSError as e:
+        why = "is in use (another gpuq serve?)" if e.errno == errno.EADDRINUSE else f"cannot be bound: {e.strerror}"
+        print(f"gpuq serve: port {args.port} on {args.bind} {why}. Fix: pick another with --port", file=sys.stderr)
+        return 2
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+    shown = f"[{host}]" if ":" in host else host
+    if not loopback:
+        print(
+            f"gpuq serve: note: bound to {args.bind}: the page (hosts, jobs, users) is readable by anyone who can "
+            f"reach port {port} on this box",
+            file=sys.stderr,
+        )
+    print(f"gpuq serve: http://{shown}:{port}/ (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
