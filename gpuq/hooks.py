@@ -378,7 +378,7 @@ def unused_state(state_dir: Path) -> list[tuple[str, str]]:
 
 # The spec fields the core knows of but no loaded extra gives, with the extra that would:
 # a spec that sets one is refused with the fix (a spec from before the extra was deleted).
-FIELDS_OF_EXTRAS: dict[str, str] = {"container": "containers", "retry_on_oom": "oom"}
+FIELDS_OF_EXTRAS: dict[str, str] = {"container": "containers", "retry_on_oom": "oom", "attach": "interactive"}
 
 
 def missing_field(name: str) -> tuple[str, str] | None:

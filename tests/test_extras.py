@@ -28,6 +28,7 @@ SET_TO = {
     "allow_docker": "true",
     "gpu_sharing": "mps",
     "retry_on_oom": 3,
+    "shell_idle_timeout": "2h",
     "alert_command": "'cat >/dev/null'",
     "alert_wait_s": 60,
     "alert_idle_holder_s": 60,
@@ -40,21 +41,29 @@ EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py"
 
 
 def test_the_extras_are_found_by_listing_their_folder():
-    assert {"alerts", "bookings", "containers", "mps", "oom", "reports", "sim", "slurm"} <= set(
+    assert {"alerts", "bookings", "containers", "interactive", "mps", "oom", "reports", "serve", "sim", "slurm"} <= set(
         EXTRAS
     ) and hooks.registry().broken == {}
-    assert {"book", "unbook", "report", "eff", "simulate", "export"} <= {v.name for v in hooks.registry().verbs}
+    verbs = {"book", "unbook", "report", "eff", "simulate", "export", "run", "shell", "serve"}
+    assert verbs <= {v.name for v in hooks.registry().verbs}
     assert set(hooks.registry().request_kinds) == {"book", "unbook"}
     assert [r.name for r in hooks.registry().placement_rules] == ["bookings"]
-    assert [(v.name, v.after) for v in hooks.registry().views] == [("alerts", "HOSTS"), ("bookings", "PENDING")]
+    assert [(v.name, v.after) for v in hooks.registry().views] == [
+        ("alerts", "HOSTS"),
+        ("bookings", "PENDING"),
+        ("sessions", "RUNNING"),
+    ]
     assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
     assert [(p.name, p.start) for p in hooks.registry().publishers] == [
         ("alerts", "extras.alerts.watch:start"),
         ("metrics", "extras.reports.metrics:start"),
     ]
-    assert set(hooks.registry().spec_fields) == {"container", "retry_on_oom"} == set(hooks.FIELDS_OF_EXTRAS)
+    assert set(hooks.registry().spec_fields) == {"container", "retry_on_oom", "attach"} == set(hooks.FIELDS_OF_EXTRAS)
     assert [(r.name, r.decide) for r in hooks.registry().retry_rules] == [("oom", "extras.oom.rule:decide")]
-    assert [w.wrap for w in hooks.registry().launch_wrappers] == ["extras.containers.launching:wrap"]
+    assert [w.wrap for w in hooks.registry().launch_wrappers] == [
+        "extras.containers.launching:wrap",
+        "extras.interactive.wrapper:wrap",
+    ]
     assert [o.start for o in hooks.registry().offers] == ["extras.containers.launching:offers"]
 
 

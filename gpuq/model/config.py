@@ -63,6 +63,7 @@ class Config:
     alert_worker_silent_s: float = 300.0  # a host whose heartbeat has not changed for this long
     alert_short_jobs: int = 200  # jobs under 10 s ended on one host within 10 minutes
     retry_on_oom: int = 1  # re-runs with more gpu_mem after CUDA ran out of memory (the oom extra)
+    shell_idle_timeout_s: float = 3600.0  # a `gpuq shell` left this long without input or output ends
     # Scheduling (sched/plan.py; docs/scheduling.md).
     max_gpus_per_user: int | None = None  # GPUs one user's running jobs may hold at once
     # Within a priority, users who used less go first: GPU-seconds decayed by half every
@@ -342,6 +343,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "alert_worker_silent_s": ("alert_worker_silent_s", _seconds),
     "alert_short_jobs": ("alert_short_jobs", _positive(int)),
     "retry_on_oom": ("retry_on_oom", _non_negative_int),
+    "shell_idle_timeout": ("shell_idle_timeout_s", _positive_duration),
     "max_gpus_per_user": ("max_gpus_per_user", _optional_positive_int),
     "fair_share": ("fair_share", _bool),
     "fair_share_half_life": ("fair_share_half_life_s", _positive_duration),
@@ -385,6 +387,7 @@ KEYS_OF_EXTRAS: dict[str, str] = {
     "alert_worker_silent_s": "alerts",
     "alert_short_jobs": "alerts",
     "retry_on_oom": "oom",
+    "shell_idle_timeout": "interactive",
 }
 
 

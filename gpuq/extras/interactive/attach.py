@@ -1,0 +1,280 @@
+"""The job's end of a `gpuq run` or `gpuq shell` session: what the job runs (wrapper.py puts
+it around the spec's command), as the job's owner, under its keeper, with its GPUs. It connects
+to the socket the member's `gpuq run` listens on (on this box; same owner, checked by the
+kernel's SO_PEERCRED), takes the member's environment and directory from it, and runs the
+command with its input and output carried over that socket: in a pseudo-terminal where the
+member's side is a terminal (a shell, a debugger), else through pipes. The command is in the
+job's process tree, so the plan counts it, its limits apply and its GPU memory is the job's.
+
+It ends when the command ends (its exit status is the job's and `gpuq run`'s); when the member's
+side goes away (the command is hung up on, as ssh does); when the job is stopped (a cancel, a
+time limit: SIGTERM is passed on, the keeper's SIGKILL follows the grace); and, for a shell,
+after `idle_s` with no input or output.
+
+Run as `python -I -c BOOT SOCKET IDLE_S -- COMMAND...` (wrapper.py BOOT).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuq.extras.interactive import wire
+
+CONNECT_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = 30.0
+HANGUP_GRACE_S = 2.0
+DRAIN_S = 1.0  # after the command ends: what it wrote last, unless a child of it holds the output open
+# What the job's own environment adds to the member's: its GPUs and gpuq's variables.
+JOB_PREFIXES = ("GPUQ_", "CUDA_")
+
+
+def main(argv: list[str]) -> int:
+    try:
+        socket_path, idle_text, dashes, *command = argv
+    except ValueError:
+        command, dashes = [], ""
+    if dashes != "--" or not command:
+        print("gpuq: usage: attach SOCKET IDLE_S -- COMMAND...", file=sys.stderr)
+        return 2
+    idle_s = float(idle_text) if idle_text != "-" else None
+    try:
+        sock = _connect(socket_path)
+    except OSError as e:
+        print(f"gpuq: nobody is attached: the `gpuq run` that asked for this job is gone ({e})", file=sys.stderr)
+        return 1
+    with sock:
+        try:
+            return Session(sock, command, idle_s).run()
+        except (wire.WireError, OSError) as e:
+            print(f"gpuq: the session broke off: {e}", file=sys.stderr)
+            return 1
+
+
+def _connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        sock.connect(path)
+        if wire.peer_uid(sock) != os.getuid():  # only the job's own owner's `gpuq run`
+            raise PermissionError(f"{path} is another user's")
+    except BaseException:
+        sock.close()
+        raise
+    sock.settimeout(None)
+    return sock
+
+
+@dataclass
+class Session:
+    sock: socket.socket
+    command: list[str]
+    idle_s: float | None
+    reader: wire.Reader = field(init=False)
+    pid: int = 0
+    fds: dict[int, int] = field(default_factory=dict)  # output fd -> channel (OUT or ERR)
+    stdin_fd: int | None = None  # where the member's input goes: the pty's master or a pipe
+    tty: bool = False
+    status: int | None = None  # the command's, once it ended
+    early: list[tuple[int, bytes]] = field(default_factory=list)  # frames that came with the hello
+    last_activity: float = 0.0
+    stopping: bool = False
+
+    def __post_init__(self) -> None:
+        self.reader = wire.Reader(self.sock)
+
+    def run(self) -> int:
+        wire.send_json(
+            self.sock,
+            wire.READY,
+            {
+                "job": os.environ.get("GPUQ_JOB_ID"),
+                "host": os.environ.get("GPUQ_HOST"),
+                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            },
+        )
+        hello = self._hello()
+        self._start(hello)
+        # SIGTERM (a cancel, a time limit, fencing) is passed on to the command; the loop notices.
+        wakeup_r, wakeup_w = os.pipe()
+        os.set_blocking(wakeup_w, False)
+        signal.set_wakeup_fd(wakeup_w)
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.last_activity = time.monotonic()
+        self._from_member(self.early)
+        while self.status is None:
+            self._step(wakeup_r)
+        self._drain()
+        code, sig = (None, -self.status) if self.status < 0 else (self.status, None)
+        if not self.reader.closed:
+            try:
+                wire.send_json(self.sock, wire.EXIT, {"code": code, "signal": sig})
+            except OSError:
+                pass  # gone at the last moment: the job's own status says it all the same
+        return 128 + sig if sig is not None else code or 0
+
+    def _hello(self) -> dict[str, Any]:
+        """The member's hello; what came with it (input, its end) waits in `early`."""
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                frames = self.reader.read()
+                for i, (channel, data) in enumerate(frames):
+                    if channel == wire.HELLO:
+                        self.early = frames[i + 1 :]
+                        return wire.control(data)
+                if self.reader.closed:
+                    break
+        raise wire.WireError("no hello from gpuq run")
+
+    def _start(self, hello: dict[str, Any]) -> None:
+        given = hello.get("env")
+        env = {str(k): str(v) for k, v in given.items()} if isinstance(given, dict) else {}
+        env.update({k: v for k, v in os.environ.items() if k.startswith(JOB_PREFIXES)})
+        cwd = hello.get("cwd") if isinstance(hello.get("cwd"), str) else None
+        self.tty = hello.get("tty") is True
+        if self.tty:
+            self.pid, master = pty.fork()
+            if self.pid == 0:  # the child: its own session, the pty its controlling terminal
+                _exec(self.command, env, cwd)
+            _set_winsize(master, hello)
+            self.fds, self.stdin_fd = {master: wire.OUT}, master
+            return
+        proc = subprocess.Popen(
+            self.command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd if cwd and os.path.isdir(cwd) else None,
+            start_new_session=True,  # so a stop reaches what it started too
+        )
+        assert proc.stdin and proc.stdout and proc.stderr
+        self.pid, self.stdin_fd = proc.pid, os.dup(proc.stdin.fileno())
+        self.fds = {os.dup(proc.stdout.fileno()): wire.OUT, os.dup(proc.stderr.fileno()): wire.ERR}
+        proc.stdin.close(), proc.stdout.close(), proc.stderr.close()
+
+    def _step(self, wakeup_r: int) -> None:
+        timeout = 1.0 if self.idle_s is None else min(1.0, self.idle_s)
+        watched: list[Any] = [self.sock, wakeup_r, *self.fds]
+        ready = select.select(watched, [], [], timeout)[0]
+        if wakeup_r in ready:
+            os.read(wakeup_r, 512)
+        if self.stopping:
+            self.stopping = False
+            self._signal(signal.SIGTERM)
+            wire.send_json(self.sock, wire.NOTE, {"text": "gpuq: the job is being stopped (cancel or limit)"})
+        if self.sock in ready:
+            self._read_member()
+        for fd in [fd for fd in self.fds if fd in ready]:
+            self._output(fd)
+        self._reap()
+        if self.idle_s is not None and self.status is None and time.monotonic() - self.last_activity > self.idle_s:
+            idle = f"{self.idle_s / 60:g} min" if self.idle_s >= 60 else f"{self.idle_s:g} s"
+            text = f"gpuq shell: released after {idle} without input or output (config shell_idle_timeout)"
+            wire.send_json(self.sock, wire.NOTE, {"text": text})
+            print(text, file=sys.stderr)
+            self._hang_up()
+
+    def _read_member(self) -> None:
+        try:
+            frames = self.reader.read()
+        except ConnectionResetError:  # gone with bytes of ours unread
+            frames, self.reader.closed = [], True
+        self._from_member(frames)
+
+    def _from_member(self, frames: list[tuple[int, bytes]]) -> None:
+        for channel, data in frames:
+            self.last_activity = time.monotonic()
+            if channel == wire.IN and self.stdin_fd is not None:
+                _write_all(self.stdin_fd, data)
+            elif channel == wire.WINSIZE and self.tty and self.stdin_fd is not None:
+                _set_winsize(self.stdin_fd, wire.control(data))
+            elif channel == wire.EOF and not self.tty and self.stdin_fd is not None:
+                os.close(self.stdin_fd)
+                self.stdin_fd = None
+        if self.reader.closed:  # the member's terminal is gone: hang up, as ssh does
+            print("gpuq: gpuq run went away; the command was hung up on", file=sys.stderr)
+            self._hang_up()
+
+    def _output(self, fd: int) -> None:
+        try:
+            data = os.read(fd, wire.CHUNK)
+        except OSError:  # a pty whose other end is closed: EIO
+            data = b""
+        if not data:
+            os.close(fd)
+            del self.fds[fd]
+            return
+        self.last_activity = time.monotonic()
+        wire.send(self.sock, self.fds[fd], data)
+
+    def _reap(self) -> None:
+        if self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.status = os.waitstatus_to_exitcode(status)
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + DRAIN_S
+        while self.fds and time.monotonic() < deadline:
+            ready = select.select(list(self.fds), [], [], max(0.0, deadline - time.monotonic()))[0]
+            for fd in ready:
+                self._output(fd)
+        for fd in self.fds:
+            os.close(fd)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _hang_up(self) -> None:
+        """SIGHUP to the command's session, then SIGKILL after a grace; wait for it."""
+        self._signal(signal.SIGHUP)
+        self._signal(signal.SIGCONT)
+        deadline = time.monotonic() + HANGUP_GRACE_S
+        while self.status is None and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.05)
+        if self.status is None:
+            self._signal(signal.SIGKILL)
+            self.status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+
+
+def _exec(command: list[str], env: dict[str, str], cwd: str | None) -> None:
+    try:
+        if cwd:
+            os.chdir(cwd)
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        os.write(2, f"gpuq: cannot run {command[0]}: {e.strerror}\r\n".encode())
+    os._exit(127)
+
+
+def _set_winsize(fd: int, size: dict[str, Any]) -> None:
+    rows, cols = size.get("rows"), size.get("cols")
+    if type(rows) is int and type(cols) is int and 0 < rows < 10000 and 0 < cols < 10000:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

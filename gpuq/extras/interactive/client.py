@@ -1,0 +1,273 @@
+"""`gpuq run` and `gpuq shell`: a job that waits in the queue like any other, then runs
+attached to the member's terminal, on the box they typed it on (Slurm's `srun --pty` and
+`salloc`).
+
+The member's side listens on a Unix socket in a directory only they may enter, submits the job
+with `attach:` naming it and `hosts:` this box, and shows why it waits until the job's end of
+the session (attach.py, run by the worker as this member) connects; Ctrl-C while it waits
+cancels the job. Then it carries its terminal to the job and back (raw, for a terminal) and
+exits as the command did. Nothing of the member's environment is written into the spec (the
+team reads specs): it travels over the socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import secrets
+import select
+import signal
+import socket
+import stat
+import sys
+import termios
+import time
+import tty
+from pathlib import Path
+from typing import Any
+
+from gpuq.cli.common import open_layout, read_config
+from gpuq.cli.requests import run_request
+from gpuq.cli.submit import cmd_submit
+from gpuq.extras.interactive import wire
+from gpuq.model.config import Config
+from gpuq.model.text import safe_text
+from gpuq.model.units import format_mib, parse_size_mib
+from gpuq.single_instance import this_host
+from gpuq.spool.layout import Layout
+from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
+from gpuq.views.show import find_job
+
+POLL_S = 1.0
+FINAL = frozenset({"done", "failed", "cancelled", "timeout", "lost", "rejected"})
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("gpuq run: give the command after --, e.g. gpuq run --gpu-mem 10GiB -- python eval.py", file=sys.stderr)
+        return 2
+    return _session(args, command, idle_s=None)
+
+
+def cmd_shell(args: argparse.Namespace) -> int:
+    if not sys.stdin.isatty():
+        print("gpuq shell: needs a terminal; for a command, use gpuq run -- COMMAND", file=sys.stderr)
+        return 2
+    layout = open_layout(args)
+    idle = read_config(layout).shell_idle_timeout_s
+    return _session(args, [os.environ.get("SHELL") or "/bin/sh"], idle_s=idle, shell=True)
+
+
+def _session(args: argparse.Namespace, command: list[str], idle_s: float | None, shell: bool = False) -> int:
+    verb = "shell" if shell else "run"
+    layout = open_layout(args)
+    config = read_config(layout)
+    host = this_host()
+    if (problem := _box_problem(layout, config, host, args)) is not None:
+        print(f"gpuq {verb}: {problem}", file=sys.stderr)
+        return 2
+    directory = _private_dir()
+    path = directory / f"{secrets.token_hex(6)}.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(path))
+        listener.listen(1)
+        job_id = _submit(args, command, host, {"socket": str(path), "idle_s": idle_s}, verb)
+        if job_id is None:
+            return 2
+        conn = _wait(args, layout, config, listener, job_id, verb)
+        if isinstance(conn, int):
+            return conn
+        with conn:
+            return Terminal(conn, shell).attach()
+    finally:
+        listener.close()
+        path.unlink(missing_ok=True)
+
+
+def _box_problem(layout: Layout, config: Config, host: str, args: argparse.Namespace) -> str | None:
+    """Why no GPU of this box could ever hold the job, with where it could run; None if one can."""
+    gpus = 1 if args.gpus is None else args.gpus
+    try:
+        mem = parse_size_mib(args.gpu_mem) if args.gpu_mem else None
+    except ValueError as e:
+        return f"--gpu-mem {args.gpu_mem!r}: {e}"
+    now = time.time()
+    fits = []
+    here = None
+    for hb in load_heartbeats(layout):
+        if not heartbeat_alive(hb, now):
+            continue
+        usable = [g["mem_total_mib"] - config.gpu_mem_reserve_mib for g in hb.get("gpus") or []]
+        ok = len(usable) >= gpus and (mem is None or sum(u >= mem for u in usable) >= gpus)
+        if hb.get("host") == host:
+            here = ok
+        elif ok:
+            fits.append(str(hb.get("host")))
+    ask = f"{gpus} GPU{'s' if gpus != 1 else ''}" + (f" with {format_mib(mem)} each" if mem else "")
+    elsewhere = (
+        f"{', '.join(sorted(fits))} could: ssh {sorted(fits)[0]}, then run it there"
+        if fits
+        else "no box of the queue could"
+    )
+    if here is None:
+        return f"no gpuq worker runs on this box ({host}); {elsewhere}"
+    if not here:
+        return f"no GPU on this box ({host}) can hold {ask}; {elsewhere}"
+    return None
+
+
+def _private_dir() -> Path:
+    """A directory only this user may enter, for the socket: $XDG_RUNTIME_DIR's (systemd makes
+    it so), else /tmp/gpuq-UID, made 0700 and checked to be ours (never another's, or a link)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "gpuq" if runtime else Path(f"/tmp/gpuq-{os.getuid()}")
+    try:
+        base.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{base} is not a private directory of yours (remove it, or set XDG_RUNTIME_DIR)")
+    return base
+
+
+def _submit(args: argparse.Namespace, command: list[str], host: str, attach: dict, verb: str) -> str | None:
+    """The job, submitted as `gpuq submit` would with these options (its checks and messages):
+    on this box only, not preemptible, none of the environment in the spec."""
+    argv = ["submit", "--hosts", host, "--export", "NONE", "-J", args.name or verb]
+    for option, value in (("--gpus", args.gpus), ("--gpu-mem", args.gpu_mem), ("--time-limit", args.time_limit)):
+        if value is not None:
+            argv += [option, str(value)]
+    for option, value in (("--cpus", args.cpus), ("--mem", args.mem), ("--priority", args.priority)):
+        if value is not None:
+            argv += [option, str(value)]
+    ns = args.parser.parse_args([*argv, "--", *command], namespace=argparse.Namespace(**vars(args)))
+    ns.attach = attach
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):  # submit prints only the id on stdout
+        rc = cmd_submit(ns)
+    job_id = out.getvalue().strip().splitlines()[-1] if out.getvalue().strip() else None
+    return job_id if rc == 0 else None
+
+
+def _wait(
+    args: argparse.Namespace, layout: Layout, config: Config, listener: socket.socket, job_id: str, verb: str
+) -> socket.socket | int:
+    """The job's end of the session once it connects; or the exit status when the job ended
+    without (refused, cancelled by someone, failed to start) or Ctrl-C cancelled it."""
+    said = None
+    try:
+        while True:
+            if select.select([listener], [], [], POLL_S)[0]:
+                conn, _ = listener.accept()
+                if wire.peer_uid(conn) == os.getuid():
+                    return conn
+                conn.close()  # (the directory is ours alone: only root could get here)
+                continue
+            job = find_job(layout, config, job_id) or {}
+            state = job.get("state")
+            if state in FINAL:
+                why = job.get("reason") or state
+                print(f"gpuq {verb}: {job_id} {state} before it could attach: {safe_text(str(why))}", file=sys.stderr)
+                return 1
+            line = f"{job_id} is starting on {job.get('host')}" if state == "running" else _waiting(job)
+            if line != said:
+                print(f"gpuq {verb}: {line}", file=sys.stderr)
+                said = line
+    except KeyboardInterrupt:
+        print(f"\ngpuq {verb}: cancelling {job_id}", file=sys.stderr)
+        run_request(args, "cancel", (job_id,), shown_as="cancel", quiet=True)
+        return 130
+
+
+def _waiting(job: dict[str, Any]) -> str:
+    reason = job.get("reason") or "in the queue"
+    position = f" (#{job['position']} in the queue)" if job.get("position") else ""
+    return f"{job.get('id')} waits{position}: {safe_text(str(reason))}; Ctrl-C cancels it"
+
+
+class Terminal:
+    """This process's stdin, stdout and stderr carried to the job and back."""
+
+    def __init__(self, conn: socket.socket, shell: bool) -> None:
+        self.conn, self.shell = conn, shell
+        self.tty = sys.stdin.isatty() and sys.stdout.isatty()
+        self.reader = wire.Reader(conn)
+        self.stdin_open = True
+
+    def attach(self) -> int:
+        ready = self._ready()
+        gpus = ready.get("gpus") or "none"
+        print(f"gpuq: {ready.get('job')} runs on {ready.get('host')}, GPUs {gpus}", file=sys.stderr)
+        rows, cols = _size()
+        hello = {"env": dict(os.environ), "cwd": os.getcwd(), "tty": self.tty, "rows": rows, "cols": cols}
+        wire.send_json(self.conn, wire.HELLO, hello)
+        saved = termios.tcgetattr(sys.stdin.fileno()) if self.tty else None
+        previous = signal.signal(signal.SIGWINCH, self._resized) if self.tty else None
+        try:
+            if saved is not None:
+                tty.setraw(sys.stdin.fileno())
+            return self._relay()
+        finally:
+            if saved is not None:
+                termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved)
+                signal.signal(signal.SIGWINCH, previous)
+
+    def _ready(self) -> dict[str, Any]:
+        while True:
+            for channel, data in self.reader.read():
+                if channel == wire.READY:
+                    return wire.control(data)
+            if self.reader.closed:
+                raise wire.WireError("the job went away before it was ready")
+
+    def _resized(self, signum: int, frame: object) -> None:
+        rows, cols = _size()
+        wire.send_json(self.conn, wire.WINSIZE, {"rows": rows, "cols": cols})
+
+    def _relay(self) -> int:
+        stdin = sys.stdin.fileno()
+        while True:
+            watched = [self.conn, stdin] if self.stdin_open else [self.conn]
+            try:
+                ready = select.select(watched, [], [])[0]
+            except InterruptedError:
+                continue
+            if stdin in ready:
+                data = os.read(stdin, wire.CHUNK)
+                if data:
+                    wire.send(self.conn, wire.IN, data)
+                else:
+                    self.stdin_open = False
+                    wire.send_json(self.conn, wire.EOF, {})
+            if self.conn in ready:
+                for channel, data in self.reader.read():
+                    if channel in (wire.OUT, wire.ERR):
+                        _write_all(1 if channel == wire.OUT else 2, data)
+                    elif channel == wire.NOTE:
+                        self._note(str(wire.control(data).get("text", "")))
+                    elif channel == wire.EXIT:
+                        end = wire.control(data)
+                        sig, code = end.get("signal"), end.get("code")
+                        return 128 + sig if type(sig) is int else code if type(code) is int else 1
+                if self.reader.closed:
+                    self._note("gpuq: the job ended without saying how (stopped, or its box was lost)")
+                    return 1
+
+    def _note(self, text: str) -> None:
+        end = "\r\n" if self.tty else "\n"  # a raw terminal moves down a line only
+        _write_all(2, f"{safe_text(text)}{end}".encode())
+
+
+def _size() -> tuple[int, int]:
+    size = os.get_terminal_size(sys.stdout.fileno()) if sys.stdout.isatty() else os.terminal_size((80, 24))
+    return size.lines, size.columns
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]

@@ -1,0 +1,175 @@
+"""`gpuq run` and `gpuq shell` through the real CLI and worker on fake GPUs: a command attached
+to the caller's terminal (pipes, or a pseudo-terminal), its exit status the CLI's; waiting with
+its reason and Ctrl-C cancelling; limits; the idle release; the CLI going away; a box with no
+GPU that fits; and a member's session, under a root worker, as that member."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from team import ALICE, BOB
+
+from conftest import fake_job, wait_until
+from gpuq.single_instance import this_host
+
+pytestmark = pytest.mark.slow  # every test here starts processes
+
+HOST = this_host()  # a session runs on the box it is typed on: the worker is this box's
+
+
+def _cli(queue, *args: str) -> list[str]:
+    return [*queue.cli_command(), "--root", str(queue.root), *args]
+
+
+def test_run_carries_input_output_errors_and_exit_status_and_writes_no_environment(queue):
+    queue.start_worker(HOST, "1x24GiB")
+    env = {**queue.env(), "MY_API_TOKEN": "s3cret", "FAVOURITE": "blue"}
+    script = "echo out CVD=$CUDA_VISIBLE_DEVICES $FAVOURITE $MY_API_TOKEN; echo err >&2; read x; echo got $x; exit 3"
+    done = subprocess.run(
+        _cli(queue, "run", "--gpu-mem", "4GiB", "--", "sh", "-c", script),
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        cwd="/tmp",
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "out CVD=0 blue s3cret\ngot hello\n"
+    assert "err\n" in done.stderr and f"runs on {HOST}, GPUs 0" in done.stderr
+    record = wait_until(lambda: queue.finished("run-1"), what="the session's record")
+    assert record["state"] == "failed" and record["exit_code"] == 3 and record["host"] == HOST
+    assert record["spec"]["gpu_mem_mib"] == 4096 and record["spec"]["workdir"] == "/tmp"
+    assert "s3cret" not in record["spec_text"] and "blue" not in record["spec_text"]  # the environment travelled
+
+
+def test_a_run_waits_with_its_reason_and_ctrl_c_cancels_it(queue, tmp_path):
+    queue.start_worker(HOST, "1x24GiB")
+    queue.drop("blocker.yaml", f"command: {fake_job(seconds=120)}\ngpus: 1\n")  # the whole GPU
+    wait_until(lambda: (queue.record("blocker") or {}).get("state") == "running", what="the blocker to run")
+    err = tmp_path / "run.err"
+    with open(err, "w") as f:
+        proc = subprocess.Popen(_cli(queue, "run", "--gpu-mem", "4GiB", "--", "true"), stderr=f, env=queue.env())
+    try:
+        wait_until(lambda: "run-1 waits (#1 in the queue)" in err.read_text(), timeout=60, what="the reason")
+        assert "Ctrl-C cancels it" in err.read_text()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_until(lambda: queue.finished("run-1"), what="the cancel")["state"] == "cancelled"
+
+
+def test_a_time_limit_stops_the_attached_command(queue):
+    queue.start_worker(HOST, "1x24GiB")
+    done = subprocess.run(
+        _cli(queue, "run", "--time-limit", "2s", "--", "sleep", "300"),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=queue.env(),
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert "the job is being stopped" in done.stderr
+    assert wait_until(lambda: queue.finished("run-1"))["state"] == "timeout"
+
+
+def test_the_cli_going_away_hangs_up_and_frees_the_gpu(queue, tmp_path):
+    queue.start_worker(HOST, "1x24GiB")
+    err = tmp_path / "run.err"
+    with open(err, "w") as f:
+        proc = subprocess.Popen(
+            _cli(queue, "run", "--", "sleep", "300"), stdin=subprocess.PIPE, stderr=f, env=queue.env()
+        )
+    try:
+        wait_until(lambda: "runs on" in err.read_text(), timeout=60, what="the session to attach")
+        proc.kill()  # the terminal is closed: nothing says goodbye
+    finally:
+        proc.kill()
+        proc.wait()
+    ended = wait_until(lambda: queue.finished("run-1"), timeout=60, what="the job to end")
+    assert ended["state"] == "failed" and ended["signal"] is None and ended["exit_code"] == 128 + signal.SIGHUP
+    assert "gpuq run went away" in queue.log("run-1")
+
+
+def _pty_session(argv: list[str], env: dict[str, str], answer: list[tuple[bytes, Callable[[], bytes]]], timeout=90.0):
+    """Run argv on a pseudo-terminal, writing each answer once its cue has appeared; returns
+    (everything it wrote, its exit status)."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(argv[0], argv, env)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    data = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not data:
+                    break
+                out += data
+            while answer and answer[0][0] in out:
+                os.write(fd, answer.pop(0)[1]())
+        else:
+            raise AssertionError(f"the session did not end: {out!r}")
+        return out.decode(errors="replace"), os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
+
+
+def test_a_shell_in_a_terminal_then_released_when_idle(queue):
+    queue.write_config(shell_idle_timeout="3s")
+    queue.start_worker(HOST, "2x24GiB")
+    env = {**queue.env(), "SHELL": "/bin/sh", "PS1": "$ "}
+    seen: dict[str, str] = {}
+
+    def status_during() -> bytes:
+        seen["status"] = queue.gpuq("status", "-w").stdout
+        return b"echo CVD=$CUDA_VISIBLE_DEVICES; tty\n"
+
+    out, rc = _pty_session(_cli(queue, "shell", "--gpu-mem", "2GiB"), env, [(b"$ ", status_during)])
+    assert "CVD=0" in out and "/dev/pts/" in out, out
+    assert "gpuq shell: released after 3 s without input or output" in out
+    assert rc == 128 + signal.SIGHUP
+    assert "SESSIONS (1" in seen["status"] and "shell" in seen["status"], seen["status"]
+    assert "shell-1  root  shell  " in seen["status"] and "idle limit 3.0s" in seen["status"], seen["status"]
+    assert wait_until(lambda: queue.finished("shell-1"))["host"] == HOST
+
+
+def test_shell_needs_a_terminal_and_no_box_that_fits_is_said_with_where(queue):
+    queue.start_worker(HOST, "1x24GiB")
+    queue.start_worker("big", "1x80GiB")
+    refused = queue.gpuq("shell", check=False, input="")
+    assert refused.returncode == 2 and "needs a terminal" in refused.stderr
+    far = queue.gpuq("run", "--gpu-mem", "40GiB", "--", "true", check=False)
+    assert far.returncode == 2
+    assert f"no GPU on this box ({HOST}) can hold 1 GPU with 40GiB each; big could: ssh big" in far.stderr
+    assert list((queue.root / "jobs").iterdir()) == []  # nothing was submitted
+
+
+def test_a_members_session_runs_as_that_member(team):
+    team.start_worker(HOST, "1x24GiB")
+    done = team.as_user(ALICE, "run", "--", "sh", "-c", "id -u; echo $CUDA_VISIBLE_DEVICES", timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(team.users[ALICE].pw_uid), "0"]
+    record = wait_until(lambda: team.finished("run-1"))
+    assert record["user"] == ALICE and record["state"] == "done"
+    # Her socket's directory is hers alone: bob cannot reach it.
+    sock_dir = Path(f"/tmp/gpuq-{team.users[ALICE].pw_uid}")
+    listed = team.run_as(BOB, ["ls", str(sock_dir)])
+    assert listed.returncode != 0 and "Permission denied" in listed.stderr
