@@ -39,7 +39,7 @@ EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py"
 
 
 def test_the_extras_are_found_by_listing_their_folder():
-    assert {"alerts", "bookings", "containers", "mps", "reports", "sim", "slurm"} <= set(
+    assert {"alerts", "bookings", "containers", "mps", "notify", "reports", "sim", "slurm"} <= set(
         EXTRAS
     ) and hooks.registry().broken == {}
     assert {"book", "unbook", "report", "eff", "simulate", "export"} <= {v.name for v in hooks.registry().verbs}
@@ -50,8 +50,10 @@ def test_the_extras_are_found_by_listing_their_folder():
     assert [(p.name, p.start) for p in hooks.registry().publishers] == [
         ("alerts", "extras.alerts.watch:start"),
         ("metrics", "extras.reports.metrics:start"),
+        ("notify", "extras.notify.watch:start"),
     ]
-    assert set(hooks.registry().spec_fields) == {"container"} == set(hooks.FIELDS_OF_EXTRAS)
+    assert set(hooks.registry().spec_fields) == {"container", "notify"} == set(hooks.FIELDS_OF_EXTRAS)
+    assert hooks.registry().member_programs == {"notify": "extras.notify.deliver"}
     assert [w.wrap for w in hooks.registry().launch_wrappers] == ["extras.containers.launching:wrap"]
     assert [o.start for o in hooks.registry().offers] == ["extras.containers.launching:offers"]
 
