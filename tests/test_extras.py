@@ -49,8 +49,8 @@ def test_the_extras_are_found_by_listing_their_folder():
     assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
     assert [(p.name, p.start) for p in hooks.registry().publishers] == [
         ("alerts", "extras.alerts.watch:start"),
-        ("metrics", "extras.reports.metrics:start"),
         ("notify", "extras.notify.watch:start"),
+        ("metrics", "extras.reports.metrics:start"),
     ]
     assert set(hooks.registry().spec_fields) == {"container", "notify"} == set(hooks.FIELDS_OF_EXTRAS)
     assert hooks.registry().member_programs == {"notify": "extras.notify.deliver"}

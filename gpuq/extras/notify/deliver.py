@@ -90,12 +90,22 @@ def post(url: str, body: dict[str, Any], label: str) -> bool:
             say(f"failed {label}: webhook {where(url)}: try {attempt}: HTTP {e.code}")
             if 400 <= e.code < 500 and e.code not in (408, 429):
                 return False
-        except (urllib.error.URLError, OSError, socket.timeout, ValueError) as e:
-            reason = getattr(e, "reason", e)
-            say(f"failed {label}: webhook {where(url)}: try {attempt}: {safe_text(reason)[:200]}")
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            say(f"failed {label}: webhook {where(url)}: try {attempt}: {why(e)}")
         if attempt < WEBHOOK_TRIES:
             time.sleep(BACKOFF_S[attempt - 1])
     return False
+
+
+def why(e: Exception) -> str:
+    """What a failed try says: the network's own words (refused, timed out, no such host), never
+    an exception's text that may quote the URL (http.client's InvalidURL does)."""
+    reason = e.reason if isinstance(e, urllib.error.URLError) else e
+    if isinstance(reason, (socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(reason, OSError) and reason.strerror:
+        return safe_text(reason.strerror)[:200]
+    return type(reason).__name__
 
 
 def mail(settings: Settings, event: dict[str, Any], label: str) -> bool:
@@ -149,7 +159,7 @@ def bounded(argv: list[str], stdin: str, env: dict[str, str], timeout: float) ->
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,
-            cwd=os.environ.get("HOME") or "/",
+            cwd=home if os.path.isdir(home := os.environ.get("HOME") or "/") else "/",
             start_new_session=True,
         )
     except OSError as e:

@@ -42,7 +42,7 @@ MAX_BATCH_BYTES = 1 << 20  # of the event log read in one pass (the rest next pa
 MAX_LINE_BYTES = 1 << 20
 MAX_SAID = 4096  # of one deliverer's output, logged
 SAID_WAIT_S = 120.0  # after which a deliverer still talking is no longer listened to
-MAX_LISTENING = 64
+MAX_LISTENING = 32  # deliverers at once per box: a member's 10,000 jobs ending together do not fork 10,000
 
 
 @dataclass
@@ -87,7 +87,10 @@ class NotifyWatch:
 
     def publish(self, published: Published) -> None:
         self._listen(published.mono)
-        found, cursor = self._read_new()
+        room = MAX_LISTENING - len(self.listening)
+        if room <= 0:
+            return  # as many deliverers as a box runs at once: the next events wait in the log
+        found, cursor = self._read_new(room)
         if cursor == self.cursor:
             return
         self.cursor = cursor
@@ -95,8 +98,9 @@ class NotifyWatch:
         for event in found:
             self._hand_over(event, published.mono)
 
-    def _read_new(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The deliveries the lines appended since the cursor ask for, and the cursor after them.
+    def _read_new(self, room: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The deliveries (at most `room`) the lines appended since the cursor ask for, and the
+        cursor after the last line read.
         A log moved away and begun anew (another inode, shorter, other first bytes) is read from
         its start."""
         try:
@@ -114,7 +118,7 @@ class NotifyWatch:
             f.seek(offset)
             found: list[dict[str, Any]] = []
             start = offset
-            while offset - start < MAX_BATCH_BYTES:
+            while offset - start < MAX_BATCH_BYTES and len(found) < room:
                 line = f.readline(MAX_LINE_BYTES)
                 if not line.endswith(b"\n"):
                     break  # a line still being written: read it whole next time
@@ -181,8 +185,6 @@ class NotifyWatch:
         self.listening.append(Delivery(label, fd, now))
         if proc is not None:
             self.children.append(proc)
-        while len(self.listening) > MAX_LISTENING:
-            self._done(self.listening.pop(0), "no longer listened to (too many deliveries at once)")
 
     def _listen(self, now: float) -> None:
         """What each deliverer said since the last pass, without blocking: logged once it has
