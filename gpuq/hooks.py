@@ -66,7 +66,10 @@ class SpecField:
     it); `from_options` is "module:function": (argparse.Namespace) -> the field's value or
     None, raising ValueError with the message for a wrong combination. `isolated`: a job with
     the field does not see the host's environment (an image's own), so `gpuq submit` exports
-    none of the submitter's variables by default."""
+    none of the submitter's variables by default. `submit_default`, "module:function": () ->
+    the field's value or None, asked by `gpuq submit` (as the member) only where neither the
+    spec file nor the options set the field (the notify extra's default events, from the
+    member's own file); raising ValueError says why it gave none, as a warning."""
 
     name: str
     type: str
@@ -78,6 +81,7 @@ class SpecField:
     options: Callable[[argparse.ArgumentParser], None] | None = None
     from_options: str | None = None
     isolated: bool = False
+    submit_default: str | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +216,10 @@ class Registry:
     doctor_checks: list[DoctorCheck] = field(default_factory=list)
     # Failed attempts that go back to the queue with a changed spec (run/retry.py).
     retry_rules: list[RetryRule] = field(default_factory=list)
+    # Programs the root part may run as a member, by name -> a module under gpuq run with
+    # `python -I` (the notify extra's deliverer): host/privsep.py runs only a name registered
+    # here (root-owned code, never input), as a member of the queue's group, never root.
+    member_programs: dict[str, str] = field(default_factory=dict)
 
 
 # Every field of Registry but the two that say which extras loaded: each is a hook.
@@ -378,7 +386,12 @@ def unused_state(state_dir: Path) -> list[tuple[str, str]]:
 
 # The spec fields the core knows of but no loaded extra gives, with the extra that would:
 # a spec that sets one is refused with the fix (a spec from before the extra was deleted).
-FIELDS_OF_EXTRAS: dict[str, str] = {"container": "containers", "retry_on_oom": "oom", "attach": "interactive"}
+FIELDS_OF_EXTRAS: dict[str, str] = {
+    "container": "containers",
+    "retry_on_oom": "oom",
+    "attach": "interactive",
+    "notify": "notify",
+}
 
 
 def missing_field(name: str) -> tuple[str, str] | None:

@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpuq import hooks
 from gpuq.host import privsep, wire
 from gpuq.host.hostinfo import (
     NETWORK_FILESYSTEMS,
@@ -116,9 +117,28 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
     if not (args.foreground or args.once) and _daemonize():
         return 0  # the cron-started parent: the starter carries on (flock follows the descriptor)
     try:
-        return privsep.serve(_worker_argv(argv, layout), account, dict(os.environ), f"{local_dir}-mps")
+        return privsep.serve(
+            _worker_argv(argv, layout), account, dict(os.environ), f"{local_dir}-mps", _member_programs()
+        )
     finally:
         os.close(lock_fd)
+
+
+def _member_programs() -> dict[str, list[str]]:
+    """The programs gpuq's extras registered to run as a member (hooks.Registry.member_programs),
+    each as the starter runs it: this interpreter, isolated, the module from gpuq's own code by
+    its absolute path. The starter runs only these argvs; an order only names one."""
+    package_parent = str(Path(__file__).resolve().parents[1])
+    programs = {}
+    for name, module in hooks.registry().member_programs.items():
+        if not all(part.isidentifier() for part in module.split(".")):
+            continue  # not a module's name: never made into code to run
+        boot = (
+            f"import sys; sys.path.insert(0, {package_parent!r}); import runpy; "
+            f"runpy.run_module('gpuq.{module}', run_name='__main__', alter_sys=True)"
+        )
+        programs[name] = [sys.executable, "-I", "-c", boot, module]
+    return programs
 
 
 def _worker_argv(argv: list[str] | None, layout: Layout) -> list[str]:

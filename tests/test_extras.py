@@ -41,9 +41,19 @@ EXTRAS = sorted(d.name for d in hooks.EXTRAS_DIR.iterdir() if (d / "__init__.py"
 
 
 def test_the_extras_are_found_by_listing_their_folder():
-    assert {"alerts", "bookings", "containers", "interactive", "mps", "oom", "reports", "serve", "sim", "slurm"} <= set(
-        EXTRAS
-    ) and hooks.registry().broken == {}
+    assert {
+        "alerts",
+        "bookings",
+        "containers",
+        "interactive",
+        "mps",
+        "notify",
+        "oom",
+        "reports",
+        "serve",
+        "sim",
+        "slurm",
+    } <= set(EXTRAS) and hooks.registry().broken == {}
     verbs = {"book", "unbook", "report", "eff", "simulate", "export", "run", "shell", "serve"}
     assert verbs <= {v.name for v in hooks.registry().verbs}
     assert set(hooks.registry().request_kinds) == {"book", "unbook"}
@@ -56,14 +66,20 @@ def test_the_extras_are_found_by_listing_their_folder():
     assert hooks.registry().backends == {"slurm": "extras.slurm.bridge:BridgeWorker"}
     assert [(p.name, p.start) for p in hooks.registry().publishers] == [
         ("alerts", "extras.alerts.watch:start"),
+        ("notify", "extras.notify.watch:start"),
         ("metrics", "extras.reports.metrics:start"),
     ]
-    assert set(hooks.registry().spec_fields) == {"container", "retry_on_oom", "attach"} == set(hooks.FIELDS_OF_EXTRAS)
+    assert (
+        set(hooks.registry().spec_fields)
+        == {"container", "retry_on_oom", "attach", "notify"}
+        == set(hooks.FIELDS_OF_EXTRAS)
+    )
     assert [(r.name, r.decide) for r in hooks.registry().retry_rules] == [("oom", "extras.oom.rule:decide")]
     assert [w.wrap for w in hooks.registry().launch_wrappers] == [
         "extras.containers.launching:wrap",
         "extras.interactive.wrapper:wrap",
     ]
+    assert hooks.registry().member_programs == {"notify": "extras.notify.deliver"}
     assert [o.start for o in hooks.registry().offers] == ["extras.containers.launching:offers"]
 
 

@@ -105,7 +105,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"gpuq submit: {args.spec}: the options given replace its {changes}", file=sys.stderr)
     # Where the file is silent, what a submit from here means: this directory, whole GPUs, one
     # of them, and the environment exported (the file's variables and --env over it).
-    data = {"gpus": 1, "workdir": os.getcwd(), **from_file, **given}
+    data = {"gpus": 1, "workdir": os.getcwd(), **defaults_of_extras({**from_file, **given}), **from_file, **given}
     data["env"] = {**env, **(from_file.get("env") or {}), **given.get("env", {})}
     try:
         config = read_config(layout)
@@ -315,6 +315,24 @@ def extras_fields(args: argparse.Namespace) -> dict:
             value = hooks.load(extra_field.from_options)(args)
         except ValueError as e:
             raise SubmitError(str(e)) from None
+        if value is not None:
+            data[name] = value
+    return data
+
+
+def defaults_of_extras(fields: dict) -> dict:
+    """The extras' fields that neither the spec file nor the options set, from the member's
+    own defaults (the notify extra's `on:` in ~/.config/gpuq/notify.yaml): a default that
+    cannot be read is a warning, never a refused submit."""
+    data: dict = {}
+    for name, extra_field in hooks.registry().spec_fields.items():
+        if extra_field.submit_default is None or name in fields:
+            continue
+        try:
+            value = hooks.load(extra_field.submit_default)()
+        except ValueError as e:
+            print(f"gpuq submit: warning: no default `{name}:` ({e})", file=sys.stderr)
+            continue
         if value is not None:
             data[name] = value
     return data

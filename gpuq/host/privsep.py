@@ -17,6 +17,9 @@ Runs as root (docs/security.md, "What runs as root", lists the same):
 - _place: link a member's spec back into jobs/ between two directories of the queue's.
 - _mps (and _root_program, _root_dir, _daemon, _run_root): the NVIDIA MPS control daemon of
   a GPU, which must be root's to serve every member (config gpu_sharing: mps).
+- _program (and _run_program): one of the programs gpuq's own extras registered (the notify
+  extra's deliverer), started as a member of the queue's group with a fixed argv and a clean
+  environment, not waited for (serve's _reap collects it).
 - split: root's own `gpuq` on a team root becomes the queue account, keeping a root child
   that answers only `give` and `place`.
 Root opens no path of a member's here: what it reads or writes is a descriptor the queue
@@ -69,11 +72,19 @@ class Account:
         raise Refused(f"{root} does not exist")
 
 
-def serve(worker_argv: list[str], account: Account, worker_env: dict[str, str], mps_dir: str | None = None) -> int:
+def serve(
+    worker_argv: list[str],
+    account: Account,
+    worker_env: dict[str, str],
+    mps_dir: str | None = None,
+    programs: dict[str, list[str]] | None = None,
+) -> int:
     """The starter, as root (or as the one user of a private queue): start the worker as the
     queue account, answer its orders until it exits, then exit as it did (killed by a signal:
     killed by the same). Keepers live on in their own sessions; the next cron start begins
-    again."""
+    again. `programs`: name -> the argv of a program gpuq's extras registered to run as a
+    member (hooks.Registry.member_programs), made by the starter's caller from root's code:
+    a `program` order names one, never an argv."""
     os.chdir("/")
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -108,7 +119,7 @@ def serve(worker_argv: list[str], account: Account, worker_env: dict[str, str], 
                 os.kill(os.getpid(), os.WTERMSIG(status))
             return os.waitstatus_to_exitcode(status)
         if ours.fileno() in ready:
-            _serve_order(ours, account, mps_dir=mps_dir)
+            _serve_order(ours, account, mps_dir=mps_dir, programs=programs or {})
 
 
 def _reap(worker: int) -> int | None:
@@ -186,8 +197,9 @@ def split(account: Account) -> int | None:
 def _serve_order(
     sock: socket.socket,
     account: Account,
-    ops: tuple[str, ...] = ("give", "place", "start", "mps"),
+    ops: tuple[str, ...] = ("give", "place", "start", "mps", "program"),
     mps_dir: str | None = None,
+    programs: dict[str, list[str]] | None = None,
 ) -> bool:
     """As root: one order from the queue's side, checked on its own, answered on the reply
     socket it carries (the first descriptor). Nothing an order says is trusted beyond it.
@@ -218,6 +230,12 @@ def _serve_order(
             start_keeper(reply, checked, dict(zip(order["fds"], fds[1:])))
         elif op == "mps" and mps_dir is not None:
             send(reply, _mps(order, mps_dir), [])
+        elif op == "program" and programs:
+            pid, out = _program(order, account, programs)
+            try:
+                send(reply, {"started": pid, "fds": ["out"]}, [out])
+            finally:
+                os.close(out)
         else:
             raise Refused(f"unknown order {op!r}")
     except Refused as e:
@@ -451,6 +469,72 @@ def _run_root(program: str, args: list[str], env: dict[str, str], stdin: bytes |
     os.killpg(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     raise Refused(f"{MPS_CONTROL} did not return within {MPS_WAIT_S:g} s")
+
+
+MAX_PROGRAM_INPUT = 1 << 16  # a program's stdin: one event of one job (notify's is under 4 KiB)
+PROGRAM_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _program(order: dict, account: Account, programs: dict[str, list[str]]) -> tuple[int, int]:
+    """As root: start the registered program `order["name"]` as the member `order["uid"]`
+    (_member: as for a job, never root nor the queue account), its stdin `order["stdin"]`;
+    not waited for (serve's _reap collects it). Returns its pid and the read end of its
+    stdout and stderr, for the queue's side to read. The argv is the starter's own, from
+    `programs`: the order only names it."""
+    name, text = order.get("name"), order.get("stdin")
+    if not isinstance(name, str) or name not in programs:
+        raise Refused(f"no program {name!r} is registered to run as a member")
+    if not _plain(text) or len(str(text)) > MAX_PROGRAM_INPUT:
+        raise Refused(f"stdin must be text of at most {MAX_PROGRAM_INPUT} characters")
+    who = _member(order.get("uid"), account)
+    try:
+        home = pwd.getpwuid(who.uid).pw_dir
+    except KeyError:
+        raise Refused(f"uid {who.uid} has no account on this host") from None
+    if who.uid == os.geteuid():  # no change of identity (one user's queue): that user's own HOME
+        home = os.environ.get("HOME") or home
+    env = {"HOME": home, "USER": who.name, "LOGNAME": who.name, "PATH": PROGRAM_PATH, "LANG": "C.UTF-8"}
+    stdin = os.memfd_create("gpuq-program-stdin")
+    try:
+        os.write(stdin, str(text).encode())
+        os.lseek(stdin, 0, os.SEEK_SET)
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            _run_program(who, programs[name], env, stdin, write_end)
+    finally:
+        os.close(stdin)
+    os.close(write_end)
+    return pid, read_end
+
+
+def _run_program(who: Identity, argv: list[str], env: dict[str, str], stdin: int, out: int) -> None:
+    """In the program's process, forked by the starter (root): its own session, then the
+    member's groups, gid and uid for good, as a job's process drops (keeper._job), before it
+    executes anything; only stdin, stdout and stderr kept."""
+    try:
+        os.setsid()
+        if os.geteuid() == 0 and who.uid != 0:
+            os.setgroups(list(who.groups))
+            os.setgid(who.gid)
+            os.setuid(who.uid)
+        os.chdir("/")
+        os.dup2(stdin, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.closerange(3, 65536)
+        signal.set_wakeup_fd(-1)
+        for sig in signal.valid_signals():
+            if sig not in (signal.SIGKILL, signal.SIGSTOP) and sig < signal.SIGRTMIN:
+                signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.execve(argv[0], argv, env)
+    except BaseException as e:
+        try:
+            os.write(2, f"gpuq: cannot start {argv[-1]} as {who.name}: {e}\n".encode())
+        except OSError:
+            pass
+    os._exit(127)
 
 
 def _check_order(order: dict, fds: list[int], account: Account) -> dict:

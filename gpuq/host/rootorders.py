@@ -2,7 +2,9 @@
 its supervisors send to their box's starter, as the queue's account. `orders()` is this
 process's socket to it (inherited from the worker); `start` runs a job (or a command of a
 job's) as its owner under a keeper, `give` hands a file the queue account made to a member,
-`place` links a member's spec back into jobs/, `mps` starts or quits an MPS control daemon.
+`place` links a member's spec back into jobs/, `mps` starts or quits an MPS control daemon,
+`program` runs a program gpuq's extras registered (hooks.Registry.member_programs: the
+notify extra's deliverer) as a member, without waiting for it.
 """
 
 from __future__ import annotations
@@ -82,6 +84,17 @@ class Orders:
         for extra in got:
             os.close(extra)
         return str(answer.get("pipe", ""))
+
+    def program(self, name: str, uid: int, stdin: str) -> tuple[int, int]:
+        """Start the registered program `name` as `uid` with `stdin`: (its pid, the read end
+        of its output, for the caller to read and close). Nobody here waits for it: the
+        starter reaps it. Raises Refused, StarterGone."""
+        mine, answer, got = self._ask({"op": "program", "name": name, "uid": uid, "stdin": stdin}, [], 30.0)
+        mine.close()
+        out = _handed(answer, got).get("out")
+        if out is None:
+            raise Refused("the starter handed over no output of the program")
+        return int(answer["started"]), out
 
     def start(self, order: dict, fds: dict[str, int]) -> "Keeper":
         """Start one job (or a helper command of one) under a keeper. `order`: uid, argv, env,

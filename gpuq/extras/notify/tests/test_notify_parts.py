@@ -1,0 +1,152 @@
+"""The notify extra's parts, in-process: the spec's field and its refusals, which event a
+transition is, the member's file read as hostile input, the deliverer's JSON and what its
+lines may say of a webhook, and the root part's refusals of a `program` order."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+
+from gpuq.extras.notify import deliver
+from gpuq.extras.notify.events import event_of
+from gpuq.extras.notify.memberfile import MemberFileError, Settings, parse, read_own
+from gpuq.host import privsep
+from gpuq.host.wire import Refused
+from gpuq.model.errors import SpecError
+from gpuq.model.spec import validate_spec
+
+
+def _spec(notify: object) -> dict:
+    return {"command": "true", "notify": notify}
+
+
+def test_the_spec_field_takes_words_lists_and_comma_lists():
+    assert validate_spec(_spec("end,fail"), "a.yaml").extras["notify"] == ["end", "fail"]
+    assert validate_spec(_spec(["all"]), "a.yaml").extras["notify"] == ["all"]
+    assert validate_spec(_spec([]), "a.yaml").extras == {}
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("sometimes", "'sometimes' is not one of start, end, fail, all"),
+        ("end,,fail", "has an empty word"),
+        ({"webhook": "http://elsewhere/"}, "must be a word or a list of words, not dict"),  # never a destination
+        (3, "must be a word or a list of words, not int"),
+    ],
+)
+def test_a_bad_notify_names_the_file_the_field_and_the_fix(value, problem):
+    with pytest.raises(SpecError) as e:
+        validate_spec(_spec(value), "jobs/a.yaml")
+    assert e.value.file == "jobs/a.yaml" and e.value.field == "notify" and e.value.problem == problem
+    assert "notify: [end, fail]" in e.value.fix
+
+
+@pytest.mark.parametrize(
+    "notify, transition, event",
+    [
+        (["start"], {"from": "pending", "to": "running"}, "start"),
+        (["end"], {"from": "running", "to": "done"}, "end"),
+        (["end"], {"from": "pending", "to": "cancelled"}, "end"),
+        (["fail"], {"from": "running", "to": "done"}, None),
+        (["fail"], {"from": "running", "to": "timeout"}, "fail"),
+        (["fail"], {"from": "running", "to": "lost"}, "fail"),
+        (["fail"], {"from": "running", "to": "cancelled"}, None),
+        (["all"], {"from": "pending", "to": "running"}, "start"),
+        (["all"], {"from": "running", "to": "failed"}, "end"),
+        (["end"], {"from": "running", "to": "pending"}, None),  # put back: not an end
+        (["end"], {"job": "x", "note": "warning"}, None),
+        (None, {"from": "running", "to": "done"}, None),
+        ("end", {"from": "running", "to": "done"}, None),  # a record's value is the list the field made
+    ],
+)
+def test_which_event_a_transition_is(notify, transition, event):
+    assert event_of(notify, transition) == event
+
+
+def test_the_members_file_keys_and_their_checks():
+    got = parse(b"webhook: https://ntfy.sh\ntopic: my-jobs\nmail: me@example.org\non: [end, fail]\n", "f")
+    assert got == Settings("https://ntfy.sh", "my-jobs", "me@example.org", None, None, ("end", "fail"))
+    for text, said in [
+        (b"webhook: file:///etc/passwd\n", "webhook must be an http:// or https:// URL"),
+        (b"mail: 'me@example.org\nBcc: all@example.org'\n", "mail must be one address"),
+        (b"url: https://x\n", "unknown key 'url'"),
+        (b"topic: a/b\n", "topic must be"),
+        (b"sendmail: sendmail\n", "sendmail must be an absolute path"),
+        (b"on: sometimes\n", "on 'sometimes' is not one of"),
+        (b"- a\n", "not a mapping"),
+        (b"webhook: [\n", "f"),
+    ]:
+        with pytest.raises(MemberFileError, match=None) as e:
+            parse(text, "f")
+        assert said in str(e.value), (text, str(e.value))
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / ".config" / "gpuq").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path / ".config" / "gpuq" / "notify.yaml"
+
+
+def test_the_members_file_is_read_as_hostile_input(home: Path, tmp_path: Path):
+    assert read_own(missing_ok=True) is None
+    home.write_text("webhook: http://127.0.0.1:9/\n")
+    assert read_own() == Settings(webhook="http://127.0.0.1:9/")
+    home.chmod(0o664)
+    with pytest.raises(MemberFileError, match="may be written by others"):
+        read_own()
+    home.unlink()
+    os.mkfifo(home)  # a FIFO nobody writes: opened without blocking, refused at once
+    with pytest.raises(MemberFileError, match="is not a plain file"):
+        read_own()
+    home.unlink()
+    (tmp_path / "elsewhere.yaml").write_text("webhook: http://127.0.0.1:9/\n")
+    home.symlink_to(tmp_path / "elsewhere.yaml")
+    with pytest.raises(MemberFileError, match="is a symbolic link"):
+        read_own()
+    home.unlink()
+    home.write_bytes(b"#" * (1 << 17))
+    with pytest.raises(MemberFileError, match="over 65536"):
+        read_own()
+    if os.geteuid() == 0:  # a file of another user's (a hard link, a copy left by an admin)
+        home.write_text("webhook: http://127.0.0.1:9/\n")
+        os.chown(home, 12345, -1)
+        with pytest.raises(MemberFileError, match="is not yours"):
+            read_own()
+
+
+def test_the_body_slack_mattermost_ntfy_and_a_receiver_read_and_no_line_names_the_path():
+    event = deliver.checked_event(
+        b'{"event": "end", "job": {"id": "train", "state": "failed", "exit_code": 2, "host": "a", '
+        b'"reason": "exit code 2", "extra": "dropped"}}'
+    )
+    body = deliver.body_of(event, Settings(webhook="https://ntfy.sh", topic="mine"))
+    assert body["text"] == body["message"] == "gpuq: job train failed (exit 2) on a: exit code 2"
+    assert body["topic"] == "mine" and body["event"] == "end" and body["job"]["id"] == "train"
+    assert "extra" not in body["job"] and "topic" not in deliver.body_of(event, Settings(webhook="https://x"))
+    assert deliver.where("https://hooks.slack.com/services/T0/B0/SECRET") == "https://hooks.slack.com"
+    assert deliver.where("http://127.0.0.1:8080/topic-secret") == "http://127.0.0.1:8080"
+    for bad in (b"[]", b'{"event": "other", "job": {"id": "x"}}', b'{"event": "end"}'):
+        with pytest.raises(ValueError):
+            deliver.checked_event(bad)
+
+
+def test_the_root_part_runs_only_a_registered_program_and_only_as_a_member():
+    programs = {"notify": ["/bin/true"]}
+    queue_account = next(p for p in pwd.getpwall() if p.pw_uid != 0)  # an account this host has
+    team = privsep.Account(uid=queue_account.pw_uid, gid=54321)
+    with pytest.raises(Refused, match="no program 'sh' is registered"):
+        privsep._program({"name": "sh", "uid": 1000, "stdin": ""}, team, programs)
+    with pytest.raises(Refused, match="stdin must be text"):
+        privsep._program({"name": "notify", "uid": 1000, "stdin": "x" * (1 << 17)}, team, programs)
+    with pytest.raises(Refused, match="not a uid"):
+        privsep._program({"name": "notify", "uid": "0", "stdin": ""}, team, programs)
+    if os.geteuid() == 0:
+        with pytest.raises(Refused, match="never runs anything as root"):
+            privsep._program({"name": "notify", "uid": 0, "stdin": ""}, team, programs)
+        with pytest.raises(Refused, match="the queue's own account runs no jobs"):
+            privsep._program({"name": "notify", "uid": team.uid, "stdin": ""}, team, programs)
