@@ -190,6 +190,14 @@ def connect(fd: int) -> None:
     _orders[:] = [Orders(fd)]
 
 
+def disconnect() -> None:
+    """Give up this process's root part (root's CLI, after privsep.split): its root child,
+    whose socket this was, exits. For a verb that lives long and needs no root (`gpuq serve`)."""
+    for connection in _orders:
+        connection.sock.close()
+    _orders.clear()
+
+
 def orders() -> Orders | None:
     """This process's end of its starter's socket: the worker has it from the starter, and its
     spawner and supervisors inherit it. None elsewhere (the CLI, a test driving a worker pass)."""

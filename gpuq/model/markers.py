@@ -33,9 +33,9 @@ NEXT: dict[Phase, frozenset[Phase]] = {
     Phase.UNSTARTED: frozenset({Phase.STARTED}),
     # Handed back (the root part was gone before anything ran); or it never ran a keeper.
     Phase.STARTED: frozenset({Phase.UNSTARTED, Phase.RUNNING, Phase.ENDED}),
-    Phase.RUNNING: frozenset({Phase.RUNNING, Phase.ENDED}),
+    Phase.RUNNING: frozenset({Phase.RUNNING, Phase.ENDED, Phase.RETRY}),  # a retry keeps its GPUs: no ENDED
     # Recorded as usual, the attempt's files go, lock file with them: no marker follows.
-    Phase.ENDED: frozenset({Phase.PREEMPTED, Phase.FENCED, Phase.UNRECORDED, Phase.RETRY}),
+    Phase.ENDED: frozenset({Phase.PREEMPTED, Phase.FENCED, Phase.UNRECORDED}),
     Phase.PREEMPTED: frozenset(),
     Phase.RETRY: frozenset(),
     Phase.FENCED: frozenset(),
@@ -43,8 +43,9 @@ NEXT: dict[Phase, frozenset[Phase]] = {
 }
 
 # The phases in which nothing of the job runs any more: its GPUs and CPU slot are free while
-# the supervisor finishes (its record may still say running for a moment).
-OVER = frozenset({Phase.ENDED, Phase.PREEMPTED, Phase.FENCED, Phase.UNRECORDED, Phase.RETRY})
+# the supervisor finishes (its record may still say running for a moment). Not RETRY: the job
+# goes back to its place, and its GPUs must not go to a job behind it before it is there.
+OVER = frozenset({Phase.ENDED, Phase.PREEMPTED, Phase.FENCED, Phase.UNRECORDED})
 
 
 class MarkerError(Exception):

@@ -328,18 +328,19 @@ def _record_outcome(rt: Runtime, a: _Attempt, lock_fd: int, clock: Clock) -> Non
     """Once nothing of the job runs: free its GPUs for the worker, then record the result (or
     leave it to the worker: fenced, preempted, or refused by the shared disk)."""
     ended = clock.wall()
-    # Nothing of the job runs any more: its worker may start the next job on its GPUs now,
-    # while this supervisor writes the record (a durable write: milliseconds, every job).
-    _mark(lock_fd, Marker(Phase.ENDED, a.record.claim))
-    poke(rt.local_dir, WAKE_JOB_ENDED)
-    crash_point("supervisor:ended")
+    log = rt.layout.job_log(a.record.id)
+    # A job that goes back to its place keeps its GPUs until it is there (no ENDED marker):
+    # freed now, they would go to a job behind it.
+    retry = _retry(rt, a, log)
+    if retry is None:
+        _mark_ended(rt, a, lock_fd)
     # A result still ours is written unless a takeover is close: writing takes milliseconds,
     # while stopping a running job needs grace_s (hence the earlier limit in _wait).
     a.fenced = a.fenced or fence_reason(rt, a.record, RECORD_FENCE_FRACTION)
-    log = rt.layout.job_log(a.record.id)
-    retry = _retry(rt, a, log)
-    outcome = _log_outcome(a, ended, log, retry)
+    outcome = _log_outcome(a, ended, log, None if a.fenced else retry)
     if a.fenced:
+        if retry is not None:
+            _mark_ended(rt, a, lock_fd)
         _leave_fenced(rt, a.record, lock_fd, a.fenced)
         return
     if retry is not None:
@@ -381,6 +382,14 @@ def _record_outcome(rt: Runtime, a: _Attempt, lock_fd: int, clock: Clock) -> Non
     finish_local(rt, a.record)
     crash_point("supervisor:cleaned")
     poke(rt.local_dir, WAKE_JOB_ENDED)
+
+
+def _mark_ended(rt: Runtime, a: _Attempt, lock_fd: int) -> None:
+    """Nothing of the job runs any more: its worker may start the next job on its GPUs now,
+    while this supervisor writes the record (a durable write: milliseconds, every job)."""
+    _mark(lock_fd, Marker(Phase.ENDED, a.record.claim))
+    poke(rt.local_dir, WAKE_JOB_ENDED)
+    crash_point("supervisor:ended")
 
 
 def _retry(rt: Runtime, a: _Attempt, log: Path) -> Retry | None:

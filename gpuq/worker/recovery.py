@@ -218,8 +218,8 @@ class Recovery:
         crash_point("recovery:held")
         st = os.lstat(held)
         if text is not None:
-            mode = stat.S_IMODE(st.st_mode)
-            os.rename(create_owned(self.layout.claims, record.id, text, st.st_uid, st.st_gid, mode), held)
+            mode, place = stat.S_IMODE(st.st_mode), st.st_mtime_ns  # its time: taken in at once, as a rename is
+            os.rename(create_owned(self.layout.claims, record.id, text, st.st_uid, st.st_gid, mode, place), held)
         keep_place(self.layout, record.id, st.st_uid, record.queued_at)
         said = {"retry": True} if text is not None else None  # `show` lists the job's retries
         transition(self.layout, record, State.PENDING, self.host, said=said, reason=reason, cause=cause, **fields)

@@ -6,20 +6,19 @@ the spec's command by wrapper.py's launch wrapper, for a spec with `attach:`), w
 travels between them, view.py the SESSIONS section of `gpuq status`. README.md here is its page.
 
 Every gpuq process imports this module, root's `gpuq` too: it imports nothing but the
-registry's types and cli/options.py (which every CLI start loads), and names the rest by "module:function".
+registry's types, and names the rest by "module:function".
 """
 
 from __future__ import annotations
 
 import argparse
 
-from gpuq.cli.options import gpu_count
 from gpuq.hooks import LaunchWrapper, Registry, SpecField, StatusSection, Verb
 
 
 def _asks(sp: argparse.ArgumentParser) -> None:
     """What the session asks of the queue: as `gpuq submit`'s options of the same names."""
-    sp.add_argument("-G", "--gpus", type=gpu_count, help="GPUs (default 1; 0: CPU only)")
+    sp.add_argument("-G", "--gpus", type=int, help="GPUs (default 1; 0: CPU only)")
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 10GiB (default: whole GPUs)")
     sp.add_argument("-t", "--time-limit", "--time", dest="time_limit", help="stop it after this long (2h, 90m)")
     sp.add_argument("-c", "--cpus", help="CPU cores held for it")

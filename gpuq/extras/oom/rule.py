@@ -23,7 +23,8 @@ from gpuq.run.retry import Failure, Retry
 MAX_RETRIES = 10
 MARGIN = 1.25  # the next attempt's ask over what it was seen to need
 WHOLE_GPU_SHARE = 0.9  # an ask this near the GPU's memory asks for the whole GPU
-MIB = {"B": 1 / 2**20, "KB": 1 / 1024, "KIB": 1 / 1024, "MB": 1, "MIB": 1, "GB": 1024, "GIB": 1024, "TB": 2**20}
+MIB = {"B": 1 / 2**20, "K": 1 / 1024, "M": 1, "G": 1024, "T": 2**20}  # by the unit's first letter
+MOST_TRIED_MIB = 2**30  # a message's size past any GPU's (a garbled one): read as this
 
 # (framework, what it prints when CUDA's memory runs out): docs/... gpuq/extras/oom/README.md.
 PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -37,29 +38,39 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 TRIED = re.compile(r"[Tt]r(?:ied|ying) to allocate ([0-9]+(?:\.[0-9]+)?) ?([KMGT]i?B|bytes|B)\b", re.IGNORECASE)
 
 
-def out_of_memory(log_tail: str) -> tuple[str, int | None] | None:
+def out_of_memory(output: str) -> tuple[str, int | None] | None:
     """(the framework that said so, what its failed allocation asked for in MiB or None), or
-    None when the log's tail says nothing of CUDA running out of memory."""
+    None when the attempt's last output says nothing of CUDA running out of memory."""
     for framework, pattern in PATTERNS:
-        if pattern.search(log_tail):
-            tried = [_mib(n, unit) for n, unit in TRIED.findall(log_tail)]
-            return framework, (math.ceil(tried[-1]) if tried else None)
+        if pattern.search(output):
+            tried = [_mib(n, unit) for n, unit in TRIED.findall(output)]
+            return framework, (math.ceil(min(tried[-1], MOST_TRIED_MIB)) if tried else None)
     return None
 
 
 def _mib(number: str, unit: str) -> float:
     unit = unit.upper()
-    return float(number) * MIB["B" if unit == "BYTES" else unit]
+    return float(number) * MIB["B" if unit in ("B", "BYTES") else unit[0]]
+
+
+def attempt_output(log_tail: str, job_id: str, attempt: int) -> str:
+    """What this attempt wrote, of the log's tail: the log is the job's across attempts, so
+    only after this attempt's own header, and never gpuq's `==>` lines (the command line is one:
+    a command that only names the error is no out of memory)."""
+    header = f"==> gpuq job {job_id} · attempt {attempt} · "
+    start = log_tail.rfind(header)
+    lines = log_tail[start:].splitlines() if start >= 0 else log_tail.splitlines()
+    return "\n".join(line for line in lines if not line.startswith("==> "))
 
 
 def decide(failure: Failure, settings: dict[str, Any]) -> Retry | None:
     """The rule: another attempt with more memory, while `retry_on_oom` lasts."""
     spec = failure.record.spec
     allowed = spec.get("retry_on_oom")
-    if allowed is None:
-        allowed = settings.get("retry_on_oom", 1)
+    if allowed is None:  # the team's default; but a job that must never run twice never does
+        allowed = 0 if spec.get("retries") == 0 else settings.get("retry_on_oom", 1)
     done = failure.record.failure_retries
-    found = out_of_memory(failure.log_tail)
+    found = out_of_memory(attempt_output(failure.log_tail, failure.record.id, failure.record.attempt))
     declared = spec.get("gpu_mem_mib")
     if found is None or done >= allowed or not spec.get("gpus") or declared is None:
         return None  # not out of memory, no retries left, or it had its GPUs whole already

@@ -17,6 +17,7 @@ import argparse
 import errno
 import ipaddress
 import json
+import signal
 import socket
 import sys
 import threading
@@ -28,11 +29,14 @@ from typing import Any, Callable
 from gpuq.cli.common import open_layout, read_config
 from gpuq.extras.serve.assets import CSP, HTML
 from gpuq.extras.serve.page import PENDING_ROWS, page_data
+from gpuq.host import rootorders
 from gpuq.model.text import safe_text
 from gpuq.spool.layout import Layout
 from gpuq.views.status import status
 
 CACHE_S = 1.5
+REQUEST_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 64
 ERROR_SHOWN_CHARS = 200
 # A loopback server answers only requests addressed to a loopback name: a web page elsewhere
 # that points its own name at 127.0.0.1 (DNS rebinding) must not read the queue through a
@@ -63,7 +67,9 @@ class Snapshot:
         try:
             self._data, self._error = self._build(), None
         except Exception as e:  # noqa: BLE001 - any failure to read the queue is told on the page, not fatal
-            self._error = safe_text(f"{type(e).__name__}: {e}")[:ERROR_SHOWN_CHARS]
+            # Its kind and the OS's words, never the path (the page may be read off this box).
+            said = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            self._error = safe_text(f"{type(e).__name__}: {said}")[:ERROR_SHOWN_CHARS]
         self._built_at = time.monotonic()
         self._body = json.dumps({"error": self._error, "data": self._data}, separators=(",", ":")).encode()
 
@@ -78,6 +84,7 @@ def make_handler(snapshot: Snapshot, loopback_only: bool) -> type[BaseHTTPReques
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpuq-serve"
         sys_version = ""
+        timeout = REQUEST_TIMEOUT_S  # a client that sends nothing (or too slowly) is dropped
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if loopback_only and not _addressed_to_loopback(self.headers.get("Host", "")):
@@ -125,7 +132,31 @@ def _is_loopback(bind: str) -> bool:
 
 
 class _Server(ThreadingHTTPServer):
+    """At most MAX_CONNECTIONS at once, each for at most REQUEST_TIMEOUT_S between bytes: idle
+    connections opened on purpose cannot use up the process's threads and descriptors, and one
+    over the cap is closed at once. A client that goes away mid-answer is no error worth a
+    traceback on stderr."""
+
     daemon_threads = True  # a tab left open must not keep Ctrl-C from ending the process
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a reset, a timeout, a broken pipe: the client's to mind
 
 
 class _Server6(_Server):
@@ -140,6 +171,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # Root's gpuq on a team root acts as the queue's account with a root part beside it for
+    # give and place: a read-only page needs neither, so its root part ends now.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # it exits now: reaped by the kernel, no zombie
+    rootorders.disconnect()
     layout = open_layout(args)  # a wrong root is said now, before anything listens
     loopback = _is_loopback(args.bind)
     snapshot = Snapshot(view_builder(layout))

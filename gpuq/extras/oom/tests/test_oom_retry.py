@@ -138,3 +138,19 @@ def test_retry_on_oom_from_submit_and_bad_values_named(queue, tmp_path):
     queue.drop("bad.yaml", 'command: "true"\nretry_on_oom: 11\n')
     refused = wait_until(lambda: queue.refusals("bad"), timeout=30, what="the refusal")
     assert "retry_on_oom" in refused and "0 to 10" in refused
+
+
+def test_an_ordinary_failure_after_an_out_of_memory_is_not_retried(queue, tmp_path):
+    """The log holds every attempt: the second fails otherwise, and the first's error, still in
+    the log's tail, does not make it out of memory."""
+    script = _script(
+        tmp_path,
+        "then.sh",
+        f'echo "run $GPUQ_ATTEMPT" >> {tmp_path}/runs\n'
+        f'[ "$GPUQ_ATTEMPT" = 1 ] && {{ echo "{TORCH_OOM}" >&2; exit 1; }}\necho "ordinary failure" >&2; exit 3\n',
+    )
+    queue.start_worker("a", "1x24GiB")
+    queue.drop("then.yaml", f"command: [{script}]\ngpus: 1\ngpu_mem: 4GiB\nretry_on_oom: 3\n")
+    failed = wait_until(lambda: queue.finished("then"), timeout=90, what="the job to end")
+    assert (failed["state"], failed["attempt"], failed["exit_code"]) == ("failed", 2, 3)
+    assert _runs(tmp_path) == ["run", "1", "run", "2"]

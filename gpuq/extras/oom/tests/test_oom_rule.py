@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpuq.extras.oom.rule import decide, out_of_memory
+from gpuq.extras.oom.rule import attempt_output, decide, out_of_memory
 from gpuq.model.errors import SpecError
 from gpuq.model.markers import Marker, Phase, parse_marker
 from gpuq.model.record import Record
@@ -60,7 +60,7 @@ def test_other_failures_are_not_out_of_gpu_memory(tail):
 
 
 def _failure(spec: dict, peak: int | None = None, total: int | None = 24 * GIB, retries: int = 0) -> Failure:
-    record = Record(id="j", state=State.RUNNING, spec={"gpus": 1, **spec}, failure_retries=retries)
+    record = Record(id="j", state=State.RUNNING, spec={"gpus": 1, **spec}, failure_retries=retries, attempt=retries + 1)
     tail = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     return Failure(record, 1, None, tail, peak, total)
 
@@ -117,3 +117,31 @@ def test_a_retry_marker_reads_back_as_written():
     marker = Marker(Phase.RETRY, "j@a@b@1@ff@a1.yaml", why="out of GPU memory", result={"gpu_mem": "12GiB"})
     read = parse_marker(json.dumps(marker.fields()).encode(), marker.claim)
     assert (read.phase, read.why, read.result) == (Phase.RETRY, "out of GPU memory", {"gpu_mem": "12GiB"})
+
+
+def test_only_what_this_attempt_printed_counts_and_never_gpuqs_own_lines():
+    log = (
+        "==> gpuq job j · attempt 1 · host a · GPUs 0 · started 12:00\n"
+        "==> command: python train.py\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+        "==> exit 1 · duration 3s\n"
+        "==> gpuq: out of GPU memory (PyTorch); gpu_mem 4GiB -> 7GiB (retry_on_oom: 1 of 3)\n"
+        "==> gpuq job j · attempt 2 · host a · GPUs 0 · started 12:01\n"
+        "==> command: sh -c 'grep \"CUDA out of memory\" old.log; exit 2'\n"
+        "FileNotFoundError: data.csv\n"
+    )
+    assert out_of_memory(attempt_output(log, "j", 2)) is None  # attempt 1's error, and the command line, are not its
+    first = log.split("==> gpuq job j · attempt 2")[0]
+    assert out_of_memory(attempt_output(first, "j", 1)) == ("PyTorch", 2048)
+    assert attempt_output("...the tail of a long run\nCUDA out of memory\n", "j", 5).endswith("CUDA out of memory")
+
+
+def test_sizes_in_any_unit_and_a_garbled_one_bounded():
+    assert out_of_memory("CUDA out of memory. Tried to allocate 1.00 TiB") == ("PyTorch", 2**20)
+    assert out_of_memory("CUDA out of memory. Tried to allocate 512.00 MiB") == ("PyTorch", 512)
+    assert out_of_memory("CUDA out of memory. Tried to allocate 99999999999999999999999 GiB") == ("PyTorch", 2**30)
+
+
+def test_a_job_that_must_never_run_twice_is_not_retried_unless_it_asks():
+    assert decide(_failure({"gpu_mem_mib": 8 * GIB, "retries": 0}), {"retry_on_oom": 1}) is None
+    assert decide(_failure({"gpu_mem_mib": 8 * GIB, "retries": 0, "retry_on_oom": 1}), {"retry_on_oom": 1})

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -245,11 +246,41 @@ def test_root_serves_a_team_root_as_the_queues_account_never_as_root(team, tmp_p
     served = Served(team, tmp_path / "serve-team.out")
     try:
         assert account != 0 and set(psutil.Process(served.proc.pid).uids()) == {account}
+        # No root helper beside it (root's other verbs keep one for give and place).
+        wait_until(lambda: not psutil.Process(served.proc.pid).children(), what="the root helper to go")
         assert served.data()["hosts"] == [] and served.stop() == 0
     finally:
         if served.proc.poll() is None:
             served.proc.kill()
             served.proc.wait()
+
+
+def test_idle_connections_opened_on_purpose_do_not_starve_the_page(queue, serve):
+    """Hundreds of connections that send half a request and wait: the server holds at most its
+    cap of them, each only until its timeout, and answers a tab again soon after."""
+    import psutil
+
+    served = serve()
+    host, port = served.url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
+    idle = []
+    try:
+        for _ in range(300):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\n")  # and never the blank line
+            idle.append(s)
+        assert psutil.Process(served.proc.pid).num_threads() <= 64 + 8  # its cap, not one per connection
+        wait_until(lambda: _answers(served), timeout=60, what="the page to answer again")
+    finally:
+        for s in idle:
+            s.close()
+    assert "Traceback" not in served.stderr()
+
+
+def _answers(served: Served) -> bool:
+    try:
+        return served.get("/status.json")[0] == 200
+    except OSError:  # refused, reset or timed out while the idle ones hold the slots
+        return False
 
 
 @pytest.mark.installs
