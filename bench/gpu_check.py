@@ -169,10 +169,11 @@ def main() -> int:
     try:
         for job_id, (alloc, declared) in jobs.items():
             boxed = f"container: {{image: {image!r}, runtime: {runtime}}}\n" if image else ""
+            # retries: 0: each job runs once (the greedy one's refusal must not be retried with more memory)
             (root / "jobs" / f"{job_id}.yaml").write_text(
                 f"command: [{'python' if image else PY!r}, {str(script)!r}]\ngpus: 1\ngpu_mem: {declared}\n"
                 f"env: {{ALLOC_MIB: '{alloc}', HOLD_S: '{hold}', GPUQ_REPO: {str(REPO)!r}, "
-                f"RELEASE: {str(release)!r}}}\n{boxed}"
+                f"RELEASE: {str(release)!r}}}\nretries: 0\n{boxed}"
             )
         observed: dict[str, int] = {}
         views: list[dict] = []  # every status snapshot while the jobs run: "ever" is checked on all

@@ -135,6 +135,8 @@ def _reap(worker: int) -> int | None:
             return found
         if pid == worker:
             found = status
+        for running in _programs.values():
+            running.discard(pid)
 
 
 def _start_worker(argv: list[str], account: Account, env: dict[str, str], order_fd: int) -> int:
@@ -472,6 +474,11 @@ def _run_root(program: str, args: list[str], env: dict[str, str], stdin: bytes |
 
 
 MAX_PROGRAM_INPUT = 1 << 16  # a program's stdin: one event of one job (notify's is under 4 KiB)
+# Programs running as one member at once: the queue's account may start them (a compromised
+# one could forge an event and have a member's own notify command run with its text), never
+# flood a member with them.
+MAX_PROGRAMS_PER_MEMBER = 8
+_programs: dict[int, set[int]] = {}  # uid -> pids of its programs not yet reaped (_reap)
 PROGRAM_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -487,6 +494,8 @@ def _program(order: dict, account: Account, programs: dict[str, list[str]]) -> t
     if not _plain(text) or len(str(text)) > MAX_PROGRAM_INPUT:
         raise Refused(f"stdin must be text of at most {MAX_PROGRAM_INPUT} characters")
     who = _member(order.get("uid"), account)
+    if len(_programs.setdefault(who.uid, set())) >= MAX_PROGRAMS_PER_MEMBER:
+        raise Refused(f"{MAX_PROGRAMS_PER_MEMBER} programs run as {who.name} already: try later")
     try:
         home = pwd.getpwuid(who.uid).pw_dir
     except KeyError:
@@ -505,6 +514,7 @@ def _program(order: dict, account: Account, programs: dict[str, list[str]]) -> t
     finally:
         os.close(stdin)
     os.close(write_end)
+    _programs[who.uid].add(pid)
     return pid, read_end
 
 

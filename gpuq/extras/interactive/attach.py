@@ -17,8 +17,10 @@ Run as `python -I -c BOOT SOCKET IDLE_S -- COMMAND...` (wrapper.py BOOT).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
+import queue
 import select
 import signal
 import socket
@@ -26,6 +28,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +38,7 @@ from gpuq.extras.interactive import wire
 CONNECT_TIMEOUT_S = 10.0
 HELLO_TIMEOUT_S = 30.0
 HANGUP_GRACE_S = 2.0
+INPUT_CHUNKS = 64  # frames of the member's input waiting for the command (64 KiB each at most)
 DRAIN_S = 1.0  # after the command ends: what it wrote last, unless a child of it holds the output open
 # What the job's own environment adds to the member's: its GPUs and gpuq's variables.
 JOB_PREFIXES = ("GPUQ_", "CUDA_")
@@ -85,6 +89,7 @@ class Session:
     pid: int = 0
     fds: dict[int, int] = field(default_factory=dict)  # output fd -> channel (OUT or ERR)
     stdin_fd: int | None = None  # where the member's input goes: the pty's master or a pipe
+    input: "Input" = field(init=False)  # what goes there, written by a thread of its own
     tty: bool = False
     status: int | None = None  # the command's, once it ended
     early: list[tuple[int, bytes]] = field(default_factory=list)  # frames that came with the hello
@@ -150,7 +155,7 @@ class Session:
             if self.pid == 0:  # the child: its own session, the pty its controlling terminal
                 _exec(self.command, env, cwd)
             _set_winsize(master, hello)
-            self.fds, self.stdin_fd = {master: wire.OUT}, master
+            self.fds, self.stdin_fd, self.input = {master: wire.OUT}, master, Input(master, close_at_end=False)
             return
         proc = subprocess.Popen(
             self.command,
@@ -165,26 +170,38 @@ class Session:
         self.pid, self.stdin_fd = proc.pid, os.dup(proc.stdin.fileno())
         self.fds = {os.dup(proc.stdout.fileno()): wire.OUT, os.dup(proc.stderr.fileno()): wire.ERR}
         proc.stdin.close(), proc.stdout.close(), proc.stderr.close()
+        self.input = Input(self.stdin_fd, close_at_end=True)
 
     def _step(self, wakeup_r: int) -> None:
+        """One wait: for the member's frames (only while the command's input has room: a command
+        that reads slowly holds the member's side back, never this loop), the command's output,
+        a signal, or the member's side closing (POLLRDHUP, seen even while its frames wait)."""
         timeout = 1.0 if self.idle_s is None else min(1.0, self.idle_s)
-        watched: list[Any] = [self.sock, wakeup_r, *self.fds]
-        ready = select.select(watched, [], [], timeout)[0]
+        poller = select.poll()
+        poller.register(wakeup_r, select.POLLIN)
+        poller.register(self.sock, select.POLLRDHUP | (0 if self.input.full() else select.POLLIN))
+        for fd in self.fds:
+            poller.register(fd, select.POLLIN)
+        events = dict(poller.poll(timeout * 1000))
+        ready = {fd for fd, ev in events.items() if ev & (select.POLLIN | select.POLLHUP | select.POLLERR)}
         if wakeup_r in ready:
             os.read(wakeup_r, 512)
         if self.stopping:
             self.stopping = False
             self._signal(signal.SIGTERM)
-            wire.send_json(self.sock, wire.NOTE, {"text": "gpuq: the job is being stopped (cancel or limit)"})
-        if self.sock in ready:
+            self._send(wire.NOTE, {"text": "gpuq: the job is being stopped (cancel or limit)"})
+        sock_events = events.get(self.sock.fileno(), 0)
+        if sock_events & select.POLLIN:
             self._read_member()
+        elif sock_events:  # closed (or broken) while its frames wait for room: gone all the same
+            self._member_gone()
         for fd in [fd for fd in self.fds if fd in ready]:
             self._output(fd)
         self._reap()
         if self.idle_s is not None and self.status is None and time.monotonic() - self.last_activity > self.idle_s:
             idle = f"{self.idle_s / 60:g} min" if self.idle_s >= 60 else f"{self.idle_s:g} s"
             text = f"gpuq shell: released after {idle} without input or output (config shell_idle_timeout)"
-            wire.send_json(self.sock, wire.NOTE, {"text": text})
+            self._send(wire.NOTE, {"text": text})
             print(text, file=sys.stderr)
             self._hang_up()
 
@@ -198,14 +215,19 @@ class Session:
     def _from_member(self, frames: list[tuple[int, bytes]]) -> None:
         for channel, data in frames:
             self.last_activity = time.monotonic()
-            if channel == wire.IN and self.stdin_fd is not None:
-                _write_all(self.stdin_fd, data)
+            if channel == wire.IN:
+                self.input.put(data)
             elif channel == wire.WINSIZE and self.tty and self.stdin_fd is not None:
                 _set_winsize(self.stdin_fd, wire.control(data))
-            elif channel == wire.EOF and not self.tty and self.stdin_fd is not None:
-                os.close(self.stdin_fd)
-                self.stdin_fd = None
-        if self.reader.closed:  # the member's terminal is gone: hang up, as ssh does
+            elif channel == wire.EOF and not self.tty:
+                self.input.put(None)
+        if self.reader.closed:
+            self._member_gone()
+
+    def _member_gone(self) -> None:
+        """The member's terminal is gone: hang up, as ssh does."""
+        self.reader.closed = True
+        if self.status is None:  # (once it ended, its pid may be another's)
             print("gpuq: gpuq run went away; the command was hung up on", file=sys.stderr)
             self._hang_up()
 
@@ -219,7 +241,17 @@ class Session:
             del self.fds[fd]
             return
         self.last_activity = time.monotonic()
-        wire.send(self.sock, self.fds[fd], data)
+        self._send(self.fds[fd], data)
+
+    def _send(self, channel: int, data: bytes | dict[str, Any]) -> None:
+        """A frame to the member's side; one that cannot go (that side is gone: `gpuq run ...
+        | head` ended) hangs the command up, as a closed terminal does."""
+        if self.reader.closed:
+            return
+        try:
+            wire.send(self.sock, channel, data if isinstance(data, bytes) else json.dumps(data).encode())
+        except OSError:
+            self._member_gone()
 
     def _reap(self) -> None:
         if self.status is None:
@@ -253,6 +285,37 @@ class Session:
         if self.status is None:
             self._signal(signal.SIGKILL)
             self.status = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+
+
+class Input:
+    """The member's input on its way to the command, written by a thread of its own: a command
+    that reads slowly (or not at all) blocks that thread only. At most INPUT_CHUNKS frames wait;
+    then the session stops reading the member's frames until there is room. None: the end of
+    the input (the pipe is closed once all before it is written)."""
+
+    def __init__(self, fd: int, close_at_end: bool) -> None:
+        self.fd, self.close_at_end = fd, close_at_end
+        # Unbounded, so that `put` never blocks the session: it reads no more frames once `full`,
+        # and one read brings at most one socket buffer's worth past that.
+        self.waiting: queue.Queue[bytes | None] = queue.Queue()
+        threading.Thread(target=self._write, daemon=True).start()
+
+    def full(self) -> bool:
+        return self.waiting.qsize() >= INPUT_CHUNKS
+
+    def put(self, data: bytes | None) -> None:
+        self.waiting.put(data)
+
+    def _write(self) -> None:
+        broken = False
+        while (data := self.waiting.get()) is not None:
+            if not broken:
+                try:
+                    _write_all(self.fd, data)
+                except OSError:  # the command closed its input, or ended: the rest goes nowhere
+                    broken = True
+        if self.close_at_end:
+            os.close(self.fd)
 
 
 def _exec(command: list[str], env: dict[str, str], cwd: str | None) -> None:

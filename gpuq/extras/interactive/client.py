@@ -22,7 +22,9 @@ import signal
 import socket
 import stat
 import sys
+import tempfile
 import termios
+import threading
 import time
 import tty
 from pathlib import Path
@@ -53,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
-    if not sys.stdin.isatty():
+    if sys.stdin is None or not sys.stdin.isatty():
         print("gpuq shell: needs a terminal; for a command, use gpuq run -- COMMAND", file=sys.stderr)
         return 2
     layout = open_layout(args)
@@ -69,9 +71,17 @@ def _session(args: argparse.Namespace, command: list[str], idle_s: float | None,
     if (problem := _box_problem(layout, config, host, args)) is not None:
         print(f"gpuq {verb}: {problem}", file=sys.stderr)
         return 2
-    directory = _private_dir()
+    try:
+        directory, made = _private_dir()
+    except OSError as e:
+        print(f"gpuq {verb}: {e}", file=sys.stderr)
+        return 2
     path = directory / f"{secrets.token_hex(6)}.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # A closed terminal (SIGHUP) or a kill (SIGTERM) is a Ctrl-C: the job is cancelled while it
+    # waits, the terminal restored and the socket removed once attached.
+    for sig in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, _interrupted)
     try:
         listener.bind(str(path))
         listener.listen(1)
@@ -83,9 +93,17 @@ def _session(args: argparse.Namespace, command: list[str], idle_s: float | None,
             return conn
         with conn:
             return Terminal(conn, shell).attach()
+    except KeyboardInterrupt:  # attached: the job's end of the session hangs the command up
+        return 130
     finally:
         listener.close()
         path.unlink(missing_ok=True)
+        if made:
+            os.rmdir(directory)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _box_problem(layout: Layout, config: Config, host: str, args: argparse.Namespace) -> str | None:
@@ -120,19 +138,25 @@ def _box_problem(layout: Layout, config: Config, host: str, args: argparse.Names
     return None
 
 
-def _private_dir() -> Path:
-    """A directory only this user may enter, for the socket: $XDG_RUNTIME_DIR's (systemd makes
-    it so), else /tmp/gpuq-UID, made 0700 and checked to be ours (never another's, or a link)."""
+def _private_dir() -> tuple[Path, bool]:
+    """A directory only this user may enter, for the socket, and whether it was made for this
+    session alone (to remove after): $XDG_RUNTIME_DIR/gpuq (systemd makes the parent so), else
+    /tmp/gpuq-UID, made 0700, or made so where it is ours; where that name is another's (or a
+    link, or no directory), a fresh one of our own (mkdtemp): nobody can block a session."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     base = Path(runtime) / "gpuq" if runtime else Path(f"/tmp/gpuq-{os.getuid()}")
     try:
         base.mkdir(mode=0o700)
     except FileExistsError:
         pass
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix=f"gpuq-{os.getuid()}-")), True
     st = os.lstat(base)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise OSError(f"{base} is not a private directory of yours (remove it, or set XDG_RUNTIME_DIR)")
-    return base
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return Path(tempfile.mkdtemp(prefix=f"gpuq-{os.getuid()}-")), True
+    if st.st_mode & 0o077:
+        os.chmod(base, 0o700)  # ours, not a link (lstat): made private again
+    return base, False
 
 
 def _submit(args: argparse.Namespace, command: list[str], host: str, attach: dict, verb: str) -> str | None:
@@ -191,13 +215,15 @@ def _waiting(job: dict[str, Any]) -> str:
 
 
 class Terminal:
-    """This process's stdin, stdout and stderr carried to the job and back."""
+    """This process's stdin, stdout and stderr carried to the job and back: its input by a
+    thread of its own (the job takes it only as fast as the command reads it), its output here."""
 
     def __init__(self, conn: socket.socket, shell: bool) -> None:
         self.conn, self.shell = conn, shell
-        self.tty = sys.stdin.isatty() and sys.stdout.isatty()
+        self.stdin = _fd_of(sys.stdin)
+        self.tty = self.stdin is not None and os.isatty(self.stdin) and sys.stdout.isatty()
         self.reader = wire.Reader(conn)
-        self.stdin_open = True
+        self.sending = threading.Lock()  # the input thread's frames and a resize's, never interleaved
 
     def attach(self) -> int:
         ready = self._ready()
@@ -206,15 +232,16 @@ class Terminal:
         rows, cols = _size()
         hello = {"env": dict(os.environ), "cwd": os.getcwd(), "tty": self.tty, "rows": rows, "cols": cols}
         wire.send_json(self.conn, wire.HELLO, hello)
-        saved = termios.tcgetattr(sys.stdin.fileno()) if self.tty else None
+        saved = termios.tcgetattr(self.stdin) if self.tty and self.stdin is not None else None
         previous = signal.signal(signal.SIGWINCH, self._resized) if self.tty else None
         try:
-            if saved is not None:
-                tty.setraw(sys.stdin.fileno())
+            if saved is not None and self.stdin is not None:
+                tty.setraw(self.stdin)
+            threading.Thread(target=self._send_input, daemon=True).start()
             return self._relay()
         finally:
-            if saved is not None:
-                termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved)
+            if saved is not None and self.stdin is not None:
+                termios.tcsetattr(self.stdin, termios.TCSADRAIN, saved)
                 signal.signal(signal.SIGWINCH, previous)
 
     def _ready(self) -> dict[str, Any]:
@@ -227,40 +254,49 @@ class Terminal:
 
     def _resized(self, signum: int, frame: object) -> None:
         rows, cols = _size()
-        wire.send_json(self.conn, wire.WINSIZE, {"rows": rows, "cols": cols})
+        with self.sending:
+            wire.send_json(self.conn, wire.WINSIZE, {"rows": rows, "cols": cols})
+
+    def _send_input(self) -> None:
+        """stdin to the job until its end (then EOF), or until the session is over."""
+        try:
+            while self.stdin is not None and (data := os.read(self.stdin, wire.CHUNK)):
+                with self.sending:
+                    wire.send(self.conn, wire.IN, data)
+            with self.sending:
+                wire.send_json(self.conn, wire.EOF, {})
+        except OSError:
+            pass  # the session ended (or stdin broke): the main thread says how
 
     def _relay(self) -> int:
-        stdin = sys.stdin.fileno()
         while True:
-            watched = [self.conn, stdin] if self.stdin_open else [self.conn]
-            try:
-                ready = select.select(watched, [], [])[0]
-            except InterruptedError:
-                continue
-            if stdin in ready:
-                data = os.read(stdin, wire.CHUNK)
-                if data:
-                    wire.send(self.conn, wire.IN, data)
-                else:
-                    self.stdin_open = False
-                    wire.send_json(self.conn, wire.EOF, {})
-            if self.conn in ready:
-                for channel, data in self.reader.read():
-                    if channel in (wire.OUT, wire.ERR):
+            for channel, data in self.reader.read():
+                if channel in (wire.OUT, wire.ERR):
+                    try:
                         _write_all(1 if channel == wire.OUT else 2, data)
-                    elif channel == wire.NOTE:
-                        self._note(str(wire.control(data).get("text", "")))
-                    elif channel == wire.EXIT:
-                        end = wire.control(data)
-                        sig, code = end.get("signal"), end.get("code")
-                        return 128 + sig if type(sig) is int else code if type(code) is int else 1
-                if self.reader.closed:
-                    self._note("gpuq: the job ended without saying how (stopped, or its box was lost)")
-                    return 1
+                    except BrokenPipeError:  # `gpuq run ... | head`: end as a pipeline's writer does
+                        return 128 + signal.SIGPIPE
+                elif channel == wire.NOTE:
+                    self._note(str(wire.control(data).get("text", "")))
+                elif channel == wire.EXIT:
+                    end = wire.control(data)
+                    sig, code = end.get("signal"), end.get("code")
+                    return 128 + sig if type(sig) is int else code if type(code) is int else 1
+            if self.reader.closed:
+                self._note("gpuq: the job ended without saying how (stopped, or its box was lost)")
+                return 1
 
     def _note(self, text: str) -> None:
         end = "\r\n" if self.tty else "\n"  # a raw terminal moves down a line only
         _write_all(2, f"{safe_text(text)}{end}".encode())
+
+
+def _fd_of(stream: Any) -> int | None:
+    """A standard stream's descriptor; None where the process was started without it (`<&-`)."""
+    try:
+        return stream.fileno() if stream is not None else None
+    except (OSError, ValueError):
+        return None
 
 
 def _size() -> tuple[int, int]:

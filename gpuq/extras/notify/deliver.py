@@ -69,7 +69,27 @@ def body_of(event: dict[str, Any], settings: Settings) -> dict[str, Any]:
 def where(url: str) -> str:
     """What a line may say of a webhook: its scheme, host and port."""
     parts = urllib.parse.urlsplit(url)
-    return safe_text(f"{parts.scheme}://{parts.hostname or '?'}" + (f":{parts.port}" if parts.port else ""))
+    try:
+        port = parts.port
+    except ValueError:  # out of range: memberfile refuses it, but never a traceback here
+        port = None
+    return safe_text(f"{parts.scheme}://{parts.hostname or '?'}" + (f":{port}" if port else ""))
+
+
+class _TryTimedOut(Exception):
+    pass
+
+
+def _out_of_time(signum: int, frame: object) -> None:
+    raise _TryTimedOut
+
+
+def _whole_try(seconds: float) -> None:
+    """A deadline for the whole of one try (connect, send, every byte of the answer): the
+    socket's timeout bounds each wait only, and a receiver that trickles a byte every few
+    seconds would hold the deliverer for as long as it likes. 0 cancels it."""
+    signal.signal(signal.SIGALRM, _out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def post(url: str, body: dict[str, Any], label: str) -> bool:
@@ -82,15 +102,22 @@ def post(url: str, body: dict[str, Any], label: str) -> bool:
             url, data=data, method="POST", headers={"Content-Type": "application/json", "User-Agent": "gpuq-notify"}
         )
         try:
+            _whole_try(WEBHOOK_TIMEOUT_S)
             with opener.open(request, timeout=WEBHOOK_TIMEOUT_S) as answer:
                 answer.read(4096)
+                _whole_try(0)
                 say(f"sent {label}: webhook {where(url)}: try {attempt}: HTTP {answer.status}")
                 return True
         except urllib.error.HTTPError as e:
+            _whole_try(0)
             say(f"failed {label}: webhook {where(url)}: try {attempt}: HTTP {e.code}")
             if 400 <= e.code < 500 and e.code not in (408, 429):
                 return False
+        except _TryTimedOut:
+            whole = f"timed out (no whole answer within {WEBHOOK_TIMEOUT_S:g} s)"
+            say(f"failed {label}: webhook {where(url)}: try {attempt}: {whole}")
         except (urllib.error.URLError, OSError, ValueError) as e:
+            _whole_try(0)
             say(f"failed {label}: webhook {where(url)}: try {attempt}: {why(e)}")
         if attempt < WEBHOOK_TRIES:
             time.sleep(BACKOFF_S[attempt - 1])

@@ -16,6 +16,7 @@ import os
 import pwd
 import re
 import stat
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,8 @@ def parse(raw: bytes, where: str) -> Settings:
         values[key] = value.strip() if isinstance(value, str) else None
     if values["webhook"] and not values["webhook"].startswith(("http://", "https://")):
         raise MemberFileError(f"{where}: webhook must be an http:// or https:// URL")
+    if values["webhook"] and not _port_ok(values["webhook"]):
+        raise MemberFileError(f"{where}: webhook's port is not a number from 1 to 65535")
     if values["topic"] and not TOPIC_RE.fullmatch(values["topic"]):
         raise MemberFileError(f"{where}: topic must be letters, digits, _ and -, at most 64 (ntfy's rule)")
     if values["mail"] and not MAIL_RE.fullmatch(values["mail"]):
@@ -140,3 +143,11 @@ def submit_default() -> list[str] | None:
     except MemberFileError as e:
         raise ValueError(str(e)) from None
     return list(found.on) if found is not None and found.on else None
+
+
+def _port_ok(url: str) -> bool:
+    try:
+        port = urllib.parse.urlsplit(url).port
+    except ValueError:
+        return False
+    return port is None or 0 < port < 65536

@@ -20,6 +20,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from gpuq.extras.notify.events import event_of
 from gpuq.host import rootorders
 from gpuq.host.files import read_json, write_json
+from gpuq.host.privsep import MAX_PROGRAMS_PER_MEMBER
 from gpuq.host.wire import Refused, StarterGone
 from gpuq.model.config import Config
 from gpuq.model.text import safe_text
@@ -50,6 +52,7 @@ class Delivery:
     """A deliverer handed over: what it has said so far, on a pipe read without blocking."""
 
     label: str
+    uid: int
     fd: int
     since: float
     said: bytearray = field(default_factory=bytearray)
@@ -117,14 +120,19 @@ class NotifyWatch:
                 head = os.pread(fd, HEAD_BYTES, 0)
             f.seek(offset)
             found: list[dict[str, Any]] = []
+            busy = Counter(d.uid for d in self.listening)
             start = offset
             while offset - start < MAX_BATCH_BYTES and len(found) < room:
                 line = f.readline(MAX_LINE_BYTES)
                 if not line.endswith(b"\n"):
                     break  # a line still being written: read it whole next time
+                delivery = self._asked(line)
+                if delivery is not None and busy[delivery["uid"]] >= MAX_PROGRAMS_PER_MEMBER:
+                    break  # as many as the root part runs as one member: this one waits its turn, never lost
                 offset += len(line)
-                if (delivery := self._asked(line)) is not None:
+                if delivery is not None:
                     found.append(delivery)
+                    busy[delivery["uid"]] += 1
         return found, {"inode": st.st_ino, "offset": offset, "head": head.hex()}
 
     def _asked(self, line: bytes) -> dict[str, Any] | None:
@@ -182,7 +190,7 @@ class NotifyWatch:
             log.warning("notify: %s not sent: %s", label, safe_text(e))
             return
         os.set_blocking(fd, False)
-        self.listening.append(Delivery(label, fd, now))
+        self.listening.append(Delivery(label, delivery["uid"], fd, now))
         if proc is not None:
             self.children.append(proc)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -51,7 +52,47 @@ def test_run_carries_input_output_errors_and_exit_status_and_writes_no_environme
     assert "s3cret" not in record["spec_text"] and "blue" not in record["spec_text"]  # the environment travelled
 
 
-def test_a_run_waits_with_its_reason_and_ctrl_c_cancels_it(queue, tmp_path):
+def test_much_input_to_a_slow_reader_and_output_to_a_reader_that_stops(queue, tmp_path):
+    """8 MiB piped in to a command that reads only after a while, echoed back whole; then
+    `gpuq run -- yes | head -1`: the run ends as a pipeline's writer does (SIGPIPE), and so does
+    the job, hung up. stdin closed (`<&-`) is no input."""
+    queue.start_worker(HOST, "1x24GiB")
+    data = tmp_path / "in.bin"
+    data.write_bytes(os.urandom(8 << 20))
+    with open(data, "rb") as f:
+        done = subprocess.run(
+            _cli(queue, "run", "--", "sh", "-c", "sleep 2; cat"),
+            stdin=f,
+            capture_output=True,
+            timeout=120,
+            env=queue.env(),
+        )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == data.read_bytes()
+    yes = subprocess.Popen(
+        _cli(queue, "run", "--", "yes"), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=queue.env()
+    )
+    try:
+        assert yes.stdout is not None and yes.stdout.readline() == b"y\n"
+        yes.stdout.close()
+        assert yes.wait(timeout=60) == 128 + signal.SIGPIPE
+    finally:
+        yes.kill()
+        yes.wait()
+    ended = wait_until(lambda: queue.finished("run-2"), timeout=60, what="yes to be hung up")
+    assert ended["exit_code"] == 128 + signal.SIGHUP
+    closed = subprocess.run(
+        ["sh", "-c", 'exec "$@" <&-', "sh", *_cli(queue, "run", "--", "sh", "-c", "cat; echo end")],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=queue.env(),
+    )
+    assert (closed.returncode, closed.stdout) == (0, "end\n"), closed.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_a_run_waits_with_its_reason_and_ctrl_c_or_a_closed_terminal_cancels_it(queue, tmp_path, sig):
     queue.start_worker(HOST, "1x24GiB")
     queue.drop("blocker.yaml", f"command: {fake_job(seconds=120)}\ngpus: 1\n")  # the whole GPU
     wait_until(lambda: (queue.record("blocker") or {}).get("state") == "running", what="the blocker to run")
@@ -61,7 +102,7 @@ def test_a_run_waits_with_its_reason_and_ctrl_c_cancels_it(queue, tmp_path):
     try:
         wait_until(lambda: "run-1 waits (#1 in the queue)" in err.read_text(), timeout=60, what="the reason")
         assert "Ctrl-C cancels it" in err.read_text()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         assert proc.wait(timeout=60) == 130
     finally:
         proc.kill()
@@ -164,12 +205,19 @@ def test_shell_needs_a_terminal_and_no_box_that_fits_is_said_with_where(queue):
 
 def test_a_members_session_runs_as_that_member(team):
     team.start_worker(HOST, "1x24GiB")
+    # bob took the name of alice's socket directory first: hers is a fresh one, and works
+    taken = Path(f"/tmp/gpuq-{team.users[ALICE].pw_uid}")
+    shutil.rmtree(taken, ignore_errors=True)
+    assert team.run_as(BOB, ["mkdir", "-m", "777", str(taken)]).returncode == 0
     done = team.as_user(ALICE, "run", "--", "sh", "-c", "id -u; echo $CUDA_VISIBLE_DEVICES", timeout=90)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(team.users[ALICE].pw_uid), "0"]
     record = wait_until(lambda: team.finished("run-1"))
     assert record["user"] == ALICE and record["state"] == "done"
-    # Her socket's directory is hers alone: bob cannot reach it.
-    sock_dir = Path(f"/tmp/gpuq-{team.users[ALICE].pw_uid}")
-    listed = team.run_as(BOB, ["ls", str(sock_dir)])
+    # Her socket's directory is hers alone: bob cannot reach it (made afresh, and removed after).
+    ours = team.run_as(ALICE, ["sh", "-c", f"ls -d /tmp/gpuq-{team.users[ALICE].pw_uid}-*"])
+    assert ours.returncode != 0  # removed once the session ended
+    shutil.rmtree(taken, ignore_errors=True)
+    team.as_user(ALICE, "run", "--", "true", timeout=90)  # now under the name, made 0700 by her
+    listed = team.run_as(BOB, ["ls", str(taken)])
     assert listed.returncode != 0 and "Permission denied" in listed.stderr

@@ -66,7 +66,7 @@ def test_jobs_sharing_a_gpu_run_as_clients_of_its_mps_daemon_held_to_their_memor
     queue.drop("b.yaml", f"command: '{SHOW_ENV}{fake_job(1.5)}'\ngpu_mem: 4GiB\ngpu_compute: 60%\n")
     # asks the fake GPU for more than it declared: under MPS the driver refuses it
     greedy = f"{PY} {REPO / 'gpuq.py'} fake-use --mem 6GiB --seconds 1"
-    queue.drop("greedy.yaml", f"command: '{SHOW_ENV}{greedy}'\ngpu_mem: 4GiB\n")
+    queue.drop("greedy.yaml", f"command: '{SHOW_ENV}{greedy}'\ngpu_mem: 4GiB\nretries: 0\n")  # once: no OOM retry
     queue.drop("whole.yaml", f"command: '{SHOW_ENV}sleep 0.5'\ngpus: 1\n")  # takes a GPU whole: no MPS
     for job_id in ("a", "b", "greedy", "whole"):
         wait_until(lambda j=job_id: queue.finished(j), timeout=90, what=f"{job_id} finished")

@@ -14,7 +14,7 @@ from gpuq.extras.notify import deliver
 from gpuq.extras.notify.events import event_of
 from gpuq.extras.notify.memberfile import MemberFileError, Settings, parse, read_own
 from gpuq.host import privsep
-from gpuq.host.wire import Refused
+from gpuq.host.wire import Identity, Refused
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import validate_spec
 
@@ -150,3 +150,64 @@ def test_the_root_part_runs_only_a_registered_program_and_only_as_a_member():
             privsep._program({"name": "notify", "uid": 0, "stdin": ""}, team, programs)
         with pytest.raises(Refused, match="the queue's own account runs no jobs"):
             privsep._program({"name": "notify", "uid": team.uid, "stdin": ""}, team, programs)
+
+
+def test_the_root_part_runs_at_most_a_few_programs_as_one_member_at_once(monkeypatch):
+    """A compromised queue account may forge an event (it chooses the text, never what runs),
+    but cannot flood a member with programs: the ninth while eight run is refused."""
+    member = Identity(4242, 4242, (4242,), "ana")
+    monkeypatch.setattr(privsep, "_member", lambda uid, account: member)
+    monkeypatch.setattr(privsep, "_programs", {4242: set(range(1, privsep.MAX_PROGRAMS_PER_MEMBER + 1))})
+    with pytest.raises(Refused, match="8 programs run as ana already"):
+        privsep._program(
+            {"name": "notify", "uid": 4242, "stdin": "{}"}, privsep.Account(uid=999, gid=999), {"notify": ["/bin/true"]}
+        )
+
+
+def test_a_webhook_whose_port_is_out_of_range_is_refused_and_never_a_traceback():
+    with pytest.raises(MemberFileError, match="port"):
+        parse(b"webhook: http://127.0.0.1:99999/hooks/x\n", "notify.yaml")
+    assert deliver.where("http://127.0.0.1:99999/hooks/x") == "http://127.0.0.1"
+
+
+def test_one_try_is_bounded_whole_even_against_a_receiver_that_trickles(monkeypatch):
+    """The socket's timeout bounds each wait only: a receiver that sends a header line every
+    half second would hold a try for as long as it likes without the whole-try deadline."""
+    import socket
+    import threading
+    import time
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            ends = time.monotonic() + 12  # without the deadline a try would last this long
+            while not stop.is_set() and time.monotonic() < ends:
+                try:
+                    conn.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    break
+                time.sleep(0.3)
+            conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    monkeypatch.setattr(deliver, "WEBHOOK_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(deliver, "WEBHOOK_TRIES", 2)
+    monkeypatch.setattr(deliver, "BACKOFF_S", (0.0,))
+    said: list[str] = []
+    monkeypatch.setattr(deliver, "say", said.append)
+    try:
+        began = time.monotonic()
+        assert deliver.post(f"http://127.0.0.1:{server.getsockname()[1]}/x", {"text": "t"}, "job j end") is False
+        assert time.monotonic() - began < 10  # two tries of 1 s (without the deadline: 12 s each)
+    finally:
+        stop.set()
+        server.close()
+    assert [line.split(": ")[-1] for line in said] == ["timed out (no whole answer within 1 s)"] * 2
