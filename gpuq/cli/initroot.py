@@ -157,7 +157,11 @@ def queue_account(name: str, group: str, gid: int, done: list[str], uid: int | N
             "as whom, so it must be a system account of its own. Fix: leave --queue-user out (init makes `gpuq`)"
         )
     if gid not in os.getgrouplist(name, pw.pw_gid):
-        raise InitError(f"the queue's account {name} is not in group {group}. Fix: `usermod -aG {group} {name}`")
+        raise InitError(
+            f"the queue's account {name} is not in group {group} (another team's queue?). Fix: give this "
+            f"queue its own account with --queue-user (e.g. --queue-user gpuq-{group}), or "
+            f"`usermod -aG {group} {name}` to share one account between the teams' queues"
+        )
     return pw
 
 

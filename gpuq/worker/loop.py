@@ -195,6 +195,7 @@ class Worker:
         self.others_idle_since: dict[int, float | None] = {}
         self.stopping: set[str] = set()  # running jobs told to yield (preempted)
         self.ending: set[str] = set()  # jobs over whose supervisors are still recording them
+        self.put_back_specs = False  # settle_running put a spec back into jobs/ this pass
         self.dep_states = DependencyStates(self.layout)
         self.history = UsageHistory(self.layout, self.config.fair_share_half_life_s)  # for fair share
         self.usage_written = 0.0
@@ -356,6 +357,7 @@ class Worker:
         """Reattach to live jobs; settle the ones whose supervisor and job are gone."""
         alive: list[Record] = []
         ending: list[Record] = []
+        requeued = self.recovery.requeued
         self.spawner.collect()
         for record in self.running:
             if record.boot_id == self.boot_id and record.id in self.spawner.starting:
@@ -373,6 +375,9 @@ class Worker:
         self.running, self.ending = alive, {r.id for r in ending}
         self.stopping &= {r.id for r in alive}
         self.recovery.requeue_orphan_claims()
+        # A spec put back at its place (preempted, retried) is planned in this very pass: else
+        # the GPUs it freed go to a job behind it before jobs/ is read again.
+        self.put_back_specs = self.recovery.requeued != requeued
 
     def settle_sharing(self, final: bool = False) -> None:
         """Let the GPU sharers (the mps extra's daemons) stop what no running job here is a
@@ -441,6 +446,7 @@ class Worker:
         if (
             self.woken_by
             and not self.woken_by.strip(WAKE_JOB_ENDED)
+            and not self.put_back_specs
             and now - self.intake.scanned_at < EXIT_WAKE_SCAN_GAP_S
         ):
             return  # only job ends woke us: they free GPUs, not specs, and jobs/ was just read

@@ -55,6 +55,7 @@ class Recovery:
         # host -> ((boot, seq, mtime), when that was first seen, whether it was seen to change)
         self.heartbeats: dict[str, tuple[tuple, float, bool]] = {}
         self.watched_at = float("-inf")
+        self.requeued = 0  # specs put back into jobs/ so far (the worker reads jobs/ again after one)
 
     # --- this host's attempts --------------------------------------------------------------
 
@@ -225,6 +226,7 @@ class Recovery:
         transition(self.layout, record, State.PENDING, self.host, said=said, reason=reason, cause=cause, **fields)
         crash_point("recovery:recorded")
         put_back(self.box, record.id, held)
+        self.requeued += 1
 
     def _hold_spec(self, record: Record) -> Path | None:
         """Move the attempt's claim to a claim of this host (exactly one host wins the rename);

@@ -25,7 +25,6 @@ import select
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import termios
 import threading
@@ -95,6 +94,7 @@ class Session:
     early: list[tuple[int, bytes]] = field(default_factory=list)  # frames that came with the hello
     last_activity: float = 0.0
     stopping: bool = False
+    released: bool = False  # a shell released after its idle time
 
     def __post_init__(self) -> None:
         self.reader = wire.Reader(self.sock)
@@ -123,6 +123,8 @@ class Session:
             self._step(wakeup_r)
         self._drain()
         code, sig = (None, -self.status) if self.status < 0 else (self.status, None)
+        if self.released:  # as configured: the session's end, not the command's failure
+            code, sig = 0, None
         if not self.reader.closed:
             try:
                 wire.send_json(self.sock, wire.EXIT, {"code": code, "signal": sig})
@@ -157,20 +159,20 @@ class Session:
             _set_winsize(master, hello)
             self.fds, self.stdin_fd, self.input = {master: wire.OUT}, master, Input(master, close_at_end=False)
             return
-        proc = subprocess.Popen(
-            self.command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd if cwd and os.path.isdir(cwd) else None,
-            start_new_session=True,  # so a stop reaches what it started too
-        )
-        assert proc.stdin and proc.stdout and proc.stderr
-        self.pid, self.stdin_fd = proc.pid, os.dup(proc.stdin.fileno())
-        self.fds = {os.dup(proc.stdout.fileno()): wire.OUT, os.dup(proc.stderr.fileno()): wire.ERR}
-        proc.stdin.close(), proc.stdout.close(), proc.stderr.close()
-        self.input = Input(self.stdin_fd, close_at_end=True)
+        # Pipes, forked as the pty's child is (not subprocess: its Popen reaps a child that ended
+        # at once when dropped, and a command not found must be said as a terminal says it).
+        (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.setsid()  # its own session: a stop reaches what it started too
+            for fd, to in ((in_r, 0), (out_w, 1), (err_w, 2)):
+                os.dup2(fd, to)
+            os.closerange(3, 65536)
+            _exec(self.command, env, cwd)
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        self.fds, self.stdin_fd = {out_r: wire.OUT, err_r: wire.ERR}, in_w
+        self.input = Input(in_w, close_at_end=True)
 
     def _step(self, wakeup_r: int) -> None:
         """One wait: for the member's frames (only while the command's input has room: a command
@@ -204,6 +206,7 @@ class Session:
             self._send(wire.NOTE, {"text": text})
             print(text, file=sys.stderr)
             self._hang_up()
+            self.released = True
 
     def _read_member(self) -> None:
         try:
@@ -319,12 +322,14 @@ class Input:
 
 
 def _exec(command: list[str], env: dict[str, str], cwd: str | None) -> None:
+    """In the command's process: its directory (the member's, where it still is), then it."""
     try:
-        if cwd:
+        if cwd and os.path.isdir(cwd):
             os.chdir(cwd)
         os.execvpe(command[0], command, env)
     except OSError as e:
-        os.write(2, f"gpuq: cannot run {command[0]}: {e.strerror}\r\n".encode())
+        searched = f" (PATH={env.get('PATH', '')})" if "/" not in command[0] else ""
+        os.write(2, f"gpuq: cannot run {command[0]}: {e.strerror}{searched}\r\n".encode())
     os._exit(127)
 
 

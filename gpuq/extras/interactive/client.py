@@ -116,10 +116,12 @@ def _box_problem(layout: Layout, config: Config, host: str, args: argparse.Names
     now = time.time()
     fits = []
     here = None
+    largest = 0
     for hb in load_heartbeats(layout):
         if not heartbeat_alive(hb, now):
             continue
         usable = [g["mem_total_mib"] - config.gpu_mem_reserve_mib for g in hb.get("gpus") or []]
+        largest = max([largest, *usable])
         ok = len(usable) >= gpus and (mem is None or sum(u >= mem for u in usable) >= gpus)
         if hb.get("host") == host:
             here = ok
@@ -129,6 +131,8 @@ def _box_problem(layout: Layout, config: Config, host: str, args: argparse.Names
     elsewhere = (
         f"{', '.join(sorted(fits))} could: ssh {sorted(fits)[0]}, then run it there"
         if fits
+        else f"no box of the queue could. Fix: ask for less (the largest GPU holds {format_mib(largest)} usable)"
+        if largest
         else "no box of the queue could"
     )
     if here is None:
@@ -224,9 +228,12 @@ class Terminal:
         self.tty = self.stdin is not None and os.isatty(self.stdin) and sys.stdout.isatty()
         self.reader = wire.Reader(conn)
         self.sending = threading.Lock()  # the input thread's frames and a resize's, never interleaved
+        self.gone = False  # the terminal closed
+        self.job = "the job"
 
     def attach(self) -> int:
         ready = self._ready()
+        self.job = safe_text(str(ready.get("job") or "the job"))
         gpus = ready.get("gpus") or "none"
         print(f"gpuq: {ready.get('job')} runs on {ready.get('host')}, GPUs {gpus}", file=sys.stderr)
         rows, cols = _size()
@@ -258,15 +265,25 @@ class Terminal:
             wire.send_json(self.conn, wire.WINSIZE, {"rows": rows, "cols": cols})
 
     def _send_input(self) -> None:
-        """stdin to the job until its end (then EOF), or until the session is over."""
+        """stdin to the job until its end (then EOF), or until the session is over. A terminal
+        that ends (closed: EOF or EIO, with or without a SIGHUP reaching us) ends the session:
+        the job's end hangs the command up, as ssh does."""
         try:
             while self.stdin is not None and (data := os.read(self.stdin, wire.CHUNK)):
                 with self.sending:
                     wire.send(self.conn, wire.IN, data)
-            with self.sending:
-                wire.send_json(self.conn, wire.EOF, {})
         except OSError:
-            pass  # the session ended (or stdin broke): the main thread says how
+            if not self.tty:
+                return  # the session ended meanwhile: the main thread says how
+        try:
+            if self.tty:
+                self.gone = True
+                self.conn.shutdown(socket.SHUT_RDWR)
+            else:
+                with self.sending:
+                    wire.send_json(self.conn, wire.EOF, {})
+        except OSError:
+            pass
 
     def _relay(self) -> int:
         while True:
@@ -283,7 +300,9 @@ class Terminal:
                     sig, code = end.get("signal"), end.get("code")
                     return 128 + sig if type(sig) is int else code if type(code) is int else 1
             if self.reader.closed:
-                self._note("gpuq: the job ended without saying how (stopped, or its box was lost)")
+                if self.gone:
+                    return 128 + signal.SIGHUP
+                self._note(f"gpuq: {self.job} ended without saying how: `gpuq logs {self.job}` says why")
                 return 1
 
     def _note(self, text: str) -> None:

@@ -38,7 +38,7 @@ NOTIFY = SpecField(
     "[end, fail]",
     "extras.notify.events:parse_field",
     options=_submit_options,
-    from_options="extras.notify.events:from_options",
+    from_options="extras.notify.memberfile:from_options",
     submit_default="extras.notify.memberfile:submit_default",
 )
 

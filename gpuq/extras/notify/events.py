@@ -4,7 +4,6 @@ member's default, `on:` in their own notify.yaml, is memberfile.py's)."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any, Callable, Mapping
 
 WORDS = ("start", "end", "fail", "all")
@@ -38,11 +37,6 @@ def parse_field(value: Any, fail: Callable[[str, str, str], Exception]) -> list[
         return words(value)
     except ValueError as e:
         raise fail("notify", str(e), FIX) from None
-
-
-def from_options(args: argparse.Namespace) -> str | None:
-    """--notify WHEN, as the spec's field (the spec's check judges it, naming --notify)."""
-    return args.notify or None
 
 
 def event_of(notify: object, transition: Mapping[str, Any]) -> str | None:

@@ -11,11 +11,13 @@ MAX_BYTES, strict YAML with known keys only.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import pwd
 import re
 import stat
+import sys
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,9 +147,32 @@ def submit_default() -> list[str] | None:
     return list(found.on) if found is not None and found.on else None
 
 
+def destinations_problem() -> str | None:
+    """Why the submitter's own file sends nothing (none, unreadable, or naming no webhook, mail
+    or command), or None."""
+    try:
+        found = read_own(missing_ok=True)
+    except MemberFileError as e:
+        return str(e)
+    if found is None:
+        return "~/.config/gpuq/notify.yaml: there is none. Fix: write it (gpuq/extras/notify/README.md)"
+    if not (found.webhook or found.mail or found.command):
+        return "~/.config/gpuq/notify.yaml names no webhook, mail or command. Fix: add one"
+    return None
+
+
 def _port_ok(url: str) -> bool:
     try:
         port = urllib.parse.urlsplit(url).port
     except ValueError:
         return False
     return port is None or 0 < port < 65536
+
+
+def from_options(args: argparse.Namespace) -> str | None:
+    """--notify WHEN, as the spec's field (the spec's check judges it, naming --notify). Its
+    destinations are in the submitter's own file: where that gives none, say so now, not only
+    in a worker's log when the job ends."""
+    if args.notify and (problem := destinations_problem()) is not None:
+        print(f"gpuq submit: warning: --notify {args.notify}: {problem}; nothing will be sent", file=sys.stderr)
+    return args.notify or None

@@ -8,9 +8,11 @@ without blocking, capped, as safe text, into the worker's log.
 
 Once per event, across crashes: each transition is logged once, by the host that made it,
 and the cursor (inode, offset, first bytes of the log) is kept in the box's private local
-directory. It is written durably *before* the batch it covers is handed over (mark, then
-send): a worker killed between the two loses that batch's messages, and never sends one
-twice. A new box's cursor starts at the end of its log: no message for the past.
+directory together with the deliveries it has passed and not yet handed over (written
+durably before the first is handed over, again after each): a worker killed meanwhile hands
+the rest over when it starts again. None is lost; one is sent twice only if the kill falls
+between a hand-over and the write that follows it. A new box's cursor starts at the end of its
+log: no message for the past.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from gpuq.extras.notify.events import event_of
 from gpuq.host import rootorders
+from gpuq.host.faults import crash_point
 from gpuq.host.files import read_json, write_json
 from gpuq.host.privsep import MAX_PROGRAMS_PER_MEMBER
 from gpuq.host.wire import Refused, StarterGone
@@ -70,9 +73,16 @@ class NotifyWatch:
         self.cursor_path = local_dir / CURSOR
         self.listening: list[Delivery] = []
         self.children: list[subprocess.Popen] = []  # deliverers this worker started itself, until reaped
-        cursor = read_json(self.cursor_path)
+        try:
+            cursor = read_json(self.cursor_path)
+        except (OSError, ValueError):
+            cursor = None
+        # Deliveries read and marked, not yet handed over when the last worker stopped.
+        self.pending: list[dict[str, Any]] = []
         if isinstance(cursor, dict) and {"inode", "offset", "head"} <= set(cursor):
-            self.cursor = cursor
+            self.cursor = {k: cursor[k] for k in ("inode", "offset", "head")}
+            found = cursor.get("pending")
+            self.pending = [d for d in found if _delivery(d)] if isinstance(found, list) else []
         else:
             self.cursor = self._end_of_log()
             self._save()
@@ -86,20 +96,33 @@ class NotifyWatch:
             return {"inode": 0, "offset": 0, "head": ""}
 
     def _save(self) -> None:
-        write_json(self.cursor_path, self.cursor, durable=True)
+        write_json(self.cursor_path, {**self.cursor, "pending": self.pending}, durable=True)
 
     def publish(self, published: Published) -> None:
+        """Hand over what is pending, then read on. The cursor moves past a batch together
+        with the batch itself, kept as pending; each delivery leaves it once handed over. A
+        worker killed in between hands the rest over when it starts again: none is lost, and
+        one is repeated only if the kill falls between a hand-over and its removal."""
         self._listen(published.mono)
-        room = MAX_LISTENING - len(self.listening)
-        if room <= 0:
-            return  # as many deliverers as a box runs at once: the next events wait in the log
-        found, cursor = self._read_new(room)
-        if cursor == self.cursor:
-            return
-        self.cursor = cursor
-        self._save()  # marked before they are handed over: a crash loses them, never repeats them
-        for event in found:
-            self._hand_over(event, published.mono)
+        if not self.pending:
+            room = MAX_LISTENING - len(self.listening)
+            if room <= 0:
+                return  # as many deliverers as a box runs at once: the next events wait in the log
+            found, cursor = self._read_new(room)
+            if cursor == self.cursor:
+                return
+            self.cursor, self.pending = cursor, found
+            self._save()
+            crash_point("notify:marked")  # the batch is marked read, and kept as pending
+        busy = Counter(d.uid for d in self.listening)
+        for delivery in list(self.pending):
+            if len(self.listening) >= MAX_LISTENING or busy[delivery["uid"]] >= MAX_PROGRAMS_PER_MEMBER:
+                continue  # its turn comes at a later pass
+            self._hand_over(delivery, published.mono)
+            crash_point("notify:handed")  # handed over, still pending: the one window that repeats it
+            busy[delivery["uid"]] += 1
+            self.pending.remove(delivery)
+            self._save()
 
     def _read_new(self, room: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The deliveries (at most `room`) the lines appended since the cursor ask for, and the
@@ -248,3 +271,16 @@ def _start_here(text: str) -> tuple[subprocess.Popen, int]:
     proc.stdin.write(text.encode())
     proc.stdin.close()
     return proc, read_end
+
+
+def _delivery(found: Any) -> bool:
+    """A pending delivery as _asked makes it (the file is the queue account's own, in the
+    box's private directory: checked all the same before a uid is taken from it)."""
+    return (
+        isinstance(found, dict)
+        and type(found.get("uid")) is int
+        and found["uid"] >= 0
+        and found.get("event") in ("start", "end", "fail")
+        and isinstance(found.get("job"), dict)
+        and isinstance(found["job"].get("id"), str)
+    )

@@ -4,8 +4,9 @@ rule (gpuq/hooks.py RetryRule), and its spec field `retry_on_oom`.
 Out of memory is read from the last lines of the job's log (4 KiB), where the frameworks print
 it on their way out: the patterns below, one per framework's own words. Any other failure, a
 host's out-of-memory killer (SIGKILL, no such line) included, is never retried. The next
-attempt asks for its observed peak plus what the failed allocation asked for (where the message
-says), at least its old `gpu_mem` plus 1 GiB, and 25% more; where that comes near the whole
+attempt asks for its observed peak (its old `gpu_mem` where none was sampled) plus what the
+failed allocation asked for (where the message says), at least its old `gpu_mem` plus 1 GiB,
+and 25% more; where that comes near the whole
 GPU (90% of the GPU it ran on), it asks for the whole GPU instead (`gpu_mem` removed).
 """
 
@@ -75,7 +76,8 @@ def decide(failure: Failure, settings: dict[str, Any]) -> Retry | None:
     if found is None or done >= allowed or not spec.get("gpus") or declared is None:
         return None  # not out of memory, no retries left, or it had its GPUs whole already
     framework, tried = found
-    seen = max(declared, (failure.peak_gpu_mem_mib or 0) + (tried or 0), declared + 1024)
+    held = failure.peak_gpu_mem_mib or declared  # not sampled (it failed at once): what it asked for
+    seen = max(held + (tried or 0), declared + 1024)
     ask = math.ceil(seen * MARGIN / 1024) * 1024  # whole GiB
     total = failure.gpu_total_mib
     whole = total is not None and ask >= total * WHOLE_GPU_SHARE

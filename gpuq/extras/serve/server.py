@@ -183,6 +183,13 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         server = server_class((args.bind, args.port), make_handler(snapshot, loopback))
     except OSError as e:
+        if e.errno == errno.EADDRNOTAVAIL:
+            print(
+                f"gpuq serve: {args.bind} is no address of this box. Fix: give one of its own with --bind "
+                "(0.0.0.0: all of them), or leave --bind out (127.0.0.1)",
+                file=sys.stderr,
+            )
+            return 2
         why = "is in use (another gpuq serve?)" if e.errno == errno.EADDRINUSE else f"cannot be bound: {e.strerror}"
         print(f"gpuq serve: port {args.port} on {args.bind} {why}. Fix: pick another with --port", file=sys.stderr)
         return 2
@@ -194,6 +201,8 @@ def _serve(args: argparse.Namespace) -> int:
             f"reach port {port} on this box",
             file=sys.stderr,
         )
+        if host in ("0.0.0.0", "::"):  # the URL below works here only: teammates use the box's name
+            print(f"gpuq serve: from other boxes: http://{socket.gethostname()}:{port}/", file=sys.stderr)
     print(f"gpuq serve: http://{shown}:{port}/ (Ctrl-C stops it)", flush=True)
     try:
         server.serve_forever(poll_interval=0.5)

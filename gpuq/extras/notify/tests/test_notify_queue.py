@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from receiver import Receiver, refused_url
 
 from conftest import fake_job, wait_until
+from gpuq.host.faults import CRASH_ENV, FAULT_LOG_ENV
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -129,6 +131,23 @@ def test_a_worker_killed_right_after_a_job_ended_sends_its_message_once(queue, t
     wait_until(lambda: receiver.of("later"), timeout=60, what="later's POST")
     queue.wait_passes("a", 3)
     assert len(receiver.of("once")) == 1 and len(receiver.of("later")) == 1
+
+
+@pytest.mark.parametrize(("point", "sent"), [("notify:marked", 1), ("notify:handed", 2)])
+def test_a_worker_killed_between_reading_and_handing_over_loses_nothing(queue, tmp_path, receiver, point, sent):
+    """Killed once the batch is marked read: the restarted worker hands it over (never lost).
+    Killed after the hand-over, before it is struck off: sent again, the one window named on
+    the extra's page."""
+    faults = tmp_path / "faults.log"
+    env = _home(tmp_path, f"webhook: {receiver.url}\n")
+    queue.start_worker("a", "1x24GiB", env={**env, CRASH_ENV: point, FAULT_LOG_ENV: str(faults)})
+    queue.drop("once.yaml", _spec(notify="end"))
+    wait_until(lambda: faults.exists() and f"crash {point}" in faults.read_text(), timeout=60, what=point)
+    queue.stop_worker("a", signal.SIGKILL)  # the starter too, were it still there
+    queue.start_worker("a", "1x24GiB", env=env)
+    wait_until(lambda: len(receiver.of("once")) >= sent, timeout=60, what="the end POST")
+    queue.wait_passes("a", 3)
+    assert len(receiver.of("once")) == sent
 
 
 @pytest.mark.parametrize("bad", ["fifo", "huge", "garbage", "symlink", "writable"])

@@ -85,9 +85,9 @@ def test_out_of_memory_again_on_the_last_try_ends_it_as_failed(queue, tmp_path):
     queue.start_worker("a", "1x24GiB")
     queue.drop("oom.yaml", f"command: [{script}]\ngpus: 1\ngpu_mem: 8GiB\n")
     failed = wait_until(lambda: queue.finished("oom"), timeout=90, what="the job to end")
-    # Nothing was sampled (it failed at once): 8GiB + 1GiB, x 1.25, is 12GiB.
+    # Nothing was sampled (it failed at once): 8GiB declared + 2GiB tried, x 1.25, is 13GiB.
     assert failed["state"] == "failed" and failed["attempt"] == 2, failed
-    assert failed["spec"]["gpu_mem_mib"] == 12 * 1024
+    assert failed["spec"]["gpu_mem_mib"] == 13 * 1024
     assert _runs(tmp_path) == ["run", "1", "run", "2"]
 
 
