@@ -15,6 +15,7 @@ import logging
 import os
 import pkgutil
 import stat
+import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -334,6 +335,23 @@ def load(spec: str) -> Any:
     imported now."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(f"gpuq.{module}"), name)
+
+
+def module_argv(module: str) -> list[str]:
+    """The command line that runs gpuq's module `module` (under gpuq: "extras.notify.deliver")
+    as a program, its arguments to follow: this interpreter, isolated (-I: no PYTHON*
+    variables, no user site, no current directory on sys.path), gpuq's code taken where this
+    process took it. For what runs as a member: the notify extra's deliverer (the root part
+    starts it), the interactive extra's end of a session (the job runs it). ValueError for a
+    name that is not a module's (never made into code to run)."""
+    if not all(part.isidentifier() for part in module.split(".")):
+        raise ValueError(f"{module!r} is not a module's name")
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    boot = (
+        f"import sys, runpy; sys.path.insert(0, {package_parent!r}); "
+        f"runpy.run_module('gpuq.{module}', run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, "-I", "-c", boot]
 
 
 def start_each(kind: str, entries: Sequence[Any], *args: object, without: str) -> list[tuple[str, Any]]:

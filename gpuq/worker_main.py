@@ -126,18 +126,14 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
 
 def _member_programs() -> dict[str, list[str]]:
     """The programs gpuq's extras registered to run as a member (hooks.Registry.member_programs),
-    each as the starter runs it: this interpreter, isolated, the module from gpuq's own code by
-    its absolute path. The starter runs only these argvs; an order only names one."""
-    package_parent = str(Path(__file__).resolve().parents[1])
+    each as the starter runs it (hooks.module_argv). The starter runs only these argvs; an
+    order only names one."""
     programs = {}
     for name, module in hooks.registry().member_programs.items():
-        if not all(part.isidentifier() for part in module.split(".")):
+        try:
+            programs[name] = hooks.module_argv(module)
+        except ValueError:
             continue  # not a module's name: never made into code to run
-        boot = (
-            f"import sys; sys.path.insert(0, {package_parent!r}); import runpy; "
-            f"runpy.run_module('gpuq.{module}', run_name='__main__', alter_sys=True)"
-        )
-        programs[name] = [sys.executable, "-I", "-c", boot, module]
     return programs
 
 

@@ -11,7 +11,7 @@ side goes away (the command is hung up on, as ssh does); when the job is stopped
 time limit: SIGTERM is passed on, the keeper's SIGKILL follows the grace); and, for a shell,
 after `idle_s` with no input or output.
 
-Run as `python -I -c BOOT SOCKET IDLE_S -- COMMAND...` (wrapper.py BOOT).
+Run as `hooks.module_argv("extras.interactive.attach") SOCKET IDLE_S -- COMMAND...` (wrapper.py).
 """
 
 from __future__ import annotations

@@ -51,22 +51,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         print("gpuq run: give the command after --, e.g. gpuq run --gpu-mem 10GiB -- python eval.py", file=sys.stderr)
         return 2
-    return _session(args, command, idle_s=None)
+    return _session(args, command)
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
     if sys.stdin is None or not sys.stdin.isatty():
         print("gpuq shell: needs a terminal; for a command, use gpuq run -- COMMAND", file=sys.stderr)
         return 2
-    layout = open_layout(args)
-    idle = read_config(layout).shell_idle_timeout_s
-    return _session(args, [os.environ.get("SHELL") or "/bin/sh"], idle_s=idle, shell=True)
+    return _session(args, [os.environ.get("SHELL") or "/bin/sh"], shell=True)
 
 
-def _session(args: argparse.Namespace, command: list[str], idle_s: float | None, shell: bool = False) -> int:
+def _session(args: argparse.Namespace, command: list[str], shell: bool = False) -> int:
     verb = "shell" if shell else "run"
     layout = open_layout(args)
     config = read_config(layout)
+    idle_s = config.shell_idle_timeout_s if shell else None  # a command may be quiet for hours
     host = this_host()
     if (problem := _box_problem(layout, config, host, args)) is not None:
         print(f"gpuq {verb}: {problem}", file=sys.stderr)

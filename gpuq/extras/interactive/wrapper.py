@@ -11,21 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
-import gpuq
+from gpuq.hooks import module_argv
 from gpuq.model.environments import ErrorFactory
 from gpuq.run.launch import Start, Wrapped
 
 MAX_IDLE_S = 7 * 86400.0
-# Loaded by the job's python with -I (nothing of the member's site or path): the gpuq the
-# worker runs, found where the supervisor found it.
-BOOT = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from gpuq.extras.interactive.attach import main; sys.exit(main(sys.argv[1:]))"
-)
 
 
 def wrap(start: Start) -> Wrapped | None:
@@ -33,13 +25,9 @@ def wrap(start: Start) -> Wrapped | None:
     if not isinstance(attach, dict):
         return None
     idle = attach.get("idle_s")
-    code_dir = str(Path(gpuq.__file__).resolve().parent.parent)
+    # The worker's interpreter (every member can run it: README, On a GPU box) and gpuq's code.
     argv = [
-        sys.executable,  # the worker's: every member can run it (README, On a GPU box)
-        "-I",
-        "-c",
-        BOOT,
-        code_dir,
+        *module_argv("extras.interactive.attach"),
         attach["socket"],
         "-" if idle is None else f"{idle:g}",
         "--",

@@ -21,13 +21,13 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuq.extras.notify.events import event_of
+from gpuq.hooks import module_argv
 from gpuq.host import rootorders
 from gpuq.host.faults import crash_point
 from gpuq.host.files import read_json, write_json
@@ -250,15 +250,10 @@ class NotifyWatch:
 
 def _start_here(text: str) -> tuple[subprocess.Popen, int]:
     """The deliverer as this worker's own child (no root part: its jobs are its own user's)."""
-    package_parent = str(Path(__file__).resolve().parents[3])
-    boot = (
-        f"import sys; sys.path.insert(0, {package_parent!r}); import runpy; "
-        "runpy.run_module('gpuq.extras.notify.deliver', run_name='__main__', alter_sys=True)"
-    )
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", boot],
+            module_argv("extras.notify.deliver"),
             stdin=subprocess.PIPE,
             stdout=write_end,
             stderr=write_end,
