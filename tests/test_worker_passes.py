@@ -261,3 +261,28 @@ def test_a_result_the_shared_disk_refused_is_recorded_once_the_supervisor_is_gon
     finished = read_record(box.layout.record(box.layout.finished, "j"))
     assert finished is not None and finished.state.value == recorded_as
     assert not box.layout.record(box.layout.running, "j").exists()
+
+
+def test_a_slow_pass_does_not_let_an_exit_when_idle_worker_leave_before_its_plan_saw_the_gpu_idle(
+    tmp_path, monkeypatch
+):
+    """The plan at +10 s saw the GPU idle for 10 of its 30 s; the pass then took 25 s more.
+    Judged at the pass's end (+35 s) the GPU was idle long enough, so nothing was 'becoming
+    idle', and a worker with --exit-when-idle left with the job never started."""
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB", idle_after_s=30)
+    box.drop("lo.yaml", "command: 'true'\ngpus: 1\npriority: low\n")
+    box.run_pass()
+    box.worker.idle()  # as the run loop asks after every pass
+    report = box.worker.report
+
+    def slow_report() -> None:
+        box.clock.advance(25)
+        report()
+
+    monkeypatch.setattr(box.worker, "report", slow_report)
+    box.run_pass(after_s=10)
+    assert box.launched() == []
+    assert not box.worker.idle()
+    monkeypatch.setattr(box.worker, "report", report)
+    box.run_pass(after_s=1)
+    assert box.launched() == ["lo"]

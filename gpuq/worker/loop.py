@@ -196,6 +196,7 @@ class Worker:
         self.stopping: set[str] = set()  # running jobs told to yield (preempted)
         self.ending: set[str] = set()  # jobs over whose supervisors are still recording them
         self.put_back_specs = False  # settle_running put a spec back into jobs/ this pass
+        self.pass_started_wall = float("inf")  # when the last pass began (wall clock)
         self.dep_states = DependencyStates(self.layout)
         self.history = UsageHistory(self.layout, self.config.fair_share_half_life_s)  # for fair share
         self.usage_written = 0.0
@@ -272,6 +273,7 @@ class Worker:
 
     def run_pass(self) -> None:
         """One pass: every step in order, at the time its clock says."""
+        self.pass_started_wall = self.clock.wall()
         for step in self.STEPS:
             try:
                 getattr(self, step)()
@@ -308,9 +310,12 @@ class Worker:
         """An opportunistic job waits and one of this box's GPUs is free of other use but not
         yet for `idle_after_s`: it may start once that time has passed (a GPU a person
         uses may stay taken for ever, and does not keep the worker)."""
-        now = self.clock.wall()
+        # As of the pass's start, before its plan: a pass slower than idle_after_s must not let
+        # the worker leave before a plan has seen the GPU idle for that long.
+        planned = min(self.clock.wall(), self.pass_started_wall)
         return any(
-            since is not None and now - since < self.config.idle_after_s for since in self.others_idle_since.values()
+            since is not None and planned - since < self.config.idle_after_s
+            for since in self.others_idle_since.values()
         ) and any(job.opportunistic for job in self.intake.pending())
 
     # --- steps ----------------------------------------------------------------------------
