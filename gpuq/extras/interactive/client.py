@@ -20,7 +20,6 @@ import secrets
 import select
 import signal
 import socket
-import stat
 import sys
 import tempfile
 import termios
@@ -154,11 +153,20 @@ def _private_dir() -> tuple[Path, bool]:
         pass
     except OSError:
         return Path(tempfile.mkdtemp(prefix=f"gpuq-{os.getuid()}-")), True
-    st = os.lstat(base)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+    # Judged and mended on the directory opened (never through a link): a name in /tmp that
+    # another user made, or pointed elsewhere, is passed over for a fresh one.
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return Path(tempfile.mkdtemp(prefix=f"gpuq-{os.getuid()}-")), True
-    if st.st_mode & 0o077:
-        os.chmod(base, 0o700)  # ours, not a link (lstat): made private again
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid():
+            return Path(tempfile.mkdtemp(prefix=f"gpuq-{os.getuid()}-")), True
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o700)  # ours: made private again
+    finally:
+        os.close(fd)
     return base, False
 
 

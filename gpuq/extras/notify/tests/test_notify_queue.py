@@ -181,3 +181,20 @@ def test_a_bad_notify_file_is_a_logged_error_and_no_hang(queue, tmp_path, receiv
     }[bad]
     assert said in log and receiver.bodies == []
     assert stat.S_ISFIFO(path.lstat().st_mode) or bad != "fifo"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"), [(None, "there is none"), ("on: [fail]\n", "names no webhook, mail or command")]
+)
+def test_notify_asked_without_a_destination_is_said_at_submit(queue, tmp_path, text, said):
+    """Where the member's own file sends nothing, submit says so (the job is still submitted),
+    not only the worker's log once the job has ended."""
+    home = tmp_path / "home"
+    if text is None:
+        home.mkdir()
+        env = {"HOME": str(home)}
+    else:
+        env = _home(tmp_path, text)
+    done = queue.gpuq("submit", "--gpus", "0", "--notify", "fail", "--", "true", env={**queue.env(), **env})
+    assert "gpuq submit: warning: --notify fail: " in done.stderr and said in done.stderr, done.stderr
+    assert "nothing will be sent" in done.stderr and done.stdout.strip()  # submitted all the same
