@@ -5,12 +5,15 @@ answer out (worker/recovery.py), as it does a preemption: same place, next attem
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from gpuq.hooks import load, registry
+from gpuq.host.usage import read_gpu_usage
 from gpuq.model.record import Record
+from gpuq.run.joblocal import Runtime
 
 log = logging.getLogger("gpuq.supervisor")
 
@@ -34,6 +37,28 @@ class Retry:
 
     why: str
     changes: dict[str, Any]
+
+
+def failure_of(rt: Runtime, record: Record, exit_code: int | None, signal: int | None, log_tail: str) -> Failure:
+    """The failure as a rule is handed it: with what the worker sampled of the job's GPU
+    memory, and the memory of its GPU as the worker last published it (its heartbeat)."""
+    return Failure(
+        record=record,
+        exit_code=exit_code,
+        signal=signal,
+        log_tail=log_tail,
+        peak_gpu_mem_mib=read_gpu_usage(rt.usage_path(record.id)).get("peak_gpu_mem_mib"),
+        gpu_total_mib=_gpu_total(rt, record),
+    )
+
+
+def _gpu_total(rt: Runtime, record: Record) -> int | None:
+    try:
+        gpus = json.loads(rt.layout.heartbeat(rt.host).read_bytes())["gpus"]
+        found = [g["mem_total_mib"] for g in gpus if record.gpus and g["index"] == record.gpus[0]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found[0] if found and type(found[0]) is int else None
 
 
 def retry_after(failure: Failure, settings: dict[str, Any]) -> Retry | None:

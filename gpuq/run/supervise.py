@@ -60,7 +60,7 @@ from gpuq.run.launch import (
     start_run,
 )
 from gpuq.run.limits import LimitWatch
-from gpuq.run.retry import Failure, Retry, retry_after
+from gpuq.run.retry import Retry, failure_of, retry_after
 from gpuq.sched.restarts import HEALTHY_S, restart_delay
 from gpuq.spool.ids import sync as sync_reservation
 from gpuq.spool.store import forget_kept, read_record, transition, write_record
@@ -397,25 +397,8 @@ def _retry(rt: Runtime, a: _Attempt, log: Path) -> Retry | None:
     failed = a.exit_code not in (None, 0) or a.sig is not None
     if a.stop or a.fenced or not failed or a.limits is None:
         return None
-    failure = Failure(
-        record=a.record,
-        exit_code=a.exit_code,
-        signal=a.sig,
-        log_tail=_tail(log, a.log_fd).decode("utf-8", "replace"),
-        peak_gpu_mem_mib=read_gpu_usage(rt.usage_path(a.record.id)).get("peak_gpu_mem_mib"),
-        gpu_total_mib=_gpu_total(rt, a.record),
-    )
-    return retry_after(failure, rt.settings)
-
-
-def _gpu_total(rt: Runtime, record: Record) -> int | None:
-    """The memory of the job's first GPU, as its worker last published it (its heartbeat)."""
-    try:
-        gpus = json.loads(rt.layout.heartbeat(rt.host).read_bytes())["gpus"]
-        found = [g["mem_total_mib"] for g in gpus if record.gpus and g["index"] == record.gpus[0]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return found[0] if found and type(found[0]) is int else None
+    tail = _tail(log, a.log_fd).decode("utf-8", "replace")
+    return retry_after(failure_of(rt, a.record, a.exit_code, a.sig, tail), rt.settings)
 
 
 def _log_outcome(a: _Attempt, ended: float, log: Path, retry: Retry | None = None) -> str:
