@@ -28,10 +28,10 @@ from conftest import PY, REPO, Queue
 
 # Names of this test process's own: two copies of the suite may run side by side, and one
 # must not delete the users the other is using.
-_TAG = str(os.getpid() % 100000)
-TEAM = f"gqt-team-{_TAG}"
-ALICE, BOB, EVE = f"gqt-alice-{_TAG}", f"gqt-bob-{_TAG}", f"gqt-eve-{_TAG}"
-QUEUE = f"gqt-q-{_TAG}"  # the queue's own account, made by `gpuq init --queue-user`
+TAG = str(os.getpid() % 100000)
+TEAM = f"gqt-team-{TAG}"
+ALICE, BOB, EVE = f"gqt-alice-{TAG}", f"gqt-bob-{TAG}", f"gqt-eve-{TAG}"
+QUEUE = f"gqt-q-{TAG}"  # the queue's own account, made by `gpuq init --queue-user`
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("useradd"), reason="creating users needs root and useradd (CI runs as root)"
 )

@@ -110,6 +110,9 @@ class Session:
             },
         )
         hello = self._hello()
+        if hello is None:  # closed before it said hello: its terminal closed as the job started
+            print("gpuq: gpuq run went away before the command started; nothing ran", file=sys.stderr)
+            return 128 + signal.SIGHUP
         self._start(hello)
         # SIGTERM (a cancel, a time limit, fencing) is passed on to the command; the loop notices.
         wakeup_r, wakeup_w = os.pipe()
@@ -132,18 +135,22 @@ class Session:
                 pass  # gone at the last moment: the job's own status says it all the same
         return 128 + sig if sig is not None else code or 0
 
-    def _hello(self) -> dict[str, Any]:
-        """The member's hello; what came with it (input, its end) waits in `early`."""
+    def _hello(self) -> dict[str, Any] | None:
+        """The member's hello; what came with it (input, its end) waits in `early`. None when
+        the member's side closed without one."""
         deadline = time.monotonic() + HELLO_TIMEOUT_S
         while time.monotonic() < deadline:
             if select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                frames = self.reader.read()
+                try:
+                    frames = self.reader.read()
+                except ConnectionResetError:
+                    return None
                 for i, (channel, data) in enumerate(frames):
                     if channel == wire.HELLO:
                         self.early = frames[i + 1 :]
                         return wire.control(data)
                 if self.reader.closed:
-                    break
+                    return None
         raise wire.WireError("no hello from gpuq run")
 
     def _start(self, hello: dict[str, Any]) -> None:

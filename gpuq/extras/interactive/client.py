@@ -241,22 +241,29 @@ class Terminal:
     def attach(self) -> int:
         ready = self._ready()
         self.job = safe_text(str(ready.get("job") or "the job"))
-        gpus = ready.get("gpus") or "none"
-        print(f"gpuq: {ready.get('job')} runs on {ready.get('host')}, GPUs {gpus}", file=sys.stderr)
         rows, cols = _size()
         hello = {"env": dict(os.environ), "cwd": os.getcwd(), "tty": self.tty, "rows": rows, "cols": cols}
         wire.send_json(self.conn, wire.HELLO, hello)
-        saved = termios.tcgetattr(self.stdin) if self.tty and self.stdin is not None else None
+        saved = None
         previous = signal.signal(signal.SIGWINCH, self._resized) if self.tty else None
         try:
-            if saved is not None and self.stdin is not None:
-                tty.setraw(self.stdin)
+            try:
+                gpus = ready.get("gpus") or "none"
+                print(f"gpuq: {ready.get('job')} runs on {ready.get('host')}, GPUs {gpus}", file=sys.stderr)
+                if self.tty and self.stdin is not None:
+                    saved = termios.tcgetattr(self.stdin)
+                    tty.setraw(self.stdin)
+            except (OSError, termios.error):  # the terminal closed already: a hang-up, as later
+                self.conn.shutdown(socket.SHUT_RDWR)
+                return 128 + signal.SIGHUP
             threading.Thread(target=self._send_input, daemon=True).start()
             return self._relay()
         finally:
-            if saved is not None and self.stdin is not None:
-                termios.tcsetattr(self.stdin, termios.TCSADRAIN, saved)
+            if self.tty:
                 signal.signal(signal.SIGWINCH, previous)
+            if saved is not None and self.stdin is not None:
+                with contextlib.suppress(termios.error):  # (a terminal that closed has nothing to restore)
+                    termios.tcsetattr(self.stdin, termios.TCSADRAIN, saved)
 
     def _ready(self) -> dict[str, Any]:
         while True:
@@ -300,6 +307,10 @@ class Terminal:
                         _write_all(1 if channel == wire.OUT else 2, data)
                     except BrokenPipeError:  # `gpuq run ... | head`: end as a pipeline's writer does
                         return 128 + signal.SIGPIPE
+                    except OSError:  # a terminal that closed (EIO): the job's end hangs the command up
+                        with contextlib.suppress(OSError):
+                            self.conn.shutdown(socket.SHUT_RDWR)
+                        return 128 + signal.SIGHUP
                 elif channel == wire.NOTE:
                     self._note(str(wire.control(data).get("text", "")))
                 elif channel == wire.EXIT:
@@ -326,7 +337,10 @@ def _fd_of(stream: Any) -> int | None:
 
 
 def _size() -> tuple[int, int]:
-    size = os.get_terminal_size(sys.stdout.fileno()) if sys.stdout.isatty() else os.terminal_size((80, 24))
+    try:
+        size = os.get_terminal_size(sys.stdout.fileno())
+    except OSError:  # not a terminal, or one that closed
+        return 24, 80
     return size.lines, size.columns
 
 

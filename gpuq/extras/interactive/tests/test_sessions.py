@@ -70,28 +70,31 @@ def test_a_command_that_ends_at_once_or_is_not_found_says_so_with_its_status(que
     assert "gpuq: cannot run nosuchcmd: No such file or directory (PATH=" in missing.stderr
 
 
-def test_a_terminal_that_closes_without_a_hangup_signal_still_frees_the_gpu(queue):
+@pytest.mark.parametrize("closed_at", [b"runs on", b"started"])
+def test_a_terminal_that_closes_without_a_hangup_signal_still_frees_the_gpu(queue, closed_at):
     """The session's process in a session of its own (as `su` leaves it): closing its terminal
-    sends it no SIGHUP; its read of the terminal ends, and so does the session."""
+    sends it no SIGHUP; its read of the terminal ends, and so does the session. Closed as the
+    job starts (`runs on`: gpuq run may not have said hello yet, or set the terminal raw) or
+    once the command runs: a hang-up either way, never a failure of the session."""
     queue.start_worker(HOST, "1x24GiB")
     pid, fd = pty.fork()
     if pid == 0:
         try:  # setsid(1): `gpuq run` in a session of its own, its stdin still this terminal
-            argv = ["setsid", "-w", *_cli(queue, "run", "--", "sleep", "300")]
+            argv = ["setsid", "-w", *_cli(queue, "run", "--", "sh", "-c", "echo started; exec sleep 300")]
             os.execvpe(argv[0], argv, queue.env())
         finally:
             os._exit(127)  # never back into pytest
     try:
         seen = b""
         deadline = time.monotonic() + 90
-        while b"runs on" not in seen and time.monotonic() < deadline:
+        while closed_at not in seen and time.monotonic() < deadline:
             if select.select([fd], [], [], 0.2)[0]:
                 seen += os.read(fd, 4096)
-        assert b"runs on" in seen, seen
+        assert closed_at in seen, seen
         os.close(fd)  # the terminal is gone (setsid, its session's leader, gets the SIGHUP; gpuq run none)
         fd = -1
         ended = wait_until(lambda: queue.finished("run-1"), timeout=60, what="the session to end")
-        assert ended["exit_code"] == 128 + signal.SIGHUP
+        assert ended["exit_code"] == 128 + signal.SIGHUP, queue.log("run-1")
         assert "gpuq run went away" in queue.log("run-1")
     finally:
         if fd >= 0:

@@ -6,15 +6,17 @@ root part runs the deliverer as the job's owner, which reads only that member's 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
-from contextlib import contextmanager
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from receiver import Receiver
-from team import ALICE, BOB
+from team import TAG, TEAM
 
 from conftest import wait_until
 
@@ -27,23 +29,41 @@ pytestmark = [
 ]
 
 
-@contextmanager
-def _homes(team, names: list[str]):
-    """Each member a home of their own under the team's folder for the test (theirs, 0755),
-    their passwd entry's home set back afterwards."""
-    homes = {}
+# Members with homes of their own, made for each test: the session's alice and bob have none,
+# and giving them one (usermod -d) would change what tests beside these (in other workers, or a
+# copy of the suite) read from the passwd file.
+HOMED = (f"gqt-na-{TAG}", f"gqt-nb-{TAG}")
+
+
+@pytest.fixture
+def homed(users) -> Iterator[dict[str, Path]]:
+    """Two members of the team group, each with a home of their own (theirs, 0755); removed
+    afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="gpuq-homes-"))
+    os.chmod(base, 0o755)
+    homes: dict[str, Path] = {}
     try:
-        for name in names:
-            pw = team.users[name]
-            home = team.base / f"home-{name}"
-            (home / ".config" / "gpuq").mkdir(parents=True)
-            subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(home)], check=True)
-            subprocess.run(["usermod", "-d", str(home), name], check=True, capture_output=True)
+        for name in HOMED:
+            home = base / name
+            add = ["useradd", "-M", "-d", str(home), "-G", TEAM, "-s", "/bin/sh", name]
+            subprocess.run(add, check=True, capture_output=True)
             homes[name] = home
+            (home / ".config" / "gpuq").mkdir(parents=True)
+            pw = pwd.getpwnam(name)
+            subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", str(home)], check=True)
         yield homes
     finally:
-        for name in homes:
-            subprocess.run(["usermod", "-d", f"/nonexistent/{name}", name], capture_output=True)
+        for name in homes:  # (userdel refuses a user with a process left: a deliverer still ending)
+            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+            wait_until(lambda name=name: subprocess.run(["userdel", name], capture_output=True).returncode in (0, 6))
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def members(team, homed) -> tuple[str, str]:
+    """The homed members, known to this test's team (its own mapping: the session's stays)."""
+    team.users = {**team.users, **{name: pwd.getpwnam(name) for name in homed}}
+    return HOMED
 
 
 def _write_as(team, name: str, path: Path, text: str) -> None:
@@ -60,52 +80,52 @@ def _log(team) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def test_the_deliverer_runs_as_the_jobs_owner_with_only_their_own_file(team):
+def test_the_deliverer_runs_as_the_jobs_owner_with_only_their_own_file(team, members, homed):
+    alice, _ = members
+    homes = homed
     receiver = Receiver()
     try:
-        with _homes(team, [ALICE]) as homes:
-            out = homes[ALICE] / "out"
-            _write_as(
-                team,
-                ALICE,
-                homes[ALICE] / ".config" / "gpuq" / "notify.yaml",
-                f"webhook: {receiver.url}\ncommand: id -u > {out}; echo $HOME $USER >> {out}\n",
-            )
-            team.start_worker("a", "1x24GiB")
-            team.drop_as(ALICE, "hers.yaml", _spec("end"))
-            wait_until(lambda: receiver.of("hers"), timeout=60, what="alice's POST")
-            said = wait_until(
-                lambda: out.exists() and len(out.read_text().split()) == 3 and out.read_text(), timeout=60
-            )
-            uid, home, user = said.split()
-            assert int(uid) == team.users[ALICE].pw_uid and home == str(homes[ALICE]) and user == ALICE
-            assert os.stat(out).st_uid == team.users[ALICE].pw_uid
-            assert receiver.of("hers")[0]["job"]["user"] == ALICE
-            starter = psutil.Process(team.workers["a"].pid)  # it reaps the deliverer: no zombie stays
-            wait_until(lambda: not [c for c in starter.children() if c.status() == psutil.STATUS_ZOMBIE])
+        out = homes[alice] / "out"
+        _write_as(
+            team,
+            alice,
+            homes[alice] / ".config" / "gpuq" / "notify.yaml",
+            f"webhook: {receiver.url}\ncommand: id -u > {out}; echo $HOME $USER >> {out}\n",
+        )
+        team.start_worker("a", "1x24GiB")
+        team.drop_as(alice, "hers.yaml", _spec("end"))
+        wait_until(lambda: receiver.of("hers"), timeout=60, what="alice's POST")
+        said = wait_until(lambda: out.exists() and len(out.read_text().split()) == 3 and out.read_text(), timeout=60)
+        uid, home, user = said.split()
+        assert int(uid) == team.users[alice].pw_uid and home == str(homes[alice]) and user == alice
+        assert os.stat(out).st_uid == team.users[alice].pw_uid
+        assert receiver.of("hers")[0]["job"]["user"] == alice
+        starter = psutil.Process(team.workers["a"].pid)  # it reaps the deliverer: no zombie stays
+        wait_until(lambda: not [c for c in starter.children() if c.status() == psutil.STATUS_ZOMBIE])
     finally:
         receiver.close()
 
 
-def test_a_member_cannot_send_to_another_members_destination(team):
+def test_a_member_cannot_send_to_another_members_destination(team, members, homed):
     """bob's notify.yaml is a link to alice's (which is readable): bob's deliverer, as bob,
     refuses it; alice's receiver hears only of alice's own job."""
+    alice, bob = members
+    homes = homed
     receiver = Receiver()
     try:
-        with _homes(team, [ALICE, BOB]) as homes:
-            hers = homes[ALICE] / ".config" / "gpuq" / "notify.yaml"
-            _write_as(team, ALICE, hers, f"webhook: {receiver.url}\n")
-            os.chmod(hers, 0o644)
-            linked = team.py_as(
-                BOB, f"import os; os.symlink({str(hers)!r}, {str(homes[BOB] / '.config/gpuq/notify.yaml')!r})"
-            )
-            assert linked.returncode == 0, linked.stderr
-            team.start_worker("a", "1x24GiB")
-            team.drop_as(BOB, "his.yaml", _spec("end"))
-            log = wait_until(lambda: "error job his end" in (t := _log(team)) and t, timeout=60, what="bob's refusal")
-            assert "is a symbolic link" in log
-            team.drop_as(ALICE, "hers.yaml", _spec("end"))
-            wait_until(lambda: receiver.of("hers"), timeout=60, what="alice's own POST")
-            assert receiver.of("his") == [] and len(receiver.bodies) == 1
+        hers = homes[alice] / ".config" / "gpuq" / "notify.yaml"
+        _write_as(team, alice, hers, f"webhook: {receiver.url}\n")
+        os.chmod(hers, 0o644)
+        linked = team.py_as(
+            bob, f"import os; os.symlink({str(hers)!r}, {str(homes[bob] / '.config/gpuq/notify.yaml')!r})"
+        )
+        assert linked.returncode == 0, linked.stderr
+        team.start_worker("a", "1x24GiB")
+        team.drop_as(bob, "his.yaml", _spec("end"))
+        log = wait_until(lambda: "error job his end" in (t := _log(team)) and t, timeout=60, what="bob's refusal")
+        assert "is a symbolic link" in log
+        team.drop_as(alice, "hers.yaml", _spec("end"))
+        wait_until(lambda: receiver.of("hers"), timeout=60, what="alice's own POST")
+        assert receiver.of("his") == [] and len(receiver.bodies) == 1
     finally:
         receiver.close()
