@@ -30,7 +30,7 @@ PY = sys.executable
 
 
 def wait_until(
-    predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05, what: str = "condition"
+    predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.05, what: str = "condition"
 ) -> object:
     deadline = time.monotonic() + timeout
     while True:

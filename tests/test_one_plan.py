@@ -37,7 +37,7 @@ def test_a_box_that_places_work_on_another_wakes_it(queue):
     queue.drop("first.yaml", "command: sleep 3\ngpus: 1\ngpu_mem: 50GiB\n")  # fits a only
     queue.start_worker("a", "1x80GiB")
     queue.start_worker("b", "1x24GiB")
-    wait_until(lambda: (queue.root / "state" / "running" / "first.json").exists(), what="first to run on a")
+    wait_until(lambda: (queue.root / "state" / "running" / "first.json").exists(), timeout=60, what="first to run on a")
     queue.drop("second.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 20GiB\n")  # fits b best
     first = wait_until(lambda: queue.finished("first"), timeout=30, what="first to end")
     second = wait_until(lambda: queue.finished("second"), timeout=50, what="second, started by b")
