@@ -36,6 +36,7 @@ class Verb:
     help: str
     setup: Callable[[argparse.ArgumentParser], None]
     handler: str
+    slurm: str = ""  # the Slurm command it stands for: `gpuq srun` then points to it
 
 
 @dataclass(frozen=True)

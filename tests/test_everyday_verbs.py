@@ -490,7 +490,7 @@ def test_messages_point_at_the_fix(queue, tmp_path):
     unknown = queue.gpuq("submit", "--gpu-memory", "8G", "--", "true", check=False)
     assert unknown.returncode == 2 and unknown.stderr.startswith("usage: gpuq submit"), unknown.stderr
     assert "gpuq submit: error: unrecognized arguments: --gpu-memory" in unknown.stderr
-    habits = (("squeue", "Slurm's squeue is gpuq status"), ("salloc", "Slurm's salloc has nothing in gpuq yet"))
+    habits = (("squeue", "Slurm's squeue is gpuq status"), ("sprio", "Slurm's sprio is gpuq status --shares"))
     for slurm, says in habits:
         habit = queue.gpuq(slurm, check=False)
         assert habit.returncode == 2 and says in habit.stderr, habit.stderr

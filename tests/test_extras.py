@@ -159,6 +159,9 @@ def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tm
     usage = run("gpuq.py", "--help")
     assert usage.returncode == 0 and "status" in usage.stdout, usage.stderr
     assert not [v for v in verbs if f"    {v} " in usage.stdout], usage.stdout
+    for slurm in [v.slurm for v in hooks.registry().verbs if v.slurm and v.name in verbs]:  # `gpuq srun` by habit
+        habit = run("gpuq.py", slurm)
+        assert habit.returncode == 2 and f"Slurm's {slurm} " in habit.stderr and f"extras/{extra}" in habit.stderr
     backends = [name for name, spec in hooks.registry().backends.items() if spec.startswith(f"extras.{extra}.")]
     for backend in backends:  # a config that asks for the deleted extra's worker: a clear refusal
         root = tmp_path / f"root-{backend}"

@@ -39,6 +39,7 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
 
 HIDDEN_VERBS = ("_ids", "_hosts")  # for the completion script; never listed nor suggested
 # Slurm's commands, typed as verbs by habit: what gpuq has for each ("Slurm's squeue is gpuq status").
+# An extra's verb that stands for one (hooks.Verb.slurm: srun is gpuq run) is named instead.
 SLURM_COMMANDS = {
     "sbatch": "is gpuq submit (it reads a script's #SBATCH lines: gpuq submit job.sbatch)",
     "squeue": "is gpuq status",
@@ -49,8 +50,8 @@ SLURM_COMMANDS = {
     "sprio": "is gpuq status --shares",
     "sshare": "is gpuq status --shares",
     "seff": "is gpuq eff",
-    "srun": "is gpuq submit, then logs -f ID (gpuq has no interactive jobs yet)",
-    "salloc": "has nothing in gpuq yet: no interactive allocations (book GPUs, or submit and logs -f)",
+    "srun": "is gpuq submit, then logs -f ID (interactive sessions, gpuq run, come with gpuq/extras/interactive)",
+    "salloc": "has nothing here: gpuq shell comes with gpuq/extras/interactive (or book GPUs, or submit and logs -f)",
 }
 
 
@@ -69,7 +70,9 @@ class _Parser(argparse.ArgumentParser):
             for v in action.choices
             if v not in HIDDEN_VERBS
         ]
-        if (ours := SLURM_COMMANDS.get(bad.group(1))) is not None:
+        by_extra = {v.slurm: v.name for v in hooks.registry().verbs if v.slurm and v.name in verbs}
+        ours = f"is gpuq {by_extra[bad.group(1)]}" if bad.group(1) in by_extra else SLURM_COMMANDS.get(bad.group(1))
+        if ours is not None:
             print(f"gpuq: Slurm's {bad.group(1)} {ours} (`gpuq --help` lists the verbs)", file=sys.stderr)
             sys.exit(2)
         near = difflib.get_close_matches(bad.group(1), verbs, n=3, cutoff=0.6)

@@ -56,6 +56,7 @@ def register(registry: Registry) -> None:
             "run a command attached to this terminal once the queue gives it a GPU on this box (srun)",
             _run_arguments,
             "extras.interactive.client:cmd_run",
+            slurm="srun",
         )
     )
     registry.verbs.append(
@@ -64,6 +65,7 @@ def register(registry: Registry) -> None:
             "a shell with a GPU of this box, released when it exits or sits idle (salloc)",
             _asks,
             "extras.interactive.client:cmd_shell",
+            slurm="salloc",
         )
     )
     registry.spec_fields["attach"] = ATTACH

@@ -259,6 +259,9 @@ def test_shell_needs_a_terminal_and_no_box_that_fits_is_said_with_where(queue):
     assert far.returncode == 2
     assert f"no GPU on this box ({HOST}) can hold 1 GPU with 40GiB each; big could: ssh big" in far.stderr
     assert list((queue.root / "jobs").iterdir()) == []  # nothing was submitted
+    for slurm, ours in (("srun", "gpuq run"), ("salloc", "gpuq shell")):  # typed by habit
+        habit = queue.gpuq(slurm, check=False)
+        assert habit.returncode == 2 and f"Slurm's {slurm} is {ours} " in habit.stderr + " ", habit.stderr
 
 
 def test_a_members_session_runs_as_that_member(team):
