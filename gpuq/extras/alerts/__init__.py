@@ -7,7 +7,10 @@ them under ALERTS (view.py). README.md here is its page. Without it no alert is 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpuq.hooks import BoxPublisher, Registry, StatusSection
+from gpuq.spool.layout import Layout
 
 
 def register(registry: Registry) -> None:
@@ -15,3 +18,9 @@ def register(registry: Registry) -> None:
     registry.views.append(
         StatusSection("alerts", "ALERTS", "extras.alerts.view:read", "extras.alerts.view:render", after="HOSTS")
     )
+
+
+def alerts_file(layout: Layout, host: str) -> Path:
+    """Where `host`'s worker keeps its current alerts: state/, which only the queue's account
+    writes. Here, not in watch.py: `gpuq status` reads the file and loads none of the worker."""
+    return layout.state / "alerts" / f"{host}.json"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuq.extras.alerts.watch import alerts_file
+from gpuq.extras.alerts import alerts_file
 from gpuq.host.files import read_json
 from gpuq.spool.layout import Layout
 from gpuq.views.render import stamp

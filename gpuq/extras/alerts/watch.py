@@ -11,8 +11,8 @@ import json
 import logging
 import subprocess
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
+from gpuq.extras.alerts import alerts_file
 from gpuq.host.files import write_json
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
@@ -198,11 +198,6 @@ class AlertWatch:
 
     def as_json(self) -> list[dict]:
         return [asdict(a) for a in self.current.values()]
-
-
-def alerts_file(layout: Layout, host: str) -> Path:
-    """Where `host`'s worker keeps its current alerts: state/, which only the queue's account writes."""
-    return layout.state / "alerts" / f"{host}.json"
 
 
 class AlertsFile:
