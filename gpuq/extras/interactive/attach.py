@@ -16,6 +16,7 @@ Run as `hooks.module_argv("extras.interactive.attach") SOCKET IDLE_S -- COMMAND.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -118,7 +119,7 @@ class Session:
         wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_w, False)
         signal.set_wakeup_fd(wakeup_w)
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        signal.signal(signal.SIGTERM, self._terminated)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.last_activity = time.monotonic()
         self._from_member(self.early)
@@ -134,6 +135,13 @@ class Session:
             except OSError:
                 pass  # gone at the last moment: the job's own status says it all the same
         return 128 + sig if sig is not None else code or 0
+
+    def _terminated(self, signum: int, frame: object) -> None:
+        """SIGTERM (a cancel, a time limit, fencing) passed on to the command at once: this
+        process may be blocked sending to a member's side that is stopped (Ctrl-Z, SIGSTOP),
+        and the SIGKILL after the grace must not be the first the command hears of it."""
+        self._signal(signal.SIGTERM)
+        self.stopping = True  # the loop says so to the member
 
     def _hello(self) -> dict[str, Any] | None:
         """The member's hello; what came with it (input, its end) waits in `early`. None when
@@ -197,7 +205,6 @@ class Session:
             os.read(wakeup_r, 512)
         if self.stopping:
             self.stopping = False
-            self._signal(signal.SIGTERM)
             self._send(wire.NOTE, {"text": "gpuq: the job is being stopped (cancel or limit)"})
         sock_events = events.get(self.sock.fileno(), 0)
         if sock_events & select.POLLIN:
@@ -238,7 +245,8 @@ class Session:
         """The member's terminal is gone: hang up, as ssh does."""
         self.reader.closed = True
         if self.status is None:  # (once it ended, its pid may be another's)
-            print("gpuq: gpuq run went away; the command was hung up on", file=sys.stderr)
+            verb = "gpuq shell" if self.idle_s is not None else "gpuq run"
+            print(f"gpuq: {verb} went away; the command was hung up on", file=sys.stderr)
             self._hang_up()
 
     def _output(self, fd: int) -> None:
@@ -279,10 +287,15 @@ class Session:
             os.close(fd)
 
     def _signal(self, sig: int) -> None:
+        """To the command's session; to the command itself while it has none yet (just forked,
+        before its setsid: a hang-up then had no one to reach, and SIGKILL ended it 2 s later)."""
+        if self.pid <= 0:  # (not started: 0 would be this process's own group)
+            return
         try:
             os.killpg(self.pid, sig)
         except ProcessLookupError:
-            pass
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
 
     def _hang_up(self) -> None:
         """SIGHUP to the command's session, then SIGKILL after a grace; wait for it."""

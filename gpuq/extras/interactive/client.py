@@ -27,7 +27,7 @@ import threading
 import time
 import tty
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from gpuq.cli.common import open_layout, read_config
 from gpuq.cli.requests import run_request
@@ -60,6 +60,10 @@ def cmd_shell(args: argparse.Namespace) -> int:
     return _session(args, [os.environ.get("SHELL") or "/bin/sh"], shell=True)
 
 
+# Ctrl-C, a closed terminal, a kill: each ends the session (a waiting job is cancelled).
+ENDING_SIGNALS = {signal.SIGINT, signal.SIGHUP, signal.SIGTERM}
+
+
 def _session(args: argparse.Namespace, command: list[str], shell: bool = False) -> int:
     verb = "shell" if shell else "run"
     layout = open_layout(args)
@@ -78,21 +82,32 @@ def _session(args: argparse.Namespace, command: list[str], shell: bool = False) 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # A closed terminal (SIGHUP) or a kill (SIGTERM) is a Ctrl-C: the job is cancelled while it
     # waits, the terminal restored and the socket removed once attached.
-    for sig in (signal.SIGHUP, signal.SIGTERM):
+    for sig in ENDING_SIGNALS:
         signal.signal(sig, _interrupted)
+    job_id: str | None = None
+    attached = False
     try:
         listener.bind(str(path))
         listener.listen(1)
-        job_id = _submit(args, command, host, {"socket": str(path), "idle_s": idle_s}, verb)
+        with _signals_held():  # one that comes meanwhile comes once the job's id is known
+            job_id = _submit(args, command, host, {"socket": str(path), "idle_s": idle_s}, verb)
         if job_id is None:
             return 2
         conn = _wait(args, layout, config, listener, job_id, verb)
         if isinstance(conn, int):
             return conn
+        attached = True
         with conn:
             return Terminal(conn, shell).attach()
-    except KeyboardInterrupt:  # attached: the job's end of the session hangs the command up
-        return 130
+    except KeyboardInterrupt as stop:
+        status = 128 + getattr(stop, "signum", signal.SIGINT)
+        if job_id is None or attached:  # attached: the job's end of the session hangs the command up
+            return status
+        return _cancel(args, job_id, verb, status)
+    except wire.WireError as e:  # the job's end was killed mid-frame (a cancel's grace ran out)
+        with contextlib.suppress(_Interrupted):
+            _say(f"gpuq {verb}: {job_id} broke off the session: {e}; `gpuq logs {job_id}` says why")
+        return 1
     finally:
         listener.close()
         path.unlink(missing_ok=True)
@@ -100,8 +115,54 @@ def _session(args: argparse.Namespace, command: list[str], shell: bool = False) 
             os.rmdir(directory)
 
 
+class _Interrupted(KeyboardInterrupt):
+    """A signal that ends the session, or our own stderr gone while we wait (SIGHUP: a closed
+    terminal; SIGPIPE: a closed pipe): `gpuq run` exits 128 + it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    """The first ending signal ends the session; the others are ignored from then on: a
+    closing terminal sends SIGHUP, then its shell SIGTERM, and the second interrupted the
+    cancel of the first (the job was left pending, or lost half-cancelled)."""
+    _ignore_ending_signals()
+    raise _Interrupted(signum)
+
+
+def _ignore_ending_signals() -> None:
+    for sig in ENDING_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING_SIGNALS)
+
+
+def _cancel(args: argparse.Namespace, job_id: str, verb: str, status: int) -> int:
+    """The waiting job cancelled, with nothing to interrupt it. Said if it can be."""
+    _ignore_ending_signals()
+    run_request(args, "cancel", (job_id,), shown_as="cancel", quiet=True)
+    with contextlib.suppress(_Interrupted):  # (said if it can be)
+        _say(f"\ngpuq {verb}: cancelled {job_id}")
+    return status
+
+
+def _say(text: str) -> None:
+    """A line on our stderr; where it is gone (a closed terminal: EIO; a closed pipe: EPIPE),
+    the session is over as if by SIGHUP or SIGPIPE, and nothing more is written there."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError as e:
+        sys.stderr = open(os.devnull, "w")  # (the interpreter's last flush too)
+        raise _Interrupted(signal.SIGPIPE if isinstance(e, BrokenPipeError) else signal.SIGHUP) from None
 
 
 def _box_problem(layout: Layout, config: Config, host: str, args: argparse.Namespace) -> str | None:
@@ -193,30 +254,27 @@ def _wait(
     args: argparse.Namespace, layout: Layout, config: Config, listener: socket.socket, job_id: str, verb: str
 ) -> socket.socket | int:
     """The job's end of the session once it connects; or the exit status when the job ended
-    without (refused, cancelled by someone, failed to start) or Ctrl-C cancelled it."""
+    without (refused, cancelled by someone, failed to start). A signal, or our stderr gone,
+    ends it with KeyboardInterrupt: the caller cancels the job."""
     said = None
-    try:
-        while True:
-            if select.select([listener], [], [], POLL_S)[0]:
-                conn, _ = listener.accept()
-                if wire.peer_uid(conn) == os.getuid():
-                    return conn
-                conn.close()  # (the directory is ours alone: only root could get here)
-                continue
-            job = find_job(layout, config, job_id) or {}
-            state = job.get("state")
-            if state in FINAL:
-                why = job.get("reason") or state
-                print(f"gpuq {verb}: {job_id} {state} before it could attach: {safe_text(str(why))}", file=sys.stderr)
-                return 1
-            line = f"{job_id} is starting on {job.get('host')}" if state == "running" else _waiting(job)
-            if line != said:
-                print(f"gpuq {verb}: {line}", file=sys.stderr)
-                said = line
-    except KeyboardInterrupt:
-        print(f"\ngpuq {verb}: cancelling {job_id}", file=sys.stderr)
-        run_request(args, "cancel", (job_id,), shown_as="cancel", quiet=True)
-        return 130
+    while True:
+        if select.select([listener], [], [], POLL_S)[0]:
+            conn, _ = listener.accept()
+            if wire.peer_uid(conn) == os.getuid():
+                return conn
+            conn.close()  # (the directory is ours alone: only root could get here)
+            continue
+        job = find_job(layout, config, job_id) or {}
+        state = job.get("state")
+        if state in FINAL:
+            why = job.get("reason") or state
+            with contextlib.suppress(_Interrupted):  # (said if it can be: the job is over)
+                _say(f"gpuq {verb}: {job_id} {state} before it could attach: {safe_text(str(why))}")
+            return 1
+        line = f"{job_id} is starting on {job.get('host')}" if state == "running" else _waiting(job)
+        if line != said:
+            _say(f"gpuq {verb}: {line}")
+            said = line
 
 
 def _waiting(job: dict[str, Any]) -> str:
@@ -325,7 +383,8 @@ class Terminal:
 
     def _note(self, text: str) -> None:
         end = "\r\n" if self.tty else "\n"  # a raw terminal moves down a line only
-        _write_all(2, f"{safe_text(text)}{end}".encode())
+        with contextlib.suppress(OSError):  # said if it can be: a closed stderr ends nothing by itself
+            _write_all(2, f"{safe_text(text)}{end}".encode())
 
 
 def _fd_of(stream: Any) -> int | None:

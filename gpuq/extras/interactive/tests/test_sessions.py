@@ -157,11 +157,87 @@ def test_a_run_waits_with_its_reason_and_ctrl_c_or_a_closed_terminal_cancels_it(
         wait_until(lambda: "run-1 waits (#1 in the queue)" in err.read_text(), timeout=60, what="the reason")
         assert "Ctrl-C cancels it" in err.read_text()
         proc.send_signal(sig)
-        assert proc.wait(timeout=60) == 130
+        assert proc.wait(timeout=60) == 128 + sig
     finally:
         proc.kill()
         proc.wait()
     assert wait_until(lambda: queue.finished("run-1"), what="the cancel")["state"] == "cancelled"
+
+
+def _blocked(queue) -> None:
+    """This box's one GPU taken whole by a job that runs on: a run waits behind it."""
+    queue.start_worker(HOST, "1x24GiB")
+    queue.drop("blocker.yaml", f"command: {fake_job(seconds=120)}\ngpus: 1\n")
+    wait_until(lambda: (queue.record("blocker") or {}).get("state") == "running", what="the blocker to run")
+
+
+def _pending(queue, job_id: str) -> bool:
+    return (queue.root / "jobs" / f"{job_id}.yaml").exists()
+
+
+def test_a_terminal_closed_while_the_run_waits_cancels_it(queue):
+    """The terminal is gpuq run's own (SIGHUP as it closes): the job is cancelled, though what
+    gpuq run says of it can no longer be written (it was said first, and EIO stopped the cancel)."""
+    _blocked(queue)
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            argv = [*_cli(queue, "run", "--gpu-mem", "4GiB", "--", "true")]
+            os.execvpe(argv[0], argv, queue.env())
+        finally:
+            os._exit(127)  # never back into pytest
+    try:
+        seen, deadline = b"", time.monotonic() + 90
+        while b"waits" not in seen and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                seen += os.read(fd, 4096)
+        assert b"waits" in seen, seen
+        os.close(fd)
+        fd = -1
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        pid = 0
+        assert status == 128 + signal.SIGHUP
+        assert wait_until(lambda: queue.finished("run-1"), what="the cancel")["state"] == "cancelled"
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def test_a_closed_stderr_or_a_second_signal_while_the_run_waits_still_cancels_it(queue):
+    """`gpuq run ... 2>&1 | head -0`: its first word to stderr fails (EPIPE): 141, cancelled
+    (it exited 0, the job left pending). SIGHUP then SIGTERM at once, as a closing terminal and
+    its shell send them: 129, cancelled (the second interrupted the cancel: the job was left
+    pending, or lost with no record when the run applied the cancel itself)."""
+    _blocked(queue)
+    piped = subprocess.Popen(
+        _cli(queue, "run", "--gpu-mem", "4GiB", "--", "true"), stderr=subprocess.PIPE, env=queue.env()
+    )
+    assert piped.stderr is not None
+    piped.stderr.close()  # the reader is gone before a word was said
+    try:
+        assert piped.wait(timeout=60) == 128 + signal.SIGPIPE
+    finally:
+        piped.kill()
+        piped.wait()
+    assert wait_until(lambda: queue.finished("run-1"), what="the cancel")["state"] == "cancelled"
+    for attempt in range(3):
+        job_id = f"run-{2 + attempt}"
+        proc = subprocess.Popen(
+            _cli(queue, "run", "--gpu-mem", "4GiB", "--", "true"), stderr=subprocess.DEVNULL, env=queue.env()
+        )
+        try:
+            wait_until(lambda j=job_id: _pending(queue, j), timeout=60, what=f"{job_id} to wait")
+            proc.send_signal(signal.SIGHUP)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 128 + signal.SIGHUP
+        finally:
+            proc.kill()
+            proc.wait()
+        ended = wait_until(lambda j=job_id: queue.finished(j), what=f"{job_id} cancelled")
+        assert ended["state"] == "cancelled" and not _pending(queue, job_id)
 
 
 def test_a_time_limit_stops_the_attached_command(queue):
