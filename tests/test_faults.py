@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from conftest import PY, REPO, wait_until, worker_argv
-from gpuq.host.faults import CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS
+from gpuq.host.faults import CANCEL_CRASH_POINTS, CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS
 from gpuq.single_instance import _config_may_set_local_dir, _plain_cron_start, holds_lock_at, take_worker_lock
 from gpuq.spool.layout import Layout
 
@@ -865,3 +865,25 @@ def test_a_start_the_disk_refuses_is_retried_at_the_poll_not_in_a_loop(queue, tm
     wait_until(lambda: refusals() >= seen + 2, timeout=60, what="two more refused starts")
     # Two more refusals take two polls of 2 s (a slow machine only spaces them further).
     assert time.monotonic() - since >= 1.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", CANCEL_CRASH_POINTS)
+def test_a_cancel_cut_off_is_finished_by_a_worker_and_the_job_never_lost(queue, point):
+    """A cancel killed after it moved the spec aside into finished/ (no record yet), or after
+    the record (the file aside still there). A worker's sweep of old temp files (its clock two
+    hours on) finishes the cancel: the job is recorded cancelled once, and nothing is left
+    aside. Before, the sweep deleted the spec aside: the job was gone, with no record."""
+    queue.drop("x.yaml", "command: 'true'\ngpus: 1\n")
+    cut = queue.gpuq("cancel", "x", check=False, env={**queue.env(), CRASH_ENV: point})
+    assert cut.returncode == -signal.SIGKILL, cut.stderr
+    aside = list(queue.root.glob("state/finished/.x.cancelling.*.tmp"))
+    assert len(aside) == 1 and not (queue.root / "jobs" / "x.yaml").exists()
+    queue.start_worker("a", "1x24GiB", env={"GPUQ_TEST_CLOCK_SHIFT_S": "7200"})
+    wait_until(lambda: not aside[0].exists(), timeout=60, what="the sweep to finish the cancel")
+    ended = queue.finished("x")
+    assert ended is not None and ended["state"] == "cancelled", ended
+    if point == "cancel:aside":
+        assert "the cancel was cut off; a worker finished it" in ended["reason"]
+    show = queue.gpuq("show", "x")
+    assert "cancelled" in show.stdout

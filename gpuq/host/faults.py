@@ -49,6 +49,11 @@ RECOVERY_CRASH_POINTS = (
     "recovery:held",  # the claim is taken over for the next attempt; the record still says running
     "recovery:recorded",
 )  # the attempt is in requeued/, the running record gone; the spec not back yet
+# A cancel of a pending job (spool/cancel.py), by a worker or by the spool owner's own CLI
+CANCEL_CRASH_POINTS = (
+    "cancel:aside",  # the spec is moved aside into finished/; no record yet
+    "cancel:recorded",  # the cancelled record is written; the file aside not removed yet
+)
 # Slurm bridge mode (gpuq/extras/slurm/bridge.py and its tests)
 BRIDGE_CRASH_POINTS = (
     "bridge:planned",  # a spec is chosen to hand over; not yet claimed

@@ -12,10 +12,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from gpuq.host.faults import wall_time
+from gpuq.host.faults import crash_point, wall_time
 from gpuq.host.files import set_aside_directory, write_json
 from gpuq.host.owners import Actor, refusal
 from gpuq.model.errors import SpecError
+from gpuq.model.names import JOB_ID_RE
 from gpuq.model.record import RecordError, parse_claim_name
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
@@ -33,6 +34,7 @@ from gpuq.spool.store import (
 )
 
 STARTING_WAIT_S = 2.0
+CANCELLING = ".cancelling."  # in the name of a spec moved aside by a cancel, in finished/
 
 
 def cancel_pending(
@@ -58,11 +60,12 @@ def cancel_pending(
     # a claim's is, so at no moment is the id free.
     if (holder := _reserve(layout, job_id, owner)) not in (owner, None):
         return False, refusal(job_id, holder)
-    aside = layout.finished / f".{job_id}.cancelling.{secrets.token_hex(4)}.tmp"
+    aside = layout.finished / f".{job_id}{CANCELLING}{secrets.token_hex(4)}.tmp"
     try:
         os.rename(spec_path, aside)
     except FileNotFoundError:
         return False, f"{job_id}: a worker started it a moment ago"
+    crash_point("cancel:aside")
     st = os.lstat(aside)
     if stat.S_ISDIR(st.st_mode):  # swapped by its owner since the look: not a job, back to its maker
         set_aside_directory(aside, layout.jobs, "spec")
@@ -70,27 +73,52 @@ def cancel_pending(
     if st.st_uid != owner:  # replaced between the look and the move (only its owner or root can)
         put_back(layout, aside, spec_path, job_id)
         return False, refusal(job_id, st.st_uid)
+    try:
+        _record_cancelled(layout, aside, spec_path, job_id, host, reason)
+    except (OSError, TransitionError):
+        put_back(layout, aside, spec_path, job_id)
+        raise
+    return True, ""
+
+
+def _record_cancelled(layout: Layout, aside: Path, spec_path: Path, job_id: str, host: str, reason: str) -> None:
+    """The spec moved aside recorded cancelled (its held record, if any, goes with it), then
+    the file aside removed."""
+    display = f"jobs/{spec_path.name}"
     try:  # opened as the worker would: no links followed, a FIFO never blocks
         raw, st = read_spec_file(aside, display)
         spec = parse_spec_text(raw, display).to_json()
     except (SpecError, OSError):
-        raw, spec = b"", {}
+        raw, spec, st = b"", {}, os.lstat(aside)
     found = replace(
         found_job(layout, job_id, spec_path, st.st_uid, user_name(st.st_uid)),
         spec=spec,
         spec_text=raw.decode("utf-8", "replace"),
         queued_at=st.st_mtime,
     )
-    try:
-        change = StateChange(layout, found, State.CANCELLED, host, ended_at=wall_time(), reason=reason)
-        change.write()  # its held record, if any, goes with it
-    except (OSError, TransitionError):
-        put_back(layout, aside, spec_path, job_id)
-        raise
+    change = StateChange(layout, found, State.CANCELLED, host, ended_at=wall_time(), reason=reason)
+    change.write()
+    crash_point("cancel:recorded")
     os.unlink(aside)
     forget_place(layout, job_id)  # a retry queues anew
     change.log()
-    return True, ""
+
+
+def finish_interrupted_cancel(layout: Layout, aside: Path, host: str) -> None:
+    """A cancel whose process was killed after it moved the spec aside (`.ID.cancelling.HEX.tmp`
+    in finished/) and before it removed that file, finished as it would have been: recorded
+    cancelled, or, where its record was written, the file aside removed. Before, the sweep of
+    old temp files deleted it: the job was gone with no record. Only a plain file: the queue's
+    account moved it there (members cannot write finished/), its owner is the job's."""
+    job_id = aside.name[1:].split(".cancelling.", 1)[0]
+    st = os.lstat(aside)
+    if not JOB_ID_RE.fullmatch(job_id) or not stat.S_ISREG(st.st_mode):
+        return
+    if (layout.finished / f"{job_id}.json").exists():
+        os.unlink(aside)
+        return
+    reason = "cancelled (the cancel was cut off; a worker finished it)"
+    _record_cancelled(layout, aside, layout.jobs / f"{job_id}.yaml", job_id, host, reason)
 
 
 def _reserve(layout: Layout, job_id: str, uid: int) -> int | None:

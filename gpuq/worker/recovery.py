@@ -26,10 +26,11 @@ from gpuq.model.errors import SpecError
 from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.spec import spec_text_with
-from gpuq.model.states import State
+from gpuq.model.states import State, TransitionError
 from gpuq.model.stops import StopCause, ended_as
 from gpuq.run.joblocal import checked_result, read_exit, read_marker, stop_ordered
 from gpuq.run.launch import CannotStart, Leftover, as_owner
+from gpuq.spool.cancel import CANCELLING, finish_interrupted_cancel
 from gpuq.spool.store import (
     append_note,
     claims_of,
@@ -310,12 +311,24 @@ class Recovery:
             with it:
                 for entry in it:
                     if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                            if max(st.st_mtime, st.st_ctime) < cutoff:
-                                os.unlink(entry.path)
-                        except OSError:
-                            pass  # gone, or a directory posing as a temp file: left alone
+                        self._sweep(directory, entry, cutoff)
+
+    def _sweep(self, directory: Path, entry: os.DirEntry, cutoff: float) -> None:
+        """One temp file, removed once old; but a spec a cancel moved aside (its process
+        killed before it was recorded) is recorded cancelled instead: deleted, the job was
+        gone with no record."""
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if max(st.st_mtime, st.st_ctime) >= cutoff:
+                return
+            if directory == self.layout.finished and CANCELLING in entry.name:
+                finish_interrupted_cancel(self.layout, Path(entry.path), self.host)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass  # gone, or a directory posing as a temp file: left alone (a full disk: next time)
+        except TransitionError as e:
+            log.warning("could not finish the cancel cut off in %s: %s", entry.name, e)
 
     def _temp_places(self) -> list[tuple[Path, str]]:
         """Where writers leave temp files, and the prefix of those a worker may remove: every
