@@ -20,6 +20,7 @@ import secrets
 import select
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import termios
@@ -257,8 +258,17 @@ def _wait(
     without (refused, cancelled by someone, failed to start). A signal, or our stderr gone,
     ends it with KeyboardInterrupt: the caller cancels the job."""
     said = None
+    watch = _member_side()
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    for fd in watch:
+        poller.register(fd, 0)  # only its hang-up (a closed terminal) or error (a pipe's reader gone)
     while True:
-        if select.select([listener], [], [], POLL_S)[0]:
+        events = dict(poller.poll(POLL_S * 1000))
+        for fd, event in events.items():
+            if fd in watch and event & (select.POLLHUP | select.POLLERR):
+                raise _Interrupted(signal.SIGHUP if watch[fd] else signal.SIGPIPE)
+        if listener.fileno() in events:
             conn, _ = listener.accept()
             if wire.peer_uid(conn) == os.getuid():
                 return conn
@@ -275,6 +285,24 @@ def _wait(
         if line != said:
             _say(f"gpuq {verb}: {line}")
             said = line
+
+
+def _member_side() -> dict[int, bool]:
+    """The descriptors whose end ends the session while it waits, each with whether it is a
+    terminal: a terminal among stdin, stdout and stderr (closed without a SIGHUP reaching us:
+    `setsid`, `su`), and stdout or stderr as a pipe or socket (its reader gone). Not stdin as a
+    pipe: its writer may be done long before the job starts (`echo x | gpuq run -- cat`)."""
+    watch = {}
+    for fd in (0, 1, 2):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue  # not open (`<&-`)
+        if os.isatty(fd):
+            watch[fd] = True
+        elif fd and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            watch[fd] = False
+    return watch
 
 
 def _waiting(job: dict[str, Any]) -> str:
@@ -358,7 +386,20 @@ class Terminal:
             pass
 
     def _relay(self) -> int:
+        watch = _member_side()
+        poller = select.poll()
+        poller.register(self.conn, select.POLLIN)
+        for fd in watch:
+            poller.register(fd, 0)
         while True:
+            events = dict(poller.poll())
+            for fd, event in events.items():  # a terminal closed, or a reader gone, with no word to write
+                if fd in watch and event & (select.POLLHUP | select.POLLERR):
+                    with contextlib.suppress(OSError):
+                        self.conn.shutdown(socket.SHUT_RDWR)  # the job's end hangs the command up
+                    return 128 + (signal.SIGHUP if watch[fd] else signal.SIGPIPE)
+            if self.conn.fileno() not in events:
+                continue
             for channel, data in self.reader.read():
                 if channel in (wire.OUT, wire.ERR):
                     try:

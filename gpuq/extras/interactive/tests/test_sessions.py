@@ -5,6 +5,7 @@ GPU that fits; and a member's session, under a root worker, as that member."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import select
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import pytest
 from team import ALICE, BOB
 
@@ -70,16 +72,22 @@ def test_a_command_that_ends_at_once_or_is_not_found_says_so_with_its_status(que
     assert "gpuq: cannot run nosuchcmd: No such file or directory (PATH=" in missing.stderr
 
 
-@pytest.mark.parametrize("closed_at", [b"runs on", b"started"])
-def test_a_terminal_that_closes_without_a_hangup_signal_still_frees_the_gpu(queue, closed_at):
+@pytest.mark.parametrize(
+    "closed_at, stdin_null", [(b"runs on", False), (b"started", False), (b"started", True)], ids=str
+)
+def test_a_terminal_that_closes_without_a_hangup_signal_still_frees_the_gpu(queue, closed_at, stdin_null):
     """The session's process in a session of its own (as `su` leaves it): closing its terminal
     sends it no SIGHUP; its read of the terminal ends, and so does the session. Closed as the
     job starts (`runs on`: gpuq run may not have said hello yet, or set the terminal raw) or
-    once the command runs: a hang-up either way, never a failure of the session."""
+    once the command runs: a hang-up either way, never a failure of the session. With stdin
+    not the terminal (`</dev/null`) and a silent command, the terminal's hang-up is seen on
+    stdout and stderr (nothing noticed it: the job kept its GPU until the command wrote)."""
     queue.start_worker(HOST, "1x24GiB")
     pid, fd = pty.fork()
     if pid == 0:
         try:  # setsid(1): `gpuq run` in a session of its own, its stdin still this terminal
+            if stdin_null:
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             argv = ["setsid", "-w", *_cli(queue, "run", "--", "sh", "-c", "echo started; exec sleep 300")]
             os.execvpe(argv[0], argv, queue.env())
         finally:
@@ -175,14 +183,18 @@ def _pending(queue, job_id: str) -> bool:
     return (queue.root / "jobs" / f"{job_id}.yaml").exists()
 
 
-def test_a_terminal_closed_while_the_run_waits_cancels_it(queue):
-    """The terminal is gpuq run's own (SIGHUP as it closes): the job is cancelled, though what
-    gpuq run says of it can no longer be written (it was said first, and EIO stopped the cancel)."""
+@pytest.mark.parametrize("own_session", [False, True], ids=["hangup", "no-hangup"])
+def test_a_terminal_closed_while_the_run_waits_cancels_it(queue, own_session):
+    """The terminal is gpuq run's own (SIGHUP as it closes), or gpuq run is in a session of its
+    own (setsid, su: no SIGHUP; the terminal's hang-up is seen on its descriptors): the job is
+    cancelled, though what gpuq run says of it can no longer be written (it was said first, and
+    EIO stopped the cancel; without a SIGHUP nothing noticed until the job started)."""
     _blocked(queue)
+    runs: list[psutil.Process] = []
     pid, fd = pty.fork()
     if pid == 0:
         try:
-            argv = [*_cli(queue, "run", "--gpu-mem", "4GiB", "--", "true")]
+            argv = [*(["setsid", "-w"] if own_session else []), *_cli(queue, "run", "--gpu-mem", "4GiB", "--", "true")]
             os.execvpe(argv[0], argv, queue.env())
         finally:
             os._exit(127)  # never back into pytest
@@ -192,11 +204,12 @@ def test_a_terminal_closed_while_the_run_waits_cancels_it(queue):
             if select.select([fd], [], [], 0.2)[0]:
                 seen += os.read(fd, 4096)
         assert b"waits" in seen, seen
+        runs = psutil.Process(pid).children(recursive=True)  # (gpuq run under setsid: killed if it lingers)
         os.close(fd)
         fd = -1
         status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         pid = 0
-        assert status == 128 + signal.SIGHUP
+        assert status == (-signal.SIGHUP if own_session else 128 + signal.SIGHUP)  # (setsid itself: hung up)
         assert wait_until(lambda: queue.finished("run-1"), what="the cancel")["state"] == "cancelled"
     finally:
         if fd >= 0:
@@ -204,6 +217,9 @@ def test_a_terminal_closed_while_the_run_waits_cancels_it(queue):
         if pid:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+        for run in runs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                run.kill()
 
 
 def test_a_closed_stderr_or_a_second_signal_while_the_run_waits_still_cancels_it(queue):
