@@ -150,9 +150,11 @@ def _signals_held() -> Iterator[None]:
 def _cancel(args: argparse.Namespace, job_id: str, verb: str, status: int) -> int:
     """The waiting job cancelled, with nothing to interrupt it. Said if it can be."""
     _ignore_ending_signals()
-    run_request(args, "cancel", (job_id,), shown_as="cancel", quiet=True)
+    said = io.StringIO()  # what the cancel says, kept from a terminal that may be gone (EIO: exit 1)
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        run_request(args, "cancel", (job_id,), shown_as="cancel", quiet=True)
     with contextlib.suppress(_Interrupted):  # (said if it can be)
-        _say(f"\ngpuq {verb}: cancelled {job_id}")
+        _say(said.getvalue().rstrip() or f"\ngpuq {verb}: cancelled {job_id}")
     return status
 
 

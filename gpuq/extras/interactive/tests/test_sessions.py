@@ -12,6 +12,7 @@ import select
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,6 +27,16 @@ from gpuq.single_instance import this_host
 pytestmark = pytest.mark.slow  # every test here starts processes
 
 HOST = this_host()  # a session runs on the box it is typed on: the worker is this box's
+
+
+@pytest.fixture(autouse=True)
+def _own_socket_directory(monkeypatch):
+    """gpuq run's socket directory ($XDG_RUNTIME_DIR/gpuq) the test's own, removed after: a
+    run a test kills leaves its socket behind, and root's /tmp/gpuq-0 gathered them."""
+    runtime = tempfile.mkdtemp(prefix="gq-xdg-")  # (short: a socket's path has 107 bytes at most)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    yield
+    shutil.rmtree(runtime, ignore_errors=True)
 
 
 def _cli(queue, *args: str) -> list[str]:
