@@ -47,11 +47,17 @@ def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path, users):
     queue = pwd.getpwnam(QUEUE)  # made by init: a system account, whose the spool is
     assert queue.pw_uid < 1000 and queue.pw_shell.endswith(("nologin", "false"))
     assert [os.stat(root / d).st_uid for d in ("state", "logs", "config.yaml")] == [queue.pw_uid, queue.pw_uid, 0]
-    # A second box: init again makes the queue's account there with the uid state/ has.
+    # A second box: init again makes the queue's account there with the uid state/ has. Here a
+    # low system uid (useradd hands system accounts out from the top): a copy of the suite
+    # beside this one, making its own, took the uid that userdel freed, and init rightly
+    # refused ("UID 988 is not unique").
+    uid = next(u for u in range(200 + os.getpid() % 200, 1000) if not _uid_taken(u))
+    subprocess.run(["chown", "-R", f"--from={queue.pw_uid}", str(uid), str(root)], check=True)
     subprocess.run(["userdel", QUEUE], check=True)
     second = run("init", str(root), "--group", TEAM, "--queue-user", QUEUE)
-    assert second.returncode == 0 and f"made the queue's account {QUEUE} (uid {queue.pw_uid}," in second.stdout
-    assert pwd.getpwnam(QUEUE).pw_uid == queue.pw_uid == os.stat(root / "state").st_uid
+    assert second.returncode == 0 and f"made the queue's account {QUEUE} (uid {uid}," in second.stdout, second.stderr
+    queue = pwd.getpwnam(QUEUE)
+    assert queue.pw_uid == uid == os.stat(root / "state").st_uid
     for other in range(queue.pw_uid - 1, 100, -1):  # a box where it was made by hand, otherwise
         # A free uid, taken in one step: another copy of the suite, making its own system
         # accounts, may take one between a look and usermod (usermod then exits 4: taken).
@@ -307,3 +313,11 @@ def test_init_never_writes_through_a_config_link_planted_in_its_directory(tmp_pa
     out = run("init", str(root), "--group", TEAM, "--queue-user", QUEUE)
     assert not target.exists()
     assert out.returncode != 0 and "config.yaml" in out.stderr, out.stderr
+
+
+def _uid_taken(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True

@@ -260,17 +260,9 @@ def _wait(
     without (refused, cancelled by someone, failed to start). A signal, or our stderr gone,
     ends it with KeyboardInterrupt: the caller cancels the job."""
     said = None
-    watch = _member_side()
-    poller = select.poll()
-    poller.register(listener, select.POLLIN)
-    for fd in watch:
-        poller.register(fd, 0)  # only its hang-up (a closed terminal) or error (a pipe's reader gone)
+    member = MemberSide(listener)
     while True:
-        events = dict(poller.poll(POLL_S * 1000))
-        for fd, event in events.items():
-            if fd in watch and event & (select.POLLHUP | select.POLLERR):
-                raise _Interrupted(signal.SIGHUP if watch[fd] else signal.SIGPIPE)
-        if listener.fileno() in events:
+        if member.ready(POLL_S):
             conn, _ = listener.accept()
             if wire.peer_uid(conn) == os.getuid():
                 return conn
@@ -289,22 +281,34 @@ def _wait(
             said = line
 
 
-def _member_side() -> dict[int, bool]:
-    """The descriptors whose end ends the session while it waits, each with whether it is a
-    terminal: a terminal among stdin, stdout and stderr (closed without a SIGHUP reaching us:
-    `setsid`, `su`), and stdout or stderr as a pipe or socket (its reader gone). Not stdin as a
-    pipe: its writer may be done long before the job starts (`echo x | gpuq run -- cat`)."""
-    watch = {}
-    for fd in (0, 1, 2):
-        try:
-            mode = os.fstat(fd).st_mode
-        except OSError:
-            continue  # not open (`<&-`)
-        if os.isatty(fd):
-            watch[fd] = True
-        elif fd and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
-            watch[fd] = False
-    return watch
+class MemberSide:
+    """A socket waited on, and the member's side watched meanwhile: a terminal among stdin,
+    stdout and stderr (its hang-up, seen even where no SIGHUP reaches us: `setsid`, `su`), and
+    stdout or stderr as a pipe or socket (its reader gone). Not stdin as a pipe: its writer may
+    be done long before the job starts (`echo x | gpuq run -- cat`)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
+        self.terminal: dict[int, bool] = {}  # watched descriptor -> whether it is a terminal
+        for fd in (0, 1, 2):
+            try:
+                mode = os.fstat(fd).st_mode
+            except OSError:
+                continue  # not open (`<&-`)
+            if os.isatty(fd) or (fd and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))):
+                self.terminal[fd] = os.isatty(fd)
+                self.poller.register(fd, 0)  # only its hang-up or error
+
+    def ready(self, timeout_s: float | None) -> bool:
+        """Whether the socket has something within `timeout_s` (None: wait for it). Where the
+        member's side ended, _Interrupted as SIGHUP (a terminal) or SIGPIPE (a pipe)."""
+        events = dict(self.poller.poll(None if timeout_s is None else timeout_s * 1000))
+        for fd, event in events.items():
+            if fd in self.terminal and event & (select.POLLHUP | select.POLLERR):
+                raise _Interrupted(signal.SIGHUP if self.terminal[fd] else signal.SIGPIPE)
+        return self.sock.fileno() in events
 
 
 def _waiting(job: dict[str, Any]) -> str:
@@ -388,20 +392,15 @@ class Terminal:
             pass
 
     def _relay(self) -> int:
-        watch = _member_side()
-        poller = select.poll()
-        poller.register(self.conn, select.POLLIN)
-        for fd in watch:
-            poller.register(fd, 0)
+        member = MemberSide(self.conn)
         while True:
-            events = dict(poller.poll())
-            for fd, event in events.items():  # a terminal closed, or a reader gone, with no word to write
-                if fd in watch and event & (select.POLLHUP | select.POLLERR):
-                    with contextlib.suppress(OSError):
-                        self.conn.shutdown(socket.SHUT_RDWR)  # the job's end hangs the command up
-                    return 128 + (signal.SIGHUP if watch[fd] else signal.SIGPIPE)
-            if self.conn.fileno() not in events:
-                continue
+            try:
+                if not member.ready(None):
+                    continue
+            except _Interrupted as gone:  # a terminal closed, or a reader gone, with no word to write
+                with contextlib.suppress(OSError):
+                    self.conn.shutdown(socket.SHUT_RDWR)  # the job's end hangs the command up
+                return 128 + gone.signum
             for channel, data in self.reader.read():
                 if channel in (wire.OUT, wire.ERR):
                     try:
