@@ -250,7 +250,8 @@ def test_memory_used_outside_gpuq_is_respected(queue, tmp_path):
 @pytest.mark.slow
 def test_job_memory_is_observed_through_its_process_tree(queue):
     queue.start_worker("a", "1x80GiB")
-    queue.drop("user.yaml", f"command: {fake_job(3)!r}\ngpus: 1\ngpu_mem: 12GiB\n")
+    # 10 s of use: under two suites' load the first sample and a status poll missed a 3 s window.
+    queue.drop("user.yaml", f"command: {fake_job(10)!r}\ngpus: 1\ngpu_mem: 12GiB\n")
     view = wait_until(
         lambda: [r for r in queue.status()["running"] if r["observed_gpu_mem_mib"]], what="observed memory"
     )
