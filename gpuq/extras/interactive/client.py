@@ -17,16 +17,11 @@ import contextlib
 import io
 import os
 import secrets
-import select
 import signal
 import socket
-import stat
 import sys
 import tempfile
-import termios
-import threading
 import time
-import tty
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,6 +29,7 @@ from gpuq.cli.common import open_layout, read_config
 from gpuq.cli.requests import run_request
 from gpuq.cli.submit import cmd_submit
 from gpuq.extras.interactive import wire
+from gpuq.extras.interactive.terminal import Interrupted, MemberSide, Terminal
 from gpuq.model.config import Config
 from gpuq.model.text import safe_text
 from gpuq.model.units import format_mib, parse_size_mib
@@ -106,7 +102,7 @@ def _session(args: argparse.Namespace, command: list[str], shell: bool = False) 
             return status
         return _cancel(args, job_id, verb, status)
     except wire.WireError as e:  # the job's end was killed mid-frame (a cancel's grace ran out)
-        with contextlib.suppress(_Interrupted):
+        with contextlib.suppress(Interrupted):
             _say(f"gpuq {verb}: {job_id} broke off the session: {e}; `gpuq logs {job_id}` says why")
         return 1
     finally:
@@ -116,21 +112,12 @@ def _session(args: argparse.Namespace, command: list[str], shell: bool = False) 
             os.rmdir(directory)
 
 
-class _Interrupted(KeyboardInterrupt):
-    """A signal that ends the session, or our own stderr gone while we wait (SIGHUP: a closed
-    terminal; SIGPIPE: a closed pipe): `gpuq run` exits 128 + it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 def _interrupted(signum: int, frame: object) -> None:
     """The first ending signal ends the session; the others are ignored from then on: a
     closing terminal sends SIGHUP, then its shell SIGTERM, and the second interrupted the
     cancel of the first (the job was left pending, or lost half-cancelled)."""
     _ignore_ending_signals()
-    raise _Interrupted(signum)
+    raise Interrupted(signum)
 
 
 def _ignore_ending_signals() -> None:
@@ -153,7 +140,7 @@ def _cancel(args: argparse.Namespace, job_id: str, verb: str, status: int) -> in
     said = io.StringIO()  # what the cancel says, kept from a terminal that may be gone (EIO: exit 1)
     with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
         run_request(args, "cancel", (job_id,), shown_as="cancel", quiet=True)
-    with contextlib.suppress(_Interrupted):  # (said if it can be)
+    with contextlib.suppress(Interrupted):  # (said if it can be)
         _say(said.getvalue().rstrip() or f"\ngpuq {verb}: cancelled {job_id}")
     return status
 
@@ -165,7 +152,7 @@ def _say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
     except OSError as e:
         sys.stderr = open(os.devnull, "w")  # (the interpreter's last flush too)
-        raise _Interrupted(signal.SIGPIPE if isinstance(e, BrokenPipeError) else signal.SIGHUP) from None
+        raise Interrupted(signal.SIGPIPE if isinstance(e, BrokenPipeError) else signal.SIGHUP) from None
 
 
 def _box_problem(layout: Layout, config: Config, host: str, args: argparse.Namespace) -> str | None:
@@ -272,7 +259,7 @@ def _wait(
         state = job.get("state")
         if state in FINAL:
             why = job.get("reason") or state
-            with contextlib.suppress(_Interrupted):  # (said if it can be: the job is over)
+            with contextlib.suppress(Interrupted):  # (said if it can be: the job is over)
                 _say(f"gpuq {verb}: {job_id} {state} before it could attach: {safe_text(str(why))}")
             return 1
         line = f"{job_id} is starting on {job.get('host')}" if state == "running" else _waiting(job)
@@ -281,170 +268,7 @@ def _wait(
             said = line
 
 
-class MemberSide:
-    """A socket waited on, and the member's side watched meanwhile: a terminal among stdin,
-    stdout and stderr (its hang-up, seen even where no SIGHUP reaches us: `setsid`, `su`), and
-    stdout or stderr as a pipe or socket (its reader gone). Not stdin as a pipe: its writer may
-    be done long before the job starts (`echo x | gpuq run -- cat`)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.poller = select.poll()
-        self.poller.register(sock, select.POLLIN)
-        self.terminal: dict[int, bool] = {}  # watched descriptor -> whether it is a terminal
-        for fd in (0, 1, 2):
-            try:
-                mode = os.fstat(fd).st_mode
-            except OSError:
-                continue  # not open (`<&-`)
-            if os.isatty(fd) or (fd and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode))):
-                self.terminal[fd] = os.isatty(fd)
-                self.poller.register(fd, 0)  # only its hang-up or error
-
-    def ready(self, timeout_s: float | None) -> bool:
-        """Whether the socket has something within `timeout_s` (None: wait for it). Where the
-        member's side ended, _Interrupted as SIGHUP (a terminal) or SIGPIPE (a pipe)."""
-        events = dict(self.poller.poll(None if timeout_s is None else timeout_s * 1000))
-        for fd, event in events.items():
-            if fd in self.terminal and event & (select.POLLHUP | select.POLLERR):
-                raise _Interrupted(signal.SIGHUP if self.terminal[fd] else signal.SIGPIPE)
-        return self.sock.fileno() in events
-
-
 def _waiting(job: dict[str, Any]) -> str:
     reason = job.get("reason") or "in the queue"
     position = f" (#{job['position']} in the queue)" if job.get("position") else ""
     return f"{job.get('id')} waits{position}: {safe_text(str(reason))}; Ctrl-C cancels it"
-
-
-class Terminal:
-    """This process's stdin, stdout and stderr carried to the job and back: its input by a
-    thread of its own (the job takes it only as fast as the command reads it), its output here."""
-
-    def __init__(self, conn: socket.socket, shell: bool) -> None:
-        self.conn, self.shell = conn, shell
-        self.stdin = _fd_of(sys.stdin)
-        self.tty = self.stdin is not None and os.isatty(self.stdin) and sys.stdout.isatty()
-        self.reader = wire.Reader(conn)
-        self.sending = threading.Lock()  # the input thread's frames and a resize's, never interleaved
-        self.gone = False  # the terminal closed
-        self.job = "the job"
-
-    def attach(self) -> int:
-        ready = self._ready()
-        self.job = safe_text(str(ready.get("job") or "the job"))
-        rows, cols = _size()
-        hello = {"env": dict(os.environ), "cwd": os.getcwd(), "tty": self.tty, "rows": rows, "cols": cols}
-        wire.send_json(self.conn, wire.HELLO, hello)
-        saved = None
-        previous = signal.signal(signal.SIGWINCH, self._resized) if self.tty else None
-        try:
-            try:
-                gpus = ready.get("gpus") or "none"
-                print(f"gpuq: {ready.get('job')} runs on {ready.get('host')}, GPUs {gpus}", file=sys.stderr)
-                if self.tty and self.stdin is not None:
-                    saved = termios.tcgetattr(self.stdin)
-                    tty.setraw(self.stdin)
-            except (OSError, termios.error):  # the terminal closed already: a hang-up, as later
-                self.conn.shutdown(socket.SHUT_RDWR)
-                return 128 + signal.SIGHUP
-            threading.Thread(target=self._send_input, daemon=True).start()
-            return self._relay()
-        finally:
-            if self.tty:
-                signal.signal(signal.SIGWINCH, previous)
-            if saved is not None and self.stdin is not None:
-                with contextlib.suppress(termios.error):  # (a terminal that closed has nothing to restore)
-                    termios.tcsetattr(self.stdin, termios.TCSADRAIN, saved)
-
-    def _ready(self) -> dict[str, Any]:
-        while True:
-            for channel, data in self.reader.read():
-                if channel == wire.READY:
-                    return wire.control(data)
-            if self.reader.closed:
-                raise wire.WireError("the job went away before it was ready")
-
-    def _resized(self, signum: int, frame: object) -> None:
-        rows, cols = _size()
-        with self.sending:
-            wire.send_json(self.conn, wire.WINSIZE, {"rows": rows, "cols": cols})
-
-    def _send_input(self) -> None:
-        """stdin to the job until its end (then EOF), or until the session is over. A terminal
-        that ends (closed: EOF or EIO, with or without a SIGHUP reaching us) ends the session:
-        the job's end hangs the command up, as ssh does."""
-        try:
-            while self.stdin is not None and (data := os.read(self.stdin, wire.CHUNK)):
-                with self.sending:
-                    wire.send(self.conn, wire.IN, data)
-        except OSError:
-            if not self.tty:
-                return  # the session ended meanwhile: the main thread says how
-        try:
-            if self.tty:
-                self.gone = True
-                self.conn.shutdown(socket.SHUT_RDWR)
-            else:
-                with self.sending:
-                    wire.send_json(self.conn, wire.EOF, {})
-        except OSError:
-            pass
-
-    def _relay(self) -> int:
-        member = MemberSide(self.conn)
-        while True:
-            try:
-                if not member.ready(None):
-                    continue
-            except _Interrupted as gone:  # a terminal closed, or a reader gone, with no word to write
-                with contextlib.suppress(OSError):
-                    self.conn.shutdown(socket.SHUT_RDWR)  # the job's end hangs the command up
-                return 128 + gone.signum
-            for channel, data in self.reader.read():
-                if channel in (wire.OUT, wire.ERR):
-                    try:
-                        _write_all(1 if channel == wire.OUT else 2, data)
-                    except BrokenPipeError:  # `gpuq run ... | head`: end as a pipeline's writer does
-                        return 128 + signal.SIGPIPE
-                    except OSError:  # a terminal that closed (EIO): the job's end hangs the command up
-                        with contextlib.suppress(OSError):
-                            self.conn.shutdown(socket.SHUT_RDWR)
-                        return 128 + signal.SIGHUP
-                elif channel == wire.NOTE:
-                    self._note(str(wire.control(data).get("text", "")))
-                elif channel == wire.EXIT:
-                    end = wire.control(data)
-                    sig, code = end.get("signal"), end.get("code")
-                    return 128 + sig if type(sig) is int else code if type(code) is int else 1
-            if self.reader.closed:
-                if self.gone:
-                    return 128 + signal.SIGHUP
-                self._note(f"gpuq: {self.job} ended without saying how: `gpuq logs {self.job}` says why")
-                return 1
-
-    def _note(self, text: str) -> None:
-        end = "\r\n" if self.tty else "\n"  # a raw terminal moves down a line only
-        with contextlib.suppress(OSError):  # said if it can be: a closed stderr ends nothing by itself
-            _write_all(2, f"{safe_text(text)}{end}".encode())
-
-
-def _fd_of(stream: Any) -> int | None:
-    """A standard stream's descriptor; None where the process was started without it (`<&-`)."""
-    try:
-        return stream.fileno() if stream is not None else None
-    except (OSError, ValueError):
-        return None
-
-
-def _size() -> tuple[int, int]:
-    try:
-        size = os.get_terminal_size(sys.stdout.fileno())
-    except OSError:  # not a terminal, or one that closed
-        return 24, 80
-    return size.lines, size.columns
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
