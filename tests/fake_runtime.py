@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 VALUE_FLAGS = {
     "--name",
@@ -171,21 +172,22 @@ class StandIns:
 # --- the client -------------------------------------------------------------------------------
 
 
-def _request(state_dir: Path, message: dict, fds: list[int] = ()) -> socket.socket:
+def _request(state_dir: Path, message: dict, fds: list[int] = ()) -> BinaryIO:
+    """Send `message` (and `fds`); the connection's answers, read through one buffered reader:
+    `run` gets two on one connection (started, then the exit), and a quick container's exit
+    can arrive in the same read as its start."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(str(state_dir / "daemon.sock"))
     socket.send_fds(conn, [(json.dumps(message) + "\n").encode()], list(fds))
-    return conn
+    return conn.makefile("rb")  # type: ignore[return-value]
 
 
-def _answer(conn: socket.socket) -> dict:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise ConnectionError("daemon closed the connection")
-        data += chunk
-    return json.loads(data.splitlines()[-1])
+def _answer(replies: BinaryIO) -> dict:
+    """The daemon's next answer: one line."""
+    line = replies.readline()
+    if not line.endswith(b"\n"):
+        raise ConnectionError("daemon closed the connection")
+    return json.loads(line)
 
 
 def _parse(args: list[str], verb: str = "") -> tuple[dict[str, list[str]], list[str], list[str]]:
@@ -343,8 +345,8 @@ def _run(state_dir: Path, runtime: str, options: dict[str, list[str]], flags: li
         "groups": [int(g) for g in options.get("--group-add", []) if g.isdigit()],
         "rm": "--rm" in flags,
     }
-    conn = _request(state_dir, request, [1, 2])
-    answer = _answer(conn)
+    replies = _request(state_dir, request, [1, 2])
+    answer = _answer(replies)
     if "error" in answer:
         print(f"docker: Error response from daemon: {answer['error']}", file=sys.stderr)
         return 125
@@ -365,7 +367,7 @@ def _run(state_dir: Path, runtime: str, options: dict[str, list[str]], flags: li
     signal.signal(signal.SIGINT, relay)
     while True:
         try:
-            return _answer(conn)["exit"]
+            return _answer(replies)["exit"]
         except InterruptedError:
             continue
 
