@@ -10,13 +10,15 @@ Once per event, across crashes: each transition is logged once, by the host that
 and the cursor (inode, offset, first bytes of the log) is kept in the box's private local
 directory together with the deliveries it has passed and not yet handed over (written
 durably before the first is handed over, again after each): a worker killed meanwhile hands
-the rest over when it starts again. None is lost; one is sent twice only if the kill falls
-between a hand-over and the write that follows it. A new box's cursor starts at the end of its
-log: no message for the past.
+the rest over when it starts again. None is lost. A kill between a hand-over and the write
+that follows it hands that one over twice: each delivery carries its event's key (the host, the
+log's inode, the line's offset and digest: one per event line), and the deliverer sends a key once
+(deliver.py `first_time`). A new box's cursor starts at the end of its log: no message for the past.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -119,7 +121,7 @@ class NotifyWatch:
             if len(self.listening) >= MAX_LISTENING or busy[delivery["uid"]] >= MAX_PROGRAMS_PER_MEMBER:
                 continue  # its turn comes at a later pass
             self._hand_over(delivery, published.mono)
-            crash_point("notify:handed")  # handed over, still pending: the one window that repeats it
+            crash_point("notify:handed")  # handed over, still pending: handed over again after a restart
             busy[delivery["uid"]] += 1
             self.pending.remove(delivery)
             self._save()
@@ -152,10 +154,11 @@ class NotifyWatch:
                 delivery = self._asked(line)
                 if delivery is not None and busy[delivery["uid"]] >= MAX_PROGRAMS_PER_MEMBER:
                     break  # as many as the root part runs as one member: this one waits its turn, never lost
-                offset += len(line)
                 if delivery is not None:
+                    delivery["key"] = event_key(self.host, st.st_ino, offset, line)
                     found.append(delivery)
                     busy[delivery["uid"]] += 1
+                offset += len(line)
         return found, {"inode": st.st_ino, "offset": offset, "head": head.hex()}
 
     def _asked(self, line: bytes) -> dict[str, Any] | None:
@@ -198,7 +201,7 @@ class NotifyWatch:
     def _hand_over(self, delivery: dict[str, Any], now: float) -> None:
         """Start one deliverer as the job's owner; never wait for it."""
         label = f"job {delivery['job']['id']} {delivery['event']} (uid {delivery['uid']})"
-        text = json.dumps({"event": delivery["event"], "job": delivery["job"]})
+        text = json.dumps({"event": delivery["event"], "job": delivery["job"], "key": delivery.get("key")})
         orders = rootorders.orders()
         try:
             if orders is not None:
@@ -248,6 +251,12 @@ class NotifyWatch:
             log.warning("notify: %s: %s", delivery.label, note)
 
 
+def event_key(host: str, inode: int, offset: int, line: bytes) -> str:
+    """One event line's own key: where it is, and what it says (a log begun anew may get the
+    old one's inode back, and an event at the same offset then still differs in its time)."""
+    return f"{host}-{inode}-{offset}-{hashlib.sha256(line).hexdigest()[:16]}"
+
+
 def _start_here(text: str) -> tuple[subprocess.Popen, int]:
     """The deliverer as this worker's own child (no root part: its jobs are its own user's)."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -278,4 +287,5 @@ def _delivery(found: Any) -> bool:
         and found.get("event") in ("start", "end", "fail")
         and isinstance(found.get("job"), dict)
         and isinstance(found["job"].get("id"), str)
+        and isinstance(found.get("key", ""), str)
     )

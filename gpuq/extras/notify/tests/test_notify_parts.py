@@ -4,6 +4,7 @@ lines may say of a webhook, and the root part's refusals of a `program` order.""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 from pathlib import Path
@@ -211,3 +212,25 @@ def test_one_try_is_bounded_whole_even_against_a_receiver_that_trickles(monkeypa
         stop.set()
         server.close()
     assert [line.split(": ")[-1] for line in said] == ["timed out (no whole answer within 1 s)"] * 2
+
+
+def test_an_events_key_is_sent_once_and_old_marks_go(tmp_path: Path, monkeypatch):
+    """A hand-over repeated after the worker's crash carries the same key: the second deliverer
+    sends nothing. A key that could leave the marks' folder is no key; without a home the event
+    is sent (a repeat is better than a loss); marks past SENT_KEEP_S are removed."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    now = 1_000_000_000.0
+    assert deliver.first_time("a-12-340-00ff", now) and not deliver.first_time("a-12-340-00ff", now)
+    assert deliver.first_time("a-12-341-00ff", now)  # another event line
+    assert deliver.first_time(None, now) and deliver.first_time(None, now)  # from a worker before keys
+    job = {"id": "j"}
+    for bad in ("../../x", "a/b", "", "x" * 201, 7):
+        assert deliver.checked_event(json.dumps({"event": "end", "job": job, "key": bad}).encode())["key"] is None
+    marks = tmp_path.joinpath(*deliver.SENT_DIR)
+    assert sorted(p.name for p in marks.iterdir()) == ["a-12-340-00ff", "a-12-341-00ff"]
+    old = now - deliver.SENT_KEEP_S - 1
+    os.utime(marks / "a-12-340-00ff", (old, old))
+    assert deliver.first_time("a-12-342-00ff", now)
+    assert sorted(p.name for p in marks.iterdir()) == ["a-12-341-00ff", "a-12-342-00ff"]
+    monkeypatch.delenv("HOME")
+    assert deliver.first_time("a-12-341-00ff", now)  # no home: sent
