@@ -75,6 +75,7 @@ from gpuq.worker.offers import OfferFinder, Offers, start_offers, start_sharing
 from gpuq.worker.publishing import BoxState, Publisher, start_extras
 from gpuq.worker.recovery import Recovery
 from gpuq.worker.starting import Launcher, Starter
+from gpuq.worker.tempsweep import sweep_temp_files
 
 log = logging.getLogger("gpuq.worker")
 FULL_SCAN_EVERY_S = 30.0
@@ -465,7 +466,7 @@ class Worker:
         full = now - self.intake.full_scan_at >= FULL_SCAN_EVERY_S
         self.intake.scan(now, full=full, now_wall=self.clock.wall())
         if full:
-            self.recovery.sweep_temp_files()
+            sweep_temp_files(self.layout, self.host, self.clock.wall())
         self.arrivals.take_in(now, self.config.spec_settle_s)
 
     def start_jobs(self) -> None:

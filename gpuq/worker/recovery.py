@@ -26,11 +26,10 @@ from gpuq.model.errors import SpecError
 from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record, claim_name, parse_claim_name
 from gpuq.model.spec import spec_text_with
-from gpuq.model.states import State, TransitionError
+from gpuq.model.states import State
 from gpuq.model.stops import StopCause, ended_as
 from gpuq.run.joblocal import checked_result, read_exit, read_marker, stop_ordered
 from gpuq.run.launch import CannotStart, Leftover, as_owner
-from gpuq.spool.cancel import CANCELLING, finish_interrupted_cancel
 from gpuq.spool.store import (
     append_note,
     claims_of,
@@ -44,7 +43,6 @@ from gpuq.worker.box import Box
 from gpuq.worker.returns import put_back
 
 log = logging.getLogger("gpuq.worker")
-STALE_TEMP_S = 3600.0
 
 
 class Recovery:
@@ -293,58 +291,6 @@ class Recovery:
         if f"@{self.host}@{self.boot_id[:8]}@" in claim:
             return False  # this boot's: written whole (a dead worker is no power cut)
         return torn_running_record(self.layout, job_id)
-
-    def sweep_temp_files(self) -> None:
-        """Temp files of writers killed mid-write (never visible as records; docs/design.md lets a
-        worker delete only temp files). An hour old: their writer is long gone, on any host
-        and whatever its clock says. Old by both times: a file renamed aside keeps its mtime
-        (a cancel moves a spec submitted days ago to `.ID.cancelling.HEX.tmp`; a sweep member is
-        made with its group spec's mtime) while the rename, or the create, sets its ctime to
-        now; by its mtime alone, another box's sweep removed such a file in the middle of the
-        move, and the spec with it."""
-        cutoff = self.clock.wall() - STALE_TEMP_S
-        for directory, prefix in self._temp_places():
-            try:
-                it = os.scandir(directory)
-            except OSError:
-                continue  # a host's control directory removed by `gpuq forget` meanwhile
-            with it:
-                for entry in it:
-                    if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
-                        self._sweep(directory, entry, cutoff)
-
-    def _sweep(self, directory: Path, entry: os.DirEntry, cutoff: float) -> None:
-        """One temp file, removed once old; but a spec a cancel moved aside (its process
-        killed before it was recorded) is recorded cancelled instead: deleted, the job was
-        gone with no record."""
-        try:
-            st = entry.stat(follow_symlinks=False)
-            if max(st.st_mtime, st.st_ctime) >= cutoff:
-                return
-            if directory == self.layout.finished and CANCELLING in entry.name:
-                finish_interrupted_cancel(self.layout, Path(entry.path), self.host)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass  # gone, or a directory posing as a temp file: left alone (a full disk: next time)
-        except TransitionError as e:
-            log.warning("could not finish the cancel cut off in %s: %s", entry.name, e)
-
-    def _temp_places(self) -> list[tuple[Path, str]]:
-        """Where writers leave temp files, and the prefix of those a worker may remove: every
-        directory only gpuq's own writers write (each host's stop orders too), and in the
-        members' jobs/ only `gpuq submit`'s: a member's other dot files there are hers (the
-        requests inbox and the replies are swept by spool/inbox.py)."""
-        layout = self.layout
-        # Not the inboxes; not the logs, written in place; not the replies, swept whole.
-        apart = {*layout.member_writable(), layout.logs, layout.worker_logs, layout.replies}
-        places = [(d, ".") for d in layout.directories() if d not in apart]
-        try:
-            with os.scandir(layout.control) as it:
-                places += [(Path(e.path), ".") for e in it if e.is_dir(follow_symlinks=False)]
-        except OSError:
-            pass
-        return places + [(layout.jobs, ".submit-")]
 
     # --- other hosts ------------------------------------------------------------------------
 
