@@ -10,7 +10,7 @@ preempts the same job twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from gpuq.model.gpu import GpuSnapshot
@@ -53,7 +53,10 @@ class Slot:
     others_clear: bool  # nothing but gpuq jobs beyond the reserve: exclusive may fit
     idle: bool  # non-gpuq use below the threshold for idle_after_s
     busy_by_others: bool  # a non-gpuq process uses it now
-    victims: list["RunningJob"] = field(default_factory=list)  # opportunistic, not yet told to yield
+    # The containers below default to shared empty immutable ones and are replaced when
+    # written: a replay builds a million slots, most never written, and making four empty
+    # containers for each was a twentieth of it.
+    victims: tuple["RunningJob", ...] = ()  # opportunistic, not yet told to yield
     opp_mib: int = 0  # memory of every opportunistic job on it, yielding ones included
     opp_jobs: int = 0
     held_for: str | None = None
@@ -67,9 +70,9 @@ class Slot:
     booked_until: float = 0.0
     # Bookings to come: (start, owner), soonest first. A job of anyone else that may still
     # run at a booking's start does not start here (a booking is a reservation too).
-    booked_later: list[tuple[float, str]] = field(default_factory=list)
-    mps_users: set[str] = field(default_factory=set)  # users of the ordinary MPS jobs on it (model/sharing.py)
-    opp_mps_users: set[str] = field(default_factory=set)  # ... and of its opportunistic ones
+    booked_later: tuple[tuple[float, str], ...] = ()
+    mps_users: frozenset[str] = frozenset()  # users of the ordinary MPS jobs on it (model/sharing.py)
+    opp_mps_users: frozenset[str] = frozenset()  # ... and of its opportunistic ones
     compute_room: int = 100  # percent of its compute its ordinary jobs leave, by their declared gpu_compute
 
     @property
@@ -127,15 +130,15 @@ def build_slots(
                     slot.opp_mib += mib
                     slot.opp_jobs += 1
                     if job.mps:
-                        slot.opp_mps_users.add(job.user)
+                        slot.opp_mps_users |= {job.user}
                     if not job.stopping:
-                        slot.victims.append(job)
+                        slot.victims += (job,)
                     continue
                 charged += mib
                 slot.jobs += 1
                 slot.compute_room -= compute_of(job.compute_pct)
                 if job.mps:
-                    slot.mps_users.add(job.user)
+                    slot.mps_users |= {job.user}
             # As usable_mib: beyond what gpuq's jobs are observed to use, `used` is others'.
             others = gpu.mem_used_mib - observed if gpu.mem_used_mib > observed else 0
             slot.free = slot.free_opportunistic = (
@@ -252,7 +255,7 @@ def take(
     before free memory where it may (`backfills`), leaving the free memory to others."""
     for s in chosen:
         if mps_user is not None:
-            s.mps_users.add(mps_user)
+            s.mps_users |= {mps_user}
         need = need_mib(spec, s)
         if hold is None and backfills(s, ends_by):
             borrowed = min(need, s.reserved_mib)
@@ -283,7 +286,7 @@ def reserve(spec: "JobSpec", chosen: Iterable[Slot], job_id: str, start: float) 
 def take_opportunistic(spec: "JobSpec", chosen: Iterable[Slot], mps_user: str | None = None) -> None:
     for s in chosen:
         if mps_user is not None:
-            s.opp_mps_users.add(mps_user)
+            s.opp_mps_users |= {mps_user}
         s.opp_mib += need_mib(spec, s)
         s.opp_jobs += 1
 

@@ -425,7 +425,7 @@ class _Pass:
                     self.result.preempts[victim.id] = f"job {job.id} needs its GPU memory"
                     victims.append(victim.id)
         for s in self.slots:  # a victim on several GPUs yields them all: never picked twice
-            s.victims = [v for v in s.victims if v.id not in self.result.preempts]
+            s.victims = tuple(v for v in s.victims if v.id not in self.result.preempts)
         placement.take(job.spec, chosen, job.id, hold="hard", mps_user=mps_user)
         self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
         self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
@@ -522,7 +522,7 @@ class _Pass:
         taken = [s for s in slots if not placement.serves_mps_user(s, user, opportunistic)]
         fit = placement.best_fit(
             job.spec,
-            [replace(s, mps_users=set(), opp_mps_users=set()) for s in taken],
+            [replace(s, mps_users=frozenset(), opp_mps_users=frozenset()) for s in taken],
             self.config.max_jobs_per_gpu,
             opportunistic=opportunistic,
         )
@@ -549,7 +549,7 @@ def _apply_set_asides(slots: Sequence[Slot], bookings: Sequence[SetAside], now: 
     for s in slots:
         if (b := booked.get((s.host, s.index))) is not None:
             s.booked_for, s.booked_until = b.owner, b.end
-        s.booked_later = sorted(later.get((s.host, s.index), ()))
+        s.booked_later = tuple(sorted(later.get((s.host, s.index), ())))
     return booked
 
 
@@ -588,7 +588,7 @@ def _yield_to_people_and_windows(
             )
     if result.preempts:  # their memory stays counted until they exit; never picked twice
         for s in slots:
-            s.victims = [v for v in s.victims if v.id not in result.preempts]
+            s.victims = tuple(v for v in s.victims if v.id not in result.preempts)
 
 
 def _unheld(slot: Slot) -> Slot:
