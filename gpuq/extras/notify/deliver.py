@@ -41,7 +41,7 @@ SENDMAILS = ("/usr/sbin/sendmail", "/usr/lib/sendmail")
 SENT_DIR = (".local", "state", "gpuq", "notify-sent")  # under the owner's HOME
 SENT_KEEP_S = 30 * 86400  # a mark older is removed: no worker hands an event over again that late
 MAX_SWEPT = 100  # old marks removed per delivery: a huge folder costs no delivery much
-KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a file name in the marks folder, never . or ..
 JOB_KEYS = ("id", "name", "user", "state", "attempt", "exit_code", "reason", "host", "gpus", "started_at", "ended_at")
 
 

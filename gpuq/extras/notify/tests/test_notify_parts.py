@@ -224,7 +224,7 @@ def test_an_events_key_is_sent_once_and_old_marks_go(tmp_path: Path, monkeypatch
     assert deliver.first_time("a-12-341-00ff", now)  # another event line
     assert deliver.first_time(None, now) and deliver.first_time(None, now)  # from a worker before keys
     job = {"id": "j"}
-    for bad in ("../../x", "a/b", "", "x" * 201, 7):
+    for bad in ("../../x", "a/b", "..", ".", "", "x" * 201, 7):
         assert deliver.checked_event(json.dumps({"event": "end", "job": job, "key": bad}).encode())["key"] is None
     marks = tmp_path.joinpath(*deliver.SENT_DIR)
     assert sorted(p.name for p in marks.iterdir()) == ["a-12-340-00ff", "a-12-341-00ff"]
