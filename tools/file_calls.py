@@ -40,6 +40,9 @@ REVIEWED: dict[tuple[str, str, str], str] = {
     "state/ under the queue root, whose path the admin set",
     ("gpuq.run.launch", "start_run", "open"): "logs/ itself (O_DIRECTORY), handed to root's keeper, which opens the "
     "job's log in it as the job's owner with O_NOFOLLOW",
+    ("gpuq.extras.notify.sentmarks", "open_folder", "open"): "the member's own HOME, as the member (the deliverer "
+    "runs as the job's owner, HOME from the account), which may be a link (/home on another disk); it is checked "
+    "to be theirs or root's and writable by nobody else, and every level below is opened without following a link",
     ("gpuq.host.wake", "poke", "open"): _LOCAL + "; O_NONBLOCK: a FIFO nobody reads never blocks",
     ("gpuq.host.wake", "WakeFifo.__init__", "mkfifo"): _LOCAL,
     ("gpuq.host.wake", "WakeFifo.__init__", "open"): _LOCAL,

@@ -4,8 +4,8 @@ HOME, USER, LOGNAME and a fixed PATH), with the event as JSON on stdin; it reads
 user's file (memberfile.py), so no spec and no other member can point it anywhere.
 
 Each event is sent once: the worker hands a delivery over again after a crash between handing
-it over and striking it off its list, and the deliverer sends each event's key once (a mark in
-the owner's own ~/.local/state/gpuq/notify-sent/, `first_time`).
+it over and striking it off its list, and the deliverer claims each event's key before sending
+(sentmarks.py: a mark in the owner's own ~/.local/state/gpuq/notify-sent/).
 
 Each destination is bounded in time and tried a few times, and each try's result is one line
 on stdout, which the worker reads (capped, as safe text) into its log: a receiver that is
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from gpuq.extras.notify import sentmarks
 from gpuq.extras.notify.memberfile import MemberFileError, Settings, read_own
 from gpuq.model.text import safe_text
 
@@ -38,10 +38,6 @@ BACKOFF_S = (1.0, 2.0)  # before the second and third tries
 MAIL_TIMEOUT_S = 20.0
 COMMAND_TIMEOUT_S = 30.0
 SENDMAILS = ("/usr/sbin/sendmail", "/usr/lib/sendmail")
-SENT_DIR = (".local", "state", "gpuq", "notify-sent")  # under the owner's HOME
-SENT_KEEP_S = 30 * 86400  # a mark older is removed: no worker hands an event over again that late
-MAX_SWEPT = 100  # old marks removed per delivery: a huge folder costs no delivery much
-KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a file name in the marks folder, never . or ..
 JOB_KEYS = ("id", "name", "user", "state", "attempt", "exit_code", "reason", "host", "gpus", "started_at", "ended_at")
 
 
@@ -229,36 +225,8 @@ def checked_event(raw: bytes) -> dict[str, Any]:
         raise ValueError("not a job's event")
     event["job"] = {k: job.get(k) for k in JOB_KEYS}
     key = event.get("key")
-    event["key"] = key if isinstance(key, str) and KEY_RE.fullmatch(key) else None
+    event["key"] = key if isinstance(key, str) and sentmarks.KEY_RE.fullmatch(key) else None
     return event
-
-
-def first_time(key: str | None, now: float) -> bool:
-    """False when this event's key was sent before (a hand-over repeated after the worker's
-    crash); else marks it sent (before sending: a second deliverer of the same key, running
-    beside this one, finds the mark and sends nothing). The marks are the owner's own, in
-    their home: without a usable one the event is sent (a repeat is better than a loss).
-    Marks past SENT_KEEP_S are removed, a few per delivery."""
-    home = os.environ.get("HOME")
-    if key is None or not home:
-        return True
-    folder = os.path.join(home, *SENT_DIR)
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        fd = os.open(os.path.join(folder, key), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        return False
-    except OSError:
-        return True
-    os.close(fd)
-    try:
-        with os.scandir(folder) as marks:
-            old = [m.path for m in marks if m.stat(follow_symlinks=False).st_mtime < now - SENT_KEEP_S]
-        for path in old[:MAX_SWEPT]:
-            os.unlink(path)
-    except OSError:
-        pass
-    return True
 
 
 def main() -> int:
@@ -280,16 +248,22 @@ def main() -> int:
             "webhook, mail or command"
         )
         return 1
-    if not first_time(event["key"], time.time()):
-        say(f"sent {label} before: handed over again after the worker stopped; not sent twice")
+    claimed = sentmarks.claim(os.environ.get("HOME"), event["key"])
+    if claimed.skip:
+        say(f"sent {label} before: {claimed.skip}")
         return 0
+    if claimed.note:
+        say(f"note {label}: sent without a once-only mark: {safe_text(claimed.note)[:300]}")
     sent = []
-    if settings.webhook:
-        sent.append(post(settings.webhook, body_of(event, settings), label))
-    if settings.mail:
-        sent.append(mail(settings, event, label))
-    if settings.command:
-        sent.append(command(settings, event, label))
+    try:
+        if settings.webhook:
+            sent.append(post(settings.webhook, body_of(event, settings), label))
+        if settings.mail:
+            sent.append(mail(settings, event, label))
+        if settings.command:
+            sent.append(command(settings, event, label))
+    finally:
+        sentmarks.finish(claimed, time.time())
     return 0 if all(sent) else 1
 
 

@@ -13,7 +13,7 @@ durably before the first is handed over, again after each): a worker killed mean
 the rest over when it starts again. None is lost. A kill between a hand-over and the write
 that follows it hands that one over twice: each delivery carries its event's key (the host, the
 log's inode, the line's offset and digest: one per event line), and the deliverer sends a key once
-(deliver.py `first_time`). A new box's cursor starts at the end of its log: no message for the past.
+(sentmarks.py). A new box's cursor starts at the end of its log: no message for the past.
 """
 
 from __future__ import annotations
@@ -252,9 +252,10 @@ class NotifyWatch:
 
 
 def event_key(host: str, inode: int, offset: int, line: bytes) -> str:
-    """One event line's own key: where it is, and what it says (a log begun anew may get the
-    old one's inode back, and an event at the same offset then still differs in its time)."""
-    return f"{host}-{inode}-{offset}-{hashlib.sha256(line).hexdigest()[:16]}"
+    """One event line's own key (sentmarks.KEY_RE): where it is, and what it says (a log begun
+    anew may get the old one's inode back, and an event at the same offset then still differs
+    in its time)."""
+    return hashlib.sha256(f"{host}\0{inode}\0{offset}\0".encode() + line).hexdigest()[:32]
 
 
 def _start_here(text: str) -> tuple[subprocess.Popen, int]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from receiver import Receiver
-from team import TAG, TEAM
+from team import TAG, TEAM, team_gid
 
 from conftest import wait_until
 
@@ -127,5 +127,44 @@ def test_a_member_cannot_send_to_another_members_destination(team, members, home
         team.drop_as(alice, "hers.yaml", _spec("end"))
         wait_until(lambda: receiver.of("hers"), timeout=60, what="alice's own POST")
         assert receiver.of("his") == [] and len(receiver.bodies) == 1
+    finally:
+        receiver.close()
+
+
+def _group_writable_state(team, name: str, home: Path) -> Path:
+    """~/.local/state as a member's own tools leave it under umask 002 with the team as its
+    group (HPC sites with a shared primary group): group-writable, as .config/gpuq may not be."""
+    state = home / ".local" / "state"
+    made = team.py_as(name, f"import os; os.makedirs({str(state)!r}); os.chmod({str(state)!r}, 0o2775)")
+    assert made.returncode == 0, made.stderr
+    os.chown(state, team.users[name].pw_uid, team_gid())
+    return state
+
+
+@pytest.mark.parametrize("plant", ["file", "link"])
+def test_another_member_can_neither_suppress_a_members_messages_nor_delete_their_files(team, members, homed, plant):
+    """alice plants ~bob/.local/state/gpuq (bob's state folder is group-writable): a plain
+    file where the marks folder goes, or a link from it to bob's own data. bob's message is
+    still sent, and no file of bob's outside the marks folder is removed."""
+    alice, bob = members
+    receiver = Receiver()
+    try:
+        _write_as(team, bob, homed[bob] / ".config" / "gpuq" / "notify.yaml", f"webhook: {receiver.url}\n")
+        state = _group_writable_state(team, bob, homed[bob])
+        data = homed[bob] / "data"
+        kept = str(data / "results-2025.csv")
+        code = f"import os; os.makedirs({str(data)!r}); open({kept!r}, 'w').write('x'); os.utime({kept!r}, (1e9, 1e9))"
+        assert team.py_as(bob, code).returncode == 0
+        sent = state / "gpuq" / "notify-sent"
+        code = f"import os; os.mkdir({str(state / 'gpuq')!r}); os.chmod({str(state / 'gpuq')!r}, 0o755)\n"
+        code += f"open({str(sent)!r}, 'w').close()" if plant == "file" else f"os.symlink({str(data)!r}, {str(sent)!r})"
+        planted = team.py_as(alice, code)
+        assert planted.returncode == 0, planted.stderr
+        team.start_worker("a", "1x24GiB")
+        team.drop_as(bob, "his.yaml", _spec("end"))
+        wait_until(lambda: "job his end" in _log(team), timeout=60, what="bob's delivery")
+        wait_until(lambda: receiver.of("his") or "before" in _log(team), timeout=20, what="bob's POST")
+        assert receiver.of("his"), [line for line in _log(team).splitlines() if "notify" in line]
+        assert (data / "results-2025.csv").exists(), "bob's deliverer removed bob's own file"
     finally:
         receiver.close()

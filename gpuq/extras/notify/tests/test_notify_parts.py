@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import time
 from pathlib import Path
 
 import pytest
 
-from gpuq.extras.notify import deliver
+from gpuq.extras.notify import deliver, sentmarks, watch
 from gpuq.extras.notify.events import event_of
 from gpuq.extras.notify.memberfile import MemberFileError, Settings, parse, read_own
 from gpuq.host import privsep
@@ -214,23 +215,70 @@ def test_one_try_is_bounded_whole_even_against_a_receiver_that_trickles(monkeypa
     assert [line.split(": ")[-1] for line in said] == ["timed out (no whole answer within 1 s)"] * 2
 
 
-def test_an_events_key_is_sent_once_and_old_marks_go(tmp_path: Path, monkeypatch):
-    """A hand-over repeated after the worker's crash carries the same key: the second deliverer
-    sends nothing. A key that could leave the marks' folder is no key; without a home the event
-    is sent (a repeat is better than a loss); marks past SENT_KEEP_S are removed."""
-    monkeypatch.setenv("HOME", str(tmp_path))
-    now = 1_000_000_000.0
-    assert deliver.first_time("a-12-340-00ff", now) and not deliver.first_time("a-12-340-00ff", now)
-    assert deliver.first_time("a-12-341-00ff", now)  # another event line
-    assert deliver.first_time(None, now) and deliver.first_time(None, now)  # from a worker before keys
-    job = {"id": "j"}
-    for bad in ("../../x", "a/b", "..", ".", "", "x" * 201, 7):
+def test_an_events_key_is_claimed_once_sent_or_being_sent_and_taken_over_from_a_dead_deliverer(
+    tmp_path: Path,
+):
+    """A hand-over repeated after the worker's crash carries the same key: a second deliverer
+    sends nothing while the first holds the mark (sending) or once it says sent; a mark left
+    by a deliverer that died mid-send (unlocked, not sent) is taken over and sent."""
+    home = str(tmp_path)
+    key, other = watch.event_key("a", 12, 340, b"{}\n"), watch.event_key("a", 12, 341, b"{}\n")
+    assert sentmarks.KEY_RE.fullmatch(key) and key != other and key != watch.event_key("b", 12, 340, b"{}\n")
+    assert sentmarks.KEY_RE.fullmatch(watch.event_key("_gpu-1", 1, 0, b"x"))  # any host name
+    first = sentmarks.claim(home, key)
+    assert first.mark is not None and not first.skip and not first.note
+    assert "sending it now" in (sentmarks.claim(home, key).skip or "")
+    sentmarks.finish(first, time.time())
+    assert "not sent twice" in (sentmarks.claim(home, key).skip or "")
+    marks = tmp_path.joinpath(*sentmarks.SENT_DIR)
+    (marks / other).write_bytes(b"")  # its deliverer died before it had tried
+    taken = sentmarks.claim(home, other)
+    assert taken.mark is not None and not taken.skip
+    sentmarks.finish(taken, time.time())
+    assert sorted(p.name for p in marks.iterdir()) == sorted([key, other])
+    for bad in (None, "../../x", "..", "", "A" * 32, 7):
+        job = {"id": "j"}
         assert deliver.checked_event(json.dumps({"event": "end", "job": job, "key": bad}).encode())["key"] is None
-    marks = tmp_path.joinpath(*deliver.SENT_DIR)
-    assert sorted(p.name for p in marks.iterdir()) == ["a-12-340-00ff", "a-12-341-00ff"]
-    old = now - deliver.SENT_KEEP_S - 1
-    os.utime(marks / "a-12-340-00ff", (old, old))
-    assert deliver.first_time("a-12-342-00ff", now)
-    assert sorted(p.name for p in marks.iterdir()) == ["a-12-341-00ff", "a-12-342-00ff"]
-    monkeypatch.delenv("HOME")
-    assert deliver.first_time("a-12-341-00ff", now)  # no home: sent
+        if not isinstance(bad, int):
+            assert sentmarks.claim(home, bad).note == "the worker gave no key"
+    assert sentmarks.claim(None, key).note == "no HOME"
+
+
+def test_old_marks_go_and_nothing_else_in_the_folder(tmp_path: Path):
+    marks = tmp_path.joinpath(*sentmarks.SENT_DIR)
+    marks.mkdir(parents=True)
+    now = time.time()
+    old = now - sentmarks.KEEP_S - 1
+    names = {"old": "a" * 32, "young": "b" * 32, "making": f".{'c' * 32}.123", "other": "notes.txt", "dir": "d" * 32}
+    for kind, name in names.items():
+        (marks / name).mkdir() if kind == "dir" else (marks / name).write_text("x")
+        if kind != "young":
+            os.utime(marks / name, (old, old))
+    claimed = sentmarks.claim(str(tmp_path), "e" * 32)
+    sentmarks.finish(claimed, now)
+    assert sorted(p.name for p in marks.iterdir()) == sorted([names["young"], names["other"], names["dir"], "e" * 32])
+
+
+@pytest.mark.parametrize("plant", ["file", "link", "writable", "dangling"])
+def test_a_marks_folder_that_cannot_be_used_is_said_and_the_event_sent(tmp_path: Path, plant: str):
+    """Never taken for "sent before" (that would lose every message), and no link followed."""
+    state = tmp_path / ".local" / "state" / "gpuq"
+    state.mkdir(parents=True)
+    elsewhere = tmp_path / "data"
+    elsewhere.mkdir()
+    (elsewhere / "results.csv").write_text("x")
+    os.utime(elsewhere / "results.csv", (1e9, 1e9))
+    if plant == "file":
+        (state / "notify-sent").write_text("")
+    elif plant == "link":
+        (state / "notify-sent").symlink_to(elsewhere)
+    elif plant == "dangling":
+        (state / "notify-sent").symlink_to(tmp_path / "nowhere")
+    else:
+        (tmp_path / ".local").chmod(0o777)
+    claimed = sentmarks.claim(str(tmp_path), "f" * 32)
+    assert claimed.skip is None and claimed.mark is None and claimed.note, claimed
+    said = "may be changed by others" if plant == "writable" else "not a folder"
+    assert said in claimed.note
+    sentmarks.finish(claimed, time.time())
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["results.csv"]

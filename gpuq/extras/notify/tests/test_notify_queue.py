@@ -11,10 +11,12 @@ import signal
 import stat
 from pathlib import Path
 
+import psutil
 import pytest
 from receiver import Receiver, refused_url
 
 from conftest import fake_job, wait_until
+from gpuq.extras.notify import sentmarks
 from gpuq.host.faults import CRASH_ENV, FAULT_LOG_ENV
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -147,7 +149,7 @@ def test_a_worker_killed_between_reading_and_handing_over_sends_once(queue, tmp_
     queue.start_worker("a", "1x24GiB", env=env)
     wait_until(lambda: receiver.of("once"), timeout=60, what="the end POST")
     if point == "notify:handed":
-        wait_until(lambda: "not sent twice" in _log(queue), timeout=60, what="the second hand-over")
+        wait_until(lambda: "sent job once end before" in _log(queue), timeout=60, what="the second hand-over")
     queue.wait_passes("a", 3)
     assert len(receiver.of("once")) == 1
 
@@ -200,3 +202,48 @@ def test_notify_asked_without_a_destination_is_said_at_submit(queue, tmp_path, t
     done = queue.gpuq("submit", "--gpus", "0", "--notify", "fail", "--", "true", env={**queue.env(), **env})
     assert "gpuq submit: warning: --notify fail: " in done.stderr and said in done.stderr, done.stderr
     assert "nothing will be sent" in done.stderr and done.stdout.strip()  # submitted all the same
+
+
+def test_a_box_that_dies_with_its_deliverer_mid_send_still_sends_the_message(queue, tmp_path):
+    """Killed after the hand-over, before it is struck off, and the deliverer with it (a power
+    cut, the unit's cgroup killed, the OOM killer taking the group) while its receiver had not
+    answered: the restarted worker hands the event over again and it is sent, not taken for
+    sent by the mark the dead deliverer made before sending."""
+
+    faults = tmp_path / "faults.log"
+    hanging, receiver = Receiver(hang=True), Receiver()
+    try:
+        env = _home(tmp_path, f"webhook: {hanging.url}\n")
+        queue.start_worker("a", "1x24GiB", env={**env, CRASH_ENV: "notify:handed", FAULT_LOG_ENV: str(faults)})
+        box = psutil.Process(queue.workers["a"].pid)
+        queue.drop("once.yaml", _spec(notify="end"))
+        wait_until(lambda: faults.exists() and "crash notify:handed" in faults.read_text(), timeout=60, what="handed")
+
+        def deliverers() -> list[psutil.Process]:  # this test's own: its HOME is this test's
+            found = []
+            for p in psutil.process_iter(["cmdline"]):
+                try:
+                    if "extras.notify.deliver" in " ".join(p.info["cmdline"] or []):
+                        if p.environ().get("HOME") == env["HOME"]:
+                            found.append(p)
+                except psutil.Error:
+                    pass
+            return found
+
+        wait_until(deliverers, timeout=30, what="the first deliverer")
+        marks = Path(env["HOME"]).joinpath(*sentmarks.SENT_DIR)
+        # Its mark made, its POST never answered (the receiver hangs).
+        wait_until(lambda: marks.is_dir() and any(marks.iterdir()), timeout=30, what="the first deliverer's mark")
+        for p in deliverers():  # the whole box goes: its deliverer too
+            p.kill()
+        if box.is_running():
+            queue.stop_worker("a", signal.SIGKILL)
+        else:
+            queue.workers.pop("a")
+        (Path(env["HOME"]) / ".config" / "gpuq" / "notify.yaml").write_text(f"webhook: {receiver.url}\n")
+        queue.start_worker("a", "1x24GiB", env=env)
+        wait_until(lambda: receiver.of("once") or "before" in _log(queue), timeout=60, what="the second hand-over")
+        assert len(receiver.of("once")) == 1, [line for line in _log(queue).splitlines() if "notify" in line]
+    finally:
+        hanging.close()
+        receiver.close()
