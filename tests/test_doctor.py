@@ -48,21 +48,26 @@ def test_init_makes_a_team_root_and_prints_the_cron_line(tmp_path, users):
     assert queue.pw_uid < 1000 and queue.pw_shell.endswith(("nologin", "false"))
     assert [os.stat(root / d).st_uid for d in ("state", "logs", "config.yaml")] == [queue.pw_uid, queue.pw_uid, 0]
     # A second box: init again makes the queue's account there with the uid state/ has. Here a
-    # low system uid (useradd hands system accounts out from the top): a copy of the suite
+    # low system uid (useradd hands system accounts out from the top: a copy of the suite
     # beside this one, making its own, took the uid that userdel freed, and init rightly
-    # refused ("UID 988 is not unique").
-    uid = next(u for u in range(200 + os.getpid() % 200, 1000) if not _uid_taken(u))
+    # refused, "UID 988 is not unique"), from a block of this process's own: the copy beside
+    # it, picking by the same rule from a shared range, took this one's uid for its usermod
+    # below ("UID 388 is not unique").
+    block = 200 + (os.getpid() % 100) * 8
+    free = [u for u in range(block, block + 8) if not _uid_taken(u)]
+    uid = free[0]
     subprocess.run(["chown", "-R", f"--from={queue.pw_uid}", str(uid), str(root)], check=True)
     subprocess.run(["userdel", QUEUE], check=True)
     second = run("init", str(root), "--group", TEAM, "--queue-user", QUEUE)
     assert second.returncode == 0 and f"made the queue's account {QUEUE} (uid {uid}," in second.stdout, second.stderr
     queue = pwd.getpwnam(QUEUE)
     assert queue.pw_uid == uid == os.stat(root / "state").st_uid
-    for other in range(queue.pw_uid - 1, 100, -1):  # a box where it was made by hand, otherwise
-        # A free uid, taken in one step: another copy of the suite, making its own system
-        # accounts, may take one between a look and usermod (usermod then exits 4: taken).
+    for other in free[1:]:  # a box where it was made by hand, otherwise
+        # A free uid, taken in one step: a system account made meanwhile may take one between
+        # a look and usermod (usermod then exits 4: taken).
         if subprocess.run(["usermod", "-u", str(other), QUEUE], capture_output=True).returncode == 0:
             break
+    assert pwd.getpwnam(QUEUE).pw_uid != uid, f"no free uid in {block}-{block + 7} for the mismatch"
     try:
         mismatch = run("init", str(root), "--group", TEAM, "--queue-user", QUEUE)
         assert mismatch.returncode == 2 and f"Fix: `usermod -u {queue.pw_uid} {QUEUE}`" in mismatch.stderr
