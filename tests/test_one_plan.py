@@ -34,11 +34,16 @@ def test_a_box_that_places_work_on_another_wakes_it(queue):
     """b sleeps for its 60 s poll; a's pass, woken by its own job's end, places the new job
     on b (the tighter fit) and pokes it: b starts it at once, not at its next poll."""
     queue.write_config(poll_interval=60)
-    queue.drop("first.yaml", "command: sleep 3\ngpus: 1\ngpu_mem: 50GiB\n")  # fits a only
+    # first runs until the test lets it end: a fixed `sleep 3` had ended before a loaded
+    # machine had started b, and the test then waited for it to run.
+    gate = queue.root.parent / "first-may-end"
+    run_until_gate = f"while [ ! -e {gate} ]; do sleep 0.1; done"
+    queue.drop("first.yaml", f"command: {run_until_gate!r}\ngpus: 1\ngpu_mem: 50GiB\n")  # fits a only
     queue.start_worker("a", "1x80GiB")
     queue.start_worker("b", "1x24GiB")
     wait_until(lambda: (queue.root / "state" / "running" / "first.json").exists(), timeout=60, what="first to run on a")
     queue.drop("second.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 20GiB\n")  # fits b best
+    gate.touch()
     first = wait_until(lambda: queue.finished("first"), timeout=30, what="first to end")
     second = wait_until(lambda: queue.finished("second"), timeout=50, what="second, started by b")
     assert second["host"] == "b" and second["claimed_at"] - first["ended_at"] < 30

@@ -84,7 +84,13 @@ def test_submit_notify_and_the_members_default_and_a_command_and_sendmail(queue,
     wait_until(lambda: receiver.of(failing), timeout=60, what="the fail POST")
     assert receiver.of(failing)[0]["event"] == "fail"
     assert receiver.of(failing)[0]["job"]["exit_code"] == 3
-    wait_until(lambda: Path(f"{out}.json").exists() and Path(f"{out}.mail").exists(), timeout=60, what="command+mail")
+
+    def written(suffix: str) -> str:  # whole: the shell makes the file before `cat` has written
+        path = Path(f"{out}.{suffix}")
+        text = path.read_text() if path.exists() else ""
+        return text if text.rstrip().endswith("}") else ""
+
+    wait_until(lambda: written("json") and written("mail"), timeout=60, what="the command's JSON and the mail")
     wait_until(lambda: Path(f"{out}.env").read_text().strip(), what="the command's variables")
     assert Path(f"{out}.env").read_text().split() == ["fail", failing, "failed", "3"]
     assert json.loads(Path(f"{out}.json").read_text())["job"]["id"] == failing
