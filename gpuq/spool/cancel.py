@@ -110,7 +110,7 @@ def finish_interrupted_cancel(layout: Layout, aside: Path, host: str) -> None:
     cancelled, or, where its record was written, the file aside removed. Before, the sweep of
     old temp files deleted it: the job was gone with no record. Only a plain file: the queue's
     account moved it there (members cannot write finished/), its owner is the job's."""
-    job_id = aside.name[1:].split(".cancelling.", 1)[0]
+    job_id = aside.name[1:].split(CANCELLING, 1)[0]
     st = os.lstat(aside)
     if not JOB_ID_RE.fullmatch(job_id) or not stat.S_ISREG(st.st_mode):
         return
