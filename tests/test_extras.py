@@ -45,6 +45,7 @@ def test_the_extras_are_found_by_listing_their_folder():
         "alerts",
         "bookings",
         "containers",
+        "history",
         "interactive",
         "mps",
         "notify",
@@ -54,7 +55,7 @@ def test_the_extras_are_found_by_listing_their_folder():
         "sim",
         "slurm",
     } <= set(EXTRAS) and hooks.registry().broken == {}
-    verbs = {"book", "unbook", "report", "eff", "simulate", "export", "run", "shell", "serve"}
+    verbs = {"book", "unbook", "report", "eff", "simulate", "export", "run", "shell", "serve", "history"}
     assert verbs <= {v.name for v in hooks.registry().verbs}
     assert set(hooks.registry().request_kinds) == {"book", "unbook"}
     assert [r.name for r in hooks.registry().placement_rules] == ["bookings"]

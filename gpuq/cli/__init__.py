@@ -16,7 +16,6 @@ from gpuq.cli.common import act_as_queue_account
 from gpuq.cli.options import (
     add_environment_options,
     add_filter_options,
-    add_history_arguments,
     add_limit_options,
     gpu_count,
     gres_count,
@@ -43,7 +42,7 @@ HIDDEN_VERBS = ("_ids", "_hosts")  # for the completion script; never listed nor
 SLURM_COMMANDS = {
     "sbatch": "is gpuq submit (it reads a script's #SBATCH lines: gpuq submit job.sbatch)",
     "squeue": "is gpuq status",
-    "sacct": "is gpuq history",
+    "sacct": "is gpuq history (it comes with gpuq/extras/history; without it, gpuq status lists the latest ended jobs)",
     "scancel": "is gpuq cancel",
     "scontrol": "is gpuq show, hold, release",
     "sinfo": "is gpuq status (its HOSTS)",
@@ -101,7 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     # In this order: `gpuq --help` lists the verbs as they are added.
     _add_status_verb(sub)
-    _add_history_verb(sub)
     _add_submit_verb(sub)
     _add_job_verbs(sub)
     _add_top_verb(sub)
@@ -149,18 +147,6 @@ def _add_status_verb(sub: _Verbs) -> None:
     sp.add_argument("-j", "--jobs", metavar="ID", help="only these jobs (comma-separated; a group's id: its members)")
     sp.add_argument("-n", "--name", help="only jobs of these names or ids (comma-separated; shell patterns: 'train-*')")
     sp.add_argument("ids", nargs="*", metavar="ID", help="only these jobs, as -j")
-
-
-def _add_history_verb(sub: _Verbs) -> None:
-    """`gpuq history`: sacct's list of the jobs that ran or ended in a window."""
-    add_history_arguments(
-        _verb(
-            sub,
-            "history",
-            _lazy("cli.history", "cmd_history"),
-            "the jobs that ran or ended in a window (sacct): who, what, how it ended, where, how long",
-        )
-    )
 
 
 def _add_submit_verb(sub: _Verbs) -> None:

@@ -410,7 +410,7 @@ def narrowed(
     names: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """The status view with only `user`'s jobs, those of `ids` (a group's id: its members) and
-    those `names` match (views/history.py's `named`), and with `states` only those sections
+    those `names` match (model/names.py's `named`), and with `states` only those sections
     (a final state such as `failed` narrows the finished ones to it). Built from a view with
     every pending row, so that the pending count and reasons are the narrowed ones."""
     out = dict(view)

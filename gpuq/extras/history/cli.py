@@ -1,5 +1,5 @@
 """`gpuq history`: sacct for the queue. The jobs that ran or ended in a window, filtered by
-owner, state, name and host, as a table of chosen columns or as JSON (views/history.py)."""
+owner, state, name and host, as a table of chosen columns or as JSON (view.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import time
 from typing import Any, Callable
 
 from gpuq.cli.common import open_layout
-from gpuq.cli.options import DEFAULT_HISTORY_COLUMNS, DEFAULT_SINCE, HISTORY_COLUMNS
+from gpuq.extras.history import DEFAULT_HISTORY_COLUMNS, DEFAULT_SINCE, HISTORY_COLUMNS
+from gpuq.extras.history.view import ROW_STATES, HistoryFilter, history
 from gpuq.model.moments import parse_moment
 from gpuq.model.states import states_named
 from gpuq.model.text import safe_text
 from gpuq.model.units import format_clock
-from gpuq.views.history import ROW_STATES, HistoryFilter, history
 from gpuq.views.render import clip, stamp, table, where
 
 
@@ -41,7 +41,7 @@ COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "preempted": ("PRE", lambda r: str(r["preemptions"])),
     "reason": ("REASON", lambda r: r["reason"] or ""),
 }
-assert tuple(COLUMNS) == HISTORY_COLUMNS  # the names --help lists (cli/options.py)
+assert tuple(COLUMNS) == HISTORY_COLUMNS  # the names --help lists (__init__.py)
 # sacct's --format names, read as the columns they are.
 SLURM_COLUMNS = {"jobid": "id", "jobname": "name", "exitcode": "exit", "nodelist": "where", "restarts": "attempts"}
 

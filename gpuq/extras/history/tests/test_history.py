@@ -11,10 +11,10 @@ import pytest
 from team import ALICE, BOB
 
 from conftest import wait_until
+from gpuq.extras.history.view import CLOCK_SLACK_S, HistoryFilter, history
 from gpuq.model.moments import parse_moment
 from gpuq.model.names import name_of, named
 from gpuq.spool.layout import Layout
-from gpuq.views.history import CLOCK_SLACK_S, HistoryFilter, history
 
 NOW = time.mktime((2026, 12, 6, 15, 30, 0, 0, 0, -1))  # a Sunday afternoon, local time
 
