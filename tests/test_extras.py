@@ -241,7 +241,8 @@ def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Pa
             stderr=subprocess.STDOUT,
         )
         try:
-            fast = run(*pytest[1:], "--basetemp", str(tmp_path / "fast"), "-m", "not slow")
+            # In two processes, as README runs it: it computes, and the suite around it mostly waits.
+            fast = run(*pytest[1:], "--basetemp", str(tmp_path / "fast"), "-m", "not slow", "-n", "2")
             assert fast.returncode == 0, fast.stdout[-3000:] + fast.stderr[-2000:]
             assert story.wait(timeout=600) == 0, (tmp_path / "story.out").read_text()[-5000:]
         finally:
