@@ -9,7 +9,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -142,8 +144,25 @@ def _runner(copy: Path):
     return run
 
 
+@pytest.fixture
+def local() -> Iterator[Path]:
+    """Where the copy's workers keep their boxes' local directories: a short path (they may
+    hold sockets), removed after the test; never the default under /run/gpuq, which outlives it."""
+    base = Path(tempfile.mkdtemp(prefix="gq-", dir="/tmp"))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _worker_once(run, root: Path, local: Path) -> subprocess.CompletedProcess:
+    """One pass of box a's worker on the root, its local directory under `local`."""
+    config = root / "config.yaml"
+    kept = [line for line in config.read_text().splitlines() if not line.startswith("local_dir:")]
+    config.write_text("\n".join([*kept, f"local_dir: {json.dumps(str(local / '{host}'))}"]) + "\n")
+    return run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
+
+
 @pytest.mark.parametrize("extra", EXTRAS)
-def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tmp_path: Path, extra: str):
+def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tmp_path: Path, extra: str, local: Path):
     """Each extra deleted in turn: the layer check imports every module left (an extra that
     needed the deleted one would fail it), the CLI no longer lists its verbs, a worker
     configured for its backend refuses clearly, one whose config sets a key only the extra
@@ -168,29 +187,29 @@ def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tm
         root = tmp_path / f"root-{backend}"
         assert run("gpuq.py", "init", str(root)).returncode == 0
         (root / "config.yaml").write_text(f"backend: {backend}\n")
-        refused = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
+        refused = _worker_once(run, root, local)
         assert refused.returncode == 2 and f"gpuq/extras/{extra} is not there" in refused.stderr, refused.stderr
     keys = [key for key, reader in KEYS_OF_EXTRAS.items() if reader == extra]
     if keys:  # each set to a value other than its default (metrics_dir: where the metrics file would go)
         root = tmp_path / "root-keys"
         assert run("gpuq.py", "init", str(root)).returncode == 0
         (root / "config.yaml").write_text("".join(f"{key}: {SET_TO.get(key, tmp_path / key)}\n" for key in keys))
-        ran = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
+        ran = _worker_once(run, root, local)
         assert ran.returncode == 0, ran.stderr
         for key in keys:
             assert ran.stderr.count(f"sets {key}, which only the {extra} extra reads") == 1, ran.stderr
-    _its_state_is_ignored_and_said_once(run, tmp_path, extra)
+    _its_state_is_ignored_and_said_once(run, tmp_path, extra, local)
     _refuses_its_spec_fields(tmp_path, run, extra)
 
 
-def _its_state_is_ignored_and_said_once(run, tmp_path: Path, extra: str) -> None:
+def _its_state_is_ignored_and_said_once(run, tmp_path: Path, extra: str, local: Path) -> None:
     """Files under state/ that only the deleted extra reads (STATE_OF_EXTRAS: bookings): a
     worker and `status` go on as if they were not there, and `doctor` warns once."""
     for name in [name for name, reader in hooks.STATE_OF_EXTRAS.items() if reader == extra]:
         root = tmp_path / f"root-state-{name}"
         assert run("gpuq.py", "init", str(root)).returncode == 0
         (root / "state" / name / "left.json").write_text("{}")
-        ran = run("worker.py", "--root", str(root), "--host", "a", "--fake-gpus", "1x16GiB", "--once")
+        ran = _worker_once(run, root, local)
         assert ran.returncode == 0, ran.stderr
         status = run("gpuq.py", "--root", str(root), "status")
         assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
