@@ -93,16 +93,57 @@ class Edge:
     line: int
 
 
+@dataclass(frozen=True)
+class _Index:
+    """What the checks ask of one module, found in one walk of its tree: every call by the
+    name it calls (bare or as an attribute), every import statement with where it sits, and
+    every def with its qualified name."""
+
+    calls: dict[str, list[ast.Call]]
+    imports: list[tuple[ast.Import | ast.ImportFrom, str]]
+    functions: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]
+
+
 @functools.lru_cache(maxsize=None)
-def _parsed(path: str, mtime_ns: int, size: int) -> ast.Module:
-    return ast.parse(Path(path).read_text(), path)
+def _indexed(path: str, mtime_ns: int, size: int) -> _Index:
+    index = _Index(defaultdict(list), [], [])
+    _visit(ast.parse(Path(path).read_text(), path), "module", "", index)
+    return index
 
 
-def _tree(path: Path) -> ast.Module:
-    """A module's syntax tree, parsed once per process while the file stays as it is (every
-    check reads every module: the layer tests took 11 s of the fast set parsing them again)."""
+def _visit(node: ast.AST, kind: str, prefix: str, index: _Index) -> None:
+    """Each node under `node` into the index. `kind`: where an import here sits (at module
+    level, under TYPE_CHECKING, or in a def or lambda); `prefix`: the classes and defs
+    around (Worker.__init__)."""
+    for child in ast.iter_child_nodes(node):  # every block: if, try, with, match cases, class bodies
+        if isinstance(child, ast.Call):
+            if isinstance(child.func, ast.Name):
+                index.calls[child.func.id].append(child)
+            elif isinstance(child.func, ast.Attribute):
+                index.calls[child.func.attr].append(child)
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            index.imports.append((child, kind))
+        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            index.functions.append((prefix + child.name, child))
+            _visit(child, "function", f"{prefix}{child.name}.", index)
+        elif isinstance(child, ast.Lambda):
+            _visit(child, "function", prefix, index)
+        elif isinstance(child, ast.ClassDef):
+            _visit(child, kind, f"{prefix}{child.name}.", index)
+        elif isinstance(child, ast.If) and _is_type_checking(child.test):
+            _visit(child.test, kind, prefix, index)
+            _visit(ast.Module(body=child.body, type_ignores=[]), "type", prefix, index)
+            _visit(ast.Module(body=child.orelse, type_ignores=[]), kind, prefix, index)
+        else:
+            _visit(child, kind, prefix, index)
+
+
+def _index(path: Path) -> _Index:
+    """A module's index, made once per process while the file stays as it is (every check
+    reads every module: the layer tests took 11 s of the fast set parsing them again, and
+    the checks walked each tree eight times)."""
     st = path.stat()
-    return _parsed(str(path), st.st_mtime_ns, st.st_size)
+    return _indexed(str(path), st.st_mtime_ns, st.st_size)
 
 
 def modules(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
@@ -129,12 +170,12 @@ def edges(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
     known = modules(package_dir)
     out = []
     for name, path in known.items():
-        tree = _tree(path)
-        for node, kind in _imports(tree):
+        index = _index(path)
+        for node, kind in index.imports:
             for target in _targets(name, path, node, known):
                 if target != name:
                     out.append(Edge(name, target, kind, node.lineno))
-        for call in _calls(tree, VERB_TABLE):
+        for call in index.calls.get(VERB_TABLE, ()):
             verb_module = call.args[0].value if call.args and isinstance(call.args[0], ast.Constant) else None
             if isinstance(verb_module, str) and f"gpuq.{verb_module}" in known:
                 out.append(Edge(name, f"gpuq.{verb_module}", "verb", call.lineno))
@@ -145,30 +186,17 @@ def dynamic_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
     """Every import by name: importlib.import_module, __import__, exec (imported: the function called)."""
     out = []
     for name, path in modules(package_dir).items():
-        tree = _tree(path)
+        calls = _index(path).calls  # by bare name or as an attribute (importlib.import_module)
         for called in ("import_module", "__import__", "exec"):
-            out += [Edge(name, called, "dynamic", call.lineno) for call in _calls(tree, called)]
+            out += [Edge(name, called, "dynamic", call.lineno) for call in calls.get(called, ())]
     return out
-
-
-def _calls(tree: ast.Module, function: str) -> list[ast.Call]:
-    """Calls of `function`, by its bare name or as an attribute (importlib.import_module)."""
-    return [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and (
-            (isinstance(node.func, ast.Name) and node.func.id == function)
-            or (isinstance(node.func, ast.Attribute) and node.func.attr == function)
-        )
-    ]
 
 
 def lazy_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
     """Every import inside a function, of anything (the imported name is its top-level module)."""
     out = []
     for name, path in modules(package_dir).items():
-        for node, kind in _imports(_tree(path)):
+        for node, kind in _index(path).imports:
             if kind == "function":
                 if isinstance(node, ast.ImportFrom):
                     source = "gpuq" if node.level else (node.module or "")
@@ -176,26 +204,6 @@ def lazy_imports(package_dir: Path = PACKAGE_DIR) -> list[Edge]:
                     source = node.names[0].name
                 out.append(Edge(name, source.split(".")[0], kind, node.lineno))
     return out
-
-
-def _imports(tree: ast.Module):
-    """Every import statement with where it sits: at module level, under TYPE_CHECKING, or in a def."""
-
-    def walk(node: ast.AST, kind: str):
-        for child in ast.iter_child_nodes(node):  # every block: if, try, with, match cases, class bodies
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                yield child, kind
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                yield from walk(child, "function")
-            elif isinstance(child, ast.If) and _is_type_checking(child.test):
-                for statement in child.body:
-                    yield from walk(ast.Module(body=[statement], type_ignores=[]), "type")
-                for statement in child.orelse:
-                    yield from walk(ast.Module(body=[statement], type_ignores=[]), kind)
-            else:
-                yield from walk(child, kind)
-
-    yield from walk(tree, "module")
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -260,7 +268,7 @@ def long_functions(package_dir: Path = PACKAGE_DIR) -> list[str]:
     MAX_FUNCTION_LINES, one line each."""
     found = []
     for name, path in modules(package_dir).items():
-        for qualname, node in _functions(_tree(path)):
+        for qualname, node in _index(path).functions:
             length = node.end_lineno - node.lineno + 1 if node.end_lineno is not None else 0
             if length > MAX_FUNCTION_LINES:
                 found.append(
@@ -268,22 +276,6 @@ def long_functions(package_dir: Path = PACKAGE_DIR) -> list[str]:
                     f"its concerns (at most {MAX_FUNCTION_LINES})"
                 )
     return found
-
-
-def _functions(tree: ast.Module):
-    """Every def in the tree, with its name inside its classes and functions (Worker.__init__)."""
-
-    def walk(node: ast.AST, prefix: str):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield prefix + child.name, child
-                yield from walk(child, f"{prefix}{child.name}.")
-            elif isinstance(child, ast.ClassDef):
-                yield from walk(child, f"{prefix}{child.name}.")
-            else:
-                yield from walk(child, prefix)
-
-    yield from walk(tree, "")
 
 
 def line_counts(package_dir: Path = PACKAGE_DIR) -> dict[str, int]:
