@@ -30,12 +30,14 @@ def make_root(prefix: str, **config: object) -> Path:
 def remove_root(root: Path, *hosts: str) -> None:
     """Remove a root made by `make_root` and the default local directories of `hosts`."""
     sys.path.insert(0, str(REPO))
+    from gpuq.single_instance import fake_gpus_dir
     from gpuq.spool.layout import Layout
 
     for host in hosts:
         local_dir = Layout(root).default_local_dir(host)
         shutil.rmtree(local_dir, ignore_errors=True)
         shutil.rmtree(f"{local_dir}-mps", ignore_errors=True)  # MPS daemons' (the mps extra)
+        shutil.rmtree(fake_gpus_dir(local_dir), ignore_errors=True)  # the fake GPUs' (no real ones)
     shutil.rmtree(root, ignore_errors=True)
 
 

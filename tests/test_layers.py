@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, wait_until
-from gpuq.single_instance import default_local_dir
+from gpuq.single_instance import default_local_dir, fake_gpus_dir
 from tools import layers
 
 
@@ -234,4 +234,6 @@ def test_pip_install_not_editable_installs_every_subpackage(tmp_path: Path) -> N
     finally:
         running.terminate()
         running.wait(timeout=30)
-        shutil.rmtree(default_local_dir(str(root), "box"), ignore_errors=True)
+        local = default_local_dir(str(root), "box")
+        for left in (local, fake_gpus_dir(local)):
+            shutil.rmtree(left, ignore_errors=True)
