@@ -48,6 +48,13 @@ def wait_until(
         time.sleep(max(interval, 2 * (now - asked)))
 
 
+def remove_local_dir(local: Path | str) -> None:
+    """A box's local directory at its default place (under /run/gpuq, which outlives the test)
+    and what the worker keeps beside it: the fake GPUs' directory and the MPS daemons'."""
+    for left in (str(local), f"{local}-fake", f"{local}-mps"):
+        shutil.rmtree(left, ignore_errors=True)
+
+
 def worker_argv(root: Path | str, host: str, fake: str, *extra: str, command: list[str] | None = None) -> list[str]:
     """The command line of a stand-in box's worker on fake GPUs (worker.py, as cron runs it)."""
     command = command or [PY, str(REPO / "worker.py")]

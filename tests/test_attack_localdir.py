@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from team import ALICE, BOB, QUEUE, needs_root
 
-from conftest import PY, REPO, wait_until
+from conftest import PY, REPO, remove_local_dir, wait_until
 
 pytestmark = needs_root
 PRECIOUS = "precious root data\n"
@@ -124,7 +124,7 @@ def test_a_root_workers_default_local_dir_is_in_run_and_only_root_can_change_any
             assert made.returncode != 0 and not (place / "bobs").exists()
         team.stop_worker("a")
     finally:
-        shutil.rmtree(local, ignore_errors=True)
+        remove_local_dir(local)
         shutil.rmtree(shm, ignore_errors=True)
 
 

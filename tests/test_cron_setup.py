@@ -25,7 +25,7 @@ import psutil
 import pytest
 from team import ALICE, QUEUE, TEAM, needs_root
 
-from conftest import REPO, wait_until
+from conftest import REPO, remove_local_dir, wait_until
 from gpuq.single_instance import default_local_dir, this_host
 
 CRON_FILE = Path("/etc/cron.d") / f"gpuq-test-{os.getpid()}"
@@ -236,5 +236,5 @@ def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # no
                 psutil.Process(worker_pid).wait(timeout=30)
             except (ProcessLookupError, psutil.NoSuchProcess):
                 pass
-        shutil.rmtree(default_local_dir(str(root), this_host()), ignore_errors=True)  # cron's worker: no --host
+        remove_local_dir(default_local_dir(str(root), this_host()))  # cron's worker: no --host
         shutil.rmtree(base, ignore_errors=True)

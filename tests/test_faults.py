@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -14,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from conftest import PY, REPO, wait_until, worker_argv
+from conftest import PY, REPO, remove_local_dir, wait_until, worker_argv
 from gpuq.host.faults import CANCEL_CRASH_POINTS, CRASH_ENV, CRASH_POINTS, FAULT_LOG_ENV, RECOVERY_CRASH_POINTS
 from gpuq.single_instance import _config_may_set_local_dir, _plain_cron_start, holds_lock_at, take_worker_lock
 from gpuq.spool.layout import Layout
@@ -495,7 +494,7 @@ def test_a_cron_start_that_finds_its_worker_leaves_before_loading_gpuq(queue):
         assert not imported & {"gpuq.worker_main", "yaml", "argparse", "filelock"}
         queue.stop_worker("a")
     finally:
-        shutil.rmtree(default_dir, ignore_errors=True)
+        remove_local_dir(default_dir)
 
 
 @pytest.mark.parametrize(
@@ -574,7 +573,7 @@ def test_a_config_the_cron_scan_misreads_still_means_one_worker(queue):
         assert second.returncode == 0 and "a worker already runs for a" in second.stderr, second.stderr[-2000:]
         queue.stop_worker("a")
     finally:
-        shutil.rmtree(default_dir, ignore_errors=True)
+        remove_local_dir(default_dir)
 
 
 def _drop_many(queue, n: int, command: str = "echo once") -> list[str]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, wait_until
-from gpuq.single_instance import default_local_dir, fake_gpus_dir
+from conftest import REPO, remove_local_dir, wait_until
+from gpuq.single_instance import default_local_dir
 from tools import layers
 
 
@@ -234,6 +234,4 @@ def test_pip_install_not_editable_installs_every_subpackage(tmp_path: Path) -> N
     finally:
         running.terminate()
         running.wait(timeout=30)
-        local = default_local_dir(str(root), "box")
-        for left in (local, fake_gpus_dir(local)):
-            shutil.rmtree(left, ignore_errors=True)
+        remove_local_dir(default_local_dir(str(root), "box"))
