@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import remove_local_dir
 from gpuq.model import config as config_mod
 from gpuq.model.config import Config, ConfigError, validate
+from gpuq.single_instance import default_local_dir, this_host
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,12 +59,15 @@ def test_worker_refuses_bad_config_clearly(tmp_path):
 
     (tmp_path / "jobs").mkdir()
     (tmp_path / "config.yaml").write_text("max_jobs_per_gpu: lots\n")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "worker.py"), "--root", str(tmp_path), "--once"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    try:  # as cron starts it: no --host, and the config (unread yet) names no local_dir
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "worker.py"), "--root", str(tmp_path), "--once"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        remove_local_dir(default_local_dir(str(tmp_path.resolve()), this_host()))
     assert proc.returncode == 2
     assert "max_jobs_per_gpu" in proc.stderr and "config.yaml" in proc.stderr
 
