@@ -19,6 +19,8 @@ from typing import Callable
 
 import pytest
 
+from gpuq.single_instance import fake_gpus_dir
+
 # team.py's fixtures (users, shared_code, team): tests that act as created users ask for them by name.
 pytest_plugins = ["team"]
 
@@ -51,7 +53,7 @@ def wait_until(
 def remove_local_dir(local: Path | str) -> None:
     """A box's local directory at its default place (under /run/gpuq, which outlives the test)
     and what the worker keeps beside it: the fake GPUs' directory and the MPS daemons'."""
-    for left in (str(local), f"{local}-fake", f"{local}-mps"):
+    for left in (str(local), fake_gpus_dir(local), f"{local}-mps"):  # -mps: the mps extra's, if there
         shutil.rmtree(left, ignore_errors=True)
 
 

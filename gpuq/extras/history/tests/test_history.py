@@ -1,6 +1,6 @@
-"""`gpuq history` (sacct for the queue) and the moments people type (`--since yesterday`,
-`--begin now+1hour`): the read model over hand-written event logs, and the verb through the
-real CLI and worker as two members."""
+"""`gpuq history` (sacct for the queue): the read model over hand-written event logs, and the
+verb through the real CLI and worker as two members. The moments and names it reads are the
+core's (tests/test_moments_and_names.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from team import ALICE, BOB
 
 from conftest import wait_until
 from gpuq.extras.history.view import CLOCK_SLACK_S, HistoryFilter, history
-from gpuq.model.moments import parse_moment
-from gpuq.model.names import name_of, named
 from gpuq.spool.layout import Layout
 
 NOW = time.mktime((2026, 12, 6, 15, 30, 0, 0, 0, -1))  # a Sunday afternoon, local time
@@ -21,28 +19,6 @@ NOW = time.mktime((2026, 12, 6, 15, 30, 0, 0, 0, -1))  # a Sunday afternoon, loc
 
 def _local(*day_time: int) -> float:
     return time.mktime((*day_time, 0, 0, 0, -1)[:9])
-
-
-def test_moments_read_as_slurm_and_people_write_them():
-    day = (2026, 12, 6)
-    assert parse_moment("now", NOW) == NOW
-    assert parse_moment("today", NOW) == _local(*day, 0, 0, 0)
-    assert parse_moment("yesterday", NOW) == _local(2026, 12, 5, 0, 0, 0)
-    assert parse_moment("tomorrow", NOW) == _local(2026, 12, 7, 0, 0, 0)
-    assert parse_moment("now+1hour", NOW) == NOW + 3600
-    assert parse_moment("now-30min", NOW) == NOW - 1800
-    assert parse_moment("now+90", NOW) == NOW + 90  # a bare count is seconds, as sbatch --begin reads it
-    assert parse_moment("7d", NOW) == NOW - 7 * 86400  # a window's edge: back from now
-    assert parse_moment("2h", NOW, ahead=True) == NOW + 7200  # a start: ahead
-    assert parse_moment("2026-11-01", NOW) == _local(2026, 11, 1, 0, 0, 0)
-    assert parse_moment("2026-11-01 14:05", NOW) == _local(2026, 11, 1, 14, 5, 0)
-    assert parse_moment("2026-11-01T14:05:09", NOW) == _local(2026, 11, 1, 14, 5, 9)
-    assert parse_moment("16:00", NOW) == _local(*day, 16, 0, 0)
-    assert parse_moment("09:00", NOW) == _local(*day, 9, 0, 0)  # a window's edge: today's, though past
-    assert parse_moment("09:00", NOW, ahead=True) == _local(2026, 12, 7, 9, 0, 0)  # sbatch: passed -> tomorrow
-    for bad in ("soon", "25:00", "now+1fortnight", "2026-13-01", ""):
-        with pytest.raises(ValueError, match="write it like"):
-            parse_moment(bad, NOW)
 
 
 def _event(t: float, job: str, to: str, **fields: object) -> str:
@@ -57,16 +33,6 @@ def _write_log(root, host: str, lines: list[str]) -> None:
 
 def _ids(found: dict) -> list[str]:
     return [row["id"] for row in found["jobs"]]
-
-
-def test_a_jobs_name_from_its_id_and_name_patterns_over_names_and_ids():
-    """A Slurm user's session: `history -n exp` found no member of sweep exp-1 (its members
-    were named exp-1_lr1e), and `cancel -n 'beg-*'`, as the help's examples read, matched nothing."""
-    assert [name_of(i) for i in ("train-12", "arr-1_3", "exp-1_lr1e-3", "hp-1_lr1e-3-seed1", "my_job-3", "sw_3")] == [
-        "train", "arr", "exp", "hp", "my_job", "sw",
-    ]  # fmt: skip
-    assert named(("beg-*",), "beg", "beg-2") and named(("beg",), "beg", "beg-2") and named(None, "x", "y")
-    assert not named(("train-*",), "beg", "beg-2")
 
 
 def test_history_gives_each_job_its_last_end_attempts_and_preemptions(tmp_path):
