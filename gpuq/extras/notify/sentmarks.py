@@ -149,17 +149,18 @@ def _existing(folder: int, key: str) -> Claim:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
-            os.close(folder)
-            return Claim(skip="another deliverer of the same event is sending it now")
-        if os.pread(fd, len(SENT), 0) == SENT:
-            os.close(fd)
-            os.close(folder)
-            return Claim(skip="handed over again after the worker stopped; not sent twice")
+            skip: str | None = "another deliverer of the same event is sending it now"
+        else:
+            sent = os.pread(fd, len(SENT), 0) == SENT
+            skip = "handed over again after the worker stopped; not sent twice" if sent else None
     except BaseException:
         os.close(fd)
         raise
-    return Claim(folder=folder, mark=fd)  # its deliverer died before it had tried: this one sends
+    if skip is None:
+        return Claim(folder=folder, mark=fd)  # its deliverer died before it had tried: this one sends
+    os.close(fd)
+    os.close(folder)
+    return Claim(skip=skip)
 
 
 def sweep(folder: int, now: float) -> None:
