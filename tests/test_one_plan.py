@@ -39,11 +39,13 @@ def test_a_box_that_places_work_on_another_wakes_it(queue):
     gate = queue.root.parent / "first-may-end"
     run_until_gate = f"while [ ! -e {gate} ]; do sleep 0.1; done"
     queue.drop("first.yaml", f"command: {run_until_gate!r}\ngpus: 1\ngpu_mem: 50GiB\n")  # fits a only
-    queue.start_worker("a", "1x80GiB")
-    queue.start_worker("b", "1x24GiB")
-    wait_until(lambda: (queue.root / "state" / "running" / "first.json").exists(), timeout=60, what="first to run on a")
-    queue.drop("second.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 20GiB\n")  # fits b best
-    gate.touch()
+    try:
+        queue.start_worker("a", "1x80GiB")
+        queue.start_worker("b", "1x24GiB")
+        wait_until(lambda: (queue.root / "state" / "running" / "first.json").exists(), timeout=60, what="first on a")
+        queue.drop("second.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 20GiB\n")  # fits b best
+    finally:
+        gate.touch()  # first ends, whatever failed above
     first = wait_until(lambda: queue.finished("first"), timeout=30, what="first to end")
     second = wait_until(lambda: queue.finished("second"), timeout=50, what="second, started by b")
     assert second["host"] == "b" and second["claimed_at"] - first["ended_at"] < 30
