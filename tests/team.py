@@ -95,6 +95,14 @@ def users() -> dict[str, pwd.struct_passwd]:
             subprocess.run(["useradd", "-M", "-d", f"/nonexistent/{name}", *extra, "-s", "/bin/sh", name], check=True)
     yield {name: pwd.getpwnam(name) for name in (ALICE, BOB, EVE)}
     for name in (ALICE, BOB, EVE, QUEUE):
+        try:
+            uid = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            continue
+        # What their commands left in the shared /tmp under their uid (`gpuq run`'s socket
+        # directory, podman's runtime directories): a later test's user may get the same uid.
+        for left in (f"/tmp/gpuq-{uid}", f"/tmp/podman-run-{uid}", f"/tmp/containers-user-{uid}"):
+            shutil.rmtree(left, ignore_errors=True)
         subprocess.run(["userdel", name], capture_output=True)
     subprocess.run(["groupdel", TEAM], capture_output=True)
 

@@ -14,7 +14,7 @@ import pytest
 from fake_mps import STAND_IN, end_stand_in_daemons
 from team import ALICE, BOB, needs_root
 
-from conftest import PY, REPO, fake_job, wait_until
+from conftest import PY, REPO, fake_job, remove_local_dir, wait_until
 from gpuq.model.config import Config
 
 MPS = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, gpu_sharing="mps", spread=False)
@@ -237,7 +237,7 @@ def test_an_mps_directory_a_member_planted_before_the_worker_is_never_trusted(te
     finally:
         bystander.send_signal(signal.SIGKILL)
         bystander.wait()
-        subprocess.run(["rm", "-rf", str(mps_dir), local.replace("{host}", "box")], check=False)
+        remove_local_dir(local.replace("{host}", "box"))  # with its -mps sibling and the fake GPUs' directory
 
 
 def test_a_pid_file_that_is_not_a_plain_file_is_no_daemon(tmp_path):
