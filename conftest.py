@@ -54,6 +54,8 @@ def remove_local_dir(local: Path | str) -> None:
     """A box's local directory at its default place (under /run/gpuq, which outlives the test)
     and what the worker keeps beside it: the fake GPUs' directory and the MPS daemons'."""
     for left in (str(local), fake_gpus_dir(local), f"{local}-mps"):  # -mps: the mps extra's, if there
+        if os.path.islink(left):  # a link a test planted there (rmtree refuses one)
+            os.unlink(left)
         shutil.rmtree(left, ignore_errors=True)
 
 

@@ -12,13 +12,14 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 from team import ALICE, BOB, EVE, needs_root
 
-from conftest import wait_until
+from conftest import REPO, wait_until
 from gpuq import hooks
 
 pytestmark = needs_root
@@ -293,3 +294,34 @@ def test_the_audit_sees_the_boundary_switched_off(team, users, mutant):
         wait_until(lambda: [e for e in _audited(team, audit) if e.get("member")], what=f"the audit to see: {mutant}")
     finally:
         shutil.rmtree(code, ignore_errors=True)
+
+
+STARTER_COUNTING_SELECTS = """
+import os, select, sys
+from gpuq.host import privsep
+calls = [0]
+real = select.select
+def counted(*args):
+    calls[0] += 1
+    return real(*args)
+privsep.select.select = counted
+me = privsep.Account(os.getuid(), os.getgid())
+closes_then_works = 'eval "exec $%s>&-"; sleep 2' % privsep.WORKER_FD_ENV
+code = privsep.serve(['/bin/sh', '-c', closes_then_works], me, dict(os.environ))
+print(code, calls[0])
+"""
+
+
+@pytest.mark.slow
+def test_the_starter_waits_for_a_worker_that_closed_its_order_socket_without_spinning():
+    """A worker closes its end of the order socket before it exits (a --once worker does so
+    after its pass): the end of file stays readable, and a starter that kept selecting on it
+    spun a core until the worker was reaped. It answers no more orders and waits."""
+    done = subprocess.run(
+        [sys.executable, "-c", STARTER_COUNTING_SELECTS], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    code, selects = map(int, done.stdout.split())
+    assert code == 0
+    # The worker's two seconds: the order, its end of file, SIGCHLD, and a 1-s timeout or two.
+    assert selects < 10, selects

@@ -44,3 +44,29 @@ def test_a_module_file_others_can_write_is_reported_not_only_a_package_directory
     assert [p.split(" (gpuq's code) ")[0] for p in found] == [str(world), str(group)], found
     assert all("can be written by others" in p for p in found), found
     assert found[0].endswith(f"Fix: chmod go-w {world}")
+
+
+def test_a_link_in_the_code_is_judged_by_where_it_leads_and_a_directory_by_its_own_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A module that is a link to a file others can write, a package that is a link to a
+    directory others can write, and a package directory others can write: each named. The
+    tree is walked entry by entry, so a link must be followed on its own."""
+    code = tmp_path / "gpuq"
+    for module in MODULES:
+        (code / module).parent.mkdir(parents=True, exist_ok=True)
+        (code / module).write_text("")
+    monkeypatch.setattr(strictmodes, "__file__", str(code / "spool" / "strictmodes.py"))
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    me = os.geteuid()
+    outside = tmp_path / "outside"
+    (outside / "pkg").mkdir(parents=True)
+    (outside / "evil.py").write_text("")
+    os.chmod(outside / "evil.py", 0o666)
+    os.chmod(outside / "pkg", 0o777)
+    (code / "model" / "linked.py").symlink_to(outside / "evil.py")
+    (code / "linkedpkg").symlink_to(outside / "pkg")
+    os.chmod(code / "spool", 0o777)
+    found = [p.split(" (gpuq's code) ")[0] for p in strictmodes.problems(layout, me, root_uid=me)]
+    assert sorted(found) == sorted([str(outside / "evil.py"), str(outside / "pkg"), str(code / "spool")]), found

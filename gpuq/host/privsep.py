@@ -96,12 +96,13 @@ def serve(
     worker = _start_worker(worker_argv, account, worker_env, theirs.fileno())
     theirs.close()
     forwarded = False
+    listening = True
     while True:
         if stopping and not forwarded:
             os.kill(worker, stopping[0])
             forwarded = True
         try:
-            ready, _, _ = select.select([ours.fileno(), wake_r], [], [], 1.0)
+            ready, _, _ = select.select([ours.fileno(), wake_r] if listening else [wake_r], [], [], 1.0)
         except InterruptedError:
             ready = []
         if wake_r in ready:
@@ -118,8 +119,10 @@ def serve(
                     signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
                 os.kill(os.getpid(), os.WTERMSIG(status))
             return os.waitstatus_to_exitcode(status)
-        if ours.fileno() in ready:
-            _serve_order(ours, account, mps_dir=mps_dir, programs=programs or {})
+        if listening and ours.fileno() in ready:
+            # False: the worker closed its side as it exits. Its end of file stays readable, so
+            # selecting on it again would spin a core until the worker is reaped.
+            listening = _serve_order(ours, account, mps_dir=mps_dir, programs=programs or {})
 
 
 def _reap(worker: int) -> int | None:
