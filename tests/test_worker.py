@@ -363,6 +363,25 @@ def test_exit_when_idle_runs_the_queue_dry_and_exits_0(queue):
 
 
 @pytest.mark.slow
+def test_once_starts_what_it_claims_and_the_jobs_end_after_it_left(queue):
+    """`worker.py --once`: one pass, then exit; the jobs it started run on under their
+    supervisors. Its root part ends with it, so a --once worker that left before each
+    supervisor had its keeper handed its jobs back unstarted: each one claimed, shown running,
+    never run, and claimed the same way by the next --once."""
+    queue.write_config(spec_settle_s=0.01)  # claimed in its one pass
+    for i in range(2):
+        queue.drop(f"o{i}.yaml", "command: 'echo ran'\ngpus: 1\ngpu_mem: 1GiB\n")
+    done = subprocess.run(
+        worker_argv(queue.root, "a", "2x80GiB", "--once"), capture_output=True, text=True, env=queue.env(), timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    for i in range(2):
+        record = wait_until(lambda i=i: queue.finished(f"o{i}"), timeout=60, what=f"o{i} to end after the worker left")
+        assert record["state"] == "done" and record["attempt"] == 1, record
+        assert "ran" in queue.log(f"o{i}")
+
+
+@pytest.mark.slow
 def test_exit_when_idle_leaves_only_when_nothing_it_could_start_remains(queue):
     """A dropped sweep is expanded in one pass and its members read in the next; a job whose
     dependency ends is released; a job no box here could run does not keep it waiting."""

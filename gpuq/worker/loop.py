@@ -26,6 +26,7 @@ from gpuq.host.wake import EXIT_WAKE_SCAN_GAP_S, JOBS_WATCH_GAP_S, WAKE_JOB_ENDE
 from gpuq.model.config import Config, extras_settings
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, Plan, RunningJob, SetAside, Start
+from gpuq.model.markers import Phase
 from gpuq.model.record import Record
 from gpuq.model.stops import Stop
 from gpuq.model.strict_yaml import load_yaml
@@ -36,6 +37,7 @@ from gpuq.run.joblocal import (
     finish_local,
     has_ended,
     job_roots,
+    read_marker,
     request_stop,
     settle_lock,
     write_lease,
@@ -85,6 +87,10 @@ USAGE_CACHE_EVERY_S = 10.0  # how often `gpuq status` gets the users' usage anew
 # job onto a GPU that already has one (nor two onto one empty GPU), since the other boxes'
 # heartbeats may not be there yet and their empty GPUs would be the better place.
 STARTUP_SETTLE_S = 5.0
+KEEPERS_WAIT_S = 30.0  # how long a --once worker waits for its jobs' keepers before it leaves
+# An attempt's phases before its keeper runs: launched, not yet picked up by a supervisor, or
+# picked up and owned, its keeper not yet started (model/markers.py).
+AWAITING_KEEPER = frozenset({Phase.UNSTARTED, Phase.STARTED})
 
 
 class Worker:
@@ -223,7 +229,10 @@ class Worker:
             while True:
                 pass_started = time.monotonic()  # the sleep below waits in real time
                 self.run_pass()
-                if once or (exit_when_idle and self.idle()):
+                if once:
+                    self.await_keepers()
+                    return
+                if exit_when_idle and self.idle():
                     return
                 self.woken_by = self.wake.sleep(
                     self.config.poll_interval,
@@ -292,6 +301,21 @@ class Worker:
             self.publisher.write_heartbeat(self._box_state(), self.clock.wall(), stopped=True)
         except OSError:
             pass
+
+    def await_keepers(self, timeout_s: float = KEEPERS_WAIT_S) -> None:
+        """A --once worker's last step. The root part, which starts each job's keeper, ends
+        with the worker: a supervisor still waiting for its keeper would hand its job back
+        unstarted, for the next worker to claim again (and a --once one never to run). So it
+        leaves once every attempt of this boot on this box is past that point, or after
+        `timeout_s` (a supervisor that never came: the next worker requeues its job)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.spawner.collect()
+            running = self.listing.read(self.clock.wall())
+            mine = [r for r in running if r.host == self.host and r.boot_id == self.boot_id]
+            if all(read_marker(self.rt, r).phase not in AWAITING_KEEPER for r in mine):
+                return
+            time.sleep(0.05)
 
     def idle(self) -> bool:
         """Nothing runs here and nothing this box could start remains: the last pass started

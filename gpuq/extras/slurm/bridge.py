@@ -217,6 +217,10 @@ class BridgeWorker(Worker):
         self.recovery.requeue_orphan_claims()
         super().run(once, exit_when_idle)
 
+    def await_keepers(self, timeout_s: float = 0.0) -> None:
+        """Nothing to wait for before a --once bridge leaves: the jobs it hands over run under
+        Slurm, not under keepers this box's root part starts."""
+
     def find_lost_hand_overs(self) -> None:
         """Records an earlier bridge wrote but died before noting their Slurm id: find the job
         by the comment sbatch was given (`gpuq:<claim>`) among every job Slurm knows; one
