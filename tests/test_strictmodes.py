@@ -50,8 +50,9 @@ def test_a_link_in_the_code_is_judged_by_where_it_leads_and_a_directory_by_its_o
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """A module that is a link to a file others can write, a package that is a link to a
-    directory others can write, and a package directory others can write: each named. The
-    tree is walked entry by entry, so a link must be followed on its own."""
+    directory others can write, a module others can write in a package that is a link to a
+    safe directory (Python imports it all the same), and a package directory others can
+    write: each named. The tree is walked entry by entry, so a link must be followed on its own."""
     code = tmp_path / "gpuq"
     for module in MODULES:
         (code / module).parent.mkdir(parents=True, exist_ok=True)
@@ -65,8 +66,14 @@ def test_a_link_in_the_code_is_judged_by_where_it_leads_and_a_directory_by_its_o
     (outside / "evil.py").write_text("")
     os.chmod(outside / "evil.py", 0o666)
     os.chmod(outside / "pkg", 0o777)
+    (outside / "safe").mkdir()  # a directory nobody else may write, with a module anyone may
+    (outside / "safe" / "mod.py").write_text("")
+    os.chmod(outside / "safe" / "mod.py", 0o666)
     (code / "model" / "linked.py").symlink_to(outside / "evil.py")
     (code / "linkedpkg").symlink_to(outside / "pkg")
+    (code / "safepkg").symlink_to(outside / "safe")
+    (code / "model" / "up").symlink_to(code)  # a link back up: walked once, not for ever
     os.chmod(code / "spool", 0o777)
     found = [p.split(" (gpuq's code) ")[0] for p in strictmodes.problems(layout, me, root_uid=me)]
-    assert sorted(found) == sorted([str(outside / "evil.py"), str(outside / "pkg"), str(code / "spool")]), found
+    want = [outside / "evil.py", outside / "pkg", code / "safepkg" / "mod.py", code / "spool"]
+    assert sorted(found) == sorted(map(str, want)), found

@@ -81,11 +81,19 @@ def _check_code(code: Path, root_uid: int, found: list[str]) -> None:
     """The code directory's chain, then every package and module under it by its own lstat:
     each one's chain is the code's plus entries checked here, so walking each chain again from
     / (60 ms a worker start, for 250 files) finds nothing more. A link is the exception: it is
-    judged by its owner and where it leads, with that target's whole chain."""
+    judged by its owner and where it leads, with that target's whole chain; a link to a
+    directory is entered too, as Python imports what lies there (each directory once: a link
+    back up is no loop)."""
     _check_chain(code, "gpuq's code", root_uid, found)
     entries: list[tuple[str, os.stat_result]] = []
-    for directory, subdirectories, files in os.walk(code):  # links to directories: listed, not entered
-        subdirectories[:] = [d for d in subdirectories if d != "__pycache__"]
+    walked: set[str] = set()
+    for directory, subdirectories, files in os.walk(code, followlinks=True):
+        walked.add(os.path.realpath(directory))
+        subdirectories[:] = [
+            d
+            for d in subdirectories
+            if d != "__pycache__" and os.path.realpath(os.path.join(directory, d)) not in walked
+        ]
         for name in [*subdirectories, *(f for f in files if f.endswith(".py"))]:
             path = os.path.join(directory, name)
             entries.append((path, os.lstat(path)))
