@@ -69,6 +69,7 @@ class RecordingSpawner:
     def __init__(self) -> None:
         self.launched: list[Record] = []
         self.starting: set[str] = set()
+        self.failed: set[str] = set()  # none: every launch is taken
 
     def launch(self, record: Record) -> None:
         self.launched.append(record)

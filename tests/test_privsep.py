@@ -312,6 +312,33 @@ print(code, calls[0])
 """
 
 
+EMPTY_MESSAGE_THEN_AN_ORDER = """
+import json, os, socket
+sock = socket.socket(fileno=int(os.environ[%r]))
+sock.send(b"")
+mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+socket.send_fds(sock, [json.dumps({"op": "nope"}).encode()], [theirs.fileno()])
+mine.settimeout(30)
+print(mine.recv(65536).decode())
+"""
+
+
+@pytest.mark.slow
+def test_an_empty_message_is_no_end_of_file_and_the_starter_answers_the_next_order(tmp_path):
+    """An empty message reads as zero bytes, as the end of file does: the starter must not take
+    it for the worker's going, and must answer the orders after it."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(EMPTY_MESSAGE_THEN_AN_ORDER % "GPUQ_STARTER_FD")
+    starter = (
+        "import os, sys\nfrom gpuq.host import privsep\n"
+        "me = privsep.Account(os.getuid(), os.getgid())\n"
+        f"sys.exit(privsep.serve([{sys.executable!r}, {str(worker)!r}], me, dict(os.environ)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", starter], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"error": "unknown order 'nope'"}, done.stdout
+
+
 @pytest.mark.slow
 def test_the_starter_waits_for_a_worker_that_closed_its_order_socket_without_spinning():
     """A worker closes its end of the order socket before it exits (a --once worker does so

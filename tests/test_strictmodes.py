@@ -77,3 +77,72 @@ def test_a_link_in_the_code_is_judged_by_where_it_leads_and_a_directory_by_its_o
     found = [p.split(" (gpuq's code) ")[0] for p in strictmodes.problems(layout, me, root_uid=me)]
     want = [outside / "evil.py", outside / "pkg", code / "safepkg" / "mod.py", code / "spool"]
     assert sorted(found) == sorted(map(str, want)), found
+
+
+def _stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Layout]:
+    code = tmp_path / "gpuq"
+    for module in MODULES:
+        (code / module).parent.mkdir(parents=True, exist_ok=True)
+        (code / module).write_text("")
+    monkeypatch.setattr(strictmodes, "__file__", str(code / "spool" / "strictmodes.py"))
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    return code, layout
+
+
+def _code_problems(layout: Layout) -> list[str]:
+    me = os.geteuid()
+    return sorted(p.split(" (gpuq's code) ")[0] for p in strictmodes.problems(layout, me, root_uid=me))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives entries to another uid (CI runs as root)")
+def test_what_another_uid_owns_in_the_code_is_named_even_a_link_back_up_or_cached_bytecode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A link another uid owns (its owner can point it anywhere), also one that leads back up
+    into the code; bytecode another uid planted in `__pycache__` (Python imports it instead of
+    compiling the module); a package directory others may write though it is sticky (anyone
+    may add such bytecode to it)."""
+    code, layout = _stand_in(tmp_path, monkeypatch)
+    (code / "model" / "up").symlink_to(code)
+    os.lchown(code / "model" / "up", 4242, -1)
+    cache = code / "spool" / "__pycache__"
+    cache.mkdir()
+    (cache / "strictmodes.cpython-311.pyc").write_bytes(b"")
+    os.chown(cache / "strictmodes.cpython-311.pyc", 4242, -1)
+    os.chmod(code / "model", 0o1777)
+    want = [code / "model", code / "model" / "up", cache / "strictmodes.cpython-311.pyc"]
+    assert _code_problems(layout) == sorted(map(str, want))
+
+
+def test_a_link_is_judged_at_every_hop_and_a_dangling_one_by_where_its_target_would_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A module that links to a link in a directory others can write, which links on to a safe
+    file: the middle hop is theirs to swap. A module that links to a file not there yet, in a
+    directory others can write: whoever makes it decides what root imports."""
+    code, layout = _stand_in(tmp_path, monkeypatch)
+    safe, shared = tmp_path / "safe", tmp_path / "shared"
+    safe.mkdir()
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (safe / "real.py").write_text("")
+    (shared / "hop.py").symlink_to(safe / "real.py")
+    (code / "model" / "bounce.py").symlink_to(shared / "hop.py")
+    (code / "model" / "plug.py").symlink_to(shared / "plug.py")
+    assert _code_problems(layout) == [str(shared)]
+
+
+def test_an_entry_gone_while_the_code_is_walked_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A file removed between the directory's listing and its lstat: nothing to import, and no
+    traceback in place of the root start's refusal or of doctor's report."""
+    code, layout = _stand_in(tmp_path, monkeypatch)
+    real_lstat = os.lstat
+
+    def vanishing(path, *args, **kwargs):
+        if str(path).endswith("spec.py"):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", vanishing)
+    assert _code_problems(layout) == []

@@ -382,6 +382,29 @@ def test_once_starts_what_it_claims_and_the_jobs_end_after_it_left(queue):
 
 
 @pytest.mark.slow
+def test_once_does_not_wait_for_a_job_no_supervisor_took(queue):
+    """A launch the spawner could not hand to a supervisor (its lock path is a directory):
+    nothing will start its keeper, so a --once worker leaves after its pass instead of waiting
+    out its 30 s bound, and the next worker settles the job."""
+    queue.write_config(spec_settle_s=0.01)
+    (queue.local_base / "a" / "jobs" / "f1.lock").mkdir(parents=True)
+    for private in (queue.local_base / "a", queue.local_base / "a" / "jobs"):
+        os.chmod(private, 0o700)  # the worker's own, as it makes them
+    queue.drop("f1.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 1GiB\n")
+    try:  # a pass takes a second or two; 20 s is far from both, even on a loaded machine
+        done = subprocess.run(
+            worker_argv(queue.root, "a", "1x80GiB", "--once"),
+            capture_output=True,
+            text=True,
+            env=queue.env(),
+            timeout=20,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the --once worker waited for a keeper that no supervisor was coming to start")
+    assert done.returncode == 0 and "could not start the supervisor of f1" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
 def test_exit_when_idle_leaves_only_when_nothing_it_could_start_remains(queue):
     """A dropped sweep is expanded in one pass and its members read in the next; a job whose
     dependency ends is released; a job no box here could run does not keep it waiting."""

@@ -51,28 +51,46 @@ class UnsafePath(PermissionError):
     """A path someone other than root and this process's account could swap: refused."""
 
 
+MAX_LINK_HOPS = 40  # as the kernel's ELOOP
+
+
 def chain_problems(path: str | Path, trusted_uid: int) -> list[tuple[str, str, str]]:
     """(entry, why, fix) for each entry on the way to `path` that someone other than root and
     `trusted_uid` could change, and so make `path` name something of theirs: every existing
     prefix of the path as written (a symlink counts by its owner: its own mode means nothing),
-    then every directory above where the deepest existing one really is. A sticky directory
-    others can write (like /tmp) is fine: nobody can rename or remove what another put there.
-    Group write is allowed only for group root. Empty when the whole chain is safe."""
-    literal = os.path.abspath(path)
+    and at each link, every entry on the way to where it points, hop by hop (a link through a
+    directory others can write is theirs to redirect, even when it ends somewhere safe). A
+    sticky directory others can write (like /tmp) is fine: nobody can rename or remove what
+    another put there. Group write is allowed only for group root. Empty when the whole chain
+    is safe; the part from the first missing entry down is not judged (whoever creates it
+    judges what it made)."""
     found: list[tuple[str, str, str] | None] = []
-    deepest = "/"
-    for prefix in _prefixes(literal):
+    pending, hops = os.path.abspath(path), 0
+    while True:
+        link = None
+        for prefix in _prefixes(pending):
+            try:
+                st = os.lstat(prefix)
+            except OSError:
+                break
+            found.append(entry_problem(prefix, st, trusted_uid))
+            if stat.S_ISLNK(st.st_mode):
+                link = prefix
+                break
+        if link is None:
+            break
+        hops += 1
+        if hops > MAX_LINK_HOPS:
+            found.append((link, "is one of too many links in a row", f"replace {path} by the file it means"))
+            break
         try:
-            st = os.lstat(prefix)
+            target = os.readlink(link)
         except OSError:
-            break  # missing from here down: whoever creates it judges what it made
-        deepest = prefix
-        found.append(entry_problem(prefix, st, trusted_uid))
-    for prefix in _prefixes(os.path.realpath(deepest)):
-        try:
-            found.append(entry_problem(prefix, os.lstat(prefix), trusted_uid))
-        except OSError:
-            pass
+            break
+        # The rest of the path below the link, now under its target (not normalized: a `..`
+        # after a link is the target's parent, as the kernel resolves it).
+        rest = pending[len(link) :]
+        pending = os.path.join(os.path.dirname(link), target) + rest
     return [problem for problem in dict.fromkeys(found) if problem]
 
 
@@ -82,9 +100,13 @@ def _prefixes(path: str) -> list[str]:
     return ["/"] + ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
-def entry_problem(path: str, st: os.stat_result, trusted_uid: int) -> tuple[str, str, str] | None:
+def entry_problem(
+    path: str, st: os.stat_result, trusted_uid: int, sticky_ok: bool = True
+) -> tuple[str, str, str] | None:
     """(path, why, fix) when someone other than root and `trusted_uid` could change the entry
-    `path` whose lstat is `st`; None when nobody else can."""
+    `path` whose lstat is `st`; None when nobody else can. `sticky_ok`: a sticky directory
+    others can write passes (nobody can swap what another put there); not inside code, where
+    a file anyone may add (a module's cached bytecode, say) is imported as it is."""
     if st.st_uid not in (0, trusted_uid):
         return (
             path,
@@ -95,7 +117,7 @@ def entry_problem(path: str, st: os.stat_result, trusted_uid: int) -> tuple[str,
         return None  # only its owner can change a link; where it leads is judged on its own
     sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
     others_write = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0)
-    if others_write and not sticky_dir:
+    if others_write and not (sticky_dir and sticky_ok):
         return path, f"can be written by others (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}"
     return None
 

@@ -120,9 +120,19 @@ def serve(
                 os.kill(os.getpid(), os.WTERMSIG(status))
             return os.waitstatus_to_exitcode(status)
         if listening and ours.fileno() in ready:
-            # False: the worker closed its side as it exits. Its end of file stays readable, so
-            # selecting on it again would spin a core until the worker is reaped.
-            listening = _serve_order(ours, account, mps_dir=mps_dir, programs=programs or {})
+            # Once every process of the queue's side has closed its end (the worker as it
+            # exits), the end of file stays readable: selecting on it again would spin a core
+            # until the worker is reaped. An empty message reads the same, and is no reason to
+            # stop answering orders.
+            served = _serve_order(ours, account, mps_dir=mps_dir, programs=programs or {})
+            listening = served or not _peer_closed(ours)
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Every other end of `sock` is closed (not merely an empty message read)."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
+    return any(events & (select.POLLHUP | select.POLLRDHUP) for _, events in poller.poll(0))
 
 
 def _reap(worker: int) -> int | None:

@@ -64,6 +64,7 @@ class Spawner:
         self.rt, self.log_path = rt, log_path
         self.proc: "subprocess.Popen | None" = None
         self.starting: set[str] = set()  # job ids sent, not yet answered
+        self.failed: set[str] = set()  # job ids no supervisor took: the next pass settles them
         self._partial = b""
 
     def launch(self, record: Record) -> None:
@@ -76,6 +77,7 @@ class Spawner:
                 return
             except BrokenPipeError:
                 self._lost()
+        self.failed.add(record.id)
         log.error("cannot start the spawner; %s stays recorded as running until settled", record.id)
 
     def collect(self) -> None:
@@ -97,6 +99,7 @@ class Spawner:
             answer = json.loads(line)
             self.starting.discard(answer["id"])
             if "error" in answer:
+                self.failed.add(answer["id"])
                 log.error("could not start the supervisor of %s: %s", answer["id"], answer["error"])
 
     def close(self) -> None:

@@ -78,30 +78,37 @@ def _check_chain(path: Path, what: str, worker_uid: int, found: list[str]) -> No
 
 
 def _check_code(code: Path, root_uid: int, found: list[str]) -> None:
-    """The code directory's chain, then every package and module under it by its own lstat:
-    each one's chain is the code's plus entries checked here, so walking each chain again from
-    / (60 ms a worker start, for 250 files) finds nothing more. A link is the exception: it is
-    judged by its owner and where it leads, with that target's whole chain; a link to a
-    directory is entered too, as Python imports what lies there (each directory once: a link
-    back up is no loop)."""
+    """The code directory's chain, then every entry under it by its own lstat: each one's
+    chain is the code's plus entries checked here, so walking each chain again from / (60 ms
+    a worker start, for 250 files) finds nothing more. Every entry, not only modules: Python
+    imports cached bytecode from `__pycache__`, and extension modules; and no directory others
+    can write, sticky or not (anyone could add a module's bytecode there). A link is judged by
+    its owner and every hop to where it leads (a dangling one too: whoever can make its target
+    decides what it is); one to a directory that passed is entered, as Python imports what lies
+    there (each directory once: a link back up is no loop)."""
     _check_chain(code, "gpuq's code", root_uid, found)
-    entries: list[tuple[str, os.stat_result]] = []
     walked: set[str] = set()
+    code_real = os.path.realpath(code)
     for directory, subdirectories, files in os.walk(code, followlinks=True):
         walked.add(os.path.realpath(directory))
-        subdirectories[:] = [
-            d
-            for d in subdirectories
-            if d != "__pycache__" and os.path.realpath(os.path.join(directory, d)) not in walked
-        ]
-        for name in [*subdirectories, *(f for f in files if f.endswith(".py"))]:
+        enter = []
+        for name in sorted([*subdirectories, *files]):
             path = os.path.join(directory, name)
-            entries.append((path, os.lstat(path)))
-    for path, st in sorted(entries):
-        if stat.S_ISLNK(st.st_mode):
-            _check_chain(Path(path), "gpuq's code", root_uid, found)
-        elif (problem := entry_problem(path, st, root_uid)) is not None:
-            found.append(_message(problem, "gpuq's code"))
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue  # gone since the listing: nothing to import
+            if stat.S_ISLNK(st.st_mode):
+                problems = chain_problems(path, root_uid)
+                found += [_message(problem, "gpuq's code") for problem in problems]
+                if problems:
+                    continue  # not entered: what lies there is already refused
+            elif (problem := entry_problem(path, st, root_uid, sticky_ok=False)) is not None:
+                found.append(_message(problem, "gpuq's code"))
+            real = os.path.realpath(path)
+            if name in subdirectories and real not in walked and not code_real.startswith(real.rstrip("/") + "/"):
+                enter.append(name)  # not a directory above the code (a link to / would walk the disk)
+        subdirectories[:] = enter
 
 
 def _message(problem: tuple[str, str, str], what: str) -> str:

@@ -306,13 +306,17 @@ class Worker:
         """A --once worker's last step. The root part, which starts each job's keeper, ends
         with the worker: a supervisor still waiting for its keeper would hand its job back
         unstarted, for the next worker to claim again (and a --once one never to run). So it
-        leaves once every attempt of this boot on this box is past that point, or after
-        `timeout_s` (a supervisor that never came: the next worker requeues its job)."""
+        leaves once every attempt of this boot on this box is past that point (or never had a
+        supervisor: the next worker requeues it), or after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.spawner.collect()
             running = self.listing.read(self.clock.wall())
-            mine = [r for r in running if r.host == self.host and r.boot_id == self.boot_id]
+            mine = [
+                r
+                for r in running
+                if r.host == self.host and r.boot_id == self.boot_id and r.id not in self.spawner.failed
+            ]
             if all(read_marker(self.rt, r).phase not in AWAITING_KEEPER for r in mine):
                 return
             time.sleep(0.05)

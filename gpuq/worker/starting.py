@@ -31,6 +31,7 @@ class Launcher(Protocol):
     """What a worker needs of the spawner (run/spawner.py): a test's stand-in records launches."""
 
     starting: set[str]  # launched, its supervisor not yet seen holding the job's lock
+    failed: set[str]  # launched, and no supervisor took it
 
     def launch(self, record: Record) -> None: ...
     def collect(self) -> None: ...
