@@ -146,3 +146,13 @@ def test_an_entry_gone_while_the_code_is_walked_is_no_error(tmp_path: Path, monk
 
     monkeypatch.setattr(os, "lstat", vanishing)
     assert _code_problems(layout) == []
+
+
+def test_links_in_a_circle_are_named_not_followed_for_ever(tmp_path: Path):
+    from gpuq.host.hostinfo import chain_problems
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert [why for _, why, _ in chain_problems(tmp_path / "a" / "x.py", os.geteuid())] == [
+        "is reached through too many links in a row"
+    ]

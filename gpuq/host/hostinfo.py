@@ -66,31 +66,33 @@ def chain_problems(path: str | Path, trusted_uid: int) -> list[tuple[str, str, s
     judges what it made)."""
     found: list[tuple[str, str, str] | None] = []
     pending, hops = os.path.abspath(path), 0
-    while True:
+    while hops <= MAX_LINK_HOPS:
+        parts = [p for p in pending.split("/") if p]
         link = None
-        for prefix in _prefixes(pending):
+        for depth, prefix in enumerate(_prefixes(pending)):
             try:
                 st = os.lstat(prefix)
             except OSError:
-                break
+                return _problems(found)
             found.append(entry_problem(prefix, st, trusted_uid))
             if stat.S_ISLNK(st.st_mode):
-                link = prefix
+                link = (prefix, parts[depth:])
                 break
         if link is None:
-            break
-        hops += 1
-        if hops > MAX_LINK_HOPS:
-            found.append((link, "is one of too many links in a row", f"replace {path} by the file it means"))
-            break
+            return _problems(found)
+        prefix, rest = link
         try:
-            target = os.readlink(link)
+            target = os.readlink(prefix)
         except OSError:
-            break
-        # The rest of the path below the link, now under its target (not normalized: a `..`
-        # after a link is the target's parent, as the kernel resolves it).
-        rest = pending[len(link) :]
-        pending = os.path.join(os.path.dirname(link), target) + rest
+            return _problems(found)
+        # The rest of the path, now below the link's target (not normalized: a `..` after a
+        # link is its target's parent, as the kernel resolves it).
+        pending, hops = os.path.join(os.path.dirname(prefix), target, *rest), hops + 1
+    found.append((pending, "is reached through too many links in a row", f"replace {path} by the file it means"))
+    return _problems(found)
+
+
+def _problems(found: list[tuple[str, str, str] | None]) -> list[tuple[str, str, str]]:
     return [problem for problem in dict.fromkeys(found) if problem]
 
 
