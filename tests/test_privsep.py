@@ -323,6 +323,47 @@ print(mine.recv(65536).decode())
 """
 
 
+HOSTILE_REPLIES_THEN_AN_ORDER = """
+import json, os, socket
+sock = socket.socket(fileno=int(os.environ[%r]))
+order = json.dumps({"op": "nope"}).encode()
+r, w = os.pipe()
+socket.send_fds(sock, [order], [r])  # a pipe where the reply socket goes
+full, kept = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+full.setblocking(False)
+try:
+    while True:
+        kept.send(b"x" * 4096, socket.MSG_DONTWAIT)  # fills full's queue: nothing more goes to it
+except BlockingIOError:
+    pass
+socket.send_fds(sock, [order], [kept.fileno()])  # an answer on kept would wait for ever
+mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+socket.send_fds(sock, [order], [theirs.fileno()])
+mine.settimeout(30)
+print(mine.recv(65536).decode())
+"""
+
+
+@pytest.mark.slow
+def test_a_reply_descriptor_that_is_no_socket_or_a_full_one_neither_stops_nor_blocks_the_starter(tmp_path):
+    """The queue's side chooses the reply descriptor: a pipe made root's starter raise out of
+    its loop (the worker killed with it), and a socket whose other end is full and kept open
+    blocked it for good (answering nothing, reaping no one). It answers the order after both."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(HOSTILE_REPLIES_THEN_AN_ORDER % "GPUQ_STARTER_FD")
+    starter = (
+        "import os, sys\nfrom gpuq.host import privsep\n"
+        "me = privsep.Account(os.getuid(), os.getgid())\n"
+        f"sys.exit(privsep.serve([{sys.executable!r}, {str(worker)!r}], me, dict(os.environ)))\n"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", starter], cwd=REPO, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the starter blocked on a reply socket whose other end is full")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"error": "unknown order 'nope'"}, done.stdout
+
+
 @pytest.mark.slow
 def test_an_empty_message_is_no_end_of_file_and_the_starter_answers_the_next_order(tmp_path):
     """An empty message reads as zero bytes, as the end of file does: the starter must not take

@@ -115,22 +115,42 @@ def test_what_another_uid_owns_in_the_code_is_named_even_a_link_back_up_or_cache
     assert _code_problems(layout) == sorted(map(str, want))
 
 
-def test_a_link_is_judged_at_every_hop_and_a_dangling_one_by_where_its_target_would_be(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("shared_mode", [0o777, 0o1777])
+def test_a_link_is_judged_at_every_hop_and_one_to_nothing_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_mode: int
 ):
     """A module that links to a link in a directory others can write, which links on to a safe
-    file: the middle hop is theirs to swap. A module that links to a file not there yet, in a
-    directory others can write: whoever makes it decides what root imports."""
+    file: the middle hop is theirs to swap (unless the directory is sticky). A module that
+    links to nothing: whoever may make what it names decides what root imports, sticky
+    directory or not."""
     code, layout = _stand_in(tmp_path, monkeypatch)
     safe, shared = tmp_path / "safe", tmp_path / "shared"
     safe.mkdir()
     shared.mkdir()
-    os.chmod(shared, 0o777)
+    os.chmod(shared, shared_mode)
     (safe / "real.py").write_text("")
     (shared / "hop.py").symlink_to(safe / "real.py")
     (code / "model" / "bounce.py").symlink_to(shared / "hop.py")
     (code / "model" / "plug.py").symlink_to(shared / "plug.py")
-    assert _code_problems(layout) == [str(shared)]
+    want = [code / "model" / "plug.py"] + ([shared] if shared_mode == 0o777 else [])
+    assert _code_problems(layout) == sorted(map(str, want))
+
+
+def test_a_directory_python_imports_from_is_nobodys_to_add_to_even_sticky(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The code directory, the directory above it (first on the worker's sys.path: a json.py
+    there is imported in place of the standard library's), and a package that is a link to a
+    directory: a sticky bit keeps others from swapping what is there, not from adding a
+    module (or an extension module, which Python prefers to a .py)."""
+    code, layout = _stand_in(tmp_path, monkeypatch)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    (sticky / "mod.py").write_text("")
+    (code / "plugins").symlink_to(sticky)
+    for directory in (code, tmp_path, sticky):
+        os.chmod(directory, 0o1777)
+    assert _code_problems(layout) == sorted(map(str, [code, tmp_path, code / "plugins"]))
 
 
 def test_an_entry_gone_while_the_code_is_walked_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -154,5 +174,5 @@ def test_links_in_a_circle_are_named_not_followed_for_ever(tmp_path: Path):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     assert [why for _, why, _ in chain_problems(tmp_path / "a" / "x.py", os.geteuid())] == [
-        "is reached through too many links in a row"
+        "is reached through too many links, or too long a path"
     ]

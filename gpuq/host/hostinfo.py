@@ -52,6 +52,7 @@ class UnsafePath(PermissionError):
 
 
 MAX_LINK_HOPS = 40  # as the kernel's ELOOP
+MAX_PATH = 4096  # as the kernel's PATH_MAX: links that grow a path beyond it are refused, not followed
 
 
 def chain_problems(path: str | Path, trusted_uid: int) -> list[tuple[str, str, str]]:
@@ -66,10 +67,13 @@ def chain_problems(path: str | Path, trusted_uid: int) -> list[tuple[str, str, s
     judges what it made)."""
     found: list[tuple[str, str, str] | None] = []
     pending, hops = os.path.abspath(path), 0
-    while hops <= MAX_LINK_HOPS:
+    while hops <= MAX_LINK_HOPS and len(pending) <= MAX_PATH:
         parts = [p for p in pending.split("/") if p]
         link = None
-        for depth, prefix in enumerate(_prefixes(pending)):
+        # One prefix at a time: a walk stops at the first link, and a path of thousands of
+        # components (a link's target may be 4 KB) must not be spelled out whole each hop.
+        prefixes = ("/" + "/".join(parts[:i]) for i in range(len(parts) + 1))
+        for depth, prefix in enumerate(prefixes):
             try:
                 st = os.lstat(prefix)
             except OSError:
@@ -88,7 +92,8 @@ def chain_problems(path: str | Path, trusted_uid: int) -> list[tuple[str, str, s
         # The rest of the path, now below the link's target (not normalized: a `..` after a
         # link is its target's parent, as the kernel resolves it).
         pending, hops = os.path.join(os.path.dirname(prefix), target, *rest), hops + 1
-    found.append((pending, "is reached through too many links in a row", f"replace {path} by the file it means"))
+    too_far = "is reached through too many links, or too long a path"
+    found.append((str(path), too_far, f"replace {path} by what it means"))
     return _problems(found)
 
 

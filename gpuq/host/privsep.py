@@ -209,6 +209,11 @@ def split(account: Account) -> int | None:
     return ours.detach()
 
 
+# The starter's answers never wait: the reply socket is the queue side's, which could leave its
+# other end full and open, and a blocked starter answers nothing and reaps no one.
+NOWAIT = socket.MSG_DONTWAIT
+
+
 def _serve_order(
     sock: socket.socket,
     account: Account,
@@ -227,40 +232,45 @@ def _serve_order(
         for fd in fds:
             os.close(fd)
         return order is not None
-    reply = socket.socket(fileno=fds[0])
+    try:  # the reply descriptor is the queue side's: a socket of its choosing, or no socket
+        if not stat.S_ISSOCK(os.fstat(fds[0]).st_mode):
+            raise OSError(errno.ENOTSOCK, "the reply descriptor is no socket")
+        reply = socket.socket(fileno=fds[0])
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        return True
     try:
-        if stat.S_ISSOCK(os.fstat(reply.fileno()).st_mode) is False:
-            return True
         op = order.get("op")
         if op not in ops:
             raise Refused(f"unknown order {op!r}")
         if op == "give" and len(fds) == 2:
             _give(fds[1], order.get("uid"), account)
-            send(reply, {"given": True}, [])
+            send(reply, {"given": True}, [], NOWAIT)
         elif op == "place" and len(fds) == 3:
             _place(fds[1], order.get("name"), fds[2], order.get("as"), account)
-            send(reply, {"placed": True}, [])
+            send(reply, {"placed": True}, [], NOWAIT)
         elif op == "start":
             checked = _check_order(order, fds[1:], account)
             start_keeper(reply, checked, dict(zip(order["fds"], fds[1:])))
         elif op == "mps" and mps_dir is not None:
-            send(reply, _mps(order, mps_dir), [])
+            send(reply, _mps(order, mps_dir), [], NOWAIT)
         elif op == "program" and programs:
             pid, out = _program(order, account, programs)
             try:
-                send(reply, {"started": pid, "fds": ["out"]}, [out])
+                send(reply, {"started": pid, "fds": ["out"]}, [out], NOWAIT)
             finally:
                 os.close(out)
         else:
             raise Refused(f"unknown order {op!r}")
     except Refused as e:
         try:
-            send(reply, {"error": str(e)}, [])
+            send(reply, {"error": str(e)}, [], NOWAIT)
         except OSError:
             pass
     except OSError as e:
         try:
-            send(reply, {"error": f"{e.strerror or e}"}, [])
+            send(reply, {"error": f"{e.strerror or e}"}, [], NOWAIT)
         except OSError:
             pass
     finally:

@@ -49,11 +49,11 @@ def libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def send(sock: socket.socket, message: dict, fds: list[int]) -> None:
+def send(sock: socket.socket, message: dict, fds: list[int], flags: int = 0) -> None:
     data = json.dumps(message).encode()
     if len(data) > MAX_ORDER:
         raise Refused(f"order of {len(data)} bytes, over {MAX_ORDER}")
-    socket.send_fds(sock, [data], fds) if fds else sock.send(data)
+    socket.send_fds(sock, [data], fds, flags) if fds else sock.send(data, flags)
 
 
 def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:

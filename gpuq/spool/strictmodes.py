@@ -35,7 +35,13 @@ def problems(layout: Layout, queue_uid: int, launcher: str | None = None, root_u
         (layout.logs, "logs/", queue_uid),
     ):
         _check_chain(path, what, trusted, found)
-    _check_code(Path(__file__).resolve().parents[1], root_uid, found)
+    code = Path(__file__).resolve().parents[1]
+    _check_code(code, root_uid, found)
+    # The directories Python looks in first (the worker boots with the code's parent first on
+    # sys.path; the launcher's directory is the script's): nobody may add a file there, even
+    # under a sticky bit (a `json.py` there is imported in place of the standard library's).
+    for first_on_path in {code.parent, *([Path(launcher).parent] if launcher else [])}:
+        _nobody_may_add(first_on_path, "gpuq's code", root_uid, found)
     for extra in (launcher, sys.executable):
         if extra:
             _check_chain(
@@ -87,6 +93,7 @@ def _check_code(code: Path, root_uid: int, found: list[str]) -> None:
     decides what it is); one to a directory that passed is entered, as Python imports what lies
     there (each directory once: a link back up is no loop)."""
     _check_chain(code, "gpuq's code", root_uid, found)
+    _nobody_may_add(code, "gpuq's code", root_uid, found)
     walked: set[str] = set()
     code_real = os.path.realpath(code)
     for directory, subdirectories, files in os.walk(code, followlinks=True):
@@ -100,15 +107,29 @@ def _check_code(code: Path, root_uid: int, found: list[str]) -> None:
                 continue  # gone since the listing: nothing to import
             if stat.S_ISLNK(st.st_mode):
                 problems = chain_problems(path, root_uid)
+                if not os.path.exists(path):  # whoever may make what it names decides what root imports
+                    problems.append((path, "is a link to nothing", f"rm {path}"))
                 found += [_message(problem, "gpuq's code") for problem in problems]
                 if problems:
                     continue  # not entered: what lies there is already refused
+                _nobody_may_add(Path(path), "gpuq's code", root_uid, found)
             elif (problem := entry_problem(path, st, root_uid, sticky_ok=False)) is not None:
                 found.append(_message(problem, "gpuq's code"))
             real = os.path.realpath(path)
             if name in subdirectories and real not in walked and not code_real.startswith(real.rstrip("/") + "/"):
                 enter.append(name)  # not a directory above the code (a link to / would walk the disk)
         subdirectories[:] = enter
+
+
+def _nobody_may_add(directory: Path, what: str, root_uid: int, found: list[str]) -> None:
+    """A directory Python imports from (followed, if a link): a sticky bit keeps others from
+    swapping what is there, not from adding a module Python prefers to it."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return  # missing, or a link to nothing: said elsewhere
+    if stat.S_ISDIR(st.st_mode) and (problem := entry_problem(str(directory), st, root_uid, sticky_ok=False)):
+        found.append(_message(problem, what))
 
 
 def _message(problem: tuple[str, str, str], what: str) -> str:
