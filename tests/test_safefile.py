@@ -45,3 +45,29 @@ def test_every_kind_of_wrong_file_is_refused_with_why(tmp_path: Path):
     assert _why(other, owners={os.getuid() + 1}) == safefile.NOT_OWNER
     with pytest.raises(FileNotFoundError):
         read_plain(tmp_path / "missing", 100)
+
+
+def test_a_file_read_while_its_writer_removes_its_temporary_name_is_read(tmp_path):
+    """atomic_write(exclusive=True) links the file into place, then removes its temporary
+    name: read in between, it has two links. Such a read waits for the second to go (an id
+    reservation read so was nobody's, and a job of the demo was refused as another's)."""
+    import threading
+
+    path, temporary = tmp_path / "x.json", tmp_path / ".x.json.tmp"
+    path.write_bytes(b'{"uid":0}')
+    os.link(path, temporary)
+    timer = threading.Timer(0.02, os.unlink, (temporary,))
+    timer.start()
+    try:
+        assert read_plain(path, 100)[0] == b'{"uid":0}'
+    finally:
+        timer.join()
+
+
+def test_a_file_that_keeps_a_second_link_is_still_refused(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_bytes(b"{}")
+    os.link(path, tmp_path / "elsewhere")
+    with pytest.raises(NotPlain) as refused:
+        read_plain(path, 100)
+    assert refused.value.why == safefile.LINKS

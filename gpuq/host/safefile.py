@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 
 # Why a file was not read, in the words the callers' messages use.
 LINK = "is a symbolic link"
@@ -18,6 +19,7 @@ NOT_REGULAR = "is not a regular file"
 LINKS = "has more than one hard link"
 NOT_OWNER = "belongs to someone it may not come from"
 TOO_BIG = "is over the size cap"
+LINK_SETTLE_S = 0.2  # how long a file with a second link may take to lose it (see read_plain)
 
 
 class NotPlain(Exception):
@@ -45,6 +47,13 @@ def read_plain(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotPlain(NOT_REGULAR, st)
+        settle = time.monotonic() + LINK_SETTLE_S
+        while st.st_nlink == 2 and time.monotonic() < settle:
+            # A file made exclusively (host/files.py atomic_write) is linked into place before
+            # its temporary name goes: read in between, an id reservation was "nobody's" and a
+            # member's own job was refused as another's. Its writer removes that name at once.
+            time.sleep(0.005)
+            st = os.fstat(fd)
         if st.st_nlink != 1:
             raise NotPlain(LINKS, st)
         if owners is not None and st.st_uid not in owners:
