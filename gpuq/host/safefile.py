@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import time
 
 # Why a file was not read, in the words the callers' messages use.
 LINK = "is a symbolic link"
@@ -19,7 +18,6 @@ NOT_REGULAR = "is not a regular file"
 LINKS = "has more than one hard link"
 NOT_OWNER = "belongs to someone it may not come from"
 TOO_BIG = "is over the size cap"
-LINK_SETTLE_S = 0.2  # how long a file with a second link may take to lose it (see read_plain)
 
 
 class NotPlain(Exception):
@@ -29,6 +27,24 @@ class NotPlain(Exception):
     def __init__(self, why: str, st: os.stat_result | None = None) -> None:
         super().__init__(why)
         self.why, self.st = why, st
+
+
+def _writers_leftover(path: os.PathLike[str] | str, st: os.stat_result) -> bool:
+    """Whether the file's second link is the temporary name host/files.py atomic_write gave it
+    before linking it into place (`.<name>.<pid>.<hex>.tmp`, beside it): a writer killed
+    between the two steps leaves it for good. A name only whoever may write the directory can
+    make, for an inode with no name anywhere else: no hard link to someone else's file."""
+    directory, name = os.path.split(os.fspath(path))
+    prefix = f".{name[:100]}."
+    try:
+        names = [n for n in os.listdir(directory or ".") if n.startswith(prefix) and n.endswith(".tmp")]
+        for other in names:
+            there = os.lstat(os.path.join(directory, other))
+            if (there.st_ino, there.st_dev) == (st.st_ino, st.st_dev):
+                return True
+    except OSError:
+        pass
+    return False
 
 
 def read_plain(
@@ -47,14 +63,11 @@ def read_plain(
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotPlain(NOT_REGULAR, st)
-        settle = time.monotonic() + LINK_SETTLE_S
-        while st.st_nlink == 2 and time.monotonic() < settle:
-            # A file made exclusively (host/files.py atomic_write) is linked into place before
-            # its temporary name goes: read in between, an id reservation was "nobody's" and a
-            # member's own job was refused as another's. Its writer removes that name at once.
-            time.sleep(0.005)
-            st = os.fstat(fd)
-        if st.st_nlink != 1:
+        # A file atomic_write made exclusively has a second link, its temporary name, from
+        # when it is linked into place until that name goes (for good, if the writer was
+        # killed between): read then, an id reservation was "nobody's" and a member's own job
+        # was refused as another's. Its name may have gone since the fstat: asked again.
+        if st.st_nlink != 1 and not (st.st_nlink == 2 and _writers_leftover(path, st)) and os.fstat(fd).st_nlink != 1:
             raise NotPlain(LINKS, st)
         if owners is not None and st.st_uid not in owners:
             raise NotPlain(NOT_OWNER, st)
