@@ -82,3 +82,16 @@ def test_a_file_whose_writer_was_killed_before_it_removed_its_temporary_name_is_
     path.write_bytes(b'{"uid":0}')
     os.link(path, tmp_path / ".t0088.17163.698245d5.tmp")
     assert read_plain(path, 100)[0] == b'{"uid":0}'
+
+
+def test_two_links_in_a_directory_others_may_write_are_refused_whatever_their_names(tmp_path):
+    """In jobs/ (sticky, the team's) a member could give another's file two names, one of them
+    looking like a writer's temporary name: no exception there."""
+    shared = tmp_path / "jobs"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    path = shared / "x.yaml"
+    path.write_bytes(b"command: true\n")
+    os.link(path, shared / ".x.yaml.1.ab.tmp")
+    with pytest.raises(NotPlain):
+        read_plain(path, 100)

@@ -33,10 +33,13 @@ def _writers_leftover(path: os.PathLike[str] | str, st: os.stat_result) -> bool:
     """Whether the file's second link is the temporary name host/files.py atomic_write gave it
     before linking it into place (`.<name>.<pid>.<hex>.tmp`, beside it): a writer killed
     between the two steps leaves it for good. A name only whoever may write the directory can
-    make, for an inode with no name anywhere else: no hard link to someone else's file."""
+    make, for an inode with no name anywhere else; and only in a directory no group or other
+    may write (state/'s, not jobs/: there a member could name two links to another's file so)."""
     directory, name = os.path.split(os.fspath(path))
     prefix = f".{name[:100]}."
     try:
+        if os.lstat(directory or ".").st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return False
         names = [n for n in os.listdir(directory or ".") if n.startswith(prefix) and n.endswith(".tmp")]
         for other in names:
             there = os.lstat(os.path.join(directory, other))
