@@ -14,20 +14,32 @@ from gpuq.spool.layout import Layout
 MODULES = ("__init__.py", "model/__init__.py", "model/spec.py", "spool/__init__.py", "spool/strictmodes.py")
 
 
+def _stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Layout]:
+    """The code's shape (packages, and modules in them) under tmp_path/gpuq, and a queue root:
+    problems() finds the code from where strictmodes.py lies, here in the stand-in."""
+    code = tmp_path / "gpuq"
+    for module in MODULES:
+        (code / module).parent.mkdir(parents=True, exist_ok=True)
+        (code / module).write_text("")
+    monkeypatch.setattr(strictmodes, "__file__", str(code / "spool" / "strictmodes.py"))
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    return code, layout
+
+
+def _code_problems(layout: Layout) -> list[str]:
+    me = os.geteuid()
+    return sorted(p.split(" (gpuq's code) ")[0] for p in strictmodes.problems(layout, me, root_uid=me))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives entries to another uid (CI runs as root)")
 def test_a_module_file_others_can_write_is_reported_not_only_a_package_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """A world-writable module, and a group-writable one of a group other than root's, are
     each named with the fix: a check of the package directories alone would pass a module
     that any member may rewrite, and so run as root."""
-    code = tmp_path / "gpuq"  # the code's shape: packages, and modules in them
-    for module in MODULES:
-        (code / module).parent.mkdir(parents=True, exist_ok=True)
-        (code / module).write_text("")
-    # problems() finds the code from where strictmodes.py lies: here, in the stand-in.
-    monkeypatch.setattr(strictmodes, "__file__", str(code / "spool" / "strictmodes.py"))
-    layout = Layout(tmp_path / "root")
-    layout.ensure()
+    code, layout = _stand_in(tmp_path, monkeypatch)
     me = os.geteuid()  # whose the code must be: root's for a root start, here this test's
 
     def code_problems() -> list[str]:
@@ -53,13 +65,7 @@ def test_a_link_in_the_code_is_judged_by_where_it_leads_and_a_directory_by_its_o
     directory others can write, a module others can write in a package that is a link to a
     safe directory (Python imports it all the same), and a package directory others can
     write: each named. The tree is walked entry by entry, so a link must be followed on its own."""
-    code = tmp_path / "gpuq"
-    for module in MODULES:
-        (code / module).parent.mkdir(parents=True, exist_ok=True)
-        (code / module).write_text("")
-    monkeypatch.setattr(strictmodes, "__file__", str(code / "spool" / "strictmodes.py"))
-    layout = Layout(tmp_path / "root")
-    layout.ensure()
+    code, layout = _stand_in(tmp_path, monkeypatch)
     me = os.geteuid()
     outside = tmp_path / "outside"
     (outside / "pkg").mkdir(parents=True)
@@ -79,23 +85,6 @@ def test_a_link_in_the_code_is_judged_by_where_it_leads_and_a_directory_by_its_o
     assert sorted(found) == sorted(map(str, want)), found
 
 
-def _stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Layout]:
-    code = tmp_path / "gpuq"
-    for module in MODULES:
-        (code / module).parent.mkdir(parents=True, exist_ok=True)
-        (code / module).write_text("")
-    monkeypatch.setattr(strictmodes, "__file__", str(code / "spool" / "strictmodes.py"))
-    layout = Layout(tmp_path / "root")
-    layout.ensure()
-    return code, layout
-
-
-def _code_problems(layout: Layout) -> list[str]:
-    me = os.geteuid()
-    return sorted(p.split(" (gpuq's code) ")[0] for p in strictmodes.problems(layout, me, root_uid=me))
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="gives entries to another uid (CI runs as root)")
 def test_what_another_uid_owns_in_the_code_is_named_even_a_link_back_up_or_cached_bytecode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
