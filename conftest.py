@@ -30,6 +30,14 @@ REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO / "tests"))
 PY = sys.executable
 
+# A suite started in the background from a script (`pytest ... &`) or under nohup inherits
+# SIGINT or SIGHUP ignored, and every process it starts would too: the tests that press Ctrl-C
+# in `gpuq serve` or close `gpuq run`'s terminal then failed for the way the suite was started.
+# Each test process (xdist's workers import this too) takes them back to their defaults.
+for _sig, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, _default)
+
 
 def wait_until(
     predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.05, what: str = "condition"
