@@ -21,14 +21,18 @@ MAX_AGE_S = 7 * 86400.0
 AGE_PER_S = AGE_WEIGHT / MAX_AGE_S
 
 
-def shares(usage: Mapping[str, float], users: Iterable[str]) -> dict[str, float]:
+def shares(usage: Mapping[str, float], users: Iterable[str], only: Iterable[str] | None = None) -> dict[str, float]:
     """Each user's fair-share factor 2^(-U/S) (Slurm's classic formula): U their part of all
     usage, S their part of the team (equal shares among `users` and those with usage). 1.0 for
-    a user who has used nothing; 0.5 for one who used exactly their share."""
+    a user who has used nothing; 0.5 for one who used exactly their share. `only`: the factors
+    of these users alone (a pass ranks the users with jobs waiting, of a trace's hundreds)."""
     everyone = set(users) | set(usage)
     total = sum(usage.values())
     share = 1.0 / max(1, len(everyone))
-    return {u: 2.0 ** (-(usage.get(u, 0.0) / total if total > 0 else 0.0) / share) for u in everyone}
+    return {
+        u: 2.0 ** (-(usage.get(u, 0.0) / total if total > 0 else 0.0) / share)
+        for u in (everyone if only is None else only)
+    }
 
 
 def rank_score(fair_share: float, waited_s: float) -> float:
@@ -98,7 +102,8 @@ def queue_keys(
     two jobs are never compared). Built in one comprehension: a pass sorts thousands."""
     if not config.fair_share:
         return [(j.order, j.queued_at, j.id_order, j) for j in pending]
-    factors = shares(effective_usage(usage, running, slots, config, now), {j.user for j in pending})
+    waiting = {j.user for j in pending}
+    factors = shares(effective_usage(usage, running, slots, config, now), waiting, only=waiting)
     # rank_score inlined, its fair-share part once per user: a pass ranks thousands of jobs
     # (a deep queue's replay spent a tenth of its time in the calls).
     fair = {user: FAIR_SHARE_WEIGHT * f for user, f in factors.items()}

@@ -99,53 +99,61 @@ def build_slots(
 ) -> list[Slot]:
     """`invisible`: opportunistic jobs can be made to yield (preemption on), so ordinary work
     plans as if they did not run; otherwise they count like any other job."""
-    by_gpu: dict[tuple[str, int], list["RunningJob"]] = {}
-    for job in running:
-        for index in job.gpus:
-            by_gpu.setdefault((job.host, index), []).append(job)
-    slots = []
+    slots: list[Slot] = []
+    gpus: list[GpuSnapshot] = []  # each slot's snapshot, for its free memory at the end
+    at: dict[tuple[str, int], Slot] = {}
     for host in hosts:
         idle_map = host.others_idle_since
         for gpu in host.gpus:
             index = gpu.index
-            whole = gpu.mem_total_mib - reserve_mib
             idle_since = idle_map.get(index, float("-inf")) if idle_map else float("-inf")
             slot = Slot(
                 host.name,
                 index,
                 gpu.mem_total_mib,
-                whole,
-                0,
+                gpu.mem_total_mib - reserve_mib,
+                0,  # free: the memory gpuq's ordinary jobs are charged, until the end
                 0,
                 0,
                 True,
-                idle=idle_since is not None and now - idle_since >= idle_after_s,
-                busy_by_others=idle_since is None,
+                idle_since is not None and now - idle_since >= idle_after_s,
+                idle_since is None,
             )
-            observed = charged = 0
-            for job in by_gpu.get((host.name, index), ()) if by_gpu else ():
-                mib = charged_mib(job, index, whole)
-                observed += job.observed_mib.get(index, 0) if job.observed_mib else 0
-                if job.preemptible and invisible:
-                    slot.opp_mib += mib
-                    slot.opp_jobs += 1
-                    if job.mps:
-                        slot.opp_mps_users |= {job.user}
-                    if not job.stopping:
-                        slot.victims += (job,)
-                    continue
-                charged += mib
-                slot.jobs += 1
-                slot.compute_room -= compute_of(job.compute_pct)
-                if job.mps:
-                    slot.mps_users |= {job.user}
-            # As usable_mib: beyond what gpuq's jobs are observed to use, `used` is others'.
-            others = gpu.mem_used_mib - observed if gpu.mem_used_mib > observed else 0
-            slot.free = slot.free_opportunistic = (
-                gpu.mem_total_mib - (others if others > reserve_mib else reserve_mib) - charged
-            )
-            slot.others_clear = others <= reserve_mib
             slots.append(slot)
+            gpus.append(gpu)
+            at[(host.name, index)] = slot
+    # Each job once, straight onto its GPUs' slots (no job list per GPU): a deep replay builds
+    # the slots 20,000 times.
+    observed: dict[int, int] = {}  # id(slot) -> memory gpuq's jobs are observed to use there
+    for job in running:
+        for index in job.gpus:
+            on = at.get((job.host, index))
+            if on is None:
+                continue  # a GPU its host no longer reports
+            mib = charged_mib(job, index, on.whole)
+            if job.observed_mib:
+                observed[id(on)] = observed.get(id(on), 0) + job.observed_mib.get(index, 0)
+            if job.preemptible and invisible:
+                on.opp_mib += mib
+                on.opp_jobs += 1
+                if job.mps:
+                    on.opp_mps_users |= {job.user}
+                if not job.stopping:
+                    on.victims += (job,)
+                continue
+            on.free += mib
+            on.jobs += 1
+            on.compute_room -= 100 if job.compute_pct is None else job.compute_pct  # compute_of
+            if job.mps:
+                on.mps_users |= {job.user}
+    for slot, gpu in zip(slots, gpus):
+        # As usable_mib: beyond what gpuq's jobs are observed to use, `used` is others'.
+        seen = observed.get(id(slot), 0) if observed else 0
+        others = gpu.mem_used_mib - seen if gpu.mem_used_mib > seen else 0
+        slot.free = slot.free_opportunistic = (
+            gpu.mem_total_mib - (others if others > reserve_mib else reserve_mib) - slot.free
+        )
+        slot.others_clear = others <= reserve_mib
     return slots
 
 

@@ -64,14 +64,13 @@ def plan(
         hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s, invisible=config.preemption
     )
     booked = _apply_set_asides(slots, set_aside, now)
-    use = fairshare.gpu_use_by_user(running, slots)
     keys = fairshare.queue_keys(pending, running, slots, config, now, usage or {})
     if explain:
         keys.sort()
     in_window = window_open(config.idle_windows, now)
     result = Plan([], {}, [key[-1].id for key in keys] if explain else [])
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
-    pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, use, blocked, estimates or {})
+    pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, blocked, estimates or {})
     pass_.needs = needs
     pass_.queue = pending
     # Two comprehensions, not a loop of appends: a pass splits thousands (most queues hold
@@ -126,7 +125,6 @@ class _Pass:
         explain: bool,
         result: Plan,
         booked: Mapping,
-        use: Mapping[str, float],
         blocked: Mapping[str, str],
         estimates: Mapping[str, float],
     ) -> None:
@@ -136,7 +134,7 @@ class _Pass:
         self.cpu_free = {h.name: h.cpu_slots for h in hosts}
         # Cores and host memory jobs hold (-c, --mem), where boxes say what they have (not a replay's).
         self.box_room = BoxRoom(hosts, running, config) if BoxRoom.applies(hosts) else None
-        self.held_gpus = {u: 0 for u in use}
+        self.held_gpus: dict[str, int] = {}  # whole GPUs each user's jobs hold, for max_gpus_per_user
         for job in running:
             self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + len(job.gpus)
             if not job.gpus and job.host in self.cpu_free:
@@ -192,13 +190,22 @@ class _Pass:
         Once neither can, the rest of the queue only needs reasons: a worker (which needs no
         reasons) then stops walking it, so a pass with thousands waiting costs little."""
         limit = self.config.max_jobs_per_gpu
-        free = any(s.free > 0 and s.jobs < limit for s in self.slots)
-        reserved = [s.reserved_from for s in self.slots if s.reserved_mib > 0 and s.jobs < limit]
+        free = False
+        reserved_until = -float("inf")  # the latest moment reserved memory is due (none: -inf)
+        empty = 0
+        for s in self.slots:  # one walk: a replay calls this some 50,000 times
+            if s.jobs < limit:
+                free = free or s.free > 0
+                if s.reserved_mib > 0 and s.reserved_from > reserved_until:
+                    reserved_until = s.reserved_from
+            if s.jobs == 0 and s.held_for is None:  # Slot.ordinary_empty
+                empty += 1
+        reserved = reserved_until > -float("inf")
         self.gpu_full = not free and not reserved and not (self.config.reservations and not self.reserved)
         # Where only reserved memory is left, only a job that ends by then may start (backfill).
-        self.backfill_until = max(reserved) if not free and reserved else float("inf")
+        self.backfill_until = reserved_until if not free and reserved else float("inf")
         self.cpu_full = not any(n > 0 for n in self.cpu_free.values())
-        self.room_to_spare = 2 * sum(1 for s in self.slots if s.ordinary_empty) >= len(self.slots)
+        self.room_to_spare = 2 * empty >= len(self.slots)
 
     def waits(self, job: PendingJob, reason: str) -> None:
         if not self.explain:
