@@ -97,8 +97,10 @@ def _check_code(code: Path, root_uid: int, found: list[str]) -> None:
     walked: set[str] = set()
     code_real = os.path.realpath(code)
     for directory, subdirectories, files in os.walk(code, followlinks=True):
-        walked.add(os.path.realpath(directory))
+        here = os.path.realpath(directory)
+        walked.add(here)
         enter = []
+        dirs = set(subdirectories)
         for name in sorted([*subdirectories, *files]):
             path = os.path.join(directory, name)
             try:
@@ -115,8 +117,12 @@ def _check_code(code: Path, root_uid: int, found: list[str]) -> None:
                 _nobody_may_add(Path(path), "gpuq's code", root_uid, found)
             elif (problem := entry_problem(path, st, root_uid, sticky_ok=False)) is not None:
                 found.append(_message(problem, "gpuq's code"))
-            real = os.path.realpath(path)
-            if name in subdirectories and real not in walked and not code_real.startswith(real.rstrip("/") + "/"):
+            if name not in dirs:
+                continue
+            # Where it really is (a plain directory: here/name; resolving every entry's path
+            # from / was most of a worker's start).
+            real = os.path.realpath(path) if stat.S_ISLNK(st.st_mode) else os.path.join(here, name)
+            if real not in walked and not code_real.startswith(real.rstrip("/") + "/"):
                 enter.append(name)  # not a directory above the code (a link to / would walk the disk)
         subdirectories[:] = enter
 
