@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 from test_plan import GIB, gpu, host
@@ -16,7 +17,7 @@ from gpuq.model.spec import JobSpec
 from gpuq.model.usage import UsageLedger
 from gpuq.model.windows import parse_window
 from gpuq.sched.fairshare import shares
-from gpuq.sched.plan import plan
+from gpuq.sched.plan import RESERVE_DEPTH, _Pass, plan
 
 CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, idle_after_s=60, reservations=True)
 
@@ -170,6 +171,50 @@ def test_no_reservation_where_a_job_without_a_limit_holds_the_gpus():
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=0), job("long", queued_at=1, limit_s=7200)]
     result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=100)
     assert result.reserved == {} and list(starts(result)) == ["long"]
+
+
+@pytest.mark.parametrize("explain", [True, False], ids=["status", "worker"])
+def test_a_head_nothing_tells_the_start_of_leaves_the_reservation_to_the_next_job(explain):
+    """pinned may run on a only, whose jobs have no limit: nothing tells when it could start.
+    The reservation goes to wide, behind it, on b (its job's limit ends at 600): a short job
+    backfills, a long one waits. (Once the head had no reservation, nobody had one, and a stream
+    of single-GPU jobs on b kept wide waiting for as long as it lasted.)"""
+    busy = [
+        run("a0", "a", gpus=(0,), mem_gib=None),
+        run("a1", "a", gpus=(1,), mem_gib=None),
+        run("b0", "b", gpus=(0,), mem_gib=None, limit_s=600),
+    ]
+    pinned = job("pinned", gpus=2, mem_gib=None, queued_at=0, limit_s=60)
+    pending = [
+        replace(pinned, spec=replace(pinned.spec, hosts=("a",))),
+        job("wide", gpus=4, mem_gib=None, queued_at=1, limit_s=60),
+        job("short", mem_gib=None, queued_at=2, limit_s=300),
+        job("long", mem_gib=None, queued_at=3, limit_s=3600),
+    ]
+    hosts = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1), gpu(2), gpu(3))]
+    result = plan(pending, hosts, busy, CFG, now=100, explain=explain)
+    assert result.reserved == {"wide": ("b", (0, 1, 2, 3), 600)}
+    assert list(starts(result)) == ["short"]
+    if explain:
+        assert result.reasons["long"].startswith("GPU reserved for job wide from ")
+        assert result.reasons["long"].endswith("its time limit (1h00m) runs past that")
+
+
+def test_a_pass_stops_looking_for_a_job_to_reserve_for_after_reserve_depth():
+    """No GPU frees by any limit: a worker's pass tries RESERVE_DEPTH jobs, then stops walking."""
+    busy = [run("s0", gpus=(0,), mem_gib=None), run("s1", gpus=(1,), mem_gib=None)]
+    pending = [job(f"j{i}", gpus=2, mem_gib=None, queued_at=i, limit_s=60 + i) for i in range(RESERVE_DEPTH + 50)]
+    walked = []
+    real = _Pass.ordinary
+
+    def counting(self, job):
+        walked.append(job.id)
+        return real(self, job)
+
+    with mock.patch.object(_Pass, "ordinary", counting):
+        result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=100, explain=False)
+    assert result.reserved == {} and result.starts == []
+    assert len(walked) == RESERVE_DEPTH
 
 
 def test_the_reservation_goes_where_the_limits_free_room_soonest():

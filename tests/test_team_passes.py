@@ -251,6 +251,25 @@ def test_a_wide_job_is_not_starved_across_boxes_by_small_jobs_and_low_ones(tmp_p
     assert [_finished(team, n).state for n in ("lo-1", "lo-2")] == [State.DONE] * 2
 
 
+def test_a_wide_job_is_not_starved_behind_a_head_nothing_tells_the_start_of(tmp_path):
+    """Box a runs two jobs without a time limit, and the head of the queue may run on a only:
+    nothing tells when it could start. The reservation goes to the wide job behind it, on b,
+    where a stream of small jobs (each with a limit) flows: it runs while the stream goes on.
+    (A member's review found it starved: once the head had no reservation, nobody had one.)"""
+
+    def runs(record: Record) -> Run:
+        return Run(seconds=10_000) if record.id.startswith("forever") else _small_run(record)
+
+    team = _team(tmp_path / "root", {"a": "2x80GiB", "b": "2x80GiB"}, runs, reserve_after_s=4)
+    for name in ("forever-1", "forever-2"):
+        team.drop(f"{name}.yaml", "command: loop\ngpus: 1\nhosts: [a]\n")
+    team.run_until(lambda: len(team.running()) == 2, step_s=0.2)
+    team.drop("pinned.yaml", "command: echo pinned\ngpus: 2\nhosts: [a]\ntime_limit: 1m\n")
+    wide = "command: echo wide\ngpus: 2\n"
+    assert _ends_during_stream(team, _small, 0.5, "wide", wide, within_s=25)
+    assert _finished(team, "wide").state is State.DONE and not team.finished("pinned")
+
+
 @pytest.mark.parametrize("reservations", [True, False])
 def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(tmp_path, reservations):
     """Two GPUs; small jobs (one GPU each, with a time limit) keep arriving faster than they

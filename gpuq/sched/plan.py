@@ -22,6 +22,10 @@ from gpuq.sched import fairshare, placement, reasons
 from gpuq.sched.boxroom import BoxRoom, asks
 from gpuq.sched.placement import Slot, compute_of
 
+# The GPU jobs a pass walks that can neither start nor be reserved for before it stops looking
+# for one to reserve for (Slurm's backfill tests at most bf_max_job_test, 500, a pass).
+RESERVE_DEPTH = 500
+
 
 def _in_order(keys: list[tuple], presorted: bool) -> Iterator[PendingJob]:
     """The jobs of `keys` in queue order. A worker's pass usually starts one or two jobs and
@@ -157,7 +161,8 @@ class _Pass:
                     self.ending.setdefault(key, []).append((ends_by, placement.charged_mib(job, index, whole[key])))
         self.largest = max((s.whole for s in slots), default=0)
         self.behind: _Behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
-        self.reserved = False  # one reservation a pass: for the head of the queue
+        self.reserved = False  # one reservation a pass: for the head of the queue (or given up)
+        self.reserve_walk = 0  # GPU jobs walked that could neither start nor be reserved for
         self.backfill_until = float("inf")  # see _update_room
         self.booked_later = any(s.booked_later for s in slots)  # whether any GPU has a booking to come
         self.queue: Sequence[PendingJob] = ()
@@ -306,6 +311,8 @@ class _Pass:
         allowed, runtime, shape = self._allowed(job)
         if shape in self.failed:
             self.waits(job, self.failed[shape])
+            if spec.gpus:
+                self._not_reserved()
             return
         if allowed and self.box_room and not (allowed := self._box_room_for(self.box_room, job, allowed, shape)):
             return  # no box has the cores or memory it holds (said)
@@ -324,13 +331,28 @@ class _Pass:
             self._update_room()
             return
         if not self.reserved and self.config.reservations and self.now - job.queued_at >= self.config.reserve_after_s:
-            self.reserved = True  # the head's, or nobody's: EASY backfill protects one job
+            # EASY backfill protects one job: the first in order whose start the running jobs'
+            # limits tell. One whose GPUs run a job without a limit cannot be protected (nothing
+            # tells when it could start), and the next may be: a head held to a box of such
+            # jobs left a wide job behind it to a stream of short ones on the other box.
             if self._reserve(job, mine):
+                self.reserved = True
                 self._update_room()
                 return
+        self._not_reserved()
         if shape not in self.failed:
             self.failed[shape] = self._why_waiting(job, allowed, mine) if self.explain else ""
         self.waits(job, self.failed[shape])
+
+    def _not_reserved(self) -> None:
+        """One more job walked that can neither start nor be reserved for while no job has
+        this pass's reservation: after RESERVE_DEPTH the pass stops looking (else a cluster
+        full of jobs without limits had every pass walk the whole queue)."""
+        if not self.reserved and self.config.reservations:
+            self.reserve_walk += 1
+            if self.reserve_walk >= RESERVE_DEPTH:
+                self.reserved = True
+                self._update_room()
 
     def _gpus_for(self, job: PendingJob, allowed: list[str], ends_by: float, mps_user: str | None) -> list[Slot]:
         """The GPUs an ordinary job may use: on the hosts it may run on, not booked for someone
