@@ -441,6 +441,41 @@ def test_a_job_that_would_run_into_someone_elses_booking_does_not_start_on_those
     assert starts(plan([long], two, [], CFG, now=0, set_aside=[b])) == {"bo-long": ("h", (1,))}
 
 
+def test_a_job_kept_off_by_a_booking_names_the_booked_gpu_it_would_take():
+    """A member's review: both GPUs booked for ana from 1 h on, h:0 busy with a job of its own:
+    bo's 2-hour job would take h:1, and its reason named h:0 (the first booked GPU, full)."""
+    b = SetAside("h", (0, 1), start=3600, end=7200, owner="ana")
+    busy = [run("r0", gpus=(0,), mem_gib=None, user="cy", limit_s=1800)]
+    result = plan(
+        [job("bo-long", user="bo", mem_gib=None, limit_s=7200)],
+        [host("h", gpu(0), gpu(1))],
+        busy,
+        CFG,
+        now=0,
+        set_aside=[b],
+    )
+    assert starts(result) == {} and result.reasons["bo-long"].startswith("GPU h:1 booked for ana from ")
+    now = [SetAside("h", (0, 1), start=0, end=7200, owner="ana")]
+    result = plan(
+        [job("bo-now", user="bo", mem_gib=None)], [host("h", gpu(0), gpu(1))], busy, CFG, now=10, set_aside=now
+    )
+    assert result.reasons["bo-now"].startswith("GPU h:1 booked for ana until ")
+
+
+def test_a_job_held_to_some_hosts_says_so_where_none_of_theirs_is_free():
+    """A member's review: `needs a whole GPU; 0 GPUs are wholly free` while b's were idle."""
+    busy = [run("a0", "a", gpus=(0,), mem_gib=None)]
+    pinned = job("pinned", mem_gib=None)
+    result = plan(
+        [replace(pinned, spec=replace(pinned.spec, hosts=("a",)))],
+        [host("a", gpu(0)), host("b", gpu(0))],
+        busy,
+        CFG,
+        now=0,
+    )
+    assert result.reasons["pinned"] == "needs a whole GPU; 0 GPUs are wholly free among hosts a"
+
+
 def test_a_booking_owners_jobs_go_to_the_gpus_they_booked_first():
     """Newcomer review: ben's jobs went onto the one unbooked GPU while his booked ones sat
     empty, so ana's jobs waited."""

@@ -531,13 +531,11 @@ class _Pass:
             if reason := self._why_mps(job, mps_user, [s for s in slots if s.host in allowed]):
                 return reason
         others_booked = [s for s in slots if s.host in allowed and s.booked_for not in (None, job.user)]
-        if others_booked and placement.best_fit(spec, mine + others_booked, config.max_jobs_per_gpu):
-            s = others_booked[0]
+        if others_booked and (s := _booked_in(spec, mine, others_booked, config)) is not None:
             return f"GPU {s.label} booked for {s.booked_for} until {hhmm(s.booked_until)}"
         ends_by = self.ends_by(job)
         coming = [s for s in slots if s.host in allowed and _booked_before(s, job.user, ends_by)]
-        if coming and placement.best_fit(spec, mine + coming, config.max_jobs_per_gpu):
-            s = coming[0]
+        if coming and (s := _booked_in(spec, mine, coming, config)) is not None:
             start, owner = _booked_before(s, job.user, ends_by)  # type: ignore[misc]
             runs = "has no time limit" if ends_by == float("inf") else "may run past that (its time limit)"
             return f"GPU {s.label} booked for {owner} from {moment(start, self.now)}; this job {runs}"
@@ -580,6 +578,13 @@ def _apply_set_asides(slots: Sequence[Slot], bookings: Sequence[SetAside], now: 
             s.booked_for, s.booked_until = b.owner, b.end
         s.booked_later = tuple(sorted(later.get((s.host, s.index), ())))
     return booked
+
+
+def _booked_in(spec: JobSpec, mine: list[Slot], booked: list[Slot], config: Config) -> Slot | None:
+    """A booked GPU of the place the job would take if the bookings were not there (the one
+    its reason names: not merely the first booked, which may be full); None: none would do."""
+    fit = placement.best_fit(spec, mine + booked, config.max_jobs_per_gpu)
+    return next((s for s in fit if any(s is b for b in booked)), booked[0]) if fit else None
 
 
 def _booked_before(slot: Slot, user: str, ends_by: float) -> tuple[float, str] | None:

@@ -52,11 +52,11 @@ def why_gpu(
         return f"needs {need}; the largest GPU holds {format_mib(biggest.whole)} usable ({biggest.label})"
     roomy = [g for g in mine if g.jobs < config.max_jobs_per_gpu]
     if not roomy:
-        return f"every GPU has max_jobs_per_gpu={config.max_jobs_per_gpu} jobs"
+        return f"every GPU{hosts_text(spec)} has max_jobs_per_gpu={config.max_jobs_per_gpu} jobs"
     free = lambda g: g.free
     if spec.exclusive:
         n = sum(1 for g in roomy if g.jobs == 0 and g.others_clear and free(g) >= g.whole)
-        return f"needs {count}{need}; {n} GPU{'s are' if n != 1 else ' is'} wholly free"
+        return f"needs {count}{need}; {n} GPU{'s are' if n != 1 else ' is'} wholly free{hosts_text(spec)}"
     largest = max(roomy, key=lambda g: (free(g), g.host, -g.index))
     fitting = {h: sum(1 for g in roomy if g.host == h and free(g) >= spec.gpu_mem_mib) for h in allowed}
     if spec.gpus > 1 and free(largest) >= spec.gpu_mem_mib:
