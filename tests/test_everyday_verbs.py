@@ -179,6 +179,11 @@ def test_submit_takes_slurms_spellings_for_limits_and_checks_them_as_a_spec_woul
         ("--dependency", "afternotok:x", "--dependency afternotok:x: 'afternotok:x' is not one gpuq takes"),
         ("--cpus", "two", "--cpus: 'two' is not a number of CPU cores"),
         ("--restart", "sometimes", "--restart: 'sometimes' is not a restart policy"),
+        (
+            "--time",
+            "400d",
+            "--time-limit: 400d is out of range. Fix: give more than 0 and at most 365 days, e.g. `--time-limit 12h`",
+        ),
     ):
         bad = queue.gpuq("submit", "--gpus", "0", option, value, "--", "true", check=False)
         assert bad.returncode == 2 and says in bad.stderr and "Nothing was written" in bad.stderr

@@ -118,7 +118,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except SpecError as e:
         optional = e.field in SUBMIT_OPTIONS or e.field in from_extras
         where = f"--{e.field.replace('_', '-')}" if e.field and optional else (e.field or "spec")
-        print(f"gpuq submit: {where}: {e.problem}. Fix: {e.fix}. Nothing was written.", file=sys.stderr)
+        fix = e.fix.replace(f"`{e.field}: ", f"`{where} ") if optional else e.fix  # the option's words, not the spec's
+        print(f"gpuq submit: {where}: {e.problem}. Fix: {fix}. Nothing was written.", file=sys.stderr)
         return 2
     except SubmitError as e:
         print(f"gpuq submit: {e}", file=sys.stderr)

@@ -61,7 +61,9 @@ def parse_duration_s(value: object) -> float:
     else:
         match = DURATION_RE.match(value) if isinstance(value, str) else None
         if not match:
-            raise ValueError(f"{value!r} is not a duration; write it like {DURATION_EXAMPLES}")
+            # As YAML writes what it read (Python's True is YAML's true).
+            shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+            raise ValueError(f"{shown} is not a duration; write it like {DURATION_EXAMPLES}")
         seconds = float(match.group(1)) * _SECONDS_PER_UNIT[match.group(2)]
     if not seconds <= MAX_DURATION_S:  # also false for NaN and inf
         raise ValueError(f"{value!r} is longer than 100 years; write a duration like {DURATION_EXAMPLES}")
