@@ -34,10 +34,11 @@ class Booking:
         )
 
     def describe(self) -> str:
-        return (
-            f"{self.id} ({self.owner}, {self.host}:{','.join(map(str, self.gpus))}, "
-            f"{_clock(self.start)}–{_clock(self.end)})"
-        )
+        return f"{self.id} ({self.what()})"
+
+    def what(self) -> str:
+        """For whom, which GPUs, when: "nobody, a:0,1, Mon 01:37–Mon 01:47"."""
+        return f"{self.owner}, {self.host}:{','.join(map(str, self.gpus))}, {_clock(self.start)}–{_clock(self.end)}"
 
     def to_json(self) -> dict:
         return {**asdict(self), "gpus": list(self.gpus)}

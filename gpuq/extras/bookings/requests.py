@@ -36,7 +36,7 @@ def apply_book(layout: Layout, config: Config, host: str, actor: Actor, r: Reque
         )
     except BookingError as e:
         raise RequestError(str(e)) from None
-    return [(True, f"{b.id}: {b.describe()}" + (f" · {b.note}" if b.note else ""))]
+    return [(True, f"{b.id}: booked ({b.what()})" + (f" · {b.note}" if b.note else ""))]
 
 
 def apply_unbook(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
@@ -47,7 +47,7 @@ def apply_unbook(layout: Layout, config: Config, host: str, actor: Actor, r: Req
         b = store.unbook(layout, booking_id, actor)
     except BookingError as e:
         raise RequestError(str(e)) from None
-    return [(True, f"{b.id}: removed ({b.describe()})")]
+    return [(True, f"{b.id}: removed ({b.what()})")]
 
 
 def _number(value: Any) -> float:

@@ -54,7 +54,7 @@ def test_a_booking_is_applied_as_a_request_and_handed_to_the_plan_as_a_value(tmp
     now = time.time()
     args = {"host": "box", "gpus": [0, 1], "start": now - 60, "end": now + 3600, "owner": None, "note": "demo"}
     reply = apply_request(layout, Config(), "box", Request("r-1", "book", os.getuid(), args=args))
-    assert reply.ok and reply.outcomes[0][1].startswith("bk-1: bk-1 (") and "· demo" in reply.outcomes[0][1]
+    assert reply.ok and reply.outcomes[0][1].startswith("bk-1: booked (") and "· demo" in reply.outcomes[0][1]
     clash = apply_request(layout, Config(), "box", Request("r-2", "book", os.getuid(), args={**args, "gpus": [1]}))
     assert not clash.ok and "overlaps booking bk-1" in clash.outcomes[0][1]
     me = _me().name
@@ -149,7 +149,7 @@ def test_a_booking_keeps_others_jobs_off_its_gpus_until_it_is_removed(queue):
     queue.write_config()
     queue.start_worker("a", "2x80GiB")
     booked = queue.gpuq("book", "a:0,1", "--from", "now", "--to", "1h", "--for", "nobody", "--note", "board demo")
-    assert booked.stdout.startswith("bk-1: bk-1 (nobody, a:0,1, ") and "board demo" in booked.stdout
+    assert booked.stdout.startswith("bk-1: booked (nobody, a:0,1, ") and "board demo" in booked.stdout
     clash = queue.gpuq("book", "a:1", "--from", "now", "--to", "30m", check=False)
     assert (
         clash.returncode == 1
@@ -157,7 +157,7 @@ def test_a_booking_keeps_others_jobs_off_its_gpus_until_it_is_removed(queue):
         and "gpuq unbook bk-1" in clash.stderr
     )
     later = queue.gpuq("book", "a:1", "--from", "2099-01-01 10:00", "--to", "2h", "--for", "daemon")
-    assert later.stdout.startswith("bk-2: bk-2 (daemon, a:1, ")  # a later slot on the same GPU is fine
+    assert later.stdout.startswith("bk-2: booked (daemon, a:1, ")  # a later slot on the same GPU is fine
     job = queue.gpuq("submit", "--gpus", "1", "--gpu-mem", "10GiB", "--name", "mine", "--", "true")
     job = job.stdout.strip().splitlines()[-1]
     view = wait_until(lambda: (v := queue.status()) and v["pending"] and v, timeout=10)
