@@ -404,8 +404,9 @@ def _retry(rt: Runtime, a: _Attempt, log: Path) -> Retry | None:
 def _log_outcome(a: _Attempt, ended: float, log: Path, retry: Retry | None = None) -> str:
     """The attempt's last lines in its log, which is closed then: how it ended, a note on a
     shell's exit code (also the record's reason), why the result is not recorded, a retry.
-    Returns how it ended, as said there. A venv, conda or setup line that failed is the
-    record's reason too, as the prelude said it in the log (status's NOTE)."""
+    Returns how it ended, as said there but for the stop's reason (its caller says that). A
+    venv, conda or setup line that failed is the record's reason too, as the prelude said it in
+    the log (status's NOTE)."""
     if a.exit_code and not a.stop and (a.spec.venv or a.spec.conda or a.spec.setup):
         a.failure = a.failure or prelude_failure(_tail(log, a.log_fd))
     outcome = (
@@ -415,9 +416,8 @@ def _log_outcome(a: _Attempt, ended: float, log: Path, retry: Retry | None = Non
         if a.sig is not None
         else a.failure or "not started"
     )
-    if a.stop:
-        outcome += f" ({a.stop.reason})"
-    _log(a.log_fd, f"==> {outcome} · duration {format_duration(ended - a.started)} · ended {_stamp(ended)}\n")
+    said = f"{outcome} ({a.stop.reason})" if a.stop else outcome
+    _log(a.log_fd, f"==> {said} · duration {format_duration(ended - a.started)} · ended {_stamp(ended)}\n")
     if not a.stop and (note := shell_exit_note(a.exit_code, a.spec, a.identity)):
         _log(a.log_fd, f"==> gpuq: {note}\n")
         a.failure = a.failure or note  # the record's reason: status and show say it too
