@@ -38,6 +38,7 @@ def test_real_work_preempts_an_opportunistic_job_that_ignores_sigterm(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("soak.yaml", _spec(LOOP_IGNORING_TERM, "60GiB", "low", "grace: 1s\n"))
     wait_until(lambda: "attempt=1" in queue.log("soak"), what="the opportunistic job to start")
+    assert "soak (low)" in queue.gpuq("status").stdout  # RUNNING marks the job that will yield
     queue.drop("real.yaml", _spec("echo real", "40GiB"))
     queue.drop("sneak.yaml", _spec("echo sneak", "30GiB", "low"))  # must not take the freed memory first
     real = wait_until(lambda: queue.finished("real"), timeout=15, what="the real job to run (after 1 s, not 20)")

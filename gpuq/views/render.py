@@ -141,6 +141,7 @@ def _running_section(view: dict[str, Any]) -> list[str]:
         )
         label = (
             r["id"]
+            + (" (low)" if r.get("preemptible") else "")  # opportunistic: it yields to others' work
             + (" (yielding)" if r.get("yielding") else "")
             + (f" (restarts {r['restarts']})" if r.get("restarts") else "")
         )
