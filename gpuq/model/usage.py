@@ -16,7 +16,9 @@ def decayed_gpu_s(gpus: float, start: float, end: float, now: float, half_life_s
     if end <= start:
         return 0.0
     rate = math.log(2) / half_life_s
-    return gpus * (math.exp(-rate * max(0.0, now - end)) - math.exp(-rate * max(0.0, now - start))) / rate
+    since_end = now - end if now > end else 0.0  # not max(): a pass decays every running job
+    since_start = now - start if now > start else 0.0
+    return gpus * (math.exp(-rate * since_end) - math.exp(-rate * since_start)) / rate
 
 
 @dataclass

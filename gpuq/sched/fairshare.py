@@ -107,10 +107,21 @@ def queue_keys(
     # rank_score inlined, its fair-share part once per user: a pass ranks thousands of jobs
     # (a deep queue's replay spent a tenth of its time in the calls).
     fair = {user: FAIR_SHARE_WEIGHT * f for user, f in factors.items()}
+    # The age factor as conditional expressions, not min() and max(): two builtin calls per job
+    # per pass were a twentieth of a deep queue's replay.
     return [
         (
             j.order,
-            -(fair[j.user] + min(AGE_WEIGHT, max(0.0, now - j.queued_at) * AGE_PER_S)),
+            -(
+                fair[j.user]
+                + (
+                    0.0
+                    if j.queued_at >= now
+                    else AGE_WEIGHT
+                    if (age := (now - j.queued_at) * AGE_PER_S) > AGE_WEIGHT
+                    else age
+                )
+            ),
             j.queued_at,
             j.id_order,
             j,
