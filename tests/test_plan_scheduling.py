@@ -200,10 +200,8 @@ def test_a_head_nothing_tells_the_start_of_leaves_the_reservation_to_the_next_jo
         assert result.reasons["long"].endswith("its time limit (1h00m) runs past that")
 
 
-def test_a_pass_stops_looking_for_a_job_to_reserve_for_after_reserve_depth():
-    """No GPU frees by any limit: a worker's pass tries RESERVE_DEPTH jobs, then stops walking."""
-    busy = [run("s0", gpus=(0,), mem_gib=None), run("s1", gpus=(1,), mem_gib=None)]
-    pending = [job(f"j{i}", gpus=2, mem_gib=None, queued_at=i, limit_s=60 + i) for i in range(RESERVE_DEPTH + 50)]
+def _walked(pending, hosts, busy, config=CFG):
+    """The plan of a worker's pass, and the jobs it walked."""
     walked = []
     real = _Pass.ordinary
 
@@ -212,9 +210,61 @@ def test_a_pass_stops_looking_for_a_job_to_reserve_for_after_reserve_depth():
         return real(self, job)
 
     with mock.patch.object(_Pass, "ordinary", counting):
-        result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=100, explain=False)
-    assert result.reserved == {} and result.starts == []
-    assert len(walked) == RESERVE_DEPTH
+        return plan(pending, hosts, busy, config, now=100, explain=False), walked
+
+
+def test_a_pass_tries_reserve_depth_jobs_for_the_reservation_and_stops():
+    """h:0 never frees by a limit, h:1 does: each pair job (each of its own memory, so none
+    answers for another) is tried, fails, and after RESERVE_DEPTH the pass stops walking."""
+    busy = [run("s0", gpus=(0,), mem_gib=None), run("s1", gpus=(1,), mem_gib=None, limit_s=600)]
+    pending = [job(f"j{i}", gpus=2, mem_gib=1 + i / 64, queued_at=i / 10, limit_s=60) for i in range(RESERVE_DEPTH + 50)]
+    result, walked = _walked(pending, [host("h", gpu(0), gpu(1))], busy)
+    assert result.reserved == {} and result.starts == [] and len(walked) == RESERVE_DEPTH
+
+
+def test_a_full_cluster_whose_jobs_have_no_limit_stops_a_pass_at_its_head():
+    """No GPU frees by a known limit: no job can be reserved for, and a worker's pass over a
+    full cluster walks no further than the first job that cannot start."""
+    busy = [run("s0", gpus=(0,), mem_gib=None), run("s1", gpus=(1,), mem_gib=None)]
+    pending = [job(f"j{i}", gpus=2, mem_gib=None, queued_at=i, limit_s=60) for i in range(1000)]
+    result, walked = _walked(pending, [host("h", gpu(0), gpu(1))], busy)
+    assert result.reserved == {} and result.starts == [] and walked == ["j0"]
+
+
+@pytest.mark.parametrize("explain", [True, False], ids=["status", "worker"])
+def test_a_whole_array_ahead_that_cannot_be_reserved_for_still_leaves_the_reservation_to_wide(explain):
+    """A review of the rule above: RESERVE_DEPTH copies of the pinned job ahead of wide each
+    counted, and the pass gave up before wide. Copies of a shape tried once are not tried
+    again, nor counted."""
+    busy = [
+        run("a0", "a", gpus=(0,), mem_gib=None),
+        run("a1", "a", gpus=(1,), mem_gib=None),
+        run("b0", "b", gpus=(0,), mem_gib=None, limit_s=600),
+    ]
+    pinned = job("p", gpus=2, mem_gib=None, queued_at=0, limit_s=60)
+    copies = [
+        replace(pinned, id=f"arr_{i}", spec=replace(pinned.spec, hosts=("a",))) for i in range(RESERVE_DEPTH + 10)
+    ]
+    pending = [*copies, job("wide", gpus=4, mem_gib=None, queued_at=1, limit_s=60)]
+    hosts = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1), gpu(2), gpu(3))]
+    assert plan(pending, hosts, busy, CFG, now=100, explain=explain).reserved == {"wide": ("b", (0, 1, 2, 3), 600)}
+
+
+@pytest.mark.parametrize("explain", [True, False], ids=["status", "worker"])
+def test_a_job_too_young_for_the_reservation_does_not_hide_an_older_one_of_its_shape(explain):
+    """A review: young (first by fair share) has not waited reserve_after_s; its failure to
+    start answered for old, of its shape, which was then never tried for the reservation."""
+    busy = [run("b0", "b", gpus=(0,), mem_gib=None, limit_s=600)]
+    pending = [
+        job("young", user="y", gpus=4, mem_gib=None, queued_at=95, limit_s=60),
+        job("old", user="o", gpus=4, mem_gib=None, queued_at=0, limit_s=60),
+        job("filler", user="f", mem_gib=None, queued_at=1, limit_s=3600),
+    ]
+    config = replace(CFG, reserve_after_s=60)
+    result = plan(
+        pending, [host("b", *map(gpu, range(4)))], busy, config, now=100, explain=explain, usage={"o": 1e6, "f": 1e7}
+    )
+    assert result.reserved == {"old": ("b", (0, 1, 2, 3), 600)} and starts(result) == {}
 
 
 def test_the_reservation_goes_where_the_limits_free_room_soonest():

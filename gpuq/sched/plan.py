@@ -22,8 +22,8 @@ from gpuq.sched import fairshare, placement, reasons
 from gpuq.sched.boxroom import BoxRoom, asks
 from gpuq.sched.placement import Slot, compute_of
 
-# The GPU jobs a pass walks that can neither start nor be reserved for before it stops looking
-# for one to reserve for (Slurm's backfill tests at most bf_max_job_test, 500, a pass).
+# The jobs a pass tries to reserve for before it stops looking (Slurm's backfill tests at most
+# bf_max_job_test, 500, a pass); jobs of a shape already tried are not tried, nor counted.
 RESERVE_DEPTH = 500
 
 
@@ -159,10 +159,12 @@ class _Pass:
             for index in job.gpus:
                 if (key := (job.host, index)) in whole:
                     self.ending.setdefault(key, []).append((ends_by, placement.charged_mib(job, index, whole[key])))
+        # Whether any GPU frees by a known limit: without one, no job can be reserved for.
+        self.known_end = any(end != float("inf") for ends in self.ending.values() for end, _ in ends)
         self.largest = max((s.whole for s in slots), default=0)
         self.behind: _Behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
         self.reserved = False  # one reservation a pass: for the head of the queue (or given up)
-        self.reserve_walk = 0  # GPU jobs walked that could neither start nor be reserved for
+        self.reserve_tries = 0  # jobs that could not start and were tried for the reservation
         self.backfill_until = float("inf")  # see _update_room
         self.booked_later = any(s.booked_later for s in slots)  # whether any GPU has a booking to come
         self.queue: Sequence[PendingJob] = ()
@@ -244,6 +246,7 @@ class _Pass:
             job.user if self.booked or self.booked_later or uses_mps(spec, self.config) else None,
             runtime,
             self.ends_by(job) if self.reserved else None,  # whether it may backfill depends on it
+            self._may_reserve(job),  # a job too young for the reservation fails for others of its shape
         )
         allowed = self.allowed_for.get((spec.hosts, runtime))
         if allowed is None:
@@ -312,7 +315,7 @@ class _Pass:
         if shape in self.failed:
             self.waits(job, self.failed[shape])
             if spec.gpus:
-                self._not_reserved()
+                self._not_reserved(tried=False)
             return
         if allowed and self.box_room and not (allowed := self._box_room_for(self.box_room, job, allowed, shape)):
             return  # no box has the cores or memory it holds (said)
@@ -330,29 +333,34 @@ class _Pass:
             self.placed_whole += own
             self._update_room()
             return
-        if not self.reserved and self.config.reservations and self.now - job.queued_at >= self.config.reserve_after_s:
-            # EASY backfill protects one job: the first in order whose start the running jobs'
-            # limits tell. One whose GPUs run a job without a limit cannot be protected (nothing
-            # tells when it could start), and the next may be: a head held to a box of such
-            # jobs left a wide job behind it to a stream of short ones on the other box.
-            if self._reserve(job, mine):
-                self.reserved = True
-                self._update_room()
-                return
-        self._not_reserved()
+        tried = not self.reserved and self._may_reserve(job)
+        # EASY backfill protects one job: the first in order whose start the running jobs'
+        # limits tell. One whose GPUs run a job without a limit cannot be protected (nothing
+        # tells when it could start), and the next may be: a head held to a box of such jobs
+        # left a wide job behind it to a stream of short ones on the other box.
+        if tried and self._reserve(job, mine):
+            self.reserved = True
+            self._update_room()
+            return
+        self._not_reserved(tried)
         if shape not in self.failed:
             self.failed[shape] = self._why_waiting(job, allowed, mine) if self.explain else ""
         self.waits(job, self.failed[shape])
 
-    def _not_reserved(self) -> None:
-        """One more job walked that can neither start nor be reserved for while no job has
-        this pass's reservation: after RESERVE_DEPTH the pass stops looking (else a cluster
-        full of jobs without limits had every pass walk the whole queue)."""
-        if not self.reserved and self.config.reservations:
-            self.reserve_walk += 1
-            if self.reserve_walk >= RESERVE_DEPTH:
-                self.reserved = True
-                self._update_room()
+    def _may_reserve(self, job: PendingJob) -> bool:
+        return self.config.reservations and self.now - job.queued_at >= self.config.reserve_after_s
+
+    def _not_reserved(self, tried: bool) -> None:
+        """A job that can neither start nor be reserved for, walked while no job has this
+        pass's reservation (`tried`: a reservation was looked for). The pass stops looking
+        after RESERVE_DEPTH tries, or at once while no GPU frees by a known limit (then no job
+        can be reserved for, and a worker's pass on a full cluster stops walking the queue)."""
+        if self.reserved or not self.config.reservations:
+            return
+        self.reserve_tries += tried
+        if self.reserve_tries >= RESERVE_DEPTH or not self.known_end:
+            self.reserved = True
+            self._update_room()
 
     def _gpus_for(self, job: PendingJob, allowed: list[str], ends_by: float, mps_user: str | None) -> list[Slot]:
         """The GPUs an ordinary job may use: on the hosts it may run on, not booked for someone
@@ -443,6 +451,7 @@ class _Pass:
         mps_user = self._mps_user(job)
         for s in chosen:  # a reservation computed later this pass sees it end by its limit
             self.ending.setdefault((s.host, s.index), []).append((ends_by, placement.need_mib(job.spec, s)))
+        self.known_end = self.known_end or ends_by != float("inf")
         if not yielding:
             placement.take(job.spec, chosen, job.id, mps_user=mps_user, ends_by=ends_by)
             self._started(job, chosen[0].host, tuple(s.index for s in chosen))
