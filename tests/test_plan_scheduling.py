@@ -217,7 +217,7 @@ def test_a_pass_tries_reserve_depth_jobs_for_the_reservation_and_stops():
     """h:0 never frees by a limit, h:1 does: each pair job (each of its own memory, so none
     answers for another) is tried, fails, and after RESERVE_DEPTH the pass stops walking."""
     busy = [run("s0", gpus=(0,), mem_gib=None), run("s1", gpus=(1,), mem_gib=None, limit_s=600)]
-    pending = [job(f"j{i}", gpus=2, mem_gib=1 + i / 64, queued_at=i / 10, limit_s=60) for i in range(RESERVE_DEPTH + 50)]
+    pending = [job(f"j{i}", gpus=2, mem_gib=1 + i / 64, queued_at=i / 10) for i in range(RESERVE_DEPTH + 50)]
     result, walked = _walked(pending, [host("h", gpu(0), gpu(1))], busy)
     assert result.reserved == {} and result.starts == [] and len(walked) == RESERVE_DEPTH
 

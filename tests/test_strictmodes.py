@@ -4,6 +4,8 @@ tree: whoever can change gpuq's code runs as root at the next cron start."""
 from __future__ import annotations
 
 import os
+import stat
+import struct
 from pathlib import Path
 
 import pytest
@@ -140,6 +142,33 @@ def test_a_directory_python_imports_from_is_nobodys_to_add_to_even_sticky(
     for directory in (code, tmp_path, sticky):
         os.chmod(directory, 0o1777)
     assert _code_problems(layout) == sorted(map(str, [code, tmp_path, code / "plugins"]))
+
+
+def _acl(path: Path, named: list[tuple[int, int]]) -> None:
+    """Give `path` a POSIX ACL (as `setfacl` writes it): owner rw, its group r, the `named`
+    (tag, id) entries rw, mask rw, others r. Its mode's group bits then show the mask (rw)."""
+    entries = sorted([(0x01, 6, 0xFFFFFFFF), *((tag, 6, who) for tag, who in named), (0x04, 4, 0xFFFFFFFF)])
+    entries += [(0x10, 6, 0xFFFFFFFF), (0x20, 4, 0xFFFFFFFF)]  # the kernel takes them in tag order
+    value = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    try:
+        os.setxattr(path, "system.posix_acl_access", value)
+    except OSError as e:
+        pytest.skip(f"this filesystem keeps no POSIX ACLs ({e})")
+
+
+def test_a_member_an_acl_lets_write_a_module_or_add_one_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A helper's review: the mode of a root:root module read 0664 (its ACL's mask), and the
+    ACL let uid 4242 rewrite it, run as root at the next start; a directory's let gid 4343
+    add a module. ACL entries for root or the worker's own account are no one else's."""
+    code, layout = _stand_in(tmp_path, monkeypatch)
+    _acl(code / "model" / "spec.py", [(0x02, 4242)])
+    _acl(code / "spool", [(0x08, 4343)])
+    _acl(code / "model" / "__init__.py", [(0x02, 0), (0x08, 0)])
+    assert stat.S_IMODE(os.stat(code / "model" / "spec.py").st_mode) & stat.S_IWGRP
+    found = strictmodes.problems(layout, os.geteuid(), root_uid=os.geteuid())
+    assert _code_problems(layout) == sorted(map(str, [code / "model" / "spec.py", code / "spool"]))
+    assert any("spec.py (gpuq's code) can be written by uid 4242 through its ACL" in p for p in found), found
+    assert any(f"Fix: setfacl -b {code / 'spool'}" in p and "gid 4343" in p for p in found), found
 
 
 def test_an_entry_gone_while_the_code_is_walked_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

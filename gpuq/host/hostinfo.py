@@ -12,6 +12,7 @@ import errno
 import os
 import pwd
 import stat
+import struct
 
 from gpuq.host.safefile import NotPlain, read_plain
 
@@ -126,6 +127,35 @@ def entry_problem(
     others_write = st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and st.st_gid != 0)
     if others_write and not (sticky_dir and sticky_ok):
         return path, f"can be written by others (mode {stat.S_IMODE(st.st_mode):04o})", f"chmod go-w {path}"
+    if st.st_mode & stat.S_IWGRP and not (sticky_dir and sticky_ok):
+        # Root's group may write; but with an ACL these bits are its mask, and a named entry
+        # (a default ACL inherited from a shared parent: `setfacl -d -m g:team:rwx`) may let
+        # a member write what the mode shows as root's alone.
+        if (writer := _acl_writer(path, trusted_uid)) is not None:
+            return path, f"can be written by {writer} through its ACL", f"setfacl -b {path}"
+    return None
+
+
+# POSIX ACLs as Linux stores them in the system.posix_acl_access attribute: a version, then
+# (tag, permissions, id) entries; ACL_USER and ACL_GROUP are the named ones.
+_ACL_HEADER, _ACL_ENTRY = struct.Struct("<I"), struct.Struct("<HHI")
+_ACL_USER, _ACL_GROUP, _ACL_WRITE = 0x02, 0x08, 0x02
+
+
+def _acl_writer(path: str, trusted_uid: int) -> str | None:
+    """Who other than root and `trusted_uid` a named ACL entry of `path` lets write it
+    ("uid 1001 (bob)", "gid 1003"); None: no such entry (or no ACL). Read without following
+    a link."""
+    try:
+        acl = os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
+    except OSError:
+        return None  # no ACL (ENODATA), or a filesystem without them
+    for offset in range(_ACL_HEADER.size, len(acl) - _ACL_ENTRY.size + 1, _ACL_ENTRY.size):
+        tag, perm, who = _ACL_ENTRY.unpack_from(acl, offset)
+        if perm & _ACL_WRITE and tag == _ACL_USER and who not in (0, trusted_uid):
+            return f"uid {who}{_name(who)}"
+        if perm & _ACL_WRITE and tag == _ACL_GROUP and who != 0:
+            return f"gid {who}"
     return None
 
 
