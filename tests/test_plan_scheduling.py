@@ -173,26 +173,33 @@ def test_no_reservation_where_a_job_without_a_limit_holds_the_gpus():
     assert result.reserved == {} and list(starts(result)) == ["long"]
 
 
+# Box a runs two jobs without a limit, b one that ends by 600; a 2-GPU job may run on a only.
+TWO_BOXES = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1), gpu(2), gpu(3))]
+A_UNKNOWN_B_LIMITED = [
+    run("a0", "a", gpus=(0,), mem_gib=None),
+    run("a1", "a", gpus=(1,), mem_gib=None),
+    run("b0", "b", gpus=(0,), mem_gib=None, limit_s=600),
+]
+
+
+def _pinned_to_a(job_id: str) -> PendingJob:
+    pinned = job(job_id, gpus=2, mem_gib=None, queued_at=0, limit_s=60)
+    return replace(pinned, spec=replace(pinned.spec, hosts=("a",)))
+
+
 @pytest.mark.parametrize("explain", [True, False], ids=["status", "worker"])
 def test_a_head_nothing_tells_the_start_of_leaves_the_reservation_to_the_next_job(explain):
     """pinned may run on a only, whose jobs have no limit: nothing tells when it could start.
     The reservation goes to wide, behind it, on b (its job's limit ends at 600): a short job
     backfills, a long one waits. (Once the head had no reservation, nobody had one, and a stream
     of single-GPU jobs on b kept wide waiting for as long as it lasted.)"""
-    busy = [
-        run("a0", "a", gpus=(0,), mem_gib=None),
-        run("a1", "a", gpus=(1,), mem_gib=None),
-        run("b0", "b", gpus=(0,), mem_gib=None, limit_s=600),
-    ]
-    pinned = job("pinned", gpus=2, mem_gib=None, queued_at=0, limit_s=60)
     pending = [
-        replace(pinned, spec=replace(pinned.spec, hosts=("a",))),
+        _pinned_to_a("pinned"),
         job("wide", gpus=4, mem_gib=None, queued_at=1, limit_s=60),
         job("short", mem_gib=None, queued_at=2, limit_s=300),
         job("long", mem_gib=None, queued_at=3, limit_s=3600),
     ]
-    hosts = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1), gpu(2), gpu(3))]
-    result = plan(pending, hosts, busy, CFG, now=100, explain=explain)
+    result = plan(pending, TWO_BOXES, A_UNKNOWN_B_LIMITED, CFG, now=100, explain=explain)
     assert result.reserved == {"wide": ("b", (0, 1, 2, 3), 600)}
     assert list(starts(result)) == ["short"]
     if explain:
@@ -236,18 +243,10 @@ def test_a_whole_array_ahead_that_cannot_be_reserved_for_still_leaves_the_reserv
     """A review of the rule above: RESERVE_DEPTH copies of the pinned job ahead of wide each
     counted, and the pass gave up before wide. Copies of a shape tried once are not tried
     again, nor counted."""
-    busy = [
-        run("a0", "a", gpus=(0,), mem_gib=None),
-        run("a1", "a", gpus=(1,), mem_gib=None),
-        run("b0", "b", gpus=(0,), mem_gib=None, limit_s=600),
-    ]
-    pinned = job("p", gpus=2, mem_gib=None, queued_at=0, limit_s=60)
-    copies = [
-        replace(pinned, id=f"arr_{i}", spec=replace(pinned.spec, hosts=("a",))) for i in range(RESERVE_DEPTH + 10)
-    ]
+    copies = [_pinned_to_a(f"arr_{i}") for i in range(RESERVE_DEPTH + 10)]
     pending = [*copies, job("wide", gpus=4, mem_gib=None, queued_at=1, limit_s=60)]
-    hosts = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1), gpu(2), gpu(3))]
-    assert plan(pending, hosts, busy, CFG, now=100, explain=explain).reserved == {"wide": ("b", (0, 1, 2, 3), 600)}
+    result = plan(pending, TWO_BOXES, A_UNKNOWN_B_LIMITED, CFG, now=100, explain=explain)
+    assert result.reserved == {"wide": ("b", (0, 1, 2, 3), 600)}
 
 
 @pytest.mark.parametrize("explain", [True, False], ids=["status", "worker"])
