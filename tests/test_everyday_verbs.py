@@ -407,6 +407,7 @@ def test_show_folds_a_long_environment_and_lists_it_whole_with_env(queue):
     folded = queue.gpuq("show", "wide-env").stdout
     env_lines = [line.strip() for line in folded.splitlines() if "=" in line and line.startswith(" ")]
     assert "PATH=/opt/tools/bin:/usr/bin:/bin" in env_lines and "CUDA_VISIBLE_DEVICES=0" in env_lines, folded
+    assert "GPUQ_GPU_MEM_MIB=<its GPU's usable MiB>" in env_lines, folded  # a whole GPU's, not 0
     assert not any(line.startswith("MY_SETTING_") for line in env_lines), folded
     more = [line for line in folded.splitlines() if "more (all of them: gpuq show wide-env --env)" in line]
     assert len(more) == 1 and int(more[0].split("and ")[1].split()[0]) >= 30, more  # folded into one line

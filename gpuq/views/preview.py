@@ -64,6 +64,8 @@ def what_the_job_sees(
             "PATH=/usr/local/bin:/usr/bin:/bin, the locale); under a user's own worker, that worker's "
             "environment; then these (a spec written by `gpuq submit` carries the exported variables in env)"
         )
+    if pending and spec.exclusive and "GPUQ_GPU_MEM_MIB" in seen:
+        seen["GPUQ_GPU_MEM_MIB"] = "<its GPU's usable MiB>"  # a whole GPU's: known once placed (not 0)
     return {
         "argv": launch.argv,
         "command_line": shlex.join(launch.argv) if cannot is None else f"(cannot start: {cannot})",
