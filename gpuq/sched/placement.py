@@ -143,7 +143,7 @@ def build_slots(
                 continue
             on.free += mib
             on.jobs += 1
-            on.compute_room -= 100 if job.compute_pct is None else job.compute_pct  # compute_of
+            on.compute_room -= compute_of(job.compute_pct)
             if job.mps:
                 on.mps_users |= {job.user}
     for slot, gpu in zip(slots, gpus):
