@@ -18,7 +18,7 @@ from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, SetAside, St
 from gpuq.model.sharing import uses_mps
 from gpuq.model.spec import JobSpec
 from gpuq.model.windows import describe, hhmm, moment, window_open
-from gpuq.sched import fairshare, placement, reasons
+from gpuq.sched import fairshare, placement, reasons, setasides
 from gpuq.sched.boxroom import BoxRoom, asks
 from gpuq.sched.placement import Slot, compute_of
 
@@ -67,7 +67,7 @@ def plan(
     slots = placement.build_slots(
         hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s, invisible=config.preemption
     )
-    booked = _apply_set_asides(slots, set_aside, now)
+    booked = setasides.mark(slots, set_aside, now)
     keys = fairshare.queue_keys(pending, running, slots, config, now, usage or {})
     if explain:
         keys.sort()
@@ -369,7 +369,7 @@ class _Pass:
         if self.booked:
             mine = [s for s in mine if s.booked_for in (None, job.user)]
         if self.booked_later:  # it must be gone before someone else's booking begins
-            mine = [s for s in mine if _booked_before(s, job.user, ends_by) is None]
+            mine = [s for s in mine if setasides.booked_before(s, job.user, ends_by) is None]
         if mps_user:
             mine = [s for s in mine if placement.serves_mps_user(s, mps_user)]
         return mine
@@ -540,12 +540,12 @@ class _Pass:
             if reason := self._why_mps(job, mps_user, [s for s in slots if s.host in allowed]):
                 return reason
         others_booked = [s for s in slots if s.host in allowed and s.booked_for not in (None, job.user)]
-        if others_booked and (s := _booked_in(spec, mine, others_booked, config)) is not None:
+        if others_booked and (s := setasides.booked_in(spec, mine, others_booked, config)) is not None:
             return f"GPU {s.label} booked for {s.booked_for} until {hhmm(s.booked_until)}"
         ends_by = self.ends_by(job)
-        coming = [s for s in slots if s.host in allowed and _booked_before(s, job.user, ends_by)]
-        if coming and (s := _booked_in(spec, mine, coming, config)) is not None:
-            start, owner = _booked_before(s, job.user, ends_by)  # type: ignore[misc]
+        coming = [s for s in slots if s.host in allowed and setasides.booked_before(s, job.user, ends_by)]
+        if coming and (s := setasides.booked_in(spec, mine, coming, config)) is not None:
+            start, owner = setasides.booked_before(s, job.user, ends_by)  # type: ignore[misc]
             runs = "has no time limit" if ends_by == float("inf") else "may run past that (its time limit)"
             return f"GPU {s.label} booked for {owner} from {moment(start, self.now)}; this job {runs}"
         held = reasons.why_held([s for s in mine if s.held_for], job.id, self.ends_by(job) - self.now, self.now)
@@ -570,36 +570,6 @@ class _Pass:
             f"GPU {s.label} runs {others}'s jobs under MPS, which serves one user per GPU "
             "(config gpu_sharing: mps); it waits for a GPU without them"
         )
-
-
-def _apply_set_asides(slots: Sequence[Slot], bookings: Sequence[SetAside], now: float) -> dict:
-    """Mark the GPUs set aside (booked) now, and those to come; {(host, index): the one on now}."""
-    if not bookings:
-        return {}
-    booked = {(b.host, i): b for b in bookings if b.active(now) for i in b.gpus}
-    later: dict[tuple[str, int], list[tuple[float, str]]] = {}
-    for coming in bookings:
-        if coming.start > now:
-            for i in coming.gpus:
-                later.setdefault((coming.host, i), []).append((coming.start, coming.owner))
-    for s in slots:
-        if (b := booked.get((s.host, s.index))) is not None:
-            s.booked_for, s.booked_until = b.owner, b.end
-        s.booked_later = tuple(sorted(later.get((s.host, s.index), ())))
-    return booked
-
-
-def _booked_in(spec: JobSpec, mine: list[Slot], booked: list[Slot], config: Config) -> Slot | None:
-    """A booked GPU of the place the job would take if the bookings were not there (the one
-    its reason names: not merely the first booked, which may be full); None: none would do."""
-    fit = placement.best_fit(spec, mine + booked, config.max_jobs_per_gpu)
-    return next((s for s in fit if any(s is b for b in booked)), booked[0]) if fit else None
-
-
-def _booked_before(slot: Slot, user: str, ends_by: float) -> tuple[float, str] | None:
-    """The first booking to come on the slot, of someone else, that a job of `user` which may
-    run until `ends_by` would run into; None if none."""
-    return next(((t, owner) for t, owner in slot.booked_later if owner != user and t < ends_by), None)
 
 
 def _yield_to_people_and_windows(
