@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow  # each runs the fast set again in a copy
 # A value other than the default for each key only an extra reads (else: a path under the test's folder).
 SET_TO = {
     "max_booked_gpu_hours": 10,
+    "sample_every_s": 30,
     "container_runtime": "podman",
     "container_clients": "{podman: /usr/bin/podman}",
     "container_env": "{DOCKER_HOST: 'unix:///run/docker.sock'}",
@@ -71,6 +72,7 @@ def test_the_extras_are_found_by_listing_their_folder():
         ("alerts", "extras.alerts.watch:start"),
         ("notify", "extras.notify.watch:start"),
         ("metrics", "extras.reports.metrics:start"),
+        ("samples", "extras.reports.samples:start"),
     ]
     assert (
         set(hooks.registry().spec_fields)

@@ -47,7 +47,7 @@ REVIEWED: dict[tuple[str, str, str], str] = {
     ("gpuq.host.wake", "WakeFifo.__init__", "mkfifo"): _LOCAL,
     ("gpuq.host.wake", "WakeFifo.__init__", "open"): _LOCAL,
     ("gpuq.run.joblocal", "open_lease", "open"): _LOCAL,
-    ("gpuq.spool.samples", "SampleLog.flush", "open"): _STATE,
+    ("gpuq.extras.reports.samples", "SampleLog.flush", "open"): _STATE,
     ("gpuq.spool.store", "append_event", "open"): _STATE,
     ("gpuq.spool.cancel", "cancel_pending", "rename"): _RENAME + "; a pending spec out of jobs/ into state/",
     ("gpuq.spool.holds", "edit", "rename"): _RENAME + "; within state/",

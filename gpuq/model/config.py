@@ -373,6 +373,7 @@ KEYS: dict[str, tuple[str, Any]] = {
 # it (a config outlives a deleted folder): a worker and `doctor` say that one set goes unused.
 KEYS_OF_EXTRAS: dict[str, str] = {
     "metrics_dir": "reports",
+    "sample_every_s": "reports",
     "max_booked_gpu_hours": "bookings",
     "container_runtime": "containers",
     "container_clients": "containers",

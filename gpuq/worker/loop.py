@@ -57,7 +57,6 @@ from gpuq.spool.inbox import fair_order, leftovers, sweep_replies, waiting
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
 from gpuq.spool.listing import RunningListing
-from gpuq.spool.samples import SampleLog
 from gpuq.spool.store import append_note
 from gpuq.spool.sweeps import finish_interrupted
 from gpuq.spool.teamstate import (
@@ -211,15 +210,12 @@ class Worker:
 
     def _wire_watches(self) -> None:
         """What this box watches and tells: GPU memory overuse, the jobs ended here, its
-        heartbeat and what the extras publish with it (alerts, metrics), GPU samples."""
+        heartbeat and what the extras publish with it (alerts, metrics, GPU samples)."""
         layout, config, host = self.layout, self.config, self.host
         self.gpu_mem_watch = GpuMemWatch(config)
         self.finished = FinishedCounter(layout.host_events(host))  # jobs ended here (for the extras: alerts, metrics)
         extras = start_extras(layout, config, host)
         self.publisher = Publisher(self.box, self.finished, extras)
-        self.samples = SampleLog(
-            layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
-        )
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -296,11 +292,7 @@ class Worker:
             self.settle_sharing(final=True)
         except Exception:
             log.exception("stopping the GPU sharing's daemons (MPS) failed")
-        self.samples.flush(self.clock.wall())
-        try:
-            self.publisher.write_heartbeat(self._box_state(), self.clock.wall(), stopped=True)
-        except OSError:
-            pass
+        self.publisher.last_word(self._box_state(), self.clock.mono(), self.clock.wall())
 
     def await_keepers(self, timeout_s: float = KEEPERS_WAIT_S) -> None:
         """A --once worker's last step. The root part, which starts each job's keeper, ends
@@ -365,7 +357,6 @@ class Worker:
         )
         for overuse in self.gpu_mem_watch.update(self.running, self.observed, self.clock.mono()):
             self._act_on_overuse(overuse)
-        self.samples.observe(self.gpus, live, self.clock.wall())
         now = self.clock.mono()
         util = {g.index: g.util_pct for g in self.gpus}
         for r in live:

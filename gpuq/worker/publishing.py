@@ -59,6 +59,7 @@ class Published:
     wall: float
     intake: Intake  # the pending jobs as this worker read them
     finished: FinishedCounter  # the jobs that ended here since the worker started
+    last: bool = False  # the worker's last publication: it is stopping (the samples' partial line)
 
 
 Publish = Callable[[Published], None]
@@ -137,7 +138,18 @@ class Publisher:
         if version != self.intake.version and now_mono - written_at >= SPEC_CACHE_EVERY_S:
             write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
             self.cache_written = (self.intake.version, now_mono)
-        published = Published(self.host, state, now_mono, now_wall, self.intake, self.finished)
+        self._extras(Published(self.host, state, now_mono, now_wall, self.intake, self.finished))
+
+    def last_word(self, state: BoxState, now_mono: float, now_wall: float) -> None:
+        """As the worker stops: a heartbeat that says so (other boxes stop placing work here at
+        once, not when the beat goes stale), and the extras' last publication."""
+        try:
+            self.write_heartbeat(state, now_wall, stopped=True)
+        except OSError:
+            pass  # the beat goes stale instead
+        self._extras(Published(self.host, state, now_mono, now_wall, self.intake, self.finished, last=True))
+
+    def _extras(self, published: Published) -> None:
         for name, publish in self.extras:
             try:
                 publish(published)

@@ -1,8 +1,9 @@
 """Reports, an extra: `gpuq report` (what the queue did over a window: report.py the figures,
 reportview.py the text, reporthtml.py the page), `gpuq eff` (how well jobs used what they
-held: efficiency.py) and the Prometheus metrics each worker writes (metrics.py, a publisher
-beside the heartbeat). They read what the core keeps: the event log, the GPU samples
-(spool/samples.py) and the records. README.md here is its page."""
+held: efficiency.py), and what each worker writes with its heartbeat through two publishers:
+the Prometheus metrics (metrics.py) and the GPU samples the reports draw utilization from
+(samples.py). They read what the core keeps besides: the event log and the records.
+README.md here is its page."""
 
 from __future__ import annotations
 
@@ -53,3 +54,4 @@ def register(registry: Registry) -> None:
         )
     )
     registry.publishers.append(BoxPublisher("metrics", "extras.reports.metrics:start"))
+    registry.publishers.append(BoxPublisher("samples", "extras.reports.samples:start"))

@@ -19,11 +19,11 @@ from gpuq.cli.common import open_layout, refuse_bad_id
 from gpuq.extras.reports.efficiency import detail_text, efficiency, job_samples, table_text
 from gpuq.extras.reports.reporthtml import ReportHtmlError, write_html
 from gpuq.extras.reports.reportview import DEFAULT_SINCE, gather, parse_since, report_text
+from gpuq.extras.reports.samples import read_samples
 from gpuq.model.names import JOB_ID_RE
 from gpuq.model.record import Record
 from gpuq.model.states import State
 from gpuq.spool.layout import Layout
-from gpuq.spool.samples import read_samples
 from gpuq.spool.store import read_record
 from gpuq.spool.sweeps import read_group
 

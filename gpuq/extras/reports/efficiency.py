@@ -1,6 +1,6 @@
 """`gpuq eff`: how well one job used what it held, and why it may be slow. Pure: fed the
 job's record (what its supervisor measured: CPU time, RAM peak, GPU memory peak, mean GPU
-utilization) and the sample lines of the GPUs it held (spool/samples.py: utilization over
+utilization) and the sample lines of the GPUs it held (samples.py: utilization over
 time, time held at under `alert_idle_util_pct`).
 
 The rules (README, "Why is my job slow? `gpuq eff`"), each a hint with its figures:

@@ -1,13 +1,13 @@
 """`gpuq report`: who used what, what waited, what sat idle, over a time window. Pure: fed the
 event log (every transition, with owner, queue time, placement and times; notes are not
 transitions), the samples log
-(per-GPU utilization and held-but-idle time, spool/samples.py) and the specs pending now.
+(per-GPU utilization and held-but-idle time, samples.py) and the specs pending now.
 
 Definitions (docs/reports.md):
 - GPU-hours used: per attempt, its GPUs × the part of its run inside the window (a running
   one counts up to now). Two jobs sharing a GPU each count it.
 - GPU-hours held but idle: from the samples, time a GPU had gpuq jobs on it at under
-  `alert_idle_util_pct` utilization; for --by user each job's own part of it (spool/samples.py).
+  `alert_idle_util_pct` utilization; for --by user each job's own part of it (samples.py).
 - Waits: each job whose first start lies in the window, first start − queued time;
   percentiles by nearest rank.
 - Ended: jobs that reached a final state in the window, by state; preemptions: requeues

@@ -10,12 +10,12 @@ import time
 from typing import Iterator, Sequence
 
 from gpuq.extras.reports.report import FINAL, Pending, Report, build, wait_summary
+from gpuq.extras.reports.samples import read_samples
 from gpuq.model.moments import MOMENT_EXAMPLES, parse_moment
 from gpuq.model.text import safe_text
 from gpuq.model.units import MAX_DURATION_S, format_duration
 from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
-from gpuq.spool.samples import read_samples
 from gpuq.spool.store import checked_event
 
 SPARKS = " ▁▂▃▄▅▆▇█"

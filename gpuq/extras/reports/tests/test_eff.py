@@ -142,8 +142,8 @@ def test_a_shared_gpu_s_utilization_is_said_to_be_the_gpu_s_and_a_job_that_never
 
 def test_garbage_sample_lines_do_not_stop_eff_or_report(tmp_path):
     from gpuq.extras.reports.reportview import spark
+    from gpuq.extras.reports.samples import read_samples
     from gpuq.spool.layout import Layout
-    from gpuq.spool.samples import read_samples
 
     layout = Layout(tmp_path)
     layout.ensure()

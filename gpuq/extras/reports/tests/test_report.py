@@ -153,11 +153,11 @@ def test_percentile_is_nearest_rank():
 
 
 def test_sample_log_weights_each_reading_by_its_time_and_caps_gaps(tmp_path):
+    from gpuq.extras.reports.samples import SampleLog, read_samples
     from gpuq.model.gpu import GpuSnapshot
     from gpuq.model.record import Record
     from gpuq.model.states import State
     from gpuq.spool.layout import Layout
-    from gpuq.spool.samples import SampleLog, read_samples
 
     layout = Layout(tmp_path)
     log = SampleLog(layout, "h", every_s=6, idle_util_pct=5, max_gap_s=3)
@@ -184,15 +184,40 @@ def test_sample_log_weights_each_reading_by_its_time_and_caps_gaps(tmp_path):
     assert list(read_samples(layout, since=1013)) == []
 
 
+def test_the_samples_publisher_ends_its_line_with_the_worker_s_last_publication(tmp_path):
+    """The worker hands the samples what it publishes with its heartbeat; a line is written
+    every sample_every_s, and the worker's last publication (it is stopping) writes the part
+    it had, so that a short run still leaves its figures."""
+    from gpuq.extras.reports.samples import read_samples, start
+    from gpuq.model.config import Config
+    from gpuq.model.gpu import GpuSnapshot
+    from gpuq.spool.layout import Layout
+    from gpuq.worker.publishing import BoxState, Published
+
+    layout = Layout(tmp_path)
+    publish = start(layout, Config(sample_every_s=60), "h")
+    state = BoxState([GpuSnapshot(0, "GPU-0", "fake", 1000, 100, 40)], [], {}, {}, set(), {}, {}, None, {}, {}, None)
+
+    def published(wall: float, last: bool = False) -> Published:
+        return Published("h", state, wall, wall, None, None, last=last)  # type: ignore[arg-type]
+
+    publish(published(1000))
+    publish(published(1001))
+    assert list(read_samples(layout, since=0)) == []  # 1 s of 60: nothing written yet
+    publish(published(1002, last=True))
+    [line] = list(read_samples(layout, since=0))
+    assert (line["t"], line["s"], line["gpus"][0]["util"]) == (1002, 2, 40)
+
+
 def test_a_job_is_charged_from_its_claim_and_only_its_own_idle_time(tmp_path):
     """A job claimed just before a reading held its GPU for that moment, not for the whole
     gap since the reading before; jobs on a GPU at once split its idle time; a short job
     beside a long idle one is charged its own seconds, not half of the line's."""
+    from gpuq.extras.reports.samples import SampleLog, read_samples
     from gpuq.model.gpu import GpuSnapshot
     from gpuq.model.record import Record
     from gpuq.model.states import State
     from gpuq.spool.layout import Layout
-    from gpuq.spool.samples import SampleLog, read_samples
 
     layout = Layout(tmp_path)
     log = SampleLog(layout, "h", every_s=100, idle_util_pct=5, max_gap_s=10)

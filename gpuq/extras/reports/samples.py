@@ -1,7 +1,8 @@
 """The per-host samples log that `gpuq report` draws utilization over time from: every
-`sample_every_s` the worker appends one line with, per GPU, its time-weighted mean
-utilization and memory since the last line, how long gpuq jobs held it, how much of that at
-under `alert_idle_util_pct` (held but idle), and which jobs were on it.
+`sample_every_s` the worker (through this extra's publisher, with its heartbeat) appends one
+line with, per GPU, its time-weighted mean utilization and memory since the last line, how
+long gpuq jobs held it, how much of that at under `alert_idle_util_pct` (held but idle), and
+which jobs were on it.
 
 state/samples/<host>-YYYY-MM.jsonl, appended only by that host's worker (docs/design.md: one writer
 per file), one file per month so a report over a week reads a month or two, not years.
@@ -24,9 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
 from gpuq.spool.layout import Layout
+from gpuq.worker.publishing import Publish, Published
 
 
 @dataclass
@@ -54,23 +57,39 @@ def shares_since(starts: dict[str, float], now: float) -> dict[str, float]:
     return shares
 
 
-def month_file(layout: "Layout", host: str, t: float) -> Path:
+def month_file(layout: Layout, host: str, t: float) -> Path:
     return layout.samples / f"{host}-{time.strftime('%Y-%m', time.gmtime(t))}.jsonl"
 
 
+def start(layout: Layout, config: Config, host: str) -> Publish:
+    """A hooks.BoxPublisher's start (worker.publishing.StartPublisher): each publication of the
+    box's state (at most once per poll interval) is observed, and the worker's last one ends
+    the line it was adding to."""
+    samples = SampleLog(
+        layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
+    )
+
+    def publish(published: Published) -> None:
+        samples.observe(published.state.gpus, published.state.running, published.wall)
+        if published.last:
+            samples.flush(published.wall)
+
+    return publish
+
+
 class SampleLog:
-    """Worker side. `observe` is called at every pass; each pass's snapshot counts for the
-    time since the previous pass, at most `max_gap_s` (a worker that was stopped or down
+    """Worker side. `observe` is called with each publication; each snapshot counts for the
+    time since the previous one, at most `max_gap_s` (a worker that was stopped or down
     has no figures for that time, and a report must not invent them)."""
 
-    def __init__(self, layout: "Layout", host: str, every_s: float, idle_util_pct: int, max_gap_s: float) -> None:
+    def __init__(self, layout: Layout, host: str, every_s: float, idle_util_pct: int, max_gap_s: float) -> None:
         self.layout, self.host = layout, host
         self.every_s, self.idle_util_pct, self.max_gap_s = every_s, idle_util_pct, max_gap_s
         self.sums: dict[int, _GpuSums] = {}
         self.covered_s = 0.0
         self.last_t: float | None = None
 
-    def observe(self, gpus: list["GpuSnapshot"], running: list["Record"], now: float) -> None:
+    def observe(self, gpus: list[GpuSnapshot], running: list[Record], now: float) -> None:
         dt = 0.0 if self.last_t is None else min(max(now - self.last_t, 0.0), self.max_gap_s)
         self.last_t = now
         self.covered_s += dt
@@ -130,7 +149,7 @@ def _gpu_line(index: int, s: _GpuSums, covered_s: float) -> dict:
     return line
 
 
-def read_samples(layout: "Layout", since: float) -> Iterator[dict]:
+def read_samples(layout: Layout, since: float) -> Iterator[dict]:
     """Every host's sample lines that end after `since` (a month file that ended before
     `since` is not opened). Torn or foreign lines are skipped."""
     if not layout.samples.is_dir():
