@@ -15,7 +15,7 @@ from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, RunningJob, SetAside
 from gpuq.model.spec import JobSpec
 from gpuq.model.usage import UsageLedger
-from gpuq.model.windows import parse_window
+from gpuq.model.windows import moment, parse_window
 from gpuq.sched.fairshare import shares
 from gpuq.sched.plan import RESERVE_DEPTH, _Pass, plan
 
@@ -581,6 +581,9 @@ def test_the_heads_reservation_is_never_on_a_gpu_someone_else_has_booked():
         set_aside=[b],
     )
     assert result.reserved == {"carolj": ("h", (0,), 3000)}
+    # and her reason says why not on the GPU that frees first
+    why = result.reasons["carolj"]
+    assert why.endswith(f"; not on GPU h:1: booked for others from {moment(500, 50)}"), why
 
 
 def test_a_reservation_days_ahead_says_its_day():

@@ -493,8 +493,20 @@ class _Pass:
                 f"GPU {', '.join(s.label for s in sorted(chosen, key=lambda s: s.index))} reserved for it from "
                 f"{moment(start, self.now)}, "
                 "when the time limits of the jobs there run out"
-            )
+            ) + self._booked_by_others(job, slots, own)
         return True
+
+    def _booked_by_others(self, job: PendingJob, slots: list[Slot], own: list[Slot]) -> str:
+        """What a reservation's reason adds when GPUs others have booked were left out of it
+        (the head might have been due sooner on them): which, and from when."""
+        if len(own) == len(slots):
+            return ""
+        mine = {id(s) for s in own}
+        booked = [s for s in slots if id(s) not in mine and not s.busy_by_others]
+        if not booked:
+            return ""
+        soonest = min(start for s in booked for start, owner in s.booked_later if owner != job.user)
+        return f"; not on GPU {', '.join(s.label for s in booked)}: booked for others from {moment(soonest, self.now)}"
 
     def opportunistic(self, job: PendingJob, in_window: bool) -> None:
         if not self._may_place(job):
