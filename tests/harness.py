@@ -7,16 +7,20 @@ real-process tests."""
 
 from __future__ import annotations
 
+import gc
+import io
 import json
 import math
 import os
+import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 from unittest import mock
 
+from gpuq import cli
 from gpuq.host.clock import Clock
 from gpuq.host.files import atomic_write
 from gpuq.model.config import load
@@ -28,6 +32,34 @@ from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, transition
 from gpuq.worker import loop
 from gpuq.worker.loop import Worker
+
+
+def gpuq(root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`gpuq --root ROOT ARGS` run in this process (cli.main, as the launcher runs it): its
+    exit status and what it printed, as a `subprocess.run` with captured output returns them.
+    Root's gpuq on a root it owns (the suite's) applies a request itself, as the workers do,
+    so a verb's effect on the spool is there when it returns. `env`: variables set meanwhile
+    (EDITOR). What only a process shows (the launcher, a terminal, the root part of a team
+    root's privilege split) stays in the real-process tests."""
+    out, err = io.StringIO(), io.StringIO()
+    thresholds = gc.get_threshold()  # main raises the collector's for a short-lived command
+    try:
+        with mock.patch.dict(os.environ, env or {}), redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = cli.main(["--root", str(root), *args])
+            except SystemExit as e:  # argparse's refusals and --help
+                code = e.code if isinstance(e.code, int) else 2
+    finally:
+        gc.set_threshold(*thresholds)
+    done = subprocess.CompletedProcess(["gpuq", *args], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"gpuq {' '.join(args)} -> {code}\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def status(root: Path) -> dict:
+    """`gpuq status --json`, in this process."""
+    return json.loads(gpuq(root, "status", "--json").stdout)
 
 
 class FakeClock(Clock):
