@@ -307,6 +307,8 @@ def test_a_reboot_requeues_running_jobs_as_their_next_attempt(queue):
     queue.close_jobs()  # the machine went down with everything on it
     queue.start_worker("a", "1x80GiB", env={"GPUQ_TEST_BOOT_ID": "boot-two"})
     wait_until(lambda: "attempt-2" in queue.log("long"), what="attempt 2 after the reboot")
+    # Its supervisor's header names the attempt it runs (once a test of retry's, test_workflow.py).
+    assert "==> gpuq job long · attempt 2 · host a · " in queue.log("long")
     events = [e for e in queue.events() if e["job"] == "long" and e.get("to") == "pending"]
     assert events and "host rebooted; requeued as attempt 2" in events[-1]["reason"]
 

@@ -1,18 +1,24 @@
-"""The everyday workflow through the real worker and CLI: dependencies (`after`: after success,
-cancelled down the chain when one fails; `after_any`: after the end, whatever it was),
-hold / release / retry / edit."""
+"""The everyday workflow: dependencies (`after`: after success, cancelled down the chain when
+one fails; `after_any`: after the end, whatever it was), hold / release / retry / edit, drain /
+resume, sweeps and arrays. What a worker's pass does with them is driven in this process
+(tests/harness.py: the CLI's main and a box's passes on a clock the test moves); services,
+whose restarts are their supervisor's, run through the real worker; `edit` runs the person's editor, a process."""
 
 from __future__ import annotations
 
 import getpass
 import json
-import subprocess
+from pathlib import Path
+from typing import Callable
 
 import pytest
+from harness import FOREVER, PassWorker, Run, Team, gpuq, status
 
-from conftest import PY, REPO, wait_until
+from conftest import wait_until
 from gpuq.model.errors import SpecError
+from gpuq.model.record import Record
 from gpuq.model.spec import validate_spec
+from gpuq.model.states import State
 from gpuq.spool.deps import gate
 
 
@@ -39,189 +45,229 @@ def test_a_dependency_another_member_queued_later_is_named_alone():
     assert doom is None
 
 
-def submit(queue, *args: str) -> str:
-    return queue.gpuq("submit", "--gpus", "0", *args).stdout.strip().splitlines()[-1]
+def submit(root: Path, *args: str) -> str:
+    """`gpuq submit --gpus 0 ARGS` (in this process): the new job's id."""
+    return gpuq(root, "submit", "--gpus", "0", *args).stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.slow
-def test_a_chain_runs_in_order(queue):
-    queue.write_config()
-    first = submit(queue, "--name", "prep", "--", "sleep 1")
-    second = submit(queue, "--name", "train", "--after", first, "--", "true")
-    third = submit(queue, "--name", "eval", "--after", second, "--", "true")
-    reasons = {p["id"]: p["reason"] for p in queue.status()["pending"]}
+def one_box(tmp_path: Path, runs: Callable[[Record], Run] | None = None) -> Team:
+    """Box a (one 80 GiB GPU, two CPU slots) in this process, its worker past its first pass (it
+    has published its heartbeat, as a started worker has); each job runs as `runs` says (by
+    default it ends by itself with exit 0 a second after its launch)."""
+    team = Team(tmp_path / "root", runs)
+    team.add("a", "1x80GiB")
+    team.step()
+    return team
+
+
+def ended(team: Team, job_id: str) -> Record:
+    record = team.finished(job_id)
+    assert record is not None, f"{job_id} has not ended"
+    return record
+
+
+def test_a_chain_runs_in_order(tmp_path):
+    """Each link starts only once the one before has ended: with two CPU slots free, a
+    worker that let a link start while the one before still ran ran them side by side
+    (each runs 3 s: several passes see it running)."""
+    team = one_box(tmp_path, lambda record: Run(seconds=3))
+    first = submit(team.root, "--name", "prep", "--", "sleep 1")
+    second = submit(team.root, "--name", "train", "--after", first, "--", "true")
+    third = submit(team.root, "--name", "eval", "--after", second, "--", "true")
+    reasons = {p["id"]: p["reason"] for p in status(team.root)["pending"]}
     assert reasons[second] == f"waiting for {first}" and reasons[third] == f"waiting for {second}"
-    queue.start_worker("a", "1x80GiB")
-    done = [wait_until(lambda j=j: queue.finished(j), timeout=30) for j in (first, second, third)]
-    assert [r["state"] for r in done] == ["done"] * 3
-    assert done[0]["ended_at"] <= done[1]["started_at"] and done[1]["ended_at"] <= done[2]["started_at"]
+    team.run_until_idle()
+    done = [ended(team, j) for j in (first, second, third)]
+    assert [r.state for r in done] == [State.DONE] * 3
+    spans = [(r.started_at or 0, r.ended_at or 0) for r in done]
+    assert spans[0][1] <= spans[1][0] and spans[1][1] <= spans[2][0], spans
 
 
-@pytest.mark.slow
-def test_a_failed_dependency_cancels_the_chain_and_after_any_still_runs(queue):
-    queue.write_config()
+def test_a_failed_dependency_cancels_the_chain_and_after_any_still_runs(tmp_path):
     # The chain is in place before anything runs (a job whose afterok has already failed is
     # refused at submit: `test_an_afterok_on_a_job_that_failed_is_refused_at_submit`).
-    broken = submit(queue, "--name", "broken", "--", "sleep 0.5; exit 3")
-    dependent = submit(queue, "--name", "dependent", "--after", broken, "--", "true")
-    grandchild = submit(queue, "--name", "grandchild", "--after", dependent, "--", "true")
-    cleanup = submit(queue, "--name", "cleanup", "--after-any", broken, "--", "true")
-    queue.start_worker("a", "1x80GiB")
-    assert wait_until(lambda: queue.finished(broken), timeout=30)["state"] == "failed"
-    dep = wait_until(lambda: queue.finished(dependent), timeout=30)
-    assert (dep["state"], dep["reason"]) == ("cancelled", f"dependency {broken} ended failed")
-    grand = wait_until(lambda: queue.finished(grandchild), timeout=30)
-    assert (grand["state"], grand["reason"]) == ("cancelled", f"dependency {dependent} ended cancelled")
-    assert wait_until(lambda: queue.finished(cleanup), timeout=30)["state"] == "done"
+    team = one_box(tmp_path, lambda record: Run(exit_code=3 if record.spec["name"] == "broken" else 0))
+    broken = submit(team.root, "--name", "broken", "--", "sleep 0.5; exit 3")
+    dependent = submit(team.root, "--name", "dependent", "--after", broken, "--", "true")
+    grandchild = submit(team.root, "--name", "grandchild", "--after", dependent, "--", "true")
+    cleanup = submit(team.root, "--name", "cleanup", "--after-any", broken, "--", "true")
+    team.run_until_idle()
+    assert ended(team, broken).state is State.FAILED
+    dep = ended(team, dependent)
+    assert (dep.state, dep.reason) == (State.CANCELLED, f"dependency {broken} ended failed")
+    grand = ended(team, grandchild)
+    assert (grand.state, grand.reason) == (State.CANCELLED, f"dependency {dependent} ended cancelled")
+    assert ended(team, cleanup).state is State.DONE
 
 
-@pytest.mark.slow
-def test_an_afterok_on_a_job_that_failed_is_refused_at_submit(queue):
+def test_an_afterok_on_a_job_that_failed_is_refused_at_submit(tmp_path):
     """A Slurm user's `-d afterok:ID` on a job that had already failed was accepted, then
     cancelled by the worker at once."""
-    queue.start_worker("a", "1x80GiB")
-    broken = submit(queue, "--name", "broken", "--", "exit 3")
-    wait_until(lambda: queue.finished(broken), timeout=60, what="the broken job to fail")
-    refused = queue.gpuq("submit", "--gpus", "0", "-d", f"afterok:{broken}", "--", "true", check=False)
+    team = one_box(tmp_path, lambda record: Run(exit_code=3))
+    broken = submit(team.root, "--name", "broken", "--", "exit 3")
+    team.run_until(lambda: team.finished(broken))
+    refused = gpuq(team.root, "submit", "--gpus", "0", "-d", f"afterok:{broken}", "--", "true", check=False)
     assert refused.returncode == 2, refused
     assert f"--after (afterok) {broken} ended failed: this job could never start" in refused.stderr
-    assert submit(queue, "--after-any", broken, "--", "true")  # afterany: it ended, whatever the result
+    assert submit(team.root, "--after-any", broken, "--", "true")  # afterany: it ended, whatever the result
 
 
-@pytest.mark.slow
-def test_after_an_array_waits_for_all_its_members_and_fails_with_one(queue):
+def test_after_an_array_waits_for_all_its_members_and_fails_with_one(tmp_path):
     """An array's id as a dependency stands for its members (Slurm's afterok on an array
     job): it used to wait for ever, "no such job yet", once the array was expanded."""
-    ok = submit(queue, "--id", "ok", "--array", "0-2", "--gpus", "0", "--", "sleep 0.3")
-    after_ok = submit(queue, "--id", "after-ok", "--after", ok, "--gpus", "0", "--", "true")
-    bad = submit(queue, "--id", "bad", "--array", "0-1", "--gpus", "0", "--", "exit $GPUQ_ARRAY_INDEX")
-    after_bad = submit(queue, "--id", "after-bad", "--after", bad, "--gpus", "0", "--", "true")
-    any_bad = submit(queue, "--id", "any-bad", "--after-any", bad, "--gpus", "0", "--", "true")
-    queue.start_worker("a", "1x80GiB")
-    done = wait_until(lambda: queue.finished(after_ok), timeout=60, what="after-ok")
-    assert done["state"] == "done"
-    members_ended = max(queue.finished(f"ok_{i}")["ended_at"] for i in range(3))
-    assert done["started_at"] >= members_ended
-    cancelled = wait_until(lambda: queue.finished(after_bad), timeout=60, what="after-bad")
-    assert (cancelled["state"], cancelled["reason"]) == ("cancelled", "dependency bad ended failed")
-    assert wait_until(lambda: queue.finished(any_bad), timeout=60, what="any-bad")["state"] == "done"
+
+    def runs(record: Record) -> Run:  # ok's members run a while; bad_N exits N
+        if record.id.startswith("ok_"):
+            return Run(seconds=3)
+        return Run(exit_code=int(record.id.removeprefix("bad_")) if record.id.startswith("bad_") else 0)
+
+    team = one_box(tmp_path, runs)
+    root = team.root
+    ok = submit(root, "--id", "ok", "--array", "0-2", "--gpus", "0", "--", "sleep 0.3")
+    after_ok = submit(root, "--id", "after-ok", "--after", ok, "--gpus", "0", "--", "true")
+    bad = submit(root, "--id", "bad", "--array", "0-1", "--gpus", "0", "--", "exit $GPUQ_ARRAY_INDEX")
+    after_bad = submit(root, "--id", "after-bad", "--after", bad, "--gpus", "0", "--", "true")
+    any_bad = submit(root, "--id", "any-bad", "--after-any", bad, "--gpus", "0", "--", "true")
+    team.run_until_idle()
+    done = ended(team, after_ok)
+    assert done.state is State.DONE
+    members_ended = max(ended(team, f"ok_{i}").ended_at or 0 for i in range(3))
+    assert (done.started_at or 0) >= members_ended
+    cancelled = ended(team, after_bad)
+    assert (cancelled.state, cancelled.reason) == (State.CANCELLED, "dependency bad ended failed")
+    assert ended(team, any_bad).state is State.DONE
 
 
-@pytest.mark.slow
-def test_a_spec_file_may_name_dependencies_and_submit_refuses_unknown_ids(queue):
-    queue.write_config()
-    out = queue.gpuq("submit", "--after", "nosuchjob", "--", "true", check=False)
+def test_a_spec_file_may_name_dependencies_and_submit_refuses_unknown_ids(tmp_path):
+    team = Team(tmp_path / "root")
+    box = team.add("a", "1x80GiB")  # its worker has not run a pass yet
+    out = gpuq(team.root, "submit", "--after", "nosuchjob", "--", "true", check=False)
     assert out.returncode == 2 and "--after (afterok) nosuchjob: no such job" in out.stderr
-    assert not list(queue.root.glob("jobs/*.yaml"))
-    queue.drop("later.yaml", "command: 'true'\ngpus: 0\nafter: [early]\n")
-    assert queue.status()["pending"][0]["reason"] == "waiting for early (early: no such job yet)"
-    queue.start_worker("a", "1x80GiB")
-    queue.drop("early.yaml", "command: 'true'\ngpus: 0\n")
-    assert wait_until(lambda: queue.finished("later"), timeout=30)["state"] == "done"
+    assert not list(team.root.glob("jobs/*.yaml"))
+    team.drop("later.yaml", "command: 'true'\ngpus: 0\nafter: [early]\n")
+    assert status(team.root)["pending"][0]["reason"] == "waiting for early (early: no such job yet)"
+    team.step()
+    team.step()
+    assert box.launched() == []  # a pass of the worker leaves it waiting
+    team.drop("early.yaml", "command: 'true'\ngpus: 0\n")
+    team.run_until_idle()
+    assert ended(team, "later").state is State.DONE
+    assert box.launched() == ["early", "later"]
 
 
 # --- hold / release / retry / edit ---------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_hold_keeps_a_job_back_and_release_restores_its_place(queue):
-    queue.write_config()
-    first = submit(queue, "--name", "one", "--", "true")
-    second = submit(queue, "--name", "two", "--", "true")
-    assert queue.gpuq("hold", first).stdout.startswith(f"{first}: held")
-    view = queue.status()
+def test_hold_keeps_a_job_back_and_release_restores_its_place(tmp_path):
+    team = one_box(tmp_path)
+    root = team.root
+    first = submit(root, "--name", "one", "--", "true")
+    second = submit(root, "--name", "two", "--", "true")
+    assert gpuq(root, "hold", first).stdout.startswith(f"{first}: held")
+    view = status(root)
     assert [p["id"] for p in view["pending"]] == [second]
     assert [(h["id"], h["reason"]) for h in view["held"]] == [(first, f"held by {getpass.getuser()}")]
-    assert "HELD (1" in queue.gpuq("status").stdout
-    again = queue.gpuq("hold", first, check=False)
+    assert "HELD (1" in gpuq(root, "status").stdout
+    again = gpuq(root, "hold", first, check=False)
     assert again.returncode == 1 and "already held" in again.stderr
-    queue.gpuq("release", first)
-    assert [p["id"] for p in queue.status()["pending"]] == [first, second]  # its old place
-    queue.gpuq("hold", second)
-    queue.start_worker("a", "1x80GiB")
-    assert wait_until(lambda: queue.finished(first), timeout=30)["state"] == "done"
-    assert queue.finished(second) is None and queue.status()["held"][0]["id"] == second
-    queue.gpuq("cancel", second)
-    assert queue.finished(second)["reason"].endswith("while held") and queue.status()["held"] == []
+    gpuq(root, "release", first)
+    assert [p["id"] for p in status(root)["pending"]] == [first, second]  # its old place
+    gpuq(root, "hold", second)
+    team.run_until_idle()
+    assert ended(team, first).state is State.DONE
+    assert team.finished(second) is None and status(root)["held"][0]["id"] == second
+    assert team.boxes["a"].launched() == [first]  # whole passes went by: the held one never started
+    gpuq(root, "cancel", second)
+    assert (ended(team, second).reason or "").endswith("while held") and status(root)["held"] == []
 
 
-@pytest.mark.slow
-def test_retry_runs_an_ended_job_again_as_its_next_attempt(queue):
-    queue.write_config()
-    queue.start_worker("a", "1x80GiB")
-    flaky = submit(queue, "--name", "flaky", "--", "exit $((GPUQ_ATTEMPT == 1))")  # fails only the first time
-    first = wait_until(lambda: queue.finished(flaky), timeout=30)
-    assert first["state"] == "failed"
-    refused = queue.gpuq("hold", flaky, check=False)
+def test_retry_runs_an_ended_job_again_as_its_next_attempt(tmp_path):
+    team = one_box(tmp_path, lambda record: Run(exit_code=1 if record.attempt == 1 else 0))  # fails the first time
+    root = team.root
+    flaky = submit(root, "--name", "flaky", "--", "exit $((GPUQ_ATTEMPT == 1))")
+    team.run_until(lambda: team.finished(flaky))
+    first = ended(team, flaky)
+    assert first.state is State.FAILED
+    refused = gpuq(root, "hold", flaky, check=False)
     assert refused.returncode == 1 and "not pending" in refused.stderr
-    assert queue.gpuq("retry", flaky).stdout.strip() == f"{flaky}: back in the queue as attempt 2"
-    again = wait_until(lambda: (r := queue.finished(flaky)) and r["attempt"] == 2 and r, timeout=30)
-    assert again["state"] == "done" and again["queued_at"] > first["ended_at"]  # a retry queues anew
-    assert "attempt 2" in queue.log(flaky)
+    assert gpuq(root, "retry", flaky).stdout.strip() == f"{flaky}: back in the queue as attempt 2"
+    team.run_until(lambda: (r := team.finished(flaky)) and r.attempt == 2)
+    again = ended(team, flaky)
+    # A retry queues anew: at the moment of the retry (the spec's ctime, on the machine's clock,
+    # as the submit's was), not at its old place. (The supervisor's log header of the second
+    # attempt is test_faults.py's, test_a_reboot_requeues_running_jobs_as_their_next_attempt.)
+    assert again.state is State.DONE and again.queued_at > first.queued_at
+    assert [(r.id, r.attempt) for r in team.boxes["a"].spawner.launched] == [(flaky, 1), (flaky, 2)]
 
 
-@pytest.mark.slow
-def test_edit_changes_a_pending_spec_in_place_and_refuses_an_invalid_one(queue, tmp_path):
-    queue.write_config()
-    first = submit(queue, "--name", "one", "--", "true")
-    second = submit(queue, "--name", "two", "--", "true")
+EDITOR_RENAMES = "#!/bin/sh\nsed -i 's/^name: one$/name: renamed/' \"$1\"\n"
+
+
+@pytest.mark.slow  # the editor is a process: the person's own program, which edit waits for
+def test_edit_changes_a_pending_spec_in_place_and_refuses_an_invalid_one(tmp_path):
+    team = one_box(tmp_path)
+    root = team.root
+    first = submit(root, "--name", "one", "--", "true")
+    second = submit(root, "--name", "two", "--", "true")
     sed = tmp_path / "editor.sh"
-    sed.write_text("#!/bin/sh\nsed -i 's/^name: one$/name: renamed/' \"$1\"\n")
+    sed.write_text(EDITOR_RENAMES)
     sed.chmod(0o755)
-    out = queue.gpuq("edit", first, env={**queue.env(), "EDITOR": str(sed)})
+    out = gpuq(root, "edit", first, env={"EDITOR": str(sed)})
     assert "edited, back at its place" in out.stdout
-    view = queue.status()
+    view = status(root)
     assert [p["id"] for p in view["pending"]] == [first, second] and view["held"] == []
-    assert "name: renamed" in (queue.root / "jobs" / f"{first}.yaml").read_text()
+    assert "name: renamed" in (root / "jobs" / f"{first}.yaml").read_text()
     breaker = tmp_path / "breaker.sh"
     breaker.write_text("#!/bin/sh\necho 'gpus: many' >> \"$1\"\n")
     breaker.chmod(0o755)
-    bad = queue.gpuq("edit", first, check=False, env={**queue.env(), "EDITOR": str(breaker)})
+    bad = gpuq(root, "edit", first, check=False, env={"EDITOR": str(breaker)})
     assert bad.returncode == 1 and "field 'gpus'" in bad.stderr and "unchanged" in bad.stderr
-    assert "gpus: many" not in (queue.root / "jobs" / f"{first}.yaml").read_text()
-    assert [p["id"] for p in queue.status()["pending"]] == [first, second]
+    assert "gpus: many" not in (root / "jobs" / f"{first}.yaml").read_text()
+    assert [p["id"] for p in status(root)["pending"]] == [first, second]
     assert bad.stdout == ""  # D16: neither the hold nor the release around the editor is news
 
 
-@pytest.mark.slow
-def test_edit_checks_as_strictly_as_submit(queue, tmp_path):
+@pytest.mark.slow  # the editor is a process
+def test_edit_checks_as_strictly_as_submit(tmp_path):
     """D16: `edit` kept `gpu_mem: 30GiB` on 24 GiB GPUs, which `submit` refuses."""
-    queue.start_worker("a", "1x24GiB")
-    job = queue.gpuq("submit", "--hold", "--gpu-mem", "10GiB", "--", "true").stdout.split()[-1]
+    box = PassWorker(tmp_path / "root", "a", "1x24GiB")
+    box.run_pass()  # its heartbeat: the team's GPUs are known
+    job = gpuq(box.root, "submit", "--hold", "--gpu-mem", "10GiB", "--", "true").stdout.split()[-1]
     grow = tmp_path / "grow.sh"
     grow.write_text("#!/bin/sh\nsed -i 's/^gpu_mem: .*/gpu_mem: 30GiB/' \"$1\"\n")
     grow.chmod(0o755)
-    refused = queue.gpuq("edit", job, check=False, env={**queue.env(), "EDITOR": str(grow)})
+    refused = gpuq(box.root, "edit", job, check=False, env={"EDITOR": str(grow)})
     assert refused.returncode == 1 and "no GPU in the team can ever hold this job" in refused.stderr, refused
     assert refused.stdout == "" and "unchanged" in refused.stderr
-    assert "gpu_mem: 10GiB" in (queue.root / "state" / "held" / f"{job}.yaml").read_text()
+    assert "gpu_mem: 10GiB" in (box.root / "state" / "held" / f"{job}.yaml").read_text()
 
 
 # --- drain / resume ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(queue, tmp_path):
-    queue.write_config()
-    queue.start_worker("a", "1x80GiB")
-    go = tmp_path / "go"  # long runs until the test has seen the host draining with it
-    long = submit(queue, "--name", "long", "--", f"while [ ! -e {go} ]; do sleep 0.1; done")
-    wait_until(lambda: queue.record(long) and queue.record(long)["state"] == "running", timeout=30)
-    out = queue.gpuq("drain", "a", "--reason", "driver update")
+def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(tmp_path):
+    team = one_box(tmp_path, lambda record: FOREVER if record.spec["name"] == "long" else Run())
+    root = team.root
+    long = submit(root, "--name", "long", "--", "sleep 1000")  # runs until the test ends it
+    team.run_until(lambda: [r for r in team.running() if r.id == long])
+    out = gpuq(root, "drain", "a", "--reason", "driver update")
     assert out.stdout.startswith("a: draining")
-    later = submit(queue, "--name", "later", "--", "true")
-    assert "DRAINING (1 running) by" in queue.gpuq("status").stdout
-    go.touch()
-    assert wait_until(lambda: queue.finished(long), timeout=30)["state"] == "done"
-    queue.wait_passes("a")  # drained: whole passes go by and later stays pending
-    host = wait_until(lambda: queue.status()["hosts"][0], timeout=5)
-    assert host["drain"]["reason"] == "driver update" and "DRAINED by" in queue.gpuq("status").stdout
-    assert queue.finished(later) is None and queue.status()["pending"][0]["id"] == later
-    refused = queue.gpuq("drain", "nosuchhost", check=False)
+    later = submit(root, "--name", "later", "--", "true")
+    assert "DRAINING (1 running) by" in gpuq(root, "status").stdout
+    team.end(long)
+    for _ in range(3):  # drained: whole passes go by and later stays pending
+        team.step()
+    assert ended(team, long).state is State.DONE
+    host = status(root)["hosts"][0]
+    assert host["drain"]["reason"] == "driver update" and "DRAINED by" in gpuq(root, "status").stdout
+    assert team.finished(later) is None and status(root)["pending"][0]["id"] == later
+    assert team.boxes["a"].launched() == [long]
+    refused = gpuq(root, "drain", "nosuchhost", check=False)
     assert refused.returncode == 1 and "hosts: a" in refused.stderr
-    assert queue.gpuq("resume", "a").stdout.startswith("a: resumed")
-    assert wait_until(lambda: queue.finished(later), timeout=30)["state"] == "done"
-    assert queue.gpuq("resume", "a", check=False).returncode == 1
+    assert gpuq(root, "resume", "a").stdout.startswith("a: resumed")
+    team.run_until_idle()
+    assert ended(team, later).state is State.DONE
+    assert gpuq(root, "resume", "a", check=False).returncode == 1
 
 
 def test_an_id_stem_names_the_script_and_never_a_word_of_python_code():
@@ -269,51 +315,71 @@ def test_sweep_members_have_readable_ids_and_their_values():
     assert parse_array("0-9:3,20") == [0, 3, 6, 9, 20] and parse_array("5") == [5]
 
 
-@pytest.mark.slow
-def test_a_dropped_sweep_becomes_its_jobs_and_one_id_shows_and_cancels_them(queue):
-    queue.write_config()
-    queue.drop(
+def test_a_dropped_sweep_becomes_its_jobs_and_one_id_shows_and_cancels_them(tmp_path):
+    team = Team(tmp_path / "root")
+    box = team.add("a", "1x80GiB")
+    root = team.root
+    team.drop(
         "hp.yaml",
         "command: echo lr={lr} seed={seed} $GPUQ_SWEEP_LR\ngpus: 0\nsweep: {lr: [1e-3, 3e-4], seed: [1, 2, 3]}\n",
     )
-    assert queue.status()["pending"][0]["reason"] == "a sweep: the next worker pass turns it into its jobs"
-    queue.start_worker("a", "1x80GiB")
+    assert status(root)["pending"][0]["reason"] == "a sweep: the next worker pass turns it into its jobs"
+    team.run_until_idle()
     ids = [f"hp_lr{lr}-seed{s}" for lr in ("1e-3", "3e-4") for s in (1, 2, 3)]
-    for job_id in ids:
-        assert wait_until(lambda j=job_id: queue.finished(j), timeout=30)["state"] == "done"
-    assert "lr=3e-4 seed=2 3e-4" in queue.log("hp_lr3e-4-seed2")
-    shown = queue.gpuq("show", "hp").stdout
+    assert [ended(team, job_id).state for job_id in ids] == [State.DONE] * 6
+    # What each member's job is started with; that a spec's env reaches its job is
+    # test_attack_supervisor.py's, and the values in a real job's output test_submit_from_shell.py's.
+    member = next(r for r in box.spawner.launched if r.id == "hp_lr3e-4-seed2")
+    assert member.spec["command"] == "echo lr=3e-4 seed=2 $GPUQ_SWEEP_LR"
+    assert member.spec["env"]["GPUQ_SWEEP_LR"] == "3e-4"
+    shown = gpuq(root, "show", "hp").stdout
     assert shown.startswith("sweep hp: 6 jobs (6 done)") and "hp_lr1e-3-seed3" in shown
-    assert not (queue.root / "jobs" / "hp.yaml").exists()
+    assert not (root / "jobs" / "hp.yaml").exists()
     # a bad sweep is rejected with the field and the fix
-    queue.drop("bad.yaml", "command: echo {lr}\ngpus: 0\nsweep: {seed: [1]}\n")
-    err = wait_until(lambda: next(queue.root.glob("state/rejected/bad.error"), None), timeout=30).read_text()
-    assert "field 'sweep': seed is not used in command. Fix: write {seed} in command" in err
+    team.drop("bad.yaml", "command: echo {lr}\ngpus: 0\nsweep: {seed: [1]}\n")
+    error = root / "state" / "rejected" / "bad.error"
+    team.run_until(error.exists)
+    assert "field 'sweep': seed is not used in command. Fix: write {seed} in command" in error.read_text()
 
 
-@pytest.mark.slow
-def test_an_array_sets_its_index_and_cancels_as_one(queue):
-    queue.write_config()
-    out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-3", "--", "echo index=$GPUQ_ARRAY_INDEX")
+def test_an_array_sets_its_index_and_cancels_as_one(tmp_path):
+    team = one_box(tmp_path, lambda record: FOREVER if record.id.startswith("slow") else Run())
+    box, root = team.boxes["a"], team.root
+    out = gpuq(root, "submit", "--gpus", "0", "--name", "arr", "--array", "0-3", "--", "echo index=$GPUQ_ARRAY_INDEX")
     group = out.stdout.strip().splitlines()[-1]
     assert group == "arr-1" and out.stdout == "arr-1\n" and "4 jobs, arr-1_0 ... arr-1_3" in out.stderr
-    queue.start_worker("a", "1x80GiB")
+    team.run_until_idle()
     for i in range(4):
-        wait_until(lambda i=i: queue.finished(f"arr-1_{i}"), timeout=30)
-        assert f"index={i}" in queue.log(f"arr-1_{i}")
-    held = queue.gpuq(
-        "submit", "--gpus", "0", "--name", "wait", "--array", "1-3", "--after", "nosuch", "--", "true", check=False
+        assert ended(team, f"arr-1_{i}").state is State.DONE
+    # Each member's job is started with its index (a real job's output: test_submit_from_shell.py).
+    assert {r.id: r.spec["env"]["GPUQ_ARRAY_INDEX"] for r in box.spawner.launched} == {
+        f"arr-1_{i}": str(i) for i in range(4)
+    }
+    held = gpuq(
+        root,
+        "submit",
+        "--gpus",
+        "0",
+        "--name",
+        "wait",
+        "--array",
+        "1-3",
+        "--after",
+        "nosuch",
+        "--",
+        "true",
+        check=False,
     )
     assert held.returncode == 2 and "no such job" in held.stderr
-    second = queue.gpuq("submit", "--gpus", "0", "--name", "slow", "--array", "0-2", "--", "sleep 30")
+    second = gpuq(root, "submit", "--gpus", "0", "--name", "slow", "--array", "0-2", "--", "sleep 30")
     group = second.stdout.strip().splitlines()[-1]
-    wait_until(lambda: queue.record(f"{group}_0"), timeout=30)
-    cancelled = queue.gpuq("cancel", group)
+    team.run_until(lambda: [r for r in team.running() if r.id == f"{group}_0"])
+    cancelled = gpuq(root, "cancel", group)
     assert cancelled.stdout.count("cancel") == 3
-    for i in range(3):
-        assert wait_until(lambda i=i: queue.finished(f"{group}_{i}"), timeout=30)["state"] == "cancelled"
-    assert json.loads(queue.gpuq("show", group, "--json").stdout)["members"][0]["state"] == "cancelled"
-    bad = queue.gpuq("submit", "--array", "9-1", "--", "true", check=False)
+    team.run_until(lambda: all(team.finished(f"{group}_{i}") for i in range(3)))
+    assert [ended(team, f"{group}_{i}").state for i in range(3)] == [State.CANCELLED] * 3
+    assert json.loads(gpuq(root, "show", group, "--json").stdout)["members"][0]["state"] == "cancelled"
+    bad = gpuq(root, "submit", "--array", "9-1", "--", "true", check=False)
     assert bad.returncode == 2 and "write the lower index first" in bad.stderr
 
 
@@ -369,32 +435,32 @@ def test_always_restarts_after_success_and_on_failure_does_not(queue):
     assert wait_until(lambda: queue.finished("loop"), timeout=30)["state"] == "cancelled"
 
 
-@pytest.mark.slow
-def test_a_job_cancelled_after_a_release_queues_anew_when_retried(queue):
-    queue.write_config()
-    first = submit(queue, "--name", "one", "--", "true")
-    queue.gpuq("hold", first)
-    queue.gpuq("release", first)  # it keeps its place while pending
-    queue.gpuq("cancel", first)
-    cancelled_at = queue.finished(first)["ended_at"]
-    queue.gpuq("retry", first)
-    queue.start_worker("a", "1x80GiB")
-    again = wait_until(lambda: (r := queue.finished(first)) and r["attempt"] == 2 and r, timeout=30)
-    assert again["queued_at"] >= cancelled_at  # not the place it had before it was cancelled
+def test_a_job_cancelled_after_a_release_queues_anew_when_retried(tmp_path):
+    team = Team(tmp_path / "root")
+    team.add("a", "1x80GiB")  # its worker's first pass comes after the retry
+    root = team.root
+    first = submit(root, "--name", "one", "--", "true")
+    gpuq(root, "hold", first)
+    gpuq(root, "release", first)  # it keeps its place while pending
+    gpuq(root, "cancel", first)
+    cancelled_at = ended(team, first).ended_at or 0
+    gpuq(root, "retry", first)
+    team.run_until(lambda: (r := team.finished(first)) and r.attempt == 2)
+    assert ended(team, first).queued_at >= cancelled_at  # not the place it had before it was cancelled
 
 
-@pytest.mark.slow
-def test_an_arrays_members_take_its_place_in_the_queue_not_the_moment_they_were_written(queue):
+def test_an_arrays_members_take_its_place_in_the_queue_not_the_moment_they_were_written(tmp_path):
     """The members were written with the group file's mtime, but the queue goes by ctime (which
     no member can set): an array submitted before other jobs ran after them."""
-    once = [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "a", "--fake-gpus", "1x24GiB", "--once"]
-    subprocess.run(once, env=queue.env(), check=True, capture_output=True, timeout=120)
-    queue.gpuq("drain", "a")  # nothing starts: the order is what is shown
-    queue.gpuq("submit", "--gpu-mem", "20GiB", "--id", "before", "--", "true")
-    queue.gpuq("submit", "--gpu-mem", "20GiB", "--id", "arr", "--array", "0-2", "--", "true")
-    queue.gpuq("submit", "--gpu-mem", "20GiB", "--id", "after", "--", "true")
-    subprocess.run(once, env=queue.env(), check=True, capture_output=True, timeout=120)  # expands the array
-    order = [p["id"] for p in queue.status()["pending"]]
+    box = PassWorker(tmp_path / "root", "a", "1x24GiB")
+    box.run_pass()
+    gpuq(box.root, "drain", "a")  # nothing starts: the order is what is shown
+    gpuq(box.root, "submit", "--gpu-mem", "20GiB", "--id", "before", "--", "true")
+    gpuq(box.root, "submit", "--gpu-mem", "20GiB", "--id", "arr", "--array", "0-2", "--", "true")
+    gpuq(box.root, "submit", "--gpu-mem", "20GiB", "--id", "after", "--", "true")
+    box.run_pass(after_s=1)  # expands the array
+    assert (box.layout.groups / "arr.json").exists()
+    order = [p["id"] for p in status(box.root)["pending"]]
     assert order == ["before", "arr_0", "arr_1", "arr_2", "after"], order
 
 
