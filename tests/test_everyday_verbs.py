@@ -1,7 +1,9 @@
-"""Verbs people reach for and screens that fit, through the real CLI and worker: `gpuq wait`
-(exit status by how the jobs ended, as `pueue wait` and `sbatch --wait`), a mistyped verb,
-status narrowed and summed up, submit's limits, logs of groups, retry of a rejected spec,
-forget, and `show` folding a long environment."""
+"""Verbs people reach for and screens that fit: `gpuq wait` (exit status by how the jobs ended,
+as `pueue wait` and `sbatch --wait`), a mistyped verb, status narrowed and summed up, submit's
+limits, logs of groups, retry of a rejected spec, forget, and `show` folding a long environment.
+What a verb does to the spool and what status and show then say of it run in this process
+(tests/harness.py: the CLI's main and a box's passes on a clock the test moves); what needs the
+real CLI, worker, supervisors or users (wait, logs -f, a dead box, time limits) is marked slow."""
 
 from __future__ import annotations
 
@@ -10,22 +12,23 @@ import subprocess
 import time
 
 import pytest
+from harness import FOREVER, PassWorker, Run, Team, gpuq, status
 from team import ALICE, BOB
 
-import gpuq
 from conftest import PY, REPO, wait_until
+from gpuq import __version__
+from gpuq.model.states import State
 from gpuq.spool.teamstate import live_window_s
 
 # A killed box's heartbeat this old is past its live window (the tests' poll_interval: 0.2 s).
 LIVE_WINDOW_S = live_window_s({"poll_interval": 0.2}) + 1
-
-pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def _wait_cmd(queue, *args: str) -> list[str]:
     return [PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "wait", *args]
 
 
+@pytest.mark.slow
 def test_wait_returns_when_the_jobs_end_and_exits_by_how_they_ended(queue):
     queue.gpuq("submit", "--gpus", "0", "--id", "slow", "--", "sleep 3; echo slow done")
     queue.gpuq("submit", "--gpus", "0", "--id", "broken", "--", "exit 3")
@@ -43,6 +46,7 @@ def test_wait_returns_when_the_jobs_end_and_exits_by_how_they_ended(queue):
     assert both.stdout.splitlines() == ["slow: done (exit 0)", "broken: failed (exit 3)"]
 
 
+@pytest.mark.slow
 def test_wait_for_a_cancelled_job_a_group_and_no_such_job(queue):
     out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-2", "--", "echo index=$GPUQ_ARRAY_INDEX")
     group = out.stdout.strip().splitlines()[-1]
@@ -63,6 +67,7 @@ def test_wait_for_a_cancelled_job_a_group_and_no_such_job(queue):
     assert bad.returncode == 1 and "not a job id" in bad.stderr
 
 
+@pytest.mark.slow
 def test_wait_gives_up_after_its_timeout_and_says_where_the_job_is(queue):
     queue.gpuq("submit", "--gpus", "0", "--id", "patient", "--", "true")  # no worker: it stays pending
     started = time.monotonic()
@@ -73,6 +78,7 @@ def test_wait_gives_up_after_its_timeout_and_says_where_the_job_is(queue):
     assert bad.returncode == 2 and "--timeout" in bad.stderr and "not a duration" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_mistyped_verb_gets_the_nearest_ones_and_no_internal_verb(queue):
     out = queue.gpuq("stauts", check=False)
     assert out.returncode == 2
@@ -83,6 +89,7 @@ def test_a_mistyped_verb_gets_the_nearest_ones_and_no_internal_verb(queue):
     assert "wait" in helped.stdout and "_ids" not in helped.stdout and "_hosts" not in helped.stdout
 
 
+@pytest.mark.slow
 def test_status_narrows_to_me_a_user_and_a_state(team):
     team.write_config(poll_interval=0.2)
     big = "command: 'true'\ngpus: 1\ngpu_mem: 100GiB\nworkdir: /\n"  # fits no GPU here: stays pending
@@ -110,22 +117,25 @@ def test_status_narrows_to_me_a_user_and_a_state(team):
     assert "bo-big" in text and "al-big" not in text and "al-ok" not in text
 
 
-def test_a_long_queue_shows_its_head_and_how_many_wait_for_each_reason(queue):
-    queue.start_worker("a", "1x80GiB")
+def test_a_long_queue_shows_its_head_and_how_many_wait_for_each_reason(tmp_path):
+    box = PassWorker(tmp_path / "root", "a", "1x80GiB")
     for i in range(119):
-        queue.drop(f"big{i:03d}.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 100GiB\n")
-    queue.drop("elsewhere.yaml", "command: 'true'\ngpus: 1\nhosts: [b]\n")
-    view = wait_until(lambda: (v := queue.status())["pending_total"] == 120 and v, timeout=60, what="120 pending")
+        box.drop(f"big{i:03d}.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 100GiB\n")
+    box.drop("elsewhere.yaml", "command: 'true'\ngpus: 1\nhosts: [b]\n")
+    box.run_pass(after_s=2)  # past spec_settle_s: each is a job that waits, none rejected
+    view = status(box.root)
+    assert view["pending_total"] == 120 and box.launched() == []
     assert sum(view["pending_by_reason"].values()) == 120 and len(view["pending_by_reason"]) == 2
     (common, n), (rare, one) = view["pending_by_reason"].items()
     assert n == 119 and one == 1 and "behind" not in common
-    text = queue.gpuq("status").stdout
+    text = gpuq(box.root, "status").stdout
     assert "... and 100 more (gpuq status --all). All 120 wait for:" in text
     assert f"{119:6d}  {common}" in text and f"{1:6d}  {rare}" in text
     assert len(text.splitlines()) < 50, text  # short by default: 20 rows and the counts, not 120 rows
-    assert queue.gpuq("status", "--all").stdout.count("big") >= 119
+    assert gpuq(box.root, "status", "--all").stdout.count("big") >= 119
 
 
+@pytest.mark.slow
 def test_submit_takes_slurms_spellings_for_limits_and_checks_them_as_a_spec_would(queue):
     queue.start_worker("a", "1x80GiB")
     queue.gpuq(
@@ -191,11 +201,12 @@ def test_submit_takes_slurms_spellings_for_limits_and_checks_them_as_a_spec_woul
     assert typed.returncode == 2 and "gpuq does not choose GPUs by type (a100); give the count" in typed.stderr
 
 
+@pytest.mark.slow
 def test_sbatch_options_read_as_sbatch_reads_them(queue):
     """--time 90 is 90 minutes and 1:30 two (sbatch rounds seconds up; never YAML's base-60 90), -J names it,
     -G and -c count GPUs and cores, --mem 1000 is MiB, --dependency afterok/afterany are
     --after/--after-any; all through the real CLI and worker."""
-    assert queue.gpuq("--version").stdout.strip() == f"gpuq {gpuq.__version__}"
+    assert queue.gpuq("--version").stdout.strip() == f"gpuq {__version__}"
     queue.start_worker("a", "1x80GiB")
     first = queue.gpuq("submit", "-G", "0", "--id", "first", "--", "true").stdout.split()[-1]
     job = queue.gpuq(
@@ -242,6 +253,7 @@ def test_sbatch_options_read_as_sbatch_reads_them(queue):
         assert instead in refused.stderr and "Nothing was written" in refused.stderr
 
 
+@pytest.mark.slow
 def test_a_command_the_shell_cannot_find_says_why_with_its_path(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("typo.yaml", "command: no-such-command-gpuq --flag\ngpus: 0\nenv: {PATH: /usr/bin:/bin}\n")
@@ -256,6 +268,7 @@ def test_a_command_the_shell_cannot_find_says_why_with_its_path(queue):
     assert wait_until(lambda: queue.finished("fine"), timeout=60)["reason"] is None  # other exits: no note
 
 
+@pytest.mark.slow
 def test_logs_of_a_group_and_following_a_job_that_has_not_started(queue):
     out = queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-2", "--", "echo index=$GPUQ_ARRAY_INDEX")
     group = out.stdout.strip().splitlines()[-1]
@@ -317,6 +330,7 @@ def _array_behind_a_sleeper(queue, size: int) -> str:
     return group
 
 
+@pytest.mark.slow
 def test_logs_of_a_group_that_has_not_started_says_what_its_members_wait_for(queue):
     """An audit as a newcomer: `logs GROUP` printed nothing and `logs -f GROUP` was silent
     while the members waited (only a single job said what it waited for)."""
@@ -338,33 +352,40 @@ def test_logs_of_a_group_that_has_not_started_says_what_its_members_wait_for(que
     assert follow.returncode == 1  # `logs -f` exits as the jobs ended: cancelled members, not all done
 
 
-def test_a_rejected_spec_is_retried_after_its_fix_and_leaves_the_rejected_list(queue):
-    queue.write_config(allow_root_jobs=False)  # root's specs are refused (the tests run as root)
-    queue.start_worker("a", "1x80GiB")
-    queue.drop("mine.yaml", "command: echo mine ran\ngpus: 0\n")
-    queue.drop("typo.yaml", "command: echo typo ran\ngpus: two\n")
-    wait_until(lambda: {r["id"] for r in queue.status()["rejected"]} == {"mine", "typo"}, what="both refused")
-    said = (queue.root / "state" / "rejected" / "typo.error").read_text()  # where the spec is now, and how back
+def test_a_rejected_spec_is_retried_after_its_fix_and_leaves_the_rejected_list(tmp_path):
+    root = tmp_path / "root"
+    box = PassWorker(root, "a", "1x80GiB", allow_root_jobs=False)  # root's specs are refused (the tests run as root)
+    box.drop("mine.yaml", "command: echo mine ran\ngpus: 0\n")
+    box.drop("typo.yaml", "command: echo typo ran\ngpus: two\n")
+    box.run_pass()
+    box.run_pass(after_s=2)  # past spec_settle_s
+    assert {r["id"] for r in status(root)["rejected"]} == {"mine", "typo"}
+    said = (root / "state" / "rejected" / "typo.error").read_text()  # where the spec is now, and how back
     assert said.rstrip().endswith(
         "The spec is kept as state/rejected/typo.yaml: fix it there, writing into the file itself (an editor; "
         "not sed -i, which needs to write beside it), or drop a fixed one, then `gpuq retry typo`."
     ), said
-    early = queue.gpuq("retry", "typo", check=False)  # its text is wrong: refused again
+    early = gpuq(root, "retry", "typo", check=False)  # its text is wrong: refused again
     assert early.returncode == 0 and "back in the queue, to be checked again" in early.stdout
-    wait_until(lambda: (queue.root / "state" / "rejected" / "typo.error").exists(), what="typo refused again")
-    queue.write_config(allow_root_jobs=True)  # the admin's fix, read by the worker at its start
-    queue.stop_worker("a")
-    queue.start_worker("a", "1x80GiB")
-    done = queue.gpuq("retry", "mine")
+    assert not (root / "state" / "rejected" / "typo.error").exists()
+    box.run_pass(after_s=2)
+    assert (root / "state" / "rejected" / "typo.error").exists()
+    # The admin's fix, read by the worker at its start: the box's worker starts again with it.
+    box = PassWorker(root, "a", "1x80GiB", allow_root_jobs=True)
+    box.run_pass(after_s=1)
+    done = gpuq(root, "retry", "mine")
     assert "mine: its refused spec is back in the queue" in done.stdout
-    assert wait_until(lambda: queue.finished("mine"), timeout=60)["state"] == "done"
-    assert "mine ran" in queue.log("mine")
-    queue.drop("typo.yaml", "command: echo typo ran\ngpus: 0\n")  # the user's fix: dropped anew
-    assert wait_until(lambda: queue.finished("typo"), timeout=60)["state"] == "done"
-    assert queue.status()["rejected"] == []  # both lived on: their REJECTED lines are gone
-    assert "REJECTED" not in queue.gpuq("status").stdout
+    box.drop("typo.yaml", "command: echo typo ran\ngpus: 0\n")  # the user's fix: dropped anew
+    box.run_pass(after_s=2)
+    assert sorted(box.launched()) == ["mine", "typo"]
+    for job_id in ("mine", "typo"):
+        assert box.finish(job_id).state is State.DONE
+    box.run_pass(after_s=1)
+    assert status(root)["rejected"] == []  # both lived on: their REJECTED lines are gone
+    assert "REJECTED" not in gpuq(root, "status").stdout
 
 
+@pytest.mark.slow
 def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_one_with_jobs(queue):
     queue.write_config(lost_after_s=300)  # nothing is taken over during the test
     queue.start_worker("a", "1x80GiB")
@@ -396,73 +417,79 @@ def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_o
     assert again.returncode == 1 and "no host named 'b'" in again.stdout + again.stderr
 
 
-def test_show_folds_a_long_environment_and_lists_it_whole_with_env(queue):
+def test_show_folds_a_long_environment_and_lists_it_whole_with_env(tmp_path):
+    root = PassWorker(tmp_path / "root", "a", "1x80GiB").root  # no pass: submit and show only read the spool
     # A submit exports the submitter's shell: here 30 variables of their own besides the rest.
-    shell = {
-        **queue.env(),
-        **{f"MY_SETTING_{i}": f"value-{i}" for i in range(30)},
-        "PATH": "/opt/tools/bin:/usr/bin:/bin",
-    }
-    queue.gpuq("submit", "--gpus", "1", "--id", "wide-env", "--", "python train.py", env=shell)
-    folded = queue.gpuq("show", "wide-env").stdout
+    shell = {**{f"MY_SETTING_{i}": f"value-{i}" for i in range(30)}, "PATH": "/opt/tools/bin:/usr/bin:/bin"}
+    gpuq(root, "submit", "--gpus", "1", "--id", "wide-env", "--", "python train.py", env=shell)
+    folded = gpuq(root, "show", "wide-env").stdout
     env_lines = [line.strip() for line in folded.splitlines() if "=" in line and line.startswith(" ")]
     assert "PATH=/opt/tools/bin:/usr/bin:/bin" in env_lines and "CUDA_VISIBLE_DEVICES=0" in env_lines, folded
     assert "GPUQ_GPU_MEM_MIB=<its GPU's usable MiB>" in env_lines, folded  # a whole GPU's, not 0
     assert not any(line.startswith("MY_SETTING_") for line in env_lines), folded
     more = [line for line in folded.splitlines() if "more (all of them: gpuq show wide-env --env)" in line]
     assert len(more) == 1 and int(more[0].split("and ")[1].split()[0]) >= 30, more  # folded into one line
-    whole = queue.gpuq("show", "wide-env", "--env").stdout
+    whole = gpuq(root, "show", "wide-env", "--env").stdout
     assert all(f"MY_SETTING_{i}=value-{i}" in whole for i in range(30)) and "more (all of them" not in whole
-    short = queue.gpuq("submit", "--gpus", "1", "--id", "short-env", "--export", "NONE", "--", "true")
+    short = gpuq(root, "submit", "--gpus", "1", "--id", "short-env", "--export", "NONE", "--", "true")
     assert short.returncode == 0
-    assert "more (all of them" not in queue.gpuq("show", "short-env").stdout  # a short one is shown whole
+    assert "more (all of them" not in gpuq(root, "show", "short-env").stdout  # a short one is shown whole
 
 
-def test_one_size_rule_and_show_prints_what_was_asked(queue):
+def test_one_size_rule_and_show_prints_what_was_asked(tmp_path):
     """Newcomer review: `8gb` and `8GB` gave 7.5 GiB while `8g` gave 8 GiB, and show printed
     7.5GiB. Every spelling of 8 gigabytes is 8 GiB, in submit and in a dropped spec."""
+    team = Team(tmp_path / "root")
+    team.add("a", "1x80GiB")
+    root = team.root
     for i, size in enumerate(("8g", "8G", "8GB", "8gb", "8GiB", "8192MiB", "8192mb")):
-        queue.gpuq("submit", "--gpus", "1", "--gpu-mem", size, "--id", f"size-{i}", "--", "true")
-        shown = queue.gpuq("show", f"size-{i}").stdout
+        gpuq(root, "submit", "--gpus", "1", "--gpu-mem", size, "--id", f"size-{i}", "--", "true")
+        shown = gpuq(root, "show", f"size-{i}").stdout
         assert "gpu_mem:          8GiB" in shown, (size, shown)
-    queue.drop("dropped.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 8GB\nmem: 2gb\nenv: {A: '1'}\n")
-    queue.start_worker("a", "1x80GiB")
-    record = wait_until(lambda: queue.finished("dropped"), what="the dropped spec to run")
-    assert record["spec"]["gpu_mem_mib"] == 8192 and record["spec"]["mem_mib"] == 2048, record["spec"]
-    shown = queue.gpuq("show", "dropped").stdout
+    team.drop("dropped.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 8GB\nmem: 2gb\nenv: {A: '1'}\n")
+    team.run_until(lambda: team.finished("dropped"))
+    record = team.finished("dropped")
+    assert record is not None
+    assert record.spec["gpu_mem_mib"] == 8192 and record.spec["mem_mib"] == 2048, record.spec
+    shown = gpuq(root, "show", "dropped").stdout
     assert "gpus:             1 (index 0)" in shown  # how many, and which
     assert "env:              1 variables from the spec (gpuq show dropped --env lists the whole environment)" in shown
-    bad = queue.gpuq("submit", "--gpus", "1", "--gpu-mem", "8 bananas", "--", "true", check=False)
+    bad = gpuq(root, "submit", "--gpus", "1", "--gpu-mem", "8 bananas", "--", "true", check=False)
     assert bad.returncode == 2 and bad.stderr.startswith("gpuq submit: --gpu-mem:") and "20GiB" in bad.stderr
 
 
-def test_every_refusal_names_its_verb_and_exits_1(queue):
-    queue.start_worker("a", "1x80GiB")
+def test_every_refusal_names_its_verb_and_exits_1(tmp_path):
+    box = PassWorker(tmp_path / "root", "a", "1x80GiB")
+    box.run_pass()
     # (edit holds first: still "edit"; unbook's: the bookings extra's tests)
     for verb in ("cancel", "hold", "release", "retry", "edit"):
-        done = queue.gpuq(verb, "no-such-job", check=False)
+        done = gpuq(box.root, verb, "no-such-job", check=False)
         assert done.returncode == 1 and done.stderr.startswith(f"gpuq {verb}: "), (verb, done.stderr)
         if verb == "edit":  # its refusal speaks of editing, not only of holding
             assert "can be held or edited" in done.stderr, done.stderr
 
 
-def test_submit_hold_keeps_the_job_from_starting_until_released(queue):
-    queue.start_worker("a", "1x80GiB")
-    held = queue.gpuq("submit", "--hold", "--gpus", "1", "--id", "h1", "--", "echo ran-h1")
+def test_submit_hold_keeps_the_job_from_starting_until_released(tmp_path):
+    box = PassWorker(tmp_path / "root", "a", "1x80GiB")
+    box.run_pass()
+    root = box.root
+    held = gpuq(root, "submit", "--hold", "--gpus", "1", "--id", "h1", "--", "echo ran-h1")
     assert held.stdout == "h1\n" and "h1 is held: `gpuq release h1` puts it in the queue" in held.stderr, held
-    assert not list((queue.root / "jobs").iterdir())  # never through jobs/: nothing another member could take
-    assert [h["id"] for h in queue.status()["held"]] == ["h1"] and "HELD (1" in queue.gpuq("status").stdout
-    queue.wait_passes("a", 2)  # whole passes with a free GPU: it never started
-    assert queue.record("h1") is None and "ran-h1" not in queue.log("h1")
-    queue.gpuq("release", "h1")
-    assert wait_until(lambda: queue.finished("h1"), what="h1 after its release")["state"] == "done"
-    assert "ran-h1" in queue.log("h1")
-    spec = queue.root.parent / "from-file.yaml"
+    assert not list((root / "jobs").iterdir())  # never through jobs/: nothing another member could take
+    assert [h["id"] for h in status(root)["held"]] == ["h1"] and "HELD (1" in gpuq(root, "status").stdout
+    for _ in range(3):  # whole passes with a free GPU: it never started
+        box.run_pass(after_s=1)
+    assert box.launched() == [] and not (root / "state" / "running" / "h1.json").exists()
+    gpuq(root, "release", "h1")
+    box.run_pass(after_s=2)
+    assert box.launched() == ["h1"] and box.finish("h1").state is State.DONE
+    spec = root.parent / "from-file.yaml"
     spec.write_text("command: echo ran-h5\ngpus: 0\n")
-    assert queue.gpuq("submit", "--hold", "--spec", str(spec)).stdout.splitlines()[-1] == "from-file-1"
-    assert [h["id"] for h in queue.status()["held"]] == ["from-file-1"]
+    assert gpuq(root, "submit", "--hold", "--spec", str(spec)).stdout.splitlines()[-1] == "from-file-1"
+    assert [h["id"] for h in status(root)["held"]] == ["from-file-1"]
 
 
+@pytest.mark.slow
 def test_submit_hold_with_no_worker_waits_and_never_starts_the_job(team):
     """A member's hold request waits for a worker (root's own CLI would apply it itself)."""
     team.start_worker("a", "1x80GiB")
@@ -489,6 +516,7 @@ def test_submit_hold_with_no_worker_waits_and_never_starts_the_job(team):
         assert record["state"] == "done" and record["user"] == ALICE
 
 
+@pytest.mark.slow
 def test_messages_point_at_the_fix(queue, tmp_path):
     """The newcomer review's CLI errors: each names the verb and the fix that applies."""
     none_yet = queue.gpuq("status").stdout
@@ -519,40 +547,46 @@ def test_messages_point_at_the_fix(queue, tmp_path):
     assert f"export GPUQ_ROOT={tmp_path / 'new-root'}" in init.stdout  # for every command after it
 
 
-def test_a_retried_job_shows_where_it_is_now_not_also_as_finished(queue):
+def test_a_retried_job_shows_where_it_is_now_not_also_as_finished(tmp_path):
     """Newcomer review: a retried job appeared both in PENDING and in FINISHED."""
-    queue.start_worker("a", "1x80GiB")
-    queue.gpuq("submit", "--gpus", "0", "--id", "flaky", "--", "exit 1")
-    assert wait_until(lambda: queue.finished("flaky"), what="flaky to fail")["state"] == "failed"
-    queue.stop_worker("a")  # so that it waits in the queue while we look
-    queue.gpuq("retry", "flaky")
-    view = queue.status()
+    box = PassWorker(tmp_path / "root", "a", "1x80GiB")
+    gpuq(box.root, "submit", "--gpus", "0", "--id", "flaky", "--", "exit 1")
+    box.run_pass(after_s=2)
+    assert box.finish("flaky", exit_code=1).state is State.FAILED
+    box.run_pass(after_s=1)
+    gpuq(box.root, "retry", "flaky")  # no pass after it: it waits in the queue while we look
+    view = status(box.root)
     assert [p["id"] for p in view["pending"]] == ["flaky"], view["pending"]
     assert "flaky" not in [f["id"] for f in view["finished"]], view["finished"]
 
 
-def test_an_ended_jobs_id_is_kept_and_the_refusal_says_how_to_run_it_again(queue):
+def test_an_ended_jobs_id_is_kept_and_the_refusal_says_how_to_run_it_again(tmp_path):
     """Newcomer review: a cancelled --id "can never be reused". Its record and log keep the
     id (a second job of that id would overwrite them), so submit refuses it and names the
     way to run it again, which works."""
-    queue.start_worker("a", "1x80GiB")
-    queue.gpuq("submit", "--gpus", "0", "--id", "sz-test", "--", "sleep 30")
-    wait_until(lambda: queue.record("sz-test"), what="sz-test to start")
-    queue.gpuq("cancel", "sz-test")
-    assert wait_until(lambda: queue.finished("sz-test"), what="sz-test cancelled")["state"] == "cancelled"
-    again = queue.gpuq("submit", "--gpus", "0", "--id", "sz-test", "--", "true", check=False)
+    team = Team(tmp_path / "root", lambda record: FOREVER)
+    box = team.add("a", "1x80GiB")
+    root = team.root
+    gpuq(root, "submit", "--gpus", "0", "--id", "sz-test", "--", "sleep 30")
+    team.run_until(lambda: team.running())
+    gpuq(root, "cancel", "sz-test")
+    team.run_until(lambda: team.finished("sz-test"))
+    assert (record := team.finished("sz-test")) is not None and record.state is State.CANCELLED
+    again = gpuq(root, "submit", "--gpus", "0", "--id", "sz-test", "--", "true", check=False)
     assert again.returncode == 2 and "already used" in again.stderr and "gpuq retry sz-test" in again.stderr
     assert again.stderr.startswith("gpuq submit:"), again.stderr
-    queue.gpuq("retry", "sz-test")
-    wait_until(lambda: (queue.record("sz-test") or {}).get("attempt") == 2, what="sz-test's second attempt")
+    gpuq(root, "retry", "sz-test")
+    team.run_until(lambda: [r for r in team.running() if r.attempt == 2])
+    assert [(r.id, r.attempt) for r in box.spawner.launched] == [("sz-test", 1), ("sz-test", 2)]
     # a rejected spec keeps its own id, not every id it starts with (ids hold dots)
-    queue.drop("data.v2.yaml", "command: 'true'\ngpus: two\n")
-    wait_until(lambda: (queue.root / "state" / "rejected" / "data.v2.error").exists(), what="data.v2 rejected")
-    assert queue.gpuq("submit", "--gpus", "0", "--id", "data", "--", "true").stdout.split() == ["data"]
-    taken = queue.gpuq("submit", "--gpus", "0", "--id", "data.v2", "--", "true", check=False)
+    team.drop("data.v2.yaml", "command: 'true'\ngpus: two\n")
+    team.run_until((root / "state" / "rejected" / "data.v2.error").exists)
+    assert gpuq(root, "submit", "--gpus", "0", "--id", "data", "--", "true").stdout.split() == ["data"]
+    taken = gpuq(root, "submit", "--gpus", "0", "--id", "data.v2", "--", "true", check=False)
     assert taken.returncode == 2 and "already used" in taken.stderr
 
 
+@pytest.mark.slow
 def test_a_held_submission_cannot_take_another_members_id_nor_lose_its_own(team):
     """Attacks on `submit --hold` (a helper's, as team members): alice sends the request by
     hand for bob's pending job's id; bob drops a spec under the id of alice's held submission
@@ -589,22 +623,26 @@ def test_a_held_submission_cannot_take_another_members_id_nor_lose_its_own(team)
     assert not team.status()["held"] and not (team.root / "state" / "held" / "xjob.yaml").exists()
 
 
-def test_a_cancelled_array_is_one_line_of_finished(queue):
+def test_a_cancelled_array_is_one_line_of_finished(tmp_path):
     """Newcomer review: one array cancel filled FINISHED with a line per member."""
-    group = _array_behind_a_sleeper(queue, 6)
-    queue.gpuq("cancel", group)
-    wait_until(
-        lambda: len([f for f in queue.status()["finished"] if f["state"] == "cancelled"]) == 6,
-        what="six cancelled members",
-    )
-    lines = [line for line in queue.gpuq("status").stdout.splitlines() if f"{group}_" in line]
+    team = Team(tmp_path / "root", lambda record: FOREVER)
+    team.add("a", "1x80GiB")
+    root = team.root
+    gpuq(root, "submit", "--gpus", "0", "--id", "first", "--", "sleep 600")
+    array = ["--name", "arr", "--array", "0-5", "--after", "first", "--", "echo member ran"]
+    group = gpuq(root, "submit", "--gpus", "0", *array).stdout.split()[-1]
+    team.run_until(lambda: len([p for p in status(root)["pending"] if p["id"].startswith(f"{group}_")]) == 6)
+    gpuq(root, "cancel", group)
+    assert len([f for f in status(root)["finished"] if f["state"] == "cancelled"]) == 6
+    lines = [line for line in gpuq(root, "status").stdout.splitlines() if f"{group}_" in line]
     assert len(lines) == 1 and f"{group}_* (all 6 members)" in lines[0] and "cancelled" in lines[0], lines
-    queue.write_config(recent_finished=4)  # FINISHED lists fewer than the array has: it says so
-    lines = [line for line in queue.gpuq("status").stdout.splitlines() if f"{group}_" in line]
+    with open(root / "config.yaml", "a") as config:  # FINISHED lists fewer than the array has: it says so
+        config.write("recent_finished: 4\n")
+    lines = [line for line in gpuq(root, "status").stdout.splitlines() if f"{group}_" in line]
     assert len(lines) == 1 and f"{group}_* (the latest 4 of its 6 members)" in lines[0], lines
-    queue.gpuq("cancel", "first")
 
 
+@pytest.mark.slow
 def test_status_says_a_cleanly_stopped_worker_stopped_and_a_killed_one_is_not_responding(queue):
     """Newcomer review: status called a worker that exited cleanly NOT RESPONDING, while doctor
     knew it had stopped (its last heartbeat says so)."""
@@ -629,17 +667,24 @@ def test_status_says_a_cleanly_stopped_worker_stopped_and_a_killed_one_is_not_re
     assert "  a  stopped (its worker exited cleanly)" in text and "  b  NOT RESPONDING" in text, text
 
 
-def test_mem_and_cpus_are_held_on_the_box_until_the_job_ends(queue):
+def test_mem_and_cpus_are_held_on_the_box_until_the_job_ends(tmp_path):
     """sbatch's --mem and -c hold what they ask: a second job asking 60% of the box's memory
     waits while the first runs (a Slurm user's session: three such jobs ran at once)."""
-    queue.start_worker("a", "4x80GiB")
-    box = wait_until(lambda: json.loads((queue.root / "state" / "workers" / "a.json").read_text()).get("mem_mib"))
-    mem = f"{box * 6 // 10}M"
-    first = queue.gpuq("submit", "--gpu-mem", "1GiB", "--mem", mem, "--", "sleep", "300").stdout.strip()
-    wait_until(lambda: (queue.record(first) or {}).get("state") == "running", what="the first to run")
-    second = queue.gpuq("submit", "--gpu-mem", "1GiB", "--mem", mem, "--", "true").stdout.strip()
-    row = wait_until(lambda: next((p for p in queue.status()["pending"] if p["id"] == second), None), what="pending")
+    team = Team(tmp_path / "root", lambda record: FOREVER if record.id == "first" else Run())
+    box = team.add("a", "4x80GiB")
+    team.step()
+    mem = f"{box.heartbeat()['mem_mib'] * 6 // 10}M"
+    root = team.root
+    first = gpuq(
+        root, "submit", "--id", "first", "--gpu-mem", "1GiB", "--mem", mem, "--", "sleep", "300"
+    ).stdout.strip()
+    team.run_until(lambda: team.running())
+    second = gpuq(root, "submit", "--gpu-mem", "1GiB", "--mem", mem, "--", "true").stdout.strip()
+    for _ in range(3):  # whole passes with three GPUs free: it waits for memory
+        team.step()
+    assert box.launched() == [first]
+    row = next(p for p in status(root)["pending"] if p["id"] == second)
     assert row["reason"].startswith("needs ") and "of host memory (--mem) on one box" in row["reason"], row
-    queue.gpuq("cancel", first)
-    ended = wait_until(lambda: queue.finished(second), timeout=90, what="the second once the first ended")
-    assert ended["state"] == "done"
+    gpuq(root, "cancel", first)
+    team.run_until(lambda: team.finished(second))
+    assert (ended := team.finished(second)) is not None and ended.state is State.DONE
