@@ -1,5 +1,7 @@
 """Worker behaviour through the real worker.py: reattaching, reacting to exits at once,
-memory held by others, and specs that are still being written or are wrong."""
+memory held by others, and specs that are still being written or are wrong. What one pass
+decides (a reused id refused, a claim or an attempt left by a worker that died before its
+job started, a rejected spec shown) is driven in this process (tests/harness.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,11 @@ import subprocess
 import time
 
 import pytest
+from harness import PassWorker, gpuq
 
 from conftest import fake_job, wait_until, worker_argv
+from gpuq.model.states import State
+from gpuq.spool.store import read_record
 
 
 def _state(queue, job_id):
@@ -261,15 +266,22 @@ def test_job_memory_is_observed_through_its_process_tree(queue):
     assert record["peak_gpu_mem_mib"] == 12 * 1024
 
 
-@pytest.mark.slow
-def test_a_reused_id_is_refused_not_overwritten(queue):
-    queue.start_worker("a", "1x80GiB")
-    queue.drop("same.yaml", "command: echo one\ngpus: 0\n")
-    wait_until(lambda: queue.finished("same"), what="first run")
-    queue.drop("same.yaml", "command: echo two\ngpus: 0\n")
-    error = wait_until(lambda: queue.refusals("same"), what="rejection")  # under a name of its own
+def test_a_reused_id_is_refused_not_overwritten(tmp_path):
+    box = PassWorker(tmp_path / "root", "a", "1x80GiB")
+    box.drop("same.yaml", "command: echo one\ngpus: 0\n")
+    box.run_pass(after_s=2)
+    box.finish("same")
+    box.run_pass(after_s=1)
+    box.drop("same.yaml", "command: echo two\ngpus: 0\n")
+    box.run_pass(after_s=2)
+    rejected = box.layout.rejected
+    (error,) = [p.read_text() for p in rejected.glob("same*.error")]  # under a name of its own
     assert "already used" in error and "same-2.yaml" in error
-    assert "one" in queue.log("same") and "two" not in queue.log("same")
+    assert not (rejected / "same.error").exists()
+    # Only the first ran, and its record (which keeps the id, as its log does) is untouched.
+    assert box.launched() == ["same"]
+    finished = read_record(box.layout.record(box.layout.finished, "same"))
+    assert finished is not None and finished.spec["command"] == "echo one"
 
 
 def _boot_id() -> str:
@@ -278,22 +290,21 @@ def _boot_id() -> str:
     return boot_id()
 
 
-@pytest.mark.slow
-def test_a_claim_never_recorded_goes_back_to_the_queue_and_runs_once(queue):
-    (queue.root / "state" / "claims").mkdir(parents=True)
-    claim = queue.root / "state" / "claims" / f"orphan@a@{_boot_id()[:8]}@999999@abcd@a1.yaml"
+def test_a_claim_never_recorded_goes_back_to_the_queue_and_runs_once(tmp_path):
+    box = PassWorker(tmp_path / "root", "a", "1x80GiB")
+    claim = box.layout.claims / f"orphan@a@{_boot_id()[:8]}@999999@abcd@a1.yaml"
     claim.write_text("command: echo ran-once\ngpus: 0\n")
-    queue.start_worker("a", "1x80GiB")
-    wait_until(lambda: queue.finished("orphan"), what="the orphaned claim to run")
-    assert queue.log("orphan").splitlines().count("ran-once") == 1
-    assert not claim.exists()
+    for _ in range(4):
+        box.run_pass(after_s=1)
+    assert box.launched() == ["orphan"]  # once
+    assert box.finish("orphan").state is State.DONE
+    box.run_pass(after_s=1)
+    assert not claim.exists() and box.launched() == ["orphan"]
 
 
-@pytest.mark.slow
-def test_a_recorded_attempt_that_never_started_is_requeued_at_its_old_place(queue):
-    state = queue.root / "state"
-    for d in ("claims", "running"):
-        (state / d).mkdir(parents=True)
+def test_a_recorded_attempt_that_never_started_is_requeued_at_its_old_place(tmp_path):
+    box = PassWorker(tmp_path / "root", "a", "1x80GiB")  # its first pass comes once the attempt is there
+    state = box.layout.state
     name = f"early@a@{_boot_id()[:8]}@999999@abcd@a1.yaml"
     (state / "claims" / name).write_text("command: echo started-now\ngpus: 0\n")
     (state / "running" / "early.json").write_text(
@@ -311,19 +322,22 @@ def test_a_recorded_attempt_that_never_started_is_requeued_at_its_old_place(queu
             }
         )
     )
-    queue.start_worker("a", "1x80GiB")
-    record = wait_until(lambda: queue.finished("early"), what="the requeued attempt to run")
-    assert record["state"] == "done" and record["queued_at"] == 1000.0
-    assert queue.log("early").splitlines().count("started-now") == 1
-    assert any(e.get("to") == "pending" and e["job"] == "early" for e in queue.events())
+    for _ in range(4):
+        box.run_pass(after_s=1)
+    assert box.launched() == ["early"]  # once
+    record = box.finish("early")
+    assert record.state is State.DONE and record.queued_at == 1000.0
+    events = [json.loads(line) for line in (box.layout.events / "a.jsonl").read_text().splitlines()]
+    assert any(e.get("to") == "pending" and e["job"] == "early" for e in events)
 
 
-@pytest.mark.slow
-def test_show_explains_a_rejected_spec(queue):
-    queue.start_worker("a", "1x80GiB")
-    queue.drop("oops.yaml", "command: x\ngpus: lots\n")
-    wait_until(lambda: (queue.root / "state/rejected/oops.error").exists(), what="rejection")
-    shown = queue.gpuq("show", "oops").stdout
+def test_show_explains_a_rejected_spec(tmp_path):
+    box = PassWorker(tmp_path / "root", "a", "1x80GiB")
+    box.drop("oops.yaml", "command: x\ngpus: lots\n")
+    box.run_pass()
+    box.run_pass(after_s=2)  # past spec_settle_s
+    assert (box.layout.rejected / "oops.error").exists()
+    shown = gpuq(box.root, "show", "oops").stdout
     assert "state:            rejected" in shown and "field 'gpus'" in shown and "gpus: 1" in shown
 
 
