@@ -41,6 +41,10 @@ def gpuq(root: Path, *args: str, check: bool = True, env: dict[str, str] | None 
     so a verb's effect on the spool is there when it returns. `env`: variables set meanwhile
     (EDITOR). What only a process shows (the launcher, a terminal, the root part of a team
     root's privilege split) stays in the real-process tests."""
+    if os.stat(root).st_uid != os.geteuid():
+        # Root's gpuq on a root another account owns becomes that account (host/privsep.py
+        # split): in this process it would take the test run's own privileges with it.
+        raise AssertionError(f"{root} is not this process's own: run the real CLI for it (a process)")
     out, err = io.StringIO(), io.StringIO()
     thresholds = gc.get_threshold()  # main raises the collector's for a short-lived command
     try:
