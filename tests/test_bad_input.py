@@ -1,6 +1,9 @@
 """Bad input gets one clear line, never a traceback, a hang or a file written (security review
 M8 and its LOW list; newcomer review M3): NaN and infinity in config.yaml, ids that are not
-ids, and another user's log (bookings' bad input: the bookings extra's tests)."""
+ids, and another user's log (bookings' bad input: the bookings extra's tests). What the CLI
+says of an id or a record runs in this process (tests/harness.py: the CLI's main, a box's
+passes on a clock the test moves); a worker's start on a bad config and another user's log
+need processes (slow)."""
 
 from __future__ import annotations
 
@@ -9,11 +12,11 @@ import os
 import subprocess
 
 import pytest
+from harness import Team, gpuq
 from team import ALICE, BOB, needs_root
 
 from conftest import PY, REPO, wait_until
-
-pytestmark = pytest.mark.slow  # every test here starts processes
+from gpuq.model import config as config_mod
 
 
 def _one_clear_line(proc, *needles: str) -> str:
@@ -27,21 +30,38 @@ def _one_clear_line(proc, *needles: str) -> str:
 # --- config -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "key, value",
-    [
-        ("poll_interval", ".nan"),
-        ("poll_interval", ".inf"),
-        ("lost_after_s", ".nan"),
-        ("grace_s", ".nan"),
-        ("spec_settle_s", ".nan"),
-        ("max_jobs_per_gpu", ".nan"),
-        ("alert_gpu_power_w", ".inf"),
-        ("time_limit", ".inf"),
-    ],
-)
-def test_the_worker_refuses_nan_and_infinity_naming_the_key(queue, key, value):
+NAN_AND_INFINITY = [
+    ("poll_interval", ".nan"),
+    ("poll_interval", ".inf"),
+    ("lost_after_s", ".nan"),
+    ("grace_s", ".nan"),
+    ("spec_settle_s", ".nan"),
+    ("max_jobs_per_gpu", ".nan"),
+    ("alert_gpu_power_w", ".inf"),
+    ("time_limit", ".inf"),
+]
+
+
+@pytest.mark.parametrize("key, value", NAN_AND_INFINITY)
+def test_config_refuses_nan_and_infinity_naming_the_file_the_key_and_the_fix(tmp_path, key, value):
+    """What a worker's start refuses a config with, key by key: the ConfigError it stops on
+    (worker_run.py) names config.yaml and the key and says how to fix it. The worker's own
+    refusal (exit 2, one line, no traceback) is the process test's below, once."""
+    path = tmp_path / "config.yaml"
     # Written as YAML itself (.nan), not through json.dumps (which writes NaN, a string to YAML).
+    path.write_text(f"{key}: {value}\n")
+    with pytest.raises(config_mod.ConfigError) as refused:
+        config_mod.load(path)
+    said = str(refused.value)
+    assert "config.yaml" in said and f"'{key}'" in said and ("Fix:" in said or "write it like" in said), said
+    assert len(said.splitlines()) == 1, said
+
+
+@pytest.mark.slow  # the worker's start: its exit status and what it writes to stderr
+def test_the_worker_refuses_nan_and_infinity_naming_the_key(queue):
+    """Every value the test above sees refused ends the worker's start the same way (worker_run
+    catches the ConfigError): one of them through the real worker.py."""
+    key, value = NAN_AND_INFINITY[0]
     (queue.root / "config.yaml").write_text(
         f"local_dir: {json.dumps(str(queue.local_base / '{host}'))}\n{key}: {value}\n"
     )
@@ -65,38 +85,40 @@ def test_the_worker_refuses_nan_and_infinity_naming_the_key(queue, key, value):
     ids=["5000-chars", "dotdot", "star", "passwd", "dotfile", "newline", "slash"],
 )
 @pytest.mark.parametrize("verb", [["show"], ["show", "--json"], ["logs"], ["logs", "-f"]], ids=" ".join)
-def test_show_and_logs_say_what_is_not_a_job_id(queue, job_id, verb):
-    done = queue.gpuq(verb[0], job_id, *verb[1:], check=False, timeout=30)
+def test_show_and_logs_say_what_is_not_a_job_id(tmp_path, job_id, verb):
+    root = Team(tmp_path / "root").root  # a queue root with no box: the verbs read the spool only
+    done = gpuq(root, verb[0], job_id, *verb[1:], check=False)
     err = _one_clear_line(done, "is not a job id")
     assert len(err.splitlines()) == 1 and len(err) < 300, err  # one line, not the 5,000 characters
 
 
 @pytest.mark.parametrize("left", ["", '{"id": "torn'], ids=["empty", "torn"])
-def test_show_of_a_record_a_power_cut_emptied_says_so(queue, left: str):
+def test_show_of_a_record_a_power_cut_emptied_says_so(tmp_path, left: str):
     """A start's running record is synced by its supervisor, not by the worker: a power cut
     before that can leave it empty until the box's worker starts again. `show` said it with a
     JSONDecodeError traceback."""
-    running = queue.root / "state" / "running"
+    root = Team(tmp_path / "root").root
+    running = root / "state" / "running"
     running.mkdir(parents=True, exist_ok=True)
     (running / "cut.json").write_text(left)
     for extra in ([], ["--json"]):
-        done = queue.gpuq("show", "cut", *extra, check=False, timeout=30)
+        done = gpuq(root, "show", "cut", *extra, check=False)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         assert "state/running/cut.json is not a record" in done.stdout and "power cut" in done.stdout, done.stdout
 
 
-def test_status_and_show_pass_over_a_finished_record_that_is_torn(queue):
+def test_status_and_show_pass_over_a_finished_record_that_is_torn(tmp_path):
     """One bad file never crashes status: a finished record that does not parse was a
     RecordError traceback for every member, and for `show` of a job of the same name (it
     reads their peaks)."""
-    queue.start_worker("a", "1x80GiB")
+    team = Team(tmp_path / "root")
+    team.add("a", "1x80GiB")
     for _ in range(2):
-        queue.gpuq("submit", "--name", "torn", "--gpus", "0", "--", "true")
-    wait_until(lambda: queue.finished("torn-1") and queue.finished("torn-2"), what="both to end")
-    queue.stop_worker("a")
-    (queue.root / "state" / "finished" / "torn-1.json").write_text('{"id": "torn-1", "state": "done", "host": "-x"')
+        gpuq(team.root, "submit", "--name", "torn", "--gpus", "0", "--", "true")
+    team.run_until(lambda: team.finished("torn-1") and team.finished("torn-2"))
+    (team.root / "state" / "finished" / "torn-1.json").write_text('{"id": "torn-1", "state": "done", "host": "-x"')
     for command in (["status"], ["status", "--json"], ["show", "torn-2"]):
-        done = queue.gpuq(*command, check=False, timeout=30)
+        done = gpuq(team.root, *command, check=False)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         assert "torn-" in done.stdout
 
@@ -104,7 +126,7 @@ def test_status_and_show_pass_over_a_finished_record_that_is_torn(queue):
 # --- another user's log -------------------------------------------------------------------------
 
 
-@needs_root
+@needs_root  # (the team fixture marks it slow: a worker and members' CLIs)
 def test_logs_of_another_users_job_says_whose_it_is(team):
     team.start_worker("box", "1x80GiB")
     team.drop_as(ALICE, "private.yaml", "command: echo hello-from-alice\ngpus: 0\n")
