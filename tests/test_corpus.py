@@ -1,5 +1,7 @@
 """The hostile-spec corpus (tests/corpus/): every bad spec is refused with its message, by the
-worker and by `gpuq submit --spec`, without disturbing anything else; the good variants run."""
+worker and by `gpuq submit --spec`, without disturbing anything else; the good variants run.
+`submit` and what one pass of a box refuses at once run in this process (tests/harness.py);
+the whole corpus goes through a real worker, whose peak memory and bytes read are its process's."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from harness import PassWorker, gpuq, status
 
 from conftest import wait_until
 from gpuq import hooks
@@ -121,36 +124,39 @@ def test_the_worker_refuses_every_bad_spec_with_its_message_and_runs_the_rest(qu
     assert worker.poll() is None
 
 
-@pytest.mark.slow
-def test_submit_refuses_what_the_worker_refuses_before_writing_anything(queue):
+def test_submit_refuses_what_the_worker_refuses_before_writing_anything(tmp_path):
+    root = PassWorker(tmp_path / "root").root  # no pass: submit reads and writes the spool only
     for name, message in expected().items():
-        result = queue.gpuq("submit", "--spec", str(CORPUS / "bad" / name), check=False)
+        result = gpuq(root, "submit", "--spec", str(CORPUS / "bad" / name), check=False)
         assert result.returncode == 2 and message in result.stderr and "Nothing was written" in result.stderr, (
             name,
             result.stderr,
         )
-    assert os.listdir(queue.root / "jobs") == []
+    assert os.listdir(root / "jobs") == []
     for good in good_specs():
-        assert queue.gpuq("submit", "--spec", str(good)).returncode == 0
-    assert len(os.listdir(queue.root / "jobs")) == len(good_specs())
+        assert gpuq(root, "submit", "--spec", str(good)).returncode == 0
+    assert len(os.listdir(root / "jobs")) == len(good_specs())
     for bad_id in ("../escape", "a\nb", "x" * 4096):
-        result = queue.gpuq("submit", "--id", bad_id, "--", "true", check=False)
+        result = gpuq(root, "submit", "--id", bad_id, "--", "true", check=False)
         assert result.returncode == 2 and "ids are letters, digits" in result.stderr, result.stderr
 
 
-@pytest.mark.slow
-def test_what_is_wrong_with_the_file_itself_is_refused_at_once_content_waits_to_settle(queue, tmp_path):
-    queue.write_config(spec_settle_s=30, allow_root_jobs=True)
-    jobs = queue.root / "jobs"
+def test_what_is_wrong_with_the_file_itself_is_refused_at_once_content_waits_to_settle(tmp_path):
+    """At once: by the box's first pass, its clock not moved; the half-written one waits out
+    spec_settle_s (30 s) shown as invalid, passes later still."""
+    box = PassWorker(tmp_path / "root", spec_settle_s=30, allow_root_jobs=True)
+    jobs = box.root / "jobs"
     os.mkfifo(jobs / "pipe.yaml")
     os.symlink(tmp_path / "nowhere", jobs / "link.yaml")
     (jobs / "half.yaml").write_text("command: [unfinished\n")  # maybe still being written
-    queue.start_worker("a", "1x80GiB")
-    rejected = queue.root / "state" / "rejected"
-    for stem in ("pipe", "link"):
-        wait_until(lambda stem=stem: (rejected / f"{stem}.error").exists(), timeout=5, what=f"{stem} refused at once")
+    box.run_pass()
+    rejected = box.root / "state" / "rejected"
+    assert (rejected / "pipe.error").exists() and (rejected / "link.error").exists()
+    for _ in range(3):
+        box.run_pass(after_s=5)  # 15 s on: still within its settling time
     assert not (rejected / "half.error").exists() and (jobs / "half.yaml").exists()
-    assert any(p["id"] == "half" for p in queue.status()["invalid"])  # shown, with its problem
+    assert any(p["id"] == "half" for p in status(box.root)["invalid"])  # shown, with its problem
+    assert box.launched() == []
 
 
 def _plain_bytes(path: Path) -> bytes:
