@@ -1,21 +1,26 @@
 """The spine's story, end to end through worker.py and gpuq.py: three stand-in boxes on one
-root with fake GPUs, 60 jobs of mixed shapes, each using its declared fake memory."""
+root with fake GPUs, 60 jobs of mixed shapes, each using its declared fake memory. What the CLI
+says and writes, and what a box's pass then does with it, run in this process (tests/harness.py:
+the CLI's main and a box's passes on a clock the test moves); what needs a worker, supervisors
+or jobs running (slow) goes through the real ones."""
 
 from __future__ import annotations
 
 import os
 import random
 import re
+import signal
 import subprocess
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from harness import PassWorker, Team, gpuq, status
 
 from conftest import PY, REPO, fake_job, wait_until, worker_argv
-
-pytestmark = pytest.mark.slow  # every test here starts processes
 
 HOSTS = ("a", "b", "c")
 TOTAL_MIB = 80 * 1024
@@ -47,6 +52,7 @@ def _spec_text(gpus: int, mem: str | None, seconds: float, gate: Path | None = N
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 def test_sixty_jobs_on_three_boxes_exactly_once_and_never_overcommitted(queue):
     queue.write_config(recent_finished=100)
     specs = _mixed_specs(60)
@@ -121,6 +127,7 @@ def test_sixty_jobs_on_three_boxes_exactly_once_and_never_overcommitted(queue):
         assert len(view["hosts"]) == 3 and all(len(h["gpus"]) == 4 for h in view["hosts"])
 
 
+@pytest.mark.slow
 def test_submit_show_logs_and_cancel_from_the_cli(queue, tmp_path):
     queue.start_worker("a", "2x80GiB")
     project = tmp_path / "project"
@@ -169,6 +176,7 @@ def test_submit_show_logs_and_cancel_from_the_cli(queue, tmp_path):
     assert queue.gpuq("show", "nope", check=False).returncode == 1
 
 
+@pytest.mark.slow
 def test_a_second_worker_start_exits_at_once_quietly(queue):
     first = queue.start_worker("a", "1x10GiB")
     # "At once": it does not wait for the first worker's lock (the first never lets go, so a
@@ -184,6 +192,7 @@ def test_a_second_worker_start_exits_at_once_quietly(queue):
     assert first.poll() is None
 
 
+@pytest.mark.slow
 def test_cron_start_daemonizes_and_logs_to_its_file(queue):
     cron = subprocess.run(
         [PY, "worker.py", "--root", str(queue.root), "--host", "z", "--fake-gpus", "1x10GiB"],
@@ -221,20 +230,29 @@ def test_cron_start_daemonizes_and_logs_to_its_file(queue):
         os.kill(pid, signal.SIGTERM)
 
 
-def test_logs_follow_and_show_of_a_pending_job(queue):
+@pytest.mark.slow  # logs -f follows a job that runs
+def test_logs_follow_a_running_job_to_its_end(queue):
     queue.start_worker("a", "1x80GiB")
     queue.drop("talker.yaml", "command: for i in 1 2 3; do echo line $i; sleep 0.3; done\ngpus: 1\n")
-    queue.drop("waiter.yaml", "command: echo later\ngpus: 1\ngpu_mem: 90GiB\n")
     wait_until(lambda: (queue.record("talker") or {}).get("state") == "running", what="talker to run")
     follow = queue.gpuq("logs", "-f", "talker", timeout=30)  # returns once the job has ended
     assert [line for line in follow.stdout.splitlines() if line.startswith("line")] == ["line 1", "line 2", "line 3"]
     assert "==> exit 0" in follow.stdout
-    shown = queue.gpuq("show", "waiter").stdout
+
+
+def test_show_of_a_pending_job_says_why_it_waits(tmp_path):
+    box = PassWorker(tmp_path / "root", "a", "1x80GiB")
+    box.run_pass()  # its heartbeat: the team's GPUs are known
+    box.drop("waiter.yaml", "command: echo later\ngpus: 1\ngpu_mem: 90GiB\n")
+    box.run_pass(after_s=2)
+    assert box.launched() == []
+    shown = gpuq(box.root, "show", "waiter").stdout
     assert "state:            pending" in shown
     assert "needs 90GiB on one GPU; the largest GPU holds 79.8GiB usable (a:0)" in shown
     assert "command:          echo later" in shown
 
 
+@pytest.mark.slow
 def test_a_box_without_gpus_runs_cpu_jobs_and_says_why_gpu_jobs_wait(queue):
     proc = subprocess.Popen(
         [PY, str(REPO / "worker.py"), "--root", str(queue.root), "--host", "nogpu", "--foreground"],
@@ -253,30 +271,57 @@ def test_a_box_without_gpus_runs_cpu_jobs_and_says_why_gpu_jobs_wait(queue):
     assert "worker nogpu stopped" in (queue.root / "logs" / "workers" / "nogpu.log").read_text()
 
 
-def test_cancel_of_a_pending_fifo_does_not_hang(queue):
-    os.mkfifo(queue.root / "jobs" / "pipe.yaml")  # no worker: it stays pending
-    result = queue.gpuq("cancel", "pipe", timeout=20)
+@contextmanager
+def within(seconds: int) -> Iterator[None]:
+    """The block fails after `seconds` instead of hanging the test run (SIGALRM)."""
+
+    def late(signum: int, frame: object) -> None:
+        raise AssertionError(f"still running after {seconds} s")
+
+    before = signal.signal(signal.SIGALRM, late)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def test_cancel_of_a_pending_fifo_does_not_hang(tmp_path):
+    team = Team(tmp_path / "root")  # no box: it stays pending
+    os.mkfifo(team.root / "jobs" / "pipe.yaml")
+    with within(20):
+        result = gpuq(team.root, "cancel", "pipe")
     assert "cancelled (was pending)" in result.stdout
-    assert queue.finished("pipe")["state"] == "cancelled"
+    cancelled = team.finished("pipe")
+    assert cancelled is not None and cancelled.state.value == "cancelled"
 
 
-def test_submit_refuses_bad_options_before_writing_anything(queue):
-    bad = queue.gpuq("submit", "--gpu-mem", "20 gigs", "--", "python", "train.py", check=False)
+def test_submit_refuses_bad_options_before_writing_anything(tmp_path):
+    root = Team(tmp_path / "root").root
+    bad = gpuq(root, "submit", "--gpu-mem", "20 gigs", "--", "python", "train.py", check=False)
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
         "gpuq submit: --gpu-mem: '20 gigs' is not a size. Fix: write it like 20GiB, 20G, 20480MiB. Nothing was written."
     )
-    assert queue.gpuq("submit", "--priority", "urgent", "--", "x", check=False).returncode == 2
-    assert list((queue.root / "jobs").iterdir()) == []
+    assert gpuq(root, "submit", "--priority", "urgent", "--", "x", check=False).returncode == 2
+    assert list((root / "jobs").iterdir()) == []
 
 
-def test_submit_options_reach_the_job_and_status_all_lists_everything(queue):
-    for _ in range(25):  # more than the screen shows; no worker, so all stay pending
-        queue.gpuq("submit", "--gpus", "0", "--", "true")
-    assert "... and 5 more (gpuq status --all)" in queue.gpuq("status").stdout
-    assert "PENDING (25)" in queue.gpuq("status", "--all").stdout
-    assert "more (gpuq status --all)" not in queue.gpuq("status", "--all").stdout
-    out = queue.gpuq(
+def test_submit_options_reach_the_spec_and_status_all_lists_everything(tmp_path):
+    """--id, --hosts, --priority and --env as the spec says them and as boxes' passes honour
+    them: b's passes leave a job for a alone, a's take it. (That the job itself then sees its
+    --env and GPUQ_HOST is the next test's, a real job's.)"""
+    team = Team(tmp_path / "root")
+    root = team.root
+    b = team.add("b", "1x10GiB")  # its worker has not run a pass yet
+    for _ in range(25):  # more than the screen shows; no pass yet, so all stay pending
+        gpuq(root, "submit", "--gpus", "0", "--", "true")
+    assert "... and 5 more (gpuq status --all)" in gpuq(root, "status").stdout
+    assert "PENDING (25)" in gpuq(root, "status", "--all").stdout
+    assert "more (gpuq status --all)" not in gpuq(root, "status", "--all").stdout
+    out = gpuq(
+        root,
         "submit",
         "--id",
         "exact",
@@ -294,26 +339,51 @@ def test_submit_options_reach_the_job_and_status_all_lists_everything(queue):
         "echo $GREETING on $GPUQ_HOST",
     )
     assert out.stdout.strip().splitlines()[-1] == "exact"
-    assert queue.status()["pending"][0]["id"] == "exact"  # high priority goes first
-    queue.start_worker("b", "1x10GiB")
-    queue.wait_passes("b")
-    assert queue.finished("exact") is None and queue.record("exact") is None  # hosts: [a] keeps it off b
+    assert status(root)["pending"][0]["id"] == "exact"  # high priority goes first
+    for _ in range(3):
+        team.step()
+    assert "exact" not in b.launched() and team.finished("exact") is None  # hosts: [a] keeps it off b
+    a = team.add("a", "1x10GiB")
+    team.run_until(lambda: team.finished("exact"))
+    assert "exact" in a.launched() and "exact" not in b.launched()
+    ran = a.spawner.launched[a.launched().index("exact")]
+    assert ran.spec["env"]["GREETING"] == "hi there" and ran.host == "a"
+    assert gpuq(root, "submit", "--id", "exact", "--", "true", check=False).returncode == 2
+
+
+@pytest.mark.slow  # the job's own output: its environment as its supervisor gives it
+def test_submit_env_and_the_jobs_host_reach_the_job(queue):
+    queue.gpuq(
+        "submit",
+        "--id",
+        "exact",
+        "--gpus",
+        "0",
+        "--hosts",
+        "a",
+        "--env",
+        "GREETING=hi there",
+        "--",
+        "sh",
+        "-c",
+        "echo $GREETING on $GPUQ_HOST",
+    )
     queue.start_worker("a", "1x10GiB")
     wait_until(lambda: queue.finished("exact"), what="exact on a")
     assert "hi there on a" in queue.log("exact")
-    assert queue.gpuq("submit", "--id", "exact", "--", "true", check=False).returncode == 2
 
 
-def test_a_job_no_gpu_can_ever_hold_is_refused_by_submit_and_explained_when_dropped(queue):
-    queue.start_worker("a", "2x16GiB")
-    too_big = queue.gpuq("submit", "--gpu-mem", "40GiB", "--", "true", check=False)
+def test_a_job_no_gpu_can_ever_hold_is_refused_by_submit_and_explained_when_dropped(tmp_path):
+    box = PassWorker(tmp_path / "root", "a", "2x16GiB")
+    box.run_pass()  # its heartbeat: the team's GPUs are known
+    root = box.root
+    too_big = gpuq(root, "submit", "--gpu-mem", "40GiB", "--", "true", check=False)
     assert too_big.returncode == 2 and "no GPU in the team can ever hold this job" in too_big.stderr
     assert "largest GPU holds" in too_big.stderr and "Nothing was written" in too_big.stderr
-    too_wide = queue.gpuq("submit", "--gpus", "4", "--", "true", check=False)
+    too_wide = gpuq(root, "submit", "--gpus", "4", "--", "true", check=False)
     assert too_wide.returncode == 2 and "the most any host offers is 2" in too_wide.stderr
-    assert os.listdir(queue.root / "jobs") == []
-    queue.drop("huge.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 40GiB\n")
-    row = wait_until(
-        lambda: next((p for p in queue.status()["pending"] if p["id"] == "huge"), None), what="huge in status"
-    )
-    assert "largest GPU holds" in row["reason"]
+    assert os.listdir(root / "jobs") == []
+    box.drop("huge.yaml", "command: 'true'\ngpus: 1\ngpu_mem: 40GiB\n")
+    box.run_pass(after_s=2)
+    row = next((p for p in status(root)["pending"] if p["id"] == "huge"), None)
+    assert row is not None and "largest GPU holds" in row["reason"] and box.launched() == []
