@@ -1,6 +1,7 @@
 """Bookings: the extra's hooks (verbs, request kinds, the placement rule, the status section),
 a worker driven pass by pass honouring a booking as the plan is handed it, the store's
-writes, and through real workers and the CLI: booking, clashes, caps, garbage, other users."""
+writes; booking, clashes and damaged files through the CLI's main and a box's passes in this
+process (tests/harness.py); through real workers and members' CLIs: caps, garbage, other users."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import PassWorker
+from harness import PassWorker, Team, gpuq
+from harness import status as status_of
 from team import ALICE, BOB, needs_root
 
 from conftest import wait_until
@@ -144,36 +146,40 @@ def _two_gib_of_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
 
-@pytest.mark.slow
-def test_a_booking_keeps_others_jobs_off_its_gpus_until_it_is_removed(queue):
-    queue.write_config()
-    queue.start_worker("a", "2x80GiB")
-    booked = queue.gpuq("book", "a:0,1", "--from", "now", "--to", "1h", "--for", "nobody", "--note", "board demo")
+def test_a_booking_keeps_others_jobs_off_its_gpus_until_it_is_removed(tmp_path):
+    team = Team(tmp_path / "root")
+    box = team.add("a", "2x80GiB")
+    team.step()  # its heartbeat: the box and its GPUs are known
+    root = team.root
+    booked = gpuq(root, "book", "a:0,1", "--from", "now", "--to", "1h", "--for", "nobody", "--note", "board demo")
     assert booked.stdout.startswith("bk-1: booked (nobody, a:0,1, ") and "board demo" in booked.stdout
-    clash = queue.gpuq("book", "a:1", "--from", "now", "--to", "30m", check=False)
+    clash = gpuq(root, "book", "a:1", "--from", "now", "--to", "30m", check=False)
     assert (
         clash.returncode == 1
         and "overlaps booking bk-1 (nobody, a:0,1," in clash.stderr
         and "gpuq unbook bk-1" in clash.stderr
     )
-    later = queue.gpuq("book", "a:1", "--from", "2099-01-01 10:00", "--to", "2h", "--for", "daemon")
+    later = gpuq(root, "book", "a:1", "--from", "2099-01-01 10:00", "--to", "2h", "--for", "daemon")
     assert later.stdout.startswith("bk-2: booked (daemon, a:1, ")  # a later slot on the same GPU is fine
-    job = queue.gpuq("submit", "--gpus", "1", "--gpu-mem", "10GiB", "--name", "mine", "--", "true")
+    job = gpuq(root, "submit", "--gpus", "1", "--gpu-mem", "10GiB", "--name", "mine", "--", "true")
     job = job.stdout.strip().splitlines()[-1]
-    view = wait_until(lambda: (v := queue.status()) and v["pending"] and v, timeout=10)
+    for _ in range(3):
+        team.step()
+    view = status_of(root)
     assert view["pending"][0]["reason"].startswith("GPU a:0 booked for nobody until ")
     assert [(b["owner"], b["active"]) for b in view["bookings"]] == [("nobody", True), ("daemon", False)]
-    assert "BOOKINGS" in queue.gpuq("status").stdout and "NOW, until" in queue.gpuq("status").stdout
-    assert queue.finished(job) is None
-    assert queue.gpuq("unbook", "bk-1").stdout.startswith("bk-1: removed")
-    assert wait_until(lambda: queue.finished(job), timeout=30)["state"] == "done"
-    bad = queue.gpuq("book", "a:7", "--from", "now", "--to", "1h", check=False)
+    assert "BOOKINGS" in gpuq(root, "status").stdout and "NOW, until" in gpuq(root, "status").stdout
+    assert team.finished(job) is None and box.launched() == []
+    assert gpuq(root, "unbook", "bk-1").stdout.startswith("bk-1: removed")
+    team.run_until(lambda: team.finished(job))
+    assert box.launched() == [job] and (team.finished(job) or pytest.fail(job)).state.value == "done"
+    bad = gpuq(root, "book", "a:7", "--from", "now", "--to", "1h", check=False)
     assert bad.returncode == 2 and "a has no GPU 7" in bad.stderr
-    missing = queue.gpuq("unbook", "no-such-job", check=False)  # a refusal names its verb, exits 1
+    missing = gpuq(root, "unbook", "no-such-job", check=False)  # a refusal names its verb, exits 1
     assert missing.returncode == 1 and missing.stderr.startswith("gpuq unbook: "), missing.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the CLI under a 2 GiB address-space limit: a process of its own
 def test_a_billion_gpu_range_is_refused_before_it_is_built(queue):
     queue.start_worker("box", "2x80GiB")
     done = queue.gpuq(
@@ -185,31 +191,31 @@ def test_a_billion_gpu_range_is_refused_before_it_is_built(queue):
     assert _bookings(queue) == []
 
 
-@pytest.mark.slow
-def test_a_booking_longer_than_a_century_is_refused_and_nothing_is_written(queue):
-    queue.start_worker("box", "2x80GiB")
-    done = queue.gpuq("book", "box:0", "--from", "now", "--to", "99999999999999999999d", check=False)
+def test_a_booking_longer_than_a_century_is_refused_and_nothing_is_written(tmp_path):
+    box = PassWorker(tmp_path / "root", "box", "2x80GiB")
+    box.run_pass()
+    done = gpuq(box.root, "book", "box:0", "--from", "now", "--to", "99999999999999999999d", check=False)
     _one_clear_line(done, "99999999999999999999d", "100 years")
-    assert _bookings(queue) == []
-    assert queue.gpuq("status").returncode == 0
+    assert _bookings(box) == []
+    assert gpuq(box.root, "status").returncode == 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("start, end", [("NOW-10", 1e300), (1e300, 1e301), ("NOW-10", "Infinity"), ("NaN", "NOW+3600")])
-def test_a_damaged_booking_file_does_not_stop_status(queue, start, end):
+def test_a_damaged_booking_file_does_not_stop_status(tmp_path, start, end):
+    root = Team(tmp_path / "root").root
     now = time.time()
     times = [now - 10 if t == "NOW-10" else now + 3600 if t == "NOW+3600" else t for t in (start, end)]
     text = json.dumps(
         {"id": "bk-9", "host": "box", "gpus": [0], "start": 0, "end": 0, "owner": "ana", "note": "", "by": "ana"}
     )
     text = text.replace('"start": 0', f'"start": {times[0]}').replace('"end": 0', f'"end": {times[1]}')
-    d = queue.root / "state" / "bookings"
+    d = root / "state" / "bookings"
     d.mkdir(parents=True, exist_ok=True)
     (d / "bk-9.json").write_text(text)
-    shown = queue.gpuq("status", check=False)
+    shown = gpuq(root, "status", check=False)
     assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
-    assert queue.gpuq("status", "--json", check=False).returncode == 0
-    assert queue.gpuq("top", "--iterations", "1", check=False).returncode == 0
+    assert gpuq(root, "status", "--json", check=False).returncode == 0
+    assert gpuq(root, "top", "--iterations", "1", check=False).returncode == 0
 
 
 @needs_root
