@@ -308,6 +308,12 @@ def test_submit_refuses_bad_options_before_writing_anything(tmp_path):
     assert list((root / "jobs").iterdir()) == []
 
 
+# One job's options, given by both halves of the story: what the spec and the boxes make of
+# them (in-process), and what the job itself sees (a real job).
+EXACT = ("--id", "exact", "--gpus", "0", "--hosts", "a", "--env", "GREETING=hi there", "--")
+EXACT += ("sh", "-c", "echo $GREETING on $GPUQ_HOST")
+
+
 def test_submit_options_reach_the_spec_and_status_all_lists_everything(tmp_path):
     """--id, --hosts, --priority and --env as the spec says them and as boxes' passes honour
     them: b's passes leave a job for a alone, a's take it. (That the job itself then sees its
@@ -320,24 +326,7 @@ def test_submit_options_reach_the_spec_and_status_all_lists_everything(tmp_path)
     assert "... and 5 more (gpuq status --all)" in gpuq(root, "status").stdout
     assert "PENDING (25)" in gpuq(root, "status", "--all").stdout
     assert "more (gpuq status --all)" not in gpuq(root, "status", "--all").stdout
-    out = gpuq(
-        root,
-        "submit",
-        "--id",
-        "exact",
-        "--gpus",
-        "0",
-        "--hosts",
-        "a",
-        "--priority",
-        "high",
-        "--env",
-        "GREETING=hi there",
-        "--",
-        "sh",
-        "-c",
-        "echo $GREETING on $GPUQ_HOST",
-    )
+    out = gpuq(root, "submit", "--priority", "high", *EXACT)
     assert out.stdout.strip().splitlines()[-1] == "exact"
     assert status(root)["pending"][0]["id"] == "exact"  # high priority goes first
     for _ in range(3):
@@ -353,21 +342,7 @@ def test_submit_options_reach_the_spec_and_status_all_lists_everything(tmp_path)
 
 @pytest.mark.slow  # the job's own output: its environment as its supervisor gives it
 def test_submit_env_and_the_jobs_host_reach_the_job(queue):
-    queue.gpuq(
-        "submit",
-        "--id",
-        "exact",
-        "--gpus",
-        "0",
-        "--hosts",
-        "a",
-        "--env",
-        "GREETING=hi there",
-        "--",
-        "sh",
-        "-c",
-        "echo $GREETING on $GPUQ_HOST",
-    )
+    queue.gpuq("submit", *EXACT)
     queue.start_worker("a", "1x10GiB")
     wait_until(lambda: queue.finished("exact"), what="exact on a")
     assert "hi there on a" in queue.log("exact")
