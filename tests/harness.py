@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 from unittest import mock
 
 from gpuq import cli
+from gpuq.host import privsep
 from gpuq.host.clock import Clock
 from gpuq.host.files import atomic_write
 from gpuq.model.config import load
@@ -41,9 +42,10 @@ def gpuq(root: Path, *args: str, check: bool = True, env: dict[str, str] | None 
     so a verb's effect on the spool is there when it returns. `env`: variables set meanwhile
     (EDITOR). What only a process shows (the launcher, a terminal, the root part of a team
     root's privilege split) stays in the real-process tests."""
-    if os.stat(root).st_uid != os.geteuid():
-        # Root's gpuq on a root another account owns becomes that account (host/privsep.py
-        # split): in this process it would take the test run's own privileges with it.
+    if privsep.Account.of_root(str(root)).uid != os.geteuid():
+        # Root's gpuq on a root whose state/ another account owns becomes that account
+        # (host/privsep.py split, by the same rule): in this process it would take the test
+        # run's own privileges with it.
         raise AssertionError(f"{root} is not this process's own: run the real CLI for it (a process)")
     out, err = io.StringIO(), io.StringIO()
     thresholds = gc.get_threshold()  # main raises the collector's for a short-lived command
