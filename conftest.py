@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO / "tests"))
 PY = sys.executable
 
+import harness  # noqa: E402  (from tests/, put on the path just above)
+
 # A suite started in the background from a script (`pytest ... &`) or under nohup inherits
 # SIGINT or SIGHUP ignored, and every process it starts would too: the tests that press Ctrl-C
 # in `gpuq serve` or close `gpuq run`'s terminal then failed for the way the suite was started.
@@ -116,6 +118,11 @@ class Queue:
         return proc
 
     def status(self) -> dict:
+        """`gpuq status --json`: the CLI's own code in this process where this queue runs the
+        plain launcher on a root this process owns (tests poll it while workers run, and a
+        process each time was a fifth of a second of CPU), else a `gpuq` process."""
+        if type(self).cli_command is Queue.cli_command and harness.runs_here(self.root):
+            return harness.status(self.root)
         return json.loads(self.gpuq("status", "--json").stdout)
 
     def start_worker(

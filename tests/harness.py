@@ -35,6 +35,12 @@ from gpuq.worker import loop
 from gpuq.worker.loop import Worker
 
 
+def runs_here(root: Path) -> bool:
+    """Whether root's gpuq on `root` stays who it is (the owner of its state/, else of the
+    root, is this process's user), so that `gpuq()` may run it in this process."""
+    return privsep.Account.of_root(str(root)).uid == os.geteuid()
+
+
 def gpuq(root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`gpuq --root ROOT ARGS` run in this process (cli.main, as the launcher runs it): its
     exit status and what it printed, as a `subprocess.run` with captured output returns them.
@@ -42,7 +48,7 @@ def gpuq(root: Path, *args: str, check: bool = True, env: dict[str, str] | None 
     so a verb's effect on the spool is there when it returns. `env`: variables set meanwhile
     (EDITOR). What only a process shows (the launcher, a terminal, the root part of a team
     root's privilege split) stays in the real-process tests."""
-    if privsep.Account.of_root(str(root)).uid != os.geteuid():
+    if not runs_here(root):
         # Root's gpuq on a root whose state/ another account owns becomes that account
         # (host/privsep.py split, by the same rule): in this process it would take the test
         # run's own privileges with it.
