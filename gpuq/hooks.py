@@ -46,10 +46,13 @@ class BoxPublisher:
     `start` is "module:function" under gpuq, loaded when a worker starts (a CLI start never
     imports it): called once with the worker's Layout, Config and host name, it gives the
     function each publication calls with a `worker.publishing.Published` (that module has the
-    types: `StartPublisher`, `Publish`). `name` is how the worker's log calls it."""
+    types: `StartPublisher`, `Publish`). `name` is how the worker's log calls it. `last_word`:
+    it is called once more as the worker stops (`Published.last`: the samples' partial line);
+    the others are not (a notify delivery started then would outlive the worker that tends it)."""
 
     name: str
     start: str
+    last_word: bool = False
 
 
 @dataclass(frozen=True)

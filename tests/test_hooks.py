@@ -43,10 +43,16 @@ def start_failing(layout, config, host):
     def publish(published):
         raise OSError("disk full")
     return publish
+LAST = []
+def start_last(layout, config, host):
+    def publish(published):
+        LAST.append(published.last)
+    return publish
 def register(registry):
     registry.publishers.append(BoxPublisher("seen", "extras.pub:start"))
     registry.publishers.append(BoxPublisher("never", "extras.pub:start_broken"))
     registry.publishers.append(BoxPublisher("failing", "extras.pub:start_failing"))
+    registry.publishers.append(BoxPublisher("last", "extras.pub:start_last", last_word=True))
 """
 
 
@@ -122,11 +128,12 @@ def test_an_extras_publisher_gets_each_publication_of_the_box_and_one_that_fails
 ):
     extras_in("pub", PUBLISHERS)
     extras_in("pub_copy", PUBLISHERS)  # the same publishers' names again: left out whole
-    assert "another extra already gives failing, never, seen" in hooks.registry().broken["pub_copy"]
+    assert "another extra already gives failing, last, never, seen" in hooks.registry().broken["pub_copy"]
     caplog.set_level(logging.INFO, logger="gpuq.worker")
     box = PassWorker(tmp_path_factory.mktemp("queue") / "root", fake_gpus="1x80GiB")
     assert "publisher never (extras.pub:start_broken) could not start" in caplog.text and "no start" in caplog.text
-    seen = sys.modules["gpuq.extras.pub"].SEEN
+    seen, last = sys.modules["gpuq.extras.pub"].SEEN, sys.modules["gpuq.extras.pub"].LAST
+    box.layout.spec_cache("a").mkdir()  # the spec cache cannot be written: the extras still publish
     box.drop("one.yaml", "command: 'true'\ngpus: 1\n")
     box.run_pass()
     box.run_pass()  # the clock stood still: the box does not publish again, nor do its publishers
@@ -137,6 +144,11 @@ def test_an_extras_publisher_gets_each_publication_of_the_box_and_one_that_fails
     assert len(seen) == 2 and mono == box.clock.mono() and running == [] and finished == {"done": 1}
     assert caplog.text.count("the extras' publisher failing failed") == 2 and "disk full" in caplog.text
     assert box.heartbeat()["host"] == "a"  # the failing publisher took nothing of the heartbeat
+    assert caplog.text.count("cannot write " + str(box.layout.spec_cache("a"))) == 1
+    # As the worker stops, only a publisher that asks for the last word is called again.
+    assert last == [False, False]
+    box.worker.end()
+    assert last == [False, False, True] and len(seen) == 2
 
 
 def test_a_key_only_an_absent_extra_reads_is_said_once_by_the_worker_and_by_doctor(

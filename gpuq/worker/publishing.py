@@ -95,7 +95,8 @@ class Publisher:
             box.boot_id,
             box.rt,
         )
-        self.intake, self.finished, self.extras = box.intake, finished, extras
+        self.box, self.intake, self.finished, self.extras = box, box.intake, finished, extras
+        self.last_word_from = {p.name for p in hooks.registry().publishers if p.last_word}
         # What this box offers a job beyond GPUs: cores it may pin, memory (submit refuses an
         # ask no box could meet, as it does for GPUs).
         self.cores, self.mem_mib = len(os.sched_getaffinity(0)), psutil.virtual_memory().total // 2**20
@@ -136,21 +137,28 @@ class Publisher:
         write_lease(self.rt, now_mono)
         version, written_at = self.cache_written
         if version != self.intake.version and now_mono - written_at >= SPEC_CACHE_EVERY_S:
-            write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
-            self.cache_written = (self.intake.version, now_mono)
+            try:
+                write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
+                self.cache_written = (self.intake.version, now_mono)
+            except OSError as e:  # readers parse the specs themselves meanwhile; the extras still publish
+                self.box.report_once("spec-cache", f"cannot write {self.layout.spec_cache(self.host)}: {e}")
         self._extras(Published(self.host, state, now_mono, now_wall, self.intake, self.finished))
 
     def last_word(self, state: BoxState, now_mono: float, now_wall: float) -> None:
         """As the worker stops: a heartbeat that says so (other boxes stop placing work here at
-        once, not when the beat goes stale), and the extras' last publication."""
+        once, not when the beat goes stale), and a last publication to the extras' publishers
+        that ask for one (hooks.BoxPublisher.last_word)."""
         try:
             self.write_heartbeat(state, now_wall, stopped=True)
         except OSError:
             pass  # the beat goes stale instead
-        self._extras(Published(self.host, state, now_mono, now_wall, self.intake, self.finished, last=True))
+        last = Published(self.host, state, now_mono, now_wall, self.intake, self.finished, last=True)
+        self._extras(last, only=self.last_word_from)
 
-    def _extras(self, published: Published) -> None:
+    def _extras(self, published: Published, only: set[str] | None = None) -> None:
         for name, publish in self.extras:
+            if only is not None and name not in only:
+                continue
             try:
                 publish(published)
             except Exception:  # an extra's failure is its own: the heartbeat was written, and the next one comes

@@ -54,4 +54,4 @@ def register(registry: Registry) -> None:
         )
     )
     registry.publishers.append(BoxPublisher("metrics", "extras.reports.metrics:start"))
-    registry.publishers.append(BoxPublisher("samples", "extras.reports.samples:start"))
+    registry.publishers.append(BoxPublisher("samples", "extras.reports.samples:start", last_word=True))

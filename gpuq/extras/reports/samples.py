@@ -64,15 +64,17 @@ def month_file(layout: Layout, host: str, t: float) -> Path:
 def start(layout: Layout, config: Config, host: str) -> Publish:
     """A hooks.BoxPublisher's start (worker.publishing.StartPublisher): each publication of the
     box's state (at most once per poll interval) is observed, and the worker's last one ends
-    the line it was adding to."""
+    the line with the time observed so far (not observed again: a `--once` worker's single
+    pass covers no time, and leaves no line)."""
     samples = SampleLog(
         layout, host, config.sample_every_s, config.alert_idle_util_pct, max_gap_s=2 * config.poll_interval + 1
     )
 
     def publish(published: Published) -> None:
-        samples.observe(published.state.gpus, published.state.running, published.wall)
         if published.last:
             samples.flush(published.wall)
+        else:
+            samples.observe(published.state.gpus, published.state.running, published.wall)
 
     return publish
 

@@ -187,7 +187,8 @@ def test_sample_log_weights_each_reading_by_its_time_and_caps_gaps(tmp_path):
 def test_the_samples_publisher_ends_its_line_with_the_worker_s_last_publication(tmp_path):
     """The worker hands the samples what it publishes with its heartbeat; a line is written
     every sample_every_s, and the worker's last publication (it is stopping) writes the part
-    it had, so that a short run still leaves its figures."""
+    it had, so that a short run still leaves its figures; a run that covered no time (a
+    `--once` worker's one pass) leaves no line."""
     from gpuq.extras.reports.samples import read_samples, start
     from gpuq.model.config import Config
     from gpuq.model.gpu import GpuSnapshot
@@ -206,7 +207,11 @@ def test_the_samples_publisher_ends_its_line_with_the_worker_s_last_publication(
     assert list(read_samples(layout, since=0)) == []  # 1 s of 60: nothing written yet
     publish(published(1002, last=True))
     [line] = list(read_samples(layout, since=0))
-    assert (line["t"], line["s"], line["gpus"][0]["util"]) == (1002, 2, 40)
+    assert (line["t"], line["s"], line["gpus"][0]["util"]) == (1002, 1, 40)
+    once = start(layout, Config(sample_every_s=60), "h")  # one pass, then the last word
+    once(published(2000))
+    once(published(2000.003, last=True))
+    assert len(list(read_samples(layout, since=0))) == 1
 
 
 def test_a_job_is_charged_from_its_claim_and_only_its_own_idle_time(tmp_path):
