@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -322,6 +322,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if names & _INSTALL_FIXTURES:
             item.add_marker(pytest.mark.installs)
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _descriptors_closed_after_each_test() -> Iterator[None]:
+    """In-process boxes and event logs keep descriptors open as a worker does: closed after
+    each test, as the worker's exit would (the run kept hundreds)."""
+    yield
+    harness.close_all()
 
 
 @pytest.fixture(autouse=True)

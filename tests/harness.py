@@ -10,8 +10,10 @@ from __future__ import annotations
 import gc
 import io
 import json
+import logging
 import math
 import os
+import signal
 import subprocess
 import time
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
@@ -21,6 +23,7 @@ from typing import Callable, Iterator, Sequence
 from unittest import mock
 
 from gpuq import cli
+from gpuq.cli import common as cli_common
 from gpuq.host import privsep
 from gpuq.host.clock import Clock
 from gpuq.host.files import atomic_write
@@ -29,6 +32,7 @@ from gpuq.model.markers import Marker, Phase
 from gpuq.model.record import Record
 from gpuq.model.stops import Stop, StopCause, ended_as
 from gpuq.run.joblocal import LOCAL_MODE, Runtime, finish_local
+from gpuq.spool import store
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record, transition
 from gpuq.worker import loop
@@ -41,20 +45,37 @@ def runs_here(root: Path) -> bool:
     return privsep.Account.of_root(str(root)).uid == os.geteuid()
 
 
-def gpuq(root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def gpuq(
+    root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     """`gpuq --root ROOT ARGS` run in this process (cli.main, as the launcher runs it): its
     exit status and what it printed, as a `subprocess.run` with captured output returns them.
     Root's gpuq on a root it owns (the suite's) applies a request itself, as the workers do,
     so a verb's effect on the spool is there when it returns. `env`: variables set meanwhile
-    (EDITOR). What only a process shows (the launcher, a terminal, the root part of a team
-    root's privilege split) stays in the real-process tests."""
+    (EDITOR). As a process would be, it is fresh (the config's problems are told again), its
+    warnings logged go to its stderr (Python's last resort prints them there in a process;
+    here pytest's capture would take them), and it fails after `timeout` seconds instead of
+    hanging the run (SIGALRM: a `logs -f` that followed for ever). What only a process shows
+    (the launcher, a terminal, the root part of a team root's privilege split) stays in the
+    real-process tests."""
     if not runs_here(root):
         # Root's gpuq on a root whose state/ another account owns becomes that account
         # (host/privsep.py split, by the same rule): in this process it would take the test
         # run's own privileges with it.
         raise AssertionError(f"{root} is not this process's own: run the real CLI for it (a process)")
     out, err = io.StringIO(), io.StringIO()
+    said = logging.StreamHandler(err)
+    said.setLevel(logging.WARNING)
+    said.setFormatter(logging.Formatter("%(message)s"))
     thresholds = gc.get_threshold()  # main raises the collector's for a short-lived command
+
+    def late(signum: int, frame: object) -> None:
+        raise AssertionError(f"gpuq {' '.join(args)} still running after {timeout} s")
+
+    before = signal.signal(signal.SIGALRM, late)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    cli_common._SAID.clear()
+    logging.getLogger().addHandler(said)
     try:
         with mock.patch.dict(os.environ, env or {}), redirect_stdout(out), redirect_stderr(err):
             try:
@@ -62,6 +83,9 @@ def gpuq(root: Path, *args: str, check: bool = True, env: dict[str, str] | None 
             except SystemExit as e:  # argparse's refusals and --help
                 code = e.code if isinstance(e.code, int) else 2
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        logging.getLogger().removeHandler(said)
         gc.set_threshold(*thresholds)
     done = subprocess.CompletedProcess(["gpuq", *args], code, out.getvalue(), err.getvalue())
     if check and code != 0:
@@ -134,6 +158,19 @@ class NoContainerRuntimes:
         pass
 
 
+_boxes: list["PassWorker"] = []  # made in this test, closed after it (close_all)
+
+
+def close_all() -> None:
+    """After a test: the descriptors its boxes and event logs kept, as their processes' exit
+    would close them (conftest.py calls this after each test)."""
+    while _boxes:
+        _boxes.pop().close()
+    for fd in store._event_fds.values():
+        os.close(fd)
+    store._event_fds.clear()
+
+
 class PassWorker:
     """A queue root and one box's worker in this process. Stop orders (preemptions, cancels,
     limits) have no supervisor to signal: they are written where a supervisor reads them (the
@@ -167,6 +204,15 @@ class PassWorker:
             runtimes=NoContainerRuntimes(),
         )
         self.worker.begin()
+        _boxes.append(self)
+
+    def close(self) -> None:
+        """What a worker process would give back as it exits: its wake FIFO and the queue
+        lock's file (a test process would keep one of each per box for the whole run)."""
+        os.close(self.worker.wake.fd)
+        if self.worker.queue_lock.fd is not None:
+            os.close(self.worker.queue_lock.fd)
+            self.worker.queue_lock.fd = None
 
     def run_pass(self, after_s: float = 0.0) -> None:
         """One whole pass, as the real loop runs it (a step that raises is logged, not raised)."""

@@ -190,14 +190,18 @@ def test_retry_runs_an_ended_job_again_as_its_next_attempt(tmp_path):
     assert first.state is State.FAILED
     refused = gpuq(root, "hold", flaky, check=False)
     assert refused.returncode == 1 and "not pending" in refused.stderr
+    behind = submit(root, "--name", "behind", "--", "true")  # queued after flaky ended
     assert gpuq(root, "retry", flaky).stdout.strip() == f"{flaky}: back in the queue as attempt 2"
+    # A retry queues anew: at the moment of the retry (the spec's ctime, on the machine's clock,
+    # as the submit's was), behind a job queued after it ended, not at its old place.
+    assert [p["id"] for p in status(root)["pending"]] == [behind, flaky]
     team.run_until(lambda: (r := team.finished(flaky)) and r.attempt == 2)
     again = ended(team, flaky)
-    # A retry queues anew: at the moment of the retry (the spec's ctime, on the machine's clock,
-    # as the submit's was), not at its old place. (The supervisor's log header of the second
-    # attempt is test_faults.py's, test_a_reboot_requeues_running_jobs_as_their_next_attempt.)
+    # (The supervisor's log header of the second attempt is test_faults.py's,
+    # test_a_reboot_requeues_running_jobs_as_their_next_attempt.)
     assert again.state is State.DONE and again.queued_at > first.queued_at
-    assert [(r.id, r.attempt) for r in team.boxes["a"].spawner.launched] == [(flaky, 1), (flaky, 2)]
+    launched = [(r.id, r.attempt) for r in team.boxes["a"].spawner.launched]
+    assert launched == [(flaky, 1), (behind, 1), (flaky, 2)], launched  # in queue order
 
 
 EDITOR_RENAMES = "#!/bin/sh\nsed -i 's/^name: one$/name: renamed/' \"$1\"\n"
