@@ -272,6 +272,8 @@ def test_a_reused_id_is_refused_not_overwritten(tmp_path):
     box.run_pass(after_s=2)
     box.finish("same")
     box.run_pass(after_s=1)
+    log = box.root / "logs" / "same.log"
+    log.write_text("one\n")  # what its supervisor wrote
     box.drop("same.yaml", "command: echo two\ngpus: 0\n")
     box.run_pass(after_s=2)
     rejected = box.layout.rejected
@@ -281,7 +283,7 @@ def test_a_reused_id_is_refused_not_overwritten(tmp_path):
     # Only the first ran, and its record (which keeps the id, as its log does) is untouched.
     assert box.launched() == ["same"]
     finished = read_record(box.layout.record(box.layout.finished, "same"))
-    assert finished is not None and finished.spec["command"] == "echo one"
+    assert finished is not None and finished.spec["command"] == "echo one" and log.read_text() == "one\n"
 
 
 def _boot_id() -> str:
