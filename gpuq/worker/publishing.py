@@ -140,7 +140,7 @@ class Publisher:
             try:
                 write_json(self.layout.spec_cache(self.host), self.intake.cache_json(), durable=False)
                 self.cache_written = (self.intake.version, now_mono)
-            except OSError as e:  # readers parse the specs themselves meanwhile; the extras still publish
+            except OSError as e:  # readers read what changed since the cache they find; the extras still publish
                 self.box.report_once("spec-cache", f"cannot write {self.layout.spec_cache(self.host)}: {e}")
         self._extras(Published(self.host, state, now_mono, now_wall, self.intake, self.finished))
 

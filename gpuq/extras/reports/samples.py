@@ -116,8 +116,8 @@ class SampleLog:
             self.flush(now)
 
     def flush(self, now: float) -> None:
-        """Append the line for the time covered since the last one (the worker calls this
-        at exit too, so a short run still leaves its figures)."""
+        """Append the line for the time covered since the last one (the worker's last
+        publication asks for it too, so a short run still leaves its figures)."""
         if self.covered_s <= 0:
             return
         line = {
