@@ -166,9 +166,7 @@ def close_all() -> None:
     would close them (conftest.py calls this after each test)."""
     while _boxes:
         _boxes.pop().close()
-    for fd in store._event_fds.values():
-        os.close(fd)
-    store._event_fds.clear()
+    store.close_event_logs()
 
 
 class PassWorker:

@@ -280,6 +280,14 @@ _event_fds: dict[Path, int] = {}
 os.register_at_fork(after_in_child=_event_fds.clear)
 
 
+def close_event_logs() -> None:
+    """Close the event logs this process keeps open: for a process that goes on after its
+    queues (a test run's, which makes a queue per test)."""
+    for fd in _event_fds.values():
+        os.close(fd)
+    _event_fds.clear()
+
+
 def append_event(layout: Layout, host: str, event: dict[str, Any]) -> None:
     """One JSON line per transition in state/events/<host>.jsonl; only this host appends.
     The file stays open in a long-lived process (the worker appends one line per job)."""
