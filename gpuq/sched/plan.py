@@ -480,7 +480,11 @@ class _Pass:
         no limit known on the GPUs it waits for, no reservation: nothing would tell when."""
         # Not on GPUs someone else has booked from some later moment: when the head would
         # start, and so whether it would run into the booking, is what this computes.
-        own = [s for s in slots if not s.busy_by_others and all(owner == job.user for _, owner in s.booked_later)]
+        own: list[Slot] = []
+        others: list[Slot] = []  # booked for someone else later: left out (its reason says so)
+        for s in slots:
+            if not s.busy_by_others:
+                (own if all(owner == job.user for _, owner in s.booked_later) else others).append(s)
         found = placement.earliest_start(job.spec, own, self.ending, self.config.max_jobs_per_gpu)
         if found is None:
             return False
@@ -493,20 +497,12 @@ class _Pass:
                 f"GPU {', '.join(s.label for s in sorted(chosen, key=lambda s: s.index))} reserved for it from "
                 f"{moment(start, self.now)}, "
                 "when the time limits of the jobs there run out"
-            ) + self._booked_by_others(job, slots, own)
+            )
+            if others:
+                soonest = moment(min(t for s in others for t, owner in s.booked_later if owner != job.user), self.now)
+                labels = ", ".join(s.label for s in others)
+                self.result.reasons[job.id] += f"; not on GPU {labels}: booked for others from {soonest}"
         return True
-
-    def _booked_by_others(self, job: PendingJob, slots: list[Slot], own: list[Slot]) -> str:
-        """What a reservation's reason adds when GPUs others have booked were left out of it
-        (the head might have been due sooner on them): which, and from when."""
-        if len(own) == len(slots):
-            return ""
-        mine = {id(s) for s in own}
-        booked = [s for s in slots if id(s) not in mine and not s.busy_by_others]
-        if not booked:
-            return ""
-        soonest = min(start for s in booked for start, owner in s.booked_later if owner != job.user)
-        return f"; not on GPU {', '.join(s.label for s in booked)}: booked for others from {moment(soonest, self.now)}"
 
     def opportunistic(self, job: PendingJob, in_window: bool) -> None:
         if not self._may_place(job):
