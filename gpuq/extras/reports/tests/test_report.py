@@ -346,6 +346,21 @@ def test_report_through_the_worker(queue, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_stopped_worker_writes_the_samples_it_had_not_written_yet(queue):
+    """worker.py stopped (SIGTERM) long before a line's sample_every_s is up: its last
+    publication writes the part it had, so a report covers the run up to the stop."""
+    queue.write_config(sample_every_s=3600)
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("busy.yaml", f"command: {FAKE_USE} --mem 4GiB --util 70 --seconds 2\ngpus: 1\ngpu_mem: 50GiB\n")
+    wait_until(lambda: queue.finished("busy"), timeout=60, what="busy to end")
+    assert not list((queue.root / "state" / "samples").glob("*.jsonl"))  # an hour's line is not due
+    queue.stop_worker("a")
+    [line] = [json.loads(t) for f in (queue.root / "state" / "samples").glob("*.jsonl") for t in f.read_text().split()]
+    held = line["gpus"][0]["held_s"]
+    assert line["host"] == "a" and line["s"] > 0 and held > 0 and "busy" in line["gpus"][0]["jobs"], line
+
+
+@pytest.mark.slow
 def test_report_rejects_a_bad_since(queue):
     out = queue.gpuq("report", "--since", "last tuesday", check=False)
     assert out.returncode == 2
