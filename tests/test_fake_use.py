@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 
+import harness
 import pytest
 
+from conftest import PY, REPO
 from gpuq.host.fake_nvml import registered
 
 
@@ -38,3 +40,32 @@ def test_a_registration_counts_only_for_a_live_process_of_the_files_own_owner(tm
         for process in (sleeper, deep):
             process.kill()
             process.wait()
+
+
+def test_the_clis_fake_use_refuses_a_bad_size_and_a_process_outside_a_job_by_name(tmp_path, monkeypatch):
+    """`gpuq fake-use` through the CLI: the same arguments as the launcher's own path below."""
+    monkeypatch.delenv("GPUQ_FAKE_GPUS", raising=False)
+    bad = harness.gpuq(tmp_path, "fake-use", "--mem", "lots", "--seconds", "0", check=False)
+    assert (bad.returncode, bad.stderr) == (
+        2,
+        "gpuq fake-use: 'lots' is not a size; write it like 20GiB, 20G, 20480MiB\n",
+    )
+    outside = harness.gpuq(tmp_path, "fake-use", "--mem", "1GiB", "--seconds", "0", check=False)
+    assert outside.returncode == 2 and "GPUQ_FAKE_GPUS does not name a fake GPU file" in outside.stderr
+
+
+@pytest.mark.slow  # the launcher, in a process of its own
+def test_the_launcher_runs_fake_use_without_loading_the_cli(tmp_path):
+    """Nearly every job on fake GPUs starts one: `python gpuq.py fake-use` skips the CLI's imports."""
+    script = (
+        "import runpy, sys\n"
+        "sys.argv = ['gpuq.py', 'fake-use', '--mem', '1GiB', '--util', '7', '--seconds', '0']\n"
+        "try:\n"
+        "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    print(e.code, 'gpuq.cli' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GPUQ_FAKE_GPUS"}
+    done = subprocess.run([PY, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout == "2 False\n", done.stdout + done.stderr
+    assert "GPUQ_FAKE_GPUS does not name a fake GPU file" in done.stderr

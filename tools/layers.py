@@ -81,6 +81,7 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("gpuq.run.spawner", "subprocess"): _FORK,
     ("gpuq.run.launch", "subprocess"): _FORK,
     ("gpuq.single_instance", "hashlib"): "it loads OpenSSL: " + _FORK,
+    ("gpuq.host.fake_nvml", "hashlib"): "it loads OpenSSL, and every CLI command loads fake-use's arguments",
     ("gpuq.host.usage", "psutil"): "only the sampling supervisor needs it: " + _FORK,
 }
 

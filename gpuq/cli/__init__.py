@@ -21,6 +21,7 @@ from gpuq.cli.options import (
     gres_count,
     sbatch_only,
 )
+from gpuq.host import fake_use
 from gpuq.host.audit import install_if_asked
 from gpuq.model.config import ConfigError
 from gpuq.model.text import safe_text
@@ -232,16 +233,7 @@ def _add_job_verbs(sub: _Verbs) -> None:
     )
     sp.add_argument("ids", nargs="+", metavar="ID", help="job ids (a sweep's or array's id: its members)")
     sp.add_argument("--timeout", help="give up after this long (90s, 10m, 2h); default: wait as long as it takes")
-    sp = _verb(
-        sub,
-        "fake-use",
-        _lazy("cli.demo", "cmd_fake_use"),
-        "inside a job on fake GPUs: use fake GPU memory and utilization for this process's lifetime",
-    )
-    sp.add_argument("--mem", help="per GPU (default: $GPUQ_GPU_MEM_MIB, the job's declared memory)")
-    sp.add_argument("--util", type=int, default=50, help="utilization percent (default 50)")
-    sp.add_argument("--seconds", type=float, help="hold for this long (or run the command after --)")
-    sp.add_argument("command", nargs=argparse.REMAINDER)
+    fake_use.add_arguments(_verb(sub, "fake-use", fake_use.run, fake_use.HELP))
 
 
 def _count(text: str) -> int:

@@ -17,9 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuq.host.fake_nvml import NVMLError, use
 from gpuq.host.files import atomic_write
-from gpuq.model.units import parse_size_mib
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,17 +197,6 @@ def _show_the_rest(root: Path, gpuq: list[str], env: dict[str, str], ids: list[s
         f"{len(states) - states.count('done') - states.count('cancelled')} failed or lost"
     )
     return 0 if states.count("done") == len(ids) - 1 and states.count("cancelled") == 1 else 1
-
-
-def cmd_fake_use(args: argparse.Namespace) -> int:
-
-    mem = parse_size_mib(args.mem) if args.mem else int(os.environ.get("GPUQ_GPU_MEM_MIB", "0"))
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    try:
-        return use(mem, args.util, args.seconds, command)
-    except NVMLError as e:
-        print(f"gpuq fake-use: {e}", file=sys.stderr)
-        return 2
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -15,7 +15,6 @@ own owner: nobody makes another's process look like a GPU user.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -54,6 +53,8 @@ def materialize(spec: str, local_dir: Path) -> Path:
     use_dir(path).mkdir(exist_ok=True)
     os.chmod(use_dir(path), 0o1777)  # every job's owner registers its use; the sticky bit keeps them apart
     if not path.exists():
+        import hashlib
+
         tag = hashlib.sha1(str(local_dir).encode()).hexdigest()[:8]  # distinct per stand-in host
         gpus = [
             {
