@@ -15,6 +15,7 @@ goes through safefile/files or is added to REVIEWED with its reason (and a revie
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,9 +112,16 @@ def raw_calls(package_dir: Path = PACKAGE_DIR) -> list[RawCall]:
         module = ".".join(("gpuq", *rel.with_suffix("").parts)).removesuffix(".__init__")
         if module in MECHANISM:
             continue
-        src = path.read_text()
-        _visit(ast.parse(src), "", None, module, src, found)
+        found += _calls_in(module, path.read_text())
     return found
+
+
+@functools.lru_cache(maxsize=None)
+def _calls_in(module: str, src: str) -> tuple[RawCall, ...]:
+    """Once per process for each text (two tests ask for the whole package's calls)."""
+    found: list[RawCall] = []
+    _visit(ast.parse(src), "", None, module, src, found)
+    return tuple(found)
 
 
 def _visit(node: ast.AST, name: str, function: ast.AST | None, module: str, src: str, found: list[RawCall]) -> None:

@@ -106,9 +106,9 @@ class _Index:
 
 
 @functools.lru_cache(maxsize=None)
-def _indexed(path: str, mtime_ns: int, size: int) -> _Index:
+def _indexed(source: str) -> _Index:
     index = _Index(defaultdict(list), [], [])
-    _visit(ast.parse(Path(path).read_text(), path), "module", "", index)
+    _visit(ast.parse(source), "module", "", index)
     return index
 
 
@@ -140,11 +140,15 @@ def _visit(node: ast.AST, kind: str, prefix: str, index: _Index) -> None:
 
 
 def _index(path: Path) -> _Index:
-    """A module's index, made once per process while the file stays as it is (every check
-    reads every module: the layer tests took 11 s of the fast set parsing them again, and
-    the checks walked each tree eight times)."""
-    st = path.stat()
-    return _indexed(str(path), st.st_mtime_ns, st.st_size)
+    """A module's index, made once per process for each text it has (every check reads every
+    module: the layer tests took 11 s of the fast set parsing them again, the checks walked
+    each tree eight times, and the tests' copies of the package differ in a file or two)."""
+    source = path.read_text()
+    try:
+        return _indexed(source)
+    except SyntaxError as e:
+        e.filename = str(path)
+        raise
 
 
 def modules(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
