@@ -81,7 +81,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("gpuq.run.spawner", "subprocess"): _FORK,
     ("gpuq.run.launch", "subprocess"): _FORK,
     ("gpuq.single_instance", "hashlib"): "it loads OpenSSL: " + _FORK,
-    ("gpuq.host.fake_nvml", "hashlib"): "it loads OpenSSL, and every CLI command loads fake-use's arguments",
+    (
+        "gpuq.host.fake_nvml",
+        "hashlib",
+    ): "it loads OpenSSL: every job on fake GPUs loads this (fake-use)",
     ("gpuq.host.usage", "psutil"): "only the sampling supervisor needs it: " + _FORK,
 }
 

@@ -21,7 +21,6 @@ from gpuq.cli.options import (
     gres_count,
     sbatch_only,
 )
-from gpuq.host import fake_use
 from gpuq.host.audit import install_if_asked
 from gpuq.model.config import ConfigError
 from gpuq.model.text import safe_text
@@ -233,7 +232,12 @@ def _add_job_verbs(sub: _Verbs) -> None:
     )
     sp.add_argument("ids", nargs="+", metavar="ID", help="job ids (a sweep's or array's id: its members)")
     sp.add_argument("--timeout", help="give up after this long (90s, 10m, 2h); default: wait as long as it takes")
-    fake_use.add_arguments(_verb(sub, "fake-use", fake_use.run, fake_use.HELP))
+    # Its own parser reads its arguments (host/fake_use.py: the launcher runs it without the
+    # CLI); this one passes them on whole, and loads it only when it runs (not as root's CLI).
+    help = "inside a job on fake GPUs: use fake GPU memory (gpuq fake-use --help)"
+    sp = sub.add_parser("fake-use", help=help, add_help=False, prefix_chars="\0")  # --help too is fake-use's
+    sp.set_defaults(handler=_lazy("host.fake_use", "cmd_fake_use"))
+    sp.add_argument("arguments", nargs=argparse.REMAINDER)
 
 
 def _count(text: str) -> int:

@@ -2,7 +2,8 @@
 
 The demo and the tests start one in nearly every job, so `python gpuq.py fake-use` runs this
 module without loading the CLI (gpuq.py): the CLI's imports were most of a fifth of a second
-of CPU for each. `gpuq fake-use` through the CLI takes the same arguments (add_arguments)."""
+of CPU for each. The CLI's `gpuq fake-use` passes its arguments here whole and loads this
+module only when the verb runs."""
 
 from __future__ import annotations
 
@@ -13,31 +14,26 @@ import sys
 from gpuq.host.fake_nvml import NVMLError, use
 from gpuq.model.units import parse_size_mib
 
-HELP = "inside a job on fake GPUs: use fake GPU memory and utilization for this process's lifetime"
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuq fake-use",
+        description="inside a job on fake GPUs: use fake GPU memory and utilization for this process's lifetime",
+    )
     parser.add_argument("--mem", help="per GPU (default: $GPUQ_GPU_MEM_MIB, the job's declared memory)")
     parser.add_argument("--util", type=int, default=50, help="utilization percent (default 50)")
     parser.add_argument("--seconds", type=float, help="hold for this long (or run the command after --)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        mem = parse_size_mib(args.mem) if args.mem else int(os.environ.get("GPUQ_GPU_MEM_MIB", "0"))
-    except ValueError as e:
-        print(f"gpuq fake-use: {e}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
+        mem = parse_size_mib(args.mem) if args.mem else int(os.environ.get("GPUQ_GPU_MEM_MIB", "0"))
         return use(mem, args.util, args.seconds, command)
-    except NVMLError as e:
+    except (ValueError, NVMLError) as e:
         print(f"gpuq fake-use: {e}", file=sys.stderr)
         return 2
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gpuq fake-use", description=HELP)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+def cmd_fake_use(args: argparse.Namespace) -> int:
+    """Through the CLI, which passes the arguments on whole."""
+    return main(args.arguments)
