@@ -131,7 +131,10 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
     def stop(self) -> None:
         """SIGKILL: a slurmd that has lost its controller ignores SIGTERM. Only the daemon its pid
-        file names: one that died earlier left a number another process may have by now."""
+        file names: one that died earlier left a number another process may have by now. First
+        the jobs still running: each job's slurmstepd is a daemon of its own that outlives
+        slurmd, and one that lost its slurmd spun a core for good (a failed test left two)."""
+        self._kill_job_steps()
         for pid_file, name in (
             ("slurmd.pid", "slurmd"),
             ("slurmctld.pid", "slurmctld"),
@@ -144,6 +147,22 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
             except (OSError, ValueError):
                 pass
         shutil.rmtree(self.spool, ignore_errors=True)
+
+    def _kill_job_steps(self) -> None:
+        """This cluster's slurmstepds and the jobs under them. Each carries the cluster's
+        SLURM_CONF (slurmd passes its environment on), read from /proc as bytes: slurmstepd
+        writes its title over the start of its environment, where psutil stops reading."""
+        import psutil
+
+        mine = f"SLURM_CONF={self.env['SLURM_CONF']}".encode()
+        for proc in psutil.process_iter(["name"]):
+            try:
+                environ = Path(f"/proc/{proc.pid}/environ").read_bytes() if proc.info["name"] == "slurmstepd" else b""
+                if mine in environ.split(b"\0"):
+                    for each in [proc, *proc.children(recursive=True)]:
+                        each.kill()
+            except (psutil.Error, OSError):
+                pass
 
     def sbatch(self, script: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
