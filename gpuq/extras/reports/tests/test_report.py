@@ -421,7 +421,7 @@ def test_html_without_matplotlib_names_the_extra(queue, tmp_path):
     (blocker / "matplotlib.py").write_text("raise ImportError('not installed')\n")
     env = {**queue.env(), "PYTHONPATH": f"{blocker}"}
     out = subprocess.run(
-        [PY, str(REPO / "gpuq.py"), "report", "--html", str(tmp_path / "r.html")],
+        [PY, str(REPO / "gpuq.py"), "--root", str(queue.root), "report", "--html", str(tmp_path / "r.html")],
         capture_output=True,
         text=True,
         env=env,
