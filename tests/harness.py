@@ -63,7 +63,8 @@ def gpuq(
         # (host/privsep.py split, by the same rule): in this process it would take the test
         # run's own privileges with it.
         raise AssertionError(f"{root} is not this process's own: run the real CLI for it (a process)")
-    out, err = io.StringIO(), io.StringIO()
+    # As a process's: text, and the bytes under it (`logs` copies a log's bytes as they are).
+    out, err = io.TextIOWrapper(io.BytesIO(), write_through=True), io.StringIO()
     said = logging.StreamHandler(err)
     said.setLevel(logging.WARNING)
     said.setFormatter(logging.Formatter("%(message)s"))
@@ -87,7 +88,8 @@ def gpuq(
         signal.signal(signal.SIGALRM, before)
         logging.getLogger().removeHandler(said)
         gc.set_threshold(*thresholds)
-    done = subprocess.CompletedProcess(["gpuq", *args], code, out.getvalue(), err.getvalue())
+    printed = out.buffer.getvalue().decode(errors="replace")  # type: ignore[attr-defined]
+    done = subprocess.CompletedProcess(["gpuq", *args], code, printed, err.getvalue())
     if check and code != 0:
         raise AssertionError(f"gpuq {' '.join(args)} -> {code}\n{done.stdout}\n{done.stderr}")
     return done

@@ -393,6 +393,9 @@ def test_forget_takes_a_decommissioned_host_off_the_list_but_not_a_live_one_or_o
     go = queue.root / "go"
     queue.drop("there.yaml", f"command: while [ ! -e {go} ]; do sleep 0.1; done\ngpus: 1\nhosts: [b]\n")
     wait_until(lambda: (queue.record("there") or {}).get("state") == "running", what="a job on b")
+    # Its supervisor has it (its log is open): a supervisor still being handed its job when b's
+    # worker dies goes with b's spawner, and the job waits for lost_after_s instead.
+    wait_until(lambda: (queue.root / "logs" / "there.log").exists(), what="there's supervisor to start it")
     alive = queue.gpuq("forget", "a", check=False)
     assert alive.returncode == 1 and "a's worker is alive" in alive.stdout + alive.stderr
     queue.kill_worker("b", silent_s=LIVE_WINDOW_S)  # b dies with a job recorded running there
