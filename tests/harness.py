@@ -45,6 +45,11 @@ def runs_here(root: Path) -> bool:
     return privsep.Account.of_root(str(root)).uid == os.geteuid()
 
 
+_CATCHABLE = [
+    s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(s) is not None
+]
+
+
 def gpuq(
     root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess:
@@ -73,7 +78,11 @@ def gpuq(
     def late(signum: int, frame: object) -> None:
         raise AssertionError(f"gpuq {' '.join(args)} still running after {timeout} s")
 
-    before = signal.signal(signal.SIGALRM, late)
+    # A verb may set what a signal does for its process's lifetime (serve ignores SIGCHLD, run
+    # its terminal's signals): here that would outlive it, and a SIGCHLD ignored made every
+    # later child's exit status 0 in this test process. They are put back as they were.
+    dispositions = {s: signal.getsignal(s) for s in _CATCHABLE}
+    signal.signal(signal.SIGALRM, late)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     cli_common._SAID.clear()
     logging.getLogger().addHandler(said)
@@ -85,7 +94,8 @@ def gpuq(
                 code = e.code if isinstance(e.code, int) else 2
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
+        for number, disposition in dispositions.items():
+            signal.signal(number, disposition)
         logging.getLogger().removeHandler(said)
         gc.set_threshold(*thresholds)
     printed = out.buffer.getvalue().decode(errors="replace")  # type: ignore[attr-defined]

@@ -41,3 +41,33 @@ def test_each_in_process_command_tells_the_config_s_problems_again(tmp_path):
     config.write_text(config.read_text() + "max_jobs_per_gpu: many\n")
     for _ in range(2):
         assert "max_jobs_per_gpu" in gpuq(team.root, "status").stderr
+
+
+def test_what_a_verb_makes_of_a_signal_ends_with_it(tmp_path, monkeypatch):
+    """`gpuq serve` ignores SIGCHLD for its process's lifetime: in the test process that made
+    every later child's exit status 0. The harness puts each signal back as it was."""
+    import signal
+
+    from gpuq.cli import status
+
+    def ignoring(args: object) -> int:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return 0
+
+    team = Team(tmp_path / "root")
+    monkeypatch.setattr(status, "cmd_status", ignoring)
+    before = signal.getsignal(signal.SIGCHLD), signal.getsignal(signal.SIGTERM)
+    gpuq(team.root, "status")
+    assert (signal.getsignal(signal.SIGCHLD), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_wait_prints_to_each_commands_own_stdout(tmp_path):
+    """`gpuq wait` bound its output to the stdout of the first command that imported it: a
+    second in-process `wait` printed into the first one's."""
+    team = Team(tmp_path / "root")
+    team.add("a", "1x80GiB")
+    job = gpuq(team.root, "submit", "--gpus", "0", "--", "true").stdout.split()[-1]
+    team.run_until(lambda: team.finished(job))
+    for _ in range(2):
+        assert gpuq(team.root, "wait", job).stdout == f"{job}: done (exit 0)\n"

@@ -65,7 +65,7 @@ def _ended(record) -> str:
     return f"{record.id}: {record.state.value}" + (f" ({detail})" if detail else "")
 
 
-def wait(layout: Layout, ids: list[str], timeout_s: float | None, out=sys.stdout) -> int:
+def wait(layout: Layout, ids: list[str], timeout_s: float | None) -> int:
     """Print one line per job as it ends; the exit status as the module says."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     waiting = dict.fromkeys(ids, 0)  # id -> consecutive polls it was found nowhere
@@ -78,7 +78,7 @@ def wait(layout: Layout, ids: list[str], timeout_s: float | None, out=sys.stdout
                 del waiting[job_id]
                 waiting.update(dict.fromkeys((m for m in group["members"] if m not in waiting), 0))
             elif seen.line:
-                print(seen.line, file=out, flush=True)
+                print(seen.line, flush=True)
                 ok &= seen.state == State.DONE.value
                 del waiting[job_id]
             elif seen.state == "gone":
@@ -91,7 +91,7 @@ def wait(layout: Layout, ids: list[str], timeout_s: float | None, out=sys.stdout
                 waiting[job_id] = 0
         if waiting and deadline is not None and time.monotonic() >= deadline:
             for job_id in waiting:
-                print(f"{job_id}: still {where(layout, job_id).state} after {timeout_s:g} s", file=out, flush=True)
+                print(f"{job_id}: still {where(layout, job_id).state} after {timeout_s:g} s", flush=True)
             return 3
         if waiting:
             time.sleep(POLL_S)
