@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -105,6 +106,19 @@ class Queue:
         return env
 
     def gpuq(self, *args: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+        """`gpuq --root ROOT ARGS`: the CLI's own code in this process where a process would
+        add nothing (the plain launcher on a root this process owns, asked from the main
+        thread, with nothing of a process's own: no stdin, environment or directory); else a
+        `gpuq` process. A process was a quarter of a second of CPU each, hundreds a run; the
+        launcher, terminals and users keep their process tests."""
+        if (
+            not kw
+            and type(self).cli_command is Queue.cli_command
+            and threading.current_thread() is threading.main_thread()
+            and not {"GPUQ_ROOT", "GPUQ_FAKE_GPUS"} & os.environ.keys()
+            and harness.runs_here(self.root)
+        ):
+            return harness.gpuq(self.root, *args, check=check, timeout=timeout)
         kw.setdefault("env", self.env())
         proc = subprocess.run(
             [*self.cli_command(), "--root", str(self.root), *args],
@@ -118,11 +132,7 @@ class Queue:
         return proc
 
     def status(self) -> dict:
-        """`gpuq status --json`: the CLI's own code in this process where this queue runs the
-        plain launcher on a root this process owns (tests poll it while workers run, and a
-        process each time was a fifth of a second of CPU), else a `gpuq` process."""
-        if type(self).cli_command is Queue.cli_command and harness.runs_here(self.root):
-            return harness.status(self.root)
+        """`gpuq status --json` (in this process where gpuq() runs it here: tests poll it while workers run)."""
         return json.loads(self.gpuq("status", "--json").stdout)
 
     def start_worker(
