@@ -42,6 +42,11 @@ for _sig, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGH
         signal.signal(_sig, _default)
 
 
+# Verbs that set up their process for their lifetime (serve, top and run take signals and the
+# terminal; report --html loads matplotlib): a process of their own even where they refuse.
+KEEP_THEIR_PROCESS = frozenset({"serve", "top", "run", "shell", "srun", "salloc", "report"})
+
+
 def wait_until(
     predicate: Callable[[], object], timeout: float = 60.0, interval: float = 0.05, what: str = "condition"
 ) -> object:
@@ -113,12 +118,13 @@ class Queue:
         launcher, terminals and users keep their process tests."""
         if (
             not kw
+            and not set(args) & KEEP_THEIR_PROCESS
             and type(self).cli_command is Queue.cli_command
             and threading.current_thread() is threading.main_thread()
             and not {"GPUQ_ROOT", "GPUQ_FAKE_GPUS"} & os.environ.keys()
             and harness.runs_here(self.root)
         ):
-            return harness.gpuq(self.root, *args, check=check, timeout=timeout)
+            return harness.gpuq(self.root, *args, check=check, timeout=timeout, launcher_dir=str(REPO))
         kw.setdefault("env", self.env())
         proc = subprocess.run(
             [*self.cli_command(), "--root", str(self.root), *args],

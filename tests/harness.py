@@ -51,7 +51,12 @@ _CATCHABLE = [
 
 
 def gpuq(
-    root: Path, *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 60
+    root: Path,
+    *args: str,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    launcher_dir: str | None = None,
 ) -> subprocess.CompletedProcess:
     """`gpuq --root ROOT ARGS` run in this process (cli.main, as the launcher runs it): its
     exit status and what it printed, as a `subprocess.run` with captured output returns them.
@@ -69,7 +74,7 @@ def gpuq(
         # run's own privileges with it.
         raise AssertionError(f"{root} is not this process's own: run the real CLI for it (a process)")
     # As a process's: text, and the bytes under it (`logs` copies a log's bytes as they are).
-    out, err = io.TextIOWrapper(io.BytesIO(), write_through=True), io.StringIO()
+    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True), io.StringIO()
     said = logging.StreamHandler(err)
     said.setLevel(logging.WARNING)
     said.setFormatter(logging.Formatter("%(message)s"))
@@ -89,16 +94,17 @@ def gpuq(
     try:
         with mock.patch.dict(os.environ, env or {}), redirect_stdout(out), redirect_stderr(err):
             try:
-                code = cli.main(["--root", str(root), *args])
+                code = cli.main(["--root", str(root), *args], launcher_dir=launcher_dir)
             except SystemExit as e:  # argparse's refusals and --help
                 code = e.code if isinstance(e.code, int) else 2
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         for number, disposition in dispositions.items():
-            signal.signal(number, disposition)
+            if signal.getsignal(number) != disposition:  # only those it changed: faulthandler's are C's
+                signal.signal(number, disposition)
         logging.getLogger().removeHandler(said)
         gc.set_threshold(*thresholds)
-    printed = out.buffer.getvalue().decode(errors="replace")  # type: ignore[attr-defined]
+    printed = out.buffer.getvalue().decode("utf-8", errors="replace")  # type: ignore[attr-defined]
     done = subprocess.CompletedProcess(["gpuq", *args], code, printed, err.getvalue())
     if check and code != 0:
         raise AssertionError(f"gpuq {' '.join(args)} -> {code}\n{done.stdout}\n{done.stderr}")

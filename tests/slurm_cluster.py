@@ -131,10 +131,9 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
     def stop(self) -> None:
         """SIGKILL: a slurmd that has lost its controller ignores SIGTERM. Only the daemon its pid
-        file names: one that died earlier left a number another process may have by now. First
+        file names: one that died earlier left a number another process may have by now. Then
         the jobs still running: each job's slurmstepd is a daemon of its own that outlives
         slurmd, and one that lost its slurmd spun a core for good (a failed test left two)."""
-        self._kill_job_steps()
         for pid_file, name in (
             ("slurmd.pid", "slurmd"),
             ("slurmctld.pid", "slurmctld"),
@@ -146,6 +145,7 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                     os.kill(pid, signal.SIGKILL)
             except (OSError, ValueError):
                 pass
+        self._kill_job_steps()  # after slurmd: it could start another meanwhile
         shutil.rmtree(self.spool, ignore_errors=True)
 
     def _kill_job_steps(self) -> None:
@@ -158,16 +158,19 @@ PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         for proc in psutil.process_iter(["name"]):
             try:
                 environ = Path(f"/proc/{proc.pid}/environ").read_bytes() if proc.info["name"] == "slurmstepd" else b""
-                if mine in environ.split(b"\0"):
-                    for each in [proc, *proc.children(recursive=True)]:
-                        each.kill()
+                steps = [proc, *proc.children(recursive=True)] if mine in environ.split(b"\0") else []
             except (psutil.Error, OSError):
-                pass
+                continue
+            for each in steps:
+                try:
+                    each.kill()
+                except psutil.Error:
+                    pass  # gone meanwhile
 
     def sbatch(self, script: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["sbatch", *extra], input=script, capture_output=True, text=True, env=self.env, timeout=60
-        )
+            ["sbatch", *extra], input=script, capture_output=True, text=True, env=self.env, timeout=60, cwd=self.base
+        )  # in its directory: a job without --output writes slurm-ID.out where it was submitted
 
     def job_state(self, slurm_id: str) -> tuple[str, str]:
         """(JobState, ExitCode) from scontrol while Slurm remembers the job."""

@@ -48,7 +48,7 @@ def test_the_clis_fake_use_refuses_a_bad_size_and_a_process_outside_a_job_by_nam
     bad = harness.gpuq(tmp_path, "fake-use", "--mem", "lots", "--seconds", "0", check=False)
     assert (bad.returncode, bad.stderr) == (
         2,
-        "gpuq fake-use: 'lots' is not a size; write it like 20GiB, 20G, 20480MiB\n",
+        "gpuq fake-use: --mem: 'lots' is not a size; write it like 20GiB, 20G, 20480MiB\n",
     )
     outside = harness.gpuq(tmp_path, "fake-use", "--mem", "1GiB", "--seconds", "0", check=False)
     assert outside.returncode == 2 and "GPUQ_FAKE_GPUS does not name a fake GPU file" in outside.stderr

@@ -28,10 +28,17 @@ def main(argv: list[str]) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         mem = parse_size_mib(args.mem) if args.mem else int(os.environ.get("GPUQ_GPU_MEM_MIB", "0"))
+    except ValueError as e:
+        print(f"gpuq fake-use: {'--mem' if args.mem else '$GPUQ_GPU_MEM_MIB'}: {e}", file=sys.stderr)
+        return 2
+    try:
         return use(mem, args.util, args.seconds, command)
-    except (ValueError, NVMLError) as e:
+    except NVMLError as e:
         print(f"gpuq fake-use: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # its registration under the fake GPUs' use/ directory (as the CLI says one)
+        print(f"gpuq fake-use: {e}", file=sys.stderr)
+        return 1
 
 
 def cmd_fake_use(args: argparse.Namespace) -> int:
