@@ -45,9 +45,7 @@ def runs_here(root: Path) -> bool:
     return privsep.Account.of_root(str(root)).uid == os.geteuid()
 
 
-_CATCHABLE = [
-    s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(s) is not None
-]
+_CATCHABLE = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
 
 
 def gpuq(
