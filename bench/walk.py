@@ -87,6 +87,7 @@ def main() -> int:
         package = REPO / "gpuq"
         modules = sorted(p for p in package.rglob("*.py") if "tests" not in p.relative_to(package).parts)
         loaded: dict[str, list[Path]] = {"core": [], "extras": []}
+        functions_of: dict[Path, int] = {}
         entered = {"core": 0, "extras": 0}
         lines_run = {"core": 0, "extras": 0}
         for path in modules:
@@ -96,7 +97,8 @@ def main() -> int:
                 continue
             loaded[part].append(path)
             lines_run[part] += len(ran)
-            entered[part] += sum(1 for first, last in _functions(path) if any(first <= n <= last for n in ran))
+            functions_of[path] = sum(1 for first, last in _functions(path) if any(first <= n <= last for n in ran))
+            entered[part] += functions_of[path]
         for part in ("core", "extras"):
             total = sum(1 for p in modules if (p.relative_to(package).parts[0] == "extras") == (part == "extras"))
             print(
@@ -105,7 +107,7 @@ def main() -> int:
             )
         if args.list:
             for path in loaded["core"] + loaded["extras"]:
-                print("  ", path.relative_to(REPO))
+                print(f"   {path.relative_to(REPO)} ({functions_of[path]} functions entered)")
     return 0
 
 
