@@ -321,8 +321,9 @@ def fake_job(seconds: float = 0.3, extra: str = "") -> str:
 
 
 # --- tiers: `python -m pytest -m "not slow"` is the fast set (docs/design.md, Testing) -------
-# slow: the test starts a process (a worker, the CLI, a supervisor, useradd...). A test not
-# marked slow that starts one fails (the guard below), so the fast set stays in-process.
+# slow: the test starts a process (a worker, the CLI, a supervisor, useradd...), or takes
+# seconds of CPU drawing random examples (the spec's fuzz tests). A test not marked slow that
+# starts a process fails (the guard below), so the fast set stays in-process.
 # root: it creates users (needs root; CI runs as root). installs: it may apt-get install Slurm, cron,
 # docker or podman where they are missing.
 _ROOT_FIXTURES = frozenset({"users", "team", "shared_code"})

@@ -18,6 +18,7 @@ import pytest
 from conftest import REPO
 from gpuq import hooks
 from gpuq.model.config import KEYS_OF_EXTRAS
+from tools import layers
 
 pytestmark = pytest.mark.slow  # each runs the fast set again in a copy
 
@@ -165,19 +166,19 @@ def _worker_once(run, root: Path, local: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("extra", EXTRAS)
 def test_deleting_an_extra_leaves_a_core_that_imports_and_no_longer_offers_it(tmp_path: Path, extra: str, local: Path):
-    """Each extra deleted in turn: the layer check imports every module left (an extra that
-    needed the deleted one would fail it), the CLI no longer lists its verbs, a worker
-    configured for its backend refuses clearly, one whose config sets a key only the extra
-    reads runs and says once that the key goes unused, and a spec that sets a field only the
-    extra gives is refused, naming the field and the fix (its `gpuq submit` option is gone).
+    """Each extra deleted in turn: the layer check reads every module left (an import of the
+    deleted one fails it; run in this process, its parses shared with the other copies'), the
+    CLI no longer lists its verbs, a worker configured for its backend refuses clearly, one
+    whose config sets a key only the extra reads runs and says once that the key goes unused,
+    and a spec that sets a field only the extra gives is refused, naming the field and the
+    fix (its `gpuq submit` option is gone).
     The core's tests run in the next test, with every extra deleted at once (each in turn
     would run them once per extra, for what one run shows: the core needs none of them)."""
     copy = _copy(tmp_path)
     verbs = {v.name for v in hooks.registry().verbs if v.handler.startswith(f"extras.{extra}.")}
     shutil.rmtree(copy / "gpuq" / "extras" / extra)
     run = _runner(copy)
-    layers = run("-m", "tools.layers")
-    assert layers.returncode == 0, layers.stdout + layers.stderr
+    assert layers.problems(copy / "gpuq") == []
     usage = run("gpuq.py", "--help")
     assert usage.returncode == 0 and "status" in usage.stdout, usage.stderr
     assert not [v for v in verbs if f"    {v} " in usage.stdout], usage.stdout
@@ -248,7 +249,7 @@ def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Pa
     for extra in EXTRAS:
         shutil.rmtree(copy / "gpuq" / "extras" / extra)
     run = _runner(copy)
-    assert run("-m", "tools.layers").returncode == 0
+    assert layers.problems(copy / "gpuq") == []
     # The story, not the whole file: jobs on three boxes exactly once, the CLI's round trip, a
     # cron start and a second start, a box without GPUs. The file's other tests are about one
     # verb's options or messages, which need no extra either; the suite runs them whole. It
@@ -262,8 +263,9 @@ def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Pa
             stderr=subprocess.STDOUT,
         )
         try:
-            # In two processes, as README runs it: it computes, and the suite around it mostly waits.
-            fast = run(*pytest[1:], "--basetemp", str(tmp_path / "fast"), "-m", "not slow", "-n", "2")
+            # In one process: two (README's -n 2) cost each its own start and collection, about
+            # 7 s of CPU, in a suite that runs this beside its other tests anyway.
+            fast = run(*pytest[1:], "--basetemp", str(tmp_path / "fast"), "-m", "not slow")
             assert fast.returncode == 0, fast.stdout[-3000:] + fast.stderr[-2000:]
             assert story.wait(timeout=600) == 0, (tmp_path / "story.out").read_text()[-5000:]
         finally:

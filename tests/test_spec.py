@@ -125,6 +125,9 @@ def test_round_trip_through_json():
     assert JobSpec.from_json(spec.to_json()) == spec
 
 
+# The two fuzz tests that draw nested values take seconds of CPU each (hypothesis drawing 300
+# examples): slow, so the fast set stays a quick loop; the full suite runs them.
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     st.recursive(
@@ -156,6 +159,7 @@ _ANY = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(sorted(FIELDS)), _ANY, max_size=len(FIELDS)))
 def test_fuzz_known_fields_with_any_values_through_yaml(data):

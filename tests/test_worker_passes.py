@@ -14,6 +14,7 @@ from gpuq.model.markers import Marker, Phase
 from gpuq.model.states import State
 from gpuq.run.joblocal import LOCAL_MODE
 from gpuq.spool.store import read_record
+from gpuq.worker import arrivals
 
 
 def test_a_spec_being_written_is_not_rejected_until_it_stays_unchanged(tmp_path):
@@ -150,17 +151,19 @@ def test_the_next_job_starts_on_the_pass_after_one_ends_and_the_spool_is_clean(t
     assert [(e["job"], e["to"]) for e in events] == [("first", "running"), ("first", "done"), ("second", "running")]
 
 
-def test_many_sweeps_dropped_at_once_are_expanded_over_passes_and_never_run_unexpanded(tmp_path):
+def test_many_sweeps_dropped_at_once_are_expanded_over_passes_and_never_run_unexpanded(tmp_path, monkeypatch):
     """An attack review dropped 24 arrays of 1,000 at once: one pass wrote all 24,000 members,
     and the heartbeat stood still 44 s (100 such arrays would outlast lost_after_s). A pass
-    expands until 1,000 members are written; the rest wait, and are no job to plan meanwhile."""
+    expands until MEMBERS_PER_PASS (1,000) members are written; the rest wait, and are no job
+    to plan meanwhile. Here the bound is 100, with arrays of 60: the same rule, a tenth of the files."""
+    monkeypatch.setattr(arrivals, "MEMBERS_PER_PASS", 100)
     box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB")
     for name in ("s1", "s2", "s3"):
-        box.drop(f"{name}.yaml", "command: echo $GPUQ_ARRAY_INDEX\ngpus: 0\narray: 0-599\n")
+        box.drop(f"{name}.yaml", "command: echo $GPUQ_ARRAY_INDEX\ngpus: 0\narray: 0-59\n")
     box.run_pass()
     groups = box.layout.groups
     expanded = {n for n in ("s1", "s2", "s3") if (groups / f"{n}.json").exists()}
-    assert len(expanded) == 2, expanded  # 600 + 600 written: the third waits
+    assert len(expanded) == 2, expanded  # 60 + 60 written: the third waits
     (left,) = {"s1", "s2", "s3"} - expanded
     assert (box.root / "jobs" / f"{left}.yaml").exists() and left not in box.launched()
     box.run_pass(after_s=1)
@@ -169,7 +172,7 @@ def test_many_sweeps_dropped_at_once_are_expanded_over_passes_and_never_run_unex
         left not in box.launched()
         and len(list((box.root / "jobs").glob(f"{left}_*.yaml")))
         + sum(1 for j in box.launched() if j.startswith(f"{left}_"))
-        == 600
+        == 60
     )
 
 
