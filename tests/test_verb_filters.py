@@ -72,6 +72,9 @@ def test_logs_last_lines_near_ids_and_follow_exits_as_the_job(queue):
     queue.gpuq("submit", "--gpus", "0", "--id", "fine", "--", "echo all good")
     queue.gpuq("submit", "--gpus", "0", "--name", "arr", "--array", "0-1", "--", "exit $GPUQ_ARRAY_INDEX")
     queue.start_worker("a", "1x80GiB")
+    # Ended first: `-n 2 -f` gives the last two lines there are when it starts, as tail does, so
+    # one that started before the job printed would give the log's header, then every line.
+    wait_until(lambda: queue.finished("counts"), timeout=90, what="counts to end")
     followed = queue.gpuq("logs", "-f", "-n", "2", "counts", check=False, timeout=120)
     assert followed.returncode == 7, followed
     assert followed.stdout.splitlines()[0] == "line 50"  # the last two lines: line 50 and gpuq's ending line
