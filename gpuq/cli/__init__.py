@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from importlib import import_module
-from typing import Callable, NoReturn, TypeAlias
+from typing import Any, Callable, NoReturn, TypeAlias
 
 from gpuq import __version__, hooks
 from gpuq.cli.common import act_as_queue_account
@@ -84,6 +84,26 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+class _Unused:
+    """A verb's parser while another verb runs: whatever its setup adds is dropped."""
+
+    def __getattr__(self, name: str) -> Callable[..., "_Unused"]:
+        return lambda *args, **kwargs: self
+
+
+class _VerbParsers(argparse._SubParsersAction):
+    """The verbs, each with its parser; with `only` set, that verb's alone (the others get an
+    `_Unused`). Every command used to build all the verbs' options first: 20 ms of each start,
+    more than `gpuq status` spends reading a small queue."""
+
+    only: str | None = None
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if self.only is not None and name != self.only:
+            return _Unused()
+        return super().add_parser(name, **kwargs)
+
+
 _Verbs: TypeAlias = "argparse._SubParsersAction[_Parser]"  # each verb's parser is a _Parser too
 
 
@@ -93,11 +113,14 @@ def _verb(sub: _Verbs, name: str, handler: Callable[[argparse.Namespace], int], 
     return sp
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser: every verb, or (`only`) that verb alone, as a command that runs it needs."""
     p = _Parser(prog="gpuq", description="A GPU job queue in a shared directory.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout of `python gpuq.py`)")
     p.add_argument("-V", "--version", action="version", version=f"gpuq {__version__}")
+    p.register("action", "parsers", _VerbParsers)
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    sub.only = only  # type: ignore[attr-defined]
     # In this order: `gpuq --help` lists the verbs as they are added.
     _add_status_verb(sub)
     _add_submit_verb(sub)
@@ -316,11 +339,8 @@ def _add_setup_verbs(sub: _Verbs) -> None:
 
 
 def _add_extras_verbs(sub: _Verbs) -> None:
-    """The extras' verbs (gpuq/extras/), after saying which extras are broken."""
-    extras = hooks.registry()
-    for name, why in extras.broken.items():
-        print(f"gpuq: {why}; gpuq runs without it. Fix: {hooks.fix(name)}", file=sys.stderr)
-    for extra in extras.verbs:  # the extras' verbs (gpuq/extras/); never in place of the core's own
+    """The extras' verbs (gpuq/extras/); main has said which extras are broken."""
+    for extra in hooks.registry().verbs:  # the extras' verbs (gpuq/extras/); never in place of the core's own
         if extra.name in sub.choices:
             print(
                 f"gpuq: an extra's verb {extra.name!r} ({extra.handler}) is one of gpuq's own: left out",
@@ -361,17 +381,36 @@ def _add_demo_verb(sub: _Verbs) -> None:
 GC_FIRST_GENERATION_THRESHOLD = 100_000
 
 
+def _verb_in(argv: list[str]) -> str | None:
+    """The verb a command line names, read past `--root DIR`; None where something else comes
+    first (`--help`, `-V`, an abbreviated `--ro`): the whole parser reads those."""
+    i = 0
+    while i < len(argv) and (argv[i] == "--root" or argv[i].startswith("--root=")):
+        i += 2 if argv[i] == "--root" else 1
+    return argv[i] if i < len(argv) and not argv[i].startswith("-") else None
+
+
+# Verbs that read other verbs' options: the completion script lists them all.
+READS_EVERY_VERB = ("completion",)
+
+
 def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     gc.set_threshold(GC_FIRST_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    for name, why in hooks.registry().broken.items():
+        print(f"gpuq: {why}; gpuq runs without it. Fix: {hooks.fix(name)}", file=sys.stderr)
+    verb = _verb_in(argv)
+    only = None if verb in READS_EVERY_VERB else verb
+    parser = build_parser(only)
+    if only is not None and only not in _verbs_of(parser).choices:  # none of gpuq's: the whole parser says so
+        parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.verb == "submit" and (instead := sbatch_only(unknown)):
         for line in instead:
             print(f"gpuq submit: {line}. Nothing was written.", file=sys.stderr)
         return 2
     if unknown:  # the verb's own usage, not the list of verbs (`submit --gpu-memory 8G`)
-        verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        verbs.choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
+        _verbs_of(parser).choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.launcher_dir = launcher_dir
     args.parser = parser  # for `gpuq completion`, which prints the verbs and options it holds
     if os.geteuid() == 0 and args.verb not in KEEPS_ROOT and (cannot := act_as_queue_account(args)):
@@ -388,6 +427,10 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+
+
+def _verbs_of(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
 KEEPS_ROOT = ("init", "doctor")  # init makes the queue's account; doctor probes as root, then acts as it

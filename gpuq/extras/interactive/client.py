@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from gpuq.cli import build_parser
 from gpuq.cli.common import open_layout, read_config
 from gpuq.cli.requests import run_request
 from gpuq.cli.submit import cmd_submit
@@ -231,7 +232,9 @@ def _submit(args: argparse.Namespace, command: list[str], host: str, attach: dic
     for option, value in (("--cpus", args.cpus), ("--mem", args.mem), ("--priority", args.priority)):
         if value is not None:
             argv += [option, str(value)]
-    ns = args.parser.parse_args([*argv, "--", *command], namespace=argparse.Namespace(**vars(args)))
+    submit = build_parser("submit")  # its own parser: this command's has only its own verb
+    ns = submit.parse_args([*argv, "--", *command], namespace=argparse.Namespace(**vars(args)))
+    ns.parser = submit
     ns.attach = attach
     out = io.StringIO()
     with contextlib.redirect_stdout(out):  # submit prints only the id on stdout
