@@ -296,7 +296,8 @@ def test_report_through_the_worker(queue, tmp_path):
     queue.write_config(sample_every_s=1)
     queue.start_worker("a", "2x80GiB")
     # 50GiB each: one per GPU (utilization is a GPU's, so a holder sharing a busy GPU is not idle)
-    queue.drop("busy.yaml", f"command: {FAKE_USE} --mem 4GiB --util 80 --seconds 2\ngpus: 1\ngpu_mem: 50GiB\n")
+    # busy runs long enough that the time it sat at 0% while starting stays well under half its run
+    queue.drop("busy.yaml", f"command: {FAKE_USE} --mem 4GiB --util 80 --seconds 8\ngpus: 1\ngpu_mem: 50GiB\n")
     queue.drop("holder.yaml", f"command: {FAKE_USE} --mem 4GiB --util 0 --seconds 3\ngpus: 1\ngpu_mem: 50GiB\n")
     queue.drop("broken.yaml", "command: exit 3\ngpus: 0\n")
     queue.drop("typo.yaml", "command: 'true'\ngpus: two\n")  # rejected: still its owner's, not "?"
@@ -318,10 +319,11 @@ def test_report_through_the_worker(queue, tmp_path):
     assert r["total"]["ended"]["done"] == 2 and r["total"]["ended"]["failed"] == 1
     assert r["total"]["jobs_started"] == 3 and r["total"]["wait_s"]["max"] is not None
     assert set(r["groups"]) == {queue.finished("busy")["user"]} and r["total"]["ended"]["rejected"] == 1
-    # only the holder sat idle on its GPU: about its own run time (3 s, more on a loaded
-    # machine), not the busy job's 2 s as well
-    holder_s = queue.finished("holder")["ended_at"] - queue.finished("holder")["started_at"]
-    assert 2 <= r["total"]["idle_held_gpu_hours"] * 3600 <= holder_s + 1.5
+    # Only the holder sat idle on its GPU, not the busy one as well. Not a bound in seconds on
+    # the total: a job is held from its claim, and the reading that ends its time comes with
+    # a pass, later on a loaded machine (holder_s + 1.5 failed beside a busy loop). The total
+    # is what the samples charged the jobs; the busy job is charged only while it started.
+    idle_s = r["total"]["idle_held_gpu_hours"] * 3600
     charged: dict[str, float] = {}
     for path in (queue.root / "state" / "samples").glob("*.jsonl"):
         for line in path.read_text().splitlines():
@@ -330,6 +332,9 @@ def test_report_through_the_worker(queue, tmp_path):
                     charged[job] = charged.get(job, 0.0) + share
     # each job is charged at most its own run (the busy one only while it started, at 0%)
     assert set(charged) <= {"busy", "holder"} and charged["holder"] >= 2, charged
+    assert abs(idle_s - sum(charged.values())) <= 0.36, (idle_s, charged)  # the report rounds to 1e-4 h
+    busy = queue.finished("busy")
+    assert charged.get("busy", 0.0) < (busy["ended_at"] - busy["started_at"]) / 2, charged
     for job, seconds in charged.items():
         assert seconds <= queue.finished(job)["ended_at"] - queue.finished(job)["claimed_at"] + 0.5, charged
     util = {k: g["mean_util_pct"] for k, g in r["gpus"].items()}
