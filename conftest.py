@@ -322,7 +322,7 @@ def fake_job(seconds: float = 0.3, extra: str = "") -> str:
 
 # --- tiers: `python -m pytest -m "not slow"` is the fast set (docs/design.md, Testing) -------
 # slow: the test starts a process (a worker, the CLI, a supervisor, useradd...), or takes
-# seconds of CPU drawing random examples (the spec's fuzz tests). A test not marked slow that
+# seconds of CPU drawing nested random values (two of the spec's fuzz tests). A test not marked slow that
 # starts a process fails (the guard below), so the fast set stays in-process.
 # root: it creates users (needs root; CI runs as root). installs: it may apt-get install Slurm, cron,
 # docker or podman where they are missing.

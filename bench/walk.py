@@ -2,7 +2,8 @@
 real worker.py, and shown by `gpuq status`, with every Python process of it (CLI, worker,
 spawner, supervisor, and root's starter and keeper where the worker runs as root) under
 coverage. Prints the gpuq modules loaded, the functions entered and the lines run, of the
-core's and the extras', and (--list) which modules the job touched.
+core's and the extras', and (--list) which modules the job touched, with the functions it
+entered in each.
 
     pip install coverage && python bench/walk.py [--list]
 
@@ -63,7 +64,9 @@ def _wait_for_the_last_process_of(root: Path, bound_s: float = 60) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true", help="list the modules the job touched")
+    parser.add_argument(
+        "--list", action="store_true", help="list the modules the job touched, each with the functions it entered"
+    )
     args = parser.parse_args()
     try:
         import coverage

@@ -156,6 +156,7 @@ def test_many_sweeps_dropped_at_once_are_expanded_over_passes_and_never_run_unex
     and the heartbeat stood still 44 s (100 such arrays would outlast lost_after_s). A pass
     expands until MEMBERS_PER_PASS (1,000) members are written; the rest wait, and are no job
     to plan meanwhile. Here the bound is 100, with arrays of 60: the same rule, a tenth of the files."""
+    assert arrivals.MEMBERS_PER_PASS <= 1000  # the product's bound, before the test lowers it
     monkeypatch.setattr(arrivals, "MEMBERS_PER_PASS", 100)
     box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB")
     for name in ("s1", "s2", "s3"):

@@ -8,11 +8,12 @@ import gc
 import os
 import re
 import sys
+from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Callable, NoReturn, TypeAlias
+from typing import Callable, NoReturn, TypeAlias
 
 from gpuq import __version__, hooks
-from gpuq.cli.common import act_as_queue_account
+from gpuq.cli.common import act_as_queue_account, verbs_of
 from gpuq.cli.options import (
     add_environment_options,
     add_filter_options,
@@ -36,7 +37,6 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
-HIDDEN_VERBS = ("_ids", "_hosts")  # for the completion script; never listed nor suggested
 # Slurm's commands, typed as verbs by habit: what gpuq has for each ("Slurm's squeue is gpuq status").
 # An extra's verb that stands for one (hooks.Verb.slurm: srun is gpuq run) is named instead.
 SLURM_COMMANDS = {
@@ -62,13 +62,8 @@ class _Parser(argparse.ArgumentParser):
         bad = re.match(r"argument VERB: invalid choice: '(.*?)'", message)
         if bad is None:
             super().error(message)
-        verbs = [
-            v
-            for action in self._actions
-            if isinstance(action, argparse._SubParsersAction)
-            for v in action.choices
-            if v not in HIDDEN_VERBS
-        ]
+        hidden = {verb.name for verb in CORE_VERBS if verb.help is None}  # the completion script's
+        verbs = [v for v in verbs_of(self).choices if v not in hidden]
         by_extra = {v.slurm: v.name for v in hooks.registry().verbs if v.slurm and v.name in verbs}
         ours = f"is gpuq {by_extra[bad.group(1)]}" if bad.group(1) in by_extra else SLURM_COMMANDS.get(bad.group(1))
         if ours is not None:
@@ -84,62 +79,54 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-class _Unused:
-    """A verb's parser while another verb runs: whatever its setup adds is dropped."""
-
-    def __getattr__(self, name: str) -> Callable[..., "_Unused"]:
-        return lambda *args, **kwargs: self
-
-
-class _VerbParsers(argparse._SubParsersAction):
-    """The verbs, each with its parser; with `only` set, that verb's alone (the others get an
-    `_Unused`). Every command used to build all the verbs' options first: 20 ms of each start,
-    more than `gpuq status` spends reading a small queue."""
-
-    only: str | None = None
-
-    def add_parser(self, name: str, **kwargs: Any) -> Any:
-        if self.only is not None and name != self.only:
-            return _Unused()
-        return super().add_parser(name, **kwargs)
-
-
 _Verbs: TypeAlias = "argparse._SubParsersAction[_Parser]"  # each verb's parser is a _Parser too
+_Arguments: TypeAlias = Callable[[argparse.ArgumentParser], None]
 
 
-def _verb(sub: _Verbs, name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-    sp = sub.add_parser(name, help=help, description=help)
+@dataclass(frozen=True)
+class _Verb:
+    """One of gpuq's own verbs: its handler (loaded when it runs), its help (None: hidden,
+    never listed) and what adds its arguments."""
+
+    name: str
+    handler: Callable[[argparse.Namespace], int]
+    help: str | None
+    arguments: _Arguments
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser: every verb, or (`only`) that verb alone, as a command that runs it
+    needs. Every command used to build all the verbs' arguments first: 20 ms of each start,
+    more than `gpuq status` spends reading a small queue."""
+    p = _Parser(prog="gpuq", description="A GPU job queue in a shared directory.")
+    p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout of `python gpuq.py`)")
+    p.add_argument("-V", "--version", action="version", version=f"gpuq {__version__}")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb in CORE_VERBS:  # in this order: `gpuq --help` lists the verbs as they are added
+        if only is None or verb.name == only:
+            verb.arguments(_add_verb(sub, verb.name, verb.handler, verb.help))
+    # Last: a name any core verb has is the core's (main says an extra's is left out).
+    for extra in hooks.registry().verbs:
+        if (only is None or extra.name == only) and extra.name not in CORE_VERB_NAMES:
+            extra.setup(_add_verb(sub, extra.name, _lazy(*extra.handler.split(":", 1)), extra.help))
+    return p
+
+
+def _add_verb(
+    sub: _Verbs, name: str, handler: Callable[[argparse.Namespace], int], help: str | None
+) -> argparse.ArgumentParser:
+    if name == "fake-use":  # it reads its own arguments, --help too (host/fake_use.py)
+        sp = sub.add_parser(name, help=help, add_help=False, prefix_chars="\0")
+    elif help is None:
+        sp = sub.add_parser(name)
+    else:
+        sp = sub.add_parser(name, help=help, description=help)
     sp.set_defaults(handler=handler)
     return sp
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The CLI's parser: every verb, or (`only`) that verb alone, as a command that runs it needs."""
-    p = _Parser(prog="gpuq", description="A GPU job queue in a shared directory.")
-    p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout of `python gpuq.py`)")
-    p.add_argument("-V", "--version", action="version", version=f"gpuq {__version__}")
-    p.register("action", "parsers", _VerbParsers)
-    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-    sub.only = only  # type: ignore[attr-defined]
-    # In this order: `gpuq --help` lists the verbs as they are added.
-    _add_status_verb(sub)
-    _add_submit_verb(sub)
-    _add_job_verbs(sub)
-    _add_top_verb(sub)
-    _add_queue_place_verbs(sub)
-    _add_host_verbs(sub)
-    _add_setup_verbs(sub)
-    _add_hidden_verbs(sub)
-    _add_demo_verb(sub)
-    _add_extras_verbs(sub)  # last: a name any core verb has is the core's (an extra's is left out)
-    return p
-
-
-def _add_status_verb(sub: _Verbs) -> None:
+def _status_arguments(sp: argparse.ArgumentParser) -> None:
     """`gpuq status`: the queue at a glance, with what it may be narrowed to."""
-    sp = _verb(
-        sub, "status", _lazy("cli.status", "cmd_status"), "hosts, GPUs, running, pending (with reasons), finished"
-    )
     sp.add_argument("--json", action="store_true", help="the documented JSON document")
     sp.add_argument("--all", action="store_true", help="list every pending job")
     sp.add_argument(
@@ -172,9 +159,8 @@ def _add_status_verb(sub: _Verbs) -> None:
     sp.add_argument("ids", nargs="*", metavar="ID", help="only these jobs, as -j")
 
 
-def _add_submit_verb(sub: _Verbs) -> None:
+def _submit_arguments(sp: argparse.ArgumentParser) -> None:
     """`gpuq submit`: what a job asks for, and the command after --."""
-    sp = _verb(sub, "submit", _lazy("cli.submit", "cmd_submit"), "write a spec into jobs/; prints the job id last")
     sp.add_argument("-G", "--gpus", type=gpu_count, help="GPUs on one host (0: CPU only); default 1 (sbatch's -G)")
     sp.add_argument("--gres", dest="gpus", type=gres_count, metavar="gpu:N", help="sbatch's spelling of --gpus N")
     sp.add_argument("--gpu-mem", help="memory per GPU, e.g. 20GiB (default: whole GPUs)")
@@ -230,13 +216,13 @@ def _add_submit_verb(sub: _Verbs) -> None:
     sp.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
 
 
-def _add_job_verbs(sub: _Verbs) -> None:
-    """One job's details, log, cancelling and waiting for it; and fake-use, which a job on fake GPUs runs."""
-    sp = _verb(sub, "show", _lazy("cli.show", "cmd_show"), "everything known about one job")
+def _show_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("id")
     sp.add_argument("--json", action="store_true")
     sp.add_argument("--env", action="store_true", help="list the whole environment (folded when long)")
-    sp = _verb(sub, "logs", _lazy("cli.logs", "cmd_logs"), "print a job's log")
+
+
+def _logs_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("id")
     sp.add_argument(
         "-f",
@@ -245,21 +231,16 @@ def _add_job_verbs(sub: _Verbs) -> None:
         help="keep printing until the job ends; then exit with its exit status (a group's: 0 if all are done)",
     )
     sp.add_argument("-n", "--lines", type=_count, metavar="N", help="only the last N lines (and on, with -f)")
-    sp = _verb(sub, "cancel", _lazy("cli.workflow", "cmd_cancel"), "cancel pending or running jobs, from any host")
-    add_filter_options(sp)
-    sp = _verb(
-        sub,
-        "wait",
-        _lazy("cli.waiting", "cmd_wait"),
-        "wait until jobs have ended; exit 0 when all are done, 1 when one is not, 3 on --timeout",
-    )
+
+
+def _wait_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("ids", nargs="+", metavar="ID", help="job ids (a sweep's or array's id: its members)")
     sp.add_argument("--timeout", help="give up after this long (90s, 10m, 2h); default: wait as long as it takes")
-    # Its own parser reads its arguments (host/fake_use.py: the launcher runs it without the
-    # CLI); this one passes them on whole, and loads it only when it runs (not as root's CLI).
-    help = "inside a job on fake GPUs: use fake GPU memory (gpuq fake-use --help)"
-    sp = sub.add_parser("fake-use", help=help, add_help=False, prefix_chars="\0")  # --help too is fake-use's
-    sp.set_defaults(handler=_lazy("host.fake_use", "cmd_fake_use"))
+
+
+def _fake_use_arguments(sp: argparse.ArgumentParser) -> None:
+    """Its own parser reads its arguments (host/fake_use.py: the launcher runs it without the
+    CLI); this one passes them on whole, and loads it only when it runs (not as root's CLI)."""
     sp.add_argument("arguments", nargs=argparse.REMAINDER)
 
 
@@ -269,50 +250,29 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _add_top_verb(sub: _Verbs) -> None:
-    """`gpuq top`: the status screen, refreshed."""
-    sp = _verb(sub, "top", _lazy("cli.status", "cmd_top"), "the status screen, refreshed live")
+def _top_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     sp.add_argument("--iterations", type=int, help="stop after this many screens")
 
 
-def _add_queue_place_verbs(sub: _Verbs) -> None:
-    """Verbs that move pending or ended jobs: hold, release, retry, edit."""
-    for name, what in (
-        ("hold", "keep pending jobs from starting (they keep their place)"),
-        ("release", "put held jobs back at their place in the queue"),
-        ("retry", "put ended jobs back in the queue as their next attempt"),
-        ("edit", "open a pending job's spec in $EDITOR; it waits out of the queue meanwhile"),
-        ("dismiss", "take refused specs' lines off REJECTED (their files in state/rejected/ go)"),
-    ):
-        sp = _verb(sub, name, _lazy("cli.workflow", "cmd_move"), what)
-        if name in ("edit", "dismiss"):
-            sp.add_argument("ids", nargs=1 if name == "edit" else "+", metavar="ID")
-        else:
-            add_filter_options(sp)
+def _edit_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("ids", nargs=1, metavar="ID")
 
 
-def _add_host_verbs(sub: _Verbs) -> None:
-    """A host's place in the team: drain, resume, forget."""
-    sp = _verb(
-        sub, "drain", _lazy("cli.workflow", "cmd_drain"), "let a host's running jobs finish and start nothing new there"
-    )
+def _dismiss_arguments(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("ids", nargs="+", metavar="ID")
+
+
+def _host_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("host")
+
+
+def _drain_arguments(sp: argparse.ArgumentParser) -> None:
+    _host_arguments(sp)
     sp.add_argument("--reason", help="shown in status, e.g. 'driver update at 18:00'")
-    sp = _verb(sub, "resume", _lazy("cli.workflow", "cmd_drain"), "let a drained host take jobs again")
-    sp.add_argument("host")
-    sp = _verb(
-        sub,
-        "forget",
-        _lazy("cli.workflow", "cmd_drain"),
-        "stop listing a host taken out of the team (admins; its worker stopped, no job left there)",
-    )
-    sp.add_argument("host")
 
 
-def _add_setup_verbs(sub: _Verbs) -> None:
-    """Making and checking a queue: init, doctor, completion."""
-    sp = _verb(sub, "init", _lazy("cli.workflow", "cmd_init"), "make a new queue root and print the cron line")
+def _init_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("dir")
     sp.add_argument("--group", help="the team's group: the root is made theirs (setgid, sticky jobs/)")
     sp.add_argument(
@@ -322,56 +282,111 @@ def _add_setup_verbs(sub: _Verbs) -> None:
         help="with --group, as root: the queue's own account, which owns the spool and runs the workers "
         "(made when missing; default gpuq)",
     )
-    sp = _verb(
-        sub,
-        "doctor",
-        _lazy("cli.workflow", "cmd_doctor"),
-        "check NVML, hosts, permissions, file systems, clocks, cron and versions; each finding with its fix",
-    )
+
+
+def _json_argument(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--json", action="store_true")
-    sp = _verb(
-        sub,
-        "completion",
-        _lazy("cli.completion", "cmd_completion"),
-        'print the shell completion script: eval "$(gpuq completion bash)"',
-    )
+
+
+def _completion_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("shell", choices=("bash", "zsh"))
 
 
-def _add_extras_verbs(sub: _Verbs) -> None:
-    """The extras' verbs (gpuq/extras/); main has said which extras are broken."""
-    for extra in hooks.registry().verbs:  # the extras' verbs (gpuq/extras/); never in place of the core's own
-        if extra.name in sub.choices:
-            print(
-                f"gpuq: an extra's verb {extra.name!r} ({extra.handler}) is one of gpuq's own: left out",
-                file=sys.stderr,
-            )
-            continue
-        extra.setup(_verb(sub, extra.name, _lazy(*extra.handler.split(":", 1)), extra.help))
+def _prefix_argument(sp: argparse.ArgumentParser) -> None:
+    """The completion script's `_ids`: what was typed of the id so far."""
+    sp.add_argument("prefix", nargs="?", default="")
 
 
-def _add_hidden_verbs(sub: _Verbs) -> None:
-    """The completion script's own verbs (HIDDEN_VERBS): never listed."""
-    for hidden in HIDDEN_VERBS:
-        sp = sub.add_parser(hidden)
-        sp.set_defaults(handler=_lazy("cli.completion", "cmd_completion"))
-        if hidden == "_ids":
-            sp.add_argument("prefix", nargs="?", default="")
+def _no_arguments(sp: argparse.ArgumentParser) -> None:
+    pass
 
 
-def _add_demo_verb(sub: _Verbs) -> None:
-    """`gpuq demo`: the whole flow on fake GPUs."""
-    sp = _verb(
-        sub,
-        "demo",
-        _lazy("cli.demo", "cmd_demo"),
-        "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen",
-    )
+def _demo_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--dir", help="queue root to create (default: a new temp dir)")
     sp.add_argument("--quick", action="store_true", help="shorter jobs")
     sp.add_argument(
         "--keep", action="store_true", help="keep the temp queue root to look around (--dir is always kept)"
     )
+
+
+_MOVE = _lazy("cli.workflow", "cmd_move")
+_DRAIN = _lazy("cli.workflow", "cmd_drain")
+# gpuq's own verbs, in the order `gpuq --help` lists them; the extras' follow.
+CORE_VERBS = (
+    _Verb(
+        "status",
+        _lazy("cli.status", "cmd_status"),
+        "hosts, GPUs, running, pending (with reasons), finished",
+        _status_arguments,
+    ),
+    _Verb(
+        "submit",
+        _lazy("cli.submit", "cmd_submit"),
+        "write a spec into jobs/; prints the job id last",
+        _submit_arguments,
+    ),
+    _Verb("show", _lazy("cli.show", "cmd_show"), "everything known about one job", _show_arguments),
+    _Verb("logs", _lazy("cli.logs", "cmd_logs"), "print a job's log", _logs_arguments),
+    _Verb(
+        "cancel",
+        _lazy("cli.workflow", "cmd_cancel"),
+        "cancel pending or running jobs, from any host",
+        add_filter_options,
+    ),
+    _Verb(
+        "wait",
+        _lazy("cli.waiting", "cmd_wait"),
+        "wait until jobs have ended; exit 0 when all are done, 1 when one is not, 3 on --timeout",
+        _wait_arguments,
+    ),
+    _Verb(
+        "fake-use",
+        _lazy("host.fake_use", "cmd_fake_use"),
+        "inside a job on fake GPUs: use fake GPU memory (gpuq fake-use --help)",
+        _fake_use_arguments,
+    ),
+    _Verb("top", _lazy("cli.status", "cmd_top"), "the status screen, refreshed live", _top_arguments),
+    _Verb("hold", _MOVE, "keep pending jobs from starting (they keep their place)", add_filter_options),
+    _Verb("release", _MOVE, "put held jobs back at their place in the queue", add_filter_options),
+    _Verb("retry", _MOVE, "put ended jobs back in the queue as their next attempt", add_filter_options),
+    _Verb("edit", _MOVE, "open a pending job's spec in $EDITOR; it waits out of the queue meanwhile", _edit_arguments),
+    _Verb(
+        "dismiss",
+        _MOVE,
+        "take refused specs' lines off REJECTED (their files in state/rejected/ go)",
+        _dismiss_arguments,
+    ),
+    _Verb("drain", _DRAIN, "let a host's running jobs finish and start nothing new there", _drain_arguments),
+    _Verb("resume", _DRAIN, "let a drained host take jobs again", _host_arguments),
+    _Verb(
+        "forget",
+        _DRAIN,
+        "stop listing a host taken out of the team (admins; its worker stopped, no job left there)",
+        _host_arguments,
+    ),
+    _Verb("init", _lazy("cli.workflow", "cmd_init"), "make a new queue root and print the cron line", _init_arguments),
+    _Verb(
+        "doctor",
+        _lazy("cli.workflow", "cmd_doctor"),
+        "check NVML, hosts, permissions, file systems, clocks, cron and versions; each finding with its fix",
+        _json_argument,
+    ),
+    _Verb(
+        "completion",
+        _lazy("cli.completion", "cmd_completion"),
+        'print the shell completion script: eval "$(gpuq completion bash)"',
+        _completion_arguments,
+    ),
+    _Verb("_ids", _lazy("cli.completion", "cmd_completion"), None, _prefix_argument),
+    _Verb("_hosts", _lazy("cli.completion", "cmd_completion"), None, _no_arguments),
+    _Verb(
+        "demo",
+        _lazy("cli.demo", "cmd_demo"),
+        "the whole flow on fake GPUs: two boxes, a dozen jobs, the status screen",
+        _demo_arguments,
+    ),
+)
+CORE_VERB_NAMES = frozenset(verb.name for verb in CORE_VERBS)
 
 
 # A command reads thousands of records and specs and creates no reference cycles worth
@@ -397,12 +412,11 @@ READS_EVERY_VERB = ("completion",)
 def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
     gc.set_threshold(GC_FIRST_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
     argv = sys.argv[1:] if argv is None else argv
-    for name, why in hooks.registry().broken.items():
-        print(f"gpuq: {why}; gpuq runs without it. Fix: {hooks.fix(name)}", file=sys.stderr)
+    _say_what_of_the_extras_is_left_out()
     verb = _verb_in(argv)
     only = None if verb in READS_EVERY_VERB else verb
     parser = build_parser(only)
-    if only is not None and only not in _verbs_of(parser).choices:  # none of gpuq's: the whole parser says so
+    if only is not None and only not in verbs_of(parser).choices:  # none of gpuq's: the whole parser says so
         parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.verb == "submit" and (instead := sbatch_only(unknown)):
@@ -410,7 +424,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
             print(f"gpuq submit: {line}. Nothing was written.", file=sys.stderr)
         return 2
     if unknown:  # the verb's own usage, not the list of verbs (`submit --gpu-memory 8G`)
-        _verbs_of(parser).choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
+        verbs_of(parser).choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.launcher_dir = launcher_dir
     args.parser = parser  # for `gpuq completion`, which prints the verbs and options it holds
     if os.geteuid() == 0 and args.verb not in KEEPS_ROOT and (cannot := act_as_queue_account(args)):
@@ -429,8 +443,17 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
         return 0
 
 
-def _verbs_of(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
-    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+def _say_what_of_the_extras_is_left_out() -> None:
+    """Every command says it, whichever verb it runs: an extra that could not be loaded, and
+    an extra's verb named as one of gpuq's own (the core's is kept)."""
+    for name, why in hooks.registry().broken.items():
+        print(f"gpuq: {why}; gpuq runs without it. Fix: {hooks.fix(name)}", file=sys.stderr)
+    for extra in hooks.registry().verbs:
+        if extra.name in CORE_VERB_NAMES:
+            print(
+                f"gpuq: an extra's verb {extra.name!r} ({extra.handler}) is one of gpuq's own: left out",
+                file=sys.stderr,
+            )
 
 
 KEEPS_ROOT = ("init", "doctor")  # init makes the queue's account; doctor probes as root, then acts as it

@@ -18,6 +18,11 @@ from gpuq.spool import strictmodes
 from gpuq.spool.layout import Layout, RootError, resolve_root
 
 
+def verbs_of(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    """The CLI parser's verbs: each one's parser by name (`choices`)."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
 class CannotDrop(NamedTuple):
     """Why root's gpuq will not act as the queue's account here: doctor's check and fix."""
 

@@ -8,7 +8,7 @@ import argparse
 import difflib
 import os
 
-from gpuq.cli.common import open_layout
+from gpuq.cli.common import open_layout, verbs_of
 from gpuq.spool.layout import Layout
 
 ID_VERBS = ("show", "logs", "cancel", "wait", "hold", "release", "retry", "edit")
@@ -51,7 +51,7 @@ def host_names(layout: Layout) -> list[str]:
 
 
 def _verbs(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub = verbs_of(parser)
     return {
         name: sorted(o for a in sp._actions for o in a.option_strings)
         for name, sp in sub.choices.items()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpuq import hooks
 from gpuq.cli.batch_script import ScriptError, command_of, directives, is_script, with_script_options
-from gpuq.cli.common import open_layout, read_config
+from gpuq.cli.common import open_layout, read_config, verbs_of
 from gpuq.cli.placeable import check_submittable
 from gpuq.cli.requests import live_workers, run_request
 from gpuq.host.wake import poke
@@ -72,8 +72,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         try:
             found = directives(command[0])
             if found is not None:
-                submit = next(a for a in args.parser._actions if isinstance(a, argparse._SubParsersAction))
-                notes = with_script_options(args, submit.choices["submit"], command[0], found)
+                notes = with_script_options(args, verbs_of(args.parser).choices["submit"], command[0], found)
                 script = command[0]
                 command, copied = command_of(script, command[1:], os.stat(open_layout(args).jobs).st_gid)
                 for note in [*notes, *([copied] if copied else [])]:
