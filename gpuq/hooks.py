@@ -28,9 +28,11 @@ EXTRAS_DIR = Path(__file__).resolve().parent / "extras"
 
 @dataclass(frozen=True)
 class Verb:
-    """A verb an extra adds to `gpuq`. `setup` adds its arguments (argparse only: every CLI
-    start runs it, so it must import nothing heavy); `handler` is "module:function" under
-    gpuq, loaded only when the verb runs, as the core's own verbs are (cli/__init__.py _lazy)."""
+    """A verb an extra adds to `gpuq`. `setup` adds its arguments to the verb's parser
+    (argparse only, importing nothing heavy: it runs where the verb's parser is built, for the
+    verb itself, `gpuq --help`, the completion script and a mistyped verb); `handler` is
+    "module:function" under gpuq, loaded only when the verb runs, as the core's own verbs are
+    (cli/__init__.py _lazy)."""
 
     name: str
     help: str
