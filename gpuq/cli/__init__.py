@@ -96,8 +96,7 @@ class _Verb:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI's parser: every verb, or (`only`) that verb alone, as a command that runs it
-    needs. Every command used to build all the verbs' arguments first: 20 ms of each start,
-    more than `gpuq status` spends reading a small queue."""
+    needs (every command used to build all the verbs' arguments first: 20 ms of each start)."""
     p = _Parser(prog="gpuq", description="A GPU job queue in a shared directory.")
     p.add_argument("--root", help="queue root (default: $GPUQ_ROOT, else the checkout of `python gpuq.py`)")
     p.add_argument("-V", "--version", action="version", version=f"gpuq {__version__}")
