@@ -32,7 +32,7 @@ class Verb:
     (argparse only, importing nothing heavy: it runs where the verb's parser is built, for the
     verb itself, `gpuq --help`, the completion script and a mistyped verb); `handler` is
     "module:function" under gpuq, loaded only when the verb runs, as the core's own verbs are
-    (cli/__init__.py _lazy)."""
+    (cli/verbs.py _lazy)."""
 
     name: str
     help: str

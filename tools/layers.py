@@ -57,11 +57,11 @@ TOP_MODULES = {
 # Modules loaded by name (importlib), and why. The CLI's verb table names each verb's module, loaded
 # when that verb runs (`gpuq status` loads none of the others): its entries count as imports.
 DYNAMIC_IMPORTS = {
-    "gpuq.cli": "the verb table: a verb's module is loaded when the verb runs",
+    "gpuq.cli.verbs": "the verb table: a verb's module is loaded when the verb runs",
     "gpuq.worker_start": "`gpuq-worker` loads worker_main only when no worker runs yet (cron starts it every minute)",
     "gpuq.hooks": "the extras, found by listing gpuq/extras/ (the core never names one), and their verbs' handlers",
 }
-VERB_TABLE = "_lazy"  # in gpuq/cli/__init__.py: _lazy("cli.submit", "cmd_submit")
+VERB_TABLE = "_lazy"  # in gpuq/cli/verbs.py: _lazy("cli.submit", "cmd_submit")
 # A function, from its `def` line to its last, docstring and comments included: one longer
 # than this does more than one thing, and is split along its concerns.
 MAX_FUNCTION_LINES = 80
