@@ -97,6 +97,8 @@ def run(traces: Path, scenario: Scenario, every: int) -> dict:
         "waited_median_likely_error_s": statistics.median([abs(low[i] - starts[i]) for i in waited]) if waited else 0.0,
         "waited_median_error_s": statistics.median([abs(estimated[i] - starts[i]) for i in waited]) if waited else 0.0,
         "waited_median_wait_s": statistics.median([out.waits[i] for i in waited]) if waited else 0.0,
+        # How wide the range is: a wider one holds more starts without saying more.
+        "waited_median_range_s": statistics.median([estimated[i] - low[i] for i in waited]) if waited else 0.0,
         "waited": len(waited),
         "waited_by_it": sum(1 for i in waited if starts[i] <= estimated[i] + SLACK_S),
         "waited_within_minute": sum(1 for i in waited if abs(estimated[i] - starts[i]) <= SLACK_S),
@@ -143,13 +145,13 @@ def main() -> None:
         f"{totals['within_minute'] / n:.0%} within a minute of the latest.\nOf the {totals['waited']:,} jobs that "
         f"waited over a minute: {totals['waited_by_it'] / w:.0%} started by the latest, "
         f"{totals['waited_inside'] / w:.0%} inside the range, {totals['waited_within_minute'] / w:.0%} within a "
-        "minute of the latest. Per scenario, their median errors against their median wait:"
+        "minute of the latest. Per scenario, their median errors against their median wait, and how wide the range is:"
     )
     for r in waited_rows:
         print(
             f"  {r['scenario']:24s} {r['waited']:5d} waited: likely off by "
             f"{r['waited_median_likely_error_s']:>9,.0f}s, latest by {r['waited_median_error_s']:>9,.0f}s, "
-            f"wait {r['waited_median_wait_s']:>9,.0f}s"
+            f"wait {r['waited_median_wait_s']:>9,.0f}s, range {r['waited_median_range_s']:>9,.0f}s wide"
         )
 
 

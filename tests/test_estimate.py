@@ -89,6 +89,21 @@ def test_the_likely_start_is_where_the_jobs_ahead_end_as_their_kinds_usually_do(
     assert typical_runs(pending, busy, durations, now=500) == {}
 
 
+def test_a_running_job_past_its_kinds_usual_run_is_expected_to_run_as_the_longer_runs_did():
+    """Runs of one kind differ by orders of magnitude: one that has run 500 s is not a ~100 s
+    job. It runs as long as the kind's runs that outlasted 500 s (the median of 3000 and 5000),
+    not until its limit; the waiting job's likely start moves with it."""
+    busy = [run("train-7", gpus=(0,), mem_gib=None, started_at=0, limit_s=86400)]
+    pending = [job("eval-1", mem_gib=None, queued_at=1, limit_s=300)]
+    durations = {kind_of("u", "train-7"): [90.0, 110.0, 100.0, 3000.0, 5000.0]}
+    assert typical_runs(pending, busy, durations, now=50) == {"train-7": 110.0}  # the median of all five
+    usual = typical_runs(pending, busy, durations, now=500)
+    assert usual == {"train-7": 4000.0}
+    likely = replay_starts(pending, [host("h", gpu(0))], busy, CFG, now=500, run_for=usual).starts
+    assert likely == {"eval-1": 4000}
+    assert typical_runs(pending, busy, durations, now=6000) == {}  # longer than any: by its limit
+
+
 @pytest.mark.slow
 def test_status_shows_when_a_waiting_job_will_start_at_the_latest(queue):
     queue.start_worker("a", "1x80GiB")

@@ -50,13 +50,14 @@ def typical_runs(
     """How long each job, pending or running, usually runs by its kind's past runs (the median;
     model/usage.py `typical`), for `replay_starts`' `run_for`: the replay in which jobs end as
     they usually do gives the likely start, the one by their limits the latest. A running job
-    already past its kind's typical run is left out (it ends by its limit, for all we know)."""
+    runs as long as its kind's runs that lasted longer than it has so far usually did; one that
+    has outlasted them all is left out (it ends by its limit, for all we know)."""
     runs = {}
     for job in pending:
         if (usual := typical(durations, job.user, job.id)) is not None:
             runs[job.id] = usual
     for r in running:
-        if (usual := typical(durations, r.user, r.id)) is not None and r.started_at + usual > now:
+        if (usual := typical(durations, r.user, r.id, ran_s=now - r.started_at)) is not None:
             runs[r.id] = usual
     return runs
 
