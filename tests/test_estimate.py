@@ -13,7 +13,7 @@ from test_plan_scheduling import CFG, job, run
 
 from conftest import wait_until
 from gpuq.model.jobs import SetAside
-from gpuq.model.usage import kind_of
+from gpuq.model.usage import kind_of, typical
 from gpuq.sched.estimate import (
     AFTER_DEPENDENCIES,
     ARRAY_LIMIT,
@@ -22,6 +22,8 @@ from gpuq.sched.estimate import (
     NOT_ESTIMATED,
     UNKNOWN,
     WHEN_IDLE,
+    Estimate,
+    learned_runs,
     replay_starts,
     typical_runs,
 )
@@ -85,23 +87,46 @@ def test_the_likely_start_is_where_the_jobs_ahead_end_as_their_kinds_usually_do(
     latest = replay_starts(pending, gpus, busy, CFG, now=10).starts
     likely = replay_starts(pending, gpus, busy, CFG, now=10, run_for=usual).starts
     assert latest == {"eval-1": 1000, "eval-2": 1300} and likely == {"eval-1": 100, "eval-2": 400}
-    # Past its usual run, a running job ends by its limit for all anyone knows.
+    # Past every run of its kind, a running job ends by its limit for all anyone knows.
     assert typical_runs(pending, busy, durations, now=500) == {}
 
 
-def test_a_running_job_past_its_kinds_usual_run_is_expected_to_run_as_the_longer_runs_did():
+def test_a_running_job_is_expected_to_run_as_long_as_the_runs_of_its_kind_that_outlasted_it():
     """Runs of one kind differ by orders of magnitude: one that has run 500 s is not a ~100 s
     job. It runs as long as the kind's runs that outlasted 500 s (the median of 3000 and 5000),
-    not until its limit; the waiting job's likely start moves with it."""
+    not until its limit; the waiting job's likely start moves with it. Every running job is
+    judged so, from its first second (at 50 s: the median of the five, all longer)."""
     busy = [run("train-7", gpus=(0,), mem_gib=None, started_at=0, limit_s=86400)]
     pending = [job("eval-1", mem_gib=None, queued_at=1, limit_s=300)]
     durations = {kind_of("u", "train-7"): [90.0, 110.0, 100.0, 3000.0, 5000.0]}
-    assert typical_runs(pending, busy, durations, now=50) == {"train-7": 110.0}  # the median of all five
+    assert typical_runs(pending, busy, durations, now=50) == {"train-7": 110.0}
+    assert typical_runs(pending, busy, durations, now=95) == {"train-7": 1555.0}  # 100, 110, 3000, 5000
     usual = typical_runs(pending, busy, durations, now=500)
     assert usual == {"train-7": 4000.0}
     likely = replay_starts(pending, [host("h", gpu(0))], busy, CFG, now=500, run_for=usual).starts
     assert likely == {"eval-1": 4000}
-    assert typical_runs(pending, busy, durations, now=6000) == {}  # longer than any: by its limit
+    # One run that lasted longer is no history (as one run of a kind is none); longer than any: by its limit.
+    assert typical_runs(pending, busy, durations, now=4000) == typical_runs(pending, busy, durations, now=6000) == {}
+
+
+def test_the_runs_a_running_job_is_judged_by_lasted_longer_than_it_has():
+    """A run exactly as long as this one has run so far is not one that outlasted it; a box
+    whose clock is behind (the job started "in the future") counts every run."""
+    kind = {kind_of("u", "t-1"): [100.0, 200.0, 300.0]}
+    assert typical(kind, "u", "t-1", ran_s=100.0) == 250.0
+    assert typical(kind, "u", "t-1", ran_s=-30.0) == typical(kind, "u", "t-1") == 200.0
+    assert typical(kind, "u", "t-1", ran_s=200.0) is None  # only one run left
+
+
+def test_a_job_without_a_limit_that_outran_every_run_of_its_kind_leaves_the_jobs_behind_it_unknown():
+    """Its kind's longest run stands in for its limit, until it has run longer: then nobody
+    knows when it ends, and the job behind it says `unknown`, not `no room`."""
+    running = [run("train-4", gpus=(0,), mem_gib=None, started_at=0)]
+    durations = {kind_of("u", "train-4"): [90.0, 110.0]}
+    waiting = [job("eval-1", mem_gib=None, queued_at=1, limit_s=300)]
+    for now, expected in ((50.0, Estimate({"eval-1": 110.0})), (500.0, Estimate({}, {"eval-1": UNKNOWN}))):
+        estimates, limited = learned_runs(waiting, running, CFG, durations, now)
+        assert replay_starts(waiting, [host("h", gpu(0))], limited, CFG, now, estimates=estimates) == expected
 
 
 @pytest.mark.slow

@@ -94,12 +94,14 @@ def test_a_job_without_a_limit_is_expected_to_run_as_long_as_its_kinds_latest_ru
         job("train-3", user="ana", mem_gib=None, queued_at=2),
         job("eval-1", user="ana", mem_gib=None, queued_at=3),
     ]
-    estimates, running = learned_runs(pending, busy, CFG, history.durations)
+    estimates, running = learned_runs(pending, busy, CFG, history.durations, 600)
     assert estimates == {"train-3": 300.0} and running == busy
     decided = plan(pending, [host("h", gpu(0), gpu(1))], running, CFG, now=600, estimates=estimates)
     assert [s.job_id for s in decided.starts] == ["train-3"]  # ends at 900, before pair (1600)
     running_unlimited = [run("train-4", user="ana", gpus=(0,), mem_gib=None, started_at=0)]
-    assert learned_runs([], running_unlimited, CFG, history.durations)[1][0].limit_s == 300.0
+    assert learned_runs([], running_unlimited, CFG, history.durations, 100)[1][0].limit_s == 300.0
+    # Longer than any run of its kind: nobody knows when it ends (not "ended 300 s after it began").
+    assert learned_runs([], running_unlimited, CFG, history.durations, 600)[1][0].limit_s is None
 
 
 def test_a_run_stopped_and_put_back_counts_from_when_it_started(tmp_path):

@@ -73,16 +73,12 @@ def estimate(durations: Mapping[str, list[float]], user: str, job_id: str) -> fl
 
 
 def typical(durations: Mapping[str, list[float]], user: str, job_id: str, ran_s: float = 0.0) -> float | None:
-    """How long a job of this kind usually runs: the median of its latest runs that ended well,
-    once there are RUNS_NEEDED (a likely start is made from it, never a reservation); None before.
-    `ran_s`: how long the job has run so far; then the median of the runs that lasted longer
-    (one that has run ten hours is no longer a typical one-hour job: runs of a kind differ by
-    orders of magnitude), None where none did."""
-    runs = durations.get(kind_of(user, job_id), [])
+    """How long a job of this kind usually runs: the median of its latest runs that ended well
+    and lasted longer than `ran_s` (how long this one has run so far: runs of a kind differ by
+    orders of magnitude), once RUNS_NEEDED did (a likely start is made from it, never a
+    reservation); None before."""
+    runs = sorted(r for r in durations.get(kind_of(user, job_id), []) if r > ran_s)
     if len(runs) < RUNS_NEEDED:
-        return None
-    runs = sorted(r for r in runs if r > ran_s) if ran_s > 0 else sorted(runs)
-    if not runs:
         return None
     middle = len(runs) // 2
     return runs[middle] if len(runs) % 2 else (runs[middle - 1] + runs[middle]) / 2

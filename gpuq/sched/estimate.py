@@ -24,11 +24,16 @@ HORIZON_S = 90 * 86400.0  # nothing later is estimated
 
 
 def learned_runs(
-    pending: Sequence[PendingJob], running: Sequence[RunningJob], config: Config, durations: Mapping[str, list[float]]
+    pending: Sequence[PendingJob],
+    running: Sequence[RunningJob],
+    config: Config,
+    durations: Mapping[str, list[float]],
+    now: float,
 ) -> tuple[dict[str, float], list[RunningJob]]:
     """For jobs with no time limit (neither the spec's nor config's): how long each pending one
     is expected to run, from its kind's past runs (model/usage.py), for `plan`'s `estimates`;
-    and the running jobs, each without a limit given its kind's as one."""
+    and the running jobs, each without a limit given its kind's as one, unless it has already
+    run longer (then nobody knows when it ends: the jobs behind it have no estimate)."""
     if config.time_limit_s or not durations:
         return {}, list(running)
     guesses = {}
@@ -37,7 +42,7 @@ def learned_runs(
             guesses[job.id] = guess
     adjusted = [
         replace(r, limit_s=guess)
-        if r.limit_s is None and (guess := estimate(durations, r.user, r.id)) is not None
+        if r.limit_s is None and (guess := estimate(durations, r.user, r.id)) is not None and r.started_at + guess > now
         else r
         for r in running
     ]
@@ -50,8 +55,8 @@ def typical_runs(
     """How long each job, pending or running, usually runs by its kind's past runs (the median;
     model/usage.py `typical`), for `replay_starts`' `run_for`: the replay in which jobs end as
     they usually do gives the likely start, the one by their limits the latest. A running job
-    runs as long as its kind's runs that lasted longer than it has so far usually did; one that
-    has outlasted them all is left out (it ends by its limit, for all we know)."""
+    runs as long as the median of its kind's runs that lasted longer than it has so far; one
+    that fewer than two did is left out (it ends by its limit, for all we know)."""
     runs = {}
     for job in pending:
         if (usual := typical(durations, job.user, job.id)) is not None:

@@ -136,7 +136,7 @@ def _plan_queue(
     config = hooks.sharing_of(config)  # gpu_sharing as the extras here run it, as the workers plan
     usage, durations = _usage(layout, [hb["host"] for hb in beats], config, now)
     usage = usage if config.fair_share else {}
-    estimates, planned_running = learned_runs(pending, team.running, config, durations)
+    estimates, planned_running = learned_runs(pending, team.running, config, durations, now)
     decided = plan(
         pending,
         team.hosts,

@@ -574,7 +574,7 @@ class Worker:
         pending = self.intake.pending()
         if gone := self.intake.gone_since_scan(now):
             pending = [job for job in pending if job.id not in gone]
-        estimates, running = learned_runs(pending, team.running, self.config, self.history.durations)
+        estimates, running = learned_runs(pending, team.running, self.config, self.history.durations, now)
         decided = plan(
             pending,
             team.hosts,
