@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from dataclasses import replace
 
 import pytest
 from test_plan import gpu, host
@@ -127,6 +128,38 @@ def test_a_job_without_a_limit_that_outran_every_run_of_its_kind_leaves_the_jobs
     for now, expected in ((50.0, Estimate({"eval-1": 110.0})), (500.0, Estimate({}, {"eval-1": UNKNOWN}))):
         estimates, limited = learned_runs(waiting, running, CFG, durations, now)
         assert replay_starts(waiting, [host("h", gpu(0))], limited, CFG, now, estimates=estimates) == expected
+
+
+def test_a_job_behind_one_being_stopped_starts_within_that_ones_grace():
+    """A job past its time limit, or cancelled, is being stopped: SIGTERM, then SIGKILL after
+    its grace (its spec's, else config's). The job behind it said `no room` (a member saw it
+    for the five minutes a checkpointing job's grace took)."""
+    gpus = [host("h", gpu(0))]
+    waiting = [job("w", mem_gib=None, queued_at=1, limit_s=300)]
+    over = run("over", gpus=(0,), mem_gib=None, started_at=0, limit_s=100)
+    assert replay_starts(waiting, gpus, [over], CFG, now=150).starts == {"w": 150 + CFG.grace_s}
+    checkpointing = replace(over, grace_s=300.0)
+    assert replay_starts(waiting, gpus, [checkpointing], CFG, now=150).starts == {"w": 450}
+    cancelled = replace(over, limit_s=86400, stopping=True)
+    assert replay_starts(waiting, gpus, [cancelled], CFG, now=150).starts == {"w": 150 + CFG.grace_s}
+    ending_first = replace(over, limit_s=155, stopping=True)  # its limit comes before its grace ends
+    assert replay_starts(waiting, gpus, [ending_first], CFG, now=150).starts == {"w": 155}
+
+
+@pytest.mark.slow
+def test_status_expects_the_job_behind_a_stopping_one_within_its_grace(queue):
+    """Through a worker: a job that ignores SIGTERM passes its 1 s limit with a 30 s grace; the
+    job waiting for its GPU is expected by the grace's end, not told `no room`."""
+    queue.start_worker("a", "1x80GiB")
+    queue.drop("ckpt.yaml", "command: trap '' TERM; sleep 60\ngpus: 1\ntime_limit: 1s\ngrace: 30s\n")
+    started = wait_until(lambda: (queue.record("ckpt") or {}).get("claimed_at"), what="ckpt to run")
+    queue.drop("next.yaml", "command: 'true'\ngpus: 1\ntime_limit: 10m\n")
+    wait_until(lambda: time.time() > started + 2, what="ckpt past its limit")
+    row = wait_until(
+        lambda: next((p for p in queue.status()["pending"] if p["id"] == "next"), None), what="next pending"
+    )
+    assert row.get("no_estimate") is None, row
+    assert time.time() <= row["expected_start"] <= time.time() + 31, row
 
 
 @pytest.mark.slow

@@ -53,6 +53,7 @@ class RunningJob:
     limit_s: float | None = None  # how long it may run (its time limit, or an estimate); None: unknown
     cpus: int = 0  # cores pinned for it (its -c, or config cpus): held on its box
     mem_mib: int = 0  # host memory it may use (its --mem, or config mem): held on its box
+    grace_s: float | None = None  # its spec's grace (None: config's): how long a stop of it may take
 
     @property
     def ends_by(self) -> float:
@@ -79,6 +80,7 @@ class RunningJob:
             limit_s=record.time_limit_s,
             cpus=len(record.cpu_cores),
             mem_mib=record.mem_limit_mib or 0,
+            grace_s=spec.get("grace_s"),
         )
 
 

@@ -153,8 +153,8 @@ def replay_starts(
     waiting = _replayed(pending, blocked or {}, now, result.why_none)
     hosts, running = _without_observed(hosts, running)
     active = [r for r in running if not r.preemptible]
-    # When each job leaves the replay: by its limit, or sooner where `run_for` says so.
-    leaves = {r.id: _leaves(r.ends_by, r.started_at, run_for.get(r.id)) for r in active}
+    # When each job leaves the replay: by its limit (or its stop's grace), or sooner where `run_for` says so.
+    leaves = {r.id: _leaves(_gone_by(r, now, config), r.started_at, run_for.get(r.id)) for r in active}
     starts = result.starts
     t = now
     left = NOT_ESTIMATED  # what the jobs still waiting when the replay stops are told
@@ -218,6 +218,15 @@ def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None,
         cpus=holds[0],
         mem_mib=holds[1],
     )
+
+
+def _gone_by(job: RunningJob, now: float, config: Config) -> float:
+    """When a running job is gone at the latest: by its limit; but one past its limit, or told
+    to stop (cancelled), is being stopped, and a worker ends it within its grace from now."""
+    grace = job.grace_s if job.grace_s is not None else config.grace_s
+    if job.ends_by <= now:  # past its limit: a worker is stopping it
+        return now + grace
+    return min(job.ends_by, now + grace) if job.stopping else job.ends_by
 
 
 def _leaves(by_limit: float, started_at: float, usual: float | None) -> float:
