@@ -132,8 +132,8 @@ def test_a_job_without_a_limit_that_outran_every_run_of_its_kind_leaves_the_jobs
 
 def test_a_job_behind_one_being_stopped_starts_within_that_ones_grace():
     """A job past its time limit, or cancelled, is being stopped: SIGTERM, then SIGKILL after
-    its grace (its spec's, else config's). The job behind it said `no room` (a member saw it
-    for the five minutes a checkpointing job's grace took)."""
+    its grace (its spec's, else config's). The job behind it said `no room` for as long as
+    the stop took (five minutes, for a job that checkpoints with `grace: 5m`)."""
     gpus = [host("h", gpu(0))]
     waiting = [job("w", mem_gib=None, queued_at=1, limit_s=300)]
     over = run("over", gpus=(0,), mem_gib=None, started_at=0, limit_s=100)
