@@ -47,7 +47,7 @@ class RunningJob:
     preemptible: bool = False
     priority_class: str = "normal"
     started_at: float = 0.0
-    stopping: bool = False  # told to stop: its memory is on its way out
+    stopping: bool = False  # told to yield (preempted): its memory is on its way out
     mps: bool = False  # an MPS client (model/sharing.py): its GPU serves only its user's
     compute_pct: int | None = None  # its spec's gpu_compute; None: it may keep the whole GPU busy
     limit_s: float | None = None  # how long it may run (its time limit, or an estimate); None: unknown

@@ -1,5 +1,6 @@
 """When pending jobs will start: the queue replayed forward through the same `plan`, every
-running job ending when its time limit runs out, and nothing new arriving (as Slurm's
+running job ending when its time limit runs out (one past it, when its stop's grace does),
+and nothing new arriving (as Slurm's
 `squeue --start` computes it). A job's estimate is a latest start: jobs usually end before
 their limits, so it tends to start sooner; a higher-priority job that arrives meanwhile, or a
 GPU a person takes, may make it later. A job the replay cannot start, because a job ahead of it,
@@ -153,7 +154,7 @@ def replay_starts(
     waiting = _replayed(pending, blocked or {}, now, result.why_none)
     hosts, running = _without_observed(hosts, running)
     active = [r for r in running if not r.preemptible]
-    # When each job leaves the replay: by its limit (or its stop's grace), or sooner where `run_for` says so.
+    # When each job leaves the replay: by its limit (past it, its stop's grace), or sooner where `run_for` says so.
     leaves = {r.id: _leaves(_gone_by(r, now, config), r.started_at, run_for.get(r.id)) for r in active}
     starts = result.starts
     t = now
@@ -221,12 +222,13 @@ def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None,
 
 
 def _gone_by(job: RunningJob, now: float, config: Config) -> float:
-    """When a running job is gone at the latest: by its limit; but one past its limit, or told
-    to stop (cancelled), is being stopped, and a worker ends it within its grace from now."""
+    """When a running job is gone at the latest: by its time limit; one past it is being
+    stopped (SIGTERM at the limit, SIGKILL after its grace), so by the limit and its grace, and
+    no sooner than a worker's next pass where that has gone by too (a box that is late)."""
+    if job.ends_by > now:
+        return job.ends_by
     grace = job.grace_s if job.grace_s is not None else config.grace_s
-    if job.ends_by <= now:  # past its limit: a worker is stopping it
-        return now + grace
-    return min(job.ends_by, now + grace) if job.stopping else job.ends_by
+    return max(job.ends_by + grace, now + config.poll_interval)
 
 
 def _leaves(by_limit: float, started_at: float, usual: float | None) -> float:
