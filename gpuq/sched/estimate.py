@@ -1,11 +1,10 @@
 """When pending jobs will start: the queue replayed forward through the same `plan`, every
 running job ending when its time limit runs out (one past it, when its stop's grace does),
-and nothing new arriving (as Slurm's
-`squeue --start` computes it). A job's estimate is a latest start: jobs usually end before
-their limits, so it tends to start sooner; a higher-priority job that arrives meanwhile, or a
-GPU a person takes, may make it later. A job the replay cannot start, because a job ahead of it,
-running or pending, has no time limit (nor past runs of its kind to learn one from), has no
-estimate.
+and nothing new arriving (as Slurm's `squeue --start` computes it). A job's estimate is a
+latest start: jobs usually end before their limits, so it tends to start sooner; a
+higher-priority job that arrives meanwhile, or a GPU a person takes, may make it later. A job
+the replay cannot start, because a job ahead of it, running or pending, has no time limit
+(nor past runs of its kind to learn one from), has no estimate.
 """
 
 from __future__ import annotations
