@@ -346,6 +346,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if names & _INSTALL_FIXTURES:
             item.add_marker(pytest.mark.installs)
             item.add_marker(pytest.mark.slow)
+    # pytest-xdist hands tests out in this order: the minute-long ones first, the in-process
+    # ones (hundredths of a second each) last, where they fill the other workers' time while
+    # the last process tests end (a long test handed out late ran alone at the end).
+    items.sort(key=lambda item: 0 if item.get_closest_marker("long") else 1 if item.get_closest_marker("slow") else 2)
 
 
 @pytest.fixture(autouse=True)

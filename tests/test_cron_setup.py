@@ -97,6 +97,7 @@ def heartbeat(root: Path) -> Path | None:
     return next((p for p in beats if not p.name.endswith(".specs.json")), None)
 
 
+@pytest.mark.long
 @needs_root
 def test_readme_setup_under_real_cron_runs_the_first_example(users, cron):  # noqa: F811
     base = Path(tempfile.mkdtemp(prefix="gpuq-cron-"))

@@ -243,6 +243,7 @@ def _refuses_its_spec_fields(tmp_path: Path, run, extra: str) -> None:
 STORY = "sixty_jobs or submit_show_logs_and_cancel or cron_start or second_worker_start or without_gpus"
 
 
+@pytest.mark.long
 def test_the_core_alone_passes_its_fast_set_and_an_end_to_end_story(tmp_path: Path):
     """Every extra deleted: the core's fast set and one end-to-end story through real workers."""
     copy = _copy(tmp_path)

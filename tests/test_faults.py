@@ -617,6 +617,7 @@ def _assert_each_ran_once(queue, ids: list[str]) -> None:
 HOSTS = ("a", "b", "c", "d")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_each_job_runs_exactly_once_while_workers_are_killed_and_restarted(queue):
     """Four workers race for 1,000 specs (between kills they claim side by side, as four live

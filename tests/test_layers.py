@@ -161,6 +161,7 @@ def test_the_verb_table_counts_as_imports_of_the_cli() -> None:
     assert {"gpuq.cli.status", "gpuq.cli.submit", "gpuq.cli.completion", "gpuq.cli.workflow"} <= verbs
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_pip_install_not_editable_installs_every_subpackage(tmp_path: Path) -> None:
     """pyproject.toml finds the subpackages: a plain `pip install .` has every module, and its

@@ -68,6 +68,7 @@ def check(result: subprocess.CompletedProcess) -> None:
     assert "RUNNING" in result.stdout and "FINISHED" in result.stdout  # the status screen was shown
 
 
+@pytest.mark.long
 def test_readme_first_command_in_a_fresh_virtualenv(tmp_path):
     result, _ = run_first_command(tmp_path)
     check(result)

@@ -255,6 +255,7 @@ def test_root_serves_a_team_root_as_the_queues_account_never_as_root(team, tmp_p
             served.proc.wait()
 
 
+@pytest.mark.long
 def test_idle_connections_opened_on_purpose_do_not_starve_the_page(queue, serve):
     """Hundreds of connections that send half a request and wait: the server holds at most its
     cap of them, each only until its timeout, and answers a tab again soon after."""

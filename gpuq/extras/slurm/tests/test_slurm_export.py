@@ -223,6 +223,7 @@ def test_exported_container_jobs_run_on_slurm_and_scancel_stops_the_container(sl
 # --- bridge mode: config backend: slurm ---------------------------------------------------------
 
 
+@pytest.mark.long
 def test_the_bridge_hands_jobs_to_slurm_and_keeps_gpuqs_records_true(slurm, queue):
     queue.write_config(backend="slurm")
     queue.start_worker("bridge", "1x80GiB", env=slurm.env)
