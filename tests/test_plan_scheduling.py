@@ -173,6 +173,32 @@ def test_no_reservation_where_a_job_without_a_limit_holds_the_gpus():
     assert result.reserved == {} and list(starts(result)) == ["long"]
 
 
+@pytest.mark.parametrize("grace_s", [None, 300.0], ids=["config-grace", "own-grace"])
+def test_a_job_past_its_limit_frees_its_gpu_when_its_stop_ends_and_the_head_keeps_its_reservation(grace_s):
+    """h:0's job passed its limit at 3600: its worker is stopping it (SIGTERM then, SIGKILL a
+    grace later), so h:0 frees by 3600 + its grace (the spec's, else the config's). The pair
+    job is reserved h:0 and h:1 from then, and a job that would hold h:1 past it must not
+    start there meanwhile. Once even its grace is over (a box late to stop it), nothing tells."""
+    over = replace(run("over", gpus=(0,), mem_gib=40, started_at=0, limit_s=3600), grace_s=grace_s)
+    stopped_by = 3600 + (grace_s if grace_s is not None else CFG.grace_s)
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=0), job("long", queued_at=1, limit_s=7200)]
+    result = plan(pending, [host("h", gpu(0), gpu(1))], [over], CFG, now=3601)
+    assert result.reserved == {"pair": ("h", (0, 1), stopped_by)} and starts(result) == {}
+    late = plan(pending, [host("h", gpu(0), gpu(1))], [over], CFG, now=stopped_by + 1)
+    assert late.reserved == {} and list(starts(late)) == ["long"]
+
+
+def test_a_job_told_to_yield_frees_its_gpu_within_its_own_grace():
+    """A job being stopped (preempted, here where preemption is off for the plan) is gone
+    within its grace: the spec's (300 s) where it has one, else the config's."""
+    told = replace(run("told", gpus=(0,), mem_gib=40, stopping=True), grace_s=300.0)
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=0)]
+    result = plan(pending, [host("h", gpu(0), gpu(1))], [told], CFG, now=100)
+    assert result.reserved == {"pair": ("h", (0, 1), 400)}
+    result = plan(pending, [host("h", gpu(0), gpu(1))], [replace(told, grace_s=None)], CFG, now=100)
+    assert result.reserved == {"pair": ("h", (0, 1), 100 + CFG.grace_s)}
+
+
 # Box a runs two jobs without a limit, b one that ends by 600; a 2-GPU job may run on a only.
 TWO_BOXES = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1), gpu(2), gpu(3))]
 A_UNKNOWN_B_LIMITED = [

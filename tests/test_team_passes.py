@@ -270,6 +270,28 @@ def test_a_wide_job_is_not_starved_behind_a_head_nothing_tells_the_start_of(tmp_
     assert _finished(team, "wide").state is State.DONE and not team.finished("pinned")
 
 
+def test_a_job_being_stopped_at_its_limit_keeps_the_heads_reservation_until_its_grace_runs_out(tmp_path):
+    """Box a's job passed its 10 s time limit and takes 30 s of its 60 s grace to stop (its
+    supervisor's TERM at the limit, which this model does not send: the job just runs 40 s).
+    The pair job behind it is reserved both GPUs from when that stop ends at the latest, and
+    the long job that arrives during the stop may not take the free GPU (while the stop
+    lasted, nothing told when the GPU would free: the pair lost its reservation, and waited
+    behind the long job)."""
+
+    def runs(record: Record) -> Run:
+        return Run(seconds=40) if record.id == "over" else Run(seconds=100)
+
+    team = _team(tmp_path / "root", {"a": "2x80GiB"}, runs)
+    team.drop("over.yaml", "command: loop\ngpus: 1\ntime_limit: 10s\ngrace: 60s\n")
+    team.run_until(lambda: team.running(), step_s=1)
+    started = team.clock.wall()
+    team.drop("pair.yaml", "command: echo pair\ngpus: 2\ntime_limit: 1h\n")
+    team.run_until(lambda: team.clock.wall() > started + 15)  # past the limit, in the stop
+    team.drop("long.yaml", "command: echo long\ngpus: 1\ntime_limit: 2h\n")
+    team.run_until(lambda: {r.id for r in team.running()} & {"pair", "long"}, max_passes=60)
+    assert [r.id for r in team.running()] == ["pair"], [(r.id, r.gpus) for r in team.running()]
+
+
 @pytest.mark.parametrize("reservations", [True, False])
 def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(tmp_path, reservations):
     """Two GPUs; small jobs (one GPU each, with a time limit) keep arriving faster than they

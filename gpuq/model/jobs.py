@@ -60,6 +60,10 @@ class RunningJob:
         """When it will have ended at the latest, as far as the plan can tell (inf: unknown)."""
         return self.started_at + self.limit_s if self.limit_s is not None else float("inf")
 
+    def stop_grace(self, config_grace_s: float) -> float:
+        """How long a stop of it may take (SIGTERM, then SIGKILL): its spec's grace, else the config's."""
+        return self.grace_s if self.grace_s is not None else config_grace_s
+
     @classmethod
     def of(cls, record: Any, observed: dict[int, int], stopping: bool, host: str = "") -> "RunningJob":
         """From a running Record (spool/store.py), as the worker and `gpuq status` both see it."""

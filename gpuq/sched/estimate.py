@@ -226,8 +226,7 @@ def _gone_by(job: RunningJob, now: float, config: Config) -> float:
     no sooner than a worker's next pass where that has gone by too (a box that is late)."""
     if job.ends_by > now:
         return job.ends_by
-    grace = job.grace_s if job.grace_s is not None else config.grace_s
-    return max(job.ends_by + grace, now + config.poll_interval)
+    return max(job.ends_by + job.stop_grace(config.grace_s), now + config.poll_interval)
 
 
 def _leaves(by_limit: float, started_at: float, usual: float | None) -> float:

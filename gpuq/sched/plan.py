@@ -100,6 +100,16 @@ def plan(
     return result
 
 
+def _stopped_by(job: RunningJob, now: float, config: Config) -> float:
+    """When a running job will have left its GPUs at the latest: by its time limit; one past it
+    is being stopped by its worker (SIGTERM at the limit, SIGKILL a grace later), so by then.
+    Past that too (a box late to stop it, or a replay that never stops a job), nothing tells."""
+    if job.ends_by > now:
+        return job.ends_by
+    stopped = job.ends_by + job.stop_grace(config.grace_s)
+    return stopped if stopped > now else float("inf")
+
+
 def _needs_whole(spec: JobSpec, largest_mib: int) -> bool:
     """A job that only an empty GPU can take: exclusive, or over half the largest GPU."""
     if spec.gpus == 0:
@@ -153,9 +163,7 @@ class _Pass:
         for job in running:
             if job.preemptible and config.preemption:
                 continue  # invisible to ordinary work (placement.build_slots)
-            # A job past its limit is being stopped (a worker ends it within its grace), or, in
-            # a replay that never stops one, runs on: either way no limit tells when it ends.
-            ends_by = now + config.grace_s if job.stopping else job.ends_by if job.ends_by > now else float("inf")
+            ends_by = now + job.stop_grace(config.grace_s) if job.stopping else _stopped_by(job, now, config)
             for index in job.gpus:
                 if (key := (job.host, index)) in whole:
                     self.ending.setdefault(key, []).append((ends_by, placement.charged_mib(job, index, whole[key])))
