@@ -178,13 +178,18 @@ def test_a_job_past_its_limit_frees_its_gpu_when_its_stop_ends_and_the_head_keep
     """h:0's job passed its limit at 3600: its worker is stopping it (SIGTERM then, SIGKILL a
     grace later), so h:0 frees by 3600 + its grace (the spec's, else the config's). The pair
     job is reserved h:0 and h:1 from then, and a job that would hold h:1 past it must not
-    start there meanwhile. Once even its grace is over (a box late to stop it), nothing tells."""
+    start there meanwhile. The supervisor counts from its own start, a moment after the claim,
+    then records the end: for one more grace h:0 is expected at the next pass (the head lost
+    its reservation in that moment: a member's review, 5 of 5 runs). A grace later still,
+    the job is stuck or its box late: nothing tells, and the GPU left free is anyone's."""
     over = replace(run("over", gpus=(0,), mem_gib=40, started_at=0, limit_s=3600), grace_s=grace_s)
-    stopped_by = 3600 + (grace_s if grace_s is not None else CFG.grace_s)
+    grace = grace_s if grace_s is not None else CFG.grace_s
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=0), job("long", queued_at=1, limit_s=7200)]
-    result = plan(pending, [host("h", gpu(0), gpu(1))], [over], CFG, now=3601)
-    assert result.reserved == {"pair": ("h", (0, 1), stopped_by)} and starts(result) == {}
-    late = plan(pending, [host("h", gpu(0), gpu(1))], [over], CFG, now=stopped_by + 1)
+    h = [host("h", gpu(0), gpu(1))]
+    for now, due in ((3601, 3600 + grace), (3600 + grace + 1, 3600 + grace + 1 + CFG.poll_interval)):
+        result = plan(pending, h, [over], CFG, now=now)
+        assert result.reserved == {"pair": ("h", (0, 1), due)} and starts(result) == {}, now
+    late = plan(pending, h, [over], CFG, now=3600 + 2 * grace + 1)
     assert late.reserved == {} and list(starts(late)) == ["long"]
 
 

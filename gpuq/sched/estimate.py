@@ -222,11 +222,10 @@ def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None,
 
 def _gone_by(job: RunningJob, now: float, config: Config) -> float:
     """When a running job is gone at the latest: by its time limit; one past it is being
-    stopped (SIGTERM at the limit, SIGKILL after its grace), so by the limit and its grace, and
-    no sooner than a worker's next pass where that has gone by too (a box that is late)."""
+    stopped (RunningJob.stopped_by), however late it is (the plan gives up on one a grace late)."""
     if job.ends_by > now:
         return job.ends_by
-    return max(job.ends_by + job.stop_grace(config.grace_s), now + config.poll_interval)
+    return job.stopped_by(now, config.grace_s, config.poll_interval)
 
 
 def _leaves(by_limit: float, started_at: float, usual: float | None) -> float:

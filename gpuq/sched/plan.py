@@ -102,12 +102,13 @@ def plan(
 
 def _stopped_by(job: RunningJob, now: float, config: Config) -> float:
     """When a running job will have left its GPUs at the latest: by its time limit; one past it
-    is being stopped by its worker (SIGTERM at the limit, SIGKILL a grace later), so by then.
-    Past that too (a box late to stop it, or a replay that never stops a job), nothing tells."""
+    is being stopped (RunningJob.stopped_by). One still there a whole grace after its stop was
+    due is stuck, or its box is late (or a replay never stops a job): nothing tells."""
     if job.ends_by > now:
         return job.ends_by
-    stopped = job.ends_by + job.stop_grace(config.grace_s)
-    return stopped if stopped > now else float("inf")
+    if now > job.ends_by + 2 * job.stop_grace(config.grace_s):
+        return float("inf")
+    return job.stopped_by(now, config.grace_s, config.poll_interval)
 
 
 def _needs_whole(spec: JobSpec, largest_mib: int) -> bool:
@@ -156,7 +157,7 @@ class _Pass:
         self.failed: dict[tuple, str] = {}
         self.allowed_for: dict[tuple, list[str]] = {}
         self.needs: Callable[[Mapping[str, Any]], str | None] | None = None
-        # Per GPU, when each ordinary job on it will have ended by its limit, and its memory:
+        # Per GPU, when each ordinary job on it must have ended (its limit, a stop's grace), and its memory:
         # what a reservation for the head of the queue is computed from (placement.earliest_start).
         self.ending: dict[tuple[str, int], list[tuple[float, int]]] = {}
         whole = {(s.host, s.index): s.whole for s in slots}
@@ -504,7 +505,7 @@ class _Pass:
             self.result.reasons[job.id] = (
                 f"GPU {', '.join(s.label for s in sorted(chosen, key=lambda s: s.index))} reserved for it from "
                 f"{moment(start, self.now)}, "
-                "when the time limits of the jobs there run out"
+                "when the jobs there must have ended (their time limits, and a stop's grace)"
             )
             if others:
                 soonest = moment(min(t for s in others for t, owner in s.booked_later if owner != job.user), self.now)
