@@ -57,18 +57,20 @@ class RunningJob:
 
     @property
     def ends_by(self) -> float:
-        """When its time limit runs out (inf: no limit known); past it, it is being stopped (stopped_by)."""
+        """When its time limit runs out (inf: no limit known); past it, it is being stopped (gone_by)."""
         return self.started_at + self.limit_s if self.limit_s is not None else float("inf")
 
     def stop_grace(self, config_grace_s: float) -> float:
         """How long a stop of it may take (SIGTERM, then SIGKILL): its spec's grace, else the config's."""
         return self.grace_s if self.grace_s is not None else config_grace_s
 
-    def stopped_by(self, now: float, config_grace_s: float, poll_interval: float) -> float:
-        """For a job past its time limit: when it will have left. Its supervisor sends SIGTERM at
-        the limit and SIGKILL a grace later, counting from its own start (a moment after the
-        claim counted here), then records the end: by then, and no sooner than a worker's next
-        pass where that has gone by."""
+    def gone_by(self, now: float, config_grace_s: float, poll_interval: float) -> float:
+        """When it will have left its GPUs at the latest: by its time limit. One past it is being
+        stopped: its supervisor sends SIGTERM at the limit and SIGKILL a grace later, counting
+        from its own start (a moment after the claim counted here), then records the end: by
+        then, and no sooner than a worker's next pass where that has gone by."""
+        if self.ends_by > now:
+            return self.ends_by
         return max(self.ends_by + self.stop_grace(config_grace_s), now + poll_interval)
 
     @classmethod

@@ -153,8 +153,12 @@ def replay_starts(
     waiting = _replayed(pending, blocked or {}, now, result.why_none)
     hosts, running = _without_observed(hosts, running)
     active = [r for r in running if not r.preemptible]
-    # When each job leaves the replay: by its limit (past it, its stop's grace), or sooner where `run_for` says so.
-    leaves = {r.id: _leaves(_gone_by(r, now, config), r.started_at, run_for.get(r.id)) for r in active}
+    # When each job leaves the replay: by its limit (past it, its stop's grace, however late:
+    # the plan gives up on one a grace late), or sooner where `run_for` says so.
+    leaves = {
+        r.id: _leaves(r.gone_by(now, config.grace_s, config.poll_interval), r.started_at, run_for.get(r.id))
+        for r in active
+    }
     starts = result.starts
     t = now
     left = NOT_ESTIMATED  # what the jobs still waiting when the replay stops are told
@@ -218,14 +222,6 @@ def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None,
         cpus=holds[0],
         mem_mib=holds[1],
     )
-
-
-def _gone_by(job: RunningJob, now: float, config: Config) -> float:
-    """When a running job is gone at the latest: by its time limit; one past it is being
-    stopped (RunningJob.stopped_by), however late it is (the plan gives up on one a grace late)."""
-    if job.ends_by > now:
-        return job.ends_by
-    return job.stopped_by(now, config.grace_s, config.poll_interval)
 
 
 def _leaves(by_limit: float, started_at: float, usual: float | None) -> float:
