@@ -72,7 +72,11 @@ def test_an_array_with_a_limit_never_runs_more_at_once_and_a_begin_is_kept(queue
     queue.start_worker("a", "1x80GiB")
     view = json.loads(queue.gpuq("status", "--json").stdout)
     waits = {p["id"]: p["reason"] for p in view["pending"]}
-    assert waits.get("later", "").startswith("begins at "), waits
+    # Its begin is at least five seconds after asked_at (checked below). On a loaded machine the
+    # worker's start and this status may take longer than that (once, two suites side by side):
+    # then the job may rightly be running already, and the reason is not this test's to see.
+    if time.time() < int(asked_at) + 5:
+        assert waits.get("later", "").startswith("begins at "), waits
     assert queue.gpuq("wait", "thr", "later", timeout=120).returncode == 0
     runs = sorted((r["started_at"], r["ended_at"]) for r in (queue.finished(f"thr_{i}") for i in range(6)))
     # At no start were more than two running (the one starting included).
