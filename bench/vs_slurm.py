@@ -9,7 +9,8 @@ gaps stretched by 0.96 and 1.04.
 
 Each line: a scenario and stretch, each policy's mean wait, gpuq's ratio to the best of
 slurm-easy and pack-bestfit (target <= 1.0), the worst width's ratio of mean waits to the
-best policy's for that width (target <= 1.05; a minute added to both), and gpuq's preemptions. Offered load: the
+best policy's for that width (target <= 1.05; a minute added to both), gpuq's preemptions and
+its jobs stopped at their time limit (`at lim`: slowed past it on a shared GPU). Offered load: the
 GPU-seconds the window's jobs ask for, over the cluster's GPU-seconds between the first and
 the last arrival (a share of a GPU counts as its share). Last, the same two targets for each
 policy against the best of the other two in the same runs: how far anyone meets them.
@@ -112,7 +113,8 @@ def report(r: dict) -> tuple[float, float, str]:
     line = (
         f"{r['scenario']:24s} x{r['factor']:<5} "
         + " ".join(f"{r[p]['wait_mean_s']:>11,.0f}" for p in POLICIES)
-        + f" {mean_ratio:>7.2f}x {worst:>6.2f}x@{worst_width:<2s} {g['preemptions']:>6,d} {g['replay_s']:>6.1f}s"
+        + f" {mean_ratio:>7.2f}x {worst:>6.2f}x@{worst_width:<2s} {g['preemptions']:>6,d} {g['timeouts']:>6,d}"
+        + f" {g['replay_s']:>6.1f}s"
     )
     return mean_ratio, worst, line
 
@@ -134,7 +136,7 @@ def main() -> None:
     print(
         f"{'scenario':24s} {'stretch':6s} "
         + " ".join(f"{p:>11s}" for p in POLICIES)
-        + f" {'vs best':>8s} {'width':>9s} {'preempt':>6s} {'replay':>7s}"
+        + f" {'vs best':>8s} {'width':>9s} {'preempt':>6s} {'at lim':>6s} {'replay':>7s}"
     )
     means, widths, results = [], [], []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

@@ -9,8 +9,9 @@ running jobs and the simulated GPUs go to `plan` exactly as a worker would pass 
 acts on its own part of the team's plan, and a box with starts for another pokes it, and
 that one plans again after the first one's starts. Its
 starts start, its preemptions stop jobs (each runs on for its grace, then frees its memory
-and goes back to the queue at its old place, to restart from the beginning). No decision
-uses a job's true duration: only the clock moves by it.
+and goes back to the queue at its old place, to restart from the beginning). A job still
+running at its time limit is stopped then, as its supervisor stops it. No decision uses a
+job's true duration: only the clock moves by it.
 
 Co-located jobs slow each other: each job runs at min(1, 100 / the load on its GPU), a
 multi-GPU job at its slowest GPU's rate. Time-sliced (the default), a job's kernels hold the
@@ -57,6 +58,7 @@ class _Run:
     since: float = 0.0  # when `remaining` was last brought up to date
     version: int = 0  # unique per scheduled end: a superseded end is skipped
     stop_at: float | None = None  # preempted: exits then
+    limit_at: float = math.inf  # its time limit: its supervisor stops it then (run/limits.py)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Outcome:
     waits: dict[str, float] = field(default_factory=dict)  # job id -> final start - submit
     ends: dict[str, float] = field(default_factory=dict)
     preemptions: int = 0
+    timeouts: int = 0  # jobs stopped at their time limit (slowed by co-located jobs, or a trace's limit)
     busy_gpu_s: float = 0.0  # GPU-seconds with a job on the GPU, until the last arrival
     last_submit: float = 0.0
     waiting_s: float = 0.0  # seconds with at least one job pending
@@ -262,6 +265,8 @@ class _Replay:
                 self._into_jobs(self.by_id[jid])
             else:
                 self.out.ends[jid] = self.now
+                # Stopped at its limit with work left (a trace job is taken to exit on SIGTERM).
+                self.out.timeouts += run.remaining - (self.now - run.since) * run.rate > 1e-6
         return freed
 
     def _arrive(self) -> None:
@@ -359,7 +364,10 @@ class _Replay:
         self.version += 1
         self.out.waits[s.job_id] = now - job.submit_s
         self.seq += 1
-        self.runs[s.job_id] = _Run(job, now, s.host, s.gpus, job.duration_s, since=now, version=self.seq)
+        limit_at = now + job.spec.time_limit_s if job.spec.time_limit_s else math.inf
+        self.runs[s.job_id] = _Run(
+            job, now, s.host, s.gpus, job.duration_s, since=now, version=self.seq, limit_at=limit_at
+        )
         self.views[s.job_id] = RunningJob(
             s.job_id,
             job.user,
@@ -373,7 +381,7 @@ class _Replay:
             compute_pct=job.spec.gpu_compute_pct,
             limit_s=job.spec.time_limit_s,
         )
-        heapq.heappush(self.ends, (now + job.duration_s, self.seq, s.job_id, self.seq))
+        heapq.heappush(self.ends, (min(now + job.duration_s, limit_at), self.seq, s.job_id, self.seq))
         for i in s.gpus:
             self.on_gpu[(s.host, i)].add(s.job_id)
         return {(s.host, i) for i in s.gpus}
@@ -402,7 +410,7 @@ class _Replay:
                 run.remaining -= (t - run.since) * run.rate
                 self.seq += 1
                 run.since, run.rate, run.version = t, rate, self.seq
-                heapq.heappush(self.ends, (t + run.remaining / rate, self.seq, jid, run.version))
+                heapq.heappush(self.ends, (min(t + run.remaining / rate, run.limit_at), self.seq, jid, run.version))
 
 
 def _integrate(out: Outcome, on_gpu: dict, waiting: bool, t0: float, t1: float) -> None:

@@ -143,6 +143,19 @@ def test_a_colocation_penalty_slows_jobs_that_share_a_gpu_and_no_other(tmp_path)
     assert slowed.ends["a"] == pytest.approx(100 / 0.85) and slowed.ends["c"] == 100
 
 
+def test_a_job_is_stopped_at_its_time_limit_as_its_supervisor_stops_it(tmp_path):
+    # a and b share a GPU and each runs 15% slower: a's limit (110 s) comes before its work is
+    # done (100 / 0.85 s); b's (120 s) does not, and b runs alone at full speed once a is
+    # stopped. c's trace limit is below its own duration.
+    rows = ("a,0,100,1,10,50,u,,110", "b,0,100,1,10,50,u,,120", "c,0,100,1,,,u,,60")
+    jobs = load_trace(trace(tmp_path, *rows, header=LIMITS_HEADER), parse_cluster("1x2x32GiB"))
+    out = run_policy("pack-bestfit", jobs, parse_cluster("1x2x32GiB"), SIM_CONFIG, colocation_penalty=0.15)
+    assert out.ends == {"a": 110, "b": pytest.approx(110 + (100 - 110 * 0.85)), "c": 60}
+    assert figures(out, jobs)["timeouts"] == out.timeouts == 2
+    plain = run_policy("pack-bestfit", jobs, parse_cluster("1x2x32GiB"), SIM_CONFIG)
+    assert plain.ends == {"a": 100, "b": 100, "c": 60} and plain.timeouts == 1
+
+
 def test_co_located_jobs_slow_each_other_by_their_utilization(tmp_path):
     out = replay(tmp_path, "1x1x32GiB", "pack-bestfit", "a,0,100,1,10,100,u,", "b,0,100,1,10,100,u,")
     assert out["ends"] == {"a": 200, "b": 200}  # each at 100 / (100 + 100)
@@ -256,6 +269,7 @@ def test_the_cli_prints_the_table_and_the_documented_json(tmp_path):
         "occupancy",
         "free_while_waiting",
         "preemptions",
+        "timeouts",
         "peak_queue",
         "jobs",
         "capped",
