@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from harness import FOREVER, Run, Team
+from harness import FOREVER, Run, Team, gpuq, status
 
 from gpuq.model.record import Record
 from gpuq.model.states import State
+from gpuq.spool.inbox import send
 
 # Runs until told to yield the first time, then takes its whole grace to go (it ignores TERM:
 # long enough for every box to see the job it yields for); run again, it ends at once.
@@ -290,6 +291,37 @@ def test_a_job_being_stopped_at_its_limit_keeps_the_heads_reservation_until_its_
     team.drop("long.yaml", "command: echo long\ngpus: 1\ntime_limit: 2h\n")
     team.run_until(lambda: {r.id for r in team.running()} & {"pair", "long"}, max_passes=60)
     assert [r.id for r in team.running()] == ["pair"], [(r.id, r.gpus) for r in team.running()]
+
+
+def test_a_cancelled_job_still_stopping_keeps_the_heads_reservation(tmp_path):
+    """Box a's job has no time limit and is cancelled; it takes 30 s of its 60 s grace to stop.
+    The pair job behind it is reserved both GPUs from when that stop ends at the latest, and
+    the long job that arrives during the stop may not take the free GPU (the worker did not
+    count a cancelled job as stopping: nothing told when its GPU would free, and the pair
+    waited behind the long job). `status` says the job is stopping, not yielding."""
+
+    def runs(record: Record) -> Run:
+        return Run(seconds=math.inf, yield_s=30) if record.id == "busy" else Run(seconds=100)
+
+    team = _team(tmp_path / "root", {"a": "2x80GiB"}, runs)
+    team.drop("busy.yaml", "command: loop\ngpus: 1\ngrace: 60s\n")
+    team.run_until(lambda: team.running(), step_s=1)
+    team.drop("pair.yaml", "command: echo pair\ngpus: 2\ntime_limit: 1h\n")
+    team.step()
+    send(team.boxes["a"].layout, "cancel", ("busy",), sent_from="a")
+    team.run_until(lambda: team.boxes["a"].stops, max_passes=5)
+    view = status(team.root)
+    running = {r["id"]: r for r in view["running"]}
+    assert running["busy"]["stopping"] and not running["busy"]["yielding"], running["busy"]
+    assert "busy (stopping)" in gpuq(team.root, "status").stdout
+    # The pair's expected start: when busy's grace from now runs out at the latest (it was:
+    # none, as busy has no time limit).
+    pair = next(p for p in view["pending"] if p["id"] == "pair")
+    assert pair["expected_start"] is not None and pair["expected_start"] <= team.clock.wall() + 60 + 1, pair
+    team.drop("long.yaml", "command: echo long\ngpus: 1\ntime_limit: 2h\n")
+    team.run_until(lambda: {r.id for r in team.running()} & {"pair", "long"}, max_passes=60)
+    assert [r.id for r in team.running()] == ["pair"], [(r.id, r.gpus) for r in team.running()]
+    assert _finished(team, "busy").state is State.CANCELLED
 
 
 @pytest.mark.parametrize("reservations", [True, False])

@@ -47,7 +47,7 @@ class RunningJob:
     preemptible: bool = False
     priority_class: str = "normal"
     started_at: float = 0.0
-    stopping: bool = False  # told to yield (preempted): its memory is on its way out
+    stopping: bool = False  # told to stop (preempted, cancelled, over its memory): on its way out
     mps: bool = False  # an MPS client (model/sharing.py): its GPU serves only its user's
     compute_pct: int | None = None  # its spec's gpu_compute; None: it may keep the whole GPU busy
     limit_s: float | None = None  # how long it may run (its time limit, or an estimate); None: unknown
@@ -65,10 +65,13 @@ class RunningJob:
         return self.grace_s if self.grace_s is not None else config_grace_s
 
     def gone_by(self, now: float, config_grace_s: float, poll_interval: float) -> float:
-        """When it will have left its GPUs at the latest: by its time limit. One past it is being
-        stopped: its supervisor sends SIGTERM at the limit and SIGKILL a grace later, counting
-        from its own start (a moment after the claim counted here), then records the end: by
-        then, and no sooner than a worker's next pass where that has gone by."""
+        """When it will have left its GPUs at the latest. One told to stop: within its grace
+        (from now: when it was told is not published). Else by its time limit; one past it is
+        being stopped: its supervisor sends SIGTERM at the limit and SIGKILL a grace later,
+        counting from its own start (a moment after the claim counted here), then records the
+        end: by then, and no sooner than a worker's next pass where that has gone by."""
+        if self.stopping:
+            return now + self.stop_grace(config_grace_s)
         if self.ends_by > now:
             return self.ends_by
         return max(self.ends_by + self.stop_grace(config_grace_s), now + poll_interval)

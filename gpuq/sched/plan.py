@@ -101,9 +101,9 @@ def plan(
 
 
 def _gone_by(job: RunningJob, now: float, config: Config) -> float:
-    """RunningJob.gone_by, but one still there a whole grace after its stop was due is stuck,
-    or its box is late (or a replay never stops a job): nothing tells when it leaves."""
-    if now > job.ends_by + 2 * job.stop_grace(config.grace_s):
+    """RunningJob.gone_by, but one still there a whole grace after its limit's stop was due
+    is stuck, or its box is late (or a replay never stops a job): nothing tells when it leaves."""
+    if not job.stopping and now > job.ends_by + 2 * job.stop_grace(config.grace_s):
         return float("inf")
     return job.gone_by(now, config.grace_s, config.poll_interval)
 
@@ -161,7 +161,7 @@ class _Pass:
         for job in running:
             if job.preemptible and config.preemption:
                 continue  # invisible to ordinary work (placement.build_slots)
-            ends_by = now + job.stop_grace(config.grace_s) if job.stopping else _gone_by(job, now, config)
+            ends_by = _gone_by(job, now, config)
             for index in job.gpus:
                 if (key := (job.host, index)) in whole:
                     self.ending.setdefault(key, []).append((ends_by, placement.charged_mib(job, index, whole[key])))

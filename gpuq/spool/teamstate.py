@@ -1,5 +1,5 @@
 """The whole team as one plan sees it: every live box's latest published heartbeat (its GPUs,
-idleness, container runtimes, CPU slots, the memory its jobs use and which are yielding)
+idleness, container runtimes, CPU slots, the memory its jobs use and which are told to stop)
 and every running record. Each worker plans over this picture and acts on its own box's part
 of the plan; `gpuq status` explains the same plan from the same picture.
 
@@ -132,7 +132,7 @@ def observed_memory(beats: Iterable[dict[str, Any]]) -> dict[str, dict[int, int]
     }
 
 
-def yielding(beats: Iterable[dict[str, Any]]) -> set[str]:
+def told_to_stop(beats: Iterable[dict[str, Any]]) -> set[str]:
     return {j for hb in beats for j in hb.get("stopping", ())}
 
 
@@ -150,10 +150,10 @@ def host_view(hb: dict[str, Any], config: Config) -> HostView:
 
 
 def running_elsewhere(beats: Sequence[dict[str, Any]], records: Sequence[Record], mine: str | None) -> list[RunningJob]:
-    """The running jobs of every box but `mine`, with the memory and yielding their boxes
+    """The running jobs of every box but `mine`, with the memory and stops their boxes
     last published."""
     others = [hb for hb in beats if hb["host"] != mine]
-    observed, stopping = observed_memory(others), yielding(others)
+    observed, stopping = observed_memory(others), told_to_stop(others)
     return [RunningJob.of(r, observed.get(r.id, {}), r.id in stopping) for r in records if r.host != mine]
 
 

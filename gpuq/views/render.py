@@ -142,7 +142,7 @@ def _running_section(view: dict[str, Any]) -> list[str]:
         label = (
             r["id"]
             + (" (low)" if r.get("preemptible") else "")  # opportunistic: it yields to others' work
-            + (" (yielding)" if r.get("yielding") else "")
+            + (" (yielding)" if r.get("yielding") else " (stopping)" if r.get("stopping") else "")
             + (f" (restarts {r['restarts']})" if r.get("restarts") else "")
         )
         rows.append(

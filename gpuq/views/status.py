@@ -38,7 +38,7 @@ from gpuq.spool.teamstate import (
     load_heartbeats,
     observed_memory,
     picture,
-    yielding,
+    told_to_stop,
 )
 from gpuq.views.ended import ended_part
 
@@ -78,7 +78,7 @@ def _status(
     observed = observed_memory(beats)
     running = running_records(layout)
     live = [hb for hb in beats if heartbeat_alive(hb, now)]
-    stopping = yielding(beats)
+    stopping = told_to_stop(beats)
     warnings = {j: why for hb in live for j, why in hb.get("warnings", {}).items()}
     team = picture(layout, config, beats, running, now)  # what every worker plans over
     queue = _plan_queue(layout, config, beats, team, now, pending_rows)
@@ -363,7 +363,7 @@ def _host(
     }
 
 
-def _running(r: Record, observed: dict[int, int], now: float, yielding: bool, warning: str | None) -> dict[str, Any]:
+def _running(r: Record, observed: dict[int, int], now: float, stopping: bool, warning: str | None) -> dict[str, Any]:
     return {
         "id": r.id,
         # The spec's label (free text, one line), else the stem of its id: `status -n` matches it.
@@ -373,7 +373,8 @@ def _running(r: Record, observed: dict[int, int], now: float, yielding: bool, wa
         "gpus": r.gpus,
         "attempt": r.attempt,
         "preemptible": bool(r.spec.get("preemptible")),
-        "yielding": yielding,
+        "stopping": stopping,  # told to stop: cancelled, preempted or over its memory, in its grace
+        "yielding": stopping and bool(r.spec.get("preemptible")),  # an opportunistic job's stop
         "warning": warning,
         "restarts": r.restarts,
         "slurm_id": r.slurm_id,

@@ -199,7 +199,9 @@ class Worker:
         self.unchanged_plan_inputs: tuple | None = None
         self.idle_tracker = IdleTracker(self.config.idle_util_pct)
         self.others_idle_since: dict[int, float | None] = {}
-        self.stopping: set[str] = set()  # running jobs told to yield (preempted)
+        # Running jobs told to stop (preempted, cancelled, over their memory): the plan, here
+        # and on the other boxes (the heartbeat), counts them gone within their grace.
+        self.stopping: set[str] = set()
         self.ending: set[str] = set()  # jobs over whose supervisors are still recording them
         self.put_back_specs = False  # settle_running put a spec back into jobs/ this pass
         self.pass_started_wall = float("inf")  # when the last pass began (wall clock)
@@ -372,6 +374,7 @@ class Worker:
     def _act_on_overuse(self, overuse: Overuse) -> None:
         record = next(r for r in self.running if r.id == overuse.job_id)
         if overuse.kill and request_stop(self.rt, record, Stop.limit(overuse.why)):
+            self.stopping.add(record.id)
             log.warning("stopping %s: %s", record.id, overuse.why)
             append_note(self.layout, self.host, record.id, "stopping", overuse.why)
         elif not overuse.kill:
@@ -440,6 +443,7 @@ class Worker:
                 stop = Stop.cancel(safe_text(str(order.get("by", "?")))[:64])
                 if not self._stop(record, stop):
                     continue  # its supervisor is still starting: try again next pass
+                self.stopping.add(job_id)
                 log.info("cancelling %s (%s)", job_id, stop.reason)
             path.unlink(missing_ok=True)
 

@@ -92,7 +92,7 @@ def figures(published: Published) -> HostFigures:
         state.running,
         state.observed,
         [e.job.user for e in published.intake.entries.values() if e.job is not None],
-        set(state.stopping),
+        {r.id for r in state.running if r.id in state.stopping and r.spec.get("preemptible")},  # yielding
         {i for i, t in state.others_idle_since.items() if t is None},
         published.finished.counts(),
     )

@@ -15,6 +15,7 @@ from conftest import PY, REPO, wait_until
 from gpuq import hooks
 from gpuq.extras.reports.metrics import EVERY_S, HELP, MIN_GAP_S
 from gpuq.model.config import Config
+from gpuq.spool.inbox import send
 
 FAKE_USE = f"{PY} {REPO / 'gpuq.py'} fake-use"
 
@@ -50,6 +51,22 @@ def test_the_publisher_writes_into_metrics_dir_every_few_seconds_and_soon_after_
     assert path.read_text() == written
     box.run_pass(after_s=EVERY_S / 2)
     assert path.read_text() != written and running() == 1
+
+
+def test_a_cancelled_job_is_running_until_it_ends_and_only_a_preempted_one_is_yielding(tmp_path: Path):
+    """A cancelled job is told to stop (the heartbeat lists it, for the plan); it is still
+    running, not yielding, until its supervisor records its end."""
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB")
+    path = tmp_path / "root" / "state" / "metrics" / "gpuq-a.prom"
+    box.drop("busy.yaml", "command: sleep 600\ngpus: 1\n")
+    box.run_pass(after_s=1)
+    assert box.launched() == ["busy"]
+    send(box.layout, "cancel", ("busy",), sent_from="a")
+    box.run_pass(after_s=EVERY_S)
+    assert "busy" in box.stops and box.heartbeat()["stopping"] == ["busy"]
+    s = samples(path.read_text())
+    assert s[("gpuq_jobs", (("host", "a"), ("state", "running")))] == 1
+    assert s[("gpuq_jobs", (("host", "a"), ("state", "yielding")))] == 0
 
 
 @pytest.mark.slow
