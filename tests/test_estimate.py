@@ -146,6 +146,20 @@ def test_a_job_behind_one_past_its_limit_starts_when_that_ones_grace_runs_out():
     assert late == {"w": 150 + CFG.poll_interval}
 
 
+def test_a_job_behind_a_yielding_low_job_is_expected_when_that_ones_grace_runs_out():
+    """A low job told to yield frees its GPU within its grace; the job it yields for read
+    START BY now while it drained (the replay left low jobs out), and a low job not told to
+    yield is still left out: the plan preempts it when it must."""
+    gpus = [host("h", gpu(0))]
+    waiting = [job("w", mem_gib=None, queued_at=1, limit_s=300)]
+    draining = run("lo", gpus=(0,), mem_gib=None, low=True, started_at=0, stopping=True)
+    assert replay_starts(waiting, gpus, [draining], CFG, now=50).starts == {"w": 50 + CFG.grace_s}
+    own_grace = replace(draining, grace_s=5.0)
+    assert replay_starts(waiting, gpus, [own_grace], CFG, now=50).starts == {"w": 55}
+    not_told = replace(draining, stopping=False)
+    assert replay_starts(waiting, gpus, [not_told], CFG, now=50).starts == {"w": 50}
+
+
 @pytest.mark.slow
 def test_status_expects_the_job_behind_a_stopping_one_within_its_grace(queue):
     """Through a worker: a job that ignores SIGTERM passes its 1 s limit with a 30 s grace; the
