@@ -55,30 +55,84 @@ def test_a_record_rewritten_under_the_same_inode_is_read_again(tmp_path):
     record = {"id": "j", "state": "running", "spec": {}, "host": "a", "attempt": 1, "uid": 0}
     path.write_text(json.dumps(record))
     inode = os.stat(path).st_ino
-    assert [r.attempt for r in listing.read(time.time())] == [1]
+    assert [r.attempt for r in listing.read()] == [1]
     with open(path, "w") as f:  # the same inode, as a delete-then-create on ext4 gives
         f.write(json.dumps({**record, "attempt": 12}))
     os.utime(path, ns=(time.time_ns() + 10**9,) * 2)
     assert os.stat(path).st_ino == inode
-    assert [r.attempt for r in listing.read(time.time())] == [12]
+    assert [r.attempt for r in listing.read()] == [12]
 
 
 def test_a_record_that_lands_in_the_clock_tick_of_a_listing_is_read_later(tmp_path):
     """running/'s mtime has a clock tick's resolution: a record renamed in during the tick of a
     listing leaves the mtime as it was. A listing taken while the mtime was that recent must not
-    stand once it has aged (a later pass skipped the new record, for good)."""
+    stand once it has aged (a later pass skipped the new record, for good); one taken once the
+    mtime had stood RACY_MTIME_S on the box's clock stands (one stat, no listing)."""
+    from gpuq.spool.dirwatch import RACY_MTIME_S, MtimeWatch
     from gpuq.spool.layout import Layout
     from gpuq.spool.listing import RunningListing
 
     layout = Layout(tmp_path)
     layout.ensure()
-    listing = RunningListing(layout, "a", lambda key, message: None)
+    mono = [1000.0]  # the box's monotonic clock
+    listing = RunningListing(layout, "a", lambda key, message: None, MtimeWatch(lambda: mono[0]))
     tick = os.stat(layout.running).st_mtime_ns
-    assert listing.read(tick / 1e9 + 0.5) == []  # listed within the tick's racy window
+    assert listing.read() == []  # listed as the mtime was first seen: within the tick's racy window
     record = {"id": "j", "state": "running", "spec": {}, "host": "a", "attempt": 1, "uid": 0}
     (layout.running / "j.json").write_text(json.dumps(record))
     os.utime(layout.running, ns=(tick, tick))  # the same tick: the directory's mtime did not move
-    assert [r.id for r in listing.read(tick / 1e9 + 5)] == ["j"]
+    mono[0] += RACY_MTIME_S + 1
+    assert [r.id for r in listing.read()] == ["j"]
+    (layout.running / "k.json").write_text(json.dumps({**record, "id": "k"}))
+    os.utime(layout.running, ns=(tick, tick))  # as if in the same tick still: a listing that stood is kept
+    assert [r.id for r in listing.read()] == ["j"]
+
+
+def _box_ahead_of_the_disk(root: Path):
+    """A box on two GPUs whose wall clock runs 10 s ahead of the file server's (which sets the
+    directories' mtimes), past its worker's first settling."""
+    from harness import FakeClock, PassWorker
+
+    clock = FakeClock()
+    clock.wall_s += 10  # ahead of the disk (the real clock, here)
+    box = PassWorker(root, "a", "2x80GiB", clock=clock)
+    box.run_pass(after_s=6)
+    return box
+
+
+def test_a_box_whose_clock_runs_ahead_of_the_disks_sees_its_own_record_landed_in_a_listings_tick(tmp_path):
+    """Every listing of running/ looked old enough to stand: the box's own new running record,
+    landed in the tick of the listing before it, was missed, and a job wanting both GPUs whole
+    started beside it (an exclusive GPU overcommitted). The record is made here to keep
+    running/'s mtime, as a change within one tick does."""
+    from harness import status
+
+    box = _box_ahead_of_the_disk(tmp_path / "root")
+    box.drop("long.yaml", "command: sleep 600\ngpus: 1\ngpu_mem: 10GiB\n")
+    running = box.layout.running
+    before = os.stat(running).st_mtime_ns
+    box.run_pass(after_s=1)  # lists running/, then starts long: its record lands in that tick
+    assert box.launched() == ["long"]
+    os.utime(running, ns=(before, before))
+    box.drop("blocked.yaml", "command: echo should-not-run\ngpus: 2\n")  # both GPUs, whole
+    for _ in range(4):
+        box.run_pass(after_s=0.5)
+    assert box.launched() == ["long"], "a two-GPU exclusive job started beside long on a box of two GPUs"
+    assert [p["id"] for p in status(box.root)["pending"]] == ["blocked"]
+
+
+def test_a_box_whose_clock_runs_ahead_of_the_disks_sees_a_spec_dropped_in_a_scans_tick(tmp_path):
+    """Every scan of jobs/ looked old enough to stand: a spec dropped in the tick of the last
+    scan waited for the next full scan (30 s). The drop is made here to keep jobs/'s mtime."""
+    box = _box_ahead_of_the_disk(tmp_path / "root")
+    jobs = box.layout.jobs
+    (jobs / "notes.txt").write_text("not a spec")  # jobs/ changes now: a new tick
+    box.run_pass(after_s=1)  # a scan of jobs/ in that tick
+    tick = os.stat(jobs).st_mtime_ns
+    box.drop("late.yaml", "command: echo late\ngpus: 1\n")
+    os.utime(jobs, ns=(tick, tick))
+    box.run_pass(after_s=0.5)
+    assert box.launched() == ["late"]  # seen, and started on a free GPU
 
 
 def test_a_record_gone_between_listing_and_reading_is_not_reported(tmp_path, monkeypatch):
@@ -108,7 +162,7 @@ def test_a_record_gone_between_listing_and_reading_is_not_reported(tmp_path, mon
             pass
 
     monkeypatch.setattr(listing_module.os, "scandir", lambda path: EndsMidListing())
-    assert [r.id for r in listing.read(time.time() + 60)] == ["stays"]
+    assert [r.id for r in listing.read()] == ["stays"]
     assert reported == []
 
 

@@ -17,20 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuq.host import safefile
-from gpuq.host.faults import wall_time
 from gpuq.host.owners import OwnerPolicy
 from gpuq.host.safefile import NotPlain, read_plain
 from gpuq.model.errors import MAX_SPEC_BYTES, SpecError
 from gpuq.model.jobs import PendingJob
 from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.spec import JobSpec, parse_spec_text
+from gpuq.spool.dirwatch import MtimeWatch
 from gpuq.spool.ids import held_for
 from gpuq.spool.layout import Layout, job_id_for_spec_name
 from gpuq.spool.store import kept_place
 
 StatKey = tuple[int, int, int, int]  # mtime_ns, size, inode, links
-# A directory changed less than this long ago may change again within the same mtime tick.
-RACY_MTIME_S = 2.0
 
 
 @dataclass
@@ -120,8 +118,9 @@ def parse_entry(layout: Layout, job_id: str, path: Path, st: os.stat_result, tex
 class Intake:
     """The pending specs of one root, re-read only when a file changes."""
 
-    def __init__(self, layout: Layout, policy: OwnerPolicy | None = None) -> None:
+    def __init__(self, layout: Layout, policy: OwnerPolicy | None = None, watch: MtimeWatch | None = None) -> None:
         self.layout = layout
+        self.watch = watch or MtimeWatch()  # jobs/'s mtime, on the worker's monotonic clock
         self.policy = policy  # the worker's: whose specs it may run
         self.entries: dict[str, Entry] = {}
         self.duplicates: dict[str, str] = {}  # a second file of a known id (x.yml beside x.yaml): refused
@@ -137,7 +136,7 @@ class Intake:
         self.listing: dict[str, int] = {}  # jobs/ as last read: name -> inode
         self.jobs_dir_str = str(layout.jobs)
 
-    def scan(self, now_mono: float, full: bool = True, now_wall: float | None = None) -> None:
+    def scan(self, now_mono: float, full: bool = True) -> None:
         """Find new, changed and vanished specs. `full=False` skips the directory when its
         mtime shows no change (and the change was not so recent that the clock tick could
         hide another), and otherwise examines only names that are new or whose inode changed
@@ -147,7 +146,7 @@ class Intake:
             self.full_scan_at = now_mono
         else:
             try:
-                dir_key, settled = self._dir_key(now_wall)
+                dir_key, settled = self._dir_key()
             except OSError:
                 return
             if dir_key == self.dir_key and settled and not self.failing:
@@ -183,14 +182,14 @@ class Intake:
         if changed:
             self.version += 1
 
-    def gone_since_scan(self, now_wall: float | None = None) -> set[str]:
+    def gone_since_scan(self) -> set[str]:
         """Ids of parsed specs no longer in jobs/: claimed (or cancelled) by another box since
         the last scan. A pass reads jobs/ before it waits for the queue lock; what another box
         claimed meanwhile must not be planned again (its running copy fills the GPU it took,
         and the plan made an opportunistic job yield elsewhere for it). One stat when jobs/
         has not changed; nothing here changes what the next scan will find."""
         try:
-            dir_key, settled = self._dir_key(now_wall)
+            dir_key, settled = self._dir_key()
             if dir_key == self.dir_key and settled:
                 return set()
             listing = self._list()
@@ -198,12 +197,12 @@ class Intake:
             return set()
         return {i for i, e in self.entries.items() if e.name not in listing}
 
-    def _dir_key(self, now_wall: float | None) -> tuple[tuple[int, int, int], bool]:
-        """jobs/'s identity and whether its mtime is old enough that a change within the
-        same clock tick would show (RACY_MTIME_S)."""
+    def _dir_key(self) -> tuple[tuple[int, int, int], bool]:
+        """jobs/'s identity and whether it has stood long enough that a change within the
+        same clock tick would show (spool/dirwatch.py)."""
         st = os.stat(self.layout.jobs)
-        settled = (wall_time() if now_wall is None else now_wall) - st.st_mtime > RACY_MTIME_S
-        return (st.st_mtime_ns, st.st_ino, st.st_size), settled
+        key = (st.st_mtime_ns, st.st_ino, st.st_size)
+        return key, self.watch.stood(key)
 
     def _list(self) -> dict[str, int]:
         """jobs/ as it is now: name -> inode."""

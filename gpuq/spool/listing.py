@@ -3,9 +3,10 @@ the one plan, re-read only where something changed.
 
 A record is only ever replaced by rename, so a file read before (same name, inode, mtime and
 size: a freed inode is reused at once) is not read again. Every change to running/ is a rename
-or an unlink, so while the directory's mtime stays (and is not so recent that one clock tick
-could hide a second change) the last listing stands: one stat, not one per record (NFS pays
-each). A file that is not a record is reported (once, by the caller's `report`) and skipped.
+or an unlink, so while the directory's mtime stays (and had stood long enough, when it was
+listed, that a change in the same clock tick would have moved it: spool/dirwatch.py) the last
+listing stands: one stat, not one per record (NFS pays each). A file that is not a record is
+reported (once, by the caller's `report`) and skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable
 
 from gpuq.host.wake import mtime_ns
 from gpuq.model.record import Record
-from gpuq.spool.intake import RACY_MTIME_S
+from gpuq.spool.dirwatch import MtimeWatch
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import read_record
 
@@ -24,10 +25,13 @@ _Key = tuple[str, int, int, int]  # name, inode, mtime_ns, size
 
 
 class RunningListing:
-    def __init__(self, layout: Layout, host: str, report: Callable[[str, str], None]) -> None:
+    def __init__(
+        self, layout: Layout, host: str, report: Callable[[str, str], None], watch: MtimeWatch | None = None
+    ) -> None:
         self.layout, self.host, self.report = layout, host, report
-        # running/'s mtime when it was last listed, if it was old enough then that a change in
-        # the same clock tick would have moved it (else None: the next read lists again).
+        self.watch = watch or MtimeWatch()  # on the worker's monotonic clock
+        # running/'s mtime when it was last listed, if it had stood long enough then that a
+        # change in the same clock tick would have moved it (else None: the next read lists again).
         self.listed: int | None = None
         self.own: list[Record] = []  # this box's records in that listing
         self.others: list[Record] = []  # every other box's
@@ -37,7 +41,7 @@ class RunningListing:
         """Whether running/ changed since the last listing (another box claimed meanwhile)."""
         return mtime_ns(self.layout.running) != self.listed
 
-    def read(self, now_wall: float) -> list[Record]:
+    def read(self) -> list[Record]:
         """This box's running records (a new list: the caller may change it); `others` too."""
         listed = mtime_ns(self.layout.running)  # before the listing: a later record changes it
         if listed is not None and listed == self.listed:
@@ -47,8 +51,7 @@ class RunningListing:
         cache: dict[_Key, Record] = {}
         # Judged when listing, not when reusing: a record renamed in later within the same
         # tick leaves the mtime as it is, and an old listing would then stand for good.
-        settled = listed is not None and now_wall - listed / 1e9 > RACY_MTIME_S
-        self.listed = listed if settled else None
+        self.listed = listed if listed is not None and self.watch.stood(listed) else None
         with os.scandir(self.layout.running) as it:
             for entry in it:
                 if not entry.name.endswith(".json"):

@@ -50,6 +50,7 @@ from gpuq.sched.plan import plan
 from gpuq.spool.applying import apply_one
 from gpuq.spool.cancel import cancel_pending
 from gpuq.spool.deps import DependencyStates, gates
+from gpuq.spool.dirwatch import MtimeWatch
 from gpuq.spool.drain import drain_file
 from gpuq.spool.history import UsageHistory
 from gpuq.spool.ids import migrate as migrate_ids
@@ -157,6 +158,7 @@ class Worker:
             OwnerPolicy.for_worker(
                 os.stat(layout.jobs).st_mode, config.run_for_users, config.allow_root_jobs, as_owners, config.admins
             ),
+            MtimeWatch(self.clock.mono),
         )
         self.box = Box(config, self.rt, self.intake, self.clock)  # what every part of a pass is handed
         self.sharers = start_sharing(local_dir, root_part, config, self.box.report_once)
@@ -169,7 +171,8 @@ class Worker:
         """What one pass leaves the next: the GPUs and jobs it saw, what it read and when."""
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
-        self.listing = RunningListing(self.layout, self.host, self.box.report_once)  # running/, every box's
+        # running/, every box's
+        self.listing = RunningListing(self.layout, self.host, self.box.report_once, MtimeWatch(self.clock.mono))
         self.started_last_pass = 0
         self.read_jobs_last_pass = False
         self.version_at_last_pass = -1
@@ -305,7 +308,7 @@ class Worker:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.spawner.collect()
-            running = self.listing.read(self.clock.wall())
+            running = self.listing.read()
             mine = [
                 r
                 for r in running
@@ -348,7 +351,7 @@ class Worker:
         self.runtimes.refresh(self.clock.mono())
         offered = self.config.offered_gpus(self.host)
         self.gpus = [g for g in self.probe.snapshot() if offered is None or g.index in offered]
-        self.running = self.listing.read(self.clock.wall())
+        self.running = self.listing.read()
         # Jobs over whose supervisors are recording them are sampled no more: their GPUs are
         # someone else's from now on (settle_running).
         self.ending = {r.id for r in self.running if r.boot_id == self.boot_id and has_ended(self.rt, r)}
@@ -487,7 +490,7 @@ class Worker:
         # read again, and then only new and vanished names are examined (a spec edited in
         # place is also caught when it is claimed: the claimed bytes must be the planned ones).
         full = now - self.intake.full_scan_at >= FULL_SCAN_EVERY_S
-        self.intake.scan(now, full=full, now_wall=self.clock.wall())
+        self.intake.scan(now, full=full)
         if full:
             sweep_temp_files(self.layout, self.host, self.clock.wall())
         self.arrivals.take_in(now, self.config.spec_settle_s)
@@ -572,11 +575,11 @@ class Worker:
         # Another box may have claimed jobs since this pass looked: with their records read
         # again under the lock, caps and GPUs are counted with them. (One stat tells.)
         if self.listing.changed():
-            self.listing.read(now)
+            self.listing.read()
             team.running = own_jobs + running_elsewhere(beats, self.listing.others, self.host)
         usage = self._usage(now, beats)
         pending = self.intake.pending()
-        if gone := self.intake.gone_since_scan(now):
+        if gone := self.intake.gone_since_scan():
             pending = [job for job in pending if job.id not in gone]
         estimates, running = learned_runs(pending, team.running, self.config, self.history.durations, now)
         decided = plan(

@@ -225,7 +225,7 @@ class BridgeWorker(Worker):
         """Records an earlier bridge wrote but died before noting their Slurm id: find the job
         by the comment sbatch was given (`gpuq:<claim>`) among every job Slurm knows; one
         Slurm never got goes back to the queue at its old place."""
-        orphans = [r for r in self.listing.read(self.clock.wall()) if not r.slurm_id]
+        orphans = [r for r in self.listing.read() if not r.slurm_id]
         if not orphans:
             return
         known = _handed_over_by_comment()
@@ -275,7 +275,7 @@ class BridgeWorker(Worker):
     def observe(self) -> None:
         """No GPUs here: Slurm's nodes have them. Only the records this bridge follows."""
         self.gpus, self.observed = [], {}
-        self.running = self.listing.read(self.clock.wall())
+        self.running = self.listing.read()
 
     def follow(self) -> None:
         now = time.monotonic()
