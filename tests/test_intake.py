@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_until
+from gpuq.spool.dirwatch import RACY_MTIME_S, MtimeWatch
 from gpuq.spool.intake import Intake, user_name
 from gpuq.spool.layout import Layout
 
@@ -37,6 +38,30 @@ def test_quick_scans_see_new_replaced_and_vanished_specs(tmp_path):
     assert {j.id: j.spec.gpu_mem_mib for j in intake.pending()} == {"a": 2048, "b": None}
     os.unlink(layout.jobs / "b.yml")
     intake.scan(2.0, full=False)
+    assert [j.id for j in intake.pending()] == ["a"]
+
+
+def test_a_scan_whose_listing_failed_does_not_stand(tmp_path, monkeypatch):
+    """jobs/ changed, and its mtime stood; the listing then failed (EIO, ESTALE on NFS). The
+    scan after must list again: its key was kept before the listing, and the new spec stayed
+    unseen until the next full scan."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    mono = [1000.0]
+    intake = Intake(layout, watch=MtimeWatch(lambda: mono[0]))
+    intake.scan(mono[0], full=True)
+    _write(layout, "a.yaml", "command: x\n")
+
+    def failing() -> dict[str, int]:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(intake, "_list", failing)
+    for _ in range(2):  # first seen, then stood
+        with pytest.raises(OSError):
+            intake.scan(mono[0], full=False)
+        mono[0] += RACY_MTIME_S + 1
+    monkeypatch.undo()
+    intake.scan(mono[0], full=False)
     assert [j.id for j in intake.pending()] == ["a"]
 
 

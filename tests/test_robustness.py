@@ -135,6 +135,35 @@ def test_a_box_whose_clock_runs_ahead_of_the_disks_sees_a_spec_dropped_in_a_scan
     assert box.launched() == ["late"]  # seen, and started on a free GPU
 
 
+def test_a_listing_of_running_that_failed_does_not_stand(tmp_path, monkeypatch):
+    """A new record landed, and running/'s mtime stood; the listing then failed (EIO, ESTALE on
+    NFS). The read after must list again: the mtime was kept before the listing, and the box
+    went on without its own running job for as long as running/ did not change."""
+    from gpuq.spool import listing as listing_module
+    from gpuq.spool.dirwatch import RACY_MTIME_S, MtimeWatch
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.listing import RunningListing
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    mono = [1000.0]
+    listing = RunningListing(layout, "a", lambda key, message: None, MtimeWatch(lambda: mono[0]))
+    assert listing.read() == []
+    record = {"id": "j", "state": "running", "spec": {}, "host": "a", "attempt": 1, "uid": 0}
+    (layout.running / "j.json").write_text(json.dumps(record))
+
+    def failing(path: object) -> object:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(listing_module.os, "scandir", failing)
+    for _ in range(2):  # first seen, then stood
+        with pytest.raises(OSError):
+            listing.read()
+        mono[0] += RACY_MTIME_S + 1
+    monkeypatch.undo()
+    assert [r.id for r in listing.read()] == ["j"]
+
+
 def test_a_record_gone_between_listing_and_reading_is_not_reported(tmp_path, monkeypatch):
     """A job that ends while a pass lists running/ is not a bad file: the worker logged
     "state/running/j.json skipped: No such file or directory" for a healthy job."""

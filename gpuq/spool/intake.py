@@ -151,11 +151,12 @@ class Intake:
                 return
             if dir_key == self.dir_key and settled and not self.failing:
                 return
-            self.dir_key = dir_key if settled else None
+            self.dir_key = None  # until the listing below is whole (one that fails must not stand)
         listing = self._list()
         if full:
             candidates = set(listing)
         else:  # set operations on dict views run in C: a burst of claims costs O(changes)
+            self.dir_key = dir_key if settled else None  # the listing is whole: it may stand
             candidates = {name for name, _ in listing.items() - self.listing.items()}
             candidates.update(self.entries[i].name for i in self.failing)
         self.listing = listing

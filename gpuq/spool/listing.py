@@ -50,8 +50,10 @@ class RunningListing:
         others: list[Record] = []
         cache: dict[_Key, Record] = {}
         # Judged when listing, not when reusing: a record renamed in later within the same
-        # tick leaves the mtime as it is, and an old listing would then stand for good.
-        self.listed = listed if listed is not None and self.watch.stood(listed) else None
+        # tick leaves the mtime as it is, and an old listing would then stand for good. Kept
+        # only once the listing is whole: one that failed (EIO, ESTALE) must not stand.
+        stood = listed is not None and self.watch.stood(listed)
+        self.listed = None
         with os.scandir(self.layout.running) as it:
             for entry in it:
                 if not entry.name.endswith(".json"):
@@ -69,4 +71,5 @@ class RunningListing:
                     cache[key] = record
                     (own if record.host == self.host else others).append(record)
         self.cache, self.own, self.others = cache, own, others
+        self.listed = listed if stood else None
         return list(own)
