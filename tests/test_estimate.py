@@ -149,7 +149,7 @@ def test_a_job_behind_one_past_its_limit_starts_when_that_ones_grace_runs_out():
 def test_a_job_behind_a_yielding_low_job_is_expected_when_that_ones_grace_runs_out():
     """A low job told to yield frees its GPU within its grace; the job it yields for read
     START BY now while it drained (the replay left low jobs out), and a low job not told to
-    yield is still left out: the plan preempts it when it must."""
+    yield is still left out: the plan preempts it when it must (and where it may)."""
     gpus = [host("h", gpu(0))]
     waiting = [job("w", mem_gib=None, queued_at=1, limit_s=300)]
     draining = run("lo", gpus=(0,), mem_gib=None, low=True, started_at=0, stopping=True)
@@ -158,6 +158,11 @@ def test_a_job_behind_a_yielding_low_job_is_expected_when_that_ones_grace_runs_o
     assert replay_starts(waiting, gpus, [own_grace], CFG, now=50).starts == {"w": 55}
     not_told = replace(draining, stopping=False)
     assert replay_starts(waiting, gpus, [not_told], CFG, now=50).starts == {"w": 50}
+    # Where preemption is off, nothing makes a low job yield: the job behind it waits for its end.
+    no_preemption = replace(CFG, preemption=False)
+    limited = replace(not_told, limit_s=600.0)
+    assert replay_starts(waiting, gpus, [limited], no_preemption, now=50).starts == {"w": 600}
+    assert replay_starts(waiting, gpus, [not_told], no_preemption, now=50).why_none == {"w": UNKNOWN}
 
 
 @pytest.mark.slow

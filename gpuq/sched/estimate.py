@@ -152,9 +152,9 @@ def replay_starts(
     result = Estimate()
     waiting = _replayed(pending, blocked or {}, now, result.why_none)
     hosts, running = _without_observed(hosts, running)
-    # Low jobs are left out (the plan preempts them when it must), but not one already told to
-    # yield: it holds its GPU until its grace runs out.
-    active = [r for r in running if not r.preemptible or r.stopping]
+    # Low jobs are left out where the plan preempts them when it must (as placement.build_slots
+    # hides them), but not one already told to yield: it holds its GPU until its grace runs out.
+    active = [r for r in running if not (r.preemptible and config.preemption) or r.stopping]
     # When each job leaves the replay: by its limit (past it, its stop's grace, however late:
     # the plan gives up on one a grace late), or sooner where `run_for` says so.
     leaves = {
