@@ -204,6 +204,43 @@ def test_a_job_told_to_yield_frees_its_gpu_within_its_own_grace():
     assert result.reserved == {"pair": ("h", (0, 1), 100 + CFG.grace_s)}
 
 
+def test_a_job_told_to_stop_frees_its_gpu_a_grace_after_it_was_told_and_then_tells_nothing():
+    """A cancelled job without a limit, told to stop at 100 (its box publishes when): the pair
+    job is reserved both GPUs from 100 + its grace, the same moment at every pass (it was
+    counted from each pass's now, so a stop that never ended held the reservation, and kept
+    the long job off the free GPU, for good). Past that, it is expected at each next pass; a
+    grace later still it is stuck, and tells nothing."""
+    told = replace(run("told", gpus=(0,), mem_gib=None, stopping=True), told_at=100.0)
+    grace = CFG.grace_s
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=0), job("long", queued_at=1, limit_s=7200)]
+    h = [host("h", gpu(0), gpu(1))]
+    for now, due in ((101, 100 + grace), (100 + grace + 1, 100 + grace + 1 + CFG.poll_interval)):
+        result = plan(pending, h, [told], CFG, now=now)
+        assert result.reserved == {"pair": ("h", (0, 1), due)} and starts(result) == {}, now
+    stuck = plan(pending, h, [told], CFG, now=100 + 2 * grace + 1)
+    assert stuck.reserved == {} and list(starts(stuck)) == ["long"]
+
+
+def test_a_boxs_stops_apply_to_its_own_records_only_and_say_when_and_why():
+    """Box a told j to stop (a cancel), then died; j, retried, runs on b. a's last heartbeat
+    must not make j on b look stopping to the other boxes (it did: stops were matched by id
+    alone). A heartbeat of an older worker, with ids only, still marks its own jobs."""
+    from gpuq.model.record import Record
+    from gpuq.model.stops import StopCause, StopOrder
+    from gpuq.spool.teamstate import running_elsewhere
+
+    def record(job_id: str, host: str) -> Record:
+        return Record.from_json({"id": job_id, "state": "running", "spec": {}, "host": host, "attempt": 2, "uid": 0})
+
+    beat_a = {"host": "a", "stopping": ["j", "k"], "stops": {"j": {"since": 100.0, "cause": "cancelled"}}}
+    seen = {r.id + "@" + r.host: r for r in running_elsewhere([beat_a], [record("j", "b"), record("k", "a")], "c")}
+    assert not seen["j@b"].stopping
+    assert seen["k@a"].stopping and seen["k@a"].told_at is None  # ids only: when is not known
+    (j,) = running_elsewhere([beat_a], [record("j", "a")], "c")
+    assert j.stopping and j.told_at == 100.0
+    assert StopOrder.from_json(beat_a["stops"]["j"]) == StopOrder(100.0, StopCause.CANCEL)
+
+
 # Box a runs two jobs without a limit, b one that ends by 600; a 2-GPU job may run on a only.
 TWO_BOXES = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1), gpu(2), gpu(3))]
 A_UNKNOWN_B_LIMITED = [

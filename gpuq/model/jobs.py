@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.names import natural_order
 from gpuq.model.spec import CLASS_RANK, JobSpec
+from gpuq.model.stops import StopOrder
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class RunningJob:
     priority_class: str = "normal"
     started_at: float = 0.0
     stopping: bool = False  # told to stop (preempted, cancelled, over its memory): on its way out
+    told_at: float | None = None  # when it was told (its box's wall clock); None: not known
     mps: bool = False  # an MPS client (model/sharing.py): its GPU serves only its user's
     compute_pct: int | None = None  # its spec's gpu_compute; None: it may keep the whole GPU busy
     limit_s: float | None = None  # how long it may run (its time limit, or an estimate); None: unknown
@@ -64,21 +66,29 @@ class RunningJob:
         """How long a stop of it may take (SIGTERM, then SIGKILL): its spec's grace, else the config's."""
         return self.grace_s if self.grace_s is not None else config_grace_s
 
-    def gone_by(self, now: float, config_grace_s: float, poll_interval: float) -> float:
-        """When it will have left its GPUs at the latest. One told to stop: within its grace
-        (from now: when it was told is not published). Else by its time limit; one past it is
-        being stopped: its supervisor sends SIGTERM at the limit and SIGKILL a grace later,
-        counting from its own start (a moment after the claim counted here), then records the
-        end: by then, and no sooner than a worker's next pass where that has gone by."""
+    def stop_began(self, now: float) -> float:
+        """When its stop began: when it was told to stop (now, if that is not known), else
+        when its time limit runs out (inf: no limit)."""
         if self.stopping:
-            return now + self.stop_grace(config_grace_s)
-        if self.ends_by > now:
-            return self.ends_by
-        return max(self.ends_by + self.stop_grace(config_grace_s), now + poll_interval)
+            return self.told_at if self.told_at is not None else now
+        return self.ends_by
+
+    def gone_by(self, now: float, config_grace_s: float, poll_interval: float) -> float:
+        """When it will have left its GPUs at the latest: by its time limit, or, once its stop
+        began (told to stop: preempted, cancelled, over its memory; or its limit ran out),
+        a grace later: SIGTERM, then SIGKILL after its grace. A limit's stop is counted by its
+        supervisor from its own start (a moment after the claim counted here), and the end is
+        recorded after the kill: by then, and no sooner than a worker's next pass where that
+        has gone by."""
+        began = self.stop_began(now)
+        if began > now:
+            return began
+        return max(began + self.stop_grace(config_grace_s), now + poll_interval)
 
     @classmethod
-    def of(cls, record: Any, observed: dict[int, int], stopping: bool, host: str = "") -> "RunningJob":
-        """From a running Record (spool/store.py), as the worker and `gpuq status` both see it."""
+    def of(cls, record: Any, observed: dict[int, int], stop: StopOrder | None, host: str = "") -> "RunningJob":
+        """From a running Record (spool/store.py), as the worker and `gpuq status` both see it;
+        `stop`: its box's order to stop it, if it gave one."""
         spec = record.spec
         return cls(
             record.id,
@@ -90,7 +100,8 @@ class RunningJob:
             preemptible=bool(spec.get("preemptible")),
             priority_class=spec.get("priority_class", "normal"),
             started_at=record.claimed_at or 0.0,
-            stopping=stopping,
+            stopping=stop is not None,
+            told_at=stop.since if stop is not None else None,
             mps=bool(getattr(record, "mps_pipe", None)),
             compute_pct=spec.get("gpu_compute_pct"),
             limit_s=record.time_limit_s,

@@ -94,3 +94,27 @@ def cause_of(entry: dict) -> StopCause | None:
         return StopCause(entry["cause"]) if entry["cause"] is not None else None
     except ValueError:  # a cause a newer gpuq knows: none this one acts on
         return None
+
+
+@dataclass(frozen=True)
+class StopOrder:
+    """A running job told to stop, as its box publishes it (the heartbeat's `stops`): since
+    when, on that box's wall clock, and why. None in either: a heartbeat that did not say
+    (a worker of an older gpuq lists only the ids)."""
+
+    since: float | None
+    cause: StopCause | None
+
+    def to_json(self) -> dict:
+        return {"since": self.since, "cause": self.cause.value if self.cause else None}
+
+    @classmethod
+    def from_json(cls, d: object) -> StopOrder:
+        """From a heartbeat's `stops` entry (checked by teamstate.heartbeat_problem)."""
+        if not isinstance(d, dict):
+            return cls(None, None)
+        cause = d.get("cause")
+        return cls(d.get("since"), StopCause(cause) if cause in _CAUSES else None)
+
+
+_CAUSES = {c.value for c in StopCause}

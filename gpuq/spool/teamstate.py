@@ -21,6 +21,7 @@ from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, RunningJob
 from gpuq.model.record import Record
+from gpuq.model.stops import StopOrder
 from gpuq.spool.drain import drained_hosts
 from gpuq.spool.layout import Layout
 
@@ -87,6 +88,11 @@ def heartbeat_problem(hb: Any, host: str) -> str | None:
         return "'others_idle_since' is not GPU -> time"
     if not isinstance(hb.get("stopping", []), list) or not all(isinstance(j, str) for j in hb.get("stopping", [])):
         return "'stopping' is not a list of job ids"
+    stops = hb.get("stops", {})
+    if not isinstance(stops, dict) or not all(
+        isinstance(o, dict) and (o.get("since") is None or _number(o["since"])) for o in stops.values()
+    ):
+        return "'stops' is not job -> {since, cause}"
     if not isinstance(hb.get("runtimes", {}), (dict, list)) or not isinstance(hb.get("warnings", {}), dict):
         return "'runtimes' or 'warnings' is not a mapping"
     return None
@@ -132,8 +138,12 @@ def observed_memory(beats: Iterable[dict[str, Any]]) -> dict[str, dict[int, int]
     }
 
 
-def told_to_stop(beats: Iterable[dict[str, Any]]) -> set[str]:
-    return {j for hb in beats for j in hb.get("stopping", ())}
+def told_to_stop(beats: Iterable[dict[str, Any]]) -> dict[tuple[str, str], StopOrder]:
+    """(host, job id) -> the order to stop it, as each box published its own jobs' (a box
+    matches only its own records: a job retried elsewhere is not the one its last box stopped)."""
+    return {
+        (hb["host"], j): StopOrder.from_json(hb.get("stops", {}).get(j)) for hb in beats for j in hb.get("stopping", ())
+    }
 
 
 def host_view(hb: dict[str, Any], config: Config) -> HostView:
@@ -153,8 +163,10 @@ def running_elsewhere(beats: Sequence[dict[str, Any]], records: Sequence[Record]
     """The running jobs of every box but `mine`, with the memory and stops their boxes
     last published."""
     others = [hb for hb in beats if hb["host"] != mine]
-    observed, stopping = observed_memory(others), told_to_stop(others)
-    return [RunningJob.of(r, observed.get(r.id, {}), r.id in stopping) for r in records if r.host != mine]
+    observed, stops = observed_memory(others), told_to_stop(others)
+    return [
+        RunningJob.of(r, observed.get(r.id, {}), stops.get((r.host or "", r.id))) for r in records if r.host != mine
+    ]
 
 
 @dataclass

@@ -18,6 +18,7 @@ from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob
 from gpuq.model.names import name_of, named
 from gpuq.model.record import Record
 from gpuq.model.spec import command_shown, extras_in
+from gpuq.model.stops import StopCause, StopOrder
 from gpuq.sched.estimate import NOT_ESTIMATED, Estimate, learned_runs, replay_starts, typical_runs
 from gpuq.sched.fairshare import effective_usage, gpu_use_by_user, shares
 from gpuq.sched.placement import build_slots, usable_mib
@@ -78,7 +79,7 @@ def _status(
     observed = observed_memory(beats)
     running = running_records(layout)
     live = [hb for hb in beats if heartbeat_alive(hb, now)]
-    stopping = told_to_stop(beats)
+    stops = told_to_stop(beats)
     warnings = {j: why for hb in live for j, why in hb.get("warnings", {}).items()}
     team = picture(layout, config, beats, running, now)  # what every worker plans over
     queue = _plan_queue(layout, config, beats, team, now, pending_rows)
@@ -96,7 +97,10 @@ def _status(
             }
             for hb in beats
         ],
-        "running": [_running(r, observed.get(r.id, {}), now, r.id in stopping, warnings.get(r.id)) for r in running],
+        "running": [
+            _running(r, observed.get(r.id, {}), now, stops.get((r.host or "", r.id)), warnings.get(r.id))
+            for r in running
+        ],
         **_pending_part(queue, team, running, config, now, pending_rows),
         "held": held_jobs(layout),
         "not_specs": not_specs(layout, now),
@@ -363,7 +367,10 @@ def _host(
     }
 
 
-def _running(r: Record, observed: dict[int, int], now: float, stopping: bool, warning: str | None) -> dict[str, Any]:
+def _running(
+    r: Record, observed: dict[int, int], now: float, stop: StopOrder | None, warning: str | None
+) -> dict[str, Any]:
+    preemptible = bool(r.spec.get("preemptible"))
     return {
         "id": r.id,
         # The spec's label (free text, one line), else the stem of its id: `status -n` matches it.
@@ -372,9 +379,11 @@ def _running(r: Record, observed: dict[int, int], now: float, stopping: bool, wa
         "host": r.host,
         "gpus": r.gpus,
         "attempt": r.attempt,
-        "preemptible": bool(r.spec.get("preemptible")),
-        "stopping": stopping,  # told to stop: cancelled, preempted or over its memory, in its grace
-        "yielding": stopping and bool(r.spec.get("preemptible")),  # an opportunistic job's stop
+        "preemptible": preemptible,
+        "stopping": stop is not None,  # told to stop: cancelled, preempted or over its memory, in its grace
+        # Told to yield: preempted (an older worker's heartbeat does not say why: a low job's stop).
+        "yielding": stop is not None
+        and (stop.cause or (StopCause.PREEMPT if preemptible else None)) is StopCause.PREEMPT,
         "warning": warning,
         "restarts": r.restarts,
         "slurm_id": r.slurm_id,

@@ -28,7 +28,7 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, Plan, RunningJob, SetAside, Start
 from gpuq.model.markers import Phase
 from gpuq.model.record import Record
-from gpuq.model.stops import Stop
+from gpuq.model.stops import Stop, StopCause, StopOrder
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
 from gpuq.model.windows import window_open
@@ -202,9 +202,9 @@ class Worker:
         self.unchanged_plan_inputs: tuple | None = None
         self.idle_tracker = IdleTracker(self.config.idle_util_pct)
         self.others_idle_since: dict[int, float | None] = {}
-        # Running jobs told to stop (preempted, cancelled, over their memory): the plan, here
-        # and on the other boxes (the heartbeat), counts them gone within their grace.
-        self.stopping: set[str] = set()
+        # Running jobs told to stop (preempted, cancelled, over their memory), when and why: the
+        # plan, here and on the other boxes (the heartbeat), counts them gone a grace later.
+        self.stopping: dict[str, StopOrder] = {}
         self.ending: set[str] = set()  # jobs over whose supervisors are still recording them
         self.put_back_specs = False  # settle_running put a spec back into jobs/ this pass
         self.pass_started_wall = float("inf")  # when the last pass began (wall clock)
@@ -377,7 +377,7 @@ class Worker:
     def _act_on_overuse(self, overuse: Overuse) -> None:
         record = next(r for r in self.running if r.id == overuse.job_id)
         if overuse.kill and request_stop(self.rt, record, Stop.limit(overuse.why)):
-            self.stopping.add(record.id)
+            self._told(record.id, StopCause.LIMIT)
             log.warning("stopping %s: %s", record.id, overuse.why)
             append_note(self.layout, self.host, record.id, "stopping", overuse.why)
         elif not overuse.kill:
@@ -404,7 +404,7 @@ class Worker:
                 finish_local(self.rt, record)
             self.gpu_usage.forget(record.id)
         self.running, self.ending = alive, {r.id for r in ending}
-        self.stopping &= {r.id for r in alive}
+        self.stopping = {r.id: self.stopping[r.id] for r in alive if r.id in self.stopping}
         self.recovery.requeue_orphan_claims()
         # A spec put back at its place (preempted, retried) is planned in this very pass: else
         # the GPUs it freed go to a job behind it before jobs/ is read again.
@@ -446,7 +446,7 @@ class Worker:
                 stop = Stop.cancel(safe_text(str(order.get("by", "?")))[:64])
                 if not self._stop(record, stop):
                     continue  # its supervisor is still starting: try again next pass
-                self.stopping.add(job_id)
+                self._told(job_id, stop.cause)
                 log.info("cancelling %s (%s)", job_id, stop.reason)
             path.unlink(missing_ok=True)
 
@@ -663,12 +663,15 @@ class Worker:
             if record is None or job_id in self.stopping:
                 continue
             if request_stop(self.rt, record, Stop.preempt(why)):
-                self.stopping.add(job_id)
+                self._told(job_id, StopCause.PREEMPT)
                 log.info("preempting %s: %s", job_id, why)
                 append_note(self.layout, self.host, job_id, "preempting", why)
 
+    def _told(self, job_id: str, cause: StopCause) -> None:
+        self.stopping[job_id] = StopOrder(self.clock.wall(), cause)
+
     def _running_jobs(self) -> list[RunningJob]:
-        return [RunningJob.of(r, self.observed.get(r.id, {}), r.id in self.stopping, self.host) for r in self.running]
+        return [RunningJob.of(r, self.observed.get(r.id, {}), self.stopping.get(r.id), self.host) for r in self.running]
 
     def report(self) -> None:
         """What this box tells the others (worker/publishing.py), when it is due."""

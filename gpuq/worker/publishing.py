@@ -19,6 +19,7 @@ from gpuq.host.files import write_json
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
+from gpuq.model.stops import StopOrder
 from gpuq.run.joblocal import write_lease
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
@@ -38,7 +39,7 @@ class BoxState:
     running: list[Record]
     observed: dict[str, dict[int, int]]  # job id -> GPU index -> MiB its processes use
     others_idle_since: dict[int, float | None]  # GPU index -> free of others' use since (None: in use)
-    stopping: set[str]
+    stopping: dict[str, StopOrder]  # running jobs told to stop: when and why
     warnings: dict[str, str]  # job id -> its GPU memory overuse
     others_silent_s: dict[str, float]  # another box -> how long its heartbeat has stood still, on this box's clock
     probe_error: str | None
@@ -185,7 +186,8 @@ class Publisher:
                 "mem_mib": self.mem_mib,
                 "observed": {j: {str(i): m for i, m in per.items()} for j, per in state.observed.items()},
                 "others_idle_since": {str(i): t for i, t in state.others_idle_since.items()},
-                "stopping": sorted(state.stopping),
+                "stopping": sorted(state.stopping),  # the ids alone: what older workers read
+                "stops": {j: order.to_json() for j, order in state.stopping.items()},
                 "warnings": dict(state.warnings),
                 "probe_error": state.probe_error,
                 "runtimes": state.runtimes,

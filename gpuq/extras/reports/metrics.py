@@ -14,6 +14,7 @@ from gpuq.host.files import atomic_write
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
+from gpuq.model.stops import StopCause
 from gpuq.spool.layout import Layout
 from gpuq.worker.publishing import Published, StartPublisher
 
@@ -92,7 +93,7 @@ def figures(published: Published) -> HostFigures:
         state.running,
         state.observed,
         [e.job.user for e in published.intake.entries.values() if e.job is not None],
-        {r.id for r in state.running if r.id in state.stopping and r.spec.get("preemptible")},  # yielding
+        {j for j, order in state.stopping.items() if order.cause is StopCause.PREEMPT},  # yielding
         {i for i, t in state.others_idle_since.items() if t is None},
         published.finished.counts(),
     )

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from harness import PassWorker
+from harness import PassWorker, status
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import PY, REPO, wait_until
@@ -54,19 +54,24 @@ def test_the_publisher_writes_into_metrics_dir_every_few_seconds_and_soon_after_
 
 
 def test_a_cancelled_job_is_running_until_it_ends_and_only_a_preempted_one_is_yielding(tmp_path: Path):
-    """A cancelled job is told to stop (the heartbeat lists it, for the plan); it is still
-    running, not yielding, until its supervisor records its end."""
-    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB")
+    """A cancelled job, opportunistic or not, is told to stop (the heartbeat lists it, for the
+    plan); it is still running, not yielding, until its supervisor records its end."""
+    box = PassWorker(tmp_path / "root", fake_gpus="2x80GiB")
     path = tmp_path / "root" / "state" / "metrics" / "gpuq-a.prom"
     box.drop("busy.yaml", "command: sleep 600\ngpus: 1\n")
-    box.run_pass(after_s=1)
-    assert box.launched() == ["busy"]
-    send(box.layout, "cancel", ("busy",), sent_from="a")
+    box.drop("lo.yaml", "command: sleep 600\ngpus: 1\npriority: low\n")
+    for _ in range(8):  # a low job starts once its GPU has been idle for a minute
+        box.run_pass(after_s=10)
+    assert sorted(box.launched()) == ["busy", "lo"]
+    send(box.layout, "cancel", ("busy", "lo"), sent_from="a")
     box.run_pass(after_s=EVERY_S)
-    assert "busy" in box.stops and box.heartbeat()["stopping"] == ["busy"]
+    assert set(box.stops) == {"busy", "lo"} and box.heartbeat()["stopping"] == ["busy", "lo"]
+    assert {j: o["cause"] for j, o in box.heartbeat()["stops"].items()} == {"busy": "cancelled", "lo": "cancelled"}
     s = samples(path.read_text())
-    assert s[("gpuq_jobs", (("host", "a"), ("state", "running")))] == 1
+    assert s[("gpuq_jobs", (("host", "a"), ("state", "running")))] == 2
     assert s[("gpuq_jobs", (("host", "a"), ("state", "yielding")))] == 0
+    shown = {r["id"]: (r["stopping"], r["yielding"]) for r in status(box.root)["running"]}
+    assert shown == {"busy": (True, False), "lo": (True, False)}
 
 
 @pytest.mark.slow
