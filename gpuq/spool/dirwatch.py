@@ -11,6 +11,11 @@ in a later tick and moves the mtime.
 The mtime is the file server's clock; it is never compared with this box's wall clock, which
 may run ahead of it (then every listing looked old enough, and a box missed its own new
 running record: it started an exclusive job beside it).
+
+This holds for a fresh stat and a fresh listing. An NFS client may serve either from its
+attribute and directory caches while the mtime it cached stands, for up to `acdirmax`: a
+change another box made is then seen that much later, and `gpuq doctor` warns of a mount that
+caches long.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Hashable
 
-# Longer than any timestamp tick of the filesystems a spool lives on.
-RACY_MTIME_S = 2.0
+# Longer than any timestamp tick of the filesystems a spool lives on (FAT's is 2 s).
+RACY_MTIME_S = 3.0
 
 
 class MtimeWatch:
