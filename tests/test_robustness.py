@@ -110,6 +110,8 @@ def test_a_box_whose_clock_runs_ahead_of_the_disks_sees_its_own_record_landed_in
     box = _box_ahead_of_the_disk(tmp_path / "root")
     box.drop("long.yaml", "command: sleep 600\ngpus: 1\ngpu_mem: 10GiB\n")
     running = box.layout.running
+    (running / ".x").touch()  # running/ changes now (another job ended): a new tick
+    (running / ".x").unlink()
     before = os.stat(running).st_mtime_ns
     box.run_pass(after_s=1)  # lists running/, then starts long: its record lands in that tick
     assert box.launched() == ["long"]
