@@ -208,17 +208,28 @@ class PassWorker:
         self.clock = clock or FakeClock()
         self.spawner = RecordingSpawner()
         self.stops: dict[str, tuple[Stop, float]] = {}  # job id -> the order, when given (mono)
-        self.worker = Worker(
+        self.worker = self._started_worker()
+        _boxes.append(self)
+
+    def _started_worker(self) -> Worker:
+        worker = Worker(
             self.layout,
             load(self.layout.config_file),
-            host,
-            fake_gpus,
+            self.host,
+            self.fake_gpus,
             clock=self.clock,
             spawner=self.spawner,
             runtimes=NoContainerRuntimes(),
         )
-        self.worker.begin()
-        _boxes.append(self)
+        worker.begin()
+        return worker
+
+    def restart(self) -> None:
+        """The worker process exits and a new one starts; the jobs and their supervisors (the
+        spawner's) run on."""
+        self.close()
+        with self.taking_stops():
+            self.worker = self._started_worker()
 
     def close(self) -> None:
         """What a worker process would give back as it exits: its wake FIFO and the queue

@@ -13,6 +13,7 @@ from gpuq.host.files import atomic_write
 from gpuq.model.markers import Marker, Phase
 from gpuq.model.states import State
 from gpuq.run.joblocal import LOCAL_MODE
+from gpuq.spool.inbox import send
 from gpuq.spool.store import read_record
 from gpuq.worker import arrivals
 
@@ -290,3 +291,20 @@ def test_a_slow_pass_does_not_let_an_exit_when_idle_worker_leave_before_its_plan
     monkeypatch.setattr(box.worker, "report", report)
     box.run_pass(after_s=1)
     assert box.launched() == ["lo"]
+
+
+def test_a_restarted_worker_still_counts_a_job_it_told_to_stop_as_stopping(tmp_path):
+    """A worker cancels a job and exits (cron starts another) while the job takes its grace:
+    the new worker forgot the order, and the plan took the job to run to its limit again.
+    It reads the orders back from the jobs' stop files, with when they were written."""
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB")
+    box.drop("busy.yaml", "command: sleep 600\ngpus: 1\n")
+    box.run_pass(after_s=1)
+    send(box.layout, "cancel", ("busy",), sent_from="a")
+    box.run_pass(after_s=1)
+    told = box.heartbeat()["stops"]["busy"]
+    box.restart()
+    box.run_pass(after_s=1)
+    assert box.heartbeat()["stopping"] == ["busy"]
+    again = box.heartbeat()["stops"]["busy"]
+    assert again["cause"] == "cancelled" and abs(again["since"] - told["since"]) < 60, (told, again)

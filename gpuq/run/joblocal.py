@@ -34,7 +34,7 @@ from gpuq.host.hostinfo import process_start_ticks, read_owned
 from gpuq.model.markers import OVER, Marker, parse_marker
 from gpuq.model.record import Record
 from gpuq.model.states import State
-from gpuq.model.stops import Stop, cause_of
+from gpuq.model.stops import Stop, StopOrder, cause_of
 from gpuq.spool.layout import Layout
 
 
@@ -255,6 +255,19 @@ def stop_ordered(rt: Runtime, job_id: str) -> Stop | None:
     """The stop the worker ordered for this job, if any (the stop file, run/joblocal.request_stop)."""
     data = read_own(rt.stop_path(job_id))
     return Stop.decode(data) if data is not None else None
+
+
+def stop_order(rt: Runtime, job_id: str) -> StopOrder | None:
+    """The stop ordered for this job as its box publishes it: why, and when (the stop file's
+    mtime, on this box's clock)."""
+    stop = stop_ordered(rt, job_id)
+    if stop is None:
+        return None
+    try:
+        since: float | None = os.stat(rt.stop_path(job_id), follow_symlinks=False).st_mtime
+    except OSError:
+        since = None
+    return StopOrder(since, stop.cause)
 
 
 def has_ended(rt: Runtime, record: Record) -> bool:

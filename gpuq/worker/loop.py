@@ -40,6 +40,7 @@ from gpuq.run.joblocal import (
     read_marker,
     request_stop,
     settle_lock,
+    stop_order,
     write_lease,
 )
 from gpuq.run.spawner import Spawner
@@ -255,6 +256,10 @@ class Worker:
             f"; {self.probe.error}" if self.probe.error else "",
         )
         write_lease(self.rt, self.clock.mono())  # a restarted worker renews its supervisors' lease
+        # Jobs a worker before this one told to stop, still in their grace: their stop files say so.
+        for record in self.listing.read():
+            if (order := stop_order(self.rt, record.id)) is not None:
+                self.stopping[record.id] = order
         try:  # other boxes touch it to wake this one; without it they wait for its poll
             atomic_write(poke_path(self.layout, self.host), b"", mode=0o644, durable=False)
         except OSError as e:
