@@ -265,6 +265,7 @@ class PassWorker:
         if record.id not in self.spawner.starting:
             return False
         atomic_write(rt.stop_path(record.id), stop.encode(), LOCAL_MODE, durable=False)
+        os.utime(rt.stop_path(record.id), (self.clock.wall(),) * 2)  # written on this box's clock
         self.stops.setdefault(record.id, (stop, self.clock.mono()))
         return True
 

@@ -80,10 +80,9 @@ class RunningJob:
         supervisor from its own start (a moment after the claim counted here), and the end is
         recorded after the kill: by then, and no sooner than a worker's next pass where that
         has gone by."""
-        began = self.stop_began(now)
-        if began > now:
-            return began
-        return max(began + self.stop_grace(config_grace_s), now + poll_interval)
+        if not self.stopping and self.ends_by > now:
+            return self.ends_by
+        return max(self.stop_began(now) + self.stop_grace(config_grace_s), now + poll_interval)
 
     @classmethod
     def of(cls, record: Any, observed: dict[int, int], stop: StopOrder | None, host: str = "") -> "RunningJob":

@@ -146,7 +146,10 @@ def supervise(rt: Runtime, record: Record, lock_fd: int, clock: Clock | None = N
         except OSError:
             pass  # best effort: a requeue of this attempt writes both anew
         crash_point("supervisor:owned")
-        rt.exit_path(record.id).unlink(missing_ok=True)  # an earlier attempt's: never read as this one's
+        # An earlier attempt's exit and stop files: never read as this one's (a stop is only
+        # ordered once this attempt is marked started, below).
+        rt.exit_path(record.id).unlink(missing_ok=True)
+        rt.stop_path(record.id).unlink(missing_ok=True)
         _mark(lock_fd, Marker(Phase.STARTED, record.claim))
         crash_point("supervisor:marked")
         _run_and_record(rt, record, lock_fd, clock or Clock())

@@ -90,7 +90,10 @@ def heartbeat_problem(hb: Any, host: str) -> str | None:
         return "'stopping' is not a list of job ids"
     stops = hb.get("stops", {})
     if not isinstance(stops, dict) or not all(
-        isinstance(o, dict) and (o.get("since") is None or _number(o["since"])) for o in stops.values()
+        isinstance(o, dict)
+        and (o.get("since") is None or _number(o["since"]))
+        and (o.get("cause") is None or isinstance(o["cause"], str))
+        for o in stops.values()
     ):
         return "'stops' is not job -> {since, cause}"
     if not isinstance(hb.get("runtimes", {}), (dict, list)) or not isinstance(hb.get("warnings", {}), dict):
@@ -175,9 +178,10 @@ class TeamPicture:
     running: list[RunningJob]  # every running job, on any box
     drains: dict[str, Any] = field(default_factory=dict)  # box -> its drain order
 
-    def fingerprint(self, now: float, idle_after_s: float) -> tuple:
+    def fingerprint(self, now: float, idle_after_s: float, grace_s: float) -> tuple:
         """What the plan reads of the team, as a value that changes when any of it does (a
-        GPU that became idle long enough included)."""
+        GPU that became idle long enough included, and a job whose stop is a grace late: the
+        plan gives up on it, sched/plan.py _gone_by)."""
         return (
             tuple(
                 (
@@ -192,7 +196,17 @@ class TeamPicture:
                 )
                 for h in self.hosts
             ),
-            tuple(sorted((j.id, j.stopping, tuple(sorted(j.observed_mib.items()))) for j in self.running)),
+            tuple(
+                sorted(
+                    (
+                        j.id,
+                        j.stopping,
+                        now > j.stop_began(now) + 2 * j.stop_grace(grace_s),
+                        tuple(sorted(j.observed_mib.items())),
+                    )
+                    for j in self.running
+                )
+            ),
         )
 
 

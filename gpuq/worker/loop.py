@@ -256,9 +256,12 @@ class Worker:
             f"; {self.probe.error}" if self.probe.error else "",
         )
         write_lease(self.rt, self.clock.mono())  # a restarted worker renews its supervisors' lease
-        # Jobs a worker before this one told to stop, still in their grace: their stop files say so.
+        # Jobs a worker before this one told to stop, still in their grace: their stop files say
+        # so. A file older than the attempt's claim (both this box's clock) is an earlier
+        # attempt's, left where its supervisor died before removing it.
         for record in self.listing.read():
-            if (order := stop_order(self.rt, record.id)) is not None:
+            order = stop_order(self.rt, record.id)
+            if order is not None and (order.since or 0.0) >= (record.claimed_at or 0.0):
                 self.stopping[record.id] = order
         try:  # other boxes touch it to wake this one; without it they wait for its poll
             atomic_write(poke_path(self.layout, self.host), b"", mode=0o644, durable=False)
@@ -515,10 +518,11 @@ class Worker:
         now = self.clock.wall()
         beats, own_jobs, team = self._team_picture(now)
         # The plan only changes when its inputs do: skip it while nothing moved. Time enters
-        # through idleness (a GPU idle long enough, or taken by a person) and idle windows.
+        # through idleness (a GPU idle long enough, or taken by a person), idle windows and
+        # stops a grace late.
         inputs: tuple[object, ...] = (
             self.intake.version,
-            team.fingerprint(now, self.config.idle_after_s),
+            team.fingerprint(now, self.config.idle_after_s, self.config.grace_s),
             window_open(self.config.idle_windows, now),
         )
         booked = hooks.set_aside(self.layout, now)  # the extras' placement rules (bookings), read now
@@ -673,7 +677,10 @@ class Worker:
                 append_note(self.layout, self.host, job_id, "preempting", why)
 
     def _told(self, job_id: str, cause: StopCause) -> None:
-        self.stopping[job_id] = StopOrder(self.clock.wall(), cause)
+        """A stop ordered now; a job told again keeps when it was first told (its supervisor
+        keeps the first order's deadline), with the latest cause."""
+        earlier = self.stopping.get(job_id)
+        self.stopping[job_id] = StopOrder(earlier.since if earlier else self.clock.wall(), cause)
 
     def _running_jobs(self) -> list[RunningJob]:
         return [RunningJob.of(r, self.observed.get(r.id, {}), self.stopping.get(r.id), self.host) for r in self.running]

@@ -74,6 +74,22 @@ def test_a_cancelled_job_is_running_until_it_ends_and_only_a_preempted_one_is_yi
     assert shown == {"busy": (True, False), "lo": (True, False)}
 
 
+def test_a_preempted_low_job_is_counted_yielding(tmp_path: Path):
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB", idle_windows="00:00-23:59")
+    path = tmp_path / "root" / "state" / "metrics" / "gpuq-a.prom"
+    box.drop("lo.yaml", "command: sleep 600\ngpus: 1\npriority: low\n")
+    for _ in range(8):  # a low job starts once its GPU has been idle for a minute
+        box.run_pass(after_s=10)
+    box.drop("hi.yaml", "command: x\ngpus: 1\n")
+    for _ in range(5):
+        box.run_pass(after_s=2)
+    assert "lo" in box.stops
+    box.run_pass(after_s=EVERY_S)
+    s = samples(path.read_text())
+    assert s[("gpuq_jobs", (("host", "a"), ("state", "yielding")))] == 1
+    assert s[("gpuq_jobs", (("host", "a"), ("state", "running")))] == 0
+
+
 @pytest.mark.slow
 def test_the_worker_writes_parseable_metrics_per_gpu_state_and_user(queue):
     queue.start_worker("a", "2x80GiB")
