@@ -382,8 +382,7 @@ def _running(
         "preemptible": preemptible,
         "stopping": stop is not None,  # told to stop: cancelled, preempted or over its memory, in its grace
         # Told to yield: preempted (an older worker's heartbeat does not say why: a low job's stop).
-        "yielding": stop is not None
-        and (stop.cause or (StopCause.PREEMPT if preemptible else None)) is StopCause.PREEMPT,
+        "yielding": stop is not None and (stop.cause is StopCause.PREEMPT or (stop.cause is None and preemptible)),
         "warning": warning,
         "restarts": r.restarts,
         "slurm_id": r.slurm_id,

@@ -172,7 +172,7 @@ class Worker:
         """What one pass leaves the next: the GPUs and jobs it saw, what it read and when."""
         self.gpus: list[GpuSnapshot] = []
         self.running: list[Record] = []
-        # running/, every box's
+        # running/: this box's records, and every other box's for the one plan
         self.listing = RunningListing(self.layout, self.host, self.box.report_once, MtimeWatch(self.clock.mono))
         self.started_last_pass = 0
         self.read_jobs_last_pass = False
