@@ -73,6 +73,11 @@ class RunningJob:
             return self.told_at if self.told_at is not None else now
         return self.ends_by
 
+    def stuck(self, now: float, config_grace_s: float) -> bool:
+        """Still there a whole grace after its stop was due: stuck, or its box is late (or a
+        replay never stops a job); nothing tells when it leaves."""
+        return now > self.stop_began(now) + 2 * self.stop_grace(config_grace_s)
+
     def gone_by(self, now: float, config_grace_s: float, poll_interval: float) -> float:
         """When it will have left its GPUs at the latest: by its time limit, or, once its stop
         began (told to stop: preempted, cancelled, over its memory; or its limit ran out),

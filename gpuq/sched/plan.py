@@ -101,9 +101,8 @@ def plan(
 
 
 def _gone_by(job: RunningJob, now: float, config: Config) -> float:
-    """RunningJob.gone_by, but one still there a whole grace after its stop was due is stuck,
-    or its box is late (or a replay never stops a job): nothing tells when it leaves."""
-    if now > job.stop_began(now) + 2 * job.stop_grace(config.grace_s):
+    """RunningJob.gone_by, but nothing tells when a stuck one leaves (RunningJob.stuck)."""
+    if job.stuck(now, config.grace_s):
         return float("inf")
     return job.gone_by(now, config.grace_s, config.poll_interval)
 

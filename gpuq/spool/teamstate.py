@@ -201,7 +201,7 @@ class TeamPicture:
                     (
                         j.id,
                         j.stopping,
-                        now > j.stop_began(now) + 2 * j.stop_grace(grace_s),
+                        j.stuck(now, grace_s),
                         tuple(sorted(j.observed_mib.items())),
                     )
                     for j in self.running
