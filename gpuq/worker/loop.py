@@ -28,7 +28,7 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, Plan, RunningJob, SetAside, Start
 from gpuq.model.markers import Phase
 from gpuq.model.record import Record
-from gpuq.model.stops import Stop, StopCause, StopOrder
+from gpuq.model.stops import Stop, StopOrder
 from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.text import safe_text
 from gpuq.model.windows import window_open
@@ -384,8 +384,7 @@ class Worker:
 
     def _act_on_overuse(self, overuse: Overuse) -> None:
         record = next(r for r in self.running if r.id == overuse.job_id)
-        if overuse.kill and request_stop(self.rt, record, Stop.limit(overuse.why)):
-            self._told(record.id, StopCause.LIMIT)
+        if overuse.kill and self._order_stop(record, Stop.limit(overuse.why)):
             log.warning("stopping %s: %s", record.id, overuse.why)
             append_note(self.layout, self.host, record.id, "stopping", overuse.why)
         elif not overuse.kill:
@@ -452,9 +451,8 @@ class Worker:
             record = running.get(job_id)
             if record is not None and record.attempt == order.get("attempt", record.attempt):
                 stop = Stop.cancel(safe_text(str(order.get("by", "?")))[:64])
-                if not self._stop(record, stop):
+                if not self._order_stop(record, stop):
                     continue  # its supervisor is still starting: try again next pass
-                self._told(job_id, stop.cause)
                 log.info("cancelling %s (%s)", job_id, stop.reason)
             path.unlink(missing_ok=True)
 
@@ -478,6 +476,16 @@ class Worker:
     def _stop(self, record: Record, stop: Stop) -> bool:
         """TERM, grace, KILL through its supervisor (the slurm extra's bridge: scancel). False: not yet."""
         return request_stop(self.rt, record, stop)
+
+    def _order_stop(self, record: Record, stop: Stop) -> bool:
+        """Stop a job (`_stop`) and keep the order, which the plan here and the heartbeat read.
+        A job told again keeps when it was first told (its supervisor keeps the first order's
+        deadline), with the latest cause. False: not yet."""
+        if not self._stop(record, stop):
+            return False
+        earlier = self.stopping.get(record.id)
+        self.stopping[record.id] = StopOrder(earlier.since if earlier else self.clock.wall(), stop.cause)
+        return True
 
     def take_in_specs(self) -> None:
         """Read jobs/; reject specs that stayed invalid and ids already used; expand sweeps."""
@@ -671,16 +679,9 @@ class Worker:
             record = running.get(job_id)
             if record is None or job_id in self.stopping:
                 continue
-            if request_stop(self.rt, record, Stop.preempt(why)):
-                self._told(job_id, StopCause.PREEMPT)
+            if self._order_stop(record, Stop.preempt(why)):
                 log.info("preempting %s: %s", job_id, why)
                 append_note(self.layout, self.host, job_id, "preempting", why)
-
-    def _told(self, job_id: str, cause: StopCause) -> None:
-        """A stop ordered now; a job told again keeps when it was first told (its supervisor
-        keeps the first order's deadline), with the latest cause."""
-        earlier = self.stopping.get(job_id)
-        self.stopping[job_id] = StopOrder(earlier.since if earlier else self.clock.wall(), cause)
 
     def _running_jobs(self) -> list[RunningJob]:
         return [RunningJob.of(r, self.observed.get(r.id, {}), self.stopping.get(r.id), self.host) for r in self.running]
