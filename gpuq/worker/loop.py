@@ -16,7 +16,7 @@ from typing import Any
 from gpuq import __version__, hooks
 from gpuq.host import rootorders
 from gpuq.host.clock import Clock
-from gpuq.host.files import atomic_write, read_json, write_json
+from gpuq.host.files import atomic_write, write_json
 from gpuq.host.hostinfo import boot_id, ensure_private_dir
 from gpuq.host.jobmemory import observe_job_memory
 from gpuq.host.owners import OwnerPolicy
@@ -28,9 +28,8 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.jobs import HostView, Plan, RunningJob, SetAside, Start
 from gpuq.model.markers import Phase
 from gpuq.model.record import Record
-from gpuq.model.stops import Stop, StopOrder
+from gpuq.model.stops import Stop
 from gpuq.model.strict_yaml import load_yaml
-from gpuq.model.text import safe_text
 from gpuq.model.windows import window_open
 from gpuq.run.joblocal import (
     Runtime,
@@ -40,13 +39,12 @@ from gpuq.run.joblocal import (
     read_marker,
     request_stop,
     settle_lock,
-    stop_order,
     write_lease,
 )
 from gpuq.run.spawner import Spawner
 from gpuq.sched.estimate import learned_runs
 from gpuq.sched.idle import IdleTracker
-from gpuq.sched.overuse import GpuMemWatch, Overuse
+from gpuq.sched.overuse import GpuMemWatch
 from gpuq.sched.plan import plan
 from gpuq.spool.applying import apply_one
 from gpuq.spool.cancel import cancel_pending
@@ -59,7 +57,6 @@ from gpuq.spool.inbox import fair_order, leftovers, sweep_replies, waiting
 from gpuq.spool.intake import Intake
 from gpuq.spool.layout import Layout
 from gpuq.spool.listing import RunningListing
-from gpuq.spool.store import append_note
 from gpuq.spool.sweeps import finish_interrupted
 from gpuq.spool.teamstate import (
     TeamPicture,
@@ -78,6 +75,7 @@ from gpuq.worker.offers import OfferFinder, Offers, start_offers, start_sharing
 from gpuq.worker.publishing import BoxState, Publisher, start_extras
 from gpuq.worker.recovery import Recovery
 from gpuq.worker.starting import Launcher, Starter
+from gpuq.worker.stopping import StopOrders
 from gpuq.worker.tempsweep import sweep_temp_files
 
 log = logging.getLogger("gpuq.worker")
@@ -205,7 +203,7 @@ class Worker:
         self.others_idle_since: dict[int, float | None] = {}
         # Running jobs told to stop (preempted, cancelled, over their memory), when and why: the
         # plan, here and on the other boxes (the heartbeat), counts them gone a grace later.
-        self.stopping: dict[str, StopOrder] = {}
+        self.stops = StopOrders(self.box, lambda record, stop: self._stop(record, stop))
         self.ending: set[str] = set()  # jobs over whose supervisors are still recording them
         self.put_back_specs = False  # settle_running put a spec back into jobs/ this pass
         self.pass_started_wall = float("inf")  # when the last pass began (wall clock)
@@ -256,13 +254,7 @@ class Worker:
             f"; {self.probe.error}" if self.probe.error else "",
         )
         write_lease(self.rt, self.clock.mono())  # a restarted worker renews its supervisors' lease
-        # Jobs a worker before this one told to stop, still in their grace: their stop files say
-        # so. A file older than the attempt's claim (both this box's clock) is an earlier
-        # attempt's, left where its supervisor died before removing it.
-        for record in self.listing.read():
-            order = stop_order(self.rt, record.id)
-            if order is not None and (order.since or 0.0) >= (record.claimed_at or 0.0):
-                self.stopping[record.id] = order
+        self.stops.read_back(self.listing.read())  # orders a worker before this one gave
         try:  # other boxes touch it to wake this one; without it they wait for its poll
             atomic_write(poke_path(self.layout, self.host), b"", mode=0o644, durable=False)
         except OSError as e:
@@ -369,7 +361,7 @@ class Worker:
             self.gpus, foreign, {i for r in self.running for i in r.gpus}, self.clock.wall()
         )
         for overuse in self.gpu_mem_watch.update(self.running, self.observed, self.clock.mono()):
-            self._act_on_overuse(overuse)
+            self.stops.act_on_overuse(next(r for r in self.running if r.id == overuse.job_id), overuse)
         now = self.clock.mono()
         util = {g.index: g.util_pct for g in self.gpus}
         for r in live:
@@ -381,15 +373,6 @@ class Worker:
                     now,
                     self.rt.usage_path(r.id),
                 )
-
-    def _act_on_overuse(self, overuse: Overuse) -> None:
-        record = next(r for r in self.running if r.id == overuse.job_id)
-        if overuse.kill and self._order_stop(record, Stop.limit(overuse.why)):
-            log.warning("stopping %s: %s", record.id, overuse.why)
-            append_note(self.layout, self.host, record.id, "stopping", overuse.why)
-        elif not overuse.kill:
-            log.warning("%s %s", record.id, overuse.why)
-            append_note(self.layout, self.host, record.id, "warning", overuse.why)
 
     def settle_running(self) -> None:
         """Reattach to live jobs; settle the ones whose supervisor and job are gone."""
@@ -411,7 +394,7 @@ class Worker:
                 finish_local(self.rt, record)
             self.gpu_usage.forget(record.id)
         self.running, self.ending = alive, {r.id for r in ending}
-        self.stopping = {r.id: self.stopping[r.id] for r in alive if r.id in self.stopping}
+        self.stops.keep_only(r.id for r in alive)
         self.recovery.requeue_orphan_claims()
         # A spec put back at its place (preempted, retried) is planned in this very pass: else
         # the GPUs it freed go to a job behind it before jobs/ is read again.
@@ -428,33 +411,8 @@ class Worker:
         self.recovery.take_over_dead_hosts()
 
     def obey_controls(self) -> None:
-        """Stop orders for jobs on this host, written by the worker that applied a cancel
-        request (spool/applying.py judged who asked). Only the worker's account writes state/, so
-        an order in a file anyone else owns is ignored."""
-        control_dir = self.layout.host_control(self.host)
-        if not control_dir.is_dir():
-            return
-        running = {r.id: r for r in self.running}
-        me = os.geteuid()
-        for path in control_dir.glob("*.json"):
-            job_id = path.stem
-            try:
-                if os.lstat(path).st_uid not in (0, me):
-                    self.box.report_once(f"control/{path.name}", f"ignored {path}: not written by a worker")
-                    continue
-                order = read_json(path)
-            except (OSError, ValueError):
-                order = None
-            if not isinstance(order, dict):
-                path.unlink(missing_ok=True)
-                continue
-            record = running.get(job_id)
-            if record is not None and record.attempt == order.get("attempt", record.attempt):
-                stop = Stop.cancel(safe_text(str(order.get("by", "?")))[:64])
-                if not self._order_stop(record, stop):
-                    continue  # its supervisor is still starting: try again next pass
-                log.info("cancelling %s (%s)", job_id, stop.reason)
-            path.unlink(missing_ok=True)
+        """Cancels of this box's jobs, as the worker that judged the request left them."""
+        self.stops.obey_controls(self.running)
 
     def apply_requests(self) -> None:
         """Requests from the inbox (spool/inbox.py): cancel, hold, release, edit, retry, drain,
@@ -474,18 +432,9 @@ class Worker:
             sweep_replies(self.layout, now)
 
     def _stop(self, record: Record, stop: Stop) -> bool:
-        """TERM, grace, KILL through its supervisor (the slurm extra's bridge: scancel). False: not yet."""
+        """TERM, grace, KILL through its supervisor (the slurm extra's bridge: scancel). False:
+        not yet. Only `stops` calls it: every stop is kept there as an order."""
         return request_stop(self.rt, record, stop)
-
-    def _order_stop(self, record: Record, stop: Stop) -> bool:
-        """Stop a job (`_stop`) and keep the order, which the plan here and the heartbeat read.
-        A job told again keeps when it was first told (its supervisor keeps the first order's
-        deadline), with the latest cause. False: not yet."""
-        if not self._stop(record, stop):
-            return False
-        earlier = self.stopping.get(record.id)
-        self.stopping[record.id] = StopOrder(earlier.since if earlier else self.clock.wall(), stop.cause)
-        return True
 
     def take_in_specs(self) -> None:
         """Read jobs/; reject specs that stayed invalid and ids already used; expand sweeps."""
@@ -619,7 +568,7 @@ class Worker:
     def _act_on_plan(self, decided: Plan) -> None:
         """This box's part of the plan, still under the queue lock: its jobs that must yield are
         told to, and the starts placed on it are started."""
-        self._preempt(decided.preempts)
+        self.stops.preempt(self.running, decided.preempts)
         try:
             for start in decided.starts:
                 if start.host == self.host:
@@ -671,20 +620,8 @@ class Worker:
             log.info("cancelled %s: %s", job_id, why)
         self.intake.forget(job_id)
 
-    def _preempt(self, preempts: dict[str, str]) -> None:
-        """Tell opportunistic jobs to yield (TERM, their grace, KILL); their supervisors leave
-        the spec to be put back at its old place (recovery.settle_gone)."""
-        running = {r.id: r for r in self.running}
-        for job_id, why in preempts.items():
-            record = running.get(job_id)
-            if record is None or job_id in self.stopping:
-                continue
-            if self._order_stop(record, Stop.preempt(why)):
-                log.info("preempting %s: %s", job_id, why)
-                append_note(self.layout, self.host, job_id, "preempting", why)
-
     def _running_jobs(self) -> list[RunningJob]:
-        return [RunningJob.of(r, self.observed.get(r.id, {}), self.stopping.get(r.id), self.host) for r in self.running]
+        return [RunningJob.of(r, self.observed.get(r.id, {}), self.stops.get(r.id), self.host) for r in self.running]
 
     def report(self) -> None:
         """What this box tells the others (worker/publishing.py), when it is due."""
@@ -699,7 +636,7 @@ class Worker:
             self.running,
             self.observed,
             self.others_idle_since,
-            self.stopping,
+            self.stops.given,
             dict(self.gpu_mem_watch.current),
             {h: now - since for h, (_, since, _) in self.recovery.heartbeats.items() if h != self.host},
             self.probe.error,
