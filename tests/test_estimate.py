@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 from test_plan import gpu, host
-from test_plan_scheduling import CFG, job, run
+from test_plan_scheduling import CFG, G, job, run
 
 from conftest import wait_until
 from gpuq.model.jobs import SetAside
@@ -38,7 +38,9 @@ def test_each_job_is_expected_when_the_limits_ahead_of_it_run_out():
         job("j3", mem_gib=None, queued_at=3),  # no limit: nothing behind it can be estimated
         job("j4", mem_gib=None, queued_at=4, limit_s=100),
     ]
-    assert replay_starts(pending, [host("h", gpu(0))], busy, CFG, now=10).starts == {"j1": 1000, "j2": 1300, "j3": 1600}
+    # Each job with a limit has left by its limit and a grace after (SIGTERM, then SIGKILL).
+    expected = {"j1": 1000 + G, "j2": 1300 + 2 * G, "j3": 1600 + 3 * G}
+    assert replay_starts(pending, [host("h", gpu(0))], busy, CFG, now=10).starts == expected
 
 
 def test_a_job_without_an_estimate_says_why():
@@ -53,7 +55,7 @@ def test_a_job_without_an_estimate_says_why():
     ]
     blocked = {"dep": "waits for open", "arr_3": "array limit: 1 of arr running, at most 1 at once (%1)"}
     got = replay_starts(pending, [host("h", gpu(0))], busy, CFG, now=10, blocked=blocked)
-    assert got.starts == {"open": 1000}
+    assert got.starts == {"open": 1000 + G}
     # A throttled array member said "after deps" (a Slurm user's session): it has none.
     assert got.why_none == {"behind": UNKNOWN, "dep": AFTER_DEPENDENCIES, "lo": WHEN_IDLE, "arr_3": ARRAY_LIMIT}
     months = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=200 * 86400)]
@@ -73,7 +75,7 @@ def test_a_job_that_fits_now_is_expected_now_and_a_backfill_before_the_head():
     busy = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=1000)]
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=1), job("short", mem_gib=None, queued_at=2, limit_s=500)]
     expected = replay_starts(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=10).starts
-    assert expected == {"short": 10, "pair": 1000}  # short ends (510) before pair is due
+    assert expected == {"short": 10, "pair": 1000 + G}  # short has left (510 + G) before pair is due
 
 
 def test_the_likely_start_is_where_the_jobs_ahead_end_as_their_kinds_usually_do():
@@ -87,7 +89,7 @@ def test_the_likely_start_is_where_the_jobs_ahead_end_as_their_kinds_usually_do(
     gpus = [host("h", gpu(0))]
     latest = replay_starts(pending, gpus, busy, CFG, now=10).starts
     likely = replay_starts(pending, gpus, busy, CFG, now=10, run_for=usual).starts
-    assert latest == {"eval-1": 1000, "eval-2": 1300} and likely == {"eval-1": 100, "eval-2": 400}
+    assert latest == {"eval-1": 1000 + G, "eval-2": 1300 + 2 * G} and likely == {"eval-1": 100, "eval-2": 400 + G}
     # Past every run of its kind, a running job ends by its limit for all anyone knows.
     assert typical_runs(pending, busy, durations, now=500) == {}
 
@@ -125,7 +127,7 @@ def test_a_job_without_a_limit_that_outran_every_run_of_its_kind_leaves_the_jobs
     running = [run("train-4", gpus=(0,), mem_gib=None, started_at=0)]
     durations = {kind_of("u", "train-4"): [90.0, 110.0]}
     waiting = [job("eval-1", mem_gib=None, queued_at=1, limit_s=300)]
-    for now, expected in ((50.0, Estimate({"eval-1": 110.0})), (500.0, Estimate({}, {"eval-1": UNKNOWN}))):
+    for now, expected in ((50.0, Estimate({"eval-1": 110.0 + G})), (500.0, Estimate({}, {"eval-1": UNKNOWN}))):
         estimates, limited = learned_runs(waiting, running, CFG, durations, now)
         assert replay_starts(waiting, [host("h", gpu(0))], limited, CFG, now, estimates=estimates) == expected
 
@@ -161,7 +163,7 @@ def test_a_job_behind_a_yielding_low_job_is_expected_when_that_ones_grace_runs_o
     # Where preemption is off, nothing makes a low job yield: the job behind it waits for its end.
     no_preemption = replace(CFG, preemption=False)
     limited = replace(not_told, limit_s=600.0)
-    assert replay_starts(waiting, gpus, [limited], no_preemption, now=50).starts == {"w": 600}
+    assert replay_starts(waiting, gpus, [limited], no_preemption, now=50).starts == {"w": 600 + G}
     assert replay_starts(waiting, gpus, [not_told], no_preemption, now=50).why_none == {"w": UNKNOWN}
 
 
@@ -263,4 +265,4 @@ def test_a_running_jobs_memory_leaves_with_it_in_the_replay():
     whole = [job("whole", mem_gib=None, queued_at=1, limit_s=300)]
     seen = host("h", gpu(0, total_gib=24, used_gib=20))  # what NVML sees: r's 20 GiB
     got = replay_starts(whole, [seen], busy, CFG, now=10)
-    assert got.starts == {"whole": 1000} and "whole" not in got.why_none
+    assert got.starts == {"whole": 1000 + G} and "whole" not in got.why_none

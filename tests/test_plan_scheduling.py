@@ -20,6 +20,7 @@ from gpuq.sched.fairshare import shares
 from gpuq.sched.plan import RESERVE_DEPTH, _Pass, plan
 
 CFG = Config(gpu_mem_reserve_mib=0, max_jobs_per_gpu=4, cpu_slots=1, idle_after_s=60, reservations=True)
+G = CFG.grace_s  # a job with a limit has left its GPUs by then, or a grace later (SIGTERM, then SIGKILL)
 
 
 def job(
@@ -157,11 +158,33 @@ def test_the_head_gets_gpus_reserved_from_when_limits_free_them_and_only_jobs_th
         job("unlimited", queued_at=3),
     ]
     result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=100)
-    assert result.reserved == {"pair": ("h", (0, 1), 7200)} and result.held == {}
+    assert result.reserved == {"pair": ("h", (0, 1), 7200 + G)} and result.held == {}
     assert list(starts(result)) == ["short"]
     assert result.reasons["pair"].startswith("GPU h:0, h:1 reserved for it from ")
-    assert "its time limit (2h00m) runs past that" in result.reasons["long"]
+    assert "its time limit and grace (2h00m) run past that" in result.reasons["long"]
     assert "with a time_limit that ends by then it could run now" in result.reasons["unlimited"]
+
+
+def test_a_backfill_counts_its_own_grace_after_its_limit():
+    """A member's use: a 1-minute job with a 3-minute grace that ignored SIGTERM backfilled
+    onto the head's reserved GPU and held it for its grace past the head's start. A job
+    stopped at its limit may hold its GPUs for its grace: it backfills only if its limit and
+    its grace both end before the head is due."""
+    hosts = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1))]
+    busy = [
+        run("occ-1", "a", (0,), mem_gib=None, user="ana", limit_s=600),
+        run("occ-2", "a", (1,), mem_gib=None, user="ana", limit_s=600),
+        run("gate", "b", (0,), mem_gib=None, user="ana", limit_s=120),
+    ]
+    head = job("wide", user="ben", gpus=2, mem_gib=None, limit_s=60, queued_at=1)
+    backfill = job("fill", user="cy", mem_gib=None, limit_s=60, queued_at=2)
+    backfill = replace(backfill, spec=replace(backfill.spec, hosts=("b",)))
+    quick = plan([head, backfill], hosts, busy, CFG, now=10)  # 10 + 60 + the config's 10 s: by 120
+    assert quick.reserved["wide"][0] == "b" and "fill" in starts(quick)
+    lingering = replace(backfill, spec=replace(backfill.spec, grace_s=180))
+    result = plan([head, lingering], hosts, busy, CFG, now=10)  # may hold b:1 until 250
+    assert result.reserved["wide"] == ("b", (0, 1), 120 + G) and "fill" not in starts(result)
+    assert "its time limit and grace (4m00s) run past that" in result.reasons["fill"]
 
 
 def test_no_reservation_where_a_job_without_a_limit_holds_the_gpus():
@@ -268,11 +291,11 @@ def test_a_head_nothing_tells_the_start_of_leaves_the_reservation_to_the_next_jo
         job("long", mem_gib=None, queued_at=3, limit_s=3600),
     ]
     result = plan(pending, TWO_BOXES, A_UNKNOWN_B_LIMITED, CFG, now=100, explain=explain)
-    assert result.reserved == {"wide": ("b", (0, 1, 2, 3), 600)}
+    assert result.reserved == {"wide": ("b", (0, 1, 2, 3), 600 + G)}
     assert list(starts(result)) == ["short"]
     if explain:
         assert result.reasons["long"].startswith("GPU reserved for job wide from ")
-        assert result.reasons["long"].endswith("its time limit (1h00m) runs past that")
+        assert result.reasons["long"].endswith("its time limit and grace (1h00m) run past that")
 
 
 def _walked(pending, hosts, busy, config=CFG):
@@ -314,7 +337,7 @@ def test_a_whole_array_ahead_that_cannot_be_reserved_for_still_leaves_the_reserv
     copies = [_pinned_to_a(f"arr_{i}") for i in range(RESERVE_DEPTH + 10)]
     pending = [*copies, job("wide", gpus=4, mem_gib=None, queued_at=1, limit_s=60)]
     result = plan(pending, TWO_BOXES, A_UNKNOWN_B_LIMITED, CFG, now=100, explain=explain)
-    assert result.reserved == {"wide": ("b", (0, 1, 2, 3), 600)}
+    assert result.reserved == {"wide": ("b", (0, 1, 2, 3), 600 + G)}
 
 
 @pytest.mark.parametrize("explain", [True, False], ids=["status", "worker"])
@@ -331,7 +354,7 @@ def test_a_job_too_young_for_the_reservation_does_not_hide_an_older_one_of_its_s
     result = plan(
         pending, [host("b", *map(gpu, range(4)))], busy, config, now=100, explain=explain, usage={"o": 1e6, "f": 1e7}
     )
-    assert result.reserved == {"old": ("b", (0, 1, 2, 3), 600)} and starts(result) == {}
+    assert result.reserved == {"old": ("b", (0, 1, 2, 3), 600 + G)} and starts(result) == {}
 
 
 def test_the_reservation_goes_where_the_limits_free_room_soonest():
@@ -342,7 +365,7 @@ def test_the_reservation_goes_where_the_limits_free_room_soonest():
     ]
     pending = [job("pair", gpus=2, mem_gib=None)]
     result = plan(pending, [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1))], busy, CFG, now=100)
-    assert result.reserved == {"pair": ("b", (0, 1), 2000)}
+    assert result.reserved == {"pair": ("b", (0, 1), 2000 + G)}
 
 
 def test_a_job_started_ahead_of_the_head_in_the_same_pass_counts_by_its_limit():
@@ -354,7 +377,7 @@ def test_a_job_started_ahead_of_the_head_in_the_same_pass_counts_by_its_limit():
         job("small", queued_at=2, limit_s=1000),
     ]
     result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=10)
-    assert list(starts(result)) == ["first"] and result.reserved["pair"][2] == 3010
+    assert list(starts(result)) == ["first"] and result.reserved["pair"][2] == 3010 + G
     assert "small" not in starts(result)  # no room: both GPUs are taken whole
 
 
@@ -374,7 +397,7 @@ def test_a_reserved_gpu_keeps_a_place_among_max_jobs_per_gpu_for_its_job():
     busy = [run(f"x{g}{k}", gpus=(g,), mem_gib=10, limit_s=3600) for g, n in ((0, 3), (1, 4)) for k in range(n)]
     pending = [job("wide", gpus=2, mem_gib=40, queued_at=0), job("small", mem_gib=10, queued_at=1, limit_s=7200)]
     result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=50)
-    assert result.reserved == {"wide": ("h", (0, 1), 3600)}
+    assert result.reserved == {"wide": ("h", (0, 1), 3600 + G)}
     assert starts(result) == {} and result.reasons["small"].startswith("GPU reserved for job wide from ")
 
 
@@ -383,7 +406,7 @@ def test_no_reservation_for_a_whole_gpu_job_where_other_memory_stays():
     busy = [run("b0", "b", gpus=(0,), mem_gib=40, limit_s=3600), run("a1", "a", gpus=(1,), mem_gib=40, limit_s=60)]
     pending = [job("pair", gpus=2, mem_gib=None, queued_at=0)]
     hosts = [host("a", gpu(0, used_gib=5), gpu(1)), host("b", gpu(0), gpu(1))]
-    assert plan(pending, hosts, busy, CFG, now=50).reserved == {"pair": ("b", (0, 1), 3600)}
+    assert plan(pending, hosts, busy, CFG, now=50).reserved == {"pair": ("b", (0, 1), 3600 + G)}
 
 
 def test_a_reserved_gpu_still_takes_opportunistic_work_but_never_beside_ordinary_work():
@@ -558,6 +581,27 @@ def test_a_job_that_would_run_into_someone_elses_booking_does_not_start_on_those
     assert starts(plan([long], two, [], CFG, now=0, set_aside=[b])) == {"bo-long": ("h", (1,))}
 
 
+def test_a_job_kept_off_by_a_booking_does_not_keep_off_a_shorter_one_behind_it():
+    """A member's use: ben's 2-hour job could not start on b (booked for ana in an hour), and
+    his 1-minute job behind it waited too, with the first one's reason, as did a job without a
+    limit (said to run past the booking by "its time limit"): jobs alike but for their limits
+    were taken to fit or fail alike whenever no reservation was made in the pass."""
+    booking = SetAside("b", (0, 1), start=3600, end=7200, owner="ana")
+    hosts = [host("a", gpu(0)), host("b", gpu(0), gpu(1))]
+    busy = [run("keeper", "a", (0,), mem_gib=None, user="cy", limit_s=600)]
+    pending = [
+        job("long", user="ben", mem_gib=None, limit_s=7200, queued_at=1),
+        job("unlimited", user="ben", mem_gib=None, queued_at=2),
+        job("short", user="ben", mem_gib=None, limit_s=60, queued_at=3),
+    ]
+    pending = [replace(p, spec=replace(p.spec, hosts=("b",))) for p in pending]
+    result = plan(pending, hosts, busy, CFG, now=0, set_aside=[booking])
+    assert list(starts(result)) == ["short"]
+    assert result.reasons["long"].endswith("this job may run past that (its time limit)")
+    assert result.reasons["unlimited"].startswith("GPU b:0 booked for ana from ")
+    assert result.reasons["unlimited"].endswith("this job has no time limit")
+
+
 def test_a_job_kept_off_by_a_booking_names_the_booked_gpu_it_would_take():
     """A member's review: both GPUs booked for ana from 1 h on, h:0 busy with a job of its own:
     bo's 2-hour job would take h:1, and its reason named h:0 (the first booked GPU, full)."""
@@ -648,7 +692,7 @@ def test_the_heads_reservation_is_never_on_a_gpu_someone_else_has_booked():
         now=50,
         set_aside=[b],
     )
-    assert result.reserved == {"carolj": ("h", (0,), 3000)}
+    assert result.reserved == {"carolj": ("h", (0,), 3000 + G)}
     # and her reason says why not on the GPU that frees first
     why = result.reasons["carolj"]
     assert why.endswith(f"; not on GPU h:1: booked for others from {moment(500, 50)}"), why

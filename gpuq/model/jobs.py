@@ -79,15 +79,15 @@ class RunningJob:
         return now > self.stop_began(now) + 2 * self.stop_grace(config_grace_s)
 
     def gone_by(self, now: float, config_grace_s: float, poll_interval: float) -> float:
-        """When it will have left its GPUs at the latest: by its time limit, or, once its stop
-        began (told to stop: preempted, cancelled, over its memory; or its limit ran out),
-        a grace later: SIGTERM, then SIGKILL after its grace. A limit's stop is counted by its
-        supervisor from its own start (a moment after the claim counted here), and the end is
-        recorded after the kill: by then, and no sooner than a worker's next pass where that
-        has gone by."""
+        """When it will have left its GPUs at the latest: a grace after its stop begins (told
+        to stop: preempted, cancelled, over its memory; else when its time limit runs out):
+        SIGTERM, then SIGKILL after its grace. A limit's stop is counted by its supervisor
+        from its own start (a moment after the claim counted here), and the end is recorded
+        after the kill: once that is past, no sooner than a worker's next pass."""
+        left = self.stop_began(now) + self.stop_grace(config_grace_s)
         if not self.stopping and self.ends_by > now:
-            return self.ends_by
-        return max(self.stop_began(now) + self.stop_grace(config_grace_s), now + poll_interval)
+            return left
+        return max(left, now + poll_interval)
 
     @classmethod
     def of(cls, record: Any, observed: dict[int, int], stop: StopOrder | None, host: str = "") -> "RunningJob":

@@ -188,7 +188,7 @@ def replay_starts(
                 by_id[s.job_id], s, t, config.time_limit_s or estimates.get(s.job_id), asks(by_id[s.job_id], config)
             )
             starts[job.id] = t
-            leaves[job.id] = _leaves(job.ends_by, t, run_for.get(job.id))
+            leaves[job.id] = _leaves(job.gone_by(t, config.grace_s, config.poll_interval), t, run_for.get(job.id))
             active.append(job)
         if decided.starts:
             started = {s.job_id for s in decided.starts}
@@ -223,6 +223,7 @@ def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None,
         compute_pct=job.spec.gpu_compute_pct,
         cpus=holds[0],
         mem_mib=holds[1],
+        grace_s=job.spec.grace_s,
     )
 
 

@@ -230,11 +230,15 @@ class _Pass:
         behind["same"] += 1
 
     def ends_by(self, job: PendingJob) -> float:
-        """When the job would have ended at the latest if it started now: its time limit
-        (the spec's, else config's), else its owner's history's estimate; inf: unknown, as
-        Slurm treats a job without a limit (it never backfills ahead of a reservation)."""
+        """When the job would have left its GPUs at the latest if it started now: its time
+        limit (the spec's, else config's), else its owner's history's estimate, and then the
+        grace its stop may take (its own, else the config's: a job may ignore SIGTERM until
+        the SIGKILL), as RunningJob.gone_by counts a running one; inf: unknown, as Slurm
+        treats a job without a limit (it never backfills ahead of a reservation)."""
         limit = job.spec.time_limit_s or self.config.time_limit_s or self.estimates.get(job.id)
-        return self.now + limit if limit else float("inf")
+        if not limit:
+            return float("inf")
+        return self.now + limit + (job.spec.grace_s if job.spec.grace_s is not None else self.config.grace_s)
 
     def _allowed(self, job: PendingJob) -> tuple[list[str], str | None, tuple]:
         """The hosts the job may run on, its container runtime, and its shape (jobs of one
@@ -250,7 +254,8 @@ class _Pass:
             job.order[0],
             job.user if self.booked or self.booked_later or uses_mps(spec, self.config) else None,
             runtime,
-            self.ends_by(job) if self.reserved else None,  # whether it may backfill depends on it
+            # whether it may backfill, or run before someone's booking begins, depends on it
+            self.ends_by(job) if self.reserved or self.booked_later else None,
             self._may_reserve(job),  # a job too young for the reservation fails for others of its shape
         )
         allowed = self.allowed_for.get((spec.hosts, runtime))

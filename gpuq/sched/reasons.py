@@ -68,7 +68,7 @@ def why_gpu(
 def why_held(slots: list["Slot"], job_id: str, runs_s: float, now: float) -> str | None:
     """When the job would fit but for GPUs held for another job: that job's name, and, for the
     head of the queue's reservation, why this one may not run before it (`runs_s`: how long
-    it may run, inf: no limit known)."""
+    it may hold its GPUs: its time limit and its stop's grace; inf: no limit known)."""
     held = sorted((s for s in slots if s.held_for and s.held_for != job_id), key=lambda s: (s.held_for, s.label))
     if not held:
         return None
@@ -80,7 +80,8 @@ def why_held(slots: list["Slot"], job_id: str, runs_s: float, now: float) -> str
         return reason
     if runs_s == float("inf"):
         return f"{reason} from {moment(slot.reserved_from, now)}; with a time_limit that ends by then it could run now"
-    return f"{reason} from {moment(slot.reserved_from, now)}; its time limit ({format_duration(runs_s)}) runs past that"
+    runs = format_duration(runs_s)
+    return f"{reason} from {moment(slot.reserved_from, now)}; its time limit and grace ({runs}) run past that"
 
 
 def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:
