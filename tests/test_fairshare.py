@@ -130,3 +130,19 @@ def test_an_arrays_members_start_in_index_order(fair_share):
     members = [job(f"arr-1_{i}", mem_gib=None) for i in (11, 2, 10, 0, 1)]
     decided = plan(members, [host("h", gpu(0))], [], replace(CFG, fair_share=fair_share), now=1000.0)
     assert decided.order == ["arr-1_0", "arr-1_1", "arr-1_2", "arr-1_10", "arr-1_11"]
+
+
+def test_gpus_held_by_jobs_that_may_be_taken_back_weigh_nothing_more_than_their_use_so_far():
+    """A member's use: cat's two low jobs on idle GPUs each counted as half an hour of use
+    more, so her ordinary job ranked behind ben's; the moment they were told to yield she
+    ranked first again, and the GPU `status` had shown held for ben's job went to hers. A GPU
+    counts as held now only under a job that keeps it: not an opportunistic (preemptible) one,
+    which yields to anyone's, nor one told to stop."""
+    hosts = [host("h", gpu(0), gpu(1), gpu(2))]
+    pending = [job("c-1", user="cat", mem_gib=None, queued_at=0), job("b-1", user="ben", mem_gib=None, queued_at=1)]
+    low = [run(f"lo-{i}", gpus=(i,), mem_gib=None, user="cat", low=True, started_at=100) for i in (1, 2)]
+    told = [run(j.id, gpus=j.gpus, mem_gib=None, user="cat", started_at=100, stopping=True) for j in low]
+    for running in ([], low, told):
+        assert plan(pending, hosts, running, CFG, now=100).order == ["c-1", "b-1"]
+    held = [run("keeps", gpus=(1,), mem_gib=None, user="cat", started_at=100)]
+    assert plan(pending, hosts, held, CFG, now=100).order == ["b-1", "c-1"]  # one she keeps counts

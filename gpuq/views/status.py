@@ -228,7 +228,7 @@ def _fair_share(
     now: float,
 ) -> list[dict[str, Any]]:
     """Each user's part in the queue's order (sprio's view): their decayed usage (ended jobs,
-    running ones so far, and what they hold now as age_step_s each), and the fair-share factor
+    running ones so far, and what they hold now and keep as age_step_s each), and the fair-share factor
     it gives; the users with jobs pending or running, and those with usage."""
     slots = build_slots(hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s)
     effective = effective_usage(usage, running, slots, config, now)
