@@ -187,6 +187,17 @@ def test_a_backfill_counts_its_own_grace_after_its_limit():
     assert "its time limit and grace (4m00s) run past that" in result.reasons["fill"]
 
 
+def test_a_job_behind_the_reserved_head_counts_it_among_the_jobs_ahead():
+    """A member's use: a job with priority -3 said "behind 2" with three jobs ahead: the head
+    with its reservation (and a job held while low ones yield) were not counted."""
+    busy = [run("s1", gpus=(0,), mem_gib=40, limit_s=3600), run("s2", gpus=(1,), mem_gib=40, limit_s=7200)]
+    neg = job("neg", queued_at=0, limit_s=60000)
+    pending = [job("pair", gpus=2, mem_gib=None, queued_at=1), replace(neg, spec=replace(neg.spec, priority=-3))]
+    result = plan(pending, [host("h", gpu(0), gpu(1))], busy, CFG, now=100)
+    assert "pair" in result.reserved and not result.reasons["pair"].endswith("higher-priority job")
+    assert result.reasons["neg"].endswith("; behind 1 higher-priority job"), result.reasons["neg"]
+
+
 def test_no_reservation_where_a_job_without_a_limit_holds_the_gpus():
     """Nothing tells when h:1 frees: as under Slurm, the head gets no reservation, and the
     others start where they fit."""
@@ -479,11 +490,15 @@ def test_ordinary_work_lands_as_if_no_opportunistic_job_ran_and_exactly_those_th
         "lo-new": "job later needs its GPU memory",
     }
     assert result.held == {"n": ("h", (1,)), "later": ("h", (0,))} and result.starts == []
-    assert result.reasons["lo-wait"] == "opportunistic: every idle GPU has ordinary work on it or held for it"
+    assert result.reasons["lo-wait"] == (
+        "opportunistic: every idle GPU has ordinary work on it or held for it; behind 2 higher-priority jobs"
+    )
     # The next pass, while they drain: still held, nothing preempted twice, nothing slips in.
     draining = [replace(b, stopping=True) for b in busy]
     again = plan(pending, hosts, draining, CFG, now=101)
     assert again.preempts == {} and again.held == result.held and again.starts == []
+    # ... and `status` names whom they wait for (a member's use: it said "draining", no job).
+    assert again.reasons["later"] == "GPU h:0 held for it: waiting for lo-new, lo-old to yield"
     gone = starts(plan(pending, hosts, [], CFG, now=110))
     assert set(gone) == {"n", "later"} and gone["n"] != gone["later"]  # lo-wait: never beside them
 
@@ -695,6 +710,19 @@ def test_the_heads_reservation_is_never_on_a_gpu_someone_else_has_booked():
     assert result.reserved == {"carolj": ("h", (0,), 3000 + G)}
     # and her reason says why not on the GPU that frees first
     why = result.reasons["carolj"]
+    assert why.endswith(f"; not on GPU h:1: booked for others from {moment(500, 50)}"), why
+    # A member's use: h:1 idle, and carol's job would run into bob's booking there. Her reason
+    # named only the GPU reserved for her, as if h:1 were not there.
+    idle = plan(
+        [job("carolj", user="carol", mem_gib=None, limit_s=1000)],
+        [host("h", gpu(0), gpu(1))],
+        busy[:1],
+        CFG,
+        now=50,
+        set_aside=[b],
+    )
+    assert idle.starts == [] and idle.reserved == {"carolj": ("h", (0,), 3000 + G)}
+    why = idle.reasons["carolj"]
     assert why.endswith(f"; not on GPU h:1: booked for others from {moment(500, 50)}"), why
 
 

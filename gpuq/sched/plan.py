@@ -164,6 +164,12 @@ class _Pass:
             for index in job.gpus:
                 if (key := (job.host, index)) in whole:
                     self.ending.setdefault(key, []).append((ends_by, placement.charged_mib(job, index, whole[key])))
+        # Per GPU, the opportunistic jobs on it already told to yield: a job held there waits for them.
+        self.draining: dict[tuple[str, int], list[str]] = {}
+        for job in running if explain else ():
+            if job.preemptible and job.stopping:
+                for index in job.gpus:
+                    self.draining.setdefault((job.host, index), []).append(job.id)
         # Whether any GPU frees by a known limit: without one, no job can be reserved for.
         self.known_end = any(end != float("inf") for ends in self.ending.values() for end, _ in ends)
         self.largest = max((s.whole for s in slots), default=0)
@@ -348,7 +354,9 @@ class _Pass:
         # limits tell. One whose GPUs run a job without a limit cannot be protected (nothing
         # tells when it could start), and the next may be: a head held to a box of such jobs
         # left a wide job behind it to a stream of short ones on the other box.
-        if tried and self._reserve(job, mine):
+        # Every GPU it may use but for bookings to come: the reservation judges those itself
+        # (never on one booked for someone else later) and its reason names them.
+        if tried and self._reserve(job, self._gpus_for(job, allowed, None, mps_user) if self.booked_later else mine):
             self.reserved = True
             self._update_room()
             return
@@ -372,13 +380,14 @@ class _Pass:
             self.reserved = True
             self._update_room()
 
-    def _gpus_for(self, job: PendingJob, allowed: list[str], ends_by: float, mps_user: str | None) -> list[Slot]:
+    def _gpus_for(self, job: PendingJob, allowed: list[str], ends_by: float | None, mps_user: str | None) -> list[Slot]:
         """The GPUs an ordinary job may use: on the hosts it may run on, not booked for someone
-        else now or before it would end, and serving its MPS user if it has one."""
+        else now or before it would end (`ends_by`; None: whenever it ends), and serving its
+        MPS user if it has one."""
         mine = [s for s in self.slots if s.host in allowed]
         if self.booked:
             mine = [s for s in mine if s.booked_for in (None, job.user)]
-        if self.booked_later:  # it must be gone before someone else's booking begins
+        if self.booked_later and ends_by is not None:  # it must be gone before someone else's booking begins
             mine = [s for s in mine if setasides.booked_before(s, job.user, ends_by) is None]
         if mps_user:
             mine = [s for s in mine if placement.serves_mps_user(s, mps_user)]
@@ -478,9 +487,12 @@ class _Pass:
         self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
         self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
         if self.explain:
-            waiting_for = sorted({v.id for s in yielding for v in s.victims} | set(victims))
-            self.result.reasons[job.id] = f"GPU {', '.join(s.label for s in chosen)} held for it: " + (
-                f"waiting for {', '.join(waiting_for)} to yield" if waiting_for else "draining"
+            told = {j for s in yielding for j in self.draining.get((s.host, s.index), ())}
+            waiting_for = sorted({v.id for s in yielding for v in s.victims} | set(victims) | told)
+            self.waits(  # it waits, as the jobs behind it count
+                job,
+                f"GPU {', '.join(s.label for s in chosen)} held for it: "
+                + (f"waiting for {', '.join(waiting_for)} to yield" if waiting_for else "draining"),
             )
 
     def _reserve(self, job: PendingJob, slots: list[Slot]) -> bool:
@@ -503,7 +515,7 @@ class _Pass:
         gpus = tuple(s.index for s in chosen)
         self.result.reserved[job.id] = (chosen[0].host, gpus, start)
         if self.explain:
-            self.result.reasons[job.id] = (
+            reason = (
                 f"GPU {', '.join(s.label for s in sorted(chosen, key=lambda s: s.index))} reserved for it from "
                 f"{moment(start, self.now)}, "
                 "when the jobs there must have ended (their time limits, and a stop's grace)"
@@ -511,7 +523,8 @@ class _Pass:
             if others:
                 soonest = moment(min(t for s in others for t, owner in s.booked_later if owner != job.user), self.now)
                 labels = ", ".join(s.label for s in others)
-                self.result.reasons[job.id] += f"; not on GPU {labels}: booked for others from {soonest}"
+                reason += f"; not on GPU {labels}: booked for others from {soonest}"
+            self.waits(job, reason)  # it waits, as the jobs behind it count
         return True
 
     def opportunistic(self, job: PendingJob, in_window: bool) -> None:
