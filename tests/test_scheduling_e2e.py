@@ -39,6 +39,8 @@ def test_real_work_preempts_an_opportunistic_job_that_ignores_sigterm(queue):
     queue.drop("soak.yaml", _spec(LOOP_IGNORING_TERM, "60GiB", "low", "grace: 1s\n"))
     wait_until(lambda: "attempt=1" in queue.log("soak"), what="the opportunistic job to start")
     assert "soak (low)" in queue.gpuq("status").stdout  # RUNNING marks the job that will yield
+    running = json.loads(queue.gpuq("show", "soak", "--json").stdout)  # how long it has run, as status says
+    assert running["elapsed_s"] >= 0 and "elapsed:" in queue.gpuq("show", "soak").stdout
     queue.drop("real.yaml", _spec("echo real", "40GiB"))
     queue.drop("sneak.yaml", _spec("echo sneak", "30GiB", "low"))  # must not take the freed memory first
     real = wait_until(lambda: queue.finished("real"), timeout=15, what="the real job to run (after 1 s, not 20)")
@@ -78,6 +80,11 @@ def test_a_person_using_the_gpu_preempts_opportunistic_work_until_they_leave(que
     assert "in use by others: a:0" in pending[0]["reason"]
     queue.wait_passes("a")
     assert person.poll() is None and not _running(queue, "soak")  # not restarted while they work
+    # While it waits, `show` says what its next attempt will see (a member's use: attempt 1,
+    # GPUQ_PREEMPTED=0, under "requeued as attempt 2").
+    shown = json.loads(queue.gpuq("show", "soak", "--json").stdout)
+    assert shown["attempt"] == 2 and shown["preemptions"]
+    assert (shown["sees"]["env"]["GPUQ_ATTEMPT"], shown["sees"]["env"]["GPUQ_PREEMPTED"]) == ("2", "1")
     person.terminate()  # the person leaves
     person.wait(timeout=30)
     left_at = time.time()

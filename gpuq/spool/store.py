@@ -24,6 +24,7 @@ from gpuq.host.files import read_json, write_json
 from gpuq.model.names import HOST_RE, JOB_ID_RE, KEPT_APART
 from gpuq.model.record import Record, RecordError, parse_claim_name
 from gpuq.model.states import State, check_transition
+from gpuq.model.stops import StopCause, cause_of
 from gpuq.spool.layout import Layout
 
 
@@ -273,6 +274,12 @@ def forget_kept(layout: Layout, job_id: str) -> None:
 def next_attempt(previous: dict | None) -> int:
     """The attempt after the one kept in requeued/ (`previous`, read by the caller), or 1."""
     return previous["attempt"] + 1 if previous else 1
+
+
+def resumes_preempted(previous: dict | None) -> bool:
+    """Whether the attempt after the one kept in requeued/ (`previous`) follows a preemption:
+    its job is told so (GPUQ_PREEMPTED=1: resume from your checkpoint)."""
+    return previous is not None and cause_of(previous) is StopCause.PREEMPT
 
 
 _event_fds: dict[Path, int] = {}

@@ -18,13 +18,22 @@ from gpuq.model.states import State
 from gpuq.run.joblocal import Runtime
 from gpuq.run.launch import CannotStart, Launch, build_launch, job_variables
 from gpuq.spool.layout import Layout
+from gpuq.spool.store import next_attempt, resumes_preempted
 
 
 def what_the_job_sees(
-    layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None, owner_uid: int | None
+    layout: Layout,
+    config: Config,
+    job_id: str,
+    spec: JobSpec,
+    record: Record | None,
+    owner_uid: int | None,
+    previous: dict | None = None,
 ) -> dict[str, Any]:
     """For a started job, its record's GPUs, host and attempt; for a pending one, GPUs 0..n-1
-    stand for the GPUs it will be granted. Secret-looking values are masked."""
+    stand for the GPUs it will be granted, and the attempt it waits to run is the one after
+    `previous` (its last attempt's record, kept in requeued/ while it waits again). Secret-looking
+    values are masked."""
     pending = record is None
     if record is None:
         record = Record(
@@ -33,6 +42,8 @@ def what_the_job_sees(
             spec=spec.to_json(),
             gpus=list(range(spec.gpus)),
             gpu_mem_mib=spec.gpu_mem_mib,
+            attempt=next_attempt(previous),
+            preempted=resumes_preempted(previous),
         )
     rt = Runtime(
         layout,

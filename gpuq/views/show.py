@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.host.faults import wall_time
+from gpuq.host.files import read_json
 from gpuq.host.usage import suggest_gpu_mem
 from gpuq.model.config import Config
 from gpuq.model.errors import SpecError
 from gpuq.model.record import Record, parse_claim_name
 from gpuq.model.secrets import mask_secrets
 from gpuq.model.spec import JobSpec, command_shown, parse_spec_text
+from gpuq.model.states import State
 from gpuq.model.stops import StopCause
 from gpuq.model.text import safe_text, safe_tree
 from gpuq.model.units import format_clock, format_duration, format_mib
@@ -32,7 +34,7 @@ from gpuq.sched.estimate import (
 from gpuq.spool.holds import held_jobs, held_spec
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import checked_event, claims_of, pending_spec_path, read_record
+from gpuq.spool.store import checked_event, claims_of, next_attempt, pending_spec_path, read_record
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
 from gpuq.views.preview import preview_lines, what_the_job_sees
 from gpuq.views.render import stamp
@@ -56,12 +58,16 @@ def find_job(layout: Layout, config: Config, job_id: str) -> dict[str, Any] | No
         if record is not None:
             out = mask_secrets(record.to_json())
             out["log"] = str(layout.job_log(job_id))
+            if record.state is State.RUNNING and record.claimed_at:  # its record's started_at comes at its end
+                out["elapsed_s"] = round(wall_time() - record.claimed_at, 1)
             out |= requeues(layout, job_id)
             peaks = _past_peaks(layout, record)
             if (suggested := suggest_gpu_mem(peaks)) is not None:
                 out["suggested_gpu_mem"] = {"mib": suggested, "runs": len(peaks), "peak_mib": max(peaks)}
             if record.spec:  # empty when the spec never parsed (cancelled while pending): nothing to preview
-                out["sees"] = _sees(layout, config, job_id, JobSpec.from_json(record.spec), record, record.uid)
+                out["sees"] = what_the_job_sees(
+                    layout, config, job_id, JobSpec.from_json(record.spec), record, record.uid
+                )
             else:
                 out["spec_note"] = "not known: its spec did not parse (nothing to run, nothing kept)"
             return out
@@ -105,12 +111,6 @@ def _being_started(layout: Layout, claim: Path) -> str:
     )
 
 
-def _sees(
-    layout: Layout, config: Config, job_id: str, spec: JobSpec, record: Record | None, uid: int | None
-) -> dict[str, Any]:
-    return what_the_job_sees(layout, config, job_id, spec, record, uid)
-
-
 def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> dict[str, Any]:
     """What a waiting (pending or held) job asks for and will see, as its record will say once
     it starts (scontrol show job's time limit and resources before the start); nothing when
@@ -120,13 +120,20 @@ def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> di
         spec = parse_spec_text(raw, path.name)
     except (OSError, SpecError):
         return {}
+    try:  # its last attempt, kept while it waits again (preempted, retried): this is the next
+        previous = read_json(layout.record(layout.requeued, job_id))
+    except (OSError, ValueError):
+        previous = None
+    if not (isinstance(previous, dict) and type(previous.get("attempt")) is int):
+        previous = None
     asks = {
+        "attempt": next_attempt(previous),
         "time_limit_s": spec.time_limit_s or config.time_limit_s,
         "mem_limit_mib": spec.mem_mib or config.mem_mib,
         "cpus": spec.cpus or config.cpus,
         "spec": mask_secrets(spec.to_json()),
     }
-    return {**asks, "sees": _sees(layout, config, job_id, spec, None, st.st_uid)}
+    return {**asks, "sees": what_the_job_sees(layout, config, job_id, spec, None, st.st_uid, previous)}
 
 
 def requeues(layout: Layout, job_id: str) -> dict[str, list[dict[str, Any]]]:
@@ -203,6 +210,7 @@ SHOW_ORDER = (
     "signal",
     "claimed_at",
     "started_at",
+    "elapsed_s",  # a running job's: since its claim, as status's ELAPSED
     "ended_at",
     "time_limit_s",
     "mem_limit_mib",

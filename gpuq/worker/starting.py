@@ -17,9 +17,8 @@ from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.record import Record
 from gpuq.model.spec import JobSpec
 from gpuq.model.states import State
-from gpuq.model.stops import StopCause, cause_of
 from gpuq.run.limits import limits_for
-from gpuq.spool.store import keep_place, spec_state, transition
+from gpuq.spool.store import keep_place, resumes_preempted, spec_state, transition
 from gpuq.worker.box import Box
 from gpuq.worker.claiming import Claimer
 from gpuq.worker.returns import put_back
@@ -104,7 +103,7 @@ class Starter:
             gpu_mem_mib=charged if gpus else None,
             claim=claimed.name,
             claimed_at=self.clock.wall(),
-            preempted=previous is not None and cause_of(previous) is StopCause.PREEMPT,
+            preempted=resumes_preempted(previous),
             failure_retries=_failure_retries(previous),
             mps_pipe=mps_pipe,
             mps_compute_pct=mps_compute,
