@@ -40,7 +40,8 @@ FIELDS: dict[str, Field] = {
     "priority": Field(
         "high|normal|low or integer",
         "normal",
-        "Queue order: class first, then the integer (higher first), then age.",
+        "Queue order: class first, then the integer (higher first), then age. `high` and integers "
+        "above 0 only from the queue's admins (config `admins`): anyone else's spec is refused, naming the field.",
         "high",
     ),
     "workdir": Field(
