@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 
 import pytest
+import yaml
 from test_plan import gpu, host
 from test_plan_scheduling import CFG, G, job, run
 
@@ -197,12 +198,13 @@ def test_status_shows_when_a_waiting_job_will_start_at_the_latest(queue):
     rows = wait_until(
         lambda: {p["id"]: p for p in queue.status()["pending"]} if len(queue.status()["pending"]) == 3 else None
     )
-    assert abs(rows["next"]["expected_start"] - (started + 3600)) < 5, rows["next"]
-    assert abs(rows["open"]["expected_start"] - (started + 3600 + 600)) < 5, rows["open"]
+    grace = yaml.safe_load((queue.root / "config.yaml").read_text())["grace_s"]  # each job ahead: by limit + grace
+    assert abs(rows["next"]["expected_start"] - (started + 3600 + grace)) < 5, rows["next"]
+    assert abs(rows["open"]["expected_start"] - (started + 3600 + 600 + 2 * grace)) < 5, rows["open"]
     assert rows["after"]["expected_start"] is None and rows["after"]["no_estimate"] == "unknown"
     text = queue.gpuq("status").stdout
     line = next(line for line in text.splitlines() if " next " in f" {line} ")
-    due = math.ceil((started + 3600) / 60) * 60  # a latest start: rounded up to the minute
+    due = math.ceil(rows["next"]["expected_start"] / 60) * 60  # a latest start: rounded up to the minute
     assert time.strftime("%H:%M", time.localtime(due)) in line, text
     assert "START BY" in text
     after = next(line for line in text.splitlines() if " after " in f" {line} ")

@@ -4,6 +4,7 @@ and what the plan learns from them."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from test_plan import gpu, host
@@ -146,3 +147,7 @@ def test_gpus_held_by_jobs_that_may_be_taken_back_weigh_nothing_more_than_their_
         assert plan(pending, hosts, running, CFG, now=100).order == ["c-1", "b-1"]
     held = [run("keeps", gpus=(1,), mem_gib=None, user="cat", started_at=100)]
     assert plan(pending, hosts, held, CFG, now=100).order == ["b-1", "c-1"]  # one she keeps counts
+    # Where preemption is off nothing takes a low job's GPU back: it counts (a review: marking
+    # one's work preemptible escaped the term).
+    no_preemption = replace(CFG, preemption=False)
+    assert plan(pending, hosts, low, no_preemption, now=100).order == ["b-1", "c-1"]

@@ -583,7 +583,7 @@ def test_a_job_that_would_run_into_someone_elses_booking_does_not_start_on_those
     long = job("bo-long", user="bo", limit_s=7200)
     result = plan([long], one, [], CFG, now=0, set_aside=[b])
     assert starts(result) == {} and result.reasons["bo-long"].startswith("GPU h:0 booked for ana from ")
-    assert result.reasons["bo-long"].endswith("this job may run past that (its time limit)")
+    assert result.reasons["bo-long"].endswith("this job may run past that (its time limit and grace)")
     unlimited = plan([job("bo-any", user="bo")], one, [], CFG, now=0, set_aside=[b])
     assert unlimited.reasons["bo-any"].endswith("this job has no time limit")
     assert starts(plan([job("bo-short", user="bo", limit_s=1800)], one, [], CFG, now=0, set_aside=[b])) == {
@@ -612,9 +612,21 @@ def test_a_job_kept_off_by_a_booking_does_not_keep_off_a_shorter_one_behind_it()
     pending = [replace(p, spec=replace(p.spec, hosts=("b",))) for p in pending]
     result = plan(pending, hosts, busy, CFG, now=0, set_aside=[booking])
     assert list(starts(result)) == ["short"]
-    assert result.reasons["long"].endswith("this job may run past that (its time limit)")
+    assert result.reasons["long"].endswith("this job may run past that (its time limit and grace)")
     assert result.reasons["unlimited"].startswith("GPU b:0 booked for ana from ")
     assert result.reasons["unlimited"].endswith("this job has no time limit")
+
+
+def test_a_job_kept_off_by_a_booking_is_told_what_of_it_runs_into_the_booking():
+    """A review: a job whose grace alone runs into the booking was told its time limit did,
+    and a job with only a learned run was told of a time limit it does not have."""
+    booking = SetAside("h", (0,), start=3600 + G / 2, end=7200, owner="ana")
+    limited = plan([job("lim", user="ben", limit_s=3600)], [host("h", gpu(0))], [], CFG, now=0, set_aside=[booking])
+    assert starts(limited) == {} and limited.reasons["lim"].endswith("may run past that (its time limit and grace)")
+    learned = plan(
+        [job("guess", user="ben")], [host("h", gpu(0))], [], CFG, 0, set_aside=[booking], estimates={"guess": 4000.0}
+    )
+    assert learned.reasons["guess"].endswith("may run past that (its kind's longest recent run, and a grace)")
 
 
 def test_a_job_kept_off_by_a_booking_names_the_booked_gpu_it_would_take():

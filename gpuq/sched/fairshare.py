@@ -70,13 +70,13 @@ def effective_usage(
     """What fair share weighs for each user: the decayed GPU-seconds of their ended jobs
     (`usage`), those of their running jobs so far, and each GPU they hold now and keep as
     age_step_s more (so one pass's burst of starts counts at once). A job that may be taken
-    back (opportunistic: it yields to anyone's) or is told to stop keeps nothing: counted, its
-    owner's jobs ranked one way while it ran and the other the moment it yielded, and a GPU
-    held for one job went to another's."""
+    back (opportunistic, where preemption is on: it yields to anyone's) or is told to stop
+    keeps nothing: counted, its owner's jobs ranked one way while it ran and the other the
+    moment it yielded, and a GPU held for one job went to another's."""
     effective = dict(usage)
     for job, weight in _gpu_weights(running, slots):
         ran = decayed_gpu_s(weight, job.started_at, now, now, config.fair_share_half_life_s)
-        keeps = not job.preemptible and not job.stopping
+        keeps = not (job.preemptible and config.preemption) and not job.stopping
         effective[job.user] = effective.get(job.user, 0.0) + ran + (weight * config.age_step_s if keeps else 0.0)
     return effective
 

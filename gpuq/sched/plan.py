@@ -246,6 +246,12 @@ class _Pass:
             return float("inf")
         return self.now + limit + (job.spec.grace_s if job.spec.grace_s is not None else self.config.grace_s)
 
+    def _runs_for(self, job: PendingJob) -> str:
+        """What `ends_by` counted, in a reason's words."""
+        if job.spec.time_limit_s or self.config.time_limit_s:
+            return "its time limit and grace"
+        return "its kind's longest recent run, and a grace"
+
     def _allowed(self, job: PendingJob) -> tuple[list[str], str | None, tuple]:
         """The hosts the job may run on, its container runtime, and its shape (jobs of one
         shape fit or fail alike). Computed once per (hosts, runtime): 10,000 jobs share few."""
@@ -577,9 +583,11 @@ class _Pass:
         coming = [s for s in slots if s.host in allowed and setasides.booked_before(s, job.user, ends_by)]
         if coming and (s := setasides.booked_in(spec, mine, coming, config)) is not None:
             start, owner = setasides.booked_before(s, job.user, ends_by)  # type: ignore[misc]
-            runs = "has no time limit" if ends_by == float("inf") else "may run past that (its time limit)"
+            runs = "has no time limit" if ends_by == float("inf") else f"may run past that ({self._runs_for(job)})"
             return f"GPU {s.label} booked for {owner} from {moment(start, self.now)}; this job {runs}"
-        held = reasons.why_held([s for s in mine if s.held_for], job.id, self.ends_by(job) - self.now, self.now)
+        held = reasons.why_held(
+            [s for s in mine if s.held_for], job.id, self.ends_by(job) - self.now, self.now, self._runs_for(job)
+        )
         if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu):
             return held
         return reasons.why_gpu(spec, allowed, mine or [s for s in slots if s.host in allowed], self.hosts, config)

@@ -65,10 +65,11 @@ def why_gpu(
     return f"needs {count}{need}; most free now is {format_mib(max(0, free(largest)))} on {largest.label}"
 
 
-def why_held(slots: list["Slot"], job_id: str, runs_s: float, now: float) -> str | None:
+def why_held(slots: list["Slot"], job_id: str, runs_s: float, now: float, runs: str) -> str | None:
     """When the job would fit but for GPUs held for another job: that job's name, and, for the
     head of the queue's reservation, why this one may not run before it (`runs_s`: how long
-    it may hold its GPUs: its time limit and its stop's grace; inf: no limit known)."""
+    it may hold its GPUs, `runs` what that is: its time limit, or a learned run, and its
+    stop's grace; inf: no limit known)."""
     held = sorted((s for s in slots if s.held_for and s.held_for != job_id), key=lambda s: (s.held_for, s.label))
     if not held:
         return None
@@ -80,8 +81,7 @@ def why_held(slots: list["Slot"], job_id: str, runs_s: float, now: float) -> str
         return reason
     if runs_s == float("inf"):
         return f"{reason} from {moment(slot.reserved_from, now)}; with a time_limit that ends by then it could run now"
-    runs = format_duration(runs_s)
-    return f"{reason} from {moment(slot.reserved_from, now)}; its time limit and grace ({runs}) run past that"
+    return f"{reason} from {moment(slot.reserved_from, now)}; {runs} ({format_duration(runs_s)}) run past that"
 
 
 def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:
