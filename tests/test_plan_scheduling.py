@@ -198,6 +198,20 @@ def test_a_job_behind_the_reserved_head_counts_it_among_the_jobs_ahead():
     assert result.reasons["neg"].endswith("; behind 1 higher-priority job"), result.reasons["neg"]
 
 
+def test_a_low_job_with_a_longer_grace_than_the_configs_keeps_off_the_heads_reserved_gpus():
+    """A review: a low job may start on a GPU reserved for the head, and is told to yield when
+    the head comes; with a grace of an hour it kept the head waiting that long. One whose
+    grace is the config's (or less) may still use the reserved GPU meanwhile."""
+    busy = [run("occ", gpus=(0,), mem_gib=None, user="ana", started_at=0, limit_s=100)]
+    head = job("wide", user="ben", gpus=2, mem_gib=None, limit_s=60, queued_at=1)
+    soak = job("soak", user="cy", mem_gib=None, priority="low", queued_at=2)
+    lingering = replace(soak, id="linger", spec=replace(soak.spec, grace_s=3600))
+    result = plan([head, lingering, soak], [host("h", gpu(0), gpu(1))], busy, CFG, now=10)
+    assert result.reserved["wide"] == ("h", (0, 1), 100 + G)
+    assert list(starts(result)) == ["soak"]
+    assert result.reasons["linger"].startswith("opportunistic: GPU h:1 is reserved for job wide, and this job's grace")
+
+
 def test_no_reservation_where_a_job_without_a_limit_holds_the_gpus():
     """Nothing tells when h:1 frees: as under Slurm, the head gets no reservation, and the
     others start where they fit."""

@@ -17,6 +17,7 @@ from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, SetAside, Start
 from gpuq.model.sharing import uses_mps
 from gpuq.model.spec import JobSpec
+from gpuq.model.units import format_duration
 from gpuq.model.windows import describe, hhmm, moment, window_open
 from gpuq.sched import fairshare, placement, reasons, setasides
 from gpuq.sched.boxroom import BoxRoom, asks
@@ -266,6 +267,7 @@ class _Pass:
             job.order[0],
             job.user if self.booked or self.booked_later or uses_mps(spec, self.config) else None,
             runtime,
+            spec.grace_s if job.opportunistic else None,  # a long one keeps it off reserved GPUs
             # whether it may backfill, or run before someone's booking begins, depends on it
             self.ends_by(job) if self.reserved or self.booked_later else None,
             self._may_reserve(job),  # a job too young for the reservation fails for others of its shape
@@ -548,9 +550,13 @@ class _Pass:
                 mine = [s for s in self.slots if s.host in allowed]
                 if mps_user := self._mps_user(job):
                     mine = [s for s in mine if placement.serves_mps_user(s, mps_user, opportunistic=True)]
+                # Told to yield when the head comes, a job with a longer grace than the config's
+                # could keep the head waiting that long (a day, at most): not on its GPUs.
+                lingers = spec.grace_s is not None and spec.grace_s > self.config.grace_s
+                usable = [s for s in mine if s.reserved_from == float("inf")] if lingers else mine
                 choice = placement.best_fit(
                     spec,
-                    mine,
+                    usable,
                     self.config.max_jobs_per_gpu,
                     opportunistic=True,
                     fragmentation_aware=self.config.fragmentation_aware,
@@ -561,11 +567,24 @@ class _Pass:
                     return
                 self.failed[shape] = (
                     (mps_user and self._why_mps(job, mps_user, [s for s in self.slots if s.host in allowed], True))
+                    or (lingers and self._why_lingers(job, mine))
                     or reasons.why_opportunistic(spec, allowed, mine, self.hosts, self.config)
                     if self.explain
                     else ""
                 )
         self.waits(job, self.failed[shape])
+
+    def _why_lingers(self, job: PendingJob, mine: list[Slot]) -> str | None:
+        """An opportunistic job that would fit on GPUs reserved for the head of the queue, but
+        whose grace is longer than the config's: said so."""
+        fit = placement.best_fit(job.spec, mine, self.config.max_jobs_per_gpu, opportunistic=True)
+        if fit is None:
+            return None
+        grace = format_duration(job.spec.grace_s or 0)
+        return (
+            f"opportunistic: GPU {fit[0].label} is reserved for job {fit[0].held_for}, and this job's grace "
+            f"({grace}, longer than grace_s) could keep it waiting"
+        )
 
     def _mps_user(self, job: PendingJob) -> str | None:
         """The job's owner, if the job will run under MPS (which serves one user per GPU)."""
