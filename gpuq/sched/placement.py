@@ -100,61 +100,93 @@ def build_slots(
     """`invisible`: opportunistic jobs can be made to yield (preemption on), so ordinary work
     plans as if they did not run; otherwise they count like any other job."""
     slots: list[Slot] = []
-    gpus: list[GpuSnapshot] = []  # each slot's snapshot, for its free memory at the end
-    at: dict[tuple[str, int], Slot] = {}
+    # Per host, its slots by GPU index: jobs are put straight onto their GPUs' slots.
+    at: dict[str, dict[int, Slot]] = {}
     for host in hosts:
         idle_map = host.others_idle_since
+        # A host that reports no non-gpuq use has every GPU idle since ever: one answer for all.
+        never_used = not idle_map
+        always_idle = now - float("-inf") >= idle_after_s
+        on_host = at.setdefault(host.name, {})
         for gpu in host.gpus:
             index = gpu.index
-            idle_since = idle_map.get(index, float("-inf")) if idle_map else float("-inf")
+            idle_since = float("-inf") if never_used else idle_map.get(index, float("-inf"))
+            # As usable_mib: NVML's `used` is others' (_count_observed takes off what gpuq's jobs
+            # are observed to use), and each ordinary job's charge comes off below.
+            others = gpu.mem_used_mib if gpu.mem_used_mib > 0 else 0
+            free = gpu.mem_total_mib - (others if others > reserve_mib else reserve_mib)
             slot = Slot(
                 host.name,
                 index,
                 gpu.mem_total_mib,
                 gpu.mem_total_mib - reserve_mib,
-                0,  # free: the memory gpuq's ordinary jobs are charged, until the end
+                free,
+                free,
                 0,
-                0,
-                True,
-                idle_since is not None and now - idle_since >= idle_after_s,
+                others <= reserve_mib,
+                always_idle if never_used else idle_since is not None and now - idle_since >= idle_after_s,
                 idle_since is None,
             )
             slots.append(slot)
-            gpus.append(gpu)
-            at[(host.name, index)] = slot
+            on_host[index] = slot
     # Each job once, straight onto its GPUs' slots (no job list per GPU): a deep replay builds
     # the slots 20,000 times.
     observed: dict[int, int] = {}  # id(slot) -> memory gpuq's jobs are observed to use there
     for job in running:
+        job_slots = at.get(job.host)
+        if job_slots is None:
+            continue  # a host no longer live
+        if job.observed_mib:
+            for index in job.gpus:
+                if (on := job_slots.get(index)) is not None:
+                    observed[id(on)] = observed.get(id(on), 0) + job.observed_mib.get(index, 0)
+        if job.preemptible and invisible:
+            _put_opportunistic(job, job_slots)
+            continue
+        compute = 100 if job.compute_pct is None else job.compute_pct  # compute_of
         for index in job.gpus:
-            on = at.get((job.host, index))
+            on = job_slots.get(index)
             if on is None:
                 continue  # a GPU its host no longer reports
             mib = charged_mib(job, index, on.whole)
-            if job.observed_mib:
-                observed[id(on)] = observed.get(id(on), 0) + job.observed_mib.get(index, 0)
-            if job.preemptible and invisible:
-                on.opp_mib += mib
-                on.opp_jobs += 1
-                if job.mps:
-                    on.opp_mps_users |= {job.user}
-                if not job.stopping:
-                    on.victims += (job,)
-                continue
-            on.free += mib
+            on.free -= mib
+            on.free_opportunistic -= mib
             on.jobs += 1
-            on.compute_room -= compute_of(job.compute_pct)
+            on.compute_room -= compute
             if job.mps:
                 on.mps_users |= {job.user}
-    for slot, gpu in zip(slots, gpus):
-        # As usable_mib: beyond what gpuq's jobs are observed to use, `used` is others'.
-        seen = observed.get(id(slot), 0) if observed else 0
-        others = gpu.mem_used_mib - seen if gpu.mem_used_mib > seen else 0
-        slot.free = slot.free_opportunistic = (
-            gpu.mem_total_mib - (others if others > reserve_mib else reserve_mib) - slot.free
-        )
-        slot.others_clear = others <= reserve_mib
+    if observed:
+        _count_observed(slots, hosts, observed, reserve_mib)
     return slots
+
+
+def _put_opportunistic(job: "RunningJob", on_host: dict[int, Slot]) -> None:
+    """An opportunistic job on its GPUs' slots: apart from what ordinary work sees."""
+    for index in job.gpus:
+        on = on_host.get(index)
+        if on is None:
+            continue  # a GPU its host no longer reports
+        on.opp_mib += charged_mib(job, index, on.whole)
+        on.opp_jobs += 1
+        if job.mps:
+            on.opp_mps_users |= {job.user}
+        if not job.stopping:
+            on.victims += (job,)
+
+
+def _count_observed(slots: list[Slot], hosts: Sequence["HostView"], observed: dict[int, int], reserve_mib: int) -> None:
+    """As usable_mib: of NVML's `used`, what gpuq's jobs are observed to use is theirs, not
+    others' (build_slots counted it all as others')."""
+    gpus = [gpu for host in hosts for gpu in host.gpus]
+    for slot, gpu in zip(slots, gpus):
+        seen = observed.get(id(slot), 0)
+        if not seen:
+            continue
+        counted = gpu.mem_used_mib if gpu.mem_used_mib > 0 else 0  # as others' in build_slots
+        others = gpu.mem_used_mib - seen if gpu.mem_used_mib > seen else 0
+        slot.free += max(counted, reserve_mib) - max(others, reserve_mib)
+        slot.free_opportunistic = slot.free
+        slot.others_clear = others <= reserve_mib
 
 
 def compute_of(declared: int | None) -> int:

@@ -101,8 +101,33 @@ def plan(
     return result
 
 
+def _ending(
+    slots: list[Slot], running: Sequence[RunningJob], config: Config, now: float
+) -> tuple[dict[tuple[str, int], list[tuple[float, int]]], bool]:
+    """Per GPU, when each ordinary job on it must have ended (its limit, a stop's grace), and
+    its memory: what a reservation for the head of the queue is computed from
+    (placement.earliest_start). And whether any GPU frees by a known limit: without one, no
+    job can be reserved for."""
+    ending: dict[tuple[str, int], list[tuple[float, int]]] = {}
+    known_end = False
+    whole = {(s.host, s.index): s.whole for s in slots}
+    for job in running:
+        if job.preemptible and config.preemption:
+            continue  # invisible to ordinary work (placement.build_slots)
+        ends_by = _gone_by(job, now, config)
+        for index in job.gpus:
+            if (key := (job.host, index)) in whole:
+                ending.setdefault(key, []).append((ends_by, placement.charged_mib(job, index, whole[key])))
+                known_end = known_end or ends_by != float("inf")
+    return ending, known_end
+
+
 def _gone_by(job: RunningJob, now: float, config: Config) -> float:
     """RunningJob.gone_by, but nothing tells when a stuck one leaves (RunningJob.stuck)."""
+    if not job.stopping and (ends_by := job.ends_by) > now:
+        # Not told to stop and within its limit: gone a grace after it (gone_by's first case),
+        # and not stuck (graces are over 0). Most running jobs, without the calls below.
+        return ends_by + job.stop_grace(config.grace_s)
     if job.stuck(now, config.grace_s):
         return float("inf")
     return job.gone_by(now, config.grace_s, config.poll_interval)
@@ -154,26 +179,14 @@ class _Pass:
         self.failed: dict[tuple, str] = {}
         self.allowed_for: dict[tuple, list[str]] = {}
         self.needs: Callable[[Mapping[str, Any]], str | None] | None = None
-        # Per GPU, when each ordinary job on it must have ended (its limit, a stop's grace), and its memory:
-        # what a reservation for the head of the queue is computed from (placement.earliest_start).
-        self.ending: dict[tuple[str, int], list[tuple[float, int]]] = {}
-        whole = {(s.host, s.index): s.whole for s in slots}
-        for job in running:
-            if job.preemptible and config.preemption:
-                continue  # invisible to ordinary work (placement.build_slots)
-            ends_by = _gone_by(job, now, config)
-            for index in job.gpus:
-                if (key := (job.host, index)) in whole:
-                    self.ending.setdefault(key, []).append((ends_by, placement.charged_mib(job, index, whole[key])))
+        self.ending, self.known_end = _ending(slots, running, config, now)
         # Per GPU, the opportunistic jobs on it already told to yield: a job held there waits for them.
         self.draining: dict[tuple[str, int], list[str]] = {}
         for job in running if explain else ():
             if job.preemptible and job.stopping:
                 for index in job.gpus:
                     self.draining.setdefault((job.host, index), []).append(job.id)
-        # Whether any GPU frees by a known limit: without one, no job can be reserved for.
-        self.known_end = any(end != float("inf") for ends in self.ending.values() for end, _ in ends)
-        self.largest = max((s.whole for s in slots), default=0)
+        self.largest = max([s.whole for s in slots], default=0)
         self.behind: _Behind = {"order": (), "before": 0, "same": 0}  # for "behind N higher-priority jobs"
         self.reserved = False  # one reservation a pass: for the head of the queue (or given up)
         self.reserve_tries = 0  # jobs that could not start and were tried for the reservation
