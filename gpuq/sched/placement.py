@@ -204,22 +204,19 @@ def backfills(slot: Slot, ends_by: float) -> bool:
     return slot.reserved_mib > 0 and ends_by <= slot.reserved_from
 
 
-def room(slot: Slot, ends_by: float = float("inf")) -> int:
-    """Memory an ordinary job that ends by `ends_by` may take on the slot."""
-    return slot.free + slot.reserved_mib if backfills(slot, ends_by) else slot.free
-
-
-def fits(spec: "JobSpec", slot: Slot, max_jobs: int, ends_by: float = float("inf")) -> bool:
-    """Room for an ordinary job, opportunistic jobs not counted. A job the GPU is held for
-    has its place among max_jobs too (else small jobs fill every place while it waits),
-    unless this one ends before that job is due to start."""
-    backfill = backfills(slot, ends_by)
+def fitting_room(spec: "JobSpec", slot: Slot, max_jobs: int, ends_by: float = float("inf")) -> int | None:
+    """Whether an ordinary job fits on the slot (opportunistic jobs not counted), as the memory
+    it may take there (its free memory, and the memory reserved there if it backfills); None
+    where it does not fit. A job the GPU is held for has its place among max_jobs too (else
+    small jobs fill every place while it waits), unless this one ends before that job is due
+    to start. Both answers at once: best_fit asks both of every GPU."""
+    backfill = slot.reserved_mib > 0 and ends_by <= slot.reserved_from  # backfills(slot, ends_by)
     if slot.jobs + (slot.held_for is not None and not backfill) >= max_jobs:
-        return False
+        return None
     free = slot.free + slot.reserved_mib if backfill else slot.free
     if spec.exclusive:
-        return slot.jobs == 0 and slot.others_clear and free >= slot.whole
-    return free >= spec.gpu_mem_mib  # type: ignore[operator]
+        return free if slot.jobs == 0 and slot.others_clear and free >= slot.whole else None
+    return free if free >= spec.gpu_mem_mib else None  # type: ignore[operator]
 
 
 def fits_opportunistic(spec: "JobSpec", slot: Slot, max_jobs: int) -> bool:
@@ -245,26 +242,31 @@ def best_fit(
     that need one; then where the fewest opportunistic jobs must yield.
     `spread`: only GPUs without ordinary work. `ends_by`: when an ordinary job will have
     ended at the latest (it may use memory reserved from then on: `backfills`)."""
-    by_host: dict[str, list[Slot]] = {}
+    # Each GPU that fits, per host, as the tuple it is ranked by: memory it would leave (the
+    # least first), opportunistic jobs that must yet be told to go, then all of them there (the
+    # second makes a job keep, pass after pass, the GPU whose jobs already yield for it), its
+    # index, its place in `slots`. Made once per GPU, not once per comparison.
+    by_host: dict[str, list[tuple[int, int, int, int, int, Slot]]] = {}
     empty_on: dict[str, int] = {}
     if spec.exclusive:  # only a GPU without ordinary jobs can fit it (and one with them is never empty)
         slots = [s for s in slots if not s.jobs]
-    for s in slots:
-        if s.ordinary_empty:
+    for n, s in enumerate(slots):
+        empty = s.jobs == 0 and s.held_for is None  # Slot.ordinary_empty
+        if empty:
             empty_on[s.host] = empty_on.get(s.host, 0) + 1
-        fit = fits_opportunistic(spec, s, max_jobs) if opportunistic else fits(spec, s, max_jobs, ends_by)
-        if fit and (not spread or s.ordinary_empty):
-            by_host.setdefault(s.host, []).append(s)
-    room_of = (lambda s: s.opportunistic_room) if opportunistic else (lambda s: room(s, ends_by))
-    # Opportunistic jobs that must yet be told to go, then all of them there: the second makes
-    # a job keep, pass after pass, the GPU whose jobs already yield for it.
-    yields = (lambda s: (0, 0)) if opportunistic else (lambda s: (len(s.victims), s.opp_jobs))
+        if spread and not empty:
+            continue
+        if opportunistic:
+            if fits_opportunistic(spec, s, max_jobs):
+                by_host.setdefault(s.host, []).append((s.opportunistic_room, 0, 0, s.index, n, s))
+        elif (left := fitting_room(spec, s, max_jobs, ends_by)) is not None:
+            by_host.setdefault(s.host, []).append((left, len(s.victims), s.opp_jobs, s.index, n, s))
     best: tuple | None = None
     for host, candidates in by_host.items():
         if len(candidates) < spec.gpus:
             continue
-        chosen = sorted(candidates, key=lambda s: (room_of(s), yields(s), s.index))[: spec.gpus]
-        leftover = sum(room_of(s) - need_mib(spec, s) for s in chosen)
+        chosen = sorted(candidates)[: spec.gpus]
+        leftover = sum(left - need_mib(spec, s) for left, *_, s in chosen)
         crowding = empty_on.get(host, 0) if fragmentation_aware else 0
         if opportunistic:
             # The opposite of ordinary work's choice: ordinary work fills the fullest box first,
@@ -275,10 +277,11 @@ def best_fit(
         # they were not there (or a wide job's whole box would be broken to spare one of them;
         # putting a free GPU first, however loose the fit, made opportunistic work visible:
         # the Alibaba window's normal jobs waited 3.1x as long with low jobs as without).
-        key = (leftover, crowding, tuple(map(sum, zip(*(yields(s) for s in chosen)))), host)
+        yields = (sum(c[1] for c in chosen), sum(c[2] for c in chosen)) if chosen else ()
+        key = (leftover, crowding, yields, host)
         if best is None or key < best[0]:
             best = (key, chosen)
-    return best[1] if best else None
+    return [c[-1] for c in best[1]] if best else None
 
 
 def take(
@@ -350,18 +353,22 @@ def earliest_start(
     in order, free their memory until the job fits; the earliest host wins, then the best fit.
     None: nowhere within any known limit (a job without one runs on for all the plan knows)."""
     best: tuple[float, list[Slot]] | None = None
+    unknown = float("inf")
     by_host: dict[str, list[Slot]] = {}
     for s in slots:
         by_host.setdefault(s.host, []).append(s)
     for candidates in by_host.values():
         if len(candidates) < spec.gpus:
             continue
-        events = sorted(
+        events = [
             (end, n, mib)
             for n, s in enumerate(candidates)
             for end, mib in ending.get((s.host, s.index), ())
-            if end != float("inf")
-        )
+            if end != unknown
+        ]
+        events.sort()
+        if not events or (best is not None and events[0][0] >= best[0]):
+            continue  # nothing frees here before the best start found so far
         free = [s.free + s.reserved_mib for s in candidates]
         jobs = [s.jobs for s in candidates]
         ready = [_could_take(spec, s, free[n], jobs[n], max_jobs) for n, s in enumerate(candidates)]
@@ -388,7 +395,7 @@ def earliest_start(
 
 
 def _could_take(spec: "JobSpec", slot: Slot, free: int, jobs: int, max_jobs: int) -> bool:
-    """`fits`, for the slot with this much free memory and this many jobs."""
+    """`fitting_room` not None, for the slot with this much free memory and this many jobs."""
     if jobs >= max_jobs:
         return False
     if spec.exclusive:

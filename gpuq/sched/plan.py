@@ -405,7 +405,8 @@ class _Pass:
         """The GPUs an ordinary job may use: on the hosts it may run on, not booked for someone
         else now or before it would end (`ends_by`; None: whenever it ends), and serving its
         MPS user if it has one."""
-        mine = [s for s in self.slots if s.host in allowed]
+        # Every host allowed (most jobs): every slot, without asking each.
+        mine = list(self.slots) if len(allowed) == len(self.hosts) else [s for s in self.slots if s.host in allowed]
         if self.booked:
             mine = [s for s in mine if s.booked_for in (None, job.user)]
         if self.booked_later and ends_by is not None:  # it must be gone before someone else's booking begins
@@ -526,8 +527,12 @@ class _Pass:
         own: list[Slot] = []
         others: list[Slot] = []  # booked for someone else later: left out (its reason says so)
         for s in slots:
-            if not s.busy_by_others:
-                (own if all(owner == job.user for _, owner in s.booked_later) else others).append(s)
+            if s.busy_by_others:
+                continue
+            if not s.booked_later or all(owner == job.user for _, owner in s.booked_later):
+                own.append(s)
+            else:
+                others.append(s)
         found = placement.earliest_start(job.spec, own, self.ending, self.config.max_jobs_per_gpu)
         if found is None:
             return False
