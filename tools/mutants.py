@@ -68,9 +68,8 @@ MUTANTS: dict[str, Mutant] = {
     "plan-fits-memory": Mutant(
         "the plan puts a job only where its declared memory is free",
         "gpuq/sched/placement.py",
-        'def fits(spec: "JobSpec", slot: Slot, max_jobs: int, ends_by: float = float("inf")) -> bool:\n',
-        'def fits(spec: "JobSpec", slot: Slot, max_jobs: int, ends_by: float = float("inf")) -> bool:\n'
-        "    return slot.jobs < max_jobs\n",
+        "    return free if free >= spec.gpu_mem_mib else None  # type: ignore[operator]\n",
+        "    return free  # type: ignore[operator]\n",
         ("tests/test_plan.py",),
     ),
     "id-reservation": Mutant(
