@@ -26,13 +26,14 @@ def shares(usage: Mapping[str, float], users: Iterable[str], only: Iterable[str]
     usage, S their part of the team (equal shares among `users` and those with usage). 1.0 for
     a user who has used nothing; 0.5 for one who used exactly their share. `only`: the factors
     of these users alone (a pass ranks the users with jobs waiting, of a trace's hundreds)."""
-    everyone = set(users) | set(usage)
+    if only is None:
+        only = set(users) | set(usage)
+        everyone = len(only)
+    else:  # only how many: those with usage and the others (not a set of a trace's hundreds each pass)
+        everyone = len(usage) + len({u for u in users if u not in usage})
     total = sum(usage.values())
-    share = 1.0 / max(1, len(everyone))
-    return {
-        u: 2.0 ** (-(usage.get(u, 0.0) / total if total > 0 else 0.0) / share)
-        for u in (everyone if only is None else only)
-    }
+    share = 1.0 / max(1, everyone)
+    return {u: 2.0 ** (-(usage.get(u, 0.0) / total if total > 0 else 0.0) / share) for u in only}
 
 
 def rank_score(fair_share: float, waited_s: float) -> float:

@@ -9,6 +9,7 @@ the rules in users' words; sched/placement.py holds the per-GPU arithmetic.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypedDict
@@ -195,6 +196,7 @@ class _Pass:
         self.queue: Sequence[PendingJob] = ()
         self.demand_walked = self.demand_seen = 0  # demand_over's walk: jobs, and GPUs they need
         self.placed_whole = 0  # GPUs that ordinary jobs placed so far needed empty
+        self.end_marks: list[float] | None = None  # see _backfill_class
         self._update_room()
 
     def demand_over(self, limit: int) -> bool:
@@ -281,8 +283,10 @@ class _Pass:
             job.user if self.booked or self.booked_later or uses_mps(spec, self.config) else None,
             runtime,
             spec.grace_s if job.opportunistic else None,  # a long one keeps it off reserved GPUs
-            # whether it may backfill, or run before someone's booking begins, depends on it
-            self.ends_by(job) if self.reserved or self.booked_later else None,
+            # Whether it may backfill, or run before someone's booking begins, depends on its end:
+            # past the reservation, its class (_backfill_class); before it, the end itself where
+            # a booking is to come (the reservation's moments are not known yet).
+            self._backfill_class(job) if self.reserved else self.ends_by(job) if self.booked_later else None,
             self._may_reserve(job),  # a job too young for the reservation fails for others of its shape
         )
         allowed = self.allowed_for.get((spec.hosts, runtime))
@@ -300,6 +304,24 @@ class _Pass:
         ):
             self.failed.setdefault(shape, reasons.why_runtime(runtime, lacking))
         return allowed, runtime, shape
+
+    def _backfill_class(self, job: PendingJob) -> float | int:
+        """Once the reservation is made, what of a job's end decides where it may go: the end
+        itself where reasons are asked for (they say it); else only which of the reserved
+        moments and bookings to come it falls between (fitting_room: a job that ends by a
+        moment reserved may borrow that memory; setasides.booked_before: one that still runs
+        at a booking's start may not go there). Jobs alike but for their ends, between the
+        same moments, fit or fail alike: a walk past the reservation tries each such class
+        once, not each job (the walk of a deep queue tried hundreds a pass)."""
+        ends_by = self.ends_by(job)
+        if self.explain:
+            return ends_by
+        if self.end_marks is None:  # fixed from here: no reservation is made after this one
+            self.end_marks = sorted(
+                {s.reserved_from for s in self.slots if s.reserved_mib > 0}
+                | {start for s in self.slots for start, _ in s.booked_later}
+            )
+        return bisect.bisect_left(self.end_marks, ends_by)
 
     def _may_place(self, job: PendingJob) -> bool:
         """Whether the job may be placed at all: not blocked, not over its user's cap (else
