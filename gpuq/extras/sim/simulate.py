@@ -154,6 +154,7 @@ class _Replay:
         self.runs: dict[str, _Run] = {}
         self.views: dict[str, RunningJob] = {}
         self.on_gpu: dict[tuple[str, int], set[str]] = {(h.name, g.index): set() for h in self.hosts for g in h.gpus}
+        self.busy_gpus = 0  # GPUs with a job on them: counted as jobs come and go, not at every event
         self.mps = {j.id for j in jobs if config is not None and not exclusive and uses_mps(j.spec, config)}
         util = {j.id: (100.0 if exclusive else j.util) for j in jobs}
         self.load_of = {
@@ -197,14 +198,15 @@ class _Replay:
             t = min(self._next_arrival(), self._next_end(), min(reads.values(), default=math.inf))
             if t == math.inf:
                 return self.out
-            _integrate(self.out, self.on_gpu, bool(self.pending), self.now, t)
+            _integrate(self.out, self.busy_gpus, len(self.on_gpu), bool(self.pending), self.now, t)
             self.now = t
             freed = self._end_due()
             self._arrive()
             self.out.peak_queue = max(self.out.peak_queue, len(self.pending))
             if freed:
                 self._set_rates(freed)
-            readers = {h for h, at in reads.items() if at <= t + same_moment_tolerance(t)}
+            moment = t + same_moment_tolerance(t)
+            readers = {h for h, at in reads.items() if at <= moment}
             self._passes(self._due({h for h, _ in freed}, readers))
 
     def _next_arrival(self) -> float:
@@ -258,7 +260,10 @@ class _Replay:
             share = 1.0 if self.exclusive or mem is None else min(1.0, mem / self.gpu_mem[run.host])
             self.usage.add(view.user, len(run.gpus) * share, run.start, self.now)
             for i in run.gpus:
-                self.on_gpu[(run.host, i)].discard(jid)
+                on = self.on_gpu[(run.host, i)]
+                if jid in on:
+                    on.remove(jid)
+                    self.busy_gpus -= not on  # its last job left
                 freed.add((run.host, i))
             self.version += 1
             if run.stop_at is not None:
@@ -341,7 +346,8 @@ class _Replay:
                     for h in self.names:  # a claim comes after the passes begun now read jobs/
                         if h != box:
                             self.claimed_since[h] = min(self.claimed_since[h], self.now)
-            poked = [h for h in self.names if h in parts - {box}]
+            others = parts - {box}
+            poked = [h for h in self.names if h in others]
             due[:] = [(h, True) for h in poked] + [(h, r) for h, r in due if h not in poked]
             if self.timing is not None:  # a poke wakes a box: it passes, reading jobs/, after these starts
                 for h in poked:
@@ -383,7 +389,9 @@ class _Replay:
         )
         heapq.heappush(self.ends, (min(now + job.duration_s, limit_at), self.seq, s.job_id, self.seq))
         for i in s.gpus:
-            self.on_gpu[(s.host, i)].add(s.job_id)
+            on = self.on_gpu[(s.host, i)]
+            self.busy_gpus += not on  # its first job came
+            on.add(s.job_id)
         return {(s.host, i) for i in s.gpus}
 
     def _stop(self, victim: str) -> None:
@@ -413,14 +421,14 @@ class _Replay:
                 heapq.heappush(self.ends, (min(t + run.remaining / rate, run.limit_at), self.seq, jid, run.version))
 
 
-def _integrate(out: Outcome, on_gpu: dict, waiting: bool, t0: float, t1: float) -> None:
+def _integrate(out: Outcome, busy: int, gpus: int, waiting: bool, t0: float, t1: float) -> None:
+    """From t0 to t1, `busy` of the `gpus` GPUs had a job on them."""
     dt = t1 - t0
     if dt <= 0:
         return
-    busy = sum(1 for jobs in on_gpu.values() if jobs)
     # Occupancy is measured while work arrives: the drain after the last arrival (a few long
     # jobs alone) would make a policy that finishes more work look emptier.
     out.busy_gpu_s += busy * max(0.0, min(t1, out.last_submit) - t0)
     if waiting:
         out.waiting_s += dt
-        out.free_while_waiting_gpu_s += (len(on_gpu) - busy) * dt
+        out.free_while_waiting_gpu_s += (gpus - busy) * dt
