@@ -102,29 +102,31 @@ def build_slots(
     slots: list[Slot] = []
     # Per host, its slots by GPU index: jobs are put straight onto their GPUs' slots.
     at: dict[str, dict[int, Slot]] = {}
+    since_ever = float("-inf")  # free of non-gpuq use since: for a GPU its host says nothing of
+    always_idle = now - since_ever >= idle_after_s
     for host in hosts:
-        idle_map = host.others_idle_since
-        # A host that reports no non-gpuq use has every GPU idle since ever: one answer for all.
-        never_used = not idle_map
-        always_idle = now - float("-inf") >= idle_after_s
-        on_host = at.setdefault(host.name, {})
+        name, idle_map = host.name, host.others_idle_since
+        on_host = at.setdefault(name, {})
         for gpu in host.gpus:
-            index = gpu.index
-            idle_since = float("-inf") if never_used else idle_map.get(index, float("-inf"))
+            index, total = gpu.index, gpu.mem_total_mib
+            # A host that reports no non-gpuq use (most) has every GPU idle since ever.
+            idle_since = idle_map.get(index, since_ever) if idle_map else since_ever
             # As usable_mib: NVML's `used` is others' (_count_observed takes off what gpuq's jobs
             # are observed to use), and each ordinary job's charge comes off below.
             others = gpu.mem_used_mib if gpu.mem_used_mib > 0 else 0
-            free = gpu.mem_total_mib - (others if others > reserve_mib else reserve_mib)
+            free = total - (others if others > reserve_mib else reserve_mib)
             slot = Slot(
-                host.name,
+                name,
                 index,
-                gpu.mem_total_mib,
-                gpu.mem_total_mib - reserve_mib,
+                total,
+                total - reserve_mib,
                 free,
                 free,
                 0,
                 others <= reserve_mib,
-                always_idle if never_used else idle_since is not None and now - idle_since >= idle_after_s,
+                always_idle
+                if idle_since == since_ever
+                else idle_since is not None and now - idle_since >= idle_after_s,
                 idle_since is None,
             )
             slots.append(slot)
