@@ -185,12 +185,18 @@ def found_job(layout: Layout, job_id: str, spec_path: Path, uid: int, user: str)
     """A job known by its spec alone (pending, held or refused), as a `StateChange` starts from:
     in the state where its spec was found, at the attempt it waits to run (after a requeue,
     the one after the attempt kept in requeued/)."""
+    attempt = next_attempt(kept_attempt(layout, job_id))
+    return Record(id=job_id, state=spec_state(layout, spec_path), spec={}, user=user, uid=uid, attempt=attempt)
+
+
+def kept_attempt(layout: Layout, job_id: str) -> dict | None:
+    """The record of the job's last attempt, kept in requeued/ while it waits to run again
+    (preempted, retried, lost); None where there is none, or none that can be read as one."""
     try:
         kept = read_json(layout.record(layout.requeued, job_id))
     except (OSError, ValueError):
-        kept = None
-    attempt = next_attempt(kept) if isinstance(kept, dict) and type(kept.get("attempt")) is int else 1
-    return Record(id=job_id, state=spec_state(layout, spec_path), spec={}, user=user, uid=uid, attempt=attempt)
+        return None
+    return kept if isinstance(kept, dict) and type(kept.get("attempt")) is int else None
 
 
 def spec_state(layout: Layout, spec_path: Path) -> State:

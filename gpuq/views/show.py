@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.host.faults import wall_time
-from gpuq.host.files import read_json
 from gpuq.host.usage import suggest_gpu_mem
 from gpuq.model.config import Config
 from gpuq.model.errors import SpecError
@@ -34,7 +33,7 @@ from gpuq.sched.estimate import (
 from gpuq.spool.holds import held_jobs, held_spec
 from gpuq.spool.intake import read_spec_file
 from gpuq.spool.layout import Layout
-from gpuq.spool.store import checked_event, claims_of, next_attempt, pending_spec_path, read_record
+from gpuq.spool.store import checked_event, claims_of, kept_attempt, next_attempt, pending_spec_path, read_record
 from gpuq.spool.teamstate import heartbeat_alive, load_heartbeats
 from gpuq.views.preview import preview_lines, what_the_job_sees
 from gpuq.views.render import stamp
@@ -120,12 +119,7 @@ def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> di
         spec = parse_spec_text(raw, path.name)
     except (OSError, SpecError):
         return {}
-    try:  # its last attempt, kept while it waits again (preempted, retried): this is the next
-        previous = read_json(layout.record(layout.requeued, job_id))
-    except (OSError, ValueError):
-        previous = None
-    if not (isinstance(previous, dict) and type(previous.get("attempt")) is int):
-        previous = None
+    previous = kept_attempt(layout, job_id)  # the attempt before the one it waits to run
     asks = {
         "attempt": next_attempt(previous),
         "time_limit_s": spec.time_limit_s or config.time_limit_s,
