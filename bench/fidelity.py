@@ -113,10 +113,10 @@ def simulated(cut: list[TraceJob], config) -> tuple[dict[str, float], Placed]:
     starts: dict[str, tuple[str, tuple[int, ...], float]] = {}
 
     def recording(pending, hosts, running, now, usage):
-        got, preempts = decide(pending, hosts, running, now, usage)
-        for s in got:
+        decided = decide(pending, hosts, running, now, usage)
+        for s in decided.starts:
             starts.setdefault(s.job_id, (s.host, s.gpus, now))
-        return got, preempts
+        return decided
 
     out = replay(
         cut, parse_cluster(CLUSTER), recording, config.grace_s, config=config, timing=PassTiming(config.poll_interval)

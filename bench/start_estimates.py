@@ -74,8 +74,7 @@ def run(traces: Path, scenario: Scenario, every: int) -> dict:
             for job_id in new:
                 predicted[job_id] = expected.get(job_id)
                 likely[job_id] = sooner.get(job_id)
-        decided = plan(pending, hosts, running, SIM_CONFIG, now, explain=False, usage=usage)
-        return decided.starts, decided.preempts
+        return plan(pending, hosts, running, SIM_CONFIG, now, explain=False, usage=usage)
 
     out = replay(
         jobs, cluster, decide, SIM_CONFIG.grace_s, config=SIM_CONFIG, timing=PassTiming(SIM_CONFIG.poll_interval)

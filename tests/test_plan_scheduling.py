@@ -212,6 +212,33 @@ def test_a_low_job_with_a_longer_grace_than_the_configs_keeps_off_the_heads_rese
     assert result.reasons["linger"].startswith("opportunistic: GPU h:1 is reserved for job wide, and this job's grace")
 
 
+def test_a_low_job_on_the_heads_reserved_gpu_is_told_to_yield_its_grace_before_the_head_is_due():
+    """A member: a low job with `grace: 1m` already ran on h:1 when the pair job became the
+    head, reserved h:0 and h:1 from when occ must have ended. It was told to yield only once
+    the head could start, and the head waited out its grace on GPUs otherwise free. It is told
+    its grace (and a poll) before occ's limit (most jobs leave at SIGTERM): not sooner (it may
+    use the GPU until then), and the plan says when it must be made again for that, though
+    nothing else changes."""
+    busy = [run("occ", gpus=(0,), mem_gib=None, user="ana", started_at=0, limit_s=100)]
+    soak = replace(run("soak", gpus=(1,), mem_gib=None, user="cy", low=True, started_at=0), grace_s=60.0)
+    head = job("pair", user="ben", gpus=2, mem_gib=None, limit_s=60, queued_at=1)
+    hosts = [host("h", gpu(0), gpu(1))]
+    due = 100 + G
+    told_by = due - G - 60 - CFG.poll_interval  # most jobs leave at their limits: occ by 100
+    early = plan([head], hosts, busy + [soak], CFG, now=10)
+    assert early.reserved["pair"] == ("h", (0, 1), due) and early.preempts == {}
+    assert early.recheck_at == told_by
+    assert plan([head], hosts, busy + [soak], CFG, now=told_by - 1).preempts == {}
+    told = plan([head], hosts, busy + [soak], CFG, now=told_by)
+    assert list(told.preempts) == ["soak"] and "pair is due on its GPU" in told.preempts["soak"]
+    assert told.recheck_at == math.inf
+    # A low job would be told to leave the reserved GPU at once: it does not start there.
+    fresh = job("fresh", user="cy", mem_gib=None, priority="low", queued_at=2)
+    late = plan([head, fresh], hosts, busy, CFG, now=due - 2 * G - CFG.poll_interval)
+    assert starts(late) == {}, late.reasons
+    assert list(starts(plan([head, fresh], hosts, busy, CFG, now=10))) == ["fresh"]
+
+
 def test_no_reservation_where_a_job_without_a_limit_holds_the_gpus():
     """Nothing tells when h:1 frees: as under Slurm, the head gets no reservation, and the
     others start where they fit."""

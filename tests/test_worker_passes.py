@@ -376,3 +376,31 @@ def test_status_applies_a_boxs_stops_to_its_own_jobs_and_a_bad_stop_skips_the_he
     assert shown["id"] == "j" and not shown["stopping"] and not shown["yielding"]
     bad = {**stale, "stops": {"j": {"since": beat["t"], "cause": {"not": "a word"}}}}
     assert heartbeat_problem(bad, "a") == "'stops' is not job -> {since, cause}"
+
+
+def test_a_low_job_on_the_heads_reserved_gpu_is_told_to_yield_a_grace_before_the_head_is_due(tmp_path):
+    """A member: lo (`grace: 30s`) ran on GPU 1 when pair (2 GPUs) came and was reserved both
+    GPUs from when occ's limit (and a stop's grace) ends. lo was told to yield only when the
+    head could start, and pair waited out lo's grace on GPUs otherwise free. It is told 30 s
+    (and a poll) before occ's limit: nothing else changes by then, and a worker that skipped its plan
+    while its inputs stood plans again at that moment (Plan.recheck_at)."""
+    box = PassWorker(tmp_path / "root", fake_gpus="2x80GiB", idle_after_s=1)
+    grace = box.worker.config.grace_s
+    box.drop("occ.yaml", "command: sleep 600\ngpus: 1\ntime_limit: 2m\n")
+    box.run_pass(after_s=1)
+    box.drop("lo.yaml", "command: sleep 600\ngpus: 1\npriority: low\ngrace: 30s\n")
+    for _ in range(4):
+        box.run_pass(after_s=2)
+    assert box.launched() == ["occ", "lo"]
+    occ_started = box.clock.wall() - 8
+    box.drop("pair.yaml", "command: x\ngpus: 2\ntime_limit: 1h\n")
+    box.run_pass(after_s=1)
+    (reserved,) = [j for j in status(box.root)["pending"] if j["id"] == "pair"]
+    assert "reserved for it" in reserved["reason"], reserved
+    due = occ_started + 120 + grace  # give or take the moment occ's record says it started
+    while box.clock.wall() < due - grace - 30 - 10:
+        box.run_pass(after_s=2)
+        assert "lo" not in box.stops, box.clock.wall() - due  # it may use the GPU until then
+    while box.clock.wall() < due - grace - 30 and "lo" not in box.stops:
+        box.run_pass(after_s=2)
+    assert "lo" in box.stops and "pair is due on its GPU" in box.stops["lo"][0].reason

@@ -163,3 +163,7 @@ class Plan:
     held: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # job -> GPUs held
     # The head of the queue's reservation: job -> (host, GPUs, when running jobs' limits free them).
     reserved: dict[str, tuple[str, tuple[int, ...], float]] = field(default_factory=dict)
+    # When this plan's decisions change with time alone: an opportunistic job on the head's
+    # reserved GPUs is told to yield a grace before the head is due (sched/plan.py). A worker
+    # that skips planning while nothing changed plans again from then.
+    recheck_at: float = float("inf")

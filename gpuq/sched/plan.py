@@ -560,6 +560,7 @@ class _Pass:
             return False
         start, chosen = found
         placement.reserve(job.spec, chosen, job.id, start)
+        self._yield_in_time(job, chosen, start)
         gpus = tuple(s.index for s in chosen)
         self.result.reserved[job.id] = (chosen[0].host, gpus, start)
         if self.explain:
@@ -574,6 +575,31 @@ class _Pass:
                 reason += f"; not on GPU {labels}: booked for others from {soonest}"
             self.waits(job, reason)  # it waits, as the jobs behind it count
         return True
+
+    def _yield_in_time(self, job: PendingJob, chosen: list[Slot], start: float) -> None:
+        """Opportunistic jobs on the head's reserved GPUs yield when it comes. The head is due
+        when the jobs there must have ended: their limits and a stop's grace; most leave at
+        SIGTERM, at their limits. An opportunistic job whose stop (its own grace) would run
+        past that is told in time (_told_by), so the head does not wait out its grace once
+        its GPUs are free; the plan says when it must be made again for that."""
+        for s in chosen:
+            for victim in s.victims:
+                if victim.id in self.result.preempts:
+                    continue
+                told_by = self._told_by(start, victim.stop_grace(self.config.grace_s))
+                if told_by <= self.now:
+                    self.result.preempts[victim.id] = (
+                        f"job {job.id} is due on its GPU {moment(start, self.now)}, sooner than its grace"
+                    )
+                else:
+                    self.result.recheck_at = min(self.result.recheck_at, told_by)
+        for s in self.slots:  # as _place: a victim on several GPUs is told once
+            s.victims = tuple(v for v in s.victims if v.id not in self.result.preempts)
+
+    def _told_by(self, due: float, grace: float) -> float:
+        """When an opportunistic job with this grace on GPUs reserved from `due` is told to
+        yield: its grace, a poll, and the ordinary jobs' stop grace before (see _yield_in_time)."""
+        return due - self.config.grace_s - grace - self.config.poll_interval
 
     def opportunistic(self, job: PendingJob, in_window: bool) -> None:
         if not self._may_place(job):
@@ -592,8 +618,15 @@ class _Pass:
                     mine = [s for s in mine if placement.serves_mps_user(s, mps_user, opportunistic=True)]
                 # Told to yield when the head comes, a job with a longer grace than the config's
                 # could keep the head waiting that long (a day, at most): not on its GPUs.
+                # Nor on reserved GPUs it would be told to leave at once (_yield_in_time).
                 lingers = spec.grace_s is not None and spec.grace_s > self.config.grace_s
-                usable = [s for s in mine if s.reserved_from == float("inf")] if lingers else mine
+                grace = spec.grace_s if spec.grace_s is not None else self.config.grace_s
+                usable = [
+                    s
+                    for s in mine
+                    if s.reserved_from == float("inf")
+                    or (not lingers and self._told_by(s.reserved_from, grace) > self.now)
+                ]
                 choice = placement.best_fit(
                     spec,
                     usable,

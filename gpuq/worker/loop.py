@@ -199,6 +199,7 @@ class Worker:
         idle GPUs, jobs yielding or ending, dependencies, usage for fair share."""
         self.beat_cache: dict[str, tuple[tuple, Any]] = {}  # host -> (file's identity, its heartbeat)
         self.unchanged_plan_inputs: tuple | None = None
+        self.recheck_at = float("inf")  # the last plan's Plan.recheck_at
         self.idle_tracker = IdleTracker(self.config.idle_util_pct)
         self.others_idle_since: dict[int, float | None] = {}
         # Running jobs told to stop (preempted, cancelled, over their memory), when and why: the
@@ -488,7 +489,7 @@ class Worker:
             self._cancel_doomed(job_id, why)
         settling = self.clock.mono() - self.born < STARTUP_SETTLE_S
         inputs += (frozenset(waiting), frozenset(doomed), frozenset(b for b in booked if b.active(now)), settling)
-        if inputs == self.unchanged_plan_inputs:
+        if inputs == self.unchanged_plan_inputs and now < self.recheck_at:
             return
         with self.queue_lock:  # orders planning across hosts; the claim rename keeps correctness
             decided = self._plan_under_lock(now, beats, own_jobs, team, {**waiting, **doomed}, booked, settling)
@@ -505,6 +506,7 @@ class Worker:
             j in decided.preempts for j in (r.id for r in self.running)
         )
         self.unchanged_plan_inputs = None if mine else inputs
+        self.recheck_at = decided.recheck_at
 
     def _team_picture(self, now: float) -> tuple[list[dict], list[RunningJob], TeamPicture]:
         """The team as the plan sees it: every box's heartbeat (those that cannot be read are

@@ -35,16 +35,15 @@ from gpuq.extras.sim.timing import PassTiming, same_moment_tolerance
 from gpuq.extras.sim.trace import Cluster, TraceJob
 from gpuq.model.config import Config
 from gpuq.model.gpu import GpuSnapshot
-from gpuq.model.jobs import HostView, PendingJob, RunningJob, Start
+from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, Start
 from gpuq.model.sharing import compute_pct, uses_mps
 from gpuq.model.usage import UsageLedger
 from gpuq.model.windows import window_open
 from gpuq.sched.plan import plan
 
-# (pending, hosts, running, now, each user's decayed usage of ended jobs) -> (starts, preemptions)
-Planner = Callable[
-    [list[PendingJob], list[HostView], list[RunningJob], float, dict[str, float]], tuple[list[Start], dict[str, str]]
-]
+# (pending, hosts, running, now, each user's decayed usage of ended jobs) -> its plan: starts,
+# preemptions, and when time alone changes it (Plan.recheck_at)
+Planner = Callable[[list[PendingJob], list[HostView], list[RunningJob], float, dict[str, float]], Plan]
 
 
 @dataclass
@@ -82,15 +81,14 @@ def plan_policy(config: Config) -> Planner:
     """gpuq's own planner (or a baseline built from it by config: pack-bestfit)."""
 
     def decide(pending, hosts, running, now, usage):
-        decided = plan(pending, hosts, running, config, now, explain=False, usage=usage)
-        return decided.starts, decided.preempts
+        return plan(pending, hosts, running, config, now, explain=False, usage=usage)
 
     return decide
 
 
 def fifo_exclusive(
     pending: list[PendingJob], hosts: list[HostView], running: list[RunningJob], now: float, usage: dict[str, float]
-) -> tuple[list[Start], dict[str, str]]:
+) -> Plan:
     """What task-spooler and simple_gpu_scheduler do: whole GPUs, one job each, strict FIFO
     (the head of the queue blocks everything behind it), first host that has room."""
     taken = {(r.host, i) for r in running for i in r.gpus}
@@ -105,7 +103,7 @@ def fifo_exclusive(
                 break
         else:
             break
-    return starts, {}
+    return Plan(starts, {}, [])
 
 
 def replay(
@@ -191,13 +189,17 @@ class _Replay:
         # that would see the same skips its plan, as the worker's does (worker/loop.py).
         self.nothing_for: tuple[int, int, bool] | None = None
         self.last_plan: tuple = (None, None)  # (what the last plan saw, and when), and what it decided
+        self.recheck_at = math.inf  # the last plan's Plan.recheck_at: every box plans again then
 
     def run(self) -> Outcome:
         while True:
             reads = self._next_reads()
-            t = min(self._next_arrival(), self._next_end(), min(reads.values(), default=math.inf))
+            t = min(self._next_arrival(), self._next_end(), min(reads.values(), default=math.inf), self.recheck_at)
             if t == math.inf:
                 return self.out
+            woken = set(self.names) if t == self.recheck_at else set()
+            if woken:
+                self.recheck_at, self.nothing_for = math.inf, None
             _integrate(self.out, self.busy_gpus, len(self.on_gpu), bool(self.pending), self.now, t)
             self.now = t
             freed = self._end_due()
@@ -207,7 +209,7 @@ class _Replay:
                 self._set_rates(freed)
             moment = t + same_moment_tolerance(t)
             readers = {h for h, at in reads.items() if at <= moment}
-            self._passes(self._due({h for h, _ in freed}, readers))
+            self._passes(self._due({h for h, _ in freed} | woken, readers))
 
     def _next_arrival(self) -> float:
         return self.jobs[self.next_arrival].submit_s if self.next_arrival < len(self.jobs) else math.inf
@@ -318,13 +320,15 @@ class _Replay:
                 self.replan.discard(box)
                 continue
             if self.last_plan[0] == (seen, self.now):  # the plan is pure: the same inputs, the same plan
-                starts, preempts = self.last_plan[1]
+                decided = self.last_plan[1]
             else:
                 known = list(itertools.islice(self.pending.values(), count))
-                starts, preempts = self.decide(
+                decided = self.decide(
                     known, self.hosts, list(self.views.values()), self.now, self.usage.as_of(self.now)
                 )
-                self.last_plan = ((seen, self.now), (starts, preempts))
+                self.last_plan = ((seen, self.now), decided)
+            starts, preempts = decided.starts, decided.preempts
+            self.recheck_at = decided.recheck_at
             parts = {s.host for s in starts} | {self.runs[v].host for v in preempts}
             self.nothing_for = None if parts else seen
             if box in parts:

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from gpuq.extras.sim.trace import TraceJob
-from gpuq.model.jobs import HostView, PendingJob, RunningJob, Start
+from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, Start
 
 AGE_WEIGHT = 1000.0
 FAIR_SHARE_WEIGHT = 10000.0
@@ -58,7 +58,7 @@ class SlurmEasy:
         running: list[RunningJob],
         now: float,
         usage: dict[str, float] | None = None,
-    ) -> tuple[list[Start], dict[str, str]]:
+    ) -> Plan:
         """`usage`: the replay's own ledger, not used: this policy keeps Slurm's accounting itself."""
         self._account(pending, running, now)
         total = sum(self.usage.values())
@@ -99,7 +99,7 @@ class SlurmEasy:
             ends[host].append((now + limit, need))
             starts.append(Start(job.id, host, chosen))
             self.started[job.id] = now
-        return starts, {}
+        return Plan(starts, {}, [])
 
     def _account(self, pending: list[PendingJob], running: list[RunningJob], now: float) -> None:
         """Bring each user's decayed usage up to `now`: what ran since the last pass counts,

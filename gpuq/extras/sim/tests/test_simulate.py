@@ -172,6 +172,14 @@ def test_a_low_job_yields_after_the_grace_and_restarts_from_the_beginning(tmp_pa
     assert out["wait_mean_by_priority"] == {"low": 10 + grace + 5, "normal": grace}
 
 
+def test_a_low_job_on_the_heads_reserved_gpu_yields_in_time_for_the_head(tmp_path):
+    """As a worker plans (Plan.recheck_at): lo, on the GPU reserved for pair, is told to yield
+    a grace before occ's limit, not when occ has ended; pair starts as occ ends."""
+    rows = ["occ,0,100,1,,,a,normal,100", "lo,1,1000,1,,,c,low,86400", "pair,5,10,2,,,b,normal,3600"]
+    out = replay(tmp_path, "1x2x32GiB", "gpuq", *rows, header=LIMITS_HEADER)
+    assert out["waits"]["pair"] == 95 and out["preemptions"] == 1
+
+
 def test_the_pass_timing_is_the_workers_wake_rules():
     timing = PassTiming(poll_s=1.0)
     assert timing.reads_change(-math.inf, 7.0) == 7.0  # no pass yet: the first one reads it

@@ -30,10 +30,10 @@ def test_slurm_easy_backfills_only_what_ends_before_the_heads_reservation():
     ]
     hosts = [host("h", gpu(0), gpu(1)), host("g", gpu(0))]
     pending = [job(j.id, gpus=j.spec.gpus, mem_gib=None, queued_at=i) for i, j in enumerate(traces[2:])]
-    starts, _ = easy(pending, hosts, busy, 10.0)
+    starts = easy(pending, hosts, busy, 10.0).starts
     # pair is due on h at 7200; short (ends 1810) may take g; long (ends 7210) may too: g is not h.
     assert {s.job_id: s.host for s in starts} == {"short": "g"}
-    starts, _ = easy([p for p in pending if p.id != "short"], [host("h", gpu(0), gpu(1))], busy, 10.0)
+    starts = easy([p for p in pending if p.id != "short"], [host("h", gpu(0), gpu(1))], busy, 10.0).starts
     assert starts == []  # long would run past pair's start on h, its only node
 
 
@@ -44,5 +44,5 @@ def test_slurm_easy_ranks_the_user_who_used_less_first():
     hosts = [host("h", gpu(0), gpu(1))]
     easy([], hosts, [run("heavy-run", gpus=(0,), mem_gib=None, user="ana", started_at=0)], 0.0)
     pending = [job("a2", user="ana", mem_gib=None, queued_at=0), job("b1", user="bo", mem_gib=None, queued_at=5)]
-    starts, _ = easy(pending, hosts, [run("heavy-run", gpus=(0,), mem_gib=None, user="ana", started_at=0)], 500.0)
+    starts = easy(pending, hosts, [run("heavy-run", gpus=(0,), mem_gib=None, user="ana", started_at=0)], 500.0).starts
     assert [s.job_id for s in starts] == ["b1"]  # one GPU free: bo's, though ana's came first
