@@ -404,3 +404,30 @@ def test_a_low_job_on_the_heads_reserved_gpu_is_told_to_yield_a_grace_before_the
     while box.clock.wall() < due - grace - 30 and "lo" not in box.stops:
         box.run_pass(after_s=2)
     assert "lo" in box.stops and "pair is due on its GPU" in box.stops["lo"][0].reason
+
+
+def test_an_attempt_that_never_started_keeps_the_word_that_its_job_resumes_a_preemption(tmp_path):
+    """lo was preempted; its attempt 2 (GPUQ_PREEMPTED=1) was handed back before its command
+    ran (its supervisor died first). Attempt 3 was told GPUQ_PREEMPTED=0, the requeue of the
+    unstarted attempt having taken the preemption's place, and began again from scratch though
+    its checkpoint was there."""
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB", idle_windows="00:00-23:59")
+    box.drop("lo.yaml", "command: sleep 600\ngpus: 1\npriority: low\n")
+    for _ in range(8):  # a low job starts once its GPU has been idle for a minute
+        box.run_pass(after_s=10)
+    box.drop("hi.yaml", "command: sleep 600\ngpus: 1\n")
+    for _ in range(3):
+        box.run_pass(after_s=2)
+    box.finish("lo")  # it yields
+    for _ in range(3):
+        box.run_pass(after_s=2)
+    box.finish("hi")
+    for _ in range(8):
+        box.run_pass(after_s=10)
+    second = box.spawner.launched[-1]
+    assert (second.id, second.attempt, second.preempted) == ("lo", 2, True)
+    box.spawner.starting.discard("lo")  # handed back unstarted: no marker of this attempt
+    for _ in range(8):
+        box.run_pass(after_s=10)
+    third = box.spawner.launched[-1]
+    assert (third.id, third.attempt, third.preempted) == ("lo", 3, True)

@@ -43,7 +43,8 @@ class Record:
     peak_rss_mib: int | None = None
     peak_cpus: float | None = None
     cpu_s: float | None = None
-    preempted: bool = False  # the attempt before this one was preempted
+    preempted: bool = False  # the attempt before this one was preempted (or, unstarted, followed one)
+    unstarted: bool = False  # requeued before its command ran: the next attempt inherits `preempted`
     failure_retries: int = 0  # run/retry.py: the job's re-runs after a failure so far (out of GPU memory)
     time_limit_s: float | None = None  # the limits that apply (spec, else config): run/limits.py
     mem_limit_mib: int | None = None

@@ -284,8 +284,13 @@ def next_attempt(previous: dict | None) -> int:
 
 def resumes_preempted(previous: dict | None) -> bool:
     """Whether the attempt after the one kept in requeued/ (`previous`) follows a preemption:
-    its job is told so (GPUQ_PREEMPTED=1: resume from your checkpoint)."""
-    return previous is not None and cause_of(previous) is StopCause.PREEMPT
+    its job is told so (GPUQ_PREEMPTED=1: resume from your checkpoint). An attempt requeued
+    before its command ran hands on what it was told itself."""
+    if previous is None:
+        return False
+    if previous.get("unstarted") is True:
+        return previous.get("preempted") is True
+    return cause_of(previous) is StopCause.PREEMPT
 
 
 _event_fds: dict[Path, int] = {}

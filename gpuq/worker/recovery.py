@@ -83,7 +83,7 @@ class Recovery:
     # How a dead attempt is settled, by the phase its supervisor last marked (model/markers.py).
 
     def _never_started(self, record: Record, marker: Marker) -> None:
-        self.requeue(record, "never started; requeued")
+        self.requeue(record, "never started; requeued", unstarted=True)
 
     def _yielded(self, record: Record, marker: Marker) -> None:
         """It yielded its GPU: back to its old place, never lost."""
