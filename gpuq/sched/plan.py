@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from dataclasses import replace
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypedDict
 
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, SetAside, Start
 from gpuq.model.sharing import uses_mps
 from gpuq.model.spec import JobSpec
-from gpuq.model.units import format_duration
 from gpuq.model.windows import describe, hhmm, moment, window_open
 from gpuq.sched import fairshare, placement, reasons, setasides
 from gpuq.sched.boxroom import BoxRoom, asks
@@ -613,7 +611,7 @@ class _Pass:
             elif not in_window:
                 self.failed[shape] = f"outside window {describe(self.config.idle_windows)}"
             else:
-                mine = [s for s in self.slots if s.host in allowed]
+                mine = reachable = [s for s in self.slots if s.host in allowed]
                 if mps_user := self._mps_user(job):
                     mine = [s for s in mine if placement.serves_mps_user(s, mps_user, opportunistic=True)]
                 # Told to yield when the head comes, a job with a longer grace than the config's
@@ -639,67 +637,29 @@ class _Pass:
                     self._started(job, choice[0].host, tuple(s.index for s in choice))
                     return
                 self.failed[shape] = (
-                    (mps_user and self._why_mps(job, mps_user, [s for s in self.slots if s.host in allowed], True))
-                    or (lingers and self._why_lingers(job, mine))
+                    (mps_user and reasons.why_mps(spec, mps_user, reachable, self.config.max_jobs_per_gpu, True))
+                    or (lingers and reasons.why_lingers(spec, mine, self.config.max_jobs_per_gpu))
                     or reasons.why_opportunistic(spec, allowed, mine, self.hosts, self.config)
                     if self.explain
                     else ""
                 )
         self.waits(job, self.failed[shape])
 
-    def _why_lingers(self, job: PendingJob, mine: list[Slot]) -> str | None:
-        """An opportunistic job that would fit on GPUs reserved for the head of the queue, but
-        whose grace is longer than the config's: said so."""
-        fit = placement.best_fit(job.spec, mine, self.config.max_jobs_per_gpu, opportunistic=True)
-        if fit is None:
-            return None
-        grace = format_duration(job.spec.grace_s or 0)
-        return (
-            f"opportunistic: GPU {fit[0].label} is reserved for job {fit[0].held_for}, and this job's grace "
-            f"({grace}, longer than grace_s) could keep it waiting"
-        )
-
     def _mps_user(self, job: PendingJob) -> str | None:
         """The job's owner, if the job will run under MPS (which serves one user per GPU)."""
         return job.user if uses_mps(job.spec, self.config) else None
 
     def _why_waiting(self, job: PendingJob, allowed: list[str], mine: list[Slot]) -> str:
-        spec, config, slots = job.spec, self.config, self.slots
-        if mps_user := self._mps_user(job):
-            if reason := self._why_mps(job, mps_user, [s for s in slots if s.host in allowed]):
-                return reason
-        others_booked = [s for s in slots if s.host in allowed and s.booked_for not in (None, job.user)]
-        if others_booked and (s := setasides.booked_in(spec, mine, others_booked, config)) is not None:
-            return f"GPU {s.label} booked for {s.booked_for} until {hhmm(s.booked_until)}"
+        """An ordinary job that fits nowhere now: what keeps it, in the order a user acts on it."""
+        spec, config, max_jobs = job.spec, self.config, self.config.max_jobs_per_gpu
+        reachable = [s for s in self.slots if s.host in allowed]
         ends_by = self.ends_by(job)
-        coming = [s for s in slots if s.host in allowed and setasides.booked_before(s, job.user, ends_by)]
-        if coming and (s := setasides.booked_in(spec, mine, coming, config)) is not None:
-            start, owner = setasides.booked_before(s, job.user, ends_by)  # type: ignore[misc]
-            runs = "has no time limit" if ends_by == float("inf") else f"may run past that ({self._runs_for(job)})"
-            return f"GPU {s.label} booked for {owner} from {moment(start, self.now)}; this job {runs}"
-        held = reasons.why_held(
-            [s for s in mine if s.held_for], job.id, self.ends_by(job) - self.now, self.now, self._runs_for(job)
-        )
-        if held and placement.best_fit(spec, [_unheld(s) for s in mine], config.max_jobs_per_gpu):
-            return held
-        return reasons.why_gpu(spec, allowed, mine or [s for s in slots if s.host in allowed], self.hosts, config)
-
-    def _why_mps(self, job: PendingJob, user: str, slots: list[Slot], opportunistic: bool = False) -> str | None:
-        """The GPUs it would fit on but for another user's MPS jobs there, said as such."""
-        taken = [s for s in slots if not placement.serves_mps_user(s, user, opportunistic)]
-        fit = placement.best_fit(
-            job.spec,
-            [replace(s, mps_users=frozenset(), opp_mps_users=frozenset()) for s in taken],
-            self.config.max_jobs_per_gpu,
-            opportunistic=opportunistic,
-        )
-        if not fit:
-            return None
-        s = next(t for t in taken if t.label == fit[0].label)
-        others = ", ".join(sorted((s.mps_users | (s.opp_mps_users if opportunistic else set())) - {user}))
+        mps_user = self._mps_user(job)
         return (
-            f"GPU {s.label} runs {others}'s jobs under MPS, which serves one user per GPU "
-            "(config gpu_sharing: mps); it waits for a GPU without them"
+            (mps_user and reasons.why_mps(spec, mps_user, reachable, max_jobs))
+            or reasons.why_booked(spec, job.user, mine, reachable, config, ends_by, self.now, self._runs_for(job))
+            or reasons.why_held(mine, job.id, spec, ends_by - self.now, self.now, self._runs_for(job), max_jobs)
+            or reasons.why_gpu(spec, allowed, mine or reachable, self.hosts, config)
         )
 
 
@@ -733,8 +693,3 @@ def _yield_to_people_and_windows(
     if result.preempts:  # their memory stays counted until they exit; never picked twice
         for s in slots:
             s.victims = tuple(v for v in s.victims if v.id not in result.preempts)
-
-
-def _unheld(slot: Slot) -> Slot:
-    """The slot as it would be without holds (to tell "reserved" from "too small")."""
-    return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None, hard_held=False, reserved_mib=0)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView
 from gpuq.model.spec import JobSpec
 from gpuq.model.units import format_duration, format_mib
-from gpuq.model.windows import moment
+from gpuq.model.windows import hhmm, moment
+from gpuq.sched import placement, setasides
 from gpuq.sched.placement import Slot
 
 
@@ -65,14 +67,16 @@ def why_gpu(
     return f"needs {count}{need}; most free now is {format_mib(max(0, free(largest)))} on {largest.label}"
 
 
-def why_held(slots: list["Slot"], job_id: str, runs_s: float, now: float, runs: str) -> str | None:
+def why_held(
+    slots: list["Slot"], job_id: str, spec: "JobSpec", runs_s: float, now: float, runs: str, max_jobs: int
+) -> str | None:
     """When the job would fit but for GPUs held for another job: that job's name, and, for the
     head of the queue's reservation, why this one may not run before it (`runs_s`: how long
     it may hold its GPUs, `runs` what that is: its time limit, or a learned run, and its
     stop's grace; inf: no limit known)."""
     held = sorted((s for s in slots if s.held_for and s.held_for != job_id), key=lambda s: (s.held_for, s.label))
-    if not held:
-        return None
+    if not held or not placement.best_fit(spec, [_unheld(s) for s in slots], max_jobs):
+        return None  # too small, held or not
     slot = held[0]
     holder = slot.held_for
     more = len({s.held_for for s in held})
@@ -82,6 +86,65 @@ def why_held(slots: list["Slot"], job_id: str, runs_s: float, now: float, runs: 
     if runs_s == float("inf"):
         return f"{reason} from {moment(slot.reserved_from, now)}; with a time_limit that ends by then it could run now"
     return f"{reason} from {moment(slot.reserved_from, now)}; {runs} ({format_duration(runs_s)}) run past that"
+
+
+def _unheld(slot: "Slot") -> "Slot":
+    """The slot as it would be without holds (to tell "reserved" from "too small")."""
+    return replace(slot, free=max(slot.free, slot.free_opportunistic), held_for=None, hard_held=False, reserved_mib=0)
+
+
+def why_booked(
+    spec: "JobSpec",
+    user: str,
+    mine: list["Slot"],
+    reachable: list["Slot"],
+    config: "Config",
+    ends_by: float,
+    now: float,
+    runs: str,
+) -> str | None:
+    """GPUs it would fit on but for someone else's booking: now, or from a moment its run
+    (until `ends_by`; `runs` says what tells that) would reach."""
+    others_booked = [s for s in reachable if s.booked_for not in (None, user)]
+    if others_booked and (s := setasides.booked_in(spec, mine, others_booked, config)) is not None:
+        return f"GPU {s.label} booked for {s.booked_for} until {hhmm(s.booked_until)}"
+    coming = [s for s in reachable if setasides.booked_before(s, user, ends_by)]
+    if coming and (s := setasides.booked_in(spec, mine, coming, config)) is not None:
+        start, owner = setasides.booked_before(s, user, ends_by)  # type: ignore[misc]
+        how = "has no time limit" if ends_by == float("inf") else f"may run past that ({runs})"
+        return f"GPU {s.label} booked for {owner} from {moment(start, now)}; this job {how}"
+    return None
+
+
+def why_mps(spec: "JobSpec", user: str, slots: list["Slot"], max_jobs: int, opportunistic: bool = False) -> str | None:
+    """The GPUs it would fit on but for another user's MPS jobs there, said as such."""
+    taken = [s for s in slots if not placement.serves_mps_user(s, user, opportunistic)]
+    fit = placement.best_fit(
+        spec,
+        [replace(s, mps_users=frozenset(), opp_mps_users=frozenset()) for s in taken],
+        max_jobs,
+        opportunistic=opportunistic,
+    )
+    if not fit:
+        return None
+    s = next(t for t in taken if t.label == fit[0].label)
+    others = ", ".join(sorted((s.mps_users | (s.opp_mps_users if opportunistic else set())) - {user}))
+    return (
+        f"GPU {s.label} runs {others}'s jobs under MPS, which serves one user per GPU "
+        "(config gpu_sharing: mps); it waits for a GPU without them"
+    )
+
+
+def why_lingers(spec: "JobSpec", mine: list["Slot"], max_jobs: int) -> str | None:
+    """An opportunistic job that would fit on GPUs reserved for the head of the queue, but
+    whose grace is longer than the config's: said so."""
+    fit = placement.best_fit(spec, mine, max_jobs, opportunistic=True)
+    if fit is None:
+        return None
+    return (
+        f"opportunistic: GPU {fit[0].label} is reserved for job {fit[0].held_for}, and this job's grace "
+        f"({format_duration(spec.grace_s or 0)}, longer than grace_s) could keep it waiting"
+    )
 
 
 def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:
