@@ -251,3 +251,17 @@ def test_no_spec_field_is_read_as_a_base_60_number():
     assert spec.grace_s == 120
     with pytest.raises(SpecError, match="gpus"):
         parse_spec_text(b"command: x\ngpus: 1:30\n", "jobs/t.yaml")
+
+
+@pytest.mark.parametrize("spec", [{"priority": "low"}, {"preemptible": True}], ids=["low", "preemptible"])
+def test_an_opportunistic_jobs_grace_is_at_most_ten_minutes(spec):
+    """A member: a low job with `grace: 1d` that ignored SIGTERM, told to yield, held two GPUs
+    for a day for the job that needed them. Ordinary jobs may still take a day."""
+    assert validate_spec({"command": "x", "grace": "10m", **spec}, "jobs/ok.yaml").grace_s == 600
+    with pytest.raises(SpecError) as refused:
+        validate_spec({"command": "x", "grace": "1d", **spec}, "jobs/huge.yaml")
+    assert str(refused.value) == (
+        "jobs/huge.yaml: field 'grace': 1d is longer than an opportunistic job may take to yield (10m): the job "
+        "that needs its GPU would wait that long. Fix: give `grace: 10m` or less, or make it an ordinary job."
+    )
+    assert validate_spec({"command": "x", "grace": "1d"}, "jobs/ok.yaml").grace_s == 86400

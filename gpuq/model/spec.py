@@ -26,6 +26,10 @@ from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.units import DURATION_EXAMPLES, SIZE_EXAMPLES, parse_duration_s, parse_size_mib
 
 PRIORITY_CLASSES = ("high", "normal", "low")
+# The longest grace an opportunistic job may ask for: when it yields, the job that needs its
+# GPU waits that long (a member's `grace: 1d` held two GPUs for a day). Long enough to write a
+# large model's checkpoint.
+LOW_GRACE_MOST_S = 600.0
 CLASS_RANK = {"high": 0, "normal": 1, "low": 2}
 
 
@@ -242,6 +246,16 @@ def validate_spec(data: Any, file: str) -> JobSpec:
     sweep = check_sweep(data.get("sweep"), typed, file)
     array = check_array(data.get("array"), data.get("sweep"), file)
     check_expansion(data, typed, sweep, array, file)
+    preemptible = _preemptible(data.get("preemptible"), priority_class, file)
+    grace_s = _duration(data.get("grace"), "grace", 86400, file)
+    if preemptible and grace_s is not None and grace_s > LOW_GRACE_MOST_S:
+        raise SpecError(
+            file,
+            "grace",
+            f"{data.get('grace')} is longer than an opportunistic job may take to yield "
+            f"({LOW_GRACE_MOST_S / 60:g}m): the job that needs its GPU would wait that long",
+            f"give `grace: {LOW_GRACE_MOST_S / 60:g}m` or less, or make it an ordinary job",
+        )
     return JobSpec(
         command=command,
         name=_optional_str(data, "name", file),
@@ -254,8 +268,8 @@ def validate_spec(data: Any, file: str) -> JobSpec:
         env=_env(data.get("env"), file),
         hosts=_hosts(data.get("hosts"), file),
         retries=_retries(data.get("retries"), file),
-        preemptible=_preemptible(data.get("preemptible"), priority_class, file),
-        grace_s=_duration(data.get("grace"), "grace", 86400, file),
+        preemptible=preemptible,
+        grace_s=grace_s,
         time_limit_s=_duration(data.get("time_limit"), "time_limit", 365 * 86400, file),
         cpus=_cpus(data.get("cpus"), file),
         mem_mib=_mem(data.get("mem"), file),

@@ -64,7 +64,8 @@ FIELDS: dict[str, Field] = {
     "grace": Field(
         "duration",
         "config grace_s (10s)",
-        "Time between SIGTERM and SIGKILL when the job is stopped (cancel, preemption): time to write a checkpoint.",
+        "Time between SIGTERM and SIGKILL when the job is stopped (cancel, preemption): time to write a checkpoint. "
+        "An opportunistic job's is at most 10m: the job that needs its GPU waits that long.",
         "60s",
     ),
     "time_limit": Field(
