@@ -205,7 +205,7 @@ def test_a_low_job_with_a_longer_grace_than_the_configs_keeps_off_the_heads_rese
     busy = [run("occ", gpus=(0,), mem_gib=None, user="ana", started_at=0, limit_s=100)]
     head = job("wide", user="ben", gpus=2, mem_gib=None, limit_s=60, queued_at=1)
     soak = job("soak", user="cy", mem_gib=None, priority="low", queued_at=2)
-    lingering = replace(soak, id="linger", spec=replace(soak.spec, grace_s=3600))
+    lingering = replace(soak, id="linger", spec=replace(soak.spec, grace_s=600))
     result = plan([head, lingering, soak], [host("h", gpu(0), gpu(1))], busy, CFG, now=10)
     assert result.reserved["wide"] == ("h", (0, 1), 100 + G)
     assert list(starts(result)) == ["soak"]
@@ -523,25 +523,40 @@ def test_ordinary_work_lands_as_if_no_opportunistic_job_ran_and_exactly_those_th
     ]
     hosts = [host("h", gpu(0), gpu(1))]
     result = plan(pending, hosts, busy, CFG, now=100)
-    # Without the low jobs both GPUs are empty: n and later each get one (spread), and the low
-    # jobs on them yield; their GPUs are held so that nothing slips in meanwhile.
-    assert result.preempts == {
-        "lo-big": "job n needs its GPU memory",
-        "lo-old": "job later needs its GPU memory",
-        "lo-new": "job later needs its GPU memory",
-    }
-    assert result.held == {"n": ("h", (1,)), "later": ("h", (0,))} and result.starts == []
-    assert result.reasons["lo-wait"] == (
-        "opportunistic: every idle GPU has ordinary work on it or held for it; behind 2 higher-priority jobs"
-    )
-    # The next pass, while they drain: still held, nothing preempted twice, nothing slips in.
-    draining = [replace(b, stopping=True) for b in busy]
-    again = plan(pending, hosts, draining, CFG, now=101)
+    # Without the low jobs both GPUs are empty: n takes one, and the low job there yields (of
+    # two GPUs alike, the one where fewer must); its GPU is held so that nothing slips in
+    # meanwhile. later packs beside n: it would spread onto the other, but spreading is worth
+    # no preemption (a member: two low jobs lost their work to a job that could share a GPU).
+    assert result.preempts == {"lo-big": "job n needs its GPU memory"}
+    assert result.held == {"n": ("h", (1,)), "later": ("h", (1,))}
+    assert starts(result) == {"lo-wait": ("h", (0,))}  # beside lo-old and lo-new, in what they leave
+    assert result.reasons["later"] == "GPU h:1 held for it: waiting for lo-big to yield"
+    # The next pass, while it drains: still held, nothing preempted twice, nothing slips in.
+    draining = [replace(b, stopping=b.id == "lo-big") for b in busy]
+    again = plan(pending[:2], hosts, draining, CFG, now=101)
     assert again.preempts == {} and again.held == result.held and again.starts == []
     # ... and `status` names whom they wait for (a member's use: it said "draining", no job).
-    assert again.reasons["later"] == "GPU h:0 held for it: waiting for lo-new, lo-old to yield"
+    assert again.reasons["later"] == "GPU h:1 held for it: waiting for lo-big to yield"
     gone = starts(plan(pending, hosts, [], CFG, now=110))
     assert set(gone) == {"n", "later"} and gone["n"] != gone["later"]  # lo-wait: never beside them
+
+
+def test_two_boxes_alike_low_jobs_take_the_other_box_and_ordinary_work_preempts_none():
+    """A member, on two empty boxes of two GPUs: two low jobs packed onto a:0, then two
+    ordinary jobs went onto box a (ordinary work takes the first of boxes alike, and so did low
+    work), and the second preempted both low jobs while box b sat idle."""
+    idle = {0: 0.0, 1: 0.0}
+    hosts = [HostView("a", (gpu(0, 24), gpu(1, 24)), 1, idle), HostView("b", (gpu(0, 24), gpu(1, 24)), 1, idle)]
+    lows = [job(f"sm{i}", mem_gib=8, priority="low", queued_at=i) for i in range(2)]
+    placed = plan(lows, hosts, [], CFG, now=1000)
+    assert {h for h, _ in starts(placed).values()} == {"b"}
+    running = [run(s.job_id, s.host, s.gpus, mem_gib=8, low=True) for s in placed.starts]
+    for i in range(2):
+        result = plan([job(f"om{i}", mem_gib=8, queued_at=10 + i)], hosts, running, CFG, now=1000)
+        assert result.preempts == {} and result.held == {}, result
+        (s,) = result.starts
+        running.append(run(s.job_id, s.host, s.gpus, mem_gib=8))
+    assert {r.host for r in running if not r.preemptible} == {"a"}
 
 
 def test_opportunistic_work_lands_where_ordinary_work_goes_last_so_free_gpus_come_first():
@@ -734,11 +749,12 @@ def test_opportunistic_jobs_there_before_a_booking_yield_when_it_begins():
 def test_a_job_whose_victim_is_yielding_keeps_that_hold_and_preempts_no_second_one():
     hosts = [host("a", gpu(0, 16), gpu(1, 16)), host("b", gpu(0, 16))]
     lows = [run("o", "a", (0,), mem_gib=8, low=True), run("o2", "b", (0,), mem_gib=8, low=True)]
-    first = plan([job("j", mem_gib=8)], hosts, lows, CFG, now=100)
+    taken = [run("m", "a", (1,), mem_gib=12)]  # no GPU free of low jobs has room for j
+    first = plan([job("j", mem_gib=8)], hosts, lows + taken, CFG, now=100)
     assert len(first.preempts) == 1
     victim = next(iter(first.preempts))
-    # Next pass: the victim yields, and meanwhile an ordinary job took a:1.
-    now_running = [replace(r, stopping=r.id == victim) for r in lows] + [run("m", "a", (1,), mem_gib=8)]
+    # Next pass: the victim yields, and meanwhile m ended and an ordinary job took a:1.
+    now_running = [replace(r, stopping=r.id == victim) for r in lows] + [run("m2", "a", (1,), mem_gib=12)]
     again = plan([job("j", mem_gib=8)], hosts, now_running, CFG, now=101)
     assert again.preempts == {} and again.starts == []
     assert again.held["j"] == first.held["j"]
@@ -809,3 +825,27 @@ def test_cores_and_host_memory_are_held_as_sbatch_holds_them():
     # Opportunistic jobs' cores yield to ordinary work, as their GPUs do.
     low = [replace(run("lo", gpus=(3,), mem_gib=1, low=True), cpus=2)]
     assert list(starts(plan([asking("c4", cpus=2)], box, low, CFG, 10))) == ["c4"]
+
+
+def test_a_low_job_kept_to_its_hosts_says_so_in_its_reason():
+    """A member: pa (hosts: [a]) said "every idle GPU has ordinary work on it" beside an idle b:0."""
+    idle = {0: 0.0}
+    hosts = [HostView("a", (gpu(0),), 1, idle), HostView("b", (gpu(0),), 1, idle)]
+    pa = job("pa", mem_gib=None, priority="low")
+    pa = replace(pa, spec=replace(pa.spec, hosts=("a",)))
+    result = plan([pa], hosts, [run("n", "a", (0,), mem_gib=10)], CFG, now=1000)
+    assert result.reasons["pa"] == "opportunistic: every idle GPU among hosts a has ordinary work on it or held for it"
+
+
+def test_a_reservation_behind_a_learned_run_does_not_call_it_a_time_limit():
+    """A member: "reserved for it from 22:34, when the jobs there must have ended (their time
+    limits, ...)" while tr-3 there had no limit, only its kind's runs to go by."""
+    busy = [replace(run("tr-3", gpus=(0,), mem_gib=None, limit_s=100), limit_learned=True)]
+    busy.append(run("lim", gpus=(1,), mem_gib=None, limit_s=50))
+    result = plan([job("pair", gpus=2, mem_gib=None)], [host("h", gpu(0), gpu(1))], busy, CFG, now=10)
+    assert "pair" in result.reserved
+    assert "when the jobs there should have ended (their time limits, or for tr-3 without one its kind's" in (
+        result.reasons["pair"]
+    )
+    plain = plan([job("pair", gpus=2, mem_gib=None)], [host("h", gpu(0), gpu(1))], busy[1:], CFG, now=10)
+    assert "must have ended (their time limits, and a stop's grace)" in plain.reasons["pair"], plain.reasons

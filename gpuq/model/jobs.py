@@ -53,6 +53,7 @@ class RunningJob:
     mps: bool = False  # an MPS client (model/sharing.py): its GPU serves only its user's
     compute_pct: int | None = None  # its spec's gpu_compute; None: it may keep the whole GPU busy
     limit_s: float | None = None  # how long it may run (its time limit, or an estimate); None: unknown
+    limit_learned: bool = False  # limit_s is its kind's longest recent run (sched/estimate.py), not a limit
     cpus: int = 0  # cores pinned for it (its -c, or config cpus): held on its box
     mem_mib: int = 0  # host memory it may use (its --mem, or config mem): held on its box
     grace_s: float | None = None  # its spec's grace (None: config's): how long a stop of it may take

@@ -41,7 +41,7 @@ def learned_runs(
         if not job.spec.time_limit_s and (guess := estimate(durations, job.user, job.id)) is not None:
             guesses[job.id] = guess
     adjusted = [
-        replace(r, limit_s=guess)
+        replace(r, limit_s=guess, limit_learned=True)
         if r.limit_s is None and (guess := estimate(durations, r.user, r.id)) is not None and r.started_at + guess > now
         else r
         for r in running

@@ -165,6 +165,7 @@ class _Pass:
         estimates: Mapping[str, float],
     ) -> None:
         self.slots, self.hosts, self.config, self.now = slots, hosts, config, now
+        self.running = running
         self.estimates = estimates
         self.explain, self.result, self.booked, self.blocked = explain, result, booked, blocked
         self.cpu_free = {h.name: h.cpu_slots for h in hosts}
@@ -455,13 +456,22 @@ class _Pass:
         # job runs on its compute share alone or not (model/sharing.py), so MPS jobs pack.
         if self.config.spread and not choice and not mps_user:
             choice = self._spread(spec, mine, ends_by, own)
-        return choice or placement.best_fit(
+        if choice and not any(s.victims for s in choice):
+            return choice
+        packed = placement.best_fit(
             spec,
             mine,
             self.config.max_jobs_per_gpu,
             fragmentation_aware=self.config.fragmentation_aware,
             ends_by=ends_by,
         )
+        # Spreading is worth no preemption: where it would tell opportunistic jobs to yield (they
+        # lose their work, and the job waits out their grace) and packing tells none, pack (a
+        # member: two low jobs lost their work to a job that could share a GPU now). Packing
+        # takes no more of the empty GPUs than spreading.
+        if choice and (packed is None or any(s.victims for s in packed)):
+            return choice
+        return packed
 
     def _spread(self, spec: JobSpec, mine: list[Slot], ends_by: float, own: int) -> list[Slot] | None:
         """A place that keeps empty GPUs whole for those who need them: beside jobs whose declared
@@ -523,6 +533,8 @@ class _Pass:
                 if victim.id not in self.result.preempts:
                     self.result.preempts[victim.id] = f"job {job.id} needs its GPU memory"
                     victims.append(victim.id)
+                    if self.explain:  # a job held there later in this pass waits for it too
+                        self.draining.setdefault((s.host, s.index), []).append(victim.id)
         for s in self.slots:  # a victim on several GPUs yields them all: never picked twice
             s.victims = tuple(v for v in s.victims if v.id not in self.result.preempts)
         placement.take(job.spec, chosen, job.id, hold="hard", mps_user=mps_user)
@@ -562,10 +574,17 @@ class _Pass:
         gpus = tuple(s.index for s in chosen)
         self.result.reserved[job.id] = (chosen[0].host, gpus, start)
         if self.explain:
+            on = {(s.host, s.index) for s in chosen}
+            guessed = sorted(r.id for r in self.running if r.limit_learned and on & {(r.host, i) for i in r.gpus})
             reason = (
                 f"GPU {', '.join(s.label for s in sorted(chosen, key=lambda s: s.index))} reserved for it from "
                 f"{moment(start, self.now)}, "
-                "when the jobs there must have ended (their time limits, and a stop's grace)"
+                + (
+                    "when the jobs there must have ended (their time limits, and a stop's grace)"
+                    if not guessed
+                    else "when the jobs there should have ended (their time limits, or for "
+                    f"{', '.join(guessed)} without one its kind's longest recent run; and a stop's grace)"
+                )
             )
             if others:
                 soonest = moment(min(t for s in others for t, owner in s.booked_later if owner != job.user), self.now)

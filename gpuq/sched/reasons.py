@@ -147,14 +147,15 @@ def why_lingers(spec: "JobSpec", mine: list["Slot"], max_jobs: int) -> str | Non
     )
 
 
-def why_not_idle(slots: list["Slot"], idle_after_s: float) -> str:
-    """An opportunistic job that finds no idle GPU: whom the GPUs are busy with."""
+def why_not_idle(spec: "JobSpec", slots: list["Slot"], idle_after_s: float) -> str:
+    """An opportunistic job that finds no idle GPU (on its hosts): whom the GPUs are busy with."""
+    waits = f"opportunistic: waits for an idle GPU{hosts_text(spec)}"
     busy = [s.label for s in slots if s.busy_by_others]
     if busy:
-        return f"opportunistic: waits for an idle GPU (in use by others: {', '.join(busy)})"
+        return f"{waits} (in use by others: {', '.join(busy)})"
     if all(s.jobs for s in slots):  # not "idle for under 60s": the GPUs are simply full of jobs
-        return "opportunistic: waits for an idle GPU (every GPU runs ordinary jobs)"
-    return f"opportunistic: waits for an idle GPU (idle for under {idle_after_s:g}s)"
+        return f"{waits} (every GPU runs ordinary jobs)"
+    return f"{waits} (idle for under {idle_after_s:g}s)"
 
 
 def why_opportunistic(
@@ -165,10 +166,10 @@ def why_opportunistic(
         return why_gpu(spec, allowed, slots, hosts, config)
     idle = [s for s in slots if s.idle]
     if not idle:
-        return why_not_idle(slots, config.idle_after_s)
+        return why_not_idle(spec, slots, config.idle_after_s)
     left = [s for s in idle if not s.jobs and not s.hard_held]
     if not left:
-        return "opportunistic: every idle GPU has ordinary work on it or held for it"
+        return f"opportunistic: every idle GPU{hosts_text(spec)} has ordinary work on it or held for it"
     need = "a whole GPU" if spec.exclusive else f"{format_mib(spec.gpu_mem_mib)}"
     largest = max(left, key=lambda g: (g.opportunistic_room, g.host, -g.index))
     return (
