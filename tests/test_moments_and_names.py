@@ -48,3 +48,14 @@ def test_a_jobs_name_from_its_id_and_name_patterns_over_names_and_ids():
     ]  # fmt: skip
     assert named(("beg-*",), "beg", "beg-2") and named(("beg",), "beg", "beg-2") and named(None, "x", "y")
     assert not named(("train-*",), "beg", "beg-2")
+
+
+def test_a_moment_within_the_hour_is_given_to_the_second_and_later_ones_to_the_minute():
+    """A member read START BY "22:16" for a start 30 s away: rounded up to the minute, a
+    short wait read as twice as long."""
+    from gpuq.model.windows import moment
+
+    now = _local(2026, 12, 7, 22, 15, 1)
+    assert moment(now + 30.2, now) == "22:15:32"  # rounded up: a latest moment
+    assert moment(now + 7200 + 1, now) == "00:16"  # the minute after 00:15:02
+    assert moment(now + 30 * 3600, now) == "Dec 09 04:16"

@@ -844,8 +844,9 @@ def test_a_reservation_behind_a_learned_run_does_not_call_it_a_time_limit():
     busy.append(run("lim", gpus=(1,), mem_gib=None, limit_s=50))
     result = plan([job("pair", gpus=2, mem_gib=None)], [host("h", gpu(0), gpu(1))], busy, CFG, now=10)
     assert "pair" in result.reserved
-    assert "when the jobs there should have ended (their time limits, or for tr-3 without one its kind's" in (
-        result.reasons["pair"]
+    assert (
+        "when the jobs there should have ended (their time limits, or for tr-3 without one its kind's"
+        in (result.reasons["pair"])
     )
     plain = plan([job("pair", gpus=2, mem_gib=None)], [host("h", gpu(0), gpu(1))], busy[1:], CFG, now=10)
     assert "must have ended (their time limits, and a stop's grace)" in plain.reasons["pair"], plain.reasons

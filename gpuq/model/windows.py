@@ -78,8 +78,11 @@ def describe(windows: tuple[Window, ...]) -> str:
 
 
 def moment(t: float, now: float) -> str:
-    """A moment to come, as a person reads it: 14:05 within the next 20 hours, else with its
-    day (Dec 07 14:05); rounded up to the minute (the moment is a latest one)."""
+    """A moment to come, as a person reads it: 14:05:31 within the next hour (a member read
+    "22:16" for a start 30 s away, and "22:19" for a GPU free at 22:18:01), 14:05 within the next
+    20 hours, else with its day (Dec 07 14:05); rounded up (the moment is a latest one)."""
+    if t - now < 3600:
+        return time.strftime("%H:%M:%S", time.localtime(math.ceil(t)))
     up = math.ceil(t / 60) * 60
     return time.strftime("%H:%M" if t - now < 20 * 3600 else "%b %d %H:%M", time.localtime(up))
 

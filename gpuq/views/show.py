@@ -245,9 +245,9 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
             continue
         label = key  # the unit goes into the value, so the label says what it is
         if key == "likely_start" and isinstance(value, (int, float)):
-            value = f"{stamp(value, '%Y-%m-%d %H:%M')}, if the jobs ahead run as long as their kinds usually do"
+            value = f"{stamp(value, '%Y-%m-%d %H:%M:%S')}, if the jobs ahead run as long as their kinds usually do"
         elif key == "expected_start" and isinstance(value, (int, float)):
-            due = stamp(math.ceil(value / 60) * 60, "%Y-%m-%d %H:%M")  # rounded up: it is a latest start
+            due = stamp(math.ceil(value), "%Y-%m-%d %H:%M:%S")  # rounded up: it is a latest start
             value = f"by {due} at the latest, if the jobs ahead keep to their time limits"
         elif key == "no_estimate":
             label, value = "expected_start", NO_ESTIMATE_SAYS.get(str(value), str(value))
