@@ -850,3 +850,22 @@ def test_a_reservation_behind_a_learned_run_does_not_call_it_a_time_limit():
     )
     plain = plan([job("pair", gpus=2, mem_gib=None)], [host("h", gpu(0), gpu(1))], busy[1:], CFG, now=10)
     assert "must have ended (their time limits, and a stop's grace)" in plain.reasons["pair"], plain.reasons
+
+
+def test_a_job_waits_for_a_gpu_that_frees_before_the_low_job_it_would_preempt_could_yield():
+    """A member: x on h:0 was at its limit (being stopped), lo on h:1 had `grace: 60s`. y came
+    and lo was told to yield; five seconds later x was gone and y started on h:0, and lo lost
+    its work for nothing while h:1 stood idle for its grace. y now waits for h:0; where no GPU
+    frees before the low job could have yielded, it still preempts."""
+    hosts = [host("h", gpu(0), gpu(1))]
+    x = run("x", gpus=(0,), mem_gib=None, user="ana", started_at=0, limit_s=30)
+    lo = replace(run("lo", gpus=(1,), mem_gib=None, user="cy", low=True), grace_s=60.0)
+    y = job("y", user="ben", mem_gib=None, queued_at=31)
+    waiting = plan([y], hosts, [x, lo], CFG, now=32)
+    assert waiting.preempts == {} and waiting.starts == [], waiting
+    assert waiting.reserved["y"] == ("h", (0,), 30 + G)
+    assert starts(plan([y], hosts, [lo], CFG, now=30 + G + 1)) == {"y": ("h", (0,))}
+    # x with an hour left: lo yields (60 s) sooner than h:0 frees.
+    long_x = replace(x, limit_s=3600)
+    told = plan([y], hosts, [long_x, lo], CFG, now=32)
+    assert list(told.preempts) == ["lo"] and told.held == {"y": ("h", (1,))}

@@ -386,6 +386,8 @@ class _Pass:
         mine = self._gpus_for(job, allowed, ends_by, mps_user)
         own = spec.gpus if _needs_whole(spec, self.largest) else 0  # its own demand, if placed now
         choice = self._choose(job, mine, ends_by, mps_user, own)
+        if choice is not None and self._frees_before_they_yield(job, choice, mine):
+            choice = None  # it waits (reserved for, where it is the head) for the GPU that frees
         if choice is not None:
             self._place(job, choice, ends_by)
             self.placed_whole += own
@@ -406,6 +408,20 @@ class _Pass:
         if shape not in self.failed:
             self.failed[shape] = self._why_waiting(job, allowed, mine) if self.explain else ""
         self.waits(job, self.failed[shape])
+
+    def _frees_before_they_yield(self, job: PendingJob, choice: list[Slot], mine: list[Slot]) -> bool:
+        """Whether, where `choice` would tell opportunistic jobs to yield, a GPU without them
+        frees for the job (its ordinary jobs' limits, or their stops, and a grace) no later
+        than those jobs would be gone (their graces): then it waits for that GPU, and nobody
+        loses work (a member's low job with `grace: 60s` was preempted for a job that started,
+        five seconds later, on the GPU a job at its limit left)."""
+        victims = [v for s in choice for v in s.victims]
+        if not victims:
+            return False
+        gone_by = self.now + max(v.stop_grace(self.config.grace_s) for v in victims)
+        clear = [s for s in mine if not s.victims and s.held_for in (None, job.id)]
+        found = placement.earliest_start(job.spec, clear, self.ending, self.config.max_jobs_per_gpu)
+        return found is not None and found[0] <= gone_by
 
     def _may_reserve(self, job: PendingJob) -> bool:
         return self.config.reservations and self.now - job.queued_at >= self.config.reserve_after_s
