@@ -431,3 +431,22 @@ def test_an_attempt_that_never_started_keeps_the_word_that_its_job_resumes_a_pre
         box.run_pass(after_s=10)
     third = box.spawner.launched[-1]
     assert (third.id, third.attempt, third.preempted) == ("lo", 3, True)
+
+
+def test_a_second_cancel_of_a_stopping_job_leaves_the_first_ones_words(tmp_path):
+    """A member cancelled huge (its grace under way), then root did: huge ended "cancelled by"
+    root's queue account, and the member's cancel was lost from its record."""
+    from gpuq.host.files import write_json
+
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB")
+    box.drop("huge.yaml", "command: sleep 600\ngpus: 1\n")
+    box.run_pass(after_s=1)
+    control = box.layout.host_control("a")
+    box.layout.make_state_dir(control)
+    for by in ("ana", "root"):
+        write_json(control / "huge.json", {"action": "cancel", "by": by, "t": box.clock.wall(), "attempt": 1})
+        box.run_pass(after_s=1)
+    assert box.stops["huge"][0].reason == "cancelled by ana"
+    assert box.worker.rt.stop_path("huge").read_text() == "cancelled by ana"
+    assert not (control / "huge.json").exists()
+    assert box.finish("huge", exit_code=143).reason == "cancelled by ana"

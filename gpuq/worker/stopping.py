@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 
 from gpuq.host.files import read_json
 from gpuq.model.record import Record
-from gpuq.model.stops import Stop, StopOrder
+from gpuq.model.stops import Stop, StopCause, StopOrder
 from gpuq.model.text import safe_text
 from gpuq.run.joblocal import stop_order
 from gpuq.sched.overuse import Overuse
@@ -82,7 +82,10 @@ class StopOrders:
                 path.unlink(missing_ok=True)
                 continue
             record = by_id.get(job_id)
-            if record is not None and record.attempt == control.get("attempt", record.attempt):
+            earlier = self.given.get(job_id)
+            if earlier is not None and earlier.cause is StopCause.CANCEL:
+                pass  # cancelled already: the first cancel's words stand (a second named only the last)
+            elif record is not None and record.attempt == control.get("attempt", record.attempt):
                 stop = Stop.cancel(safe_text(str(control.get("by", "?")))[:64])
                 if not self.order(record, stop):
                     continue  # its supervisor is still starting: try again next pass
