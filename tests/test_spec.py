@@ -256,12 +256,18 @@ def test_no_spec_field_is_read_as_a_base_60_number():
 @pytest.mark.parametrize("spec", [{"priority": "low"}, {"preemptible": True}], ids=["low", "preemptible"])
 def test_an_opportunistic_jobs_grace_is_at_most_ten_minutes(spec):
     """A member: a low job with `grace: 1d` that ignored SIGTERM, told to yield, held two GPUs
-    for a day for the job that needed them. Ordinary jobs may still take a day."""
-    assert validate_spec({"command": "x", "grace": "10m", **spec}, "jobs/ok.yaml").grace_s == 600
+    for a day for the job that needed them. A person writing such a spec is refused; one
+    already in the queue (accepted before, or put back after a preemption) and config grace_s
+    are held to ten minutes. Ordinary jobs may still take a day."""
+    from gpuq.model.spec import stop_grace_s
+
+    assert validate_spec({"command": "x", "grace": "10m", **spec}, "jobs/ok.yaml", new=True).grace_s == 600
     with pytest.raises(SpecError) as refused:
-        validate_spec({"command": "x", "grace": "1d", **spec}, "jobs/huge.yaml")
+        validate_spec({"command": "x", "grace": "1d", **spec}, "jobs/huge.yaml", new=True)
     assert str(refused.value) == (
         "jobs/huge.yaml: field 'grace': 1d is longer than an opportunistic job may take to yield (10m): the job "
         "that needs its GPU would wait that long. Fix: give `grace: 10m` or less, or make it an ordinary job."
     )
-    assert validate_spec({"command": "x", "grace": "1d"}, "jobs/ok.yaml").grace_s == 86400
+    assert validate_spec({"command": "x", "grace": "1d", **spec}, "jobs/huge.yaml").grace_s == 600
+    assert validate_spec({"command": "x", "grace": "1d"}, "jobs/ok.yaml", new=True).grace_s == 86400
+    assert stop_grace_s(None, True, 3600.0) == 600 and stop_grace_s(None, False, 3600.0) == 3600

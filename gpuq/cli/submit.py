@@ -43,7 +43,7 @@ def _file_fields(path: str) -> dict:
     """`gpuq submit --spec FILE`: the file's fields, once the file alone has been checked
     exactly as a worker would check it (the same refusal, naming the file)."""
     raw, _ = read_spec_file(Path(path), path)
-    parse_spec_text(raw, path)
+    parse_spec_text(raw, path, new=True)
     return load_yaml(raw, path)
 
 
@@ -108,7 +108,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     data["env"] = {**env, **(from_file.get("env") or {}), **given.get("env", {})}
     try:
         config = read_config(layout)
-        checked = validate_spec(data, "gpuq submit")
+        checked = validate_spec(data, "gpuq submit", new=True)
         check_submittable(layout, config, checked)
         base = readable_base(command, args.name or checked.name or (Path(args.spec).stem if args.spec else None))
         job_id, held_text = _place(layout, data, checked, args, base)

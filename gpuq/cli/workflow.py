@@ -219,7 +219,7 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
             subprocess.run([*shlex.split(editor), str(copy)], check=False)
             text = copy.read_bytes()
             try:  # as strictly as submit checks a spec (a size no GPU has is refused, not kept)
-                check_placeable(layout, parse_spec_text(text, f"jobs/{job_id}.yaml"))
+                check_placeable(layout, parse_spec_text(text, f"jobs/{job_id}.yaml", new=True))
                 break
             except (SpecError, SubmitError) as e:
                 print(f"gpuq edit: {e}", file=sys.stderr)

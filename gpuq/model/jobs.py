@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from gpuq.model.gpu import GpuSnapshot
 from gpuq.model.names import natural_order
-from gpuq.model.spec import CLASS_RANK, JobSpec
+from gpuq.model.spec import CLASS_RANK, JobSpec, stop_grace_s
 from gpuq.model.stops import StopOrder
 
 
@@ -64,8 +64,8 @@ class RunningJob:
         return self.started_at + self.limit_s if self.limit_s is not None else float("inf")
 
     def stop_grace(self, config_grace_s: float) -> float:
-        """How long a stop of it may take (SIGTERM, then SIGKILL): its spec's grace, else the config's."""
-        return self.grace_s if self.grace_s is not None else config_grace_s
+        """How long a stop of it may take (SIGTERM, then SIGKILL): model/spec.py stop_grace_s."""
+        return stop_grace_s(self.grace_s, self.preemptible, config_grace_s)
 
     def stop_began(self, now: float) -> float:
         """When its stop began: when it was told to stop (now, if that is not known), else

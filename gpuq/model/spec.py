@@ -26,10 +26,20 @@ from gpuq.model.strict_yaml import load_yaml
 from gpuq.model.units import DURATION_EXAMPLES, SIZE_EXAMPLES, parse_duration_s, parse_size_mib
 
 PRIORITY_CLASSES = ("high", "normal", "low")
-# The longest grace an opportunistic job may ask for: when it yields, the job that needs its
-# GPU waits that long (a member's `grace: 1d` held two GPUs for a day). Long enough to write a
-# large model's checkpoint.
+# The longest grace an opportunistic job gets: when it yields, the job that needs its GPU
+# waits that long (a member's `grace: 1d` held two GPUs for a day). Long enough to write a
+# large model's checkpoint. `gpuq submit` and `gpuq edit` refuse more; a spec already in the
+# queue, and config grace_s, are held to it (stop_grace_s).
 LOW_GRACE_MOST_S = 600.0
+
+
+def stop_grace_s(grace_s: float | None, preemptible: bool, config_grace_s: float) -> float:
+    """How long a stop of a job may take (SIGTERM, then SIGKILL): its spec's grace, else the
+    config's; an opportunistic job's at most LOW_GRACE_MOST_S."""
+    grace = config_grace_s if grace_s is None else grace_s
+    return min(grace, LOW_GRACE_MOST_S) if preemptible else grace
+
+
 CLASS_RANK = {"high": 0, "normal": 1, "low": 2}
 
 
@@ -198,9 +208,10 @@ _FROM_CACHE: dict[str, Any] = {
 }
 
 
-def parse_spec_text(text: bytes, file: str) -> JobSpec:
-    """Bytes of a spec file -> JobSpec, or SpecError naming the file, field and fix."""
-    return validate_spec(load_yaml(text, file), file)
+def parse_spec_text(text: bytes, file: str, new: bool = False) -> JobSpec:
+    """Bytes of a spec file -> JobSpec, or SpecError naming the file, field and fix (`new`: as
+    validate_spec)."""
+    return validate_spec(load_yaml(text, file), file, new)
 
 
 def spec_text_with(text: bytes, changes: Mapping[str, Any], note: str, file: str) -> bytes:
@@ -222,8 +233,10 @@ def spec_text_with(text: bytes, changes: Mapping[str, Any], note: str, file: str
     return new
 
 
-def validate_spec(data: Any, file: str) -> JobSpec:
-    """A loaded YAML document -> JobSpec. Every message names the field and the fix."""
+def validate_spec(data: Any, file: str, new: bool = False) -> JobSpec:
+    """A loaded YAML document -> JobSpec. Every message names the field and the fix. `new`: a
+    spec a person writes now (submit, edit), refused what a spec already in the queue is held
+    to instead (an opportunistic job's grace over LOW_GRACE_MOST_S)."""
     if not isinstance(data, dict):
         raise SpecError(
             file,
@@ -248,7 +261,7 @@ def validate_spec(data: Any, file: str) -> JobSpec:
     check_expansion(data, typed, sweep, array, file)
     preemptible = _preemptible(data.get("preemptible"), priority_class, file)
     grace_s = _duration(data.get("grace"), "grace", 86400, file)
-    if preemptible and grace_s is not None and grace_s > LOW_GRACE_MOST_S:
+    if preemptible and grace_s is not None and grace_s > LOW_GRACE_MOST_S and new:
         raise SpecError(
             file,
             "grace",
@@ -256,6 +269,8 @@ def validate_spec(data: Any, file: str) -> JobSpec:
             f"({LOW_GRACE_MOST_S / 60:g}m): the job that needs its GPU would wait that long",
             f"give `grace: {LOW_GRACE_MOST_S / 60:g}m` or less, or make it an ordinary job",
         )
+    if preemptible and grace_s is not None:  # a spec accepted before the bound, or put back: held to it
+        grace_s = min(grace_s, LOW_GRACE_MOST_S)
     return JobSpec(
         command=command,
         name=_optional_str(data, "name", file),

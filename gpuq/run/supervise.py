@@ -43,7 +43,7 @@ from gpuq.model.config import FENCE_FRACTION, RECORD_FENCE_FRACTION
 from gpuq.model.environments import prelude_failure
 from gpuq.model.markers import Marker, Phase, check_marker, parse_marker
 from gpuq.model.record import Record
-from gpuq.model.spec import JobSpec, command_shown
+from gpuq.model.spec import JobSpec, command_shown, stop_grace_s
 from gpuq.model.stops import Stop, StopCause, ended_as
 from gpuq.model.units import format_duration
 from gpuq.run.joblocal import Runtime, finish_local, lease_age, write_outside_pid
@@ -596,8 +596,7 @@ def _wait(
     say, from the time read here. Returns (wait status, the stop, fence reason)."""
     watch = JobWatch.starting(clock.mono(), rt.lost_after_s)
     fenced: str | None = None
-    grace = record.spec.get("grace_s")
-    grace = rt.grace_s if grace is None else grace
+    grace = stop_grace_s(record.spec.get("grace_s"), bool(record.spec.get("preemptible")), rt.grace_s)
     limits.watch(keeper.keeper_pid)
 
     def stop_with(stop: Stop, grace_s: float) -> None:

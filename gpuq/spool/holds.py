@@ -146,7 +146,7 @@ def submit_held(layout: Layout, job_id: str, host: str, actor: Actor, text: byte
     if not JOB_ID_RE.match(job_id):
         raise HoldError(f"{job_id!r}: not a job id; nothing was submitted")
     try:
-        parse_spec_text(text, f"jobs/{job_id}.yaml")
+        parse_spec_text(text, f"jobs/{job_id}.yaml", new=True)
     except SpecError as e:
         raise HoldError(f"{e}; nothing was submitted") from None
     if id_taken(layout, job_id) or not reserve_new(layout, job_id, actor.uid):
@@ -199,7 +199,7 @@ def edit(layout: Layout, job_id: str, host: str, actor: Actor, text: bytes, rele
         layout, job_id, actor, f"{job_id}: not held any more (released or cancelled meanwhile); nothing changed"
     )
     try:
-        parse_spec_text(text, f"jobs/{job_id}.yaml")
+        parse_spec_text(text, f"jobs/{job_id}.yaml", new=True)
     except SpecError as e:
         raise HoldError(f"{e}; the spec is unchanged") from None
     original, _ = read_spec_file(src, f"jobs/{job_id}.yaml")

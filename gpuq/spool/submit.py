@@ -184,10 +184,10 @@ def spec_bytes(data: dict[str, Any]) -> bytes:
 
 def checked_spec_text(layout: Layout, data: dict[str, Any]) -> bytes:
     """The spec file for `data`, refused before anything is written as a worker would refuse it."""
-    check_dependencies(layout, validate_spec(data, "gpuq submit"))
+    check_dependencies(layout, validate_spec(data, "gpuq submit", new=True))
     text = spec_bytes(data)
     check_size(text, data.get("env") or {})
-    parse_spec_text(text, "gpuq submit")  # what the worker will read back
+    parse_spec_text(text, "gpuq submit", new=True)  # what the worker will read back
     return text
 
 
