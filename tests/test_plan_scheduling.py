@@ -869,3 +869,44 @@ def test_a_job_waits_for_a_gpu_that_frees_before_the_low_job_it_would_preempt_co
     long_x = replace(x, limit_s=3600)
     told = plan([y], hosts, [long_x, lo], CFG, now=32)
     assert list(told.preempts) == ["lo"] and told.held == {"y": ("h", (1,))}
+
+
+def test_early_yield_only_where_the_head_is_due_by_limits_and_on_the_box_with_fewer_to_yield():
+    """A review of the early yield: (1) pair could start as soon on box b, where no low job
+    runs, but was reserved box a (the first of hosts alike), and lo there was told to yield for
+    nothing; (2) a head due by a running job's learned time (no limit: it may run on, and the
+    reservation go) had lo told to yield all the same."""
+    lo = replace(run("lo", "a", (1,), mem_gib=None, user="cy", low=True), grace_s=60.0)
+    a_job = run("occA", "a", (0,), mem_gib=None, user="ana", limit_s=100)
+    b_jobs = [run(f"occB{i}", "b", (i,), mem_gib=None, user="ana", limit_s=100) for i in (0, 1)]
+    hosts = [host("a", gpu(0), gpu(1)), host("b", gpu(0), gpu(1))]
+    pair = job("pair", user="ben", gpus=2, mem_gib=None, queued_at=1)
+    result = plan([pair], hosts, [a_job, lo, *b_jobs], CFG, now=60)
+    assert result.reserved["pair"][:2] == ("b", (0, 1)) and result.preempts == {}
+    assert result.recheck_at == math.inf
+    guessed = replace(run("occ", gpus=(0,), mem_gib=None, user="ana", limit_s=100), limit_learned=True)
+    soak = replace(run("soak", gpus=(1,), mem_gib=None, user="cy", low=True), grace_s=60.0)
+    result = plan([pair], [host("h", gpu(0), gpu(1))], [guessed, soak], CFG, now=99)
+    assert "pair" in result.reserved and result.preempts == {}
+
+
+def test_a_booking_owners_job_takes_the_booked_gpu_from_a_low_job_before_a_shared_one():
+    """A review: ana's job left the GPU booked for her to cy's low job and took h:1, which bo
+    wanted next. The owner's booked GPUs come first, low jobs there yield."""
+    booking = SetAside("h", (0,), start=100, end=5000, owner="ana")
+    lo = run("lo", gpus=(0,), mem_gib=10, user="cy", low=True, started_at=120)
+    result = plan(
+        [job("mine", user="ana", queued_at=140)], [host("h", gpu(0), gpu(1))], [lo], CFG, now=150, set_aside=[booking]
+    )
+    assert result.held == {"mine": ("h", (0,))} and list(result.preempts) == ["lo"]
+
+
+def test_a_low_job_kept_off_a_reserved_gpu_it_would_be_told_to_leave_at_once_says_why():
+    busy = [run("occ", gpus=(0,), mem_gib=None, user="ana", started_at=0, limit_s=100)]
+    head = job("pair", user="ben", gpus=2, mem_gib=None, limit_s=60, queued_at=1)
+    soak = job("soak", user="cy", mem_gib=None, priority="low", queued_at=2)
+    result = plan([head, soak], [host("h", gpu(0), gpu(1))], busy, CFG, now=100 + G - 2 * G)
+    assert starts(result) == {}
+    why = result.reasons["soak"]
+    assert why.startswith("opportunistic: GPU h:1 is reserved for job pair from "), why
+    assert f"too soon to start there and yield in time (its grace {G:g}s)" in why, why

@@ -358,6 +358,7 @@ def earliest_start(
     in order, free their memory until the job fits; the earliest host wins, then the best fit.
     None: nowhere within any known limit (a job without one runs on for all the plan knows)."""
     best: tuple[float, list[Slot]] | None = None
+    best_yields = 0
     unknown = float("inf")
     by_host: dict[str, list[Slot]] = {}
     for s in slots:
@@ -372,14 +373,14 @@ def earliest_start(
             if end != unknown
         ]
         events.sort()
-        if not events or (best is not None and events[0][0] >= best[0]):
-            continue  # nothing frees here before the best start found so far
+        if not events or (best is not None and events[0][0] > best[0]):
+            continue  # nothing frees here by the best start found so far
         free = [s.free + s.reserved_mib for s in candidates]
         jobs = [s.jobs for s in candidates]
         ready = [_could_take(spec, s, free[n], jobs[n], max_jobs) for n, s in enumerate(candidates)]
         room = sum(ready)  # GPUs that could take it: kept up to date as jobs end
         k = 0
-        while k < len(events) and (best is None or events[k][0] < best[0]):
+        while k < len(events) and (best is None or events[k][0] <= best[0]):
             moment = events[k][0]
             while k < len(events) and events[k][0] == moment:
                 _, n, mib = events[k]
@@ -394,7 +395,12 @@ def earliest_start(
                     (n for n in range(len(candidates)) if ready[n]),
                     key=lambda n: (candidates[n].opp_jobs > 0, free[n], candidates[n].opp_jobs, candidates[n].index),
                 )
-                best = (moment, [candidates[n] for n in order[: spec.gpus]])
+                chosen = [candidates[n] for n in order[: spec.gpus]]
+                yields = sum(1 for s in chosen if s.opp_jobs)
+                # Of hosts where it could start as soon, the one where fewer opportunistic jobs
+                # must yield (told in time for it: sched/plan.py _yield_in_time).
+                if best is None or moment < best[0] or yields < best_yields:
+                    best, best_yields = (moment, chosen), yields
                 break
     return best
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TypedDict
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, SetAside, Start
 from gpuq.model.sharing import uses_mps
-from gpuq.model.spec import JobSpec
+from gpuq.model.spec import JobSpec, stop_grace_s
 from gpuq.model.windows import describe, hhmm, moment, window_open
 from gpuq.sched import fairshare, placement, reasons, setasides
 from gpuq.sched.boxroom import BoxRoom, asks
@@ -259,7 +259,7 @@ class _Pass:
         limit = job.spec.time_limit_s or self.config.time_limit_s or self.estimates.get(job.id)
         if not limit:
             return float("inf")
-        return self.now + limit + (job.spec.grace_s if job.spec.grace_s is not None else self.config.grace_s)
+        return self.now + limit + stop_grace_s(job.spec.grace_s, job.spec.preemptible, self.config.grace_s)
 
     def _runs_for(self, job: PendingJob) -> str:
         """What `ends_by` counted, in a reason's words."""
@@ -468,6 +468,8 @@ class _Pass:
                 fragmentation_aware=self.config.fragmentation_aware,
                 ends_by=ends_by,
             )
+            if choice:
+                return choice  # low jobs there yield to the booking's owner
         # Spreading is for time-sliced GPUs, where jobs that share one slow each other; an MPS
         # job runs on its compute share alone or not (model/sharing.py), so MPS jobs pack.
         if self.config.spread and not choice and not mps_user:
@@ -614,7 +616,11 @@ class _Pass:
         when the jobs there must have ended: their limits and a stop's grace; most leave at
         SIGTERM, at their limits. An opportunistic job whose stop (its own grace) would run
         past that is told in time (_told_by), so the head does not wait out its grace once
-        its GPUs are free; the plan says when it must be made again for that."""
+        its GPUs are free; the plan says when it must be made again for that. Not where a job
+        there has no limit, only its kind's usual run: it may run on, and the reservation go."""
+        on = {(s.host, s.index) for s in chosen}
+        if any(r.limit_learned for r in self.running if on & {(r.host, i) for i in r.gpus}):
+            return  # the head is due by a guess (a kind's usual run), not a limit: they yield when it comes
         for s in chosen:
             for victim in s.victims:
                 if victim.id in self.result.preempts:
@@ -624,6 +630,8 @@ class _Pass:
                     self.result.preempts[victim.id] = (
                         f"job {job.id} is due on its GPU {moment(start, self.now)}, sooner than its grace"
                     )
+                    if self.explain:  # a job held there later in this pass waits for it
+                        self.draining.setdefault((s.host, s.index), []).append(victim.id)
                 else:
                     self.result.recheck_at = min(self.result.recheck_at, told_by)
         for s in self.slots:  # as _place: a victim on several GPUs is told once
@@ -652,13 +660,13 @@ class _Pass:
                 # Told to yield when the head comes, a job with a longer grace than the config's
                 # could keep the head waiting that long (a day, at most): not on its GPUs.
                 # Nor on reserved GPUs it would be told to leave at once (_yield_in_time).
-                lingers = spec.grace_s is not None and spec.grace_s > self.config.grace_s
-                grace = spec.grace_s if spec.grace_s is not None else self.config.grace_s
+                grace = stop_grace_s(spec.grace_s, True, self.config.grace_s)
+                lingers = grace > self.config.grace_s
                 usable = [
                     s
                     for s in mine
                     if s.reserved_from == float("inf")
-                    or (not lingers and self._told_by(s.reserved_from, grace) > self.now)
+                    or (not lingers and self._told_by(s.reserved_from, grace) > self.now + self.config.poll_interval)
                 ]
                 choice = placement.best_fit(
                     spec,
@@ -673,7 +681,14 @@ class _Pass:
                     return
                 self.failed[shape] = (
                     (mps_user and reasons.why_mps(spec, mps_user, reachable, self.config.max_jobs_per_gpu, True))
-                    or (lingers and reasons.why_lingers(spec, mine, self.config.max_jobs_per_gpu))
+                    or reasons.why_lingers(
+                        spec,
+                        [s for s in mine if s.reserved_from != float("inf") and not any(s is u for u in usable)],
+                        self.config.max_jobs_per_gpu,
+                        grace,
+                        lingers,
+                        self.now,
+                    )
                     or reasons.why_opportunistic(spec, allowed, mine, self.hosts, self.config)
                     if self.explain
                     else ""

@@ -135,15 +135,24 @@ def why_mps(spec: "JobSpec", user: str, slots: list["Slot"], max_jobs: int, oppo
     )
 
 
-def why_lingers(spec: "JobSpec", mine: list["Slot"], max_jobs: int) -> str | None:
-    """An opportunistic job that would fit on GPUs reserved for the head of the queue, but
-    whose grace is longer than the config's: said so."""
-    fit = placement.best_fit(spec, mine, max_jobs, opportunistic=True)
+def why_lingers(
+    spec: "JobSpec", kept_off: list["Slot"], max_jobs: int, grace_s: float, lingers: bool, now: float
+) -> str | None:
+    """An opportunistic job that would fit on GPUs reserved for the head of the queue, kept
+    off them (`kept_off`) for its grace: longer than the config's (`lingers`), or too long to
+    start there now and be gone when the head is due: said so."""
+    fit = placement.best_fit(spec, kept_off, max_jobs, opportunistic=True)
     if fit is None:
         return None
+    s, grace = fit[0], format_duration(grace_s)
+    if lingers:
+        return (
+            f"opportunistic: GPU {s.label} is reserved for job {s.held_for}, and this job's grace "
+            f"({grace}, longer than grace_s) could keep it waiting"
+        )
     return (
-        f"opportunistic: GPU {fit[0].label} is reserved for job {fit[0].held_for}, and this job's grace "
-        f"({format_duration(spec.grace_s or 0)}, longer than grace_s) could keep it waiting"
+        f"opportunistic: GPU {s.label} is reserved for job {s.held_for} from {moment(s.reserved_from, now)}, "
+        f"too soon to start there and yield in time (its grace {grace})"
     )
 
 
