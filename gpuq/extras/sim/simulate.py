@@ -189,17 +189,20 @@ class _Replay:
         # that would see the same skips its plan, as the worker's does (worker/loop.py).
         self.nothing_for: tuple[int, int, bool] | None = None
         self.last_plan: tuple = (None, None)  # (what the last plan saw, and when), and what it decided
-        self.recheck_at = math.inf  # the last plan's Plan.recheck_at: every box plans again then
+        # Per box, its last plan's Plan.recheck_at: the box plans again then, as a worker does.
+        self.recheck_at: dict[str, float] = {}
 
     def run(self) -> Outcome:
         while True:
             reads = self._next_reads()
-            t = min(self._next_arrival(), self._next_end(), min(reads.values(), default=math.inf), self.recheck_at)
+            recheck = min(self.recheck_at.values(), default=math.inf)
+            t = min(self._next_arrival(), self._next_end(), min(reads.values(), default=math.inf), recheck)
             if t == math.inf:
                 return self.out
-            woken = set(self.names) if t == self.recheck_at else set()
+            woken = {h for h, at in self.recheck_at.items() if at <= t}
             if woken:
-                self.recheck_at, self.nothing_for = math.inf, None
+                self.recheck_at = {h: at for h, at in self.recheck_at.items() if h not in woken}
+                self.nothing_for = None
             _integrate(self.out, self.busy_gpus, len(self.on_gpu), bool(self.pending), self.now, t)
             self.now = t
             freed = self._end_due()
@@ -328,7 +331,7 @@ class _Replay:
                 )
                 self.last_plan = ((seen, self.now), decided)
             starts, preempts = decided.starts, decided.preempts
-            self.recheck_at = decided.recheck_at
+            self.recheck_at[box] = decided.recheck_at
             parts = {s.host for s in starts} | {self.runs[v].host for v in preempts}
             self.nothing_for = None if parts else seen
             if box in parts:
