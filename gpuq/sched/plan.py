@@ -588,12 +588,12 @@ class _Pass:
             return False
         start, chosen = found
         placement.reserve(job.spec, chosen, job.id, start)
-        self._yield_in_time(job, chosen, start)
+        guessed = self._learned_on(chosen)
+        if not guessed:  # due by limits: low jobs there are told in time for it
+            self._yield_in_time(job, chosen, start)
         gpus = tuple(s.index for s in chosen)
         self.result.reserved[job.id] = (chosen[0].host, gpus, start)
         if self.explain:
-            on = {(s.host, s.index) for s in chosen}
-            guessed = sorted(r.id for r in self.running if r.limit_learned and on & {(r.host, i) for i in r.gpus})
             reason = (
                 f"GPU {', '.join(s.label for s in sorted(chosen, key=lambda s: s.index))} reserved for it from "
                 f"{moment(start, self.now)}, "
@@ -616,11 +616,9 @@ class _Pass:
         when the jobs there must have ended: their limits and a stop's grace; most leave at
         SIGTERM, at their limits. An opportunistic job whose stop (its own grace) would run
         past that is told in time (_told_by), so the head does not wait out its grace once
-        its GPUs are free; the plan says when it must be made again for that. Not where a job
-        there has no limit, only its kind's usual run: it may run on, and the reservation go."""
-        on = {(s.host, s.index) for s in chosen}
-        if any(r.limit_learned for r in self.running if on & {(r.host, i) for i in r.gpus}):
-            return  # the head is due by a guess (a kind's usual run), not a limit: they yield when it comes
+        its GPUs are free; the plan says when it must be made again for that. Not called where
+        a job there has no limit, only its kind's usual run: it may run on, and the reservation
+        go (they yield when the head comes)."""
         for s in chosen:
             for victim in s.victims:
                 if victim.id in self.result.preempts:
@@ -636,6 +634,11 @@ class _Pass:
                     self.result.recheck_at = min(self.result.recheck_at, told_by)
         for s in self.slots:  # as _place: a victim on several GPUs is told once
             s.victims = tuple(v for v in s.victims if v.id not in self.result.preempts)
+
+    def _learned_on(self, chosen: list[Slot]) -> list[str]:
+        """The running jobs on these GPUs whose end is their kind's usual run, not a limit."""
+        on = {(s.host, s.index) for s in chosen}
+        return sorted(r.id for r in self.running if r.limit_learned and on & {(r.host, i) for i in r.gpus})
 
     def _told_by(self, due: float, grace: float) -> float:
         """When an opportunistic job with this grace on GPUs reserved from `due` is told to
