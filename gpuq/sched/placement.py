@@ -280,12 +280,12 @@ def best_fit(
         # putting a free GPU first, however loose the fit, made opportunistic work visible:
         # the Alibaba window's normal jobs waited 3.1x as long with low jobs as without).
         yields = (sum(c[1] for c in chosen), sum(c[2] for c in chosen)) if chosen else ()
+        # Among boxes alike, ordinary work takes the first by name and opportunistic work the
+        # last: else both pick the same box of two that are empty, and the next ordinary job
+        # there preempts the low ones while the other box sits idle.
         key = (leftover, crowding, yields)
-        # Among boxes alike, ordinary work takes the first (in the hosts' order) and
-        # opportunistic work the last: else both pick the same box of two that are empty, and
-        # the next ordinary job there preempts the low ones while the other box sits idle.
-        if best is None or key < best[0] or (opportunistic and key == best[0]):
-            best = (key, chosen)
+        if best is None or key < best[0] or (key == best[0] and (host > best[2] if opportunistic else host < best[2])):
+            best = (key, chosen, host)
     return [c[-1] for c in best[1]] if best else None
 
 
