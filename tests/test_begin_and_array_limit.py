@@ -38,7 +38,12 @@ def test_a_job_waits_for_its_begin_time_and_an_array_for_its_limit():
     assert "due" not in held and "other_0" not in held
     # One of the array runs, so one more may start: the lowest index (0, never 10 before 9).
     assert sorted(held) == ["arr_1", "arr_10", "arr_2", "arr_9", "later"]
-    assert held["arr_1"] == "array limit: 1 of arr running, at most 2 at once (%2)"
+    # ... and says which goes first (a member read "0 of arr-1 running, at most 1" as a contradiction).
+    assert held["arr_1"] == "array limit: 1 of arr running, at most 2 at once (%2); arr_0 first"
+    pair = [_job("arr_10", array_limit=1), _job("arr_9", array_limit=1)]
+    assert not_yet(pair, NOW, running=[], groups=groups) == {
+        "arr_10": "array limit: 0 of arr running, at most 1 at once (%1); arr_9 first"
+    }
     assert not_yet(members, NOW, running=["arr_3", "arr_4"], groups=groups).keys() == {m.id for m in members}
     assert not_yet([_job("bad", begin_at=1e300)], NOW, [], {})["bad"].startswith("begins at 1")  # never a crash
 

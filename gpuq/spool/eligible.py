@@ -38,9 +38,14 @@ def not_yet(
     for group, members in limited.items():
         limit = min(m.spec.array_limit or 1 for m in members)
         members.sort(key=lambda m: _index(m.id))
-        for member in members[max(0, limit - runs[group]) :]:
+        free = max(0, limit - runs[group])
+        # The places left go to the lowest indices: say which, where none runs yet (a member
+        # read "0 of arr-1 running, at most 1 at once" as a contradiction).
+        first = [m.id for m in members[:free]]
+        before = f"; {', '.join(first[:3])}{' ...' if len(first) > 3 else ''} first" if first else ""
+        for member in members[free:]:
             waiting[member.id] = (
-                f"{ARRAY_LIMIT_WAIT}: {runs[group]} of {group} running, at most {limit} at once (%{limit})"
+                f"{ARRAY_LIMIT_WAIT}: {runs[group]} of {group} running, at most {limit} at once (%{limit}){before}"
             )
     return waiting
 
