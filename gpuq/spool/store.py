@@ -226,6 +226,7 @@ def transition_event(record: Record, old: State) -> dict[str, Any]:
         "gpus": record.gpus,
         "gpu_mem_mib": record.gpu_mem_mib,
         "exit_code": record.exit_code,
+        "signal": record.signal,  # what ended it where it did not exit: `history` shows sig9, as status does
         "reason": record.reason,
         "cause": record.cause.value if record.cause is not None else None,
         "started_at": record.started_at,

@@ -32,7 +32,10 @@ COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "user": ("USER", lambda r: r["user"] or "?"),
     "name": ("NAME", lambda r: r["name"]),
     "state": ("STATE", lambda r: r["state"]),
-    "exit": ("EXIT", lambda r: "-" if r["exit_code"] is None else str(r["exit_code"])),
+    "exit": (
+        "EXIT",
+        lambda r: f"sig{r['signal']}" if r["signal"] else "-" if r["exit_code"] is None else str(r["exit_code"]),
+    ),
     "start": ("START", lambda r: _when(r["start"])),
     "end": ("END", lambda r: _when(r["end"]) if r["end"] is not None else "-"),
     "elapsed": ("ELAPSED", lambda r: format_clock(int(r["elapsed_s"])) if r["elapsed_s"] is not None else "-"),

@@ -11,6 +11,7 @@ import pytest
 from team import ALICE, BOB
 
 from conftest import wait_until
+from gpuq.extras.history.cli import COLUMNS
 from gpuq.extras.history.view import CLOCK_SLACK_S, HistoryFilter, history
 from gpuq.spool.layout import Layout
 
@@ -57,7 +58,9 @@ def test_history_gives_each_job_its_last_end_attempts_and_preemptions(tmp_path):
                 **run,
             ),
             # Begun long before the window, ended in it: in the window, as sacct selects.
-            _event(since + 70, "long-1", "timeout", user="ana", started_at=since - 86400, ended_at=since + 70),
+            _event(
+                since + 70, "long-1", "timeout", user="ana", started_at=since - 86400, ended_at=since + 70, signal=9
+            ),
             _event(since + 75, "cut-1", "done", user="ana")[:70],  # torn by a crash
             _event(since + 80, "sweep-3_4", "failed", exit_code=2, user="bo", reason="exit 2"),  # no name: from the id
         ],
@@ -79,6 +82,8 @@ def test_history_gives_each_job_its_last_end_attempts_and_preemptions(tmp_path):
     assert rows["retried-1"]["host"] == "box1" and rows["retried-1"]["gpus"] == [0, 1]
     assert rows["sweep-3_4"]["name"] == "sweep" and rows["sweep-3_4"]["exit_code"] == 2
     assert rows["long-1"]["elapsed_s"] == 86400 + 70
+    # Killed, it has no exit code: EXIT said "-" where `status` says sig9 (a member).
+    assert [COLUMNS["exit"][1](rows[j]) for j in ("long-1", "sweep-3_4", "train-1")] == ["sig9", "2", "0"]
     assert found["skipped_events"] == {"box0.jsonl": 1}
     assert _ids(found)[0] == "long-1"  # oldest start first
 
