@@ -39,8 +39,8 @@ def not_yet(
         limit = min(m.spec.array_limit or 1 for m in members)
         members.sort(key=lambda m: _index(m.id))
         free = max(0, limit - runs[group])
-        # The places left go to the lowest indices: say which, where none runs yet (a member
-        # read "0 of arr-1 running, at most 1 at once" as a contradiction).
+        # The places left go to the lowest indices: the others say which (a member read "0 of
+        # arr-1 running, at most 1 at once" as a contradiction).
         first = [m.id for m in members[:free]]
         before = f"; {', '.join(first[:3])}{' ...' if len(first) > 3 else ''} first" if first else ""
         for member in members[free:]:

@@ -83,9 +83,9 @@ class StopOrders:
                 continue
             record = by_id.get(job_id)
             earlier = self.given.get(job_id)
-            if earlier is not None and earlier.cause is StopCause.CANCEL:
-                pass  # cancelled already: the first cancel's words stand (a second named only the last)
-            elif record is not None and record.attempt == control.get("attempt", record.attempt):
+            # Cancelled already: the first cancel's words stand (a second one named only its own sender).
+            cancelled = earlier is not None and earlier.cause is StopCause.CANCEL
+            if not cancelled and record is not None and record.attempt == control.get("attempt", record.attempt):
                 stop = Stop.cancel(safe_text(str(control.get("by", "?")))[:64])
                 if not self.order(record, stop):
                     continue  # its supervisor is still starting: try again next pass
