@@ -58,6 +58,7 @@ def test_real_work_preempts_an_opportunistic_job_that_ignores_sigterm(queue):
     assert soak["queued_at"] == requeued[0]["queued_at"]  # a preempted job keeps its place
     shown = json.loads(queue.gpuq("show", "soak", "--json").stdout)
     assert [p["reason"] for p in shown["preemptions"]] == [requeued[0]["reason"]]
+    assert shown["preemptions"][0]["told"] <= shown["preemptions"][0]["t"]  # told, then back in the queue
     assert "preemptions:      1" in queue.gpuq("show", "soak").stdout
     assert "preemptions" not in json.loads(queue.gpuq("show", "real", "--json").stdout)
 

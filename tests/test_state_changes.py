@@ -186,3 +186,34 @@ def test_hold_or_retry_of_a_job_whose_record_is_damaged_says_so(layout, verb):
     mine = Actor(4242, "someone", False)
     with pytest.raises(HoldError, match="torn: its record is damaged; an admin should look at state/"):
         verb(layout, "torn", "a", mine)
+
+
+def test_show_gives_a_preemptions_told_time_beside_its_requeue(tmp_path):
+    """A member: `show` stamped a preemption when the job was back in the queue, a grace
+    after its worker told it to yield; both are shown now."""
+    import json as jsonlib
+    import time
+
+    from gpuq.views.show import requeues, show_text
+
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    lines = [
+        {"t": 1000.0, "by": "a", "job": "lo", "note": "preempting", "reason": "job hi needs its GPU memory"},
+        {
+            "t": 1060.0,
+            "by": "a",
+            "job": "lo",
+            "from": "running",
+            "to": "pending",
+            "cause": "preempted",
+            "reason": "preempted: job hi needs its GPU memory; requeued as attempt 2",
+        },
+    ]
+    (layout.events / "a.jsonl").write_text("".join(jsonlib.dumps(e, separators=(",", ":")) + "\n" for e in lines))
+    found = requeues(layout, "lo")
+    assert found == {"preemptions": [{**{k: lines[1][k] for k in ("t", "reason")}, "told": 1000.0}]}
+    text = show_text({"id": "lo", "state": "pending", **found})
+    stamped = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1000.0))
+    back = time.strftime("%H:%M:%S", time.localtime(1060.0))
+    assert f"{stamped} told, {back} back in the queue:  preempted: job hi" in text, text

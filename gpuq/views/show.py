@@ -130,17 +130,31 @@ def _pending_sees(layout: Layout, config: Config, job_id: str, path: Path) -> di
     return {**asks, "sees": what_the_job_sees(layout, config, job_id, spec, None, st.st_uid, previous)}
 
 
+def _requeue_line(requeue: dict[str, Any]) -> str:
+    """One requeue under `preemptions:` or `retries:`: when (told to yield, where known, then
+    back in the queue) and why."""
+    when = stamp(requeue.get("t"))
+    if isinstance(told := requeue.get("told"), (int, float)):
+        when = f"{stamp(told)} told, {stamp(requeue.get('t'), '%H:%M:%S')} back in the queue:"
+    return f"{'':<18}{when}  {requeue.get('reason') or ''}"
+
+
 def requeues(layout: Layout, job_id: str) -> dict[str, list[dict[str, Any]]]:
     """Each time the job was put back into the queue for another attempt: `preemptions`
     (stopped to make way for other work) and `retries` (it failed, and a retry rule sent it
-    back changed: run/retry.py), each `[{t, reason}]`, oldest first, and only where there were
-    some; from the event logs (only lines naming the job are parsed)."""
+    back changed: run/retry.py), each `[{t, reason}]` (a preemption's with `told`: when its
+    worker told it to yield), oldest first, and only where there were some; from the event
+    logs (only lines naming the job are parsed)."""
     needle = f'"job":"{job_id}"'.encode()
     found: dict[str, list[dict[str, Any]]] = {}
+    told: list[float] = []  # when its worker told it to yield (the "preempting" notes)
     for path in sorted(layout.events.glob("*.jsonl")):
         try:
             with open(path, "rb") as f:
                 for line in f:
+                    if needle in line and b'"note":"preempting"' in line:
+                        if (note := checked_event(line)) and note["job"] == job_id:
+                            told.append(note["t"])
                     if needle in line and b'"to":"pending"' in line:
                         event = checked_event(line)
                         if not event or event["job"] != job_id:
@@ -156,6 +170,11 @@ def requeues(layout: Layout, job_id: str) -> dict[str, list[dict[str, Any]]]:
                             found.setdefault(kind, []).append({"t": event["t"], "reason": event.get("reason")})
         except OSError:
             continue
+    for requeue in found.get("preemptions", ()):
+        # A member read the requeue's time, a grace after the job was told, as the preemption's.
+        before = [t for t in told if t <= requeue["t"]]
+        if before:
+            requeue["told"] = max(before)
     return {kind: sorted(events, key=lambda e: e["t"]) for kind, events in found.items()}
 
 
@@ -269,7 +288,7 @@ def show_text(job: dict[str, Any], whole_env: bool = False) -> str:
     for kind in ("preemptions", "retries"):
         if isinstance(requeued := job.get(kind), list) and requeued:
             lines.append(f"{kind + ':':<18}{len(requeued)}")
-            lines += [f"{'':<18}{stamp(p.get('t'))}  {p.get('reason') or ''}" for p in requeued if isinstance(p, dict)]
+            lines += [_requeue_line(p) for p in requeued if isinstance(p, dict)]
     if isinstance(job.get("started_at"), (int, float)) and isinstance(job.get("ended_at"), (int, float)):
         lines.append(f"{'duration:':<18}{format_duration(job['ended_at'] - job['started_at'])}")
     if suggested := job.get("suggested_gpu_mem"):
