@@ -115,3 +115,22 @@ def test_the_end_of_the_idle_window_preempts_and_holds_opportunistic_work(queue)
     assert not _running(queue, "night") and queue.finished("night") is None
     requeued = [e for e in queue.events() if e["job"] == "night" and e.get("to") == "pending"]
     assert requeued[0]["reason"].startswith(f"preempted: idle window {window} closed")
+
+
+def test_cancel_now_kills_a_job_that_ignores_sigterm_without_its_grace(queue):
+    """A member cancelled a job with a day's grace that ignored SIGTERM: it went on "stopping",
+    and only root's `kill -9` ended it. `gpuq cancel --now` kills it, even in the grace."""
+    queue.start_worker("a", "1x80GiB")
+    mark = f"deaf-up {queue.root}"  # the root in it: a second copy of the suite runs its own
+    queue.drop("deaf.yaml", f"command: trap '' TERM; echo {mark}; sleep 600\ngpus: 0\ngrace: 1d\n")
+    wait_until(lambda: mark in queue.log("deaf"), timeout=30, what="the job to start")
+    queue.gpuq("cancel", "deaf")
+    wait_until(
+        lambda: any(r["id"] == "deaf" and r["stopping"] for r in queue.status()["running"]),
+        what="its stop under way, a day's grace ahead",
+    )
+    done = queue.gpuq("cancel", "--now", "deaf")
+    assert "its worker kills it at once" in done.stdout, done
+    record = wait_until(lambda: queue.finished("deaf"), timeout=60, what="the KILL at once")
+    assert record["state"] == "cancelled" and record["signal"] == 9, record
+    assert record["reason"].endswith("(at once, without its grace)"), record

@@ -281,6 +281,15 @@ def _json_argument(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--json", action="store_true")
 
 
+def _cancel_arguments(sp: argparse.ArgumentParser) -> None:
+    add_filter_options(sp)
+    sp.add_argument(
+        "--now",
+        action="store_true",
+        help="kill running jobs at once (SIGKILL), without their grace; also a job already stopping",
+    )
+
+
 def _completion_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("shell", choices=("bash", "zsh"))
 
@@ -324,7 +333,7 @@ CORE_VERBS = (
         "cancel",
         _lazy("cli.workflow", "cmd_cancel"),
         "cancel pending or running jobs, from any host",
-        add_filter_options,
+        _cancel_arguments,
     ),
     _Verb(
         "wait",

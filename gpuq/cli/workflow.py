@@ -148,6 +148,8 @@ def act_on_selected(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    if getattr(args, "now", False):
+        return run_request(args, args.verb, tuple(ids), now=True)
     return run_request(args, args.verb, tuple(ids))
 
 

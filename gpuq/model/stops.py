@@ -45,14 +45,23 @@ def ended_as(stop: Stop | None, exit_code: int | None) -> State:
     return State.DONE if exit_code == 0 else State.FAILED
 
 
+AT_ONCE = " (at once, without its grace)"  # a cancel's words where it is `gpuq cancel --now`
+
+
 @dataclass(frozen=True)
 class Stop:
     cause: StopCause
     reason: str  # what `gpuq status` and `gpuq show` say: "preempted: job x needs its GPU memory"
 
     @classmethod
-    def cancel(cls, by: str) -> Stop:
-        return cls(StopCause.CANCEL, f"cancelled by {by}")
+    def cancel(cls, by: str, at_once: bool = False) -> Stop:
+        """`at_once` (`gpuq cancel --now`): SIGKILL without the job's grace; the words say it,
+        as the stop file carries nothing else."""
+        return cls(StopCause.CANCEL, f"cancelled by {by}" + (AT_ONCE if at_once else ""))
+
+    @property
+    def at_once(self) -> bool:
+        return self.cause is StopCause.CANCEL and self.reason.endswith(AT_ONCE)
 
     @classmethod
     def preempt(cls, why: str) -> Stop:

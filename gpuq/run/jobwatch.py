@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gpuq.model.stops import Stop
 
 NEVER = float("inf")
+AT_ONCE_LOOK_S = 1.0  # during a stop's grace, how often its stop file is read for `cancel --now`
 FENCE_CHECKS_PER_LEASE = 10  # a host cut off stops its job well inside lost_after_s
 FENCE_CHECK_MAX_S = 5.0
 
@@ -20,7 +21,7 @@ FENCE_CHECK_MAX_S = 5.0
 class JobWatch:
     check_every: float  # the fencing check's period
     next_check: float
-    stop: Stop | None = None  # the one stop under way (TERM sent); later ones change nothing
+    stop: Stop | None = None  # the one stop under way (TERM sent); later ones change nothing but `kill_now`
     kill_at: float = NEVER  # when the stopped job gets SIGKILL
 
     @classmethod
@@ -29,10 +30,11 @@ class JobWatch:
         return cls(every, now + every)
 
     def stopping(self, stop: Stop, grace_s: float, now: float) -> bool:
-        """A stop: TERM now, KILL once its grace is over. False when one is under way already."""
+        """A stop: TERM now, KILL once its grace is over (at once for `cancel --now`). False
+        when one is under way already."""
         if self.stop is not None:
             return False
-        self.stop, self.kill_at = stop, now + grace_s
+        self.stop, self.kill_at = stop, now + (0.0 if stop.at_once else grace_s)
         return True
 
     def wake_at(self, limits_at: float, lookup_at: float = NEVER) -> float:
@@ -42,6 +44,23 @@ class JobWatch:
         if self.stop is not None:
             return min(self.kill_at, lookup_at)
         return min(self.next_check, limits_at, lookup_at)
+
+    @property
+    def in_grace(self) -> bool:
+        """A stop's grace runs (TERM sent, KILL to come): a `cancel --now` may cut it short."""
+        return self.stop is not None and not self.stop.at_once and self.kill_at != NEVER
+
+    def look_within(self, timeout: float | None) -> float | None:
+        """How long the wait may block: in a grace, AT_ONCE_LOOK_S at most, so that a `cancel
+        --now` written into the stop file meanwhile is read (`kill_now`)."""
+        if not self.in_grace:
+            return timeout
+        return AT_ONCE_LOOK_S if timeout is None else min(timeout, AT_ONCE_LOOK_S)
+
+    def kill_now(self, stop: Stop, now: float) -> None:
+        """`cancel --now` while a stop's grace runs: KILL now, and the order is this one."""
+        if self.in_grace:
+            self.stop, self.kill_at = stop, now
 
     def kill_due(self, now: float) -> bool:
         if now < self.kill_at:

@@ -614,7 +614,7 @@ def _wait(
                     raise _StopRequested()
                 companion_at = companion.due_at if companion is not None else NEVER
                 wake_at = watch.wake_at(limits.next_at, companion_at)  # NEVER once killed: its exit is next
-                timeout = None if wake_at == NEVER else max(0.0, wake_at - clock.mono())
+                timeout = watch.look_within(None if wake_at == NEVER else max(0.0, wake_at - clock.mono()))
                 ended = keeper.ended(timeout)
                 if ended is not None:
                     if ended.get("fenced") and not fenced:
@@ -623,6 +623,8 @@ def _wait(
                         limits.cpu_s = (limits.cpu_s or 0.0) + cpu_s
                     return ended["status"], watch.stop, fenced
                 now = clock.mono()
+                if watch.in_grace and (order := _stop_order(rt, record.id)).at_once:
+                    watch.kill_now(order, now)  # `gpuq cancel --now` during the grace
                 if watch.kill_due(now):
                     keeper.signal(signal.SIGKILL)
                     if companion is not None:

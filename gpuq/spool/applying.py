@@ -119,7 +119,8 @@ def _held_or_refused(call: Callable[[], str]) -> Outcome:
 
 
 def _cancel(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
-    return _per_id(r, lambda i: cancel.cancel_one(layout, i, host, actor))
+    now = r.args.get("now") is True  # `gpuq cancel --now`
+    return _per_id(r, lambda i: cancel.cancel_one(layout, i, host, actor, now))
 
 
 def _hold(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:

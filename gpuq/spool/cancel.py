@@ -128,10 +128,10 @@ def _reserve(layout: Layout, job_id: str, uid: int) -> int | None:
         return None  # a full disk: the record cannot be written either, and says so
 
 
-def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bool, str]:
+def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor, now: bool = False) -> tuple[bool, str]:
     """Apply one id of a cancel request from `actor`. Returns (ok, message). What the spool
     records about the id (ended, running, held) comes first: a file someone drops into jobs/
-    under that id is not that job."""
+    under that id is not that job. `now`: a running job is killed without its grace."""
     deadline = time.monotonic() + STARTING_WAIT_S
     while True:
         try:
@@ -148,9 +148,10 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor) -> tuple[bo
             layout.make_state_dir(control)
             write_json(
                 control / f"{job_id}.json",
-                {"action": "cancel", "by": actor.name, "t": wall_time(), "attempt": running.attempt},
+                {"action": "cancel", "by": actor.name, "t": wall_time(), "attempt": running.attempt, "now": now},
             )
-            return True, f"{job_id}: cancelling (running on {running.host}); its worker stops it"
+            how = "kills it at once" if now else "stops it"
+            return True, f"{job_id}: cancelling (running on {running.host}); its worker {how}"
         held = layout.held / f"{job_id}.yaml"
         refused = None
         if os.path.lexists(held):

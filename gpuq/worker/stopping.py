@@ -83,10 +83,11 @@ class StopOrders:
                 continue
             record = by_id.get(job_id)
             earlier = self.given.get(job_id)
+            now = control.get("now") is True  # `gpuq cancel --now`: even a job cancelled already
             # Cancelled already: the first cancel's words stand (a second one named only its own sender).
-            cancelled = earlier is not None and earlier.cause is StopCause.CANCEL
+            cancelled = earlier is not None and earlier.cause is StopCause.CANCEL and not now
             if not cancelled and record is not None and record.attempt == control.get("attempt", record.attempt):
-                stop = Stop.cancel(safe_text(str(control.get("by", "?")))[:64])
+                stop = Stop.cancel(safe_text(str(control.get("by", "?")))[:64], at_once=now)
                 if not self.order(record, stop):
                     continue  # its supervisor is still starting: try again next pass
                 log.info("cancelling %s (%s)", job_id, stop.reason)
