@@ -49,14 +49,15 @@ def test_cancel_now_kills_at_once_and_cuts_a_grace_under_way_short():
 
     watch = JobWatch.starting(0.0, lost_after_s=60)
     assert watch.stopping(Stop.cancel("bob", at_once=True), grace_s=86400, now=3.0)
-    assert watch.kill_at == 3.0 and not watch.in_grace
+    assert watch.kill_at == NEVER and not watch.in_grace  # the KILL goes with the order, alone
+    assert watch.wake_at(limits_at=4.0) == NEVER  # then only its exit
     graced = JobWatch.starting(0.0, lost_after_s=60)
     graced.stopping(Stop.cancel("ana"), grace_s=86400, now=3.0)
     assert graced.in_grace and graced.look_within(None) == AT_ONCE_LOOK_S and graced.look_within(0.2) == 0.2
-    graced.kill_now(Stop.cancel("root", at_once=True), now=7.0)
-    assert graced.stop == Stop.cancel("root", at_once=True) and graced.kill_due(7.0)
+    graced.kill_now(now=7.0)
+    assert graced.stop == Stop.cancel("ana") and graced.kill_due(7.0)  # the first cancel's words
     assert not graced.in_grace and graced.look_within(None) is None  # killed: its exit is all that is left
-    graced.kill_now(Stop.cancel("root", at_once=True), now=8.0)
+    graced.kill_now(now=8.0)
     assert not graced.kill_due(9.0)  # KILL once
     assert Stop.decode(Stop.cancel("root", at_once=True).encode()).at_once
     assert not Stop.decode(b"cancelled by root").at_once

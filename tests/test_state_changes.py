@@ -217,3 +217,16 @@ def test_show_gives_a_preemptions_told_time_beside_its_requeue(tmp_path):
     stamped = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1000.0))
     back = time.strftime("%H:%M:%S", time.localtime(1060.0))
     assert f"{stamped} told, {back} back in the queue:  preempted: job hi" in text, text
+
+
+def test_a_plain_cancel_after_cancel_now_keeps_the_kill_at_once(layout):
+    """A review: `cancel --now` then `cancel` before the worker read the order: the second
+    replaced the first, and the job took its whole grace."""
+    write_record(layout, Record(id="j", state=State.RUNNING, spec={}, host="a", uid=os.geteuid(), attempt=2))
+    assert cancel_one(layout, "j", "a", ME, now=True)[0]
+    assert cancel_one(layout, "j", "a", ME)[0]
+    order = json.loads((layout.host_control("a") / "j.json").read_text())
+    assert order["now"] is True and order["attempt"] == 2
+    (layout.host_control("a") / "j.json").write_text(json.dumps({**order, "attempt": 1}))  # an earlier attempt's
+    assert cancel_one(layout, "j", "a", ME)[0]
+    assert json.loads((layout.host_control("a") / "j.json").read_text())["now"] is False

@@ -30,11 +30,12 @@ class JobWatch:
         return cls(every, now + every)
 
     def stopping(self, stop: Stop, grace_s: float, now: float) -> bool:
-        """A stop: TERM now, KILL once its grace is over (at once for `cancel --now`). False
-        when one is under way already."""
+        """A stop: TERM now, KILL once its grace is over; for `cancel --now`, KILL now (sent
+        with it: no TERM, which would start a checkpoint the KILL cuts short), nothing after.
+        False when one is under way already."""
         if self.stop is not None:
             return False
-        self.stop, self.kill_at = stop, now + (0.0 if stop.at_once else grace_s)
+        self.stop, self.kill_at = stop, NEVER if stop.at_once else now + grace_s
         return True
 
     def wake_at(self, limits_at: float, lookup_at: float = NEVER) -> float:
@@ -57,10 +58,11 @@ class JobWatch:
             return timeout
         return AT_ONCE_LOOK_S if timeout is None else min(timeout, AT_ONCE_LOOK_S)
 
-    def kill_now(self, stop: Stop, now: float) -> None:
-        """`cancel --now` while a stop's grace runs: KILL now, and the order is this one."""
+    def kill_now(self, now: float) -> None:
+        """`cancel --now` while a stop's grace runs: KILL now. The stop stays the one under way
+        (a timeout stays a timeout; a cancel's words are the first cancel's)."""
         if self.in_grace:
-            self.stop, self.kill_at = stop, now
+            self.kill_at = now
 
     def kill_due(self, now: float) -> bool:
         if now < self.kill_at:

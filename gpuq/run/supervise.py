@@ -602,6 +602,11 @@ def _wait(
     def stop_with(stop: Stop, grace_s: float) -> None:
         _StopSignal.armed = False  # one stop is enough; later SIGTERMs change nothing
         if watch.stopping(stop, grace_s, clock.mono()):
+            if stop.at_once:  # `gpuq cancel --now`: KILL alone
+                keeper.signal(signal.SIGKILL)
+                if companion is not None:
+                    companion.kill()
+                return
             keeper.signal(signal.SIGTERM)
             if companion is not None:
                 companion.stop(grace_s)
@@ -623,8 +628,8 @@ def _wait(
                         limits.cpu_s = (limits.cpu_s or 0.0) + cpu_s
                     return ended["status"], watch.stop, fenced
                 now = clock.mono()
-                if watch.in_grace and (order := _stop_order(rt, record.id)).at_once:
-                    watch.kill_now(order, now)  # `gpuq cancel --now` during the grace
+                if watch.in_grace and _stop_order(rt, record.id).at_once:
+                    watch.kill_now(now)  # `gpuq cancel --now` during the grace
                 if watch.kill_due(now):
                     keeper.signal(signal.SIGKILL)
                     if companion is not None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq.host.faults import crash_point, wall_time
-from gpuq.host.files import set_aside_directory, write_json
+from gpuq.host.files import read_json, set_aside_directory, write_json
 from gpuq.host.owners import Actor, refusal
 from gpuq.model.errors import SpecError
 from gpuq.model.names import JOB_ID_RE
@@ -128,6 +128,16 @@ def _reserve(layout: Layout, job_id: str, uid: int) -> int | None:
         return None  # a full disk: the record cannot be written either, and says so
 
 
+def _says_now(order: Path, attempt: int) -> bool:
+    """Whether a cancel order waiting for its worker (a worker wrote it: state/ is theirs)
+    says `--now` for this attempt."""
+    try:
+        earlier = read_json(order)
+    except (OSError, ValueError):
+        return False
+    return isinstance(earlier, dict) and earlier.get("now") is True and earlier.get("attempt") == attempt
+
+
 def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor, now: bool = False) -> tuple[bool, str]:
     """Apply one id of a cancel request from `actor`. Returns (ok, message). What the spool
     records about the id (ended, running, held) comes first: a file someone drops into jobs/
@@ -146,9 +156,12 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor, now: bool =
                 return False, refusal(job_id, running.uid)
             control = layout.host_control(running.host)
             layout.make_state_dir(control)
+            order = control / f"{job_id}.json"
+            # An order the worker has not read yet may say `--now`: a plain cancel after it
+            # keeps it (it replaced the order, and the job took its whole grace).
+            now = now or _says_now(order, running.attempt)
             write_json(
-                control / f"{job_id}.json",
-                {"action": "cancel", "by": actor.name, "t": wall_time(), "attempt": running.attempt, "now": now},
+                order, {"action": "cancel", "by": actor.name, "t": wall_time(), "attempt": running.attempt, "now": now}
             )
             how = "kills it at once" if now else "stops it"
             return True, f"{job_id}: cancelling (running on {running.host}); its worker {how}"

@@ -202,7 +202,18 @@ def _submitted_for(known: dict[str, list[tuple[str, int | None]]] | None, record
 
 
 class BridgeWorker(Worker):
-    STEPS = ("observe", "adopt_from_dead_bridges", "follow", "obey_controls", "take_in_specs", "hand_over", "report")
+    # apply_requests: `gpuq cancel`, hold, release... of a team whose only box is the bridge
+    # waited for a worker that never came (the step was missing).
+    STEPS = (
+        "observe",
+        "adopt_from_dead_bridges",
+        "follow",
+        "apply_requests",
+        "obey_controls",
+        "take_in_specs",
+        "hand_over",
+        "report",
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -357,7 +368,8 @@ class BridgeWorker(Worker):
             return False  # being handed over: the next pass
         try:  # as the job's owner, who submitted it
             owner = self._as_owner(record, JobSpec.from_json(record.spec))
-            out = _as_completed(owner.run([shutil.which("scancel") or "scancel", record.slurm_id], 60))
+            kill = ["--signal=KILL"] if stop.at_once else []  # `gpuq cancel --now`
+            out = _as_completed(owner.run([shutil.which("scancel") or "scancel", *kill, record.slurm_id], 60))
         except (OSError, CannotStart, wire.Refused, wire.StarterGone) as e:
             out = subprocess.CompletedProcess(["scancel"], 1, "", str(e))
         if out.returncode != 0:

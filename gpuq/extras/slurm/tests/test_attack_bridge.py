@@ -42,7 +42,7 @@ class StandInSlurm:
             f"cat > /dev/null\necho {SLURM_ID}\n",
             "squeue": f"#!/bin/sh\necho '{SLURM_ID} PENDING'\n",
             "scontrol": "#!/bin/sh\nexit 0\n",
-            "scancel": "#!/bin/sh\nexit 0\n",
+            "scancel": f'#!/bin/sh\necho "uid=$(id -u) scancel: $*" >> {self.calls}\n',
         }
         for name, text in scripts.items():
             (self.bin / name).write_text(text)
@@ -211,3 +211,16 @@ def test_a_value_with_a_newline_never_adds_sbatch_lines(team, users):
     out = team.as_user(BOB, "export", "slurm", str(spec))
     assert out.returncode != 0 and "#SBATCH --qos=admin" not in out.stdout, out.stdout
     assert "newline or a control character" in out.stderr, out.stderr
+
+
+def test_cancel_now_hands_slurm_a_kill(team, bridge, users):
+    """`gpuq cancel --now` of a job the bridge handed to Slurm: scancel --signal=KILL, as the
+    owner (a plain scancel leaves it Slurm's grace, KillWait). And the bridge applies the
+    request: with no worker beside it, `gpuq cancel` waited for one that never came."""
+    team.start_worker("bridge", "1x80GiB", env=bridge.env())
+    team.drop_as(ALICE, "long.yaml", "command: sleep 600\ngpus: 0\n")
+    wait_until(lambda: bridge.submitted("long"), timeout=30, what="long handed to the stand-in sbatch")
+    done = team.as_user(ALICE, "cancel", "--now", "long")
+    said = f"uid={users[ALICE].pw_uid} scancel: --signal=KILL {SLURM_ID}"
+    assert done.returncode == 0, done  # the bridge applies it (no step did: it waited for a worker)
+    wait_until(lambda: said in bridge.calls.read_text(), timeout=60, what="scancel --signal=KILL as alice")
