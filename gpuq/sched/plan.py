@@ -545,22 +545,16 @@ class _Pass:
             placement.take(job.spec, chosen, job.id, mps_user=mps_user, ends_by=ends_by)
             self._started(job, chosen[0].host, tuple(s.index for s in chosen))
             return
-        victims = []
         for s in yielding:
             for victim in s.victims:
                 if victim.id not in self.result.preempts:
-                    self.result.preempts[victim.id] = f"job {job.id} needs its GPU memory"
-                    victims.append(victim.id)
-                    if self.explain:  # a job held there later in this pass waits for it too
-                        self.draining.setdefault((s.host, s.index), []).append(victim.id)
-        for s in self.slots:  # a victim on several GPUs yields them all: never picked twice
-            s.victims = tuple(v for v in s.victims if v.id not in self.result.preempts)
+                    self._tell_to_yield(victim, s, f"job {job.id} needs its GPU memory")
+        _forget_told(self.slots, self.result.preempts)
         placement.take(job.spec, chosen, job.id, hold="hard", mps_user=mps_user)
         self.held_gpus[job.user] = self.held_gpus.get(job.user, 0) + job.spec.gpus
         self.result.held[job.id] = (chosen[0].host, tuple(s.index for s in chosen))
         if self.explain:
-            told = {j for s in yielding for j in self.draining.get((s.host, s.index), ())}
-            waiting_for = sorted({v.id for s in yielding for v in s.victims} | set(victims) | told)
+            waiting_for = sorted({j for s in yielding for j in self.draining.get((s.host, s.index), ())})
             self.waits(  # it waits, as the jobs behind it count
                 job,
                 f"GPU {', '.join(s.label for s in chosen)} held for it: "
@@ -625,15 +619,18 @@ class _Pass:
                     continue
                 told_by = self._told_by(start, victim.stop_grace(self.config.grace_s))
                 if told_by <= self.now:
-                    self.result.preempts[victim.id] = (
-                        f"job {job.id} is due on its GPU {moment(start, self.now)}, sooner than its grace"
-                    )
-                    if self.explain:  # a job held there later in this pass waits for it
-                        self.draining.setdefault((s.host, s.index), []).append(victim.id)
+                    why = f"job {job.id} is due on its GPU {moment(start, self.now)}, sooner than its grace"
+                    self._tell_to_yield(victim, s, why)
                 else:
                     self.result.recheck_at = min(self.result.recheck_at, told_by)
-        for s in self.slots:  # as _place: a victim on several GPUs is told once
-            s.victims = tuple(v for v in s.victims if v.id not in self.result.preempts)
+        _forget_told(self.slots, self.result.preempts)
+
+    def _tell_to_yield(self, victim: RunningJob, slot: Slot, why: str) -> None:
+        """An opportunistic job on `slot` told to yield; a job held there later in this pass
+        names it among those it waits for (a member's status said "draining")."""
+        self.result.preempts[victim.id] = why
+        if self.explain:
+            self.draining.setdefault((slot.host, slot.index), []).append(victim.id)
 
     def _learned_on(self, chosen: list[Slot]) -> list[str]:
         """The running jobs on these GPUs whose end is their kind's usual run, not a limit."""
@@ -743,6 +740,13 @@ def _yield_to_people_and_windows(
             result.preempts[job.id] = (
                 f"GPU {b.host}:{','.join(map(str, b.gpus))} booked for {b.owner} from {hhmm(b.start)}"
             )
-    if result.preempts:  # their memory stays counted until they exit; never picked twice
-        for s in slots:
-            s.victims = tuple(v for v in s.victims if v.id not in result.preempts)
+    if result.preempts:  # their memory stays counted until they exit
+        _forget_told(slots, result.preempts)
+
+
+def _forget_told(slots: Sequence[Slot], preempts: Mapping[str, str]) -> None:
+    """Jobs told to yield are no GPU's victims any more: a victim on several GPUs yields them
+    all, and is never picked (or told) twice."""
+    for s in slots:
+        if s.victims:
+            s.victims = tuple(v for v in s.victims if v.id not in preempts)
