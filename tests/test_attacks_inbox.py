@@ -471,3 +471,16 @@ def test_a_cli_reads_only_the_reply_to_its_own_request(tmp_path):
     assert read_reply(layout, name, 4343) is None and read_reply(layout, name, 4545).ok
     (layout.replies / name).write_text('{"ok": true, "outcomes": [{"ok": true, "message": "y: cancelled"}], "by": "b"}')
     assert read_reply(layout, name, 4343).ok
+
+
+def test_a_member_saying_root_sent_a_request_is_named_as_himself(team):
+    """Root's requests say so (`"root": true`), so a cancel by root reads "cancelled by root"
+    rather than the queue account's name. A member's file saying it is named as its owner:
+    only a file the worker's own account owns is believed."""
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(BOB, "bo-claims.yaml", SLEEPER)
+    wait_until(lambda: _state(team, "bo-claims") == "running", what="bo-claims")
+    forged = json.dumps({"verb": "cancel", "ids": ["bo-claims"], "root": True}).encode()
+    _put_request(team, BOB, "r-1-0000000000000c00.json", forged)
+    record = wait_until(lambda: team.finished("bo-claims"), what="bo-claims cancelled")
+    assert record["state"] == "cancelled" and record["reason"] == f"cancelled by {BOB}", record["reason"]

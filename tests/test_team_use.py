@@ -24,11 +24,13 @@ pytestmark = needs_root
 
 def test_show_of_a_job_cancelled_while_its_spec_did_not_parse(team):
     """A pending spec that does not parse, cancelled by root: its record has an empty spec;
-    show (text and --json) says what is known instead of a KeyError."""
+    show (text and --json) says what is known instead of a KeyError. The record says root
+    cancelled it (root's gpuq acts as the queue's account: it said that account's name)."""
     team.drop_as(ALICE, "broken.yaml", "command: [echo, unclosed\ngpus: 0\n")
     done = team.gpuq("cancel", "broken", check=False)
     assert done.returncode == 0, done.stderr
     assert team.finished("broken")["spec"] == {}  # the case under test: nothing parsed
+    assert team.finished("broken")["reason"] == "cancelled by root while pending", team.finished("broken")["reason"]
     for who in (None, ALICE, BOB):
         shown = team.gpuq("show", "broken", check=False) if who is None else team.as_user(who, "show", "broken")
         assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr

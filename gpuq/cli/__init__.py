@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None) -> int:
         verbs_of(parser).choices[args.verb].error(f"unrecognized arguments: {' '.join(unknown)}")
     args.launcher_dir = launcher_dir
     args.parser = parser  # for `gpuq completion`, which prints the verbs and options it holds
+    args.by_root = os.geteuid() == 0  # before it acts as the queue's account: its requests say root
     if os.geteuid() == 0 and args.verb not in KEEPS_ROOT and (cannot := act_as_queue_account(args)):
         print(f"gpuq {args.verb}: {cannot.message}. Fix: {cannot.fix}", file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ def run_request(
     config = read_config(layout)
     host = this_host()
     try:
-        name = send(layout, verb, ids, sent_from=host, **request_args)
+        name = send(layout, verb, ids, host, getattr(args, "by_root", False), **request_args)
     except RequestError as e:
         print(f"gpuq {said}: {e}", file=sys.stderr)
         return 1

@@ -195,8 +195,11 @@ class Actor:
     admin: bool
 
     @classmethod
-    def of(cls, uid: int, admins: tuple[str, ...]) -> "Actor":
-        name = _name(uid)
+    def of(cls, uid: int, admins: tuple[str, ...], by_root: bool = False) -> "Actor":
+        """`by_root`: the request says root's gpuq sent it. Believed only of a file this
+        process's own account owns (root's gpuq acts as the queue's account: only root and that
+        account write as it), so a cancel by root says root, not the queue account's name."""
+        name = "root" if by_root and uid == os.geteuid() else _name(uid)
         return cls(uid, name, uid in (0, os.geteuid()) or name in admins)
 
     def may_act_on(self, owner_uid: int) -> bool:

@@ -69,7 +69,7 @@ def apply_one(layout: Layout, config: Config, host: str, name: str, taken: bool 
 
 
 def apply_request(layout: Layout, config: Config, host: str, request: Request) -> Reply:
-    actor = Actor.of(request.uid, config.admins)
+    actor = Actor.of(request.uid, config.admins, request.by_root)
     handler = _handler(request.verb)
     try:
         outcomes = handler(layout, config, host, actor, request)

@@ -55,6 +55,7 @@ class Request:
     ids: tuple[str, ...] = ()
     args: dict[str, Any] = field(default_factory=dict)
     sent_from: str = ""  # the host the CLI ran on (for messages only)
+    by_root: bool = False  # sent by root's gpuq acting as the queue's account (Actor.of trusts it only then)
 
 
 @dataclass(frozen=True)
@@ -80,14 +81,17 @@ class Reply:
 # --- the CLI's side ----------------------------------------------------------------------
 
 
-def send(layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = "", **args: Any) -> str:
+def send(
+    layout: Layout, verb: str, ids: tuple[str, ...] = (), sent_from: str = "", by_root: bool = False, **args: Any
+) -> str:
     """Write one request into the inbox; returns its name (the reply's name too). The file is
     written under a hidden name unrelated to the final one, then renamed into place: another
     member who sees the temp file cannot guess the final name (64 random bits) and take it
     first. A rename, not a link then an unlink: a worker refuses a request file with two
     links (a member's hard link to someone else's file), and a loaded machine let a worker
     take a linked request before its sender had unlinked the temp name."""
-    data = json.dumps({"verb": verb, "ids": list(ids), "args": args, "from": sent_from}).encode()
+    message = {"verb": verb, "ids": list(ids), "args": args, "from": sent_from} | ({"root": True} if by_root else {})
+    data = json.dumps(message).encode()
     if len(data) > MAX_REQUEST_BYTES:
         raise RequestError(f"the request is {len(data)} bytes, over the {MAX_REQUEST_BYTES} cap")
     dir_fd = open_dir(layout.requests)
@@ -233,6 +237,7 @@ def parse_request(raw: bytes, name: str, uid: int) -> Request:
         tuple(ids),
         args,
         sent_from if isinstance(sent_from, str) and HOST_RE.match(sent_from) else "",
+        data.get("root") is True,
     )
 
 
