@@ -484,3 +484,42 @@ def test_a_member_saying_root_sent_a_request_is_named_as_himself(team):
     _put_request(team, BOB, "r-1-0000000000000c00.json", forged)
     record = wait_until(lambda: team.finished("bo-claims"), what="bo-claims cancelled")
     assert record["state"] == "cancelled" and record["reason"] == f"cancelled by {BOB}", record["reason"]
+
+
+def test_a_flood_of_specs_that_never_parse_neither_fences_the_box_nor_keeps_others_waiting(team):
+    """A member's hundreds of 250 KB specs that never parse, touched again and again, held
+    one pass for minutes (each read anew): the lease went stale and every running job on the
+    box was fenced, and `gpuq submit` said no worker was running. A pass now reads jobs/ for
+    a bounded time, each member's files in turn, and leaves the rest to the next."""
+    team.write_config(lost_after_s=20)  # fenced once the lease is 12 s old
+    team.start_worker("a", "1x80GiB")
+    team.drop_as(ALICE, "al-run.yaml", SLEEPER)
+    wait_until(lambda: _state(team, "al-run") == "running", what="al-run")
+    jobs = str(team.root / "jobs")
+    # 250 KB each (the size cap is 256 KiB), 40,000 keys under one field no spec has: ~0.2 s to parse
+    flood = team.popen_as(
+        BOB,
+        f"import os, time\nd = {jobs!r}\n"
+        "junk = ('command: echo\\nx:\\n' + ''.join('  k%d: 1\\n' % i for i in range(40000)))[:250000]\n"
+        "for i in range(300):\n"
+        "    t = os.path.join(d, '.j%d' % i); open(t, 'w').write(junk); os.rename(t, os.path.join(d, 'j%d.yaml' % i))\n"
+        "print('dropped', flush=True)\n"
+        "end = time.monotonic() + 90\n"
+        "while time.monotonic() < end:\n"
+        "    for i in range(300):\n"
+        "        os.utime(os.path.join(d, 'j%d.yaml' % i))\n"
+        "    time.sleep(0.5)\n",
+    )
+    try:
+        assert flood.stdout is not None and flood.stdout.readline().strip() == "dropped", flood.stderr
+        team.drop_as(ALICE, "al-new.yaml", SLEEPER)
+        wait_until(lambda: _state(team, "al-new") == "running", timeout=60, what="al-new started during the flood")
+        beat = team.root / "state" / "workers" / "a.json"
+        seq = json.loads(beat.read_text())["seq"]
+        wait_until(lambda: json.loads(beat.read_text())["seq"] >= seq + 5, timeout=60, what="passes go on")
+        record = json.loads((team.root / "state" / "running" / "al-run.json").read_text())
+        assert record["state"] == "running" and record.get("attempt", 1) == 1, record
+        assert "fenced" not in (team.root / "logs" / "al-run.log").read_text()
+    finally:
+        flood.kill()
+        flood.wait(timeout=30)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_until
+from gpuq.spool import intake as intake_module
 from gpuq.spool.dirwatch import RACY_MTIME_S, MtimeWatch
-from gpuq.spool.intake import Intake, user_name
+from gpuq.spool.intake import NOT_READ_YET, Intake, load_pending_for_view, user_name
 from gpuq.spool.layout import Layout
 
 
@@ -194,3 +195,33 @@ def test_a_spec_swapped_after_its_open_is_owned_by_whoever_wrote_the_bytes_read(
     assert swapped, "the spec was never opened by name: nothing tested"
     (job,) = intake.pending()
     assert (job.spec.command, job.user) == ("echo his", user_name(his_uid))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives files to other owners (CI runs as root)")
+def test_a_scan_reads_for_its_budget_each_owner_in_turn_and_the_next_scan_reads_the_rest(tmp_path, monkeypatch):
+    """A member's thousand specs that never parse, touched each second, held one pass past
+    the lease (every running job on the box fenced). A scan now reads until its budget is
+    spent (one file at least), each owner's files in turn, oldest first; the rest are
+    `unread`, read by the next scan though jobs/ has not changed, and shown by `status`."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    intake = Intake(layout)
+    for i in range(4):  # mallory's (uid 4242), landed first
+        _write(layout, f"m{i}.yaml", "command: [unclosed\n")
+        os.chown(layout.jobs / f"m{i}.yaml", 4242, -1)
+    _write(layout, "al.yaml", "command: echo hi\n")
+    os.chown(layout.jobs / "al.yaml", 4343, -1)
+    intake.scan(0.0, full=True, budget_s=0.0)  # one file: mallory's oldest
+    assert intake.failing == {"m0"} and intake.unread == {"m1.yaml", "m2.yaml", "m3.yaml", "al.yaml"}
+    intake.scan(1.0, full=False, budget_s=0.0)  # jobs/ unchanged: the unread come all the same
+    assert [j.id for j in intake.pending()] == ["al"], "alice's is read before mallory's second"
+    intake.scan(2.0, full=False)  # with a budget: the rest
+    assert intake.failing == {"m0", "m1", "m2", "m3"} and not intake.unread
+    _write(layout, "al2.yaml", "command: echo again\n")
+    os.chown(layout.jobs / "al2.yaml", 4343, -1)
+    pending, problems = load_pending_for_view(layout, [])  # `gpuq status`, with no worker's cache
+    assert {j.id for j in pending} == {"al", "al2"} and set(problems) == {"m0", "m1", "m2", "m3"}
+    assert not any(NOT_READ_YET in why for why in problems.values())
+    monkeypatch.setattr(intake_module, "READ_BUDGET_S", 0.0)
+    pending, problems = load_pending_for_view(layout, [])  # one file read: the rest said unread
+    assert len(pending) + len(problems) == 6 and sum(NOT_READ_YET in why for why in problems.values()) == 5

@@ -30,6 +30,13 @@ from gpuq.spool.store import kept_place
 
 StatKey = tuple[int, int, int, int]  # mtime_ns, size, inode, links
 
+# How long one scan may spend reading specs before it leaves the rest to the next: a member's
+# thousand 250 KB specs that never parse, touched each second, held one pass for 283 s, past the
+# lease, and every running job on the box was fenced. Each owner's files are read in turn
+# (_fair_order), so another member's spec is read in the first scan all the same.
+READ_BUDGET_S = 2.0
+NOT_READ_YET = "not read yet: jobs/ changed more than one look reads; the workers read the rest over their next passes"
+
 
 @dataclass
 class Entry:
@@ -135,12 +142,15 @@ class Intake:
         self.dir_key: tuple[int, int, int] | None = None
         self.listing: dict[str, int] = {}  # jobs/ as last read: name -> inode
         self.jobs_dir_str = str(layout.jobs)
+        self.unread: set[str] = set()  # names the last scan left to the next (READ_BUDGET_S)
 
-    def scan(self, now_mono: float, full: bool = True) -> None:
+    def scan(self, now_mono: float, full: bool = True, budget_s: float | None = None) -> None:
         """Find new, changed and vanished specs. `full=False` skips the directory when its
         mtime shows no change (and the change was not so recent that the clock tick could
         hide another), and otherwise examines only names that are new or whose inode changed
-        (readdir gives both for free). Specs that do not parse yet are always re-examined."""
+        (readdir gives both for free). Specs that do not parse yet are always re-examined.
+        Reading stops after `budget_s` (READ_BUDGET_S) of real time (one file at least); the names left are
+        `unread`, and the next scan examines them whatever the directory says."""
         self.scanned_at = now_mono
         if full:
             self.full_scan_at = now_mono
@@ -149,7 +159,7 @@ class Intake:
                 dir_key, settled = self._dir_key()
             except OSError:
                 return
-            if dir_key == self.dir_key and settled and not self.failing:
+            if dir_key == self.dir_key and settled and not self.failing and not self.unread:
                 return
             self.dir_key = None  # until the listing below is whole (one that fails must not stand)
         listing = self._list()
@@ -159,14 +169,20 @@ class Intake:
             self.dir_key = dir_key if settled else None  # the listing is whole: it may stand
             candidates = {name for name, _ in listing.items() - self.listing.items()}
             candidates.update(self.entries[i].name for i in self.failing)
+            candidates.update(self.unread)
         self.listing = listing
         changed = False
         for gone in [i for i, e in self.entries.items() if e.name not in listing]:
             self._drop(gone)
             changed = True
-        for name in candidates:
+        deadline, read_one = time.monotonic() + (READ_BUDGET_S if budget_s is None else budget_s), False
+        self.unread = set()
+        for name, st in self._fair_order(candidates, listing):
             job_id = job_id_for_spec_name(name)
-            if job_id is None or name not in listing:
+            if job_id is None:
+                continue
+            if read_one and time.monotonic() > deadline:
+                self.unread.add(name)
                 continue
             known = self.entries.get(job_id)
             if known is not None and known.name != name:  # train.yaml and train.yml: one id, two files
@@ -179,9 +195,33 @@ class Intake:
                 self.duplicates[known.name] = job_id
                 self._drop(job_id)
                 known, changed = None, True
-            changed |= self._examine(job_id, name, known, now_mono)
+            read = self._examine(job_id, name, known, now_mono, st)  # False: unchanged, nothing read
+            read_one |= read
+            changed |= read
         if changed:
             self.version += 1
+
+    def _fair_order(self, names: set[str], listing: dict[str, int]) -> list[tuple[str, os.stat_result]]:
+        """The names to examine with their lstat, each owner's in turn (their first files,
+        then their second ones, ...), oldest first: what one member drops cannot keep
+        another's spec unread past the first scan. Names no longer listed, or gone, are left out."""
+        found = []
+        for name in names:
+            if name not in listing:
+                continue
+            try:
+                st = os.lstat(f"{self.jobs_dir_str}/{name}")
+            except FileNotFoundError:
+                continue
+            found.append((st.st_uid, st.st_ctime_ns, name, st))
+        found.sort(key=lambda f: f[:3])
+        seen: dict[int, int] = {}  # owner -> how many of theirs are ordered so far
+        turns = []
+        for uid, ctime_ns, name, st in found:
+            seen[uid] = turn = seen.get(uid, -1) + 1
+            turns.append((turn, ctime_ns, name, st))
+        turns.sort(key=lambda t: t[:3])
+        return [(name, st) for _, _, name, st in turns]
 
     def gone_since_scan(self) -> set[str]:
         """Ids of parsed specs no longer in jobs/: claimed (or cancelled) by another box since
@@ -217,12 +257,8 @@ class Intake:
         mine, theirs = self.layout.jobs / name, self.layout.jobs / other
         return os.path.lexists(theirs) and keeper(self.layout, job_id, [mine, theirs]) == mine
 
-    def _examine(self, job_id: str, name: str, known: Entry | None, now_mono: float) -> bool:
-        """(Re)read one spec file if it changed. Returns whether the entry changed."""
-        try:
-            st = os.lstat(f"{self.jobs_dir_str}/{name}")
-        except FileNotFoundError:
-            return False
+    def _examine(self, job_id: str, name: str, known: Entry | None, now_mono: float, st: os.stat_result) -> bool:
+        """(Re)read one spec file (`st`: its lstat) if it changed. Returns whether the entry changed."""
         key = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_nlink)
         if known is not None and known.key == key:
             return False
@@ -365,4 +401,8 @@ def load_pending_for_view(layout: Layout, cache_files: list[Path]) -> tuple[list
         except (OSError, ValueError, KeyError, TypeError):  # unreadable, or another version's: scan instead
             continue
     intake.scan(time.monotonic(), full=False)
-    return intake.pending(), {i: str(e) for i, e in intake.unsettled().items()}
+    problems = {i: str(e) for i, e in intake.unsettled().items()}
+    for name in intake.unread:
+        if (job_id := job_id_for_spec_name(name)) is not None and job_id not in intake.entries:
+            problems[job_id] = f"jobs/{name}: {NOT_READ_YET}"
+    return intake.pending(), problems
