@@ -17,6 +17,8 @@ import argparse
 import errno
 import ipaddress
 import json
+import os
+import pwd
 import signal
 import socket
 import sys
@@ -42,6 +44,7 @@ ERROR_SHOWN_CHARS = 200
 # that points its own name at 127.0.0.1 (DNS rebinding) must not read the queue through a
 # member's browser. Any port: an ssh tunnel may forward another local port.
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+FOR_THE_TEAM = b"this page is for those who may read the queue (gpuq status): ask its owner to add you to its group\n"
 
 
 class Snapshot:
@@ -80,7 +83,40 @@ def view_builder(layout: Layout) -> Callable[[], dict[str, Any]]:
     return lambda: page_data(status(layout, read_config(layout), pending_rows=PENDING_ROWS))
 
 
-def make_handler(snapshot: Snapshot, loopback_only: bool) -> type[BaseHTTPRequestHandler]:
+def loopback_peer_uid(client: tuple, server: tuple) -> int | None:
+    """The account whose socket connects from `client` to `server`, both on this box's loopback
+    (Linux's /proc/net/tcp and tcp6, where each socket's owner is listed). None when no one
+    socket, or more than one owner, matches: who asks cannot be told."""
+    ports = (f"{client[1]:04X}", f"{server[1]:04X}")
+    owners = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()  # sl, local address:port, remote address:port, st, queues, timers, retransmits, uid
+            if len(cols) > 7 and (cols[1].rsplit(":", 1)[-1], cols[2].rsplit(":", 1)[-1]) == ports:
+                owners.add(int(cols[7]))
+    return owners.pop() if len(owners) == 1 else None
+
+
+def may_read_queue(uid: int, layout: Layout) -> bool:
+    """Whether `uid` could read the queue itself (`gpuq status`): root, this process's account,
+    the root's owner, or anyone in the root's group where the group may read it (`gpuq init
+    --group`), or anyone where all may."""
+    st = os.stat(layout.root)
+    if uid in (0, os.geteuid(), st.st_uid) or st.st_mode & 0o005 == 0o005:
+        return True
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return st.st_mode & 0o050 == 0o050 and st.st_gid in os.getgrouplist(pw.pw_name, pw.pw_gid)
+
+
+def make_handler(snapshot: Snapshot, loopback_only: bool, layout: Layout) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpuq-serve"
         sys_version = ""
@@ -90,6 +126,11 @@ def make_handler(snapshot: Snapshot, loopback_only: bool) -> type[BaseHTTPReques
             if loopback_only and not _addressed_to_loopback(self.headers.get("Host", "")):
                 self._send(HTTPStatus.FORBIDDEN, b"not a loopback address\n", "text/plain; charset=utf-8")
                 return
+            # Loopback reaches every account on this box, not only the team (an attack read the
+            # queue as a user outside its group): the page answers those who may read the queue.
+            if loopback_only and not self._team_asks():
+                self._send(HTTPStatus.FORBIDDEN, FOR_THE_TEAM, "text/plain; charset=utf-8")
+                return
             path = self.path.split("?", 1)[0]
             if path == "/":
                 self._send(HTTPStatus.OK, HTML, "text/html; charset=utf-8")
@@ -97,6 +138,10 @@ def make_handler(snapshot: Snapshot, loopback_only: bool) -> type[BaseHTTPReques
                 self._send(HTTPStatus.OK, snapshot.body(), "application/json; charset=utf-8")
             else:
                 self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+
+        def _team_asks(self) -> bool:
+            uid = loopback_peer_uid(self.client_address, self.server.server_address)
+            return uid is not None and may_read_queue(uid, layout)
 
         def _send(self, code: HTTPStatus, body: bytes, kind: str) -> None:
             self.send_response(code)
@@ -181,7 +226,7 @@ def _serve(args: argparse.Namespace) -> int:
     snapshot.body()  # the first view now: its cost is paid before the first tab waits for it
     server_class = _Server6 if ":" in args.bind else _Server
     try:
-        server = server_class((args.bind, args.port), make_handler(snapshot, loopback))
+        server = server_class((args.bind, args.port), make_handler(snapshot, loopback, layout))
     except OSError as e:
         if e.errno == errno.EADDRNOTAVAIL:
             print(

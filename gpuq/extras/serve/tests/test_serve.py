@@ -255,6 +255,30 @@ def test_root_serves_a_team_root_as_the_queues_account_never_as_root(team, tmp_p
             served.proc.wait()
 
 
+def test_on_loopback_the_page_answers_the_team_and_no_other_account_of_the_box(team, tmp_path):
+    """The spool is the team's alone (2750), yet any account on the box reached the loopback
+    page: an attack read who runs what as a user outside the team's group. The page now
+    answers those who may read the queue: a member, not eve."""
+    from team import ALICE, EVE
+
+    served = Served(team, tmp_path / "serve-team.out")
+    fetch = (
+        "import urllib.request, urllib.error\n"
+        "try:\n"
+        f"    r = urllib.request.urlopen({served.url + 'status.json'!r}, timeout=30); print(r.status, r.read()[:40])\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code, e.read().decode())\n"
+    )
+    try:
+        member, outsider = team.py_as(ALICE, fetch), team.py_as(EVE, fetch)
+        assert member.returncode == 0 and member.stdout.startswith("200 "), (member.stdout, member.stderr)
+        assert outsider.returncode == 0 and outsider.stdout.startswith("403 "), (outsider.stdout, outsider.stderr)
+        assert "ask its owner to add you to its group" in outsider.stdout and "gqt-" not in outsider.stdout
+        assert served.get("/status.json")[0] == 200  # root
+    finally:
+        assert served.stop() == 0
+
+
 @pytest.mark.long
 def test_idle_connections_opened_on_purpose_do_not_starve_the_page(queue, serve):
     """Hundreds of connections that send half a request and wait: the server holds at most its
