@@ -140,7 +140,8 @@ def make_handler(snapshot: Snapshot, loopback_only: bool, layout: Layout) -> typ
                 self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
 
         def _team_asks(self) -> bool:
-            uid = loopback_peer_uid(self.client_address, self.server.server_address)
+            bound = self.server.server_address  # (host, port): this server is TCP
+            uid = loopback_peer_uid(self.client_address, bound) if isinstance(bound, tuple) else None
             return uid is not None and may_read_queue(uid, layout)
 
         def _send(self, code: HTTPStatus, body: bytes, kind: str) -> None:
