@@ -339,3 +339,38 @@ def test_a_big_job_is_not_starved_by_a_stream_of_small_ones(tmp_path, reservatio
     assert _ends_during_stream(team, lambda n: small, 0.7, "big", big, within_s=20) is reservations
     if reservations:
         assert _finished(team, "big").state is State.DONE
+
+
+def test_an_arrays_limit_holds_on_another_box_while_its_members_are_being_written(tmp_path, monkeypatch):
+    """A worker writes an array's members into jobs/, then its record (which says they are its
+    members). Another box whose pass fell in between started three members of a %2 array at
+    once (a member's two-box day). Now members whose array has no record yet, while a worker
+    is writing it, wait. Here box a dies between the two (its record write fails); b starts
+    none until a's restart finishes the array, and never more than two at once after."""
+    from gpuq.spool import sweeps
+
+    team = _team(tmp_path / "root", {"a": "2x16GiB", "b": "4x16GiB"}, lambda record: Run(seconds=3))
+    team.drop("arr.yaml", "command: sleep 3\ngpus: 1\narray: 0-4%2\n")
+    real_write = sweeps.write_json
+    cut = {"record": True}
+
+    def write_json(path, data, *args, **kwargs):
+        if cut["record"] and path == sweeps.group_file(team.boxes["a"].layout, "arr"):
+            raise OSError(28, "No space left on device")  # a's pass ends between members and record
+        return real_write(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(sweeps, "write_json", write_json)
+    with pytest.raises(OSError):
+        team.step()
+    assert (team.root / "jobs" / "arr_4.yaml").exists() and not sweeps.group_file(
+        team.boxes["a"].layout, "arr"
+    ).exists()
+    team.step()
+    assert team.running() == [], [r.id for r in team.running()]  # b waits for the record
+    why = status(team.root)["pending"]
+    assert all("arr is being written" in p["reason"] for p in why if p["id"].startswith("arr_")), why
+    cut["record"] = False
+    team.boxes["a"].restart()  # its next start finishes what it began (sweeps.finish_interrupted)
+    team.run_until_idle()
+    records = [_finished(team, f"arr_{i}") for i in range(5)]
+    assert all(r.state is State.DONE for r in records) and _overlap(records) == 2

@@ -450,3 +450,26 @@ def test_a_second_cancel_of_a_stopping_job_leaves_the_first_ones_words(tmp_path)
     assert box.worker.rt.stop_path("huge").read_text() == "cancelled by ana"
     assert not (control / "huge.json").exists()
     assert box.finish("huge", exit_code=143).reason == "cancelled by ana"
+
+
+def test_a_cancel_takes_the_waiting_jobs_before_it_stops_the_running_ones(tmp_path, monkeypatch):
+    """`gpuq cancel` of a %2 array: its running members were stopped first, which freed their
+    places, and another box started the waiting members this same cancel then killed. The
+    waiting ones go first now; the reply keeps the order asked."""
+    from gpuq.spool import cancel
+    from gpuq.spool.applying import apply_request
+    from gpuq.spool.inbox import Request
+
+    box = PassWorker(tmp_path / "root", fake_gpus="2x24GiB")
+    box.drop("arr.yaml", "command: sleep 60\ngpus: 1\narray: 0-3%2\n")
+    box.run_pass()
+    box.run_pass(after_s=1)
+    assert sorted(box.launched()) == ["arr_0", "arr_1"]
+    applied = []
+    real = cancel.cancel_one
+    monkeypatch.setattr(cancel, "cancel_one", lambda layout, i, *a: applied.append(i) or real(layout, i, *a))
+    ids = ("arr_0", "arr_1", "arr_2", "arr_3")
+    reply = apply_request(box.layout, box.worker.config, "a", Request("r-1", "cancel", os.getuid(), ids))
+    assert applied == ["arr_2", "arr_3", "arr_0", "arr_1"]
+    assert [m.split(":")[0] for _, m in reply.outcomes] == list(ids) and reply.ok, reply.outcomes
+    assert "cancelled (was pending)" in reply.outcomes[2][1] and "cancelling (running" in reply.outcomes[0][1]

@@ -120,7 +120,11 @@ def _held_or_refused(call: Callable[[], str]) -> Outcome:
 
 def _cancel(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:
     now = r.args.get("now") is True  # `gpuq cancel --now`
-    return _per_id(r, lambda i: cancel.cancel_one(layout, i, host, actor, now))
+    # The waiting ones first: an array's running member stopped before its waiting ones were
+    # cancelled freed its %N place, and another box started a member the same cancel then killed.
+    waiting_first = sorted(dict.fromkeys(r.ids), key=lambda i: layout.record(layout.running, i).exists())
+    done = {i: cancel.cancel_one(layout, i, host, actor, now) for i in waiting_first}
+    return _per_id(r, done.__getitem__)  # the outcomes in the order asked
 
 
 def _hold(layout: Layout, config: Config, host: str, actor: Actor, r: Request) -> list[Outcome]:

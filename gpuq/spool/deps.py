@@ -149,8 +149,13 @@ def gates(
     with_deps = [j for j in pending if j.gated]
     if not with_deps:
         return {}, {}
-    groups = {g: frozenset(rec["members"]) for g in limited_groups(with_deps) if (rec := read_group(states.layout, g))}
-    held_back = not_yet(with_deps, now, running, groups)
+    groups, writing = {}, []
+    for g in limited_groups(with_deps):
+        if rec := read_group(states.layout, g):
+            groups[g] = frozenset(rec["members"])
+        elif kept_spec(states.layout, g).exists():  # taken out of jobs/, its record not yet written
+            writing.append(g)
+    held_back = not_yet(with_deps, now, running, groups, writing)
     ids = referenced(j.spec for j in with_deps)
     known = states.lookup(ids)
     origins = states.origins(ids)

@@ -18,15 +18,25 @@ from gpuq.model.jobs import PendingJob
 
 
 def not_yet(
-    pending: Iterable[PendingJob], now: float, running: Iterable[str], groups: Mapping[str, frozenset[str]]
+    pending: Iterable[PendingJob],
+    now: float,
+    running: Iterable[str],
+    groups: Mapping[str, frozenset[str]],
+    being_written: Iterable[str] = (),
 ) -> dict[str, str]:
     """{id: why it may not start yet} for the jobs held back by their begin time or their
-    array's limit. `groups`: each array's members, as its record lists them (limited_groups)."""
+    array's limit. `groups`: each array's members, as its record lists them (limited_groups).
+    `being_written`: arrays a worker is writing now, members first, then the record: until it
+    is there none of their members starts (another box started three of a %2 array's members
+    at once, in the moment before the record said they were its members)."""
     waiting: dict[str, str] = {}
     limited: dict[str, list[PendingJob]] = defaultdict(list)
+    writing = set(being_written)
     for job in pending:
         if job.spec.begin_at is not None and job.spec.begin_at > now:
             waiting[job.id] = f"begins at {_moment(job.spec.begin_at, now)} (--begin)"
+        elif job.spec.array_limit is not None and _group(job.id) in writing:
+            waiting[job.id] = f"{ARRAY_LIMIT_WAIT}: {_group(job.id)} is being written; its members start a pass later"
         elif job.spec.array_limit is not None and job.id in groups.get(_group(job.id), ()):
             limited[_group(job.id)].append(job)
     if not limited:
