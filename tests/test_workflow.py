@@ -6,15 +6,19 @@ whose restarts are their supervisor's, run through the real worker; `edit` runs 
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Callable
 
 import pytest
 from harness import FOREVER, PassWorker, Run, Team, gpuq, status
 
-from conftest import wait_until
+from conftest import PY, REPO, wait_until
 from gpuq.model.errors import SpecError
 from gpuq.model.record import Record
 from gpuq.model.spec import validate_spec
@@ -244,6 +248,48 @@ def test_edit_checks_as_strictly_as_submit(tmp_path):
     assert refused.returncode == 1 and "no GPU in the team can ever hold this job" in refused.stderr, refused
     assert refused.stdout == "" and "unchanged" in refused.stderr
     assert "gpu_mem: 10GiB" in (box.root / "state" / "held" / f"{job}.yaml").read_text()
+
+
+@pytest.mark.slow  # the editor is a process, and so is the edit a hang-up ends
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_an_edit_its_terminal_hangs_up_on_puts_the_job_back_at_its_place(tmp_path, sig):
+    """A dropped ssh session (SIGHUP) or a TERM ended `gpuq edit` with its editor open, and
+    the job stayed held "being edited" for good. The edit now releases what it held, unchanged;
+    while it is open, the hold says how to release it should the edit be gone (a KILL)."""
+    team = one_box(tmp_path)
+    root = team.root
+    first = submit(root, "--name", "one", "--", "true")
+    second = submit(root, "--name", "two", "--", "true")
+    before = (root / "jobs" / f"{first}.yaml").read_bytes()
+    opened = tmp_path / "opened"
+    editor = tmp_path / "slow-editor.sh"
+    editor.write_text(f"#!/bin/sh\necho 'gpus: 3' >> \"$1\"\ntouch {opened}\nexec sleep 300\n")
+    editor.chmod(0o755)
+    edit = subprocess.Popen(
+        [PY, str(REPO / "gpuq.py"), "--root", str(root), "edit", first],
+        env={**os.environ, "EDITOR": str(editor)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_until(opened.exists, what="the editor open")
+        held = status(root)["held"]
+        assert [h["id"] for h in held] == [first] and f"gpuq release {first}" in held[0]["reason"], held
+        edit.send_signal(sig)
+        edit.wait(timeout=60)
+    finally:
+        if edit.poll() is None:
+            os.killpg(edit.pid, signal.SIGKILL)
+            edit.wait()
+        else:  # the editor, in the edit's session, must not outlive it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(edit.pid, signal.SIGKILL)
+    assert edit.returncode == 128 + sig, (edit.returncode, edit.stderr.read())
+    view = status(root)
+    assert [p["id"] for p in view["pending"]] == [first, second] and view["held"] == []
+    assert (root / "jobs" / f"{first}.yaml").read_bytes() == before
 
 
 # --- drain / resume ---------------------------------------------------------------------------

@@ -4,15 +4,18 @@ handled as one group (submit --array, show GROUP, cancel GROUP)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pwd
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 from gpuq.cli.common import act_as_queue_account, open_layout, refuse_bad_id
 from gpuq.cli.completion import did_you_mean
@@ -195,21 +198,51 @@ def _described(args: argparse.Namespace) -> str:
 
 def edit(args: argparse.Namespace, job_id: str) -> int:
     """$EDITOR (else $VISUAL, else vi) on a pending job's spec, held meanwhile; the worker
-    then puts the new text in place (checked again) and releases the job at its old place."""
-
+    then puts the new text in place (checked again) and releases the job at its old place.
+    An edit that ends without a valid text (refused, Ctrl-C, its terminal hung up, a TERM)
+    releases the job it held: a dropped ssh session left a job held "being edited" for good."""
     layout = open_layout(args)
     was_held = held_spec(layout, job_id).exists()
-    if (
-        not was_held
-        and (rc := run_request(args, "hold", (job_id,), shown_as="edit", quiet=True, why="being edited")) != 0
-    ):
+    why = f"being edited (no gpuq edit open? gpuq release {job_id})"
+    if not was_held and (rc := run_request(args, "hold", (job_id,), shown_as="edit", quiet=True, why=why)) != 0:
         return rc
+    text: str | int = 1  # the new text, or the exit status of an edit that made none
+    try:
+        with _hangup_ends_the_edit():
+            text = _edited_text(layout, job_id)
+    finally:
+        if isinstance(text, int) and not was_held:
+            for sig in (signal.SIGHUP, signal.SIGTERM):  # the release must not be cut short in turn
+                signal.signal(sig, signal.SIG_IGN)
+            run_request(args, "release", (job_id,), shown_as="edit", quiet=True)
+    if isinstance(text, int):
+        return text
+    return run_request(args, "edit", (job_id,), text=text, release=not was_held)
+
+
+@contextlib.contextmanager
+def _hangup_ends_the_edit() -> Iterator[None]:
+    """SIGHUP (the terminal gone) and SIGTERM end the edit as Ctrl-C does: by an exception,
+    so that the caller's release runs (subprocess.run kills the editor on the way out)."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    before = {sig: signal.signal(sig, leave) for sig in (signal.SIGHUP, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _edited_text(layout: Layout, job_id: str) -> str | int:
+    """The held spec through the person's editor until it is valid: its new text, or the exit
+    status of an edit that made none (the reason said on stderr)."""
     try:
         original, _ = read_spec_file(held_spec(layout, job_id), f"jobs/{job_id}.yaml")
     except (OSError, SpecError) as e:
         print(f"gpuq edit: cannot read {job_id}'s spec: {e}", file=sys.stderr)
-        if not was_held:
-            run_request(args, "release", (job_id,), shown_as="edit", quiet=True)
         return 1
     editor = os.environ.get("EDITOR") or os.environ.get("VISUAL") or "vi"
     with tempfile.TemporaryDirectory(prefix="gpuq-edit-") as tmp:
@@ -226,20 +259,13 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
             except (SpecError, SubmitError) as e:
                 print(f"gpuq edit: {e}", file=sys.stderr)
                 if not (sys.stdin.isatty() and input("edit again? [Y/n] ").strip().lower() in ("", "y", "yes")):
-                    if not was_held:
-                        run_request(args, "release", (job_id,), shown_as="edit", quiet=True)
                     print(f"gpuq edit: {job_id}: the edit was not valid; the spec is unchanged", file=sys.stderr)
                     return 1
     try:
-        decoded = text.decode("utf-8")
+        return text.decode("utf-8")
     except UnicodeDecodeError:
-        decoded = None
-    if decoded is None:
-        if not was_held:
-            run_request(args, "release", (job_id,), shown_as="edit", quiet=True)
         print(f"gpuq edit: {job_id}: the spec must be UTF-8 text; it is unchanged", file=sys.stderr)
         return 1
-    return run_request(args, "edit", (job_id,), text=decoded, release=not was_held)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
