@@ -32,6 +32,7 @@ def _wait_cmd(queue, *args: str) -> list[str]:
 def test_wait_returns_when_the_jobs_end_and_exits_by_how_they_ended(queue):
     queue.gpuq("submit", "--gpus", "0", "--id", "slow", "--", "sleep 3; echo slow done")
     queue.gpuq("submit", "--gpus", "0", "--id", "broken", "--", "exit 3")
+    queue.drop("nodir.yaml", "command: 'true'\ngpus: 0\nworkdir: /no/such/dir\n")  # it never runs
     waiting = subprocess.Popen(
         _wait_cmd(queue, "slow"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=queue.env()
     )
@@ -41,9 +42,13 @@ def test_wait_returns_when_the_jobs_end_and_exits_by_how_they_ended(queue):
     slow = queue.finished("slow")
     assert waiting.returncode == 0 and out == "slow: done (exit 0)\n", (out, err)
     assert slow is not None and slow["ended_at"] <= returned_at  # it returned after the job ended
-    both = queue.gpuq("wait", "slow", "broken", check=False, timeout=120)
+    both = queue.gpuq("wait", "slow", "broken", "nodir", check=False, timeout=120)
     assert both.returncode == 1  # one of them did not succeed
-    assert both.stdout.splitlines() == ["slow: done (exit 0)", "broken: failed (exit 3)"]
+    assert both.stdout.splitlines() == [
+        "slow: done (exit 0)",
+        "broken: failed (exit 3)",
+        "nodir: failed (cannot start: No such file or directory (workdir): /no/such/dir)",  # not "exit None"
+    ]
 
 
 @pytest.mark.slow
@@ -260,9 +265,9 @@ def test_a_command_the_shell_cannot_find_says_why_with_its_path(queue):
     record = wait_until(lambda: queue.finished("typo"), timeout=60, what="typo to end")
     assert record["state"] == "failed" and record["exit_code"] == 127
     assert record["reason"].startswith(
-        "exit 127: the shell found no such command; the job's PATH was /usr/bin:/bin and it ran in "
+        "exit 127: no such command was found; the job's PATH was /usr/bin:/bin and it ran in "
     )
-    assert "==> gpuq: exit 127: the shell found no such command" in queue.log("typo")
+    assert "==> gpuq: exit 127: no such command was found" in queue.log("typo")
     assert "no such command" in queue.gpuq("show", "typo").stdout
     queue.drop("fine.yaml", "command: exit 3\ngpus: 0\n")
     assert wait_until(lambda: queue.finished("fine"), timeout=60)["reason"] is None  # other exits: no note

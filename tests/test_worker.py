@@ -124,17 +124,33 @@ def test_the_spawner_ends_with_its_worker_and_jobs_live_on(queue):
 
 
 @pytest.mark.slow
-def test_a_job_that_cannot_start_fails_with_the_reason_in_its_log(queue):
+def test_a_job_that_cannot_start_fails_with_the_reason_in_its_log(queue, tmp_path):
+    """A command in words (`command: [prog, args]`, as `gpuq submit -- prog args` writes it)
+    that is nowhere on the job's PATH fails as a shell's would: exit 127, with the PATH and
+    workdir it had. It said "cannot start: No such file or directory", or named a directory
+    of the PATH it could not search ("Permission denied: nosuchcmd"), with no exit status;
+    one found but not runnable exits 126."""
     queue.start_worker("a", "1x80GiB")
-    queue.drop("noprog.yaml", "command: [no-such-program-gpuq]\ngpus: 0\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "notrunnable").write_text("#!/bin/sh\necho no\n")  # mode 0644
+    path = f"/no/such/dir:{tmp_path / 'bin'}:/usr/bin:/bin"
+    queue.drop("noprog.yaml", f"command: [no-such-program-gpuq, --flag]\ngpus: 0\nenv: {{PATH: '{path}'}}\n")
+    queue.drop("noexec.yaml", f"command: [notrunnable]\ngpus: 0\nenv: {{PATH: '{path}'}}\n")
     queue.drop("nodir.yaml", "command: 'true'\ngpus: 0\nworkdir: /no/such/dir\n")
-    for job_id, message in (
-        ("noprog", "cannot start: No such file or directory: no-such-program-gpuq"),
-        ("nodir", "cannot start: No such file or directory (workdir): /no/such/dir"),
+    for job_id, code, said in (
+        ("noprog", 127, "no such command was found"),
+        ("noexec", 126, "the command was found but cannot be run"),
     ):
         record = wait_until(lambda job_id=job_id: queue.finished(job_id), what=f"{job_id} to be settled")
-        assert record["state"] == "failed" and record["reason"] == message
-        assert f"==> gpuq: {message}" in queue.log(job_id)
+        assert record["state"] == "failed" and record["exit_code"] == code, record
+        assert record["reason"].startswith(f"exit {code}: {said}") and f"PATH was {path}" in record["reason"]
+        command = "no-such-program-gpuq" if job_id == "noprog" else "notrunnable"
+        shell_words = "command not found" if code == 127 else "Permission denied"
+        assert f"gpuq: {command}: {shell_words}" in queue.log(job_id)
+    message = "cannot start: No such file or directory (workdir): /no/such/dir"
+    record = wait_until(lambda: queue.finished("nodir"), what="nodir to be settled")
+    assert record["state"] == "failed" and record["reason"] == message
+    assert f"==> gpuq: {message}" in queue.log("nodir")
 
 
 @pytest.mark.slow

@@ -58,7 +58,9 @@ def where(layout: Layout, job_id: str) -> Seen:
 
 
 def _ended(record) -> str:
-    how = {State.DONE: f"exit {record.exit_code}", State.FAILED: f"exit {record.exit_code}"}.get(record.state)
+    # No exit status: it never ran (its reason says why it could not start), or a signal ended it.
+    ended_itself = record.state in (State.DONE, State.FAILED) and record.exit_code is not None
+    how = f"exit {record.exit_code}" if ended_itself else None
     if how is None and record.signal:
         how = f"signal {record.signal}"
     detail = ", ".join(x for x in (how, safe_text(record.reason or "")) if x)

@@ -75,7 +75,7 @@ def shell_exit_note(exit_code: int | None, spec: JobSpec, identity: Identity | N
     where = f"the job's PATH was {path} and it ran in {spec.workdir or default_workdir(identity, 'the queue root')}"
     if exit_code == 127:
         return (
-            f"exit 127: the shell found no such command; {where}. Fix: give the command's full path, "
+            f"exit 127: no such command was found; {where}. Fix: give the command's full path, "
             "or set PATH in the spec's env (docs/containers.md: The job's environment)"
         )
     return (
