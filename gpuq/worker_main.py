@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -114,8 +115,13 @@ def main(argv: list[str] | None = None, launcher_dir: str | None = None, lock_fd
         lock_fd = None
     if lock_fd is None and (lock_fd := take_worker_lock(str(local_dir / WORKER_LOCK_NAME))) is None:
         return _already_running(host, args.verbose)
-    if not (args.foreground or args.once) and _daemonize():
-        return 0  # the cron-started parent: the starter carries on (flock follows the descriptor)
+    if not (args.foreground or args.once):
+        if problem := _cannot_start(layout, account):  # said now: a daemon's stderr goes nowhere
+            print(f"gpuq worker: {problem}", file=sys.stderr)
+            os.close(lock_fd)
+            return 2
+        if _daemonize():
+            return 0  # the cron-started parent: the starter carries on (flock follows the descriptor)
     try:
         return privsep.serve(
             _worker_argv(argv, layout), account, dict(os.environ), f"{local_dir}-mps", _member_programs()
@@ -137,17 +143,38 @@ def _member_programs() -> dict[str, list[str]]:
     return programs
 
 
-def _worker_argv(argv: list[str] | None, layout: Layout) -> list[str]:
+def _worker_argv(argv: list[str] | None, layout: Layout, boot: str = "") -> list[str]:
     """The worker's command line: this interpreter, isolated (-I: no PYTHON* variables, no user
     site, no current directory on sys.path), gpuq's code by its absolute path, the same options
-    with the root spelled out."""
+    with the root spelled out. `boot`: other code to run than the worker's, with gpuq's there."""
     package_parent = str(Path(__file__).resolve().parents[1])
-    boot = (
-        f"import sys; sys.path.insert(0, {package_parent!r}); "
-        "from gpuq.worker_run import main; sys.exit(main(sys.argv[1:]))"
+    boot = f"import sys; sys.path.insert(0, {package_parent!r}); " + (
+        boot or "from gpuq.worker_run import main; sys.exit(main(sys.argv[1:]))"
     )
     rest = list(sys.argv[1:] if argv is None else argv)
     return [sys.executable, "-I", "-c", boot, *rest, "--root", str(layout.root)]
+
+
+def _cannot_start(layout: Layout, account: privsep.Account) -> str | None:
+    """Why the worker could not start as the queue's account, found before this process
+    becomes a daemon (whose stderr goes nowhere): cron started a worker that could not run the
+    interpreter (under root's 0700 home), or not import gpuq's dependencies in isolated mode,
+    and it exited 0 with no word anywhere. The worker's own start, tried: its interpreter and
+    imports, as that account."""
+    argv = _worker_argv([], layout, boot="import gpuq.worker_run")
+    fix = "Fix: install gpuq in a venv every member and the queue's account can run (README: On a GPU box)"
+    who = f"the queue's account (uid {account.uid})" if os.geteuid() == 0 and account.uid != 0 else "this account"
+    try:
+        done = subprocess.run(
+            argv, preexec_fn=lambda: privsep.become(account), capture_output=True, text=True, timeout=300, cwd="/"
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        return f"cannot start the worker: {who} cannot run {sys.executable} ({why}). {fix}"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return f"cannot start the worker: {who} cannot load gpuq with {sys.executable} -I ({last}). {fix}"
+    return None
 
 
 def _root_problem(layout: Layout, account: privsep.Account, launcher_dir: str | None) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -154,3 +155,26 @@ def test_fair_share_ranks_by_what_each_member_ran_not_only_what_they_hold_now(te
     # at every start, and a false alert of a silent worker).
     assert (team.root / "state" / "workers" / "a.usage").exists()
     assert "left out of the plan" not in (team.root / "logs" / "workers" / "a.log").read_text()
+
+
+def test_a_cron_started_worker_the_queues_account_cannot_run_says_why_and_exits_2(team, tmp_path):
+    """cron's line named gpuq's code under a directory only root may enter: the worker (as the
+    queue's account) could not load it, and the cron-started process, already a daemon with
+    its stderr nowhere, exited 0 with no word anywhere, every minute. It now tries the start
+    first, as that account, and says why on stderr (cron mails it), exit 2."""
+    hidden = Path(tempfile.mkdtemp(prefix="gpuq-root-only-"))  # 0700, root's
+    try:
+        code = hidden / "code"
+        shutil.copytree(team.code, code)
+        done = subprocess.run(
+            [team.python, str(code / "worker.py"), "--root", str(team.root), "--host", "hid", "--fake-gpus", "1x24GiB"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={"PATH": "/usr/bin:/bin"},  # as cron's
+        )
+        assert done.returncode == 2, (done.returncode, done.stderr)
+        assert "cannot start the worker: the queue's account" in done.stderr and "Fix: install gpuq" in done.stderr
+        assert not (team.root / "state" / "workers" / "hid.json").exists()
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)
