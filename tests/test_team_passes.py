@@ -7,6 +7,8 @@ in tests/test_one_plan.py and tests/test_scheduling_e2e.py."""
 from __future__ import annotations
 
 import math
+import os
+import time
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -374,3 +376,27 @@ def test_an_arrays_limit_holds_on_another_box_while_its_members_are_being_writte
     team.run_until_idle()
     records = [_finished(team, f"arr_{i}") for i in range(5)]
     assert all(r.state is State.DONE for r in records) and _overlap(records) == 2
+
+
+def test_a_job_cancelled_on_a_dead_box_is_not_run_again_when_another_box_takes_its_jobs_over(tmp_path):
+    """A member cancelled a job whose box's worker was down: the cancel was written for that
+    box's worker, which never came back. When another box took the dead box's jobs over, the
+    job was requeued and run again as attempt 2. It ends cancelled."""
+    team = Team(tmp_path / "root", lambda record: FOREVER, lost_after_s=60)
+    team.add("a", "1x24GiB")
+    team.add("b", "1x24GiB")
+    team.step()
+    team.drop("long.yaml", "command: sleep 1000\ngpus: 1\nhosts: [b]\n")
+    team.run_until(lambda: [r for r in team.running() if r.id == "long"])
+    team.kill("b")
+    beat, long_ago = team.root / "state" / "workers" / "b.json", time.time() - 600  # as the CLI's clock sees it
+    os.utime(beat, (long_ago, long_ago))
+    done = gpuq(team.root, "cancel", "long")
+    # It ran on, unstopped, while the cancel said only "cancelling": now it says whose worker is down,
+    assert "long: cancelling (running on b, whose worker is not running)" in done.stdout, done.stdout
+    # and status shows the job stopping (it said plain running).
+    assert [r["stopping"] for r in status(team.root)["running"] if r["id"] == "long"] == [True]
+    team.run_until(lambda: team.finished("long"), max_passes=120)
+    record = _finished(team, "long")
+    assert record.state is State.CANCELLED and record.attempt == 1, (record.state, record.attempt, record.reason)
+    assert "cancelled by" in (record.reason or "")

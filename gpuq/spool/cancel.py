@@ -11,15 +11,17 @@ import stat
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterable
 
 from gpuq.host.faults import crash_point, wall_time
 from gpuq.host.files import read_json, set_aside_directory, write_json
 from gpuq.host.owners import Actor, refusal
 from gpuq.model.errors import SpecError
 from gpuq.model.names import JOB_ID_RE
-from gpuq.model.record import RecordError, parse_claim_name
+from gpuq.model.record import Record, RecordError, parse_claim_name
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
+from gpuq.model.text import safe_text
 from gpuq.spool.ids import held_for, reserve
 from gpuq.spool.intake import keeper, read_spec_file, user_name
 from gpuq.spool.layout import Layout
@@ -32,6 +34,7 @@ from gpuq.spool.store import (
     put_back,
     read_record,
 )
+from gpuq.spool.teamstate import heartbeat_alive
 
 STARTING_WAIT_S = 2.0
 CANCELLING = ".cancelling."  # in the name of a spec moved aside by a cancel, in finished/
@@ -128,6 +131,49 @@ def _reserve(layout: Layout, job_id: str, uid: int) -> int | None:
         return None  # a full disk: the record cannot be written either, and says so
 
 
+def unread_cancels(layout: Layout, running: Iterable[Record]) -> dict[tuple[str, str], tuple[str, float | None]]:
+    """Cancels of running jobs that their box's worker has not read yet (it removes an order
+    once obeyed): (host, id) -> (who cancelled, when). One listing per host: most have none.
+    A box whose worker is down keeps them: `status` shows the job stopping, and a box that
+    takes its jobs over records them cancelled rather than running them again."""
+    by_host: dict[str, list[Record]] = {}
+    for record in running:
+        if record.host:
+            by_host.setdefault(record.host, []).append(record)
+    found: dict[tuple[str, str], tuple[str, float | None]] = {}
+    for host, records in by_host.items():
+        directory = layout.host_control(host)
+        try:
+            names = set(os.listdir(directory))
+        except OSError:
+            continue
+        for record in records:
+            if f"{record.id}.json" not in names:
+                continue
+            try:
+                order = read_json(directory / f"{record.id}.json")
+            except (OSError, ValueError):
+                continue
+            if isinstance(order, dict) and order.get("attempt", record.attempt) == record.attempt:
+                when = order.get("t")
+                found[(host, record.id)] = (
+                    safe_text(str(order.get("by", "?")))[:64],
+                    float(when) if isinstance(when, (int, float)) else None,
+                )
+    return found
+
+
+def _worker_live(layout: Layout, host: str) -> bool:
+    """Whether `host`'s worker writes its heartbeat (teamstate.heartbeat_alive)."""
+    path = layout.workers / f"{host}.json"
+    try:
+        beat = read_json(path)
+        mtime = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return False
+    return isinstance(beat, dict) and heartbeat_alive({**beat, "_mtime": mtime}, wall_time())
+
+
 def _says_now(order: Path, attempt: int) -> bool:
     """Whether a cancel order waiting for its worker (a worker wrote it: state/ is theirs)
     says `--now` for this attempt."""
@@ -164,6 +210,12 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor, now: bool =
                 order, {"action": "cancel", "by": actor.name, "t": wall_time(), "attempt": running.attempt, "now": now}
             )
             how = "kills it at once" if now else "stops it"
+            if not _worker_live(layout, running.host):  # a member read "cancelling" while it ran on, unstopped
+                return True, (
+                    f"{job_id}: cancelling (running on {running.host}, whose worker is not running); its worker "
+                    f"{how} when it runs again, or the job is recorded cancelled when another box takes "
+                    f"{running.host}'s jobs over"
+                )
             return True, f"{job_id}: cancelling (running on {running.host}); its worker {how}"
         held = layout.held / f"{job_id}.yaml"
         refused = None

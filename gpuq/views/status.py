@@ -23,6 +23,7 @@ from gpuq.sched.estimate import NOT_ESTIMATED, Estimate, learned_runs, replay_st
 from gpuq.sched.fairshare import effective_usage, gpu_use_by_user, shares
 from gpuq.sched.placement import build_slots, usable_mib
 from gpuq.sched.plan import plan
+from gpuq.spool.cancel import unread_cancels
 from gpuq.spool.deps import DependencyStates, gates
 from gpuq.spool.holds import held_jobs
 from gpuq.spool.intake import load_pending_for_view, user_name
@@ -80,6 +81,8 @@ def _status(
     running = running_records(layout)
     live = [hb for hb in beats if heartbeat_alive(hb, now)]
     stops = told_to_stop(beats)
+    for key, (_, when) in unread_cancels(layout, running).items():  # its worker has not read it yet (or is down)
+        stops.setdefault(key, StopOrder(when, StopCause.CANCEL))
     warnings = {j: why for hb in live for j, why in hb.get("warnings", {}).items()}
     team = picture(layout, config, beats, running, now)  # what every worker plans over
     queue = _plan_queue(layout, config, beats, team, now, pending_rows)

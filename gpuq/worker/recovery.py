@@ -30,6 +30,7 @@ from gpuq.model.states import State
 from gpuq.model.stops import StopCause, ended_as
 from gpuq.run.joblocal import checked_result, read_exit, read_marker, stop_ordered
 from gpuq.run.launch import CannotStart, Leftover, as_owner
+from gpuq.spool.cancel import unread_cancels
 from gpuq.spool.store import (
     append_note,
     claims_of,
@@ -190,20 +191,24 @@ class Recovery:
         )
 
     def lose(self, record: Record, why: str) -> None:
-        """The attempt died with its host: run it again while its retries last."""
+        """The attempt died with its host: run it again while its retries last; unless it was
+        cancelled, and its worker died before it read the cancel (the job ran again)."""
+        if (cancel := unread_cancels(self.layout, [record]).get((record.host or "", record.id))) is not None:
+            self.end_lost(
+                record, State.CANCELLED, f"cancelled by {cancel[0]}; {why}, before its worker read the cancel"
+            )
+            return
         retries = record.spec.get("retries")
         retries = self.config.lost_retries if retries is None else retries
         if record.attempt <= retries:
             self.requeue(record, f"{why}; requeued as attempt {record.attempt + 1}")
             return
-        transition(
-            self.layout,
-            record,
-            State.LOST,
-            self.host,
-            ended_at=self.clock.wall(),
-            reason=f"{why}; no retries left ({retries})",
-        )
+        self.end_lost(record, State.LOST, f"{why}; no retries left ({retries})")
+
+    def end_lost(self, record: Record, state: State, why: str) -> None:
+        """The attempt died with its host and is not run again: recorded as ended."""
+        cause = StopCause.CANCEL if state is State.CANCELLED else None
+        transition(self.layout, record, state, self.host, ended_at=self.clock.wall(), reason=why, cause=cause)
         if record.claim:
             (self.layout.claims / record.claim).unlink(missing_ok=True)
 
