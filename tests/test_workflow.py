@@ -311,6 +311,8 @@ def test_a_drained_host_finishes_its_jobs_and_takes_nothing_new(tmp_path):
     host = status(root)["hosts"][0]
     assert host["drain"]["reason"] == "driver update" and "DRAINED by" in gpuq(root, "status").stdout
     assert team.finished(later) is None and status(root)["pending"][0]["id"] == later
+    # Its reason says why: the box is drained, not down ("no live host" of a box that was up).
+    assert status(root)["pending"][0]["reason"] == "host a draining (`gpuq resume a` takes work again)"
     assert team.boxes["a"].launched() == [long]
     refused = gpuq(root, "drain", "nosuchhost", check=False)
     assert refused.returncode == 1 and "hosts: a" in refused.stderr

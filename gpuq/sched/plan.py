@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypedDict
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence, TypedDict
 
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView, PendingJob, Plan, RunningJob, SetAside, Start
@@ -50,6 +50,7 @@ def plan(
     estimates: Mapping[str, float] | None = None,
     usage: Mapping[str, float] | None = None,
     needs: Callable[[Mapping[str, Any]], str | None] | None = None,
+    drained: Collection[str] = (),
 ) -> Plan:
     """Decide, in queue order, which pending jobs start on which GPUs, which GPUs are held
     for jobs that cannot start yet, and which opportunistic jobs must yield. Ordinary jobs
@@ -62,7 +63,8 @@ def plan(
     owner's history of like jobs), which lets it backfill ahead of a reservation.
     `usage`: each user's decayed GPU-seconds of ended jobs (model/usage.py), for fair share.
     `needs`: from a spec's extras' fields, the name a host must offer (its container's runtime,
-    among the host's `runtimes`): gpuq/hooks.py needs_of; None: no job needs anything."""
+    among the host's `runtimes`): gpuq/hooks.py needs_of; None: no job needs anything.
+    `drained`: live hosts left out of `hosts` by `gpuq drain`, for the reasons."""
     blocked = blocked or {}
     slots = placement.build_slots(
         hosts, running, config.gpu_mem_reserve_mib, now, config.idle_after_s, invisible=config.preemption
@@ -76,6 +78,7 @@ def plan(
     _yield_to_people_and_windows(running, slots, in_window, config, result, booked)
     pass_ = _Pass(slots, hosts, running, config, now, explain, result, booked, blocked, estimates or {})
     pass_.needs = needs
+    pass_.drained = frozenset(drained)
     pass_.queue = pending
     # Two comprehensions, not a loop of appends: a pass splits thousands (most queues hold
     # no opportunistic job, and then the keys are all ordinary).
@@ -177,6 +180,7 @@ class _Pass:
             if not job.gpus and job.host in self.cpu_free:
                 self.cpu_free[job.host] -= 1
         self.failed: dict[tuple, str] = {}
+        self.drained: frozenset[str] = frozenset()  # for the reasons: hosts `gpuq drain` left out
         self.allowed_for: dict[tuple, list[str]] = {}
         self.needs: Callable[[Mapping[str, Any]], str | None] | None = None
         self.ending, self.known_end = _ending(slots, running, config, now)
@@ -354,7 +358,7 @@ class _Pass:
         """Start a CPU-only job on the first allowed host with a free CPU slot, or say why not."""
         host = next((h for h in allowed if self.cpu_free[h] > 0), None)
         if host is None:
-            self.failed[shape] = reasons.why_cpu(job.spec, allowed, self.hosts)
+            self.failed[shape] = reasons.why_cpu(job.spec, allowed, self.hosts, self.drained)
             return False
         self.cpu_free[host] -= 1
         self._started(job, host, ())
@@ -709,7 +713,7 @@ class _Pass:
             (mps_user and reasons.why_mps(spec, mps_user, reachable, max_jobs))
             or reasons.why_booked(spec, job.user, mine, reachable, config, ends_by, self.now, self._runs_for(job))
             or reasons.why_held(mine, job.id, spec, ends_by - self.now, self.now, self._runs_for(job), max_jobs)
-            or reasons.why_gpu(spec, allowed, mine or reachable, self.hosts, config)
+            or reasons.why_gpu(spec, allowed, mine or reachable, self.hosts, config, self.drained)
         )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Collection, Sequence
 
 from gpuq.model.config import Config
 from gpuq.model.jobs import HostView
@@ -24,14 +24,31 @@ def why_runtime(runtime: str, hosts: Sequence["HostView"]) -> str:
     return f"needs container runtime {runtime}, which no live host has ({have}{'; ...' if len(hosts) > 4 else ''})"
 
 
-def why_cpu(spec: "JobSpec", allowed: list[str], hosts: Sequence["HostView"]) -> str:
+def why_no_host(spec: "JobSpec", hosts: Sequence["HostView"], drained: Collection[str]) -> str:
+    """No live host may take the job: the ones it names are down or drained, or no worker runs
+    (a job pinned to a drained box read "no live host", of a box that was up)."""
+    draining = sorted(set(spec.hosts or drained) & set(drained))
+    if draining:
+        named = f"host{'s' if len(draining) > 1 else ''} {', '.join(draining)}"
+        return f"{named} draining (`gpuq resume {draining[0]}` takes work again)" + (
+            f"; no other live host{hosts_text(spec)}" if spec.hosts and len(draining) < len(spec.hosts) else ""
+        )
+    return f"no live host{hosts_text(spec)}" if hosts else "no worker is running"
+
+
+def why_cpu(spec: "JobSpec", allowed: list[str], hosts: Sequence["HostView"], drained: Collection[str] = ()) -> str:
     if not allowed:
-        return f"no live host{hosts_text(spec)}" + ("" if hosts else " (no worker is running)")
+        return why_no_host(spec, hosts, drained)
     return f"all CPU-only slots are busy{hosts_text(spec)}"
 
 
 def why_gpu(
-    spec: "JobSpec", allowed: list[str], slots: list["Slot"], hosts: Sequence["HostView"], config: "Config"
+    spec: "JobSpec",
+    allowed: list[str],
+    slots: list["Slot"],
+    hosts: Sequence["HostView"],
+    config: "Config",
+    drained: Collection[str] = (),
 ) -> str:
     """The first thing, from the most fundamental, that keeps an ordinary job off every GPU."""
     need = (
@@ -41,7 +58,7 @@ def why_gpu(
     )
     count = "" if spec.gpus == 1 else f"{spec.gpus} GPUs on one host, "
     if not allowed:
-        return "no worker is running" if not hosts else f"no live host{hosts_text(spec)}"
+        return why_no_host(spec, hosts, drained)
     mine = [g for g in slots if g.host in allowed]
     if not mine:
         return f"no GPUs offered{hosts_text(spec)}"

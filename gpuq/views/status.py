@@ -156,6 +156,7 @@ def _plan_queue(
         usage=usage,
         estimates=estimates,
         needs=needs,
+        drained=team.drains,
     )
     by_id = {j.id: j for j in pending}
     # Expected starts for the rows shown and the jobs ahead of them (those behind could only
