@@ -66,6 +66,12 @@ def test_a_job_without_an_estimate_says_why():
     # it said "unknown: a job it waits behind has no time limit").
     big = replay_starts([job("big", mem_gib=120, limit_s=60)], [host("h", gpu(0))], [], CFG, now=10)
     assert (big.starts, big.why_none) == ({}, {"big": NO_ROOM})
+    # ... and so behind a job without a limit (a member's hand-dropped 30 GiB spec on 24 GiB GPUs
+    # read "unknown"), while one that fits there is unknown.
+    endless = [run("r", gpus=(0,), mem_gib=None, started_at=0, limit_s=None)]
+    both = [job("big", mem_gib=120, queued_at=1, limit_s=60), job("fits", mem_gib=None, queued_at=2, limit_s=60)]
+    behind = replay_starts(both, [host("h", gpu(0))], endless, CFG, now=10)
+    assert behind.why_none == {"big": NO_ROOM, "fits": UNKNOWN}, behind.why_none
     crowd = [run(f"r{i}", gpus=(0,), mem_gib=1, started_at=0, limit_s=10 + i) for i in range(300)]
     many = [job(f"w{i}", mem_gib=79, queued_at=i, limit_s=1) for i in range(2)]
     steps = replay_starts(many, [host("h", gpu(0))], crowd, CFG, now=0)  # over MAX_STEPS moments to replay

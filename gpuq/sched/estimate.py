@@ -205,8 +205,45 @@ def replay_starts(
             break
         t = min(ends)
         active = [r for r in active if leaves[r.id] > t]
-    result.why_none.update((j.id, left) for j in waiting)
+    result.why_none.update(_why_left(waiting, left, hosts, config, now, needs))
     return result
+
+
+def _why_left(
+    waiting: Sequence[PendingJob],
+    left: str,
+    hosts: Sequence[HostView],
+    config: Config,
+    now: float,
+    needs: Callable[[Mapping[str, Any]], str | None] | None,
+) -> dict[str, str]:
+    """What the jobs still waiting when the replay stopped are told: `left`; but behind a job
+    without a limit (unknown), one that fits nowhere has no room at all."""
+    nowhere = {j.id for j in _fits_nowhere(waiting, hosts, config, now, needs)} if left == UNKNOWN else set()
+    return {j.id: NO_ROOM if j.id in nowhere else left for j in waiting}
+
+
+def _fits_nowhere(
+    waiting: Sequence[PendingJob],
+    hosts: Sequence[HostView],
+    config: Config,
+    now: float,
+    needs: Callable[[Mapping[str, Any]], str | None] | None,
+) -> list[PendingJob]:
+    """The jobs that would not start even on these hosts emptied (a hand-dropped spec larger
+    than any GPU read "unknown", as if a job without a limit kept it waiting). One plan per
+    shape of job: a queue holds few."""
+
+    def shape(job: PendingJob) -> tuple:
+        spec = job.spec
+        runtime = needs(spec.extras) if needs is not None and spec.extras else None
+        return (spec.gpus, spec.gpu_mem_mib, spec.exclusive, spec.hosts, runtime, asks(job, config))
+
+    firsts: dict[tuple, PendingJob] = {}
+    for job in waiting:
+        firsts.setdefault(shape(job), job)
+    fits = {k for k, job in firsts.items() if plan([job], hosts, [], config, now, explain=False, needs=needs).starts}
+    return [j for j in waiting if shape(j) not in fits]
 
 
 def _started(job: PendingJob, start: Start, t: float, otherwise_s: float | None, holds: tuple[int, int]) -> RunningJob:
