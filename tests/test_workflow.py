@@ -102,6 +102,11 @@ def test_a_failed_dependency_cancels_the_chain_and_after_any_still_runs(tmp_path
     grand = ended(team, grandchild)
     assert (grand.state, grand.reason) == (State.CANCELLED, f"dependency {dependent} ended cancelled")
     assert ended(team, cleanup).state is State.DONE
+    # Retried, the cancelled dependent would be cancelled again at once (a member's retry said
+    # "back in the queue"): refused as submit refuses it, and the chain goes again from its root.
+    refused = gpuq(team.root, "retry", dependent, check=False)
+    assert refused.returncode == 1 and f"its dependency {broken} ended failed: it could never start" in refused.stderr
+    assert f"Fix: `gpuq retry {broken}` first" in refused.stderr and ended(team, dependent).attempt == 1
 
 
 def test_an_afterok_on_a_job_that_failed_is_refused_at_submit(tmp_path):

@@ -33,6 +33,7 @@ from gpuq.model.names import JOB_ID_RE, KEPT_APART, KEPT_APART_RE, natural_order
 from gpuq.model.record import Record
 from gpuq.model.spec import parse_spec_text
 from gpuq.model.states import State, TransitionError
+from gpuq.spool.deps import FINAL, DependencyStates
 from gpuq.spool.ids import held_for, id_taken, reserve, reserve_new
 from gpuq.spool.intake import keeper, read_spec_file, user_name
 from gpuq.spool.layout import Layout
@@ -264,6 +265,13 @@ def retry(layout: Layout, job_id: str, host: str, actor: Actor) -> str:
     elif record.state is State.REJECTED or not record.spec_text:
         raise HoldError(f"{job_id}: was rejected (its spec is invalid); fix it and submit it again")
     _check_owner(job_id, record.uid, actor)
+    after = [d for d in record.spec.get("after") or () if isinstance(d, str)]
+    if doomed := [(d, s) for d, s in DependencyStates(layout).lookup(after).items() if s in FINAL and s != "done"]:
+        # As submit --after refuses it: back in the queue, it was cancelled again at once.
+        raise HoldError(
+            f"{job_id}: its dependency {', '.join(f'{d} ended {s}' for d, s in doomed)}: it could never start "
+            f"(its worker would cancel it again). Fix: `gpuq retry {doomed[0][0]}` first"
+        )
     change = StateChange(layout, record, State.PENDING, host, reason=f"retry by {actor.name}")
     _set_aside_intruders(layout, job_id, record.uid)
     if pending_specs(layout, job_id):
