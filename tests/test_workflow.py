@@ -527,3 +527,18 @@ def test_ids_are_listed_in_the_order_people_count_them():
 
     ids = ["sw-10", "sw-2", "sw-1", "a", "sw-1_10", "sw-1_3", "b2c", "b10c"]
     assert sorted(ids, key=natural_order) == ["a", "b2c", "b10c", "sw-1", "sw-1_3", "sw-1_10", "sw-2", "sw-10"]
+
+
+def test_logs_of_a_job_cancelled_while_it_waited_says_it_never_ran(tmp_path):
+    """`logs -f` of a job cancelled while pending ended saying it "has no output yet", of a job
+    that never would have any."""
+    team = one_box(tmp_path, lambda record: FOREVER)
+    root = team.root
+    first = submit(root, "--gpus", "1", "--", "sleep 1000")
+    team.run_until(lambda: [r for r in team.running() if r.id == first])
+    behind = submit(root, "--gpus", "1", "--", "true")
+    gpuq(root, "cancel", behind)
+    for args in (("logs", behind), ("logs", "-f", behind)):
+        said = gpuq(root, *args, check=False)
+        assert said.stdout == "" and "never ran: cancelled (cancelled by " in said.stderr, said
+        assert "no output yet" not in said.stderr

@@ -80,7 +80,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if len(ended) == len(readers):
             silent = [i for i, r in readers.items() if r.offset == 0]
             if silent and not group:
-                print(f"gpuq logs: {args.id} has no output yet ({layout.job_log(args.id)})", file=sys.stderr)
+                print(f"gpuq logs: {_why_silent(layout, args.id)}", file=sys.stderr)
             elif silent:
                 print(
                     f"gpuq logs: {len(silent)} of {args.id}'s {len(ids)} members have no output yet: {_first(silent)}",
@@ -88,6 +88,19 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 )
             return ended_status(layout, ids, group) if args.follow else 0
         time.sleep(0.2)
+
+
+def _why_silent(layout: Layout, job_id: str) -> str:
+    """Why a job's log is empty: it ended without a word, or never ran (cancelled while it
+    waited: `logs -f` said "no output yet" of a job that never would have any), or has none yet."""
+    try:
+        record = read_record(layout.record(layout.finished, job_id))
+    except (RecordError, ValueError):
+        record = None
+    if record is None:
+        return f"{job_id} has no output yet ({layout.job_log(job_id)})"
+    how = f"{record.state.value}" + (f" ({safe_text(record.reason)})" if record.reason else "")
+    return f"{job_id} never ran: {how}" if record.started_at is None else f"{job_id} {how}, with no output"
 
 
 def ended_status(layout: Layout, ids: list[str], group: bool) -> int:
