@@ -178,3 +178,19 @@ def test_a_cron_started_worker_the_queues_account_cannot_run_says_why_and_exits_
         assert not (team.root / "state" / "workers" / "hid.json").exists()
     finally:
         shutil.rmtree(hidden, ignore_errors=True)
+
+
+def test_submit_warns_of_a_workdir_the_member_may_not_enter_as_such(team):
+    """-D of a teammate's private directory warned "is not a directory here": it is one, which
+    the submitter may not enter (the job then failed, rightly, as not accessible to them)."""
+    private = Path(tempfile.mkdtemp(prefix="gpuq-bobs-"))
+    try:
+        (private / "proj").mkdir()
+        os.chown(private, team.users[BOB].pw_uid, -1)
+        os.chmod(private, 0o700)
+        done = team.as_user(ALICE, "submit", "--gpus", "0", "-D", str(private / "proj"), "--", "ls")
+        assert done.returncode == 0, done.stderr
+        assert f"--workdir {private / 'proj'} is behind a directory you may not enter" in done.stderr, done.stderr
+        assert "not a directory here" not in done.stderr
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

@@ -6,6 +6,7 @@ import argparse
 import datetime
 import os
 import re
+import stat
 import sys
 import time
 from pathlib import Path
@@ -163,15 +164,31 @@ def _members_of(data: dict, group: str) -> list[str]:
     return [member for member, _ in group_members(data, group)[1]]
 
 
+def _workdir_problem(workdir: str) -> str | None:
+    """Why the submitter could not work in `workdir` here, if they could not (a teammate's
+    home they may not enter read "not a directory")."""
+    try:
+        st = os.stat(workdir)
+    except PermissionError:
+        return "is behind a directory you may not enter"
+    except OSError:
+        return "is not a directory here"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory here"
+    if not os.access(workdir, os.X_OK):
+        return "is a directory you may not enter"
+    return None
+
+
 def _warn_after(layout: Layout, args: argparse.Namespace, data: dict, withheld: list[str]) -> None:
     """What the submitter should know of a spec written: variables left out (--env may set
     one), a workdir not here, and no worker to run it."""
     if withheld:
         print(withheld_note(withheld), file=sys.stderr)
-    if args.workdir and not os.path.isdir(data["workdir"]):  # a box's local disk may have it: a warning
+    if args.workdir and (problem := _workdir_problem(data["workdir"])):  # a box's local disk may have it: a warning
         print(
-            f"gpuq submit: warning: --workdir {data['workdir']} is not a directory here; the job fails to "
-            "start unless it is one on the box that runs it",
+            f"gpuq submit: warning: --workdir {data['workdir']} {problem}; the job fails to "
+            "start unless it is one you may enter on the box that runs it",
             file=sys.stderr,
         )
     if not args.hold and not live_workers(layout):  # (a held one's request says so itself)
