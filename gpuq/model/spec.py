@@ -7,6 +7,7 @@ A spec is YAML. `parse_spec_text` turns bytes into a validated `JobSpec` or rais
 from __future__ import annotations
 
 import datetime
+import difflib
 import math
 import re
 import shlex
@@ -347,7 +348,14 @@ def _extra_fields(data: dict, file: str) -> dict[str, Any]:
             raise SpecError(file, key, *missing)
         parse = hooks.spec_parser(key)
         if parse is None:
-            raise SpecError(file, key, "unknown field", f"remove it or use one of: {', '.join(known)}")
+            fields = ", ".join(known)
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)  # a typo's field, as verbs suggest theirs
+            fix = (
+                f"did you mean '{near[0]}'? Else remove it; the fields: {fields}"
+                if near
+                else f"remove it or use one of: {fields}"
+            )
+            raise SpecError(file, key, "unknown field", fix)
 
         def fail(field: str, problem: str, fix: str) -> SpecError:
             return SpecError(file, field, problem, fix)
