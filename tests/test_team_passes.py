@@ -394,8 +394,9 @@ def test_a_job_cancelled_on_a_dead_box_is_not_run_again_when_another_box_takes_i
     done = gpuq(team.root, "cancel", "long")
     # It ran on, unstopped, while the cancel said only "cancelling": now it says whose worker is down,
     assert "long: cancelling (running on b, whose worker is not running)" in done.stdout, done.stdout
-    # and status shows the job stopping (it said plain running).
-    assert [r["stopping"] for r in status(team.root)["running"] if r["id"] == "long"] == [True]
+    # and status shows the job stopping, on a silent host (it said plain running).
+    shown = [(r["stopping"], r["host_silent"]) for r in status(team.root)["running"] if r["id"] == "long"]
+    assert shown == [(True, True)] and "long (stopping) (host silent)" in gpuq(team.root, "status").stdout
     team.run_until(lambda: team.finished("long"), max_passes=120)
     record = _finished(team, "long")
     assert record.state is State.CANCELLED and record.attempt == 1, (record.state, record.attempt, record.reason)

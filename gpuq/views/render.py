@@ -144,6 +144,8 @@ def _running_section(view: dict[str, Any]) -> list[str]:
             + (" (low)" if r.get("preemptible") else "")  # opportunistic: it yields to others' work
             + (" (yielding)" if r.get("yielding") else " (stopping)" if r.get("stopping") else "")
             + (f" (restarts {r['restarts']})" if r.get("restarts") else "")
+            # Its box's worker is silent: its keeper stops the job (fenced) before others take it over.
+            + (" (host silent)" if r.get("host_silent") else "")
         )
         rows.append(
             [

@@ -80,6 +80,7 @@ def _status(
     observed = observed_memory(beats)
     running = running_records(layout)
     live = [hb for hb in beats if heartbeat_alive(hb, now)]
+    live_hosts = {hb["host"] for hb in live}
     stops = told_to_stop(beats)
     for key, (_, when) in unread_cancels(layout, running).items():  # its worker has not read it yet (or is down)
         stops.setdefault(key, StopOrder(when, StopCause.CANCEL))
@@ -101,7 +102,11 @@ def _status(
             for hb in beats
         ],
         "running": [
-            _running(r, observed.get(r.id, {}), now, stops.get((r.host or "", r.id)), warnings.get(r.id))
+            {
+                **_running(r, observed.get(r.id, {}), now, stops.get((r.host or "", r.id)), warnings.get(r.id)),
+                # A fenced job read plain running until another box took its host's jobs over.
+                "host_silent": r.host not in live_hosts and not r.slurm_id,
+            }
             for r in running
         ],
         **_pending_part(queue, team, running, config, now, pending_rows),
