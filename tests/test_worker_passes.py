@@ -473,3 +473,13 @@ def test_a_cancel_takes_the_waiting_jobs_before_it_stops_the_running_ones(tmp_pa
     assert applied == ["arr_2", "arr_3", "arr_0", "arr_1"]
     assert [m.split(":")[0] for _, m in reply.outcomes] == list(ids) and reply.ok, reply.outcomes
     assert "cancelled (was pending)" in reply.outcomes[2][1] and "cancelling (running" in reply.outcomes[0][1]
+
+
+def test_the_worker_log_names_an_array_an_array(tmp_path, caplog):
+    """It said "sweep arr: 3 jobs" of an array (a member read the log)."""
+    box = PassWorker(tmp_path / "root", fake_gpus="1x24GiB")
+    box.drop("arr.yaml", "command: 'true'\ngpus: 0\narray: 0-2\n")
+    box.drop("hp.yaml", "command: 'echo {lr}'\ngpus: 0\nsweep: {lr: [1, 2]}\n")
+    with caplog.at_level("INFO"):
+        box.run_pass()
+    assert "array arr: 3 jobs" in caplog.text and "sweep hp: 2 jobs" in caplog.text, caplog.text

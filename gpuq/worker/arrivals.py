@@ -204,5 +204,6 @@ class Arrivals:
             return 0
         self.intake.forget(job_id)
         if members:
-            log.info("sweep %s: %d jobs", job_id, len(members))
+            kind = "array" if entry.job is not None and entry.job.spec.array else "sweep"
+            log.info("%s %s: %d jobs", kind, job_id, len(members))
         return len(members or ())
