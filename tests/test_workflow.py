@@ -253,6 +253,13 @@ def test_edit_checks_as_strictly_as_submit(tmp_path):
     assert refused.returncode == 1 and "no GPU in the team can ever hold this job" in refused.stderr, refused
     assert refused.stdout == "" and "unchanged" in refused.stderr
     assert "gpu_mem: 10GiB" in (box.root / "state" / "held" / f"{job}.yaml").read_text()
+    # A dependency no job has is named as the spec's field the editor shows, not submit's option.
+    typo = tmp_path / "typo.sh"
+    typo.write_text("#!/bin/sh\necho 'after: [nosuchjob-1]' >> \"$1\"\n")
+    typo.chmod(0o755)
+    refused = gpuq(box.root, "edit", job, check=False, env={"EDITOR": str(typo)})
+    assert refused.returncode == 1 and "field 'after' nosuchjob-1: no such job" in refused.stderr, refused.stderr
+    assert "--after" not in refused.stderr
 
 
 @pytest.mark.slow  # the editor is a process, and so is the edit a hang-up ends

@@ -65,13 +65,14 @@ def check_submittable(layout: Layout, config: Config, spec: JobSpec) -> None:
     check_placeable(layout, spec)
 
 
-def check_placeable(layout: Layout, spec: JobSpec) -> None:
+def check_placeable(layout: Layout, spec: JobSpec, as_fields: bool = False) -> None:
     """What a spec must pass beyond its own fields, at submit and at edit alike (an edit keeps
     its job's owner): some GPU of the team can ever hold it, and its dependencies exist and
-    have not failed. Raises SubmitError saying why and the fix."""
+    have not failed. Raises SubmitError saying why and the fix (`as_fields`: naming the
+    spec's fields, as `edit` shows them, not submit's options)."""
     if refused := _never_fits(layout, spec):
         raise SubmitError(refused)
-    check_dependencies(layout, spec)
+    check_dependencies(layout, spec, as_fields)
 
 
 def never_fits(heartbeats: list[dict], config: Config, job: PendingJob) -> str | None:

@@ -254,7 +254,7 @@ def _edited_text(layout: Layout, job_id: str) -> str | int:
             subprocess.run([*shlex.split(editor), str(copy)], check=False)
             text = copy.read_bytes()
             try:  # as strictly as submit checks a spec (a size no GPU has is refused, not kept)
-                check_placeable(layout, parse_spec_text(text, f"jobs/{job_id}.yaml", new=True))
+                check_placeable(layout, parse_spec_text(text, f"jobs/{job_id}.yaml", new=True), as_fields=True)
                 break
             except (SpecError, SubmitError) as e:
                 print(f"gpuq edit: {e}", file=sys.stderr)

@@ -158,10 +158,14 @@ def check_runnable_by_workers(
         ) from None
 
 
-def check_dependencies(layout: Layout, spec: JobSpec) -> None:
+def check_dependencies(layout: Layout, spec: JobSpec, as_fields: bool = False) -> None:
     """Refuse ids no job has (a typo would leave the job waiting for ever), and an afterok on
-    a job that already ended otherwise than done (its worker would cancel the job at once)."""
-    for option, ids in (("--after (afterok)", spec.after), ("--after-any (afterany)", spec.after_any)):
+    a job that already ended otherwise than done (its worker would cancel the job at once).
+    `as_fields`: named as the spec's fields (`gpuq edit`), not submit's options."""
+    after, after_any = (
+        ("field 'after'", "field 'after_any'") if as_fields else ("--after (afterok)", "--after-any (afterany)")
+    )
+    for option, ids in ((after, spec.after), (after_any, spec.after_any)):
         unknown = [d for d in ids if not id_taken(layout, d)]
         if unknown:
             raise SubmitError(
@@ -171,8 +175,9 @@ def check_dependencies(layout: Layout, spec: JobSpec) -> None:
     states = DependencyStates(layout).lookup(spec.after)
     if failed := [f"{d} ended {state}" for d, state in states.items() if state in FINAL and state != "done"]:
         raise SubmitError(
-            f"--after (afterok) {', '.join(failed)}: this job could never start (its worker would cancel it). "
-            "Fix: `gpuq retry` that job first, or use --after-any. Nothing was written."
+            f"{after} {', '.join(failed)}: this job could never start (its worker would cancel it). "
+            f"Fix: `gpuq retry` that job first, or use {'after_any' if as_fields else '--after-any'}. "
+            "Nothing was written."
         )
 
 
