@@ -42,7 +42,9 @@ def default_local_dir(root: str, host: str, root_started: bool | None = None) ->
     a world-writable /dev/shm, a member who made /dev/shm/gpuq-0 before the worker's first
     start would own the parent of its directory, and could swap it for one of his own (then
     root writes through his links, signals his pids, records his results). Without a /run
-    only root can change, /var/tmp/gpuq-0 (its parents are checked, as always). A worker
+    only root can change, /var/lib/gpuq (on disk, as root's alone), and only without that
+    /var/tmp/gpuq-0 (its parents are checked, as always; a member who made it first keeps the
+    worker from starting: an attack review's). A worker
     run by a user for themselves keeps /dev/shm/gpuq-<uid>. `root_started`: whether the
     worker is root's, run as root or by a root starter as the queue's account (the same
     directory, whoever asks; rootorders.root_started); default: whether this process is root."""
@@ -51,7 +53,9 @@ def default_local_dir(root: str, host: str, root_started: bool | None = None) ->
     digest = hashlib.sha1(root.encode()).hexdigest()[:10]
     euid = os.geteuid()
     if euid == 0 if root_started is None else root_started:
-        base = "/run/gpuq" if _only_root_can_change("/run") else "/var/tmp/gpuq-0"
+        base = next(
+            (f"{d}/gpuq" for d in ("/run", "/var/lib") if _only_root_can_change(d)), "/var/tmp/gpuq-0"
+        )
     else:
         base = f"{'/dev/shm' if os.path.isdir('/dev/shm') else '/tmp'}/gpuq-{euid}"
     return f"{base}/{host}-{digest}"

@@ -99,3 +99,18 @@ def test_the_worker_says_its_usage_under_the_name_it_was_started_by(monkeypatch,
     with pytest.raises(SystemExit):
         worker_main.parse_args(["--help"])
     assert capsys.readouterr().out.startswith("usage: gpuq-worker ")
+
+
+def test_a_root_workers_local_dir_falls_back_to_a_directory_only_root_can_change(monkeypatch):
+    """Without a /run only root can change, it was /var/tmp/gpuq-0: /var/tmp is anyone's, and
+    a member who made gpuq-0 there first kept the worker from starting (an attack review).
+    /var/lib, root's alone, comes before it."""
+    from gpuq import single_instance
+
+    for roots_alone, expected in (
+        ({"/run", "/var/lib"}, "/run/gpuq/"),
+        ({"/var/lib"}, "/var/lib/gpuq/"),
+        (set(), "/var/tmp/gpuq-0/"),
+    ):
+        monkeypatch.setattr(single_instance, "_only_root_can_change", lambda d, alone=roots_alone: d in alone)
+        assert single_instance.default_local_dir("/q", "a", root_started=True).startswith(expected)
