@@ -53,9 +53,7 @@ def default_local_dir(root: str, host: str, root_started: bool | None = None) ->
     digest = hashlib.sha1(root.encode()).hexdigest()[:10]
     euid = os.geteuid()
     if euid == 0 if root_started is None else root_started:
-        base = next(
-            (f"{d}/gpuq" for d in ("/run", "/var/lib") if _only_root_can_change(d)), "/var/tmp/gpuq-0"
-        )
+        base = next((f"{d}/gpuq" for d in ("/run", "/var/lib") if _only_root_can_change(d)), "/var/tmp/gpuq-0")
     else:
         base = f"{'/dev/shm' if os.path.isdir('/dev/shm') else '/tmp'}/gpuq-{euid}"
     return f"{base}/{host}-{digest}"

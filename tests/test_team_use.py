@@ -194,3 +194,15 @@ def test_submit_warns_of_a_workdir_the_member_may_not_enter_as_such(team):
         assert "not a directory here" not in done.stderr
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def test_submit_under_a_teammates_id_says_whose_it_is_not_to_retry_it(team):
+    """`submit --id` of a teammate's id told the member to `gpuq retry` it, which only its
+    owner may; it now says whose it is. Her own ended id still suggests retry."""
+    team.drop_as(BOB, "shared-1.yaml", "command: 'true'\ngpus: 0\nworkdir: /\n")
+    done = team.as_user(ALICE, "submit", "--gpus", "0", "--id", "shared-1", "--", "true")
+    assert done.returncode != 0 and f"job id 'shared-1' is {BOB}'s job. Fix: pick another --id" in done.stderr, done
+    assert "retry" not in done.stderr
+    team.drop_as(ALICE, "mine-1.yaml", "command: 'true'\ngpus: 0\nworkdir: /\n")
+    again = team.as_user(ALICE, "submit", "--gpus", "0", "--id", "mine-1", "--", "true")
+    assert again.returncode != 0 and "gpuq retry mine-1" in again.stderr, again.stderr

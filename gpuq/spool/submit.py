@@ -29,8 +29,10 @@ from gpuq.model.names import ID_RULE, JOB_ID_RE
 from gpuq.model.secrets import looks_secret
 from gpuq.model.spec import JobSpec, parse_spec_text, validate_spec
 from gpuq.spool.deps import FINAL, DependencyStates
-from gpuq.spool.ids import id_taken
+from gpuq.spool.ids import held_for, id_taken
+from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
+from gpuq.spool.store import pending_spec_path
 
 # Per-shell or per-session variables that would be wrong inside the job (the agent socket and
 # the desktop session end with the login; a job outlives it).
@@ -208,12 +210,28 @@ def _candidate_ids(job_id: str | None, base: str) -> Iterator[str]:
     yield from [job_id] if job_id else (f"{base}-{n}" for n in range(1, 100000))
 
 
-def _id_used(job_id: str) -> SubmitError:
+def _id_used(layout: Layout, job_id: str) -> SubmitError:
+    holder = held_for(layout, job_id)  # an id reserved; else a spec waiting in jobs/ no worker has read
+    if holder is None and (spec := pending_spec_path(layout, job_id)) is not None:
+        try:
+            holder = os.lstat(spec).st_uid
+        except OSError:
+            pass
+    me = os.geteuid()
+    if holder is not None and me not in (holder, 0, _state_owner(layout)):  # retry and release are not a member's
+        return SubmitError(f"job id {job_id!r} is {user_name(holder)}'s job. Fix: pick another --id")
     return SubmitError(
         f"job id {job_id!r} is already used (a job's record and log keep its id). Fix: pick "
         f"another --id, or run that job again with `gpuq retry {job_id}` once it has ended "
         f"(`gpuq release {job_id}` if it is held)"
     )
+
+
+def _state_owner(layout: Layout) -> int | None:
+    try:
+        return os.stat(layout.state).st_uid
+    except OSError:
+        return None
 
 
 def free_id(layout: Layout, job_id: str | None, base: str) -> str:
@@ -223,7 +241,7 @@ def free_id(layout: Layout, job_id: str | None, base: str) -> str:
         if not id_taken(layout, candidate):
             return candidate
         if job_id:
-            raise _id_used(job_id)
+            raise _id_used(layout, job_id)
     raise SubmitError("no free job id")
 
 
@@ -258,14 +276,14 @@ def place_spec(layout: Layout, text: bytes, job_id: str | None, base: str) -> st
         for candidate in candidates:
             if id_taken(layout, candidate):
                 if job_id:
-                    raise _id_used(job_id)
+                    raise _id_used(layout, job_id)
                 continue
             try:
                 os.link(tmp, layout.jobs / f"{candidate}.yaml")
                 return candidate
             except FileExistsError:
                 if job_id:
-                    raise _id_used(job_id) from None
+                    raise _id_used(layout, job_id) from None
         raise SubmitError("no free job id")
     finally:
         tmp.unlink(missing_ok=True)
