@@ -483,3 +483,23 @@ def test_the_worker_log_names_an_array_an_array(tmp_path, caplog):
     with caplog.at_level("INFO"):
         box.run_pass()
     assert "array arr: 3 jobs" in caplog.text and "sweep hp: 2 jobs" in caplog.text, caplog.text
+
+
+def test_refusing_a_flood_of_broken_links_is_spread_over_passes_and_good_specs_go_on(tmp_path, monkeypatch):
+    """60,000 broken links a member made were each read in microseconds, within the read
+    budget, and then all refused in one pass: 18 s without a heartbeat (a review). Refusing
+    has a budget of its own too; here none, so one refusal a pass, and the good spec starts in
+    the first pass all the same."""
+    box = PassWorker(tmp_path / "root", fake_gpus="1x24GiB")
+    monkeypatch.setattr(arrivals, "TAKE_IN_BUDGET_S", 0.0)
+    for i in range(5):
+        os.symlink("/nonexistent", box.root / "jobs" / f"l{i}.yaml")
+    box.drop("good.yaml", "command: 'true'\ngpus: 0\n")
+    box.run_pass()
+    assert box.launched() == ["good"]
+    refused = [len(list(box.layout.rejected.glob("l*.error")))]
+    for _ in range(6):
+        box.run_pass(after_s=0.1)
+        refused.append(len(list(box.layout.rejected.glob("l*.error"))))
+    assert refused == [1, 2, 3, 4, 5, 5, 5], refused
+    assert box.worker.reading_behind() is False

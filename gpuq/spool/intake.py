@@ -177,13 +177,15 @@ class Intake:
             changed = True
         deadline, read_one = time.monotonic() + (READ_BUDGET_S if budget_s is None else budget_s), False
         self.unread = set()
+        looked_at: set[str] = set()  # ids examined this scan: their other file is too, whatever the budget
         for name, st in self._fair_order(candidates, listing):
             job_id = job_id_for_spec_name(name)
             if job_id is None:
                 continue
-            if read_one and time.monotonic() > deadline:
+            if read_one and job_id not in looked_at and time.monotonic() > deadline:
                 self.unread.add(name)
                 continue
+            looked_at.add(job_id)
             known = self.entries.get(job_id)
             if known is not None and known.name != name:  # train.yaml and train.yml: one id, two files
                 if not self._keeps_id(job_id, name, known.name):
@@ -216,12 +218,18 @@ class Intake:
             found.append((st.st_uid, st.st_ctime_ns, name, st))
         found.sort(key=lambda f: f[:3])
         seen: dict[int, int] = {}  # owner -> how many of theirs are ordered so far
+        first: dict[str | None, tuple[int, int]] = {}  # job id -> the place of its first file
         turns = []
         for uid, ctime_ns, name, st in found:
             seen[uid] = turn = seen.get(uid, -1) + 1
             turns.append((turn, ctime_ns, name, st))
-        turns.sort(key=lambda t: t[:3])
-        return [(name, st) for _, _, name, st in turns]
+        for turn, ctime_ns, name, _ in sorted(turns, key=lambda t: t[:3]):
+            first.setdefault(job_id_for_spec_name(name), (turn, ctime_ns))
+        # An id's two files (x.yaml, x.yml: another member's may come later) side by side, at the
+        # place of its first: the later one was read, and took the id, while the first waited.
+        keyed = [((*first[job_id_for_spec_name(t[2])], t[1], t[2]), t[2], t[3]) for t in turns]
+        keyed.sort(key=lambda k: k[0])
+        return [(name, st) for _, name, st in keyed]
 
     def gone_since_scan(self) -> set[str]:
         """Ids of parsed specs no longer in jobs/: claimed (or cancelled) by another box since

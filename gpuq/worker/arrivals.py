@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from gpuq.model.errors import SpecError
@@ -37,6 +38,10 @@ def _jobs_in(entry: Entry) -> int:
 # Sweeps and arrays expanded in one pass stop once this many members were written (one whole
 # sweep always goes): 24 arrays of 1,000 dropped at once held a pass, and the heartbeat, 44 s.
 MEMBERS_PER_PASS = 1000
+# How long one pass may spend refusing and checking what it read (intake.READ_BUDGET_S bounds
+# the reading): 60,000 broken links a member made, each read in microseconds, were all refused in
+# one pass, 18 s without a heartbeat (an attack review). The rest waits for the next pass.
+TAKE_IN_BUDGET_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -68,20 +73,30 @@ class Arrivals:
         self.layout, self.host, self.intake = box.layout, box.host, box.intake
         self.limits = limits or PendingLimits()
         self.expand_sweeps = True  # a Slurm bridge hands a sweep over whole, as an array
+        self.behind = False  # the last take_in left work to the next pass (TAKE_IN_BUDGET_S)
+        self._owner_checked: dict[str, tuple] = {}  # unsettled id -> the file version checked against its id
 
     def take_in(self, now: float, settle_s: float) -> None:
-        """After a scan: reject what stayed invalid and reused ids; expand sweeps."""
-        for job_id, entry in self.intake.settled_errors(now, settle_s):
+        """After a scan: reject what stayed invalid and reused ids; expand sweeps. For at most
+        TAKE_IN_BUDGET_S: what is left waits for the next pass (`behind`)."""
+        deadline = time.monotonic() + TAKE_IN_BUDGET_S
+        self.behind = False
+        for n, (job_id, entry) in enumerate(self.intake.settled_errors(now, settle_s)):
+            if n and self._over(deadline):
+                break
             reject(self.box, job_id, entry.path, str(entry.error))
-        self._refuse_unsettled_under_held_ids()
+        self._refuse_unsettled_under_held_ids(deadline)
         self._refuse_duplicates()
         claimed: dict[str, list[tuple[str, str]]] | None = None  # listed once, and only if needed
         expanded = 0  # sweep and array members written this pass
         unchecked = self.intake.take_unchecked()
         held = self._pending_by_user({e.name for e in unchecked}) if unchecked else {}
-        for entry in unchecked:
+        for n, entry in enumerate(unchecked):
             job_id = entry.job.id  # type: ignore[union-attr]
             user = entry.job.user  # type: ignore[union-attr]
+            if n and self._over(deadline):
+                self.intake.check_later(job_id)  # checked, and planned, from the next pass on
+                continue
             members = _jobs_in(entry)
             adding = (members, entry.key[1] * members)
             if (over := self.limits.refusal(user, held.get(user, (0, 0)), adding)) is not None:
@@ -120,11 +135,27 @@ class Arrivals:
             elif sweep:
                 expanded += self.expand_sweep(job_id, entry)
 
-    def _refuse_unsettled_under_held_ids(self) -> None:
+    def _over(self, deadline: float) -> bool:
+        """Past this pass's budget: the rest is the next pass's (each step does one thing first)."""
+        if time.monotonic() > deadline:
+            self.behind = True
+        return self.behind
+
+    def _refuse_unsettled_under_held_ids(self, deadline: float) -> None:
         """A file that is not a spec yet waits to settle, unless its id is held for another
-        user's job (spool/ids.py, held_for): it must not keep her job out of jobs/."""
-        for job_id in list(self.intake.unsettled()):
+        user's job (spool/ids.py, held_for): it must not keep her job out of jobs/. Each
+        version of a file is looked at once (thousands may wait to settle, pass after pass)."""
+        unsettled = self.intake.unsettled()
+        self._owner_checked = {i: k for i, k in self._owner_checked.items() if i in unsettled}
+        looked = 0
+        for job_id in list(unsettled):
             entry = self.intake.entries[job_id]
+            if self._owner_checked.get(job_id) == entry.key:
+                continue
+            if looked and self._over(deadline):
+                return
+            looked += 1
+            self._owner_checked[job_id] = entry.key
             holder = held_for(self.layout, job_id)
             try:
                 mine = holder is None or os.lstat(entry.path).st_uid == holder

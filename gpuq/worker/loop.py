@@ -445,7 +445,7 @@ class Worker:
             self.woken_by
             and not self.woken_by.strip(WAKE_JOB_ENDED)
             and not self.put_back_specs
-            and not self.intake.unread
+            and not self.reading_behind()
             and now - self.intake.scanned_at < EXIT_WAKE_SCAN_GAP_S
         ):
             return  # only job ends woke us: they free GPUs, not specs, and jobs/ was just read
@@ -458,11 +458,15 @@ class Worker:
         # place is also caught when it is claimed: the claimed bytes must be the planned ones).
         full = now - self.intake.full_scan_at >= FULL_SCAN_EVERY_S
         self.intake.scan(now, full=full)
-        if self.intake.unread:  # left for the next pass (a member's flood): it comes without the poll's wait
-            self.jobs_seen = -1
         if full:
             sweep_temp_files(self.layout, self.host, self.clock.wall())
         self.arrivals.take_in(now, self.config.spec_settle_s)
+        if self.reading_behind():  # left for the next pass (a member's flood): it comes without the poll's wait
+            self.jobs_seen = -1
+
+    def reading_behind(self) -> bool:
+        """Whether the last pass left specs to read or refuse to the next (their budgets)."""
+        return bool(self.intake.unread) or self.arrivals.behind
 
     def start_jobs(self) -> None:
         """One plan for the whole team (spool/teamstate.py): this box starts only the starts placed
@@ -581,7 +585,7 @@ class Worker:
                         self.running.append(record)
                     self.started_last_pass += 1
         finally:  # our own claims (and put-backs of starts that failed) are no news to wake for
-            if any(s.host == self.host for s in decided.starts) and not self.intake.unread:
+            if any(s.host == self.host for s in decided.starts) and not self.reading_behind():
                 self.jobs_seen = mtime_ns(self.layout.jobs)
 
     def _usage(self, now: float, beats: list[dict]) -> dict[str, float]:
