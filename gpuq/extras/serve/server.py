@@ -21,6 +21,7 @@ import os
 import pwd
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -85,11 +86,16 @@ def view_builder(layout: Layout) -> Callable[[], dict[str, Any]]:
 
 def loopback_peer_uid(client: tuple, server: tuple) -> int | None:
     """The account whose socket connects from `client` to `server`, both on this box's loopback
-    (Linux's /proc/net/tcp and tcp6, where each socket's owner is listed). None when no one
-    socket, or more than one owner, matches: who asks cannot be told."""
-    ports = (f"{client[1]:04X}", f"{server[1]:04X}")
+    (Linux's /proc/net/tcp and tcp6, where each socket's owner is listed): the row whose local
+    end is `client` and whose remote end is `server`, addresses and ports, in any state but
+    TIME_WAIT (a closed socket's row, owned by nobody: listed as root). None when no one owner
+    matches: who asks cannot be told. (A review matched ports alone: another account's closed
+    connection on the same ports from another loopback address made a member's request 403.)"""
+    want = (_proc_end(client[0], client[1]), _proc_end(server[0], server[1]))
+    if None in want:
+        return None
     owners = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in PROC_TABLES:
         try:
             with open(table) as f:
                 rows = f.read().splitlines()[1:]
@@ -97,9 +103,26 @@ def loopback_peer_uid(client: tuple, server: tuple) -> int | None:
             continue
         for row in rows:
             cols = row.split()  # sl, local address:port, remote address:port, st, queues, timers, retransmits, uid
-            if len(cols) > 7 and (cols[1].rsplit(":", 1)[-1], cols[2].rsplit(":", 1)[-1]) == ports:
+            if len(cols) > 7 and (cols[1], cols[2]) == want and cols[3] != TIME_WAIT:
                 owners.add(int(cols[7]))
     return owners.pop() if len(owners) == 1 else None
+
+
+PROC_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")  # each TCP socket of this network namespace, and its owner
+TIME_WAIT = "06"  # /proc/net/tcp's state of a closed connection's row
+
+
+def _proc_end(address: str, port: int) -> str | None:
+    """An address and port as /proc/net/tcp{,6} print them: the address's 32-bit words each in
+    this machine's byte order, in hex; then the port. None for what is no IP address."""
+    try:
+        if ":" in address:
+            words = struct.unpack("=4I", socket.inet_pton(socket.AF_INET6, address.split("%", 1)[0]))
+        else:
+            words = struct.unpack("=I", socket.inet_pton(socket.AF_INET, address))
+    except (OSError, ValueError):
+        return None
+    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
 
 
 def may_read_queue(uid: int, layout: Layout) -> bool:

@@ -279,6 +279,28 @@ def test_on_loopback_the_page_answers_the_team_and_no_other_account_of_the_box(t
         assert served.stop() == 0
 
 
+def test_the_asker_is_the_owner_of_the_socket_with_both_ends_and_no_closed_row_counts(tmp_path, monkeypatch):
+    """A review: matched by ports alone, another account's closed connection (TIME_WAIT, listed
+    as root) from 127.0.0.3 to 127.0.0.2 on the same ports made a member's request a 403. Both
+    ends, addresses too, and no TIME_WAIT row."""
+    from gpuq.extras.serve import server
+
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    rows = [
+        "0: 0300007F:A331 0200007F:49F3 06 00000000:00000000 03:00000000 00000000     0        0 0",  # eve's, closed
+        "1: 0200007F:A331 0300007F:49F3 01 00000000:00000000 00:00000000 00000000  1003        0 7",  # eve's other end
+        "2: 0100007F:A331 0100007F:49F3 01 00000000:00000000 00:00000000 00000000  1002        0 8",  # ben's
+        "3: 0100007F:49F3 0100007F:A331 01 00000000:00000000 00:00000000 00000000   999        0 9",  # the server's
+    ]
+    table = tmp_path / "tcp"
+    table.write_text(head + "".join(f"   {row}\n" for row in rows))
+    monkeypatch.setattr(server, "PROC_TABLES", (str(table),))
+    if server._proc_end("127.0.0.1", 1) != "0100007F:0001":
+        pytest.skip("the rows above are written in a little-endian machine's order")
+    assert server.loopback_peer_uid(("127.0.0.1", 0xA331), ("127.0.0.1", 0x49F3)) == 1002
+    assert server.loopback_peer_uid(("127.0.0.3", 0xA331), ("127.0.0.2", 0x49F3)) is None  # closed: nobody's
+
+
 @pytest.mark.long
 def test_idle_connections_opened_on_purpose_do_not_starve_the_page(queue, serve):
     """Hundreds of connections that send half a request and wait: the server holds at most its
