@@ -206,3 +206,15 @@ def test_submit_under_a_teammates_id_says_whose_it_is_not_to_retry_it(team):
     team.drop_as(ALICE, "mine-1.yaml", "command: 'true'\ngpus: 0\nworkdir: /\n")
     again = team.as_user(ALICE, "submit", "--gpus", "0", "--id", "mine-1", "--", "true")
     assert again.returncode != 0 and "gpuq retry mine-1" in again.stderr, again.stderr
+
+
+def test_an_edit_that_ends_before_its_hold_is_answered_leaves_the_job_unheld(team):
+    """The hold `gpuq edit` asks for may be applied after the edit has ended (a hang-up while
+    it waited for the reply; here no worker runs to answer): the job was then held "being
+    edited" for good. The edit now sends the release after it, and the worker applies both."""
+    team.drop_as(ALICE, "ed.yaml", "command: 'true'\ngpus: 0\nworkdir: /\n")
+    done = team.as_user(ALICE, "edit", "ed", env={"EDITOR": "true"})
+    assert done.returncode == 3 and "no worker is running" in done.stderr, done.stderr
+    team.start_worker("a", "1x80GiB")
+    record = wait_until(lambda: team.finished("ed"), what="ed to run")
+    assert record["state"] == "done" and not (team.root / "state" / "held" / "ed.yaml").exists()

@@ -22,7 +22,7 @@ from gpuq.cli.completion import did_you_mean
 from gpuq.cli.doctor import Finding, as_json, check_reachable, check_squashing, diagnose
 from gpuq.cli.initroot import InitError, cron_line, init_root
 from gpuq.cli.placeable import check_placeable
-from gpuq.cli.requests import run_request
+from gpuq.cli.requests import WAITING, run_request
 from gpuq.model.config import load as load_config
 from gpuq.model.errors import SpecError
 from gpuq.model.spec import parse_spec_text
@@ -204,15 +204,21 @@ def edit(args: argparse.Namespace, job_id: str) -> int:
     layout = open_layout(args)
     was_held = held_spec(layout, job_id).exists()
     why = f"being edited (no gpuq edit open? gpuq release {job_id})"
-    if not was_held and (rc := run_request(args, "hold", (job_id,), shown_as="edit", quiet=True, why=why)) != 0:
-        return rc
     text: str | int = 1  # the new text, or the exit status of an edit that made none
+    asked = False  # whether a hold was asked for: from then on, an edit that ends without a text releases
     try:
-        with _hangup_ends_the_edit():
+        with _hangup_ends_the_edit():  # from the hold on: a hang-up while it waits for the reply, too
+            if not was_held:
+                asked = True
+                if (rc := run_request(args, "hold", (job_id,), shown_as="edit", quiet=True, why=why)) != 0:
+                    asked = rc == WAITING  # refused: nothing to release; waiting: a worker holds it later
+                    return rc
             text = _edited_text(layout, job_id)
+    except KeyboardInterrupt:
+        text = 130  # as a shell reports Ctrl-C, without a traceback
     finally:
-        if isinstance(text, int) and not was_held:
-            for sig in (signal.SIGHUP, signal.SIGTERM):  # the release must not be cut short in turn
+        if isinstance(text, int) and asked:
+            for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):  # the release must not be cut short in turn
                 signal.signal(sig, signal.SIG_IGN)
             run_request(args, "release", (job_id,), shown_as="edit", quiet=True)
     if isinstance(text, int):
