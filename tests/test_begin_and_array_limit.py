@@ -92,3 +92,23 @@ def test_an_array_with_a_limit_never_runs_more_at_once_and_a_begin_is_kept(queue
     assert later["started_at"] >= spec_begin and spec_begin >= int(asked_at) + 5
     refused = queue.gpuq("submit", "--gpus", "0", "--begin", "soon", "--", "true", check=False)
     assert refused.returncode == 2 and "--begin 'soon' is not a moment" in refused.stderr
+
+
+def test_members_wait_for_an_array_being_written_but_not_for_one_a_dead_worker_stranded(tmp_path):
+    """Members wait while a worker writes their array (kept spec there, no record yet). One a
+    worker died writing is finished at its next start; meanwhile, once it is older than a write
+    takes (EXPANDING_S), its members are not held for ever (a review)."""
+    from gpuq.spool.deps import DependencyStates, gates
+    from gpuq.spool.layout import Layout
+    from gpuq.spool.sweeps import EXPANDING_S, kept_spec
+
+    layout = Layout(tmp_path)
+    layout.ensure()
+    layout.groups.mkdir(parents=True, exist_ok=True)
+    kept_spec(layout, "arr").write_text("command: x\narray: 0-1%1\n")
+    members = [_job(f"arr_{i}", array_limit=1) for i in range(2)]
+    now = time.time()
+    waiting, _ = gates(members, DependencyStates(layout), now)
+    assert set(waiting) == {"arr_0", "arr_1"} and "arr is being written" in waiting["arr_0"]
+    later, _ = gates(members, DependencyStates(layout), now + EXPANDING_S + 1)
+    assert later == {}

@@ -271,3 +271,13 @@ def test_an_opportunistic_jobs_grace_is_at_most_ten_minutes(spec):
     assert validate_spec({"command": "x", "grace": "1d", **spec}, "jobs/huge.yaml").grace_s == 600
     assert validate_spec({"command": "x", "grace": "1d"}, "jobs/ok.yaml", new=True).grace_s == 86400
     assert stop_grace_s(None, True, 3600.0) == 600 and stop_grace_s(None, False, 3600.0) == 3600
+
+
+def test_the_note_of_a_command_not_found_gives_the_path_the_job_had_even_an_empty_one():
+    """`env: {PATH: ""}` exits 127, and the note said the default PATH (a review)."""
+    from gpuq.run.launch import shell_exit_note
+
+    empty = parse_spec_text(b"command: [prog]\nenv: {PATH: ''}\n", "f.yaml")
+    assert "the job's PATH was (empty) and" in (shell_exit_note(127, empty, None) or "")
+    own = parse_spec_text(b"command: [prog]\nenv: {PATH: /opt/bin}\n", "f.yaml")
+    assert "the job's PATH was /opt/bin and" in (shell_exit_note(127, own, None) or "")

@@ -264,6 +264,20 @@ def _close(fd: int) -> None:
             pass
 
 
+def _exit_where_a_shell_would(order: dict, report: socket.socket) -> None:
+    """In the job's process: a bare command name that a shell would not run from the job's
+    PATH ends it as a shell does: its words in the log, exit 127 (not found) or 126 (found, not
+    runnable). exec named the last directory it could not search instead ("Permission denied:
+    nosuchcmd", of a command that is nowhere), and the record had no exit status."""
+    command = order["argv"][0]
+    path = order["env"].get("PATH", os.defpath)  # none at all: exec's own default, as it would search
+    if "/" in command or (refused := _shell_would_refuse(command, path)) is None:
+        return
+    os.write(2, f"gpuq: {command}: {refused[1]}\n".encode())
+    report.close()  # as the exec would: it started, and ends at once
+    os._exit(refused[0])
+
+
 def _shell_would_refuse(command: str, path: str) -> tuple[int, str] | None:
     """(126 or 127, a shell's words) where a shell would not run `command` (a bare name) from
     `path`, as the job's owner: no runnable file by that name in any of its directories (an
@@ -335,16 +349,9 @@ def _job(order: dict, report: socket.socket, logs_fd: int | None) -> NoReturn:
         if order["cores"]:
             os.sched_setaffinity(0, order["cores"])
         step = "run its command"
-        command = order["argv"][0]
-        if "/" not in command and (refused := _shell_would_refuse(command, order["env"].get("PATH", ""))):
-            # As a shell says it, and exits: 127 (not found) or 126 (found, not runnable). exec
-            # named the last directory it could not search instead ("Permission denied:
-            # nosuchcmd", for a command that is nowhere), and the record had no exit status.
-            os.write(2, f"gpuq: {command}: {refused[1]}\n".encode())
-            report.close()  # as the exec would: it started, and ends at once
-            os._exit(refused[0])
+        _exit_where_a_shell_would(order, report)
         try:
-            os.execvpe(command, order["argv"], order["env"])
+            os.execvpe(order["argv"][0], order["argv"], order["env"])
         except OSError as e:
             raise OSError(e.errno, e.strerror, order["argv"][0]) from None
     except OSError as e:  # the workdir's and the log's own words say what and whose; exec's name the file

@@ -71,8 +71,9 @@ def shell_exit_note(exit_code: int | None, spec: JobSpec, identity: Identity | N
     cron's or a root worker's plainer PATH."""
     if exit_code not in (126, 127):
         return None
-    path = spec.env.get("PATH") or base_environment(identity).get("PATH", "")
-    where = f"the job's PATH was {path} and it ran in {spec.workdir or default_workdir(identity, 'the queue root')}"
+    path = spec.env["PATH"] if "PATH" in spec.env else base_environment(identity).get("PATH", "")  # "" is a PATH too
+    workdir = spec.workdir or default_workdir(identity, "the queue root")
+    where = f"the job's PATH was {path or '(empty)'} and it ran in {workdir}"
     if exit_code == 127:
         return (
             f"exit 127: no such command was found; {where}. Fix: give the command's full path, "

@@ -141,6 +141,10 @@ def unread_cancels(layout: Layout, running: Iterable[Record]) -> dict[tuple[str,
         if record.host:
             by_host.setdefault(record.host, []).append(record)
     found: dict[tuple[str, str], tuple[str, float | None]] = {}
+    try:  # an order is a worker's (root's, or the queue's account's: state/'s owner), as obey_controls asks
+        writers = {0, os.stat(layout.state).st_uid}
+    except OSError:
+        return found
     for host, records in by_host.items():
         directory = layout.host_control(host)
         try:
@@ -151,6 +155,8 @@ def unread_cancels(layout: Layout, running: Iterable[Record]) -> dict[tuple[str,
             if f"{record.id}.json" not in names:
                 continue
             try:
+                if os.lstat(directory / f"{record.id}.json").st_uid not in writers:
+                    continue
                 order = read_json(directory / f"{record.id}.json")
             except (OSError, ValueError):
                 continue

@@ -23,7 +23,7 @@ from gpuq.spool.eligible import limited_groups, not_yet
 from gpuq.spool.intake import user_name
 from gpuq.spool.layout import Layout
 from gpuq.spool.store import claims_of, pending_spec_path
-from gpuq.spool.sweeps import kept_spec, read_group
+from gpuq.spool.sweeps import being_expanded, kept_spec, read_group
 
 FINAL = frozenset({"done", "failed", "cancelled", "timeout", "lost", "rejected"})
 UNKNOWN = "unknown"
@@ -149,11 +149,14 @@ def gates(
     with_deps = [j for j in pending if j.gated]
     if not with_deps:
         return {}, {}
-    groups, writing = {}, []
+    groups, writing, expanding = {}, [], None
     for g in limited_groups(with_deps):
         if rec := read_group(states.layout, g):
             groups[g] = frozenset(rec["members"])
-        elif kept_spec(states.layout, g).exists():  # taken out of jobs/, its record not yet written
+            continue
+        if expanding is None:  # taken out of jobs/ lately, their records not yet written (a stranded one is not)
+            expanding = set(being_expanded(states.layout, now))
+        if g in expanding:
             writing.append(g)
     held_back = not_yet(with_deps, now, running, groups, writing)
     ids = referenced(j.spec for j in with_deps)
