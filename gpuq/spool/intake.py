@@ -219,17 +219,16 @@ class Intake:
         found.sort(key=lambda f: f[:3])
         seen: dict[int, int] = {}  # owner -> how many of theirs are ordered so far
         first: dict[str | None, tuple[int, int]] = {}  # job id -> the place of its first file
-        turns = []
+        places = []
         for uid, ctime_ns, name, st in found:
             seen[uid] = turn = seen.get(uid, -1) + 1
-            turns.append((turn, ctime_ns, name, st))
-        for turn, ctime_ns, name, _ in sorted(turns, key=lambda t: t[:3]):
-            first.setdefault(job_id_for_spec_name(name), (turn, ctime_ns))
+            job_id = job_id_for_spec_name(name)
+            first[job_id] = min(first.get(job_id, (turn, ctime_ns)), (turn, ctime_ns))
+            places.append((job_id, ctime_ns, name, st))
         # An id's two files (x.yaml, x.yml: another member's may come later) side by side, at the
         # place of its first: the later one was read, and took the id, while the first waited.
-        keyed = [((*first[job_id_for_spec_name(t[2])], t[1], t[2]), t[2], t[3]) for t in turns]
-        keyed.sort(key=lambda k: k[0])
-        return [(name, st) for _, name, st in keyed]
+        places.sort(key=lambda p: (*first[p[0]], p[1], p[2]))
+        return [(name, st) for _, _, name, st in places]
 
     def gone_since_scan(self) -> set[str]:
         """Ids of parsed specs no longer in jobs/: claimed (or cancelled) by another box since
