@@ -129,9 +129,10 @@ def test_cancel_now_kills_a_job_that_ignores_sigterm_without_its_grace(queue):
     queue.drop("ckpt.yaml", "command: trap 'echo term-$((6*7))' TERM; echo ckpt-up; sleep 600\ngpus: 0\ngrace: 1d\n")
     wait_until(lambda: mark in queue.log("deaf") and "ckpt-up" in queue.log("ckpt"), timeout=30, what="both to start")
     queue.gpuq("cancel", "deaf")
+    order = queue.root / "state" / "control" / "a" / "deaf.json"  # status shows it stopping from here on
     wait_until(
-        lambda: any(r["id"] == "deaf" and r["stopping"] for r in queue.status()["running"]),
-        what="its stop under way, a day's grace ahead",
+        lambda: not order.exists() and any(r["id"] == "deaf" and r["stopping"] for r in queue.status()["running"]),
+        what="its worker to have obeyed it: its stop under way, a day's grace ahead",
     )
     done = queue.gpuq("cancel", "--now", "deaf", "ckpt")
     assert done.stdout.count("its worker kills it at once") == 2, done

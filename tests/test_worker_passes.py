@@ -452,6 +452,38 @@ def test_a_second_cancel_of_a_stopping_job_leaves_the_first_ones_words(tmp_path)
     assert box.finish("huge", exit_code=143).reason == "cancelled by ana"
 
 
+def test_a_cancel_order_written_while_the_worker_obeys_the_one_before_is_obeyed_too(tmp_path, monkeypatch):
+    """`gpuq cancel --now` right after a plain cancel: the worker read the plain order, the
+    --now one replaced it, and the worker then removed the file by name, unread: the job that
+    ignored SIGTERM took its day's grace (a full suite beside another caught it). An order is
+    taken by a rename before it is read; one written meanwhile is there for the next pass."""
+    from gpuq.host.files import write_json
+    from gpuq.worker import stopping
+
+    box = PassWorker(tmp_path / "root", fake_gpus="1x80GiB")
+    box.drop("deaf.yaml", "command: sleep 600\ngpus: 1\ngrace: 1d\n")
+    box.run_pass(after_s=1)
+    control = box.layout.host_control("a")
+    box.layout.make_state_dir(control)
+    order = {"action": "cancel", "by": "ana", "t": box.clock.wall(), "attempt": 1}
+    write_json(control / "deaf.json", order)
+    real = stopping.read_json
+
+    def read_then_now_arrives(path):
+        data = real(path)
+        write_json(control / "deaf.json", {**order, "now": True})  # `cancel --now`, applied meanwhile
+        return data
+
+    monkeypatch.setattr(stopping, "read_json", read_then_now_arrives)
+    box.run_pass(after_s=1)
+    monkeypatch.setattr(stopping, "read_json", real)
+    assert box.worker.rt.stop_path("deaf").read_text() == "cancelled by ana"
+    assert (control / "deaf.json").exists(), "the --now order was removed unread"
+    box.run_pass(after_s=1)
+    assert box.worker.rt.stop_path("deaf").read_text() == "cancelled by ana (at once, without its grace)"
+    assert not list(control.iterdir())
+
+
 def test_a_cancel_takes_the_waiting_jobs_before_it_stops_the_running_ones(tmp_path, monkeypatch):
     """`gpuq cancel` of a %2 array: its running members were stopped first, which freed their
     places, and another box started the waiting members this same cancel then killed. The

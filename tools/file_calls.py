@@ -31,6 +31,8 @@ _STATE = "a file under state/, which only the queue's account may write (2750)"
 
 # (module, function, call) -> why this raw call is safe.
 REVIEWED: dict[tuple[str, str, str], str] = {
+    ("gpuq.worker.stopping", "StopOrders.obey_controls", "rename"): _STATE + " (state/control/HOST/); " + _RENAME,
+    ("gpuq.worker.stopping", "_put_back", "link"): _STATE + " (state/control/HOST/): a taken order linked back",
     ("gpuq.host.audit", "_write", "open"): "the tests' audit log, named by the test's environment (never set in use)",
     ("gpuq.host.faults", "_fired", "open"): "the tests' fault log, named by the test's environment (never set in use)",
     ("gpuq.host.keeper", "_job", "open"): _DEVNULL,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Callable, Iterable
 
 from gpuq.host.files import read_json
@@ -28,6 +29,20 @@ log = logging.getLogger("gpuq.worker")
 # Stops a job (through its supervisor; the slurm extra's bridge: scancel). False: not yet
 # (its supervisor is still starting), to be given again at the next pass.
 StopJob = Callable[[Record, Stop], bool]
+
+
+TAKEN = ".taken"  # the suffix of a control order a worker took to obey (state/control/HOST/.ID.json.taken)
+
+
+def _put_back(taken: Path, path: Path) -> None:
+    """An order taken and not obeyed back under its name, unless a newer one is there (it stands)."""
+    try:
+        os.link(taken, path)
+    except FileExistsError:
+        pass
+    except OSError:
+        return  # kept as taken: the next pass puts it back
+    taken.unlink(missing_ok=True)
 
 
 class StopOrders:
@@ -69,17 +84,29 @@ class StopOrders:
             return
         by_id = {r.id: r for r in running}
         me = os.geteuid()
+        for left in control_dir.glob(f".*.json{TAKEN}"):  # taken by a worker that died before it obeyed
+            _put_back(left, control_dir / left.name[1 : -len(TAKEN)])
         for path in control_dir.glob("*.json"):
             job_id = path.stem
             try:
                 if os.lstat(path).st_uid not in (0, me):
                     self.box.report_once(f"control/{path.name}", f"ignored {path}: not written by a worker")
                     continue
-                control = read_json(path)
+            except OSError:
+                continue
+            # Taken by a rename before it is read: an order written meanwhile (`cancel --now` after a
+            # plain cancel) lands under the name again, for the next pass. Read and then removed by
+            # name, it was removed unread, and the job took its day's grace.
+            taken = path.with_name(f".{path.name}{TAKEN}")
+            try:
+                os.rename(path, taken)
+                control = read_json(taken)
+            except FileNotFoundError:
+                continue
             except (OSError, ValueError):
                 control = None
             if not isinstance(control, dict):
-                path.unlink(missing_ok=True)
+                taken.unlink(missing_ok=True)
                 continue
             record = by_id.get(job_id)
             earlier = self.given.get(job_id)
@@ -89,9 +116,10 @@ class StopOrders:
             if not cancelled and record is not None and record.attempt == control.get("attempt", record.attempt):
                 stop = Stop.cancel(safe_text(str(control.get("by", "?")))[:64], at_once=now)
                 if not self.order(record, stop):
-                    continue  # its supervisor is still starting: try again next pass
+                    _put_back(taken, path)  # its supervisor is still starting: try again next pass
+                    continue
                 log.info("cancelling %s (%s)", job_id, stop.reason)
-            path.unlink(missing_ok=True)
+            taken.unlink(missing_ok=True)
 
     def preempt(self, running: list[Record], preempts: dict[str, str]) -> None:
         """Tell opportunistic jobs to yield (TERM, their grace, KILL); their supervisors leave
