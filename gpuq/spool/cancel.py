@@ -34,7 +34,7 @@ from gpuq.spool.store import (
     put_back,
     read_record,
 )
-from gpuq.spool.teamstate import heartbeat_alive
+from gpuq.spool.teamstate import host_alive
 
 STARTING_WAIT_S = 2.0
 CANCELLING = ".cancelling."  # in the name of a spec moved aside by a cancel, in finished/
@@ -169,17 +169,6 @@ def unread_cancels(layout: Layout, running: Iterable[Record]) -> dict[tuple[str,
     return found
 
 
-def _worker_live(layout: Layout, host: str) -> bool:
-    """Whether `host`'s worker writes its heartbeat (teamstate.heartbeat_alive)."""
-    path = layout.workers / f"{host}.json"
-    try:
-        beat = read_json(path)
-        mtime = os.stat(path).st_mtime
-    except (OSError, ValueError):
-        return False
-    return isinstance(beat, dict) and heartbeat_alive({**beat, "_mtime": mtime}, wall_time())
-
-
 def _says_now(order: Path, attempt: int) -> bool:
     """Whether a cancel order waiting for its worker (a worker wrote it: state/ is theirs)
     says `--now` for this attempt."""
@@ -216,7 +205,9 @@ def cancel_one(layout: Layout, job_id: str, host: str, actor: Actor, now: bool =
                 order, {"action": "cancel", "by": actor.name, "t": wall_time(), "attempt": running.attempt, "now": now}
             )
             how = "kills it at once" if now else "stops it"
-            if not _worker_live(layout, running.host):  # a member read "cancelling" while it ran on, unstopped
+            if not host_alive(
+                layout, running.host, wall_time()
+            ):  # a member read "cancelling" while it ran on, unstopped
                 return True, (
                     f"{job_id}: cancelling (running on {running.host}, whose worker is not running); its worker "
                     f"{how} when it runs again, or the job is recorded cancelled when another box takes "

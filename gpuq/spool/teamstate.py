@@ -41,6 +41,21 @@ def heartbeat_alive(hb: dict[str, Any], now: float) -> bool:
     return not hb.get("stopped") and now - hb["_mtime"] <= live_window_s(hb)
 
 
+def host_alive(layout: Layout, host: str, now: float) -> bool:
+    """Whether `host`'s worker writes its heartbeat, read alone (a cancel asks of the job's box)."""
+    path = layout.workers / f"{host}.json"
+    try:
+        beat = read_json(path)
+        mtime = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(beat, dict)
+        and heartbeat_problem(beat, host) is None
+        and heartbeat_alive({**beat, "_mtime": mtime}, now)
+    )
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
